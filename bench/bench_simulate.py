@@ -1,0 +1,37 @@
+"""Wall time of lowering and simulating each scenario; prints one line per scenario.
+
+    python bench/bench_simulate.py [scenario.yaml ...]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from clustersim.api import summarize
+from clustersim.config import load_scenario
+from clustersim.engine import run_program
+from clustersim.program.lower import lower
+
+
+def bench(path: Path) -> str:
+    sc = load_scenario(path)
+    t0 = time.perf_counter()
+    prog, low = lower(sc)
+    t1 = time.perf_counter()
+    trace = run_program(prog, sc.cluster, sc.cfg.simulation.network)
+    t2 = time.perf_counter()
+    summary = summarize(sc, low, trace)
+    t3 = time.perf_counter()
+    return (f"{path.stem:<28} {sc.mesh.world_size:>5} GPUs {len(prog.ranks):>3} sim ranks "
+            f"{len(prog.tasks):>8,} tasks  lower {t1 - t0:6.2f} s  engine {t2 - t1:6.2f} s "
+            f"({len(prog.tasks) / (t2 - t1):>8,.0f} tasks/s)  analysis {t3 - t2:5.2f} s  "
+            f"step {summary['step_time_s']:.4g} s")
+
+
+if __name__ == "__main__":
+    root = Path(__file__).resolve().parent.parent
+    paths = [Path(p) for p in sys.argv[1:]] or sorted((root / "scenarios").glob("*.yaml"))
+    for p in paths:
+        print(bench(p), flush=True)

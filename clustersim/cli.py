@@ -1,0 +1,142 @@
+"""Command line: ``python -m clustersim run | schedule | validate | schema``.
+
+    python -m clustersim run scenarios/gpt3_175b_1024gpu.yaml --out out/gpt3
+    python -m clustersim schedule --pp 4 --microbatches 8 --schedule 1f1b
+    python -m clustersim validate scenarios/*.yaml
+    python -m clustersim schema
+
+Bad input prints one line naming the file and field, exits with 2, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import ConfigError
+
+EXIT_BAD_INPUT = 2
+
+
+def _default_out(scenario: str) -> Path:
+    return Path("out") / Path(scenario).stem
+
+
+def _write_outputs(out: Path, result, *, report: bool, trace: bool) -> list[Path]:
+    """Write into a fresh temp folder, then move the files in: nothing is left half-written."""
+    from .output.summary import to_json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "summary.json").write_text(to_json(result.summary))
+        if report:
+            from .output.report import write_report
+            write_report(tmp / "report.html", result.trace, result.summary)
+        if trace:
+            from .output.perfetto import write_trace
+            write_trace(tmp / "trace.json.gz", result.trace, result.summary)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, out / f.name)
+            written.append(out / f.name)
+        return written
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cmd_run(args) -> int:
+    from .api import simulate
+    from .config import load_scenario
+    from .output.summary import format_summary
+
+    sc = load_scenario(args.scenario)
+    t0 = time.perf_counter()
+    result = simulate(sc, collapse=False if args.all_ranks else None)
+    wall_s = time.perf_counter() - t0
+    out = Path(args.out) if args.out else _default_out(args.scenario)
+    written = _write_outputs(out, result, report=not args.no_report, trace=not args.no_trace)
+    print(format_summary(result.summary))
+    print(f"{'simulated':<16}{result.summary['simulation']['simulated_ranks']} ranks, "
+          f"{result.summary['simulation']['spans']:,} spans in {wall_s:.1f} s")
+    print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
+    return 0
+
+
+def cmd_schedule(args) -> int:
+    from .schedule import build_schedule, format_grid
+
+    if args.pp < 1 or args.microbatches < 1:
+        raise ConfigError("--pp and --microbatches must be >= 1", source="command line")
+    print(format_grid(build_schedule(args.schedule, args.pp, args.microbatches)))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from .config import load_scenario
+
+    for path in args.scenarios:
+        sc = load_scenario(path)
+        print(f"{path}: ok ({sc.mesh.world_size} GPUs, TP{sc.parallel.tp} x PP{sc.parallel.pp} x "
+              f"DP{sc.parallel.dp}, {sc.microbatches} microbatches)")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    from .config import ScenarioCfg
+    from .hardware.topology import TopologyCfg
+
+    model = TopologyCfg if args.topology else ScenarioCfg
+    print(json.dumps(model.model_json_schema(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .schedule import SCHEDULES
+
+    ap = argparse.ArgumentParser(
+        prog="clustersim",
+        description="Simulate one training step of a transformer on a GPU cluster, event by event.",
+        epilog="example: python -m clustersim run scenarios/gpt3_175b_1024gpu.yaml --out out/gpt3")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="simulate one training step; print a summary, write summary.json, "
+                                     "report.html and trace.json.gz")
+    run.add_argument("scenario", help="scenario YAML file")
+    run.add_argument("--out", help="output folder (default: out/<scenario name>)")
+    run.add_argument("--no-report", action="store_true", help="skip report.html")
+    run.add_argument("--no-trace", action="store_true", help="skip the Perfetto trace")
+    run.add_argument("--all-ranks", action="store_true",
+                     help="simulate every rank instead of one per symmetry class (slower, same numbers)")
+    run.set_defaults(func=cmd_run)
+
+    sch = sub.add_parser("schedule", help="print a pipeline schedule as a step x rank grid")
+    sch.add_argument("--pp", type=int, required=True, help="pipeline stages")
+    sch.add_argument("--microbatches", "-m", type=int, required=True)
+    sch.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    sch.set_defaults(func=cmd_schedule)
+
+    val = sub.add_parser("validate", help="check scenario files without simulating")
+    val.add_argument("scenarios", nargs="+")
+    val.set_defaults(func=cmd_validate)
+
+    sc = sub.add_parser("schema", help="print the JSON schema of the scenario (or topology) format")
+    sc.add_argument("--topology", action="store_true")
+    sc.set_defaults(func=cmd_schema)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc.line()}", file=sys.stderr)
+        return EXIT_BAD_INPUT

@@ -1,0 +1,47 @@
+"""Ring collectives expanded into concurrent flows between ring neighbours.
+
+Ring all-reduce over n GPUs = reduce-scatter + all-gather, 2(n-1) steps, each GPU sending
+S/n bytes to its successor per step (Patarasuk & Yuan 2009; NCCL)::
+
+    step:     1      2     ...   n-1  |  n    ...  2(n-1)
+    gpu i -> gpu i+1: chunk (i-k) mod n, S/n bytes each step
+
+The engine runs each GPU's traffic as one flow of 2(n-1)/n * S bytes after a latency of
+2(n-1) * alpha (ring steps are lock-step, so the slowest hop sets alpha). Alone on its links
+this is exactly the closed form
+
+    T = 2(n-1) * alpha + 2(n-1)/n * S / B          (nccl-tests doc/PERFORMANCE.md)
+
+and when flows share a link they share its bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Expansion:
+    flows: tuple[tuple[int, int, float], ...]  # (src GPU, dst GPU, bytes)
+    steps: int  # latency-bound rounds
+
+
+def expand(op: str, group: tuple[int, ...], size_bytes: float) -> Expansion:
+    """Flows and latency rounds of ``op`` over ``group`` (GPUs in ring order)."""
+    n = len(group)
+    if op == "send":
+        src, dst = group
+        return Expansion(((src, dst, size_bytes),), 1)
+    if n == 1:
+        return Expansion((), 0)
+    if op == "all_reduce":
+        per = 2 * (n - 1) / n * size_bytes
+        return Expansion(tuple((group[i], group[(i + 1) % n], per) for i in range(n)), 2 * (n - 1))
+    raise KeyError(f"unknown collective {op!r}")
+
+
+def ring_allreduce_time_s(size_bytes: float, n: int, bw_Bps: float, alpha_s: float) -> float:
+    """Closed form of a ring all-reduce alone on links of bandwidth ``bw_Bps``."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * size_bytes / bw_Bps

@@ -1,0 +1,154 @@
+"""Flow-level network: transfers that share a link share its bandwidth (max-min fair).
+
+Rates are recomputed only when a flow starts or ends (fluid model; Bertsekas & Gallager,
+"Data Networks", Sec 6.5.2, progressive filling)::
+
+    every unfrozen flow grows at the same rate until some link is full;
+    freeze the flows on that link; repeat.
+
+A representative flow that stands for k symmetric twins crossing the same link weighs k
+there (weight = real flows / simulated flows on that link).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from ..collectives import expand
+from ..hardware.topology import Cluster
+from ..program.tasks import Comm
+
+
+@dataclass(frozen=True)
+class FlowPlan:
+    """A communication's simulated flows: per flow its edge weights and share of the size."""
+
+    weights: tuple[tuple[tuple[int, float], ...], ...]  # per flow: ((edge, weight), ...)
+    fractions: tuple[float, ...]  # per flow: bytes / size_bytes
+    latency_s: float
+
+    @property
+    def edges(self) -> frozenset[int]:
+        return frozenset(e for w in self.weights for e, _ in w)
+
+
+def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
+    """Expand ``comm`` (and its twins) into weighted flows on graph paths."""
+    rep = expand(comm.op, comm.group, 1.0)
+    real: dict[int, int] = {}
+    simulated: dict[int, int] = {}
+    for inst in (comm.group, *comm.twins):
+        for src, dst, _ in expand(comm.op, inst, 1.0).flows:
+            for e in cluster.path(src, dst):
+                real[e] = real.get(e, 0) + 1
+    paths = [cluster.path(src, dst) for src, dst, _ in rep.flows]
+    for p in paths:
+        for e in p:
+            simulated[e] = simulated.get(e, 0) + 1
+    weights = tuple(tuple((e, real[e] / simulated[e]) for e in p) for p in paths)
+    lat = max((cluster.path_latency_s(p) for p in paths), default=0.0)
+    return FlowPlan(weights=weights, fractions=tuple(b for _, _, b in rep.flows), latency_s=rep.steps * lat)
+
+
+def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[float]) -> list[float]:
+    """Weighted max-min fair rates (bytes/s) of flows with the given per-edge weights."""
+    n = len(weights)
+    rates = [float("inf")] * n
+    cap: dict[int, float] = {}
+    load: dict[int, float] = {}
+    on_edge: dict[int, list[int]] = {}
+    for i, ws in enumerate(weights):
+        for e, w in ws:
+            cap[e] = bw_Bps[e]
+            load[e] = load.get(e, 0.0) + w
+            on_edge.setdefault(e, []).append(i)
+    frozen = [not ws for ws in weights]
+    left = n - sum(frozen)
+    while left:
+        e_star = min((e for e in load if load[e] > 1e-12), key=lambda e: (cap[e] / load[e], e))
+        r = max(cap[e_star], 0.0) / load[e_star]
+        for i in on_edge[e_star]:
+            if frozen[i]:
+                continue
+            frozen[i], rates[i] = True, r
+            left -= 1
+            for e, w in weights[i]:
+                cap[e] -= w * r
+                load[e] -= w
+        load[e_star] = 0.0
+    return rates
+
+
+@dataclass
+class _Flow:
+    weights: tuple[tuple[int, float], ...]
+    remaining: float
+    size: float
+    done: simpy.Event
+    rate: float = 0.0
+
+
+@dataclass
+class FlowNetwork:
+    """Active flows on the cluster's links; each start or finish re-shares bandwidth."""
+
+    env: simpy.Environment
+    bw_Bps: list[float]
+    flows: list[_Flow] = field(default_factory=list)
+    _last_s: float = 0.0
+    _gen: int = 0
+
+    def transfer(self, plan: FlowPlan, size_bytes: float) -> simpy.Event:
+        """Start ``plan``'s flows now (after its latency); the event fires when all are done."""
+        done = [self.env.event() for _ in plan.fractions]
+        start = self.env.timeout(plan.latency_s) if plan.latency_s > 0 else None
+
+        def begin(_=None):
+            self._advance()
+            for ev, ws, frac in zip(done, plan.weights, plan.fractions):
+                b = frac * size_bytes
+                if not ws or b <= 0:
+                    ev.succeed()
+                else:
+                    self.flows.append(_Flow(ws, b, b, ev))
+            self._reshare()
+
+        if start is None:
+            begin()
+        else:
+            start.callbacks.append(begin)
+        return self.env.all_of(done)
+
+    def _advance(self) -> None:
+        dt = self.env.now - self._last_s
+        if dt > 0:
+            for f in self.flows:
+                f.remaining -= f.rate * dt
+        self._last_s = self.env.now
+
+    def _reshare(self) -> None:
+        finished = [f for f in self.flows if f.remaining <= f.size * 1e-12]
+        if finished:
+            self.flows = [f for f in self.flows if f.remaining > f.size * 1e-12]
+            for f in finished:
+                f.done.succeed()
+        self._gen += 1
+        if not self.flows:
+            return
+        for f, r in zip(self.flows, max_min_rates([f.weights for f in self.flows], self.bw_Bps)):
+            f.rate = r
+        dt = min(f.remaining / f.rate for f in self.flows)
+        gen = self._gen
+        self.env.timeout(dt).callbacks.append(lambda _e: self._tick(gen))
+
+    def _tick(self, gen: int) -> None:
+        if gen != self._gen:
+            return  # superseded by a later start or finish
+        self._advance()
+        # the flow(s) that were due now are done, even if float rounding leaves crumbs
+        for f in self.flows:
+            if f.remaining <= f.size * 1e-9:
+                f.remaining = 0.0
+        self._reshare()

@@ -1,0 +1,100 @@
+"""GPU catalogue: peak throughput, HBM and NVLink figures, and calibrated efficiencies.
+
+Each figure has one owner: this table. Peak numbers are dense (no sparsity) tensor-core
+rates from the vendors' data sheets, as collected in ``shared/reference/published-runs.yaml``.
+
+Efficiencies turn a peak into what a kernel reaches. They are fitted once per GPU type to
+published measurements and never tuned per scenario::
+
+    matmul_efficiency  = measured large-GEMM TFLOP/s / peak
+                         A100: 253-257 / 312 (cuBLASLt 8K-16K)  -> 0.82
+                         H100: 700-800 / 989 ("commonly", bf16)  -> 0.76
+    memory_efficiency  = measured STREAM copy / HBM peak
+                         A100-80GB: 1.61-1.75 / 2.039 -> 0.82
+                         H100: 2.90-3.18 / 3.35      -> 0.91
+                         H200: 4.0-4.5 / 4.8         -> 0.89
+
+GPUs without a published measurement in the reference file borrow the figure of their
+closest sibling (noted per entry); the calibration work replaces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator type. Rates are per GPU; NVLink bandwidth is per direction."""
+
+    name: str
+    bf16_flops: float
+    fp8_flops: float | None
+    hbm_bw_Bps: float
+    hbm_capacity_bytes: float
+    nvlink_bw_Bps: float
+    matmul_efficiency: float
+    memory_efficiency: float
+    note: str = ""
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense tensor-core peak for ``precision`` ('bf16', 'fp16' or 'fp8')."""
+        if precision in ("bf16", "fp16"):
+            return self.bf16_flops
+        if precision == "fp8":
+            if self.fp8_flops is None:
+                raise KeyError(f"{self.name} has no fp8 tensor cores")
+            return self.fp8_flops
+        raise KeyError(f"unknown precision {precision!r}")
+
+
+def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, note=""):
+    return GpuSpec(
+        name=name,
+        bf16_flops=bf16_T * 1e12,
+        fp8_flops=None if fp8_T is None else fp8_T * 1e12,
+        hbm_bw_Bps=hbm_GBps * 1e9,
+        hbm_capacity_bytes=hbm_GiB * GiB,
+        nvlink_bw_Bps=nvlink_GBps * 1e9,
+        matmul_efficiency=mm_eff,
+        memory_efficiency=mem_eff,
+        note=note,
+    )
+
+
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        _gpu("A100-SXM4-40GB", 312, None, 1555, 40, 300, 0.82, 0.82,
+             "memory efficiency borrowed from A100-80GB"),
+        _gpu("A100-SXM4-80GB", 312, None, 2039, 80, 300, 0.82, 0.82),
+        _gpu("H100-SXM5-80GB", 989, 1979, 3350, 80, 450, 0.76, 0.91),
+        _gpu("H800-SXM-80GB", 989, 1979, 3350, 80, 200, 0.76, 0.91,
+             "same die as H100; efficiencies borrowed from H100"),
+        _gpu("H200-SXM-141GB", 989, 1979, 4800, 141, 450, 0.76, 0.89,
+             "matmul efficiency borrowed from H100"),
+        _gpu("B200", 2250, 4500, 8000, 180, 900, 0.76, 0.89,
+             "no published measurement yet; efficiencies borrowed from H200"),
+    )
+}
+
+# Short names users type; each maps to one catalogue entry.
+ALIASES: dict[str, str] = {
+    "A100": "A100-SXM4-80GB",
+    "A100-80GB": "A100-SXM4-80GB",
+    "A100-40GB": "A100-SXM4-40GB",
+    "H100": "H100-SXM5-80GB",
+    "H800": "H800-SXM-80GB",
+    "H200": "H200-SXM-141GB",
+}
+
+
+def lookup_gpu(name: str) -> GpuSpec:
+    """Catalogue entry for ``name`` or an alias; KeyError lists the known names."""
+    key = ALIASES.get(name, name)
+    if key not in GPUS:
+        known = ", ".join(sorted(GPUS) + sorted(ALIASES))
+        raise KeyError(f"unknown GPU {name!r}; known: {known}")
+    return GPUS[key]

@@ -1,0 +1,226 @@
+"""Dense decoder-only transformer: parameters, per-op FLOPs and bytes, activation memory.
+
+Everything here is per microbatch and per tensor-parallel rank, in FLOPs and bytes; the
+hardware turns them into seconds elsewhere (``program/costs.py``). One layer, Megatron
+tensor parallelism (Shoeybi et al. 2019), forward::
+
+    x ─ norm1 ─ qkv ─ core attention ─ proj ─[TP all-reduce]─ +x ─ norm2 ─ up ─ act ─ down ─[TP all-reduce]─ +
+        └──────────── block "attn" ────────────┘                    └──────── block "mlp" ────────┘
+
+Model FLOPs per token (fwd + bwd = 3 x fwd, matmuls only; Kaplan et al. 2020, PaLM App. B):
+
+    6 * N_matmul + 12 * layers * seq * hidden      (attention scores and context, no causal discount)
+
+Activation bytes per layer per microbatch, 16-bit (Korthikanti et al. 2022, Table 2, TP without
+sequence parallelism), generalised to GQA and any MLP width:
+
+    s*b*h*(10 + 24/t + 5*a*s/(h*t))     for GPT (kv_heads = heads, ffn = 4h, gelu)
+
+with the 5*a*s/(h*t) term (scores, softmax, dropout mask) absent under flash attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import pydantic
+
+from ..yamlio import Strict
+
+
+class DenseModelCfg(Strict):
+    """A dense decoder transformer, as written in the scenario's ``model:`` section."""
+
+    name: str = "model"
+    layers: int = pydantic.Field(ge=1)
+    hidden: int = pydantic.Field(ge=1)
+    heads: int = pydantic.Field(ge=1)
+    kv_heads: int | None = pydantic.Field(default=None, ge=1, description="default: heads (no GQA)")
+    ffn_hidden: int | None = pydantic.Field(default=None, ge=1, description="default: 4*hidden")
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    bias: bool = True
+    dropout: bool = True
+    vocab: int = pydantic.Field(ge=1)
+    seq_len: int = pydantic.Field(ge=1)
+    tied_embeddings: bool = True
+    position_embedding: Literal["learned", "rope"] = "learned"
+
+    @pydantic.model_validator(mode="after")
+    def _shapes(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"model.heads={self.heads} does not divide model.hidden={self.hidden}")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}")
+        return self
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel-sized piece of work on one GPU.
+
+    ``flops`` are what the GPU executes (drives time, HFU); ``model_flops`` are what the model
+    needs (drives MFU): they differ where a kernel recomputes (flash-attention backward).
+    ``bytes`` are HBM bytes read plus written.
+    """
+
+    name: str
+    flops: float
+    bytes: float
+    model_flops: float = -1.0
+
+    def __post_init__(self):
+        if self.model_flops < 0:
+            object.__setattr__(self, "model_flops", self.flops)
+
+
+ELEM_BYTES = 2  # 16-bit activations and weights in compute
+
+
+def _matmul(name: str, m: float, k: float, n: float) -> Op:
+    """(m x k) @ (k x n): 2mkn FLOPs; reads both operands, writes the result."""
+    return Op(name, 2 * m * k * n, ELEM_BYTES * (m * k + k * n + m * n))
+
+
+def _elementwise(name: str, elems: float, passes: float) -> Op:
+    """Memory-bound op touching ``elems`` values ``passes`` times (reads + writes)."""
+    return Op(name, 0.0, ELEM_BYTES * elems * passes)
+
+
+def _backward(op: Op) -> Op:
+    """Backward of an op: a matmul needs two (dgrad, wgrad); an elementwise op ~2x the traffic."""
+    return Op(op.name, 2 * op.flops, 2 * op.bytes, 2 * op.model_flops)
+
+
+def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool) -> list[Op]:
+    """Norm, QKV projection, core attention, output projection (one TP rank, one microbatch)."""
+    s, h, d = m.seq_len, m.hidden, m.head_dim
+    tok = b * s
+    q_dim, kv_dim = m.heads * d // t, 2 * m.n_kv_heads * d // t
+    heads_local = m.heads / t
+    core_flops = 2 * 2 * b * heads_local * s * s * d  # QK^T and PV
+    core_bytes = ELEM_BYTES * tok * (q_dim + kv_dim + q_dim)
+    if not flash:  # scores, softmax, dropout, each written then read back
+        core_bytes += ELEM_BYTES * b * heads_local * s * s * 6
+    return [
+        _elementwise("norm1", tok * h, 2),
+        _matmul("qkv", tok, h, q_dim + kv_dim),
+        Op("core_attn", core_flops, core_bytes),
+        _matmul("proj", tok, q_dim, h),
+        _elementwise("residual1", tok * h, 3),
+    ]
+
+
+def mlp_block_fwd(m: DenseModelCfg, b: int, t: int) -> list[Op]:
+    """Norm, up (and gate) projection, activation, down projection (one TP rank)."""
+    tok, h, f = b * m.seq_len, m.hidden, m.ffn // t
+    up_width = 2 * f if m.mlp == "swiglu" else f
+    return [
+        _elementwise("norm2", tok * h, 2),
+        _matmul("up", tok, h, up_width),
+        _elementwise("act", tok * f, 3 if m.mlp == "swiglu" else 2),
+        _matmul("down", tok, f, h),
+        _elementwise("residual2", tok * h, 3),
+    ]
+
+
+def block_bwd(fwd: list[Op], flash: bool) -> list[Op]:
+    """Backward ops of a block, in execution order (reverse of forward).
+
+    Flash attention recomputes QK^T in its backward: 5 matmuls where the model needs 4, so
+    the kernel executes 2.5x the forward FLOPs while the model counts 2x (Dao et al. 2022).
+    """
+    out = []
+    for op in reversed(fwd):
+        bwd = _backward(op)
+        if op.name == "core_attn" and flash:
+            bwd = Op(op.name, 2.5 * op.flops, bwd.bytes, 2 * op.model_flops)
+        out.append(bwd)
+    return out
+
+
+def embedding_fwd(m: DenseModelCfg, b: int, t: int) -> list[Op]:
+    """Token (and learned position) embedding lookup on the first stage (vocab-parallel)."""
+    return [_elementwise("embedding", b * m.seq_len * m.hidden, 2)]
+
+
+def head_fwd(m: DenseModelCfg, b: int, t: int) -> list[Op]:
+    """Final norm, LM-head matmul (vocab-parallel) and cross-entropy on the last stage."""
+    tok = b * m.seq_len
+    vocab_local = m.vocab / t
+    return [
+        _elementwise("final_norm", tok * m.hidden, 2),
+        _matmul("lm_head", tok, m.hidden, vocab_local),
+        Op("cross_entropy", 0.0, 4 * tok * vocab_local * 3),  # fp32 logits: read, exp, write grad
+    ]
+
+
+def layer_params(m: DenseModelCfg) -> int:
+    """Parameters of one transformer layer (whole, not per TP rank)."""
+    h, d, f = m.hidden, m.head_dim, m.ffn
+    qkv_out = (m.heads + 2 * m.n_kv_heads) * d
+    attn = h * qkv_out + m.heads * d * h
+    mlp = h * f * (3 if m.mlp == "swiglu" else 2)
+    norms = 2 * (2 * h if m.norm == "layernorm" else h)
+    bias = (qkv_out + h + (2 * f if m.mlp == "swiglu" else f) + h) if m.bias else 0
+    return attn + mlp + norms + bias
+
+
+def embedding_params(m: DenseModelCfg) -> int:
+    """Token embedding (+ learned positions) on the first stage."""
+    pos = m.seq_len * m.hidden if m.position_embedding == "learned" else 0
+    return m.vocab * m.hidden + pos
+
+
+def head_params(m: DenseModelCfg) -> int:
+    """Final norm plus an untied LM head on the last stage (tied heads reuse the embedding)."""
+    norm = 2 * m.hidden if m.norm == "layernorm" else m.hidden
+    return norm + (0 if m.tied_embeddings else m.vocab * m.hidden)
+
+
+def total_params(m: DenseModelCfg) -> int:
+    """All parameters of the model, counted once."""
+    return m.layers * layer_params(m) + embedding_params(m) + head_params(m)
+
+
+def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool) -> float:
+    """Bytes one layer keeps from forward to backward, per microbatch, per TP rank.
+
+    Korthikanti et al. 2022 Sec 4.1 term by term (no sequence parallelism):
+    replicated: norm inputs 2*2sbh, QKV input 2sbh, MLP input 2sbh, dropout masks 2*sbh;
+    sharded over t: Q,K,V, context, MLP intermediates; attention scores 5as^2b unless flash.
+    """
+    s, h, d = m.seq_len, m.hidden, m.head_dim
+    sbh = s * b * h
+    masks = 2 * sbh if m.dropout else 0
+    replicated = 2 * sbh * 2 + 2 * sbh + 2 * sbh + masks
+    qkv = 2 * s * b * (m.heads + 2 * m.n_kv_heads) * d
+    context = 2 * sbh
+    mlp = 2 * s * b * m.ffn * (3 if m.mlp == "swiglu" else 2)
+    sharded = (qkv + context + mlp) / t
+    scores = 0.0 if flash else (5 if m.dropout else 4) * m.heads * s * s * b / t
+    return replicated + sharded + scores
+
+
+def head_activation_bytes(m: DenseModelCfg, b: int, t: int) -> float:
+    """fp32 logits kept for the cross-entropy backward on the last stage."""
+    return 4 * b * m.seq_len * m.vocab / t
+
+
+def model_flops_per_token_closed_form(m: DenseModelCfg) -> float:
+    """6*N_matmul + 12*L*s*h (fwd+bwd), the standard count used for MFU (PaLM, App. B)."""
+    n_matmul = m.layers * layer_params(m) + m.vocab * m.hidden
+    return 6 * n_matmul + 12 * m.layers * m.seq_len * m.hidden

@@ -1,0 +1,63 @@
+"""The terminal summary table and summary.json.
+
+    clustersim · gpt3-175b-1024gpu
+    plan            TP8 x PP16 x DP8 · 1f1b · 192 microbatches x 1 x 2048 tokens
+    step time       18.89 s
+    ...
+    memory (GiB)    stage  params  grads  optim  activ   peak / cap
+                        0     2.7    5.4   16.1   29.2   53.4 / 80.0  fits
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+GiB = 1024**3
+
+
+def to_json(summary: dict[str, Any]) -> str:
+    """Deterministic JSON text (key order as built, fixed indent, trailing newline)."""
+    return json.dumps(summary, indent=2, allow_nan=False) + "\n"
+
+
+def _stage_rows(stages: list[dict]) -> list[dict]:
+    """All stages when few; else the first, the last and the four with the highest peak."""
+    if len(stages) <= 16:
+        return stages
+    keep = {0, len(stages) - 1} | {s["stage"] for s in sorted(stages, key=lambda s: -s["peak_bytes"])[:4]}
+    return [s for s in stages if s["stage"] in keep]
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The short human summary printed by ``clustersim run``."""
+    p, mem, hw = s["plan"], s["memory"], s["hardware"]
+    ex, comm = s["exposed_comm_s"], s["comm_s"]
+    kinds = [k for k in ("tp", "cp", "ep", "pp", "dp") if comm[k] > 0]
+    exposed = " · ".join(f"{k} {ex[k]:.3g} s" for k in kinds) or "none"
+    hidden = " · ".join(f"{k} {comm[k] - ex[k]:.3g} s" for k in kinds) or "none"
+    lines = [
+        f"clustersim · {s['scenario']}",
+        *( [s["description"]] if s.get("description") else [] ),
+        f"{'cluster':<16}{s['world_size']} x {hw['gpu']} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {hw['topology']})",
+        f"{'plan':<16}TP{p['tp']} x PP{p['pp']} x DP{p['dp']} · {p['schedule']} · "
+        f"{p['microbatches']} microbatches x {p['micro_batch_size']} x {s['model']['seq_len']} tokens",
+        f"{'step time':<16}{s['step_time_s']:.4g} s",
+        f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
+        f"{'TFLOP/s per GPU':<16}{s['tflops_per_gpu']:.1f} model · {s['hw_tflops_per_gpu']:.1f} hardware "
+        f"(peak {hw['peak_flops'] / 1e12:.0f})",
+        f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} %",
+        f"{'bubble':<16}{100 * s['bubble_fraction']:.1f} % of the step",
+        f"{'exposed comm':<16}{ex['total']:.3g} s per GPU: {exposed}",
+        f"{'hidden comm':<16}{hidden}",
+        f"{'memory (GiB)':<16}{'stage':>5} {'params':>7} {'grads':>6} {'optim':>6} {'activ':>6} {'peak':>7} / cap",
+    ]
+    for st in _stage_rows(mem["stages"]):
+        g = lambda k: st[k] / GiB  # noqa: E731
+        verdict = "fits" if st["fits"] else "DOES NOT FIT"
+        lines.append(f"{'':<16}{st['stage']:>5} {g('params_bytes'):>7.1f} {g('grads_bytes'):>6.1f} "
+                     f"{g('optimizer_bytes'):>6.1f} {g('activations_bytes'):>6.1f} {g('peak_bytes'):>7.1f} / "
+                     f"{st['capacity_bytes'] / GiB:.0f}  {verdict}")
+    if len(mem["stages"]) > len(_stage_rows(mem["stages"])):
+        lines.append(f"{'':<16}(first, last and highest-peak stages of {len(mem['stages'])}; all in summary.json)")
+    return "\n".join(lines)

@@ -1,0 +1,36 @@
+"""Where model meets hardware: seconds for an op on a GPU (roofline with calibrated efficiency).
+
+    time = max( flops / (peak_flops * matmul_efficiency),
+                bytes / (hbm_bw * memory_efficiency) )
+
+(Williams et al. 2009, "Roofline"; efficiencies fitted per GPU in hardware/gpus.py.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..hardware.gpus import GpuSpec
+from ..model.transformer import Op
+
+# fp32 master weights, Adam m and v, fp32 grad read; master, m, v and 16-bit weights written.
+ADAM_BYTES_PER_PARAM_READ = 4 + 4 + 4 + 4
+ADAM_BYTES_PER_PARAM_WRITE = 4 + 4 + 4 + 2
+
+
+def op_time_s(op: Op, gpu: GpuSpec, precision: str) -> float:
+    """Roofline time of one op."""
+    compute = op.flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency)
+    memory = op.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
+    return max(compute, memory)
+
+
+def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, precision: str) -> float:
+    """Ops run back to back on one stream: times add."""
+    return sum(op_time_s(o, gpu, precision) for o in ops)
+
+
+def adam_step_time_s(params: float, gpu: GpuSpec) -> float:
+    """Fused Adam over ``params`` local parameters: memory-bound, one pass over the states."""
+    bytes_ = params * (ADAM_BYTES_PER_PARAM_READ + ADAM_BYTES_PER_PARAM_WRITE)
+    return bytes_ / (gpu.hbm_bw_Bps * gpu.memory_efficiency)

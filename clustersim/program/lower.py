@@ -1,0 +1,235 @@
+"""Lowering: scenario -> Program, as a chain of small passes.
+
+    symmetry      which ranks are simulated, and which twins each one stands for
+    pipeline_pass F/B blocks in schedule order, TP all-reduces, PP sends (per microbatch)
+    dp_grad_pass  gradient buckets all-reduced over DP as the last backward produces them,
+                  then the tied-embedding all-reduce between first and last stage
+    optimizer_pass the optimizer step, after every gradient of the rank is reduced
+
+Each pass takes the Program and returns it with tasks appended; none reads the clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..config import Scenario
+from ..plan.mesh import Mesh
+from ..schedule.pipeline import Schedule, build_schedule, unit_time_grid
+from .tasks import Comm, Program
+from .work import GRAD_BYTES, StageWork, stage_work
+
+
+@dataclass
+class Symmetry:
+    """Which ranks run in the simulation and whom each stands for.
+
+    Collapsed (default): ranks differing only in their DP or TP index run identical
+    programs on identical hardware, so one rank per pipeline stage is simulated; a
+    communication instance stands for its twins (same shape on other GPUs), which still load
+    shared links. Not collapsed: every rank is simulated, there are no twins. Both must give
+    the same numbers on a symmetric cluster (tests/test_engine.py).
+    """
+
+    mesh: Mesh
+    collapse: bool
+    rep: dict[int, int] = field(init=False)
+    _orbits: dict = field(init=False, default_factory=dict)
+
+    def __post_init__(self):
+        m = self.mesh
+        if self.collapse:
+            self.rep = {r: m.rank(tp=0, dp=0, pp=m.coords(r)["pp"]) for r in range(m.world_size)}
+        else:
+            self.rep = {r: r for r in range(m.world_size)}
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(set(self.rep.values()))
+
+    @property
+    def weight(self) -> dict[int, int]:
+        return dict(sorted(Counter(self.rep.values()).items()))
+
+    def orbit_key(self, group: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(self.rep[r] for r in group)
+
+    def twins(self, kind: str, group: tuple[int, ...], all_groups) -> tuple[tuple[int, ...], ...]:
+        """Other groups of ``kind`` whose members map to the same simulated ranks."""
+        if kind not in self._orbits:
+            orbits: dict[tuple, list] = {}
+            for g in all_groups():
+                orbits.setdefault(self.orbit_key(g), []).append(g)
+            self._orbits[kind] = orbits
+        return tuple(g for g in self._orbits[kind][self.orbit_key(group)] if g != group)
+
+    def members(self, group: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(sorted(set(self.orbit_key(group))))
+
+
+@dataclass
+class Lowering:
+    """What every pass reads: the plan, the schedule, per-stage work, the symmetry."""
+
+    mesh: Mesh
+    schedule: Schedule
+    work: list[StageWork]
+    sym: Symmetry
+    grad_bytes: int = 4
+    dp_bucket_params: float = 40e6
+    tied_embeddings: bool = False
+    embedding_params: float = 0.0  # per TP rank, for the tied-embedding all-reduce
+    # filled by pipeline_pass, read by later passes
+    last_bwd: dict = field(default_factory=dict)  # (rank, block index) -> tid of final-mb backward block
+    last_task: dict = field(default_factory=dict)  # rank -> tid of its last pipeline task
+    grad_tasks: dict = field(default_factory=dict)  # rank -> tids of its gradient reductions
+
+
+def _comm(low: Lowering, prog: Program, rank: int, kind: str, group, tag, size: float, *,
+          op="all_reduce", stream=None, deps=(), name="", **meta) -> int:
+    all_groups = {
+        "tp": lambda: low.mesh.groups("tp"),
+        "dp": lambda: low.mesh.groups("dp"),
+        "pp": lambda: _pp_pairs(low.mesh, +1) + _pp_pairs(low.mesh, -1),
+        "emb": lambda: _emb_pairs(low.mesh),
+    }[kind]
+    members = low.sym.members(group)
+    recv = -1
+    if op == "send":
+        members, recv = (low.sym.rep[group[0]],), low.sym.rep[group[1]]
+    c = Comm(op=op, size_bytes=size, group=group, twins=low.sym.twins(kind, group, all_groups),
+             members=members, key=(kind, low.sym.orbit_key(group), tag), recv_rank=recv)
+    return prog.add(rank=rank, stream=stream or kind, name=name, kind="pp" if kind == "pp" else
+                    ("dp" if kind == "emb" else kind), comm=c, deps=tuple(deps), **meta).tid
+
+
+def _pp_pairs(mesh: Mesh, direction: int) -> list[tuple[int, int]]:
+    out = []
+    for r in range(mesh.world_size):
+        c = mesh.coords(r)
+        nxt = c["pp"] + direction
+        if 0 <= nxt < mesh.pp:
+            out.append((r, mesh.rank(**{**c, "pp": nxt})))
+    return out
+
+
+def _emb_pairs(mesh: Mesh) -> list[tuple[int, int]]:
+    return [(r, mesh.rank(**{**mesh.coords(r), "pp": mesh.pp - 1})) for r in mesh.ranks_where(pp=0)]
+
+
+def pipeline_pass(prog: Program, low: Lowering) -> Program:
+    """Forward and backward blocks per schedule action, with TP all-reduces and PP sends.
+
+    Tasks are created in unit-time slot order so a receiver's dependency on its sender's
+    send task always refers to a task that already exists.
+    """
+    mesh, sym = low.mesh, low.sym
+    grid = unit_time_grid(low.schedule)
+    sent: dict[tuple, int] = {}  # (phase, sender rank, mb) -> send tid
+    f_end: dict[tuple[int, int], int] = {}  # (rank, mb) -> last tid of its forward
+    final_mb = {s: low.schedule[s][-1].mb for s in range(mesh.pp)}
+    for slot in range(len(grid[0])):
+        for s in range(mesh.pp):
+            act = grid[s][slot]
+            if act is None:
+                continue
+            for r in (x for x in sym.ranks if mesh.coords(x)["pp"] == s):
+                c = mesh.coords(r)
+                blocks = low.work[s].fwd if act.kind == "F" else low.work[s].bwd
+                deps: list[int] = []
+                if act.kind == "F" and s > 0:
+                    deps.append(sent[("F", mesh.rank(**{**c, "pp": s - 1}), act.mb)])
+                if act.kind == "B":
+                    deps.append(f_end[(r, act.mb)])
+                    if s < mesh.pp - 1:
+                        deps.append(sent[("B", mesh.rank(**{**c, "pp": s + 1}), act.mb)])
+                prev = None
+                for i, blk in enumerate(blocks):
+                    meta = dict(mb=act.mb, phase=act.kind, stage=s, layer=blk.layer)
+                    prev = prog.add(rank=r, stream="compute", name=f"{act.kind} {blk.name}", kind="compute",
+                                    duration_s=blk.duration_s, flops=blk.flops, model_flops=blk.model_flops,
+                                    deps=tuple(deps) if prev is None else (prev,), **meta).tid
+                    if act.kind == "B" and act.mb == final_mb[s]:
+                        low.last_bwd[(r, i)] = prev
+                    if blk.tp_allreduce_bytes and mesh.tp > 1:
+                        prev = _comm(low, prog, r, "tp", mesh.group(r, "tp"), (act.kind, act.mb, i),
+                                     blk.tp_allreduce_bytes, deps=(prev,), name=f"{act.kind} AR {blk.name}", **meta)
+                if act.kind == "F":
+                    f_end[(r, act.mb)] = prev
+                    if s < mesh.pp - 1:
+                        dst = mesh.rank(**{**c, "pp": s + 1})
+                        sent[("F", r, act.mb)] = _comm(
+                            low, prog, r, "pp", (r, dst), ("F", act.mb), low.work[s].pp_send_bytes, op="send",
+                            stream="pp_fwd_send", deps=(prev,), name="send act", mb=act.mb, phase="F", stage=s)
+                elif s > 0:
+                    dst = mesh.rank(**{**c, "pp": s - 1})
+                    sent[("B", r, act.mb)] = _comm(
+                        low, prog, r, "pp", (r, dst), ("B", act.mb), low.work[s].pp_send_bytes, op="send",
+                        stream="pp_bwd_send", deps=(prev,), name="send grad", mb=act.mb, phase="B", stage=s)
+                low.last_task[r] = prev
+    return prog
+
+
+def dp_grad_pass(prog: Program, low: Lowering) -> Program:
+    """Gradient all-reduce over DP in buckets, each launched when its last gradient is final.
+
+    Buckets fill in backward order (Li et al. 2020, "PyTorch Distributed", Sec 3.2.3)::
+
+        compute  ... [B mlp L5][B attn L5][B mlp L4][B attn L4] ...
+        dp                          [AR bucket 0 ]        [AR bucket 1] ...
+    """
+    mesh = low.mesh
+    for r in low.sym.ranks:
+        s = mesh.coords(r)["pp"]
+        tids: list[int] = []
+        if mesh.dp > 1:
+            filled, bucket_deps = 0.0, None
+            blocks = low.work[s].bwd
+            for i, blk in enumerate(blocks):
+                filled += blk.params
+                bucket_deps = low.last_bwd[(r, i)]
+                if filled >= low.dp_bucket_params or i == len(blocks) - 1:
+                    tids.append(_comm(low, prog, r, "dp", mesh.group(r, "dp"), ("bucket", len(tids)),
+                                      filled * low.grad_bytes, deps=(bucket_deps,),
+                                      name=f"AR grads bucket {len(tids)}", phase="B", stage=s))
+                    filled = 0.0
+        if low.tied_embeddings and mesh.pp > 1 and s in (0, mesh.pp - 1):
+            c = mesh.coords(r)
+            pair = (mesh.rank(**{**c, "pp": 0}), mesh.rank(**{**c, "pp": mesh.pp - 1}))
+            tids.append(_comm(low, prog, r, "emb", pair, ("tied",), low.embedding_params * low.grad_bytes,
+                              stream="dp", deps=tuple(tids) or (low.last_task[r],),
+                              name="AR tied embedding grads", phase="B", stage=s))
+        low.last_task[r] = tids[-1] if tids else low.last_task[r]
+        low.grad_tasks[r] = tids
+    return prog
+
+
+def optimizer_pass(prog: Program, low: Lowering) -> Program:
+    """One optimizer step per rank once all its gradients are reduced."""
+    for r in low.sym.ranks:
+        s = low.mesh.coords(r)["pp"]
+        deps = tuple(low.grad_tasks[r]) or (low.last_task[r],)
+        prog.add(rank=r, stream="compute", name="optimizer step", kind="compute",
+                 duration_s=low.work[s].optimizer_s, deps=deps, phase="opt", stage=s)
+    return prog
+
+
+def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lowering]:
+    """Scenario -> Program for one training step."""
+    mesh = sc.mesh
+    sym = Symmetry(mesh, sc.cfg.simulation.collapse_symmetric if collapse is None else collapse)
+    work = [stage_work(sc, s, sc.cluster.gpu) for s in range(mesh.pp)]
+    low = Lowering(
+        mesh=mesh, schedule=build_schedule(sc.parallel.schedule, mesh.pp, sc.microbatches), work=work, sym=sym,
+        grad_bytes=GRAD_BYTES[sc.training.grad_dtype], dp_bucket_params=sc.training.dp_bucket_params,
+        tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
+    )
+    return run_passes(low), low
+
+
+def run_passes(low: Lowering) -> Program:
+    prog = Program(ranks=low.sym.ranks, weight=low.sym.weight)
+    for p in (pipeline_pass, dp_grad_pass, optimizer_pass):
+        prog = p(prog, low)
+    return prog

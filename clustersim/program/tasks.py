@@ -1,0 +1,79 @@
+"""The program: per simulated rank, tasks on streams with dependencies.
+
+The same shape as an execution trace (MLCommons Chakra): a task is COMPUTE (a duration) or
+COMM (a collective or point-to-point transfer, timed by the engine's network model).
+A stream runs its tasks in list order; a task starts when its stream is free and all of
+its dependencies (on any stream, any rank) are done::
+
+    compute  [F attn L0]        [F mlp L0]        [F attn L1] ...
+    tp                  [AR]              [AR]
+    pp_fwd_send                                   ...[send act mb0 -> stage 1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A communication instance, simulated once for itself and its symmetric twins.
+
+    ``group``: the GPUs of the simulated instance, in ring order (for ``send``: src, dst).
+    ``twins``: the other instances it stands for (same shape, other GPUs); they load links
+    exactly as the simulated one does, so they weigh on shared links (DESIGN: symmetric ranks).
+    ``members``: simulated ranks that must all arrive before it starts (rendezvous).
+    ``key``: rendezvous key, identical on every member's task.
+    ``recv_rank``: for ``send``, the simulated rank that waits for the data (or -1).
+    """
+
+    op: str  # "all_reduce" | "send"
+    size_bytes: float
+    group: tuple[int, ...]
+    twins: tuple[tuple[int, ...], ...]
+    members: tuple[int, ...]
+    key: tuple
+    recv_rank: int = -1
+
+
+@dataclass
+class Task:
+    tid: int
+    rank: int
+    stream: str
+    name: str
+    kind: str  # "compute" or the communication kind: "tp" | "pp" | "dp"
+    duration_s: float = 0.0
+    comm: Comm | None = None
+    deps: tuple[int, ...] = ()
+    mb: int = -1
+    phase: str = ""  # "F" | "B" | "opt"
+    stage: int = -1
+    layer: int = -1
+    flops: float = 0.0
+    model_flops: float = 0.0
+
+
+@dataclass
+class Program:
+    """All tasks of one training step, for the simulated ranks only.
+
+    ``weight[r]`` is how many real ranks simulated rank ``r`` stands for (1 when every rank
+    is simulated); metrics averaged over GPUs weigh each simulated rank by it.
+    """
+
+    ranks: list[int]
+    weight: dict[int, int]
+    tasks: list[Task] = field(default_factory=list)
+
+    def add(self, **kw) -> Task:
+        t = Task(tid=len(self.tasks), **kw)
+        self.tasks.append(t)
+        return t
+
+    def streams(self) -> dict[tuple[int, str], list[int]]:
+        """(rank, stream) -> task ids in issue order (first appearance order of streams)."""
+        out: dict[tuple[int, str], list[int]] = {}
+        for t in self.tasks:
+            out.setdefault((t.rank, t.stream), []).append(t.tid)
+        return out

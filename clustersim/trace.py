@@ -1,0 +1,49 @@
+"""Trace: what happened, as spans (rank, stream, name, kind, start, end, ...).
+
+Everything downstream — metrics, report, Perfetto — is derived from these spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Span:
+    rank: int
+    stream: str
+    name: str
+    kind: str  # "compute" | "tp" | "pp" | "dp"
+    start_s: float
+    end_s: float
+    mb: int = -1
+    phase: str = ""
+    stage: int = -1
+    layer: int = -1
+    size_bytes: float = 0.0
+    flops: float = 0.0
+    model_flops: float = 0.0
+
+    @property
+    def dur_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class Trace:
+    """Spans of the simulated ranks; ``weight[r]`` real ranks behave like simulated rank r."""
+
+    spans: list[Span]
+    ranks: list[int]
+    weight: dict[int, int]
+    stage_of: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def end_s(self) -> float:
+        return max((s.end_s for s in self.spans), default=0.0)
+
+    def by_rank(self) -> dict[int, list[Span]]:
+        out: dict[int, list[Span]] = {r: [] for r in self.ranks}
+        for s in self.spans:
+            out[s.rank].append(s)
+        return out

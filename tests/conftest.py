@@ -1,0 +1,34 @@
+"""Shared fixtures: small scenarios built as dicts against the repository's topologies."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMALL = {
+    "name": "small",
+    "cluster": {"topology": "topologies/dgx-a100.yaml", "nodes": 2},
+    "model": {"name": "tiny", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 512},
+    "parallel": {"tp": 4, "pp": 2, "dp": 2, "schedule": "1f1b"},
+    "training": {"micro_batch_size": 1, "global_batch_size": 8},
+}
+
+
+def scenario_dict(**sections) -> dict:
+    """SMALL with sections updated key by key, e.g. parallel={"tp": 2}."""
+    d = copy.deepcopy(SMALL)
+    for k, v in sections.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            d[k].update(v)
+        else:
+            d[k] = v
+    return d
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT

@@ -1,0 +1,133 @@
+"""The command line as a user meets it: outputs, schedule grid, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import scenario_dict
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "clustersim", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def write_scenario(tmp_path: Path, root: Path, d: dict, name="s.yaml") -> Path:
+    d = dict(d)
+    d["cluster"] = {**d["cluster"], "topology": str(root / d["cluster"]["topology"])}
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def test_help():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for cmd in ("run", "schedule", "validate", "schema"):
+        assert cmd in r.stdout
+
+
+def test_run_writes_summary_report_and_trace(tmp_path, root):
+    sc = write_scenario(tmp_path, root, scenario_dict())
+    out = tmp_path / "out"
+    r = run_cli("run", sc, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "summary.json", "trace.json.gz"]
+    s = json.loads((out / "summary.json").read_text())
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction",
+                "exposed_comm_s", "memory", "world_size", "plan"):
+        assert key in s
+    assert s["world_size"] == 16
+    assert f"{s['step_time_s']:.4g} s" in r.stdout
+    assert "MFU" in r.stdout and "bubble" in r.stdout and "fits" in r.stdout
+    # nothing left behind but the three outputs
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_run_is_deterministic(tmp_path, root):
+    sc = write_scenario(tmp_path, root, scenario_dict())
+    outs = []
+    for i in range(2):
+        assert run_cli("run", sc, "--out", tmp_path / f"o{i}").returncode == 0
+        outs.append({p.name: p.read_bytes() for p in (tmp_path / f"o{i}").iterdir()})
+    assert outs[0] == outs[1]
+
+
+def test_schedule_grid():
+    r = run_cli("schedule", "--pp", 4, "--microbatches", 8, "--schedule", "1f1b")
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[0] == "rank 0  | F0 F1 F2 F3 .  .  .  B0 F4 B1 F5 B2 F6 B3 F7 B4 .  B5 .  B6 .  B7"
+
+
+BAD = [
+    # (what, change to the scenario dict, expected field, expected words)
+    ("world size", {"parallel": {"tp": 4, "pp": 2, "dp": 4}}, "parallel", "does not equal the world size 16"),
+    ("tp vs heads", {"parallel": {"tp": 16, "pp": 1, "dp": 1}, "model": {"heads": 8}}, "parallel.tp",
+     "tp=16 does not divide model.heads=8"),
+    ("typo", {"training": {"global_batch_sise": 8}}, "training.global_batch_sise", "unknown key"),
+    ("batch", {"training": {"global_batch_size": 7}}, "training.global_batch_size", "not a multiple"),
+    ("missing topology", {"cluster": {"topology": "topologies/nope.yaml"}}, "cluster.topology",
+     "topology file not found"),
+    ("bad schedule", {"parallel": {"schedule": "zigzag"}}, "parallel.schedule", "1f1b"),
+    ("negative", {"model": {"layers": -1}}, "model.layers", "greater than or equal to 1"),
+]
+
+
+@pytest.mark.parametrize("what,change,field,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_scenario_one_line_exit_2_no_output(tmp_path, root, what, change, field, words):
+    d = scenario_dict(**change)
+    if what == "missing topology":
+        p = tmp_path / "s.yaml"
+        p.write_text(yaml.safe_dump(d))
+    else:
+        p = write_scenario(tmp_path, root, d)
+    out = tmp_path / "out"
+    r = run_cli("run", p, "--out", out)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert lines[0].startswith(f"error: {p}: {field}: "), lines[0]
+    assert words in lines[0]
+    assert not out.exists()
+
+
+def test_unknown_gpu_names_the_topology_file(tmp_path, root):
+    topo = yaml.safe_load((root / "topologies/dgx-a100.yaml").read_text())
+    topo["gpu"] = "Z9000"
+    tp = tmp_path / "topo.yaml"
+    tp.write_text(yaml.safe_dump(topo))
+    d = scenario_dict()
+    d["cluster"]["topology"] = str(tp)
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(d))
+    r = run_cli("run", p, "--out", tmp_path / "out")
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"error: {tp}: gpu: unknown GPU 'Z9000'")
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_scenario_and_invalid_yaml(tmp_path):
+    r = run_cli("run", tmp_path / "none.yaml")
+    assert r.returncode == 2 and "scenario file not found" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [1, 2\n")
+    r = run_cli("validate", bad)
+    assert r.returncode == 2 and "invalid YAML" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_validate_and_schema(root):
+    r = run_cli("validate", *sorted((root / "scenarios").glob("*.yaml")))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("schema")
+    assert r.returncode == 0
+    schema = json.loads(r.stdout)
+    assert {"cluster", "model", "parallel", "training"} <= set(schema["properties"])
