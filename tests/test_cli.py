@@ -62,7 +62,7 @@ def test_run_is_deterministic(tmp_path, root):
 def test_schedule_grid():
     r = run_cli("schedule", "--pp", 4, "--microbatches", 8, "--schedule", "1f1b")
     assert r.returncode == 0
-    assert r.stdout.splitlines()[0] == "rank 0  | F0 F1 F2 F3 .  .  .  B0 F4 B1 F5 B2 F6 B3 F7 B4 .  B5 .  B6 .  B7"
+    assert r.stdout.splitlines()[0] == "rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 .   0B5 .   0B6 .   0B7"
 
 
 BAD = [

@@ -139,7 +139,8 @@ class FlowNetwork:
             return
         for f, r in zip(self.flows, max_min_rates([f.weights for f in self.flows], self.bw_Bps)):
             f.rate = r
-        dt = min(f.remaining / f.rate for f in self.flows)
+        # a flow squeezed to 0 by rounding waits for the next re-share
+        dt = min(f.remaining / f.rate for f in self.flows if f.rate > 0)
         gen = self._gen
         self.env.timeout(dt).callbacks.append(lambda _e: self._tick(gen))
 

@@ -49,6 +49,7 @@ class Engine:
         self._rdv: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, FlowPlan] = {}
         self._alone: dict[tuple, float | None] = {}
+        self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
         if network == "flow":
             self._classify()
 
@@ -98,7 +99,7 @@ class Engine:
         c = t.comm
         self.spans.append(Span(
             rank=rank, stream=stream, name=name or t.name, kind=t.kind, start_s=start_s, end_s=end_s,
-            mb=t.mb, phase=t.phase, stage=t.stage, layer=t.layer,
+            mb=t.mb, phase=t.phase, stage=self.stage_of.get(rank, t.stage), layer=t.layer,
             size_bytes=c.size_bytes if c else 0.0, flops=t.flops, model_flops=t.model_flops,
         ))
 
@@ -144,9 +145,8 @@ class Engine:
         if unfinished:
             raise RuntimeError(f"simulation deadlocked with {unfinished} tasks not run")
         self.spans.sort(key=lambda s: (s.rank, s.start_s, s.end_s, s.stream))
-        stage_of = {t.rank: t.stage for t in self.prog.tasks if t.stage >= 0}
         return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
-                     stage_of=dict(sorted(stage_of.items())))
+                     stage_of=dict(self.stage_of))
 
 
 def run_program(program: Program, cluster: Cluster, network: str = "flow") -> Trace:

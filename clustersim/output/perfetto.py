@@ -78,6 +78,11 @@ def _us(t_ns: int) -> float | int:
     return t_ns // 1000 if t_ns % 1000 == 0 else t_ns / 1000
 
 
+def _number(x: float) -> float | int:
+    """Whole floats as ints: byte and FLOP counts read better as 50331648 than 50331648.0."""
+    return int(x) if float(x).is_integer() else x
+
+
 def span_args(s: Span) -> dict[str, Any]:
     """The span's details, leaving out fields that carry no information (-1, 0, empty)."""
     args: dict[str, Any] = {}
@@ -88,9 +93,9 @@ def span_args(s: Span) -> dict[str, Any]:
     if s.phase:
         args["phase"] = s.phase
     if s.size_bytes:
-        args["bytes"] = s.size_bytes
+        args["bytes"] = _number(s.size_bytes)
     if s.flops:
-        args["flops"] = s.flops
+        args["flops"] = _number(s.flops)
     return args
 
 
@@ -108,7 +113,7 @@ def span_event(s: Span, pid: int, tid: int) -> dict[str, Any]:
 def metadata_events(trace: Trace) -> list[dict[str, Any]]:
     """process_name / thread_name and their sort indices, so the UI lists ranks by stage."""
     rows = streams_by_rank(trace)
-    ids = stream_ids([st for sts in rows.values() for st in sts])
+    tids = thread_ids(trace)
     out: list[dict[str, Any]] = []
     for order, rank in enumerate(rows):
         pid = pid_of(rank)
@@ -121,20 +126,26 @@ def metadata_events(trace: Trace) -> list[dict[str, Any]]:
             out.append({"name": "process_labels", "ph": "M", "pid": pid,
                         "args": {"labels": f"stands for {weight} GPUs"}})
         for st in rows[rank]:
-            tid = pid * _TID_STRIDE + ids[st]
+            tid = tids[rank, st]
             out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": st}})
             out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                        "args": {"sort_index": ids[st]}})
+                        "args": {"sort_index": tid % _TID_STRIDE}})
     return out
+
+
+def thread_ids(trace: Trace) -> dict[tuple[int, str], int]:
+    """(rank, stream) -> tid, in display order."""
+    rows = streams_by_rank(trace)
+    ids = stream_ids([st for sts in rows.values() for st in sts])
+    return {(r, st): pid_of(r) * _TID_STRIDE + ids[st] for r, sts in rows.items() for st in sts}
 
 
 def span_events(trace: Trace) -> list[dict[str, Any]]:
     """All spans as X events, sorted by process, thread and time (stable, so deterministic)."""
-    rows = streams_by_rank(trace)
-    ids = stream_ids([st for sts in rows.values() for st in sts])
-    order = {r: i for i, r in enumerate(rows)}
-    spans = sorted(trace.spans, key=lambda s: (order[s.rank], stream_sort_key(s.stream), s.start_s, s.end_s))
-    return [span_event(s, pid_of(s.rank), pid_of(s.rank) * _TID_STRIDE + ids[s.stream]) for s in spans]
+    tids = thread_ids(trace)
+    row = {key: i for i, key in enumerate(tids)}  # display position of each thread
+    spans = sorted(trace.spans, key=lambda s: (row[s.rank, s.stream], s.start_s, s.end_s))
+    return [span_event(s, pid_of(s.rank), tids[s.rank, s.stream]) for s in spans]
 
 
 _HEADLINE_KEYS = ("scenario", "description", "world_size", "step_time_s", "tokens_per_s",

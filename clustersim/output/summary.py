@@ -23,7 +23,7 @@ def to_json(summary: dict[str, Any]) -> str:
 
 def _stage_rows(stages: list[dict]) -> list[dict]:
     """All stages when few; else the first, the last and the four with the highest peak."""
-    if len(stages) <= 16:
+    if len(stages) <= 8:
         return stages
     keep = {0, len(stages) - 1} | {s["stage"] for s in sorted(stages, key=lambda s: -s["peak_bytes"])[:4]}
     return [s for s in stages if s["stage"] in keep]

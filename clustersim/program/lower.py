@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..config import Scenario
 from ..plan.mesh import Mesh
@@ -36,6 +37,7 @@ class Symmetry:
     collapse: bool
     rep: dict[int, int] = field(init=False)
     _orbits: dict = field(init=False, default_factory=dict)
+    _shapes: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         m = self.mesh
@@ -44,7 +46,7 @@ class Symmetry:
         else:
             self.rep = {r: r for r in range(m.world_size)}
 
-    @property
+    @cached_property
     def ranks(self) -> list[int]:
         return sorted(set(self.rep.values()))
 
@@ -66,6 +68,13 @@ class Symmetry:
 
     def members(self, group: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(sorted(set(self.orbit_key(group))))
+
+    def shape(self, kind: str, group: tuple[int, ...], all_groups) -> tuple[tuple, tuple, tuple]:
+        """(orbit key, twins, members) of ``group``, computed once per group."""
+        key = (kind, group)
+        if key not in self._shapes:
+            self._shapes[key] = (self.orbit_key(group), self.twins(kind, group, all_groups), self.members(group))
+        return self._shapes[key]
 
 
 @dataclass
@@ -94,12 +103,12 @@ def _comm(low: Lowering, prog: Program, rank: int, kind: str, group, tag, size: 
         "pp": lambda: _pp_pairs(low.mesh, +1) + _pp_pairs(low.mesh, -1),
         "emb": lambda: _emb_pairs(low.mesh),
     }[kind]
-    members = low.sym.members(group)
+    orbit, twins, members = low.sym.shape(kind, group, all_groups)
     recv = -1
     if op == "send":
         members, recv = (low.sym.rep[group[0]],), low.sym.rep[group[1]]
-    c = Comm(op=op, size_bytes=size, group=group, twins=low.sym.twins(kind, group, all_groups),
-             members=members, key=(kind, low.sym.orbit_key(group), tag), recv_rank=recv)
+    c = Comm(op=op, size_bytes=size, group=group, twins=twins, members=members, key=(kind, orbit, tag),
+             recv_rank=recv)
     return prog.add(rank=rank, stream=stream or kind, name=name, kind="pp" if kind == "pp" else
                     ("dp" if kind == "emb" else kind), comm=c, deps=tuple(deps), **meta).tid
 
@@ -128,14 +137,17 @@ def pipeline_pass(prog: Program, low: Lowering) -> Program:
     grid = unit_time_grid(low.schedule)
     sent: dict[tuple, int] = {}  # (phase, sender rank, mb) -> send tid
     f_end: dict[tuple[int, int], int] = {}  # (rank, mb) -> last tid of its forward
-    final_mb = {s: low.schedule[s][-1].mb for s in range(mesh.pp)}
+    final_mb = {s: next(a.mb for a in reversed(low.schedule[s]) if a.kind == "B") for s in range(mesh.pp)}
+    on_stage: dict[int, list[tuple[int, dict]]] = {}  # pp index -> [(simulated rank, coords)]
+    for r in sym.ranks:
+        c = mesh.coords(r)
+        on_stage.setdefault(c["pp"], []).append((r, c))
     for slot in range(len(grid[0])):
         for s in range(mesh.pp):
             act = grid[s][slot]
             if act is None:
                 continue
-            for r in (x for x in sym.ranks if mesh.coords(x)["pp"] == s):
-                c = mesh.coords(r)
+            for r, c in on_stage[s]:
                 blocks = low.work[s].fwd if act.kind == "F" else low.work[s].bwd
                 deps: list[int] = []
                 if act.kind == "F" and s > 0:

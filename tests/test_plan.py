@@ -1,0 +1,55 @@
+"""Rank mesh, placement and layer splits."""
+
+from __future__ import annotations
+
+import pytest
+
+import clustersim
+from clustersim.errors import ConfigError
+from clustersim.plan.mesh import Mesh, split_layers
+
+from .conftest import scenario_dict
+
+
+def test_tp_innermost_dp_then_pp():
+    m = Mesh(tp=8, dp=4, pp=2)
+    assert m.group(0, "tp") == tuple(range(8))  # one node of 8 GPUs
+    assert m.group(0, "dp") == (0, 8, 16, 24)
+    assert m.group(0, "pp") == (0, 32)
+    assert m.coords(45) == {"tp": 5, "dp": 1, "pp": 1}
+    assert all(m.rank(**m.coords(r)) == r for r in range(m.world_size))
+    assert len(m.groups("tp")) == 8 and len(m.groups("dp")) == 16 and len(m.groups("pp")) == 32
+
+
+def test_other_orders():
+    m = Mesh(tp=2, dp=2, pp=2, order=("tp", "pp", "dp"))
+    assert m.group(0, "pp") == (0, 2) and m.group(0, "dp") == (0, 4)
+
+
+def test_uneven_split_61_layers_16_stages():
+    split = split_layers(61, 16)
+    assert sum(split) == 61 and len(split) == 16 and max(split) - min(split) == 1
+    assert split[0] == 4 and split[-1] == 3
+
+
+def test_uneven_split_runs_end_to_end(root):
+    d = scenario_dict(model={"layers": 7}, parallel={"tp": 2, "pp": 4, "dp": 2}, training={"global_batch_size": 8})
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    assert s["plan"]["layers_per_stage"] == [2, 2, 2, 1]
+    acts = [st["activation_bytes_per_microbatch"] for st in s["memory"]["stages"]]
+    assert acts[0] == acts[1] == acts[2] and acts[3] != acts[0]
+
+
+def test_explicit_layers_per_stage(root):
+    d = scenario_dict(model={"layers": 8}, parallel={"tp": 4, "pp": 2, "dp": 2, "layers_per_stage": [5, 3]})
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    assert s["plan"]["layers_per_stage"] == [5, 3]
+    bad = scenario_dict(model={"layers": 8}, parallel={"tp": 4, "pp": 2, "dp": 2, "layers_per_stage": [5, 2]})
+    with pytest.raises(ConfigError, match="parallel.layers_per_stage: .*sum to model.layers=8"):
+        clustersim.load_scenario(bad, base_dir=root)
+
+
+def test_microbatches_from_global_batch(root):
+    sc = clustersim.load_scenario(scenario_dict(training={"global_batch_size": 24, "micro_batch_size": 3}),
+                                  base_dir=root)
+    assert sc.microbatches == 24 // (2 * 3)

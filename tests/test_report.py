@@ -1,0 +1,233 @@
+"""The HTML report: offline, escaped, summary panels, merged bars that keep the trace's busy time."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import clustersim
+from clustersim.analysis.intervals import length, union
+from clustersim.output.report import (
+    DIV_ID, Bar, build_figure, merge_spans, merge_stream, report_html, row_labels, write_report,
+)
+from clustersim.trace import Span, Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+
+SMALL = {
+    "name": "small <tp4> & pp2",
+    "description": 'tiny "model" <script>alert(1)</script>',
+    "cluster": {"topology": "topologies/dgx-a100.yaml", "nodes": 2},
+    "model": {"name": "tiny", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 512},
+    "parallel": {"tp": 4, "pp": 2, "dp": 2, "schedule": "1f1b"},
+    "training": {"micro_batch_size": 1, "global_batch_size": 8},
+}
+
+
+def _simulate(collapse: bool | None = None) -> clustersim.Result:
+    return clustersim.simulate(clustersim.load_scenario(copy.deepcopy(SMALL), base_dir=ROOT), collapse=collapse)
+
+
+@pytest.fixture(scope="module")
+def result() -> clustersim.Result:
+    return _simulate()
+
+
+@pytest.fixture(scope="module")
+def report(result, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("report") / "report.html"
+    write_report(path, result.trace, result.summary)
+    return path.read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def test_report_needs_no_network(report):
+    # no script, stylesheet, font or image fetched from anywhere: plotly.js is inlined
+    assert not re.search(r"""<script[^>]*\bsrc\s*=""", report, re.I)
+    assert not re.search(r"""<link[^>]*\bhref\s*=\s*["']?(https?:)?//""", report, re.I)
+    assert not re.search(r"""<img[^>]*\bsrc\s*=\s*["']?(https?:)?//""", report, re.I)
+    assert not re.search(r"@import|@font-face|url\(\s*['\"]?(https?:)?//", report, re.I)
+    assert "Plotly.newPlot" in report
+    assert len(report) > 1_000_000  # the inlined plotly.js bundle itself
+
+
+def test_report_escapes_user_strings(report):
+    assert "<script>alert(1)</script>" not in report
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in report
+    assert "small &lt;tp4&gt; &amp; pp2" in report
+
+
+def test_report_shows_headline_numbers(result, report):
+    s = result.summary
+    assert f'{s["step_time_s"]:.4g} s' in report  # as the terminal summary prints it
+    assert f'{100 * s["mfu"]:.1f} %' in report
+    assert f'{100 * s["hfu"]:.1f} %' in report
+    assert f'{100 * s["bubble_fraction"]:.1f} %' in report
+    assert f'{s["tokens_per_s"]:,.0f}' in report
+    assert f'{s["tflops_per_gpu"]:.1f}' in report
+    for k, busy in s["comm_s"].items():
+        if busy > 0:
+            assert f'<td class="l">{k}</td>' in report
+
+
+def test_memory_table_has_a_row_per_stage_and_a_verdict(result, report):
+    table = report[report.index("Memory per GPU"):report.index("<h2>Timeline")]
+    stages = result.summary["memory"]["stages"]
+    assert table.count("<tr>") == len(stages) + 1  # + the header row
+    assert table.count('class="fits">fits<') == sum(st["fits"] for st in stages) == len(stages)
+    assert "DOES NOT FIT" not in table
+
+
+def test_memory_table_flags_a_stage_that_does_not_fit(result):
+    summary = copy.deepcopy(result.summary)
+    st = summary["memory"]["stages"][1]
+    st["capacity_bytes"], st["fits"] = st["peak_bytes"] / 2, False
+    summary["memory"]["fits"] = False
+    page = report_html(result.trace, summary, build_figure(result.trace, summary))
+    table = page[page.index("Memory per GPU"):page.index("<h2>Timeline")]
+    assert table.count("DOES NOT FIT") == 1
+    assert "DOES NOT FIT" in page[:page.index("Memory per GPU")]  # the headline card too
+
+
+def test_report_is_deterministic(result, tmp_path):
+    a, b = tmp_path / "a.html", tmp_path / "b.html"
+    write_report(a, result.trace, result.summary)
+    write_report(b, result.trace, result.summary)
+    assert a.read_bytes() == b.read_bytes()
+    assert f'id="{DIV_ID}"' in a.read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- the figure
+
+
+def _rows(trace: Trace) -> dict[tuple[int, str], list[Span]]:
+    out: dict[tuple[int, str], list[Span]] = {}
+    for s in trace.spans:
+        out.setdefault((s.rank, s.stream), []).append(s)
+    return out
+
+
+@pytest.mark.parametrize("collapse", [None, False])
+def test_bars_keep_every_span_and_its_busy_time(collapse):
+    trace = _simulate(collapse).trace
+    merged = merge_spans(trace)
+    spans = _rows(trace)
+    assert set(merged) == set(spans)
+    for row, bars in merged.items():
+        assert sum(b.n_spans for b in bars) == len(spans[row])
+        busy = length(union((s.start_s, s.end_s) for s in spans[row]))
+        assert sum(b.busy_s for b in bars) == pytest.approx(busy, rel=1e-9, abs=1e-12)
+        for b, nxt in zip(bars, bars[1:]):
+            assert b.end_s <= nxt.start_s + 1e-12
+        assert all(b.busy_s <= b.dur_s + 1e-12 for b in bars)
+    assert sum(len(b) for b in merged.values()) < len(trace.spans)
+
+
+def test_figure_draws_each_bar_once_in_its_row(result):
+    trace = result.trace
+    fig = build_figure(trace, result.summary)
+    merged = merge_spans(trace)
+    rows = list(merged)
+    assert list(fig.layout.yaxis.ticktext) == row_labels(trace, rows)
+    drawn: dict[int, list[tuple[float, float]]] = {}
+    for tr in fig.data:
+        assert tr.type == "bar" and tr.orientation == "h"
+        assert len(tr.y) == len(tr.x) == len(tr.base) == len(tr.hovertext)
+        for y, base, dur in zip(tr.y, tr.base, tr.x):
+            drawn.setdefault(int(y), []).append((float(base), float(dur)))
+    for i, row in enumerate(rows):
+        expect = sorted((b.start_s * 1e3, b.dur_s * 1e3) for b in merged[row])
+        got = sorted(drawn.get(i, []))
+        assert len(got) == len(expect)
+        for (b0, d0), (b1, d1) in zip(got, expect):
+            assert b0 == pytest.approx(b1, abs=1e-5) and d0 == pytest.approx(d1, abs=1e-5)
+
+
+def test_legend_has_one_entry_per_kind(result):
+    fig = build_figure(result.trace, result.summary)
+    shown = [t.name for t in fig.data if t.showlegend is not False]
+    assert len(shown) == len(set(shown))
+    assert {"forward compute", "backward compute", "optimizer step", "TP communication",
+            "PP send / recv", "DP communication"} <= set(shown)
+    for name in shown:  # every faded level shares its entry's legend group
+        groups = {t.legendgroup for t in fig.data if t.name == name}
+        assert len(groups) == 1
+
+
+def test_row_labels_name_the_rank_when_a_stage_has_several():
+    trace = _simulate(collapse=False).trace
+    labels = row_labels(trace, [(9, "compute"), (0, "tp")])
+    assert labels == [f"rank 9 (stage {trace.stage_of[9]}) · compute", "rank 0 (stage 0) · tp"]
+    collapsed = _simulate().trace
+    assert row_labels(collapsed, [(collapsed.ranks[1], "pp_fwd_recv")]) == ["stage 1 · pp_fwd_recv"]
+
+
+def _span(start_s, end_s, *, mb=0, phase="F", kind="compute", layer=-1, name="x") -> Span:
+    return Span(rank=0, stream="compute", name=name, kind=kind, start_s=start_s, end_s=end_s,
+                mb=mb, phase=phase, layer=layer)
+
+
+def test_merge_joins_a_microbatch_and_splits_on_key_or_long_gap():
+    spans = [
+        _span(0.0, 1.0, layer=0, name="F attn"), _span(1.0, 2.0, layer=0, name="F mlp"),
+        _span(2.5, 3.0, layer=1, name="F attn"),  # gap 0.5: same bar, not busy
+        _span(3.0, 4.0, mb=1),  # next microbatch: new bar
+        _span(4.0, 5.0, mb=1, phase="B"),  # backward: new bar
+        _span(9.0, 9.5, mb=1, phase="B"),  # gap 4 > max_gap 1: new bar
+    ]
+    bars = merge_stream(spans, max_gap_s=1.0)
+    assert [(b.start_s, b.end_s, b.n_spans) for b in bars] == [
+        (0.0, 3.0, 3), (3.0, 4.0, 1), (4.0, 5.0, 1), (9.0, 9.5, 1)]
+    first: Bar = bars[0]
+    assert first.busy_s == pytest.approx(2.5)
+    assert (first.layer_lo, first.layer_hi) == (0, 1)
+    assert (first.first_name, first.last_name) == ("F attn", "F attn")
+
+
+# --------------------------------------------------------------------------- in a browser
+
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def test_report_renders_offline_in_chromium(result, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
+        pytest.skip(f"no browser at {CHROMIUM}")
+    page_path = tmp_path / "report.html"
+    write_report(page_path, result.trace, result.summary)
+    errors: list[str] = []
+    outside: list[str] = []
+
+    def only_files(route):
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+            page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+            page.route("**/*", only_files)
+            page.goto(page_path.as_uri())
+            page.wait_for_selector(f"#{DIV_ID} .main-svg", timeout=60_000)
+            n_bars = page.locator(f"#{DIV_ID} .barlayer .point path").count()
+            shot = tmp_path / "report.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert outside == []  # nothing was even attempted beyond file://
+    assert n_bars == sum(len(b) for b in merge_spans(result.trace).values())
+    assert shot.stat().st_size > 10_000
