@@ -67,7 +67,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
                      "topology": sc.topology.name, "nodes": sc.topology.nodes,
                      "gpus_per_node": sc.topology.node.gpus},
         "simulation": {"network": sc.cfg.simulation.network,
-                       "collapse_symmetric": sc.cfg.simulation.collapse_symmetric,
+                       "collapse_symmetric": len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": len(trace.spans)},
     }
 

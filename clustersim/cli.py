@@ -22,6 +22,7 @@ from pathlib import Path
 from .errors import ConfigError
 
 EXIT_BAD_INPUT = 2
+OUTPUT_FILES = ("summary.json", "report.html", "trace.json.gz")
 
 
 def _default_out(scenario: str) -> Path:
@@ -43,6 +44,9 @@ def _write_outputs(out: Path, result, *, report: bool, trace: bool) -> list[Path
             from .output.perfetto import write_trace
             write_trace(tmp / "trace.json.gz", result.trace, result.summary)
         out.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUT_FILES:  # a file of an earlier run that this run did not write is stale
+            if not (tmp / name).exists():
+                (out / name).unlink(missing_ok=True)
         written = []
         for f in sorted(tmp.iterdir()):
             os.replace(f, out / f.name)
@@ -110,11 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate one training step; print a summary, write summary.json, "
                                      "report.html and trace.json.gz")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument("--out", help="output folder (default: out/<scenario name>)")
+    run.add_argument("--out", help="output folder (default: out/<scenario file name without .yaml>)")
     run.add_argument("--no-report", action="store_true", help="skip report.html")
     run.add_argument("--no-trace", action="store_true", help="skip the Perfetto trace")
     run.add_argument("--all-ranks", action="store_true",
-                     help="simulate every rank instead of one per symmetry class (slower, same numbers)")
+                     help="simulate every rank instead of one per pipeline stage (slower; identical on "
+                          "symmetric placements, otherwise the default is a close upper bound)")
     run.set_defaults(func=cmd_run)
 
     sch = sub.add_parser("schedule", help="print a pipeline schedule as a step x rank grid")
@@ -140,3 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc.line()}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0

@@ -120,13 +120,15 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     world = topo.nodes * topo.node.gpus
     if p.tp * p.pp * p.dp != world:
         fail("parallel", f"tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.tp * p.pp * p.dp} does not equal the "
-                         f"world size {world} (cluster: {topo.nodes} nodes x {topo.node.gpus} GPUs)")
+                         f"world size {world} (cluster: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
+                         f"{topo.node.gpus} GPUs)")
     if m.heads % p.tp:
         fail("parallel.tp", f"tp={p.tp} does not divide model.heads={m.heads}")
     if m.n_kv_heads % p.tp:
         fail("parallel.tp", f"tp={p.tp} does not divide model.kv_heads={m.n_kv_heads}")
     if m.ffn % p.tp:
-        fail("parallel.tp", f"tp={p.tp} does not divide model.ffn_hidden={m.ffn}")
+        ffn = f"model.ffn_hidden={m.ffn}" + ("" if m.ffn_hidden else " (default 4*hidden)")
+        fail("parallel.tp", f"tp={p.tp} does not divide {ffn}")
     if p.pp > m.layers:
         fail("parallel.pp", f"pp={p.pp} is more than model.layers={m.layers}")
     if p.layers_per_stage is not None:

@@ -131,3 +131,25 @@ def test_validate_and_schema(root):
     assert r.returncode == 0
     schema = json.loads(r.stdout)
     assert {"cluster", "model", "parallel", "training"} <= set(schema["properties"])
+
+
+def test_stale_outputs_of_an_earlier_run_are_removed(tmp_path, root):
+    sc = write_scenario(tmp_path, root, scenario_dict())
+    out = tmp_path / "out"
+    assert run_cli("run", sc, "--out", out).returncode == 0
+    assert run_cli("run", sc, "--out", out, "--no-report", "--no-trace").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def test_multi_node_topology_without_fabric_is_refused(tmp_path, root):
+    topo = yaml.safe_load((root / "topologies/dgx-a100.yaml").read_text())
+    topo["fabric"] = {"kind": "none"}
+    tp = tmp_path / "topo.yaml"
+    tp.write_text(yaml.safe_dump(topo))
+    d = scenario_dict()
+    d["cluster"]["topology"] = str(tp)
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(d))
+    r = run_cli("validate", p)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"error: {tp}: ") and "fabric.kind is 'none'" in r.stderr

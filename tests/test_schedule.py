@@ -1,10 +1,26 @@
-"""Schedules as data: golden grids (reviewed like code), round trips, invariants."""
+"""Schedules as data: golden grids (reviewed like code), round trips, invariants, closed forms."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from clustersim.schedule import build_schedule, format_grid, parse_grid, unit_time_grid
+from clustersim.schedule import (
+    SCHEDULES,
+    Action,
+    PipelineSchedule,
+    ScheduleError,
+    action_deps,
+    build_schedule,
+    format_grid,
+    idle_per_rank,
+    interleaved_warmup,
+    parse_grid,
+    peak_in_flight,
+    timeline,
+    unit_time_grid,
+)
 
 GOLDEN_1F1B_4x8 = """\
 rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 .   0B5 .   0B6 .   0B7
@@ -17,24 +33,121 @@ rank 0  | 0F0 0F1 0F2 0F3 .   .   .   .   0B0 0B1 0B2 0B3
 rank 1  | .   1F0 1F1 1F2 1F3 .   .   1B0 1B1 1B2 1B3 .
 rank 2  | .   .   2F0 2F1 2F2 2F3 2B0 2B1 2B2 2B3 .   ."""
 
+# Narayanan et al. SC'21 (arXiv:2104.04473) Fig. 4, bottom: p=4, v=2, m=8. Stage k = chunk
+# k // 4 on rank k % 4. Rank 0 runs (p-1)*2 + (v-1)*p = 10 warm-up forwards: microbatches
+# 0-3 on chunk 0, 0-3 on chunk 1, then 4-5 on chunk 0; backwards start at the last chunk.
+# Every rank idles 2(p-1) = 6 chunk slots, (p-1)(F+B)/v of a full stage.
+GOLDEN_INTERLEAVED_4x8_V2 = """\
+rank 0  | 0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 0F4 0F5 0F6 4B0 0F7 4B1 .   .   4F4 4B2 4F5 4B3 4F6 0B0 4F7 0B1 0B2 0B3 .   4B4 .   4B5 .   4B6 .   4B7 0B4 0B5 0B6 0B7
+rank 1  | .   1F0 1F1 1F2 1F3 5F0 5F1 5F2 5F3 1F4 5B0 1F5 5B1 1F6 5B2 1F7 5B3 5F4 1B0 5F5 1B1 5F6 1B2 5F7 1B3 .   5B4 .   5B5 .   5B6 .   5B7 1B4 1B5 1B6 1B7 .
+rank 2  | .   .   2F0 2F1 2F2 2F3 6F0 6F1 6F2 6B0 6F3 6B1 2F4 6B2 2F5 6B3 2F6 2B0 2F7 2B1 6F4 2B2 6F5 2B3 6F6 6B4 6F7 6B5 .   6B6 .   6B7 2B4 2B5 2B6 2B7 .   .
+rank 3  | .   .   .   3F0 3F1 3F2 3F3 7F0 7B0 7F1 7B1 7F2 7B2 7F3 7B3 3F4 3B0 3F5 3B1 3F6 3B2 3F7 3B3 7F4 7B4 7F5 7B5 7F6 7B6 7F7 7B7 3B4 3B5 3B6 3B7 .   .   ."""
+
+# Qi et al. 2023 (arXiv:2401.10241) Fig. 3, ZB-H1, p=4: 1F1B's warm-up and F/B steady state;
+# rank r runs the W of backward i - r after backward i, so rank 3 (the last) holds three W's
+# back and runs them in its cool-down. Every rank idles p-1 = 3 slots (1F1B: 3(p-1) with
+# B = W = 1) and holds at most p = 4 microbatches until their W.
+GOLDEN_ZBH1_4x8 = """\
+rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0W0 0F4 0B1 0W1 0F5 0B2 0W2 0F6 0B3 0W3 0F7 0B4 0W4 0B5 0W5 0B6 0W6 0B7 0W7
+rank 1  | .   1F0 1F1 1F2 .   .   1B0 1F3 1B1 1W0 1F4 1B2 1W1 1F5 1B3 1W2 1F6 1B4 1W3 1F7 1B5 1W4 1B6 1W5 1B7 1W6 1W7
+rank 2  | .   .   2F0 2F1 .   2B0 2F2 2B1 2F3 2B2 2W0 2F4 2B3 2W1 2F5 2B4 2W2 2F6 2B5 2W3 2F7 2B6 2W4 2B7 2W5 2W6 2W7
+rank 3  | .   .   .   3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3W0 3F4 3B4 3W1 3F5 3B5 3W2 3F6 3B6 3W3 3F7 3B7 3W4 3W5 3W6 3W7"""
+
+# DeepSeek-V3 report (arXiv:2412.19437) Fig. 5 (drawn there for p=8, m=20); p=4, m=8 is the
+# smallest legal size (m >= 2p). Order = the reference implementation's eight steps. Stages
+# 0-3: direction 0, microbatches 0-3, ranks 0 -> 3; stages 4-7: direction 1, microbatches 4-7,
+# ranks 3 -> 0 (stage 4+j computes part j on rank 3-j). "&" marks a full backward overlapped
+# with the forward before it (F&B chunk, drawn F, B, W in unit time); the middle ranks 1 and 2
+# run their first step-4 pair without overlap, as the reference does. Each rank idles
+# (p/2-1)(F&B + B - 3W) = 2 slots with F&B = 3, B = 2 (full), W = 1.
+GOLDEN_DUALPIPE_4x8 = """\
+rank 0  | 0F0  0F1  0F2  7F4  7B4  7W4  7F5  0F3  &7B5 7W5  .    7F6  &0B0 0W0  7B6  7W6  .    7F7  &0B1 0W1  7B7  7W7  0B2  0W2  0B3  0W3
+rank 1  | .    1F0  6F4  1F1  6F5  1F2  6B4  6W4  6F6  &1B0 1W0  1F3  &6B5 6W5  6F7  &1B1 1W1  6B6  6W6  1B2  1W2  6B7  1B3  6W7  1W3  .
+rank 2  | .    5F4  2F0  5F5  2F1  5F6  2B0  2W0  2F2  &5B4 5W4  5F7  &2B1 2W1  2F3  &5B5 5W5  2B2  2W2  5B6  5W6  2B3  5B7  2W3  5W7  .
+rank 3  | 4F4  4F5  4F6  3F0  3B0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  3B2  3W2  .    3F3  &4B5 4W5  3B3  3W3  4B6  4W6  4B7  4W7"""
+
 
 def test_golden_grids():
     assert format_grid(build_schedule("1f1b", 4, 8)) == GOLDEN_1F1B_4x8
     assert format_grid(build_schedule("gpipe", 3, 4)) == GOLDEN_GPIPE_3x4
+    assert format_grid(build_schedule("interleaved", 4, 8, v=2)) == GOLDEN_INTERLEAVED_4x8_V2
+    assert format_grid(build_schedule("zb-h1", 4, 8)) == GOLDEN_ZBH1_4x8
+    assert format_grid(build_schedule("dualpipe", 4, 8)) == GOLDEN_DUALPIPE_4x8
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("p,m", [(1, 1), (2, 5), (4, 3), (5, 12)])
-def test_round_trip_and_invariants(name, p, m):
-    s = build_schedule(name, p, m)
-    assert parse_grid(format_grid(s)) == s
-    for acts in s:  # every microbatch forward once and backward once, forward first
-        assert sorted((a.kind, a.mb) for a in acts) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
-        assert all(acts.index(type(a)(a.stage, "F", a.mb)) < i for i, a in enumerate(acts) if a.kind == "B")
-    # unit time: 2(m + p - 1) slots, every rank idle 2(p-1)
+def test_gpipe_and_1f1b_action_lists_unchanged():
+    """The lowering walks these lists: they must stay exactly what they were."""
+    p, m = 4, 6
+    gp = [[Action(s, "F", i) for i in range(m)] + [Action(s, "B", i) for i in range(m)] for s in range(p)]
+    assert [list(r) for r in build_schedule("gpipe", p, m)] == gp
+    one = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        acts = [Action(s, "F", i) for i in range(warm)]
+        for i in range(m - warm):
+            acts += [Action(s, "F", warm + i), Action(s, "B", i)]
+        one.append(acts + [Action(s, "B", i) for i in range(m - warm, m)])
+    assert [list(r) for r in build_schedule("1f1b", p, m)] == one
+
+
+# (name, p, m, opts) over many shapes, including m < p and m == p
+CASES = (
+    [(n, p, m, {}) for n in ("gpipe", "1f1b", "zb-h1") for p, m in [(1, 1), (2, 5), (4, 3), (4, 4), (5, 12), (8, 8)]]
+    + [("interleaved", p, m, {"v": v}) for p, m, v in [(1, 3, 2), (2, 2, 2), (2, 6, 3), (3, 3, 2), (4, 4, 2),
+                                                       (4, 8, 2), (4, 12, 3), (8, 16, 4)]]
+    + [("dualpipe", p, m, {}) for p, m in [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 20)]]
+)
+CASE_IDS = [f"{n}-p{p}-m{m}" + "".join(f"-{k}{v}" for k, v in o.items()) for n, p, m, o in CASES]
+
+
+@pytest.mark.parametrize("name,p,m,opts", CASES, ids=CASE_IDS)
+def test_round_trip(name, p, m, opts):
+    s = build_schedule(name, p, m, **opts)
+    text = format_grid(s)
+    assert parse_grid(text, stage_part=s.stage_part) == s  # actions, parts, overlapped chunks
+    if name != "dualpipe":  # stage k computes part k: the grid alone says everything
+        assert parse_grid(text) == s
+    # the same schedule as torch-style CSV (empty cells idle) reads back identically
+    csv = "\n".join(",".join("" if c == "." else c for c in line.split("| ", 1)[1].split())
+                    for line in text.splitlines())
+    assert parse_grid(csv, stage_part=s.stage_part).actions == s.actions
+
+
+@pytest.mark.parametrize("name,p,m,opts", CASES, ids=CASE_IDS)
+def test_invariants(name, p, m, opts):
+    s = build_schedule(name, p, m, **opts)
+    v = opts.get("v", 2 if name == "dualpipe" else 1)
+    assert s.ranks == p and s.n_microbatches == m
+    assert s.n_stages == p * v
+    assert s.n_parts == (p if name == "dualpipe" else p * v)
+    assert s.split_backward == (name in ("zb-h1", "dualpipe"))
+    kinds = ("F", "B", "W") if s.split_backward else ("F", "B")
+    for r, acts in enumerate(s.actions):
+        assert all(s.stage_rank[a.stage] == r for a in acts)
+        for stage in s.stages_of(r):
+            mbs = sorted({a.mb for a in acts if a.stage == stage})
+            for mb in mbs:  # F, B, (W) exactly once each, in that order on the row
+                idx = [i for i, a in enumerate(acts) if a.stage == stage and a.mb == mb]
+                assert [acts[i].kind for i in idx] == list(kinds)
+    for mb, path in enumerate(s.paths):  # each microbatch computes every part once, in model order
+        assert [s.stage_part[k] for k in path] == list(range(s.n_parts))
+        assert all(Action(k, "F", mb) in s.actions[s.stage_rank[k]] for k in path)
     grid = unit_time_grid(s)
-    assert all(len(row) == 2 * (m + p - 1) for row in grid)
-    assert all(row.count(None) == 2 * (p - 1) for row in grid)
+    assert sorted(a for row in grid for a in row if a) == sorted(a for acts in s for a in acts)
+
+
+def test_interleaved_warmup_is_megatrons():
+    p, m, v = 4, 8, 2
+    s = build_schedule("interleaved", p, m, v=v)
+    for r, acts in enumerate(s.actions):
+        first_b = next(i for i, a in enumerate(acts) if a.kind == "B")
+        assert first_b == (p - r - 1) * 2 + (v - 1) * p + 1  # warm-up, then one F before the first B
+        assert acts[first_b].stage == (v - 1) * p + r  # backwards start on the rank's last chunk
+    # microbatches are taken p at a time per chunk: 0-3 on chunk 0, 0-3 on chunk 1, 4-7 ...
+    assert [str(a) for a in s.actions[0][:10]] == ["0F0", "0F1", "0F2", "0F3", "4F0", "4F1", "4F2", "4F3",
+                                                   "0F4", "0F5"]
+    assert interleaved_warmup(4, 4, 2, 3) == 8  # m == p: every forward first, as Megatron-LM does
+    assert interleaved_warmup(4, 8, 3, 0) == 14 and interleaved_warmup(2, 2, 4, 0) == 8  # capped at m*v
 
 
 def test_1f1b_warmup_is_p_minus_rank_minus_one():
@@ -44,9 +157,229 @@ def test_1f1b_warmup_is_p_minus_rank_minus_one():
         assert first_b == 4 - rank  # (p - rank - 1) warm-up forwards, then one more F before the first B
 
 
-def test_deadlocking_order_is_refused():
-    from clustersim.schedule import Action
+# --- closed forms: idle time per rank (the bubble) against the reference formulas ----------------
 
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 5), (4, 3), (4, 8), (8, 16)])
+@pytest.mark.parametrize("F,B", [(1, 1), (1, 2), (3, 5)])
+def test_bubble_gpipe_1f1b(name, p, m, F, B):
+    assert idle_per_rank(build_schedule(name, p, m), {"F": F, "B": B}) == [(p - 1) * (F + B)] * p
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 4, 2), (4, 8, 2), (4, 12, 3), (3, 6, 2), (8, 16, 4)])
+@pytest.mark.parametrize("F,B", [(1, 1), (1, 2)])
+def test_bubble_interleaved(p, m, v, F, B):
+    """(p-1)(F+B)/v with F, B a whole stage's times; a chunk takes F/v and B/v."""
+    s = build_schedule("interleaved", p, m, v=v)
+    F_stage, B_stage = F * v, B * v  # durations below are per chunk
+    assert idle_per_rank(s, {"F": F, "B": B}) == [pytest.approx((p - 1) * (F_stage + B_stage) / v)] * p
+    ideal = m * (F_stage + B_stage)
+    assert idle_per_rank(s, {"F": F, "B": B})[0] / ideal == pytest.approx((p - 1) / (v * m))
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 8), (5, 12), (8, 8), (8, 24)])
+@pytest.mark.parametrize("F,B_in,W", [(1, 1, 1), (2, 2, 2), (1, 2, 1), (2, 1, 1)])
+def test_bubble_zb_h1(p, m, F, B_in, W):
+    """(p-1)(F + B - 2W) with B the full backward (B_in + W): (p-1)(F + B_in - W).
+
+    The paper's handcrafted schedules assume T_F = T_B = T_W; it stays exact while W fits in
+    the cool-down gaps (W <= F, W <= B_in), checked here for m >= p.
+    """
+    s = build_schedule("zb-h1", p, m)
+    B = B_in + W
+    assert idle_per_rank(s, {"F": F, "B": B_in, "W": W}) == [(p - 1) * (F + B - 2 * W)] * p
+    one = build_schedule("1f1b", p, m)  # the same B + W as one full backward
+    assert idle_per_rank(one, {"F": F, "B": B}) == [(p - 1) * (F + B)] * p
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 12), (6, 12), (8, 16), (8, 20)])
+@pytest.mark.parametrize("fb", [2, 2.5, 3])
+def test_bubble_dualpipe(p, m, fb):
+    """(p/2-1)(F&B + B - 3W), F = B_in = W = 1, B = 2 the full backward.
+
+    F&B is one forward chunk overlapped with one full backward chunk: a single unit on the
+    rank that starts when both inputs are there and releases both outputs at its end. With
+    F&B = F + B (= 3, no gain from overlap) every rank idles the formula; with a gain
+    (F&B < 3, down to max(F, B) = 2) the middle ranks still do and the end ranks less.
+    """
+    s = build_schedule("dualpipe", p, m)
+    idle = idle_per_rank(s, {"F": 1, "B": 1, "W": 1, "F&B": fb})
+    formula = (p / 2 - 1) * (fb + 2 - 3 * 1)
+    assert max(idle) == pytest.approx(formula)
+    assert idle[p // 2] == pytest.approx(formula)
+    if fb == 3:
+        assert idle == [pytest.approx(formula)] * p
+        assert idle == idle_per_rank(s)  # F&B defaults to the sum of its parts
+
+
+def test_dualpipe_beats_1f1b_and_zb_h1_in_unit_time():
+    p, m = 8, 20
+    step = {n: timeline(build_schedule(n, p, m)).makespan for n in ("zb-h1", "dualpipe")}
+    assert step["dualpipe"] == 3 * m + (p / 2 - 1) * 2 < step["zb-h1"] == 3 * m + p - 1
+
+
+# --- memory: activations held per rank ------------------------------------------------------------
+
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 5), (4, 3), (4, 8), (8, 16)])
+def test_peak_in_flight(p, m):
+    assert peak_in_flight(build_schedule("1f1b", p, m)) == [min(p - r, m) for r in range(p)]
+    assert peak_in_flight(build_schedule("gpipe", p, m)) == [m] * p
+    # ZB-H1: rank r holds p-r like 1F1B plus the r W's it delays, so p everywhere (1F1B's peak)
+    assert peak_in_flight(build_schedule("zb-h1", p, m)) == [min(p, m)] * p
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 4, 2), (4, 12, 3), (8, 16, 4)])
+def test_peak_in_flight_interleaved(p, m, v):
+    """Megatron: warm-up forwards plus the one in flight in 1F1B, in chunk activations (1/v of a stage)."""
+    s = build_schedule("interleaved", p, m, v=v)
+    expected = [m * v if m == p else min((p - r - 1) * 2 + (v - 1) * p + 1, m * v) for r in range(p)]
+    assert peak_in_flight(s) == expected
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 20)])
+def test_peak_in_flight_dualpipe(p, m):
+    """DeepSeek-V3 Table 2: activations of p+1 microbatches (an F&B chunk holds both of its own)."""
+    assert peak_in_flight(build_schedule("dualpipe", p, m)) == [p + 1] * p
+
+
+# --- structure: stages on ranks, paths, dependencies ------------------------------------------------
+
+def test_interleaved_stage_layout_and_deps():
+    s = build_schedule("interleaved", 4, 8, v=2)
+    assert s.stage_rank == (0, 1, 2, 3, 0, 1, 2, 3) and s.stage_part == tuple(range(8))
+    assert s.stages_of(1) == (1, 5)
+    assert s.paths[3] == tuple(range(8))
+    assert s.deps(Action(4, "F", 0)) == [(3, "F", 0)]  # rank 3 -> rank 0, next chunk
+    assert s.deps(Action(3, "B", 0)) == [(3, "F", 0), (4, "B", 0)]
+    assert s.deps(Action(7, "B", 2)) == [(7, "F", 2)]  # last stage: the loss is part of its F
+    assert s.next_stage(3, 0) == 4 and s.prev_stage(0, 0) is None
+
+
+def test_dualpipe_layout_paths_and_deps():
+    p, m = 4, 8
+    s = build_schedule("dualpipe", p, m)
+    assert s.stage_rank == (0, 1, 2, 3, 3, 2, 1, 0)  # rank r holds stages r and 2p-1-r
+    assert s.stage_part == (0, 1, 2, 3, 0, 1, 2, 3)  # rank r computes parts r and p-1-r
+    assert all(s.paths[mb] == (0, 1, 2, 3) for mb in range(m // 2))
+    assert all(s.paths[mb] == (4, 5, 6, 7) for mb in range(m // 2, m))  # ranks 3 -> 0
+    assert s.deps(Action(5, "F", 4)) == [(4, "F", 4)]
+    assert s.deps(Action(4, "B", 4)) == [(4, "F", 4), (5, "B", 4)]
+    assert s.deps(Action(4, "W", 4)) == [(4, "B", 4)]
+    assert s.overlapped_with(0)[Action(7, "B", 5)] == Action(0, "F", 3)
+
+
+def test_dualpipe_follows_the_reference_steps():
+    """Rank r and rank p-1-r mirror each other, and the step counts match the reference code."""
+    p, m = 8, 20
+    s = build_schedule("dualpipe", p, m)
+
+    def mirror(a: Action) -> Action:
+        return Action((a.stage + p) % (2 * p), a.kind, (a.mb + m // 2) % m)
+
+    for r in range(p):
+        assert [mirror(a) for a in s.actions[r]] == list(s.actions[p - 1 - r])
+        h = min(r, p - 1 - r)
+        # steps 1-2: (p/2-h-1)*2 + h+1 forwards of the near-side direction before the first far-side one
+        acts = s.actions[r]
+        first_far = next(i for i, a in enumerate(acts) if a.stage != acts[0].stage)
+        assert first_far == (p // 2 - h - 1) * 2 + 1
+        # overlapped chunks: 2 per step-4 iteration (one fewer on the middle ranks) + 1 per step 5
+        step4, step5 = m // 2 - p + h + 1, p // 2 - h - 1
+        assert len(s.fb_pairs[r]) == 2 * step4 - (h == p // 2 - 1) + step5
+    with pytest.raises(ValueError, match=r"even .* got p=3"):
+        build_schedule("dualpipe", 3, 12)
+    with pytest.raises(ValueError, match=r"at least 2p.*m=6, p=4"):
+        build_schedule("dualpipe", 4, 6)
+    with pytest.raises(ValueError, match=r"even and at least 2p.*m=9, p=4"):
+        build_schedule("dualpipe", 4, 9)
+
+
+def test_interleaved_needs_m_multiple_of_p():
+    with pytest.raises(ValueError, match=r"multiple of the pipeline size.*m=6, p=4"):
+        build_schedule("interleaved", 4, 6, v=2)
+    with pytest.raises(ValueError, match="v >= 2"):
+        build_schedule("interleaved", 4, 8, v=1)
+
+
+def test_unit_time_grid_with_durations():
+    g = unit_time_grid(build_schedule("1f1b", 2, 3), {"F": 1, "B": 2})
+    rows = [" ".join(str(a) if a else "." for a in row) for row in g]
+    assert rows == ["0F0 0F1 . . 0B0 0B0 0F2 0B1 0B1 . 0B2 0B2",
+                    ". 1F0 1B0 1B0 1F1 1B1 1B1 1F2 1B2 1B2 . ."]
+    with pytest.raises(ValueError, match="F&B"):
+        unit_time_grid(build_schedule("dualpipe", 2, 4), {"F&B": 2})
+
+
+def test_old_api_still_works():
+    assert set(SCHEDULES) >= {"gpipe", "1f1b"}
+    s = build_schedule("1f1b", 3, 4)
+    assert isinstance(s, PipelineSchedule) and len(s) == 3 and s[1][0] == Action(1, "F", 0)
+    assert unit_time_grid([list(r) for r in s]) == unit_time_grid(s)  # plain lists still accepted
+    assert format_grid([list(r) for r in s]) == format_grid(s)
+    assert action_deps(Action(1, "B", 2), last_stage=2) == [(1, "F", 2), (2, "B", 2)]
+    assert action_deps(Action(0, "F", 2), last_stage=2) == []
+    assert all(action_deps(a, 2) == s.deps(a) for acts in s for a in acts)
+
+
+# --- custom schedules -------------------------------------------------------------------------------
+
+def test_custom_text_csv_and_torch_tokens():
+    text = """
+        # 2 ranks, 2 microbatches, 1F1B with a split backward
+        0F0 0F1 .   0I0 0W0 0B1
+        .   1F0 1I0 1W0 1F1 1I1 1W1
+    """
+    s = build_schedule("custom", 2, 2, text=text)
+    assert s.split_backward  # torch's I is our B; a plain B with no W of its own is a full backward: B then W
+    assert [str(a) for a in s[0]] == ["0F0", "0F1", "0B0", "0W0", "0B1", "0W1"]
+    csv = "0F0,0F1,,,0B0,0B1\n,1F0,1B0,1F1,1B1,"  # no W anywhere: B is the full backward
+    c = build_schedule("custom", 2, 2, text=csv)
+    assert not c.split_backward and c == build_schedule("1f1b", 2, 2)
+    # torch communication tokens are skipped; the lowering derives communication itself
+    comm = "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1"
+    assert build_schedule("custom", 2, 2, text=comm) == c
+    # a part mapping of the caller's: two stages on one rank computing parts 0 and 1 (a V shape)
+    v = build_schedule("custom", 1, 1, text="0F0 1F0 1B0 0B0")
+    assert v.stage_rank == (0, 0) and v.paths[0] == (0, 1) and v.deps(Action(1, "F", 0)) == [(0, "F", 0)]
+
+
+BAD_CUSTOM = [
+    # (what, text, words the message must contain)
+    ("unknown token", "0F0 0X0 0B0", ["rank 0", "'0X0'", "not an action"]),
+    ("duplicate", "0F0 0B0 0F1 0B1\n1F0 1B0 1F0 1B1 1F1", ["rank 1", "1F0", "appears twice"]),
+    ("backward before forward", "0F0 0F1 0B0 0B1\n1B0 1F0 1F1 1B1", ["rank 1", "1B0", "needs 1F0 before it"]),
+    ("weight before backward", "0F0 0W0 0B0", ["rank 0", "0W0", "needs 0B0 before it"]),
+    ("missing backward", "0F0 0F1 0B0", ["rank 0", "0F1", "no backward B for microbatch 1"]),
+    ("missing W", "0F0 0B0 0W0 0F1 0I1", ["rank 0", "'0I1'", "no 0W1"]),
+    ("I without any W", "0F0 0I0", ["rank 0", "'0I0'", "no W"]),
+    ("stage on two rows", "0F0 0B0\n0F1 0B1", ["stage 0", "rank 0 and on rank 1", "0F1"]),
+    ("microbatch skips a stage", "0F0 0F1 0B0 0B1\n1F0 1B0", ["microbatch 1", "never on part 1", "rank 1"]),
+    ("deadlock", "0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0",
+     ["deadlock", "rank 0 waits at 0B0 for 1B0", "rank 1 waits at 1F1 for 0F1"]),
+    ("wrong row label", "rank 0 | 0F0 0B0\nrank 2 | 1F0 1B0", ["rank 2", "row 1"]),
+    ("overlap mark on a forward", "0F0 &0F1 0B0 0B1", ["'&0F1'", "only a backward"]),
+    ("backward overlapping its own forward", "0F0 &0B0", ["rank 0", "0B0 cannot overlap 0F0"]),
+]
+
+
+@pytest.mark.parametrize("what,text,words", BAD_CUSTOM, ids=[b[0] for b in BAD_CUSTOM])
+def test_custom_errors_name_rank_and_token(what, text, words):
+    with pytest.raises(ScheduleError) as err:
+        build_schedule("custom", None, None, text=text)
+    for w in words:
+        assert w in str(err.value), (what, str(err.value))
+
+
+def test_custom_shape_must_match_the_plan():
+    with pytest.raises(ValueError, match="2 rows .* pp=4"):
+        build_schedule("custom", 4, 2, text="0F0 0B0 0F1 0B1\n1F0 1B0 1F1 1B1")
+    with pytest.raises(ValueError, match="2 microbatches but m=3"):
+        build_schedule("custom", 2, 3, text="0F0 0B0 0F1 0B1\n1F0 1B0 1F1 1B1")
+    with pytest.raises(ValueError, match="text="):
+        build_schedule("custom", 2, 2)
+
+
+def test_deadlocking_order_is_refused():
     # stage 1 wants microbatch 1 before 0, stage 0 sends 0 first and then waits on 1B0
     bad = [[Action(0, "F", 0), Action(0, "B", 0), Action(0, "F", 1), Action(0, "B", 1)],
            [Action(1, "F", 1), Action(1, "B", 1), Action(1, "F", 0), Action(1, "B", 0)]]
@@ -57,3 +390,24 @@ def test_deadlocking_order_is_refused():
 def test_unknown_schedule():
     with pytest.raises(KeyError, match="unknown schedule"):
         build_schedule("zigzag", 2, 2)
+    with pytest.raises(ValueError, match="unknown option"):
+        build_schedule("1f1b", 2, 2, v=2)
+
+
+def test_schedule_errors_are_config_errors():
+    """The command line prints ConfigError as one line; schedule errors are both kinds."""
+    from clustersim.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        build_schedule("dualpipe", 3, 6)
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_every_schedule_finishes_with_every_slot_accounted(name):
+    opts = {"v": 2} if name == "interleaved" else {}
+    for p, m in itertools.product([2, 4], [8, 12]):
+        s = build_schedule(name, p, m, **opts)
+        grid = unit_time_grid(s)
+        busy = [sum(a is not None for a in row) for row in grid]
+        assert busy == [len(acts) for acts in s.actions]
+        assert [len(row) - b for row, b in zip(grid, busy)] == idle_per_rank(s)

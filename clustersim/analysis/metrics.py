@@ -78,7 +78,8 @@ def step_metrics(trace: Trace, *, world_size: int, peak_flops: float, tokens_per
         "compute_s": mean(lambda t: t.compute_s),
         "comm_s": comm,
         "exposed_comm_s": exposed,
-        "hidden_comm_s": {k: comm[k] - exposed[k] for k in COMM_KINDS},
+        "hidden_comm_s": {**{k: comm[k] - exposed[k] for k in COMM_KINDS},
+                          "total": sum(comm.values()) - exposed["total"]},
         "per_stage": _per_stage(trace, per_rank, step),
     }
 

@@ -35,21 +35,49 @@ class FlowPlan:
 
 
 def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
-    """Expand ``comm`` (and its twins) into weighted flows on graph paths."""
-    rep = expand(comm.op, comm.group, 1.0)
+    """Expand ``comm`` (and its twins) into weighted flows on graph paths.
+
+    Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
+    When every twin's flow i meets the same links (bandwidth, latency, how many of this
+    communication's flows share each) the orbit is symmetric: the simulated flow carries
+    weight real/simulated on its own links, which is exact. Otherwise (a twin crosses a spine
+    the simulated one does not, say) the orbit's members are assumed to move at one rate and
+    the simulated flow is constrained on every link any member crosses, with weight = members
+    crossing it, and the orbit's worst latency: the slowest twin sets the pace.
+    """
+    instances = [expand(comm.op, inst, 1.0).flows for inst in (comm.group, *comm.twins)]
+    steps = expand(comm.op, comm.group, 1.0).steps
+    paths = [[cluster.path(src, dst) for src, dst, _ in flows] for flows in instances]
     real: dict[int, int] = {}
-    simulated: dict[int, int] = {}
-    for inst in (comm.group, *comm.twins):
-        for src, dst, _ in expand(comm.op, inst, 1.0).flows:
-            for e in cluster.path(src, dst):
+    for inst in paths:
+        for p in inst:
+            for e in p:
                 real[e] = real.get(e, 0) + 1
-    paths = [cluster.path(src, dst) for src, dst, _ in rep.flows]
-    for p in paths:
-        for e in p:
-            simulated[e] = simulated.get(e, 0) + 1
-    weights = tuple(tuple((e, real[e] / simulated[e]) for e in p) for p in paths)
-    lat = max((cluster.path_latency_s(p) for p in paths), default=0.0)
-    return FlowPlan(weights=weights, fractions=tuple(b for _, _, b in rep.flows), latency_s=rep.steps * lat)
+    bw, lat = cluster.edge_bw_Bps, cluster.edge_latency_s
+
+    def signature(p):
+        return tuple((bw[e], lat[e], real[e]) for e in p)
+
+    rep_paths = paths[0]
+    symmetric = all(signature(inst[i]) == signature(rep_paths[i]) for inst in paths[1:] for i in range(len(inst)))
+    if symmetric:
+        simulated: dict[int, int] = {}
+        for p in rep_paths:
+            for e in p:
+                simulated[e] = simulated.get(e, 0) + 1
+        weights = tuple(tuple((e, real[e] / simulated[e]) for e in p) for p in rep_paths)
+        latency = max((cluster.path_latency_s(p) for p in rep_paths), default=0.0)
+    else:
+        orbit_weights = []
+        for i in range(len(rep_paths)):
+            n: dict[int, int] = {}
+            for inst in paths:
+                for e in inst[i]:
+                    n[e] = n.get(e, 0) + 1
+            orbit_weights.append(tuple(sorted(n.items())))
+        weights = tuple(orbit_weights)
+        latency = max((cluster.path_latency_s(p) for inst in paths for p in inst), default=0.0)
+    return FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency)
 
 
 def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[float]) -> list[float]:

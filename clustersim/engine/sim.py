@@ -61,12 +61,30 @@ class Engine:
         return self._plans[key]
 
     def _classify(self) -> None:
-        """Mark each channel (kind, orbit) whose links no other channel ever uses."""
-        users: dict[int, set] = {}
+        """Plan every communication once; merge equivalent links; find channels alone on theirs.
+
+        Two links on which every flow of the step has the same weight, and which have the same
+        bandwidth, impose the same constraint: keep one (exact, and it keeps the fair-share
+        computation small when a flow stands for many twins on parallel rails).
+        """
         shapes = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.key[:2]): t.comm
                   for t in self.prog.tasks if t.comm is not None}
-        for (_, _, _, channel), c in shapes.items():
-            for e in self._plan(c).edges:
+        plans = {(op, g, tw): self._plan(c) for (op, g, tw, _), c in shapes.items()}
+        on_edge: dict[int, list] = {}
+        for pi, plan in enumerate(plans.values()):
+            for fi, ws in enumerate(plan.weights):
+                for e, w in ws:
+                    on_edge.setdefault(e, []).append((pi, fi, w))
+        bw = self.cluster.edge_bw_Bps
+        canon: dict[tuple, int] = {}
+        keep = {e for e, sig in sorted(on_edge.items()) if canon.setdefault((bw[e], tuple(sig)), e) == e}
+        for key, plan in plans.items():
+            self._plans[key] = FlowPlan(
+                weights=tuple(tuple((e, w) for e, w in ws if e in keep) for ws in plan.weights),
+                fractions=plan.fractions, latency_s=plan.latency_s)
+        users: dict[int, set] = {}
+        for (op, g, tw, channel) in shapes:
+            for e in self._plans[(op, g, tw)].edges:
                 users.setdefault(e, set()).add(channel)
         self._edge_users = users
 

@@ -66,7 +66,7 @@ class FabricCfg(Strict):
     kind: Literal["leaf_spine", "none"] = "leaf_spine"
     rail_optimized: bool = True
     nodes_per_leaf: int = pydantic.Field(default=16, ge=1)
-    spines: int | None = pydantic.Field(default=None, ge=1, description="default: leaves per group")
+    spines: int | None = pydantic.Field(default=None, ge=1, description="default: one per leaf")
     oversubscription: float = pydantic.Field(default=1.0, ge=1.0)
     latency_us: float = pydantic.Field(default=0.6, ge=0, description="per switch-to-switch hop")
     efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
@@ -78,6 +78,13 @@ class TopologyCfg(Strict):
     nodes: int = pydantic.Field(default=1, ge=1)
     node: NodeCfg = NodeCfg()
     fabric: FabricCfg = FabricCfg()
+
+    @pydantic.model_validator(mode="after")
+    def _fabric_joins_nodes(self):
+        if self.nodes > 1 and self.fabric.kind == "none":
+            raise ValueError(f"fabric.kind is 'none' but the cluster has {self.nodes} nodes; "
+                             "use leaf_spine to join them")
+        return self
 
     @pydantic.field_validator("gpu")
     @classmethod

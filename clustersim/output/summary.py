@@ -5,7 +5,7 @@
     step time       18.89 s
     ...
     memory (GiB)    stage  params  grads  optim  activ   peak / cap
-                        0     2.7    5.4   16.1   29.2   53.4 / 80.0  fits
+                        0     2.7    5.4   16.1   29.2    53.4 / 80  fits
 """
 
 from __future__ import annotations

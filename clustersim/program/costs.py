@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from ..hardware.gpus import GpuSpec
 from ..model.transformer import Op
 
-# fp32 master weights, Adam m and v, fp32 grad read; master, m, v and 16-bit weights written.
-ADAM_BYTES_PER_PARAM_READ = 4 + 4 + 4 + 4
+# fp32 master weights, Adam m and v and the gradient read; master, m, v and 16-bit weights written.
+ADAM_STATE_BYTES_READ = 4 + 4 + 4
 ADAM_BYTES_PER_PARAM_WRITE = 4 + 4 + 4 + 2
 
 
@@ -30,7 +30,7 @@ def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, precision: str) -> float:
     return sum(op_time_s(o, gpu, precision) for o in ops)
 
 
-def adam_step_time_s(params: float, gpu: GpuSpec) -> float:
+def adam_step_time_s(params: float, gpu: GpuSpec, grad_bytes: int = 4) -> float:
     """Fused Adam over ``params`` local parameters: memory-bound, one pass over the states."""
-    bytes_ = params * (ADAM_BYTES_PER_PARAM_READ + ADAM_BYTES_PER_PARAM_WRITE)
+    bytes_ = params * (ADAM_STATE_BYTES_READ + grad_bytes + ADAM_BYTES_PER_PARAM_WRITE)
     return bytes_ / (gpu.hbm_bw_Bps * gpu.memory_efficiency)

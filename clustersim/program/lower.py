@@ -29,8 +29,10 @@ class Symmetry:
     Collapsed (default): ranks differing only in their DP or TP index run identical
     programs on identical hardware, so one rank per pipeline stage is simulated; a
     communication instance stands for its twins (same shape on other GPUs), which still load
-    shared links. Not collapsed: every rank is simulated, there are no twins. Both must give
-    the same numbers on a symmetric cluster (tests/test_engine.py).
+    shared links. Not collapsed: every rank is simulated, there are no twins. Both give the
+    same numbers on a symmetric placement; where twins meet different links (a stage that
+    spans two leaf groups) an orbit moves at its slowest member's pace, a close upper bound
+    (engine/network.py ``plan_flows``; tests/test_engine.py).
     """
 
     mesh: Mesh

@@ -99,7 +99,7 @@ def stage_work(sc: Scenario, stage: int, gpu: GpuSpec) -> StageWork:
         act += tf.head_activation_bytes(m, b, t)
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),
-        optimizer_s=adam_step_time_s(local_params, gpu),
+        optimizer_s=adam_step_time_s(local_params, gpu, GRAD_BYTES[sc.training.grad_dtype]),
         local_params=local_params,
         activation_bytes_per_mb=act,
         pp_send_bytes=2.0 * b * m.seq_len * m.hidden,

@@ -1,5 +1,4 @@
-"""Schedule layer: pipeline orders as pure data."""
+"""Schedule layer: pipeline orders as pure data (see :mod:`.pipeline` for the catalogue)."""
 
-from .pipeline import SCHEDULES, Action, Schedule, build_schedule, format_grid, parse_grid, unit_time_grid
-
-__all__ = ["SCHEDULES", "Action", "Schedule", "build_schedule", "format_grid", "parse_grid", "unit_time_grid"]
+from .pipeline import *  # noqa: F403
+from .pipeline import __all__  # noqa: F401

@@ -1,132 +1,101 @@
-"""Pipeline schedules as data: for every pipeline rank, the ordered list of actions.
+"""Pipeline schedules by name: ``build_schedule(name, p, m, **opts)`` -> PipelineSchedule.
 
-An action is ``F`` (forward) or ``B`` (backward, input and weight gradients) of one
-microbatch on one stage, written ``{stage}{kind}{microbatch}`` as torch.distributed.pipelining
-does (``0F0``, ``3B7``). GPipe and 1F1B with p=4 stages and m=8 microbatches, in unit time
-(F = B = 1)::
+    name          rank holds              backward     bubble per rank (F, full B, W)    needs
+    gpipe         stage r                 B            (p-1)(F+B)                        -
+    1f1b          stage r                 B            (p-1)(F+B)                        -
+    interleaved   stages r, r+p, ...      B            (p-1)(F+B)/v                      m % p == 0, v >= 2
+    zb-h1         stage r                 B + W        (p-1)(F+B-2W)                     -
+    dualpipe      stages r, 2p-1-r        B + W, F&B   (p/2-1)(F&B+B-3W)                 p even, m even, m >= 2p
+    custom        as written              as written   -                                 text=...
 
-    gpipe                                       1f1b
-    rank 0 | 0F0 0F1 0F2 0F3 0F4 0F5 ...        rank 0 | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 ...
-    rank 3 | .   .   .   3F0 3F1 3F2 ...        rank 3 | .   .   .   3F0 3B0 3F1 3B1 3F2 ...
+Sources: Narayanan et al. SC'21 (arXiv:2104.04473) Sec 2.2; Qi et al. 2023 (arXiv:2401.10241);
+DeepSeek-V3 report (arXiv:2412.19437) Sec 3.2.1, Table 2. Every schedule prints as a
+step x rank grid (:func:`format_grid`) and parses back (:func:`parse_grid`)::
 
-Both leave (p-1)(F+B) idle per rank, a fraction (p-1)/(m+p-1) of the step
-(Narayanan et al. SC'21, Sec 2.2); 1F1B holds at most p microbatches of activations where
-GPipe holds m (Fan et al. 2021 "DAPPLE"; Narayanan et al. 2019 "PipeDream-Flush").
+    rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 .   0B5 .   0B6 .   0B7
+    rank 3  | .   .   .   3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7 .   .   .
+
+The data model (virtual stages, parts, microbatch paths, dependencies, unit-time placement)
+lives in :mod:`.core`; the text forms in :mod:`.grid`.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from .classic import gpipe, interleaved, interleaved_warmup, one_f_one_b
+from .core import (
+    DEFAULT_DURATIONS,
+    FB,
+    KINDS,
+    Action,
+    PipelineSchedule,
+    Schedule,
+    ScheduleError,
+    Timeline,
+    as_schedule,
+    dependencies,
+    idle_per_rank,
+    make_schedule,
+    peak_in_flight,
+    timeline,
+    unit_time_grid,
+)
+from .dualpipe import dualpipe, dualpipe_stage_part
+from .grid import format_grid, parse_grid, parse_rows, parse_schedule
+from .zero_bubble import zb_h1
 
-SCHEDULES = ("gpipe", "1f1b")
+# Schedules built from (p, m) alone; "custom" also takes text=... (see build_schedule).
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe")
+CUSTOM = "custom"
+SCHEDULE_NAMES = SCHEDULES + (CUSTOM,)
+
+__all__ = [
+    "CUSTOM", "DEFAULT_DURATIONS", "FB", "KINDS", "SCHEDULES", "SCHEDULE_NAMES", "Action", "PipelineSchedule",
+    "Schedule", "ScheduleError", "Timeline", "action_deps", "as_schedule", "build_schedule", "dependencies",
+    "dualpipe", "dualpipe_stage_part", "format_grid", "gpipe", "idle_per_rank", "interleaved",
+    "interleaved_warmup", "make_schedule", "one_f_one_b", "parse_grid", "parse_rows", "parse_schedule",
+    "peak_in_flight", "timeline", "unit_time_grid", "zb_h1",
+]
 
 
-@dataclass(frozen=True, order=True)
-class Action:
-    stage: int  # pipeline stage the action computes (its rank runs it)
-    kind: str  # "F" | "B"
-    mb: int
+def build_schedule(name: str, p: int, m: int, **opts) -> PipelineSchedule:
+    """The schedule ``name`` for p pipeline ranks and m microbatches.
 
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.mb}"
-
-
-Schedule = list[list[Action]]  # schedule[pp_rank] -> actions in issue order
-
-
-def gpipe(p: int, m: int) -> Schedule:
-    """All forwards, then all backwards in microbatch order (torch ScheduleGPipe order)."""
-    return [[Action(s, "F", i) for i in range(m)] + [Action(s, "B", i) for i in range(m)] for s in range(p)]
-
-
-def one_f_one_b(p: int, m: int) -> Schedule:
-    """1F1B (PipeDream-Flush): p-s-1 warm-up forwards, then alternate, then drain backwards."""
-    out = []
-    for s in range(p):
-        warm = min(p - s - 1, m)
-        acts = [Action(s, "F", i) for i in range(warm)]
-        for i in range(m - warm):
-            acts += [Action(s, "F", warm + i), Action(s, "B", i)]
-        acts += [Action(s, "B", i) for i in range(m - warm, m)]
-        out.append(acts)
-    return out
-
-
-def build_schedule(name: str, p: int, m: int) -> Schedule:
+    Options: ``interleaved``: ``v`` (model chunks per rank, default 2). ``custom``: ``text``
+    (required; one row per rank, see :mod:`.grid`), ``stage_part`` (virtual stage -> model
+    part, default stage k computes part k), ``name``. Raises KeyError for an unknown name,
+    ScheduleError (a ValueError) for parameters the schedule cannot take.
+    """
+    allowed = {"interleaved": {"v"}, CUSTOM: {"text", "stage_part", "name"}}.get(name, set())
+    if name in SCHEDULE_NAMES and set(opts) - allowed:
+        extra = ", ".join(sorted(set(opts) - allowed))
+        raise ScheduleError(f"{name}: unknown option(s) {extra}; it takes {', '.join(sorted(allowed)) or 'none'}")
     if name == "gpipe":
         return gpipe(p, m)
     if name == "1f1b":
         return one_f_one_b(p, m)
-    raise KeyError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
+    if name == "interleaved":
+        return interleaved(p, m, **opts)
+    if name == "zb-h1":
+        return zb_h1(p, m)
+    if name == "dualpipe":
+        return dualpipe(p, m)
+    if name == CUSTOM:
+        if "text" not in opts:
+            raise ScheduleError("custom: pass the schedule as text=... (one row of tokens per rank)")
+        return parse_schedule(opts["text"], p, m, stage_part=opts.get("stage_part"), name=opts.get("name", CUSTOM))
+    raise KeyError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULE_NAMES)}")
 
 
 def action_deps(a: Action, last_stage: int) -> list[tuple[int, str, int]]:
-    """(stage, kind, mb) that must finish before ``a``: the previous stage's forward, the
-    next stage's backward, and this stage's own forward."""
+    """Dependencies in a linear pipeline (stage k on rank k, every microbatch through 0..last).
+
+    Kept for callers of the old API; for any schedule use ``schedule.deps(a)``.
+    """
     if a.kind == "F":
         return [(a.stage - 1, "F", a.mb)] if a.stage > 0 else []
+    if a.kind == "W":
+        return [(a.stage, "B", a.mb)]
     deps = [(a.stage, "F", a.mb)]
     if a.stage < last_stage:
         deps.append((a.stage + 1, "B", a.mb))
     return deps
-
-
-def unit_time_grid(schedule: Schedule) -> list[list[Action | None]]:
-    """Place every action in unit-time slots (F = B = 1, free communication).
-
-    Each rank issues its actions strictly in list order, an action waiting for
-    :func:`action_deps` to finish in an earlier slot, so the grid shows the schedule's bubbles.
-    """
-    last_stage = max(a.stage for acts in schedule for a in acts)
-    done: dict[tuple[int, str, int], int] = {}  # (stage, kind, mb) -> slot it ran in
-    pos = [0] * len(schedule)
-    grid: list[list[Action | None]] = [[] for _ in schedule]
-    slot, placed, total = 0, 0, sum(len(a) for a in schedule)
-    while placed < total:
-        fired = []
-        for r, acts in enumerate(schedule):
-            a = acts[pos[r]] if pos[r] < len(acts) else None
-            ready = a is not None and all(done.get(d, slot) < slot for d in action_deps(a, last_stage))
-            grid[r].append(a if ready else None)
-            if ready:
-                fired.append((r, a))
-        if not fired:
-            raise ValueError("schedule deadlocks: no rank can issue its next action")
-        for r, a in fired:
-            done[(a.stage, a.kind, a.mb)] = slot
-            pos[r] += 1
-        placed += len(fired)
-        slot += 1
-    return grid
-
-
-def format_grid(schedule: Schedule) -> str:
-    """The step x rank grid: one row per pipeline rank, ``.`` for an idle slot."""
-    grid = unit_time_grid(schedule)
-    width = max(len(str(a)) for row in grid for a in row if a is not None)
-    lines = []
-    for s, row in enumerate(grid):
-        cells = " ".join((str(a) if a else ".").ljust(width) for a in row)
-        lines.append(f"rank {s:<3}| {cells}".rstrip())
-    return "\n".join(lines)
-
-
-_TOKEN = re.compile(r"^(\d+)([FB])(\d+)$")
-
-
-def parse_grid(text: str) -> Schedule:
-    """Inverse of :func:`format_grid`: per-rank action lists (idle slots dropped)."""
-    out = []
-    for line in text.strip().splitlines():
-        _, _, cells = line.partition("|")
-        acts = []
-        for tok in cells.split():
-            if tok == ".":
-                continue
-            mt = _TOKEN.match(tok)
-            if not mt:
-                raise ValueError(f"bad action {tok!r}")
-            acts.append(Action(int(mt.group(1)), mt.group(2), int(mt.group(3))))
-        out.append(acts)
-    return out

@@ -1,0 +1,143 @@
+"""Schedules as text: the step x rank grid, and user schedules in torch pipelining notation.
+
+:func:`format_grid` prints the unit-time placement, one row per rank, ``.`` for an idle slot;
+an overlapped backward is marked ``&`` (it runs together with the forward before it)::
+
+    rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 ...
+    rank 1  | .   1F0 1F1 1F2 .   .   1B0 1F3 1B1 1F4 ...
+
+:func:`parse_grid` reads that back, and also what users write by hand or export from
+torch.distributed.pipelining: one line per rank, tokens ``{stage}{F|B|I|W}{mb}`` separated by
+spaces, or CSV rows with empty cells (or ``.``) for idle slots::
+
+    0F0,0F1,,0B0,0W0,0F2          # torch's I (backward input) is read as B when W exists;
+    ,1F0,1B0,1W0,1F1,...          # with no W anywhere, B is the full backward
+
+Only the order of a row matters; where the idle cells sit does not (time is recomputed from
+the dependencies). torch's communication and FSDP tokens (``SEND_F``, ``RECV_B``,
+``UNSHARD``...) are skipped: clustersim derives communication itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from .core import Action, PipelineSchedule, ScheduleError, as_schedule, make_schedule, unit_time_grid
+
+_TOKEN = re.compile(r"^(&?)(\d+)([FBIW])(\d+)$")
+_TORCH_COMM = re.compile(r"^\d+(SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)\d*$")
+_ROW_LABEL = re.compile(r"^\s*rank\s+(\d+)\s*$")
+
+
+def format_grid(schedule: PipelineSchedule | Sequence[Sequence[Action]]) -> str:
+    """The step x rank grid in unit time: ``rank R  | tokens``, ``.`` for an idle slot."""
+    s = as_schedule(schedule)
+    grid = unit_time_grid(s)
+    marked = [set(s.overlapped_with(r)) for r in range(s.ranks)]
+
+    def cell(r: int, a: Action | None) -> str:
+        return "." if a is None else ("&" if a in marked[r] else "") + str(a)
+
+    width = max(len(cell(r, a)) for r, row in enumerate(grid) for a in row)
+    lines = []
+    for r, row in enumerate(grid):
+        cells = " ".join(cell(r, a).ljust(width) for a in row)
+        lines.append(f"rank {r:<3}| {cells}".rstrip())
+    return "\n".join(lines)
+
+
+def parse_rows(text: str) -> tuple[list[list[Action]], list[list[tuple[Action, Action]]]]:
+    """Text -> per-rank actions and overlapped (F, B) pairs, checking only the tokens.
+
+    Lines: optional ``rank R |`` label, then cells split on commas (CSV) or whitespace.
+    Blank lines and ``#`` comments are skipped. B/I/W are resolved as described above.
+    """
+    raw: list[list[tuple[int, str, str, bool]]] = []  # per row: (cell index, token, kind, overlapped)
+    toks: list[list[tuple[int, int, str, int]]] = []
+    for line in text.splitlines():
+        body = line.split("#", 1)[0]
+        if not body.strip():
+            continue
+        label, bar, rest = body.partition("|")
+        if bar:
+            m = _ROW_LABEL.match(label)
+            if not m:
+                raise ScheduleError(f"line {line.strip()!r}: expected 'rank R | tokens' before '|'")
+            if int(m.group(1)) != len(raw):
+                raise ScheduleError(f"row labelled rank {m.group(1)} is row {len(raw)}; list ranks 0, 1, 2... in order")
+            body = rest
+        cells = [c.strip() for c in body.split(",")] if "," in body else body.split()
+        r = len(raw)
+        row, parsed = [], []
+        for i, tok in enumerate(cells):
+            if tok in ("", ".") or _TORCH_COMM.match(tok):
+                continue
+            m = _TOKEN.match(tok)
+            if not m:
+                raise ScheduleError(f"rank {r}, cell {i}: {tok!r} is not an action; expected "
+                                    f"{{stage}}{{F|B|I|W}}{{mb}} such as 3F1 or 2W0, or '.' for idle")
+            amp, stage, kind, mb = m.groups()
+            if amp and kind not in "BI":
+                raise ScheduleError(f"rank {r}, cell {i}: {tok!r}: only a backward (B or I) can be marked '&' "
+                                    f"(overlapped with the forward before it)")
+            row.append((i, tok, kind, bool(amp)))
+            parsed.append((i, int(stage), kind, int(mb)))
+        raw.append(row)
+        toks.append(parsed)
+    if not raw:
+        raise ScheduleError("schedule text has no rows")
+    has_w = any(kind == "W" for row in toks for (_, _, kind, _) in row)
+    w_keys = {(st, mb) for row in toks for (_, st, kind, mb) in row if kind == "W"}
+    rows: list[list[Action]] = []
+    pairs: list[list[tuple[Action, Action]]] = []
+    for r, (row, parsed) in enumerate(zip(raw, toks)):
+        acts: list[Action] = []
+        rp: list[tuple[Action, Action]] = []
+        for (i, tok, _, amp), (_, stage, kind, mb) in zip(row, parsed):
+            if kind == "I" and not has_w:
+                raise ScheduleError(f"rank {r}, cell {i}: {tok!r} is a backward-input action but the schedule "
+                                    f"has no W (weight-gradient) actions; write B for a full backward, or add W")
+            if kind == "I" and (stage, mb) not in w_keys:
+                raise ScheduleError(f"rank {r}, cell {i}: {tok!r} computes the input gradient only, but there "
+                                    f"is no {stage}W{mb} for its weight gradient")
+            if kind in "BI":
+                b = Action(stage, "B", mb)
+                if amp:
+                    if not acts or acts[-1].kind != "F":
+                        raise ScheduleError(f"rank {r}, cell {i}: {tok!r} is marked '&' (overlapped) but does "
+                                            f"not follow a forward on that rank")
+                    rp.append((acts[-1], b))
+                acts.append(b)
+                # torch's B is the full backward: in a split schedule, its weight part is a W right after
+                if kind == "B" and has_w and (stage, mb) not in w_keys:
+                    acts.append(Action(stage, "W", mb))
+            else:
+                acts.append(Action(stage, kind, mb))
+        rows.append(acts)
+        pairs.append(rp)
+    return rows, pairs
+
+
+def parse_grid(text: str, *, stage_part: Sequence[int] | None = None, name: str = "custom") -> PipelineSchedule:
+    """Inverse of :func:`format_grid` (idle cells dropped); also reads hand-written schedules.
+
+    Stage k computes part k unless ``stage_part`` says otherwise (a DualPipe grid needs it:
+    its direction-1 stages recompute parts 0..p-1). The result is checked like every schedule
+    (each microbatch F/B/W once per stage in order, every part once per microbatch, no
+    deadlock); errors name the rank and the token.
+    """
+    rows, pairs = parse_rows(text)
+    return make_schedule(name, rows, stage_part=stage_part, fb_pairs=pairs)
+
+
+def parse_schedule(text: str, p: int | None = None, m: int | None = None, *,
+                   stage_part: Sequence[int] | None = None, name: str = "custom") -> PipelineSchedule:
+    """A user schedule (``build_schedule("custom", p, m, text=...)``): parse, check, and check
+    that it has ``p`` rows and ``m`` microbatches when those are given."""
+    s = parse_grid(text, stage_part=stage_part, name=name)
+    if p is not None and s.ranks != p:
+        raise ScheduleError(f"custom schedule has {s.ranks} rows (ranks) but pp={p}")
+    if m is not None and s.n_microbatches != m:
+        raise ScheduleError(f"custom schedule has {s.n_microbatches} microbatches but m={m}")
+    return s

@@ -1,0 +1,136 @@
+"""The reference documentation names every input field and every output key.
+
+docs/reference.md must mention, in backticks, the full dotted path of
+
+* every field of the scenario format (``clustersim.config.ScenarioCfg``, e.g. ``parallel.tp``)
+  and of the topology format (``clustersim.hardware.topology.TopologyCfg``, e.g.
+  ``node.nvlink.bw_GBps``), found by walking the pydantic models;
+* every key of a real summary.json, list items written with ``[]``
+  (e.g. ``memory.stages[].peak_bytes``);
+* every GPU of the catalogue and every alias, with the catalogue's figures in its table row.
+
+A new field or output key without documentation fails here, which is the point.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from pathlib import Path
+
+import pydantic
+import pytest
+
+import clustersim
+from clustersim.config import ScenarioCfg
+from clustersim.hardware.gpus import ALIASES, GPUS, GiB
+from clustersim.hardware.topology import TopologyCfg
+
+from .conftest import scenario_dict
+
+REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
+
+
+@pytest.fixture(scope="module")
+def reference_text() -> str:
+    assert REFERENCE.is_file(), f"{REFERENCE} is missing"
+    return REFERENCE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def backticked(reference_text) -> set[str]:
+    """Every `code span` of the reference, as written."""
+    return set(re.findall(r"`([^`\n]+)`", reference_text))
+
+
+def _models_in(annotation) -> list[tuple[type[pydantic.BaseModel], bool]]:
+    """BaseModel types inside an annotation, each with whether it sits in a list.
+
+    Handles ``M``, ``M | None``, ``Optional[M]``, ``Union[A, B]``, ``list[M]``, ``tuple[M, ...]``
+    and ``dict[str, M]`` (the latter two documented like lists, with ``[]``).
+    """
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return [(annotation, False)]
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        return [found for a in args for found in _models_in(a)]
+    if origin in (list, tuple, set, frozenset, dict):
+        inner = args[1:] if origin is dict else args
+        return [(m, True) for a in inner if a is not Ellipsis for m, _ in _models_in(a)]
+    return []
+
+
+def field_paths(model: type[pydantic.BaseModel], prefix: str = "") -> list[str]:
+    """Full dotted paths of every field of ``model``, nested sections included."""
+    out = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        out.append(path)
+        for sub, in_list in _models_in(info.annotation):
+            out.extend(field_paths(sub, f"{path}[]." if in_list else f"{path}."))
+    return list(dict.fromkeys(out))
+
+
+def key_paths(obj, prefix: str = "") -> list[str]:
+    """Every key path of a JSON-like value: ``a.b``, list items of dicts as ``a[].b``."""
+    out: list[str] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            out.append(path)
+            out.extend(key_paths(v, path))
+    elif isinstance(obj, list):
+        for item in obj:
+            if isinstance(item, (dict, list)):
+                out.extend(key_paths(item, f"{prefix}[]"))
+    return list(dict.fromkeys(out))
+
+
+def test_walker_sees_nested_sections():
+    scenario = field_paths(ScenarioCfg)
+    topology = field_paths(TopologyCfg)
+    assert {"cluster.topology", "model.kv_heads", "parallel.tp", "training.precision",
+            "simulation.network"} <= set(scenario)
+    assert {"gpu", "node.gpus", "node.nvlink.bw_GBps", "node.nic.bw_Gbps", "fabric.rail_optimized"} <= set(topology)
+
+
+@pytest.mark.parametrize("model", [ScenarioCfg, TopologyCfg], ids=["scenario", "topology"])
+def test_every_config_field_is_documented(model, backticked):
+    missing = [p for p in field_paths(model) if p not in backticked]
+    assert not missing, f"docs/reference.md does not document these {model.__name__} fields: {missing}"
+
+
+@pytest.fixture(scope="module")
+def summary():
+    root = Path(__file__).resolve().parent.parent
+    d = scenario_dict(parallel={"tp": 4, "pp": 2, "dp": 2}, training={"global_batch_size": 8})
+    return clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+
+
+def test_every_summary_key_is_documented(summary, backticked):
+    paths = key_paths(summary)
+    assert "memory.stages[].peak_bytes" in paths and "exposed_comm_s.tp" in paths  # the walker works
+    missing = [p for p in paths if p not in backticked]
+    assert not missing, f"docs/reference.md does not document these summary.json keys: {missing}"
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def test_gpu_catalogue_table_matches_the_code(reference_text, backticked):
+    rows = {}
+    for line in reference_text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and cells[0].startswith("`") and cells[0].strip("`") in GPUS:
+            rows[cells[0].strip("`")] = cells
+    assert sorted(rows) == sorted(GPUS), "the GPU catalogue table must list every entry of GPUS once"
+    for name, g in GPUS.items():
+        want = [_fmt(g.bf16_flops / 1e12), "-" if g.fp8_flops is None else _fmt(g.fp8_flops / 1e12),
+                _fmt(g.hbm_bw_Bps / 1e9), _fmt(g.hbm_capacity_bytes / GiB), _fmt(g.nvlink_bw_Bps / 1e9),
+                _fmt(g.matmul_efficiency), _fmt(g.memory_efficiency)]
+        assert rows[name][1:8] == want, f"catalogue row of {name} is out of date"
+    for alias, target in ALIASES.items():
+        assert alias in backticked and target in backticked, f"alias {alias} -> {target} is not documented"
