@@ -99,15 +99,21 @@ def test_bad_scenario_one_line_exit_2_no_output(tmp_path, root, what, change, fi
     assert not out.exists()
 
 
-def test_unknown_gpu_names_the_topology_file(tmp_path, root):
+def scenario_on_changed_topology(tmp_path: Path, root: Path, **changes) -> tuple[Path, Path]:
+    """(topology path, scenario path): the DGX-A100 topology with ``changes``, and SMALL on it."""
     topo = yaml.safe_load((root / "topologies/dgx-a100.yaml").read_text())
-    topo["gpu"] = "Z9000"
+    topo.update(changes)
     tp = tmp_path / "topo.yaml"
     tp.write_text(yaml.safe_dump(topo))
     d = scenario_dict()
     d["cluster"]["topology"] = str(tp)
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump(d))
+    return tp, p
+
+
+def test_unknown_gpu_names_the_topology_file(tmp_path, root):
+    tp, p = scenario_on_changed_topology(tmp_path, root, gpu="Z9000")
     r = run_cli("run", p, "--out", tmp_path / "out")
     assert r.returncode == 2
     assert r.stderr.startswith(f"error: {tp}: gpu: unknown GPU 'Z9000'")
@@ -142,14 +148,7 @@ def test_stale_outputs_of_an_earlier_run_are_removed(tmp_path, root):
 
 
 def test_multi_node_topology_without_fabric_is_refused(tmp_path, root):
-    topo = yaml.safe_load((root / "topologies/dgx-a100.yaml").read_text())
-    topo["fabric"] = {"kind": "none"}
-    tp = tmp_path / "topo.yaml"
-    tp.write_text(yaml.safe_dump(topo))
-    d = scenario_dict()
-    d["cluster"]["topology"] = str(tp)
-    p = tmp_path / "s.yaml"
-    p.write_text(yaml.safe_dump(d))
+    tp, p = scenario_on_changed_topology(tmp_path, root, fabric={"kind": "none"})
     r = run_cli("validate", p)
     assert r.returncode == 2
     assert r.stderr.startswith(f"error: {tp}: ") and "fabric.kind is 'none'" in r.stderr

@@ -12,16 +12,11 @@ import pytest
 import clustersim
 from clustersim.output.perfetto import stream_sort_key, write_trace
 
+from .conftest import scenario_dict
+
 ROOT = Path(__file__).resolve().parent.parent
 
-SMALL = {
-    "name": "small",
-    "description": "TP4 x PP2 x DP2 on two DGX-A100 nodes",
-    "cluster": {"topology": "topologies/dgx-a100.yaml", "nodes": 2},
-    "model": {"name": "tiny", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 512},
-    "parallel": {"tp": 4, "pp": 2, "dp": 2, "schedule": "1f1b"},
-    "training": {"micro_batch_size": 1, "global_batch_size": 8},
-}
+SMALL = scenario_dict(description="TP4 x PP2 x DP2 on two DGX-A100 nodes")
 
 
 def _simulate(collapse: bool | None = None) -> clustersim.Result:

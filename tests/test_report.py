@@ -16,17 +16,12 @@ from clustersim.output.report import (
 )
 from clustersim.trace import Span, Trace
 
+from .conftest import scenario_dict
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 
-SMALL = {
-    "name": "small <tp4> & pp2",
-    "description": 'tiny "model" <script>alert(1)</script>',
-    "cluster": {"topology": "topologies/dgx-a100.yaml", "nodes": 2},
-    "model": {"name": "tiny", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 512},
-    "parallel": {"tp": 4, "pp": 2, "dp": 2, "schedule": "1f1b"},
-    "training": {"micro_batch_size": 1, "global_batch_size": 8},
-}
+SMALL = scenario_dict(name="small <tp4> & pp2", description='tiny "model" <script>alert(1)</script>')
 
 
 def _simulate(collapse: bool | None = None) -> clustersim.Result:
