@@ -32,12 +32,27 @@ class Result:
 
 
 def _statics(low: Lowering) -> list[StageStatic]:
+    """Static bytes per stage by ZeRO stage, for Ψ local parameters and N = dp
+    (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
+
+        ZeRO 0: 2Ψ + gΨ + 12Ψ     1: 2Ψ + gΨ + 12Ψ/N     2: 2Ψ + (g+12)Ψ/N     3: (2+g+12)Ψ/N
+    """
+    n, z = low.mesh.dp, low.zero
     out = []
     for s, w in enumerate(low.work):
+        psi = w.local_params
+        transient = w.transient_bytes
+        if z == 3 and not low.zero3_keep_gathered:
+            # gathered units in flight: the one computing plus those prefetched
+            biggest = max((v for (st, _), v in low.unit_params.items() if st == s), default=0.0)
+            transient += (low.zero_prefetch_layers + 1) * biggest * PARAM_BYTES
         out.append(StageStatic(
-            stage=s, params=w.local_params, param_bytes=PARAM_BYTES * w.local_params,
-            grad_bytes=low.grad_bytes * w.local_params, optimizer_bytes=OPTIMIZER_BYTES * w.local_params,
+            stage=s, params=psi,
+            param_bytes=PARAM_BYTES * psi / (n if z == 3 and not low.zero3_keep_gathered else 1),
+            grad_bytes=low.grad_bytes * psi / (n if z >= 2 else 1),
+            optimizer_bytes=OPTIMIZER_BYTES * psi / (n if z >= 1 else 1),
             activation_bytes_per_mb=w.activation_bytes_per_mb,
+            transient_bytes=transient,
         ))
     return out
 
@@ -59,7 +74,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "schedule": p.schedule, "order": p.order,
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
-            "precision": t.precision, "attention": t.attention,
+            "precision": t.precision, "attention": t.attention, "sp": p.sp, "zero": p.zero,
+            "recompute": t.recompute,
         },
         "model": {"name": sc.model.name, "params": total_params(sc.model), "layers": sc.model.layers,
                   "seq_len": sc.model.seq_len},

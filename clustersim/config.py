@@ -33,6 +33,10 @@ class ParallelCfg(Strict):
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     order: str = "tp-dp-pp"
     layers_per_stage: list[int] | None = None
+    sp: bool = False
+    zero: int = pydantic.Field(default=0, ge=0, le=3)
+    zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
+    zero3_keep_gathered: bool = False
 
     @pydantic.field_validator("order")
     @classmethod
@@ -49,6 +53,7 @@ class TrainingCfg(Strict):
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     optimizer: Literal["adam"] = "adam"
     attention: Literal["flash", "standard"] = "flash"
+    recompute: Literal["none", "selective", "full"] = "none"
     dp_bucket_params: int = pydantic.Field(default=40_000_000, ge=1)
 
 
@@ -129,6 +134,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if m.ffn % p.tp:
         ffn = f"model.ffn_hidden={m.ffn}" + ("" if m.ffn_hidden else " (default 4*hidden)")
         fail("parallel.tp", f"tp={p.tp} does not divide {ffn}")
+    if p.sp and p.tp == 1:
+        fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
     if p.pp > m.layers:
         fail("parallel.pp", f"pp={p.pp} is more than model.layers={m.layers}")
     if p.layers_per_stage is not None:

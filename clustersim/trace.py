@@ -21,6 +21,7 @@ class Span:
     stage: int = -1
     layer: int = -1
     size_bytes: float = 0.0
+    op: str = ""  # communication op ("all_reduce", "send", ...); "" for compute
     flops: float = 0.0
     model_flops: float = 0.0
 

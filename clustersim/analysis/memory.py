@@ -25,6 +25,7 @@ class StageStatic:
     grad_bytes: float
     optimizer_bytes: float
     activation_bytes_per_mb: float
+    transient_bytes: float = 0.0  # held for a moment (a recomputed layer, gathered ZeRO-3 units)
 
 
 def inflight_peak(trace: Trace, rank: int) -> int:
@@ -57,7 +58,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
         n = inflight_peak(trace, rank_of_stage[st.stage])
         act = n * st.activation_bytes_per_mb
         static = st.param_bytes + st.grad_bytes + st.optimizer_bytes
-        peak = static + act
+        peak = static + act + st.transient_bytes
         stages.append({
             "stage": st.stage,
             "params": st.params,
@@ -67,6 +68,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "activations_bytes": act,
             "activation_bytes_per_microbatch": st.activation_bytes_per_mb,
             "inflight_microbatches": n,
+            "transient_bytes": st.transient_bytes,
             "peak_bytes": peak,
             "capacity_bytes": capacity_bytes,
             "fits": peak <= capacity_bytes,

@@ -1,6 +1,7 @@
 """Ring collectives expanded into concurrent flows between ring neighbours.
 
-Ring all-reduce over n GPUs = reduce-scatter + all-gather, 2(n-1) steps, each GPU sending
+Ring reduce-scatter and all-gather take n-1 steps; all-reduce is one then the other,
+2(n-1) steps, each GPU sending
 S/n bytes to its successor per step (Patarasuk & Yuan 2009; NCCL)::
 
     step:     1      2     ...   n-1  |  n    ...  2(n-1)
@@ -34,10 +35,20 @@ def expand(op: str, group: tuple[int, ...], size_bytes: float) -> Expansion:
         return Expansion(((src, dst, size_bytes),), 1)
     if n == 1:
         return Expansion((), 0)
-    if op == "all_reduce":
-        per = 2 * (n - 1) / n * size_bytes
-        return Expansion(tuple((group[i], group[(i + 1) % n], per) for i in range(n)), 2 * (n - 1))
+    if op in RING_STEPS:
+        steps = RING_STEPS[op](n)
+        per = steps / n * size_bytes
+        return Expansion(tuple((group[i], group[(i + 1) % n], per) for i in range(n)), steps)
     raise KeyError(f"unknown collective {op!r}")
+
+
+# Ring rounds per collective; each round moves S/n bytes per GPU (nccl-tests PERFORMANCE.md:
+# all-reduce 2(n-1)/n S, reduce-scatter and all-gather (n-1)/n S, S the whole buffer).
+RING_STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "reduce_scatter": lambda n: n - 1,
+    "all_gather": lambda n: n - 1,
+}
 
 
 def ring_allreduce_time_s(size_bytes: float, n: int, bw_Bps: float, alpha_s: float) -> float:

@@ -105,10 +105,14 @@ def _backward(op: Op) -> Op:
     return Op(op.name, 2 * op.flops, 2 * op.bytes, 2 * op.model_flops)
 
 
-def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool) -> list[Op]:
-    """Norm, QKV projection, core attention, output projection (one TP rank, one microbatch)."""
+def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False) -> list[Op]:
+    """Norm, QKV projection, core attention, output projection (one TP rank, one microbatch).
+
+    With sequence parallelism the norm and residual run on s/t tokens (Korthikanti et al. 2022).
+    """
     s, h, d = m.seq_len, m.hidden, m.head_dim
     tok = b * s
+    rep_tok = tok / t if sp else tok  # tokens of the ops TP replicates
     q_dim, kv_dim = m.heads * d // t, 2 * m.n_kv_heads * d // t
     heads_local = m.heads / t
     core_flops = 2 * 2 * b * heads_local * s * s * d  # QK^T and PV
@@ -116,24 +120,25 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool) -> list[Op]:
     if not flash:  # scores, softmax, dropout, each written then read back
         core_bytes += ELEM_BYTES * b * heads_local * s * s * 6
     return [
-        _elementwise("norm1", tok * h, 2),
+        _elementwise("norm1", rep_tok * h, 2),
         _matmul("qkv", tok, h, q_dim + kv_dim),
         Op("core_attn", core_flops, core_bytes),
         _matmul("proj", tok, q_dim, h),
-        _elementwise("residual1", tok * h, 3),
+        _elementwise("residual1", rep_tok * h, 3),
     ]
 
 
-def mlp_block_fwd(m: DenseModelCfg, b: int, t: int) -> list[Op]:
+def mlp_block_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False) -> list[Op]:
     """Norm, up (and gate) projection, activation, down projection (one TP rank)."""
     tok, h, f = b * m.seq_len, m.hidden, m.ffn // t
+    rep_tok = tok / t if sp else tok
     up_width = 2 * f if m.mlp == "swiglu" else f
     return [
-        _elementwise("norm2", tok * h, 2),
+        _elementwise("norm2", rep_tok * h, 2),
         _matmul("up", tok, h, up_width),
         _elementwise("act", tok * f, 3 if m.mlp == "swiglu" else 2),
         _matmul("down", tok, f, h),
-        _elementwise("residual2", tok * h, 3),
+        _elementwise("residual2", rep_tok * h, 3),
     ]
 
 
@@ -196,22 +201,28 @@ def total_params(m: DenseModelCfg) -> int:
     return m.layers * layer_params(m) + embedding_params(m) + head_params(m)
 
 
-def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool) -> float:
+def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
+                           recompute: str = "none") -> float:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank.
 
-    Korthikanti et al. 2022 Sec 4.1 term by term (no sequence parallelism):
-    replicated: norm inputs 2*2sbh, QKV input 2sbh, MLP input 2sbh, dropout masks 2*sbh;
-    sharded over t: Q,K,V, context, MLP intermediates; attention scores 5as^2b unless flash.
+    Korthikanti et al. 2022 Sec 4.1 term by term:
+    replicated: norm inputs 2*2sbh, QKV input 2sbh, MLP input 2sbh, dropout masks 2*sbh
+    (split over t too under sequence parallelism: 34/t in their Table 2);
+    sharded over t: Q,K,V, context, MLP intermediates; attention scores 5as^2b unless flash
+    attention or selective recompute drop them. Full recompute keeps the layer input only:
+    2sbh (2sbh/t with SP).
     """
+    if recompute == "full":
+        return 2 * m.seq_len * b * m.hidden / (t if sp else 1)
     s, h, d = m.seq_len, m.hidden, m.head_dim
     sbh = s * b * h
     masks = 2 * sbh if m.dropout else 0
-    replicated = 2 * sbh * 2 + 2 * sbh + 2 * sbh + masks
+    replicated = (2 * sbh * 2 + 2 * sbh + 2 * sbh + masks) / (t if sp else 1)
     qkv = 2 * s * b * (m.heads + 2 * m.n_kv_heads) * d
     context = 2 * sbh
     mlp = 2 * s * b * m.ffn * (3 if m.mlp == "swiglu" else 2)
     sharded = (qkv + context + mlp) / t
-    scores = 0.0 if flash else (5 if m.dropout else 4) * m.heads * s * s * b / t
+    scores = 0.0 if flash or recompute == "selective" else (5 if m.dropout else 4) * m.heads * s * s * b / t
     return replicated + sharded + scores
 
 

@@ -94,6 +94,8 @@ def span_args(s: Span) -> dict[str, Any]:
         args["phase"] = s.phase
     if s.size_bytes:
         args["bytes"] = _number(s.size_bytes)
+    if s.op:
+        args["op"] = s.op
     if s.flops:
         args["flops"] = _number(s.flops)
     return args

@@ -1,0 +1,169 @@
+"""Sequence parallelism, activation recompute and ZeRO against their closed forms."""
+
+from __future__ import annotations
+
+import pytest
+
+import clustersim
+from clustersim.collectives.ring import RING_STEPS
+from clustersim.model import transformer as tf
+from clustersim.program.costs import ops_time_s
+
+from .conftest import scenario_dict
+
+GiB = 1024**3
+
+
+def run(root, **sections):
+    return clustersim.simulate(clustersim.load_scenario(scenario_dict(**sections), base_dir=root))
+
+
+def dp_wire_bytes(trace, dp: int) -> float:
+    """Bytes one GPU sends over DP in a step: a ring moves steps/n of each buffer."""
+    out = 0.0
+    for s in trace.spans:
+        if s.kind == "dp" and s.op in RING_STEPS:
+            out += RING_STEPS[s.op](dp) / dp * s.size_bytes
+    return out
+
+
+# ---------------------------------------------------------------- ZeRO
+ONE_STAGE = dict(cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 1},
+                 parallel={"tp": 1, "pp": 1, "dp": 8}, training={"global_batch_size": 8, "grad_dtype": "bf16"})
+
+
+@pytest.mark.parametrize("zero,per_param", [
+    (0, lambda n: 16), (1, lambda n: 4 + 12 / n), (2, lambda n: 2 + 14 / n), (3, lambda n: 16 / n)])
+def test_zero_memory_matches_the_paper(root, zero, per_param):
+    # Rajbhandari et al. 2020, Fig. 1: 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N with fp16 gradients
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero}
+    st = run(root, **d).summary["memory"]["stages"][0]
+    psi = st["params"]
+    static = st["params_bytes"] + st["grads_bytes"] + st["optimizer_bytes"]
+    assert static == pytest.approx(per_param(8) * psi, rel=1e-12)
+
+
+def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp(root):
+    # no PP, one microbatch: DP all-reduces 2Ψ; ZeRO-3 gathers Ψ twice and reduce-scatters Ψ
+    d = dict(ONE_STAGE)
+    base = run(root, **d)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3}
+    z3 = run(root, **d)
+    assert dp_wire_bytes(z3.trace, 8) == pytest.approx(1.5 * dp_wire_bytes(base.trace, 8), rel=1e-9)
+
+
+def test_zero1_reduce_scatter_then_all_gather_moves_what_all_reduce_does(root):
+    d = dict(ONE_STAGE)
+    base = run(root, **d)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": 1}
+    z1 = run(root, **d)
+    # grads reduce-scattered (2 bytes) + params gathered (2 bytes) = one all-reduce of 2-byte grads
+    assert dp_wire_bytes(z1.trace, 8) == pytest.approx(dp_wire_bytes(base.trace, 8), rel=1e-9)
+    ops = {s.op for s in z1.trace.spans if s.kind == "dp"}
+    assert ops == {"reduce_scatter", "all_gather"}
+
+
+def test_zero2_reduces_every_microbatch_and_zero1_once(root):
+    d = dict(ONE_STAGE)
+    d["training"] = {**ONE_STAGE["training"], "global_batch_size": 32}  # 4 microbatches
+    counts = {}
+    for zero in (1, 2):
+        d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero}
+        tr = run(root, **d).trace
+        counts[zero] = {s.mb for s in tr.spans if s.op == "reduce_scatter"}
+    assert counts[1] == {3} and counts[2] == {0, 1, 2, 3}
+
+
+def test_zero3_with_pp_regathers_per_microbatch_unless_kept(root):
+    d = scenario_dict(cluster={"nodes": 2}, parallel={"tp": 2, "pp": 2, "dp": 4, "zero": 3},
+                      training={"global_batch_size": 16})
+    sc = clustersim.load_scenario(d, base_dir=root)
+    tr = clustersim.simulate(sc).trace
+    gathers = [s for s in tr.spans if s.name.endswith("AG params") and s.stage == 0]
+    m, layers = sc.microbatches, sc.layers_per_stage[0]
+    assert len(gathers) == m * 2 * (layers + 1)  # each layer + the embedding, forward and backward
+    d["parallel"]["zero3_keep_gathered"] = True
+    kept = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+    gathers = [s for s in kept.trace.spans if s.name.endswith("AG params") and s.stage == 0]
+    assert len(gathers) == layers + 1
+    assert kept.summary["step_time_s"] < clustersim.simulate(sc).summary["step_time_s"]
+
+
+def test_zero3_prefetch_overlaps_gathers_with_compute(root):
+    d = dict(ONE_STAGE)
+    exposed = {}
+    for depth in (0, 1):
+        d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3, "zero_prefetch_layers": depth}
+        exposed[depth] = run(root, **d).summary["hidden_comm_s"]["dp"]
+    assert exposed[1] > exposed[0]
+
+
+# ---------------------------------------------------------------- SP
+def test_sequence_parallel_same_tp_bytes_less_memory_and_compute(root):
+    base = run(root, parallel={"tp": 4, "pp": 2, "dp": 2})
+    sp = run(root, parallel={"tp": 4, "pp": 2, "dp": 2, "sp": True})
+    tp_bytes = lambda tr: sum(RING_STEPS[s.op](4) / 4 * s.size_bytes for s in tr.spans if s.kind == "tp")  # noqa: E731
+    assert tp_bytes(sp.trace) == pytest.approx(tp_bytes(base.trace), rel=1e-12)
+    assert {s.op for s in sp.trace.spans if s.kind == "tp"} == {"reduce_scatter", "all_gather"}
+    assert sp.summary["compute_s"] < base.summary["compute_s"]
+    a_sp = sp.summary["memory"]["stages"][0]["activation_bytes_per_microbatch"]
+    a = base.summary["memory"]["stages"][0]["activation_bytes_per_microbatch"]
+    assert a_sp < a
+
+
+def test_sequence_parallel_needs_tp(root):
+    with pytest.raises(clustersim.ConfigError, match="parallel.sp"):
+        clustersim.load_scenario(scenario_dict(parallel={"tp": 1, "pp": 2, "dp": 8, "sp": True}), base_dir=root)
+
+
+@pytest.mark.parametrize("sp,recompute,published_GiB", [
+    (False, "none", 59.25),  # Korthikanti et al. 2022 Table 3/5, 22B: "activations_tp_only"
+    (True, "selective", 9.56),  # "activations_sp_selective"
+])
+def test_activation_memory_matches_korthikanti_22b(root, sp, recompute, published_GiB):
+    d = scenario_dict(cluster={"nodes": 1},
+                      model={"layers": 48, "hidden": 6144, "heads": 64, "vocab": 51200, "seq_len": 2048},
+                      parallel={"tp": 8, "pp": 1, "dp": 1, "sp": sp},
+                      training={"micro_batch_size": 4, "global_batch_size": 4, "attention": "standard",
+                                "recompute": recompute})
+    st = run(root, **d).summary["memory"]["stages"][0]
+    model = clustersim.load_scenario(scenario_dict(**d), base_dir=root).model
+    layers_only = st["activations_bytes"] - tf.head_activation_bytes(model, 4, 8)
+    assert layers_only / GiB == pytest.approx(published_GiB, rel=0.05)
+
+
+# ---------------------------------------------------------------- recompute
+def one_gpu(root, **training):
+    return run(root, cluster={"topology": "topologies/single-h100.yaml", "nodes": 1},
+               parallel={"tp": 1, "pp": 1, "dp": 1},
+               training={"global_batch_size": 2, "attention": "standard", **training})
+
+
+def test_full_recompute_adds_one_forward_per_layer(root):
+    base, full = one_gpu(root), one_gpu(root, recompute="full")
+    sc = base.scenario
+    m, gpu = sc.model, sc.cluster.gpu
+    fwd_layer = ops_time_s(tf.attn_block_fwd(m, 1, 1, False) + tf.mlp_block_fwd(m, 1, 1), gpu, "bf16")
+    expected = base.summary["step_time_s"] + sc.microbatches * m.layers * fwd_layer
+    assert full.summary["step_time_s"] == pytest.approx(expected, rel=1e-9)
+    assert full.summary["model_flops_per_step"] == pytest.approx(base.summary["model_flops_per_step"], rel=1e-12)
+    assert full.summary["hfu"] > full.summary["mfu"]
+    st = full.summary["memory"]["stages"][0]
+    s, h = m.seq_len, m.hidden
+    assert st["activation_bytes_per_microbatch"] == pytest.approx(
+        m.layers * 2 * s * h + tf.head_activation_bytes(m, 1, 1), rel=1e-12)
+    assert st["transient_bytes"] == pytest.approx(tf.layer_activation_bytes(m, 1, 1, False), rel=1e-12)
+
+
+def test_selective_recompute_reruns_core_attention_only(root):
+    base, sel = one_gpu(root), one_gpu(root, recompute="selective")
+    sc = base.scenario
+    m, gpu = sc.model, sc.cluster.gpu
+    core = [o for o in tf.attn_block_fwd(m, 1, 1, False) if o.name == "core_attn"]
+    expected = base.summary["step_time_s"] + sc.microbatches * m.layers * ops_time_s(core, gpu, "bf16")
+    assert sel.summary["step_time_s"] == pytest.approx(expected, rel=1e-9)
+    a = base.summary["memory"]["stages"][0]["activation_bytes_per_microbatch"]
+    a_sel = sel.summary["memory"]["stages"][0]["activation_bytes_per_microbatch"]
+    s, b, heads = m.seq_len, 1, m.heads
+    assert a - a_sel == pytest.approx(m.layers * 5 * heads * s * s * b, rel=1e-12)
