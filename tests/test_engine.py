@@ -157,3 +157,28 @@ def test_collapse_on_an_asymmetric_fabric_is_conservative(root, tmp_path):
     full = clustersim.simulate(sc, collapse=False).summary["step_time_s"]
     rep = clustersim.simulate(sc, collapse=True).summary["step_time_s"]
     assert full <= rep <= 1.10 * full
+
+
+def test_all_to_all_inside_a_node_is_bound_by_each_gpus_nvlink():
+    cl = node_cluster(8, bw_GBps=100, efficiency=1.0, latency_us=0.0)
+    size = 64e6  # each rank's buffer
+    prog = Program(ranks=[0], weight={0: 8})
+    prog.add(rank=0, stream="ep", name="a2a", kind="ep",
+             comm=Comm("all_to_all", size, tuple(range(8)), (), (0,), ("ep", (0,), 0)))
+    (span,) = run_program(prog, cl).spans
+    assert span.dur_s == pytest.approx(7 / 8 * size / 100e9, rel=1e-9)
+
+
+def test_all_to_all_across_nodes_is_bound_by_the_nics(root):
+    from clustersim.hardware import load_topology_cfg
+
+    cl = build_cluster(load_topology_cfg(root / "topologies/dgx-h100.yaml", {"nodes": 2}))
+    group = (0, 8)  # GPU 0 of each node: one NIC each way
+    size = 100e6
+    prog = Program(ranks=[0], weight={0: 2})
+    prog.add(rank=0, stream="ep", name="a2a", kind="ep",
+             comm=Comm("all_to_all", size, group, (), (0,), ("ep", (0,), 0)))
+    (span,) = run_program(prog, cl).spans
+    nic_Bps = 400e9 / 8 * 0.9
+    lat = cl.path_latency_s(cl.path(0, 8))
+    assert span.dur_s == pytest.approx(lat + size / 2 / nic_Bps, rel=1e-9)

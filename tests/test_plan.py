@@ -53,3 +53,12 @@ def test_microbatches_from_global_batch(root):
     sc = clustersim.load_scenario(scenario_dict(training={"global_batch_size": 24, "micro_batch_size": 3}),
                                   base_dir=root)
     assert sc.microbatches == 24 // (2 * 3)
+
+
+def test_expert_groups_inside_dp():
+    m = Mesh(tp=2, dp=8, pp=1, ep=4)
+    r = m.rank(tp=1, dp=5, pp=0)
+    assert [m.coords(x)["dp"] for x in m.group(r, "ep")] == [4, 5, 6, 7]
+    assert [m.coords(x)["dp"] for x in m.group(r, "edp")] == [1, 5]
+    assert all(m.coords(x)["tp"] == 1 for x in m.group(r, "ep") + m.group(r, "edp"))
+    assert len(m.groups("ep")) == 2 * 2 and len(m.groups("edp")) == 2 * 4

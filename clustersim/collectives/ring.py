@@ -14,6 +14,9 @@ this is exactly the closed form
     T = 2(n-1) * alpha + 2(n-1)/n * S / B          (nccl-tests doc/PERFORMANCE.md)
 
 and when flows share a link they share its bandwidth.
+
+All-to-all (``size_bytes`` = the buffer each rank hands in) is n(n-1) concurrent flows of S/n
+bytes, one latency round: bounded by each GPU's egress, (n-1)/n * S / B alone on its links.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ def expand(op: str, group: tuple[int, ...], size_bytes: float) -> Expansion:
         return Expansion(((src, dst, size_bytes),), 1)
     if n == 1:
         return Expansion((), 0)
+    if op == "all_to_all":
+        # pairwise exchange, all peers at once (NCCL grouped send/recv): S/n to each other rank
+        per = size_bytes / n
+        return Expansion(tuple((a, b, per) for a in group for b in group if a != b), 1)
     if op in RING_STEPS:
         steps = RING_STEPS[op](n)
         per = steps / n * size_bytes

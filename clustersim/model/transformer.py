@@ -46,6 +46,7 @@ class DenseModelCfg(Strict):
     seq_len: int = pydantic.Field(ge=1)
     tied_embeddings: bool = True
     position_embedding: Literal["learned", "rope"] = "learned"
+    moe: "MoeCfg | None" = None
 
     @pydantic.model_validator(mode="after")
     def _shapes(self):
@@ -54,6 +55,9 @@ class DenseModelCfg(Strict):
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}")
         return self
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer >= self.moe.dense_layers_first
 
     @property
     def n_kv_heads(self) -> int:
@@ -197,8 +201,28 @@ def head_params(m: DenseModelCfg) -> int:
 
 
 def total_params(m: DenseModelCfg) -> int:
-    """All parameters of the model, counted once."""
-    return m.layers * layer_params(m) + embedding_params(m) + head_params(m)
+    """All parameters of the model, counted once (MoE layers with all their experts)."""
+    total = m.layers * layer_params(m) + embedding_params(m) + head_params(m)
+    if m.moe is not None:
+        n_moe = m.layers - min(m.moe.dense_layers_first, m.layers)
+        total += n_moe * (moe_layer_mlp_params(m.moe, m.hidden) - dense_mlp_params(m))
+    return total
+
+
+def active_params(m: DenseModelCfg) -> int:
+    """Parameters one token passes through (MoE: k routed + shared experts per layer)."""
+    total = m.layers * layer_params(m) + embedding_params(m) + head_params(m)
+    if m.moe is not None:
+        n_moe = m.layers - min(m.moe.dense_layers_first, m.layers)
+        total += n_moe * (moe_active_mlp_params(m.moe, m.hidden) - dense_mlp_params(m))
+    return total
+
+
+def dense_mlp_params(m: DenseModelCfg) -> int:
+    """Weights and biases of the dense MLP of one layer."""
+    mats = 3 if m.mlp == "swiglu" else 2
+    bias = ((2 * m.ffn if m.mlp == "swiglu" else m.ffn) + m.hidden) if m.bias else 0
+    return mats * m.hidden * m.ffn + bias
 
 
 def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
@@ -235,3 +259,8 @@ def model_flops_per_token_closed_form(m: DenseModelCfg) -> float:
     """6*N_matmul + 12*L*s*h (fwd+bwd), the standard count used for MFU (PaLM, App. B)."""
     n_matmul = m.layers * layer_params(m) + m.vocab * m.hidden
     return 6 * n_matmul + 12 * m.layers * m.seq_len * m.hidden
+
+
+from .moe import MoeCfg, moe_active_mlp_params, moe_layer_mlp_params  # noqa: E402  (moe builds on Op)
+
+DenseModelCfg.model_rebuild()

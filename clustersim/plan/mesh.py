@@ -10,6 +10,15 @@ Ranks are laid out with the first dimension of ``order`` innermost (Megatron's d
         pp:   0 0 0 0 1 1 1 1
 
 Rank r runs on GPU r of the cluster (GPU r lives on node r // gpus_per_node).
+
+Expert parallelism is carved out of DP (Megatron-style, experts TP-split like the dense MLP):
+ep consecutive DP indices form an EP group, which all-to-alls tokens; the ranks holding the
+same experts (DP indices equal mod ep) form the expert-data-parallel group "edp", which
+reduces expert gradients::
+
+    dp index:  0 1 2 3 4 5 6 7      ep=4
+    ep group:  [0 1 2 3] [4 5 6 7]
+    edp group: {0,4} {1,5} {2,6} {3,7}
 """
 
 from __future__ import annotations
@@ -27,12 +36,15 @@ class Mesh:
     dp: int
     pp: int
     order: tuple[str, ...] = DIMS  # innermost first
+    ep: int = 1  # expert-parallel size, a divisor of dp
 
     @property
     def world_size(self) -> int:
         return self.tp * self.dp * self.pp
 
     def size(self, dim: str) -> int:
+        if dim == "edp":
+            return self.dp // self.ep
         return getattr(self, dim)
 
     @cached_property
@@ -50,7 +62,18 @@ class Mesh:
         return {d: (rank // self._strides[d]) % self.size(d) for d in DIMS}
 
     def group(self, rank: int, dim: str) -> tuple[int, ...]:
-        """Ranks that share every coordinate of ``rank`` except ``dim``, in ``dim`` order."""
+        """Ranks that share every coordinate of ``rank`` except ``dim``, in ``dim`` order.
+
+        ``ep`` and ``edp`` are the expert groups inside DP (see the module docstring).
+        """
+        if dim in ("ep", "edp"):
+            d = self.coords(rank)["dp"]
+            base = rank - d * self._strides["dp"]
+            if dim == "ep":
+                idx = range(d - d % self.ep, d - d % self.ep + self.ep)
+            else:
+                idx = range(d % self.ep, self.dp, self.ep)
+            return tuple(base + i * self._strides["dp"] for i in idx)
         base = rank - self.coords(rank)[dim] * self._strides[dim]
         return tuple(base + i * self._strides[dim] for i in range(self.size(dim)))
 

@@ -1,0 +1,103 @@
+"""Mixture-of-experts layers: router, routed experts, shared experts, token dispatch bytes.
+
+A MoE layer replaces the dense MLP (Shazeer et al. 2017; Fedus et al. 2022; DeepSeek-V3)::
+
+    x ─ norm2 ─ router ─ top-k ─[all-to-all dispatch]─ experts (grouped GEMM) ─[all-to-all combine]─ +
+                    └──────────────── shared experts (dense MLP, no dispatch) ──────────────────────┘
+
+Per TP rank and microbatch, with T tokens, k experts per token, E experts on ep ranks:
+
+    router FLOPs     2 * T * h * E
+    expert FLOPs     2 * (3 or 2) * h * f_e * T * k * capacity / t      (swiglu: gate, up, down)
+    dispatch bytes   T * k * capacity * h * 2   sent by each rank, (ep-1)/ep of it off-rank
+    combine bytes    the same back
+
+Balanced routing is assumed (every expert receives T*k/E tokens); ``capacity_factor`` >= 1
+pads expert batches as token-dropping implementations do.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from ..yamlio import Strict
+from .transformer import ELEM_BYTES, Op, _elementwise, _matmul
+
+
+class MoeCfg(Strict):
+    """The ``model.moe`` section: which layers are MoE and how their experts look."""
+
+    experts: int = pydantic.Field(ge=1, description="routed experts per MoE layer")
+    top_k: int = pydantic.Field(ge=1, description="routed experts per token")
+    expert_ffn: int = pydantic.Field(ge=1, description="hidden size of one expert's MLP")
+    shared_experts: int = pydantic.Field(default=0, ge=0)
+    dense_layers_first: int = pydantic.Field(default=0, ge=0, description="the first k layers keep a dense MLP")
+    capacity_factor: float = pydantic.Field(default=1.0, ge=1.0)
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+
+    @pydantic.model_validator(mode="after")
+    def _top_k(self):
+        if self.top_k > self.experts:
+            raise ValueError(f"model.moe.top_k={self.top_k} exceeds model.moe.experts={self.experts}")
+        return self
+
+    @property
+    def mats(self) -> int:
+        """Weight matrices per expert: gate, up, down for swiglu; up, down for gelu."""
+        return 3 if self.mlp == "swiglu" else 2
+
+
+def expert_params(moe: MoeCfg, hidden: int) -> int:
+    """Parameters of one expert's MLP."""
+    return moe.mats * hidden * moe.expert_ffn
+
+
+def moe_layer_mlp_params(moe: MoeCfg, hidden: int) -> int:
+    """The MoE part of one layer: router, routed and shared experts (replaces the dense MLP)."""
+    return hidden * moe.experts + (moe.experts + moe.shared_experts) * expert_params(moe, hidden)
+
+
+def moe_active_mlp_params(moe: MoeCfg, hidden: int) -> int:
+    """Parameters a token passes through in a MoE layer: router, k routed, all shared experts."""
+    return hidden * moe.experts + (moe.top_k + moe.shared_experts) * expert_params(moe, hidden)
+
+
+def router_fwd(moe: MoeCfg, tokens: float, hidden: int) -> list[Op]:
+    """Router logits, softmax / top-k (replicated over TP: every TP rank routes its tokens)."""
+    return [_matmul("router", tokens, hidden, moe.experts), _elementwise("topk", tokens * moe.experts, 3)]
+
+
+def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int) -> list[Op]:
+    """The routed experts' grouped GEMMs on the tokens this rank receives (balanced routing).
+
+    Each rank of the EP group computes E/ep experts on (tokens * k * capacity) / (E/ep) tokens
+    each, i.e. tokens * k * capacity token-expert pairs in all: independent of ep.
+    """
+    pairs = tokens * moe.top_k * moe.capacity_factor
+    f = moe.expert_ffn / t
+    up = (moe.mats - 1) * f
+    return [
+        _matmul("experts_up", pairs, hidden, up),
+        _elementwise("experts_act", pairs * f, 3 if moe.mats == 3 else 2),
+        _matmul("experts_down", pairs, f, hidden),
+        _elementwise("unpermute", pairs * hidden, 2),
+    ]
+
+
+def shared_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int) -> list[Op]:
+    """Shared experts: a dense MLP every token passes through, no dispatch needed."""
+    if moe.shared_experts == 0:
+        return []
+    f = moe.shared_experts * moe.expert_ffn / t
+    return [
+        _matmul("shared_up", tokens, hidden, (moe.mats - 1) * f),
+        _elementwise("shared_act", tokens * f, 3 if moe.mats == 3 else 2),
+        _matmul("shared_down", tokens, f, hidden),
+    ]
+
+
+def dispatch_bytes(moe: MoeCfg, tokens: float, hidden: int) -> float:
+    """Bytes one rank hands to the dispatch all-to-all (16-bit hidden states, k copies)."""
+    return tokens * moe.top_k * moe.capacity_factor * hidden * ELEM_BYTES
