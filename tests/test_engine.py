@@ -182,3 +182,20 @@ def test_all_to_all_across_nodes_is_bound_by_the_nics(root):
     nic_Bps = 400e9 / 8 * 0.9
     lat = cl.path_latency_s(cl.path(0, 8))
     assert span.dur_s == pytest.approx(lat + size / 2 / nic_Bps, rel=1e-9)
+
+
+def test_ring_across_nodes_uses_every_nic(root):
+    """16 GPUs on 2 nodes: 8 channels, each leaving a node through a different NIC, so the
+    all-reduce runs at 8 NICs' bandwidth, not one (NCCL's multi-ring behaviour)."""
+    from clustersim.hardware import load_topology_cfg
+
+    cl = build_cluster(load_topology_cfg(root / "topologies/dgx-h100.yaml", {"nodes": 2}))
+    size = 1 << 30
+    prog = Program(ranks=[0], weight={0: 16})
+    prog.add(rank=0, stream="dp", name="AR", kind="dp",
+             comm=Comm("all_reduce", size, tuple(range(16)), (), (0,), ("dp", (0,), 0)))
+    (span,) = run_program(prog, cl).spans
+    nic_Bps = 400e9 / 8 * 0.9
+    alpha_s = cl.path_latency_s(cl.path(7, 8))  # the slowest hop sets a ring step's latency
+    expected = ring_allreduce_time_s(size / 8, 16, nic_Bps, alpha_s)
+    assert span.dur_s == pytest.approx(expected, rel=0.01)

@@ -30,8 +30,38 @@ class Expansion:
     steps: int  # latency-bound rounds
 
 
-def expand(op: str, group: tuple[int, ...], size_bytes: float) -> Expansion:
-    """Flows and latency rounds of ``op`` over ``group`` (GPUs in ring order)."""
+def ring_channels(group: tuple[int, ...], node_of=None) -> list[tuple[int, ...]]:
+    """Ring orders, one per channel, so that a ring spanning nodes leaves each node through
+    every NIC rather than one.
+
+    NCCL runs several rings (channels) at once, each entering and leaving a node through a
+    different GPU and so a different NIC. With g group members per node, channel c rotates
+    each node's members by c::
+
+        nodes A = [a0 a1 a2 a3], B = [b0 b1 b2 b3]
+        channel 0: a0 a1 a2 a3 | b0 b1 b2 b3 |   A leaves via a3, enters via a0
+        channel 1: a1 a2 a3 a0 | b1 b2 b3 b0 |   A leaves via a0, enters via a1 ...
+
+    Each channel carries 1/g of the data. One ring when the group lives on one node, or has
+    one member per node, or nodes hold different numbers of members.
+    """
+    if node_of is None:
+        return [group]
+    by_node: dict[int, list[int]] = {}
+    for g in group:
+        by_node.setdefault(node_of(g), []).append(g)
+    sizes = {len(v) for v in by_node.values()}
+    if len(by_node) == 1 or len(sizes) != 1 or sizes == {1}:
+        return [group]
+    per_node = sizes.pop()
+    return [tuple(g for members in by_node.values() for g in members[c:] + members[:c]) for c in range(per_node)]
+
+
+def expand(op: str, group: tuple[int, ...], size_bytes: float, node_of=None) -> Expansion:
+    """Flows and latency rounds of ``op`` over ``group`` (GPUs in ring order).
+
+    ``node_of`` (GPU -> node) lets ring collectives use one channel per member per node.
+    """
     n = len(group)
     if op == "send":
         src, dst = group
@@ -44,8 +74,9 @@ def expand(op: str, group: tuple[int, ...], size_bytes: float) -> Expansion:
         return Expansion(tuple((a, b, per) for a in group for b in group if a != b), 1)
     if op in RING_STEPS:
         steps = RING_STEPS[op](n)
-        per = steps / n * size_bytes
-        return Expansion(tuple((group[i], group[(i + 1) % n], per) for i in range(n)), steps)
+        rings = ring_channels(group, node_of)
+        per = steps / n * size_bytes / len(rings)
+        return Expansion(tuple((ring[i], ring[(i + 1) % n], per) for ring in rings for i in range(n)), steps)
     raise KeyError(f"unknown collective {op!r}")
 
 

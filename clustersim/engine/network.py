@@ -45,8 +45,9 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
     the simulated flow is constrained on every link any member crosses, with weight = members
     crossing it, and the orbit's worst latency: the slowest twin sets the pace.
     """
-    instances = [expand(comm.op, inst, 1.0).flows for inst in (comm.group, *comm.twins)]
-    steps = expand(comm.op, comm.group, 1.0).steps
+    node_of = cluster.node_of
+    instances = [expand(comm.op, inst, 1.0, node_of).flows for inst in (comm.group, *comm.twins)]
+    steps = expand(comm.op, comm.group, 1.0, node_of).steps
     paths = [[cluster.path(src, dst) for src, dst, _ in flows] for flows in instances]
     real: dict[int, int] = {}
     for inst in paths:

@@ -146,6 +146,10 @@ class Cluster:
         routes = cache[key]
         return routes[zlib.crc32(salt.encode()) % len(routes)]
 
+    def node_of(self, gpu: int) -> int:
+        """The node (server) GPU ``gpu`` sits in."""
+        return gpu // self.cfg.node.gpus
+
     def path(self, src: int, dst: int) -> tuple[int, ...]:
         """Edge ids from GPU ``src`` to GPU ``dst`` (global indices); empty when src == dst."""
         cache = self.__dict__.setdefault("_paths", {})
