@@ -26,9 +26,9 @@ from ..trace import Span, Trace
 
 # Streams in the order a reader scans a rank: the work, then what feeds it, then the tail.
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
-                 "pp_bwd_send", "dp")
+                 "pp_bwd_send", "zero", "dp")
 # Streams not listed above sort by the family their name starts with, then by name.
-_FAMILY_ORDER = ("compute", "tp", "cp", "ep", "pp", "dp")
+_FAMILY_ORDER = ("compute", "tp", "cp", "ep", "pp", "zero", "dp")
 # Thread ids: pid * _TID_STRIDE + stream id, unique across processes (Perfetto keys threads
 # by tid first, as Linux tids are system-wide).
 _TID_STRIDE = 1000
@@ -36,7 +36,8 @@ _UNKNOWN_STREAM_ID = 100
 
 
 def stream_sort_key(stream: str) -> tuple[int, int, str]:
-    """Sort key for streams: compute, tp, cp, ep, pp_* (fwd before bwd, recv before send), dp."""
+    """Sort key for streams: compute, tp, cp, ep, pp_* (fwd before bwd, recv before send),
+    zero (ZeRO-3 parameter gathers), dp."""
     family = stream.split("_", 1)[0]
     fam = _FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER)
     known = KNOWN_STREAMS.index(stream) if stream in KNOWN_STREAMS else len(KNOWN_STREAMS)
