@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .analysis.memory import StageStatic, memory_report
+from .analysis.memory import PartStatic, StageStatic, memory_report
 from .analysis.metrics import step_metrics
 from .config import Scenario, load_scenario
 from .engine import run_program
@@ -31,28 +31,39 @@ class Result:
         return build_figure(self.trace, self.summary)
 
 
+def _part_static(low: Lowering, j: int) -> PartStatic:
+    w = low.work[j]
+    return PartStatic(
+        part=j, params=w.local_params, activation_bytes_per_mb=w.activation_bytes_per_mb,
+        layers=tuple(sorted({b.layer for b in w.fwd if b.layer >= 0})),
+        blocks=tuple(b.name for b in w.fwd if b.layer < 0),
+    )
+
+
 def _statics(low: Lowering) -> list[StageStatic]:
-    """Static bytes per stage by ZeRO stage, for Ψ local parameters and N = dp
-    (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
+    """Static bytes per pipeline stage (all the parts it holds) by ZeRO stage, for Ψ local
+    parameters and N = dp (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
 
         ZeRO 0: 2Ψ + gΨ + 12Ψ     1: 2Ψ + gΨ + 12Ψ/N     2: 2Ψ + (g+12)Ψ/N     3: (2+g+12)Ψ/N
     """
     n, z = low.mesh.dp, low.zero
     out = []
-    for s, w in enumerate(low.work):
-        psi = w.local_params
-        transient = w.transient_bytes
+    for q in range(low.mesh.pp):
+        parts = tuple(_part_static(low, j) for j in low.parts_of[q])
+        psi = sum(p.params for p in parts)
+        transient = max(low.work[j].transient_bytes for j in low.parts_of[q])  # one layer recomputes at a time
         if z == 3 and not low.zero3_keep_gathered:
             # gathered units in flight: the one computing plus those prefetched
-            biggest = max((v for (st, _), v in low.unit_params.items() if st == s), default=0.0)
+            biggest = max((v for (j, _), v in low.unit_params.items() if j in low.parts_of[q]), default=0.0)
             transient += (low.zero_prefetch_layers + 1) * biggest * PARAM_BYTES
         out.append(StageStatic(
-            stage=s, params=psi,
+            stage=q, params=psi,
             param_bytes=PARAM_BYTES * psi / (n if z == 3 and not low.zero3_keep_gathered else 1),
             grad_bytes=low.grad_bytes * psi / (n if z >= 2 else 1),
             optimizer_bytes=OPTIMIZER_BYTES * psi / (n if z >= 1 else 1),
-            activation_bytes_per_mb=w.activation_bytes_per_mb,
+            activation_bytes_per_mb=max(p.activation_bytes_per_mb for p in parts),
             transient_bytes=transient,
+            parts=parts,
         ))
     return out
 
@@ -71,11 +82,12 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
         **metrics,
         "memory": memory_report(trace, _statics(low), gpu.hbm_capacity_bytes),
         "plan": {
-            "tp": p.tp, "pp": p.pp, "dp": p.dp, "schedule": p.schedule, "order": p.order,
+            "tp": p.tp, "pp": p.pp, "dp": p.dp, "schedule": p.schedule, "vpp": p.vpp, "order": p.order,
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
             "precision": t.precision, "attention": t.attention, "sp": p.sp, "zero": p.zero,
             "recompute": t.recompute,
+            "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },
         "model": {"name": sc.model.name, "params": total_params(sc.model), "layers": sc.model.layers,
                   "seq_len": sc.model.seq_len},

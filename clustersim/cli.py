@@ -2,6 +2,8 @@
 
     python -m clustersim run scenarios/gpt3_175b_1024gpu.yaml --out out/gpt3
     python -m clustersim schedule --pp 4 --microbatches 8 --schedule 1f1b
+    python -m clustersim schedule --pp 4 -m 8 --schedule interleaved --vpp 2
+    python -m clustersim schedule --schedule custom --file scenarios/schedules/custom_1f1b_4x8.txt
     python -m clustersim validate scenarios/*.yaml
     python -m clustersim schema
 
@@ -75,11 +77,34 @@ def cmd_run(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from .schedule import build_schedule, format_grid
+    from .schedule import CUSTOM, ScheduleError, build_schedule, format_grid
 
-    if args.pp < 1 or args.microbatches < 1:
-        raise ConfigError("--pp and --microbatches must be >= 1", source="command line")
-    print(format_grid(build_schedule(args.schedule, args.pp, args.microbatches)))
+    src = "command line"
+    if args.schedule == CUSTOM:
+        if args.file is None:
+            raise ConfigError("--schedule custom needs --file FILE (one row of actions per rank)", source=src)
+        path = Path(args.file)
+        if not path.is_file():
+            raise ConfigError(f"schedule file not found: {path}", source=src, field="--file")
+        try:
+            sched = build_schedule(CUSTOM, args.pp, args.microbatches, text=path.read_text())
+        except ScheduleError as exc:
+            raise ConfigError(exc.message, source=str(path)) from None
+    else:
+        if args.file is not None:
+            raise ConfigError(f"--file is read by --schedule custom only (schedule is {args.schedule})", source=src)
+        if args.pp is None or args.microbatches is None:
+            raise ConfigError(f"--schedule {args.schedule} needs --pp and --microbatches", source=src)
+        if args.pp < 1 or args.microbatches < 1:
+            raise ConfigError("--pp and --microbatches must be >= 1", source=src)
+        if args.vpp is not None and args.schedule != "interleaved":
+            raise ConfigError(f"--vpp is used by --schedule interleaved only (schedule is {args.schedule})", source=src)
+        opts = {"v": args.vpp} if args.vpp is not None and args.schedule == "interleaved" else {}
+        try:
+            sched = build_schedule(args.schedule, args.pp, args.microbatches, **opts)
+        except ScheduleError as exc:
+            raise ConfigError(exc.message, source=src, field="--schedule") from None
+    print(format_grid(sched))
     return 0
 
 
@@ -103,7 +128,7 @@ def cmd_schema(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .schedule import SCHEDULES
+    from .schedule import SCHEDULE_NAMES
 
     ap = argparse.ArgumentParser(
         prog="clustersim",
@@ -123,9 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     sch = sub.add_parser("schedule", help="print a pipeline schedule as a step x rank grid")
-    sch.add_argument("--pp", type=int, required=True, help="pipeline stages")
-    sch.add_argument("--microbatches", "-m", type=int, required=True)
-    sch.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    sch.add_argument("--pp", type=int, help="pipeline ranks (required, except with --file, which it then checks)")
+    sch.add_argument("--microbatches", "-m", type=int,
+                     help="microbatches (required, except with --file, which it then checks)")
+    sch.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
+    sch.add_argument("--vpp", type=int, help="interleaved: model chunks (virtual stages) per rank (default 2)")
+    sch.add_argument("--file", help="custom: the schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
     sch.set_defaults(func=cmd_schedule)
 
     val = sub.add_parser("validate", help="check scenario files without simulating")

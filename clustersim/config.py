@@ -17,7 +17,7 @@ from .errors import ConfigError
 from .hardware.topology import Cluster, TopologyCfg, build_cluster, load_topology_cfg
 from .model.transformer import DenseModelCfg
 from .plan.mesh import DIMS, Mesh, split_layers
-from .schedule.pipeline import SCHEDULES
+from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule
 from .yamlio import Strict, read_yaml, validate
 
 
@@ -30,9 +30,13 @@ class ParallelCfg(Strict):
     tp: int = pydantic.Field(default=1, ge=1)
     pp: int = pydantic.Field(default=1, ge=1)
     dp: int = pydantic.Field(default=1, ge=1)
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    schedule: Literal[SCHEDULE_NAMES] = "1f1b"  # type: ignore[valid-type]  # the schedule layer's names
+    vpp: int = pydantic.Field(default=1, ge=1, description="virtual stages (model chunks) per rank, interleaved")
+    schedule_file: str | None = pydantic.Field(
+        default=None, description="custom schedule, relative to the scenario file (schedule: custom)")
     order: str = "tp-dp-pp"
-    layers_per_stage: list[int] | None = None
+    layers_per_stage: list[int] | None = pydantic.Field(
+        default=None, description="layers of each model part (pp*vpp parts for interleaved, else pp)")
     sp: bool = False
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
@@ -79,6 +83,8 @@ class Scenario:
     cfg: ScenarioCfg
     topology: TopologyCfg
     source: str
+    schedule_text: str | None = None  # contents of parallel.schedule_file (schedule: custom)
+    schedule_path: str | None = None  # where it was read from, for error messages
 
     @property
     def model(self) -> DenseModelCfg:
@@ -106,9 +112,32 @@ class Scenario:
         t = self.training
         return t.global_batch_size // (self.parallel.dp * t.micro_batch_size)
 
+    @cached_property
+    def schedule(self) -> PipelineSchedule:
+        """The pipeline order: per rank, actions over virtual stages (see clustersim/schedule/)."""
+        p = self.parallel
+        if p.schedule == CUSTOM:
+            if self.schedule_text is None:
+                raise ScheduleError("schedule custom needs the text of parallel.schedule_file")
+            return build_schedule(CUSTOM, p.pp, self.microbatches, text=self.schedule_text)
+        opts = {"v": p.vpp} if p.schedule == "interleaved" else {}
+        return build_schedule(p.schedule, p.pp, self.microbatches, **opts)
+
+    @property
+    def n_parts(self) -> int:
+        """Model parts (contiguous slices of layers): pp*vpp for interleaved, pp for the others,
+        what the file says for custom."""
+        return self.schedule.n_parts
+
+    @property
+    def layers_per_part(self) -> list[int]:
+        """Layers of each model part, first part first (``parallel.layers_per_stage`` or an even split)."""
+        return list(self.parallel.layers_per_stage or split_layers(self.model.layers, self.n_parts))
+
     @property
     def layers_per_stage(self) -> list[int]:
-        return list(self.parallel.layers_per_stage or split_layers(self.model.layers, self.parallel.pp))
+        """Old name of :attr:`layers_per_part` (one part per stage under GPipe and 1F1B)."""
+        return self.layers_per_part
 
     @property
     def tokens_per_step(self) -> int:
@@ -138,12 +167,6 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
     if p.pp > m.layers:
         fail("parallel.pp", f"pp={p.pp} is more than model.layers={m.layers}")
-    if p.layers_per_stage is not None:
-        if len(p.layers_per_stage) != p.pp:
-            fail("parallel.layers_per_stage", f"has {len(p.layers_per_stage)} entries, expected pp={p.pp}")
-        if sum(p.layers_per_stage) != m.layers or min(p.layers_per_stage) < 1:
-            fail("parallel.layers_per_stage",
-                 f"entries must be >= 1 and sum to model.layers={m.layers} (sum is {sum(p.layers_per_stage)})")
     per_step = p.dp * t.micro_batch_size
     if t.global_batch_size % per_step:
         fail("training.global_batch_size",
@@ -152,6 +175,84 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         from .hardware.gpus import lookup_gpu
         if lookup_gpu(topo.gpu).fp8_flops is None:
             fail("training.precision", f"fp8 needs fp8 tensor cores; {topo.gpu} has none")
+
+
+def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
+    """The schedule's own parameters, in the scenario's words, before the schedule is built.
+
+    Needs (pipeline_bubbles in shared/reference/published-runs.yaml; the schedule layer checks
+    the same and is the fallback):
+        interleaved   vpp >= 2, m % pp == 0              (Megatron-LM runs microbatches p at a time)
+        dualpipe      pp even, m even, m >= 2 pp         (the reference DualPipe's asserts)
+        custom        schedule_file, and only then
+    """
+    p = cfg.parallel
+    m = cfg.training.global_batch_size // (p.dp * cfg.training.micro_batch_size)
+    m_is = f"m={m} microbatches (global_batch_size / (dp * micro_batch_size))"
+
+    def fail(field: str, msg: str):
+        raise ConfigError(msg, source=source, field=field)
+
+    if p.schedule == "interleaved":
+        if p.vpp < 2:
+            fail("parallel.vpp", f"schedule interleaved needs vpp >= 2 model chunks per rank; got vpp={p.vpp} "
+                                 f"(vpp=1 is plain 1f1b)")
+        if m % p.pp:
+            fail("parallel.schedule", f"interleaved needs {m_is} to be a multiple of pp={p.pp} (Megatron-LM "
+                                      f"runs them in groups of pp per chunk)")
+    elif p.vpp != 1:
+        fail("parallel.vpp", f"vpp={p.vpp} is used by schedule interleaved only (schedule is {p.schedule}); "
+                             f"leave it at 1")
+    if p.schedule == "dualpipe":
+        if p.pp % 2:
+            fail("parallel.schedule", f"dualpipe needs an even pp (two directions meet in the middle); got pp={p.pp}")
+        if m % 2 or m < 2 * p.pp:
+            fail("parallel.schedule", f"dualpipe needs {m_is} even and at least 2*pp={2 * p.pp} (half per "
+                                      f"direction, at least pp each)")
+    if p.schedule == CUSTOM and p.schedule_file is None:
+        fail("parallel.schedule_file", "schedule custom needs parallel.schedule_file: a file with one row of "
+                                       "actions per pipeline rank (see docs/reference.md)")
+    if p.schedule != CUSTOM and p.schedule_file is not None:
+        fail("parallel.schedule_file", f"is read by schedule custom only (schedule is {p.schedule})")
+
+
+def _read_schedule_file(path: Path, source: str) -> str:
+    if not path.is_file():
+        raise ConfigError(f"schedule file not found: {path}", source=source, field="parallel.schedule_file")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}", source=source, field="parallel.schedule_file") from None
+
+
+def _check_schedule(sc: Scenario) -> None:
+    """Build the schedule once (it is cached) and check the layer split against its parts."""
+    p, layers = sc.parallel, sc.model.layers
+    field = "parallel.schedule_file" if p.schedule == CUSTOM else "parallel.schedule"
+    where = f"{sc.schedule_path}: " if sc.schedule_path else ""
+    try:
+        n = sc.n_parts
+    except ScheduleError as exc:
+        raise ConfigError(where + exc.message, source=sc.source, field=field) from None
+    idle = [r for r, acts in enumerate(sc.schedule.actions) if not acts]
+    if idle:  # its GPUs would hold no layers: a smaller pp says the same
+        raise ConfigError(f"{where}rank {idle[0]} has no actions; every pipeline rank must run at least one stage",
+                          source=sc.source, field=field)
+    if p.layers_per_stage is not None:
+        per = {"interleaved": f"pp*vpp = {p.pp}*{p.vpp}", CUSTOM: "the custom schedule's stages"}.get(
+            p.schedule, f"pp={p.pp}")
+        if len(p.layers_per_stage) != n:
+            raise ConfigError(f"has {len(p.layers_per_stage)} entries, expected one per model part: {per} = {n}",
+                              source=sc.source, field="parallel.layers_per_stage")
+        if sum(p.layers_per_stage) != layers or min(p.layers_per_stage) < 1:
+            raise ConfigError(f"entries must be >= 1 and sum to model.layers={layers} "
+                              f"(sum is {sum(p.layers_per_stage)})", source=sc.source, field="parallel.layers_per_stage")
+    elif n > layers:
+        what = {"interleaved": ("parallel.vpp", f"pp*vpp = {p.pp}*{p.vpp} = {n} model chunks"),
+                CUSTOM: ("parallel.schedule_file", f"the custom schedule's {n} stages")}.get(
+            p.schedule, ("parallel.pp", f"pp={p.pp} parts"))
+        raise ConfigError(f"{what[1]} need at least one layer each, but model.layers={layers}",
+                          source=sc.source, field=what[0])
 
 
 def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | None = None) -> Scenario:
@@ -170,4 +271,10 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     overrides = {"nodes": cfg.cluster.nodes} if cfg.cluster.nodes is not None else None
     topo = load_topology_cfg(topo_path, overrides)
     _check_plan(cfg, topo, source)
-    return Scenario(cfg=cfg, topology=topo, source=source)
+    _check_schedule_options(cfg, source)
+    sc = Scenario(cfg=cfg, topology=topo, source=source)
+    if cfg.parallel.schedule_file is not None:
+        sc.schedule_path = str(base / cfg.parallel.schedule_file)
+        sc.schedule_text = _read_schedule_file(Path(sc.schedule_path), source)
+    _check_schedule(sc)
+    return sc

@@ -65,6 +65,26 @@ def test_schedule_grid():
     assert r.stdout.splitlines()[0] == "rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 .   0B5 .   0B6 .   0B7"
 
 
+def test_schedule_grid_of_every_schedule_and_a_custom_file(root):
+    from clustersim.schedule import SCHEDULE_NAMES
+
+    r = run_cli("schedule", "--help")
+    assert all(name in r.stdout for name in SCHEDULE_NAMES)
+    r = run_cli("schedule", "--pp", 4, "-m", 8, "--schedule", "interleaved", "--vpp", 2)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("rank 0  | 0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 0F4")
+    for name in ("zb-h1", "dualpipe"):
+        r = run_cli("schedule", "--pp", 4, "-m", 8, "--schedule", name)
+        assert r.returncode == 0 and len(r.stdout.splitlines()) == 4, r.stderr
+    f = root / "scenarios" / "schedules" / "custom_1f1b_4x8.txt"
+    custom = run_cli("schedule", "--schedule", "custom", "--file", f)
+    assert custom.returncode == 0, custom.stderr
+    assert custom.stdout == run_cli("schedule", "--pp", 4, "-m", 8).stdout
+    bad = run_cli("schedule", "--pp", 4, "-m", 6, "--schedule", "interleaved")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: command line: --schedule: interleaved: ")
+    assert "m=6, p=4" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
 BAD = [
     # (what, change to the scenario dict, expected field, expected words)
     ("world size", {"parallel": {"tp": 4, "pp": 2, "dp": 4}}, "parallel", "does not equal the world size 16"),
@@ -75,6 +95,9 @@ BAD = [
     ("missing topology", {"cluster": {"topology": "topologies/nope.yaml"}}, "cluster.topology",
      "topology file not found"),
     ("bad schedule", {"parallel": {"schedule": "zigzag"}}, "parallel.schedule", "1f1b"),
+    ("interleaved m % pp", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved", "vpp": 2},
+                            "training": {"global_batch_size": 12}}, "parallel.schedule",
+     "interleaved needs m=6 microbatches"),
     ("negative", {"model": {"layers": -1}}, "model.layers", "greater than or equal to 1"),
 ]
 

@@ -1,12 +1,23 @@
 """Lowering: scenario -> Program, as a chain of small passes.
 
     symmetry      which ranks are simulated, and which twins each one stands for
-    pipeline_pass F/B blocks in schedule order, TP all-reduces, PP sends (per microbatch)
+    pipeline_pass F/B/W blocks in schedule order, TP communication, PP sends (per microbatch)
     dp_grad_pass  gradient buckets all-reduced over DP as the last backward produces them,
-                  then the tied-embedding all-reduce between first and last stage
+                  then the all-reduce between the two holders of a part (DualPipe) and the
+                  tied-embedding all-reduce between first and last part
     optimizer_pass the optimizer step, after every gradient of the rank is reduced
 
 Each pass takes the Program and returns it with tasks appended; none reads the clock.
+
+The schedule speaks of *virtual stages*: stage k runs on pipeline rank ``stage_rank[k]`` and
+computes model part ``stage_part[k]`` (clustersim/schedule/core.py). GPipe, 1F1B and ZB-H1
+have stage = part = rank; interleaved 1F1B puts stages r, r+p, ... on rank r; DualPipe
+stages r and 2p-1-r (parts r and p-1-r). A microbatch's activation goes from stage k to
+``next_stage(k, mb)`` and its gradient back to ``prev_stage``, whichever ranks those are::
+
+    interleaved p=2, v=2:    rank 0: stages 0, 2     rank 1: stages 1, 3
+        F  0 -> 1 -> 2 -> 3       sends r0->r1, r1->r0 (wrap), r0->r1
+        B  3 -> 2 -> 1 -> 0       sends r1->r0, r0->r1, r1->r0
 """
 
 from __future__ import annotations
@@ -17,9 +28,9 @@ from functools import cached_property
 
 from ..config import Scenario
 from ..plan.mesh import Mesh
-from ..schedule.pipeline import Schedule, build_schedule, unit_time_grid
+from ..schedule.pipeline import Action, PipelineSchedule, as_schedule, timeline
 from .tasks import Comm, Program
-from .work import GRAD_BYTES, PARAM_BYTES, StageWork, stage_work
+from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 
 
 @dataclass
@@ -81,70 +92,136 @@ class Symmetry:
 
 @dataclass
 class Lowering:
-    """What every pass reads: the plan, the schedule, per-stage work, the symmetry."""
+    """What every pass reads: the plan, the schedule, per-part work, the symmetry.
+
+    ``work[j]`` is the work of model part j (``schedule.stage_part`` maps stages to parts).
+    """
 
     mesh: Mesh
-    schedule: Schedule
+    schedule: PipelineSchedule
     work: list[StageWork]
     sym: Symmetry
     grad_bytes: int = 4
     dp_bucket_params: float = 40e6
     tied_embeddings: bool = False
     embedding_params: float = 0.0  # per TP rank, for the tied-embedding all-reduce
-    # filled by pipeline_pass, read by later passes
     zero: int = 0
     zero_prefetch_layers: int = 1
     zero3_keep_gathered: bool = False
     # filled by __post_init__
-    first_mb: dict = field(default_factory=dict)  # stage -> first microbatch it runs forward
-    final_mb: dict = field(default_factory=dict)  # stage -> microbatch of its last backward
-    unit_params: dict = field(default_factory=dict)  # (stage, unit) -> local params ZeRO-3 gathers
+    grad_kind: str = field(init=False)  # the action after which gradients are final: "W" or "B"
+    first_mb: dict = field(default_factory=dict)  # virtual stage -> first microbatch it runs forward
+    final_mb: dict = field(default_factory=dict)  # virtual stage -> microbatch of its last grad_kind action
+    unit_params: dict = field(default_factory=dict)  # (part, unit) -> local params ZeRO-3 gathers
+    parts_of: dict = field(default_factory=dict)  # pipeline rank -> model parts it holds, ascending
+    holders_of: dict = field(default_factory=dict)  # part -> pipeline ranks holding it, ascending
+    pp_edges: tuple = ()  # (src, dst) pipeline ranks of every PP send, both directions
+    tied_pps: tuple = ()  # pipeline ranks in the tied-embedding all-reduce (empty: none)
     # filled by the passes, read by later passes
-    bwd_tid: dict = field(default_factory=dict)  # (rank, mb, block index) -> backward compute tid
+    bwd_tid: dict = field(default_factory=dict)  # (rank, stage, mb, block index) -> grad_kind compute tid
     last_compute: dict = field(default_factory=dict)  # rank -> its latest compute task
-    last_task: dict = field(default_factory=dict)  # rank -> tid of its last pipeline task
+    last_task: dict = field(default_factory=dict)  # rank -> tids ending its last pipeline action
+    done: dict = field(default_factory=dict)  # (kind, rank, stage, mb) -> tids that release the action
+    sent: dict = field(default_factory=dict)  # (kind, sender rank, stage, mb) -> send tid
     grad_tasks: dict = field(default_factory=dict)  # rank -> tids of its gradient reductions
+    stage_grads: dict = field(default_factory=dict)  # (rank, stage) -> tids reducing that stage's grads
+    _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
 
     def __post_init__(self):
-        for s, acts in enumerate(self.schedule):
-            self.first_mb[s] = next(a.mb for a in acts if a.kind == "F")
-            self.final_mb[s] = next(a.mb for a in reversed(acts) if a.kind == "B")
-        for s, w in enumerate(self.work):
+        s = self.schedule = as_schedule(self.schedule)
+        self.grad_kind = "W" if s.split_backward else "B"
+        for acts in s:
+            for a in acts:
+                if a.kind == "F":
+                    self.first_mb.setdefault(a.stage, a.mb)
+                elif a.kind == self.grad_kind:
+                    self.final_mb[a.stage] = a.mb
+        for j, w in enumerate(self.work):
             for blk in w.fwd:
-                key = (s, _unit(blk))
+                key = (j, _unit(blk))
                 self.unit_params[key] = self.unit_params.get(key, 0.0) + blk.params
+        for q in range(s.ranks):
+            self.parts_of[q] = tuple(sorted({s.stage_part[k] for k in s.stages_of(q)}))
+        for j in range(s.n_parts):
+            self.holders_of[j] = holders(s, j)
+        self.pp_edges = _pp_edges(s)
+        first, last = self.holders_of[0], self.holders_of[s.n_parts - 1]
+        if self.tied_embeddings and s.n_parts > 1 and first != last:
+            self.tied_pps = tuple(sorted(set(first) | set(last)))
+
+    @property
+    def split(self) -> bool:
+        return self.grad_kind == "W"
+
+    def pp_of(self, rank: int) -> int:
+        return self.group_of(rank, "pp").index(rank)
+
+    def group_of(self, rank: int, dim: str) -> tuple[int, ...]:
+        """``mesh.group(rank, dim)``, remembered: the lowering asks for it once per communication."""
+        key = (rank, dim)
+        g = self._groups.get(key)
+        if g is None:
+            g = self._groups[key] = self.mesh.group(rank, dim)
+        return g
+
+    def peer(self, rank: int, pp: int) -> int:
+        """The rank at pipeline position ``pp`` with ``rank``'s TP and DP coordinates."""
+        return self.group_of(rank, "pp")[pp]
+
+    def part(self, stage: int) -> int:
+        return self.schedule.stage_part[stage]
+
+
+def _pp_edges(s: PipelineSchedule) -> tuple[tuple[int, int], ...]:
+    """(sender, receiver) pipeline ranks of every activation and gradient send, sorted."""
+    edges = set()
+    for mb, path in enumerate(s.paths):
+        for a, b in zip(path, path[1:]):
+            ra, rb = s.stage_rank[a], s.stage_rank[b]
+            if ra != rb:  # consecutive stages on one rank hand over without a send
+                edges.update({(ra, rb), (rb, ra)})
+    return tuple(sorted(edges))
+
+
+def _pp_groups(mesh: Mesh, pps: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """For every TP and DP coordinate, the ranks at pipeline positions ``pps``, in that order."""
+    return [tuple(mesh.rank(**{**mesh.coords(r), "pp": q}) for q in pps) for r in mesh.ranks_where(pp=pps[0])]
+
+
+def _all_groups(low: Lowering, kind: str):
+    """Every group of ``kind`` in the mesh (for twins: the groups that map onto the same ranks)."""
+    if kind in ("tp", "dp"):
+        return low.mesh.groups(kind)
+    if kind == "pp":
+        return [g for e in low.pp_edges for g in _pp_groups(low.mesh, e)]
+    if kind == "emb":
+        return _pp_groups(low.mesh, low.tied_pps)
+    if kind == "rep":
+        sets = dict.fromkeys(h for h in low.holders_of.values() if len(h) > 1)
+        return [g for h in sets for g in _pp_groups(low.mesh, h)]
+    raise ValueError(f"unknown communication kind {kind!r}")
+
+
+# communication kind of the lowering -> kind in the trace and metrics
+_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp"}
 
 
 def _comm(low: Lowering, prog: Program, rank: int, kind: str, group, tag, size: float, *,
-          op="all_reduce", stream=None, deps=(), name="", **meta) -> int:
-    all_groups = {
-        "tp": lambda: low.mesh.groups("tp"),
-        "dp": lambda: low.mesh.groups("dp"),
-        "pp": lambda: _pp_pairs(low.mesh, +1) + _pp_pairs(low.mesh, -1),
-        "emb": lambda: _emb_pairs(low.mesh),
-    }[kind]
-    orbit, twins, members = low.sym.shape(kind, group, all_groups)
+          op="all_reduce", stream=None, deps=(), name="", channel=None, **meta) -> int:
+    """Append one communication task; ``channel`` (default ``kind``) names the engine's channel.
+
+    The engine times a communication in closed form when no other channel uses its links, which
+    assumes a channel's communications never overlap; PP sends of the two directions run on
+    separate streams, so they get separate channels (``pp F``, ``pp B``).
+    """
+    orbit, twins, members = low.sym.shape(kind, group, lambda: _all_groups(low, kind))
     recv = -1
     if op == "send":
         members, recv = (low.sym.rep[group[0]],), low.sym.rep[group[1]]
-    c = Comm(op=op, size_bytes=size, group=group, twins=twins, members=members, key=(kind, orbit, tag),
+    c = Comm(op=op, size_bytes=size, group=group, twins=twins, members=members, key=(channel or kind, orbit, tag),
              recv_rank=recv)
-    return prog.add(rank=rank, stream=stream or kind, name=name, kind="pp" if kind == "pp" else
-                    ("dp" if kind == "emb" else kind), comm=c, deps=tuple(deps), **meta).tid
-
-
-def _pp_pairs(mesh: Mesh, direction: int) -> list[tuple[int, int]]:
-    out = []
-    for r in range(mesh.world_size):
-        c = mesh.coords(r)
-        nxt = c["pp"] + direction
-        if 0 <= nxt < mesh.pp:
-            out.append((r, mesh.rank(**{**c, "pp": nxt})))
-    return out
-
-
-def _emb_pairs(mesh: Mesh) -> list[tuple[int, int]]:
-    return [(r, mesh.rank(**{**mesh.coords(r), "pp": mesh.pp - 1})) for r in mesh.ranks_where(pp=0)]
+    return prog.add(rank=rank, stream=stream or kind, name=name, kind=_TRACE_KIND.get(kind, kind), comm=c,
+                    deps=tuple(deps), **meta).tid
 
 
 COMM_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG"}
@@ -155,8 +232,11 @@ def _unit(blk) -> object:
     return blk.layer if blk.layer >= 0 else blk.name
 
 
-def _blocks(prog: Program, low: Lowering, r: int, act, blocks, deps: list[int], s: int) -> int:
+def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     """One action's blocks on rank ``r``: [pre comms] compute [post comms], chained.
+
+    A generator: it appends one block's tasks per step, so that two actions can be interleaved
+    block by block (an overlapped F&B chunk); it returns the action's last task id.
 
     Under ZeRO-3 each unit's parameters are all-gathered on the ``zero`` stream before its
     first block, ``zero_prefetch_layers`` units ahead of use (Rajbhandari et al. 2020, Sec 5.3)::
@@ -165,99 +245,217 @@ def _blocks(prog: Program, low: Lowering, r: int, act, blocks, deps: list[int], 
         compute  [L0 ....... ][L1 ....... ][L2 ....... ]
         dp                                   [RS grads L0] (backward)
 
-    and each unit's gradients are reduce-scattered after its last backward block. Returns the
-    action's last task id.
+    and each unit's gradients are reduce-scattered after its last block of the action that
+    makes them final (W, or B without a split). W needs no gather: ``dA = X^T dY`` reads
+    activations only.
     """
     mesh = low.mesh
+    q, stage, kind, mb = low.pp_of(r), act.stage, act.kind, act.mb
+    part = low.part(stage)
     zero3 = low.zero == 3 and mesh.dp > 1
+    keep = low.zero3_keep_gathered
     # kept gathered: one gather per unit per step, at its first forward
-    gather = zero3 and (not low.zero3_keep_gathered or (act.kind == "F" and act.mb == low.first_mb.get(s)))
-    reduce_now = zero3 and (not low.zero3_keep_gathered or act.mb == low.final_mb[s])
+    gather = zero3 and ((kind == "F" and (not keep or mb == low.first_mb.get(stage))) or (kind == "B" and not keep))
+    reduce_now = zero3 and kind == low.grad_kind and (not keep or mb == low.final_mb[stage])
     units: list = []  # units gathered in this action, in order of use
     unit_end: dict = {}  # unit -> its last compute task so far
     gathered: dict = {}
     prev = None
     for i, blk in enumerate(blocks):
-        meta = dict(mb=act.mb, phase=act.kind, stage=s, layer=blk.layer)
+        meta = dict(mb=mb, phase=kind, stage=q, layer=blk.layer)
         first_deps = tuple(deps) if prev is None else (prev,)
         u = _unit(blk)
-        if gather and low.unit_params.get((s, u), 0) > 0 and u not in gathered:
+        # a communication-only block (the embedding's B under SP) computes nothing: no weights needed
+        if gather and blk.duration_s > 0 and low.unit_params.get((part, u), 0) > 0 and u not in gathered:
             units.append(u)
             k = len(units) - 1 - low.zero_prefetch_layers  # start when unit k begins
             if k >= 1:
                 ag_deps = (unit_end[units[k - 1]],)
             else:
                 ag_deps = (low.last_compute[r],) if r in low.last_compute else ()
-            gathered[u] = _comm(low, prog, r, "dp", mesh.group(r, "dp"), ("AG params", act.kind, act.mb, str(u)),
-                                low.unit_params[(s, u)] * PARAM_BYTES, op="all_gather", stream="zero",
-                                deps=ag_deps, name=f"{act.kind} AG params", **meta)
+            gathered[u] = _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("AG params", kind, stage, mb, str(u)),
+                                low.unit_params[(part, u)] * PARAM_BYTES, op="all_gather", stream="zero",
+                                deps=ag_deps, name=f"{kind} AG params", **meta)
             first_deps = first_deps + (gathered[u],)
         for j, c in enumerate(blk.pre):
-            prev = _comm(low, prog, r, c.dim, mesh.group(r, c.dim), (act.kind, act.mb, i, "pre", j), c.size_bytes,
-                         op=c.op, deps=first_deps, name=f"{act.kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
+            prev = _comm(low, prog, r, c.dim, low.group_of(r, c.dim), (kind, stage, mb, i, "pre", j), c.size_bytes,
+                         op=c.op, deps=first_deps, name=f"{kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
             first_deps = (prev,)
-        prev = prog.add(rank=r, stream="compute", name=f"{act.kind} {blk.name}", kind="compute",
+        prev = prog.add(rank=r, stream="compute", name=f"{kind} {blk.name}", kind="compute",
                         duration_s=blk.duration_s, flops=blk.flops, model_flops=blk.model_flops,
                         deps=first_deps, **meta).tid
         low.last_compute[r] = prev
         unit_end[u] = prev
-        if act.kind == "B":
-            low.bwd_tid[(r, act.mb, i)] = prev
+        if kind == low.grad_kind:
+            low.bwd_tid[(r, stage, mb, i)] = prev
         unit_done = i + 1 == len(blocks) or _unit(blocks[i + 1]) != u
-        if reduce_now and act.kind == "B" and unit_done and low.unit_params.get((s, u), 0) > 0:
-            low.grad_tasks.setdefault(r, []).append(_comm(
-                low, prog, r, "dp", mesh.group(r, "dp"), ("RS grads", act.mb, str(u)),
-                low.unit_params[(s, u)] * low.grad_bytes, op="reduce_scatter", stream="dp", deps=(prev,),
-                name="RS grads", **meta))
+        if reduce_now and unit_done and low.unit_params.get((part, u), 0) > 0:
+            rs = _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("RS grads", stage, mb, str(u)),
+                       low.unit_params[(part, u)] * low.grad_bytes, op="reduce_scatter", stream="dp",
+                       deps=(prev,), name="RS grads", **meta)
+            low.grad_tasks.setdefault(r, []).append(rs)
+            low.stage_grads.setdefault((r, stage), []).append(rs)
         for j, c in enumerate(blk.post):
-            prev = _comm(low, prog, r, c.dim, mesh.group(r, c.dim), (act.kind, act.mb, i, "post", j), c.size_bytes,
-                         op=c.op, deps=(prev,), name=f"{act.kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
+            prev = _comm(low, prog, r, c.dim, low.group_of(r, c.dim), (kind, stage, mb, i, "post", j), c.size_bytes,
+                         op=c.op, deps=(prev,), name=f"{kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
+        yield
     return prev
 
 
-def pipeline_pass(prog: Program, low: Lowering) -> Program:
-    """Forward and backward blocks per schedule action, with TP all-reduces and PP sends.
+def _run_chains(*chains) -> list[int]:
+    """Run block generators round-robin, one block of each in turn; their last task ids."""
+    ends: list = [None] * len(chains)
+    live = list(range(len(chains)))
+    while live:
+        for i in list(live):
+            try:
+                next(chains[i])
+            except StopIteration as stop:
+                ends[i] = stop.value
+                live.remove(i)
+    return ends
 
-    Tasks are created in unit-time slot order so a receiver's dependency on its sender's
-    send task always refers to a task that already exists.
+
+def issue_units(s: PipelineSchedule, rank: int) -> list[tuple[Action, ...]]:
+    """Rank ``rank``'s actions as issued: single actions, or an overlapped chunk
+    (F, its overlapped B, and that B's W when it follows directly), as the schedule layer
+    places them (clustersim/schedule/core.py)."""
+    acts, pairs = s.actions[rank], set(s.fb_pairs[rank])
+    out, i = [], 0
+    while i < len(acts):
+        a = acts[i]
+        if i + 1 < len(acts) and (a, acts[i + 1]) in pairs:
+            b = acts[i + 1]
+            grp = [a, b]
+            if i + 2 < len(acts) and acts[i + 2] == Action(b.stage, "W", b.mb):
+                grp.append(acts[i + 2])
+            out.append(tuple(grp))
+        else:
+            out.append((a,))
+        i += len(out[-1])
+    return out
+
+
+def units_in_time_order(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ...]]]:
+    """(pipeline rank, issue unit) of all ranks, by unit-time start, then rank.
+
+    A producer starts before its consumer (it ends no later than the consumer starts, and
+    lasts > 0), so walking in this order creates every send before the task that waits for it.
+    For GPipe and 1F1B this is the slot-by-slot, rank-by-rank walk of the grid.
     """
-    mesh, sym = low.mesh, low.sym
-    grid = unit_time_grid(low.schedule)
-    sent: dict[tuple, int] = {}  # (phase, sender rank, mb) -> send tid
-    f_end: dict[tuple[int, int], int] = {}  # (rank, mb) -> last tid of its forward
-    on_stage: dict[int, list[tuple[int, dict]]] = {}  # pp index -> [(simulated rank, coords)]
-    for r in sym.ranks:
-        c = mesh.coords(r)
-        on_stage.setdefault(c["pp"], []).append((r, c))
-    for slot in range(len(grid[0])):
-        for s in range(mesh.pp):
-            act = grid[s][slot]
-            if act is None:
-                continue
-            for r, c in on_stage[s]:
-                blocks = low.work[s].fwd if act.kind == "F" else low.work[s].bwd
-                deps: list[int] = []
-                if act.kind == "F" and s > 0:
-                    deps.append(sent[("F", mesh.rank(**{**c, "pp": s - 1}), act.mb)])
-                if act.kind == "B":
-                    deps.append(f_end[(r, act.mb)])
-                    if s < mesh.pp - 1:
-                        deps.append(sent[("B", mesh.rank(**{**c, "pp": s + 1}), act.mb)])
-                prev = _blocks(prog, low, r, act, blocks, deps, s)
-                if act.kind == "F":
-                    f_end[(r, act.mb)] = prev
-                    if s < mesh.pp - 1:
-                        dst = mesh.rank(**{**c, "pp": s + 1})
-                        sent[("F", r, act.mb)] = _comm(
-                            low, prog, r, "pp", (r, dst), ("F", act.mb), low.work[s].pp_send_bytes, op="send",
-                            stream="pp_fwd_send", deps=(prev,), name="send act", mb=act.mb, phase="F", stage=s)
-                elif s > 0:
-                    dst = mesh.rank(**{**c, "pp": s - 1})
-                    sent[("B", r, act.mb)] = _comm(
-                        low, prog, r, "pp", (r, dst), ("B", act.mb), low.work[s].pp_send_bytes, op="send",
-                        stream="pp_bwd_send", deps=(prev,), name="send grad", mb=act.mb, phase="B", stage=s)
-                low.last_task[r] = prev
+    start = timeline(s).start
+    units = [(start[u[0].key], q, u) for q in range(s.ranks) for u in issue_units(s, q)]
+    units.sort(key=lambda x: (x[0], x[1]))
+    return [(q, u) for _, q, u in units]
+
+
+def _input_deps(low: Lowering, r: int, a: Action) -> list[int]:
+    """What action ``a`` on rank ``r`` waits for (the schedule's dependencies, as tasks)::
+
+        F(k, mb)  after the send of F(prev_stage, mb)     (or that F's end, on the same rank)
+        B(k, mb)  after F(k, mb), and the send of B(next_stage, mb)  (or that B's end)
+        W(k, mb)  after B(k, mb)
+    """
+    s, q = low.schedule, low.pp_of(r)
+    if a.kind == "W":
+        return list(low.done[("B", r, a.stage, a.mb)])
+    src = s.prev_stage(a.stage, a.mb) if a.kind == "F" else s.next_stage(a.stage, a.mb)
+    deps = [] if a.kind == "F" else list(low.done[("F", r, a.stage, a.mb)])
+    if src is not None:
+        q_src = s.stage_rank[src]
+        if q_src == q:  # same rank: no send, wait for the producer itself
+            deps += low.done[(a.kind, r, src, a.mb)]
+        else:
+            deps.append(low.sent[(a.kind, low.peer(r, q_src), src, a.mb)])
+    return deps
+
+
+def _send_output(prog: Program, low: Lowering, r: int, a: Action, ends: tuple[int, ...]) -> None:
+    """After F, send the activation to ``next_stage``'s rank; after B, the gradient to ``prev_stage``'s."""
+    s, q = low.schedule, low.pp_of(r)
+    if a.kind == "W":
+        return
+    dst_stage = s.next_stage(a.stage, a.mb) if a.kind == "F" else s.prev_stage(a.stage, a.mb)
+    if dst_stage is None or s.stage_rank[dst_stage] == q:
+        return
+    dst = low.peer(r, s.stage_rank[dst_stage])
+    fwd = a.kind == "F"
+    low.sent[(a.kind, r, a.stage, a.mb)] = _comm(
+        low, prog, r, "pp", (r, dst), (a.kind, a.stage, a.mb), low.work[low.part(a.stage)].pp_send_bytes,
+        op="send", stream="pp_fwd_send" if fwd else "pp_bwd_send", channel=f"pp {a.kind}", deps=ends,
+        name="send act" if fwd else "send grad", mb=a.mb, phase=a.kind, stage=q)
+
+
+def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) -> None:
+    """One issue unit on rank ``r``: an action, or an overlapped F&B chunk.
+
+    A chunk runs on the one compute stream as the schedule layer defines it: it starts when
+    the inputs of both its F and its B have arrived, F and B blocks alternate (one's TP
+    communication overlaps the other's compute), then B's W, and every output is released
+    (sent) when the whole chunk ends::
+
+        compute  [F b0][B b0][F b1][B b1] ... [W ...]
+        tp             [AR F0][AR B0] ...
+        pp                                        [send act][send grad]
+    """
+    split = low.split
+    work = [low.work[low.part(a.stage)] for a in unit]
+    if len(unit) == 1:
+        a = unit[0]
+        (end,) = _run_chains(_blocks(prog, low, r, a, work[0].blocks(a.kind, split), _input_deps(low, r, a)))
+        ends = (end,)
+        low.done[(a.kind, r, a.stage, a.mb)] = ends
+        _send_output(prog, low, r, a, ends)
+        low.last_task[r] = ends
+        return
+    f, b = unit[0], unit[1]
+    b_inputs = _input_deps(low, r, b)
+    ends = tuple(_run_chains(_blocks(prog, low, r, f, work[0].blocks("F", split), _input_deps(low, r, f) + b_inputs),
+                             _blocks(prog, low, r, b, work[1].blocks("B", split), b_inputs)))
+    if len(unit) == 3:  # the chunk's backward is a full backward: its W right after
+        w = unit[2]
+        ends = tuple(_run_chains(_blocks(prog, low, r, w, work[2].blocks("W", split), ends)))
+    for a in unit:  # released together when the chunk ends
+        low.done[(a.kind, r, a.stage, a.mb)] = ends
+    for a in (f, b):
+        _send_output(prog, low, r, a, ends)
+    low.last_task[r] = ends
+
+
+def pipeline_pass(prog: Program, low: Lowering) -> Program:
+    """Forward, backward and weight-gradient blocks per schedule action, with TP communication
+    and PP sends, for every simulated rank.
+
+    Units are created in unit-time start order (:func:`units_in_time_order`), so a receiver's
+    dependency on its sender's send task always refers to a task that already exists.
+    """
+    on_pp: dict[int, list[int]] = {}  # pipeline rank -> simulated ranks there
+    for r in low.sym.ranks:
+        on_pp.setdefault(low.pp_of(r), []).append(r)
+    for q, unit in units_in_time_order(low.schedule):
+        for r in on_pp.get(q, ()):
+            _lower_unit(prog, low, r, unit)
     return prog
+
+
+def _grad_final_actions(low: Lowering, q: int) -> list[Action]:
+    """Actions of pipeline rank ``q`` after which DP reduces gradients, in issue order: the
+    final W (or B) of each stage; under ZeRO-2 every one (only the shard is kept)."""
+    acts = [a for a in low.schedule[q] if a.kind == low.grad_kind]
+    if low.zero == 2:
+        return acts
+    return [a for a in acts if a.mb == low.final_mb[a.stage]]
+
+
+def _buckets(blocks, bucket_params: float):
+    """(index of the bucket's last block, its parameters): blocks added in order until a
+    bucket holds at least ``bucket_params`` or the blocks run out; a block is never split."""
+    filled = 0.0
+    for i, blk in enumerate(blocks):
+        filled += blk.params
+        if filled > 0 and (filled >= bucket_params or i == len(blocks) - 1):
+            yield i, filled
+            filled = 0.0
 
 
 def dp_grad_pass(prog: Program, low: Lowering) -> Program:
@@ -265,57 +463,93 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
 
     Buckets fill in backward order (Li et al. 2020, "PyTorch Distributed", Sec 3.2.3)::
 
-        compute  ... [B mlp L5][B attn L5][B mlp L4][B attn L4] ...
+        compute  ... [W mlp L5][W attn L5][W mlp L4][W attn L4] ...
         dp                          [AR bucket 0 ]        [AR bucket 1] ...
+        dp_replica_3                              [AR bucket 0]        [AR bucket 1]  (DualPipe)
 
+    Gradients are final after the last W of a part (B without a split backward); a rank with
+    several parts reduces each part's buckets after that part's final W, in issue order.
     ZeRO 0: all-reduce after the last microbatch. ZeRO-1: reduce-scatter after the last
     microbatch (each rank updates its shard). ZeRO-2: reduce-scatter after every microbatch,
     since only the shard of the gradients is kept. ZeRO-3 reduces per unit in
-    :func:`pipeline_pass`. Then the tied embedding's all-reduce between first and last stage.
+    :func:`pipeline_pass`.
+
+    A part held by two pipeline ranks (DualPipe: part j on ranks j and p-1-j) also sums its
+    two copies' gradients: bucket by bucket, after the bucket's DP reduction (on the shard
+    under ZeRO-1/2), an all-reduce between the holders on a stream of that part's own, so the
+    two holders, which finish their parts in different orders, cannot wait on each other
+    crosswise. Last, the tied embedding's all-reduce between the holders of the first and the
+    last part.
     """
     mesh = low.mesh
     op = "all_reduce" if low.zero == 0 else "reduce_scatter"
+    shard = mesh.dp if low.zero >= 1 and mesh.dp > 1 else 1  # after a DP reduce-scatter a rank keeps 1/dp
     for r in low.sym.ranks:
-        s = mesh.coords(r)["pp"]
+        q = low.pp_of(r)
         tids: list[int] = list(low.grad_tasks.get(r, []))
-        if mesh.dp > 1 and low.zero < 3:
-            mbs = sorted({a.mb for a in low.schedule[s] if a.kind == "B"}) if low.zero == 2 else [low.final_mb[s]]
-            blocks = low.work[s].bwd
-            for mb in mbs:
-                filled, n = 0.0, 0
-                for i, blk in enumerate(blocks):
-                    filled += blk.params
-                    if filled > 0 and (filled >= low.dp_bucket_params or i == len(blocks) - 1):
-                        tids.append(_comm(low, prog, r, "dp", mesh.group(r, "dp"), ("bucket", mb, n),
-                                          filled * low.grad_bytes, op=op, deps=(low.bwd_tid[(r, mb, i)],),
-                                          name=f"{COMM_SHORT[op]} grads bucket {n}", mb=mb, phase="B", stage=s))
-                        filled, n = 0.0, n + 1
-        if low.tied_embeddings and mesh.pp > 1 and s in (0, mesh.pp - 1):
-            c = mesh.coords(r)
-            pair = (mesh.rank(**{**c, "pp": 0}), mesh.rank(**{**c, "pp": mesh.pp - 1}))
-            tids.append(_comm(low, prog, r, "emb", pair, ("tied",), low.embedding_params * low.grad_bytes,
-                              stream="dp", deps=tuple(tids) or (low.last_task[r],),
-                              name="AR tied embedding grads", phase="B", stage=s))
-        low.last_task[r] = tids[-1] if tids else low.last_task[r]
+        for a in _grad_final_actions(low, q):
+            part = low.part(a.stage)
+            dp_buckets = mesh.dp > 1 and low.zero < 3
+            pps = low.holders_of[part]
+            replicas = len(pps) > 1 and low.zero < 3 and a.mb == low.final_mb[a.stage]
+            if not (dp_buckets or replicas):
+                continue
+            meta = dict(mb=a.mb, phase=low.grad_kind, stage=q)
+            for n, (i, params) in enumerate(_buckets(low.work[part].grad_blocks(low.split), low.dp_bucket_params)):
+                dep = low.bwd_tid[(r, a.stage, a.mb, i)]
+                if dp_buckets:
+                    dep = _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("bucket", a.stage, a.mb, n),
+                                params * low.grad_bytes, op=op, deps=(dep,),
+                                name=f"{COMM_SHORT[op]} grads bucket {n}", **meta)
+                    tids.append(dep)
+                    low.stage_grads.setdefault((r, a.stage), []).append(dep)
+                if replicas:
+                    tids.append(_replica_allreduce(prog, low, r, part, ("bucket", n), params / shard, (dep,),
+                                                   f"AR part {part} grads bucket {n} (replicas)", **meta))
+        if low.zero == 3:  # gradients were reduce-scattered per unit: sum the replicas' shards once
+            for part in low.parts_of[q]:
+                if len(low.holders_of[part]) < 2:
+                    continue
+                stages = [k for k in low.schedule.stages_of(q) if low.part(k) == part]
+                deps = [t for k in stages for t in low.stage_grads.get((r, k), ())] or \
+                    [t for k in stages for t in low.done[(low.grad_kind, r, k, low.final_mb[k])]]
+                tids.append(_replica_allreduce(prog, low, r, part, ("all",), low.work[part].local_params / shard,
+                                               deps, f"AR part {part} grads (replicas)", phase=low.grad_kind, stage=q))
+        if q in low.tied_pps:
+            group = tuple(low.peer(r, p) for p in low.tied_pps)
+            tids.append(_comm(low, prog, r, "emb", group, ("tied",), low.embedding_params * low.grad_bytes,
+                              stream="dp", deps=tuple(tids) or low.last_task[r],
+                              name="AR tied embedding grads", phase="B", stage=q))
+        low.last_task[r] = (tids[-1],) if tids else low.last_task[r]
         low.grad_tasks[r] = tids
     return prog
 
 
+def _replica_allreduce(prog: Program, low: Lowering, r: int, part: int, tag: tuple, params: float, deps,
+                       name: str, **meta) -> int:
+    """All-reduce of ``params`` gradients of ``part`` between the pipeline ranks holding it."""
+    group = tuple(low.peer(r, p) for p in low.holders_of[part])
+    return _comm(low, prog, r, "rep", group, ("replica grads", part) + tag, params * low.grad_bytes,
+                 stream=f"dp_replica_{part}", channel=f"rep {part}", deps=deps, name=name, **meta)
+
+
 def optimizer_pass(prog: Program, low: Lowering) -> Program:
-    """One optimizer step per rank once all its gradients are reduced.
+    """One optimizer step per rank, over every part it holds, once all its gradients are reduced.
 
     Under ZeRO-1 and -2 each rank updates its shard, then the DP group all-gathers the
     updated 16-bit parameters (Megatron's distributed optimizer); ZeRO-3 keeps them sharded.
+    DualPipe's two holders of a part both update it (same gradients, same result).
     """
     for r in low.sym.ranks:
-        s = low.mesh.coords(r)["pp"]
-        deps = tuple(low.grad_tasks[r]) or (low.last_task[r],)
+        q = low.pp_of(r)
+        parts = low.parts_of[q]
+        deps = tuple(low.grad_tasks[r]) or low.last_task[r]
         opt = prog.add(rank=r, stream="compute", name="optimizer step", kind="compute",
-                       duration_s=low.work[s].optimizer_s, deps=deps, phase="opt", stage=s).tid
+                       duration_s=sum(low.work[j].optimizer_s for j in parts), deps=deps, phase="opt", stage=q).tid
         if low.zero in (1, 2) and low.mesh.dp > 1:
-            _comm(low, prog, r, "dp", low.mesh.group(r, "dp"), ("AG params after step",),
-                  low.work[s].local_params * PARAM_BYTES, op="all_gather", deps=(opt,),
-                  name="AG params", phase="opt", stage=s)
+            _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("AG params after step",),
+                  sum(low.work[j].local_params for j in parts) * PARAM_BYTES, op="all_gather", deps=(opt,),
+                  name="AG params", phase="opt", stage=q)
     return prog
 
 
@@ -323,9 +557,9 @@ def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lower
     """Scenario -> Program for one training step."""
     mesh = sc.mesh
     sym = Symmetry(mesh, sc.cfg.simulation.collapse_symmetric if collapse is None else collapse)
-    work = [stage_work(sc, s, sc.cluster.gpu) for s in range(mesh.pp)]
+    work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
     low = Lowering(
-        mesh=mesh, schedule=build_schedule(sc.parallel.schedule, mesh.pp, sc.microbatches), work=work, sym=sym,
+        mesh=mesh, schedule=sc.schedule, work=work, sym=sym,
         grad_bytes=GRAD_BYTES[sc.training.grad_dtype], dp_bucket_params=sc.training.dp_bucket_params,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,

@@ -1,6 +1,9 @@
-"""Per pipeline stage: the blocks of compute between communication points, with their costs.
+"""Per model part: the blocks of compute between communication points, with their costs.
 
-A block is a run of ops with the blocking communications Megatron TP puts around it::
+A *part* is a contiguous slice of layers that one virtual stage of the schedule computes
+(one per pipeline rank under GPipe and 1F1B, v per rank under interleaved 1F1B, two per rank
+under DualPipe). A block is a run of ops with the blocking communications Megatron TP puts
+around it::
 
     no SP:     [embedding]AR [attn L0]AR [mlp L0]AR ... [head]
     SP:        [embedding]RS AG[attn L0]RS AG[mlp L0]RS ... AG[head]
@@ -11,6 +14,20 @@ parallelism turns each into a reduce-scatter and an all-gather of the same total
 splits norm/dropout work by t (Korthikanti et al. 2022, Sec 4.2.2). Full recompute puts the
 layer's forward, with its communication, at the head of its backward; selective recompute
 re-runs core attention only (Korthikanti et al. 2022, Sec 5).
+
+Split backward (zero-bubble schedules, Qi et al. 2023 Sec 2.1): the backward of a linear layer
+``Y = X A`` is two GEMMs, ``dX = dY A^T`` (input gradient, on the path to the previous
+stage) and ``dA = X^T dY`` (weight gradient, needed only by the optimizer). B keeps everything
+on the activation path: the dgrad half of each weight GEMM, elementwise ops, core attention
+(QK^T and PV multiply activations, not weights), recompute and all TP communication. W is
+the wgrad half of each weight GEMM, with no communication::
+
+    B:  [head: CE, lm_head dX, norm]AR [mlp L95: down dX, act, up dX, norm]AR ...
+    W:  [head: lm_head dA] [mlp L95: down dA, up dA] [attn L95: proj dA, qkv dA] ... [embedding]
+
+Each weight GEMM's backward (2x its forward FLOPs and bytes) splits evenly, so B + W costs
+what the full backward costs. The embedding's backward only accumulates the table's gradient
+(its input is token ids, there is no input gradient), so it is all W.
 """
 
 from __future__ import annotations
@@ -51,13 +68,59 @@ class Block:
 
 @dataclass(frozen=True)
 class StageWork:
+    """The work of one model part (the name is from when a stage held exactly one part)."""
+
     fwd: tuple[Block, ...]
-    bwd: tuple[Block, ...]
+    bwd: tuple[Block, ...]  # full backward
     optimizer_s: float
-    local_params: float  # parameters this GPU's stage owns per TP rank (before ZeRO sharding)
+    local_params: float  # parameters of this part per TP rank (before ZeRO sharding)
     activation_bytes_per_mb: float
     pp_send_bytes: float
     transient_bytes: float = 0.0  # held only while one layer recomputes (full recompute)
+    bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
+    bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
+
+    def blocks(self, kind: str, split: bool) -> tuple[Block, ...]:
+        """Blocks of action ``kind`` (F, B, W); B is the full backward unless ``split``."""
+        if kind == "F":
+            return self.fwd
+        if not split:
+            if kind == "W":
+                raise ValueError("a W action needs a split backward")
+            return self.bwd
+        halves = self.bwd_input if kind == "B" else self.bwd_weight
+        if halves is None:
+            raise ValueError("this StageWork has no split backward (bwd_input / bwd_weight)")
+        return halves
+
+    def grad_blocks(self, split: bool) -> tuple[Block, ...]:
+        """The blocks after which gradients are final (``params`` count there): W, or the full B."""
+        return self.blocks("W" if split else "B", split)
+
+
+# Ops with FLOPs multiply an activation by a weight, except core attention (QK^T, PV).
+ACTIVATION_GEMMS = ("core_attn",)
+
+
+def _is_weight_gemm(op: Op) -> bool:
+    return op.flops > 0 and op.name not in ACTIVATION_GEMMS
+
+
+def _half(op: Op) -> Op:
+    return Op(op.name, op.flops / 2, op.bytes / 2, op.model_flops / 2)
+
+
+def split_backward_ops(ops: list[Op]) -> tuple[list[Op], list[Op]]:
+    """(input-gradient ops, weight-gradient ops) of a backward: each weight GEMM's backward
+    splits evenly into dgrad (B) and wgrad (W); everything else is on the activation path (B)."""
+    b, w = [], []
+    for op in ops:
+        if _is_weight_gemm(op):
+            b.append(_half(op))
+            w.append(_half(op))
+        else:
+            b.append(op)
+    return b, w
 
 
 def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), recompute_ops=()) -> Block:
@@ -81,16 +144,34 @@ def _tp_comms(t: int, sp: bool, act_bytes: float):
     return (), (ar,), (), (ar,)
 
 
-def stage_work(sc: Scenario, stage: int, gpu: GpuSpec) -> StageWork:
-    """Blocks, optimizer time, local parameters and activation bytes of one pipeline stage."""
-    m, t, p = sc.model, sc.parallel.tp, sc.parallel.pp
+def holders(schedule, part: int) -> tuple[int, ...]:
+    """Pipeline ranks that hold model part ``part`` (two under DualPipe), ascending."""
+    return tuple(sorted({schedule.stage_rank[k] for k, q in enumerate(schedule.stage_part) if q == part}))
+
+
+def head_keeps_embedding_copy(sc: Scenario) -> bool:
+    """A tied LM head keeps its own copy of the word embedding (Megatron) when the ranks that
+    hold the last part are not those that hold the first: 1F1B with pp > 1, interleaved. Under
+    DualPipe ranks 0 and p-1 hold both, so the tie is local."""
+    s = sc.schedule
+    return sc.model.tied_embeddings and holders(s, 0) != holders(s, s.n_parts - 1)
+
+
+def stage_work(sc: Scenario, part: int, gpu: GpuSpec) -> StageWork:
+    """Blocks, optimizer time, local parameters and activation bytes of model part ``part``.
+
+    Part 0 starts with the embedding, the last part ends with the head; the layers are
+    ``sc.layers_per_part[part]`` consecutive ones.
+    """
+    m, t = sc.model, sc.parallel.tp
+    n_parts = sc.n_parts
     sp, recompute = sc.parallel.sp, sc.training.recompute
     b, prec = sc.training.micro_batch_size, sc.training.precision
     flash = sc.training.attention == "flash"
-    split = sc.layers_per_stage
-    first_layer = sum(split[:stage])
+    per_part = sc.layers_per_part
+    first_layer = sum(per_part[:part])
     act = 2.0 * b * m.seq_len * m.hidden  # a 16-bit [b, s, h] activation
-    first, last = stage == 0, stage == p - 1
+    first, last = part == 0, part == n_parts - 1
     f_pre, f_post, b_pre, b_post = _tp_comms(t, sp, act)
 
     attn_f = tf.attn_block_fwd(m, b, t, flash, sp)
@@ -104,36 +185,48 @@ def stage_work(sc: Scenario, stage: int, gpu: GpuSpec) -> StageWork:
 
     emb_params = tf.embedding_params(m) / t
     # A tied LM head on a later stage keeps its own copy of the word embedding (Megatron).
-    head_params = (tf.head_params(m) + (m.vocab * m.hidden if m.tied_embeddings and p > 1 else 0)) / t
-    if first and last and m.tied_embeddings:
-        head_params = tf.head_params(m) / t
+    head_params = (tf.head_params(m) + (m.vocab * m.hidden if head_keeps_embedding_copy(sc) else 0)) / t
 
     emb_f = tf.embedding_fwd(m, b, t)
     head_f = tf.head_fwd(m, b, t)
     emb_post = (CommItem("reduce_scatter" if sp else "all_reduce", act),) if t > 1 else ()
-    fwd, bwd = [], []
+    fwd, bwd, b_in, b_w = [], [], [], []
+
+    def backward(name, layer, ops, params, pre=(), post=(), recompute_ops=()):
+        """The full backward block and its B (input gradient) and W (weight gradient) halves."""
+        bwd.append(_block(name, layer, ops, gpu, prec, params, pre, post, recompute_ops))
+        ops_b, ops_w = split_backward_ops(ops)
+        b_in.append(_block(name, layer, ops_b, gpu, prec, 0.0, pre, post, recompute_ops))
+        b_w.append(_block(name, layer, ops_w, gpu, prec, params))
+
     if first:
         fwd.append(_block("embedding", -1, emb_f, gpu, prec, emb_params, post=emb_post))
     if last:
         # the head's input is sequence-sharded under SP: gather it; backward scatters the grad
-        bwd.append(_block("head", -1, tf.block_bwd(head_f, flash), gpu, prec, head_params, post=b_post))
-    for layer in range(first_layer, first_layer + split[stage]):
+        backward("head", -1, tf.block_bwd(head_f, flash), head_params, post=b_post)
+    for layer in range(first_layer, first_layer + per_part[part]):
         fwd.append(_block("attn", layer, attn_f, gpu, prec, attn_params, f_pre, f_post))
         fwd.append(_block("mlp", layer, mlp_f, gpu, prec, mlp_params, f_pre, f_post))
-    for layer in reversed(range(first_layer, first_layer + split[stage])):
+    for layer in reversed(range(first_layer, first_layer + per_part[part])):
         if recompute == "full":
-            bwd.append(_block("recompute attn", layer, [], gpu, prec, 0.0, f_pre, f_post, recompute_ops=attn_f))
-            bwd.append(_block("recompute mlp", layer, [], gpu, prec, 0.0, f_pre, f_post, recompute_ops=mlp_f))
-        bwd.append(_block("mlp", layer, mlp_b, gpu, prec, mlp_params, b_pre, b_post))
-        bwd.append(_block("attn", layer, attn_b, gpu, prec, attn_params, b_pre, b_post, recompute_ops=attn_rc))
+            for name, ops in (("recompute attn", attn_f), ("recompute mlp", mlp_f)):
+                blk = _block(name, layer, [], gpu, prec, 0.0, f_pre, f_post, recompute_ops=ops)
+                bwd.append(blk)
+                b_in.append(blk)  # recompute feeds the input gradient: head of B
+        backward("mlp", layer, mlp_b, mlp_params, b_pre, b_post)
+        backward("attn", layer, attn_b, attn_params, b_pre, b_post, recompute_ops=attn_rc)
     if last:
         fwd.append(_block("head", -1, head_f, gpu, prec, head_params, pre=f_pre))
     if first:
-        bwd.append(_block("embedding", -1, tf.block_bwd(emb_f, flash), gpu, prec, emb_params,
-                          pre=b_pre if sp else ()))
+        emb_b_pre = b_pre if sp else ()
+        emb_b = tf.block_bwd(emb_f, flash)
+        bwd.append(_block("embedding", -1, emb_b, gpu, prec, emb_params, pre=emb_b_pre))
+        if emb_b_pre:  # the sequence-sharded gradient is gathered on the activation path
+            b_in.append(_block("embedding", -1, [], gpu, prec, 0.0, pre=emb_b_pre))
+        b_w.append(_block("embedding", -1, emb_b, gpu, prec, emb_params))
 
     local_params = sum(blk.params for blk in fwd)
-    act_mb = split[stage] * tf.layer_activation_bytes(m, b, t, flash, sp, recompute)
+    act_mb = per_part[part] * tf.layer_activation_bytes(m, b, t, flash, sp, recompute)
     if last:
         act_mb += tf.head_activation_bytes(m, b, t)
     transient = tf.layer_activation_bytes(m, b, t, flash, sp) if recompute == "full" else 0.0
@@ -145,4 +238,5 @@ def stage_work(sc: Scenario, stage: int, gpu: GpuSpec) -> StageWork:
         activation_bytes_per_mb=act_mb,
         pp_send_bytes=act / t if sp else act,
         transient_bytes=transient,
+        bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
     )
