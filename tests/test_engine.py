@@ -199,3 +199,18 @@ def test_ring_across_nodes_uses_every_nic(root):
     alpha_s = cl.path_latency_s(cl.path(7, 8))  # the slowest hop sets a ring step's latency
     expected = ring_allreduce_time_s(size / 8, 16, nic_Bps, alpha_s)
     assert span.dur_s == pytest.approx(expected, rel=0.01)
+
+
+def test_same_group_on_two_streams_shares_the_links():
+    """ZeRO-3 gathers (stream zero) and gradient reductions (stream dp) of one DP group can
+    run at once: they are separate channels and must share bandwidth, not each get it all."""
+    cl = node_cluster(4, bw_GBps=100, efficiency=1.0, latency_us=0.0)
+    size = 100e6
+    t_alone = ring_allreduce_time_s(size, 4, 100e9, 0.0)
+    prog = Program(ranks=[0], weight={0: 4})
+    group = (0, 1, 2, 3)
+    for i, stream in enumerate(("zero", "dp")):
+        prog.add(rank=0, stream=stream, name=stream, kind="dp",
+                 comm=Comm("all_reduce", size, group, (), (0,), ("dp", (0,), i)))
+    trace = run_program(prog, cl)
+    assert [s.dur_s for s in trace.spans] == pytest.approx([2 * t_alone, 2 * t_alone], rel=1e-9)

@@ -67,7 +67,9 @@ class Engine:
         bandwidth, impose the same constraint: keep one (exact, and it keeps the fair-share
         computation small when a flow stands for many twins on parallel rails).
         """
-        shapes = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.key[:2]): t.comm
+        # a channel is one (kind, orbit) on one stream: a stream never overlaps itself, two
+        # streams of the same kind and group (ZeRO-3 gathers and gradient reductions) can
+        shapes = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.key[:2] + (t.stream,)): t.comm
                   for t in self.prog.tasks if t.comm is not None}
         plans = {(op, g, tw): self._plan(c) for (op, g, tw, _), c in shapes.items()}
         on_edge: dict[int, list] = {}
@@ -88,12 +90,12 @@ class Engine:
                 users.setdefault(e, set()).add(channel)
         self._edge_users = users
 
-    def _alone_duration(self, c: Comm) -> float | None:
+    def _alone_duration(self, c: Comm, stream: str) -> float | None:
         """Closed-form time if ``c`` never shares a link with another channel, else None."""
-        key = (c.op, c.group, c.twins, c.size_bytes)
+        key = (c.op, c.group, c.twins, c.size_bytes, stream)
         if key not in self._alone:
             plan = self._plan(c)
-            channel = c.key[:2]
+            channel = c.key[:2] + (stream,)
             if all(self._edge_users[e] == {channel} for e in plan.edges):
                 rates = max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps)
                 data = max((f * c.size_bytes / r for f, r in zip(plan.fractions, rates)), default=0.0)
@@ -102,12 +104,12 @@ class Engine:
                 self._alone[key] = None
         return self._alone[key]
 
-    def _start_comm(self, c: Comm) -> simpy.Event:
+    def _start_comm(self, c: Comm, stream: str) -> simpy.Event:
         if self.network == "ideal" or c.size_bytes <= 0:
             ev = self.env.event()
             ev.succeed()
             return ev
-        dur = self._alone_duration(c)
+        dur = self._alone_duration(c, stream)
         if dur is not None:
             return self.env.timeout(dur)
         return self.net.transfer(self._plan(c), c.size_bytes)
@@ -131,7 +133,7 @@ class Engine:
         if rdv.arrived == len(c.members):
             del self._rdv[c.key]
             rdv.start_s = self.env.now
-            inner = self._start_comm(c)
+            inner = self._start_comm(c, t.stream)
             inner.callbacks.append(lambda _e, ev=rdv.done: ev.succeed())
         yield rdv.done
         end = self.env.now
