@@ -38,6 +38,7 @@ class ParallelCfg(Strict):
     layers_per_stage: list[int] | None = pydantic.Field(
         default=None, description="layers of each model part (pp*vpp parts for interleaved, else pp)")
     sp: bool = False
+    ep: int = pydantic.Field(default=1, ge=1, description="expert parallelism, carved out of dp")
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
     zero3_keep_gathered: bool = False
@@ -105,7 +106,7 @@ class Scenario:
     @cached_property
     def mesh(self) -> Mesh:
         p = self.parallel
-        return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=tuple(p.order.split("-")))
+        return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=tuple(p.order.split("-")), ep=p.ep)
 
     @property
     def microbatches(self) -> int:
@@ -163,6 +164,17 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if m.ffn % p.tp:
         ffn = f"model.ffn_hidden={m.ffn}" + ("" if m.ffn_hidden else " (default 4*hidden)")
         fail("parallel.tp", f"tp={p.tp} does not divide {ffn}")
+    if p.ep > 1 and m.moe is None:
+        fail("parallel.ep", f"ep={p.ep} needs a mixture-of-experts model (model.moe)")
+    if m.moe is not None:
+        if m.moe.experts % p.ep:
+            fail("parallel.ep", f"ep={p.ep} does not divide model.moe.experts={m.moe.experts}")
+        if p.dp % p.ep:
+            fail("parallel.ep", f"ep={p.ep} does not divide dp={p.dp} (expert parallelism is carved out of DP)")
+        if p.zero >= 2:
+            fail("parallel.zero", f"zero={p.zero} with a MoE model is not modelled yet; use 0 or 1")
+        if m.moe.expert_ffn % p.tp:
+            fail("parallel.tp", f"tp={p.tp} does not divide model.moe.expert_ffn={m.moe.expert_ffn}")
     if p.sp and p.tp == 1:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
     if p.pp > m.layers:

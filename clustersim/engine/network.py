@@ -95,18 +95,23 @@ def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[flo
             on_edge.setdefault(e, []).append(i)
     frozen = [not ws for ws in weights]
     left = n - sum(frozen)
+    live = [e for e in sorted(load) if load[e] > 1e-12]
     while left:
-        e_star = min((e for e in load if load[e] > 1e-12), key=lambda e: (cap[e] / load[e], e))
-        r = max(cap[e_star], 0.0) / load[e_star]
-        for i in on_edge[e_star]:
-            if frozen[i]:
-                continue
-            frozen[i], rates[i] = True, r
-            left -= 1
-            for e, w in weights[i]:
-                cap[e] -= w * r
-                load[e] -= w
-        load[e_star] = 0.0
+        ratio = {e: max(cap[e], 0.0) / load[e] for e in live}
+        r = min(ratio.values())
+        # every link at the bottleneck level fills at once (symmetric flows tie exactly);
+        # freezing them together gives the same rates in far fewer rounds
+        full = [e for e in live if ratio[e] <= r * (1 + 1e-12)]
+        for e_star in full:
+            for i in on_edge[e_star]:
+                if frozen[i]:
+                    continue
+                frozen[i], rates[i] = True, r
+                left -= 1
+                for e, w in weights[i]:
+                    cap[e] -= w * r
+                    load[e] -= w
+        live = [e for e in live if load[e] > 1e-12 and ratio[e] > r * (1 + 1e-12)]
     return rates
 
 

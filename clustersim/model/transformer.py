@@ -226,7 +226,7 @@ def dense_mlp_params(m: DenseModelCfg) -> int:
 
 
 def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
-                           recompute: str = "none") -> float:
+                           recompute: str = "none", moe_layer: bool = False) -> float:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank.
 
     Korthikanti et al. 2022 Sec 4.1 term by term:
@@ -245,6 +245,12 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     qkv = 2 * s * b * (m.heads + 2 * m.n_kv_heads) * d
     context = 2 * sbh
     mlp = 2 * s * b * m.ffn * (3 if m.mlp == "swiglu" else 2)
+    if moe_layer and m.moe is not None:
+        # expert intermediates for the k routed copies and the shared experts, plus the
+        # dispatched hidden states kept for the expert GEMMs' weight gradients
+        e = m.moe
+        copies = e.top_k * e.capacity_factor + e.shared_experts
+        mlp = 2 * s * b * copies * e.expert_ffn * e.mats + 2 * s * b * e.top_k * e.capacity_factor * h
     sharded = (qkv + context + mlp) / t
     scores = 0.0 if flash or recompute == "selective" else (5 if m.dropout else 4) * m.heads * s * s * b / t
     return replicated + sharded + scores

@@ -190,7 +190,7 @@ def _pp_groups(mesh: Mesh, pps: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 def _all_groups(low: Lowering, kind: str):
     """Every group of ``kind`` in the mesh (for twins: the groups that map onto the same ranks)."""
-    if kind in ("tp", "dp"):
+    if kind in ("tp", "dp", "ep", "edp"):
         return low.mesh.groups(kind)
     if kind == "pp":
         return [g for e in low.pp_edges for g in _pp_groups(low.mesh, e)]
@@ -203,7 +203,7 @@ def _all_groups(low: Lowering, kind: str):
 
 
 # communication kind of the lowering -> kind in the trace and metrics
-_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp"}
+_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp"}
 
 
 def _comm(low: Lowering, prog: Program, rank: int, kind: str, group, tag, size: float, *,
@@ -224,7 +224,7 @@ def _comm(low: Lowering, prog: Program, rank: int, kind: str, group, tag, size: 
                     deps=tuple(deps), **meta).tid
 
 
-COMM_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG"}
+COMM_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A"}
 
 
 def _unit(blk) -> object:
@@ -447,12 +447,13 @@ def _grad_final_actions(low: Lowering, q: int) -> list[Action]:
     return [a for a in acts if a.mb == low.final_mb[a.stage]]
 
 
-def _buckets(blocks, bucket_params: float):
+def _buckets(blocks, bucket_params: float, attr: str = "params"):
     """(index of the bucket's last block, its parameters): blocks added in order until a
-    bucket holds at least ``bucket_params`` or the blocks run out; a block is never split."""
+    bucket holds at least ``bucket_params`` or the blocks run out; a block is never split.
+    ``attr`` picks which parameters: "params" (reduced over DP) or "expert_params" (over EDP)."""
     filled = 0.0
     for i, blk in enumerate(blocks):
-        filled += blk.params
+        filled += getattr(blk, attr)
         if filled > 0 and (filled >= bucket_params or i == len(blocks) - 1):
             yield i, filled
             filled = 0.0
@@ -506,6 +507,13 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
                 if replicas:
                     tids.append(_replica_allreduce(prog, low, r, part, ("bucket", n), params / shard, (dep,),
                                                    f"AR part {part} grads bucket {n} (replicas)", **meta))
+            if dp_buckets and mesh.ep < mesh.dp and a.mb == low.final_mb[a.stage]:
+                # routed experts: E/ep on this rank, the same experts on every rank of its EDP group
+                blocks = low.work[part].grad_blocks(low.split)
+                for n, (i, params) in enumerate(_buckets(blocks, low.dp_bucket_params, "expert_params")):
+                    tids.append(_comm(low, prog, r, "edp", low.group_of(r, "edp"), ("expert bucket", a.stage, n),
+                                      params * low.grad_bytes, op=op, deps=(low.bwd_tid[(r, a.stage, a.mb, i)],),
+                                      stream="dp", name=f"{COMM_SHORT[op]} expert grads bucket {n}", **meta))
         if low.zero == 3:  # gradients were reduce-scattered per unit: sum the replicas' shards once
             for part in low.parts_of[q]:
                 if len(low.holders_of[part]) < 2:

@@ -38,6 +38,7 @@ from ..config import Scenario
 from ..hardware.gpus import GpuSpec
 from ..model import transformer as tf
 from ..model.transformer import Op
+from ..model import moe
 from .costs import adam_step_time_s, ops_time_s
 
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
@@ -64,6 +65,7 @@ class Block:
     params: float  # local parameters whose gradients are final after this block's backward
     pre: tuple[CommItem, ...] = ()  # before the compute, which waits for them
     post: tuple[CommItem, ...] = ()  # after the compute; the next block waits for them
+    expert_params: float = 0.0  # routed-expert parameters (reduced over the expert-DP group)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class StageWork:
     activation_bytes_per_mb: float
     pp_send_bytes: float
     transient_bytes: float = 0.0  # held only while one layer recomputes (full recompute)
+    local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
 
@@ -123,13 +126,14 @@ def split_backward_ops(ops: list[Op]) -> tuple[list[Op], list[Op]]:
     return b, w
 
 
-def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), recompute_ops=()) -> Block:
+def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), recompute_ops=(),
+           expert_params=0.0) -> Block:
     """A block's cost; ``recompute_ops`` add time and executed FLOPs but no model FLOPs."""
     return Block(
         name=name, layer=layer,
         duration_s=ops_time_s(list(recompute_ops) + ops, gpu, precision),
         flops=sum(o.flops for o in list(recompute_ops) + ops), model_flops=sum(o.model_flops for o in ops),
-        params=params, pre=tuple(pre), post=tuple(post),
+        params=params, pre=tuple(pre), post=tuple(post), expert_params=expert_params,
     )
 
 
@@ -192,12 +196,14 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec) -> StageWork:
     emb_post = (CommItem("reduce_scatter" if sp else "all_reduce", act),) if t > 1 else ()
     fwd, bwd, b_in, b_w = [], [], [], []
 
-    def backward(name, layer, ops, params, pre=(), post=(), recompute_ops=()):
+    def backward(name, layer, ops, params, pre=(), post=(), recompute_ops=(), expert_params=0.0):
         """The full backward block and its B (input gradient) and W (weight gradient) halves."""
-        bwd.append(_block(name, layer, ops, gpu, prec, params, pre, post, recompute_ops))
+        bwd.append(_block(name, layer, ops, gpu, prec, params, pre, post, recompute_ops, expert_params))
         ops_b, ops_w = split_backward_ops(ops)
         b_in.append(_block(name, layer, ops_b, gpu, prec, 0.0, pre, post, recompute_ops))
-        b_w.append(_block(name, layer, ops_w, gpu, prec, params))
+        b_w.append(_block(name, layer, ops_w, gpu, prec, params, expert_params=expert_params))
+
+    moe_blocks = MoeBlocks.build(sc, gpu, f_pre, f_post, b_pre, b_post) if m.moe is not None else None
 
     if first:
         fwd.append(_block("embedding", -1, emb_f, gpu, prec, emb_params, post=emb_post))
@@ -206,14 +212,27 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec) -> StageWork:
         backward("head", -1, tf.block_bwd(head_f, flash), head_params, post=b_post)
     for layer in range(first_layer, first_layer + per_part[part]):
         fwd.append(_block("attn", layer, attn_f, gpu, prec, attn_params, f_pre, f_post))
-        fwd.append(_block("mlp", layer, mlp_f, gpu, prec, mlp_params, f_pre, f_post))
+        if m.is_moe_layer(layer):
+            fwd.extend(moe_blocks.forward(layer))
+        else:
+            fwd.append(_block("mlp", layer, mlp_f, gpu, prec, mlp_params, f_pre, f_post))
     for layer in reversed(range(first_layer, first_layer + per_part[part])):
         if recompute == "full":
-            for name, ops in (("recompute attn", attn_f), ("recompute mlp", mlp_f)):
-                blk = _block(name, layer, [], gpu, prec, 0.0, f_pre, f_post, recompute_ops=ops)
+            redo = [("recompute attn", attn_f, f_pre, f_post)]
+            if m.is_moe_layer(layer):
+                redo += [(f"recompute {blk.name}", blk.ops, blk.pre, blk.post) for blk in moe_blocks.fwd_specs]
+            else:
+                redo += [("recompute mlp", mlp_f, f_pre, f_post)]
+            for name, ops, pre, post in redo:
+                blk = _block(name, layer, [], gpu, prec, 0.0, pre, post, recompute_ops=ops)
                 bwd.append(blk)
                 b_in.append(blk)  # recompute feeds the input gradient: head of B
-        backward("mlp", layer, mlp_b, mlp_params, b_pre, b_post)
+        if m.is_moe_layer(layer):
+            for spec in moe_blocks.bwd_specs:
+                backward(spec.name, layer, spec.ops, spec.params, spec.pre, spec.post,
+                         expert_params=spec.expert_params)
+        else:
+            backward("mlp", layer, mlp_b, mlp_params, b_pre, b_post)
         backward("attn", layer, attn_b, attn_params, b_pre, b_post, recompute_ops=attn_rc)
     if last:
         fwd.append(_block("head", -1, head_f, gpu, prec, head_params, pre=f_pre))
@@ -226,17 +245,80 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec) -> StageWork:
         b_w.append(_block("embedding", -1, emb_b, gpu, prec, emb_params))
 
     local_params = sum(blk.params for blk in fwd)
-    act_mb = per_part[part] * tf.layer_activation_bytes(m, b, t, flash, sp, recompute)
+    local_expert_params = sum(blk.expert_params for blk in fwd)
+    layers = range(first_layer, first_layer + per_part[part])
+    act_mb = sum(tf.layer_activation_bytes(m, b, t, flash, sp, recompute, m.is_moe_layer(ly)) for ly in layers)
     if last:
         act_mb += tf.head_activation_bytes(m, b, t)
     transient = tf.layer_activation_bytes(m, b, t, flash, sp) if recompute == "full" else 0.0
     zero_shard = sc.parallel.dp if sc.parallel.zero >= 1 else 1
+    expert_shard = sc.parallel.dp // sc.parallel.ep if sc.parallel.zero >= 1 else 1
+    updated = local_params / zero_shard + local_expert_params / expert_shard
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),
-        optimizer_s=adam_step_time_s(local_params / zero_shard, gpu, GRAD_BYTES[sc.training.grad_dtype]),
+        optimizer_s=adam_step_time_s(updated, gpu, GRAD_BYTES[sc.training.grad_dtype]),
         local_params=local_params,
+        local_expert_params=local_expert_params,
         activation_bytes_per_mb=act_mb,
         pp_send_bytes=act / t if sp else act,
         transient_bytes=transient,
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
     )
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """A MoE block before costing: its ops, communications and parameters."""
+
+    name: str
+    ops: list
+    pre: tuple = ()
+    post: tuple = ()
+    params: float = 0.0
+    expert_params: float = 0.0
+
+
+@dataclass(frozen=True)
+class MoeBlocks:
+    """The blocks replacing a dense MLP in a MoE layer (Megatron-style, experts TP-split)::
+
+        forward   AG[router]A2A ─ [experts + shared]A2A RS        (SP; AR after without SP)
+        backward  AG A2A[experts + shared]A2A ─ [router]RS
+
+    The dispatch all-to-all runs in the EP group (``ep`` consecutive DP ranks, same TP index)
+    and carries tokens * top_k * capacity hidden vectors; the combine brings them back.
+    Routed-expert parameters (E/ep experts per rank) reduce over the expert-DP group.
+    """
+
+    fwd_specs: tuple
+    bwd_specs: tuple
+    gpu: object
+    precision: str
+
+    @staticmethod
+    def build(sc: Scenario, gpu: GpuSpec, f_pre, f_post, b_pre, b_post) -> "MoeBlocks":
+        m, t, ep = sc.model, sc.parallel.tp, sc.parallel.ep
+        e, h = m.moe, m.hidden
+        b, flash, sp = sc.training.micro_batch_size, sc.training.attention == "flash", sc.parallel.sp
+        tokens = b * m.seq_len
+        rep_tok = tokens / t if sp else tokens
+        a2a = (CommItem("all_to_all", moe.dispatch_bytes(e, tokens, h), dim="ep"),) if ep > 1 else ()
+        router = [tf._elementwise("norm2", rep_tok * h, 2)] + moe.router_fwd(e, tokens, h)
+        experts = moe.routed_experts_fwd(e, tokens, h, t) + moe.shared_experts_fwd(e, tokens, h, t) \
+            + [tf._elementwise("residual2", rep_tok * h, 3)]
+        router_params = h * e.experts / t
+        shared_params = e.shared_experts * moe.expert_params(e, h) / t
+        routed_params = (e.experts // ep) * moe.expert_params(e, h) / t
+        fwd = (
+            _Spec("router", router, f_pre, a2a, router_params),
+            _Spec("experts", experts, (), a2a + f_post, shared_params, routed_params),
+        )
+        bwd = (
+            _Spec("experts", tf.block_bwd(experts, flash), b_pre + a2a, a2a, shared_params, routed_params),
+            _Spec("router", tf.block_bwd(router, flash), (), b_post, router_params),
+        )
+        return MoeBlocks(fwd, bwd, gpu, sc.training.precision)
+
+    def forward(self, layer: int) -> list[Block]:
+        return [_block(s.name, layer, s.ops, self.gpu, self.precision, s.params, s.pre, s.post,
+                       expert_params=s.expert_params) for s in self.fwd_specs]
