@@ -200,22 +200,23 @@ def head_params(m: DenseModelCfg) -> int:
     return norm + (0 if m.tied_embeddings else m.vocab * m.hidden)
 
 
-def total_params(m: DenseModelCfg) -> int:
-    """All parameters of the model, counted once (MoE layers with all their experts)."""
+def _params(m: DenseModelCfg, moe_mlp) -> int:
+    """Dense parameters, with each MoE layer's MLP counted as ``moe_mlp(moe, hidden)``."""
     total = m.layers * layer_params(m) + embedding_params(m) + head_params(m)
     if m.moe is not None:
         n_moe = m.layers - min(m.moe.dense_layers_first, m.layers)
-        total += n_moe * (moe_layer_mlp_params(m.moe, m.hidden) - dense_mlp_params(m))
+        total += n_moe * (moe_mlp(m.moe, m.hidden) - dense_mlp_params(m))
     return total
+
+
+def total_params(m: DenseModelCfg) -> int:
+    """All parameters of the model, counted once (MoE layers with all their experts)."""
+    return _params(m, moe_layer_mlp_params)
 
 
 def active_params(m: DenseModelCfg) -> int:
     """Parameters one token passes through (MoE: k routed + shared experts per layer)."""
-    total = m.layers * layer_params(m) + embedding_params(m) + head_params(m)
-    if m.moe is not None:
-        n_moe = m.layers - min(m.moe.dense_layers_first, m.layers)
-        total += n_moe * (moe_active_mlp_params(m.moe, m.hidden) - dense_mlp_params(m))
-    return total
+    return _params(m, moe_active_mlp_params)
 
 
 def dense_mlp_params(m: DenseModelCfg) -> int:

@@ -28,6 +28,7 @@ from functools import cached_property
 
 from ..config import Scenario
 from ..plan.mesh import Mesh
+from ..schedule.core import issue_units
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule, timeline
 from .tasks import Comm, Program
 from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
@@ -314,26 +315,6 @@ def _run_chains(*chains) -> list[int]:
                 ends[i] = stop.value
                 live.remove(i)
     return ends
-
-
-def issue_units(s: PipelineSchedule, rank: int) -> list[tuple[Action, ...]]:
-    """Rank ``rank``'s actions as issued: single actions, or an overlapped chunk
-    (F, its overlapped B, and that B's W when it follows directly), as the schedule layer
-    places them (clustersim/schedule/core.py)."""
-    acts, pairs = s.actions[rank], set(s.fb_pairs[rank])
-    out, i = [], 0
-    while i < len(acts):
-        a = acts[i]
-        if i + 1 < len(acts) and (a, acts[i + 1]) in pairs:
-            b = acts[i + 1]
-            grp = [a, b]
-            if i + 2 < len(acts) and acts[i + 2] == Action(b.stage, "W", b.mb):
-                grp.append(acts[i + 2])
-            out.append(tuple(grp))
-        else:
-            out.append((a,))
-        i += len(out[-1])
-    return out
 
 
 def units_in_time_order(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ...]]]:

@@ -304,29 +304,28 @@ class Timeline:
         return [self.makespan - b for b in self.busy]
 
 
-def _ops(s: PipelineSchedule) -> list[list[tuple[Action, ...]]]:
-    """Per rank, the units issued one after another: single actions or overlapped chunks."""
-    out = []
-    for r, acts in enumerate(s.actions):
-        if not s.fb_pairs[r]:
-            out.append([(a,) for a in acts])
-            continue
-        pairs = set(s.fb_pairs[r])
-        ops, i = [], 0
-        while i < len(acts):
-            a = acts[i]
-            if i + 1 < len(acts) and (a, acts[i + 1]) in pairs:
-                b = acts[i + 1]
-                grp = [a, b]
-                if i + 2 < len(acts) and acts[i + 2] == Action(b.stage, "W", b.mb):
-                    grp.append(acts[i + 2])
-                ops.append(tuple(grp))
-                i += len(grp)
-            else:
-                ops.append((a,))
-                i += 1
-        out.append(ops)
+def issue_units(s: PipelineSchedule, rank: int) -> list[tuple[Action, ...]]:
+    """Rank ``rank``'s actions as issued one after another: single actions, or an overlapped
+    chunk (F, its overlapped B, and that B's W when it follows directly)."""
+    acts, pairs = s.actions[rank], set(s.fb_pairs[rank])
+    out, i = [], 0
+    while i < len(acts):
+        a = acts[i]
+        if i + 1 < len(acts) and (a, acts[i + 1]) in pairs:
+            b = acts[i + 1]
+            grp = [a, b]
+            if i + 2 < len(acts) and acts[i + 2] == Action(b.stage, "W", b.mb):
+                grp.append(acts[i + 2])
+            out.append(tuple(grp))
+        else:
+            out.append((a,))
+        i += len(out[-1])
     return out
+
+
+def _ops(s: PipelineSchedule) -> list[list[tuple[Action, ...]]]:
+    """Per rank, the units issued one after another (:func:`issue_units`)."""
+    return [issue_units(s, r) for r in range(len(s.actions))]
 
 
 def timeline(schedule: PipelineSchedule | Sequence[Sequence[Action]],
