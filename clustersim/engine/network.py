@@ -133,6 +133,10 @@ class FlowNetwork:
     flows: list[_Flow] = field(default_factory=list)
     _last_s: float = 0.0
     _gen: int = 0
+    # rates depend only on which flows are active (their weights), and a pipeline repeats the
+    # same mixes of flows many times: remember them. Keys are ids of the plans' weight tuples,
+    # which the engine keeps alive for the whole run.
+    _rates_cache: dict = field(default_factory=dict)
 
     def transfer(self, plan: FlowPlan, size_bytes: float) -> simpy.Event:
         """Start ``plan``'s flows now (after its latency); the event fires when all are done."""
@@ -171,7 +175,13 @@ class FlowNetwork:
         self._gen += 1
         if not self.flows:
             return
-        for f, r in zip(self.flows, max_min_rates([f.weights for f in self.flows], self.bw_Bps)):
+        key = tuple(id(f.weights) for f in self.flows)
+        rates = self._rates_cache.get(key)
+        if rates is None:
+            if len(self._rates_cache) > 100_000:
+                self._rates_cache.clear()
+            rates = self._rates_cache[key] = max_min_rates([f.weights for f in self.flows], self.bw_Bps)
+        for f, r in zip(self.flows, rates):
             f.rate = r
         # a flow squeezed to 0 by rounding waits for the next re-share
         dt = min(f.remaining / f.rate for f in self.flows if f.rate > 0)
