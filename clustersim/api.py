@@ -90,7 +90,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "schedule": p.schedule, "vpp": p.vpp, "order": p.order,
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
-            "precision": t.precision, "attention": t.attention, "sp": p.sp, "zero": p.zero,
+            "precision": t.precision, "attention": t.attention, "sp": p.sp, "ep": p.ep, "zero": p.zero,
             "recompute": t.recompute,
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },

@@ -40,7 +40,11 @@ def format_summary(s: dict[str, Any]) -> str:
         f"clustersim · {s['scenario']}",
         *( [s["description"]] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {hw['gpu']} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {hw['topology']})",
-        f"{'plan':<16}TP{p['tp']} x PP{p['pp']} x DP{p['dp']} · {p['schedule']} · "
+        f"{'plan':<16}TP{p['tp']} x PP{p['pp']} x DP{p['dp']}"
+        + (f" (EP{p['ep']})" if p.get("ep", 1) > 1 else "")
+        + (" · SP" if p.get("sp") else "") + (f" · ZeRO-{p['zero']}" if p.get("zero") else "")
+        + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else "")
+        + f" · {p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "") + " · "
         f"{p['microbatches']} microbatches x {p['micro_batch_size']} x {s['model']['seq_len']} tokens",
         f"{'step time':<16}{s['step_time_s']:.4g} s",
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
