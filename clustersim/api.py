@@ -42,15 +42,15 @@ def _part_static(low: Lowering, j: int) -> PartStatic:
 
 def _statics(low: Lowering) -> list[StageStatic]:
     """Static bytes per pipeline stage (all the parts it holds) by ZeRO stage, for Ψ local
-    parameters and N = dp (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
+    parameters and N = dp x cp (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
 
         ZeRO 0: 2Ψ + gΨ + 12Ψ     1: 2Ψ + gΨ + 12Ψ/N     2: 2Ψ + (g+12)Ψ/N     3: (2+g+12)Ψ/N
 
     Routed-expert parameters Ψe (MoE) shard their optimizer states over the expert-DP group
     (N/ep ranks hold the same experts) instead: 12Ψe/(N/ep) under ZeRO-1.
     """
-    n, z = low.mesh.dp, low.zero
-    n_e = low.mesh.dp // low.mesh.ep
+    n, z = low.n_grad, low.zero
+    n_e = low.mesh.size("cp+edp")
     out = []
     for q in range(low.mesh.pp):
         parts = tuple(_part_static(low, j) for j in low.parts_of[q])
@@ -87,7 +87,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
         **metrics,
         "memory": memory_report(trace, _statics(low), gpu.hbm_capacity_bytes),
         "plan": {
-            "tp": p.tp, "pp": p.pp, "dp": p.dp, "schedule": p.schedule, "vpp": p.vpp, "order": p.order,
+            "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm,
+            "cp_load_balance": p.cp_load_balance, "schedule": p.schedule, "vpp": p.vpp, "order": p.order,
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
             "precision": t.precision, "attention": t.attention, "sp": p.sp, "ep": p.ep, "zero": p.zero,

@@ -16,7 +16,7 @@ import pydantic
 from .errors import ConfigError
 from .hardware.topology import Cluster, TopologyCfg, build_cluster, load_topology_cfg
 from .model.transformer import DenseModelCfg
-from .plan.mesh import DIMS, Mesh, split_layers
+from .plan.mesh import Mesh, parse_order, split_layers
 from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule
 from .yamlio import Strict, read_yaml, validate
 
@@ -34,7 +34,7 @@ class ParallelCfg(Strict):
     vpp: int = pydantic.Field(default=1, ge=1, description="virtual stages (model chunks) per rank, interleaved")
     schedule_file: str | None = pydantic.Field(
         default=None, description="custom schedule, relative to the scenario file (schedule: custom)")
-    order: str = "tp-dp-pp"
+    order: str = pydantic.Field(default="tp-cp-ep-dp-pp", description="rank layout, innermost first")
     layers_per_stage: list[int] | None = pydantic.Field(
         default=None, description="layers of each model part (pp*vpp parts for interleaved, else pp)")
     sp: bool = False
@@ -42,12 +42,14 @@ class ParallelCfg(Strict):
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
     zero3_keep_gathered: bool = False
+    cp: int = pydantic.Field(default=1, ge=1, description="context parallelism: ranks that split each sequence")
+    cp_comm: Literal["ring", "all_gather"] = "ring"
+    cp_load_balance: bool = True
 
     @pydantic.field_validator("order")
     @classmethod
     def _order(cls, v: str) -> str:
-        if sorted(v.split("-")) != sorted(DIMS):
-            raise ValueError(f"order must be a permutation of {'-'.join(DIMS)}, innermost first")
+        parse_order(v)  # raises ValueError with the reason
         return v
 
 
@@ -106,7 +108,8 @@ class Scenario:
     @cached_property
     def mesh(self) -> Mesh:
         p = self.parallel
-        return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=tuple(p.order.split("-")), ep=p.ep)
+        order, ep_inner = parse_order(p.order)
+        return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
 
     @property
     def microbatches(self) -> int:
@@ -153,8 +156,9 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         raise ConfigError(msg, source=source, field=field)
 
     world = topo.nodes * topo.node.gpus
-    if p.tp * p.pp * p.dp != world:
-        fail("parallel", f"tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.tp * p.pp * p.dp} does not equal the "
+    if p.tp * p.cp * p.pp * p.dp != world:
+        dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
+        fail("parallel", f"{dims} = {vals} = {p.tp * p.cp * p.pp * p.dp} does not equal the "
                          f"world size {world} (cluster: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
                          f"{topo.node.gpus} GPUs)")
     if m.heads % p.tp:
@@ -175,6 +179,13 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.zero", f"zero={p.zero} with a MoE model is not modelled yet; use 0 or 1")
         if m.moe.expert_ffn % p.tp:
             fail("parallel.tp", f"tp={p.tp} does not divide model.moe.expert_ffn={m.moe.expert_ffn}")
+    if p.cp > 1:
+        chunks = 2 * p.cp if p.cp_load_balance else p.cp
+        if m.seq_len % chunks:
+            how = f"2*cp = {chunks} chunks (cp_load_balance)" if p.cp_load_balance else f"cp={p.cp} chunks"
+            fail("parallel.cp", f"model.seq_len={m.seq_len} does not split into {how}")
+        if t.attention != "flash":
+            fail("parallel.cp", "context parallelism runs blockwise (flash) attention; set training.attention: flash")
     if p.sp and p.tp == 1:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
     if p.pp > m.layers:

@@ -26,8 +26,22 @@ for ep, zero in itertools.product([1, 2, 4], [0, 1]):
     PLANS.append(dict(tp=1, pp=2, dp=8, sp=False, zero=zero, recompute="none", schedule="1f1b", ep=ep, moe=True))
 
 
+# context parallelism: both variants, balanced or not, with ZeRO, a split backward, interleaving and EP
+for cp, cp_comm, balance, zero, schedule in itertools.product(
+        [2, 4], ["ring", "all_gather"], [True, False], [0, 1, 3], ["1f1b", "zb-h1", "interleaved"]):
+    if schedule != "1f1b" and (zero != 1 or not balance):
+        continue
+    tp = 4 // cp
+    PLANS.append(dict(tp=tp, pp=2, dp=2, cp=cp, cp_comm=cp_comm, cp_load_balance=balance, sp=tp > 1 and zero == 1,
+                      zero=zero, recompute="full" if zero == 3 else "none", schedule=schedule))
+for ep, cp_comm in itertools.product([2, 4], ["ring", "all_gather"]):
+    PLANS.append(dict(tp=1, pp=2, dp=4, cp=2, cp_comm=cp_comm, sp=False, zero=1, recompute="none", schedule="1f1b",
+                      ep=ep, moe=True))
+
+
 def _id(p):
-    return "-".join(f"{k}{v}" for k, v in p.items() if v not in (False, None))
+    return "-".join(f"{k}{v}" for k, v in p.items() if v not in (False, None) and k != "cp_load_balance") + \
+        ("-unbalanced" if p.get("cp_load_balance") is False else "")
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=[_id(p) for p in PLANS])
@@ -39,7 +53,7 @@ def test_plan_runs_and_holds_invariants(root, plan):
         parallel["vpp"] = 2
     model = {"layers": 8, **(MOE if moe else {})}
     d = scenario_dict(model=model, parallel=parallel,
-                      training={"global_batch_size": 8 * plan["dp"], "recompute": recompute})
+                      training={"global_batch_size": 8 * plan["dp"], "recompute": recompute, "attention": "flash"})
     sc = clustersim.load_scenario(d, base_dir=root)
     s = clustersim.simulate(sc).summary
     step = s["step_time_s"]
@@ -57,3 +71,4 @@ def test_plan_runs_and_holds_invariants(root, plan):
         assert s["comm_s"]["tp"] == 0
     if plan.get("ep", 1) > 1:
         assert s["comm_s"]["ep"] > 0
+    assert (s["comm_s"]["cp"] > 0) == (plan.get("cp", 1) > 1)

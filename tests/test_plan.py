@@ -6,7 +6,7 @@ import pytest
 
 import clustersim
 from clustersim.errors import ConfigError
-from clustersim.plan.mesh import Mesh, split_layers
+from clustersim.plan.mesh import Mesh, parse_order, split_layers
 
 from .conftest import scenario_dict
 
@@ -16,7 +16,7 @@ def test_tp_innermost_dp_then_pp():
     assert m.group(0, "tp") == tuple(range(8))  # one node of 8 GPUs
     assert m.group(0, "dp") == (0, 8, 16, 24)
     assert m.group(0, "pp") == (0, 32)
-    assert m.coords(45) == {"tp": 5, "dp": 1, "pp": 1}
+    assert m.coords(45) == {"tp": 5, "cp": 0, "dp": 1, "pp": 1}
     assert all(m.rank(**m.coords(r)) == r for r in range(m.world_size))
     assert len(m.groups("tp")) == 8 and len(m.groups("dp")) == 16 and len(m.groups("pp")) == 32
 
@@ -62,3 +62,41 @@ def test_expert_groups_inside_dp():
     assert [m.coords(x)["dp"] for x in m.group(r, "edp")] == [1, 5]
     assert all(m.coords(x)["tp"] == 1 for x in m.group(r, "ep") + m.group(r, "edp"))
     assert len(m.groups("ep")) == 2 * 2 and len(m.groups("edp")) == 2 * 4
+
+
+def test_expert_groups_outside_dp():
+    """ep after dp in the order: EP groups are strided DP indices, expert-DP groups consecutive."""
+    m = Mesh(tp=1, dp=8, pp=1, ep=4, ep_inner=False)
+    assert [m.coords(x)["dp"] for x in m.group(m.rank(dp=5), "ep")] == [1, 3, 5, 7]
+    assert [m.coords(x)["dp"] for x in m.group(m.rank(dp=5), "edp")] == [4, 5]
+
+
+def test_cp_sits_between_tp_and_dp_by_default():
+    m = Mesh(tp=2, dp=2, pp=2, cp=2)
+    assert m.order == ("tp", "cp", "dp", "pp")
+    assert m.group(0, "cp") == (0, 2) and m.group(0, "dp") == (0, 4) and m.group(0, "pp") == (0, 8)
+    # gradients go over dp x cp: every rank with the same TP and PP index, CP innermost
+    assert m.group(1, "cp+dp") == (1, 3, 5, 7)
+    assert sorted(x for g in m.groups("cp+dp") for x in g) == list(range(16))
+    assert m.world_size == 16 and all(m.rank(**m.coords(r)) == r for r in range(16))
+
+
+@pytest.mark.parametrize("text, dims, ep_inner", [
+    ("tp-dp-pp", ("tp", "cp", "dp", "pp"), True),
+    ("tp-cp-ep-dp-pp", ("tp", "cp", "dp", "pp"), True),
+    ("tp-cp-dp-ep-pp", ("tp", "cp", "dp", "pp"), False),
+    ("cp-tp-pp-dp", ("cp", "tp", "pp", "dp"), True),
+])
+def test_parse_order(text, dims, ep_inner):
+    assert parse_order(text) == (dims, ep_inner)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("tp-dp", "missing pp"),
+    ("tp-dp-pp-tp", "'tp' appears twice"),
+    ("tp-ep-cp-dp-pp", "ep is carved out of dp, so it must sit next to dp"),
+    ("tp-xp-dp-pp", "unknown dimension 'xp'"),
+])
+def test_bad_orders_say_why(root, text, why):
+    with pytest.raises(ConfigError, match=f"parallel.order: .*{why}"):
+        clustersim.load_scenario(scenario_dict(parallel={"order": text}), base_dir=root)

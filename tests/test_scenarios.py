@@ -39,7 +39,7 @@ def test_scenario_runs_and_matches_reviewed_summary(path):
     assert 0 <= s["bubble_fraction"] < 1
     assert s["exposed_comm_s"]["total"] <= sum(s["comm_s"].values()) + 1e-12
     assert s["compute_s"] + s["exposed_comm_s"]["total"] <= s["step_time_s"] * (1 + 1e-9)
-    assert s["world_size"] == s["plan"]["tp"] * s["plan"]["pp"] * s["plan"]["dp"]
+    assert s["world_size"] == s["plan"]["tp"] * s["plan"]["cp"] * s["plan"]["pp"] * s["plan"]["dp"]
 
     golden = GOLDEN / f"{path.stem}.json"
     got = headline(s)

@@ -15,6 +15,9 @@ this is exactly the closed form
 
 and when flows share a link they share its bandwidth.
 
+A ring shift (context parallelism's K/V exchange, ``size_bytes`` = what each rank holds) is
+n concurrent flows, each GPU to its ring successor, one latency round: S / B alone.
+
 All-to-all (``size_bytes`` = the buffer each rank hands in) is n(n-1) concurrent flows of S/n
 bytes, one latency round: bounded by each GPU's egress, (n-1)/n * S / B alone on its links.
 """
@@ -68,6 +71,9 @@ def expand(op: str, group: tuple[int, ...], size_bytes: float, node_of=None) -> 
         return Expansion(((src, dst, size_bytes),), 1)
     if n == 1:
         return Expansion((), 0)
+    if op == "shift":
+        # every member passes its buffer to its successor at once (ring attention's K/V step)
+        return Expansion(tuple((group[i], group[(i + 1) % n], size_bytes) for i in range(n)), 1)
     if op == "all_to_all":
         # pairwise exchange, all peers at once (NCCL grouped send/recv): S/n to each other rank
         per = size_bytes / n

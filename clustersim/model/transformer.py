@@ -109,20 +109,23 @@ def _backward(op: Op) -> Op:
     return Op(op.name, 2 * op.flops, 2 * op.bytes, 2 * op.model_flops)
 
 
-def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False) -> list[Op]:
+def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, cp: int = 1) -> list[Op]:
     """Norm, QKV projection, core attention, output projection (one TP rank, one microbatch).
 
     With sequence parallelism the norm and residual run on s/t tokens (Korthikanti et al. 2022).
+    With context parallelism the rank holds s/cp queries, which attend to all s keys: core
+    attention is 1/cp of the whole, the rest runs on s/cp tokens.
     """
     s, h, d = m.seq_len, m.hidden, m.head_dim
-    tok = b * s
+    s_q = s / cp  # this rank's queries
+    tok = b * s_q
     rep_tok = tok / t if sp else tok  # tokens of the ops TP replicates
     q_dim, kv_dim = m.heads * d // t, 2 * m.n_kv_heads * d // t
     heads_local = m.heads / t
-    core_flops = 2 * 2 * b * heads_local * s * s * d  # QK^T and PV
-    core_bytes = ELEM_BYTES * tok * (q_dim + kv_dim + q_dim)
+    core_flops = 2 * 2 * b * heads_local * s_q * s * d  # QK^T and PV
+    core_bytes = ELEM_BYTES * (tok * 2 * q_dim + b * s * kv_dim)  # Q and context local, K/V of every key
     if not flash:  # scores, softmax, dropout, each written then read back
-        core_bytes += ELEM_BYTES * b * heads_local * s * s * 6
+        core_bytes += ELEM_BYTES * b * heads_local * s_q * s * 6
     return [
         _elementwise("norm1", rep_tok * h, 2),
         _matmul("qkv", tok, h, q_dim + kv_dim),
@@ -132,9 +135,9 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
     ]
 
 
-def mlp_block_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False) -> list[Op]:
-    """Norm, up (and gate) projection, activation, down projection (one TP rank)."""
-    tok, h, f = b * m.seq_len, m.hidden, m.ffn // t
+def mlp_block_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> list[Op]:
+    """Norm, up (and gate) projection, activation, down projection (one TP rank, s/cp tokens)."""
+    tok, h, f = b * m.seq_len / cp, m.hidden, m.ffn // t
     rep_tok = tok / t if sp else tok
     up_width = 2 * f if m.mlp == "swiglu" else f
     return [
@@ -161,14 +164,14 @@ def block_bwd(fwd: list[Op], flash: bool) -> list[Op]:
     return out
 
 
-def embedding_fwd(m: DenseModelCfg, b: int, t: int) -> list[Op]:
+def embedding_fwd(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> list[Op]:
     """Token (and learned position) embedding lookup on the first stage (vocab-parallel)."""
-    return [_elementwise("embedding", b * m.seq_len * m.hidden, 2)]
+    return [_elementwise("embedding", b * m.seq_len / cp * m.hidden, 2)]
 
 
-def head_fwd(m: DenseModelCfg, b: int, t: int) -> list[Op]:
+def head_fwd(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> list[Op]:
     """Final norm, LM-head matmul (vocab-parallel) and cross-entropy on the last stage."""
-    tok = b * m.seq_len
+    tok = b * m.seq_len / cp
     vocab_local = m.vocab / t
     return [
         _elementwise("final_norm", tok * m.hidden, 2),
@@ -227,7 +230,7 @@ def dense_mlp_params(m: DenseModelCfg) -> int:
 
 
 def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
-                           recompute: str = "none", moe_layer: bool = False) -> float:
+                           recompute: str = "none", moe_layer: bool = False, cp: int = 1) -> float:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank.
 
     Korthikanti et al. 2022 Sec 4.1 term by term:
@@ -235,11 +238,13 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     (split over t too under sequence parallelism: 34/t in their Table 2);
     sharded over t: Q,K,V, context, MLP intermediates; attention scores 5as^2b unless flash
     attention or selective recompute drop them. Full recompute keeps the layer input only:
-    2sbh (2sbh/t with SP).
+    2sbh (2sbh/t with SP). Context parallelism keeps the terms of its s/cp tokens: s -> s/cp
+    (the scores term, s/cp queries x s keys, only arises without flash attention, which CP
+    does not use).
     """
     if recompute == "full":
-        return 2 * m.seq_len * b * m.hidden / (t if sp else 1)
-    s, h, d = m.seq_len, m.hidden, m.head_dim
+        return 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
+    s, h, d = m.seq_len / cp, m.hidden, m.head_dim
     sbh = s * b * h
     masks = 2 * sbh if m.dropout else 0
     replicated = (2 * sbh * 2 + 2 * sbh + 2 * sbh + masks) / (t if sp else 1)
@@ -253,13 +258,13 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
         copies = e.top_k * e.capacity_factor + e.shared_experts
         mlp = 2 * s * b * copies * e.expert_ffn * e.mats + 2 * s * b * e.top_k * e.capacity_factor * h
     sharded = (qkv + context + mlp) / t
-    scores = 0.0 if flash or recompute == "selective" else (5 if m.dropout else 4) * m.heads * s * s * b / t
+    scores = 0.0 if flash or recompute == "selective" else (5 if m.dropout else 4) * m.heads * s * m.seq_len * b / t
     return replicated + sharded + scores
 
 
-def head_activation_bytes(m: DenseModelCfg, b: int, t: int) -> float:
+def head_activation_bytes(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> float:
     """fp32 logits kept for the cross-entropy backward on the last stage."""
-    return 4 * b * m.seq_len * m.vocab / t
+    return 4 * b * m.seq_len / cp * m.vocab / t
 
 
 def model_flops_per_token_closed_form(m: DenseModelCfg) -> float:

@@ -31,6 +31,7 @@ import plotly.graph_objects as go
 
 from ..trace import Span, Trace
 from .perfetto import streams_by_rank
+from .summary import plan_dims
 
 GiB = 1024**3
 MiB = 1024**2
@@ -364,7 +365,7 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'({_n(hw.get("nodes") or 0, "node")} × {hw.get("gpus_per_node", "?")}, '
                    f'{e(str(hw.get("topology", "")))})</p>')
     if plan:
-        out.append(f'<p class="meta">plan: TP{plan.get("tp")} × PP{plan.get("pp")} × DP{plan.get("dp")} · '
+        out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × "))} · '
                    f'{e(str(plan.get("schedule", "")))} · {plan.get("microbatches")} microbatches × '
                    f'{plan.get("micro_batch_size")} × {model.get("seq_len", "?")} tokens · '
                    f'{e(str(plan.get("precision", "")))} · {e(str(plan.get("attention", "")))} attention</p>')
@@ -478,7 +479,7 @@ def timeline_note(trace: Trace) -> str:
     who = ""
     if weights and weights != [1]:
         w = " or ".join(str(x) for x in weights)
-        who = f" Each simulated rank stands for {w} GPUs that behave alike (its TP and DP peers)."
+        who = f" Each simulated rank stands for {w} GPUs that behave alike (its TP, CP and DP peers)."
     return (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
             f'{_n(len(trace.spans), "span")}).{who} A bar joins consecutive spans of one microbatch and phase on '
             "its stream; hover for how many and the busy time inside (lighter = less busy). "

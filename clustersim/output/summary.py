@@ -29,6 +29,16 @@ def _stage_rows(stages: list[dict]) -> list[dict]:
     return [s for s in stages if s["stage"] in keep]
 
 
+def plan_dims(p: dict[str, Any], sep: str) -> str:
+    """"TP4 x CP8 (ring) x PP1 x DP2 (EP2)": the parallel degrees, CP and EP only when used."""
+    cp = ""
+    if p.get("cp", 1) > 1:
+        how = p.get("cp_comm", "ring") + ("" if p.get("cp_load_balance", True) else ", unbalanced")
+        cp = f"{sep}CP{p['cp']} ({how})"
+    ep = f" (EP{p['ep']})" if p.get("ep", 1) > 1 else ""
+    return f"TP{p['tp']}{cp}{sep}PP{p['pp']}{sep}DP{p['dp']}{ep}"
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The short human summary printed by ``clustersim run``."""
     p, mem, hw = s["plan"], s["memory"], s["hardware"]
@@ -40,8 +50,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"clustersim · {s['scenario']}",
         *( [s["description"]] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {hw['gpu']} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {hw['topology']})",
-        f"{'plan':<16}TP{p['tp']} x PP{p['pp']} x DP{p['dp']}"
-        + (f" (EP{p['ep']})" if p.get("ep", 1) > 1 else "")
+        f"{'plan':<16}{plan_dims(p, ' x ')}"
         + (" · SP" if p.get("sp") else "") + (f" · ZeRO-{p['zero']}" if p.get("zero") else "")
         + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else "")
         + f" · {p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "") + " · "

@@ -1,9 +1,9 @@
-"""Rank mesh: rank <-> (dp, pp, tp) coordinates <-> GPU, and the communication groups.
+"""Rank mesh: rank <-> (tp, cp, dp, pp) coordinates <-> GPU, and the communication groups.
 
 Ranks are laid out with the first dimension of ``order`` innermost (Megatron's default
-"tp-dp-pp": TP neighbours share a node, PP is outermost)::
+"tp-cp-dp-pp": TP neighbours share a node, PP is outermost)::
 
-    order tp-dp-pp, tp=2 dp=2 pp=2:    rank = tp + 2*(dp + 2*pp)
+    order tp-cp-dp-pp, tp=2 cp=1 dp=2 pp=2:    rank = tp + 2*(dp + 2*pp)
         rank: 0 1 2 3 4 5 6 7
         tp:   0 1 0 1 0 1 0 1
         dp:   0 0 1 1 0 0 1 1
@@ -11,14 +11,24 @@ Ranks are laid out with the first dimension of ``order`` innermost (Megatron's d
 
 Rank r runs on GPU r of the cluster (GPU r lives on node r // gpus_per_node).
 
-Expert parallelism is carved out of DP (Megatron-style, experts TP-split like the dense MLP):
-ep consecutive DP indices form an EP group, which all-to-alls tokens; the ranks holding the
-same experts (DP indices equal mod ep) form the expert-data-parallel group "edp", which
-reduces expert gradients::
+Context parallelism splits every sequence over the cp ranks of a "cp" group; they hold the
+same weights, so gradients (and ZeRO shards) go over the ``cp+dp`` group, all ranks with the
+same TP and PP coordinates (Megatron-LM's data-parallel-with-context-parallel group).
 
-    dp index:  0 1 2 3 4 5 6 7      ep=4
+Expert parallelism is carved out of DP (Megatron-style, experts TP-split like the dense MLP).
+With ``ep`` inside ``dp`` in the order (the default, "tp-cp-ep-dp-pp"), ep consecutive DP
+indices form an EP group, which all-to-alls tokens; the ranks holding the same experts form
+the expert-data-parallel group "edp", which reduces expert gradients::
+
+    dp index:  0 1 2 3 4 5 6 7      ep=4, ep inside dp ("ep-dp")
     ep group:  [0 1 2 3] [4 5 6 7]
     edp group: {0,4} {1,5} {2,6} {3,7}
+
+    dp index:  0 1 2 3 4 5 6 7      ep=4, ep outside dp ("dp-ep")
+    ep group:  {0,2,4,6} {1,3,5,7}
+    edp group: [0 1] [2 3] [4 5] [6 7]
+
+Expert gradients go over ``cp+edp``: CP ranks hold the same experts.
 """
 
 from __future__ import annotations
@@ -27,7 +37,37 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
 
-DIMS = ("tp", "dp", "pp")
+DIMS = ("tp", "cp", "dp", "pp")  # the default order, innermost first
+
+
+def parse_order(text: str) -> tuple[tuple[str, ...], bool]:
+    """(dims innermost first, ep inside dp) from an order string such as "tp-cp-ep-dp-pp".
+
+    tp, dp and pp must appear; cp, when absent, sits just outside tp; ep, when present, must
+    touch dp: before it (EP groups are consecutive DP indices) or after it (strided).
+    Raises ValueError with the reason.
+    """
+    names = text.split("-")
+    known = set(DIMS) | {"ep"}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown dimension {unknown[0]!r}; use tp, cp, ep, dp, pp joined by '-', innermost first")
+    dup = [n for n in names if names.count(n) > 1]
+    if dup:
+        raise ValueError(f"dimension {dup[0]!r} appears twice")
+    missing = [d for d in ("tp", "dp", "pp") if d not in names]
+    if missing:
+        raise ValueError(f"order must name tp, dp and pp (missing {missing[0]}), e.g. tp-cp-ep-dp-pp")
+    ep_inner = True
+    if "ep" in names:
+        i, j = names.index("ep"), names.index("dp")
+        if abs(i - j) != 1:
+            raise ValueError("ep is carved out of dp, so it must sit next to dp (tp-cp-ep-dp-pp or tp-cp-dp-ep-pp)")
+        ep_inner = i < j
+        names.remove("ep")
+    if "cp" not in names:
+        names.insert(names.index("tp") + 1, "cp")
+    return tuple(names), ep_inner
 
 
 @dataclass(frozen=True)
@@ -35,16 +75,29 @@ class Mesh:
     tp: int
     dp: int
     pp: int
-    order: tuple[str, ...] = DIMS  # innermost first
+    order: tuple[str, ...] = DIMS  # innermost first; a missing cp sits just outside tp
     ep: int = 1  # expert-parallel size, a divisor of dp
+    cp: int = 1
+    ep_inner: bool = True  # EP groups are consecutive DP indices (else strided)
+
+    def __post_init__(self):
+        if "cp" not in self.order:
+            dims = list(self.order)
+            dims.insert(dims.index("tp") + 1, "cp")
+            object.__setattr__(self, "order", tuple(dims))
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.dp * self.pp
+        return self.tp * self.cp * self.dp * self.pp
 
     def size(self, dim: str) -> int:
         if dim == "edp":
             return self.dp // self.ep
+        if "+" in dim:
+            out = 1
+            for d in dim.split("+"):
+                out *= self.size(d)
+            return out
         return getattr(self, dim)
 
     @cached_property
@@ -56,25 +109,33 @@ class Mesh:
         return out
 
     def rank(self, **coords: int) -> int:
-        return sum(coords[d] * self._strides[d] for d in DIMS)
+        return sum(coords.get(d, 0) * self._strides[d] for d in DIMS)
 
     def coords(self, rank: int) -> dict[str, int]:
         return {d: (rank // self._strides[d]) % self.size(d) for d in DIMS}
 
+    def _expert_dp(self, d: int, dim: str) -> range:
+        """DP indices of ``d``'s EP group (dim "ep") or expert-DP group (dim "edp")."""
+        # the inner sub-dimension is consecutive DP indices, the outer one strided by its size
+        inner = self.ep if self.ep_inner else self.dp // self.ep
+        if (dim == "ep") == self.ep_inner:
+            return range(d - d % inner, d - d % inner + inner)
+        return range(d % inner, self.dp, inner)
+
     def group(self, rank: int, dim: str) -> tuple[int, ...]:
         """Ranks that share every coordinate of ``rank`` except ``dim``, in ``dim`` order.
 
-        ``ep`` and ``edp`` are the expert groups inside DP (see the module docstring).
+        ``ep`` and ``edp`` are the expert groups inside DP (see the module docstring);
+        "cp+dp" and "cp+edp" combine CP with them, CP innermost.
         """
+        c = self.coords(rank)
+        if "+" in dim:
+            inner, outer = dim.split("+")
+            return tuple(x for o in self.group(rank, outer) for x in self.group(o, inner))
         if dim in ("ep", "edp"):
-            d = self.coords(rank)["dp"]
-            base = rank - d * self._strides["dp"]
-            if dim == "ep":
-                idx = range(d - d % self.ep, d - d % self.ep + self.ep)
-            else:
-                idx = range(d % self.ep, self.dp, self.ep)
-            return tuple(base + i * self._strides["dp"] for i in idx)
-        base = rank - self.coords(rank)[dim] * self._strides[dim]
+            base = rank - c["dp"] * self._strides["dp"]
+            return tuple(base + i * self._strides["dp"] for i in self._expert_dp(c["dp"], dim))
+        base = rank - c[dim] * self._strides[dim]
         return tuple(base + i * self._strides[dim] for i in range(self.size(dim)))
 
     def groups(self, dim: str) -> list[tuple[int, ...]]:
@@ -82,7 +143,7 @@ class Mesh:
         seen = {}
         for r in range(self.world_size):
             g = self.group(r, dim)
-            seen.setdefault(g[0], g)
+            seen.setdefault(min(g), g)
         return [seen[k] for k in sorted(seen)]
 
     def ranks_where(self, **fixed: int) -> list[int]:

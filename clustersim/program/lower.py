@@ -38,8 +38,9 @@ from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 class Symmetry:
     """Which ranks run in the simulation and whom each stands for.
 
-    Collapsed (default): ranks differing only in their DP or TP index run identical
-    programs on identical hardware, so one rank per pipeline stage is simulated; a
+    Collapsed (default): ranks differing only in their DP, TP or CP index run identical
+    programs on identical hardware, so one rank per pipeline stage is simulated (per stage
+    and CP index when CP is not load-balanced: its ranks' attention work differs); a
     communication instance stands for its twins (same shape on other GPUs), which still load
     shared links. Not collapsed: every rank is simulated, there are no twins. Both give the
     same numbers on a symmetric placement; where twins meet different links (a stage that
@@ -49,6 +50,7 @@ class Symmetry:
 
     mesh: Mesh
     collapse: bool
+    cp_distinct: bool = False  # CP ranks run different programs (unbalanced causal attention)
     rep: dict[int, int] = field(init=False)
     _orbits: dict = field(init=False, default_factory=dict)
     _shapes: dict = field(init=False, default_factory=dict)
@@ -56,7 +58,8 @@ class Symmetry:
     def __post_init__(self):
         m = self.mesh
         if self.collapse:
-            self.rep = {r: m.rank(tp=0, dp=0, pp=m.coords(r)["pp"]) for r in range(m.world_size)}
+            keep = ("pp", "cp") if self.cp_distinct else ("pp",)
+            self.rep = {r: m.rank(**{d: v for d, v in m.coords(r).items() if d in keep}) for r in range(m.world_size)}
         else:
             self.rep = {r: r for r in range(m.world_size)}
 
@@ -109,6 +112,7 @@ class Lowering:
     zero: int = 0
     zero_prefetch_layers: int = 1
     zero3_keep_gathered: bool = False
+    cp_work: dict = field(default_factory=dict)  # CP index -> per-part work, when CP ranks differ
     # filled by __post_init__
     grad_kind: str = field(init=False)  # the action after which gradients are final: "W" or "B"
     first_mb: dict = field(default_factory=dict)  # virtual stage -> first microbatch it runs forward
@@ -158,12 +162,26 @@ class Lowering:
         return self.group_of(rank, "pp").index(rank)
 
     def group_of(self, rank: int, dim: str) -> tuple[int, ...]:
-        """``mesh.group(rank, dim)``, remembered: the lowering asks for it once per communication."""
+        """``mesh.group(rank, dim)``, remembered: the lowering asks for it once per communication.
+
+        Gradients and ZeRO shards ("dp", "edp") go over those groups times CP: CP ranks hold
+        the same weights."""
         key = (rank, dim)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = self.mesh.group(rank, dim)
+            g = self._groups[key] = self.mesh.group(rank, GRAD_GROUPS.get(dim, dim))
         return g
+
+    @property
+    def n_grad(self) -> int:
+        """Ranks that reduce (and ZeRO-shard) one gradient: dp x cp."""
+        return self.mesh.size(GRAD_GROUPS["dp"])
+
+    def work_of(self, rank: int, part: int) -> StageWork:
+        """The work of ``part`` as rank ``rank`` runs it (CP ranks differ without load balancing)."""
+        if self.cp_work:
+            return self.cp_work[self.mesh.coords(rank)["cp"]][part]
+        return self.work[part]
 
     def peer(self, rank: int, pp: int) -> int:
         """The rank at pipeline position ``pp`` with ``rank``'s TP and DP coordinates."""
@@ -171,6 +189,9 @@ class Lowering:
 
     def part(self, stage: int) -> int:
         return self.schedule.stage_part[stage]
+
+
+GRAD_GROUPS = {"dp": "cp+dp", "edp": "cp+edp"}  # lowering kind -> mesh group of its ranks
 
 
 def _pp_edges(s: PipelineSchedule) -> tuple[tuple[int, int], ...]:
@@ -191,8 +212,8 @@ def _pp_groups(mesh: Mesh, pps: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 def _all_groups(low: Lowering, kind: str):
     """Every group of ``kind`` in the mesh (for twins: the groups that map onto the same ranks)."""
-    if kind in ("tp", "dp", "ep", "edp"):
-        return low.mesh.groups(kind)
+    if kind in ("tp", "cp", "dp", "ep", "edp"):
+        return low.mesh.groups(GRAD_GROUPS.get(kind, kind))
     if kind == "pp":
         return [g for e in low.pp_edges for g in _pp_groups(low.mesh, e)]
     if kind == "emb":
@@ -225,7 +246,8 @@ def _comm(low: Lowering, prog: Program, rank: int, kind: str, group, tag, size: 
                     deps=tuple(deps), **meta).tid
 
 
-COMM_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A"}
+COMM_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A",
+              "shift": "shift"}
 
 
 def _unit(blk) -> object:
@@ -253,7 +275,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     mesh = low.mesh
     q, stage, kind, mb = low.pp_of(r), act.stage, act.kind, act.mb
     part = low.part(stage)
-    zero3 = low.zero == 3 and mesh.dp > 1
+    zero3 = low.zero == 3 and low.n_grad > 1
     keep = low.zero3_keep_gathered
     # kept gathered: one gather per unit per step, at its first forward
     gather = zero3 and ((kind == "F" and (not keep or mb == low.first_mb.get(stage))) or (kind == "B" and not keep))
@@ -262,9 +284,10 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     unit_end: dict = {}  # unit -> its last compute task so far
     gathered: dict = {}
     prev = None
+    carried: tuple = ()  # overlapped communications of the previous block: this one waits for them
     for i, blk in enumerate(blocks):
         meta = dict(mb=mb, phase=kind, stage=q, layer=blk.layer)
-        first_deps = tuple(deps) if prev is None else (prev,)
+        first_deps = (tuple(deps) if prev is None else (prev,)) + carried
         u = _unit(blk)
         # a communication-only block (the embedding's B under SP) computes nothing: no weights needed
         if gather and blk.duration_s > 0 and low.unit_params.get((part, u), 0) > 0 and u not in gathered:
@@ -282,6 +305,10 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
             prev = _comm(low, prog, r, c.dim, low.group_of(r, c.dim), (kind, stage, mb, i, "pre", j), c.size_bytes,
                          op=c.op, deps=first_deps, name=f"{kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
             first_deps = (prev,)
+        carried = tuple(
+            _comm(low, prog, r, c.dim, low.group_of(r, c.dim), (kind, stage, mb, i, "overlap", j), c.size_bytes,
+                  op=c.op, deps=first_deps, name=f"{kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
+            for j, c in enumerate(blk.overlap))
         prev = prog.add(rank=r, stream="compute", name=f"{kind} {blk.name}", kind="compute",
                         duration_s=blk.duration_s, flops=blk.flops, model_flops=blk.model_flops,
                         deps=first_deps, **meta).tid
@@ -380,7 +407,7 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
         pp                                        [send act][send grad]
     """
     split = low.split
-    work = [low.work[low.part(a.stage)] for a in unit]
+    work = [low.work_of(r, low.part(a.stage)) for a in unit]
     if len(unit) == 1:
         a = unit[0]
         (end,) = _run_chains(_blocks(prog, low, r, a, work[0].blocks(a.kind, split), _input_deps(low, r, a)))
@@ -465,13 +492,13 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
     """
     mesh = low.mesh
     op = "all_reduce" if low.zero == 0 else "reduce_scatter"
-    shard = mesh.dp if low.zero >= 1 and mesh.dp > 1 else 1  # after a DP reduce-scatter a rank keeps 1/dp
+    shard = low.n_grad if low.zero >= 1 else 1  # after a DP reduce-scatter a rank keeps 1/(dp cp)
     for r in low.sym.ranks:
         q = low.pp_of(r)
         tids: list[int] = list(low.grad_tasks.get(r, []))
         for a in _grad_final_actions(low, q):
             part = low.part(a.stage)
-            dp_buckets = mesh.dp > 1 and low.zero < 3
+            dp_buckets = low.n_grad > 1 and low.zero < 3
             pps = low.holders_of[part]
             replicas = len(pps) > 1 and low.zero < 3 and a.mb == low.final_mb[a.stage]
             if not (dp_buckets or replicas):
@@ -488,7 +515,7 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
                 if replicas:
                     tids.append(_replica_allreduce(prog, low, r, part, ("bucket", n), params / shard, (dep,),
                                                    f"AR part {part} grads bucket {n} (replicas)", **meta))
-            if dp_buckets and mesh.ep < mesh.dp and a.mb == low.final_mb[a.stage]:
+            if low.zero < 3 and mesh.size("cp+edp") > 1 and a.mb == low.final_mb[a.stage]:
                 # routed experts: E/ep on this rank, the same experts on every rank of its EDP group
                 blocks = low.work[part].grad_blocks(low.split)
                 for n, (i, params) in enumerate(_buckets(blocks, low.dp_bucket_params, "expert_params")):
@@ -535,7 +562,7 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
         deps = tuple(low.grad_tasks[r]) or low.last_task[r]
         opt = prog.add(rank=r, stream="compute", name="optimizer step", kind="compute",
                        duration_s=sum(low.work[j].optimizer_s for j in parts), deps=deps, phase="opt", stage=q).tid
-        if low.zero in (1, 2) and low.mesh.dp > 1:
+        if low.zero in (1, 2) and low.n_grad > 1:
             _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("AG params after step",),
                   sum(low.work[j].local_params for j in parts) * PARAM_BYTES, op="all_gather", deps=(opt,),
                   name="AG params", phase="opt", stage=q)
@@ -545,14 +572,17 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
 def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lowering]:
     """Scenario -> Program for one training step."""
     mesh = sc.mesh
-    sym = Symmetry(mesh, sc.cfg.simulation.collapse_symmetric if collapse is None else collapse)
+    cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
+    sym = Symmetry(mesh, sc.cfg.simulation.collapse_symmetric if collapse is None else collapse, cp_distinct)
     work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
+    cp_work = {c: [stage_work(sc, j, sc.cluster.gpu, c) for j in range(sc.n_parts)]
+               for c in range(mesh.cp)} if cp_distinct else {}
     low = Lowering(
         mesh=mesh, schedule=sc.schedule, work=work, sym=sym,
         grad_bytes=GRAD_BYTES[sc.training.grad_dtype], dp_bucket_params=sc.training.dp_bucket_params,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
-        zero3_keep_gathered=sc.parallel.zero3_keep_gathered,
+        zero3_keep_gathered=sc.parallel.zero3_keep_gathered, cp_work=cp_work,
     )
     return run_passes(low), low
 

@@ -66,6 +66,7 @@ class Block:
     pre: tuple[CommItem, ...] = ()  # before the compute, which waits for them
     post: tuple[CommItem, ...] = ()  # after the compute; the next block waits for them
     expert_params: float = 0.0  # routed-expert parameters (reduced over the expert-DP group)
+    overlap: tuple[CommItem, ...] = ()  # start with the compute (after ``pre``); the next block waits for them
 
 
 @dataclass(frozen=True)
@@ -127,13 +128,13 @@ def split_backward_ops(ops: list[Op]) -> tuple[list[Op], list[Op]]:
 
 
 def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), recompute_ops=(),
-           expert_params=0.0) -> Block:
+           expert_params=0.0, overlap=()) -> Block:
     """A block's cost; ``recompute_ops`` add time and executed FLOPs but no model FLOPs."""
     return Block(
         name=name, layer=layer,
         duration_s=ops_time_s(list(recompute_ops) + ops, gpu, precision),
         flops=sum(o.flops for o in list(recompute_ops) + ops), model_flops=sum(o.model_flops for o in ops),
-        params=params, pre=tuple(pre), post=tuple(post), expert_params=expert_params,
+        params=params, pre=tuple(pre), post=tuple(post), expert_params=expert_params, overlap=tuple(overlap),
     )
 
 
@@ -161,79 +162,189 @@ def head_keeps_embedding_copy(sc: Scenario) -> bool:
     return sc.model.tied_embeddings and holders(s, 0) != holders(s, s.n_parts - 1)
 
 
-def stage_work(sc: Scenario, part: int, gpu: GpuSpec) -> StageWork:
+@dataclass(frozen=True)
+class _Spec:
+    """A block before costing: its ops, communications and parameters."""
+
+    name: str
+    ops: list
+    pre: tuple = ()
+    post: tuple = ()
+    params: float = 0.0
+    expert_params: float = 0.0
+    overlap: tuple = ()
+
+
+def cp_attention_shares(cp: int, cp_rank: int, balanced: bool) -> list[float]:
+    """Share of this rank's core attention (s/cp queries x s keys) done at each ring step.
+
+    At step j the rank holds the K/V of chunk c = (rank - j) mod cp. Under a causal mask a
+    query chunk needs only the keys at or before it. Load-balanced CP (Megatron-LM/Transformer
+    Engine: 2*cp chunks, rank i holding chunks i and 2cp-1-i) gives every rank and every step
+    the same work. A contiguous split does not: rank i computes a full block for c < i, the
+    diagonal half-block for c = i and nothing for c > i::
+
+        contiguous, cp=4      step: 0    1    2    3      total x (A/cp)
+            rank 0                  1/4  0    0    0      1/4
+            rank 3                  1/4  1/2  1/2  1/2    7/4     = (2i+1)/cp
+
+    The whole (every rank together) stays the unsplit attention A, so plans compare at equal
+    work; only its distribution follows the mask.
+    """
+    if balanced:
+        return [1.0 / cp] * cp
+    out = []
+    for j in range(cp):
+        c = (cp_rank - j) % cp
+        out.append(2.0 / cp if c < cp_rank else (1.0 / cp if c == cp_rank else 0.0))
+    return out
+
+
+def _scaled(op: Op, share: float) -> Op:
+    return Op(op.name, op.flops * share, op.bytes * share, op.model_flops * share)
+
+
+def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_pre, b_post):
+    """(forward specs, backward specs) of one attention block, with context parallelism.
+
+    cp = 1: one block, TP communication around it. cp > 1, ``cp_comm: ring`` (ring attention;
+    Liu et al. 2023, Megatron-LM/Transformer Engine): each rank passes its K/V to the next
+    while it computes attention against the K/V it holds, cp steps::
+
+        compute  [qkv][attn step 0][attn step 1] ... [attn step cp-1][proj]
+        cp              [shift K/V ][shift K/V ] ...
+        backward: the same steps, shifting K/V and the dK/dV accumulated so far; the last
+                  dK/dV hop to its owner blocks the QKV backward.
+
+    ``cp_comm: all_gather`` (Llama 3, Dubey et al. 2024 Sec 3.3.2): all-gather the K/V of every
+    rank, then attention as one kernel; backward gathers them again and reduce-scatters dK/dV::
+
+        compute  [qkv]          [attn + proj]            backward  [attn + proj]          [qkv]
+        cp            [AG K/V]                           cp   [AG K/V]            [RS dK/dV]
+    """
+    m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
+    b, sp = sc.training.micro_batch_size, sc.parallel.sp
+    flash = sc.training.attention == "flash"
+    ops = tf.attn_block_fwd(m, b, t, flash, sp, cp)
+    if cp == 1:
+        return ([_Spec("attn", ops, f_pre, f_post, params)],
+                [_Spec("attn", tf.block_bwd(ops, flash), b_pre, b_post, params)])
+    qkv, core, out = ops[:2], ops[2], ops[3:]
+    assert qkv[-1].name == "qkv" and core.name == "core_attn"
+    kv_bytes = tf.ELEM_BYTES * b * (m.seq_len / cp) * 2 * m.n_kv_heads * m.head_dim / t  # this rank's K and V
+    shares = cp_attention_shares(cp, cp_rank, sc.parallel.cp_load_balance)
+    fwd = [_Spec("attn qkv", qkv, pre=f_pre, params=params)]
+    bwd = [_Spec("attn proj", tf.block_bwd(out, flash), pre=b_pre)]
+    if sc.parallel.cp_comm == "ring":
+        shift = (CommItem("shift", kv_bytes, dim="cp"),)
+        shift_grad = (CommItem("shift", 2 * kv_bytes, dim="cp"),)  # K/V and the dK/dV accumulated so far
+        for j, share in enumerate(shares):
+            last = j == cp - 1
+            fwd.append(_Spec(f"attn ring {j}", [_scaled(core, share)], overlap=() if last else shift))
+            bwd.append(_Spec(f"attn ring {j}", tf.block_bwd([_scaled(core, share)], flash),
+                             overlap=() if last else shift_grad,
+                             post=(CommItem("shift", kv_bytes, dim="cp"),) if last else ()))
+        fwd.append(_Spec("attn proj", out, post=f_post))
+    else:
+        whole = cp * kv_bytes
+        core = _scaled(core, sum(shares))
+        fwd[0] = _Spec("attn qkv", qkv, pre=f_pre, post=(CommItem("all_gather", whole, dim="cp"),), params=params)
+        fwd.append(_Spec("attn core", [core] + out, post=f_post))
+        bwd = [_Spec("attn core", tf.block_bwd([core] + out, flash), pre=b_pre + (CommItem("all_gather", whole, dim="cp"),),
+                     post=(CommItem("reduce_scatter", whole, dim="cp"),))]
+    bwd.append(_Spec("attn qkv", tf.block_bwd(qkv, flash), post=b_post, params=params))
+    return fwd, bwd
+
+
+def cp_transient_bytes(sc: Scenario) -> float:
+    """Buffers CP holds while one layer's attention runs: ring, K/V and dK/dV being received
+    and sent (2 x 2 chunks); all-gather, the gathered K/V and the dK/dV before their
+    reduce-scatter (2 x cp chunks)."""
+    m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
+    if cp == 1:
+        return 0.0
+    kv = tf.ELEM_BYTES * sc.training.micro_batch_size * (m.seq_len / cp) * 2 * m.n_kv_heads * m.head_dim / t
+    return (4 if sc.parallel.cp_comm == "ring" else 2 * cp) * kv
+
+
+def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0) -> StageWork:
     """Blocks, optimizer time, local parameters and activation bytes of model part ``part``.
 
     Part 0 starts with the embedding, the last part ends with the head; the layers are
-    ``sc.layers_per_part[part]`` consecutive ones.
+    ``sc.layers_per_part[part]`` consecutive ones. ``cp_rank`` matters only for context
+    parallelism without load balancing (its ranks' attention work differs).
     """
-    m, t = sc.model, sc.parallel.tp
+    m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
     n_parts = sc.n_parts
     sp, recompute = sc.parallel.sp, sc.training.recompute
     b, prec = sc.training.micro_batch_size, sc.training.precision
     flash = sc.training.attention == "flash"
     per_part = sc.layers_per_part
     first_layer = sum(per_part[:part])
-    act = 2.0 * b * m.seq_len * m.hidden  # a 16-bit [b, s, h] activation
+    act = 2.0 * b * m.seq_len / cp * m.hidden  # a 16-bit [b, s/cp, h] activation
     first, last = part == 0, part == n_parts - 1
     f_pre, f_post, b_pre, b_post = _tp_comms(t, sp, act)
 
-    attn_f = tf.attn_block_fwd(m, b, t, flash, sp)
-    mlp_f = tf.mlp_block_fwd(m, b, t, sp)
-    attn_b, mlp_b = tf.block_bwd(attn_f, flash), tf.block_bwd(mlp_f, flash)
+    mlp_f = tf.mlp_block_fwd(m, b, t, sp, cp)
+    mlp_b = tf.block_bwd(mlp_f, flash)
     per_layer = tf.layer_params(m) / t
     mlp_share = (m.hidden * m.ffn * (3 if m.mlp == "swiglu" else 2)) / t
     attn_params, mlp_params = per_layer - mlp_share, mlp_share
+    attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, f_pre, f_post, b_pre, b_post)
     # selective recompute re-runs core attention in backward; flash attention already does
-    attn_rc = [o for o in attn_f if o.name == "core_attn"] if recompute == "selective" and not flash else []
+    # (and CP needs flash attention, so the single "attn" block holds the core here)
+    attn_rc = ([o for o in attn_fwd[0].ops if o.name == "core_attn"]
+               if recompute == "selective" and not flash else [])
 
     emb_params = tf.embedding_params(m) / t
     # A tied LM head on a later stage keeps its own copy of the word embedding (Megatron).
     head_params = (tf.head_params(m) + (m.vocab * m.hidden if head_keeps_embedding_copy(sc) else 0)) / t
 
-    emb_f = tf.embedding_fwd(m, b, t)
-    head_f = tf.head_fwd(m, b, t)
+    emb_f = tf.embedding_fwd(m, b, t, cp)
+    head_f = tf.head_fwd(m, b, t, cp)
     emb_post = (CommItem("reduce_scatter" if sp else "all_reduce", act),) if t > 1 else ()
     fwd, bwd, b_in, b_w = [], [], [], []
 
-    def backward(name, layer, ops, params, pre=(), post=(), recompute_ops=(), expert_params=0.0):
-        """The full backward block and its B (input gradient) and W (weight gradient) halves."""
-        bwd.append(_block(name, layer, ops, gpu, prec, params, pre, post, recompute_ops, expert_params))
-        ops_b, ops_w = split_backward_ops(ops)
-        b_in.append(_block(name, layer, ops_b, gpu, prec, 0.0, pre, post, recompute_ops))
-        b_w.append(_block(name, layer, ops_w, gpu, prec, params, expert_params=expert_params))
+    def forward(spec: _Spec, layer: int):
+        fwd.append(_block(spec.name, layer, spec.ops, gpu, prec, spec.params, spec.pre, spec.post,
+                          expert_params=spec.expert_params, overlap=spec.overlap))
 
-    moe_blocks = MoeBlocks.build(sc, gpu, f_pre, f_post, b_pre, b_post) if m.moe is not None else None
+    def backward(spec: _Spec, layer: int, recompute_ops=()):
+        """The full backward block and its B (input gradient) and W (weight gradient) halves."""
+        bwd.append(_block(spec.name, layer, spec.ops, gpu, prec, spec.params, spec.pre, spec.post, recompute_ops,
+                          spec.expert_params, spec.overlap))
+        ops_b, ops_w = split_backward_ops(spec.ops)
+        b_in.append(_block(spec.name, layer, ops_b, gpu, prec, 0.0, spec.pre, spec.post, recompute_ops,
+                           overlap=spec.overlap))
+        b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, expert_params=spec.expert_params))
+
+    moe_blocks = MoeBlocks.build(sc, f_pre, f_post, b_pre, b_post) if m.moe is not None else None
+
+    def mlp_specs(layer: int) -> tuple[list, list]:
+        if m.is_moe_layer(layer):
+            return list(moe_blocks.fwd_specs), list(moe_blocks.bwd_specs)
+        return [_Spec("mlp", mlp_f, f_pre, f_post, mlp_params)], [_Spec("mlp", mlp_b, b_pre, b_post, mlp_params)]
 
     if first:
         fwd.append(_block("embedding", -1, emb_f, gpu, prec, emb_params, post=emb_post))
     if last:
         # the head's input is sequence-sharded under SP: gather it; backward scatters the grad
-        backward("head", -1, tf.block_bwd(head_f, flash), head_params, post=b_post)
+        backward(_Spec("head", tf.block_bwd(head_f, flash), post=b_post, params=head_params), -1)
     for layer in range(first_layer, first_layer + per_part[part]):
-        fwd.append(_block("attn", layer, attn_f, gpu, prec, attn_params, f_pre, f_post))
-        if m.is_moe_layer(layer):
-            fwd.extend(moe_blocks.forward(layer))
-        else:
-            fwd.append(_block("mlp", layer, mlp_f, gpu, prec, mlp_params, f_pre, f_post))
+        for spec in attn_fwd + mlp_specs(layer)[0]:
+            forward(spec, layer)
     for layer in reversed(range(first_layer, first_layer + per_part[part])):
+        mlp_fwd, mlp_bwd = mlp_specs(layer)
         if recompute == "full":
-            redo = [("recompute attn", attn_f, f_pre, f_post)]
-            if m.is_moe_layer(layer):
-                redo += [(f"recompute {blk.name}", blk.ops, blk.pre, blk.post) for blk in moe_blocks.fwd_specs]
-            else:
-                redo += [("recompute mlp", mlp_f, f_pre, f_post)]
-            for name, ops, pre, post in redo:
-                blk = _block(name, layer, [], gpu, prec, 0.0, pre, post, recompute_ops=ops)
+            for spec in attn_fwd + mlp_fwd:  # the layer's forward again, communication included
+                blk = _block(f"recompute {spec.name}", layer, [], gpu, prec, 0.0, spec.pre, spec.post,
+                             recompute_ops=spec.ops, overlap=spec.overlap)
                 bwd.append(blk)
                 b_in.append(blk)  # recompute feeds the input gradient: head of B
-        if m.is_moe_layer(layer):
-            for spec in moe_blocks.bwd_specs:
-                backward(spec.name, layer, spec.ops, spec.params, spec.pre, spec.post,
-                         expert_params=spec.expert_params)
-        else:
-            backward("mlp", layer, mlp_b, mlp_params, b_pre, b_post)
-        backward("attn", layer, attn_b, attn_params, b_pre, b_post, recompute_ops=attn_rc)
+        for spec in mlp_bwd:
+            backward(spec, layer)
+        for i, spec in enumerate(attn_bwd):
+            backward(spec, layer, recompute_ops=attn_rc if i == 0 else ())
     if last:
         fwd.append(_block("head", -1, head_f, gpu, prec, head_params, pre=f_pre))
     if first:
@@ -247,13 +358,14 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec) -> StageWork:
     local_params = sum(blk.params for blk in fwd)
     local_expert_params = sum(blk.expert_params for blk in fwd)
     layers = range(first_layer, first_layer + per_part[part])
-    act_mb = sum(tf.layer_activation_bytes(m, b, t, flash, sp, recompute, m.is_moe_layer(ly)) for ly in layers)
+    act_mb = sum(tf.layer_activation_bytes(m, b, t, flash, sp, recompute, m.is_moe_layer(ly), cp) for ly in layers)
     if last:
-        act_mb += tf.head_activation_bytes(m, b, t)
-    transient = tf.layer_activation_bytes(m, b, t, flash, sp) if recompute == "full" else 0.0
-    zero_shard = sc.parallel.dp if sc.parallel.zero >= 1 else 1
-    expert_shard = sc.parallel.dp // sc.parallel.ep if sc.parallel.zero >= 1 else 1
-    updated = local_params / zero_shard + local_expert_params / expert_shard
+        act_mb += tf.head_activation_bytes(m, b, t, cp)
+    transient = tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp) if recompute == "full" else 0.0
+    transient += cp_transient_bytes(sc)
+    grad_shard = sc.mesh.size("cp+dp") if sc.parallel.zero >= 1 else 1
+    expert_shard = sc.mesh.size("cp+edp") if sc.parallel.zero >= 1 else 1
+    updated = local_params / grad_shard + local_expert_params / expert_shard
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),
         optimizer_s=adam_step_time_s(updated, gpu, GRAD_BYTES[sc.training.grad_dtype]),
@@ -267,40 +379,26 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec) -> StageWork:
 
 
 @dataclass(frozen=True)
-class _Spec:
-    """A MoE block before costing: its ops, communications and parameters."""
-
-    name: str
-    ops: list
-    pre: tuple = ()
-    post: tuple = ()
-    params: float = 0.0
-    expert_params: float = 0.0
-
-
-@dataclass(frozen=True)
 class MoeBlocks:
     """The blocks replacing a dense MLP in a MoE layer (Megatron-style, experts TP-split)::
 
         forward   AG[router]A2A ─ [experts + shared]A2A RS        (SP; AR after without SP)
         backward  AG A2A[experts + shared]A2A ─ [router]RS
 
-    The dispatch all-to-all runs in the EP group (``ep`` consecutive DP ranks, same TP index)
+    The dispatch all-to-all runs in the EP group (``ep`` DP ranks, same TP and CP index)
     and carries tokens * top_k * capacity hidden vectors; the combine brings them back.
     Routed-expert parameters (E/ep experts per rank) reduce over the expert-DP group.
     """
 
     fwd_specs: tuple
     bwd_specs: tuple
-    gpu: object
-    precision: str
 
     @staticmethod
-    def build(sc: Scenario, gpu: GpuSpec, f_pre, f_post, b_pre, b_post) -> "MoeBlocks":
+    def build(sc: Scenario, f_pre, f_post, b_pre, b_post) -> "MoeBlocks":
         m, t, ep = sc.model, sc.parallel.tp, sc.parallel.ep
         e, h = m.moe, m.hidden
         b, flash, sp = sc.training.micro_batch_size, sc.training.attention == "flash", sc.parallel.sp
-        tokens = b * m.seq_len
+        tokens = b * m.seq_len / sc.parallel.cp
         rep_tok = tokens / t if sp else tokens
         a2a = (CommItem("all_to_all", moe.dispatch_bytes(e, tokens, h), dim="ep"),) if ep > 1 else ()
         router = [tf._elementwise("norm2", rep_tok * h, 2)] + moe.router_fwd(e, tokens, h)
@@ -317,8 +415,5 @@ class MoeBlocks:
             _Spec("experts", tf.block_bwd(experts, flash), b_pre + a2a, a2a, shared_params, routed_params),
             _Spec("router", tf.block_bwd(router, flash), (), b_post, router_params),
         )
-        return MoeBlocks(fwd, bwd, gpu, sc.training.precision)
+        return MoeBlocks(fwd, bwd)
 
-    def forward(self, layer: int) -> list[Block]:
-        return [_block(s.name, layer, s.ops, self.gpu, self.precision, s.params, s.pre, s.post,
-                       expert_params=s.expert_params) for s in self.fwd_specs]

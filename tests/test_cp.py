@@ -1,0 +1,164 @@
+"""Context parallelism: the ring and all-gather variants against their closed forms."""
+
+from __future__ import annotations
+
+import pytest
+
+import clustersim
+from clustersim.errors import ConfigError
+from clustersim.model import transformer as tf
+from clustersim.program.lower import lower
+from clustersim.program.work import cp_attention_shares
+
+from .conftest import scenario_dict
+
+SEQ = 8192
+
+
+def _sc(root, model=None, **parallel):
+    par = {"tp": 2, "pp": 2, "dp": 2, "cp": 2, **parallel}
+    d = scenario_dict(model={"seq_len": SEQ, "layers": 4, **(model or {})}, parallel=par,
+                      training={"global_batch_size": 8, "attention": "flash"})
+    return clustersim.load_scenario(d, base_dir=root)
+
+
+def _kv_bytes(sc) -> float:
+    """K and V of one rank's s/cp tokens, 16-bit, per TP rank."""
+    m, p = sc.model, sc.parallel
+    return 2 * sc.training.micro_batch_size * (m.seq_len / p.cp) * 2 * m.n_kv_heads * m.head_dim / p.tp
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4, 8])
+def test_attention_shares_follow_the_causal_mask(cp):
+    """Balanced: every step 1/cp. Contiguous: rank i does (2i+1)/cp of the balanced work, and
+    all ranks together do exactly the balanced total."""
+    for i in range(cp):
+        assert cp_attention_shares(cp, i, True) == [1 / cp] * cp
+        assert sum(cp_attention_shares(cp, i, False)) == pytest.approx((2 * i + 1) / cp)
+    assert sum(sum(cp_attention_shares(cp, i, False)) for i in range(cp)) == pytest.approx(cp)
+    # rank 0 only sees its own chunk (the diagonal, at step 0)
+    assert cp_attention_shares(cp, 0, False) == [1 / cp] + [0.0] * (cp - 1)
+
+
+@pytest.mark.parametrize("cp_comm", ["ring", "all_gather"])
+def test_cp_conserves_the_work_of_the_step(root, cp_comm):
+    """Splitting sequences over cp ranks instead of batches over dp ranks moves no FLOPs:
+    (tp 2, cp 2, dp 2) and (tp 2, cp 1, dp 4) execute the same model FLOPs in total."""
+    with_cp = clustersim.simulate(_sc(root, cp_comm=cp_comm)).summary
+    without = clustersim.simulate(_sc(root, cp=1, dp=4)).summary
+    assert with_cp["model_flops_per_step"] == pytest.approx(without["model_flops_per_step"], rel=1e-9)
+    assert with_cp["world_size"] == without["world_size"] == 16
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_bytes_per_layer(root, cp):
+    """Ring attention, per layer and microbatch on each rank: forward cp-1 shifts of K/V,
+    backward cp-1 shifts of K/V plus dK/dV and a last dK/dV hop home: (3cp-2) x KV."""
+    sc = _sc(root, tp=1, cp=cp, dp=8 // cp)
+    prog, low = lower(sc)
+    kv = _kv_bytes(sc)
+    r = low.sym.ranks[0]
+    cp_tasks = [t for t in prog.tasks if t.rank == r and t.kind == "cp"]
+    assert {t.comm.op for t in cp_tasks} == {"shift"}
+    layers, mbs = sc.layers_per_part[0], sc.microbatches
+    assert sum(t.comm.size_bytes for t in cp_tasks) == pytest.approx(layers * mbs * (3 * cp - 2) * kv)
+    assert all(len(t.comm.group) == cp for t in cp_tasks)
+
+
+def test_all_gather_bytes_per_layer(root):
+    """All-gather CP: forward gathers every rank's K/V (cp x KV); backward gathers again and
+    reduce-scatters dK/dV."""
+    sc = _sc(root, cp_comm="all_gather")
+    prog, low = lower(sc)
+    kv, cp = _kv_bytes(sc), sc.parallel.cp
+    r = low.sym.ranks[0]
+    by_op: dict = {}
+    for t in prog.tasks:
+        if t.rank == r and t.kind == "cp":
+            by_op[(t.phase, t.comm.op)] = by_op.get((t.phase, t.comm.op), 0.0) + t.comm.size_bytes
+    n = sc.layers_per_part[0] * sc.microbatches
+    assert by_op == pytest.approx({("F", "all_gather"): n * cp * kv, ("B", "all_gather"): n * cp * kv,
+                                   ("B", "reduce_scatter"): n * cp * kv})
+
+
+def test_ring_hides_its_shifts_under_attention(root):
+    """At 8K tokens each ring step's attention outlasts the K/V shift on NVLink: only the last
+    dK/dV hop of each layer's backward is exposed."""
+    s = clustersim.simulate(_sc(root, tp=1, cp=4, dp=2, pp=2)).summary
+    assert s["comm_s"]["cp"] > 0
+    assert s["exposed_comm_s"]["cp"] < 0.35 * s["comm_s"]["cp"]
+
+
+def test_unbalanced_cp_is_slower_by_the_causal_skew(root):
+    """Without load balancing the last CP rank does (2cp-1)/cp of the balanced attention, the
+    first 1/cp: their compute differs by exactly 2(cp-1)/cp of a rank's balanced attention."""
+    cp = 4
+    bal = clustersim.simulate(_sc(root, tp=1, cp=cp, dp=2, cp_load_balance=True), collapse=False)
+    unb = clustersim.simulate(_sc(root, tp=1, cp=cp, dp=2, cp_load_balance=False), collapse=False)
+    assert unb.summary["step_time_s"] > bal.summary["step_time_s"]
+    sc = unb.scenario
+
+    def busy(trace, rank, name_part=""):
+        return sum(s.end_s - s.start_s for s in trace.spans
+                   if s.rank == rank and s.stream == "compute" and name_part in s.name)
+
+    first, last = sc.mesh.rank(cp=0), sc.mesh.rank(cp=cp - 1)
+    attn = busy(bal.trace, first, "attn ring")
+    assert attn > 0 and busy(bal.trace, last, "attn ring") == pytest.approx(attn, rel=1e-9)
+    assert busy(unb.trace, last, "attn ring") - busy(unb.trace, first, "attn ring") == \
+        pytest.approx(2 * (cp - 1) / cp * attn, rel=1e-9)
+
+
+@pytest.mark.parametrize("parallel", [
+    {"cp_comm": "ring"}, {"cp_comm": "all_gather"}, {"cp_load_balance": False},
+    {"tp": 1, "cp": 4, "zero": 3}, {"tp": 1, "cp": 4, "zero": 1, "schedule": "zb-h1"},
+])
+def test_collapsed_equals_every_rank(root, parallel):
+    sc = _sc(root, **parallel)
+    a = clustersim.simulate(sc, collapse=True).summary
+    b = clustersim.simulate(sc, collapse=False).summary
+    assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-9)
+    for k in ("tp", "cp", "pp", "dp"):
+        assert a["exposed_comm_s"][k] == pytest.approx(b["exposed_comm_s"][k], rel=1e-9, abs=1e-15)
+
+
+def test_gradients_and_zero_shards_span_dp_times_cp(root):
+    """CP ranks hold the same weights: gradients reduce over dp x cp, and ZeRO shards the
+    optimizer state over dp x cp (12 Psi / (dp cp) bytes)."""
+    sc = _sc(root, zero=1)
+    prog, low = lower(sc)
+    groups = {len(t.comm.group) for t in prog.tasks if t.kind == "dp" and "tied" not in t.name}
+    assert groups == {sc.parallel.dp * sc.parallel.cp}
+    s = clustersim.simulate(sc).summary
+    for st in s["memory"]["stages"]:
+        psi = low.work[st["stage"]].local_params
+        assert st["optimizer_bytes"] == pytest.approx(12 * psi / 4)
+
+
+def test_activations_split_by_cp(root):
+    """Each CP rank keeps the activations of its s/cp tokens: half of cp=1 at cp=2 (flash)."""
+    m = _sc(root).model
+    for recompute in ("none", "full"):
+        one = tf.layer_activation_bytes(m, 1, 2, True, False, recompute)
+        two = tf.layer_activation_bytes(m, 1, 2, True, False, recompute, cp=2)
+        assert two == pytest.approx(one / 2)
+
+
+@pytest.mark.parametrize("parallel, training, message", [
+    ({"cp": 3}, {}, "parallel: tp\\*cp\\*pp\\*dp = 2\\*3\\*2\\*2 = 24 does not equal the world size 16"),
+    ({"cp": 2, "tp": 2}, {"attention": "standard"}, "parallel.cp: .*flash"),
+])
+def test_bad_cp_plans_say_why(root, parallel, training, message):
+    d = scenario_dict(model={"seq_len": SEQ}, parallel={"tp": 2, "pp": 2, "dp": 2, **parallel},
+                      training={"global_batch_size": 8, **training})
+    with pytest.raises(ConfigError, match=message):
+        clustersim.load_scenario(d, base_dir=root)
+
+
+def test_seq_len_must_split_into_2cp_chunks(root):
+    d = scenario_dict(model={"seq_len": 8190}, parallel={"tp": 2, "pp": 2, "dp": 2, "cp": 2},
+                      training={"global_batch_size": 8})
+    with pytest.raises(ConfigError, match="parallel.cp: model.seq_len=8190 does not split into 2\\*cp = 4 chunks"):
+        clustersim.load_scenario(d, base_dir=root)
+    d["parallel"]["cp_load_balance"] = False
+    clustersim.load_scenario(d, base_dir=root)  # 2 contiguous chunks of 4095 are fine
