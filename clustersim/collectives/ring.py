@@ -33,6 +33,33 @@ class Expansion:
     steps: int  # latency-bound rounds
 
 
+def all_to_all_sources(group: tuple[int, ...], root: int = 0, node_of=None) -> list[tuple[int, list[int]]]:
+    """Per source member of an all-to-all, its destinations, in an order that symmetry maps
+    onto itself: member ``(node a, local l)`` sends its k-th flow to ``(a + dn, l + dl)``
+    (offsets modulo the group's nodes and members per node), so flow k of every source is the
+    same kind of transfer (same node or not, same rail offset). Sources start at ``root``.
+    Nodes holding different numbers of members fall back to offsets in group order.
+    """
+    n = len(group)
+    by_node: dict[int, list[int]] = {}
+    for g in group:
+        by_node.setdefault(node_of(g) if node_of else 0, []).append(g)
+    nodes = list(by_node.values())
+    sizes = {len(v) for v in nodes}
+    out = []
+    if len(sizes) == 1:
+        per = sizes.pop()
+        where = {g: (a, i) for a, members in enumerate(nodes) for i, g in enumerate(members)}
+        offsets = [(dn, dl) for dn in range(len(nodes)) for dl in range(per) if (dn, dl) != (0, 0)]
+        for src in group:
+            a, i = where[src]
+            out.append((src, [nodes[(a + dn) % len(nodes)][(i + dl) % per] for dn, dl in offsets]))
+    else:
+        for i, src in enumerate(group):
+            out.append((src, [group[(i + k) % n] for k in range(1, n)]))
+    return out[root:] + out[:root]
+
+
 def ring_channels(group: tuple[int, ...], node_of=None) -> list[tuple[int, ...]]:
     """Ring orders, one per channel, so that a ring spanning nodes leaves each node through
     every NIC rather than one.

@@ -46,21 +46,39 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
     crossing it, and the orbit's worst latency: the slowest twin sets the pace.
     """
     node_of = cluster.node_of
-    instances = [expand(comm.op, inst, 1.0, node_of).flows for inst in (comm.group, *comm.twins)]
+    # NCCL forwards a transfer between GPUs on different rails through the sender's node-mate on
+    # the receiver's rail (PXN): a ring channel then enters and leaves every node through one NIC
+    route = cluster.pxn_path
     steps = expand(comm.op, comm.group, 1.0, node_of).steps
-    paths = [[cluster.path(src, dst) for src, dst, _ in flows] for flows in instances]
-    real: dict[int, int] = {}
-    for inst in paths:
-        for p in inst:
-            for e in p:
-                real[e] = real.get(e, 0) + 1
+    # whole instances: the simulated one and its twins
+    instances = [expand(comm.op, inst, 1.0, node_of).flows for inst in (comm.group, *comm.twins)]
+    real_flows = [f for inst in instances for f in inst]
+    if comm.op in MEMBER_SYMMETRIC and len(comm.members) == 1 and comm.members[0] in comm.group \
+            and _regular(comm.group, node_of):
+        # one member's flows stand for all (much smaller), when that symmetry holds
+        plan = _weigh(cluster, route, _by_member(comm, node_of), real_flows, steps, require_symmetric=True)
+        if plan is not None:
+            return plan
+    return _weigh(cluster, route, instances, real_flows, steps)
+
+
+def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_symmetric: bool = False):
+    """The plan of ``instances[0]`` standing for all ``instances`` (see :func:`plan_flows`);
+    None if ``require_symmetric`` and the orbits are not symmetric."""
     bw, lat = cluster.edge_bw_Bps, cluster.edge_latency_s
+    paths = [[route(src, dst) for src, dst, _ in flows] for flows in instances]
+    real: dict[int, int] = {}  # real flows on each link, each counted once
+    for src, dst, _ in real_flows:
+        for e in route(src, dst):
+            real[e] = real.get(e, 0) + 1
 
     def signature(p):
         return tuple((bw[e], lat[e], real[e]) for e in p)
 
     rep_paths = paths[0]
     symmetric = all(signature(inst[i]) == signature(rep_paths[i]) for inst in paths[1:] for i in range(len(inst)))
+    if require_symmetric and not symmetric:
+        return None
     if symmetric:
         simulated: dict[int, int] = {}
         for p in rep_paths:
@@ -79,6 +97,69 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
         weights = tuple(orbit_weights)
         latency = max((cluster.path_latency_s(p) for inst in paths for p in inst), default=0.0)
     return FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency)
+
+
+# Collectives in which every member does the same, so that one member's flows stand for all:
+# an all-to-all, and rings whose channels rotate every node's members (collectives/ring.py) on
+# groups with the same number of members on every node. Not a ring shift (CP): its single
+# ring mixes NVLink and NIC hops, so members differ.
+MEMBER_SYMMETRIC = frozenset({"all_to_all", "all_reduce", "reduce_scatter", "all_gather"})
+
+
+def _regular(group: tuple[int, ...], node_of) -> bool:
+    counts: dict[int, int] = {}
+    for x in group:
+        counts[node_of(x)] = counts.get(node_of(x), 0) + 1
+    return len(set(counts.values())) == 1
+
+
+def _by_member(comm: Comm, node_of) -> list[tuple]:
+    """A communication with one simulated member, as one instance per member GPU.
+
+    An instance is what one GPU sends and what it receives: its outgoing flows sorted by where
+    they go relative to it (node offset, then offset among the group's members on that node,
+    both cyclic), then its incoming flows sorted by where they come from. So flow k of every
+    member is the same kind of transfer, and the orbit test of :func:`plan_flows` checks that
+    symmetry flow by flow. The simulated member's instance stands for all: an all-to-all costs
+    2(n-1) flows instead of n(n-1), a ring with c channels 2c instead of c*n. Keeping the
+    incoming flows makes the simulated GPU's ingress links, where its other receptions (PP
+    sends) arrive, part of the constraints::
+
+        ring, 2 nodes x 4, channel c rotated by c:   a1 sends to a2 (channels 0, 2, 3) and to
+                                                     b2 (channel 1, via its NIC); a1 receives
+                                                     from a0 (0, 2, 3) and from b0 (channel 1)
+    """
+    instances = []
+    for k, g in enumerate((comm.group, *comm.twins)):
+        flows = expand(comm.op, g, 1.0, node_of).flows
+        nodes: dict[int, list[int]] = {}
+        for x in g:
+            nodes.setdefault(node_of(x), []).append(x)
+        node_pos = {nd: i for i, nd in enumerate(nodes)}
+        where = {x: (node_pos[node_of(x)], members.index(x)) for members in nodes.values() for x in members}
+        regular = len({len(v) for v in nodes.values()}) == 1
+        n_nodes, per, pos = len(nodes), len(next(iter(nodes.values()))), {x: i for i, x in enumerate(g)}
+
+        def offset(a, b):
+            """Where b is, seen from a."""
+            if regular:
+                (na, ia), (nb, ib) = where[a], where[b]
+                return ((nb - na) % n_nodes, (ib - ia) % per)
+            return (0, (pos[b] - pos[a]) % len(g))
+
+        out: dict[int, list] = {x: [] for x in g}
+        into: dict[int, list] = {x: [] for x in g}
+        for f in flows:
+            out[f[0]].append(f)
+            into[f[1]].append(f)
+        members = list(g)
+        if k == 0:  # the simulated member first: its instance is the one simulated
+            root = g.index(comm.members[0])
+            members = members[root:] + members[:root]
+        for x in members:
+            instances.append(tuple(sorted(out[x], key=lambda f: offset(x, f[1])))
+                             + tuple(sorted(into[x], key=lambda f: offset(x, f[0]))))
+    return instances
 
 
 def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[float]) -> list[float]:
@@ -175,14 +256,18 @@ class FlowNetwork:
         self._gen += 1
         if not self.flows:
             return
-        key = tuple(id(f.weights) for f in self.flows)
-        rates = self._rates_cache.get(key)
-        if rates is None:
+        # flows with the same weights (the same flow of the same plan) are interchangeable in
+        # max-min and get the same rate, so the mix is a sorted multiset, whatever the order
+        ids = [id(f.weights) for f in self.flows]
+        key = tuple(sorted(ids))
+        by_id = self._rates_cache.get(key)
+        if by_id is None:
             if len(self._rates_cache) > 100_000:
                 self._rates_cache.clear()
-            rates = self._rates_cache[key] = max_min_rates([f.weights for f in self.flows], self.bw_Bps)
-        for f, r in zip(self.flows, rates):
-            f.rate = r
+            rates = max_min_rates([f.weights for f in self.flows], self.bw_Bps)
+            by_id = self._rates_cache[key] = dict(zip(ids, rates))
+        for f, i in zip(self.flows, ids):
+            f.rate = by_id[i]
         # a flow squeezed to 0 by rounding waits for the next re-share
         dt = min(f.remaining / f.rate for f in self.flows if f.rate > 0)
         gen = self._gen

@@ -35,6 +35,30 @@ class _Rendezvous:
     start_s: float = 0.0
 
 
+def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float]) -> set[int]:
+    """Links whose capacity constraint is implied by another link's, whatever flows are active.
+
+    Link e2 is implied by e1 when every flow crossing e2 also crosses e1 with at least its
+    weight scaled by the capacities, w1(f) * c2/c1 >= w2(f): then for any rates r >= 0,
+    sum w2 r <= (c2/c1) sum w1 r <= c2. Dropping e2 leaves the feasible rates, and so the
+    max-min allocation, unchanged; a fair-share computation then touches a few links per flow
+    (an all-to-all's many per-destination links are all implied by its source's).
+    """
+    plan_list = list(plans.values())
+    sig = {e: {(pi, fi): w for pi, fi, w in flows} for e, flows in on_edge.items()}
+    dropped: set[int] = set()
+    for e2, flows2 in sig.items():
+        pi, fi = next(iter(flows2))
+        for e1, _ in plan_list[pi].weights[fi]:
+            if e1 == e2 or e1 in dropped or e1 not in sig:
+                continue
+            flows1, scale = sig[e1], bw_Bps[e2] / bw_Bps[e1]
+            if all(f in flows1 and flows1[f] * scale >= w * (1 - 1e-12) for f, w in flows2.items()):
+                dropped.add(e2)
+                break
+    return dropped
+
+
 class Engine:
     """Runs one Program to completion and returns its Trace."""
 
@@ -65,7 +89,9 @@ class Engine:
 
         Two links on which every flow of the step has the same weight, and which have the same
         bandwidth, impose the same constraint: keep one (exact, and it keeps the fair-share
-        computation small when a flow stands for many twins on parallel rails).
+        computation small when a flow stands for many twins on parallel rails). A link whose
+        constraint another link implies in every mix of flows is dropped too
+        (:func:`_dominated_links`).
         """
         # a channel is one (kind, orbit) on one stream: a stream never overlaps itself, two
         # streams of the same kind and group (ZeRO-3 gathers and gradient reductions) can
@@ -80,6 +106,7 @@ class Engine:
         bw = self.cluster.edge_bw_Bps
         canon: dict[tuple, int] = {}
         keep = {e for e, sig in sorted(on_edge.items()) if canon.setdefault((bw[e], tuple(sig)), e) == e}
+        keep -= _dominated_links({e: on_edge[e] for e in sorted(keep)}, plans, bw)
         for key, plan in plans.items():
             self._plans[key] = FlowPlan(
                 weights=tuple(tuple((e, w) for e, w in ws if e in keep) for ws in plan.weights),

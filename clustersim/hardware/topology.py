@@ -174,6 +174,37 @@ class Cluster:
         cache[key] = ids
         return ids
 
+    def pxn_proxy(self, src: int, dst: int) -> int | None:
+        """The GPU on ``src``'s node that forwards to ``dst`` over its own rail (NCCL's PXN),
+        or None when ``src`` reaches ``dst`` without crossing rails (same node, same rail, or a
+        fabric that is not rail-optimised)::
+
+            n0.gpu2 ─NVLink─ n0.gpu5 ─nic5─ leaf.5 ─nic5─ n1.gpu5     instead of
+            n0.gpu2 ─nic2─ leaf.2 ─ spine ─ leaf.5 ─nic5─ n1.gpu5
+
+        The proxy is the GPU with ``dst``'s local index (it shares dst's rail when every GPU has
+        its own NIC), else the first GPU behind a NIC of dst's rail.
+        """
+        g = self.graph
+        s, d = g.nodes[self.gpu_names[src]], g.nodes[self.gpu_names[dst]]
+        if s["node"] == d["node"] or not self.cfg.fabric.rail_optimized:
+            return None
+        rail = g.nodes[d["nic"]]["leaf"].split(".")[-1] if g.nodes[d["nic"]]["leaf"] else None
+        if rail is None or g.nodes[s["nic"]]["leaf"].split(".")[-1] == rail:
+            return None
+        per_node = self.cfg.node.gpus
+        first = s["node"] * per_node
+        candidates = [first + d["local"]] + list(range(first, first + per_node))
+        for c in candidates:
+            if g.nodes[g.nodes[self.gpu_names[c]]["nic"]]["leaf"].split(".")[-1] == rail:
+                return c
+        return None
+
+    def pxn_path(self, src: int, dst: int) -> tuple[int, ...]:
+        """Edge ids from ``src`` to ``dst`` through the PXN proxy when there is one."""
+        via = self.pxn_proxy(src, dst)
+        return self.path(src, dst) if via is None else self.path(src, via) + self.path(via, dst)
+
     def path_latency_s(self, path: tuple[int, ...]) -> float:
         lat = self.edge_latency_s
         return sum(lat[e] for e in path)
