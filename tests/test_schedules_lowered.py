@@ -220,16 +220,21 @@ def test_dualpipe_holds_each_part_twice_and_all_reduces_the_copies():
     {"schedule": "interleaved", "vpp": 2, "sp": True, "zero": 1},
 ])
 def test_collapsed_equals_all_ranks(parallel):
-    """On the symmetric 2-node cluster of SMALL (TP2 x PP4 x DP2). Not listed: interleaved with
-    ZeRO-2/3, where the collapsed step is ~0.1 % short (docs/architecture.md, Known limitations)."""
+    """On the 2-node cluster of SMALL (TP2 x PP4 x DP2). Stage 1 (GPUs 4-7) sends to stage 2
+    (GPUs 8-11) across rails, which PXN forwards through stage 0's GPUs (and stage 2's gradients
+    through stage 3's): the collapsed run sees that traffic only on the simulated GPU of those
+    stages, so step times agree to 1e-4 and the split of idle time to 1e-3 of the step, not exactly (test_engine.py has exact
+    cases). Not listed: interleaved with ZeRO-2/3, where the collapsed step is ~0.1 % short
+    (docs/architecture.md, Known limitations)."""
     sc = _small(**parallel)
     full = clustersim.simulate(sc, collapse=False).summary
     rep = clustersim.simulate(sc, collapse=True).summary
     assert rep["simulation"]["simulated_ranks"] == 4 and full["simulation"]["simulated_ranks"] == 16
-    for key in ("step_time_s", "bubble_fraction", "mfu", "hfu", "compute_s"):
-        assert rep[key] == pytest.approx(full[key], rel=1e-9), key
+    for key in ("step_time_s", "mfu", "hfu", "compute_s"):
+        assert rep[key] == pytest.approx(full[key], rel=1e-4), key
+    assert rep["bubble_fraction"] == pytest.approx(full["bubble_fraction"], abs=1e-3)
     for kind, v in full["exposed_comm_s"].items():
-        assert rep["exposed_comm_s"][kind] == pytest.approx(v, rel=1e-9, abs=1e-15), kind
+        assert rep["exposed_comm_s"][kind] == pytest.approx(v, abs=1e-3 * full["step_time_s"]), kind
     assert rep["memory"] == full["memory"]
 
 
