@@ -12,6 +12,7 @@ there (weight = real flows / simulated flows on that link).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import simpy
@@ -199,25 +200,43 @@ def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[flo
 @dataclass
 class _Flow:
     weights: tuple[tuple[int, float], ...]
-    remaining: float
+    remaining: float  # bytes left at time ``at_s``
     size: float
     done: simpy.Event
     rate: float = 0.0
+    at_s: float = 0.0
 
 
 @dataclass
 class FlowNetwork:
-    """Active flows on the cluster's links; each start or finish re-shares bandwidth."""
+    """Active flows on the cluster's links; a start or finish re-shares bandwidth where it
+    changed, and only there.
+
+    Flows are kept in *components*: groups that share no link with each other, directly or
+    through other flows. Max-min fairness decomposes over components, so a start re-shares
+    the component it joins (merging those it connects) and a finish the one it leaves (which
+    may split); the others keep their rates and their finish times::
+
+        stage 0   [a2a flows ......][DP ring .....]        one component per stage, mostly:
+        stage 1        [a2a flows .......]                 a stage's mix recurs every
+        stage 0->1            [PP send]  (joins both)      microbatch, so its rates are cached
+    """
 
     env: simpy.Environment
     bw_Bps: list[float]
-    flows: list[_Flow] = field(default_factory=list)
-    _last_s: float = 0.0
+    _comps: dict = field(default_factory=dict)  # component id -> its flows
+    _edge_comp: dict = field(default_factory=dict)  # link -> component id of the flows on it
+    _finish_s: dict = field(default_factory=dict)  # component id -> when its next flow ends
+    _next_id: int = 0
     _gen: int = 0
     # rates depend only on which flows are active (their weights), and a pipeline repeats the
     # same mixes of flows many times: remember them. Keys are ids of the plans' weight tuples,
     # which the engine keeps alive for the whole run.
     _rates_cache: dict = field(default_factory=dict)
+
+    @property
+    def flows(self) -> list[_Flow]:
+        return [f for comp in self._comps.values() for f in comp]
 
     def transfer(self, plan: FlowPlan, size_bytes: float) -> simpy.Event:
         """Start ``plan``'s flows now (after its latency); the event fires when all are done."""
@@ -225,14 +244,15 @@ class FlowNetwork:
         start = self.env.timeout(plan.latency_s) if plan.latency_s > 0 else None
 
         def begin(_=None):
-            self._advance()
+            dirty: set[int] = set()
             for ev, ws, frac in zip(done, plan.weights, plan.fractions):
                 b = frac * size_bytes
                 if not ws or b <= 0:
                     ev.succeed()
                 else:
-                    self.flows.append(_Flow(ws, b, b, ev))
-            self._reshare()
+                    self._join(_Flow(ws, b, b, ev, at_s=self.env.now), dirty)
+            if dirty:
+                self._reshare(dirty)
 
         if start is None:
             begin()
@@ -240,45 +260,88 @@ class FlowNetwork:
             start.callbacks.append(begin)
         return self.env.all_of(done)
 
-    def _advance(self) -> None:
-        dt = self.env.now - self._last_s
-        if dt > 0:
-            for f in self.flows:
-                f.remaining -= f.rate * dt
-        self._last_s = self.env.now
+    def _catch_up(self, flows) -> None:
+        """Bring ``flows``' remaining bytes to now, at the rates they had."""
+        now = self.env.now
+        for f in flows:
+            if f.at_s != now:
+                f.remaining -= f.rate * (now - f.at_s)
+                f.at_s = now
 
-    def _reshare(self) -> None:
-        finished = [f for f in self.flows if f.remaining <= f.size * 1e-12]
-        if finished:
-            self.flows = [f for f in self.flows if f.remaining > f.size * 1e-12]
-            for f in finished:
+    def _join(self, flow: _Flow, dirty: set[int]) -> None:
+        """Add ``flow`` to the component of its links, merging the components it connects."""
+        met = {self._edge_comp[e] for e, _ in flow.weights if e in self._edge_comp}
+        if met:
+            target = max(met, key=lambda c: (len(self._comps[c]), -c))
+            for c in sorted(met - {target}):
+                moved = self._comps.pop(c)
+                self._finish_s.pop(c, None)
+                dirty.discard(c)
+                self._comps[target].extend(moved)
+                for g in moved:
+                    for e, _ in g.weights:
+                        self._edge_comp[e] = target
+        else:
+            target = self._next_id
+            self._next_id += 1
+            self._comps[target] = []
+        self._comps[target].append(flow)
+        for e, _ in flow.weights:
+            self._edge_comp[e] = target
+        dirty.add(target)
+
+    def _split(self, cid: int, dirty: set[int]) -> None:
+        """Finish the due flows of component ``cid``; the rest regroup by shared links."""
+        flows = self._comps.pop(cid)
+        self._finish_s.pop(cid, None)
+        dirty.discard(cid)
+        self._catch_up(flows)
+        for f in flows:
+            for e, _ in f.weights:
+                self._edge_comp.pop(e, None)
+        rest = []
+        # the clock cannot resolve less than a few ulps: a flow due within them is due now
+        tick_s = 4 * math.ulp(self.env.now)
+        for f in flows:
+            # due now, or left with float crumbs of a transfer that was due now
+            if f.remaining <= max(f.size * 1e-9, f.rate * tick_s):
                 f.done.succeed()
+            else:
+                rest.append(f)
+        for f in rest:
+            self._join(f, dirty)
+
+    def _reshare(self, dirty: set[int]) -> None:
+        """New rates and finish times for the components in ``dirty``; schedule the next end."""
+        now = self.env.now
+        for cid in sorted(dirty):
+            comp = self._comps[cid]
+            self._catch_up(comp)
+            # flows with the same weights (the same flow of the same plan) are interchangeable
+            # in max-min and get the same rate, so a mix is a sorted multiset, whatever the order
+            ids = [id(f.weights) for f in comp]
+            key = tuple(sorted(ids))
+            by_id = self._rates_cache.get(key)
+            if by_id is None:
+                if len(self._rates_cache) > 100_000:
+                    self._rates_cache.clear()
+                by_id = self._rates_cache[key] = dict(zip(ids, max_min_rates([f.weights for f in comp],
+                                                                             self.bw_Bps)))
+            for f, i in zip(comp, ids):
+                f.rate = by_id[i]
+            # a flow squeezed to 0 by rounding waits for the next re-share
+            self._finish_s[cid] = now + min((f.remaining / f.rate for f in comp if f.rate > 0), default=float("inf"))
         self._gen += 1
-        if not self.flows:
-            return
-        # flows with the same weights (the same flow of the same plan) are interchangeable in
-        # max-min and get the same rate, so the mix is a sorted multiset, whatever the order
-        ids = [id(f.weights) for f in self.flows]
-        key = tuple(sorted(ids))
-        by_id = self._rates_cache.get(key)
-        if by_id is None:
-            if len(self._rates_cache) > 100_000:
-                self._rates_cache.clear()
-            rates = max_min_rates([f.weights for f in self.flows], self.bw_Bps)
-            by_id = self._rates_cache[key] = dict(zip(ids, rates))
-        for f, i in zip(self.flows, ids):
-            f.rate = by_id[i]
-        # a flow squeezed to 0 by rounding waits for the next re-share
-        dt = min(f.remaining / f.rate for f in self.flows if f.rate > 0)
-        gen = self._gen
-        self.env.timeout(dt).callbacks.append(lambda _e: self._tick(gen))
+        if self._finish_s:
+            gen = self._gen
+            self.env.timeout(max(0.0, min(self._finish_s.values()) - now)).callbacks.append(
+                lambda _e: self._tick(gen))
 
     def _tick(self, gen: int) -> None:
         if gen != self._gen:
             return  # superseded by a later start or finish
-        self._advance()
-        # the flow(s) that were due now are done, even if float rounding leaves crumbs
-        for f in self.flows:
-            if f.remaining <= f.size * 1e-9:
-                f.remaining = 0.0
-        self._reshare()
+        now = self.env.now
+        dirty: set[int] = set()
+        for cid in [c for c, t in self._finish_s.items() if t <= now * (1 + 1e-12) + 1e-15]:
+            self._split(cid, dirty)
+        self._reshare(dirty)
