@@ -46,8 +46,8 @@ def _statics(low: Lowering) -> list[StageStatic]:
 
         ZeRO 0: 2Ψ + gΨ + 12Ψ     1: 2Ψ + gΨ + 12Ψ/N     2: 2Ψ + (g+12)Ψ/N     3: (2+g+12)Ψ/N
 
-    Routed-expert parameters Ψe (MoE) shard their optimizer states over the expert-DP group
-    (N/ep ranks hold the same experts) instead: 12Ψe/(N/ep) under ZeRO-1.
+    Routed-expert parameters Ψe (MoE) shard over the expert-DP group instead (N_e = N/ep ranks
+    hold the same experts): the same formulas with Ψe and N_e, e.g. 12Ψe/N_e under ZeRO-1.
     """
     n, z = low.n_grad, low.zero
     n_e = low.mesh.size("cp+edp")
@@ -57,14 +57,16 @@ def _statics(low: Lowering) -> list[StageStatic]:
         psi = sum(p.params for p in parts)
         psi_e = sum(low.work[j].local_expert_params for j in low.parts_of[q])
         transient = max(low.work[j].transient_bytes for j in low.parts_of[q])  # one layer recomputes at a time
-        if z == 3 and not low.zero3_keep_gathered:
+        sharded3 = z == 3 and not low.zero3_keep_gathered
+        if sharded3:
             # gathered units in flight: the one computing plus those prefetched
-            biggest = max((v for (j, _), v in low.unit_params.items() if j in low.parts_of[q]), default=0.0)
+            biggest = max((sum(p for _, p in v) for (j, _), v in low.unit_shards.items() if j in low.parts_of[q]),
+                          default=0.0)
             transient += (low.zero_prefetch_layers + 1) * biggest * PARAM_BYTES
         out.append(StageStatic(
             stage=q, params=psi + psi_e,
-            param_bytes=PARAM_BYTES * psi / (n if z == 3 and not low.zero3_keep_gathered else 1) + PARAM_BYTES * psi_e,
-            grad_bytes=low.grad_bytes * psi / (n if z >= 2 else 1) + low.grad_bytes * psi_e,
+            param_bytes=PARAM_BYTES * (psi / (n if sharded3 else 1) + psi_e / (n_e if sharded3 else 1)),
+            grad_bytes=low.grad_bytes * (psi / (n if z >= 2 else 1) + psi_e / (n_e if z >= 2 else 1)),
             optimizer_bytes=OPTIMIZER_BYTES * (psi / (n if z >= 1 else 1) + psi_e / (n_e if z >= 1 else 1)),
             activation_bytes_per_mb=max(p.activation_bytes_per_mb for p in parts),
             transient_bytes=transient,

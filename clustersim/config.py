@@ -175,8 +175,6 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.ep", f"ep={p.ep} does not divide model.moe.experts={m.moe.experts}")
         if p.dp % p.ep:
             fail("parallel.ep", f"ep={p.ep} does not divide dp={p.dp} (expert parallelism is carved out of DP)")
-        if p.zero >= 2:
-            fail("parallel.zero", f"zero={p.zero} with a MoE model is not modelled yet; use 0 or 1")
         if m.moe.expert_ffn % p.tp:
             fail("parallel.tp", f"tp={p.tp} does not divide model.moe.expert_ffn={m.moe.expert_ffn}")
     if p.cp > 1:

@@ -22,8 +22,10 @@ for (tp, pp, dp), sp, zero, recompute, schedule in itertools.product(
     if schedule != "1f1b" and (recompute != "none" or sp):
         continue
     PLANS.append(dict(tp=tp, pp=pp, dp=dp, sp=sp, zero=zero, recompute=recompute, schedule=schedule))
-for ep, zero in itertools.product([1, 2, 4], [0, 1]):
+for ep, zero in itertools.product([1, 2, 4], [0, 1, 2, 3]):
     PLANS.append(dict(tp=1, pp=2, dp=8, sp=False, zero=zero, recompute="none", schedule="1f1b", ep=ep, moe=True))
+for ep, zero in itertools.product([2, 8], [0, 1, 3]):  # DualPipe holds every expert twice
+    PLANS.append(dict(tp=1, pp=2, dp=8, sp=False, zero=zero, recompute="none", schedule="dualpipe", ep=ep, moe=True))
 
 
 # context parallelism: both variants, balanced or not, with ZeRO, a split backward, interleaving and EP

@@ -118,6 +118,7 @@ class Lowering:
     first_mb: dict = field(default_factory=dict)  # virtual stage -> first microbatch it runs forward
     final_mb: dict = field(default_factory=dict)  # virtual stage -> microbatch of its last grad_kind action
     unit_params: dict = field(default_factory=dict)  # (part, unit) -> local params ZeRO-3 gathers
+    unit_shards: dict = field(default_factory=dict)  # (part, unit) -> ((group kind, params), ...) ZeRO-3 gathers
     parts_of: dict = field(default_factory=dict)  # pipeline rank -> model parts it holds, ascending
     holders_of: dict = field(default_factory=dict)  # part -> pipeline ranks holding it, ascending
     pp_edges: tuple = ()  # (src, dst) pipeline ranks of every PP send, both directions
@@ -142,9 +143,18 @@ class Lowering:
                 elif a.kind == self.grad_kind:
                     self.final_mb[a.stage] = a.mb
         for j, w in enumerate(self.work):
+            experts: dict = {}
             for blk in w.fwd:
                 key = (j, _unit(blk))
                 self.unit_params[key] = self.unit_params.get(key, 0.0) + blk.params
+                experts[key] = experts.get(key, 0.0) + blk.expert_params
+            # ZeRO-3 shards dense parameters over dp x cp and routed experts over their
+            # expert-DP group (x cp); a group of one shards nothing
+            for key, dense in self.unit_params.items():
+                if key[0] == j:
+                    self.unit_shards[key] = tuple(
+                        (dim, n) for dim, n in (("dp", dense), ("edp", experts[key]))
+                        if n > 0 and self.mesh.size(GRAD_GROUPS[dim]) > 1)
         for q in range(s.ranks):
             self.parts_of[q] = tuple(sorted({s.stage_part[k] for k in s.stages_of(q)}))
         for j in range(s.n_parts):
@@ -290,17 +300,20 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         first_deps = (tuple(deps) if prev is None else (prev,)) + carried
         u = _unit(blk)
         # a communication-only block (the embedding's B under SP) computes nothing: no weights needed
-        if gather and blk.duration_s > 0 and low.unit_params.get((part, u), 0) > 0 and u not in gathered:
+        shards = low.unit_shards.get((part, u), ())
+        if gather and blk.duration_s > 0 and shards and u not in gathered:
             units.append(u)
             k = len(units) - 1 - low.zero_prefetch_layers  # start when unit k begins
             if k >= 1:
                 ag_deps = (unit_end[units[k - 1]],)
             else:
                 ag_deps = (low.last_compute[r],) if r in low.last_compute else ()
-            gathered[u] = _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("AG params", kind, stage, mb, str(u)),
-                                low.unit_params[(part, u)] * PARAM_BYTES, op="all_gather", stream="zero",
-                                deps=ag_deps, name=f"{kind} AG params", **meta)
-            first_deps = first_deps + (gathered[u],)
+            gathered[u] = tuple(
+                _comm(low, prog, r, dim, low.group_of(r, dim), ("AG params", kind, stage, mb, str(u), dim),
+                      n * PARAM_BYTES, op="all_gather", stream="zero", deps=ag_deps,
+                      name=f"{kind} AG {'expert ' if dim == 'edp' else ''}params", **meta)
+                for dim, n in shards)
+            first_deps = first_deps + gathered[u]
         for j, c in enumerate(blk.pre):
             prev = _comm(low, prog, r, c.dim, low.group_of(r, c.dim), (kind, stage, mb, i, "pre", j), c.size_bytes,
                          op=c.op, deps=first_deps, name=f"{kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
@@ -317,10 +330,10 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         if kind == low.grad_kind:
             low.bwd_tid[(r, stage, mb, i)] = prev
         unit_done = i + 1 == len(blocks) or _unit(blocks[i + 1]) != u
-        if reduce_now and unit_done and low.unit_params.get((part, u), 0) > 0:
-            rs = _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("RS grads", stage, mb, str(u)),
-                       low.unit_params[(part, u)] * low.grad_bytes, op="reduce_scatter", stream="dp",
-                       deps=(prev,), name="RS grads", **meta)
+        for dim, n in (shards if reduce_now and unit_done else ()):
+            rs = _comm(low, prog, r, dim, low.group_of(r, dim), ("RS grads", stage, mb, str(u), dim),
+                       n * low.grad_bytes, op="reduce_scatter", stream="dp",
+                       deps=(prev,), name=f"RS {'expert ' if dim == 'edp' else ''}grads", **meta)
             low.grad_tasks.setdefault(r, []).append(rs)
             low.stage_grads.setdefault((r, stage), []).append(rs)
         for j, c in enumerate(blk.post):
@@ -493,6 +506,7 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
     mesh = low.mesh
     op = "all_reduce" if low.zero == 0 else "reduce_scatter"
     shard = low.n_grad if low.zero >= 1 else 1  # after a DP reduce-scatter a rank keeps 1/(dp cp)
+    expert_shard = mesh.size("cp+edp") if low.zero >= 1 else 1
     for r in low.sym.ranks:
         q = low.pp_of(r)
         tids: list[int] = list(low.grad_tasks.get(r, []))
@@ -515,13 +529,19 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
                 if replicas:
                     tids.append(_replica_allreduce(prog, low, r, part, ("bucket", n), params / shard, (dep,),
                                                    f"AR part {part} grads bucket {n} (replicas)", **meta))
-            if low.zero < 3 and mesh.size("cp+edp") > 1 and a.mb == low.final_mb[a.stage]:
-                # routed experts: E/ep on this rank, the same experts on every rank of its EDP group
-                blocks = low.work[part].grad_blocks(low.split)
-                for n, (i, params) in enumerate(_buckets(blocks, low.dp_bucket_params, "expert_params")):
-                    tids.append(_comm(low, prog, r, "edp", low.group_of(r, "edp"), ("expert bucket", a.stage, n),
-                                      params * low.grad_bytes, op=op, deps=(low.bwd_tid[(r, a.stage, a.mb, i)],),
-                                      stream="dp", name=f"{COMM_SHORT[op]} expert grads bucket {n}", **meta))
+            # routed experts: E/ep on this rank, the same experts on every rank of its EDP group
+            expert_reduce = low.zero < 3 and mesh.size("cp+edp") > 1 and (low.zero == 2 or a.mb == low.final_mb[a.stage])
+            blocks = low.work[part].grad_blocks(low.split)
+            for n, (i, params) in enumerate(_buckets(blocks, low.dp_bucket_params, "expert_params")):
+                dep = low.bwd_tid[(r, a.stage, a.mb, i)]
+                if expert_reduce:
+                    dep = _comm(low, prog, r, "edp", low.group_of(r, "edp"), ("expert bucket", a.stage, a.mb, n),
+                                params * low.grad_bytes, op=op, deps=(dep,), stream="dp",
+                                name=f"{COMM_SHORT[op]} expert grads bucket {n}", **meta)
+                    tids.append(dep)
+                if replicas:
+                    tids.append(_replica_allreduce(prog, low, r, part, ("expert bucket", n), params / expert_shard,
+                                                   (dep,), f"AR part {part} expert grads bucket {n} (replicas)", **meta))
         if low.zero == 3:  # gradients were reduce-scattered per unit: sum the replicas' shards once
             for part in low.parts_of[q]:
                 if len(low.holders_of[part]) < 2:
@@ -529,7 +549,9 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
                 stages = [k for k in low.schedule.stages_of(q) if low.part(k) == part]
                 deps = [t for k in stages for t in low.stage_grads.get((r, k), ())] or \
                     [t for k in stages for t in low.done[(low.grad_kind, r, k, low.final_mb[k])]]
-                tids.append(_replica_allreduce(prog, low, r, part, ("all",), low.work[part].local_params / shard,
+                w = low.work[part]
+                tids.append(_replica_allreduce(prog, low, r, part, ("all",),
+                                               w.local_params / shard + w.local_expert_params / expert_shard,
                                                deps, f"AR part {part} grads (replicas)", phase=low.grad_kind, stage=q))
         if q in low.tied_pps:
             group = tuple(low.peer(r, p) for p in low.tied_pps)
@@ -562,10 +584,15 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
         deps = tuple(low.grad_tasks[r]) or low.last_task[r]
         opt = prog.add(rank=r, stream="compute", name="optimizer step", kind="compute",
                        duration_s=sum(low.work[j].optimizer_s for j in parts), deps=deps, phase="opt", stage=q).tid
-        if low.zero in (1, 2) and low.n_grad > 1:
-            _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("AG params after step",),
-                  sum(low.work[j].local_params for j in parts) * PARAM_BYTES, op="all_gather", deps=(opt,),
-                  name="AG params", phase="opt", stage=q)
+        if low.zero in (1, 2):
+            # each shard's owners all-gather the updated 16-bit parameters: dense ones over
+            # dp x cp, routed experts over their expert-DP group
+            for dim, attr in (("dp", "local_params"), ("edp", "local_expert_params")):
+                n = sum(getattr(low.work[j], attr) for j in parts)
+                if n > 0 and low.mesh.size(GRAD_GROUPS[dim]) > 1:
+                    _comm(low, prog, r, dim, low.group_of(r, dim), ("AG params after step", dim), n * PARAM_BYTES,
+                          op="all_gather", stream="dp", deps=(opt,),
+                          name="AG expert params" if dim == "edp" else "AG params", phase="opt", stage=q)
     return prog
 
 
