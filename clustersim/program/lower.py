@@ -282,7 +282,6 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     makes them final (W, or B without a split). W needs no gather: ``dA = X^T dY`` reads
     activations only.
     """
-    mesh = low.mesh
     q, stage, kind, mb = low.pp_of(r), act.stage, act.kind, act.mb
     part = low.part(stage)
     zero3 = low.zero == 3 and low.n_grad > 1
