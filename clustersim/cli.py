@@ -110,11 +110,12 @@ def cmd_schedule(args) -> int:
 
 def cmd_validate(args) -> int:
     from .config import load_scenario
+    from .output.summary import plan_dims
 
     for path in args.scenarios:
         sc = load_scenario(path)
-        print(f"{path}: ok ({sc.mesh.world_size} GPUs, TP{sc.parallel.tp} x PP{sc.parallel.pp} x "
-              f"DP{sc.parallel.dp}, {sc.microbatches} microbatches)")
+        print(f"{path}: ok ({sc.mesh.world_size} GPUs, {plan_dims(sc.parallel.model_dump(), ' x ')}, "
+              f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''})")
     return 0
 
 

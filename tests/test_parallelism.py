@@ -1,4 +1,4 @@
-"""Sequence parallelism, activation recompute and ZeRO against their closed forms."""
+"""Tensor and sequence parallelism, activation recompute and ZeRO against their closed forms."""
 
 from __future__ import annotations
 
@@ -97,6 +97,23 @@ def test_zero3_prefetch_overlaps_gathers_with_compute(root):
         d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3, "zero_prefetch_layers": depth}
         exposed[depth] = run(root, **d).summary["hidden_comm_s"]["dp"]
     assert exposed[1] > exposed[0]
+
+
+# ---------------------------------------------------------------- TP
+def test_tensor_parallel_two_all_reduces_per_layer_each_way(root):
+    """Megatron TP (Shoeybi et al. 2019, Fig. 3): per layer and microbatch, one all-reduce of
+    the [b, s, h] activation after attention and one after the MLP, forward, and the same
+    two backward, each 2bsh bytes; plus one after the vocab-parallel embedding (stage 0)."""
+    r = run(root, parallel={"tp": 4, "pp": 2, "dp": 2})
+    sc = r.scenario
+    m, b = sc.model, sc.training.micro_batch_size
+    stage0 = [s for s in r.trace.spans if s.kind == "tp" and s.stage == 0]
+    assert {s.op for s in stage0} == {"all_reduce"}
+    assert all(s.size_bytes == 2 * b * m.seq_len * m.hidden for s in stage0)
+    layers = sc.layers_per_stage[0]
+    for phase, extra in (("F", 1), ("B", 0)):  # the embedding's all-reduce is forward only
+        per_mb = [s for s in stage0 if s.phase == phase and s.mb == 0]
+        assert len(per_mb) == 2 * layers + extra, phase
 
 
 # ---------------------------------------------------------------- SP
