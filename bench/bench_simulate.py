@@ -20,7 +20,7 @@ def bench(path: Path) -> str:
     t0 = time.perf_counter()
     prog, low = lower(sc)
     t1 = time.perf_counter()
-    trace = run_program(prog, sc.cluster, sc.cfg.simulation.network)
+    trace = run_program(prog, sc.cluster, sc.cfg.simulation.network, sc.cfg.simulation.collectives.model_dump())
     t2 = time.perf_counter()
     summary = summarize(sc, low, trace)
     t3 = time.perf_counter()

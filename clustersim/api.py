@@ -104,7 +104,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
                      "gpus_per_node": sc.topology.node.gpus},
         "simulation": {"network": sc.cfg.simulation.network,
                        "collapse_symmetric": len(trace.ranks) < world,
-                       "simulated_ranks": len(trace.ranks), "spans": len(trace.spans)},
+                       "simulated_ranks": len(trace.ranks), "spans": len(trace.spans),
+                       "collective_algorithms": trace.algorithms},
     }
 
 
@@ -112,5 +113,6 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     """Simulate one training step of ``scenario`` (a Scenario, a YAML path or a dict)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     prog, low = lower(sc, collapse=collapse)
-    trace = run_program(prog, sc.cluster, sc.cfg.simulation.network)
+    sim = sc.cfg.simulation
+    trace = run_program(prog, sc.cluster, sim.network, sim.collectives.model_dump())
     return Result(scenario=sc, trace=trace, summary=summarize(sc, low, trace))

@@ -1,4 +1,4 @@
-"""Command line: ``python -m clustersim run | schedule | validate | schema``.
+"""Command line: ``python -m clustersim run | schedule | validate | schema | collective``.
 
     python -m clustersim run scenarios/gpt3_175b_1024gpu.yaml --out out/gpt3
     python -m clustersim schedule --pp 4 --microbatches 8 --schedule 1f1b
@@ -6,6 +6,7 @@
     python -m clustersim schedule --schedule custom --file scenarios/schedules/custom_1f1b_4x8.txt
     python -m clustersim validate scenarios/*.yaml
     python -m clustersim schema
+    python -m clustersim collective --topology topologies/dgx-h100.yaml --op all_reduce --gpus 8 --sizes 1M,1G
 
 Bad input prints one line naming the file and field, exits with 2, and writes nothing.
 """
@@ -119,6 +120,15 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_collective(args) -> int:
+    from .netbench import benchmark, format_table, parse_sizes
+
+    sizes = parse_sizes(args.sizes)
+    cluster, rows = benchmark(args.topology, args.op, args.gpus, sizes, args.algo)
+    print(format_table(cluster, args.op, args.gpus, rows))
+    return 0
+
+
 def cmd_schema(args) -> int:
     from .config import ScenarioCfg
     from .hardware.topology import TopologyCfg
@@ -160,6 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check scenario files without simulating")
     val.add_argument("scenarios", nargs="+")
     val.set_defaults(func=cmd_validate)
+
+    col = sub.add_parser("collective", help="time one collective on an idle cluster; print algbw and busbw "
+                                            "per size (nccl-tests definitions)")
+    col.add_argument("--topology", required=True, help="topology YAML file")
+    col.add_argument("--op", default="all_reduce", help="all_reduce, reduce_scatter, all_gather or all_to_all")
+    col.add_argument("--gpus", type=int, default=8, help="GPUs 0..N-1 (whole nodes first)")
+    col.add_argument("--sizes", default="1M,16M,1G,8G", help="buffer sizes, e.g. 1M,16M,1G,8G (binary units)")
+    col.add_argument("--algo", default="auto", help="auto (the fastest applicable), ring, tree, hierarchical, nvls, "
+                                                    "pairwise")
+    col.set_defaults(func=cmd_collective)
 
     sc = sub.add_parser("schema", help="print the JSON schema of the scenario (or topology) format")
     sc.add_argument("--topology", action="store_true")

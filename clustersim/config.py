@@ -64,9 +64,19 @@ class TrainingCfg(Strict):
     dp_bucket_params: int = pydantic.Field(default=40_000_000, ge=1)
 
 
+class CollectivesCfg(Strict):
+    """Algorithm per collective: "auto" picks the applicable one fastest alone at each size."""
+
+    all_reduce: Literal["auto", "ring", "tree", "hierarchical", "nvls"] = "auto"
+    reduce_scatter: Literal["auto", "ring"] = "auto"
+    all_gather: Literal["auto", "ring"] = "auto"
+    all_to_all: Literal["auto", "pairwise"] = "auto"
+
+
 class SimulationCfg(Strict):
     network: Literal["flow", "ideal"] = "flow"
     collapse_symmetric: bool = True
+    collectives: CollectivesCfg = CollectivesCfg()
 
 
 class ScenarioCfg(Strict):

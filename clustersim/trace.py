@@ -38,6 +38,8 @@ class Trace:
     ranks: list[int]
     weight: dict[int, int]
     stage_of: dict[int, int] = field(default_factory=dict)
+    # collective -> algorithm -> communications of the simulated ranks that used it
+    algorithms: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def end_s(self) -> float:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from ..collectives import expand
+from ..collectives.algorithms import ALGORITHMS, phases
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm
 
@@ -36,7 +36,13 @@ class FlowPlan:
 
 
 def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
-    """Expand ``comm`` (and its twins) into weighted flows on graph paths.
+    """The single phase of ``comm`` by its default algorithm (ring, pairwise); see :func:`plan_phases`."""
+    (plan,) = plan_phases(cluster, comm, ALGORITHMS[comm.op][0])
+    return plan
+
+
+def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring") -> tuple[FlowPlan, ...]:
+    """Expand ``comm`` (and its twins) by ``algo`` into phases of weighted flows on graph paths.
 
     Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
     When every twin's flow i meets the same links (bandwidth, latency, how many of this
@@ -47,17 +53,45 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
     crossing it, and the orbit's worst latency: the slowest twin sets the pace.
     """
     node_of = cluster.node_of
-    # NCCL forwards a transfer between GPUs on different rails through the sender's node-mate on
-    # the receiver's rail (PXN): a ring channel then enters and leaves every node through one NIC
-    route = cluster.pxn_path
-    steps = expand(comm.op, comm.group, 1.0, node_of).steps
+    per_group = {g: phases(comm.op, algo, g, node_of) for g in (comm.group, *comm.twins)}
+    scale = 1.0
+    if algo == "nvls":  # NVLS sustains its own, calibrated, share of the NVLink line rate
+        scale = cluster.cfg.node.nvlink.efficiency / cluster.gpu.nvls_efficiency
+    out = []
+    for k in range(len(per_group[comm.group])):
+        flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
+        out.append(_plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps,
+                               (comm.op, algo) in MEMBER_SYMMETRIC))
+    return tuple(out)
+
+
+def _route(cluster: Cluster):
+    """Edge ids from GPU to GPU; a flow from a GPU to itself is its loop through its NVSwitch
+    (NVLS). NCCL forwards a transfer between GPUs on different rails through the sender's
+    node-mate on the receiver's rail (PXN): a ring channel then enters and leaves every node
+    through one NIC."""
+    names, g, index = cluster.gpu_names, cluster.graph, cluster.edge_index
+
+    def route(src: int, dst: int) -> tuple[int, ...]:
+        if src == dst:
+            sw = g.nodes[names[src]]["switch"]
+            return (index[(names[src], sw)], index[(sw, names[src])])
+        return cluster.pxn_path(src, dst)
+
+    return route
+
+
+def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool) -> FlowPlan:
+    """One phase's plan, from each instance's flows (``flows_of[group]``)."""
+    node_of = cluster.node_of
+    route = _route(cluster)
     # whole instances: the simulated one and its twins
-    instances = [expand(comm.op, inst, 1.0, node_of).flows for inst in (comm.group, *comm.twins)]
+    instances = [flows_of[g] for g in (comm.group, *comm.twins)]
     real_flows = [f for inst in instances for f in inst]
-    if comm.op in MEMBER_SYMMETRIC and len(comm.members) == 1 and comm.members[0] in comm.group \
+    if member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
             and _regular(comm.group, node_of):
         # one member's flows stand for all (much smaller), when that symmetry holds
-        plan = _weigh(cluster, route, _by_member(comm, node_of), real_flows, steps, require_symmetric=True)
+        plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True)
         if plan is not None:
             return plan
     return _weigh(cluster, route, instances, real_flows, steps)
@@ -104,7 +138,8 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
 # an all-to-all, and rings whose channels rotate every node's members (collectives/ring.py) on
 # groups with the same number of members on every node. Not a ring shift (CP): its single
 # ring mixes NVLink and NIC hops, so members differ.
-MEMBER_SYMMETRIC = frozenset({"all_to_all", "all_reduce", "reduce_scatter", "all_gather"})
+MEMBER_SYMMETRIC = frozenset({("all_to_all", "pairwise"), ("all_reduce", "ring"), ("reduce_scatter", "ring"),
+                              ("all_gather", "ring"), ("all_reduce", "hierarchical"), ("all_reduce", "nvls")})
 
 
 def _regular(group: tuple[int, ...], node_of) -> bool:
@@ -114,7 +149,7 @@ def _regular(group: tuple[int, ...], node_of) -> bool:
     return len(set(counts.values())) == 1
 
 
-def _by_member(comm: Comm, node_of) -> list[tuple]:
+def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
     """A communication with one simulated member, as one instance per member GPU.
 
     An instance is what one GPU sends and what it receives: its outgoing flows sorted by where
@@ -132,7 +167,7 @@ def _by_member(comm: Comm, node_of) -> list[tuple]:
     """
     instances = []
     for k, g in enumerate((comm.group, *comm.twins)):
-        flows = expand(comm.op, g, 1.0, node_of).flows
+        flows = flows_of[g]
         nodes: dict[int, list[int]] = {}
         for x in g:
             nodes.setdefault(node_of(x), []).append(x)
@@ -152,7 +187,8 @@ def _by_member(comm: Comm, node_of) -> list[tuple]:
         into: dict[int, list] = {x: [] for x in g}
         for f in flows:
             out[f[0]].append(f)
-            into[f[1]].append(f)
+            if f[1] != f[0]:  # an NVLS loop is its GPU's own, once
+                into[f[1]].append(f)
         members = list(g)
         if k == 0:  # the simulated member first: its instance is the one simulated
             root = g.index(comm.members[0])

@@ -25,7 +25,8 @@ import simpy
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
 from ..trace import Span, Trace
-from .network import FlowNetwork, FlowPlan, max_min_rates, plan_flows
+from ..collectives.algorithms import ALGORITHMS, applicable
+from .network import FlowNetwork, FlowPlan, max_min_rates, plan_phases
 
 
 @dataclass
@@ -62,27 +63,61 @@ def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float])
 class Engine:
     """Runs one Program to completion and returns its Trace."""
 
-    def __init__(self, program: Program, cluster: Cluster, network: str = "flow"):
+    def __init__(self, program: Program, cluster: Cluster, network: str = "flow",
+                 algorithms: dict[str, str] | None = None):
         self.prog = program
         self.cluster = cluster
         self.network = network
+        self.algorithms = dict(algorithms or {})  # collective -> "auto" or an algorithm name
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, cluster.edge_bw_Bps)
         self.done = [self.env.event() for _ in program.tasks]
         self.spans: list[Span] = []
         self._rdv: dict[tuple, _Rendezvous] = {}
-        self._plans: dict[tuple, FlowPlan] = {}
+        self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
+        self._algos: dict[tuple, str] = {}
         self._alone: dict[tuple, float | None] = {}
         self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
         if network == "flow":
             self._classify()
 
     # --- communication timing -------------------------------------------------------
-    def _plan(self, c: Comm) -> FlowPlan:
-        key = (c.op, c.group, c.twins)
+    def _plan(self, c: Comm, algo: str | None = None) -> tuple[FlowPlan, ...]:
+        """The phases of ``c`` by ``algo`` (default: the one it runs with)."""
+        algo = algo or self.algorithm(c)
+        key = (c.op, c.group, c.twins, algo)
         if key not in self._plans:
-            self._plans[key] = plan_flows(self.cluster, c)
+            self._plans[key] = plan_phases(self.cluster, c, algo)
         return self._plans[key]
+
+    def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float) -> float:
+        """Time of ``phases`` alone on their links: per phase, latency plus its slowest flow."""
+        total = 0.0
+        for plan in phases:
+            rates = max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps)
+            total += plan.latency_s + max((f * size_bytes / r for f, r in zip(plan.fractions, rates)), default=0.0)
+        return total
+
+    def algorithm(self, c: Comm) -> str:
+        """The algorithm ``c`` runs with: as configured for its collective, or ("auto") the
+        applicable one fastest alone on its links at its size, as NCCL's tuner chooses by size
+        and topology. A configured algorithm that cannot run this group (NVLS across nodes,
+        hierarchical inside one) falls back to the default (ring)."""
+        key = (c.op, c.group, c.twins, c.size_bytes)
+        if key not in self._algos:
+            options = ALGORITHMS.get(c.op, ("ring",))
+            nvls = self.cluster.gpu.nvls_efficiency is not None and self.cluster.cfg.node.gpus > 1
+            usable = [a for a in options if applicable(c.op, a, c.group, self.cluster.node_of, nvls)] or [options[0]]
+            want = self.algorithms.get(c.op, "auto")
+            if want != "auto":
+                choice = want if want in usable else options[0]
+            elif len(usable) == 1 or c.size_bytes <= 0:
+                choice = usable[0]
+            else:
+                choice = min(usable, key=lambda a: (self._closed_form_s(self._plan(c, a), c.size_bytes),
+                                                    options.index(a)))
+            self._algos[key] = choice
+        return self._algos[key]
 
     def _classify(self) -> None:
         """Plan every communication once; merge equivalent links; find channels alone on theirs.
@@ -95,9 +130,10 @@ class Engine:
         """
         # a channel is one (kind, orbit) on one stream: a stream never overlaps itself, two
         # streams of the same kind and group (ZeRO-3 gathers and gradient reductions) can
-        shapes = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.key[:2] + (t.stream,)): t.comm
+        shapes = {(t.comm.op, t.comm.group, t.comm.twins, self.algorithm(t.comm), t.comm.key[:2] + (t.stream,)): t.comm
                   for t in self.prog.tasks if t.comm is not None}
-        plans = {(op, g, tw): self._plan(c) for (op, g, tw, _), c in shapes.items()}
+        phased = {(op, g, tw, a): self._plan(c, a) for (op, g, tw, a, _), c in shapes.items()}
+        plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge: dict[int, list] = {}
         for pi, plan in enumerate(plans.values()):
             for fi, ws in enumerate(plan.weights):
@@ -107,26 +143,25 @@ class Engine:
         canon: dict[tuple, int] = {}
         keep = {e for e, sig in sorted(on_edge.items()) if canon.setdefault((bw[e], tuple(sig)), e) == e}
         keep -= _dominated_links({e: on_edge[e] for e in sorted(keep)}, plans, bw)
-        for key, plan in plans.items():
-            self._plans[key] = FlowPlan(
+        for key, phases in phased.items():
+            self._plans[key] = tuple(FlowPlan(
                 weights=tuple(tuple((e, w) for e, w in ws if e in keep) for ws in plan.weights),
-                fractions=plan.fractions, latency_s=plan.latency_s)
+                fractions=plan.fractions, latency_s=plan.latency_s) for plan in phases)
         users: dict[int, set] = {}
-        for (op, g, tw, channel) in shapes:
-            for e in self._plans[(op, g, tw)].edges:
-                users.setdefault(e, set()).add(channel)
+        for (op, g, tw, a, channel) in shapes:
+            for plan in self._plans[(op, g, tw, a)]:
+                for e in plan.edges:
+                    users.setdefault(e, set()).add(channel)
         self._edge_users = users
 
     def _alone_duration(self, c: Comm, stream: str) -> float | None:
         """Closed-form time if ``c`` never shares a link with another channel, else None."""
         key = (c.op, c.group, c.twins, c.size_bytes, stream)
         if key not in self._alone:
-            plan = self._plan(c)
+            phases = self._plan(c)
             channel = c.key[:2] + (stream,)
-            if all(self._edge_users[e] == {channel} for e in plan.edges):
-                rates = max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps)
-                data = max((f * c.size_bytes / r for f, r in zip(plan.fractions, rates)), default=0.0)
-                self._alone[key] = plan.latency_s + data
+            if all(self._edge_users[e] == {channel} for plan in phases for e in plan.edges):
+                self._alone[key] = self._closed_form_s(phases, c.size_bytes)
             else:
                 self._alone[key] = None
         return self._alone[key]
@@ -139,7 +174,18 @@ class Engine:
         dur = self._alone_duration(c, stream)
         if dur is not None:
             return self.env.timeout(dur)
-        return self.net.transfer(self._plan(c), c.size_bytes)
+        phases = self._plan(c)
+        if len(phases) == 1:
+            return self.net.transfer(phases[0], c.size_bytes)
+        done = self.env.event()
+
+        def run_phases():  # one after the other: each phase needs the previous one's result
+            for plan in phases:
+                yield self.net.transfer(plan, c.size_bytes)
+            done.succeed()
+
+        self.env.process(run_phases())
+        return done
 
     # --- processes -----------------------------------------------------------------
     def _record(self, t: Task, rank: int, stream: str, start_s: float, end_s: float, name: str | None = None):
@@ -193,10 +239,19 @@ class Engine:
         if unfinished:
             raise RuntimeError(f"simulation deadlocked with {unfinished} tasks not run")
         self.spans.sort(key=lambda s: (s.rank, s.start_s, s.end_s, s.stream))
+        used: dict[str, dict[str, int]] = {}
+        for t in self.prog.tasks:
+            if t.comm is not None and t.comm.op in ALGORITHMS and len(ALGORITHMS[t.comm.op]) > 1:
+                per = used.setdefault(t.comm.op, {})
+                algo = self.algorithm(t.comm)
+                per[algo] = per.get(algo, 0) + 1
         return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
-                     stage_of=dict(self.stage_of))
+                     stage_of=dict(self.stage_of),
+                     algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())})
 
 
-def run_program(program: Program, cluster: Cluster, network: str = "flow") -> Trace:
-    """Simulate ``program`` on ``cluster``; ``network`` is 'flow' or 'ideal'."""
-    return Engine(program, cluster, network).run()
+def run_program(program: Program, cluster: Cluster, network: str = "flow",
+                algorithms: dict[str, str] | None = None) -> Trace:
+    """Simulate ``program`` on ``cluster``; ``network`` is 'flow' or 'ideal'; ``algorithms``
+    maps a collective to "auto" (the default) or the algorithm it must use."""
+    return Engine(program, cluster, network, algorithms).run()

@@ -38,6 +38,10 @@ class GpuSpec:
     matmul_efficiency: float
     memory_efficiency: float
     note: str = ""
+    # NVLink SHARP (NVLS, third-generation NVSwitch and later): the NVSwitch reduces and
+    # multicasts, each GPU sends S up and receives S down. The per-direction rate it sustains,
+    # as a fraction of NVLink line rate; None where the switch cannot (A100's NVSwitch).
+    nvls_efficiency: float | None = None
 
     def peak_flops(self, precision: str) -> float:
         """Dense tensor-core peak for ``precision`` ('bf16', 'fp16' or 'fp8')."""
@@ -50,7 +54,7 @@ class GpuSpec:
         raise KeyError(f"unknown precision {precision!r}")
 
 
-def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, note=""):
+def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, note="", nvls=None):
     return GpuSpec(
         name=name,
         bf16_flops=bf16_T * 1e12,
@@ -61,7 +65,13 @@ def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, n
         matmul_efficiency=mm_eff,
         memory_efficiency=mem_eff,
         note=note,
+        nvls_efficiency=nvls,
     )
+
+
+# nccl-tests on 8x H100 with NVLS: all-reduce busbw 478.9 GB/s at 8 GB (published-runs.yaml).
+# busbw = S/t * 2(n-1)/n and t = S / (eff * line rate), so eff = 478.9 / (7/4) / 450 = 0.608.
+NVLS_EFFICIENCY_H100 = 478.9 / (2 * 7 / 8) / 450
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -70,13 +80,13 @@ GPUS: dict[str, GpuSpec] = {
         _gpu("A100-SXM4-40GB", 312, None, 1555, 40, 300, 0.82, 0.82,
              "memory efficiency borrowed from A100-80GB"),
         _gpu("A100-SXM4-80GB", 312, None, 2039, 80, 300, 0.82, 0.82),
-        _gpu("H100-SXM5-80GB", 989, 1979, 3350, 80, 450, 0.76, 0.91),
+        _gpu("H100-SXM5-80GB", 989, 1979, 3350, 80, 450, 0.76, 0.91, nvls=NVLS_EFFICIENCY_H100),
         _gpu("H800-SXM-80GB", 989, 1979, 3350, 80, 200, 0.76, 0.91,
-             "same die as H100; efficiencies borrowed from H100"),
+             "same die as H100; efficiencies borrowed from H100", nvls=NVLS_EFFICIENCY_H100),
         _gpu("H200-SXM-141GB", 989, 1979, 4800, 141, 450, 0.76, 0.89,
-             "matmul efficiency borrowed from H100"),
+             "matmul and NVLS efficiency borrowed from H100", nvls=NVLS_EFFICIENCY_H100),
         _gpu("B200", 2250, 4500, 8000, 180, 900, 0.76, 0.89,
-             "no published measurement yet; efficiencies borrowed from H200"),
+             "no published measurement yet; efficiencies borrowed from H200", nvls=NVLS_EFFICIENCY_H100),
     )
 }
 

@@ -1,0 +1,111 @@
+"""Collective algorithms as phases of concurrent flows, and which one a collective uses.
+
+An algorithm turns one collective over a group into phases that run one after the other
+(all of today's algorithms need one); each phase is an :class:`Expansion`, flows that run at
+once after ``steps`` latency rounds.
+Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)::
+
+    ring          1 phase   ring/multi-channel flows (collectives/ring.py)
+    tree          1 phase   per channel (member position in a node, S/g each): a chain inside
+                            every node, and two binary trees over the nodes, each reducing
+                            half up and broadcasting it down, pipelined (NCCL's double binary
+                            tree; Sanders et al. 2009); 2 (depth + g - 1) latency rounds.
+    hierarchical  1 phase   reduce-scatter inside each node (ring over its g members),
+                            all-reduce of S/g per rail across nodes (ring over the N members
+                            with the same position), all-gather inside each node; chunks are
+                            pipelined through the three (NCCL), so their flows run together
+                            and the slowest sets the time:
+                              T = max(2 (g-1)/g S/B_nv, 2(N-1)/N (S/g)/B_nic) + latency of all three
+    nvls          1 phase   NVLink SHARP (H100 and later): each GPU sends S to the NVSwitch,
+                            which reduces, and receives S back (multicast): S up and S down
+                            per GPU instead of 2(n-1)/n S through the ring. A flow (g, g) is
+                            GPU g's loop through its switch.
+    pairwise      1 phase   all-to-all (collectives/ring.py); routed through PXN by the network
+
+Choice ("auto"): the algorithm with the least time alone on its links, as NCCL's tuner picks
+from its cost model per size and topology (NCCL src/graph/tuning.cc); a scenario may fix one
+per collective instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ring import Expansion, expand
+
+# algorithms each collective may use, the default (ring) first
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "hierarchical", "nvls"),
+    "reduce_scatter": ("ring",),
+    "all_gather": ("ring",),
+    "all_to_all": ("pairwise",),
+    "shift": ("ring",),
+    "send": ("ring",),
+}
+
+
+def _by_node(group: tuple[int, ...], node_of) -> list[list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for g in group:
+        nodes.setdefault(node_of(g) if node_of else 0, []).append(g)
+    return list(nodes.values())
+
+
+def applicable(op: str, algo: str, group: tuple[int, ...], node_of, nvls: bool) -> bool:
+    """Whether ``algo`` can run ``op`` over ``group``: hierarchical needs several nodes with the
+    same number (> 1) of members each; NVLS a group inside one NVSwitch node whose switch can
+    reduce (``nvls``); tree at least 3 members."""
+    if algo not in ALGORITHMS.get(op, ()):
+        return False
+    nodes = _by_node(group, node_of)
+    if algo == "hierarchical":
+        return len(nodes) > 1 and len({len(v) for v in nodes}) == 1 and len(nodes[0]) > 1
+    if algo == "nvls":
+        return nvls and len(nodes) == 1 and len(group) > 1
+    if algo == "tree":  # NCCL's trees join nodes; inside one it runs rings and chains
+        return len(nodes) > 1 and len({len(v) for v in nodes}) == 1
+    return True
+
+
+def _tree_edges(order: list[int]) -> list[tuple[int, int]]:
+    """(child, parent) of a binary heap laid over ``order``: parent of position i is (i-1)//2."""
+    return [(order[i], order[(i - 1) // 2]) for i in range(1, len(order))]
+
+
+def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Expansion]:
+    """The phases of ``op`` over ``group`` (GPUs in ring order) by ``algo``, sizes per unit buffer."""
+    n = len(group)
+    if algo in ("ring", "pairwise") or n == 1:
+        return [expand(op, group, 1.0, node_of)]
+    if algo == "tree":
+        # NCCL: one channel per member position l carries S/g; inside a node a chain starting at
+        # position l, across nodes two binary trees over the nodes' position-l GPUs, each
+        # reducing half of the channel's data up and broadcasting it down. The second tree is
+        # the first over the reversed node order, so a node inner in one is (nearly) a leaf in
+        # the other (Sanders et al. 2009).
+        nodes = _by_node(group, node_of)
+        g = len(nodes[0])
+        flows = []
+        for pos in range(g):
+            for members in nodes:
+                chain = members[pos:] + members[:pos]
+                for a, b in zip(chain, chain[1:]):
+                    flows += [(b, a, 1.0 / g), (a, b, 1.0 / g)]
+            heads = [members[pos] for members in nodes]
+            for order in (heads, heads[::-1]):
+                for child, parent in _tree_edges(order):
+                    flows += [(child, parent, 0.5 / g), (parent, child, 0.5 / g)]
+        depth = math.ceil(math.log2(len(nodes) + 1)) - 1
+        return [Expansion(tuple(flows), 2 * (max(depth, 1) + g - 1))]
+    if algo == "hierarchical":
+        nodes = _by_node(group, node_of)
+        g = len(nodes[0])
+        inside = [expand("reduce_scatter", tuple(m), 1.0, node_of) for m in nodes]
+        rails = [expand("all_reduce", tuple(m[i] for m in nodes), 1.0 / g, node_of) for i in range(g)]
+        gather = [expand("all_gather", tuple(m), 1.0, node_of) for m in nodes]
+
+        flows = tuple(f for part in (inside, rails, gather) for e in part for f in e.flows)
+        return [Expansion(flows, sum(max(e.steps for e in part) for part in (inside, rails, gather)))]
+    if algo == "nvls":
+        return [Expansion(tuple((x, x, 1.0) for x in group), 2)]
+    raise KeyError(f"unknown algorithm {algo!r} for {op}")

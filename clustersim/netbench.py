@@ -1,0 +1,107 @@
+"""One collective on an idle cluster, timed like nccl-tests: algbw and busbw per size.
+
+    python -m clustersim collective --topology topologies/dgx-h100.yaml --op all_reduce \\
+        --gpus 8 --sizes 1M,16M,1G,8G
+
+The group is GPUs 0..n-1 (whole nodes first), the network otherwise idle. Definitions from
+nccl-tests doc/PERFORMANCE.md, S the whole buffer, t the time::
+
+    algbw = S / t          busbw = algbw * f,   f = 2(n-1)/n  all-reduce
+                                                    (n-1)/n   reduce-scatter, all-gather, all-to-all
+
+so that busbw of a ring tends to the bottleneck link's bandwidth, and can be held next to a
+user's own nccl-tests output.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .collectives.algorithms import ALGORITHMS
+from .engine.sim import Engine
+from .errors import ConfigError
+from .hardware.topology import build_cluster, load_topology_cfg
+from .program.tasks import Comm, Program
+
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+@dataclass(frozen=True)
+class Row:
+    size_bytes: int
+    algorithm: str
+    time_s: float
+
+    def algbw_Bps(self) -> float:
+        return self.size_bytes / self.time_s
+
+    def busbw_Bps(self, op: str, n: int) -> float:
+        return self.algbw_Bps() * BUS_FACTOR[op](n)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """"1M,16M,1G,8G" -> bytes, with binary multipliers as nccl-tests reads them (8G = 8 GiB)."""
+    out = []
+    for item in text.split(","):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", item, flags=re.IGNORECASE)
+        if not m:
+            raise ConfigError(f"cannot read size {item.strip()!r}; use e.g. 1M,16M,1G,8G", source="command line",
+                              field="--sizes")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        if value <= 0:
+            raise ConfigError(f"size {item.strip()!r} must be > 0", source="command line", field="--sizes")
+        out.append(value)
+    return out
+
+
+def benchmark(topology: str | Path, op: str, gpus: int, sizes: list[int], algorithm: str = "auto"):
+    """(cluster, rows): ``op`` over GPUs 0..gpus-1 of ``topology``, one row per size."""
+    path = Path(topology)
+    if not path.is_file():
+        raise ConfigError(f"topology file not found: {path}", source="command line", field="--topology")
+    if op not in BUS_FACTOR:
+        raise ConfigError(f"unknown collective {op!r}; one of {', '.join(BUS_FACTOR)}", source="command line",
+                          field="--op")
+    if algorithm != "auto" and algorithm not in ALGORITHMS[op]:
+        raise ConfigError(f"{op} has no algorithm {algorithm!r}; one of auto, {', '.join(ALGORITHMS[op])}",
+                          source="command line", field="--algo")
+    per_node = load_topology_cfg(path).node.gpus
+    if gpus < 2:
+        raise ConfigError("a collective needs at least 2 GPUs", source="command line", field="--gpus")
+    cluster = build_cluster(load_topology_cfg(path, {"nodes": math.ceil(gpus / per_node)}))
+    group = tuple(range(gpus))
+    rows = []
+    for size in sizes:
+        prog = Program(ranks=[0], weight={0: gpus})
+        prog.add(rank=0, stream="c", name=op, kind="dp", comm=Comm(op, float(size), group, (), (0,), ("c", (0,), 0)))
+        engine = Engine(prog, cluster, "flow", {op: algorithm})
+        (span,) = engine.run().spans
+        rows.append(Row(size, engine.algorithm(prog.tasks[0].comm), span.dur_s))
+    return cluster, rows
+
+
+def _size_label(b: int) -> str:
+    for unit in ("T", "G", "M", "K"):
+        if b >= _UNITS[unit] and b % _UNITS[unit] == 0:
+            return f"{b // _UNITS[unit]} {unit}iB"
+    return f"{b} B"
+
+
+def format_table(cluster, op: str, gpus: int, rows: list[Row]) -> str:
+    nodes = math.ceil(gpus / cluster.cfg.node.gpus)
+    lines = [f"clustersim collective · {op} over {gpus} GPUs ({nodes} node{'s' if nodes > 1 else ''} of "
+             f"{cluster.cfg.name}, {cluster.gpu.name})",
+             f"{'size':>10}  {'algorithm':<12} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    for r in rows:
+        lines.append(f"{_size_label(r.size_bytes):>10}  {r.algorithm:<12} {r.time_s * 1e6:>11.1f} "
+                     f"{r.algbw_Bps() / 1e9:>13.1f} {r.busbw_Bps(op, gpus) / 1e9:>13.1f}")
+    return "\n".join(lines)

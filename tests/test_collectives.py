@@ -1,0 +1,102 @@
+"""Collective algorithms and the collective benchmark against published nccl-tests busbw and
+closed forms."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from clustersim.netbench import benchmark, parse_sizes
+
+GiB = 1 << 30
+NIC_Bps = 400e9 / 8 * 0.9  # NDR at the topology's efficiency
+NVLINK_H100_Bps = 450e9 * 0.81
+
+
+@pytest.mark.parametrize("topology, algo, size, published_GBps", [
+    # shared/reference/published-runs.yaml, collectives.measured_busbw_GBps
+    ("dgx-a100", "ring", 8 * GiB, 231.6),
+    ("dgx-a100", "auto", 1 * GiB, 228),
+    ("dgx-h100", "ring", 8 * GiB, 365),
+    ("dgx-h100", "nvls", 8 * GiB, 478.9),
+    ("dgx-h100", "auto", 8 * GiB, 478.9),  # the tuner picks NVLS on H100
+])
+def test_one_node_all_reduce_busbw_matches_nccl_tests(root, topology, algo, size, published_GBps):
+    _, (row,) = benchmark(root / f"topologies/{topology}.yaml", "all_reduce", 8, [size], algo)
+    assert row.busbw_Bps("all_reduce", 8) / 1e9 == pytest.approx(published_GBps, rel=0.10)
+
+
+def test_nvls_needs_a_switch_that_reduces(root):
+    """A100's NVSwitch has no NVLink SHARP: asking for NVLS falls back to the ring."""
+    _, (row,) = benchmark(root / "topologies/dgx-a100.yaml", "all_reduce", 8, [GiB], "nvls")
+    assert row.algorithm == "ring"
+
+
+def test_hierarchical_beats_the_flat_ring_across_nodes_by_the_expected_amount(root):
+    """4 nodes x 8 GPUs, 8 GiB. Flat ring, 8 channels: each NIC carries 2(n-1)/n * S/8.
+    Hierarchical (pipelined): each NIC carries 2(N-1)/N * S/8 across nodes while NVLink
+    carries the in-node reduce-scatter and all-gather, 2(g-1)/g * S per GPU; the slower sets
+    the time."""
+    n, nodes, g, size = 32, 4, 8, 8 * GiB
+    _, (ring,) = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", n, [size], "ring")
+    _, (hier,) = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", n, [size], "hierarchical")
+    ring_s = 2 * (n - 1) / n * size / g / NIC_Bps
+    hier_s = max(2 * (g - 1) / g * size / NVLINK_H100_Bps, 2 * (nodes - 1) / nodes * size / g / NIC_Bps)
+    assert ring.time_s == pytest.approx(ring_s, rel=0.01)
+    assert hier.time_s == pytest.approx(hier_s, rel=0.01)
+    assert ring.time_s / hier.time_s == pytest.approx(ring_s / hier_s, rel=0.02)
+    assert hier.time_s < ring.time_s
+
+
+def test_tree_wins_small_messages_across_many_nodes(root):
+    """A ring's latency grows with 2(n-1) hops, a tree's with its depth: at 64 KiB over 8
+    nodes the tree is faster, at 1 GiB it is not faster than the ring's bandwidth bound."""
+    _, rows_ring = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", 64, [64 << 10, GiB], "ring")
+    _, rows_tree = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", 64, [64 << 10, GiB], "tree")
+    assert rows_tree[0].time_s < rows_ring[0].time_s / 5
+    assert rows_tree[1].busbw_Bps("all_reduce", 64) < 1.2 * rows_ring[1].busbw_Bps("all_reduce", 64)
+
+
+def test_auto_picks_the_fastest_applicable_algorithm_per_size(root):
+    sizes = [64 << 10, GiB]
+    _, auto = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", 64, sizes, "auto")
+    for algo in ("ring", "tree", "hierarchical"):
+        _, rows = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", 64, sizes, algo)
+        for a, r in zip(auto, rows):
+            assert a.time_s <= r.time_s * (1 + 1e-9)
+
+
+def test_cross_node_all_to_all_is_nic_bound(root):
+    """16 GPUs on 2 nodes: half of each GPU's buffer leaves the node through one NIC (PXN)."""
+    _, (row,) = benchmark(root / "topologies/dgx-h100.yaml", "all_to_all", 16, [GiB])
+    assert row.time_s == pytest.approx(GiB / 2 / NIC_Bps, rel=0.01)
+    assert row.busbw_Bps("all_to_all", 16) == pytest.approx(GiB / row.time_s * 15 / 16)
+
+
+def test_sizes_parse_like_nccl_tests():
+    assert parse_sizes("1M,16M,1G,8G") == [1 << 20, 16 << 20, 1 << 30, 8 << 30]
+    assert parse_sizes("512, 64K") == [512, 64 << 10]
+
+
+def test_collective_command_prints_algbw_and_busbw(root):
+    out = subprocess.run([sys.executable, "-m", "clustersim", "collective", "--topology",
+                          str(root / "topologies/dgx-a100.yaml"), "--op", "all_reduce", "--gpus", "8",
+                          "--sizes", "1M,8G"], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert "algbw (GB/s)" in out.stdout and "busbw (GB/s)" in out.stdout
+    last = out.stdout.strip().splitlines()[-1].split()
+    assert last[:2] == ["8", "GiB"] and float(last[-1]) == pytest.approx(231.6, rel=0.10)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--sizes", "1X"], "--sizes: cannot read size '1X'"),
+    (["--op", "broadcast"], "--op: unknown collective 'broadcast'"),
+    (["--algo", "nvls", "--op", "all_gather"], "--algo: all_gather has no algorithm 'nvls'"),
+    (["--gpus", "1"], "--gpus: a collective needs at least 2 GPUs"),
+])
+def test_collective_command_bad_input(root, args, words):
+    out = subprocess.run([sys.executable, "-m", "clustersim", "collective", "--topology",
+                          str(root / "topologies/dgx-h100.yaml"), *args], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
