@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .analysis.links import link_report
 from .analysis.memory import PartStatic, StageStatic, memory_report
 from .analysis.metrics import step_metrics
 from .config import Scenario, load_scenario
@@ -88,6 +89,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
         "world_size": world,
         **metrics,
         "memory": memory_report(trace, _statics(low), gpu.hbm_capacity_bytes),
+        "links": link_report(trace, trace.end_s),
         "plan": {
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm,
             "cp_load_balance": p.cp_load_balance, "schedule": p.schedule, "vpp": p.vpp, "order": p.order,

@@ -30,6 +30,18 @@ class Span:
         return self.end_s - self.start_s
 
 
+@dataclass(frozen=True)
+class LinkUse:
+    """Bytes one directed link carried in the step (real traffic: a simulated flow's bytes
+    times its weight there), and its busiest rate, averaged over 1/100 of the step."""
+
+    name: str  # "n0.gpu0->n0.nvsw"
+    kind: str  # "nvlink" | "pcie" | "nic" | "fabric"
+    bw_Bps: float
+    bytes: float
+    peak_Bps: float
+
+
 @dataclass
 class Trace:
     """Spans of the simulated ranks; ``weight[r]`` real ranks behave like simulated rank r."""
@@ -40,6 +52,7 @@ class Trace:
     stage_of: dict[int, int] = field(default_factory=dict)
     # collective -> algorithm -> communications of the simulated ranks that used it
     algorithms: dict[str, dict[str, int]] = field(default_factory=dict)
+    links: list[LinkUse] = field(default_factory=list)  # links the simulated communications used
 
     @property
     def end_s(self) -> float:

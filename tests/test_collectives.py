@@ -100,3 +100,24 @@ def test_collective_command_bad_input(root, args, words):
     out = subprocess.run([sys.executable, "-m", "clustersim", "collective", "--topology",
                           str(root / "topologies/dgx-h100.yaml"), *args], capture_output=True, text=True, cwd=root)
     assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
+
+
+def test_link_bytes_of_a_ring_all_reduce(root):
+    """Ring all-reduce of S over one node of 8: every GPU's NVLink carries 2(n-1)/n * S each
+    way; NVLS instead carries S each way."""
+    from clustersim.engine.sim import Engine
+    from clustersim.hardware.topology import build_cluster, load_topology_cfg
+    from clustersim.program.tasks import Comm, Program
+
+    cl = build_cluster(load_topology_cfg(root / "topologies/dgx-h100.yaml", {"nodes": 1}))
+    size = float(GiB)
+    for algo, per_gpu in (("ring", 2 * 7 / 8 * size), ("nvls", size)):
+        prog = Program(ranks=[0], weight={0: 8})
+        prog.add(rank=0, stream="c", name="AR", kind="tp", comm=Comm("all_reduce", size, tuple(range(8)), (), (0,),
+                                                                      ("tp", (0,), 0)))
+        trace = Engine(prog, cl, "flow", {"all_reduce": algo}).run()
+        used = {u.name: u for u in trace.links}
+        assert used["n0.gpu0->n0.nvsw"].bytes == pytest.approx(per_gpu)
+        assert used["n0.nvsw->n0.gpu0"].bytes == pytest.approx(per_gpu)
+        (span,) = trace.spans
+        assert used["n0.gpu0->n0.nvsw"].peak_Bps == pytest.approx(per_gpu / span.dur_s, rel=1e-6)

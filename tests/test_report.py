@@ -72,8 +72,14 @@ def test_report_shows_headline_numbers(result, report):
             assert f'<td class="l">{k}</td>' in report
 
 
+def _section(page: str, title: str) -> str:
+    """From ``title`` to the next panel heading."""
+    start = page.index(title)
+    return page[start:page.index("<h2>", start)]
+
+
 def test_memory_table_has_a_row_per_stage_and_a_verdict(result, report):
-    table = report[report.index("Memory per GPU"):report.index("<h2>Timeline")]
+    table = _section(report, "Memory per GPU")
     stages = result.summary["memory"]["stages"]
     assert table.count("<tr>") == len(stages) + 1  # + the header row
     assert table.count('class="fits">fits<') == sum(st["fits"] for st in stages) == len(stages)
@@ -86,7 +92,7 @@ def test_memory_table_flags_a_stage_that_does_not_fit(result):
     st["capacity_bytes"], st["fits"] = st["peak_bytes"] / 2, False
     summary["memory"]["fits"] = False
     page = report_html(result.trace, summary, build_figure(result.trace, summary))
-    table = page[page.index("Memory per GPU"):page.index("<h2>Timeline")]
+    table = _section(page, "Memory per GPU")
     assert table.count("DOES NOT FIT") == 1
     assert "DOES NOT FIT" in page[:page.index("Memory per GPU")]  # the headline card too
 
@@ -226,3 +232,12 @@ def test_report_renders_offline_in_chromium(result, tmp_path):
     assert outside == []  # nothing was even attempted beyond file://
     assert n_bars == sum(len(b) for b in merge_spans(result.trace).values())
     assert shot.stat().st_size > 10_000
+
+
+def test_busiest_links_table_lists_the_summary_links(result, report):
+    table = _section(report, "Busiest links")
+    busiest = result.summary["links"]["busiest"]
+    assert busiest and table.count("<tr>") == len(busiest) + 1
+    for u in busiest:
+        assert u["link"].replace(">", "&gt;") in table
+        assert 0 < u["utilisation"] <= u["peak_utilisation"] <= 1 + 1e-9

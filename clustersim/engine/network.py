@@ -13,6 +13,7 @@ there (weight = real flows / simulated flows on that link).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass, field
 
 import simpy
@@ -27,8 +28,11 @@ class FlowPlan:
     """A communication's simulated flows: per flow its edge weights and share of the size."""
 
     weights: tuple[tuple[tuple[int, float], ...], ...]  # per flow: ((edge, weight), ...)
-    fractions: tuple[float, ...]  # per flow: bytes / size_bytes
+    fractions: tuple[float, ...]  # per flow: bytes / size_bytes, times ``wire_scale``
     latency_s: float
+    # a flow's fraction is its bytes times this: > 1 where an algorithm sustains less of a
+    # link's bandwidth than the link's own efficiency allows (NVLS)
+    wire_scale: float = 1.0
 
     @property
     def edges(self) -> frozenset[int]:
@@ -60,8 +64,8 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring") -> tuple[FlowP
     out = []
     for k in range(len(per_group[comm.group])):
         flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
-        out.append(_plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps,
-                               (comm.op, algo) in MEMBER_SYMMETRIC))
+        plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC)
+        out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
-from ..trace import Span, Trace
+from ..trace import LinkUse, Span, Trace
 from ..collectives.algorithms import ALGORITHMS, applicable
 from .network import FlowNetwork, FlowPlan, max_min_rates, plan_phases
 
@@ -77,6 +78,8 @@ class Engine:
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
         self._alone: dict[tuple, float | None] = {}
+        self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
+        self._comm_log: list[tuple[Comm, float, float]] = []  # every communication once: start, end
         self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
         if network == "flow":
             self._classify()
@@ -144,9 +147,10 @@ class Engine:
         keep = {e for e, sig in sorted(on_edge.items()) if canon.setdefault((bw[e], tuple(sig)), e) == e}
         keep -= _dominated_links({e: on_edge[e] for e in sorted(keep)}, plans, bw)
         for key, phases in phased.items():
+            self._full_plans[key] = phases
             self._plans[key] = tuple(FlowPlan(
                 weights=tuple(tuple((e, w) for e, w in ws if e in keep) for ws in plan.weights),
-                fractions=plan.fractions, latency_s=plan.latency_s) for plan in phases)
+                fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale) for plan in phases)
         users: dict[int, set] = {}
         for (op, g, tw, a, channel) in shapes:
             for plan in self._plans[(op, g, tw, a)]:
@@ -207,6 +211,7 @@ class Engine:
             del self._rdv[c.key]
             rdv.start_s = self.env.now
             inner = self._start_comm(c, t.stream)
+            inner.callbacks.append(lambda _e, s=rdv.start_s: self._comm_log.append((c, s, self.env.now)))
             inner.callbacks.append(lambda _e, ev=rdv.done: ev.succeed())
         yield rdv.done
         end = self.env.now
@@ -247,7 +252,46 @@ class Engine:
                 per[algo] = per.get(algo, 0) + 1
         return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
                      stage_of=dict(self.stage_of),
-                     algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())})
+                     algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())},
+                     links=self._link_use(max((sp.end_s for sp in self.spans), default=0.0)))
+
+    def _link_use(self, step_s: float, bins: int = 100) -> list[LinkUse]:
+        """Bytes per link over the step, from every communication's flows and weights, spread
+        evenly over the communication's span; the peak is the busiest 1/``bins`` of the step.
+        Collapsed, these are the simulated ranks' links: their twins' links carry the same."""
+        if self.network != "flow" or step_s <= 0:
+            return []
+        spans: dict[int, list[tuple[float, float, float]]] = {}
+        for c, start_s, end_s in self._comm_log:
+            if c.size_bytes <= 0:
+                continue
+            key = (c.op, c.group, c.twins, self.algorithm(c))
+            on_edge: dict[int, float] = {}
+            for plan in self._full_plans.get(key) or self._plan(c):
+                for ws, frac in zip(plan.weights, plan.fractions):
+                    for e, w in ws:
+                        on_edge[e] = on_edge.get(e, 0.0) + w * frac / plan.wire_scale * c.size_bytes
+            for e, b in on_edge.items():
+                spans.setdefault(e, []).append((start_s, end_s, b))
+        edges, g, bw = self.cluster.edges, self.cluster.graph, self.cluster.edge_bw_Bps
+        width = step_s / bins
+        out = []
+        for e in sorted(spans):
+            load = np.zeros(bins)
+            total = 0.0
+            for start_s, end_s, b in spans[e]:
+                total += b
+                lo, hi = int(start_s / width), min(int(end_s / width), bins - 1)
+                if end_s <= start_s or lo == hi:
+                    load[min(lo, bins - 1)] += b
+                    continue
+                rate = b / (end_s - start_s)
+                edges_s = np.clip(np.arange(lo, hi + 2) * width, start_s, end_s)
+                load[lo:hi + 1] += rate * np.diff(edges_s)
+            u, v = edges[e]
+            out.append(LinkUse(name=f"{u}->{v}", kind=g.edges[u, v].get("kind", ""), bw_Bps=bw[e],
+                               bytes=total, peak_Bps=float(load.max() / width)))
+        return out
 
 
 def run_program(program: Program, cluster: Cluster, network: str = "flow",

@@ -435,6 +435,27 @@ def comm_html(summary: dict[str, Any]) -> str:
             "“all kinds” counts overlapping kinds once.</p></div>")
 
 
+def links_html(summary: dict[str, Any]) -> str:
+    """The busiest links of the step: bytes, mean and peak utilisation of usable bandwidth."""
+    links = summary.get("links") or {}
+    busiest = links.get("busiest") or []
+    if not busiest:
+        return ""
+    rows = []
+    for u in busiest:
+        meter = (f'<span class="meter"><span class="exposed" style="width:{100 * min(u["utilisation"], 1):.1f}%">'
+                 f'</span></span>')
+        rows.append(f'<tr><td class="l">{html.escape(u["link"])}</td><td class="l">{html.escape(u["kind"])}</td>'
+                    f'<td>{fmt_bytes(u["bytes"])}</td><td>{u["bw_Bps"] / 1e9:.0f} GB/s</td>'
+                    f'<td>{_pct(u["utilisation"])}</td><td>{_pct(u["peak_utilisation"])}</td>'
+                    f'<td class="l">{meter}</td></tr>')
+    return ("<div><h2>Busiest links</h2><table><tr><th class=\"l\">link</th><th class=\"l\">kind</th>"
+            "<th>bytes</th><th>usable bw</th><th>mean use</th><th>peak use</th><th></th></tr>"
+            + "".join(rows) + "</table><p class=\"note\">Mean use: bytes / (usable bandwidth × step). "
+            "Peak: the busiest 1/100 of the step. Links of the simulated ranks; their twins' links carry "
+            "the same.</p></div>")
+
+
 def memory_html(summary: dict[str, Any]) -> str:
     """Memory per GPU of each pipeline stage, in GiB, against the GPU's capacity."""
     mem = summary.get("memory")
@@ -497,7 +518,7 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure) -> str:
     body = "\n".join([
         header_html(summary), cards_html(summary),
         f'<div class="panels">{comm_html(summary)}{stages_html(summary)}</div>',
-        memory_html(summary),
+        memory_html(summary), links_html(summary),
         "<h2>Timeline</h2>", timeline_note(trace), plot,
     ])
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'

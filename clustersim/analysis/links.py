@@ -1,0 +1,38 @@
+"""Link utilisation: how much of each link's bandwidth the step used, per kind and at worst.
+
+    utilisation       = bytes / (bw * T)          mean over the step, T the step time
+    peak_utilisation  = peak rate / bw            the busiest 1/100 of the step
+
+``bw`` is the link's usable bandwidth (line rate x efficiency). Collapsed simulation reports
+the links of the simulated ranks' communications: their twins' links carry the same.
+"""
+
+from __future__ import annotations
+
+from ..trace import Trace
+
+BUSIEST = 10
+
+
+def link_report(trace: Trace, step_s: float) -> dict:
+    """``links`` of summary.json: per kind of link, and the busiest links."""
+    if step_s <= 0 or not trace.links:
+        return {"by_kind": {}, "busiest": []}
+
+    def util(u) -> float:
+        return u.bytes / (u.bw_Bps * step_s)
+
+    by_kind: dict[str, dict] = {}
+    for u in trace.links:
+        k = by_kind.setdefault(u.kind, {"links": 0, "bytes": 0.0, "max_utilisation": 0.0,
+                                        "max_peak_utilisation": 0.0})
+        k["links"] += 1
+        k["bytes"] += u.bytes
+        k["max_utilisation"] = max(k["max_utilisation"], util(u))
+        k["max_peak_utilisation"] = max(k["max_peak_utilisation"], u.peak_Bps / u.bw_Bps)
+    busiest = sorted(trace.links, key=lambda u: (-util(u), u.name))[:BUSIEST]
+    return {
+        "by_kind": dict(sorted(by_kind.items())),
+        "busiest": [{"link": u.name, "kind": u.kind, "bytes": u.bytes, "bw_Bps": u.bw_Bps,
+                     "utilisation": util(u), "peak_utilisation": u.peak_Bps / u.bw_Bps} for u in busiest],
+    }
