@@ -6,6 +6,7 @@ the field, e.g. ``scenarios/x.yaml: parallel.tp: tp=3 does not divide model.head
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any, Literal
 import pydantic
 
 from .errors import ConfigError
-from .hardware.topology import Cluster, TopologyCfg, build_cluster, load_topology_cfg
+from .hardware.topology import Cluster, TopologyCfg, WhatIfCfg, build_cluster, load_topology_cfg
 from .model.transformer import DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
 from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule
@@ -24,6 +25,8 @@ from .yamlio import Strict, read_yaml, validate
 class ClusterRef(Strict):
     topology: str = pydantic.Field(description="path to a topology YAML, relative to the scenario file")
     nodes: int | None = pydantic.Field(default=None, ge=1, description="overrides the topology's node count")
+    what_if: list[WhatIfCfg] = pydantic.Field(
+        default_factory=list, description="faults and stragglers, added to the topology's own what_if")
 
 
 class ParallelCfg(Strict):
@@ -286,6 +289,23 @@ def _check_schedule(sc: Scenario) -> None:
                           source=sc.source, field=what[0])
 
 
+def _with_what_ifs(topo: TopologyCfg, extra: list, source: str) -> TopologyCfg:
+    """The topology with the scenario's what-ifs after its own, checked now by building the
+    graph once: a misspelt name or a cut-off GPU names the scenario's entry."""
+    own = len(topo.what_if)
+    merged = topo.model_copy(update={"what_if": [*topo.what_if, *extra]})
+    merged._source = getattr(topo, "_source", None)
+    try:
+        build_cluster(merged)
+    except ConfigError as exc:
+        m = re.match(r"what_if\[(\d+)\](.*)", exc.field or "")
+        if m and int(m.group(1)) >= own:
+            raise ConfigError(exc.message, source=source,
+                              field=f"cluster.what_if[{int(m.group(1)) - own}]{m.group(2)}") from None
+        raise
+    return merged
+
+
 def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | None = None) -> Scenario:
     """Read and validate a scenario from a YAML path or a dict (paths relative to ``base_dir``)."""
     if isinstance(src, dict):
@@ -301,6 +321,8 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         raise ConfigError(f"topology file not found: {topo_path}", source=source, field="cluster.topology")
     overrides = {"nodes": cfg.cluster.nodes} if cfg.cluster.nodes is not None else None
     topo = load_topology_cfg(topo_path, overrides)
+    if cfg.cluster.what_if:
+        topo = _with_what_ifs(topo, cfg.cluster.what_if, source)
     _check_plan(cfg, topo, source)
     _check_schedule_options(cfg, source)
     sc = Scenario(cfg=cfg, topology=topo, source=source)

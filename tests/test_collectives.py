@@ -121,3 +121,15 @@ def test_link_bytes_of_a_ring_all_reduce(root):
         assert used["n0.nvsw->n0.gpu0"].bytes == pytest.approx(per_gpu)
         (span,) = trace.spans
         assert used["n0.gpu0->n0.nvsw"].peak_Bps == pytest.approx(per_gpu / span.dur_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("gpus, published_GBps, through", [
+    # DeepEP on H800 + 400 Gb/s IB (published-runs.yaml): EP8 bound by NVLink at 153-158 GB/s,
+    # EP64 by RDMA at 50-51 GB/s per GPU; bandwidth counted over the bytes leaving the GPU
+    # (EP8: (n-1)/n of the buffer over NVLink) or the node (EP64: (1 - 8/64) over the NIC)
+    (8, 155.5, lambda n: (n - 1) / n),
+    (64, 50.5, lambda n: 1 - 8 / n),
+])
+def test_expert_all_to_all_matches_deepep(root, gpus, published_GBps, through):
+    _, (row,) = benchmark(root / "topologies/h800-cluster.yaml", "all_to_all", gpus, [GiB])
+    assert through(gpus) * GiB / row.time_s / 1e9 == pytest.approx(published_GBps, rel=0.10)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
+from clustersim.errors import ConfigError
 from clustersim.hardware import GPUS, build_cluster, load_topology_cfg, lookup_gpu
-from clustersim.hardware.topology import TopologyCfg
+from clustersim.hardware.topology import TopologyCfg, plan_fabric
 
 
 @pytest.fixture
@@ -83,3 +86,340 @@ def test_every_topology_file_builds(root):
     for path in sorted((root / "topologies").glob("*.yaml")):
         c = build_cluster(load_topology_cfg(path))
         assert c.num_gpus == c.cfg.nodes * c.cfg.node.gpus
+
+
+# --- rails, fat trees, the Llama 3 Clos, fault what-ifs -----------------------------------------
+
+
+def _cluster(fabric: dict, nodes: int, node: dict | None = None, what_if=None, gpu: str = "H100"):
+    cfg = {"gpu": gpu, "nodes": nodes, "node": node or {"gpus": 8}, "fabric": fabric}
+    if what_if is not None:
+        cfg["what_if"] = what_if
+    return build_cluster(TopologyCfg.model_validate(cfg))
+
+
+def _count(c, what="kind"):
+    out = {}
+    for _, k in c.graph.nodes(data=what):
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def _cables(c):
+    """Cables (each once) by edge kind, e.g. {"nic": 24, "fabric": 32}."""
+    out = {}
+    for u, v, k in c.graph.edges(data="kind"):
+        if u < v:
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def _hops(c, path):
+    return [c.edges[e] for e in path]
+
+
+def test_nics_carry_their_rail(a100):
+    g = a100.graph
+    assert g.nodes["n3.nic5"]["rail"] == 5 and g.nodes["n21.nic0"]["rail"] == 0
+    flat = _cluster({"rail_optimized": False, "nodes_per_leaf": 2, "spines": 2}, 4, {"gpus": 8, "nics": 4})
+    assert {flat.graph.nodes[f"n{i}.nic{k}"]["rail"] for i in range(4) for k in range(4)} == {None}
+    assert flat.pxn_proxy(2, 8 + 5) is None
+    one = _cluster({"kind": "none"}, 1)
+    assert one.graph.nodes["n0.nic3"]["rail"] is None
+
+
+def test_pxn_works_on_a_rail_optimised_fat_tree(root):
+    h800 = build_cluster(load_topology_cfg(root / "topologies/h800-cluster.yaml", {"nodes": 4}))
+    assert h800.cfg.fabric.kind == "fat_tree"
+    assert h800.pxn_proxy(2, 8 + 5) == 5  # n0.gpu2 -> n1.gpu5 goes through n0.gpu5 on rail 5
+    assert h800.pxn_proxy(5, 8 + 5) is None
+    hops = _hops(h800, h800.pxn_path(2, 8 + 5))
+    assert hops[0] == ("n0.gpu2", "n0.nvsw") and ("n0.nic5", "leaf0.5") in hops
+
+
+def test_two_tier_fat_tree_counts_from_the_radix():
+    # radix 8 at 1:1: 4 ports down, 4 up -> 4 nodes per rail leaf, 4 spines;
+    # 6 nodes -> 2 groups x 4 rails = 8 leaves, each cabled to every spine
+    c = _cluster({"kind": "fat_tree", "radix": 8}, 6, {"gpus": 4})
+    assert _count(c) == {"nvswitch": 6, "nic": 24, "gpu": 24, "leaf": 8, "spine": 4}
+    assert _cables(c) == {"nvlink": 24, "pcie": 24, "nic": 24, "fabric": 8 * 4}
+    assert c.graph.nodes["n5.nic3"]["leaf"] == "leaf1.3"
+    assert c.graph.edges["leaf0.0", "spine3"]["line_bw_Bps"] == 25e9  # 4 x 200 Gb/s over 4 uplinks
+    # 9 nodes would need 3 groups x 4 rails = 12 leaves: more than a radix-8 spine has ports
+    with pytest.raises(ConfigError, match="12 leaves") as err:
+        _cluster({"kind": "fat_tree", "radix": 8}, 9, {"gpus": 4})
+    assert err.value.field == "fabric.tiers"
+
+
+def test_three_tier_fat_tree_is_the_k4_fat_tree_of_al_fares():
+    # k = 4: 2 hosts per edge switch, 2 edge + 2 aggregation switches per pod, 4 pods, 4 cores
+    c = _cluster({"kind": "fat_tree", "radix": 4, "tiers": 3, "rail_optimized": False}, 16, {"gpus": 1})
+    assert _count(c) == {"nic": 16, "gpu": 16, "leaf": 8, "spine": 8, "core": 4}
+    assert _cables(c) == {"pcie": 16, "nic": 16, "fabric": 8 * 2 + 8 * 2}
+    g = c.graph
+    for core in ("core0.0", "core0.1", "core1.0", "core1.1"):
+        # core j.c joins spine j of each of the 4 pods
+        j = core[4]
+        assert sorted(g.successors(core)) == [f"pod{p}.spine{j}" for p in range(4)]
+    assert sorted(g.successors("pod1.spine0")) == ["core0.0", "core0.1", "leaf2.0", "leaf3.0"]
+    p = plan_fabric(c.cfg)
+    assert (p.nodes_per_leaf, p.spines, p.leaves_per_pod, p.pods, p.cores_per_plane) == (2, 2, 2, 4, 2)
+    # a fifth pod would need a fifth port on every core
+    with pytest.raises(ConfigError, match="5 pods") as err:
+        _cluster({"kind": "fat_tree", "radix": 4, "tiers": 3, "rail_optimized": False}, 20, {"gpus": 1})
+    assert err.value.field == "nodes"
+
+
+@pytest.mark.parametrize("o, up_ports, down_ports", [(1, 8, 8), (3, 4, 12), (4, 3, 12), (2.5, 4, 10)])
+def test_leaf_uplinks_reflect_oversubscription(o, up_ports, down_ports):
+    # radix 16: u1 = floor(16 / (1 + o)) ports up, d1 = floor(o u1) down; one-GPU nodes, 200 Gb/s
+    c = _cluster({"kind": "fat_tree", "radix": 16, "rail_optimized": False, "oversubscription": o},
+                 2 * down_ports, {"gpus": 1})
+    g = c.graph
+    down = [d["line_bw_Bps"] for u, _, d in g.in_edges("leaf0.0", data=True) if g.nodes[u]["kind"] == "nic"]
+    up = [d["line_bw_Bps"] for _, v, d in g.out_edges("leaf0.0", data=True) if g.nodes[v]["kind"] == "spine"]
+    assert len(down) == down_ports and len(up) == up_ports
+    assert sum(down) / sum(up) == pytest.approx(o)
+    assert up[0] == pytest.approx(down_ports * 25e9 / (o * up_ports))  # = 25e9 when o divides d1
+
+
+def test_llama3_clos_shape_and_pod_oversubscription(root):
+    c = build_cluster(load_topology_cfg(root / "topologies/roce-clos-llama3.yaml"))
+    assert c.num_gpus == 6144 and c.gpu.name == "H100-SXM5-80GB"
+    # 768 nodes / 2 per rack = 384 ToRs; 192 per pod -> 2 pods x 16 cluster switches; 16 x 28 aggregation
+    assert _count(c) == {"nvswitch": 768, "nic": 6144, "gpu": 6144, "leaf": 384, "spine": 32, "core": 448}
+    g = c.graph
+    assert {g.nodes[f"n{i}.nic{k}"]["leaf"] for i in (0, 1) for k in range(8)} == {"leaf0.0"}  # 16 GPUs per rack
+    assert g.nodes["n2.nic0"]["leaf"] == "leaf1.0"
+    tor_down = sum(d["line_bw_Bps"] for u, _, d in g.in_edges("leaf0.0", data=True) if g.nodes[u]["kind"] == "nic")
+    tor_up = sum(d["line_bw_Bps"] for _, v, d in g.out_edges("leaf0.0", data=True) if g.nodes[v]["kind"] == "spine")
+    assert tor_down == tor_up == 16 * 50e9  # full bisection inside the pod
+    spine = g.out_edges("pod0.spine3", data=True)
+    spine_down = sum(d["line_bw_Bps"] for _, v, d in spine if g.nodes[v]["kind"] == "leaf")
+    spine_up = [d["line_bw_Bps"] for _, v, d in spine if g.nodes[v]["kind"] == "core"]
+    assert spine_down == 192 * 50e9 and len(spine_up) == 28
+    assert spine_down / sum(spine_up) == pytest.approx(7)  # 1:7 above the pod
+
+
+def test_cross_pod_path_crosses_the_aggregation_layer_and_in_pod_path_does_not(root):
+    c = build_cluster(load_topology_cfg(root / "topologies/roce-clos-llama3.yaml"))
+    same_rack = _hops(c, c.path(0, 8))  # n0 -> n1, one ToR
+    assert [v for _, v in same_rack] == ["n0.nic0", "leaf0.0", "n1.nic0", "n1.gpu0"]
+    in_pod = _hops(c, c.path(0, 8 * 380))  # rack 190, pod 0
+    assert len(in_pod) == 6 and in_pod[2][1].startswith("pod0.spine")
+    assert not any(v.startswith("core") for _, v in in_pod)
+    cross = _hops(c, c.path(0, 8 * 384))  # node 384: first rack of pod 1
+    tiers = [v.split(".")[0].rstrip("0123456789") for _, v in cross]
+    assert tiers == ["n", "leaf", "pod", "core", "pod", "leaf", "n", "n"]
+    spine_a, core, spine_b = cross[2][1], cross[3][1], cross[4][1]
+    j = spine_a.split("spine")[1]
+    assert spine_a == f"pod0.spine{j}" and spine_b == f"pod1.spine{j}" and core.startswith(f"core{j}.")
+    assert c.path_latency_s(c.path(0, 8 * 380)) == pytest.approx(2 * 1e-6 + 2 * 0.6e-6)
+    assert c.path_latency_s(c.path(0, 8 * 384)) == pytest.approx(2 * 1e-6 + 4 * 0.6e-6)
+    # ECMP spreads cross-pod pairs over planes and cores
+    tops = {_hops(c, c.path(8 * i, 8 * (384 + i)))[3][1] for i in range(0, 64, 2)}
+    assert len(tops) > 8
+
+
+def test_a_removed_spine_link_reroutes_through_another_spine(root):
+    def cluster(what_if=None):
+        overrides = {"nodes": 64} if what_if is None else {"nodes": 64, "what_if": what_if}
+        return build_cluster(load_topology_cfg(root / "topologies/dgx-a100.yaml", overrides))
+
+    intact = cluster()
+    before = _hops(intact, intact.path(0, 8 * 25))
+    spine = before[2][1]
+    assert spine.startswith("spine") and before[2][0] == "leaf0.0"
+    cut = cluster([{"remove_link": f"leaf0.0-{spine}"}])
+    after = _hops(cut, cut.path(0, 8 * 25))
+    assert len(after) == len(before) == 6
+    assert after[2][0] == "leaf0.0" and after[2][1].startswith("spine") and after[2][1] != spine
+    assert not cut.graph.has_edge("leaf0.0", spine) and not cut.graph.has_edge(spine, "leaf0.0")
+    assert len(cut.edges) == len(intact.edges) - 2
+    # the other leaves keep that spine
+    assert cut.graph.has_edge("leaf1.0", spine)
+
+
+def test_a_removed_core_link_reroutes_across_pods(root):
+    llama = root / "topologies/roce-clos-llama3.yaml"
+    intact = build_cluster(load_topology_cfg(llama, {"nodes": 400}))  # pod 1 holds nodes 384-399
+    before = _hops(intact, intact.path(0, 8 * 384))
+    spine, core = before[3]
+    cut = build_cluster(load_topology_cfg(llama, {"nodes": 400, "what_if": [{"remove_link": f"{core}-{spine}"}]}))
+    after = _hops(cut, cut.path(0, 8 * 384))
+    assert len(after) == 8 and (spine, core) not in after
+    assert after[3][0].startswith("pod0.spine") and after[4][0].startswith("core")
+
+
+def test_removing_every_uplink_of_a_leaf_is_a_clear_partition_error(root, tmp_path):
+    import yaml
+
+    topo = yaml.safe_load((root / "topologies/dgx-a100.yaml").read_text())
+    topo["nodes"] = 64
+    topo["what_if"] = [{"remove_link": f"leaf0.0-spine{s}"} for s in range(19)]
+    path = tmp_path / "cut.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    c = build_cluster(load_topology_cfg(path))  # 19 of 20 uplinks gone: every route goes via spine19
+    assert {_hops(c, c.path(0, 8 * 25))[2][1]} == {"spine19"}
+    topo["what_if"].append({"remove_link": "spine19-leaf0.0"})
+    path.write_text(yaml.safe_dump(topo))
+    with pytest.raises(ConfigError) as err:
+        load_topology_cfg(path)
+    assert err.value.field == "what_if[19]" and err.value.source == str(path)
+    # leaf0.0 serves NIC 0 of nodes 0-19: GPUs 0, 8, ..., 152
+    assert "cuts GPUs 0, 8, ..., 152 (20 GPUs) off from the other 492 GPUs" in err.value.message
+    assert str(err.value).startswith(f"{path}: what_if[19]: removing cable spine19-leaf0.0")
+
+
+def test_removing_a_leaf_cuts_off_its_gpus():
+    fabric = {"kind": "fat_tree", "radix": 8, "rail_optimized": False}
+    with pytest.raises(ConfigError, match=r"switch leaf1\.0 cuts GPUs 32-63 off from the other 32 GPUs") as err:
+        _cluster(fabric, 8, {"gpus": 8, "nics": 1}, what_if=[{"remove_switch": "spine0"}, {"remove_switch": "leaf1.0"}])
+    assert err.value.field == "what_if[1]"
+
+
+def test_degraded_link_shows_on_both_directions(a100):
+    c = build_cluster(TopologyCfg.model_validate({**a100.cfg.model_dump(), "what_if": [
+        {"link": "n0.nic0-leaf0.0", "bw_factor": 0.5}, {"link": "spine3-leaf0.0", "bw_factor": 0.25}]}))
+    g = c.graph
+    for u, v in (("n0.nic0", "leaf0.0"), ("leaf0.0", "n0.nic0")):
+        assert g.edges[u, v]["line_bw_Bps"] == 12.5e9
+        assert c.edge_bw_Bps[c.edge_index[(u, v)]] == pytest.approx(12.5e9 * 0.9)
+    for u, v in (("leaf0.0", "spine3"), ("spine3", "leaf0.0")):
+        assert g.edges[u, v]["line_bw_Bps"] == pytest.approx(a100.graph.edges[u, v]["line_bw_Bps"] / 4)
+    assert g.edges["n1.nic0", "leaf0.0"]["line_bw_Bps"] == 25e9  # the neighbour is untouched
+    assert c.path_bw_Bps(c.path(0, 8)) == pytest.approx(12.5e9 * 0.9)
+
+
+def test_gpu_slowdown_is_validated_and_stored():
+    c = _cluster({"kind": "none"}, 1, what_if=[{"gpu": 5, "slowdown": 1.3}, {"gpu": 2, "slowdown": 2.0},
+                                               {"gpu": 5, "slowdown": 2.0}])
+    assert c.gpu_slowdown == {5: pytest.approx(2.6), 2: 2.0}
+    assert _cluster({"kind": "none"}, 1).gpu_slowdown == {}
+    with pytest.raises(ConfigError, match="GPU 8 does not exist") as err:
+        _cluster({"kind": "none"}, 1, what_if=[{"gpu": 8, "slowdown": 1.5}])
+    assert err.value.field == "what_if[0]"
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"remove_switch": "spine99"}, "no switch named 'spine99'"),
+    ({"remove_link": "leaf0.0-spine99"}, "no vertex named 'spine99'"),
+    ({"link": "leaf0.0-leaf0.1", "bw_factor": 0.5}, "leaf0.0 and leaf0.1 are not joined by a cable"),
+    ({"link": "leaf0.0", "bw_factor": 0.5}, "is not a cable"),
+    ({"remove_link": "n0.gpu0-n0.nvsw"}, "is an NVLink cable"),
+    ({"remove_switch": "n0.nvsw"}, "is an NVSwitch, not a fabric switch"),
+    ({"remove_switch": "n0.nic0"}, "is a nic, not a fabric switch"),
+])
+def test_what_if_names_are_checked(a100, entry, message):
+    cfg = TopologyCfg.model_validate({**a100.cfg.model_dump(), "what_if": [{"gpu": 0, "slowdown": 1.0}, entry]})
+    with pytest.raises(ConfigError, match=message) as err:
+        build_cluster(cfg)
+    assert err.value.field == "what_if[1]"
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"link": "n0.nic0-leaf0.0"}, r"one of \{link, bw_factor\}.*got \{link\}"),
+    ({"remove_link": "a-b", "remove_switch": "c"}, "a what_if entry is one of"),
+    ({"gpu": 1, "slowdown": 0.5}, "greater than or equal to 1"),
+    ({"link": "a-b", "bw_factor": 0}, "greater than 0"),
+    ({"remove_spine": "spine0"}, "unknown key"),
+])
+def test_what_if_entry_shapes_are_checked_on_load(root, tmp_path, entry, message):
+    import yaml
+
+    topo = yaml.safe_load((root / "topologies/dgx-h100.yaml").read_text())
+    topo["what_if"] = [{"gpu": 0, "slowdown": 1.1}, entry]
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(topo))
+    with pytest.raises(ConfigError, match=message) as err:
+        load_topology_cfg(tmp_path / "t.yaml")
+    assert err.value.field.startswith("what_if[1]")
+
+
+@pytest.mark.parametrize("fabric, field_, message", [
+    ({"kind": "leaf_spine", "radix": 32}, None, "fabric.radix is read by kind fat_tree only"),
+    ({"kind": "fat_tree", "spines": 4}, None, "fabric.spines is read by kind leaf_spine only"),
+    ({"kind": "fat_tree", "leaves_per_pod": 4}, None, "read by a 3-tier fat tree only"),
+    ({"kind": "fat_tree", "radix": 8, "nodes_per_leaf": 5}, "fabric.nodes_per_leaf", "more than the radix 8"),
+    ({"kind": "fat_tree", "radix": 4, "rail_optimized": False}, "fabric.radix", "fewer than the 8 NICs"),
+    ({"kind": "fat_tree", "radix": 64, "tiers": 3, "leaves_per_pod": 12}, "fabric.leaves_per_pod",
+     "not a whole number of groups of 8"),
+])
+def test_fabric_fields_are_checked(fabric, field_, message):
+    with pytest.raises((ConfigError, ValueError), match=message) as err:
+        _cluster(fabric, 4)
+    if field_:
+        assert err.value.field == field_
+
+
+def _ring_time_s(cluster, group, size_bytes):
+    """Duration of one ring all-reduce of ``size_bytes`` over ``group`` on an idle cluster."""
+    from clustersim.engine import run_program
+    from clustersim.program.tasks import Comm, Program
+
+    n = len(group)
+    prog = Program(ranks=[group[0]], weight={group[0]: n})
+    prog.add(rank=group[0], stream="dp", name="AR", kind="dp",
+             comm=Comm("all_reduce", size_bytes, tuple(group), (), (group[0],), ("dp", (0,), 0)))
+    # hold the engine to the ring (it may choose another algorithm where it can)
+    kw = {"algorithms": {"all_reduce": "ring"}} if "algorithms" in inspect.signature(run_program).parameters else {}
+    (span,) = run_program(prog, cluster, **kw).spans
+    return span.dur_s
+
+
+def _oversubscribed(o):
+    """8 nodes of 8 GPUs sharing one 400 Gb/s NIC; radix 8 fat tree: 4 nodes per leaf, 2 leaves;
+    1:1 gives 4 spines, 4:1 one spine (u1 = floor(8 / 5) = 1), each uplink at the NIC rate."""
+    return _cluster({"kind": "fat_tree", "radix": 8, "rail_optimized": False, "oversubscription": o,
+                     "latency_us": 0.6}, 8,
+                    {"gpus": 8, "nics": 1, "nvlink": {"bw_GBps": 450, "latency_us": 1.0},
+                     "nic": {"bw_Gbps": 400, "latency_us": 1.0}})
+
+
+def test_oversubscription_above_the_leaf_slows_a_cross_leaf_all_reduce_by_the_expected_factor():
+    """Ring over nodes 0, 4, 1, 5 (leaves 0, 1, 0, 1): 8 channels (one per GPU of a node), each
+    crossing between the leaves at every node boundary. Per direction 16 flows leave a leaf,
+    8 through each of its 2 NICs. 1:1: four uplinks of P; a NIC is shared by 8 flows, so each
+    gets P/8 (the hashing puts at most 8 on one spine). 4:1: one uplink of P for all 16: P/16.
+    Closed form per channel (S/8 each): T = 2(n-1) a + 2(n-1)/n (S/8) / B."""
+    P = 400e9 / 8
+    size = 1 << 30
+    group = [*range(8), *range(32, 40), *range(8, 16), *range(40, 48)]
+    n = len(group)
+    alpha_s = 2 * 1.0e-6 + 2 * 0.6e-6  # NIC, leaf-spine, spine-leaf, NIC (PCIe has none)
+
+    def closed_form(bw_Bps):
+        return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * (size / 8) / bw_Bps
+
+    full, over = _oversubscribed(1), _oversubscribed(4)
+    assert _count(full)["spine"] == 4 and _count(over)["spine"] == 1
+    assert full.graph.edges["leaf0.0", "spine0"]["line_bw_Bps"] == P
+    assert over.graph.edges["leaf0.0", "spine0"]["line_bw_Bps"] == P
+    # precondition of the 1:1 figure: no spine carries more than 8 of one direction's 16 flows
+    node_first = [0, 32, 8, 40]
+    crossings = [(node_first[x] + (c + 7) % 8, node_first[(x + 1) % 4] + c) for c in range(8) for x in range(4)]
+    load = {}
+    for src, dst in crossings:
+        up = _hops(full, full.path(src, dst))[2]
+        load[up] = load.get(up, 0) + 1
+    assert sum(load.values()) == 32 and max(load.values()) <= 8
+
+    t_full = _ring_time_s(full, group, size)
+    t_over = _ring_time_s(over, group, size)
+    assert t_full == pytest.approx(closed_form(P / 8), rel=1e-6)
+    assert t_over == pytest.approx(closed_form(P / 16), rel=1e-6)
+    assert t_over / t_full == pytest.approx(closed_form(P / 16) / closed_form(P / 8), rel=1e-6)
+    assert 1.9 < t_over / t_full < 2.0  # twice the bandwidth term, the same latency
+
+
+def test_oversubscription_does_not_touch_a_ring_inside_one_leaf():
+    """16 GPUs on nodes 0 and 1, both under leaf 0: traffic never goes up, so 1:1 and 4:1 agree
+    with the closed form at the NIC's share P/8 (8 channels through each node's one NIC)."""
+    P = 400e9 / 8
+    size = 1 << 30
+    group = list(range(16))
+    alpha_s = 2 * 1.0e-6  # NIC, NIC (NVLink hops: 2 x 1.0 too)
+    expected = 2 * 15 * alpha_s + 2 * 15 / 16 * (size / 8) / (P / 8)
+    t_full = _ring_time_s(_oversubscribed(1), group, size)
+    t_over = _ring_time_s(_oversubscribed(4), group, size)
+    assert t_full == pytest.approx(expected, rel=1e-6)
+    assert t_over == pytest.approx(t_full, rel=1e-12)

@@ -222,6 +222,7 @@ class Engine:
 
     def _stream(self, tids: list[int]):
         tasks, done = self.prog.tasks, self.done
+        slow = getattr(self.cluster, "gpu_slowdown", {}) or {}
         for tid in tids:
             t = tasks[tid]
             pending = [done[d] for d in t.deps if not done[d].processed]
@@ -230,7 +231,8 @@ class Engine:
             if t.comm is None:
                 start = self.env.now
                 if t.duration_s > 0:
-                    yield self.env.timeout(t.duration_s)
+                    # rank r runs on GPU r; a straggler (topology what_if) computes slower
+                    yield self.env.timeout(t.duration_s * slow.get(t.rank, 1.0))
                 self._record(t, t.rank, t.stream, start, self.env.now)
             else:
                 yield from self._comm_task(t)

@@ -4,21 +4,31 @@ The graph holds every GPU, NVSwitch, NIC and fabric switch as a node and every c
 pair of directed edges (one per direction, each with its own bandwidth)::
 
       n0.gpu0 ─┐            ┌─ n0.nic0 ── leaf0.0 ──┐
-      n0.gpu1 ─┼─ n0.nvsw   │  (PCIe)     (rail 0)  ├── spine0 ...
-        ...   ─┘            └─ n0.nic1 ── leaf0.1 ──┘
+      n0.gpu1 ─┼─ n0.nvsw   │  (PCIe)     (rail 0)  ├── spine0 ...          [── core0.0 ...]
+        ...   ─┘            └─ n0.nic1 ── leaf0.1 ──┘   (pod0.spine0 ... in 3 tiers)
                  NVLink        one NIC per GPU      leaf/spine (rail-optimised: one leaf
                                                     per rail per group of nodes)
+
+Fabric kinds (``fabric.kind``): ``none`` (one node), ``leaf_spine`` (two tiers, switch counts
+given) and ``fat_tree`` (two or three tiers, switch counts derived from the switch radix, see
+:func:`plan_fabric`). Switch vertices carry ``tier``: 1 leaf, 2 spine, 3 core.
 
 Edge attributes: ``line_bw_Bps`` (line rate), ``efficiency`` (fraction a long transfer
 reaches), ``bw_Bps`` = line × efficiency (what transfers see), ``latency_s``.
 
-Routing: inside a node GPU → NVSwitch → GPU; across nodes GPU → NIC → leaf → [spine →
-leaf] → NIC → GPU. Among equal-cost spine paths one is picked by a stable hash of the
-endpoints (static ECMP), so two flows may collide on a spine link as they do in real fabrics.
+Routing: inside a node GPU → NVSwitch → GPU; across nodes GPU → NIC → leaf → [spine → [core →
+spine] →] leaf → NIC → GPU, never through another GPU. Between two leaves the routes are the
+shortest up-down (valley-free) paths, as a Clos fabric's routing gives them; where several are
+equal each switch picks one of its links by a CRC32 hash of the endpoints (static ECMP), so
+two flows may collide on a spine link as they do in real fabrics.
+
+Fault what-ifs (``what_if``) degrade or remove cables and switches of the built graph; routes
+are then computed on what remains (see :func:`_apply_what_ifs`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -32,6 +42,9 @@ import pydantic
 from ..errors import ConfigError
 from ..yamlio import Strict, read_yaml, validate
 from .gpus import GpuSpec, lookup_gpu
+
+# Switch vertex kinds of the scale-out fabric and their tier (height above the NICs)
+TIERS = {"leaf": 1, "spine": 2, "core": 3}
 
 
 class LinkCfg(Strict):
@@ -62,14 +75,63 @@ class NodeCfg(Strict):
         return self
 
 
+# fields that only one fabric kind reads; giving one to another kind is an error, not a no-op
+_KIND_ONLY = {"spines": "leaf_spine", "radix": "fat_tree", "tiers": "fat_tree",
+              "pod_oversubscription": "fat_tree", "leaves_per_pod": "fat_tree"}
+
+
 class FabricCfg(Strict):
-    kind: Literal["leaf_spine", "none"] = "leaf_spine"
+    kind: Literal["leaf_spine", "fat_tree", "none"] = "leaf_spine"
     rail_optimized: bool = True
-    nodes_per_leaf: int = pydantic.Field(default=16, ge=1)
-    spines: int | None = pydantic.Field(default=None, ge=1, description="default: one per leaf")
+    nodes_per_leaf: int | None = pydantic.Field(
+        default=None, ge=1, description="leaf_spine: default 16; fat_tree: default from radix")
+    spines: int | None = pydantic.Field(default=None, ge=1, description="leaf_spine; default: one per leaf")
+    radix: int = pydantic.Field(default=64, ge=2, description="fat_tree: ports per switch")
+    tiers: Literal[2, 3] = 2
     oversubscription: float = pydantic.Field(default=1.0, ge=1.0)
+    pod_oversubscription: float = pydantic.Field(default=1.0, ge=1.0, description="fat_tree, 3 tiers")
+    leaves_per_pod: int | None = pydantic.Field(default=None, ge=1, description="fat_tree, 3 tiers")
     latency_us: float = pydantic.Field(default=0.6, ge=0, description="per switch-to-switch hop")
     efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
+
+    @pydantic.model_validator(mode="after")
+    def _fields_of_kind(self):
+        if self.kind == "none":
+            return self
+        # compared with the defaults, not "was it written", so that a dumped config reloads
+        changed = {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
+        for name, kind in _KIND_ONLY.items():
+            if name in changed and kind != self.kind:
+                raise ValueError(f"fabric.{name} is read by kind {kind} only (kind is {self.kind})")
+        if self.kind == "fat_tree" and self.tiers == 2:
+            for name in ("pod_oversubscription", "leaves_per_pod"):
+                if name in changed:
+                    raise ValueError(f"fabric.{name} is read by a 3-tier fat tree only (tiers is 2)")
+        return self
+
+
+class WhatIfCfg(Strict):
+    """One fault what-if; exactly one of the shapes in ``WHAT_IF_SHAPES``."""
+
+    link: str | None = pydantic.Field(default=None, description='a cable "u-v" to degrade (with bw_factor)')
+    bw_factor: float | None = pydantic.Field(default=None, gt=0, description="its bandwidth x this, both ways")
+    remove_link: str | None = pydantic.Field(default=None, description='a network cable "u-v" to take out')
+    remove_switch: str | None = pydantic.Field(default=None, description="a leaf, spine or core to take out")
+    gpu: int | None = pydantic.Field(default=None, ge=0, description="a GPU (global index) that runs slow")
+    slowdown: float | None = pydantic.Field(default=None, ge=1, description="its compute time x this")
+
+    @pydantic.model_validator(mode="after")
+    def _one_shape(self):
+        given = frozenset(k for k in type(self).model_fields if getattr(self, k) is not None)
+        if given not in WHAT_IF_SHAPES:
+            shapes = ", ".join("{" + ", ".join(sorted(s, key=list(type(self).model_fields).index)) + "}"
+                               for s in WHAT_IF_SHAPES)
+            raise ValueError(f"a what_if entry is one of {shapes}; got {{{', '.join(sorted(given))}}}")
+        return self
+
+
+WHAT_IF_SHAPES = (frozenset({"link", "bw_factor"}), frozenset({"remove_link"}),
+                  frozenset({"remove_switch"}), frozenset({"gpu", "slowdown"}))
 
 
 class TopologyCfg(Strict):
@@ -78,12 +140,15 @@ class TopologyCfg(Strict):
     nodes: int = pydantic.Field(default=1, ge=1)
     node: NodeCfg = NodeCfg()
     fabric: FabricCfg = FabricCfg()
+    what_if: list[WhatIfCfg] = pydantic.Field(default_factory=list)
+    # the file it was read from, for error lines raised when the graph is built
+    _source: str | None = pydantic.PrivateAttr(default=None)
 
     @pydantic.model_validator(mode="after")
     def _fabric_joins_nodes(self):
         if self.nodes > 1 and self.fabric.kind == "none":
             raise ValueError(f"fabric.kind is 'none' but the cluster has {self.nodes} nodes; "
-                             "use leaf_spine to join them")
+                             "use leaf_spine or fat_tree to join them")
         return self
 
     @pydantic.field_validator("gpu")
@@ -97,10 +162,143 @@ class TopologyCfg(Strict):
 
 
 def load_topology_cfg(path: Path, overrides: dict | None = None) -> TopologyCfg:
-    """Read a topology YAML; ``overrides`` (e.g. ``{"nodes": 128}`` from a scenario) win."""
+    """Read a topology YAML; ``overrides`` (e.g. ``{"nodes": 128}`` from a scenario) win.
+
+    Also checks what the fields imply together (fat-tree switch counts against the radix) and,
+    when ``what_if`` removes or degrades something, builds the graph once so that a misspelt
+    name or a partitioning fault is reported now, naming the file and the entry.
+    """
     data = read_yaml(path, what="topology")
     data.update(overrides or {})
-    return validate(TopologyCfg, data, source=str(path))
+    cfg = validate(TopologyCfg, data, source=str(path))
+    cfg._source = str(path)
+    plan_fabric(cfg)
+    if any(w.gpu is None for w in cfg.what_if):
+        build_cluster(cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Fabric plan: switch counts and uplink rates, from the config alone
+
+
+@dataclass(frozen=True)
+class FabricPlan:
+    """Switch counts and cable rates of the scale-out fabric (see :func:`plan_fabric`)."""
+
+    rails: int  # leaves per group of nodes
+    nodes_per_leaf: int  # nodes per group
+    groups: int
+    leaf_up_Bps: float  # line rate of one leaf -> spine cable
+    spines: int  # leaf_spine and 2-tier fat tree: all spines; 3 tiers: spines per pod
+    leaves_per_pod: int = 0  # 3 tiers
+    pods: int = 0  # 3 tiers
+    cores_per_plane: int = 0  # 3 tiers: core plane j joins spine j of every pod
+    spine_up_Bps: float = 0.0  # 3 tiers: line rate of one spine -> core cable
+
+    @property
+    def leaves(self) -> int:
+        return self.groups * self.rails
+
+
+def _fail(cfg: TopologyCfg, field_: str, message: str) -> ConfigError:
+    return ConfigError(message, source=cfg._source, field=field_)
+
+
+def plan_fabric(cfg: TopologyCfg) -> FabricPlan | None:
+    """Switch counts and uplink rates of ``cfg``'s fabric; None for kind ``none``.
+
+    ``leaf_spine`` (counts given): groups G = ceil(nodes / nodes_per_leaf), leaves G·R (R rails:
+    NICs per node when rail-optimised, else 1), ``spines`` (default: one per leaf), and one cable
+    from every leaf to every spine of line rate ``nodes_per_leaf · nics / R · P / (spines · o)``.
+
+    ``fat_tree`` (counts derived from the radix k; every port runs at the NIC rate P; q = NICs a
+    node puts on one leaf = nics / R; o1 = ``oversubscription``, o2 = ``pod_oversubscription``)::
+
+        leaf ports      u1 = floor(k / (1 + o1)) up, d1 = floor(o1 · u1) down      (k=64, o1=1: 32/32)
+        nodes per leaf  n = floor(d1 / q)                  (unless fabric.nodes_per_leaf is given)
+        leaf uplinks    U1 = ceil(n·q / o1): one cable to each of U1 spines (of its pod),
+                        line rate c1 = n·q·P / (o1·U1)           (= P when o1 divides n·q)
+        groups, leaves  G = ceil(nodes / n), L = G·R
+        2 tiers         spines = U1; each has a port per leaf: L <= k
+        3 tiers         spine ports u2 = floor(k / (1 + o2)), d2 = floor(o2 · u2)
+                        leaves per pod Lp = floor(d2 / R)·R         (unless fabric.leaves_per_pod)
+                        pods = ceil(G / (Lp / R)); each has U1 spines "pod{p}.spine{j}"
+                        spine uplinks U2 = ceil(Lp / o2), line rate c2 = Lp·c1 / (o2·U2)
+                        cores: U1 planes x U2; spine j of every pod joins the U2 cores of
+                        plane j ("core{j}.{c}"); each core has a port per pod: pods <= k
+
+    With R = q = 1 and o1 = o2 = 1 this is the k-ary fat tree of Al-Fares, Loukissas and Vahdat,
+    "A Scalable, Commodity Data Center Network Architecture" (SIGCOMM 2008): k/2 hosts per edge
+    switch, k/2 edge and k/2 aggregation switches per pod, (k/2)^2 cores, k pods, k^3/4 hosts.
+    Spines are built only with more than one leaf, cores only with more than one pod.
+    """
+    fab, n = cfg.fabric, cfg.node
+    if fab.kind == "none":
+        return None
+    nics = n.nics or n.gpus
+    rails = nics if fab.rail_optimized else 1
+    q = nics // rails
+    P = n.nic.bw_Gbps * 1e9 / 8
+    if fab.kind == "leaf_spine":
+        per_leaf = fab.nodes_per_leaf or 16
+        groups = math.ceil(cfg.nodes / per_leaf)
+        spines = fab.spines or groups * rails
+        down_per_leaf = per_leaf * nics // rails
+        up_bw = down_per_leaf * P / (spines * fab.oversubscription)
+        return FabricPlan(rails=rails, nodes_per_leaf=per_leaf, groups=groups, leaf_up_Bps=up_bw, spines=spines)
+
+    k = fab.radix
+    o1, o2 = fab.oversubscription, fab.pod_oversubscription
+    u1 = math.floor(k / (1 + o1))
+    d1 = math.floor(o1 * u1)
+    if fab.nodes_per_leaf is None:
+        per_leaf = d1 // q
+        if per_leaf < 1:
+            raise _fail(cfg, "fabric.radix", f"a leaf of radix {k} at {o1:g}:1 has {d1} ports down, fewer than "
+                                             f"the {q} NICs a node puts on one leaf; raise the radix")
+    else:
+        per_leaf = fab.nodes_per_leaf
+    down1 = per_leaf * q
+    up1 = math.ceil(down1 / o1)
+    if down1 + up1 > k:
+        raise _fail(cfg, "fabric.nodes_per_leaf", f"{per_leaf} nodes per leaf need {down1} ports down and "
+                                                  f"{up1} up at {o1:g}:1, more than the radix {k}")
+    c1 = down1 * P / (o1 * up1)
+    groups = math.ceil(cfg.nodes / per_leaf)
+    leaves = groups * rails
+    if fab.tiers == 2:
+        if leaves > 1 and leaves > k:
+            raise _fail(cfg, "fabric.tiers", f"{cfg.nodes} nodes need {leaves} leaves, but a 2-tier fat tree of "
+                                             f"radix {k} joins at most {k}; use tiers: 3 or a larger radix")
+        return FabricPlan(rails=rails, nodes_per_leaf=per_leaf, groups=groups, leaf_up_Bps=c1, spines=up1)
+
+    u2 = math.floor(k / (1 + o2))
+    d2 = math.floor(o2 * u2)
+    if fab.leaves_per_pod is None:
+        per_pod = d2 // rails * rails
+        if per_pod < 1:
+            raise _fail(cfg, "fabric.radix", f"a spine of radix {k} at {o2:g}:1 has {d2} ports down, fewer than "
+                                             f"the {rails} rail leaves of one group; raise the radix")
+    else:
+        per_pod = fab.leaves_per_pod
+        if per_pod % rails:
+            raise _fail(cfg, "fabric.leaves_per_pod", f"{per_pod} is not a whole number of groups of "
+                                                      f"{rails} rail leaves")
+    up2 = math.ceil(per_pod / o2)
+    if per_pod + up2 > k:
+        raise _fail(cfg, "fabric.leaves_per_pod", f"{per_pod} leaves per pod need {per_pod} spine ports down "
+                                                  f"and {up2} up at {o2:g}:1, more than the radix {k}")
+    pods = math.ceil(groups / (per_pod // rails))
+    if pods > k:
+        raise _fail(cfg, "nodes", f"{cfg.nodes} nodes need {pods} pods, but a core of radix {k} joins at most {k}")
+    return FabricPlan(rails=rails, nodes_per_leaf=per_leaf, groups=groups, leaf_up_Bps=c1, spines=up1,
+                      leaves_per_pod=per_pod, pods=pods, cores_per_plane=up2,
+                      spine_up_Bps=per_pod * c1 / (o2 * up2))
+
+
+# ---------------------------------------------------------------------------------------------
+# The built cluster
 
 
 @dataclass
@@ -112,6 +310,8 @@ class Cluster:
     graph: nx.DiGraph
     gpu_names: list[str]  # global GPU index -> graph node
     edges: list[tuple[str, str]] = field(default_factory=list)  # edge id -> (u, v)
+    # what_if GPU slow-downs: global GPU index -> factor on its compute time (>= 1)
+    gpu_slowdown: dict[int, float] = field(default_factory=dict)
 
     @property
     def gpus_per_node(self) -> int:
@@ -134,17 +334,86 @@ class Cluster:
         return [self.graph.edges[e]["latency_s"] for e in self.edges]
 
     @cached_property
-    def _fabric(self) -> nx.Graph:
-        keep = [n for n, k in self.graph.nodes(data="kind") if k in ("leaf", "spine")]
+    def _fabric(self) -> nx.DiGraph:
+        keep = [n for n, k in self.graph.nodes(data="kind") if k in TIERS]
         return self.graph.subgraph(keep)
 
+    @cached_property
+    def _up(self) -> dict[str, list[str]]:
+        """Per fabric switch, the switches one tier up it has a cable to, sorted."""
+        g = self.graph
+        out = {}
+        for v in self._fabric:
+            t = g.nodes[v]["tier"]
+            out[v] = sorted(w for w in g.successors(v) if g.nodes[w].get("tier") == t + 1)
+        return out
+
+    def _above(self, v: str) -> list[frozenset[str]]:
+        """The switches ``v`` reaches going up: index 0 is ``{v}``, index t those t tiers higher."""
+        cache = self.__dict__.setdefault("_above_cache", {})
+        if v not in cache:
+            up, levels = self._up, [frozenset((v,))]
+            while nxt := frozenset(w for x in levels[-1] for w in up[x]):
+                levels.append(nxt)
+            cache[v] = levels
+        return cache[v]
+
+    def _meeting(self, a: str, b: str) -> tuple[int, frozenset[str]] | list[list[str]]:
+        """Where up-down routes from leaf ``a`` to leaf ``b`` turn: (tiers up, the switches
+        there that both reach), the lowest such tier; or, when there is none, every shortest
+        path through the remaining switches, sorted.
+
+        In an intact Clos the up-down paths are exactly the shortest paths::
+
+            leaf a ─ spine j ─ leaf b                                   turn 1 tier up
+            leaf a ─ pod0.spine j ─ core j.c ─ pod1.spine j ─ leaf b    turn 2 tiers up
+
+        A fault can leave two leaves with no up-down path (a and b each lost the spine the other
+        kept); then traffic takes the shortest paths of any shape, down through a third leaf.
+        """
+        above_a, above_b = self._above(a), self._above(b)
+        for t in range(1, min(len(above_a), len(above_b))):
+            tops = above_a[t] & above_b[t]
+            if tops:
+                return t, tops
+        try:
+            return sorted(nx.all_shortest_paths(self._fabric, a, b))
+        except nx.NetworkXNoPath:
+            raise ConfigError(f"no route from {a} to {b} through the fabric", source=self.cfg._source,
+                              field="what_if") from None
+
     def _leaf_route(self, a: str, b: str, salt: str) -> list[str]:
+        """A shortest route from leaf ``a`` to leaf ``b``, chosen hop by hop as ECMP does.
+
+        Each switch on the way up picks among its sorted up-links that still lead to a turning
+        switch, by ``zlib.crc32`` of ``salt`` (the endpoint names; never Python's hash, which
+        changes between runs) modulo their number; on the way down, among its sorted down-links
+        toward ``b``. The first switch hashes ``salt`` itself; the others hash ``salt|switch``,
+        a seed per switch as real fabrics use to avoid hash polarisation. In a two-tier fabric
+        the only choice is the first (the spine), so this is the same as picking one of all the
+        sorted shortest routes.
+        """
+        cache = self.__dict__.setdefault("_meeting_cache", {})
         key = (a, b)
-        cache = self.__dict__.setdefault("_leaf_routes", {})
         if key not in cache:
-            cache[key] = sorted(nx.all_shortest_paths(self._fabric, a, b))
-        routes = cache[key]
-        return routes[zlib.crc32(salt.encode()) % len(routes)]
+            cache[key] = self._meeting(a, b)
+        meet = cache[key]
+        if isinstance(meet, list):
+            return meet[zlib.crc32(salt.encode()) % len(meet)]
+        t, tops = meet
+        up, g, above_b = self._up, self.graph, self._above(b)
+        hops, v = [a], a
+        for i in range(1, t + 1):  # up: i tiers above a, t - i below the turn
+            if i == t:
+                choices = [w for w in up[v] if w in tops]
+            else:
+                choices = [w for w in up[v] if not self._above(w)[t - i].isdisjoint(tops)]
+            v = _ecmp(choices, salt, v if i > 1 else None)
+            hops.append(v)
+        for i in range(t - 1, -1, -1):  # down toward b
+            v = _ecmp(sorted(y for y in above_b[i] if g.has_edge(v, y)), salt, v)
+            hops.append(v)
+        return hops
 
     def node_of(self, gpu: int) -> int:
         """The node (server) GPU ``gpu`` sits in."""
@@ -183,20 +452,21 @@ class Cluster:
             n0.gpu2 ─nic2─ leaf.2 ─ spine ─ leaf.5 ─nic5─ n1.gpu5
 
         The proxy is the GPU with ``dst``'s local index (it shares dst's rail when every GPU has
-        its own NIC), else the first GPU behind a NIC of dst's rail.
+        its own NIC), else the first GPU behind a NIC of dst's rail. Rails are the NICs' ``rail``
+        attribute, None when the fabric is not rail-optimised.
         """
         g = self.graph
         s, d = g.nodes[self.gpu_names[src]], g.nodes[self.gpu_names[dst]]
-        if s["node"] == d["node"] or not self.cfg.fabric.rail_optimized:
+        if s["node"] == d["node"]:
             return None
-        rail = g.nodes[d["nic"]]["leaf"].split(".")[-1] if g.nodes[d["nic"]]["leaf"] else None
-        if rail is None or g.nodes[s["nic"]]["leaf"].split(".")[-1] == rail:
+        rail = g.nodes[d["nic"]]["rail"]
+        if rail is None or g.nodes[s["nic"]]["rail"] == rail:
             return None
         per_node = self.cfg.node.gpus
         first = s["node"] * per_node
         candidates = [first + d["local"]] + list(range(first, first + per_node))
         for c in candidates:
-            if g.nodes[g.nodes[self.gpu_names[c]]["nic"]]["leaf"].split(".")[-1] == rail:
+            if g.nodes[g.nodes[self.gpu_names[c]]["nic"]]["rail"] == rail:
                 return c
         return None
 
@@ -214,6 +484,14 @@ class Cluster:
         return min((bw[e] for e in path), default=math.inf)
 
 
+def _ecmp(choices: list[str], salt: str, switch: str | None) -> str:
+    """One of the sorted equal-cost ``choices``: crc32 of ``salt`` (or ``salt|switch``) mod n."""
+    if len(choices) == 1:
+        return choices[0]
+    seed = f"{salt}|{switch}" if switch else salt
+    return choices[zlib.crc32(seed.encode()) % len(choices)]
+
+
 def _link(g: nx.DiGraph, u: str, v: str, line_bw_Bps: float, eff: float, latency_s: float, kind: str):
     """Add a full-duplex cable: two directed edges with the same figures."""
     for a, b in ((u, v), (v, u)):
@@ -224,24 +502,24 @@ def _link(g: nx.DiGraph, u: str, v: str, line_bw_Bps: float, eff: float, latency
 def build_cluster(cfg: TopologyCfg) -> Cluster:
     """Build the graph described by ``cfg`` (pure; same cfg -> same graph, same edge order)."""
     gpu = lookup_gpu(cfg.gpu)
+    plan = plan_fabric(cfg)
     n = cfg.node
     nics = n.nics or n.gpus
     nvl_bw = (n.nvlink.bw_GBps * 1e9) if n.nvlink.bw_GBps else gpu.nvlink_bw_Bps
     nic_bw = n.nic.bw_Gbps * 1e9 / 8
     g = nx.DiGraph(name=cfg.name)
     gpu_names: list[str] = []
-    fab = cfg.fabric
-    rails = nics if fab.rail_optimized else 1
-    groups = math.ceil(cfg.nodes / fab.nodes_per_leaf)
-    has_fabric = fab.kind == "leaf_spine" and cfg.nodes > 1
+    has_fabric = plan is not None and cfg.nodes > 1
+    rails = plan.rails if plan else 1
+    rail_optimized = has_fabric and cfg.fabric.rail_optimized
 
     for i in range(cfg.nodes):
         sw = f"n{i}.nvsw" if n.gpus > 1 else None
         if sw:
             g.add_node(sw, kind="nvswitch", node=i)
         for k in range(nics):
-            leaf = f"leaf{i // fab.nodes_per_leaf}.{k % rails}" if has_fabric else None
-            g.add_node(f"n{i}.nic{k}", kind="nic", node=i, leaf=leaf)
+            leaf = f"leaf{i // plan.nodes_per_leaf}.{k % rails}" if has_fabric else None
+            g.add_node(f"n{i}.nic{k}", kind="nic", node=i, leaf=leaf, rail=k % rails if rail_optimized else None)
         for j in range(n.gpus):
             name = f"n{i}.gpu{j}"
             nic = f"n{i}.nic{j // (n.gpus // nics)}"
@@ -252,19 +530,185 @@ def build_cluster(cfg: TopologyCfg) -> Cluster:
             _link(g, name, nic, n.pcie_GBps * 1e9, 1.0, 0.0, "pcie")
 
     if has_fabric:
-        leaves = [f"leaf{gi}.{r}" for gi in range(groups) for r in range(rails)]
-        for leaf in leaves:
-            g.add_node(leaf, kind="leaf")
-        for i in range(cfg.nodes):
-            for k in range(nics):
-                nic = f"n{i}.nic{k}"
-                _link(g, nic, g.nodes[nic]["leaf"], nic_bw, n.nic.efficiency, n.nic.latency_us * 1e-6, "nic")
-        if len(leaves) > 1:
-            spines = fab.spines or len(leaves)
-            down_per_leaf = fab.nodes_per_leaf * nics // rails
-            up_bw = down_per_leaf * nic_bw / (spines * fab.oversubscription)
-            for s in range(spines):
-                g.add_node(f"spine{s}", kind="spine")
-                for leaf in leaves:
-                    _link(g, leaf, f"spine{s}", up_bw, fab.efficiency, fab.latency_us * 1e-6, "fabric")
-    return Cluster(cfg=cfg, gpu=gpu, graph=g, gpu_names=gpu_names, edges=list(g.edges()))
+        _build_fabric(g, cfg, plan, nics, nic_bw)
+    cluster = Cluster(cfg=cfg, gpu=gpu, graph=g, gpu_names=gpu_names)
+    if cfg.what_if:
+        _apply_what_ifs(cluster)
+    cluster.edges = list(g.edges())
+    return cluster
+
+
+def _build_fabric(g: nx.DiGraph, cfg: TopologyCfg, plan: FabricPlan, nics: int, nic_bw: float):
+    """Leaves, NIC cables and the switches above the leaves (see :func:`plan_fabric`)."""
+    fab, n = cfg.fabric, cfg.node
+    lat_s = fab.latency_us * 1e-6
+    leaves = [f"leaf{gi}.{r}" for gi in range(plan.groups) for r in range(plan.rails)]
+    for leaf in leaves:
+        g.add_node(leaf, kind="leaf", tier=1)
+    for i in range(cfg.nodes):
+        for k in range(nics):
+            nic = f"n{i}.nic{k}"
+            _link(g, nic, g.nodes[nic]["leaf"], nic_bw, n.nic.efficiency, n.nic.latency_us * 1e-6, "nic")
+    if len(leaves) == 1:
+        return
+    if fab.kind == "leaf_spine" or fab.tiers == 2:
+        for s in range(plan.spines):
+            g.add_node(f"spine{s}", kind="spine", tier=2)
+            for leaf in leaves:
+                _link(g, leaf, f"spine{s}", plan.leaf_up_Bps, fab.efficiency, lat_s, "fabric")
+        return
+    # three tiers: leaves of pod p are groups [p*Gp, (p+1)*Gp) with all their rails
+    per_pod = plan.leaves_per_pod
+    for p in range(plan.pods):
+        for j in range(plan.spines):
+            spine = f"pod{p}.spine{j}"
+            g.add_node(spine, kind="spine", tier=2, pod=p)
+            for leaf in leaves[p * per_pod:(p + 1) * per_pod]:
+                _link(g, leaf, spine, plan.leaf_up_Bps, fab.efficiency, lat_s, "fabric")
+    if plan.pods == 1:
+        return
+    for j in range(plan.spines):
+        for c in range(plan.cores_per_plane):
+            core = f"core{j}.{c}"
+            g.add_node(core, kind="core", tier=3)
+            for p in range(plan.pods):
+                _link(g, f"pod{p}.spine{j}", core, plan.spine_up_Bps, fab.efficiency, lat_s, "fabric")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fault what-ifs
+
+
+def _apply_what_ifs(cluster: Cluster) -> None:
+    """Apply ``cfg.what_if`` in order to the built graph.
+
+    ``{link: "u-v", bw_factor: f}``   both directions of the cable: line rate and bw x f
+    ``{remove_link: "u-v"}``          a network cable (NIC-leaf, leaf-spine, spine-core) is gone
+    ``{remove_switch: "s"}``          a leaf, spine or core and all its cables are gone
+    ``{gpu: i, slowdown: f}``         stored in ``cluster.gpu_slowdown`` (factors multiply)
+
+    Routes are computed later on the graph that remains (``Cluster.path``). GPUs never forward
+    for each other across the fabric, so a removal that leaves some GPU without a route to a
+    GPU of another node partitions the cluster: a ConfigError naming the entry and the GPUs
+    cut off. NVLink and PCIe cables and NVSwitches can be degraded but not removed (a node
+    with a broken NVSwitch is drained, not run).
+    """
+    cfg, g = cluster.cfg, cluster.graph
+    for i, w in enumerate(cfg.what_if):
+        where = f"what_if[{i}]"
+        if w.gpu is not None:
+            if w.gpu >= cluster.num_gpus:
+                raise _fail(cfg, where, f"GPU {w.gpu} does not exist; the cluster has GPUs 0-{cluster.num_gpus - 1}")
+            cluster.gpu_slowdown[w.gpu] = cluster.gpu_slowdown.get(w.gpu, 1.0) * w.slowdown
+        elif w.link is not None:
+            u, v = _cable(cluster, w.link, where, "link")
+            for a, b in ((u, v), (v, u)):
+                e = g.edges[a, b]
+                e["line_bw_Bps"] *= w.bw_factor
+                e["bw_Bps"] = e["line_bw_Bps"] * e["efficiency"]
+        elif w.remove_link is not None:
+            u, v = _cable(cluster, w.remove_link, where, "remove_link")
+            kinds = (g.nodes[u]["kind"], g.nodes[v]["kind"])
+            if not all(k in TIERS or k == "nic" for k in kinds):
+                kind = {"nvlink": "an NVLink", "pcie": "a PCIe"}.get(g.edges[u, v]["kind"], "a")
+                raise _fail(cfg, where, f"{w.remove_link} is {kind} cable; only network cables "
+                                        "(NIC-leaf, leaf-spine, spine-core) can be removed; degrade it with "
+                                        "link and bw_factor instead")
+            g.remove_edge(u, v)
+            g.remove_edge(v, u)
+            for nic in (u, v):
+                if g.nodes[nic]["kind"] == "nic":
+                    g.nodes[nic]["leaf"] = None
+            _check_reach(cluster, where, f"removing cable {w.remove_link}")
+        else:
+            s = w.remove_switch.strip()
+            if s not in g:
+                raise _fail(cfg, where, f"no switch named {s!r} in this topology{_names_hint(g)}")
+            if g.nodes[s]["kind"] not in TIERS:
+                kind = "an NVSwitch" if g.nodes[s]["kind"] == "nvswitch" else f"a {g.nodes[s]['kind']}"
+                raise _fail(cfg, where, f"{s} is {kind}, not a fabric switch (leaf, spine or core); "
+                                        "only those can be removed")
+            for nic in g.predecessors(s):
+                if g.nodes[nic]["kind"] == "nic":
+                    g.nodes[nic]["leaf"] = None
+            g.remove_node(s)
+            _check_reach(cluster, where, f"removing switch {s}")
+
+
+def _cable(cluster: Cluster, spec: str, where: str, key: str) -> tuple[str, str]:
+    """The two ends of cable ``"u-v"`` (vertex names hold no '-'), or a ConfigError."""
+    g, cfg = cluster.graph, cluster.cfg
+    ends = [p.strip() for p in spec.split("-")]
+    if len(ends) != 2 or not all(ends):
+        raise _fail(cfg, where, f"{key} {spec!r} is not a cable; write its two ends as \"u-v\", "
+                                "e.g. \"n0.nic0-leaf0.0\"")
+    for end in ends:
+        if end not in g:
+            raise _fail(cfg, where, f"{key} {spec!r}: no vertex named {end!r} in this topology{_names_hint(g)}")
+    u, v = ends
+    if not g.has_edge(u, v):
+        raise _fail(cfg, where, f"{key} {spec!r}: {u} and {v} are not joined by a cable")
+    return u, v
+
+
+def _names_hint(g: nx.DiGraph) -> str:
+    """Examples of switch names, for an error about a misspelt one."""
+    first: dict[str, list[str]] = {}
+    for v, k in g.nodes(data="kind"):
+        if k in TIERS:
+            first.setdefault(k, []).append(v)
+    if not first:
+        return " (it has no network switches)"
+    return " (switches: " + "; ".join(f"{vs[0]} ... {vs[-1]}" if len(vs) > 1 else vs[0]
+                                      for vs in first.values()) + ")"
+
+
+def _check_reach(cluster: Cluster, where: str, what: str) -> None:
+    """ConfigError if some GPU lost every route to a GPU of another node.
+
+    Across nodes a GPU reaches another only through its own NIC, its leaf and the switches
+    (GPUs do not forward), so two GPUs of different nodes are joined exactly when their NICs'
+    leaves lie in one connected part of the switch graph. In the intact fabric every leaf is in
+    one part; after a removal every GPU must still be.
+    """
+    g = cluster.graph
+    if cluster.cfg.nodes < 2:
+        return
+    switches = nx.Graph()
+    switches.add_nodes_from(v for v, k in g.nodes(data="kind") if k in TIERS)
+    switches.add_edges_from((u, v) for u, v in g.edges() if u in switches and v in switches)
+    part = {v: i for i, comp in enumerate(nx.connected_components(switches)) for v in comp}
+    groups: dict[int | None, list[int]] = {}
+    for x, name in enumerate(cluster.gpu_names):
+        leaf = g.nodes[g.nodes[name]["nic"]]["leaf"]
+        groups.setdefault(part[leaf] if leaf is not None else None, []).append(x)
+    if len(groups) == 1 and None not in groups:
+        return
+    # the largest part is "the rest"; every other part, and every GPU whose NIC lost its leaf, is cut off
+    main = max((k for k in groups if k is not None), key=lambda k: (len(groups[k]), -groups[k][0]), default=None)
+    cut = sorted(x for k, xs in groups.items() if k != main for x in xs)
+    msg = (f"{what} cuts GPUs {_gpu_list(cut)} off from the other {cluster.num_gpus - len(cut)} GPUs"
+           if main is not None else f"{what} leaves no GPU connected to the fabric")
+    if len(groups) > 2 and None not in groups:
+        msg += f" (the fabric falls into {len(groups)} parts)"
+    raise _fail(cluster.cfg, where, msg + "; no route is left between them through the network")
+
+
+def _gpu_list(ids: list[int], most: int = 6) -> str:
+    """Sorted GPU indices, compactly: "0-7", "0, 8, ..., 152", "3, 17-20"."""
+    if not ids:
+        return "none"
+    if len(ids) >= 3 and len({b - a for a, b in itertools.pairwise(ids)}) == 1 and ids[1] - ids[0] > 1:
+        return f"{ids[0]}, {ids[1]}, ..., {ids[-1]} ({len(ids)} GPUs)"
+    runs: list[str] = []
+    start = prev = ids[0]
+    for x in [*ids[1:], None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if x is not None:
+            start = prev = x
+    if len(runs) > most:
+        return ", ".join(runs[:most]) + f", ... ({len(ids)} GPUs)"
+    return ", ".join(runs)

@@ -599,7 +599,12 @@ def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lower
     """Scenario -> Program for one training step."""
     mesh = sc.mesh
     cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
-    sym = Symmetry(mesh, sc.cfg.simulation.collapse_symmetric if collapse is None else collapse, cp_distinct)
+    collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
+    if getattr(sc.cluster, "gpu_slowdown", None):
+        # a straggler runs a program of its own pace, and every rank it meets in a collective
+        # or a send waits for it: no two ranks stay alike, so every rank is simulated
+        collapse = False
+    sym = Symmetry(mesh, collapse, cp_distinct)
     work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
     cp_work = {c: [stage_work(sc, j, sc.cluster.gpu, c) for j in range(sc.n_parts)]
                for c in range(mesh.cp)} if cp_distinct else {}

@@ -1,0 +1,58 @@
+"""What-ifs in a scenario: a straggler GPU, a degraded or removed link."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import clustersim
+from clustersim.errors import ConfigError
+
+from .conftest import scenario_dict
+
+
+def _run(root, what_if, **parallel):
+    d = scenario_dict(parallel={"tp": 4, "pp": 2, "dp": 2, **parallel}, training={"global_batch_size": 16})
+    d["cluster"]["what_if"] = what_if
+    return clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+
+
+def test_a_straggler_slows_its_replicas_and_every_rank_is_simulated(root):
+    """GPU 5 computes 1.5x slower: its compute takes 1.5x as long, the rest wait for it at
+    their collectives, and the run simulates every rank (no two stay alike)."""
+    base = _run(root, [])
+    slow = _run(root, [{"gpu": 5, "slowdown": 1.5}])
+    assert slow.summary["simulation"]["simulated_ranks"] == 16
+    assert base.summary["simulation"]["simulated_ranks"] == 2
+    compute_of = lambda r, rank: sum(s.end_s - s.start_s for s in r.trace.spans  # noqa: E731
+                                     if s.rank == rank and s.stream == "compute")
+    assert compute_of(slow, 5) == pytest.approx(1.5 * compute_of(slow, 4), rel=1e-9)
+    # every chain of dependencies crosses each of GPU 5's compute spans at most once: the step
+    # grows, and by at most the half of GPU 5's compute that the slowdown adds
+    extra = 0.5 * compute_of(slow, 4)
+    assert base.summary["step_time_s"] < slow.summary["step_time_s"] <= base.summary["step_time_s"] + extra * (1 + 1e-9)
+
+
+def test_a_degraded_nic_slows_the_step(root):
+    base = _run(root, [])
+    half = _run(root, [{"link": "n0.nic0-leaf0.0", "bw_factor": 0.25}])
+    assert half.summary["step_time_s"] > base.summary["step_time_s"]
+    assert half.summary["exposed_comm_s"]["dp"] + half.summary["exposed_comm_s"]["pp"] > \
+        base.summary["exposed_comm_s"]["dp"] + base.summary["exposed_comm_s"]["pp"]
+
+
+def test_a_misspelt_what_if_names_the_scenario_entry(root):
+    d = scenario_dict(parallel={"tp": 4, "pp": 2, "dp": 2})
+    d["cluster"]["what_if"] = [{"gpu": 3, "slowdown": 1.2}, {"remove_switch": "spine99"}]
+    with pytest.raises(ConfigError, match=r"cluster\.what_if\[1\]"):
+        clustersim.load_scenario(d, base_dir=root)
+
+
+def test_what_if_in_the_topology_file_applies_too(root, tmp_path):
+    topo = yaml.safe_load((root / "topologies/dgx-a100.yaml").read_text())
+    topo["what_if"] = [{"gpu": 0, "slowdown": 2.0}]
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(topo))
+    d = scenario_dict(cluster={"topology": str(tmp_path / "t.yaml"), "nodes": 2},
+                      parallel={"tp": 4, "pp": 2, "dp": 2}, training={"global_batch_size": 16})
+    r = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+    assert r.summary["simulation"]["simulated_ranks"] == 16
