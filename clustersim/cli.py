@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--gpus", type=int, default=8, help="GPUs 0..N-1 (whole nodes first)")
     col.add_argument("--sizes", default="1M,16M,1G,8G", help="buffer sizes, e.g. 1M,16M,1G,8G (binary units)")
     col.add_argument("--algo", default="auto", help="auto (the fastest applicable), ring, tree, hierarchical, nvls, "
-                                                    "pairwise")
+                                                    "pxn, pairwise")
     col.set_defaults(func=cmd_collective)
 
     sc = sub.add_parser("schema", help="print the JSON schema of the scenario (or topology) format")

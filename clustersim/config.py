@@ -73,7 +73,7 @@ class CollectivesCfg(Strict):
     all_reduce: Literal["auto", "ring", "tree", "hierarchical", "nvls"] = "auto"
     reduce_scatter: Literal["auto", "ring"] = "auto"
     all_gather: Literal["auto", "ring"] = "auto"
-    all_to_all: Literal["auto", "pairwise"] = "auto"
+    all_to_all: Literal["auto", "pxn", "pairwise"] = "auto"
 
 
 class SimulationCfg(Strict):

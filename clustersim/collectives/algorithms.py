@@ -20,7 +20,10 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
                             which reduces, and receives S back (multicast): S up and S down
                             per GPU instead of 2(n-1)/n S through the ring. A flow (g, g) is
                             GPU g's loop through its switch.
-    pairwise      1 phase   all-to-all (collectives/ring.py); routed through PXN by the network
+    pxn           1 phase   all-to-all, every pair at once (collectives/ring.py), a transfer to
+                            another rail forwarded over NVLink to the sender's node-mate on the
+                            receiver's rail (NCCL's PXN, its default)
+    pairwise      1 phase   the same pairs, each on its own direct route (PXN off)
 
 Choice ("auto"): the algorithm with the least time alone on its links, as NCCL's tuner picks
 from its cost model per size and topology (NCCL src/graph/tuning.cc); a scenario may fix one
@@ -38,10 +41,12 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "tree", "hierarchical", "nvls"),
     "reduce_scatter": ("ring",),
     "all_gather": ("ring",),
-    "all_to_all": ("pairwise",),
+    "all_to_all": ("pxn", "pairwise"),
     "shift": ("ring",),
     "send": ("ring",),
 }
+# what "auto" chooses among, where not every algorithm: NCCL does not tune PXN by size, it is on
+AUTO: dict[str, tuple[str, ...]] = {"all_to_all": ("pxn",)}
 
 
 def _by_node(group: tuple[int, ...], node_of) -> list[list[int]]:
@@ -75,7 +80,7 @@ def _tree_edges(order: list[int]) -> list[tuple[int, int]]:
 def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Expansion]:
     """The phases of ``op`` over ``group`` (GPUs in ring order) by ``algo``, sizes per unit buffer."""
     n = len(group)
-    if algo in ("ring", "pairwise") or n == 1:
+    if algo in ("ring", "pxn", "pairwise") or n == 1:
         return [expand(op, group, 1.0, node_of)]
     if algo == "tree":
         # NCCL: one channel per member position l carries S/g; inside a node a chain starting at

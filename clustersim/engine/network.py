@@ -64,12 +64,13 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring") -> tuple[FlowP
     out = []
     for k in range(len(per_group[comm.group])):
         flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
-        plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC)
+        plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
+                           direct=algo == "pairwise")
         out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
 
 
-def _route(cluster: Cluster):
+def _route(cluster: Cluster, direct: bool = False):
     """Edge ids from GPU to GPU; a flow from a GPU to itself is its loop through its NVSwitch
     (NVLS). NCCL forwards a transfer between GPUs on different rails through the sender's
     node-mate on the receiver's rail (PXN): a ring channel then enters and leaves every node
@@ -80,15 +81,16 @@ def _route(cluster: Cluster):
         if src == dst:
             sw = g.nodes[names[src]]["switch"]
             return (index[(names[src], sw)], index[(sw, names[src])])
-        return cluster.pxn_path(src, dst)
+        return cluster.path(src, dst) if direct else cluster.pxn_path(src, dst)
 
     return route
 
 
-def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool) -> FlowPlan:
-    """One phase's plan, from each instance's flows (``flows_of[group]``)."""
+def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
+                direct: bool = False) -> FlowPlan:
+    """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN."""
     node_of = cluster.node_of
-    route = _route(cluster)
+    route = _route(cluster, direct)
     # whole instances: the simulated one and its twins
     instances = [flows_of[g] for g in (comm.group, *comm.twins)]
     real_flows = [f for inst in instances for f in inst]
@@ -142,7 +144,7 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
 # an all-to-all, and rings whose channels rotate every node's members (collectives/ring.py) on
 # groups with the same number of members on every node. Not a ring shift (CP): its single
 # ring mixes NVLink and NIC hops, so members differ.
-MEMBER_SYMMETRIC = frozenset({("all_to_all", "pairwise"), ("all_reduce", "ring"), ("reduce_scatter", "ring"),
+MEMBER_SYMMETRIC = frozenset({("all_to_all", "pxn"), ("all_to_all", "pairwise"), ("all_reduce", "ring"), ("reduce_scatter", "ring"),
                               ("all_gather", "ring"), ("all_reduce", "hierarchical"), ("all_reduce", "nvls")})
 
 

@@ -26,7 +26,7 @@ import simpy
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
 from ..trace import LinkUse, Span, Trace
-from ..collectives.algorithms import ALGORITHMS, applicable
+from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
 from .network import FlowNetwork, FlowPlan, max_min_rates, plan_phases
 
 
@@ -112,6 +112,8 @@ class Engine:
             nvls = self.cluster.gpu.nvls_efficiency is not None and self.cluster.cfg.node.gpus > 1
             usable = [a for a in options if applicable(c.op, a, c.group, self.cluster.node_of, nvls)] or [options[0]]
             want = self.algorithms.get(c.op, "auto")
+            if want == "auto":
+                usable = [a for a in usable if a in AUTO.get(c.op, options)] or usable
             if want != "auto":
                 choice = want if want in usable else options[0]
             elif len(usable) == 1 or c.size_bytes <= 0:
