@@ -40,6 +40,7 @@ class LinkUse:
     bw_Bps: float
     bytes: float
     peak_Bps: float
+    series_Bps: tuple[float, ...] = ()  # mean rate in each 1/len of the step
 
 
 @dataclass

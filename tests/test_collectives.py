@@ -120,7 +120,9 @@ def test_link_bytes_of_a_ring_all_reduce(root):
         assert used["n0.gpu0->n0.nvsw"].bytes == pytest.approx(per_gpu)
         assert used["n0.nvsw->n0.gpu0"].bytes == pytest.approx(per_gpu)
         (span,) = trace.spans
-        assert used["n0.gpu0->n0.nvsw"].peak_Bps == pytest.approx(per_gpu / span.dur_s, rel=1e-6)
+        link = used["n0.gpu0->n0.nvsw"]
+        assert link.peak_Bps == pytest.approx(per_gpu / span.dur_s, rel=1e-6)
+        assert sum(link.series_Bps) * span.dur_s / len(link.series_Bps) == pytest.approx(per_gpu, rel=1e-9)
 
 
 @pytest.mark.parametrize("gpus, published_GBps, through", [

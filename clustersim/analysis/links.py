@@ -2,6 +2,7 @@
 
     utilisation       = bytes / (bw * T)          mean over the step, T the step time
     peak_utilisation  = peak rate / bw            the busiest 1/100 of the step
+    utilisation_over_time                          the rate / bw in each 1/100 of the step
 
 ``bw`` is the link's usable bandwidth (line rate x efficiency). Collapsed simulation reports
 the links of the simulated ranks' communications: their twins' links carry the same.
@@ -34,5 +35,6 @@ def link_report(trace: Trace, step_s: float) -> dict:
     return {
         "by_kind": dict(sorted(by_kind.items())),
         "busiest": [{"link": u.name, "kind": u.kind, "bytes": u.bytes, "bw_Bps": u.bw_Bps,
-                     "utilisation": util(u), "peak_utilisation": u.peak_Bps / u.bw_Bps} for u in busiest],
+                     "utilisation": util(u), "peak_utilisation": u.peak_Bps / u.bw_Bps,
+                     "utilisation_over_time": [round(x / u.bw_Bps, 6) for x in u.series_Bps]} for u in busiest],
     }

@@ -294,7 +294,8 @@ class Engine:
                 load[lo:hi + 1] += rate * np.diff(edges_s)
             u, v = edges[e]
             out.append(LinkUse(name=f"{u}->{v}", kind=g.edges[u, v].get("kind", ""), bw_Bps=bw[e],
-                               bytes=total, peak_Bps=float(load.max() / width)))
+                               bytes=total, peak_Bps=float(load.max() / width),
+                               series_Bps=tuple(float(x) for x in load / width)))
         return out
 
 

@@ -435,6 +435,31 @@ def comm_html(summary: dict[str, Any]) -> str:
             "“all kinds” counts overlapping kinds once.</p></div>")
 
 
+LINKS_DIV_ID = "clustersim-links"
+LINKS_SHOWN = 5
+
+
+def links_figure(summary: dict[str, Any]) -> go.Figure | None:
+    """Utilisation over the step of the busiest links (lines, one per link), or None."""
+    busiest = [u for u in (summary.get("links") or {}).get("busiest", []) if u.get("utilisation_over_time")]
+    if not busiest:
+        return None
+    step_ms = 1e3 * float(summary.get("step_time_s") or 0.0)
+    fig = go.Figure()
+    for u in busiest[:LINKS_SHOWN]:
+        series = u["utilisation_over_time"]
+        width = step_ms / len(series)
+        fig.add_trace(go.Scatter(
+            x=[width * (i + 0.5) for i in range(len(series))], y=[100 * x for x in series], mode="lines",
+            name=f'{u["link"]} ({u["kind"]})', line={"shape": "hv", "width": 1.5},
+            hovertemplate="%{y:.0f} % at %{x:.0f} ms<extra>" + html.escape(u["link"]) + "</extra>"))
+    fig.update_layout(height=300, margin={"l": 60, "r": 20, "t": 10, "b": 40}, template="plotly_white",
+                      xaxis={"title": "time (ms)", "range": [0, step_ms]},
+                      yaxis={"title": "use of bandwidth (%)", "rangemode": "tozero"},
+                      legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
 def links_html(summary: dict[str, Any]) -> str:
     """The busiest links of the step: bytes, mean and peak utilisation of usable bandwidth."""
     links = summary.get("links") or {}
@@ -509,16 +534,24 @@ def timeline_note(trace: Trace) -> str:
 
 def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure) -> str:
     """The complete page; plotly.js is inlined so the file works offline."""
+    from plotly.offline import get_plotlyjs
+
+    plotlyjs = f'<script type="text/javascript">{get_plotlyjs()}</script>'  # once, before every plot
     plot = fig.to_html(
-        full_html=False, include_plotlyjs=True, div_id=DIV_ID,
+        full_html=False, include_plotlyjs=False, div_id=DIV_ID,
         config={"displaylogo": False, "responsive": True,
                 "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}},
     )
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
+    lf = links_figure(summary)
+    links_plot = "" if lf is None else (
+        f'<p class="note">Use of bandwidth over the step, per 1/100 of it, for the {LINKS_SHOWN} busiest links.</p>'
+        + lf.to_html(full_html=False, include_plotlyjs=False, div_id=LINKS_DIV_ID,
+                     config={"displaylogo": False, "responsive": True}))
     body = "\n".join([
-        header_html(summary), cards_html(summary),
+        plotlyjs, header_html(summary), cards_html(summary),
         f'<div class="panels">{comm_html(summary)}{stages_html(summary)}</div>',
-        memory_html(summary), links_html(summary),
+        memory_html(summary), links_html(summary), links_plot,
         "<h2>Timeline</h2>", timeline_note(trace), plot,
     ])
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
