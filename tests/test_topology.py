@@ -423,3 +423,66 @@ def test_oversubscription_does_not_touch_a_ring_inside_one_leaf():
     t_over = _ring_time_s(_oversubscribed(4), group, size)
     assert t_full == pytest.approx(expected, rel=1e-6)
     assert t_over == pytest.approx(t_full, rel=1e-12)
+
+
+def test_pod_oversubscription_slows_a_cross_pod_all_reduce_by_the_expected_factor():
+    """Three-tier fat tree, radix 8, one node per leaf (8 GPUs on one 400 Gb/s NIC, P = 50 GB/s),
+    8 nodes: leaves per pod Lp = d2 = 4 at both 1:1 (u2 = 4) and 4:1 (u2 = floor(8 / 5) = 1), so
+    2 pods (nodes 0-3, 4-7) of one spine each; every leaf uplink is c1 = P and every spine uplink
+    c2 = Lp c1 / (o2 U2) = P: 1:1 has U2 = 4 cores, 4:1 has U2 = ceil(4 / 4) = 1.
+
+    Ring over nodes 0, 4, 1, 5 (pods 0, 1, 0, 1), n = 32: 8 channels (one per GPU of a node),
+    each crossing between the pods at every node boundary, so per direction 16 flows leave a
+    pod, 8 through each node's NIC and its leaf's one uplink. 1:1: a NIC is shared by 8 flows,
+    P/8 each, as long as the hashing at the spine puts at most 8 of them on one of its 4 core
+    uplinks of P. 4:1: all 16 share the one spine-core cable of P: P/16. Per channel (S/8 each)
+    with alpha = 2 x 1.0 us (NICs) + 4 x 0.6 us (leaf-spine-core-spine-leaf):
+        T = 2(n-1) alpha + 2(n-1)/n (S/8) / B,   B = P/8 (1:1) or P/16 (4:1).
+    Ring over nodes 0-3 (one pod, n = 32): it turns at the pod's spine and never reaches a core,
+    so 1:1 and 4:1 agree, at P/8 with alpha = 2 x 1.0 us + 2 x 0.6 us."""
+    P = 400e9 / 8
+    size = 1 << 30
+
+    def tree(o2):
+        return _cluster({"kind": "fat_tree", "tiers": 3, "radix": 8, "rail_optimized": False, "nodes_per_leaf": 1,
+                         "pod_oversubscription": o2, "latency_us": 0.6}, 8,
+                        {"gpus": 8, "nics": 1, "nvlink": {"bw_GBps": 450, "latency_us": 1.0},
+                         "nic": {"bw_Gbps": 400, "latency_us": 1.0}})
+
+    def closed_form(n, alpha_s, bw_Bps):
+        return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * (size / 8) / bw_Bps
+
+    full, over = tree(1), tree(4)
+    for c, cores in ((full, 4), (over, 1)):
+        p = plan_fabric(c.cfg)
+        assert (p.nodes_per_leaf, p.spines, p.leaves_per_pod, p.pods, p.cores_per_plane) == (1, 1, 4, 2, cores)
+        assert _count(c) == {"nvswitch": 8, "nic": 8, "gpu": 64, "leaf": 8, "spine": 2, "core": cores}
+        assert c.graph.edges["leaf0.0", "pod0.spine0"]["line_bw_Bps"] == P
+        assert c.graph.edges["pod0.spine0", "core0.0"]["line_bw_Bps"] == P
+
+    cross = [*range(0, 8), *range(32, 40), *range(8, 16), *range(40, 48)]  # nodes 0, 4, 1, 5
+    cross_alpha_s = 2 * 1.0e-6 + 4 * 0.6e-6
+    # precondition of the 1:1 figure: no spine-core cable (either way) carries more than 8 flows
+    node_first = [0, 32, 8, 40]
+    crossings = [(node_first[x] + (ch + 7) % 8, node_first[(x + 1) % 4] + ch) for ch in range(8) for x in range(4)]
+    load = {}
+    for src, dst in crossings:
+        hops = _hops(full, full.path(src, dst))
+        assert hops[3][1].startswith("core0.") and hops[4][0] == hops[3][1]
+        for hop in (hops[3], hops[4]):
+            load[hop] = load.get(hop, 0) + 1
+    assert sum(load.values()) == 64 and max(load.values()) <= 8
+
+    t_full = _ring_time_s(full, cross, size)
+    t_over = _ring_time_s(over, cross, size)
+    assert t_full == pytest.approx(closed_form(32, cross_alpha_s, P / 8), rel=1e-6)
+    assert t_over == pytest.approx(closed_form(32, cross_alpha_s, P / 16), rel=1e-6)
+    expected_ratio = closed_form(32, cross_alpha_s, P / 16) / closed_form(32, cross_alpha_s, P / 8)
+    assert t_over / t_full == pytest.approx(expected_ratio, rel=1e-6)
+    assert 1.99 < t_over / t_full < 2.0  # twice the bandwidth term, the same latency
+
+    in_pod = list(range(32))  # nodes 0-3
+    t_in_full = _ring_time_s(full, in_pod, size)
+    t_in_over = _ring_time_s(over, in_pod, size)
+    assert t_in_full == pytest.approx(closed_form(32, 2 * 1.0e-6 + 2 * 0.6e-6, P / 8), rel=1e-6)
+    assert t_in_over == pytest.approx(t_in_full, rel=1e-12)
