@@ -33,7 +33,8 @@ class Span:
 @dataclass(frozen=True)
 class LinkUse:
     """Bytes one directed link carried in the step (real traffic: a simulated flow's bytes
-    times its weight there), and its busiest rate, averaged over 1/100 of the step."""
+    times its weight there) and, for the busiest links, its rate over the step (``series_Bps``,
+    mean rate per slice) and the highest of those (``peak_Bps``; 0 when not worked out)."""
 
     name: str  # "n0.gpu0->n0.nvsw"
     kind: str  # "nvlink" | "pcie" | "nic" | "fabric"

@@ -30,6 +30,7 @@ def link_report(trace: Trace, step_s: float) -> dict:
         k["links"] += 1
         k["bytes"] += u.bytes
         k["max_utilisation"] = max(k["max_utilisation"], util(u))
+        # peaks are worked out for the busiest links, the kind's busiest among them
         k["max_peak_utilisation"] = max(k["max_peak_utilisation"], u.peak_Bps / u.bw_Bps)
     busiest = sorted(trace.links, key=lambda u: (-util(u), u.name))[:BUSIEST]
     return {

@@ -259,43 +259,61 @@ class Engine:
                      algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())},
                      links=self._link_use(max((sp.end_s for sp in self.spans), default=0.0)))
 
-    def _link_use(self, step_s: float, bins: int = 100) -> list[LinkUse]:
+    def _link_use(self, step_s: float, bins: int = 100, detailed: int = 10) -> list[LinkUse]:
         """Bytes per link over the step, from every communication's flows and weights, spread
-        evenly over the communication's span; the peak is the busiest 1/``bins`` of the step.
-        Collapsed, these are the simulated ranks' links: their twins' links carry the same."""
+        evenly over the communication's span. Collapsed, these are the simulated ranks' links:
+        their twins' links carry the same. The rate over time (``bins`` slices of the step) is
+        worked out for the ``detailed`` links of highest mean use and the busiest of each kind;
+        the others get their bytes only (peak 0, no series)."""
         if self.network != "flow" or step_s <= 0:
             return []
-        spans: dict[int, list[tuple[float, float, float]]] = {}
+        per_shape: dict[tuple, dict[int, float]] = {}  # bytes per link of one communication shape
+        log = []
+        total = np.zeros(len(self.cluster.edges))
         for c, start_s, end_s in self._comm_log:
             if c.size_bytes <= 0:
                 continue
-            key = (c.op, c.group, c.twins, self.algorithm(c))
-            on_edge: dict[int, float] = {}
-            for plan in self._full_plans.get(key) or self._plan(c):
-                for ws, frac in zip(plan.weights, plan.fractions):
-                    for e, w in ws:
-                        on_edge[e] = on_edge.get(e, 0.0) + w * frac / plan.wire_scale * c.size_bytes
+            key = (c.op, c.group, c.twins, self.algorithm(c), c.size_bytes)
+            on_edge = per_shape.get(key)
+            if on_edge is None:
+                on_edge = per_shape[key] = {}
+                for plan in self._full_plans.get(key[:4]) or self._plan(c):
+                    for ws, frac in zip(plan.weights, plan.fractions):
+                        for e, w in ws:
+                            on_edge[e] = on_edge.get(e, 0.0) + w * frac / plan.wire_scale * c.size_bytes
+            log.append((start_s, end_s, on_edge))
+        counts: dict[int, int] = {}
+        for _, _, on_edge in log:
+            counts[id(on_edge)] = counts.get(id(on_edge), 0) + 1
+        for on_edge in per_shape.values():
+            n = counts.get(id(on_edge), 0)
             for e, b in on_edge.items():
-                spans.setdefault(e, []).append((start_s, end_s, b))
+                total[e] += n * b
         edges, g, bw = self.cluster.edges, self.cluster.graph, self.cluster.edge_bw_Bps
+        used = [int(e) for e in np.nonzero(total)[0]]
+        kind = {e: g.edges[edges[e]].get("kind", "") for e in used}
+        by_use = sorted(used, key=lambda e: (-total[e] / bw[e], e))
+        chosen = set(by_use[:detailed])
+        for k in set(kind.values()):
+            chosen.add(next(e for e in by_use if kind[e] == k))
         width = step_s / bins
-        out = []
-        for e in sorted(spans):
-            load = np.zeros(bins)
-            total = 0.0
-            for start_s, end_s, b in spans[e]:
-                total += b
+        load = {e: np.zeros(bins) for e in chosen}
+        for start_s, end_s, on_edge in log:
+            for e in chosen.intersection(on_edge):
+                b = on_edge[e]
                 lo, hi = int(start_s / width), min(int(end_s / width), bins - 1)
-                if end_s <= start_s or lo == hi:
-                    load[min(lo, bins - 1)] += b
+                if end_s <= start_s or lo >= hi:
+                    load[e][min(lo, bins - 1)] += b
                     continue
-                rate = b / (end_s - start_s)
-                edges_s = np.clip(np.arange(lo, hi + 2) * width, start_s, end_s)
-                load[lo:hi + 1] += rate * np.diff(edges_s)
+                cuts = np.clip(np.arange(lo, hi + 2) * width, start_s, end_s)
+                load[e][lo:hi + 1] += b / (end_s - start_s) * np.diff(cuts)
+        out = []
+        for e in used:
             u, v = edges[e]
-            out.append(LinkUse(name=f"{u}->{v}", kind=g.edges[u, v].get("kind", ""), bw_Bps=bw[e],
-                               bytes=total, peak_Bps=float(load.max() / width),
-                               series_Bps=tuple(float(x) for x in load / width)))
+            series = load[e] / width if e in load else None
+            out.append(LinkUse(name=f"{u}->{v}", kind=kind[e], bw_Bps=bw[e], bytes=float(total[e]),
+                               peak_Bps=float(series.max()) if series is not None else 0.0,
+                               series_Bps=tuple(float(x) for x in series) if series is not None else ()))
         return out
 
 
