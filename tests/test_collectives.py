@@ -121,7 +121,8 @@ def test_link_bytes_of_a_ring_all_reduce(root):
         assert used["n0.nvsw->n0.gpu0"].bytes == pytest.approx(per_gpu)
         (span,) = trace.spans
         link = used["n0.gpu0->n0.nvsw"]
-        assert link.peak_Bps == pytest.approx(per_gpu / span.dur_s, rel=1e-6)
+        # the flow runs at its rate after the latency: no faster than the link, no slower than the span allows
+        assert per_gpu / span.dur_s < link.peak_Bps <= cl.edge_bw_Bps[cl.edge_index[("n0.gpu0", "n0.nvsw")]] * (1 + 1e-9)
         assert sum(link.series_Bps) * span.dur_s / len(link.series_Bps) == pytest.approx(per_gpu, rel=1e-9)
 
 

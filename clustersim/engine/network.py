@@ -247,6 +247,9 @@ class _Flow:
     done: simpy.Event
     rate: float = 0.0
     at_s: float = 0.0
+    tag: object = None  # what the caller needs to know about it when it ends (link accounting)
+    start_s: float = 0.0
+    rates: list = field(default_factory=list)  # (from time, rate) each time its rate changed
 
 
 @dataclass
@@ -275,24 +278,26 @@ class FlowNetwork:
     # same mixes of flows many times: remember them. Keys are ids of the plans' weight tuples,
     # which the engine keeps alive for the whole run.
     _rates_cache: dict = field(default_factory=dict)
+    finished: list = field(default_factory=list)  # (tag, bytes, [(from time, rate)], end) of every flow, as it ends
 
     @property
     def flows(self) -> list[_Flow]:
         return [f for comp in self._comps.values() for f in comp]
 
-    def transfer(self, plan: FlowPlan, size_bytes: float) -> simpy.Event:
+    def transfer(self, plan: FlowPlan, size_bytes: float, tag=None) -> simpy.Event:
         """Start ``plan``'s flows now (after its latency); the event fires when all are done."""
         done = [self.env.event() for _ in plan.fractions]
         start = self.env.timeout(plan.latency_s) if plan.latency_s > 0 else None
 
         def begin(_=None):
             dirty: set[int] = set()
-            for ev, ws, frac in zip(done, plan.weights, plan.fractions):
+            for i, (ev, ws, frac) in enumerate(zip(done, plan.weights, plan.fractions)):
                 b = frac * size_bytes
                 if not ws or b <= 0:
                     ev.succeed()
                 else:
-                    self._join(_Flow(ws, b, b, ev, at_s=self.env.now), dirty)
+                    now = self.env.now
+                    self._join(_Flow(ws, b, b, ev, at_s=now, tag=(tag, i), start_s=now), dirty)
             if dirty:
                 self._reshare(dirty)
 
@@ -348,6 +353,7 @@ class FlowNetwork:
             # due now, or left with float crumbs of a transfer that was due now
             if f.remaining <= max(f.size * 1e-9, f.rate * tick_s):
                 f.done.succeed()
+                self.finished.append((f.tag, f.size, f.rates, self.env.now))
             else:
                 rest.append(f)
         for f in rest:
@@ -370,6 +376,8 @@ class FlowNetwork:
                 by_id = self._rates_cache[key] = dict(zip(ids, max_min_rates([f.weights for f in comp],
                                                                              self.bw_Bps)))
             for f, i in zip(comp, ids):
+                if by_id[i] != f.rate:
+                    f.rates.append((now, by_id[i]))
                 f.rate = by_id[i]
             # a flow squeezed to 0 by rounding waits for the next re-share
             self._finish_s[cid] = now + min((f.remaining / f.rate for f in comp if f.rate > 0), default=float("inf"))

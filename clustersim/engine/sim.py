@@ -79,7 +79,7 @@ class Engine:
         self._algos: dict[tuple, str] = {}
         self._alone: dict[tuple, float | None] = {}
         self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
-        self._comm_log: list[tuple[Comm, float, float]] = []  # every communication once: start, end
+        self._alone_log: list[tuple[Comm, float]] = []  # communications timed in closed form: start
         self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
         if network == "flow":
             self._classify()
@@ -179,15 +179,17 @@ class Engine:
             return ev
         dur = self._alone_duration(c, stream)
         if dur is not None:
+            self._alone_log.append((c, self.env.now))
             return self.env.timeout(dur)
         phases = self._plan(c)
+        full = self._full_plans.get((c.op, c.group, c.twins, self.algorithm(c))) or phases
         if len(phases) == 1:
-            return self.net.transfer(phases[0], c.size_bytes)
+            return self.net.transfer(phases[0], c.size_bytes, tag=full[0])
         done = self.env.event()
 
         def run_phases():  # one after the other: each phase needs the previous one's result
-            for plan in phases:
-                yield self.net.transfer(plan, c.size_bytes)
+            for plan, whole in zip(phases, full):
+                yield self.net.transfer(plan, c.size_bytes, tag=whole)
             done.succeed()
 
         self.env.process(run_phases())
@@ -213,7 +215,6 @@ class Engine:
             del self._rdv[c.key]
             rdv.start_s = self.env.now
             inner = self._start_comm(c, t.stream)
-            inner.callbacks.append(lambda _e, s=rdv.start_s: self._comm_log.append((c, s, self.env.now)))
             inner.callbacks.append(lambda _e, ev=rdv.done: ev.succeed())
         yield rdv.done
         end = self.env.now
@@ -259,36 +260,53 @@ class Engine:
                      algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())},
                      links=self._link_use(max((sp.end_s for sp in self.spans), default=0.0)))
 
+    def _flow_intervals(self, c: Comm) -> list[tuple[dict[int, float], float, float]]:
+        """A communication timed in closed form, flow by flow: (bytes per link, start offset,
+        duration). Each flow starts after its phase's latency and runs at its rate alone."""
+        out, t0 = [], 0.0
+        key = (c.op, c.group, c.twins, self.algorithm(c))
+        for plan, whole in zip(self._plan(c), self._full_plans.get(key) or self._plan(c)):
+            rates = max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps)
+            longest = 0.0
+            for frac, r, ws in zip(plan.fractions, rates, whole.weights):
+                dur = frac * c.size_bytes / r
+                longest = max(longest, dur)
+                wire = frac / whole.wire_scale * c.size_bytes
+                out.append(({e: w * wire for e, w in ws}, t0 + plan.latency_s, dur))
+            t0 += plan.latency_s + longest
+        return out
+
     def _link_use(self, step_s: float, bins: int = 100, detailed: int = 10) -> list[LinkUse]:
-        """Bytes per link over the step, from every communication's flows and weights, spread
-        evenly over the communication's span. Collapsed, these are the simulated ranks' links:
-        their twins' links carry the same. The rate over time (``bins`` slices of the step) is
-        worked out for the ``detailed`` links of highest mean use and the busiest of each kind;
-        the others get their bytes only (peak 0, no series)."""
+        """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
+        link it crosses (real traffic, twins included), spread evenly over the time the flow
+        ran. Collapsed, these are the simulated ranks' links: their twins' links carry the same.
+        The rate over time (``bins`` slices of the step) is worked out for the ``detailed``
+        links of highest mean use and the busiest of each kind; the others get their bytes only
+        (peak 0, no series)."""
         if self.network != "flow" or step_s <= 0:
             return []
-        per_shape: dict[tuple, dict[int, float]] = {}  # bytes per link of one communication shape
-        log = []
         total = np.zeros(len(self.cluster.edges))
-        for c, start_s, end_s in self._comm_log:
-            if c.size_bytes <= 0:
-                continue
-            key = (c.op, c.group, c.twins, self.algorithm(c), c.size_bytes)
-            on_edge = per_shape.get(key)
-            if on_edge is None:
-                on_edge = per_shape[key] = {}
-                for plan in self._full_plans.get(key[:4]) or self._plan(c):
-                    for ws, frac in zip(plan.weights, plan.fractions):
-                        for e, w in ws:
-                            on_edge[e] = on_edge.get(e, 0.0) + w * frac / plan.wire_scale * c.size_bytes
-            log.append((start_s, end_s, on_edge))
-        counts: dict[int, int] = {}
-        for _, _, on_edge in log:
-            counts[id(on_edge)] = counts.get(id(on_edge), 0) + 1
-        for on_edge in per_shape.values():
-            n = counts.get(id(on_edge), 0)
-            for e, b in on_edge.items():
-                total[e] += n * b
+        # closed-form communications: each flow at one rate over [start, end]
+        alone: list[tuple[dict[int, float], float, float]] = []  # (bytes per link, start, end)
+        shapes: dict[tuple, list] = {}
+        for c, start_s in self._alone_log:
+            key = (c.op, c.group, c.twins, c.size_bytes)
+            if key not in shapes:
+                shapes[key] = self._flow_intervals(c)
+            alone += [(on, start_s + off, start_s + off + dur) for on, off, dur in shapes[key]]
+        for on, _, _ in alone:
+            for e, b in on.items():
+                total[e] += b
+        # flows of the network: link bytes per byte of the flow (its bytes include the timing scale)
+        per_flow: dict[tuple, dict[int, float]] = {}
+        shared = []
+        for (whole, i), flow_bytes, rates, end_s in self.net.finished:
+            on = per_flow.get((id(whole), i))
+            if on is None:
+                on = per_flow[(id(whole), i)] = {e: w / whole.wire_scale for e, w in whole.weights[i]}
+            for e, x in on.items():
+                total[e] += x * flow_bytes
+            shared.append((on, rates, end_s))
         edges, g, bw = self.cluster.edges, self.cluster.graph, self.cluster.edge_bw_Bps
         used = [int(e) for e in np.nonzero(total)[0]]
         kind = {e: g.edges[edges[e]].get("kind", "") for e in used}
@@ -296,11 +314,19 @@ class Engine:
         chosen = set(by_use[:detailed])
         for k in set(kind.values()):
             chosen.add(next(e for e in by_use if kind[e] == k))
+        intervals = [iv for iv in alone if chosen.intersection(iv[0])]
+        for on, rates, end_s in shared:  # one interval per rate the flow had between re-shares
+            mine = chosen.intersection(on)
+            if not mine:
+                continue
+            for (t0, r), (t1, _) in zip(rates, [*rates[1:], (end_s, 0.0)]):
+                if t1 > t0 and r > 0:
+                    intervals.append(({e: on[e] * r * (t1 - t0) for e in mine}, t0, t1))
         width = step_s / bins
         load = {e: np.zeros(bins) for e in chosen}
-        for start_s, end_s, on_edge in log:
-            for e in chosen.intersection(on_edge):
-                b = on_edge[e]
+        for on, start_s, end_s in intervals:
+            for e in chosen.intersection(on):
+                b = on[e]
                 lo, hi = int(start_s / width), min(int(end_s / width), bins - 1)
                 if end_s <= start_s or lo >= hi:
                     load[e][min(lo, bins - 1)] += b
