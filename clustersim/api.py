@@ -76,6 +76,32 @@ def _statics(low: Lowering) -> list[StageStatic]:
     return out
 
 
+def projection(sc: Scenario, tokens_per_s: float) -> dict[str, Any]:
+    """A whole run at this step's speed (``projection`` of the scenario)::
+
+        steps      = tokens / tokens per step
+        days       = tokens / tokens_per_s / 86400
+        gpu_hours  = world size * days * 24
+        cost_usd   = gpu_hours * usd_per_gpu_hour                    (None without a price)
+        energy_MWh = gpu_hours * GPU board power (TDP) * PUE / 1e6   (at TDP: an upper bound
+                     for the GPUs, which rarely all draw their limit; hosts and network excluded)
+    """
+    pj = sc.cfg.projection
+    world, gpu = sc.mesh.world_size, sc.cluster.gpu
+    seconds = pj.tokens / tokens_per_s if tokens_per_s > 0 else float("inf")
+    gpu_hours = world * seconds / 3600
+    return {
+        "tokens": pj.tokens,
+        "steps": pj.tokens / sc.tokens_per_step,
+        "days": seconds / 86400,
+        "gpu_hours": gpu_hours,
+        "cost_usd": None if pj.usd_per_gpu_hour is None else gpu_hours * pj.usd_per_gpu_hour,
+        "energy_MWh": gpu_hours * gpu.tdp_W * pj.pue / 1e6,
+        "gpu_power_W": gpu.tdp_W,
+        "pue": pj.pue,
+    }
+
+
 def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
     """Assemble summary.json: metrics, memory, the resolved plan and what was simulated."""
     gpu = sc.cluster.gpu
@@ -90,6 +116,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
         **metrics,
         "memory": memory_report(trace, _statics(low), gpu.hbm_capacity_bytes),
         "links": link_report(trace, trace.end_s),
+        "projection": projection(sc, metrics["tokens_per_s"]),
         "plan": {
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm,
             "cp_load_balance": p.cp_load_balance, "schedule": p.schedule, "vpp": p.vpp, "order": p.order,
@@ -111,10 +138,21 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
     }
 
 
-def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None) -> Result:
-    """Simulate one training step of ``scenario`` (a Scenario, a YAML path or a dict)."""
+def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,
+             check: bool = True) -> Result:
+    """Simulate one training step of ``scenario`` (a Scenario, a YAML path or a dict).
+
+    ``check``: verify the step's invariants (docs/invariants.md) and raise
+    :class:`~clustersim.analysis.invariants.InvariantError` listing any violation."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     prog, low = lower(sc, collapse=collapse)
     sim = sc.cfg.simulation
     trace = run_program(prog, sc.cluster, sim.network, sim.collectives.model_dump())
-    return Result(scenario=sc, trace=trace, summary=summarize(sc, low, trace))
+    summary = summarize(sc, low, trace)
+    if check:
+        from .analysis import invariants
+
+        violations = invariants.check_invariants(prog, trace, summary)
+        if violations:
+            raise invariants.InvariantError(violations)
+    return Result(scenario=sc, trace=trace, summary=summary)

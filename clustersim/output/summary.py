@@ -39,6 +39,14 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
     return f"TP{p['tp']}{cp}{sep}PP{p['pp']}{sep}DP{p['dp']}{ep}"
 
 
+def _projection_line(pj: dict[str, Any] | None) -> list[str]:
+    if not pj:
+        return []
+    cost = f" · ${pj['cost_usd']:,.0f}" if pj.get("cost_usd") is not None else ""
+    return [f"{'projection':<16}{pj['tokens'] / 1e12:g}T tokens: {pj['days']:,.1f} days, "
+            f"{pj['gpu_hours']:,.0f} GPU-hours{cost}, {pj['energy_MWh']:,.0f} MWh at GPU TDP"]
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The short human summary printed by ``clustersim run``."""
     p, mem, hw = s["plan"], s["memory"], s["hardware"]
@@ -61,6 +69,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"(peak {hw['peak_flops'] / 1e12:.0f})",
         f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} %",
         f"{'bubble':<16}{100 * s['bubble_fraction']:.1f} % of the step",
+        *_projection_line(s.get("projection")),
         f"{'exposed comm':<16}{ex['total']:.3g} s per GPU: {exposed}",
         f"{'hidden comm':<16}{hidden}",
         f"{'memory (GiB)':<16}{'stage':>5} {'params':>7} {'grads':>6} {'optim':>6} {'activ':>6} {'peak':>7} / cap",
