@@ -403,6 +403,11 @@ def cards_html(summary: dict[str, Any]) -> str:
         cards.append(_card("peak memory", f'{mem["peak_bytes"] / GiB:.1f} GiB',
                            f'of {mem["capacity_bytes"] / GiB:.0f} GiB · ' + ("fits" if ok else "DOES NOT FIT"),
                            "" if ok else "nofit"))
+    pj = s.get("projection")
+    if pj:
+        cost = f' · ${pj["cost_usd"]:,.0f}' if pj.get("cost_usd") is not None else ""
+        cards.append(_card(f'run of {pj["tokens"] / 1e12:g}T tokens', f'{pj["days"]:,.1f} days',
+                           f'{pj["gpu_hours"]:,.0f} GPU-hours{cost}'))
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
