@@ -9,6 +9,8 @@
     python -m clustersim collective --topology topologies/dgx-h100.yaml --op all_reduce --gpus 8 --sizes 1M,1G
 
 Bad input prints one line naming the file and field, exits with 2, and writes nothing.
+A simulated step that breaks an invariant (a simulator bug, docs/invariants.md) prints the
+violations, exits with 3, and writes nothing; ``run --no-check`` skips the checks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from .errors import ConfigError
 
 EXIT_BAD_INPUT = 2
+EXIT_INVARIANT = 3  # the simulated step broke an invariant: a simulator bug (docs/invariants.md)
 OUTPUT_FILES = ("summary.json", "report.html", "trace.json.gz")
 
 
@@ -66,7 +69,7 @@ def cmd_run(args) -> int:
 
     sc = load_scenario(args.scenario)
     t0 = time.perf_counter()
-    result = simulate(sc, collapse=False if args.all_ranks else None)
+    result = simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check)
     wall_s = time.perf_counter() - t0
     out = Path(args.out) if args.out else _default_out(args.scenario)
     written = _write_outputs(out, result, report=not args.no_report, trace=not args.no_trace)
@@ -156,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--all-ranks", action="store_true",
                      help="simulate every rank instead of one per pipeline stage (slower; identical on "
                           "symmetric placements, otherwise the default is a close upper bound)")
+    run.add_argument("--no-check", action="store_true",
+                     help="skip the invariant checks run after the simulation (docs/invariants.md)")
     run.set_defaults(func=cmd_run)
 
     sch = sub.add_parser("schedule", help="print a pipeline schedule as a step x rank grid")
@@ -188,12 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .analysis.invariants import InvariantError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as exc:
         print(f"error: {exc.line()}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except InvariantError as exc:
+        print(f"error: {exc.report()}", file=sys.stderr)
+        print("error: no outputs written (run with --no-check to skip the checks)", file=sys.stderr)
+        return EXIT_INVARIANT
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0

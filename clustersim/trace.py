@@ -24,6 +24,7 @@ class Span:
     op: str = ""  # communication op ("all_reduce", "send", ...); "" for compute
     flops: float = 0.0
     model_flops: float = 0.0
+    tid: int = -1  # the program task that produced it (a send and its receive share one)
 
     @property
     def dur_s(self) -> float:

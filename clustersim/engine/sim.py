@@ -202,7 +202,7 @@ class Engine:
             rank=rank, stream=stream, name=name or t.name, kind=t.kind, start_s=start_s, end_s=end_s,
             mb=t.mb, phase=t.phase, stage=self.stage_of.get(rank, t.stage), layer=t.layer,
             size_bytes=c.size_bytes if c else 0.0, op=c.op if c else "", flops=t.flops,
-            model_flops=t.model_flops,
+            model_flops=t.model_flops, tid=t.tid,
         ))
 
     def _comm_task(self, t: Task):
