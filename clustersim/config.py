@@ -170,6 +170,10 @@ class Scenario:
         return self.training.global_batch_size * self.model.seq_len
 
 
+MAX_GPUS = 131_072  # the cluster graph and routes are built in memory
+MAX_GPUS_ALL_RANKS = 4_096  # every rank simulated (no symmetric collapse): minutes at this size
+
+
 def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     """Cross-section rules that no single section can check alone."""
     m, p, t = cfg.model, cfg.parallel, cfg.training
@@ -178,6 +182,16 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         raise ConfigError(msg, source=source, field=field)
 
     world = topo.nodes * topo.node.gpus
+    if world > MAX_GPUS:
+        fail("cluster.nodes", f"{topo.nodes} nodes x {topo.node.gpus} GPUs = {world:,} GPUs; clustersim builds the "
+                              f"cluster graph in memory and takes at most {MAX_GPUS:,} GPUs: use fewer nodes")
+    if world > MAX_GPUS_ALL_RANKS and not cfg.simulation.collapse_symmetric:
+        fail("simulation.collapse_symmetric", f"simulating every one of {world:,} ranks would take hours and many "
+                                              f"GB; keep collapse_symmetric: true (exact on symmetric placements) "
+                                              f"or use at most {MAX_GPUS_ALL_RANKS:,} GPUs")
+    if world > MAX_GPUS_ALL_RANKS and any(w.gpu is not None for w in [*topo.what_if, *cfg.cluster.what_if]):
+        fail("cluster.what_if", f"a slow GPU makes every rank simulated, too slow for {world:,} GPUs (at most "
+                                f"{MAX_GPUS_ALL_RANKS:,}); try the straggler on a smaller cluster")
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
         fail("parallel", f"{dims} = {vals} = {p.tp * p.cp * p.pp * p.dp} does not equal the "

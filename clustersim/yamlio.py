@@ -24,11 +24,20 @@ def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{what} file not found", source=str(path))
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not a text file (byte {exc.start} is not UTF-8); a {what} is YAML text",
+                          source=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} file: {exc.strerror or exc}", source=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", source=str(path), field=where) from None
+    if data is None:
+        raise ConfigError(f"the {what} file is empty", source=str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", source=str(path))
     return data
