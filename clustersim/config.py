@@ -172,6 +172,8 @@ class Scenario:
 
 MAX_GPUS = 131_072  # the cluster graph and routes are built in memory
 MAX_GPUS_ALL_RANKS = 4_096  # every rank simulated (no symmetric collapse): minutes at this size
+MAX_MICROBATCHES = 65_536  # per pipeline and step: the schedule holds an action per microbatch and stage
+MAX_LAYERS = 10_000  # the program holds blocks per layer, microbatch and stage
 
 
 def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
@@ -225,6 +227,12 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if p.pp > m.layers:
         fail("parallel.pp", f"pp={p.pp} is more than model.layers={m.layers}")
     per_step = p.dp * t.micro_batch_size
+    if m.layers > MAX_LAYERS:
+        fail("model.layers", f"{m.layers:,} layers; clustersim simulates models of at most {MAX_LAYERS:,} layers")
+    if t.global_batch_size // per_step > MAX_MICROBATCHES:
+        fail("training.global_batch_size",
+             f"{t.global_batch_size // per_step:,} microbatches per step (global_batch_size / (dp * micro_batch_size)); "
+             f"at most {MAX_MICROBATCHES:,} can be simulated: raise micro_batch_size or dp")
     if t.global_batch_size % per_step:
         fail("training.global_batch_size",
              f"global_batch_size={t.global_batch_size} is not a multiple of dp*micro_batch_size = {per_step}")
