@@ -191,7 +191,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         fail("simulation.collapse_symmetric", f"simulating every one of {world:,} ranks would take hours and many "
                                               f"GB; keep collapse_symmetric: true (exact on symmetric placements) "
                                               f"or use at most {MAX_GPUS_ALL_RANKS:,} GPUs")
-    if world > MAX_GPUS_ALL_RANKS and any(w.gpu is not None for w in [*topo.what_if, *cfg.cluster.what_if]):
+    if world > MAX_GPUS_ALL_RANKS and any(w.gpu is not None for w in topo.what_if):  # the scenario's merged in
         fail("cluster.what_if", f"a slow GPU makes every rank simulated, too slow for {world:,} GPUs (at most "
                                 f"{MAX_GPUS_ALL_RANKS:,}); try the straggler on a smaller cluster")
     if p.tp * p.cp * p.pp * p.dp != world:
@@ -320,21 +320,24 @@ def _check_schedule(sc: Scenario) -> None:
                           source=sc.source, field=what[0])
 
 
-def _with_what_ifs(topo: TopologyCfg, extra: list, source: str) -> TopologyCfg:
-    """The topology with the scenario's what-ifs after its own, checked now by building the
-    graph once: a misspelt name or a cut-off GPU names the scenario's entry."""
-    own = len(topo.what_if)
+def _with_what_ifs(topo: TopologyCfg, extra: list) -> TopologyCfg:
+    """The topology with the scenario's what-ifs after its own."""
     merged = topo.model_copy(update={"what_if": [*topo.what_if, *extra]})
     merged._source = getattr(topo, "_source", None)
+    return merged
+
+
+def _build_checked(topo: TopologyCfg, own: int, source: str) -> Cluster:
+    """Build the cluster now, so that a misspelt name or a cut-off GPU in the scenario's
+    what-ifs (entries from ``own`` on) names the scenario's entry."""
     try:
-        build_cluster(merged)
+        return build_cluster(topo)
     except ConfigError as exc:
         m = re.match(r"what_if\[(\d+)\](.*)", exc.field or "")
         if m and int(m.group(1)) >= own:
             raise ConfigError(exc.message, source=source,
                               field=f"cluster.what_if[{int(m.group(1)) - own}]{m.group(2)}") from None
         raise
-    return merged
 
 
 def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | None = None) -> Scenario:
@@ -352,11 +355,14 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         raise ConfigError(f"topology file not found: {topo_path}", source=source, field="cluster.topology")
     overrides = {"nodes": cfg.cluster.nodes} if cfg.cluster.nodes is not None else None
     topo = load_topology_cfg(topo_path, overrides)
+    own = len(topo.what_if)
     if cfg.cluster.what_if:
-        topo = _with_what_ifs(topo, cfg.cluster.what_if, source)
-    _check_plan(cfg, topo, source)
+        topo = _with_what_ifs(topo, cfg.cluster.what_if)
+    _check_plan(cfg, topo, source)  # before any graph is built: it refuses clusters too large to build
     _check_schedule_options(cfg, source)
     sc = Scenario(cfg=cfg, topology=topo, source=source)
+    if cfg.cluster.what_if:  # built once, here, and kept (``Scenario.cluster`` is cached)
+        sc.__dict__["cluster"] = _build_checked(topo, own, source)
     if cfg.parallel.schedule_file is not None:
         sc.schedule_path = str(base / cfg.parallel.schedule_file)
         sc.schedule_text = _read_schedule_file(Path(sc.schedule_path), source)

@@ -93,6 +93,11 @@ class Engine:
             self._plans[key] = plan_phases(self.cluster, c, algo)
         return self._plans[key]
 
+    def _full_plan(self, c: Comm) -> tuple[FlowPlan, ...]:
+        """The phases of ``c`` with every link they cross (for link accounting): before
+        :meth:`_classify` merged and dropped links, or the plan itself when it did not run."""
+        return self._full_plans.get((c.op, c.group, c.twins, self.algorithm(c))) or self._plan(c)
+
     def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float) -> float:
         """Time of ``phases`` alone on their links: per phase, latency plus its slowest flow."""
         total = 0.0
@@ -112,11 +117,12 @@ class Engine:
             nvls = self.cluster.gpu.nvls_efficiency is not None and self.cluster.cfg.node.gpus > 1
             usable = [a for a in options if applicable(c.op, a, c.group, self.cluster.node_of, nvls)] or [options[0]]
             want = self.algorithms.get(c.op, "auto")
-            if want == "auto":
-                usable = [a for a in usable if a in AUTO.get(c.op, options)] or usable
             if want != "auto":
                 choice = want if want in usable else options[0]
-            elif len(usable) == 1 or c.size_bytes <= 0:
+                self._algos[key] = choice
+                return choice
+            usable = [a for a in usable if a in AUTO.get(c.op, options)] or usable
+            if len(usable) == 1 or c.size_bytes <= 0:
                 choice = usable[0]
             else:
                 choice = min(usable, key=lambda a: (self._closed_form_s(self._plan(c, a), c.size_bytes),
@@ -182,7 +188,7 @@ class Engine:
             self._alone_log.append((c, self.env.now))
             return self.env.timeout(dur)
         phases = self._plan(c)
-        full = self._full_plans.get((c.op, c.group, c.twins, self.algorithm(c))) or phases
+        full = self._full_plan(c)
         if len(phases) == 1:
             return self.net.transfer(phases[0], c.size_bytes, tag=full[0])
         done = self.env.event()
@@ -225,7 +231,7 @@ class Engine:
 
     def _stream(self, tids: list[int]):
         tasks, done = self.prog.tasks, self.done
-        slow = getattr(self.cluster, "gpu_slowdown", {}) or {}
+        slow = self.cluster.gpu_slowdown
         for tid in tids:
             t = tasks[tid]
             pending = [done[d] for d in t.deps if not done[d].processed]
@@ -264,8 +270,7 @@ class Engine:
         """A communication timed in closed form, flow by flow: (bytes per link, start offset,
         duration). Each flow starts after its phase's latency and runs at its rate alone."""
         out, t0 = [], 0.0
-        key = (c.op, c.group, c.twins, self.algorithm(c))
-        for plan, whole in zip(self._plan(c), self._full_plans.get(key) or self._plan(c)):
+        for plan, whole in zip(self._plan(c), self._full_plan(c)):
             rates = max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps)
             longest = 0.0
             for frac, r, ws in zip(plan.fractions, rates, whole.weights):

@@ -600,7 +600,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lower
     mesh = sc.mesh
     cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
     collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
-    if getattr(sc.cluster, "gpu_slowdown", None):
+    if sc.cluster.gpu_slowdown:
         # a straggler runs a program of its own pace, and every rank it meets in a collective
         # or a send waits for it: no two ranks stay alike, so every rank is simulated
         collapse = False
