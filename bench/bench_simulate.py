@@ -11,7 +11,7 @@ from pathlib import Path
 
 from clustersim.api import summarize
 from clustersim.config import load_scenario
-from clustersim.engine import run_program
+from clustersim.engine import Engine
 from clustersim.program.lower import lower
 
 
@@ -20,9 +20,10 @@ def bench(path: Path) -> str:
     t0 = time.perf_counter()
     prog, low = lower(sc)
     t1 = time.perf_counter()
-    trace = run_program(prog, sc.cluster, sc.cfg.simulation.network, sc.cfg.simulation.collectives.model_dump())
+    engine = Engine(prog, sc.cluster, sc.cfg.simulation.network, sc.cfg.simulation.collectives.model_dump())
+    trace = engine.run()
     t2 = time.perf_counter()
-    summary = summarize(sc, low, trace)
+    summary = summarize(sc, low, trace, prog, engine)
     t3 = time.perf_counter()
     return (f"{path.stem:<28} {sc.mesh.world_size:>5} GPUs {len(prog.ranks):>3} sim ranks "
             f"{len(prog.tasks):>8,} tasks  lower {t1 - t0:6.2f} s  engine {t2 - t1:6.2f} s "

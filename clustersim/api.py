@@ -6,13 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .analysis.critical_path import critical_path, path_report
+from .analysis.exposure import exposed_collectives
 from .analysis.links import link_report
 from .analysis.memory import PartStatic, StageStatic, memory_report
 from .analysis.metrics import step_metrics
 from .config import Scenario, load_scenario
-from .engine import run_program
+from .engine import Engine
 from .model.transformer import total_params
 from .program.lower import Lowering, lower
+from .program.tasks import Program
 from .program.work import OPTIMIZER_BYTES, PARAM_BYTES
 from .trace import Trace
 
@@ -102,8 +105,10 @@ def projection(sc: Scenario, tokens_per_s: float) -> dict[str, Any]:
     }
 
 
-def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
-    """Assemble summary.json: metrics, memory, the resolved plan and what was simulated."""
+def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: Engine | None = None) -> dict[str, Any]:
+    """Assemble summary.json: metrics, memory, the critical path, exposed communication by
+    cause, the resolved plan and what was simulated. ``engine`` (the one that ran ``prog``)
+    names the links that bounded exposed collectives."""
     gpu = sc.cluster.gpu
     peak = gpu.peak_flops(sc.training.precision)
     world = sc.mesh.world_size
@@ -115,6 +120,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace) -> dict[str, Any]:
         "world_size": world,
         **metrics,
         "memory": memory_report(trace, _statics(low), gpu.hbm_capacity_bytes),
+        "critical_path": path_report(critical_path(prog, trace), trace.end_s),
+        "exposed_comm_causes": exposed_collectives(prog, trace, engine, sc.cluster),
         "links": link_report(trace, trace.end_s),
         "projection": projection(sc, metrics["tokens_per_s"]),
         "plan": {
@@ -147,8 +154,9 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     prog, low = lower(sc, collapse=collapse)
     sim = sc.cfg.simulation
-    trace = run_program(prog, sc.cluster, sim.network, sim.collectives.model_dump())
-    summary = summarize(sc, low, trace)
+    engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
+    trace = engine.run()
+    summary = summarize(sc, low, trace, prog, engine)
     if check:
         from .analysis import invariants
 

@@ -30,7 +30,7 @@ def test_shipped_scenario_passes(path):
     sim = sc.cfg.simulation
     trace = run_program(prog, sc.cluster, sim.network, sim.collectives.model_dump())
     assert all(s.tid >= 0 for s in trace.spans)
-    violations = check_invariants(prog, trace, summarize(sc, low, trace))
+    violations = check_invariants(prog, trace, summarize(sc, low, trace, prog))
     assert violations == [], "\n".join(map(str, violations))
 
 
@@ -48,7 +48,7 @@ def small():
     prog, low = lower(sc, collapse=False)
     sim = sc.cfg.simulation
     trace = run_program(prog, sc.cluster, sim.network, sim.collectives.model_dump())
-    summary = summarize(sc, low, trace)
+    summary = summarize(sc, low, trace, prog)
     assert check_invariants(prog, trace, summary) == []
     return prog, trace, summary
 
@@ -159,7 +159,7 @@ def test_step_time_below_compute_detected(small):
     prog, trace, summary = small
     bad = dict(summary, step_time_s=summary["compute_s"] / 2)
     vs = check_invariants(prog, trace, bad)
-    assert _names(vs) == {"step-time"}
+    assert _names(vs) == {"step-time", "critical-path"}  # the path no longer matches the step either
     assert vs[0].spans and all(s.kind == "compute" for s in vs[0].spans)
 
 
@@ -170,6 +170,37 @@ def test_memory_violations_detected(small):
         bad["memory"]["stages"][1].update(change)
         vs = inv.check_memory(bad)
         assert _names(vs) == {"memory"} and "stage 1" in vs[0].message, change
+
+
+def test_memory_timeline_violations_detected(small):
+    prog, trace, summary = small
+    bad = copy.deepcopy(summary)
+    tl = bad["memory"]["stages"][0]["timeline"]
+    tl["activations_bytes"] = [0.5 * x for x in tl["activations_bytes"]]  # no longer reaches the peak
+    vs = inv.check_memory(bad)
+    assert _names(vs) == {"memory"} and "timeline" in vs[0].message
+    bad = copy.deepcopy(summary)
+    bad["memory"]["stages"][1]["timeline"]["comm_buffers_bytes"][0] = -1.0
+    assert any("negative" in v.message for v in inv.check_memory(bad))
+
+
+def test_critical_path_and_bubble_split_violations_detected(small):
+    prog, trace, summary = small
+    bad = copy.deepcopy(summary)
+    bad["critical_path"]["wait_s"] = 1e-3
+    assert _names(inv.check_critical_path(bad)) == {"critical-path"}
+    bad = copy.deepcopy(summary)
+    bad["critical_path"]["length_s"] *= 0.99
+    assert _names(inv.check_critical_path(bad)) == {"critical-path"}
+    bad = copy.deepcopy(summary)
+    row = bad["bubble"]["per_rank"][1]
+    row["warm_up_s"] += 1e-3
+    vs = inv.check_bubble_split(bad)
+    assert _names(vs) == {"bubble-split"} and f"rank {row['rank']}" in vs[0].message
+    bad = copy.deepcopy(summary)
+    row = bad["bubble"]["per_rank"][0]
+    row["imbalance_s"], row["warm_up_s"] = -1.0, row["warm_up_s"] + 1.0  # sums right, one part negative
+    assert _names(inv.check_bubble_split(bad)) == {"bubble-split"}
 
 
 def test_error_lists_invariant_and_at_most_three_spans(small):

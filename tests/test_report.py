@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import html
 import re
 import shutil
 from pathlib import Path
@@ -82,7 +83,9 @@ def test_memory_table_has_a_row_per_stage_and_a_verdict(result, report):
     table = _section(report, "Memory per GPU")
     stages = result.summary["memory"]["stages"]
     assert table.count("<tr>") == len(stages) + 1  # + the header row
-    assert table.count('class="fits">fits<') == sum(st["fits"] for st in stages) == len(stages)
+    assert table.count('class="fits">fits') == sum(st["fits"] for st in stages) == len(stages)
+    for st in stages:  # the verdict says by how much
+        assert f'{st["margin_bytes"] / 1024**3:.1f} GiB spare' in table
     assert "DOES NOT FIT" not in table
 
 
@@ -139,6 +142,8 @@ def test_figure_draws_each_bar_once_in_its_row(result):
     assert list(fig.layout.yaxis.ticktext) == row_labels(trace, rows)
     drawn: dict[int, list[tuple[float, float]]] = {}
     for tr in fig.data:
+        if tr.name == "critical path":  # the line over the bars, tested on its own
+            continue
         assert tr.type == "bar" and tr.orientation == "h"
         assert len(tr.y) == len(tr.x) == len(tr.base) == len(tr.hovertext)
         for y, base, dur in zip(tr.y, tr.base, tr.x):
@@ -241,3 +246,20 @@ def test_busiest_links_table_lists_the_summary_links(result, report):
     for u in busiest:
         assert u["link"].replace(">", "&gt;") in table
         assert 0 < u["utilisation"] <= u["peak_utilisation"] <= 1 + 1e-9
+
+
+def test_report_draws_the_critical_path_and_explains_exposed_comm(result, report):
+    s = result.summary
+    fig = build_figure(result.trace, s)
+    (path,) = [t for t in fig.data if t.name == "critical path"]
+    # one horizontal stroke per segment, from its start to its end, on its rank's compute row
+    segs = s["critical_path"]["segments"]
+    assert len(path.x) == 2 * len(segs)
+    assert path.x[0] == pytest.approx(1e3 * segs[0]["start_s"]) and path.x[-1] == pytest.approx(1e3 * s["step_time_s"])
+    labels = list(fig.layout.yaxis.ticktext)
+    for y, seg in zip(path.y[::2], segs):
+        assert labels[int(y)].endswith("· compute") and f'stage {seg["stage"]}' in labels[int(y)]
+    assert "<h2>Critical path</h2>" in report and "<h2>Exposed communication by cause</h2>" in report
+    top = s["exposed_comm_causes"][0]
+    assert html.escape(top["collective"]) in report and html.escape(top["bottleneck"]["link"]) in report
+    assert "warm-up</th>" in report and "imbalance</th>" in report

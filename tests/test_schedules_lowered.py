@@ -235,7 +235,12 @@ def test_collapsed_equals_all_ranks(parallel):
     assert rep["bubble_fraction"] == pytest.approx(full["bubble_fraction"], abs=1e-3)
     for kind, v in full["exposed_comm_s"].items():
         assert rep["exposed_comm_s"][kind] == pytest.approx(v, abs=1e-3 * full["step_time_s"]), kind
-    assert rep["memory"] == full["memory"]
+    # bytes agree exactly; the timeline's instants move with the timing (1e-4 above)
+    timeless = lambda mem: {**mem, "stages": [{k: v for k, v in st.items() if k not in ("peak_t_s", "timeline")}  # noqa: E731
+                                             for st in mem["stages"]]}
+    assert timeless(rep["memory"]) == timeless(full["memory"])
+    for a, b in zip(rep["memory"]["stages"], full["memory"]["stages"]):
+        assert a["peak_t_s"] == pytest.approx(b["peak_t_s"], abs=1e-3 * full["step_time_s"])
 
 
 def _shipped(name: str, **parallel) -> dict:

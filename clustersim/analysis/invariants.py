@@ -10,7 +10,10 @@ docs/invariants.md for why each one holds.
     4 phase-order        per stage and microbatch: F ends before B starts, B before W (compute)
     5 send-recv          every send has a receive on its receiver: same start, end and bytes
     6 step-time          step time >= the busiest rank's compute time
-    7 memory             every stage: peak >= params + grads + optimizer >= 0
+    7 memory             every stage: peak >= params + grads + optimizer >= 0; its timeline is
+                         never negative and peaks at the reported peak
+    8 critical-path      the critical path is gap-free and as long as the step
+    9 bubble-split       every rank: warm-up + cool-down + dependency + imbalance = bubble, none < 0
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ MAX_SPANS = 3  # offending spans listed per violation
 PHASE_ORDER = ("F", "B", "W")
 
 INVARIANTS = ("stream-overlap", "dependency-order", "collective-sync", "phase-order",
-              "send-recv", "step-time", "memory")
+              "send-recv", "step-time", "memory", "critical-path", "bubble-split")
 
 
 def _tol(*xs: float) -> float:
@@ -222,6 +225,42 @@ def check_memory(summary: dict[str, Any] | None) -> list[Violation]:
         if any(x < 0 for x in parts) or peak < static - _tol(static):
             out.append(_v("memory", f"stage {st.get('stage')}: peak {peak:.6g} B, params+grads+optimizer "
                           f"{static:.6g} B (need peak >= static >= 0)", ()))
+            continue
+        tl = st.get("timeline")
+        if not tl:
+            continue
+        totals = [a + b for a, b in zip(tl["activations_bytes"], tl["comm_buffers_bytes"])]
+        if min(tl["activations_bytes"] + tl["comm_buffers_bytes"], default=0.0) < 0:
+            out.append(_v("memory", f"stage {st.get('stage')}: negative bytes in its memory timeline", ()))
+        from_timeline = static + st.get("transient_bytes", 0.0) + max(totals, default=0.0)
+        if abs(from_timeline - peak) > _tol(peak) * 1e3:
+            out.append(_v("memory", f"stage {st.get('stage')}: peak {peak:.9g} B but its timeline peaks at "
+                          f"{from_timeline:.9g} B (static + transient + activations + buffers)", ()))
+    return out
+
+
+# --- 8 ---------------------------------------------------------------------------------
+def check_critical_path(summary: dict[str, Any] | None) -> list[Violation]:
+    cp = (summary or {}).get("critical_path")
+    if not cp:
+        return []
+    step = summary.get("step_time_s", 0.0)
+    if abs(cp["length_s"] - step) > _tol(step) * 1e3 or cp["wait_s"] > _tol(step) * 1e3:
+        return [_v("critical-path", f"critical path {cp['length_s']:.12g} s (gaps {cp['wait_s']:.3g} s) "
+                   f"!= step time {step:.12g} s", ())]
+    return []
+
+
+# --- 9 ---------------------------------------------------------------------------------
+def check_bubble_split(summary: dict[str, Any] | None) -> list[Violation]:
+    out = []
+    for row in ((summary or {}).get("bubble") or {}).get("per_rank", []):
+        parts = (row["warm_up_s"], row["cool_down_s"], row["dependency_s"]["total"], row["imbalance_s"])
+        tol = _tol(row["bubble_s"]) * 1e3
+        if abs(sum(parts) - row["bubble_s"]) > tol or min(parts) < -tol:
+            out.append(_v("bubble-split", f"rank {row['rank']}: warm-up, cool-down, dependency, imbalance "
+                          f"{', '.join(f'{x:.9g}' for x in parts)} s do not split its bubble "
+                          f"{row['bubble_s']:.9g} s", ()))
     return out
 
 
@@ -238,4 +277,6 @@ def check_invariants(program: Program | None, trace: Trace, summary: dict[str, A
         out += check_send_recv(program, trace)
     out += check_step_time(trace, summary)
     out += check_memory(summary)
+    out += check_critical_path(summary)
+    out += check_bubble_split(summary)
     return out

@@ -7,6 +7,7 @@ Per rank, the step [0, T] splits into three disjoint parts::
     bubble        compute idle and no communication of this rank in flight (waiting on others)
 
     bubble_fraction = mean over GPUs of bubble / T
+    bubble = warm-up + cool-down + dependency + imbalance      (:mod:`.bubble`)
     With free communication and equal stages, GPipe and 1F1B give (p-1)/(m+p-1)
     (Narayanan et al. SC'21, Sec 2.2).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..trace import Trace
+from .bubble import BubbleSplit, split_bubble
 from .intervals import length, minus_length, union
 
 COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
@@ -28,6 +30,7 @@ COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
 class RankTimes:
     compute_s: float
     comm_s: dict[str, float]  # busy time per kind (union of its spans)
+    comm_total_s: float  # union of all kinds' spans
     exposed_s: dict[str, float]  # per kind, not hidden behind compute
     exposed_total_s: float  # union of all kinds, not hidden behind compute
     bubble_s: float
@@ -42,15 +45,24 @@ def rank_times(spans, step_s: float) -> RankTimes:
     exposed_total = minus_length(all_comm, compute)
     busy = length(union(compute + all_comm))
     return RankTimes(
-        compute_s=length(compute), comm_s={k: length(v) for k, v in by_kind.items()},
+        compute_s=length(compute), comm_s={k: length(v) for k, v in by_kind.items()}, comm_total_s=length(all_comm),
         exposed_s=exposed, exposed_total_s=exposed_total, bubble_s=max(step_s - busy, 0.0),
     )
+
+
+def _split_dict(b: BubbleSplit) -> dict:
+    return {"warm_up_s": b.warm_up_s, "cool_down_s": b.cool_down_s, "dependency_s": b.dependency_s,
+            "imbalance_s": b.imbalance_s}
 
 
 def step_metrics(trace: Trace, *, world_size: int, peak_flops: float, tokens_per_step: int) -> dict:
     """The headline numbers of one step, averaged over GPUs (simulated ranks weighed)."""
     step = trace.end_s
-    per_rank = {r: rank_times(spans, step) for r, spans in trace.by_rank().items()}
+    rank_spans = trace.by_rank()
+    per_rank = {r: rank_times(spans, step) for r, spans in rank_spans.items()}
+    max_compute = max((t.compute_s for t in per_rank.values()), default=0.0)
+    pipelined = len(set(trace.stage_of.values())) > 1
+    splits = {r: split_bubble(rank_spans[r], step, per_rank[r].compute_s, max_compute, pipelined) for r in per_rank}
     w = trace.weight
     total_w = sum(w.values())
 
@@ -75,16 +87,38 @@ def step_metrics(trace: Trace, *, world_size: int, peak_flops: float, tokens_per
         "mfu": model_flops / (per_gpu * peak_flops) if step else 0.0,
         "hfu": hw_flops / (per_gpu * peak_flops) if step else 0.0,
         "bubble_fraction": mean(lambda t: t.bubble_s) / step if step else 0.0,
+        "bubble": _bubble_report(trace, per_rank, splits, step),
         "compute_s": mean(lambda t: t.compute_s),
         "comm_s": comm,
         "exposed_comm_s": exposed,
         "hidden_comm_s": {**{k: comm[k] - exposed[k] for k in COMM_KINDS},
-                          "total": sum(comm.values()) - exposed["total"]},
-        "per_stage": _per_stage(trace, per_rank, step),
+                          "total": mean(lambda t: t.comm_total_s) - exposed["total"]},
+        "per_stage": _per_stage(trace, per_rank, step, splits),
     }
 
 
-def _per_stage(trace: Trace, per_rank: dict, step: float) -> list[dict]:
+def _bubble_report(trace: Trace, per_rank: dict, splits: dict[int, BubbleSplit], step: float) -> dict:
+    """summary.json ``bubble``: the GPU-weighted mean split, and each simulated rank's."""
+    w = trace.weight
+    total_w = sum(w.values()) or 1
+
+    def mean(f):
+        return sum(w[r] * f(b) for r, b in splits.items()) / total_w
+
+    dep_keys = next(iter(splits.values())).dependency_s.keys() if splits else ()
+    return {
+        "fraction": mean(lambda b: b.bubble_s) / step if step else 0.0,
+        "bubble_s": mean(lambda b: b.bubble_s),
+        "warm_up_s": mean(lambda b: b.warm_up_s),
+        "cool_down_s": mean(lambda b: b.cool_down_s),
+        "dependency_s": {k: mean(lambda b, k=k: b.dependency_s[k]) for k in dep_keys},
+        "imbalance_s": mean(lambda b: b.imbalance_s),
+        "per_rank": [{"rank": r, "stage": trace.stage_of.get(r, 0), "weight": w[r], "bubble_s": b.bubble_s,
+                      **_split_dict(b)} for r, b in splits.items()],
+    }
+
+
+def _per_stage(trace: Trace, per_rank: dict, step: float, splits: dict[int, BubbleSplit]) -> list[dict]:
     """The same split for each pipeline stage (all ranks of a stage behave alike)."""
     out: dict[int, dict] = {}
     for r, t in per_rank.items():
@@ -97,5 +131,6 @@ def _per_stage(trace: Trace, per_rank: dict, step: float) -> list[dict]:
             "exposed_comm_s": {**{k: t.exposed_s[k] for k in COMM_KINDS}, "total": t.exposed_total_s},
             "bubble_s": t.bubble_s,
             "bubble_fraction": t.bubble_s / step if step else 0.0,
+            **_split_dict(splits[r]),
         }
     return [out[k] for k in sorted(out)]

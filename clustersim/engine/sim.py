@@ -166,6 +166,27 @@ class Engine:
                     users.setdefault(e, set()).add(channel)
         self._edge_users = users
 
+    def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]:
+        """Per link ``c`` crosses (twins included): (seconds its traffic needs there at the
+        link's full bandwidth, real flows crossing it in its busiest phase). The link with the
+        most seconds is the one that bounds ``c`` alone (:meth:`_closed_form_s`)."""
+        out: dict[int, tuple[float, float]] = {}
+        bw = self.cluster.edge_bw_Bps
+        for plan in self._full_plan(c):
+            flows: dict[int, float] = {}
+            for frac, ws in zip(plan.fractions, plan.weights):
+                for e, w in ws:
+                    t, n = out.get(e, (0.0, 0.0))
+                    out[e] = (t + w * frac * c.size_bytes / bw[e], n)
+                    flows[e] = flows.get(e, 0.0) + w
+            for e, n in flows.items():
+                out[e] = (out[e][0], max(out[e][1], n))
+        return out
+
+    def timed_alone(self, t: Task) -> bool:
+        """Whether ``t``'s communication never shared a link with another channel (closed form)."""
+        return self.network == "flow" and t.comm is not None and self._alone_duration(t.comm, t.stream) is not None
+
     def _alone_duration(self, c: Comm, stream: str) -> float | None:
         """Closed-form time if ``c`` never shares a link with another channel, else None."""
         key = (c.op, c.group, c.twins, c.size_bytes, stream)

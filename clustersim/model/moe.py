@@ -64,24 +64,34 @@ def moe_active_mlp_params(moe: MoeCfg, hidden: int) -> int:
     return hidden * moe.experts + (moe.top_k + moe.shared_experts) * expert_params(moe, hidden)
 
 
-def router_fwd(moe: MoeCfg, tokens: float, hidden: int) -> list[Op]:
-    """Router logits, softmax / top-k (replicated over TP: every TP rank routes its tokens)."""
-    return [_matmul("router", tokens, hidden, moe.experts), _elementwise("topk", tokens * moe.experts, 3)]
+def router_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int = 1) -> list[Op]:
+    """Router logits, softmax / top-k. Replicated over TP: each of the ``t`` TP ranks routes
+    the same tokens, so each executes the whole matmul but holds 1/t of its model FLOPs (the
+    model needs it once)."""
+    logits = _matmul("router", tokens, hidden, moe.experts)
+    logits = Op(logits.name, logits.flops, logits.bytes, logits.flops / t)
+    return [logits, _elementwise("topk", tokens * moe.experts, 3)]
 
 
 def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int) -> list[Op]:
     """The routed experts' grouped GEMMs on the tokens this rank receives (balanced routing).
 
     Each rank of the EP group computes E/ep experts on (tokens * k * capacity) / (E/ep) tokens
-    each, i.e. tokens * k * capacity token-expert pairs in all: independent of ep.
+    each, i.e. tokens * k * capacity token-expert pairs in all: independent of ep. The
+    capacity padding is executed but is not model work: model FLOPs count tokens * k pairs.
     """
     pairs = tokens * moe.top_k * moe.capacity_factor
     f = moe.expert_ffn / t
     up = (moe.mats - 1) * f
+
+    def gemm(name: str, k: float, n: float) -> Op:
+        op = _matmul(name, pairs, k, n)
+        return Op(op.name, op.flops, op.bytes, op.flops / moe.capacity_factor)
+
     return [
-        _matmul("experts_up", pairs, hidden, up),
+        gemm("experts_up", hidden, up),
         _elementwise("experts_act", pairs * f, 3 if moe.mats == 3 else 2),
-        _matmul("experts_down", pairs, f, hidden),
+        gemm("experts_down", f, hidden),
         _elementwise("unpermute", pairs * hidden, 2),
     ]
 

@@ -4,15 +4,19 @@ Layout of ``report.html``::
 
     clustersim · <scenario>                         description, cluster, plan, model
     ┌ step time ┐┌ tokens/s ┐┌ TFLOP/s/GPU ┐┌ MFU ┐┌ HFU ┐┌ bubble ┐┌ memory ┐
-    communication per GPU     kind | busy | hidden | exposed | ▇▇▇░░
-    memory per stage          stage | params grads optim activ | peak / cap | fits
-    time per stage            stage | compute | exposed comm | bubble
+    communication per GPU     kind | busy | hidden | exposed | ▇▇▇░░     critical path by kind
+    exposed comm by cause     collective | exposed | bottleneck link | shared with
+    time per stage            stage | compute | exposed comm | bubble: warm-up cool-down dependency imbalance
+    memory per stage          stage | params grads optim activ buffers | peak / cap | fits, margin
+    memory over the step      one line per stage, capacity dashed
+    busiest links             table and use over the step
     timeline (plotly)
         stage 0 · compute   ▇▇▇ ▇▇▇ ▇▇▇▇ ▇▇▇▇ ...      forward / backward / optimizer
         stage 0 · tp        ░░░ ░░░ ░░░░ ░░░░ ...      lighter = less busy inside the bar
         stage 0 · pp_fwd_send  ▏  ▏  ▏
         stage 1 · compute      ▇▇▇ ▇▇▇ ...
         ...                 0 ms ─────────────── step time
+        critical path       a black line over the bars, hopping between stages
 
 The timeline merges consecutive spans of one (rank, stream) that share kind, phase and
 microbatch into one bar, which takes a GPT-3-sized trace (~160k spans) down to ~24k bars.
@@ -253,9 +257,40 @@ def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
             by_group[bar_group(b.kind, b.phase)].append((i, b, bar_hover(b, labels[i])))
     fig = go.Figure([tr for k, label, colour in GROUPS if by_group[k]
                      for tr in _group_traces(k, label, colour, by_group[k])])
+    path = path_trace(summary, rows)
+    if path is not None:
+        fig.add_trace(path)
     step_ms = 1e3 * float(summary.get("step_time_s", trace.end_s) or trace.end_s)
     fig.update_layout(_layout(len(rows), labels, step_ms, _rank_bands(rows)))
     return fig
+
+
+def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> go.Scatter | None:
+    """The critical path as a line over the timeline: along a rank's compute row while the
+    path stays on that rank, down or up to the next rank where it crosses over."""
+    segments = (summary.get("critical_path") or {}).get("segments") or []
+    row_of: dict[int, int] = {}
+    for i, (rank, stream) in enumerate(rows):
+        if stream == "compute" or rank not in row_of:
+            row_of[rank] = i if stream == "compute" else row_of.get(rank, i)
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    text: list[str] = []
+    for seg in segments:
+        y = row_of.get(seg["rank"])
+        if y is None:
+            continue
+        hover = (f"critical path on rank {seg['rank']} (stage {seg['stage']})<br>{fmt_time(seg['start_s'])} → "
+                 f"{fmt_time(seg['end_s'])}: {seg['tasks']:,} tasks, compute {fmt_time(seg['compute_s'])}, "
+                 f"communication {fmt_time(seg['comm_s'])}<br>from {html.escape(seg['first'])} to "
+                 f"{html.escape(seg['last'])}")
+        xs += [1e3 * seg["start_s"], 1e3 * seg["end_s"]]
+        ys += [y, y]
+        text += [hover, hover]
+    if not xs:
+        return None
+    return go.Scatter(x=xs, y=ys, mode="lines", name="critical path", line={"color": "#111111", "width": 2},
+                      hovertext=text, hovertemplate="%{hovertext}<extra></extra>", legendgroup="path")
 
 
 def _rank_bands(rows: list[tuple[int, str]]) -> list[dict]:
@@ -486,6 +521,38 @@ def links_html(summary: dict[str, Any]) -> str:
             "the same.</p></div>")
 
 
+MEMORY_DIV_ID = "clustersim-memory"
+
+
+def memory_figure(summary: dict[str, Any]) -> go.Figure | None:
+    """Memory of one GPU of each stage over the step (GiB): static state, transient bytes,
+    activations alive and communication buffers, against the GPU's capacity."""
+    mem = summary.get("memory") or {}
+    stages = [st for st in mem.get("stages", []) if st.get("timeline")]
+    if not stages:
+        return None
+    tight = mem.get("tightest_stage", stages[0]["stage"])
+    fig = go.Figure()
+    for st in stages:
+        tl = st["timeline"]
+        base = st["params_bytes"] + st["grads_bytes"] + st["optimizer_bytes"] + st.get("transient_bytes", 0.0)
+        ys = [(base + a + b) / GiB for a, b in zip(tl["activations_bytes"], tl["comm_buffers_bytes"])]
+        xs = [1e3 * t for t in tl["t_s"]] + [1e3 * summary["step_time_s"]]
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys + ys[-1:], mode="lines", name=f'stage {st["stage"]}' + (" (tightest)" if st["stage"] == tight else ""),
+            line={"shape": "hv", "width": 2.5 if st["stage"] == tight else 1.2},
+            hovertemplate="%{y:.1f} GiB at %{x:,.0f} ms<extra>stage " + str(st["stage"]) + "</extra>"))
+    cap = mem["capacity_bytes"] / GiB
+    step_ms = 1e3 * summary["step_time_s"]
+    fig.add_trace(go.Scatter(x=[0, step_ms], y=[cap, cap], mode="lines", name=f"capacity {cap:.0f} GiB",
+                             line={"dash": "dash", "color": "#cf222e", "width": 1.5}, hoverinfo="skip"))
+    fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 10, "b": 40}, template="plotly_white",
+                      xaxis={"title": "time (ms)", "range": [0, step_ms]},
+                      yaxis={"title": "memory per GPU (GiB)", "rangemode": "tozero"},
+                      legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
 def memory_html(summary: dict[str, Any]) -> str:
     """Memory per GPU of each pipeline stage, in GiB, against the GPU's capacity."""
     mem = summary.get("memory")
@@ -497,31 +564,89 @@ def memory_html(summary: dict[str, Any]) -> str:
         used = st["peak_bytes"] / st["capacity_bytes"] if st["capacity_bytes"] else 0.0
         fill = "used" if st["fits"] else "over"
         meter = f'<span class="meter"><span class="{fill}" style="width:{min(used, 1.0) * 100:.1f}%"></span></span>'
-        verdict = '<span class="fits">fits</span>' if st["fits"] else '<span class="nofit">DOES NOT FIT</span>'
+        margin = st.get("margin_bytes")
+        margin_txt = "" if margin is None else (f" · {margin / GiB:.1f} GiB spare" if margin >= 0
+                                                else f" by {-margin / GiB:.1f} GiB")
+        verdict = (f'<span class="fits">fits{margin_txt}</span>' if st["fits"]
+                   else f'<span class="nofit">DOES NOT FIT{margin_txt}</span>')
         inflight = st.get("inflight_microbatches")
         act_note = f" ({inflight} mb)" if inflight is not None else ""
+        buffers = f'{st["comm_buffers_bytes"] / GiB:.2f}' if "comm_buffers_bytes" in st else ""
         rows.append(f'<tr><td>{st["stage"]}</td><td>{st["params"] / 1e9:.2f} B</td><td>{g("params_bytes")}</td>'
                     f'<td>{g("grads_bytes")}</td><td>{g("optimizer_bytes")}</td>'
-                    f'<td>{g("activations_bytes")}{act_note}</td><td><b>{g("peak_bytes")}</b></td>'
+                    f'<td>{g("activations_bytes")}{act_note}</td><td>{buffers}</td><td>{g("transient_bytes")}</td>'
+                    f'<td><b>{g("peak_bytes")}</b></td>'
                     f'<td>{g("capacity_bytes")}</td><td class="l">{meter} {100 * used:.0f} %</td>'
                     f'<td class="l">{verdict}</td></tr>')
     return ("<div><h2>Memory per GPU, by pipeline stage (GiB)</h2><table><tr><th>stage</th>"
             "<th>parameters</th><th>params</th><th>grads</th><th>optimizer</th><th>activations (in flight)</th>"
-            "<th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th></tr>"
+            "<th>comm buffers</th><th>transient</th><th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th></tr>"
             + "".join(rows) + "</table></div>")
 
 
 def stages_html(summary: dict[str, Any]) -> str:
-    """Time per pipeline stage: compute, exposed communication and bubble of one GPU."""
+    """Time per pipeline stage: compute, exposed communication and the bubble of one GPU,
+    with the bubble split into warm-up, cool-down, dependency waits and imbalance."""
     stages = summary.get("per_stage")
     if not stages:
         return ""
+
+    def split(st: dict) -> str:
+        if "warm_up_s" not in st:
+            return "<td></td>" * 4
+        return "".join(f"<td>{fmt_time(x)}</td>" for x in (st["warm_up_s"], st["cool_down_s"],
+                                                            st["dependency_s"]["total"], st["imbalance_s"]))
+
     rows = "".join(
         f'<tr><td>{st["stage"]}</td><td>{fmt_time(st["compute_s"])}</td>'
         f'<td>{fmt_time(st["exposed_comm_s"]["total"])}</td><td>{fmt_time(st["bubble_s"])}</td>'
-        f'<td>{_pct(st["bubble_fraction"])}</td></tr>' for st in stages)
+        f'<td>{_pct(st["bubble_fraction"])}</td>{split(st)}</tr>' for st in stages)
     return ("<div><h2>Time per GPU, by pipeline stage</h2><table><tr><th>stage</th><th>compute</th>"
-            "<th>exposed comm</th><th>bubble</th><th>bubble / step</th></tr>" + rows + "</table></div>")
+            "<th>exposed comm</th><th>bubble</th><th>bubble / step</th><th>warm-up</th><th>cool-down</th>"
+            "<th>dependency</th><th>imbalance</th></tr>" + rows + "</table>"
+            "<p class=\"note\">Bubble: compute idle with none of the GPU's own communication in flight. "
+            "Warm-up: before its first backward; cool-down: after its last forward; dependency: waiting "
+            "on another GPU in between; imbalance: what the busiest GPU computes longer.</p></div>")
+
+
+def causes_html(summary: dict[str, Any]) -> str:
+    """The collectives with the most exposed time, the link that bounded each, what shared it."""
+    causes = summary.get("exposed_comm_causes") or []
+    if not causes:
+        return ""
+    e = html.escape
+    rows = []
+    for c in causes:
+        bn = c.get("bottleneck")
+        link = f'{e(bn["link"])} ({e(bn["kind"])}, {bn["bw_Bps"] / 1e9:.0f} GB/s)' if bn else ""
+        if c.get("alone"):
+            shared = "nothing (alone on its links)"
+        else:
+            shared = ", ".join(f'{e(x["collective"])} {fmt_time(x["overlap_s"])}'
+                               for x in c.get("shared_with", [])) or "nothing at that time"
+        rows.append(f'<tr><td class="l">{e(c["collective"])}</td><td>{fmt_time(c["exposed_s"])}</td>'
+                    f'<td>{fmt_time(c["comm_s"])}</td><td>{c["count_per_gpu"]:,.0f}</td>'
+                    f'<td>{fmt_bytes(c["size_bytes"])}</td><td class="l">{e(str(c.get("algorithm", "")))}</td>'
+                    f'<td class="l">{link}</td><td class="l">{shared}</td></tr>')
+    return ("<div><h2>Exposed communication by cause</h2><table><tr><th class=\"l\">collective</th>"
+            "<th>exposed / GPU</th><th>on the wire / GPU</th><th>per GPU</th><th>size</th><th class=\"l\">algorithm</th>"
+            "<th class=\"l\">bottleneck link</th><th class=\"l\">shared with (while its most exposed instance ran)</th>"
+            "</tr>" + "".join(rows) + "</table><p class=\"note\">Bottleneck: the link whose share of the "
+            "collective's traffic takes longest at that link's bandwidth.</p></div>")
+
+
+def critical_path_html(summary: dict[str, Any]) -> str:
+    """What the critical path is made of, per kind, and how often it changes GPU."""
+    cp = summary.get("critical_path")
+    if not cp or cp["length_s"] <= 0:
+        return ""
+    rows = "".join(f'<tr><td class="l">{html.escape(k)}</td><td>{fmt_time(v)}</td><td>{_pct(v / cp["length_s"])}</td></tr>'
+                   for k, v in cp["by_kind_s"].items() if v > 0)
+    return ("<div><h2>Critical path</h2><table><tr><th class=\"l\">on the path</th><th>time</th><th>share</th></tr>"
+            + rows + f'<tr class="total"><td class="l">step</td><td>{fmt_time(cp["length_s"])}</td><td></td></tr>'
+            f'</table><p class="note">{cp["tasks"]:,} tasks over {_n(cp["ranks_visited"], "rank")}, '
+            f'{_n(len(cp["segments"]), "segment")}; drawn as a black line on the timeline. Communication on '
+            "the path delayed the step.</p></div>")
 
 
 def timeline_note(trace: Trace) -> str:
@@ -553,10 +678,17 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure) -> str:
         f'<p class="note">Use of bandwidth over the step, per 1/100 of it, for the {LINKS_SHOWN} busiest links.</p>'
         + lf.to_html(full_html=False, include_plotlyjs=False, div_id=LINKS_DIV_ID,
                      config={"displaylogo": False, "responsive": True}))
+    mf = memory_figure(summary)
+    memory_plot = "" if mf is None else (
+        '<p class="note">One GPU of each stage over the step: parameters, gradients, optimizer state and '
+        "transient bytes, plus the activations alive and communication buffers held at each instant.</p>"
+        + mf.to_html(full_html=False, include_plotlyjs=False, div_id=MEMORY_DIV_ID,
+                     config={"displaylogo": False, "responsive": True}))
     body = "\n".join([
         plotlyjs, header_html(summary), cards_html(summary),
-        f'<div class="panels">{comm_html(summary)}{stages_html(summary)}</div>',
-        memory_html(summary), links_html(summary), links_plot,
+        f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
+        causes_html(summary), stages_html(summary),
+        memory_html(summary), memory_plot, links_html(summary), links_plot,
         "<h2>Timeline</h2>", timeline_note(trace), plot,
     ])
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'

@@ -47,6 +47,35 @@ def _projection_line(pj: dict[str, Any] | None) -> list[str]:
             f"{pj['gpu_hours']:,.0f} GPU-hours{cost}, {pj['energy_MWh']:,.0f} MWh at GPU TDP"]
 
 
+def _bubble_line(s: dict[str, Any]) -> str:
+    b = s.get("bubble")
+    line = f"{'bubble':<16}{100 * s['bubble_fraction']:.1f} % of the step"
+    if not b or b["bubble_s"] <= 0:
+        return line
+    return (line + f": warm-up {b['warm_up_s']:.3g} s · cool-down {b['cool_down_s']:.3g} s · "
+            f"dependency {b['dependency_s']['total']:.3g} s · imbalance {b['imbalance_s']:.3g} s per GPU")
+
+
+def _path_line(s: dict[str, Any]) -> list[str]:
+    cp = s.get("critical_path")
+    if not cp or cp["length_s"] <= 0:
+        return []
+    parts = " · ".join(f"{k} {100 * v / cp['length_s']:.0f} %" for k, v in cp["by_kind_s"].items() if v > 0)
+    return [f"{'critical path':<16}{parts} ({cp['tasks']:,} tasks over {cp['ranks_visited']} ranks)"]
+
+
+def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
+    out = []
+    for i, c in enumerate((s.get("exposed_comm_causes") or [])[:n]):
+        where = ""
+        if c.get("bottleneck"):
+            bn = c["bottleneck"]
+            shared = ", ".join(x["collective"] for x in c.get("shared_with", [])[:1])
+            where = f" · bound by {bn['link']} ({bn['kind']})" + (f", shared with {shared}" if shared else "")
+        out.append(f"{'top exposed' if i == 0 else '':<16}{c['exposed_s']:.3g} s  {c['collective']}{where}")
+    return out
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The short human summary printed by ``clustersim run``."""
     p, mem, hw = s["plan"], s["memory"], s["hardware"]
@@ -68,15 +97,19 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'TFLOP/s per GPU':<16}{s['tflops_per_gpu']:.1f} model · {s['hw_tflops_per_gpu']:.1f} hardware "
         f"(peak {hw['peak_flops'] / 1e12:.0f})",
         f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} %",
-        f"{'bubble':<16}{100 * s['bubble_fraction']:.1f} % of the step",
+        _bubble_line(s),
         *_projection_line(s.get("projection")),
         f"{'exposed comm':<16}{ex['total']:.3g} s per GPU: {exposed}",
         f"{'hidden comm':<16}{hidden}",
+        *_causes_lines(s),
+        *_path_line(s),
         f"{'memory (GiB)':<16}{'stage':>5} {'params':>7} {'grads':>6} {'optim':>6} {'activ':>6} {'peak':>7} / cap",
     ]
     for st in _stage_rows(mem["stages"]):
         g = lambda k: st[k] / GiB  # noqa: E731
-        verdict = "fits" if st["fits"] else "DOES NOT FIT"
+        margin = st.get("margin_bytes")
+        spare = "" if margin is None else (f" ({margin / GiB:.1f} spare)" if margin >= 0 else f" (by {-margin / GiB:.1f})")
+        verdict = ("fits" if st["fits"] else "DOES NOT FIT") + spare
         lines.append(f"{'':<16}{st['stage']:>5} {g('params_bytes'):>7.1f} {g('grads_bytes'):>6.1f} "
                      f"{g('optimizer_bytes'):>6.1f} {g('activations_bytes'):>6.1f} {g('peak_bytes'):>7.1f} / "
                      f"{st['capacity_bytes'] / GiB:.0f}  {verdict}")

@@ -401,7 +401,7 @@ class MoeBlocks:
         tokens = b * m.seq_len / sc.parallel.cp
         rep_tok = tokens / t if sp else tokens
         a2a = (CommItem("all_to_all", moe.dispatch_bytes(e, tokens, h), dim="ep"),) if ep > 1 else ()
-        router = [tf._elementwise("norm2", rep_tok * h, 2)] + moe.router_fwd(e, tokens, h)
+        router = [tf._elementwise("norm2", rep_tok * h, 2)] + moe.router_fwd(e, tokens, h, t)
         experts = moe.routed_experts_fwd(e, tokens, h, t) + moe.shared_experts_fwd(e, tokens, h, t) \
             + [tf._elementwise("residual2", rep_tok * h, 3)]
         router_params = h * e.experts / t

@@ -1,0 +1,131 @@
+"""The critical path: the chain of tasks that sets the step time.
+
+A task starts when its stream is free and its dependencies are done; a communication also
+waits for the last member of its group to reach it. So every task has a *binding*
+predecessor: whichever of (the previous task on its stream, its dependencies, and, for a
+communication, those of every member) finished last. Walking binding predecessors back from
+the task that ends the step gives a chain whose durations add up to the step time (each task
+starts exactly when its binding predecessor ends)::
+
+    rank 0 compute  [F0][F1][F2][F3]            [B0]...
+    rank 0 pp send                  [act3]
+    rank 1 compute                        [F3][B3] ──┐
+                         ^^^^^^^^^^^^^^^^^^^^^^^^^^^ │  path: F0 F1 F2 F3 -> send act3
+                                                     │        -> F3 B3 (rank 1) -> ... -> end
+
+Communication on the path is communication that delayed the step: making it free would move
+the end by up to its duration (the critical-path method on a task graph, Kelley & Walker
+1959).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..program.tasks import Program
+from ..trace import Trace
+
+COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
+
+
+@dataclass(frozen=True)
+class PathTask:
+    tid: int
+    rank: int
+    stream: str
+    name: str
+    kind: str
+    start_s: float
+    end_s: float
+    stage: int
+    mb: int
+    layer: int
+
+
+def task_times(prog: Program, trace: Trace) -> tuple[list[float], list[float]]:
+    """(start, end) of every task on its own rank (receive spans share the send's id)."""
+    n = len(prog.tasks)
+    start, end = [0.0] * n, [-1.0] * n
+    tasks = prog.tasks
+    for s in trace.spans:
+        if s.tid >= 0 and tasks[s.tid].rank == s.rank:
+            start[s.tid], end[s.tid] = s.start_s, s.end_s
+    return start, end
+
+
+def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
+    """The tasks that set the step time, first to last (see the module docstring)."""
+    tasks = prog.tasks
+    if not tasks or not trace.spans:
+        return []
+    start, end = task_times(prog, trace)
+    prev: dict[int, int] = {}
+    for tids in prog.streams().values():
+        for a, b in zip(tids, tids[1:]):
+            prev[b] = a
+    members: dict[tuple, list[int]] = {}
+    for t in tasks:
+        if t.comm is not None:
+            members.setdefault(t.comm.key, []).append(t.tid)
+
+    def own(tid: int) -> list[int]:
+        p = prev.get(tid)
+        return list(tasks[tid].deps) + ([p] if p is not None else [])
+
+    cur = max(range(len(tasks)), key=lambda i: (end[i], -i))
+    path = [cur]
+    while True:
+        t = tasks[cur]
+        cands = own(cur)
+        if t.comm is not None:
+            for u in members[t.comm.key]:
+                if u != cur:
+                    cands += own(u)
+        if not cands:
+            break
+        # the latest to finish binds; ties go to the lowest id (deterministic)
+        cur = max(cands, key=lambda i: (end[i], -i))
+        path.append(cur)
+    path.reverse()
+    return [PathTask(tid=i, rank=tasks[i].rank, stream=tasks[i].stream, name=tasks[i].name, kind=tasks[i].kind,
+                     start_s=start[i], end_s=end[i], stage=trace.stage_of.get(tasks[i].rank, tasks[i].stage),
+                     mb=tasks[i].mb, layer=tasks[i].layer) for i in path]
+
+
+def path_report(path: list[PathTask], step_s: float) -> dict[str, Any]:
+    """summary.json ``critical_path``: seconds per kind, waits, and the path by rank segments.
+
+    A segment is a run of consecutive path tasks on one rank; the path moves to another rank
+    through a pipeline transfer or a collective whose last member came from there.
+    """
+    by_kind = {"compute": 0.0, **{k: 0.0 for k in COMM_KINDS}}
+    wait_s = 0.0
+    t = 0.0
+    segments: list[dict[str, Any]] = []
+    for p in path:
+        wait_s += max(p.start_s - t, 0.0)  # time no path task covered (none in this engine)
+        t = max(t, p.end_s)
+        by_kind[p.kind] = by_kind.get(p.kind, 0.0) + (p.end_s - p.start_s)
+        if segments and segments[-1]["rank"] == p.rank:
+            seg = segments[-1]
+        else:
+            seg = {"rank": p.rank, "stage": p.stage, "start_s": p.start_s, "end_s": p.end_s, "tasks": 0,
+                   "first": p.name, "last": p.name, "compute_s": 0.0, "comm_s": 0.0}
+            segments.append(seg)
+        seg["end_s"] = p.end_s
+        seg["tasks"] += 1
+        seg["last"] = p.name
+        seg["compute_s" if p.kind == "compute" else "comm_s"] += p.end_s - p.start_s
+    comm = sum(v for k, v in by_kind.items() if k != "compute")
+    return {
+        "length_s": sum(by_kind.values()) + wait_s,
+        "step_time_s": step_s,
+        "tasks": len(path),
+        "compute_s": by_kind["compute"],
+        "comm_s": comm,
+        "by_kind_s": by_kind,
+        "wait_s": wait_s,
+        "ranks_visited": len({p.rank for p in path}),
+        "segments": segments,
+    }

@@ -1,0 +1,119 @@
+"""The critical path and exposed communication traced to its cause, on constructed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+import clustersim
+from clustersim.analysis.critical_path import critical_path, path_report
+from clustersim.analysis.exposure import exposed_collectives
+from clustersim.engine import Engine
+from clustersim.plan.mesh import Mesh
+from clustersim.program.lower import Lowering, Symmetry, run_passes
+from clustersim.program.tasks import Comm, Program
+from clustersim.program.work import Block, StageWork
+from clustersim.schedule import build_schedule
+
+from .conftest import scenario_dict
+from .test_engine import node_cluster
+
+
+def pipeline(schedule: str, f_s: list[float], b_s: float, m: int):
+    p = len(f_s)
+    mesh = Mesh(tp=1, dp=1, pp=p)
+    work = [StageWork((Block("f", 0, f, 0.0, 0.0, 0.0),), (Block("b", 0, b_s, 0.0, 0.0, 0.0),), optimizer_s=0.0,
+                      local_params=0.0, activation_bytes_per_mb=0.0, pp_send_bytes=1e6) for f in f_s]
+    low = Lowering(mesh=mesh, schedule=build_schedule(schedule, p, m), work=work, sym=Symmetry(mesh, True))
+    prog = run_passes(low)
+    trace = Engine(prog, node_cluster(p), network="ideal").run()
+    return prog, trace
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_balanced_pipeline_path_is_all_compute_and_as_long_as_the_step(schedule):
+    p, m, F, B = 4, 8, 1.0, 2.0
+    prog, trace = pipeline(schedule, [F] * p, B, m)
+    path = critical_path(prog, trace)
+    rep = path_report(path, trace.end_s)
+    assert rep["length_s"] == pytest.approx(trace.end_s, rel=1e-12)
+    assert rep["compute_s"] == pytest.approx((m + p - 1) * (F + B), rel=1e-12)
+    assert rep["wait_s"] == 0.0
+    # consecutive: each task starts when the previous one ends
+    for a, b in zip(path, path[1:]):
+        assert b.start_s == pytest.approx(a.end_s, abs=1e-12)
+    assert path[0].start_s == 0.0 and path[-1].end_s == trace.end_s
+
+
+def test_path_runs_through_the_slow_stage():
+    """Stage 2 takes 3x as long per forward: the steady state runs at its pace. The path holds
+    its m forwards and m-1 backwards; B of the last microbatch-but-one runs on stage 2 while
+    the last forward goes down to stage 3 and back, which is the path then."""
+    m, B = 8, 2.0
+    f = [1.0, 1.0, 3.0, 1.0]
+    prog, trace = pipeline("1f1b", f, B, m)
+    rep = path_report(critical_path(prog, trace), trace.end_s)
+    on = {}
+    for seg in rep["segments"]:
+        on[seg["stage"]] = on.get(seg["stage"], 0.0) + seg["compute_s"]
+    assert on[2] == pytest.approx(m * 3.0 + (m - 1) * B, rel=1e-12)
+    assert max(on, key=on.get) == 2
+    assert rep["length_s"] == pytest.approx(trace.end_s, rel=1e-12)
+
+
+def test_shipped_scenario_path_adds_up_to_the_step(root):
+    r = clustersim.simulate(root / "scenarios/llama2_70b_64gpu.yaml")
+    cp = r.summary["critical_path"]
+    assert cp["length_s"] == pytest.approx(r.summary["step_time_s"], rel=1e-12)
+    assert cp["compute_s"] + cp["comm_s"] == pytest.approx(cp["length_s"], rel=1e-12)
+    assert sum(cp["by_kind_s"].values()) == pytest.approx(cp["length_s"], rel=1e-12)
+    assert sum(seg["compute_s"] + seg["comm_s"] for seg in cp["segments"]) == pytest.approx(cp["length_s"], rel=1e-12)
+    # communication on the path cannot exceed what each kind spent on the wire in the step
+    assert cp["by_kind_s"]["tp"] > 0 and cp["by_kind_s"]["pp"] > 0
+    assert cp["ranks_visited"] == r.summary["plan"]["pp"]  # one simulated rank per stage
+
+
+# --- exposed communication: which collective, which link, what shared it -------------------
+def _two_node_cluster(root):
+    return clustersim.load_scenario(scenario_dict(cluster={"nodes": 2}), base_dir=root).cluster
+
+
+def _allreduces(names: list[str]) -> Program:
+    """Rank 0 runs one 1 GiB all-reduce per name with GPU 8 (the next node), each on its own
+    stream, all at t = 0: they cross the same NICs."""
+    prog = Program(ranks=[0], weight={0: 1})
+    for i, n in enumerate(names):
+        prog.add(rank=0, stream=f"s{i}", name=f"AR {n}", kind="dp",
+                 comm=Comm("all_reduce", float(1 << 30), (0, 8), (), (0,), ("dp", (0, 8), i)))
+    return prog
+
+
+def test_a_lone_collective_is_exposed_on_its_nic_and_shares_it_with_nothing(root):
+    cl = _two_node_cluster(root)
+    prog = _allreduces(["grads"])
+    eng = Engine(prog, cl, algorithms={"all_reduce": "ring"})
+    trace = eng.run()
+    (c,) = exposed_collectives(prog, trace, eng, cl)
+    assert c["collective"] == "dp all_reduce: AR grads"
+    assert c["exposed_s"] == pytest.approx(trace.end_s, rel=1e-12)  # no compute to hide under
+    assert c["alone"] is True and c["shared_with"] == []
+    assert c["bottleneck"]["kind"] == "nic" and c["bottleneck"]["link"].startswith("n0.nic0->")
+    # the bottleneck's traffic time is the collective's bandwidth term: 2(n-1)/n * S / B, n = 2
+    assert c["bottleneck"]["busy_s"] == pytest.approx((1 << 30) / c["bottleneck"]["bw_Bps"], rel=1e-12)
+
+
+def test_two_collectives_on_one_nic_each_name_the_other(root):
+    cl = _two_node_cluster(root)
+    alone = Engine(_allreduces(["a"]), cl, algorithms={"all_reduce": "ring"}).run().end_s
+    prog = _allreduces(["a", "b"])
+    eng = Engine(prog, cl, algorithms={"all_reduce": "ring"})
+    trace = eng.run()
+    causes = {c["collective"]: c for c in exposed_collectives(prog, trace, eng, cl)}
+    assert set(causes) == {"dp all_reduce: AR a", "dp all_reduce: AR b"}
+    for me, other in (("a", "b"), ("b", "a")):
+        c = causes[f"dp all_reduce: AR {me}"]
+        assert c["alone"] is False
+        (shared,) = c["shared_with"]
+        assert shared["collective"] == f"dp all_reduce: AR {other}"
+        assert shared["overlap_s"] == pytest.approx(c["example"]["end_s"] - c["example"]["start_s"], rel=1e-12)
+        # sharing the NIC halves each one's rate: the bandwidth term doubles
+        assert c["exposed_s"] == pytest.approx(2 * alone, rel=0.01)

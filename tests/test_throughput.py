@@ -1,0 +1,235 @@
+"""Throughput figures against closed forms written from the scenario's numbers (docs/metrics.md).
+
+The closed forms here are worked out from the model's shape, not by calling clustersim's
+per-op code: Megatron-LM's FLOPs per step (Narayanan et al. SC'21, Sec 5.1; Korthikanti et al.
+2022), without recompute and with full recompute, flash attention's extra QK^T, a general
+per-layer count (GQA, SwiGLU, any MLP width) and the MoE layer's router and top-k experts.
+clustersim's counts match these exactly (to float rounding) on every plan tried, so the
+tolerance is 1e-12 relative; 
+
+B = global batch (sequences), s = sequence length, l = layers, h = hidden, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import clustersim
+
+from .conftest import scenario_dict
+
+EXACT = 1e-12
+A100_BF16 = 312e12  # dense bf16 peak (shared/reference/published-runs.yaml)
+H100_FP8 = 1979e12
+
+
+def simulate(root, collapse=None, **sections):
+    sc = clustersim.load_scenario(scenario_dict(**sections), base_dir=root)
+    return clustersim.simulate(sc, collapse=collapse)
+
+
+def megatron_72(B, s, l, h, V) -> float:
+    """Model FLOPs per step, no recompute: fwd 24Bslh^2 + 4Bs^2lh + 2BshV, backward twice that."""
+    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+
+
+def megatron_96(B, s, l, h, V) -> float:
+    """Executed FLOPs with full recompute: every layer's forward runs twice (the head's once)."""
+    return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def shape(m):
+    return m.seq_len, m.layers, m.hidden, m.vocab
+
+
+# SMALL (tests/conftest.py) is a GPT layer: gelu, ffn = 4h, kv_heads = heads, which is the
+# shape Megatron's formula assumes. The plans cover TP, SP, PP schedules, CP, ZeRO-3.
+PLANS = {
+    "tp4-pp2-dp2": {"tp": 4, "pp": 2, "dp": 2},
+    "tp2-pp2-dp4-sp": {"tp": 2, "pp": 2, "dp": 4, "sp": True},
+    "interleaved": {"tp": 4, "pp": 2, "dp": 2, "schedule": "interleaved", "vpp": 2},
+    "zb-h1": {"tp": 4, "pp": 2, "dp": 2, "schedule": "zb-h1"},
+    "dualpipe": {"tp": 4, "pp": 2, "dp": 2, "schedule": "dualpipe"},
+    "dp16-zero3": {"tp": 1, "pp": 1, "dp": 16, "zero": 3},
+}
+B = 16
+
+
+@pytest.mark.parametrize("plan", sorted(PLANS))
+def test_model_flops_equal_megatron_72_without_recompute(root, plan):
+    r = simulate(root, parallel=PLANS[plan], training={"global_batch_size": B, "attention": "standard"})
+    s, l, h, V = shape(r.scenario.model)
+    want = megatron_72(B, s, l, h, V)
+    assert r.summary["model_flops_per_step"] == pytest.approx(want, rel=EXACT)
+    # standard attention recomputes nothing: the GPUs execute exactly the model's FLOPs
+    assert r.summary["hardware_flops_per_step"] == pytest.approx(want, rel=EXACT)
+    assert r.summary["hfu"] == pytest.approx(r.summary["mfu"], rel=EXACT)
+
+
+def test_model_flops_do_not_depend_on_the_symmetric_collapse(root):
+    """The sum over simulated ranks, each weighed by the GPUs it stands for, is the world's."""
+    d = {"parallel": PLANS["tp4-pp2-dp2"], "training": {"global_batch_size": B}}
+    rep = simulate(root, collapse=True, **d).summary
+    full = simulate(root, collapse=False, **d).summary
+    assert rep["simulation"]["simulated_ranks"] == 2 and full["simulation"]["simulated_ranks"] == 16
+    for key in ("model_flops_per_step", "hardware_flops_per_step"):
+        assert rep[key] == pytest.approx(full[key], rel=EXACT)
+
+
+def test_6N_plus_12lsh_per_token_is_megatron_72():
+    """6 N_matmul + 12 l s h per token, N_matmul = l * 12h^2 + V h (LM head), times B s tokens."""
+    Bq, s, l, h, V = 8, 2048, 24, 2304, 51200
+    n_matmul = l * 12 * h * h + V * h
+    assert (6 * n_matmul + 12 * l * s * h) * Bq * s == pytest.approx(megatron_72(Bq, s, l, h, V), rel=EXACT)
+
+
+def test_general_layer_count_gqa_swiglu(root):
+    """Per token per layer forward: QKV 2h(a + 2a_kv)d, QK^T and PV 4sh, projection 2h^2,
+    SwiGLU 2 * 3hf; LM head 2hV once. Backward 2x. No biases or norms in the count."""
+    model = {"name": "gqa", "layers": 4, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn_hidden": 2816,
+             "mlp": "swiglu", "norm": "rmsnorm", "bias": False, "position_embedding": "rope",
+             "tied_embeddings": False, "vocab": 32000, "seq_len": 1024}
+    r = simulate(root, model=model, parallel={"tp": 4, "pp": 2, "dp": 2},
+                 training={"global_batch_size": 8, "attention": "standard"})
+    a, kv, d, f = 16, 4, 1024 // 16, 2816
+    s, l, h, V = 1024, 4, 1024, 32000
+    per_token_fwd = l * (2 * h * (a + 2 * kv) * d + 4 * s * h + 2 * h * h + 2 * 3 * h * f) + 2 * h * V
+    want = 3 * 8 * s * per_token_fwd
+    assert r.summary["model_flops_per_step"] == pytest.approx(want, rel=EXACT)
+    n_matmul = l * (h * (a + 2 * kv) * d + h * h + 3 * h * f) + V * h
+    assert want == pytest.approx((6 * n_matmul + 12 * l * s * h) * 8 * s, rel=EXACT)
+
+
+# ---------------------------------------------------------------- recompute
+@pytest.mark.parametrize("plan", ["tp4-pp2-dp2", "tp2-pp2-dp4-sp", "zb-h1"])
+def test_full_recompute_executes_megatron_96_and_keeps_model_flops(root, plan):
+    base = simulate(root, parallel=PLANS[plan], training={"global_batch_size": B, "attention": "standard"})
+    full = simulate(root, parallel=PLANS[plan],
+                    training={"global_batch_size": B, "attention": "standard", "recompute": "full"})
+    s, l, h, V = shape(full.scenario.model)
+    fs = full.summary
+    assert fs["model_flops_per_step"] == pytest.approx(megatron_72(B, s, l, h, V), rel=EXACT)
+    assert fs["model_flops_per_step"] == pytest.approx(base.summary["model_flops_per_step"], rel=EXACT)
+    assert fs["hardware_flops_per_step"] == pytest.approx(megatron_96(B, s, l, h, V), rel=EXACT)
+    # HFU / MFU = 96(1 + s/6h + V/16lh) / 72(1 + s/6h + V/12lh): 4/3 without the LM head,
+    # less with it (the head runs once). This model's head is large: about 1.21.
+    ratio = (4 / 3) * (1 + s / (6 * h) + V / (16 * l * h)) / (1 + s / (6 * h) + V / (12 * l * h))
+    assert fs["hfu"] / fs["mfu"] == pytest.approx(ratio, rel=EXACT)
+    assert 1 < ratio < 4 / 3
+    assert fs["hw_tflops_per_gpu"] / fs["tflops_per_gpu"] == pytest.approx(ratio, rel=EXACT)
+    # recompute costs time, so MFU drops
+    assert fs["step_time_s"] > base.summary["step_time_s"] and fs["mfu"] < base.summary["mfu"]
+
+
+def test_selective_recompute_executes_one_more_core_attention_forward(root):
+    """QK^T and PV again: 2 * 2 * s^2 * h per sequence and layer, 4 B s^2 l h per step."""
+    r = simulate(root, parallel=PLANS["tp4-pp2-dp2"],
+                 training={"global_batch_size": B, "attention": "standard", "recompute": "selective"})
+    s, l, h, V = shape(r.scenario.model)
+    assert r.summary["model_flops_per_step"] == pytest.approx(megatron_72(B, s, l, h, V), rel=EXACT)
+    extra = r.summary["hardware_flops_per_step"] - r.summary["model_flops_per_step"]
+    assert extra == pytest.approx(4 * B * s * s * l * h, rel=EXACT)
+
+
+# ---------------------------------------------------------------- flash attention
+@pytest.mark.parametrize("plan", ["tp4-pp2-dp2", "cp2-ring", "cp2-unbalanced", "cp2-all-gather"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_flash_attention_executes_one_extra_QKt_per_layer_and_sequence(root, plan, recompute):
+    """Its backward recomputes S = QK^T: 5 matmuls of 2 s^2 d per head where the model needs 4
+    (2.5x the forward's QK^T + PV, counted 2x in model FLOPs). The extra is one QK^T,
+    2 s^2 h per sequence and layer: 2 B s^2 l h per step, with or without context parallelism.
+    Selective recompute adds nothing (flash already recomputes); full recompute adds the 96 form."""
+    parallel = {"tp4-pp2-dp2": PLANS["tp4-pp2-dp2"],
+                "cp2-ring": {"tp": 2, "cp": 2, "pp": 2, "dp": 2},
+                "cp2-unbalanced": {"tp": 2, "cp": 2, "pp": 2, "dp": 2, "cp_load_balance": False},
+                "cp2-all-gather": {"tp": 2, "cp": 2, "pp": 2, "dp": 2, "cp_comm": "all_gather"}}[plan]
+    r = simulate(root, parallel=parallel,
+                 training={"global_batch_size": B, "attention": "flash", "recompute": recompute})
+    s, l, h, V = shape(r.scenario.model)
+    qkt = 2 * B * s * s * l * h
+    assert r.summary["model_flops_per_step"] == pytest.approx(megatron_72(B, s, l, h, V), rel=EXACT)
+    executed = megatron_96(B, s, l, h, V) if recompute == "full" else megatron_72(B, s, l, h, V)
+    assert r.summary["hardware_flops_per_step"] == pytest.approx(executed + qkt, rel=EXACT)
+
+
+# ---------------------------------------------------------------- rates
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_mfu_hfu_tflops_and_tokens_per_s_from_their_definitions(root, recompute):
+    r = simulate(root, parallel=PLANS["tp4-pp2-dp2"], training={"global_batch_size": B, "recompute": recompute})
+    sm = r.summary
+    T, world, peak = sm["step_time_s"], sm["world_size"], sm["hardware"]["peak_flops"]
+    assert world == 16 and peak == A100_BF16
+    model, hw = sm["model_flops_per_step"], sm["hardware_flops_per_step"]
+    assert sm["mfu"] == pytest.approx(model / (T * world * peak), rel=EXACT)
+    assert sm["hfu"] == pytest.approx(hw / (T * world * peak), rel=EXACT)
+    assert sm["tflops_per_gpu"] == pytest.approx(model / (T * world) / 1e12, rel=EXACT)
+    assert sm["hw_tflops_per_gpu"] == pytest.approx(hw / (T * world) / 1e12, rel=EXACT)
+    assert sm["tflops_per_gpu"] * 1e12 == pytest.approx(sm["mfu"] * peak, rel=EXACT)
+    tokens = B * r.scenario.model.seq_len
+    assert sm["tokens_per_step"] == tokens
+    assert sm["tokens_per_s"] == pytest.approx(tokens / T, rel=EXACT)
+    assert sm["tokens_per_s_per_gpu"] == pytest.approx(tokens / T / world, rel=EXACT)
+    # model FLOPs per token times tokens per second is the cluster's model FLOP rate
+    assert model / tokens * sm["tokens_per_s"] == pytest.approx(sm["tflops_per_gpu"] * 1e12 * world, rel=EXACT)
+    assert 0 < sm["mfu"] <= sm["hfu"] < 1
+
+
+def test_fp8_divides_by_the_fp8_peak(root):
+    r = simulate(root, cluster={"topology": "topologies/single-h100.yaml", "nodes": 1},
+                 parallel={"tp": 1, "pp": 1, "dp": 1}, training={"global_batch_size": 2, "precision": "fp8"})
+    sm = r.summary
+    assert sm["hardware"]["peak_flops"] == H100_FP8
+    assert sm["mfu"] == pytest.approx(sm["model_flops_per_step"] / (sm["step_time_s"] * H100_FP8), rel=EXACT)
+
+
+# ---------------------------------------------------------------- mixture of experts
+MOE = {"experts": 16, "top_k": 2, "expert_ffn": 1024, "shared_experts": 1, "dense_layers_first": 1}
+
+
+def moe_closed_form(Bq, s, l, h, V, experts, top_k, f_e, shared, dense_first, capacity=1.0, mats=3):
+    """Model FLOPs per step of the SMALL model with MoE MLPs (SwiGLU experts, no biases):
+    attention as in the 72 form; the first ``dense_first`` layers keep a dense 4h SwiGLU MLP;
+    every other layer: router 2hE, top_k routed experts and the shared experts,
+    2 * mats * h * f_e each, per token forward. Backward 2x."""
+    attn = 2 * 3 * h * h + 4 * s * h + 2 * h * h
+    dense = 2 * 3 * h * (4 * h)
+    moe = 2 * h * experts + (top_k + shared) * 2 * mats * h * f_e  # capacity padding is not model work
+    per_token_fwd = l * attn + dense_first * dense + (l - dense_first) * moe + 2 * h * V
+    return 3 * Bq * s * per_token_fwd
+
+
+def moe_run(root, tp=1, **moe):
+    model = {"moe": {**MOE, **moe}, "mlp": "swiglu", "bias": False}
+    return simulate(root, model=model, parallel={"tp": tp, "pp": 2, "dp": 16 // (2 * tp), "ep": 4},
+                    training={"global_batch_size": B})
+
+
+@pytest.mark.parametrize("moe", [{}, {"experts": 32}, {"top_k": 4}, {"shared_experts": 0},
+                                 {"capacity_factor": 1.25}, {"mlp": "gelu"}])
+def test_moe_model_flops_count_the_top_k_experts_only(root, moe):
+    r = moe_run(root, **moe)
+    cfg = {**MOE, **moe}
+    s, l, h, V = shape(r.scenario.model)
+    want = moe_closed_form(B, s, l, h, V, cfg["experts"], cfg["top_k"], cfg["expert_ffn"], cfg["shared_experts"],
+                           cfg["dense_layers_first"], cfg.get("capacity_factor", 1.0),
+                           mats=2 if cfg.get("mlp") == "gelu" else 3)
+    assert r.summary["model_flops_per_step"] == pytest.approx(want, rel=EXACT)
+
+
+def test_moe_more_experts_at_the_same_top_k_add_router_flops_only(root):
+    base, wide = moe_run(root), moe_run(root, experts=32)
+    s, l, h = base.scenario.model.seq_len, base.scenario.model.layers, base.scenario.model.hidden
+    moe_layers = l - MOE["dense_layers_first"]
+    router = 3 * B * s * moe_layers * 2 * h * (32 - 16)
+    diff = wide.summary["model_flops_per_step"] - base.summary["model_flops_per_step"]
+    assert diff == pytest.approx(router, rel=EXACT)
+
+
+@pytest.mark.parametrize("tp", [2])  # 16 GPUs, pp 2, ep 4: tp 2 is the largest that leaves dp >= ep
+def test_moe_router_counted_once_under_tensor_parallelism(root, tp):
+    """Each TP rank executes the whole router (it is replicated) but the model needs it once."""
+    r = moe_run(root, tp=tp)
+    s, l, h, V = shape(r.scenario.model)
+    want = moe_closed_form(B, s, l, h, V, MOE["experts"], MOE["top_k"], MOE["expert_ffn"],
+                           MOE["shared_experts"], MOE["dense_layers_first"])
+    assert r.summary["model_flops_per_step"] == pytest.approx(want, rel=EXACT)
