@@ -16,6 +16,7 @@ import math
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
 from ..collectives.algorithms import ALGORITHMS, phases
@@ -239,17 +240,30 @@ def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[flo
     return rates
 
 
-@dataclass
-class _Flow:
-    weights: tuple[tuple[int, float], ...]
-    remaining: float  # bytes left at time ``at_s``
-    size: float
+@dataclass(eq=False)
+class _Transfer:
+    """The flows of one transfer (one phase of one communication), moved as one unit in the
+    bookkeeping: they start together and the transfer ends when its last flow does."""
+
+    weights: tuple[tuple[tuple[int, float], ...], ...]  # per flow of the plan
+    edges: tuple[int, ...]  # every link of its flows, kept until the whole transfer ends
+    size: np.ndarray  # bytes per flow
+    rem: np.ndarray  # bytes left per flow at ``at_s``
+    live: tuple[int, ...]  # flows still running
+    idx: np.ndarray  # the same, as an index array
     done: simpy.Event
-    rate: float = 0.0
+    tag: object  # what the caller needs to know when it ends (link accounting)
     at_s: float = 0.0
-    tag: object = None  # what the caller needs to know about it when it ends (link accounting)
-    start_s: float = 0.0
-    rates: list = field(default_factory=list)  # (from time, rate) each time its rate changed
+    rate: np.ndarray | None = None  # bytes/s per flow (0 once finished)
+    times: list = field(default_factory=list)  # when its rates changed ...
+    rows: list = field(default_factory=list)  # ... to these (one array per change)
+    end: np.ndarray | None = None  # when each flow finished
+
+    @property
+    def key(self) -> tuple:
+        """Its identity in a mix of flows: transfers of the same plan with the same flows
+        running are interchangeable in max-min and get the same rates."""
+        return (id(self.weights), self.live)
 
 
 @dataclass
@@ -257,20 +271,25 @@ class FlowNetwork:
     """Active flows on the cluster's links; a start or finish re-shares bandwidth where it
     changed, and only there.
 
-    Flows are kept in *components*: groups that share no link with each other, directly or
-    through other flows. Max-min fairness decomposes over components, so a start re-shares
-    the component it joins (merging those it connects) and a finish the one it leaves (which
-    may split); the others keep their rates and their finish times::
+    Transfers are kept in *components*: groups that share no link with each other, directly
+    or through other transfers. Max-min fairness decomposes over components, so a start
+    re-shares the component it joins (merging those it connects) and a finish the one it
+    leaves (which may split); the others keep their rates and their finish times::
 
         stage 0   [a2a flows ......][DP ring .....]        one component per stage, mostly:
         stage 1        [a2a flows .......]                 a stage's mix recurs every
         stage 0->1            [PP send]  (joins both)      microbatch, so its rates are cached
+
+    A transfer's flows move as one unit of bookkeeping (one join, one split, numpy arrays of
+    bytes and rates); the rates are still each flow's own max-min share. A transfer keeps all
+    its links until its last flow ends, so a component may stay joined a little longer than
+    its flows need: the rates are the same (max-min of independent parts is their union).
     """
 
     env: simpy.Environment
     bw_Bps: list[float]
-    _comps: dict = field(default_factory=dict)  # component id -> its flows
-    _edge_comp: dict = field(default_factory=dict)  # link -> component id of the flows on it
+    _comps: dict = field(default_factory=dict)  # component id -> its transfers
+    _edge_comp: dict = field(default_factory=dict)  # link -> component id of the transfers on it
     _finish_s: dict = field(default_factory=dict)  # component id -> when its next flow ends
     _next_id: int = 0
     _gen: int = 0
@@ -278,46 +297,52 @@ class FlowNetwork:
     # same mixes of flows many times: remember them. Keys are ids of the plans' weight tuples,
     # which the engine keeps alive for the whole run.
     _rates_cache: dict = field(default_factory=dict)
-    finished: list = field(default_factory=list)  # (tag, bytes, [(from time, rate)], end) of every flow, as it ends
-
-    @property
-    def flows(self) -> list[_Flow]:
-        return [f for comp in self._comps.values() for f in comp]
+    _plan_info: dict = field(default_factory=dict)  # id(weights) -> (links, fractions array)
+    # every transfer as it ends: (tag, bytes per flow, [rate change times], [rates], end per flow)
+    finished: list = field(default_factory=list)
 
     def transfer(self, plan: FlowPlan, size_bytes: float, tag=None) -> simpy.Event:
         """Start ``plan``'s flows now (after its latency); the event fires when all are done."""
-        done = [self.env.event() for _ in plan.fractions]
-        start = self.env.timeout(plan.latency_s) if plan.latency_s > 0 else None
+        info = self._plan_info.get(id(plan.weights))
+        if info is None:
+            info = self._plan_info[id(plan.weights)] = (
+                tuple(sorted({e for ws in plan.weights for e, _ in ws})), np.asarray(plan.fractions, dtype=float),
+                tuple(i for i, (ws, f) in enumerate(zip(plan.weights, plan.fractions)) if ws and f > 0))
+        edges, fractions, moving = info  # moving: flows with links and bytes to carry
+        size = fractions * size_bytes
+        live = moving if size_bytes > 0 else ()
+        done = self.env.event()
+        if not live:
+            done.succeed()
+            return done
+        t = _Transfer(plan.weights, edges, size, size.copy(), live, np.asarray(live), done, tag,
+                      end=np.full(len(size), np.nan))
 
         def begin(_=None):
+            t.at_s = self.env.now
             dirty: set[int] = set()
-            for i, (ev, ws, frac) in enumerate(zip(done, plan.weights, plan.fractions)):
-                b = frac * size_bytes
-                if not ws or b <= 0:
-                    ev.succeed()
-                else:
-                    now = self.env.now
-                    self._join(_Flow(ws, b, b, ev, at_s=now, tag=(tag, i), start_s=now), dirty)
-            if dirty:
-                self._reshare(dirty)
+            self._join(t, dirty)
+            self._reshare(dirty)
 
-        if start is None:
-            begin()
+        if plan.latency_s > 0:
+            self.env.timeout(plan.latency_s).callbacks.append(begin)
         else:
-            start.callbacks.append(begin)
-        return self.env.all_of(done)
+            begin()
+        return done
 
-    def _catch_up(self, flows) -> None:
-        """Bring ``flows``' remaining bytes to now, at the rates they had."""
+    def _catch_up(self, transfers) -> None:
+        """Bring ``transfers``' remaining bytes to now, at the rates they had."""
         now = self.env.now
-        for f in flows:
-            if f.at_s != now:
-                f.remaining -= f.rate * (now - f.at_s)
-                f.at_s = now
+        for t in transfers:
+            if t.at_s != now:
+                if t.rate is not None:
+                    t.rem -= t.rate * (now - t.at_s)
+                t.at_s = now
 
-    def _join(self, flow: _Flow, dirty: set[int]) -> None:
-        """Add ``flow`` to the component of its links, merging the components it connects."""
-        met = {self._edge_comp[e] for e, _ in flow.weights if e in self._edge_comp}
+    def _join(self, t: _Transfer, dirty: set[int]) -> None:
+        """Add ``t`` to the component of its links, merging the components it connects."""
+        edge_comp = self._edge_comp
+        met = {edge_comp[e] for e in t.edges if e in edge_comp}
         if met:
             target = max(met, key=lambda c: (len(self._comps[c]), -c))
             for c in sorted(met - {target}):
@@ -326,38 +351,71 @@ class FlowNetwork:
                 dirty.discard(c)
                 self._comps[target].extend(moved)
                 for g in moved:
-                    for e, _ in g.weights:
-                        self._edge_comp[e] = target
+                    for e in g.edges:
+                        edge_comp[e] = target
         else:
             target = self._next_id
             self._next_id += 1
             self._comps[target] = []
-        self._comps[target].append(flow)
-        for e, _ in flow.weights:
-            self._edge_comp[e] = target
+        self._comps[target].append(t)
+        for e in t.edges:
+            edge_comp[e] = target
         dirty.add(target)
 
     def _split(self, cid: int, dirty: set[int]) -> None:
-        """Finish the due flows of component ``cid``; the rest regroup by shared links."""
-        flows = self._comps.pop(cid)
+        """Finish the due flows of component ``cid``. While all its transfers go on, it keeps
+        its links and stays one component; when some end, the rest regroup by shared links."""
+        transfers = self._comps[cid]
+        self._catch_up(transfers)
+        now = self.env.now
+        # the clock cannot resolve less than a few ulps: a flow due within them is due now
+        tick_s = 4 * math.ulp(now)
+        ended = []
+        for t in transfers:
+            idx = t.idx
+            # due now, or left with float crumbs of a transfer that was due now
+            due = t.rem[idx] <= np.maximum(t.size[idx] * 1e-9, t.rate[idx] * tick_s)
+            if due.any():
+                t.end[idx[due]] = now
+                t.idx = idx[~due]
+                t.live = tuple(t.idx.tolist())
+                if not t.live:
+                    ended.append(t)
+        dirty.add(cid)
+        if not ended:
+            return
+        del self._comps[cid]
         self._finish_s.pop(cid, None)
         dirty.discard(cid)
-        self._catch_up(flows)
-        for f in flows:
-            for e, _ in f.weights:
+        for t in transfers:
+            for e in t.edges:
                 self._edge_comp.pop(e, None)
-        rest = []
-        # the clock cannot resolve less than a few ulps: a flow due within them is due now
-        tick_s = 4 * math.ulp(self.env.now)
-        for f in flows:
-            # due now, or left with float crumbs of a transfer that was due now
-            if f.remaining <= max(f.size * 1e-9, f.rate * tick_s):
-                f.done.succeed()
-                self.finished.append((f.tag, f.size, f.rates, self.env.now))
-            else:
-                rest.append(f)
-        for f in rest:
-            self._join(f, dirty)
+        for t in ended:
+            t.done.succeed()
+            self.finished.append((t.tag, t.size, t.times, t.rows, t.end))
+        for t in transfers:
+            if t.live:
+                self._join(t, dirty)
+
+    def _rates_of(self, comp: list[_Transfer]) -> dict:
+        """Rates per flow of each transfer of ``comp`` (full-length arrays, 0 for finished
+        flows), by transfer key; cached per mix."""
+        keys = [t.key for t in comp]
+        mix = tuple(sorted(keys))
+        by_key = self._rates_cache.get(mix)
+        if by_key is None:
+            if len(self._rates_cache) > 100_000:
+                self._rates_cache.clear()
+            flat = max_min_rates([t.weights[i] for t in comp for i in t.live], self.bw_Bps)
+            by_key, k = {}, 0
+            for t, key in zip(comp, keys):
+                if key not in by_key:
+                    r = np.zeros(len(t.size))
+                    r[list(t.live)] = flat[k:k + len(t.live)]
+                    by_key[key] = r
+                k += len(t.live)
+            self._rates_cache[mix] = by_key
+        return by_key
 
     def _reshare(self, dirty: set[int]) -> None:
         """New rates and finish times for the components in ``dirty``; schedule the next end."""
@@ -365,22 +423,22 @@ class FlowNetwork:
         for cid in sorted(dirty):
             comp = self._comps[cid]
             self._catch_up(comp)
-            # flows with the same weights (the same flow of the same plan) are interchangeable
-            # in max-min and get the same rate, so a mix is a sorted multiset, whatever the order
-            ids = [id(f.weights) for f in comp]
-            key = tuple(sorted(ids))
-            by_id = self._rates_cache.get(key)
-            if by_id is None:
-                if len(self._rates_cache) > 100_000:
-                    self._rates_cache.clear()
-                by_id = self._rates_cache[key] = dict(zip(ids, max_min_rates([f.weights for f in comp],
-                                                                             self.bw_Bps)))
-            for f, i in zip(comp, ids):
-                if by_id[i] != f.rate:
-                    f.rates.append((now, by_id[i]))
-                f.rate = by_id[i]
-            # a flow squeezed to 0 by rounding waits for the next re-share
-            self._finish_s[cid] = now + min((f.remaining / f.rate for f in comp if f.rate > 0), default=float("inf"))
+            by_key = self._rates_of(comp)
+            soonest = float("inf")
+            for t in comp:
+                r = by_key[t.key]
+                if r is not t.rate:
+                    t.times.append(now)
+                    t.rows.append(r)
+                    t.rate = r
+                rl = r[t.idx]
+                # a flow squeezed to 0 by rounding waits for the next re-share
+                if rl.min() > 0:
+                    soonest = min(soonest, float((t.rem[t.idx] / rl).min()))
+                elif rl.max() > 0:
+                    pos = rl > 0
+                    soonest = min(soonest, float((t.rem[t.idx][pos] / rl[pos]).min()))
+            self._finish_s[cid] = now + soonest
         self._gen += 1
         if self._finish_s:
             gen = self._gen

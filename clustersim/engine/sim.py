@@ -78,6 +78,7 @@ class Engine:
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
         self._alone: dict[tuple, float | None] = {}
+        self._plan_of: dict[int, tuple[Comm, tuple[FlowPlan, ...]]] = {}
         self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
         self._alone_log: list[tuple[Comm, float]] = []  # communications timed in closed form: start
         self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
@@ -87,7 +88,15 @@ class Engine:
     # --- communication timing -------------------------------------------------------
     def _plan(self, c: Comm, algo: str | None = None) -> tuple[FlowPlan, ...]:
         """The phases of ``c`` by ``algo`` (default: the one it runs with)."""
-        algo = algo or self.algorithm(c)
+        if algo is None:
+            # by object first: hashing a communication's twins (dozens of groups) costs more
+            # than the rest of a start; the program's Comm objects live as long as the engine
+            hit = self._plan_of.get(id(c))
+            if hit is not None and hit[0] is c:
+                return hit[1]
+            phases = self._plan(c, self.algorithm(c))
+            self._plan_of[id(c)] = (c, phases)
+            return phases
         key = (c.op, c.group, c.twins, algo)
         if key not in self._plans:
             self._plans[key] = plan_phases(self.cluster, c, algo)
@@ -165,6 +174,7 @@ class Engine:
                 for e in plan.edges:
                     users.setdefault(e, set()).add(channel)
         self._edge_users = users
+        self._plan_of.clear()  # plans looked up before the links were merged
 
     def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]:
         """Per link ``c`` crosses (twins included): (seconds its traffic needs there at the
@@ -305,68 +315,129 @@ class Engine:
     def _link_use(self, step_s: float, bins: int = 100, detailed: int = 10) -> list[LinkUse]:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
         link it crosses (real traffic, twins included), spread evenly over the time the flow
-        ran. Collapsed, these are the simulated ranks' links: their twins' links carry the same.
-        The rate over time (``bins`` slices of the step) is worked out for the ``detailed``
-        links of highest mean use and the busiest of each kind; the others get their bytes only
-        (peak 0, no series)."""
+        ran at each of its rates. Collapsed, these are the simulated ranks' links: their twins'
+        links carry the same. The rate over time (``bins`` slices of the step) is worked out for
+        the ``detailed`` links of highest mean use and the busiest of each kind; the others get
+        their bytes only (peak 0, no series)."""
         if self.network != "flow" or step_s <= 0:
             return []
         total = np.zeros(len(self.cluster.edges))
-        # closed-form communications: each flow at one rate over [start, end]
-        alone: list[tuple[dict[int, float], float, float]] = []  # (bytes per link, start, end)
-        shapes: dict[tuple, list] = {}
+        # closed-form communications, by shape: every instance moves the same bytes
+        starts: dict[tuple, tuple[Comm, list[float]]] = {}
         for c, start_s in self._alone_log:
-            key = (c.op, c.group, c.twins, c.size_bytes)
-            if key not in shapes:
-                shapes[key] = self._flow_intervals(c)
-            alone += [(on, start_s + off, start_s + off + dur) for on, off, dur in shapes[key]]
-        for on, _, _ in alone:
-            for e, b in on.items():
-                total[e] += b
+            starts.setdefault((c.op, c.group, c.twins, c.size_bytes), (c, []))[1].append(start_s)
+        shapes = {key: self._flow_intervals(c) for key, (c, _) in starts.items()}
+        for key, (_, at) in starts.items():
+            for on, _, _ in shapes[key]:
+                for e, b in on.items():
+                    total[e] += b * len(at)
         # flows of the network: link bytes per byte of the flow (its bytes include the timing scale)
-        per_flow: dict[tuple, dict[int, float]] = {}
-        shared = []
-        for (whole, i), flow_bytes, rates, end_s in self.net.finished:
-            on = per_flow.get((id(whole), i))
-            if on is None:
-                on = per_flow[(id(whole), i)] = {e: w / whole.wire_scale for e, w in whole.weights[i]}
-            for e, x in on.items():
-                total[e] += x * flow_bytes
-            shared.append((on, rates, end_s))
+        per_plan: dict[int, tuple[FlowPlan, np.ndarray]] = {}  # id -> (plan, bytes per flow so far)
+        for whole, size, _, _, _ in self.net.finished:
+            k = id(whole)
+            if k not in per_plan:
+                per_plan[k] = (whole, np.zeros(len(size)))
+            per_plan[k][1][:] += size
+        for whole, moved in per_plan.values():
+            for i, ws in enumerate(whole.weights):
+                for e, w in ws:
+                    total[e] += w / whole.wire_scale * moved[i]
         edges, g, bw = self.cluster.edges, self.cluster.graph, self.cluster.edge_bw_Bps
         used = [int(e) for e in np.nonzero(total)[0]]
         kind = {e: g.edges[edges[e]].get("kind", "") for e in used}
-        by_use = sorted(used, key=lambda e: (-total[e] / bw[e], e))
+        use = total / np.asarray(bw)
+        by_use = [int(e) for e in np.lexsort((np.arange(len(use)), -use)) if total[e] > 0]
         chosen = set(by_use[:detailed])
         for k in set(kind.values()):
             chosen.add(next(e for e in by_use if kind[e] == k))
-        intervals = [iv for iv in alone if chosen.intersection(iv[0])]
-        for on, rates, end_s in shared:  # one interval per rate the flow had between re-shares
-            mine = chosen.intersection(on)
-            if not mine:
+        # (start, end, bytes) of everything the chosen links carried, then binned at once
+        segs: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
+        for key, (_, at) in starts.items():
+            t0 = np.asarray(at)
+            for on, off, dur in shapes[key]:
+                for e in chosen.intersection(on):
+                    segs[e].append((t0 + off, t0 + off + dur, np.full(len(at), on[e])))
+        # per plan, its flows' weights on the chosen links (a flows x links matrix)
+        mine: dict[int, tuple[list[int], np.ndarray] | None] = {}
+        for k, (whole, _) in per_plan.items():
+            cols = sorted({e for ws in whole.weights for e, _ in ws} & chosen)
+            if not cols:
+                mine[k] = None
                 continue
-            for (t0, r), (t1, _) in zip(rates, [*rates[1:], (end_s, 0.0)]):
-                if t1 > t0 and r > 0:
-                    intervals.append(({e: on[e] * r * (t1 - t0) for e in mine}, t0, t1))
-        width = step_s / bins
-        load = {e: np.zeros(bins) for e in chosen}
-        for on, start_s, end_s in intervals:
-            for e in chosen.intersection(on):
-                b = on[e]
-                lo, hi = int(start_s / width), min(int(end_s / width), bins - 1)
-                if end_s <= start_s or lo >= hi:
-                    load[e][min(lo, bins - 1)] += b
-                    continue
-                cuts = np.clip(np.arange(lo, hi + 2) * width, start_s, end_s)
-                load[e][lo:hi + 1] += b / (end_s - start_s) * np.diff(cuts)
+            x = np.zeros((len(whole.weights), len(cols)))
+            for i, ws in enumerate(whole.weights):
+                for e, w in ws:
+                    if e in chosen:
+                        x[i, cols.index(e)] = w / whole.wire_scale
+            mine[k] = (cols, x)
+        rows: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
+        for whole, _, times, rates, ends in self.net.finished:
+            here = mine[id(whole)]
+            if here is None:
+                continue
+            cols, x = here
+            t0 = np.asarray(times)[:, None]  # one row per rate change, one column per flow
+            r = np.vstack(rates)
+            t1 = np.minimum(np.append(t0[1:, 0], np.inf)[:, None], ends[None, :])
+            ok = (t1 > t0) & (r > 0)
+            if not ok.any():
+                continue
+            k_idx, i_idx = np.nonzero(ok)
+            start, stop = t0[k_idx, 0], t1[k_idx, i_idx]
+            moved = r[k_idx, i_idx] * (stop - start)
+            for c, e in enumerate(cols):
+                w = x[i_idx, c]
+                sel = w > 0
+                if sel.any():
+                    rows[e].append((start[sel], stop[sel], moved[sel] * w[sel]))
         out = []
         for e in used:
             u, v = edges[e]
-            series = load[e] / width if e in load else None
+            series = None
+            if e in chosen:
+                segs[e] += rows[e]
+                series = _binned(segs[e], step_s, bins) / (step_s / bins)
             out.append(LinkUse(name=f"{u}->{v}", kind=kind[e], bw_Bps=bw[e], bytes=float(total[e]),
                                peak_Bps=float(series.max()) if series is not None else 0.0,
                                series_Bps=tuple(float(x) for x in series) if series is not None else ()))
         return out
+
+
+def _binned(segs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], step_s: float, bins: int) -> np.ndarray:
+    """Bytes per slice of [0, step_s] of transfers each spread evenly over [start, end].
+
+    With rate_i = bytes_i / (end_i - start_i), the bytes carried by time t are
+        F(t) = sum_{start_i < t} rate_i (t - start_i) - sum_{end_i < t} rate_i (t - end_i),
+    evaluated at the slice edges with sorted cumulative sums; a slice gets F(right) - F(left).
+    Zero-length transfers land whole in the slice of their start.
+    """
+    if not segs:
+        return np.zeros(bins)
+    s = np.concatenate([x[0] for x in segs])
+    e = np.concatenate([x[1] for x in segs])
+    b = np.concatenate([x[2] for x in segs])
+    out = np.zeros(bins)
+    width = step_s / bins
+    point = e <= s
+    if point.any():
+        np.add.at(out, np.minimum((s[point] / width).astype(int), bins - 1), b[point])
+        s, e, b = s[~point], e[~point], b[~point]
+    if len(s) == 0:
+        return out
+    rate = b / (e - s)
+    edges_t = np.arange(bins + 1) * width
+    edges_t[-1] = max(step_s, float(e.max()))  # the last slice takes everything up to the end
+
+    def ramp(at: np.ndarray) -> np.ndarray:  # sum over at_i < t of rate_i (t - at_i), per edge t
+        order = np.argsort(at)
+        at_sorted, r_sorted = at[order], rate[order]
+        cum_r = np.concatenate([[0.0], np.cumsum(r_sorted)])
+        cum_rt = np.concatenate([[0.0], np.cumsum(r_sorted * at_sorted)])
+        k = np.searchsorted(at_sorted, edges_t, side="left")
+        return edges_t * cum_r[k] - cum_rt[k]
+
+    carried = ramp(s) - ramp(e)
+    return out + np.diff(carried)
 
 
 def run_program(program: Program, cluster: Cluster, network: str = "flow",
