@@ -100,3 +100,19 @@ def test_parse_order(text, dims, ep_inner):
 def test_bad_orders_say_why(root, text, why):
     with pytest.raises(ConfigError, match=f"parallel.order: .*{why}"):
         clustersim.load_scenario(scenario_dict(parallel={"order": text}), base_dir=root)
+
+
+@pytest.mark.parametrize("order_text", ["tp-cp-ep-dp-pp", "tp-cp-dp-ep-pp", "dp-tp-pp", "pp-dp-tp", "tp-pp-ep-dp"])
+@pytest.mark.parametrize("tp,cp,dp,pp,ep", [(2, 1, 4, 3, 2), (4, 2, 8, 1, 4), (1, 2, 8, 2, 8), (2, 2, 2, 2, 1)])
+def test_groups_on_the_grid_equal_each_ranks_group(order_text, tp, cp, dp, pp, ep):
+    """Mesh.groups works on the whole rank grid at once; each group is exactly group(r, dim)
+    of its members, every rank is in one group, and groups come ordered by their first rank."""
+    order, inner = parse_order(order_text)
+    m = Mesh(tp=tp, dp=dp, pp=pp, order=order, ep=ep, cp=cp, ep_inner=inner)
+    for dim in ("tp", "cp", "dp", "pp", "ep", "edp", "cp+dp", "cp+edp"):
+        gs = m.groups(dim)
+        assert sorted(r for g in gs for r in g) == list(range(m.world_size)), dim
+        assert [min(g) for g in gs] == sorted(min(g) for g in gs)
+        for g in gs:
+            for r in g:
+                assert m.group(r, dim) == g, (dim, r)

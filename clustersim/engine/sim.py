@@ -81,8 +81,9 @@ class Engine:
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
         self._alone: dict[tuple, float | None] = {}
-        self._plan_of: dict[int, tuple[Comm, tuple[FlowPlan, ...]]] = {}
-        self._alone_of: dict[tuple[int, str], tuple[Comm, float | None]] = {}
+        self._plan_of: dict[tuple, tuple[FlowPlan, ...]] = {}  # by (op, id group, id twins, size)
+        self._alone_of: dict[tuple, float] = {}  # the same and the stream; -1: not alone
+        self._full_of: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
         self._alone_log: list[tuple[Comm, float]] = []  # communications timed in closed form: start
         self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
@@ -93,13 +94,13 @@ class Engine:
     def _plan(self, c: Comm, algo: str | None = None) -> tuple[FlowPlan, ...]:
         """The phases of ``c`` by ``algo`` (default: the one it runs with)."""
         if algo is None:
-            # by object first: hashing a communication's twins (dozens of groups) costs more
-            # than the rest of a start; the program's Comm objects live as long as the engine
-            hit = self._plan_of.get(id(c))
-            if hit is not None and hit[0] is c:
-                return hit[1]
-            phases = self._plan(c, self.algorithm(c))
-            self._plan_of[id(c)] = (c, phases)
+            # by identity first: hashing a communication's twins (dozens of groups) costs more
+            # than the rest of a start. The lowering shares group and twin tuples between the
+            # communications of one shape, and the program keeps them alive as long as the engine.
+            fast = (c.op, id(c.group), id(c.twins), c.size_bytes)
+            phases = self._plan_of.get(fast)
+            if phases is None:
+                phases = self._plan_of[fast] = self._plan(c, self.algorithm(c))
             return phases
         key = (c.op, c.group, c.twins, algo)
         if key not in self._plans:
@@ -109,7 +110,11 @@ class Engine:
     def _full_plan(self, c: Comm) -> tuple[FlowPlan, ...]:
         """The phases of ``c`` with every link they cross (for link accounting): before
         :meth:`_classify` merged and dropped links, or the plan itself when it did not run."""
-        return self._full_plans.get((c.op, c.group, c.twins, self.algorithm(c))) or self._plan(c)
+        fast = (c.op, id(c.group), id(c.twins), c.size_bytes)  # see _plan
+        full = self._full_of.get(fast)
+        if full is None:
+            full = self._full_of[fast] = self._full_plans.get((c.op, c.group, c.twins, self.algorithm(c))) or self._plan(c)
+        return full
 
     def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float) -> float:
         """Time of ``phases`` alone on their links: per phase, latency plus its slowest flow."""
@@ -179,6 +184,7 @@ class Engine:
                     users.setdefault(e, set()).add(channel)
         self._edge_users = users
         self._plan_of.clear()  # plans looked up before the links were merged
+        self._full_of.clear()
 
     def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]:
         """Per link ``c`` crosses (twins included): (seconds its traffic needs there at the
@@ -218,11 +224,12 @@ class Engine:
             ev = self.env.event()
             ev.succeed()
             return ev
-        hit = self._alone_of.get((id(c), stream))
-        if hit is None or hit[0] is not c:  # by object: hashing a Comm's twins is the cost
-            hit = self._alone_of[(id(c), stream)] = (c, self._alone_duration(c, stream))
-        dur = hit[1]
-        if dur is not None:
+        fast = (c.op, id(c.group), id(c.twins), c.size_bytes, stream)  # see _plan
+        dur = self._alone_of.get(fast)
+        if dur is None:
+            alone = self._alone_duration(c, stream)
+            dur = self._alone_of[fast] = -1.0 if alone is None else alone
+        if dur >= 0:
             self._alone_log.append((c, self.env.now))
             return self.env.timeout(dur)
         phases = self._plan(c)
@@ -303,11 +310,13 @@ class Engine:
             raise RuntimeError(f"simulation deadlocked with {unfinished} tasks not run")
         self.spans.sort(key=lambda s: (s.rank, s.start_s, s.end_s, s.stream))
         used: dict[str, dict[str, int]] = {}
-        by_obj: dict[int, str] = {}
+        by_shape: dict[tuple, str] = {}
         for t in self.prog.tasks:
-            if t.comm is not None and t.comm.op in ALGORITHMS and len(ALGORITHMS[t.comm.op]) > 1:
-                per = used.setdefault(t.comm.op, {})
-                algo = by_obj.get(id(t.comm)) or by_obj.setdefault(id(t.comm), self.algorithm(t.comm))
+            c = t.comm
+            if c is not None and c.op in ALGORITHMS and len(ALGORITHMS[c.op]) > 1:
+                per = used.setdefault(c.op, {})
+                fast = (c.op, id(c.group), id(c.twins), c.size_bytes)  # see _plan
+                algo = by_shape.get(fast) or by_shape.setdefault(fast, self.algorithm(c))
                 per[algo] = per.get(algo, 0) + 1
         return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
                      stage_of=dict(self.stage_of),

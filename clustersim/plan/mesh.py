@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
 
+import numpy as np
+
 DIMS = ("tp", "cp", "dp", "pp")  # the default order, innermost first
 
 
@@ -139,12 +141,29 @@ class Mesh:
         return tuple(base + i * self._strides[dim] for i in range(self.size(dim)))
 
     def groups(self, dim: str) -> list[tuple[int, ...]]:
-        """Every ``dim`` group once, ordered by their first rank."""
-        seen = {}
-        for r in range(self.world_size):
-            g = self.group(r, dim)
-            seen.setdefault(min(g), g)
-        return [seen[k] for k in sorted(seen)]
+        """Every ``dim`` group once, ordered by their first rank; each as :meth:`group` gives it.
+
+        Worked out on the rank grid at once: ranks laid out as an array with one axis per
+        dimension (DP split in two for the expert groups), the group's axes moved last::
+
+            tp=2 dp=2 pp=2, "dp":  grid[pp][dp][tp] -> axes (pp, tp, dp) -> rows (0,2) (1,3) (4,6) (5,7)
+        """
+        names = [d for d in reversed(self.order)]  # C order: the innermost dimension is the last axis
+        shape = [self.size(d) for d in names]
+        if "ep" in dim or "edp" in dim:  # DP as (outer, inner) sub-axes, see _expert_dp
+            inner = self.ep if self.ep_inner else self.dp // self.ep
+            k = names.index("dp")
+            names[k:k + 1] = ["dp_outer", "dp_inner"]
+            shape[k:k + 1] = [self.dp // inner, inner]
+        sub = {"ep": "dp_inner" if self.ep_inner else "dp_outer",
+               "edp": "dp_outer" if self.ep_inner else "dp_inner"}
+        parts = dim.split("+")  # "cp+dp": dp major, cp minor (as group() nests them)
+        axes = [names.index(sub.get(d, d)) for d in reversed(parts)]
+        grid = np.arange(self.world_size).reshape(shape)
+        rest = [a for a in range(len(names)) if a not in axes]
+        rows = grid.transpose(rest + axes).reshape(-1, int(np.prod([shape[a] for a in axes])))
+        rows = rows[np.argsort(rows.min(axis=1), kind="stable")]
+        return [tuple(int(x) for x in row) for row in rows.tolist()]
 
     def ranks_where(self, **fixed: int) -> list[int]:
         """All ranks whose coordinates match ``fixed``, ascending."""
