@@ -113,12 +113,19 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
     for src, dst, _ in real_flows:
         for e in route(src, dst):
             real[e] = real.get(e, 0) + 1
+    path_lat: dict[tuple[int, ...], float] = {}
+
+    sigs: dict[tuple[int, ...], tuple] = {}
 
     def signature(p):
-        return tuple((bw[e], lat[e], real[e]) for e in p)
+        s = sigs.get(p)
+        if s is None:
+            s = sigs[p] = tuple((bw[e], lat[e], real[e]) for e in p)
+        return s
 
     rep_paths = paths[0]
-    symmetric = all(signature(inst[i]) == signature(rep_paths[i]) for inst in paths[1:] for i in range(len(inst)))
+    rep_sigs = [signature(p) for p in rep_paths]
+    symmetric = all(signature(inst[i]) == rep_sigs[i] for inst in paths[1:] for i in range(len(inst)))
     if require_symmetric and not symmetric:
         return None
     if symmetric:
@@ -137,7 +144,11 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
                     n[e] = n.get(e, 0) + 1
             orbit_weights.append(tuple(sorted(n.items())))
         weights = tuple(orbit_weights)
-        latency = max((cluster.path_latency_s(p) for inst in paths for p in inst), default=0.0)
+        for inst in paths:
+            for p in inst:
+                if p not in path_lat:
+                    path_lat[p] = cluster.path_latency_s(p)
+        latency = max(path_lat.values(), default=0.0)
     return FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency)
 
 

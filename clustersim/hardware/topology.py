@@ -472,8 +472,13 @@ class Cluster:
 
     def pxn_path(self, src: int, dst: int) -> tuple[int, ...]:
         """Edge ids from ``src`` to ``dst`` through the PXN proxy when there is one."""
-        via = self.pxn_proxy(src, dst)
-        return self.path(src, dst) if via is None else self.path(src, via) + self.path(via, dst)
+        cache = self.__dict__.setdefault("_pxn_paths", {})
+        key = (src, dst)
+        hit = cache.get(key)
+        if hit is None:
+            via = self.pxn_proxy(src, dst)
+            hit = cache[key] = self.path(src, dst) if via is None else self.path(src, via) + self.path(via, dst)
+        return hit
 
     def path_latency_s(self, path: tuple[int, ...]) -> float:
         lat = self.edge_latency_s
