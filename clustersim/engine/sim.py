@@ -256,54 +256,22 @@ class Engine:
             model_flops=t.model_flops, tid=t.tid,
         ))
 
-    def _comm_task(self, t: Task):
-        c = t.comm
-        if len(c.members) == 1:  # nobody to wait for: start now
-            start = self.env.now
-            yield self._start_comm(c, t.stream)
-        else:
-            rdv = self._rdv.get(c.key)
-            if rdv is None:
-                rdv = self._rdv[c.key] = _Rendezvous(0, self.env.event())
-            rdv.arrived += 1
-            if rdv.arrived == len(c.members):
-                del self._rdv[c.key]
-                rdv.start_s = self.env.now
-                inner = self._start_comm(c, t.stream)
-                inner.callbacks.append(lambda _e, ev=rdv.done: ev.succeed())
-            yield rdv.done
-            start = rdv.start_s
+    def _complete(self, t: Task, start_s: float) -> None:
+        """Record ``t`` (and the receive of a send) and release whatever waits for it."""
         end = self.env.now
-        self._record(t, t.rank, t.stream, start, end)
-        if c.recv_rank >= 0:
+        self._record(t, t.rank, t.stream, start_s, end)
+        c = t.comm
+        if c is not None and c.recv_rank >= 0:
             recv_stream = t.stream.replace("_send", "_recv")
-            self._record(t, c.recv_rank, recv_stream, start, end, name=t.name.replace("send", "recv"))
-
-    def _stream(self, tids: list[int]):
-        tasks, done, finished, env = self.prog.tasks, self.done, self.finished, self.env
-        slow = self.cluster.gpu_slowdown
-        for tid in tids:
-            t = tasks[tid]
-            if t.deps:
-                pending = [done[d] for d in t.deps if not finished[d]]
-                if pending:
-                    yield env.all_of(pending) if len(pending) > 1 else pending[0]
-            if t.comm is None:
-                start = env.now
-                if t.duration_s > 0:
-                    # rank r runs on GPU r; a straggler (topology what_if) computes slower
-                    yield env.timeout(t.duration_s * slow.get(t.rank, 1.0) if slow else t.duration_s)
-                self._record(t, t.rank, t.stream, start, env.now)
-            else:
-                yield from self._comm_task(t)
-            finished[tid] = 1
-            ev = done.get(tid)
-            if ev is not None:
-                ev.succeed()
+            self._record(t, c.recv_rank, recv_stream, start_s, end, name=t.name.replace("send", "recv"))
+        self.finished[t.tid] = 1
+        ev = self.done.get(t.tid)
+        if ev is not None:
+            ev.succeed()
 
     def run(self) -> Trace:
-        for (rank, stream), tids in self.prog.streams().items():
-            self.env.process(self._stream(tids))
+        for tids in self.prog.streams().values():
+            _Stream(self, tids).step()
         self.env.run()
         unfinished = len(self.finished) - sum(self.finished)
         if unfinished:
@@ -427,6 +395,72 @@ class Engine:
                                peak_Bps=float(series.max()) if series is not None else 0.0,
                                series_Bps=tuple(float(x) for x in series) if series is not None else ()))
         return out
+
+
+class _Stream:
+    """One (rank, stream): its tasks in order, each when the previous one is done and its
+    dependencies are, driven by callbacks on simpy events (no generator process per stream:
+    a task costs the events it waits on and little else)::
+
+        step:  deps pending? -> wait on them, step again
+               compute       -> timeout(duration), then finish
+               communication -> start it (or join its rendezvous), then finish
+        finish: record the span, release dependents, step to the next task
+    """
+
+    __slots__ = ("eng", "tids", "i", "start_s", "waited", "rdv")
+
+    def __init__(self, eng: Engine, tids: list[int]):
+        self.eng, self.tids, self.i = eng, tids, 0
+        self.start_s, self.waited, self.rdv = 0.0, False, None
+
+    def step(self, _event=None) -> None:
+        eng = self.eng
+        env, tasks, done, finished = eng.env, eng.prog.tasks, eng.done, eng.finished
+        tids = self.tids
+        while self.i < len(tids):
+            t = tasks[tids[self.i]]
+            if t.deps and not self.waited:
+                pending = [done[d] for d in t.deps if not finished[d]]
+                if pending:
+                    self.waited = True
+                    (env.all_of(pending) if len(pending) > 1 else pending[0]).callbacks.append(self.step)
+                    return
+            self.waited = False
+            self.start_s = env.now
+            c = t.comm
+            if c is None:
+                if t.duration_s > 0:
+                    # rank r runs on GPU r; a straggler (topology what_if) computes slower
+                    slow = eng.cluster.gpu_slowdown
+                    env.timeout(t.duration_s * slow.get(t.rank, 1.0) if slow else t.duration_s
+                                ).callbacks.append(self.finish)
+                    return
+                eng._complete(t, self.start_s)
+                self.i += 1
+                continue
+            if len(c.members) == 1:  # nobody to wait for: start now
+                self.rdv = None
+                eng._start_comm(c, t.stream).callbacks.append(self.finish)
+                return
+            rdv = eng._rdv.get(c.key)
+            if rdv is None:
+                rdv = eng._rdv[c.key] = _Rendezvous(0, env.event())
+            rdv.arrived += 1
+            if rdv.arrived == len(c.members):  # the last member: it starts now, for all
+                del eng._rdv[c.key]
+                rdv.start_s = env.now
+                eng._start_comm(c, t.stream).callbacks.append(lambda _e, ev=rdv.done: ev.succeed())
+            self.rdv = rdv
+            rdv.done.callbacks.append(self.finish)
+            return
+
+    def finish(self, _event=None) -> None:
+        t = self.eng.prog.tasks[self.tids[self.i]]
+        self.eng._complete(t, self.rdv.start_s if self.rdv is not None and t.comm is not None else self.start_s)
+        self.rdv = None
+        self.i += 1
+        self.step()
 
 
 def _binned(segs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], step_s: float, bins: int) -> np.ndarray:
