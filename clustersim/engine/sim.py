@@ -1,8 +1,9 @@
 """The simpy core: streams that run tasks in order, rendezvous for collectives, a network.
 
-Per simulated rank, one simpy process per stream (compute, tp, dp, pp_fwd_send, ...). A
-stream takes its next task when the previous one is done and the task's dependencies are
-done — CUDA-stream semantics, so overlap emerges from dependencies, never from a knob::
+Per simulated rank, one stream each for compute, tp, dp, pp_fwd_send, ... (:class:`_Stream`,
+driven by callbacks on simpy events). A stream takes its next task when the previous one is
+done and the task's dependencies are done — CUDA-stream semantics, so overlap emerges from
+dependencies, never from a knob::
 
     compute  [F attn]     [F mlp]      [B mlp]    [B attn] ...
     tp              [AR]         [AR]          [AR]       [AR]
