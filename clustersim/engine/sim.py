@@ -160,8 +160,11 @@ class Engine:
         """
         # a channel is one (kind, orbit) on one stream: a stream never overlaps itself, two
         # streams of the same kind and group (ZeRO-3 gathers and gradient reductions) can
+        # first by identity (cheap), then by value: hashing twins once per distinct object
+        distinct = {(t.comm.op, id(t.comm.group), id(t.comm.twins), t.comm.size_bytes, t.comm.key[:2], t.stream): t
+                    for t in self.prog.tasks if t.comm is not None}
         shapes = {(t.comm.op, t.comm.group, t.comm.twins, self.algorithm(t.comm), t.comm.key[:2] + (t.stream,)): t.comm
-                  for t in self.prog.tasks if t.comm is not None}
+                  for t in distinct.values()}
         phased = {(op, g, tw, a): self._plan(c, a) for (op, g, tw, a, _), c in shapes.items()}
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge: dict[int, list] = {}
