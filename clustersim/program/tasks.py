@@ -36,7 +36,7 @@ class Comm:
     recv_rank: int = -1
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     tid: int
     rank: int
