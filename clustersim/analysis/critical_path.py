@@ -20,8 +20,7 @@ the end by up to its duration (the critical-path method on a task graph, Kelley 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..program.tasks import Program
 from ..trace import Trace
@@ -29,8 +28,7 @@ from ..trace import Trace
 COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
 
 
-@dataclass(frozen=True)
-class PathTask:
+class PathTask(NamedTuple):
     tid: int
     rank: int
     stream: str
@@ -88,9 +86,9 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
         cur = max(cands, key=lambda i: (end[i], -i))
         path.append(cur)
     path.reverse()
-    return [PathTask(tid=i, rank=tasks[i].rank, stream=tasks[i].stream, name=tasks[i].name, kind=tasks[i].kind,
-                     start_s=start[i], end_s=end[i], stage=trace.stage_of.get(tasks[i].rank, tasks[i].stage),
-                     mb=tasks[i].mb, layer=tasks[i].layer) for i in path]
+    stage_of = trace.stage_of
+    return [PathTask(i, t.rank, t.stream, t.name, t.kind, start[i], end[i], stage_of.get(t.rank, t.stage), t.mb, t.layer)
+            for i, t in ((i, tasks[i]) for i in path)]
 
 
 def path_report(path: list[PathTask], step_s: float) -> dict[str, Any]:

@@ -34,9 +34,10 @@ INVARIANTS = ("stream-overlap", "dependency-order", "collective-sync", "phase-or
               "send-recv", "step-time", "memory", "critical-path", "bubble-split")
 
 
-def _tol(*xs: float) -> float:
+def _tol(x: float) -> float:
     """EPS, or a relative slack for large times/sizes."""
-    return max(EPS, 1e-12 * max((abs(x) for x in xs), default=0.0))
+    t = 1e-12 * (x if x >= 0 else -x)
+    return t if t > EPS else EPS
 
 
 @dataclass
