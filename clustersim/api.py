@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,15 +154,30 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     ``check``: verify the step's invariants (docs/invariants.md) and raise
     :class:`~clustersim.analysis.invariants.InvariantError` listing any violation."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    prog, low = lower(sc, collapse=collapse)
-    sim = sc.cfg.simulation
-    engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
-    trace = engine.run()
-    summary = summarize(sc, low, trace, prog, engine)
-    if check:
-        from .analysis import invariants
+    with no_cyclic_gc():
+        prog, low = lower(sc, collapse=collapse)
+        sim = sc.cfg.simulation
+        engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
+        trace = engine.run()
+        summary = summarize(sc, low, trace, prog, engine)
+        if check:
+            from .analysis import invariants
 
-        violations = invariants.check_invariants(prog, trace, summary)
-        if violations:
-            raise invariants.InvariantError(violations)
+            violations = invariants.check_invariants(prog, trace, summary)
+            if violations:
+                raise invariants.InvariantError(violations)
     return Result(scenario=sc, trace=trace, summary=summary)
+
+
+@contextmanager
+def no_cyclic_gc():
+    """Pause Python's cyclic garbage collector: a step makes millions of long-lived objects
+    (tasks, events, spans) and the collector would rescan them over and over (20-40 % of the
+    time); reference counting still frees everything that is not in a cycle."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
