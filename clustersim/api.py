@@ -122,9 +122,9 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
         "world_size": world,
         **metrics,
         "memory": memory_report(trace, _statics(low), gpu.hbm_capacity_bytes),
-        "critical_path": path_report(critical_path(prog, trace), trace.end_s),
+        "critical_path": path_report(critical_path(prog, trace), metrics["step_time_s"]),
         "exposed_comm_causes": exposed_collectives(prog, trace, engine, sc.cluster),
-        "links": link_report(trace, trace.end_s),
+        "links": link_report(trace, metrics["step_time_s"]),
         "projection": projection(sc, metrics["tokens_per_s"]),
         "plan": {
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm,

@@ -203,7 +203,9 @@ def check_send_recv(program: Program, trace: Trace) -> list[Violation]:
 
 # --- 6 ---------------------------------------------------------------------------------
 def check_step_time(trace: Trace, summary: dict[str, Any] | None) -> list[Violation]:
-    step = (summary or {}).get("step_time_s", trace.end_s)
+    step = (summary or {}).get("step_time_s")
+    if step is None:
+        step = trace.end_s
     best, who = 0.0, None
     for r, spans in trace.by_rank().items():
         c = length(union((s.start_s, s.end_s) for s in spans if s.kind == "compute"))

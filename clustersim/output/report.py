@@ -260,7 +260,7 @@ def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
     path = path_trace(summary, rows)
     if path is not None:
         fig.add_trace(path)
-    step_ms = 1e3 * float(summary.get("step_time_s", trace.end_s) or trace.end_s)
+    step_ms = 1e3 * float(summary.get("step_time_s") or trace.end_s)
     fig.update_layout(_layout(len(rows), labels, step_ms, _rank_bands(rows)))
     return fig
 
