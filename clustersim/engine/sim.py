@@ -49,11 +49,21 @@ def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float])
     """
     plan_list = list(plans.values())
     sig = {e: {(pi, fi): w for pi, fi, w in flows} for e, flows in on_edge.items()}
+    links_of: dict[tuple[int, int], frozenset[int]] = {}
     dropped: set[int] = set()
     for e2, flows2 in sig.items():
-        pi, fi = next(iter(flows2))
-        for e1, _ in plan_list[pi].weights[fi]:
-            if e1 == e2 or e1 in dropped or e1 not in sig:
+        # e1 must carry every flow that crosses e2: intersect those flows' links
+        cands: set[int] | None = None
+        for f in flows2:
+            ls = links_of.get(f)
+            if ls is None:
+                ls = links_of[f] = frozenset(e for e, _ in plan_list[f[0]].weights[f[1]])
+            cands = set(ls) if cands is None else cands & ls
+            if len(cands) <= 1:
+                break
+        cands.discard(e2)
+        for e1 in sorted(cands):
+            if e1 in dropped or e1 not in sig:
                 continue
             flows1, scale = sig[e1], bw_Bps[e2] / bw_Bps[e1]
             if all(f in flows1 and flows1[f] * scale >= w * (1 - 1e-12) for f, w in flows2.items()):
@@ -253,12 +263,10 @@ class Engine:
     # --- processes -----------------------------------------------------------------
     def _record(self, t: Task, rank: int, stream: str, start_s: float, end_s: float, name: str | None = None):
         c = t.comm
+        # positional, in Span's field order: a span per task, keyword passing costs a third more
         self.spans.append(Span(
-            rank=rank, stream=stream, name=name or t.name, kind=t.kind, start_s=start_s, end_s=end_s,
-            mb=t.mb, phase=t.phase, stage=self.stage_of.get(rank, t.stage), layer=t.layer,
-            size_bytes=c.size_bytes if c else 0.0, op=c.op if c else "", flops=t.flops,
-            model_flops=t.model_flops, tid=t.tid,
-        ))
+            rank, stream, name or t.name, t.kind, start_s, end_s, t.mb, t.phase, self.stage_of.get(rank, t.stage),
+            t.layer, c.size_bytes if c else 0.0, c.op if c else "", t.flops, t.model_flops, t.tid))
 
     def _complete(self, t: Task, start_s: float) -> None:
         """Record ``t`` (and the receive of a send) and release whatever waits for it."""
