@@ -56,13 +56,20 @@ class Trace:
     # collective -> algorithm -> communications of the simulated ranks that used it
     algorithms: dict[str, dict[str, int]] = field(default_factory=dict)
     links: list[LinkUse] = field(default_factory=list)  # links the simulated communications used
+    _by_rank: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def end_s(self) -> float:
         return max((s.end_s for s in self.spans), default=0.0)
 
     def by_rank(self) -> dict[int, list[Span]]:
+        """Spans per simulated rank (remembered while the span list stays the same list of
+        the same length; the analysis asks several times)."""
+        key = (id(self.spans), len(self.spans))
+        if self._by_rank is not None and self._by_rank[0] == key:
+            return self._by_rank[1]
         out: dict[int, list[Span]] = {r: [] for r in self.ranks}
         for s in self.spans:
             out[s.rank].append(s)
+        self._by_rank = (key, out)
         return out
