@@ -117,3 +117,14 @@ def test_two_collectives_on_one_nic_each_name_the_other(root):
         assert shared["overlap_s"] == pytest.approx(c["example"]["end_s"] - c["example"]["start_s"], rel=1e-12)
         # sharing the NIC halves each one's rate: the bandwidth term doubles
         assert c["exposed_s"] == pytest.approx(2 * alone, rel=0.01)
+
+
+def test_covered_time_before_each_instant():
+    import numpy as np
+
+    from clustersim.analysis.exposure import covered_s
+
+    merged = [(1.0, 2.0), (3.0, 5.0)]
+    t = np.array([0.0, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 9.0])
+    assert covered_s(t, merged).tolist() == [0.0, 0.0, 0.5, 1.0, 1.0, 1.0, 2.0, 3.0, 3.0]
+    assert covered_s(t, []).tolist() == [0.0] * len(t)

@@ -20,7 +20,6 @@ For the top groups, the span with the most exposed time is explained::
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from typing import Any, Protocol
 
 import numpy as np
@@ -45,16 +44,17 @@ def collective_name(kind: str, op: str, name: str) -> str:
     return f"{kind} {op}: {_NUM.sub('#', name)}"
 
 
-def _exposed(a: float, b: float, starts: list[float], merged: list[tuple[float, float]]) -> float:
-    """Length of [a, b] not covered by ``merged`` (sorted, disjoint; ``starts`` their starts)."""
-    covered = 0.0
-    i = max(bisect_right(starts, a) - 1, 0)
-    while i < len(merged) and merged[i][0] < b:
-        lo, hi = max(a, merged[i][0]), min(b, merged[i][1])
-        if hi > lo:
-            covered += hi - lo
-        i += 1
-    return (b - a) - covered
+def covered_s(t: np.ndarray, merged: list[tuple[float, float]]) -> np.ndarray:
+    """Time in [0, t] covered by ``merged`` (sorted, disjoint intervals), for every t at once:
+    the whole intervals before t plus the part of the one t falls in."""
+    if not merged:
+        return np.zeros(len(t))
+    iv = np.asarray(merged)
+    lo, hi = iv[:, 0], iv[:, 1]
+    before = np.concatenate([[0.0], np.cumsum(hi - lo)])
+    k = np.searchsorted(lo, t, side="right") - 1  # the last interval starting at or before t
+    inside = np.where(k >= 0, np.clip(t - lo[np.maximum(k, 0)], 0.0, (hi - lo)[np.maximum(k, 0)]), 0.0)
+    return np.where(k >= 0, before[np.maximum(k, 0)], 0.0) + inside
 
 
 def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None = None,
@@ -63,22 +63,31 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     tasks, w = prog.tasks, trace.weight
     world = sum(w.values()) or 1
     groups: dict[str, dict[str, Any]] = {}
+    group_of: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, op, name) -> its group
     for rank, spans in trace.by_rank().items():
-        merged = union((s.start_s, s.end_s) for s in spans if s.kind == "compute")
-        starts = [a for a, _ in merged]
-        for s in spans:
-            if s.kind == "compute" or s.end_s <= s.start_s:
-                continue
-            x = _exposed(s.start_s, s.end_s, starts, merged)
-            key = collective_name(s.kind, s.op, s.name)
-            g = groups.get(key)
+        merged = union([(s.start_s, s.end_s) for s in spans if s.kind == "compute"])
+        comm = [s for s in spans if s.kind != "compute" and s.end_s > s.start_s]
+        if not comm:
+            continue
+        a = np.array([s.start_s for s in comm])
+        b = np.array([s.end_s for s in comm])
+        # exposed: the span's length minus the compute inside it (span minus compute)
+        exposed = ((b - a) - (covered_s(b, merged) - covered_s(a, merged))).tolist()
+        for s, x in zip(comm, exposed):
+            g = group_of.get((s.kind, s.op, s.name))
             if g is None:
-                g = groups[key] = {"collective": key, "kind": s.kind, "op": s.op, "exposed_s": 0.0, "comm_s": 0.0,
-                                   "count_per_gpu": 0.0, "size_bytes": 0.0, "_best": (-1.0, 0, 0, 0.0, 0.0)}
+                key = collective_name(s.kind, s.op, s.name)
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = {"collective": key, "kind": s.kind, "op": s.op, "exposed_s": 0.0,
+                                       "comm_s": 0.0, "count_per_gpu": 0.0, "size_bytes": 0.0,
+                                       "_best": (-1.0, 0, 0, 0.0, 0.0)}
+                group_of[(s.kind, s.op, s.name)] = g
             g["exposed_s"] += w[rank] * x
-            g["comm_s"] += w[rank] * s.dur_s
+            g["comm_s"] += w[rank] * (s.end_s - s.start_s)
             g["count_per_gpu"] += w[rank]
-            g["size_bytes"] = max(g["size_bytes"], s.size_bytes)
+            if s.size_bytes > g["size_bytes"]:
+                g["size_bytes"] = s.size_bytes
             if x > g["_best"][0]:
                 g["_best"] = (x, s.tid, rank, s.start_s, s.end_s)
     ranked = sorted((g for g in groups.values() if g["exposed_s"] > 0), key=lambda g: (-g["exposed_s"], g["collective"]))

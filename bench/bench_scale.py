@@ -1,0 +1,229 @@
+"""How fast clustersim runs a scenario, phase by phase, and how that grows with the cluster.
+
+    python bench/bench_scale.py                        # moe_1024gpu and the two bench scenarios
+    python bench/bench_scale.py --repeat 3 x.yaml      # medians of 3 runs; x.yaml added
+    python bench/bench_scale.py --sweep                # wall time vs GPUs and vs microbatches
+
+Every scenario (and sweep point) runs in a fresh subprocess, so its peak RSS is its own. The
+phases are those of ``python -m clustersim run``: import (clustersim, plotly & co.), load
+(read and check the YAML, build the cluster graph), lower (plan -> per-rank tasks), engine
+(setup: plan and classify every communication; run: the simpy run and its link accounting),
+analysis (summary and invariant checks), outputs (summary.json, report.html and
+trace.json.gz, written into a temp folder); the total is all of these. "simpy events" are
+the events the run scheduled; it runs until none is left, so all were processed. "x bare
+timeout" compares the engine's seconds per event (setup and run) with those of a process that
+only yields simpy timeouts, on the same machine.
+Example (2 cores, busy machine, 2026-11-30; docs/performance.md has the targets)::
+
+    bare simpy timeout: 1.38 us per event (median of 5 x 200,000)
+                             moe_1024gpu   llama3_405b_16k  megatron_1t_3072
+    GPUs                           1,024            16,384             3,072
+    simulated ranks                   16                16                64
+    tasks                         36,072            26,622           854,340
+    spans                         37,032            28,638           918,852
+    simpy events                 130,490            60,131         1,902,510
+    import s                        0.62              0.97              0.98
+    load s                          0.05              1.18              1.63
+    lower s                         0.83              1.74             17.48
+    engine s                        5.57             20.80             29.73
+      setup s                       1.42             17.14              5.75
+      run s                         4.14              3.66             23.98
+    analysis s                      1.88              1.08             28.77
+    outputs s                       3.53              2.37             43.35
+    total s                        12.47             28.13            121.95
+    peak RSS MiB                     218               389             2,108
+    events/s                      23,435             2,891            64,002
+    tasks/s                        6,478             1,280            28,741
+    engine us/event                42.67            345.87             15.62
+    x bare timeout                  30.8             249.9              11.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import simpy
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = [ROOT / "scenarios/moe_1024gpu.yaml", ROOT / "bench/scenarios/llama3_405b_16k.yaml",
+           ROOT / "bench/scenarios/megatron_1t_3072.yaml"]
+SWEEP_GPUS = (64, 256, 1024, 4096, 16384)  # at SWEEP_M microbatches, DP grows
+SWEEP_M = 16
+SWEEP_MICROBATCHES = (8, 32, 128, 512)  # at SWEEP_FIXED_GPUS
+SWEEP_FIXED_GPUS = 256
+BARE_TIMEOUTS, BARE_REPEATS = 200_000, 5
+
+
+def simpy_events(env: simpy.Environment) -> int:
+    """Events ``env`` has scheduled so far: simpy numbers each one from ``env._eid``, an
+    itertools.count (simpy/core.py, Environment.schedule). Reading it takes one number."""
+    return next(env._eid)
+
+
+def bare_timeout_s(n: int = BARE_TIMEOUTS, repeats: int = BARE_REPEATS) -> float:
+    """Seconds per event of a process that only yields ``n`` timeouts (median of ``repeats``)."""
+    def ticker(env):
+        for _ in range(n):
+            yield env.timeout(1e-6)
+
+    per_event_s = []
+    for _ in range(repeats):
+        env = simpy.Environment()
+        env.process(ticker(env))
+        t0 = time.perf_counter()
+        env.run()
+        per_event_s.append((time.perf_counter() - t0) / simpy_events(env))
+    return median(per_event_s)
+
+
+def dense_scenario(gpus: int, microbatches: int) -> dict:
+    """The sweep's dense plan: a Llama-2-70B-like model, TP8 x PP4 x DP(gpus/32), 1F1B, on
+    DGX-H100 nodes; ``microbatches`` per pipeline and step."""
+    dp = gpus // 32
+    return {
+        "name": f"dense-{gpus}gpu-m{microbatches}",
+        "cluster": {"topology": "topologies/dgx-h100.yaml", "nodes": gpus // 8},
+        "model": {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn_hidden": 28672, "mlp": "swiglu",
+                  "norm": "rmsnorm", "bias": False, "dropout": False, "vocab": 32000, "seq_len": 4096,
+                  "tied_embeddings": False, "position_embedding": "rope"},
+        "parallel": {"tp": 8, "pp": 4, "dp": dp, "schedule": "1f1b"},
+        "training": {"micro_batch_size": 1, "global_batch_size": dp * microbatches, "attention": "flash"},
+    }
+
+
+def measure(spec: str) -> dict:
+    """Run one scenario as ``clustersim run`` does, timing each phase. ``spec``: a YAML path, or
+    ``dense:GPUS:M`` for a sweep point."""
+    t_import = time.perf_counter()
+    from clustersim.analysis.invariants import InvariantError, check_invariants
+    from clustersim.api import no_cyclic_gc, summarize
+    from clustersim.config import load_scenario
+    from clustersim.engine import Engine
+    from clustersim.output.perfetto import write_trace
+    from clustersim.output.report import write_report
+    from clustersim.output.summary import to_json
+    from clustersim.program.lower import lower
+
+    t0 = time.perf_counter()  # clustersim, plotly & co. imported
+    if spec.startswith("dense:"):
+        _, gpus, m = spec.split(":")
+        sc = load_scenario(dense_scenario(int(gpus), int(m)), base_dir=ROOT)
+    else:
+        sc = load_scenario(spec)
+    _ = sc.cluster  # the graph is built on first use; count it as loading
+    t1 = time.perf_counter()
+    with no_cyclic_gc():  # as simulate() and clustersim run do
+        prog, low = lower(sc)
+        t2 = time.perf_counter()
+        sim = sc.cfg.simulation
+        engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
+        t_setup = time.perf_counter()
+        trace = engine.run()
+        t3 = time.perf_counter()
+        events = simpy_events(engine.env)
+        summary = summarize(sc, low, trace, prog, engine)
+        violations = check_invariants(prog, trace, summary)
+        if violations:
+            raise InvariantError(violations)
+        t4 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "summary.json").write_text(to_json(summary))
+            write_report(Path(tmp, "report.html"), trace, summary)
+            write_trace(Path(tmp, "trace.json.gz"), trace, summary)
+        t5 = time.perf_counter()
+    return {
+        "gpus": sc.mesh.world_size, "microbatches": sc.microbatches, "ranks": len(prog.ranks),
+        "tasks": len(prog.tasks), "spans": len(trace.spans), "events": events,
+        "import_s": t0 - t_import, "load_s": t1 - t0, "lower_s": t2 - t1,
+        "engine_setup_s": t_setup - t2, "engine_run_s": t3 - t_setup, "engine_s": t3 - t2,
+        "analysis_s": t4 - t3, "outputs_s": t5 - t4, "total_s": t5 - t_import,
+        "rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+    }
+
+
+def measure_fresh(spec: str, repeat: int) -> dict:
+    """Medians over ``repeat`` fresh subprocesses of :func:`measure`."""
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, __file__, "--child", spec], check=False, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"{spec} failed:\n{out.stderr}")
+        runs.append(json.loads(out.stdout.splitlines()[-1]))
+    return {k: median(r[k] for r in runs) for k in runs[0]}
+
+
+# --- printing ------------------------------------------------------------------------
+COUNT, SECONDS = "{:,.0f}", "{:.2f}"
+ROWS = [  # label, key, format
+    ("GPUs", "gpus", COUNT), ("simulated ranks", "ranks", COUNT), ("tasks", "tasks", COUNT),
+    ("spans", "spans", COUNT), ("simpy events", "events", COUNT),
+    ("import s", "import_s", SECONDS), ("load s", "load_s", SECONDS), ("lower s", "lower_s", SECONDS),
+    ("engine s", "engine_s", SECONDS), ("  setup s", "engine_setup_s", SECONDS), ("  run s", "engine_run_s", SECONDS),
+    ("analysis s", "analysis_s", SECONDS), ("outputs s", "outputs_s", SECONDS), ("total s", "total_s", SECONDS),
+    ("peak RSS MiB", "rss_MiB", COUNT), ("events/s", "events_per_s", COUNT), ("tasks/s", "tasks_per_s", COUNT),
+    ("engine us/event", "us_per_event", SECONDS), ("x bare timeout", "x_bare", "{:.1f}"),
+]
+SWEEP_COLS = [("GPUs", "gpus", COUNT), ("m", "microbatches", COUNT), ("tasks", "tasks", COUNT),
+              ("events", "events", COUNT), ("load s", "load_s", SECONDS), ("lower s", "lower_s", SECONDS),
+              ("engine s", "engine_s", SECONDS), ("setup s", "engine_setup_s", SECONDS),
+              ("analysis s", "analysis_s", SECONDS), ("outputs s", "outputs_s", SECONDS),
+              ("total s", "total_s", SECONDS), ("RSS MiB", "rss_MiB", COUNT)]
+
+
+def derive(r: dict, bare_s: float) -> dict:
+    """Rates from one scenario's medians (engine seconds, setup included)."""
+    return {**r, "events_per_s": r["events"] / r["engine_s"], "tasks_per_s": r["tasks"] / r["engine_s"],
+            "us_per_event": 1e6 * r["engine_s"] / r["events"], "x_bare": r["engine_s"] / r["events"] / bare_s}
+
+
+def print_scenarios(names: list[str], results: list[dict]) -> None:
+    width = max(12, *(len(n) + 2 for n in names))
+    print(f"{'':<18}" + "".join(f"{n:>{width}}" for n in names))
+    for label, key, fmt in ROWS:
+        print(f"{label:<18}" + "".join(f"{fmt.format(r[key]):>{width}}" for r in results))
+
+
+def print_sweep(title: str, specs: list[str], repeat: int) -> None:
+    """Measure each sweep point and print its row as soon as it is done."""
+    print(title)
+    print("".join(f"{label:>11}" for label, _, _ in SWEEP_COLS), flush=True)
+    for spec in specs:
+        r = measure_fresh(spec, repeat)
+        print("".join(f"{fmt.format(r[key]):>11}" for _, key, fmt in SWEEP_COLS), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("scenarios", nargs="*", help="extra scenario YAML files")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per scenario; medians are printed")
+    ap.add_argument("--sweep", action="store_true", help="wall time vs GPU count and vs microbatches")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # one measurement, printed as JSON
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child)))
+        return
+    if args.sweep:
+        print(f"dense plan: Llama-2-70B-like, TP8 x PP4 x DP(GPUs/32), 1F1B, DGX-H100 (medians of {args.repeat})")
+        print_sweep(f"\nGPUs grow (DP), {SWEEP_M} microbatches",
+                    [f"dense:{g}:{SWEEP_M}" for g in SWEEP_GPUS], args.repeat)
+        print_sweep(f"\nmicrobatches grow, {SWEEP_FIXED_GPUS} GPUs",
+                    [f"dense:{SWEEP_FIXED_GPUS}:{m}" for m in SWEEP_MICROBATCHES], args.repeat)
+        return
+    bare_s = bare_timeout_s()
+    print(f"bare simpy timeout: {bare_s * 1e6:.2f} us per event (median of {BARE_REPEATS} x {BARE_TIMEOUTS:,})",
+          flush=True)
+    paths = DEFAULT + [Path(p) for p in args.scenarios]
+    results = [derive(measure_fresh(str(p), args.repeat), bare_s) for p in paths]
+    print_scenarios([p.stem for p in paths], results)
+
+
+if __name__ == "__main__":
+    main()
