@@ -6,6 +6,7 @@ the field, e.g. ``scenarios/x.yaml: parallel.tp: tp=3 does not divide model.head
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,11 +16,12 @@ from typing import Any, Literal
 import pydantic
 
 from .errors import ConfigError
-from .hardware.topology import Cluster, TopologyCfg, WhatIfCfg, build_cluster, load_topology_cfg
+from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, build_cluster, check_what_ifs,
+                                load_topology_cfg)
 from .model.transformer import DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
 from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule
-from .yamlio import Strict, read_yaml, validate
+from .yamlio import Strict, read_yaml, short_repr, validate
 
 
 class ClusterRef(Strict):
@@ -170,10 +172,12 @@ class Scenario:
         return self.training.global_batch_size * self.model.seq_len
 
 
-MAX_GPUS = 131_072  # the cluster graph and routes are built in memory
 MAX_GPUS_ALL_RANKS = 4_096  # every rank simulated (no symmetric collapse): minutes at this size
 MAX_MICROBATCHES = 65_536  # per pipeline and step: the schedule holds an action per microbatch and stage
 MAX_LAYERS = 10_000  # the program holds blocks per layer, microbatch and stage
+# (MAX_GPUS, imported above, is the topology's: the cluster graph and routes are built in memory)
+MAX_STAGE_PASSES = 65_536  # pp * vpp * m: the schedule is built when the scenario is loaded (~2 s here)
+MAX_SCHEDULE_FILE_BYTES = 2 * 1024 * 1024  # a custom schedule is parsed whole (~0.5 MB/s)
 
 
 def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
@@ -191,9 +195,22 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         fail("simulation.collapse_symmetric", f"simulating every one of {world:,} ranks would take hours and many "
                                               f"GB; keep collapse_symmetric: true (exact on symmetric placements) "
                                               f"or use at most {MAX_GPUS_ALL_RANKS:,} GPUs")
-    if world > MAX_GPUS_ALL_RANKS and any(w.gpu is not None for w in topo.what_if):  # the scenario's merged in
-        fail("cluster.what_if", f"a slow GPU makes every rank simulated, too slow for {world:,} GPUs (at most "
-                                f"{MAX_GPUS_ALL_RANKS:,}); try the straggler on a smaller cluster")
+    slow = sorted({w.gpu for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world})
+    if world > MAX_GPUS_ALL_RANKS and slow and cfg.simulation.collapse_symmetric \
+            and p.tp * p.cp * p.pp * p.dp == world and p.dp % p.ep == 0:  # (the scenario's what_if merged in)
+        # slow GPUs split the symmetric classes: every rank of a straggler's DP replicas (its EP
+        # groups' with EP) is simulated on its own (program/lower.py Symmetry)
+        from .program.lower import Symmetry
+
+        order, ep_inner = parse_order(p.order)
+        mesh = Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
+        n = Symmetry.split_count(mesh, slow, p.cp > 1 and not p.cp_load_balance)
+        if n > MAX_GPUS_ALL_RANKS:
+            gpus = ", ".join(map(str, slow[:5])) + (", ..." if len(slow) > 5 else "")
+            fail("cluster.what_if", f"slow GPUs ({gpus}) split the symmetric classes into {n:,} simulated ranks "
+                                    f"(every rank of a slow GPU's DP replica, with EP of its EP group, is simulated "
+                                    f"on its own), more than {MAX_GPUS_ALL_RANKS:,}: use fewer slow GPUs, smaller "
+                                    f"replicas (tp*cp*pp, ep) or a smaller cluster")
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
         fail("parallel", f"{dims} = {vals} = {p.tp * p.cp * p.pp * p.dp} does not equal the "
@@ -258,6 +275,13 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
     def fail(field: str, msg: str):
         raise ConfigError(msg, source=source, field=field)
 
+    v = p.vpp if p.schedule == "interleaved" else 1
+    if p.pp * v * m > MAX_STAGE_PASSES:
+        fail("training.global_batch_size",
+             f"pp*vpp*m = {p.pp}*{v}*{m} = {p.pp * v * m:,} stage passes per step (m = global_batch_size / "
+             f"(dp * micro_batch_size)); the schedule, an action per pass, is built when the scenario is loaded "
+             f"and clustersim takes at most {MAX_STAGE_PASSES:,}: raise micro_batch_size or dp, or lower pp")
+
     if p.schedule == "interleaved":
         if p.vpp < 2:
             fail("parallel.vpp", f"schedule interleaved needs vpp >= 2 model chunks per rank; got vpp={p.vpp} "
@@ -281,13 +305,39 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
         fail("parallel.schedule_file", f"is read by schedule custom only (schedule is {p.schedule})")
 
 
-def _read_schedule_file(path: Path, source: str) -> str:
-    if not path.is_file():
-        raise ConfigError(f"schedule file not found: {path}", source=source, field="parallel.schedule_file")
+def _referenced_file(base: Path, name: str, rel_to: str, source: str, field: str, what: str) -> Path:
+    """``base / name``: a file the scenario names, relative to ``rel_to`` (its own folder, or
+    ``base_dir`` for a dict); a ConfigError naming the field and the resolved path if it is not
+    a file."""
+    path = base / name
+
+    def quoted(s: str) -> str:  # whole, unless absurdly long
+        return s if len(s) <= 300 and s.isprintable() else short_repr(s)
+
+    where = f"{quoted(name)} (relative to {rel_to}: {quoted(os.path.abspath(path))})"
     try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}", source=source, field="parallel.schedule_file") from None
+        if path.is_file():
+            return path
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise ConfigError(f"cannot read {what} file {where}: {exc.strerror or exc}", source=source,
+                          field=field) from None
+    raise ConfigError(f"{what} file not found: {where}", source=source, field=field)
+
+
+def _read_schedule_file(path: Path, source: str) -> str:
+    field = "parallel.schedule_file"
+    try:
+        size = path.stat().st_size
+        if size > MAX_SCHEDULE_FILE_BYTES:
+            raise ConfigError(f"{path} is {size:,} bytes; a custom schedule is parsed whole when the scenario is "
+                              f"loaded and clustersim reads at most {MAX_SCHEDULE_FILE_BYTES:,}", source=source,
+                              field=field)
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not a text file (byte {exc.start} is not UTF-8)", source=source,
+                          field=field) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", source=source, field=field) from None
 
 
 def _check_schedule(sc: Scenario) -> None:
@@ -327,11 +377,12 @@ def _with_what_ifs(topo: TopologyCfg, extra: list) -> TopologyCfg:
     return merged
 
 
-def _build_checked(topo: TopologyCfg, own: int, source: str) -> Cluster:
-    """Build the cluster now, so that a misspelt name or a cut-off GPU in the scenario's
-    what-ifs (entries from ``own`` on) names the scenario's entry."""
+def _build_checked(topo: TopologyCfg, own: int, source: str) -> Cluster | None:
+    """Check the what-ifs now (building the cluster when one touches the network), so that a
+    misspelt name or a cut-off GPU in the scenario's what-ifs (entries from ``own`` on) names
+    the scenario's entry."""
     try:
-        return build_cluster(topo)
+        return check_what_ifs(topo)
     except ConfigError as exc:
         m = re.match(r"what_if\[(\d+)\](.*)", exc.field or "")
         if m and int(m.group(1)) >= own:
@@ -345,26 +396,33 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     if isinstance(src, dict):
         data, source = src, "<dict>"
         base = Path(base_dir or ".")
+        rel_to = "base_dir" if base_dir else "the current folder (a dict without base_dir)"
     else:
         path = Path(src)
         data, source = read_yaml(path, what="scenario"), str(src)
-        base = path.parent
+        base, rel_to = path.parent, "the scenario's folder"
     cfg = validate(ScenarioCfg, data, source=source)
-    topo_path = base / cfg.cluster.topology
-    if not topo_path.is_file():
-        raise ConfigError(f"topology file not found: {topo_path}", source=source, field="cluster.topology")
+    topo_path = _referenced_file(base, cfg.cluster.topology, rel_to, source, "cluster.topology", "topology")
     overrides = {"nodes": cfg.cluster.nodes} if cfg.cluster.nodes is not None else None
-    topo = load_topology_cfg(topo_path, overrides)
+    try:
+        topo = load_topology_cfg(topo_path, overrides, build=False)  # what-ifs checked below, merged
+    except ConfigError as exc:
+        if overrides and exc.field == "nodes":  # the node count is the scenario's
+            raise ConfigError(f"{exc.message} (topology {topo_path})", source=source, field="cluster.nodes") from None
+        raise
     own = len(topo.what_if)
     if cfg.cluster.what_if:
         topo = _with_what_ifs(topo, cfg.cluster.what_if)
     _check_plan(cfg, topo, source)  # before any graph is built: it refuses clusters too large to build
     _check_schedule_options(cfg, source)
     sc = Scenario(cfg=cfg, topology=topo, source=source)
-    if cfg.cluster.what_if:  # built once, here, and kept (``Scenario.cluster`` is cached)
-        sc.__dict__["cluster"] = _build_checked(topo, own, source)
+    if topo.what_if:  # a graph built to check them is kept (``Scenario.cluster`` is cached)
+        cluster = _build_checked(topo, own, source)
+        if cluster is not None:
+            sc.__dict__["cluster"] = cluster
     if cfg.parallel.schedule_file is not None:
-        sc.schedule_path = str(base / cfg.parallel.schedule_file)
-        sc.schedule_text = _read_schedule_file(Path(sc.schedule_path), source)
+        path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
+        sc.schedule_path = str(path)
+        sc.schedule_text = _read_schedule_file(path, source)
     _check_schedule(sc)
     return sc

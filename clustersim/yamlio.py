@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import reprlib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -12,17 +14,64 @@ from .errors import ConfigError
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
+# Scenario and topology files are a few KB; the pure-Python YAML parser reads 45-200 KB/s
+# (slowest on a flow list of small numbers), so a larger file is refused before it is parsed:
+# at most ~1.5 s of parsing (the long fuzz run's bound is 5 s an example).
+MAX_YAML_BYTES = 64 * 1024
+
+# Flow collections ([ ] and { }) nested deeper than this are refused before parsing: the
+# parser's scan of a deep run of [ [ [ costs O(depth) a token (about 1.5 s for 1,000 levels)
+# before it fails with a RecursionError; the files here nest three or four levels.
+MAX_FLOW_NESTING = 64
+_QUOTED_OR_COMMENT = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"|(?:^|(?<=\s))#[^\n]*", re.MULTILINE)
+
+# Values quoted back in error messages: short, whatever the input (an alias bomb's billion
+# items, a megabyte string, a 400-digit number)
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = _short.maxlong = 60
+_short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 4
+_short.maxlevel = 2
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to a few dozen characters (for error messages)."""
+    return _short.repr(value)
+
 
 class Strict(pydantic.BaseModel):
-    """Base for every config section: unknown keys are errors (a typo must not pass silently)."""
+    """Base for every config section: unknown keys are errors (a typo must not pass silently),
+    and so are infinite and NaN numbers (``.inf`` in YAML: no figure of a cluster, model or
+    plan is infinite)."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _flow_nesting(text: str) -> int:
+    """How deep ``[`` and ``{`` nest outside quoted strings and comments (an estimate from the
+    characters alone: exact for flow collections, counting a bracket inside a plain scalar too)."""
+    if text.count("[") + text.count("{") <= MAX_FLOW_NESTING:
+        return 0
+    depth = deepest = 0
+    for ch in _QUOTED_OR_COMMENT.sub("", text):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
     """Parse a YAML mapping from ``path``; missing files and syntax errors become ConfigError."""
-    if not path.is_file():
-        raise ConfigError(f"{what} file not found", source=str(path))
+    try:
+        if not path.is_file():
+            raise ConfigError(f"{what} file not found", source=str(path))
+        size = path.stat().st_size
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise ConfigError(f"cannot read the {what} file: {exc.strerror or exc}", source=str(path)) from None
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(f"the {what} file is {size:,} bytes; clustersim reads {what} files of at most "
+                          f"{MAX_YAML_BYTES:,} bytes (hand-written ones are a few KB)", source=str(path))
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -30,12 +79,23 @@ def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
                           source=str(path)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read the {what} file: {exc.strerror or exc}", source=str(path)) from None
+    if _flow_nesting(text) > MAX_FLOW_NESTING:
+        raise ConfigError(f"invalid YAML: [ ] or {{ }} nested more than {MAX_FLOW_NESTING} levels deep (a {what} "
+                          f"nests three or four)", source=str(path))
     try:
         data = yaml.safe_load(text)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (its message spans lines)
+        ch = f"#x{exc.character:04x}" if isinstance(exc.character, int) else short_repr(exc.character)
+        raise ConfigError(f"invalid YAML: character {ch}: {exc.reason}", source=str(path),
+                          field=f"line {text.count(chr(10), 0, exc.position) + 1}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
-        raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", source=str(path), field=where) from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
+        raise ConfigError(f"invalid YAML: {problem}", source=str(path), field=where) from None
+    except RecursionError:  # the composer recurses per level, e.g. of a block "- - - - ... x"
+        raise ConfigError(f"invalid YAML: nested too deeply (a {what} nests a few levels)",
+                          source=str(path)) from None
     if data is None:
         raise ConfigError(f"the {what} file is empty", source=str(path))
     if not isinstance(data, dict):
@@ -69,5 +129,5 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
         else:
             msg = err["msg"].removeprefix("Value error, ")
             if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(err["input"], dict):
-                msg += f" (got {err['input']!r})"
+                msg += f" (got {short_repr(err['input'])})"
         raise ConfigError(msg, source=source, field=field) from None

@@ -40,33 +40,39 @@ import networkx as nx
 import pydantic
 
 from ..errors import ConfigError
-from ..yamlio import Strict, read_yaml, validate
+from ..yamlio import Strict, read_yaml, short_repr, validate
 from .gpus import GpuSpec, lookup_gpu
 
 # Switch vertex kinds of the scale-out fabric and their tier (height above the NICs)
 TIERS = {"leaf": 1, "spine": 2, "core": 3}
 
+# Size caps, checked from the config before any graph is built (see :func:`check_size`)
+MAX_GPUS = 131_072  # the cluster graph and its routes are built in memory (5-10 s at this size)
+MAX_FABRIC_CABLES = 200_000  # switch-to-switch cables (~2 s to build); dgx-a100.yaml at MAX_GPUS has 131,200
+MAX_PORTS = 65_536  # fabric.radix, .spines, .nodes_per_leaf, .leaves_per_pod: more than any switch
+
 
 class LinkCfg(Strict):
     """One kind of link. Bandwidth per direction."""
 
-    bw_GBps: float | None = pydantic.Field(default=None, gt=0)
-    latency_us: float = pydantic.Field(default=1.0, ge=0)
+    # bounds keep bytes/s and seconds finite and positive (1e300 GB/s would overflow to inf)
+    bw_GBps: float | None = pydantic.Field(default=None, ge=1e-3, le=1e6)
+    latency_us: float = pydantic.Field(default=1.0, ge=0, le=1e6)
     efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
 
 
 class NicCfg(Strict):
-    bw_Gbps: float = pydantic.Field(default=200, gt=0)
-    latency_us: float = pydantic.Field(default=1.0, ge=0)
+    bw_Gbps: float = pydantic.Field(default=200, ge=1e-2, le=1e7)
+    latency_us: float = pydantic.Field(default=1.0, ge=0, le=1e6)
     efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
 
 
 class NodeCfg(Strict):
-    gpus: int = pydantic.Field(default=8, ge=1)
+    gpus: int = pydantic.Field(default=8, ge=1, le=MAX_GPUS)
     nvlink: LinkCfg = LinkCfg()
     nics: int | None = pydantic.Field(default=None, ge=1, description="NICs per node; default one per GPU")
     nic: NicCfg = NicCfg()
-    pcie_GBps: float = pydantic.Field(default=32, gt=0, description="GPU <-> NIC, per direction")
+    pcie_GBps: float = pydantic.Field(default=32, ge=1e-3, le=1e6, description="GPU <-> NIC, per direction")
 
     @pydantic.model_validator(mode="after")
     def _nics_divide(self):
@@ -84,14 +90,14 @@ class FabricCfg(Strict):
     kind: Literal["leaf_spine", "fat_tree", "none"] = "leaf_spine"
     rail_optimized: bool = True
     nodes_per_leaf: int | None = pydantic.Field(
-        default=None, ge=1, description="leaf_spine: default 16; fat_tree: default from radix")
-    spines: int | None = pydantic.Field(default=None, ge=1, description="leaf_spine; default: one per leaf")
-    radix: int = pydantic.Field(default=64, ge=2, description="fat_tree: ports per switch")
+        default=None, ge=1, le=MAX_PORTS, description="leaf_spine: default 16; fat_tree: default from radix")
+    spines: int | None = pydantic.Field(default=None, ge=1, le=MAX_PORTS, description="leaf_spine; default: one per leaf")
+    radix: int = pydantic.Field(default=64, ge=2, le=MAX_PORTS, description="fat_tree: ports per switch")
     tiers: Literal[2, 3] = 2
     oversubscription: float = pydantic.Field(default=1.0, ge=1.0)
     pod_oversubscription: float = pydantic.Field(default=1.0, ge=1.0, description="fat_tree, 3 tiers")
-    leaves_per_pod: int | None = pydantic.Field(default=None, ge=1, description="fat_tree, 3 tiers")
-    latency_us: float = pydantic.Field(default=0.6, ge=0, description="per switch-to-switch hop")
+    leaves_per_pod: int | None = pydantic.Field(default=None, ge=1, le=MAX_PORTS, description="fat_tree, 3 tiers")
+    latency_us: float = pydantic.Field(default=0.6, ge=0, le=1e6, description="per switch-to-switch hop")
     efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
 
     @pydantic.model_validator(mode="after")
@@ -144,12 +150,14 @@ class TopologyCfg(Strict):
     # the file it was read from, for error lines raised when the graph is built
     _source: str | None = pydantic.PrivateAttr(default=None)
 
-    @pydantic.model_validator(mode="after")
-    def _fabric_joins_nodes(self):
-        if self.nodes > 1 and self.fabric.kind == "none":
-            raise ValueError(f"fabric.kind is 'none' but the cluster has {self.nodes} nodes; "
+    @pydantic.field_validator("fabric")
+    @classmethod
+    def _fabric_joins_nodes(cls, v: FabricCfg, info: pydantic.ValidationInfo) -> FabricCfg:
+        nodes = info.data.get("nodes", 1)  # absent when nodes itself is invalid (reported)
+        if nodes > 1 and v.kind == "none":
+            raise ValueError(f"fabric.kind is 'none' but the cluster has {nodes} nodes; "
                              "use leaf_spine or fat_tree to join them")
-        return self
+        return v
 
     @pydantic.field_validator("gpu")
     @classmethod
@@ -157,25 +165,78 @@ class TopologyCfg(Strict):
         try:
             lookup_gpu(v)
         except KeyError as exc:
+            if len(v) > 40:  # the catalogue's message quotes the name whole
+                raise ValueError(f"unknown GPU {short_repr(v)} (see the GPU catalogue in docs/reference.md)") from None
             raise ValueError(exc.args[0]) from None
         return v
 
 
-def load_topology_cfg(path: Path, overrides: dict | None = None) -> TopologyCfg:
+def load_topology_cfg(path: Path, overrides: dict | None = None, *, build: bool = True) -> TopologyCfg:
     """Read a topology YAML; ``overrides`` (e.g. ``{"nodes": 128}`` from a scenario) win.
 
-    Also checks what the fields imply together (fat-tree switch counts against the radix) and,
-    when ``what_if`` removes or degrades something, builds the graph once so that a misspelt
-    name or a partitioning fault is reported now, naming the file and the entry.
+    Also checks what the fields imply together (fat-tree switch counts against the radix, the
+    size caps of :func:`check_size`) and, with ``build``, checks ``what_if`` (see
+    :func:`check_what_ifs`) so that a misspelt name or a partitioning fault is reported now,
+    naming the file and the entry. ``load_scenario`` passes ``build=False`` and checks the
+    what-ifs after its own, cheaper checks, with the scenario's what-ifs merged in.
     """
     data = read_yaml(path, what="topology")
     data.update(overrides or {})
     cfg = validate(TopologyCfg, data, source=str(path))
     cfg._source = str(path)
-    plan_fabric(cfg)
-    if any(w.gpu is None for w in cfg.what_if):
-        build_cluster(cfg)
+    check_size(cfg)
+    if build:
+        check_what_ifs(cfg)
     return cfg
+
+
+def check_what_ifs(cfg: TopologyCfg) -> Cluster | None:
+    """Check ``cfg.what_if`` without simulating: GPU indices in range and, when an entry
+    degrades or removes a cable or switch, the names and the reach of every GPU, on the built
+    graph, which is returned (None when no graph was needed)."""
+    gpus = cfg.nodes * cfg.node.gpus
+    for i, w in enumerate(cfg.what_if):
+        if w.gpu is not None and w.gpu >= gpus:
+            raise _fail(cfg, f"what_if[{i}]", f"GPU {w.gpu} does not exist; the cluster has GPUs 0-{gpus - 1}")
+    if all(w.gpu is not None for w in cfg.what_if):
+        return None
+    return build_cluster(cfg)
+
+
+def check_size(cfg: TopologyCfg) -> FabricPlan | None:
+    """Refuse, before anything is built, a cluster too large to build in seconds: more than
+    ``MAX_GPUS`` GPUs, or a fabric of more than ``MAX_FABRIC_CABLES`` switch-to-switch cables
+    (e.g. ``leaf_spine`` without ``spines``, one per leaf, on thousands of leaves, or a
+    fat tree whose huge radix derives tens of thousands of spines). Returns the fabric plan."""
+    world = cfg.nodes * cfg.node.gpus
+    if world > MAX_GPUS:
+        raise _fail(cfg, "nodes", f"{short_repr(cfg.nodes)} nodes x {cfg.node.gpus} GPUs = "
+                                  f"{f'{world:,}' if world < 10**30 else short_repr(world)} "
+                                  f"GPUs; clustersim builds the cluster graph in memory and takes at most "
+                                  f"{MAX_GPUS:,} GPUs: use fewer nodes")
+    plan = plan_fabric(cfg)
+    if plan is None or cfg.nodes < 2 or plan.leaves < 2:
+        return plan
+    fab = cfg.fabric
+    switches = plan.leaves + plan.spines * max(plan.pods, 1)
+    cables = plan.leaves * plan.spines
+    if plan.pods > 1:
+        switches += plan.spines * plan.cores_per_plane
+        cables += plan.spines * plan.cores_per_plane * plan.pods
+    if cables <= MAX_FABRIC_CABLES:
+        return plan
+    what = f"{switches:,} switches joined by {cables:,} cables; clustersim builds fabrics of at most " \
+           f"{MAX_FABRIC_CABLES:,} switch-to-switch cables"
+    if fab.kind == "leaf_spine":
+        if fab.spines is None:
+            raise _fail(cfg, "fabric.spines", f"not set, so one spine per leaf: {plan.leaves:,} leaves x "
+                                              f"{plan.spines:,} spines = {what}; set fabric.spines (e.g. 16 or 32)")
+        raise _fail(cfg, "fabric.spines", f"{plan.leaves:,} leaves x {plan.spines:,} spines = {what}; "
+                                          f"use fewer spines")
+    field_ = "fabric.radix" if fab.nodes_per_leaf is None else "fabric.nodes_per_leaf"
+    raise _fail(cfg, field_, f"the fat tree of radix {fab.radix} ({plan.nodes_per_leaf:,} nodes per leaf, "
+                             f"{plan.spines:,} spines{' per pod' if fab.tiers == 3 else ''}) has {what}; "
+                             f"use a smaller radix")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,16 +463,27 @@ class Cluster:
             return meet[zlib.crc32(salt.encode()) % len(meet)]
         t, tops = meet
         up, g, above_b = self._up, self.graph, self._above(b)
+        # the choices at a switch depend on the switch and where the route turns (or goes),
+        # not on the endpoints: remember them (a 16K-GPU step routes ~10^5 pairs)
+        memo = self.__dict__.setdefault("_choices_cache", {})
         hops, v = [a], a
         for i in range(1, t + 1):  # up: i tiers above a, t - i below the turn
-            if i == t:
-                choices = [w for w in up[v] if w in tops]
-            else:
-                choices = [w for w in up[v] if not self._above(w)[t - i].isdisjoint(tops)]
+            key = ("up", v, t - i, tops)
+            choices = memo.get(key)
+            if choices is None:
+                if i == t:
+                    choices = [w for w in up[v] if w in tops]
+                else:
+                    choices = [w for w in up[v] if not self._above(w)[t - i].isdisjoint(tops)]
+                memo[key] = choices
             v = _ecmp(choices, salt, v if i > 1 else None)
             hops.append(v)
         for i in range(t - 1, -1, -1):  # down toward b
-            v = _ecmp(sorted(y for y in above_b[i] if g.has_edge(v, y)), salt, v)
+            key = ("down", v, b, i)
+            choices = memo.get(key)
+            if choices is None:
+                choices = memo[key] = sorted(y for y in above_b[i] if g.has_edge(v, y))
+            v = _ecmp(choices, salt, v)
             hops.append(v)
         return hops
 
@@ -507,7 +579,7 @@ def _link(g: nx.DiGraph, u: str, v: str, line_bw_Bps: float, eff: float, latency
 def build_cluster(cfg: TopologyCfg) -> Cluster:
     """Build the graph described by ``cfg`` (pure; same cfg -> same graph, same edge order)."""
     gpu = lookup_gpu(cfg.gpu)
-    plan = plan_fabric(cfg)
+    plan = check_size(cfg)
     n = cfg.node
     nics = n.nics or n.gpus
     nvl_bw = (n.nvlink.bw_GBps * 1e9) if n.nvlink.bw_GBps else gpu.nvlink_bw_Bps
@@ -594,65 +666,81 @@ def _apply_what_ifs(cluster: Cluster) -> None:
 
     Routes are computed later on the graph that remains (``Cluster.path``). GPUs never forward
     for each other across the fabric, so a removal that leaves some GPU without a route to a
-    GPU of another node partitions the cluster: a ConfigError naming the entry and the GPUs
-    cut off. NVLink and PCIe cables and NVSwitches can be degraded but not removed (a node
-    with a broken NVSwitch is drained, not run).
+    GPU of another node partitions the cluster: a ConfigError naming the first entry that did
+    and the GPUs cut off (see :class:`_Reach`). NVLink and PCIe cables and NVSwitches can be
+    degraded but not removed (a node with a broken NVSwitch is drained, not run).
     """
-    cfg, g = cluster.cfg, cluster.graph
+    cfg = cluster.cfg
+    removes = any(w.remove_link is not None or w.remove_switch is not None for w in cfg.what_if)
+    reach = _Reach(cluster) if removes else None
     for i, w in enumerate(cfg.what_if):
-        where = f"what_if[{i}]"
-        if w.gpu is not None:
-            if w.gpu >= cluster.num_gpus:
-                raise _fail(cfg, where, f"GPU {w.gpu} does not exist; the cluster has GPUs 0-{cluster.num_gpus - 1}")
-            cluster.gpu_slowdown[w.gpu] = cluster.gpu_slowdown.get(w.gpu, 1.0) * w.slowdown
-        elif w.link is not None:
-            u, v = _cable(cluster, w.link, where, "link")
-            for a, b in ((u, v), (v, u)):
-                e = g.edges[a, b]
-                e["line_bw_Bps"] *= w.bw_factor
-                e["bw_Bps"] = e["line_bw_Bps"] * e["efficiency"]
-        elif w.remove_link is not None:
-            u, v = _cable(cluster, w.remove_link, where, "remove_link")
-            kinds = (g.nodes[u]["kind"], g.nodes[v]["kind"])
-            if not all(k in TIERS or k == "nic" for k in kinds):
-                kind = {"nvlink": "an NVLink", "pcie": "a PCIe"}.get(g.edges[u, v]["kind"], "a")
-                raise _fail(cfg, where, f"{w.remove_link} is {kind} cable; only network cables "
-                                        "(NIC-leaf, leaf-spine, spine-core) can be removed; degrade it with "
-                                        "link and bw_factor instead")
-            g.remove_edge(u, v)
-            g.remove_edge(v, u)
-            for nic in (u, v):
-                if g.nodes[nic]["kind"] == "nic":
-                    g.nodes[nic]["leaf"] = None
-            _check_reach(cluster, where, f"removing cable {w.remove_link}")
-        else:
-            s = w.remove_switch.strip()
-            if s not in g:
-                raise _fail(cfg, where, f"no switch named {s!r} in this topology{_names_hint(g)}")
-            if g.nodes[s]["kind"] not in TIERS:
-                kind = "an NVSwitch" if g.nodes[s]["kind"] == "nvswitch" else f"a {g.nodes[s]['kind']}"
-                raise _fail(cfg, where, f"{s} is {kind}, not a fabric switch (leaf, spine or core); "
-                                        "only those can be removed")
-            for nic in g.predecessors(s):
-                if g.nodes[nic]["kind"] == "nic":
-                    g.nodes[nic]["leaf"] = None
-            g.remove_node(s)
-            _check_reach(cluster, where, f"removing switch {s}")
+        try:
+            _apply_what_if(cluster, i, w, reach)
+        except ConfigError:
+            if reach is not None:  # an earlier entry that cut GPUs off is the first error
+                reach.check()
+            raise
+    if reach is not None:
+        reach.check()
+
+
+def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None) -> None:
+    cfg, g = cluster.cfg, cluster.graph
+    where = f"what_if[{i}]"
+    if w.gpu is not None:
+        if w.gpu >= cluster.num_gpus:
+            raise _fail(cfg, where, f"GPU {w.gpu} does not exist; the cluster has GPUs 0-{cluster.num_gpus - 1}")
+        cluster.gpu_slowdown[w.gpu] = cluster.gpu_slowdown.get(w.gpu, 1.0) * w.slowdown
+    elif w.link is not None:
+        u, v = _cable(cluster, w.link, where, "link")
+        for a, b in ((u, v), (v, u)):
+            e = g.edges[a, b]
+            e["line_bw_Bps"] *= w.bw_factor
+            e["bw_Bps"] = e["line_bw_Bps"] * e["efficiency"]
+    elif w.remove_link is not None:
+        u, v = _cable(cluster, w.remove_link, where, "remove_link")
+        kinds = (g.nodes[u]["kind"], g.nodes[v]["kind"])
+        if not all(k in TIERS or k == "nic" for k in kinds):
+            kind = {"nvlink": "an NVLink", "pcie": "a PCIe"}.get(g.edges[u, v]["kind"], "a")
+            raise _fail(cfg, where, f"{u}-{v} is {kind} cable; only network cables "
+                                    "(NIC-leaf, leaf-spine, spine-core) can be removed; degrade it with "
+                                    "link and bw_factor instead")
+        g.remove_edge(u, v)
+        g.remove_edge(v, u)
+        nics = [x for x in (u, v) if g.nodes[x]["kind"] == "nic"]
+        for nic in nics:
+            g.nodes[nic]["leaf"] = None
+        reach.removed(i, f"removing cable {u}-{v}", edge=(u, v), nics=nics)
+    else:
+        s = w.remove_switch.strip()
+        if s not in g:
+            raise _fail(cfg, where, f"no switch named {short_repr(s)} in this topology{_names_hint(g)}")
+        if g.nodes[s]["kind"] not in TIERS:
+            kind = "an NVSwitch" if g.nodes[s]["kind"] == "nvswitch" else f"a {g.nodes[s]['kind']}"
+            raise _fail(cfg, where, f"{s} is {kind}, not a fabric switch (leaf, spine or core); "
+                                    "only those can be removed")
+        nics = [x for x in g.predecessors(s) if g.nodes[x]["kind"] == "nic"]
+        for nic in nics:
+            g.nodes[nic]["leaf"] = None
+        g.remove_node(s)
+        reach.removed(i, f"removing switch {s}", switch=s, nics=nics)
 
 
 def _cable(cluster: Cluster, spec: str, where: str, key: str) -> tuple[str, str]:
     """The two ends of cable ``"u-v"`` (vertex names hold no '-'), or a ConfigError."""
     g, cfg = cluster.graph, cluster.cfg
     ends = [p.strip() for p in spec.split("-")]
+    quoted = short_repr(spec)
     if len(ends) != 2 or not all(ends):
-        raise _fail(cfg, where, f"{key} {spec!r} is not a cable; write its two ends as \"u-v\", "
+        raise _fail(cfg, where, f"{key} {quoted} is not a cable; write its two ends as \"u-v\", "
                                 "e.g. \"n0.nic0-leaf0.0\"")
     for end in ends:
         if end not in g:
-            raise _fail(cfg, where, f"{key} {spec!r}: no vertex named {end!r} in this topology{_names_hint(g)}")
+            raise _fail(cfg, where, f"{key} {quoted}: no vertex named {short_repr(end)} in this "
+                                    f"topology{_names_hint(g)}")
     u, v = ends
     if not g.has_edge(u, v):
-        raise _fail(cfg, where, f"{key} {spec!r}: {u} and {v} are not joined by a cable")
+        raise _fail(cfg, where, f"{key} {quoted}: {u} and {v} are not joined by a cable")
     return u, v
 
 
@@ -668,35 +756,77 @@ def _names_hint(g: nx.DiGraph) -> str:
                                       for vs in first.values()) + ")"
 
 
-def _check_reach(cluster: Cluster, where: str, what: str) -> None:
-    """ConfigError if some GPU lost every route to a GPU of another node.
+class _Reach:
+    """Whether every GPU still reaches the GPUs of other nodes after the what-if removals.
 
     Across nodes a GPU reaches another only through its own NIC, its leaf and the switches
     (GPUs do not forward), so two GPUs of different nodes are joined exactly when their NICs'
     leaves lie in one connected part of the switch graph. In the intact fabric every leaf is in
-    one part; after a removal every GPU must still be.
+    one part; after the removals every GPU must still be.
+
+    Checked once, after the last removal, not after each: a check walks the whole fabric, and
+    a long what_if list on a large cluster took minutes. Removals only take away, so when the
+    end state is whole every state before it was; when it is not, the first entry that cut
+    GPUs off is found by bisection over the removals, replayed on the intact switch graph.
     """
-    g = cluster.graph
-    if cluster.cfg.nodes < 2:
-        return
-    switches = nx.Graph()
-    switches.add_nodes_from(v for v, k in g.nodes(data="kind") if k in TIERS)
-    switches.add_edges_from((u, v) for u, v in g.edges() if u in switches and v in switches)
-    part = {v: i for i, comp in enumerate(nx.connected_components(switches)) for v in comp}
-    groups: dict[int | None, list[int]] = {}
-    for x, name in enumerate(cluster.gpu_names):
-        leaf = g.nodes[g.nodes[name]["nic"]]["leaf"]
-        groups.setdefault(part[leaf] if leaf is not None else None, []).append(x)
-    if len(groups) == 1 and None not in groups:
-        return
-    # the largest part is "the rest"; every other part, and every GPU whose NIC lost its leaf, is cut off
-    main = max((k for k in groups if k is not None), key=lambda k: (len(groups[k]), -groups[k][0]), default=None)
-    cut = sorted(x for k, xs in groups.items() if k != main for x in xs)
-    msg = (f"{what} cuts GPUs {_gpu_list(cut)} off from the other {cluster.num_gpus - len(cut)} GPUs"
-           if main is not None else f"{what} leaves no GPU connected to the fabric")
-    if len(groups) > 2 and None not in groups:
-        msg += f" (the fabric falls into {len(groups)} parts)"
-    raise _fail(cluster.cfg, where, msg + "; no route is left between them through the network")
+
+    def __init__(self, cluster: Cluster):
+        g = cluster.graph
+        self.cluster = cluster
+        self.switches = nx.Graph()  # intact, before any removal
+        self.switches.add_nodes_from(v for v, k in g.nodes(data="kind") if k in TIERS)
+        self.switches.add_edges_from((u, v) for u in self.switches for v in g.successors(u) if v in self.switches)
+        self.nic_gpus: dict[str, list[int]] = {}  # NIC -> the GPUs behind it
+        for x, name in enumerate(cluster.gpu_names):
+            self.nic_gpus.setdefault(g.nodes[name]["nic"], []).append(x)
+        self.nic_leaf = {nic: g.nodes[nic]["leaf"] for nic in self.nic_gpus}
+        # per removal: (entry index, what it did, cable or None, switch or None, NICs it detached)
+        self.removals: list[tuple[int, str, tuple[str, str] | None, str | None, list[str]]] = []
+
+    def removed(self, i: int, what: str, *, edge: tuple[str, str] | None = None, switch: str | None = None,
+                nics: list[str]) -> None:
+        self.removals.append((i, what, edge, switch, nics))
+
+    def check(self) -> None:
+        """ConfigError naming the first removal that cut a GPU off, if one did."""
+        n = len(self.removals)
+        if self.cluster.cfg.nodes < 2 or n == 0 or self._cut_off(n) is None:
+            return
+        lo, hi = 1, n  # the fewest removals, from the first, that cut a GPU off
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._cut_off(mid) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        i, what = self.removals[lo - 1][:2]
+        raise _fail(self.cluster.cfg, f"what_if[{i}]", f"{what} {self._cut_off(lo)}")
+
+    def _cut_off(self, k: int) -> str | None:
+        """After the first ``k`` removals: None if every GPU reaches the others, else why not."""
+        switches, detached = self.switches.copy(), set()
+        for _, _, edge, switch, nics in self.removals[:k]:
+            if edge is not None and switches.has_edge(*edge):
+                switches.remove_edge(*edge)
+            if switch is not None:
+                switches.remove_node(switch)
+            detached.update(nics)
+        part = {v: j for j, comp in enumerate(nx.connected_components(switches)) for v in comp}
+        groups: dict[int | None, list[int]] = {}
+        for nic, gpus in self.nic_gpus.items():
+            leaf = None if nic in detached else self.nic_leaf[nic]
+            groups.setdefault(part[leaf] if leaf is not None else None, []).extend(gpus)
+        if len(groups) == 1 and None not in groups:
+            return None
+        # the largest part is "the rest"; every other part, and every GPU whose NIC lost its leaf, is cut off
+        main = max((j for j in groups if j is not None), key=lambda j: (len(groups[j]), -min(groups[j])),
+                   default=None)
+        cut = sorted(x for j, xs in groups.items() if j != main for x in xs)
+        msg = (f"cuts GPUs {_gpu_list(cut)} off from the other {self.cluster.num_gpus - len(cut)} GPUs"
+               if main is not None else "leaves no GPU connected to the fabric")
+        if len(groups) > 2 and None not in groups:
+            msg += f" (the fabric falls into {len(groups)} parts)"
+        return msg + "; no route is left between them through the network"
 
 
 def _gpu_list(ids: list[int], most: int = 6) -> str:

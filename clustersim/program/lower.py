@@ -38,30 +38,112 @@ from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 class Symmetry:
     """Which ranks run in the simulation and whom each stands for.
 
-    Collapsed (default): ranks differing only in their DP, TP or CP index run identical
-    programs on identical hardware, so one rank per pipeline stage is simulated (per stage
-    and CP index when CP is not load-balanced: its ranks' attention work differs); a
-    communication instance stands for its twins (same shape on other GPUs), which still load
-    shared links. Not collapsed: every rank is simulated, there are no twins. Both give the
-    same numbers on a symmetric placement; where twins meet different links (a stage that
-    spans two leaf groups) an orbit moves at its slowest member's pace, a close upper bound
-    (engine/network.py ``plan_flows``; tests/test_engine.py).
+    Ranks fall into classes whose members run identical programs at identical times; ``rep``
+    maps every rank to its class's lowest rank, the one simulated. A communication instance
+    stands for its twins (the same communication of other groups whose members map to the
+    same simulated ranks), which still load shared links.
+
+    - Not collapsed: every rank is its own class; there are no twins.
+    - Collapsed, every GPU at one pace: ranks differing only in their DP, TP or CP index run
+      identical programs on identical hardware, so one class per pipeline stage (per stage and
+      CP index when CP is not load-balanced: its ranks' attention work differs).
+    - Collapsed, with stragglers (``slow``: rank -> compute slowdown; rank r runs on GPU r):
+      the classes split around them. A straggler's *coupled* DP indices (its own; with EP,
+      every DP index of its EP group, whose all-to-alls join them every layer) meet it in TP,
+      CP, PP or EP communication inside every microbatch, so each of their ranks is a class
+      of its own. Every other rank is *uncoupled*: its TP, CP, PP and EP groups hold uncoupled
+      ranks only, and it meets the coupled ranks only in the gradient and ZeRO collectives
+      over ``cp+dp`` (fixed by pipeline stage and TP index) and ``cp+edp`` (fixed by those and
+      the index inside the EP group). Uncoupled ranks with the same (pipeline stage, TP index,
+      index in the EP group; and CP index when CP ranks differ) are in the *same* such groups
+      and in groups of identical class pattern otherwise, so they form one class (see
+      :meth:`_split_classes`).
+
+    All three give the same numbers on a symmetric placement; where twins meet different links
+    (a stage that spans two leaf groups) an orbit moves at its slowest member's pace, a close
+    upper bound (engine/network.py ``plan_flows``; tests/test_engine.py, tests/test_symmetry.py).
+    Split classes are exact task by task, and approximate only where a collective shared with
+    the stragglers' replicas shares GPU links with a member's own traffic while it runs
+    (docs/architecture.md, "Classes split around stragglers").
     """
 
     mesh: Mesh
     collapse: bool
     cp_distinct: bool = False  # CP ranks run different programs (unbalanced causal attention)
+    slow: dict[int, float] = field(default_factory=dict)  # rank -> compute slowdown (stragglers)
     rep: dict[int, int] = field(init=False)
     _orbits: dict = field(init=False, default_factory=dict)
     _shapes: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         m = self.mesh
-        if self.collapse:
+        stragglers = sorted(r for r, f in self.slow.items() if f != 1.0 and 0 <= r < m.world_size)
+        if not self.collapse:
+            self.rep = {r: r for r in range(m.world_size)}
+        elif stragglers:
+            self.rep = self._split_classes(stragglers)
+        else:
             keep = ("pp", "cp") if self.cp_distinct else ("pp",)
             self.rep = {r: m.rank(**{d: v for d, v in m.coords(r).items() if d in keep}) for r in range(m.world_size)}
-        else:
-            self.rep = {r: r for r in range(m.world_size)}
+
+    @staticmethod
+    def coupled_dp(mesh: Mesh, stragglers) -> set[int]:
+        """DP indices whose ranks meet a straggler inside every microbatch: the straggler's own
+        and, with EP, the other DP indices of its EP group."""
+        return {mesh.coords(x)["dp"] for s in stragglers for x in mesh.group(s, "ep")}
+
+    @classmethod
+    def split_count(cls, mesh: Mesh, stragglers, cp_distinct: bool = False) -> int:
+        """How many ranks the split classes simulate, without building them: every rank of
+        a coupled DP index, plus one per (stage, TP index, [CP index,] index in the EP group)
+        while uncoupled DP indices remain."""
+        coupled = len(cls.coupled_dp(mesh, stragglers))
+        per_dp = mesh.tp * mesh.cp * mesh.pp
+        uncoupled = mesh.pp * mesh.tp * (mesh.cp if cp_distinct else 1) * mesh.ep if coupled < mesh.dp else 0
+        return coupled * per_dp + uncoupled
+
+    def _split_classes(self, stragglers: list[int]) -> dict[int, int]:
+        """``rep`` for stragglers: coupled ranks alone, uncoupled ones by (stage, TP index,
+        [CP index,] index in their EP group), each class simulated by its lowest rank.
+
+        Why every rank of a class starts and ends each task when the full simulation has its
+        representative do so: members of a class have the same pipeline stage, TP index and
+        EP index (and CP index where it changes the work), so the same program at the same
+        pace (no straggler is uncoupled). Their ``cp+dp`` group is one and the same group (it
+        fixes stage and TP index only), and so is their ``cp+edp`` group (the expert-DP group
+        is the DP indices with the same index in their EP groups): a collective that involves
+        coupled ranks ends at one instant for all its members. Their TP, CP, PP and EP groups
+        contain uncoupled ranks only, at positions whose classes agree member by member, so by
+        induction over the step every such communication starts and ends at the same instants
+        for each of them. Dropping the TP index from the key would not be exact: the
+        straggler's TP peers finish their compute earlier than it does, so the ``cp+dp``
+        groups of different TP indices reduce at different times; likewise EP indices for
+        ``cp+edp``. The CP index is dropped when CP is balanced: every ``cp+dp`` group spans
+        all CP indices, and the CP ranks of an uncoupled group run alike.
+
+        What this does not cover is how a shared collective's flows meet a member's own
+        traffic on its GPU links while they run: a ring's flow into a member comes from its
+        ring predecessor, a coupled rank for some members and not for others. Where that
+        overlap happens (ZeRO-2/3 collectives every microbatch or layer) members differ in the
+        full simulation by a little, and no merging of DP indices would be exact.
+        """
+        m = self.mesh
+        coupled = self.coupled_dp(m, stragglers)
+        # a DP index's position in its EP group: 0 everywhere without EP
+        ep_index = {}
+        for d in range(m.dp):
+            grp = [m.coords(x)["dp"] for x in m.group(m.rank(dp=d), "ep")]
+            ep_index[d] = grp.index(d)
+        rep: dict[int, int] = {}
+        first: dict[tuple, int] = {}
+        for r in range(m.world_size):  # ascending: a class's first rank is its lowest
+            c = m.coords(r)
+            if c["dp"] in coupled:
+                rep[r] = r
+                continue
+            key = (c["pp"], c["tp"], c["cp"] if self.cp_distinct else 0, ep_index[c["dp"]])
+            rep[r] = first.setdefault(key, r)
+        return rep
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -600,11 +682,8 @@ def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lower
     mesh = sc.mesh
     cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
     collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
-    if sc.cluster.gpu_slowdown:
-        # a straggler runs a program of its own pace, and every rank it meets in a collective
-        # or a send waits for it: no two ranks stay alike, so every rank is simulated
-        collapse = False
-    sym = Symmetry(mesh, collapse, cp_distinct)
+    # a straggler (rank r runs on GPU r) splits the classes around it (Symmetry)
+    sym = Symmetry(mesh, collapse, cp_distinct, slow=dict(sc.cluster.gpu_slowdown))
     work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
     cp_work = {c: [stage_work(sc, j, sc.cluster.gpu, c) for j in range(sc.n_parts)]
                for c in range(mesh.cp)} if cp_distinct else {}

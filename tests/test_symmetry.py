@@ -1,0 +1,195 @@
+"""Symmetry at 64-256 GPUs: the collapsed run, and the classes split around stragglers, give
+the numbers of the run that simulates every rank, for every kind of parallelism.
+
+Small models (few layers, hidden 1024) on DGX H100 nodes of one leaf group, so that each
+all-ranks run takes a second or a few. Every case here is one where the engine's twin model
+is exact (docs/architecture.md, "Symmetric collapse"): agreement is to 1e-9 relative, memory
+included. A communication of the simulated ranks carries its twins' flows, but a twin GPU's
+own other traffic is seen only on the simulated GPU it stands for; where a collective's flows
+cross twin GPUs while those carry other traffic (ZeRO-2/3 reducing every microbatch over DP
+rings that span nodes, for instance) the steps differ by up to ~1 % (Known limitations;
+``test_collapse_where_twins_traffic_is_unseen_is_close``), so the cases here keep such rings
+inside a node, on NICs of their own (TP 8 fills the node), or reduce once per step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import clustersim
+from clustersim.plan.mesh import Mesh
+from clustersim.program.lower import Symmetry, lower
+
+from .conftest import ROOT
+
+MODEL = {"name": "tiny", "layers": 8, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 1024}
+MOE = {"experts": 8, "top_k": 2, "expert_ffn": 1024}
+REL = 1e-9
+
+
+def _scenario(nodes: int, parallel: dict, *, moe: bool = False, layers: int = 8, training: dict | None = None,
+              what_if=()) -> clustersim.Scenario:
+    """``nodes`` DGX H100 nodes (one leaf group up to 32), two microbatches per pipeline rank."""
+    p = {"pp": 1, "dp": 1, **parallel}
+    d = {"name": "symmetry", "cluster": {"topology": "topologies/dgx-h100.yaml", "nodes": nodes,
+                                         "what_if": list(what_if)},
+         "model": {**MODEL, "layers": layers, **({"moe": MOE} if moe else {})},
+         "parallel": p,
+         "training": {"micro_batch_size": 1, "global_batch_size": 2 * p["dp"] * p["pp"], **(training or {})}}
+    return clustersim.load_scenario(d, base_dir=ROOT)
+
+
+def _close(a, b, path: str = "") -> None:
+    """Equal, numbers to ``REL`` relative (dicts and lists walked)."""
+    if isinstance(b, dict):
+        assert sorted(a) == sorted(b), path
+        for k in b:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(b, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(b, float):
+        assert a == pytest.approx(b, rel=REL, abs=1e-15), path
+    else:
+        assert a == b, path
+
+
+def _assert_same(sym: dict, full: dict) -> None:
+    """The summary figures that symmetry must not change."""
+    for key in ("step_time_s", "mfu", "hfu", "bubble_fraction", "compute_s", "exposed_comm_s", "comm_s",
+                "memory"):
+        _close(sym[key], full[key], key)
+
+
+def _both(sc) -> tuple[dict, dict]:
+    return clustersim.simulate(sc).summary, clustersim.simulate(sc, collapse=False).summary
+
+
+# (id, nodes, parallel, options): every parallelism, each case a few seconds all-ranks
+COLLAPSE = [
+    ("dp-tp-zero3", 8, {"tp": 8, "dp": 8, "zero": 3}, {}),
+    ("1f1b-sp-zero1", 8, {"tp": 2, "pp": 4, "dp": 8, "sp": True, "zero": 1}, {}),
+    ("interleaved-zero2", 8, {"tp": 1, "pp": 8, "dp": 8, "schedule": "interleaved", "vpp": 2, "zero": 2},
+     {"layers": 16}),
+    ("interleaved-zero3", 8, {"tp": 2, "pp": 8, "dp": 4, "schedule": "interleaved", "vpp": 2, "zero": 3},
+     {"layers": 16}),
+    ("zb-h1-sp-zero2", 8, {"tp": 2, "pp": 8, "dp": 4, "schedule": "zb-h1", "sp": True, "zero": 2}, {"layers": 16}),
+    ("dualpipe-zero1", 8, {"tp": 4, "pp": 8, "dp": 2, "schedule": "dualpipe", "zero": 1}, {"layers": 16}),
+    ("cp-ring-balanced", 8, {"tp": 4, "cp": 2, "pp": 2, "dp": 4}, {}),
+    ("cp-ring-unbalanced", 8, {"tp": 2, "cp": 4, "pp": 2, "dp": 4, "cp_load_balance": False}, {}),
+    ("cp-all-gather-balanced", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "cp_comm": "all_gather"}, {}),
+    ("cp-all-gather-unbalanced", 8, {"tp": 4, "cp": 2, "pp": 2, "dp": 4, "cp_comm": "all_gather",
+                                     "cp_load_balance": False}, {}),
+    ("moe-ep4", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, {"moe": True}),
+    ("moe-ep4-strided-cp2", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "ep": 4, "order": "tp-cp-dp-ep-pp"},
+     {"moe": True}),
+    ("recompute-full", 8, {"tp": 4, "pp": 2, "dp": 8, "order": "tp-pp-dp"}, {"training": {"recompute": "full"}}),
+    ("recompute-selective", 8, {"tp": 8, "pp": 2, "dp": 4, "sp": True}, {"training": {"recompute": "selective"}}),
+    ("256-gpus-1f1b", 32, {"tp": 8, "pp": 4, "dp": 8}, {}),
+]
+
+
+@pytest.mark.parametrize("nodes, parallel, opts", [c[1:] for c in COLLAPSE], ids=[c[0] for c in COLLAPSE])
+def test_collapsed_equals_all_ranks(nodes, parallel, opts):
+    sc = _scenario(nodes, parallel, **opts)
+    rep, full = _both(sc)
+    mesh = sc.mesh
+    per_stage = mesh.cp if (mesh.cp > 1 and not sc.parallel.cp_load_balance) else 1
+    assert rep["simulation"]["simulated_ranks"] == mesh.pp * per_stage
+    assert full["simulation"]["simulated_ranks"] == mesh.world_size
+    _assert_same(rep, full)
+
+
+def test_collapse_where_twins_traffic_is_unseen_is_close():
+    """ZeRO-2 with DP rings across nodes (4 members per node): each microbatch's
+    reduce-scatter shares NVLink ports with the TP all-reduces of the twins' GPUs, which the
+    collapsed run carries on the simulated GPU only. The steps differ by up to 1 % either
+    way (measured +0.8 % here, -0.8 % with 16 layers), as docs/architecture.md, Known
+    limitations, states; not exact, so not in the cases above."""
+    sc = _scenario(8, {"tp": 2, "dp": 32, "zero": 2})
+    rep, full = _both(sc)
+    assert rep["simulation"]["simulated_ranks"] == 1
+    assert rep["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-2)
+
+
+# --- classes split around stragglers ----------------------------------------------------------
+
+def _expected_split(mesh: Mesh, slow: list[int], cp_distinct: bool) -> int:
+    """Every rank of the coupled DP indices, plus one per uncoupled (stage, TP index, [CP
+    index,] EP index) class."""
+    coupled = {mesh.coords(x)["dp"] for s in slow for x in mesh.group(s, "ep")}
+    return len(coupled) * mesh.tp * mesh.cp * mesh.pp + \
+        (mesh.pp * mesh.tp * (mesh.cp if cp_distinct else 1) * mesh.ep if len(coupled) < mesh.dp else 0)
+
+
+# (id, nodes, parallel, options, {gpu: slowdown})
+SPLIT = [
+    # rank = tp + 2 (dp + 8 pp): GPU 13 is stage 0, DP 6, TP 1; GPU 40 stage 2, DP 4, TP 0
+    ("dense-stage0", 8, {"tp": 2, "pp": 4, "dp": 8}, {}, {13: 1.3}),
+    ("dense-last-stage", 8, {"tp": 2, "pp": 4, "dp": 8, "sp": True, "zero": 1}, {}, {63: 1.5}),
+    ("dense-two-stragglers", 8, {"tp": 2, "pp": 4, "dp": 8}, {}, {13: 1.3, 40: 1.1}),
+    ("interleaved-zero2", 8, {"tp": 1, "pp": 8, "dp": 8, "schedule": "interleaved", "vpp": 2, "zero": 2},
+     {"layers": 16}, {29: 1.2}),
+    ("cp-ring-balanced", 8, {"tp": 4, "cp": 2, "pp": 2, "dp": 4}, {}, {13: 1.3}),
+    ("cp-all-gather-unbalanced", 8, {"tp": 4, "cp": 2, "pp": 2, "dp": 4, "cp_comm": "all_gather",
+                                     "cp_load_balance": False}, {}, {45: 1.3, 2: 1.2}),
+    ("moe-ep4", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, {"moe": True}, {13: 1.3}),
+    ("moe-ep4-strided", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "order": "tp-cp-dp-ep-pp"}, {"moe": True},
+     {45: 1.3}),
+    ("256-gpus", 32, {"tp": 8, "pp": 4, "dp": 8}, {}, {100: 1.3}),
+]
+
+
+@pytest.mark.parametrize("nodes, parallel, opts, slow", [c[1:] for c in SPLIT], ids=[c[0] for c in SPLIT])
+def test_split_classes_equal_all_ranks(nodes, parallel, opts, slow):
+    sc = _scenario(nodes, parallel, what_if=[{"gpu": g, "slowdown": f} for g, f in slow.items()], **opts)
+    split, full = _both(sc)
+    mesh = sc.mesh
+    cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
+    n = _expected_split(mesh, list(slow), cp_distinct)
+    assert split["simulation"]["simulated_ranks"] == n < mesh.world_size
+    assert full["simulation"]["simulated_ranks"] == mesh.world_size
+    _assert_same(split, full)
+
+
+def test_split_classes_rule():
+    """Coupled ranks alone, the uncoupled ones by (stage, TP index, EP index), each class
+    simulated by its lowest rank; the weights cover the world."""
+    mesh = Mesh(tp=2, dp=8, pp=2, ep=4)  # EP groups: DP 0-3 and 4-7
+    sym = Symmetry(mesh, True, slow={13: 1.3, 20: 1.0})  # 13: tp 1, dp 6, pp 0; a factor 1 is no straggler
+    coupled = {r for r in range(mesh.world_size) if mesh.coords(r)["dp"] >= 4}
+    assert all(sym.rep[r] == r for r in coupled)
+    assert sum(sym.weight.values()) == mesh.world_size
+    assert len(sym.ranks) == Symmetry.split_count(mesh, [13]) == len(coupled) + 2 * 2 * 4
+    classes = Counter(sym.rep[r] for r in range(mesh.world_size) if r not in coupled)
+    assert set(classes.values()) == {1}  # one EP group uncoupled: each class has one rank
+    for r in range(mesh.world_size):
+        c, k = mesh.coords(r), mesh.coords(sym.rep[r])
+        assert sym.rep[r] <= r and (c["pp"], c["tp"], c["dp"] % 4) == (k["pp"], k["tp"], k["dp"] % 4)
+    # DP 8 without EP: the straggler's replica alone, the other 7 replicas one class per (stage, TP)
+    mesh = Mesh(tp=2, dp=8, pp=2)
+    sym = Symmetry(mesh, True, slow={13: 1.3})
+    assert len(sym.ranks) == 4 + 4 and sorted(set(sym.weight.values())) == [1, 7]
+    assert Symmetry(mesh, False, slow={13: 1.3}).ranks == list(range(32))
+    assert Symmetry(mesh, True, slow={13: 1.0}).ranks == [0, 16]
+
+
+def test_straggler_above_4096_gpus_is_simulated_by_classes(root):
+    """8,192 GPUs, one slow GPU: its replica (8 ranks) and one rank per TP index elsewhere."""
+    d = {"name": "big", "cluster": {"topology": "topologies/dgx-h100.yaml", "nodes": 1024,
+                                    "what_if": [{"gpu": 5, "slowdown": 1.2}]},
+         "model": {**MODEL, "layers": 4}, "parallel": {"tp": 8, "dp": 1024},
+         "training": {"micro_batch_size": 1, "global_batch_size": 1024}}
+    sc = clustersim.load_scenario(d, base_dir=root)
+    sym = Symmetry(sc.mesh, True, slow={5: 1.2})
+    assert len(sym.ranks) == 16 and sym.weight[8] == 1023  # rank 8: TP 0 of DP 1
+
+
+def test_lowering_passes_the_stragglers_and_keeps_them_simulated():
+    sc = _scenario(8, {"tp": 2, "pp": 4, "dp": 8}, what_if=[{"gpu": 13, "slowdown": 1.3}])
+    prog, low = lower(sc)
+    assert 13 in low.sym.ranks and low.sym.weight[13] == 1
+    assert sorted(prog.ranks) == low.sym.ranks and sum(prog.weight.values()) == 64
