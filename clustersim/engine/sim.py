@@ -51,7 +51,20 @@ def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float])
     sig = {e: {(pi, fi): w for pi, fi, w in flows} for e, flows in on_edge.items()}
     links_of: dict[tuple[int, int], frozenset[int]] = {}
     dropped: set[int] = set()
+    # links crossed by one flow only (most links of a flow standing for many twins): of those
+    # of one flow, the one with the highest weight per capacity implies the others
+    single: dict[tuple[int, int], list[int]] = {}
+    for e, flows in sig.items():
+        if len(flows) == 1:
+            single.setdefault(next(iter(flows)), []).append(e)
+    for f, es in single.items():
+        best = max(es, key=lambda e: (sig[e][f] / bw_Bps[e], -e))
+        for e2 in es:
+            if e2 != best and sig[best][f] * (bw_Bps[e2] / bw_Bps[best]) >= sig[e2][f] * (1 - 1e-12):
+                dropped.add(e2)
     for e2, flows2 in sig.items():
+        if e2 in dropped:
+            continue
         # e1 must carry every flow that crosses e2: intersect those flows' links
         cands: set[int] | None = None
         for f in flows2:
