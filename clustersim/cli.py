@@ -63,7 +63,7 @@ def _write_outputs(out: Path, result, *, report: bool, trace: bool) -> list[Path
 
 
 def cmd_run(args) -> int:
-    from .api import simulate
+    from .api import no_cyclic_gc, simulate
     from .config import load_scenario
     from .output.summary import format_summary
 
@@ -72,7 +72,8 @@ def cmd_run(args) -> int:
     result = simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check)
     wall_s = time.perf_counter() - t0
     out = Path(args.out) if args.out else _default_out(args.scenario)
-    written = _write_outputs(out, result, report=not args.no_report, trace=not args.no_trace)
+    with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
+        written = _write_outputs(out, result, report=not args.no_report, trace=not args.no_trace)
     print(format_summary(result.summary))
     print(f"{'simulated':<16}{result.summary['simulation']['simulated_ranks']} ranks, "
           f"{result.summary['simulation']['spans']:,} spans in {wall_s:.1f} s")
