@@ -13,29 +13,21 @@ trace.json.gz, written into a temp folder); the total is all of these. "simpy ev
 the events the run scheduled; it runs until none is left, so all were processed. "x bare
 timeout" compares the engine's seconds per event (setup and run) with those of a process that
 only yields simpy timeouts, on the same machine.
-Example (2 cores, busy machine, 2026-11-30; docs/performance.md has the targets)::
+Example (2 cores, quiet machine, 2026-11-30; docs/performance.md has the targets)::
 
-    bare simpy timeout: 1.38 us per event (median of 5 x 200,000)
+    bare simpy timeout: 1.15 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     GPUs                           1,024            16,384             3,072
     simulated ranks                   16                16                64
-    tasks                         36,072            26,622           854,340
-    spans                         37,032            28,638           918,852
-    simpy events                 130,490            60,131         1,902,510
-    import s                        0.62              0.97              0.98
-    load s                          0.05              1.18              1.63
-    lower s                         0.83              1.74             17.48
-    engine s                        5.57             20.80             29.73
-      setup s                       1.42             17.14              5.75
-      run s                         4.14              3.66             23.98
-    analysis s                      1.88              1.08             28.77
-    outputs s                       3.53              2.37             43.35
-    total s                        12.47             28.13            121.95
-    peak RSS MiB                     218               389             2,108
-    events/s                      23,435             2,891            64,002
-    tasks/s                        6,478             1,280            28,741
-    engine us/event                42.67            345.87             15.62
-    x bare timeout                  30.8             249.9              11.3
+    tasks                         36,072            30,432           854,340
+    simpy events                 130,266            82,522         1,901,874
+    lower s                         0.36              0.60             10.17
+    engine s                        2.48              6.74             18.83
+    analysis s                      0.35              0.73             14.14
+    outputs s                       0.89              1.22             22.58
+    total s                         4.66             10.18             67.36
+    peak RSS MiB                     220               409             2,207
+    x bare timeout                  16.6              71.3               8.6
 """
 
 from __future__ import annotations
