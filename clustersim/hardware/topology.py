@@ -497,23 +497,44 @@ class Cluster:
         key = (src, dst)
         if key in cache:
             return cache[key]
-        g = self.graph
         s, d = self.gpu_names[src], self.gpu_names[dst]
         if s == d:
-            hops: list[str] = [s]
-        elif g.nodes[s]["node"] == g.nodes[d]["node"]:
-            hops = [s, g.nodes[s]["switch"], d]
+            cache[key] = ()
+            return ()
+        a, b = self._gpu_route(src), self._gpu_route(dst)
+        index = self.edge_index
+        if a[0] == b[0]:  # same node: through its NVSwitch
+            ids = (index[(s, a[1])], index[(a[1], d)])
         else:
-            nic_s, nic_d = g.nodes[s]["nic"], g.nodes[d]["nic"]
-            leaf_s, leaf_d = g.nodes[nic_s]["leaf"], g.nodes[nic_d]["leaf"]
+            leaf_s, leaf_d = a[2], b[2]
             if leaf_s is None or leaf_d is None:
                 raise ConfigError("GPUs on different nodes but the topology has no fabric",
                                   field="fabric.kind")
             mid = [leaf_s] if leaf_s == leaf_d else self._leaf_route(leaf_s, leaf_d, f"{s}>{d}")
-            hops = [s, nic_s, *mid, nic_d, d]
-        ids = tuple(self.edge_index[(u, v)] for u, v in zip(hops, hops[1:]))
+            hops = [*mid]
+            if a[3] is None or b[4] is None:  # a NIC cable taken out (what_if): name the missing link
+                hops = [s, self.graph.nodes[s]["nic"], *mid, self.graph.nodes[d]["nic"], d]
+                ids = tuple(index[(u, v)] for u, v in zip(hops, hops[1:]))
+            else:
+                ids = a[3] + tuple(index[(u, v)] for u, v in zip(hops, hops[1:])) + b[4]
         cache[key] = ids
         return ids
+
+    def _gpu_route(self, gpu: int) -> tuple:
+        """(node, NVSwitch, leaf, edge ids GPU -> NIC -> leaf, edge ids leaf -> NIC -> GPU) of
+        ``gpu``, looked up in the graph once (its node views are slow to ask per route)."""
+        memo = self.__dict__.setdefault("_gpu_routes", {})
+        hit = memo.get(gpu)
+        if hit is None:
+            g, index, name = self.graph, self.edge_index, self.gpu_names[gpu]
+            attrs = g.nodes[name]
+            nic = attrs.get("nic")
+            leaf = g.nodes[nic]["leaf"] if nic is not None else None
+            has = leaf is not None and all(k in index for k in ((name, nic), (nic, leaf), (leaf, nic), (nic, name)))
+            up = (index[(name, nic)], index[(nic, leaf)]) if has else None
+            down = (index[(leaf, nic)], index[(nic, name)]) if has else None
+            hit = memo[gpu] = (attrs["node"], attrs.get("switch"), leaf, up, down)
+        return hit
 
     def pxn_proxy(self, src: int, dst: int) -> int | None:
         """The GPU on ``src``'s node that forwards to ``dst`` over its own rail (NCCL's PXN),
