@@ -29,6 +29,24 @@ def scenario_dict(**sections) -> dict:
     return d
 
 
+def bad_corpus(folder: Path) -> tuple[dict[str, str], list[str]]:
+    """A corpus of bad files: (file name -> expected message part, the files, sorted)."""
+    import yaml
+
+    expected = yaml.safe_load((folder / "expected.yaml").read_text())
+    return expected, sorted(p.name for p in folder.glob("*.yaml") if p.name != "expected.yaml")
+
+
+def assert_refused(err: str, rc: int, named: Path, message: str, out: Path) -> None:
+    """``clustersim run`` refused bad input: exit 2, one line naming ``named`` and holding
+    ``message``, no traceback, nothing written to ``out``."""
+    assert rc == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"error: {named}: ")
+    assert message in err
+    assert not out.exists()
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

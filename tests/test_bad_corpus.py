@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from clustersim.cli import main
 
+from .conftest import assert_refused, bad_corpus
+
 BAD = Path(__file__).resolve().parent / "data" / "bad"
-EXPECTED = yaml.safe_load((BAD / "expected.yaml").read_text())
-FILES = sorted(p.name for p in BAD.glob("*.yaml") if p.name != "expected.yaml")
+EXPECTED, FILES = bad_corpus(BAD)
 
 
 def test_every_bad_file_has_an_expected_message():
@@ -23,9 +23,4 @@ def test_every_bad_file_has_an_expected_message():
 def test_bad_scenario_gives_its_message(name, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["run", str(BAD / name), "--out", str(out)])
-    err = capsys.readouterr().err
-    assert rc == 2
-    assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith(f"error: {BAD / name}: ")
-    assert EXPECTED[name] in err
-    assert not out.exists()
+    assert_refused(capsys.readouterr().err, rc, BAD / name, EXPECTED[name], out)

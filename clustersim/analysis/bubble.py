@@ -31,7 +31,6 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from ..trace import Span
-from .intervals import union
 
 DEP_KINDS = ("pp", "tp", "cp", "ep", "dp", "compute")
 
@@ -49,11 +48,10 @@ def _overlap(a: float, b: float, lo: float, hi: float) -> float:
     return max(0.0, min(b, hi) - max(a, lo))
 
 
-def split_bubble(spans: list[Span], step_s: float, compute_s: float, max_compute_s: float,
-                 pipelined: bool) -> BubbleSplit:
-    """Split one rank's bubble (see the module docstring); ``compute_s`` is its compute busy
-    time, ``max_compute_s`` the busiest rank's."""
-    busy = union((s.start_s, s.end_s) for s in spans)
+def split_bubble(spans: list[Span], busy: list[tuple[float, float]], step_s: float, compute_s: float,
+                 max_compute_s: float, pipelined: bool) -> BubbleSplit:
+    """Split one rank's bubble (see the module docstring); ``busy``: the merged intervals of
+    all its spans, ``compute_s`` its compute busy time, ``max_compute_s`` the busiest rank's."""
     gaps, t = [], 0.0
     for a, b in busy:
         if a > t:

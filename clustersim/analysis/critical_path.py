@@ -42,13 +42,10 @@ class PathTask(NamedTuple):
 
 
 def task_times(prog: Program, trace: Trace) -> tuple[list[float], list[float]]:
-    """(start, end) of every task on its own rank (receive spans share the send's id)."""
-    n = len(prog.tasks)
-    start, end = [0.0] * n, [-1.0] * n
-    tasks = prog.tasks
-    for s in trace.spans:
-        if s.tid >= 0 and tasks[s.tid].rank == s.rank:
-            start[s.tid], end[s.tid] = s.start_s, s.end_s
+    """(start, end) of every task on its own rank and stream (-1 end: no span)."""
+    start, end = [0.0] * len(prog.tasks), [-1.0] * len(prog.tasks)
+    for tid, s in trace.own_spans(prog.tasks).items():
+        start[tid], end[tid] = s.start_s, s.end_s
     return start, end
 
 

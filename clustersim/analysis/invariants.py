@@ -88,20 +88,8 @@ def check_stream_overlap(trace: Trace) -> list[Violation]:
 
 
 # --- 2 ---------------------------------------------------------------------------------
-def _task_times(program: Program, trace: Trace) -> dict[int, tuple[float, float, Span]]:
-    """tid -> (start, end, span) from the span on the task's own rank and stream."""
-    times: dict[int, tuple[float, float, Span]] = {}
-    tasks = program.tasks
-    for s in trace.spans:
-        if 0 <= s.tid < len(tasks):
-            t = tasks[s.tid]
-            if s.rank == t.rank and s.stream == t.stream:
-                times[s.tid] = (s.start_s, s.end_s, s)
-    return times
-
-
 def check_dependencies(program: Program, trace: Trace) -> list[Violation]:
-    times = _task_times(program, trace)
+    times = trace.own_spans(program.tasks)
     out = []
     missing = [t for t in program.tasks if t.tid not in times]
     if missing:
@@ -112,10 +100,11 @@ def check_dependencies(program: Program, trace: Trace) -> list[Violation]:
     for t in program.tasks:
         if t.tid not in times:
             continue
-        start, _, span = times[t.tid]
+        span = times[t.tid]
+        start = span.start_s
         for d in t.deps:
-            if d in times and start < times[d][1] - _tol(start):
-                bad.append((span, times[d][2]))
+            if d in times and start < times[d].end_s - _tol(start):
+                bad.append((span, times[d]))
     if bad:
         task, dep = bad[0]
         out.append(_v("dependency-order", f"{len(bad)} task(s) start before a dependency ends, e.g. "

@@ -34,6 +34,7 @@ class RankTimes:
     exposed_s: dict[str, float]  # per kind, not hidden behind compute
     exposed_total_s: float  # union of all kinds, not hidden behind compute
     bubble_s: float
+    busy: list[tuple[float, float]]  # when compute or any of its communication runs, merged
 
 
 def rank_times(spans, step_s: float) -> RankTimes:
@@ -43,10 +44,10 @@ def rank_times(spans, step_s: float) -> RankTimes:
     all_comm = union(iv for k in COMM_KINDS for iv in by_kind[k])
     exposed = {k: minus_length(by_kind[k], compute) for k in COMM_KINDS}
     exposed_total = minus_length(all_comm, compute)
-    busy = length(union(compute + all_comm))
+    busy = union(compute + all_comm)
     return RankTimes(
         compute_s=length(compute), comm_s={k: length(v) for k, v in by_kind.items()}, comm_total_s=length(all_comm),
-        exposed_s=exposed, exposed_total_s=exposed_total, bubble_s=max(step_s - busy, 0.0),
+        exposed_s=exposed, exposed_total_s=exposed_total, bubble_s=max(step_s - length(busy), 0.0), busy=busy,
     )
 
 
@@ -62,7 +63,8 @@ def step_metrics(trace: Trace, *, world_size: int, peak_flops: float, tokens_per
     per_rank = {r: rank_times(spans, step) for r, spans in rank_spans.items()}
     max_compute = max((t.compute_s for t in per_rank.values()), default=0.0)
     pipelined = len(set(trace.stage_of.values())) > 1
-    splits = {r: split_bubble(rank_spans[r], step, per_rank[r].compute_s, max_compute, pipelined) for r in per_rank}
+    splits = {r: split_bubble(rank_spans[r], per_rank[r].busy, step, per_rank[r].compute_s, max_compute,
+                                pipelined) for r in per_rank}
     w = trace.weight
     total_w = sum(w.values())
 

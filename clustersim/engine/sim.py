@@ -85,6 +85,14 @@ def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float])
     return dropped
 
 
+def _shape_id(c: Comm) -> tuple:
+    """A communication's shape by identity, for the engine's caches: hashing its twins (dozens
+    of groups) costs more than the rest of a start. The lowering shares group and twin tuples
+    between the communications of one shape, and the program keeps them alive as long as the
+    engine, so equal ids mean equal tuples (equal tuples under different ids only miss)."""
+    return (c.op, id(c.group), id(c.twins), c.size_bytes)
+
+
 class Engine:
     """Runs one Program to completion and returns its Trace."""
 
@@ -118,10 +126,7 @@ class Engine:
     def _plan(self, c: Comm, algo: str | None = None) -> tuple[FlowPlan, ...]:
         """The phases of ``c`` by ``algo`` (default: the one it runs with)."""
         if algo is None:
-            # by identity first: hashing a communication's twins (dozens of groups) costs more
-            # than the rest of a start. The lowering shares group and twin tuples between the
-            # communications of one shape, and the program keeps them alive as long as the engine.
-            fast = (c.op, id(c.group), id(c.twins), c.size_bytes)
+            fast = _shape_id(c)
             phases = self._plan_of.get(fast)
             if phases is None:
                 phases = self._plan_of[fast] = self._plan(c, self.algorithm(c))
@@ -134,7 +139,7 @@ class Engine:
     def _full_plan(self, c: Comm) -> tuple[FlowPlan, ...]:
         """The phases of ``c`` with every link they cross (for link accounting): before
         :meth:`_classify` merged and dropped links, or the plan itself when it did not run."""
-        fast = (c.op, id(c.group), id(c.twins), c.size_bytes)  # see _plan
+        fast = _shape_id(c)
         full = self._full_of.get(fast)
         if full is None:
             full = self._full_of[fast] = self._full_plans.get((c.op, c.group, c.twins, self.algorithm(c))) or self._plan(c)
@@ -184,7 +189,7 @@ class Engine:
         # a channel is one (kind, orbit) on one stream: a stream never overlaps itself, two
         # streams of the same kind and group (ZeRO-3 gathers and gradient reductions) can
         # first by identity (cheap), then by value: hashing twins once per distinct object
-        distinct = {(t.comm.op, id(t.comm.group), id(t.comm.twins), t.comm.size_bytes, t.comm.key[:2], t.stream): t
+        distinct = {(*_shape_id(t.comm), t.comm.key[:2], t.stream): t
                     for t in self.prog.tasks if t.comm is not None}
         shapes = {(t.comm.op, t.comm.group, t.comm.twins, self.algorithm(t.comm), t.comm.key[:2] + (t.stream,)): t.comm
                   for t in distinct.values()}
@@ -251,7 +256,7 @@ class Engine:
             ev = self.env.event()
             ev.succeed()
             return ev
-        fast = (c.op, id(c.group), id(c.twins), c.size_bytes, stream)  # see _plan
+        fast = (*_shape_id(c), stream)
         dur = self._alone_of.get(fast)
         if dur is None:
             alone = self._alone_duration(c, stream)
@@ -308,7 +313,7 @@ class Engine:
             c = t.comm
             if c is not None and c.op in ALGORITHMS and len(ALGORITHMS[c.op]) > 1:
                 per = used.setdefault(c.op, {})
-                fast = (c.op, id(c.group), id(c.twins), c.size_bytes)  # see _plan
+                fast = _shape_id(c)
                 algo = by_shape.get(fast) or by_shape.setdefault(fast, self.algorithm(c))
                 per[algo] = per.get(algo, 0) + 1
         return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),

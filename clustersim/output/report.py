@@ -475,6 +475,23 @@ def comm_html(summary: dict[str, Any]) -> str:
             "“all kinds” counts overlapping kinds once.</p></div>")
 
 
+def _over_step_layout(height_px: int, step_ms: float, y_title: str) -> dict:
+    """Layout of a small line chart over the step (link use, memory): time in ms along x."""
+    return {"height": height_px, "margin": {"l": 60, "r": 20, "t": 10, "b": 40}, "template": "plotly_white",
+            "xaxis": {"title": "time (ms)", "range": [0, step_ms]},
+            "yaxis": {"title": y_title, "rangemode": "tozero"},
+            "legend": {"orientation": "h", "y": -0.25}}
+
+
+def _embedded(fig: go.Figure | None, div_id: str, note: str) -> str:
+    """A small chart with its note, for a page that has loaded plotly.js once; "" without one."""
+    if fig is None:
+        return ""
+    return (f'<p class="note">{note}</p>'
+            + fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                          config={"displaylogo": False, "responsive": True}))
+
+
 LINKS_DIV_ID = "clustersim-links"
 LINKS_SHOWN = 5
 
@@ -493,10 +510,7 @@ def links_figure(summary: dict[str, Any]) -> go.Figure | None:
             x=[width * (i + 0.5) for i in range(len(series))], y=[100 * x for x in series], mode="lines",
             name=f'{u["link"]} ({u["kind"]})', line={"shape": "hv", "width": 1.5},
             hovertemplate="%{y:.0f} % at %{x:.0f} ms<extra>" + html.escape(u["link"]) + "</extra>"))
-    fig.update_layout(height=300, margin={"l": 60, "r": 20, "t": 10, "b": 40}, template="plotly_white",
-                      xaxis={"title": "time (ms)", "range": [0, step_ms]},
-                      yaxis={"title": "use of bandwidth (%)", "rangemode": "tozero"},
-                      legend={"orientation": "h", "y": -0.25})
+    fig.update_layout(_over_step_layout(300, step_ms, "use of bandwidth (%)"))
     return fig
 
 
@@ -546,10 +560,7 @@ def memory_figure(summary: dict[str, Any]) -> go.Figure | None:
     step_ms = 1e3 * summary["step_time_s"]
     fig.add_trace(go.Scatter(x=[0, step_ms], y=[cap, cap], mode="lines", name=f"capacity {cap:.0f} GiB",
                              line={"dash": "dash", "color": "#cf222e", "width": 1.5}, hoverinfo="skip"))
-    fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 10, "b": 40}, template="plotly_white",
-                      xaxis={"title": "time (ms)", "range": [0, step_ms]},
-                      yaxis={"title": "memory per GPU (GiB)", "rangemode": "tozero"},
-                      legend={"orientation": "h", "y": -0.25})
+    fig.update_layout(_over_step_layout(320, step_ms, "memory per GPU (GiB)"))
     return fig
 
 
@@ -673,17 +684,11 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure) -> str:
                 "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}},
     )
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
-    lf = links_figure(summary)
-    links_plot = "" if lf is None else (
-        f'<p class="note">Use of bandwidth over the step, per 1/100 of it, for the {LINKS_SHOWN} busiest links.</p>'
-        + lf.to_html(full_html=False, include_plotlyjs=False, div_id=LINKS_DIV_ID,
-                     config={"displaylogo": False, "responsive": True}))
-    mf = memory_figure(summary)
-    memory_plot = "" if mf is None else (
-        '<p class="note">One GPU of each stage over the step: parameters, gradients, optimizer state and '
-        "transient bytes, plus the activations alive and communication buffers held at each instant.</p>"
-        + mf.to_html(full_html=False, include_plotlyjs=False, div_id=MEMORY_DIV_ID,
-                     config={"displaylogo": False, "responsive": True}))
+    links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
+                           f"it, for the {LINKS_SHOWN} busiest links.")
+    memory_plot = _embedded(memory_figure(summary), MEMORY_DIV_ID, "One GPU of each stage over the step: "
+                            "parameters, gradients, optimizer state and transient bytes, plus the activations "
+                            "alive and communication buffers held at each instant.")
     body = "\n".join([
         plotlyjs, header_html(summary), cards_html(summary),
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
