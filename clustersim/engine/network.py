@@ -306,12 +306,26 @@ class _Transfer:
     times: list = field(default_factory=list)  # when its rates changed ...
     rows: list = field(default_factory=list)  # ... to these (one array per change)
     end: np.ndarray | None = None  # when each flow finished
+    next_s: float = float("inf")  # when its next flow ends at its current rates
 
     @property
     def key(self) -> tuple:
         """Its identity in a mix of flows: transfers of the same plan with the same flows
         running are interchangeable in max-min and get the same rates."""
         return (id(self.weights), self.live)
+
+
+def _set_next_end(t: _Transfer, now: float) -> None:
+    """``t.next_s``: when its first live flow ends at its current rates (``t.rem`` is at
+    ``now``); a flow squeezed to 0 by rounding waits for the next re-share."""
+    rl = t.rate[t.idx]
+    if rl.min() > 0:
+        t.next_s = now + float((t.rem[t.idx] / rl).min())
+    elif rl.max() > 0:
+        pos = rl > 0
+        t.next_s = now + float((t.rem[t.idx][pos] / rl[pos]).min())
+    else:
+        t.next_s = float("inf")
 
 
 @dataclass
@@ -378,14 +392,14 @@ class FlowNetwork:
             begin()
         return done
 
-    def _catch_up(self, transfers) -> None:
-        """Bring ``transfers``' remaining bytes to now, at the rates they had."""
-        now = self.env.now
-        for t in transfers:
-            if t.at_s != now:
-                if t.rate is not None:
-                    t.rem -= t.rate * (now - t.at_s)
-                t.at_s = now
+    def _catch_up(self, t: _Transfer, now: float) -> None:
+        """Bring ``t``'s remaining bytes to ``now``, at the rates it had since ``at_s``. Only
+        transfers whose rates change or whose flows may be due are brought up to date: the
+        others' bytes follow from ``at_s`` and their rates whenever asked."""
+        if t.at_s != now:
+            if t.rate is not None:
+                t.rem -= t.rate * (now - t.at_s)
+            t.at_s = now
 
     def _join(self, t: _Transfer, dirty: set[int]) -> None:
         """Add ``t`` to the component of its links, merging the components it connects."""
@@ -414,12 +428,15 @@ class FlowNetwork:
         """Finish the due flows of component ``cid``. While all its transfers go on, it keeps
         its links and stays one component; when some end, the rest regroup by shared links."""
         transfers = self._comps[cid]
-        self._catch_up(transfers)
         now = self.env.now
         # the clock cannot resolve less than a few ulps: a flow due within them is due now
         tick_s = 4 * math.ulp(now)
+        due_by_s = now * (1 + 1e-12) + 1e-15  # as :meth:`_tick` picks the components due
         ended = []
         for t in transfers:
+            if t.next_s > due_by_s:
+                continue  # none of its flows ends now
+            self._catch_up(t, now)
             idx = t.idx
             # due now, or left with float crumbs of a transfer that was due now
             due = t.rem[idx] <= np.maximum(t.size[idx] * 1e-9, t.rate[idx] * tick_s)
@@ -429,6 +446,8 @@ class FlowNetwork:
                 t.live = tuple(t.idx.tolist())
                 if not t.live:
                     ended.append(t)
+            if t.live:  # its first flow may have been just short of due: when it ends now
+                _set_next_end(t, now)
         dirty.add(cid)
         if not ended:
             return
@@ -470,23 +489,18 @@ class FlowNetwork:
         now = self.env.now
         for cid in sorted(dirty):
             comp = self._comps[cid]
-            self._catch_up(comp)
             by_key = self._rates_of(comp)
-            soonest = float("inf")
+            soonest_s = float("inf")
             for t in comp:
                 r = by_key[t.key]
-                if r is not t.rate:
+                if r is not t.rate:  # same flows in the same mix keep their rates and end time
+                    self._catch_up(t, now)
                     t.times.append(now)
                     t.rows.append(r)
                     t.rate = r
-                rl = r[t.idx]
-                # a flow squeezed to 0 by rounding waits for the next re-share
-                if rl.min() > 0:
-                    soonest = min(soonest, float((t.rem[t.idx] / rl).min()))
-                elif rl.max() > 0:
-                    pos = rl > 0
-                    soonest = min(soonest, float((t.rem[t.idx][pos] / rl[pos]).min()))
-            self._finish_s[cid] = now + soonest
+                    _set_next_end(t, now)
+                soonest_s = min(soonest_s, t.next_s)
+            self._finish_s[cid] = soonest_s
         self._gen += 1
         if self._finish_s:
             gen = self._gen

@@ -30,7 +30,7 @@ from ..config import Scenario
 from ..plan.mesh import Mesh
 from ..schedule.core import issue_units
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule, timeline
-from .tasks import Comm, Program
+from .tasks import Comm, Program, Task
 from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 
 
@@ -214,6 +214,8 @@ class Lowering:
     grad_tasks: dict = field(default_factory=dict)  # rank -> tids of its gradient reductions
     stage_grads: dict = field(default_factory=dict)  # (rank, stage) -> tids reducing that stage's grads
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
+    # (rank, kind, id(blocks)) -> _block_plan; ("send", rank, peer, kind, part) -> a send's _comm_spec
+    block_plans: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         s = self.schedule = as_schedule(self.schedule)
@@ -320,6 +322,32 @@ def _all_groups(low: Lowering, kind: str):
 _TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp"}
 
 
+def _comm_spec(low: Lowering, kind: str, group, size: float, op: str, stream: str | None, name: str,
+               channel: str | None) -> tuple:
+    """What every instance of one communication shares (all but its tag, deps and meta)::
+
+        (op, size, group, twins, members, recv rank, channel, orbit, stream, trace kind, name)
+    """
+    orbit, twins, members = low.sym.shape(kind, group, lambda: _all_groups(low, kind))
+    recv = -1
+    if op == "send":
+        members, recv = (low.sym.rep[group[0]],), low.sym.rep[group[1]]
+    return (op, size, group, twins, members, recv, channel or kind, orbit, stream or kind,
+            _TRACE_KIND.get(kind, kind), name)
+
+
+def _add_comm(prog: Program, rank: int, spec: tuple, tag, deps: tuple, mb: int = -1, phase: str = "",
+              stage: int = -1, layer: int = -1) -> int:
+    """Append one instance of the communication ``spec`` (:func:`_comm_spec`); its task id."""
+    op, size, group, twins, members, recv, channel, orbit, stream, kind, name = spec
+    c = Comm(op, size, group, twins, members, (channel, orbit, tag), recv)
+    tasks = prog.tasks
+    tid = len(tasks)
+    # positional, in Task's field order: the lowering creates one per task
+    tasks.append(Task(tid, rank, stream, name, kind, 0.0, c, deps, mb, phase, stage, layer, 0.0, 0.0))
+    return tid
+
+
 def _comm(low: Lowering, prog: Program, rank: int, kind: str, group, tag, size: float, *,
           op="all_reduce", stream=None, deps=(), name="", channel=None, **meta) -> int:
     """Append one communication task; ``channel`` (default ``kind``) names the engine's channel.
@@ -328,14 +356,8 @@ def _comm(low: Lowering, prog: Program, rank: int, kind: str, group, tag, size: 
     assumes a channel's communications never overlap; PP sends of the two directions run on
     separate streams, so they get separate channels (``pp F``, ``pp B``).
     """
-    orbit, twins, members = low.sym.shape(kind, group, lambda: _all_groups(low, kind))
-    recv = -1
-    if op == "send":
-        members, recv = (low.sym.rep[group[0]],), low.sym.rep[group[1]]
-    c = Comm(op=op, size_bytes=size, group=group, twins=twins, members=members, key=(channel or kind, orbit, tag),
-             recv_rank=recv)
-    return prog.add(rank=rank, stream=stream or kind, name=name, kind=_TRACE_KIND.get(kind, kind), comm=c,
-                    deps=tuple(deps), **meta).tid
+    return _add_comm(prog, rank, _comm_spec(low, kind, group, size, op, stream, name, channel), tag, tuple(deps),
+                     **meta)
 
 
 COMM_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A",
@@ -376,12 +398,13 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     gathered: dict = {}
     prev = None
     carried: tuple = ()  # overlapped communications of the previous block: this one waits for them
-    for i, blk in enumerate(blocks):
-        meta = dict(mb=mb, phase=kind, stage=q, layer=blk.layer)
+    tasks = prog.tasks
+    for i, (blk, name, pre, overlap, post) in enumerate(_block_plan(low, r, kind, blocks)):
+        layer = blk.layer
         first_deps = (tuple(deps) if prev is None else (prev,)) + carried
         u = _unit(blk)
         # a communication-only block (the embedding's B under SP) computes nothing: no weights needed
-        shards = low.unit_shards.get((part, u), ())
+        shards = low.unit_shards.get((part, u), ()) if zero3 else ()
         if gather and blk.duration_s > 0 and shards and u not in gathered:
             units.append(u)
             k = len(units) - 1 - low.zero_prefetch_layers  # start when unit k begins
@@ -392,20 +415,19 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
             gathered[u] = tuple(
                 _comm(low, prog, r, dim, low.group_of(r, dim), ("AG params", kind, stage, mb, str(u), dim),
                       n * PARAM_BYTES, op="all_gather", stream="zero", deps=ag_deps,
-                      name=f"{kind} AG {'expert ' if dim == 'edp' else ''}params", **meta)
+                      name=f"{kind} AG {'expert ' if dim == 'edp' else ''}params", mb=mb, phase=kind, stage=q,
+                      layer=layer)
                 for dim, n in shards)
             first_deps = first_deps + gathered[u]
-        for j, c in enumerate(blk.pre):
-            prev = _comm(low, prog, r, c.dim, low.group_of(r, c.dim), (kind, stage, mb, i, "pre", j), c.size_bytes,
-                         op=c.op, deps=first_deps, name=f"{kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
+        for j, spec in enumerate(pre):
+            prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "pre", j), first_deps, mb, kind, q, layer)
             first_deps = (prev,)
-        carried = tuple(
-            _comm(low, prog, r, c.dim, low.group_of(r, c.dim), (kind, stage, mb, i, "overlap", j), c.size_bytes,
-                  op=c.op, deps=first_deps, name=f"{kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
-            for j, c in enumerate(blk.overlap))
-        prev = prog.add(rank=r, stream="compute", name=f"{kind} {blk.name}", kind="compute",
-                        duration_s=blk.duration_s, flops=blk.flops, model_flops=blk.model_flops,
-                        deps=first_deps, **meta).tid
+        carried = tuple(_add_comm(prog, r, spec, (kind, stage, mb, i, "overlap", j), first_deps, mb, kind, q, layer)
+                        for j, spec in enumerate(overlap))
+        prev = len(tasks)
+        # positional, in Task's field order
+        tasks.append(Task(prev, r, "compute", name, "compute", blk.duration_s, None, first_deps, mb, kind, q, layer,
+                          blk.flops, blk.model_flops))
         low.last_compute[r] = prev
         unit_end[u] = prev
         if kind == low.grad_kind:
@@ -414,14 +436,29 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         for dim, n in (shards if reduce_now and unit_done else ()):
             rs = _comm(low, prog, r, dim, low.group_of(r, dim), ("RS grads", stage, mb, str(u), dim),
                        n * low.grad_bytes, op="reduce_scatter", stream="dp",
-                       deps=(prev,), name=f"RS {'expert ' if dim == 'edp' else ''}grads", **meta)
+                       deps=(prev,), name=f"RS {'expert ' if dim == 'edp' else ''}grads", mb=mb, phase=kind,
+                       stage=q, layer=layer)
             low.grad_tasks.setdefault(r, []).append(rs)
             low.stage_grads.setdefault((r, stage), []).append(rs)
-        for j, c in enumerate(blk.post):
-            prev = _comm(low, prog, r, c.dim, low.group_of(r, c.dim), (kind, stage, mb, i, "post", j), c.size_bytes,
-                         op=c.op, deps=(prev,), name=f"{kind} {COMM_SHORT[c.op]} {blk.name}", **meta)
+        for j, spec in enumerate(post):
+            prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
         yield
     return prev
+
+
+def _block_plan(low: Lowering, r: int, kind: str, blocks) -> list[tuple]:
+    """Per block of ``blocks`` as action ``kind`` runs them on rank ``r``: (block, compute task
+    name, its pre, overlap and post communications as :func:`_comm_spec` tuples). The same for every
+    microbatch, so worked out once: a step lowers the same blocks hundreds of times."""
+    key = (r, kind, id(blocks))
+    plan = low.block_plans.get(key)
+    if plan is None:
+        def specs(comms, blk) -> tuple:
+            return tuple(_comm_spec(low, c.dim, low.group_of(r, c.dim), c.size_bytes, c.op, None,
+                                    f"{kind} {COMM_SHORT[c.op]} {blk.name}", None) for c in comms)
+        plan = low.block_plans[key] = [(blk, f"{kind} {blk.name}", specs(blk.pre, blk), specs(blk.overlap, blk),
+                                        specs(blk.post, blk)) for blk in blocks]
+    return plan
 
 
 def _run_chains(*chains) -> list[int]:
@@ -482,10 +519,15 @@ def _send_output(prog: Program, low: Lowering, r: int, a: Action, ends: tuple[in
         return
     dst = low.peer(r, s.stage_rank[dst_stage])
     fwd = a.kind == "F"
-    low.sent[(a.kind, r, a.stage, a.mb)] = _comm(
-        low, prog, r, "pp", (r, dst), (a.kind, a.stage, a.mb), low.work[low.part(a.stage)].pp_send_bytes,
-        op="send", stream="pp_fwd_send" if fwd else "pp_bwd_send", channel=f"pp {a.kind}", deps=ends,
-        name="send act" if fwd else "send grad", mb=a.mb, phase=a.kind, stage=q)
+    part = low.part(a.stage)
+    key = ("send", r, dst, a.kind, part)  # one shape per direction, peer and part: worked out once
+    spec = low.block_plans.get(key)
+    if spec is None:
+        spec = low.block_plans[key] = _comm_spec(
+            low, "pp", (r, dst), low.work[part].pp_send_bytes, "send", "pp_fwd_send" if fwd else "pp_bwd_send",
+            "send act" if fwd else "send grad", f"pp {a.kind}")
+    low.sent[(a.kind, r, a.stage, a.mb)] = _add_comm(prog, r, spec, (a.kind, a.stage, a.mb), tuple(ends), a.mb,
+                                                     a.kind, q)
 
 
 def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) -> None:
