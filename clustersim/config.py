@@ -196,21 +196,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                                               f"GB; keep collapse_symmetric: true (exact on symmetric placements) "
                                               f"or use at most {MAX_GPUS_ALL_RANKS:,} GPUs")
     slow = sorted({w.gpu for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world})
-    if world > MAX_GPUS_ALL_RANKS and slow and cfg.simulation.collapse_symmetric \
-            and p.tp * p.cp * p.pp * p.dp == world and p.dp % p.ep == 0:  # (the scenario's what_if merged in)
-        # slow GPUs split the symmetric classes: every rank of a straggler's DP replicas (its EP
-        # groups' with EP) is simulated on its own (program/lower.py Symmetry)
-        from .program.lower import Symmetry
-
-        order, ep_inner = parse_order(p.order)
-        mesh = Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
-        n = Symmetry.split_count(mesh, slow, p.cp > 1 and not p.cp_load_balance)
-        if n > MAX_GPUS_ALL_RANKS:
-            gpus = ", ".join(map(str, slow[:5])) + (", ..." if len(slow) > 5 else "")
-            fail("cluster.what_if", f"slow GPUs ({gpus}) split the symmetric classes into {n:,} simulated ranks "
-                                    f"(every rank of a slow GPU's DP replica, with EP of its EP group, is simulated "
-                                    f"on its own), more than {MAX_GPUS_ALL_RANKS:,}: use fewer slow GPUs, smaller "
-                                    f"replicas (tp*cp*pp, ep) or a smaller cluster")
+    _check_split(cfg, world, slow, "slow GPUs", source)
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
         fail("parallel", f"{dims} = {vals} = {p.tp * p.cp * p.pp * p.dp} does not equal the "
@@ -377,6 +363,27 @@ def _with_what_ifs(topo: TopologyCfg, extra: list) -> TopologyCfg:
     return merged
 
 
+def _check_split(cfg: ScenarioCfg, world: int, gpus: list[int], what: str, source: str) -> None:
+    """Refuse stragglers or faulty nodes (``gpus``) that would split the symmetric classes into
+    more ranks than an all-ranks run may simulate: every rank of their DP replicas (their EP
+    groups' with EP) is simulated on its own (program/lower.py Symmetry)."""
+    p = cfg.parallel
+    if world <= MAX_GPUS_ALL_RANKS or not gpus or not cfg.simulation.collapse_symmetric \
+            or p.tp * p.cp * p.pp * p.dp != world or p.dp % p.ep:  # (other checks name those)
+        return
+    from .program.lower import Symmetry
+
+    order, ep_inner = parse_order(p.order)
+    mesh = Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
+    n = Symmetry.split_count(mesh, gpus, p.cp > 1 and not p.cp_load_balance)
+    if n > MAX_GPUS_ALL_RANKS:
+        shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")
+        raise ConfigError(f"{what} ({shown}) split the symmetric classes into {n:,} simulated ranks (every rank "
+                          f"of their DP replicas, with EP of their EP groups, is simulated on its own), more than "
+                          f"{MAX_GPUS_ALL_RANKS:,}: use fewer, smaller replicas (tp*cp*pp, ep) or a smaller cluster",
+                          source=source, field="cluster.what_if")
+
+
 def _build_checked(topo: TopologyCfg, own: int, source: str) -> Cluster | None:
     """Check the what-ifs now (building the cluster when one touches the network), so that a
     misspelt name or a cut-off GPU in the scenario's what-ifs (entries from ``own`` on) names
@@ -420,6 +427,9 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         cluster = _build_checked(topo, own, source)
         if cluster is not None:
             sc.__dict__["cluster"] = cluster
+            slow = {g for g, f in cluster.gpu_slowdown.items() if f != 1.0}
+            _check_split(cfg, cluster.num_gpus, sorted(slow | cluster.fault_gpus), "slow GPUs and faulty nodes",
+                         source)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)

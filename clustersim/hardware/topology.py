@@ -373,6 +373,10 @@ class Cluster:
     edges: list[tuple[str, str]] = field(default_factory=list)  # edge id -> (u, v)
     # what_if GPU slow-downs: global GPU index -> factor on its compute time (>= 1)
     gpu_slowdown: dict[int, float] = field(default_factory=dict)
+    # GPUs of the nodes where a what_if degrades or removes one of the node's own cables
+    # (NVLink, PCIe, NIC-leaf): their traffic takes paths their twins' does not, so they split
+    # the symmetric classes as stragglers do (program/lower.py Symmetry)
+    fault_gpus: set[int] = field(default_factory=set)
 
     @property
     def gpus_per_node(self) -> int:
@@ -705,6 +709,18 @@ def _apply_what_ifs(cluster: Cluster) -> None:
         reach.check()
 
 
+def _mark_fault(cluster: Cluster, u: str, v: str) -> None:
+    """Add the GPUs of the node owning cable ``u-v`` (if either end is inside a node: a GPU,
+    NVSwitch, PCIe switch or NIC) to ``cluster.fault_gpus``. A fabric cable (leaf-spine,
+    spine-core) belongs to no node: flows of many GPUs cross it by ECMP, and the symmetric
+    collapse handles it through its orbits (an upper bound; docs/architecture.md)."""
+    per = cluster.gpus_per_node
+    for x in (u, v):
+        node = cluster.graph.nodes[x].get("node")
+        if node is not None:
+            cluster.fault_gpus.update(range(node * per, (node + 1) * per))
+
+
 def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None) -> None:
     cfg, g = cluster.cfg, cluster.graph
     where = f"what_if[{i}]"
@@ -718,8 +734,11 @@ def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None)
             e = g.edges[a, b]
             e["line_bw_Bps"] *= w.bw_factor
             e["bw_Bps"] = e["line_bw_Bps"] * e["efficiency"]
+        if w.bw_factor != 1.0:
+            _mark_fault(cluster, u, v)
     elif w.remove_link is not None:
         u, v = _cable(cluster, w.remove_link, where, "remove_link")
+        _mark_fault(cluster, u, v)
         kinds = (g.nodes[u]["kind"], g.nodes[v]["kind"])
         if not all(k in TIERS or k == "nic" for k in kinds):
             kind = {"nvlink": "an NVLink", "pcie": "a PCIe"}.get(g.edges[u, v]["kind"], "a")

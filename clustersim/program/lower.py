@@ -58,6 +58,10 @@ class Symmetry:
       index in the EP group; and CP index when CP ranks differ) are in the *same* such groups
       and in groups of identical class pattern otherwise, so they form one class (see
       :meth:`_split_classes`).
+    - Collapsed, with faults on a node's own cables (``faulty``: the ranks of that node; a
+      degraded NVLink, PCIe or NIC-leaf cable): those ranks' traffic crosses a slower link
+      than their twins', which makes them stragglers in communication; the classes split
+      around them the same way.
 
     All three give the same numbers on a symmetric placement; where twins meet different links
     (a stage that spans two leaf groups) an orbit moves at its slowest member's pace, a close
@@ -71,13 +75,17 @@ class Symmetry:
     collapse: bool
     cp_distinct: bool = False  # CP ranks run different programs (unbalanced causal attention)
     slow: dict[int, float] = field(default_factory=dict)  # rank -> compute slowdown (stragglers)
+    # ranks on GPUs whose own links a fault what-if degraded or removed: their communication
+    # runs slower than their twins', so they split the classes as stragglers do
+    faulty: frozenset[int] = frozenset()
     rep: dict[int, int] = field(init=False)
     _orbits: dict = field(init=False, default_factory=dict)
     _shapes: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         m = self.mesh
-        stragglers = sorted(r for r, f in self.slow.items() if f != 1.0 and 0 <= r < m.world_size)
+        stragglers = sorted({r for r, f in self.slow.items() if f != 1.0} | set(self.faulty))
+        stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
         elif stragglers:
@@ -724,8 +732,10 @@ def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lower
     mesh = sc.mesh
     cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
     collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
-    # a straggler (rank r runs on GPU r) splits the classes around it (Symmetry)
-    sym = Symmetry(mesh, collapse, cp_distinct, slow=dict(sc.cluster.gpu_slowdown))
+    # a straggler or a fault on a node's own cables (rank r runs on GPU r) splits the classes
+    # around it (Symmetry)
+    sym = Symmetry(mesh, collapse, cp_distinct, slow=dict(sc.cluster.gpu_slowdown),
+                   faulty=frozenset(sc.cluster.fault_gpus))
     work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
     cp_work = {c: [stage_work(sc, j, sc.cluster.gpu, c) for j in range(sc.n_parts)]
                for c in range(mesh.cp)} if cp_distinct else {}
