@@ -218,6 +218,18 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.ep", f"ep={p.ep} does not divide dp={p.dp} (expert parallelism is carved out of DP)")
         if m.moe.expert_ffn % p.tp:
             fail("parallel.tp", f"tp={p.tp} does not divide model.moe.expert_ffn={m.moe.expert_ffn}")
+        load = m.moe.ep_load
+        if load is not None:
+            if len(load) != p.ep:
+                fail("model.moe.ep_load", f"{len(load)} entries for parallel.ep={p.ep}: one per EP index")
+            mean = sum(load) / len(load)
+            if abs(mean - 1.0) > 1e-6:
+                fail("model.moe.ep_load", f"the entries average {mean:.6g}, not 1: each is an EP rank's tokens "
+                                          f"relative to the balanced share, so they must average 1")
+            if m.moe.capacity_factor != 1.0:
+                fail("model.moe.ep_load", f"ep_load models dropless routing; with model.moe.capacity_factor="
+                                          f"{m.moe.capacity_factor:g} every expert's batch is padded or cut to "
+                                          f"capacity, so the load changes nothing: drop one of the two")
     if p.cp > 1:
         chunks = 2 * p.cp if p.cp_load_balance else p.cp
         if m.seq_len % chunks:

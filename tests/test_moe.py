@@ -145,3 +145,95 @@ def test_dualpipe_sums_both_copies_of_the_experts(root):
         mine = sum(t.comm.size_bytes for t in reps if t.rank == r0)
         held = sum(low.work[j].local_expert_params for j in low.parts_of[q])
         assert mine == pytest.approx(held / 2 * 4)  # fp32 gradients of the 1/(dp/ep) shard
+
+
+# --- skewed expert load (model.moe.ep_load) ---------------------------------------------------
+
+HOT = [2.0, 2 / 3, 2 / 3, 2 / 3]  # EP index 0 receives twice the balanced share; mean 1
+
+
+def skewed_run(root, load, collapse=None, network="flow", **parallel):
+    model = {**MOE, "moe": {**MOE["moe"], **({"ep_load": load} if load else {})}}
+    p = {"tp": 1, "pp": 1, "dp": 16, "ep": 4, **parallel}  # 16 GPUs: 2 nodes of 8
+    d = scenario_dict(model=model, parallel=p, training={"global_batch_size": 2 * p["dp"]},
+                      simulation={"network": network})
+    return clustersim.simulate(clustersim.load_scenario(d, base_dir=root), collapse=collapse)
+
+
+def test_skewed_all_to_all_is_bound_by_the_hot_ranks_ingress(root):
+    """A dispatch all-to-all inside one NVSwitch node, alone: each GPU's ingress bounds it.
+    Balanced, a GPU receives (n-1)/n S; skewed, the hot one receives (n-1)/n S x 2, so the
+    transfer takes twice as long (egress: S/n (2 + 2 x 2/3) < that)."""
+    from clustersim.engine.sim import Engine
+    from clustersim.hardware.topology import build_cluster, load_topology_cfg
+    from clustersim.program.tasks import Comm, Program
+
+    cluster = build_cluster(load_topology_cfg(root / "topologies/dgx-h100.yaml", {"nodes": 1}))
+    group = (0, 1, 2, 3)
+
+    def time_s(size, load):
+        prog = Program(ranks=list(group), weight=dict.fromkeys(group, 1))
+        for r in group:
+            prog.add(rank=r, stream="ep", name="a2a", kind="ep",
+                     comm=Comm("all_to_all", size, group, (), group, ("ep", group, 0), load=load))
+        return max(s.end_s for s in Engine(prog, cluster).run().spans)
+
+    def per_byte_s(load):  # two sizes: the latency round cancels
+        return (time_s(2.0 * (1 << 30), load) - time_s(1.0 * (1 << 30), load)) / (1 << 30)
+
+    balanced = per_byte_s(())
+    assert per_byte_s((False, tuple(HOT))) == pytest.approx(2 * balanced, rel=1e-9)  # dispatch: into the hot GPU
+    assert per_byte_s((True, tuple(HOT))) == pytest.approx(2 * balanced, rel=1e-9)  # combine: out of it
+
+
+def test_skewed_expert_compute_delays_every_ep_rank(root):
+    """Free network: every MoE layer's combine waits for the hot rank's experts, so the step
+    grows by exactly the hot rank's extra expert compute (forward and backward)."""
+    balanced = skewed_run(root, None, network="ideal")
+    skewed = skewed_run(root, HOT, network="ideal")
+
+    def experts_s(run, rank):
+        return sum(s.dur_s for s in run.trace.spans
+                   if s.rank == rank and s.kind == "compute" and s.name.endswith(" experts"))
+
+    hot = skewed.trace.ranks[0]
+    extra = experts_s(skewed, hot) - experts_s(balanced, balanced.trace.ranks[0])
+    assert extra > 0
+    assert skewed.summary["step_time_s"] == pytest.approx(balanced.summary["step_time_s"] + extra, rel=1e-12)
+    # a cold rank's experts run at 2/3 of the balanced time
+    cold = skewed.trace.ranks[1]
+    routed = experts_s(balanced, balanced.trace.ranks[0]) - experts_s(skewed, cold)
+    assert routed > 0 and experts_s(skewed, hot) - experts_s(skewed, cold) == pytest.approx(routed * 4, rel=1e-9)
+
+
+@pytest.mark.parametrize("parallel", [{}, {"tp": 2, "pp": 2, "dp": 4, "order": "tp-cp-dp-ep-pp"}],
+                         ids=["consecutive", "strided-tp-pp"])
+def test_skewed_load_splits_classes_by_ep_index_and_equals_all_ranks(root, parallel):
+    """The EP ranks run different programs: one class per (stage, EP index), exact."""
+    rep, full = skewed_run(root, HOT, **parallel), skewed_run(root, HOT, collapse=False, **parallel)
+    mesh = rep.scenario.mesh
+    assert rep.summary["simulation"]["simulated_ranks"] == mesh.pp * mesh.ep < mesh.world_size
+    for key in ("step_time_s", "mfu", "bubble_fraction"):
+        assert rep.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
+    assert rep.summary["exposed_comm_s"]["ep"] == pytest.approx(full.summary["exposed_comm_s"]["ep"], rel=1e-9)
+    balanced = skewed_run(root, None, **parallel)
+    assert rep.summary["step_time_s"] > balanced.summary["step_time_s"]
+
+
+def test_an_even_load_is_the_balanced_plan(root):
+    even, balanced = skewed_run(root, [1.0] * 4), skewed_run(root, None)
+    assert even.summary["step_time_s"] == balanced.summary["step_time_s"]
+    assert even.summary["simulation"]["simulated_ranks"] == 1
+
+
+@pytest.mark.parametrize("moe,words", [
+    ({"ep_load": [1.5, 0.5]}, "2 entries for parallel.ep=4"),
+    ({"ep_load": [2.0, 1.0, 1.0, 1.0]}, "average 1.25, not 1"),
+    ({"ep_load": HOT, "capacity_factor": 1.25}, "with model.moe.capacity_factor=1.25"),
+])
+def test_bad_ep_load(root, moe, words):
+    d = scenario_dict(model={**MOE, "moe": {**MOE["moe"], **moe}}, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 4},
+                      training={"global_batch_size": 32})
+    with pytest.raises(clustersim.ConfigError, match="model.moe.ep_load") as exc:
+        clustersim.load_scenario(d, base_dir=root)
+    assert words in str(exc.value)

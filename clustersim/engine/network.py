@@ -65,10 +65,20 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring") -> tuple[FlowP
     out = []
     for k in range(len(per_group[comm.group])):
         flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
+        if comm.load:
+            flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
                            direct=algo == "pairwise")
         out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
+
+
+def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[float, ...]) -> tuple:
+    """A skewed all-to-all's flows (``Comm.load``): the flow from group position i to j carries
+    its balanced bytes times ``factors[j]`` (tokens to the experts of j), or ``factors[i]``
+    when ``by_src`` (tokens coming back from the experts of i)."""
+    pos = {x: i for i, x in enumerate(group)}
+    return tuple((a, b, x * factors[pos[a] if by_src else pos[b]]) for a, b, x in flows)
 
 
 def _route(cluster: Cluster, direct: bool = False):

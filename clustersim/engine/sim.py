@@ -116,7 +116,7 @@ def _shape_id(c: Comm) -> tuple:
     of groups) costs more than the rest of a start. The lowering shares group and twin tuples
     between the communications of one shape, and the program keeps them alive as long as the
     engine, so equal ids mean equal tuples (equal tuples under different ids only miss)."""
-    return (c.op, id(c.group), id(c.twins), c.size_bytes)
+    return (c.op, id(c.group), id(c.twins), c.size_bytes, id(c.load))
 
 
 class Engine:
@@ -163,7 +163,7 @@ class Engine:
             if phases is None:
                 phases = self._plan_of[fast] = self._plan(c, self.algorithm(c))
             return phases
-        key = (c.op, c.group, c.twins, algo)
+        key = (c.op, c.group, c.twins, c.load, algo)
         if key not in self._plans:
             self._plans[key] = plan_phases(self.cluster, c, algo)
         return self._plans[key]
@@ -174,7 +174,7 @@ class Engine:
         fast = _shape_id(c)
         full = self._full_of.get(fast)
         if full is None:
-            full = self._full_of[fast] = self._full_plans.get((c.op, c.group, c.twins, self.algorithm(c))) or self._plan(c)
+            full = self._full_of[fast] = self._full_plans.get((c.op, c.group, c.twins, c.load, self.algorithm(c))) or self._plan(c)
         return full
 
     def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float) -> float:
@@ -190,7 +190,7 @@ class Engine:
         applicable one fastest alone on its links at its size, as NCCL's tuner chooses by size
         and topology. A configured algorithm that cannot run this group (NVLS across nodes,
         hierarchical inside one) falls back to the default (ring)."""
-        key = (c.op, c.group, c.twins, c.size_bytes)
+        key = (c.op, c.group, c.twins, c.load, c.size_bytes)
         if key not in self._algos:
             options = ALGORITHMS.get(c.op, ("ring",))
             nvls = self.cluster.gpu.nvls_efficiency is not None and self.cluster.cfg.node.gpus > 1
@@ -223,9 +223,9 @@ class Engine:
         # first by identity (cheap), then by value: hashing twins once per distinct object
         distinct = {(*_shape_id(t.comm), t.comm.key[:2], t.stream): t
                     for t in self.prog.tasks if t.comm is not None}
-        shapes = {(t.comm.op, t.comm.group, t.comm.twins, self.algorithm(t.comm), t.comm.key[:2] + (t.stream,)): t.comm
-                  for t in distinct.values()}
-        phased = {(op, g, tw, a): self._plan(c, a) for (op, g, tw, a, _), c in shapes.items()}
+        shapes = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.load, self.algorithm(t.comm),
+                   t.comm.key[:2] + (t.stream,)): t.comm for t in distinct.values()}
+        phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge: dict[int, list] = {}
         for pi, plan in enumerate(plans.values()):
@@ -242,8 +242,8 @@ class Engine:
                 weights=tuple(tuple((e, w) for e, w in ws if e in keep) for ws in plan.weights),
                 fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale) for plan in phases)
         users: dict[int, set] = {}
-        for (op, g, tw, a, channel) in shapes:
-            for plan in self._plans[(op, g, tw, a)]:
+        for (op, g, tw, ld, a, channel) in shapes:
+            for plan in self._plans[(op, g, tw, ld, a)]:
                 for e in plan.edges:
                     users.setdefault(e, set()).add(channel)
         self._edge_users = users
@@ -273,7 +273,7 @@ class Engine:
 
     def _alone_duration(self, c: Comm, stream: str) -> float | None:
         """Closed-form time if ``c`` never shares a link with another channel, else None."""
-        key = (c.op, c.group, c.twins, c.size_bytes, stream)
+        key = (c.op, c.group, c.twins, c.load, c.size_bytes, stream)
         if key not in self._alone:
             phases = self._plan(c)
             channel = c.key[:2] + (stream,)
@@ -398,7 +398,7 @@ class Engine:
         # closed-form communications, by shape: every instance moves the same bytes
         starts: dict[tuple, tuple[Comm, list[float]]] = {}
         for c, start_s in self._alone_log:
-            starts.setdefault((c.op, c.group, c.twins, c.size_bytes), (c, []))[1].append(start_s)
+            starts.setdefault((c.op, c.group, c.twins, c.load, c.size_bytes), (c, []))[1].append(start_s)
         shapes = {key: self._flow_intervals(c) for key, (c, _) in starts.items()}
         for key, (_, at) in starts.items():
             for on, _, _ in shapes[key]:

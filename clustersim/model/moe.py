@@ -12,8 +12,14 @@ Per TP rank and microbatch, with T tokens, k experts per token, E experts on ep 
     dispatch bytes   T * k * capacity * h * 2   sent by each rank, (ep-1)/ep of it off-rank
     combine bytes    the same back
 
-Balanced routing is assumed (every expert receives T*k/E tokens); ``capacity_factor`` >= 1
-pads expert batches as token-dropping implementations do.
+Balanced routing is the default (every expert receives T*k/E tokens); ``capacity_factor`` >= 1
+pads expert batches as token-dropping implementations do. ``ep_load`` skews dropless routing:
+the experts of EP rank e receive ``ep_load[e]`` times the balanced share (mean 1), so their
+grouped GEMMs take that much longer, and the all-to-all moves that much more to (dispatch) and
+from (combine) them::
+
+    expert FLOPs on rank e   x ep_load[e]
+    dispatch bytes a -> b    S/ep * ep_load[b]      (combine: b -> a, the same)
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ class MoeCfg(Strict):
     dense_layers_first: int = pydantic.Field(default=0, ge=0, description="the first k layers keep a dense MLP")
     capacity_factor: float = pydantic.Field(default=1.0, ge=1.0)
     mlp: Literal["swiglu", "gelu"] = "swiglu"
+    ep_load: list[pydantic.PositiveFloat] | None = pydantic.Field(
+        default=None, description="tokens each EP rank's experts receive, relative to balanced routing "
+                                  "(one per EP index, mean 1; dropless routing)")
 
     @pydantic.model_validator(mode="after")
     def _top_k(self):
@@ -73,14 +82,16 @@ def router_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int = 1) -> list[Op]:
     return [logits, _elementwise("topk", tokens * moe.experts, 3)]
 
 
-def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int) -> list[Op]:
-    """The routed experts' grouped GEMMs on the tokens this rank receives (balanced routing).
+def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, load: float = 1.0) -> list[Op]:
+    """The routed experts' grouped GEMMs on the tokens this rank receives.
 
     Each rank of the EP group computes E/ep experts on (tokens * k * capacity) / (E/ep) tokens
     each, i.e. tokens * k * capacity token-expert pairs in all: independent of ep. The
     capacity padding is executed but is not model work: model FLOPs count tokens * k pairs.
+    ``load``: this rank's share relative to balanced routing (``ep_load``), which scales its
+    pairs (dropless routing: every routed token is computed where it lands).
     """
-    pairs = tokens * moe.top_k * moe.capacity_factor
+    pairs = tokens * moe.top_k * moe.capacity_factor * load
     f = moe.expert_ffn / t
     up = (moe.mats - 1) * f
 

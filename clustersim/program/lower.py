@@ -58,6 +58,9 @@ class Symmetry:
       index in the EP group; and CP index when CP ranks differ) are in the *same* such groups
       and in groups of identical class pattern otherwise, so they form one class (see
       :meth:`_split_classes`).
+    - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
+      compute different shares, so the class keeps the index in the EP group too: one class
+      per (stage, [CP index,] EP index), TP and DP twins collapsed as before.
     - Collapsed, with faults on a node's own cables (``faulty``: the ranks of that node; a
       degraded NVLink, PCIe or NIC-leaf cable): those ranks' traffic crosses a slower link
       than their twins', which makes them stragglers in communication; the classes split
@@ -74,6 +77,7 @@ class Symmetry:
     mesh: Mesh
     collapse: bool
     cp_distinct: bool = False  # CP ranks run different programs (unbalanced causal attention)
+    ep_distinct: bool = False  # EP ranks run different programs (skewed expert load)
     slow: dict[int, float] = field(default_factory=dict)  # rank -> compute slowdown (stragglers)
     # ranks on GPUs whose own links a fault what-if degraded or removed: their communication
     # runs slower than their twins', so they split the classes as stragglers do
@@ -90,9 +94,25 @@ class Symmetry:
             self.rep = {r: r for r in range(m.world_size)}
         elif stragglers:
             self.rep = self._split_classes(stragglers)
+        elif self.ep_distinct:  # one class per (stage, [CP index,] index in the EP group)
+            ep_index = self.ep_indices(m)
+            first: dict[tuple, int] = {}
+            self.rep = {}
+            for r in range(m.world_size):  # ascending: a class's first rank is its lowest
+                c = m.coords(r)
+                self.rep[r] = first.setdefault((c["pp"], c["cp"] if self.cp_distinct else 0, ep_index[c["dp"]]), r)
         else:
             keep = ("pp", "cp") if self.cp_distinct else ("pp",)
             self.rep = {r: m.rank(**{d: v for d, v in m.coords(r).items() if d in keep}) for r in range(m.world_size)}
+
+    @staticmethod
+    def ep_indices(mesh: Mesh) -> dict[int, int]:
+        """DP index -> its position in its EP group (0 everywhere without EP)."""
+        out = {}
+        for d in range(mesh.dp):
+            grp = [mesh.coords(x)["dp"] for x in mesh.group(mesh.rank(dp=d), "ep")]
+            out[d] = grp.index(d)
+        return out
 
     @staticmethod
     def coupled_dp(mesh: Mesh, stragglers) -> set[int]:
@@ -137,11 +157,7 @@ class Symmetry:
         """
         m = self.mesh
         coupled = self.coupled_dp(m, stragglers)
-        # a DP index's position in its EP group: 0 everywhere without EP
-        ep_index = {}
-        for d in range(m.dp):
-            grp = [m.coords(x)["dp"] for x in m.group(m.rank(dp=d), "ep")]
-            ep_index[d] = grp.index(d)
+        ep_index = self.ep_indices(m)
         rep: dict[int, int] = {}
         first: dict[tuple, int] = {}
         for r in range(m.world_size):  # ascending: a class's first rank is its lowest
@@ -202,7 +218,9 @@ class Lowering:
     zero: int = 0
     zero_prefetch_layers: int = 1
     zero3_keep_gathered: bool = False
-    cp_work: dict = field(default_factory=dict)  # CP index -> per-part work, when CP ranks differ
+    # (CP index, index in the EP group) -> per-part work, when CP or EP ranks differ (unbalanced
+    # causal attention, skewed expert load); the index that does not matter is 0
+    rank_work: dict = field(default_factory=dict)
     # filled by __post_init__
     grad_kind: str = field(init=False)  # the action after which gradients are final: "W" or "B"
     first_mb: dict = field(default_factory=dict)  # virtual stage -> first microbatch it runs forward
@@ -281,9 +299,15 @@ class Lowering:
 
     def work_of(self, rank: int, part: int) -> StageWork:
         """The work of ``part`` as rank ``rank`` runs it (CP ranks differ without load balancing)."""
-        if self.cp_work:
-            return self.cp_work[self.mesh.coords(rank)["cp"]][part]
+        if self.rank_work:
+            c = self.mesh.coords(rank)
+            return self.rank_work[(c["cp"] if self.sym.cp_distinct else 0,
+                                   self.ep_index[c["dp"]] if self.sym.ep_distinct else 0)][part]
         return self.work[part]
+
+    @cached_property
+    def ep_index(self) -> dict[int, int]:
+        return Symmetry.ep_indices(self.mesh)
 
     def peer(self, rank: int, pp: int) -> int:
         """The rank at pipeline position ``pp`` with ``rank``'s TP and DP coordinates."""
@@ -331,24 +355,24 @@ _TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp"}
 
 
 def _comm_spec(low: Lowering, kind: str, group, size: float, op: str, stream: str | None, name: str,
-               channel: str | None) -> tuple:
+               channel: str | None, load: tuple = ()) -> tuple:
     """What every instance of one communication shares (all but its tag, deps and meta)::
 
-        (op, size, group, twins, members, recv rank, channel, orbit, stream, trace kind, name)
+        (op, size, group, twins, members, recv rank, channel, orbit, stream, trace kind, name, load)
     """
     orbit, twins, members = low.sym.shape(kind, group, lambda: _all_groups(low, kind))
     recv = -1
     if op == "send":
         members, recv = (low.sym.rep[group[0]],), low.sym.rep[group[1]]
     return (op, size, group, twins, members, recv, channel or kind, orbit, stream or kind,
-            _TRACE_KIND.get(kind, kind), name)
+            _TRACE_KIND.get(kind, kind), name, load)
 
 
 def _add_comm(prog: Program, rank: int, spec: tuple, tag, deps: tuple, mb: int = -1, phase: str = "",
               stage: int = -1, layer: int = -1) -> int:
     """Append one instance of the communication ``spec`` (:func:`_comm_spec`); its task id."""
-    op, size, group, twins, members, recv, channel, orbit, stream, kind, name = spec
-    c = Comm(op, size, group, twins, members, (channel, orbit, tag), recv)
+    op, size, group, twins, members, recv, channel, orbit, stream, kind, name, load = spec
+    c = Comm(op, size, group, twins, members, (channel, orbit, tag), recv, load)
     tasks = prog.tasks
     tid = len(tasks)
     # positional, in Task's field order: the lowering creates one per task
@@ -463,7 +487,7 @@ def _block_plan(low: Lowering, r: int, kind: str, blocks) -> list[tuple]:
     if plan is None:
         def specs(comms, blk) -> tuple:
             return tuple(_comm_spec(low, c.dim, low.group_of(r, c.dim), c.size_bytes, c.op, None,
-                                    f"{kind} {COMM_SHORT[c.op]} {blk.name}", None) for c in comms)
+                                    f"{kind} {COMM_SHORT[c.op]} {blk.name}", None, c.load) for c in comms)
         plan = low.block_plans[key] = [(blk, f"{kind} {blk.name}", specs(blk.pre, blk), specs(blk.overlap, blk),
                                         specs(blk.post, blk)) for blk in blocks]
     return plan
@@ -731,20 +755,23 @@ def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lower
     """Scenario -> Program for one training step."""
     mesh = sc.mesh
     cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
+    moe = sc.model.moe
+    ep_distinct = mesh.ep > 1 and moe is not None and moe.ep_load is not None and len(set(moe.ep_load)) > 1
     collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
     # a straggler or a fault on a node's own cables (rank r runs on GPU r) splits the classes
     # around it (Symmetry)
-    sym = Symmetry(mesh, collapse, cp_distinct, slow=dict(sc.cluster.gpu_slowdown),
+    sym = Symmetry(mesh, collapse, cp_distinct, ep_distinct, slow=dict(sc.cluster.gpu_slowdown),
                    faulty=frozenset(sc.cluster.fault_gpus))
     work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
-    cp_work = {c: [stage_work(sc, j, sc.cluster.gpu, c) for j in range(sc.n_parts)]
-               for c in range(mesh.cp)} if cp_distinct else {}
+    rank_work = {(c, e): [stage_work(sc, j, sc.cluster.gpu, c, e) for j in range(sc.n_parts)]
+                 for c in range(mesh.cp if cp_distinct else 1)
+                 for e in range(mesh.ep if ep_distinct else 1)} if cp_distinct or ep_distinct else {}
     low = Lowering(
         mesh=mesh, schedule=sc.schedule, work=work, sym=sym,
         grad_bytes=GRAD_BYTES[sc.training.grad_dtype], dp_bucket_params=sc.training.dp_bucket_params,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
-        zero3_keep_gathered=sc.parallel.zero3_keep_gathered, cp_work=cp_work,
+        zero3_keep_gathered=sc.parallel.zero3_keep_gathered, rank_work=rank_work,
     )
     return run_passes(low), low
 

@@ -25,6 +25,9 @@ class Comm:
     ``members``: simulated ranks that must all arrive before it starts (rendezvous).
     ``key``: rendezvous key, identical on every member's task.
     ``recv_rank``: for ``send``, the simulated rank that waits for the data (or -1).
+    ``load``: a skewed all-to-all (MoE ``ep_load``), ``(by_src, factors)``: the flow between
+    group positions i -> j carries its balanced bytes times ``factors[j]``, or ``factors[i]``
+    when ``by_src``; ``()`` when balanced.
     """
 
     op: str  # "all_reduce" | "send"
@@ -34,6 +37,7 @@ class Comm:
     members: tuple[int, ...]
     key: tuple
     recv_rank: int = -1
+    load: tuple = ()
 
 
 @dataclass(slots=True)

@@ -53,6 +53,7 @@ class CommItem:
     op: str  # "all_reduce" | "reduce_scatter" | "all_gather"
     size_bytes: float  # whole tensor (each rank holds size/n of it for RS output and AG input)
     dim: str = "tp"
+    load: tuple = ()  # skewed all-to-all: (by source?, factor per group position); see tasks.Comm
 
 
 @dataclass(frozen=True)
@@ -267,12 +268,13 @@ def cp_transient_bytes(sc: Scenario) -> float:
     return (4 if sc.parallel.cp_comm == "ring" else 2 * cp) * kv
 
 
-def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0) -> StageWork:
+def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank: int = 0) -> StageWork:
     """Blocks, optimizer time, local parameters and activation bytes of model part ``part``.
 
     Part 0 starts with the embedding, the last part ends with the head; the layers are
     ``sc.layers_per_part[part]`` consecutive ones. ``cp_rank`` matters only for context
-    parallelism without load balancing (its ranks' attention work differs).
+    parallelism without load balancing (its ranks' attention work differs), ``ep_rank`` (the
+    index in the EP group) only for skewed expert load (``model.moe.ep_load``).
     """
     m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
     n_parts = sc.n_parts
@@ -318,7 +320,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0) -> Stage
                            overlap=spec.overlap))
         b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, expert_params=spec.expert_params))
 
-    moe_blocks = MoeBlocks.build(sc, f_pre, f_post, b_pre, b_post) if m.moe is not None else None
+    moe_blocks = MoeBlocks.build(sc, f_pre, f_post, b_pre, b_post, ep_rank) if m.moe is not None else None
 
     def mlp_specs(layer: int) -> tuple[list, list]:
         if m.is_moe_layer(layer):
@@ -388,31 +390,45 @@ class MoeBlocks:
     The dispatch all-to-all runs in the EP group (``ep`` DP ranks, same TP and CP index)
     and carries tokens * top_k * capacity hidden vectors; the combine brings them back.
     Routed-expert parameters (E/ep experts per rank) reduce over the expert-DP group.
+
+    With a skewed load (``ep_load``), rank ``ep_rank``'s routed experts compute its share, and
+    the all-to-alls that carry tokens *to* the experts (forward dispatch, backward gradient of
+    the combine) scale each flow by its destination's load, those *from* the experts (forward
+    combine, backward gradient of the dispatch) by its source's.
     """
 
     fwd_specs: tuple
     bwd_specs: tuple
 
     @staticmethod
-    def build(sc: Scenario, f_pre, f_post, b_pre, b_post) -> "MoeBlocks":
+    def build(sc: Scenario, f_pre, f_post, b_pre, b_post, ep_rank: int = 0) -> "MoeBlocks":
         m, t, ep = sc.model, sc.parallel.tp, sc.parallel.ep
         e, h = m.moe, m.hidden
         b, flash, sp = sc.training.micro_batch_size, sc.training.attention == "flash", sc.parallel.sp
         tokens = b * m.seq_len / sc.parallel.cp
         rep_tok = tokens / t if sp else tokens
-        a2a = (CommItem("all_to_all", moe.dispatch_bytes(e, tokens, h), dim="ep"),) if ep > 1 else ()
+        skew = tuple(e.ep_load) if e.ep_load is not None and ep > 1 and len(set(e.ep_load)) > 1 else ()
+
+        def a2a(by_src: bool) -> tuple:
+            if ep == 1:
+                return ()
+            return (CommItem("all_to_all", moe.dispatch_bytes(e, tokens, h), dim="ep",
+                             load=(by_src, skew) if skew else ()),)
+
+        to_experts, from_experts = a2a(False), a2a(True)
         router = [tf._elementwise("norm2", rep_tok * h, 2)] + moe.router_fwd(e, tokens, h, t)
-        experts = moe.routed_experts_fwd(e, tokens, h, t) + moe.shared_experts_fwd(e, tokens, h, t) \
-            + [tf._elementwise("residual2", rep_tok * h, 3)]
+        experts = moe.routed_experts_fwd(e, tokens, h, t, skew[ep_rank] if skew else 1.0) \
+            + moe.shared_experts_fwd(e, tokens, h, t) + [tf._elementwise("residual2", rep_tok * h, 3)]
         router_params = h * e.experts / t
         shared_params = e.shared_experts * moe.expert_params(e, h) / t
         routed_params = (e.experts // ep) * moe.expert_params(e, h) / t
         fwd = (
-            _Spec("router", router, f_pre, a2a, router_params),
-            _Spec("experts", experts, (), a2a + f_post, shared_params, routed_params),
+            _Spec("router", router, f_pre, to_experts, router_params),
+            _Spec("experts", experts, (), from_experts + f_post, shared_params, routed_params),
         )
         bwd = (
-            _Spec("experts", tf.block_bwd(experts, flash), b_pre + a2a, a2a, shared_params, routed_params),
+            _Spec("experts", tf.block_bwd(experts, flash), b_pre + to_experts, from_experts, shared_params,
+                  routed_params),
             _Spec("router", tf.block_bwd(router, flash), (), b_post, router_params),
         )
         return MoeBlocks(fwd, bwd)
