@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import simpy
@@ -150,6 +151,7 @@ class Engine:
         self._full_of: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
         self._alone_log: list[tuple[Comm, float]] = []  # communications timed in closed form: start
+        self._census: dict[tuple, list] = {}  # shape -> [a communication of it, how many tasks]
         self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
         if network == "flow":
             self._classify()
@@ -221,8 +223,13 @@ class Engine:
         # a channel is one (kind, orbit) on one stream: a stream never overlaps itself, two
         # streams of the same kind and group (ZeRO-3 gathers and gradient reductions) can
         # first by identity (cheap), then by value: hashing twins once per distinct object
-        distinct = {(*_shape_id(t.comm), t.comm.key[:2], t.stream): t
-                    for t in self.prog.tasks if t.comm is not None}
+        distinct: dict[tuple, Task] = {}
+        for t in self.prog.tasks:
+            c = t.comm
+            if c is not None:
+                fast = _shape_id(c)
+                distinct[(*fast, c.key[:2], t.stream)] = t
+                self._count(fast, c)
         shapes = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.load, self.algorithm(t.comm),
                    t.comm.key[:2] + (t.stream,)): t.comm for t in distinct.values()}
         phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
@@ -249,6 +256,14 @@ class Engine:
         self._edge_users = users
         self._plan_of.clear()  # plans looked up before the links were merged
         self._full_of.clear()
+
+    def _count(self, fast: tuple, c: Comm) -> None:
+        """One more communication task of shape ``fast`` (for the algorithms' census)."""
+        entry = self._census.get(fast)
+        if entry is None:
+            self._census[fast] = [c, 1]
+        else:
+            entry[1] += 1
 
     def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]:
         """Per link ``c`` crosses (twins included): (seconds its traffic needs there at the
@@ -288,7 +303,7 @@ class Engine:
         closed form when alone on its links; -1 when the flow network must time it."""
         if self.network == "ideal" or c.size_bytes <= 0:
             return 0.0
-        fast = (*_shape_id(c), stream)
+        fast = (c.op, id(c.group), id(c.twins), c.size_bytes, id(c.load), stream)  # _shape_id + stream, inline
         dur = self._alone_of.get(fast)
         if dur is None:
             alone = self._alone_duration(c, stream)
@@ -322,11 +337,16 @@ class Engine:
     def _complete(self, t: Task, start_s: float, end_s: float) -> None:
         """Record ``t`` (and the receive of a send) over [start_s, end_s] and release whatever
         waits for it (``end_s`` may lie ahead of the clock: it is known already)."""
-        self._record(t, t.rank, t.stream, start_s, end_s)
-        c = t.comm
-        if c is not None and c.recv_rank >= 0:
-            recv_stream = t.stream.replace("_send", "_recv")
-            self._record(t, c.recv_rank, recv_stream, start_s, end_s, name=t.name.replace("send", "recv"))
+        c, rank = t.comm, t.rank
+        # positional, in Span's field order (a span per task: keyword passing costs a third more)
+        if c is None:
+            self.spans.append(Span(rank, t.stream, t.name, t.kind, start_s, end_s, t.mb, t.phase,
+                                   self.stage_of.get(rank, t.stage), t.layer, 0.0, "", t.flops, t.model_flops, t.tid))
+        else:
+            self._record(t, rank, t.stream, start_s, end_s)
+            if c.recv_rank >= 0:
+                recv_stream = t.stream.replace("_send", "_recv")
+                self._record(t, c.recv_rank, recv_stream, start_s, end_s, name=t.name.replace("send", "recv"))
         self.end_s[t.tid] = end_s
         streams = self.waiters.pop(t.tid, None)
         if streams:
@@ -355,16 +375,17 @@ class Engine:
         unfinished = self.end_s.count(-1.0)
         if unfinished:
             raise RuntimeError(f"simulation deadlocked with {unfinished} tasks not run")
-        self.spans.sort(key=lambda s: (s.rank, s.start_s, s.end_s, s.stream))
+        self.spans.sort(key=attrgetter("rank", "start_s", "end_s", "stream"))
+        if not self._census:  # (counted by _classify under the flow network)
+            for t in self.prog.tasks:
+                if t.comm is not None:
+                    self._count(_shape_id(t.comm), t.comm)
         used: dict[str, dict[str, int]] = {}
-        by_shape: dict[tuple, str] = {}
-        for t in self.prog.tasks:
-            c = t.comm
-            if c is not None and c.op in ALGORITHMS and len(ALGORITHMS[c.op]) > 1:
+        for c, n in self._census.values():
+            if c.op in ALGORITHMS and len(ALGORITHMS[c.op]) > 1:
                 per = used.setdefault(c.op, {})
-                fast = _shape_id(c)
-                algo = by_shape.get(fast) or by_shape.setdefault(fast, self.algorithm(c))
-                per[algo] = per.get(algo, 0) + 1
+                algo = self.algorithm(c)
+                per[algo] = per.get(algo, 0) + n
         return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
                      stage_of=dict(self.stage_of),
                      algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())},
@@ -503,11 +524,12 @@ class _Stream:
 
     def step(self, _event=None) -> None:
         eng = self.eng
-        tasks, end_s, slow = eng.prog.tasks, eng.end_s, eng.cluster.gpu_slowdown
-        tids, n = self.tids, len(self.tids)
-        while self.i < n:
-            t = tasks[tids[self.i]]
-            start = self.free_s
+        tasks, end_s, slow, complete = eng.prog.tasks, eng.end_s, eng.cluster.gpu_slowdown, eng._complete
+        tids = self.tids
+        n, i, free = len(tids), self.i, self.free_s  # the loop's state, written back before leaving it
+        while i < n:
+            t = tasks[tids[i]]
+            start = free
             if t.deps:
                 pending = None
                 for d in t.deps:
@@ -519,7 +541,7 @@ class _Stream:
                     elif e > start:
                         start = e
                 if pending:
-                    self.pending = len(pending)
+                    self.i, self.free_s, self.pending = i, free, len(pending)
                     waiters = eng.waiters
                     for d in pending:
                         waiters.setdefault(d, []).append(self)
@@ -527,15 +549,16 @@ class _Stream:
             c = t.comm
             if c is None:
                 # rank r runs on GPU r; a straggler (topology what_if) computes slower
-                end = start + (t.duration_s * slow.get(t.rank, 1.0) if slow else t.duration_s)
-                eng._complete(t, start, end)
-                self.free_s = end
-                self.i += 1
+                free = start + (t.duration_s * slow.get(t.rank, 1.0) if slow else t.duration_s)
+                complete(t, start, free)
+                i += 1
                 continue
+            self.i, self.free_s = i, free
             dur = eng.fixed_comm_s(c, t.stream)
             if dur >= 0.0:
                 if not self._fixed_comm(c, start, dur):
                     return  # waiting for the other members
+                i, free = self.i, self.free_s  # advanced by _fixed_comm
                 continue
             env = eng.env
             if start > env.now and not self.armed:  # the flow network needs the clock at start
@@ -559,6 +582,7 @@ class _Stream:
             self.rdv = rdv
             rdv.done.callbacks.append(self.finish)
             return
+        self.i, self.free_s = i, free
 
     def _fixed_comm(self, c: Comm, start: float, dur: float) -> bool:
         """Arrive at a fixed-duration communication at ``start``; when every member has, it
