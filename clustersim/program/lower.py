@@ -431,11 +431,14 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     prev = None
     carried: tuple = ()  # overlapped communications of the previous block: this one waits for them
     tasks = prog.tasks
+    grads_final = kind == low.grad_kind
     for i, (blk, name, pre, overlap, post) in enumerate(_block_plan(low, r, kind, blocks)):
         layer = blk.layer
-        first_deps = (tuple(deps) if prev is None else (prev,)) + carried
-        u = _unit(blk)
+        first_deps = tuple(deps) if prev is None else (prev,)
+        if carried:
+            first_deps += carried
         # a communication-only block (the embedding's B under SP) computes nothing: no weights needed
+        u = _unit(blk) if zero3 else None
         shards = low.unit_shards.get((part, u), ()) if zero3 else ()
         if gather and blk.duration_s > 0 and shards and u not in gathered:
             units.append(u)
@@ -455,15 +458,20 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "pre", j), first_deps, mb, kind, q, layer)
             first_deps = (prev,)
         carried = tuple(_add_comm(prog, r, spec, (kind, stage, mb, i, "overlap", j), first_deps, mb, kind, q, layer)
-                        for j, spec in enumerate(overlap))
+                        for j, spec in enumerate(overlap)) if overlap else ()
         prev = len(tasks)
         # positional, in Task's field order
         tasks.append(Task(prev, r, "compute", name, "compute", blk.duration_s, None, first_deps, mb, kind, q, layer,
                           blk.flops, blk.model_flops))
         low.last_compute[r] = prev
-        unit_end[u] = prev
-        if kind == low.grad_kind:
+        if grads_final:
             low.bwd_tid[(r, stage, mb, i)] = prev
+        if not zero3:
+            for j, spec in enumerate(post):
+                prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
+            yield
+            continue
+        unit_end[u] = prev
         unit_done = i + 1 == len(blocks) or _unit(blocks[i + 1]) != u
         for dim, n in (shards if reduce_now and unit_done else ()):
             rs = _comm(low, prog, r, dim, low.group_of(r, dim), ("RS grads", stage, mb, str(u), dim),
