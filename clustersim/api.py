@@ -116,7 +116,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     world = sc.mesh.world_size
     metrics = step_metrics(trace, world_size=world, peak_flops=peak, tokens_per_step=sc.tokens_per_step)
     p, t = sc.parallel, sc.training
-    return {
+    summary = {
         "scenario": sc.cfg.name,
         "description": sc.cfg.description,
         "world_size": world,
@@ -145,6 +145,10 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "simulated_ranks": len(trace.ranks), "spans": len(trace.spans),
                        "collective_algorithms": trace.algorithms},
     }
+    # the parts above shared the trace's columnar view (Trace.columns); nothing after the
+    # summary reads it (the invariant checks read their own), so its arrays go now
+    trace.drop_columns()
+    return summary
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,

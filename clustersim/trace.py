@@ -6,6 +6,10 @@ Everything downstream — metrics, report, Perfetto — is derived from these sp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .analysis.columns import SpanColumns, TaskColumns
 
 
 @dataclass(slots=True)
@@ -57,6 +61,8 @@ class Trace:
     algorithms: dict[str, dict[str, int]] = field(default_factory=dict)
     links: list[LinkUse] = field(default_factory=list)  # links the simulated communications used
     _by_rank: tuple | None = field(default=None, repr=False, compare=False)
+    _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
+    _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def end_s(self) -> float:
@@ -85,3 +91,33 @@ class Trace:
             out[s.rank].append(s)
         self._by_rank = (key, out)
         return out
+
+    def columns(self) -> SpanColumns:
+        """The spans as numpy columns (:class:`~clustersim.analysis.columns.SpanColumns`),
+        remembered while the span list stays the same list of the same length, as
+        :meth:`by_rank`. A snapshot: spans changed in place afterwards are not seen."""
+        c = self._columns
+        if c is None or c.spans is not self.spans or c.n != len(self.spans) or c.ranks != self.ranks:
+            from .analysis.columns import SpanColumns
+
+            c = self._columns = SpanColumns(self.spans, self.ranks)
+        return c
+
+    def drop_columns(self, tasks: bool = False) -> None:
+        """Forget the columnar view of the spans (and with ``tasks``, of the tasks): its arrays
+        are large, and it is rebuilt on demand."""
+        self._columns = None
+        if tasks:
+            self._task_columns = None
+
+    def task_columns(self, tasks) -> TaskColumns:
+        """The program's ``tasks`` as numpy columns
+        (:class:`~clustersim.analysis.columns.TaskColumns`), remembered for the same list of the
+        same length: the critical path and the invariant checks both read them (the checks drop
+        them when done)."""
+        c = self._task_columns
+        if c is None or c.tasks is not tasks or c.n != len(tasks):
+            from .analysis.columns import TaskColumns
+
+            c = self._task_columns = TaskColumns(tasks)
+        return c

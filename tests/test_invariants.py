@@ -114,6 +114,15 @@ def test_collective_member_out_of_sync_detected(small):
     assert any(x is s for x in v.spans)
 
 
+def test_checks_see_spans_changed_after_the_summary_read_them(small):
+    prog, trace, summary = small
+    t = _copy(trace)
+    t.columns()  # the summary's view of the spans, remembered on the trace
+    s = next(s for s in t.spans if s.op == "all_reduce" and len(prog.tasks[s.tid].comm.members) > 1)
+    s.end_s += 1e-6
+    assert "collective-sync" in _names(check_invariants(prog, t, summary))
+
+
 def test_backward_before_forward_detected(small):
     prog, trace, summary = small
     t = _copy(trace)

@@ -27,12 +27,14 @@ cool-down s·B.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from ..trace import Span
+import numpy as np
+
+from .intervals import Arrays, py_sum, seq_sum
 
 DEP_KINDS = ("pp", "tp", "cp", "ep", "dp", "compute")
+WINDOW = 8  # spans starting exactly when a gap ends that are looked at to tell its cause
 
 
 @dataclass(frozen=True)
@@ -44,53 +46,74 @@ class BubbleSplit:
     dependency_s: dict[str, float] = field(default_factory=dict)  # per DEP_KINDS, plus "total"
 
 
-def _overlap(a: float, b: float, lo: float, hi: float) -> float:
-    return max(0.0, min(b, hi) - max(a, lo))
+def _overlap(a: np.ndarray, b: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Length of each [a, b) inside [lo, hi): max(0, min(b, hi) - max(a, lo))."""
+    x = np.minimum(b, hi) - np.maximum(a, lo)
+    return np.where(x > 0.0, x, 0.0)
 
 
-def split_bubble(spans: list[Span], busy: list[tuple[float, float]], step_s: float, compute_s: float,
-                 max_compute_s: float, pipelined: bool) -> BubbleSplit:
-    """Split one rank's bubble (see the module docstring); ``busy``: the merged intervals of
-    all its spans, ``compute_s`` its compute busy time, ``max_compute_s`` the busiest rank's."""
-    gaps, t = [], 0.0
-    for a, b in busy:
-        if a > t:
-            gaps.append((t, a))
-        t = max(t, b)
-    if step_s > t:
-        gaps.append((t, step_s))
-    bubble = sum(b - a for a, b in gaps)
-    comp = [s for s in spans if s.kind == "compute"]
-    first_b = min((s.start_s for s in comp if s.phase == "B"), default=None)
-    last_f = max((s.end_s for s in comp if s.phase == "F"), default=None)
+def gaps(busy: Arrays, step_s: float) -> Arrays:
+    """The idle gaps in [0, step] around the merged ``busy`` intervals, as (starts, ends)::
+
+        busy     [--)    [---)  [-)
+        gaps  [--)  [----)   [--) [----)   (the first from 0, the last to the step's end)
+    """
+    lo, hi = busy
+    t = np.maximum.accumulate(np.concatenate(([0.0], hi)))  # t[i]: the latest end before busy[i]
+    before = lo > t[:-1]
+    tail = step_s > t[-1]
+    return (np.concatenate((t[:-1][before], t[-1:] if tail else [])),
+            np.concatenate((lo[before], [step_s] if tail else [])))
+
+
+def split_bubble(starts: np.ndarray, kinds: np.ndarray, kind_codes: dict[str, int], busy: Arrays, step_s: float,
+                 compute_s: float, max_compute_s: float, pipelined: bool, first_b: float | None,
+                 last_f: float | None) -> BubbleSplit:
+    """Split one rank's bubble (see the module docstring).
+
+    ``starts``/``kinds``: the starts and kind codes of all the rank's spans, sorted by start,
+    then kind (in the text order of the kind names); ``kind_codes``: the code of each of
+    ``DEP_KINDS`` (-1: none). ``busy``: the merged intervals of its compute and communication;
+    ``compute_s`` its compute busy time, ``max_compute_s`` the busiest rank's. ``first_b``: its
+    first backward's start, ``last_f`` its last forward's end (None: none)."""
+    ga, gb = gaps(busy, step_s)
+    bubble = py_sum(gb - ga, 0)
     if pipelined and first_b is not None and last_f is not None:
         warm_end, cool_start = first_b, max(last_f, first_b)
     else:
-        warm_end = busy[0][0] if busy else step_s
-        cool_start = busy[-1][1] if busy else step_s
-    starts = sorted((s.start_s, s.kind) for s in spans)
-    keys = [x for x, _ in starts]
-    warm = cool = 0.0
+        warm_end = float(busy[0][0]) if len(busy[0]) else step_s
+        cool_start = float(busy[1][-1]) if len(busy[1]) else step_s
+    w = _overlap(ga, gb, 0.0, warm_end)
+    c = _overlap(ga, gb, max(cool_start, warm_end), step_s)
+    warm, cool = seq_sum(w, 0.0), seq_sum(c, 0.0)
+    mid = (gb - ga) - w - c
+    steady = mid > 0
     dep = dict.fromkeys(DEP_KINDS, 0.0)
-    for a, b in gaps:
-        w = _overlap(a, b, 0.0, warm_end)
-        c = _overlap(a, b, max(cool_start, warm_end), step_s)
-        warm += w
-        cool += c
-        mid = (b - a) - w - c
-        if mid > 0:
-            i = bisect_left(keys, b)
-            kinds = {k for x, k in starts[i:i + 8] if x == b}  # what ends the gap
-            cause = next((k for k in DEP_KINDS if k in kinds and k != "compute"), "compute")
-            dep[cause] += mid
-    steady = sum(dep.values())
+    if steady.any():
+        ends, mid = gb[steady], mid[steady]
+        # what ends the gap: the kinds among the first WINDOW spans (by start, then kind) that
+        # start exactly then; a communication kind, in DEP_KINDS order, else compute
+        at = np.searchsorted(starts, ends, side="left")
+        cause = np.full(len(ends), len(DEP_KINDS) - 1)
+        for j in range(len(DEP_KINDS) - 2, -1, -1):  # the earliest in DEP_KINDS wins: written last
+            code = kind_codes[DEP_KINDS[j]]
+            if code < 0:
+                continue
+            seen = np.zeros(len(ends), dtype=bool)
+            for off in range(WINDOW):
+                pos = np.minimum(at + off, len(starts) - 1)
+                seen |= (at + off < len(starts)) & (starts[pos] == ends) & (kinds[pos] == code)
+            cause[seen] = j
+        for j, k in enumerate(DEP_KINDS):
+            dep[k] = seq_sum(mid[cause == j], 0.0)
+    steady_s = sum(dep.values())
     imb = min(bubble, max(0.0, max_compute_s - compute_s))
-    take_steady = min(imb, steady)
-    if steady > 0:
-        dep = {k: v * (1 - take_steady / steady) for k, v in dep.items()}
+    take_steady = min(imb, steady_s)
+    if steady_s > 0:
+        dep = {k: v * (1 - take_steady / steady_s) for k, v in dep.items()}
     rest = imb - take_steady
-    ends = warm + cool
-    if rest > 0 and ends > 0:
-        warm, cool = warm * (1 - rest / ends), cool * (1 - rest / ends)
+    ends_s = warm + cool
+    if rest > 0 and ends_s > 0:
+        warm, cool = warm * (1 - rest / ends_s), cool * (1 - rest / ends_s)
     return BubbleSplit(bubble_s=bubble, warm_up_s=warm, cool_down_s=cool, imbalance_s=imb,
                        dependency_s={**dep, "total": sum(dep.values())})

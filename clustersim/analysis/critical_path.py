@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ..program.tasks import Program
 from ..trace import Trace
 
@@ -43,10 +45,10 @@ class PathTask(NamedTuple):
 
 def task_times(prog: Program, trace: Trace) -> tuple[list[float], list[float]]:
     """(start, end) of every task on its own rank and stream (-1 end: no span)."""
-    start, end = [0.0] * len(prog.tasks), [-1.0] * len(prog.tasks)
-    for tid, s in trace.own_spans(prog.tasks).items():
-        start[tid], end[tid] = s.start_s, s.end_s
-    return start, end
+    own = trace.columns().own_index(prog.tasks, trace.task_columns(prog.tasks)).tolist()
+    spans = trace.spans
+    return ([spans[i].start_s if i >= 0 else 0.0 for i in own],
+            [spans[i].end_s if i >= 0 else -1.0 for i in own])
 
 
 def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
@@ -54,38 +56,52 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     tasks = prog.tasks
     if not tasks or not trace.spans:
         return []
-    start, end = task_times(prog, trace)
-    prev: dict[int, int] = {}
-    for tids in prog.streams().values():
-        for a, b in zip(tids, tids[1:]):
-            prev[b] = a
-    members: dict[tuple, list[int]] = {}
-    for t in tasks:
-        if t.comm is not None:
-            members.setdefault(t.comm.key, []).append(t.tid)
+    cols, tc = trace.columns(), trace.task_columns(tasks)
+    own = cols.own_index(tasks, tc)
+    end_a = np.where(own >= 0, cols.end_s[own], -1.0)  # -1: no span
+    end = end_a.tolist()
+    prev = tc.prev.tolist()
+    # members of each rendezvous that has more than one task, in task order
+    group = tc.comm_group
+    shared = np.flatnonzero(group >= 0)
+    shared = shared[np.bincount(group[shared])[group[shared]] > 1] if len(shared) else shared
+    members: dict[int, list[int]] = {}
+    for g, tid in zip(group[shared].tolist(), shared.tolist()):
+        members.setdefault(g, []).append(tid)
+    group_of = group.tolist()
 
-    def own(tid: int) -> list[int]:
-        p = prev.get(tid)
-        return list(tasks[tid].deps) + ([p] if p is not None else [])
+    def own_cands(tid: int) -> list[int]:
+        p = prev[tid]
+        return list(tasks[tid].deps) + ([p] if p >= 0 else [])
 
-    cur = max(range(len(tasks)), key=lambda i: (end[i], -i))
+    def binding(i: int) -> tuple[float, int]:
+        return end[i], -i
+
+    cur = int(np.argmax(end_a))  # the latest end; the lowest id on ties
     path = [cur]
     while True:
         t = tasks[cur]
-        cands = own(cur)
+        cands = own_cands(cur)
         if t.comm is not None:
-            for u in members[t.comm.key]:
+            for u in members.get(group_of[cur], ()):
                 if u != cur:
-                    cands += own(u)
+                    cands += own_cands(u)
         if not cands:
             break
         # the latest to finish binds; ties go to the lowest id (deterministic)
-        cur = max(cands, key=lambda i: (end[i], -i))
+        cur = max(cands, key=binding)
         path.append(cur)
     path.reverse()
     stage_of = trace.stage_of
-    return [PathTask(i, t.rank, t.stream, t.name, t.kind, start[i], end[i], stage_of.get(t.rank, t.stage), t.mb, t.layer)
-            for i, t in ((i, tasks[i]) for i in path)]
+    spans = trace.spans
+    out = []
+    for i in path:
+        t = tasks[i]
+        j = int(own[i])
+        start_s, end_s = (spans[j].start_s, spans[j].end_s) if j >= 0 else (0.0, -1.0)
+        out.append(PathTask(i, t.rank, t.stream, t.name, t.kind, start_s, end_s, stage_of.get(t.rank, t.stage), t.mb,
+                            t.layer))
+    return out
 
 
 def path_report(path: list[PathTask], step_s: float) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..program.tasks import Comm, Program, Task
 from ..trace import Trace
-from .intervals import union
+from .intervals import Arrays, merged, seq_sum
 
 _NUM = re.compile(r"\b\d+\b")  # bucket and part numbers, not "A2A"
 
@@ -44,70 +44,110 @@ def collective_name(kind: str, op: str, name: str) -> str:
     return f"{kind} {op}: {_NUM.sub('#', name)}"
 
 
-def covered_s(t: np.ndarray, merged: list[tuple[float, float]]) -> np.ndarray:
-    """Time in [0, t] covered by ``merged`` (sorted, disjoint intervals), for every t at once:
-    the whole intervals before t plus the part of the one t falls in."""
-    if not merged:
+def covered_s(t: np.ndarray, merged: list[tuple[float, float]] | Arrays) -> np.ndarray:
+    """Time in [0, t] covered by ``merged`` (sorted, disjoint intervals: a list of pairs, or
+    arrays of starts and ends), for every t at once: the whole intervals before t plus the part
+    of the one t falls in."""
+    if isinstance(merged, tuple):
+        lo, hi = merged
+    else:
+        iv = np.asarray(merged).reshape(-1, 2)
+        lo, hi = iv[:, 0], iv[:, 1]
+    if not len(lo):
         return np.zeros(len(t))
-    iv = np.asarray(merged)
-    lo, hi = iv[:, 0], iv[:, 1]
     before = np.concatenate([[0.0], np.cumsum(hi - lo)])
     k = np.searchsorted(lo, t, side="right") - 1  # the last interval starting at or before t
     inside = np.where(k >= 0, np.clip(t - lo[np.maximum(k, 0)], 0.0, (hi - lo)[np.maximum(k, 0)]), 0.0)
     return np.where(k >= 0, before[np.maximum(k, 0)], 0.0) + inside
 
 
+def _comm_rows(cols) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, exposed seconds) of every communication span with a length, rank by rank in the
+    trace's rank order, in span order within a rank: the span minus its rank's compute."""
+    order, bounds = cols.rank_groups
+    compute = cols.kind == cols.code("kind", "compute")
+    timed = ~compute & (cols.end_s > cols.start_s)
+    rows, exposed = [], []
+    for i in range(len(cols.ranks)):
+        mine = order[bounds[i]:bounds[i + 1]]
+        comm = mine[timed[mine]]
+        if not len(comm):
+            continue
+        busy = mine[compute[mine]]
+        merged_iv = merged(cols.start_s[busy], cols.end_s[busy])
+        a, b = cols.start_s[comm], cols.end_s[comm]
+        # exposed: the span's length minus the compute inside it (span minus compute)
+        rows.append(comm)
+        exposed.append((b - a) - (covered_s(b, merged_iv) - covered_s(a, merged_iv)))
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    return np.concatenate(rows), np.concatenate(exposed)
+
+
 def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None = None,
                         cluster=None, top: int = 8) -> list[dict[str, Any]]:
-    """summary.json ``exposed_comm_causes``: the collectives with the most exposed time per GPU."""
+    """summary.json ``exposed_comm_causes``: the collectives with the most exposed time per GPU.
+
+    Per group, sums run over its spans in the order rank by rank, span by span (left to right,
+    as adding them one at a time); its example span and size are the first of the largest."""
     tasks, w = prog.tasks, trace.weight
     world = sum(w.values()) or 1
-    groups: dict[str, dict[str, Any]] = {}
-    group_of: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, op, name) -> its group
-    for rank, spans in trace.by_rank().items():
-        merged = union([(s.start_s, s.end_s) for s in spans if s.kind == "compute"])
-        comm = [s for s in spans if s.kind != "compute" and s.end_s > s.start_s]
-        if not comm:
+    cols = trace.columns()
+    spans = cols.spans
+    rows, exposed = _comm_rows(cols)
+    # a group per collective name: (kind, op, name) triples numbered first, then named
+    other = cols.other  # the communications' view: their op, bytes and name
+    pos = np.searchsorted(other.rows, rows)
+    triple = ((cols.kind[rows].astype(np.int64) * (len(other.op_names) + 1) + other.op[pos])
+              * (len(other.name_names) + 1) + other.name[pos])
+    _, first, which = np.unique(triple, return_index=True, return_inverse=True)
+    label = [collective_name(spans[r].kind, spans[r].op, spans[r].name) for r in rows[first].tolist()]
+    label_code = {v: i for i, v in enumerate(dict.fromkeys(label))}
+    group = np.array([label_code[v] for v in label], dtype=np.int64)[which]
+    weight = np.array([w[r] for r in cols.ranks], dtype=float)[cols.rank_pos[rows]]
+    start, end, size = cols.start_s[rows], cols.end_s[rows], other.size_bytes[pos]
+    by_group = np.argsort(group, kind="stable")  # each group's spans in the order above
+    ranked = []
+    for sel in np.split(by_group, np.flatnonzero(np.diff(group[by_group])) + 1) if len(rows) else ():
+        ex_s = seq_sum(weight[sel] * exposed[sel], 0.0)
+        if not ex_s > 0:
             continue
-        a = np.array([s.start_s for s in comm])
-        b = np.array([s.end_s for s in comm])
-        # exposed: the span's length minus the compute inside it (span minus compute)
-        exposed = ((b - a) - (covered_s(b, merged) - covered_s(a, merged))).tolist()
-        for s, x in zip(comm, exposed):
-            g = group_of.get((s.kind, s.op, s.name))
-            if g is None:
-                key = collective_name(s.kind, s.op, s.name)
-                g = groups.get(key)
-                if g is None:
-                    g = groups[key] = {"collective": key, "kind": s.kind, "op": s.op, "exposed_s": 0.0,
-                                       "comm_s": 0.0, "count_per_gpu": 0.0, "size_bytes": 0.0,
-                                       "_best": (-1.0, 0, 0, 0.0, 0.0)}
-                group_of[(s.kind, s.op, s.name)] = g
-            g["exposed_s"] += w[rank] * x
-            g["comm_s"] += w[rank] * (s.end_s - s.start_s)
-            g["count_per_gpu"] += w[rank]
-            if s.size_bytes > g["size_bytes"]:
-                g["size_bytes"] = s.size_bytes
-            if x > g["_best"][0]:
-                g["_best"] = (x, s.tid, rank, s.start_s, s.end_s)
-    ranked = sorted((g for g in groups.values() if g["exposed_s"] > 0), key=lambda g: (-g["exposed_s"], g["collective"]))
+        s0 = spans[int(rows[sel[0]])]
+        g = {"collective": collective_name(s0.kind, s0.op, s0.name), "kind": s0.kind, "op": s0.op,
+             "exposed_s": ex_s, "comm_s": seq_sum(weight[sel] * (end[sel] - start[sel]), 0.0),
+             "count_per_gpu": seq_sum(weight[sel], 0.0), "size_bytes": 0.0, "_best": (-1.0, 0, 0, 0.0, 0.0)}
+        big = int(np.argmax(size[sel]))  # the first of the largest
+        if size[sel][big] > 0.0:
+            g["size_bytes"] = spans[int(rows[sel[big]])].size_bytes
+        best = int(np.argmax(exposed[sel]))  # the first span with the most exposed time
+        if exposed[sel][best] > -1.0:
+            s = spans[int(rows[sel[best]])]
+            g["_best"] = (float(exposed[sel][best]), s.tid, s.rank, s.start_s, s.end_s)
+        ranked.append(g)
+    ranked.sort(key=lambda g: (-g["exposed_s"], g["collective"]))
     out = []
-    comm_spans = [s for s in trace.spans if s.kind != "compute" and s.tid >= 0 and tasks[s.tid].rank == s.rank]
-    s_start = np.array([s.start_s for s in comm_spans])
-    s_end = np.array([s.end_s for s in comm_spans])
+    if not ranked:
+        return out
+    # the communications on their own rank (a send, not its receive), for what shared a link
+    tid = cols.tid
+    mine = np.flatnonzero((cols.kind != cols.code("kind", "compute")) & (tid >= 0))
+    mine = mine[trace.task_columns(tasks).rank[tid[mine]] == cols.rank[mine]]  # an id past the tasks fails here
     for g in ranked[:top]:
-        x, tid, rank, a, b = g.pop("_best")
+        x, tid_, rank, a, b = g.pop("_best")
         entry = {**g, "exposed_s": g["exposed_s"] / world, "comm_s": g["comm_s"] / world,
                  "count_per_gpu": g["count_per_gpu"] / world,
                  "example": {"rank": rank, "start_s": a, "end_s": b, "exposed_s": x}}
-        t = tasks[tid]
+        t = tasks[tid_]
         if explainer is not None and cluster is not None and t.comm is not None:
-            entry.update(_explain(t, explainer, cluster, comm_spans, s_start, s_end, a, b, tasks))
+            during = mine[(cols.start_s[mine] < b) & (cols.end_s[mine] > a)]
+            entry.update(_explain(t, explainer, cluster, [spans[i] for i in during.tolist()], a, b, tasks))
         out.append(entry)
     return out
 
 
-def _explain(t: Task, ex: Explainer, cluster, comm_spans, s_start, s_end, a: float, b: float, tasks) -> dict:
+def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, tasks) -> dict:
+    """Algorithm, bottleneck link and what shared it; ``during``: the communications (on their
+    own ranks) that overlap the example span [a, b], in span order."""
     c = t.comm
     loads = ex.link_loads(c)
     algo = "point-to-point" if c.op == "send" else ex.algorithm(c)
@@ -121,8 +161,7 @@ def _explain(t: Task, ex: Explainer, cluster, comm_spans, s_start, s_end, a: flo
                           "bw_Bps": cluster.edge_bw_Bps[e], "busy_s": loads[e][0], "flows": loads[e][1]}
     crosses: dict[tuple, bool] = {}
     shared: dict[str, float] = {}
-    for i in np.nonzero((s_start < b) & (s_end > a))[0]:
-        s = comm_spans[int(i)]
+    for s in during:
         o = tasks[s.tid].comm
         if o is None or o.key == c.key:
             continue

@@ -1,10 +1,21 @@
-"""Interval arithmetic on [start, end) spans: union length, difference length."""
+"""Interval arithmetic on [start, end) spans: union length, difference length.
+
+Two forms: lists of (start, end) tuples (``union``, ``length``, ``minus_length``), and pairs
+of numpy arrays ``(lo, hi)`` for the large traces (``merged``, ``seq_sum``, ``minus_pieces``).
+Both give the same numbers to the last bit: a merged set of intervals has one form (its
+endpoints are endpoints of the inputs), and every sum adds the same floats in the same order
+the same way: ``seq_sum`` as a ``+=`` loop, ``py_sum`` and ``rows_sum`` as Python's ``sum``.
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 import numpy as np
+
+Arrays = tuple[np.ndarray, np.ndarray]
+COMPENSATED_SUM = sys.version_info >= (3, 12)  # Python's sum() of floats compensates rounding from 3.12
 
 
 def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -13,21 +24,80 @@ def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]
     Sorted by start, an interval opens a new run when it starts after the running maximum of
     the ends before it (numpy: one sort and one cumulative maximum)."""
     arr = np.array(intervals if isinstance(intervals, list) else list(intervals), dtype=float).reshape(-1, 2)
-    arr = arr[arr[:, 1] > arr[:, 0]]
-    if len(arr) == 0:
-        return []
-    arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]
-    ends = np.maximum.accumulate(arr[:, 1])
-    opens = np.empty(len(arr), dtype=bool)
+    lo, hi = merged(arr[:, 0], arr[:, 1])
+    return list(zip(lo.tolist(), hi.tolist()))
+
+
+def merged(lo: np.ndarray, hi: np.ndarray, presorted: bool = False) -> Arrays:
+    """``union`` on arrays: the merged intervals as (starts, ends). ``presorted``: ``lo``
+    already ascends (any order among equal starts gives the same result)::
+
+        sorted by start   [0,2) [1,3) [5,6) [6,7)
+        running max end     2     3     6     7
+        opens a run         y     n     y     n      (start > running max before it)
+        merged            [0,3)       [5,7)
+    """
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    if not len(lo):
+        return lo, hi
+    if not presorted:
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+    ends = np.maximum.accumulate(hi)
+    opens = np.empty(len(lo), dtype=bool)
     opens[0] = True
-    opens[1:] = arr[1:, 0] > ends[:-1]
-    first = np.nonzero(opens)[0]
-    last = np.append(first[1:] - 1, len(arr) - 1)
-    return list(zip(arr[first, 0].tolist(), ends[last].tolist()))
+    np.greater(lo[1:], ends[:-1], out=opens[1:])
+    first = np.flatnonzero(opens)
+    return lo[first], ends[np.append(first[1:] - 1, len(lo) - 1)]
+
+
+def seq_sum(x: np.ndarray, start=0.0):
+    """``total = start; for v in x: total += v``: left to right, one rounding per addition
+    (numpy's ``sum`` adds pairwise and may differ in the last bit; a cumulative sum runs left
+    to right). Empty: ``start`` itself."""
+    if not len(x):
+        return start
+    acc = np.empty(len(x) + 1)
+    acc[0] = start
+    acc[1:] = x
+    return float(np.cumsum(acc)[-1])
+
+
+def py_sum(x: np.ndarray, start=0):
+    """Python's ``sum(x, start)`` itself, on the same floats in the same order (from 3.12 it
+    compensates rounding, so it is not :func:`seq_sum` there)."""
+    return sum(x.tolist(), start)
+
+
+def rows_sum(terms: list[np.ndarray], n: int, start: float = 0.0) -> np.ndarray:
+    """``sum((t[i] for t in terms), start)`` for every i < n at once, as this Python's ``sum``
+    adds floats: left to right, and from 3.12 with Neumaier's compensation::
+
+        t = f + x;  c += (f - t) + x  if |f| >= |x|  else (x - t) + f;  f = t
+        result = f + c  (when c is a finite non-zero)
+    """
+    f = np.full(n, float(start))
+    if not COMPENSATED_SUM:
+        for x in terms:
+            f = f + x
+        return f
+    c = np.zeros(len(f))
+    for x in terms:
+        t = f + x
+        c += np.where(np.abs(f) >= np.abs(x), (f - t) + x, (x - t) + f)
+        f = t
+    return np.where((c != 0) & np.isfinite(c), f + c, f)
 
 
 def length(merged: list[tuple[float, float]]) -> float:
     return sum(b - a for a, b in merged)
+
+
+def merged_length(iv: Arrays):
+    """``length`` of merged arrays: ``sum(end - start)`` in order (the int 0 when empty, as
+    ``length`` gives)."""
+    return py_sum(iv[1] - iv[0], 0)
 
 
 def minus_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
@@ -46,3 +116,30 @@ def minus_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> 
         if cur < e:
             total += e - cur
     return total
+
+
+def minus_pieces(a: Arrays, b: Arrays) -> np.ndarray:
+    """Lengths of the pieces of ``a`` not covered by ``b`` (both merged), in time order: the
+    pieces ``minus_length`` adds up. Each piece is an ``a`` interval cut to a gap of ``b``::
+
+        a        [--------)      [----)
+        b           [--)   [--------)
+        gaps of b  )   [---)          [---...
+        pieces   [--)  [--)           [-)
+    """
+    (alo, ahi), (blo, bhi) = a, b
+    glo = np.concatenate(([-np.inf], bhi))  # gap k runs from the end of b[k-1] to the start of b[k]
+    ghi = np.concatenate((blo, [np.inf]))
+    first = np.searchsorted(ghi, alo, side="right")  # the first gap ending after a starts
+    last = np.searchsorted(glo, ahi, side="left")  # past the last gap starting before a ends
+    count = np.maximum(last - first, 0)
+    ia = np.repeat(np.arange(len(alo)), count)
+    ig = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
+    lo = np.maximum(alo[ia], glo[ig])
+    hi = np.minimum(ahi[ia], ghi[ig])
+    return (hi - lo)[hi > lo]
+
+
+def minus_length_arrays(a: Arrays, b: Arrays) -> float:
+    """``minus_length`` on merged arrays, to the same bit."""
+    return seq_sum(minus_pieces(a, b), 0.0)

@@ -65,7 +65,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..trace import Span, Trace
+from .columns import SpanColumns
+from .intervals import rows_sum
 
 TIMELINE_POINTS = 120  # most samples a stage's reported timeline keeps
 
@@ -98,10 +102,8 @@ class StageStatic:
     parts: tuple[PartStatic, ...] = ()  # empty: one part, every span belongs to it
 
 
-def part_classifier(parts: tuple[PartStatic, ...]) -> Callable[[Span], int] | None:
-    """Span -> index into ``parts``; None when there is at most one part (nothing to tell apart)."""
-    if len(parts) <= 1:
-        return None
+def _part_maps(parts: tuple[PartStatic, ...]) -> tuple[dict[int, int], dict[str, int]]:
+    """(layer -> part index, block name -> part index); a layer or block in two parts is an error."""
     by_layer: dict[int, int] = {}
     by_block: dict[str, int] = {}
     for i, p in enumerate(parts):
@@ -111,6 +113,14 @@ def part_classifier(parts: tuple[PartStatic, ...]) -> Callable[[Span], int] | No
         for name in p.blocks:
             if by_block.setdefault(name, i) != i:
                 raise ValueError(f"block {name!r} is in parts {parts[by_block[name]].part} and {p.part} of one GPU")
+    return by_layer, by_block
+
+
+def part_classifier(parts: tuple[PartStatic, ...]) -> Callable[[Span], int] | None:
+    """Span -> index into ``parts``; None when there is at most one part (nothing to tell apart)."""
+    if len(parts) <= 1:
+        return None
+    by_layer, by_block = _part_maps(parts)
 
     def classify(s: Span) -> int:
         if s.layer >= 0:
@@ -118,6 +128,27 @@ def part_classifier(parts: tuple[PartStatic, ...]) -> Callable[[Span], int] | No
         return by_block[s.name.split(" ", 1)[-1]]  # span names are "<phase> <block name>"
 
     return classify
+
+
+def _part_index(comp: SpanColumns, pos: np.ndarray, parts: tuple[PartStatic, ...]) -> np.ndarray:
+    """:func:`part_classifier` for the compute spans ``pos`` of the view ``comp``, at once (0
+    with one part)."""
+    if len(parts) <= 1:
+        return np.zeros(len(pos), dtype=np.int64)
+    by_layer, by_block = _part_maps(parts)
+    layer = comp.layer[pos]
+    out = np.empty(len(pos), dtype=np.int64)
+    has = layer >= 0
+    if has.any():
+        lut = np.full(max(max(by_layer, default=0), int(layer.max())) + 1, -1, dtype=np.int64)
+        for k, i in by_layer.items():
+            lut[k] = i
+        out[has] = lut[layer[has]]
+        if (out[has] < 0).any():
+            raise KeyError(int(layer[has][out[has] < 0][0]))  # a layer no part holds
+    for i in np.flatnonzero(~has):  # blocks without a layer (embedding, head): a few per microbatch
+        out[i] = by_block[comp.spans[pos[i]].name.split(" ", 1)[-1]]  # names are "<phase> <block name>"
+    return out
 
 
 def comm_buffer_bytes(s: Span) -> float:
@@ -192,79 +223,172 @@ class StageTimeline:
 
     def peak_index(self) -> int:
         """The first sample with the highest activations + buffers (0 when empty)."""
-        best, at = -1.0, 0
-        for i, (a, b) in enumerate(zip(self.activations, self.buffers)):
-            if a + b > best:
-                best, at = a + b, i
-        return at
+        return _peak_index(np.add(self.activations, self.buffers))
 
     def downsampled(self, points: int = TIMELINE_POINTS) -> "StageTimeline":
         """At most ``points`` samples: the first and the last, and between them the time from
         the second to the next-to-last cut into ``points - 2`` equal bins, each keeping its
         sample with the highest total (the first on ties), so the peak sample survives."""
-        n = len(self.t_s)
-        if n <= points:
+        idx = _thinned(np.asarray(self.t_s, dtype=float), np.add(self.activations, self.buffers), points)
+        if idx is None:
             return self
-        bins = points - 2
-        t0, span = self.t_s[1], self.t_s[n - 2] - self.t_s[1]
-        keep: dict[int, int] = {}
-        for i in range(1, n - 1):
-            k = min(int((self.t_s[i] - t0) / span * bins), bins - 1) if span > 0 else 0
-            j = keep.get(k)
-            if j is None or self.activations[i] + self.buffers[i] > self.activations[j] + self.buffers[j]:
-                keep[k] = i
-        idx = [0, *sorted(keep.values()), n - 1]
         return StageTimeline([self.t_s[i] for i in idx], [self.activations[i] for i in idx],
                              [self.buffers[i] for i in idx], self.inflight, self.per_part)
+
+
+def _peak_index(total: np.ndarray) -> int:
+    """The first index of the highest total (0 when empty or when none is above -1)."""
+    if not len(total):
+        return 0
+    i = int(np.argmax(total))  # the first of equal maxima
+    return i if total[i] > -1.0 else 0
+
+
+def _thinned(t: np.ndarray, total: np.ndarray, points: int) -> list[int] | None:
+    """Indices :meth:`StageTimeline.downsampled` keeps; None when all are kept. Bin of sample i
+    (1 <= i <= n-2), for ``bins = points - 2``::
+
+        k(i) = min(int((t[i] - t[1]) / (t[n-2] - t[1]) * bins), bins - 1)     (0 if t[n-2] == t[1])
+    """
+    n = len(t)
+    if n <= points:
+        return None
+    bins = points - 2
+    inner = np.arange(1, n - 1)
+    t0, span = t[1], t[n - 2] - t[1]
+    if span > 0:
+        k = np.minimum(((t[inner] - t0) / span * bins).astype(np.int64), bins - 1)
+    else:
+        k = np.zeros(len(inner), dtype=np.int64)
+    order = np.lexsort((inner, -total[inner], k))  # per bin: highest total first, then the earliest
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = k[order[1:]] != k[order[:-1]]
+    return [0, *sorted(inner[order[first]].tolist()), n - 1]
+
+
+@dataclass
+class _Samples:
+    """A rank's memory timeline as arrays (:class:`StageTimeline`); ``t_raw(i)``: sample i's
+    time as the spans hold it (an ``int`` 0 stays one)."""
+
+    t: np.ndarray
+    activations: np.ndarray
+    buffers: np.ndarray
+    inflight: int
+    per_part: list[int]
+    _src_row: np.ndarray  # per sample: the span whose start or end it is (-1: the added t = 0)
+    _src_end: np.ndarray  # per sample: True for the span's end
+    _spans: list
+
+    def t_raw(self, i: int):
+        row = int(self._src_row[i])
+        if row < 0:
+            return 0.0
+        return self._spans[row].end_s if self._src_end[i] else self._spans[row].start_s
+
+
+def _first_per_key(key: np.ndarray, value: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys, for each the position of its smallest value, the earliest on ties)."""
+    order = np.lexsort((pos, value, key))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = key[order[1:]] != key[order[:-1]]
+    return key[order[first]], pos[order[first]]
+
+
+def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...]) -> _Samples:
+    """The memory timeline of the spans ``rows`` of ``cols`` (one rank's, in span order).
+
+    Events, sorted as tuples (time, +1 alloc / -1 free, 0 activation / 1 buffer, part index /
+    buffer bytes), ties in the order they were made: each (part, microbatch)'s allocation at its
+    first forward start and free at its last backward or W end (the earliest span on ties), in
+    the order of the first forward of each, then each buffer-holding communication's allocation
+    and free, in span order. After all events at one time, a sample::
+
+        activations = 0.0 + live[0] * bytes_per_mb[0] + live[1] * bytes_per_mb[1] + ...
+        buffers     = 0.0 + size_a * held[size_a] + size_b * held[size_b] + ...  (sizes ascending)
+
+    in that order of additions, so every sample is the same float as adding them one by one.
+    """
+    spans = cols.spans
+    nparts = len(parts)
+    start, end = cols.start_s[rows], cols.end_s[rows]
+    compute = cols.kind[rows] == cols.code("kind", "compute")
+    # --- activations: (part, microbatch) alive from its first F start to its last B/W end
+    comp = cols.compute
+    pos = np.searchsorted(comp.rows, rows[compute])  # the rank's compute spans in that view
+    mbs = comp.mb[pos]
+    act = np.flatnonzero(compute)[mbs >= 0]  # places in ``rows``
+    pos = pos[mbs >= 0]
+    part = _part_index(comp, pos, parts)
+    mb = comp.mb[pos]
+    phase = comp.phase[pos]
+    key = part * (int(mb.max(initial=0)) + 1) + mb
+    is_f = phase == comp.code("phase", "F")
+    is_bw = np.isin(phase, [c for c in (comp.code("phase", "B"), comp.code("phase", "W")) if c >= 0])
+    f_key, f_pos = _first_per_key(key[is_f], start[act][is_f], act[is_f])  # earliest start
+    b_key, b_pos = _first_per_key(key[is_bw], -end[act][is_bw], act[is_bw])  # latest end
+    first_seen = np.full(len(f_key), len(rows), dtype=np.int64)  # a key's first F span: its place in the dict
+    np.minimum.at(first_seen, np.searchsorted(f_key, key[is_f]), act[is_f])
+    _, fi, bi = np.intersect1d(f_key, b_key, assume_unique=True, return_indices=True)
+    seq = np.argsort(first_seen[fi], kind="stable")
+    fi, bi = fi[seq], bi[seq]
+    n_live = len(fi)
+    live_part = f_key[fi] // (int(mb.max(initial=0)) + 1)
+    # --- communication buffers: a pipeline message, an all-to-all's receive buffer
+    other = cols.other
+    comm = np.flatnonzero(~compute)
+    opos = np.searchsorted(other.rows, rows[comm])
+    kind = cols.kind[rows[comm]]
+    holds = (kind == cols.code("kind", "pp")) | ((kind == cols.code("kind", "ep"))
+                                               & (other.op[opos] == other.code("op", "all_to_all")))
+    nbytes = np.where(holds, other.size_bytes[opos], 0.0)
+    timed = (end[comm] > start[comm]) & (nbytes > 0)
+    buf, nbytes = comm[timed], nbytes[timed]
+    n_buf = len(buf)
+    # --- events, as columns
+    t = np.concatenate((start[f_pos[fi]], end[b_pos[bi]], start[buf], end[buf]))
+    d = np.concatenate((np.ones(n_live), -np.ones(n_live), np.ones(n_buf), -np.ones(n_buf))).astype(np.int64)
+    what = np.concatenate((np.zeros(2 * n_live, dtype=np.int64), np.ones(2 * n_buf, dtype=np.int64)))
+    x = np.concatenate((live_part, live_part, nbytes, nbytes)).astype(float)
+    made = np.concatenate((2 * np.arange(n_live), 2 * np.arange(n_live) + 1,
+                           2 * n_live + 2 * np.arange(n_buf), 2 * n_live + 2 * np.arange(n_buf) + 1))
+    src_row = rows[np.concatenate((f_pos[fi], b_pos[bi], buf, buf))]
+    src_end = np.concatenate((np.zeros(n_live, bool), np.ones(n_live, bool), np.zeros(n_buf, bool),
+                              np.ones(n_buf, bool)))
+    order = np.lexsort((made, x, what, d, t))
+    t, d, x, src_row, src_end = t[order], d[order], x[order], src_row[order], src_end[order]
+    is_act = what[order] == 0
+    # --- one sample per distinct time, after all its events
+    new = np.ones(len(t), dtype=bool)
+    new[1:] = t[1:] != t[:-1]
+    first = np.flatnonzero(new)
+    g = np.cumsum(new) - 1  # each event's sample
+    n = len(first)
+    live = np.zeros((n, max(nparts, 1)), dtype=np.int64)
+    np.add.at(live, (g[is_act], x[is_act].astype(np.int64)), d[is_act])
+    live = np.cumsum(live, axis=0)
+    activations = rows_sum([live[:, p] * parts[p].activation_bytes_per_mb for p in range(nparts)], n, 0.0)
+    sizes, which = np.unique(x[~is_act], return_inverse=True)
+    held = np.zeros((n, len(sizes)), dtype=np.int64)
+    np.add.at(held, (g[~is_act], which), d[~is_act])
+    held = np.cumsum(held, axis=0)
+    # Python skipped the sizes none held; adding their 0.0 changes no sum, compensated or not
+    buffers = rows_sum([size * held[:, j] for j, size in enumerate(sizes.tolist())], n, 0.0)
+    inflight = max(int(live.sum(axis=1).max(initial=0)), 0)
+    per_part = [max(int(live[:, p].max(initial=0)), 0) for p in range(nparts)]
+    src_row, src_end, t = src_row[first], src_end[first], t[first]
+    if not n or t[0] > 0:  # nothing held at 0 either: a zero sample first
+        t, activations, buffers = (np.concatenate(([0.0], a)) for a in (t, activations, buffers))
+        src_row, src_end = np.concatenate(([-1], src_row)), np.concatenate(([False], src_end))
+    return _Samples(t, activations, buffers, inflight, per_part, src_row, src_end, spans)
 
 
 def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...]) -> StageTimeline:
     """Activations and communication buffers over time on one rank, from its spans (module
     docstring). Starts with a zero sample at t = 0 when nothing is held then."""
-    bytes_per_mb = [p.activation_bytes_per_mb for p in parts]
-    intervals = _live_intervals(spans, part_classifier(parts))
-    # (time, +1 alloc / -1 free, 0 activation | 1 buffer, part index | buffer bytes)
-    events: list[tuple[float, int, int, float]] = []
-    for (part, _), (t0, t1) in intervals.items():
-        events.append((t0, 1, 0, part))
-        events.append((t1, -1, 0, part))
-    for s in spans:
-        if s.kind == "compute" or s.end_s <= s.start_s:
-            continue
-        nbytes = comm_buffer_bytes(s)
-        if nbytes > 0:
-            events.append((s.start_s, 1, 1, nbytes))
-            events.append((s.end_s, -1, 1, nbytes))
-    events.sort()
-    live = [0] * len(parts)
-    per_part = [0] * len(parts)
-    held: dict[float, int] = {}  # buffer size -> how many held: sums stay exact, 0 when none
-    count = peak_count = 0
-    t_s: list[float] = []
-    act: list[float] = []
-    buf: list[float] = []
-    if not events or events[0][0] > 0:
-        t_s.append(0.0)
-        act.append(0.0)
-        buf.append(0.0)
-    i, n = 0, len(events)
-    while i < n:
-        t = events[i][0]
-        while i < n and events[i][0] == t:
-            _, d, what, x = events[i]
-            if what == 0:
-                p = int(x)
-                live[p] += d
-                count += d
-                per_part[p] = max(per_part[p], live[p])
-                peak_count = max(peak_count, count)
-            else:
-                held[x] = held.get(x, 0) + d
-            i += 1
-        t_s.append(t)
-        act.append(sum((k * b for k, b in zip(live, bytes_per_mb)), 0.0))
-        buf.append(sum((size * k for size, k in sorted(held.items()) if k), 0.0))
-    return StageTimeline(t_s, act, buf, peak_count, per_part)
+    sm = _samples(SpanColumns(spans), np.arange(len(spans)), parts)
+    return StageTimeline([sm.t_raw(i) for i in range(len(sm.t))], sm.activations.tolist(), sm.buffers.tolist(),
+                         sm.inflight, sm.per_part)
 
 
 def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: float) -> dict:
@@ -274,19 +398,21 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
     rank_of_stage: dict[int, int] = {}
     for r in trace.ranks:
         rank_of_stage.setdefault(trace.stage_of.get(r, 0), r)
-    wanted = set(rank_of_stage.values())
-    spans_of: dict[int, list[Span]] = {r: [] for r in wanted}
-    for s in trace.spans:  # one pass: the representative ranks' spans
-        if s.rank in wanted:
-            spans_of[s.rank].append(s)
+    cols = trace.columns()
+    order, bounds = cols.rank_groups
+    place = {r: i for i, r in enumerate(cols.ranks)}
     for st in statics:
         parts = st.parts or (PartStatic(0, st.params, st.activation_bytes_per_mb),)
-        tl = stage_timeline(spans_of[rank_of_stage[st.stage]], parts)
-        act = max(tl.activations)
-        at = tl.peak_index()
+        i = place[rank_of_stage[st.stage]]
+        tl = _samples(cols, order[bounds[i]:bounds[i + 1]], parts)
+        total = tl.activations + tl.buffers
+        act = float(tl.activations.max())
+        at = _peak_index(total)
         static = st.param_bytes + st.grad_bytes + st.optimizer_bytes
-        peak = static + (tl.activations[at] + tl.buffers[at]) + st.transient_bytes
-        shown = tl.downsampled()
+        peak = static + (float(tl.activations[at]) + float(tl.buffers[at])) + st.transient_bytes
+        shown = _thinned(tl.t, total, TIMELINE_POINTS)
+        if shown is None:
+            shown = range(len(tl.t))
         stages.append({
             "stage": st.stage,
             "params": st.params,
@@ -296,17 +422,17 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "activations_bytes": act,
             "activation_bytes_per_microbatch": st.activation_bytes_per_mb,
             "inflight_microbatches": tl.inflight,
-            "comm_buffers_bytes": tl.buffers[at],
+            "comm_buffers_bytes": float(tl.buffers[at]),
             "transient_bytes": st.transient_bytes,
             "peak_bytes": peak,
-            "peak_t_s": tl.t_s[at],
+            "peak_t_s": tl.t_raw(at),
             "capacity_bytes": capacity_bytes,
             "margin_bytes": capacity_bytes - peak,
             "fits": peak <= capacity_bytes,
             "parts": [{"part": p.part, "params": p.params, "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
                        "inflight_microbatches": k} for p, k in zip(parts, tl.per_part)],
-            "timeline": {"t_s": shown.t_s, "activations_bytes": shown.activations,
-                         "comm_buffers_bytes": shown.buffers},
+            "timeline": {"t_s": [tl.t_raw(i) for i in shown], "activations_bytes": tl.activations[shown].tolist(),
+                         "comm_buffers_bytes": tl.buffers[shown].tolist()},
         })
     tightest = min(stages, key=lambda s: s["margin_bytes"])  # the first on ties
     return {

@@ -18,10 +18,14 @@ Per rank, the step [0, T] splits into three disjoint parts::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter, mul
+
+import numpy as np
 
 from ..trace import Trace
-from .bubble import BubbleSplit, split_bubble
-from .intervals import length, minus_length, union
+from .bubble import DEP_KINDS, BubbleSplit, split_bubble
+from .columns import SpanColumns
+from .intervals import Arrays, merged, merged_length, minus_length_arrays
 
 COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
 
@@ -34,21 +38,64 @@ class RankTimes:
     exposed_s: dict[str, float]  # per kind, not hidden behind compute
     exposed_total_s: float  # union of all kinds, not hidden behind compute
     bubble_s: float
-    busy: list[tuple[float, float]]  # when compute or any of its communication runs, merged
+    busy: Arrays  # when compute or any of its communication runs, merged: (starts, ends)
 
 
 def rank_times(spans, step_s: float) -> RankTimes:
     """Split one rank's step into compute, exposed communication and bubble."""
-    compute = union((s.start_s, s.end_s) for s in spans if s.kind == "compute")
-    by_kind = {k: union((s.start_s, s.end_s) for s in spans if s.kind == k) for k in COMM_KINDS}
-    all_comm = union(iv for k in COMM_KINDS for iv in by_kind[k])
-    exposed = {k: minus_length(by_kind[k], compute) for k in COMM_KINDS}
-    exposed_total = minus_length(all_comm, compute)
-    busy = union(compute + all_comm)
+    cols = SpanColumns(spans)
+    order = np.argsort(cols.start_s, kind="stable")
+    codes = {k: cols.code("kind", k) for k in ("compute", *COMM_KINDS)}
+    return _rank_times(cols.start_s[order], cols.end_s[order], cols.kind[order], codes, step_s)
+
+
+def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dict[str, int],
+                step_s: float) -> RankTimes:
+    """:func:`rank_times` on one rank's spans as arrays sorted by start; ``codes``: the kind
+    codes of compute and of ``COMM_KINDS`` (-1: no such span)::
+
+        compute   = union(compute spans)          comm[k] = union(spans of kind k)
+        exposed_k = |comm[k] minus compute|       all     = union(spans of all COMM_KINDS)
+        bubble    = max(T - |compute u all|, 0)
+    """
+    def iv(mask: np.ndarray) -> Arrays:
+        return merged(start[mask], end[mask], presorted=True)
+
+    is_compute = kind == codes["compute"]
+    is_comm = np.isin(kind, [codes[k] for k in COMM_KINDS if codes[k] >= 0])
+    compute = iv(is_compute)
+    by_kind = {k: iv(kind == codes[k]) for k in COMM_KINDS}
+    all_comm = iv(is_comm)
+    busy = iv(is_compute | is_comm)
     return RankTimes(
-        compute_s=length(compute), comm_s={k: length(v) for k, v in by_kind.items()}, comm_total_s=length(all_comm),
-        exposed_s=exposed, exposed_total_s=exposed_total, bubble_s=max(step_s - length(busy), 0.0), busy=busy,
+        compute_s=merged_length(compute), comm_s={k: merged_length(v) for k, v in by_kind.items()},
+        comm_total_s=merged_length(all_comm),
+        exposed_s={k: minus_length_arrays(by_kind[k], compute) for k in COMM_KINDS},
+        exposed_total_s=minus_length_arrays(all_comm, compute),
+        bubble_s=max(step_s - merged_length(busy), 0.0), busy=busy,
     )
+
+
+def _weighted_total(cols: SpanColumns, weight: dict[int, int], attr: str):
+    """``sum(weight[s.rank] * s.<attr> for s in spans)``, computed so: Python's sum, left to
+    right, on the values as the spans hold them (ints included), so the total is the same."""
+    w = np.array([weight[r] for r in cols.ranks], dtype=object)[cols.rank_pos].tolist()
+    return sum(map(mul, w, map(attrgetter(attr), cols.spans)))
+
+
+def _pipeline_marks(cols: SpanColumns) -> tuple[list[float | None], list[float | None]]:
+    """Per rank (in ``cols.ranks`` order): its first backward compute span's start and its last
+    forward compute span's end (None: none)."""
+    comp = cols.compute
+    rank = cols.rank_pos[comp.rows]
+    out = []
+    for phase, pick, times in (("B", np.minimum, cols.start_s), ("F", np.maximum, cols.end_s)):
+        sel = comp.phase == comp.code("phase", phase)
+        mark = np.full(len(cols.ranks), np.inf if pick is np.minimum else -np.inf)
+        pick.at(mark, rank[sel], times[comp.rows[sel]])
+        has = np.bincount(rank[sel], minlength=len(cols.ranks)) > 0
+        out.append([float(x) if h else None for x, h in zip(mark.tolist(), has.tolist())])
+    return out[0], out[1]
 
 
 def _split_dict(b: BubbleSplit) -> dict:
@@ -58,21 +105,32 @@ def _split_dict(b: BubbleSplit) -> dict:
 
 def step_metrics(trace: Trace, *, world_size: int, peak_flops: float, tokens_per_step: int) -> dict:
     """The headline numbers of one step, averaged over GPUs (simulated ranks weighed)."""
-    step = trace.end_s
-    rank_spans = trace.by_rank()
-    per_rank = {r: rank_times(spans, step) for r, spans in rank_spans.items()}
+    cols = trace.columns()
+    step = cols.end_s_max()
+    order, bounds = cols.time_groups  # each rank's spans by start: unions need no sort
+    start, end, kind = cols.start_s[order], cols.end_s[order], cols.kind[order]
+    codes = {k: cols.code("kind", k) for k in ("compute", *COMM_KINDS)}
+    per_rank: dict[int, RankTimes] = {}
+    for i, r in enumerate(cols.ranks):
+        sl = slice(bounds[i], bounds[i + 1])
+        per_rank[r] = _rank_times(start[sl], end[sl], kind[sl], codes, step)
     max_compute = max((t.compute_s for t in per_rank.values()), default=0.0)
     pipelined = len(set(trace.stage_of.values())) > 1
-    splits = {r: split_bubble(rank_spans[r], per_rank[r].busy, step, per_rank[r].compute_s, max_compute,
-                                pipelined) for r in per_rank}
+    first_b, last_f = _pipeline_marks(cols)
+    dep_codes = {k: cols.code("kind", k) for k in DEP_KINDS}
+    splits = {}
+    for i, r in enumerate(cols.ranks):
+        sl = slice(bounds[i], bounds[i + 1])
+        splits[r] = split_bubble(start[sl], kind[sl], dep_codes, per_rank[r].busy, step, per_rank[r].compute_s,
+                                 max_compute, pipelined, first_b[i], last_f[i])
     w = trace.weight
     total_w = sum(w.values())
 
     def mean(f):
         return sum(w[r] * f(t) for r, t in per_rank.items()) / total_w
 
-    model_flops = sum(w[s.rank] * s.model_flops for s in trace.spans)
-    hw_flops = sum(w[s.rank] * s.flops for s in trace.spans)
+    model_flops = _weighted_total(cols, w, "model_flops")
+    hw_flops = _weighted_total(cols, w, "flops")
     per_gpu = step * world_size
     exposed = {k: mean(lambda t, k=k: t.exposed_s[k]) for k in COMM_KINDS}
     exposed["total"] = mean(lambda t: t.exposed_total_s)
