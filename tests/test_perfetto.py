@@ -5,12 +5,16 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import clustersim
-from clustersim.output.perfetto import stream_sort_key, write_trace
+from clustersim.output import perfetto
+from clustersim.output.perfetto import stream_sort_key, trace_document, write_trace
+from clustersim.trace import Span, Trace
 
 from .conftest import scenario_dict
 
@@ -144,3 +148,59 @@ def test_gzip_round_trips_and_bytes_are_deterministic(result, tmp_path):
     write_trace(again, result.trace, result.summary)
     assert again.read_bytes() == plain.read_bytes()
     assert json.loads(plain.read_bytes())["traceEvents"]
+
+
+# --------------------------------------------------------------------------- the fast writer
+
+def _dumps(doc: dict) -> str:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def test_written_text_is_what_json_dumps_makes_of_the_document(result, tmp_path):
+    # write_trace puts the text together from cached pieces; trace_document is the reference
+    path = tmp_path / "t.json"
+    write_trace(path, result.trace, result.summary)
+    assert path.read_text(encoding="utf-8") == _dumps(trace_document(result.trace, result.summary))
+
+
+def _odd_trace(late_s: float) -> Trace:
+    spans = [
+        Span(rank=0, stream="compute", name='F "attn" \\ é\n\u2028', kind="compute", start_s=0.0, end_s=1e-9,
+             mb=0, phase="F", layer=3, flops=1.5e12),
+        Span(rank=0, stream="compute", name="zero length", kind="compute", start_s=1e-9, end_s=1e-9, mb=-1),
+        Span(rank=0, stream="compute", name="whole flops", kind="compute", start_s=2.5e-6, end_s=0.1234567894,
+             flops=3.0, layer=0),
+        Span(rank=0, stream="tp", name="AR", kind="tp", start_s=0.123456789, end_s=0.2, mb=7,
+             size_bytes=1024.5, op="all_reduce"),
+        Span(rank=0, stream="tp", name="AR", kind="tp", start_s=0.123456789, end_s=0.15, mb=7,
+             size_bytes=1024, op="all_reduce"),  # same start: the shorter first
+        Span(rank=0, stream="tp", name="AR", kind="tp", start_s=0.123456789, end_s=0.15, mb=8,
+             size_bytes=1024, op="all_reduce"),  # a tie in both: the trace's order
+        Span(rank=5, stream="my_stream", name="late", kind="other", start_s=late_s, end_s=late_s + 1e-3),
+        Span(rank=5, stream="compute", name="backwards", kind="compute", start_s=2.0, end_s=1.9996),
+    ]
+    return Trace(spans=spans, ranks=[5, 0], weight={0: 1, 5: 8}, stage_of={0: 0, 5: 1})
+
+
+@pytest.mark.parametrize("late_s", [3.0, 5e6], ids=["in-range", "past-51-days"])
+def test_odd_spans_are_written_as_json_dumps_writes_them(tmp_path, late_s):
+    # escapes, whole and fractional numbers, ties, an unknown stream, a negative duration, and
+    # (5e6 s) times past 2**42 µs, where microseconds are formatted the slow way
+    trace = _odd_trace(late_s)
+    summary = {"scenario": "odd", "step_time_s": 2.0}
+    plain, gz = tmp_path / "t.json", tmp_path / "t.json.gz"
+    write_trace(plain, trace, summary)
+    write_trace(gz, trace, summary)
+    text = _dumps(trace_document(trace, summary))
+    assert plain.read_text(encoding="utf-8") == text
+    # one gzip member, as gzip.compress(data, 6, mtime=0) writes it
+    assert gz.read_bytes() == zlib.compress(text.encode("utf-8"), 6, wbits=31)
+
+
+def test_microseconds_are_written_as_repr_writes_them():
+    edge = [0, 1, 9, 10, 999, 1000, 1001, 1500, 123_456_789, 2**42 * 1000 - 1, 2**42 * 1000 - 999]
+    rng = np.random.default_rng(0)
+    t_ns = np.array(edge + rng.integers(0, 2**42 * 1000, 20_000).tolist(), dtype=np.int64)
+    whole, frac = perfetto._us_digits(t_ns)
+    written = [f"{w}{perfetto._FRACTION_US[f]}" for w, f in zip(whole, frac)]
+    assert written == [repr(perfetto._us(n)) for n in t_ns.tolist()]

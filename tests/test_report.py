@@ -13,7 +13,8 @@ import pytest
 import clustersim
 from clustersim.analysis.intervals import length, union
 from clustersim.output.report import (
-    DIV_ID, Bar, build_figure, merge_spans, merge_stream, report_html, row_labels, write_report,
+    DIV_ID, FADE_LEVELS, Bar, bar_hover, build_figure, fade_level, merge_spans, merge_stream, report_html,
+    row_labels, write_report,
 )
 from clustersim.trace import Span, Trace
 
@@ -195,6 +196,80 @@ def test_merge_joins_a_microbatch_and_splits_on_key_or_long_gap():
     assert first.busy_s == pytest.approx(2.5)
     assert (first.layer_lo, first.layer_hi) == (0, 1)
     assert (first.first_name, first.last_name) == ("F attn", "F attn")
+
+
+@pytest.mark.parametrize("collapse", [None, False])
+def test_written_page_is_the_page_of_the_validated_figure(collapse, tmp_path):
+    # write_report hands plotly the bars as the dicts plotly's validators would make of them;
+    # the page must be the one build_figure's validated figure gives, byte for byte
+    r = _simulate(collapse)
+    path = tmp_path / "report.html"
+    write_report(path, r.trace, r.summary)
+    assert path.read_text(encoding="utf-8") == report_html(r.trace, r.summary, build_figure(r.trace, r.summary))
+
+
+def _merge_one_by_one(spans: list[Span], max_gap_s: float) -> list[Bar]:
+    """The merge written bar by bar: what the column-wise merge must give, float for float."""
+    bars: list[Bar] = []
+    run: list[Span] = []
+    busy = covered = 0.0
+
+    def close():
+        layers = [s.layer for s in run if s.layer >= 0]
+        bars.append(Bar(rank=run[0].rank, stream=run[0].stream, kind=run[0].kind, phase=run[0].phase, mb=run[0].mb,
+                        start_s=run[0].start_s, end_s=max(s.end_s for s in run), busy_s=busy, n_spans=len(run),
+                        first_name=run[0].name, last_name=run[-1].name, layer_lo=min(layers, default=-1),
+                        layer_hi=max(layers, default=-1), size_bytes=sum(s.size_bytes for s in run),
+                        flops=sum(s.flops for s in run)))
+
+    for s in spans:
+        if run and ((s.kind, s.phase, s.mb) != (run[0].kind, run[0].phase, run[0].mb)
+                    or s.start_s - covered > max_gap_s):
+            close()
+            run = []
+        if not run:
+            busy, covered = 0.0, s.start_s
+        busy += max(0.0, s.end_s - max(s.start_s, covered))
+        covered = max(covered, s.end_s)
+        run.append(s)
+    if run:
+        close()
+    return bars
+
+
+@pytest.mark.parametrize("collapse", [None, False])
+def test_merge_gives_what_merging_bar_by_bar_gives(collapse):
+    trace = _simulate(collapse).trace
+    max_gap_s = 0.002 * trace.end_s
+    merged = merge_spans(trace, max_gap_s)
+    for row, spans in _rows(trace).items():
+        assert merged[row] == _merge_one_by_one(sorted(spans, key=lambda s: (s.start_s, s.end_s)), max_gap_s)
+
+
+def test_merge_of_overlapping_and_odd_spans_gives_what_merging_bar_by_bar_gives():
+    spans = [
+        _span(0.0, 3.0, layer=2, name="a"), _span(1.0, 2.0, layer=0, name="b"),  # inside the first
+        _span(2.5, 2.5, name="zero length"), _span(3.2, 3.1, name="ends before it starts"),
+        _span(3.0, 4.0, mb=1), _span(2.0, 5.0, mb=2),  # overlaps the bar before: covered goes back
+        _span(5.5, 6.0, mb=2, layer=7), _span(9.0, 9.5, mb=2), _span(9.0, 9.5, mb=2, phase="B"),
+    ]
+    for max_gap_s in (0.0, 0.4, 1.0, float("inf")):
+        assert merge_stream(spans, max_gap_s) == _merge_one_by_one(spans, max_gap_s)
+
+
+def test_hover_text_and_fade_of_a_bar():
+    bar = Bar(rank=0, stream="tp", kind="tp", phase="F", mb=3, start_s=0.0125, end_s=0.0175, busy_s=0.0025,
+              n_spans=4, first_name="AR <qkv>", last_name="AR out", layer_lo=1, layer_hi=2,
+              size_bytes=3 * 1024**2, flops=0.0)
+    assert bar_hover(bar, "stage 0 · tp") == (
+        "<b>AR &lt;qkv&gt; … AR out (4 spans)</b><br>stage 0 · tp · microbatch 3 · layers 1–2<br>"
+        "start 12.500 ms · duration 5.000 ms<br>busy 2.500 ms (50 % of the bar)<br>3.0 MiB")
+    assert FADE_LEVELS[fade_level(bar)][1] == 0.6  # half busy
+    whole = Bar(rank=0, stream="compute", kind="compute", phase="B", mb=-1, start_s=1.0, end_s=1.0, busy_s=0.0,
+                n_spans=1, first_name="B mlp", last_name="B mlp", layer_lo=5, layer_hi=5, size_bytes=0.0, flops=2e12)
+    assert bar_hover(whole, "stage 1 · compute") == (
+        "<b>B mlp</b><br>stage 1 · compute · layer 5<br>start 1000.000 ms · duration 0.000 ms<br>2 TFLOP")
+    assert fade_level(whole) == 0  # no length: counts as busy
 
 
 # --------------------------------------------------------------------------- in a browser

@@ -13,14 +13,33 @@ Times are microseconds (the format's unit), quantised to whole nanoseconds so th
 touch in the simulation still touch after Perfetto converts them to integer nanoseconds (a
 rounding overlap of 1 ns would make it nest one span inside the other).
 The summary's headline numbers go into the top-level ``metadata`` object.
+
+:func:`trace_document` spells the document out as Python objects, plainly (the tests hold
+the writer to it); :func:`write_trace` writes the same text without building them (a
+1T-parameter step has ~900k spans): the spans sorted once (:func:`span_order`), times
+converted as arrays, and each event put together from pieces, most of them cached per
+(name, kind, details)::
+
+    head   {"name":"F attn","cat":"compute","ph":"X","ts":    cached
+    ts     12.5                                               whole µs, then a cached fraction
+    dur    ,"dur":3.25                                        the same
+    ids    ,"pid":1,"tid":1001                                one per row
+    mb     ,"args":{"mb":0                                    when the span has a microbatch
+    tail   ,"layer":3}}                                       cached with the head
 """
 
 from __future__ import annotations
 
-import gzip
 import json
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..trace import Span, Trace
 
@@ -33,6 +52,7 @@ _FAMILY_ORDER = ("compute", "tp", "cp", "ep", "pp", "zero", "dp")
 # by tid first, as Linux tids are system-wide).
 _TID_STRIDE = 1000
 _UNKNOWN_STREAM_ID = 100
+GZIP_LEVEL = 6  # zlib's default balance of size and time
 
 
 def stream_sort_key(stream: str) -> tuple[int, int, str]:
@@ -49,12 +69,97 @@ def rank_order(trace: Trace) -> list[int]:
     return sorted(trace.ranks, key=lambda r: (trace.stage_of.get(r, 0), r))
 
 
+class _Codes(dict):
+    """value -> 0, 1, 2, ... in order of first appearance."""
+
+    def __missing__(self, key: Any) -> int:
+        code = self[key] = len(self)
+        return code
+
+
+def _row_of_spans(trace: Trace) -> tuple[dict[int, list[str]], list[tuple[int, str]], np.ndarray]:
+    """The streams of each rank in display order, the rows (rank, stream) in display order,
+    and each span's row (``len(rows)`` for a rank outside ``trace.ranks``).
+
+    Rows are found as numbers, ``rank * n_streams + stream code``, one np.unique for all
+    spans: a tuple and a dict look-up per span would take twice as long.
+    """
+    spans = trace.spans
+    n = len(spans)
+    codes = _Codes()
+    stream = np.fromiter(map(codes.__getitem__, map(attrgetter("stream"), spans)), dtype=np.int64, count=n)
+    rank = np.fromiter(map(attrgetter("rank"), spans), dtype=np.int64, count=n)
+    n_streams = max(len(codes), 1)
+    used, span_used = np.unique(rank * n_streams + stream, return_inverse=True)
+    names = list(codes)
+    seen: dict[int, set[str]] = {r: set() for r in trace.ranks}
+    for key in used.tolist():  # a few hundred distinct rows, however many spans
+        seen.setdefault(key // n_streams, set()).add(names[key % n_streams])
+    by_rank = {r: sorted(seen[r], key=stream_sort_key) for r in rank_order(trace)}
+    rows = [(r, st) for r, sts in by_rank.items() for st in sts]
+    display = {row: i for i, row in enumerate(rows)}
+    row_of_used = np.array([display.get((key // n_streams, names[key % n_streams]), len(rows))
+                            for key in used.tolist()], dtype=np.int64)
+    return by_rank, rows, row_of_used[span_used.reshape(-1)]
+
+
 def streams_by_rank(trace: Trace) -> dict[int, list[str]]:
     """The streams each rank used, in display order (ranks without spans get none)."""
     seen: dict[int, set[str]] = {r: set() for r in trace.ranks}
     for s in trace.spans:
         seen.setdefault(s.rank, set()).add(s.stream)
     return {r: sorted(seen[r], key=stream_sort_key) for r in rank_order(trace)}
+
+
+@dataclass(frozen=True)
+class SpanOrder:
+    """The spans in display order: by row (rank in :func:`rank_order`, then stream), then by
+    start and end; ties keep the trace's order. Row ``i`` holds display positions
+    ``bounds[i]`` to ``bounds[i + 1]``; ``index`` maps display position -> position in
+    ``trace.spans``::
+
+        rows     (0, compute)        (0, tp)      (48, compute) ...
+        index    3 0 7 9 12 ...   |  1 4 8 ..  |  2 5 6 ...
+        bounds   0                8           12             18
+    """
+
+    rows: list[tuple[int, str]]
+    by_rank: dict[int, list[str]]  # as streams_by_rank
+    index: list[int]
+    index_array: np.ndarray  # the same, int64
+    bounds: list[int]
+    start_s: np.ndarray  # float64, in display order
+    end_s: np.ndarray
+    last_end_s: float  # the latest end of any span, 0.0 without spans: Trace.end_s
+
+    def take(self, values: list) -> list:
+        """``values``, one per span in the trace's order, in display order. Reading spans
+        in the trace's order and reordering the results is faster than reading them
+        reordered: consecutive spans lie close together in memory."""
+        return list(map(values.__getitem__, self.index))
+
+    def take_array(self, values: np.ndarray) -> np.ndarray:
+        """:meth:`take` for an array."""
+        return values[self.index_array]
+
+
+def span_order(trace: Trace) -> SpanOrder:
+    """Sort the trace's spans once into display order (see :class:`SpanOrder`): rows as
+    :func:`streams_by_rank` lists them, each row in the order ``sorted(row's spans,
+    key=(start_s, end_s))`` gives; spans of a rank outside ``trace.ranks`` are left out."""
+    spans = trace.spans
+    n = len(spans)
+    by_rank, rows, row = _row_of_spans(trace)
+    start = np.fromiter(map(attrgetter("start_s"), spans), dtype=np.float64, count=n)
+    end = np.fromiter(map(attrgetter("end_s"), spans), dtype=np.float64, count=n)
+    order = np.argsort(row, kind="stable")
+    bounds = np.searchsorted(row[order], np.arange(len(rows) + 1)).tolist()
+    for lo, hi in pairwise(bounds):  # row by row: 3x faster than one lexsort of all spans
+        in_row = order[lo:hi]
+        order[lo:hi] = in_row[np.lexsort((end[in_row], start[in_row]))]  # by start, then end; stable
+    kept = order[:bounds[-1]]
+    return SpanOrder(rows=rows, by_rank=by_rank, index=kept.tolist(), index_array=kept, bounds=bounds,
+                     start_s=start[kept], end_s=end[kept], last_end_s=float(end.max()) if n else 0.0)
 
 
 def stream_ids(streams: list[str]) -> dict[str, int]:
@@ -79,26 +184,63 @@ def _us(t_ns: int) -> float | int:
     return t_ns // 1000 if t_ns % 1000 == 0 else t_ns / 1000
 
 
+def _ns_array(t_s: np.ndarray) -> np.ndarray:
+    """:func:`_ns` of each element: the same product, rounded half to even as ``round`` does."""
+    if not np.isfinite(t_s).all():
+        raise ValueError("a span starts or ends at a time that is not finite")
+    return np.rint(t_s * 1e9).astype(np.int64)
+
+
+def _us_list(t_ns: np.ndarray) -> list[float | int]:
+    """:func:`_us` of each element, as Python numbers (they print as json.dumps prints them)."""
+    out = (t_ns / 1000).tolist()  # exact int -> float below 2**53 ns (104 days), as in Python
+    whole = np.flatnonzero(t_ns % 1000 == 0)
+    for i, v in zip(whole.tolist(), (t_ns[whole] // 1000).tolist()):
+        out[i] = v
+    return out
+
+
+# "." and the digits after it of n / 1000 for n % 1000 in 1..999, trailing zeros dropped
+_FRACTION_US = ("",) + tuple("." + f"{r:03d}".rstrip("0") for r in range(1, 1000))
+# Below 2**42 µs (51 days) doubles lie closer together than 0.001, so the shortest decimal that
+# reads back as n / 1000 is n / 1000 exactly: its repr is the integer digits and _FRACTION_US.
+_EXACT_US_BELOW_NS = 2**42 * 1000
+
+
+def _us_digits(t_ns: np.ndarray) -> tuple[list[int | str], list[int]]:
+    """``str(_us(n))`` of each element, as json.dumps writes it (``12``, ``12.5``, ``0.001``),
+    in two parts to be written one after the other: whole µs and an index into _FRACTION_US.
+    Outside the exact range, the whole text and index 0 ("")."""
+    if t_ns.size and (t_ns.min() < 0 or t_ns.max() >= _EXACT_US_BELOW_NS):
+        return list(map(str, _us_list(t_ns))), [0] * t_ns.size
+    return (t_ns // 1000).tolist(), (t_ns % 1000).tolist()
+
+
 def _number(x: float) -> float | int:
     """Whole floats as ints: byte and FLOP counts read better as 50331648 than 50331648.0."""
     return int(x) if float(x).is_integer() else x
 
 
+def _detail_args(layer: int, phase: str, size_bytes: float, op: str, flops: float) -> dict[str, Any]:
+    """The span's details after its microbatch, leaving out those that carry no information."""
+    args: dict[str, Any] = {}
+    if layer >= 0:
+        args["layer"] = layer
+    if phase:
+        args["phase"] = phase
+    if size_bytes:
+        args["bytes"] = _number(size_bytes)
+    if op:
+        args["op"] = op
+    if flops:
+        args["flops"] = _number(flops)
+    return args
+
+
 def span_args(s: Span) -> dict[str, Any]:
     """The span's details, leaving out fields that carry no information (-1, 0, empty)."""
-    args: dict[str, Any] = {}
-    if s.mb >= 0:
-        args["mb"] = s.mb
-    if s.layer >= 0:
-        args["layer"] = s.layer
-    if s.phase:
-        args["phase"] = s.phase
-    if s.size_bytes:
-        args["bytes"] = _number(s.size_bytes)
-    if s.op:
-        args["op"] = s.op
-    if s.flops:
-        args["flops"] = _number(s.flops)
+    args: dict[str, Any] = {"mb": s.mb} if s.mb >= 0 else {}
+    args.update(_detail_args(s.layer, s.phase, s.size_bytes, s.op, s.flops))
     return args
 
 
@@ -113,10 +255,8 @@ def span_event(s: Span, pid: int, tid: int) -> dict[str, Any]:
     return ev
 
 
-def metadata_events(trace: Trace) -> list[dict[str, Any]]:
-    """process_name / thread_name and their sort indices, so the UI lists ranks by stage."""
-    rows = streams_by_rank(trace)
-    tids = thread_ids(trace)
+def _metadata_events(trace: Trace, rows: dict[int, list[str]],
+                     tids: dict[tuple[int, str], int]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for order, rank in enumerate(rows):
         pid = pid_of(rank)
@@ -136,11 +276,20 @@ def metadata_events(trace: Trace) -> list[dict[str, Any]]:
     return out
 
 
-def thread_ids(trace: Trace) -> dict[tuple[int, str], int]:
-    """(rank, stream) -> tid, in display order."""
+def metadata_events(trace: Trace) -> list[dict[str, Any]]:
+    """process_name / thread_name and their sort indices, so the UI lists ranks by stage."""
     rows = streams_by_rank(trace)
+    return _metadata_events(trace, rows, _thread_ids(rows))
+
+
+def _thread_ids(rows: dict[int, list[str]]) -> dict[tuple[int, str], int]:
     ids = stream_ids([st for sts in rows.values() for st in sts])
     return {(r, st): pid_of(r) * _TID_STRIDE + ids[st] for r, sts in rows.items() for st in sts}
+
+
+def thread_ids(trace: Trace) -> dict[tuple[int, str], int]:
+    """(rank, stream) -> tid, in display order."""
+    return _thread_ids(streams_by_rank(trace))
 
 
 def span_events(trace: Trace) -> list[dict[str, Any]]:
@@ -179,16 +328,90 @@ def trace_document(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _dumps(obj: Any) -> str:
+    """JSON as the trace file writes it: compact, UTF-8 text, no NaN or infinity."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class _EventParts(dict):
+    """(name, kind, layer, phase, size_bytes, op, flops) -> the fixed text of an event::
+
+        head      {"name":"F attn","cat":"compute","ph":"X","ts":
+        after_mb  ,"layer":3}}                  closes args and event; "}}" without details
+        no_mb     ,"args":{"layer":3}}          "}" without details
+
+    A step repeats the same few thousand combinations, so each is dumped once.
+    """
+
+    def __missing__(self, key: tuple) -> tuple[str, str, str]:
+        name, kind, *details = key
+        head = f'{{"name":{_dumps(name)},"cat":{_dumps(kind)},"ph":"X","ts":'
+        args = _dumps(_detail_args(*details))  # '{"layer":3}' or '{}'
+        if args == "{}":
+            parts = head, "}}", "}"
+        else:
+            parts = head, f",{args[1:]}}}", f',"args":{args}}}'
+        self[key] = parts
+        return parts
+
+
+_EVENT_KEY = attrgetter("name", "kind", "layer", "phase", "size_bytes", "op", "flops")
+
+
+def _span_lines(trace: Trace, order: SpanOrder, tids: dict[tuple[int, str], int]) -> Iterator[str]:
+    """The X events' JSON, one string per row: what ``_dumps(span_event(...))`` gives, joined
+    by commas, without building a dict per span."""
+    spans = trace.spans
+    parts = order.take(list(map(_EventParts().__getitem__, map(_EVENT_KEY, spans))))
+    mbs = order.take(list(map(attrgetter("mb"), spans)))
+    start_ns, end_ns = _ns_array(order.start_s), _ns_array(order.end_s)
+    ts_us, ts_frac = _us_digits(start_ns)
+    dur_us, dur_frac = _us_digits(end_ns - start_ns)
+    frac = _FRACTION_US
+    bounds = order.bounds
+    for i, (rank, stream) in enumerate(order.rows):
+        ids = f',"pid":{pid_of(rank)},"tid":{tids[rank, stream]}'
+        lo, hi = bounds[i], bounds[i + 1]
+        yield ",".join([
+            f'{head}{ts}{frac[ts_f]},"dur":{dur}{frac[dur_f]}{ids},"args":{{"mb":{mb}{after_mb}' if mb >= 0
+            else f'{head}{ts}{frac[ts_f]},"dur":{dur}{frac[dur_f]}{ids}{no_mb}'
+            for (head, after_mb, no_mb), mb, ts, ts_f, dur, dur_f
+            in zip(parts[lo:hi], mbs[lo:hi], ts_us[lo:hi], ts_frac[lo:hi], dur_us[lo:hi], dur_frac[lo:hi])])
+
+
+def trace_json_chunks(trace: Trace, summary: dict[str, Any]) -> Iterator[str]:
+    """The text of :func:`trace_document` as ``_dumps`` writes it, in pieces (one per row)."""
+    order = span_order(trace)
+    tids = _thread_ids(order.by_rank)
+    yield f'{{"displayTimeUnit":"ms","metadata":{_dumps(trace_metadata(summary))},"traceEvents":['
+    events = [_dumps(e) for e in _metadata_events(trace, order.by_rank, tids)]
+    comma = ""
+    if events:
+        yield ",".join(events)
+        comma = ","
+    for lines in _span_lines(trace, order, tids):
+        if lines:
+            yield comma + lines
+            comma = ","
+    yield "]}"
+
+
+def _gzip_pieces(pieces: Iterable[bytes], level: int = GZIP_LEVEL) -> bytes:
+    """``zlib.compress(b"".join(pieces), level, wbits=31)``, which is what
+    ``gzip.compress(data, level, mtime=0)`` returns, without joining the pieces first: zlib's
+    output does not depend on how its input is cut (no flush in between). wbits=31 makes
+    zlib write the gzip header (no name, mtime 0) and trailer."""
+    gz = zlib.compressobj(level, zlib.DEFLATED, 31)
+    return b"".join([*map(gz.compress, pieces), gz.flush()])
+
+
 def write_trace(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:
     """Write the trace for Perfetto / chrome://tracing; gzip when ``path`` ends with ``.gz``.
 
     The bytes depend only on the inputs (gzip header without name or time), so two runs of
-    the same scenario give identical files.
+    the same scenario give identical files. The file is written once it is complete.
     """
-    text = json.dumps(trace_document(trace, summary), separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
-    data = text.encode("utf-8")
     path = Path(path)
-    if path.name.endswith(".gz"):
-        data = gzip.compress(data, compresslevel=6, mtime=0)
+    pieces = (text.encode("utf-8") for text in trace_json_chunks(trace, summary))
+    data = _gzip_pieces(pieces) if path.name.endswith(".gz") else b"".join(pieces)
     path.write_bytes(data)

@@ -20,21 +20,30 @@ Layout of ``report.html``::
 
 The timeline merges consecutive spans of one (rank, stream) that share kind, phase and
 microbatch into one bar, which takes a GPT-3-sized trace (~160k spans) down to ~24k bars.
+
+A 1T-parameter step has ~900k spans and ~260k bars, so the timeline is built in columns: the
+spans sorted once (perfetto.span_order), each field read in one pass, bars merged in one loop
+(:class:`BarColumns`), hover texts and fade levels per column; and write_report hands plotly
+the bar traces as the dicts its validators would make of them, so no validator walks the
+arrays (build_figure, for notebooks, still validates; test_report checks both give one page).
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import pairwise
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from ..trace import Span, Trace
-from .perfetto import streams_by_rank
+from .perfetto import SpanOrder, span_order
 from .summary import plan_dims
 
 GiB = 1024**3
@@ -86,15 +95,154 @@ class Bar:
         return self.end_s - self.start_s
 
 
-def _bar(run: list[Span], busy_s: float) -> Bar:
-    first, last = run[0], run[-1]
-    layers = [s.layer for s in run if s.layer >= 0]
-    return Bar(
-        rank=first.rank, stream=first.stream, kind=first.kind, phase=first.phase, mb=first.mb,
-        start_s=first.start_s, end_s=max(s.end_s for s in run), busy_s=busy_s, n_spans=len(run),
-        first_name=first.name, last_name=last.name,
-        layer_lo=min(layers, default=-1), layer_hi=max(layers, default=-1),
-        size_bytes=sum(s.size_bytes for s in run), flops=sum(s.flops for s in run),
+@dataclass(frozen=True)
+class BarColumns:
+    """The bars as columns, one entry per bar, by row and by time within a row: what
+    :func:`merge_spans` lists, without an object per bar (a 1T-parameter step has ~260k)."""
+
+    row: np.ndarray  # int64: index of the bar's (rank, stream) row
+    kind: list[str]
+    phase: list[str]
+    mb: list[int]
+    start_s: np.ndarray  # float64
+    end_s: np.ndarray
+    busy_s: np.ndarray
+    n_spans: np.ndarray  # int64
+    first_name: list[str]
+    last_name: list[str]
+    layer_lo: np.ndarray  # int64, -1 when no merged span has a layer
+    layer_hi: np.ndarray
+    size_bytes: list[float]
+    flops: list[float]
+
+    @property
+    def dur_s(self) -> np.ndarray:
+        return self.end_s - self.start_s
+
+    def bars(self, rows: list[tuple[int, str]]) -> list[Bar]:
+        """As :class:`Bar` objects; ``rows[row]`` is a bar's (rank, stream)."""
+        return [Bar(rank=rows[r][0], stream=rows[r][1], kind=k, phase=ph, mb=mb, start_s=t0, end_s=t1, busy_s=busy,
+                    n_spans=n, first_name=a, last_name=z, layer_lo=lo, layer_hi=hi, size_bytes=b, flops=f)
+                for r, k, ph, mb, t0, t1, busy, n, a, z, lo, hi, b, f in zip(
+                    self.row.tolist(), self.kind, self.phase, self.mb, self.start_s.tolist(), self.end_s.tolist(),
+                    self.busy_s.tolist(), self.n_spans.tolist(), self.first_name, self.last_name,
+                    self.layer_lo.tolist(), self.layer_hi.tolist(), self.size_bytes, self.flops)]
+
+    @classmethod
+    def of(cls, bars: list[Bar]) -> BarColumns:
+        """Bars as columns, all in row 0."""
+        def col(field: str, dtype: Any = None) -> Any:
+            values = [getattr(b, field) for b in bars]
+            return values if dtype is None else np.array(values, dtype=dtype)
+
+        return cls(row=np.zeros(len(bars), dtype=np.int64), kind=col("kind"), phase=col("phase"), mb=col("mb"),
+                   start_s=col("start_s", float), end_s=col("end_s", float), busy_s=col("busy_s", float),
+                   n_spans=col("n_spans", np.int64), first_name=col("first_name"), last_name=col("last_name"),
+                   layer_lo=col("layer_lo", np.int64), layer_hi=col("layer_hi", np.int64),
+                   size_bytes=col("size_bytes"), flops=col("flops"))
+
+
+_RUN_KEY = attrgetter("kind", "phase", "mb")
+
+
+def _runs(keys: list[tuple], start_s: list[float], end_s: list[float], bounds: list[int],
+          max_gap_s: float) -> tuple[list[int], list[float]]:
+    """Where each bar starts (position of its first span) and its busy time, row by row::
+
+        for each span: same (kind, phase, mb) as the open bar and idle gap <= max_gap_s
+                       -> extend it, else start a new one
+        busy += end - max(start, covered so far);  covered = max(covered, end)
+
+    Spans of one stream should not overlap; an overlap counts once all the same. The float
+    operations are those of merging one bar at a time, in the same order, so busy times come
+    out bit for bit the same (``max`` written out: the same operand wins ties, and a call
+    per span would cost 0.1 s on a million spans).
+    """
+    firsts: list[int] = []
+    busy: list[float] = []
+    for lo, hi in pairwise(bounds):
+        if lo == hi:
+            continue
+        firsts.append(lo)
+        run_key, covered, b = keys[lo], start_s[lo], 0.0
+        d = end_s[lo] - start_s[lo]
+        if d > 0.0:
+            b += d
+        if end_s[lo] > covered:
+            covered = end_s[lo]
+        for j, key, start, end in zip(range(lo + 1, hi), keys[lo + 1:hi], start_s[lo + 1:hi], end_s[lo + 1:hi]):
+            if key != run_key or start - covered > max_gap_s:
+                busy.append(b)
+                firsts.append(j)
+                run_key, covered, b = key, start, 0.0
+            d = end - (covered if covered > start else start)
+            if d > 0.0:
+                b += d
+            if end > covered:
+                covered = end
+        busy.append(b)
+    return firsts, busy
+
+
+def _bar_sums(values: np.ndarray, firsts: list[int], ends: list[int]) -> list[float]:
+    """``sum(values[i:j])`` for each bar's spans ``i:j``, as Python adds them (in order).
+
+    A bar with at most one nonzero value sums to that value in any order, so numpy adds
+    those bars (``+ 0.0``: a sum of -0.0s is 0.0, as ``sum`` gives); Python the others.
+    """
+    if not firsts:
+        return []
+    out = (np.add.reduceat(values, firsts) + 0.0).tolist()
+    several = np.flatnonzero(np.add.reduceat((values != 0).astype(np.int64), firsts) > 1).tolist()
+    if several:
+        terms = values.tolist()
+        for k in several:
+            out[k] = sum(terms[firsts[k]:ends[k]])
+    return out
+
+
+def _merge(spans: list[Span], order: SpanOrder | None, bounds: list[int], start_s: np.ndarray,
+           end_s: np.ndarray, max_gap_s: float) -> BarColumns:
+    """Bars of spans in display order: ``order`` reorders ``spans`` (None: already in
+    order); rows are ``bounds[r]:bounds[r + 1]``; starts and ends as arrays in that order.
+
+    Each field is read from the spans in their own order (close together in memory), then
+    reordered; sums are Python's ``sum`` over a bar's spans in order, maxima exact.
+    """
+    n = len(spans)
+
+    def column(field: str) -> list:
+        values = list(map(attrgetter(field), spans))
+        return values if order is None else order.take(values)
+
+    def array(field: str, dtype: type) -> np.ndarray:
+        values = np.fromiter(map(attrgetter(field), spans), dtype=dtype, count=n)
+        return values if order is None else order.take_array(values)
+
+    keys = list(map(_RUN_KEY, spans)) if order is None else order.take(list(map(_RUN_KEY, spans)))
+    firsts, busy = _runs(keys, start_s.tolist(), end_s.tolist(), bounds, max_gap_s)
+    ends = firsts[1:] + [bounds[-1]] if firsts else []  # one past each bar's last span
+    names = column("name")
+    layer = array("layer", np.int64)
+    has_layer = layer >= 0
+    no_layer = np.iinfo(np.int64).max
+    if firsts:
+        layer_lo = np.minimum.reduceat(np.where(has_layer, layer, no_layer), firsts)
+        layer_lo[layer_lo == no_layer] = -1
+        layer_hi = np.maximum.reduceat(np.where(has_layer, layer, -1), firsts)
+        bar_end_s = np.maximum.reduceat(end_s, firsts)
+    else:
+        layer_lo = layer_hi = np.zeros(0, dtype=np.int64)
+        bar_end_s = np.zeros(0)
+    return BarColumns(
+        row=np.searchsorted(bounds, firsts, side="right") - 1,
+        kind=[keys[i][0] for i in firsts], phase=[keys[i][1] for i in firsts], mb=[keys[i][2] for i in firsts],
+        start_s=start_s[firsts], end_s=bar_end_s, busy_s=np.array(busy, dtype=float),
+        n_spans=np.array(ends, dtype=np.int64) - np.array(firsts, dtype=np.int64),
+        first_name=[names[i] for i in firsts], last_name=[names[i - 1] for i in ends],
+        layer_lo=layer_lo, layer_hi=layer_hi,
+        size_bytes=_bar_sums(array("size_bytes", np.float64), firsts, ends),
+        flops=_bar_sums(array("flops", np.float64), firsts, ends),
     )
 
 
@@ -107,23 +255,19 @@ def merge_stream(spans: list[Span], max_gap_s: float = float("inf")) -> list[Bar
                        -> extend it, else start a new one
         busy = length of the union of the spans inside the bar
     """
-    bars: list[Bar] = []
-    run: list[Span] = []
-    busy_s = covered_to = 0.0
-    for s in spans:
-        if run and ((s.kind, s.phase, s.mb) != (run[0].kind, run[0].phase, run[0].mb)
-                    or s.start_s - covered_to > max_gap_s):
-            bars.append(_bar(run, busy_s))
-            run = []
-        if not run:
-            busy_s, covered_to = 0.0, s.start_s
-        # spans of one stream should not overlap; count any overlap once all the same
-        busy_s += max(0.0, s.end_s - max(s.start_s, covered_to))
-        covered_to = max(covered_to, s.end_s)
-        run.append(s)
-    if run:
-        bars.append(_bar(run, busy_s))
-    return bars
+    if not spans:
+        return []
+    start_s = np.array([s.start_s for s in spans], dtype=float)
+    end_s = np.array([s.end_s for s in spans], dtype=float)
+    bars = _merge(spans, None, [0, len(spans)], start_s, end_s, max_gap_s)
+    return bars.bars([(spans[0].rank, spans[0].stream)])
+
+
+def _merged(trace: Trace, max_gap_s: float | None = None) -> tuple[SpanOrder, BarColumns]:
+    order = span_order(trace)
+    if max_gap_s is None:
+        max_gap_s = MAX_GAP_FRACTION * order.last_end_s
+    return order, _merge(trace.spans, order, order.bounds, order.start_s, order.end_s, max_gap_s)
 
 
 def merge_spans(trace: Trace, max_gap_s: float | None = None) -> dict[tuple[int, str], list[Bar]]:
@@ -132,14 +276,11 @@ def merge_spans(trace: Trace, max_gap_s: float | None = None) -> dict[tuple[int,
     ``max_gap_s`` defaults to MAX_GAP_FRACTION of the step: a gap that would show at full
     view splits a bar, one that would not is kept inside it (and counted as not busy).
     """
-    if max_gap_s is None:
-        max_gap_s = MAX_GAP_FRACTION * trace.end_s
-    by_row: dict[tuple[int, str], list[Span]] = {}
-    for s in trace.spans:
-        by_row.setdefault((s.rank, s.stream), []).append(s)
-    rows = [(r, st) for r, sts in streams_by_rank(trace).items() for st in sts]
-    return {row: merge_stream(sorted(by_row[row], key=lambda s: (s.start_s, s.end_s)), max_gap_s)
-            for row in rows}
+    order, columns = _merged(trace, max_gap_s)
+    out: dict[tuple[int, str], list[Bar]] = {row: [] for row in order.rows}
+    for b in columns.bars(order.rows):
+        out[b.rank, b.stream].append(b)
+    return out
 
 
 def bar_group(kind: str, phase: str) -> str:
@@ -183,30 +324,63 @@ def fmt_time(t_s: float) -> str:
     return f"{t_s * 1e6:.3g} µs"
 
 
+class _Memo(dict):
+    """``f(x)`` remembered per ``x``: names, sizes and FLOP counts repeat over thousands of bars."""
+
+    def __init__(self, f: Callable[[Any], Any]):
+        super().__init__()
+        self.f = f
+
+    def __missing__(self, x: Any) -> Any:
+        y = self[x] = self.f(x)
+        return y
+
+
+def hover_texts(bars: BarColumns, labels: list[str]) -> list[str]:
+    """Hover text of each bar: names, microbatch and layers, times in ms, busy share, bytes
+    and FLOPs, e.g.::
+
+        <b>F attn … F mlp (6 spans)</b>
+        stage 0 · compute · microbatch 3 · layers 0–1
+        start 12.345 ms · duration 6.789 ms
+        busy 6.000 ms (88 % of the bar)
+        1.2 GiB · 3.45 TFLOP
+    """
+    escape = _Memo(html.escape)
+    size_text = _Memo(fmt_bytes)
+    flops_text = _Memo(lambda f: f"{f / 1e12:.3g} TFLOP")
+    where_row = [html.escape(label) for label in labels]  # labels[row]: the bar's row
+    out = []
+    for row, first, last, n, mb, lo, hi, start, dur, busy, size, flops in zip(
+            bars.row.tolist(), bars.first_name, bars.last_name, bars.n_spans.tolist(), bars.mb,
+            bars.layer_lo.tolist(), bars.layer_hi.tolist(), bars.start_s.tolist(), bars.dur_s.tolist(),
+            bars.busy_s.tolist(), bars.size_bytes, bars.flops):
+        name = escape[first]
+        if n > 1:
+            tail = "" if last == first else f" … {escape[last]}"
+            name = f"{name}{tail} ({n} spans)"
+        where = where_row[row]
+        if mb >= 0:
+            where = f"{where} · microbatch {mb}"
+        if lo >= 0:
+            where = f"{where} · layer {lo}" if lo == hi else f"{where} · layers {lo}–{hi}"
+        text = f"<b>{name}</b><br>{where}<br>start {start * 1e3:.3f} ms · duration {dur * 1e3:.3f} ms"
+        if n > 1:
+            share = busy / dur if dur > 0 else 1.0
+            text = f"{text}<br>busy {busy * 1e3:.3f} ms ({100 * share:.0f} % of the bar)"
+        if size and flops:
+            text = f"{text}<br>{size_text[size]} · {flops_text[flops]}"
+        elif size:
+            text = f"{text}<br>{size_text[size]}"
+        elif flops:
+            text = f"{text}<br>{flops_text[flops]}"
+        out.append(text)
+    return out
+
+
 def bar_hover(b: Bar, row_label: str) -> str:
-    """Hover text: names, microbatch and layers, times in ms, busy share, bytes and FLOPs."""
-    name = html.escape(b.first_name)
-    if b.n_spans > 1:
-        tail = "" if b.last_name == b.first_name else f" … {html.escape(b.last_name)}"
-        name = f"{name}{tail} ({b.n_spans} spans)"
-    where = [html.escape(row_label)]
-    if b.mb >= 0:
-        where.append(f"microbatch {b.mb}")
-    if b.layer_lo >= 0:
-        where.append(f"layer {b.layer_lo}" if b.layer_lo == b.layer_hi else f"layers {b.layer_lo}–{b.layer_hi}")
-    lines = [f"<b>{name}</b>", " · ".join(where),
-             f"start {b.start_s * 1e3:.3f} ms · duration {b.dur_s * 1e3:.3f} ms"]
-    if b.n_spans > 1:
-        share = b.busy_s / b.dur_s if b.dur_s > 0 else 1.0
-        lines.append(f"busy {b.busy_s * 1e3:.3f} ms ({100 * share:.0f} % of the bar)")
-    extra = []
-    if b.size_bytes:
-        extra.append(fmt_bytes(b.size_bytes))
-    if b.flops:
-        extra.append(f"{b.flops / 1e12:.3g} TFLOP")
-    if extra:
-        lines.append(" · ".join(extra))
-    return "<br>".join(lines)
+    """Hover text of one bar (see :func:`hover_texts`)."""
+    return hover_texts(BarColumns.of([b]), [row_label])[0]
 
 
 # A merged bar is only partly busy; fading it keeps a sparse run of collectives from reading
@@ -215,54 +389,99 @@ def bar_hover(b: Bar, row_label: str) -> str:
 FADE_LEVELS = ((0.75, 1.0), (0.4, 0.6), (0.0, 0.3))  # (busy share at least, opacity)
 
 
+def fade_levels(busy_s: np.ndarray, dur_s: np.ndarray) -> np.ndarray:
+    """Index into FADE_LEVELS of each bar::
+
+        share = busy / dur  (1 for a bar of no length)
+        level = the first i with share >= FADE_LEVELS[i][0]
+    """
+    share = np.ones(len(busy_s))
+    np.divide(busy_s, dur_s, out=share, where=dur_s > 0)
+    level = np.full(len(busy_s), -1, dtype=np.int64)
+    for i, (lo, _) in reversed(list(enumerate(FADE_LEVELS))):
+        level[share >= lo] = i
+    if (level < 0).any():
+        raise ValueError("a bar is busy for less than no time")
+    return level
+
+
 def fade_level(b: Bar) -> int:
     """Index into FADE_LEVELS for the bar's busy share."""
-    share = b.busy_s / b.dur_s if b.dur_s > 0 else 1.0
-    return next(i for i, (lo, _) in enumerate(FADE_LEVELS) if share >= lo)
+    return int(fade_levels(np.array([b.busy_s]), np.array([b.dur_s]))[0])
 
 
-def _group_traces(key: str, label: str, colour: str, bars: list[tuple[int, Bar, str]]) -> list[go.Bar]:
-    """One legend entry: horizontal bars from ``base`` (start) over ``x`` (duration), in ms.
+try:  # plotly >= 6 sends numeric arrays to plotly.js as base64 typed arrays (Figure.to_dict)
+    from _plotly_utils.utils import to_typed_array_spec as _typed_array
+except ImportError:  # older plotly sends them as lists, as the JSON encoder writes arrays
+    def _typed_array(v: np.ndarray) -> np.ndarray:
+        return v
+
+
+def _bar_traces(bars: BarColumns, hover: list[str]) -> list[dict[str, Any]]:
+    """One legend entry per group: horizontal bars from ``base`` (start) over ``x``
+    (duration), in ms, one trace per fade level present.
 
     The most opaque level present carries the legend entry (plotly shows none for an empty
-    trace); the others join its legend group, so a click on the entry hides them all.
+    trace); the others join its legend group, so a click on the entry hides them all. Each
+    trace is the dict ``go.Bar(...)`` validates to, keys in its order, so no validator
+    walks the arrays (see test_report: it matches a validated figure byte for byte).
     """
+    group_of = _Memo(lambda kp: _GROUP_KEYS.index(bar_group(*kp)))
+    group = np.fromiter(map(group_of.__getitem__, zip(bars.kind, bars.phase)), dtype=np.int64, count=len(bars.kind))
+    level = fade_levels(bars.busy_s, bars.dur_s)
+    base_ms = np.round(bars.start_s * 1e3, 6)
+    dur_ms = np.round(bars.dur_s * 1e3, 6)
     out = []
-    for level, (_, opacity) in enumerate(FADE_LEVELS):
-        part = [t for t in bars if fade_level(t[1]) == level]
-        if not part:
-            continue
-        out.append(go.Bar(
-            name=label, legendgroup=key, showlegend=not out, orientation="h",
-            y=np.array([row for row, _, _ in part], dtype=np.int32),
-            base=np.round(np.array([b.start_s for _, b, _ in part], dtype=float) * 1e3, 6),
-            x=np.round(np.array([b.dur_s for _, b, _ in part], dtype=float) * 1e3, 6),
-            width=BAR_WIDTH_ROWS, marker={"color": colour, "opacity": opacity, "line": {"width": 0}},
-            hovertext=[h for _, _, h in part], hoverinfo="text",
-        ))
+    for g, (key, label, colour) in enumerate(GROUPS):
+        in_group = group == g
+        shown = False
+        for lvl, (_, opacity) in enumerate(FADE_LEVELS):
+            idx = np.flatnonzero(in_group & (level == lvl))
+            if not idx.size:
+                continue
+            out.append({
+                "base": base_ms[idx].tolist(), "hoverinfo": "text", "hovertext": [hover[i] for i in idx.tolist()],
+                "legendgroup": key, "marker": {"color": colour, "line": {"width": 0}, "opacity": opacity},
+                "name": label, "orientation": "h", "showlegend": not shown, "width": BAR_WIDTH_ROWS,
+                "x": dur_ms[idx], "y": bars.row[idx].astype(np.int32), "type": "bar",
+            })
+            shown = True
     return out
 
 
-def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
-    """The Gantt timeline: one row per (simulated rank, stream), rows grouped by rank.
-
-    Bars are merged spans (see :func:`merge_stream`); one plotly trace per legend group.
+def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
+    """The Gantt timeline as a plain figure dict, ``{"data": [...], "layout": {...}}``: one
+    row per (simulated rank, stream), rows grouped by rank; bars are merged spans (see
+    :func:`merge_stream`), one plotly trace per legend group and fade level, then the
+    critical path. Traces are in validated form, the layout as given to ``update_layout``.
     """
-    merged = merge_spans(trace)
-    rows = list(merged)
+    order, bars = _merged(trace)
+    rows = order.rows
     labels = row_labels(trace, rows)
-    by_group: dict[str, list[tuple[int, Bar, str]]] = {k: [] for k in _GROUP_KEYS}
-    for i, row in enumerate(rows):
-        for b in merged[row]:
-            by_group[bar_group(b.kind, b.phase)].append((i, b, bar_hover(b, labels[i])))
-    fig = go.Figure([tr for k, label, colour in GROUPS if by_group[k]
-                     for tr in _group_traces(k, label, colour, by_group[k])])
+    data = _bar_traces(bars, hover_texts(bars, labels))
     path = path_trace(summary, rows)
     if path is not None:
-        fig.add_trace(path)
-    step_ms = 1e3 * float(summary.get("step_time_s") or trace.end_s)
-    fig.update_layout(_layout(len(rows), labels, step_ms, _rank_bands(rows)))
+        data.append(path.to_plotly_json())
+    step_ms = 1e3 * float(summary.get("step_time_s") or order.last_end_s)
+    return {"data": data, "layout": _layout(len(rows), labels, step_ms, _rank_bands(rows))}
+
+
+def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
+    """The Gantt timeline as a plotly figure (see :func:`timeline`), validated by plotly."""
+    fig_dict = timeline(trace, summary)
+    fig = go.Figure(fig_dict["data"])
+    fig.update_layout(fig_dict["layout"])
     return fig
+
+
+def _as_sent(fig_dict: dict[str, Any]) -> dict[str, Any]:
+    """What ``Figure.to_dict()`` gives for the figure :func:`build_figure` makes of
+    ``fig_dict``, without validating the bars again: the layout through plotly (a few
+    hundred rows; it expands the template), numeric arrays as plotly sends them."""
+    layout = go.Figure().update_layout(fig_dict["layout"]).to_dict()["layout"]
+    data = [{k: _typed_array(v) if isinstance(v, np.ndarray) else v for k, v in tr.items()}
+            for tr in fig_dict["data"]]
+    return {"data": data, "layout": layout}
 
 
 def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> go.Scatter | None:
@@ -673,13 +892,15 @@ def timeline_note(trace: Trace) -> str:
             "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>")
 
 
-def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure) -> str:
-    """The complete page; plotly.js is inlined so the file works offline."""
+def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str, Any]) -> str:
+    """The complete page; plotly.js is inlined so the file works offline. ``fig``: the
+    timeline, as :func:`build_figure` makes it or as plotly sends it (``Figure.to_dict()``),
+    which is taken as it is."""
     from plotly.offline import get_plotlyjs
 
     plotlyjs = f'<script type="text/javascript">{get_plotlyjs()}</script>'  # once, before every plot
-    plot = fig.to_html(
-        full_html=False, include_plotlyjs=False, div_id=DIV_ID,
+    plot = pio.to_html(
+        fig, validate=False, full_html=False, include_plotlyjs=False, div_id=DIV_ID,
         config={"displaylogo": False, "responsive": True,
                 "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}},
     )
@@ -703,4 +924,4 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure) -> str:
 
 def write_report(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:
     """Write ``report.html``: header, summary panels and the Gantt timeline, self-contained."""
-    Path(path).write_text(report_html(trace, summary, build_figure(trace, summary)), encoding="utf-8")
+    Path(path).write_text(report_html(trace, summary, _as_sent(timeline(trace, summary))), encoding="utf-8")
