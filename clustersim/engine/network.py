@@ -317,6 +317,10 @@ class _Transfer:
     rows: list = field(default_factory=list)  # ... to these (one array per change)
     end: np.ndarray | None = None  # when each flow finished
     next_s: float = float("inf")  # when its next flow ends at its current rates
+    # alone in its component, worked out to its end ahead of the clock: the states before
+    # each of its flow-end instants, to go back to if another transfer joins (FlowNetwork)
+    ahead: tuple | None = None
+    size_bytes: float = 0.0  # the transfer's size (its flows carry fractions of it)
 
     @property
     def key(self) -> tuple:
@@ -370,6 +374,8 @@ class FlowNetwork:
     # which the engine keeps alive for the whole run.
     _rates_cache: dict = field(default_factory=dict)
     _plan_info: dict = field(default_factory=dict)  # id(weights) -> (links, fractions array)
+    # (id(weights), live flows, size) -> the course of such a transfer alone (_run_ahead)
+    _alone: dict = field(default_factory=dict)
     # every transfer as it ends: (tag, bytes per flow, [rate change times], [rates], end per flow)
     finished: list = field(default_factory=list)
 
@@ -388,7 +394,7 @@ class FlowNetwork:
             done.succeed()
             return done
         t = _Transfer(plan.weights, edges, size, size.copy(), live, np.asarray(live), done, tag,
-                      end=np.full(len(size), np.nan))
+                      end=np.full(len(size), np.nan), size_bytes=size_bytes)
 
         def begin(_=None):
             t.at_s = self.env.now
@@ -415,6 +421,10 @@ class FlowNetwork:
         """Add ``t`` to the component of its links, merging the components it connects."""
         edge_comp = self._edge_comp
         met = {edge_comp[e] for e in t.edges if e in edge_comp}
+        for c in met:
+            comp = self._comps[c]
+            if len(comp) == 1 and comp[0].ahead is not None:
+                self._back_to(comp[0], self.env.now)
         if met:
             target = max(met, key=lambda c: (len(self._comps[c]), -c))
             for c in sorted(met - {target}):
@@ -434,6 +444,73 @@ class FlowNetwork:
             edge_comp[e] = target
         dirty.add(target)
 
+    def _finish_due(self, t: _Transfer, now: float, tick_s: float) -> None:
+        """End ``t``'s flows due at ``now`` (or left with float crumbs of a flow due now)."""
+        self._catch_up(t, now)
+        idx = t.idx
+        due = t.rem[idx] <= np.maximum(t.size[idx] * 1e-9, t.rate[idx] * tick_s)
+        if due.any():
+            t.end[idx[due]] = now
+            t.idx = idx[~due]
+            t.live = tuple(t.idx.tolist())
+        if t.live:  # its first flow may have been just short of due: when it ends now
+            _set_next_end(t, now)
+
+    def _run_ahead(self, t: _Transfer) -> None:
+        """Work out the rest of ``t``, alone in its component, instant by instant as the clock
+        would (each flow-end instant: the due flows end, the rest get the mix's rates), without
+        an event per instant; the clock then only needs its last instant. Before each instant
+        its state is kept, to resume from the right one if another transfer joins first::
+
+            t alone   [flows a b c ......|a ends ....|b ends ...|c ends]   one event, at c's end
+            joined                  x starts: back to the state after a's end, then as usual
+
+        A transfer that starts alone repeats, shifted in time, what the last one of its plan,
+        flows and size did alone (the pipeline's all-to-alls, microbatch after microbatch):
+        that course is kept relative to the start and replayed.
+        """
+        t0 = t.at_s
+        fresh = len(t.times) == 1 and t0 == t.times[0]  # nothing moved yet
+        key = (id(t.weights), t.live, t.size_bytes)
+        course = self._alone.get(key) if fresh else None
+        if course is None:
+            before = []
+            while t.live and t.next_s < float("inf"):
+                at = t.next_s
+                before.append((at - t0, t.rem.copy(), t.end - t0, t.idx, t.live, t.rate, t.at_s - t0, len(t.times)))
+                self._finish_due(t, at, 4 * math.ulp(at))
+                if t.live:
+                    r = self._rates_of([t])[t.key]
+                    if r is not t.rate:
+                        self._catch_up(t, at)
+                        t.times.append(at)
+                        t.rows.append(r)
+                        t.rate = r
+                        _set_next_end(t, at)
+            course = (tuple(before), [x - t0 for x in t.times], list(t.rows), t.end - t0)
+            if fresh and not t.live:
+                if len(self._alone) > 100_000:
+                    self._alone.clear()
+                self._alone[key] = course
+        else:  # replay: the end state, shifted
+            before, times, rows, end = course
+            t.times, t.rows, t.end = [t0 + x for x in times], list(rows), end + t0
+            t.idx, t.live, t.rem = t.idx[:0], (), t.rem
+        t.ahead = (course[0], t0)
+        if not t.live and course[0]:
+            t.next_s = t0 + course[0][-1][0]
+
+    def _back_to(self, t: _Transfer, now: float) -> None:
+        """Undo ``t``'s instants after ``now`` (see :meth:`_run_ahead`)."""
+        (before, t0), t.ahead = t.ahead, None
+        # the first instant after now; if its last instant is now, that one (it ends at the tick)
+        later = [snap for snap in before if t0 + snap[0] > now] or ([] if t.live else before[-1:])
+        if later:
+            _, rem, end, idx, live, rate, at_s, n_rates = later[0]
+            t.rem, t.end, t.idx, t.live, t.rate, t.at_s = rem.copy(), end + t0, idx, live, rate, t0 + at_s
+            del t.times[n_rates:], t.rows[n_rates:]
+            _set_next_end(t, t.at_s)
+
     def _split(self, cid: int, dirty: set[int]) -> None:
         """Finish the due flows of component ``cid``. While all its transfers go on, it keeps
         its links and stays one component; when some end, the rest regroup by shared links."""
@@ -444,20 +521,16 @@ class FlowNetwork:
         due_by_s = now * (1 + 1e-12) + 1e-15  # as :meth:`_tick` picks the components due
         ended = []
         for t in transfers:
-            if t.next_s > due_by_s:
-                continue  # none of its flows ends now
-            self._catch_up(t, now)
-            idx = t.idx
-            # due now, or left with float crumbs of a transfer that was due now
-            due = t.rem[idx] <= np.maximum(t.size[idx] * 1e-9, t.rate[idx] * tick_s)
-            if due.any():
-                t.end[idx[due]] = now
-                t.idx = idx[~due]
-                t.live = tuple(t.idx.tolist())
+            if t.ahead is not None:  # worked out ahead: its last flow ends now
+                t.ahead = None
                 if not t.live:
                     ended.append(t)
-            if t.live:  # its first flow may have been just short of due: when it ends now
-                _set_next_end(t, now)
+                    continue
+            if t.next_s > due_by_s:
+                continue  # none of its flows ends now
+            self._finish_due(t, now, tick_s)
+            if not t.live:
+                ended.append(t)
         dirty.add(cid)
         if not ended:
             return
@@ -510,6 +583,9 @@ class FlowNetwork:
                     t.rate = r
                     _set_next_end(t, now)
                 soonest_s = min(soonest_s, t.next_s)
+            if len(comp) == 1 and comp[0].ahead is None:  # alone: to its end at once
+                self._run_ahead(comp[0])
+                soonest_s = comp[0].next_s
             self._finish_s[cid] = soonest_s
         self._gen += 1
         if self._finish_s:
