@@ -13,21 +13,23 @@ trace.json.gz, written into a temp folder); the total is all of these. "simpy ev
 the events the run scheduled; it runs until none is left, so all were processed. "x bare
 timeout" compares the engine's seconds per event (setup and run) with those of a process that
 only yields simpy timeouts, on the same machine.
-Example (2 cores, quiet machine, 2026-11-30; docs/performance.md has the targets)::
+Example (2 cores, 2026-11-30, a noisy stretch: compare scenarios, not machines; docs/performance.md
+has the targets and the figures before the last changes)::
 
-    bare simpy timeout: 1.15 us per event (median of 5 x 200,000)
+    bare simpy timeout: 0.92 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     GPUs                           1,024            16,384             3,072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
-    simpy events                 130,266            82,522         1,901,874
-    lower s                         0.36              0.60             10.17
-    engine s                        2.48              6.74             18.83
-    analysis s                      0.35              0.73             14.14
-    outputs s                       0.89              1.22             22.58
-    total s                         4.66             10.18             67.36
-    peak RSS MiB                     220               409             2,207
-    x bare timeout                  16.6              71.3               8.6
+    simpy events                  59,142            26,693           323,009
+    lower s                         0.18              0.84              2.41
+    engine s                        2.43              5.46             11.73
+    analysis s                      0.33              0.48              4.88
+    outputs s                       0.76              0.68              7.71
+    total s                         4.44              8.82             27.35
+    peak RSS MiB                     205               398             1,398
+    engine us/task                 67.47            179.28             13.73
+      run only (x bare timeout)     59.1              66.5              14.0
 """
 
 from __future__ import annotations
@@ -162,6 +164,8 @@ ROWS = [  # label, key, format
     ("analysis s", "analysis_s", SECONDS), ("outputs s", "outputs_s", SECONDS), ("total s", "total_s", SECONDS),
     ("peak RSS MiB", "rss_MiB", COUNT), ("events/s", "events_per_s", COUNT), ("tasks/s", "tasks_per_s", COUNT),
     ("engine us/event", "us_per_event", SECONDS), ("x bare timeout", "x_bare", "{:.1f}"),
+    ("engine us/task", "us_per_task", SECONDS), ("  x bare timeout", "x_bare_task", "{:.1f}"),
+    ("  run only", "x_bare_task_run", "{:.1f}"),
 ]
 SWEEP_COLS = [("GPUs", "gpus", COUNT), ("m", "microbatches", COUNT), ("tasks", "tasks", COUNT),
               ("events", "events", COUNT), ("load s", "load_s", SECONDS), ("lower s", "lower_s", SECONDS),
@@ -171,9 +175,14 @@ SWEEP_COLS = [("GPUs", "gpus", COUNT), ("m", "microbatches", COUNT), ("tasks", "
 
 
 def derive(r: dict, bare_s: float) -> dict:
-    """Rates from one scenario's medians (engine seconds, setup included)."""
+    """Rates from one scenario's medians (engine seconds, setup included). Per event: per simpy
+    event the run scheduled. Per task: per task simulated (its start and end), the simulator's
+    own unit of work, since most tasks now cost no simpy event (docs/architecture.md, "Ahead of
+    the clock"); "run only" leaves the set-up out."""
     return {**r, "events_per_s": r["events"] / r["engine_s"], "tasks_per_s": r["tasks"] / r["engine_s"],
-            "us_per_event": 1e6 * r["engine_s"] / r["events"], "x_bare": r["engine_s"] / r["events"] / bare_s}
+            "us_per_event": 1e6 * r["engine_s"] / r["events"], "x_bare": r["engine_s"] / r["events"] / bare_s,
+            "us_per_task": 1e6 * r["engine_s"] / r["tasks"], "x_bare_task": r["engine_s"] / r["tasks"] / bare_s,
+            "x_bare_task_run": r["engine_run_s"] / r["tasks"] / bare_s}
 
 
 def print_scenarios(names: list[str], results: list[dict]) -> None:
