@@ -104,12 +104,18 @@ def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
 
 
 def _field_path(loc: tuple) -> str:
+    """``training.micro_batch_size``, ``what_if[1].gpu``; a key that is not plain printable
+    text (an unknown key with a newline, say) is shown quoted and escaped, cut like any value,
+    so the message stays one line."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            text = str(part)
+            if not text.isprintable() or not text or len(text) > 64:
+                text = short_repr(text)
+            out += ("." if out else "") + text
     return out
 
 
