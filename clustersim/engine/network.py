@@ -320,6 +320,7 @@ class _Transfer:
     # alone in its component, worked out to its end ahead of the clock: the states before
     # each of its flow-end instants, to go back to if another transfer joins (FlowNetwork)
     ahead: tuple | None = None
+    course: tuple | None = None  # (course, start) while it follows a kept course exactly
     size_bytes: float = 0.0  # the transfer's size (its flows carry fractions of it)
 
     @property
@@ -376,7 +377,8 @@ class FlowNetwork:
     _plan_info: dict = field(default_factory=dict)  # id(weights) -> (links, fractions array)
     # (id(weights), live flows, size) -> the course of such a transfer alone (_run_ahead)
     _alone: dict = field(default_factory=dict)
-    # every transfer as it ends: (tag, bytes per flow, [rate change times], [rates], end per flow)
+    # every transfer as it ends: (tag, bytes per flow, [rate change times], [rates], end per flow,
+    # (course, start) if it followed a kept course: its times are the course's shifted)
     finished: list = field(default_factory=list)
 
     def transfer(self, plan: FlowPlan, size_bytes: float, tag=None) -> simpy.Event:
@@ -497,12 +499,15 @@ class FlowNetwork:
             t.times, t.rows, t.end = [t0 + x for x in times], list(rows), end + t0
             t.idx, t.live, t.rem = t.idx[:0], (), t.rem
         t.ahead = (course[0], t0)
+        if fresh and not t.live:
+            t.course = (course, t0)
         if not t.live and course[0]:
             t.next_s = t0 + course[0][-1][0]
 
     def _back_to(self, t: _Transfer, now: float) -> None:
         """Undo ``t``'s instants after ``now`` (see :meth:`_run_ahead`)."""
         (before, t0), t.ahead = t.ahead, None
+        t.course = None
         # the first instant after now; if its last instant is now, that one (it ends at the tick)
         later = [snap for snap in before if t0 + snap[0] > now] or ([] if t.live else before[-1:])
         if later:
@@ -542,7 +547,7 @@ class FlowNetwork:
                 self._edge_comp.pop(e, None)
         for t in ended:
             t.done.succeed()
-            self.finished.append((t.tag, t.size, t.times, t.rows, t.end))
+            self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
         for t in transfers:
             if t.live:
                 self._join(t, dirty)

@@ -406,6 +406,31 @@ class Engine:
             t0 += plan.latency_s + longest
         return out
 
+    @staticmethod
+    def _segments(here: tuple, times, rates, ends, rows: dict, shifts: np.ndarray | None = None) -> None:
+        """Append to ``rows[e]`` the (start, stop, bytes) of a transfer's flows on the chosen
+        links ``here`` = (links, flows x links weights), one per flow and rate change; with
+        ``shifts``, once per start of a transfer that followed this course (times relative)."""
+        cols, x = here
+        t0 = np.asarray(times)[:, None]  # one row per rate change, one column per flow
+        r = np.vstack(rates)
+        t1 = np.minimum(np.append(t0[1:, 0], np.inf)[:, None], ends[None, :])
+        ok = (t1 > t0) & (r > 0)
+        if not ok.any():
+            return
+        k_idx, i_idx = np.nonzero(ok)
+        start, stop = t0[k_idx, 0], t1[k_idx, i_idx]
+        moved = r[k_idx, i_idx] * (stop - start)
+        for c, e in enumerate(cols):
+            w = x[i_idx, c]
+            sel = w > 0
+            if sel.any():
+                seg = (start[sel], stop[sel], moved[sel] * w[sel])
+                if shifts is not None:
+                    seg = ((seg[0][None, :] + shifts[:, None]).ravel(), (seg[1][None, :] + shifts[:, None]).ravel(),
+                           np.tile(seg[2], len(shifts)))
+                rows[e].append(seg)
+
     def _link_use(self, step_s: float, bins: int = 100, detailed: int = 10) -> list[LinkUse]:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
         link it crosses (real traffic, twins included), spread evenly over the time the flow
@@ -427,7 +452,7 @@ class Engine:
                     total[e] += b * len(at)
         # flows of the network: link bytes per byte of the flow (its bytes include the timing scale)
         per_plan: dict[int, tuple[FlowPlan, np.ndarray]] = {}  # id -> (plan, bytes per flow so far)
-        for whole, size, _, _, _ in self.net.finished:
+        for whole, size, *_ in self.net.finished:
             k = id(whole)
             if k not in per_plan:
                 per_plan[k] = (whole, np.zeros(len(size)))
@@ -465,25 +490,23 @@ class Engine:
                         x[i, cols.index(e)] = w / whole.wire_scale
             mine[k] = (cols, x)
         rows: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
-        for whole, _, times, rates, ends in self.net.finished:
+        # transfers that followed one kept course (the flow network replays a transfer that
+        # runs alone, shifted in time) share its segments: worked out once, shifted per start
+        by_course: dict[tuple, tuple] = {}
+        for whole, _, times, rates, ends, course in self.net.finished:
             here = mine[id(whole)]
             if here is None:
                 continue
-            cols, x = here
-            t0 = np.asarray(times)[:, None]  # one row per rate change, one column per flow
-            r = np.vstack(rates)
-            t1 = np.minimum(np.append(t0[1:, 0], np.inf)[:, None], ends[None, :])
-            ok = (t1 > t0) & (r > 0)
-            if not ok.any():
+            if course is not None:
+                key = (id(whole), id(course[0]))
+                if key not in by_course:
+                    _, rel_times, rel_rows, rel_ends = course[0]
+                    by_course[key] = (here, rel_times, rel_rows, rel_ends, [])
+                by_course[key][4].append(course[1])
                 continue
-            k_idx, i_idx = np.nonzero(ok)
-            start, stop = t0[k_idx, 0], t1[k_idx, i_idx]
-            moved = r[k_idx, i_idx] * (stop - start)
-            for c, e in enumerate(cols):
-                w = x[i_idx, c]
-                sel = w > 0
-                if sel.any():
-                    rows[e].append((start[sel], stop[sel], moved[sel] * w[sel]))
+            self._segments(here, times, rates, ends, rows)
+        for here, rel_times, rel_rows, rel_ends, t0s in by_course.values():
+            self._segments(here, rel_times, rel_rows, rel_ends, rows, np.asarray(t0s))
         out = []
         for e in used:
             u, v = edges[e]
