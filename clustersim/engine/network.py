@@ -497,7 +497,7 @@ class FlowNetwork:
         else:  # replay: the end state, shifted
             before, times, rows, end = course
             t.times, t.rows, t.end = [t0 + x for x in times], list(rows), end + t0
-            t.idx, t.live, t.rem = t.idx[:0], (), t.rem
+            t.idx, t.live = t.idx[:0], ()
         t.ahead = (course[0], t0)
         if fresh and not t.live:
             t.course = (course, t0)

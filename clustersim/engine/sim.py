@@ -112,6 +112,13 @@ def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float])
     return dropped
 
 
+def _shape(c: Comm) -> tuple:
+    """What a communication's flows depend on, by value: (op, group, twins, load). The
+    engine's plans, algorithms and closed forms are keyed by it (plus algorithm, size or
+    stream)."""
+    return (c.op, c.group, c.twins, c.load)
+
+
 def _shape_id(c: Comm) -> tuple:
     """A communication's shape by identity, for the engine's caches: hashing its twins (dozens
     of groups) costs more than the rest of a start. The lowering shares group and twin tuples
@@ -165,7 +172,7 @@ class Engine:
             if phases is None:
                 phases = self._plan_of[fast] = self._plan(c, self.algorithm(c))
             return phases
-        key = (c.op, c.group, c.twins, c.load, algo)
+        key = (*_shape(c), algo)
         if key not in self._plans:
             self._plans[key] = plan_phases(self.cluster, c, algo)
         return self._plans[key]
@@ -176,7 +183,7 @@ class Engine:
         fast = _shape_id(c)
         full = self._full_of.get(fast)
         if full is None:
-            full = self._full_of[fast] = self._full_plans.get((c.op, c.group, c.twins, c.load, self.algorithm(c))) or self._plan(c)
+            full = self._full_of[fast] = self._full_plans.get((*_shape(c), self.algorithm(c))) or self._plan(c)
         return full
 
     def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float) -> float:
@@ -192,7 +199,7 @@ class Engine:
         applicable one fastest alone on its links at its size, as NCCL's tuner chooses by size
         and topology. A configured algorithm that cannot run this group (NVLS across nodes,
         hierarchical inside one) falls back to the default (ring)."""
-        key = (c.op, c.group, c.twins, c.load, c.size_bytes)
+        key = (*_shape(c), c.size_bytes)
         if key not in self._algos:
             options = ALGORITHMS.get(c.op, ("ring",))
             nvls = self.cluster.gpu.nvls_efficiency is not None and self.cluster.cfg.node.gpus > 1
@@ -230,8 +237,8 @@ class Engine:
                 fast = _shape_id(c)
                 distinct[(*fast, c.key[:2], t.stream)] = t
                 self._count(fast, c)
-        shapes = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.load, self.algorithm(t.comm),
-                   t.comm.key[:2] + (t.stream,)): t.comm for t in distinct.values()}
+        shapes = {(*_shape(t.comm), self.algorithm(t.comm), t.comm.key[:2] + (t.stream,)): t.comm
+                  for t in distinct.values()}
         phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge: dict[int, list] = {}
@@ -288,7 +295,7 @@ class Engine:
 
     def _alone_duration(self, c: Comm, stream: str) -> float | None:
         """Closed-form time if ``c`` never shares a link with another channel, else None."""
-        key = (c.op, c.group, c.twins, c.load, c.size_bytes, stream)
+        key = (*_shape(c), c.size_bytes, stream)
         if key not in self._alone:
             phases = self._plan(c)
             channel = c.key[:2] + (stream,)
@@ -444,7 +451,7 @@ class Engine:
         # closed-form communications, by shape: every instance moves the same bytes
         starts: dict[tuple, tuple[Comm, list[float]]] = {}
         for c, start_s in self._alone_log:
-            starts.setdefault((c.op, c.group, c.twins, c.load, c.size_bytes), (c, []))[1].append(start_s)
+            starts.setdefault((*_shape(c), c.size_bytes), (c, []))[1].append(start_s)
         shapes = {key: self._flow_intervals(c) for key, (c, _) in starts.items()}
         for key, (_, at) in starts.items():
             for on, _, _ in shapes[key]:

@@ -466,20 +466,16 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         low.last_compute[r] = prev
         if grads_final:
             low.bwd_tid[(r, stage, mb, i)] = prev
-        if not zero3:
-            for j, spec in enumerate(post):
-                prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
-            yield
-            continue
-        unit_end[u] = prev
-        unit_done = i + 1 == len(blocks) or _unit(blocks[i + 1]) != u
-        for dim, n in (shards if reduce_now and unit_done else ()):
-            rs = _comm(low, prog, r, dim, low.group_of(r, dim), ("RS grads", stage, mb, str(u), dim),
-                       n * low.grad_bytes, op="reduce_scatter", stream="dp",
-                       deps=(prev,), name=f"RS {'expert ' if dim == 'edp' else ''}grads", mb=mb, phase=kind,
-                       stage=q, layer=layer)
-            low.grad_tasks.setdefault(r, []).append(rs)
-            low.stage_grads.setdefault((r, stage), []).append(rs)
+        if zero3:
+            unit_end[u] = prev
+            unit_done = i + 1 == len(blocks) or _unit(blocks[i + 1]) != u
+            for dim, n in (shards if reduce_now and unit_done else ()):
+                rs = _comm(low, prog, r, dim, low.group_of(r, dim), ("RS grads", stage, mb, str(u), dim),
+                           n * low.grad_bytes, op="reduce_scatter", stream="dp",
+                           deps=(prev,), name=f"RS {'expert ' if dim == 'edp' else ''}grads", mb=mb, phase=kind,
+                           stage=q, layer=layer)
+                low.grad_tasks.setdefault(r, []).append(rs)
+                low.stage_grads.setdefault((r, stage), []).append(rs)
         for j, spec in enumerate(post):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
         yield
