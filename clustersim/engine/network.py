@@ -12,8 +12,11 @@ there (weight = real flows / simulated flows on that link).
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import heapq
+import math
+from collections import Counter, deque
+from itertools import chain, repeat
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +25,16 @@ import simpy
 from ..collectives.algorithms import ALGORITHMS, phases
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm
+
+
+def _call_at(env: simpy.Environment, at_s: float, callback) -> None:
+    """Run ``callback`` when the clock reaches exactly ``at_s`` (>= now). ``env.timeout(at_s -
+    now)`` would land on ``now + (at_s - now)``, which can miss ``at_s`` by an ulp; this queues
+    a triggered event at ``at_s`` itself, as ``Environment.schedule`` does (simpy/core.py)."""
+    ev = simpy.Event(env)
+    ev._ok, ev._value = True, None
+    ev.callbacks.append(callback)
+    heapq.heappush(env._queue, (at_s, simpy.events.NORMAL, next(env._eid), ev))
 
 
 @dataclass(frozen=True)
@@ -118,24 +131,19 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
     """The plan of ``instances[0]`` standing for all ``instances`` (see :func:`plan_flows`);
     None if ``require_symmetric`` and the orbits are not symmetric."""
     bw, lat = cluster.edge_bw_Bps, cluster.edge_latency_s
-    paths = [[route(src, dst) for src, dst, _ in flows] for flows in instances]
-    real: dict[int, int] = {}  # real flows on each link, each counted once
-    for src, dst, _ in real_flows:
-        for e in route(src, dst):
-            real[e] = real.get(e, 0) + 1
+    # each (src, dst) routed once; every instance's flows are real flows
+    path_of = {(src, dst): route(src, dst) for src, dst, _ in real_flows}
+    paths = [[path_of[(src, dst)] for src, dst, _ in flows] for flows in instances]
+    # real flows on each link, each counted once
+    real = Counter(chain.from_iterable(path_of[(src, dst)] for src, dst, _ in real_flows))
     path_lat: dict[tuple[int, ...], float] = {}
-
-    sigs: dict[tuple[int, ...], tuple] = {}
-
-    def signature(p):
-        s = sigs.get(p)
-        if s is None:
-            s = sigs[p] = tuple((bw[e], lat[e], real[e]) for e in p)
-        return s
+    # what a flow meets on a link: bandwidth, latency, real flows; a path's signature is its links'
+    edge_sig = {e: (bw[e], lat[e], n) for e, n in real.items()}
+    sigs = {p: tuple(map(edge_sig.__getitem__, p)) for p in path_of.values()}
 
     rep_paths = paths[0]
-    rep_sigs = [signature(p) for p in rep_paths]
-    symmetric = all(signature(inst[i]) == rep_sigs[i] for inst in paths[1:] for i in range(len(inst)))
+    rep_sigs = [sigs[p] for p in rep_paths]
+    symmetric = all([sigs[p] for p in inst] == rep_sigs for inst in paths[1:])
     if require_symmetric and not symmetric:
         return None
     if symmetric:
@@ -306,15 +314,17 @@ class _Transfer:
     weights: tuple[tuple[tuple[int, float], ...], ...]  # per flow of the plan
     edges: tuple[int, ...]  # every link of its flows, kept until the whole transfer ends
     size: np.ndarray  # bytes per flow
-    rem: np.ndarray  # bytes left per flow at ``at_s``
+    rem: np.ndarray | None  # bytes left per flow at ``at_s``
     live: tuple[int, ...]  # flows still running
     idx: np.ndarray  # the same, as an index array
     done: simpy.Event
     tag: object  # what the caller needs to know when it ends (link accounting)
     at_s: float = 0.0
     rate: np.ndarray | None = None  # bytes/s per flow (0 once finished)
-    times: list = field(default_factory=list)  # when its rates changed ...
-    rows: list = field(default_factory=list)  # ... to these (one array per change)
+    # when its rates changed, to these rates (one array per change); None while it replays a
+    # kept course (FlowNetwork._replay_alone)
+    times: list | None = None
+    rows: list | None = None
     end: np.ndarray | None = None  # when each flow finished
     next_s: float = float("inf")  # when its next flow ends at its current rates
     # alone in its component, worked out to its end ahead of the clock: the states before
@@ -369,7 +379,7 @@ class FlowNetwork:
     _edge_comp: dict = field(default_factory=dict)  # link -> component id of the transfers on it
     _finish_s: dict = field(default_factory=dict)  # component id -> when its next flow ends
     _next_id: int = 0
-    _gen: int = 0
+    _ticks: list = field(default_factory=list)  # heap of the times of the ticks queued
     # rates depend only on which flows are active (their weights), and a pipeline repeats the
     # same mixes of flows many times: remember them. Keys are ids of the plans' weight tuples,
     # which the engine keeps alive for the whole run.
@@ -385,21 +395,30 @@ class FlowNetwork:
         """Start ``plan``'s flows now (after its latency); the event fires when all are done."""
         info = self._plan_info.get(id(plan.weights))
         if info is None:
+            moving = tuple(i for i, (ws, f) in enumerate(zip(plan.weights, plan.fractions)) if ws and f > 0)
             info = self._plan_info[id(plan.weights)] = (
                 tuple(sorted({e for ws in plan.weights for e, _ in ws})), np.asarray(plan.fractions, dtype=float),
-                tuple(i for i, (ws, f) in enumerate(zip(plan.weights, plan.fractions)) if ws and f > 0))
-        edges, fractions, moving = info  # moving: flows with links and bytes to carry
-        size = fractions * size_bytes
-        live = moving if size_bytes > 0 else ()
+                moving, np.asarray(moving, dtype=np.int64), {})
+        edges, fractions, moving, moving_idx, sizes = info  # moving: flows with links and bytes to carry
         done = self.env.event()
-        if not live:
+        if size_bytes <= 0 or not moving:
             done.succeed()
             return done
-        t = _Transfer(plan.weights, edges, size, size.copy(), live, np.asarray(live), done, tag,
-                      end=np.full(len(size), np.nan), size_bytes=size_bytes)
+        size = sizes.get(size_bytes)  # bytes per flow: read only, shared by the transfers of a size
+        if size is None:
+            size = sizes[size_bytes] = fractions * size_bytes
+        # bytes left and flow ends are set when it begins (a replayed course needs neither)
+        t = _Transfer(plan.weights, edges, size, None, moving, moving_idx, done, tag, size_bytes=size_bytes)
 
         def begin(_=None):
             t.at_s = self.env.now
+            edge_comp = self._edge_comp
+            if edge_comp.keys().isdisjoint(edges):  # alone on its links: maybe a kept course
+                course = self._alone.get((id(t.weights), moving, size_bytes))
+                if course is not None and course[0]:
+                    self._replay_alone(t, course)
+                    return
+            t.rem, t.end, t.times, t.rows = size.copy(), np.full(len(size), np.nan), [], []
             dirty: set[int] = set()
             self._join(t, dirty)
             self._reshare(dirty)
@@ -409,6 +428,26 @@ class FlowNetwork:
         else:
             begin()
         return done
+
+    def _replay_alone(self, t: _Transfer, course: tuple) -> None:
+        """Start ``t``, alone on its links, on the kept course of its plan, flows and size: what
+        :meth:`_join`, :meth:`_reshare` and :meth:`_run_ahead` would do for it, without working
+        out its rates (the course's first row is its mix's cached rates). Its rate changes and
+        flow ends are the course's, shifted: written out only if it has to go back
+        (:meth:`_back_to`); link accounting reads the course."""
+        t0 = t.at_s
+        before = course[0]
+        t.rate = course[2][0]
+        t.idx, t.live = t.idx[:0], ()
+        t.ahead = (before, t0)
+        t.course = (course, t0)
+        t.next_s = t0 + before[-1][0]
+        cid = self._next_id
+        self._next_id += 1
+        self._comps[cid] = [t]
+        self._edge_comp.update(dict.fromkeys(t.edges, cid))
+        self._finish_s[cid] = t.next_s
+        self._plan_tick()
 
     def _catch_up(self, t: _Transfer, now: float) -> None:
         """Bring ``t``'s remaining bytes to ``now``, at the rates it had since ``at_s``. Only
@@ -507,6 +546,9 @@ class FlowNetwork:
     def _back_to(self, t: _Transfer, now: float) -> None:
         """Undo ``t``'s instants after ``now`` (see :meth:`_run_ahead`)."""
         (before, t0), t.ahead = t.ahead, None
+        if t.times is None:  # a replayed course: its rate changes and ends, written out
+            _, times, rows, end = t.course[0]
+            t.times, t.rows, t.end = [t0 + x for x in times], list(rows), end + t0
         t.course = None
         # the first instant after now; if its last instant is now, that one (it ends at the tick)
         later = [snap for snap in before if t0 + snap[0] > now] or ([] if t.live else before[-1:])
@@ -542,9 +584,8 @@ class FlowNetwork:
         del self._comps[cid]
         self._finish_s.pop(cid, None)
         dirty.discard(cid)
-        for t in transfers:
-            for e in t.edges:
-                self._edge_comp.pop(e, None)
+        gone = transfers[0].edges if len(transfers) == 1 else set().union(*(t.edges for t in transfers))
+        deque(map(self._edge_comp.pop, gone, repeat(None)), maxlen=0)  # pop each link, in C
         for t in ended:
             t.done.succeed()
             self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
@@ -592,15 +633,23 @@ class FlowNetwork:
                 self._run_ahead(comp[0])
                 soonest_s = comp[0].next_s
             self._finish_s[cid] = soonest_s
-        self._gen += 1
-        if self._finish_s:
-            gen = self._gen
-            self.env.timeout(max(0.0, min(self._finish_s.values()) - now)).callbacks.append(
-                lambda _e: self._tick(gen))
+        self._plan_tick()
 
-    def _tick(self, gen: int) -> None:
-        if gen != self._gen:
-            return  # superseded by a later start or finish
+    def _plan_tick(self) -> None:
+        """Make sure a tick is queued at or before the next flow end. A queued tick stays even
+        if the flows it was for are slowed down by a transfer that joins: it then finds nothing
+        due and plans the next one (cheaper than a fresh event per start or finish)."""
+        if self._finish_s:
+            at_s = min(self._finish_s.values())
+            ticks = self._ticks
+            if not ticks or at_s < ticks[0]:
+                at_s = max(at_s, self.env.now)
+                heapq.heappush(ticks, at_s)
+                _call_at(self.env, at_s, self._tick)
+
+    def _tick(self, _event=None) -> None:
+        """Finish the flows due now, re-share where they ended."""
+        heapq.heappop(self._ticks)  # this one: ticks fire in time order
         now = self.env.now
         dirty: set[int] = set()
         for cid in [c for c, t in self._finish_s.items() if t <= now * (1 + 1e-12) + 1e-15]:

@@ -25,7 +25,6 @@ alone, and gpt3_175b_1024gpu goes from 170,000 events to 27,000, with identical 
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
@@ -37,7 +36,7 @@ from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
 from ..trace import LinkUse, Span, Trace
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
-from .network import FlowNetwork, FlowPlan, max_min_rates, plan_phases
+from .network import FlowNetwork, FlowPlan, _call_at, max_min_rates, plan_phases
 
 
 @dataclass
@@ -53,16 +52,6 @@ class _FixedRendezvous:
 
     streams: list
     start_s: float = 0.0
-
-
-def _call_at(env: simpy.Environment, at_s: float, callback) -> None:
-    """Run ``callback`` when the clock reaches exactly ``at_s`` (>= now). ``env.timeout(at_s -
-    now)`` would land on ``now + (at_s - now)``, which can miss ``at_s`` by an ulp; this queues
-    a triggered event at ``at_s`` itself, as ``Environment.schedule`` does (simpy/core.py)."""
-    ev = simpy.Event(env)
-    ev._ok, ev._value = True, None
-    ev.callbacks.append(callback)
-    heapq.heappush(env._queue, (at_s, simpy.events.NORMAL, next(env._eid), ev))
 
 
 def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float]) -> set[int]:

@@ -552,20 +552,28 @@ class Cluster:
         its own NIC), else the first GPU behind a NIC of dst's rail. Rails are the NICs' ``rail``
         attribute, None when the fabric is not rail-optimised.
         """
-        g = self.graph
-        s, d = g.nodes[self.gpu_names[src]], g.nodes[self.gpu_names[dst]]
-        if s["node"] == d["node"]:
-            return None
-        rail = g.nodes[d["nic"]]["rail"]
-        if rail is None or g.nodes[s["nic"]]["rail"] == rail:
+        node_s, rail_s, _ = self._gpu_rail(src)
+        node_d, rail, local_d = self._gpu_rail(dst)
+        if node_s == node_d or rail is None or rail_s == rail:
             return None
         per_node = self.cfg.node.gpus
-        first = s["node"] * per_node
-        candidates = [first + d["local"]] + list(range(first, first + per_node))
-        for c in candidates:
-            if g.nodes[g.nodes[self.gpu_names[c]]["nic"]]["rail"] == rail:
+        first = node_s * per_node
+        for c in (first + local_d, *range(first, first + per_node)):
+            if self._gpu_rail(c)[1] == rail:
                 return c
         return None
+
+    def _gpu_rail(self, gpu: int) -> tuple:
+        """(node, rail of its NIC or None, index in its node) of ``gpu``, looked up in the
+        graph once (PXN asks for every pair of an all-to-all)."""
+        memo = self.__dict__.setdefault("_gpu_rails", {})
+        hit = memo.get(gpu)
+        if hit is None:
+            g = self.graph
+            attrs = g.nodes[self.gpu_names[gpu]]
+            nic = attrs.get("nic")
+            hit = memo[gpu] = (attrs["node"], g.nodes[nic]["rail"] if nic is not None else None, attrs.get("local"))
+        return hit
 
     def pxn_path(self, src: int, dst: int) -> tuple[int, ...]:
         """Edge ids from ``src`` to ``dst`` through the PXN proxy when there is one."""
