@@ -306,7 +306,7 @@ def _max_min_dense(weights, bw_Bps) -> list[float]:
     return rates.tolist()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Transfer:
     """The flows of one transfer (one phase of one communication), moved as one unit in the
     bookkeeping: they start together and the transfer ends when its last flow does."""
@@ -562,6 +562,16 @@ class FlowNetwork:
         """Finish the due flows of component ``cid``. While all its transfers go on, it keeps
         its links and stays one component; when some end, the rest regroup by shared links."""
         transfers = self._comps[cid]
+        if len(transfers) == 1 and transfers[0].ahead is not None and not transfers[0].live:
+            # alone and worked out ahead (most of a pipeline's transfers): it ends now, whole
+            t = transfers[0]
+            t.ahead = None
+            del self._comps[cid]
+            self._finish_s.pop(cid, None)
+            deque(map(self._edge_comp.pop, t.edges, repeat(None)), maxlen=0)
+            t.done.succeed()
+            self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
+            return
         now = self.env.now
         # the clock cannot resolve less than a few ulps: a flow due within them is due now
         tick_s = 4 * math.ulp(now)

@@ -145,6 +145,7 @@ class Engine:
         self._plan_of: dict[tuple, tuple[FlowPlan, ...]] = {}  # by (op, id group, id twins, size)
         self._alone_of: dict[tuple, float] = {}  # the same and the stream; -1: not alone
         self._full_of: dict[tuple, tuple[FlowPlan, ...]] = {}
+        self._start_of: dict[tuple, tuple] = {}  # by _shape_id: (phases, the same with every link)
         self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
         self._alone_log: list[tuple[Comm, float]] = []  # communications timed in closed form: start
         self._census: dict[tuple, list] = {}  # shape -> [a communication of it, how many tasks]
@@ -308,8 +309,11 @@ class Engine:
 
     def _start_comm(self, c: Comm, stream: str) -> simpy.Event:
         """Start ``c`` in the flow network now; the event fires when its last phase ends."""
-        phases = self._plan(c)
-        full = self._full_plan(c)
+        fast = _shape_id(c)
+        hit = self._start_of.get(fast)
+        if hit is None:
+            hit = self._start_of[fast] = (self._plan(c), self._full_plan(c))
+        phases, full = hit
         if len(phases) == 1:
             return self.net.transfer(phases[0], c.size_bytes, tag=full[0])
         done = self.env.event()
