@@ -391,8 +391,9 @@ class FlowNetwork:
     # (course, start) if it followed a kept course: its times are the course's shifted)
     finished: list = field(default_factory=list)
 
-    def transfer(self, plan: FlowPlan, size_bytes: float, tag=None) -> simpy.Event:
-        """Start ``plan``'s flows now (after its latency); the event fires when all are done."""
+    def transfer(self, plan: FlowPlan, size_bytes: float, tag=None, at_s: float | None = None) -> simpy.Event:
+        """Start ``plan``'s flows at ``at_s`` (default: now; not before now) after its latency;
+        the event fires when all are done."""
         info = self._plan_info.get(id(plan.weights))
         if info is None:
             moving = tuple(i for i, (ws, f) in enumerate(zip(plan.weights, plan.fractions)) if ws and f > 0)
@@ -423,8 +424,10 @@ class FlowNetwork:
             self._join(t, dirty)
             self._reshare(dirty)
 
-        if plan.latency_s > 0:
-            self.env.timeout(plan.latency_s).callbacks.append(begin)
+        now = self.env.now
+        begin_s = (now if at_s is None or at_s < now else at_s) + plan.latency_s
+        if begin_s > now:
+            _call_at(self.env, begin_s, begin)
         else:
             begin()
         return done

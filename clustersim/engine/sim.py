@@ -307,20 +307,21 @@ class Engine:
             dur = self._alone_of[fast] = -1.0 if alone is None else alone
         return dur
 
-    def _start_comm(self, c: Comm, stream: str) -> simpy.Event:
-        """Start ``c`` in the flow network now; the event fires when its last phase ends."""
+    def _start_comm(self, c: Comm, stream: str, at_s: float | None = None) -> simpy.Event:
+        """Start ``c`` in the flow network at ``at_s`` (default: now; queued if later); the
+        event fires when its last phase ends."""
         fast = _shape_id(c)
         hit = self._start_of.get(fast)
         if hit is None:
             hit = self._start_of[fast] = (self._plan(c), self._full_plan(c))
         phases, full = hit
         if len(phases) == 1:
-            return self.net.transfer(phases[0], c.size_bytes, tag=full[0])
+            return self.net.transfer(phases[0], c.size_bytes, tag=full[0], at_s=at_s)
         done = self.env.event()
 
         def run_phases():  # one after the other: each phase needs the previous one's result
-            for plan, whole in zip(phases, full):
-                yield self.net.transfer(plan, c.size_bytes, tag=whole)
+            for k, (plan, whole) in enumerate(zip(phases, full)):
+                yield self.net.transfer(plan, c.size_bytes, tag=whole, at_s=at_s if k == 0 else None)
             done.succeed()
 
         self.env.process(run_phases())
@@ -584,16 +585,16 @@ class _Stream:
                 i, free = self.i, self.free_s  # advanced by _fixed_comm
                 continue
             env = eng.env
-            if start > env.now and not self.armed:  # the flow network needs the clock at start
+            if len(c.members) == 1:  # nobody to wait for: its flows are queued to begin at start
+                self.start_s, self.rdv = start, None
+                eng._start_comm(c, t.stream, start).callbacks.append(self.finish)
+                return
+            if start > env.now and not self.armed:  # the rendezvous needs the clock at start
                 self.armed = True
                 _call_at(env, start, self._resume)
                 return
             self.armed = False
             self.start_s = env.now
-            if len(c.members) == 1:  # nobody to wait for: start now
-                self.rdv = None
-                eng._start_comm(c, t.stream).callbacks.append(self.finish)
-                return
             rdv = eng._rdv.get(c.key)
             if rdv is None:
                 rdv = eng._rdv[c.key] = _Rendezvous(0, env.event())
