@@ -369,8 +369,8 @@ class Engine:
         self._waking = False
 
     def run(self) -> Trace:
-        for tids in self.prog.streams().values():
-            _Stream(self, tids).step()
+        for (rank, stream), tids in self.prog.streams().items():
+            _Stream(self, rank, stream, tids).step()
         self._wake()
         self.env.run()
         unfinished = self.end_s.count(-1.0)
@@ -539,20 +539,24 @@ class _Stream:
                                               record, next task
     """
 
-    __slots__ = ("eng", "tids", "i", "free_s", "start_s", "pending", "rdv", "armed")
+    __slots__ = ("eng", "tasks", "rank", "stream", "stage", "i", "free_s", "start_s", "pending", "rdv", "armed")
 
-    def __init__(self, eng: Engine, tids: list[int]):
-        self.eng, self.tids, self.i = eng, tids, 0
+    def __init__(self, eng: Engine, rank: int, stream: str, tids: list[int]):
+        tasks = eng.prog.tasks
+        self.eng, self.tasks, self.i = eng, [tasks[k] for k in tids], 0
+        self.rank, self.stream, self.stage = rank, stream, eng.stage_of.get(rank)  # None: each task's own
         self.free_s = self.start_s = 0.0
         self.pending, self.rdv, self.armed = 0, None, False
 
     def step(self, _event=None) -> None:
         eng = self.eng
-        tasks, end_s, slow, complete = eng.prog.tasks, eng.end_s, eng.cluster.gpu_slowdown, eng._complete
-        tids = self.tids
-        n, i, free = len(tids), self.i, self.free_s  # the loop's state, written back before leaving it
+        end_s, slow = eng.end_s, eng.cluster.gpu_slowdown
+        spans_append, waiters_pop, ready_append = eng.spans.append, eng.waiters.pop, eng._ready.append
+        rank, stream, stage = self.rank, self.stream, self.stage
+        tasks = self.tasks
+        n, i, free = len(tasks), self.i, self.free_s  # the loop's state, written back before leaving it
         while i < n:
-            t = tasks[tids[i]]
+            t = tasks[i]
             start = free
             if t.deps:
                 pending = None
@@ -573,8 +577,19 @@ class _Stream:
             c = t.comm
             if c is None:
                 # rank r runs on GPU r; a straggler (topology what_if) computes slower
-                free = start + (t.duration_s * slow.get(t.rank, 1.0) if slow else t.duration_s)
-                complete(t, start, free)
+                free = start + (t.duration_s * slow.get(rank, 1.0) if slow else t.duration_s)
+                # Engine._complete, inline (a compute task is most of a step's tasks):
+                # positional, in Span's field order
+                tid = t.tid
+                spans_append(Span(rank, stream, t.name, t.kind, start, free, t.mb, t.phase,
+                                  t.stage if stage is None else stage, t.layer, 0.0, "", t.flops, t.model_flops, tid))
+                end_s[tid] = free
+                released = waiters_pop(tid, None)
+                if released:
+                    for st in released:
+                        st.pending -= 1
+                        if not st.pending:
+                            ready_append(st)
                 i += 1
                 continue
             self.i, self.free_s = i, free
@@ -627,9 +642,8 @@ class _Stream:
         if dur > 0.0 and eng.network == "flow":
             eng._alone_log.append((c, start))
         end = start + dur
-        tasks = eng.prog.tasks
         for st in members:
-            eng._complete(tasks[st.tids[st.i]], start, end)
+            eng._complete(st.tasks[st.i], start, end)
             st.free_s = end
             st.i += 1
             if st is not self:
@@ -643,7 +657,7 @@ class _Stream:
     def finish(self, _event=None) -> None:
         """A communication of the flow network ended now."""
         eng = self.eng
-        t = eng.prog.tasks[self.tids[self.i]]
+        t = self.tasks[self.i]
         now = eng.env.now
         eng._complete(t, self.rdv.start_s if self.rdv is not None else self.start_s, now)
         self.rdv = None

@@ -333,7 +333,8 @@ def _pp_edges(s: PipelineSchedule) -> tuple[tuple[int, int], ...]:
 
 def _pp_groups(mesh: Mesh, pps: tuple[int, ...]) -> list[tuple[int, ...]]:
     """For every TP and DP coordinate, the ranks at pipeline positions ``pps``, in that order."""
-    return [tuple(mesh.rank(**{**mesh.coords(r), "pp": q}) for q in pps) for r in mesh.ranks_where(pp=pps[0])]
+    stride = mesh.rank(pp=1)  # moving one pipeline position moves the rank by this much
+    return [tuple(r + (q - pps[0]) * stride for q in pps) for r in mesh.ranks_where(pp=pps[0])]
 
 
 def _all_groups(low: Lowering, kind: str):
