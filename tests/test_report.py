@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import copy
 import html
+import json
 import re
 import shutil
 from pathlib import Path
 
+import plotly.graph_objects as go
 import pytest
 
 import clustersim
 from clustersim.analysis.intervals import length, union
 from clustersim.output.report import (
-    DIV_ID, FADE_LEVELS, Bar, bar_hover, build_figure, fade_level, merge_spans, merge_stream, report_html,
-    row_labels, write_report,
+    DIV_ID, FADE_LEVELS, LINKS_DIV_ID, MEMORY_DIV_ID, Bar, bar_hover, build_figure, fade_level, merge_spans,
+    merge_stream, report_html, row_labels, write_report,
 )
 from clustersim.trace import Span, Trace
 
@@ -198,14 +200,62 @@ def test_merge_joins_a_microbatch_and_splits_on_key_or_long_gap():
     assert (first.first_name, first.last_name) == ("F attn", "F attn")
 
 
+_BLANK = re.compile(r"\s*")
+
+
+def _plots(page: str) -> tuple[list[str], list[list]]:
+    """The page cut at its ``Plotly.newPlot(...)`` calls: the text around them, and each
+    call's arguments as parsed JSON (div id, data, layout, config)."""
+    decoder = json.JSONDecoder()
+    text: list[str] = []
+    calls: list[list] = []
+    i = 0
+    while (j := page.find("Plotly.newPlot(", i)) >= 0:
+        j += len("Plotly.newPlot(")
+        text.append(page[i:j])
+        args = []
+        while True:
+            arg, j = decoder.raw_decode(page, _BLANK.match(page, j).end())
+            args.append(arg)
+            j = _BLANK.match(page, j).end()
+            if page[j] != ",":
+                break
+            j += 1
+        calls.append(args)
+        i = j
+    text.append(page[i:])
+    return text, calls
+
+
 @pytest.mark.parametrize("collapse", [None, False])
 def test_written_page_is_the_page_of_the_validated_figure(collapse, tmp_path):
-    # write_report hands plotly the bars as the dicts plotly's validators would make of them;
-    # the page must be the one build_figure's validated figure gives, byte for byte
+    # write_report hands plotly the figures as the dicts plotly's validators would make of them;
+    # the page must be the one build_figure's validated figure gives: the same figures (as
+    # JSON: key order may differ) and, around them, the same bytes
     r = _simulate(collapse)
     path = tmp_path / "report.html"
     write_report(path, r.trace, r.summary)
-    assert path.read_text(encoding="utf-8") == report_html(r.trace, r.summary, build_figure(r.trace, r.summary))
+    text, calls = _plots(path.read_text(encoding="utf-8"))
+    want_text, want_calls = _plots(report_html(r.trace, r.summary, build_figure(r.trace, r.summary)))
+    assert text == want_text
+    assert [c[0] for c in calls] == [c[0] for c in want_calls]
+    assert calls == want_calls
+
+
+@pytest.mark.parametrize("collapse", [None, False])
+def test_every_figure_on_the_page_is_what_plotly_validation_gives(collapse, tmp_path):
+    # no validator runs while writing the page: each figure it embeds (timeline, memory, links)
+    # must already be what go.Figure(...).to_dict() gives for it, with the "plotly_white"
+    # template expanded as plotly expands the name and numeric arrays as plotly sends them
+    r = _simulate(collapse)
+    path = tmp_path / "report.html"
+    write_report(path, r.trace, r.summary)
+    _, calls = _plots(path.read_text(encoding="utf-8"))
+    div_ids = {c[0] for c in calls}
+    assert {DIV_ID, MEMORY_DIV_ID} <= div_ids and (collapse is not None or LINKS_DIV_ID in div_ids)
+    for div_id, data, layout, _config in calls:
+        named = {"data": data, "layout": {**layout, "template": "plotly_white"}}
+        assert json.loads(go.Figure(named).to_json()) == {"data": data, "layout": layout}, div_id
 
 
 def _merge_one_by_one(spans: list[Span], max_gap_s: float) -> list[Bar]:

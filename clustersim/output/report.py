@@ -24,13 +24,17 @@ microbatch into one bar, which takes a GPT-3-sized trace (~160k spans) down to ~
 A 1T-parameter step has ~900k spans and ~260k bars, so the timeline is built in columns: the
 spans sorted once (perfetto.span_order), each field read in one pass, bars merged in one loop
 (:class:`BarColumns`), hover texts and fade levels per column; and write_report hands plotly
-the bar traces as the dicts its validators would make of them, so no validator walks the
-arrays (build_figure, for notebooks, still validates; test_report checks both give one page).
+every figure (timeline, memory, links) as the dicts its validators would make of them, the
+template read from plotly's own JSON, so no validator runs (build_figure, for notebooks, still
+validates; test_report checks the page's figures are what validation gives).
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import importlib.resources
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -417,6 +421,26 @@ except ImportError:  # older plotly sends them as lists, as the JSON encoder wri
         return v
 
 
+@functools.cache
+def _white_template_json() -> str:
+    """The "plotly_white" template, as JSON, read once from plotly's package data.
+
+    It is what plotly expands ``template="plotly_white"`` into (``layout.template`` of
+    ``Figure.to_dict()``; test_report checks), read in ~0.02 s where the expansion builds a
+    Template object and imports dozens of validator modules (~0.17 s).
+    """
+    try:
+        return (importlib.resources.files("plotly") / "package_data/templates/plotly_white.json").read_text(
+            encoding="utf-8")
+    except OSError:  # a plotly that keeps its templates elsewhere: let it expand the name itself
+        return json.dumps(go.Figure().update_layout(template="plotly_white").to_dict()["layout"]["template"])
+
+
+def _white_template() -> dict[str, Any]:
+    """A fresh copy of the expanded "plotly_white" template, for a layout's ``"template"``."""
+    return json.loads(_white_template_json())
+
+
 def _bar_traces(bars: BarColumns, hover: list[str]) -> list[dict[str, Any]]:
     """One legend entry per group: horizontal bars from ``base`` (start) over ``x``
     (duration), in ms, one trace per fade level present.
@@ -453,7 +477,8 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     """The Gantt timeline as a plain figure dict, ``{"data": [...], "layout": {...}}``: one
     row per (simulated rank, stream), rows grouped by rank; bars are merged spans (see
     :func:`merge_stream`), one plotly trace per legend group and fade level, then the
-    critical path. Traces are in validated form, the layout as given to ``update_layout``.
+    critical path. Traces and layout are in validated form (the template expanded), with
+    numeric arrays as numpy arrays (see :func:`_as_sent`).
     """
     order, bars = _merged(trace)
     rows = order.rows
@@ -461,7 +486,7 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     data = _bar_traces(bars, hover_texts(bars, labels))
     path = path_trace(summary, rows)
     if path is not None:
-        data.append(path.to_plotly_json())
+        data.append(path)
     step_ms = 1e3 * float(summary.get("step_time_s") or order.last_end_s)
     return {"data": data, "layout": _layout(len(rows), labels, step_ms, _rank_bands(rows))}
 
@@ -476,17 +501,16 @@ def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
 
 def _as_sent(fig_dict: dict[str, Any]) -> dict[str, Any]:
     """What ``Figure.to_dict()`` gives for the figure :func:`build_figure` makes of
-    ``fig_dict``, without validating the bars again: the layout through plotly (a few
-    hundred rows; it expands the template), numeric arrays as plotly sends them."""
-    layout = go.Figure().update_layout(fig_dict["layout"]).to_dict()["layout"]
+    ``fig_dict``, without validating it again: numeric arrays as plotly sends them."""
     data = [{k: _typed_array(v) if isinstance(v, np.ndarray) else v for k, v in tr.items()}
             for tr in fig_dict["data"]]
-    return {"data": data, "layout": layout}
+    return {"data": data, "layout": fig_dict["layout"]}
 
 
-def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> go.Scatter | None:
+def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> dict[str, Any] | None:
     """The critical path as a line over the timeline: along a rank's compute row while the
-    path stays on that rank, down or up to the next rank where it crosses over."""
+    path stays on that rank, down or up to the next rank where it crosses over. A scatter
+    trace in validated form (what ``go.Scatter(...)`` gives), or None."""
     segments = (summary.get("critical_path") or {}).get("segments") or []
     row_of: dict[int, int] = {}
     for i, (rank, stream) in enumerate(rows):
@@ -508,8 +532,9 @@ def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> go.Scatt
         text += [hover, hover]
     if not xs:
         return None
-    return go.Scatter(x=xs, y=ys, mode="lines", name="critical path", line={"color": "#111111", "width": 2},
-                      hovertext=text, hovertemplate="%{hovertext}<extra></extra>", legendgroup="path")
+    return {"hovertemplate": "%{hovertext}<extra></extra>", "hovertext": text, "legendgroup": "path",
+            "line": {"color": "#111111", "width": 2}, "mode": "lines", "name": "critical path",
+            "x": xs, "y": ys, "type": "scatter"}
 
 
 def _rank_bands(rows: list[tuple[int, str]]) -> list[dict]:
@@ -536,8 +561,9 @@ _MS_TICK_FORMATS = [
 
 
 def _layout(n_rows: int, labels: list[str], step_ms: float, bands: list[dict]) -> dict:
+    """Layout of the timeline, in validated form."""
     return {
-        "template": "plotly_white",
+        "template": _white_template(),
         "barmode": "overlay",
         "height": 140 + ROW_HEIGHT_PX * max(n_rows, 4),
         "margin": {"l": 10, "r": 20, "t": 100, "b": 30},
@@ -695,19 +721,21 @@ def comm_html(summary: dict[str, Any]) -> str:
 
 
 def _over_step_layout(height_px: int, step_ms: float, y_title: str) -> dict:
-    """Layout of a small line chart over the step (link use, memory): time in ms along x."""
-    return {"height": height_px, "margin": {"l": 60, "r": 20, "t": 10, "b": 40}, "template": "plotly_white",
-            "xaxis": {"title": "time (ms)", "range": [0, step_ms]},
-            "yaxis": {"title": y_title, "rangemode": "tozero"},
+    """Layout of a small line chart over the step (link use, memory): time in ms along x.
+    In validated form (see :func:`links_figure`)."""
+    return {"height": height_px, "margin": {"l": 60, "r": 20, "t": 10, "b": 40}, "template": _white_template(),
+            "xaxis": {"title": {"text": "time (ms)"}, "range": [0, step_ms]},
+            "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
             "legend": {"orientation": "h", "y": -0.25}}
 
 
-def _embedded(fig: go.Figure | None, div_id: str, note: str) -> str:
-    """A small chart with its note, for a page that has loaded plotly.js once; "" without one."""
+def _embedded(fig: dict[str, Any] | None, div_id: str, note: str) -> str:
+    """A small chart with its note, for a page that has loaded plotly.js once; "" without one.
+    ``fig`` is taken as it is (as :func:`links_figure` makes it: already in validated form)."""
     if fig is None:
         return ""
     return (f'<p class="note">{note}</p>'
-            + fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+            + pio.to_html(fig, validate=False, full_html=False, include_plotlyjs=False, div_id=div_id,
                           config={"displaylogo": False, "responsive": True}))
 
 
@@ -715,22 +743,27 @@ LINKS_DIV_ID = "clustersim-links"
 LINKS_SHOWN = 5
 
 
-def links_figure(summary: dict[str, Any]) -> go.Figure | None:
-    """Utilisation over the step of the busiest links (lines, one per link), or None."""
+def links_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """Utilisation over the step of the busiest links (lines, one per link), or None.
+
+    A figure dict in validated form, what ``go.Figure(...).to_dict()`` gives (test_report
+    checks), so that writing the report runs no plotly validator; ``go.Figure(d)`` makes a
+    figure of it.
+    """
     busiest = [u for u in (summary.get("links") or {}).get("busiest", []) if u.get("utilisation_over_time")]
     if not busiest:
         return None
     step_ms = 1e3 * float(summary.get("step_time_s") or 0.0)
-    fig = go.Figure()
+    data = []
     for u in busiest[:LINKS_SHOWN]:
         series = u["utilisation_over_time"]
-        width = step_ms / len(series)
-        fig.add_trace(go.Scatter(
-            x=[width * (i + 0.5) for i in range(len(series))], y=[100 * x for x in series], mode="lines",
-            name=f'{u["link"]} ({u["kind"]})', line={"shape": "hv", "width": 1.5},
-            hovertemplate="%{y:.0f} % at %{x:.0f} ms<extra>" + html.escape(u["link"]) + "</extra>"))
-    fig.update_layout(_over_step_layout(300, step_ms, "use of bandwidth (%)"))
-    return fig
+        width_ms = step_ms / len(series)
+        data.append({
+            "hovertemplate": "%{y:.0f} % at %{x:.0f} ms<extra>" + html.escape(u["link"]) + "</extra>",
+            "line": {"shape": "hv", "width": 1.5}, "mode": "lines", "name": f'{u["link"]} ({u["kind"]})',
+            "x": [width_ms * (i + 0.5) for i in range(len(series))], "y": [100 * x for x in series],
+            "type": "scatter"})
+    return {"data": data, "layout": _over_step_layout(300, step_ms, "use of bandwidth (%)")}
 
 
 def links_html(summary: dict[str, Any]) -> str:
@@ -757,30 +790,31 @@ def links_html(summary: dict[str, Any]) -> str:
 MEMORY_DIV_ID = "clustersim-memory"
 
 
-def memory_figure(summary: dict[str, Any]) -> go.Figure | None:
+def memory_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
     """Memory of one GPU of each stage over the step (GiB): static state, transient bytes,
-    activations alive and communication buffers, against the GPU's capacity."""
+    activations alive and communication buffers, against the GPU's capacity. A figure dict
+    in validated form (as :func:`links_figure`), or None."""
     mem = summary.get("memory") or {}
     stages = [st for st in mem.get("stages", []) if st.get("timeline")]
     if not stages:
         return None
     tight = mem.get("tightest_stage", stages[0]["stage"])
-    fig = go.Figure()
+    data = []
     for st in stages:
         tl = st["timeline"]
         base = st["params_bytes"] + st["grads_bytes"] + st["optimizer_bytes"] + st.get("transient_bytes", 0.0)
         ys = [(base + a + b) / GiB for a, b in zip(tl["activations_bytes"], tl["comm_buffers_bytes"])]
         xs = [1e3 * t for t in tl["t_s"]] + [1e3 * summary["step_time_s"]]
-        fig.add_trace(go.Scatter(
-            x=xs, y=ys + ys[-1:], mode="lines", name=f'stage {st["stage"]}' + (" (tightest)" if st["stage"] == tight else ""),
-            line={"shape": "hv", "width": 2.5 if st["stage"] == tight else 1.2},
-            hovertemplate="%{y:.1f} GiB at %{x:,.0f} ms<extra>stage " + str(st["stage"]) + "</extra>"))
+        data.append({
+            "hovertemplate": "%{y:.1f} GiB at %{x:,.0f} ms<extra>stage " + str(st["stage"]) + "</extra>",
+            "line": {"shape": "hv", "width": 2.5 if st["stage"] == tight else 1.2}, "mode": "lines",
+            "name": f'stage {st["stage"]}' + (" (tightest)" if st["stage"] == tight else ""),
+            "x": xs, "y": ys + ys[-1:], "type": "scatter"})
     cap = mem["capacity_bytes"] / GiB
     step_ms = 1e3 * summary["step_time_s"]
-    fig.add_trace(go.Scatter(x=[0, step_ms], y=[cap, cap], mode="lines", name=f"capacity {cap:.0f} GiB",
-                             line={"dash": "dash", "color": "#cf222e", "width": 1.5}, hoverinfo="skip"))
-    fig.update_layout(_over_step_layout(320, step_ms, "memory per GPU (GiB)"))
-    return fig
+    data.append({"hoverinfo": "skip", "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}, "mode": "lines",
+                 "name": f"capacity {cap:.0f} GiB", "x": [0, step_ms], "y": [cap, cap], "type": "scatter"})
+    return {"data": data, "layout": _over_step_layout(320, step_ms, "memory per GPU (GiB)")}
 
 
 def memory_html(summary: dict[str, Any]) -> str:
