@@ -193,8 +193,9 @@ def test_odd_spans_are_written_as_json_dumps_writes_them(tmp_path, late_s):
     write_trace(gz, trace, summary)
     text = _dumps(trace_document(trace, summary))
     assert plain.read_text(encoding="utf-8") == text
-    # one gzip member, as gzip.compress(data, 6, mtime=0) writes it
-    assert gz.read_bytes() == zlib.compress(text.encode("utf-8"), 6, wbits=31)
+    # one gzip member, as gzip.compress(data, GZIP_LEVEL, mtime=0) writes it
+    assert gz.read_bytes() == zlib.compress(text.encode("utf-8"), perfetto.GZIP_LEVEL, wbits=31)
+    assert gzip.decompress(gz.read_bytes()).decode("utf-8") == text
 
 
 def test_microseconds_are_written_as_repr_writes_them():

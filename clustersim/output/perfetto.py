@@ -52,7 +52,9 @@ _FAMILY_ORDER = ("compute", "tp", "cp", "ep", "pp", "zero", "dp")
 # by tid first, as Linux tids are system-wide).
 _TID_STRIDE = 1000
 _UNKNOWN_STREAM_ID = 100
-GZIP_LEVEL = 6  # zlib's default balance of size and time
+# every run writes a trace: level 3 packs moe_1024gpu's 6.2 MB of JSON into 0.58 MB in 0.04 s,
+# zlib's default (6) into 0.48 MB in 0.11 s (Megatron-1T: 156 MB, about 1 s saved)
+GZIP_LEVEL = 3
 
 
 def stream_sort_key(stream: str) -> tuple[int, int, str]:
