@@ -449,8 +449,25 @@ class FlowNetwork:
         self._next_id += 1
         self._comps[cid] = [t]
         self._edge_comp.update(dict.fromkeys(t.edges, cid))
-        self._finish_s[cid] = t.next_s
-        self._plan_tick()
+        self._end_ahead(cid, t)
+
+    def _end_ahead(self, cid: int, t: _Transfer) -> None:
+        """Queue the end of ``t``, alone in component ``cid`` and worked out to its last flow:
+        an event of its own at that instant, outside the ticks. If another transfer joins first,
+        ``t`` goes back (:meth:`_back_to`), the component is timed by ticks again and this
+        event finds ``t.ahead`` changed and does nothing."""
+        self._finish_s.pop(cid, None)
+        ahead = t.ahead
+        _call_at(self.env, t.next_s, lambda _e: self._ended_ahead(cid, t, ahead))
+
+    def _ended_ahead(self, cid: int, t: _Transfer, ahead: tuple) -> None:
+        if t.ahead is not ahead:
+            return  # it went back since: see _end_ahead
+        t.ahead = None
+        del self._comps[cid]
+        deque(map(self._edge_comp.pop, t.edges, repeat(None)), maxlen=0)
+        t.done.succeed()
+        self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
 
     def _catch_up(self, t: _Transfer, now: float) -> None:
         """Bring ``t``'s remaining bytes to ``now``, at the rates it had since ``at_s``. Only
@@ -565,16 +582,6 @@ class FlowNetwork:
         """Finish the due flows of component ``cid``. While all its transfers go on, it keeps
         its links and stays one component; when some end, the rest regroup by shared links."""
         transfers = self._comps[cid]
-        if len(transfers) == 1 and transfers[0].ahead is not None and not transfers[0].live:
-            # alone and worked out ahead (most of a pipeline's transfers): it ends now, whole
-            t = transfers[0]
-            t.ahead = None
-            del self._comps[cid]
-            self._finish_s.pop(cid, None)
-            deque(map(self._edge_comp.pop, t.edges, repeat(None)), maxlen=0)
-            t.done.succeed()
-            self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
-            return
         now = self.env.now
         # the clock cannot resolve less than a few ulps: a flow due within them is due now
         tick_s = 4 * math.ulp(now)
@@ -644,6 +651,9 @@ class FlowNetwork:
                 soonest_s = min(soonest_s, t.next_s)
             if len(comp) == 1 and comp[0].ahead is None:  # alone: to its end at once
                 self._run_ahead(comp[0])
+                if not comp[0].live:
+                    self._end_ahead(cid, comp[0])
+                    continue
                 soonest_s = comp[0].next_s
             self._finish_s[cid] = soonest_s
         self._plan_tick()
