@@ -25,7 +25,7 @@ alone, and gpt3_175b_1024gpu goes from 170,000 events to 27,000, with identical 
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -452,12 +452,15 @@ class Engine:
                 for e, b in on.items():
                     total[e] += b * len(at)
         # flows of the network: link bytes per byte of the flow (its bytes include the timing scale)
-        per_plan: dict[int, tuple[FlowPlan, np.ndarray]] = {}  # id -> (plan, bytes per flow so far)
-        for whole, size, *_ in self.net.finished:
-            k = id(whole)
-            if k not in per_plan:
-                per_plan[k] = (whole, np.zeros(len(size)))
-            per_plan[k][1][:] += size
+        per_plan: dict[int, tuple[FlowPlan, np.ndarray]] = {}  # id -> (plan, bytes per flow)
+        # transfers of one plan and size share their bytes-per-flow array: count, then add
+        count = Counter((id(whole), id(size)) for whole, size, *_ in self.net.finished)
+        arrays = {(id(whole), id(size)): (whole, size) for whole, size, *_ in self.net.finished}
+        for key, n in count.items():
+            whole, size = arrays[key]
+            if key[0] not in per_plan:
+                per_plan[key[0]] = (whole, np.zeros(len(size)))
+            per_plan[key[0]][1][:] += n * size
         for whole, moved in per_plan.values():
             for i, ws in enumerate(whole.weights):
                 for e, w in ws:
