@@ -207,17 +207,15 @@ def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
         nodes: dict[int, list[int]] = {}
         for x in g:
             nodes.setdefault(node_of(x), []).append(x)
-        node_pos = {nd: i for i, nd in enumerate(nodes)}
-        where = {x: (node_pos[node_of(x)], members.index(x)) for members in nodes.values() for x in members}
         regular = len({len(v) for v in nodes.values()}) == 1
-        n_nodes, per, pos = len(nodes), len(next(iter(nodes.values()))), {x: i for i, x in enumerate(g)}
-
-        def offset(a, b):
-            """Where b is, seen from a."""
-            if regular:
-                (na, ia), (nb, ib) = where[a], where[b]
-                return ((nb - na) % n_nodes, (ib - ia) % per)
-            return (0, (pos[b] - pos[a]) % len(g))
+        n_nodes, per = len(nodes), len(next(iter(nodes.values())))
+        # where b is, seen from a, as one number: regular, (node offset, offset on the node),
+        # both cyclic, = node_off * per + local_off; else the cyclic offset in the group
+        if regular:
+            node_at = {x: i for i, members in enumerate(nodes.values()) for x in members}
+            local_at = {x: j for members in nodes.values() for j, x in enumerate(members)}
+        else:
+            node_at, local_at, n_nodes, per = dict.fromkeys(g, 0), {x: i for i, x in enumerate(g)}, 1, len(g)
 
         out: dict[int, list] = {x: [] for x in g}
         into: dict[int, list] = {x: [] for x in g}
@@ -230,8 +228,10 @@ def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
             root = g.index(comm.members[0])
             members = members[root:] + members[:root]
         for x in members:
-            instances.append(tuple(sorted(out[x], key=lambda f: offset(x, f[1])))
-                             + tuple(sorted(into[x], key=lambda f: offset(x, f[0]))))
+            na, ia = node_at[x], local_at[x]
+            instances.append(
+                tuple(sorted(out[x], key=lambda f: (node_at[f[1]] - na) % n_nodes * per + (local_at[f[1]] - ia) % per))
+                + tuple(sorted(into[x], key=lambda f: (node_at[f[0]] - na) % n_nodes * per + (local_at[f[0]] - ia) % per)))
     return instances
 
 
