@@ -344,7 +344,9 @@ class Engine:
             self.spans.append(Span(rank, t.stream, t.name, t.kind, start_s, end_s, t.mb, t.phase,
                                    self.stage_of.get(rank, t.stage), t.layer, 0.0, "", t.flops, t.model_flops, t.tid))
         else:
-            self._record(t, rank, t.stream, start_s, end_s)
+            self.spans.append(Span(rank, t.stream, t.name, t.kind, start_s, end_s, t.mb, t.phase,
+                                   self.stage_of.get(rank, t.stage), t.layer, c.size_bytes, c.op, t.flops,
+                                   t.model_flops, t.tid))
             if c.recv_rank >= 0:
                 recv_stream = t.stream.replace("_send", "_recv")
                 self._record(t, c.recv_rank, recv_stream, start_s, end_s, name=t.name.replace("send", "recv"))
@@ -555,6 +557,7 @@ class _Stream:
         eng = self.eng
         end_s, slow = eng.end_s, eng.cluster.gpu_slowdown
         spans_append, waiters_pop, ready_append = eng.spans.append, eng.waiters.pop, eng._ready.append
+        alone_log_append, flow = eng._alone_log.append, eng.network == "flow"
         rank, stream, stage = self.rank, self.stream, self.stage
         tasks = self.tasks
         n, i, free = len(tasks), self.i, self.free_s  # the loop's state, written back before leaving it
@@ -595,8 +598,15 @@ class _Stream:
                             ready_append(st)
                 i += 1
                 continue
+            dur = eng.fixed_comm_s(c, stream)
+            if dur >= 0.0 and len(c.members) == 1:  # fixed duration, nobody to wait for (_fixed_comm)
+                if dur > 0.0 and flow:
+                    alone_log_append((c, start))
+                free = start + dur
+                eng._complete(t, start, free)
+                i += 1
+                continue
             self.i, self.free_s = i, free
-            dur = eng.fixed_comm_s(c, t.stream)
             if dur >= 0.0:
                 if not self._fixed_comm(c, start, dur):
                     return  # waiting for the other members
