@@ -9,10 +9,11 @@ phases are those of ``python -m clustersim run``: import (clustersim, plotly & c
 (read and check the YAML, build the cluster graph), lower (plan -> per-rank tasks), engine
 (setup: plan and classify every communication; run: the simpy run and its link accounting),
 analysis (summary and invariant checks), outputs (summary.json, report.html and
-trace.json.gz, written into a temp folder); the total is all of these. "simpy events" are
-the events the run scheduled; it runs until none is left, so all were processed. "x bare
-timeout" compares the engine's seconds per event (setup and run) with those of a process that
-only yields simpy timeouts, on the same machine.
+trace.json.gz, written into a temp folder); the total is all of these. "clustersim run s" is
+the README's command itself, timed from outside (interpreter start-up and exit included).
+"simpy events" are the events the run scheduled; it runs until none is left, so all were
+processed. "x bare timeout" compares the engine's seconds per event (setup and run) with those
+of a process that only yields simpy timeouts, on the same machine.
 Example (2 cores, 2026-11-30, a noisy stretch: compare scenarios, not machines; docs/performance.md
 has the targets and the figures before the last changes)::
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -143,15 +145,37 @@ def measure(spec: str) -> dict:
     }
 
 
+# Subprocesses import clustersim from its bytecode cache, as an installed package does (pip
+# compiles it): with PYTHONDONTWRITEBYTECODE set, every run would compile the sources again
+# (about 0.12 s of "import" on this machine).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def measure_fresh(spec: str, repeat: int) -> dict:
     """Medians over ``repeat`` fresh subprocesses of :func:`measure`."""
     runs = []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, __file__, "--child", spec], check=False, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, __file__, "--child", spec], check=False, capture_output=True, text=True,
+                             env=CHILD_ENV)
         if out.returncode:
             raise SystemExit(f"{spec} failed:\n{out.stderr}")
         runs.append(json.loads(out.stdout.splitlines()[-1]))
     return {k: median(r[k] for r in runs) for k in runs[0]}
+
+
+def cli_wall_s(path: str, repeat: int) -> float:
+    """Median wall time of ``python -m clustersim run path`` as a user runs it: interpreter
+    start-up, import, simulation with its checks, the three outputs, exit."""
+    walls = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "clustersim", "run", path, "--out", tmp],
+                                 check=False, capture_output=True, text=True, cwd=ROOT, env=CHILD_ENV)
+            walls.append(time.perf_counter() - t0)
+            if out.returncode:
+                raise SystemExit(f"clustersim run {path} failed:\n{out.stderr}")
+    return median(walls)
 
 
 # --- printing ------------------------------------------------------------------------
@@ -162,7 +186,8 @@ ROWS = [  # label, key, format
     ("import s", "import_s", SECONDS), ("load s", "load_s", SECONDS), ("lower s", "lower_s", SECONDS),
     ("engine s", "engine_s", SECONDS), ("  setup s", "engine_setup_s", SECONDS), ("  run s", "engine_run_s", SECONDS),
     ("analysis s", "analysis_s", SECONDS), ("outputs s", "outputs_s", SECONDS), ("total s", "total_s", SECONDS),
-    ("peak RSS MiB", "rss_MiB", COUNT), ("events/s", "events_per_s", COUNT), ("tasks/s", "tasks_per_s", COUNT),
+    ("clustersim run s", "cli_wall_s", SECONDS), ("peak RSS MiB", "rss_MiB", COUNT),
+    ("events/s", "events_per_s", COUNT), ("tasks/s", "tasks_per_s", COUNT),
     ("engine us/event", "us_per_event", SECONDS), ("x bare timeout", "x_bare", "{:.1f}"),
     ("engine us/task", "us_per_task", SECONDS), ("  x bare timeout", "x_bare_task", "{:.1f}"),
     ("  run only", "x_bare_task_run", "{:.1f}"),
@@ -222,7 +247,8 @@ def main() -> None:
     print(f"bare simpy timeout: {bare_s * 1e6:.2f} us per event (median of {BARE_REPEATS} x {BARE_TIMEOUTS:,})",
           flush=True)
     paths = DEFAULT + [Path(p) for p in args.scenarios]
-    results = [derive(measure_fresh(str(p), args.repeat), bare_s) for p in paths]
+    results = [derive({**measure_fresh(str(p), args.repeat), "cli_wall_s": cli_wall_s(str(p), args.repeat)}, bare_s)
+               for p in paths]
     print_scenarios([p.stem for p in paths], results)
 
 
