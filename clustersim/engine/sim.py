@@ -136,6 +136,8 @@ class Engine:
         self.waiters: dict[int, list[_Stream]] = {}  # task id -> streams waiting for it, while they wait
         self._ready: deque[_Stream] = deque()
         self._waking = False
+        self._chasing = 0  # streams stepped by a dependent's chase, nested (_Stream.step)
+        self._stream_of: list = []
         self._fixed_rdv: dict[tuple, _FixedRendezvous] = {}
         self.spans: list[Span] = []
         self._rdv: dict[tuple, _Rendezvous] = {}
@@ -356,6 +358,7 @@ class Engine:
             for st in streams:
                 st.pending -= 1
                 if not st.pending:
+                    st.queued = True
                     self._ready.append(st)
 
     def _wake(self) -> None:
@@ -367,10 +370,14 @@ class Engine:
         self._waking = True
         ready = self._ready
         while ready:
-            ready.popleft().step()
+            st = ready.popleft()
+            if st.queued:  # else a dependent already stepped it (_Stream.step, "chase")
+                st.queued = False
+                st.step()
         self._waking = False
 
     def run(self) -> Trace:
+        self._stream_of = [None] * len(self.prog.tasks)  # task id -> its stream, once created
         for (rank, stream), tids in self.prog.streams().items():
             _Stream(self, rank, stream, tids).step()
         self._wake()
@@ -526,6 +533,11 @@ class Engine:
         return out
 
 
+# how deep one stream's step may step the streams it depends on (each waits in the ready queue
+# anyway: a bound keeps the recursion shallow, whatever the program)
+CHASE_DEPTH = 8
+
+
 class _Stream:
     """One (rank, stream): its tasks in order, each when the previous one is done and its
     dependencies are, driven by callbacks (no generator process per stream).
@@ -544,7 +556,8 @@ class _Stream:
                                               record, next task
     """
 
-    __slots__ = ("eng", "tasks", "rank", "stream", "stage", "i", "free_s", "start_s", "pending", "rdv", "armed")
+    __slots__ = ("eng", "tasks", "rank", "stream", "stage", "i", "free_s", "start_s", "pending", "rdv", "armed",
+                 "queued")
 
     def __init__(self, eng: Engine, rank: int, stream: str, tids: list[int]):
         tasks = eng.prog.tasks
@@ -552,12 +565,16 @@ class _Stream:
         self.rank, self.stream, self.stage = rank, stream, eng.stage_of.get(rank)  # None: each task's own
         self.free_s = self.start_s = 0.0
         self.pending, self.rdv, self.armed = 0, None, False
+        self.queued = False  # released and waiting in Engine._ready to be stepped
+        stream_of = eng._stream_of
+        for k in tids:
+            stream_of[k] = self
 
     def step(self, _event=None) -> None:
         eng = self.eng
         end_s, slow = eng.end_s, eng.cluster.gpu_slowdown
         spans_append, waiters_pop, ready_append = eng.spans.append, eng.waiters.pop, eng._ready.append
-        alone_log_append, flow = eng._alone_log.append, eng.network == "flow"
+        alone_log_append, flow, stream_of = eng._alone_log.append, eng.network == "flow", eng._stream_of
         rank, stream, stage = self.rank, self.stream, self.stage
         tasks = self.tasks
         n, i, free = len(tasks), self.i, self.free_s  # the loop's state, written back before leaving it
@@ -569,11 +586,30 @@ class _Stream:
                 for d in t.deps:
                     e = end_s[d]
                     if e < 0.0:
-                        if pending is None:
-                            pending = []
-                        pending.append(d)
-                    elif e > start:
+                        # chase: the stream that runs d was released and waits in the ready
+                        # queue; step it now rather than wait to be woken by it (a compute
+                        # stream and its TP stream hand over at every layer)
+                        st = stream_of[d]
+                        if st is not None and st.queued and eng._chasing < CHASE_DEPTH:
+                            st.queued = False
+                            eng._chasing += 1
+                            st.step()
+                            eng._chasing -= 1
+                            e = end_s[d]
+                        if e < 0.0:
+                            if pending is None:
+                                pending = []
+                            pending.append(d)
+                            continue
+                    if e > start:
                         start = e
+                if pending:  # a chase may have ended a dependency found unknown before it
+                    still = [d for d in pending if end_s[d] < 0.0]
+                    if not still:
+                        for d in pending:
+                            if end_s[d] > start:
+                                start = end_s[d]
+                    pending = still
                 if pending:
                     self.i, self.free_s, self.pending = i, free, len(pending)
                     waiters = eng.waiters
@@ -595,6 +631,7 @@ class _Stream:
                     for st in released:
                         st.pending -= 1
                         if not st.pending:
+                            st.queued = True
                             ready_append(st)
                 i += 1
                 continue
@@ -660,6 +697,7 @@ class _Stream:
             st.free_s = end
             st.i += 1
             if st is not self:
+                st.queued = True
                 eng._ready.append(st)
         return True
 
