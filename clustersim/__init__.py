@@ -5,9 +5,32 @@
     >>> result.summary["step_time_s"], result.summary["mfu"]
 """
 
-from .api import Result, simulate
-from .config import Scenario, load_scenario
-from .errors import ConfigError
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .api import Result, simulate
+    from .config import Scenario, load_scenario
+    from .errors import ConfigError
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "Result", "Scenario", "load_scenario", "simulate", "__version__"]
+
+# The public names are imported on first use (PEP 562), so that ``python -m clustersim`` can
+# set up its process (clustersim/__main__.py) before the simulator and its dependencies load.
+_HOME = {"Result": ".api", "simulate": ".api", "Scenario": ".config", "load_scenario": ".config",
+         "ConfigError": ".errors"}
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'clustersim' has no attribute {name!r}")
+    value = globals()[name] = getattr(import_module(home, __name__), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
