@@ -2,6 +2,7 @@
 
     python bench/bench_scale.py                        # moe_1024gpu and the two bench scenarios
     python bench/bench_scale.py --repeat 3 x.yaml      # medians of 3 runs; x.yaml added
+    python bench/bench_scale.py --only x.yaml          # x.yaml alone
     python bench/bench_scale.py --sweep                # wall time vs GPUs and vs microbatches
 
 Every scenario (and sweep point) runs in a fresh subprocess, so its peak RSS is its own. The
@@ -36,6 +37,7 @@ has the targets and the figures before the last changes)::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -98,6 +100,7 @@ def dense_scenario(gpus: int, microbatches: int) -> dict:
 def measure(spec: str) -> dict:
     """Run one scenario as ``clustersim run`` does, timing each phase. ``spec``: a YAML path, or
     ``dense:GPUS:M`` for a sweep point."""
+    gc.disable()  # as python -m clustersim does for its whole process (clustersim/__main__.py)
     t_import = time.perf_counter()
     from clustersim.analysis.invariants import InvariantError, check_invariants
     from clustersim.api import no_cyclic_gc, summarize
@@ -230,6 +233,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", help="extra scenario YAML files")
     ap.add_argument("--repeat", type=int, default=1, help="runs per scenario; medians are printed")
+    ap.add_argument("--only", action="store_true", help="measure only the scenarios given, not the three default ones")
     ap.add_argument("--sweep", action="store_true", help="wall time vs GPU count and vs microbatches")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one measurement, printed as JSON
     args = ap.parse_args()
@@ -246,7 +250,9 @@ def main() -> None:
     bare_s = bare_timeout_s()
     print(f"bare simpy timeout: {bare_s * 1e6:.2f} us per event (median of {BARE_REPEATS} x {BARE_TIMEOUTS:,})",
           flush=True)
-    paths = DEFAULT + [Path(p) for p in args.scenarios]
+    paths = ([] if args.only else DEFAULT) + [Path(p) for p in args.scenarios]
+    if not paths:
+        ap.error("--only needs scenarios")
     results = [derive({**measure_fresh(str(p), args.repeat), "cli_wall_s": cli_wall_s(str(p), args.repeat)}, bare_s)
                for p in paths]
     print_scenarios([p.stem for p in paths], results)
