@@ -170,11 +170,14 @@ def cli_wall_s(path: str, repeat: int) -> float:
     """Median wall time of ``python -m clustersim run path`` as a user runs it: interpreter
     start-up, import, simulation with its checks, the three outputs, exit."""
     walls = []
+    path = str(Path(path).resolve())
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat):
             t0 = time.perf_counter()
+            # from an empty folder: "-m" puts the working folder first on sys.path, and the
+            # clustersim to time is the one this interpreter has installed
             out = subprocess.run([sys.executable, "-m", "clustersim", "run", path, "--out", tmp],
-                                 check=False, capture_output=True, text=True, cwd=ROOT, env=CHILD_ENV)
+                                 check=False, capture_output=True, text=True, cwd=tmp, env=CHILD_ENV)
             walls.append(time.perf_counter() - t0)
             if out.returncode:
                 raise SystemExit(f"clustersim run {path} failed:\n{out.stderr}")
