@@ -382,6 +382,10 @@ class Engine:
             _Stream(self, rank, stream, tids).step()
         self._wake()
         self.env.run()
+        # the streams and the engine refer to each other: drop the streams now, so that the
+        # run's working state is freed by reference counting when the engine goes, even where
+        # the cyclic collector is off (python -m clustersim)
+        self._stream_of = []
         unfinished = self.end_s.count(-1.0)
         if unfinished:
             raise RuntimeError(f"simulation deadlocked with {unfinished} tasks not run")
