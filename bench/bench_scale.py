@@ -15,23 +15,23 @@ the README's command itself, timed from outside (interpreter start-up and exit i
 "simpy events" are the events the run scheduled; it runs until none is left, so all were
 processed. "x bare timeout" compares the engine's seconds per event (setup and run) with those
 of a process that only yields simpy timeouts, on the same machine.
-Example (2 cores, 2026-11-30, a noisy stretch: compare scenarios, not machines; docs/performance.md
-has the targets and the figures before the last changes)::
+Example (2 cores, 2026-11-30, a slow stretch of a noisy machine: compare scenarios, not
+machines; docs/performance.md has the targets and the figures before the last changes)::
 
-    bare simpy timeout: 0.92 us per event (median of 5 x 200,000)
+    bare simpy timeout: 1.58 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
-    GPUs                           1,024            16,384             3,072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
-    simpy events                  59,142            26,693           323,009
-    lower s                         0.18              0.84              2.41
-    engine s                        2.43              5.46             11.73
-    analysis s                      0.33              0.48              4.88
-    outputs s                       0.76              0.68              7.71
-    total s                         4.44              8.82             27.35
-    peak RSS MiB                     205               398             1,398
-    engine us/task                 67.47            179.28             13.73
-      run only (x bare timeout)     59.1              66.5              14.0
+    simpy events                  39,647            20,671           195,630
+    lower s                         0.11              0.30              2.17
+    engine s                        1.06              4.04              5.92
+    analysis s                      0.23              0.31              3.99
+    outputs s                       0.40              0.28              7.23
+    total s                         2.24              5.75             20.18
+    clustersim run s                2.25              5.32             25.76
+    peak RSS MiB                     170               367             1,341
+    engine us/task                 29.45            132.85              6.92
+      run only (x bare timeout)     13.8              28.9               3.8
 """
 
 from __future__ import annotations

@@ -237,3 +237,41 @@ def test_bad_ep_load(root, moe, words):
     with pytest.raises(clustersim.ConfigError, match="model.moe.ep_load") as exc:
         clustersim.load_scenario(d, base_dir=root)
     assert words in str(exc.value)
+
+
+# --- the flow network's shortcuts for lone transfers ---------------------------------------------
+
+def test_lone_transfer_shortcuts_change_no_span(root, monkeypatch):
+    """A transfer alone on its links is worked out to its end ahead of the clock, ended by an
+    event of its own, and replayed from the kept course of its plan, flows and size when it
+    starts alone again; it goes back when another transfer joins (docs/architecture.md,
+    "Flow-level network"). Without any of it, instant by instant, the spans and the link
+    bytes are the same, on a DualPipe MoE step where all-to-alls, PP sends and expert
+    gradients meet on two nodes' NICs."""
+    from collections import Counter
+
+    from clustersim.engine.network import FlowNetwork
+
+    d = scenario_dict(model=MOE, parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 8, "schedule": "dualpipe"},
+                      training={"global_batch_size": 32})
+    calls: Counter = Counter()
+    for name in ("_replay_alone", "_end_ahead", "_back_to"):
+        def counted(self, *args, _f=getattr(FlowNetwork, name), _name=name):
+            calls[_name] += 1
+            return _f(self, *args)
+        monkeypatch.setattr(FlowNetwork, name, counted)
+    fast = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+    assert calls["_replay_alone"] > 10 and calls["_end_ahead"] > 10 and calls["_back_to"] > 0
+    monkeypatch.setattr(FlowNetwork, "_run_ahead", lambda self, t: None)  # no run-ahead: no course kept
+    calls.clear()
+    slow = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+    assert calls["_replay_alone"] == calls["_end_ahead"] == 0
+
+    def spans(r):
+        return sorted((s.rank, s.stream, s.tid, s.name, s.start_s, s.end_s) for s in r.trace.spans)
+
+    a, b = spans(fast), spans(slow)
+    assert [x[:4] for x in a] == [x[:4] for x in b]
+    assert [t for x in a for t in x[4:]] == pytest.approx([t for x in b for t in x[4:]], rel=1e-12, abs=1e-12)
+    assert fast.summary["step_time_s"] == pytest.approx(slow.summary["step_time_s"], rel=1e-12)
+    assert [u.bytes for u in fast.trace.links] == pytest.approx([u.bytes for u in slow.trace.links], rel=1e-9)
