@@ -245,24 +245,32 @@ def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[flo
     if pairs >= 64 and n * len({e for ws in weights for e, _ in ws}) >= DENSE_MIN_CELLS:
         return _max_min_dense(weights, bw_Bps)
     rates = [float("inf")] * n
-    cap: dict[int, float] = {}
     load: dict[int, float] = {}
     on_edge: dict[int, list[int]] = {}
     for i, ws in enumerate(weights):
         for e, w in ws:
-            cap[e] = bw_Bps[e]
-            load[e] = load.get(e, 0.0) + w
-            on_edge.setdefault(e, []).append(i)
+            if e in load:
+                load[e] += w
+                on_edge[e].append(i)
+            else:
+                load[e] = w
+                on_edge[e] = [i]
+    cap = {e: bw_Bps[e] for e in load}
     frozen = [not ws for ws in weights]
     left = n - sum(frozen)
     live = [e for e in sorted(load) if load[e] > 1e-12]
     while left:
-        ratio = {e: max(cap[e], 0.0) / load[e] for e in live}
-        r = min(ratio.values())
+        ratio = [(cap[e] if cap[e] > 0.0 else 0.0) / load[e] for e in live]
+        r = min(ratio)
         # every link at the bottleneck level fills at once (symmetric flows tie exactly);
-        # freezing them together gives the same rates in far fewer rounds
-        full = [e for e in live if ratio[e] <= r * (1 + 1e-12)]
-        for e_star in full:
+        # freezing them together gives the same rates in far fewer rounds. Which links are
+        # full is decided on the ratios before any of them freezes.
+        full_s = r * (1 + 1e-12)
+        kept = []
+        for e_star, x in zip(live, ratio):
+            if x > full_s:
+                kept.append(e_star)
+                continue
             for i in on_edge[e_star]:
                 if frozen[i]:
                     continue
@@ -271,7 +279,7 @@ def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[flo
                 for e, w in weights[i]:
                     cap[e] -= w * r
                     load[e] -= w
-        live = [e for e in live if load[e] > 1e-12 and ratio[e] > r * (1 + 1e-12)]
+        live = [e for e in kept if load[e] > 1e-12]
     return rates
 
 
