@@ -587,6 +587,7 @@ class _Stream:
             start = free
             if t.deps:
                 pending = None
+                late_chase = False
                 for d in t.deps:
                     e = end_s[d]
                     if e < 0.0:
@@ -600,6 +601,7 @@ class _Stream:
                             st.step()
                             eng._chasing -= 1
                             e = end_s[d]
+                            late_chase = pending is not None
                         if e < 0.0:
                             if pending is None:
                                 pending = []
@@ -607,7 +609,7 @@ class _Stream:
                             continue
                     if e > start:
                         start = e
-                if pending:  # a chase may have ended a dependency found unknown before it
+                if late_chase:  # a chase may have ended a dependency found unknown before it
                     still = [d for d in pending if end_s[d] < 0.0]
                     if not still:
                         for d in pending:
@@ -624,58 +626,66 @@ class _Stream:
             if c is None:
                 # rank r runs on GPU r; a straggler (topology what_if) computes slower
                 free = start + (t.duration_s * slow.get(rank, 1.0) if slow else t.duration_s)
-                # Engine._complete, inline (a compute task is most of a step's tasks):
-                # positional, in Span's field order
-                tid = t.tid
-                spans_append(Span(rank, stream, t.name, t.kind, start, free, t.mb, t.phase,
-                                  t.stage if stage is None else stage, t.layer, 0.0, "", t.flops, t.model_flops, tid))
-                end_s[tid] = free
-                released = waiters_pop(tid, None)
-                if released:
-                    for st in released:
-                        st.pending -= 1
-                        if not st.pending:
-                            st.queued = True
-                            ready_append(st)
-                i += 1
-                continue
-            dur = eng.fixed_comm_s(c, stream)
-            if dur >= 0.0 and len(c.members) == 1:  # fixed duration, nobody to wait for (_fixed_comm)
+                size_bytes, op = 0.0, ""
+            else:
+                dur = eng.fixed_comm_s(c, stream)
+                if dur < 0.0 or len(c.members) > 1 or c.recv_rank >= 0:
+                    self.i, self.free_s = i, free
+                    if dur < 0.0:  # the flow network times it
+                        self._start_flow(t, c, start)
+                        return
+                    if not self._fixed_comm(c, start, dur):
+                        return  # waiting for the other members
+                    i, free = self.i, self.free_s  # advanced by _fixed_comm
+                    continue
+                # a fixed duration and nobody to wait for (what _fixed_comm does for one member)
                 if dur > 0.0 and flow:
                     alone_log_append((c, start))
                 free = start + dur
-                eng._complete(t, start, free)
-                i += 1
-                continue
-            self.i, self.free_s = i, free
-            if dur >= 0.0:
-                if not self._fixed_comm(c, start, dur):
-                    return  # waiting for the other members
-                i, free = self.i, self.free_s  # advanced by _fixed_comm
-                continue
-            env = eng.env
-            if len(c.members) == 1:  # nobody to wait for: its flows are queued to begin at start
-                self.start_s, self.rdv = start, None
-                eng._start_comm(c, t.stream, start).callbacks.append(self.finish)
-                return
-            if start > env.now and not self.armed:  # the rendezvous needs the clock at start
-                self.armed = True
-                _call_at(env, start, self._resume)
-                return
-            self.armed = False
-            self.start_s = env.now
-            rdv = eng._rdv.get(c.key)
-            if rdv is None:
-                rdv = eng._rdv[c.key] = _Rendezvous(0, env.event())
-            rdv.arrived += 1
-            if rdv.arrived == len(c.members):  # the last member: it starts now, for all
-                del eng._rdv[c.key]
-                rdv.start_s = env.now
-                eng._start_comm(c, t.stream).callbacks.append(lambda _e, ev=rdv.done: ev.succeed())
-            self.rdv = rdv
-            rdv.done.callbacks.append(self.finish)
-            return
+                size_bytes, op = c.size_bytes, c.op
+            # Engine._complete, inline (compute and one-member closed forms are most of a
+            # step's tasks): positional, in Span's field order
+            tid = t.tid
+            spans_append(Span(rank, stream, t.name, t.kind, start, free, t.mb, t.phase,
+                              t.stage if stage is None else stage, t.layer, size_bytes, op, t.flops, t.model_flops,
+                              tid))
+            end_s[tid] = free
+            released = waiters_pop(tid, None)
+            if released:
+                for st in released:
+                    st.pending -= 1
+                    if not st.pending:
+                        st.queued = True
+                        ready_append(st)
+            i += 1
         self.i, self.free_s = i, free
+
+    def _start_flow(self, t: Task, c: Comm, start: float) -> None:
+        """Start ``t``'s communication, timed in the flow network, at ``start``: queued at once
+        with one member, else at the rendezvous when the clock gets there; :meth:`finish`
+        goes on when it ends."""
+        eng = self.eng
+        env = eng.env
+        if len(c.members) == 1:  # nobody to wait for: its flows are queued to begin at start
+            self.start_s, self.rdv = start, None
+            eng._start_comm(c, t.stream, start).callbacks.append(self.finish)
+            return
+        if start > env.now and not self.armed:  # the rendezvous needs the clock at start
+            self.armed = True
+            _call_at(env, start, self._resume)
+            return
+        self.armed = False
+        self.start_s = env.now
+        rdv = eng._rdv.get(c.key)
+        if rdv is None:
+            rdv = eng._rdv[c.key] = _Rendezvous(0, env.event())
+        rdv.arrived += 1
+        if rdv.arrived == len(c.members):  # the last member: it starts now, for all
+            del eng._rdv[c.key]
+            rdv.start_s = env.now
+            eng._start_comm(c, t.stream).callbacks.append(lambda _e, ev=rdv.done: ev.succeed())
+        self.rdv = rdv
+        rdv.done.callbacks.append(self.finish)
 
     def _fixed_comm(self, c: Comm, start: float, dur: float) -> bool:
         """Arrive at a fixed-duration communication at ``start``; when every member has, it
