@@ -16,8 +16,9 @@ import dataclasses
 import heapq
 import math
 from collections import Counter, deque
-from itertools import chain, repeat
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 
 import numpy as np
 import simpy
@@ -35,6 +36,14 @@ def _call_at(env: simpy.Environment, at_s: float, callback) -> None:
     ev._ok, ev._value = True, None
     ev.callbacks.append(callback)
     heapq.heappush(env._queue, (at_s, simpy.events.NORMAL, next(env._eid), ev))
+
+
+def _finished(env: simpy.Environment, done) -> None:
+    """Fire ``done`` (a transfer's event), or call it (a transfer's callback) by an event now."""
+    if isinstance(done, simpy.Event):
+        done.succeed()
+    else:
+        _call_at(env, env.now, lambda _e: done())
 
 
 @dataclass(frozen=True)
@@ -325,7 +334,7 @@ class _Transfer:
     rem: np.ndarray | None  # bytes left per flow at ``at_s``
     live: tuple[int, ...]  # flows still running
     idx: np.ndarray  # the same, as an index array
-    done: simpy.Event
+    done: simpy.Event | Callable[[], None]  # fired, or called, when its last flow ends
     tag: object  # what the caller needs to know when it ends (link accounting)
     at_s: float = 0.0
     rate: np.ndarray | None = None  # bytes/s per flow (0 once finished)
@@ -399,9 +408,12 @@ class FlowNetwork:
     # (course, start) if it followed a kept course: its times are the course's shifted)
     finished: list = field(default_factory=list)
 
-    def transfer(self, plan: FlowPlan, size_bytes: float, tag=None, at_s: float | None = None) -> simpy.Event:
+    def transfer(self, plan: FlowPlan, size_bytes: float, tag=None, at_s: float | None = None,
+                 on_done: Callable[[], None] | None = None) -> simpy.Event | None:
         """Start ``plan``'s flows at ``at_s`` (default: now; not before now) after its latency;
-        the event fires when all are done."""
+        the event returned fires when all are done. With ``on_done``, no event: it is called
+        then instead (directly when the transfer ends alone, by an event at that instant
+        otherwise), and None is returned."""
         info = self._plan_info.get(id(plan.weights))
         if info is None:
             moving = tuple(i for i, (ws, f) in enumerate(zip(plan.weights, plan.fractions)) if ws and f > 0)
@@ -409,10 +421,10 @@ class FlowNetwork:
                 tuple(sorted({e for ws in plan.weights for e, _ in ws})), np.asarray(plan.fractions, dtype=float),
                 moving, np.asarray(moving, dtype=np.int64), {})
         edges, fractions, moving, moving_idx, sizes = info  # moving: flows with links and bytes to carry
-        done = self.env.event()
+        done = self.env.event() if on_done is None else on_done
         if size_bytes <= 0 or not moving:
-            done.succeed()
-            return done
+            _finished(self.env, done)
+            return None if on_done is not None else done
         size = sizes.get(size_bytes)  # bytes per flow: read only, shared by the transfers of a size
         if size is None:
             size = sizes[size_bytes] = fractions * size_bytes
@@ -438,7 +450,7 @@ class FlowNetwork:
             _call_at(self.env, begin_s, begin)
         else:
             begin()
-        return done
+        return None if on_done is not None else done
 
     def _replay_alone(self, t: _Transfer, course: tuple) -> None:
         """Start ``t``, alone on its links, on the kept course of its plan, flows and size: what
@@ -474,8 +486,11 @@ class FlowNetwork:
         t.ahead = None
         del self._comps[cid]
         deque(map(self._edge_comp.pop, t.edges, repeat(None)), maxlen=0)
-        t.done.succeed()
         self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
+        if isinstance(t.done, simpy.Event):
+            t.done.succeed()
+        else:  # the network is settled: whoever waits goes on in this event, not in another
+            t.done()
 
     def _catch_up(self, t: _Transfer, now: float) -> None:
         """Bring ``t``'s remaining bytes to ``now``, at the rates it had since ``at_s``. Only
@@ -615,7 +630,7 @@ class FlowNetwork:
         gone = transfers[0].edges if len(transfers) == 1 else set().union(*(t.edges for t in transfers))
         deque(map(self._edge_comp.pop, gone, repeat(None)), maxlen=0)  # pop each link, in C
         for t in ended:
-            t.done.succeed()
+            _finished(self.env, t.done)  # not called here: the component is being split
             self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
         for t in transfers:
             if t.live:

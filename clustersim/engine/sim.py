@@ -309,17 +309,20 @@ class Engine:
             dur = self._alone_of[fast] = -1.0 if alone is None else alone
         return dur
 
-    def _start_comm(self, c: Comm, stream: str, at_s: float | None = None) -> simpy.Event:
+    def _start_comm(self, c: Comm, stream: str, at_s: float | None = None, on_done=None) -> simpy.Event | None:
         """Start ``c`` in the flow network at ``at_s`` (default: now; queued if later); the
-        event fires when its last phase ends."""
+        event returned fires when its last phase ends, or ``on_done`` is called then (see
+        :meth:`FlowNetwork.transfer`)."""
         fast = _shape_id(c)
         hit = self._start_of.get(fast)
         if hit is None:
             hit = self._start_of[fast] = (self._plan(c), self._full_plan(c))
         phases, full = hit
         if len(phases) == 1:
-            return self.net.transfer(phases[0], c.size_bytes, tag=full[0], at_s=at_s)
+            return self.net.transfer(phases[0], c.size_bytes, tag=full[0], at_s=at_s, on_done=on_done)
         done = self.env.event()
+        if on_done is not None:
+            done.callbacks.append(lambda _e: on_done())
 
         def run_phases():  # one after the other: each phase needs the previous one's result
             for k, (plan, whole) in enumerate(zip(phases, full)):
@@ -327,7 +330,7 @@ class Engine:
             done.succeed()
 
         self.env.process(run_phases())
-        return done
+        return None if on_done is not None else done
 
     # --- processes -----------------------------------------------------------------
     def _record(self, t: Task, rank: int, stream: str, start_s: float, end_s: float, name: str | None = None):
@@ -668,7 +671,7 @@ class _Stream:
         env = eng.env
         if len(c.members) == 1:  # nobody to wait for: its flows are queued to begin at start
             self.start_s, self.rdv = start, None
-            eng._start_comm(c, t.stream, start).callbacks.append(self.finish)
+            eng._start_comm(c, t.stream, start, on_done=self.finish)
             return
         if start > env.now and not self.armed:  # the rendezvous needs the clock at start
             self.armed = True
