@@ -18,20 +18,20 @@ of a process that only yields simpy timeouts, on the same machine.
 Example (2 cores, 2026-11-30, a slow stretch of a noisy machine: compare scenarios, not
 machines; docs/performance.md has the targets and the figures before the last changes)::
 
-    bare simpy timeout: 1.58 us per event (median of 5 x 200,000)
+    bare simpy timeout: 1.21 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
-    simpy events                  39,647            20,671           195,630
-    lower s                         0.11              0.30              2.17
-    engine s                        1.06              4.04              5.92
-    analysis s                      0.23              0.31              3.99
-    outputs s                       0.40              0.28              7.23
-    total s                         2.24              5.75             20.18
-    clustersim run s                2.25              5.32             25.76
-    peak RSS MiB                     170               367             1,341
-    engine us/task                 29.45            132.85              6.92
-      run only (x bare timeout)     13.8              28.9               3.8
+    simpy events                  28,061            15,829           132,174
+    lower s                         0.14              0.30              3.54
+    engine s                        1.26              4.58              8.53
+    analysis s                      0.29              0.32              4.56
+    outputs s                       0.41              0.26              6.50
+    total s                         2.57              6.16             24.46
+    clustersim run s                2.09              8.75             23.84
+    peak RSS MiB                     170               365             1,222
+    engine us/task                 35.04            150.39              9.98
+      run only (x bare timeout)     20.6              40.8               7.1
 """
 
 from __future__ import annotations
