@@ -227,15 +227,21 @@ def _plots(page: str) -> tuple[list[str], list[list]]:
     return text, calls
 
 
+def _written(collapse, tmp_path: Path):
+    """The small scenario simulated, and the page write_report writes of it, as :func:`_plots`
+    splits it: (result, text around the plots, the plots' arguments)."""
+    r = _simulate(collapse)
+    path = tmp_path / "report.html"
+    write_report(path, r.trace, r.summary)
+    return (r, *_plots(path.read_text(encoding="utf-8")))
+
+
 @pytest.mark.parametrize("collapse", [None, False])
 def test_written_page_is_the_page_of_the_validated_figure(collapse, tmp_path):
     # write_report hands plotly the figures as the dicts plotly's validators would make of them;
     # the page must be the one build_figure's validated figure gives: the same figures (as
     # JSON: key order may differ) and, around them, the same bytes
-    r = _simulate(collapse)
-    path = tmp_path / "report.html"
-    write_report(path, r.trace, r.summary)
-    text, calls = _plots(path.read_text(encoding="utf-8"))
+    r, text, calls = _written(collapse, tmp_path)
     want_text, want_calls = _plots(report_html(r.trace, r.summary, build_figure(r.trace, r.summary)))
     assert text == want_text
     assert [c[0] for c in calls] == [c[0] for c in want_calls]
@@ -247,10 +253,7 @@ def test_every_figure_on_the_page_is_what_plotly_validation_gives(collapse, tmp_
     # no validator runs while writing the page: each figure it embeds (timeline, memory, links)
     # must already be what go.Figure(...).to_dict() gives for it, with the "plotly_white"
     # template expanded as plotly expands the name and numeric arrays as plotly sends them
-    r = _simulate(collapse)
-    path = tmp_path / "report.html"
-    write_report(path, r.trace, r.summary)
-    _, calls = _plots(path.read_text(encoding="utf-8"))
+    _, _, calls = _written(collapse, tmp_path)
     div_ids = {c[0] for c in calls}
     assert {DIV_ID, MEMORY_DIV_ID} <= div_ids and (collapse is not None or LINKS_DIV_ID in div_ids)
     for div_id, data, layout, _config in calls:

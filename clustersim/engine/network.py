@@ -238,9 +238,9 @@ def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
             members = members[root:] + members[:root]
         for x in members:
             na, ia = node_at[x], local_at[x]
-            instances.append(
-                tuple(sorted(out[x], key=lambda f: (node_at[f[1]] - na) % n_nodes * per + (local_at[f[1]] - ia) % per))
-                + tuple(sorted(into[x], key=lambda f: (node_at[f[0]] - na) % n_nodes * per + (local_at[f[0]] - ia) % per)))
+            off = {y: (node_at[y] - na) % n_nodes * per + (local_at[y] - ia) % per for y in g}
+            instances.append(tuple(sorted(out[x], key=lambda f: off[f[1]]))
+                             + tuple(sorted(into[x], key=lambda f: off[f[0]])))
     return instances
 
 
@@ -355,6 +355,13 @@ class _Transfer:
         """Its identity in a mix of flows: transfers of the same plan with the same flows
         running are interchangeable in max-min and get the same rates."""
         return (id(self.weights), self.live)
+
+
+def _shifted(course: tuple, t0: float) -> tuple[list, list, np.ndarray]:
+    """A kept course's rate-change times, rates and flow ends, for a transfer started at ``t0``
+    (see :meth:`FlowNetwork._run_ahead`)."""
+    _, times, rows, end = course
+    return [t0 + x for x in times], list(rows), end + t0
 
 
 def _set_next_end(t: _Transfer, now: float) -> None:
@@ -485,12 +492,16 @@ class FlowNetwork:
             return  # it went back since: see _end_ahead
         t.ahead = None
         del self._comps[cid]
-        deque(map(self._edge_comp.pop, t.edges, repeat(None)), maxlen=0)
+        self._free_links(t.edges)
         self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
         if isinstance(t.done, simpy.Event):
             t.done.succeed()
         else:  # the network is settled: whoever waits goes on in this event, not in another
             t.done()
+
+    def _free_links(self, edges) -> None:
+        """No component holds ``edges`` any more (each popped in C: a transfer has dozens)."""
+        deque(map(self._edge_comp.pop, edges, repeat(None)), maxlen=0)
 
     def _catch_up(self, t: _Transfer, now: float) -> None:
         """Bring ``t``'s remaining bytes to ``now``, at the rates it had since ``at_s``. Only
@@ -577,8 +588,7 @@ class FlowNetwork:
                     self._alone.clear()
                 self._alone[key] = course
         else:  # replay: the end state, shifted
-            before, times, rows, end = course
-            t.times, t.rows, t.end = [t0 + x for x in times], list(rows), end + t0
+            t.times, t.rows, t.end = _shifted(course, t0)
             t.idx, t.live = t.idx[:0], ()
         t.ahead = (course[0], t0)
         if fresh and not t.live:
@@ -590,8 +600,7 @@ class FlowNetwork:
         """Undo ``t``'s instants after ``now`` (see :meth:`_run_ahead`)."""
         (before, t0), t.ahead = t.ahead, None
         if t.times is None:  # a replayed course: its rate changes and ends, written out
-            _, times, rows, end = t.course[0]
-            t.times, t.rows, t.end = [t0 + x for x in times], list(rows), end + t0
+            t.times, t.rows, t.end = _shifted(t.course[0], t0)
         t.course = None
         # the first instant after now; if its last instant is now, that one (it ends at the tick)
         later = [snap for snap in before if t0 + snap[0] > now] or ([] if t.live else before[-1:])
@@ -627,8 +636,7 @@ class FlowNetwork:
         del self._comps[cid]
         self._finish_s.pop(cid, None)
         dirty.discard(cid)
-        gone = transfers[0].edges if len(transfers) == 1 else set().union(*(t.edges for t in transfers))
-        deque(map(self._edge_comp.pop, gone, repeat(None)), maxlen=0)  # pop each link, in C
+        self._free_links(transfers[0].edges if len(transfers) == 1 else set().union(*(t.edges for t in transfers)))
         for t in ended:
             _finished(self.env, t.done)  # not called here: the component is being split
             self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))

@@ -25,7 +25,7 @@ alone, and gpt3_175b_1024gpu goes from 170,000 events to 27,000, with identical 
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -343,18 +343,11 @@ class Engine:
     def _complete(self, t: Task, start_s: float, end_s: float) -> None:
         """Record ``t`` (and the receive of a send) over [start_s, end_s] and release whatever
         waits for it (``end_s`` may lie ahead of the clock: it is known already)."""
-        c, rank = t.comm, t.rank
-        # positional, in Span's field order (a span per task: keyword passing costs a third more)
-        if c is None:
-            self.spans.append(Span(rank, t.stream, t.name, t.kind, start_s, end_s, t.mb, t.phase,
-                                   self.stage_of.get(rank, t.stage), t.layer, 0.0, "", t.flops, t.model_flops, t.tid))
-        else:
-            self.spans.append(Span(rank, t.stream, t.name, t.kind, start_s, end_s, t.mb, t.phase,
-                                   self.stage_of.get(rank, t.stage), t.layer, c.size_bytes, c.op, t.flops,
-                                   t.model_flops, t.tid))
-            if c.recv_rank >= 0:
-                recv_stream = t.stream.replace("_send", "_recv")
-                self._record(t, c.recv_rank, recv_stream, start_s, end_s, name=t.name.replace("send", "recv"))
+        c = t.comm
+        self._record(t, t.rank, t.stream, start_s, end_s)
+        if c is not None and c.recv_rank >= 0:
+            recv_stream = t.stream.replace("_send", "_recv")
+            self._record(t, c.recv_rank, recv_stream, start_s, end_s, name=t.name.replace("send", "recv"))
         self.end_s[t.tid] = end_s
         streams = self.waiters.pop(t.tid, None)
         if streams:
@@ -470,13 +463,17 @@ class Engine:
         # flows of the network: link bytes per byte of the flow (its bytes include the timing scale)
         per_plan: dict[int, tuple[FlowPlan, np.ndarray]] = {}  # id -> (plan, bytes per flow)
         # transfers of one plan and size share their bytes-per-flow array: count, then add
-        count = Counter((id(whole), id(size)) for whole, size, *_ in self.net.finished)
-        arrays = {(id(whole), id(size)): (whole, size) for whole, size, *_ in self.net.finished}
-        for key, n in count.items():
-            whole, size = arrays[key]
-            if key[0] not in per_plan:
-                per_plan[key[0]] = (whole, np.zeros(len(size)))
-            per_plan[key[0]][1][:] += n * size
+        count: dict[tuple, list] = {}  # (id plan, id array) -> [plan, array, transfers]
+        for whole, size, *_ in self.net.finished:
+            entry = count.get((id(whole), id(size)))
+            if entry is None:
+                count[(id(whole), id(size))] = [whole, size, 1]
+            else:
+                entry[2] += 1
+        for whole, size, n in count.values():
+            if id(whole) not in per_plan:
+                per_plan[id(whole)] = (whole, np.zeros(len(size)))
+            per_plan[id(whole)][1][:] += n * size
         for whole, moved in per_plan.values():
             for i, ws in enumerate(whole.weights):
                 for e, w in ws:
