@@ -71,7 +71,7 @@ def rank_order(trace: Trace) -> list[int]:
     return sorted(trace.ranks, key=lambda r: (trace.stage_of.get(r, 0), r))
 
 
-class _Codes(dict):
+class Codes(dict):
     """value -> 0, 1, 2, ... in order of first appearance."""
 
     def __missing__(self, key: Any) -> int:
@@ -88,7 +88,7 @@ def _row_of_spans(trace: Trace) -> tuple[dict[int, list[str]], list[tuple[int, s
     """
     spans = trace.spans
     n = len(spans)
-    codes = _Codes()
+    codes = Codes()
     stream = np.fromiter(map(codes.__getitem__, map(attrgetter("stream"), spans)), dtype=np.int64, count=n)
     rank = np.fromiter(map(attrgetter("rank"), spans), dtype=np.int64, count=n)
     n_streams = max(len(codes), 1)

@@ -47,7 +47,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from ..trace import Span, Trace
-from .perfetto import SpanOrder, span_order
+from .bins import BAR_BUDGET, BinnedBars, bar_count, binned_within
+from .perfetto import SpanOrder, Codes, span_order
 from .summary import plan_dims
 
 GiB = 1024**3
@@ -442,19 +443,25 @@ def _white_template() -> dict[str, Any]:
 
 
 def _bar_traces(bars: BarColumns, hover: list[str]) -> list[dict[str, Any]]:
-    """One legend entry per group: horizontal bars from ``base`` (start) over ``x``
-    (duration), in ms, one trace per fade level present.
+    """The merged bars as plotly traces (see :func:`_group_traces`), grouped by kind and phase."""
+    group_of = _Memo(lambda kp: _GROUP_KEYS.index(bar_group(*kp)))
+    group = np.fromiter(map(group_of.__getitem__, zip(bars.kind, bars.phase)), dtype=np.int64, count=len(bars.kind))
+    return _group_traces(group, bars.row, bars.start_s, bars.dur_s, bars.busy_s, hover)
+
+
+def _group_traces(group: np.ndarray, row: np.ndarray, start_s: np.ndarray, dur_s: np.ndarray, busy_s: np.ndarray,
+                  hover: list[str]) -> list[dict[str, Any]]:
+    """One legend entry per group (``group``: index into GROUPS): horizontal bars from
+    ``base`` (start) over ``x`` (duration), in ms, one trace per fade level present.
 
     The most opaque level present carries the legend entry (plotly shows none for an empty
     trace); the others join its legend group, so a click on the entry hides them all. Each
     trace is the dict ``go.Bar(...)`` validates to, keys in its order, so no validator
     walks the arrays (see test_report: it matches a validated figure byte for byte).
     """
-    group_of = _Memo(lambda kp: _GROUP_KEYS.index(bar_group(*kp)))
-    group = np.fromiter(map(group_of.__getitem__, zip(bars.kind, bars.phase)), dtype=np.int64, count=len(bars.kind))
-    level = fade_levels(bars.busy_s, bars.dur_s)
-    base_ms = np.round(bars.start_s * 1e3, 6)
-    dur_ms = np.round(bars.dur_s * 1e3, 6)
+    level = fade_levels(busy_s, dur_s)
+    base_ms = np.round(start_s * 1e3, 6)
+    dur_ms = np.round(dur_s * 1e3, 6)
     out = []
     for g, (key, label, colour) in enumerate(GROUPS):
         in_group = group == g
@@ -467,28 +474,100 @@ def _bar_traces(bars: BarColumns, hover: list[str]) -> list[dict[str, Any]]:
                 "base": base_ms[idx].tolist(), "hoverinfo": "text", "hovertext": [hover[i] for i in idx.tolist()],
                 "legendgroup": key, "marker": {"color": colour, "line": {"width": 0}, "opacity": opacity},
                 "name": label, "orientation": "h", "showlegend": not shown, "width": BAR_WIDTH_ROWS,
-                "x": dur_ms[idx], "y": bars.row[idx].astype(np.int32), "type": "bar",
+                "x": dur_ms[idx], "y": row[idx].astype(np.int32), "type": "bar",
             })
             shown = True
+    return out
+
+
+_KIND_PHASE = attrgetter("kind", "phase")
+
+
+def _span_keys(trace: Trace, order: SpanOrder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per span, in display order: its merge key without the microbatch (a code per
+    (kind, phase)), its legend group (index into GROUPS) and its microbatch."""
+    spans = trace.spans
+    codes = Codes()
+    kind_phase = np.fromiter(map(codes.__getitem__, map(_KIND_PHASE, spans)), dtype=np.int64, count=len(spans))
+    group_of = np.array([_GROUP_KEYS.index(bar_group(*kp)) for kp in codes] or [0], dtype=np.int64)
+    mb = np.fromiter(map(attrgetter("mb"), spans), dtype=np.int64, count=len(spans))
+    kind_phase = order.take_array(kind_phase)
+    return kind_phase, group_of[kind_phase], order.take_array(mb)
+
+
+def _timeline_bars(trace: Trace, order: SpanOrder) -> tuple[int, BarColumns | BinnedBars]:
+    """The timeline's bars: the merged bars (see :func:`merge_stream`), or, where they would
+    be more than BAR_BUDGET, runs of bins (clustersim.output.bins). Also how many merged bars
+    there are (at least; counted without merging when they are too many)."""
+    max_gap_s = MAX_GAP_FRACTION * order.last_end_s
+    if len(trace.spans) > BAR_BUDGET:  # else there are fewer bars than that, whatever they are
+        kind_phase, group, mb = _span_keys(trace, order)
+        row = np.repeat(np.arange(len(order.rows)), np.diff(order.bounds))
+        key = kind_phase * (int(mb.max(initial=0)) + 2) + (mb + 1)
+        n_merged = bar_count(row, key, order.start_s, order.end_s, max_gap_s)
+        if n_merged > BAR_BUDGET:
+            return n_merged, binned_within(row, group, mb, order.start_s, order.end_s, len(GROUPS), order.last_end_s,
+                                          budget=BAR_BUDGET)
+    bars = _merge(trace.spans, order, order.bounds, order.start_s, order.end_s, max_gap_s)
+    return len(bars.kind), bars
+
+
+def binned_hover_texts(bars: BinnedBars, labels: list[str]) -> list[str]:
+    """Hover text of each run of bins: the mix of work, where, when, busy share, e.g.::
+
+        <b>backward compute 65 % · forward compute 35 %</b>
+        stage 3 · compute · microbatches 40–73
+        start 12,345.678 ms · duration 95.123 ms
+        busy 93.500 ms (98 % of the bar) · 53 spans
+    """
+    where_row = [html.escape(label) for label in labels]
+    names = [label for _, label, _ in GROUPS]
+    out = []
+    share = np.zeros_like(bars.group_busy_s)
+    np.divide(bars.group_busy_s, bars.busy_s[:, None], out=share, where=bars.busy_s[:, None] > 0)
+    for i, (row, g, lo, hi, start, dur, busy, n) in enumerate(zip(
+            bars.row.tolist(), bars.group.tolist(), bars.mb_lo.tolist(), bars.mb_hi.tolist(),
+            bars.start_s.tolist(), bars.dur_s.tolist(), bars.busy_s.tolist(), bars.n_spans.tolist())):
+        mix = [(s, j) for j, s in enumerate(share[i].tolist()) if s >= 0.005]
+        if len(mix) > 1:
+            mix.sort(reverse=True)
+            what = " · ".join(f"{names[j]} {100 * s:.0f} %" for s, j in mix[:3]) + (" · …" if len(mix) > 3 else "")
+        else:
+            what = names[g]
+        where = where_row[row]
+        if lo >= 0:
+            where = f"{where} · microbatch {lo}" if lo == hi else f"{where} · microbatches {lo}–{hi}"
+        busy_share = busy / dur if dur > 0 else 1.0
+        out.append(f"<b>{what}</b><br>{where}<br>start {start * 1e3:,.3f} ms · duration {dur * 1e3:,.3f} ms<br>"
+                   f"busy {busy * 1e3:,.3f} ms ({100 * busy_share:.0f} % of the bar) · {_n(n, 'span')}")
     return out
 
 
 def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     """The Gantt timeline as a plain figure dict, ``{"data": [...], "layout": {...}}``: one
     row per (simulated rank, stream), rows grouped by rank; bars are merged spans (see
-    :func:`merge_stream`), one plotly trace per legend group and fade level, then the
-    critical path. Traces and layout are in validated form (the template expanded), with
-    numeric arrays as numpy arrays (see :func:`_as_sent`).
+    :func:`merge_stream`), or runs of bins past BAR_BUDGET bars (``layout.meta`` then says
+    so, see :func:`timeline_note`), one plotly trace per legend group and fade level, then
+    the critical path. Traces and layout are in validated form (the template expanded),
+    with numeric arrays as numpy arrays (see :func:`_as_sent`).
     """
-    order, bars = _merged(trace)
+    order = span_order(trace)
     rows = order.rows
     labels = row_labels(trace, rows)
-    data = _bar_traces(bars, hover_texts(bars, labels))
+    n_merged, bars = _timeline_bars(trace, order)
+    if isinstance(bars, BinnedBars):
+        data = _group_traces(bars.group, bars.row, bars.start_s, bars.dur_s, bars.busy_s,
+                             binned_hover_texts(bars, labels))
+    else:
+        data = _bar_traces(bars, hover_texts(bars, labels))
     path = path_trace(summary, rows)
     if path is not None:
         data.append(path)
     step_ms = 1e3 * float(summary.get("step_time_s") or order.last_end_s)
-    return {"data": data, "layout": _layout(len(rows), labels, step_ms, _rank_bands(rows))}
+    layout = _layout(len(rows), labels, step_ms, _rank_bands(rows))
+    if isinstance(bars, BinnedBars):
+        layout["meta"] = {"binned": {"merged_bars": n_merged, "bars": len(bars.row), "bin_ms": bars.bin_s * 1e3}}
+    return {"data": data, "layout": layout}
 
 
 def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
@@ -913,17 +992,31 @@ def critical_path_html(summary: dict[str, Any]) -> str:
             "the path delayed the step.</p></div>")
 
 
-def timeline_note(trace: Trace) -> str:
-    """What a row and a bar stand for."""
+def timeline_note(trace: Trace, binned: dict[str, Any] | None = None) -> str:
+    """What a row and a bar stand for; ``binned``: the timeline's ``layout.meta["binned"]``
+    when it shows runs of bins (see :func:`timeline`)."""
     weights = sorted({trace.weight.get(r, 1) for r in trace.ranks})
     who = ""
     if weights and weights != [1]:
         w = " or ".join(str(x) for x in weights)
         who = f" Each simulated rank stands for {w} GPUs that behave alike (its TP, CP and DP peers)."
-    return (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
-            f'{_n(len(trace.spans), "span")}).{who} A bar joins consecutive spans of one microbatch and phase on '
-            "its stream; hover for how many and the busy time inside (lighter = less busy). "
-            "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>")
+    head = (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
+            f'{_n(len(trace.spans), "span")}).{who} ')
+    tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
+    if binned:
+        return (f"{head}Joined by microbatch and phase, the spans would make over {binned['merged_bars']:,} bars, "
+                f"more than a browser draws quickly ({BAR_BUDGET:,}); so each row is cut into bins of "
+                f"{fmt_time(binned['bin_ms'] / 1e3)} and a bar joins adjacent bins where the same work is "
+                "busiest, in its colour. Hover for the mix, the microbatches and the busy time (lighter = less "
+                "busy); trace.json.gz, opened in Perfetto, has every span. " + tail)
+    return (f"{head}A bar joins consecutive spans of one microbatch and phase on its stream; hover for how many "
+            "and the busy time inside (lighter = less busy). " + tail)
+
+
+def _binned_meta(fig: go.Figure | dict[str, Any]) -> dict[str, Any] | None:
+    """The timeline's ``layout.meta["binned"]``, or None when it shows merged bars."""
+    meta = fig["layout"].get("meta") if isinstance(fig, dict) else fig.layout.meta
+    return meta.get("binned") if isinstance(meta, dict) else None
 
 
 def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str, Any]) -> str:
@@ -949,7 +1042,7 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
-        "<h2>Timeline</h2>", timeline_note(trace), plot,
+        "<h2>Timeline</h2>", timeline_note(trace, _binned_meta(fig)), plot,
     ])
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'

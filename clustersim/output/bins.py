@@ -1,0 +1,142 @@
+"""The timeline at a coarser level of detail, for steps whose bars a browser cannot draw quickly.
+
+A 1T-parameter step (Narayanan et al. 2021: 3,072 GPUs, 64 stages, 512 microbatches) has
+~900k spans that merge into ~260k bars. Chromium takes minutes to lay that many SVG bars out,
+and at full width a bar is under a pixel anyway. Past BAR_BUDGET bars, each row is cut into
+bins of equal length (TIMELINE_BINS across the step: about a pixel of the full-width view),
+and runs of bins are drawn::
+
+    spans of one row   FFF BBBBBB FFF BBBBBB FFF BBBBBB     F 34 ms, B 70 ms each
+    bins of 95 ms     |F 33 B 62 |F 34 B 61 |F 33 B 62 |    busy ms per group, exact overlap
+    dominant group     B          B          B              most busy time in the bin
+    bar                [============ B, 99 % busy ======]   one run of bins, one bar
+
+A bar is a run of adjacent bins of one row with the same dominant group. It is coloured by
+that group, faded by its busy share like a merged bar, and its hover gives the mix
+("backward compute 65 % · forward compute 35 %"), the microbatches and the span count. Busy
+time is kept: a row's bars add up to the lengths of its spans, and a bar's group is the one
+with the most busy time inside it (it has the most in every one of its bins).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BAR_BUDGET = 30_000  # bars drawn at most: ~24k (a GPT-3-sized step) draw in seconds, 260k in minutes
+TIMELINE_BINS = 1_000  # bins per row across the step, before coarsening to fit BAR_BUDGET
+
+
+def bar_count(row: np.ndarray, key: np.ndarray, start_s: np.ndarray, end_s: np.ndarray, max_gap_s: float) -> int:
+    """How many bars merging spans gives, at least (all arrays in display order: by row, then
+    start)::
+
+        a bar starts at a row's first span, where the key (kind, phase, microbatch) changes,
+        or after an idle gap > max_gap_s behind the latest end so far in the row
+
+    The latest end is taken over the whole row, not the open bar, so where spans of one
+    stream overlap this may count fewer bars than merging makes, never more.
+    """
+    n = len(row)
+    if n == 0:
+        return 0
+    offset = row * (float(end_s.max()) + 1.0 - min(0.0, float(start_s.min())))  # rows apart in time
+    covered = np.maximum.accumulate(end_s + offset) - offset  # latest end so far, per row
+    new = np.ones(n, dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (key[1:] != key[:-1]) | (start_s[1:] - covered[:-1] > max_gap_s)
+    return int(new.sum())
+
+
+@dataclass(frozen=True)
+class BinnedBars:
+    """Runs of bins, one entry per bar, by row and by time within a row."""
+
+    row: np.ndarray  # int64
+    group: np.ndarray  # int64: the dominant group, an index into the caller's groups
+    start_s: np.ndarray  # float64: earliest span time inside the run
+    end_s: np.ndarray  # latest span time inside the run
+    busy_s: np.ndarray  # the spans' time inside the run
+    group_busy_s: np.ndarray  # (bars, groups): busy_s split by group
+    n_spans: np.ndarray  # int64: spans starting inside the run
+    mb_lo: np.ndarray  # int64: smallest microbatch of a span inside, -1 if none has one
+    mb_hi: np.ndarray
+    bin_s: float  # length of one bin
+
+    @property
+    def dur_s(self) -> np.ndarray:
+        return self.end_s - self.start_s
+
+
+def _pieces(start_s: np.ndarray, end_s: np.ndarray, bin_s: float, n_bins: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each span cut at the bin edges: (span index, bin, lo, hi) per piece. Pieces of no
+    length are dropped, except a span of no length (it stays as a piece in its bin)."""
+    first = np.clip(np.floor(start_s / bin_s), 0, n_bins - 1).astype(np.int64)
+    last = np.maximum(np.clip(np.floor(end_s / bin_s), 0, n_bins - 1).astype(np.int64), first)
+    count = last - first + 1
+    span = np.repeat(np.arange(len(start_s)), count)
+    k = first[span] + np.arange(len(span)) - np.repeat(np.cumsum(count) - count, count)
+    # the outer bins reach to +-inf, so no span time is lost to the edges' rounding
+    edge_lo = np.where(k == 0, -np.inf, k * bin_s)
+    edge_hi = np.where(k == n_bins - 1, np.inf, (k + 1) * bin_s)
+    lo = np.maximum(start_s[span], edge_lo)
+    hi = np.minimum(end_s[span], edge_hi)
+    keep = (hi > lo) | (count == 1)[span]
+    return span[keep], k[keep], lo[keep], hi[keep]
+
+
+def binned_bars(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
+                n_groups: int, t_end_s: float, n_bins: int) -> BinnedBars:
+    """Bin every row into ``n_bins`` bins over [0, t_end_s] and join runs of bins (see the
+    module's docstring). Arrays are per span, in display order (by row, then start)."""
+    bin_s = t_end_s / n_bins if t_end_s > 0 else 1.0
+    span, k, lo, hi = _pieces(start_s, end_s, bin_s, n_bins)
+    cells, cell = np.unique(row[span] * n_bins + k, return_inverse=True)  # sorted: by row, then bin
+    m = len(cells)
+    if not m:
+        none_f, none_i = np.zeros(0), np.zeros(0, dtype=np.int64)
+        return BinnedBars(none_i, none_i, none_f, none_f, none_f, np.zeros((0, n_groups)), none_i, none_i, none_i,
+                          bin_s)
+    cg = cell * n_groups + group[span]
+    busy_cg = np.bincount(cg, weights=hi - lo, minlength=m * n_groups).reshape(m, n_groups)
+    count_cg = np.bincount(cg, minlength=m * n_groups).reshape(m, n_groups)
+    busy = busy_cg.sum(axis=1)
+    # a bin holding only spans of no length is shown in the group of most of them
+    dominant = np.where(busy > 0, busy_cg.argmax(axis=1), count_cg.argmax(axis=1))
+    cell_lo = np.full(m, np.inf)
+    np.minimum.at(cell_lo, cell, lo)
+    cell_hi = np.full(m, -np.inf)
+    np.maximum.at(cell_hi, cell, hi)
+    first_piece = np.flatnonzero(np.diff(span, prepend=-1))  # pieces come span by span
+    n_spans = np.bincount(cell[first_piece], minlength=m)
+    span_mb = mb[span]
+    has_mb = span_mb >= 0
+    mb_lo = np.full(m, np.iinfo(np.int64).max)
+    np.minimum.at(mb_lo, cell[has_mb], span_mb[has_mb])
+    mb_hi = np.full(m, -1, dtype=np.int64)
+    np.maximum.at(mb_hi, cell[has_mb], span_mb[has_mb])
+
+    cell_row, cell_bin = np.divmod(cells, n_bins)
+    new = np.ones(m, dtype=bool)
+    new[1:] = (cell_row[1:] != cell_row[:-1]) | (cell_bin[1:] != cell_bin[:-1] + 1) | (dominant[1:] != dominant[:-1])
+    runs = np.flatnonzero(new)
+    run_mb_lo = np.minimum.reduceat(mb_lo, runs)
+    run_mb_lo[run_mb_lo == np.iinfo(np.int64).max] = -1
+    return BinnedBars(
+        row=cell_row[runs], group=dominant[runs], start_s=cell_lo[runs], end_s=np.maximum.reduceat(cell_hi, runs),
+        busy_s=np.add.reduceat(busy, runs), group_busy_s=np.add.reduceat(busy_cg, runs, axis=0),
+        n_spans=np.add.reduceat(n_spans, runs), mb_lo=run_mb_lo, mb_hi=np.maximum.reduceat(mb_hi, runs),
+        bin_s=bin_s)
+
+
+def binned_within(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
+                  n_groups: int, t_end_s: float, budget: int = BAR_BUDGET, n_bins: int = TIMELINE_BINS
+                  ) -> BinnedBars:
+    """:func:`binned_bars` with ``n_bins`` halved until at most ``budget`` bars come out
+    (rows x bins bounds the bars, so this ends; one bin per row is the coarsest)."""
+    while True:
+        bars = binned_bars(row, group, mb, start_s, end_s, n_groups, t_end_s, n_bins)
+        if len(bars.row) <= budget or n_bins == 1:
+            return bars
+        n_bins = max(1, n_bins // 2)

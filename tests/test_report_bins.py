@@ -1,0 +1,181 @@
+"""The timeline past BAR_BUDGET bars: runs of bins that keep every span's busy time, coloured by
+the work that is busiest in them, drawn in a browser within seconds."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+import clustersim
+from clustersim.output import report
+from clustersim.output.bins import bar_count, binned_bars, binned_within
+from clustersim.output.perfetto import span_order
+
+from .conftest import scenario_dict
+from .test_report import BROWSER_ARGS, CHROMIUM, _rows
+
+ROOT = Path(__file__).resolve().parent.parent
+N_GROUPS = 4
+
+
+def _random_rows(seed: int, n_rows: int = 3, per_row: int = 400) -> dict[str, np.ndarray]:
+    """Spans that do not overlap within a row: random lengths (some of none, some long),
+    random gaps, random groups and microbatches (some without one)."""
+    rng = np.random.default_rng(seed)
+    cols: dict[str, list] = {"row": [], "group": [], "mb": [], "start_s": [], "end_s": []}
+    for r in range(n_rows):
+        t = rng.uniform(0, 0.5)
+        for _ in range(per_row):
+            d = rng.choice([0.0, rng.exponential(0.01), rng.exponential(0.3)], p=[0.05, 0.85, 0.1])
+            cols["row"].append(r)
+            cols["group"].append(int(rng.integers(N_GROUPS)))
+            cols["mb"].append(int(rng.integers(-1, 20)))
+            cols["start_s"].append(t)
+            cols["end_s"].append(t + d)
+            t += d + rng.choice([0.0, rng.exponential(0.02)])
+    return {k: np.array(v, dtype=float if k.endswith("_s") else np.int64) for k, v in cols.items()}
+
+
+def _overlap(lo: np.ndarray, hi: np.ndarray, a: float, b: float) -> np.ndarray:
+    return np.clip(np.minimum(hi, b) - np.maximum(lo, a), 0.0, None)
+
+
+@pytest.mark.parametrize("seed,n_bins", [(0, 50), (1, 200), (2, 7), (3, 1)])
+def test_runs_of_bins_keep_busy_time_and_show_the_busiest_group(seed, n_bins):
+    c = _random_rows(seed)
+    t_end = float(c["end_s"].max())
+    b = binned_bars(c["row"], c["group"], c["mb"], c["start_s"], c["end_s"], N_GROUPS, t_end, n_bins)
+    assert b.bin_s == pytest.approx(t_end / n_bins)
+    for r in range(3):
+        mine = c["row"] == r
+        lo, hi, g, mb = c["start_s"][mine], c["end_s"][mine], c["group"][mine], c["mb"][mine]
+        bars = np.flatnonzero(b.row == r)
+        assert np.all(np.diff(b.start_s[bars]) > 0) and np.all(b.end_s[bars][:-1] <= b.start_s[bars][1:])
+        assert b.busy_s[bars].sum() == pytest.approx((hi - lo).sum(), rel=1e-12)  # no span time lost
+        assert b.n_spans[bars].sum() == mine.sum()
+        for i in bars:
+            a, z = b.start_s[i], b.end_s[i]
+            assert lo.min() <= a <= z <= hi.max()
+            per_group = np.array([_overlap(lo[g == k], hi[g == k], a, z).sum() for k in range(N_GROUPS)])
+            np.testing.assert_allclose(b.group_busy_s[i], per_group, rtol=1e-9, atol=1e-12)
+            assert b.busy_s[i] == pytest.approx(per_group.sum(), rel=1e-9, abs=1e-12)
+            if per_group.sum() > 0:
+                assert per_group[b.group[i]] == per_group.max()
+            # the bar's bins: the same group is busiest in each one
+            for k in range(int(a // b.bin_s), min(int(z // b.bin_s), n_bins - 1) + 1):
+                e0, e1 = max(k * b.bin_s, a), min((k + 1) * b.bin_s, z)
+                in_bin = np.array([_overlap(lo[g == j], hi[g == j], e0, e1).sum() for j in range(N_GROUPS)])
+                if in_bin.sum() > 1e-12:
+                    assert in_bin[b.group[i]] >= in_bin.max() - 1e-12
+            inside = (hi >= a) & (lo <= z) & (mb >= 0)
+            if b.mb_lo[i] >= 0:
+                assert mb[inside].min() <= b.mb_lo[i] <= b.mb_hi[i] <= mb[inside].max()
+        # adjacent bars of a row differ in group, or a bin without spans lies between them
+        for i, j in zip(bars, bars[1:]):
+            touching = int(b.end_s[i] // b.bin_s) + 1 >= int(b.start_s[j] // b.bin_s)
+            assert b.group[i] != b.group[j] or not touching
+
+
+def test_a_span_of_no_length_and_spans_on_bin_edges():
+    row = np.array([0, 0, 0, 1])
+    group = np.array([0, 1, 2, 3])
+    mb = np.array([0, 1, -1, 5])
+    start = np.array([0.0, 1.0, 2.5, 3.0])  # bins of 1.0 over [0, 4]
+    end = np.array([1.0, 2.5, 2.5, 4.0])  # [0, 1) ends on an edge; 2.5 has no length; one ends at t_end
+    b = binned_bars(row, group, mb, start, end, 4, 4.0, 4)
+    got = [(int(r), int(g), s, e, busy, int(n)) for r, g, s, e, busy, n in
+           zip(b.row, b.group, b.start_s, b.end_s, b.busy_s, b.n_spans)]
+    assert got == [(0, 0, 0.0, 1.0, 1.0, 1), (0, 1, 1.0, 2.5, 1.5, 2), (1, 3, 3.0, 4.0, 1.0, 1)]
+    assert b.mb_lo.tolist() == [0, 1, 5] and b.mb_hi.tolist() == [0, 1, 5]
+    empty = binned_bars(row[:0], group[:0], mb[:0], start[:0], end[:0], 4, 0.0, 10)
+    assert len(empty.row) == 0 and empty.group_busy_s.shape == (0, 4)
+
+
+def test_bins_are_halved_until_the_bars_fit():
+    c = _random_rows(4, n_rows=5, per_row=600)
+    args = (c["row"], c["group"], c["mb"], c["start_s"], c["end_s"], N_GROUPS, float(c["end_s"].max()))
+    fine = binned_bars(*args, n_bins=1000)
+    assert len(fine.row) > 200
+    fit = binned_within(*args, budget=200, n_bins=1000)
+    n_bins = round(args[-1] / fit.bin_s)
+    assert n_bins < 1000 and len(fit.row) <= 200 < len(binned_bars(*args, n_bins=2 * n_bins).row)
+    assert fit.busy_s.sum() == pytest.approx(fine.busy_s.sum(), rel=1e-12)
+
+
+SMALL = scenario_dict(name="bins", description="a step drawn in bins")
+
+
+@pytest.fixture(scope="module")
+def result() -> clustersim.Result:
+    return clustersim.simulate(clustersim.load_scenario(copy.deepcopy(SMALL), base_dir=ROOT), collapse=False)
+
+
+@pytest.mark.parametrize("max_gap_s", [0.0, 1e-4, float("inf")])
+def test_bar_count_is_what_merging_makes(result, max_gap_s):
+    trace = result.trace
+    order = span_order(trace)
+    kind_phase, _, mb = report._span_keys(trace, order)
+    row = np.repeat(np.arange(len(order.rows)), np.diff(order.bounds))
+    key = kind_phase * (int(mb.max()) + 2) + (mb + 1)
+    merged = report.merge_spans(trace, max_gap_s)
+    assert bar_count(row, key, order.start_s, order.end_s, max_gap_s) == sum(len(b) for b in merged.values())
+
+
+def _binned_figure(result, monkeypatch, budget: int) -> dict:
+    monkeypatch.setattr(report, "BAR_BUDGET", budget)
+    return report.timeline(result.trace, result.summary)
+
+
+def test_timeline_past_the_budget_draws_runs_of_bins(result, monkeypatch):
+    trace = result.trace
+    n_merged = sum(len(b) for b in report.merge_spans(trace).values())
+    assert report.timeline(trace, result.summary)["layout"].get("meta") is None  # under budget: merged bars
+    budget = n_merged // 3
+    fig = _binned_figure(result, monkeypatch, budget)
+    meta = fig["layout"]["meta"]["binned"]
+    assert meta["merged_bars"] == n_merged and meta["bars"] <= budget
+    bars = [tr for tr in fig["data"] if tr["type"] == "bar"]
+    assert sum(len(tr["base"]) for tr in bars) == meta["bars"]
+    # every row keeps its spans' busy time: the bars' busy shares times their lengths
+    rows = span_order(trace).rows
+    spans = _rows(trace)
+    busy_ms = dict.fromkeys(range(len(rows)), 0.0)
+    for tr in bars:
+        for y, dur, text in zip(tr["y"].tolist(), tr["x"].tolist(), tr["hovertext"]):
+            busy_ms[y] += float(text.split("<br>busy ")[1].split(" ms")[0].replace(",", ""))
+            assert dur >= 0
+    for i, row in enumerate(rows):
+        expect = 1e3 * sum(s.end_s - s.start_s for s in spans[row])
+        assert busy_ms[i] == pytest.approx(expect, rel=1e-3, abs=2e-3)  # hover rounds to 1 µs
+    go.Figure(fig)  # plotly accepts it as it is
+    page = report.report_html(trace, result.summary, report._as_sent(fig))
+    assert f"bins of {report.fmt_time(meta['bin_ms'] / 1e3)}" in page and f"{n_merged:,} bars" in page
+
+
+def test_binned_timeline_renders_in_chromium(result, monkeypatch, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
+        pytest.skip(f"no browser at {CHROMIUM}")
+    monkeypatch.setattr(report, "BAR_BUDGET", 300)
+    page_path = tmp_path / "report.html"
+    report.write_report(page_path, result.trace, result.summary)
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+            page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file://") else r.abort())
+            page.goto(page_path.as_uri())
+            page.wait_for_selector(f"#{report.DIV_ID} .main-svg", timeout=60_000)
+            n_drawn = page.locator(f"#{report.DIV_ID} .barlayer .point path").count()
+        finally:
+            browser.close()
+    fig = report.timeline(result.trace, result.summary)
+    assert errors == []
+    assert 0 < n_drawn == fig["layout"]["meta"]["binned"]["bars"] <= 300
