@@ -63,6 +63,7 @@ class Trace:
     _by_rank: tuple | None = field(default=None, repr=False, compare=False)
     _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
     _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)
+    _display_order: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def end_s(self) -> float:

@@ -21,9 +21,12 @@ Layout of ``report.html``::
 The timeline merges consecutive spans of one (rank, stream) that share kind, phase and
 microbatch into one bar, which takes a GPT-3-sized trace (~160k spans) down to ~24k bars.
 
-A 1T-parameter step has ~900k spans and ~260k bars, so the timeline is built in columns: the
-spans sorted once (perfetto.span_order), each field read in one pass, bars merged in one loop
-(:class:`BarColumns`), hover texts and fade levels per column; and write_report hands plotly
+Past BAR_BUDGET (30k) bars, more than a browser lays out in seconds, each row is drawn as runs
+of bins instead (clustersim.output.bins): a 1T-parameter step has ~900k spans and ~260k bars.
+
+The timeline is built in columns: the spans sorted once (perfetto.span_order, shared with the
+trace file), each field read in one pass, bars merged in one loop (:class:`BarColumns`), hover
+texts and fade levels per column; and write_report hands plotly
 every figure (timeline, memory, links) as the dicts its validators would make of them, the
 template read from plotly's own JSON, so no validator runs (build_figure, for notebooks, still
 validates; test_report checks the page's figures are what validation gives).
