@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import clustersim
@@ -280,10 +281,36 @@ def test_cross_node_all_to_all_is_bound_by_the_nics_through_pxn(root):
 def test_dominated_links_are_dropped_and_equivalent_ones_kept():
     """Flow 0 crosses links 0 and 1, flow 1 crosses link 1 only: link 0's constraint
     (flow 0 alone) is implied by link 1's when link 1 is no wider, and not when it is wider."""
-    from clustersim.engine.network import FlowPlan
     from clustersim.engine.sim import _dominated_links
 
-    plans = {"a": FlowPlan(weights=(((0, 1.0), (1, 1.0)), ((1, 1.0),)), fractions=(1.0, 1.0), latency_s=0.0)}
     on_edge = {0: [(0, 0, 1.0)], 1: [(0, 0, 1.0), (0, 1, 1.0)]}
-    assert _dominated_links(on_edge, plans, [10.0, 10.0]) == {0}
-    assert _dominated_links(on_edge, plans, [5.0, 10.0]) == set()  # link 0 is the narrower
+    assert _dominated_links(on_edge, [10.0, 10.0]) == {0}
+    assert _dominated_links(on_edge, [5.0, 10.0]) == set()  # link 0 is the narrower
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dropping_dominated_links_keeps_every_max_min_rate(seed):
+    """Random flows over random links, some crossing hundreds (a flow standing for many twins):
+    the fair shares with the dominated links dropped are those with every link, in every mix."""
+    from clustersim.engine.network import max_min_rates
+    from clustersim.engine.sim import _dominated_links
+
+    rng = np.random.default_rng(seed)
+    n_links = 300
+    bw = rng.choice([25e9, 50e9, 100e9, 400e9], size=n_links).tolist()
+    flows = []
+    for k in range(40):
+        n = int(rng.integers(200, 300)) if k < 3 else int(rng.integers(1, 8))
+        links = rng.choice(n_links, size=n, replace=False).tolist()
+        flows.append(tuple((e, float(rng.choice([0.5, 1.0, 2.0, 3.0]))) for e in sorted(links)))
+    on_edge: dict[int, list] = {}
+    for fi, ws in enumerate(flows):
+        for e, w in ws:
+            on_edge.setdefault(e, []).append((0, fi, w))
+    dropped = _dominated_links({e: on_edge[e] for e in sorted(on_edge)}, bw)
+    assert dropped  # the big flows' links imply many of their own
+    kept = [tuple((e, w) for e, w in ws if e not in dropped) for ws in flows]
+    for mix in (range(40), range(0, 40, 2), range(3, 40), [0, 5, 6, 7]):
+        full = max_min_rates([flows[i] for i in mix], bw)
+        less = max_min_rates([kept[i] for i in mix], bw)
+        np.testing.assert_allclose(less, full, rtol=1e-9)

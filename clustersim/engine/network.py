@@ -238,9 +238,12 @@ def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
             members = members[root:] + members[:root]
         for x in members:
             na, ia = node_at[x], local_at[x]
-            off = {y: (node_at[y] - na) % n_nodes * per + (local_at[y] - ia) % per for y in g}
-            instances.append(tuple(sorted(out[x], key=lambda f: off[f[1]]))
-                             + tuple(sorted(into[x], key=lambda f: off[f[0]])))
+
+            def off(y: int, na: int = na, ia: int = ia) -> int:  # of the flows' ends only: a
+                return (node_at[y] - na) % n_nodes * per + (local_at[y] - ia) % per  # DP group has 512
+
+            instances.append(tuple(sorted(out[x], key=lambda f: off(f[1])))
+                             + tuple(sorted(into[x], key=lambda f: off(f[0]))))
     return instances
 
 
@@ -252,7 +255,9 @@ def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[flo
     n = len(weights)
     pairs = sum(len(ws) for ws in weights)
     if pairs >= 64 and n * len({e for ws in weights for e, _ in ws}) >= DENSE_MIN_CELLS:
-        return _max_min_dense(weights, bw_Bps)
+        rates = _max_min_dense(weights, bw_Bps)
+        if rates is not None:
+            return rates
     rates = [float("inf")] * n
     load: dict[int, float] = {}
     on_edge: dict[int, list[int]] = {}
@@ -292,34 +297,80 @@ def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[flo
     return rates
 
 
-def _max_min_dense(weights, bw_Bps) -> list[float]:
-    """:func:`max_min_rates` on a flows x links weight matrix: the same progressive filling,
-    each round in numpy (a DP ring over thousands of GPUs has flows crossing thousands of
-    links, and the per-link loop of the dictionary version dominated the run)."""
-    sizes = [len(ws) for ws in weights]
-    rows = np.repeat(np.arange(len(weights)), sizes)
-    edges = np.fromiter((e for ws in weights for e, _ in ws), dtype=np.int64, count=sum(sizes))
-    xs = np.fromiter((x for ws in weights for _, x in ws), dtype=float, count=sum(sizes))
-    links, cols = np.unique(edges, return_inverse=True)
-    w = np.zeros((len(weights), len(links)))
-    np.add.at(w, (rows, cols), xs)
+def _ranges(ptr: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """The indices ``ptr[i]:ptr[i + 1]`` for each ``i`` of ``which``, in that order, as one array."""
+    if len(which) == 1:  # the usual case: one link at the bottleneck, one flow frozen
+        i = int(which[0])
+        return np.arange(ptr[i], ptr[i + 1])
+    lo = ptr[which]
+    counts = ptr[which + 1] - lo
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
+
+
+def _max_min_dense(weights, bw_Bps) -> list[float] | None:
+    """:func:`max_min_rates` in numpy, for many flows over many links: the same progressive
+    filling, each round touching only the links at the bottleneck, the flows they freeze and
+    those flows' links (a DP ring over thousands of GPUs has flows crossing thousands of links
+    and hundreds of fill levels; a dense flows x links matrix cost a second per mix there).
+
+    The (flow, link) pairs are kept twice: flow by flow (as given) and link by link. Per link,
+    the weights of the flows frozen in a round are added in flow order, as the per-link loop of
+    the dictionary version adds them, so the rates come out bit for bit the same. None when a
+    flow lists a link twice (the dictionary version adds those up as it goes).
+    """
+    n = len(weights)
+    sizes = np.fromiter(map(len, weights), dtype=np.int64, count=n)
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(weights)), dtype=float, count=2 * int(sizes.sum()))
+    pair_w = flat[1::2]
+    pair_edge = flat[0::2].astype(np.int64)
+    used = np.zeros(len(bw_Bps), dtype=bool)
+    used[pair_edge] = True
+    links = np.flatnonzero(used)  # the links crossed, numbered 0.. in edge order
+    n_links = len(links)
+    pair_link = (np.cumsum(used) - 1)[pair_edge]
+    pair_flow = np.repeat(np.arange(n), sizes)
+    by_link = np.argsort(pair_link, kind="stable")  # the pairs link by link, flows in order
+    in_link_order = pair_link[by_link]
+    if ((in_link_order[1:] == in_link_order[:-1]) & (np.diff(pair_flow[by_link]) == 0)).any():
+        return None
+    flow_ptr = np.concatenate(([0], np.cumsum(sizes)))
+    link_ptr = np.searchsorted(in_link_order, np.arange(n_links + 1))
     cap = np.array([bw_Bps[e] for e in links.tolist()], dtype=float)
-    load = w.sum(axis=0)
-    rates = np.full(len(weights), np.inf)
-    open_ = np.asarray([bool(ws) for ws in weights])
+    load = np.bincount(pair_link, weights=pair_w, minlength=n_links)
+    rates = np.full(n, np.inf)
+    open_ = sizes > 0
+    n_open = int(open_.sum())
     live = load > 1e-12
-    while open_.any():
-        ratio = np.full(len(links), np.inf)
-        ratio[live] = np.maximum(cap[live], 0.0) / load[live]
+    ratio = np.full(n_links, np.inf)  # cap / load of the live links, inf for the others
+    ratio[live] = np.maximum(cap[live], 0.0) / load[live]
+    while n_open:
         r = ratio.min()
-        full = live & (ratio <= r * (1 + 1e-12))
-        newly = open_ & (w[:, full] > 0).any(axis=1)
+        if r == np.inf:  # open flows on no live link (weights ~0): no constraint left
+            break
+        # every link at the bottleneck level fills at once (see max_min_rates)
+        full = np.flatnonzero(ratio <= r * (1 + 1e-12))
+        on_full = by_link[_ranges(link_ptr, full)]
+        hit = np.zeros(n, dtype=bool)
+        hit[pair_flow[on_full[pair_w[on_full] > 0]]] = True
+        newly = np.flatnonzero(hit & open_)  # ascending
         rates[newly] = r
-        open_ &= ~newly
-        moved = w[newly]
-        cap -= moved.sum(axis=0) * r
-        load -= moved.sum(axis=0)
-        live &= (load > 1e-12) & ~full
+        open_[newly] = False
+        n_open -= len(newly)
+        moved = _ranges(flow_ptr, newly)  # their pairs, flow by flow
+        s = np.bincount(pair_link[moved], weights=pair_w[moved], minlength=n_links)
+        touched = np.flatnonzero(s)  # a link whose sum is 0 keeps its cap and load exactly
+        s = s[touched]
+        cap[touched] -= s * r
+        load[touched] -= s
+        live[full] = False
+        live[touched] &= load[touched] > 1e-12
+        ratio[full] = np.inf
+        ratio[touched] = np.inf
+        still = touched[live[touched]]
+        ratio[still] = np.maximum(cap[still], 0.0) / load[still]
     return rates.tolist()
 
 

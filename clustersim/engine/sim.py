@@ -54,7 +54,7 @@ class _FixedRendezvous:
     start_s: float = 0.0
 
 
-def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float]) -> set[int]:
+def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
     """Links whose capacity constraint is implied by another link's, whatever flows are active.
 
     Link e2 is implied by e1 when every flow crossing e2 also crosses e1 with at least its
@@ -63,9 +63,13 @@ def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float])
     max-min allocation, unchanged; a fair-share computation then touches a few links per flow
     (an all-to-all's many per-destination links are all implied by its source's).
     """
-    plan_list = list(plans.values())
     sig = {e: {(pi, fi): w for pi, fi, w in flows} for e, flows in on_edge.items()}
-    links_of: dict[tuple[int, int], frozenset[int]] = {}
+    # the links each flow crosses among those considered (only they can imply a link: a plan's
+    # own list of a flow's links can be the thousands its twins cross)
+    links_of: dict[tuple[int, int], set[int]] = {}
+    for e, flows in sig.items():
+        for f in flows:
+            links_of.setdefault(f, set()).add(e)
     dropped: set[int] = set()
     # links crossed by one flow only (most links of a flow standing for many twins): of those
     # of one flow, the one with the highest weight per capacity implies the others
@@ -83,16 +87,13 @@ def _dominated_links(on_edge: dict[int, list], plans: dict, bw_Bps: list[float])
             continue
         # e1 must carry every flow that crosses e2: intersect those flows' links
         cands: set[int] | None = None
-        for f in flows2:
-            ls = links_of.get(f)
-            if ls is None:
-                ls = links_of[f] = frozenset(e for e, _ in plan_list[f[0]].weights[f[1]])
-            cands = set(ls) if cands is None else cands & ls
+        for ls in sorted(map(links_of.__getitem__, flows2), key=len):  # smallest first: a flow
+            cands = set(ls) if cands is None else cands & ls  # standing for many twins has thousands
             if len(cands) <= 1:
                 break
         cands.discard(e2)
         for e1 in sorted(cands):
-            if e1 in dropped or e1 not in sig:
+            if e1 in dropped:
                 continue
             flows1, scale = sig[e1], bw_Bps[e2] / bw_Bps[e1]
             if all(f in flows1 and flows1[f] * scale >= w * (1 - 1e-12) for f, w in flows2.items()):
@@ -241,7 +242,7 @@ class Engine:
         bw = self.cluster.edge_bw_Bps
         canon: dict[tuple, int] = {}
         keep = {e for e, sig in sorted(on_edge.items()) if canon.setdefault((bw[e], tuple(sig)), e) == e}
-        keep -= _dominated_links({e: on_edge[e] for e in sorted(keep)}, plans, bw)
+        keep -= _dominated_links({e: on_edge[e] for e in sorted(keep)}, bw)
         for key, phases in phased.items():
             self._full_plans[key] = phases
             self._plans[key] = tuple(FlowPlan(
