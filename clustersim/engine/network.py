@@ -253,8 +253,9 @@ DENSE_MIN_CELLS = 4096  # flows x links from which the numpy version is the fast
 def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[float]) -> list[float]:
     """Weighted max-min fair rates (bytes/s) of flows with the given per-edge weights."""
     n = len(weights)
-    pairs = sum(len(ws) for ws in weights)
-    if pairs >= 64 and n * len({e for ws in weights for e, _ in ws}) >= DENSE_MIN_CELLS:
+    pairs = sum(map(len, weights))
+    # flows x links >= pairs: only a small mix needs its links counted
+    if pairs >= 64 and (pairs >= DENSE_MIN_CELLS or n * len({e for ws in weights for e, _ in ws}) >= DENSE_MIN_CELLS):
         rates = _max_min_dense(weights, bw_Bps)
         if rates is not None:
             return rates
@@ -351,17 +352,17 @@ def _max_min_dense(weights, bw_Bps) -> list[float] | None:
         if r == np.inf:  # open flows on no live link (weights ~0): no constraint left
             break
         # every link at the bottleneck level fills at once (see max_min_rates)
-        full = np.flatnonzero(ratio <= r * (1 + 1e-12))
+        full = (ratio <= r * (1 + 1e-12)).nonzero()[0]
         on_full = by_link[_ranges(link_ptr, full)]
         hit = np.zeros(n, dtype=bool)
         hit[pair_flow[on_full[pair_w[on_full] > 0]]] = True
-        newly = np.flatnonzero(hit & open_)  # ascending
+        newly = (hit & open_).nonzero()[0]  # ascending
         rates[newly] = r
         open_[newly] = False
         n_open -= len(newly)
         moved = _ranges(flow_ptr, newly)  # their pairs, flow by flow
         s = np.bincount(pair_link[moved], weights=pair_w[moved], minlength=n_links)
-        touched = np.flatnonzero(s)  # a link whose sum is 0 keeps its cap and load exactly
+        touched = s.nonzero()[0]  # a link whose sum is 0 keeps its cap and load exactly
         s = s[touched]
         cap[touched] -= s * r
         load[touched] -= s
