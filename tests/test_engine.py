@@ -314,3 +314,50 @@ def test_dropping_dominated_links_keeps_every_max_min_rate(seed):
         full = max_min_rates([flows[i] for i in mix], bw)
         less = max_min_rates([kept[i] for i in mix], bw)
         np.testing.assert_allclose(less, full, rtol=1e-9)
+
+
+def _fair_share_mix(seed: int) -> tuple[list, list[float]]:
+    """A random mix: most flows cross a few links, some (flows standing for many twins) hundreds,
+    with weights of 1 to 4 (real flows a simulated one stands for)."""
+    rng = np.random.default_rng(seed)
+    n_links = 400
+    bw = rng.choice([25e9, 50e9, 100e9, 450e9], size=n_links).tolist()
+    flows = []
+    for k in range(int(rng.integers(60, 200))):
+        n = int(rng.integers(100, 300)) if k % 25 == 0 else int(rng.integers(1, 10))
+        links = sorted(rng.choice(n_links, size=n, replace=False).tolist())
+        flows.append(tuple((e, float(rng.integers(1, 5))) for e in links))
+    return flows, bw
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_max_min_rates_are_fair_and_the_same_in_numpy_and_in_loops(seed):
+    """Max-min fairness, checked from its definition: no link carries more than its bandwidth,
+    and every flow crosses a full link on which no flow gets more (so no flow can go faster
+    without slowing one that is no faster). The numpy version (large mixes) and the loop
+    version give the same rates."""
+    from clustersim.engine.network import _max_min_loops, _max_min_numpy, max_min_rates
+
+    flows, bw = _fair_share_mix(seed)
+    rates = max_min_rates(flows, bw)
+    assert rates == _max_min_numpy(flows, bw)  # a mix this large takes the numpy version
+    np.testing.assert_allclose(rates, _max_min_loops(flows, bw), rtol=1e-12)
+    load: dict[int, float] = {}
+    on: dict[int, list[int]] = {}
+    for i, ws in enumerate(flows):
+        for e, w in ws:
+            load[e] = load.get(e, 0.0) + w * rates[i]
+            on.setdefault(e, []).append(i)
+    assert all(load[e] <= bw[e] * (1 + 1e-9) for e in load)
+    for i, ws in enumerate(flows):
+        assert any(load[e] >= bw[e] * (1 - 1e-9) and rates[i] >= max(rates[j] for j in on[e]) * (1 - 1e-9)
+                   for e, _ in ws), f"flow {i} has no bottleneck link"
+
+
+def test_max_min_numpy_leaves_a_flow_listing_a_link_twice_to_the_loops():
+    from clustersim.engine.network import _max_min_loops, _max_min_numpy, max_min_rates
+
+    flows, bw = _fair_share_mix(0)
+    flows[3] = flows[3] + (flows[3][0],)  # its first link twice: twice the weight there
+    assert _max_min_numpy(flows, bw) is None
+    assert max_min_rates(flows, bw) == _max_min_loops(flows, bw)

@@ -247,18 +247,30 @@ def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
     return instances
 
 
-DENSE_MIN_CELLS = 4096  # flows x links from which the numpy version is the faster one
+NUMPY_MIN_CELLS = 4096  # flows x links from which the numpy version is the faster one
 
 
 def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[float]) -> list[float]:
-    """Weighted max-min fair rates (bytes/s) of flows with the given per-edge weights."""
+    """Weighted max-min fair rates (bytes/s) of flows with the given per-edge weights: in
+    numpy for a large mix, else in plain loops (:func:`_max_min_loops`)."""
     n = len(weights)
     pairs = sum(map(len, weights))
     # flows x links >= pairs: only a small mix needs its links counted
-    if pairs >= 64 and (pairs >= DENSE_MIN_CELLS or n * len({e for ws in weights for e, _ in ws}) >= DENSE_MIN_CELLS):
-        rates = _max_min_dense(weights, bw_Bps)
+    if pairs >= 64 and (pairs >= NUMPY_MIN_CELLS or n * len({e for ws in weights for e, _ in ws}) >= NUMPY_MIN_CELLS):
+        rates = _max_min_numpy(weights, bw_Bps)
         if rates is not None:
             return rates
+    return _max_min_loops(weights, bw_Bps)
+
+
+def _max_min_loops(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[float]) -> list[float]:
+    """Progressive filling: every unfrozen flow's rate rises together until a link fills; the
+    flows on it freeze at that rate; repeat (Bertsekas & Gallager, Data Networks, Sec 6.5.2)::
+
+        level r = min over live links of  capacity left / weight of the unfrozen flows on it
+        freeze the unfrozen flows on every link at level r; take w * r off each of their links
+    """
+    n = len(weights)
     rates = [float("inf")] * n
     load: dict[int, float] = {}
     on_edge: dict[int, list[int]] = {}
@@ -311,16 +323,18 @@ def _ranges(ptr: np.ndarray, which: np.ndarray) -> np.ndarray:
     return np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
 
 
-def _max_min_dense(weights, bw_Bps) -> list[float] | None:
+def _max_min_numpy(weights, bw_Bps) -> list[float] | None:
     """:func:`max_min_rates` in numpy, for many flows over many links: the same progressive
     filling, each round touching only the links at the bottleneck, the flows they freeze and
     those flows' links (a DP ring over thousands of GPUs has flows crossing thousands of links
     and hundreds of fill levels; a dense flows x links matrix cost a second per mix there).
 
     The (flow, link) pairs are kept twice: flow by flow (as given) and link by link. Per link,
-    the weights of the flows frozen in a round are added in flow order, as the per-link loop of
-    the dictionary version adds them, so the rates come out bit for bit the same. None when a
-    flow lists a link twice (the dictionary version adds those up as it goes).
+    the weights of the flows frozen in a round are summed in flow order and then taken off, as
+    the flows x links matrix this replaces summed its rows, so its rates come out bit for bit the
+    same (the loop version takes each flow off in turn: the same rates within rounding). None
+    when a flow lists a link twice (the loop version adds those up as it goes). Flows left with
+    no live link (all their weights ~0) keep an infinite rate.
     """
     n = len(weights)
     sizes = np.fromiter(map(len, weights), dtype=np.int64, count=n)
