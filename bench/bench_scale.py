@@ -15,23 +15,23 @@ the README's command itself, timed from outside (interpreter start-up and exit i
 "simpy events" are the events the run scheduled; it runs until none is left, so all were
 processed. "x bare timeout" compares the engine's seconds per event (setup and run) with those
 of a process that only yields simpy timeouts, on the same machine.
-Example (2 cores, 2026-11-30, a slow stretch of a noisy machine: compare scenarios, not
-machines; docs/performance.md has the targets and the figures before the last changes)::
+Example (2 cores, 2026-11-30, the latest code on a noisy machine whose speed drifts by 1.5x or
+more: compare scenarios, not machines; docs/performance.md has the targets and the figures)::
 
-    bare simpy timeout: 1.21 us per event (median of 5 x 200,000)
+    bare simpy timeout: 0.99 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
     simpy events                  28,061            15,829           132,174
-    lower s                         0.14              0.30              3.54
-    engine s                        1.26              4.58              8.53
-    analysis s                      0.29              0.32              4.56
-    outputs s                       0.41              0.26              6.50
-    total s                         2.57              6.16             24.46
-    clustersim run s                2.09              8.75             23.84
-    peak RSS MiB                     170               365             1,222
-    engine us/task                 35.04            150.39              9.98
-      run only (x bare timeout)     20.6              40.8               7.1
+    lower s                         0.10              0.44              2.74
+    engine s                        0.88              4.33              5.50
+    analysis s                      0.18              0.42              5.29
+    outputs s                       0.26              0.33              4.23
+    total s                         1.79              6.56             18.88
+    clustersim run s                2.83              7.15             15.02
+    peak RSS MiB                     182               377               983
+    engine us/task                 24.30            142.13              6.44
+      run only (x bare timeout)     17.7              66.6               5.7
 """
 
 from __future__ import annotations
