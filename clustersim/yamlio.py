@@ -61,6 +61,53 @@ def _flow_nesting(text: str) -> int:
     return deepest
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _duplicate_key(root: yaml.Node | None) -> tuple[str, int, int] | None:
+    """The first key given twice in one mapping of the document, as (field path, its line,
+    the line of its first occurrence), or None. YAML loaders keep the last value silently, so
+    ``tp: 2`` ... ``tp: 4`` would simulate tp=4 without a word. Merge keys (``<<``) may
+    override, as YAML intends. Walked with a stack and each node once (aliases share nodes: an
+    alias bomb stays small)."""
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())] if root is not None else []
+    seen_nodes: set[int] = set()
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                if key.tag == _MERGE_TAG:
+                    continue
+                if isinstance(key, yaml.ScalarNode):
+                    k = (key.tag, key.value)
+                    if k in first:
+                        return _field_path((*where, key.value)), key.start_mark.line + 1, first[k]
+                    first[k] = key.start_mark.line + 1
+                stack.append((value, (*where, key.value if isinstance(key, yaml.ScalarNode) else "?")))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, (*where, i)) for i, item in enumerate(node.value))
+    return None
+
+
+def _load_unique(text: str, source: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a key given twice in one mapping (ConfigError)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        dup = _duplicate_key(node)
+        if dup is not None:
+            field, line, first = dup
+            raise ConfigError(f"key given twice (line {line}, first on line {first}); YAML would keep only the "
+                              "last silently", source=source, field=field)
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
     """Parse a YAML mapping from ``path``; missing files and syntax errors become ConfigError."""
     try:
@@ -83,7 +130,7 @@ def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
         raise ConfigError(f"invalid YAML: [ ] or {{ }} nested more than {MAX_FLOW_NESTING} levels deep (a {what} "
                           f"nests three or four)", source=str(path))
     try:
-        data = yaml.safe_load(text)
+        data = _load_unique(text, str(path))
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow (its message spans lines)
         ch = f"#x{exc.character:04x}" if isinstance(exc.character, int) else short_repr(exc.character)
         raise ConfigError(f"invalid YAML: character {ch}: {exc.reason}", source=str(path),

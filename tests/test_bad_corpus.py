@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from clustersim.cli import main
+from clustersim.errors import ConfigError
 
 from .conftest import assert_refused, bad_corpus
 
@@ -24,3 +25,17 @@ def test_bad_scenario_gives_its_message(name, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["run", str(BAD / name), "--out", str(out)])
     assert_refused(capsys.readouterr().err, rc, BAD / name, EXPECTED[name], out)
+
+
+def test_keys_merged_in_with_yaml_merge_keys_may_be_overridden(tmp_path):
+    """``<<: *base`` then a key of the base again is YAML's way to override: not a duplicate.
+    An alias met twice is walked once (an alias bomb stays small)."""
+    from clustersim.yamlio import read_yaml
+
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &b {tp: 2, pp: 1}\nparallel:\n  <<: *b\n  tp: 4\nagain: [*b, *b, *b]\n")
+    data = read_yaml(path, what="scenario")
+    assert data["parallel"] == {"tp": 4, "pp": 1}
+    path.write_text("a:\n  - x: 1\n  - {y: 2, y: 3}\n")
+    with pytest.raises(ConfigError, match=r"a\[1\]\.y: key given twice \(line 3, first on line 3\)"):
+        read_yaml(path, what="scenario")
