@@ -128,8 +128,9 @@ def measure(spec: str) -> dict:
         trace = engine.run()
         t3 = time.perf_counter()
         events = simpy_events(engine.env)
-        summary = summarize(sc, low, trace, prog, engine)
-        violations = check_invariants(prog, trace, summary)
+        summary = summarize(sc, low, trace, prog, engine, keep_columns=True)
+        violations = check_invariants(prog, trace, summary, cols=trace.columns())  # as simulate() does
+        trace.drop_columns()
         if violations:
             raise InvariantError(violations)
         t4 = time.perf_counter()

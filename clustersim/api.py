@@ -107,10 +107,12 @@ def projection(sc: Scenario, tokens_per_s: float) -> dict[str, Any]:
     }
 
 
-def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: Engine | None = None) -> dict[str, Any]:
+def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: Engine | None = None, *,
+              keep_columns: bool = False) -> dict[str, Any]:
     """Assemble summary.json: metrics, memory, the critical path, exposed communication by
     cause, the resolved plan and what was simulated. ``engine`` (the one that ran ``prog``)
-    names the links that bounded exposed collectives."""
+    names the links that bounded exposed collectives. The trace's columnar view the summary
+    is made from is dropped at the end (its arrays are large), unless ``keep_columns``."""
     gpu = sc.cluster.gpu
     peak = gpu.peak_flops(sc.training.precision)
     world = sc.mesh.world_size
@@ -145,9 +147,10 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "simulated_ranks": len(trace.ranks), "spans": len(trace.spans),
                        "collective_algorithms": trace.algorithms},
     }
-    # the parts above shared the trace's columnar view (Trace.columns); nothing after the
-    # summary reads it (the invariant checks read their own), so its arrays go now
-    trace.drop_columns()
+    # the parts above shared the trace's columnar view (Trace.columns); unless the caller
+    # reads it next (simulate's invariant checks), its arrays go now
+    if not keep_columns:
+        trace.drop_columns()
     return summary
 
 
@@ -163,11 +166,13 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         sim = sc.cfg.simulation
         engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
         trace = engine.run()
-        summary = summarize(sc, low, trace, prog, engine)
+        summary = summarize(sc, low, trace, prog, engine, keep_columns=check)
         if check:
             from .analysis import invariants
 
-            violations = invariants.check_invariants(prog, trace, summary)
+            # the view the summary was made from: the spans have not changed since
+            violations = invariants.check_invariants(prog, trace, summary, cols=trace.columns())
+            trace.drop_columns()
             if violations:
                 raise invariants.InvariantError(violations)
     return Result(scenario=sc, trace=trace, summary=summary)

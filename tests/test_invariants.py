@@ -237,7 +237,7 @@ def test_simulate_raises_on_violation(monkeypatch):
 def _planted(monkeypatch):
     calls = []
 
-    def fake(program, trace, summary=None):
+    def fake(program, trace, summary=None, cols=None):
         calls.append(1)
         return [Violation("collective-sync", "planted violation", trace.spans[:2])]
 
@@ -266,3 +266,19 @@ def test_cli_no_check_skips_the_checks(tmp_path, monkeypatch, capsys):
     assert rc == 0
     assert not calls
     assert (out / "summary.json").is_file()
+
+
+def test_checks_judge_the_view_they_are_given(small):
+    """simulate() hands the checks the columns the summary was made from; given a view, the
+    checks judge that view (here of spans with a dependency broken), not the spans read anew."""
+    from clustersim.analysis.columns import SpanColumns
+
+    prog, trace, summary = small
+    assert check_invariants(prog, trace, summary) == []
+    bad = _copy(trace)
+    own = {s.tid: s for s in bad.spans if s.rank == prog.tasks[s.tid].rank and s.stream == prog.tasks[s.tid].stream}
+    task = next(x for x in prog.tasks if x.deps and own[x.deps[0]].end_s > 0 and x.stream != "compute")
+    own[task.tid].start_s = own[task.deps[0]].end_s / 2
+    fresh = check_invariants(prog, trace, summary, cols=SpanColumns(bad.spans, bad.ranks))
+    assert "dependency-order" in _names(fresh)
+    assert check_invariants(prog, trace, summary, cols=SpanColumns(trace.spans, trace.ranks)) == []

@@ -15,8 +15,9 @@ value goes into the summary as is (a time, a size), it is read from the span its
 ``int`` the engine recorded (simpy's clock starts at the integer 0) stays an ``int``.
 
 A view is a snapshot of the spans when each column was read: a span changed in place later is
-not seen. The summary shares the trace's cached view (:meth:`clustersim.trace.Trace.columns`);
-the invariant checks read their own, so they check the spans as they are.
+not seen. The summary shares the trace's cached view (:meth:`clustersim.trace.Trace.columns`),
+and so do the invariant checks when :func:`clustersim.simulate` runs them right after it;
+called on their own, they read their own view, so they check the spans as they are.
 """
 
 from __future__ import annotations
