@@ -5,11 +5,29 @@ Everything downstream — metrics, report, Perfetto — is derived from these sp
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import count
+from operator import attrgetter
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:
     from .analysis.columns import SpanColumns, TaskColumns
+
+
+def text_codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
+    """(code of each of the ``n`` values, the distinct values sorted): ``names[codes[i]] ==
+    values[i]``, codes int32 numbered in the sorted order of the values, so that ordering by
+    code orders as the text would. One pass numbers each value by the position of its first
+    occurrence; those numbers are then renumbered in sorted order."""
+    first: dict = {}
+    raw = np.fromiter(map(first.setdefault, values, count()), np.int64, n)
+    names = sorted(first)
+    renumber = np.zeros(n, dtype=np.int32)
+    renumber[[first[v] for v in names]] = np.arange(len(names), dtype=np.int32)
+    return renumber[raw], names
 
 
 @dataclass(slots=True)
@@ -33,6 +51,43 @@ class Span:
     @property
     def dur_s(self) -> float:
         return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class SpanBase:
+    """What sorting the spans reads from each of them, kept as columns for the readers after
+    it (the summary's and the invariant checks' :class:`~clustersim.analysis.columns.SpanColumns`,
+    the report's and the trace file's display order): row i is ``spans[i]``. A snapshot of the
+    list ``spans``, as the columnar views are: spans changed in place later are not seen."""
+
+    spans: list  # the list described (identity and length tell whether it still is)
+    rank: np.ndarray  # int64
+    stream: np.ndarray  # int32 codes, in the sorted order of stream_names (text_codes)
+    stream_names: list[str]
+    start_s: np.ndarray  # float64
+    end_s: np.ndarray
+    tid: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, spans: list) -> SpanBase:
+        n = len(spans)
+        stream, names = text_codes(map(attrgetter("stream"), spans), n)
+        return cls(spans, np.fromiter(map(attrgetter("rank"), spans), np.int64, n), stream, names,
+                   np.fromiter(map(attrgetter("start_s"), spans), np.float64, n),
+                   np.fromiter(map(attrgetter("end_s"), spans), np.float64, n),
+                   np.fromiter(map(attrgetter("tid"), spans), np.int64, n))
+
+    def sorted(self) -> SpanBase:
+        """The spans by rank, start, end and stream name (stable: ties keep their order), as
+        ``sorted(spans, key=attrgetter("rank", "start_s", "end_s", "stream"))`` orders them,
+        with their columns."""
+        order = np.lexsort((self.stream, self.end_s, self.start_s, self.rank))
+        spans = list(map(self.spans.__getitem__, order.tolist()))
+        return SpanBase(spans, self.rank[order], self.stream[order], self.stream_names, self.start_s[order],
+                        self.end_s[order], self.tid[order])
+
+    def describes(self, spans: list) -> bool:
+        return self.spans is spans and len(spans) == len(self.rank)
 
 
 @dataclass(frozen=True)
@@ -64,6 +119,8 @@ class Trace:
     _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
     _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)
     _display_order: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # the columns the engine read from the spans to sort them (SpanBase), for the readers after it
+    base: SpanBase | None = field(default=None, repr=False, compare=False)
 
     @property
     def end_s(self) -> float:
@@ -102,6 +159,10 @@ class Trace:
             from .analysis.columns import SpanColumns
 
             c = self._columns = SpanColumns(self.spans, self.ranks)
+            if self.base is not None and self.base.describes(self.spans):  # read once already
+                b = self.base
+                c.__dict__.update(rank=b.rank, tid=b.tid, start_s=b.start_s, end_s=b.end_s,
+                                  _stream=(b.stream, b.stream_names))
         return c
 
     def drop_columns(self, tasks: bool = False) -> None:

@@ -361,3 +361,49 @@ def test_max_min_numpy_leaves_a_flow_listing_a_link_twice_to_the_loops():
     flows[3] = flows[3] + (flows[3][0],)  # its first link twice: twice the weight there
     assert _max_min_numpy(flows, bw) is None
     assert max_min_rates(flows, bw) == _max_min_loops(flows, bw)
+
+
+def test_span_base_sorts_as_pythons_stable_sort_and_keeps_the_columns():
+    """The engine sorts the spans through their columns (SpanBase): the order of
+    ``sorted(spans, key=(rank, start, end, stream))``, ties in the given order (spans of no
+    length and equal times abound), and each row's columns still those of its span."""
+    from operator import attrgetter
+
+    from clustersim.trace import Span, SpanBase
+
+    rng = np.random.default_rng(7)
+    spans = []
+    for i in range(3000):
+        start = float(rng.integers(0, 20)) / 4 if i % 3 else int(rng.integers(0, 5))  # ints, as simpy's clock at 0
+        end = start + float(rng.choice([0.0, 0.25, 0.5]))
+        spans.append(Span(int(rng.integers(0, 4)), str(rng.choice(["tp", "compute", "pp_fwd_recv", "dp"])), "x",
+                          "compute", start, end, tid=i))
+    base = SpanBase.of(spans).sorted()
+    expect = sorted(spans, key=attrgetter("rank", "start_s", "end_s", "stream"))
+    assert [s.tid for s in base.spans] == [s.tid for s in expect]
+    assert base.describes(base.spans) and not base.describes(spans)
+    assert base.tid.tolist() == [s.tid for s in expect] and base.rank.tolist() == [s.rank for s in expect]
+    assert base.start_s.tolist() == [s.start_s for s in expect] and base.end_s.tolist() == [s.end_s for s in expect]
+    assert [base.stream_names[c] for c in base.stream.tolist()] == [s.stream for s in expect]
+    assert base.stream_names == sorted(base.stream_names)
+
+
+def test_a_trace_reads_its_engine_columns_once():
+    """The summary's view and the display order reuse the columns the engine sorted by, and
+    they are what reading the spans gives."""
+    from clustersim.analysis.columns import SpanColumns
+    from clustersim.output.perfetto import _span_order, span_order
+
+    r = clustersim.simulate(scenario_dict(), check=False)
+    trace = r.trace
+    assert trace.base is not None and trace.base.describes(trace.spans)
+    seeded, fresh = trace.columns(), SpanColumns(trace.spans, trace.ranks)
+    for attr in ("rank", "tid", "start_s", "end_s", "stream"):
+        got, want = getattr(seeded, attr), getattr(fresh, attr)
+        assert got.dtype == want.dtype and np.array_equal(got, want), attr
+    assert seeded.stream_names == fresh.stream_names
+    order = span_order(trace)
+    trace.base = None
+    plain = _span_order(trace)
+    assert order.rows == plain.rows and order.index == plain.index and order.bounds == plain.bounds
+    assert np.array_equal(order.start_s, plain.start_s) and np.array_equal(order.end_s, plain.end_s)

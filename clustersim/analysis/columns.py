@@ -22,12 +22,13 @@ called on their own, they read their own view, so they check the spans as they a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from functools import cached_property
-from itertools import chain, compress, count, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, is_not
 
 import numpy as np
+
+from ..trace import text_codes
 
 
 def _floats(objs: list, attr: str) -> np.ndarray:
@@ -36,18 +37,6 @@ def _floats(objs: list, attr: str) -> np.ndarray:
 
 def _ints(objs: list, attr: str) -> np.ndarray:
     return np.fromiter(map(attrgetter(attr), objs), np.int64, len(objs))
-
-
-def _codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
-    """(code of each of the ``n`` values, the distinct values sorted): ``names[codes[i]] ==
-    values[i]``. One pass numbers each value by its first occurrence; the numbers are then
-    renumbered in sorted order."""
-    first: dict = {}
-    raw = np.fromiter(map(first.setdefault, values, count()), np.int64, n)
-    names = sorted(first)
-    renumber = np.zeros(n, dtype=np.int32)
-    renumber[[first[v] for v in names]] = np.arange(len(names), dtype=np.int32)
-    return renumber[raw], names
 
 
 def grouped_order(group: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,23 +142,23 @@ class SpanColumns:
     # --- text, as codes ------------------------------------------------------------------
     @cached_property
     def _kind(self) -> tuple[np.ndarray, list[str]]:
-        return _codes(map(attrgetter("kind"), self.spans), self.n)
+        return text_codes(map(attrgetter("kind"), self.spans), self.n)
 
     @cached_property
     def _stream(self) -> tuple[np.ndarray, list[str]]:
-        return _codes(map(attrgetter("stream"), self.spans), self.n)
+        return text_codes(map(attrgetter("stream"), self.spans), self.n)
 
     @cached_property
     def _phase(self) -> tuple[np.ndarray, list[str]]:
-        return _codes(map(attrgetter("phase"), self.spans), self.n)
+        return text_codes(map(attrgetter("phase"), self.spans), self.n)
 
     @cached_property
     def _op(self) -> tuple[np.ndarray, list[str]]:
-        return _codes(map(attrgetter("op"), self.spans), self.n)
+        return text_codes(map(attrgetter("op"), self.spans), self.n)
 
     @cached_property
     def _name(self) -> tuple[np.ndarray, list[str]]:
-        return _codes(map(attrgetter("name"), self.spans), self.n)
+        return text_codes(map(attrgetter("name"), self.spans), self.n)
 
     kind = property(lambda self: self._kind[0], doc="kind codes (``kind_names``)")
     kind_names = property(lambda self: self._kind[1])
@@ -280,7 +269,7 @@ class TaskColumns:
 
     @cached_property
     def _stream(self) -> tuple[np.ndarray, list[str]]:
-        return _codes(map(attrgetter("stream"), self.tasks), self.n)
+        return text_codes(map(attrgetter("stream"), self.tasks), self.n)
 
     stream = property(lambda self: self._stream[0], doc="stream codes (``stream_names``)")
     stream_names = property(lambda self: self._stream[1])

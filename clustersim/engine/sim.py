@@ -27,14 +27,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from operator import attrgetter
 
 import numpy as np
 import simpy
 
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
-from ..trace import LinkUse, Span, Trace
+from ..trace import LinkUse, Span, SpanBase, Trace
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
 from .network import FlowNetwork, FlowPlan, _call_at, max_min_rates, plan_phases
 
@@ -386,7 +385,9 @@ class Engine:
         unfinished = self.end_s.count(-1.0)
         if unfinished:
             raise RuntimeError(f"simulation deadlocked with {unfinished} tasks not run")
-        self.spans.sort(key=attrgetter("rank", "start_s", "end_s", "stream"))
+        # sorted by rank, start, end and stream; the columns read to sort go with the trace
+        base = SpanBase.of(self.spans).sorted()
+        self.spans = base.spans
         if not self._census:  # (counted by _classify under the flow network)
             for t in self.prog.tasks:
                 if t.comm is not None:
@@ -400,7 +401,7 @@ class Engine:
         return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
                      stage_of=dict(self.stage_of),
                      algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())},
-                     links=self._link_use(max((sp.end_s for sp in self.spans), default=0.0)))
+                     links=self._link_use(float(base.end_s.max()) if len(base.end_s) else 0.0), base=base)
 
     def _flow_intervals(self, c: Comm) -> list[tuple[dict[int, float], float, float]]:
         """A communication timed in closed form, flow by flow: (bytes per link, start offset,

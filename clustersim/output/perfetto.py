@@ -88,12 +88,16 @@ def _row_of_spans(trace: Trace) -> tuple[dict[int, list[str]], list[tuple[int, s
     """
     spans = trace.spans
     n = len(spans)
-    codes = Codes()
-    stream = np.fromiter(map(codes.__getitem__, map(attrgetter("stream"), spans)), dtype=np.int64, count=n)
-    rank = np.fromiter(map(attrgetter("rank"), spans), dtype=np.int64, count=n)
-    n_streams = max(len(codes), 1)
+    base = trace.base if trace.base is not None and trace.base.describes(spans) else None
+    if base is not None:  # read by the engine already
+        stream, rank, names = base.stream.astype(np.int64), base.rank, base.stream_names
+    else:
+        codes = Codes()
+        stream = np.fromiter(map(codes.__getitem__, map(attrgetter("stream"), spans)), dtype=np.int64, count=n)
+        rank = np.fromiter(map(attrgetter("rank"), spans), dtype=np.int64, count=n)
+        names = list(codes)
+    n_streams = max(len(names), 1)
     used, span_used = np.unique(rank * n_streams + stream, return_inverse=True)
-    names = list(codes)
     seen: dict[int, set[str]] = {r: set() for r in trace.ranks}
     for key in used.tolist():  # a few hundred distinct rows, however many spans
         seen.setdefault(key // n_streams, set()).add(names[key % n_streams])
@@ -166,8 +170,11 @@ def _span_order(trace: Trace) -> SpanOrder:
     spans = trace.spans
     n = len(spans)
     by_rank, rows, row = _row_of_spans(trace)
-    start = np.fromiter(map(attrgetter("start_s"), spans), dtype=np.float64, count=n)
-    end = np.fromiter(map(attrgetter("end_s"), spans), dtype=np.float64, count=n)
+    if trace.base is not None and trace.base.describes(spans):
+        start, end = trace.base.start_s, trace.base.end_s
+    else:
+        start = np.fromiter(map(attrgetter("start_s"), spans), dtype=np.float64, count=n)
+        end = np.fromiter(map(attrgetter("end_s"), spans), dtype=np.float64, count=n)
     order = np.argsort(row, kind="stable")
     bounds = np.searchsorted(row[order], np.arange(len(rows) + 1)).tolist()
     for lo, hi in pairwise(bounds):  # row by row: 3x faster than one lexsort of all spans
