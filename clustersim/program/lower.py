@@ -465,7 +465,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         tasks.append(Task(prev, r, "compute", name, "compute", blk.duration_s, None, first_deps, mb, kind, q, layer,
                           blk.flops, blk.model_flops))
         low.last_compute[r] = prev
-        if grads_final:
+        if grads_final and (low.zero == 2 or mb == low.final_mb[stage]):  # what dp_grad_pass reads
             low.bwd_tid[(r, stage, mb, i)] = prev
         if zero3:
             unit_end[u] = prev
@@ -500,6 +500,13 @@ def _block_plan(low: Lowering, r: int, kind: str, blocks) -> list[tuple]:
 
 def _run_chains(*chains) -> list[int]:
     """Run block generators round-robin, one block of each in turn; their last task ids."""
+    if len(chains) == 1:  # most actions: nothing to interleave with
+        chain = chains[0]
+        try:
+            while True:
+                next(chain)
+        except StopIteration as stop:
+            return [stop.value]
     ends: list = [None] * len(chains)
     live = list(range(len(chains)))
     while live:
