@@ -18,20 +18,20 @@ of a process that only yields simpy timeouts, on the same machine.
 Example (2 cores, 2026-11-30, the latest code on a noisy machine whose speed drifts by 1.5x or
 more: compare scenarios, not machines; docs/performance.md has the targets and the figures)::
 
-    bare simpy timeout: 0.99 us per event (median of 5 x 200,000)
+    bare simpy timeout: 0.86 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
     simpy events                  28,061            15,829           132,174
-    lower s                         0.10              0.44              2.74
-    engine s                        0.88              4.33              5.50
-    analysis s                      0.18              0.42              5.29
-    outputs s                       0.26              0.33              4.23
-    total s                         1.79              6.56             18.88
-    clustersim run s                2.83              7.15             15.02
-    peak RSS MiB                     182               377               983
-    engine us/task                 24.30            142.13              6.44
-      run only (x bare timeout)     17.7              66.6               5.7
+    lower s                         0.12              0.33              1.96
+    engine s                        1.16              4.66              5.46
+    analysis s                      0.19              0.24              2.63
+    outputs s                       0.33              0.23              2.46
+    total s                         2.25              6.51             13.30
+    clustersim run s                2.50              5.40             13.68
+    peak RSS MiB                     180               377               979
+    engine us/task                 32.14            153.15              6.39
+      run only (x bare timeout)     26.1              76.2               6.5
 """
 
 from __future__ import annotations
