@@ -1007,7 +1007,7 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None) -> str:
             f'{_n(len(trace.spans), "span")}).{who} ')
     tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
     if binned:
-        return (f"{head}Joined by microbatch and phase, the spans would make over {binned['merged_bars']:,} bars, "
+        return (f"{head}Joined by microbatch and phase, the spans would make at least {binned['merged_bars']:,} bars, "
                 f"more than a browser draws quickly ({BAR_BUDGET:,}); so each row is cut into bins of "
                 f"{fmt_time(binned['bin_ms'] / 1e3)} and a bar joins adjacent bins where the same work is "
                 "busiest, in its colour. Hover for the mix, the microbatches and the busy time (lighter = less "
