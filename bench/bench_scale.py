@@ -130,7 +130,6 @@ def measure(spec: str) -> dict:
         events = simpy_events(engine.env)
         summary = summarize(sc, low, trace, prog, engine, keep_columns=True)
         violations = check_invariants(prog, trace, summary, cols=trace.columns())  # as simulate() does
-        trace.drop_columns()
         if violations:
             raise InvariantError(violations)
         t4 = time.perf_counter()

@@ -170,9 +170,9 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         if check:
             from .analysis import invariants
 
-            # the view the summary was made from: the spans have not changed since
+            # the view the summary was made from (the spans have not changed since); the
+            # checks drop it when done
             violations = invariants.check_invariants(prog, trace, summary, cols=trace.columns())
-            trace.drop_columns()
             if violations:
                 raise invariants.InvariantError(violations)
     return Result(scenario=sc, trace=trace, summary=summary)

@@ -153,7 +153,9 @@ class Trace:
     def columns(self) -> SpanColumns:
         """The spans as numpy columns (:class:`~clustersim.analysis.columns.SpanColumns`),
         remembered while the span list stays the same list of the same length, as
-        :meth:`by_rank`. A snapshot: spans changed in place afterwards are not seen."""
+        :meth:`by_rank`; rank, stream, start, end and task id come from the engine's columns
+        (:attr:`base`) while they describe the list. A snapshot: spans changed in place
+        afterwards are not seen until :meth:`spans_edited` is called."""
         c = self._columns
         if c is None or c.spans is not self.spans or c.n != len(self.spans) or c.ranks != self.ranks:
             from .analysis.columns import SpanColumns
@@ -166,11 +168,20 @@ class Trace:
         return c
 
     def drop_columns(self, tasks: bool = False) -> None:
-        """Forget the columnar view of the spans (and with ``tasks``, of the tasks): its arrays
-        are large, and it is rebuilt on demand."""
+        """Forget the columnar view of the spans (and with ``tasks``, of the tasks) and the
+        display order: their arrays are large, and they are rebuilt on demand (from the
+        engine's columns, :attr:`base`, while they describe the spans)."""
         self._columns = None
+        self._display_order = None
         if tasks:
             self._task_columns = None
+
+    def spans_edited(self) -> None:
+        """Say that spans were changed in place: every view read from them is forgotten, the
+        engine's columns (:attr:`base`) included, so the next reader reads them afresh (the
+        views are snapshots; identity and length cannot tell an edit)."""
+        self.drop_columns(tasks=True)
+        self.base = None
 
     def task_columns(self, tasks) -> TaskColumns:
         """The program's ``tasks`` as numpy columns

@@ -64,33 +64,42 @@ def _flow_nesting(text: str) -> int:
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _duplicate_key(root: yaml.Node | None) -> tuple[str, int, int] | None:
-    """The first key given twice in one mapping of the document, as (field path, its line,
-    the line of its first occurrence), or None. YAML loaders keep the last value silently, so
-    ``tp: 2`` ... ``tp: 4`` would simulate tp=4 without a word. Merge keys (``<<``) may
-    override, as YAML intends. Walked with a stack and each node once (aliases share nodes: an
-    alias bomb stays small)."""
+def _duplicate_key(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str, int, int] | None:
+    """The key given twice in one mapping that comes first in the document, as (field path,
+    its line, the line of its first occurrence), or None. YAML loaders keep the last value
+    silently, so ``tp: 2`` ... ``tp: 4`` would simulate tp=4 without a word. Keys are
+    compared as loaded (``1`` and ``0x1``, ``yes`` and ``true`` are the same key, as in the
+    dict YAML gives). Merge keys (``<<``) may override, as YAML intends; what they merge in is
+    not checked. Walked with a stack and each node once (aliases share nodes: an alias bomb
+    stays small)."""
     stack: list[tuple[yaml.Node, tuple]] = [(root, ())] if root is not None else []
     seen_nodes: set[int] = set()
+    found: tuple[int, str, int] | None = None
     while stack:
         node, where = stack.pop()
         if id(node) in seen_nodes:
             continue
         seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            first: dict[tuple[str, str], int] = {}
+            first: dict = {}
             for key, value in node.value:
                 if key.tag == _MERGE_TAG:
                     continue
+                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
                 if isinstance(key, yaml.ScalarNode):
-                    k = (key.tag, key.value)
-                    if k in first:
-                        return _field_path((*where, key.value)), key.start_mark.line + 1, first[k]
-                    first[k] = key.start_mark.line + 1
-                stack.append((value, (*where, key.value if isinstance(key, yaml.ScalarNode) else "?")))
+                    k = loader.construct_object(key)
+                    try:
+                        hash(k)
+                    except TypeError:
+                        k = (key.tag, key.value)
+                    line = key.start_mark.line + 1
+                    if k in first and (found is None or line < found[0]):
+                        found = (line, _field_path((*where, name)), first[k])
+                    first.setdefault(k, line)
+                stack.append((value, (*where, name)))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, (*where, i)) for i, item in enumerate(node.value))
-    return None
+    return None if found is None else (found[1], found[0], found[2])
 
 
 def _load_unique(text: str, source: str) -> Any:
@@ -98,7 +107,7 @@ def _load_unique(text: str, source: str) -> Any:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
-        dup = _duplicate_key(node)
+        dup = _duplicate_key(node, loader)
         if dup is not None:
             field, line, first = dup
             raise ConfigError(f"key given twice (line {line}, first on line {first}); YAML would keep only the "

@@ -39,3 +39,10 @@ def test_keys_merged_in_with_yaml_merge_keys_may_be_overridden(tmp_path):
     path.write_text("a:\n  - x: 1\n  - {y: 2, y: 3}\n")
     with pytest.raises(ConfigError, match=r"a\[1\]\.y: key given twice \(line 3, first on line 3\)"):
         read_yaml(path, what="scenario")
+    # the first duplicate in the document is named; keys are compared as loaded
+    path.write_text("a:\n  x: 1\n  x: 2\nb: 1\nb: 2\n")
+    with pytest.raises(ConfigError, match=r"a\.x: key given twice \(line 3, first on line 2\)"):
+        read_yaml(path, what="scenario")
+    path.write_text("m:\n  1: a\n  0x1: b\n")
+    with pytest.raises(ConfigError, match=r"m\.0x1: key given twice \(line 3, first on line 2\)"):
+        read_yaml(path, what="scenario")

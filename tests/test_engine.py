@@ -316,6 +316,36 @@ def test_dropping_dominated_links_keeps_every_max_min_rate(seed):
         np.testing.assert_allclose(less, full, rtol=1e-9)
 
 
+def _max_min_matrix(weights, bw_Bps) -> list[float]:
+    """The progressive filling the numpy version replaced, on a dense flows x links matrix (a
+    reference for its bit-for-bit claim)."""
+    sizes = [len(ws) for ws in weights]
+    rows = np.repeat(np.arange(len(weights)), sizes)
+    edges = np.array([e for ws in weights for e, _ in ws], dtype=np.int64)
+    xs = np.array([x for ws in weights for _, x in ws], dtype=float)
+    links, cols = np.unique(edges, return_inverse=True)
+    w = np.zeros((len(weights), len(links)))
+    np.add.at(w, (rows, cols), xs)
+    cap = np.array([bw_Bps[e] for e in links.tolist()], dtype=float)
+    load = w.sum(axis=0)
+    rates = np.full(len(weights), np.inf)
+    open_ = np.asarray([bool(ws) for ws in weights])
+    live = load > 1e-12
+    while open_.any():
+        ratio = np.full(len(links), np.inf)
+        ratio[live] = np.maximum(cap[live], 0.0) / load[live]
+        r = ratio.min()
+        full = live & (ratio <= r * (1 + 1e-12))
+        newly = open_ & (w[:, full] > 0).any(axis=1)
+        rates[newly] = r
+        open_ &= ~newly
+        moved = w[newly]
+        cap -= moved.sum(axis=0) * r
+        load -= moved.sum(axis=0)
+        live &= (load > 1e-12) & ~full
+    return rates.tolist()
+
+
 def _fair_share_mix(seed: int) -> tuple[list, list[float]]:
     """A random mix: most flows cross a few links, some (flows standing for many twins) hundreds,
     with weights of 1 to 4 (real flows a simulated one stands for)."""
@@ -341,6 +371,7 @@ def test_max_min_rates_are_fair_and_the_same_in_numpy_and_in_loops(seed):
     flows, bw = _fair_share_mix(seed)
     rates = max_min_rates(flows, bw)
     assert rates == _max_min_numpy(flows, bw)  # a mix this large takes the numpy version
+    assert rates == _max_min_matrix(flows, bw)  # bit for bit what the flows x links matrix gave
     np.testing.assert_allclose(rates, _max_min_loops(flows, bw), rtol=1e-12)
     load: dict[int, float] = {}
     on: dict[int, list[int]] = {}
@@ -407,3 +438,18 @@ def test_a_trace_reads_its_engine_columns_once():
     plain = _span_order(trace)
     assert order.rows == plain.rows and order.index == plain.index and order.bounds == plain.bounds
     assert np.array_equal(order.start_s, plain.start_s) and np.array_equal(order.end_s, plain.end_s)
+
+
+def test_a_trace_edited_in_place_is_read_afresh_once_said():
+    """The views of a trace are snapshots; after ``spans_edited`` every reader sees the edit."""
+    from clustersim.output.perfetto import span_order
+
+    trace = clustersim.simulate(scenario_dict(), check=False).trace
+    before = float(trace.columns().start_s[5])
+    span_order(trace)
+    trace.spans[5].start_s += 0.5
+    trace.spans_edited()
+    assert trace.base is None
+    assert float(trace.columns().start_s[5]) == before + 0.5
+    assert 5 in [int(i) for i in span_order(trace).index]
+    assert float(span_order(trace).start_s[span_order(trace).index.index(5)]) == before + 0.5

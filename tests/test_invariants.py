@@ -258,6 +258,18 @@ def test_cli_exit_3_and_no_outputs_on_violation(tmp_path, monkeypatch, capsys):
     assert not (out / "summary.json").exists()
 
 
+def test_simulate_hands_the_checks_the_summarys_view(monkeypatch):
+    seen = []
+
+    def spy(program, trace, summary=None, cols=None):
+        seen.append(cols is not None and cols is trace.columns() and cols.spans is trace.spans)
+        return []
+
+    monkeypatch.setattr(inv, "check_invariants", spy)
+    simulate(scenario_dict())
+    assert seen == [True]
+
+
 def test_cli_no_check_skips_the_checks(tmp_path, monkeypatch, capsys):
     calls = _planted(monkeypatch)
     sc = write_scenario(tmp_path, ROOT, scenario_dict())
@@ -279,6 +291,9 @@ def test_checks_judge_the_view_they_are_given(small):
     own = {s.tid: s for s in bad.spans if s.rank == prog.tasks[s.tid].rank and s.stream == prog.tasks[s.tid].stream}
     task = next(x for x in prog.tasks if x.deps and own[x.deps[0]].end_s > 0 and x.stream != "compute")
     own[task.tid].start_s = own[task.deps[0]].end_s / 2
-    fresh = check_invariants(prog, trace, summary, cols=SpanColumns(bad.spans, bad.ranks))
-    assert "dependency-order" in _names(fresh)
+    bad_view = SpanColumns(bad.spans, bad.ranks)
+    assert "dependency-order" in _names(check_invariants(prog, bad, summary, cols=bad_view))
     assert check_invariants(prog, trace, summary, cols=SpanColumns(trace.spans, trace.ranks)) == []
+    # a view that does not hold the spans' own values is itself the violation
+    vs = check_invariants(prog, trace, summary, cols=bad_view)
+    assert _names(vs) == {"view"} and vs[0].spans[0].tid == task.tid

@@ -96,6 +96,24 @@ def test_a_span_of_no_length_and_spans_on_bin_edges():
     assert len(empty.row) == 0 and empty.group_busy_s.shape == (0, 4)
 
 
+@pytest.mark.parametrize("n_bins", [1, 7, 100])
+def test_overlapping_spans_count_once(n_bins):
+    """Spans of a receive stream overlap (transfers to one rank): busy time is the union of a
+    row's spans, as merging counts it, so no bar is busier than it is long."""
+    from clustersim.analysis.intervals import length, union
+
+    rng = np.random.default_rng(3)
+    start = np.sort(rng.uniform(0, 10, 300))
+    end = start + rng.exponential(0.3, 300)
+    row = np.zeros(300, dtype=np.int64)
+    b = binned_bars(row, rng.integers(0, N_GROUPS, 300), np.full(300, -1), start, end, N_GROUPS, float(end.max()),
+                    n_bins)
+    assert b.busy_s.sum() == pytest.approx(length(union(zip(start.tolist(), end.tolist()))), rel=1e-12)
+    assert np.all(b.busy_s <= b.dur_s * (1 + 1e-12) + 1e-15)
+    np.testing.assert_allclose(b.group_busy_s.sum(axis=1), b.busy_s, rtol=1e-12)
+    assert b.n_spans.sum() == 300
+
+
 def test_bins_are_halved_until_the_bars_fit():
     c = _random_rows(4, n_rows=5, per_row=600)
     args = (c["row"], c["group"], c["mb"], c["start_s"], c["end_s"], N_GROUPS, float(c["end_s"].max()))

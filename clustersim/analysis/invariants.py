@@ -365,6 +365,28 @@ def check_bubble_split(summary: dict[str, Any] | None) -> list[Violation]:
     return out
 
 
+VIEW_SAMPLES = 1000  # rows of a handed-over view compared with their spans
+
+
+def check_view(trace: Trace, cols: SpanColumns) -> list[Violation]:
+    """A view handed to the checks holds the spans' own values: rank, stream, start, end and
+    task id of up to VIEW_SAMPLES rows spread over the trace equal those of the spans. The
+    summary and the checks share that view (its first columns read by the engine when it
+    sorted the spans), so a wrong one would mislead both alike; this looks behind it."""
+    n = len(trace.spans)
+    if n != cols.n:
+        return [_v("view", f"the view has {cols.n:,} rows for {n:,} spans", ())]
+    rows = np.unique(np.linspace(0, n - 1, min(VIEW_SAMPLES, n)).astype(np.int64)).tolist() if n else []
+    names = cols.stream_names
+    bad = [trace.spans[i] for i, r, st, a, b, tid in zip(
+        rows, cols.rank[rows].tolist(), cols.stream[rows].tolist(), cols.start_s[rows].tolist(),
+        cols.end_s[rows].tolist(), cols.tid[rows].tolist())
+        if (trace.spans[i].rank, trace.spans[i].stream, trace.spans[i].start_s, trace.spans[i].end_s,
+            trace.spans[i].tid) != (r, names[st], a, b, tid)]
+    return [_v("view", f"{len(bad)} of {len(rows)} sampled rows of the columns differ from their spans", bad)] \
+        if bad else []
+
+
 def check_invariants(program: Program | None, trace: Trace, summary: dict[str, Any] | None = None,
                      cols: SpanColumns | None = None) -> list[Violation]:
     """All violations of the step (empty when it is sound). Checks that need the program are
@@ -372,6 +394,9 @@ def check_invariants(program: Program | None, trace: Trace, summary: dict[str, A
     ``cols`` gives them: :func:`clustersim.simulate` hands over the view the summary was made
     from (the spans have not changed since), so the checks judge exactly what it reports and
     a Megatron-1T step does not read its 918,852 spans into columns twice (about 1 s)."""
+    out = check_view(trace, cols) if cols is not None else []
+    if out:  # the checks below would judge the wrong data
+        return out
     cols = _view(trace, cols)
     out = check_stream_overlap(trace, cols)
     if program is not None:

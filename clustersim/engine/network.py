@@ -239,8 +239,9 @@ def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
         for x in members:
             na, ia = node_at[x], local_at[x]
 
-            def off(y: int, na: int = na, ia: int = ia) -> int:  # of the flows' ends only: a
-                return (node_at[y] - na) % n_nodes * per + (local_at[y] - ia) % per  # DP group has 512
+            # worked out for the flows' ends only, not for every member (a DP group has 512)
+            def off(y: int, na: int = na, ia: int = ia) -> int:
+                return (node_at[y] - na) % n_nodes * per + (local_at[y] - ia) % per
 
             instances.append(tuple(sorted(out[x], key=lambda f: off(f[1])))
                              + tuple(sorted(into[x], key=lambda f: off(f[0]))))
@@ -286,7 +287,7 @@ def _max_min_loops(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[fl
     frozen = [not ws for ws in weights]
     left = n - sum(frozen)
     live = [e for e in sorted(load) if load[e] > 1e-12]
-    while left:
+    while left and live:  # flows left on no live link (weights ~0) keep an infinite rate
         ratio = [(cap[e] if cap[e] > 0.0 else 0.0) / load[e] for e in live]
         r = min(ratio)
         # every link at the bottleneck level fills at once (symmetric flows tie exactly);
@@ -332,20 +333,27 @@ def _max_min_numpy(weights, bw_Bps) -> list[float] | None:
     The (flow, link) pairs are kept twice: flow by flow (as given) and link by link. Per link,
     the weights of the flows frozen in a round are summed in flow order and then taken off, as
     the flows x links matrix this replaces summed its rows, so its rates come out bit for bit the
-    same (the loop version takes each flow off in turn: the same rates within rounding). None
-    when a flow lists a link twice (the loop version adds those up as it goes). Flows left with
-    no live link (all their weights ~0) keep an infinite rate.
+    same. The loop version takes each flow off in turn: the same rates within rounding, for
+    positive weights (a flow of weight 0 on a full link freezes there in the loop version, not
+    here). None when a flow lists a link twice (the loop version adds those up as it goes).
+    Flows left with no live link (all their weights ~0) keep an infinite rate, in both.
     """
     n = len(weights)
     sizes = np.fromiter(map(len, weights), dtype=np.int64, count=n)
     flat = np.fromiter(chain.from_iterable(chain.from_iterable(weights)), dtype=float, count=2 * int(sizes.sum()))
     pair_w = flat[1::2]
     pair_edge = flat[0::2].astype(np.int64)
-    used = np.zeros(len(bw_Bps), dtype=bool)
-    used[pair_edge] = True
-    links = np.flatnonzero(used)  # the links crossed, numbered 0.. in edge order
+    # the links crossed, numbered 0.. in edge order: by a mark per link of the cluster when
+    # the pairs are many (no sort), by sorting them when they are few (a 16K-GPU cluster has
+    # 136,000 links)
+    if 16 * len(pair_edge) >= len(bw_Bps):
+        used = np.zeros(len(bw_Bps), dtype=bool)
+        used[pair_edge] = True
+        links = np.flatnonzero(used)
+        pair_link = (np.cumsum(used) - 1)[pair_edge]
+    else:
+        links, pair_link = np.unique(pair_edge, return_inverse=True)
     n_links = len(links)
-    pair_link = (np.cumsum(used) - 1)[pair_edge]
     pair_flow = np.repeat(np.arange(n), sizes)
     by_link = np.argsort(pair_link, kind="stable")  # the pairs link by link, flows in order
     in_link_order = pair_link[by_link]
@@ -365,7 +373,7 @@ def _max_min_numpy(weights, bw_Bps) -> list[float] | None:
         r = ratio.min()
         if r == np.inf:  # open flows on no live link (weights ~0): no constraint left
             break
-        # every link at the bottleneck level fills at once (see max_min_rates)
+        # every link at the bottleneck level fills at once (see _max_min_loops)
         full = (ratio <= r * (1 + 1e-12)).nonzero()[0]
         on_full = by_link[_ranges(link_ptr, full)]
         hit = np.zeros(n, dtype=bool)

@@ -12,10 +12,11 @@ and runs of bins are drawn::
     bar                [============ B, 99 % busy ======]   one run of bins, one bar
 
 A bar is a run of adjacent bins of one row with the same dominant group. It is coloured by
-that group, faded by its busy share like a merged bar, and its hover gives the mix
+that group, faded by its busy share like a merged bar (time where spans of a row overlap,
+as on a receive stream, counts once), and its hover gives the mix
 ("backward compute 65 % · forward compute 35 %"), the microbatches and the span count. Busy
-time is kept: a row's bars add up to the lengths of its spans, and a bar's group is the one
-with the most busy time inside it (it has the most in every one of its bins).
+time is kept: a row's bars add up to the length of the union of its spans, and a bar's group
+is the one with the most busy time inside it (it has the most in every one of its bins).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ import numpy as np
 
 BAR_BUDGET = 30_000  # bars drawn at most: ~24k (a GPT-3-sized step) draw in seconds, 260k in minutes
 TIMELINE_BINS = 1_000  # bins per row across the step, before coarsening to fit BAR_BUDGET
+
+
+def covered_before(row: np.ndarray, end_s: np.ndarray) -> np.ndarray:
+    """Per span (by row, then start): the latest end of the spans before it in its row, -inf
+    for a row's first span."""
+    out = np.full(len(row), -np.inf)
+    firsts = np.flatnonzero(np.diff(row, prepend=-1)) if len(row) else np.zeros(0, dtype=np.int64)
+    for lo, hi in zip(firsts.tolist(), [*firsts[1:].tolist(), len(row)]):
+        out[lo + 1:hi] = np.maximum.accumulate(end_s[lo:hi - 1])
+    return out
 
 
 def bar_count(row: np.ndarray, key: np.ndarray, start_s: np.ndarray, end_s: np.ndarray, max_gap_s: float) -> int:
@@ -41,10 +52,8 @@ def bar_count(row: np.ndarray, key: np.ndarray, start_s: np.ndarray, end_s: np.n
     n = len(row)
     if n == 0:
         return 0
-    offset = row * (float(end_s.max()) + 1.0 - min(0.0, float(start_s.min())))  # rows apart in time
-    covered = np.maximum.accumulate(end_s + offset) - offset  # latest end so far, per row
     new = np.ones(n, dtype=bool)
-    new[1:] = (row[1:] != row[:-1]) | (key[1:] != key[:-1]) | (start_s[1:] - covered[:-1] > max_gap_s)
+    new[1:] = (row[1:] != row[:-1]) | (key[1:] != key[:-1]) | (start_s[1:] - covered_before(row, end_s)[1:] > max_gap_s)
     return int(new.sum())
 
 
@@ -56,7 +65,7 @@ class BinnedBars:
     group: np.ndarray  # int64: the dominant group, an index into the caller's groups
     start_s: np.ndarray  # float64: earliest span time inside the run
     end_s: np.ndarray  # latest span time inside the run
-    busy_s: np.ndarray  # the spans' time inside the run
+    busy_s: np.ndarray  # time inside the run when the row has a span (overlaps once)
     group_busy_s: np.ndarray  # (bars, groups): busy_s split by group
     n_spans: np.ndarray  # int64: spans starting inside the run
     mb_lo: np.ndarray  # int64: smallest microbatch of a span inside, -1 if none has one
@@ -92,6 +101,10 @@ def binned_bars(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.
     module's docstring). Arrays are per span, in display order (by row, then start)."""
     bin_s = t_end_s / n_bins if t_end_s > 0 else 1.0
     span, k, lo, hi = _pieces(start_s, end_s, bin_s, n_bins)
+    # busy time counts a stretch of a row once, as merging does: a span is busy only from the
+    # latest end before it on (spans of a receive stream overlap), in its own group
+    busy_from = np.maximum(start_s, covered_before(row, end_s))[span]
+    piece_busy = np.maximum(hi - np.maximum(lo, busy_from), 0.0)
     cells, cell = np.unique(row[span] * n_bins + k, return_inverse=True)  # sorted: by row, then bin
     m = len(cells)
     if not m:
@@ -99,7 +112,7 @@ def binned_bars(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.
         return BinnedBars(none_i, none_i, none_f, none_f, none_f, np.zeros((0, n_groups)), none_i, none_i, none_i,
                           bin_s)
     cg = cell * n_groups + group[span]
-    busy_cg = np.bincount(cg, weights=hi - lo, minlength=m * n_groups).reshape(m, n_groups)
+    busy_cg = np.bincount(cg, weights=piece_busy, minlength=m * n_groups).reshape(m, n_groups)
     count_cg = np.bincount(cg, minlength=m * n_groups).reshape(m, n_groups)
     busy = busy_cg.sum(axis=1)
     # a bin holding only spans of no length is shown in the group of most of them

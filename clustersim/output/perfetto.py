@@ -156,7 +156,7 @@ def span_order(trace: Trace) -> SpanOrder:
 
     Remembered on the trace while its span list, ranks and stages stay the same (the report
     and the trace file both draw the spans in this order; a 1T-parameter step takes 0.5 s to
-    sort). Spans changed in place afterwards are not seen."""
+    sort). Spans changed in place afterwards are not seen until ``trace.spans_edited()``."""
     key = (id(trace.spans), len(trace.spans), tuple(trace.ranks), tuple(trace.stage_of.items()))
     kept = trace._display_order
     if kept is not None and kept[0] == key and kept[1] is trace.spans:

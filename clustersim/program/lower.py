@@ -232,7 +232,9 @@ class Lowering:
     pp_edges: tuple = ()  # (src, dst) pipeline ranks of every PP send, both directions
     tied_pps: tuple = ()  # pipeline ranks in the tied-embedding all-reduce (empty: none)
     # filled by the passes, read by later passes
-    bwd_tid: dict = field(default_factory=dict)  # (rank, stage, mb, block index) -> grad_kind compute tid
+    # (rank, stage, mb, block index) -> grad_kind compute tid, for the actions dp_grad_pass reduces after
+    # (a stage's final microbatch; every one under ZeRO-2)
+    bwd_tid: dict = field(default_factory=dict)
     last_compute: dict = field(default_factory=dict)  # rank -> its latest compute task
     last_task: dict = field(default_factory=dict)  # rank -> tids ending its last pipeline action
     done: dict = field(default_factory=dict)  # (kind, rank, stage, mb) -> tids that release the action
