@@ -453,3 +453,33 @@ def test_a_trace_edited_in_place_is_read_afresh_once_said():
     assert float(trace.columns().start_s[5]) == before + 0.5
     assert 5 in [int(i) for i in span_order(trace).index]
     assert float(span_order(trace).start_s[span_order(trace).index.index(5)]) == before + 0.5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_mix_put_together_from_plan_pairs_gets_the_same_rates(seed):
+    """The flow network builds a large mix from each plan's (flow, link) pairs, kept per plan;
+    the rates are bit for bit those of the flows' tuples, whichever flows are still live."""
+    import simpy
+
+    from clustersim.engine.network import FlowNetwork, _Transfer, max_min_rates
+
+    from clustersim.engine.network import NUMPY_MIN_CELLS
+
+    flows, bw = _fair_share_mix(seed)
+    rng = np.random.default_rng(seed)
+    for _ in range(80):  # flows standing for many twins: enough pairs for the numpy version
+        links = sorted(rng.choice(len(bw), size=int(rng.integers(100, 300)), replace=False).tolist())
+        flows.append(tuple((e, float(rng.integers(1, 5))) for e in links))
+    cut = sorted(rng.choice(range(1, len(flows)), size=2, replace=False).tolist())
+    plans = [tuple(flows[:cut[0]]), tuple(flows[cut[0]:cut[1]]), tuple(flows[cut[1]:])]
+    net = FlowNetwork(simpy.Environment(), bw)
+    for trial in range(3):
+        comp = []
+        for weights in plans:
+            live = tuple(sorted(rng.choice(len(weights), size=max(1, len(weights) * (4 - trial) // 4),
+                                           replace=False).tolist()))
+            comp.append(_Transfer(weights, (), np.ones(len(weights)), None, live, np.asarray(live, dtype=np.int64),
+                                  None, None))
+        mix = [t.weights[i] for t in comp for i in t.live]
+        assert sum(map(len, mix)) >= NUMPY_MIN_CELLS  # the pairs path, not the loops
+        assert net._max_min_of(comp) == max_min_rates(mix, bw)
