@@ -161,11 +161,16 @@ class Trace:
             from .analysis.columns import SpanColumns
 
             c = self._columns = SpanColumns(self.spans, self.ranks)
-            if self.base is not None and self.base.describes(self.spans):  # read once already
-                b = self.base
+            b = self.current_base()
+            if b is not None:  # read once already
                 c.__dict__.update(rank=b.rank, tid=b.tid, start_s=b.start_s, end_s=b.end_s,
                                   _stream=(b.stream, b.stream_names))
         return c
+
+    def current_base(self) -> SpanBase | None:
+        """The engine's columns (:attr:`base`) while they describe the span list, else None."""
+        b = self.base
+        return b if b is not None and b.describes(self.spans) else None
 
     def drop_columns(self, tasks: bool = False) -> None:
         """Forget the columnar view of the spans (and with ``tasks``, of the tasks) and the

@@ -378,11 +378,11 @@ def check_view(trace: Trace, cols: SpanColumns) -> list[Violation]:
         return [_v("view", f"the view has {cols.n:,} rows for {n:,} spans", ())]
     rows = np.unique(np.linspace(0, n - 1, min(VIEW_SAMPLES, n)).astype(np.int64)).tolist() if n else []
     names = cols.stream_names
-    bad = [trace.spans[i] for i, r, st, a, b, tid in zip(
-        rows, cols.rank[rows].tolist(), cols.stream[rows].tolist(), cols.start_s[rows].tolist(),
+    sampled = [trace.spans[i] for i in rows]
+    bad = [s for s, r, st, a, b, tid in zip(
+        sampled, cols.rank[rows].tolist(), cols.stream[rows].tolist(), cols.start_s[rows].tolist(),
         cols.end_s[rows].tolist(), cols.tid[rows].tolist())
-        if (trace.spans[i].rank, trace.spans[i].stream, trace.spans[i].start_s, trace.spans[i].end_s,
-            trace.spans[i].tid) != (r, names[st], a, b, tid)]
+        if (s.rank, s.stream, s.start_s, s.end_s, s.tid) != (r, names[st], a, b, tid)]
     return [_v("view", f"{len(bad)} of {len(rows)} sampled rows of the columns differ from their spans", bad)] \
         if bad else []
 

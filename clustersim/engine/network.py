@@ -754,19 +754,16 @@ class FlowNetwork:
         """:func:`max_min_rates` of the live flows of ``comp``, in order. A large mix is put
         together from each plan's (flow, link) pairs, flattened once per plan, not from the
         flows' tuples at every mix (a ring over 512 replicas: 98,000 pairs per mix)."""
-        pairs = 0
-        for t in comp:
-            pairs += self._plan_pairs(t.weights)[3][t.idx].sum() if len(t.live) else 0
-        if pairs < NUMPY_MIN_CELLS:  # a small mix: the dispatcher decides, as before
-            return max_min_rates([t.weights[i] for t in comp for i in t.live], self.bw_Bps)
         parts = [(self._plan_pairs(t.weights), t.idx) for t in comp if len(t.live)]
-        sizes = np.concatenate([p[3][idx] for p, idx in parts])
+        sizes = np.concatenate([p[3][idx] for p, idx in parts]) if parts else np.zeros(0, dtype=np.int64)
+        if sizes.sum() < NUMPY_MIN_CELLS:  # a small mix: the dispatcher decides, as before
+            return max_min_rates([t.weights[i] for t in comp for i in t.live], self.bw_Bps)
         take = [_ranges(p[0], idx) for p, idx in parts]
         edge = np.concatenate([p[1][k] for (p, _), k in zip(parts, take)])
         w = np.concatenate([p[2][k] for (p, _), k in zip(parts, take)])
         rates = _max_min_pairs(sizes, edge, w, self.bw_Bps)
-        if rates is None:  # a flow lists a link twice
-            return max_min_rates([t.weights[i] for t in comp for i in t.live], self.bw_Bps)
+        if rates is None:  # a flow lists a link twice: what max_min_rates falls back to
+            return _max_min_loops([t.weights[i] for t in comp for i in t.live], self.bw_Bps)
         return rates
 
     def _plan_pairs(self, weights: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

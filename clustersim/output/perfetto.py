@@ -88,7 +88,7 @@ def _row_of_spans(trace: Trace) -> tuple[dict[int, list[str]], list[tuple[int, s
     """
     spans = trace.spans
     n = len(spans)
-    base = trace.base if trace.base is not None and trace.base.describes(spans) else None
+    base = trace.current_base()
     if base is not None:  # read by the engine already
         stream, rank, names = base.stream.astype(np.int64), base.rank, base.stream_names
     else:
@@ -170,8 +170,9 @@ def _span_order(trace: Trace) -> SpanOrder:
     spans = trace.spans
     n = len(spans)
     by_rank, rows, row = _row_of_spans(trace)
-    if trace.base is not None and trace.base.describes(spans):
-        start, end = trace.base.start_s, trace.base.end_s
+    base = trace.current_base()
+    if base is not None:
+        start, end = base.start_s, base.end_s
     else:
         start = np.fromiter(map(attrgetter("start_s"), spans), dtype=np.float64, count=n)
         end = np.fromiter(map(attrgetter("end_s"), spans), dtype=np.float64, count=n)

@@ -558,9 +558,11 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     rows = order.rows
     labels = row_labels(trace, rows)
     n_merged, bars = _timeline_bars(trace, order)
+    meta = None
     if isinstance(bars, BinnedBars):
         data = _group_traces(bars.group, bars.row, bars.start_s, bars.dur_s, bars.busy_s,
                              binned_hover_texts(bars, labels))
+        meta = {"binned": {"merged_bars": n_merged, "bars": len(bars.row), "bin_ms": bars.bin_s * 1e3}}
     else:
         data = _bar_traces(bars, hover_texts(bars, labels))
     path = path_trace(summary, rows)
@@ -568,8 +570,8 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
         data.append(path)
     step_ms = 1e3 * float(summary.get("step_time_s") or order.last_end_s)
     layout = _layout(len(rows), labels, step_ms, _rank_bands(rows))
-    if isinstance(bars, BinnedBars):
-        layout["meta"] = {"binned": {"merged_bars": n_merged, "bars": len(bars.row), "bin_ms": bars.bin_s * 1e3}}
+    if meta is not None:
+        layout["meta"] = meta
     return {"data": data, "layout": layout}
 
 
