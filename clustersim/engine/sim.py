@@ -25,8 +25,10 @@ alone, and gpt3_175b_1024gpu goes from 170,000 events to 27,000, with identical 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
+from itertools import repeat
+from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
@@ -51,6 +53,27 @@ class _FixedRendezvous:
 
     streams: list
     start_s: float = 0.0
+
+
+def _comm_tasks(prog: Program):
+    """(task, how many) for the communication tasks of ``prog``: each task outside the runs
+    of a template once, and those of a template's first run once for all its runs (every run
+    of one template has communications of the same shapes, channels and streams,
+    ``Program.runs``)."""
+    tasks = prog.tasks
+    runs_of: dict[int, list] = {}
+    pos = 0
+    for _, first, end, tmpl in sorted(prog.runs, key=lambda r: r[1]):
+        yield from ((t, 1) for t in tasks[pos:first] if t.comm is not None)
+        entry = runs_of.get(id(tmpl))
+        if entry is None:
+            runs_of[id(tmpl)] = [first, end, 1]
+        else:
+            entry[2] += 1
+        pos = end
+    yield from ((t, 1) for t in tasks[pos:] if t.comm is not None)
+    for first, end, n in runs_of.values():
+        yield from ((t, n) for t in tasks[first:end] if t.comm is not None)
 
 
 def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
@@ -223,12 +246,11 @@ class Engine:
         # streams of the same kind and group (ZeRO-3 gathers and gradient reductions) can
         # first by identity (cheap), then by value: hashing twins once per distinct object
         distinct: dict[tuple, Task] = {}
-        for t in self.prog.tasks:
+        for t, n in _comm_tasks(self.prog):
             c = t.comm
-            if c is not None:
-                fast = _shape_id(c)
-                distinct[(*fast, c.key[:2], t.stream)] = t
-                self._count(fast, c)
+            fast = _shape_id(c)
+            distinct[(*fast, c.key[:2], t.stream)] = t
+            self._count(fast, c, n)
         shapes = {(*_shape(t.comm), self.algorithm(t.comm), t.comm.key[:2] + (t.stream,)): t.comm
                   for t in distinct.values()}
         phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
@@ -256,13 +278,13 @@ class Engine:
         self._plan_of.clear()  # plans looked up before the links were merged
         self._full_of.clear()
 
-    def _count(self, fast: tuple, c: Comm) -> None:
-        """One more communication task of shape ``fast`` (for the algorithms' census)."""
+    def _count(self, fast: tuple, c: Comm, n: int = 1) -> None:
+        """``n`` more communication tasks of shape ``fast`` (for the algorithms' census)."""
         entry = self._census.get(fast)
         if entry is None:
-            self._census[fast] = [c, 1]
+            self._census[fast] = [c, n]
         else:
-            entry[1] += 1
+            entry[1] += n
 
     def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]:
         """Per link ``c`` crosses (twins included): (seconds its traffic needs there at the
@@ -351,11 +373,16 @@ class Engine:
         self.end_s[t.tid] = end_s
         streams = self.waiters.pop(t.tid, None)
         if streams:
-            for st in streams:
-                st.pending -= 1
-                if not st.pending:
-                    st.queued = True
-                    self._ready.append(st)
+            self._release(streams)
+
+    def _release(self, streams: list) -> None:
+        """One dependency of each of ``streams`` is done: queue those with none left to wait
+        for (the stream loop does the same inline for its tasks)."""
+        for st in streams:
+            st.pending -= 1
+            if not st.pending:
+                st.queued = True
+                self._ready.append(st)
 
     def _wake(self) -> None:
         """Step the streams whose last dependency finished, in the order they were released,
@@ -374,8 +401,8 @@ class Engine:
 
     def run(self) -> Trace:
         self._stream_of = [None] * len(self.prog.tasks)  # task id -> its stream, once created
-        for (rank, stream), tids in self.prog.streams().items():
-            _Stream(self, rank, stream, tids).step()
+        for (rank, stream), entries in _segmented(self).items():
+            _Stream(self, rank, stream, entries).step()
         self._wake()
         self.env.run()
         # the streams and the engine refer to each other: drop the streams now, so that the
@@ -389,9 +416,8 @@ class Engine:
         base = SpanBase.of(self.spans).sorted()
         self.spans = base.spans
         if not self._census:  # (counted by _classify under the flow network)
-            for t in self.prog.tasks:
-                if t.comm is not None:
-                    self._count(_shape_id(t.comm), t.comm)
+            for t, n in _comm_tasks(self.prog):
+                self._count(_shape_id(t.comm), t.comm, n)
         used: dict[str, dict[str, int]] = {}
         for c, n in self._census.values():
             if c.op in ALGORITHMS and len(ALGORITHMS[c.op]) > 1:
@@ -539,6 +565,259 @@ class Engine:
         return out
 
 
+_SEGMENT = object()  # the ``comm`` of a _Segment: the stream loop tells it from a task by it
+
+
+class _Segment:
+    """One action's tasks (a run of the program, ``Program.runs``), all of fixed duration
+    (compute, communications timed in closed form with nobody to wait for), timed in one go:
+    the same sums and maxima, in the same order, as the stream loop works out task by task,
+    without handing over between streams at every task (a compute stream and its TP stream
+    do, layer by layer)::
+
+        compute  [F attn L0]      [F mlp L0]      ...     each task starts at max(its stream's
+        tp                  [AR]            [AR]            previous end, its dependencies' ends)
+
+    It sits in the list of the stream of its first task; its tasks on other streams leave
+    theirs. ``inputs``: the task ids whose ends it reads (slot k + 1 of its values is the end
+    of ``inputs[k]``, the tasks' ends follow from slot ``base`` on); the stream loop waits for
+    ``deps``, those the first task reads. An input read by a later task (its stream's previous
+    task, a dependency from outside) may still be unknown when that task comes: the segment
+    then stops there and waits for it, as that task's stream would (every later task waits for
+    that one: :func:`_segment_code`), so every end is known exactly when the stream loop would
+    know it. ``code``: shared by every run of one template (:func:`_segment_code`).
+    """
+
+    __slots__ = ("deps", "inputs", "code", "late", "first", "end", "mb", "base", "last", "vals", "pos", "wait")
+    comm = _SEGMENT
+
+    def __init__(self, inputs: tuple[int, ...], seg: tuple, first: int, end: int, mb: int):
+        self.inputs = inputs
+        self.code, self.late, self.base, self.last, n_early = seg
+        self.deps = tuple(dict.fromkeys(inputs[:n_early]))  # what the stream loop waits for
+        self.first, self.end, self.mb = first, end, mb
+        self.vals: list | None = None  # while stopped: the values so far
+        self.pos = 0  # tasks timed so far
+        self.wait = -1  # while stopped: the input waited for
+
+    def run(self, eng: Engine, rank: int) -> float | None:
+        """Time, record and release the tasks; the end of the last one on its own stream, or
+        None when stopped before a task whose input is not known yet (``wait``)."""
+        end_s = eng.end_s
+        vals, pos = self.vals, self.pos
+        if vals is None:
+            vals = [0.0]
+            vals += map(end_s.__getitem__, self.inputs)  # -1.0 for late inputs not known yet
+        spans_append, alone_log_append = eng.spans.append, eng._alone_log.append
+        first, mb, late, inputs = self.first, self.mb, self.late, self.inputs
+        code = self.code
+        tid = first + pos
+        stopped = False
+        for k in range(pos, len(code)):
+            check = late[k]
+            if check:
+                for slot in check:
+                    d = inputs[slot - 1]
+                    e = end_s[d]
+                    if e < 0.0:
+                        stopped = True
+                        self.wait = d
+                        break
+                    vals[slot] = e
+                if stopped:
+                    break
+            p0, rest, dur, stream, name, kind, phase, stage, layer, size_bytes, op, flops, mflops, logged = code[k]
+            start = vals[p0]
+            for p in rest:  # in the task's dependency order, as the stream loop takes them
+                e = vals[p]
+                if e > start:
+                    start = e
+            end = start + dur
+            vals.append(end)
+            if logged is not None:
+                alone_log_append((logged, start))
+            spans_append(Span(rank, stream, name, kind, start, end, mb, phase, stage, layer, size_bytes, op, flops,
+                              mflops, tid))
+            tid += 1
+        base = self.base
+        lo = first + pos
+        end_s[lo:tid] = vals[base + pos:]
+        waiters = eng.waiters
+        if waiters:
+            for released in map(waiters.pop, range(lo, tid), repeat(None)):
+                if released:
+                    eng._release(released)
+        if stopped:
+            self.vals, self.pos = vals, tid - first
+            return None
+        self.vals = None
+        return vals[self.last]
+
+
+def _reach(tasks: list[Task], k: int) -> list[bool]:
+    """Which tasks of a run wait for its task ``k``, through the run (dependencies and each
+    stream's order)."""
+    first, n = tasks[0].tid, len(tasks)
+    out = [False] * n
+    out[k] = True
+    last_on: dict[str, int] = {}
+    for i, t in enumerate(tasks):
+        if i > k:
+            pred = last_on.get(t.stream)
+            out[i] = (pred is not None and out[pred]) or any(
+                first <= d < first + n and out[d - first] for d in t.deps)
+        last_on[t.stream] = i
+    return out
+
+
+def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
+    """What every run of one template shares, read off one run's ``tasks`` (rank, streams,
+    durations and dependencies are those of every run): (streams touched, own stream first;
+    (task, dependency) positions of the inputs from outside; the :class:`_Segment` code), or
+    None when the run cannot be one segment: a task the stream loop does not time inline, a
+    task that does not wait for the first one through the run, or a task reading an input
+    from outside (other than the first task) that some later task does not wait for (the
+    segment could not stop there without holding that one back)."""
+    slow = eng.cluster.gpu_slowdown
+    rank, first, n = tasks[0].rank, tasks[0].tid, len(tasks)
+    stage_here = eng.stage_of.get(rank)
+    streams: list[str] = []
+    ext: list[tuple[int, int]] = []
+    durs: list[float] = []
+    for t in tasks:
+        c = t.comm
+        if c is None:
+            durs.append(t.duration_s * slow.get(rank, 1.0) if slow else t.duration_s)
+        else:
+            dur = -1.0 if len(c.members) > 1 or c.recv_rank >= 0 else eng.fixed_comm_s(c, t.stream)
+            if dur < 0.0:
+                return None
+            durs.append(dur)
+        if t.stream not in streams:
+            streams.append(t.stream)
+    if not all(_reach(tasks, 0)):
+        return None
+    own = tasks[0].stream
+    streams.remove(own)
+    streams.insert(0, own)
+    ext = [(k, j) for k, t in enumerate(tasks) for j, d in enumerate(t.deps) if not first <= d < first + n]
+    # inputs: the own stream's previous task and the first task's outside dependencies (read
+    # before the segment starts), then the other streams' previous tasks and the later
+    # outside dependencies (read when their task comes)
+    early = [pos for pos in ext if pos[0] == 0]
+    later = [pos for pos in ext if pos[0] > 0]
+    slot_of: dict = {("pred", own): 1}
+    for pos in early:
+        slot_of[pos] = len(slot_of) + 1
+    n_early = len(slot_of)
+    for s in streams[1:]:
+        slot_of[("pred", s)] = len(slot_of) + 1
+    for pos in later:
+        slot_of[pos] = len(slot_of) + 1
+    base = 1 + len(slot_of)
+    code, late = [], []
+    last_on: dict[str, int] = {}
+    log = eng.network == "flow"
+    for k, t in enumerate(tasks):
+        k0 = last_on.get(t.stream)
+        check = []
+        if k0 is None:
+            p0 = slot_of[("pred", t.stream)]
+            if t.stream != own:
+                check.append(p0)
+        else:
+            p0 = base + k0
+        rest = []
+        for j, d in enumerate(t.deps):
+            if first <= d < first + n:
+                rest.append(base + d - first)
+            else:
+                rest.append(slot_of[(k, j)])
+                if k > 0:
+                    check.append(slot_of[(k, j)])
+        if check and not all(_reach(tasks, k)[k:]):
+            return None
+        late.append(tuple(check))
+        c = t.comm
+        size_bytes, op = (0.0, "") if c is None else (c.size_bytes, c.op)
+        logged = c if c is not None and durs[k] > 0.0 and log else None
+        code.append((p0, tuple(rest), durs[k], t.stream, t.name, t.kind, t.phase,
+                     t.stage if stage_here is None else stage_here, t.layer, size_bytes, op, t.flops, t.model_flops,
+                     logged))
+        last_on[t.stream] = k
+    order = [key for key in slot_of]  # slot - 1 -> what it reads
+    return order, (tuple(code), tuple(late), base, base + last_on[own], n_early)
+
+
+def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
+    """(rank, stream) -> what its stream runs, in order (streams in order of first appearance,
+    as Program.streams gives them): its tasks, with each run of the program that can be one
+    :class:`_Segment` in the list of its first task's stream, in place of its tasks there, and
+    left out of the other streams it touches. A task after a segment's tasks on its stream,
+    where the segment sits on another stream, waits for the last of them explicitly (a copy of
+    it with that dependency added: its stream's own end no longer says when they end)."""
+    prog = eng.prog
+    tasks = prog.tasks
+    lists = prog.streams()
+    codes: dict[int, tuple | None] = {}
+    placed: dict[tuple[int, str], list] = {}  # (rank, stream) -> (first, end, segment or None)
+    for rank, first, end, tmpl in prog.runs:
+        key = id(tmpl)
+        if key not in codes:
+            codes[key] = _segment_code(eng, tasks[first:end])
+        hit = codes[key]
+        if hit is None:
+            continue
+        order, seg = hit
+        inputs = []
+        for what in order:
+            if what[0] == "pred":
+                lst = lists[(rank, what[1])]
+                i = bisect_left(lst, first)
+                if i == 0:
+                    break  # the stream's first task: left to the stream loop
+                inputs.append(lst[i - 1])
+            else:
+                inputs.append(tasks[first + what[0]].deps[what[1]])
+        if len(inputs) < len(order):
+            continue
+        segment = _Segment(tuple(inputs), seg, first, end, tasks[first].mb)
+        own = order[0][1]
+        for what in order:
+            if what[0] == "pred":
+                placed.setdefault((rank, what[1]), []).append((first, end, segment if what[1] == own else None))
+    out: dict[tuple[int, str], list] = {}
+    for key, tids in lists.items():
+        runs = placed.get(key)
+        if runs is None:
+            out[key] = list(map(tasks.__getitem__, tids))
+            continue
+        entries: list = []
+        pos = 0
+        after = -1  # the last task of this stream that a segment elsewhere ran
+        for first, end, segment in runs:
+            i = bisect_left(tids, first, pos)
+            j = bisect_left(tids, end, i)
+            if i > pos:
+                chunk = list(map(tasks.__getitem__, tids[pos:i]))
+                if after >= 0:
+                    chunk[0] = replace(chunk[0], deps=chunk[0].deps + (after,))
+                entries += chunk
+            if segment is not None:
+                entries.append(segment)
+                after = -1
+            else:
+                after = tids[j - 1]
+            pos = j
+        if pos < len(tids):
+            chunk = list(map(tasks.__getitem__, tids[pos:]))
+            if after >= 0:
+                chunk[0] = replace(chunk[0], deps=chunk[0].deps + (after,))
+            entries += chunk
+        out[key] = entries
+    return out
+
+
 # how deep one stream's step may step the streams it depends on (each waits in the ready queue
 # anyway: a bound keeps the recursion shallow, whatever the program)
 CHASE_DEPTH = 8
@@ -565,16 +844,18 @@ class _Stream:
     __slots__ = ("eng", "tasks", "rank", "stream", "stage", "i", "free_s", "start_s", "pending", "rdv", "armed",
                  "queued")
 
-    def __init__(self, eng: Engine, rank: int, stream: str, tids: list[int]):
-        tasks = eng.prog.tasks
-        self.eng, self.tasks, self.i = eng, [tasks[k] for k in tids], 0
+    def __init__(self, eng: Engine, rank: int, stream: str, entries: list):
+        self.eng, self.tasks, self.i = eng, entries, 0  # tasks, and segments (_Segment) in their place
         self.rank, self.stream, self.stage = rank, stream, eng.stage_of.get(rank)  # None: each task's own
         self.free_s = self.start_s = 0.0
         self.pending, self.rdv, self.armed = 0, None, False
         self.queued = False  # released and waiting in Engine._ready to be stepped
         stream_of = eng._stream_of
-        for k in tids:
-            stream_of[k] = self
+        for t in entries:
+            if t.comm is _SEGMENT:
+                stream_of[t.first:t.end] = [self] * (t.end - t.first)
+            else:
+                stream_of[t.tid] = self
 
     def step(self, _event=None) -> None:
         eng = self.eng
@@ -629,6 +910,24 @@ class _Stream:
                 # rank r runs on GPU r; a straggler (topology what_if) computes slower
                 free = start + (t.duration_s * slow.get(rank, 1.0) if slow else t.duration_s)
                 size_bytes, op = 0.0, ""
+            elif c is _SEGMENT:  # an action's fixed-duration tasks, timed in one go (_Segment)
+                got = t.run(eng, rank)
+                while got is None:  # stopped: an input of a later task is not known yet
+                    d = t.wait
+                    st = stream_of[d]
+                    if st is not None and st.queued and eng._chasing < CHASE_DEPTH:  # chase, as below
+                        st.queued = False
+                        eng._chasing += 1
+                        st.step()
+                        eng._chasing -= 1
+                    if end_s[d] < 0.0:
+                        self.i, self.free_s, self.pending = i, free, 1
+                        eng.waiters.setdefault(d, []).append(self)
+                        return
+                    got = t.run(eng, rank)
+                free = got
+                i += 1
+                continue
             else:
                 dur = eng.fixed_comm_s(c, stream)
                 if dur < 0.0 or len(c.members) > 1 or c.recv_rank >= 0:

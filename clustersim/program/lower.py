@@ -23,14 +23,14 @@ stages r and 2p-1-r (parts r and p-1-r). A microbatch's activation goes from sta
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..config import Scenario
 from ..plan.mesh import Mesh
 from ..schedule.core import issue_units
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule, timeline
-from .tasks import Comm, Program, Task
+from .tasks import ActionTemplate, Comm, Program, Task
 from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 
 
@@ -244,6 +244,9 @@ class Lowering:
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
     # (rank, kind, id(blocks)) -> _block_plan; ("send", rank, peer, kind, part) -> a send's _comm_spec
     block_plans: dict = field(default_factory=dict, repr=False)
+    # (rank, kind, stage, id(blocks), inputs) -> ActionTemplate, or False (_single_action)
+    templates: dict = field(default_factory=dict, repr=False)
+    use_templates: bool = True  # False: every action through _blocks (tests compare the two)
 
     def __post_init__(self):
         s = self.schedule = as_schedule(self.schedule)
@@ -521,6 +524,101 @@ def _run_chains(*chains) -> list[int]:
     return ends
 
 
+def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps: list[int]) -> int:
+    """One action alone (nothing interleaved) on rank ``r``; its last task id. The first time
+    a rank runs these blocks with this many inputs, :func:`_blocks` makes the tasks and an
+    :class:`ActionTemplate` is read off them (and checked by making them again from it); every
+    later time they are made from the template. ZeRO-3's gathers and reductions depend on
+    the microbatch and on earlier actions: those actions always go through :func:`_blocks`."""
+    if (low.zero == 3 and low.n_grad > 1) or not low.use_templates:
+        return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
+    key = (r, a.kind, a.stage, id(blocks), len(deps))
+    tmpl = low.templates.get(key)
+    tasks = prog.tasks
+    first = len(tasks)
+    if tmpl is None:
+        end = _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
+        tmpl = low.templates[key] = _template_of(tasks, first, deps, a.mb) or False
+        if tmpl:
+            prog.runs.append((r, first, len(tasks), tmpl))
+        return end
+    if not tmpl:
+        return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
+    _instantiate(tasks, tmpl, r, a.mb, deps)
+    prog.runs.append((r, first, len(tasks), tmpl))
+    if a.kind == low.grad_kind and (low.zero == 2 or a.mb == low.final_mb[a.stage]):  # as _blocks keeps them
+        for i, rel in tmpl.computes:
+            low.bwd_tid[(r, a.stage, a.mb, i)] = first + rel
+    if tmpl.last_compute >= 0:
+        low.last_compute[r] = first + tmpl.last_compute
+    return len(tasks) - 1
+
+
+def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps) -> None:
+    """Append the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r``, with inputs ``deps``."""
+    first = len(tasks)
+    for spec, stream, name, kind, dur, code, phase, stage, layer, flops, model_flops in tmpl.protos:
+        tid = len(tasks)
+        if len(code) == 1 and code[0] >= 0:  # most tasks: after one task of the action
+            d = (first + code[0],)
+        else:
+            d = tuple(first + x if x >= 0 else deps[-1 - x] for x in code)
+        if spec is None:
+            # positional, in Task's field order
+            tasks.append(Task(tid, r, stream, name, kind, dur, None, d, mb, phase, stage, layer, flops, model_flops))
+        else:
+            op, size, group, twins, members, channel, orbit, head, tail, recv, load = spec
+            c = Comm(op, size, group, twins, members, (channel, orbit, (*head, mb, *tail)), recv, load)
+            tasks.append(Task(tid, r, stream, name, kind, 0.0, c, d, mb, phase, stage, layer, 0.0, 0.0))
+
+
+def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate | None:
+    """The template of the action just made (tasks ``first`` on, for microbatch ``mb`` with
+    inputs ``deps``), or None when its tasks cannot be told apart from the microbatch and
+    the inputs alone. Checked: made again from the template, the tasks are equal."""
+    made = tasks[first:]
+    if not made:
+        return None
+    end = len(tasks)
+    where = {d: j for j, d in reversed(list(enumerate(deps)))}  # first position of each input
+    protos, computes = [], []
+    for k, t in enumerate(made):
+        code = []
+        for d in t.deps:
+            if first <= d < end:
+                code.append(d - first)
+            elif d in where:
+                code.append(-1 - where[d])
+            else:
+                return None  # reads a task made elsewhere that the inputs do not name
+        c = t.comm
+        if c is None:
+            spec = None
+            computes.append((len(computes), k))
+        else:
+            channel, orbit, tag = c.key
+            if not isinstance(tag, tuple) or len(tag) < 3 or tag[2] != mb:  # _blocks: (kind, stage, mb, ...)
+                return None
+            spec = (c.op, c.size_bytes, c.group, c.twins, c.members, channel, orbit, tag[:2], tag[3:],
+                    c.recv_rank, c.load)
+        if t.mb != mb:
+            return None
+        protos.append((spec, t.stream, t.name, t.kind, t.duration_s, tuple(code), t.phase, t.stage, t.layer,
+                       t.flops, t.model_flops))
+    tmpl = ActionTemplate(tuple(protos), tuple(computes), computes[-1][1] if computes else -1)
+    again: list[Task] = [None] * first  # type: ignore[list-item]
+    _instantiate(again, tmpl, made[0].rank, mb, deps)
+    for t, u in zip(made, again[first:]):
+        if replace(t, comm=None) != replace(u, comm=None) or (t.comm is None) != (u.comm is None) or (
+                t.comm is not None and _comm_fields(t.comm) != _comm_fields(u.comm)):
+            return None
+    return tmpl
+
+
+def _comm_fields(c: Comm) -> tuple:
+    return (c.op, c.size_bytes, c.group, c.twins, c.members, c.key, c.recv_rank, c.load)
+
+
 def units_in_time_order(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ...]]]:
     """(pipeline rank, issue unit) of all ranks, by unit-time start, then rank.
 
@@ -592,8 +690,7 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
     work = [low.work_of(r, low.part(a.stage)) for a in unit]
     if len(unit) == 1:
         a = unit[0]
-        (end,) = _run_chains(_blocks(prog, low, r, a, work[0].blocks(a.kind, split), _input_deps(low, r, a)))
-        ends = (end,)
+        ends = (_single_action(prog, low, r, a, work[0].blocks(a.kind, split), _input_deps(low, r, a)),)
         low.done[(a.kind, r, a.stage, a.mb)] = ends
         _send_output(prog, low, r, a, ends)
         low.last_task[r] = ends
@@ -765,8 +862,9 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
     return prog
 
 
-def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lowering]:
-    """Scenario -> Program for one training step."""
+def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True) -> tuple[Program, Lowering]:
+    """Scenario -> Program for one training step (``templates=False``: every action made by
+    :func:`_blocks`, without :class:`ActionTemplate`; the same tasks, more slowly)."""
     mesh = sc.mesh
     cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
     moe = sc.model.moe
@@ -785,7 +883,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None) -> tuple[Program, Lower
         grad_bytes=GRAD_BYTES[sc.training.grad_dtype], dp_bucket_params=sc.training.dp_bucket_params,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
-        zero3_keep_gathered=sc.parallel.zero3_keep_gathered, rank_work=rank_work,
+        zero3_keep_gathered=sc.parallel.zero3_keep_gathered, rank_work=rank_work, use_templates=templates,
     )
     return run_passes(low), low
 

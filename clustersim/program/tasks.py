@@ -58,17 +58,44 @@ class Task:
     model_flops: float = 0.0
 
 
+@dataclass(eq=False)
+class ActionTemplate:
+    """The tasks of one pipeline action as the lowering makes them for every microbatch that
+    runs the same blocks on the same rank: all but the task ids, the microbatch and the
+    action's inputs are the same each time (a step lowers the same action hundreds of times).
+
+    ``protos``: per task, in order, (communication spec or None, stream, name, kind,
+    duration, dependency code, phase, stage, layer, flops, model flops); a dependency code
+    ``x >= 0`` is the action's own task ``x`` (relative), ``x < 0`` its input ``-1 - x``. A
+    spec is (op, size, group, twins, members, channel, orbit, rendezvous tag before and after
+    the microbatch, receive rank, load). ``computes``: (block index, relative id) of each
+    compute task; ``last_compute``: the relative id of the last one (-1: none).
+    """
+
+    protos: tuple
+    computes: tuple[tuple[int, int], ...]
+    last_compute: int
+
+    def __len__(self) -> int:
+        return len(self.protos)
+
+
 @dataclass
 class Program:
     """All tasks of one training step, for the simulated ranks only.
 
     ``weight[r]`` is how many real ranks simulated rank ``r`` stands for (1 when every rank
     is simulated); metrics averaged over GPUs weigh each simulated rank by it.
+
+    ``runs``: (rank, first task id, end task id, template) of every action the lowering made
+    from an :class:`ActionTemplate`: tasks ``first .. end - 1`` are that template's, in
+    order. The engine times such a run in one go where it can (``engine.sim._Segment``).
     """
 
     ranks: list[int]
     weight: dict[int, int]
     tasks: list[Task] = field(default_factory=list)
+    runs: list[tuple] = field(default_factory=list)
 
     def add(self, **kw) -> Task:
         t = Task(tid=len(self.tasks), **kw)
