@@ -624,6 +624,7 @@ class _Segment:
         spans_append, alone_log_append = eng.spans.append, eng._alone_log.append
         first, mb, late, inputs = self.first, self.mb, self.late, self.inputs
         code = self.code
+        tasks = eng.prog.tasks  # their ids: the int objects the tasks hold, not new ones per span
         tid = first + pos
         stopped = False
         for k in range(pos, len(code)):
@@ -650,7 +651,7 @@ class _Segment:
             if logged is not None:
                 alone_log_append((logged, start))
             spans_append(Span(rank, stream, name, kind, start, end, mb, phase, stage, layer, size_bytes, op, flops,
-                              mflops, tid))
+                              mflops, tasks[tid].tid))
             tid += 1
         base = self.base
         lo = first + pos

@@ -556,13 +556,14 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
 
 def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps) -> None:
     """Append the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r``, with inputs ``deps``."""
-    first = len(tasks)
+    tids: list[int] = []  # the tasks' ids, each one int object, shared with the deps naming it
     for spec, stream, name, kind, dur, code, phase, stage, layer, flops, model_flops in tmpl.protos:
         tid = len(tasks)
+        tids.append(tid)
         if len(code) == 1 and code[0] >= 0:  # most tasks: after one task of the action
-            d = (first + code[0],)
+            d = (tids[code[0]],)
         else:
-            d = tuple(first + x if x >= 0 else deps[-1 - x] for x in code)
+            d = tuple(tids[x] if x >= 0 else deps[-1 - x] for x in code)
         if spec is None:
             # positional, in Task's field order
             tasks.append(Task(tid, r, stream, name, kind, dur, None, d, mb, phase, stage, layer, flops, model_flops))
