@@ -16,22 +16,23 @@ the README's command itself, timed from outside (interpreter start-up and exit i
 processed. "x bare timeout" compares the engine's seconds per event (setup and run) with those
 of a process that only yields simpy timeouts, on the same machine.
 Example (2 cores, 2026-11-30, the latest code on a noisy machine whose speed drifts by 1.5x or
-more: compare scenarios, not machines; docs/performance.md has the targets and the figures)::
+more, here on a slow stretch: compare scenarios, not machines; docs/performance.md has the
+targets and the figures)::
 
-    bare simpy timeout: 0.86 us per event (median of 5 x 200,000)
+    bare simpy timeout: 1.58 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
     simpy events                  28,061            15,829           132,174
-    lower s                         0.12              0.33              1.96
-    engine s                        1.16              4.66              5.46
-    analysis s                      0.19              0.24              2.63
-    outputs s                       0.33              0.23              2.46
-    total s                         2.25              6.51             13.30
-    clustersim run s                2.50              5.40             13.68
-    peak RSS MiB                     180               377               979
-    engine us/task                 32.14            153.15              6.39
-      run only (x bare timeout)     26.1              76.2               6.5
+    lower s                         0.12              0.31              1.83
+    engine s                        1.45              3.98              5.94
+    analysis s                      0.23              0.41              3.48
+    outputs s                       0.40              0.34              3.60
+    total s                         2.82              5.99             15.79
+    clustersim run s                2.98              6.42             15.52
+    peak RSS MiB                     182               379               997
+    engine us/task                 40.09            130.67              6.95
+      run only (x bare timeout)     18.7              40.5               4.0
 """
 
 from __future__ import annotations
