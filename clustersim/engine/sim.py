@@ -686,17 +686,18 @@ def _reach(tasks: list[Task], k: int) -> list[bool]:
 
 def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
     """What every run of one template shares, read off one run's ``tasks`` (rank, streams,
-    durations and dependencies are those of every run): (streams touched, own stream first;
-    (task, dependency) positions of the inputs from outside; the :class:`_Segment` code), or
-    None when the run cannot be one segment: a task the stream loop does not time inline, a
-    task that does not wait for the first one through the run, or a task reading an input
-    from outside (other than the first task) that some later task does not wait for (the
+    durations and dependencies are those of every run): (what each input slot reads, in slot
+    order: ``("pred", stream)``, that stream's task before the run, or ``(task, position)``,
+    a dependency from outside, the own stream's previous task first; the :class:`_Segment`
+    code; each stream's last task in the run, relative, streams in order of their first task
+    there), or None when the run cannot be one segment: a task the stream loop does not time
+    inline, a task that does not wait for the first one through the run, or a task reading an
+    input from outside (other than the first task) that some later task does not wait for (the
     segment could not stop there without holding that one back)."""
     slow = eng.cluster.gpu_slowdown
     rank, first, n = tasks[0].rank, tasks[0].tid, len(tasks)
     stage_here = eng.stage_of.get(rank)
-    streams: list[str] = []
-    ext: list[tuple[int, int]] = []
+    streams: list[str] = []  # in order of their first task: the run's own stream first
     durs: list[float] = []
     for t in tasks:
         c = t.comm
@@ -712,8 +713,6 @@ def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
     if not all(_reach(tasks, 0)):
         return None
     own = tasks[0].stream
-    streams.remove(own)
-    streams.insert(0, own)
     ext = [(k, j) for k, t in enumerate(tasks) for j, d in enumerate(t.deps) if not first <= d < first + n]
     # inputs: the own stream's previous task and the first task's outside dependencies (read
     # before the segment starts), then the other streams' previous tasks and the later
