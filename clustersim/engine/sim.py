@@ -62,7 +62,7 @@ def _comm_tasks(prog: Program):
     tasks = prog.tasks
     runs_of: dict[int, list] = {}
     pos = 0
-    for _, first, end, tmpl in sorted(prog.runs, key=lambda r: r[1]):
+    for _, first, end, tmpl in prog.runs:  # in task id order
         yield from ((t, 1) for t in tasks[pos:first] if t.comm is not None)
         entry = runs_of.get(id(tmpl))
         if entry is None:
@@ -491,9 +491,10 @@ class Engine:
                 entry[1].append(start_s)
         starts: dict[tuple, tuple[Comm, list[float]]] = {}
         for c, at in by_id.values():
-            entry = starts.get((*_shape(c), c.size_bytes))
+            key = (*_shape(c), c.size_bytes)
+            entry = starts.get(key)
             if entry is None:
-                starts[(*_shape(c), c.size_bytes)] = (c, at)
+                starts[key] = (c, at)
             else:
                 entry[1].extend(at)
         shapes = {key: self._flow_intervals(c) for key, (c, _) in starts.items()}
@@ -759,8 +760,7 @@ def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
                      logged))
         last_on[t.stream] = k
     order = [key for key in slot_of]  # slot - 1 -> what it reads
-    # each stream's last task, relative, in order of the streams' first tasks in the run
-    last = {s: last_on[s] for s in dict.fromkeys(t.stream for t in tasks)}
+    last = {s: last_on[s] for s in streams}  # each stream's last task, relative
     return order, (tuple(code), tuple(late), base, base + last_on[own], n_early), last
 
 
@@ -793,7 +793,7 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
             last_of[key] = t.tid
 
     pos = 0
-    for rank, first, end, tmpl in sorted(eng.prog.runs, key=lambda r: r[1]):
+    for rank, first, end, tmpl in eng.prog.runs:  # in task id order
         plain(pos, first)
         pos = end
         key = id(tmpl)
@@ -926,19 +926,10 @@ class _Stream:
                 size_bytes, op = 0.0, ""
             elif c is _SEGMENT:  # an action's fixed-duration tasks, timed in one go (_Segment)
                 got = t.run(eng, rank)
-                while got is None:  # stopped: an input of a later task is not known yet
-                    d = t.wait
-                    st = stream_of[d]
-                    if st is not None and st.queued and eng._chasing < CHASE_DEPTH:  # chase, as below
-                        st.queued = False
-                        eng._chasing += 1
-                        st.step()
-                        eng._chasing -= 1
-                    if end_s[d] < 0.0:
-                        self.i, self.free_s, self.pending = i, free, 1
-                        eng.waiters.setdefault(d, []).append(self)
-                        return
-                    got = t.run(eng, rank)
+                if got is None:  # stopped: an input of a later task is not known yet (rare)
+                    self.i, self.free_s, self.pending = i, free, 1
+                    eng.waiters.setdefault(t.wait, []).append(self)
+                    return
                 free = got
                 i += 1
                 continue

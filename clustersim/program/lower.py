@@ -437,7 +437,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     prev = None
     carried: tuple = ()  # overlapped communications of the previous block: this one waits for them
     tasks = prog.tasks
-    grads_final = kind == low.grad_kind
+    keep_tids = _keeps_block_tids(low, kind, stage, mb)
     for i, (blk, name, pre, overlap, post) in enumerate(_block_plan(low, r, kind, blocks)):
         layer = blk.layer
         first_deps = tuple(deps) if prev is None else (prev,)
@@ -470,7 +470,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         tasks.append(Task(prev, r, "compute", name, "compute", blk.duration_s, None, first_deps, mb, kind, q, layer,
                           blk.flops, blk.model_flops))
         low.last_compute[r] = prev
-        if grads_final and (low.zero == 2 or mb == low.final_mb[stage]):  # what dp_grad_pass reads
+        if keep_tids:
             low.bwd_tid[(r, stage, mb, i)] = prev
         if zero3:
             unit_end[u] = prev
@@ -486,6 +486,12 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
         yield
     return prev
+
+
+def _keeps_block_tids(low: Lowering, kind: str, stage: int, mb: int) -> bool:
+    """Whether an action keeps its blocks' compute task ids in ``low.bwd_tid``: those that
+    dp_grad_pass reduces after (grad_kind on a stage's final microbatch; every one under ZeRO-2)."""
+    return kind == low.grad_kind and (low.zero == 2 or mb == low.final_mb[stage])
 
 
 def _block_plan(low: Lowering, r: int, kind: str, blocks) -> list[tuple]:
@@ -546,7 +552,7 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
         return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
     _instantiate(tasks, tmpl, r, a.mb, deps)
     prog.runs.append((r, first, len(tasks), tmpl))
-    if a.kind == low.grad_kind and (low.zero == 2 or a.mb == low.final_mb[a.stage]):  # as _blocks keeps them
+    if _keeps_block_tids(low, a.kind, a.stage, a.mb):
         for i, rel in tmpl.computes:
             low.bwd_tid[(r, a.stage, a.mb, i)] = first + rel
     if tmpl.last_compute >= 0:

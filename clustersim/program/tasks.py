@@ -88,8 +88,8 @@ class Program:
     is simulated); metrics averaged over GPUs weigh each simulated rank by it.
 
     ``runs``: (rank, first task id, end task id, template) of every action the lowering made
-    from an :class:`ActionTemplate`: tasks ``first .. end - 1`` are that template's, in
-    order. The engine times such a run in one go where it can (``engine.sim._Segment``).
+    from an :class:`ActionTemplate`, in task id order: tasks ``first .. end - 1`` are that
+    template's, in order. The engine times such a run in one go where it can (``engine.sim._Segment``).
     """
 
     ranks: list[int]
