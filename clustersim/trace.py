@@ -30,27 +30,168 @@ def text_codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
     return renumber[raw], names
 
 
-@dataclass(slots=True)
+# what the spans of one kind of task share (SpanForm), in Span's constructor order
+FORM_FIELDS = ("stream", "name", "kind", "phase", "stage", "layer", "size_bytes", "op", "flops", "model_flops")
+# every field of a span, in its constructor's order
+SPAN_FIELDS = ("rank", "stream", "name", "kind", "start_s", "end_s", "mb", "phase", "stage", "layer", "size_bytes",
+               "op", "flops", "model_flops", "tid")
+_FORM_VALUES = attrgetter(*FORM_FIELDS)
+_SPAN_VALUES = attrgetter(*SPAN_FIELDS)
+
+
+class SpanForm:
+    """The fields a span shares with every span of the same kind of task, one object for all
+    of them (a step repeats a few thousand forms over up to a million spans)::
+
+        Span(rank 0, mb 0, 1.20-1.25 ms) ──┐
+        Span(rank 0, mb 1, 1.31-1.36 ms) ──┼──▶ SpanForm(stream="compute", name="F attn", layer=3, ...)
+        Span(rank 8, mb 0, 1.20-1.25 ms) ──┘
+
+    Readers that go over every span (the analysis's columns, the trace file, the report)
+    read each form once and spread its values by form. Read-only, since spans share it; it
+    is compared and hashed as an object (a group of spans), so two forms may hold the same
+    values: the engine makes one per distinct set of values, a span made by hand its own."""
+
+    __slots__ = FORM_FIELDS
+
+    def __init__(self, stream: str, name: str, kind: str, phase: str = "", stage: int = -1, layer: int = -1,
+                 size_bytes: float = 0.0, op: str = "", flops: float = 0.0, model_flops: float = 0.0):
+        for k, v in zip(FORM_FIELDS, (stream, name, kind, phase, stage, layer, size_bytes, op, flops, model_flops)):
+            object.__setattr__(self, k, v)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"a SpanForm is shared by many spans; set {name} on the Span, which then takes "
+                             "a form of its own")
+
+    def values(self) -> tuple:
+        """The fields, in FORM_FIELDS order."""
+        return _FORM_VALUES(self)
+
+    def __repr__(self) -> str:
+        return "SpanForm(" + ", ".join(f"{k}={v!r}" for k, v in zip(FORM_FIELDS, self.values())) + ")"
+
+
+def _form_field(k: int, name: str) -> property:
+    """A span's field kept in its form: read there; set, the span takes a new form."""
+
+    def set_field(span: Span, value) -> None:
+        values = list(span.form.values())
+        values[k] = value
+        span.form = SpanForm(*values)
+
+    return property(attrgetter("form." + name), set_field, doc=f"``form.{name}``")
+
+
 class Span:
-    rank: int
-    stream: str
-    name: str
-    kind: str  # "compute" | "tp" | "pp" | "dp"
-    start_s: float
-    end_s: float
-    mb: int = -1
-    phase: str = ""
-    stage: int = -1
-    layer: int = -1
-    size_bytes: float = 0.0
-    op: str = ""  # communication op ("all_reduce", "send", ...); "" for compute
-    flops: float = 0.0
-    model_flops: float = 0.0
-    tid: int = -1  # the program task that produced it (a send and its receive share one)
+    """What one task did on one rank and stream, from ``start_s`` to ``end_s``. The fields
+    every span of the same kind of task shares (stream, name, kind, phase, stage, layer,
+    size_bytes, op, flops, model_flops) live in its :class:`SpanForm` and read as its own;
+    the rest are the span's: rank, start_s, end_s, mb (-1: none) and tid (the program task
+    that produced it; a send and its receive share one)::
+
+        Span(rank=0, stream="compute", name="F attn", kind="compute", start_s=0.1, end_s=0.2, ...)
+        span.name == span.form.name
+
+    The engine makes spans from forms it shares: ``Span.of_form(rank, form, start_s, end_s, mb,
+    tid)``."""
+
+    __slots__ = ("rank", "start_s", "end_s", "mb", "tid", "form")
+
+    def __init__(self, rank: int, stream: str, name: str, kind: str, start_s: float, end_s: float, mb: int = -1,
+                 phase: str = "", stage: int = -1, layer: int = -1, size_bytes: float = 0.0, op: str = "",
+                 flops: float = 0.0, model_flops: float = 0.0, tid: int = -1):
+        self.rank, self.start_s, self.end_s, self.mb, self.tid = rank, start_s, end_s, mb, tid
+        self.form = SpanForm(stream, name, kind, phase, stage, layer, size_bytes, op, flops, model_flops)
+
+    stream = _form_field(0, "stream")
+    name = _form_field(1, "name")
+    kind = _form_field(2, "kind")  # "compute" | "tp" | "pp" | "dp" | ...
+    phase = _form_field(3, "phase")
+    stage = _form_field(4, "stage")
+    layer = _form_field(5, "layer")
+    size_bytes = _form_field(6, "size_bytes")
+    op = _form_field(7, "op")  # communication op ("all_reduce", "send", ...); "" for compute
+    flops = _form_field(8, "flops")
+    model_flops = _form_field(9, "model_flops")
 
     @property
     def dur_s(self) -> float:
         return self.end_s - self.start_s
+
+    def values(self) -> tuple:
+        """Every field, in SPAN_FIELDS order."""
+        return _SPAN_VALUES(self)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Span):
+            return NotImplemented
+        return self.values() == other.values()
+
+    __hash__ = None  # mutable, as before
+
+    def __repr__(self) -> str:
+        return "Span(" + ", ".join(f"{k}={v!r}" for k, v in zip(SPAN_FIELDS, self.values())) + ")"
+
+    def __reduce__(self):
+        return Span.of_form, (self.rank, self.form, self.start_s, self.end_s, self.mb, self.tid)
+
+
+class _FormSpan(Span):
+    """A :class:`Span` made from a shared form: the engine makes up to a million, and six
+    fields cost two thirds of fifteen to set. Nothing else tells it from a Span."""
+
+    __slots__ = ()
+
+    def __init__(self, rank: int, form: SpanForm, start_s: float, end_s: float, mb: int, tid: int):
+        self.rank, self.form, self.start_s, self.end_s, self.mb, self.tid = rank, form, start_s, end_s, mb, tid
+
+
+# Span.of_form(rank, form, start_s, end_s, mb, tid): a span of ``form`` (shared, not copied)
+Span.of_form = _FormSpan
+
+
+def _form_reduce(form: SpanForm):
+    return SpanForm, form.values()
+
+
+SpanForm.__reduce__ = _form_reduce
+
+
+def form_codes(spans: list) -> tuple[np.ndarray, list[SpanForm]]:
+    """(each span's form as an int32 code, the distinct forms in order of first appearance):
+    ``forms[codes[i]] is spans[i].form``. Forms are told apart as objects (cheap to hash)."""
+    n = len(spans)
+    first: dict = {}
+    raw = np.fromiter(map(first.setdefault, map(attrgetter("form"), spans), count()), np.int64, n)
+    renumber = np.zeros(n, dtype=np.int32)
+    renumber[list(first.values())] = np.arange(len(first), dtype=np.int32)
+    return renumber[raw], list(first)
+
+
+def form_values(forms: list[SpanForm], codes: np.ndarray, attr: str) -> list:
+    """``attr`` of each span whose form codes are ``codes``, as the forms hold it (an int
+    stays an int): each form read once, spread by code."""
+    values = list(map(attrgetter(attr), forms))
+    return list(map(values.__getitem__, codes.tolist()))
+
+
+def form_array(forms: list[SpanForm], codes: np.ndarray, attr: str, dtype=np.float64) -> np.ndarray:
+    """:func:`form_values` as an array of ``dtype``."""
+    return np.fromiter(map(attrgetter(attr), forms), dtype, len(forms))[codes]
+
+
+def form_text(forms: list[SpanForm], codes: np.ndarray, attr: str) -> tuple[np.ndarray, list]:
+    """:func:`text_codes` of a text field held by the forms, per span: (codes, the distinct
+    values sorted) over the forms that ``codes`` uses only."""
+    present = np.bincount(codes, minlength=len(forms)) > 0
+    if not present.all():  # a part of the spans: leave out the values no span of it has
+        used = np.flatnonzero(present)
+        forms = [forms[i] for i in used.tolist()]
+        renumber = np.zeros(len(present), dtype=np.int32)
+        renumber[used] = np.arange(len(used), dtype=np.int32)
+        codes = renumber[codes]
+    per_form, names = text_codes(map(attrgetter(attr), forms), len(forms))
+    return per_form[codes], names
 
 
 @dataclass(frozen=True)
@@ -67,15 +208,18 @@ class SpanBase:
     start_s: np.ndarray  # float64
     end_s: np.ndarray
     tid: np.ndarray  # int64
+    form: np.ndarray  # int32 codes into forms (form_codes)
+    forms: list[SpanForm]
 
     @classmethod
     def of(cls, spans: list) -> SpanBase:
         n = len(spans)
-        stream, names = text_codes(map(attrgetter("stream"), spans), n)
+        form, forms = form_codes(spans)
+        stream, names = form_text(forms, form, "stream")
         return cls(spans, np.fromiter(map(attrgetter("rank"), spans), np.int64, n), stream, names,
                    np.fromiter(map(attrgetter("start_s"), spans), np.float64, n),
                    np.fromiter(map(attrgetter("end_s"), spans), np.float64, n),
-                   np.fromiter(map(attrgetter("tid"), spans), np.int64, n))
+                   np.fromiter(map(attrgetter("tid"), spans), np.int64, n), form, forms)
 
     def sorted(self) -> SpanBase:
         """The spans by rank, start, end and stream name (stable: ties keep their order), as
@@ -84,7 +228,7 @@ class SpanBase:
         order = np.lexsort((self.stream, self.end_s, self.start_s, self.rank))
         spans = list(map(self.spans.__getitem__, order.tolist()))
         return SpanBase(spans, self.rank[order], self.stream[order], self.stream_names, self.start_s[order],
-                        self.end_s[order], self.tid[order])
+                        self.end_s[order], self.tid[order], self.form[order], self.forms)
 
     def describes(self, spans: list) -> bool:
         return self.spans is spans and len(spans) == len(self.rank)
@@ -119,6 +263,7 @@ class Trace:
     _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
     _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)
     _display_order: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _forms: tuple | None = field(default=None, init=False, repr=False, compare=False)
     # the columns the engine read from the spans to sort them (SpanBase), for the readers after it
     base: SpanBase | None = field(default=None, repr=False, compare=False)
 
@@ -150,6 +295,18 @@ class Trace:
         self._by_rank = (key, out)
         return out
 
+    def forms(self) -> tuple[np.ndarray, list[SpanForm]]:
+        """(each span's form as a code, the forms: :func:`form_codes`), from the engine's
+        columns (:attr:`base`) while they describe the spans, else read and remembered as
+        :meth:`by_rank` is."""
+        b = self.current_base()
+        if b is not None:
+            return b.form, b.forms
+        key = (id(self.spans), len(self.spans))
+        if self._forms is None or self._forms[0] != key:
+            self._forms = (key, form_codes(self.spans))
+        return self._forms[1]
+
     def columns(self) -> SpanColumns:
         """The spans as numpy columns (:class:`~clustersim.analysis.columns.SpanColumns`),
         remembered while the span list stays the same list of the same length, as
@@ -164,7 +321,7 @@ class Trace:
             b = self.current_base()
             if b is not None:  # read once already
                 c.__dict__.update(rank=b.rank, tid=b.tid, start_s=b.start_s, end_s=b.end_s,
-                                  _stream=(b.stream, b.stream_names))
+                                  _stream=(b.stream, b.stream_names), _forms=(b.form, b.forms))
         return c
 
     def current_base(self) -> SpanBase | None:
@@ -187,6 +344,7 @@ class Trace:
         views are snapshots; identity and length cannot tell an edit)."""
         self.drop_columns(tasks=True)
         self.base = None
+        self._forms = None
 
     def task_columns(self, tasks) -> TaskColumns:
         """The program's ``tasks`` as numpy columns

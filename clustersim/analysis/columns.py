@@ -28,7 +28,7 @@ from operator import attrgetter, is_not
 
 import numpy as np
 
-from ..trace import text_codes
+from ..trace import FORM_FIELDS, form_array, form_codes, form_text, text_codes
 
 
 def _floats(objs: list, attr: str) -> np.ndarray:
@@ -89,7 +89,10 @@ class SpanColumns:
 
     def _part(self, rows: np.ndarray) -> SpanColumns:
         spans = self.spans
-        return SpanColumns([spans[i] for i in rows.tolist()], rows=rows)
+        part = SpanColumns(list(map(spans.__getitem__, rows.tolist())), rows=rows)
+        codes, forms = self._forms
+        part.__dict__["_forms"] = (codes[rows], forms)
+        return part
 
     @cached_property
     def compute(self) -> SpanColumns:
@@ -103,8 +106,16 @@ class SpanColumns:
 
     def take(self, attr: str, rows: np.ndarray, dtype=np.float64) -> np.ndarray:
         """``attr`` of the spans ``rows`` only, read now (nothing kept)."""
+        if attr in FORM_FIELDS:
+            codes, forms = self._forms
+            return form_array(forms, codes[rows], attr, dtype)
         spans = self.spans
         return np.fromiter(map(attrgetter(attr), [spans[i] for i in rows.tolist()]), dtype, len(rows))
+
+    @cached_property
+    def _forms(self) -> tuple:
+        """(each span's form code, the forms): the fields spans share are read per form."""
+        return form_codes(self.spans)
 
     # --- numbers -------------------------------------------------------------------------
     @cached_property
@@ -121,11 +132,11 @@ class SpanColumns:
 
     @cached_property
     def stage(self) -> np.ndarray:
-        return _ints(self.spans, "stage")
+        return form_array(self._forms[1], self._forms[0], "stage", np.int64)
 
     @cached_property
     def layer(self) -> np.ndarray:
-        return _ints(self.spans, "layer")
+        return form_array(self._forms[1], self._forms[0], "layer", np.int64)
 
     @cached_property
     def start_s(self) -> np.ndarray:
@@ -137,28 +148,28 @@ class SpanColumns:
 
     @cached_property
     def size_bytes(self) -> np.ndarray:
-        return _floats(self.spans, "size_bytes")
+        return form_array(self._forms[1], self._forms[0], "size_bytes")
 
-    # --- text, as codes ------------------------------------------------------------------
+    # --- text, as codes (each form's value, spread) ----------------------------------------
     @cached_property
     def _kind(self) -> tuple[np.ndarray, list[str]]:
-        return text_codes(map(attrgetter("kind"), self.spans), self.n)
+        return form_text(self._forms[1], self._forms[0], "kind")
 
     @cached_property
     def _stream(self) -> tuple[np.ndarray, list[str]]:
-        return text_codes(map(attrgetter("stream"), self.spans), self.n)
+        return form_text(self._forms[1], self._forms[0], "stream")
 
     @cached_property
     def _phase(self) -> tuple[np.ndarray, list[str]]:
-        return text_codes(map(attrgetter("phase"), self.spans), self.n)
+        return form_text(self._forms[1], self._forms[0], "phase")
 
     @cached_property
     def _op(self) -> tuple[np.ndarray, list[str]]:
-        return text_codes(map(attrgetter("op"), self.spans), self.n)
+        return form_text(self._forms[1], self._forms[0], "op")
 
     @cached_property
     def _name(self) -> tuple[np.ndarray, list[str]]:
-        return text_codes(map(attrgetter("name"), self.spans), self.n)
+        return form_text(self._forms[1], self._forms[0], "name")
 
     kind = property(lambda self: self._kind[0], doc="kind codes (``kind_names``)")
     kind_names = property(lambda self: self._kind[1])

@@ -18,11 +18,11 @@ Per rank, the step [0, T] splits into three disjoint parts::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter, mul
+from operator import mul
 
 import numpy as np
 
-from ..trace import Trace
+from ..trace import Trace, form_values
 from .bubble import DEP_KINDS, BubbleSplit, split_bubble
 from .columns import SpanColumns
 from .intervals import Arrays, merged, merged_length, minus_length_arrays
@@ -80,7 +80,8 @@ def _weighted_total(cols: SpanColumns, weight: dict[int, int], attr: str):
     """``sum(weight[s.rank] * s.<attr> for s in spans)``, computed so: Python's sum, left to
     right, on the values as the spans hold them (ints included), so the total is the same."""
     w = np.array([weight[r] for r in cols.ranks], dtype=object)[cols.rank_pos].tolist()
-    return sum(map(mul, w, map(attrgetter(attr), cols.spans)))
+    codes, forms = cols._forms
+    return sum(map(mul, w, form_values(forms, codes, attr)))
 
 
 def _pipeline_marks(cols: SpanColumns) -> tuple[list[float | None], list[float | None]]:

@@ -34,7 +34,7 @@ import simpy
 
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
-from ..trace import LinkUse, Span, SpanBase, Trace
+from ..trace import LinkUse, Span, SpanBase, SpanForm, Trace
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
 from .network import FlowNetwork, FlowPlan, _call_at, max_min_rates, plan_phases
 
@@ -162,6 +162,9 @@ class Engine:
         self._stream_of: list = []
         self._fixed_rdv: dict[tuple, _FixedRendezvous] = {}
         self.spans: list[Span] = []
+        # the spans' shared fields (SpanForm), one per distinct set of values (equal as Python
+        # compares them: 0 and 0.0 share one); keys in FORM_FIELDS order
+        self.forms: dict[tuple, SpanForm] = {}
         self._rdv: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
@@ -354,12 +357,18 @@ class Engine:
         return None if on_done is not None else done
 
     # --- processes -----------------------------------------------------------------
+    def form(self, key: tuple) -> SpanForm:
+        """The form with the values ``key`` (in FORM_FIELDS order), made on first use."""
+        form = self.forms.get(key)
+        if form is None:
+            form = self.forms[key] = SpanForm(*key)
+        return form
+
     def _record(self, t: Task, rank: int, stream: str, start_s: float, end_s: float, name: str | None = None):
         c = t.comm
-        # positional, in Span's field order: a span per task, keyword passing costs a third more
-        self.spans.append(Span(
-            rank, stream, name or t.name, t.kind, start_s, end_s, t.mb, t.phase, self.stage_of.get(rank, t.stage),
-            t.layer, c.size_bytes if c else 0.0, c.op if c else "", t.flops, t.model_flops, t.tid))
+        form = self.form((stream, name or t.name, t.kind, t.phase, self.stage_of.get(rank, t.stage), t.layer,
+                          c.size_bytes if c else 0.0, c.op if c else "", t.flops, t.model_flops))
+        self.spans.append(Span.of_form(rank, form, start_s, end_s, t.mb, t.tid))
 
     def _complete(self, t: Task, start_s: float, end_s: float) -> None:
         """Record ``t`` (and the receive of a send) over [start_s, end_s] and release whatever
@@ -622,7 +631,7 @@ class _Segment:
         if vals is None:
             vals = [0.0]
             vals += map(end_s.__getitem__, self.inputs)  # -1.0 for late inputs not known yet
-        spans_append, alone_log_append = eng.spans.append, eng._alone_log.append
+        spans_append, alone_log_append, of_form = eng.spans.append, eng._alone_log.append, Span.of_form
         first, mb, late, inputs = self.first, self.mb, self.late, self.inputs
         code = self.code
         tasks = eng.prog.tasks  # their ids: the int objects the tasks hold, not new ones per span
@@ -641,7 +650,7 @@ class _Segment:
                     vals[slot] = e
                 if stopped:
                     break
-            p0, rest, dur, stream, name, kind, phase, stage, layer, size_bytes, op, flops, mflops, logged = code[k]
+            p0, rest, dur, form, logged = code[k]
             start = vals[p0]
             for p in rest:  # in the task's dependency order, as the stream loop takes them
                 e = vals[p]
@@ -651,8 +660,7 @@ class _Segment:
             vals.append(end)
             if logged is not None:
                 alone_log_append((logged, start))
-            spans_append(Span(rank, stream, name, kind, start, end, mb, phase, stage, layer, size_bytes, op, flops,
-                              mflops, tasks[tid].tid))
+            spans_append(of_form(rank, form, start, end, mb, tasks[tid].tid))
             tid += 1
         base = self.base
         lo = first + pos
@@ -755,9 +763,9 @@ def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
         c = t.comm
         size_bytes, op = (0.0, "") if c is None else (c.size_bytes, c.op)
         logged = c if c is not None and durs[k] > 0.0 and log else None
-        code.append((p0, tuple(rest), durs[k], t.stream, t.name, t.kind, t.phase,
-                     t.stage if stage_here is None else stage_here, t.layer, size_bytes, op, t.flops, t.model_flops,
-                     logged))
+        form = eng.form((t.stream, t.name, t.kind, t.phase, t.stage if stage_here is None else stage_here, t.layer,
+                         size_bytes, op, t.flops, t.model_flops))
+        code.append((p0, tuple(rest), durs[k], form, logged))
         last_on[t.stream] = k
     order = [key for key in slot_of]  # slot - 1 -> what it reads
     last = {s: last_on[s] for s in streams}  # each stream's last task, relative
@@ -876,6 +884,7 @@ class _Stream:
         end_s, slow = eng.end_s, eng.cluster.gpu_slowdown
         spans_append, waiters_pop, ready_append = eng.spans.append, eng.waiters.pop, eng._ready.append
         alone_log_append, flow, stream_of = eng._alone_log.append, eng.network == "flow", eng._stream_of
+        forms, of_form = eng.forms, Span.of_form
         rank, stream, stage = self.rank, self.stream, self.stage
         tasks = self.tasks
         n, i, free = len(tasks), self.i, self.free_s  # the loop's state, written back before leaving it
@@ -950,11 +959,14 @@ class _Stream:
                 free = start + dur
                 size_bytes, op = c.size_bytes, c.op
             # Engine._complete, inline (compute and one-member closed forms are most of a
-            # step's tasks): positional, in Span's field order
+            # step's tasks outside segments)
             tid = t.tid
-            spans_append(Span(rank, stream, t.name, t.kind, start, free, t.mb, t.phase,
-                              t.stage if stage is None else stage, t.layer, size_bytes, op, t.flops, t.model_flops,
-                              tid))
+            key = (stream, t.name, t.kind, t.phase, t.stage if stage is None else stage, t.layer, size_bytes, op,
+                   t.flops, t.model_flops)
+            form = forms.get(key)
+            if form is None:
+                form = eng.form(key)
+            spans_append(of_form(rank, form, start, free, t.mb, tid))
             end_s[tid] = free
             released = waiters_pop(tid, None)
             if released:

@@ -17,8 +17,8 @@ The summary's headline numbers go into the top-level ``metadata`` object.
 :func:`trace_document` spells the document out as Python objects, plainly (the tests hold
 the writer to it); :func:`write_trace` writes the same text without building them (a
 1T-parameter step has ~900k spans): the spans sorted once (:func:`span_order`), times
-converted as arrays, and each event put together from pieces, most of them cached per
-(name, kind, details)::
+converted as arrays, and each event put together from pieces, most of them made once per
+span form (:class:`clustersim.trace.SpanForm`)::
 
     head   {"name":"F attn","cat":"compute","ph":"X","ts":    cached
     ts     12.5                                               whole µs, then a cached fraction
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import Span, Trace
+from ..trace import Span, Trace, form_text
 
 # Streams in the order a reader scans a rank: the work, then what feeds it, then the tail.
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
@@ -92,10 +92,10 @@ def _row_of_spans(trace: Trace) -> tuple[dict[int, list[str]], list[tuple[int, s
     if base is not None:  # read by the engine already
         stream, rank, names = base.stream.astype(np.int64), base.rank, base.stream_names
     else:
-        codes = Codes()
-        stream = np.fromiter(map(codes.__getitem__, map(attrgetter("stream"), spans)), dtype=np.int64, count=n)
+        form, forms = trace.forms()
+        stream, names = form_text(forms, form, "stream")
+        stream = stream.astype(np.int64)
         rank = np.fromiter(map(attrgetter("rank"), spans), dtype=np.int64, count=n)
-        names = list(codes)
     n_streams = max(len(names), 1)
     used, span_used = np.unique(rank * n_streams + stream, return_inverse=True)
     seen: dict[int, set[str]] = {r: set() for r in trace.ranks}
@@ -386,7 +386,9 @@ def _span_lines(trace: Trace, order: SpanOrder, tids: dict[tuple[int, str], int]
     """The X events' JSON, one string per row: what ``_dumps(span_event(...))`` gives, joined
     by commas, without building a dict per span."""
     spans = trace.spans
-    parts = order.take(list(map(_EventParts().__getitem__, map(_EVENT_KEY, spans))))
+    codes, forms = trace.forms()
+    per_form = list(map(_EventParts().__getitem__, map(_EVENT_KEY, forms)))  # each form's text, once
+    parts = list(map(per_form.__getitem__, order.take_array(codes).tolist()))
     mbs = order.take(list(map(attrgetter("mb"), spans)))
     start_ns, end_ns = _ns_array(order.start_s), _ns_array(order.end_s)
     ts_us, ts_frac = _us_digits(start_ns)

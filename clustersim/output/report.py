@@ -49,7 +49,7 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from ..trace import Span, Trace
+from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values
 from .bins import BAR_BUDGET, BinnedBars, bar_count, binned_within
 from .perfetto import SpanOrder, Codes, span_order
 from .summary import plan_dims
@@ -150,9 +150,6 @@ class BarColumns:
                    size_bytes=col("size_bytes"), flops=col("flops"))
 
 
-_RUN_KEY = attrgetter("kind", "phase", "mb")
-
-
 def _runs(keys: list[tuple], start_s: list[float], end_s: list[float], bounds: list[int],
           max_gap_s: float) -> tuple[list[int], list[float]]:
     """Where each bar starts (position of its first span) and its busy time, row by row::
@@ -209,29 +206,31 @@ def _bar_sums(values: np.ndarray, firsts: list[int], ends: list[int]) -> list[fl
     return out
 
 
-def _merge(spans: list[Span], order: SpanOrder | None, bounds: list[int], start_s: np.ndarray,
-           end_s: np.ndarray, max_gap_s: float) -> BarColumns:
+def _merge(spans: list[Span], forms: tuple[np.ndarray, list[SpanForm]], order: SpanOrder | None, bounds: list[int],
+           start_s: np.ndarray, end_s: np.ndarray, max_gap_s: float) -> BarColumns:
     """Bars of spans in display order: ``order`` reorders ``spans`` (None: already in
-    order); rows are ``bounds[r]:bounds[r + 1]``; starts and ends as arrays in that order.
+    order); rows are ``bounds[r]:bounds[r + 1]``; starts and ends as arrays in that order;
+    ``forms``: the spans' form codes and forms (:func:`clustersim.trace.form_codes`).
 
-    Each field is read from the spans in their own order (close together in memory), then
-    reordered; sums are Python's ``sum`` over a bar's spans in order, maxima exact.
+    The fields spans share are read once per form and spread by form code; the microbatch
+    is read from the spans in their own order (close together in memory), then reordered.
+    Sums are Python's ``sum`` over a bar's spans in order, maxima exact.
     """
     n = len(spans)
-
-    def column(field: str) -> list:
-        values = list(map(attrgetter(field), spans))
-        return values if order is None else order.take(values)
-
-    def array(field: str, dtype: type) -> np.ndarray:
-        values = np.fromiter(map(attrgetter(field), spans), dtype=dtype, count=n)
-        return values if order is None else order.take_array(values)
-
-    keys = list(map(_RUN_KEY, spans)) if order is None else order.take(list(map(_RUN_KEY, spans)))
+    codes, form_list = forms
+    if order is not None:
+        codes = order.take_array(codes)
+    mb = np.fromiter(map(attrgetter("mb"), spans), dtype=np.int64, count=n)
+    if order is not None:
+        mb = order.take_array(mb)
+    # a bar goes on while (kind, phase, mb) stays the same: as one int per span
+    kind_phase = Codes()
+    kp = np.array([kind_phase[f.kind, f.phase] for f in form_list], dtype=np.int64)[codes]
+    lo = int(mb.min(initial=0))
+    keys = (kp * (int(mb.max(initial=0)) - lo + 1) + (mb - lo)).tolist()
     firsts, busy = _runs(keys, start_s.tolist(), end_s.tolist(), bounds, max_gap_s)
     ends = firsts[1:] + [bounds[-1]] if firsts else []  # one past each bar's last span
-    names = column("name")
-    layer = array("layer", np.int64)
+    layer = form_array(form_list, codes, "layer", np.int64)
     has_layer = layer >= 0
     no_layer = np.iinfo(np.int64).max
     if firsts:
@@ -242,15 +241,18 @@ def _merge(spans: list[Span], order: SpanOrder | None, bounds: list[int], start_
     else:
         layer_lo = layer_hi = np.zeros(0, dtype=np.int64)
         bar_end_s = np.zeros(0)
+    kp_names = list(kind_phase)
+    bar_kp = kp[firsts].tolist()
     return BarColumns(
         row=np.searchsorted(bounds, firsts, side="right") - 1,
-        kind=[keys[i][0] for i in firsts], phase=[keys[i][1] for i in firsts], mb=[keys[i][2] for i in firsts],
+        kind=[kp_names[k][0] for k in bar_kp], phase=[kp_names[k][1] for k in bar_kp], mb=mb[firsts].tolist(),
         start_s=start_s[firsts], end_s=bar_end_s, busy_s=np.array(busy, dtype=float),
         n_spans=np.array(ends, dtype=np.int64) - np.array(firsts, dtype=np.int64),
-        first_name=[names[i] for i in firsts], last_name=[names[i - 1] for i in ends],
+        first_name=form_values(form_list, codes[firsts], "name"),
+        last_name=form_values(form_list, codes[np.array(ends, dtype=np.int64) - 1], "name"),
         layer_lo=layer_lo, layer_hi=layer_hi,
-        size_bytes=_bar_sums(array("size_bytes", np.float64), firsts, ends),
-        flops=_bar_sums(array("flops", np.float64), firsts, ends),
+        size_bytes=_bar_sums(form_array(form_list, codes, "size_bytes"), firsts, ends),
+        flops=_bar_sums(form_array(form_list, codes, "flops"), firsts, ends),
     )
 
 
@@ -267,7 +269,7 @@ def merge_stream(spans: list[Span], max_gap_s: float = float("inf")) -> list[Bar
         return []
     start_s = np.array([s.start_s for s in spans], dtype=float)
     end_s = np.array([s.end_s for s in spans], dtype=float)
-    bars = _merge(spans, None, [0, len(spans)], start_s, end_s, max_gap_s)
+    bars = _merge(spans, form_codes(spans), None, [0, len(spans)], start_s, end_s, max_gap_s)
     return bars.bars([(spans[0].rank, spans[0].stream)])
 
 
@@ -275,7 +277,7 @@ def _merged(trace: Trace, max_gap_s: float | None = None) -> tuple[SpanOrder, Ba
     order = span_order(trace)
     if max_gap_s is None:
         max_gap_s = MAX_GAP_FRACTION * order.last_end_s
-    return order, _merge(trace.spans, order, order.bounds, order.start_s, order.end_s, max_gap_s)
+    return order, _merge(trace.spans, trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s)
 
 
 def merge_spans(trace: Trace, max_gap_s: float | None = None) -> dict[tuple[int, str], list[Bar]]:
@@ -483,18 +485,16 @@ def _group_traces(group: np.ndarray, row: np.ndarray, start_s: np.ndarray, dur_s
     return out
 
 
-_KIND_PHASE = attrgetter("kind", "phase")
-
-
 def _span_keys(trace: Trace, order: SpanOrder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per span, in display order: its merge key without the microbatch (a code per
     (kind, phase)), its legend group (index into GROUPS) and its microbatch."""
     spans = trace.spans
-    codes = Codes()
-    kind_phase = np.fromiter(map(codes.__getitem__, map(_KIND_PHASE, spans)), dtype=np.int64, count=len(spans))
-    group_of = np.array([_GROUP_KEYS.index(bar_group(*kp)) for kp in codes] or [0], dtype=np.int64)
+    codes, forms = trace.forms()
+    kind_phase = Codes()
+    per_form = np.array([kind_phase[f.kind, f.phase] for f in forms], dtype=np.int64)
+    group_of = np.array([_GROUP_KEYS.index(bar_group(*kp)) for kp in kind_phase] or [0], dtype=np.int64)
     mb = np.fromiter(map(attrgetter("mb"), spans), dtype=np.int64, count=len(spans))
-    kind_phase = order.take_array(kind_phase)
+    kind_phase = per_form[order.take_array(codes)]
     return kind_phase, group_of[kind_phase], order.take_array(mb)
 
 
@@ -511,7 +511,7 @@ def _timeline_bars(trace: Trace, order: SpanOrder) -> tuple[int, BarColumns | Bi
         if n_merged > BAR_BUDGET:
             return n_merged, binned_within(row, group, mb, order.start_s, order.end_s, len(GROUPS), order.last_end_s,
                                           budget=BAR_BUDGET)
-    bars = _merge(trace.spans, order, order.bounds, order.start_s, order.end_s, max_gap_s)
+    bars = _merge(trace.spans, trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s)
     return len(bars.kind), bars
 
 
