@@ -174,7 +174,9 @@ class Engine:
         self._full_of: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._start_of: dict[tuple, tuple] = {}  # by _shape_id: (phases, the same with every link)
         self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
-        self._alone_log: list[tuple[Comm, float]] = []  # communications timed in closed form: start
+        # communications timed in closed form: id -> (the communication, its starts); by object,
+        # so that a segment logs a start with one append (:meth:`_starts_log`)
+        self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
         self._census: dict[tuple, list] = {}  # shape -> [a communication of it, how many tasks]
         self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
         if network == "flow":
@@ -357,6 +359,13 @@ class Engine:
         return None if on_done is not None else done
 
     # --- processes -----------------------------------------------------------------
+    def _starts_log(self, c: Comm):
+        """The ``append`` of the list of ``c``'s starts in closed form (for link accounting)."""
+        hit = self._alone_starts.get(id(c))
+        if hit is None:
+            hit = self._alone_starts[id(c)] = (c, [])
+        return hit[1].append
+
     def form(self, key: tuple) -> SpanForm:
         """The form with the values ``key`` (in FORM_FIELDS order), made on first use."""
         form = self.forms.get(key)
@@ -487,17 +496,18 @@ class Engine:
         if self.network != "flow" or step_s <= 0:
             return []
         total = np.zeros(len(self.cluster.edges))
-        # closed-form communications, by shape: every instance moves the same bytes
-        # by identity first (cheap: a segment logs its template's communication every time),
-        # then by value, shapes in order of first appearance
+        # closed-form communications, by shape: every instance moves the same bytes. Logged
+        # by object (a segment logs its template's communication every time), grouped here by
+        # identity, then by value; shapes in order of first appearance, each one's starts in
+        # time order
         by_id: dict[tuple, tuple[Comm, list[float]]] = {}
-        for c, start_s in self._alone_log:
-            k = (c.op, id(c.group), id(c.twins), c.size_bytes, id(c.load))  # _shape_id, inline
+        for c, at in self._alone_starts.values():
+            k = _shape_id(c)
             entry = by_id.get(k)
             if entry is None:
-                by_id[k] = (c, [start_s])
+                by_id[k] = (c, list(at))
             else:
-                entry[1].append(start_s)
+                entry[1].extend(at)
         starts: dict[tuple, tuple[Comm, list[float]]] = {}
         for c, at in by_id.values():
             key = (*_shape(c), c.size_bytes)
@@ -540,7 +550,7 @@ class Engine:
         # (start, end, bytes) of everything the chosen links carried, then binned at once
         segs: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
         for key, (_, at) in starts.items():
-            t0 = np.asarray(at)
+            t0 = np.sort(np.asarray(at))  # the order they were logged in depends on how they were timed
             for on, off, dur in shapes[key]:
                 for e in chosen.intersection(on):
                     segs[e].append((t0 + off, t0 + off + dur, np.full(len(at), on[e])))
@@ -631,7 +641,7 @@ class _Segment:
         if vals is None:
             vals = [0.0]
             vals += map(end_s.__getitem__, self.inputs)  # -1.0 for late inputs not known yet
-        spans_append, alone_log_append, of_form = eng.spans.append, eng._alone_log.append, Span.of_form
+        spans_append, of_form = eng.spans.append, Span.of_form
         first, mb, late, inputs = self.first, self.mb, self.late, self.inputs
         code = self.code
         tasks = eng.prog.tasks  # their ids: the int objects the tasks hold, not new ones per span
@@ -658,8 +668,8 @@ class _Segment:
                     start = e
             end = start + dur
             vals.append(end)
-            if logged is not None:
-                alone_log_append((logged, start))
+            if logged is not None:  # the append of its communication's list of starts
+                logged(start)
             spans_append(of_form(rank, form, start, end, mb, tasks[tid].tid))
             tid += 1
         base = self.base
@@ -762,7 +772,7 @@ def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
         late.append(tuple(check))
         c = t.comm
         size_bytes, op = (0.0, "") if c is None else (c.size_bytes, c.op)
-        logged = c if c is not None and durs[k] > 0.0 and log else None
+        logged = eng._starts_log(c) if c is not None and durs[k] > 0.0 and log else None
         form = eng.form((t.stream, t.name, t.kind, t.phase, t.stage if stage_here is None else stage_here, t.layer,
                          size_bytes, op, t.flops, t.model_flops))
         code.append((p0, tuple(rest), durs[k], form, logged))
@@ -883,7 +893,7 @@ class _Stream:
         eng = self.eng
         end_s, slow = eng.end_s, eng.cluster.gpu_slowdown
         spans_append, waiters_pop, ready_append = eng.spans.append, eng.waiters.pop, eng._ready.append
-        alone_log_append, flow, stream_of = eng._alone_log.append, eng.network == "flow", eng._stream_of
+        flow, stream_of = eng.network == "flow", eng._stream_of
         forms, of_form = eng.forms, Span.of_form
         rank, stream, stage = self.rank, self.stream, self.stage
         tasks = self.tasks
@@ -955,7 +965,7 @@ class _Stream:
                     continue
                 # a fixed duration and nobody to wait for (what _fixed_comm does for one member)
                 if dur > 0.0 and flow:
-                    alone_log_append((c, start))
+                    eng._starts_log(c)(start)
                 free = start + dur
                 size_bytes, op = c.size_bytes, c.op
             # Engine._complete, inline (compute and one-member closed forms are most of a
@@ -1022,7 +1032,7 @@ class _Stream:
         else:
             members = (self,)
         if dur > 0.0 and eng.network == "flow":
-            eng._alone_log.append((c, start))
+            eng._starts_log(c)(start)
         end = start + dur
         for st in members:
             eng._complete(st.tasks[st.i], start, end)
