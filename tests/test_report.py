@@ -15,8 +15,8 @@ import pytest
 import clustersim
 from clustersim.analysis.intervals import length, union
 from clustersim.output.report import (
-    DIV_ID, FADE_LEVELS, LINKS_DIV_ID, MEMORY_DIV_ID, Bar, bar_hover, build_figure, fade_level, merge_spans,
-    merge_stream, report_html, row_labels, write_report,
+    DIV_ID, FADE_LEVELS, LINKS_DIV_ID, MEMORY_DIV_ID, Bar, _typed_array, bar_hover, build_figure, fade_level,
+    merge_spans, merge_stream, plot_div, report_html, row_labels, write_report,
 )
 from clustersim.trace import Span, Trace
 
@@ -391,3 +391,43 @@ def test_report_draws_the_critical_path_and_explains_exposed_comm(result, report
     top = s["exposed_comm_causes"][0]
     assert html.escape(top["collective"]) in report and html.escape(top["bottleneck"]["link"]) in report
     assert "warm-up</th>" in report and "imbalance</th>" in report
+
+
+def test_plot_script_survives_markup_in_texts():
+    # a name is the user's text: "</script>" in it must not end the plot's script early, and
+    # the data must read back as it was
+    text = 'F </script><b>x</b> & <!-- \u2028 "q"'
+    fig = {"data": [{"type": "bar", "name": text, "x": [1.5, 2.0], "hovertext": [text, "ok"]}],
+           "layout": {"height": 300, "title": {"text": text}}}
+    div = plot_div(fig, "some-plot", {"displaylogo": False})
+    assert div.count("</script>") == 1 and div.endswith("</script></div>")
+    assert "<!--" not in div and "<b>" not in div and "\u2028" not in div
+    assert 'style="height:300px; width:100%;"' in div
+    _, calls = _plots(div)
+    assert calls == [["some-plot", fig["data"], fig["layout"], {"displaylogo": False}]]
+
+
+@pytest.mark.parametrize("values", [
+    [1, 2, 3], [-200, 5], [70000, -1], [2**40, 1], [2**63 - 1, 0], [1.5, -2.25], [], [[1.0, 2.0], [3.0, 4.0]]])
+@pytest.mark.parametrize("dtype", [None, "uint64", "float32", "int32"])
+def test_numeric_arrays_are_sent_as_plotly_sends_them(values, dtype):
+    # the page's arrays must be what plotly's Figure.to_dict() makes of them (typed arrays with
+    # plotly >= 6, narrowed ints), without plotly's converter
+    import numpy as np
+    import plotly
+
+    flat = np.ravel(np.array(values, dtype=float))
+    if dtype in ("uint64", "int32") and len(flat) and not (np.iinfo(dtype).min <= flat.min() <= flat.max()
+                                                          <= np.iinfo(dtype).max):
+        pytest.skip(f"{values} do not fit {dtype}")
+    v = np.array(values, dtype=dtype) if dtype else np.array(values)
+    if int(plotly.__version__.split(".")[0]) < 6:
+        assert _typed_array(v) is v
+        return
+    from _plotly_utils.utils import to_typed_array_spec
+
+    want, got = to_typed_array_spec(v), _typed_array(v)
+    if isinstance(want, dict):
+        assert got == want
+    else:
+        assert isinstance(got, np.ndarray) and np.array_equal(got, want)

@@ -25,15 +25,19 @@ Past BAR_BUDGET (30k) bars, more than a browser lays out in seconds, each row is
 of bins instead (clustersim.output.bins): a 1T-parameter step has ~900k spans and ~260k bars.
 
 The timeline is built in columns: the spans sorted once (perfetto.span_order, shared with the
-trace file), each field read in one pass, bars merged in one loop (:class:`BarColumns`), hover
-texts and fade levels per column; and write_report hands plotly
-every figure (timeline, memory, links) as the dicts its validators would make of them, the
-template read from plotly's own JSON, so no validator runs (build_figure, for notebooks, still
-validates; test_report checks the page's figures are what validation gives).
+trace file), the fields spans share read once per span form, bars merged in one loop
+(:class:`BarColumns`), hover texts and fade levels per column. Every figure (timeline, memory,
+links) is made as the dict plotly's validators would make of it, the template read from
+plotly's own JSON and numeric arrays as plotly sends them (:func:`_typed_array`), and written
+into the page by :func:`plot_div` as JSON safe inside a <script>: no validator runs, and
+plotly's own page writer is not imported (it brings narwhals, 0.1 s of every run).
+build_figure, for notebooks, still validates; test_report checks that the page's figures are
+what validation gives and that the arrays are what plotly's converter makes.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import html
 import importlib.resources
@@ -46,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import plotly
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values
 from .bins import BAR_BUDGET, BinnedBars, bar_count, binned_within
@@ -420,11 +424,71 @@ def fade_level(b: Bar) -> int:
     return int(fade_levels(np.array([b.busy_s]), np.array([b.dur_s]))[0])
 
 
-try:  # plotly >= 6 sends numeric arrays to plotly.js as base64 typed arrays (Figure.to_dict)
-    from _plotly_utils.utils import to_typed_array_spec as _typed_array
-except ImportError:  # older plotly sends them as lists, as the JSON encoder writes arrays
-    def _typed_array(v: np.ndarray) -> np.ndarray:
+# plotly.js typed arrays: numpy dtype -> the code plotly.js reads in a {"dtype", "bdata"} spec
+_TYPED_ARRAY_CODES = {"int8": "i1", "uint8": "u1", "int16": "i2", "uint16": "u2", "int32": "i4", "uint32": "u4",
+                      "float32": "f4", "float64": "f8"}
+# plotly >= 6 sends numeric arrays to plotly.js as base64 typed arrays (Figure.to_dict), older
+# plotly as lists (what the JSON writer makes of an array)
+_SENDS_TYPED_ARRAYS = int(plotly.__version__.split(".")[0]) >= 6
+
+
+def _typed_array(v: np.ndarray) -> np.ndarray | dict[str, str]:
+    """A numeric array as plotly sends it to plotly.js: with plotly >= 6 a typed array spec,
+    ``{"dtype": "f8", "bdata": base64 of the little-endian bytes}`` (and ``"shape": "2, 3"``
+    beyond one dimension), 64-bit ints narrowed to the smallest int type that holds them
+    (plotly.js has no 64-bit ints), else the array."""
+    if not _SENDS_TYPED_ARRAYS or v.size == 0:
         return v
+    if v.dtype.kind in "iu" and v.dtype.itemsize == 8:
+        lo, hi = int(v.min()), int(v.max())
+        fits = [t for t in ((np.int8, np.int16, np.int32) if v.dtype.kind == "i" or lo < 0
+                            else (np.uint8, np.uint16, np.uint32)) if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max]
+        if not fits:
+            return v
+        v = v.astype(fits[0])
+    code = _TYPED_ARRAY_CODES.get(str(v.dtype))
+    if code is None:
+        return v
+    spec = {"dtype": code, "bdata": base64.b64encode(np.ascontiguousarray(v, v.dtype.newbyteorder("<"))).decode("ascii")}
+    if v.ndim > 1:
+        spec["shape"] = ", ".join(map(str, v.shape))
+    return spec
+
+
+# inside a <script>: "</script>" or "<!--" in a text would end or hide it; JSON reads these the same
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                              "\u2029": "\\u2029"})
+
+
+def _plain(x: Any) -> Any:
+    """What the JSON writer makes of a numpy value or array: the Python number or list."""
+    if isinstance(x, (np.generic, np.ndarray)):
+        return x.tolist()
+    raise TypeError(f"cannot write {type(x).__name__} into a plot's JSON")
+
+
+def _script_json(obj: Any) -> str:
+    """``obj`` as compact JSON that is safe inside an HTML <script> element."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=_plain).translate(_SCRIPT_SAFE)
+
+
+def plot_div(fig: go.Figure | dict[str, Any], div_id: str, config: dict[str, Any]) -> str:
+    """A plot on a page that has loaded plotly.js: its <div>, as tall as the layout says
+    (else the page decides), and the script that draws it there::
+
+        <div style="height:650px; width:100%;"><div id="ID" class="plotly-graph-div" ...></div>
+        <script>if (document.getElementById("ID")) {Plotly.newPlot("ID", data, layout, config)};</script></div>
+
+    ``fig``: a figure dict taken as it is (numeric arrays as plotly sends them, see
+    :func:`_as_sent`), or a plotly figure (its ``to_dict()``)."""
+    d = fig if isinstance(fig, dict) else fig.to_dict()
+    layout = d.get("layout", {})
+    height = layout.get("height")
+    style = f"height:{height}px; width:100%;" if isinstance(height, (int, float)) else "height:100%; width:100%;"
+    ident = json.dumps(div_id)
+    return (f'<div style="{style}"><div id={ident} class="plotly-graph-div" style="height:100%; width:100%;"></div>'
+            f'<script>if (document.getElementById({ident})) {{Plotly.newPlot({ident}, '
+            f'{_script_json(d.get("data", []))}, {_script_json(layout)}, {_script_json(config)})}};</script></div>')
 
 
 @functools.cache
@@ -819,8 +883,7 @@ def _embedded(fig: dict[str, Any] | None, div_id: str, note: str) -> str:
     if fig is None:
         return ""
     return (f'<p class="note">{note}</p>'
-            + pio.to_html(fig, validate=False, full_html=False, include_plotlyjs=False, div_id=div_id,
-                          config={"displaylogo": False, "responsive": True}))
+            + plot_div(fig, div_id, {"displaylogo": False, "responsive": True}))
 
 
 LINKS_DIV_ID = "clustersim-links"
@@ -1031,11 +1094,8 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str
     from plotly.offline import get_plotlyjs
 
     plotlyjs = f'<script type="text/javascript">{get_plotlyjs()}</script>'  # once, before every plot
-    plot = pio.to_html(
-        fig, validate=False, full_html=False, include_plotlyjs=False, div_id=DIV_ID,
-        config={"displaylogo": False, "responsive": True,
-                "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}},
-    )
+    plot = plot_div(fig, DIV_ID, {"displaylogo": False, "responsive": True,
+                                  "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}})
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
     links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
                            f"it, for the {LINKS_SHOWN} busiest links.")
