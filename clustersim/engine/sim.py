@@ -165,6 +165,9 @@ class Engine:
         # the spans' shared fields (SpanForm), one per distinct set of values (equal as Python
         # compares them: 0 and 0.0 share one); keys in FORM_FIELDS order
         self.forms: dict[tuple, SpanForm] = {}
+        # task id -> the form of its own span where known before the run (tasks of templates:
+        # one list of forms per template), else None
+        self._form_of: list[SpanForm | None] = [None] * len(program.tasks)
         self._rdv: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
@@ -373,10 +376,17 @@ class Engine:
             form = self.forms[key] = SpanForm(*key)
         return form
 
-    def _record(self, t: Task, rank: int, stream: str, start_s: float, end_s: float, name: str | None = None):
+    def _span_key(self, t: Task, rank: int, stream: str, name: str) -> tuple:
+        """The values of the form of ``t``'s span on ``rank`` and ``stream`` (FORM_FIELDS order)."""
         c = t.comm
-        form = self.form((stream, name or t.name, t.kind, t.phase, self.stage_of.get(rank, t.stage), t.layer,
-                          c.size_bytes if c else 0.0, c.op if c else "", t.flops, t.model_flops))
+        return (stream, name, t.kind, t.phase, self.stage_of.get(rank, t.stage), t.layer, c.size_bytes if c else 0.0,
+                c.op if c else "", t.flops, t.model_flops)
+
+    def _record(self, t: Task, rank: int, stream: str, start_s: float, end_s: float, name: str | None = None):
+        own = name is None and rank == t.rank and stream == t.stream
+        form = self._form_of[t.tid] if own else None
+        if form is None:
+            form = self.form(self._span_key(t, rank, stream, name or t.name))
         self.spans.append(Span.of_form(rank, form, start_s, end_s, t.mb, t.tid))
 
     def _complete(self, t: Task, start_s: float, end_s: float) -> None:
@@ -715,7 +725,6 @@ def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
     segment could not stop there without holding that one back)."""
     slow = eng.cluster.gpu_slowdown
     rank, first, n = tasks[0].rank, tasks[0].tid, len(tasks)
-    stage_here = eng.stage_of.get(rank)
     streams: list[str] = []  # in order of their first task: the run's own stream first
     durs: list[float] = []
     for t in tasks:
@@ -773,9 +782,7 @@ def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
         c = t.comm
         size_bytes, op = (0.0, "") if c is None else (c.size_bytes, c.op)
         logged = eng._starts_log(c) if c is not None and durs[k] > 0.0 and log else None
-        form = eng.form((t.stream, t.name, t.kind, t.phase, t.stage if stage_here is None else stage_here, t.layer,
-                         size_bytes, op, t.flops, t.model_flops))
-        code.append((p0, tuple(rest), durs[k], form, logged))
+        code.append((p0, tuple(rest), durs[k], eng.form(eng._span_key(t, rank, t.stream, t.name)), logged))
         last_on[t.stream] = k
     order = [key for key in slot_of]  # slot - 1 -> what it reads
     last = {s: last_on[s] for s in streams}  # each stream's last task, relative
@@ -797,6 +804,8 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
     last_of: dict[tuple[int, str], int] = {}  # (rank, stream) -> its last task so far
     moved: dict[tuple[int, str], int] = {}  # (rank, stream) -> its last task, run by a segment elsewhere
     codes: dict[int, tuple | None] = {}
+    forms_of: dict[int, list] = {}  # template -> the forms of its tasks' own spans, in order
+    form_of = eng._form_of
 
     def plain(lo: int, hi: int) -> None:
         for t in tasks[lo:hi]:
@@ -817,7 +826,9 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
         key = id(tmpl)
         if key not in codes:
             codes[key] = _segment_code(eng, tasks[first:end])
+            forms_of[key] = [eng.form(eng._span_key(t, rank, t.stream, t.name)) for t in tasks[first:end]]
         hit = codes[key]
+        form_of[first:end] = forms_of[key]
         if hit is None:
             plain(first, end)
             continue
@@ -894,7 +905,7 @@ class _Stream:
         end_s, slow = eng.end_s, eng.cluster.gpu_slowdown
         spans_append, waiters_pop, ready_append = eng.spans.append, eng.waiters.pop, eng._ready.append
         flow, stream_of = eng.network == "flow", eng._stream_of
-        forms, of_form = eng.forms, Span.of_form
+        forms, form_of, of_form = eng.forms, eng._form_of, Span.of_form
         rank, stream, stage = self.rank, self.stream, self.stage
         tasks = self.tasks
         n, i, free = len(tasks), self.i, self.free_s  # the loop's state, written back before leaving it
@@ -971,11 +982,13 @@ class _Stream:
             # Engine._complete, inline (compute and one-member closed forms are most of a
             # step's tasks outside segments)
             tid = t.tid
-            key = (stream, t.name, t.kind, t.phase, t.stage if stage is None else stage, t.layer, size_bytes, op,
-                   t.flops, t.model_flops)
-            form = forms.get(key)
-            if form is None:
-                form = eng.form(key)
+            form = form_of[tid]
+            if form is None:  # a task outside the templates
+                key = (stream, t.name, t.kind, t.phase, t.stage if stage is None else stage, t.layer, size_bytes, op,
+                       t.flops, t.model_flops)
+                form = forms.get(key)
+                if form is None:
+                    form = eng.form(key)
             spans_append(of_form(rank, form, start, free, t.mb, tid))
             end_s[tid] = free
             released = waiters_pop(tid, None)

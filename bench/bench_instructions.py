@@ -1,0 +1,156 @@
+"""Instructions each phase of a run executes, counted under valgrind: a speed comparison that
+the machine's drift does not blur.
+
+    python bench/bench_instructions.py                          # moe_1024gpu
+    python bench/bench_instructions.py x.yaml y.yaml            # these scenarios
+    python bench/bench_instructions.py --against ../old x.yaml  # this checkout against another
+
+Wall time on a shared 2-core machine drifts by 1.5x and more within minutes, more than most
+changes move it; the instructions a run executes do not drift (the same program, inputs and
+hash seed give the same count to a few parts in a million). Each scenario runs once per
+checkout in a fresh interpreter under callgrind (``valgrind --tool=callgrind``, 30-80x slower
+than a plain run; the runs go two at a time, as the count does not depend on what else runs).
+The phases are those of ``bench_scale.py``; between two phases the child calls
+``os.getppid()``, and ``--dump-before=os_getppid`` makes callgrind write the counts so far
+and start again from zero, so one run gives every phase::
+
+    interpreter | import | load | lower | setup | run | analysis | outputs | exit
+               getppid  getppid ...                                      getppid
+
+A count is not a time: a cache miss costs more than an add. It says whether a change does
+less work, and where; bench_scale.py says how long the work takes. Example (2026-11-30,
+moe_1024gpu, this checkout against the commit before the span forms)::
+
+    phase           ac68b3c      this    change
+    import       1,103.6 M   1,032.0 M   -6.5 %
+    ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = [ROOT / "scenarios/moe_1024gpu.yaml"]
+PHASES = ("interpreter", "import", "load", "lower", "setup", "run", "analysis", "outputs", "exit")
+
+
+def child(path: str) -> None:
+    """The run, phase by phase, with a marker call between phases (see the module docstring)."""
+    mark = os.getppid
+    mark()  # the interpreter has started
+    import gc
+    from pathlib import Path as P
+
+    gc.disable()  # as python -m clustersim does
+    from clustersim.analysis.invariants import InvariantError, check_invariants
+    from clustersim.api import no_cyclic_gc, summarize
+    from clustersim.config import load_scenario
+    from clustersim.engine import Engine
+    from clustersim.output.perfetto import write_trace
+    from clustersim.output.report import write_report
+    from clustersim.output.summary import to_json
+    from clustersim.program.lower import lower
+
+    mark()
+    sc = load_scenario(path)
+    _ = sc.cluster
+    mark()
+    with no_cyclic_gc():
+        prog, low = lower(sc)
+        mark()
+        sim = sc.cfg.simulation
+        engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
+        mark()
+        trace = engine.run()
+        mark()
+        summary = summarize(sc, low, trace, prog, engine, keep_columns=True)
+        violations = check_invariants(prog, trace, summary, cols=trace.columns())
+        if violations:
+            raise InvariantError(violations)
+        mark()
+        with tempfile.TemporaryDirectory() as tmp:
+            P(tmp, "summary.json").write_text(to_json(summary))
+            write_report(P(tmp, "report.html"), trace, summary)
+            write_trace(P(tmp, "trace.json.gz"), trace, summary)
+        mark()
+
+
+def count(tree: Path, scenario: Path) -> list[int]:
+    """Instructions per phase (PHASES order) of one run of ``scenario`` with the clustersim of
+    ``tree`` (a checkout)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=str(tree), PYTHONHASHSEED="0")
+    # compile the sources first (an installed package runs from its bytecode cache)
+    subprocess.run([sys.executable, "-c", "import clustersim.api, clustersim.output.report"], cwd=tree, env=env,
+                   check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "cg.out")
+        run = subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=os_getppid", f"--callgrind-out-file={out}",
+                              sys.executable, __file__, "--child", str(scenario)],
+                             cwd=tree, env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"{scenario.name} under valgrind failed:\n{run.stderr[-3000:]}")
+        dumps = sorted(Path(tmp).glob("cg.out.*"), key=lambda p: int(p.suffix[1:])) + [out]
+        counts = [int(re.search(r"^summary: (\d+)", d.read_text(), re.M)[1]) for d in dumps]
+    if len(counts) != len(PHASES):
+        sys.exit(f"{scenario.name}: expected {len(PHASES)} phases, callgrind wrote {len(counts)} (os.getppid "
+                 "called elsewhere?)")
+    return counts
+
+
+def table(scenario: Path, names: list[str], counts: list[list[int]]) -> str:
+    head = f"{scenario.stem:<14}" + "".join(f"{n:>14}" for n in names) + ("      change" if len(names) == 2 else "")
+    lines = [head]
+    for i, phase in enumerate((*PHASES, "total")):
+        vals = [sum(c) if phase == "total" else c[i] for c in counts]
+        line = f"{phase:<14}" + "".join(f"{v / 1e6:>12,.1f} M" for v in vals)
+        if len(vals) == 2 and vals[0]:
+            line += f"{100 * (vals[1] - vals[0]) / vals[0]:>+10.1f} %"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scenarios", nargs="*", type=Path)
+    ap.add_argument("--against", type=Path, help="another checkout of clustersim, counted first")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("bench_instructions.py needs valgrind (Debian: apt install valgrind)")
+    trees = ([args.against.resolve()] if args.against else []) + [ROOT]
+    names = [_label(t) for t in trees]
+    scenarios = [p.resolve() for p in args.scenarios] or DEFAULT
+    with ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 1)) as pool:
+        jobs = {(s, t): pool.submit(count, t, s) for s in scenarios for t in trees}
+        for s in scenarios:
+            print(table(s, names, [jobs[s, t].result() for t in trees]), flush=True)
+            print()
+
+
+def _label(tree: Path) -> str:
+    """The checkout's commit (short), "+" when its working tree differs from it."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return rev + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return tree.name
+
+
+if __name__ == "__main__":
+    main()
