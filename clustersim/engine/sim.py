@@ -654,11 +654,11 @@ class _Segment:
         spans_append, of_form = eng.spans.append, Span.of_form
         first, mb, late, inputs = self.first, self.mb, self.late, self.inputs
         code = self.code
-        tasks = eng.prog.tasks  # their ids: the int objects the tasks hold, not new ones per span
-        tid = first + pos
+        # the tasks, for their ids: the int objects they hold, not new ones per span
+        mine = eng.prog.tasks[first + pos:self.end]
         stopped = False
-        for k in range(pos, len(code)):
-            check = late[k]
+        for check, (p0, rest, dur, form, logged), t in zip(late[pos:] if pos else late, code[pos:] if pos else code,
+                                                           mine):
             if check:
                 for slot in check:
                     d = inputs[slot - 1]
@@ -670,7 +670,6 @@ class _Segment:
                     vals[slot] = e
                 if stopped:
                     break
-            p0, rest, dur, form, logged = code[k]
             start = vals[p0]
             for p in rest:  # in the task's dependency order, as the stream loop takes them
                 e = vals[p]
@@ -680,10 +679,10 @@ class _Segment:
             vals.append(end)
             if logged is not None:  # the append of its communication's list of starts
                 logged(start)
-            spans_append(of_form(rank, form, start, end, mb, tasks[tid].tid))
-            tid += 1
+            spans_append(of_form(rank, form, start, end, mb, t.tid))
         base = self.base
         lo = first + pos
+        tid = first + len(vals) - base  # one past the last task timed
         end_s[lo:tid] = vals[base + pos:]
         waiters = eng.waiters
         if waiters:

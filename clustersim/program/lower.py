@@ -562,21 +562,22 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
 
 def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps) -> None:
     """Append the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r``, with inputs ``deps``."""
-    tids: list[int] = []  # the tasks' ids, each one int object, shared with the deps naming it
+    refs = list(deps)  # what the dependency codes name: the inputs, then the tasks' ids as made
+    if len(refs) != tmpl.inputs:
+        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(refs)}")
+    add_ref, add = refs.append, tasks.append
+    tid = len(tasks)  # each id one int object, shared by the task and the deps naming it
     for spec, stream, name, kind, dur, code, phase, stage, layer, flops, model_flops in tmpl.protos:
-        tid = len(tasks)
-        tids.append(tid)
-        if len(code) == 1 and code[0] >= 0:  # most tasks: after one task of the action
-            d = (tids[code[0]],)
-        else:
-            d = tuple(tids[x] if x >= 0 else deps[-1 - x] for x in code)
+        add_ref(tid)
+        d = (refs[code[0]],) if len(code) == 1 else tuple(map(refs.__getitem__, code))
         if spec is None:
             # positional, in Task's field order
-            tasks.append(Task(tid, r, stream, name, kind, dur, None, d, mb, phase, stage, layer, flops, model_flops))
+            add(Task(tid, r, stream, name, kind, dur, None, d, mb, phase, stage, layer, flops, model_flops))
         else:
             op, size, group, twins, members, channel, orbit, head, tail, recv, load = spec
             c = Comm(op, size, group, twins, members, (channel, orbit, (*head, mb, *tail)), recv, load)
-            tasks.append(Task(tid, r, stream, name, kind, 0.0, c, d, mb, phase, stage, layer, 0.0, 0.0))
+            add(Task(tid, r, stream, name, kind, 0.0, c, d, mb, phase, stage, layer, 0.0, 0.0))
+        tid += 1
 
 
 def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate | None:
@@ -593,9 +594,9 @@ def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate
         code = []
         for d in t.deps:
             if first <= d < end:
-                code.append(d - first)
+                code.append(len(deps) + d - first)
             elif d in where:
-                code.append(-1 - where[d])
+                code.append(where[d])
             else:
                 return None  # reads a task made elsewhere that the inputs do not name
         c = t.comm
@@ -612,7 +613,7 @@ def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate
             return None
         protos.append((spec, t.stream, t.name, t.kind, t.duration_s, tuple(code), t.phase, t.stage, t.layer,
                        t.flops, t.model_flops))
-    tmpl = ActionTemplate(tuple(protos), tuple(computes), computes[-1][1] if computes else -1)
+    tmpl = ActionTemplate(tuple(protos), tuple(computes), computes[-1][1] if computes else -1, len(deps))
     again: list[Task] = [None] * first  # type: ignore[list-item]
     _instantiate(again, tmpl, made[0].rank, mb, deps)
     for t, u in zip(made, again[first:]):

@@ -65,8 +65,8 @@ class ActionTemplate:
     action's inputs are the same each time (a step lowers the same action hundreds of times).
 
     ``protos``: per task, in order, (communication spec or None, stream, name, kind,
-    duration, dependency code, phase, stage, layer, flops, model flops); a dependency code
-    ``x >= 0`` is the action's own task ``x`` (relative), ``x < 0`` its input ``-1 - x``. A
+    duration, dependency codes, phase, stage, layer, flops, model flops); a dependency code
+    ``x < inputs`` is the action's input ``x``, else its own task ``x - inputs`` (relative). A
     spec is (op, size, group, twins, members, channel, orbit, rendezvous tag before and after
     the microbatch, receive rank, load). ``computes``: (block index, relative id) of each
     compute task; ``last_compute``: the relative id of the last one (-1: none).
@@ -75,6 +75,7 @@ class ActionTemplate:
     protos: tuple
     computes: tuple[tuple[int, int], ...]
     last_compute: int
+    inputs: int  # how many inputs its actions have
 
     def __len__(self) -> int:
         return len(self.protos)
