@@ -19,11 +19,19 @@ and start again from zero, so one run gives every phase::
 
 A count is not a time: a cache miss costs more than an add. It says whether a change does
 less work, and where; bench_scale.py says how long the work takes. Example (2026-11-30,
-moe_1024gpu, this checkout against the commit before the span forms)::
+moe_1024gpu, the span forms and the report's own plot writer against the commit before)::
 
-    phase           ac68b3c      this    change
-    import       1,103.6 M   1,032.0 M   -6.5 %
-    ...
+    moe_1024gpu          ac68b3c       c456bc4      change
+    interpreter          186.2 M       186.2 M      +0.0 %
+    import             1,465.1 M     1,345.2 M      -8.2 %
+    load                 234.7 M       234.9 M      +0.1 %
+    lower                764.5 M       761.7 M      -0.4 %
+    setup              1,926.6 M     1,926.6 M      -0.0 %
+    run                3,781.3 M     3,869.6 M      +2.3 %
+    analysis             939.5 M       858.8 M      -8.6 %
+    outputs            1,564.0 M     1,412.1 M      -9.7 %
+    exit                 215.7 M       201.5 M      -6.6 %
+    total             11,077.5 M    10,796.7 M      -2.5 %
 """
 
 from __future__ import annotations

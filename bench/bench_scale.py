@@ -17,22 +17,22 @@ processed. "x bare timeout" compares the engine's seconds per event (setup and r
 of a process that only yields simpy timeouts, on the same machine.
 Example (2 cores, 2026-11-30, the latest code on a noisy machine whose speed drifts by 1.5x or
 more, here on a slow stretch: compare scenarios, not machines; docs/performance.md has the
-targets and the figures)::
+targets and the figures, and bench_instructions.py compares two versions without the drift)::
 
-    bare simpy timeout: 1.58 us per event (median of 5 x 200,000)
+    bare simpy timeout: 1.64 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
     simpy events                  28,061            15,829           132,174
-    lower s                         0.12              0.31              1.83
-    engine s                        1.45              3.98              5.94
-    analysis s                      0.23              0.41              3.48
-    outputs s                       0.40              0.34              3.60
-    total s                         2.82              5.99             15.79
-    clustersim run s                2.98              6.42             15.52
-    peak RSS MiB                     182               379               997
-    engine us/task                 40.09            130.67              6.95
-      run only (x bare timeout)     18.7              40.5               4.0
+    lower s                         0.16              0.56              1.78
+    engine s                        1.40              5.42              6.69
+    analysis s                      0.18              0.40              2.73
+    outputs s                       0.31              0.29              2.61
+    total s                         2.53              7.69             14.73
+    clustersim run s                2.51              6.94             16.82
+    peak RSS MiB                     164               360               898
+    engine us/task                 38.95            178.17              7.83
+      run only (x bare timeout)     17.5              41.7               4.4
 """
 
 from __future__ import annotations
