@@ -455,10 +455,10 @@ def _typed_array(v: np.ndarray) -> np.ndarray | dict[str, str]:
     return spec
 
 
-# inside a <script>, "</script>" or "<!--" in a text would end or hide it: JSON reads these
-# escapes as the same characters (U+2028 and U+2029, which old parsers took for line ends, are
-# escaped by the JSON writer: it writes ASCII only)
-_SCRIPT_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
+# inside a <script>, "</script>" or "<!--" in a text would end or hide it, and old parsers took
+# U+2028 and U+2029 for line ends: JSON reads these escapes as the same characters
+_SCRIPT_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                ("\u2029", "\\u2029"))
 
 
 def _plain(x: Any) -> Any:
@@ -470,7 +470,7 @@ def _plain(x: Any) -> Any:
 
 def _script_json(obj: Any) -> str:
     """``obj`` as compact JSON that is safe inside an HTML <script> element."""
-    text = json.dumps(obj, separators=(",", ":"), default=_plain)
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=_plain)  # the page is UTF-8
     for unsafe, escaped in _SCRIPT_SAFE:
         text = text.replace(unsafe, escaped)
     return text
