@@ -30,6 +30,25 @@ def text_codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
     return renumber[raw], names
 
 
+def grouped_order(group: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): rows ordered by ``group`` (ascending), then within a group by ``keys``
+    as ``np.lexsort(keys)`` orders (the last key first), ties in row order; ``starts``: where
+    each group begins in ``order``. Sorting group by group is several times faster than one
+    lexsort over everything (small sorts stay in cache)."""
+    order = np.argsort(group, kind="stable")
+    g = group[order]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if len(g) else np.zeros(0, dtype=np.int64)
+    if keys and len(starts) > 1 + len(order) // 256:  # many small groups: one lexsort is cheaper
+        order = np.lexsort((*keys, group))
+    elif keys:
+        ends = np.append(starts[1:], len(order))
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            seg = order[a:b]
+            order[a:b] = seg[np.lexsort(tuple(k[seg] for k in keys))]
+    return order, starts
+
+
+
 # what the spans of one kind of task share (SpanForm), in Span's constructor order
 FORM_FIELDS = ("stream", "name", "kind", "phase", "stage", "layer", "size_bytes", "op", "flops", "model_flops")
 # every field of a span, in its constructor's order
@@ -225,7 +244,7 @@ class SpanBase:
         """The spans by rank, start, end and stream name (stable: ties keep their order), as
         ``sorted(spans, key=attrgetter("rank", "start_s", "end_s", "stream"))`` orders them,
         with their columns."""
-        order = np.lexsort((self.stream, self.end_s, self.start_s, self.rank))
+        order, _ = grouped_order(self.rank, self.stream, self.end_s, self.start_s)  # rank by rank: in cache
         spans = list(map(self.spans.__getitem__, order.tolist()))
         return SpanBase(spans, self.rank[order], self.stream[order], self.stream_names, self.start_s[order],
                         self.end_s[order], self.tid[order], self.form[order], self.forms)

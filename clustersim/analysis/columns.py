@@ -28,7 +28,7 @@ from operator import attrgetter, is_not
 
 import numpy as np
 
-from ..trace import FORM_FIELDS, form_array, form_codes, form_text, text_codes
+from ..trace import FORM_FIELDS, form_array, form_codes, form_text, grouped_order, text_codes
 
 
 def _floats(objs: list, attr: str) -> np.ndarray:
@@ -37,24 +37,6 @@ def _floats(objs: list, attr: str) -> np.ndarray:
 
 def _ints(objs: list, attr: str) -> np.ndarray:
     return np.fromiter(map(attrgetter(attr), objs), np.int64, len(objs))
-
-
-def grouped_order(group: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order, starts): rows ordered by ``group`` (ascending), then within a group by ``keys``
-    as ``np.lexsort(keys)`` orders (the last key first), ties in row order; ``starts``: where
-    each group begins in ``order``. Sorting group by group is several times faster than one
-    lexsort over everything (small sorts stay in cache)."""
-    order = np.argsort(group, kind="stable")
-    g = group[order]
-    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if len(g) else np.zeros(0, dtype=np.int64)
-    if keys and len(starts) > 1 + len(order) // 256:  # many small groups: one lexsort is cheaper
-        order = np.lexsort((*keys, group))
-    elif keys:
-        ends = np.append(starts[1:], len(order))
-        for a, b in zip(starts.tolist(), ends.tolist()):
-            seg = order[a:b]
-            order[a:b] = seg[np.lexsort(tuple(k[seg] for k in keys))]
-    return order, starts
 
 
 def mixed_radix(*cols: np.ndarray) -> np.ndarray | None:
