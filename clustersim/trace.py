@@ -141,6 +141,10 @@ class Span:
         """Every field, in SPAN_FIELDS order."""
         return _SPAN_VALUES(self)
 
+    def as_dict(self) -> dict:
+        """Every field by name, in SPAN_FIELDS order (a row of a table of spans)."""
+        return dict(zip(SPAN_FIELDS, _SPAN_VALUES(self)))
+
     def __eq__(self, other) -> bool:
         if not isinstance(other, Span):
             return NotImplemented

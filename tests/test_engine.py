@@ -483,3 +483,29 @@ def test_a_mix_put_together_from_plan_pairs_gets_the_same_rates(seed):
         mix = [t.weights[i] for t in comp for i in t.live]
         assert sum(map(len, mix)) >= NUMPY_MIN_CELLS  # the pairs path, not the loops
         assert net._max_min_of(comp) == max_min_rates(mix, bw)
+
+
+def test_spans_share_forms_and_read_as_before():
+    # a span keeps its own fields and reads the shared ones from its form; setting a shared
+    # field on one span must not change the others that share the form
+    import copy
+    import pickle
+
+    from clustersim.trace import SPAN_FIELDS, Span, SpanForm
+
+    form = SpanForm("compute", "F attn", "compute", "F", 2, 5, 0.0, "", 3e12, 2e12)
+    a = Span.of_form(0, form, 0.5, 0.75, 3, 17)
+    b = Span.of_form(8, form, 0.5, 0.75, 4, 18)
+    assert a.form is b.form and isinstance(a, Span)
+    assert (a.name, a.stream, a.stage, a.layer, a.flops, a.model_flops, a.dur_s) == ("F attn", "compute", 2, 5,
+                                                                                     3e12, 2e12, 0.25)
+    made = Span(0, "compute", "F attn", "compute", 0.5, 0.75, mb=3, phase="F", stage=2, layer=5, flops=3e12,
+                model_flops=2e12, tid=17)
+    assert made == a and made.form is not a.form and repr(made) == repr(a)
+    assert list(a.as_dict()) == list(SPAN_FIELDS) and a.as_dict()["flops"] == 3e12
+    b.name = "F mlp"
+    assert (b.name, a.name, form.name) == ("F mlp", "F attn", "F attn") and b.form is not form
+    assert b.form.values()[2:] == form.values()[2:]
+    with pytest.raises(AttributeError):
+        form.name = "x"
+    assert pickle.loads(pickle.dumps(a)) == a and copy.deepcopy(a) == a and a != b
