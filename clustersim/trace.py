@@ -22,9 +22,16 @@ def text_codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
     values[i]``, codes int32 numbered in the sorted order of the values, so that ordering by
     code orders as the text would. One pass numbers each value by the position of its first
     occurrence; those numbers are then renumbered in sorted order."""
+    return _codes(values, n, sort=True)
+
+
+def _codes(values: Iterable, n: int, sort: bool) -> tuple[np.ndarray, list]:
+    """(int32 code of each of the ``n`` values, the distinct values): numbered in sorted order
+    with ``sort``, else in order of first appearance. Values need only hash (and, to sort,
+    order)."""
     first: dict = {}
     raw = np.fromiter(map(first.setdefault, values, count()), np.int64, n)
-    names = sorted(first)
+    names = sorted(first) if sort else list(first)
     renumber = np.zeros(n, dtype=np.int32)
     renumber[[first[v] for v in names]] = np.arange(len(names), dtype=np.int32)
     return renumber[raw], names
@@ -46,7 +53,6 @@ def grouped_order(group: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, np.
             seg = order[a:b]
             order[a:b] = seg[np.lexsort(tuple(k[seg] for k in keys))]
     return order, starts
-
 
 
 # what the spans of one kind of task share (SpanForm), in Span's constructor order
@@ -88,6 +94,9 @@ class SpanForm:
 
     def __repr__(self) -> str:
         return "SpanForm(" + ", ".join(f"{k}={v!r}" for k, v in zip(FORM_FIELDS, self.values())) + ")"
+
+    def __reduce__(self):
+        return SpanForm, self.values()
 
 
 def _form_field(k: int, name: str) -> property:
@@ -173,22 +182,10 @@ class _FormSpan(Span):
 Span.of_form = _FormSpan
 
 
-def _form_reduce(form: SpanForm):
-    return SpanForm, form.values()
-
-
-SpanForm.__reduce__ = _form_reduce
-
-
 def form_codes(spans: list) -> tuple[np.ndarray, list[SpanForm]]:
     """(each span's form as an int32 code, the distinct forms in order of first appearance):
     ``forms[codes[i]] is spans[i].form``. Forms are told apart as objects (cheap to hash)."""
-    n = len(spans)
-    first: dict = {}
-    raw = np.fromiter(map(first.setdefault, map(attrgetter("form"), spans), count()), np.int64, n)
-    renumber = np.zeros(n, dtype=np.int32)
-    renumber[list(first.values())] = np.arange(len(first), dtype=np.int32)
-    return renumber[raw], list(first)
+    return _codes(map(attrgetter("form"), spans), len(spans), sort=False)
 
 
 def form_values(forms: list[SpanForm], codes: np.ndarray, attr: str) -> list:

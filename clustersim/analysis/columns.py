@@ -28,7 +28,7 @@ from operator import attrgetter, is_not
 
 import numpy as np
 
-from ..trace import FORM_FIELDS, form_array, form_codes, form_text, grouped_order, text_codes
+from ..trace import FORM_FIELDS, form_array, form_codes, form_text, form_values, grouped_order, text_codes
 
 
 def _floats(objs: list, attr: str) -> np.ndarray:
@@ -99,6 +99,19 @@ class SpanColumns:
         """(each span's form code, the forms): the fields spans share are read per form."""
         return form_codes(self.spans)
 
+    def form_values(self, attr: str) -> list:
+        """``attr`` (a field spans share, FORM_FIELDS) of each span, as its form holds it."""
+        codes, forms = self._forms
+        return form_values(forms, codes, attr)
+
+    def _form_array(self, attr: str, dtype=np.float64) -> np.ndarray:
+        codes, forms = self._forms
+        return form_array(forms, codes, attr, dtype)
+
+    def _form_text(self, attr: str) -> tuple[np.ndarray, list[str]]:
+        codes, forms = self._forms
+        return form_text(forms, codes, attr)
+
     # --- numbers -------------------------------------------------------------------------
     @cached_property
     def rank(self) -> np.ndarray:
@@ -114,11 +127,11 @@ class SpanColumns:
 
     @cached_property
     def stage(self) -> np.ndarray:
-        return form_array(self._forms[1], self._forms[0], "stage", np.int64)
+        return self._form_array("stage", np.int64)
 
     @cached_property
     def layer(self) -> np.ndarray:
-        return form_array(self._forms[1], self._forms[0], "layer", np.int64)
+        return self._form_array("layer", np.int64)
 
     @cached_property
     def start_s(self) -> np.ndarray:
@@ -130,28 +143,28 @@ class SpanColumns:
 
     @cached_property
     def size_bytes(self) -> np.ndarray:
-        return form_array(self._forms[1], self._forms[0], "size_bytes")
+        return self._form_array("size_bytes")
 
     # --- text, as codes (each form's value, spread) ----------------------------------------
     @cached_property
     def _kind(self) -> tuple[np.ndarray, list[str]]:
-        return form_text(self._forms[1], self._forms[0], "kind")
+        return self._form_text("kind")
 
     @cached_property
     def _stream(self) -> tuple[np.ndarray, list[str]]:
-        return form_text(self._forms[1], self._forms[0], "stream")
+        return self._form_text("stream")
 
     @cached_property
     def _phase(self) -> tuple[np.ndarray, list[str]]:
-        return form_text(self._forms[1], self._forms[0], "phase")
+        return self._form_text("phase")
 
     @cached_property
     def _op(self) -> tuple[np.ndarray, list[str]]:
-        return form_text(self._forms[1], self._forms[0], "op")
+        return self._form_text("op")
 
     @cached_property
     def _name(self) -> tuple[np.ndarray, list[str]]:
-        return form_text(self._forms[1], self._forms[0], "name")
+        return self._form_text("name")
 
     kind = property(lambda self: self._kind[0], doc="kind codes (``kind_names``)")
     kind_names = property(lambda self: self._kind[1])

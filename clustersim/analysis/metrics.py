@@ -22,7 +22,7 @@ from operator import mul
 
 import numpy as np
 
-from ..trace import Trace, form_values
+from ..trace import Trace
 from .bubble import DEP_KINDS, BubbleSplit, split_bubble
 from .columns import SpanColumns
 from .intervals import Arrays, merged, merged_length, minus_length_arrays
@@ -80,8 +80,7 @@ def _weighted_total(cols: SpanColumns, weight: dict[int, int], attr: str):
     """``sum(weight[s.rank] * s.<attr> for s in spans)``, computed so: Python's sum, left to
     right, on the values as the spans hold them (ints included), so the total is the same."""
     w = np.array([weight[r] for r in cols.ranks], dtype=object)[cols.rank_pos].tolist()
-    codes, forms = cols._forms
-    return sum(map(mul, w, form_values(forms, codes, attr)))
+    return sum(map(mul, w, cols.form_values(attr)))
 
 
 def _pipeline_marks(cols: SpanColumns) -> tuple[list[float | None], list[float | None]]:

@@ -712,7 +712,7 @@ def _reach(tasks: list[Task], k: int) -> list[bool]:
     return out
 
 
-def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
+def _segment_code(eng: Engine, tasks: list[Task], forms: list[SpanForm]) -> tuple | None:
     """What every run of one template shares, read off one run's ``tasks`` (rank, streams,
     durations and dependencies are those of every run): (what each input slot reads, in slot
     order: ``("pred", stream)``, that stream's task before the run, or ``(task, position)``,
@@ -721,7 +721,8 @@ def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
     there), or None when the run cannot be one segment: a task the stream loop does not time
     inline, a task that does not wait for the first one through the run, or a task reading an
     input from outside (other than the first task) that some later task does not wait for (the
-    segment could not stop there without holding that one back)."""
+    segment could not stop there without holding that one back). ``forms``: those of the
+    tasks' spans."""
     slow = eng.cluster.gpu_slowdown
     rank, first, n = tasks[0].rank, tasks[0].tid, len(tasks)
     streams: list[str] = []  # in order of their first task: the run's own stream first
@@ -779,9 +780,8 @@ def _segment_code(eng: Engine, tasks: list[Task]) -> tuple | None:
             return None
         late.append(tuple(check))
         c = t.comm
-        size_bytes, op = (0.0, "") if c is None else (c.size_bytes, c.op)
         logged = eng._starts_log(c) if c is not None and durs[k] > 0.0 and log else None
-        code.append((p0, tuple(rest), durs[k], eng.form(eng._span_key(t, rank, t.stream, t.name)), logged))
+        code.append((p0, tuple(rest), durs[k], forms[k], logged))
         last_on[t.stream] = k
     order = [key for key in slot_of]  # slot - 1 -> what it reads
     last = {s: last_on[s] for s in streams}  # each stream's last task, relative
@@ -824,8 +824,8 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
         pos = end
         key = id(tmpl)
         if key not in codes:
-            codes[key] = _segment_code(eng, tasks[first:end])
             forms_of[key] = [eng.form(eng._span_key(t, rank, t.stream, t.name)) for t in tasks[first:end]]
+            codes[key] = _segment_code(eng, tasks[first:end], forms_of[key])
         hit = codes[key]
         form_of[first:end] = forms_of[key]
         if hit is None:

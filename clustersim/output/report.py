@@ -210,6 +210,14 @@ def _bar_sums(values: np.ndarray, firsts: list[int], ends: list[int]) -> list[fl
     return out
 
 
+def _kind_phase_codes(forms: list[SpanForm]) -> tuple[np.ndarray, list[tuple[str, str]]]:
+    """(a code per form for its (kind, phase), the (kind, phase) of each code, in order of
+    first appearance)."""
+    codes = Codes()
+    per_form = np.array([codes[f.kind, f.phase] for f in forms], dtype=np.int64)
+    return per_form, list(codes)
+
+
 def _merge(spans: list[Span], forms: tuple[np.ndarray, list[SpanForm]], order: SpanOrder | None, bounds: list[int],
            start_s: np.ndarray, end_s: np.ndarray, max_gap_s: float) -> BarColumns:
     """Bars of spans in display order: ``order`` reorders ``spans`` (None: already in
@@ -222,14 +230,12 @@ def _merge(spans: list[Span], forms: tuple[np.ndarray, list[SpanForm]], order: S
     """
     n = len(spans)
     codes, form_list = forms
-    if order is not None:
-        codes = order.take_array(codes)
     mb = np.fromiter(map(attrgetter("mb"), spans), dtype=np.int64, count=n)
     if order is not None:
-        mb = order.take_array(mb)
+        codes, mb = order.take_array(codes), order.take_array(mb)
     # a bar goes on while (kind, phase, mb) stays the same: as one int per span
-    kind_phase = Codes()
-    kp = np.array([kind_phase[f.kind, f.phase] for f in form_list], dtype=np.int64)[codes]
+    per_form, kind_phase = _kind_phase_codes(form_list)
+    kp = per_form[codes]
     lo = int(mb.min(initial=0))
     keys = (kp * (int(mb.max(initial=0)) - lo + 1) + (mb - lo)).tolist()
     firsts, busy = _runs(keys, start_s.tolist(), end_s.tolist(), bounds, max_gap_s)
@@ -245,11 +251,10 @@ def _merge(spans: list[Span], forms: tuple[np.ndarray, list[SpanForm]], order: S
     else:
         layer_lo = layer_hi = np.zeros(0, dtype=np.int64)
         bar_end_s = np.zeros(0)
-    kp_names = list(kind_phase)
     bar_kp = kp[firsts].tolist()
     return BarColumns(
         row=np.searchsorted(bounds, firsts, side="right") - 1,
-        kind=[kp_names[k][0] for k in bar_kp], phase=[kp_names[k][1] for k in bar_kp], mb=mb[firsts].tolist(),
+        kind=[kind_phase[k][0] for k in bar_kp], phase=[kind_phase[k][1] for k in bar_kp], mb=mb[firsts].tolist(),
         start_s=start_s[firsts], end_s=bar_end_s, busy_s=np.array(busy, dtype=float),
         n_spans=np.array(ends, dtype=np.int64) - np.array(firsts, dtype=np.int64),
         first_name=form_values(form_list, codes[firsts], "name"),
@@ -558,9 +563,8 @@ def _span_keys(trace: Trace, order: SpanOrder) -> tuple[np.ndarray, np.ndarray, 
     (kind, phase)), its legend group (index into GROUPS) and its microbatch."""
     spans = trace.spans
     codes, forms = trace.forms()
-    kind_phase = Codes()
-    per_form = np.array([kind_phase[f.kind, f.phase] for f in forms], dtype=np.int64)
-    group_of = np.array([_GROUP_KEYS.index(bar_group(*kp)) for kp in kind_phase] or [0], dtype=np.int64)
+    per_form, pairs = _kind_phase_codes(forms)
+    group_of = np.array([_GROUP_KEYS.index(bar_group(*kp)) for kp in pairs] or [0], dtype=np.int64)
     mb = np.fromiter(map(attrgetter("mb"), spans), dtype=np.int64, count=len(spans))
     kind_phase = per_form[order.take_array(codes)]
     return kind_phase, group_of[kind_phase], order.take_array(mb)
