@@ -8,10 +8,12 @@ stream loop timing every task, on every shipped scenario and on variants of the 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 
 import pytest
 
 import clustersim
+from clustersim import codegen
 from clustersim.engine import Engine
 from clustersim.engine import sim as engine_sim
 from clustersim.hardware.topology import TopologyCfg, build_cluster
@@ -57,8 +59,30 @@ def _task_rows(prog: Program) -> list[tuple]:
     return rows
 
 
+@contextmanager
+def _written_out():
+    """Templates written out as functions from their first use (clustersim.codegen), however
+    few times a scenario uses them; compiled afresh."""
+    kept, after = dict(codegen._STRUCTURES), codegen.COMPILE_AFTER
+    codegen._STRUCTURES.clear()
+    codegen.COMPILE_AFTER = 1
+    try:
+        yield
+    finally:
+        codegen.COMPILE_AFTER = after
+        codegen._STRUCTURES.clear()
+        codegen._STRUCTURES.update(kept)
+
+
+def _written(prog: Program) -> int:
+    """How many of ``prog``'s templates have their written-out function."""
+    templates = {id(tmpl): tmpl for _, _, _, tmpl in prog.runs}.values()
+    return sum(tmpl.straight is not None and tmpl.straight.fn is not None for tmpl in templates)
+
+
 @pytest.mark.parametrize("name", SHIPPED + sorted(VARIANTS))
 def test_templates_make_the_tasks_blocks_makes(name):
+    """By the loop over a template's protos and by its written-out function."""
     sc = _scenario(name)
     made, _ = lower(sc)
     slow, _ = lower(sc, templates=False)
@@ -68,6 +92,11 @@ def test_templates_make_the_tasks_blocks_makes(name):
         assert end - first == len(tmpl)
         assert {t.rank for t in made.tasks[first:end]} == {rank}
         assert [t.name for t in made.tasks[first:end]] == [p[2] for p in tmpl.protos]
+    with _written_out():
+        written, _ = lower(sc)
+    assert _task_rows(written) == _task_rows(slow)
+    # not vacuous: every template wrote its function (when it was checked, on its first use)
+    assert _written(written) == len({id(r[3]) for r in written.runs})
 
 
 def test_repeated_actions_are_templated():
@@ -103,6 +132,12 @@ def test_segments_time_every_task_as_the_stream_loop(name):
     assert _rows(fast) == _rows(slow)
     assert fast.links == slow.links
     assert fast.algorithms == slow.algorithms
+    with _written_out():  # each segment by its template's written-out function
+        _, written = _run(sc, lower(sc)[0])
+        segment_code = sum(kind == "segment" and st.make is not None for (kind, _), st in codegen._STRUCTURES.items())
+    assert (segment_code > 0) == (_segment_share(eng) > 0)  # not vacuous
+    assert _rows(written) == _rows(slow)
+    assert written.links == slow.links
 
 
 def test_dense_steps_run_mostly_in_segments():
@@ -141,12 +176,18 @@ def _late_input_program() -> tuple[Program, dict[str, int]]:
     return prog, {"a": a.tid, "c1": c1.tid, "c2": c2.tid, "x": x.tid}
 
 
-def test_a_segment_stops_for_a_late_input_and_keeps_earlier_ends_on_time():
+@pytest.mark.parametrize("written", [False, True])
+def test_a_segment_stops_for_a_late_input_and_keeps_earlier_ends_on_time(written):
+    """Also where the template has its written-out function: it is for inputs all known."""
     cl = _node(4)
     prog, tid = _late_input_program()
     eng = Engine(prog, cl, "flow", {"all_reduce": "ring"})
     assert _segment_share(eng) == pytest.approx(2 / len(prog.tasks))  # the run is one segment
-    fast = eng.run()
+    if written:
+        with _written_out():
+            fast = eng.run()
+    else:
+        fast = eng.run()
     prog.runs.clear()
     slow = Engine(prog, cl, "flow", {"all_reduce": "ring"}).run()
     assert _rows(fast) == _rows(slow)

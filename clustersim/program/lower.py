@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from ..codegen import Straight
 from ..config import Scenario
 from ..plan.mesh import Mesh
 from ..schedule.core import issue_units
@@ -561,10 +562,19 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
 
 
 def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps) -> None:
-    """Append the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r``, with inputs ``deps``."""
+    """Append the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r``, with inputs ``deps``:
+    by the template's own written-out function once it has one (:func:`_maker`), else task by
+    task from its protos."""
+    if len(deps) != tmpl.inputs:
+        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(deps)}")
+    straight = tmpl.straight
+    if straight is None:
+        straight = tmpl.straight = _maker(tmpl)
+    made = straight.fn or straight.ready()
+    if made is not None:
+        made(tasks.append, r, mb, deps, len(tasks))
+        return
     refs = list(deps)  # what the dependency codes name: the inputs, then the tasks' ids as made
-    if len(refs) != tmpl.inputs:
-        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(refs)}")
     add_ref, add = refs.append, tasks.append
     tid = len(tasks)  # each id one int object, shared by the task and the deps naming it
     for spec, stream, name, kind, dur, code, phase, stage, layer, flops, model_flops in tmpl.protos:
@@ -578,6 +588,50 @@ def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps)
             c = Comm(op, size, group, twins, members, (channel, orbit, (*head, mb, *tail)), recv, load)
             add(Task(tid, r, stream, name, kind, 0.0, c, d, mb, phase, stage, layer, 0.0, 0.0))
         tid += 1
+
+
+def _maker(tmpl: ActionTemplate) -> Straight:
+    """The function that appends ``tmpl``'s tasks as :func:`_instantiate`'s loop does, written
+    out task by task once the template has been used enough (:mod:`clustersim.codegen`)::
+
+        def made(add, r, mb, inputs, tid):
+            i0, i1, ... = inputs
+            x0 = tid                          # each id one int object, shared by the task
+            add(Task(x0, r, S0, N0, ..., (i0,), mb, ...))     # and the deps naming it
+            x1 = x0 + 1
+            add(Task(x1, r, S1, N1, ..., Comm(..., (C1, O1, (*H1, mb, *T1)), ...), (x0, i1), mb, ...))
+            ...
+    """
+    shape = (tmpl.inputs, tuple((spec is not None, code) for spec, _, _, _, _, code, *_ in tmpl.protos))
+    cells: list = []
+    for spec, stream, name, kind, dur, _, phase, stage, layer, flops, model_flops in tmpl.protos:
+        cells += (stream, name, kind, phase, stage, layer)
+        cells += (dur, flops, model_flops) if spec is None else spec
+    return Straight("template", shape, _write_maker, cells, {"Task": Task, "Comm": Comm})
+
+
+def _write_maker(inputs: int, shape: tuple) -> tuple[list[str], str, list[str]]:
+    """:func:`_maker`'s function for one structure, as source (cells, signature, body)."""
+    ref = [f"i{j}" for j in range(inputs)] + [f"x{k}" for k in range(len(shape))]
+    body = [f"{', '.join(ref[:inputs])}, = inputs"] if inputs else []
+    cells: list[str] = []
+    for k, (comm, code) in enumerate(shape):
+        own = [f"{f}{k}" for f in ("S", "N", "K", "P", "G", "Y")]
+        body.append("x0 = tid" if k == 0 else f"x{k} = x{k - 1} + 1")
+        d = f"({ref[code[0]]},)" if len(code) == 1 else f"({', '.join(ref[c] for c in code)})"
+        s, n, kind, phase, stage, layer = own
+        if not comm:
+            cells += own + [f"D{k}", f"FL{k}", f"MF{k}"]
+            body.append(f"add(Task(x{k}, r, {s}, {n}, {kind}, D{k}, None, {d}, mb, {phase}, {stage}, {layer}, "
+                        f"FL{k}, MF{k}))")
+        else:  # spec: (op, size, group, twins, members, channel, orbit, head, tail, recv, load)
+            spec = [f"{f}{k}" for f in ("OP", "SZ", "GR", "TW", "ME", "CH", "OR", "H", "T", "RC", "LD")]
+            cells += own + spec
+            op, size, group, twins, members, channel, orbit, head, tail, recv, load = spec
+            body.append(f"add(Task(x{k}, r, {s}, {n}, {kind}, 0.0, Comm({op}, {size}, {group}, {twins}, {members}, "
+                        f"({channel}, {orbit}, (*{head}, mb, *{tail})), {recv}, {load}), {d}, mb, {phase}, {stage}, "
+                        f"{layer}, 0.0, 0.0))")
+    return cells, "made(add, r, mb, inputs, tid)", body
 
 
 def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate | None:

@@ -76,6 +76,9 @@ class ActionTemplate:
     computes: tuple[tuple[int, int], ...]
     last_compute: int
     inputs: int  # how many inputs its actions have
+    # the function that appends an action's tasks, written out for this template once it is
+    # used enough (lower._maker, a codegen.Straight made on first use)
+    straight: object = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.protos)
