@@ -169,6 +169,7 @@ class Engine:
         # task id -> the form of its own span where known before the run (tasks of templates:
         # one list of forms per template), else None
         self._form_of: list[SpanForm | None] = [None] * len(program.tasks)
+        self._recv_forms: dict[tuple, SpanForm] = {}  # (send's form, receiver, stage) -> the receive's
         self._rdv: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
@@ -383,21 +384,23 @@ class Engine:
         return (stream, name, t.kind, t.phase, self.stage_of.get(rank, t.stage), t.layer, c.size_bytes if c else 0.0,
                 c.op if c else "", t.flops, t.model_flops)
 
-    def _record(self, t: Task, rank: int, stream: str, start_s: float, end_s: float, name: str | None = None):
-        own = name is None and rank == t.rank and stream == t.stream
-        form = self._form_of[t.tid] if own else None
-        if form is None:
-            form = self.form(self._span_key(t, rank, stream, name or t.name))
-        self.spans.append(Span.of_form(rank, form, start_s, end_s, t.mb, t.tid))
-
     def _complete(self, t: Task, start_s: float, end_s: float) -> None:
         """Record ``t`` (and the receive of a send) over [start_s, end_s] and release whatever
         waits for it (``end_s`` may lie ahead of the clock: it is known already)."""
         c = t.comm
-        self._record(t, t.rank, t.stream, start_s, end_s)
+        form = self._form_of[t.tid]
+        if form is None:
+            form = self.form(self._span_key(t, t.rank, t.stream, t.name))
+        self.spans.append(Span.of_form(t.rank, form, start_s, end_s, t.mb, t.tid))
         if c is not None and c.recv_rank >= 0:
-            recv_stream = t.stream.replace("_send", "_recv")
-            self._record(t, c.recv_rank, recv_stream, start_s, end_s, name=t.name.replace("send", "recv"))
+            # the receive's form follows from the send's, the receiver and the task's stage
+            # (where the receiver has none of its own): worked out once per such triple
+            key = (form, c.recv_rank, t.stage)
+            recv = self._recv_forms.get(key)
+            if recv is None:
+                recv = self._recv_forms[key] = self.form(self._span_key(
+                    t, c.recv_rank, t.stream.replace("_send", "_recv"), t.name.replace("send", "recv")))
+            self.spans.append(Span.of_form(c.recv_rank, recv, start_s, end_s, t.mb, t.tid))
         self.end_s[t.tid] = end_s
         streams = self.waiters.pop(t.tid, None)
         if streams:
