@@ -311,7 +311,7 @@ def issue_units(s: PipelineSchedule, rank: int) -> list[tuple[Action, ...]]:
     out, i = [], 0
     while i < len(acts):
         a = acts[i]
-        if i + 1 < len(acts) and (a, acts[i + 1]) in pairs:
+        if pairs and i + 1 < len(acts) and (a, acts[i + 1]) in pairs:  # (no hashing without pairs)
             b = acts[i + 1]
             grp = [a, b]
             if i + 2 < len(acts) and acts[i + 2] == Action(b.stage, "W", b.mb):
@@ -387,13 +387,18 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
         row = plan[r]
         while pos[r] < len(row):
             keys, deps = row[pos[r]]
-            blocker = next((d for d in deps if d not in release), None)
+            t0 = free[r]
+            blocker = None
+            for d in deps:  # the first dependency not placed yet, else the latest release
+                at = release.get(d)
+                if at is None:
+                    blocker = d
+                    break
+                if at > t0:
+                    t0 = at
             if blocker is not None:
                 waiting.setdefault(blocker, []).append(r)
                 break
-            t0 = free[r]
-            for d in deps:
-                t0 = max(t0, release[d])
             if len(keys) == 1:
                 k = keys[0]
                 t1 = t0 + dur[k[1]]
