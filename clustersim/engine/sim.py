@@ -848,6 +848,21 @@ def _write_straight(base: int, shape: tuple) -> tuple[list[str], str, list[str]]
     return cells, "timed(rank, mb, tasks, spans_append, of_form, vals)", body
 
 
+def _segment_plan(rank: int, hit: tuple | None) -> tuple | None:
+    """:func:`_segment_code`'s result for the runs of one template on ``rank``, as
+    :func:`_segmented` reads it per run: (what each input reads: ((rank, stream), -1) for
+    that stream's last task so far or (task, dependency) for that dependency of the run's task,
+    the segment code, ((rank, stream), relative id) of each stream's last task in the run with
+    the own stream first, the own (rank, stream)); the keys made once, not per run."""
+    if hit is None:
+        return None
+    order, seg, last = hit
+    reads = tuple(((rank, what[1]), -1) if what[0] == "pred" else what for what in order)
+    own = reads[0][0]  # the run's first task's stream, first in ``last`` too
+    ends = tuple(((rank, s) if s != own[1] else own, rel) for s, rel in last.items())
+    return reads, seg, ends, own
+
+
 def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
     """(rank, stream) -> what its stream runs, in order (streams in order of first appearance,
     as Program.streams gives them): its tasks, with each run of the program that can be one
@@ -862,8 +877,8 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
     out: dict[tuple[int, str], list] = {}
     last_of: dict[tuple[int, str], int] = {}  # (rank, stream) -> its last task so far
     moved: dict[tuple[int, str], int] = {}  # (rank, stream) -> its last task, run by a segment elsewhere
-    codes: dict[int, tuple | None] = {}
-    forms_of: dict[int, list] = {}  # template -> the forms of its tasks' own spans, in order
+    codes: dict[tuple, tuple | None] = {}  # (template, rank) -> _segment_plan
+    forms_of: dict[tuple, list] = {}  # (template, rank) -> the forms of its tasks' own spans, in order
     form_of = eng._form_of
 
     def plain(lo: int, hi: int) -> None:
@@ -882,37 +897,34 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
     for rank, first, end, tmpl in eng.prog.runs:  # in task id order
         plain(pos, first)
         pos = end
-        key = id(tmpl)
-        if key not in codes:
+        key = (id(tmpl), rank)  # (a template is one rank's: the rank only keeps the keys right)
+        hit = codes.get(key, False)
+        if hit is False:
             forms_of[key] = [eng.form(eng._span_key(t, rank, t.stream, t.name)) for t in tasks[first:end]]
-            codes[key] = _segment_code(eng, tasks[first:end], forms_of[key])
-        hit = codes[key]
-        form_of[first:end] = forms_of[key]
+            hit = codes[key] = _segment_plan(rank, _segment_code(eng, tasks[first:end], forms_of[key]))
         if hit is None:
+            form_of[first:end] = forms_of[key]
             plain(first, end)
             continue
-        order, seg, last = hit
+        reads, seg, ends, own = hit
         inputs = []
-        for what in order:
-            if what[0] == "pred":
-                d = last_of.get((rank, what[1]))
-                if d is None:
-                    break  # the stream's first task: left to the stream loop
-                inputs.append(d)
-            else:
-                inputs.append(tasks[first + what[0]].deps[what[1]])
-        if len(inputs) < len(order):
+        for k, j in reads:  # (rank, stream): its last task so far; else (task, dep): that dep
+            d = last_of.get(k) if j < 0 else tasks[first + k].deps[j]
+            if d is None:
+                break  # the stream's first task: left to the stream loop
+            inputs.append(d)
+        if len(inputs) < len(reads):
+            form_of[first:end] = forms_of[key]
             plain(first, end)
             continue
-        own = order[0][1]
         segment = _Segment(tuple(inputs), seg, first, end, tasks[first].mb)
-        for s, rel in last.items():
-            k = (rank, s)
-            if k not in out:
-                out[k] = []
+        for k, rel in ends:  # each stream's last task in the run: the own stream's first
+            entries = out.get(k)
+            if entries is None:
+                entries = out[k] = []
             last_of[k] = first + rel
-            if s == own:
-                out[k].append(segment)
+            if k is own:
+                entries.append(segment)
                 moved.pop(k, None)
             else:
                 moved[k] = first + rel
