@@ -17,6 +17,7 @@ from clustersim import codegen
 from clustersim.engine import Engine
 from clustersim.engine import sim as engine_sim
 from clustersim.hardware.topology import TopologyCfg, build_cluster
+from clustersim.program import lower as lower_module
 from clustersim.program.lower import lower
 from clustersim.program.tasks import Comm, Program
 from clustersim.trace import Span
@@ -63,13 +64,13 @@ def _task_rows(prog: Program) -> list[tuple]:
 def _written_out():
     """Templates written out as functions from their first use (clustersim.codegen), however
     few times a scenario uses them; compiled afresh."""
-    kept, after = dict(codegen._STRUCTURES), codegen.COMPILE_AFTER
+    kept, after, look = dict(codegen._STRUCTURES), codegen.COMPILE_AFTER, lower_module.WRITE_OUT_AFTER
     codegen._STRUCTURES.clear()
-    codegen.COMPILE_AFTER = 1
+    codegen.COMPILE_AFTER = lower_module.WRITE_OUT_AFTER = 1
     try:
         yield
     finally:
-        codegen.COMPILE_AFTER = after
+        codegen.COMPILE_AFTER, lower_module.WRITE_OUT_AFTER = after, look
         codegen._STRUCTURES.clear()
         codegen._STRUCTURES.update(kept)
 

@@ -569,8 +569,12 @@ def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps)
         raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(deps)}")
     straight = tmpl.straight
     if straight is None:
-        straight = tmpl.straight = _maker(tmpl)
-    made = straight.fn or straight.ready()
+        # a template used a few times (most of moe_1024gpu's) never needs one: read its
+        # structure only once it has been used a little
+        tmpl.uses += 1
+        if tmpl.uses >= WRITE_OUT_AFTER:
+            straight = tmpl.straight = _maker(tmpl)
+    made = None if straight is None else straight.fn or straight.ready()
     if made is not None:
         made(tasks.append, r, mb, deps, len(tasks))
         return
@@ -588,6 +592,9 @@ def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps)
             c = Comm(op, size, group, twins, members, (channel, orbit, (*head, mb, *tail)), recv, load)
             add(Task(tid, r, stream, name, kind, 0.0, c, d, mb, phase, stage, layer, 0.0, 0.0))
         tid += 1
+
+
+WRITE_OUT_AFTER = 16  # uses of a template before its structure is looked at (codegen.Straight)
 
 
 def _maker(tmpl: ActionTemplate) -> Straight:
