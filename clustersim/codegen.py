@@ -23,7 +23,9 @@ for itself after 200-400 uses: the templates of a structure run their loops unti
 has been used COMPILE_AFTER times, then compile it. As in renting skis until their price is
 paid, then buying them, a structure never costs much more than twice what the better choice in
 hindsight would have; a step of hundreds of microbatches gains most of the saving, and one of
-a few dozen (moe_1024gpu: its structures are used 16-151 times) never compiles. Generated code
+a few dozen (moe_1024gpu: its structures are used 16-151 times) never compiles. A template's
+own structure is read only after LOOK_AFTER uses of it (moe_1024gpu's are used about 9 times
+each). Generated code
 runs the same operations in the same order as the loop it replaces, so its results are the
 same to the bit.
 """
@@ -37,6 +39,7 @@ from collections.abc import Callable
 _STRUCTURES: dict[tuple, _Structure] = {}
 MAX_STRUCTURES = 10_000
 COMPILE_AFTER = 256  # uses of a structure before it is compiled (see above)
+LOOK_AFTER = 16  # uses of a template before its structure is read (Straight)
 
 
 class _Structure:
@@ -52,26 +55,40 @@ class _Structure:
 class Straight:
     """One template's written-out function, once its structure is worth compiling:
     :meth:`ready` counts a use and gives the function, or None while the template should run
-    its loop. ``write(*shape)`` gives the source (see :func:`compile_maker`), ``cells`` the
-    template's values, ``scope`` the globals the source may name."""
+    its loop. ``prepare()`` gives (the template's structure, its values as cells), read only
+    once the template itself has been used LOOK_AFTER times (a template used a few times never
+    pays for reading it); ``write(*structure)`` gives the source (see :func:`compile_maker`),
+    ``scope`` the globals the source may name."""
 
-    __slots__ = ("kind", "shape", "write", "cells", "scope", "structure", "fn")
+    __slots__ = ("kind", "prepare", "write", "scope", "uses", "shape", "cells", "structure", "fn")
 
-    def __init__(self, kind: str, shape: tuple, write: Callable, cells: list, scope: dict | None = None):
-        self.kind, self.shape, self.write, self.cells, self.scope = kind, shape, write, cells, scope
-        key = (kind, shape)
-        structure = _STRUCTURES.get(key)
-        if structure is None:
-            if len(_STRUCTURES) >= MAX_STRUCTURES:
-                _STRUCTURES.clear()
-            structure = _STRUCTURES[key] = _Structure()
-        self.structure = structure
+    def __init__(self, kind: str, prepare: Callable[[], tuple[tuple, list]], write: Callable,
+                 scope: dict | None = None):
+        self.kind, self.prepare, self.write, self.scope = kind, prepare, write, scope
+        self.uses = 0
+        self.shape: tuple | None = None
+        self.cells: list | None = None
+        self.structure: _Structure | None = None
         self.fn: Callable | None = None
 
     def ready(self) -> Callable | None:
         if self.fn is not None:
             return self.fn
         structure = self.structure
+        if structure is None:
+            self.uses += 1
+            if self.uses < LOOK_AFTER:
+                return None
+            self.shape, self.cells = self.prepare()
+            self.prepare = None
+            key = (self.kind, self.shape)
+            structure = _STRUCTURES.get(key)
+            if structure is None:
+                if len(_STRUCTURES) >= MAX_STRUCTURES:
+                    _STRUCTURES.clear()
+                structure = _STRUCTURES[key] = _Structure()
+            self.structure = structure
+            structure.uses += self.uses - 1  # its uses so far count for the structure too
         structure.uses += 1
         if structure.make is None and structure.uses >= COMPILE_AFTER:
             structure.make = compile_maker(self.kind, self.write(*self.shape), self.scope)

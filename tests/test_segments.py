@@ -17,7 +17,6 @@ from clustersim import codegen
 from clustersim.engine import Engine
 from clustersim.engine import sim as engine_sim
 from clustersim.hardware.topology import TopologyCfg, build_cluster
-from clustersim.program import lower as lower_module
 from clustersim.program.lower import lower
 from clustersim.program.tasks import Comm, Program
 from clustersim.trace import Span
@@ -64,13 +63,13 @@ def _task_rows(prog: Program) -> list[tuple]:
 def _written_out():
     """Templates written out as functions from their first use (clustersim.codegen), however
     few times a scenario uses them; compiled afresh."""
-    kept, after, look = dict(codegen._STRUCTURES), codegen.COMPILE_AFTER, lower_module.WRITE_OUT_AFTER
+    kept, after, look = dict(codegen._STRUCTURES), codegen.COMPILE_AFTER, codegen.LOOK_AFTER
     codegen._STRUCTURES.clear()
-    codegen.COMPILE_AFTER = lower_module.WRITE_OUT_AFTER = 1
+    codegen.COMPILE_AFTER = codegen.LOOK_AFTER = 1
     try:
         yield
     finally:
-        codegen.COMPILE_AFTER, lower_module.WRITE_OUT_AFTER = after, look
+        codegen.COMPILE_AFTER, codegen.LOOK_AFTER = after, look
         codegen._STRUCTURES.clear()
         codegen._STRUCTURES.update(kept)
 

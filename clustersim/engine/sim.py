@@ -822,11 +822,14 @@ def _straight_code(code: tuple, base: int) -> Straight:
             ...
             return [e0, e1, ...]              # the tasks' ends
     """
-    shape = (base, tuple((p0, rest, logged is not None) for p0, rest, _, _, logged in code))
-    cells = []
-    for _, _, dur, form, logged in code:
-        cells += (dur, form) if logged is None else (dur, form, logged)
-    return Straight("segment", shape, _write_straight, cells)
+    def prepare() -> tuple[tuple, list]:  # (structure, values), read after a few uses
+        shape = (base, tuple((p0, rest, logged is not None) for p0, rest, _, _, logged in code))
+        cells = []
+        for _, _, dur, form, logged in code:
+            cells += (dur, form) if logged is None else (dur, form, logged)
+        return shape, cells
+
+    return Straight("segment", prepare, _write_straight)
 
 
 def _write_straight(base: int, shape: tuple) -> tuple[list[str], str, list[str]]:

@@ -569,12 +569,8 @@ def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps)
         raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(deps)}")
     straight = tmpl.straight
     if straight is None:
-        # a template used a few times (most of moe_1024gpu's) never needs one: read its
-        # structure only once it has been used a little
-        tmpl.uses += 1
-        if tmpl.uses >= WRITE_OUT_AFTER:
-            straight = tmpl.straight = _maker(tmpl)
-    made = None if straight is None else straight.fn or straight.ready()
+        straight = tmpl.straight = _maker(tmpl)
+    made = straight.fn or straight.ready()
     if made is not None:
         made(tasks.append, r, mb, deps, len(tasks))
         return
@@ -594,9 +590,6 @@ def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps)
         tid += 1
 
 
-WRITE_OUT_AFTER = 16  # uses of a template before its structure is looked at (codegen.Straight)
-
-
 def _maker(tmpl: ActionTemplate) -> Straight:
     """The function that appends ``tmpl``'s tasks as :func:`_instantiate`'s loop does, written
     out task by task once the template has been used enough (:mod:`clustersim.codegen`)::
@@ -609,12 +602,15 @@ def _maker(tmpl: ActionTemplate) -> Straight:
             add(Task(x1, r, S1, N1, ..., Comm(..., (C1, O1, (*H1, mb, *T1)), ...), (x0, i1), mb, ...))
             ...
     """
-    shape = (tmpl.inputs, tuple((spec is not None, code) for spec, _, _, _, _, code, *_ in tmpl.protos))
-    cells: list = []
-    for spec, stream, name, kind, dur, _, phase, stage, layer, flops, model_flops in tmpl.protos:
-        cells += (stream, name, kind, phase, stage, layer)
-        cells += (dur, flops, model_flops) if spec is None else spec
-    return Straight("template", shape, _write_maker, cells, {"Task": Task, "Comm": Comm})
+    def prepare() -> tuple[tuple, list]:  # (structure, values), read after a few uses
+        shape = (tmpl.inputs, tuple((spec is not None, code) for spec, _, _, _, _, code, *_ in tmpl.protos))
+        cells: list = []
+        for spec, stream, name, kind, dur, _, phase, stage, layer, flops, model_flops in tmpl.protos:
+            cells += (stream, name, kind, phase, stage, layer)
+            cells += (dur, flops, model_flops) if spec is None else spec
+        return shape, cells
+
+    return Straight("template", prepare, _write_maker, {"Task": Task, "Comm": Comm})
 
 
 def _write_maker(inputs: int, shape: tuple) -> tuple[list[str], str, list[str]]:

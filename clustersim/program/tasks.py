@@ -77,9 +77,8 @@ class ActionTemplate:
     last_compute: int
     inputs: int  # how many inputs its actions have
     # the function that appends an action's tasks, written out for this template once it is
-    # used enough (lower._maker, a codegen.Straight made after a few uses, counted in ``uses``)
+    # used enough (lower._maker, a codegen.Straight made on first use)
     straight: object = field(default=None, repr=False)
-    uses: int = field(default=0, repr=False)
 
     def __len__(self) -> int:
         return len(self.protos)
