@@ -25,9 +25,8 @@ paid, then buying them, a structure never costs much more than twice what the be
 hindsight would have; a step of hundreds of microbatches gains most of the saving, and one of
 a few dozen (moe_1024gpu: its structures are used 16-151 times) never compiles. A template's
 own structure is read only after LOOK_AFTER uses of it (moe_1024gpu's are used about 9 times
-each). Generated code
-runs the same operations in the same order as the loop it replaces, so its results are the
-same to the bit.
+each). Generated code runs the same operations in the same order as the loop it replaces, so
+its results are the same to the bit.
 """
 
 from __future__ import annotations

@@ -660,12 +660,7 @@ class _Segment:
             if timed is not None and -1.0 not in vals:  # every input known: the template's own code
                 lo, hi = self.first, self.end
                 ends = timed(rank, self.mb, eng.prog.tasks[lo:hi], eng.spans.append, Span.of_form, vals)
-                end_s[lo:hi] = ends
-                waiters = eng.waiters
-                if waiters:
-                    for released in map(waiters.pop, range(lo, hi), repeat(None)):
-                        if released:
-                            eng._release(released)
+                _settle(eng, lo, ends)
                 return ends[self.last - self.base]
         spans_append, of_form = eng.spans.append, Span.of_form
         first, mb, late, inputs = self.first, self.mb, self.late, self.inputs
@@ -697,19 +692,24 @@ class _Segment:
                 logged(start)
             spans_append(of_form(rank, form, start, end, mb, t.tid))
         base = self.base
-        lo = first + pos
-        tid = first + len(vals) - base  # one past the last task timed
-        end_s[lo:tid] = vals[base + pos:]
-        waiters = eng.waiters
-        if waiters:
-            for released in map(waiters.pop, range(lo, tid), repeat(None)):
-                if released:
-                    eng._release(released)
+        _settle(eng, first + pos, vals[base + pos:])
         if stopped:
-            self.vals, self.pos = vals, tid - first
+            self.vals, self.pos = vals, len(vals) - base  # the tasks timed so far
             return None
         self.vals = None
         return vals[self.last]
+
+
+def _settle(eng: Engine, lo: int, ends: list[float]) -> None:
+    """Write the ends of tasks ``lo, lo + 1, ...`` (a segment's, just timed) and release the
+    streams waiting for them."""
+    hi = lo + len(ends)
+    eng.end_s[lo:hi] = ends
+    waiters = eng.waiters
+    if waiters:
+        for released in map(waiters.pop, range(lo, hi), repeat(None)):
+            if released:
+                eng._release(released)
 
 
 def _reach(tasks: list[Task], k: int) -> list[bool]:
@@ -905,21 +905,20 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
         if hit is False:
             forms_of[key] = [eng.form(eng._span_key(t, rank, t.stream, t.name)) for t in tasks[first:end]]
             hit = codes[key] = _segment_plan(rank, _segment_code(eng, tasks[first:end], forms_of[key]))
-        if hit is None:
+        inputs: list | None = None
+        if hit is not None:
+            inputs = []
+            for k, j in hit[0]:  # (rank, stream): its last task so far; else (task, dep): that dep
+                d = last_of.get(k) if j < 0 else tasks[first + k].deps[j]
+                if d is None:  # the stream's first task: the run is left to the stream loop
+                    inputs = None
+                    break
+                inputs.append(d)
+        if inputs is None:  # no segment
             form_of[first:end] = forms_of[key]
             plain(first, end)
             continue
-        reads, seg, ends, own = hit
-        inputs = []
-        for k, j in reads:  # (rank, stream): its last task so far; else (task, dep): that dep
-            d = last_of.get(k) if j < 0 else tasks[first + k].deps[j]
-            if d is None:
-                break  # the stream's first task: left to the stream loop
-            inputs.append(d)
-        if len(inputs) < len(reads):
-            form_of[first:end] = forms_of[key]
-            plain(first, end)
-            continue
+        _, seg, ends, own = hit
         segment = _Segment(tuple(inputs), seg, first, end, tasks[first].mb)
         for k, rel in ends:  # each stream's last task in the run: the own stream's first
             entries = out.get(k)
