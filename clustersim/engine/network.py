@@ -19,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain, repeat
+from operator import itemgetter
 
 import numpy as np
 import simpy
@@ -119,6 +120,68 @@ def _route(cluster: Cluster, direct: bool = False):
     return route
 
 
+def _loop_edges(cluster: Cluster, gpu: int) -> tuple[int, int]:
+    """A GPU's loop through its NVSwitch (an NVLS flow from the GPU to itself)."""
+    names, index = cluster.gpu_names, cluster.edge_index
+    sw = cluster.graph.nodes[names[gpu]]["switch"]
+    return (index[(names[gpu], sw)], index[(sw, names[gpu])])
+
+
+def _padded(paths: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Paths as rows of edge ids, -1 after each path's end; and their lengths."""
+    lens = np.fromiter(map(len, paths), np.int64, len(paths))
+    width = int(lens.max()) if len(paths) else 0
+    out = np.full((len(paths), width), -1, dtype=np.int64)
+    out[np.arange(width) < lens[:, None]] = np.fromiter(chain.from_iterable(paths), np.int64, int(lens.sum()))
+    return out, lens
+
+
+def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_route` of every pair ``(src[i], dst[i])`` (distinct pairs), as rows of edge ids
+    padded with -1, and their lengths. A PXN route is two legs, to the proxy and from it,
+    and many pairs share each leg (the proxy depends on the source's node, not the source):
+    each distinct leg is routed once, by the cluster's own ``path`` and ``pxn_proxy``::
+
+        n0.gpu2 -> n1.gpu5:   path(n0.gpu2, n0.gpu5) + path(n0.gpu5, n1.gpu5)
+        n0.gpu3 -> n1.gpu5:   path(n0.gpu3, n0.gpu5) + (the same second leg)
+    """
+    n_gpu = len(cluster.gpu_names)  # pair keys: src * n_gpu + dst
+    info = {g: cluster._gpu_rail(g) for g in np.union1d(src, dst).tolist()}  # (node, rail, local)
+    rail_code: dict = {None: -1}
+    node = np.zeros(n_gpu, dtype=np.int64)
+    rail = np.full(n_gpu, -1, dtype=np.int64)
+    for g, (n, r, _) in info.items():
+        node[g] = n
+        rail[g] = rail_code.setdefault(r, len(rail_code) - 1)
+    via = np.full(len(src), -1, dtype=np.int64)
+    if not direct:  # pxn_proxy's test for a proxy, per pair; then the proxy of each (node, dst) once
+        cross = (node[src] != node[dst]) & (rail[dst] >= 0) & (rail[src] != rail[dst])
+        rows = np.flatnonzero(cross)
+        if len(rows):
+            keys, first, inv = np.unique(node[src[rows]] * n_gpu + dst[rows], return_index=True,
+                                         return_inverse=True)
+            proxy = [cluster.pxn_proxy(s, d) for s, d in zip(src[rows[first]].tolist(), dst[rows[first]].tolist())]
+            via[rows] = np.array([-1 if p is None else p for p in proxy], dtype=np.int64)[inv.ravel()]
+    two = via >= 0
+    a_end = np.where(two, via, dst)
+    legs1, inv1 = np.unique(src * n_gpu + a_end, return_inverse=True)
+    first_legs = [_loop_edges(cluster, s) if s == d else cluster.path(s, d)
+                  for s, d in zip((legs1 // n_gpu).tolist(), (legs1 % n_gpu).tolist())]
+    m1, l1 = _padded(first_legs)
+    rows1, lens = m1[inv1.ravel()], l1[inv1.ravel()]
+    if not two.any():
+        return rows1, lens
+    legs2, inv2 = np.unique(via[two] * n_gpu + dst[two], return_inverse=True)
+    m2, l2 = _padded([cluster.path(s, d) for s, d in zip((legs2 // n_gpu).tolist(), (legs2 % n_gpu).tolist())])
+    out = np.full((len(src), rows1.shape[1] + m2.shape[1]), -1, dtype=np.int64)
+    out[:, :rows1.shape[1]] = rows1
+    at = np.flatnonzero(two)
+    out[at[:, None], lens[at][:, None] + np.arange(m2.shape[1])] = m2[inv2.ravel()]
+    lens = lens.copy()
+    lens[at] += l2[inv2.ravel()]
+    return out, lens
+
+
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
                 direct: bool = False) -> FlowPlan:
     """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN."""
@@ -127,13 +190,30 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
     # whole instances: the simulated one and its twins
     instances = [flows_of[g] for g in (comm.group, *comm.twins)]
     real_flows = [f for inst in instances for f in inst]
-    if member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
-            and _regular(comm.group, node_of):
+    symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
+        and _regular(comm.group, node_of)
+    if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
+        groups = (comm.group, *comm.twins)
+        rows = _by_member_rows(comm, node_of, flows_of, real_flows) if symmetric_members else None
+        if rows is not None:
+            plan = _weigh_rows(cluster, real_flows, rows, steps, require_symmetric=True, direct=direct)
+            if plan is not None:
+                return plan
+            symmetric_members = False  # not symmetric member by member: as whole instances
+        if not symmetric_members and len({len(flows_of[g]) for g in groups}) == 1:
+            rows = np.arange(len(real_flows)).reshape(len(groups), -1)
+            return _weigh_rows(cluster, real_flows, rows, steps, direct=direct)
+    if symmetric_members:
         # one member's flows stand for all (much smaller), when that symmetry holds
         plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True)
         if plan is not None:
             return plan
     return _weigh(cluster, route, instances, real_flows, steps)
+
+
+# real flows from which the orbit check runs on arrays (:func:`_weigh_rows`): below, the
+# dictionaries of :func:`_weigh` are faster than numpy's per-call costs
+ROWS_MIN_FLOWS = 512
 
 
 def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_symmetric: bool = False):
@@ -177,6 +257,72 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
                     path_lat[p] = cluster.path_latency_s(p)
         latency = max(path_lat.values(), default=0.0)
     return FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency)
+
+
+def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int, require_symmetric: bool = False,
+                direct: bool = False) -> FlowPlan | None:
+    """:func:`_weigh` on arrays, for communications with many real flows (an all-to-all over
+    64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``rows[i, k]``: the index
+    in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
+    (:func:`_route_rows`); a link's signature (bandwidth, latency, real flows) becomes one
+    code, a path the row of its links' codes, and the orbit test compares those rows instance
+    by instance::
+
+        instance 0   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    (flow k: its path's codes)
+        instance 1   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    == instance 0's: symmetric
+    """
+    n_inst, width = rows.shape
+    bw, lat = cluster.edge_bw_Bps, cluster.edge_latency_s
+    n_gpu = max(len(cluster.gpu_names), 1)
+    src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
+    dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
+    keys, inv_real = np.unique(src * n_gpu + dst, return_inverse=True)
+    inv_real = inv_real.ravel()
+    paths, lens = _route_rows(cluster, keys // n_gpu, keys % n_gpu, direct)
+    # real flows on each link, each counted once (a pair twice in real_flows counts twice)
+    per_pair = np.bincount(inv_real, minlength=len(keys))
+    used = paths >= 0
+    real = np.bincount(paths[used], weights=np.broadcast_to(per_pair[:, None], paths.shape)[used])
+    at = inv_real[rows]  # each instance flow's pair
+    rep_rows = at[0]
+    rep_paths = [tuple(paths[i, :lens[i]].tolist()) for i in rep_rows.tolist()]
+    # what a flow meets on a link, as one code per distinct (bandwidth, latency, real flows)
+    edges = np.flatnonzero(real).tolist()
+    code_of: dict[tuple, int] = {}
+    codes = np.full(len(real) + 1, -1, dtype=np.int64)  # index -1 (padding) stays -1
+    for e, n in zip(edges, real[edges].tolist()):
+        codes[e] = code_of.setdefault((bw[e], lat[e], int(n)), len(code_of))
+    sig = codes[paths]  # per pair, its path's codes, -1 after its end
+    symmetric = bool((sig[at[1:]] == sig[rep_rows][None]).all()) if n_inst > 1 else True
+    if require_symmetric and not symmetric:
+        return None
+    if symmetric:
+        simulated: dict[int, int] = {}
+        for p in rep_paths:
+            for e in p:
+                simulated[e] = simulated.get(e, 0) + 1
+        weights = tuple(tuple((e, int(real[e]) / simulated[e]) for e in p) for p in rep_paths)
+        latency = max((cluster.path_latency_s(p) for p in rep_paths), default=0.0)
+    else:
+        # per flow position k, how many instances' flow k crosses each link, links in order
+        n_edges = len(real)
+        crossed = paths[at]  # instance x flow x hop
+        k_of = np.broadcast_to(np.arange(width)[None, :, None], crossed.shape)
+        on = crossed >= 0
+        pos_link, counts = np.unique(k_of[on] * n_edges + crossed[on], return_counts=True)
+        k_at = pos_link // n_edges
+        bounds = np.searchsorted(k_at, np.arange(width + 1))
+        links, counts = (pos_link % n_edges).tolist(), counts.tolist()
+        weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
+        # every path's latency summed hop by hop, in order, as path_latency_s does
+        mine = np.unique(at)
+        lat_arr = np.append(np.asarray(lat, dtype=np.float64), 0.0)  # padding (-1) adds nothing
+        total = np.zeros(len(mine))
+        for h in range(paths.shape[1]):
+            total = total + lat_arr[paths[mine, h]]
+        latency = float(total.max()) if len(mine) else 0.0
+    return FlowPlan(weights=weights, fractions=tuple(real_flows[i][2] for i in rows[0].tolist()),
+                    latency_s=steps * latency)
 
 
 # Collectives in which every member does the same, so that one member's flows stand for all:
@@ -246,6 +392,62 @@ def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
             instances.append(tuple(sorted(out[x], key=lambda f: off(f[1])))
                              + tuple(sorted(into[x], key=lambda f: off(f[0]))))
     return instances
+
+
+def _by_member_rows(comm: Comm, node_of, flows_of: dict, real_flows: list) -> np.ndarray | None:
+    """:func:`_by_member`'s instances as rows of indices into ``real_flows`` (the groups'
+    flows one after the other, ``comm.group`` first), sorted on arrays: per member, its
+    outgoing flows by (offset of where they go, order given), then its incoming flows by
+    (offset of where they come from, order given), as Python's stable sort leaves them. None
+    when members have different numbers of flows (the rows would be ragged)."""
+    groups = (comm.group, *comm.twins)
+    member_at, part, offset, given = [], [], [], []
+    base = base_member = 0
+    for k, g in enumerate(groups):
+        flows = flows_of[g]
+        members = list(g)
+        if k == 0:  # the simulated member first
+            root = g.index(comm.members[0])
+            members = members[root:] + members[:root]
+        node_list = [node_of(x) for x in g]
+        nodes: dict[int, int] = {}
+        for n in node_list:
+            nodes[n] = nodes.get(n, 0) + 1
+        gpus = np.asarray(g, dtype=np.int64)
+        sorter = np.argsort(gpus, kind="stable")
+        if len(set(nodes.values())) == 1:  # regular: (node offset, offset on the node), both cyclic
+            order = {n: i for i, n in enumerate(nodes)}
+            node_at = np.array([order[n] for n in node_list], dtype=np.int64)
+            seen: dict[int, int] = {}
+            local_at = np.empty(len(g), dtype=np.int64)
+            for i, n in enumerate(node_list):
+                local_at[i] = seen[n] = seen.get(n, -1) + 1
+            n_nodes, per = len(nodes), next(iter(nodes.values()))
+        else:  # the cyclic offset in the group
+            node_at, local_at, n_nodes, per = np.zeros(len(g), dtype=np.int64), np.arange(len(g)), 1, len(g)
+        pos_in_members = {x: i for i, x in enumerate(members)}
+        rank_of = np.array([pos_in_members[x] for x in g], dtype=np.int64)  # position in g -> in members
+        f_src = np.fromiter(map(itemgetter(0), flows), np.int64, len(flows))
+        f_dst = np.fromiter(map(itemgetter(1), flows), np.int64, len(flows))
+        at_s = sorter[np.searchsorted(gpus, f_src, sorter=sorter)]  # positions in g
+        at_d = sorter[np.searchsorted(gpus, f_dst, sorter=sorter)]
+
+        def off(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # where b is, seen from a
+            return (node_at[b] - node_at[a]) % n_nodes * per + (local_at[b] - local_at[a]) % per
+
+        idx = np.arange(base, base + len(flows))
+        into = f_src != f_dst  # an NVLS loop is its GPU's own, once
+        member_at += [base_member + rank_of[at_s], base_member + rank_of[at_d[into]]]
+        part += [np.zeros(len(flows), dtype=np.int64), np.ones(int(into.sum()), dtype=np.int64)]
+        offset += [off(at_s, at_d), off(at_d[into], at_s[into])]
+        given += [idx, idx[into]]
+        base += len(flows)
+        base_member += len(g)
+    member_at, part, offset, given = map(np.concatenate, (member_at, part, offset, given))
+    counts = np.bincount(member_at, minlength=base_member)
+    if len(counts) == 0 or (counts != counts[0]).any():
+        return None
+    return given[np.lexsort((given, offset, part, member_at))].reshape(base_member, int(counts[0]))
 
 
 NUMPY_MIN_CELLS = 4096  # flows x links from which the numpy version is the faster one

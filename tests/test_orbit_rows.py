@@ -1,0 +1,120 @@
+"""The orbit check on arrays (engine.network._weigh_rows, _by_member_rows, _route_rows): the
+same plans as the dictionaries of _weigh and _by_member, bit for bit.
+
+A communication with many real flows (its own and its twins') is planned on arrays; a small
+one with dictionaries. Both ways are run here on every shipped scenario and on variants that
+reach the other branches (pairwise all-to-all without PXN, a skewed all-to-all, a removed
+cable, oversubscribed and NVLink-domain topologies), with the threshold moved so that each
+communication goes one way and then the other.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import clustersim
+from clustersim.engine import Engine
+from clustersim.engine import network
+from clustersim.hardware.topology import build_cluster, load_topology_cfg
+from clustersim.program.lower import lower
+
+from .conftest import ROOT, scenario_dict
+
+MOE = {"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 512, "mlp": "swiglu",
+       "bias": False, "moe": {"experts": 16, "top_k": 2, "expert_ffn": 1024, "shared_experts": 1,
+                              "dense_layers_first": 1}}
+SHIPPED = sorted(p.name for p in (ROOT / "scenarios").glob("*.yaml"))
+VARIANTS = {
+    # EP 8 across nodes of the H800 cluster (its NICs' rails): PXN proxies; pairwise: none
+    "moe-pxn": dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4}, model=MOE,
+                    parallel={"tp": 1, "pp": 2, "dp": 16, "ep": 16}, training={"global_batch_size": 32}),
+    "moe-pairwise": dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4}, model=MOE,
+                         parallel={"tp": 1, "pp": 2, "dp": 16, "ep": 16}, training={"global_batch_size": 32},
+                         simulation={"collectives": {"all_to_all": "pairwise"}}),
+    "moe-skewed": dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4},
+                       model={**MOE, "moe": {**MOE["moe"], "ep_load": [2.0] + [14 / 15] * 15}},
+                       parallel={"tp": 1, "pp": 2, "dp": 16, "ep": 16}, training={"global_batch_size": 32}),
+    # two leaf groups, one spine cable out: DP rings cross spines, some twins on other ones
+    "removed-cable": dict(cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 24,
+                                   "what_if": [{"remove_link": "leaf0.0-spine0"}]},
+                          parallel={"tp": 8, "pp": 2, "dp": 12}, training={"global_batch_size": 24}),
+    "fat-tree": dict(cluster={"topology": "topologies/fat-tree.yaml", "nodes": 8},
+                     parallel={"tp": 2, "pp": 2, "dp": 16}, training={"global_batch_size": 32}),
+    "nvl72": dict(cluster={"topology": "topologies/gb200-nvl72.yaml", "nodes": 2}, model=MOE,
+                  parallel={"tp": 1, "pp": 2, "dp": 72, "ep": 8}, training={"global_batch_size": 144}),
+}
+
+
+def _scenario(name: str) -> clustersim.Scenario:
+    if name in VARIANTS:
+        return clustersim.load_scenario(scenario_dict(**VARIANTS[name]), base_dir=ROOT)
+    return clustersim.load_scenario(ROOT / "scenarios" / name)
+
+
+@contextmanager
+def _rows_from(n: int):
+    """Plan on arrays every communication with at least ``n`` real flows; count the calls."""
+    kept, weigh_rows = network.ROWS_MIN_FLOWS, network._weigh_rows
+    calls = {"rows": 0, "orbit": 0}
+
+    def counted(*args, **kw):
+        plan = weigh_rows(*args, **kw)
+        calls["rows"] += 1
+        if plan is not None and any(isinstance(w, int) for ws in plan.weights for _, w in ws):
+            calls["orbit"] += 1  # orbit weights count members (int); symmetric ones divide (float)
+        return plan
+
+    network.ROWS_MIN_FLOWS, network._weigh_rows = n, counted
+    try:
+        yield calls
+    finally:
+        network.ROWS_MIN_FLOWS, network._weigh_rows = kept, weigh_rows
+
+
+def _plans(sc: clustersim.Scenario, n: int) -> tuple[dict, dict]:
+    prog, _ = lower(sc)
+    with _rows_from(n) as calls:
+        eng = Engine(prog, sc.cluster, sc.cfg.simulation.network, sc.cfg.simulation.collectives.model_dump())
+    return {"plans": eng._plans, "full": eng._full_plans, "algorithms": eng._algos}, calls
+
+
+ORBITS: dict[str, int] = {}
+
+
+@pytest.mark.parametrize("name", SHIPPED + sorted(VARIANTS))
+def test_arrays_give_the_plans_of_the_dictionaries(name):
+    sc = _scenario(name)
+    by_dicts, none = _plans(sc, 10**12)
+    by_rows, calls = _plans(sc, 0)
+    assert none["rows"] == 0
+    if sc.cfg.simulation.network == "flow":
+        assert calls["rows"] > 0
+    ORBITS[name] = calls["orbit"]
+    assert by_rows == by_dicts
+
+
+def test_the_orbit_weights_branch_was_compared():
+    """Not vacuous: some of the scenarios above have twins that cross different links."""
+    if len(ORBITS) < len(SHIPPED) + len(VARIANTS):
+        pytest.skip("runs after the comparisons above")
+    assert sum(ORBITS.values()) > 0
+
+
+@pytest.mark.parametrize("topology,nodes", [("h800-cluster.yaml", 3), ("dgx-a100.yaml", 2), ("gb200-nvl72.yaml", 1)])
+@pytest.mark.parametrize("direct", [False, True])
+def test_rows_route_every_pair_as_route_does(topology, nodes, direct):
+    """Every (src, dst), loops included, routed in rows is the route of the pair."""
+    cl = build_cluster(load_topology_cfg(ROOT / "topologies" / topology, {"nodes": nodes}))
+    n = len(cl.gpu_names)
+    src, dst = np.divmod(np.arange(n * n), n)
+    keep = (src == dst) | (np.arange(n * n) % 3 == 0)  # every loop and a third of the pairs
+    src, dst = src[keep], dst[keep]
+    route = network._route(cl, direct)
+    # all of them; and from GPU 0 only, whose proxies are none of the pairs' GPUs
+    for s_of, d_of in ((src, dst), (np.zeros(n - 1, dtype=np.int64), np.arange(1, n))):
+        rows, lens = network._route_rows(cl, s_of, d_of, direct)
+        assert [tuple(r[:k]) for r, k in zip(rows.tolist(), lens.tolist())] == [
+            route(s, d) for s, d in zip(s_of.tolist(), d_of.tolist())]
