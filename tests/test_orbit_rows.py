@@ -103,7 +103,7 @@ def test_the_orbit_weights_branch_was_compared():
     assert sum(ORBITS.values()) > 0
 
 
-@pytest.mark.parametrize("topology,nodes", [("h800-cluster.yaml", 3), ("dgx-a100.yaml", 2), ("gb200-nvl72.yaml", 1)])
+@pytest.mark.parametrize("topology,nodes", [("h800-cluster.yaml", 3), ("dgx-a100.yaml", 24), ("gb200-nvl72.yaml", 1)])
 @pytest.mark.parametrize("direct", [False, True])
 def test_rows_route_every_pair_as_route_does(topology, nodes, direct):
     """Every (src, dst), loops included, routed in rows is the route of the pair."""

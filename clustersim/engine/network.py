@@ -127,52 +127,31 @@ def _loop_edges(cluster: Cluster, gpu: int) -> tuple[int, int]:
     return (index[(names[gpu], sw)], index[(sw, names[gpu])])
 
 
-def _padded(paths: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    """Paths as rows of edge ids, -1 after each path's end; and their lengths."""
-    lens = np.fromiter(map(len, paths), np.int64, len(paths))
-    width = int(lens.max()) if len(paths) else 0
-    out = np.full((len(paths), width), -1, dtype=np.int64)
-    out[np.arange(width) < lens[:, None]] = np.fromiter(chain.from_iterable(paths), np.int64, int(lens.sum()))
-    return out, lens
-
-
 def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_route` of every pair ``(src[i], dst[i])`` (distinct pairs), as rows of edge ids
     padded with -1, and their lengths. A PXN route is two legs, to the proxy and from it,
     and many pairs share each leg (the proxy depends on the source's node, not the source):
-    each distinct leg is routed once, by the cluster's own ``path`` and ``pxn_proxy``::
+    each distinct leg is routed once, by the cluster's ``paths`` (``path`` on arrays)::
 
         n0.gpu2 -> n1.gpu5:   path(n0.gpu2, n0.gpu5) + path(n0.gpu5, n1.gpu5)
         n0.gpu3 -> n1.gpu5:   path(n0.gpu3, n0.gpu5) + (the same second leg)
     """
     n_gpu = len(cluster.gpu_names)  # pair keys: src * n_gpu + dst
-    info = {g: cluster._gpu_rail(g) for g in np.union1d(src, dst).tolist()}  # (node, rail, local)
-    rail_code: dict = {None: -1}
-    node = np.zeros(n_gpu, dtype=np.int64)
-    rail = np.full(n_gpu, -1, dtype=np.int64)
-    for g, (n, r, _) in info.items():
-        node[g] = n
-        rail[g] = rail_code.setdefault(r, len(rail_code) - 1)
-    via = np.full(len(src), -1, dtype=np.int64)
-    if not direct:  # pxn_proxy's test for a proxy, per pair; then the proxy of each (node, dst) once
-        cross = (node[src] != node[dst]) & (rail[dst] >= 0) & (rail[src] != rail[dst])
-        rows = np.flatnonzero(cross)
-        if len(rows):
-            keys, first, inv = np.unique(node[src[rows]] * n_gpu + dst[rows], return_index=True,
-                                         return_inverse=True)
-            proxy = [cluster.pxn_proxy(s, d) for s, d in zip(src[rows[first]].tolist(), dst[rows[first]].tolist())]
-            via[rows] = np.array([-1 if p is None else p for p in proxy], dtype=np.int64)[inv.ravel()]
+    via = np.full(len(src), -1, dtype=np.int64) if direct else cluster.pxn_proxies(src, dst)
     two = via >= 0
-    a_end = np.where(two, via, dst)
-    legs1, inv1 = np.unique(src * n_gpu + a_end, return_inverse=True)
-    first_legs = [_loop_edges(cluster, s) if s == d else cluster.path(s, d)
-                  for s, d in zip((legs1 // n_gpu).tolist(), (legs1 % n_gpu).tolist())]
-    m1, l1 = _padded(first_legs)
+    legs1, inv1 = np.unique(src * n_gpu + np.where(two, via, dst), return_inverse=True)
+    m1, l1 = cluster.paths(legs1 // n_gpu, legs1 % n_gpu)
+    loops = np.flatnonzero(legs1 // n_gpu == legs1 % n_gpu)  # a GPU to itself: its NVSwitch loop (NVLS)
+    if len(loops):
+        if m1.shape[1] < 2:
+            m1 = np.hstack([m1, np.full((len(m1), 2 - m1.shape[1]), -1, dtype=np.int64)])
+        m1[loops, :2] = [_loop_edges(cluster, g) for g in (legs1[loops] // n_gpu).tolist()]
+        l1[loops] = 2
     rows1, lens = m1[inv1.ravel()], l1[inv1.ravel()]
     if not two.any():
         return rows1, lens
     legs2, inv2 = np.unique(via[two] * n_gpu + dst[two], return_inverse=True)
-    m2, l2 = _padded([cluster.path(s, d) for s, d in zip((legs2 // n_gpu).tolist(), (legs2 % n_gpu).tolist())])
+    m2, l2 = cluster.paths(legs2 // n_gpu, legs2 % n_gpu)
     out = np.full((len(src), rows1.shape[1] + m2.shape[1]), -1, dtype=np.int64)
     out[:, :rows1.shape[1]] = rows1
     at = np.flatnonzero(two)
@@ -301,7 +280,8 @@ def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int
         for p in rep_paths:
             for e in p:
                 simulated[e] = simulated.get(e, 0) + 1
-        weights = tuple(tuple((e, int(real[e]) / simulated[e]) for e in p) for p in rep_paths)
+        n_real = dict(zip(simulated, map(int, real[list(simulated)].tolist())))
+        weights = tuple(tuple((e, n_real[e] / simulated[e]) for e in p) for p in rep_paths)
         latency = max((cluster.path_latency_s(p) for p in rep_paths), default=0.0)
     else:
         # per flow position k, how many instances' flow k crosses each link, links in order

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 import networkx as nx
+import numpy as np
 import pydantic
 
 from ..errors import ConfigError
@@ -584,6 +585,79 @@ class Cluster:
             via = self.pxn_proxy(src, dst)
             hit = cache[key] = self.path(src, dst) if via is None else self.path(src, via) + self.path(via, dst)
         return hit
+
+    @cached_property
+    def _gpu_columns(self) -> dict[str, np.ndarray]:
+        """What :meth:`path` and :meth:`pxn_proxy` read per GPU, as arrays by global GPU id:
+        node, local index, codes of its NVSwitch, leaf and rail (-1: none), and the edge ids
+        GPU -> NVSwitch, NVSwitch -> GPU, GPU -> NIC -> leaf (two) and leaf -> NIC -> GPU (two),
+        -1 where the graph lacks them (those pairs are left to :meth:`path`)."""
+        n = len(self.gpu_names)
+        cols = {k: np.full(n, -1, dtype=np.int64) for k in ("node", "local", "switch", "leaf", "rail", "to_sw",
+                                                               "from_sw", "up0", "up1", "down0", "down1")}
+        codes: dict = {None: -1}
+        index, g = self.edge_index, self.graph
+        for gpu, name in enumerate(self.gpu_names):
+            node, switch, leaf, up, down = self._gpu_route(gpu)
+            _, rail, local = self._gpu_rail(gpu)
+            cols["node"][gpu], cols["local"][gpu] = node, local if local is not None else -1
+            for k, v in (("switch", switch), ("leaf", leaf), ("rail", ("rail", rail) if rail is not None else None)):
+                cols[k][gpu] = codes.setdefault(v, len(codes) - 1)
+            if switch is not None and g.has_node(switch):
+                cols["to_sw"][gpu] = index.get((name, switch), -1)
+                cols["from_sw"][gpu] = index.get((switch, name), -1)
+            if up is not None:
+                cols["up0"][gpu], cols["up1"][gpu] = up
+            if down is not None:
+                cols["down0"][gpu], cols["down1"][gpu] = down
+        return cols
+
+    def paths(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`path` of every pair ``(src[i], dst[i])``, as rows of edge ids padded with -1,
+        and their lengths. The two common shapes are read off per-GPU arrays, the rest (across
+        leaves, a missing cable) asked of :meth:`path` pair by pair::
+
+            same node:               GPU -> NVSwitch -> GPU                          2 edges
+            other node, same leaf:   GPU -> NIC -> leaf -> NIC -> GPU                4 edges
+        """
+        c = self._gpu_columns
+        rows = np.full((len(src), 4), -1, dtype=np.int64)
+        lens = np.zeros(len(src), dtype=np.int64)
+        other = src != dst  # to itself: no edge
+        same_node = other & (c["node"][src] == c["node"][dst])
+        nvlink = same_node & (c["switch"][src] == c["switch"][dst]) & (c["to_sw"][src] >= 0) & (c["from_sw"][dst] >= 0)
+        rows[nvlink, 0], rows[nvlink, 1], lens[nvlink] = c["to_sw"][src[nvlink]], c["from_sw"][dst[nvlink]], 2
+        leaf = other & ~same_node & (c["leaf"][src] >= 0) & (c["leaf"][src] == c["leaf"][dst]) \
+            & (c["up0"][src] >= 0) & (c["down0"][dst] >= 0)
+        for k, col in enumerate((c["up0"][src], c["up1"][src], c["down0"][dst], c["down1"][dst])):
+            rows[leaf, k] = col[leaf]
+        lens[leaf] = 4
+        rest = np.flatnonzero(other & ~nvlink & ~leaf)
+        if len(rest):
+            found = [self.path(s, d) for s, d in zip(src[rest].tolist(), dst[rest].tolist())]
+            width = max(map(len, found))
+            if width > rows.shape[1]:
+                rows = np.hstack([rows, np.full((len(src), width - rows.shape[1]), -1, dtype=np.int64)])
+            for i, p in zip(rest.tolist(), found):
+                rows[i, :len(p)] = p
+                lens[i] = len(p)
+        return rows, lens
+
+    def pxn_proxies(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """:meth:`pxn_proxy` of every pair, -1 for None: the GPU of ``dst``'s local index on
+        ``src``'s node where it is on ``dst``'s rail, else asked of :meth:`pxn_proxy`."""
+        c = self._gpu_columns
+        rail_d = c["rail"][dst]
+        cross = (c["node"][src] != c["node"][dst]) & (rail_d >= 0) & (c["rail"][src] != rail_d)
+        out = np.full(len(src), -1, dtype=np.int64)
+        guess = c["node"][src] * self.cfg.node.gpus + c["local"][dst]
+        ok = cross & (c["local"][dst] >= 0) & (guess >= 0) & (guess < len(self.gpu_names))
+        ok[ok] &= c["rail"][guess[ok]] == rail_d[ok]
+        out[ok] = guess[ok]
+        for i in np.flatnonzero(cross & ~ok).tolist():
+            p = self.pxn_proxy(int(src[i]), int(dst[i]))
+            out[i] = -1 if p is None else p
+        return out
 
     def path_latency_s(self, path: tuple[int, ...]) -> float:
         lat = self.edge_latency_s
