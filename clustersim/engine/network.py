@@ -109,12 +109,9 @@ def _route(cluster: Cluster, direct: bool = False):
     (NVLS). NCCL forwards a transfer between GPUs on different rails through the sender's
     node-mate on the receiver's rail (PXN): a ring channel then enters and leaves every node
     through one NIC."""
-    names, g, index = cluster.gpu_names, cluster.graph, cluster.edge_index
-
     def route(src: int, dst: int) -> tuple[int, ...]:
         if src == dst:
-            sw = g.nodes[names[src]]["switch"]
-            return (index[(names[src], sw)], index[(sw, names[src])])
+            return _loop_edges(cluster, src)
         return cluster.path(src, dst) if direct else cluster.pxn_path(src, dst)
 
     return route
