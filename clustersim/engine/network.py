@@ -248,7 +248,6 @@ def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int
         instance 1   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    == instance 0's: symmetric
     """
     n_inst, width = rows.shape
-    bw, lat = cluster.edge_bw_Bps, cluster.edge_latency_s
     n_gpu = max(len(cluster.gpu_names), 1)
     src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
     dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
@@ -263,11 +262,10 @@ def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int
     rep_rows = at[0]
     rep_paths = [tuple(paths[i, :lens[i]].tolist()) for i in rep_rows.tolist()]
     # what a flow meets on a link, as one code per distinct (bandwidth, latency, real flows)
-    edges = np.flatnonzero(real).tolist()
-    code_of: dict[tuple, int] = {}
+    bw_a, lat_a = cluster.edge_columns
+    edges = np.flatnonzero(real)
     codes = np.full(len(real) + 1, -1, dtype=np.int64)  # index -1 (padding) stays -1
-    for e, n in zip(edges, real[edges].tolist()):
-        codes[e] = code_of.setdefault((bw[e], lat[e], int(n)), len(code_of))
+    codes[edges] = _row_codes(bw_a[edges], lat_a[edges], real[edges])
     sig = codes[paths]  # per pair, its path's codes, -1 after its end
     symmetric = bool((sig[at[1:]] == sig[rep_rows][None]).all()) if n_inst > 1 else True
     if require_symmetric and not symmetric:
@@ -279,7 +277,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int
                 simulated[e] = simulated.get(e, 0) + 1
         n_real = dict(zip(simulated, map(int, real[list(simulated)].tolist())))
         weights = tuple(tuple((e, n_real[e] / simulated[e]) for e in p) for p in rep_paths)
-        latency = max((cluster.path_latency_s(p) for p in rep_paths), default=0.0)
+        latency = _longest_s(paths[rep_rows], lat_a)
     else:
         # per flow position k, how many instances' flow k crosses each link, links in order
         n_edges = len(real)
@@ -291,15 +289,38 @@ def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int
         bounds = np.searchsorted(k_at, np.arange(width + 1))
         links, counts = (pos_link % n_edges).tolist(), counts.tolist()
         weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
-        # every path's latency summed hop by hop, in order, as path_latency_s does
-        mine = np.unique(at)
-        lat_arr = np.append(np.asarray(lat, dtype=np.float64), 0.0)  # padding (-1) adds nothing
-        total = np.zeros(len(mine))
-        for h in range(paths.shape[1]):
-            total = total + lat_arr[paths[mine, h]]
-        latency = float(total.max()) if len(mine) else 0.0
+        latency = _longest_s(paths[np.unique(at)], lat_a)
     return FlowPlan(weights=weights, fractions=tuple(real_flows[i][2] for i in rows[0].tolist()),
                     latency_s=steps * latency)
+
+
+def _row_codes(*cols: np.ndarray) -> np.ndarray:
+    """One int per row of ``cols``, equal where the rows' values are equal (as ``==`` compares
+    them): the rank of the row among the distinct rows, in sorted order."""
+    n = len(cols[0])
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(cols[::-1])
+    new = np.zeros(n, dtype=bool)  # a row that differs from the one before it in sorted order
+    new[0] = True
+    for c in cols:
+        sorted_c = c[order]
+        new[1:] |= sorted_c[1:] != sorted_c[:-1]
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.cumsum(new) - 1
+    return out
+
+
+def _longest_s(paths: np.ndarray, lat_s: np.ndarray) -> float:
+    """The largest latency of ``paths`` (rows of edge ids, -1 after the end), each summed hop
+    by hop in order as ``Cluster.path_latency_s`` sums it (the same float)."""
+    if not len(paths):
+        return 0.0
+    lat_pad = np.append(lat_s, 0.0)  # padding (-1) adds nothing
+    total = np.zeros(len(paths))
+    for h in range(paths.shape[1]):
+        total = total + lat_pad[paths[:, h]]
+    return float(total.max())
 
 
 # Collectives in which every member does the same, so that one member's flows stand for all:

@@ -400,6 +400,11 @@ class Cluster:
         return [self.graph.edges[e]["latency_s"] for e in self.edges]
 
     @cached_property
+    def edge_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """``edge_bw_Bps`` and ``edge_latency_s`` as float64 arrays (the same values)."""
+        return np.asarray(self.edge_bw_Bps, dtype=np.float64), np.asarray(self.edge_latency_s, dtype=np.float64)
+
+    @cached_property
     def _fabric(self) -> nx.DiGraph:
         keep = [n for n, k in self.graph.nodes(data="kind") if k in TIERS]
         return self.graph.subgraph(keep)
