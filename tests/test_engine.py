@@ -289,9 +289,12 @@ def test_dominated_links_are_dropped_and_equivalent_ones_kept():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_dropping_dominated_links_keeps_every_max_min_rate(seed):
+def test_dropping_dominated_links_keeps_every_max_min_rate(seed, monkeypatch):
     """Random flows over random links, some crossing hundreds (a flow standing for many twins):
-    the fair shares with the dominated links dropped are those with every link, in every mix."""
+    the fair shares with the dominated links dropped are those with every link, in every mix.
+    The links dropped are the same without the filter by weight per capacity that candidate
+    sets of the big flows go through first (LOAD_FILTER_FROM)."""
+    from clustersim.engine import sim as engine_sim
     from clustersim.engine.network import max_min_rates
     from clustersim.engine.sim import _dominated_links
 
@@ -309,6 +312,8 @@ def test_dropping_dominated_links_keeps_every_max_min_rate(seed):
             on_edge.setdefault(e, []).append((0, fi, w))
     dropped = _dominated_links({e: on_edge[e] for e in sorted(on_edge)}, bw)
     assert dropped  # the big flows' links imply many of their own
+    monkeypatch.setattr(engine_sim, "LOAD_FILTER_FROM", 10**9)
+    assert _dominated_links({e: on_edge[e] for e in sorted(on_edge)}, bw) == dropped
     kept = [tuple((e, w) for e, w in ws if e not in dropped) for ws in flows]
     for mix in (range(40), range(0, 40, 2), range(3, 40), [0, 5, 6, 7]):
         full = max_min_rates([flows[i] for i in mix], bw)
