@@ -18,6 +18,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import chain, repeat
 from operator import itemgetter
 
@@ -58,7 +59,7 @@ class FlowPlan:
     # link's bandwidth than the link's own efficiency allows (NVLS)
     wire_scale: float = 1.0
 
-    @property
+    @cached_property  # (a frozen dataclass keeps it in its __dict__; fields alone compare and hash)
     def edges(self) -> frozenset[int]:
         return frozenset(e for w in self.weights for e, _ in w)
 

@@ -38,7 +38,7 @@ from ..program.tasks import Comm, Program, Task
 from ..trace import LinkUse, Span, SpanBase, SpanForm, Trace
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
-from .network import FlowNetwork, FlowPlan, _call_at, max_min_rates, plan_phases
+from .network import FlowNetwork, FlowPlan, _call_at, _pairs, max_min_rates, plan_phases
 
 
 @dataclass
@@ -570,9 +570,10 @@ class Engine:
                 per_plan[id(whole)] = (whole, np.zeros(len(size)))
             per_plan[id(whole)][1][:] += n * size
         for whole, moved in per_plan.values():
-            for i, ws in enumerate(whole.weights):
-                for e, w in ws:
-                    total[e] += w / whole.wire_scale * moved[i]
+            # every (flow, link) pair in plan order, added one after the other (np.add.at is
+            # unbuffered: the same sums, in the same order, as a loop over the pairs)
+            sizes, pair_edge, pair_w = _pairs(whole.weights)
+            np.add.at(total, pair_edge, pair_w / whole.wire_scale * np.repeat(moved, sizes))
         edges, g, bw = self.cluster.edges, self.cluster.graph, self.cluster.edge_bw_Bps
         used = [int(e) for e in np.nonzero(total)[0]]
         kind = {e: g.edges[edges[e]].get("kind", "") for e in used}
