@@ -592,7 +592,7 @@ class Engine:
         # per plan, its flows' weights on the chosen links (a flows x links matrix)
         mine: dict[int, tuple[list[int], np.ndarray] | None] = {}
         for k, (whole, _) in per_plan.items():
-            cols = sorted({e for ws in whole.weights for e, _ in ws} & chosen)
+            cols = sorted(whole.edges & chosen)
             if not cols:
                 mine[k] = None
                 continue
