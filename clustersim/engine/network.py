@@ -88,7 +88,10 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring") -> tuple[FlowP
         scale = cluster.cfg.node.nvlink.efficiency / cluster.gpu.nvls_efficiency
     out = []
     for k in range(len(per_group[comm.group])):
-        flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
+        if scale == 1.0:  # (the flows' shares are floats: x * 1.0 is x)
+            flows_of = {g: tuple(ph[k].flows) for g, ph in per_group.items()}
+        else:
+            flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
         if comm.load:
             flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,

@@ -81,6 +81,25 @@ def _comm_tasks(prog: Program):
 LOAD_FILTER_FROM = 8
 
 
+def _flows_on_links(plans: list[FlowPlan]) -> dict[int, list[tuple[int, int, float]]]:
+    """Link -> the (plan, flow, weight) of every flow crossing it, links in order and each
+    link's flows in plan then flow order (weights as floats): what a loop over the plans'
+    flows would collect, on arrays (a 16K-GPU step has 750,000 such pairs)."""
+    parts = [_pairs(plan.weights) for plan in plans]
+    edge = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    if not len(edge):
+        return {}
+    weight = np.concatenate([p[2] for p in parts])
+    plan_of = np.repeat(np.arange(len(parts)), [len(p[1]) for p in parts])
+    flow_of = np.concatenate([np.repeat(np.arange(len(p[0])), p[0]) for p in parts])
+    order = np.argsort(edge, kind="stable")  # by link, the pairs' own order within each
+    edge = edge[order]
+    rows = list(zip(plan_of[order].tolist(), flow_of[order].tolist(), weight[order].tolist()))
+    bounds = [0, *(np.flatnonzero(np.diff(edge)) + 1).tolist(), len(rows)]
+    links = edge[bounds[:-1]].tolist()
+    return {e: rows[lo:hi] for e, lo, hi in zip(links, bounds[:-1], bounds[1:])}
+
+
 def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
     """Links whose capacity constraint is implied by another link's, whatever flows are active.
 
@@ -284,11 +303,7 @@ class Engine:
                   for t in distinct.values()}
         phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
-        on_edge: dict[int, list] = {}
-        for pi, plan in enumerate(plans.values()):
-            for fi, ws in enumerate(plan.weights):
-                for e, w in ws:
-                    on_edge.setdefault(e, []).append((pi, fi, w))
+        on_edge = _flows_on_links(list(plans.values()))
         bw = self.cluster.edge_bw_Bps
         canon: dict[tuple, int] = {}
         keep = {e for e, sig in sorted(on_edge.items()) if canon.setdefault((bw[e], tuple(sig)), e) == e}
