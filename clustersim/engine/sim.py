@@ -81,6 +81,23 @@ def _comm_tasks(prog: Program):
 LOAD_FILTER_FROM = 8
 
 
+def _stage_of(program: Program) -> dict[int, int]:
+    """Rank -> the stage of its last task that has one (ranks in order). Read from the end, it
+    stops once every rank is found: a step's last tasks are its ranks' (a million tasks need
+    not all be read)."""
+    found: dict[int, int] = {}
+    want = set(program.ranks)
+    left = len(want)
+    for t in reversed(program.tasks):
+        if t.stage >= 0 and t.rank not in found:
+            found[t.rank] = t.stage
+            if t.rank in want:
+                left -= 1
+                if not left:
+                    break
+    return dict(sorted(found.items()))
+
+
 def _flows_on_links(plans: list[FlowPlan]) -> dict[int, list[tuple[int, int, float]]]:
     """Link -> the (plan, flow, weight) of every flow crossing it, links in order and each
     link's flows in plan then flow order (weights as floats): what a loop over the plans'
@@ -222,7 +239,7 @@ class Engine:
         # so that a segment logs a start with one append (:meth:`_starts_log`)
         self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
         self._census: dict[tuple, list] = {}  # shape -> [a communication of it, how many tasks]
-        self.stage_of = dict(sorted({t.rank: t.stage for t in program.tasks if t.stage >= 0}.items()))
+        self.stage_of = _stage_of(program)
         if network == "flow":
             self._classify()
 
