@@ -53,3 +53,14 @@ def test_scenario_runs_and_matches_reviewed_summary(path):
     assert got["exposed_comm_s"] == pytest.approx(want["exposed_comm_s"], rel=1e-6, abs=1e-12)
     assert got["memory_peak_bytes"] == pytest.approx(want["memory_peak_bytes"], rel=1e-9)
     assert got["fits"] == want["fits"]
+
+
+BENCH = sorted((ROOT / "bench" / "scenarios").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BENCH, ids=[p.stem for p in BENCH])
+def test_bench_scenario_is_valid(path):
+    """The speed benchmarks' scenarios (not simulated here: seconds each) load and check."""
+    sc = clustersim.load_scenario(path)
+    assert sc.mesh.world_size == sc.cfg.cluster.nodes * sc.cluster.cfg.node.gpus
+    assert sc.microbatches >= 1
