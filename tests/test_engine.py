@@ -278,6 +278,18 @@ def test_cross_node_all_to_all_is_bound_by_the_nics_through_pxn(root):
     assert t == pytest.approx(size / 2 / nic_Bps, rel=0.01)
 
 
+def test_dominated_links_with_a_flow_listed_twice_on_a_link_keep_its_last_weight(monkeypatch):
+    """The arrays cannot tell two entries of one flow on one link apart: the loop decides, with
+    the flow's last weight there (as a dict of the flow's weights keeps it)."""
+    from clustersim.engine import sim as engine_sim
+    from clustersim.engine.sim import _dominated_links
+
+    on_edge = {0: [(0, 0, 1.0)], 1: [(0, 0, 0.5), (0, 0, 2.0), (0, 1, 1.0)]}
+    for rows_from in (0, 10**9):
+        monkeypatch.setattr(engine_sim, "DOMINATED_ROWS_FROM", rows_from)
+        assert _dominated_links(on_edge, [10.0, 10.0]) == {0}  # link 1 carries flow 0 at 2.0 >= 1.0
+
+
 def test_dominated_links_are_dropped_and_equivalent_ones_kept():
     """Flow 0 crosses links 0 and 1, flow 1 crosses link 1 only: link 0's constraint
     (flow 0 alone) is implied by link 1's when link 1 is no wider, and not when it is wider."""
@@ -292,8 +304,9 @@ def test_dominated_links_are_dropped_and_equivalent_ones_kept():
 def test_dropping_dominated_links_keeps_every_max_min_rate(seed, monkeypatch):
     """Random flows over random links, some crossing hundreds (a flow standing for many twins):
     the fair shares with the dominated links dropped are those with every link, in every mix.
-    The links dropped are the same without the filter by weight per capacity that candidate
-    sets of the big flows go through first (LOAD_FILTER_FROM)."""
+    The links dropped are the same with the implying links found on arrays or by the loop
+    (DOMINATED_ROWS_FROM), and without the filter by weight per capacity that candidate sets of
+    the big flows go through first (LOAD_FILTER_FROM)."""
     from clustersim.engine import sim as engine_sim
     from clustersim.engine.network import max_min_rates
     from clustersim.engine.sim import _dominated_links
@@ -312,7 +325,11 @@ def test_dropping_dominated_links_keeps_every_max_min_rate(seed, monkeypatch):
             on_edge.setdefault(e, []).append((0, fi, w))
     dropped = _dominated_links({e: on_edge[e] for e in sorted(on_edge)}, bw)
     assert dropped  # the big flows' links imply many of their own
+    monkeypatch.setattr(engine_sim, "DOMINATED_ROWS_FROM", 10**9)  # the loop alone
+    assert _dominated_links({e: on_edge[e] for e in sorted(on_edge)}, bw) == dropped
     monkeypatch.setattr(engine_sim, "LOAD_FILTER_FROM", 10**9)
+    assert _dominated_links({e: on_edge[e] for e in sorted(on_edge)}, bw) == dropped
+    monkeypatch.setattr(engine_sim, "DOMINATED_ROWS_FROM", 0)  # implying links on arrays, every size
     assert _dominated_links({e: on_edge[e] for e in sorted(on_edge)}, bw) == dropped
     kept = [tuple((e, w) for e, w in ws if e not in dropped) for ws in flows]
     for mix in (range(40), range(0, 40, 2), range(3, 40), [0, 5, 6, 7]):

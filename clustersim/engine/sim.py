@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from itertools import repeat
+from itertools import chain, repeat
+from operator import itemgetter
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,7 +39,7 @@ from ..program.tasks import Comm, Program, Task
 from ..trace import LinkUse, Span, SpanBase, SpanForm, Trace
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
-from .network import FlowNetwork, FlowPlan, _call_at, _pairs, max_min_rates, plan_phases
+from .network import FlowNetwork, FlowPlan, _call_at, _pairs, _ranges, max_min_rates, plan_phases
 
 
 @dataclass
@@ -117,6 +118,105 @@ def _flows_on_links(plans: list[FlowPlan]) -> dict[int, list[tuple[int, int, flo
     return {e: rows[lo:hi] for e, lo, hi in zip(links, bounds[:-1], bounds[1:])}
 
 
+class _Lazy(dict):
+    """A dict that makes a missing value with ``make(key)`` on first use."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        value = self[key] = self.make(key)
+        return value
+
+
+def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
+    """:func:`_dominated_links`' question on arrays, for every link e2 whose fewest-links flow
+    crosses at most ``few`` links: which links e1 imply it (carry each of its flows with
+    w1(f) * c2/c1 >= w2(f) (1 - 1e-12), the test of the loop, in the same floats). The
+    candidates are that flow's links; each (e2, e1) pair is checked flow by flow by looking
+    (e1, flow) up among the sorted (link, flow) keys::
+
+        e2 = L7, flows {f3 (crosses L2 L7 L9), f8 (crosses 40 links)}
+        pairs (L7, L2) (L7, L9)  ->  look up (L2, f3) (L2, f8) (L9, f3) (L9, f8)  ->  L9 implies L7
+
+    Returns (per link in order, whether it was looked at here; link -> its sorted implying
+    links, for those that have any; for the loop, made on first use: link -> {flow: weight},
+    flow -> set of its links, flow -> its (weight per capacity, link) in order), or None when a
+    flow lists a link twice (the loop keeps the last weight)."""
+    links = list(on_edge)
+    n_l = len(links)
+    counts = np.fromiter(map(len, on_edge.values()), np.int64, n_l)
+    ptr = np.zeros(n_l + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    n = int(ptr[-1])
+    flat = list(chain.from_iterable(on_edge.values()))
+    pi = np.fromiter(map(itemgetter(0), flat), np.int64, n)
+    fi = np.fromiter(map(itemgetter(1), flat), np.int64, n)
+    w = np.fromiter(map(itemgetter(2), flat), np.float64, n)
+    link_of = np.repeat(np.arange(n_l), counts)  # link index of each entry
+    _, flow = np.unique(pi * (int(fi.max()) + 1) + fi, return_inverse=True)
+    flow = flow.ravel()
+    n_f = int(flow.max()) + 1
+    key = link_of * n_f + flow
+    by_key = np.argsort(key)
+    key_sorted, w_sorted = key[by_key], w[by_key]
+    if (key_sorted[1:] == key_sorted[:-1]).any():
+        return None
+    n_links = np.bincount(flow, minlength=n_f)
+    by_flow = np.lexsort((link_of, flow))  # each flow's links, in link order
+    flow_ptr = np.zeros(n_f + 1, dtype=np.int64)
+    np.cumsum(n_links, out=flow_ptr[1:])
+    flow_links = link_of[by_flow]
+    # each link's flow with the fewest links (the first such): its candidates are that flow's links
+    fewest = np.lexsort((np.arange(n), n_links[flow], link_of))[ptr[:-1]]
+    light = np.flatnonzero(n_links[flow[fewest]] <= few)
+    pair_e2 = np.repeat(light, n_links[flow[fewest[light]]])
+    pair_e1 = flow_links[_ranges(flow_ptr, flow[fewest[light]])]
+    other = pair_e1 != pair_e2
+    pair_e2, pair_e1 = pair_e2[other], pair_e1[other]
+    implied: dict[int, list[int]] = {}
+    if len(pair_e2):
+        ent = _ranges(ptr, pair_e2)  # each pair's e2 entries: its flows and weights
+        pair_of = np.repeat(np.arange(len(pair_e2)), counts[pair_e2])
+        q = pair_e1[pair_of] * n_f + flow[ent]
+        at = np.minimum(np.searchsorted(key_sorted, q), n - 1)
+        bw = np.asarray(bw_Bps, dtype=np.float64)[links]
+        scale = bw[pair_e2] / bw[pair_e1]
+        ok = (key_sorted[at] == q) & (w_sorted[at] * scale[pair_of] >= w[ent] * (1 - 1e-12))
+        starts = np.zeros(len(pair_e2), dtype=np.int64)
+        np.cumsum(counts[pair_e2][:-1], out=starts[1:])
+        good = np.flatnonzero(np.logical_and.reduceat(ok, starts))
+        good = good[np.lexsort((pair_e1[good], pair_e2[good]))]
+        for i2, i1 in zip(pair_e2[good].tolist(), pair_e1[good].tolist()):
+            implied.setdefault(links[i2], []).append(links[i1])
+    is_light = np.zeros(n_l, dtype=bool)
+    is_light[light] = True
+
+    index = {e: i for i, e in enumerate(links)}
+
+    def flows_on(e: int) -> dict[int, float]:
+        lo, hi = ptr[index[e]], ptr[index[e] + 1]
+        return dict(zip(flow[lo:hi].tolist(), w[lo:hi].tolist()))
+
+    links_on = _Lazy(lambda f: {links[i] for i in flow_links[flow_ptr[f]:flow_ptr[f + 1]].tolist()})
+    bw_all = np.asarray(bw_Bps, dtype=np.float64)
+    link_ids = np.asarray(links, dtype=np.int64)
+
+    def by_load(f: int) -> tuple[list[float], list[int]]:  # the loop's sorted (w / c, link), on arrays
+        mine = by_flow[flow_ptr[f]:flow_ptr[f + 1]]
+        ids = link_ids[link_of[mine]]
+        x = w[mine] / bw_all[ids]
+        order = np.lexsort((ids, x))
+        return x[order].tolist(), ids[order].tolist()
+
+    return is_light.tolist(), implied, _Lazy(flows_on), links_on, _Lazy(by_load)
+
+
+# (link, flow) entries from which _dominated_links looks for implying links on arrays
+DOMINATED_ROWS_FROM = 20_000
+
+
 def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
     """Links whose capacity constraint is implied by another link's, whatever flows are active.
 
@@ -125,39 +225,57 @@ def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
     sum w2 r <= (c2/c1) sum w1 r <= c2. Dropping e2 leaves the feasible rates, and so the
     max-min allocation, unchanged; a fair-share computation then touches a few links per flow
     (an all-to-all's many per-destination links are all implied by its source's).
-    """
-    sig = {e: {(pi, fi): w for pi, fi, w in flows} for e, flows in on_edge.items()}
-    # the links each flow crosses among those considered (only they can imply a link: a plan's
-    # own list of a flow's links can be the thousands its twins cross)
-    links_of: dict[tuple[int, int], set[int]] = {}
-    for e, flows in sig.items():
-        for f in flows:
-            links_of.setdefault(f, set()).add(e)
-    dropped: set[int] = set()
-    loads: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
 
-    def _by_load(f: tuple[int, int], floor: float) -> list[int]:
-        """The links of flow ``f`` on which it weighs at least ``floor`` per unit of capacity."""
-        hit = loads.get(f)
-        if hit is None:
+    Links are taken in order, and a link dropped already implies none after it. Which links
+    could imply a link does not depend on that order: with many (link, flow) entries, it is
+    worked out on arrays first (:func:`_implied_rows`), and only the order is left to the loop.
+    """
+    rows = _implied_rows(on_edge, bw_Bps) if sum(map(len, on_edge.values())) >= DOMINATED_ROWS_FROM else None
+    if rows is None:
+        light, implied = [False] * len(on_edge), {}
+        sig = {e: {(pi, fi): w for pi, fi, w in flows} for e, flows in on_edge.items()}
+        # the links each flow crosses among those considered (only they can imply a link: a plan's
+        # own list of a flow's links can be the thousands its twins cross)
+        links_of: dict = {}
+        for e, flows in sig.items():
+            for f in flows:
+                links_of.setdefault(f, set()).add(e)
+    else:  # flows numbered, {flow: weight} per link and each flow's links made when needed
+        light, implied, sig, links_of, loads = rows
+    dropped: set[int] = set()
+    if rows is None:
+        def load_order(f) -> tuple[list[float], list[int]]:
             pairs = sorted((sig[e][f] / bw_Bps[e], e) for e in links_of[f])
-            hit = loads[f] = ([x for x, _ in pairs], [e for _, e in pairs])
-        return hit[1][bisect_left(hit[0], floor):]
+            return [x for x, _ in pairs], [e for _, e in pairs]
+
+        loads = _Lazy(load_order)
+
+    def _by_load(f, floor: float) -> list[int]:
+        """The links of flow ``f`` on which it weighs at least ``floor`` per unit of capacity."""
+        xs, es = loads[f]
+        return es[bisect_left(xs, floor):]
 
     # links crossed by one flow only (most links of a flow standing for many twins): of those
     # of one flow, the one with the highest weight per capacity implies the others
-    single: dict[tuple[int, int], list[int]] = {}
-    for e, flows in sig.items():
-        if len(flows) == 1:
-            single.setdefault(next(iter(flows)), []).append(e)
+    single: dict = {}
+    for e, flows in on_edge.items():
+        if (len(flows) if rows is not None else len(sig[e])) == 1:  # (rows: no flow twice on a link)
+            single.setdefault(next(iter(sig[e])), []).append(e)
     for f, es in single.items():
         best = max(es, key=lambda e: (sig[e][f] / bw_Bps[e], -e))
         for e2 in es:
             if e2 != best and sig[best][f] * (bw_Bps[e2] / bw_Bps[best]) >= sig[e2][f] * (1 - 1e-12):
                 dropped.add(e2)
-    for e2, flows2 in sig.items():
+    for e2, on_arrays in zip(on_edge, light):
         if e2 in dropped:
             continue
+        if on_arrays:  # the links that imply it were worked out on arrays: the first still kept
+            for e1 in implied.get(e2, ()):
+                if e1 not in dropped:
+                    dropped.add(e2)
+                    break
+            continue
+        flows2 = sig[e2]
         # e1 must carry every flow that crosses e2: intersect those flows' links
         cands: set[int] | None = None
         for ls in sorted(map(links_of.__getitem__, flows2), key=len):  # smallest first: a flow
@@ -165,11 +283,11 @@ def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
             if len(cands) <= 1:
                 break
         cands.discard(e2)
-        if len(cands) > LOAD_FILTER_FROM:  # flows that cross thousands of links (an orbit's): keep those that
-            # carry one of them with enough weight per capacity, a condition every e1 must meet
-            # (with a margin far above rounding, so only links that would fail go)
-            f0, w0 = next(iter(flows2.items()))
-            cands.intersection_update(_by_load(f0, w0 / bw_Bps[e2] * (1 - 1e-9)))
+        if len(cands) > LOAD_FILTER_FROM:  # flows that cross thousands of links (an orbit's): keep the
+            # links that carry each of them with enough weight per capacity, a condition every e1
+            # must meet (with a margin far above rounding, so only links that would fail go)
+            for f, w2 in flows2.items():
+                cands.intersection_update(_by_load(f, w2 / bw_Bps[e2] * (1 - 1e-9)))
         for e1 in sorted(cands):
             if e1 in dropped:
                 continue
