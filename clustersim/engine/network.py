@@ -264,7 +264,6 @@ def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int
     real = np.bincount(paths[used], weights=np.broadcast_to(per_pair[:, None], paths.shape)[used])
     at = inv_real[rows]  # each instance flow's pair
     rep_rows = at[0]
-    rep_paths = [tuple(paths[i, :lens[i]].tolist()) for i in rep_rows.tolist()]
     # what a flow meets on a link, as one code per distinct (bandwidth, latency, real flows)
     bw_a, lat_a = cluster.edge_columns
     edges = np.flatnonzero(real)
@@ -275,13 +274,17 @@ def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int
     if require_symmetric and not symmetric:
         return None
     if symmetric:
-        simulated: dict[int, int] = {}
-        for p in rep_paths:
-            for e in p:
-                simulated[e] = simulated.get(e, 0) + 1
-        n_real = dict(zip(simulated, map(int, real[list(simulated)].tolist())))
-        weights = tuple(tuple((e, n_real[e] / simulated[e]) for e in p) for p in rep_paths)
-        latency = _longest_s(paths[rep_rows], lat_a)
+        # weight = real flows / simulated flows on each link of the representative's flows
+        # (integer counts: their quotient is the float Python's int / int gives)
+        rep = paths[rep_rows]
+        on = rep >= 0
+        simulated = np.bincount(rep[on], minlength=len(real))
+        share = np.zeros(rep.shape)
+        share[on] = real[rep[on]] / simulated[rep[on]]
+        n_hops = lens[rep_rows].tolist()
+        weights = tuple(tuple(zip(e_row[:k], w_row[:k]))
+                        for e_row, w_row, k in zip(rep.tolist(), share.tolist(), n_hops))
+        latency = _longest_s(rep, lat_a)
     else:
         # per flow position k, how many instances' flow k crosses each link, links in order
         n_edges = len(real)
