@@ -173,16 +173,18 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
     if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
-        groups = (comm.group, *comm.twins)
-        rows = _by_member_rows(comm, node_of, flows_of, real_flows) if symmetric_members else None
+        # every real flow's ends, read once for the member sort and the orbit check
+        src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
+        dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
+        rows = _by_member_rows(comm, node_of, flows_of, src, dst) if symmetric_members else None
         if rows is not None:
-            plan = _weigh_rows(cluster, real_flows, rows, steps, require_symmetric=True, direct=direct)
+            plan = _weigh_rows(cluster, real_flows, src, dst, rows, steps, require_symmetric=True, direct=direct)
             if plan is not None:
                 return plan
             symmetric_members = False  # not symmetric member by member: as whole instances
-        if not symmetric_members and len({len(flows_of[g]) for g in groups}) == 1:
-            rows = np.arange(len(real_flows)).reshape(len(groups), -1)
-            return _weigh_rows(cluster, real_flows, rows, steps, direct=direct)
+        if not symmetric_members and len({len(inst) for inst in instances}) == 1:
+            rows = np.arange(len(real_flows)).reshape(len(instances), -1)
+            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct)
     if symmetric_members:
         # one member's flows stand for all (much smaller), when that symmetry holds
         plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True)
@@ -239,11 +241,11 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
     return FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency)
 
 
-def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int, require_symmetric: bool = False,
-                direct: bool = False) -> FlowPlan | None:
+def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, steps: int,
+                require_symmetric: bool = False, direct: bool = False) -> FlowPlan | None:
     """:func:`_weigh` on arrays, for communications with many real flows (an all-to-all over
-    64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``rows[i, k]``: the index
-    in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
+    64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``src``, ``dst``: the real
+    flows' ends; ``rows[i, k]``: the index in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
     (:func:`_route_rows`); a link's signature (bandwidth, latency, real flows) becomes one
     code, a path the row of its links' codes, and the orbit test compares those rows instance
     by instance::
@@ -253,8 +255,6 @@ def _weigh_rows(cluster: Cluster, real_flows: list, rows: np.ndarray, steps: int
     """
     n_inst, width = rows.shape
     n_gpu = max(len(cluster.gpu_names), 1)
-    src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
-    dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
     keys, inv_real = np.unique(src * n_gpu + dst, return_inverse=True)
     inv_real = inv_real.ravel()
     paths, lens = _route_rows(cluster, keys // n_gpu, keys % n_gpu, direct)
@@ -399,9 +399,9 @@ def _by_member(comm: Comm, node_of, flows_of: dict) -> list[tuple]:
     return instances
 
 
-def _by_member_rows(comm: Comm, node_of, flows_of: dict, real_flows: list) -> np.ndarray | None:
-    """:func:`_by_member`'s instances as rows of indices into ``real_flows`` (the groups'
-    flows one after the other, ``comm.group`` first), sorted on arrays: per member, its
+def _by_member_rows(comm: Comm, node_of, flows_of: dict, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
+    """:func:`_by_member`'s instances as rows of indices into the real flows (the groups'
+    flows one after the other, ``comm.group`` first; ``src``, ``dst``: their ends), sorted on arrays: per member, its
     outgoing flows by (offset of where they go, order given), then its incoming flows by
     (offset of where they come from, order given), as Python's stable sort leaves them. None
     when members have different numbers of flows (the rows would be ragged)."""
@@ -432,8 +432,7 @@ def _by_member_rows(comm: Comm, node_of, flows_of: dict, real_flows: list) -> np
             node_at, local_at, n_nodes, per = np.zeros(len(g), dtype=np.int64), np.arange(len(g)), 1, len(g)
         pos_in_members = {x: i for i, x in enumerate(members)}
         rank_of = np.array([pos_in_members[x] for x in g], dtype=np.int64)  # position in g -> in members
-        f_src = np.fromiter(map(itemgetter(0), flows), np.int64, len(flows))
-        f_dst = np.fromiter(map(itemgetter(1), flows), np.int64, len(flows))
+        f_src, f_dst = src[base:base + len(flows)], dst[base:base + len(flows)]
         at_s = sorter[np.searchsorted(gpus, f_src, sorter=sorter)]  # positions in g
         at_d = sorter[np.searchsorted(gpus, f_dst, sorter=sorter)]
 

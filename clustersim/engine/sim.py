@@ -176,12 +176,13 @@ def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
     other = pair_e1 != pair_e2
     pair_e2, pair_e1 = pair_e2[other], pair_e1[other]
     implied: dict[int, list[int]] = {}
+    bw_all = np.asarray(bw_Bps, dtype=np.float64)
     if len(pair_e2):
         ent = _ranges(ptr, pair_e2)  # each pair's e2 entries: its flows and weights
         pair_of = np.repeat(np.arange(len(pair_e2)), counts[pair_e2])
         q = pair_e1[pair_of] * n_f + flow[ent]
         at = np.minimum(np.searchsorted(key_sorted, q), n - 1)
-        bw = np.asarray(bw_Bps, dtype=np.float64)[links]
+        bw = bw_all[links]
         scale = bw[pair_e2] / bw[pair_e1]
         ok = (key_sorted[at] == q) & (w_sorted[at] * scale[pair_of] >= w[ent] * (1 - 1e-12))
         starts = np.zeros(len(pair_e2), dtype=np.int64)
@@ -200,7 +201,6 @@ def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
         return dict(zip(flow[lo:hi].tolist(), w[lo:hi].tolist()))
 
     links_on = _Lazy(lambda f: {links[i] for i in flow_links[flow_ptr[f]:flow_ptr[f + 1]].tolist()})
-    bw_all = np.asarray(bw_Bps, dtype=np.float64)
     link_ids = np.asarray(links, dtype=np.int64)
 
     def by_load(f: int) -> tuple[list[float], list[int]]:  # the loop's sorted (w / c, link), on arrays
@@ -240,15 +240,15 @@ def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
         for e, flows in sig.items():
             for f in flows:
                 links_of.setdefault(f, set()).add(e)
-    else:  # flows numbered, {flow: weight} per link and each flow's links made when needed
-        light, implied, sig, links_of, loads = rows
-    dropped: set[int] = set()
-    if rows is None:
-        def load_order(f) -> tuple[list[float], list[int]]:
+
+        def load_order(f) -> tuple[list[float], list[int]]:  # (weight per capacity, link), in order
             pairs = sorted((sig[e][f] / bw_Bps[e], e) for e in links_of[f])
             return [x for x, _ in pairs], [e for _, e in pairs]
 
         loads = _Lazy(load_order)
+    else:  # flows numbered, {flow: weight} per link and each flow's links made when needed
+        light, implied, sig, links_of, loads = rows
+    dropped: set[int] = set()
 
     def _by_load(f, floor: float) -> list[int]:
         """The links of flow ``f`` on which it weighs at least ``floor`` per unit of capacity."""
