@@ -9,9 +9,12 @@ Every scenario (and sweep point) runs in a fresh subprocess, so its peak RSS is 
 phases are those of ``python -m clustersim run``: import (clustersim, plotly & co.), load
 (read and check the YAML, build the cluster graph), lower (plan -> per-rank tasks), engine
 (setup: plan and classify every communication; run: the simpy run and its link accounting),
-analysis (summary and invariant checks), outputs (summary.json, report.html and
-trace.json.gz, written into a temp folder); the total is all of these. "clustersim run s" is
-the README's command itself, timed from outside (interpreter start-up and exit included).
+analysis (summary and invariant checks, while a forked process writes report.html and
+trace.json.gz, as the command does: clustersim.output.background), outputs (summary.json, then
+waiting for that process: what the files add after the summary; "writers alone s" is what they
+cost in one process, measured afterwards); the total is all of these but "writers alone".
+"clustersim run s" is the README's command itself, timed from outside (interpreter start-up
+and exit included). "writer RSS MiB" is the forked writer's peak.
 "simpy events" are the events the run scheduled; it runs until none is left, so all were
 processed. "x bare timeout" compares the engine's seconds per event (setup and run) with those
 of a process that only yields simpy timeouts, on the same machine.
@@ -107,8 +110,7 @@ def measure(spec: str) -> dict:
     from clustersim.api import no_cyclic_gc, summarize
     from clustersim.config import load_scenario
     from clustersim.engine import Engine
-    from clustersim.output.perfetto import write_trace
-    from clustersim.output.report import write_report
+    from clustersim.output import background
     from clustersim.output.summary import to_json
     from clustersim.program.lower import lower
 
@@ -129,23 +131,34 @@ def measure(spec: str) -> dict:
         trace = engine.run()
         t3 = time.perf_counter()
         events = simpy_events(engine.env)
-        summary = summarize(sc, low, trace, prog, engine, keep_columns=True)
-        violations = check_invariants(prog, trace, summary, cols=trace.columns())  # as simulate() does
-        if violations:
-            raise InvariantError(violations)
-        t4 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            Path(tmp, "summary.json").write_text(to_json(summary))
-            write_report(Path(tmp, "report.html"), trace, summary)
-            write_trace(Path(tmp, "trace.json.gz"), trace, summary)
-        t5 = time.perf_counter()
+            tmp = Path(tmp)
+            writer = background.start(tmp, trace, report=True, trace_file=True)  # as clustersim run does
+            try:
+                summary = summarize(sc, low, trace, prog, engine, keep_columns=True)
+                violations = check_invariants(prog, trace, summary, cols=trace.columns())  # as simulate() does
+                if violations:
+                    raise InvariantError(violations)
+                t4 = time.perf_counter()
+                (tmp / "summary.json").write_text(to_json(summary))
+                if writer is None or not writer.finish(summary):
+                    background.write_files(tmp, trace, summary, report=True, trace_file=True)
+                t5 = time.perf_counter()
+            finally:
+                if writer is not None:
+                    writer.cancel()
+            rss_MiB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+            writer_MiB = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 if writer else 0.0
+            t6 = time.perf_counter()
+            background.write_files(tmp, trace, summary, report=True, trace_file=True)  # in this process
+            writers_alone_s = time.perf_counter() - t6
     return {
         "gpus": sc.mesh.world_size, "microbatches": sc.microbatches, "ranks": len(prog.ranks),
         "tasks": len(prog.tasks), "spans": len(trace.spans), "events": events,
         "import_s": t0 - t_import, "load_s": t1 - t0, "lower_s": t2 - t1,
         "engine_setup_s": t_setup - t2, "engine_run_s": t3 - t_setup, "engine_s": t3 - t2,
-        "analysis_s": t4 - t3, "outputs_s": t5 - t4, "total_s": t5 - t_import,
-        "rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+        "analysis_s": t4 - t3, "outputs_s": t5 - t4, "total_s": t5 - t_import, "writers_alone_s": writers_alone_s,
+        "rss_MiB": rss_MiB, "writer_rss_MiB": writer_MiB,
     }
 
 
@@ -193,7 +206,8 @@ ROWS = [  # label, key, format
     ("import s", "import_s", SECONDS), ("load s", "load_s", SECONDS), ("lower s", "lower_s", SECONDS),
     ("engine s", "engine_s", SECONDS), ("  setup s", "engine_setup_s", SECONDS), ("  run s", "engine_run_s", SECONDS),
     ("analysis s", "analysis_s", SECONDS), ("outputs s", "outputs_s", SECONDS), ("total s", "total_s", SECONDS),
-    ("clustersim run s", "cli_wall_s", SECONDS), ("peak RSS MiB", "rss_MiB", COUNT),
+    ("writers alone s", "writers_alone_s", SECONDS), ("clustersim run s", "cli_wall_s", SECONDS),
+    ("peak RSS MiB", "rss_MiB", COUNT), ("writer RSS MiB", "writer_rss_MiB", COUNT),
     ("events/s", "events_per_s", COUNT), ("tasks/s", "tasks_per_s", COUNT),
     ("engine us/event", "us_per_event", SECONDS), ("x bare timeout", "x_bare", "{:.1f}"),
     ("engine us/task", "us_per_task", SECONDS), ("  x bare timeout", "x_bare_task", "{:.1f}"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,17 +156,22 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,
-             check: bool = True) -> Result:
+             check: bool = True, after_run: Callable[[Trace], None] | None = None) -> Result:
     """Simulate one training step of ``scenario`` (a Scenario, a YAML path or a dict).
 
     ``check``: verify the step's invariants (docs/invariants.md) and raise
-    :class:`~clustersim.analysis.invariants.InvariantError` listing any violation."""
+    :class:`~clustersim.analysis.invariants.InvariantError` listing any violation.
+    ``after_run``: called with the trace as soon as the engine has run, before the summary
+    is worked out (``clustersim run`` starts writing the trace file and the report then,
+    clustersim.output.background)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     with no_cyclic_gc():
         prog, low = lower(sc, collapse=collapse)
         sim = sc.cfg.simulation
         engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
         trace = engine.run()
+        if after_run is not None:
+            after_run(trace)
         summary = summarize(sc, low, trace, prog, engine, keep_columns=check)
         if check:
             from .analysis import invariants

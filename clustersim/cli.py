@@ -35,45 +35,78 @@ def _default_out(scenario: str) -> Path:
     return Path("out") / Path(scenario).stem
 
 
-def _write_outputs(out: Path, result, *, report: bool, trace: bool) -> list[Path]:
-    """Write into a fresh temp folder, then move the files in: nothing is left half-written."""
-    from .output.summary import to_json
+class _Staging:
+    """The run's files are written into a fresh temp folder next to ``out`` and moved in at
+    the end: nothing is left half-written, and a run that fails (a broken invariant, an
+    interrupt) leaves neither files nor the folders it made for them."""
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        (tmp / "summary.json").write_text(to_json(result.summary))
-        if report:
-            from .output.report import write_report
-            write_report(tmp / "report.html", result.trace, result.summary)
-        if trace:
-            from .output.perfetto import write_trace
-            write_trace(tmp / "trace.json.gz", result.trace, result.summary)
+    def __init__(self, out: Path):
+        self.out, self.tmp, self.made, self.moved = out, None, [], False
+
+    def folder(self) -> Path:
+        if self.tmp is None:
+            self.made = [d for d in (self.out.parent, *self.out.parent.parents) if not d.exists()]
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", dir=self.out.parent))
+        return self.tmp
+
+    def move_in(self) -> list[Path]:
+        tmp, out = self.folder(), self.out
         out.mkdir(parents=True, exist_ok=True)
-        for name in OUTPUT_FILES:  # a file of an earlier run that this run did not write is stale
-            if not (tmp / name).exists():
-                (out / name).unlink(missing_ok=True)
         written = []
-        for f in sorted(tmp.iterdir()):
-            os.replace(f, out / f.name)
-            written.append(out / f.name)
-        return written
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for name in OUTPUT_FILES:  # a file of an earlier run that this run did not write is stale
+            if (tmp / name).exists():
+                os.replace(tmp / name, out / name)
+                written.append(out / name)
+            else:
+                (out / name).unlink(missing_ok=True)
+        self.moved = True
+        return sorted(written)
+
+    def clean(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if not self.moved:
+            for d in self.made:  # deepest first
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
 
 
 def cmd_run(args) -> int:
-    from .api import no_cyclic_gc, simulate
+    from . import api
+    from .api import no_cyclic_gc
     from .config import load_scenario
-    from .output.summary import format_summary
+    from .output import background
+    from .output.summary import format_summary, to_json
 
     sc = load_scenario(args.scenario)
-    t0 = time.perf_counter()
-    result = simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check)
-    wall_s = time.perf_counter() - t0
     out = Path(args.out) if args.out else _default_out(args.scenario)
-    with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
-        written = _write_outputs(out, result, report=not args.no_report, trace=not args.no_trace)
+    files = {"report": not args.no_report, "trace_file": not args.no_trace}
+    staging = _Staging(out)
+    writer = None
+
+    def after_run(trace) -> None:  # the report and the trace file, written while the summary is made
+        nonlocal writer
+        if any(files.values()):
+            writer = background.start(staging.folder(), trace, **files)
+
+    try:
+        t0 = time.perf_counter()
+        result = api.simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check,
+                          after_run=after_run)
+        wall_s = time.perf_counter() - t0
+        with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
+            tmp = staging.folder()
+            (tmp / "summary.json").write_text(to_json(result.summary))
+            if writer is None or not writer.finish(result.summary):  # no fork, or the child failed
+                background.write_files(tmp, result.trace, result.summary, **files)
+            written = staging.move_in()
+    finally:
+        if writer is not None:
+            writer.cancel()
+        staging.clean()
     print(format_summary(result.summary))
     print(f"{'simulated':<16}{result.summary['simulation']['simulated_ranks']} ranks, "
           f"{result.summary['simulation']['spans']:,} spans in {wall_s:.1f} s")

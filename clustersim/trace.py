@@ -228,6 +228,7 @@ class SpanBase:
     start_s: np.ndarray  # float64
     end_s: np.ndarray
     tid: np.ndarray  # int64
+    mb: np.ndarray  # int64
     form: np.ndarray  # int32 codes into forms (form_codes)
     forms: list[SpanForm]
 
@@ -239,7 +240,8 @@ class SpanBase:
         return cls(spans, np.fromiter(map(attrgetter("rank"), spans), np.int64, n), stream, names,
                    np.fromiter(map(attrgetter("start_s"), spans), np.float64, n),
                    np.fromiter(map(attrgetter("end_s"), spans), np.float64, n),
-                   np.fromiter(map(attrgetter("tid"), spans), np.int64, n), form, forms)
+                   np.fromiter(map(attrgetter("tid"), spans), np.int64, n),
+                   np.fromiter(map(attrgetter("mb"), spans), np.int64, n), form, forms)
 
     def sorted(self) -> SpanBase:
         """The spans by rank, start, end and stream name (stable: ties keep their order), as
@@ -248,7 +250,7 @@ class SpanBase:
         order, _ = grouped_order(self.rank, self.stream, self.end_s, self.start_s)  # rank by rank: in cache
         spans = list(map(self.spans.__getitem__, order.tolist()))
         return SpanBase(spans, self.rank[order], self.stream[order], self.stream_names, self.start_s[order],
-                        self.end_s[order], self.tid[order], self.form[order], self.forms)
+                        self.end_s[order], self.tid[order], self.mb[order], self.form[order], self.forms)
 
     def describes(self, spans: list) -> bool:
         return self.spans is spans and len(spans) == len(self.rank)
@@ -327,6 +329,14 @@ class Trace:
             self._forms = (key, form_codes(self.spans))
         return self._forms[1]
 
+    def mbs(self) -> np.ndarray:
+        """Each span's microbatch (int64), from the engine's columns (:attr:`base`) while they
+        describe the spans, else read from the spans."""
+        b = self.current_base()
+        if b is not None:
+            return b.mb
+        return np.fromiter(map(attrgetter("mb"), self.spans), np.int64, len(self.spans))
+
     def columns(self) -> SpanColumns:
         """The spans as numpy columns (:class:`~clustersim.analysis.columns.SpanColumns`),
         remembered while the span list stays the same list of the same length, as
@@ -340,7 +350,7 @@ class Trace:
             c = self._columns = SpanColumns(self.spans, self.ranks)
             b = self.current_base()
             if b is not None:  # read once already
-                c.__dict__.update(rank=b.rank, tid=b.tid, start_s=b.start_s, end_s=b.end_s,
+                c.__dict__.update(rank=b.rank, tid=b.tid, mb=b.mb, start_s=b.start_s, end_s=b.end_s,
                                   _stream=(b.stream, b.stream_names), _forms=(b.form, b.forms))
         return c
 

@@ -12,7 +12,10 @@ One process per simulated rank, one thread per stream, one complete ("X") event 
 Times are microseconds (the format's unit), quantised to whole nanoseconds so that spans that
 touch in the simulation still touch after Perfetto converts them to integer nanoseconds (a
 rounding overlap of 1 ns would make it nest one span inside the other).
-The summary's headline numbers go into the top-level ``metadata`` object.
+The summary's headline numbers go into the top-level ``metadata`` object, written after the
+events: :func:`prepare_trace` writes and compresses every event from the trace alone, and the
+summary is needed only for the file's last bytes (clustersim.output.background writes the
+events while the summary is worked out).
 
 :func:`trace_document` spells the document out as Python objects, plainly (the tests hold
 the writer to it); :func:`write_trace` writes the same text without building them (a
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 from operator import attrgetter
@@ -344,11 +347,11 @@ def trace_metadata(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def trace_document(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
-    """The whole JSON object: metadata events first, then spans."""
+    """The whole JSON object: metadata events first, then spans, then the summary's headline."""
     return {
         "displayTimeUnit": "ms",
-        "metadata": trace_metadata(summary),
         "traceEvents": metadata_events(trace) + span_events(trace),
+        "metadata": trace_metadata(summary),
     }
 
 
@@ -385,11 +388,10 @@ _EVENT_KEY = attrgetter("name", "kind", "layer", "phase", "size_bytes", "op", "f
 def _span_lines(trace: Trace, order: SpanOrder, tids: dict[tuple[int, str], int]) -> Iterator[str]:
     """The X events' JSON, one string per row: what ``_dumps(span_event(...))`` gives, joined
     by commas, without building a dict per span."""
-    spans = trace.spans
     codes, forms = trace.forms()
     per_form = list(map(_EventParts().__getitem__, map(_EVENT_KEY, forms)))  # each form's text, once
     parts = list(map(per_form.__getitem__, order.take_array(codes).tolist()))
-    mbs = order.take(list(map(attrgetter("mb"), spans)))
+    mbs = order.take_array(trace.mbs()).tolist()
     start_ns, end_ns = _ns_array(order.start_s), _ns_array(order.end_s)
     ts_us, ts_frac = _us_digits(start_ns)
     dur_us, dur_frac = _us_digits(end_ns - start_ns)
@@ -407,9 +409,20 @@ def _span_lines(trace: Trace, order: SpanOrder, tids: dict[tuple[int, str], int]
 
 def trace_json_chunks(trace: Trace, summary: dict[str, Any]) -> Iterator[str]:
     """The text of :func:`trace_document` as ``_dumps`` writes it, in pieces (one per row)."""
+    yield from _event_chunks(trace)
+    yield _tail(summary)
+
+
+def _tail(summary: dict[str, Any]) -> str:
+    """The text after the last event: the summary's headline numbers."""
+    return f'],"metadata":{_dumps(trace_metadata(summary))}}}'
+
+
+def _event_chunks(trace: Trace) -> Iterator[str]:
+    """The text up to the last event (the metadata events, then the spans, row by row)."""
     order = span_order(trace)
     tids = _thread_ids(order.by_rank)
-    yield f'{{"displayTimeUnit":"ms","metadata":{_dumps(trace_metadata(summary))},"traceEvents":['
+    yield '{"displayTimeUnit":"ms","traceEvents":['
     events = [_dumps(e) for e in _metadata_events(trace, order.by_rank, tids)]
     comma = ""
     if events:
@@ -419,16 +432,26 @@ def trace_json_chunks(trace: Trace, summary: dict[str, Any]) -> Iterator[str]:
         if lines:
             yield comma + lines
             comma = ","
-    yield "]}"
 
 
-def _gzip_pieces(pieces: Iterable[bytes], level: int = GZIP_LEVEL) -> bytes:
-    """``zlib.compress(b"".join(pieces), level, wbits=31)``, which is what
-    ``gzip.compress(data, level, mtime=0)`` returns, without joining the pieces first: zlib's
-    output does not depend on how its input is cut (no flush in between). wbits=31 makes
-    zlib write the gzip header (no name, mtime 0) and trailer."""
-    gz = zlib.compressobj(level, zlib.DEFLATED, 31)
-    return b"".join([*map(gz.compress, pieces), gz.flush()])
+def prepare_trace(trace: Trace, gz: bool = True) -> Callable[[dict[str, Any]], bytes]:
+    """Write (and with ``gz``, compress) every event of the trace file now, from the trace
+    alone; the function returned takes the summary and gives the whole file's bytes.
+
+    Gzip: ``zlib.compress(text, GZIP_LEVEL, wbits=31)``, which is what ``gzip.compress(text,
+    level, mtime=0)`` returns, fed piece by piece: zlib's output does not depend on how its
+    input is cut (no flush in between). wbits=31 makes zlib write the gzip header (no name,
+    mtime 0) and trailer."""
+    pieces = (text.encode("utf-8") for text in _event_chunks(trace))
+    if not gz:
+        events = b"".join(pieces)
+        return lambda summary: events + _tail(summary).encode("utf-8")
+    z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+    packed = list(map(z.compress, pieces))
+
+    def finish(summary: dict[str, Any]) -> bytes:
+        return b"".join([*packed, z.compress(_tail(summary).encode("utf-8")), z.flush()])
+    return finish
 
 
 def write_trace(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:
@@ -438,6 +461,4 @@ def write_trace(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None
     the same scenario give identical files. The file is written once it is complete.
     """
     path = Path(path)
-    pieces = (text.encode("utf-8") for text in trace_json_chunks(trace, summary))
-    data = _gzip_pieces(pieces) if path.name.endswith(".gz") else b"".join(pieces)
-    path.write_bytes(data)
+    path.write_bytes(prepare_trace(trace, gz=path.name.endswith(".gz"))(summary))

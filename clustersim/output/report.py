@@ -55,7 +55,7 @@ import plotly.graph_objects as go
 
 from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values
 from .bins import BAR_BUDGET, BinnedBars, bar_count, binned_within
-from .perfetto import SpanOrder, Codes, span_order
+from .perfetto import Codes, SpanOrder, span_order
 from .summary import plan_dims
 
 GiB = 1024**3
@@ -219,10 +219,11 @@ def _kind_phase_codes(forms: list[SpanForm]) -> tuple[np.ndarray, list[tuple[str
 
 
 def _merge(spans: list[Span], forms: tuple[np.ndarray, list[SpanForm]], order: SpanOrder | None, bounds: list[int],
-           start_s: np.ndarray, end_s: np.ndarray, max_gap_s: float) -> BarColumns:
+           start_s: np.ndarray, end_s: np.ndarray, max_gap_s: float, mb: np.ndarray | None = None) -> BarColumns:
     """Bars of spans in display order: ``order`` reorders ``spans`` (None: already in
     order); rows are ``bounds[r]:bounds[r + 1]``; starts and ends as arrays in that order;
-    ``forms``: the spans' form codes and forms (:func:`clustersim.trace.form_codes`).
+    ``forms``: the spans' form codes and forms (:func:`clustersim.trace.form_codes`); ``mb``:
+    the spans' microbatches in their own order, when read already (:meth:`Trace.mbs`).
 
     The fields spans share are read once per form and spread by form code; the microbatch
     is read from the spans in their own order (close together in memory), then reordered.
@@ -230,7 +231,8 @@ def _merge(spans: list[Span], forms: tuple[np.ndarray, list[SpanForm]], order: S
     """
     n = len(spans)
     codes, form_list = forms
-    mb = np.fromiter(map(attrgetter("mb"), spans), dtype=np.int64, count=n)
+    if mb is None:
+        mb = np.fromiter(map(attrgetter("mb"), spans), dtype=np.int64, count=n)
     if order is not None:
         codes, mb = order.take_array(codes), order.take_array(mb)
     # a bar goes on while (kind, phase, mb) stays the same: as one int per span
@@ -286,7 +288,8 @@ def _merged(trace: Trace, max_gap_s: float | None = None) -> tuple[SpanOrder, Ba
     order = span_order(trace)
     if max_gap_s is None:
         max_gap_s = MAX_GAP_FRACTION * order.last_end_s
-    return order, _merge(trace.spans, trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s)
+    return order, _merge(trace.spans, trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s,
+                         trace.mbs())
 
 
 def merge_spans(trace: Trace, max_gap_s: float | None = None) -> dict[tuple[int, str], list[Bar]]:
@@ -561,11 +564,10 @@ def _group_traces(group: np.ndarray, row: np.ndarray, start_s: np.ndarray, dur_s
 def _span_keys(trace: Trace, order: SpanOrder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per span, in display order: its merge key without the microbatch (a code per
     (kind, phase)), its legend group (index into GROUPS) and its microbatch."""
-    spans = trace.spans
     codes, forms = trace.forms()
     per_form, pairs = _kind_phase_codes(forms)
     group_of = np.array([_GROUP_KEYS.index(bar_group(*kp)) for kp in pairs] or [0], dtype=np.int64)
-    mb = np.fromiter(map(attrgetter("mb"), spans), dtype=np.int64, count=len(spans))
+    mb = trace.mbs()
     kind_phase = per_form[order.take_array(codes)]
     return kind_phase, group_of[kind_phase], order.take_array(mb)
 
@@ -583,7 +585,8 @@ def _timeline_bars(trace: Trace, order: SpanOrder) -> tuple[int, BarColumns | Bi
         if n_merged > BAR_BUDGET:
             return n_merged, binned_within(row, group, mb, order.start_s, order.end_s, len(GROUPS), order.last_end_s,
                                           budget=BAR_BUDGET)
-    bars = _merge(trace.spans, trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s)
+    bars = _merge(trace.spans, trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s,
+                  trace.mbs())
     return len(bars.kind), bars
 
 
@@ -626,6 +629,12 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     the critical path. Traces and layout are in validated form (the template expanded),
     with numeric arrays as numpy arrays (see :func:`_as_sent`).
     """
+    return _timeline_bars_figure(trace)(summary)
+
+
+def _timeline_bars_figure(trace: Trace) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """:func:`timeline`'s work that needs the trace only (the bars and their hover texts),
+    done now; the function returned adds what needs the summary (critical path, axis)."""
     order = span_order(trace)
     rows = order.rows
     labels = row_labels(trace, rows)
@@ -637,14 +646,15 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
         meta = {"binned": {"merged_bars": n_merged, "bars": len(bars.row), "bin_ms": bars.bin_s * 1e3}}
     else:
         data = _bar_traces(bars, hover_texts(bars, labels))
-    path = path_trace(summary, rows)
-    if path is not None:
-        data.append(path)
-    step_ms = 1e3 * float(summary.get("step_time_s") or order.last_end_s)
-    layout = _layout(len(rows), labels, step_ms, _rank_bands(rows))
-    if meta is not None:
-        layout["meta"] = meta
-    return {"data": data, "layout": layout}
+
+    def with_summary(summary: dict[str, Any]) -> dict[str, Any]:
+        path = path_trace(summary, rows)
+        step_ms = 1e3 * float(summary.get("step_time_s") or order.last_end_s)
+        layout = _layout(len(rows), labels, step_ms, _rank_bands(rows))
+        if meta is not None:
+            layout["meta"] = meta
+        return {"data": data if path is None else [*data, path], "layout": layout}
+    return with_summary
 
 
 def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
@@ -1122,6 +1132,14 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str
             f"<title>{title}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
 
 
+def prepare_report(trace: Trace) -> Callable[[dict[str, Any]], str]:
+    """Make the timeline's bars now, from the trace alone; the function returned takes the
+    summary and gives the whole page (clustersim.output.background makes the bars while
+    the summary is worked out)."""
+    figure = _timeline_bars_figure(trace)
+    return lambda summary: report_html(trace, summary, _as_sent(figure(summary)))
+
+
 def write_report(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:
     """Write ``report.html``: header, summary panels and the Gantt timeline, self-contained."""
-    Path(path).write_text(report_html(trace, summary, _as_sent(timeline(trace, summary))), encoding="utf-8")
+    Path(path).write_text(prepare_report(trace)(summary), encoding="utf-8")
