@@ -243,6 +243,7 @@ class Lowering:
     grad_tasks: dict = field(default_factory=dict)  # rank -> tids of its gradient reductions
     stage_grads: dict = field(default_factory=dict)  # (rank, stage) -> tids reducing that stage's grads
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
+    _pp_of: dict = field(default_factory=dict, repr=False)  # rank -> its pipeline position
     # (rank, kind, id(blocks)) -> _block_plan; ("send", rank, peer, kind, part) -> a send's _comm_spec
     block_plans: dict = field(default_factory=dict, repr=False)
     # (rank, kind, stage, id(blocks), inputs) -> ActionTemplate, or False (_single_action)
@@ -285,7 +286,11 @@ class Lowering:
         return self.grad_kind == "W"
 
     def pp_of(self, rank: int) -> int:
-        return self.group_of(rank, "pp").index(rank)
+        """Its place in its pipeline group (asked several times per action: remembered)."""
+        q = self._pp_of.get(rank)
+        if q is None:
+            q = self._pp_of[rank] = self.group_of(rank, "pp").index(rank)
+        return q
 
     def group_of(self, rank: int, dim: str) -> tuple[int, ...]:
         """``mesh.group(rank, dim)``, remembered: the lowering asks for it once per communication.
