@@ -141,6 +141,27 @@ def test_writer_asks_for_the_summary_after_the_trace_work(small_result, tmp_path
     assert (tmp_path / "report.html").read_bytes() == (tmp_path / "plain.html").read_bytes()
 
 
+@needs_fork
+def test_an_interrupt_while_waiting_stops_the_writer(tmp_path, monkeypatch):
+    real_waitpid = os.waitpid
+    interrupted = []
+
+    def waitpid(pid, options):
+        if not interrupted:  # Ctrl-C while the parent waits for the writer
+            interrupted.append(pid)
+            raise KeyboardInterrupt
+        return real_waitpid(pid, options)
+
+    monkeypatch.setattr(os, "waitpid", waitpid)
+    sc = write_scenario(tmp_path, ROOT, scenario_dict())
+    with pytest.raises(KeyboardInterrupt):
+        main(["run", str(sc), "--out", str(tmp_path / "out")])
+    monkeypatch.undo()
+    with pytest.raises(ChildProcessError):  # the writer was stopped and reaped
+        os.waitpid(interrupted[0], 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # no files, no temp folder
+
+
 def test_no_fork_while_other_threads_run(small_result, tmp_path):
     """A lock another thread holds at the fork would stay held in the child: write in-process."""
     stop = threading.Event()

@@ -58,7 +58,12 @@ class Writer:
 
     def __init__(self, folder: Path, pid: int, signal_fd: int):
         self.folder, self.pid, self._fd = folder, pid, signal_fd
-        self.done = False
+        self.done = False  # the child has been waited for
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def finish(self, summary: dict[str, Any]) -> bool:
         """Give the child the summary and wait for it; True if it wrote its files."""
@@ -73,8 +78,8 @@ class Writer:
             os.write(self._fd, b"s")
         except OSError:  # the child is gone already
             pass
-        os.close(self._fd)
-        _, status = os.waitpid(self.pid, 0)
+        self._close()
+        _, status = os.waitpid(self.pid, 0)  # an interrupt here leaves cancel() to stop it
         self.done = True
         summary_path.unlink(missing_ok=True)
         return os.waitstatus_to_exitcode(status) == 0
@@ -84,7 +89,7 @@ class Writer:
         if self.done:
             return
         self.done = True
-        os.close(self._fd)
+        self._close()
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -436,7 +436,8 @@ def _event_chunks(trace: Trace) -> Iterator[str]:
 
 def prepare_trace(trace: Trace, gz: bool = True) -> Callable[[dict[str, Any]], bytes]:
     """Write (and with ``gz``, compress) every event of the trace file now, from the trace
-    alone; the function returned takes the summary and gives the whole file's bytes.
+    alone; the function returned takes the summary and gives the whole file's bytes (once:
+    it ends the compressed stream).
 
     Gzip: ``zlib.compress(text, GZIP_LEVEL, wbits=31)``, which is what ``gzip.compress(text,
     level, mtime=0)`` returns, fed piece by piece: zlib's output does not depend on how its
