@@ -317,14 +317,19 @@ class TaskColumns:
         return out
 
     @cached_property
-    def comm_group(self) -> np.ndarray:
-        """Tasks whose communications share a rendezvous key share a number (-1: no comm).
+    def rendezvous(self) -> np.ndarray:
+        """Tasks that meet at one rendezvous share a number, -1 for the others: communications
+        with two or more simulated members and the same key. The engine makes only those wait
+        for each other (one member starts alone, whatever its key), and a collapsed step has
+        few of them: the keys of the others are not read.
 
         Keys are hashed once; only tasks whose hashes collide are compared key by key."""
         ids, comms = self._with_comm
         out = np.full(self.n, -1, dtype=np.int64)
-        if not len(ids):
+        meet = np.flatnonzero(self.n_members[ids] >= 2)
+        if not len(meet):
             return out
+        ids, comms = ids[meet], [comms[i] for i in meet.tolist()]
         h = np.fromiter(map(hash, map(attrgetter("key"), comms)), np.int64, len(comms))
         _, first, inv, counts = np.unique(h, return_index=True, return_inverse=True, return_counts=True)
         group = first[inv]  # same hash: the first such communication's place, a provisional group

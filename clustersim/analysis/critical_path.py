@@ -61,8 +61,9 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     end_a = np.where(own >= 0, cols.end_s[own], -1.0)  # -1: no span
     end = end_a.tolist()
     prev = tc.prev.tolist()
-    # members of each rendezvous that has more than one task, in task order
-    group = tc.comm_group
+    # members of each rendezvous that has more than one task, in task order (a communication
+    # with one simulated member waits for nobody in the engine, whatever its key)
+    group = tc.rendezvous
     shared = np.flatnonzero(group >= 0)
     shared = shared[np.bincount(group[shared])[group[shared]] > 1] if len(shared) else shared
     members: dict[int, list[int]] = {}

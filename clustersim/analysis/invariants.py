@@ -170,8 +170,9 @@ def check_collectives(program: Program, trace: Trace, cols: SpanColumns | None =
     tc = trace.task_columns(tasks)
     rows = c.own_rows(tasks, tc)  # every span of a task on its own rank and stream
     t = c.tid[rows]
-    keep = (tc.comm_group[t] >= 0) & (tc.n_members[t] >= 2)
-    rows, group = rows[keep], tc.comm_group[t[keep]]
+    group = tc.rendezvous[t]
+    keep = group >= 0
+    rows, group = rows[keep], group[keep]
     order = np.lexsort((rows, group))
     rows, group = rows[order], group[order]
     new = _runs(group)
