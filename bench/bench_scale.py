@@ -22,20 +22,22 @@ Example (2 cores, 2026-11-30, the latest code on a noisy machine whose speed dri
 more, here on a slow stretch: compare scenarios, not machines; docs/performance.md has the
 targets and the figures, and bench_instructions.py compares two versions without the drift)::
 
-    bare simpy timeout: 1.64 us per event (median of 5 x 200,000)
+    bare simpy timeout: 1.61 us per event (median of 5 x 200,000)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
     simpy events                  28,061            15,829           132,174
-    lower s                         0.16              0.56              1.78
-    engine s                        1.40              5.42              6.69
-    analysis s                      0.18              0.40              2.73
-    outputs s                       0.31              0.29              2.61
-    total s                         2.53              7.69             14.73
-    clustersim run s                2.51              6.94             16.82
-    peak RSS MiB                     164               360               898
-    engine us/task                 38.95            178.17              7.83
-      run only (x bare timeout)     17.5              41.7               4.4
+    lower s                         0.17              0.34              1.82
+    engine s                        1.06              3.08              5.99
+    analysis s                      0.26              0.30              3.65
+    outputs s                       0.16              0.16              0.18
+    total s                         2.10              4.80             12.30
+    writers alone s                 0.32              0.23              2.55
+    clustersim run s                2.13              5.34             12.87
+    peak RSS MiB                     115               327               875
+    writer RSS MiB                   152               359               905
+    engine us/task                 29.27            101.34              7.01
+      run only (x bare timeout)     13.6              28.1               3.9
 """
 
 from __future__ import annotations
