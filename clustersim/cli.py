@@ -95,7 +95,7 @@ def cmd_run(args) -> int:
     try:
         t0 = time.perf_counter()
         result = api.simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check,
-                          after_run=after_run)
+                              after_run=after_run)
         wall_s = time.perf_counter() - t0
         with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
             tmp = staging.folder()
