@@ -143,8 +143,7 @@ def measure(spec: str) -> dict:
                     raise InvariantError(violations)
                 t4 = time.perf_counter()
                 (tmp / "summary.json").write_text(to_json(summary))
-                if writer is None or not writer.finish(summary):
-                    background.write_files(tmp, trace, summary, report=True, trace_file=True)
+                background.complete(writer, tmp, trace, summary, report=True, trace_file=True)
                 t5 = time.perf_counter()
             finally:
                 if writer is not None:

@@ -75,8 +75,7 @@ class _Staging:
 
 
 def cmd_run(args) -> int:
-    from . import api
-    from .api import no_cyclic_gc
+    from .api import no_cyclic_gc, simulate
     from .config import load_scenario
     from .output import background
     from .output.summary import format_summary, to_json
@@ -94,14 +93,13 @@ def cmd_run(args) -> int:
 
     try:
         t0 = time.perf_counter()
-        result = api.simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check,
-                              after_run=after_run)
+        result = simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check,
+                          after_run=after_run)
         wall_s = time.perf_counter() - t0
         with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
             tmp = staging.folder()
             (tmp / "summary.json").write_text(to_json(result.summary))
-            if writer is None or not writer.finish(result.summary):  # no fork, or the child failed
-                background.write_files(tmp, result.trace, result.summary, **files)
+            background.complete(writer, tmp, result.trace, result.summary, **files)
             written = staging.move_in()
     finally:
         if writer is not None:

@@ -52,6 +52,14 @@ def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file
         (folder / "report.html").write_text(page(summary), encoding="utf-8")
 
 
+def complete(writer: Writer | None, folder: Path, trace: Trace, summary: dict[str, Any], *, report: bool,
+             trace_file: bool) -> None:
+    """Hand ``summary`` to ``writer`` and wait for it; where there is none (:func:`start`
+    gave None) or it failed, write the files here, the same bytes."""
+    if writer is None or not writer.finish(summary):
+        write_files(folder, trace, summary, report=report, trace_file=trace_file)
+
+
 class Writer:
     """A forked process writing report.html and trace.json.gz into a folder: :meth:`finish`
     hands it the summary and waits for it, :meth:`cancel` stops it."""
