@@ -37,6 +37,20 @@ def _codes(values: Iterable, n: int, sort: bool) -> tuple[np.ndarray, list]:
     return renumber[raw], names
 
 
+def index_ranges(ptr: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """The indices ``ptr[i]:ptr[i + 1]`` for each ``i`` of ``which``, in that order, as one array
+    (the rows of a CSR structure: the links of some flows, the dependencies of some tasks)."""
+    if len(which) == 1:  # the usual case in the flow network: one link at the bottleneck
+        i = int(which[0])
+        return np.arange(ptr[i], ptr[i + 1])
+    lo = ptr[which]
+    counts = ptr[which + 1] - lo
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
+
+
 def grouped_order(group: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(order, starts): rows ordered by ``group`` (ascending), then within a group by ``keys``
     as ``np.lexsort(keys)`` orders (the last key first), ties in row order; ``starts``: where
@@ -376,14 +390,15 @@ class Trace:
         self.base = None
         self._forms = None
 
-    def task_columns(self, tasks) -> TaskColumns:
+    def task_columns(self, tasks, runs=()) -> TaskColumns:
         """The program's ``tasks`` as numpy columns
-        (:class:`~clustersim.analysis.columns.TaskColumns`), remembered for the same list of the
-        same length: the critical path and the invariant checks both read them (the checks drop
-        them when done)."""
+        (:class:`~clustersim.analysis.columns.TaskColumns`; with its ``runs``, those runs' tasks
+        are read off their templates), remembered for the same list of the same length: the
+        critical path and the invariant checks both read them (the checks drop them when
+        done)."""
         c = self._task_columns
         if c is None or c.tasks is not tasks or c.n != len(tasks):
             from .analysis.columns import TaskColumns
 
-            c = self._task_columns = TaskColumns(tasks)
+            c = self._task_columns = TaskColumns(tasks, runs)
         return c

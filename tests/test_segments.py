@@ -1,19 +1,22 @@
 """Action templates (lowering) and segments (engine): the same program and the same spans.
 
 The lowering makes an action that a rank repeats from an ActionTemplate after its first time;
-the engine times each such run of fixed-duration tasks as one segment. Both are shortcuts, so
-each is checked against the long way: the tasks of every action made by ``_blocks``, and the
-stream loop timing every task, on every shipped scenario and on variants of the small one.
+the engine times each such run of fixed-duration tasks as one segment; the analysis reads the
+tasks of the runs off their templates. All three are shortcuts, so each is checked against the
+long way: the tasks of every action made by ``_blocks``, the stream loop timing every task, and
+the task columns read task by task, on every shipped scenario and on variants of the small one.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 
 import clustersim
 from clustersim import codegen
+from clustersim.analysis.columns import TaskColumns
 from clustersim.engine import Engine
 from clustersim.engine import sim as engine_sim
 from clustersim.hardware.topology import TopologyCfg, build_cluster
@@ -97,6 +100,21 @@ def test_templates_make_the_tasks_blocks_makes(name):
     assert _task_rows(written) == _task_rows(slow)
     # not vacuous: every template wrote its function (when it was checked, on its first use)
     assert _written(written) == len({id(r[3]) for r in written.runs})
+
+
+@pytest.mark.parametrize("name", SHIPPED + sorted(VARIANTS))
+def test_task_columns_read_off_templates_are_those_of_the_tasks(name):
+    """TaskColumns with the program's runs (each run's tasks from its template's protos, its
+    inputs from the tasks that read them) against the same columns read task by task."""
+    prog, _ = lower(_scenario(name))
+    fast, slow = TaskColumns(prog.tasks, prog.runs), TaskColumns(prog.tasks)
+    for col in ("rank", "stream", "n_members", "recv_rank", "prev", "rendezvous"):
+        a, b = getattr(fast, col), getattr(slow, col)
+        assert a.dtype == b.dtype and np.array_equal(a, b), col
+    assert fast.stream_names == slow.stream_names
+    assert all(np.array_equal(a, b) for a, b in zip(fast.deps, slow.deps))
+    # not vacuous: the tasks of the runs are not read one by one
+    assert len(fast._layout.gap) == len(prog.tasks) - sum(e - f for _, f, e, _ in prog.runs)
 
 
 def test_repeated_actions_are_templated():

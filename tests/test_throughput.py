@@ -233,3 +233,27 @@ def test_moe_router_counted_once_under_tensor_parallelism(root, tp):
     want = moe_closed_form(B, s, l, h, V, MOE["experts"], MOE["top_k"], MOE["expert_ffn"],
                            MOE["shared_experts"], MOE["dense_layers_first"])
     assert r.summary["model_flops_per_step"] == pytest.approx(want, rel=EXACT)
+
+
+def test_weighted_flop_totals_are_pythons_left_to_right_sum():
+    """The step's FLOP totals weigh each span by its rank's weight and add them left to right,
+    as ``sum`` does: in numpy when the values are floats (an integer 0 among them), in Python
+    otherwise; the same number and the same type either way."""
+    from operator import mul
+
+    from clustersim.analysis.columns import SpanColumns
+    from clustersim.analysis.metrics import _weighted_total
+    from clustersim.trace import Span, SpanForm
+
+    def spans(values):
+        forms = [SpanForm("compute", f"op{i}", "compute", "F", 0, 0, 0.0, "", v, v) for i, v in enumerate(values)]
+        return [Span.of_form(k % 3, forms[k % len(forms)], 0.0, 1.0, 0, k) for k in range(40)]
+
+    weight = {0: 8, 1: 3, 2: 48}
+    cases = [[1e15 / 3, 2.5e14, 0, 7.1e13], [0.1, 0.2, 0.3], [0, 0], [3, 5, 0.5], [-0.0, 0.0]]
+    for values in cases:
+        s = spans(values)
+        cols = SpanColumns(s, ranks=[0, 1, 2])
+        want = sum(map(mul, (weight[x.rank] for x in s), (x.flops for x in s)))
+        got = _weighted_total(cols, weight, "flops")
+        assert got == want and type(got) is type(want) and str(got) == str(want), values

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from functools import cached_property
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, itemgetter
 
 import numpy as np
 
-from ..trace import FORM_FIELDS, form_array, form_codes, form_text, form_values, grouped_order, text_codes
+from ..trace import (FORM_FIELDS, form_array, form_codes, form_text, form_values, grouped_order, index_ranges,
+                     text_codes)
 
 
 def _floats(objs: list, attr: str) -> np.ndarray:
@@ -103,6 +104,12 @@ class SpanColumns:
         """``attr`` (a field spans share, FORM_FIELDS) of each span, as its form holds it."""
         codes, forms = self._forms
         return form_values(forms, codes, attr)
+
+    def form_table(self, attr: str) -> tuple[np.ndarray, list]:
+        """(each span's form code, ``attr`` of each form as it holds it): :meth:`form_values`
+        before it is spread over the spans."""
+        codes, forms = self._forms
+        return codes, list(map(attrgetter(attr), forms))
 
     def _form_array(self, attr: str, dtype=np.float64) -> np.ndarray:
         codes, forms = self._forms
@@ -263,48 +270,107 @@ class SpanColumns:
 
 
 class TaskColumns:
-    """The tasks of a program as arrays (read on first use, like :class:`SpanColumns`)."""
+    """The tasks of a program as arrays (read on first use, like :class:`SpanColumns`).
 
-    def __init__(self, tasks: list):
+    With the program's ``runs`` (``Program.runs``), the tasks of each run are read off its
+    template, for all runs of a template at once: a run's tasks are the template's protos with
+    the run's rank, ids and inputs (what the lowering made them from, and what the engine
+    reads them as). Only the tasks outside runs, and the few in runs that read the run's
+    inputs (their dependencies), are read one by one (Megatron-1T: 170,000 of 854,000)::
+
+        tasks     [send][F attn L0 | AR | F mlp L0 | AR ...][send][F attn L0 | AR ...]
+        runs             run 0, template 3                        run 1, template 3
+        read      object  template 3's protos, rank and ids of run  object  (the same protos)
+    """
+
+    def __init__(self, tasks: list, runs: list | tuple = ()):
         self.tasks = tasks
         self.n = len(tasks)
+        self.runs = runs
+
+    @cached_property
+    def _layout(self) -> _RunLayout:
+        return _RunLayout(self.tasks, self.runs)
+
+    @cached_property
+    def _gap_comms(self) -> tuple[np.ndarray, list]:
+        """(ids of the tasks outside runs that have a communication, those communications)."""
+        lay = self._layout
+        comms = list(map(attrgetter("comm"), lay.gap))
+        has = np.fromiter(map(is_not, comms, repeat(None)), bool, len(comms))
+        return lay.gap_ids[has], list(compress(comms, has))
+
+    def _per_comm(self, of_comm, of_spec, fill: int) -> np.ndarray:
+        """A column with one value per communication: ``of_comm`` of those of the tasks outside
+        runs, ``of_spec`` of the communication specs of the templates' protos; ``fill`` for
+        tasks without one."""
+        lay = self._layout
+        out = np.full(self.n, fill, dtype=np.int64)
+        ids, comms = self._gap_comms
+        out[ids] = np.fromiter(map(of_comm, comms), np.int64, len(comms))
+        if len(lay.run_ids):
+            spec = list(map(itemgetter(0), lay.protos))
+            out[lay.run_ids] = np.fromiter((fill if x is None else of_spec(x) for x in spec), np.int64,
+                                           len(spec))[lay.proto]
+        return out
 
     @cached_property
     def rank(self) -> np.ndarray:
-        return _ints(self.tasks, "rank")
+        lay = self._layout
+        out = np.empty(self.n, dtype=np.int64)
+        out[lay.gap_ids] = _ints(lay.gap, "rank")
+        out[lay.run_ids] = lay.run_rank[lay.run_of]
+        return out
 
     @cached_property
     def _stream(self) -> tuple[np.ndarray, list[str]]:
-        return text_codes(map(attrgetter("stream"), self.tasks), self.n)
+        lay = self._layout
+        codes, names = text_codes(chain(map(attrgetter("stream"), lay.gap), map(itemgetter(1), lay.protos)),
+                                  len(lay.gap) + len(lay.protos))
+        out = np.empty(self.n, dtype=codes.dtype)
+        out[lay.gap_ids] = codes[:len(lay.gap)]
+        out[lay.run_ids] = codes[len(lay.gap):][lay.proto]
+        return out, names
 
     stream = property(lambda self: self._stream[0], doc="stream codes (``stream_names``)")
     stream_names = property(lambda self: self._stream[1])
 
     @cached_property
-    def comms(self) -> list:
-        return list(map(attrgetter("comm"), self.tasks))
+    def n_members(self) -> np.ndarray:
+        """Simulated members of each task's communication (0: none)."""
+        return self._per_comm(lambda c: len(c.members), lambda spec: len(spec[4]), 0)
 
     @cached_property
-    def _with_comm(self) -> tuple[np.ndarray, list]:
-        """(ids of the tasks with a communication, those communications)."""
-        comms = self.comms
-        has = np.fromiter(map(is_not, comms, repeat(None)), bool, self.n)
-        return np.flatnonzero(has), list(compress(comms, has))
-
-    def _per_comm(self, values, fill: int) -> np.ndarray:
-        """A task column from one value per communication (``fill`` for tasks without one)."""
-        ids, comms = self._with_comm
-        out = np.full(self.n, fill, dtype=np.int64)
-        out[ids] = np.fromiter(values, np.int64, len(comms))
-        return out
+    def recv_rank(self) -> np.ndarray:
+        """The receiving simulated rank of a send (-1: none, or no communication)."""
+        return self._per_comm(attrgetter("recv_rank"), itemgetter(9), -1)
 
     @cached_property
     def deps(self) -> tuple[np.ndarray, np.ndarray]:
-        """(indptr, flat): task t's dependencies are ``flat[indptr[t]:indptr[t+1]]``, in order."""
-        deps = list(map(attrgetter("deps"), self.tasks))
+        """(indptr, flat): task t's dependencies are ``flat[indptr[t]:indptr[t+1]]``, in order.
+        A task of a run that reads none of the run's inputs depends on tasks of its run only:
+        ``first + code - inputs`` for each of its template's dependency codes."""
+        lay = self._layout
+        inner = ~lay.p_reads_input[lay.proto]  # tasks of runs made from their template alone
+        own_ids, own_proto, own_run = lay.run_ids[inner], lay.proto[inner], lay.run_of[inner]
+        read_ids = lay.outside.copy()  # the others, read one by one
+        read_ids[lay.run_ids[~inner]] = True
+        read_ids = np.flatnonzero(read_ids)
+        tasks = self.tasks
+        read = [tasks[i].deps for i in read_ids.tolist()]
+        counts = np.empty(self.n, dtype=np.int64)
+        counts[read_ids] = np.fromiter(map(len, read), np.int64, len(read))
+        counts[own_ids] = lay.p_n_deps[own_proto]
         indptr = np.zeros(self.n + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, deps), np.int64, self.n), out=indptr[1:])
-        return indptr, np.fromiter(chain.from_iterable(deps), np.int64, int(indptr[-1]))
+        np.cumsum(counts, out=indptr[1:])
+        flat = np.empty(int(indptr[-1]), dtype=np.int64)
+        flat[index_ranges(indptr, read_ids)] = np.fromiter(chain.from_iterable(read), np.int64,
+                                                           int(counts[read_ids].sum()))
+        if len(own_ids):
+            base = lay.run_first[own_run] - lay.p_inputs[own_proto]
+            flat[index_ranges(indptr, own_ids)] = (np.repeat(base, lay.p_n_deps[own_proto])
+                                                   + lay.p_codes[index_ranges(lay.p_code_ptr, own_proto)])
+        return indptr, flat
 
     @cached_property
     def prev(self) -> np.ndarray:
@@ -324,12 +390,11 @@ class TaskColumns:
         few of them: the keys of the others are not read.
 
         Keys are hashed once; only tasks whose hashes collide are compared key by key."""
-        ids, comms = self._with_comm
         out = np.full(self.n, -1, dtype=np.int64)
-        meet = np.flatnonzero(self.n_members[ids] >= 2)
-        if not len(meet):
+        ids = np.flatnonzero(self.n_members >= 2)
+        if not len(ids):
             return out
-        ids, comms = ids[meet], [comms[i] for i in meet.tolist()]
+        comms = [self.tasks[i].comm for i in ids.tolist()]
         h = np.fromiter(map(hash, map(attrgetter("key"), comms)), np.int64, len(comms))
         _, first, inv, counts = np.unique(h, return_index=True, return_inverse=True, return_counts=True)
         group = first[inv]  # same hash: the first such communication's place, a provisional group
@@ -344,12 +409,47 @@ class TaskColumns:
         out[ids] = group
         return out
 
-    @cached_property
-    def n_members(self) -> np.ndarray:
-        """Simulated members of each task's communication (0: none)."""
-        return self._per_comm(map(len, map(attrgetter("members"), self._with_comm[1])), 0)
 
-    @cached_property
-    def recv_rank(self) -> np.ndarray:
-        """The receiving simulated rank of a send (-1: none, or no communication)."""
-        return self._per_comm(map(attrgetter("recv_rank"), self._with_comm[1]), -1)
+
+class _RunLayout:
+    """Where the tasks of a program's runs are and what their templates say about them (see
+    :class:`TaskColumns`): per task of a run, its run and its proto (in one table of the protos
+    of every template used); per proto, its dependency codes and whether any of them reads
+    the run's inputs; the ids and objects of the tasks outside runs."""
+
+    def __init__(self, tasks: list, runs):
+        n, m = len(tasks), len(runs)
+        ranks, firsts, ends, templates = zip(*runs) if m else ((), (), (), ())
+        ids = list(map(id, templates))
+        by_id = dict(zip(ids, templates))  # the templates used, in order of first use
+        index: dict[int, int] = {}  # id(template) -> its first proto in the table
+        protos: list = []
+        inputs: list[int] = []  # per proto: how many inputs its template's runs have
+        for key, tmpl in by_id.items():
+            index[key] = len(protos)
+            protos += tmpl.protos
+            inputs += [tmpl.inputs] * len(tmpl.protos)
+        starts = list(map(index.__getitem__, ids))
+        self.protos = protos
+        self.run_rank = np.array(ranks, dtype=np.int64)
+        self.run_first = np.array(firsts, dtype=np.int64)
+        length = np.array(ends, dtype=np.int64) - self.run_first
+        total = int(length.sum())
+        self.run_of = np.repeat(np.arange(m, dtype=np.int64), length)
+        rel = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
+        self.run_ids = self.run_first[self.run_of] + rel
+        self.proto = np.asarray(starts, dtype=np.int64)[self.run_of] + rel if m else np.zeros(0, np.int64)
+        self.outside = outside = np.ones(n, dtype=bool)
+        outside[self.run_ids] = False
+        self.gap_ids = np.flatnonzero(outside)
+        self.gap = list(map(tasks.__getitem__, self.gap_ids.tolist()))
+        codes = list(map(itemgetter(5), protos))
+        self.p_inputs = np.asarray(inputs, dtype=np.int64)
+        self.p_n_deps = np.fromiter(map(len, codes), np.int64, len(codes))
+        self.p_code_ptr = np.zeros(len(codes) + 1, dtype=np.int64)
+        np.cumsum(self.p_n_deps, out=self.p_code_ptr[1:])
+        self.p_codes = np.fromiter(chain.from_iterable(codes), np.int64, int(self.p_code_ptr[-1]))
+        first_code = np.repeat(self.p_inputs, self.p_n_deps)  # codes below it name an input
+        reads = np.zeros(len(codes), dtype=bool)
+        np.logical_or.at(reads, np.repeat(np.arange(len(codes)), self.p_n_deps), self.p_codes < first_code)
+        self.p_reads_input = reads

@@ -45,7 +45,7 @@ class PathTask(NamedTuple):
 
 def task_times(prog: Program, trace: Trace) -> tuple[list[float], list[float]]:
     """(start, end) of every task on its own rank and stream (-1 end: no span)."""
-    own = trace.columns().own_index(prog.tasks, trace.task_columns(prog.tasks)).tolist()
+    own = trace.columns().own_index(prog.tasks, trace.task_columns(prog.tasks, prog.runs)).tolist()
     spans = trace.spans
     return ([spans[i].start_s if i >= 0 else 0.0 for i in own],
             [spans[i].end_s if i >= 0 else -1.0 for i in own])
@@ -56,7 +56,7 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     tasks = prog.tasks
     if not tasks or not trace.spans:
         return []
-    cols, tc = trace.columns(), trace.task_columns(tasks)
+    cols, tc = trace.columns(), trace.task_columns(tasks, prog.runs)
     own = cols.own_index(tasks, tc)
     end_a = np.where(own >= 0, cols.end_s[own], -1.0)  # -1: no span
     end = end_a.tolist()

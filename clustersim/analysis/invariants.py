@@ -136,7 +136,7 @@ def check_dependencies(program: Program, trace: Trace, cols: SpanColumns | None 
     tolerance)."""
     c = _view(trace, cols)
     tasks = program.tasks
-    tc = trace.task_columns(tasks)
+    tc = trace.task_columns(tasks, program.runs)
     own = c.own_index(tasks, tc)
     out = []
     missing = np.flatnonzero(own < 0)
@@ -167,7 +167,7 @@ def check_collectives(program: Program, trace: Trace, cols: SpanColumns | None =
     the first member's, within the tolerance."""
     c = _view(trace, cols)
     tasks = program.tasks
-    tc = trace.task_columns(tasks)
+    tc = trace.task_columns(tasks, program.runs)
     rows = c.own_rows(tasks, tc)  # every span of a task on its own rank and stream
     t = c.tid[rows]
     group = tc.rendezvous[t]
@@ -243,7 +243,7 @@ def check_send_recv(program: Program, trace: Trace, cols: SpanColumns | None = N
     bytes (within the tolerance); every receive has a send."""
     c = _view(trace, cols)
     tasks = program.tasks
-    tc = trace.task_columns(tasks)
+    tc = trace.task_columns(tasks, program.runs)
     tid = c.tid
     is_recv = c.is_in("stream", RECV_STREAMS)
     ok_tid = (tid >= 0) & (tid < len(tasks))

@@ -77,9 +77,21 @@ def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dic
 
 
 def _weighted_total(cols: SpanColumns, weight: dict[int, int], attr: str):
-    """``sum(weight[s.rank] * s.<attr> for s in spans)``, computed so: Python's sum, left to
-    right, on the values as the spans hold them (ints included), so the total is the same."""
-    w = np.array([weight[r] for r in cols.ranks], dtype=object)[cols.rank_pos].tolist()
+    """``sum(weight[s.rank] * s.<attr> for s in spans)``, left to right, on the values as the
+    spans hold them (ints included), so the total is the same as that Python sum.
+
+    When every value is a float (or the integer 0, which adds as 0.0 does), one at least a
+    float, and every weight an int, each product is the float Python makes (``float(w) * x``)
+    and ``np.cumsum`` adds them one after the other as ``sum`` does (from 0: ``0 + -0.0`` is
+    ``0.0``), bit for bit, in C; otherwise Python's sum runs."""
+    codes, values = cols.form_table(attr)
+    weights = [weight[r] for r in cols.ranks]
+    kinds = set(map(type, values))
+    if (float in kinds and kinds <= {float, int} and all(v == 0 for v in values if type(v) is int)
+            and all(type(w) is int for w in weights)):
+        products = np.asarray(weights, dtype=np.float64)[cols.rank_pos] * np.asarray(values)[codes]
+        return float(np.cumsum(np.concatenate(([0.0], products)))[-1])
+    w = np.array(weights, dtype=object)[cols.rank_pos].tolist()
     return sum(map(mul, w, cols.form_values(attr)))
 
 

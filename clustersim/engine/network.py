@@ -28,6 +28,7 @@ import simpy
 from ..collectives.algorithms import ALGORITHMS, phases
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm
+from ..trace import index_ranges
 
 
 def _call_at(env: simpy.Environment, at_s: float, callback) -> None:
@@ -517,19 +518,6 @@ def _max_min_loops(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[fl
     return rates
 
 
-def _ranges(ptr: np.ndarray, which: np.ndarray) -> np.ndarray:
-    """The indices ``ptr[i]:ptr[i + 1]`` for each ``i`` of ``which``, in that order, as one array."""
-    if len(which) == 1:  # the usual case: one link at the bottleneck, one flow frozen
-        i = int(which[0])
-        return np.arange(ptr[i], ptr[i + 1])
-    lo = ptr[which]
-    counts = ptr[which + 1] - lo
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
-
-
 def _max_min_numpy(weights, bw_Bps) -> list[float] | None:
     """:func:`max_min_rates` in numpy, for many flows over many links: the same progressive
     filling, each round touching only the links at the bottleneck, the flows they freeze and
@@ -592,14 +580,14 @@ def _max_min_pairs(sizes: np.ndarray, pair_edge: np.ndarray, pair_w: np.ndarray,
             break
         # every link at the bottleneck level fills at once (see _max_min_loops)
         full = (ratio <= r * (1 + 1e-12)).nonzero()[0]
-        on_full = by_link[_ranges(link_ptr, full)]
+        on_full = by_link[index_ranges(link_ptr, full)]
         hit = np.zeros(n, dtype=bool)
         hit[pair_flow[on_full[pair_w[on_full] > 0]]] = True
         newly = (hit & open_).nonzero()[0]  # ascending
         rates[newly] = r
         open_[newly] = False
         n_open -= len(newly)
-        moved = _ranges(flow_ptr, newly)  # their pairs, flow by flow
+        moved = index_ranges(flow_ptr, newly)  # their pairs, flow by flow
         s = np.bincount(pair_link[moved], weights=pair_w[moved], minlength=n_links)
         touched = s.nonzero()[0]  # a link whose sum is 0 keeps its cap and load exactly
         s = s[touched]
@@ -964,7 +952,7 @@ class FlowNetwork:
         sizes = np.concatenate([p[3][idx] for p, idx in parts]) if parts else np.zeros(0, dtype=np.int64)
         if sizes.sum() < NUMPY_MIN_CELLS:  # a small mix: the dispatcher decides, as before
             return max_min_rates([t.weights[i] for t in comp for i in t.live], self.bw_Bps)
-        take = [_ranges(p[0], idx) for p, idx in parts]
+        take = [index_ranges(p[0], idx) for p, idx in parts]
         edge = np.concatenate([p[1][k] for (p, _), k in zip(parts, take)])
         w = np.concatenate([p[2][k] for (p, _), k in zip(parts, take)])
         rates = _max_min_pairs(sizes, edge, w, self.bw_Bps)

@@ -36,10 +36,10 @@ import simpy
 
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
-from ..trace import LinkUse, Span, SpanBase, SpanForm, Trace
+from ..trace import LinkUse, Span, SpanBase, SpanForm, Trace, index_ranges
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
-from .network import FlowNetwork, FlowPlan, _call_at, _pairs, _ranges, max_min_rates, plan_phases
+from .network import FlowNetwork, FlowPlan, _call_at, _pairs, max_min_rates, plan_phases
 
 
 @dataclass
@@ -172,13 +172,13 @@ def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
     fewest = np.lexsort((np.arange(n), n_links[flow], link_of))[ptr[:-1]]
     light = np.flatnonzero(n_links[flow[fewest]] <= few)
     pair_e2 = np.repeat(light, n_links[flow[fewest[light]]])
-    pair_e1 = flow_links[_ranges(flow_ptr, flow[fewest[light]])]
+    pair_e1 = flow_links[index_ranges(flow_ptr, flow[fewest[light]])]
     other = pair_e1 != pair_e2
     pair_e2, pair_e1 = pair_e2[other], pair_e1[other]
     implied: dict[int, list[int]] = {}
     bw_all = np.asarray(bw_Bps, dtype=np.float64)
     if len(pair_e2):
-        ent = _ranges(ptr, pair_e2)  # each pair's e2 entries: its flows and weights
+        ent = index_ranges(ptr, pair_e2)  # each pair's e2 entries: its flows and weights
         pair_of = np.repeat(np.arange(len(pair_e2)), counts[pair_e2])
         q = pair_e1[pair_of] * n_f + flow[ent]
         at = np.minimum(np.searchsorted(key_sorted, q), n - 1)
