@@ -93,7 +93,10 @@ class Program:
 
     ``runs``: (rank, first task id, end task id, template) of every action the lowering made
     from an :class:`ActionTemplate`, in task id order: tasks ``first .. end - 1`` are that
-    template's, in order. The engine times such a run in one go where it can (``engine.sim._Segment``).
+    template's, in order. The engine times such a run in one go where it can
+    (``engine.sim._Segment``), and the analysis reads the runs' tasks off their templates
+    (``analysis.columns.TaskColumns``): a program edited by hand keeps its runs' tasks as the
+    templates made them, or empties ``runs``.
     """
 
     ranks: list[int]
