@@ -75,6 +75,10 @@ class SpanColumns:
         part = SpanColumns(list(map(spans.__getitem__, rows.tolist())), rows=rows)
         codes, forms = self._forms
         part.__dict__["_forms"] = (codes[rows], forms)
+        for attr in ("rank", "tid", "mb", "start_s", "end_s"):  # the same values, read already
+            col = self.__dict__.get(attr)
+            if col is not None:
+                part.__dict__[attr] = col[rows]
         return part
 
     @cached_property
