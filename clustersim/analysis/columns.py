@@ -414,7 +414,6 @@ class TaskColumns:
         return out
 
 
-
 class _RunLayout:
     """Where the tasks of a program's runs are and what their templates say about them (see
     :class:`TaskColumns`): per task of a run, its run and its proto (in one table of the protos

@@ -131,7 +131,8 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     # the communications on their own rank (a send, not its receive), for what shared a link
     tid = cols.tid
     mine = np.flatnonzero((cols.kind != cols.code("kind", "compute")) & (tid >= 0))
-    mine = mine[trace.task_columns(tasks, prog.runs).rank[tid[mine]] == cols.rank[mine]]  # an id past the tasks fails here
+    task_rank = trace.task_columns(tasks, prog.runs).rank
+    mine = mine[task_rank[tid[mine]] == cols.rank[mine]]  # an id past the tasks fails here
     for g in ranked[:top]:
         x, tid_, rank, a, b = g.pop("_best")
         entry = {**g, "exposed_s": g["exposed_s"] / world, "comm_s": g["comm_s"] / world,
