@@ -407,12 +407,6 @@ def _span_lines(trace: Trace, order: SpanOrder, tids: dict[tuple[int, str], int]
             in zip(parts[lo:hi], mbs[lo:hi], ts_us[lo:hi], ts_frac[lo:hi], dur_us[lo:hi], dur_frac[lo:hi])])
 
 
-def trace_json_chunks(trace: Trace, summary: dict[str, Any]) -> Iterator[str]:
-    """The text of :func:`trace_document` as ``_dumps`` writes it, in pieces (one per row)."""
-    yield from _event_chunks(trace)
-    yield _tail(summary)
-
-
 def _tail(summary: dict[str, Any]) -> str:
     """The text after the last event: the summary's headline numbers."""
     return f'],"metadata":{_dumps(trace_metadata(summary))}}}'
