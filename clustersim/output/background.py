@@ -16,8 +16,8 @@ same functions, so the same bytes): off Linux (Windows has no fork; on macOS sys
 may not survive one), in a process running other Python threads (a lock one of them holds
 would stay held in the child), and when the child fails.
 
-On Megatron-1T (bench/bench_scale.py) the two files take about 2.5 s and the summary with
-its checks about 3 s: they now overlap instead of adding up.
+On Megatron-1T (bench/bench_scale.py) the two files take about 2.1 s and the summary with
+its checks about as long: they overlap instead of adding up.
 """
 
 from __future__ import annotations
