@@ -94,7 +94,9 @@ def cmd_run(args) -> int:
     try:
         t0 = time.perf_counter()
         result = simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check,
-                          after_run=after_run)
+                          after_run=after_run, keep=args.keep)
+        if args.keep is not None:
+            args.keep.append(result)
         wall_s = time.perf_counter() - t0
         with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
             tmp = staging.folder()
@@ -224,10 +226,40 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
+    """Run the command ``argv`` (default: the process's arguments); its exit code.
+
+    ``fast_exit`` (``python -m clustersim``, the ``clustersim`` script): the command is the
+    whole process, so it ends here with ``os._exit`` once stdout and stderr are flushed. The
+    objects the step made (program, trace, engine; a million of each on Megatron-1T) are then
+    left to the operating system instead of being freed one by one by reference counting and
+    the interpreter's shutdown: 0.35 s on Megatron-1T, 0.03 s on the MoE step. The files are
+    complete by then (written, the writer process waited for, moved into place)."""
+    args = build_parser().parse_args(argv)
+    args.keep = [] if fast_exit else None  # what the command made, held until the exit
+    code = _run(args)
+    if fast_exit:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe, or closed after BrokenPipeError
+                pass
+        os._exit(code)
+    return code
+
+
+def script() -> int:
+    """The ``clustersim`` command (pyproject's script): as ``python -m clustersim``, without
+    cyclic garbage collection (see clustersim/__main__.py) and ending by ``os._exit``."""
+    import gc
+
+    gc.disable()
+    return main(fast_exit=True)
+
+
+def _run(args) -> int:
     from .analysis.invariants import InvariantError
 
-    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as exc:

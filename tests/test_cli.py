@@ -46,6 +46,8 @@ def test_run_writes_summary_report_and_trace(tmp_path, root):
     assert s["world_size"] == 16
     assert f"{s['step_time_s']:.4g} s" in r.stdout
     assert "MFU" in r.stdout and "bubble" in r.stdout and "fits" in r.stdout
+    # the process ends by os._exit (cli.main, fast_exit): its buffered output is flushed first
+    assert r.stdout.splitlines()[-1].startswith("wrote ") and r.stderr == ""
     # nothing left behind but the three outputs
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
