@@ -531,3 +531,42 @@ def test_spans_share_forms_and_read_as_before():
     with pytest.raises(AttributeError):
         form.name = "x"
     assert pickle.loads(pickle.dumps(a)) == a and copy.deepcopy(a) == a and a != b
+
+
+def test_rate_segments_of_a_plan_at_once_are_those_transfer_by_transfer(root):
+    # the link-rate series stack every transfer of a plan (Engine._rate_segments): on the MoE
+    # step's transfers timed in the network (all-to-alls sharing links, rates changing as
+    # flows join and leave), every link's pieces must be those of one _segments call per
+    # transfer, value for value and in the same order
+    from clustersim.engine import Engine
+    from clustersim.program.lower import lower
+
+    sc = clustersim.load_scenario(root / "scenarios/moe_1024gpu.yaml")
+    prog, _ = lower(sc)
+    eng = Engine(prog, sc.cluster, "flow")
+    eng.run()
+    by_plan: dict[int, list] = {}
+    for j, (whole, _, times, rates, ends, course) in enumerate(eng.net.finished):
+        if course is None:
+            by_plan.setdefault(id(whole), (whole, []))[1].append((j, times, rates, ends))
+    changing = 0
+    for whole, transfers in by_plan.values():
+        cols = sorted(whole.edges)
+        x = np.zeros((len(whole.weights), len(cols)))
+        for i, ws in enumerate(whole.weights):
+            for e, w in ws:
+                x[i, cols.index(e)] = w
+        one: dict[int, list] = {e: [] for e in cols}
+        for _, times, rates, ends in transfers:
+            Engine._segments((cols, x), times, rates, ends, one)
+            changing += len(times) > 1
+        at_once: dict[int, list] = {e: [] for e in cols}
+        Engine._rate_segments((cols, x), transfers, at_once)
+        for e in cols:
+            if not one[e]:
+                assert not at_once[e]
+                continue
+            _, start, stop, moved = map(np.concatenate, zip(*at_once[e]))
+            for a, b in zip((start, stop, moved), map(np.concatenate, zip(*one[e]))):
+                assert np.array_equal(a, b)
+    assert len(by_plan) > 20 and changing > 100  # many plans, many transfers whose rates changed

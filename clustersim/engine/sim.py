@@ -26,7 +26,7 @@ alone, and gpt3_175b_1024gpu goes from 170,000 events to 27,000, with identical 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import deque
+from collections import Counter, deque
 from itertools import chain, repeat
 from operator import itemgetter
 from dataclasses import dataclass, replace
@@ -36,7 +36,7 @@ import simpy
 
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
-from ..trace import LinkUse, Span, SpanBase, SpanForm, Trace, index_ranges
+from ..trace import LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
 from .network import FlowNetwork, FlowPlan, _call_at, _pairs, max_min_rates, plan_phases
@@ -670,6 +670,39 @@ class Engine:
                            np.tile(seg[2], len(shifts)))
                 rows[e].append(seg)
 
+    @staticmethod
+    def _rate_segments(here: tuple, transfers: list[tuple], parts: dict) -> None:
+        """:meth:`_segments` of several transfers of one plan at once (rate changes stacked,
+        one row each, with its transfer's flow ends): appends to ``parts[e]`` (position in
+        ``finished``, start, stop, bytes) of each piece on chosen link ``e``, in transfer,
+        rate change and flow order. The same operations on the same numbers as one
+        :meth:`_segments` per transfer, so the same values."""
+        cols, x = here
+        counts = [len(times) for _, times, _, _ in transfers]
+        t0 = np.fromiter(chain.from_iterable(times for _, times, _, _ in transfers), np.float64, sum(counts))
+        # each row's next rate change in its own transfer (inf after its last)
+        nxt = np.fromiter(chain.from_iterable(chain(times[1:], (np.inf,)) for _, times, _, _ in transfers),
+                          np.float64, len(t0))
+        # the rows are the network's cached rates, shared by many rate changes: each stacked once
+        flat = [row for _, _, rates, _ in transfers for row in rates]
+        codes, ids = appearance_codes(map(id, flat), len(flat))
+        of_id = dict(zip(map(id, flat), flat))
+        r = np.vstack([of_id[i] for i in ids])[codes]
+        ends = np.repeat(np.vstack([e for _, _, _, e in transfers]), counts, axis=0)
+        t1 = np.minimum(nxt[:, None], ends)
+        ok = (t1 > t0[:, None]) & (r > 0)
+        k_idx, i_idx = np.nonzero(ok)
+        if not len(k_idx):
+            return
+        start, stop = t0[k_idx], t1[k_idx, i_idx]
+        moved = r[k_idx, i_idx] * (stop - start)
+        j = np.repeat(np.fromiter((j for j, *_ in transfers), np.int64, len(transfers)), counts)[k_idx]
+        for c, e in enumerate(cols):
+            w = x[i_idx, c]
+            sel = w > 0
+            if sel.any():
+                parts[e].append((j[sel], start[sel], stop[sel], moved[sel] * w[sel]))
+
     def _link_use(self, step_s: float, bins: int = 100, detailed: int = 10) -> list[LinkUse]:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
         link it crosses (real traffic, twins included), spread evenly over the time the flow
@@ -707,15 +740,13 @@ class Engine:
                     total[e] += b * len(at)
         # flows of the network: link bytes per byte of the flow (its bytes include the timing scale)
         per_plan: dict[int, tuple[FlowPlan, np.ndarray]] = {}  # id -> (plan, bytes per flow)
-        # transfers of one plan and size share their bytes-per-flow array: count, then add
-        count: dict[tuple, list] = {}  # (id plan, id array) -> [plan, array, transfers]
-        for whole, size, *_ in self.net.finished:
-            entry = count.get((id(whole), id(size)))
-            if entry is None:
-                count[(id(whole), id(size))] = [whole, size, 1]
-            else:
-                entry[2] += 1
-        for whole, size, n in count.values():
+        # transfers of one plan and size share their bytes-per-flow array: count, then add (in
+        # order of first appearance, as the sums below must be made in one order)
+        finished = self.net.finished
+        keys = list(zip(map(id, map(itemgetter(0), finished)), map(id, map(itemgetter(1), finished))))
+        of_key = dict(zip(keys, map(itemgetter(0, 1), finished)))  # (id plan, id array) -> them
+        for key, n in Counter(keys).items():
+            whole, size = of_key[key]
             if id(whole) not in per_plan:
                 per_plan[id(whole)] = (whole, np.zeros(len(size)))
             per_plan[id(whole)][1][:] += n * size
@@ -724,11 +755,12 @@ class Engine:
             # unbuffered: the same sums, in the same order, as a loop over the pairs)
             sizes, pair_edge, pair_w = _pairs(whole.weights)
             np.add.at(total, pair_edge, pair_w / whole.wire_scale * np.repeat(moved, sizes))
-        edges, g, bw = self.cluster.edges, self.cluster.graph, self.cluster.edge_bw_Bps
-        used = [int(e) for e in np.nonzero(total)[0]]
-        kind = {e: g.edges[edges[e]].get("kind", "") for e in used}
+        edges, bw = self.cluster.edges, self.cluster.edge_bw_Bps
+        used = np.flatnonzero(total).tolist()
+        kind = dict(zip(used, map(self.cluster.edge_kind.__getitem__, used)))
         use = total / np.asarray(bw)
-        by_use = [int(e) for e in np.lexsort((np.arange(len(use)), -use)) if total[e] > 0]
+        by_use = np.lexsort((np.arange(len(use)), -use))
+        by_use = by_use[total[by_use] > 0].tolist()
         chosen = set(by_use[:detailed])
         for k in set(kind.values()):
             chosen.add(next(e for e in by_use if kind[e] == k))
@@ -752,11 +784,13 @@ class Engine:
                     if e in chosen:
                         x[i, cols.index(e)] = w / whole.wire_scale
             mine[k] = (cols, x)
-        rows: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
+        # transfers timed in the network, plan by plan (_rate_segments); each link's segments
+        # in the order the transfers finished
+        later: dict[int, list] = {}  # id plan -> [(position in finished, times, rates, ends)]
         # transfers that followed one kept course (the flow network replays a transfer that
         # runs alone, shifted in time) share its segments: worked out once, shifted per start
         by_course: dict[tuple, tuple] = {}
-        for whole, _, times, rates, ends, course in self.net.finished:
+        for j, (whole, _, times, rates, ends, course) in enumerate(finished):
             here = mine[id(whole)]
             if here is None:
                 continue
@@ -767,19 +801,26 @@ class Engine:
                     by_course[key] = (here, rel_times, rel_rows, rel_ends, [])
                 by_course[key][4].append(course[1])
                 continue
-            self._segments(here, times, rates, ends, rows)
+            later.setdefault(id(whole), []).append((j, times, rates, ends))
+        rows: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
+        parts: dict[int, list[tuple]] = {e: [] for e in chosen}
+        for k, transfers in later.items():
+            self._rate_segments(mine[k], transfers, parts)
+        for e, got in parts.items():
+            if got:
+                j, start, stop, moved = (np.concatenate(x) for x in zip(*got))
+                o = np.argsort(j, kind="stable")
+                rows[e].append((start[o], stop[o], moved[o]))
         for here, rel_times, rel_rows, rel_ends, t0s in by_course.values():
             self._segments(here, rel_times, rel_rows, rel_ends, rows, np.asarray(t0s))
-        out = []
-        for e in used:
-            u, v = edges[e]
-            series = None
-            if e in chosen:
+        tot = total.tolist()
+        out = list(map(LinkUse, [f"{u}->{v}" for u, v in map(edges.__getitem__, used)], map(kind.__getitem__, used),
+                       map(bw.__getitem__, used), map(tot.__getitem__, used), repeat(0.0), repeat(())))
+        for u, e in zip(out, used):
+            if e in chosen:  # its rate over the step
                 segs[e] += rows[e]
                 series = _binned(segs[e], step_s, bins) / (step_s / bins)
-            out.append(LinkUse(name=f"{u}->{v}", kind=kind[e], bw_Bps=bw[e], bytes=float(total[e]),
-                               peak_Bps=float(series.max()) if series is not None else 0.0,
-                               series_Bps=tuple(float(x) for x in series) if series is not None else ()))
+                u.peak_Bps, u.series_Bps = float(series.max()), tuple(series.tolist())
         return out
 
 

@@ -396,6 +396,15 @@ class Cluster:
         return [self.graph.edges[e]["bw_Bps"] for e in self.edges]
 
     @cached_property
+    def edge_kind(self) -> list[str]:
+        """Each link's kind ("nvlink", "pcie", "nic", "fabric"; "" where unset), in ``edges``
+        order (the graph's own order, which ``edges`` lists)."""
+        rows = list(self.graph.edges(data="kind", default=""))
+        if [(u, v) for u, v, _ in rows] != self.edges:  # edges listed otherwise: one by one
+            return [self.graph.edges[e].get("kind", "") for e in self.edges]
+        return [k for _, _, k in rows]
+
+    @cached_property
     def edge_latency_s(self) -> list[float]:
         return [self.graph.edges[e]["latency_s"] for e in self.edges]
 
