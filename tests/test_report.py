@@ -436,3 +436,14 @@ def test_numeric_arrays_are_sent_as_plotly_sends_them(values, dtype):
         assert got == want
     else:
         assert isinstance(got, np.ndarray) and np.array_equal(got, want)
+
+
+def test_page_with_the_bars_written_beforehand_is_the_page_dumped_whole(result, report):
+    # prepare_report writes the bars' JSON before the summary exists and joins it with the
+    # critical path's afterwards: the page must be byte for byte the one that dumps the whole
+    # figure at once, with the critical path drawn
+    from clustersim.output import report as rp
+
+    whole = rp.report_html(result.trace, result.summary, rp._as_sent(rp.timeline(result.trace, result.summary)))
+    assert report == whole
+    assert '"mode":"lines","name":"critical path"' in whole  # the trace added after the bars

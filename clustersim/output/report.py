@@ -484,7 +484,8 @@ def _script_json(obj: Any) -> str:
     return text
 
 
-def plot_div(fig: go.Figure | dict[str, Any], div_id: str, config: dict[str, Any]) -> str:
+def plot_div(fig: go.Figure | dict[str, Any], div_id: str, config: dict[str, Any], data_json: str | None = None
+             ) -> str:
     """A plot on a page that has loaded plotly.js: its <div>, as tall as the layout says
     (else the page decides), and the script that draws it there::
 
@@ -492,7 +493,8 @@ def plot_div(fig: go.Figure | dict[str, Any], div_id: str, config: dict[str, Any
         <script>if (document.getElementById("ID")) {Plotly.newPlot("ID", data, layout, config)};</script></div>
 
     ``fig``: a figure dict taken as it is (numeric arrays as plotly sends them, see
-    :func:`_as_sent`), or a plotly figure (its ``to_dict()``)."""
+    :func:`_as_sent`), or a plotly figure (its ``to_dict()``). ``data_json``: its ``data``
+    as :func:`_script_json` writes it, made beforehand (the figure's own is then not read)."""
     d = fig if isinstance(fig, dict) else fig.to_dict()
     layout = d.get("layout", {})
     height = layout.get("height")
@@ -500,7 +502,8 @@ def plot_div(fig: go.Figure | dict[str, Any], div_id: str, config: dict[str, Any
     ident = json.dumps(div_id)
     return (f'<div style="{style}"><div id={ident} class="plotly-graph-div" style="height:100%; width:100%;"></div>'
             f'<script>if (document.getElementById({ident})) {{Plotly.newPlot({ident}, '
-            f'{_script_json(d.get("data", []))}, {_script_json(layout)}, {_script_json(config)})}};</script></div>')
+            f'{_script_json(d.get("data", [])) if data_json is None else data_json}, {_script_json(layout)}, '
+            f'{_script_json(config)})}};</script></div>')
 
 
 @functools.cache
@@ -635,6 +638,12 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
 def _timeline_bars_figure(trace: Trace) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """:func:`timeline`'s work that needs the trace only (the bars and their hover texts),
     done now; the function returned adds what needs the summary (critical path, axis)."""
+    return _timeline_parts(trace)[1]
+
+
+def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]:
+    """(the bars' traces, :func:`_timeline_bars_figure`'s function): the figure's ``data``
+    starts with those traces, whatever the summary."""
     order = span_order(trace)
     rows = order.rows
     labels = row_labels(trace, rows)
@@ -654,7 +663,7 @@ def _timeline_bars_figure(trace: Trace) -> Callable[[dict[str, Any]], dict[str, 
         if meta is not None:
             layout["meta"] = meta
         return {"data": data if path is None else [*data, path], "layout": layout}
-    return with_summary
+    return data, with_summary
 
 
 def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
@@ -668,9 +677,12 @@ def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
 def _as_sent(fig_dict: dict[str, Any]) -> dict[str, Any]:
     """What ``Figure.to_dict()`` gives for the figure :func:`build_figure` makes of
     ``fig_dict``, without validating it again: numeric arrays as plotly sends them."""
-    data = [{k: _typed_array(v) if isinstance(v, np.ndarray) else v for k, v in tr.items()}
-            for tr in fig_dict["data"]]
-    return {"data": data, "layout": fig_dict["layout"]}
+    return {"data": list(map(_sent_trace, fig_dict["data"])), "layout": fig_dict["layout"]}
+
+
+def _sent_trace(trace: dict[str, Any]) -> dict[str, Any]:
+    """One trace of :func:`_as_sent`."""
+    return {k: _typed_array(v) if isinstance(v, np.ndarray) else v for k, v in trace.items()}
 
 
 def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> dict[str, Any] | None:
@@ -1105,15 +1117,17 @@ def _binned_meta(fig: go.Figure | dict[str, Any]) -> dict[str, Any] | None:
     return meta.get("binned") if isinstance(meta, dict) else None
 
 
-def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str, Any]) -> str:
+def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str, Any],
+                data_json: str | None = None) -> str:
     """The complete page; plotly.js is inlined so the file works offline. ``fig``: the
     timeline, as :func:`build_figure` makes it or as plotly sends it (``Figure.to_dict()``),
-    which is taken as it is."""
+    which is taken as it is; ``data_json``: its data, written beforehand (see :func:`plot_div`)."""
     from plotly.offline import get_plotlyjs
 
     plotlyjs = f'<script type="text/javascript">{get_plotlyjs()}</script>'  # once, before every plot
     plot = plot_div(fig, DIV_ID, {"displaylogo": False, "responsive": True,
-                                  "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}})
+                                  "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}},
+                    data_json)
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
     links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
                            f"it, for the {LINKS_SHOWN} busiest links.")
@@ -1136,8 +1150,16 @@ def prepare_report(trace: Trace) -> Callable[[dict[str, Any]], str]:
     """Make the timeline's bars now, from the trace alone; the function returned takes the
     summary and gives the whole page (clustersim.output.background makes the bars while
     the summary is worked out)."""
-    figure = _timeline_bars_figure(trace)
-    return lambda summary: report_html(trace, summary, _as_sent(figure(summary)))
+    bars, figure = _timeline_parts(trace)
+    # the bars' JSON, most of the page's, needs no summary: written now too. A JSON list is
+    # its items' JSON joined by commas, so the page's bytes are those of dumping it whole
+    bars_json = [_script_json(_sent_trace(t)) for t in bars]
+
+    def page(summary: dict[str, Any]) -> str:
+        fig = figure(summary)
+        rest = [_script_json(_sent_trace(t)) for t in fig["data"][len(bars):]]  # the critical path
+        return report_html(trace, summary, fig, "[" + ",".join([*bars_json, *rest]) + "]")
+    return page
 
 
 def write_report(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:

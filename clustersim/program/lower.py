@@ -23,8 +23,9 @@ stages r and 2p-1-r (parts r and p-1-r). A microbatch's activation goes from sta
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from functools import cached_property
+from operator import attrgetter
 
 from ..codegen import Straight
 from ..config import Scenario
@@ -679,14 +680,15 @@ def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate
     again: list[Task] = [None] * first  # type: ignore[list-item]
     _instantiate(again, tmpl, made[0].rank, mb, deps)
     for t, u in zip(made, again[first:]):
-        if replace(t, comm=None) != replace(u, comm=None) or (t.comm is None) != (u.comm is None) or (
+        if _task_fields(t) != _task_fields(u) or (t.comm is None) != (u.comm is None) or (
                 t.comm is not None and _comm_fields(t.comm) != _comm_fields(u.comm)):
             return None
     return tmpl
 
 
-def _comm_fields(c: Comm) -> tuple:
-    return (c.op, c.size_bytes, c.group, c.twins, c.members, c.key, c.recv_rank, c.load)
+# a task's fields but its communication, and a communication's: what _template_of compares
+_task_fields = attrgetter(*(f.name for f in fields(Task) if f.name != "comm"))
+_comm_fields = attrgetter(*(f.name for f in fields(Comm)))
 
 
 def units_in_time_order(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ...]]]:
