@@ -164,7 +164,8 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     :class:`~clustersim.analysis.invariants.InvariantError` listing any violation.
     ``after_run``: called with the trace as soon as the engine has run, before the summary
     is worked out (``clustersim run`` starts writing the trace file and the report then,
-    clustersim.output.background).
+    clustersim.output.background); the trace it gets has no ``links`` yet (they are worked out
+    after it returns, in parallel with what it started).
     ``keep``: a list the step's working objects (program, lowering, engine) are appended to
     rather than freed when this returns (``clustersim run`` leaves them to the process's
     exit: freeing Megatron-1T's 854,340 tasks one by one takes 0.18 s)."""
@@ -173,9 +174,11 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         prog, low = lower(sc, collapse=collapse)
         sim = sc.cfg.simulation
         engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
-        trace = engine.run()
+        trace = engine.run(links=after_run is None)
         if after_run is not None:
             after_run(trace)
+            # the link use only now: the summary reads it, the files written from here do not
+            trace.links = engine.link_use()
         summary = summarize(sc, low, trace, prog, engine, keep_columns=check)
         if check:
             from .analysis import invariants

@@ -178,3 +178,15 @@ def test_no_fork_while_other_threads_run(small_result, tmp_path):
 @pytest.fixture(scope="module")
 def small_result():
     return api.simulate(scenario_dict())
+
+
+def test_link_use_is_worked_out_after_the_hook_and_is_the_same(root):
+    # simulate(after_run=...) forks the writer before the link accounting (the writers do not
+    # read it): the hook sees a trace without links, the result has the links the plain run
+    # works out inside Engine.run
+    seen = []
+    scenario = root / "scenarios/moe_1024gpu.yaml"
+    hooked = api.simulate(scenario, after_run=lambda trace: seen.append(list(trace.links)))
+    plain = api.simulate(scenario)
+    assert seen == [[]] and len(plain.trace.links) > 1000
+    assert hooked.trace.links == plain.trace.links and hooked.summary == plain.summary

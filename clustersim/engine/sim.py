@@ -600,7 +600,10 @@ class Engine:
                 st.step()
         self._waking = False
 
-    def run(self) -> Trace:
+    def run(self, links: bool = True) -> Trace:
+        """Simulate the program; its trace. ``links``: with the trace's link use (``links``),
+        else without it, for :meth:`link_use` to work out later (``simulate`` forks the
+        writer of the report and the trace file first, which do not read it)."""
         self._stream_of = [None] * len(self.prog.tasks)  # task id -> its stream, once created
         for (rank, stream), entries in _segmented(self).items():
             _Stream(self, rank, stream, entries).step()
@@ -625,10 +628,15 @@ class Engine:
                 per = used.setdefault(c.op, {})
                 algo = self.algorithm(c)
                 per[algo] = per.get(algo, 0) + n
+        self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
         return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
                      stage_of=dict(self.stage_of),
                      algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())},
-                     links=self._link_use(float(base.end_s.max()) if len(base.end_s) else 0.0), base=base)
+                     links=self.link_use() if links else [], base=base)
+
+    def link_use(self) -> list[LinkUse]:
+        """The links the run's communications used (``Trace.links``), over the run's step."""
+        return self._link_use(self._last_end_s)
 
     def _flow_intervals(self, c: Comm) -> list[tuple[dict[int, float], float, float]]:
         """A communication timed in closed form, flow by flow: (bytes per link, start offset,
