@@ -205,7 +205,7 @@ Span.of_form = _FormSpan
 def form_codes(spans: list) -> tuple[np.ndarray, list[SpanForm]]:
     """(each span's form as an int32 code, the distinct forms in order of first appearance):
     ``forms[codes[i]] is spans[i].form``. Forms are told apart as objects (cheap to hash)."""
-    return _codes(map(attrgetter("form"), spans), len(spans), sort=False)
+    return appearance_codes(map(attrgetter("form"), spans), len(spans))
 
 
 def form_values(forms: list[SpanForm], codes: np.ndarray, attr: str) -> list:

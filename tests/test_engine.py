@@ -536,7 +536,7 @@ def test_spans_share_forms_and_read_as_before():
 def test_rate_segments_of_a_plan_at_once_are_those_transfer_by_transfer(root):
     # the link-rate series stack every transfer of a plan (Engine._rate_segments): on the MoE
     # step's transfers timed in the network (all-to-alls sharing links, rates changing as
-    # flows join and leave), every link's pieces must be those of one _segments call per
+    # flows join and leave), every link's pieces must be those worked out transfer by
     # transfer, value for value and in the same order
     from clustersim.engine import Engine
     from clustersim.program.lower import lower
@@ -557,8 +557,17 @@ def test_rate_segments_of_a_plan_at_once_are_those_transfer_by_transfer(root):
             for e, w in ws:
                 x[i, cols.index(e)] = w
         one: dict[int, list] = {e: [] for e in cols}
-        for _, times, rates, ends in transfers:
-            Engine._segments((cols, x), times, rates, ends, one)
+        for _, times, rates, ends in transfers:  # transfer by transfer, written out
+            t0 = np.asarray(times)[:, None]
+            r = np.vstack(rates)
+            t1 = np.minimum(np.append(t0[1:, 0], np.inf)[:, None], ends[None, :])
+            k_idx, i_idx = np.nonzero((t1 > t0) & (r > 0))
+            start, stop = t0[k_idx, 0], t1[k_idx, i_idx]
+            moved = r[k_idx, i_idx] * (stop - start)
+            for c, e in enumerate(cols):
+                sel = x[i_idx, c] > 0
+                if sel.any():
+                    one[e].append((start[sel], stop[sel], moved[sel] * x[i_idx, c][sel]))
             changing += len(times) > 1
         at_once: dict[int, list] = {e: [] for e in cols}
         Engine._rate_segments((cols, x), transfers, at_once)

@@ -654,37 +654,16 @@ class Engine:
         return out
 
     @staticmethod
-    def _segments(here: tuple, times, rates, ends, rows: dict, shifts: np.ndarray | None = None) -> None:
-        """Append to ``rows[e]`` the (start, stop, bytes) of a transfer's flows on the chosen
-        links ``here`` = (links, flows x links weights), one per flow and rate change; with
-        ``shifts``, once per start of a transfer that followed this course (times relative)."""
-        cols, x = here
-        t0 = np.asarray(times)[:, None]  # one row per rate change, one column per flow
-        r = np.vstack(rates)
-        t1 = np.minimum(np.append(t0[1:, 0], np.inf)[:, None], ends[None, :])
-        ok = (t1 > t0) & (r > 0)
-        if not ok.any():
-            return
-        k_idx, i_idx = np.nonzero(ok)
-        start, stop = t0[k_idx, 0], t1[k_idx, i_idx]
-        moved = r[k_idx, i_idx] * (stop - start)
-        for c, e in enumerate(cols):
-            w = x[i_idx, c]
-            sel = w > 0
-            if sel.any():
-                seg = (start[sel], stop[sel], moved[sel] * w[sel])
-                if shifts is not None:
-                    seg = ((seg[0][None, :] + shifts[:, None]).ravel(), (seg[1][None, :] + shifts[:, None]).ravel(),
-                           np.tile(seg[2], len(shifts)))
-                rows[e].append(seg)
-
-    @staticmethod
     def _rate_segments(here: tuple, transfers: list[tuple], parts: dict) -> None:
-        """:meth:`_segments` of several transfers of one plan at once (rate changes stacked,
-        one row each, with its transfer's flow ends): appends to ``parts[e]`` (position in
-        ``finished``, start, stop, bytes) of each piece on chosen link ``e``, in transfer,
-        rate change and flow order. The same operations on the same numbers as one
-        :meth:`_segments` per transfer, so the same values."""
+        """The (start, stop, bytes) of the flows of ``transfers`` (all of one plan, each
+        ``(position in finished, rate change times, rates, flow ends)``) on the chosen links
+        ``here`` = (links, flows x links weights), one piece per flow and rate change: appends
+        ``(positions, starts, stops, bytes)`` to ``parts[e]`` for each chosen link ``e``, in
+        transfer, rate change and flow order. The rate changes of all the transfers are stacked,
+        one row each with its transfer's flow ends::
+
+            piece (k, i) = [t_k, min(t_k+1, end_i)] at rate r_k,i   where that is > 0 long and r > 0
+        """
         cols, x = here
         counts = [len(times) for _, times, _, _ in transfers]
         t0 = np.fromiter(chain.from_iterable(times for _, times, _, _ in transfers), np.float64, sum(counts))
@@ -710,6 +689,17 @@ class Engine:
             sel = w > 0
             if sel.any():
                 parts[e].append((j[sel], start[sel], stop[sel], moved[sel] * w[sel]))
+
+    @staticmethod
+    def _course_segments(here: tuple, times, rates, ends, shifts: np.ndarray, rows: dict) -> None:
+        """Append to ``rows[e]`` the pieces (:meth:`_rate_segments`) of a kept course (times
+        relative to its start), once per start in ``shifts``: a transfer that followed it."""
+        parts: dict[int, list[tuple]] = {e: [] for e in here[0]}
+        Engine._rate_segments(here, [(0, times, rates, ends)], parts)
+        for e, got in parts.items():
+            for _, start, stop, moved in got:
+                rows[e].append(((start[None, :] + shifts[:, None]).ravel(), (stop[None, :] + shifts[:, None]).ravel(),
+                                np.tile(moved, len(shifts))))
 
     def _link_use(self, step_s: float, bins: int = 100, detailed: int = 10) -> list[LinkUse]:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
@@ -820,7 +810,7 @@ class Engine:
                 o = np.argsort(j, kind="stable")
                 rows[e].append((start[o], stop[o], moved[o]))
         for here, rel_times, rel_rows, rel_ends, t0s in by_course.values():
-            self._segments(here, rel_times, rel_rows, rel_ends, rows, np.asarray(t0s))
+            self._course_segments(here, rel_times, rel_rows, rel_ends, np.asarray(t0s), rows)
         tot = total.tolist()
         out = list(map(LinkUse, [f"{u}->{v}" for u, v in map(edges.__getitem__, used)], map(kind.__getitem__, used),
                        map(bw.__getitem__, used), map(tot.__getitem__, used), repeat(0.0), repeat(())))

@@ -632,18 +632,13 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     the critical path. Traces and layout are in validated form (the template expanded),
     with numeric arrays as numpy arrays (see :func:`_as_sent`).
     """
-    return _timeline_bars_figure(trace)(summary)
-
-
-def _timeline_bars_figure(trace: Trace) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """:func:`timeline`'s work that needs the trace only (the bars and their hover texts),
-    done now; the function returned adds what needs the summary (critical path, axis)."""
-    return _timeline_parts(trace)[1]
+    return _timeline_parts(trace)[1](summary)
 
 
 def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]:
-    """(the bars' traces, :func:`_timeline_bars_figure`'s function): the figure's ``data``
-    starts with those traces, whatever the summary."""
+    """:func:`timeline`'s work that needs the trace only (the bars and their hover texts),
+    done now: (the bars' traces, a function that adds what needs the summary: critical path,
+    axis). The figure's ``data`` starts with those traces, whatever the summary."""
     order = span_order(trace)
     rows = order.rows
     labels = row_labels(trace, rows)
