@@ -31,14 +31,31 @@ from ..program.tasks import Comm
 from ..trace import index_ranges
 
 
+class _At:
+    """A triggered event for the engine's own callbacks: what ``Environment.step`` reads of an
+    event (its callbacks, then ``_ok``; simpy/core.py), without ``simpy.Event``'s constructor.
+    Nothing yields it or adds callbacks to it later: :func:`_call_at` is its only maker."""
+
+    __slots__ = ("callbacks",)
+    _ok = True
+    _value = None
+
+    def __init__(self, callbacks: list):
+        self.callbacks = callbacks
+
+
 def _call_at(env: simpy.Environment, at_s: float, callback) -> None:
     """Run ``callback`` when the clock reaches exactly ``at_s`` (>= now). ``env.timeout(at_s -
     now)`` would land on ``now + (at_s - now)``, which can miss ``at_s`` by an ulp; this queues
-    a triggered event at ``at_s`` itself, as ``Environment.schedule`` does (simpy/core.py)."""
-    ev = simpy.Event(env)
-    ev._ok, ev._value = True, None
-    ev.callbacks.append(callback)
-    heapq.heappush(env._queue, (at_s, simpy.events.NORMAL, next(env._eid), ev))
+    a triggered event at ``at_s`` itself, as ``Environment.schedule`` does (simpy/core.py): at
+    normal priority, numbered by the environment's event counter, so events at one instant
+    run in the order they were queued."""
+    heapq.heappush(env._queue, (at_s, _NORMAL, next(env._eid), _At([callback])))
+
+
+_NORMAL = simpy.events.NORMAL
+# the live flows of a transfer with none left (shared: index arrays are replaced, never edited)
+_NO_FLOWS = np.zeros(0, dtype=np.int64)
 
 
 def _finished(env: simpy.Environment, done) -> None:
@@ -748,7 +765,7 @@ class FlowNetwork:
         t0 = t.at_s
         before = course[0]
         t.rate = course[2][0]
-        t.idx, t.live = t.idx[:0], ()
+        t.idx, t.live = _NO_FLOWS, ()
         t.ahead = (before, t0)
         t.course = (course, t0)
         t.next_s = t0 + before[-1][0]
@@ -756,7 +773,9 @@ class FlowNetwork:
         self._next_id += 1
         self._comps[cid] = [t]
         self._edge_comp.update(dict.fromkeys(t.edges, cid))
-        self._end_ahead(cid, t)
+        # _end_ahead, inline (a new component has no finish time to drop)
+        heapq.heappush(self.env._queue, (t.next_s, _NORMAL, next(self.env._eid),
+                                         _At([lambda _e, ahead=t.ahead: self._ended_ahead(cid, t, ahead)])))
 
     def _end_ahead(self, cid: int, t: _Transfer) -> None:
         """Queue the end of ``t``, alone in component ``cid`` and worked out to its last flow:
