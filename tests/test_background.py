@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import pytest
 
+import clustersim
 from clustersim import api
 from clustersim.analysis import invariants as inv
 from clustersim.analysis.invariants import Violation
@@ -36,8 +38,8 @@ def _spy_writers(monkeypatch) -> list:
         seen.append([w, None])
         return w
 
-    def spy_finish(self, summary):
-        ok = finish(self, summary)
+    def spy_finish(self, summary, trace=None):
+        ok = finish(self, summary, trace)
         seen[-1][1] = ok
         return ok
 
@@ -65,6 +67,50 @@ def test_forked_writer_gives_the_same_files_as_one_process(tmp_path, monkeypatch
     assert sorted(forked) == ["report.html", "summary.json", "trace.json.gz"]
     assert forked == alone
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # temp folders gone
+
+
+@needs_fork
+def test_parent_and_writer_share_the_trace_files_pieces(tmp_path, monkeypatch):
+    """The parent, once its summary is written, compresses pieces of the trace file from the
+    back while the writer takes them from the front (background.Share): with every piece
+    made slow on both sides (the parent's summary of this small step is done long before the
+    writer could finish alone), each side takes some, and the files are those one process
+    writes."""
+    from clustersim.output import perfetto
+
+    sc = write_scenario(tmp_path, ROOT, scenario_dict())
+    monkeypatch.setattr(perfetto, "PIECE_SPANS", 4)  # many pieces from a small step
+    packed = perfetto.TracePieces.packed
+
+    def slow(self, k):
+        time.sleep(0.03)
+        return packed(self, k)
+
+    monkeypatch.setattr(perfetto.TracePieces, "packed", slow)
+    taken = []
+    take = background.Writer._take_pieces
+    monkeypatch.setattr(background.Writer, "_take_pieces", lambda self, trace: taken.append(take(self, trace))
+                        or taken[-1])
+    seen = _spy_writers(monkeypatch)
+    assert main(["run", str(sc), "--out", str(tmp_path / "shared")]) == 0
+    assert seen[0][1] is True  # the writer put the file together
+    count = perfetto.piece_count(clustersim.simulate(sc).trace)
+    assert count > 10 and 0 < len(taken[0]) < count  # each side compressed some
+    assert sorted(taken[0]) == list(range(count - len(taken[0]), count))  # the parent's: from the back
+    monkeypatch.setattr(sys, "platform", "win32")  # one process writes everything
+    assert main(["run", str(sc), "--out", str(tmp_path / "alone")]) == 0
+    assert _outputs(tmp_path / "shared") == _outputs(tmp_path / "alone")
+    assert [p.name for p in (tmp_path / "shared").iterdir() if p.name.startswith(".")] == []
+
+
+def test_pieces_are_taken_once_from_either_end(tmp_path):
+    share = background.Share(tmp_path, 7)
+    try:
+        got = [share.take(front) for front in (True, False, False, True, True, False, True, True, False)]
+    finally:
+        share.close()
+    assert got == [0, 6, 5, 1, 2, 4, 3, None, None]
+    assert not (tmp_path / background.CLAIMS_FILE).exists()
 
 
 @needs_fork
@@ -117,24 +163,33 @@ def test_a_failure_while_summarising_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_writer_asks_for_the_summary_after_the_trace_work(small_result, tmp_path, monkeypatch):
-    """The writer runs before the summary exists: every event is written and compressed and
-    the timeline's bars are made before it asks; the files are those of the plain writers."""
+    """The writer runs before the summary exists: the timeline's bars are made and every
+    piece of the trace file is written and compressed before it asks (in one process, with
+    no parent to share the pieces with); the files are those of the plain writers."""
     from clustersim.output import perfetto, report
 
     events = []
-    for module, name in ((perfetto, "prepare_trace"), (report, "prepare_report")):
-        def spy(*a, _f=getattr(module, name), _name=name, **k):
-            finish = _f(*a, **k)
-            events.append(_name)
-            return finish
-        monkeypatch.setattr(module, name, spy)
+    prepare, packed = report.prepare_report, perfetto.TracePieces.packed
+
+    def spy_prepare(*a, **k):
+        events.append("prepare_report")
+        return prepare(*a, **k)
+
+    def spy_packed(self, k):
+        events.append(f"piece {k}")
+        return packed(self, k)
+
+    monkeypatch.setattr(report, "prepare_report", spy_prepare)
+    monkeypatch.setattr(perfetto.TracePieces, "packed", spy_packed)
 
     def summary():
         events.append("summary")
         return small_result.summary
 
     background.write_files(tmp_path, small_result.trace, summary, report=True, trace_file=True)
-    assert events == ["prepare_trace", "prepare_report", "summary"]
+    count = perfetto.piece_count(small_result.trace)
+    assert events == ["prepare_report", *(f"piece {k}" for k in range(count)), "summary"]
+    monkeypatch.undo()
     perfetto.write_trace(tmp_path / "plain.json.gz", small_result.trace, small_result.summary)
     report.write_report(tmp_path / "plain.html", small_result.trace, small_result.summary)
     assert (tmp_path / "trace.json.gz").read_bytes() == (tmp_path / "plain.json.gz").read_bytes()

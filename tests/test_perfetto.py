@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import random
 import zlib
 from pathlib import Path
 
@@ -193,9 +194,53 @@ def test_odd_spans_are_written_as_json_dumps_writes_them(tmp_path, late_s):
     write_trace(gz, trace, summary)
     text = _dumps(trace_document(trace, summary))
     assert plain.read_text(encoding="utf-8") == text
-    # one gzip member, as gzip.compress(data, GZIP_LEVEL, mtime=0) writes it
-    assert gz.read_bytes() == zlib.compress(text.encode("utf-8"), perfetto.GZIP_LEVEL, wbits=31)
-    assert gzip.decompress(gz.read_bytes()).decode("utf-8") == text
+    _assert_one_gzip_member(gz.read_bytes(), text)
+
+
+def _assert_one_gzip_member(data: bytes, text: str) -> None:
+    """``data`` is one gzip member holding ``text``, with the header zlib writes (no name,
+    mtime 0) and nothing after it."""
+    assert data[:10] == zlib.compress(b"", perfetto.GZIP_LEVEL, wbits=31)[:10]
+    z = zlib.decompressobj(31)  # checks the CRC-32 and the length in the trailer
+    assert z.decompress(data) == text.encode("utf-8")
+    assert z.eof and z.unused_data == b""
+
+
+@pytest.mark.parametrize("piece_spans", [1, 2, 3, 5, 4096])
+@pytest.mark.parametrize("late_s", [3.0, 5e6], ids=["in-range", "past-51-days"])
+def test_pieces_of_any_size_make_the_same_file(tmp_path, monkeypatch, late_s, piece_spans):
+    # the trace file is written and compressed piece by piece (TracePieces): cut anywhere (in
+    # a row, at its end, one event each), the text is the document's and the file one member
+    monkeypatch.setattr(perfetto, "PIECE_SPANS", piece_spans)
+    trace = _odd_trace(late_s)
+    summary = {"scenario": "odd", "step_time_s": 2.0}
+    pieces = perfetto.TracePieces(trace)
+    n_events = len(trace.spans)
+    assert pieces.count == -(-n_events // piece_spans)
+    text = _dumps(trace_document(trace, summary))
+    assert "".join(map(pieces.text, range(pieces.count))) + perfetto.trace_tail(summary) == text
+    data = perfetto.gzip_file(list(map(pieces.packed, range(pieces.count))), perfetto.trace_tail(summary))
+    _assert_one_gzip_member(data, text)
+    write_trace(tmp_path / "t.json.gz", trace, summary)
+    assert (tmp_path / "t.json.gz").read_bytes() == data
+
+
+def test_pieces_compress_alike_whoever_compresses_them(result):
+    # the writer and the parent each compress some of the pieces (output.background): a
+    # piece's bytes depend on the piece alone, not on what was compressed before it
+    a, b = perfetto.TracePieces(result.trace), perfetto.TracePieces(result.trace)
+    n = a.count
+    forward = [a.packed(k) for k in range(n)]
+    backward = {k: b.packed(k) for k in reversed(range(n))}
+    assert forward == [backward[k] for k in range(n)]
+
+
+def test_crc32_combine_is_the_crc_of_the_joined_bytes():
+    rng = random.Random(7)
+    for _ in range(200):
+        a = rng.randbytes(rng.randint(0, 2000))
+        b = rng.randbytes(rng.choice([0, 1, 2, 3, rng.randint(0, 70_000)]))
+        assert perfetto.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
 def test_microseconds_are_written_as_repr_writes_them():

@@ -2,29 +2,43 @@
 
 Both files need the trace for nearly all their work and the summary only at the end (the
 report's panels and critical path, the trace file's metadata). Once the engine has run, the
-run forks a writer; the two processes then use both cores::
+run forks a writer; the two processes then use both cores, and share out the trace file's
+pieces (perfetto.TracePieces: about 4,096 events each, compressed on their own) so that they
+end together::
 
-    parent  [engine run]─fork─[summary: metrics, memory, critical path, checks][summary.json]─wait─move
-    child                     [trace.json.gz events][report bars]─summary─[report page][trace metadata]
+    parent  [engine run]─fork─[summary: metrics, memory, critical path, checks][summary.json]─[pieces n-1, n-2, ...]─wait─move
+    child                     [report bars][pieces 0, 1, 2, ...]─summary─[report page][pieces ...]─[trace.json.gz]
+
+The writer takes pieces from the front, the parent from the back once its summary is written,
+one at a time (:class:`Share`), until they meet: whichever of the two is done first takes
+more of them. A piece's bytes do not depend on who compressed it, so the file is the same
+whatever the split. The parent's pieces reach the writer through a pickle file, and it puts
+the file together.
 
 The child has the trace as the parent had it at the fork (its pages are shared until
 written). The summary reaches it through a pickle file in the run's temp folder, and one
-byte on a pipe says it is there. The child writes its files into that folder; the parent
-moves them into place only after it has waited for the child, so a failed check (which
-kills the child) still leaves nothing behind. Where the parent writes the files itself (the
-same functions, so the same bytes): off Linux (Windows has no fork; on macOS system libraries
-may not survive one), in a process running other Python threads (a lock one of them holds
-would stay held in the child), and when the child fails.
+byte on a pipe says it is there (a second byte: the parent's pieces are). The child writes its
+files into that folder; the parent moves them into place only after it has waited for the
+child, so a failed check (which kills the child) still leaves nothing behind. Where the
+parent writes the files itself (the same functions, so the same bytes): off Linux (Windows has
+no fork; on macOS system libraries may not survive one), in a process running other Python
+threads (a lock one of them holds would stay held in the child), and when the child fails.
 
-On Megatron-1T (bench/bench_scale.py) the two files take about 2.1 s and the summary with
-its checks about as long: they overlap instead of adding up.
+On Megatron-1T (bench/bench_scale.py) the two files take about 2 s and the summary with its
+checks about as long: they overlap instead of adding up. On moe_1024gpu the summary is done
+first, and the parent then compresses most of the trace file while the writer makes the
+report.
 """
 
 from __future__ import annotations
 
+import fcntl
+import mmap
 import os
 import pickle
+import select
 import signal
+import struct
 import sys
 import threading
 import warnings
@@ -34,38 +48,129 @@ from typing import Any
 from ..trace import Trace
 
 SUMMARY_FILE = ".summary.pickle"  # in the temp folder, removed once the child is done
+PIECES_FILE = ".pieces.pickle"  # the parent's pieces of the trace file, for the child
+CLAIMS_FILE = ".claims"  # the counters of Share
 
 
-def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file: bool) -> None:
+class Share:
+    """The pieces of the trace file shared out between the writer (from the front) and the
+    parent (from the back), one at a time until they meet::
+
+        pieces   0  1  2  3  4  5  6  7  8  9
+        writer   → → → →
+        parent                  ← ← ←            front = 4, back = 7: pieces 4-6 still free
+
+    Two counters in a small file that both processes map, changed under a POSIX record lock
+    (``fcntl.lockf``: held per process, so parent and child exclude each other through the
+    descriptor they share; the kernel drops it if its holder dies). In the writer, it also
+    reads the pipe on which the parent says that the summary, then its pieces, are there."""
+
+    def __init__(self, folder: Path, count: int):
+        self.folder = folder
+        self.fd = os.open(folder / CLAIMS_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(self.fd, struct.pack("<qq", 0, count))
+        self.counters = mmap.mmap(self.fd, 16)
+        self.signals = -1  # in the writer: the pipe's read end
+
+    def take(self, front: bool) -> int | None:
+        """The next free piece from the front (the writer) or the back (the parent); None
+        once every piece is taken."""
+        fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        try:
+            lo, hi = struct.unpack_from("<qq", self.counters)
+            if lo >= hi:
+                return None
+            if front:
+                struct.pack_into("<q", self.counters, 0, lo + 1)
+                return lo
+            struct.pack_into("<q", self.counters, 8, hi - 1)
+            return hi - 1
+        finally:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN)
+
+    def taken(self, front: bool):
+        """Pieces as :meth:`take` gives them, until none is left."""
+        return iter(lambda: self.take(front), None)
+
+    def summary_ready(self) -> bool:
+        """In the writer: whether the parent's signal that the summary is there has come
+        (the next byte on the pipe), without waiting."""
+        return bool(select.select([self.signals], [], [], 0)[0])
+
+    def signal(self, expected: bytes) -> None:
+        """In the writer: wait for the parent's next signal; leave (exit code 1) if the pipe
+        says anything else, or closes (the parent failed)."""
+        if os.read(self.signals, 1) != expected:
+            raise SystemExit(1)
+
+    def summary(self) -> dict[str, Any]:
+        self.signal(b"s")
+        return pickle.loads((self.folder / SUMMARY_FILE).read_bytes())
+
+    def parents_pieces(self) -> dict[int, tuple]:
+        self.signal(b"p")
+        return pickle.loads((self.folder / PIECES_FILE).read_bytes())
+
+    def close(self) -> None:
+        self.counters.close()
+        os.close(self.fd)
+        (self.folder / CLAIMS_FILE).unlink(missing_ok=True)
+
+
+def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file: bool,
+                share: Share | None = None) -> None:
     """Write report.html and trace.json.gz into ``folder``. ``summary``: the summary, or a
-    function that gives it, asked for once everything the trace alone decides is done: every
-    event of the trace file written and compressed, the timeline's bars made."""
-    from .perfetto import prepare_trace
+    function that gives it, asked for once everything the trace alone decides is done: the
+    timeline's bars made, every piece of the trace file written and compressed. With
+    ``share`` (in the writer), the pieces are shared out with the parent (:class:`Share`): the
+    summary is read as soon as it is there, and the page made then, between two pieces."""
+    from .perfetto import TracePieces, gzip_file, trace_tail
     from .report import prepare_report
 
-    trace_bytes = prepare_trace(trace) if trace_file else None
     page = prepare_report(trace) if report else None
+    html = None
+    packed: dict[int, tuple] = {}
+    if trace_file:
+        pieces = TracePieces(trace)
+        for k in share.taken(front=True) if share is not None else range(pieces.count):
+            packed[k] = pieces.packed(k)
+            if page is not None and html is None and share is not None and share.summary_ready():
+                # the page now: the parent takes pieces meanwhile, so both end together
+                summary, html = _page(page, summary)
+    if html is None and page is not None:
+        summary, html = _page(page, summary)
     summary = summary() if callable(summary) else summary
-    if trace_bytes is not None:
-        (folder / "trace.json.gz").write_bytes(trace_bytes(summary))
-    if page is not None:
-        (folder / "report.html").write_text(page(summary), encoding="utf-8")
+    if html is not None:
+        (folder / "report.html").write_text(html, encoding="utf-8")
+    if trace_file:
+        if share is not None:
+            packed.update(share.parents_pieces())
+        (folder / "trace.json.gz").write_bytes(gzip_file([packed[k] for k in range(pieces.count)],
+                                                          trace_tail(summary)))
+
+
+def _page(page, summary) -> tuple[dict[str, Any], str]:
+    """(the summary, asked for if it is a function; the report page made with it)."""
+    summary = summary() if callable(summary) else summary
+    return summary, page(summary)
 
 
 def complete(writer: Writer | None, folder: Path, trace: Trace, summary: dict[str, Any], *, report: bool,
              trace_file: bool) -> None:
-    """Hand ``summary`` to ``writer`` and wait for it; where there is none (:func:`start`
-    gave None) or it failed, write the files here, the same bytes."""
-    if writer is None or not writer.finish(summary):
+    """Hand ``summary`` to ``writer``, take pieces of the trace file while it writes, and wait
+    for it; where there is none (:func:`start` gave None) or it failed, write the files
+    here, the same bytes."""
+    if writer is None or not writer.finish(summary, trace):
         write_files(folder, trace, summary, report=report, trace_file=trace_file)
 
 
 class Writer:
     """A forked process writing report.html and trace.json.gz into a folder: :meth:`finish`
-    hands it the summary and waits for it, :meth:`cancel` stops it."""
+    hands it the summary, takes pieces of the trace file while it writes, and waits for it;
+    :meth:`cancel` stops it."""
 
-    def __init__(self, folder: Path, pid: int, signal_fd: int):
-        self.folder, self.pid, self._fd = folder, pid, signal_fd
+    def __init__(self, folder: Path, pid: int, signal_fd: int, share: Share | None = None):
+        self.folder, self.pid, self._fd, self.share = folder, pid, signal_fd, share
         self.done = False  # the child has been waited for
 
     def _close(self) -> None:
@@ -73,24 +178,55 @@ class Writer:
             os.close(self._fd)
             self._fd = None
 
-    def finish(self, summary: dict[str, Any]) -> bool:
-        """Give the child the summary and wait for it; True if it wrote its files."""
-        summary_path = self.folder / SUMMARY_FILE
+    def _signal(self, what: bytes) -> None:
+        try:
+            os.write(self._fd, what)
+        except OSError:  # the child is gone already
+            pass
+
+    def finish(self, summary: dict[str, Any], trace: Trace | None = None) -> bool:
+        """Give the child the summary, compress pieces of ``trace``'s file from the back until
+        the child has taken the rest (none without ``trace``: the child then takes them all),
+        and wait for it; True if it wrote its files."""
+        summary_path, pieces_path = self.folder / SUMMARY_FILE, self.folder / PIECES_FILE
         try:
             data = pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - a summary extended with something unpicklable
             self.cancel()
             return False
         summary_path.write_bytes(data)
-        try:
-            os.write(self._fd, b"s")
-        except OSError:  # the child is gone already
-            pass
+        self._signal(b"s")
+        if self.share is not None:
+            try:
+                mine = self._take_pieces(trace) if trace is not None else {}
+                pieces_path.write_bytes(pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL))
+            except Exception:  # noqa: BLE001 - the child waits for these: stop it, write here
+                self.cancel()
+                return False
+            self._signal(b"p")
         self._close()
         _, status = os.waitpid(self.pid, 0)  # an interrupt here leaves cancel() to stop it
         self.done = True
         summary_path.unlink(missing_ok=True)
+        pieces_path.unlink(missing_ok=True)
+        self._drop_share()
         return os.waitstatus_to_exitcode(status) == 0
+
+    def _take_pieces(self, trace: Trace) -> dict[int, tuple]:
+        """Pieces of the trace file from the back, compressed here, until none is left."""
+        from .perfetto import TracePieces
+
+        pieces, mine = None, {}
+        for k in self.share.taken(front=False):
+            if pieces is None:  # only once there is one to take
+                pieces = TracePieces(trace)
+            mine[k] = pieces.packed(k)
+        return mine
+
+    def _drop_share(self) -> None:
+        if self.share is not None:
+            self.share.close()
+            self.share = None
 
     def cancel(self) -> None:
         """Stop the child if it still runs (the parent failed): nothing it wrote is kept."""
@@ -103,13 +239,21 @@ class Writer:
         except ProcessLookupError:
             pass
         os.waitpid(self.pid, 0)
+        self._drop_share()
 
 
 def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool) -> Writer | None:
     """Fork a process that writes the files into ``folder`` once it has the summary; None
-    where there is nothing to write or no fork (the caller then writes them itself)."""
+    where there is nothing to write or no fork (the caller then writes them itself). The
+    spans' display order is worked out before the fork: both processes write pieces of the
+    trace file in it (and the report draws in it)."""
     if not (report or trace_file) or not sys.platform.startswith("linux") or threading.active_count() > 1:
         return None
+    share = None
+    if trace_file:
+        from .perfetto import piece_count
+
+        share = Share(folder, piece_count(trace))
     read_fd, write_fd = os.pipe()
     with warnings.catch_warnings():
         # Python 3.12+ warns of forking a process with other OS threads: numpy's BLAS keeps
@@ -118,20 +262,22 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool) -> Writ
         pid = os.fork()
     if pid:
         os.close(read_fd)
-        return Writer(folder, pid, write_fd)
+        return Writer(folder, pid, write_fd, share)
     # the child: never returns into the caller's code, and leaves by os._exit, which skips
     # the interpreter's teardown (freeing the step's objects one by one) and the parent's
     # buffered output
     code = 1
     try:
         os.close(write_fd)
-
-        def summary() -> dict[str, Any]:
-            if os.read(read_fd, 1) != b"s":  # the parent closed the pipe: it failed
-                raise SystemExit(1)
-            return pickle.loads((folder / SUMMARY_FILE).read_bytes())
-
-        write_files(folder, trace, summary, report=report, trace_file=trace_file)
+        if share is None:
+            def summary() -> dict[str, Any]:
+                if os.read(read_fd, 1) != b"s":  # the parent closed the pipe: it failed
+                    raise SystemExit(1)
+                return pickle.loads((folder / SUMMARY_FILE).read_bytes())
+        else:
+            share.signals = read_fd
+            summary = share.summary
+        write_files(folder, trace, summary, report=report, trace_file=trace_file, share=share)
         code = 0
     except BaseException:  # noqa: BLE001 - the parent sees the exit code and writes the files itself
         code = 1

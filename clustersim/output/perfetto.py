@@ -13,9 +13,10 @@ Times are microseconds (the format's unit), quantised to whole nanoseconds so th
 touch in the simulation still touch after Perfetto converts them to integer nanoseconds (a
 rounding overlap of 1 ns would make it nest one span inside the other).
 The summary's headline numbers go into the top-level ``metadata`` object, written after the
-events: :func:`prepare_trace` writes and compresses every event from the trace alone, and the
-summary is needed only for the file's last bytes (clustersim.output.background writes the
-events while the summary is worked out).
+events: the events are written and compressed from the trace alone, in pieces that compress
+on their own (:class:`TracePieces`), and the summary is needed only for the file's last bytes
+(clustersim.output.background writes the pieces while the summary is worked out, and shares
+them out between two processes).
 
 :func:`trace_document` spells the document out as Python objects, plainly (the tests hold
 the writer to it); :func:`write_trace` writes the same text without building them (a
@@ -34,8 +35,10 @@ span form (:class:`clustersim.trace.SpanForm`)::
 from __future__ import annotations
 
 import json
+import struct
 import zlib
-from collections.abc import Callable, Iterator
+from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 from operator import attrgetter
@@ -385,68 +388,166 @@ class _EventParts(dict):
 _EVENT_KEY = attrgetter("name", "kind", "layer", "phase", "size_bytes", "op", "flops")
 
 
-def _span_lines(trace: Trace, order: SpanOrder, tids: dict[tuple[int, str], int]) -> Iterator[str]:
-    """The X events' JSON, one string per row: what ``_dumps(span_event(...))`` gives, joined
-    by commas, without building a dict per span."""
-    codes, forms = trace.forms()
-    per_form = list(map(_EventParts().__getitem__, map(_EVENT_KEY, forms)))  # each form's text, once
-    parts = list(map(per_form.__getitem__, order.take_array(codes).tolist()))
-    mbs = order.take_array(trace.mbs()).tolist()
-    start_ns, end_ns = _ns_array(order.start_s), _ns_array(order.end_s)
-    ts_us, ts_frac = _us_digits(start_ns)
-    dur_us, dur_frac = _us_digits(end_ns - start_ns)
-    frac = _FRACTION_US
-    bounds = order.bounds
-    for i, (rank, stream) in enumerate(order.rows):
-        ids = f',"pid":{pid_of(rank)},"tid":{tids[rank, stream]}'
-        lo, hi = bounds[i], bounds[i + 1]
-        yield ",".join([
-            f'{head}{ts}{frac[ts_f]},"dur":{dur}{frac[dur_f]}{ids},"args":{{"mb":{mb}{after_mb}' if mb >= 0
-            else f'{head}{ts}{frac[ts_f]},"dur":{dur}{frac[dur_f]}{ids}{no_mb}'
-            for (head, after_mb, no_mb), mb, ts, ts_f, dur, dur_f
-            in zip(parts[lo:hi], mbs[lo:hi], ts_us[lo:hi], ts_frac[lo:hi], dur_us[lo:hi], dur_frac[lo:hi])])
-
-
-def _tail(summary: dict[str, Any]) -> str:
+def trace_tail(summary: dict[str, Any]) -> str:
     """The text after the last event: the summary's headline numbers."""
     return f'],"metadata":{_dumps(trace_metadata(summary))}}}'
 
 
-def _event_chunks(trace: Trace) -> Iterator[str]:
-    """The text up to the last event (the metadata events, then the spans, row by row)."""
-    order = span_order(trace)
-    tids = _thread_ids(order.by_rank)
-    yield '{"displayTimeUnit":"ms","traceEvents":['
-    events = [_dumps(e) for e in _metadata_events(trace, order.by_rank, tids)]
-    comma = ""
-    if events:
-        yield ",".join(events)
-        comma = ","
-    for lines in _span_lines(trace, order, tids):
-        if lines:
-            yield comma + lines
-            comma = ","
+# Events per piece of the trace file (:class:`TracePieces`): small enough that two processes
+# sharing the pieces out end within a few milliseconds of each other (a piece is about 0.6 MB of
+# JSON, 5-10 ms to write and compress), large enough that starting each piece's compression
+# afresh costs little (a piece's first 32 KB find no earlier text to refer to: about 1 % more
+# bytes on Megatron-1T than one stream).
+PIECE_SPANS = 4096
+
+
+class TracePieces:
+    """The trace file's text up to its last event, cut into pieces of PIECE_SPANS events in
+    display order, each written and compressed on its own: whichever process compresses a
+    piece, its bytes are the same, so the file's bytes depend on the trace alone while the
+    pieces are shared out between processes (clustersim.output.background). A gzip file of
+    such pieces is one deflate stream::
+
+        gzip header | piece 0          | piece 1   | ... | tail           | CRC-32, length
+                      head, metadata,    events ...        summary's
+                      events 0-4095      (sync flush)      headline
+                      (sync flush)                         (final block)
+
+    A piece ends with a sync flush (its blocks end on a byte, none is final) and refers to no
+    earlier piece's text, so the pieces follow one another as they are; the tail ends the
+    stream. The CRC-32 of the whole text is put together from the pieces' own
+    (:func:`crc32_combine`). The text is what ``_dumps(trace_document(...))`` gives."""
+
+    def __init__(self, trace: Trace):
+        order = self.order = span_order(trace)
+        self.tids = _thread_ids(order.by_rank)
+        codes, forms = trace.forms()
+        self.per_form = list(map(_EventParts().__getitem__, map(_EVENT_KEY, forms)))  # each form's text, once
+        self.codes = order.take_array(codes)
+        self.mbs = order.take_array(trace.mbs())
+        events = [_dumps(e) for e in _metadata_events(trace, order.by_rank, self.tids)]
+        self.head = '{"displayTimeUnit":"ms","traceEvents":[' + ",".join(events)
+        self.has_metadata = bool(events)
+        self.n_spans = len(order.index)
+        self.count = piece_count(trace)
+
+    def text(self, k: int) -> str:
+        """Piece ``k``'s text: the head with the metadata events first in piece 0, then the
+        events of display positions ``k * PIECE_SPANS`` on, each after a comma unless it is
+        the first event of all."""
+        lo, hi = k * PIECE_SPANS, min(self.n_spans, (k + 1) * PIECE_SPANS)
+        out = [self.head] if k == 0 else []
+        if hi <= lo:
+            return "".join(out)
+        if k > 0 or self.has_metadata:
+            out.append(",")
+        order = self.order
+        parts = list(map(self.per_form.__getitem__, self.codes[lo:hi].tolist()))
+        mbs = self.mbs[lo:hi].tolist()
+        start_ns, end_ns = _ns_array(order.start_s[lo:hi]), _ns_array(order.end_s[lo:hi])
+        ts_us, ts_frac = _us_digits(start_ns)
+        dur_us, dur_frac = _us_digits(end_ns - start_ns)
+        frac, bounds, rows = _FRACTION_US, order.bounds, order.rows
+        row = bisect_right(bounds, lo) - 1  # the row of position lo
+        lines = []
+        while row < len(rows) and bounds[row] < hi:
+            rank, stream = rows[row]
+            ids = f',"pid":{pid_of(rank)},"tid":{self.tids[rank, stream]}'
+            a, b = max(bounds[row], lo) - lo, min(bounds[row + 1], hi) - lo
+            lines.append(",".join([
+                f'{head}{ts}{frac[ts_f]},"dur":{dur}{frac[dur_f]}{ids},"args":{{"mb":{mb}{after_mb}' if mb >= 0
+                else f'{head}{ts}{frac[ts_f]},"dur":{dur}{frac[dur_f]}{ids}{no_mb}'
+                for (head, after_mb, no_mb), mb, ts, ts_f, dur, dur_f
+                in zip(parts[a:b], mbs[a:b], ts_us[a:b], ts_frac[a:b], dur_us[a:b], dur_frac[a:b])]))
+            row += 1
+        out.append(",".join(lines))
+        return "".join(out)
+
+    def packed(self, k: int) -> tuple[bytes, int, int]:
+        """Piece ``k`` compressed on its own (raw deflate, ending in a sync flush), with the
+        CRC-32 and the length of its text's bytes."""
+        data = self.text(k).encode("utf-8")
+        z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
+        return z.compress(data) + z.flush(zlib.Z_SYNC_FLUSH), zlib.crc32(data), len(data)
+
+
+def piece_count(trace: Trace) -> int:
+    """How many pieces :class:`TracePieces` cuts the trace's events into (at least one: the
+    head)."""
+    return max(1, -(-len(span_order(trace).index) // PIECE_SPANS))
+
+
+def gzip_file(packed: list[tuple[bytes, int, int]], tail: str) -> bytes:
+    """The gzip file of the pieces ``packed`` (in order, as :meth:`TracePieces.packed` gives
+    them) and ``tail``: the header zlib writes (no name, mtime 0), the pieces, the tail
+    compressed to the stream's end, the CRC-32 and the length of the whole text (RFC 1952)."""
+    data = tail.encode("utf-8")
+    z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
+    last = z.compress(data) + z.flush(zlib.Z_FINISH)
+    crc, size = 0, 0
+    for _, piece_crc, piece_size in packed:
+        crc, size = crc32_combine(crc, piece_crc, piece_size), size + piece_size
+    crc, size = crc32_combine(crc, zlib.crc32(data), len(data)), size + len(data)
+    return b"".join([_gzip_header(), *(p for p, _, _ in packed), last,
+                     struct.pack("<II", crc, size & 0xFFFFFFFF)])
+
+
+def _gzip_header() -> bytes:
+    """The 10 bytes zlib starts a gzip stream with at GZIP_LEVEL (magic, deflate, no flags,
+    mtime 0, the level's XFL byte, the system's OS byte)."""
+    return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31).flush()[:10]
+
+
+# CRC-32 (the gzip polynomial, bits reflected)
+_CRC32_POLY = 0xEDB88320
+
+
+def _mult_mod_poly(a: int, b: int) -> int:
+    """a(x) * b(x) mod the CRC-32 polynomial, both as reflected 32-bit words (bit 31 = x^0)."""
+    prod, m = 0, 1 << 31
+    while a:
+        if a & m:
+            prod ^= b
+            a ^= m
+        m >>= 1
+        b = (b >> 1) ^ _CRC32_POLY if b & 1 else b >> 1
+    return prod
+
+
+# x^(2^k) mod the polynomial, k = 0..31 (x^1 is bit 30 reflected); x^(2^(k+1)) = (x^(2^k))^2
+_X_POW2 = [1 << 30]
+for _ in range(31):
+    _X_POW2.append(_mult_mod_poly(_X_POW2[-1], _X_POW2[-1]))
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """``zlib.crc32(a + b)`` from ``crc1 = zlib.crc32(a)``, ``crc2 = zlib.crc32(b)`` and
+    ``len2 = len(b)``. A CRC is linear over GF(2): appending ``len2`` bytes multiplies a's
+    register by x^(8 len2) modulo the polynomial, and b's CRC adds (XOR) to it; the pre- and
+    post-inversion of the register cancel out in the sum (RFC 1952, section 8; the same sum
+    as zlib's crc32_combine). x^(8 len2) is a product of the squares x^(2^k), one per bit of
+    8 len2: about 35 products in all for a piece, not a pass over its bytes."""
+    if len2 <= 0:
+        return crc1
+    power, n, k = 1 << 31, len2, 3  # x^0; 8 len2 = len2 << 3
+    while n:
+        if n & 1:
+            power = _mult_mod_poly(_X_POW2[k & 31], power)
+        n >>= 1
+        k += 1
+    return _mult_mod_poly(power, crc1) ^ crc2
 
 
 def prepare_trace(trace: Trace, gz: bool = True) -> Callable[[dict[str, Any]], bytes]:
     """Write (and with ``gz``, compress) every event of the trace file now, from the trace
-    alone; the function returned takes the summary and gives the whole file's bytes (once:
-    it ends the compressed stream).
-
-    Gzip: ``zlib.compress(text, GZIP_LEVEL, wbits=31)``, which is what ``gzip.compress(text,
-    level, mtime=0)`` returns, fed piece by piece: zlib's output does not depend on how its
-    input is cut (no flush in between). wbits=31 makes zlib write the gzip header (no name,
-    mtime 0) and trailer."""
-    pieces = (text.encode("utf-8") for text in _event_chunks(trace))
+    alone, piece by piece (:class:`TracePieces`); the function returned takes the summary
+    and gives the whole file's bytes."""
+    pieces = TracePieces(trace)
     if not gz:
-        events = b"".join(pieces)
-        return lambda summary: events + _tail(summary).encode("utf-8")
-    z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
-    packed = list(map(z.compress, pieces))
-
-    def finish(summary: dict[str, Any]) -> bytes:
-        return b"".join([*packed, z.compress(_tail(summary).encode("utf-8")), z.flush()])
-    return finish
+        events = "".join(map(pieces.text, range(pieces.count))).encode("utf-8")
+        return lambda summary: events + trace_tail(summary).encode("utf-8")
+    packed = list(map(pieces.packed, range(pieces.count)))
+    return lambda summary: gzip_file(packed, trace_tail(summary))
 
 
 def write_trace(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:
