@@ -141,7 +141,7 @@ def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file
         summary, html = _page(page, summary)
     summary = summary() if callable(summary) else summary
     if html is not None:
-        (folder / "report.html").write_text(html, encoding="utf-8")
+        (folder / "report.html").write_bytes(html)
     if trace_file:
         if share is not None:
             packed.update(share.parents_pieces())
@@ -149,7 +149,7 @@ def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file
                                                           trace_tail(summary)))
 
 
-def _page(page, summary) -> tuple[dict[str, Any], str]:
+def _page(page, summary) -> tuple[dict[str, Any], bytes]:
     """(the summary, asked for if it is a function; the report page made with it)."""
     summary = summary() if callable(summary) else summary
     return summary, page(summary)

@@ -496,14 +496,19 @@ def plot_div(fig: go.Figure | dict[str, Any], div_id: str, config: dict[str, Any
     :func:`_as_sent`), or a plotly figure (its ``to_dict()``). ``data_json``: its ``data``
     as :func:`_script_json` writes it, made beforehand (the figure's own is then not read)."""
     d = fig if isinstance(fig, dict) else fig.to_dict()
+    before, after = _plot_div_around_data(d, div_id, config)
+    return before + (_script_json(d.get("data", [])) if data_json is None else data_json) + after
+
+
+def _plot_div_around_data(d: dict[str, Any], div_id: str, config: dict[str, Any]) -> tuple[str, str]:
+    """:func:`plot_div`'s text before and after the figure's data, for figure dict ``d``."""
     layout = d.get("layout", {})
     height = layout.get("height")
     style = f"height:{height}px; width:100%;" if isinstance(height, (int, float)) else "height:100%; width:100%;"
     ident = json.dumps(div_id)
     return (f'<div style="{style}"><div id={ident} class="plotly-graph-div" style="height:100%; width:100%;"></div>'
-            f'<script>if (document.getElementById({ident})) {{Plotly.newPlot({ident}, '
-            f'{_script_json(d.get("data", [])) if data_json is None else data_json}, {_script_json(layout)}, '
-            f'{_script_json(config)})}};</script></div>')
+            f'<script>if (document.getElementById({ident})) {{Plotly.newPlot({ident}, ',
+            f', {_script_json(layout)}, {_script_json(config)})}};</script></div>')
 
 
 @functools.cache
@@ -1117,12 +1122,30 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str
     """The complete page; plotly.js is inlined so the file works offline. ``fig``: the
     timeline, as :func:`build_figure` makes it or as plotly sends it (``Figure.to_dict()``),
     which is taken as it is; ``data_json``: its data, written beforehand (see :func:`plot_div`)."""
+    d = fig if isinstance(fig, dict) else fig.to_dict()
+    data = _script_json(d.get("data", [])) if data_json is None else data_json
+    return "".join(_plotlyjs_script() if part is _PLOTLYJS else data if part is _DATA else part
+                   for part in _page_parts(trace, summary, d))
+
+
+# where the page's two large parts go in :func:`_page_parts`: plotly.js and the timeline's data
+_PLOTLYJS, _DATA = object(), object()
+TIMELINE_CONFIG = {"displaylogo": False, "responsive": True,
+                   "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}}
+
+
+def _plotlyjs_script() -> str:
+    """plotly.js in a <script>, once per page, before every plot."""
     from plotly.offline import get_plotlyjs
 
-    plotlyjs = f'<script type="text/javascript">{get_plotlyjs()}</script>'  # once, before every plot
-    plot = plot_div(fig, DIV_ID, {"displaylogo": False, "responsive": True,
-                                  "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}},
-                    data_json)
+    return f'<script type="text/javascript">{get_plotlyjs()}</script>'
+
+
+def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> list:
+    """The page's text in order, with ``_PLOTLYJS`` and ``_DATA`` where plotly.js and the
+    timeline's data go (timeline figure dict ``d``): :func:`report_html` joins them as text,
+    :func:`prepare_report` as UTF-8 bytes written before the summary came."""
+    before, after = _plot_div_around_data(d, DIV_ID, TIMELINE_CONFIG)
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
     links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
                            f"it, for the {LINKS_SHOWN} busiest links.")
@@ -1130,33 +1153,38 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str
                             "parameters, gradients, optimizer state and transient bytes, plus the activations "
                             "alive and communication buffers held at each instant.")
     body = "\n".join([
-        plotlyjs, header_html(summary), cards_html(summary),
+        header_html(summary), cards_html(summary),
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
-        "<h2>Timeline</h2>", timeline_note(trace, _binned_meta(fig)), plot,
+        "<h2>Timeline</h2>", timeline_note(trace, _binned_meta(d)), before,
     ])
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+    head = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{title}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+            f"<title>{title}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n")
+    return [head, _PLOTLYJS, "\n" + body, _DATA, after + "\n</body>\n</html>\n"]
 
 
-def prepare_report(trace: Trace) -> Callable[[dict[str, Any]], str]:
+def prepare_report(trace: Trace) -> Callable[[dict[str, Any]], bytes]:
     """Make the timeline's bars now, from the trace alone; the function returned takes the
-    summary and gives the whole page (clustersim.output.background makes the bars while
-    the summary is worked out)."""
+    summary and gives the whole page, UTF-8 encoded (clustersim.output.background makes the
+    bars while the summary is worked out)."""
     bars, figure = _timeline_parts(trace)
-    # the bars' JSON, most of the page's, needs no summary: written now too. A JSON list is
-    # its items' JSON joined by commas, so the page's bytes are those of dumping it whole
-    bars_json = [_script_json(_sent_trace(t)) for t in bars]
+    # the bars' JSON, most of the page's, needs no summary: written (and encoded, as is
+    # plotly.js) now too. A JSON list is its items' JSON joined by commas, so the page's
+    # bytes are those of dumping it whole
+    bars_json = "[" + ",".join(_script_json(_sent_trace(t)) for t in bars)
+    bars_bytes, plotlyjs = bars_json.encode("utf-8"), _plotlyjs_script().encode("utf-8")
 
-    def page(summary: dict[str, Any]) -> str:
+    def page(summary: dict[str, Any]) -> bytes:
         fig = figure(summary)
         rest = [_script_json(_sent_trace(t)) for t in fig["data"][len(bars):]]  # the critical path
-        return report_html(trace, summary, fig, "[" + ",".join([*bars_json, *rest]) + "]")
+        data = bars_bytes + (("," if bars and rest else "") + ",".join(rest) + "]").encode("utf-8")
+        return b"".join(plotlyjs if part is _PLOTLYJS else data if part is _DATA else part.encode("utf-8")
+                        for part in _page_parts(trace, summary, fig))
     return page
 
 
 def write_report(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:
     """Write ``report.html``: header, summary panels and the Gantt timeline, self-contained."""
-    Path(path).write_text(prepare_report(trace)(summary), encoding="utf-8")
+    Path(path).write_bytes(prepare_report(trace)(summary))
