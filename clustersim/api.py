@@ -109,11 +109,13 @@ def projection(sc: Scenario, tokens_per_s: float) -> dict[str, Any]:
 
 
 def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: Engine | None = None, *,
-              keep_columns: bool = False) -> dict[str, Any]:
+              keep_columns: bool = False, links: Callable[[], list] | None = None) -> dict[str, Any]:
     """Assemble summary.json: metrics, memory, the critical path, exposed communication by
     cause, the resolved plan and what was simulated. ``engine`` (the one that ran ``prog``)
     names the links that bounded exposed collectives. The trace's columnar view the summary
-    is made from is dropped at the end (its arrays are large), unless ``keep_columns``."""
+    is made from is dropped at the end (its arrays are large), unless ``keep_columns``.
+    ``links``: gives the trace's link use (``Trace.links``, else already there), asked for
+    once everything else is worked out (``clustersim run``'s writer works it out meanwhile)."""
     gpu = sc.cluster.gpu
     peak = gpu.peak_flops(sc.training.precision)
     world = sc.mesh.world_size
@@ -127,7 +129,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
         "memory": memory_report(trace, _statics(low), gpu.hbm_capacity_bytes),
         "critical_path": path_report(critical_path(prog, trace), metrics["step_time_s"]),
         "exposed_comm_causes": exposed_collectives(prog, trace, engine, sc.cluster),
-        "links": link_report(trace, metrics["step_time_s"]),
+        "links": None,  # filled in last, in this place (see ``links``)
         "projection": projection(sc, metrics["tokens_per_s"]),
         "plan": {
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm,
@@ -148,6 +150,9 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "simulated_ranks": len(trace.ranks), "spans": len(trace.spans),
                        "collective_algorithms": trace.algorithms},
     }
+    if links is not None:
+        trace.links = links()
+    summary["links"] = link_report(trace, metrics["step_time_s"])
     # the parts above shared the trace's columnar view (Trace.columns); unless the caller
     # reads it next (simulate's invariant checks), its arrays go now
     if not keep_columns:
@@ -156,16 +161,19 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,
-             check: bool = True, after_run: Callable[[Trace], None] | None = None,
+             check: bool = True,
+             after_run: Callable[[Trace, Callable[[], list]], Callable[[], list | None] | None] | None = None,
              keep: list | None = None) -> Result:
     """Simulate one training step of ``scenario`` (a Scenario, a YAML path or a dict).
 
     ``check``: verify the step's invariants (docs/invariants.md) and raise
     :class:`~clustersim.analysis.invariants.InvariantError` listing any violation.
-    ``after_run``: called with the trace as soon as the engine has run, before the summary
-    is worked out (``clustersim run`` starts writing the trace file and the report then,
-    clustersim.output.background); the trace it gets has no ``links`` yet (they are worked out
-    after it returns, in parallel with what it started).
+    ``after_run``: called as soon as the engine has run, before the summary is worked out
+    (``clustersim run`` starts writing the trace file and the report then,
+    clustersim.output.background), with the trace, which has no ``links`` yet, and the
+    function that works them out (``Engine.link_use``). It may return a function that gives
+    them, worked out elsewhere meanwhile (None if that failed); the summary asks for them
+    last. Otherwise they are worked out here, then.
     ``keep``: a list the step's working objects (program, lowering, engine) are appended to
     rather than freed when this returns (``clustersim run`` leaves them to the process's
     exit: freeing Megatron-1T's 854,340 tasks one by one takes 0.18 s)."""
@@ -175,11 +183,16 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         sim = sc.cfg.simulation
         engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
         trace = engine.run(links=after_run is None)
+        links = None
         if after_run is not None:
-            after_run(trace)
-            # the link use only now: the summary reads it, the files written from here do not
-            trace.links = engine.link_use()
-        summary = summarize(sc, low, trace, prog, engine, keep_columns=check)
+            # the link use only now: the summary reads it (last), the files written from here
+            # do not
+            elsewhere = after_run(trace, engine.link_use)
+
+            def links() -> list:
+                got = elsewhere() if elsewhere is not None else None
+                return got if got is not None else engine.link_use()
+        summary = summarize(sc, low, trace, prog, engine, keep_columns=check, links=links)
         if check:
             from .analysis import invariants
 

@@ -86,10 +86,11 @@ def cmd_run(args) -> int:
     staging = _Staging(out)
     writer = None
 
-    def after_run(trace) -> None:  # the report and the trace file, written while the summary is made
+    def after_run(trace, link_use):  # the report and the trace file, written while the summary is made
         nonlocal writer
         if any(files.values()):
-            writer = background.start(staging.folder(), trace, **files)
+            writer = background.start(staging.folder(), trace, link_use=link_use, **files)
+        return writer.links if writer is not None else None
 
     try:
         t0 = time.perf_counter()

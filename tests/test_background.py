@@ -114,6 +114,34 @@ def test_pieces_are_taken_once_from_either_end(tmp_path):
 
 
 @needs_fork
+def test_the_writer_works_out_the_link_use_for_the_summary(tmp_path, monkeypatch):
+    """The writer works out the link use first and hands it to the parent's summary
+    (Writer.links); where it fails before that, the parent works it out itself: the same
+    summary either way, and the same as in one process."""
+    from clustersim.engine import Engine
+
+    sc = write_scenario(tmp_path, ROOT, scenario_dict())
+    handed = []
+    links = background.Writer.links
+    monkeypatch.setattr(background.Writer, "links", lambda self: handed.append(links(self)) or handed[-1])
+    assert main(["run", str(sc), "--out", str(tmp_path / "forked")]) == 0
+    assert handed and handed[0] and all(u.bytes > 0 for u in handed[0])  # the child's
+    parent, link_use = os.getpid(), Engine.link_use
+
+    def fails_in_the_child(self):
+        if os.getpid() != parent:
+            raise RuntimeError("planted failure in the writer's link use")
+        return link_use(self)
+
+    monkeypatch.setattr(Engine, "link_use", fails_in_the_child)
+    assert main(["run", str(sc), "--out", str(tmp_path / "failed")]) == 0
+    assert handed[1] is None  # none from the child: the parent's own
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert main(["run", str(sc), "--out", str(tmp_path / "alone")]) == 0
+    assert _outputs(tmp_path / "forked") == _outputs(tmp_path / "failed") == _outputs(tmp_path / "alone")
+
+
+@needs_fork
 def test_parent_writes_the_files_when_the_child_fails(tmp_path, monkeypatch):
     sc = write_scenario(tmp_path, ROOT, scenario_dict())
     assert main(["run", str(sc), "--out", str(tmp_path / "ref")]) == 0
@@ -241,7 +269,7 @@ def test_link_use_is_worked_out_after_the_hook_and_is_the_same(root):
     # works out inside Engine.run
     seen = []
     scenario = root / "scenarios/moe_1024gpu.yaml"
-    hooked = api.simulate(scenario, after_run=lambda trace: seen.append(list(trace.links)))
+    hooked = api.simulate(scenario, after_run=lambda trace, link_use: seen.append(list(trace.links)))
     plain = api.simulate(scenario)
     assert seen == [[]] and len(plain.trace.links) > 1000
     assert hooked.trace.links == plain.trace.links and hooked.summary == plain.summary

@@ -42,6 +42,7 @@ import struct
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from ..trace import Trace
 
 SUMMARY_FILE = ".summary.pickle"  # in the temp folder, removed once the child is done
 PIECES_FILE = ".pieces.pickle"  # the parent's pieces of the trace file, for the child
+LINKS_FILE = ".links.pickle"  # the link use the child worked out, for the parent
 CLAIMS_FILE = ".claims"  # the counters of Share
 
 
@@ -169,14 +171,33 @@ class Writer:
     hands it the summary, takes pieces of the trace file while it writes, and waits for it;
     :meth:`cancel` stops it."""
 
-    def __init__(self, folder: Path, pid: int, signal_fd: int, share: Share | None = None):
+    def __init__(self, folder: Path, pid: int, signal_fd: int, share: Share | None = None, links_fd: int = -1):
         self.folder, self.pid, self._fd, self.share = folder, pid, signal_fd, share
+        self._links_fd = links_fd  # the pipe on which the child says the link use is there
         self.done = False  # the child has been waited for
+
+    def links(self) -> list | None:
+        """The link use the child worked out first thing (:func:`start`'s ``link_use``),
+        once it is there; None if the child did not get that far (the caller works it out)."""
+        if self._links_fd < 0:
+            return None
+        try:
+            there = os.read(self._links_fd, 1) == b"l"  # b"": the child left without it
+        finally:
+            os.close(self._links_fd)
+            self._links_fd = -1
+        path = self.folder / LINKS_FILE
+        got = pickle.loads(path.read_bytes()) if there else None
+        path.unlink(missing_ok=True)
+        return got
 
     def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._links_fd >= 0:
+            os.close(self._links_fd)
+            self._links_fd = -1
 
     def _signal(self, what: bytes) -> None:
         try:
@@ -242,11 +263,14 @@ class Writer:
         self._drop_share()
 
 
-def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool) -> Writer | None:
+def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
+          link_use: Callable[[], list] | None = None) -> Writer | None:
     """Fork a process that writes the files into ``folder`` once it has the summary; None
     where there is nothing to write or no fork (the caller then writes them itself). The
     spans' display order is worked out before the fork: both processes write pieces of the
-    trace file in it (and the report draws in it)."""
+    trace file in it (and the report draws in it). ``link_use``: worked out by the child
+    first, for the parent's summary (:meth:`Writer.links`), which needs it last: on both
+    moe_1024gpu and Megatron-1T the summary with its checks is the longer of the two sides."""
     if not (report or trace_file) or not sys.platform.startswith("linux") or threading.active_count() > 1:
         return None
     share = None
@@ -255,6 +279,7 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool) -> Writ
 
         share = Share(folder, piece_count(trace))
     read_fd, write_fd = os.pipe()
+    links_r, links_w = os.pipe() if link_use is not None else (-1, -1)
     with warnings.catch_warnings():
         # Python 3.12+ warns of forking a process with other OS threads: numpy's BLAS keeps
         # a pool, which the child never calls (the writers do no linear algebra)
@@ -262,13 +287,20 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool) -> Writ
         pid = os.fork()
     if pid:
         os.close(read_fd)
-        return Writer(folder, pid, write_fd, share)
+        if links_w >= 0:
+            os.close(links_w)
+        return Writer(folder, pid, write_fd, share, links_r)
     # the child: never returns into the caller's code, and leaves by os._exit, which skips
     # the interpreter's teardown (freeing the step's objects one by one) and the parent's
     # buffered output
     code = 1
     try:
         os.close(write_fd)
+        if link_use is not None:
+            os.close(links_r)
+            (folder / LINKS_FILE).write_bytes(pickle.dumps(link_use(), protocol=pickle.HIGHEST_PROTOCOL))
+            os.write(links_w, b"l")
+            os.close(links_w)
         if share is None:
             def summary() -> dict[str, Any]:
                 if os.read(read_fd, 1) != b"s":  # the parent closed the pipe: it failed
