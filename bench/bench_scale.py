@@ -8,7 +8,8 @@
 Every scenario (and sweep point) runs in a fresh subprocess, so its peak RSS is its own. The
 phases are those of ``python -m clustersim run``: import (clustersim, plotly & co.), load
 (read and check the YAML, build the cluster graph), lower (plan -> per-rank tasks), engine
-(setup: plan and classify every communication; run: the simpy run and its link accounting),
+(setup: plan and classify every communication; run: the simpy run; the link accounting is
+worked out by the forked writer, as clustersim run does),
 analysis (summary and invariant checks, while a forked process writes report.html and
 trace.json.gz, as the command does: clustersim.output.background), outputs (summary.json, then
 waiting for that process: what the files add after the summary; "writers alone s" is what they
@@ -130,14 +131,18 @@ def measure(spec: str) -> dict:
         sim = sc.cfg.simulation
         engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
         t_setup = time.perf_counter()
-        trace = engine.run()
+        trace = engine.run(links=False)  # as clustersim run does: the link use is worked out by the writer
         t3 = time.perf_counter()
         events = simpy_events(engine.env)
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            writer = background.start(tmp, trace, report=True, trace_file=True)  # as clustersim run does
+            writer = background.start(tmp, trace, report=True, trace_file=True, link_use=engine.link_use)
+
+            def links():  # as simulate() asks for them: the writer's, else worked out here
+                got = writer.links() if writer is not None else None
+                return got if got is not None else engine.link_use()
             try:
-                summary = summarize(sc, low, trace, prog, engine, keep_columns=True)
+                summary = summarize(sc, low, trace, prog, engine, keep_columns=True, links=links)
                 violations = check_invariants(prog, trace, summary, cols=trace.columns())  # as simulate() does
                 if violations:
                     raise InvariantError(violations)
