@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..program.tasks import Program
-from ..trace import Span, Trace
+from ..trace import Span, Trace, unique
 from .columns import SpanColumns, grouped_order, mixed_radix
 from .intervals import merged, merged_length
 
@@ -181,7 +181,7 @@ def check_collectives(program: Program, trace: Trace, cols: SpanColumns | None =
     odd = ((np.abs(c.start_s[rows] - s0_start) > _tols(s0_start))
            | (np.abs(c.end_s[rows] - s0_end) > _tols(s0_end)))
     out = []
-    bad_groups = np.unique(first[odd])
+    bad_groups = unique(first[odd])
     for f in sorted(bad_groups.tolist(), key=lambda f: rows[f]):  # collectives in order of appearance
         members = np.flatnonzero(first == f)
         s0 = c.spans[int(rows[f])]
@@ -281,7 +281,7 @@ def check_send_recv(program: Program, trace: Trace, cols: SpanColumns | None = N
     if len(unmatched):
         out.append(_v("send-recv", f"{len(unmatched)} send(s) without a matching receive (same time and "
                       "bytes on the receiver)", (c.spans[int(i)] for i in unmatched[:MAX_SPANS])))
-    orphan = ~np.isin(recv_tid, ids)
+    orphan = ~np.isin(recv_tid, ids, kind="table")  # task ids: a table; sorting would import numpy.ma (10 ms)
     if orphan.any():
         # receives of ids without a send: ids in order of their first receive, then span order
         o_rows, o_tid = recv_rows[orphan], recv_tid[orphan]
@@ -377,7 +377,7 @@ def check_view(trace: Trace, cols: SpanColumns) -> list[Violation]:
     n = len(trace.spans)
     if n != cols.n:
         return [_v("view", f"the view has {cols.n:,} rows for {n:,} spans", ())]
-    rows = np.unique(np.linspace(0, n - 1, min(VIEW_SAMPLES, n)).astype(np.int64)).tolist() if n else []
+    rows = unique(np.linspace(0, n - 1, min(VIEW_SAMPLES, n)).astype(np.int64)).tolist() if n else []
     names = cols.stream_names
     sampled = [trace.spans[i] for i in rows]
     bad = [s for s, r, st, a, b, tid in zip(

@@ -28,7 +28,7 @@ import simpy
 from ..collectives.algorithms import ALGORITHMS, phases
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm
-from ..trace import index_ranges
+from ..trace import index_ranges, unique
 
 
 class _At:
@@ -314,7 +314,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         bounds = np.searchsorted(k_at, np.arange(width + 1))
         links, counts = (pos_link % n_edges).tolist(), counts.tolist()
         weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
-        latency = _longest_s(paths[np.unique(at)], lat_a)
+        latency = _longest_s(paths[unique(at)], lat_a)
     return FlowPlan(weights=weights, fractions=tuple(real_flows[i][2] for i in rows[0].tolist()),
                     latency_s=steps * latency)
 
