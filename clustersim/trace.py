@@ -409,15 +409,15 @@ class Trace:
         self.base = None
         self._forms = None
 
-    def task_columns(self, tasks, runs=()) -> TaskColumns:
+    def task_columns(self, tasks, runs=(), program=None) -> TaskColumns:
         """The program's ``tasks`` as numpy columns
         (:class:`~clustersim.analysis.columns.TaskColumns`; with its ``runs``, those runs' tasks
-        are read off their templates), remembered for the same list of the same length: the
-        critical path and the invariant checks both read them (the checks drop them when
-        done)."""
+        are read off their templates; with the ``program`` whose ``items`` they are, the runs
+        it has not made too), remembered for the same list of the same length: the critical
+        path and the invariant checks both read them (the checks drop them when done)."""
         c = self._task_columns
         if c is None or c.tasks is not tasks or c.n != len(tasks):
             from .analysis.columns import TaskColumns
 
-            c = self._task_columns = TaskColumns(tasks, runs)
+            c = self._task_columns = TaskColumns(tasks, runs, program)
         return c

@@ -51,9 +51,10 @@ def _scenario(name: str) -> clustersim.Scenario:
     return clustersim.load_scenario(ROOT / "scenarios" / name)
 
 
-def _task_rows(prog: Program) -> list[tuple]:
+def _task_rows(prog: Program | list) -> list[tuple]:
+    """Every field of each task (of a program, or of a list of tasks), its communication's too."""
     rows = []
-    for t in prog.tasks:
+    for t in prog.tasks if isinstance(prog, Program) else prog:
         c = t.comm
         rows.append((t.tid, t.rank, t.stream, t.name, t.kind, t.duration_s, t.deps, t.mb, t.phase, t.stage,
                      t.layer, t.flops, t.model_flops,
@@ -115,6 +116,34 @@ def test_task_columns_read_off_templates_are_those_of_the_tasks(name):
     assert all(np.array_equal(a, b) for a, b in zip(fast.deps, slow.deps))
     # not vacuous: the tasks of the runs are not read one by one
     assert len(fast._layout.gap) == len(prog.tasks) - sum(e - f for _, f, e, _ in prog.runs)
+
+
+@pytest.mark.parametrize("name", SHIPPED + sorted(VARIANTS))
+def test_runs_left_to_be_made_read_as_the_made_tasks(name):
+    """The lowering leaves most runs' tasks to be made on first ask (Program.deferred): the
+    task columns read such runs off their templates and inputs, the engine times them, and a
+    task asked for is the one the run would have made; none of it makes the other runs."""
+    sc = _scenario(name)
+    lazy, _ = lower(sc)
+    made, _ = lower(sc)
+    all_tasks = made.tasks  # every run made
+    if len(lazy.runs) > len({(r[0], id(r[3])) for r in lazy.runs}):  # a template used again
+        assert lazy.deferred and None in lazy.items  # not vacuous
+    left = dict(lazy.deferred)
+    fast, slow = TaskColumns(lazy.items, lazy.runs, lazy), TaskColumns(all_tasks)
+    for col in ("rank", "stream", "n_members", "recv_rank", "prev", "rendezvous"):
+        a, b = getattr(fast, col), getattr(slow, col)
+        assert a.dtype == b.dtype and np.array_equal(a, b), col
+    assert all(np.array_equal(a, b) for a, b in zip(fast.deps, slow.deps))
+    if not (slow.n_members >= 2).any():  # (a rendezvous of several members reads its tasks)
+        assert lazy.deferred == left  # the columns made no run
+    a, b = _run(sc, lazy)[1], _run(sc, made)[1]
+    assert [s.values() for s in a.spans] == [s.values() for s in b.spans]
+    for k in list(lazy.deferred)[:5]:  # a task asked for: its run made, as the lowering makes it
+        first, end = lazy.runs[k][1:3]
+        assert _task_rows([lazy.task(end - 1)]) == _task_rows([all_tasks[end - 1]])
+        assert k not in lazy.deferred and _task_rows(lazy.items[first:end]) == _task_rows(all_tasks[first:end])
+    assert _task_rows(lazy) == _task_rows(made)
 
 
 def test_repeated_actions_are_templated():

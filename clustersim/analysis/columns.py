@@ -29,7 +29,7 @@ from operator import attrgetter, is_not, itemgetter
 import numpy as np
 
 from ..trace import (FORM_FIELDS, form_array, form_codes, form_text, form_values, grouped_order, index_ranges,
-                     text_codes)
+                     text_codes, unique)
 
 
 def _floats(objs: list, attr: str) -> np.ndarray:
@@ -287,10 +287,18 @@ class TaskColumns:
         read      object  template 3's protos, rank and ids of run  object  (the same protos)
     """
 
-    def __init__(self, tasks: list, runs: list | tuple = ()):
+    def __init__(self, tasks: list, runs: list | tuple = (), program=None):
         self.tasks = tasks
         self.n = len(tasks)
         self.runs = runs
+        # the Program whose ``items`` are ``tasks``: a run whose tasks it has not made
+        # (Program.deferred) is read off its template and inputs, or made when a task's
+        # object is needed
+        self.program = program
+
+    def _task(self, tid: int):
+        t = self.tasks[tid]
+        return t if t is not None else self.program.task(tid)
 
     @cached_property
     def _layout(self) -> _RunLayout:
@@ -356,9 +364,19 @@ class TaskColumns:
         ``first + code - inputs`` for each of its template's dependency codes."""
         lay = self._layout
         inner = ~lay.p_reads_input[lay.proto]  # tasks of runs made from their template alone
-        own_ids, own_proto, own_run = lay.run_ids[inner], lay.proto[inner], lay.run_of[inner]
+        deferred = self.program.deferred if self.program is not None else {}
+        # runs whose tasks are not made: their tasks that read inputs are read off the
+        # template and the run's inputs (Program.deferred) too
+        if deferred:
+            run_deferred = np.zeros(len(self.runs), dtype=bool)
+            run_deferred[np.fromiter(deferred, np.int64, len(deferred))] = True
+            by_code = ~inner & run_deferred[lay.run_of]
+        else:
+            by_code = np.zeros(len(lay.run_ids), dtype=bool)
+        own = inner | by_code
+        own_ids, own_proto, own_run = lay.run_ids[own], lay.proto[own], lay.run_of[own]
         read_ids = lay.outside.copy()  # the others, read one by one
-        read_ids[lay.run_ids[~inner]] = True
+        read_ids[lay.run_ids[~own]] = True
         read_ids = np.flatnonzero(read_ids)
         tasks = self.tasks
         read = [tasks[i].deps for i in read_ids.tolist()]
@@ -371,9 +389,22 @@ class TaskColumns:
         flat[index_ranges(indptr, read_ids)] = np.fromiter(chain.from_iterable(read), np.int64,
                                                            int(counts[read_ids].sum()))
         if len(own_ids):
-            base = lay.run_first[own_run] - lay.p_inputs[own_proto]
-            flat[index_ranges(indptr, own_ids)] = (np.repeat(base, lay.p_n_deps[own_proto])
-                                                   + lay.p_codes[index_ranges(lay.p_code_ptr, own_proto)])
+            n_deps = lay.p_n_deps[own_proto]
+            codes = lay.p_codes[index_ranges(lay.p_code_ptr, own_proto)]
+            first = np.repeat(lay.run_first[own_run], n_deps)
+            n_inputs = np.repeat(lay.p_inputs[own_proto], n_deps)
+            values = first + codes - n_inputs  # a task of the run: first + code - inputs
+            named = codes < n_inputs  # an input of the run: inputs[code] (runs not made only)
+            if named.any():
+                runs = np.repeat(own_run, n_deps)[named]
+                used = unique(runs)
+                ptr = np.zeros(len(self.runs) + 1, dtype=np.int64)
+                ptr[used + 1] = [len(deferred[k][1]) for k in used.tolist()]
+                np.cumsum(ptr, out=ptr)
+                inputs = np.fromiter(chain.from_iterable(deferred[k][1] for k in used.tolist()), np.int64,
+                                     int(ptr[-1]))
+                values[named] = inputs[ptr[runs] + codes[named]]
+            flat[index_ranges(indptr, own_ids)] = values
         return indptr, flat
 
     @cached_property
@@ -398,7 +429,7 @@ class TaskColumns:
         ids = np.flatnonzero(self.n_members >= 2)
         if not len(ids):
             return out
-        comms = [self.tasks[i].comm for i in ids.tolist()]
+        comms = [self._task(i).comm for i in ids.tolist()]
         h = np.fromiter(map(hash, map(attrgetter("key"), comms)), np.int64, len(comms))
         _, first, inv, counts = np.unique(h, return_index=True, return_inverse=True, return_counts=True)
         group = first[inv]  # same hash: the first such communication's place, a provisional group

@@ -45,7 +45,7 @@ class PathTask(NamedTuple):
 
 def task_times(prog: Program, trace: Trace) -> tuple[list[float], list[float]]:
     """(start, end) of every task on its own rank and stream (-1 end: no span)."""
-    own = trace.columns().own_index(prog.tasks, trace.task_columns(prog.tasks, prog.runs)).tolist()
+    own = trace.columns().own_index(prog.items, trace.task_columns(prog.items, prog.runs, prog)).tolist()
     spans = trace.spans
     return ([spans[i].start_s if i >= 0 else 0.0 for i in own],
             [spans[i].end_s if i >= 0 else -1.0 for i in own])
@@ -53,11 +53,11 @@ def task_times(prog: Program, trace: Trace) -> tuple[list[float], list[float]]:
 
 def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     """The tasks that set the step time, first to last (see the module docstring)."""
-    tasks = prog.tasks
-    if not tasks or not trace.spans:
+    items = prog.items  # a run's tasks are made only for the path (Program.task)
+    if not items or not trace.spans:
         return []
-    cols, tc = trace.columns(), trace.task_columns(tasks, prog.runs)
-    own = cols.own_index(tasks, tc)
+    cols, tc = trace.columns(), trace.task_columns(items, prog.runs, prog)
+    own = cols.own_index(items, tc)
     end_a = np.where(own >= 0, cols.end_s[own], -1.0)  # -1: no span
     end = end_a.tolist()
     prev = tc.prev.tolist()
@@ -73,7 +73,7 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
 
     def own_cands(tid: int) -> list[int]:
         p = prev[tid]
-        return list(tasks[tid].deps) + ([p] if p >= 0 else [])
+        return list(prog.task(tid).deps) + ([p] if p >= 0 else [])
 
     def binding(i: int) -> tuple[float, int]:
         return end[i], -i
@@ -81,7 +81,7 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     cur = int(np.argmax(end_a))  # the latest end; the lowest id on ties
     path = [cur]
     while True:
-        t = tasks[cur]
+        t = prog.task(cur)
         cands = own_cands(cur)
         if t.comm is not None:
             for u in members.get(group_of[cur], ()):
@@ -97,7 +97,7 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     spans = trace.spans
     out = []
     for i in path:
-        t = tasks[i]
+        t = prog.task(i)
         j = int(own[i])
         start_s, end_s = (spans[j].start_s, spans[j].end_s) if j >= 0 else (0.0, -1.0)
         out.append(PathTask(i, t.rank, t.stream, t.name, t.kind, start_s, end_s, stage_of.get(t.rank, t.stage), t.mb,

@@ -90,7 +90,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
 
     Per group, sums run over its spans in the order rank by rank, span by span (left to right,
     as adding them one at a time); its example span and size are the first of the largest."""
-    tasks, w = prog.tasks, trace.weight
+    tasks, w = prog.items, trace.weight  # a run's tasks are made only where read (Program.task)
     world = sum(w.values()) or 1
     cols = trace.columns()
     spans = cols.spans
@@ -131,24 +131,24 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     # the communications on their own rank (a send, not its receive), for what shared a link
     tid = cols.tid
     mine = np.flatnonzero((cols.kind != cols.code("kind", "compute")) & (tid >= 0))
-    task_rank = trace.task_columns(tasks, prog.runs).rank
+    task_rank = trace.task_columns(tasks, prog.runs, prog).rank
     mine = mine[task_rank[tid[mine]] == cols.rank[mine]]  # an id past the tasks fails here
     for g in ranked[:top]:
         x, tid_, rank, a, b = g.pop("_best")
         entry = {**g, "exposed_s": g["exposed_s"] / world, "comm_s": g["comm_s"] / world,
                  "count_per_gpu": g["count_per_gpu"] / world,
                  "example": {"rank": rank, "start_s": a, "end_s": b, "exposed_s": x}}
-        t = tasks[tid_]
+        t = prog.task(tid_)
         if explainer is not None and cluster is not None and t.comm is not None:
             during = mine[(cols.start_s[mine] < b) & (cols.end_s[mine] > a)]
-            entry.update(_explain(t, explainer, cluster, [spans[i] for i in during.tolist()], a, b, tasks))
+            entry.update(_explain(t, explainer, cluster, [spans[i] for i in during.tolist()], a, b, prog.task))
         out.append(entry)
     return out
 
 
-def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, tasks) -> dict:
+def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, task) -> dict:
     """Algorithm, bottleneck link and what shared it; ``during``: the communications (on their
-    own ranks) that overlap the example span [a, b], in span order."""
+    own ranks) that overlap the example span [a, b], in span order; ``task``: task by id."""
     c = t.comm
     loads = ex.link_loads(c)
     algo = "point-to-point" if c.op == "send" else ex.algorithm(c)
@@ -163,7 +163,7 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
     crosses: dict[tuple, bool] = {}
     shared: dict[str, float] = {}
     for s in during:
-        o = tasks[s.tid].comm
+        o = task(s.tid).comm
         if o is None or o.key == c.key:
             continue
         shape = (o.op, o.group, o.twins, o.size_bytes)

@@ -135,13 +135,13 @@ def check_dependencies(program: Program, trace: Trace, cols: SpanColumns | None 
     """Every task has a span, and starts no earlier than each dependency ends (less the
     tolerance)."""
     c = _view(trace, cols)
-    tasks = program.tasks
-    tc = trace.task_columns(tasks, program.runs)
+    tasks = program.items  # a run's tasks are made only where a violation names one
+    tc = trace.task_columns(tasks, program.runs, program)
     own = c.own_index(tasks, tc)
     out = []
     missing = np.flatnonzero(own < 0)
     if len(missing):
-        t = tasks[int(missing[0])]
+        t = program.task(int(missing[0]))
         out.append(_v("dependency-order", f"{len(missing)} task(s) have no span, e.g. task {t.tid} "
                       f"{t.name!r} on rank {t.rank} stream {t.stream!r}", ()))
     indptr, flat = tc.deps
@@ -166,8 +166,8 @@ def check_collectives(program: Program, trace: Trace, cols: SpanColumns | None =
     """The members' spans of a collective (two or more simulated members) start and end with
     the first member's, within the tolerance."""
     c = _view(trace, cols)
-    tasks = program.tasks
-    tc = trace.task_columns(tasks, program.runs)
+    tasks = program.items  # a run's tasks are made only where a violation names one
+    tc = trace.task_columns(tasks, program.runs, program)
     rows = c.own_rows(tasks, tc)  # every span of a task on its own rank and stream
     t = c.tid[rows]
     group = tc.rendezvous[t]
@@ -185,7 +185,7 @@ def check_collectives(program: Program, trace: Trace, cols: SpanColumns | None =
     for f in sorted(bad_groups.tolist(), key=lambda f: rows[f]):  # collectives in order of appearance
         members = np.flatnonzero(first == f)
         s0 = c.spans[int(rows[f])]
-        key = tasks[s0.tid].comm.key
+        key = program.task(s0.tid).comm.key
         out.append(_v("collective-sync", f"members of collective {key!r} do not start and end together",
                       [s0, *(c.spans[int(rows[i])] for i in members[odd[members]])]))
     return out
@@ -242,8 +242,8 @@ def check_send_recv(program: Program, trace: Trace, cols: SpanColumns | None = N
     """Every send to a simulated receiver has a receive there with the same start, end and
     bytes (within the tolerance); every receive has a send."""
     c = _view(trace, cols)
-    tasks = program.tasks
-    tc = trace.task_columns(tasks, program.runs)
+    tasks = program.items  # a run's tasks are made only where a violation names one
+    tc = trace.task_columns(tasks, program.runs, program)
     tid = c.tid
     is_recv = c.is_in("stream", RECV_STREAMS)
     ok_tid = (tid >= 0) & (tid < len(tasks))

@@ -62,7 +62,7 @@ def _comm_tasks(prog: Program):
     of a template once, and those of a template's first run once for all its runs (every run
     of one template has communications of the same shapes, channels and streams,
     ``Program.runs``)."""
-    tasks = prog.tasks
+    tasks = prog.items  # a template's first run is made, not left to be made (lower._single_action)
     runs_of: dict[int, list] = {}
     pos = 0
     for _, first, end, tmpl in prog.runs:  # in task id order
@@ -89,7 +89,9 @@ def _stage_of(program: Program) -> dict[int, int]:
     found: dict[int, int] = {}
     want = set(program.ranks)
     left = len(want)
-    for t in reversed(program.tasks):
+    items = program.items
+    for tid in range(len(items) - 1, -1, -1):
+        t = items[tid] or program.task(tid)
         if t.stage >= 0 and t.rank not in found:
             found[t.rank] = t.stage
             if t.rank in want:
@@ -329,7 +331,7 @@ class Engine:
         # worked out ahead of the clock; only communications in the flow network wait for it
         # (see _Stream). Completion is no simpy event: the streams waiting for it are woken
         # by a direct call once the current callback is done (:meth:`_wake`).
-        self.end_s: list[float] = [-1.0] * len(program.tasks)
+        self.end_s: list[float] = [-1.0] * len(program.items)
         self.waiters: dict[int, list[_Stream]] = {}  # task id -> streams waiting for it, while they wait
         self._ready: deque[_Stream] = deque()
         self._waking = False
@@ -343,7 +345,7 @@ class Engine:
         self.forms: dict[tuple, SpanForm] = {}
         # task id -> the form of its own span where known before the run (tasks of templates:
         # one list of forms per template), else None
-        self._form_of: list[SpanForm | None] = [None] * len(program.tasks)
+        self._form_of: list[SpanForm | None] = [None] * len(program.items)
         self._recv_forms: dict[tuple, SpanForm] = {}  # (send's form, receiver, stage) -> the receive's
         self._rdv: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
@@ -605,7 +607,7 @@ class Engine:
         """Simulate the program; its trace. ``links``: with the trace's link use (``links``),
         else without it, for :meth:`link_use` to work out later (``simulate`` forks the
         writer of the report and the trace file first, which do not read it)."""
-        self._stream_of = [None] * len(self.prog.tasks)  # task id -> its stream, once created
+        self._stream_of = [None] * len(self.prog.items)  # task id -> its stream, once created
         # what every _Stream.step reads of the engine, fixed for the run: one tuple to unpack
         # instead of a dozen attribute reads per step (up to 190,000 steps)
         self._loop = (self.end_s, self.cluster.gpu_slowdown, self.spans.append, self.waiters.pop, self._ready.append,
@@ -874,18 +876,16 @@ class _Segment:
             vals += map(end_s.__getitem__, self.inputs)  # -1.0 for late inputs not known yet
             timed = self.timed.fn or self.timed.ready()
             if timed is not None and -1.0 not in vals:  # every input known: the template's own code
-                lo, hi = self.first, self.end
-                ends = timed(rank, self.mb, eng.prog.tasks[lo:hi], eng.spans.append, Span.of_form, vals)
+                lo = self.first
+                ends = timed(rank, self.mb, lo, eng.spans.append, Span.of_form, vals)
                 _settle(eng, lo, ends)
                 return ends[self.last - self.base]
         spans_append, of_form = eng.spans.append, Span.of_form
         first, mb, late, inputs = self.first, self.mb, self.late, self.inputs
         code = self.code
-        # the tasks, for their ids: the int objects they hold, not new ones per span
-        mine = eng.prog.tasks[first + pos:self.end]
         stopped = False
-        for check, (p0, rest, dur, form, logged), t in zip(late[pos:] if pos else late, code[pos:] if pos else code,
-                                                           mine):
+        for check, (p0, rest, dur, form, logged), tid in zip(late[pos:] if pos else late, code[pos:] if pos else code,
+                                                             range(first + pos, self.end)):
             if check:
                 for slot in check:
                     d = inputs[slot - 1]
@@ -906,7 +906,7 @@ class _Segment:
             vals.append(end)
             if logged is not None:  # the append of its communication's list of starts
                 logged(start)
-            spans_append(of_form(rank, form, start, end, mb, t.tid))
+            spans_append(of_form(rank, form, start, end, mb, tid))
         base = self.base
         _settle(eng, first + pos, vals[base + pos:])
         if stopped:
@@ -1028,13 +1028,12 @@ def _straight_code(code: tuple, base: int) -> Straight:
     maxima in the same order, with the slots as local variables and the durations, forms and
     logs as closure cells (Megatron-1T times 789,000 tasks this way)::
 
-        def timed(rank, mb, tasks, spans_append, of_form, vals):
-            t0, t1, ... = tasks
+        def timed(rank, mb, first, spans_append, of_form, vals):
             v0, v1, v2, ... = vals            # the inputs (v0: unused, 0.0)
             s = v1                            # task 0: its stream's previous end ...
             if v3 > s: s = v3                 # ... or a later dependency's end
             e0 = s + D0
-            spans_append(of_form(rank, F0, s, e0, mb, t0.tid))
+            spans_append(of_form(rank, F0, s, e0, mb, first))     # task ids: first, first + 1, ...
             ...
             return [e0, e1, ...]              # the tasks' ends
     """
@@ -1053,7 +1052,7 @@ def _write_straight(base: int, shape: tuple) -> tuple[list[str], str, list[str]]
     its duration, form and, if logged, its log), the signature, the body."""
     n = len(shape)
     slot = [f"v{i}" for i in range(base)] + [f"e{k}" for k in range(n)]
-    body = [f"{', '.join(f't{k}' for k in range(n))}, = tasks", f"{', '.join(slot[:base])}, = vals"]
+    body = [f"{', '.join(slot[:base])}, = vals"]
     cells: list[str] = []
     for k, (p0, rest, logged) in enumerate(shape):
         cells += [f"D{k}", f"F{k}"] + ([f"L{k}"] if logged else [])
@@ -1062,9 +1061,9 @@ def _write_straight(base: int, shape: tuple) -> tuple[list[str], str, list[str]]
         body.append(f"e{k} = s + D{k}")
         if logged:
             body.append(f"L{k}(s)")
-        body.append(f"spans_append(of_form(rank, F{k}, s, e{k}, mb, t{k}.tid))")
+        body.append(f"spans_append(of_form(rank, F{k}, s, e{k}, mb, {'first' if k == 0 else f'first + {k}'}))")
     body.append(f"return [{', '.join(f'e{k}' for k in range(n))}]")
-    return cells, "timed(rank, mb, tasks, spans_append, of_form, vals)", body
+    return cells, "timed(rank, mb, first, spans_append, of_form, vals)", body
 
 
 def _segment_plan(rank: int, hit: tuple | None) -> tuple | None:
@@ -1092,7 +1091,7 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
 
     One pass over the tasks outside segments; a segment costs a few lookups, whatever its
     length (Megatron-1T: 65,000 segments for 789,000 of its 854,000 tasks)."""
-    tasks = eng.prog.tasks
+    tasks = eng.prog.items
     out: dict[tuple[int, str], list] = {}
     last_of: dict[tuple[int, str], int] = {}  # (rank, stream) -> its last task so far
     moved: dict[tuple[int, str], int] = {}  # (rank, stream) -> its last task, run by a segment elsewhere
@@ -1113,7 +1112,8 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
             last_of[key] = t.tid
 
     pos = 0
-    for rank, first, end, tmpl in eng.prog.runs:  # in task id order
+    deferred = eng.prog.deferred  # runs whose tasks are not made (Program): read off the template
+    for k_run, (rank, first, end, tmpl) in enumerate(eng.prog.runs):  # in task id order
         plain(pos, first)
         pos = end
         key = (id(tmpl), rank)  # (a template is one rank's: the rank only keeps the keys right)
@@ -1121,21 +1121,30 @@ def _segmented(eng: Engine) -> dict[tuple[int, str], list]:
         if hit is False:
             forms_of[key] = [eng.form(eng._span_key(t, rank, t.stream, t.name)) for t in tasks[first:end]]
             hit = codes[key] = _segment_plan(rank, _segment_code(eng, tasks[first:end], forms_of[key]))
+        args = deferred.get(k_run)  # (microbatch, inputs) of a run whose tasks are not made
         inputs: list | None = None
         if hit is not None:
             inputs = []
             for k, j in hit[0]:  # (rank, stream): its last task so far; else (task, dep): that dep
-                d = last_of.get(k) if j < 0 else tasks[first + k].deps[j]
+                if j < 0:
+                    d = last_of.get(k)
+                elif args is None:
+                    d = tasks[first + k].deps[j]
+                else:  # the dependency the template's code names: an input, or a task of the run
+                    code = tmpl.protos[k][5][j]
+                    d = args[1][code] if code < tmpl.inputs else first + code - tmpl.inputs
                 if d is None:  # the stream's first task: the run is left to the stream loop
                     inputs = None
                     break
                 inputs.append(d)
         if inputs is None:  # no segment
+            if args is not None:
+                eng.prog.task(first)  # its tasks made now, in place
             form_of[first:end] = forms_of[key]
             plain(first, end)
             continue
         _, seg, ends, own = hit
-        segment = _Segment(tuple(inputs), seg, first, end, tasks[first].mb)
+        segment = _Segment(tuple(inputs), seg, first, end, tasks[first].mb if args is None else args[0])
         for k, rel in ends:  # each stream's last task in the run: the own stream's first
             entries = out.get(k)
             if entries is None:

@@ -386,7 +386,7 @@ def _add_comm(prog: Program, rank: int, spec: tuple, tag, deps: tuple, mb: int =
     """Append one instance of the communication ``spec`` (:func:`_comm_spec`); its task id."""
     op, size, group, twins, members, recv, channel, orbit, stream, kind, name, load = spec
     c = Comm(op, size, group, twins, members, (channel, orbit, tag), recv, load)
-    tasks = prog.tasks
+    tasks = prog.items
     tid = len(tasks)
     # positional, in Task's field order: the lowering creates one per task
     tasks.append(Task(tid, rank, stream, name, kind, 0.0, c, deps, mb, phase, stage, layer, 0.0, 0.0))
@@ -443,7 +443,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     gathered: dict = {}
     prev = None
     carried: tuple = ()  # overlapped communications of the previous block: this one waits for them
-    tasks = prog.tasks
+    tasks = prog.items
     keep_tids = _keeps_block_tids(low, kind, stage, mb)
     for i, (blk, name, pre, overlap, post) in enumerate(_block_plan(low, r, kind, blocks)):
         layer = blk.layer
@@ -547,7 +547,7 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
         return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
     key = (r, a.kind, a.stage, id(blocks), len(deps))
     tmpl = low.templates.get(key)
-    tasks = prog.tasks
+    tasks = prog.items
     first = len(tasks)
     if tmpl is None:
         end = _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
@@ -557,34 +557,33 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
         return end
     if not tmpl:
         return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
-    _instantiate(tasks, tmpl, r, a.mb, deps)
-    prog.runs.append((r, first, len(tasks), tmpl))
+    if len(deps) != tmpl.inputs:
+        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(deps)}")
+    # its tasks are made only if asked for (Program.task): the engine and the analysis read
+    # the run off its template, its rank, microbatch, inputs and ids
+    last = prog.defer_run(r, tmpl, a.mb, deps)
     if _keeps_block_tids(low, a.kind, a.stage, a.mb):
         for i, rel in tmpl.computes:
             low.bwd_tid[(r, a.stage, a.mb, i)] = first + rel
     if tmpl.last_compute >= 0:
         low.last_compute[r] = first + tmpl.last_compute
-    return len(tasks) - 1
+    return last
 
 
-def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps) -> None:
-    """Append the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r``, with inputs ``deps``:
-    by the template's own written-out function once it has one (:func:`_maker`), else task by
-    task from its protos."""
-    if len(deps) != tmpl.inputs:
-        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(deps)}")
+def _make(add, tmpl: ActionTemplate, r: int, mb: int, deps, tid: int) -> None:
+    """Add (``add``) the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r`` with inputs
+    ``deps``, ids from ``tid`` on (``Program.maker``, :func:`_instantiate`)."""
     straight = tmpl.straight
     if straight is None:
         straight = tmpl.straight = _maker(tmpl)
     made = straight.fn or straight.ready()
     if made is not None:
-        made(tasks.append, r, mb, deps, len(tasks))
+        made(add, r, mb, deps, tid)
         return
     refs = list(deps)  # what the dependency codes name: the inputs, then the tasks' ids as made
-    add_ref, add = refs.append, tasks.append
-    tid = len(tasks)  # each id one int object, shared by the task and the deps naming it
+    add_ref = refs.append
     for spec, stream, name, kind, dur, code, phase, stage, layer, flops, model_flops in tmpl.protos:
-        add_ref(tid)
+        add_ref(tid)  # each id one int object, shared by the task and the deps naming it
         d = (refs[code[0]],) if len(code) == 1 else tuple(map(refs.__getitem__, code))
         if spec is None:
             # positional, in Task's field order
@@ -594,6 +593,15 @@ def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps)
             c = Comm(op, size, group, twins, members, (channel, orbit, (*head, mb, *tail)), recv, load)
             add(Task(tid, r, stream, name, kind, 0.0, c, d, mb, phase, stage, layer, 0.0, 0.0))
         tid += 1
+
+
+def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps) -> None:
+    """Append the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r``, with inputs ``deps``:
+    by the template's own written-out function once it has one (:func:`_maker`), else task by
+    task from its protos (:func:`_make`)."""
+    if len(deps) != tmpl.inputs:
+        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(deps)}")
+    _make(tasks.append, tmpl, r, mb, deps, len(tasks))
 
 
 def _maker(tmpl: ActionTemplate) -> Straight:
@@ -961,7 +969,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True)
 
 
 def run_passes(low: Lowering) -> Program:
-    prog = Program(ranks=low.sym.ranks, weight=low.sym.weight)
+    prog = Program(ranks=low.sym.ranks, weight=low.sym.weight, maker=_make)
     for p in (pipeline_pass, dp_grad_pass, optimizer_pass):
         prog = p(prog, low)
     return prog

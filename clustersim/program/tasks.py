@@ -12,6 +12,7 @@ its dependencies (on any stream, any rank) are done::
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 
@@ -84,7 +85,7 @@ class ActionTemplate:
         return len(self.protos)
 
 
-@dataclass
+@dataclass(eq=False)
 class Program:
     """All tasks of one training step, for the simulated ranks only.
 
@@ -97,16 +98,75 @@ class Program:
     (``engine.sim._Segment``), and the analysis reads the runs' tasks off their templates
     (``analysis.columns.TaskColumns``): a program edited by hand keeps its runs' tasks as the
     templates made them, or empties ``runs``.
+
+    A run's tasks need not exist as objects: the lowering leaves most runs' tasks to be made
+    from their template when first asked for (``deferred``: run index -> (microbatch, inputs)),
+    since the engine and the analysis read a run off its template and its task ids; ``items``
+    holds each task by id, None for one not made yet. :attr:`tasks` makes them all;
+    :meth:`task` makes one run's::
+
+        items     [send][None None None ... ][send][None ...]    deferred {1: (mb, inputs), ...}
+        tasks     [send][F attn L0 | AR ... ][send][F attn ...]  made from templates on first ask
     """
 
     ranks: list[int]
     weight: dict[int, int]
-    tasks: list[Task] = field(default_factory=list)
     runs: list[tuple] = field(default_factory=list)
+    items: list = field(default_factory=list, repr=False)
+    deferred: dict[int, tuple] = field(default_factory=dict, repr=False)
+    # makes a run's tasks: maker(add, template, rank, mb, inputs, first id) (the lowering's)
+    maker: object = field(default=None, repr=False)
+
+    @property
+    def tasks(self) -> list[Task]:
+        """Every task, by id: the runs' left to be made are made now (once)."""
+        if self.deferred:
+            for k in list(self.deferred):
+                self._make_run(k)
+        return self.items
+
+    def task(self, tid: int) -> Task:
+        """Task ``tid``, its run made now if it was left to be made."""
+        t = self.items[tid]
+        if t is None:
+            self._make_run(self.run_of(tid))
+            t = self.items[tid]
+        return t
+
+    def run_of(self, tid: int) -> int:
+        """The index in ``runs`` of the run that holds task ``tid`` (it must be in one)."""
+        firsts = self._firsts()
+        k = bisect_right(firsts, tid) - 1
+        if k < 0 or not self.runs[k][1] <= tid < self.runs[k][2]:
+            raise IndexError(f"task {tid} is in no run")
+        return k
+
+    def _firsts(self) -> list[int]:
+        cached = self.__dict__.get("_firsts_of")
+        if cached is None or len(cached) != len(self.runs):
+            cached = self.__dict__["_firsts_of"] = [r[1] for r in self.runs]
+        return cached
+
+    def defer_run(self, rank: int, tmpl: ActionTemplate, mb: int, inputs: tuple) -> int:
+        """Add a run of ``tmpl`` for microbatch ``mb`` with ``inputs`` whose tasks are made
+        when first asked for; the id of its last task."""
+        first = len(self.items)
+        self.items.extend([None] * len(tmpl))
+        self.runs.append((rank, first, len(self.items), tmpl))
+        self.deferred[len(self.runs) - 1] = (mb, tuple(inputs))
+        return len(self.items) - 1
+
+    def _make_run(self, k: int) -> None:
+        """Make run ``k``'s tasks from its template, in place."""
+        mb, inputs = self.deferred.pop(k)
+        rank, first, end, tmpl = self.runs[k]
+        made: list[Task] = []
+        self.maker(made.append, tmpl, rank, mb, inputs, first)
+        self.items[first:end] = made
 
     def add(self, **kw) -> Task:
-        t = Task(tid=len(self.tasks), **kw)
-        self.tasks.append(t)
+        t = Task(tid=len(self.items), **kw)
+        self.items.append(t)
         return t
 
     def streams(self) -> dict[tuple[int, str], list[int]]:
