@@ -26,8 +26,8 @@ def bench(path: Path) -> str:
     summary = summarize(sc, low, trace, prog, engine)
     t3 = time.perf_counter()
     return (f"{path.stem:<28} {sc.mesh.world_size:>5} GPUs {len(prog.ranks):>3} sim ranks "
-            f"{len(prog.tasks):>8,} tasks  lower {t1 - t0:6.2f} s  engine {t2 - t1:6.2f} s "
-            f"({len(prog.tasks) / (t2 - t1):>8,.0f} tasks/s)  analysis {t3 - t2:5.2f} s  "
+            f"{len(prog.items):>8,} tasks  lower {t1 - t0:6.2f} s  engine {t2 - t1:6.2f} s "
+            f"({len(prog.items) / (t2 - t1):>8,.0f} tasks/s)  analysis {t3 - t2:5.2f} s  "
             f"step {summary['step_time_s']:.4g} s")
 
 
