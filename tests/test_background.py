@@ -38,7 +38,7 @@ def _spy_writers(monkeypatch) -> list:
         seen.append([w, None])
         return w
 
-    def spy_finish(self, summary, trace=None):
+    def spy_finish(self, summary, trace):
         ok = finish(self, summary, trace)
         seen[-1][1] = ok
         return ok

@@ -773,9 +773,7 @@ class FlowNetwork:
         self._next_id += 1
         self._comps[cid] = [t]
         self._edge_comp.update(dict.fromkeys(t.edges, cid))
-        # _end_ahead, inline (a new component has no finish time to drop)
-        heapq.heappush(self.env._queue, (t.next_s, _NORMAL, next(self.env._eid),
-                                         _At([lambda _e, ahead=t.ahead: self._ended_ahead(cid, t, ahead)])))
+        self._end_ahead(cid, t)
 
     def _end_ahead(self, cid: int, t: _Transfer) -> None:
         """Queue the end of ``t``, alone in component ``cid`` and worked out to its last flow:

@@ -517,7 +517,7 @@ class Engine:
         """Start ``c`` in the flow network at ``at_s`` (default: now; queued if later); the
         event returned fires when its last phase ends, or ``on_done`` is called then (see
         :meth:`FlowNetwork.transfer`)."""
-        fast = (c.op, id(c.group), id(c.twins), c.size_bytes, id(c.load))  # _shape_id, inline
+        fast = _shape_id(c)
         hit = self._start_of.get(fast)
         if hit is None:
             hit = self._start_of[fast] = (self._plan(c), self._full_plan(c))
@@ -1263,11 +1263,7 @@ class _Stream:
                 if dur < 0.0 or len(c.members) > 1 or c.recv_rank >= 0:
                     self.i, self.free_s = i, free
                     if dur < 0.0:  # the flow network times it
-                        if len(c.members) == 1:  # queued to begin at start (_start_flow, inline)
-                            self.start_s, self.rdv = start, None
-                            eng._start_comm(c, stream, start, on_done=self.finish)
-                        else:
-                            self._start_flow(t, c, start)
+                        self._start_flow(t, c, start)
                         return
                     if not self._fixed_comm(c, start, dur):
                         return  # waiting for the other members

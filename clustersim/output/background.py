@@ -33,6 +33,7 @@ report.
 from __future__ import annotations
 
 import fcntl
+import functools
 import mmap
 import os
 import pickle
@@ -101,24 +102,25 @@ class Share:
         (the next byte on the pipe), without waiting."""
         return bool(select.select([self.signals], [], [], 0)[0])
 
-    def signal(self, expected: bytes) -> None:
-        """In the writer: wait for the parent's next signal; leave (exit code 1) if the pipe
-        says anything else, or closes (the parent failed)."""
-        if os.read(self.signals, 1) != expected:
-            raise SystemExit(1)
-
     def summary(self) -> dict[str, Any]:
-        self.signal(b"s")
-        return pickle.loads((self.folder / SUMMARY_FILE).read_bytes())
+        return _receive(self.signals, b"s", self.folder / SUMMARY_FILE)
 
     def parents_pieces(self) -> dict[int, tuple]:
-        self.signal(b"p")
-        return pickle.loads((self.folder / PIECES_FILE).read_bytes())
+        return _receive(self.signals, b"p", self.folder / PIECES_FILE)
 
     def close(self) -> None:
         self.counters.close()
         os.close(self.fd)
         (self.folder / CLAIMS_FILE).unlink(missing_ok=True)
+
+
+def _receive(signals: int, expected: bytes, path: Path):
+    """In the writer: wait for the parent's byte ``expected`` on the pipe ``signals``, then
+    read the pickle file ``path`` it says is there; leave (exit code 1) if the pipe says
+    anything else, or closes (the parent failed)."""
+    if os.read(signals, 1) != expected:
+        raise SystemExit(1)
+    return pickle.loads(path.read_bytes())
 
 
 def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file: bool,
@@ -207,10 +209,9 @@ class Writer:
         except OSError:  # the child is gone already
             pass
 
-    def finish(self, summary: dict[str, Any], trace: Trace | None = None) -> bool:
+    def finish(self, summary: dict[str, Any], trace: Trace) -> bool:
         """Give the child the summary, compress pieces of ``trace``'s file from the back until
-        the child has taken the rest (none without ``trace``: the child then takes them all),
-        and wait for it; True if it wrote its files."""
+        the child has taken the rest, and wait for it; True if it wrote its files."""
         summary_path, pieces_path = self.folder / SUMMARY_FILE, self.folder / PIECES_FILE
         try:
             data = pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)
@@ -221,7 +222,7 @@ class Writer:
         self._signal(b"s")
         if self.share is not None:
             try:
-                mine = self._take_pieces(trace) if trace is not None else {}
+                mine = self._take_pieces(trace)
                 pieces_path.write_bytes(pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception:  # noqa: BLE001 - the child waits for these: stop it, write here
                 self.cancel()
@@ -314,10 +315,7 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
             os.write(links_w, b"l")
             os.close(links_w)
         if share is None:
-            def summary() -> dict[str, Any]:
-                if os.read(read_fd, 1) != b"s":  # the parent closed the pipe: it failed
-                    raise SystemExit(1)
-                return pickle.loads((folder / SUMMARY_FILE).read_bytes())
+            summary = functools.partial(_receive, read_fd, b"s", folder / SUMMARY_FILE)
         else:
             share.signals = read_fd
             summary = share.summary

@@ -572,7 +572,9 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
 
 def _make(add, tmpl: ActionTemplate, r: int, mb: int, deps, tid: int) -> None:
     """Add (``add``) the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r`` with inputs
-    ``deps``, ids from ``tid`` on (``Program.maker``, :func:`_instantiate`)."""
+    ``deps``, ids from ``tid`` on (``Program.maker``; :func:`_template_of`'s check): by the
+    template's own written-out function once it has one (:func:`_maker`), else task by task
+    from its protos."""
     straight = tmpl.straight
     if straight is None:
         straight = tmpl.straight = _maker(tmpl)
@@ -595,17 +597,8 @@ def _make(add, tmpl: ActionTemplate, r: int, mb: int, deps, tid: int) -> None:
         tid += 1
 
 
-def _instantiate(tasks: list[Task], tmpl: ActionTemplate, r: int, mb: int, deps) -> None:
-    """Append the tasks of ``tmpl`` for microbatch ``mb`` of rank ``r``, with inputs ``deps``:
-    by the template's own written-out function once it has one (:func:`_maker`), else task by
-    task from its protos (:func:`_make`)."""
-    if len(deps) != tmpl.inputs:
-        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(deps)}")
-    _make(tasks.append, tmpl, r, mb, deps, len(tasks))
-
-
 def _maker(tmpl: ActionTemplate) -> Straight:
-    """The function that appends ``tmpl``'s tasks as :func:`_instantiate`'s loop does, written
+    """The function that appends ``tmpl``'s tasks as :func:`_make`'s loop does, written
     out task by task once the template has been used enough (:mod:`clustersim.codegen`)::
 
         def made(add, r, mb, inputs, tid):
@@ -685,9 +678,9 @@ def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate
         protos.append((spec, t.stream, t.name, t.kind, t.duration_s, tuple(code), t.phase, t.stage, t.layer,
                        t.flops, t.model_flops))
     tmpl = ActionTemplate(tuple(protos), tuple(computes), computes[-1][1] if computes else -1, len(deps))
-    again: list[Task] = [None] * first  # type: ignore[list-item]
-    _instantiate(again, tmpl, made[0].rank, mb, deps)
-    for t, u in zip(made, again[first:]):
+    again: list[Task] = []
+    _make(again.append, tmpl, made[0].rank, mb, deps, first)
+    for t, u in zip(made, again):
         if _task_fields(t) != _task_fields(u) or (t.comm is None) != (u.comm is None) or (
                 t.comm is not None and _comm_fields(t.comm) != _comm_fields(u.comm)):
             return None
