@@ -147,7 +147,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                      "gpus_per_node": sc.topology.node.gpus},
         "simulation": {"network": sc.cfg.simulation.network,
                        "collapse_symmetric": len(trace.ranks) < world,
-                       "simulated_ranks": len(trace.ranks), "spans": len(trace.spans),
+                       "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
                        "collective_algorithms": trace.algorithms},
     }
     if links is not None:

@@ -5,10 +5,10 @@ Everything downstream — metrics, report, Perfetto — is derived from these sp
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import count
-from operator import attrgetter
+from itertools import chain, compress, count, repeat
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -252,9 +252,14 @@ class SpanBase:
     """What sorting the spans reads from each of them, kept as columns for the readers after
     it (the summary's and the invariant checks' :class:`~clustersim.analysis.columns.SpanColumns`,
     the report's and the trace file's display order): row i is ``spans[i]``. A snapshot of the
-    list ``spans``, as the columnar views are: spans changed in place later are not seen."""
+    list ``spans``, as the columnar views are: spans changed in place later are not seen.
 
-    spans: list  # the list described (identity and length tell whether it still is)
+    Made from the engine's records (:meth:`of_log`) it holds no span objects at first
+    (``spans`` None): the columns are the spans, and :meth:`make_spans` makes the objects
+    when a reader asks for them (a 1T-parameter step has 918,852; making and reading them
+    back cost about a second, and the summary, the report and the trace file read columns)."""
+
+    spans: list | None  # the list described (identity and length tell whether it still is); None: not made
     rank: np.ndarray  # int64
     stream: np.ndarray  # int32 codes, in the sorted order of stream_names (text_codes)
     stream_names: list[str]
@@ -276,17 +281,161 @@ class SpanBase:
                    np.fromiter(map(attrgetter("tid"), spans), np.int64, n),
                    np.fromiter(map(attrgetter("mb"), spans), np.int64, n), form, forms)
 
+    @classmethod
+    def of_log(cls, log: list) -> SpanBase:
+        """The columns of the spans ``log`` records, in its order, without making them. An
+        entry is a :class:`Span`, or a run of spans as one record::
+
+            (first, rank, mb, forms, starts, ends)   spans i = 0, 1, ...: task first + i
+                                                     on rank, microbatch mb, form forms[i],
+                                                     from starts[i] to ends[i]
+
+        (the engine times a run of a template in one go: clustersim.engine.sim._Segment).
+        The forms are numbered in order of first appearance, as :func:`form_codes` numbers
+        them over the spans written out. Times are kept as Python floats: a record holding
+        any other number (an ``int`` 0) is written out as spans, which keep it."""
+        is_run = np.fromiter(map(tuple.__instancecheck__, log), bool, len(log))
+        if not is_run.any():
+            return cls.of(log)
+        runs = list(compress(log, is_run.tolist()))
+        objs = list(compress(log, (~is_run).tolist()))
+        m = len(objs)
+        # each entry's key, its forms: a run's tuple of them, a span's own (one)
+        key_id = np.empty(len(log), dtype=np.int64)
+        key_id[is_run] = np.fromiter(map(id, map(itemgetter(3), runs)), np.int64, len(runs))
+        key_id[~is_run] = np.fromiter(map(id, map(attrgetter("form"), objs)), np.int64, m)
+        firsts: dict[int, int] = {}  # id(key) -> the first entry that has it
+        first_of = np.fromiter(map(firsts.setdefault, key_id.tolist(), count()), np.int64, len(log))
+        # the forms numbered as they first appear, key by key in order of first appearance
+        # (a key's forms appear first where it does, or earlier)
+        code_of: dict[int, int] = {}  # id(form) -> code
+        forms: list[SpanForm] = []
+        flat: list[int] = []  # each key's forms' codes, key after key
+        key_at = np.empty(len(firsts), dtype=np.int64)  # where each key's codes begin in flat
+        key_len = np.empty(len(firsts), dtype=np.int64)
+        for k, i in enumerate(firsts.values()):
+            fs = log[i][3] if is_run[i] else log[i].form
+            key_at[k], key_len[k] = len(flat), len(fs) if type(fs) is tuple else 1
+            for f in fs if type(fs) is tuple else (fs,):
+                c = code_of.get(id(f))
+                if c is None:
+                    c = code_of[id(f)] = len(forms)
+                    forms.append(f)
+                flat.append(c)
+        ordinal = np.empty(len(log), dtype=np.int64)
+        ordinal[list(firsts.values())] = np.arange(len(firsts))
+        key = ordinal[first_of]  # each entry's key, numbered
+        counts = key_len[key]
+        at = np.cumsum(counts) - counts  # where each entry's first span goes
+        n = int(counts.sum())
+        within_all = np.arange(n, dtype=np.int64) - np.repeat(at, counts)
+        form = np.array(flat, dtype=np.int32)[np.repeat(key_at[key], counts) + within_all]
+        run_n = counts[is_run]
+        obj_at = at[~is_run]
+        rank = np.empty(n, dtype=np.int64)
+        tid = np.empty(n, dtype=np.int64)
+        mb = np.empty(n, dtype=np.int64)
+        start = np.empty(n, dtype=np.float64)
+        end = np.empty(n, dtype=np.float64)
+        rank[obj_at] = np.fromiter(map(attrgetter("rank"), objs), np.int64, m)
+        tid[obj_at] = np.fromiter(map(attrgetter("tid"), objs), np.int64, m)
+        mb[obj_at] = np.fromiter(map(attrgetter("mb"), objs), np.int64, m)
+        start[obj_at] = np.fromiter(map(attrgetter("start_s"), objs), np.float64, m)
+        end[obj_at] = np.fromiter(map(attrgetter("end_s"), objs), np.float64, m)
+        pos = np.flatnonzero(np.repeat(is_run, counts))  # the runs' rows
+        within = within_all[pos]
+        tid[pos] = np.repeat(np.fromiter(map(itemgetter(0), runs), np.int64, len(runs)), run_n) + within
+        rank[pos] = np.repeat(np.fromiter(map(itemgetter(1), runs), np.int64, len(runs)), run_n)
+        mb[pos] = np.repeat(np.fromiter(map(itemgetter(2), runs), np.int64, len(runs)), run_n)
+        start[pos] = np.fromiter(chain.from_iterable(map(itemgetter(4), runs)), np.float64, n - m)
+        end[pos] = np.fromiter(chain.from_iterable(map(itemgetter(5), runs)), np.float64, n - m)
+        # a time held as another number than a float (an int 0: simpy's clock before it
+        # moves) would read back as a float: such a log is written out as spans, which keep it
+        zero = np.flatnonzero((start == 0.0) | (end == 0.0)).tolist()
+        for i in zero:
+            k = int(np.searchsorted(at, i, side="right")) - 1  # the entry that row i is of
+            entry = log[k]
+            if type(entry) is tuple:
+                held = (entry[4][i - int(at[k])], entry[5][i - int(at[k])])
+            else:
+                held = (entry.start_s, entry.end_s)
+            if type(held[0]) is not float or type(held[1]) is not float:
+                return cls.of(list(chain.from_iterable(map(_written_out, log))))
+        stream, names = form_text(forms, form, "stream")
+        return cls(None, rank, stream, names, start, end, tid, mb, form, forms)
+
+    def span(self, i: int) -> Span:
+        """Row ``i`` as a span: the list's own once made, else a new one made from the row."""
+        if self.spans is not None:
+            return self.spans[i]
+        return Span.of_form(int(self.rank[i]), self.forms[self.form[i]], float(self.start_s[i]),
+                            float(self.end_s[i]), int(self.mb[i]), int(self.tid[i]))
+
+    def make_spans(self) -> list:
+        """The spans, made once from the rows (:attr:`spans` from then on)."""
+        if self.spans is None:
+            forms = self.forms
+            spans = list(map(Span.of_form, self.rank.tolist(), map(forms.__getitem__, self.form.tolist()),
+                             self.start_s.tolist(), self.end_s.tolist(), self.mb.tolist(), self.tid.tolist()))
+            object.__setattr__(self, "spans", spans)
+        return self.spans
+
     def sorted(self) -> SpanBase:
         """The spans by rank, start, end and stream name (stable: ties keep their order), as
         ``sorted(spans, key=attrgetter("rank", "start_s", "end_s", "stream"))`` orders them,
         with their columns."""
         order, _ = grouped_order(self.rank, self.stream, self.end_s, self.start_s)  # rank by rank: in cache
-        spans = list(map(self.spans.__getitem__, order.tolist()))
+        spans = None if self.spans is None else list(map(self.spans.__getitem__, order.tolist()))
         return SpanBase(spans, self.rank[order], self.stream[order], self.stream_names, self.start_s[order],
                         self.end_s[order], self.tid[order], self.mb[order], self.form[order], self.forms)
 
     def describes(self, spans: list) -> bool:
         return self.spans is spans and len(spans) == len(self.rank)
+
+
+def _written_out(entry) -> list[Span]:
+    """The spans of one entry of the engine's records (:meth:`SpanBase.of_log`)."""
+    if type(entry) is not tuple:
+        return [entry]
+    first, rank, mb, forms, starts, ends = entry
+    return list(map(Span.of_form, repeat(rank), forms, starts, ends, repeat(mb), count(first)))
+
+
+def span_times(spans: Sequence[Span], rows: list[int]) -> tuple[list, list]:
+    """(starts, ends) of the spans ``rows`` of ``spans``, as the spans hold them: off the
+    columns of a :class:`SpanRows` view (whose spans are made from them), else off the spans."""
+    if isinstance(spans, SpanRows):
+        at = np.asarray(rows, dtype=np.int64)
+        if spans.rows is not None:
+            at = spans.rows[at]
+        return spans.base.start_s[at].tolist(), spans.base.end_s[at].tolist()
+    return [spans[i].start_s for i in rows], [spans[i].end_s for i in rows]
+
+
+class SpanRows(Sequence):
+    """Rows of a :class:`SpanBase` read as spans, each made when asked for and not kept
+    (``rows``: those rows, in that order; None: all): what the analysis's columnar views hold
+    for the odd span they name (an example in a message, a sample's time), while the spans
+    are not made. Read-only: edit ``Trace.spans``, which makes them."""
+
+    def __init__(self, base: SpanBase, rows: np.ndarray | None = None):
+        self.base, self.rows = base, rows
+
+    def __len__(self) -> int:
+        return len(self.base.rank) if self.rows is None else len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.base.span(int(i) if self.rows is None else int(self.rows[i]))
+
+    def take(self, rows: np.ndarray) -> SpanRows:
+        """These rows of the view (a view of the same base)."""
+        return SpanRows(self.base, rows if self.rows is None else self.rows[rows])
 
 
 @dataclass(slots=True)  # read-only by convention: frozen instances cost 4x to create (a step has up to 26,000)
@@ -305,9 +454,14 @@ class LinkUse:
 
 @dataclass
 class Trace:
-    """Spans of the simulated ranks; ``weight[r]`` real ranks behave like simulated rank r."""
+    """Spans of the simulated ranks; ``weight[r]`` real ranks behave like simulated rank r.
 
-    spans: list[Span]
+    The engine hands over its spans as columns (:attr:`base`, with ``spans=None``): the span
+    objects are made the first time ``spans`` is read. Readers that go over every span read
+    the columns (:meth:`columns`, :meth:`forms`, :meth:`mbs`), or :meth:`span_rows` for a few
+    of them, and leave the objects unmade; :attr:`n_spans` counts them either way."""
+
+    spans: list[Span] | None
     ranks: list[int]
     weight: dict[int, int]
     stage_of: dict[int, int] = field(default_factory=dict)
@@ -324,7 +478,26 @@ class Trace:
 
     @property
     def end_s(self) -> float:
+        b = self.current_base()
+        if b is not None:
+            return float(b.end_s.max()) if len(b.end_s) else 0.0
         return max((s.end_s for s in self.spans), default=0.0)
+
+    @property
+    def n_spans(self) -> int:
+        """How many spans there are (without making them)."""
+        return len(self._spans) if self._spans is not None else len(self._base.rank) if self._base is not None else 0
+
+    def span_rows(self) -> Sequence[Span]:
+        """The spans as a sequence, without making them all: the list once made, else a
+        read-only view of the engine's columns (:class:`SpanRows`) whose items are made when
+        read. The same object while the spans stay the same (caches key on it)."""
+        if self._spans is not None or self._base is None:
+            return self.spans
+        rows = self._rows
+        if rows is None or rows.base is not self._base:
+            rows = self._rows = SpanRows(self._base)
+        return rows
 
     def own_spans(self, tasks) -> dict[int, Span]:
         """Task id -> the span the task left on its own rank and stream (a send's receive,
@@ -341,7 +514,7 @@ class Trace:
     def by_rank(self) -> dict[int, list[Span]]:
         """Spans per simulated rank (remembered while the span list stays the same list of
         the same length; the analysis asks several times)."""
-        key = (id(self.spans), len(self.spans))
+        key = (id(self.spans), len(self.spans))  # made: a reader of every span object
         if self._by_rank is not None and self._by_rank[0] == key:
             return self._by_rank[1]
         out: dict[int, list[Span]] = {r: [] for r in self.ranks}
@@ -377,10 +550,11 @@ class Trace:
         (:attr:`base`) while they describe the list. A snapshot: spans changed in place
         afterwards are not seen until :meth:`spans_edited` is called."""
         c = self._columns
-        if c is None or c.spans is not self.spans or c.n != len(self.spans) or c.ranks != self.ranks:
+        spans = self.span_rows()
+        if c is None or c.spans is not spans or c.n != len(spans) or c.ranks != self.ranks:
             from .analysis.columns import SpanColumns
 
-            c = self._columns = SpanColumns(self.spans, self.ranks)
+            c = self._columns = SpanColumns(spans, self.ranks)
             b = self.current_base()
             if b is not None:  # read once already
                 c.__dict__.update(rank=b.rank, tid=b.tid, mb=b.mb, start_s=b.start_s, end_s=b.end_s,
@@ -389,8 +563,8 @@ class Trace:
 
     def current_base(self) -> SpanBase | None:
         """The engine's columns (:attr:`base`) while they describe the span list, else None."""
-        b = self.base
-        return b if b is not None and b.describes(self.spans) else None
+        b = self._base
+        return b if b is not None and (self._spans is None or b.describes(self._spans)) else None
 
     def drop_columns(self, tasks: bool = False) -> None:
         """Forget the columnar view of the spans (and with ``tasks``, of the tasks) and the
@@ -421,3 +595,30 @@ class Trace:
 
             c = self._task_columns = TaskColumns(tasks, runs, program)
         return c
+
+
+def _get_spans(self: Trace) -> list[Span]:
+    if self._spans is None:
+        self._spans = self._base.make_spans() if self._base is not None else []
+    return self._spans
+
+
+def _set_spans(self: Trace, spans: list[Span] | None) -> None:
+    self._spans = spans
+
+
+def _get_base(self: Trace) -> SpanBase | None:
+    return self._base
+
+
+def _set_base(self: Trace, base: SpanBase | None) -> None:
+    if base is None and getattr(self, "_spans", ...) is None and getattr(self, "_base", None) is not None:
+        self._spans = self._base.make_spans()  # the columns were the spans: make them before they go
+    self._base = base
+
+
+# ``Trace(spans=None, base=...)`` holds the columns only; reading ``spans`` makes the objects
+# once (:meth:`SpanBase.make_spans`); dropping ``base`` first makes them too
+Trace.spans = property(_get_spans, _set_spans, doc="The spans (made from :attr:`base` when first read).")
+Trace.base = property(_get_base, _set_base, doc="The columns the engine read or made the spans from (SpanBase).")
+Trace._rows = None  # the SpanRows view span_rows hands out, while the spans are not made

@@ -441,6 +441,119 @@ def test_span_base_sorts_as_pythons_stable_sort_and_keeps_the_columns():
     assert base.stream_names == sorted(base.stream_names)
 
 
+def _log_of_runs(seed: int) -> list:
+    """A random engine log: spans and run records (SpanBase.of_log) over a few shared forms,
+    runs of three templates whose forms the spans also use, first appearances interleaved."""
+    from clustersim.trace import Span, SpanForm
+
+    rng = np.random.default_rng(seed)
+    forms = [SpanForm(st, f"t{k}", "compute" if st == "compute" else "tp", layer=k)
+             for k, st in enumerate(["compute", "tp", "compute", "pp_fwd_send", "tp", "compute"])]
+    templates = [tuple(forms[i] for i in idx) for idx in ([2, 1, 2], [5, 0], [4, 3, 4, 1])]
+    log, tid = [], 0
+    for _ in range(400):
+        rank, mb = int(rng.integers(0, 3)), int(rng.integers(-1, 4))
+        start = float(rng.integers(0, 40)) / 8
+        if rng.random() < 0.4:
+            log.append(Span.of_form(rank, forms[int(rng.integers(0, len(forms)))], start,
+                                    start + float(rng.choice([0.0, 0.125])), mb, tid))
+            tid += 1
+        else:
+            fs = templates[int(rng.integers(0, len(templates)))]
+            starts = [start + i / 8 for i in range(len(fs))]
+            ends = [s + float(rng.choice([0.0, 0.25])) for s in starts]
+            log.append((tid, rank, mb, fs, starts, ends))
+            tid += len(fs)
+    return log
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_log_of_runs_reads_as_its_spans_written_out(seed):
+    """SpanBase.of_log gives the columns of the spans the log stands for, forms numbered in
+    order of first appearance as form_codes numbers them, without making the spans; made,
+    they are those spans; sorted, the same order as the spans sorted."""
+    from clustersim.trace import SpanBase, _written_out
+
+    log = _log_of_runs(seed)
+    spans = [s for x in log for s in _written_out(x)]
+    got, want = SpanBase.of_log(log), SpanBase.of(spans)
+    assert got.spans is None
+    for attr in ("rank", "stream", "start_s", "end_s", "tid", "mb", "form"):
+        a, b = getattr(got, attr), getattr(want, attr)
+        assert a.dtype == b.dtype and np.array_equal(a, b), attr
+    assert got.stream_names == want.stream_names and all(f is g for f, g in zip(got.forms, want.forms))
+    assert len(got.forms) == len(want.forms)
+    assert got.make_spans() == spans and got.spans is got.make_spans()
+    g, w = SpanBase.of_log(log).sorted(), want.sorted()
+    assert g.spans is None and np.array_equal(g.tid, w.tid) and np.array_equal(g.start_s, w.start_s)
+    assert g.make_spans() == w.spans
+
+
+def test_a_log_holding_an_int_time_keeps_it():
+    """simpy's clock is the int 0 until it moves: a log holding such a time is written out as
+    spans, which keep the int (a float column would not)."""
+    from clustersim.trace import SpanBase
+
+    log = _log_of_runs(0)
+    k = next(i for i, x in enumerate(log) if type(x) is tuple)
+    first, rank, mb, fs, starts, ends = log[k]
+    log[k] = (first, rank, mb, fs, [0, *starts[1:]], ends)
+    base = SpanBase.of_log(log)
+    assert base.spans is not None
+    held = [s for s in base.spans if s.tid == first]
+    assert type(held[0].start_s) is int and held[0].start_s == 0
+
+
+def test_a_trace_of_columns_makes_its_spans_once_read():
+    """A trace handed the engine's columns only counts, views and reads a few spans without
+    making them; reading ``spans`` makes them once, and so does dropping the columns."""
+    from clustersim.trace import SpanBase, SpanRows, Trace, _written_out
+
+    log = _log_of_runs(1)
+    spans = [s for x in log for s in _written_out(x)]
+    base = SpanBase.of_log(log)
+    trace = Trace(spans=None, ranks=[0, 1, 2], weight={0: 1, 1: 1, 2: 1}, base=base)
+    rows = trace.span_rows()
+    assert isinstance(rows, SpanRows) and trace.span_rows() is rows and trace.n_spans == len(spans)
+    assert rows[3] == spans[3] and rows[-1] == spans[-1] and rows[2:5] == spans[2:5]
+    assert rows[3] is not rows[3]  # made when read, not kept
+    part = rows.take(np.array([7, 1, 4]))
+    assert list(part) == [spans[7], spans[1], spans[4]] and list(part.take(np.array([2, 0]))) == [spans[4], spans[7]]
+    with pytest.raises(IndexError):
+        rows[len(spans)]
+    assert trace.columns().spans is rows and trace.end_s == max(s.end_s for s in spans)
+    assert base.spans is None  # nothing made so far
+    made = trace.spans
+    assert made == spans and trace.spans is made and base.spans is made and trace.span_rows() is made
+    again = Trace(spans=None, ranks=[0, 1, 2], weight={0: 1, 1: 1, 2: 1}, base=SpanBase.of_log(log))
+    again.base = None  # the columns were the spans: made before they go
+    assert again.spans == spans
+
+
+def test_a_step_and_its_files_leave_the_spans_unmade(tmp_path):
+    """The summary, the checks, the report and the trace file read the engine's columns: a
+    step whose runs are recorded as such makes no span object (a 1T-parameter step would make
+    918,852)."""
+    from clustersim import codegen
+    from clustersim.output.perfetto import write_trace
+    from clustersim.output.report import write_report
+
+    kept, after, look = dict(codegen._STRUCTURES), codegen.COMPILE_AFTER, codegen.LOOK_AFTER
+    codegen._STRUCTURES.clear()
+    codegen.COMPILE_AFTER = codegen.LOOK_AFTER = 1  # every template written out: runs recorded whole
+    try:
+        r = clustersim.simulate(scenario_dict(parallel={"tp": 8, "pp": 2, "dp": 1}))  # TP in a node: segments
+    finally:
+        codegen.COMPILE_AFTER, codegen.LOOK_AFTER = after, look
+        codegen._STRUCTURES.clear()
+        codegen._STRUCTURES.update(kept)
+    base = r.trace.base
+    write_report(tmp_path / "report.html", r.trace, r.summary)
+    write_trace(tmp_path / "trace.json.gz", r.trace, r.summary)
+    assert base.spans is None and r.summary["simulation"]["spans"] == len(base.rank) > 0
+    assert (tmp_path / "report.html").stat().st_size > 0 and (tmp_path / "trace.json.gz").stat().st_size > 0
+
+
 def test_a_trace_reads_its_engine_columns_once():
     """The summary's view and the display order reuse the columns the engine sorted by, and
     they are what reading the spans gives."""

@@ -262,7 +262,7 @@ def test_simulate_hands_the_checks_the_summarys_view(monkeypatch):
     seen = []
 
     def spy(program, trace, summary=None, cols=None):
-        seen.append(cols is not None and cols is trace.columns() and cols.spans is trace.spans)
+        seen.append(cols is not None and cols is trace.columns() and cols.spans is trace.span_rows())
         return []
 
     monkeypatch.setattr(inv, "check_invariants", spy)

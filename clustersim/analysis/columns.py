@@ -28,8 +28,8 @@ from operator import attrgetter, is_not, itemgetter
 
 import numpy as np
 
-from ..trace import (FORM_FIELDS, form_array, form_codes, form_text, form_values, grouped_order, index_ranges,
-                     text_codes, unique)
+from ..trace import (FORM_FIELDS, SpanRows, form_array, form_codes, form_text, form_values, grouped_order,
+                     index_ranges, text_codes, unique)
 
 
 def _floats(objs: list, attr: str) -> np.ndarray:
@@ -72,7 +72,8 @@ class SpanColumns:
 
     def _part(self, rows: np.ndarray) -> SpanColumns:
         spans = self.spans
-        part = SpanColumns(list(map(spans.__getitem__, rows.tolist())), rows=rows)
+        part = SpanColumns(spans.take(rows) if isinstance(spans, SpanRows) else
+                           list(map(spans.__getitem__, rows.tolist())), rows=rows)
         codes, forms = self._forms
         part.__dict__["_forms"] = (codes[rows], forms)
         for attr in ("rank", "tid", "mb", "start_s", "end_s"):  # the same values, read already

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..program.tasks import Program
-from ..trace import Trace
+from ..trace import Trace, span_times
 
 COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
 
@@ -46,15 +46,16 @@ class PathTask(NamedTuple):
 def task_times(prog: Program, trace: Trace) -> tuple[list[float], list[float]]:
     """(start, end) of every task on its own rank and stream (-1 end: no span)."""
     own = trace.columns().own_index(prog.items, trace.task_columns(prog.items, prog.runs, prog)).tolist()
-    spans = trace.spans
-    return ([spans[i].start_s if i >= 0 else 0.0 for i in own],
-            [spans[i].end_s if i >= 0 else -1.0 for i in own])
+    starts, ends = span_times(trace.span_rows(), [i for i in own if i >= 0])
+    starts.reverse()
+    ends.reverse()
+    return ([starts.pop() if i >= 0 else 0.0 for i in own], [ends.pop() if i >= 0 else -1.0 for i in own])
 
 
 def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     """The tasks that set the step time, first to last (see the module docstring)."""
     items = prog.items  # a run's tasks are made only for the path (Program.task)
-    if not items or not trace.spans:
+    if not items or not trace.n_spans:
         return []
     cols, tc = trace.columns(), trace.task_columns(items, prog.runs, prog)
     own = cols.own_index(items, tc)
@@ -94,12 +95,14 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
         path.append(cur)
     path.reverse()
     stage_of = trace.stage_of
-    spans = trace.spans
+    rows = own[path].tolist()
+    starts, ends = span_times(trace.span_rows(), [j for j in rows if j >= 0])  # the path's spans only
+    starts.reverse()
+    ends.reverse()
     out = []
-    for i in path:
+    for i, j in zip(path, rows):
         t = prog.task(i)
-        j = int(own[i])
-        start_s, end_s = (spans[j].start_s, spans[j].end_s) if j >= 0 else (0.0, -1.0)
+        start_s, end_s = (starts.pop(), ends.pop()) if j >= 0 else (0.0, -1.0)
         out.append(PathTask(i, t.rank, t.stream, t.name, t.kind, start_s, end_s, stage_of.get(t.rank, t.stage), t.mb,
                             t.layer))
     return out

@@ -249,7 +249,8 @@ def check_send_recv(program: Program, trace: Trace, cols: SpanColumns | None = N
     ok_tid = (tid >= 0) & (tid < len(tasks))
     # a send: not on a receive stream, op "send", its task's communication has a receiver
     maybe = np.flatnonzero(~is_recv & ok_tid & (tc.recv_rank[np.where(ok_tid, tid, 0)] >= 0))
-    ops = [c.spans[i].op for i in maybe.tolist()]
+    form_of, op_of_form = c.form_table("op")
+    ops = list(map(op_of_form.__getitem__, form_of[maybe].tolist()))
     is_send = np.zeros(c.n, dtype=bool)
     is_send[maybe[np.fromiter(map(eq, ops, repeat("send")), bool, len(ops))]] = True
     # sends: per task id, the last send span (a dict filled in span order), ids in order of appearance
@@ -374,12 +375,13 @@ def check_view(trace: Trace, cols: SpanColumns) -> list[Violation]:
     task id of up to VIEW_SAMPLES rows spread over the trace equal those of the spans. The
     summary and the checks share that view (its first columns read by the engine when it
     sorted the spans), so a wrong one would mislead both alike; this looks behind it."""
-    n = len(trace.spans)
+    n = trace.n_spans
     if n != cols.n:
         return [_v("view", f"the view has {cols.n:,} rows for {n:,} spans", ())]
     rows = unique(np.linspace(0, n - 1, min(VIEW_SAMPLES, n)).astype(np.int64)).tolist() if n else []
     names = cols.stream_names
-    sampled = [trace.spans[i] for i in rows]
+    spans = trace.span_rows()
+    sampled = [spans[i] for i in rows]
     bad = [s for s, r, st, a, b, tid in zip(
         sampled, cols.rank[rows].tolist(), cols.stream[rows].tolist(), cols.start_s[rows].tolist(),
         cols.end_s[rows].tolist(), cols.tid[rows].tolist())

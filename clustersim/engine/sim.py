@@ -339,7 +339,9 @@ class Engine:
         self._stream_of: list = []
         self._loop: tuple = ()  # while it runs: what the stream loop reads of the engine (run)
         self._fixed_rdv: dict[tuple, _FixedRendezvous] = {}
-        self.spans: list[Span] = []
+        # the spans in the order recorded: Span objects, and a run timed in one go as one
+        # record (_straight_code; SpanBase.of_log reads both as columns)
+        self.spans: list = []
         # the spans' shared fields (SpanForm), one per distinct set of values (equal as Python
         # compares them: 0 and 0.0 share one); keys in FORM_FIELDS order
         self.forms: dict[tuple, SpanForm] = {}
@@ -625,8 +627,8 @@ class Engine:
         if unfinished:
             raise RuntimeError(f"simulation deadlocked with {unfinished} tasks not run")
         # sorted by rank, start, end and stream; the columns read to sort go with the trace
-        base = SpanBase.of(self.spans).sorted()
-        self.spans = base.spans
+        base = SpanBase.of_log(self.spans).sorted()
+        self.spans = []  # the records: the trace has their columns, and makes spans from those
         if not self._census:  # (counted by _classify under the flow network)
             for t, n in _comm_tasks(self.prog):
                 self._count(_shape_id(t.comm), t.comm, n)
@@ -637,7 +639,7 @@ class Engine:
                 algo = self.algorithm(c)
                 per[algo] = per.get(algo, 0) + n
         self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
-        return Trace(spans=self.spans, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
+        return Trace(spans=None, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
                      stage_of=dict(self.stage_of),
                      algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())},
                      links=self.link_use() if links else [], base=base)
@@ -877,7 +879,7 @@ class _Segment:
             timed = self.timed.fn or self.timed.ready()
             if timed is not None and -1.0 not in vals:  # every input known: the template's own code
                 lo = self.first
-                ends = timed(rank, self.mb, lo, eng.spans.append, Span.of_form, vals)
+                ends = timed(rank, self.mb, lo, eng.spans.append, vals)
                 _settle(eng, lo, ends)
                 return ends[self.last - self.base]
         spans_append, of_form = eng.spans.append, Span.of_form
@@ -1028,20 +1030,26 @@ def _straight_code(code: tuple, base: int) -> Straight:
     maxima in the same order, with the slots as local variables and the durations, forms and
     logs as closure cells (Megatron-1T times 789,000 tasks this way)::
 
-        def timed(rank, mb, first, spans_append, of_form, vals):
+        def timed(rank, mb, first, record, vals):
             v0, v1, v2, ... = vals            # the inputs (v0: unused, 0.0)
-            s = v1                            # task 0: its stream's previous end ...
-            if v3 > s: s = v3                 # ... or a later dependency's end
-            e0 = s + D0
-            spans_append(of_form(rank, F0, s, e0, mb, first))     # task ids: first, first + 1, ...
+            s0 = v1                           # task 0: its stream's previous end ...
+            if v3 > s0: s0 = v3               # ... or a later dependency's end
+            e0 = s0 + D0
             ...
-            return [e0, e1, ...]              # the tasks' ends
+            ends = [e0, e1, ...]              # the tasks' ends
+            record((first, rank, mb, FORMS, [s0, s1, ...], ends))   # the spans, as one record
+            return ends
+
+    The spans are recorded as one tuple (task ids first, first + 1, ...), which the trace
+    reads as columns (:meth:`clustersim.trace.SpanBase.of_log`) instead of a span object per
+    task.
     """
     def prepare() -> tuple[tuple, list]:  # (structure, values), read after a few uses
         shape = (base, tuple((p0, rest, logged is not None) for p0, rest, _, _, logged in code))
         cells = []
-        for _, _, dur, form, logged in code:
-            cells += (dur, form) if logged is None else (dur, form, logged)
+        for _, _, dur, _, logged in code:
+            cells += (dur,) if logged is None else (dur, logged)
+        cells.append(tuple(form for _, _, _, form, _ in code))
         return shape, cells
 
     return Straight("segment", prepare, _write_straight)
@@ -1049,21 +1057,23 @@ def _straight_code(code: tuple, base: int) -> Straight:
 
 def _write_straight(base: int, shape: tuple) -> tuple[list[str], str, list[str]]:
     """:func:`_straight_code`'s function for one structure, as source: the cells (per task
-    its duration, form and, if logged, its log), the signature, the body."""
+    its duration and, if logged, its log; then the tasks' forms), the signature, the body."""
     n = len(shape)
     slot = [f"v{i}" for i in range(base)] + [f"e{k}" for k in range(n)]
     body = [f"{', '.join(slot[:base])}, = vals"]
     cells: list[str] = []
     for k, (p0, rest, logged) in enumerate(shape):
-        cells += [f"D{k}", f"F{k}"] + ([f"L{k}"] if logged else [])
-        body.append(f"s = {slot[p0]}")
-        body += [f"if {slot[p]} > s: s = {slot[p]}" for p in rest]
-        body.append(f"e{k} = s + D{k}")
+        cells += [f"D{k}"] + ([f"L{k}"] if logged else [])
+        body.append(f"s{k} = {slot[p0]}")
+        body += [f"if {slot[p]} > s{k}: s{k} = {slot[p]}" for p in rest]
+        body.append(f"e{k} = s{k} + D{k}")
         if logged:
-            body.append(f"L{k}(s)")
-        body.append(f"spans_append(of_form(rank, F{k}, s, e{k}, mb, {'first' if k == 0 else f'first + {k}'}))")
-    body.append(f"return [{', '.join(f'e{k}' for k in range(n))}]")
-    return cells, "timed(rank, mb, first, spans_append, of_form, vals)", body
+            body.append(f"L{k}(s{k})")
+    cells.append("FORMS")
+    body.append(f"ends = [{', '.join(f'e{k}' for k in range(n))}]")
+    body.append(f"record((first, rank, mb, FORMS, [{', '.join(f's{k}' for k in range(n))}], ends))")
+    body.append("return ends")
+    return cells, "timed(rank, mb, first, record, vals)", body
 
 
 def _segment_plan(rank: int, hit: tuple | None) -> tuple | None:

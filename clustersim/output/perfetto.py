@@ -92,12 +92,12 @@ def _row_of_spans(trace: Trace) -> tuple[dict[int, list[str]], list[tuple[int, s
     Rows are found as numbers, ``rank * n_streams + stream code``, one np.unique for all
     spans: a tuple and a dict look-up per span would take twice as long.
     """
-    spans = trace.spans
-    n = len(spans)
     base = trace.current_base()
     if base is not None:  # read by the engine already
         stream, rank, names = base.stream.astype(np.int64), base.rank, base.stream_names
     else:
+        spans = trace.spans
+        n = len(spans)
         form, forms = trace.forms()
         stream, names = form_text(forms, form, "stream")
         stream = stream.astype(np.int64)
@@ -163,23 +163,24 @@ def span_order(trace: Trace) -> SpanOrder:
     Remembered on the trace while its span list, ranks and stages stay the same (the report
     and the trace file both draw the spans in this order; a 1T-parameter step takes 0.5 s to
     sort). Spans changed in place afterwards are not seen until ``trace.spans_edited()``."""
-    key = (id(trace.spans), len(trace.spans), tuple(trace.ranks), tuple(trace.stage_of.items()))
+    spans = trace.span_rows()
+    key = (id(spans), len(spans), tuple(trace.ranks), tuple(trace.stage_of.items()))
     kept = trace._display_order
-    if kept is not None and kept[0] == key and kept[1] is trace.spans:
+    if kept is not None and kept[0] == key and kept[1] is spans:
         return kept[2]
     order = _span_order(trace)
-    trace._display_order = (key, trace.spans, order)
+    trace._display_order = (key, spans, order)
     return order
 
 
 def _span_order(trace: Trace) -> SpanOrder:
-    spans = trace.spans
-    n = len(spans)
+    n = trace.n_spans
     by_rank, rows, row = _row_of_spans(trace)
     base = trace.current_base()
     if base is not None:
         start, end = base.start_s, base.end_s
     else:
+        spans = trace.spans
         start = np.fromiter(map(attrgetter("start_s"), spans), dtype=np.float64, count=n)
         end = np.fromiter(map(attrgetter("end_s"), spans), dtype=np.float64, count=n)
     order = np.argsort(row, kind="stable")

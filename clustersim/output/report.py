@@ -288,8 +288,8 @@ def _merged(trace: Trace, max_gap_s: float | None = None) -> tuple[SpanOrder, Ba
     order = span_order(trace)
     if max_gap_s is None:
         max_gap_s = MAX_GAP_FRACTION * order.last_end_s
-    return order, _merge(trace.spans, trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s,
-                         trace.mbs())
+    return order, _merge(trace.span_rows(), trace.forms(), order, order.bounds, order.start_s, order.end_s,
+                         max_gap_s, trace.mbs())
 
 
 def merge_spans(trace: Trace, max_gap_s: float | None = None) -> dict[tuple[int, str], list[Bar]]:
@@ -585,7 +585,7 @@ def _timeline_bars(trace: Trace, order: SpanOrder) -> tuple[int, BarColumns | Bi
     be more than BAR_BUDGET, runs of bins (clustersim.output.bins). Also how many merged bars
     there are (at least; counted without merging when they are too many)."""
     max_gap_s = MAX_GAP_FRACTION * order.last_end_s
-    if len(trace.spans) > BAR_BUDGET:  # else there are fewer bars than that, whatever they are
+    if trace.n_spans > BAR_BUDGET:  # else there are fewer bars than that, whatever they are
         kind_phase, group, mb = _span_keys(trace, order)
         row = np.repeat(np.arange(len(order.rows)), np.diff(order.bounds))
         key = kind_phase * (int(mb.max(initial=0)) + 2) + (mb + 1)
@@ -593,7 +593,7 @@ def _timeline_bars(trace: Trace, order: SpanOrder) -> tuple[int, BarColumns | Bi
         if n_merged > BAR_BUDGET:
             return n_merged, binned_within(row, group, mb, order.start_s, order.end_s, len(GROUPS), order.last_end_s,
                                           budget=BAR_BUDGET)
-    bars = _merge(trace.spans, trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s,
+    bars = _merge(trace.span_rows(), trace.forms(), order, order.bounds, order.start_s, order.end_s, max_gap_s,
                   trace.mbs())
     return len(bars.kind), bars
 
@@ -1099,7 +1099,7 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None) -> str:
         w = " or ".join(str(x) for x in weights)
         who = f" Each simulated rank stands for {w} GPUs that behave alike (its TP, CP and DP peers)."
     head = (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
-            f'{_n(len(trace.spans), "span")}).{who} ')
+            f'{_n(trace.n_spans, "span")}).{who} ')
     tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
     if binned:
         return (f"{head}Joined by microbatch and phase, the spans would make at least {binned['merged_bars']:,} bars, "
