@@ -160,7 +160,7 @@ def measure(spec: str) -> dict:
             writers_alone_s = time.perf_counter() - t6
     return {
         "gpus": sc.mesh.world_size, "microbatches": sc.microbatches, "ranks": len(prog.ranks),
-        "tasks": len(prog.items), "spans": len(trace.spans), "events": events,
+        "tasks": len(prog.items), "spans": trace.n_spans, "events": events,
         "import_s": t0 - t_import, "load_s": t1 - t0, "lower_s": t2 - t1,
         "engine_setup_s": t_setup - t2, "engine_run_s": t3 - t_setup, "engine_s": t3 - t2,
         "analysis_s": t4 - t3, "outputs_s": t5 - t4, "total_s": t5 - t_import, "writers_alone_s": writers_alone_s,

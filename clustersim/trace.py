@@ -514,7 +514,7 @@ class Trace:
     def by_rank(self) -> dict[int, list[Span]]:
         """Spans per simulated rank (remembered while the span list stays the same list of
         the same length; the analysis asks several times)."""
-        key = (id(self.spans), len(self.spans))  # made: a reader of every span object
+        key = (id(self.spans), len(self.spans))  # (reads every span object: makes them if need be)
         if self._by_rank is not None and self._by_rank[0] == key:
             return self._by_rank[1]
         out: dict[int, list[Span]] = {r: [] for r in self.ranks}

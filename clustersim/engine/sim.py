@@ -1027,7 +1027,7 @@ def _straight_code(code: tuple, base: int) -> Straight:
     """The :class:`_Segment` code of one template as one Python function without a loop,
     once the template has been used enough (:mod:`clustersim.codegen`): what
     :meth:`_Segment.run` works out task by task when every input is known, the same sums and
-    maxima in the same order, with the slots as local variables and the durations, forms and
+    maxima in the same order, with the slots as local variables and the durations, the forms and
     logs as closure cells (Megatron-1T times 789,000 tasks this way)::
 
         def timed(rank, mb, first, record, vals):
