@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 from pathlib import Path
 
@@ -33,6 +33,8 @@ def bench(path: Path) -> str:
 
 if __name__ == "__main__":
     root = Path(__file__).resolve().parent.parent
-    paths = [Path(p) for p in sys.argv[1:]] or sorted((root / "scenarios").glob("*.yaml"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("scenarios", nargs="*", type=Path, help="scenario YAML files (default: every shipped one)")
+    paths = ap.parse_args().scenarios or sorted((root / "scenarios").glob("*.yaml"))
     for p in paths:
         print(bench(p), flush=True)

@@ -9,6 +9,7 @@ spine cable)::
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import time
@@ -67,8 +68,11 @@ def draw(rng: random.Random) -> dict:
 
 
 def main() -> int:
-    seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 40
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("seed", nargs="?", type=int, default=0, help="seed of the random plans (default 0)")
+    ap.add_argument("plans", nargs="?", type=int, default=40, help="how many plans to draw (default 40)")
+    args = ap.parse_args()
+    seed, n = args.seed, args.plans
     rng = random.Random(seed)
     t0 = time.perf_counter()
     for i in range(n):

@@ -6,6 +6,7 @@ release): every mutated document must load or fail with one ConfigError naming f
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,9 @@ from tests.fuzz_scenarios import check_one, mutations  # noqa: E402
 
 
 def main() -> int:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("examples", nargs="?", type=int, default=10_000, help="documents to fuzz (default 10000)")
+    n = ap.parse_args().examples
     count = {"examples": 0}
 
     @settings(max_examples=n, deadline=5000, database=None, suppress_health_check=list(HealthCheck))

@@ -9,6 +9,7 @@ a runaway allocation fails fast instead of swapping).
 
 from __future__ import annotations
 
+import argparse
 import resource
 import sys
 import tempfile
@@ -34,8 +35,11 @@ def describe(ex: dict) -> str:
 
 
 def main() -> int:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-    seed_ = int(sys.argv[2]) if len(sys.argv) > 2 else 20261130
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("examples", nargs="?", type=int, default=10_000, help="documents to fuzz (default 10000)")
+    ap.add_argument("seed", nargs="?", type=int, default=20261130, help="hypothesis seed (default 20261130)")
+    args = ap.parse_args()
+    n, seed_ = args.examples, args.seed
     limit = 8 << 30
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     stats = {"examples": 0, "ok": 0, "error": 0, "slowest": (0.0, "")}
