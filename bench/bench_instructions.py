@@ -14,8 +14,12 @@ The phases are those of ``bench_scale.py``; between two phases the child calls
 ``os.getppid()``, and ``--dump-before=os_getppid`` makes callgrind write the counts so far
 and start again from zero, so one run gives every phase::
 
-    interpreter | import | load | lower | setup | run | analysis | outputs | exit
-               getppid  getppid ...                                      getppid
+    interpreter | import | bare | load | lower | setup | run | analysis | outputs | exit
+               getppid  getppid getppid ...                                     getppid
+
+"bare" is 20,000 simpy timeouts of a process that does nothing else (left out of the total):
+the table ends with the instructions per bare timeout, the run's instructions per task and
+their ratio, the engine's cost per task in bare timeouts without the drift.
 
 A count is not a time: a cache miss costs more than an add. It says whether a change does
 less work, and where; bench_scale.py says how long the work takes. Example (2026-11-30,
@@ -32,6 +36,17 @@ moe_1024gpu, the span forms and the report's own plot writer against the commit 
     outputs            1,564.0 M     1,412.1 M      -9.7 %
     exit                 215.7 M       201.5 M      -6.6 %
     total             11,077.5 M    10,796.7 M      -2.5 %
+
+One checkout, Megatron-1T (2026-12-01, c168739 with the bare phase; 8 minutes)::
+
+    megatron_1t_3072      c168739+
+    ...
+    run               14,418.1 M
+    ...
+    total             49,702.6 M
+    bare / event           8,218
+    run / task            16,876
+      x bare                2.05
 """
 
 from __future__ import annotations
@@ -48,7 +63,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [ROOT / "scenarios/moe_1024gpu.yaml"]
-PHASES = ("interpreter", "import", "load", "lower", "setup", "run", "analysis", "outputs", "exit")
+PHASES = ("interpreter", "import", "bare", "load", "lower", "setup", "run", "analysis", "outputs", "exit")
+BARE_EVENTS = 20_000  # simpy timeouts of the "bare" phase: the drift-free reference for the run's cost
 
 
 def child(path: str) -> None:
@@ -59,6 +75,8 @@ def child(path: str) -> None:
     from pathlib import Path as P
 
     gc.disable()  # as python -m clustersim does
+    from bench_scale import bare_env  # (this script's folder is on the path)
+
     from clustersim.analysis.invariants import InvariantError, check_invariants
     from clustersim.api import no_cyclic_gc, summarize
     from clustersim.config import load_scenario
@@ -68,6 +86,9 @@ def child(path: str) -> None:
     from clustersim.output.summary import to_json
     from clustersim.program.lower import lower
 
+    bare = bare_env(BARE_EVENTS)
+    mark()
+    bare.run()
     mark()
     sc = load_scenario(path)
     _ = sc.cluster
@@ -90,11 +111,13 @@ def child(path: str) -> None:
             write_report(P(tmp, "report.html"), trace, summary)
             write_trace(P(tmp, "trace.json.gz"), trace, summary)
         mark()
+    print(len(prog.items))  # the tasks, for the run's instructions per task
 
 
-def count(tree: Path, scenario: Path) -> list[int]:
+
+def count(tree: Path, scenario: Path) -> tuple[list[int], int]:
     """Instructions per phase (PHASES order) of one run of ``scenario`` with the clustersim of
-    ``tree`` (a checkout)."""
+    ``tree`` (a checkout), and its tasks."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=str(tree), PYTHONHASHSEED="0")
     # compile the sources first (an installed package runs from its bytecode cache)
@@ -112,18 +135,27 @@ def count(tree: Path, scenario: Path) -> list[int]:
     if len(counts) != len(PHASES):
         sys.exit(f"{scenario.name}: expected {len(PHASES)} phases, callgrind wrote {len(counts)} (os.getppid "
                  "called elsewhere?)")
-    return counts
+    return counts, int(run.stdout.split()[-1])
 
 
-def table(scenario: Path, names: list[str], counts: list[list[int]]) -> str:
+def table(scenario: Path, names: list[str], results: list[tuple[list[int], int]]) -> str:
+    """The counts per phase side by side ("total" leaves the bare timeouts out), then the run's
+    instructions per task against a bare simpy timeout's per event: the engine's cost per
+    task in bare timeouts, free of the machine's drift (instructions, not time)."""
     head = f"{scenario.stem:<14}" + "".join(f"{n:>14}" for n in names) + ("      change" if len(names) == 2 else "")
     lines = [head]
+    bare, run = PHASES.index("bare"), PHASES.index("run")
     for i, phase in enumerate((*PHASES, "total")):
-        vals = [sum(c) if phase == "total" else c[i] for c in counts]
+        vals = [sum(c) - c[bare] if phase == "total" else c[i] for c, _ in results]
         line = f"{phase:<14}" + "".join(f"{v / 1e6:>12,.1f} M" for v in vals)
         if len(vals) == 2 and vals[0]:
             line += f"{100 * (vals[1] - vals[0]) / vals[0]:>+10.1f} %"
         lines.append(line)
+    per_event = [c[bare] / BARE_EVENTS for c, _ in results]
+    per_task = [c[run] / tasks for c, tasks in results]
+    lines.append(f"{'bare / event':<14}" + "".join(f"{v:>14,.0f}" for v in per_event))
+    lines.append(f"{'run / task':<14}" + "".join(f"{v:>14,.0f}" for v in per_task))
+    lines.append(f"{'  x bare':<14}" + "".join(f"{t / e:>14.2f}" for t, e in zip(per_task, per_event)))
     return "\n".join(lines)
 
 

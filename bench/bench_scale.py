@@ -18,27 +18,44 @@ cost in one process, measured afterwards); the total is all of these but "writer
 and exit included). "writer RSS MiB" is the forked writer's peak.
 "simpy events" are the events the run scheduled; it runs until none is left, so all were
 processed. "x bare timeout" compares the engine's seconds per event (setup and run) with those
-of a process that only yields simpy timeouts, on the same machine.
-Example (2 cores, 2026-11-30, the latest code on a noisy machine whose speed drifts by 1.5x or
-more, here on a slow stretch: compare scenarios, not machines; docs/performance.md has the
-targets and the figures, and bench_instructions.py compares two versions without the drift)::
+of a process that only yields simpy timeouts, on the same machine: each measured run times the
+bare timeout itself just before its lowering and just after its engine, in the same process,
+and takes its ratios against the mean of the two ("bare timeout us"; the machine's speed drifts
+over minutes, and one reading at the start misled the ratios of runs made minutes later by as
+much as the drift). bench_instructions.py gives the same ratio in instructions, drift-free.
 
-    bare simpy timeout: 1.61 us per event (median of 5 x 200,000)
+Example (2 cores, 2026-12-01, on a slow stretch of a machine whose speed drifts by 1.5x or more
+within minutes: compare scenarios, not machines; docs/performance.md has the targets and the
+figures, and bench_instructions.py compares two versions without the drift)::
+
+    bare simpy timeout at the start: 1.59 us per event (median of 5 x 200,000; each run reads its own)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
+    GPUs                           1,024            16,384             3,072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
+    spans                         37,032            32,448           918,852
     simpy events                  28,061            15,829           132,174
-    lower s                         0.17              0.34              1.82
-    engine s                        1.06              3.08              5.99
-    analysis s                      0.26              0.30              3.65
-    outputs s                       0.16              0.16              0.18
-    total s                         2.10              4.80             12.30
-    writers alone s                 0.32              0.23              2.55
-    clustersim run s                2.13              5.34             12.87
-    peak RSS MiB                     115               327               875
-    writer RSS MiB                   152               359               905
-    engine us/task                 29.27            101.34              7.01
-      run only (x bare timeout)     13.6              28.1               3.9
+    import s                        0.48              0.44              0.43
+    load s                          0.06              0.59              0.61
+    lower s                         0.13              0.44              1.09
+    engine s                        1.26              3.88              4.96
+      setup s                       0.30              2.42              0.65
+      run s                         0.96              1.46              4.31
+    analysis s                      0.21              0.62              2.42
+    outputs s                       0.13              0.06              0.18
+    total s                         2.26              6.03              9.69
+    writers alone s                 0.29              0.28              2.37
+    clustersim run s                2.22              6.05              7.87
+    peak RSS MiB                     117               311               677
+    writer RSS MiB                   126               311               583
+    events/s                      22,342             4,079            26,657
+    tasks/s                       28,720             7,842           172,307
+    bare timeout us                 1.56              1.63              1.24
+    engine us/event                44.76            245.17             37.51
+    x bare timeout                  28.6             150.6              30.3
+    engine us/task                 34.82            127.52              5.80
+      x bare timeout                22.3              78.3               4.7
+      run only                      17.0              29.4               4.1
 """
 
 from __future__ import annotations
@@ -65,6 +82,7 @@ SWEEP_M = 16
 SWEEP_MICROBATCHES = (8, 32, 128, 512)  # at SWEEP_FIXED_GPUS
 SWEEP_FIXED_GPUS = 256
 BARE_TIMEOUTS, BARE_REPEATS = 200_000, 5
+CHILD_BARE_REPEATS = 3  # in each measured run, right after it (see measure)
 
 
 def simpy_events(env: simpy.Environment) -> int:
@@ -73,16 +91,23 @@ def simpy_events(env: simpy.Environment) -> int:
     return next(env._eid)
 
 
-def bare_timeout_s(n: int = BARE_TIMEOUTS, repeats: int = BARE_REPEATS) -> float:
-    """Seconds per event of a process that only yields ``n`` timeouts (median of ``repeats``)."""
+def bare_env(n: int) -> simpy.Environment:
+    """An environment whose one process only yields ``n`` timeouts, ready to run: the bare
+    cost of a simpy event (also counted in instructions by bench_instructions.py)."""
     def ticker(env):
         for _ in range(n):
             yield env.timeout(1e-6)
 
+    env = simpy.Environment()
+    env.process(ticker(env))
+    return env
+
+
+def bare_timeout_s(n: int = BARE_TIMEOUTS, repeats: int = BARE_REPEATS) -> float:
+    """Seconds per event of a process that only yields ``n`` timeouts (median of ``repeats``)."""
     per_event_s = []
     for _ in range(repeats):
-        env = simpy.Environment()
-        env.process(ticker(env))
+        env = bare_env(n)
         t0 = time.perf_counter()
         env.run()
         per_event_s.append((time.perf_counter() - t0) / simpy_events(env))
@@ -124,6 +149,8 @@ def measure(spec: str) -> dict:
     else:
         sc = load_scenario(spec)
     _ = sc.cluster  # the graph is built on first use; count it as loading
+    t_loaded = time.perf_counter()
+    bare_before_s = bare_timeout_s(repeats=CHILD_BARE_REPEATS)  # see bare_s below
     t1 = time.perf_counter()
     with no_cyclic_gc():  # as simulate() and clustersim run do
         prog, low = lower(sc)
@@ -158,12 +185,19 @@ def measure(spec: str) -> dict:
             t6 = time.perf_counter()
             background.write_files(tmp, trace, summary, report=True, trace_file=True)  # in this process
             writers_alone_s = time.perf_counter() - t6
+    # the bare cost of a simpy timeout in this same process, just before the lowering and just
+    # after the run, averaged: the machine's speed drifts by 1.5x or more over minutes, so each
+    # run's ratios are taken against its own readings (which still miss swings within seconds)
+    bare_s = (bare_before_s + bare_timeout_s(repeats=CHILD_BARE_REPEATS)) / 2
     return {
         "gpus": sc.mesh.world_size, "microbatches": sc.microbatches, "ranks": len(prog.ranks),
-        "tasks": len(prog.items), "spans": trace.n_spans, "events": events,
-        "import_s": t0 - t_import, "load_s": t1 - t0, "lower_s": t2 - t1,
+        "tasks": len(prog.items), "spans": trace.n_spans, "events": events, "bare_us": bare_s * 1e6,
+        "x_bare": (t3 - t2) / events / bare_s, "x_bare_task": (t3 - t2) / len(prog.items) / bare_s,
+        "x_bare_task_run": (t3 - t_setup) / len(prog.items) / bare_s,
+        "import_s": t0 - t_import, "load_s": t_loaded - t0, "lower_s": t2 - t1,
         "engine_setup_s": t_setup - t2, "engine_run_s": t3 - t_setup, "engine_s": t3 - t2,
-        "analysis_s": t4 - t3, "outputs_s": t5 - t4, "total_s": t5 - t_import, "writers_alone_s": writers_alone_s,
+        "analysis_s": t4 - t3, "outputs_s": t5 - t4, "total_s": t5 - t_import - (t1 - t_loaded),
+        "writers_alone_s": writers_alone_s,
         "rss_MiB": rss_MiB, "writer_rss_MiB": writer_MiB,
     }
 
@@ -215,6 +249,7 @@ ROWS = [  # label, key, format
     ("writers alone s", "writers_alone_s", SECONDS), ("clustersim run s", "cli_wall_s", SECONDS),
     ("peak RSS MiB", "rss_MiB", COUNT), ("writer RSS MiB", "writer_rss_MiB", COUNT),
     ("events/s", "events_per_s", COUNT), ("tasks/s", "tasks_per_s", COUNT),
+    ("bare timeout us", "bare_us", SECONDS),
     ("engine us/event", "us_per_event", SECONDS), ("x bare timeout", "x_bare", "{:.1f}"),
     ("engine us/task", "us_per_task", SECONDS), ("  x bare timeout", "x_bare_task", "{:.1f}"),
     ("  run only", "x_bare_task_run", "{:.1f}"),
@@ -226,15 +261,14 @@ SWEEP_COLS = [("GPUs", "gpus", COUNT), ("m", "microbatches", COUNT), ("tasks", "
               ("total s", "total_s", SECONDS), ("RSS MiB", "rss_MiB", COUNT)]
 
 
-def derive(r: dict, bare_s: float) -> dict:
-    """Rates from one scenario's medians (engine seconds, setup included). Per event: per simpy
-    event the run scheduled. Per task: per task simulated (its start and end), the simulator's
-    own unit of work, since most tasks now cost no simpy event (docs/architecture.md, "Ahead of
-    the clock"); "run only" leaves the set-up out."""
+def derive(r: dict) -> dict:
+    """Rates from one scenario's medians (engine seconds, setup included). The ratios to a bare
+    simpy timeout are each run's own (:func:`measure`), medians too. Per event: per simpy event
+    the run scheduled. Per task: per task simulated (its start and end), the simulator's own
+    unit of work, since most tasks now cost no simpy event (docs/architecture.md, "Ahead of the
+    clock"); "run only" leaves the set-up out."""
     return {**r, "events_per_s": r["events"] / r["engine_s"], "tasks_per_s": r["tasks"] / r["engine_s"],
-            "us_per_event": 1e6 * r["engine_s"] / r["events"], "x_bare": r["engine_s"] / r["events"] / bare_s,
-            "us_per_task": 1e6 * r["engine_s"] / r["tasks"], "x_bare_task": r["engine_s"] / r["tasks"] / bare_s,
-            "x_bare_task_run": r["engine_run_s"] / r["tasks"] / bare_s}
+            "us_per_event": 1e6 * r["engine_s"] / r["events"], "us_per_task": 1e6 * r["engine_s"] / r["tasks"]}
 
 
 def print_scenarios(names: list[str], results: list[dict]) -> None:
@@ -272,12 +306,12 @@ def main() -> None:
                     [f"dense:{SWEEP_FIXED_GPUS}:{m}" for m in SWEEP_MICROBATCHES], args.repeat)
         return
     bare_s = bare_timeout_s()
-    print(f"bare simpy timeout: {bare_s * 1e6:.2f} us per event (median of {BARE_REPEATS} x {BARE_TIMEOUTS:,})",
-          flush=True)
+    print(f"bare simpy timeout at the start: {bare_s * 1e6:.2f} us per event (median of {BARE_REPEATS} x "
+          f"{BARE_TIMEOUTS:,}; each run reads its own)", flush=True)
     paths = ([] if args.only else DEFAULT) + [Path(p) for p in args.scenarios]
     if not paths:
         ap.error("--only needs scenarios")
-    results = [derive({**measure_fresh(str(p), args.repeat), "cli_wall_s": cli_wall_s(str(p), args.repeat)}, bare_s)
+    results = [derive({**measure_fresh(str(p), args.repeat), "cli_wall_s": cli_wall_s(str(p), args.repeat)})
                for p in paths]
     print_scenarios([p.stem for p in paths], results)
 
