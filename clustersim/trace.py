@@ -272,14 +272,10 @@ class SpanBase:
 
     @classmethod
     def of(cls, spans: list) -> SpanBase:
-        n = len(spans)
         form, forms = form_codes(spans)
         stream, names = form_text(forms, form, "stream")
-        return cls(spans, np.fromiter(map(attrgetter("rank"), spans), np.int64, n), stream, names,
-                   np.fromiter(map(attrgetter("start_s"), spans), np.float64, n),
-                   np.fromiter(map(attrgetter("end_s"), spans), np.float64, n),
-                   np.fromiter(map(attrgetter("tid"), spans), np.int64, n),
-                   np.fromiter(map(attrgetter("mb"), spans), np.int64, n), form, forms)
+        rank, start, end, tid, mb = _own_columns(spans)
+        return cls(spans, rank, stream, names, start, end, tid, mb, form, forms)
 
     @classmethod
     def of_log(cls, log: list) -> SpanBase:
@@ -337,11 +333,7 @@ class SpanBase:
         mb = np.empty(n, dtype=np.int64)
         start = np.empty(n, dtype=np.float64)
         end = np.empty(n, dtype=np.float64)
-        rank[obj_at] = np.fromiter(map(attrgetter("rank"), objs), np.int64, m)
-        tid[obj_at] = np.fromiter(map(attrgetter("tid"), objs), np.int64, m)
-        mb[obj_at] = np.fromiter(map(attrgetter("mb"), objs), np.int64, m)
-        start[obj_at] = np.fromiter(map(attrgetter("start_s"), objs), np.float64, m)
-        end[obj_at] = np.fromiter(map(attrgetter("end_s"), objs), np.float64, m)
+        rank[obj_at], start[obj_at], end[obj_at], tid[obj_at], mb[obj_at] = _own_columns(objs)
         pos = np.flatnonzero(np.repeat(is_run, counts))  # the runs' rows
         within = within_all[pos]
         tid[pos] = np.repeat(np.fromiter(map(itemgetter(0), runs), np.int64, len(runs)), run_n) + within
@@ -391,6 +383,17 @@ class SpanBase:
 
     def describes(self, spans: list) -> bool:
         return self.spans is spans and len(spans) == len(self.rank)
+
+
+def _own_columns(spans: list) -> tuple[np.ndarray, ...]:
+    """(rank, start_s, end_s, tid, mb) of ``spans``, the fields each span holds itself, as
+    columns (int64, float64, float64, int64, int64)."""
+    n = len(spans)
+    return (np.fromiter(map(attrgetter("rank"), spans), np.int64, n),
+            np.fromiter(map(attrgetter("start_s"), spans), np.float64, n),
+            np.fromiter(map(attrgetter("end_s"), spans), np.float64, n),
+            np.fromiter(map(attrgetter("tid"), spans), np.int64, n),
+            np.fromiter(map(attrgetter("mb"), spans), np.int64, n))
 
 
 def _written_out(entry) -> list[Span]:

@@ -43,15 +43,6 @@ class PathTask(NamedTuple):
     layer: int
 
 
-def task_times(prog: Program, trace: Trace) -> tuple[list[float], list[float]]:
-    """(start, end) of every task on its own rank and stream (-1 end: no span)."""
-    own = trace.columns().own_index(prog.items, trace.task_columns(prog.items, prog.runs, prog)).tolist()
-    starts, ends = span_times(trace.span_rows(), [i for i in own if i >= 0])
-    starts.reverse()
-    ends.reverse()
-    return ([starts.pop() if i >= 0 else 0.0 for i in own], [ends.pop() if i >= 0 else -1.0 for i in own])
-
-
 def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     """The tasks that set the step time, first to last (see the module docstring)."""
     items = prog.items  # a run's tasks are made only for the path (Program.task)
@@ -97,12 +88,11 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     stage_of = trace.stage_of
     rows = own[path].tolist()
     starts, ends = span_times(trace.span_rows(), [j for j in rows if j >= 0])  # the path's spans only
-    starts.reverse()
-    ends.reverse()
+    found = zip(starts, ends)
     out = []
     for i, j in zip(path, rows):
         t = prog.task(i)
-        start_s, end_s = (starts.pop(), ends.pop()) if j >= 0 else (0.0, -1.0)
+        start_s, end_s = next(found) if j >= 0 else (0.0, -1.0)
         out.append(PathTask(i, t.rank, t.stream, t.name, t.kind, start_s, end_s, stage_of.get(t.rank, t.stage), t.mb,
                             t.layer))
     return out
