@@ -18,7 +18,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import chain, repeat
 from operator import itemgetter
 
@@ -40,9 +40,6 @@ class _At:
     _ok = True
     _value = None
 
-    def __init__(self, callbacks: list):
-        self.callbacks = callbacks
-
 
 def _call_at(env: simpy.Environment, at_s: float, callback) -> None:
     """Run ``callback`` when the clock reaches exactly ``at_s`` (>= now). ``env.timeout(at_s -
@@ -50,9 +47,12 @@ def _call_at(env: simpy.Environment, at_s: float, callback) -> None:
     a triggered event at ``at_s`` itself, as ``Environment.schedule`` does (simpy/core.py): at
     normal priority, numbered by the environment's event counter, so events at one instant
     run in the order they were queued."""
-    heapq.heappush(env._queue, (at_s, _NORMAL, next(env._eid), _At([callback])))
+    at = _new(_At)  # its one field set here: no __init__ frame (two events per flow-timed send)
+    at.callbacks = [callback]
+    heapq.heappush(env._queue, (at_s, _NORMAL, next(env._eid), at))
 
 
+_new = object.__new__
 _NORMAL = simpy.events.NORMAL
 # the live flows of a transfer with none left (shared: index arrays are replaced, never edited)
 _NO_FLOWS = np.zeros(0, dtype=np.int64)
@@ -736,7 +736,7 @@ class FlowNetwork:
         t = _Transfer(plan.weights, edges, size, None, moving, moving_idx, done, tag, size_bytes=size_bytes)
 
         def begin(_=None):
-            t.at_s = self.env.now
+            t.at_s = self.env._now  # (Environment.now is a property around it)
             edge_comp = self._edge_comp
             if edge_comp.keys().isdisjoint(edges):  # alone on its links: maybe a kept course
                 course = self._alone.get((id(t.weights), moving, size_bytes))
@@ -748,7 +748,7 @@ class FlowNetwork:
             self._join(t, dirty)
             self._reshare(dirty)
 
-        now = self.env.now
+        now = self.env._now
         begin_s = (now if at_s is None or at_s < now else at_s) + plan.latency_s
         if begin_s > now:
             _call_at(self.env, begin_s, begin)
@@ -773,7 +773,8 @@ class FlowNetwork:
         self._next_id += 1
         self._comps[cid] = [t]
         self._edge_comp.update(dict.fromkeys(t.edges, cid))
-        self._end_ahead(cid, t)
+        # _end_ahead, inline (a fresh component has no finish time to drop)
+        _call_at(self.env, t.next_s, partial(self._ended_ahead, cid, t, t.ahead))
 
     def _end_ahead(self, cid: int, t: _Transfer) -> None:
         """Queue the end of ``t``, alone in component ``cid`` and worked out to its last flow:
@@ -781,15 +782,14 @@ class FlowNetwork:
         ``t`` goes back (:meth:`_back_to`), the component is timed by ticks again and this
         event finds ``t.ahead`` changed and does nothing."""
         self._finish_s.pop(cid, None)
-        ahead = t.ahead
-        _call_at(self.env, t.next_s, lambda _e: self._ended_ahead(cid, t, ahead))
+        _call_at(self.env, t.next_s, partial(self._ended_ahead, cid, t, t.ahead))
 
-    def _ended_ahead(self, cid: int, t: _Transfer, ahead: tuple) -> None:
+    def _ended_ahead(self, cid: int, t: _Transfer, ahead: tuple, _event=None) -> None:
         if t.ahead is not ahead:
             return  # it went back since: see _end_ahead
         t.ahead = None
         del self._comps[cid]
-        self._free_links(t.edges)
+        deque(map(self._edge_comp.pop, t.edges, repeat(None)), maxlen=0)  # _free_links, inline
         self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
         if isinstance(t.done, simpy.Event):
             t.done.succeed()
