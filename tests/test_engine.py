@@ -407,6 +407,87 @@ def test_max_min_rates_are_fair_and_the_same_in_numpy_and_in_loops(seed):
                    for e, _ in ws), f"flow {i} has no bottleneck link"
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_without_the_flows_of_the_top_fill_level_the_others_keep_their_rates_bit_for_bit(seed):
+    """What FlowNetwork._rates_left relies on: a flow frozen at the top fill level crosses no
+    link that filled below it, so removing every flow of that level leaves the other flows'
+    rates exactly as they were, in the numpy version and in the loop version. Removing only
+    some of them does not (the rest of the level rises)."""
+    from clustersim.engine.network import _max_min_loops, max_min_rates
+
+    flows, bw = _fair_share_mix(seed)
+    if seed % 2:  # a small mix: max_min_rates takes the loop version
+        flows = [ws[:3] for ws in flows[:40]]
+    for solve in (max_min_rates, _max_min_loops):
+        rates = solve(flows, bw)
+        for _ in range(4):  # peel the levels off one after another, as a transfer alone ends
+            top = max(rates)
+            rest = [i for i, r in enumerate(rates) if r < top]
+            if not rest:
+                break
+            again = solve([flows[i] for i in rest], bw)
+            assert again == [rates[i] for i in rest]
+            flows, rates = [flows[i] for i in rest], again
+    flows, bw = _fair_share_mix(seed)
+    rates = max_min_rates(flows, bw)
+    top_level = [i for i, r in enumerate(rates) if r == max(rates)]
+    shared = [i for i in range(len(flows)) if i != top_level[0] and set(dict(flows[i])) & set(dict(flows[top_level[0]]))]
+    if len(top_level) == 1 and shared:  # the flow set free was a constraint on some other one
+        again = max_min_rates([f for i, f in enumerate(flows) if i != top_level[0]], bw)
+        assert again == [r for i, r in enumerate(rates) if i != top_level[0]]
+
+
+def _course_ends(plan, bw, size_bytes, shortcut: bool):
+    """Flow ends and rate rows of ``plan`` moving ``size_bytes`` alone, with or without
+    FlowNetwork._rates_left's shortcut; how many fair shares were worked out."""
+    import simpy
+
+    from clustersim.engine.network import FlowNetwork
+
+    env = simpy.Environment()
+    net = FlowNetwork(env, bw)
+    worked = [0]
+    solve = net._max_min_of
+
+    def counted(comp):
+        worked[0] += 1
+        return solve(comp)
+
+    net._max_min_of = counted
+    if not shortcut:
+        net._rates_left = lambda t, was: net._rates_of([t])[t.key]
+    net.transfer(plan, size_bytes)
+    env.run()
+    (_, _, times, rows, end, _), = net.finished
+    return end.tolist(), [r.tolist() for r in rows], times, worked[0]
+
+
+@pytest.mark.parametrize("fractions", [(1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 0.5, 1.0, 1.0)])
+def test_a_transfer_alone_ends_level_by_level_without_working_its_shares_out_again(fractions):
+    """A transfer alone whose flows end a whole fill level at a time keeps the other flows'
+    rates without a fair share per level, and ends exactly as when each one is worked out.
+    Flows 0-3 share link 0 (100 B/s) and each has a link of its own (10, 20, 200, 200 B/s);
+    flow 4 only has its own (5 B/s). Shares: 10, 20, 35, 35, 5. With equal sizes, flows 2
+    and 3 (the top level) end together, then 1, then 0, then 4: one fair share in all. With
+    flow 2 half as large, flow 3 is left alone at the top level and rises to 70 B/s: that
+    one is worked out again."""
+    from clustersim.engine.network import FlowPlan
+
+    bw = [100.0, 10.0, 20.0, 200.0, 200.0, 5.0]
+    weights = tuple(((0, 1.0), (1 + i, 1.0)) for i in range(4)) + (((5, 1.0),),)
+    plan = FlowPlan(weights=weights, fractions=fractions, latency_s=0.0)
+    fast = _course_ends(plan, bw, 700.0, shortcut=True)
+    slow = _course_ends(plan, bw, 700.0, shortcut=False)
+    assert fast[:3] == slow[:3]  # the same ends, rate rows and times of change
+    assert fast[1][0] == [10.0, 20.0, 35.0, 35.0, 5.0]
+    if fractions[2] == 1.0:
+        assert (fast[3], slow[3]) == (1, 4)
+        assert fast[0] == [70.0, 35.0, 20.0, 20.0, 140.0]
+    else:
+        assert (fast[3], slow[3]) == (2, 5)
+        assert fast[1][1] == [10.0, 20.0, 0.0, 70.0, 5.0]  # flow 3, alone at the top, takes what link 0 has left
+
+
 def test_max_min_numpy_leaves_a_flow_listing_a_link_twice_to_the_loops():
     from clustersim.engine.network import _max_min_loops, _max_min_numpy, max_min_rates
 
