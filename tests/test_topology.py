@@ -486,3 +486,42 @@ def test_pod_oversubscription_slows_a_cross_pod_all_reduce_by_the_expected_facto
     t_in_over = _ring_time_s(over, in_pod, size)
     assert t_in_full == pytest.approx(closed_form(32, 2 * 1.0e-6 + 2 * 0.6e-6, P / 8), rel=1e-6)
     assert t_in_over == pytest.approx(t_in_full, rel=1e-12)
+
+
+@pytest.mark.parametrize("case", ["llama3 Clos", "llama3 Clos, a core link removed", "dgx-a100, a spine link removed",
+                                  "3-tier fat tree"])
+def test_routes_of_many_pairs_at_once_are_path_s_routes(root, case):
+    """``Cluster.paths`` routes pairs across leaves in one loop (``_across_leaves``, the DP
+    rings of a 16K-GPU step: ~86,000 pairs); each route is :meth:`Cluster.path`'s, the same
+    ECMP hashes up and down, on fabrics of two and three tiers, intact and with a link cut
+    (where a route turns through a third leaf or leaves a choice on the way down, path() is
+    asked)."""
+    import random
+
+    import numpy as np
+
+    llama = root / "topologies/roce-clos-llama3.yaml"
+    if case == "llama3 Clos":
+        make = lambda: build_cluster(load_topology_cfg(llama, {"nodes": 400}))  # noqa: E731
+    elif case == "llama3 Clos, a core link removed":
+        intact = build_cluster(load_topology_cfg(llama, {"nodes": 400}))
+        core = min(v for v in intact.graph.successors("pod1.spine0") if v.startswith("core"))
+        make = lambda: build_cluster(load_topology_cfg(llama, {"nodes": 400, "what_if": [  # noqa: E731
+            {"remove_link": f"{core}-pod1.spine0"}]}))
+    elif case == "dgx-a100, a spine link removed":
+        a100 = build_cluster(load_topology_cfg(root / "topologies/dgx-a100.yaml", {"nodes": 64}))
+        spine = min(v for v in a100.graph.successors("leaf0.0") if v.startswith("spine"))
+        make = lambda: build_cluster(load_topology_cfg(root / "topologies/dgx-a100.yaml",  # noqa: E731
+                                                       {"nodes": 64, "what_if": [{"remove_link": f"leaf0.0-{spine}"}]}))
+    else:
+        make = lambda: _cluster({"kind": "fat_tree", "radix": 8, "tiers": 3, "rail_optimized": False}, 64,  # noqa: E731
+                                {"gpus": 2})
+    one_by_one, at_once = make(), make()
+    rng = random.Random(7)
+    n = one_by_one.num_gpus
+    pairs = [(rng.randrange(n), rng.randrange(n)) for _ in range(3000)]
+    expected = [one_by_one.path(s, d) for s, d in pairs]
+    rows, lens = at_once.paths(np.array([s for s, _ in pairs]), np.array([d for _, d in pairs]))
+    got = [tuple(r[:k]) for r, k in zip(rows.tolist(), lens.tolist())]
+    assert got == expected
+    assert at_once._across_leaves([s for s, _ in pairs], [d for _, d in pairs]) == expected

@@ -462,6 +462,34 @@ class Cluster:
             raise ConfigError(f"no route from {a} to {b} through the fabric", source=self.cfg._source,
                               field="what_if") from None
 
+    def _meeting_of(self, a: str, b: str) -> tuple[int, frozenset[str]] | list[list[str]]:
+        """:meth:`_meeting` of leaves ``a`` and ``b``, remembered."""
+        cache = self.__dict__.setdefault("_meeting_cache", {})
+        meet = cache.get((a, b))
+        if meet is None:
+            meet = cache[(a, b)] = self._meeting(a, b)
+        return meet
+
+    def _up_choices(self, v: str, below: int, tops: frozenset[str]) -> list[str]:
+        """The switches one tier above ``v`` that still lead to one of ``tops`` (``below``
+        tiers under them), sorted. The choices at a switch depend on the switch and where the
+        route turns, not on the endpoints: remembered (a 16K-GPU step routes ~10^5 pairs)."""
+        up = self._up[v]
+        if below == 0:
+            choices = [w for w in up if w in tops]
+        else:
+            choices = [w for w in up if not self._above(w)[below].isdisjoint(tops)]
+        self.__dict__.setdefault("_choices_cache", {})[("up", v, below, tops)] = choices
+        return choices
+
+    def _down_choices(self, v: str, b: str, i: int) -> list[str]:
+        """The switches below ``v`` that are ``i`` tiers above leaf ``b`` on its way down
+        (``i`` = 0: ``b`` itself), sorted; remembered as :meth:`_up_choices`."""
+        g = self.graph
+        choices = sorted(y for y in self._above(b)[i] if g.has_edge(v, y))
+        self.__dict__.setdefault("_choices_cache", {})[("down", v, b, i)] = choices
+        return choices
+
     def _leaf_route(self, a: str, b: str, salt: str) -> list[str]:
         """A shortest route from leaf ``a`` to leaf ``b``, chosen hop by hop as ECMP does.
 
@@ -473,35 +501,18 @@ class Cluster:
         the only choice is the first (the spine), so this is the same as picking one of all the
         sorted shortest routes.
         """
-        cache = self.__dict__.setdefault("_meeting_cache", {})
-        key = (a, b)
-        if key not in cache:
-            cache[key] = self._meeting(a, b)
-        meet = cache[key]
+        meet = self._meeting_of(a, b)
         if isinstance(meet, list):
             return meet[zlib.crc32(salt.encode()) % len(meet)]
         t, tops = meet
-        up, g, above_b = self._up, self.graph, self._above(b)
-        # the choices at a switch depend on the switch and where the route turns (or goes),
-        # not on the endpoints: remember them (a 16K-GPU step routes ~10^5 pairs)
-        memo = self.__dict__.setdefault("_choices_cache", {})
+        memo = self.__dict__.setdefault("_choices_cache", {})  # see _up_choices
         hops, v = [a], a
         for i in range(1, t + 1):  # up: i tiers above a, t - i below the turn
-            key = ("up", v, t - i, tops)
-            choices = memo.get(key)
-            if choices is None:
-                if i == t:
-                    choices = [w for w in up[v] if w in tops]
-                else:
-                    choices = [w for w in up[v] if not self._above(w)[t - i].isdisjoint(tops)]
-                memo[key] = choices
+            choices = memo.get(("up", v, t - i, tops)) or self._up_choices(v, t - i, tops)
             v = _ecmp(choices, salt, v if i > 1 else None)
             hops.append(v)
         for i in range(t - 1, -1, -1):  # down toward b
-            key = ("down", v, b, i)
-            choices = memo.get(key)
-            if choices is None:
-                choices = memo[key] = sorted(y for y in above_b[i] if g.has_edge(v, y))
+            choices = memo.get(("down", v, b, i)) or self._down_choices(v, b, i)
             v = _ecmp(choices, salt, v)
             hops.append(v)
         return hops
@@ -648,7 +659,7 @@ class Cluster:
         lens[leaf] = 4
         rest = np.flatnonzero(other & ~nvlink & ~leaf)
         if len(rest):
-            found = [self.path(s, d) for s, d in zip(src[rest].tolist(), dst[rest].tolist())]
+            found = self._across_leaves(src[rest].tolist(), dst[rest].tolist())
             width = max(map(len, found))
             if width > rows.shape[1]:
                 rows = np.hstack([rows, np.full((len(src), width - rows.shape[1]), -1, dtype=np.int64)])
@@ -656,6 +667,59 @@ class Cluster:
                 rows[i, :len(p)] = p
                 lens[i] = len(p)
         return rows, lens
+
+    def _across_leaves(self, src: list[int], dst: list[int]) -> list[tuple[int, ...]]:
+        """:meth:`path` of each pair, for pairs mostly on different leaves: the same routes, the
+        same ECMP hashes, in one loop without :meth:`path`'s and :meth:`_leaf_route`'s calls per
+        pair (the DP rings over 512 replicas of a 16K-GPU step route about 86,000 such pairs;
+        half the time). A pair whose route leaves a choice on the way down, or that :meth:`path`
+        handles otherwise (same node or leaf, no fabric, a cable cut, no up-down route left),
+        is asked of :meth:`path`::
+
+            GPU -> NIC -> leaf a ─ up: ECMP among the switches that reach b's ─ down ─ leaf b -> NIC -> GPU
+                   (per GPU)        (crc32 of "src>dst", then "src>dst|switch")       (per GPU)
+        """
+        cache = self.__dict__.setdefault("_paths", {})
+        memo = self.__dict__.setdefault("_choices_cache", {})
+        routes = self.__dict__.setdefault("_gpu_routes", {})
+        names, index = self.gpu_names, self.edge_index
+        out = []
+        for s, d in zip(src, dst):
+            ids = cache.get((s, d))
+            if ids is None:
+                a = routes.get(s) or self._gpu_route(s)
+                b = routes.get(d) or self._gpu_route(d)
+                leaf_s, leaf_d = a[2], b[2]
+                meet = None
+                if a[0] != b[0] and leaf_s is not None and leaf_d is not None and leaf_s != leaf_d \
+                        and a[3] is not None and b[4] is not None:
+                    meet = self._meeting_of(leaf_s, leaf_d)
+                if type(meet) is tuple:
+                    t, tops = meet
+                    salt = f"{names[s]}>{names[d]}"
+                    ids, v = a[3], leaf_s
+                    for i in range(1, t + 1):  # up, as _leaf_route
+                        choices = memo.get(("up", v, t - i, tops)) or self._up_choices(v, t - i, tops)
+                        if len(choices) > 1:
+                            seed = f"{salt}|{v}" if i > 1 else salt
+                            w = choices[zlib.crc32(seed.encode()) % len(choices)]
+                        else:
+                            w = choices[0]
+                        ids += (index[(v, w)],)
+                        v = w
+                    for i in range(t - 1, -1, -1):  # down: one way only, else as path() does
+                        choices = memo.get(("down", v, leaf_d, i)) or self._down_choices(v, leaf_d, i)
+                        if len(choices) != 1:
+                            ids = None
+                            break
+                        ids += (index[(v, choices[0])],)
+                        v = choices[0]
+                    if ids is not None:
+                        ids = cache[(s, d)] = ids + b[4]
+                if ids is None:
+                    ids = self.path(s, d)
+            out.append(ids)
+        return out
 
     def pxn_proxies(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """:meth:`pxn_proxy` of every pair, -1 for None: the GPU of ``dst``'s local index on
