@@ -773,8 +773,7 @@ class FlowNetwork:
         self._next_id += 1
         self._comps[cid] = [t]
         self._edge_comp.update(dict.fromkeys(t.edges, cid))
-        # _end_ahead, inline (a fresh component has no finish time to drop)
-        _call_at(self.env, t.next_s, partial(self._ended_ahead, cid, t, t.ahead))
+        self._end_ahead(cid, t)
 
     def _end_ahead(self, cid: int, t: _Transfer) -> None:
         """Queue the end of ``t``, alone in component ``cid`` and worked out to its last flow:
@@ -789,7 +788,7 @@ class FlowNetwork:
             return  # it went back since: see _end_ahead
         t.ahead = None
         del self._comps[cid]
-        deque(map(self._edge_comp.pop, t.edges, repeat(None)), maxlen=0)  # _free_links, inline
+        self._free_links(t.edges)
         self.finished.append((t.tag, t.size, t.times, t.rows, t.end, t.course))
         if isinstance(t.done, simpy.Event):
             t.done.succeed()

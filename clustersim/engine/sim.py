@@ -519,7 +519,7 @@ class Engine:
         """Start ``c`` in the flow network at ``at_s`` (default: now; queued if later); the
         event returned fires when its last phase ends, or ``on_done`` is called then (see
         :meth:`FlowNetwork.transfer`)."""
-        fast = (c.op, id(c.group), id(c.twins), c.size_bytes, id(c.load))  # _shape_id, inline
+        fast = _shape_id(c)
         hit = self._start_of.get(fast)
         if hit is None:
             hit = self._start_of[fast] = (self._plan(c), self._full_plan(c))
@@ -564,12 +564,8 @@ class Engine:
         waits for it (``end_s`` may lie ahead of the clock: it is known already)."""
         c = t.comm
         form = self._form_of[t.tid]
-        if form is None:  # a task outside the templates (_span_key, inline: every PP send comes here)
-            key = (t.stream, t.name, t.kind, t.phase, self.stage_of.get(t.rank, t.stage), t.layer,
-                   c.size_bytes if c else 0.0, c.op if c else "", t.flops, t.model_flops)
-            form = self.forms.get(key)
-            if form is None:
-                form = self.form(key)
+        if form is None:
+            form = self.form(self._span_key(t, t.rank, t.stream, t.name))
         self.spans.append(Span.of_form(t.rank, form, start_s, end_s, t.mb, t.tid))
         if c is not None and c.recv_rank >= 0:
             # the receive's form follows from the send's, the receiver and the task's stage
@@ -1277,11 +1273,7 @@ class _Stream:
                 if dur < 0.0 or len(c.members) > 1 or c.recv_rank >= 0:
                     self.i, self.free_s = i, free
                     if dur < 0.0:  # the flow network times it
-                        if len(c.members) == 1:  # nobody to wait for (_start_flow, inline): queued to begin at start
-                            self.start_s, self.rdv = start, None
-                            eng._start_comm(c, stream, start, self.finish)
-                        else:
-                            self._start_flow(t, c, start)
+                        self._start_flow(t, c, start)
                         return
                     if not self._fixed_comm(c, start, dur):
                         return  # waiting for the other members
