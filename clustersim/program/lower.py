@@ -245,6 +245,7 @@ class Lowering:
     stage_grads: dict = field(default_factory=dict)  # (rank, stage) -> tids reducing that stage's grads
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
     _pp_of: dict = field(default_factory=dict, repr=False)  # rank -> its pipeline position
+    _stage_peers: dict = field(default_factory=dict, repr=False)  # (rank, stage) -> stage_peer
     # (rank, kind, id(blocks)) -> _block_plan; ("send", rank, peer, kind, part) -> a send's _comm_spec
     block_plans: dict = field(default_factory=dict, repr=False)
     # (rank, kind, stage, id(blocks), inputs) -> ActionTemplate, or False (_single_action)
@@ -324,6 +325,15 @@ class Lowering:
     def peer(self, rank: int, pp: int) -> int:
         """The rank at pipeline position ``pp`` with ``rank``'s TP and DP coordinates."""
         return self.group_of(rank, "pp")[pp]
+
+    def stage_peer(self, rank: int, stage: int) -> int:
+        """:meth:`peer` at the pipeline position of virtual stage ``stage``, or -1 when that
+        is ``rank``'s own (a hand-over without a send); asked twice per action: remembered."""
+        p = self._stage_peers.get((rank, stage))
+        if p is None:
+            q = self.schedule.stage_rank[stage]
+            p = self._stage_peers[(rank, stage)] = -1 if q == self.pp_of(rank) else self.peer(rank, q)
+        return p
 
     def part(self, stage: int) -> int:
         return self.schedule.stage_part[stage]
@@ -712,39 +722,43 @@ def _input_deps(low: Lowering, r: int, a: Action) -> list[int]:
         B(k, mb)  after F(k, mb), and the send of B(next_stage, mb)  (or that B's end)
         W(k, mb)  after B(k, mb)
     """
-    s, q = low.schedule, low.pp_of(r)
-    if a.kind == "W":
-        return list(low.done[("B", r, a.stage, a.mb)])
-    src = s.prev_stage(a.stage, a.mb) if a.kind == "F" else s.next_stage(a.stage, a.mb)
-    deps = [] if a.kind == "F" else list(low.done[("F", r, a.stage, a.mb)])
+    kind, stage, mb = a.kind, a.stage, a.mb
+    if kind == "W":
+        return list(low.done[("B", r, stage, mb)])
+    s = low.schedule
+    if kind == "F":
+        src, deps = s.prev_stage(stage, mb), []
+    else:
+        src, deps = s.next_stage(stage, mb), list(low.done[("F", r, stage, mb)])
     if src is not None:
-        q_src = s.stage_rank[src]
-        if q_src == q:  # same rank: no send, wait for the producer itself
-            deps += low.done[(a.kind, r, src, a.mb)]
+        peer = low.stage_peer(r, src)
+        if peer < 0:  # same rank: no send, wait for the producer itself
+            deps += low.done[(kind, r, src, mb)]
         else:
-            deps.append(low.sent[(a.kind, low.peer(r, q_src), src, a.mb)])
+            deps.append(low.sent[(kind, peer, src, mb)])
     return deps
 
 
 def _send_output(prog: Program, low: Lowering, r: int, a: Action, ends: tuple[int, ...]) -> None:
     """After F, send the activation to ``next_stage``'s rank; after B, the gradient to ``prev_stage``'s."""
-    s, q = low.schedule, low.pp_of(r)
-    if a.kind == "W":
+    kind, stage, mb = a.kind, a.stage, a.mb
+    if kind == "W":
         return
-    dst_stage = s.next_stage(a.stage, a.mb) if a.kind == "F" else s.prev_stage(a.stage, a.mb)
-    if dst_stage is None or s.stage_rank[dst_stage] == q:
+    s = low.schedule
+    dst_stage = s.next_stage(stage, mb) if kind == "F" else s.prev_stage(stage, mb)
+    dst = -1 if dst_stage is None else low.stage_peer(r, dst_stage)
+    if dst < 0:  # the last stage's F, the first's B, or a hand-over on the same rank
         return
-    dst = low.peer(r, s.stage_rank[dst_stage])
-    fwd = a.kind == "F"
-    part = low.part(a.stage)
-    key = ("send", r, dst, a.kind, part)  # one shape per direction, peer and part: worked out once
+    fwd = kind == "F"
+    part = low.part(stage)
+    key = ("send", r, dst, kind, part)  # one shape per direction, peer and part: worked out once
     spec = low.block_plans.get(key)
     if spec is None:
         spec = low.block_plans[key] = _comm_spec(
             low, "pp", (r, dst), low.work[part].pp_send_bytes, "send", "pp_fwd_send" if fwd else "pp_bwd_send",
-            "send act" if fwd else "send grad", f"pp {a.kind}")
-    low.sent[(a.kind, r, a.stage, a.mb)] = _add_comm(prog, r, spec, (a.kind, a.stage, a.mb), tuple(ends), a.mb,
-                                                     a.kind, q)
+            "send act" if fwd else "send grad", f"pp {kind}")
+    low.sent[(kind, r, stage, mb)] = _add_comm(prog, r, spec, (kind, stage, mb), tuple(ends), mb, kind,
+                                               low.pp_of(r))
 
 
 def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) -> None:
@@ -760,14 +774,15 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
         pp                                        [send act][send grad]
     """
     split = low.split
-    work = [low.work_of(r, low.part(a.stage)) for a in unit]
     if len(unit) == 1:
         a = unit[0]
-        ends = (_single_action(prog, low, r, a, work[0].blocks(a.kind, split), _input_deps(low, r, a)),)
+        blocks = low.work_of(r, low.part(a.stage)).blocks(a.kind, split)
+        ends = (_single_action(prog, low, r, a, blocks, _input_deps(low, r, a)),)
         low.done[(a.kind, r, a.stage, a.mb)] = ends
         _send_output(prog, low, r, a, ends)
         low.last_task[r] = ends
         return
+    work = [low.work_of(r, low.part(a.stage)) for a in unit]
     f, b = unit[0], unit[1]
     b_inputs = _input_deps(low, r, b)
     ends = tuple(_run_chains(_blocks(prog, low, r, f, work[0].blocks("F", split), _input_deps(low, r, f) + b_inputs),

@@ -150,11 +150,12 @@ class Program:
     def defer_run(self, rank: int, tmpl: ActionTemplate, mb: int, inputs: tuple) -> int:
         """Add a run of ``tmpl`` for microbatch ``mb`` with ``inputs`` whose tasks are made
         when first asked for; the id of its last task."""
-        first = len(self.items)
-        self.items.extend([None] * len(tmpl))
-        self.runs.append((rank, first, len(self.items), tmpl))
-        self.deferred[len(self.runs) - 1] = (mb, tuple(inputs))
-        return len(self.items) - 1
+        items, runs = self.items, self.runs
+        first = len(items)
+        items += [None] * len(tmpl.protos)
+        runs.append((rank, first, len(items), tmpl))
+        self.deferred[len(runs) - 1] = (mb, tuple(inputs))
+        return len(items) - 1
 
     def _make_run(self, k: int) -> None:
         """Make run ``k``'s tasks from its template, in place."""

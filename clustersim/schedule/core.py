@@ -105,6 +105,8 @@ class PipelineSchedule:
         if len(pairs) != len(rows):
             raise ScheduleError(f"fb_pairs has {len(pairs)} rows but the schedule has {len(rows)} ranks")
         for r, rp in enumerate(pairs):
+            if not rp:
+                continue
             acts = rows[r]
             at = {a: i for i, a in enumerate(acts)}
             for f, b in rp:
@@ -169,13 +171,7 @@ class PipelineSchedule:
 
     def deps(self, a: Action) -> list[Key]:
         """(stage, kind, mb) that must finish before ``a`` can start."""
-        if a.kind == "F":
-            prev = self.prev_stage(a.stage, a.mb)
-            return [] if prev is None else [(prev, "F", a.mb)]
-        if a.kind == "B":
-            nxt = self.next_stage(a.stage, a.mb)
-            return [(a.stage, "F", a.mb)] + ([] if nxt is None else [(nxt, "B", a.mb)])
-        return [(a.stage, "B", a.mb)]
+        return list(_deps_of(self, a.stage, a.kind, a.mb))
 
     def overlapped_with(self, rank: int) -> dict[Action, Action]:
         """rank's overlapped chunks as {backward: forward}."""
@@ -233,9 +229,10 @@ def _check_rows(rows) -> bool:
     for r, acts in enumerate(rows):
         seen: dict[Key, int] = {}
         for i, a in enumerate(acts):
-            if a.key in seen:
-                raise ScheduleError(f"rank {r}: {a} appears twice (actions {seen[a.key]} and {i} of that rank)")
-            seen[a.key] = i
+            k = a.key
+            if k in seen:
+                raise ScheduleError(f"rank {r}: {a} appears twice (actions {seen[k]} and {i} of that rank)")
+            seen[k] = i
             if a.kind != "F":
                 before = "F" if a.kind == "B" else "B"
                 j = seen.get((a.stage, before, a.mb))
@@ -354,18 +351,28 @@ def _plan(s: PipelineSchedule) -> list[list[tuple[tuple[Key, ...], tuple[Key, ..
     plan = s.__dict__.get("_plan")
     if plan is None:
         plan = []
-        for ops in _ops(s):
+        for r, acts in enumerate(s.actions):
+            if not s.fb_pairs[r]:  # one action per unit (most schedules)
+                plan.append([((a.key,), _deps_of(s, a.stage, a.kind, a.mb)) for a in acts])
+                continue
             row = []
-            for op in ops:
-                if len(op) == 1:
-                    a = op[0]
-                    row.append((((a.stage, a.kind, a.mb),), tuple(s.deps(a))))
-                    continue
-                keys = tuple((a.stage, a.kind, a.mb) for a in op)
+            for op in issue_units(s, r):
+                keys = tuple(a.key for a in op)
                 row.append((keys, tuple(d for a in op for d in s.deps(a) if d not in keys)))
             plan.append(row)
         object.__setattr__(s, "_plan", plan)
     return plan
+
+
+def _deps_of(s: PipelineSchedule, stage: int, kind: str, mb: int) -> tuple[Key, ...]:
+    """:meth:`PipelineSchedule.deps` of the action (stage, kind, mb), as a tuple."""
+    if kind == "F":
+        prev = s._prev.get((stage, mb))
+        return () if prev is None else ((prev, "F", mb),)
+    if kind == "B":
+        nxt = s._next.get((stage, mb))
+        return ((stage, "F", mb),) if nxt is None else ((stage, "F", mb), (nxt, "B", mb))
+    return ((stage, "B", mb),)
 
 
 def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
@@ -382,15 +389,17 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
     # max(rank free, dependencies released), fixed once the dependencies are placed.
     waiting: dict[Key, list[int]] = {}
     todo = deque(range(s.ranks))
+    released = release.get
     while todo:
         r = todo.popleft()
         row = plan[r]
-        while pos[r] < len(row):
-            keys, deps = row[pos[r]]
-            t0 = free[r]
+        i, t1, b, n = pos[r], free[r], busy[r], len(row)
+        while i < n:
+            keys, deps = row[i]
+            t0 = t1
             blocker = None
             for d in deps:  # the first dependency not placed yet, else the latest release
-                at = release.get(d)
+                at = released(d)
                 if at is None:
                     blocker = d
                     break
@@ -402,7 +411,10 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
             if len(keys) == 1:
                 k = keys[0]
                 t1 = t0 + dur[k[1]]
-                start[k], end[k], release[k] = t0, t1, t1
+                start[k] = t0
+                end[k] = release[k] = t1
+                if k in waiting:
+                    todo.extend(waiting.pop(k))
             else:  # an overlapped chunk: one unit, outputs released at its end
                 t = t0
                 for k in keys:
@@ -413,12 +425,12 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
                     release[k] = t1
                     if fb is not None:  # no inner order to draw
                         start[k], end[k] = t0, t1
-            for k in keys:
-                if k in waiting:
-                    todo.extend(waiting.pop(k))
-            free[r] = t1
-            busy[r] += t1 - t0
-            pos[r] += 1
+                for k in keys:
+                    if k in waiting:
+                        todo.extend(waiting.pop(k))
+            b += t1 - t0
+            i += 1
+        pos[r], free[r], busy[r] = i, t1, b
     stuck = [r for r in range(s.ranks) if pos[r] < len(plan[r])]
     if stuck:
         waits = []
