@@ -24,38 +24,38 @@ and takes its ratios against the mean of the two ("bare timeout us"; the machine
 over minutes, and one reading at the start misled the ratios of runs made minutes later by as
 much as the drift). bench_instructions.py gives the same ratio in instructions, drift-free.
 
-Example (2 cores, 2026-12-01, on a slow stretch of a machine whose speed drifts by 1.5x or more
-within minutes: compare scenarios, not machines; docs/performance.md has the targets and the
-figures, and bench_instructions.py compares two versions without the drift)::
+Example (2 cores, 2026-12-01, --repeat 3, on a middling stretch of a machine whose speed drifts
+by 1.5x or more within minutes: compare scenarios, not machines; docs/performance.md has the
+targets and the figures, and bench_instructions.py compares two versions without the drift)::
 
-    bare simpy timeout at the start: 1.59 us per event (median of 5 x 200,000; each run reads its own)
+    bare simpy timeout at the start: 1.54 us per event (median of 5 x 200,000; each run reads its own)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     GPUs                           1,024            16,384             3,072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
     spans                         37,032            32,448           918,852
     simpy events                  28,061            15,829           132,174
-    import s                        0.48              0.44              0.43
-    load s                          0.06              0.59              0.61
-    lower s                         0.13              0.44              1.09
-    engine s                        1.26              3.88              4.96
-      setup s                       0.30              2.42              0.65
-      run s                         0.96              1.46              4.31
-    analysis s                      0.21              0.62              2.42
-    outputs s                       0.13              0.06              0.18
-    total s                         2.26              6.03              9.69
-    writers alone s                 0.29              0.28              2.37
-    clustersim run s                2.22              6.05              7.87
-    peak RSS MiB                     117               311               677
-    writer RSS MiB                   126               311               583
-    events/s                      22,342             4,079            26,657
-    tasks/s                       28,720             7,842           172,307
-    bare timeout us                 1.56              1.63              1.24
-    engine us/event                44.76            245.17             37.51
-    x bare timeout                  28.6             150.6              30.3
-    engine us/task                 34.82            127.52              5.80
-      x bare timeout                22.3              78.3               4.7
-      run only                      17.0              29.4               4.1
+    import s                        0.30              0.43              0.32
+    load s                          0.03              0.45              0.41
+    lower s                         0.07              0.26              0.74
+    engine s                        0.81              2.55              3.73
+      setup s                       0.20              1.54              0.49
+      run s                         0.61              0.97              3.24
+    analysis s                      0.16              0.53              1.88
+    outputs s                       0.19              0.07              0.56
+    total s                         1.50              4.22              7.64
+    writers alone s                 0.20              0.17              2.18
+    clustersim run s                1.54              6.00              7.70
+    peak RSS MiB                     116               311               677
+    writer RSS MiB                   123               315               583
+    events/s                      34,857             6,219            35,411
+    tasks/s                       44,808            11,957           228,889
+    bare timeout us                 0.90              0.96              1.24
+    engine us/event                28.69            160.78             28.24
+    x bare timeout                  32.9             167.7              26.2
+    engine us/task                 22.32             83.63              4.37
+      x bare timeout                25.6              87.2               4.1
+      run only                      19.4              33.7               3.5
 """
 
 from __future__ import annotations
