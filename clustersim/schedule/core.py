@@ -320,11 +320,6 @@ def issue_units(s: PipelineSchedule, rank: int) -> list[tuple[Action, ...]]:
     return out
 
 
-def _ops(s: PipelineSchedule) -> list[list[tuple[Action, ...]]]:
-    """Per rank, the units issued one after another (:func:`issue_units`)."""
-    return [issue_units(s, r) for r in range(len(s.actions))]
-
-
 def timeline(schedule: PipelineSchedule | Sequence[Sequence[Action]],
              durations: Mapping[str, float] | None = None) -> Timeline:
     """Place every action: each rank in list order, each as early as deps and rank allow.
