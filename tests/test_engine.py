@@ -773,3 +773,17 @@ def test_rate_segments_of_a_plan_at_once_are_those_transfer_by_transfer(root):
             for a, b in zip((start, stop, moved), map(np.concatenate, zip(*one[e]))):
                 assert np.array_equal(a, b)
     assert len(by_plan) > 20 and changing > 100  # many plans, many transfers whose rates changed
+
+
+def test_the_flow_network_caches_start_afresh_at_their_bound(monkeypatch):
+    """A run meets a few thousand mixes of flows; a pathological one meeting a new mix at every
+    event must not grow the caches without end: at CACHE_ENTRIES they start afresh."""
+    from clustersim.engine import network
+
+    monkeypatch.setattr(network, "CACHE_ENTRIES", 3)
+    cache: dict = {}
+    for k in range(3):
+        network._remember(cache, k, k)
+    assert cache == {0: 0, 1: 1, 2: 2}
+    network._remember(cache, 3, "x")
+    assert cache == {3: "x"}

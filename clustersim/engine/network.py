@@ -660,6 +660,18 @@ def _shifted(course: tuple, t0: float) -> tuple[list, list, np.ndarray]:
     return [t0 + x for x in times], list(rows), end + t0
 
 
+# entries a cache of the flow network keeps before it starts afresh: a run meets a few thousand
+# mixes and courses; a bound keeps a pathological one (every mix new) from growing without end
+CACHE_ENTRIES = 100_000
+
+
+def _remember(cache: dict, key, value) -> None:
+    """``cache[key] = value``, emptying ``cache`` first when it holds CACHE_ENTRIES already."""
+    if len(cache) >= CACHE_ENTRIES:
+        cache.clear()
+    cache[key] = value
+
+
 def _set_next_end(t: _Transfer, now: float) -> None:
     """``t.next_s``: when its first live flow ends at its current rates (``t.rem`` is at
     ``now``); a flow squeezed to 0 by rounding waits for the next re-share."""
@@ -881,9 +893,7 @@ class FlowNetwork:
                         _set_next_end(t, at)
             course = (tuple(before), [x - t0 for x in t.times], list(t.rows), t.end - t0)
             if fresh and not t.live:
-                if len(self._alone) > 100_000:
-                    self._alone.clear()
-                self._alone[key] = course
+                _remember(self._alone, key, course)
         else:  # replay: the end state, shifted
             t.times, t.rows, t.end = _shifted(course, t0)
             t.idx, t.live = t.idx[:0], ()
@@ -964,9 +974,7 @@ class FlowNetwork:
             if r_top < np.inf and top.min() == r_top and rate[t.idx].max() < r_top:
                 r = rate.copy()
                 r[gone] = 0.0
-                if len(self._rates_cache) > 100_000:
-                    self._rates_cache.clear()
-                self._rates_cache[(key,)] = {key: r}
+                _remember(self._rates_cache, (key,), {key: r})
                 return r
         return self._rates_of([t])[key]
 
@@ -977,8 +985,6 @@ class FlowNetwork:
         mix = tuple(sorted(keys))
         by_key = self._rates_cache.get(mix)
         if by_key is None:
-            if len(self._rates_cache) > 100_000:
-                self._rates_cache.clear()
             flat = self._max_min_of(comp)
             by_key, k = {}, 0
             for t, key in zip(comp, keys):
@@ -987,7 +993,7 @@ class FlowNetwork:
                     r[list(t.live)] = flat[k:k + len(t.live)]
                     by_key[key] = r
                 k += len(t.live)
-            self._rates_cache[mix] = by_key
+            _remember(self._rates_cache, mix, by_key)
         return by_key
 
     def _max_min_of(self, comp: list[_Transfer]) -> list[float]:
