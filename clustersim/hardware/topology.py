@@ -428,12 +428,18 @@ class Cluster:
             out[v] = sorted(w for w in g.successors(v) if g.nodes[w].get("tier") == t + 1)
         return out
 
+    @cached_property
+    def _cabled(self) -> dict[str, frozenset[str]]:
+        """Per fabric switch, every node it has a cable to (a set, to intersect in C)."""
+        g = self.graph
+        return {v: frozenset(g.successors(v)) for v in self._fabric}
+
     def _above(self, v: str) -> list[frozenset[str]]:
         """The switches ``v`` reaches going up: index 0 is ``{v}``, index t those t tiers higher."""
         cache = self.__dict__.setdefault("_above_cache", {})
         if v not in cache:
             up, levels = self._up, [frozenset((v,))]
-            while nxt := frozenset(w for x in levels[-1] for w in up[x]):
+            while nxt := frozenset().union(*map(up.__getitem__, levels[-1])):  # (in C: a level has hundreds)
                 levels.append(nxt)
             cache[v] = levels
         return cache[v]
@@ -485,8 +491,7 @@ class Cluster:
     def _down_choices(self, v: str, b: str, i: int) -> list[str]:
         """The switches below ``v`` that are ``i`` tiers above leaf ``b`` on its way down
         (``i`` = 0: ``b`` itself), sorted; remembered as :meth:`_up_choices`."""
-        g = self.graph
-        choices = sorted(y for y in self._above(b)[i] if g.has_edge(v, y))
+        choices = sorted(self._above(b)[i] & self._cabled[v])
         self.__dict__.setdefault("_choices_cache", {})[("down", v, b, i)] = choices
         return choices
 
@@ -560,7 +565,8 @@ class Cluster:
             attrs = g.nodes[name]
             nic = attrs.get("nic")
             leaf = g.nodes[nic]["leaf"] if nic is not None else None
-            has = leaf is not None and all(k in index for k in ((name, nic), (nic, leaf), (leaf, nic), (nic, name)))
+            has = (leaf is not None and (name, nic) in index and (nic, leaf) in index and (leaf, nic) in index
+                   and (nic, name) in index)
             up = (index[(name, nic)], index[(nic, leaf)]) if has else None
             down = (index[(leaf, nic)], index[(nic, name)]) if has else None
             hit = memo[gpu] = (attrs["node"], attrs.get("switch"), leaf, up, down)
