@@ -1,0 +1,44 @@
+"""bench/bench_scale.py still measures what it says: run on a small scenario, it prints every
+row, and its sizes are those of the program the lowering makes (the benchmark imports the
+engine, the lowering and the writers phase by phase, so an API change would break it silently)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+
+from clustersim.config import load_scenario
+from clustersim.program.lower import lower
+
+from .conftest import ROOT
+
+SCENARIO = ROOT / "scenarios" / "llama3_8b_8gpu.yaml"
+
+
+def _rows() -> list[str]:
+    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "bench_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return [label for label, _, _ in mod.ROWS]
+
+
+def test_bench_scale_prints_every_row_with_the_program_s_sizes():
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--only", str(SCENARIO)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    values = {}
+    for label in _rows():
+        m = re.search(rf"^{re.escape(label)}\s+([\d,.]+)\s*$", run.stdout, re.M)
+        assert m, f"row {label!r} missing from:\n{run.stdout}"
+        values[label] = float(m[1].replace(",", ""))
+    prog, _ = lower(load_scenario(SCENARIO))
+    assert values["tasks"] == len(prog.items)
+    assert values["GPUs"] == 8 and values["simulated ranks"] == len(prog.ranks)
+    assert values["simpy events"] > 0 and values["peak RSS MiB"] > 0
+    assert values["total s"] >= values["engine s"] > 0
