@@ -494,8 +494,7 @@ def test_routes_of_many_pairs_at_once_are_path_s_routes(root, case):
     """``Cluster.paths`` routes pairs across leaves in one loop (``_across_leaves``, the DP
     rings of a 16K-GPU step: ~86,000 pairs); each route is :meth:`Cluster.path`'s, the same
     ECMP hashes up and down, on fabrics of two and three tiers, intact and with a link cut
-    (where a route turns through a third leaf or leaves a choice on the way down, path() is
-    asked)."""
+    (a route that turns through a third leaf, or has a choice on the way down)."""
     import random
 
     import numpy as np

@@ -546,14 +546,19 @@ class Cluster:
                 raise ConfigError("GPUs on different nodes but the topology has no fabric",
                                   field="fabric.kind")
             mid = [leaf_s] if leaf_s == leaf_d else self._leaf_route(leaf_s, leaf_d, f"{s}>{d}")
-            hops = [*mid]
             if a[3] is None or b[4] is None:  # a NIC cable taken out (what_if): name the missing link
                 hops = [s, self.graph.nodes[s]["nic"], *mid, self.graph.nodes[d]["nic"], d]
                 ids = tuple(index[(u, v)] for u, v in zip(hops, hops[1:]))
             else:
-                ids = a[3] + tuple(index[(u, v)] for u, v in zip(hops, hops[1:])) + b[4]
+                ids = self._nic_to_nic(a, mid, b)
         cache[key] = ids
         return ids
+
+    def _nic_to_nic(self, a: tuple, hops: list[str], b: tuple) -> tuple[int, ...]:
+        """Edge ids of a route across the fabric: GPU -> NIC -> leaf of ``a`` (a
+        :meth:`_gpu_route`), the switches ``hops`` from that leaf to ``b``'s, leaf -> NIC -> GPU."""
+        index = self.edge_index
+        return a[3] + tuple(index[(u, v)] for u, v in zip(hops, hops[1:])) + b[4]
 
     def _gpu_route(self, gpu: int) -> tuple:
         """(node, NVSwitch, leaf, edge ids GPU -> NIC -> leaf, edge ids leaf -> NIC -> GPU) of
@@ -675,20 +680,18 @@ class Cluster:
         return rows, lens
 
     def _across_leaves(self, src: list[int], dst: list[int]) -> list[tuple[int, ...]]:
-        """:meth:`path` of each pair, for pairs mostly on different leaves: the same routes, the
-        same ECMP hashes, in one loop without :meth:`path`'s and :meth:`_leaf_route`'s calls per
-        pair (the DP rings over 512 replicas of a 16K-GPU step route about 86,000 such pairs;
-        half the time). A pair whose route leaves a choice on the way down, or that :meth:`path`
-        handles otherwise (same node or leaf, no fabric, a cable cut, no up-down route left),
-        is asked of :meth:`path`::
+        """:meth:`path` of each pair, for pairs mostly on different leaves, in one loop: the
+        checks :meth:`path` makes per pair, its memo lookups and names, without its call per
+        pair (the DP rings over 512 replicas of a 16K-GPU step route about 86,000 such pairs);
+        the route between the leaves is :meth:`_leaf_route`'s, ECMP hashes included. A pair
+        :meth:`path` handles otherwise (same node or leaf, no fabric, a NIC cable cut) is
+        asked of it::
 
-            GPU -> NIC -> leaf a ─ up: ECMP among the switches that reach b's ─ down ─ leaf b -> NIC -> GPU
-                   (per GPU)        (crc32 of "src>dst", then "src>dst|switch")       (per GPU)
+            GPU -> NIC -> leaf a ─ _leaf_route(a, b, "src>dst") ─ leaf b -> NIC -> GPU
         """
         cache = self.__dict__.setdefault("_paths", {})
-        memo = self.__dict__.setdefault("_choices_cache", {})
         routes = self.__dict__.setdefault("_gpu_routes", {})
-        names, index = self.gpu_names, self.edge_index
+        names = self.gpu_names
         out = []
         for s, d in zip(src, dst):
             ids = cache.get((s, d))
@@ -696,33 +699,11 @@ class Cluster:
                 a = routes.get(s) or self._gpu_route(s)
                 b = routes.get(d) or self._gpu_route(d)
                 leaf_s, leaf_d = a[2], b[2]
-                meet = None
                 if a[0] != b[0] and leaf_s is not None and leaf_d is not None and leaf_s != leaf_d \
                         and a[3] is not None and b[4] is not None:
-                    meet = self._meeting_of(leaf_s, leaf_d)
-                if type(meet) is tuple:
-                    t, tops = meet
-                    salt = f"{names[s]}>{names[d]}"
-                    ids, v = a[3], leaf_s
-                    for i in range(1, t + 1):  # up, as _leaf_route
-                        choices = memo.get(("up", v, t - i, tops)) or self._up_choices(v, t - i, tops)
-                        if len(choices) > 1:
-                            seed = f"{salt}|{v}" if i > 1 else salt
-                            w = choices[zlib.crc32(seed.encode()) % len(choices)]
-                        else:
-                            w = choices[0]
-                        ids += (index[(v, w)],)
-                        v = w
-                    for i in range(t - 1, -1, -1):  # down: one way only, else as path() does
-                        choices = memo.get(("down", v, leaf_d, i)) or self._down_choices(v, leaf_d, i)
-                        if len(choices) != 1:
-                            ids = None
-                            break
-                        ids += (index[(v, choices[0])],)
-                        v = choices[0]
-                    if ids is not None:
-                        ids = cache[(s, d)] = ids + b[4]
-                if ids is None:
+                    hops = self._leaf_route(leaf_s, leaf_d, f"{names[s]}>{names[d]}")
+                    ids = cache[(s, d)] = self._nic_to_nic(a, hops, b)
+                else:
                     ids = self.path(s, d)
             out.append(ids)
         return out
