@@ -41,9 +41,9 @@ def first_forward_starts(trace) -> dict[int, np.ndarray]:
     """Per simulated rank, the start of each microbatch's first forward compute span, by
     microbatch (NaN where a microbatch has none on that rank)."""
     cols = trace.columns()
-    forms = trace.forms()[1]
+    codes, forms = trace.forms()
     fwd = np.array([f.stream == "compute" and f.phase == "F" for f in forms], dtype=bool)
-    sel = fwd[trace.forms()[0]] & (cols.mb >= 0)
+    sel = fwd[codes] & (cols.mb >= 0)
     rank, mb, start = cols.rank[sel], cols.mb[sel], cols.start_s[sel]
     n_mb = int(mb.max()) + 1 if len(mb) else 0
     out = {}

@@ -408,8 +408,6 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
                 t1 = t0 + dur[k[1]]
                 start[k] = t0
                 end[k] = release[k] = t1
-                if k in waiting:
-                    todo.extend(waiting.pop(k))
             else:  # an overlapped chunk: one unit, outputs released at its end
                 t = t0
                 for k in keys:
@@ -420,9 +418,9 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
                     release[k] = t1
                     if fb is not None:  # no inner order to draw
                         start[k], end[k] = t0, t1
-                for k in keys:
-                    if k in waiting:
-                        todo.extend(waiting.pop(k))
+            for k in keys:
+                if k in waiting:
+                    todo.extend(waiting.pop(k))
             b += t1 - t0
             i += 1
         pos[r], free[r], busy[r] = i, t1, b
