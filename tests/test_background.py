@@ -113,65 +113,19 @@ def test_pieces_are_taken_once_from_either_end(tmp_path):
     assert not (tmp_path / background.CLAIMS_FILE).exists()
 
 
-@pytest.mark.parametrize("first", [True, False], ids=["writer-first", "parent-first"])
-def test_the_link_use_goes_to_the_first_to_claim_it(tmp_path, first):
-    share = background.Share(tmp_path, 0)
-    try:
-        got = [share.claim_links(writer=first), share.claim_links(writer=not first), share.claim_links(writer=first)]
-        owner = _links_owner(share)
-    finally:
-        share.close()
-    assert got == [True, False, False] and owner == (1 if first else 2)
-
-
-def _links_owner(share) -> int:
-    """Who has claimed the link use (Share.claim_links): 0 nobody yet, 1 the writer, 2 the parent."""
-    import struct
-
-    return struct.unpack_from("<q", share.counters, 16)[0]
-
-
-def _wait_for_a_claim(share) -> None:
-    deadline = time.monotonic() + 60
-    while _links_owner(share) == 0 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert _links_owner(share) != 0
-
-
 @needs_fork
-def test_the_link_use_is_worked_out_by_whichever_process_is_free_first(tmp_path, monkeypatch):
-    """The link use the summary needs last is worked out by the writer once its report bars
-    are made, unless the parent gets there first (Share.claim_links); where the writer fails
-    before handing it over, the parent works it out itself: the same files every way, and the
-    same as in one process. The two orders are forced here by holding one side until the other
-    has claimed it."""
+def test_the_writer_works_out_the_link_use_for_the_summary(tmp_path, monkeypatch):
+    """The writer works out the link use first and hands it to the parent's summary
+    (Writer.links); where it fails before that, the parent works it out itself: the same
+    summary either way, and the same as in one process."""
     from clustersim.engine import Engine
 
     sc = write_scenario(tmp_path, ROOT, scenario_dict())
-    handed, owners = [], []
-    links, claim = background.Writer.links, background.Share.claim_links
-
-    def parent_after_the_writer(self):
-        _wait_for_a_claim(self.share)
-        owners.append(_links_owner(self.share))
-        handed.append(links(self))
-        return handed[-1]
-
-    monkeypatch.setattr(background.Writer, "links", parent_after_the_writer)
-    assert main(["run", str(sc), "--out", str(tmp_path / "writer")]) == 0
-    assert owners == [1] and handed[0] and all(u.bytes > 0 for u in handed[0])  # the writer's
-
-    def writer_after_the_parent(self, writer):
-        if writer:
-            _wait_for_a_claim(self)
-        return claim(self, writer)
-
+    handed = []
+    links = background.Writer.links
     monkeypatch.setattr(background.Writer, "links", lambda self: handed.append(links(self)) or handed[-1])
-    monkeypatch.setattr(background.Share, "claim_links", writer_after_the_parent)
-    assert main(["run", str(sc), "--out", str(tmp_path / "parent")]) == 0
-    assert handed[1] is None  # the parent claimed it, and worked it out itself
-    monkeypatch.setattr(background.Share, "claim_links", claim)
-
+    assert main(["run", str(sc), "--out", str(tmp_path / "forked")]) == 0
+    assert handed and handed[0] and all(u.bytes > 0 for u in handed[0])  # the child's
     parent, link_use = os.getpid(), Engine.link_use
 
     def fails_in_the_child(self):
@@ -180,14 +134,11 @@ def test_the_link_use_is_worked_out_by_whichever_process_is_free_first(tmp_path,
         return link_use(self)
 
     monkeypatch.setattr(Engine, "link_use", fails_in_the_child)
-    monkeypatch.setattr(background.Writer, "links", parent_after_the_writer)
     assert main(["run", str(sc), "--out", str(tmp_path / "failed")]) == 0
-    assert owners[-1] == 1 and handed[-1] is None  # the writer claimed it and failed: the parent's own
+    assert handed[1] is None  # none from the child: the parent's own
     monkeypatch.setattr(sys, "platform", "win32")
     assert main(["run", str(sc), "--out", str(tmp_path / "alone")]) == 0
-    expected = _outputs(tmp_path / "alone")
-    for run in ("writer", "parent", "failed"):
-        assert _outputs(tmp_path / run) == expected, run
+    assert _outputs(tmp_path / "forked") == _outputs(tmp_path / "failed") == _outputs(tmp_path / "alone")
 
 
 @needs_fork

@@ -6,8 +6,8 @@ run forks a writer; the two processes then use both cores, and share out the tra
 pieces (perfetto.TracePieces: about 4,096 events each, compressed on their own) so that they
 end together::
 
-    parent  [engine run]─fork─[summary: metrics, memory, critical path, (link use), checks][summary.json]─[pieces n-1, n-2, ...]─wait─move
-    child                     [report bars][(link use)][pieces 0, 1, 2, ...]─summary─[report page][pieces ...]─[trace.json.gz]
+    parent  [engine run]─fork─[summary: metrics, memory, critical path, checks][summary.json]─[pieces n-1, n-2, ...]─wait─move
+    child                     [report bars][pieces 0, 1, 2, ...]─summary─[report page][pieces ...]─[trace.json.gz]
 
 The writer takes pieces from the front, the parent from the back once its summary is written,
 one at a time (:class:`Share`), until they meet: whichever of the two is done first takes
@@ -24,12 +24,10 @@ parent writes the files itself (the same functions, so the same bytes): off Linu
 no fork; on macOS system libraries may not survive one), in a process running other Python
 threads (a lock one of them holds would stay held in the child), and when the child fails.
 
-The link use, which the summary needs last, is worked out by whichever of the two is free
-for it first (:meth:`Share.claim_links`). On Megatron-1T (bench/bench_scale.py) the two files
-take about 1.3 s and the summary with its checks 1.5-1.8 s: they overlap instead of adding
-up, and the writer works out the link use. On moe_1024gpu the summary is done first, and the
-parent works out the link use, then compresses some of the trace file while the writer makes
-the report.
+On Megatron-1T (bench/bench_scale.py) the two files take about 2 s and the summary with its
+checks about as long: they overlap instead of adding up. On moe_1024gpu the summary is done
+first, and the parent then compresses most of the trace file while the writer makes the
+report.
 """
 
 from __future__ import annotations
@@ -57,30 +55,26 @@ SUMMARY_FILE = ".summary.pickle"  # in the temp folder, removed once the child i
 PIECES_FILE = ".pieces.pickle"  # the parent's pieces of the trace file, for the child
 LINKS_FILE = ".links.pickle"  # the link use the child worked out, for the parent
 CLAIMS_FILE = ".claims"  # the counters of Share
-_NOBODY, _WRITER, _PARENT = 0, 1, 2  # who works out the link use (Share.claim_links)
 
 
 class Share:
-    """The work either process may do, shared out between the writer and the parent: the
-    pieces of the trace file, the writer taking them from the front and the parent from the
-    back, one at a time until they meet; and the link use, worked out by whichever of the two
-    is free first (:meth:`claim_links`)::
+    """The pieces of the trace file shared out between the writer (from the front) and the
+    parent (from the back), one at a time until they meet::
 
         pieces   0  1  2  3  4  5  6  7  8  9
         writer   → → → →
         parent                  ← ← ←            front = 4, back = 7: pieces 4-6 still free
 
-    Three counters (front, back, who has the link use) in a small file that both processes
-    map, changed under a POSIX record lock (``fcntl.lockf``: held per process, so parent and
-    child exclude each other through the descriptor they share; the kernel drops it if its
-    holder dies). In the writer, it also reads the pipe on which the parent says that the
-    summary, then its pieces, are there."""
+    Two counters in a small file that both processes map, changed under a POSIX record lock
+    (``fcntl.lockf``: held per process, so parent and child exclude each other through the
+    descriptor they share; the kernel drops it if its holder dies). In the writer, it also
+    reads the pipe on which the parent says that the summary, then its pieces, are there."""
 
     def __init__(self, folder: Path, count: int):
-        self.folder, self.count = folder, count
+        self.folder = folder
         self.fd = os.open(folder / CLAIMS_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.write(self.fd, struct.pack("<qqq", 0, count, _NOBODY))
-        self.counters = mmap.mmap(self.fd, 24)
+        os.write(self.fd, struct.pack("<qq", 0, count))
+        self.counters = mmap.mmap(self.fd, 16)
         self.signals = -1  # in the writer: the pipe's read end
 
     def take(self, front: bool) -> int | None:
@@ -102,21 +96,6 @@ class Share:
     def taken(self, front: bool):
         """Pieces as :meth:`take` gives them, until none is left."""
         return iter(lambda: self.take(front), None)
-
-    def claim_links(self, writer: bool) -> bool:
-        """Whether the writer (or the parent) is the one to work out the link use: the first
-        of the two to ask is. The writer asks once the report's bars are made, the parent once
-        the rest of its summary is: on moe_1024gpu the parent is free first (0.08 s after the
-        fork, the bars take 0.16 s), on Megatron-1T the writer is (the summary takes 1-1.3 s)."""
-        fcntl.lockf(self.fd, fcntl.LOCK_EX)
-        try:
-            (owner,) = struct.unpack_from("<q", self.counters, 16)
-            if owner != _NOBODY:
-                return False
-            struct.pack_into("<q", self.counters, 16, _WRITER if writer else _PARENT)
-            return True
-        finally:
-            fcntl.lockf(self.fd, fcntl.LOCK_UN)
 
     def summary_ready(self) -> bool:
         """In the writer: whether the parent's signal that the summary is there has come
@@ -145,19 +124,16 @@ def _receive(signals: int, expected: bytes, path: Path):
 
 
 def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file: bool,
-                share: Share | None = None, after_bars: Callable[[], None] | None = None) -> None:
+                share: Share | None = None) -> None:
     """Write report.html and trace.json.gz into ``folder``. ``summary``: the summary, or a
     function that gives it, asked for once everything the trace alone decides is done: the
     timeline's bars made, every piece of the trace file written and compressed. With
     ``share`` (in the writer), the pieces are shared out with the parent (:class:`Share`): the
-    summary is read as soon as it is there, and the page made then, between two pieces.
-    ``after_bars``: called once the report's bars are made (the writer's bid for the link use)."""
+    summary is read as soon as it is there, and the page made then, between two pieces."""
     from .perfetto import TracePieces, gzip_file, trace_tail
     from .report import prepare_report
 
     page = prepare_report(trace) if report else None
-    if after_bars is not None:
-        after_bars()
     html = None
     packed: dict[int, tuple] = {}
     if trace_file:
@@ -205,18 +181,15 @@ class Writer:
         self.done = False  # the child has been waited for
 
     def links(self) -> list | None:
-        """The link use the child worked out (:func:`start`'s ``link_use``), once it is there;
-        None if the parent is free first (:meth:`Share.claim_links`) or the child did not get
-        that far: the caller works it out."""
+        """The link use the child worked out first thing (:func:`start`'s ``link_use``),
+        once it is there; None if the child did not get that far (the caller works it out)."""
         if self._links_fd < 0:
-            return None
-        if self.share is not None and self.share.claim_links(writer=False):
-            self._close_links()
             return None
         try:
             there = os.read(self._links_fd, 1) == b"l"  # b"": the child left without it
         finally:
-            self._close_links()
+            os.close(self._links_fd)
+            self._links_fd = -1
         path = self.folder / LINKS_FILE
         got = list(map(LinkUse, *pickle.loads(path.read_bytes()))) if there else None
         path.unlink(missing_ok=True)
@@ -226,9 +199,6 @@ class Writer:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self._close_links()
-
-    def _close_links(self) -> None:
         if self._links_fd >= 0:
             os.close(self._links_fd)
             self._links_fd = -1
@@ -250,7 +220,7 @@ class Writer:
             return False
         summary_path.write_bytes(data)
         self._signal(b"s")
-        if self.share is not None and self.share.count:
+        if self.share is not None:
             try:
                 mine = self._take_pieces(trace)
                 pieces_path.write_bytes(pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL))
@@ -311,16 +281,16 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
     """Fork a process that writes the files into ``folder`` once it has the summary; None
     where there is nothing to write or no fork (the caller then writes them itself). The
     spans' display order is worked out before the fork: both processes write pieces of the
-    trace file in it (and the report draws in it). ``link_use``: what the parent's summary
-    needs last (:meth:`Writer.links`), worked out by the child once the report's bars are made
-    unless the parent is free first (:meth:`Share.claim_links`)."""
+    trace file in it (and the report draws in it). ``link_use``: worked out by the child
+    first, for the parent's summary (:meth:`Writer.links`), which needs it last: on both
+    moe_1024gpu and Megatron-1T the summary with its checks is the longer of the two sides."""
     if not (report or trace_file) or not sys.platform.startswith("linux") or threading.active_count() > 1:
         return None
     share = None
-    if trace_file or link_use is not None:
+    if trace_file:
         from .perfetto import piece_count
 
-        share = Share(folder, piece_count(trace) if trace_file else 0)
+        share = Share(folder, piece_count(trace))
     read_fd, write_fd = os.pipe()
     links_r, links_w = os.pipe() if link_use is not None else (-1, -1)
     with warnings.catch_warnings():
@@ -339,23 +309,17 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
     code = 1
     try:
         os.close(write_fd)
-        after_bars = None
         if link_use is not None:
             os.close(links_r)
-
-            def after_bars() -> None:  # the link use, unless the parent has claimed it
-                if share.claim_links(writer=True):
-                    links = pickle.dumps(_link_columns(link_use()), protocol=pickle.HIGHEST_PROTOCOL)
-                    (folder / LINKS_FILE).write_bytes(links)
-                    os.write(links_w, b"l")
-                os.close(links_w)  # without a b"l" first, the parent works it out
-
+            (folder / LINKS_FILE).write_bytes(pickle.dumps(_link_columns(link_use()), protocol=pickle.HIGHEST_PROTOCOL))
+            os.write(links_w, b"l")
+            os.close(links_w)
         if share is None:
             summary = functools.partial(_receive, read_fd, b"s", folder / SUMMARY_FILE)
         else:
             share.signals = read_fd
             summary = share.summary
-        write_files(folder, trace, summary, report=report, trace_file=trace_file, share=share, after_bars=after_bars)
+        write_files(folder, trace, summary, report=report, trace_file=trace_file, share=share)
         code = 0
     except BaseException:  # noqa: BLE001 - the parent sees the exit code and writes the files itself
         code = 1
