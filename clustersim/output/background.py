@@ -24,8 +24,8 @@ parent writes the files itself (the same functions, so the same bytes): off Linu
 no fork; on macOS system libraries may not survive one), in a process running other Python
 threads (a lock one of them holds would stay held in the child), and when the child fails.
 
-On Megatron-1T (bench/bench_scale.py) the two files take about 2 s and the summary with its
-checks about as long: they overlap instead of adding up. On moe_1024gpu the summary is done
+On Megatron-1T (bench/bench_scale.py) the two files take about 1.3-1.8 s and the summary with
+its checks 1.4-1.8 s: they overlap instead of adding up. On moe_1024gpu the summary is done
 first, and the parent then compresses most of the trace file while the writer makes the
 report.
 """
