@@ -42,3 +42,26 @@ def test_bench_scale_prints_every_row_with_the_program_s_sizes():
     assert values["GPUs"] == 8 and values["simulated ranks"] == len(prog.ranks)
     assert values["simpy events"] > 0 and values["peak RSS MiB"] > 0
     assert values["total s"] >= values["engine s"] > 0
+
+
+def test_after_fork_shows_both_processes_and_every_trace_piece():
+    # bench/after_fork.py wraps the writer's and the summary's functions by name: a renamed
+    # one would leave its phase out of the timeline, or fail
+    import sys as _sys
+
+    import clustersim
+    from clustersim.output import perfetto
+
+    run = subprocess.run([_sys.executable, str(ROOT / "bench" / "after_fork.py"), str(SCENARIO)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    for who, what in [("parent", "fork done"), ("parent", "summary done"), ("parent", "checks done"),
+                      ("writer", "report bars done"), ("writer", "report page done"),
+                      ("writer", "trace file put together done"), ("parent", "files in place")]:
+        assert re.search(rf"^\s+[\d.]+\s+{who}\s+{what}$", out, re.M), f"{who} {what!r} missing from:\n{out}"
+    assert re.search(r"^\s+[\d.]+\s+(parent|writer)\s+link use done$", out, re.M), out
+    m = re.search(r"pieces of the trace file: parent (\d+), writer (\d+) \((\d+) in all\)", out)
+    count = perfetto.piece_count(clustersim.simulate(SCENARIO).trace)
+    assert m and int(m[1]) + int(m[2]) == int(m[3]) == count, out
+    assert float(re.search(r"in place ([\d.]+) s after", out)[1]) > 0
