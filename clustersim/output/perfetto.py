@@ -65,7 +65,7 @@ try:
     # The same deflate format: any gzip reader opens the file, and the text is the same.
     from isal import isal_zlib as _deflate
 
-    GZIP_LEVEL = 1  # ISA-L's levels are 0-3; 2 and 3 pack no smaller here, 3 is 3x slower
+    GZIP_LEVEL = 1  # ISA-L's levels are 0-3: 2 packs 0.1 % smaller in 5 % more time, 3 larger in 3x
 except ImportError:  # elsewhere zlib: level 3 packs as small as zlib's default (6) in a third of its time
     _deflate = zlib
     GZIP_LEVEL = 3
