@@ -12,29 +12,31 @@ puts the trace file together. Total work bounds this phase: the two processes sh
 pieces, so whichever side is longer takes fewer of them, and moving work from one side to the
 other saves nothing unless a side waits (docs/performance-history.md, entry 14).
 
-Each run is a fresh subprocess; times are seconds from the start of the fork (the spans'
-display order, the piece count, the fork itself), read off the system's monotonic clock, which
-both processes share. Example (2 cores, 2026-12-01, a slow stretch: bare simpy timeout
-about 1.5 µs)::
+Each run is a fresh subprocess running the command itself (``clustersim/__main__.py``), its
+phases wrapped to log their begin and end; times are seconds from the start of the fork (the
+spans' display order, the piece count, the fork itself), read off the system's monotonic clock,
+which both processes share. Example (2 cores, 2026-12-01, a slow stretch: bare simpy timeout
+about 1.5 µs; the parent took all 10 pieces while the writer made its bars)::
 
-    moe_1024gpu, run 1: the files are in place 0.34 s after the fork began
+    moe_1024gpu, run 1: the files are in place 0.41 s after the fork began
             0.000  parent  fork begins
-            0.010  parent  fork done
-            0.010  parent  summary begins
-            0.011  writer  link use begins
-            0.123  writer  link use done
-            0.127  writer  report bars begins
-            0.129  parent  link use handed over
-            0.134  parent  summary done
-            0.135  parent  checks begin
-            0.167  parent  checks done
-            0.176  parent  summary.json written; pieces from the back, then the writer waited for
-            0.289  writer  report bars done
-            0.310  writer  report page begins
-            0.328  writer  report page done
-            0.334  writer  trace file put together begins
-            0.335  writer  trace file put together done
-            0.345  parent  files in place
+            0.014  parent  fork done
+            0.015  parent  summary begins
+            0.016  writer  link use begins
+            0.159  writer  link use done
+            0.164  writer  report bars begin
+            0.197  parent  link use handed over
+            0.207  parent  summary done
+            0.208  parent  checks begin
+            0.251  parent  checks done
+            0.270  parent  summary.json written; pieces from the back, then the writer waited for
+            0.354  writer  report bars done
+            0.380  writer  report page begins
+            0.399  writer  report page done
+            0.402  writer  trace file put together begins
+            0.404  writer  trace file put together done
+            0.414  parent  the writer done
+            0.414  parent  files in place
         pieces of the trace file: parent 10, writer 0 (10 in all)
 
 Here the writer is the longer side (its link use, then the report's bars, one after the other);
@@ -46,27 +48,29 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench_scale import CHILD_ENV  # a sibling script (bench/ is on the path)
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [ROOT / "scenarios" / "moe_1024gpu.yaml"]
 
 
 def _child(spec: str, log_path: str) -> None:
-    """Run ``spec`` as ``clustersim run`` does and log the phases after the engine into
-    ``log_path``: one line per event, ``pid seconds what``."""
+    """Run ``python -m clustersim run spec`` in this process, as that command does, its
+    phases after the engine logged into ``log_path``: one line per event, ``pid seconds what``.
+    The process ends by ``os._exit`` with the command's exit code."""
+    import clustersim.cli as cli
     import clustersim.output.report as report
-    from clustersim.analysis.invariants import InvariantError, check_invariants
-    from clustersim.api import no_cyclic_gc, summarize
-    from clustersim.config import load_scenario
+    from clustersim import api
+    from clustersim.analysis import invariants
     from clustersim.engine import Engine
     from clustersim.output import background, perfetto
-    from clustersim.output.summary import to_json
-    from clustersim.program.lower import lower
 
     t0 = [0.0]
 
@@ -74,18 +78,31 @@ def _child(spec: str, log_path: str) -> None:
         with open(log_path, "a") as f:  # appended by both processes, a line at a time
             f.write(f"{os.getpid()} {time.monotonic() - t0[0]:.4f} {what}\n")
 
-    def timed(owner, name: str, label: str, *, then=None) -> None:
-        """Log the begin and end of ``owner.name`` (``then`` wraps what it returns)."""
+    def timed(owner, name: str, begins: str | None, done: str | None, *, then=None) -> None:
+        """Log the begin and end of ``owner.name`` (None: not that one); ``then`` wraps what it
+        returns."""
         fn = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
-            log(f"{label} begins")
+            if begins is not None:
+                log(begins)
             out = fn(*args, **kwargs)
-            log(f"{label} done")
+            if done is not None:
+                log(done)
             return then(out) if then is not None else out
 
         setattr(owner, name, wrapper)
 
+    start = background.start
+
+    def start_logged(*args, **kwargs):  # the clock starts here
+        t0[0] = time.monotonic()
+        log("fork begins")
+        writer = start(*args, **kwargs)
+        log("fork done")
+        return writer
+
+    background.start = start_logged
     packed = perfetto.TracePieces.packed
 
     def packed_logged(self, k):
@@ -94,44 +111,20 @@ def _child(spec: str, log_path: str) -> None:
         return out
 
     perfetto.TracePieces.packed = packed_logged
-    timed(Engine, "link_use", "link use")
-    timed(perfetto, "gzip_file", "trace file put together")
-    timed(report, "prepare_report", "report bars", then=lambda page: _logged_page(page, log))
-
-    sc = load_scenario(spec)
-    with no_cyclic_gc():
-        prog, low = lower(sc)
-        sim = sc.cfg.simulation
-        engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
-        trace = engine.run(links=False)
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp)
-            t0[0] = time.monotonic()
-            log("fork begins")
-            writer = background.start(folder, trace, report=True, trace_file=True, link_use=engine.link_use)
-            log("fork done")
-
-            def links():  # as simulate() asks for them
-                got = writer.links() if writer is not None else None
-                log("link use handed over" if got is not None else "link use not handed over")
-                return got if got is not None else engine.link_use()
-
-            try:
-                log("summary begins")
-                summary = summarize(sc, low, trace, prog, engine, keep_columns=True, links=links)
-                log("summary done")
-                log("checks begin")
-                violations = check_invariants(prog, trace, summary, cols=trace.columns())
-                log("checks done")
-                if violations:
-                    raise InvariantError(violations)
-                (folder / "summary.json").write_text(to_json(summary))
-                log("summary.json written; pieces from the back, then the writer waited for")
-                background.complete(writer, folder, trace, summary, report=True, trace_file=True)
-                log("files in place")
-            finally:
-                if writer is not None:
-                    writer.cancel()
+    timed(Engine, "link_use", "link use begins", "link use done")
+    timed(background.Writer, "links", None, None,
+          then=lambda got: log("link use handed over" if got is not None else "link use not handed over") or got)
+    timed(api, "summarize", "summary begins", "summary done")
+    timed(invariants, "check_invariants", "checks begin", "checks done")
+    timed(background, "complete", "summary.json written; pieces from the back, then the writer waited for",
+          "the writer done")
+    timed(cli._Staging, "move_in", None, "files in place")
+    timed(perfetto, "gzip_file", "trace file put together begins", "trace file put together done")
+    timed(report, "prepare_report", "report bars begin", "report bars done", then=lambda page: _logged_page(page, log))
+    # the command itself (clustersim/__main__.py: no cyclic collector, the step's objects left
+    # to os._exit), into a folder beside the log, which the caller removes
+    sys.argv = ["clustersim", "run", spec, "--out", str(Path(log_path).parent / "out")]
+    runpy.run_module("clustersim", run_name="__main__")
 
 
 def _logged_page(page, log):
@@ -174,14 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(*args.child)
         return 0
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as installed: bytecode cached
     for spec in args.scenarios or DEFAULT:
         for k in range(1, args.repeat + 1):
             with tempfile.TemporaryDirectory() as tmp:
                 log_path = Path(tmp) / "after_fork.log"
                 log_path.touch()
                 run = subprocess.run([sys.executable, __file__, "--child", str(spec), str(log_path)],
-                                     capture_output=True, text=True, env=env)
+                                     capture_output=True, text=True, env=CHILD_ENV)
                 if run.returncode != 0:
                     print(run.stderr[-2000:], file=sys.stderr)
                     return run.returncode
