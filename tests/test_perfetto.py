@@ -215,7 +215,7 @@ def deflate(request, monkeypatch):
         assert perfetto._deflate.__name__ == "isal.isal_zlib"  # the writer picked it up
     else:
         monkeypatch.setattr(perfetto, "_deflate", zlib)
-        monkeypatch.setattr(perfetto, "GZIP_LEVEL", 3)
+        monkeypatch.setattr(perfetto, "GZIP_LEVEL", perfetto.ZLIB_LEVEL)
     return request.param
 
 
