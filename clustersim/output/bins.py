@@ -95,6 +95,32 @@ def _pieces(start_s: np.ndarray, end_s: np.ndarray, bin_s: float, n_bins: int
     return span[keep], k[keep], lo[keep], hi[keep]
 
 
+def _cells(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``np.unique(ids, return_inverse=True)``, and where each cell's pieces begin when
+    ``ids`` is already in order (pieces of a row whose spans do not reach back into an
+    earlier bin, as in most rows): then without a sort, and the per-cell minima and maxima
+    are ``reduceat`` over those runs instead of ``ufunc.at`` (4-10x slower), with the same
+    results (a minimum or a maximum is exact in any order). ``None``: not in order."""
+    if len(ids) and bool((ids[1:] >= ids[:-1]).all()):
+        new = np.ones(len(ids), dtype=bool)
+        new[1:] = ids[1:] != ids[:-1]
+        firsts = np.flatnonzero(new)
+        return ids[firsts], np.cumsum(new) - 1, firsts
+    cells, cell = np.unique(ids, return_inverse=True)
+    return cells, cell, None
+
+
+def _per_cell(op: np.ufunc, values: np.ndarray, cell: np.ndarray, firsts: np.ndarray | None, initial, m: int
+              ) -> np.ndarray:
+    """``op`` (np.minimum or np.maximum) of each cell's ``values`` (every cell has pieces;
+    ``initial``: the identity of ``op`` on them, for ``ufunc.at``)."""
+    if firsts is not None:
+        return op.reduceat(values, firsts)
+    out = np.full(m, initial, dtype=values.dtype)
+    op.at(out, cell, values)
+    return out
+
+
 def binned_bars(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
                 n_groups: int, t_end_s: float, n_bins: int) -> BinnedBars:
     """Bin every row into ``n_bins`` bins over [0, t_end_s] and join runs of bins (see the
@@ -105,7 +131,7 @@ def binned_bars(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.
     # latest end before it on (spans of a receive stream overlap), in its own group
     busy_from = np.maximum(start_s, covered_before(row, end_s))[span]
     piece_busy = np.maximum(hi - np.maximum(lo, busy_from), 0.0)
-    cells, cell = np.unique(row[span] * n_bins + k, return_inverse=True)  # sorted: by row, then bin
+    cells, cell, firsts = _cells(row[span] * n_bins + k)  # cells sorted: by row, then bin
     m = len(cells)
     if not m:
         none_f, none_i = np.zeros(0), np.zeros(0, dtype=np.int64)
@@ -117,25 +143,21 @@ def binned_bars(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.
     busy = busy_cg.sum(axis=1)
     # a bin holding only spans of no length is shown in the group of most of them
     dominant = np.where(busy > 0, busy_cg.argmax(axis=1), count_cg.argmax(axis=1))
-    cell_lo = np.full(m, np.inf)
-    np.minimum.at(cell_lo, cell, lo)
-    cell_hi = np.full(m, -np.inf)
-    np.maximum.at(cell_hi, cell, hi)
     first_piece = np.flatnonzero(np.diff(span, prepend=-1))  # pieces come span by span
     n_spans = np.bincount(cell[first_piece], minlength=m)
     span_mb = mb[span]
-    has_mb = span_mb >= 0
-    mb_lo = np.full(m, np.iinfo(np.int64).max)
-    np.minimum.at(mb_lo, cell[has_mb], span_mb[has_mb])
-    mb_hi = np.full(m, -1, dtype=np.int64)
-    np.maximum.at(mb_hi, cell[has_mb], span_mb[has_mb])
+    no_mb = np.iinfo(np.int64).max
+    cell_lo = _per_cell(np.minimum, lo, cell, firsts, np.inf, m)
+    cell_hi = _per_cell(np.maximum, hi, cell, firsts, -np.inf, m)
+    mb_lo = _per_cell(np.minimum, np.where(span_mb >= 0, span_mb, no_mb), cell, firsts, no_mb, m)
+    mb_hi = _per_cell(np.maximum, np.where(span_mb >= 0, span_mb, -1), cell, firsts, -1, m)
 
     cell_row, cell_bin = np.divmod(cells, n_bins)
     new = np.ones(m, dtype=bool)
     new[1:] = (cell_row[1:] != cell_row[:-1]) | (cell_bin[1:] != cell_bin[:-1] + 1) | (dominant[1:] != dominant[:-1])
     runs = np.flatnonzero(new)
     run_mb_lo = np.minimum.reduceat(mb_lo, runs)
-    run_mb_lo[run_mb_lo == np.iinfo(np.int64).max] = -1
+    run_mb_lo[run_mb_lo == no_mb] = -1
     return BinnedBars(
         row=cell_row[runs], group=dominant[runs], start_s=cell_lo[runs], end_s=np.maximum.reduceat(cell_hi, runs),
         busy_s=np.add.reduceat(busy, runs), group_busy_s=np.add.reduceat(busy_cg, runs, axis=0),
