@@ -787,3 +787,42 @@ def test_the_flow_network_caches_start_afresh_at_their_bound(monkeypatch):
     assert cache == {0: 0, 1: 1, 2: 2}
     network._remember(cache, 3, "x")
     assert cache == {3: "x"}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_few_flows_are_timed_on_python_floats_to_the_same_bits(seed, monkeypatch):
+    """A transfer with few live flows finds its next flow end and its flows due on Python
+    floats (network.FEW_FLOWS), more with numpy: both give the same instants and the same
+    flows, bit for bit, including rates of 0, ties, and flows within a tick of their end."""
+    import simpy
+
+    from clustersim.engine import network
+
+    rng = np.random.default_rng(seed)
+    cases = []
+    for _ in range(300):
+        n = int(rng.integers(1, 24))
+        size = rng.choice([1e3, 1e6, rng.uniform(1e3, 1e9)], n)
+        rate = np.where(rng.random(n) < 0.2, 0.0, rng.choice([2.5e10, rng.uniform(1e9, 5e10)], n))
+        # some exactly at the due threshold (size * 1e-9, where that beats rate * tick), some just under
+        rem = np.where(rng.random(n) < 0.4, size * rng.choice([0.0, 1e-9, 1e-10, 0.5], n), rng.uniform(0, 1, n) * size)
+        live = tuple(sorted(rng.choice(n, int(rng.integers(1, n + 1)), replace=False).tolist()))
+        cases.append((size, rate, rem, live, float(rng.uniform(0, 10)), float(rng.choice([0.0, 1e-9, 1e-6]))))
+
+    def run() -> list:
+        out = []
+        for size, rate, rem, live, now, tick_s in cases:
+            t = network._Transfer((), (), size, rem.copy(), live, np.array(live, dtype=np.int64), None, None,
+                                  at_s=now, rate=rate, end=np.full(len(size), np.nan))
+            network._set_next_end(t, now)
+            first = t.next_s
+            network.FlowNetwork(simpy.Environment(), [])._finish_due(t, now, tick_s)
+            out.append((first, t.next_s, t.live, t.idx.tolist(), t.idx.dtype, t.end.tobytes()))
+        return out
+
+    monkeypatch.setattr(network, "FEW_FLOWS", 64)
+    on_floats = run()
+    monkeypatch.setattr(network, "FEW_FLOWS", 0)
+    on_arrays = run()
+    assert on_floats == on_arrays
+    assert any(not a[2] for a in on_arrays) and any(len(a[2]) < len(c[3]) for a, c in zip(on_arrays, cases))

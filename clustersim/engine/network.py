@@ -674,7 +674,25 @@ def _remember(cache: dict, key, value) -> None:
 
 def _set_next_end(t: _Transfer, now: float) -> None:
     """``t.next_s``: when its first live flow ends at its current rates (``t.rem`` is at
-    ``now``); a flow squeezed to 0 by rounding waits for the next re-share."""
+    ``now``); a flow squeezed to 0 by rounding waits for the next re-share::
+
+        next_s = now + min over live flows with rate > 0 of  rem / rate     (inf if none)
+
+    A transfer with up to FEW_FLOWS live flows is worked out on Python floats, element by
+    element (the same IEEE divisions and minimum as numpy's, so the same bits): numpy's
+    per-call costs are most of the time on arrays this small (a pipeline's sends: one flow)."""
+    live = t.live
+    if len(live) <= FEW_FLOWS:
+        rate, rem = t.rate, t.rem
+        first = float("inf")
+        for i in live:
+            r = rate.item(i)
+            if r > 0.0:
+                x = rem.item(i) / r
+                if x < first:
+                    first = x
+        t.next_s = now + first
+        return
     rl = t.rate[t.idx]
     if rl.min() > 0:
         t.next_s = now + float((t.rem[t.idx] / rl).min())
@@ -683,6 +701,11 @@ def _set_next_end(t: _Transfer, now: float) -> None:
         t.next_s = now + float((t.rem[t.idx][pos] / rl[pos]).min())
     else:
         t.next_s = float("inf")
+
+
+# live flows up to which a transfer's bookkeeping loops over Python floats instead of calling
+# numpy (its per-call costs outweigh the loop below about this many elements)
+FEW_FLOWS = 16
 
 
 @dataclass
@@ -850,12 +873,21 @@ class FlowNetwork:
     def _finish_due(self, t: _Transfer, now: float, tick_s: float) -> None:
         """End ``t``'s flows due at ``now`` (or left with float crumbs of a flow due now)."""
         self._catch_up(t, now)
-        idx = t.idx
-        due = t.rem[idx] <= np.maximum(t.size[idx] * 1e-9, t.rate[idx] * tick_s)
-        if due.any():
-            t.end[idx[due]] = now
-            t.idx = idx[~due]
-            t.live = tuple(t.idx.tolist())
+        live = t.live
+        if len(live) <= FEW_FLOWS:  # on Python floats, the same comparisons (see _set_next_end)
+            rem, size, rate = t.rem, t.size, t.rate
+            due = [i for i in live if rem.item(i) <= max(size.item(i) * 1e-9, rate.item(i) * tick_s)]
+            if due:
+                t.end[due] = now
+                t.live = tuple(i for i in live if i not in due)
+                t.idx = np.array(t.live, dtype=np.int64)
+        else:
+            idx = t.idx
+            due = t.rem[idx] <= np.maximum(t.size[idx] * 1e-9, t.rate[idx] * tick_s)
+            if due.any():
+                t.end[idx[due]] = now
+                t.idx = idx[~due]
+                t.live = tuple(t.idx.tolist())
         if t.live:  # its first flow may have been just short of due: when it ends now
             _set_next_end(t, now)
 
