@@ -133,6 +133,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     mine = np.flatnonzero((cols.kind != cols.code("kind", "compute")) & (tid >= 0))
     task_rank = trace.task_columns(tasks, prog.runs, prog).rank
     mine = mine[task_rank[tid[mine]] == cols.rank[mine]]  # an id past the tasks fails here
+    mine_start, mine_end = cols.start_s[mine], cols.end_s[mine]  # read once for every example
     for g in ranked[:top]:
         x, tid_, rank, a, b = g.pop("_best")
         entry = {**g, "exposed_s": g["exposed_s"] / world, "comm_s": g["comm_s"] / world,
@@ -140,7 +141,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
                  "example": {"rank": rank, "start_s": a, "end_s": b, "exposed_s": x}}
         t = prog.task(tid_)
         if explainer is not None and cluster is not None and t.comm is not None:
-            during = mine[(cols.start_s[mine] < b) & (cols.end_s[mine] > a)]
+            during = mine[(mine_start < b) & (mine_end > a)]
             entry.update(_explain(t, explainer, cluster, [spans[i] for i in during.tolist()], a, b, prog.task))
         out.append(entry)
     return out
