@@ -672,6 +672,11 @@ def _remember(cache: dict, key, value) -> None:
     cache[key] = value
 
 
+# live flows up to which a transfer's bookkeeping loops over Python floats instead of calling
+# numpy (its per-call costs outweigh the loop below about this many elements)
+FEW_FLOWS = 16
+
+
 def _set_next_end(t: _Transfer, now: float) -> None:
     """``t.next_s``: when its first live flow ends at its current rates (``t.rem`` is at
     ``now``); a flow squeezed to 0 by rounding waits for the next re-share::
@@ -701,11 +706,6 @@ def _set_next_end(t: _Transfer, now: float) -> None:
         t.next_s = now + float((t.rem[t.idx][pos] / rl[pos]).min())
     else:
         t.next_s = float("inf")
-
-
-# live flows up to which a transfer's bookkeeping loops over Python floats instead of calling
-# numpy (its per-call costs outweigh the loop below about this many elements)
-FEW_FLOWS = 16
 
 
 @dataclass

