@@ -7,6 +7,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 from .analysis.critical_path import critical_path, path_report
@@ -16,6 +17,7 @@ from .analysis.memory import PartStatic, StageStatic, memory_report
 from .analysis.metrics import step_metrics
 from .config import Scenario, load_scenario
 from .engine import Engine
+from .engine import repeat as cycles
 from .model.transformer import total_params
 from .program.lower import Lowering, lower
 from .program.tasks import Program
@@ -148,7 +150,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
         "simulation": {"network": sc.cfg.simulation.network,
                        "collapse_symmetric": len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
-                       "collective_algorithms": trace.algorithms},
+                       "collective_algorithms": trace.algorithms, "repeat": trace.repeat},
     }
     if links is not None:
         trace.links = links()
@@ -161,11 +163,12 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,
-             check: bool = True,
+             repeat: bool | None = None, check: bool = True,
              after_run: Callable[[Trace, Callable[[], list]], Callable[[], list | None] | None] | None = None,
              keep: list | None = None) -> Result:
     """Simulate one training step of ``scenario`` (a Scenario, a YAML path or a dict).
 
+    ``collapse``, ``repeat``: override ``simulation.collapse_symmetric`` and ``simulation.repeat``.
     ``check``: verify the step's invariants (docs/invariants.md) and raise
     :class:`~clustersim.analysis.invariants.InvariantError` listing any violation.
     ``after_run``: called as soon as the engine has run, before the summary is worked out
@@ -180,9 +183,8 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     with no_cyclic_gc():
         prog, low = lower(sc, collapse=collapse)
-        sim = sc.cfg.simulation
-        engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
-        trace = engine.run(links=after_run is None)
+        engine, trace, extra = _run(sc, prog, collapse, links=after_run is None,
+                                    repeat=sc.cfg.simulation.repeat if repeat is None else repeat)
         links = None
         if after_run is not None:
             # the link use only now: the summary reads it (last), the files written from here
@@ -202,8 +204,73 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
             if violations:
                 raise invariants.InvariantError(violations)
         if keep is not None:
-            keep += (prog, low, engine)
+            keep += (prog, low, engine, *extra)
     return Result(scenario=sc, trace=trace, summary=summary)
+
+
+def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat: bool = True,
+         marks: dict | None = None) -> tuple[Engine, Trace, tuple]:
+    """(the engine, the step's trace, the working objects of a shorter run): ``prog`` run
+    whole, or, with ``repeat`` where a 1F1B step is long enough and its cycle is found, fewer
+    of its microbatches run and the cycle copied in (:mod:`clustersim.engine.repeat`).
+    ``marks`` (bench/bench_scale.py): gets the ``perf_counter`` of the end of each phase
+    ("lowered" for the shorter step, "set_up", "ran", "spliced")."""
+    sim = sc.cfg.simulation
+    m = sc.microbatches
+    mark = marks.__setitem__ if marks is not None else (lambda *_: None)
+    short = cycles.simulated_microbatches(sc.parallel.schedule, sc.parallel.pp, m) if repeat else None
+    if short is not None:
+        sprog, slow = lower(with_microbatches(sc, short), collapse=collapse)
+        mark("lowered", perf_counter())
+        engine = Engine(sprog, sc.cluster, sim.network, sim.collectives.model_dump())
+        mark("set_up", perf_counter())
+        strace = engine.run(links=False)
+        mark("ran", perf_counter())
+        trace = _spliced(engine, strace, sprog, prog, short, m)
+        mark("spliced", perf_counter())
+        if trace is not None:
+            if links:
+                trace.links = engine.link_use()
+            return engine, trace, (sprog, slow)
+    engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
+    mark("set_up", perf_counter())
+    trace = engine.run(links=links)
+    mark("ran", perf_counter())
+    return engine, trace, ()
+
+
+def _spliced(engine: Engine, strace: Trace, sprog: Program, prog: Program, short: int, m: int) -> Trace | None:
+    """The trace of ``prog`` (``m`` microbatches) from ``engine``'s run of ``sprog`` (``short``
+    of them), or None where no cycle holds (:func:`clustersim.engine.repeat.find_cycle`)."""
+    from .analysis.columns import TaskColumns
+
+    first = [r for r, s in strace.stage_of.items() if s == 0]
+    base = strace.current_base()
+    if not first or base is None:
+        return None
+    rep = cycles.find_cycle(base, min(first), short, m, engine.record_starts())
+    if rep is None:
+        return None
+    full_tasks = TaskColumns(prog.items, prog.runs, prog)
+    spliced = cycles.splice(base, rep, TaskColumns(sprog.items, sprog.runs, sprog), full_tasks)
+    if spliced is None:
+        return None
+    trace = engine.repeated(rep, spliced, prog)
+    trace.repeat = rep.summary()
+    trace._task_columns = full_tasks  # the critical path and the checks read them next
+    return trace
+
+
+def with_microbatches(sc: Scenario, m: int) -> Scenario:
+    """``sc`` with ``m`` microbatches per step (its global batch made ``m * dp * micro batch``),
+    sharing its cluster and mesh."""
+    t = sc.cfg.training
+    training = t.model_copy(update={"global_batch_size": m * sc.parallel.dp * t.micro_batch_size})
+    out = Scenario(cfg=sc.cfg.model_copy(update={"training": training}), topology=sc.topology, source=sc.source,
+                   schedule_text=sc.schedule_text, schedule_path=sc.schedule_path)
+    out.__dict__["cluster"] = sc.cluster
+    out.__dict__["mesh"] = sc.mesh
+    return out
 
 
 @contextmanager

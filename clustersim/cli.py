@@ -94,8 +94,8 @@ def cmd_run(args) -> int:
 
     try:
         t0 = time.perf_counter()
-        result = simulate(sc, collapse=False if args.all_ranks else None, check=not args.no_check,
-                          after_run=after_run, keep=args.keep)
+        result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
+                          check=not args.no_check, after_run=after_run, keep=args.keep)
         if args.keep is not None:
             args.keep.append(result)
         wall_s = time.perf_counter() - t0
@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--all-ranks", action="store_true",
                      help="simulate every rank instead of one per pipeline stage (slower; identical on "
                           "symmetric placements, otherwise the default is a close upper bound)")
+    run.add_argument("--no-repeat", action="store_true",
+                     help="simulate every microbatch of a long 1F1B step instead of its steady cycle once "
+                          "(slower; the same spans within a nanosecond)")
     run.add_argument("--no-check", action="store_true",
                      help="skip the invariant checks run after the simulation (docs/invariants.md)")
     run.set_defaults(func=cmd_run)

@@ -81,6 +81,9 @@ class CollectivesCfg(Strict):
 class SimulationCfg(Strict):
     network: Literal["flow", "ideal"] = "flow"
     collapse_symmetric: bool = True
+    repeat: bool = pydantic.Field(
+        default=True, description="simulate a long 1F1B step's repeating microbatches once and copy the "
+        "cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); false: simulate every one")
     collectives: CollectivesCfg = CollectivesCfg()
 
 

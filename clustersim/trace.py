@@ -471,6 +471,9 @@ class Trace:
     # collective -> algorithm -> communications of the simulated ranks that used it
     algorithms: dict[str, dict[str, int]] = field(default_factory=dict)
     links: list[LinkUse] = field(default_factory=list)  # links the simulated communications used
+    # how the step's repeating microbatches were simulated once (clustersim.engine.repeat);
+    # None: every microbatch was simulated
+    repeat: dict | None = None
     _by_rank: tuple | None = field(default=None, repr=False, compare=False)
     _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
     _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)

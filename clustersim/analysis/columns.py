@@ -349,6 +349,21 @@ class TaskColumns:
     stream_names = property(lambda self: self._stream[1])
 
     @cached_property
+    def mb(self) -> np.ndarray:
+        """Each task's microbatch. Every task of a run has its run's (lower._template_of
+        checks it), read from the run's record where the run is not made yet
+        (``Program.deferred``), else from its first task."""
+        lay = self._layout
+        out = np.empty(self.n, dtype=np.int64)
+        out[lay.gap_ids] = _ints(lay.gap, "mb")
+        deferred = self.program.deferred if self.program is not None else {}
+        tasks = self.tasks
+        run_mb = np.fromiter((deferred[k][0] if k in deferred else tasks[first].mb
+                              for k, first in enumerate(lay.run_first.tolist())), np.int64, len(lay.run_first))
+        out[lay.run_ids] = run_mb[lay.run_of]
+        return out
+
+    @cached_property
     def n_members(self) -> np.ndarray:
         """Simulated members of each task's communication (0: none)."""
         return self._per_comm(lambda c: len(c.members), lambda spec: len(spec[4]), 0)

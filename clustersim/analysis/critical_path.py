@@ -26,6 +26,7 @@ import numpy as np
 
 from ..program.tasks import Program
 from ..trace import Trace, span_times
+from .intervals import INSTANT_S
 
 COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
 
@@ -67,10 +68,9 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
         p = prev[tid]
         return list(prog.task(tid).deps) + ([p] if p >= 0 else [])
 
-    def binding(i: int) -> tuple[float, int]:
-        return end[i], -i
-
-    cur = int(np.argmax(end_a))  # the latest end; the lowest id on ties
+    # the latest end binds; ends within INSTANT_S of it are ties, which go to the lowest id
+    # (deterministic, and the same whether an instant's last bits came from one sum or another)
+    cur = int(np.flatnonzero(end_a >= end_a.max() - INSTANT_S)[0])
     path = [cur]
     while True:
         t = prog.task(cur)
@@ -81,8 +81,8 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
                     cands += own_cands(u)
         if not cands:
             break
-        # the latest to finish binds; ties go to the lowest id (deterministic)
-        cur = max(cands, key=binding)
+        latest = max(map(end.__getitem__, cands))
+        cur = min(i for i in cands if end[i] >= latest - INSTANT_S)
         path.append(cur)
     path.reverse()
     stage_of = trace.stage_of
@@ -109,7 +109,8 @@ def path_report(path: list[PathTask], step_s: float) -> dict[str, Any]:
     t = 0.0
     segments: list[dict[str, Any]] = []
     for p in path:
-        wait_s += max(p.start_s - t, 0.0)  # time no path task covered (none in this engine)
+        if p.start_s - t > INSTANT_S:  # time no path task covered (none in this engine but ties'
+            wait_s += p.start_s - t    # last bits: a predecessor within INSTANT_S of the latest binds)
         t = max(t, p.end_s)
         by_kind[p.kind] = by_kind.get(p.kind, 0.0) + (p.end_s - p.start_s)
         if segments and segments[-1]["rank"] == p.rank:

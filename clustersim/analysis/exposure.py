@@ -26,7 +26,7 @@ import numpy as np
 
 from ..program.tasks import Comm, Program, Task
 from ..trace import Trace
-from .intervals import Arrays, merged, seq_sum
+from .intervals import INSTANT_S, Arrays, merged, seq_sum
 
 _NUM = re.compile(r"\b\d+\b")  # bucket and part numbers, not "A2A"
 
@@ -89,7 +89,8 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     """summary.json ``exposed_comm_causes``: the collectives with the most exposed time per GPU.
 
     Per group, sums run over its spans in the order rank by rank, span by span (left to right,
-    as adding them one at a time); its example span and size are the first of the largest."""
+    as adding them one at a time); its example span and size are the first of the largest
+    (the example's to within ``INSTANT_S``)."""
     tasks, w = prog.items, trace.weight  # a run's tasks are made only where read (Program.task)
     world = sum(w.values()) or 1
     cols = trace.columns()
@@ -119,12 +120,18 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
         big = int(np.argmax(size[sel]))  # the first of the largest
         if size[sel][big] > 0.0:
             g["size_bytes"] = spans[int(rows[sel[big]])].size_bytes
-        best = int(np.argmax(exposed[sel]))  # the first span with the most exposed time
-        if exposed[sel][best] > -1.0:
+        # the first span with the most exposed time, to a nanosecond: which of a steady
+        # state's equal spans is named must not hang on the last bits of their sums (nor
+        # differ between a step simulated whole and one whose cycle was copied in)
+        ex = exposed[sel]
+        best = int(np.argmax(ex >= ex.max() - INSTANT_S))
+        if ex[best] > -1.0:
             s = spans[int(rows[sel[best]])]
             g["_best"] = (float(exposed[sel][best]), s.tid, s.rank, s.start_s, s.end_s)
         ranked.append(g)
-    ranked.sort(key=lambda g: (-g["exposed_s"], g["collective"]))
+    # largest first, to nine digits, then by name: equal sums (the same cost in two groups,
+    # added in another order) differ in their last bits
+    ranked.sort(key=lambda g: (-float(f"{g['exposed_s']:.8e}"), g["collective"]))
     out = []
     if not ranked:
         return out

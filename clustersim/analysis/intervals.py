@@ -15,7 +15,22 @@ from collections.abc import Iterable
 import numpy as np
 
 Arrays = tuple[np.ndarray, np.ndarray]
+# times closer than this are one instant: the same instant summed along two paths (a step
+# simulated whole and one whose cycle was copied in, clustersim.engine.repeat) differs in its
+# last bits, and an allocation and a free at one instant must not be taken apart by those
+INSTANT_S = 1e-9
 COMPENSATED_SUM = sys.version_info >= (3, 12)  # Python's sum() of floats compensates rounding from 3.12
+
+
+def instants(t: np.ndarray) -> np.ndarray:
+    """Each time's instant, numbered in time order: sorted, a time within INSTANT_S of the one
+    before it is that one's instant (a chain of such times is one)."""
+    order = np.argsort(t, kind="stable")
+    new = np.ones(len(t), dtype=np.int64)
+    new[1:] = np.diff(t[order]) > INSTANT_S
+    out = np.empty(len(t), dtype=np.int64)
+    out[order] = np.cumsum(new) - 1
+    return out
 
 
 def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:

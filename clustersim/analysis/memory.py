@@ -69,7 +69,7 @@ import numpy as np
 
 from ..trace import Span, Trace, span_times
 from .columns import SpanColumns
-from .intervals import rows_sum
+from .intervals import instants, rows_sum
 
 TIMELINE_POINTS = 120  # most samples a stage's reported timeline keeps
 
@@ -184,10 +184,14 @@ def peak_live(intervals: dict[tuple[int, int], tuple[float, float]], bytes_per_m
               ) -> tuple[int, float, list[int]]:
     """(most (part, microbatch) sets alive at once, peak of the summed bytes, peak per part).
 
-    Frees sort before allocations at the same instant: a slot reused back to back is one slot.
+    Frees sort before allocations at the same instant (times within INSTANT_S): a slot reused
+    back to back is one slot.
     """
-    events = sorted([(t0, 1, part) for (part, _), (t0, _) in intervals.items()]
-                    + [(t1, -1, part) for (part, _), (_, t1) in intervals.items()])
+    times = [t0 for t0, _ in intervals.values()] + [t1 for _, t1 in intervals.values()]
+    at = instants(np.array(times, dtype=float)).tolist()
+    n = len(intervals)
+    events = sorted([(at[i], 1, part) for i, (part, _) in enumerate(intervals)]
+                    + [(at[n + i], -1, part) for i, (part, _) in enumerate(intervals)])
     live = [0] * len(bytes_per_mb)
     per_part = [0] * len(bytes_per_mb)
     count = peak_count = 0
@@ -359,12 +363,13 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...])
     src_row = rows[np.concatenate((f_pos[fi], b_pos[bi], buf, buf))]
     src_end = np.concatenate((np.zeros(n_live, bool), np.ones(n_live, bool), np.zeros(n_buf, bool),
                               np.ones(n_buf, bool)))
-    order = np.lexsort((made, x, what, d, t))
-    t, d, x, src_row, src_end = t[order], d[order], x[order], src_row[order], src_end[order]
+    at = instants(t)  # times within INSTANT_S are one instant: frees first there
+    order = np.lexsort((made, x, what, d, at))
+    t, d, x, src_row, src_end, at = t[order], d[order], x[order], src_row[order], src_end[order], at[order]
     is_act = what[order] == 0
-    # --- one sample per distinct time, after all its events
+    # --- one sample per instant, after all its events (at the time of its first)
     new = np.ones(len(t), dtype=bool)
-    new[1:] = t[1:] != t[:-1]
+    new[1:] = at[1:] != at[:-1]
     first = np.flatnonzero(new)
     g = np.cumsum(new) - 1  # each event's sample
     n = len(first)

@@ -78,6 +78,8 @@ def _comm_tasks(prog: Program):
         yield from ((t, n) for t in tasks[first:end] if t.comm is not None)
 
 
+_CHOOSE = frozenset(op for op, algos in ALGORITHMS.items() if len(algos) > 1)  # collectives with a choice
+
 # candidate links from which _dominated_links first keeps those that can carry e2's share
 LOAD_FILTER_FROM = 8
 
@@ -462,11 +464,13 @@ class Engine:
         self._plan_of.clear()  # plans looked up before the links were merged
         self._full_of.clear()
 
-    def _count(self, fast: tuple, c: Comm, n: int = 1) -> None:
-        """``n`` more communication tasks of shape ``fast`` (for the algorithms' census)."""
-        entry = self._census.get(fast)
+    def _count(self, fast: tuple, c: Comm, n: int = 1, census: dict | None = None) -> None:
+        """``n`` more communication tasks of shape ``fast`` in the algorithms' ``census``
+        (default: the program's)."""
+        census = self._census if census is None else census
+        entry = census.get(fast)
         if entry is None:
-            self._census[fast] = [c, n]
+            census[fast] = [c, n]
         else:
             entry[1] += n
 
@@ -632,17 +636,64 @@ class Engine:
         if not self._census:  # (counted by _classify under the flow network)
             for t, n in _comm_tasks(self.prog):
                 self._count(_shape_id(t.comm), t.comm, n)
+        self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
+        return Trace(spans=None, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
+                     stage_of=dict(self.stage_of), algorithms=self._algorithms_used(self._census),
+                     links=self.link_use() if links else [], base=base)
+
+    def _algorithms_used(self, census: dict) -> dict[str, dict[str, int]]:
+        """Collective -> algorithm -> how many communication tasks of the ``census``
+        (:meth:`_count`) used it, for the collectives that have a choice (``Trace.algorithms``)."""
         used: dict[str, dict[str, int]] = {}
-        for c, n in self._census.values():
-            if c.op in ALGORITHMS and len(ALGORITHMS[c.op]) > 1:
+        for c, n in census.values():
+            if c.op in _CHOOSE:
                 per = used.setdefault(c.op, {})
                 algo = self.algorithm(c)
                 per[algo] = per.get(algo, 0) + n
+        return {op: dict(sorted(v.items())) for op, v in sorted(used.items())}
+
+    def record_starts(self) -> np.ndarray:
+        """When each communication this run recorded for link accounting started (closed-form
+        ones and flow-network transfers), as :meth:`repeated` cuts them."""
+        alone = [x for _, at in self._alone_starts.values() for x in at]
+        flows = [e[5][1] if e[5] is not None else e[2][0] for e in self.net.finished]
+        return np.array(alone + flows, dtype=np.float64)
+
+    def repeated(self, rep, base: SpanBase, program: Program) -> Trace:
+        """The trace of ``program`` (the whole step) from this engine's run of fewer of its
+        microbatches (``engine.repeat``): the spliced spans ``base``, the whole program's
+        algorithms census, and this run's records of communications (what :meth:`link_use`
+        reads) cut and copied as the spans were."""
+        from .repeat import spliced_times
+
+        for _, at in self._alone_starts.values():
+            times = np.asarray(at, dtype=np.float64)
+            rows, copy = spliced_times(times, rep)
+            at[:] = (times[rows] + copy * rep.period_s).tolist()
+        finished = self.net.finished
+        starts = np.fromiter((e[5][1] if e[5] is not None else e[2][0] for e in finished), np.float64,
+                             len(finished))  # as record_starts reads them
+        rows, copy = spliced_times(starts, rep)
+        moved = []
+        for i, k in zip(rows.tolist(), copy.tolist()):
+            e = finished[i]
+            if not k:
+                moved.append(e)
+                continue
+            s = k * rep.period_s
+            tag, size, times, rates, ends, course = e
+            if course is not None:
+                moved.append((tag, size, times, rates, ends, (course[0], course[1] + s)))
+            else:
+                moved.append((tag, size, [x + s for x in times], rates, ends + s, None))
+        self.net.finished = moved
+        census: dict[tuple, list] = {}
+        for t, n in _comm_tasks(program):
+            if t.comm.op in _CHOOSE:  # what _algorithms_used reports (a PP send has no choice)
+                self._count(_shape_id(t.comm), t.comm, n, census)
         self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
-        return Trace(spans=None, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
-                     stage_of=dict(self.stage_of),
-                     algorithms={op: dict(sorted(v.items())) for op, v in sorted(used.items())},
-                     links=self.link_use() if links else [], base=base)
+        return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight),
+                     stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census), base=base)
 
     def link_use(self) -> list[LinkUse]:
         """The links the run's communications used (``Trace.links``), over the run's step."""

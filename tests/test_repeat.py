@@ -1,0 +1,178 @@
+"""A 1F1B step simulated with its repeating microbatches once (clustersim.engine.repeat) against
+the same step simulated whole: the same spans on the same tasks, times within a nanosecond,
+the same summary figures; and the checks that refuse a cycle that does not hold."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from clustersim.analysis.columns import TaskColumns
+from clustersim.api import simulate, with_microbatches
+from clustersim.config import load_scenario
+from clustersim.engine import Engine, repeat
+from clustersim.program.lower import lower
+
+from .conftest import ROOT, scenario_dict
+
+TIME_S = 1e-9  # what the splice promises: every span within a nanosecond of the full run's
+REL = 1e-9
+
+
+def plan(**over) -> dict:
+    """A 1F1B step of 128 microbatches on 4 stages (56 simulated, 6 cycles of 12 copied in):
+    TP inside a node, PP sends and the DP gradient reduction across nodes (the flow network)."""
+    d = scenario_dict(
+        cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4},
+        model={"name": "small", "layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000, "seq_len": 1024},
+        parallel={"tp": 2, "pp": 4, "dp": 4, "schedule": "1f1b"},
+        training={"micro_batch_size": 1, "global_batch_size": 128 * 4})
+    for k, v in over.items():
+        d[k] = {**d.get(k, {}), **v}
+    return d
+
+
+def both(d: dict):
+    """(the step simulated whole, the step with its cycle copied in)."""
+    return tuple(run({**d, "simulation": {**d.get("simulation", {}), "repeat": r}}) for r in (False, True))
+
+
+def run(d: dict):
+    return simulate(load_scenario(d, base_dir=ROOT))
+
+
+def close(a, b, path: str = "") -> list[str]:
+    """Where two summaries differ beyond the splice's rounding (times to TIME_S, figures to REL)."""
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
+        return [x for k in a for x in close(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} != {len(b)} entries"]
+        return [x for i, (u, v) in enumerate(zip(a, b)) for x in close(u, v, f"{path}[{i}]")]
+    if isinstance(a, float) or isinstance(b, float):
+        ok = a == b or math.isclose(a, b, rel_tol=REL, abs_tol=TIME_S)
+        return [] if ok else [f"{path}: {a!r} != {b!r}"]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def assert_same_step(whole, copied, links: bool = True) -> None:
+    rep = copied.summary["simulation"]["repeat"]
+    assert rep is not None and whole.summary["simulation"]["repeat"] is None
+    assert rep["cycles_copied"] * rep["cycle_microbatches"] == whole.summary["plan"]["microbatches"] - rep[
+        "simulated_microbatches"]
+    # the spans: the same rows (rank, task, microbatch, form) in the same order, times within TIME_S
+    a, b = whole.trace.base, copied.trace.base
+    for col in ("rank", "tid", "mb"):
+        assert np.array_equal(getattr(a, col), getattr(b, col)), col
+    assert [a.forms[i].values() for i in a.form] == [b.forms[i].values() for i in b.form]
+    assert np.abs(a.start_s - b.start_s).max() <= TIME_S
+    assert np.abs(a.end_s - b.end_s).max() <= TIME_S
+    # every figure of the summary; the links' bytes and rates too
+    s, t = dict(whole.summary), dict(copied.summary)
+    s["simulation"] = {k: v for k, v in s["simulation"].items() if k != "repeat"}
+    t["simulation"] = {k: v for k, v in t["simulation"].items() if k != "repeat"}
+    assert close(s, t) == []
+    la = {u.name: (u.bytes, u.peak_Bps) for u in whole.trace.links}
+    lb = {u.name: (u.bytes, u.peak_Bps) for u in copied.trace.links}
+    assert la.keys() == lb.keys() and bool(la) == links
+    assert all(math.isclose(la[k][0], lb[k][0], rel_tol=REL) for k in la)
+    assert all(math.isclose(la[k][1], lb[k][1], rel_tol=1e-6) for k in la)  # binned: a piece may cross a bin edge
+
+
+@pytest.mark.parametrize("over", [
+    {},
+    {"parallel": {"zero": 1}, "training": {"recompute": "full"}},
+    {"parallel": {"zero": 2, "sp": True}},
+    {"simulation": {"network": "ideal"}},
+], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network"])
+def test_the_copied_cycle_gives_the_step_simulated_whole(over):
+    whole, copied = both(plan(**over))
+    assert_same_step(whole, copied, links=over.get("simulation", {}).get("network") != "ideal")
+
+
+def test_a_straggler_splits_its_class_and_still_repeats():
+    """One slow GPU (its stage's class split off): the cycle is the slow stage's, and holds."""
+    d = plan(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4,
+                      "what_if": [{"gpu": 9, "slowdown": 1.3}]})
+    whole, copied = both(d)
+    assert len(copied.trace.ranks) > 4
+    assert_same_step(whole, copied)
+
+
+def test_how_many_microbatches_are_simulated():
+    # 2 pp + 48 microbatches at least, whole cycles of 12 left out, at least half of them
+    assert repeat.simulated_microbatches("1f1b", 4, 128) == 56
+    assert repeat.simulated_microbatches("1f1b", 64, 512) == 176  # Megatron-1T
+    assert repeat.simulated_microbatches("1f1b", 4, 100) is None  # 64 simulated: more than half
+    assert repeat.simulated_microbatches("1f1b", 4, 50) is None
+    assert repeat.simulated_microbatches("gpipe", 4, 512) is None  # no steady cycle: all F, then all B
+    assert repeat.simulated_microbatches("interleaved", 4, 512) is None
+    assert repeat.simulated_microbatches("1f1b", 1, 512) is None  # no pipeline
+
+
+def test_repeat_false_or_no_cycle_simulates_every_microbatch(monkeypatch):
+    d = plan()
+    whole = run({**d, "simulation": {"repeat": False}})
+    monkeypatch.setattr(repeat, "find_cycle", lambda *a, **k: None)
+    fallback = run(d)
+    assert fallback.summary["simulation"]["repeat"] is None
+    assert fallback.summary == whole.summary  # the same run, bit for bit
+
+
+def _short_run(d: dict):
+    sc = load_scenario(d, base_dir=ROOT)
+    short = repeat.simulated_microbatches("1f1b", sc.parallel.pp, sc.microbatches)
+    ssc = with_microbatches(sc, short)
+    sprog, _ = lower(ssc)
+    eng = Engine(sprog, sc.cluster)
+    trace = eng.run(links=False)
+    anchor = min(r for r, s in trace.stage_of.items() if s == 0)
+    return sc, short, sprog, eng, trace, anchor
+
+
+def test_a_cycle_that_does_not_repeat_is_refused():
+    sc, short, sprog, eng, trace, anchor = _short_run(plan())
+    base = trace.base
+    rep = repeat.find_cycle(base, anchor, short, sc.microbatches)
+    assert rep is not None and rep.cycle_mb in repeat.CYCLES_MB
+    # a transient that has not settled: microbatches ever later, 2 ns x (mb - first)^2 from 40
+    # periods before the cut on (every window of every cycle length tried lies in there; a
+    # drift that grows linearly would only be another period)
+    per_mb = rep.period_s / rep.cycle_mb
+    late = (base.start_s > rep.cut_s - 40 * per_mb) & (base.mb >= 0)
+    first = int(base.mb[late].min())
+    drift = np.where(late, (base.mb - first) ** 2 * 2 * repeat.TOL_S, 0.0)
+    moved = replace(base, start_s=base.start_s + drift, end_s=base.end_s + drift)
+    assert repeat.find_cycle(moved, anchor, short, sc.microbatches) is None
+
+
+def test_spans_that_do_not_land_on_the_programs_tasks_are_refused():
+    """Spliced onto a program of other microbatches (12 more), the spans do not match its
+    streams' tasks: no trace, rather than a wrong one."""
+    d = plan()
+    sc, short, sprog, eng, trace, anchor = _short_run(d)
+    rep = repeat.find_cycle(trace.base, anchor, short, sc.microbatches)
+    prog, _ = lower(sc)
+    good = repeat.splice(trace.base, rep, TaskColumns(sprog.items, sprog.runs, sprog),
+                         TaskColumns(prog.items, prog.runs, prog))
+    assert good is not None and len(good.rank) == len(prog.items) + (len(good.rank) - len(prog.items))
+    other, _ = lower(with_microbatches(sc, sc.microbatches + 12))
+    assert repeat.splice(trace.base, rep, TaskColumns(sprog.items, sprog.runs, sprog),
+                         TaskColumns(other.items, other.runs, other)) is None
+
+
+def test_megatron_like_step_summary_names_the_cycle():
+    """The summary says what was simulated: microbatches run, the cycle, its period."""
+    whole, copied = both(plan())
+    rep = copied.summary["simulation"]["repeat"]
+    assert rep["simulated_microbatches"] == 56 and rep["cycles_copied"] * rep["cycle_microbatches"] == 72
+    # the period is the steady state's: the step's time grows by it per cycle
+    per_mb = rep["cycle_s"] / rep["cycle_microbatches"]
+    short = run({**plan(), "training": {"micro_batch_size": 1, "global_batch_size": 116 * 4},
+                 "simulation": {"repeat": False}})
+    assert math.isclose(whole.summary["step_time_s"] - short.summary["step_time_s"], 12 * per_mb, rel_tol=1e-9)
