@@ -7,7 +7,6 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from time import perf_counter
 from typing import Any
 
 from .analysis.critical_path import critical_path, path_report
@@ -209,37 +208,43 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
 
 
 def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat: bool = True,
-         marks: dict | None = None) -> tuple[Engine, Trace, tuple]:
+         mark: Callable[[str], None] | None = None) -> tuple[Engine, Trace, tuple]:
     """(the engine, the step's trace, the working objects of a shorter run): ``prog`` run
     whole, or, with ``repeat`` where a 1F1B step is long enough and its cycle is found, fewer
     of its microbatches run and the cycle copied in (:mod:`clustersim.engine.repeat`).
-    ``marks`` (bench/bench_scale.py): gets the ``perf_counter`` of the end of each phase
-    ("lowered" for the shorter step, "set_up", "ran", "spliced")."""
+    ``mark`` (the bench scripts) is called at the end of each phase: "lowered" (the shorter
+    step; at once when there is none), "set_up", "ran", "spliced" (when there was one; where
+    no cycle held, "set_up" and "ran" again for the whole step)."""
     sim = sc.cfg.simulation
     m = sc.microbatches
-    mark = marks.__setitem__ if marks is not None else (lambda *_: None)
-    short = cycles.simulated_microbatches(sc.parallel.schedule, sc.parallel.pp, m) if repeat else None
+    mark = mark or (lambda _: None)
+    p = sc.parallel
+    short = cycles.simulated_microbatches(p.schedule, p.pp, m, p.vpp if p.schedule == "interleaved" else 1
+                                          ) if repeat else None
     if short is not None:
         sprog, slow = lower(with_microbatches(sc, short), collapse=collapse)
-        mark("lowered", perf_counter())
+        mark("lowered")
         engine = Engine(sprog, sc.cluster, sim.network, sim.collectives.model_dump())
-        mark("set_up", perf_counter())
+        mark("set_up")
         strace = engine.run(links=False)
-        mark("ran", perf_counter())
-        trace = _spliced(engine, strace, sprog, prog, short, m)
-        mark("spliced", perf_counter())
+        mark("ran")
+        trace = _spliced(engine, strace, sprog, prog, short, m, cycles.step_mb(p.schedule, p.pp))
+        mark("spliced")
         if trace is not None:
             if links:
                 trace.links = engine.link_use()
             return engine, trace, (sprog, slow)
+    else:
+        mark("lowered")
     engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
-    mark("set_up", perf_counter())
+    mark("set_up")
     trace = engine.run(links=links)
-    mark("ran", perf_counter())
+    mark("ran")
     return engine, trace, ()
 
 
-def _spliced(engine: Engine, strace: Trace, sprog: Program, prog: Program, short: int, m: int) -> Trace | None:
+def _spliced(engine: Engine, strace: Trace, sprog: Program, prog: Program, short: int, m: int,
+             step: int) -> Trace | None:
     """The trace of ``prog`` (``m`` microbatches) from ``engine``'s run of ``sprog`` (``short``
     of them), or None where no cycle holds (:func:`clustersim.engine.repeat.find_cycle`)."""
     from .analysis.columns import TaskColumns
@@ -248,7 +253,7 @@ def _spliced(engine: Engine, strace: Trace, sprog: Program, prog: Program, short
     base = strace.current_base()
     if not first or base is None:
         return None
-    rep = cycles.find_cycle(base, min(first), short, m, engine.record_starts())
+    rep = cycles.find_cycle(base, min(first), short, m, engine.record_starts(), step)
     if rep is None:
         return None
     full_tasks = TaskColumns(prog.items, prog.runs, prog)

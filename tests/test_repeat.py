@@ -23,13 +23,13 @@ REL = 1e-9
 
 
 def plan(**over) -> dict:
-    """A 1F1B step of 128 microbatches on 4 stages (56 simulated, 6 cycles of 12 copied in):
+    """A 1F1B step of 192 microbatches on 4 stages (60 simulated, 132 copied in):
     TP inside a node, PP sends and the DP gradient reduction across nodes (the flow network)."""
     d = scenario_dict(
         cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4},
         model={"name": "small", "layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000, "seq_len": 1024},
         parallel={"tp": 2, "pp": 4, "dp": 4, "schedule": "1f1b"},
-        training={"micro_batch_size": 1, "global_batch_size": 128 * 4})
+        training={"micro_batch_size": 1, "global_batch_size": 192 * 4})
     for k, v in over.items():
         d[k] = {**d.get(k, {}), **v}
     return d
@@ -89,7 +89,9 @@ def assert_same_step(whole, copied, links: bool = True) -> None:
     {"parallel": {"zero": 1}, "training": {"recompute": "full"}},
     {"parallel": {"zero": 2, "sp": True}},
     {"simulation": {"network": "ideal"}},
-], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network"])
+    {"parallel": {"schedule": "interleaved", "vpp": 2}},
+    {"parallel": {"schedule": "zb-h1"}},
+], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1"])
 def test_the_copied_cycle_gives_the_step_simulated_whole(over):
     whole, copied = both(plan(**over))
     assert_same_step(whole, copied, links=over.get("simulation", {}).get("network") != "ideal")
@@ -105,14 +107,19 @@ def test_a_straggler_splits_its_class_and_still_repeats():
 
 
 def test_how_many_microbatches_are_simulated():
-    # 2 pp + 48 microbatches at least, whole cycles of 12 left out, at least half of them
-    assert repeat.simulated_microbatches("1f1b", 4, 128) == 56
-    assert repeat.simulated_microbatches("1f1b", 64, 512) == 176  # Megatron-1T
-    assert repeat.simulated_microbatches("1f1b", 4, 100) is None  # 64 simulated: more than half
+    # 3/2 pp + 48 microbatches at least, whole steps of 12 left out, and a third of them at most
+    assert repeat.simulated_microbatches("1f1b", 4, 192) == 60
+    assert repeat.simulated_microbatches("1f1b", 64, 512) == 152  # Megatron-1T
+    assert repeat.simulated_microbatches("1f1b", 4, 128) is None  # 56 simulated: more than a third
+    assert repeat.simulated_microbatches("1f1b", 16, 192) is None  # gpt3_175b_1024gpu (it drifts)
     assert repeat.simulated_microbatches("1f1b", 4, 50) is None
     assert repeat.simulated_microbatches("gpipe", 4, 512) is None  # no steady cycle: all F, then all B
-    assert repeat.simulated_microbatches("interleaved", 4, 512) is None
     assert repeat.simulated_microbatches("1f1b", 1, 512) is None  # no pipeline
+    # interleaved: whole groups of pp microbatches (12 and pp), a longer warm-up (3/2 pp vpp)
+    assert repeat.simulated_microbatches("interleaved", 4, 512, vpp=2) == 68
+    assert repeat.simulated_microbatches("interleaved", 8, 512, vpp=2) == 128  # 24 + 96, steps of 24
+    assert repeat.simulated_microbatches("zb-h1", 4, 512) == 56  # as 1F1B
+    assert repeat.simulated_microbatches("dualpipe", 4, 512) is None
 
 
 def test_repeat_false_or_no_cycle_simulates_every_microbatch(monkeypatch):
@@ -139,7 +146,7 @@ def test_a_cycle_that_does_not_repeat_is_refused():
     sc, short, sprog, eng, trace, anchor = _short_run(plan())
     base = trace.base
     rep = repeat.find_cycle(base, anchor, short, sc.microbatches)
-    assert rep is not None and rep.cycle_mb in repeat.CYCLES_MB
+    assert rep is not None and rep.cycle_mb in repeat.cycles_mb(repeat.STEP_MB)
     # a transient that has not settled: microbatches ever later, 2 ns x (mb - first)^2 from 40
     # periods before the cut on (every window of every cycle length tried lies in there; a
     # drift that grows linearly would only be another period)
@@ -166,13 +173,13 @@ def test_spans_that_do_not_land_on_the_programs_tasks_are_refused():
                          TaskColumns(other.items, other.runs, other)) is None
 
 
-def test_megatron_like_step_summary_names_the_cycle():
+def test_the_summary_names_the_cycle():
     """The summary says what was simulated: microbatches run, the cycle, its period."""
     whole, copied = both(plan())
     rep = copied.summary["simulation"]["repeat"]
-    assert rep["simulated_microbatches"] == 56 and rep["cycles_copied"] * rep["cycle_microbatches"] == 72
+    assert rep["simulated_microbatches"] == 60 and rep["cycles_copied"] * rep["cycle_microbatches"] == 132
     # the period is the steady state's: the step's time grows by it per cycle
     per_mb = rep["cycle_s"] / rep["cycle_microbatches"]
-    short = run({**plan(), "training": {"micro_batch_size": 1, "global_batch_size": 116 * 4},
+    short = run({**plan(), "training": {"micro_batch_size": 1, "global_batch_size": 180 * 4},
                  "simulation": {"repeat": False}})
     assert math.isclose(whole.summary["step_time_s"] - short.summary["step_time_s"], 12 * per_mb, rel_tol=1e-9)

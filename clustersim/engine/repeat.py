@@ -31,16 +31,29 @@ every microbatch instead.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..trace import SpanBase
 
-STEP_MB = 12  # microbatches are left out in multiples of this: every cycle tried divides it
-CYCLES_MB = (1, 2, 3, 4, 6, 12)  # cycle lengths tried, shortest first
+STEP_MB = 12  # 1F1B leaves microbatches out in multiples of this: every cycle tried divides it
 WINDOWS = 3  # cycles compared: the last one before T and the two before it
 TOL_S = 1e-9  # spans that start and end within a nanosecond are the same (bench/steady_state.py)
+SCHEDULES = ("1f1b", "interleaved", "zb-h1")  # DualPipe: see simulated_microbatches
+
+
+def step_mb(schedule: str, pp: int) -> int:
+    """Microbatches are left out in multiples of this: 12 (a multiple of the cycles 1F1B
+    shows, 1, 2, 4 or 6), and for interleaved 1F1B, which runs microbatches pp at a time and
+    repeats every pp, the least multiple of 12 and pp (so m' stays a multiple of pp too)."""
+    return math.lcm(STEP_MB, pp) if schedule == "interleaved" else STEP_MB
+
+
+def cycles_mb(step: int) -> list[int]:
+    """The cycle lengths tried, shortest first: every divisor of ``step``."""
+    return [c for c in range(1, step + 1) if step % c == 0]
 
 
 @dataclass(frozen=True)
@@ -58,21 +71,28 @@ class Repeat:
                 "cycle_s": self.period_s, "cut_s": self.cut_s, "cycles_copied": self.copies}
 
 
-def simulated_microbatches(schedule: str, pp: int, m: int) -> int | None:
+def simulated_microbatches(schedule: str, pp: int, m: int, vpp: int = 1) -> int | None:
     """How many of a step's ``m`` microbatches to simulate, or None to simulate them all::
 
-        m' = m - n * STEP_MB  >=  2 pp + (WINDOWS + 1) * STEP_MB,   n as large as that allows
+        m' = m - n * step  >=  3/2 pp vpp + (WINDOWS + 1) * step,   n as large as that allows,
+        tried only where m' <= m / 3
 
-    2 pp microbatches cover the warm-up and the transient after it (Megatron-1T's 64 stages
-    repeat from about microbatch 110), then the compared cycles and a cycle of margin before
-    the cut. Only 1F1B (one stage per rank), and only where it leaves out at least half the
-    microbatches: otherwise the second lowering costs about what it saves."""
-    if schedule != "1f1b" or pp < 2:
+    (``step``: :func:`step_mb`). 3/2 pp vpp microbatches cover the warm-up and the transient
+    after it (Megatron-1T's 64 stages repeat from about microbatch 110, and its cut falls at
+    121), then the compared cycles and a step of margin before the cut. A step whose cycle
+    does not hold is simulated again whole: at m' <= m / 3 a cycle found saves at least two
+    thirds of the engine's work and one not found costs at most a third more
+    (gpt3_175b_1024gpu's steady state drifts by 2e-5 s a cycle and never repeats: at 192
+    microbatches it is not tried). Only 1F1B, interleaved 1F1B and ZB-H1: DualPipe feeds
+    microbatches from both ends, and its first stage's forwards, which set the cut, cover
+    half of them; no cycle is found there, so it is not tried."""
+    if schedule not in SCHEDULES or pp < 2:
         return None
-    floor = 2 * pp + (WINDOWS + 1) * STEP_MB
-    n = (m - floor) // STEP_MB
-    short = m - n * STEP_MB
-    return short if n > 0 and 2 * short <= m else None
+    step = step_mb(schedule, pp)
+    floor = (3 * pp * vpp + 1) // 2 + (WINDOWS + 1) * step
+    n = (m - floor) // step
+    short = m - n * step
+    return short if n > 0 and 3 * short <= m else None
 
 
 def _first_forwards(base: SpanBase, rank: int) -> np.ndarray:
@@ -127,21 +147,23 @@ def _same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
 
 
 def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int,
-               other_starts: np.ndarray = np.zeros(0)) -> Repeat | None:
+               other_starts: np.ndarray = np.zeros(0), step: int = STEP_MB) -> Repeat | None:
     """The cycle of the simulated step (spans ``base`` of ``simulated_mb`` microbatches) and
-    where to cut it, checked as the module docstring says; None if none of CYCLES_MB holds.
+    where to cut it, checked as the module docstring says; None if no cycle tried holds.
     ``anchor_rank`` is the first stage's rank: its forwards set the cut, a cycle and a
     margin before its last forward (after which the m' program and the m one differ).
     ``other_starts``: when the run's other records start (``Engine.record_starts``: a
-    transfer may start a latency after its span), kept as far from the cut as the spans."""
+    transfer may start a latency after its span), kept as far from the cut as the spans.
+    ``step``: what ``full_mb - simulated_mb`` is a multiple of (:func:`step_mb`); the cycles
+    tried divide it, and it is the margin before the last forward."""
     first = _first_forwards(base, anchor_rank)
     if len(first) != simulated_mb or not np.isfinite(first).all():
         return None
     starts = np.unique(np.concatenate([base.start_s, other_starts]))
-    for c in CYCLES_MB:
+    for c in cycles_mb(step):
         if (full_mb - simulated_mb) % c:
             continue
-        j = simulated_mb - 1 - STEP_MB  # a margin of STEP_MB microbatches before the last forward
+        j = simulated_mb - 1 - step  # a margin of a step before the last forward
         if j - WINDOWS * c < 0:
             continue
         q = float(first[j] - first[j - c])
@@ -227,7 +249,7 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
         o_sp = mine[np.argsort((lane * (rep.copies + 2) + seg[mine]) * (int(old_tid.max()) + 1) + old_tid[mine])]
     else:  # (one key would not fit in 64 bits)
         o_sp = mine[np.lexsort((old_tid[mine], seg[mine], lane))]
-    o_full = np.argsort(full_tasks.rank * n_streams + full_tasks.stream, kind="stable")
+    o_full = full_tasks.stream_order  # (rank, stream) in the order of the names: as lane orders
     if len(o_sp) != len(o_full) or not (np.array_equal(rank[o_sp], full_tasks.rank[o_full])
                                         and np.array_equal(code_in_full[stream[o_sp]], full_tasks.stream[o_full])):
         return None
