@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from .analysis.columns import SpanColumns, TaskColumns
 
 
+# times closer than this are one instant: the same instant summed along two paths (a step
+# simulated whole and one whose cycle was copied in, clustersim.engine.repeat) differs in its
+# last bits; the analysis reads such times as equal wherever it orders or picks among them
+INSTANT_S = 1e-9
+
+
 def text_codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:
     """(code of each of the ``n`` values, the distinct values sorted): ``names[codes[i]] ==
     values[i]``, codes int32 numbered in the sorted order of the values, so that ordering by

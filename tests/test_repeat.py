@@ -153,7 +153,7 @@ def test_a_cycle_that_does_not_repeat_is_refused():
     per_mb = rep.period_s / rep.cycle_mb
     late = (base.start_s > rep.cut_s - 40 * per_mb) & (base.mb >= 0)
     first = int(base.mb[late].min())
-    drift = np.where(late, (base.mb - first) ** 2 * 2 * repeat.TOL_S, 0.0)
+    drift = np.where(late, (base.mb - first) ** 2 * 2 * repeat.INSTANT_S, 0.0)
     moved = replace(base, start_s=base.start_s + drift, end_s=base.end_s + drift)
     assert repeat.find_cycle(moved, anchor, short, sc.microbatches) is None
 

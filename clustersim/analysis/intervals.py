@@ -14,11 +14,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from ..trace import INSTANT_S
+
 Arrays = tuple[np.ndarray, np.ndarray]
-# times closer than this are one instant: the same instant summed along two paths (a step
-# simulated whole and one whose cycle was copied in, clustersim.engine.repeat) differs in its
-# last bits, and an allocation and a free at one instant must not be taken apart by those
-INSTANT_S = 1e-9
 COMPENSATED_SUM = sys.version_info >= (3, 12)  # Python's sum() of floats compensates rounding from 3.12
 
 

@@ -1,5 +1,5 @@
-"""A 1F1B step's repeating microbatches simulated once: fewer microbatches run, the steady
-cycle copied in.
+"""A long 1F1B step's repeating microbatches simulated once: fewer microbatches run, the steady
+cycle copied in (1F1B, interleaved 1F1B and ZB-H1).
 
 After its warm-up, a 1F1B pipeline settles into a cycle: every C microbatches each stage runs
 the same forwards, backwards, TP all-reduces and PP sends, a period Q later, on the same links
@@ -15,12 +15,12 @@ cycle, checks it, and copies it in::
 
     W_k   the spans that start in [T - kQ, T - (k-1)Q)
     kept  only if W3 + 2Q, W2 + Q and W1 are the same spans (rank, form, microbatch + C per
-          window) starting and ending within TOL_S of each other, and nothing that started
-          before W3 still runs at the start of W1 (the state at T is the state at T - Q,
-          shifted: the simulation is deterministic, so what follows repeats too)
+          window) starting and ending within INSTANT_S (1 ns) of each other, and nothing
+          that started before W3 still runs at the start of W1 (the state at T is the state
+          at T - Q, shifted: the simulation is deterministic, so what follows repeats too)
 
 Why it is exact: both programs are the same up to where the m' step runs out of forwards
-(T lies a cycle before that), the cycle repeats (checked over two), and the simulation does
+(T lies a step of microbatches before that, :func:`step_mb`), the cycle repeats (checked over two), and the simulation does
 not depend on absolute time. Times differ from a full simulation in their last bits (a copy
 adds kQ once where the full step sums k cycles: about 1e-11 s on Megatron-1T's 95 s step).
 The spans then take the full program's task ids: a stream runs its tasks in list order, so
@@ -36,11 +36,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..trace import SpanBase
+from ..trace import INSTANT_S, SpanBase
 
 STEP_MB = 12  # 1F1B leaves microbatches out in multiples of this: every cycle tried divides it
 WINDOWS = 3  # cycles compared: the last one before T and the two before it
-TOL_S = 1e-9  # spans that start and end within a nanosecond are the same (bench/steady_state.py)
 SCHEDULES = ("1f1b", "interleaved", "zb-h1")  # DualPipe: see simulated_microbatches
 
 
@@ -124,7 +123,7 @@ def _quiet_cut(starts: np.ndarray, lo: float, hi: float, period_s: float) -> flo
         i = np.searchsorted(starts, at)
         gap = np.minimum(gap, np.minimum(at - ext[i], ext[i + 1] - at))
     best = int(np.argmax(gap))
-    return float(cand[best]) if gap[best] > 2 * TOL_S else None
+    return float(cand[best]) if gap[best] > 2 * INSTANT_S else None
 
 
 def _window(base: SpanBase, lo: float, hi: float, shift_s: float, shift_mb: int) -> tuple[np.ndarray, ...]:
@@ -143,7 +142,7 @@ def _same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
     if len(a[0]) != len(b[0]) or not len(a[0]):
         return False
     return (all(np.array_equal(x, y) for x, y in zip(a[:3], b[:3]))
-            and float(np.abs(a[3] - b[3]).max()) <= TOL_S and float(np.abs(a[4] - b[4]).max()) <= TOL_S)
+            and float(np.abs(a[3] - b[3]).max()) <= INSTANT_S and float(np.abs(a[4] - b[4]).max()) <= INSTANT_S)
 
 
 def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int,
