@@ -109,8 +109,11 @@ def cmd_run(args) -> int:
             writer.cancel()
         staging.clean()
     print(format_summary(result.summary))
-    print(f"{'simulated':<16}{result.summary['simulation']['simulated_ranks']} ranks, "
-          f"{result.summary['simulation']['spans']:,} spans in {wall_s:.1f} s")
+    sim = result.summary["simulation"]
+    rep = sim.get("repeat")
+    cycle = (f" · {rep['simulated_microbatches']} of {result.summary['plan']['microbatches']} microbatches run, "
+             f"a cycle of {rep['cycle_microbatches']} copied in {rep['cycles_copied']} times") if rep else ""
+    print(f"{'simulated':<16}{sim['simulated_ranks']} ranks, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}")
     print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
     return 0
 

@@ -183,3 +183,38 @@ def test_the_summary_names_the_cycle():
     short = run({**plan(), "training": {"micro_batch_size": 1, "global_batch_size": 180 * 4},
                  "simulation": {"repeat": False}})
     assert math.isclose(whole.summary["step_time_s"] - short.summary["step_time_s"], 12 * per_mb, rel_tol=1e-9)
+
+
+def test_the_command_says_what_it_ran_and_no_repeat_runs_it_all(tmp_path):
+    """``clustersim run`` prints how many microbatches ran and the cycle copied in; the
+    summary.json it writes says so; ``--no-repeat`` simulates every one, with the same spans
+    to a nanosecond in the trace file."""
+    import gzip
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    d = plan()
+    d["cluster"] = {**d["cluster"], "topology": str(ROOT / d["cluster"]["topology"])}
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    outs = {}
+    for flag in ((), ("--no-repeat",)):
+        out = tmp_path / ("whole" if flag else "copied")
+        r = subprocess.run([sys.executable, "-m", "clustersim", "run", str(path), "--out", str(out), *flag],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        outs[bool(flag)] = (r.stdout, json.loads((out / "summary.json").read_text()),
+                            json.loads(gzip.open(out / "trace.json.gz").read()))
+    (said, s, t), (said_whole, s_whole, t_whole) = outs[False], outs[True]
+    assert "60 of 192 microbatches run, a cycle of" in said
+    assert "microbatches run" not in said_whole
+    assert s["simulation"]["repeat"]["simulated_microbatches"] == 60 and s_whole["simulation"]["repeat"] is None
+    ev = [e for e in t["traceEvents"] if e.get("ph") == "X"]
+    ev_whole = [e for e in t_whole["traceEvents"] if e.get("ph") == "X"]
+    assert len(ev) == len(ev_whole) > 0
+    assert [(e["pid"], e["tid"], e["name"]) for e in ev] == [(e["pid"], e["tid"], e["name"]) for e in ev_whole]
+    # the trace file's times are microseconds, printed to a nanosecond at most
+    assert max(abs(a["ts"] - b["ts"]) for a, b in zip(ev, ev_whole)) <= 2e-3
