@@ -183,7 +183,7 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     with no_cyclic_gc():
         prog, low = lower(sc, collapse=collapse)
         engine, trace, extra = _run(sc, prog, collapse, links=after_run is None,
-                                    repeat=sc.cfg.simulation.repeat if repeat is None else repeat)
+                                    repeat=sc.cfg.simulation.repeat if repeat is None else repeat, low=low)
         links = None
         if after_run is not None:
             # the link use only now: the summary reads it (last), the files written from here
@@ -208,10 +208,11 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
 
 
 def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat: bool = True,
-         mark: Callable[[str], None] | None = None) -> tuple[Engine, Trace, tuple]:
+         mark: Callable[[str], None] | None = None, low: Lowering | None = None) -> tuple[Engine, Trace, tuple]:
     """(the engine, the step's trace, the working objects of a shorter run): ``prog`` run
     whole, or, with ``repeat`` where a 1F1B step is long enough and its cycle is found, fewer
     of its microbatches run and the cycle copied in (:mod:`clustersim.engine.repeat`).
+    ``low``: ``prog``'s lowering, whose plan-wide parts the shorter step's reuses.
     ``mark`` (the bench scripts) is called at the end of each phase: "lowered" (the shorter
     step; at once when there is none), "set_up", "ran", "spliced" (when there was one; where
     no cycle held, "set_up" and "ran" again for the whole step)."""
@@ -222,7 +223,7 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
     short = cycles.simulated_microbatches(p.schedule, p.pp, m, p.vpp if p.schedule == "interleaved" else 1
                                           ) if repeat else None
     if short is not None:
-        sprog, slow = lower(with_microbatches(sc, short), collapse=collapse)
+        sprog, slow = lower(with_microbatches(sc, short), collapse=collapse, like=low)
         mark("lowered")
         engine = Engine(sprog, sc.cluster, sim.network, sim.collectives.model_dump())
         mark("set_up")
@@ -260,7 +261,7 @@ def _spliced(engine: Engine, strace: Trace, sprog: Program, prog: Program, short
     spliced = cycles.splice(base, rep, TaskColumns(sprog.items, sprog.runs, sprog), full_tasks)
     if spliced is None:
         return None
-    trace = engine.repeated(rep, spliced, prog)
+    trace = engine.repeated(rep, spliced, prog, full_tasks.gap_comms)
     trace.repeat = rep.summary()
     trace._task_columns = full_tasks  # the critical path and the checks read them next
     return trace

@@ -206,11 +206,12 @@ def test_the_command_says_what_it_ran_and_no_repeat_runs_it_all(tmp_path):
         r = subprocess.run([sys.executable, "-m", "clustersim", "run", str(path), "--out", str(out), *flag],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        outs[bool(flag)] = (r.stdout, json.loads((out / "summary.json").read_text()),
+        outs[bool(flag)] = (r.stdout + (out / "report.html").read_text(), json.loads((out / "summary.json").read_text()),
                             json.loads(gzip.open(out / "trace.json.gz").read()))
     (said, s, t), (said_whole, s_whole, t_whole) = outs[False], outs[True]
-    assert "60 of 192 microbatches run, a cycle of" in said
-    assert "microbatches run" not in said_whole
+    assert "60 of 192 microbatches run, a cycle of" in said  # the terminal
+    assert "simulated: 60 of 192 microbatches; their steady cycle of" in said  # the report's header
+    assert "microbatches run" not in said_whole and "simulated: " not in said_whole
     assert s["simulation"]["repeat"]["simulated_microbatches"] == 60 and s_whole["simulation"]["repeat"] is None
     ev = [e for e in t["traceEvents"] if e.get("ph") == "X"]
     ev_whole = [e for e in t_whole["traceEvents"] if e.get("ph") == "X"]
@@ -218,3 +219,23 @@ def test_the_command_says_what_it_ran_and_no_repeat_runs_it_all(tmp_path):
     assert [(e["pid"], e["tid"], e["name"]) for e in ev] == [(e["pid"], e["tid"], e["name"]) for e in ev_whole]
     # the trace file's times are microseconds, printed to a nanosecond at most
     assert max(abs(a["ts"] - b["ts"]) for a, b in zip(ev, ev_whole)) <= 2e-3
+
+
+@pytest.mark.parametrize("over", [{}, {"parallel": {"zero": 3}}, {"parallel": {"schedule": "interleaved", "vpp": 2}}],
+                         ids=["1f1b", "zero3", "interleaved"])
+def test_the_shorter_step_lowered_like_the_whole_one_is_the_same_program(over):
+    """The shorter step reuses the whole step's lowering (work, symmetry, communication specs):
+    its tasks are those of a lowering from scratch, and the whole step's lowering is untouched."""
+    from clustersim.program.lower import _comm_fields, _task_fields
+
+    def fields_of(prog):
+        return [(_task_fields(t), None if t.comm is None else _comm_fields(t.comm)) for t in prog.tasks]
+
+    sc = load_scenario(plan(**over), base_dir=ROOT)
+    prog, low = lower(sc)
+    before = (dict(low.final_mb), dict(low.done), len(low.block_plans))
+    reused, _ = lower(with_microbatches(sc, 60), like=low)
+    fresh, _ = lower(with_microbatches(sc, 60))
+    assert fields_of(reused) == fields_of(fresh)
+    assert before[:2] == (low.final_mb, low.done) and len(low.block_plans) >= before[2]
+    assert fields_of(prog) == fields_of(lower(sc)[0])

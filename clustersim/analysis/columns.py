@@ -313,6 +313,11 @@ class TaskColumns:
         has = np.fromiter(map(is_not, comms, repeat(None)), bool, len(comms))
         return lay.gap_ids[has], list(compress(comms, has))
 
+    @property
+    def gap_comms(self) -> list:
+        """The communications of the tasks outside runs, in task order."""
+        return self._gap_comms[1]
+
     def _per_comm(self, of_comm, of_spec, fill: int) -> np.ndarray:
         """A column with one value per communication: ``of_comm`` of those of the tasks outside
         runs, ``of_spec`` of the communication specs of the templates' protos; ``fill`` for

@@ -659,11 +659,12 @@ class Engine:
         flows = [e[5][1] if e[5] is not None else e[2][0] for e in self.net.finished]
         return np.array(alone + flows, dtype=np.float64)
 
-    def repeated(self, rep, base: SpanBase, program: Program) -> Trace:
+    def repeated(self, rep, base: SpanBase, program: Program, gap_comms: list) -> Trace:
         """The trace of ``program`` (the whole step) from this engine's run of fewer of its
         microbatches (``engine.repeat``): the spliced spans ``base``, the whole program's
-        algorithms census, and this run's records of communications (what :meth:`link_use`
-        reads) cut and copied as the spans were."""
+        algorithms census (``gap_comms``: the communications of its tasks outside runs), and
+        this run's records of communications (what :meth:`link_use` reads) cut and copied as
+        the spans were."""
         from .repeat import spliced_times
 
         for _, at in self._alone_starts.values():
@@ -687,10 +688,23 @@ class Engine:
             else:
                 moved.append((tag, size, [x + s for x in times], rates, ends + s, None))
         self.net.finished = moved
+        # the census _comm_tasks would give, of the communications with a choice (what
+        # _algorithms_used reports; a PP send has none): the tasks outside runs, then each
+        # template's first run once for all its runs
         census: dict[tuple, list] = {}
-        for t, n in _comm_tasks(program):
-            if t.comm.op in _CHOOSE:  # what _algorithms_used reports (a PP send has no choice)
-                self._count(_shape_id(t.comm), t.comm, n, census)
+        for c in gap_comms:
+            if c.op in _CHOOSE:
+                self._count(_shape_id(c), c, 1, census)
+        runs = Counter(map(id, map(itemgetter(3), program.runs)))
+        first = {}
+        for _, lo, hi, tmpl in program.runs:
+            first.setdefault(id(tmpl), (lo, hi))
+        items = program.items
+        for key, n in runs.items():
+            lo, hi = first[key]
+            for t in items[lo:hi]:  # a template's first run is made (lower._single_action)
+                if t.comm is not None and t.comm.op in _CHOOSE:
+                    self._count(_shape_id(t.comm), t.comm, n, census)
         self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
         return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight),
                      stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census), base=base)

@@ -833,6 +833,12 @@ def header_html(summary: dict[str, Any]) -> str:
         size = f"{params / 1e9:.1f} B parameters, " if params else ""
         out.append(f'<p class="meta">model: {e(str(model.get("name", "")))} · {size}'
                    f'{model.get("layers", "?")} layers</p>')
+    rep = summary.get("simulation", {}).get("repeat")
+    if rep:  # what the timeline below holds: most of it copied from a steady cycle
+        out.append(f'<p class="meta">simulated: {rep["simulated_microbatches"]} of {plan.get("microbatches")} '
+                   f'microbatches; their steady cycle of {rep["cycle_microbatches"]} microbatches '
+                   f'({rep["cycle_s"]:.4g} s) copied in {rep["cycles_copied"]} times from '
+                   f'{rep["cut_s"]:.4g} s on (simulation.repeat)</p>')
     return "\n".join(out)
 
 

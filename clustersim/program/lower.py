@@ -23,7 +23,7 @@ stages r and 2p-1-r (parts r and p-1-r). A microbatch's activation goes from sta
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from operator import attrgetter
 
@@ -950,9 +950,21 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
     return prog
 
 
-def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True) -> tuple[Program, Lowering]:
+def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
+          like: Lowering | None = None) -> tuple[Program, Lowering]:
     """Scenario -> Program for one training step (``templates=False``: every action made by
-    :func:`_blocks`, without :class:`ActionTemplate`; the same tasks, more slowly)."""
+    :func:`_blocks`, without :class:`ActionTemplate`; the same tasks, more slowly). ``like``:
+    the lowering of the same plan with other microbatches (``engine.repeat``'s shorter step),
+    whose per-part work, symmetry classes and communication specs are reused as they are
+    (none depends on the microbatches; its templates are not: a template's first run must be
+    made in each program)."""
+    if like is not None:
+        # every dict the passes or __post_init__ fill starts empty; the per-part work, the
+        # symmetry (with its orbit caches), the settings and the communication specs carry over
+        fresh = {f.name: {} for f in fields(Lowering)
+                 if f.init and isinstance(getattr(like, f.name), dict) and f.name not in ("rank_work", "block_plans")}
+        low = replace(like, schedule=sc.schedule, use_templates=templates, **fresh)
+        return run_passes(low), low
     mesh = sc.mesh
     cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
     moe = sc.model.moe
