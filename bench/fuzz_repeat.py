@@ -1,0 +1,120 @@
+"""Random long pipeline steps simulated whole and with their steady cycle copied in
+(clustersim.engine.repeat): where a cycle is found, the spans must be the same (rank, task,
+microbatch, form; start and end within 1 ns) and every figure of the summary within 1e-9 (or
+1 ns). tests/test_repeat.py checks a dozen fixed plans; this draws many more (topology, TP, PP,
+DP, EP, CP, SP, ZeRO, recompute, schedule, a slow GPU)::
+
+    python bench/fuzz_repeat.py [seed] [plans]      (default 0 and 20)
+
+It prints, per plan, whether a cycle was found and how much faster the step was, and exits 1
+on any difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import clustersim  # noqa: E402
+from clustersim.engine import repeat  # noqa: E402
+from tests.test_repeat import close  # noqa: E402
+
+TOPOLOGIES = {"dgx-a100.yaml": 8, "dgx-h100.yaml": 8, "h800-cluster.yaml": 8, "fat-tree.yaml": 8}
+MOE = {"experts": 8, "top_k": 2, "expert_ffn": 1024}
+
+
+def draw(rng: random.Random) -> dict:
+    """One random plan whose shorter step is a third of it or less."""
+    topo = rng.choice(sorted(TOPOLOGIES))
+    tp = rng.choice([1, 2, 4, 8])
+    pp = rng.choice([2, 4, 8])
+    dp = rng.choice([1, 2, 4])
+    cp = rng.choice([1, 1, 2])
+    schedule = rng.choice(["1f1b", "1f1b", "interleaved", "zb-h1"])
+    vpp = 2 if schedule == "interleaved" else 1
+    layers = pp * vpp * rng.choice([1, 2])
+    nodes = max(1, tp * pp * dp * cp // TOPOLOGIES[topo])
+    step = repeat.step_mb(schedule, pp)
+    floor = (3 * pp * vpp + 1) // 2 + 4 * step
+    m = 3 * (floor + step) + step * rng.choice([0, 1, 3])  # the shorter step is below floor + step
+    model = {"name": "fuzz", "layers": layers, "hidden": 1024 * rng.choice([1, 2]), "heads": 16, "vocab": 32000,
+             "seq_len": 1024 * rng.choice([1, 2])}
+    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "schedule": schedule, "zero": rng.choice([0, 1, 2, 3]),
+                "sp": tp > 1 and rng.random() < 0.5}
+    if schedule == "interleaved":
+        parallel["vpp"] = vpp
+    if dp >= 2 and rng.random() < 0.3:
+        model["moe"] = MOE
+        parallel["ep"] = 2
+    cluster = {"topology": f"topologies/{topo}", "nodes": nodes}
+    if rng.random() < 0.2:
+        cluster["what_if"] = [{"gpu": rng.randrange(tp * pp * dp * cp), "slowdown": 1.25}]
+    return {"name": "fuzz-repeat", "cluster": cluster, "model": model, "parallel": parallel,
+            "training": {"micro_batch_size": 1, "global_batch_size": m * dp,
+                         "recompute": rng.choice(["none", "selective", "full"])}}
+
+
+def compare(d: dict) -> tuple[str, list[str]]:
+    out = []
+    results = []
+    for copy_in in (False, True):
+        sc = clustersim.load_scenario({**d, "simulation": {"repeat": copy_in}}, base_dir=ROOT)
+        t = time.perf_counter()
+        results.append((clustersim.simulate(sc), time.perf_counter() - t))
+    (whole, tw), (copied, tc) = results
+    rep = copied.summary["simulation"]["repeat"]
+    if rep is None:
+        p = d["parallel"]
+        tried = repeat.simulated_microbatches(p["schedule"], p["pp"], whole.summary["plan"]["microbatches"],
+                                              p.get("vpp", 1))
+        return (f"no cycle found ({tw:.2f} s whole, {tc:.2f} s with the attempt)" if tried else "not tried"), out
+    a, b = whole.trace.base, copied.trace.base
+    for col in ("rank", "tid", "mb"):
+        if len(getattr(a, col)) != len(getattr(b, col)) or not np.array_equal(getattr(a, col), getattr(b, col)):
+            out.append(f"spans: {col} differs")
+    if not out:
+        worst = max(float(np.abs(a.start_s - b.start_s).max()), float(np.abs(a.end_s - b.end_s).max()))
+        if worst > 1e-9:
+            out.append(f"spans: times differ by {worst:.3g} s")
+    s, t = dict(whole.summary), dict(copied.summary)
+    for x in (s, t):
+        x["simulation"] = {k: v for k, v in x["simulation"].items() if k != "repeat"}
+    out += close(s, t)
+    return (f"{rep['simulated_microbatches']} of {whole.summary['plan']['microbatches']} simulated, cycle "
+            f"{rep['cycle_microbatches']}: {tw:.2f} s whole, {tc:.2f} s copied"), out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("seed", nargs="?", type=int, default=0)
+    ap.add_argument("plans", nargs="?", type=int, default=20)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    bad = 0
+    for i in range(args.plans):
+        d = draw(rng)
+        p = d["parallel"]
+        label = (f"{i:3d} {d['cluster']['topology'].split('/')[-1]:<18} {p['schedule']:<11} tp{p['tp']} pp{p['pp']} "
+                 f"dp{p['dp']} cp{p['cp']} z{p['zero']}{' ep2' if 'ep' in p else ''}"
+                 f"{' slow' if 'what_if' in d['cluster'] else ''}")
+        try:
+            said, diffs = compare(d)
+        except clustersim.ConfigError as exc:
+            print(f"{label}: refused ({exc.message[:80]})")
+            continue
+        print(f"{label}: {said}" + (f"  DIFFERS: {diffs[:3]}" if diffs else ""), flush=True)
+        bad += bool(diffs)
+    print(f"{bad} plan(s) differ")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
