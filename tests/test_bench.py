@@ -65,3 +65,12 @@ def test_after_fork_shows_both_processes_and_every_trace_piece():
     count = perfetto.piece_count(clustersim.simulate(SCENARIO).trace)
     assert m and int(m[1]) + int(m[2]) == int(m[3]) == count, out
     assert float(re.search(r"in place ([\d.]+) s after", out)[1]) > 0
+
+
+def test_fuzz_repeat_compares_a_drawn_plan():
+    """bench/fuzz_repeat.py draws a plan, simulates it whole and with its cycle copied in, and
+    says whether they agree (seed 0's first plan: ZB-H1 with EP, a cycle of 2)."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_repeat.py"), "0", "1"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "simulated, cycle" in r.stdout and "0 plan(s) differ" in r.stdout
