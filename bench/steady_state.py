@@ -33,25 +33,23 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clustersim.api import simulate  # noqa: E402
+from clustersim.engine.repeat import first_forwards  # noqa: E402
 
 MAX_CYCLE = 64
 
 
 def first_forward_starts(trace) -> dict[int, np.ndarray]:
     """Per simulated rank, the start of each microbatch's first forward compute span, by
-    microbatch (NaN where a microbatch has none on that rank)."""
-    cols = trace.columns()
-    codes, forms = trace.forms()
-    fwd = np.array([f.stream == "compute" and f.phase == "F" for f in forms], dtype=bool)
-    sel = fwd[codes] & (cols.mb >= 0)
-    rank, mb, start = cols.rank[sel], cols.mb[sel], cols.start_s[sel]
-    n_mb = int(mb.max()) + 1 if len(mb) else 0
+    microbatch (NaN where a microbatch has none on that rank): what the repeat's cycle finder
+    reads on the first stage (clustersim.engine.repeat.first_forwards), for every rank."""
+    base = trace.current_base()
+    found = {r: first_forwards(base, r) for r in sorted(set(base.rank.tolist()))}
+    found = {r: f for r, f in found.items() if len(f)}  # ranks with a forward compute span
+    n_mb = max(map(len, found.values()), default=0)
     out = {}
-    for r in np.unique(rank).tolist():
-        on = rank == r
-        first = np.full(n_mb, np.inf)
-        np.minimum.at(first, mb[on], start[on])
-        first[np.isinf(first)] = np.nan
+    for r, f in found.items():
+        first = np.full(n_mb, np.nan)
+        first[:len(f)] = np.where(np.isinf(f), np.nan, f)
         out[r] = first
     return out
 

@@ -94,7 +94,7 @@ def simulated_microbatches(schedule: str, pp: int, m: int, vpp: int = 1) -> int 
     return short if n > 0 and 3 * short <= m else None
 
 
-def _first_forwards(base: SpanBase, rank: int) -> np.ndarray:
+def first_forwards(base: SpanBase, rank: int) -> np.ndarray:
     """Start of each microbatch's first forward compute span on ``rank`` (inf: none)."""
     fwd = np.array([f.stream == "compute" and f.phase == "F" for f in base.forms], dtype=bool)
     sel = fwd[base.form] & (base.rank == rank) & (base.mb >= 0)
@@ -155,7 +155,7 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     transfer may start a latency after its span), kept as far from the cut as the spans.
     ``step``: what ``full_mb - simulated_mb`` is a multiple of (:func:`step_mb`); the cycles
     tried divide it, and it is the margin before the last forward."""
-    first = _first_forwards(base, anchor_rank)
+    first = first_forwards(base, anchor_rank)
     if len(first) != simulated_mb or not np.isfinite(first).all():
         return None
     starts = np.unique(np.concatenate([base.start_s, other_starts]))
