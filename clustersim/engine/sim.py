@@ -62,20 +62,34 @@ def _comm_tasks(prog: Program):
     of a template once, and those of a template's first run once for all its runs (every run
     of one template has communications of the same shapes, channels and streams,
     ``Program.runs``)."""
+    tasks = prog.items
+    pos = 0
+    for _, first, end, _ in prog.runs:  # in task id order
+        yield from ((t, 1) for t in tasks[pos:first] if t.comm is not None)
+        pos = end
+    yield from ((t, 1) for t in tasks[pos:] if t.comm is not None)
+    yield from _run_comm_tasks(prog)
+
+
+def _run_comm_tasks(prog: Program):
+    """(task, how many runs of its template) for the communication tasks of each template's
+    first run, templates in order of first use (:func:`_comm_tasks`' second part)."""
     tasks = prog.items  # a template's first run is made, not left to be made (lower._single_action)
     runs_of: dict[int, list] = {}
-    pos = 0
-    for _, first, end, tmpl in prog.runs:  # in task id order
-        yield from ((t, 1) for t in tasks[pos:first] if t.comm is not None)
+    for _, first, end, tmpl in prog.runs:
         entry = runs_of.get(id(tmpl))
         if entry is None:
             runs_of[id(tmpl)] = [first, end, 1]
         else:
             entry[2] += 1
-        pos = end
-    yield from ((t, 1) for t in tasks[pos:] if t.comm is not None)
     for first, end, n in runs_of.values():
         yield from ((t, n) for t in tasks[first:end] if t.comm is not None)
+
+
+def _transfer_start(record: tuple) -> float:
+    """When a finished flow-network transfer (``FlowNetwork.finished``) started: its kept
+    course's start if it followed one, else its first rate change."""
+    return record[5][1] if record[5] is not None else record[2][0]
 
 
 _CHOOSE = frozenset(op for op, algos in ALGORITHMS.items() if len(algos) > 1)  # collectives with a choice
@@ -656,8 +670,7 @@ class Engine:
         """When each communication this run recorded for link accounting started (closed-form
         ones and flow-network transfers), as :meth:`repeated` cuts them."""
         alone = [x for _, at in self._alone_starts.values() for x in at]
-        flows = [e[5][1] if e[5] is not None else e[2][0] for e in self.net.finished]
-        return np.array(alone + flows, dtype=np.float64)
+        return np.array(alone + list(map(_transfer_start, self.net.finished)), dtype=np.float64)
 
     def repeated(self, rep, base: SpanBase, program: Program, gap_comms: list) -> Trace:
         """The trace of ``program`` (the whole step) from this engine's run of fewer of its
@@ -672,8 +685,7 @@ class Engine:
             rows, copy = spliced_times(times, rep)
             at[:] = (times[rows] + copy * rep.period_s).tolist()
         finished = self.net.finished
-        starts = np.fromiter((e[5][1] if e[5] is not None else e[2][0] for e in finished), np.float64,
-                             len(finished))  # as record_starts reads them
+        starts = np.fromiter(map(_transfer_start, finished), np.float64, len(finished))
         rows, copy = spliced_times(starts, rep)
         moved = []
         for i, k in zip(rows.tolist(), copy.tolist()):
@@ -689,22 +701,12 @@ class Engine:
                 moved.append((tag, size, [x + s for x in times], rates, ends + s, None))
         self.net.finished = moved
         # the census _comm_tasks would give, of the communications with a choice (what
-        # _algorithms_used reports; a PP send has none): the tasks outside runs, then each
-        # template's first run once for all its runs
+        # _algorithms_used reports; a PP send has none), with the tasks outside runs read off
+        # ``gap_comms`` rather than found among a million tasks
         census: dict[tuple, list] = {}
-        for c in gap_comms:
+        for c, n in chain(zip(gap_comms, repeat(1)), ((t.comm, n) for t, n in _run_comm_tasks(program))):
             if c.op in _CHOOSE:
-                self._count(_shape_id(c), c, 1, census)
-        runs = Counter(map(id, map(itemgetter(3), program.runs)))
-        first = {}
-        for _, lo, hi, tmpl in program.runs:
-            first.setdefault(id(tmpl), (lo, hi))
-        items = program.items
-        for key, n in runs.items():
-            lo, hi = first[key]
-            for t in items[lo:hi]:  # a template's first run is made (lower._single_action)
-                if t.comm is not None and t.comm.op in _CHOOSE:
-                    self._count(_shape_id(t.comm), t.comm, n, census)
+                self._count(_shape_id(c), c, n, census)
         self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
         return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight),
                      stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census), base=base)
