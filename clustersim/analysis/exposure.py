@@ -127,7 +127,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
         best = int(np.argmax(ex >= ex.max() - INSTANT_S))
         if ex[best] > -1.0:
             s = spans[int(rows[sel[best]])]
-            g["_best"] = (float(exposed[sel][best]), s.tid, s.rank, s.start_s, s.end_s)
+            g["_best"] = (float(ex[best]), s.tid, s.rank, s.start_s, s.end_s)
         ranked.append(g)
     # largest first, to nine digits, then by name: equal sums (the same cost in two groups,
     # added in another order) differ in their last bits
