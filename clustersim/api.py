@@ -210,7 +210,7 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
 def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat: bool = True,
          mark: Callable[[str], None] | None = None, low: Lowering | None = None) -> tuple[Engine, Trace, tuple]:
     """(the engine, the step's trace, the working objects of a shorter run): ``prog`` run
-    whole, or, with ``repeat`` where a 1F1B step is long enough and its cycle is found, fewer
+    whole, or, with ``repeat`` where a 1F1B, interleaved or ZB-H1 step is long enough and its cycle is found, fewer
     of its microbatches run and the cycle copied in (:mod:`clustersim.engine.repeat`).
     ``low``: ``prog``'s lowering, whose plan-wide parts the shorter step's reuses.
     ``mark`` (the bench scripts) is called at the end of each phase: "lowered" (the shorter

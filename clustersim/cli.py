@@ -198,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="simulate every rank instead of one per pipeline stage (slower; identical on "
                           "symmetric placements, otherwise the default is a close upper bound)")
     run.add_argument("--no-repeat", action="store_true",
-                     help="simulate every microbatch of a long 1F1B step instead of its steady cycle once "
-                          "(slower; the same spans within a nanosecond)")
+                     help="simulate every microbatch of a long 1F1B, interleaved or ZB-H1 step instead of its "
+                          "steady cycle once (slower; the same spans within a nanosecond)")
     run.add_argument("--no-check", action="store_true",
                      help="skip the invariant checks run after the simulation (docs/invariants.md)")
     run.set_defaults(func=cmd_run)

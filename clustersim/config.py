@@ -82,8 +82,8 @@ class SimulationCfg(Strict):
     network: Literal["flow", "ideal"] = "flow"
     collapse_symmetric: bool = True
     repeat: bool = pydantic.Field(
-        default=True, description="simulate a long 1F1B step's repeating microbatches once and copy the "
-        "cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); false: simulate every one")
+        default=True, description="simulate a long 1F1B, interleaved or ZB-H1 step's repeating microbatches once "
+        "and copy the cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); false: simulate every one")
     collectives: CollectivesCfg = CollectivesCfg()
 
 
