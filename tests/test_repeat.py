@@ -60,28 +60,43 @@ def close(a, b, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
+def differences(whole, copied, links: bool | None = True) -> list[str]:
+    """Where a step with its cycle copied in differs from the step simulated whole: the spans
+    (the same rows: rank, task, microbatch, form, in the same order; times within TIME_S),
+    every figure of the summary but what says how it was simulated, the links' bytes and
+    rates (``links``: whether any link carries traffic; None: either)."""
+    out = []
+    a, b = whole.trace.base, copied.trace.base
+    for col in ("rank", "tid", "mb"):
+        if len(getattr(a, col)) != len(getattr(b, col)) or not np.array_equal(getattr(a, col), getattr(b, col)):
+            out.append(f"spans: {col} differs")
+    if out:
+        return out
+    if [a.forms[i].values() for i in a.form] != [b.forms[i].values() for i in b.form]:
+        out.append("spans: forms differ")
+    worst = max(float(np.abs(a.start_s - b.start_s).max(initial=0.0)), float(np.abs(a.end_s - b.end_s).max(initial=0.0)))
+    if worst > TIME_S:
+        out.append(f"spans: times differ by {worst:.3g} s")
+    s, t = dict(whole.summary), dict(copied.summary)
+    s["simulation"] = {k: v for k, v in s["simulation"].items() if k != "repeat"}
+    t["simulation"] = {k: v for k, v in t["simulation"].items() if k != "repeat"}
+    out += close(s, t)
+    la = {u.name: (u.bytes, u.peak_Bps) for u in whole.trace.links}
+    lb = {u.name: (u.bytes, u.peak_Bps) for u in copied.trace.links}
+    if la.keys() != lb.keys() or (links is not None and bool(la) != links):
+        out.append(f"links: {len(la)} and {len(lb)} links")
+    elif not (all(math.isclose(la[k][0], lb[k][0], rel_tol=REL) for k in la)
+              and all(math.isclose(la[k][1], lb[k][1], rel_tol=1e-6) for k in la)):  # binned: a piece may cross a bin edge
+        out.append("links: bytes or peak rates differ")
+    return out
+
+
 def assert_same_step(whole, copied, links: bool = True) -> None:
     rep = copied.summary["simulation"]["repeat"]
     assert rep is not None and whole.summary["simulation"]["repeat"] is None
     assert rep["cycles_copied"] * rep["cycle_microbatches"] == whole.summary["plan"]["microbatches"] - rep[
         "simulated_microbatches"]
-    # the spans: the same rows (rank, task, microbatch, form) in the same order, times within TIME_S
-    a, b = whole.trace.base, copied.trace.base
-    for col in ("rank", "tid", "mb"):
-        assert np.array_equal(getattr(a, col), getattr(b, col)), col
-    assert [a.forms[i].values() for i in a.form] == [b.forms[i].values() for i in b.form]
-    assert np.abs(a.start_s - b.start_s).max() <= TIME_S
-    assert np.abs(a.end_s - b.end_s).max() <= TIME_S
-    # every figure of the summary; the links' bytes and rates too
-    s, t = dict(whole.summary), dict(copied.summary)
-    s["simulation"] = {k: v for k, v in s["simulation"].items() if k != "repeat"}
-    t["simulation"] = {k: v for k, v in t["simulation"].items() if k != "repeat"}
-    assert close(s, t) == []
-    la = {u.name: (u.bytes, u.peak_Bps) for u in whole.trace.links}
-    lb = {u.name: (u.bytes, u.peak_Bps) for u in copied.trace.links}
-    assert la.keys() == lb.keys() and bool(la) == links
-    assert all(math.isclose(la[k][0], lb[k][0], rel_tol=REL) for k in la)
-    assert all(math.isclose(la[k][1], lb[k][1], rel_tol=1e-6) for k in la)  # binned: a piece may cross a bin edge
+    assert differences(whole, copied, links) == []
 
 
 @pytest.mark.parametrize("over", [
