@@ -955,9 +955,9 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
     """Scenario -> Program for one training step (``templates=False``: every action made by
     :func:`_blocks`, without :class:`ActionTemplate`; the same tasks, more slowly). ``like``:
     the lowering of the same plan with other microbatches (``engine.repeat``'s shorter step),
-    whose per-part work, symmetry classes and communication specs are reused as they are
-    (none depends on the microbatches; its templates are not: a template's first run must be
-    made in each program)."""
+    whose per-part work, symmetry classes (so its ``collapse``) and communication specs are
+    reused as they are (none depends on the microbatches; its templates are not: a template's
+    first run must be made in each program)."""
     if like is not None:
         # every dict the passes or __post_init__ fill starts empty; the per-part work, the
         # symmetry (with its orbit caches), the settings and the communication specs carry over
