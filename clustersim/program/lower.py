@@ -246,6 +246,7 @@ class Lowering:
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
     _pp_of: dict = field(default_factory=dict, repr=False)  # rank -> its pipeline position
     _stage_peers: dict = field(default_factory=dict, repr=False)  # (rank, stage) -> stage_peer
+    routes: dict = field(default_factory=dict, repr=False)  # (rank, kind, stage, input, output stage) -> _route
     # (rank, kind, id(blocks)) -> _block_plan; ("send", rank, peer, kind, part) -> a send's _comm_spec
     block_plans: dict = field(default_factory=dict, repr=False)
     # (rank, kind, stage, id(blocks), inputs) -> ActionTemplate, or False (_single_action)
@@ -715,8 +716,45 @@ def units_in_time_order(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ..
     return [(q, u) for _, q, u in units]
 
 
-def _input_deps(low: Lowering, r: int, a: Action) -> list[int]:
-    """What action ``a`` on rank ``r`` waits for (the schedule's dependencies, as tasks)::
+def _route(low: Lowering, r: int, a: Action) -> tuple:
+    """Action ``a``'s blocks on rank ``r``, where its input comes from and where its output
+    goes: the same for every microbatch that takes the same path through the stages, so
+    worked out once per path (a step lowers the same action hundreds of times)::
+
+        (blocks, input stage or None, that stage's rank (-1: this one), output rank (-1: none
+         or this one), the send's communication spec or None)
+
+    F takes ``prev_stage``'s output and sends to ``next_stage``; B the reverse; W neither."""
+    kind, stage, mb = a.kind, a.stage, a.mb
+    s = low.schedule
+    if kind == "F":
+        src, dst_stage = s.prev_stage(stage, mb), s.next_stage(stage, mb)
+    elif kind == "B":
+        src, dst_stage = s.next_stage(stage, mb), s.prev_stage(stage, mb)
+    else:
+        src = dst_stage = None
+    key = (r, kind, stage, src, dst_stage)
+    got = low.routes.get(key)
+    if got is None:
+        part = low.part(stage)
+        dst = -1 if dst_stage is None else low.stage_peer(r, dst_stage)
+        spec = None
+        if dst >= 0:  # one shape per direction, peer and part
+            skey = ("send", r, dst, kind, part)
+            spec = low.block_plans.get(skey)
+            if spec is None:
+                fwd = kind == "F"
+                spec = low.block_plans[skey] = _comm_spec(
+                    low, "pp", (r, dst), low.work[part].pp_send_bytes, "send", "pp_fwd_send" if fwd else "pp_bwd_send",
+                    "send act" if fwd else "send grad", f"pp {kind}")
+        got = low.routes[key] = (low.work_of(r, part).blocks(kind, low.split), src,
+                                 -1 if src is None else low.stage_peer(r, src), dst, spec)
+    return got
+
+
+def _input_deps(low: Lowering, r: int, a: Action, route: tuple) -> list[int]:
+    """What action ``a`` on rank ``r`` waits for (the schedule's dependencies, as tasks;
+    ``route``: :func:`_route`)::
 
         F(k, mb)  after the send of F(prev_stage, mb)     (or that F's end, on the same rank)
         B(k, mb)  after F(k, mb), and the send of B(next_stage, mb)  (or that B's end)
@@ -725,13 +763,9 @@ def _input_deps(low: Lowering, r: int, a: Action) -> list[int]:
     kind, stage, mb = a.kind, a.stage, a.mb
     if kind == "W":
         return list(low.done[("B", r, stage, mb)])
-    s = low.schedule
-    if kind == "F":
-        src, deps = s.prev_stage(stage, mb), []
-    else:
-        src, deps = s.next_stage(stage, mb), list(low.done[("F", r, stage, mb)])
+    deps = [] if kind == "F" else list(low.done[("F", r, stage, mb)])
+    _, src, peer, _, _ = route
     if src is not None:
-        peer = low.stage_peer(r, src)
         if peer < 0:  # same rank: no send, wait for the producer itself
             deps += low.done[(kind, r, src, mb)]
         else:
@@ -739,26 +773,14 @@ def _input_deps(low: Lowering, r: int, a: Action) -> list[int]:
     return deps
 
 
-def _send_output(prog: Program, low: Lowering, r: int, a: Action, ends: tuple[int, ...]) -> None:
-    """After F, send the activation to ``next_stage``'s rank; after B, the gradient to ``prev_stage``'s."""
-    kind, stage, mb = a.kind, a.stage, a.mb
-    if kind == "W":
-        return
-    s = low.schedule
-    dst_stage = s.next_stage(stage, mb) if kind == "F" else s.prev_stage(stage, mb)
-    dst = -1 if dst_stage is None else low.stage_peer(r, dst_stage)
-    if dst < 0:  # the last stage's F, the first's B, or a hand-over on the same rank
-        return
-    fwd = kind == "F"
-    part = low.part(stage)
-    key = ("send", r, dst, kind, part)  # one shape per direction, peer and part: worked out once
-    spec = low.block_plans.get(key)
-    if spec is None:
-        spec = low.block_plans[key] = _comm_spec(
-            low, "pp", (r, dst), low.work[part].pp_send_bytes, "send", "pp_fwd_send" if fwd else "pp_bwd_send",
-            "send act" if fwd else "send grad", f"pp {kind}")
-    low.sent[(kind, r, stage, mb)] = _add_comm(prog, r, spec, (kind, stage, mb), tuple(ends), mb, kind,
-                                               low.pp_of(r))
+def _send_output(prog: Program, low: Lowering, r: int, a: Action, done: tuple[int, ...], route: tuple) -> None:
+    """After F, send the activation to ``next_stage``'s rank; after B, the gradient to
+    ``prev_stage``'s (none for W, the last stage's F, the first's B, or a hand-over on the
+    same rank); ``done``: the tasks that end ``a``, ``route``: :func:`_route`."""
+    spec = route[4]
+    if spec is not None:
+        kind, stage, mb = a.kind, a.stage, a.mb
+        low.sent[(kind, r, stage, mb)] = _add_comm(prog, r, spec, (kind, stage, mb), done, mb, kind, low.pp_of(r))
 
 
 def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) -> None:
@@ -773,28 +795,27 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
         tp             [AR F0][AR B0] ...
         pp                                        [send act][send grad]
     """
-    split = low.split
     if len(unit) == 1:
         a = unit[0]
-        blocks = low.work_of(r, low.part(a.stage)).blocks(a.kind, split)
-        ends = (_single_action(prog, low, r, a, blocks, _input_deps(low, r, a)),)
-        low.done[(a.kind, r, a.stage, a.mb)] = ends
-        _send_output(prog, low, r, a, ends)
-        low.last_task[r] = ends
+        route = _route(low, r, a)
+        done = (_single_action(prog, low, r, a, route[0], _input_deps(low, r, a, route)),)
+        low.done[(a.kind, r, a.stage, a.mb)] = done
+        _send_output(prog, low, r, a, done, route)
+        low.last_task[r] = done
         return
-    work = [low.work_of(r, low.part(a.stage)) for a in unit]
+    paths = [_route(low, r, a) for a in unit]
     f, b = unit[0], unit[1]
-    b_inputs = _input_deps(low, r, b)
-    ends = tuple(_run_chains(_blocks(prog, low, r, f, work[0].blocks("F", split), _input_deps(low, r, f) + b_inputs),
-                             _blocks(prog, low, r, b, work[1].blocks("B", split), b_inputs)))
+    b_inputs = _input_deps(low, r, b, paths[1])
+    done = tuple(_run_chains(_blocks(prog, low, r, f, paths[0][0], _input_deps(low, r, f, paths[0]) + b_inputs),
+                             _blocks(prog, low, r, b, paths[1][0], b_inputs)))
     if len(unit) == 3:  # the chunk's backward is a full backward: its W right after
         w = unit[2]
-        ends = tuple(_run_chains(_blocks(prog, low, r, w, work[2].blocks("W", split), ends)))
+        done = tuple(_run_chains(_blocks(prog, low, r, w, paths[2][0], done)))
     for a in unit:  # released together when the chunk ends
-        low.done[(a.kind, r, a.stage, a.mb)] = ends
-    for a in (f, b):
-        _send_output(prog, low, r, a, ends)
-    low.last_task[r] = ends
+        low.done[(a.kind, r, a.stage, a.mb)] = done
+    for a, route in zip((f, b), paths):
+        _send_output(prog, low, r, a, done, route)
+    low.last_task[r] = done
 
 
 def pipeline_pass(prog: Program, low: Lowering) -> Program:
