@@ -17,8 +17,9 @@ import pytest
 import clustersim
 from clustersim.analysis.intervals import length, union
 from clustersim.output.report import (
-    DIV_ID, FADE_LEVELS, LINKS_DIV_ID, MEMORY_DIV_ID, Bar, _typed_array, bar_hover, build_figure, fade_level,
-    merge_spans, merge_stream, plot_div, report_html, row_labels, write_report,
+    DIV_ID, FADE_LEVELS, LINKS_DIV_ID, MEMORY_DIV_ID, Bar, _typed_array, bar_hover, build_figure,
+    critical_path_html, fade_level, merge_spans, merge_stream, path_pieces, path_trace, plot_div, report_html,
+    row_labels, write_report,
 )
 from clustersim.trace import Span, Trace
 
@@ -393,6 +394,58 @@ def test_report_draws_the_critical_path_and_explains_exposed_comm(result, report
     top = s["exposed_comm_causes"][0]
     assert html.escape(top["collective"]) in report and html.escape(top["bottleneck"]["link"]) in report
     assert "warm-up</th>" in report and "imbalance</th>" in report
+
+
+def _segment(rank: int, start_s: float, end_s: float) -> dict:
+    return {"rank": rank, "stage": rank, "start_s": start_s, "end_s": end_s, "tasks": 3, "first": "F a", "last": "B b",
+            "compute_s": end_s - start_s, "comm_s": 0.0}
+
+
+def test_critical_path_back_and_forth_is_drawn_as_one_stretch():
+    # a pipeline's steady state: the path goes back and forth between two stages far faster
+    # than the full-width view can show (a stay of 0.016 s in a 10 s step, under 2 px); the
+    # walk down the stages into it and out of it, and a long stay after, stay hop by hop
+    walk_in = [_segment(r, 0.01 * r, 0.01 * (r + 1)) for r in range(2)]  # ranks 0, 1
+    t0 = walk_in[-1]["end_s"]
+    steady = [_segment(2 + k % 2, t0 + 0.016 * k, t0 + 0.016 * (k + 1)) for k in range(500)]
+    t1 = steady[-1]["end_s"]
+    walk_out = [_segment(4, t1, t1 + 0.01)]
+    tail = [_segment(5, t1 + 0.01, 10.0)]
+    segments = walk_in + steady + walk_out + tail
+    summary = {"step_time_s": 10.0, "critical_path": {"segments": segments}}
+    assert path_pieces(segments, 10.0) == [(0, 0), (1, 1), (2, 501), (502, 502), (503, 503)]
+    rows = [(r, s) for r in range(6) for s in ("compute", "pp")]  # rank r's compute row is 2r
+    path = path_trace(summary, rows)
+    xs, ys = path["x"], path["y"]
+    # no hop between the stretch's two rows while it lasts: one line along each
+    assert [x for x in xs if x is not None and 1e3 * t0 < x < 1e3 * t1] == []
+    strokes = {(a, b, y) for a, b, y, y2 in zip(xs, xs[1:], ys, ys[1:]) if a is not None and b is not None and y == y2}
+    assert {(1e3 * t0, 1e3 * t1, 4), (1e3 * t0, 1e3 * t1, 6)} <= strokes
+    # the walks and the tail: one stroke per segment on its rank's compute row
+    for seg in walk_in + walk_out + tail:
+        assert (1e3 * seg["start_s"], 1e3 * seg["end_s"], 2 * seg["rank"]) in strokes
+    # connected: the walk hops from rank 1 into the stretch at rank 2's row (its first stay);
+    # the stretch's last stay, on rank 3, hops on to the walk out
+    k = xs.index(None)
+    assert (xs[k - 2], ys[k - 2], xs[k - 1], ys[k - 1]) == (1e3 * t0, 2, 1e3 * t0, 4)
+    last = len(xs) - 1 - xs[::-1].index(None)  # the stretch's last line, on rank 3's row
+    assert (xs[last + 1], ys[last + 1], xs[last + 2], ys[last + 2], xs[last + 3], ys[last + 3]) == (
+        1e3 * t0, 6, 1e3 * t1, 6, 1e3 * t1, 8)
+    hover = path["hovertext"][last + 1]
+    assert "back and forth among 2 ranks" in hover and "rank 2 (stage 2): 50.0 %, 250 stays" in hover
+    note = critical_path_html({**summary, "critical_path": {
+        **summary["critical_path"], "length_s": 10.0, "tasks": 3 * len(segments), "ranks_visited": 6,
+        "by_kind_s": {"compute": 10.0}}})
+    assert "1 stretch where it goes back and forth" in note
+
+
+def test_critical_path_of_a_small_step_is_drawn_hop_by_hop():
+    # the same back and forth, slow enough to see (each stay 5 % of the step): no stretch
+    segments = [_segment(k % 2, 0.05 * k, 0.05 * (k + 1)) for k in range(20)]
+    summary = {"step_time_s": 1.0, "critical_path": {"segments": segments}}
+    assert path_pieces(segments, 1.0) == [(i, i) for i in range(20)]
+    path = path_trace(summary, [(0, "compute"), (1, "compute")])
+    assert None not in path["x"] and len(path["x"]) == 40
 
 
 def test_plot_script_survives_markup_in_texts():
