@@ -439,6 +439,19 @@ def test_critical_path_back_and_forth_is_drawn_as_one_stretch():
     assert "1 stretch where it goes back and forth" in note
 
 
+def test_critical_path_walks_in_and_out_of_a_stretch_stay_hop_by_hop():
+    def short(ranks, t0=0.0):
+        return [_segment(r, t0 + 0.01 * k, t0 + 0.01 * (k + 1)) for k, r in enumerate(ranks)]
+
+    # a walk down three stages and back (each rank but the turn met twice) is no stretch
+    v = short([1, 2, 3, 2, 1]) + [_segment(0, 0.05, 10.0)]
+    assert path_pieces(v, 10.0) == [(i, i) for i in range(6)]
+    # the walk in and the walk out meet rank 4 at both ends of a back and forth between 2 and 3:
+    # rank 4 stays out of the stretch (it does not come back within the next two stays)
+    segs = short([5, 4] + [3, 2] * 10 + [3, 4, 5]) + [_segment(6, 0.25, 10.0)]
+    assert path_pieces(segs, 10.0) == [(0, 0), (1, 1), (2, 22), (23, 23), (24, 24), (25, 25)]
+
+
 def test_critical_path_of_a_small_step_is_drawn_hop_by_hop():
     # the same back and forth, slow enough to see (each stay 5 % of the step): no stretch
     segments = [_segment(k % 2, 0.05 * k, 0.05 * (k + 1)) for k in range(20)]

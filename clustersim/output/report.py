@@ -43,7 +43,6 @@ import html
 import importlib.resources
 import json
 import pkgutil
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -692,7 +691,7 @@ def _sent_trace(trace: dict[str, Any]) -> dict[str, Any]:
 # stretch (:func:`path_pieces`)
 PATH_DENSE_PX = 4
 PATH_DENSE_RANKS = 3  # at most this many ranks in one stretch
-PATH_DENSE_MIN = 4  # and at least this many segments
+PATH_DENSE_MIN = 8  # and at least this many segments, each rank two or more
 
 
 def path_pieces(segments: list[dict[str, Any]], step_s: float) -> list[tuple[int, int]]:
@@ -709,32 +708,37 @@ def path_pieces(segments: list[dict[str, Any]], step_s: float) -> list[tuple[int
         walks      57 58 in, 61 62 63 out: ranks met once       hop by hop
         stretch    59 60 59 60 ... 59 60                        a line along each rank's row
 
-    In a run of short segments, those at its ends whose rank it meets only once are a walk
-    into or out of the stretch (the warm-up down the stages, the cool-down) and stay drawn
-    hop by hop, as does a run among more ranks."""
+    A stretch is grown from each segment in turn while its segments stay short and among
+    PATH_DENSE_RANKS ranks. A segment at its start whose rank does not come back within the
+    next PATH_DENSE_RANKS segments is a walk into it (the warm-up down the stages), one at its
+    end whose rank was not there within the PATH_DENSE_RANKS before a walk out (the cool-down):
+    those stay drawn hop by hop, as does what is left if a rank in it is met only once (a walk
+    down and back, 61 62 63 62 61)."""
     short_s = PATH_DENSE_PX * step_s / TIMELINE_BINS
     out: list[tuple[int, int]] = []
     i, n = 0, len(segments)
     while i < n:
+        seen: set[int] = set()  # the ranks met so far
         j = i
         while j < n and segments[j]["end_s"] - segments[j]["start_s"] < short_s:
+            if segments[j]["rank"] not in seen and len(seen) == PATH_DENSE_RANKS:
+                break
+            seen.add(segments[j]["rank"])
             j += 1
-        if j == i:  # a long stay
+        ranks = [seg["rank"] for seg in segments[i:j]]
+        lo, hi, w = 0, len(ranks), PATH_DENSE_RANKS
+        while lo < hi and ranks[lo] not in ranks[lo + 1:min(lo + 1 + w, hi)]:  # not back soon: a walk in
+            lo += 1
+        while hi > lo and ranks[hi - 1] not in ranks[max(hi - 1 - w, lo):hi - 1]:  # a walk out
+            hi -= 1
+        inside = ranks[lo:hi]
+        lo, hi = i + lo, i + hi
+        if hi - lo >= PATH_DENSE_MIN and all(inside.count(r) > 1 for r in set(inside)):
+            out += [(k, k) for k in range(i, lo)] + [(lo, hi - 1)]
+            i = hi  # what follows may start another
+        else:
             out.append((i, i))
             i += 1
-            continue
-        ranks = [seg["rank"] for seg in segments[i:j]]
-        seen = Counter(ranks)
-        lo, hi = 0, len(ranks)
-        while lo < hi and seen[ranks[lo]] == 1:
-            lo += 1
-        while hi > lo and seen[ranks[hi - 1]] == 1:
-            hi -= 1
-        if hi - lo >= PATH_DENSE_MIN and len(set(ranks[lo:hi])) <= PATH_DENSE_RANKS:
-            out += [(k, k) for k in range(i, i + lo)] + [(i + lo, i + hi - 1)] + [(k, k) for k in range(i + hi, j)]
-        else:
-            out += [(k, k) for k in range(i, j)]
-        i = j
     return out
 
 
@@ -754,10 +758,10 @@ def _stretch_hover(segs: list[dict[str, Any]]) -> str:
         got[1] += seg["end_s"] - seg["start_s"]
         got[2] += 1
     span_s = end_s - start_s
-    shares = "<br>".join(f"rank {rank} (stage {stage}): {_pct(t / span_s if span_s > 0 else 0.0)}, {visits:,} stays"
+    shares = "<br>".join(f"rank {rank} (stage {stage}): {_pct(t / span_s if span_s > 0 else 0.0)}, {_n(visits, 'stay')}"
                          for rank, (stage, t, visits) in on.items())
     return (f"critical path back and forth among {len(on)} ranks<br>{fmt_time(start_s)} → {fmt_time(end_s)}: "
-            f"{len(segs):,} stays of {fmt_time(span_s / len(segs))} on average<br>{shares}")
+            f"{_n(len(segs), 'stay')} of {fmt_time(span_s / len(segs))} on average<br>{shares}")
 
 
 def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> dict[str, Any] | None:
