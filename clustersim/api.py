@@ -217,6 +217,11 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
     step; at once when there is none), "set_up", "ran", "spliced" (when there was one; where
     no cycle held, "set_up" and "ran" again for the whole step)."""
     sim = sc.cfg.simulation
+    algorithms = sim.collectives.model_dump()
+
+    def engine_of(program: Program) -> Engine:
+        return Engine(program, sc.cluster, sim.network, algorithms)
+
     m = sc.microbatches
     mark = mark or (lambda _: None)
     p = sc.parallel
@@ -225,7 +230,7 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
     if short is not None:
         sprog, slow = lower(with_microbatches(sc, short), collapse=collapse, like=low)
         mark("lowered")
-        engine = Engine(sprog, sc.cluster, sim.network, sim.collectives.model_dump())
+        engine = engine_of(sprog)
         mark("set_up")
         strace = engine.run(links=False)
         mark("ran")
@@ -237,7 +242,7 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
             return engine, trace, (sprog, slow)
     else:
         mark("lowered")
-    engine = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())
+    engine = engine_of(prog)
     mark("set_up")
     trace = engine.run(links=links)
     mark("ran")
@@ -263,7 +268,7 @@ def _spliced(engine: Engine, strace: Trace, sprog: Program, prog: Program, short
         return None
     trace = engine.repeated(rep, spliced, prog, full_tasks.gap_comms)
     trace.repeat = rep.summary()
-    trace._task_columns = full_tasks  # the critical path and the checks read them next
+    trace.keep_task_columns(full_tasks)  # the critical path and the checks read them next
     return trace
 
 

@@ -595,6 +595,11 @@ class Trace:
         self.base = None
         self._forms = None
 
+    def keep_task_columns(self, cols: TaskColumns) -> None:
+        """Remember ``cols``, the program's task columns made before this trace was (the
+        splice of a repeated step reads them first), for :meth:`task_columns`."""
+        self._task_columns = cols
+
     def task_columns(self, tasks, runs=(), program=None) -> TaskColumns:
         """The program's ``tasks`` as numpy columns
         (:class:`~clustersim.analysis.columns.TaskColumns`; with its ``runs``, those runs' tasks
