@@ -446,10 +446,21 @@ def test_critical_path_walks_in_and_out_of_a_stretch_stay_hop_by_hop():
     # a walk down three stages and back (each rank but the turn met twice) is no stretch
     v = short([1, 2, 3, 2, 1]) + [_segment(0, 0.05, 10.0)]
     assert path_pieces(v, 10.0) == [(i, i) for i in range(6)]
-    # the walk in and the walk out meet rank 4 at both ends of a back and forth between 2 and 3:
-    # rank 4 stays out of the stretch (it does not come back within the next two stays)
-    segs = short([5, 4] + [3, 2] * 10 + [3, 4, 5]) + [_segment(6, 0.25, 10.0)]
-    assert path_pieces(segs, 10.0) == [(0, 0), (1, 1), (2, 22), (23, 23), (24, 24), (25, 25)]
+    # the walk in and the walk out meet ranks 4 and 5 at both ends of a back and forth between
+    # 2 and 3: met again, but with a sliver of its time, they stay out of the stretch
+    segs = short([5, 4] + [3, 2] * 40 + [3, 4, 5]) + [_segment(6, 0.85, 10.0)]
+    assert path_pieces(segs, 10.0) == [(0, 0), (1, 1), (2, 82), (83, 83), (84, 84), (85, 85)]
+    # an interleaved warm-up: three walks down 16 stages, each rank met three times; its hops
+    # are apart enough to see, so it stays hop by hop
+    walks = short(list(range(16)) * 3) + [_segment(0, 0.48, 10.0)]
+    assert path_pieces(walks, 10.0) == [(i, i) for i in range(49)]
+    # a cycle through four stages (a 4-stage 1F1B step): one stretch, a line on each row
+    cycle = short([0, 1, 2, 3, 2, 1] * 30) + [_segment(0, 1.8, 10.0)]
+    assert path_pieces(cycle, 10.0) == [(0, 179), (180, 180)]
+    path = path_trace({"step_time_s": 10.0, "critical_path": {"segments": cycle}}, [(r, "compute") for r in range(4)])
+    strokes = {(y, a, b) for a, b, y, y2 in zip(path["x"], path["x"][1:], path["y"], path["y"][1:])
+               if a is not None and b is not None and y == y2}
+    assert {(y, 0.0, 1800.0) for y in range(4)} <= strokes
 
 
 def test_critical_path_of_a_small_step_is_drawn_hop_by_hop():

@@ -686,60 +686,85 @@ def _sent_trace(trace: dict[str, Any]) -> dict[str, Any]:
     return {k: _typed_array(v) if isinstance(v, np.ndarray) else v for k, v in trace.items()}
 
 
-# the critical path's pieces shorter than this many pixels of the full-width view (1,000 px
-# across the step, as bins.TIMELINE_BINS), back and forth among a few ranks, are drawn as one
-# stretch (:func:`path_pieces`)
+# how the report draws a critical path that goes back and forth faster than the view can show
+# (:func:`path_pieces`): stays shorter than PATH_DENSE_PX pixels of the full-width view (1,000
+# px across the step, as bins.TIMELINE_BINS), a rank met again within PATH_REVISIT stays,
+# PATH_DENSE_MIN stays or more per rank drawn; a line along the row of each rank with
+# PATH_MAJOR of the stretch's time or more
 PATH_DENSE_PX = 4
-PATH_DENSE_RANKS = 3  # at most this many ranks in one stretch
-PATH_DENSE_MIN = 8  # and at least this many segments, each rank two or more
+PATH_REVISIT = 32
+PATH_DENSE_MIN = 8
+PATH_MAJOR = 0.05
 
 
 def path_pieces(segments: list[dict[str, Any]], step_s: float) -> list[tuple[int, int]]:
     """The critical path's segments (summary.json ``critical_path.segments``, one per stay on
     a rank) as pieces to draw, (first, last) segment index each: a segment alone, or a
-    *stretch*: at least PATH_DENSE_MIN consecutive segments, each shorter than PATH_DENSE_PX
-    pixels of the full-width view, going back and forth among at most PATH_DENSE_RANKS
-    ranks. A pipeline's steady state sends the path back and forth between two stages every
-    microbatch (Megatron-1T: stages 59 and 60, 510 times in 85 s, each stay 0.16 s, under
-    2 px); drawn hop by hop, its vertical lines fill the rows between those stages solid
-    black::
+    *stretch* where the path goes back and forth among a few ranks faster than the
+    full-width view can show. A pipeline's steady state sends the path back and forth between
+    stages every microbatch (Megatron-1T: stages 59 and 60, 510 times in 85 s, each stay
+    0.16 s, under 2 px; a 4-stage 1F1B step of 1,024 microbatches: all four, 1,500 times);
+    drawn hop by hop, its vertical lines fill the rows between those stages solid black::
 
-        segments   ... 57 58 59 60 59 60 ... 59 60 61 62 63     short stays: one run
-        walks      57 58 in, 61 62 63 out: ranks met once       hop by hop
-        stretch    59 60 59 60 ... 59 60                        a line along each rank's row
-
-    A stretch is grown from each segment in turn while its segments stay short and among
-    PATH_DENSE_RANKS ranks. A segment at its start whose rank does not come back within the
-    next PATH_DENSE_RANKS segments is a walk into it (the warm-up down the stages), one at its
-    end whose rank was not there within the PATH_DENSE_RANKS before a walk out (the cool-down):
-    those stay drawn hop by hop, as does what is left if a rank in it is met only once (a walk
-    down and back, 61 62 63 62 61)."""
+        ranks      ... 57 58 59 60 61 62 63 62 61 60 59 60 59 60 ... 59 60 61 62 63 62 ...
+        met again                          ^  ^  ^  ^  ^  ^  ^  ...  ^  ^
+        stretch                                     60 59 60 59 ... 59 60            stages
+                                                                                     59 and 60
+    A stretch is a run of stays, each shorter than PATH_DENSE_PX pixels, on ranks met again
+    within PATH_REVISIT stays, at its ends only ranks with PATH_MAJOR of its time or more (the
+    ranks drawn), reaching back over the first stays on those ranks just before it, and with
+    PATH_DENSE_MIN stays or more per rank drawn. A walk down the stages (the warm-up), a walk
+    down and back (61 62 63 62 61), an interleaved warm-up's three walks down 16 stages (each
+    rank met three times: hops that the view still shows apart) or a long stay stays drawn hop
+    by hop."""
+    n = len(segments)
     short_s = PATH_DENSE_PX * step_s / TIMELINE_BINS
-    out: list[tuple[int, int]] = []
-    i, n = 0, len(segments)
-    while i < n:
-        seen: set[int] = set()  # the ranks met so far
-        j = i
-        while j < n and segments[j]["end_s"] - segments[j]["start_s"] < short_s:
-            if segments[j]["rank"] not in seen and len(seen) == PATH_DENSE_RANKS:
-                break
-            seen.add(segments[j]["rank"])
-            j += 1
-        ranks = [seg["rank"] for seg in segments[i:j]]
-        lo, hi, w = 0, len(ranks), PATH_DENSE_RANKS
-        while lo < hi and ranks[lo] not in ranks[lo + 1:min(lo + 1 + w, hi)]:  # not back soon: a walk in
+    ranks = [seg["rank"] for seg in segments]
+    short = [seg["end_s"] - seg["start_s"] < short_s for seg in segments]
+    again = [False] * n  # its rank met within the PATH_REVISIT short stays before it
+    last: dict[int, int] = {}
+    for k in range(n):
+        if not short[k]:
+            last.clear()  # a long stay ends any back and forth
+            continue
+        j = last.get(ranks[k])
+        again[k] = j is not None and k - j <= PATH_REVISIT
+        last[ranks[k]] = k
+    stretches: list[tuple[int, int]] = []
+    k = 0
+    while k < n:
+        if not again[k]:
+            k += 1
+            continue
+        lo = hi = k
+        while hi < n and again[hi]:
+            hi += 1
+        k = hi
+        major = _major_ranks(segments[lo:hi])
+        while lo < hi and ranks[lo] not in major:
             lo += 1
-        while hi > lo and ranks[hi - 1] not in ranks[max(hi - 1 - w, lo):hi - 1]:  # a walk out
+        while hi > lo and ranks[hi - 1] not in major:
             hi -= 1
-        inside = ranks[lo:hi]
-        lo, hi = i + lo, i + hi
-        if hi - lo >= PATH_DENSE_MIN and all(inside.count(r) > 1 for r in set(inside)):
-            out += [(k, k) for k in range(i, lo)] + [(lo, hi - 1)]
-            i = hi  # what follows may start another
-        else:
-            out.append((i, i))
-            i += 1
-    return out
+        floor = stretches[-1][1] if stretches else 0
+        while lo > floor and short[lo - 1] and ranks[lo - 1] in major:  # the first stays on its ranks
+            lo -= 1
+        if hi - lo >= PATH_DENSE_MIN * len(_major_ranks(segments[lo:hi])):
+            stretches.append((lo, hi))
+    out: list[tuple[int, int]] = []
+    k = 0
+    for lo, hi in stretches:
+        out += [(i, i) for i in range(k, lo)] + [(lo, hi - 1)]
+        k = hi
+    return out + [(i, i) for i in range(k, n)]
+
+
+def _major_ranks(segs: list[dict[str, Any]]) -> set[int]:
+    """The ranks holding PATH_MAJOR or more of ``segs``' time."""
+    on: dict[int, float] = {}
+    for seg in segs:
+        on[seg["rank"]] = on.get(seg["rank"], 0.0) + seg["end_s"] - seg["start_s"]
+    total = sum(on.values())
+    return {rank for rank, t in on.items() if total <= 0 or t >= PATH_MAJOR * total}
 
 
 def _segment_hover(seg: dict[str, Any]) -> str:
@@ -796,7 +821,8 @@ def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> dict[str
         xs += [x0, None]
         ys += [enter, None]
         text += [hover, None]
-        for y in dict.fromkeys(row_of[seg["rank"]] for seg in segs):
+        major = _major_ranks(segs)
+        for y in dict.fromkeys(row_of[seg["rank"]] for seg in segs if seg["rank"] in major):
             if y != leave:
                 xs += [x0, x1, None]
                 ys += [y, y, None]
