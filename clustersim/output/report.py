@@ -783,8 +783,9 @@ def _stretch_hover(segs: list[dict[str, Any]]) -> str:
         got[1] += seg["end_s"] - seg["start_s"]
         got[2] += 1
     span_s = end_s - start_s
-    shares = "<br>".join(f"rank {rank} (stage {stage}): {_pct(t / span_s if span_s > 0 else 0.0)}, {_n(visits, 'stay')}"
-                         for rank, (stage, t, visits) in on.items())
+    shares = "<br>".join(
+        f"rank {rank} (stage {stage}): {_pct(t / span_s if span_s > 0 else 0.0)}, {_n(visits, 'stay')}"
+        for rank, (stage, t, visits) in on.items())
     return (f"critical path back and forth among {len(on)} ranks<br>{fmt_time(start_s)} → {fmt_time(end_s)}: "
             f"{_n(len(segs), 'stay')} of {fmt_time(span_s / len(segs))} on average<br>{shares}")
 
@@ -1214,8 +1215,8 @@ def critical_path_html(summary: dict[str, Any]) -> str:
     return ("<div><h2>Critical path</h2><table><tr><th class=\"l\">on the path</th><th>time</th><th>share</th></tr>"
             + rows + f'<tr class="total"><td class="l">step</td><td>{fmt_time(cp["length_s"])}</td><td></td></tr>'
             f'</table><p class="note">{cp["tasks"]:,} tasks over {_n(cp["ranks_visited"], "rank")}, '
-            f'{_n(len(cp["segments"]), "segment")}; drawn as a black line on the timeline{_stretches_note(cp, summary)}. '
-            "Communication on the path delayed the step.</p></div>")
+            f'{_n(len(cp["segments"]), "segment")}; drawn as a black line on the timeline'
+            f"{_stretches_note(cp, summary)}. Communication on the path delayed the step.</p></div>")
 
 
 def _stretches_note(cp: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -1224,8 +1225,8 @@ def _stretches_note(cp: dict[str, Any], summary: dict[str, Any]) -> str:
     n = sum(first != last for first, last in path_pieces(cp["segments"], step_s))
     if not n:
         return ""
-    return (f" ({n:,} stretch{'es' if n != 1 else ''} where it goes back and forth between a few ranks faster than the timeline can "
-            "show: a line along each of their rows, the hops left out)")
+    return (f" ({n:,} stretch{'es' if n != 1 else ''} where it goes back and forth between a few ranks faster than "
+            "the timeline can show: a line along each of their rows, the hops left out)")
 
 
 def timeline_note(trace: Trace, binned: dict[str, Any] | None = None) -> str:
