@@ -149,7 +149,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
         "simulation": {"network": sc.cfg.simulation.network,
                        "collapse_symmetric": len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
-                       "collective_algorithms": trace.algorithms, "repeat": trace.repeat},
+                       "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
+                       "repeat_tried": trace.repeat_tried},
     }
     if links is not None:
         trace.links = links()
@@ -237,6 +238,7 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
         trace = _spliced(engine, strace, sprog, prog, short, m, cycles.step_mb(p.schedule, p.pp))
         mark("spliced")
         if trace is not None:
+            trace.repeat_tried = short
             if links:
                 trace.links = engine.link_use()
             return engine, trace, (sprog, slow)
@@ -245,6 +247,7 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
     engine = engine_of(prog)
     mark("set_up")
     trace = engine.run(links=links)
+    trace.repeat_tried = short  # None: not tried; else no cycle held in it
     mark("ran")
     return engine, trace, ()
 

@@ -110,9 +110,11 @@ def cmd_run(args) -> int:
         staging.clean()
     print(format_summary(result.summary))
     sim = result.summary["simulation"]
-    rep = sim.get("repeat")
-    cycle = (f" · {rep['simulated_microbatches']} of {result.summary['plan']['microbatches']} microbatches run, "
-             f"a cycle of {rep['cycle_microbatches']} copied in {rep['cycles_copied']} times") if rep else ""
+    rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), result.summary["plan"]["microbatches"]
+    cycle = (f" · {rep['simulated_microbatches']} of {m} microbatches run, a cycle of {rep['cycle_microbatches']} "
+             f"copied in {rep['cycles_copied']} times") if rep else (
+        f" · all {m} microbatches run: a shorter step of {tried} showed no steady cycle (--no-repeat skips that try)"
+        if tried else "")
     print(f"{'simulated':<16}{sim['simulated_ranks']} ranks, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}")
     print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
     return 0

@@ -480,6 +480,9 @@ class Trace:
     # how the step's repeating microbatches were simulated once (clustersim.engine.repeat);
     # None: every microbatch was simulated
     repeat: dict | None = None
+    # microbatches of the shorter step simulated to find that cycle (None: none was tried); with
+    # ``repeat`` None, none held and every microbatch was simulated after it
+    repeat_tried: int | None = None
     _by_rank: tuple | None = field(default=None, repr=False, compare=False)
     _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
     _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)

@@ -78,8 +78,8 @@ def differences(whole, copied, links: bool | None = True) -> list[str]:
     if worst > TIME_S:
         out.append(f"spans: times differ by {worst:.3g} s")
     s, t = dict(whole.summary), dict(copied.summary)
-    s["simulation"] = {k: v for k, v in s["simulation"].items() if k != "repeat"}
-    t["simulation"] = {k: v for k, v in t["simulation"].items() if k != "repeat"}
+    s["simulation"] = {k: v for k, v in s["simulation"].items() if k not in ("repeat", "repeat_tried")}
+    t["simulation"] = {k: v for k, v in t["simulation"].items() if k not in ("repeat", "repeat_tried")}
     out += close(s, t)
     la = {u.name: (u.bytes, u.peak_Bps) for u in whole.trace.links}
     lb = {u.name: (u.bytes, u.peak_Bps) for u in copied.trace.links}
@@ -143,7 +143,36 @@ def test_repeat_false_or_no_cycle_simulates_every_microbatch(monkeypatch):
     monkeypatch.setattr(repeat, "find_cycle", lambda *a, **k: None)
     fallback = run(d)
     assert fallback.summary["simulation"]["repeat"] is None
-    assert fallback.summary == whole.summary  # the same run, bit for bit
+    # it says what it tried, and is otherwise the same run, bit for bit
+    assert fallback.summary["simulation"].pop("repeat_tried") == 60
+    assert whole.summary["simulation"].pop("repeat_tried") is None
+    assert fallback.summary == whole.summary
+
+
+def test_the_command_says_when_no_cycle_held(tmp_path, monkeypatch, capsys):
+    """A step whose shorter run shows no steady cycle is simulated whole: the terminal and the
+    report's header say that the try was made (it cost its shorter step), and how to skip it."""
+    import json
+
+    import yaml
+
+    from clustersim import cli
+
+    d = plan()
+    d["cluster"] = {**d["cluster"], "topology": str(ROOT / d["cluster"]["topology"])}
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    monkeypatch.setattr(repeat, "find_cycle", lambda *a, **k: None)
+    assert cli.main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    assert "all 192 microbatches run: a shorter step of 60 showed no steady cycle (--no-repeat skips" in said
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "simulated: all 192 microbatches; a shorter step of 60 showed no steady cycle" in report
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["simulation"]["repeat"] is None and summary["simulation"]["repeat_tried"] == 60
+    assert cli.main(["run", str(path), "--out", str(tmp_path / "whole"), "--no-repeat"]) == 0
+    assert "showed no steady cycle" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "whole" / "summary.json").read_text())["simulation"]["repeat_tried"] is None
 
 
 def _short_run(d: dict):
@@ -228,6 +257,7 @@ def test_the_command_says_what_it_ran_and_no_repeat_runs_it_all(tmp_path):
     assert "simulated: 60 of 192 microbatches; their steady cycle of" in said  # the report's header
     assert "microbatches run" not in said_whole and "simulated: " not in said_whole
     assert s["simulation"]["repeat"]["simulated_microbatches"] == 60 and s_whole["simulation"]["repeat"] is None
+    assert s["simulation"]["repeat_tried"] == 60 and s_whole["simulation"]["repeat_tried"] is None
     ev = [e for e in t["traceEvents"] if e.get("ph") == "X"]
     ev_whole = [e for e in t_whole["traceEvents"] if e.get("ph") == "X"]
     assert len(ev) == len(ev_whole) > 0

@@ -961,6 +961,10 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'microbatches; their steady cycle of {rep["cycle_microbatches"]} microbatches '
                    f'({rep["cycle_s"]:.4g} s) copied in {rep["cycles_copied"]} times from '
                    f'{rep["cut_s"]:.4g} s on (simulation.repeat)</p>')
+    elif summary.get("simulation", {}).get("repeat_tried"):
+        out.append(f'<p class="meta">simulated: all {plan.get("microbatches")} microbatches; a shorter step of '
+                   f'{summary["simulation"]["repeat_tried"]} showed no steady cycle to copy in '
+                   f'(simulation.repeat)</p>')
     return "\n".join(out)
 
 
