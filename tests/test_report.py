@@ -450,6 +450,10 @@ def test_critical_path_walks_in_and_out_of_a_stretch_stay_hop_by_hop():
     # 2 and 3: met again, but with a sliver of its time, they stay out of the stretch
     segs = short([5, 4] + [3, 2] * 40 + [3, 4, 5]) + [_segment(6, 0.85, 10.0)]
     assert path_pieces(segs, 10.0) == [(0, 0), (1, 1), (2, 82), (83, 83), (84, 84), (85, 85)]
+    # a walk out to a rank met just before the back and forth (within 32 stays), with a sliver
+    # of its time: out of the stretch
+    segs = short([4] + [3, 2] * 14 + [3, 4, 5]) + [_segment(6, 0.32, 10.0)]
+    assert path_pieces(segs, 10.0) == [(0, 0), (1, 29), (30, 30), (31, 31), (32, 32)]
     # an interleaved warm-up: three walks down 16 stages, each rank met three times; its hops
     # are apart enough to see, so it stays hop by hop
     walks = short(list(range(16)) * 3) + [_segment(0, 0.48, 10.0)]
