@@ -429,14 +429,19 @@ class TaskColumns:
         return indptr, flat
 
     @cached_property
+    def _lane(self) -> np.ndarray:
+        """Each task's (rank, stream) as one number, in the order of ranks, then stream codes."""
+        return self.rank * max(len(self.stream_names), 1) + self.stream
+
+    @cached_property
     def stream_order(self) -> np.ndarray:
         """Task ids by (rank, stream), each stream's in issue (id) order."""
-        return np.argsort(self.rank * max(len(self.stream_names), 1) + self.stream, kind="stable")
+        return np.argsort(self._lane, kind="stable")
 
     @cached_property
     def prev(self) -> np.ndarray:
         """The task issued before each one on its (rank, stream), -1 for the first."""
-        key = self.rank * max(len(self.stream_names), 1) + self.stream
+        key = self._lane
         order = self.stream_order
         out = np.full(self.n, -1, dtype=np.int64)
         same = key[order[1:]] == key[order[:-1]]

@@ -159,10 +159,10 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     if len(first) != simulated_mb or not np.isfinite(first).all():
         return None
     starts = np.unique(np.concatenate([base.start_s, other_starts]))
+    j = simulated_mb - 1 - step  # a margin of a step before the last forward
     for c in cycles_mb(step):
         if (full_mb - simulated_mb) % c:
             continue
-        j = simulated_mb - 1 - step  # a margin of a step before the last forward
         if j - WINDOWS * c < 0:
             continue
         q = float(first[j] - first[j - c])

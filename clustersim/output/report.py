@@ -1230,7 +1230,8 @@ def _stretches_note(cp: dict[str, Any], summary: dict[str, Any]) -> str:
     if not n:
         return ""
     return (f" ({n:,} stretch{'es' if n != 1 else ''} where it goes back and forth between a few ranks faster than "
-            "the timeline can show: a line along each of their rows, the hops left out)")
+            f"the timeline can show: a line along the row of each rank with {_pct(PATH_MAJOR)} of it or more, the "
+            "hops left out)")
 
 
 def timeline_note(trace: Trace, binned: dict[str, Any] | None = None) -> str:
