@@ -369,6 +369,36 @@ def test_custom_errors_name_rank_and_token(what, text, words):
         assert w in str(err.value), (what, str(err.value))
 
 
+@pytest.mark.parametrize("name,p,m,kw", [("gpipe", 3, 5, {}), ("1f1b", 4, 9, {}), ("1f1b", 8, 3, {}),
+                                         ("interleaved", 4, 8, {"v": 2}), ("zb-h1", 4, 6, {}),
+                                         ("dualpipe", 4, 10, {})])
+def test_the_array_check_passes_sound_schedules(name, p, m, kw):
+    """The rows' structure is judged on arrays first; a sound schedule must pass there (the
+    action-by-action walk, which names faults, would pass it too, only slower)."""
+    from clustersim.schedule.core import _rows_sound
+
+    s = build_schedule(name, p, m, **kw)
+    assert _rows_sound(s.actions, s.split_backward)
+
+
+@pytest.mark.parametrize("what,rows,split", [
+    ("an action twice", [["0F0", "0B0", "0F0", "0B0"]], False),
+    ("B before its F", [["0B0", "0F0"]], False),
+    ("a W before its B", [["0F0", "0W0", "0B0"]], True),
+    ("a B with no F", [["0F0", "0B0", "0B1"]], False),
+    ("an F with no B", [["0F0", "0F1", "0B0"]], False),
+    ("a B with no W", [["0F0", "0B0", "0W0", "0F1", "0B1"]], True),
+    ("a microbatch missing", [["0F0", "0B0", "0F2", "0B2"]], False),
+    ("a stage's F with its B on another stage", [["0F0", "1B0"], ["1F0", "0B0"]], False),
+])
+def test_the_array_check_refuses_faults(what, rows, split):
+    """Each fault the walk names, the array check refuses (else the walk would never run)."""
+    from clustersim.schedule.core import _rows_sound
+
+    parsed = [[Action(int(t[0]), t[1], int(t[2:])) for t in row] for row in rows]
+    assert not _rows_sound(parsed, split), what
+
+
 def test_custom_shape_must_match_the_plan():
     with pytest.raises(ValueError, match="2 rows .* pp=4"):
         build_schedule("custom", 4, 2, text="0F0 0B0 0F1 0B1\n1F0 1B0 1F1 1B1")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from ..codegen import Straight
 from ..config import Scenario
@@ -711,9 +711,16 @@ def units_in_time_order(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ..
     For GPipe and 1F1B this is the slot-by-slot, rank-by-rank walk of the grid.
     """
     start = timeline(s).start
+    if not any(s.fb_pairs):  # one action per unit (most schedules): no units to gather
+        acts = [(start[a.key], q, a) for q, row in enumerate(s.actions) for a in row]
+        acts.sort(key=_start_then_rank)
+        return [(q, (a,)) for _, q, a in acts]
     units = [(start[u[0].key], q, u) for q in range(s.ranks) for u in issue_units(s, q)]
-    units.sort(key=lambda x: (x[0], x[1]))
+    units.sort(key=_start_then_rank)
     return [(q, u) for _, q, u in units]
+
+
+_start_then_rank = itemgetter(0, 1)
 
 
 def _route(low: Lowering, r: int, a: Action) -> tuple:
