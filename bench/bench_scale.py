@@ -64,6 +64,7 @@ targets and the figures, and bench_instructions.py compares two versions without
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -137,8 +138,8 @@ def measure(spec: str) -> dict:
     ``dense:GPUS:M`` for a sweep point."""
     gc.disable()  # as python -m clustersim does for its whole process (clustersim/__main__.py)
     t_import = time.perf_counter()
-    from clustersim.analysis.invariants import InvariantError, check_invariants
-    from clustersim.api import _run, no_cyclic_gc, summarize
+    from clustersim.analysis.invariants import InvariantError
+    from clustersim.api import _run, check_trace, checks, no_cyclic_gc, summarize
     from clustersim.config import load_scenario
     from clustersim.output import background
     from clustersim.output.summary import to_json
@@ -167,19 +168,21 @@ def measure(spec: str) -> dict:
         events = simpy_events(engine.env)
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            writer = background.start(tmp, trace, report=True, trace_file=True, link_use=engine.link_use)
+            writer = background.start(tmp, trace, report=True, trace_file=True, link_use=engine.link_use,
+                                      checks=functools.partial(check_trace, prog, trace))
 
             def links():  # as simulate() asks for them: the writer's, else worked out here
                 got = writer.links() if writer is not None else None
                 return got if got is not None else engine.link_use()
             try:
                 summary = summarize(sc, low, trace, prog, engine, keep_columns=True, links=links)
-                violations = check_invariants(prog, trace, summary, cols=trace.columns())  # as simulate() does
-                if violations:
-                    raise InvariantError(violations)
+                left = checks(prog, trace, summary, writer)  # as simulate() does: the writer may have taken some
                 t4 = time.perf_counter()
                 (tmp / "summary.json").write_text(to_json(summary))
                 background.complete(writer, tmp, trace, summary, report=True, trace_file=True)
+                violations = left() if left is not None else []  # as clustersim run does
+                if violations:
+                    raise InvariantError(violations)
                 t5 = time.perf_counter()
             finally:
                 if writer is not None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .analysis.critical_path import critical_path, path_report
 from .analysis.exposure import exposed_collectives
@@ -31,6 +32,20 @@ class Result:
     scenario: Scenario
     trace: Trace
     summary: dict[str, Any]
+    # the checks the writer of simulate(after_run=...) took: their violations, once it is done
+    checks_left: Callable[[], list] | None = field(default=None, repr=False, compare=False)
+
+    def finish_checks(self) -> None:
+        """Raise :class:`~clustersim.analysis.invariants.InvariantError` if the checks that
+        ``simulate``'s ``after_run`` writer took found violations; call it once that writer
+        is done (``clustersim run``: after the files are written, before they are moved into
+        place). Nothing to do when ``simulate`` made every check itself."""
+        if self.checks_left is not None:
+            from .analysis.invariants import InvariantError
+
+            violations, self.checks_left = self.checks_left(), None
+            if violations:
+                raise InvariantError(violations)
 
     def figure(self):
         """The report's plotly figure (Gantt timeline), for notebooks."""
@@ -164,7 +179,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,
              repeat: bool | None = None, check: bool = True,
-             after_run: Callable[[Trace, Callable[[], list]], Callable[[], list | None] | None] | None = None,
+             after_run: Callable[[Trace, Callable[[], list], Callable[[], list] | None], Any] | None = None,
              keep: list | None = None) -> Result:
     """Simulate one training step of ``scenario`` (a Scenario, a YAML path or a dict).
 
@@ -173,10 +188,13 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     :class:`~clustersim.analysis.invariants.InvariantError` listing any violation.
     ``after_run``: called as soon as the engine has run, before the summary is worked out
     (``clustersim run`` starts writing the trace file and the report then,
-    clustersim.output.background), with the trace, which has no ``links`` yet, and the
-    function that works them out (``Engine.link_use``). It may return a function that gives
-    them, worked out elsewhere meanwhile (None if that failed); the summary asks for them
-    last. Otherwise they are worked out here, then.
+    clustersim.output.background), with the trace, which has no ``links`` yet, the function
+    that works them out (``Engine.link_use``) and, with ``check``, the function that runs the
+    checks that need no summary (``invariants.check_trace``; None without ``check``). It may
+    return an object that works on them elsewhere meanwhile (:class:`Elsewhere`): the summary
+    asks it for the link use last (else works it out here, then), and once the summary is
+    made, whether it took the checks (else they are run here); if it did, the summary's own
+    checks are run here and the rest is judged by :meth:`Result.finish_checks`.
     ``keep``: a list the step's working objects (program, lowering, engine) are appended to
     rather than freed when this returns (``clustersim run`` leaves them to the process's
     exit: freeing Megatron-1T's 854,340 tasks one by one takes 0.18 s)."""
@@ -185,27 +203,71 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         prog, low = lower(sc, collapse=collapse)
         engine, trace, extra = _run(sc, prog, collapse, links=after_run is None,
                                     repeat=sc.cfg.simulation.repeat if repeat is None else repeat, low=low)
-        links = None
+        links = elsewhere = None
         if after_run is not None:
             # the link use only now: the summary reads it (last), the files written from here
             # do not
-            elsewhere = after_run(trace, engine.link_use)
+            elsewhere = after_run(trace, engine.link_use, partial(check_trace, prog, trace) if check else None)
 
             def links() -> list:
-                got = elsewhere() if elsewhere is not None else None
+                got = elsewhere.links() if elsewhere is not None else None
                 return got if got is not None else engine.link_use()
         summary = summarize(sc, low, trace, prog, engine, keep_columns=check, links=links)
+        result = Result(scenario=sc, trace=trace, summary=summary)
         if check:
-            from .analysis import invariants
-
-            # the view the summary was made from (the spans have not changed since); the
-            # checks drop it when done
-            violations = invariants.check_invariants(prog, trace, summary, cols=trace.columns())
-            if violations:
-                raise invariants.InvariantError(violations)
+            result.checks_left = checks(prog, trace, summary, elsewhere)
         if keep is not None:
             keep += (prog, low, engine, *extra)
-    return Result(scenario=sc, trace=trace, summary=summary)
+    return result
+
+
+class Elsewhere(Protocol):
+    """What ``simulate``'s ``after_run`` may return: work done in another process while the
+    summary is made (``clustersim run``'s writer, clustersim.output.background.Writer)."""
+
+    def links(self) -> list | None:
+        """The trace's link use, worked out there (None: not, work it out here)."""
+
+    def checks_taken(self) -> bool:
+        """Whether it took the checks that need no summary (asked once, after the summary)."""
+
+    def checks_verdict(self) -> list | None:
+        """Once it is done: the violations its checks found (None: it did not say)."""
+
+
+def checks(prog: Program, trace: Trace, summary: dict[str, Any],
+           elsewhere: Elsewhere | None = None) -> Callable[[], list] | None:
+    """The step's invariant checks (docs/invariants.md), on the view the summary was made
+    from (the spans have not changed since; the checks drop it when done): raises
+    InvariantError on a violation found here. Where ``elsewhere`` took the checks that need
+    no summary, only the summary's are made here, and the function returned gives the
+    others' violations once it is done (run here after all if it did not say)."""
+    from .analysis.invariants import InvariantError, check_invariants, check_summary
+
+    cols = trace.columns()
+    if elsewhere is not None and elsewhere.checks_taken():
+        left = lambda: _verdict(elsewhere, prog, trace)  # noqa: E731
+        violations = check_summary(trace, summary, cols)
+    else:
+        left, violations = None, check_invariants(prog, trace, summary, cols=cols)
+    if violations:
+        raise InvariantError(violations)
+    return left
+
+
+def _verdict(elsewhere: Elsewhere, prog: Program, trace: Trace) -> list:
+    """The violations of the checks ``elsewhere`` took, or those checks run here if it did not say."""
+    got = elsewhere.checks_verdict()
+    return got if got is not None else check_trace(prog, trace)
+
+
+def check_trace(prog: Program, trace: Trace) -> list:
+    """The invariant checks that need no summary (:func:`clustersim.analysis.invariants.check_trace`),
+    on the trace's view of its spans (which they first check against the spans): the
+    function ``simulate`` hands ``after_run``."""
+    from .analysis.invariants import check_trace as checked
+
+    return checked(prog, trace, trace.columns())
 
 
 def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat: bool = True,

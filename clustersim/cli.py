@@ -86,11 +86,11 @@ def cmd_run(args) -> int:
     staging = _Staging(out)
     writer = None
 
-    def after_run(trace, link_use):  # the report and the trace file, written while the summary is made
+    def after_run(trace, link_use, checks):  # the report and the trace file, written while the summary is made
         nonlocal writer
         if any(files.values()):
-            writer = background.start(staging.folder(), trace, link_use=link_use, **files)
-        return writer.links if writer is not None else None
+            writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
+        return writer
 
     try:
         t0 = time.perf_counter()
@@ -103,6 +103,7 @@ def cmd_run(args) -> int:
             tmp = staging.folder()
             (tmp / "summary.json").write_text(to_json(result.summary))
             background.complete(writer, tmp, result.trace, result.summary, **files)
+            result.finish_checks()  # those the writer took (a violation: nothing is moved in)
             written = staging.move_in()
     finally:
         if writer is not None:

@@ -160,8 +160,16 @@ def test_parent_writes_the_files_when_the_child_fails(tmp_path, monkeypatch):
     assert _outputs(tmp_path / "out") == _outputs(tmp_path / "ref")  # ... and the parent wrote them
 
 
+def _checks_go_to(monkeypatch, writer: bool) -> None:
+    """Whoever asks, the checks that need no summary go to the writer (or to the parent):
+    which of the two asks first depends on the machine's speed."""
+    to_writer = writer
+    monkeypatch.setattr(background.Share, "take_checks", lambda self, writer: writer == to_writer)
+
+
 @needs_fork
 def test_a_broken_invariant_stops_the_writer_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    _checks_go_to(monkeypatch, writer=False)
     monkeypatch.setattr(inv, "check_invariants",
                         lambda program, trace, summary=None, cols=None: [Violation("collective-sync", "planted",
                                                                                    trace.spans[:2])])
@@ -172,6 +180,67 @@ def test_a_broken_invariant_stops_the_writer_and_leaves_nothing(tmp_path, monkey
     assert seen and seen[0][1] == "cancelled"
     assert not (tmp_path / "new").exists()  # neither files nor the folders made for them
     assert "planted" in capsys.readouterr().err
+
+
+@needs_fork
+def test_a_broken_invariant_the_writer_finds_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """The writer took the checks that need no summary (it got to them first) and found a
+    violation: the parent, whose own checks passed, says so once the writer is done; the
+    files stay unwritten."""
+    _checks_go_to(monkeypatch, writer=True)
+    parent = os.getpid()
+    real = inv.check_trace
+
+    def planted(program, trace, cols=None):
+        if os.getpid() == parent:
+            raise AssertionError("the parent ran the writer's checks")
+        return [Violation("dependency-order", "planted in the writer", trace.spans[:1])] + real(program, trace, cols)
+
+    monkeypatch.setattr(inv, "check_trace", planted)
+    seen = _spy_writers(monkeypatch)
+    sc = write_scenario(tmp_path, ROOT, scenario_dict())
+    out = tmp_path / "new" / "out"
+    assert main(["run", str(sc), "--out", str(out)]) == EXIT_INVARIANT
+    assert seen and seen[0][1] is True  # the writer finished (its files were not moved in)
+    assert not (tmp_path / "new").exists()
+    err = capsys.readouterr().err
+    assert "[dependency-order] planted in the writer" in err and "1 invariant violation" in err
+
+
+@needs_fork
+def test_checks_the_writer_took_and_did_not_report_run_in_the_parent(tmp_path, monkeypatch, capsys):
+    """The writer took the checks and failed before saying what they found: the parent
+    writes the files itself (as on any failure of the writer) and runs those checks too."""
+    _checks_go_to(monkeypatch, writer=True)
+    parent = os.getpid()
+    ran = []
+
+    def dies_in_the_writer(program, trace, cols=None):
+        if os.getpid() != parent:
+            os._exit(1)
+        ran.append(1)
+        return [Violation("send-recv", "found by the parent", trace.spans[:1])]
+
+    monkeypatch.setattr(inv, "check_trace", dies_in_the_writer)
+    seen = _spy_writers(monkeypatch)
+    sc = write_scenario(tmp_path, ROOT, scenario_dict())
+    assert main(["run", str(sc), "--out", str(tmp_path / "out")]) == EXIT_INVARIANT
+    assert seen[0][1] is False and ran == [1]
+    assert not (tmp_path / "out").exists()
+    assert "[send-recv] found by the parent" in capsys.readouterr().err
+
+
+@needs_fork
+def test_the_outputs_are_the_same_whoever_runs_the_checks(tmp_path, monkeypatch):
+    sc = write_scenario(tmp_path, ROOT, scenario_dict())
+    got = {}
+    for writer in (True, False):
+        with monkeypatch.context() as m:
+            _checks_go_to(m, writer)
+            out = tmp_path / f"out-{writer}"
+            assert main(["run", str(sc), "--out", str(out)]) == 0
+            got[writer] = _outputs(out)
+    assert got[True] == got[False] and set(got[True]) == {"summary.json", "report.html", "trace.json.gz"}
 
 
 @needs_fork
@@ -269,7 +338,7 @@ def test_link_use_is_worked_out_after_the_hook_and_is_the_same(root):
     # works out inside Engine.run
     seen = []
     scenario = root / "scenarios/moe_1024gpu.yaml"
-    hooked = api.simulate(scenario, after_run=lambda trace, link_use: seen.append(list(trace.links)))
+    hooked = api.simulate(scenario, after_run=lambda trace, link_use, checks: seen.append(list(trace.links)))
     plain = api.simulate(scenario)
     assert seen == [[]] and len(plain.trace.links) > 1000
     assert hooked.trace.links == plain.trace.links and hooked.summary == plain.summary

@@ -396,11 +396,27 @@ def check_invariants(program: Program | None, trace: Trace, summary: dict[str, A
     skipped when it is None. The spans are read afresh once, for all the checks, unless
     ``cols`` gives them: :func:`clustersim.simulate` hands over the view the summary was made
     from (the spans have not changed since), so the checks judge exactly what it reports and
-    a Megatron-1T step does not read its 918,852 spans into columns twice (about 1 s)."""
+    a Megatron-1T step does not read its 918,852 spans into columns twice (about 1 s).
+
+    The same as :func:`check_trace` then :func:`check_summary` (``clustersim run``'s writer
+    may judge the first while the summary is made, clustersim.output.background)."""
     out = check_view(trace, cols) if cols is not None else []
     if out:  # the checks below would judge the wrong data
         return out
     cols = _view(trace, cols)
+    return _trace_checks(program, trace, cols) + check_summary(trace, summary, cols)
+
+
+def check_trace(program: Program | None, trace: Trace, cols: SpanColumns | None = None) -> list[Violation]:
+    """The checks that read the spans and the program only, not the summary: streams, the
+    program's dependencies, collectives, phase order, sends and receives (most of the
+    checks' work; a view ``cols`` that does not match the spans stops them)."""
+    out = check_view(trace, cols) if cols is not None else []
+    return out or _trace_checks(program, trace, _view(trace, cols))
+
+
+def _trace_checks(program: Program | None, trace: Trace, cols: SpanColumns) -> list[Violation]:
+    """:func:`check_trace` on a view known to hold the spans."""
     out = check_stream_overlap(trace, cols)
     if program is not None:
         out += check_dependencies(program, trace, cols)
@@ -408,7 +424,13 @@ def check_invariants(program: Program | None, trace: Trace, summary: dict[str, A
     out += check_phase_order(trace, cols)
     if program is not None:
         out += check_send_recv(program, trace, cols)
-    out += check_step_time(trace, summary, cols)
+    return out
+
+
+def check_summary(trace: Trace, summary: dict[str, Any] | None, cols: SpanColumns | None = None) -> list[Violation]:
+    """The checks of the summary against the spans and itself: step time, memory, critical
+    path, bubble split. Drops the program's columns the summary shared with the checks."""
+    out = check_step_time(trace, summary, _view(trace, cols))
     trace.drop_columns(tasks=True)  # the program's columns, shared with the summary, are no longer needed
     out += check_memory(summary)
     out += check_critical_path(summary)

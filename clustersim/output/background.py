@@ -6,14 +6,24 @@ run forks a writer; the two processes then use both cores, and share out the tra
 pieces (perfetto.TracePieces: about 4,096 events each, compressed on their own) so that they
 end together::
 
-    parent  [engine run]─fork─[summary: metrics, memory, critical path, checks][summary.json]─[pieces n-1, n-2, ...]─wait─move
-    child                     [report bars][pieces 0, 1, 2, ...]─summary─[report page][pieces ...]─[trace.json.gz]
+    parent  [engine run]─fork─[summary: metrics, memory, critical path][checks][summary.json]─[pieces n-1, n-2, ...]─wait─move
+    child                     [link use][report bars][checks?][pieces 0, 1, 2, ...]─summary─[report page][pieces ...]─[trace.json.gz]
 
 The writer takes pieces from the front, the parent from the back once its summary is written,
 one at a time (:class:`Share`), until they meet: whichever of the two is done first takes
 more of them. A piece's bytes do not depend on who compressed it, so the file is the same
 whatever the split. The parent's pieces reach the writer through a pickle file, and it puts
 the file together.
+
+The invariant checks that need no summary (streams, dependencies, collectives, phase order,
+sends: ``invariants.check_trace``, most of the checks' work) go to whichever of the two asks
+first: the writer once its report bars are made, the parent once its summary is. On
+Megatron-1T the writer is there first (0.9 s against 1.7 s after the fork) and runs them
+(0.5-0.6 s) while the parent's summary goes on; on moe_1024gpu the parent is. Pieces could
+not even that out: the parent's summary was the longer side by itself. The writer's
+violations come back in a pickle file once it is done (``Writer.checks_verdict``), and the
+parent judges them before anything is moved into place; if the writer failed before saying,
+the parent runs those checks itself.
 
 The child has the trace as the parent had it at the fork (its pages are shared until
 written). The summary reaches it through a pickle file in the run's temp folder, and one
@@ -25,7 +35,9 @@ no fork; on macOS system libraries may not survive one), in a process running ot
 threads (a lock one of them holds would stay held in the child), and when the child fails.
 
 On Megatron-1T (bench/bench_scale.py) the two files take about 1.3-1.8 s and the summary with
-its checks 1.4-1.8 s: they overlap instead of adding up. On moe_1024gpu the summary is done
+its checks 1.4-1.8 s: they overlap instead of adding up; with the checks the writer takes,
+2.0-2.4 s from the fork to the files in place against 2.2-2.6 s when the parent made them
+all (bench/after_fork.py, alternated six times each). On moe_1024gpu the summary is done
 first, and the parent then compresses most of the trace file while the writer makes the
 report.
 """
@@ -55,6 +67,7 @@ SUMMARY_FILE = ".summary.pickle"  # in the temp folder, removed once the child i
 PIECES_FILE = ".pieces.pickle"  # the parent's pieces of the trace file, for the child
 LINKS_FILE = ".links.pickle"  # the link use the child worked out, for the parent
 CLAIMS_FILE = ".claims"  # the counters of Share
+CHECKS_FILE = ".checks.pickle"  # the violations the writer found, when it took the checks
 
 
 class Share:
@@ -73,8 +86,9 @@ class Share:
     def __init__(self, folder: Path, count: int):
         self.folder = folder
         self.fd = os.open(folder / CLAIMS_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.write(self.fd, struct.pack("<qq", 0, count))
-        self.counters = mmap.mmap(self.fd, 16)
+        # front, back, and who took the invariant checks (0: nobody yet, 1: the parent, 2: the writer)
+        os.write(self.fd, struct.pack("<qqq", 0, count, 0))
+        self.counters = mmap.mmap(self.fd, 24)
         self.signals = -1  # in the writer: the pipe's read end
 
     def take(self, front: bool) -> int | None:
@@ -90,6 +104,19 @@ class Share:
                 return lo
             struct.pack_into("<q", self.counters, 8, hi - 1)
             return hi - 1
+        finally:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN)
+
+    def take_checks(self, writer: bool) -> bool:
+        """Whether the caller (the writer, or the parent) gets the invariant checks that need
+        no summary: the first of the two to ask does."""
+        fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        try:
+            (who,) = struct.unpack_from("<q", self.counters, 16)
+            if who:
+                return False
+            struct.pack_into("<q", self.counters, 16, 2 if writer else 1)
+            return True
         finally:
             fcntl.lockf(self.fd, fcntl.LOCK_UN)
 
@@ -124,16 +151,20 @@ def _receive(signals: int, expected: bytes, path: Path):
 
 
 def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file: bool,
-                share: Share | None = None) -> None:
+                share: Share | None = None, checks: Callable[[], list] | None = None) -> None:
     """Write report.html and trace.json.gz into ``folder``. ``summary``: the summary, or a
     function that gives it, asked for once everything the trace alone decides is done: the
     timeline's bars made, every piece of the trace file written and compressed. With
     ``share`` (in the writer), the pieces are shared out with the parent (:class:`Share`): the
-    summary is read as soon as it is there, and the page made then, between two pieces."""
+    summary is read as soon as it is there, and the page made then, between two pieces; and
+    ``checks`` (the invariant checks that need no summary) are run here, once the bars are
+    made, if the parent has not taken them yet (their violations into CHECKS_FILE)."""
     from .perfetto import TracePieces, gzip_file, trace_tail
     from .report import prepare_report
 
     page = prepare_report(trace) if report else None
+    if checks is not None and share is not None and share.take_checks(writer=True):
+        (folder / CHECKS_FILE).write_bytes(pickle.dumps(checks(), protocol=pickle.HIGHEST_PROTOCOL))
     html = None
     packed: dict[int, tuple] = {}
     if trace_file:
@@ -175,10 +206,33 @@ class Writer:
     hands it the summary, takes pieces of the trace file while it writes, and waits for it;
     :meth:`cancel` stops it."""
 
-    def __init__(self, folder: Path, pid: int, signal_fd: int, share: Share | None = None, links_fd: int = -1):
+    def __init__(self, folder: Path, pid: int, signal_fd: int, share: Share | None = None, links_fd: int = -1,
+                 checks: bool = False):
         self.folder, self.pid, self._fd, self.share = folder, pid, signal_fd, share
         self._links_fd = links_fd  # the pipe on which the child says the link use is there
         self.done = False  # the child has been waited for
+        self._checks = checks and share is not None  # the child was offered the checks
+        self._checks_theirs = False  # and took them
+
+    def checks_taken(self) -> bool:
+        """In the parent, once its summary is made: whether the writer took the checks that
+        need no summary (it asks once its report bars are made); if not, they are the
+        parent's from now on. On Megatron-1T the writer is done with its share of the work
+        first and takes them; on moe_1024gpu the parent is."""
+        if self._checks and not self._checks_theirs:
+            self._checks_theirs = not self.share.take_checks(writer=False)
+        return self._checks_theirs
+
+    def checks_verdict(self) -> list | None:
+        """After :meth:`finish`: the violations the writer's checks found, or None if it took
+        them and did not get to say (it failed: the caller runs them itself)."""
+        path = self.folder / CHECKS_FILE
+        if not self._checks_theirs or not self.done or not path.is_file():
+            return None
+        try:
+            return pickle.loads(path.read_bytes())
+        finally:
+            path.unlink(missing_ok=True)
 
     def links(self) -> list | None:
         """The link use the child worked out first thing (:func:`start`'s ``link_use``),
@@ -277,13 +331,16 @@ _LINK_FIELDS = attrgetter(*(f.name for f in fields(LinkUse)))  # a LinkUse's fie
 
 
 def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
-          link_use: Callable[[], list] | None = None) -> Writer | None:
+          link_use: Callable[[], list] | None = None, checks: Callable[[], list] | None = None) -> Writer | None:
     """Fork a process that writes the files into ``folder`` once it has the summary; None
     where there is nothing to write or no fork (the caller then writes them itself). The
     spans' display order is worked out before the fork: both processes write pieces of the
     trace file in it (and the report draws in it). ``link_use``: worked out by the child
     first, for the parent's summary (:meth:`Writer.links`), which needs it last: on both
-    moe_1024gpu and Megatron-1T the summary with its checks is the longer of the two sides."""
+    moe_1024gpu and Megatron-1T the summary with its checks is the longer of the two sides.
+    ``checks``: the invariant checks that need no summary, which the child runs if it gets to
+    them first (:meth:`Writer.checks_taken`, :meth:`Writer.checks_verdict`); only with the
+    trace file, whose pieces the two share out anyway."""
     if not (report or trace_file) or not sys.platform.startswith("linux") or threading.active_count() > 1:
         return None
     share = None
@@ -302,7 +359,7 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
         os.close(read_fd)
         if links_w >= 0:
             os.close(links_w)
-        return Writer(folder, pid, write_fd, share, links_r)
+        return Writer(folder, pid, write_fd, share, links_r, checks=checks is not None)
     # the child: never returns into the caller's code, and leaves by os._exit, which skips
     # the interpreter's teardown (freeing the step's objects one by one) and the parent's
     # buffered output
@@ -319,7 +376,7 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
         else:
             share.signals = read_fd
             summary = share.summary
-        write_files(folder, trace, summary, report=report, trace_file=trace_file, share=share)
+        write_files(folder, trace, summary, report=report, trace_file=trace_file, share=share, checks=checks)
         code = 0
     except BaseException:  # noqa: BLE001 - the parent sees the exit code and writes the files itself
         code = 1
