@@ -182,6 +182,24 @@ def test_a_broken_invariant_stops_the_writer_and_leaves_nothing(tmp_path, monkey
     assert "planted" in capsys.readouterr().err
 
 
+def test_the_checks_go_to_the_first_to_ask_and_stay_there(tmp_path):
+    """Share.take_checks gives the checks to the first of the two processes that asks; the
+    parent's answer (Writer.checks_taken) stays what it was when asked again."""
+    for writer_first in (True, False):
+        folder = tmp_path / str(writer_first)
+        folder.mkdir()
+        share = background.Share(folder, 4)
+        w = background.Writer(folder, pid=0, signal_fd=-1, share=share, checks=True)
+        if writer_first:
+            assert share.take_checks(writer=True)
+        assert w.checks_taken() is writer_first and w.checks_taken() is writer_first
+        assert not share.take_checks(writer=True) and not share.take_checks(writer=False)
+        assert share.take(front=True) == 0 and share.take(front=False) == 3  # the pieces' counters untouched
+        share.close()
+    unoffered = background.Writer(tmp_path, pid=0, signal_fd=-1, share=None, checks=True)
+    assert unoffered.checks_taken() is False
+
+
 @needs_fork
 def test_a_broken_invariant_the_writer_finds_leaves_nothing(tmp_path, monkeypatch, capsys):
     """The writer took the checks that need no summary (it got to them first) and found a

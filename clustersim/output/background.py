@@ -212,15 +212,16 @@ class Writer:
         self._links_fd = links_fd  # the pipe on which the child says the link use is there
         self.done = False  # the child has been waited for
         self._checks = checks and share is not None  # the child was offered the checks
-        self._checks_theirs = False  # and took them
+        self._checks_theirs: bool | None = None  # whether it took them, once asked
 
     def checks_taken(self) -> bool:
         """In the parent, once its summary is made: whether the writer took the checks that
         need no summary (it asks once its report bars are made); if not, they are the
         parent's from now on. On Megatron-1T the writer is done with its share of the work
         first and takes them; on moe_1024gpu the parent is."""
-        if self._checks and not self._checks_theirs:
-            self._checks_theirs = not self.share.take_checks(writer=False)
+        if self._checks_theirs is None:
+            self._checks_theirs = bool(self._checks and self.share is not None
+                                       and not self.share.take_checks(writer=False))
         return self._checks_theirs
 
     def checks_verdict(self) -> list | None:
