@@ -117,7 +117,7 @@ def _child(spec: str, log_path: str) -> None:
     timed(background.Writer, "links", None, None,
           then=lambda got: log("link use handed over" if got is not None else "link use not handed over") or got)
     timed(api, "summarize", "summary begins", "summary done")
-    timed(api, "checks", "checks begin", "checks done")  # all of them, or the summary's
+    timed(api, "check_step", "checks begin", "checks done")  # all of them, or the summary's
     timed(api, "check_trace", "checks without the summary begin", "checks without the summary done")
     timed(background, "complete", "summary.json written; pieces from the back, then the writer waited for",
           "the writer done")

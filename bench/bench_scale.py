@@ -139,7 +139,7 @@ def measure(spec: str) -> dict:
     gc.disable()  # as python -m clustersim does for its whole process (clustersim/__main__.py)
     t_import = time.perf_counter()
     from clustersim.analysis.invariants import InvariantError
-    from clustersim.api import _run, check_trace, checks, no_cyclic_gc, summarize
+    from clustersim.api import _run, check_step, check_trace, no_cyclic_gc, summarize
     from clustersim.config import load_scenario
     from clustersim.output import background
     from clustersim.output.summary import to_json
@@ -176,7 +176,7 @@ def measure(spec: str) -> dict:
                 return got if got is not None else engine.link_use()
             try:
                 summary = summarize(sc, low, trace, prog, engine, keep_columns=True, links=links)
-                left = checks(prog, trace, summary, writer)  # as simulate() does: the writer may have taken some
+                left = check_step(prog, trace, summary, writer)  # as simulate() does: the writer may have taken some
                 t4 = time.perf_counter()
                 (tmp / "summary.json").write_text(to_json(summary))
                 background.complete(writer, tmp, trace, summary, report=True, trace_file=True)

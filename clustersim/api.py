@@ -215,7 +215,7 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         summary = summarize(sc, low, trace, prog, engine, keep_columns=check, links=links)
         result = Result(scenario=sc, trace=trace, summary=summary)
         if check:
-            result.checks_left = checks(prog, trace, summary, elsewhere)
+            result.checks_left = check_step(prog, trace, summary, elsewhere)
         if keep is not None:
             keep += (prog, low, engine, *extra)
     return result
@@ -235,8 +235,8 @@ class Elsewhere(Protocol):
         """Once it is done: the violations its checks found (None: it did not say)."""
 
 
-def checks(prog: Program, trace: Trace, summary: dict[str, Any],
-           elsewhere: Elsewhere | None = None) -> Callable[[], list] | None:
+def check_step(prog: Program, trace: Trace, summary: dict[str, Any],
+               elsewhere: Elsewhere | None = None) -> Callable[[], list] | None:
     """The step's invariant checks (docs/invariants.md), on the view the summary was made
     from (the spans have not changed since; the checks drop it when done): raises
     InvariantError on a violation found here. Where ``elsewhere`` took the checks that need
