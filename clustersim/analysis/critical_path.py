@@ -67,25 +67,30 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
         members.setdefault(g, []).append(tid)
     group_of = memoryview(np.ascontiguousarray(group, dtype=np.int64))
 
-    def own_cands(tid: int) -> list[int]:
+    task = prog.task
+
+    def cands_of(tid: int, t) -> list[int]:  # a task's own candidates: its dependencies, its stream's previous task
         p = prev[tid]
-        return list(prog.task(tid).deps) + ([p] if p >= 0 else [])
+        return [*t.deps, p] if p >= 0 else list(t.deps)
 
     # the latest end binds; ends within INSTANT_S of it are ties, which go to the lowest id
     # (deterministic, and the same whether an instant's last bits came from one sum or another)
     cur = int(np.flatnonzero(end_a >= end_a.max() - INSTANT_S)[0])
     path = [cur]
     while True:
-        t = prog.task(cur)
-        cands = own_cands(cur)
+        t = items[cur] or task(cur)
+        cands = cands_of(cur, t)
         if t.comm is not None:
             for u in members.get(group_of[cur], ()):
                 if u != cur:
-                    cands += own_cands(u)
-        if not cands:
+                    cands += cands_of(u, items[u] or task(u))
+        if len(cands) == 1:  # most tasks: one predecessor binds
+            cur = cands[0]
+        elif cands:
+            least = max(map(end.__getitem__, cands)) - INSTANT_S
+            cur = min([i for i in cands if end[i] >= least])
+        else:
             break
-        latest = max(map(end.__getitem__, cands))
-        cur = min(i for i in cands if end[i] >= latest - INSTANT_S)
         path.append(cur)
     path.reverse()
     stage_of = trace.stage_of
@@ -94,7 +99,7 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
     found = zip(starts, ends)
     out = []
     for i, j in zip(path, rows):
-        t = prog.task(i)
+        t = items[i] or task(i)
         start_s, end_s = next(found) if j >= 0 else (0.0, -1.0)
         out.append(PathTask(i, t.rank, t.stream, t.name, t.kind, start_s, end_s, stage_of.get(t.rank, t.stage), t.mb,
                             t.layer))
