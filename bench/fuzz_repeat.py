@@ -1,9 +1,10 @@
 """Random long pipeline steps simulated whole and with their steady cycle copied in
 (clustersim.engine.repeat): where a cycle is found, the spans must be the same (rank, task,
 microbatch, form; start and end within 1 ns), every figure of the summary within 1e-9 (or
-1 ns; a figure the summary rounds, within a unit of its last digit) and the links' bytes too
-(tests/test_repeat.differences, what the tests hold a dozen fixed plans to); this draws many
-more (topology, TP, PP, DP, EP, CP, SP, ZeRO, recompute, schedule, a slow GPU)::
+1 ns; the figures it bins or rounds within their slack, tests/test_repeat.LOOSE) and the
+links' bytes too (tests/test_repeat.differences, what the tests hold a dozen fixed plans to);
+this draws many more (topology, TP, PP, DP, EP, CP, SP, ZeRO, recompute, schedule, a slow
+GPU)::
 
     python bench/fuzz_repeat.py [seed] [plans]      (default 0 and 20)
 

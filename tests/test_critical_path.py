@@ -119,6 +119,22 @@ def test_two_collectives_on_one_nic_each_name_the_other(root):
         assert c["exposed_s"] == pytest.approx(2 * alone, rel=0.01)
 
 
+def test_a_collective_hidden_but_for_less_than_a_nanosecond_is_no_cause(root):
+    """Exposed time is a span's length less the compute inside it: a sliver under a
+    nanosecond per GPU (rounding's dust, where the two are equal) names no cause; 10 ns does."""
+    cl = _two_node_cluster(root)
+    alone = Engine(_allreduces(["a"]), cl, algorithms={"all_reduce": "ring"}).run().end_s
+    for sliver_s, listed in ((1e-10, False), (1e-8, True)):
+        prog = _allreduces(["a"])
+        prog.add(rank=0, stream="compute", name="F mlp", kind="compute", duration_s=alone - sliver_s)
+        eng = Engine(prog, cl, algorithms={"all_reduce": "ring"})
+        trace = eng.run()
+        causes = exposed_collectives(prog, trace, eng, cl)
+        assert [c["collective"] for c in causes] == (["dp all_reduce: AR a"] if listed else [])
+        if listed:
+            assert causes[0]["exposed_s"] == pytest.approx(sliver_s, rel=1e-3)
+
+
 def test_covered_time_before_each_instant():
     import numpy as np
 
