@@ -69,7 +69,8 @@ def critical_path(prog: Program, trace: Trace) -> list[PathTask]:
 
     task = prog.task
 
-    def cands_of(tid: int, t) -> list[int]:  # a task's own candidates: its dependencies, its stream's previous task
+    def cands_of(tid: int, t) -> list[int]:
+        """Task ``tid`` (``t``)'s own candidates: its dependencies, its stream's previous task."""
         p = prev[tid]
         return [*t.deps, p] if p >= 0 else list(t.deps)
 
