@@ -246,7 +246,7 @@ def check_step(prog: Program, trace: Trace, summary: dict[str, Any],
 
     cols = trace.columns()
     if elsewhere is not None and elsewhere.checks_taken():
-        left = lambda: _verdict(elsewhere, prog, trace)  # noqa: E731
+        left = partial(_verdict, elsewhere, prog, trace)
         violations = check_summary(trace, summary, cols)
     else:
         left, violations = None, check_invariants(prog, trace, summary, cols=cols)

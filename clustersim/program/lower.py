@@ -711,10 +711,6 @@ def units_in_time_order(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ..
     For GPipe and 1F1B this is the slot-by-slot, rank-by-rank walk of the grid.
     """
     start = timeline(s).start
-    if not any(s.fb_pairs):  # one action per unit (most schedules): no units to gather
-        acts = [(start[a.key], q, a) for q, row in enumerate(s.actions) for a in row]
-        acts.sort(key=_start_then_rank)
-        return [(q, (a,)) for _, q, a in acts]
     units = [(start[u[0].key], q, u) for q in range(s.ranks) for u in issue_units(s, q)]
     units.sort(key=_start_then_rank)
     return [(q, u) for _, q, u in units]

@@ -356,10 +356,12 @@ def issue_units(s: PipelineSchedule, rank: int) -> list[tuple[Action, ...]]:
     """Rank ``rank``'s actions as issued one after another: single actions, or an overlapped
     chunk (F, its overlapped B, and that B's W when it follows directly)."""
     acts, pairs = s.actions[rank], set(s.fb_pairs[rank])
+    if not pairs:  # most schedules: every action issued on its own
+        return [(a,) for a in acts]
     out, i = [], 0
     while i < len(acts):
         a = acts[i]
-        if pairs and i + 1 < len(acts) and (a, acts[i + 1]) in pairs:  # (no hashing without pairs)
+        if i + 1 < len(acts) and (a, acts[i + 1]) in pairs:
             b = acts[i + 1]
             grp = [a, b]
             if i + 2 < len(acts) and acts[i + 2] == Action(b.stage, "W", b.mb):
@@ -421,92 +423,7 @@ def _deps_of(s: PipelineSchedule, stage: int, kind: str, mb: int) -> tuple[Key, 
     return ((stage, "B", mb),)
 
 
-def _single_plan(s: PipelineSchedule) -> list[list[tuple[Key, tuple[Key, ...]]]]:
-    """:func:`_plan` for a schedule without overlapped chunks: per rank, per action, (its
-    key, the keys it waits for)."""
-    plan = s.__dict__.get("_single_plan")
-    if plan is None:
-        prev, nxt = s._prev.get, s._next.get
-        plan = []
-        for acts in s.actions:
-            row = []
-            for a in acts:
-                stage, kind, mb = a.stage, a.kind, a.mb
-                if kind == "F":
-                    q = prev((stage, mb))
-                    deps = () if q is None else ((q, "F", mb),)
-                elif kind == "B":
-                    q = nxt((stage, mb))
-                    deps = ((stage, "F", mb),) if q is None else ((stage, "F", mb), (q, "B", mb))
-                else:
-                    deps = ((stage, "B", mb),)
-                row.append(((stage, kind, mb), deps))
-            plan.append(row)
-        object.__setattr__(s, "_single_plan", plan)
-    return plan
-
-
-def _place_single(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
-    """:func:`_place` for a schedule without overlapped chunks (the same times, bit for bit:
-    the same sums in the same order), one action per issue with no chunk to lay out; an
-    action's output is released when it ends, so ``end`` and ``release`` are one mapping."""
-    plan = _single_plan(s)
-    n_ranks = s.ranks
-    pos, free, busy = [0] * n_ranks, [0.0] * n_ranks, [0.0] * n_ranks
-    start: dict[Key, float] = {}
-    release: dict[Key, float] = {}
-    waiting: dict[Key, list[int]] = {}  # as in _place
-    todo = deque(range(n_ranks))
-    released = release.get
-    while todo:
-        r = todo.popleft()
-        row = plan[r]
-        i, t1, b, n = pos[r], free[r], busy[r], len(row)
-        while i < n:
-            k, deps = row[i]
-            t0 = t1
-            for d in deps:
-                at = released(d)
-                if at is None:
-                    waiting.setdefault(d, []).append(r)
-                    break
-                if at > t0:
-                    t0 = at
-            else:
-                t1 = t0 + dur[k[1]]
-                start[k] = t0
-                release[k] = t1
-                if waiting:
-                    woken = waiting.pop(k, None)
-                    if woken is not None:
-                        todo.extend(woken)
-                b += t1 - t0
-                i += 1
-                continue
-            break
-        pos[r], free[r], busy[r] = i, t1, b
-    if any(pos[r] < len(plan[r]) for r in range(n_ranks)):
-        _no_deadlock(pos, [[((k,), deps) for k, deps in row] for row in plan], release)
-    done = MappingProxyType(release)
-    return Timeline(MappingProxyType(start), done, done, tuple(busy), max(free) if free else 0.0)
-
-
-def _no_deadlock(pos: list[int], plan: list, release: Mapping[Key, float]) -> None:
-    """Raise ScheduleError naming what each stuck rank waits for, if any rank did not get to
-    the end of its ``plan`` (per rank, per issue: (keys, the keys it waits for))."""
-    stuck = [r for r in range(len(plan)) if pos[r] < len(plan[r])]
-    if stuck:
-        waits = []
-        for r in stuck:
-            keys, deps = plan[r][pos[r]]
-            missing = [d for d in deps if d not in release]
-            waits.append(f"rank {r} waits at {' '.join(_tok(k) for k in keys)} for {', '.join(map(_tok, missing))}")
-        raise ScheduleError("schedule deadlocks, no rank can issue its next action: " + "; ".join(waits))
-
-
 def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
-    if not any(s.fb_pairs):
-        return _place_single(s, dur)
     plan = _plan(s)
     fb = dur.get(FB)
     pos = [0] * s.ranks
@@ -560,7 +477,14 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
             b += t1 - t0
             i += 1
         pos[r], free[r], busy[r] = i, t1, b
-    _no_deadlock(pos, plan, release)
+    stuck = [r for r in range(s.ranks) if pos[r] < len(plan[r])]
+    if stuck:
+        waits = []
+        for r in stuck:
+            keys, deps = plan[r][pos[r]]
+            missing = [d for d in deps if d not in release]
+            waits.append(f"rank {r} waits at {' '.join(_tok(k) for k in keys)} for {', '.join(map(_tok, missing))}")
+        raise ScheduleError("schedule deadlocks, no rank can issue its next action: " + "; ".join(waits))
     return Timeline(MappingProxyType(start), MappingProxyType(end), MappingProxyType(release), tuple(busy),
                     max(free) if free else 0.0)
 
