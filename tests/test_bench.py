@@ -74,3 +74,55 @@ def test_fuzz_repeat_compares_a_drawn_plan():
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "simulated, cycle" in r.stdout and "0 plan(s) differ" in r.stdout
+
+
+def _fuzz_symmetry():
+    spec = importlib.util.spec_from_file_location("fuzz_symmetry", ROOT / "bench" / "fuzz_symmetry.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fuzz_symmetry_says_how_far_the_collapse_is():
+    """bench/fuzz_symmetry.py's verdicts: the step's relative difference sorts a plan; the
+    compute time and the memory's static parts must not differ at all (BROKEN); what the
+    memory holds at its peak may (the buffers in flight then depend on timing)."""
+    import copy
+
+    import clustersim
+
+    fz = _fuzz_symmetry()
+    base = clustersim.simulate(SCENARIO).summary
+
+    def changed(edit) -> dict:
+        s = copy.deepcopy(base)
+        edit(s)
+        return s
+
+    def times(k: float):
+        return lambda s: s.update(step_time_s=s["step_time_s"] * k)
+
+    assert fz.compare(base, base)[0] == "exact"
+    verdict, step, _ = fz.compare(changed(times(0.98)), base)
+    assert verdict == "BELOW" and abs(step + 0.02) < 1e-12
+    assert fz.compare(changed(times(1.02)), base)[0] == "above"
+    assert fz.compare(changed(times(1.005)), base)[0] == "within 1%"
+    assert fz.compare(changed(lambda s: s.update(compute_s=s["compute_s"] * 1.001)), base)[0] == "BROKEN"
+    stage = ("memory", "stages", 0)
+    for key, verdict in (("params_bytes", "BROKEN"), ("inflight_microbatches", "BROKEN"),
+                         ("comm_buffers_bytes", "within 1%"), ("peak_bytes", "within 1%")):
+        def edit(s, key=key):
+            s[stage[0]][stage[1]][stage[2]][key] = s[stage[0]][stage[1]][stage[2]][key] * 1.001 + 1
+        got, _, said = fz.compare(changed(edit), base)
+        assert got == verdict, key
+        assert verdict == "BROKEN" or "memory at the peak" in said
+
+
+def test_fuzz_symmetry_compares_drawn_plans():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_symmetry.py"), "0", "2"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 4 and all(re.search(r"\d+ of \d+ ranks, [\d.]+ s against [\d.]+ s", x) for x in lines[:2])
+    assert re.fullmatch(r"(\d+ [\w% ]+, ){5}\d+ refused", lines[2]) and " 0 BROKEN" in lines[2]
+    assert lines[3].startswith("the collapsed step against the all-ranks one: ")

@@ -45,6 +45,16 @@ VARIANTS = {
                      parallel={"tp": 2, "pp": 2, "dp": 16}, training={"global_batch_size": 32}),
     "nvl72": dict(cluster={"topology": "topologies/gb200-nvl72.yaml", "nodes": 2}, model=MOE,
                   parallel={"tp": 1, "pp": 2, "dp": 72, "ep": 8}, training={"global_batch_size": 144}),
+    # classes split: every send between stages is several orbits, each planned with its
+    # siblings' flows (lower.Symmetry.siblings); symmetric ones on a Clos without rails, orbit
+    # weights across two GB200 racks
+    "siblings-ep-skewed": dict(cluster={"topology": "topologies/roce-clos-llama3.yaml", "nodes": 4},
+                               model={**MOE, "moe": {**MOE["moe"], "ep_load": [1.5, 0.5]}},
+                               parallel={"tp": 4, "pp": 4, "dp": 2, "ep": 2}, training={"global_batch_size": 8}),
+    "siblings-straggler": dict(cluster={"topology": "topologies/gb200-nvl72.yaml", "nodes": 2,
+                                        "what_if": [{"gpu": 31, "slowdown": 1.3}]}, model={"layers": 8},
+                               parallel={"tp": 2, "pp": 8, "dp": 9, "schedule": "zb-h1"},
+                               training={"global_batch_size": 144}),
 }
 
 

@@ -88,7 +88,7 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
     return plan
 
 
-def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring") -> tuple[FlowPlan, ...]:
+def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tuple = ()) -> tuple[FlowPlan, ...]:
     """Expand ``comm`` (and its twins) by ``algo`` into phases of weighted flows on graph paths.
 
     Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
@@ -98,9 +98,21 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring") -> tuple[FlowP
     the simulated one does not, say) the orbit's members are assumed to move at one rate and
     the simulated flow is constrained on every link any member crosses, with weight = members
     crossing it, and the orbit's worst latency: the slowest twin sets the pace.
+
+    ``siblings``: the other orbits of the same communication where the symmetry classes split
+    it (lower.Symmetry.siblings; each orbit's simulated instance first). Their flows count as
+    the communication's: the test is then over every instance of every orbit, and a
+    symmetric orbit weighs real flows / simulated flows of all of them on each link (the
+    simulated instances of all orbits share it). A twin that meets a sibling's twin on a
+    spine neither simulated instance crosses makes the orbits asymmetric, so that both are
+    constrained there::
+
+        EP index 0's orbit   dp0 ->  (spine 3)      dp2 -> (spine 7)
+        EP index 1's orbit   dp1 ->  (spine 5)      dp3 -> (spine 7)     spine 7 carries two
     """
     node_of = cluster.node_of
-    per_group = {g: phases(comm.op, algo, g, node_of) for g in (comm.group, *comm.twins)}
+    sibling_groups = tuple(g for orbit in siblings for g in orbit)
+    per_group = {g: phases(comm.op, algo, g, node_of) for g in (comm.group, *comm.twins, *sibling_groups)}
     scale = 1.0
     if algo == "nvls":  # NVLS sustains its own, calibrated, share of the NVLink line rate
         scale = cluster.cfg.node.nvlink.efficiency / cluster.gpu.nvls_efficiency
@@ -113,7 +125,7 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring") -> tuple[FlowP
         if comm.load:
             flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
-                           direct=algo == "pairwise")
+                           direct=algo == "pairwise", siblings=siblings)
         out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
 
@@ -181,13 +193,27 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
-                direct: bool = False) -> FlowPlan:
-    """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN."""
+                direct: bool = False, siblings: tuple = ()) -> FlowPlan:
+    """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN;
+    ``siblings``: see :func:`plan_phases`."""
     node_of = cluster.node_of
     route = _route(cluster, direct)
     # whole instances: the simulated one and its twins
     instances = [flows_of[g] for g in (comm.group, *comm.twins)]
     real_flows = [f for inst in instances for f in inst]
+    if siblings:  # then the siblings' instances after them, each orbit's simulated one first
+        own = len(instances)
+        sims = [0]
+        for orbit in siblings:
+            sims.append(len(instances))
+            instances += [flows_of[g] for g in orbit]
+        real_flows = [f for inst in instances for f in inst]
+        if len(real_flows) >= ROWS_MIN_FLOWS and len({len(inst) for inst in instances}) == 1:
+            src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
+            dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
+            rows = np.arange(len(real_flows)).reshape(len(instances), -1)
+            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, own=own, sims=sims)
+        return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims)
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
     if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
@@ -216,9 +242,13 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
 ROWS_MIN_FLOWS = 512
 
 
-def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_symmetric: bool = False):
+def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_symmetric: bool = False,
+           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,)):
     """The plan of ``instances[0]`` standing for all ``instances`` (see :func:`plan_flows`);
-    None if ``require_symmetric`` and the orbits are not symmetric."""
+    None if ``require_symmetric`` and the orbits are not symmetric. With siblings
+    (:func:`plan_phases`), only the first ``own`` instances are its orbit, and ``sims`` are
+    the simulated instances of every orbit."""
+    own = len(instances) if own is None else own
     bw, lat = cluster.edge_bw_Bps, cluster.edge_latency_s
     # each (src, dst) routed once; every instance's flows are real flows
     path_of = {(src, dst): route(src, dst) for src, dst, _ in real_flows}
@@ -237,7 +267,7 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
         return None
     if symmetric:
         simulated: dict[int, int] = {}
-        for p in rep_paths:
+        for p in chain.from_iterable(paths[i] for i in sims):
             for e in p:
                 simulated[e] = simulated.get(e, 0) + 1
         weights = tuple(tuple((e, real[e] / simulated[e]) for e in p) for p in rep_paths)
@@ -246,12 +276,12 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
         orbit_weights = []
         for i in range(len(rep_paths)):
             n: dict[int, int] = {}
-            for inst in paths:
+            for inst in paths[:own]:
                 for e in inst[i]:
                     n[e] = n.get(e, 0) + 1
             orbit_weights.append(tuple(sorted(n.items())))
         weights = tuple(orbit_weights)
-        for inst in paths:
+        for inst in paths[:own]:
             for p in inst:
                 if p not in path_lat:
                     path_lat[p] = cluster.path_latency_s(p)
@@ -260,7 +290,8 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
 
 
 def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, steps: int,
-                require_symmetric: bool = False, direct: bool = False) -> FlowPlan | None:
+                require_symmetric: bool = False, direct: bool = False, own: int | None = None,
+                sims: list[int] | tuple[int, ...] = (0,)) -> FlowPlan | None:
     """:func:`_weigh` on arrays, for communications with many real flows (an all-to-all over
     64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``src``, ``dst``: the real
     flows' ends; ``rows[i, k]``: the index in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
@@ -272,6 +303,8 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         instance 1   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    == instance 0's: symmetric
     """
     n_inst, width = rows.shape
+    own = n_inst if own is None else own  # with siblings: the rows of its own orbit, and
+    # ``sims`` those of every orbit's simulated instance (:func:`_weigh`)
     n_gpu = max(len(cluster.gpu_names), 1)
     keys, inv_real = np.unique(src * n_gpu + dst, return_inverse=True)
     inv_real = inv_real.ravel()
@@ -296,7 +329,8 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         # (integer counts: their quotient is the float Python's int / int gives)
         rep = paths[rep_rows]
         on = rep >= 0
-        simulated = np.bincount(rep[on], minlength=len(real))
+        sim_paths = rep if len(sims) == 1 else paths[at[list(sims)]]
+        simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
         share = np.zeros(rep.shape)
         share[on] = real[rep[on]] / simulated[rep[on]]
         n_hops = lens[rep_rows].tolist()
@@ -306,6 +340,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
     else:
         # per flow position k, how many instances' flow k crosses each link, links in order
         n_edges = len(real)
+        at = at[:own]
         crossed = paths[at]  # instance x flow x hop
         k_of = np.broadcast_to(np.arange(width)[None, :, None], crossed.shape)
         on = crossed >= 0

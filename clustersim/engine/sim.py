@@ -393,7 +393,8 @@ class Engine:
             return phases
         key = (*_shape(c), algo)
         if key not in self._plans:
-            self._plans[key] = plan_phases(self.cluster, c, algo)
+            # (its siblings follow from its group and twins: lower.Symmetry.siblings)
+            self._plans[key] = plan_phases(self.cluster, c, algo, self.prog.siblings.get((c.group, c.twins), ()))
         return self._plans[key]
 
     def _full_plan(self, c: Comm) -> tuple[FlowPlan, ...]:
@@ -417,7 +418,13 @@ class Engine:
         """The algorithm ``c`` runs with: as configured for its collective, or ("auto") the
         applicable one fastest alone on its links at its size, as NCCL's tuner chooses by size
         and topology. A configured algorithm that cannot run this group (NVLS across nodes,
-        hierarchical inside one) falls back to the default (ring)."""
+        hierarchical inside one) falls back to the default (ring).
+
+        "Alone" is the group's own instance, without the twins it stands for: each
+        communicator tunes itself, and a rank-by-rank run, which has no twins, must choose as
+        the collapsed one does. (Weighed with its twins, a DP all-reduce over 32 GPUs of a
+        Clos without rails chose tree where each instance alone chooses hierarchical: the
+        collapsed step was 6.8 % shorter than the rank-by-rank one, bench/fuzz_symmetry.py.)"""
         key = (*_shape(c), c.size_bytes)
         if key not in self._algos:
             options = ALGORITHMS.get(c.op, ("ring",))
@@ -432,8 +439,10 @@ class Engine:
             if len(usable) == 1 or c.size_bytes <= 0:
                 choice = usable[0]
             else:
-                choice = min(usable, key=lambda a: (self._closed_form_s(self._plan(c, a), c.size_bytes),
-                                                    options.index(a)))
+                # as the rank-by-rank run's communication of this group is: every member simulated
+                alone = replace(c, twins=(), members=tuple(sorted(set(c.group))))
+                choice = min(usable, key=lambda a: (self._closed_form_s(plan_phases(self.cluster, alone, a),
+                                                                         c.size_bytes), options.index(a)))
             self._algos[key] = choice
         return self._algos[key]
 

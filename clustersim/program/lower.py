@@ -71,6 +71,8 @@ class Symmetry:
     All three give the same numbers on a symmetric placement; where twins meet different links
     (a stage that spans two leaf groups) an orbit moves at its slowest member's pace, a close
     upper bound (engine/network.py ``plan_flows``; tests/test_engine.py, tests/test_symmetry.py).
+    Where the classes split a stage, one communication is several orbits, and each knows the
+    others (:meth:`siblings`): their twins may meet on links neither simulated instance crosses.
     Split classes are exact task by task, and approximate only where a collective shared with
     the stragglers' replicas shares GPU links with a member's own traffic while it runs
     (docs/architecture.md, "Classes split around stragglers").
@@ -85,8 +87,12 @@ class Symmetry:
     # runs slower than their twins', so they split the classes as stragglers do
     faulty: frozenset[int] = frozenset()
     rep: dict[int, int] = field(init=False)
+    # (group, twins) -> its siblings (:meth:`siblings`), for every communication that has any:
+    # the engine reads it (Program.siblings)
+    sibling_map: dict = field(init=False, default_factory=dict)
     _orbits: dict = field(init=False, default_factory=dict)
     _shapes: dict = field(init=False, default_factory=dict)
+    _coarse: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         m = self.mesh
@@ -195,11 +201,57 @@ class Symmetry:
         return tuple(sorted(set(self.orbit_key(group))))
 
     def shape(self, kind: str, group: tuple[int, ...], all_groups) -> tuple[tuple, tuple, tuple]:
-        """(orbit key, twins, members) of ``group``, computed once per group."""
+        """(orbit key, twins, members) of ``group``, computed once per group; its siblings
+        (:meth:`siblings`), if it has any, go into ``sibling_map``."""
         key = (kind, group)
         if key not in self._shapes:
             self._shapes[key] = (self.orbit_key(group), self.twins(kind, group, all_groups), self.members(group))
+            sib = self.siblings(kind, group, all_groups)
+            if sib:
+                self.sibling_map[(group, self._shapes[key][1])] = sib
         return self._shapes[key]
+
+    @cached_property
+    def split(self) -> bool:
+        """Whether a stage's ranks fall into several classes (stragglers, faults, CP or EP
+        ranks that differ): then one communication of the step can be several orbits."""
+        return self.collapse and len(self.ranks) > self.mesh.pp
+
+    def siblings(self, kind: str, group: tuple[int, ...], all_groups) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """The other orbits of the communication ``group`` is one instance of, where the
+        classes split it: the groups of ``kind`` that one class per pipeline stage would make
+        twins of ``group`` but that are not, one tuple per orbit, its simulated instance
+        first. () when the classes do not split a stage.
+
+        The engine needs them because the twins of two orbits may meet on a link that neither
+        simulated instance crosses (ECMP puts a twin send of one EP index's class and one of
+        another's on one spine): the orbit check counts every flow of the siblings too, so
+        that such a meeting makes the orbits asymmetric (engine/network.py ``plan_phases``)::
+
+            one class per stage      stage 1 -> 2 sends: one orbit, dp 0..3        (no siblings)
+            a class per EP index     ep 0: dp 0, 2   ep 1: dp 1, 3                 (each the other's)
+        """
+        if not self.split:
+            return ()
+        coarse = self._coarse.get(kind)
+        if coarse is None:
+            self.twins(kind, group, all_groups)  # the orbits of kind, grouped
+            m = self.mesh
+            stage_rep = {r: m.rank(pp=m.coords(r)["pp"]) for r in range(m.world_size)}
+            coarse = self._coarse[kind] = {}
+            for fine in self._orbits[kind]:
+                coarse.setdefault(tuple(stage_rep[self.rep[r]] for r in fine), []).append(fine)
+        fine = self.orbit_key(group)
+        m = self.mesh
+        ck = tuple(m.rank(pp=m.coords(r)["pp"]) for r in fine)
+        out = []
+        for other in coarse[ck]:
+            if other == fine:
+                continue
+            groups = self._orbits[kind][other]
+            sim = other if other in groups else groups[0]  # the group of simulated ranks
+            out.append((sim, *(g for g in groups if g != sim)))
+        return tuple(out)
 
 
 @dataclass
@@ -1013,7 +1065,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
 
 
 def run_passes(low: Lowering) -> Program:
-    prog = Program(ranks=low.sym.ranks, weight=low.sym.weight, maker=_make)
+    prog = Program(ranks=low.sym.ranks, weight=low.sym.weight, maker=_make, siblings=low.sym.sibling_map)
     for p in (pipeline_pass, dp_grad_pass, optimizer_pass):
         prog = p(prog, low)
     return prog

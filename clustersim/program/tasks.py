@@ -116,6 +116,9 @@ class Program:
     deferred: dict[int, tuple] = field(default_factory=dict, repr=False)
     # makes a run's tasks: maker(add, template, rank, mb, inputs, first id) (the lowering's)
     maker: object = field(default=None, repr=False)
+    # (group, twins) -> the communication's sibling orbits where the symmetry classes split a
+    # stage (lower.Symmetry.siblings): the engine's orbit check counts their flows too
+    siblings: dict = field(default_factory=dict, repr=False)
 
     @property
     def tasks(self) -> list[Task]:

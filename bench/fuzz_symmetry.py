@@ -1,0 +1,215 @@
+"""Random plans simulated collapsed (one rank per symmetry class) and rank by rank, to measure
+how far the collapse is from the all-ranks step where the twins' model is not exact.
+tests/test_symmetry.py holds fixed plans where it is exact to 1e-9; this draws many more
+(topology, 16-256 GPUs, TP, PP and its schedules, DP, CP ring or all-gather, balanced or
+not, SP, EP with skewed expert load, ZeRO 0-3, recompute, slow GPUs, degraded NVLink
+cables), and docs/architecture.md ("Known limitations") quotes what it measures::
+
+    python bench/fuzz_symmetry.py [seed] [plans]      (default 0 and 20)
+
+Per plan, how the collapsed step compares with the all-ranks one:
+
+    exact      every figure within 1e-9 relative, memory included
+    within 1%  the step within 1 % either way (the other figures as printed)
+    above      the step more than 1 % longer: twins whose paths ECMP spreads differently, the
+               orbit moving at its slowest member's pace (an upper bound)
+    BELOW      the step more than 1 % shorter: twins meeting other traffic on links their
+               simulated rank does not cross (not an upper bound)
+
+What must hold whatever the network does, since it does not depend on timing: the compute
+time per GPU and the memory's static parts (parameters, gradients, optimizer, activation
+bytes per microbatch, microbatches in flight, transient buffers). A plan where they differ
+is BROKEN, and the script exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import clustersim  # noqa: E402
+
+TOPOLOGIES = {  # file -> (GPUs per node, node counts to draw from: 16-256 GPUs)
+    "dgx-a100.yaml": (8, [2, 4, 8, 16, 32]), "dgx-h100.yaml": (8, [2, 4, 8, 16, 32]),
+    "h800-cluster.yaml": (8, [2, 4, 8, 16]), "fat-tree.yaml": (8, [2, 4, 8, 16, 32]),
+    "gb200-nvl72.yaml": (72, [1, 2, 3]), "roce-clos-llama3.yaml": (8, [4, 8, 16, 32]),
+}
+SCHEDULES = ["1f1b", "1f1b", "gpipe", "interleaved", "zb-h1", "dualpipe"]
+FIGURES = ("step_time_s", "mfu", "hfu", "bubble_fraction", "compute_s", "exposed_comm_s", "comm_s")
+EXACT = 1e-9  # relative
+WITHIN = 0.01  # the step's relative difference that counts as close either way
+
+
+def _divisors(n: int, of: tuple[int, ...]) -> list[int]:
+    return [x for x in of if n % x == 0]
+
+
+def draw(rng: random.Random) -> dict:
+    """One random plan of 16-256 GPUs with a few microbatches (the rank-by-rank run must stay
+    short)."""
+    topo = rng.choice(sorted(TOPOLOGIES))
+    per, node_counts = TOPOLOGIES[topo]
+    nodes = rng.choice(node_counts)
+    world = per * nodes
+    tp = rng.choice(_divisors(per, (1, 2, 4, 8)))
+    cp = rng.choice([1, 1, 1, 2]) if world // tp % 2 == 0 else 1  # (72 / 8 is odd)
+    pp = rng.choice(_divisors(world // (tp * cp), (1, 2, 4, 8)) or [1])
+    dp = world // (tp * cp * pp)
+    schedule = rng.choice(SCHEDULES) if pp > 1 else "1f1b"
+    if schedule == "dualpipe" and pp % 2:
+        schedule = "1f1b"
+    vpp = 2 if schedule == "interleaved" else 1
+    m = {"dualpipe": 2 * pp, "interleaved": pp}.get(schedule, rng.choice([pp, 2 * pp]))
+    model = {"name": "fuzz", "layers": pp * vpp * rng.choice([1, 2]), "hidden": 1024, "heads": 16,
+             "vocab": 32000, "seq_len": 1024 * rng.choice([1, 2])}
+    parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "schedule": schedule, "zero": rng.choice([0, 1, 2, 3]),
+                "sp": tp > 1 and rng.random() < 0.5}
+    if schedule == "interleaved":
+        parallel["vpp"] = vpp
+    if cp > 1:
+        parallel["cp_comm"] = rng.choice(["ring", "all_gather"])
+        parallel["cp_load_balance"] = rng.random() < 0.6
+    eps = _divisors(dp, (2, 4, 8))
+    if eps and rng.random() < 0.35:
+        ep = rng.choice(eps)
+        model["moe"] = {"experts": 8, "top_k": 2, "expert_ffn": 1024}
+        parallel["ep"] = ep
+        if rng.random() < 0.4:  # skewed expert load: EP index 0 takes more tokens
+            load = [1.0] * ep
+            load[0], load[-1] = 1.5, 0.5
+            model["moe"]["ep_load"] = load
+    what_if = []
+    if rng.random() < 0.3:
+        what_if.append({"gpu": rng.randrange(world), "slowdown": rng.choice([1.1, 1.3])})
+    if per == 8 and rng.random() < 0.15:  # a degraded cable of one node: its NIC's or a GPU's NVLink
+        node = rng.randrange(nodes)
+        link = rng.choice([f"n{node}.gpu{rng.randrange(8)}-n{node}.nvsw", None])
+        if link is not None:
+            what_if.append({"link": link, "bw_factor": 0.5})
+    return {"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
+                                                 "what_if": what_if},
+            "model": model, "parallel": parallel,
+            "training": {"micro_batch_size": 1, "global_batch_size": m * dp,
+                         "recompute": rng.choice(["none", "selective", "full"])}}
+
+
+def _numbers(x, path: str = ""):
+    """(path, number) of every number in a summary part, dicts and lists walked."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _numbers(v, f"{path}.{k}")
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            yield from _numbers(v, f"{path}[{i}]")
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        yield path, float(x)
+    else:
+        yield path, x
+
+
+def _rel(a: float, b: float) -> float:
+    if a == b:
+        return 0.0
+    return abs(a - b) / max(abs(a), abs(b), 1e-300)
+
+
+# memory figures that do not depend on timing (what is held at the peak does: the
+# communication buffers in flight then, and so the peak, its margin and its instant)
+STATIC_MEMORY = ("params", "params_bytes", "grads_bytes", "optimizer_bytes", "activation_bytes_per_microbatch",
+                 "inflight_microbatches", "transient_bytes", "capacity_bytes")
+
+
+def _static_memory(summary: dict) -> list:
+    return [(p, x) for p, x in _numbers(summary["memory"], "memory") if p.rsplit(".", 1)[-1] in STATIC_MEMORY]
+
+
+def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
+    """(verdict, the collapsed step's relative difference, what differs) of the two
+    summaries (module docstring)."""
+    worst: dict[str, float] = {}
+    for key in FIGURES:  # the kinds' times one by one: the worst of each figure
+        for (path, x), (_, y) in zip(_numbers(collapsed[key], key), _numbers(full[key], key)):
+            worst[key] = max(worst.get(key, 0.0), _rel(x, y))
+    mem_a, mem_b = _static_memory(collapsed), _static_memory(full)
+    broken = [p for (p, x), (_, y) in zip(mem_a, mem_b) if not math.isclose(x, y, rel_tol=EXACT, abs_tol=1e-15)]
+    if [p for p, _ in mem_a] != [p for p, _ in mem_b]:
+        broken.append("memory's parts")
+    if worst["compute_s"] > EXACT:
+        broken.append("compute_s")
+    step = collapsed["step_time_s"] / full["step_time_s"] - 1.0
+    said = f"step {step:+.3%}" + "".join(f", {k} {v:.2%}" for k, v in worst.items()
+                                          if k != "step_time_s" and v > EXACT)
+    if broken:
+        return "BROKEN", step, said + f"; differ: {', '.join(broken[:4])}"
+    mem_all = [(p, x) for p, x in _numbers(collapsed["memory"], "memory") if ".timeline." not in p]
+    mem_all_full = [(p, x) for p, x in _numbers(full["memory"], "memory") if ".timeline." not in p]
+    mem_same = [p for p, _ in mem_all] == [p for p, _ in mem_all_full] and all(
+        x == y or (isinstance(x, float) and math.isclose(x, y, rel_tol=EXACT, abs_tol=1e-15))
+        for (_, x), (_, y) in zip(mem_all, mem_all_full))
+    if max(worst.values()) <= EXACT and mem_same:
+        return "exact", step, ""
+    if not mem_same:
+        said += ", memory at the peak"
+    if abs(step) <= WITHIN:
+        return "within 1%", step, said
+    return ("above" if step > 0 else "BELOW"), step, said
+
+
+def label(i: int, d: dict) -> str:
+    p, c = d["parallel"], d["cluster"]
+    gpus = TOPOLOGIES[c["topology"].split("/")[-1]][0] * c["nodes"]
+    bits = [f"{i:3d} {c['topology'].split('/')[-1]:<21} {gpus:>3} GPUs {p['schedule']:<11}",
+            f"tp{p['tp']} pp{p['pp']} dp{p['dp']} cp{p['cp']} z{p['zero']}"]
+    if p["cp"] > 1:
+        bits.append(f"{p['cp_comm']}{'' if p['cp_load_balance'] else ' unbalanced'}")
+    if p.get("sp"):
+        bits.append("sp")
+    if "ep" in p:
+        bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}")
+    bits += ["slow" if "gpu" in w else "cable" for w in c["what_if"]]
+    return " ".join(bits)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("seed", nargs="?", type=int, default=0, help="seed of the random plans (default 0)")
+    ap.add_argument("plans", nargs="?", type=int, default=20, help="how many plans to draw (default 20)")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
+    steps: list[tuple[float, int]] = []
+    for i in range(args.plans):
+        d = draw(rng)
+        try:
+            sc = clustersim.load_scenario(d, base_dir=ROOT)
+        except clustersim.ConfigError as exc:
+            print(f"{label(i, d)}: refused ({exc.message[:90]})", flush=True)
+            counts["refused"] += 1
+            continue
+        t = time.perf_counter()
+        collapsed = clustersim.simulate(sc)
+        tc = time.perf_counter() - t
+        full = clustersim.simulate(sc, collapse=False)
+        tf = time.perf_counter() - t - tc
+        verdict, step, said = compare(collapsed.summary, full.summary)
+        counts[verdict] += 1
+        steps.append((step, i))
+        ranks = (collapsed.summary["simulation"]["simulated_ranks"], full.summary["simulation"]["simulated_ranks"])
+        print(f"{label(i, d)}: {verdict} ({ranks[0]} of {ranks[1]} ranks, {tc:.2f} s against {tf:.2f} s)"
+              + (f": {said}" if said else ""), flush=True)
+    print(", ".join(f"{v} {k}" for k, v in counts.items()))
+    if steps:
+        lo, hi = min(steps), max(steps)
+        print(f"the collapsed step against the all-ranks one: {lo[0]:+.3%} (plan {lo[1]}) to {hi[0]:+.3%} (plan {hi[1]})")
+    return 1 if counts["BROKEN"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
