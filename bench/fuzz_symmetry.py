@@ -2,8 +2,9 @@
 how far the collapse is from the all-ranks step where the twins' model is not exact.
 tests/test_symmetry.py holds fixed plans where it is exact to 1e-9; this draws many more
 (topology, 16-256 GPUs, TP, PP and its schedules, DP, CP ring or all-gather, balanced or
-not, SP, EP with skewed expert load, ZeRO 0-3, recompute, slow GPUs, degraded NVLink
-cables), and docs/architecture.md ("Known limitations") quotes what it measures::
+not, SP, EP with skewed expert load, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NIC
+and leaf-spine cables), and docs/architecture.md ("Known limitations") quotes what it
+measures::
 
     python bench/fuzz_symmetry.py [seed] [plans]      (default 0 and 20)
 
@@ -162,6 +163,21 @@ def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
     return ("above" if step > 0 else "BELOW"), step, said
 
 
+def with_cable(sc: clustersim.Scenario, d: dict, rng: random.Random) -> dict:
+    """``d`` with, one time in five, a degraded fabric cable (leaf to spine: the collapse
+    keeps its classes, the orbits through it move at their slowest twin's pace) or a node's
+    NIC cable (its node's GPUs split the classes), picked among ``sc``'s cluster's links. Its
+    own generator, so that the plans ``draw`` makes do not change with it."""
+    x = rng.random()
+    names = sorted(f"{a}-{b}" for a, b in sc.cluster.graph.edges)
+    fabric = [n for n in names if "spine" in n and n.startswith("leaf")]
+    nic = [n for n in names if ".nic" in n and n.startswith("leaf")]
+    pick = rng.choice(fabric) if x < 0.1 and fabric else rng.choice(nic) if 0.1 <= x < 0.2 and nic else None
+    if pick is None:
+        return d
+    return {**d, "cluster": {**d["cluster"], "what_if": [*d["cluster"]["what_if"], {"link": pick, "bw_factor": 0.5}]}}
+
+
 def label(i: int, d: dict) -> str:
     p, c = d["parallel"], d["cluster"]
     gpus = TOPOLOGIES[c["topology"].split("/")[-1]][0] * c["nodes"]
@@ -173,7 +189,8 @@ def label(i: int, d: dict) -> str:
         bits.append("sp")
     if "ep" in p:
         bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}")
-    bits += ["slow" if "gpu" in w else "cable" for w in c["what_if"]]
+    bits += ["slow" if "gpu" in w else "spine cable" if "spine" in w["link"] else "nic cable" if ".nic" in w["link"]
+             else "nvlink cable" for w in c["what_if"]]
     return " ".join(bits)
 
 
@@ -183,12 +200,16 @@ def main() -> int:
     ap.add_argument("plans", nargs="?", type=int, default=20, help="how many plans to draw (default 20)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
+    cables = random.Random(args.seed + 1_000_003)  # (with_cable's own)
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
     steps: list[tuple[float, int]] = []
     for i in range(args.plans):
         d = draw(rng)
         try:
             sc = clustersim.load_scenario(d, base_dir=ROOT)
+            cabled = with_cable(sc, d, cables)
+            if cabled is not d:
+                d, sc = cabled, clustersim.load_scenario(cabled, base_dir=ROOT)
         except clustersim.ConfigError as exc:
             print(f"{label(i, d)}: refused ({exc.message[:90]})", flush=True)
             counts["refused"] += 1

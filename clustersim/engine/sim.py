@@ -368,6 +368,7 @@ class Engine:
         self._rdv: dict[tuple, _Rendezvous] = {}
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
+        self._own_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # (op, group, load, algo): _own_plan
         self._alone: dict[tuple, float | None] = {}
         self._plan_of: dict[tuple, tuple[FlowPlan, ...]] = {}  # by (op, id group, id twins, size)
         self._alone_of: dict[tuple, float] = {}  # the same and the stream; -1: not alone
@@ -439,12 +440,20 @@ class Engine:
             if len(usable) == 1 or c.size_bytes <= 0:
                 choice = usable[0]
             else:
-                # as the rank-by-rank run's communication of this group is: every member simulated
-                alone = replace(c, twins=(), members=tuple(sorted(set(c.group))))
-                choice = min(usable, key=lambda a: (self._closed_form_s(plan_phases(self.cluster, alone, a),
-                                                                         c.size_bytes), options.index(a)))
+                choice = min(usable, key=lambda a: (self._closed_form_s(self._own_plan(c, a), c.size_bytes),
+                                                    options.index(a)))
             self._algos[key] = choice
         return self._algos[key]
+
+    def _own_plan(self, c: Comm, algo: str) -> tuple[FlowPlan, ...]:
+        """The phases of ``c``'s own instance by ``algo``, without its twins: as the rank-by-rank
+        run's communication of its group is, every member simulated (:meth:`algorithm`)."""
+        key = (c.op, c.group, c.load, algo)
+        plan = self._own_plans.get(key)
+        if plan is None:
+            alone = replace(c, twins=(), members=tuple(sorted(set(c.group))))
+            plan = self._own_plans[key] = plan_phases(self.cluster, alone, algo)
+        return plan
 
     def _classify(self) -> None:
         """Plan every communication once; merge equivalent links; find channels alone on theirs.
