@@ -88,7 +88,8 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
     return plan
 
 
-def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tuple = ()) -> tuple[FlowPlan, ...]:
+def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tuple = (),
+                shared: dict | None = None) -> tuple[FlowPlan, ...]:
     """Expand ``comm`` (and its twins) by ``algo`` into phases of weighted flows on graph paths.
 
     Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
@@ -109,23 +110,41 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
 
         EP index 0's orbit   dp0 ->  (spine 3)      dp2 -> (spine 7)
         EP index 1's orbit   dp1 ->  (spine 5)      dp3 -> (spine 7)     spine 7 carries two
+
+    What every orbit of the communication shares (the routes of all its instances, the real
+    and the simulated flows on each link, whether they are symmetric: :func:`_coarse_rows`)
+    is worked out once into ``shared`` (the engine's), not once per orbit: a stage-to-stage
+    send at 16,384 GPUs with a slow GPU is 1,024 instances in 16 orbits.
     """
     node_of = cluster.node_of
+    own_groups = (comm.group, *comm.twins)
     sibling_groups = tuple(g for orbit in siblings for g in orbit)
-    per_group = {g: phases(comm.op, algo, g, node_of) for g in (comm.group, *comm.twins, *sibling_groups)}
+    per_group = {g: phases(comm.op, algo, g, node_of) for g in own_groups}
+    n_phases = len(per_group[comm.group])
+    coarse: list = [None] * n_phases  # per phase: _coarse_rows of every instance, where known
+    keys: list = [None] * n_phases
+    if siblings and shared is not None:
+        everyone = tuple(sorted(own_groups + sibling_groups))
+        keys = [(comm.op, algo, k, comm.load, everyone) for k in range(n_phases)]
+        coarse = [shared.get(key) for key in keys]
+    if siblings and any(c is None for c in coarse):
+        per_group.update((g, phases(comm.op, algo, g, node_of)) for g in sibling_groups)
     scale = 1.0
     if algo == "nvls":  # NVLS sustains its own, calibrated, share of the NVLink line rate
         scale = cluster.cfg.node.nvlink.efficiency / cluster.gpu.nvls_efficiency
     out = []
-    for k in range(len(per_group[comm.group])):
+    for k in range(n_phases):
         if scale == 1.0:  # (the flows' shares are floats: x * 1.0 is x)
             flows_of = {g: tuple(ph[k].flows) for g, ph in per_group.items()}
         else:
             flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
         if comm.load:
             flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
+        got = [coarse[k]]
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
-                           direct=algo == "pairwise", siblings=siblings)
+                           direct=algo == "pairwise", siblings=siblings, coarse=got)
+        if shared is not None and keys[k] is not None and got[0] is not None:
+            shared[keys[k]] = got[0]
         out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
 
@@ -193,9 +212,10 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
-                direct: bool = False, siblings: tuple = ()) -> FlowPlan:
+                direct: bool = False, siblings: tuple = (), coarse: list | None = None) -> FlowPlan:
     """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN;
-    ``siblings``: see :func:`plan_phases`."""
+    ``siblings``: see :func:`plan_phases`, with ``coarse[0]`` what all their orbits share
+    (:func:`_coarse_rows`) if known, else set here when the plan is made on arrays."""
     node_of = cluster.node_of
     route = _route(cluster, direct)
     # whole instances: the simulated one and its twins
@@ -203,16 +223,22 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
     real_flows = [f for inst in instances for f in inst]
     if siblings:  # then the siblings' instances after them, each orbit's simulated one first
         own = len(instances)
+        if coarse is not None and coarse[0] is not None:
+            return _weigh_sibling_rows(cluster, instances, steps, coarse[0])
         sims = [0]
         for orbit in siblings:
             sims.append(len(instances))
             instances += [flows_of[g] for g in orbit]
         real_flows = [f for inst in instances for f in inst]
-        if len(real_flows) >= ROWS_MIN_FLOWS and len({len(inst) for inst in instances}) == 1:
+        # on arrays from fewer flows than alone: what they work out is kept for every orbit
+        if len(real_flows) >= ROWS_MIN_FLOWS // 16 and len({len(inst) for inst in instances}) == 1:
             src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
             dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, own=own, sims=sims)
+            shared = _coarse_rows(cluster, src, dst, rows, sims, direct)
+            if coarse is not None:
+                coarse[0] = shared
+            return _weigh_sibling_rows(cluster, instances[:own], steps, shared)
         return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims)
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
@@ -290,8 +316,7 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
 
 
 def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, steps: int,
-                require_symmetric: bool = False, direct: bool = False, own: int | None = None,
-                sims: list[int] | tuple[int, ...] = (0,)) -> FlowPlan | None:
+                require_symmetric: bool = False, direct: bool = False) -> FlowPlan | None:
     """:func:`_weigh` on arrays, for communications with many real flows (an all-to-all over
     64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``src``, ``dst``: the real
     flows' ends; ``rows[i, k]``: the index in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
@@ -303,8 +328,6 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         instance 1   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    == instance 0's: symmetric
     """
     n_inst, width = rows.shape
-    own = n_inst if own is None else own  # with siblings: the rows of its own orbit, and
-    # ``sims`` those of every orbit's simulated instance (:func:`_weigh`)
     n_gpu = max(len(cluster.gpu_names), 1)
     keys, inv_real = np.unique(src * n_gpu + dst, return_inverse=True)
     inv_real = inv_real.ravel()
@@ -329,8 +352,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         # (integer counts: their quotient is the float Python's int / int gives)
         rep = paths[rep_rows]
         on = rep >= 0
-        sim_paths = rep if len(sims) == 1 else paths[at[list(sims)]]
-        simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
+        simulated = np.bincount(rep[on], minlength=len(real))
         share = np.zeros(rep.shape)
         share[on] = real[rep[on]] / simulated[rep[on]]
         n_hops = lens[rep_rows].tolist()
@@ -340,7 +362,6 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
     else:
         # per flow position k, how many instances' flow k crosses each link, links in order
         n_edges = len(real)
-        at = at[:own]
         crossed = paths[at]  # instance x flow x hop
         k_of = np.broadcast_to(np.arange(width)[None, :, None], crossed.shape)
         on = crossed >= 0
@@ -352,6 +373,75 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         latency = _longest_s(paths[unique(at)], lat_a)
     return FlowPlan(weights=weights, fractions=tuple(real_flows[i][2] for i in rows[0].tolist()),
                     latency_s=steps * latency)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Coarse:
+    """What the orbits of one communication share (:func:`_coarse_rows`): its instances'
+    distinct (src, dst) pairs (``keys``: src * GPUs + dst, sorted), each pair's route (rows of
+    edge ids, -1 after its ``lens``), the real and the simulated flows on each link, and
+    whether every instance meets links of the same signatures."""
+
+    keys: np.ndarray
+    paths: np.ndarray
+    lens: np.ndarray
+    real: np.ndarray
+    simulated: np.ndarray
+    symmetric: bool
+
+
+def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, sims, direct: bool) -> _Coarse:
+    """:func:`_weigh_rows`'s counts and orbit test over every instance of a communication
+    and its siblings (``rows[i, k]``: flow k of instance i; ``sims``: the simulated
+    instances' rows), none of which depends on which orbit asks."""
+    n_gpu = max(len(cluster.gpu_names), 1)
+    keys, inv_real = np.unique(src * n_gpu + dst, return_inverse=True)
+    inv_real = inv_real.ravel()
+    paths, lens = _route_rows(cluster, keys // n_gpu, keys % n_gpu, direct)
+    per_pair = np.bincount(inv_real, minlength=len(keys))
+    used = paths >= 0
+    real = np.bincount(paths[used], weights=np.broadcast_to(per_pair[:, None], paths.shape)[used])
+    at = inv_real[rows]
+    bw_a, lat_a = cluster.edge_columns
+    edges = np.flatnonzero(real)
+    codes = np.full(len(real) + 1, -1, dtype=np.int64)
+    codes[edges] = _row_codes(bw_a[edges], lat_a[edges], real[edges])
+    sig = codes[paths]
+    symmetric = bool((sig[at[1:]] == sig[at[0]][None]).all()) if len(at) > 1 else True
+    sim_paths = paths[at[list(sims)]]
+    simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
+    return _Coarse(keys, paths, lens, real, simulated, symmetric)
+
+
+def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse) -> FlowPlan:
+    """The plan of ``own[0]`` standing for its orbit ``own`` (its instances' flows), from what
+    its siblings and it share (``co``): :func:`_weigh_rows`' weights, bit for bit."""
+    n_gpu = max(len(cluster.gpu_names), 1)
+    flows = [f for inst in own for f in inst]
+    src = np.fromiter(map(itemgetter(0), flows), np.int64, len(flows))
+    dst = np.fromiter(map(itemgetter(1), flows), np.int64, len(flows))
+    at = np.searchsorted(co.keys, src * n_gpu + dst).reshape(len(own), -1)  # each flow's pair
+    paths, real, lat_a = co.paths, co.real, cluster.edge_columns[1]
+    if co.symmetric:
+        rep = paths[at[0]]
+        on = rep >= 0
+        share = np.zeros(rep.shape)
+        share[on] = real[rep[on]] / co.simulated[rep[on]]
+        weights = tuple(tuple(zip(e_row[:k], w_row[:k]))
+                        for e_row, w_row, k in zip(rep.tolist(), share.tolist(), co.lens[at[0]].tolist()))
+        latency = _longest_s(rep, lat_a)
+    else:
+        width, n_edges = at.shape[1], len(real)
+        crossed = paths[at]  # instance x flow x hop
+        k_of = np.broadcast_to(np.arange(width)[None, :, None], crossed.shape)
+        on = crossed >= 0
+        pos_link, counts = np.unique(k_of[on] * n_edges + crossed[on], return_counts=True)
+        k_at = pos_link // n_edges
+        bounds = np.searchsorted(k_at, np.arange(width + 1))
+        links, counts = (pos_link % n_edges).tolist(), counts.tolist()
+        weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
+        latency = _longest_s(paths[unique(at)], lat_a)
+    return FlowPlan(weights=weights, fractions=tuple(f[2] for f in own[0]), latency_s=steps * latency)
 
 
 def _row_codes(*cols: np.ndarray) -> np.ndarray:

@@ -369,6 +369,7 @@ class Engine:
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
         self._own_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # (op, group, load, algo): _own_plan
+        self._shared_orbits: dict[tuple, object] = {}  # what sibling orbits share (network.plan_phases)
         self._alone: dict[tuple, float | None] = {}
         self._plan_of: dict[tuple, tuple[FlowPlan, ...]] = {}  # by (op, id group, id twins, size)
         self._alone_of: dict[tuple, float] = {}  # the same and the stream; -1: not alone
@@ -395,7 +396,8 @@ class Engine:
         key = (*_shape(c), algo)
         if key not in self._plans:
             # (its siblings follow from its group and twins: lower.Symmetry.siblings)
-            self._plans[key] = plan_phases(self.cluster, c, algo, self.prog.siblings.get((c.group, c.twins), ()))
+            self._plans[key] = plan_phases(self.cluster, c, algo, self.prog.siblings.get((c.group, c.twins), ()),
+                                           self._shared_orbits)
         return self._plans[key]
 
     def _full_plan(self, c: Comm) -> tuple[FlowPlan, ...]:

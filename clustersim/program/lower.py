@@ -212,6 +212,12 @@ class Symmetry:
         return self._shapes[key]
 
     @cached_property
+    def _stage_rep(self) -> list[int]:
+        """Rank -> the rank of its pipeline stage with every other index 0 (one class per stage)."""
+        m = self.mesh
+        return [m.rank(pp=m.coords(r)["pp"]) for r in range(m.world_size)]
+
+    @cached_property
     def split(self) -> bool:
         """Whether a stage's ranks fall into several classes (stragglers, faults, CP or EP
         ranks that differ): then one communication of the step can be several orbits."""
@@ -233,17 +239,15 @@ class Symmetry:
         """
         if not self.split:
             return ()
+        stage_rep = self._stage_rep
         coarse = self._coarse.get(kind)
         if coarse is None:
             self.twins(kind, group, all_groups)  # the orbits of kind, grouped
-            m = self.mesh
-            stage_rep = {r: m.rank(pp=m.coords(r)["pp"]) for r in range(m.world_size)}
             coarse = self._coarse[kind] = {}
             for fine in self._orbits[kind]:
-                coarse.setdefault(tuple(stage_rep[self.rep[r]] for r in fine), []).append(fine)
+                coarse.setdefault(tuple(map(stage_rep.__getitem__, fine)), []).append(fine)
         fine = self.orbit_key(group)
-        m = self.mesh
-        ck = tuple(m.rank(pp=m.coords(r)["pp"]) for r in fine)
+        ck = tuple(map(stage_rep.__getitem__, fine))
         out = []
         for other in coarse[ck]:
             if other == fine:
