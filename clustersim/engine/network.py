@@ -235,7 +235,7 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
             src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
             dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            shared = _coarse_rows(cluster, src, dst, rows, sims, direct)
+            shared, _ = _coarse_rows(cluster, src, dst, rows, sims, direct)
             if coarse is not None:
                 coarse[0] = shared
             return _weigh_sibling_rows(cluster, instances[:own], steps, shared)
@@ -322,12 +322,38 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
     flows' ends; ``rows[i, k]``: the index in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
     (:func:`_route_rows`); a link's signature (bandwidth, latency, real flows) becomes one
     code, a path the row of its links' codes, and the orbit test compares those rows instance
-    by instance::
+    by instance (:func:`_coarse_rows`)::
 
         instance 0   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    (flow k: its path's codes)
         instance 1   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    == instance 0's: symmetric
     """
-    n_inst, width = rows.shape
+    co, at = _coarse_rows(cluster, src, dst, rows, (0,), direct)
+    if require_symmetric and not co.symmetric:
+        return None
+    return _weigh_at(cluster, co, at, tuple(real_flows[i][2] for i in rows[0].tolist()), steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Coarse:
+    """The counts and the orbit test of :func:`_coarse_rows`, over every instance of a
+    communication (and of its siblings): its distinct (src, dst) pairs (``keys``: src * GPUs
+    + dst, sorted), each pair's route (rows of edge ids, -1 after its ``lens``), the real and
+    the simulated flows on each link, and whether every instance meets links of the same
+    signatures. None of it depends on which orbit asks."""
+
+    keys: np.ndarray
+    paths: np.ndarray
+    lens: np.ndarray
+    real: np.ndarray
+    simulated: np.ndarray | None  # None where not symmetric
+    symmetric: bool
+
+
+def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, sims,
+                 direct: bool) -> tuple[_Coarse, np.ndarray]:
+    """(:class:`_Coarse` of the instances ``rows``, each instance flow's pair: ``at[i, k]``);
+    ``rows[i, k]``: the index in ``src``, ``dst`` of flow k of instance i; ``sims``: the
+    simulated instances' rows."""
     n_gpu = max(len(cluster.gpu_names), 1)
     keys, inv_real = np.unique(src * n_gpu + dst, return_inverse=True)
     inv_real = inv_real.ravel()
@@ -337,90 +363,36 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
     used = paths >= 0
     real = np.bincount(paths[used], weights=np.broadcast_to(per_pair[:, None], paths.shape)[used])
     at = inv_real[rows]  # each instance flow's pair
-    rep_rows = at[0]
     # what a flow meets on a link, as one code per distinct (bandwidth, latency, real flows)
     bw_a, lat_a = cluster.edge_columns
     edges = np.flatnonzero(real)
     codes = np.full(len(real) + 1, -1, dtype=np.int64)  # index -1 (padding) stays -1
     codes[edges] = _row_codes(bw_a[edges], lat_a[edges], real[edges])
     sig = codes[paths]  # per pair, its path's codes, -1 after its end
-    symmetric = bool((sig[at[1:]] == sig[rep_rows][None]).all()) if n_inst > 1 else True
-    if require_symmetric and not symmetric:
-        return None
-    if symmetric:
-        # weight = real flows / simulated flows on each link of the representative's flows
-        # (integer counts: their quotient is the float Python's int / int gives)
-        rep = paths[rep_rows]
-        on = rep >= 0
-        simulated = np.bincount(rep[on], minlength=len(real))
-        share = np.zeros(rep.shape)
-        share[on] = real[rep[on]] / simulated[rep[on]]
-        n_hops = lens[rep_rows].tolist()
-        weights = tuple(tuple(zip(e_row[:k], w_row[:k]))
-                        for e_row, w_row, k in zip(rep.tolist(), share.tolist(), n_hops))
-        latency = _longest_s(rep, lat_a)
-    else:
-        # per flow position k, how many instances' flow k crosses each link, links in order
-        n_edges = len(real)
-        crossed = paths[at]  # instance x flow x hop
-        k_of = np.broadcast_to(np.arange(width)[None, :, None], crossed.shape)
-        on = crossed >= 0
-        pos_link, counts = np.unique(k_of[on] * n_edges + crossed[on], return_counts=True)
-        k_at = pos_link // n_edges
-        bounds = np.searchsorted(k_at, np.arange(width + 1))
-        links, counts = (pos_link % n_edges).tolist(), counts.tolist()
-        weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
-        latency = _longest_s(paths[unique(at)], lat_a)
-    return FlowPlan(weights=weights, fractions=tuple(real_flows[i][2] for i in rows[0].tolist()),
-                    latency_s=steps * latency)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Coarse:
-    """What the orbits of one communication share (:func:`_coarse_rows`): its instances'
-    distinct (src, dst) pairs (``keys``: src * GPUs + dst, sorted), each pair's route (rows of
-    edge ids, -1 after its ``lens``), the real and the simulated flows on each link, and
-    whether every instance meets links of the same signatures."""
-
-    keys: np.ndarray
-    paths: np.ndarray
-    lens: np.ndarray
-    real: np.ndarray
-    simulated: np.ndarray
-    symmetric: bool
-
-
-def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, sims, direct: bool) -> _Coarse:
-    """:func:`_weigh_rows`'s counts and orbit test over every instance of a communication
-    and its siblings (``rows[i, k]``: flow k of instance i; ``sims``: the simulated
-    instances' rows), none of which depends on which orbit asks."""
-    n_gpu = max(len(cluster.gpu_names), 1)
-    keys, inv_real = np.unique(src * n_gpu + dst, return_inverse=True)
-    inv_real = inv_real.ravel()
-    paths, lens = _route_rows(cluster, keys // n_gpu, keys % n_gpu, direct)
-    per_pair = np.bincount(inv_real, minlength=len(keys))
-    used = paths >= 0
-    real = np.bincount(paths[used], weights=np.broadcast_to(per_pair[:, None], paths.shape)[used])
-    at = inv_real[rows]
-    bw_a, lat_a = cluster.edge_columns
-    edges = np.flatnonzero(real)
-    codes = np.full(len(real) + 1, -1, dtype=np.int64)
-    codes[edges] = _row_codes(bw_a[edges], lat_a[edges], real[edges])
-    sig = codes[paths]
     symmetric = bool((sig[at[1:]] == sig[at[0]][None]).all()) if len(at) > 1 else True
-    sim_paths = paths[at[list(sims)]]
-    simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
-    return _Coarse(keys, paths, lens, real, simulated, symmetric)
+    simulated = None  # (read by symmetric orbits only)
+    if symmetric:
+        sim_paths = paths[at[list(sims)]]
+        simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
+    return _Coarse(keys, paths, lens, real, simulated, symmetric), at
 
 
 def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse) -> FlowPlan:
     """The plan of ``own[0]`` standing for its orbit ``own`` (its instances' flows), from what
-    its siblings and it share (``co``): :func:`_weigh_rows`' weights, bit for bit."""
+    it and its siblings share (``co``)."""
     n_gpu = max(len(cluster.gpu_names), 1)
     flows = [f for inst in own for f in inst]
     src = np.fromiter(map(itemgetter(0), flows), np.int64, len(flows))
     dst = np.fromiter(map(itemgetter(1), flows), np.int64, len(flows))
     at = np.searchsorted(co.keys, src * n_gpu + dst).reshape(len(own), -1)  # each flow's pair
+    return _weigh_at(cluster, co, at, tuple(f[2] for f in own[0]), steps)
+
+
+def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, steps: int) -> FlowPlan:
+    """The plan of instance ``at[0]`` standing for the orbit ``at`` (each flow's pair in
+    ``co``): symmetric, weight = real flows / simulated flows on each link of its flows (integer
+    counts: their quotient is the float Python's int / int gives); else, per flow position k,
+    how many instances' flow k cross each link, links in order."""
     paths, real, lat_a = co.paths, co.real, cluster.edge_columns[1]
     if co.symmetric:
         rep = paths[at[0]]
@@ -441,7 +413,7 @@ def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse) ->
         links, counts = (pos_link % n_edges).tolist(), counts.tolist()
         weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
         latency = _longest_s(paths[unique(at)], lat_a)
-    return FlowPlan(weights=weights, fractions=tuple(f[2] for f in own[0]), latency_s=steps * latency)
+    return FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency)
 
 
 def _row_codes(*cols: np.ndarray) -> np.ndarray:
