@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..trace import INSTANT_S, SpanBase
+from ..trace import INSTANT_S, SpanBase, unique
 
 STEP_MB = 12  # 1F1B leaves microbatches out in multiples of this: every cycle tried divides it
 WINDOWS = 3  # cycles compared: the last one before T and the two before it
@@ -158,7 +158,7 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     first = first_forwards(base, anchor_rank)
     if len(first) != simulated_mb or not np.isfinite(first).all():
         return None
-    starts = np.unique(np.concatenate([base.start_s, other_starts]))
+    starts = unique(np.concatenate([base.start_s, other_starts]))
     j = simulated_mb - 1 - step  # a margin of a step before the last forward
     for c in cycles_mb(step):
         if (full_mb - simulated_mb) % c:
