@@ -342,3 +342,21 @@ def test_the_shorter_step_lowered_like_the_whole_one_is_the_same_program(over):
     assert fields_of(reused) == fields_of(fresh)
     assert before[:2] == (low.final_mb, low.done) and len(low.block_plans) >= before[2]
     assert fields_of(prog) == fields_of(lower(sc)[0])
+
+
+def test_a_run_does_not_import_numpy_ma():
+    """numpy's ``unique`` imports numpy.ma on its first call (10-13 ms of every run): neither
+    the schedule's check (DualPipe's here) nor the cycle search (a repeated 1F1B step) call it
+    (trace.unique stands in for it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, clustersim\n"
+            "from tests.test_repeat import plan, run\n"
+            "clustersim.simulate('scenarios/dualpipe.yaml')\n"
+            "r = run(plan())\n"
+            "assert r.summary['simulation']['repeat'] is not None\n"
+            "print('numpy.ma' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
