@@ -128,8 +128,18 @@ STATIC_MEMORY = ("params", "params_bytes", "grads_bytes", "optimizer_bytes", "ac
                  "inflight_microbatches", "transient_bytes", "capacity_bytes")
 
 
-def _static_memory(summary: dict) -> list:
-    return [(p, x) for p, x in _numbers(summary["memory"], "memory") if p.rsplit(".", 1)[-1] in STATIC_MEMORY]
+def _memory(summary: dict, static: bool) -> list:
+    """(path, value) of the memory report: its static parts only, or all but the timelines."""
+    return [(p, x) for p, x in _numbers(summary["memory"], "memory")
+            if (p.rsplit(".", 1)[-1] in STATIC_MEMORY if static else ".timeline." not in p)]
+
+
+def _differing(a: list, b: list) -> list[str]:
+    """The paths whose values differ (numbers beyond EXACT), or the parts if they do not match."""
+    if [p for p, _ in a] != [p for p, _ in b]:
+        return ["memory's parts"]
+    return [p for (p, x), (_, y) in zip(a, b)
+            if not (x == y or (isinstance(x, float) and math.isclose(x, y, rel_tol=EXACT, abs_tol=1e-15)))]
 
 
 def exposed_gap(collapsed: dict, full: dict) -> float:
@@ -145,10 +155,7 @@ def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
     for key in FIGURES:  # the kinds' times one by one: the worst of each figure
         for (path, x), (_, y) in zip(_numbers(collapsed[key], key), _numbers(full[key], key)):
             worst[key] = max(worst.get(key, 0.0), _rel(x, y))
-    mem_a, mem_b = _static_memory(collapsed), _static_memory(full)
-    broken = [p for (p, x), (_, y) in zip(mem_a, mem_b) if not math.isclose(x, y, rel_tol=EXACT, abs_tol=1e-15)]
-    if [p for p, _ in mem_a] != [p for p, _ in mem_b]:
-        broken.append("memory's parts")
+    broken = _differing(_memory(collapsed, True), _memory(full, True))
     if worst["compute_s"] > EXACT:
         broken.append("compute_s")
     step = collapsed["step_time_s"] / full["step_time_s"] - 1.0
@@ -156,11 +163,7 @@ def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
                                           if k != "step_time_s" and v > EXACT)
     if broken:
         return "BROKEN", step, said + f"; differ: {', '.join(broken[:4])}"
-    mem_all = [(p, x) for p, x in _numbers(collapsed["memory"], "memory") if ".timeline." not in p]
-    mem_all_full = [(p, x) for p, x in _numbers(full["memory"], "memory") if ".timeline." not in p]
-    mem_same = [p for p, _ in mem_all] == [p for p, _ in mem_all_full] and all(
-        x == y or (isinstance(x, float) and math.isclose(x, y, rel_tol=EXACT, abs_tol=1e-15))
-        for (_, x), (_, y) in zip(mem_all, mem_all_full))
+    mem_same = not _differing(_memory(collapsed, False), _memory(full, False))
     if max(worst.values()) <= EXACT and mem_same:
         return "exact", step, ""
     if not mem_same:

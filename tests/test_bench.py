@@ -17,15 +17,20 @@ from .conftest import ROOT
 SCENARIO = ROOT / "scenarios" / "llama3_8b_8gpu.yaml"
 
 
-def _rows() -> list[str]:
-    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "bench_scale.py")
+def _bench(name: str):
+    """The module of bench/``name``.py, loaded as its scripts run (bench/ on the path)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    return [label for label, _, _ in mod.ROWS]
+    return mod
+
+
+def _rows() -> list[str]:
+    return [label for label, _, _ in _bench("bench_scale").ROWS]
 
 
 def test_bench_scale_prints_every_row_with_the_program_s_sizes():
@@ -76,13 +81,6 @@ def test_fuzz_repeat_compares_a_drawn_plan():
     assert "simulated, cycle" in r.stdout and "0 plan(s) differ" in r.stdout
 
 
-def _fuzz_symmetry():
-    spec = importlib.util.spec_from_file_location("fuzz_symmetry", ROOT / "bench" / "fuzz_symmetry.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_fuzz_symmetry_says_how_far_the_collapse_is():
     """bench/fuzz_symmetry.py's verdicts: the step's relative difference sorts a plan; the
     compute time and the memory's static parts must not differ at all (BROKEN); what the
@@ -91,7 +89,7 @@ def test_fuzz_symmetry_says_how_far_the_collapse_is():
 
     import clustersim
 
-    fz = _fuzz_symmetry()
+    fz = _bench("fuzz_symmetry")
     base = clustersim.simulate(SCENARIO).summary
 
     def changed(edit) -> dict:

@@ -121,13 +121,11 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     sibling_groups = tuple(g for orbit in siblings for g in orbit)
     per_group = {g: phases(comm.op, algo, g, node_of) for g in own_groups}
     n_phases = len(per_group[comm.group])
-    coarse: list = [None] * n_phases  # per phase: _coarse_rows of every instance, where known
-    keys: list = [None] * n_phases
+    keys: list = [None] * n_phases  # per phase, where it is kept in ``shared``
     if siblings and shared is not None:
         everyone = tuple(sorted(own_groups + sibling_groups))
         keys = [(comm.op, algo, k, comm.load, everyone) for k in range(n_phases)]
-        coarse = [shared.get(key) for key in keys]
-    if siblings and any(c is None for c in coarse):
+    if siblings and (shared is None or any(key not in shared for key in keys)):
         per_group.update((g, phases(comm.op, algo, g, node_of)) for g in sibling_groups)
     scale = 1.0
     if algo == "nvls":  # NVLS sustains its own, calibrated, share of the NVLink line rate
@@ -140,11 +138,8 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
             flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
         if comm.load:
             flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
-        got = [coarse[k]]
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
-                           direct=algo == "pairwise", siblings=siblings, coarse=got)
-        if shared is not None and keys[k] is not None and got[0] is not None:
-            shared[keys[k]] = got[0]
+                           direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k])
         out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
 
@@ -212,10 +207,10 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
-                direct: bool = False, siblings: tuple = (), coarse: list | None = None) -> FlowPlan:
+                direct: bool = False, siblings: tuple = (), shared: dict | None = None, key=None) -> FlowPlan:
     """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN;
-    ``siblings``: see :func:`plan_phases`, with ``coarse[0]`` what all their orbits share
-    (:func:`_coarse_rows`) if known, else set here when the plan is made on arrays."""
+    ``siblings``: see :func:`plan_phases`, with ``shared[key]`` what all their orbits share
+    (:func:`_coarse_rows`), read if there, else kept there when the plan is made on arrays."""
     node_of = cluster.node_of
     route = _route(cluster, direct)
     # whole instances: the simulated one and its twins
@@ -223,8 +218,9 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
     real_flows = [f for inst in instances for f in inst]
     if siblings:  # then the siblings' instances after them, each orbit's simulated one first
         own = len(instances)
-        if coarse is not None and coarse[0] is not None:
-            return _weigh_sibling_rows(cluster, instances, steps, coarse[0])
+        co = shared.get(key) if key is not None else None
+        if co is not None:
+            return _weigh_sibling_rows(cluster, instances, steps, co)
         sims = [0]
         for orbit in siblings:
             sims.append(len(instances))
@@ -235,10 +231,10 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
             src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
             dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            shared, _ = _coarse_rows(cluster, src, dst, rows, sims, direct)
-            if coarse is not None:
-                coarse[0] = shared
-            return _weigh_sibling_rows(cluster, instances[:own], steps, shared)
+            co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct)
+            if key is not None:
+                shared[key] = co
+            return _weigh_sibling_rows(cluster, instances[:own], steps, co)
         return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims)
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
