@@ -94,7 +94,12 @@ def child(path: str) -> None:
     _ = sc.cluster
     mark()
     with no_cyclic_gc():
-        prog, low = lower(sc)
+        try:
+            from clustersim.api import lower_step
+        except ImportError:  # a checkout from before the shorter step resumed the whole one's lowering
+            prog, low = lower(sc)
+        else:
+            prog, low = lower_step(sc, repeat=sc.cfg.simulation.repeat)
         try:
             from clustersim.api import _run
         except ImportError:  # a checkout from before repeated microbatches (--against)

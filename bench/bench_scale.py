@@ -139,11 +139,10 @@ def measure(spec: str) -> dict:
     gc.disable()  # as python -m clustersim does for its whole process (clustersim/__main__.py)
     t_import = time.perf_counter()
     from clustersim.analysis.invariants import InvariantError
-    from clustersim.api import _run, check_step, check_trace, no_cyclic_gc, summarize
+    from clustersim.api import _run, check_step, check_trace, lower_step, no_cyclic_gc, summarize
     from clustersim.config import load_scenario
     from clustersim.output import background
     from clustersim.output.summary import to_json
-    from clustersim.program.lower import lower
 
     t0 = time.perf_counter()  # clustersim, plotly & co. imported
     if spec.startswith("dense:"):
@@ -156,7 +155,7 @@ def measure(spec: str) -> dict:
     bare_before_s = bare_timeout_s(repeats=CHILD_BARE_REPEATS)  # see bare_s below
     t1 = time.perf_counter()
     with no_cyclic_gc():  # as simulate() and clustersim run do
-        prog, low = lower(sc)
+        prog, low = lower_step(sc, repeat=sc.cfg.simulation.repeat)
         marks: dict[str, float] = {}
         # as simulate() and clustersim run do: the link use is worked out by the writer; a long
         # 1F1B step simulates fewer microbatches (lowered again) and copies its cycle in

@@ -199,10 +199,10 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     rather than freed when this returns (``clustersim run`` leaves them to the process's
     exit: freeing Megatron-1T's 854,340 tasks one by one takes 0.18 s)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    repeat = sc.cfg.simulation.repeat if repeat is None else repeat
     with no_cyclic_gc():
-        prog, low = lower(sc, collapse=collapse)
-        engine, trace, extra = _run(sc, prog, collapse, links=after_run is None,
-                                    repeat=sc.cfg.simulation.repeat if repeat is None else repeat, low=low)
+        prog, low = lower_step(sc, collapse, repeat)
+        engine, trace, extra = _run(sc, prog, collapse, links=after_run is None, repeat=repeat, low=low)
         links = elsewhere = None
         if after_run is not None:
             # the link use only now: the summary reads it (last), the files written from here
@@ -288,10 +288,10 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
     m = sc.microbatches
     mark = mark or (lambda _: None)
     p = sc.parallel
-    short = cycles.simulated_microbatches(p.schedule, p.pp, m, p.vpp if p.schedule == "interleaved" else 1
-                                          ) if repeat else None
-    if short is not None:
-        sprog, slow = lower(with_microbatches(sc, short), collapse=collapse, like=low)
+    shorter = shorter_step(sc, repeat)
+    short = None if shorter is None else shorter.microbatches
+    if shorter is not None:
+        sprog, slow = lower(shorter, collapse=collapse, like=low)
         mark("lowered")
         engine = engine_of(sprog)
         mark("set_up")
@@ -312,6 +312,29 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
     trace.repeat_tried = short  # None: not tried; else no cycle held in it
     mark("ran")
     return engine, trace, ()
+
+
+def shorter_step(sc: Scenario, repeat: bool = True) -> Scenario | None:
+    """The step of fewer microbatches simulated in place of ``sc``'s where ``repeat`` allows
+    (:func:`clustersim.engine.repeat.simulated_microbatches`), else None; made once per
+    scenario, so that its schedule is the one :func:`lower_step` lowered the step with."""
+    p = sc.parallel
+    short = cycles.simulated_microbatches(p.schedule, p.pp, sc.microbatches, p.vpp if p.schedule == "interleaved"
+                                          else 1) if repeat else None
+    if short is None:
+        return None
+    made = sc.__dict__.get("_shorter_step")
+    if made is None or made.microbatches != short:
+        made = sc.__dict__["_shorter_step"] = with_microbatches(sc, short)
+    return made
+
+
+def lower_step(sc: Scenario, collapse: bool | None = None, repeat: bool = True) -> tuple[Program, Lowering]:
+    """``sc``'s program and lowering, as :func:`simulate` makes them: where a shorter step will
+    be simulated (:func:`shorter_step`), the lowering keeps its state where the two steps'
+    units part, so that the shorter one's (``_run``) resumes from there."""
+    shorter = shorter_step(sc, repeat)
+    return lower(sc, collapse=collapse, shorter=None if shorter is None else shorter.schedule)
 
 
 def _spliced(engine: Engine, strace: Trace, sprog: Program, prog: Program, short: int, m: int,

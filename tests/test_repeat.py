@@ -324,24 +324,56 @@ def test_the_command_says_what_it_ran_and_no_repeat_runs_it_all(tmp_path):
     assert max(abs(a["ts"] - b["ts"]) for a, b in zip(ev, ev_whole)) <= 2e-3
 
 
+SHORTER_PLANS = {
+    "1f1b": {}, "zero1": {"parallel": {"zero": 1}}, "zero2": {"parallel": {"zero": 2}},
+    "zero3": {"parallel": {"zero": 3}}, "zero3-kept": {"parallel": {"zero": 3, "zero3_keep_gathered": True}},
+    "interleaved": {"parallel": {"schedule": "interleaved", "vpp": 2}}, "zb-h1": {"parallel": {"schedule": "zb-h1"}},
+    "cp-unbalanced": {"parallel": {"tp": 1, "cp": 2, "cp_load_balance": False}},
+    "straggler": {"cluster": {"what_if": [{"gpu": 5, "slowdown": 1.3}]}},
+}
+
+
+def _fields_of(prog) -> list:
+    from clustersim.program.lower import _comm_fields, _task_fields
+
+    return [(_task_fields(t), None if t.comm is None else _comm_fields(t.comm)) for t in prog.tasks]
+
+
 @pytest.mark.parametrize("over", [{}, {"parallel": {"zero": 3}}, {"parallel": {"schedule": "interleaved", "vpp": 2}}],
                          ids=["1f1b", "zero3", "interleaved"])
 def test_the_shorter_step_lowered_like_the_whole_one_is_the_same_program(over):
     """The shorter step reuses the whole step's lowering (work, symmetry, communication specs):
     its tasks are those of a lowering from scratch, and the whole step's lowering is untouched."""
-    from clustersim.program.lower import _comm_fields, _task_fields
-
-    def fields_of(prog):
-        return [(_task_fields(t), None if t.comm is None else _comm_fields(t.comm)) for t in prog.tasks]
-
     sc = load_scenario(plan(**over), base_dir=ROOT)
     prog, low = lower(sc)
     before = (dict(low.final_mb), dict(low.done), len(low.block_plans))
     reused, _ = lower(with_microbatches(sc, 60), like=low)
     fresh, _ = lower(with_microbatches(sc, 60))
-    assert fields_of(reused) == fields_of(fresh)
+    assert _fields_of(reused) == _fields_of(fresh)
     assert before[:2] == (low.final_mb, low.done) and len(low.block_plans) >= before[2]
-    assert fields_of(prog) == fields_of(lower(sc)[0])
+    assert _fields_of(prog) == _fields_of(lower(sc)[0])
+
+
+@pytest.mark.parametrize("over", SHORTER_PLANS.values(), ids=SHORTER_PLANS.keys())
+def test_the_shorter_step_resumed_where_the_steps_part_is_the_same_program(over):
+    """``lower_step`` keeps the whole step's lowering state where the shorter step's units
+    part from it, and the shorter step's lowering resumes there (its shared units' tasks
+    copied): the same tasks, ids and template runs as a lowering from scratch; the whole
+    step's program is the one lowered without keeping anything."""
+    from clustersim.api import lower_step, shorter_step
+
+    sc = load_scenario(plan(**over), base_dir=ROOT)
+    shorter = shorter_step(sc)
+    assert shorter is not None and shorter is shorter_step(sc) and shorter.microbatches == 60
+    prog, low = lower_step(sc)
+    kept = low.resume
+    assert kept is not None and 0 < kept.at < len(kept.units)
+    resumed, _ = lower(shorter, like=low)
+    assert low.resume is None  # handed over
+    fresh, _ = lower(with_microbatches(sc, 60))
+    assert [r[:3] for r in resumed.runs] == [r[:3] for r in fresh.runs]
+    assert _fields_of(resumed) == _fields_of(fresh)
+    assert _fields_of(prog) == _fields_of(lower(sc)[0])
 
 
 def test_a_run_does_not_import_numpy_ma():
