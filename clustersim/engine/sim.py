@@ -379,6 +379,7 @@ class Engine:
         # communications timed in closed form: id -> (the communication, its starts); by object,
         # so that a segment logs a start with one append (:meth:`_starts_log`)
         self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
+        self._records_cut = None  # a Repeat whose cut the records above await (repeated)
         self._census: dict[tuple, list] = {}  # shape -> [a communication of it, how many tasks]
         self.stage_of = _stage_of(program)
         if network == "flow":
@@ -688,16 +689,35 @@ class Engine:
 
     def record_starts(self) -> np.ndarray:
         """When each communication this run recorded for link accounting started (closed-form
-        ones and flow-network transfers), as :meth:`repeated` cuts them."""
+        ones and flow-network transfers), as :meth:`_cut_records` cuts them (before it)."""
         alone = [x for _, at in self._alone_starts.values() for x in at]
         return np.array(alone + list(map(_transfer_start, self.net.finished)), dtype=np.float64)
 
     def repeated(self, rep, base: SpanBase, program: Program, gap_comms: list) -> Trace:
         """The trace of ``program`` (the whole step) from this engine's run of fewer of its
-        microbatches (``engine.repeat``): the spliced spans ``base``, the whole program's
-        algorithms census (``gap_comms``: the communications of its tasks outside runs), and
-        this run's records of communications (what :meth:`link_use` reads) cut and copied as
-        the spans were."""
+        microbatches (``engine.repeat``): the spliced spans ``base`` and the whole program's
+        algorithms census (``gap_comms``: the communications of its tasks outside runs). This
+        run's records of communications, which only :meth:`link_use` reads, are cut and copied
+        as the spans were when it first asks (:meth:`_cut_records`): ``clustersim run`` asks in
+        its writer, after the fork, rather than on the way to it."""
+        self._records_cut = rep
+        # the census _comm_tasks would give, of the communications with a choice (what
+        # _algorithms_used reports; a PP send has none), with the tasks outside runs read off
+        # ``gap_comms`` rather than found among a million tasks
+        census: dict[tuple, list] = {}
+        for c, n in chain(zip(gap_comms, repeat(1)), ((t.comm, n) for t, n in _run_comm_tasks(program))):
+            if c.op in _CHOOSE:
+                self._count(_shape_id(c), c, n, census)
+        self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
+        return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight),
+                     stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census), base=base)
+
+    def _cut_records(self) -> None:
+        """The closed-form starts and the flow network's finished transfers of a run whose cycle
+        was copied in (:meth:`repeated`), cut and copied as its spans were: once."""
+        rep, self._records_cut = self._records_cut, None
+        if rep is None:
+            return
         from .repeat import spliced_times
 
         for _, at in self._alone_starts.values():
@@ -720,16 +740,6 @@ class Engine:
             else:
                 moved.append((tag, size, [x + s for x in times], rates, ends + s, None))
         self.net.finished = moved
-        # the census _comm_tasks would give, of the communications with a choice (what
-        # _algorithms_used reports; a PP send has none), with the tasks outside runs read off
-        # ``gap_comms`` rather than found among a million tasks
-        census: dict[tuple, list] = {}
-        for c, n in chain(zip(gap_comms, repeat(1)), ((t.comm, n) for t, n in _run_comm_tasks(program))):
-            if c.op in _CHOOSE:
-                self._count(_shape_id(c), c, n, census)
-        self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
-        return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight),
-                     stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census), base=base)
 
     def link_use(self) -> list[LinkUse]:
         """The links the run's communications used (``Trace.links``), over the run's step."""
@@ -807,6 +817,7 @@ class Engine:
         their bytes only (peak 0, no series)."""
         if self.network != "flow" or step_s <= 0:
             return []
+        self._cut_records()
         total = np.zeros(len(self.cluster.edges))
         # closed-form communications, by shape: every instance moves the same bytes. Logged
         # by object (a segment logs its template's communication every time), grouped here by
