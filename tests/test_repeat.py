@@ -392,3 +392,25 @@ def test_a_run_does_not_import_numpy_ma():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_spans_sorted_by_lane_alone_only_where_that_orders_them_fully():
+    """The splice sorts the spans of each (rank, stream) lane by (segment, task id) with a
+    stable sort of the lanes alone where their order within a lane already is that, and the
+    full sort otherwise: the same permutation both ways."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    lane = rng.integers(0, 40, n)
+    seg = rng.integers(0, 5, n)
+    tid = rng.permutation(n)
+    full = np.lexsort((tid, seg, lane))
+    # in (segment, id) order within each lane, lanes shuffled: the lane sort is enough
+    inner = np.lexsort((tid, seg))
+    got = repeat._lanes_in_order(lane[inner], seg[inner], tid[inner])
+    assert got is not None and np.array_equal(inner[got], full)
+    # two spans of one lane out of (segment, id) order: refused, the caller sorts fully
+    bad = inner.copy()
+    same_lane = np.flatnonzero(lane[bad] == lane[bad][0])
+    bad[same_lane[0]], bad[same_lane[1]] = bad[same_lane[1]], bad[same_lane[0]]
+    assert repeat._lanes_in_order(lane[bad], seg[bad], tid[bad]) is None
+    assert repeat._lanes_in_order(np.array([2**15]), np.zeros(1, int), np.zeros(1, int)) is None

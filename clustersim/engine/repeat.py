@@ -219,6 +219,22 @@ def _in_order(b: SpanBase) -> bool:
     return bool(later.all())
 
 
+def _lanes_in_order(lane: np.ndarray, seg: np.ndarray, tid: np.ndarray) -> np.ndarray | None:
+    """The order that sorts spans by (lane, segment, task id), found by sorting the lanes
+    alone, where that is enough, else None. The spans come rank by rank, segment by segment,
+    each in start order (:func:`_rank_major`), and a stream starts its tasks in id order, so
+    within a lane they are mostly in (segment, id) order already: a stable sort of the lanes
+    (a radix sort in numpy, as int16) keeps it, and is checked to have (a zero-length span
+    tied with the next on its stream may not)."""
+    if not len(lane) or int(lane.max()) >= 2**15:
+        return None
+    order = np.argsort(lane.astype(np.int16), kind="stable")
+    ln, sg, t = lane[order], seg[order], tid[order]
+    same = ln[1:] == ln[:-1]
+    up = (sg[1:] > sg[:-1]) | ((sg[1:] == sg[:-1]) & (t[1:] > t[:-1]))
+    return order if bool((up | ~same).all()) else None
+
+
 def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | None:
     """The full step's spans from the simulated step's ``base`` (module docstring), with the
     full program's task ids; ``short_tasks`` and ``full_tasks`` are the two programs'
@@ -244,7 +260,10 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
     # i-th span of a (rank, stream) = its i-th task: spans in (segment, old id) order there
     n_streams = len(names) + 1
     lane = (rank[mine] - int(rank.min())) * n_streams + code_in_full[stream[mine]]  # (rank, stream)
-    if (int(lane.max(initial=0)) + 1) * (rep.copies + 2) * (int(old_tid.max(initial=0)) + 1) < 2**62:
+    o_sp = _lanes_in_order(lane, seg[mine], old_tid[mine])
+    if o_sp is not None:
+        o_sp = mine[o_sp]
+    elif (int(lane.max(initial=0)) + 1) * (rep.copies + 2) * (int(old_tid.max(initial=0)) + 1) < 2**62:
         o_sp = mine[np.argsort((lane * (rep.copies + 2) + seg[mine]) * (int(old_tid.max()) + 1) + old_tid[mine])]
     else:  # (one key would not fit in 64 bits)
         o_sp = mine[np.lexsort((old_tid[mine], seg[mine], lane))]
