@@ -945,24 +945,20 @@ def _parting_at(low: Lowering, units: list) -> tuple[int, list]:
     up to the first unit that differs, or that holds an action whose lowering depends on the
     step's length (a stage's final gradient action: its block ids are kept for DP, and under
     ZeRO-3 kept gathered it reduces then). -1 where nothing is shared."""
-    short = low.shorter
-    short_units = units_in_time_order(short)
-    final = {**low.final_mb}
-    last = {}
-    for acts in short:
-        for a in acts:
-            if a.kind == low.grad_kind:
-                last[a.stage] = a.mb
-    first = {}
-    for acts in short:
+    short_units = units_in_time_order(low.shorter)
+    first: dict[int, int] = {}  # the shorter step's, as Lowering.__post_init__ finds them
+    last: dict[int, int] = {}
+    for acts in low.shorter:
         for a in acts:
             if a.kind == "F":
                 first.setdefault(a.stage, a.mb)
-    if first != low.first_mb:
+            elif a.kind == low.grad_kind:
+                last[a.stage] = a.mb
+    if first != low.first_mb:  # (ZeRO-3 kept gathered gathers at a stage's first forward)
         return -1, short_units
-    at = 0
+    final, grad_kind, at = low.final_mb, low.grad_kind, 0
     for (q, unit), (q2, unit2) in zip(units, short_units):
-        if q != q2 or unit != unit2 or any(a.kind == low.grad_kind and a.mb in (final[a.stage], last[a.stage])
+        if q != q2 or unit != unit2 or any(a.kind == grad_kind and a.mb in (final[a.stage], last[a.stage])
                                            for a in unit):
             break
         at += 1
