@@ -689,7 +689,8 @@ class Engine:
 
     def record_starts(self) -> np.ndarray:
         """When each communication this run recorded for link accounting started (closed-form
-        ones and flow-network transfers), as :meth:`_cut_records` cuts them (before it)."""
+        ones and flow-network transfers), as the run left them: ``engine.repeat.find_cycle``
+        places its cut away from them, before :meth:`_cut_records` cuts them."""
         alone = [x for _, at in self._alone_starts.values() for x in at]
         return np.array(alone + list(map(_transfer_start, self.net.finished)), dtype=np.float64)
 
