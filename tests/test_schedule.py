@@ -440,3 +440,18 @@ def test_every_schedule_finishes_with_every_slot_accounted(name):
         busy = [sum(a is not None for a in row) for row in grid]
         assert busy == [len(acts) for acts in s.actions]
         assert [len(row) - b for row, b in zip(grid, busy)] == idle_per_rank(s)
+
+
+@pytest.mark.parametrize("name,p,m,opts", CASES, ids=CASE_IDS)
+def test_placement_plan_waits_for_each_actions_deps(name, p, m, opts):
+    """The placement's plan (one action per unit, its dependencies inline) waits for exactly
+    what ``PipelineSchedule.deps`` says each action needs; overlapped chunks for what their
+    actions need from outside the chunk."""
+    from clustersim.schedule.core import _plan, issue_units
+
+    s = build_schedule(name, p, m, **opts)
+    for r, row in enumerate(_plan(s)):
+        units = issue_units(s, r)
+        assert [keys for keys, _ in row] == [tuple(a.key for a in u) for u in units]
+        for (keys, deps), u in zip(row, units):
+            assert list(deps) == [d for a in u for d in s.deps(a) if d not in keys]

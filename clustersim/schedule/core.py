@@ -400,9 +400,21 @@ def _plan(s: PipelineSchedule) -> list[list[tuple[tuple[Key, ...], tuple[Key, ..
     plan = s.__dict__.get("_plan")
     if plan is None:
         plan = []
+        prev, nxt = s._prev.get, s._next.get
         for r, acts in enumerate(s.actions):
-            if not s.fb_pairs[r]:  # one action per unit (most schedules)
-                plan.append([((a.key,), _deps_of(s, a.stage, a.kind, a.mb)) for a in acts])
+            if not s.fb_pairs[r]:  # one action per unit (most schedules): _deps_of, inline
+                row = []
+                for a in acts:
+                    stage, kind, mb = key = (a.stage, a.kind, a.mb)
+                    if kind == "F":
+                        k = prev((stage, mb))
+                        row.append(((key,), () if k is None else ((k, "F", mb),)))
+                    elif kind == "B":
+                        k = nxt((stage, mb))
+                        row.append(((key,), ((stage, "F", mb),) if k is None else ((stage, "F", mb), (k, "B", mb))))
+                    else:
+                        row.append(((key,), ((stage, "B", mb),)))
+                plan.append(row)
                 continue
             row = []
             for op in issue_units(s, r):
