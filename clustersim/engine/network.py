@@ -228,8 +228,7 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         real_flows = [f for inst in instances for f in inst]
         # on arrays from fewer flows than alone: what they work out is kept for every orbit
         if len(real_flows) >= ROWS_MIN_FLOWS // 16 and len({len(inst) for inst in instances}) == 1:
-            src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
-            dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
+            src, dst = _flow_ends(real_flows)
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
             co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct)
             if key is not None:
@@ -240,8 +239,7 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         and _regular(comm.group, node_of)
     if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
         # every real flow's ends, read once for the member sort and the orbit check
-        src = np.fromiter(map(itemgetter(0), real_flows), np.int64, len(real_flows))
-        dst = np.fromiter(map(itemgetter(1), real_flows), np.int64, len(real_flows))
+        src, dst = _flow_ends(real_flows)
         rows = _by_member_rows(comm, node_of, flows_of, src, dst) if symmetric_members else None
         if rows is not None:
             plan = _weigh_rows(cluster, real_flows, src, dst, rows, steps, require_symmetric=True, direct=direct)
@@ -257,6 +255,12 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         if plan is not None:
             return plan
     return _weigh(cluster, route, instances, real_flows, steps)
+
+
+def _flow_ends(flows: list) -> tuple[np.ndarray, np.ndarray]:
+    """The (src, dst) GPUs of ``flows`` ((src, dst, share) each), as two arrays."""
+    return (np.fromiter(map(itemgetter(0), flows), np.int64, len(flows)),
+            np.fromiter(map(itemgetter(1), flows), np.int64, len(flows)))
 
 
 # real flows from which the orbit check runs on arrays (:func:`_weigh_rows`): below, the
@@ -377,9 +381,7 @@ def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse) ->
     """The plan of ``own[0]`` standing for its orbit ``own`` (its instances' flows), from what
     it and its siblings share (``co``)."""
     n_gpu = max(len(cluster.gpu_names), 1)
-    flows = [f for inst in own for f in inst]
-    src = np.fromiter(map(itemgetter(0), flows), np.int64, len(flows))
-    dst = np.fromiter(map(itemgetter(1), flows), np.int64, len(flows))
+    src, dst = _flow_ends([f for inst in own for f in inst])
     at = np.searchsorted(co.keys, src * n_gpu + dst).reshape(len(own), -1)  # each flow's pair
     return _weigh_at(cluster, co, at, tuple(f[2] for f in own[0]), steps)
 

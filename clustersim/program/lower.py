@@ -316,12 +316,9 @@ class Lowering:
     def __post_init__(self):
         s = self.schedule = as_schedule(self.schedule)
         self.grad_kind = "W" if s.split_backward else "B"
-        for acts in s:
-            for a in acts:
-                if a.kind == "F":
-                    self.first_mb.setdefault(a.stage, a.mb)
-                elif a.kind == self.grad_kind:
-                    self.final_mb[a.stage] = a.mb
+        first, final = _first_and_final_mb(s, self.grad_kind)
+        self.first_mb.update(first)
+        self.final_mb.update(final)
         for j, w in enumerate(self.work):
             experts: dict = {}
             for blk in w.fwd:
@@ -946,14 +943,7 @@ def _parting_at(low: Lowering, units: list) -> tuple[int, list]:
     step's length (a stage's final gradient action: its block ids are kept for DP, and under
     ZeRO-3 kept gathered it reduces then). -1 where nothing is shared."""
     short_units = units_in_time_order(low.shorter)
-    first: dict[int, int] = {}  # the shorter step's, as Lowering.__post_init__ finds them
-    last: dict[int, int] = {}
-    for acts in low.shorter:
-        for a in acts:
-            if a.kind == "F":
-                first.setdefault(a.stage, a.mb)
-            elif a.kind == low.grad_kind:
-                last[a.stage] = a.mb
+    first, last = _first_and_final_mb(low.shorter, low.grad_kind)
     if first != low.first_mb:  # (ZeRO-3 kept gathered gathers at a stage's first forward)
         return -1, short_units
     final, grad_kind, at = low.final_mb, low.grad_kind, 0
@@ -963,6 +953,20 @@ def _parting_at(low: Lowering, units: list) -> tuple[int, list]:
             break
         at += 1
     return (at if at > 0 else -1), short_units
+
+
+def _first_and_final_mb(s: PipelineSchedule, grad_kind: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Per virtual stage, the microbatch of its first forward and of its last ``grad_kind``
+    action, in issue order (``Lowering.first_mb``, ``Lowering.final_mb``)."""
+    first: dict[int, int] = {}
+    final: dict[int, int] = {}
+    for acts in s:
+        for a in acts:
+            if a.kind == "F":
+                first.setdefault(a.stage, a.mb)
+            elif a.kind == grad_kind:
+                final[a.stage] = a.mb
+    return first, final
 
 
 def _resumed(prog: Program, low: Lowering, kept: _Parting) -> tuple[list, int]:
