@@ -4,7 +4,8 @@ same plans as the dictionaries of _weigh and _by_member, bit for bit.
 A communication with many real flows (its own and its twins') is planned on arrays; a small
 one with dictionaries. Both ways are run here on every shipped scenario and on variants that
 reach the other branches (pairwise all-to-all without PXN, a skewed all-to-all, a removed
-cable, oversubscribed and NVLink-domain topologies), with the threshold moved so that each
+cable, oversubscribed and NVLink-domain topologies, twins meeting another communication's),
+with the threshold moved so that each
 communication goes one way and then the other.
 """
 
@@ -55,6 +56,12 @@ VARIANTS = {
                                         "what_if": [{"gpu": 31, "slowdown": 1.3}]}, model={"layers": 8},
                                parallel={"tp": 2, "pp": 8, "dp": 9, "schedule": "zb-h1"},
                                training={"global_batch_size": 144}),
+    # twins of different communications meeting on spines neither simulated instance crosses
+    # (Engine._meetings): ZeRO-3 gathers and reductions (member by member) beside all-to-alls
+    "meetings": dict(cluster={"topology": "topologies/roce-clos-llama3.yaml", "nodes": 8},
+                     model={**MOE, "layers": 2, "heads": 16, "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
+                     parallel={"tp": 2, "pp": 1, "dp": 16, "cp": 2, "zero": 3, "sp": True, "cp_comm": "all_gather",
+                               "ep": 8}, training={"global_batch_size": 32}),
 }
 
 

@@ -5,7 +5,9 @@
     utilisation_over_time                          the rate / bw in each 1/100 of the step
 
 ``bw`` is the link's usable bandwidth (line rate x efficiency). Collapsed simulation reports
-the links of the simulated ranks' communications: their twins' links carry the same.
+the links of the simulated ranks' communications, and the scale-out links where their twins
+meet another communication's (engine.sim.Engine._meetings; every communication crossing
+such a link counts there): their twins' other links carry the same.
 """
 
 from __future__ import annotations

@@ -76,6 +76,10 @@ class FlowPlan:
     # a flow's fraction is its bytes times this: > 1 where an algorithm sustains less of a
     # link's bandwidth than the link's own efficiency allows (NVLS)
     wire_scale: float = 1.0
+    # the scale-out links (Cluster.scale_out_mask) that a real flow of the orbit, or of its
+    # siblings, crosses, as sorted link ids: where Engine._meetings looks for twins that meet
+    # another communication's. Not part of the plan's value; None where not known
+    scale_out_real: np.ndarray | None = field(default=None, compare=False)
 
     @cached_property  # (a frozen dataclass keeps it in its __dict__; fields alone compare and hash)
     def edges(self) -> frozenset[int]:
@@ -89,7 +93,8 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
 
 
 def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tuple = (),
-                shared: dict | None = None) -> tuple[FlowPlan, ...]:
+                shared: dict | None = None, meeting: dict[int, np.ndarray] | None = None,
+                kept: dict | None = None) -> tuple[FlowPlan, ...]:
     """Expand ``comm`` (and its twins) by ``algo`` into phases of weighted flows on graph paths.
 
     Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
@@ -115,6 +120,18 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     and the simulated flows on each link, whether they are symmetric: :func:`_coarse_rows`)
     is worked out once into ``shared`` (the engine's), not once per orbit: a stage-to-stage
     send at 16,384 GPUs with a slow GPU is 1,024 instances in 16 orbits.
+
+    ``meeting[k]``: scale-out links, none of them on the simulated instance's paths, where
+    phase k's twins meet another communication's (Engine._meetings). A symmetric orbit's simulated
+    flow k is also constrained there, weighing how many instances' flow k cross each: the
+    other communication's flows are constrained there too, and the two share the link as
+    those twins do (the orbit moves at the pace of its twin slowed there)::
+
+        simulated flow k   own links (real / simulated)   + spine3 (2: twins a', a'' cross it)
+
+    ``kept``: where what each phase weighed on arrays was weighed from is kept (phase ->
+    :func:`_weigh_at`'s inputs), so that :func:`with_meetings` adds the meetings to it
+    without routing anything again.
     """
     node_of = cluster.node_of
     own_groups = (comm.group, *comm.twins)
@@ -138,10 +155,23 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
             flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
         if comm.load:
             flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
+        keep = None if kept is None else partial(_keep, kept, k, scale)
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
-                           direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k])
+                           direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k],
+                           meeting=None if meeting is None else meeting.get(k), keep=keep)
         out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
+
+
+def _keep(kept: dict, k: int, scale: float, make: Callable) -> None:
+    kept[k] = (make, scale)
+
+
+def with_meetings(kept: tuple, links: np.ndarray) -> FlowPlan:
+    """The phase kept by :func:`plan_phases`, its simulated flows also constrained on the
+    scale-out links ``links`` where its twins meet another communication's."""
+    make, scale = kept
+    return dataclasses.replace(make(links), wire_scale=scale)
 
 
 def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[float, ...]) -> tuple:
@@ -207,10 +237,14 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
-                direct: bool = False, siblings: tuple = (), shared: dict | None = None, key=None) -> FlowPlan:
+                direct: bool = False, siblings: tuple = (), shared: dict | None = None, key=None,
+                meeting: np.ndarray | None = None, keep: Callable | None = None) -> FlowPlan:
     """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN;
     ``siblings``: see :func:`plan_phases`, with ``shared[key]`` what all their orbits share
-    (:func:`_coarse_rows`), read if there, else kept there when the plan is made on arrays."""
+    (:func:`_coarse_rows`), read if there, else kept there when the plan is made on arrays;
+    ``meeting``: the scale-out links where its twins meet another communication's;
+    ``keep(make)``: called with the plan's maker, ``make(meeting)`` being the plan with those
+    meetings, made from what it was weighed from (nothing routed again)."""
     node_of = cluster.node_of
     route = _route(cluster, direct)
     # whole instances: the simulated one and its twins
@@ -220,7 +254,7 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         own = len(instances)
         co = shared.get(key) if key is not None else None
         if co is not None:
-            return _weigh_sibling_rows(cluster, instances, steps, co)
+            return _weigh_sibling_rows(cluster, instances, steps, co, meeting, keep)
         sims = [0]
         for orbit in siblings:
             sims.append(len(instances))
@@ -233,8 +267,8 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
             co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct)
             if key is not None:
                 shared[key] = co
-            return _weigh_sibling_rows(cluster, instances[:own], steps, co)
-        return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims)
+            return _weigh_sibling_rows(cluster, instances[:own], steps, co, meeting, keep)
+        return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, meeting=meeting, keep=keep)
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
     if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
@@ -242,19 +276,21 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         src, dst = _flow_ends(real_flows)
         rows = _by_member_rows(comm, node_of, flows_of, src, dst) if symmetric_members else None
         if rows is not None:
-            plan = _weigh_rows(cluster, real_flows, src, dst, rows, steps, require_symmetric=True, direct=direct)
+            plan = _weigh_rows(cluster, real_flows, src, dst, rows, steps, require_symmetric=True, direct=direct,
+                               meeting=meeting, keep=keep)
             if plan is not None:
                 return plan
             symmetric_members = False  # not symmetric member by member: as whole instances
         if not symmetric_members and len({len(inst) for inst in instances}) == 1:
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct)
+            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, meeting=meeting, keep=keep)
     if symmetric_members:
         # one member's flows stand for all (much smaller), when that symmetry holds
-        plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True)
+        plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True,
+                      meeting=meeting, keep=keep)
         if plan is not None:
             return plan
-    return _weigh(cluster, route, instances, real_flows, steps)
+    return _weigh(cluster, route, instances, real_flows, steps, meeting=meeting, keep=keep)
 
 
 def _flow_ends(flows: list) -> tuple[np.ndarray, np.ndarray]:
@@ -269,11 +305,12 @@ ROWS_MIN_FLOWS = 512
 
 
 def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_symmetric: bool = False,
-           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,)):
+           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,), meeting: np.ndarray | None = None,
+           keep: Callable | None = None):
     """The plan of ``instances[0]`` standing for all ``instances`` (see :func:`plan_flows`);
     None if ``require_symmetric`` and the orbits are not symmetric. With siblings
     (:func:`plan_phases`), only the first ``own`` instances are its orbit, and ``sims`` are
-    the simulated instances of every orbit."""
+    the simulated instances of every orbit; ``meeting``, ``keep``: see :func:`_plan_phase`."""
     own = len(instances) if own is None else own
     bw, lat = cluster.edge_bw_Bps, cluster.edge_latency_s
     # each (src, dst) routed once; every instance's flows are real flows
@@ -312,11 +349,49 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
                 if p not in path_lat:
                     path_lat[p] = cluster.path_latency_s(p)
         latency = max(path_lat.values(), default=0.0)
-    return FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency)
+    crossed = np.fromiter(real, np.int64, len(real))
+    plan = FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency,
+                    scale_out_real=np.sort(crossed[cluster.scale_out_mask[crossed]]))
+    if not symmetric:  # (an asymmetric orbit is constrained wherever its members go: no meeting to add)
+        make = partial(_as_is, plan)
+    else:  # member by member (require_symmetric), a flow is its sender's and its receiver's: once
+        make = partial(_met_on, plan, instances[:own], paths[:own], require_symmetric)
+    if keep is not None and len(plan.scale_out_real):  # (no scale-out link: no meeting to look for)
+        keep(make)
+    return plan if meeting is None else make(meeting)
+
+
+def _as_is(plan: FlowPlan, _links) -> FlowPlan:
+    return plan
+
+
+def _met_on(plan: FlowPlan, instances: list, paths: list, once: bool, links: np.ndarray) -> FlowPlan:
+    """:func:`_weigh`'s symmetric ``plan`` with, per flow k, each of ``links`` that flow k of
+    some instance crosses and how many do (:func:`_met_at` on dictionaries); ``once``:
+    a flow in two instances (one object: a member's and another's) counts in the first."""
+    if len(links) == 0:
+        return plan
+    where = set(links.tolist())
+    hits: dict[tuple, tuple] = {}  # per distinct path, its links among ``links``
+    met: list[Counter] = [Counter() for _ in plan.weights]
+    seen: set[int] = set()
+    for flows, inst in zip(instances, paths):
+        for k, (f, p) in enumerate(zip(flows, inst)):
+            if once:
+                if id(f) in seen:
+                    continue
+                seen.add(id(f))
+            on = hits.get(p)
+            if on is None:
+                on = hits[p] = tuple(e for e in p if e in where)
+            if on:
+                met[k].update(on)
+    return dataclasses.replace(plan, weights=tuple(w + tuple(sorted(n.items())) for w, n in zip(plan.weights, met)))
 
 
 def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, steps: int,
-                require_symmetric: bool = False, direct: bool = False) -> FlowPlan | None:
+                require_symmetric: bool = False, direct: bool = False, meeting: np.ndarray | None = None,
+                keep: Callable | None = None) -> FlowPlan | None:
     """:func:`_weigh` on arrays, for communications with many real flows (an all-to-all over
     64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``src``, ``dst``: the real
     flows' ends; ``rows[i, k]``: the index in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
@@ -330,7 +405,17 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
     co, at = _coarse_rows(cluster, src, dst, rows, (0,), direct)
     if require_symmetric and not co.symmetric:
         return None
-    return _weigh_at(cluster, co, at, tuple(real_flows[i][2] for i in rows[0].tolist()), steps)
+    fractions = tuple(real_flows[i][2] for i in rows[0].tolist())
+    once = None  # whole instances: each real flow is in one row
+    if require_symmetric and (meeting is not None or keep is not None):
+        # member by member, a flow is its sender's and its receiver's: count it in one row
+        flat = rows.ravel()
+        order = np.argsort(flat, kind="stable")
+        ordered = flat[order]
+        once = np.zeros(len(flat), dtype=bool)
+        once[order[np.r_[True, ordered[1:] != ordered[:-1]]]] = True
+        once = once.reshape(rows.shape)
+    return _weigh_at(cluster, co, at, fractions, steps, meeting, once, keep)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,6 +432,7 @@ class _Coarse:
     real: np.ndarray
     simulated: np.ndarray | None  # None where not symmetric
     symmetric: bool
+    scale_out_real: np.ndarray  # FlowPlan.scale_out_real
 
 
 def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, sims,
@@ -374,24 +460,32 @@ def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.nd
     if symmetric:
         sim_paths = paths[at[list(sims)]]
         simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
-    return _Coarse(keys, paths, lens, real, simulated, symmetric), at
+    return _Coarse(keys, paths, lens, real, simulated, symmetric, edges[cluster.scale_out_mask[edges]]), at
 
 
-def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse) -> FlowPlan:
+def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse, meeting: np.ndarray | None = None,
+                        keep: Callable | None = None) -> FlowPlan:
     """The plan of ``own[0]`` standing for its orbit ``own`` (its instances' flows), from what
-    it and its siblings share (``co``)."""
+    it and its siblings share (``co``); ``meeting``, ``keep``: see :func:`_plan_phase`."""
     n_gpu = max(len(cluster.gpu_names), 1)
     src, dst = _flow_ends([f for inst in own for f in inst])
     at = np.searchsorted(co.keys, src * n_gpu + dst).reshape(len(own), -1)  # each flow's pair
-    return _weigh_at(cluster, co, at, tuple(f[2] for f in own[0]), steps)
+    fractions = tuple(f[2] for f in own[0])
+    return _weigh_at(cluster, co, at, fractions, steps, meeting, keep=keep)
 
 
-def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, steps: int) -> FlowPlan:
+def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, steps: int,
+              meeting: np.ndarray | None = None, once: np.ndarray | None = None,
+              keep: Callable | None = None) -> FlowPlan:
     """The plan of instance ``at[0]`` standing for the orbit ``at`` (each flow's pair in
     ``co``): symmetric, weight = real flows / simulated flows on each link of its flows (integer
-    counts: their quotient is the float Python's int / int gives); else, per flow position k,
-    how many instances' flow k cross each link, links in order."""
+    counts: their quotient is the float Python's int / int gives), then on the ``meeting``
+    links (:func:`plan_phases`) how many instances' flow k cross each (where ``once[i, k]``,
+    when given: the rows of members hold each flow twice); else, per flow position k, how
+    many instances' flow k cross each link, links in order. ``keep``: see :func:`_plan_phase`
+    (what it keeps is the plan, the routes and ``at``, not ``co``'s per-link columns)."""
     paths, real, lat_a = co.paths, co.real, cluster.edge_columns[1]
+    scale_out = co.scale_out_real
     if co.symmetric:
         rep = paths[at[0]]
         on = rep >= 0
@@ -400,6 +494,11 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         weights = tuple(tuple(zip(e_row[:k], w_row[:k]))
                         for e_row, w_row, k in zip(rep.tolist(), share.tolist(), co.lens[at[0]].tolist()))
         latency = _longest_s(rep, lat_a)
+        plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, scale_out_real=scale_out)
+        make = partial(_met_at, plan, paths, at, once, len(cluster.edges))
+        if keep is not None and len(scale_out):  # (no scale-out link: no meeting to look for)
+            keep(make)
+        return plan if meeting is None else make(meeting)
     else:
         width, n_edges = at.shape[1], len(real)
         crossed = paths[at]  # instance x flow x hop
@@ -411,7 +510,36 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         links, counts = (pos_link % n_edges).tolist(), counts.tolist()
         weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
         latency = _longest_s(paths[unique(at)], lat_a)
-    return FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency)
+    plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, scale_out_real=scale_out)
+    if keep is not None and len(scale_out):  # (asymmetric: constrained wherever its members go, no meeting to add)
+        keep(partial(_as_is, plan))
+    return plan
+
+
+def _met_at(plan: FlowPlan, paths: np.ndarray, at: np.ndarray, once: np.ndarray | None, n_links: int,
+            links: np.ndarray) -> FlowPlan:
+    """A symmetric ``plan`` (:func:`_weigh_at`) with, for each of ``links`` that flow k of some
+    instance crosses (``paths[at[i, k]]``: instance i's flow k's path, -1 padded; only where
+    ``once[i, k]`` if given), that link and how many instances' flow k cross it, links in
+    order, after flow k's own."""
+    if len(links) == 0:
+        return plan
+    crossed = paths[at]
+    where = np.zeros(n_links + 1, dtype=bool)  # (the last stands for the padding, -1)
+    where[links] = True
+    hit = where[crossed]
+    if once is not None:
+        hit &= once[:, :, None]
+    i, k, hop = np.nonzero(hit)
+    codes = np.sort(k * n_links + crossed[i, k, hop])
+    if len(codes) == 0:
+        return plan
+    first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    counts = np.diff(np.r_[first, len(codes)]).tolist()
+    extra: list[list] = [[] for _ in plan.weights]
+    for code, n in zip(codes[first].tolist(), counts):
+        extra[code // n_links].append((code % n_links, n))
+    return dataclasses.replace(plan, weights=tuple(w + tuple(x) for w, x in zip(plan.weights, extra)))
 
 
 def _row_codes(*cols: np.ndarray) -> np.ndarray:

@@ -405,6 +405,15 @@ class Cluster:
         return [k for _, _, k in rows]
 
     @cached_property
+    def scale_out_mask(self) -> np.ndarray:
+        """Per link (in ``edges`` order), whether it is a link of the scale-out network: a NIC's
+        cable to its leaf, or one between fabric switches (leaf, spine, core). There the
+        twins of two communications can meet where their simulated instances do not (ECMP
+        picks spines per flow; a ToR without rails takes several nodes' NICs):
+        engine.sim.Engine._meetings."""
+        return np.array([k in ("fabric", "nic") for k in self.edge_kind], dtype=bool)
+
+    @cached_property
     def edge_latency_s(self) -> list[float]:
         return [self.graph.edges[e]["latency_s"] for e in self.edges]
 
