@@ -380,3 +380,38 @@ def test_meetings_are_scale_out_links_off_the_simulated_flows_weighing_the_real_
     full_prog, _ = lower(sc, collapse=False)
     assert Engine(full_prog, sc.cluster, sc.cfg.simulation.network,
                   sc.cfg.simulation.collectives.model_dump())._meeting == {}
+
+
+def _loads_by_loop(eng, c) -> dict:
+    """Engine.link_loads as a loop over the plan's (link, weight) pairs: the reference."""
+    out: dict[int, tuple[float, float]] = {}
+    bw = eng.cluster.edge_bw_Bps
+    for plan in eng._full_plan(c):
+        flows: dict[int, float] = {}
+        for frac, ws in zip(plan.fractions, plan.weights):
+            for e, w in ws:
+                t, n = out.get(e, (0.0, 0.0))
+                out[e] = (t + w * frac * c.size_bytes / bw[e], n)
+                flows[e] = flows.get(e, 0.0) + w
+        for e, n in flows.items():
+            out[e] = (out[e][0], max(out[e][1], n))
+    return out
+
+
+@pytest.mark.parametrize("doc", ["meetings", "moe-ep4"])
+def test_link_loads_on_arrays_are_the_loops_bit_for_bit(doc):
+    """The analysis asks each explained communication's link loads (its bottleneck link and
+    who shares it); where twins meet, a plan crosses thousands of links, so they are summed
+    on arrays, once per shape and size: the same numbers as a loop over the pairs, bit for bit."""
+    from clustersim.engine import Engine
+
+    sc = (clustersim.load_scenario(_meeting_doc(), base_dir=ROOT) if doc == "meetings"
+          else _scenario(8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, moe=True))
+    prog, _ = lower(sc)
+    eng = Engine(prog, sc.cluster, sc.cfg.simulation.network, sc.cfg.simulation.collectives.model_dump())
+    comms = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.size_bytes): t.comm for t in prog.tasks if t.comm is not None}
+    assert len(comms) > 10
+    for c in comms.values():
+        want = _loads_by_loop(eng, c)
+        got = eng.link_loads(c)
+        assert got == want and eng.link_loads(c) is got  # (kept: asked again, the same dict)

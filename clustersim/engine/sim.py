@@ -374,6 +374,7 @@ class Engine:
         self._meeting: dict[tuple, dict[int, np.ndarray]] = {}
         self._kept: dict | None = None  # while _classify plans: plan key -> network.plan_phases's kept
         self._alone: dict[tuple, float | None] = {}
+        self._loads_of: dict[tuple, dict[int, tuple[float, float]]] = {}  # link_loads, by shape and size
         self._plan_of: dict[tuple, tuple[FlowPlan, ...]] = {}  # by (op, id group, id twins, size)
         self._alone_of: dict[tuple, float] = {}  # the same and the stream; -1: not alone
         self._full_of: dict[tuple, tuple[FlowPlan, ...]] = {}
@@ -588,18 +589,25 @@ class Engine:
     def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]:
         """Per link ``c`` crosses (twins included): (seconds its traffic needs there at the
         link's full bandwidth, real flows crossing it in its busiest phase). The link with the
-        most seconds is the one that bounds ``c`` alone (:meth:`_closed_form_s`)."""
-        out: dict[int, tuple[float, float]] = {}
-        bw = self.cluster.edge_bw_Bps
-        for plan in self._full_plan(c):
-            flows: dict[int, float] = {}
-            for frac, ws in zip(plan.fractions, plan.weights):
-                for e, w in ws:
-                    t, n = out.get(e, (0.0, 0.0))
-                    out[e] = (t + w * frac * c.size_bytes / bw[e], n)
-                    flows[e] = flows.get(e, 0.0) + w
-            for e, n in flows.items():
-                out[e] = (out[e][0], max(out[e][1], n))
+        most seconds is the one that bounds ``c`` alone (:meth:`_closed_form_s`). Worked out
+        once per shape and size, on arrays (a plan whose twins meet others' crosses thousands
+        of links), summed pair by pair in plan order as a loop over them would."""
+        key = (_shape_id(c), c.size_bytes)
+        out = self._loads_of.get(key)
+        if out is not None:
+            return out
+        bw = self.cluster.edge_columns[0]
+        phases = [_pairs(plan.weights) + (plan.fractions,) for plan in self._full_plan(c)]
+        edges = unique(np.concatenate([pe for _, pe, _, _ in phases])) if phases else np.zeros(0, dtype=np.int64)
+        secs, most = np.zeros(len(edges)), np.zeros(len(edges))
+        for sizes, pe, pw, fractions in phases:
+            at = np.searchsorted(edges, pe)
+            frac = np.repeat(np.asarray(fractions, dtype=float), sizes)
+            np.add.at(secs, at, pw * frac * c.size_bytes / bw[pe])
+            flows = np.zeros(len(edges))
+            np.add.at(flows, at, pw)
+            np.maximum(most, flows, out=most)
+        out = self._loads_of[key] = dict(zip(edges.tolist(), zip(secs.tolist(), most.tolist())))
         return out
 
     def timed_alone(self, t: Task) -> bool:
