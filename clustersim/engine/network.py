@@ -93,8 +93,7 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
 
 
 def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tuple = (),
-                shared: dict | None = None, meeting: dict[int, np.ndarray] | None = None,
-                kept: dict | None = None) -> tuple[FlowPlan, ...]:
+                shared: dict | None = None, kept: dict | None = None) -> tuple[FlowPlan, ...]:
     """Expand ``comm`` (and its twins) by ``algo`` into phases of weighted flows on graph paths.
 
     Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
@@ -121,17 +120,15 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     is worked out once into ``shared`` (the engine's), not once per orbit: a stage-to-stage
     send at 16,384 GPUs with a slow GPU is 1,024 instances in 16 orbits.
 
-    ``meeting[k]``: scale-out links, none of them on the simulated instance's paths, where
-    phase k's twins meet another communication's (Engine._meetings). A symmetric orbit's simulated
-    flow k is also constrained there, weighing how many instances' flow k cross each: the
-    other communication's flows are constrained there too, and the two share the link as
-    those twins do (the orbit moves at the pace of its twin slowed there)::
+    ``kept``: where each phase that crosses a scale-out link keeps its maker (phase ->
+    (make, wire scale)), from which :func:`with_meetings` makes it again with the scale-out
+    links, none of them on the simulated instance's paths, where its twins meet another
+    communication's (Engine._meetings), routing nothing again. A symmetric orbit's simulated
+    flow k is then also constrained there, weighing how many instances' flow k cross each:
+    the other communication's flows are constrained there too, and the two share the link
+    as those twins do (the orbit moves at the pace of its twin slowed there)::
 
         simulated flow k   own links (real / simulated)   + spine3 (2: twins a', a'' cross it)
-
-    ``kept``: where what each phase weighed on arrays was weighed from is kept (phase ->
-    :func:`_weigh_at`'s inputs), so that :func:`with_meetings` adds the meetings to it
-    without routing anything again.
     """
     node_of = cluster.node_of
     own_groups = (comm.group, *comm.twins)
@@ -157,8 +154,7 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
             flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
         keep = None if kept is None else partial(_keep, kept, k, scale)
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
-                           direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k],
-                           meeting=None if meeting is None else meeting.get(k), keep=keep)
+                           direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k], keep=keep)
         out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
 
@@ -238,13 +234,13 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
                 direct: bool = False, siblings: tuple = (), shared: dict | None = None, key=None,
-                meeting: np.ndarray | None = None, keep: Callable | None = None) -> FlowPlan:
+                keep: Callable | None = None) -> FlowPlan:
     """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN;
     ``siblings``: see :func:`plan_phases`, with ``shared[key]`` what all their orbits share
     (:func:`_coarse_rows`), read if there, else kept there when the plan is made on arrays;
-    ``meeting``: the scale-out links where its twins meet another communication's;
-    ``keep(make)``: called with the plan's maker, ``make(meeting)`` being the plan with those
-    meetings, made from what it was weighed from (nothing routed again)."""
+    ``keep(make)``: called with the plan's maker, ``make(links)`` being the plan with its
+    twins' meetings on those scale-out links, made from what it was weighed from (nothing
+    routed again)."""
     node_of = cluster.node_of
     route = _route(cluster, direct)
     # whole instances: the simulated one and its twins
@@ -254,7 +250,7 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         own = len(instances)
         co = shared.get(key) if key is not None else None
         if co is not None:
-            return _weigh_sibling_rows(cluster, instances, steps, co, meeting, keep)
+            return _weigh_sibling_rows(cluster, instances, steps, co, keep=keep)
         sims = [0]
         for orbit in siblings:
             sims.append(len(instances))
@@ -267,8 +263,8 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
             co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct)
             if key is not None:
                 shared[key] = co
-            return _weigh_sibling_rows(cluster, instances[:own], steps, co, meeting, keep)
-        return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, meeting=meeting, keep=keep)
+            return _weigh_sibling_rows(cluster, instances[:own], steps, co, keep=keep)
+        return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, keep=keep)
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
     if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
@@ -277,20 +273,20 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         rows = _by_member_rows(comm, node_of, flows_of, src, dst) if symmetric_members else None
         if rows is not None:
             plan = _weigh_rows(cluster, real_flows, src, dst, rows, steps, require_symmetric=True, direct=direct,
-                               meeting=meeting, keep=keep)
+                               keep=keep)
             if plan is not None:
                 return plan
             symmetric_members = False  # not symmetric member by member: as whole instances
         if not symmetric_members and len({len(inst) for inst in instances}) == 1:
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, meeting=meeting, keep=keep)
+            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, keep=keep)
     if symmetric_members:
         # one member's flows stand for all (much smaller), when that symmetry holds
         plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True,
-                      meeting=meeting, keep=keep)
+                      keep=keep)
         if plan is not None:
             return plan
-    return _weigh(cluster, route, instances, real_flows, steps, meeting=meeting, keep=keep)
+    return _weigh(cluster, route, instances, real_flows, steps, keep=keep)
 
 
 def _flow_ends(flows: list) -> tuple[np.ndarray, np.ndarray]:
@@ -305,12 +301,11 @@ ROWS_MIN_FLOWS = 512
 
 
 def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_symmetric: bool = False,
-           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,), meeting: np.ndarray | None = None,
-           keep: Callable | None = None):
+           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,), keep: Callable | None = None):
     """The plan of ``instances[0]`` standing for all ``instances`` (see :func:`plan_flows`);
     None if ``require_symmetric`` and the orbits are not symmetric. With siblings
     (:func:`plan_phases`), only the first ``own`` instances are its orbit, and ``sims`` are
-    the simulated instances of every orbit; ``meeting``, ``keep``: see :func:`_plan_phase`."""
+    the simulated instances of every orbit; ``keep``: see :func:`_plan_phase`."""
     own = len(instances) if own is None else own
     bw, lat = cluster.edge_bw_Bps, cluster.edge_latency_s
     # each (src, dst) routed once; every instance's flows are real flows
@@ -358,7 +353,7 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
         make = partial(_met_on, plan, instances[:own], paths[:own], require_symmetric)
     if keep is not None and len(plan.scale_out_real):  # (no scale-out link: no meeting to look for)
         keep(make)
-    return plan if meeting is None else make(meeting)
+    return plan
 
 
 def _as_is(plan: FlowPlan, _links) -> FlowPlan:
@@ -390,7 +385,7 @@ def _met_on(plan: FlowPlan, instances: list, paths: list, once: bool, links: np.
 
 
 def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, steps: int,
-                require_symmetric: bool = False, direct: bool = False, meeting: np.ndarray | None = None,
+                require_symmetric: bool = False, direct: bool = False,
                 keep: Callable | None = None) -> FlowPlan | None:
     """:func:`_weigh` on arrays, for communications with many real flows (an all-to-all over
     64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``src``, ``dst``: the real
@@ -407,7 +402,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         return None
     fractions = tuple(real_flows[i][2] for i in rows[0].tolist())
     once = None  # whole instances: each real flow is in one row
-    if require_symmetric and (meeting is not None or keep is not None):
+    if require_symmetric and keep is not None:
         # member by member, a flow is its sender's and its receiver's: count it in one row
         flat = rows.ravel()
         order = np.argsort(flat, kind="stable")
@@ -415,7 +410,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         once = np.zeros(len(flat), dtype=bool)
         once[order[np.r_[True, ordered[1:] != ordered[:-1]]]] = True
         once = once.reshape(rows.shape)
-    return _weigh_at(cluster, co, at, fractions, steps, meeting, once, keep)
+    return _weigh_at(cluster, co, at, fractions, steps, once, keep)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -463,27 +458,26 @@ def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.nd
     return _Coarse(keys, paths, lens, real, simulated, symmetric, edges[cluster.scale_out_mask[edges]]), at
 
 
-def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse, meeting: np.ndarray | None = None,
+def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse,
                         keep: Callable | None = None) -> FlowPlan:
     """The plan of ``own[0]`` standing for its orbit ``own`` (its instances' flows), from what
-    it and its siblings share (``co``); ``meeting``, ``keep``: see :func:`_plan_phase`."""
+    it and its siblings share (``co``); ``keep``: see :func:`_plan_phase`."""
     n_gpu = max(len(cluster.gpu_names), 1)
     src, dst = _flow_ends([f for inst in own for f in inst])
     at = np.searchsorted(co.keys, src * n_gpu + dst).reshape(len(own), -1)  # each flow's pair
     fractions = tuple(f[2] for f in own[0])
-    return _weigh_at(cluster, co, at, fractions, steps, meeting, keep=keep)
+    return _weigh_at(cluster, co, at, fractions, steps, keep=keep)
 
 
 def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, steps: int,
-              meeting: np.ndarray | None = None, once: np.ndarray | None = None,
-              keep: Callable | None = None) -> FlowPlan:
+              once: np.ndarray | None = None, keep: Callable | None = None) -> FlowPlan:
     """The plan of instance ``at[0]`` standing for the orbit ``at`` (each flow's pair in
     ``co``): symmetric, weight = real flows / simulated flows on each link of its flows (integer
-    counts: their quotient is the float Python's int / int gives), then on the ``meeting``
-    links (:func:`plan_phases`) how many instances' flow k cross each (where ``once[i, k]``,
-    when given: the rows of members hold each flow twice); else, per flow position k, how
-    many instances' flow k cross each link, links in order. ``keep``: see :func:`_plan_phase`
-    (what it keeps is the plan, the routes and ``at``, not ``co``'s per-link columns)."""
+    counts: their quotient is the float Python's int / int gives); else, per flow position k,
+    how many instances' flow k cross each link, links in order. ``keep``: see
+    :func:`_plan_phase`; a symmetric plan's maker (:func:`_met_at`) adds its meetings, counting
+    a flow where ``once[i, k]`` when given (the rows of members hold each flow twice); what
+    it keeps is the plan, the routes and ``at``, not ``co``'s per-link columns."""
     paths, real, lat_a = co.paths, co.real, cluster.edge_columns[1]
     scale_out = co.scale_out_real
     if co.symmetric:
@@ -498,7 +492,7 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         make = partial(_met_at, plan, paths, at, once, len(cluster.edges))
         if keep is not None and len(scale_out):  # (no scale-out link: no meeting to look for)
             keep(make)
-        return plan if meeting is None else make(meeting)
+        return plan
     else:
         width, n_edges = at.shape[1], len(real)
         crossed = paths[at]  # instance x flow x hop

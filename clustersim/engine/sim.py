@@ -402,7 +402,7 @@ class Engine:
         if key not in self._plans:
             # (its siblings follow from its group and twins: lower.Symmetry.siblings)
             self._plans[key] = plan_phases(self.cluster, c, algo, self.prog.siblings.get((c.group, c.twins), ()),
-                                           self._shared_orbits, self._meeting.get(key),
+                                           self._shared_orbits,
                                            None if self._kept is None else self._kept.setdefault(key, {}))
         return self._plans[key]
 
@@ -483,19 +483,13 @@ class Engine:
             self._count(fast, c, n)
         shapes = {(*_shape(t.comm), self.algorithm(t.comm), t.comm.key[:2] + (t.stream,)): t.comm
                   for t in distinct.values()}
-        shapes_of = {key[:-1]: c for key, c in shapes.items()}
-        self._kept = {}
+        self._kept = {}  # (every plan is made here first: each phase crossing a scale-out link keeps its maker)
         phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
         for key, meeting in self._meetings(phased).items():
             self._meeting[key] = meeting
-            kept = self._kept.get(key, {})
-            if all(k in kept for k in meeting):  # weighed on arrays: only the meetings to add
-                phased[key] = self._plans[key] = tuple(
-                    with_meetings(kept[k], meeting[k]) if k in meeting else plan
-                    for k, plan in enumerate(phased[key]))
-            else:
-                del self._plans[key]
-                phased[key] = self._plan(shapes_of[key], key[-1])
+            kept = self._kept[key]
+            phased[key] = self._plans[key] = tuple(with_meetings(kept[k], meeting[k]) if k in meeting else plan
+                                                   for k, plan in enumerate(phased[key]))
         self._kept = None
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge = _flows_on_links(list(plans.values()))
@@ -561,18 +555,18 @@ class Engine:
         covered = np.zeros(len(self.cluster.edges), dtype=bool)  # one family's simulated links, a phase at a time
         for keys in keys_of.values():
             for k in range(max(len(phased[key]) for key in keys)):
-                plans = [(key, phased[key][k]) for key in keys if k < len(phased[key])]
-                if all(p.scale_out_real is None or len(p.scale_out_real) == 0 for _, p in plans):
+                # (a plan crossing no scale-out link has none among its own links either)
+                plans = [(key, phased[key][k]) for key in keys if k < len(phased[key])
+                         and phased[key][k].scale_out_real is not None and len(phased[key][k].scale_out_real)]
+                if not plans:
                     continue
                 own = np.fromiter(set().union(*(p.edges for _, p in plans)), np.int64)
                 covered[own] = True
                 for key, plan in plans:
-                    real = plan.scale_out_real
-                    if real is not None and len(real):
-                        met = real[~covered[real]]
-                        met = met[families_on[met] > 1]
-                        if len(met):
-                            out.setdefault(key, {})[k] = met
+                    met = plan.scale_out_real[~covered[plan.scale_out_real]]
+                    met = met[families_on[met] > 1]
+                    if len(met):
+                        out.setdefault(key, {})[k] = met
                 covered[own] = False
         return out
 
