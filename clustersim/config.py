@@ -198,8 +198,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         fail("simulation.collapse_symmetric", f"simulating every one of {world:,} ranks would take hours and many "
                                               f"GB; keep collapse_symmetric: true (exact on symmetric placements) "
                                               f"or use at most {MAX_GPUS_ALL_RANKS:,} GPUs")
-    slow = sorted({w.gpu for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world})
-    _check_split(cfg, world, slow, "slow GPUs", source)
+    slow = {w.gpu: w.slowdown for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world}
+    _check_split(cfg, world, slow, set(), "slow GPUs", source)
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
         fail("parallel", f"{dims} = {vals} = {p.tp * p.cp * p.pp * p.dp} does not equal the "
@@ -378,24 +378,27 @@ def _with_what_ifs(topo: TopologyCfg, extra: list) -> TopologyCfg:
     return merged
 
 
-def _check_split(cfg: ScenarioCfg, world: int, gpus: list[int], what: str, source: str) -> None:
-    """Refuse stragglers or faulty nodes (``gpus``) that would split the symmetric classes into
-    more ranks than an all-ranks run may simulate: every rank of their DP replicas (their EP
-    groups' with EP) is simulated on its own (program/lower.py Symmetry)."""
+def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,
+                 source: str) -> None:
+    """Refuse stragglers (``slow``: GPU -> slowdown) or faulty nodes' GPUs that would split the
+    symmetric classes into more ranks than an all-ranks run may simulate (program/lower.py
+    Symmetry)."""
     p = cfg.parallel
-    if world <= MAX_GPUS_ALL_RANKS or not gpus or not cfg.simulation.collapse_symmetric \
+    if world <= MAX_GPUS_ALL_RANKS or not (slow or faulty) or not cfg.simulation.collapse_symmetric \
             or p.tp * p.cp * p.pp * p.dp != world or p.dp % p.ep:  # (other checks name those)
         return
     from .program.lower import Symmetry
 
     order, ep_inner = parse_order(p.order)
     mesh = Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
-    n = Symmetry.split_count(mesh, gpus, p.cp > 1 and not p.cp_load_balance)
+    moe = cfg.model.moe
+    ep_distinct = p.ep > 1 and moe is not None and moe.ep_load is not None and len(set(moe.ep_load)) > 1
+    n = Symmetry.split_count(mesh, slow, faulty, p.cp > 1 and not p.cp_load_balance, ep_distinct)
     if n > MAX_GPUS_ALL_RANKS:
+        gpus = sorted(set(slow) | set(faulty))
         shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")
-        raise ConfigError(f"{what} ({shown}) split the symmetric classes into {n:,} simulated ranks (every rank "
-                          f"of their DP replicas, with EP of their EP groups, is simulated on its own), more than "
-                          f"{MAX_GPUS_ALL_RANKS:,}: use fewer, smaller replicas (tp*cp*pp, ep) or a smaller cluster",
+        raise ConfigError(f"{what} ({shown}) split the symmetric classes into {n:,} simulated ranks, more than "
+                          f"{MAX_GPUS_ALL_RANKS:,}: use fewer stragglers or faults, or a smaller cluster",
                           source=source, field="cluster.what_if")
 
 
@@ -442,9 +445,8 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         cluster = _build_checked(topo, own, source)
         if cluster is not None:
             sc.__dict__["cluster"] = cluster
-            slow = {g for g, f in cluster.gpu_slowdown.items() if f != 1.0}
-            _check_split(cfg, cluster.num_gpus, sorted(slow | cluster.fault_gpus), "slow GPUs and faulty nodes",
-                         source)
+            slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}
+            _check_split(cfg, cluster.num_gpus, slow, set(cluster.fault_gpus), "slow GPUs and faulty nodes", source)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)

@@ -19,12 +19,12 @@ def _run(root, what_if, **parallel):
 
 def test_a_straggler_slows_its_replicas_and_splits_the_classes(root):
     """GPU 5 computes 1.5x slower: its compute takes 1.5x as long, the rest wait for it at
-    their collectives. The classes split around it: its DP replica (8 ranks) is simulated
-    rank by rank, the other replica one rank per (stage, TP index), which with DP 2 is every
-    rank (tests/test_symmetry.py has the larger cases)."""
+    their collectives. The classes split around it, four a stage: GPU 5's pipeline chain, its
+    TP peers' chains, and in the other DP replica GPU 5's TP index and the rest
+    (tests/test_symmetry.py has the larger cases)."""
     base = _run(root, [])
     slow = _run(root, [{"gpu": 5, "slowdown": 1.5}])
-    assert slow.summary["simulation"]["simulated_ranks"] == 16
+    assert slow.summary["simulation"]["simulated_ranks"] == 8
     assert base.summary["simulation"]["simulated_ranks"] == 2
     compute_of = lambda r, rank: sum(s.end_s - s.start_s for s in r.trace.spans  # noqa: E731
                                      if s.rank == rank and s.stream == "compute")
@@ -57,17 +57,17 @@ def test_what_if_in_the_topology_file_applies_too(root, tmp_path):
     d = scenario_dict(cluster={"topology": str(tmp_path / "t.yaml"), "nodes": 2},
                       parallel={"tp": 4, "pp": 2, "dp": 2}, training={"global_batch_size": 16})
     r = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
-    assert r.summary["simulation"]["simulated_ranks"] == 16
+    assert r.summary["simulation"]["simulated_ranks"] == 8  # split around GPU 0: four classes a stage
 
 
-def test_a_straggler_simulates_its_replica_and_one_rank_per_class_elsewhere(root):
-    """DP 4: GPU 5's replica (DP 1, 8 ranks) on its own, the three others one rank per
-    (stage, TP index): 16 of 32 simulated, and the all-ranks numbers."""
+def test_a_straggler_simulates_four_classes_a_stage(root):
+    """DP 4: GPU 5 (stage 0, TP 1, DP 1), its TP peers, TP index 1 of the three other
+    replicas, and the rest: 8 of 32 simulated, and the all-ranks numbers."""
     d = scenario_dict(cluster={"nodes": 4}, parallel={"tp": 4, "pp": 2, "dp": 4}, training={"global_batch_size": 16})
     d["cluster"]["what_if"] = [{"gpu": 5, "slowdown": 1.5}]
     sc = clustersim.load_scenario(d, base_dir=root)
     split = clustersim.simulate(sc).summary
     full = clustersim.simulate(sc, collapse=False).summary
-    assert split["simulation"]["simulated_ranks"] == 16 and full["simulation"]["simulated_ranks"] == 32
+    assert split["simulation"]["simulated_ranks"] == 8 and full["simulation"]["simulated_ranks"] == 32
     for key in ("step_time_s", "mfu", "bubble_fraction", "compute_s"):
         assert split[key] == pytest.approx(full[key], rel=1e-9), key

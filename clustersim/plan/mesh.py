@@ -141,7 +141,12 @@ class Mesh:
         return tuple(base + i * self._strides[dim] for i in range(self.size(dim)))
 
     def groups(self, dim: str) -> list[tuple[int, ...]]:
-        """Every ``dim`` group once, ordered by their first rank; each as :meth:`group` gives it.
+        """Every ``dim`` group once, ordered by their first rank; each as :meth:`group` gives it
+        (:meth:`group_rows` as tuples)."""
+        return [tuple(row) for row in self.group_rows(dim).tolist()]
+
+    def group_rows(self, dim: str) -> np.ndarray:
+        """Every ``dim`` group once as a row of ranks, rows ordered by their first rank.
 
         Worked out on the rank grid at once: ranks laid out as an array with one axis per
         dimension (DP split in two for the expert groups), the group's axes moved last::
@@ -162,8 +167,7 @@ class Mesh:
         grid = np.arange(self.world_size).reshape(shape)
         rest = [a for a in range(len(names)) if a not in axes]
         rows = grid.transpose(rest + axes).reshape(-1, int(np.prod([shape[a] for a in axes])))
-        rows = rows[np.argsort(rows.min(axis=1), kind="stable")]
-        return [tuple(int(x) for x in row) for row in rows.tolist()]
+        return rows[np.argsort(rows.min(axis=1), kind="stable")]
 
     def ranks_where(self, **fixed: int) -> list[int]:
         """All ranks whose coordinates match ``fixed``, ascending."""

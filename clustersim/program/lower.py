@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from operator import attrgetter, itemgetter
 
+import numpy as np
+
 from ..codegen import Straight
 from ..config import Scenario
 from ..plan.mesh import Mesh
@@ -34,6 +36,45 @@ from ..schedule.core import issue_units
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule, timeline
 from .tasks import ActionTemplate, Comm, Program, Task
 from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
+
+
+# the groups in which ranks communicate (the lowering's kinds, GRAD_GROUPS's mesh groups; a
+# pipeline group holds every send, tied-embedding and part-holder group)
+REFINE_DIMS = ("tp", "cp", "ep", "cp+dp", "cp+edp", "pp")
+
+
+def refine_classes(mesh: Mesh, start) -> np.ndarray:
+    """Class index of every rank: the coarsest split of the classes ``start`` gives (rows of
+    equal values, one row per rank) in which, for each kind of group, the members of a class
+    sit in groups that hold the same classes at the same positions (colour refinement, as
+    in graph isomorphism tests: Weisfeiler and Leman 1968)::
+
+        colours_0 = start;  colours_k+1 = (colours_k, for each kind: the colours_k of the
+        rank's group, in group order), renumbered;  stop when the count stops growing
+    """
+    cls = _row_ids(np.asarray(start))
+    groups = []
+    for dim in REFINE_DIMS:
+        rows = mesh.group_rows(dim)
+        where = np.empty(mesh.world_size, dtype=np.int64)
+        where[rows] = np.arange(len(rows))[:, None]
+        groups.append((rows, where))
+    n = int(cls.max()) + 1
+    while True:
+        cls = _row_ids(np.stack([cls, *(_row_ids(cls[rows])[where] for rows, where in groups)], axis=1))
+        if int(cls.max()) + 1 == n:
+            return cls
+        n = int(cls.max()) + 1
+
+
+def _row_ids(a: np.ndarray) -> np.ndarray:
+    """Per row of ``a`` (non-negative integers), an index shared by equal rows only: the
+    columns folded in one by one, renumbered after each (so the codes stay below
+    rows x values)."""
+    ids = np.zeros(len(a), dtype=np.int64)
+    for col in a.T:
+        ids = np.unique(ids * (int(col.max()) + 1) + col, return_inverse=True)[1].reshape(-1)
+    return ids
 
 
 @dataclass
@@ -50,23 +91,19 @@ class Symmetry:
       identical programs on identical hardware, so one class per pipeline stage (per stage and
       CP index when CP is not load-balanced: its ranks' attention work differs).
     - Collapsed, with stragglers (``slow``: rank -> compute slowdown; rank r runs on GPU r):
-      the classes split around them. A straggler's *coupled* DP indices (its own; with EP,
-      every DP index of its EP group, whose all-to-alls join them every layer) meet it in TP,
-      CP, PP or EP communication inside every microbatch, so each of their ranks is a class
-      of its own. Every other rank is *uncoupled*: its TP, CP, PP and EP groups hold uncoupled
-      ranks only, and it meets the coupled ranks only in the gradient and ZeRO collectives
-      over ``cp+dp`` (fixed by pipeline stage and TP index) and ``cp+edp`` (fixed by those and
-      the index inside the EP group). Uncoupled ranks with the same (pipeline stage, TP index,
-      index in the EP group; and CP index when CP ranks differ) are in the *same* such groups
-      and in groups of identical class pattern otherwise, so they form one class (see
-      :meth:`_split_classes`).
+      the classes split around them, as finely as the step needs and no finer: ranks stay
+      together while they run the same program at the same pace and every group they
+      communicate in holds the same classes at the same places (:meth:`_split_classes`,
+      colour refinement over the mesh's groups). One slow GPU under TP x PP x DP splits each
+      stage into at most four classes (the straggler's chain, its TP peers' chains, the
+      other ranks of its TP index, the rest); CP and EP peers add a few more.
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the class keeps the index in the EP group too: one class
       per (stage, [CP index,] EP index), TP and DP twins collapsed as before.
     - Collapsed, with faults on a node's own cables (``faulty``: the ranks of that node; a
       degraded NVLink, PCIe or NIC-leaf cable): those ranks' traffic crosses a slower link
-      than their twins', which makes them stragglers in communication; the classes split
-      around them the same way.
+      than their twins', which makes them stragglers in communication; each is a class of its
+      own, and the classes split around them the same way.
 
     All three give the same numbers on a symmetric placement; where twins meet different links
     (a stage that spans two leaf groups) an orbit moves at its slowest member's pace, a close
@@ -122,60 +159,56 @@ class Symmetry:
             out[d] = grp.index(d)
         return out
 
-    @staticmethod
-    def coupled_dp(mesh: Mesh, stragglers) -> set[int]:
-        """DP indices whose ranks meet a straggler inside every microbatch: the straggler's own
-        and, with EP, the other DP indices of its EP group."""
-        return {mesh.coords(x)["dp"] for s in stragglers for x in mesh.group(s, "ep")}
-
     @classmethod
-    def split_count(cls, mesh: Mesh, stragglers, cp_distinct: bool = False) -> int:
-        """How many ranks the split classes simulate, without building them: every rank of
-        a coupled DP index, plus one per (stage, TP index, [CP index,] index in the EP group)
-        while uncoupled DP indices remain."""
-        coupled = len(cls.coupled_dp(mesh, stragglers))
-        per_dp = mesh.tp * mesh.cp * mesh.pp
-        uncoupled = mesh.pp * mesh.tp * (mesh.cp if cp_distinct else 1) * mesh.ep if coupled < mesh.dp else 0
-        return coupled * per_dp + uncoupled
+    def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
+                    ep_distinct: bool = False) -> int:
+        """How many ranks the classes split around ``slow`` (rank -> slowdown) and ``faulty``
+        ranks simulate."""
+        return len(cls(mesh, True, cp_distinct, ep_distinct, slow=dict(slow), faulty=frozenset(faulty)).ranks)
 
     def _split_classes(self, stragglers: list[int]) -> dict[int, int]:
-        """``rep`` for stragglers: coupled ranks alone, uncoupled ones by (stage, TP index,
-        [CP index,] index in their EP group), each class simulated by its lowest rank.
+        """``rep`` for stragglers: the coarsest classes whose members run the same program at
+        the same pace and meet, in every communication, members of the same classes at the
+        same places (:func:`refine_classes`); each class simulated by its lowest rank.
 
-        Why every rank of a class starts and ends each task when the full simulation has its
-        representative do so: members of a class have the same pipeline stage, TP index and
-        EP index (and CP index where it changes the work), so the same program at the same
-        pace (no straggler is uncoupled). Their ``cp+dp`` group is one and the same group (it
-        fixes stage and TP index only), and so is their ``cp+edp`` group (the expert-DP group
-        is the DP indices with the same index in their EP groups): a collective that involves
-        coupled ranks ends at one instant for all its members. Their TP, CP, PP and EP groups
-        contain uncoupled ranks only, at positions whose classes agree member by member, so by
-        induction over the step every such communication starts and ends at the same instants
-        for each of them. Dropping the TP index from the key would not be exact: the
-        straggler's TP peers finish their compute earlier than it does, so the ``cp+dp``
-        groups of different TP indices reduce at different times; likewise EP indices for
-        ``cp+edp``. The CP index is dropped when CP is balanced: every ``cp+dp`` group spans
-        all CP indices, and the CP ranks of an uncoupled group run alike.
+        Ranks start apart by pipeline stage, compute slowdown (and CP or EP index where those
+        change the work); a rank on a faulty node is a class of its own. Refining then splits
+        ranks whose TP, CP, EP, gradient (``cp+dp``, ``cp+edp``) or pipeline groups hold
+        different classes position by position, until no group splits a class::
 
-        What this does not cover is how a shared collective's flows meet a member's own
-        traffic on its GPU links while they run: a ring's flow into a member comes from its
-        ring predecessor, a coupled rank for some members and not for others. Where that
-        overlap happens (ZeRO-2/3 collectives every microbatch or layer) members differ in the
-        full simulation by a little, and no merging of DP indices would be exact.
+            TP2 x PP2 x DP4 (rank = tp + 2 (dp + 4 pp)), GPU 5 slow (stage 0, tp 1, dp 2):
+                      dp 0   dp 1   dp 2    dp 3
+               pp 0   a  b   a  b   c [S]   a  b     S: the straggler; c: its TP peer
+               pp 1   d  e   d  e   f  g    d  e     f, g: the ranks its sends reach
+            8 classes of 16 ranks: a, b, d, e stand for 3 ranks each
+
+        Why every member starts and ends each task when its representative does, by induction
+        over the step: members run the same program at the same pace; a communication starts
+        when its last member arrives and ends at one instant for all of them (the engine times
+        each one as a whole), and a member's groups hold the same classes at the same places as
+        its representative's, so each of its communications starts (and, its twins loading the
+        links alike, ends) when the representative's does. Where the members' groups place a
+        straggler at different distances along a ring, the flows of one collective meet the
+        members' other traffic on different GPU links while they run: the timing holds, the
+        link sharing is the twins' (docs/architecture.md, "Classes split around stragglers").
         """
         m = self.mesh
-        coupled = self.coupled_dp(m, stragglers)
-        ep_index = self.ep_indices(m)
-        rep: dict[int, int] = {}
-        first: dict[tuple, int] = {}
-        for r in range(m.world_size):  # ascending: a class's first rank is its lowest
-            c = m.coords(r)
-            if c["dp"] in coupled:
-                rep[r] = r
-                continue
-            key = (c["pp"], c["tp"], c["cp"] if self.cp_distinct else 0, ep_index[c["dp"]])
-            rep[r] = first.setdefault(key, r)
-        return rep
+        r = np.arange(m.world_size)
+        coord = {d: (r // m._strides[d]) % m.size(d) for d in ("tp", "cp", "dp", "pp")}
+        by_dp = self.ep_indices(m)
+        ep_index = np.array([by_dp[d] for d in range(m.dp)])[coord["dp"]]
+        factor = np.array([self.slow.get(int(x), 1.0) for x in r])
+        alone = np.zeros(m.world_size, dtype=np.int64)
+        for x in self.faulty:
+            if 0 <= x < m.world_size:
+                alone[x] = x + 1  # a faulty rank's links are its own: it is a class of its own
+        start = np.stack([coord["pp"], coord["cp"] if self.cp_distinct else 0 * r,
+                          ep_index if self.ep_distinct else 0 * r,
+                          np.unique(factor, return_inverse=True)[1].reshape(-1), alone], axis=1)
+        cls = refine_classes(m, start)
+        first = np.full(int(cls.max()) + 1, m.world_size)
+        np.minimum.at(first, cls, r)
+        return dict(zip(r.tolist(), first[cls].tolist()))
 
     @cached_property
     def ranks(self) -> list[int]:
