@@ -178,6 +178,19 @@ def test_split_class_members_run_as_their_representative(case):
         _scenario(nodes, parallel, what_if=[{"gpu": g, "slowdown": f} for g, f in slow.items()], **opts))
 
 
+def test_skewed_load_classes_run_as_their_representative():
+    """A skewed expert load (a class per stage and EP index: equal loads at different EP
+    indices do not load the NICs alike, PXN putting each index's traffic on its own rail) and
+    a straggler splitting them further: each member runs as its representative."""
+    d = _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, 2,
+             moe={**MOE, "ep_load": [2.0, 2 / 3, 2 / 3, 2 / 3]}, what_if=[{"gpu": 13, "slowdown": 1.3}])
+    sc = clustersim.load_scenario(d, base_dir=ROOT)
+    prog, low = lower(sc)
+    # more classes than without the straggler (one per stage and EP index: 8), fewer than ranks
+    assert 8 < len(low.sym.ranks) < sc.mesh.world_size
+    _members_run_as_their_representative(sc)
+
+
 def test_split_classes_rule():
     """The classes of the docstring's picture (TP2 x PP2 x DP4, GPU 5 slow), each simulated by
     its lowest rank, and with EP the straggler's EP peers joined; the weights cover the world."""
