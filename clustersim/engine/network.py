@@ -76,10 +76,11 @@ class FlowPlan:
     # a flow's fraction is its bytes times this: > 1 where an algorithm sustains less of a
     # link's bandwidth than the link's own efficiency allows (NVLS)
     wire_scale: float = 1.0
-    # the scale-out links (Cluster.scale_out_mask) that a real flow of the orbit, or of its
-    # siblings, crosses, as sorted link ids: where Engine._meetings looks for twins that meet
-    # another communication's. Not part of the plan's value; None where not known
-    scale_out_real: np.ndarray | None = field(default=None, compare=False)
+    # the links where a real flow of the orbit, or of its siblings, crosses, as sorted link ids,
+    # among those where twins can meet another communication's unseen (Engine._meetings):
+    # the scale-out links (Cluster.scale_out_mask), and every link where the classes split a
+    # stage (``wide``, plan_phases). Not part of the plan's value; None where not known
+    meet_real: np.ndarray | None = field(default=None, compare=False)
 
     @cached_property  # (a frozen dataclass keeps it in its __dict__; fields alone compare and hash)
     def edges(self) -> frozenset[int]:
@@ -93,7 +94,7 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
 
 
 def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tuple = (),
-                shared: dict | None = None, kept: dict | None = None) -> tuple[FlowPlan, ...]:
+                shared: dict | None = None, kept: dict | None = None, wide: bool = False) -> tuple[FlowPlan, ...]:
     """Expand ``comm`` (and its twins) by ``algo`` into phases of weighted flows on graph paths.
 
     Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
@@ -120,15 +121,20 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     is worked out once into ``shared`` (the engine's), not once per orbit: a stage-to-stage
     send at 16,384 GPUs with a slow GPU is 1,024 instances in 16 orbits.
 
-    ``kept``: where each phase that crosses a scale-out link keeps its maker (phase ->
-    (make, wire scale)), from which :func:`with_meetings` makes it again with the scale-out
-    links, none of them on the simulated instance's paths, where its twins meet another
-    communication's (Engine._meetings), routing nothing again. A symmetric orbit's simulated
+    ``kept``: where each phase that crosses a link where twins can meet (a scale-out link;
+    with ``wide``, any) keeps its maker (phase -> (make, wire scale)), from which
+    :func:`with_meetings` makes it again with the links, none of them on the simulated
+    instance's paths, where its twins meet another communication's (Engine._meetings),
+    routing nothing again. A symmetric orbit's simulated
     flow k is then also constrained there, weighing how many instances' flow k cross each:
     the other communication's flows are constrained there too, and the two share the link
     as those twins do (the orbit moves at the pace of its twin slowed there)::
 
         simulated flow k   own links (real / simulated)   + spine3 (2: twins a', a'' cross it)
+
+    ``wide``: meetings are looked for on every link, not only on the scale-out ones (where
+    the classes split a stage, a node's GPUs stand for different classes, whose twins meet
+    on its NVLink and PCIe links too).
     """
     node_of = cluster.node_of
     own_groups = (comm.group, *comm.twins)
@@ -154,7 +160,8 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
             flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
         keep = None if kept is None else partial(_keep, kept, k, scale)
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
-                           direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k], keep=keep)
+                           direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k], keep=keep,
+                           wide=wide)
         out.append(dataclasses.replace(plan, wire_scale=scale))
     return tuple(out)
 
@@ -165,7 +172,7 @@ def _keep(kept: dict, k: int, scale: float, make: Callable) -> None:
 
 def with_meetings(kept: tuple, links: np.ndarray) -> FlowPlan:
     """The phase kept by :func:`plan_phases`, its simulated flows also constrained on the
-    scale-out links ``links`` where its twins meet another communication's."""
+    links ``links`` where its twins meet another communication's."""
     make, scale = kept
     return dataclasses.replace(make(links), wire_scale=scale)
 
@@ -234,13 +241,13 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
                 direct: bool = False, siblings: tuple = (), shared: dict | None = None, key=None,
-                keep: Callable | None = None) -> FlowPlan:
+                keep: Callable | None = None, wide: bool = False) -> FlowPlan:
     """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN;
     ``siblings``: see :func:`plan_phases`, with ``shared[key]`` what all their orbits share
     (:func:`_coarse_rows`), read if there, else kept there when the plan is made on arrays;
     ``keep(make)``: called with the plan's maker, ``make(links)`` being the plan with its
-    twins' meetings on those scale-out links, made from what it was weighed from (nothing
-    routed again)."""
+    twins' meetings on those links, made from what it was weighed from (nothing
+    routed again); ``wide``: see :func:`plan_phases`."""
     node_of = cluster.node_of
     route = _route(cluster, direct)
     # whole instances: the simulated one and its twins
@@ -260,11 +267,11 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         if len(real_flows) >= ROWS_MIN_FLOWS // 16 and len({len(inst) for inst in instances}) == 1:
             src, dst = _flow_ends(real_flows)
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct)
+            co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct, wide)
             if key is not None:
                 shared[key] = co
             return _weigh_sibling_rows(cluster, instances[:own], steps, co, keep=keep)
-        return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, keep=keep)
+        return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, keep=keep, wide=wide)
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
     if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
@@ -273,20 +280,20 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         rows = _by_member_rows(comm, node_of, flows_of, src, dst) if symmetric_members else None
         if rows is not None:
             plan = _weigh_rows(cluster, real_flows, src, dst, rows, steps, require_symmetric=True, direct=direct,
-                               keep=keep)
+                               keep=keep, wide=wide)
             if plan is not None:
                 return plan
             symmetric_members = False  # not symmetric member by member: as whole instances
         if not symmetric_members and len({len(inst) for inst in instances}) == 1:
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, keep=keep)
+            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, keep=keep, wide=wide)
     if symmetric_members:
         # one member's flows stand for all (much smaller), when that symmetry holds
         plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True,
-                      keep=keep)
+                      keep=keep, wide=wide)
         if plan is not None:
             return plan
-    return _weigh(cluster, route, instances, real_flows, steps, keep=keep)
+    return _weigh(cluster, route, instances, real_flows, steps, keep=keep, wide=wide)
 
 
 def _flow_ends(flows: list) -> tuple[np.ndarray, np.ndarray]:
@@ -301,7 +308,8 @@ ROWS_MIN_FLOWS = 512
 
 
 def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_symmetric: bool = False,
-           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,), keep: Callable | None = None):
+           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,), keep: Callable | None = None,
+           wide: bool = False):
     """The plan of ``instances[0]`` standing for all ``instances`` (see :func:`plan_flows`);
     None if ``require_symmetric`` and the orbits are not symmetric. With siblings
     (:func:`plan_phases`), only the first ``own`` instances are its orbit, and ``sims`` are
@@ -346,12 +354,12 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
         latency = max(path_lat.values(), default=0.0)
     crossed = np.fromiter(real, np.int64, len(real))
     plan = FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency,
-                    scale_out_real=np.sort(crossed[cluster.scale_out_mask[crossed]]))
+                    meet_real=np.sort(crossed if wide else crossed[cluster.scale_out_mask[crossed]]))
     if not symmetric:  # (an asymmetric orbit is constrained wherever its members go: no meeting to add)
         make = partial(_as_is, plan)
     else:  # member by member (require_symmetric), a flow is its sender's and its receiver's: once
         make = partial(_met_on, plan, instances[:own], paths[:own], require_symmetric)
-    if keep is not None and len(plan.scale_out_real):  # (no scale-out link: no meeting to look for)
+    if keep is not None and len(plan.meet_real):  # (no link to meet on: no meeting to look for)
         keep(make)
     return plan
 
@@ -386,7 +394,7 @@ def _met_on(plan: FlowPlan, instances: list, paths: list, once: bool, links: np.
 
 def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, steps: int,
                 require_symmetric: bool = False, direct: bool = False,
-                keep: Callable | None = None) -> FlowPlan | None:
+                keep: Callable | None = None, wide: bool = False) -> FlowPlan | None:
     """:func:`_weigh` on arrays, for communications with many real flows (an all-to-all over
     64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``src``, ``dst``: the real
     flows' ends; ``rows[i, k]``: the index in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
@@ -397,7 +405,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         instance 0   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    (flow k: its path's codes)
         instance 1   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    == instance 0's: symmetric
     """
-    co, at = _coarse_rows(cluster, src, dst, rows, (0,), direct)
+    co, at = _coarse_rows(cluster, src, dst, rows, (0,), direct, wide)
     if require_symmetric and not co.symmetric:
         return None
     fractions = tuple(real_flows[i][2] for i in rows[0].tolist())
@@ -427,11 +435,11 @@ class _Coarse:
     real: np.ndarray
     simulated: np.ndarray | None  # None where not symmetric
     symmetric: bool
-    scale_out_real: np.ndarray  # FlowPlan.scale_out_real
+    meet_real: np.ndarray  # FlowPlan.meet_real
 
 
 def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, sims,
-                 direct: bool) -> tuple[_Coarse, np.ndarray]:
+                 direct: bool, wide: bool = False) -> tuple[_Coarse, np.ndarray]:
     """(:class:`_Coarse` of the instances ``rows``, each instance flow's pair: ``at[i, k]``);
     ``rows[i, k]``: the index in ``src``, ``dst`` of flow k of instance i; ``sims``: the
     simulated instances' rows."""
@@ -455,7 +463,8 @@ def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.nd
     if symmetric:
         sim_paths = paths[at[list(sims)]]
         simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
-    return _Coarse(keys, paths, lens, real, simulated, symmetric, edges[cluster.scale_out_mask[edges]]), at
+    met = edges if wide else edges[cluster.scale_out_mask[edges]]
+    return _Coarse(keys, paths, lens, real, simulated, symmetric, met), at
 
 
 def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse,
@@ -479,7 +488,7 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
     a flow where ``once[i, k]`` when given (the rows of members hold each flow twice); what
     it keeps is the plan, the routes and ``at``, not ``co``'s per-link columns."""
     paths, real, lat_a = co.paths, co.real, cluster.edge_columns[1]
-    scale_out = co.scale_out_real
+    met = co.meet_real
     if co.symmetric:
         rep = paths[at[0]]
         on = rep >= 0
@@ -488,9 +497,9 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         weights = tuple(tuple(zip(e_row[:k], w_row[:k]))
                         for e_row, w_row, k in zip(rep.tolist(), share.tolist(), co.lens[at[0]].tolist()))
         latency = _longest_s(rep, lat_a)
-        plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, scale_out_real=scale_out)
+        plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met)
         make = partial(_met_at, plan, paths, at, once, len(cluster.edges))
-        if keep is not None and len(scale_out):  # (no scale-out link: no meeting to look for)
+        if keep is not None and len(met):  # (no link to meet on: no meeting to look for)
             keep(make)
         return plan
     else:
@@ -504,8 +513,8 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         links, counts = (pos_link % n_edges).tolist(), counts.tolist()
         weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
         latency = _longest_s(paths[unique(at)], lat_a)
-    plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, scale_out_real=scale_out)
-    if keep is not None and len(scale_out):  # (asymmetric: constrained wherever its members go, no meeting to add)
+    plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met)
+    if keep is not None and len(met):  # (asymmetric: constrained wherever its members go, no meeting to add)
         keep(partial(_as_is, plan))
     return plan
 
