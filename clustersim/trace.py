@@ -62,6 +62,20 @@ def unique(values: np.ndarray) -> np.ndarray:
     return ordered[keep]
 
 
+def unique_inverse(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values, return_inverse=True)[1]`` for a 1-D array: each value's rank among
+    the distinct values (without numpy.ma, as :func:`unique`)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    step = np.empty(len(ordered), dtype=np.int64)
+    if len(ordered):
+        step[0] = 0
+        np.not_equal(ordered[1:], ordered[:-1], out=step[1:])
+    out = np.empty(len(ordered), dtype=np.int64)
+    out[order] = np.cumsum(step)
+    return out
+
+
 def index_ranges(ptr: np.ndarray, which: np.ndarray) -> np.ndarray:
     """The indices ``ptr[i]:ptr[i + 1]`` for each ``i`` of ``which``, in that order, as one array
     (the rows of a CSR structure: the links of some flows, the dependencies of some tasks)."""

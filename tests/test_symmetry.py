@@ -285,6 +285,26 @@ def test_faults_on_a_nodes_cables_split_classes_and_equal_all_ranks(parallel, op
     _assert_same(split, full)
 
 
+@pytest.mark.parametrize("parallel, opts", [({"tp": 2, "pp": 4, "dp": 3}, {}),
+                                             ({"tp": 2, "pp": 4, "dp": 3, "schedule": "interleaved", "vpp": 2},
+                                              {"layers": 16})], ids=["1f1b", "interleaved"])
+def test_stages_straddling_nodes_split_by_where_their_neighbours_are(parallel, opts):
+    """3 DGX nodes, TP2 x PP4 x DP3: 6 GPUs a stage, so stage 1 holds GPUs 6-7 of node 0 and
+    8-11 of node 1: its DP index 0 sends to stage 0 over NVLink, DP 1 to stage 2 over NVLink
+    (GPUs 14-15, node 1), DP 2 both ways over the network. One class per stage moved every
+    twin at the network's pace (PP exposed time 35 % above the rank-by-rank run's); split by
+    which chain members share each rank's node, the collapse is exact."""
+    sc = _scenario(3, parallel, **opts)
+    sym = lower(sc)[1].sym
+    assert sym._chain_places() is not None
+    assert len({sym.rep[6], sym.rep[8], sym.rep[10]}) == 3 and sym.rep[7] == sym.rep[6]  # TP peers together
+    split, full = _both(sc)
+    assert split["simulation"]["simulated_ranks"] == 12
+    _assert_same(split, full)
+    # stages of whole nodes keep one class each
+    assert Symmetry(Mesh(tp=2, dp=4, pp=2), True, gpus_per_node=8)._chain_places() is None
+
+
 def test_a_fabric_cable_fault_keeps_the_collapse():
     """A leaf-spine cable belongs to no node: the collapse keeps one rank per stage and the
     orbits through it move at its pace (an upper bound, docs/architecture.md)."""

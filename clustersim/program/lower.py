@@ -34,6 +34,7 @@ from ..config import Scenario
 from ..plan.mesh import Mesh
 from ..schedule.core import issue_units
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule, timeline
+from ..trace import unique, unique_inverse
 from .tasks import ActionTemplate, Comm, Program, Task
 from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 
@@ -73,7 +74,7 @@ def _row_ids(a: np.ndarray) -> np.ndarray:
     rows x values)."""
     ids = np.zeros(len(a), dtype=np.int64)
     for col in a.T:
-        ids = np.unique(ids * (int(col.max()) + 1) + col, return_inverse=True)[1].reshape(-1)
+        ids = unique_inverse(ids * (int(col.max()) + 1) + col)
     return ids
 
 
@@ -97,6 +98,10 @@ class Symmetry:
       colour refinement over the mesh's groups). One slow GPU under TP x PP x DP splits each
       stage into at most four classes (the straggler's chain, its TP peers' chains, the
       other ranks of its TP index, the rest); CP and EP peers add a few more.
+    - Collapsed, where a stage straddles nodes (``gpus_per_node``): its ranks whose pipeline
+      neighbours share their node send over NVLink, the others over the network, so the
+      classes start apart by which chain members share each rank's node and are refined as
+      around stragglers (:meth:`_chain_places`).
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the class keeps the index in the EP group too: one class
       per (stage, [CP index,] EP index), TP and DP twins collapsed as before.
@@ -123,6 +128,9 @@ class Symmetry:
     # ranks on GPUs whose own links a fault what-if degraded or removed: their communication
     # runs slower than their twins', so they split the classes as stragglers do
     faulty: frozenset[int] = frozenset()
+    # GPUs per node (0: unknown): where a stage's ranks differ in which of their pipeline
+    # peers share their node, the classes split by it (:meth:`_chain_places`)
+    gpus_per_node: int = 0
     rep: dict[int, int] = field(init=False)
     # (group, twins) -> its siblings (:meth:`siblings`), for every communication that has any:
     # the engine reads it (Program.siblings)
@@ -137,7 +145,7 @@ class Symmetry:
         stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
-        elif stragglers:
+        elif stragglers or self._chain_places() is not None:
             self.rep = self._split_classes(stragglers)
         elif self.ep_distinct:  # one class per (stage, [CP index,] index in the EP group)
             ep_index = self.ep_indices(m)
@@ -202,13 +210,35 @@ class Symmetry:
         for x in self.faulty:
             if 0 <= x < m.world_size:
                 alone[x] = x + 1  # a faulty rank's links are its own: it is a class of its own
-        start = np.stack([coord["pp"], coord["cp"] if self.cp_distinct else 0 * r,
+        places = self._chain_places()
+        start = np.stack([coord["pp"], 0 * r if places is None else places, coord["cp"] if self.cp_distinct else 0 * r,
                           ep_index if self.ep_distinct else 0 * r,
-                          np.unique(factor, return_inverse=True)[1].reshape(-1), alone], axis=1)
+                          unique_inverse(factor), alone], axis=1)
         cls = refine_classes(m, start)
         first = np.full(int(cls.max()) + 1, m.world_size)
         np.minimum.at(first, cls, r)
         return dict(zip(r.tolist(), first[cls].tolist()))
+
+    def _chain_places(self) -> np.ndarray | None:
+        """Per rank, which members of its pipeline chain share its node (a code; equal codes,
+        equal patterns, stage by stage), or None where every rank of a stage has the same
+        pattern. A stage that straddles nodes sends to its neighbours over NVLink from some
+        ranks and over the network from others: their twins would meet different links."""
+        if not self.gpus_per_node:
+            return None
+        cached = self.__dict__.get("_places", False)
+        if cached is not False:
+            return cached
+        m = self.mesh
+        rows = m.group_rows("pp")  # chain x stage
+        node = rows // self.gpus_per_node
+        same = (node[:, :, None] == node[:, None, :]).reshape(-1, m.pp)  # (chain, own stage) x stage
+        code = np.empty(m.world_size, dtype=np.int64)
+        code[rows.reshape(-1)] = _row_ids(same.astype(np.int64))
+        stage = (np.arange(m.world_size) // m._strides["pp"]) % m.pp
+        apart = len(unique(stage * (int(code.max()) + 1) + code)) > m.pp
+        self.__dict__["_places"] = code if apart else None
+        return self.__dict__["_places"]
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -1180,7 +1210,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
     # a straggler or a fault on a node's own cables (rank r runs on GPU r) splits the classes
     # around it (Symmetry)
     sym = Symmetry(mesh, collapse, cp_distinct, ep_distinct, slow=dict(sc.cluster.gpu_slowdown),
-                   faulty=frozenset(sc.cluster.fault_gpus))
+                   faulty=frozenset(sc.cluster.fault_gpus), gpus_per_node=sc.cluster.gpus_per_node)
     work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
     rank_work = {(c, e): [stage_work(sc, j, sc.cluster.gpu, c, e) for j in range(sc.n_parts)]
                  for c in range(mesh.cp if cp_distinct else 1)
