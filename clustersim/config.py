@@ -199,7 +199,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                                               f"GB; keep collapse_symmetric: true (exact on symmetric placements) "
                                               f"or use at most {MAX_GPUS_ALL_RANKS:,} GPUs")
     slow = {w.gpu: w.slowdown for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world}
-    _check_split(cfg, world, slow, set(), "slow GPUs", source)
+    _check_split(cfg, world, slow, set(), "slow GPUs", source, topo.node.gpus)
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
         fail("parallel", f"{dims} = {vals} = {p.tp * p.cp * p.pp * p.dp} does not equal the "
@@ -379,7 +379,7 @@ def _with_what_ifs(topo: TopologyCfg, extra: list) -> TopologyCfg:
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,
-                 source: str) -> None:
+                 source: str, gpus_per_node: int = 0) -> None:
     """Refuse stragglers (``slow``: GPU -> slowdown) or faulty nodes' GPUs that would split the
     symmetric classes into more ranks than an all-ranks run may simulate (program/lower.py
     Symmetry)."""
@@ -393,7 +393,7 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
     mesh = Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
     moe = cfg.model.moe
     ep_distinct = p.ep > 1 and moe is not None and moe.ep_load is not None and len(set(moe.ep_load)) > 1
-    n = Symmetry.split_count(mesh, slow, faulty, p.cp > 1 and not p.cp_load_balance, ep_distinct)
+    n = Symmetry.split_count(mesh, slow, faulty, p.cp > 1 and not p.cp_load_balance, ep_distinct, gpus_per_node)
     if n > MAX_GPUS_ALL_RANKS:
         gpus = sorted(set(slow) | set(faulty))
         shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")
@@ -446,7 +446,8 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         if cluster is not None:
             sc.__dict__["cluster"] = cluster
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}
-            _check_split(cfg, cluster.num_gpus, slow, set(cluster.fault_gpus), "slow GPUs and faulty nodes", source)
+            _check_split(cfg, cluster.num_gpus, slow, set(cluster.fault_gpus), "slow GPUs and faulty nodes", source,
+                         cluster.gpus_per_node)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)

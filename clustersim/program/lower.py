@@ -169,18 +169,22 @@ class Symmetry:
 
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
-                    ep_distinct: bool = False) -> int:
+                    ep_distinct: bool = False, gpus_per_node: int = 0) -> int:
         """How many ranks the classes split around ``slow`` (rank -> slowdown) and ``faulty``
         ranks simulate."""
-        return len(cls(mesh, True, cp_distinct, ep_distinct, slow=dict(slow), faulty=frozenset(faulty)).ranks)
+        return len(cls(mesh, True, cp_distinct, ep_distinct, slow=dict(slow), faulty=frozenset(faulty),
+                       gpus_per_node=gpus_per_node).ranks)
 
     def _split_classes(self, stragglers: list[int]) -> dict[int, int]:
-        """``rep`` for stragglers: the coarsest classes whose members run the same program at
-        the same pace and meet, in every communication, members of the same classes at the
-        same places (:func:`refine_classes`); each class simulated by its lowest rank.
+        """``rep`` where the classes split (stragglers, faults on a node's cables, a stage
+        straddling nodes): the coarsest classes whose members run the same program at the same
+        pace and meet, in every communication, members of the same classes at the same places
+        (:func:`refine_classes`); each class simulated by its lowest rank.
 
-        Ranks start apart by pipeline stage, compute slowdown (and CP or EP index where those
-        change the work); a rank on a faulty node is a class of its own. Refining then splits
+        Ranks start apart by pipeline stage, which members of their pipeline chain share their
+        node (where that differs within a stage: :meth:`_chain_places`), compute slowdown (and
+        CP or EP index where those change the work); a rank on a faulty node is a class of its
+        own. Refining then splits
         ranks whose TP, CP, EP, gradient (``cp+dp``, ``cp+edp``) or pipeline groups hold
         different classes position by position, until no group splits a class::
 
