@@ -105,6 +105,14 @@ class ScenarioCfg(Strict):
     simulation: SimulationCfg = SimulationCfg()
     projection: ProjectionCfg = ProjectionCfg()
 
+    def ranks_differ(self) -> tuple[bool, bool]:
+        """(CP ranks run different programs, EP ranks do): unbalanced causal attention, a
+        skewed expert load. The symmetric classes keep those indices (program/lower.py
+        Symmetry)."""
+        p, moe = self.parallel, self.model.moe
+        return (p.cp > 1 and not p.cp_load_balance,
+                p.ep > 1 and moe is not None and moe.ep_load is not None and len(set(moe.ep_load)) > 1)
+
 
 @dataclass
 class Scenario:
@@ -391,9 +399,7 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
 
     order, ep_inner = parse_order(p.order)
     mesh = Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
-    moe = cfg.model.moe
-    ep_distinct = p.ep > 1 and moe is not None and moe.ep_load is not None and len(set(moe.ep_load)) > 1
-    n = Symmetry.split_count(mesh, slow, faulty, p.cp > 1 and not p.cp_load_balance, ep_distinct, gpus_per_node)
+    n = Symmetry.split_count(mesh, slow, faulty, *cfg.ranks_differ(), gpus_per_node)
     if n > MAX_GPUS_ALL_RANKS:
         gpus = sorted(set(slow) | set(faulty))
         shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")

@@ -296,13 +296,13 @@ def test_stages_straddling_nodes_split_by_where_their_neighbours_are(parallel, o
     which chain members share each rank's node, the collapse is exact."""
     sc = _scenario(3, parallel, **opts)
     sym = lower(sc)[1].sym
-    assert sym._chain_places() is not None
+    assert sym._chain_places is not None
     assert len({sym.rep[6], sym.rep[8], sym.rep[10]}) == 3 and sym.rep[7] == sym.rep[6]  # TP peers together
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == 12
     _assert_same(split, full)
     # stages of whole nodes keep one class each
-    assert Symmetry(Mesh(tp=2, dp=4, pp=2), True, gpus_per_node=8)._chain_places() is None
+    assert Symmetry(Mesh(tp=2, dp=4, pp=2), True, gpus_per_node=8)._chain_places is None
 
 
 def test_a_fabric_cable_fault_keeps_the_collapse():

@@ -354,7 +354,7 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
         latency = max(path_lat.values(), default=0.0)
     crossed = np.fromiter(real, np.int64, len(real))
     plan = FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency,
-                    meet_real=np.sort(crossed if wide else crossed[cluster.scale_out_mask[crossed]]))
+                    meet_real=np.sort(_meeting_places(cluster, crossed, wide)))
     if not symmetric:  # (an asymmetric orbit is constrained wherever its members go: no meeting to add)
         make = partial(_as_is, plan)
     else:  # member by member (require_symmetric), a flow is its sender's and its receiver's: once
@@ -362,6 +362,12 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
     if keep is not None and len(plan.meet_real):  # (no link to meet on: no meeting to look for)
         keep(make)
     return plan
+
+
+def _meeting_places(cluster: Cluster, links: np.ndarray, wide: bool) -> np.ndarray:
+    """Those of ``links`` where twins can meet another communication's unseen: the scale-out
+    ones (``Cluster.scale_out_mask``), or all of them with ``wide`` (:func:`plan_phases`)."""
+    return links if wide else links[cluster.scale_out_mask[links]]
 
 
 def _as_is(plan: FlowPlan, _links) -> FlowPlan:
@@ -463,8 +469,7 @@ def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.nd
     if symmetric:
         sim_paths = paths[at[list(sims)]]
         simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
-    met = edges if wide else edges[cluster.scale_out_mask[edges]]
-    return _Coarse(keys, paths, lens, real, simulated, symmetric, met), at
+    return _Coarse(keys, paths, lens, real, simulated, symmetric, _meeting_places(cluster, edges, wide)), at
 
 
 def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse,

@@ -34,7 +34,7 @@ from ..config import Scenario
 from ..plan.mesh import Mesh
 from ..schedule.core import issue_units
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule, timeline
-from ..trace import unique, unique_inverse
+from ..trace import unique_inverse
 from .tasks import ActionTemplate, Comm, Program, Task
 from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 
@@ -101,7 +101,7 @@ class Symmetry:
     - Collapsed, where a stage straddles nodes (``gpus_per_node``): its ranks whose pipeline
       neighbours share their node send over NVLink, the others over the network, so the
       classes start apart by which chain members share each rank's node and are refined as
-      around stragglers (:meth:`_chain_places`).
+      around stragglers (:attr:`_chain_places`).
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the class keeps the index in the EP group too: one class
       per (stage, [CP index,] EP index), TP and DP twins collapsed as before.
@@ -129,7 +129,7 @@ class Symmetry:
     # runs slower than their twins', so they split the classes as stragglers do
     faulty: frozenset[int] = frozenset()
     # GPUs per node (0: unknown): where a stage's ranks differ in which of their pipeline
-    # peers share their node, the classes split by it (:meth:`_chain_places`)
+    # peers share their node, the classes split by it (:attr:`_chain_places`)
     gpus_per_node: int = 0
     rep: dict[int, int] = field(init=False)
     # (group, twins) -> its siblings (:meth:`siblings`), for every communication that has any:
@@ -145,7 +145,7 @@ class Symmetry:
         stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
-        elif stragglers or self._chain_places() is not None:
+        elif stragglers or self._chain_places is not None:
             self.rep = self._split_classes(stragglers)
         elif self.ep_distinct:  # one class per (stage, [CP index,] index in the EP group)
             ep_index = self.ep_indices(m)
@@ -182,7 +182,7 @@ class Symmetry:
         (:func:`refine_classes`); each class simulated by its lowest rank.
 
         Ranks start apart by pipeline stage, which members of their pipeline chain share their
-        node (where that differs within a stage: :meth:`_chain_places`), compute slowdown (and
+        node (where that differs within a stage: :attr:`_chain_places`), compute slowdown (and
         CP or EP index where those change the work); a rank on a faulty node is a class of its
         own. Refining then splits
         ranks whose TP, CP, EP, gradient (``cp+dp``, ``cp+edp``) or pipeline groups hold
@@ -214,7 +214,7 @@ class Symmetry:
         for x in self.faulty:
             if 0 <= x < m.world_size:
                 alone[x] = x + 1  # a faulty rank's links are its own: it is a class of its own
-        places = self._chain_places()
+        places = self._chain_places
         start = np.stack([coord["pp"], 0 * r if places is None else places, coord["cp"] if self.cp_distinct else 0 * r,
                           ep_index if self.ep_distinct else 0 * r,
                           unique_inverse(factor), alone], axis=1)
@@ -223,6 +223,7 @@ class Symmetry:
         np.minimum.at(first, cls, r)
         return dict(zip(r.tolist(), first[cls].tolist()))
 
+    @cached_property
     def _chain_places(self) -> np.ndarray | None:
         """Per rank, which members of its pipeline chain share its node (a code; equal codes,
         equal patterns, stage by stage), or None where every rank of a stage has the same
@@ -230,19 +231,15 @@ class Symmetry:
         ranks and over the network from others: their twins would meet different links."""
         if not self.gpus_per_node:
             return None
-        cached = self.__dict__.get("_places", False)
-        if cached is not False:
-            return cached
-        m = self.mesh
-        rows = m.group_rows("pp")  # chain x stage
+        rows = self.mesh.group_rows("pp")  # chain x stage
         node = rows // self.gpus_per_node
-        same = (node[:, :, None] == node[:, None, :]).reshape(-1, m.pp)  # (chain, own stage) x stage
-        code = np.empty(m.world_size, dtype=np.int64)
-        code[rows.reshape(-1)] = _row_ids(same.astype(np.int64))
-        stage = (np.arange(m.world_size) // m._strides["pp"]) % m.pp
-        apart = len(unique(stage * (int(code.max()) + 1) + code)) > m.pp
-        self.__dict__["_places"] = code if apart else None
-        return self.__dict__["_places"]
+        same = (node[:, :, None] == node[:, None, :]).reshape(-1, self.mesh.pp)  # (chain, own stage) x stage
+        codes = _row_ids(same.astype(np.int64)).reshape(rows.shape)  # chain x own stage
+        if (codes == codes[:1]).all():  # each stage's ranks alike
+            return None
+        out = np.empty(self.mesh.world_size, dtype=np.int64)
+        out[rows] = codes
+        return out
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -1207,9 +1204,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
             return run_passes(low, kept), low
         return run_passes(low), low
     mesh = sc.mesh
-    cp_distinct = mesh.cp > 1 and not sc.parallel.cp_load_balance
-    moe = sc.model.moe
-    ep_distinct = mesh.ep > 1 and moe is not None and moe.ep_load is not None and len(set(moe.ep_load)) > 1
+    cp_distinct, ep_distinct = sc.cfg.ranks_differ()
     collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
     # a straggler or a fault on a node's own cables (rank r runs on GPU r) splits the classes
     # around it (Symmetry)
