@@ -374,6 +374,7 @@ class Engine:
         self._meeting: dict[tuple, dict[int, np.ndarray]] = {}
         self._kept: dict | None = None  # while _classify plans: plan key -> network.plan_phases's kept
         self._alone: dict[tuple, float | None] = {}
+        self._channel_codes: dict[tuple, int] = {}  # (channel, orbit, stream) -> its code (_classify)
         self._loads_of: dict[tuple, dict[int, tuple[float, float]]] = {}  # link_loads, by shape and size
         self._plan_of: dict[tuple, tuple[FlowPlan, ...]] = {}  # by (op, id group, id twins, size)
         self._alone_of: dict[tuple, float] = {}  # the same and the stream; -1: not alone
@@ -503,12 +504,18 @@ class Engine:
             self._plans[key] = tuple(FlowPlan(
                 weights=tuple(tuple((e, w) for e, w in ws if e in keep) for ws in plan.weights),
                 fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale) for plan in phases)
+        # a channel is (name, orbit, stream), and an orbit is a rank per group member: hashed
+        # once per shape here, not once per link (a DP ring over 16,384 GPUs: a tuple of
+        # 16,384, 65,536 links)
+        codes = self._channel_codes
         users: dict[int, set] = {}
         for (op, g, tw, ld, a, channel) in shapes:
+            code = codes.setdefault(channel, len(codes))
             for plan in self._plans[(op, g, tw, ld, a)]:
                 for e in plan.edges:
-                    users.setdefault(e, set()).add(channel)
-        self._edge_users = users
+                    users.setdefault(e, set()).add(code)
+        # per link, the one channel that uses it, or -1 where several do
+        self._sole_user = {e: next(iter(u)) if len(u) == 1 else -1 for e, u in users.items()}
         self._plan_of.clear()  # plans looked up before the links were merged
         self._full_of.clear()
 
@@ -619,8 +626,9 @@ class Engine:
         key = (*_shape(c), c.size_bytes, stream)
         if key not in self._alone:
             phases = self._plan(c)
-            channel = c.key[:2] + (stream,)
-            if all(self._edge_users[e] == {channel} for plan in phases for e in plan.edges):
+            code = self._channel_codes.get(c.key[:2] + (stream,), -2)
+            sole = self._sole_user
+            if all(sole[e] == code for plan in phases for e in plan.edges):
                 self._alone[key] = self._closed_form_s(phases, c.size_bytes)
             else:
                 self._alone[key] = None
