@@ -838,19 +838,24 @@ class Engine:
         """The links the run's communications used (``Trace.links``), over the run's step."""
         return self._link_use(self._last_end_s)
 
-    def _flow_intervals(self, c: Comm) -> list[tuple[dict[int, float], float, float]]:
-        """A communication timed in closed form, flow by flow: (bytes per link, start offset,
-        duration). Each flow starts after its phase's latency and runs at its rate alone."""
+    def _flow_intervals(self, c: Comm) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]]:
+        """A communication timed in closed form, phase by phase, on arrays: (links per flow,
+        every (flow, link) pair's link and bytes, flow by flow, the phase's start offset, each
+        flow's duration). Each flow starts after its phase's latency and runs at its rate
+        alone::
+
+            duration = fraction x size / rate        bytes on a link = weight x fraction / wire scale x size
+            next phase's offset = this one's + latency + its longest flow
+        """
         out, t0 = [], 0.0
         for plan, whole in zip(self._plan(c), self._full_plan(c)):
-            rates = max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps)
-            longest = 0.0
-            for frac, r, ws in zip(plan.fractions, rates, whole.weights):
-                dur = frac * c.size_bytes / r
-                longest = max(longest, dur)
-                wire = frac / whole.wire_scale * c.size_bytes
-                out.append(({e: w * wire for e, w in ws}, t0 + plan.latency_s, dur))
-            t0 += plan.latency_s + longest
+            rates = np.asarray(max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps), dtype=np.float64)
+            frac = np.asarray(plan.fractions, dtype=np.float64)
+            dur = frac * c.size_bytes / rates
+            sizes, pair_edge, pair_w = _pairs(whole.weights)
+            wire = frac / whole.wire_scale * c.size_bytes
+            out.append((sizes, pair_edge, pair_w * np.repeat(wire, sizes), t0 + plan.latency_s, dur))
+            t0 += plan.latency_s + max(0.0, float(dur.max()) if len(dur) else 0.0)
         return out
 
     @staticmethod
@@ -935,9 +940,9 @@ class Engine:
                 entry[1].extend(at)
         shapes = {key: self._flow_intervals(c) for key, (c, _) in starts.items()}
         for key, (_, at) in starts.items():
-            for on, _, _ in shapes[key]:
-                for e, b in on.items():
-                    total[e] += b * len(at)
+            for _, pair_edge, pair_bytes, _, _ in shapes[key]:
+                # (unbuffered: the same sums, in the same order, as a loop over the pairs)
+                np.add.at(total, pair_edge, pair_bytes * len(at))
         # flows of the network: link bytes per byte of the flow (its bytes include the timing scale)
         per_plan: dict[int, tuple[FlowPlan, np.ndarray]] = {}  # id -> (plan, bytes per flow)
         # transfers of one plan and size share their bytes-per-flow array: count, then add (in
@@ -971,11 +976,19 @@ class Engine:
             chosen.add(next(e for e in by_use if kind[e] == k))
         # (start, end, bytes) of everything the chosen links carried, then binned at once
         segs: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
+        picked = np.fromiter(sorted(chosen), np.int64, len(chosen))
         for key, (_, at) in starts.items():
             t0 = np.sort(np.asarray(at))  # the order they were logged in depends on how they were timed
-            for on, off, dur in shapes[key]:
-                for e in chosen.intersection(on):
-                    segs[e].append((t0 + off, t0 + off + dur, np.full(len(at), on[e])))
+            for sizes, pair_edge, pair_bytes, off, dur in shapes[key]:
+                hit = np.flatnonzero(np.isin(pair_edge, picked))
+                if not len(hit):
+                    continue
+                owner = np.repeat(np.arange(len(sizes)), sizes)  # each pair's flow
+                begin = t0 + off
+                for e in chosen.intersection(pair_edge[hit].tolist()):
+                    mine = hit[pair_edge[hit] == e]  # the pairs of the flows that cross it, in order
+                    ends = begin[None, :] + dur[owner[mine]][:, None]
+                    segs[e].append((np.tile(begin, len(mine)), ends.ravel(), np.repeat(pair_bytes[mine], len(at))))
         # per plan, its flows' weights on the chosen links (a flows x links matrix)
         mine: dict[int, tuple[list[int], np.ndarray] | None] = {}
         for k, (whole, _) in per_plan.items():
