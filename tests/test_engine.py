@@ -446,12 +446,12 @@ def _course_ends(plan, bw, size_bytes, shortcut: bool):
 
     env = simpy.Environment()
     net = FlowNetwork(env, bw)
-    worked = [0]
+    worked = []  # how many flows each fair share was worked out for
     solve = net._max_min_of
 
-    def counted(comp):
-        worked[0] += 1
-        return solve(comp)
+    def counted(comp, flows=None, bw_Bps=None):
+        worked.append(sum(map(len, flows)) if flows is not None else sum(len(t.idx) for t in comp))
+        return solve(comp, flows, bw_Bps)
 
     net._max_min_of = counted
     if not shortcut:
@@ -459,7 +459,7 @@ def _course_ends(plan, bw, size_bytes, shortcut: bool):
     net.transfer(plan, size_bytes)
     env.run()
     (_, _, times, rows, end, _), = net.finished
-    return end.tolist(), [r.tolist() for r in rows], times, worked[0]
+    return end.tolist(), [r.tolist() for r in rows], times, worked
 
 
 @pytest.mark.parametrize("fractions", [(1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 0.5, 1.0, 1.0)])
@@ -469,8 +469,8 @@ def test_a_transfer_alone_ends_level_by_level_without_working_its_shares_out_aga
     Flows 0-3 share link 0 (100 B/s) and each has a link of its own (10, 20, 200, 200 B/s);
     flow 4 only has its own (5 B/s). Shares: 10, 20, 35, 35, 5. With equal sizes, flows 2
     and 3 (the top level) end together, then 1, then 0, then 4: one fair share in all. With
-    flow 2 half as large, flow 3 is left alone at the top level and rises to 70 B/s: that
-    one is worked out again."""
+    flow 2 half as large, flow 3 is left alone at the top level and rises to 70 B/s: only
+    its share is worked out again (FlowNetwork._rates_above)."""
     from clustersim.engine.network import FlowPlan
 
     bw = [100.0, 10.0, 20.0, 200.0, 200.0, 5.0]
@@ -481,11 +481,62 @@ def test_a_transfer_alone_ends_level_by_level_without_working_its_shares_out_aga
     assert fast[:3] == slow[:3]  # the same ends, rate rows and times of change
     assert fast[1][0] == [10.0, 20.0, 35.0, 35.0, 5.0]
     if fractions[2] == 1.0:
-        assert (fast[3], slow[3]) == (1, 4)
+        assert (fast[3], slow[3]) == ([5], [5, 3, 2, 1])
         assert fast[0] == [70.0, 35.0, 20.0, 20.0, 140.0]
-    else:
-        assert (fast[3], slow[3]) == (2, 5)
+    else:  # flow 3 is worked out again, alone, on what the three slower flows leave of its links
+        assert (fast[3], slow[3]) == ([5, 1], [5, 4, 3, 2, 1])
         assert fast[1][1] == [10.0, 20.0, 0.0, 70.0, 5.0]  # flow 3, alone at the top, takes what link 0 has left
+
+
+def _mix_finished(plans, sizes, bw, fresh: bool):
+    """``net.finished`` of ``plans`` started together (``sizes`` bytes each) on links ``bw``;
+    ``fresh``: every fair share worked out afresh (FlowNetwork._rates_above bypassed). Also
+    how many flows the kept-rates path worked out again, and for how many it kept rates."""
+    import simpy
+
+    from clustersim.engine.network import FlowNetwork
+
+    env = simpy.Environment()
+    net = FlowNetwork(env, bw)
+    seen = [0, 0]
+    above = net._rates_above
+
+    def counted(comp, keys, below):
+        for t in comp:
+            r = t.rate[t.idx]
+            seen[0] += int((r >= below).sum())
+            seen[1] += int((r < below).sum())
+        return net._solved(comp, keys) if fresh else above(comp, keys, below)
+
+    net._rates_above = counted
+    for plan, size in zip(plans, sizes):
+        net.transfer(plan, size)
+    env.run()
+    return [(end.tolist(), times, [r.tolist() for r in rows]) for _, _, times, rows, end, _ in net.finished], seen
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_when_flows_end_the_slower_ones_keep_their_rates_and_the_rest_share_what_they_leave(seed):
+    """FlowNetwork._rates_above: once flows of a mix end, the flows that ran slower than the
+    slowest of them keep their rates, and the others share what those leave. Max-min says so
+    (a flow that ends at rate r* crosses no link that filled below r*), and the transfers
+    end as when every share is worked out afresh, up to rounding. Random mixes of three
+    transfers on shared links, flows of several sizes ending at many instants."""
+    from clustersim.engine.network import FlowPlan
+
+    rng = np.random.default_rng(seed)
+    flows, bw = _fair_share_mix(seed)
+    cut = sorted(rng.choice(np.arange(1, len(flows)), size=2, replace=False).tolist())
+    groups = [flows[:cut[0]], flows[cut[0]:cut[1]], flows[cut[1]:]]
+    plans = [FlowPlan(weights=tuple(g), fractions=tuple(rng.choice([0.25, 0.5, 1.0], size=len(g)).tolist()),
+                      latency_s=0.0) for g in groups]
+    sizes = rng.uniform(1e9, 4e9, size=3).tolist()
+    kept, seen = _mix_finished(plans, sizes, bw, fresh=False)
+    again, _ = _mix_finished(plans, sizes, bw, fresh=True)
+    assert seen[0] > 0 and seen[1] > 0  # flows worked out again and flows that kept their rates
+    for (end, times, rows), (end2, times2, rows2) in zip(kept, again):
+        assert np.allclose(end, end2, rtol=1e-9, atol=0) and len(times) == len(times2)
+        assert np.allclose(np.array(rows), np.array(rows2), rtol=1e-9, atol=0)
 
 
 def test_max_min_numpy_leaves_a_flow_listing_a_link_twice_to_the_loops():

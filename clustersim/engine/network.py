@@ -876,6 +876,9 @@ class _Transfer:
     ahead: tuple | None = None
     course: tuple | None = None  # (course, start) while it follows a kept course exactly
     size_bytes: float = 0.0  # the transfer's size (its flows carry fractions of it)
+    # since its rates were worked out, only flows of its mix have ended, none at a rate below
+    # this (inf: none ended); 0: not known (new, or gone back): FlowNetwork._rates_above
+    below: float = 0.0
 
     @property
     def key(self) -> tuple:
@@ -1148,6 +1151,7 @@ class FlowNetwork:
                 self._finish_due(t, at, 4 * math.ulp(at))
                 if t.live:
                     r = self._rates_left(t, was)
+                    t.below = math.inf
                     if r is not t.rate:
                         self._catch_up(t, at)
                         t.times.append(at)
@@ -1169,6 +1173,7 @@ class FlowNetwork:
     def _back_to(self, t: _Transfer, now: float) -> None:
         """Undo ``t``'s instants after ``now`` (see :meth:`_run_ahead`)."""
         (before, t0), t.ahead = t.ahead, None
+        t.below = 0.0  # (its rates go back to an earlier instant's)
         if t.times is None:  # a replayed course: its rate changes and ends, written out
             t.times, t.rows, t.end = _shifted(t.course[0], t0)
         t.course = None
@@ -1189,17 +1194,25 @@ class FlowNetwork:
         tick_s = 4 * math.ulp(now)
         due_by_s = now * (1 + 1e-12) + 1e-15  # as :meth:`_tick` picks the components due
         ended = []
+        lowest = math.inf  # the lowest rate among the flows that end now
         for t in transfers:
             if t.ahead is not None:  # worked out ahead: its last flow ends now
                 t.ahead = None
+                lowest = 0.0  # (its rates were its own course's)
                 if not t.live:
                     ended.append(t)
                     continue
             if t.next_s > due_by_s:
                 continue  # none of its flows ends now
+            was = t.idx
             self._finish_due(t, now, tick_s)
+            if len(t.idx) < len(was):
+                gone = np.setdiff1d(was, t.idx, assume_unique=True)
+                lowest = min(lowest, float(t.rate[gone].min()))
             if not t.live:
                 ended.append(t)
+        for t in transfers:
+            t.below = min(t.below, lowest)
         dirty.add(cid)
         if not ended:
             return
@@ -1239,6 +1252,7 @@ class FlowNetwork:
                 r[gone] = 0.0
                 _remember(self._rates_cache, (key,), {key: r})
                 return r
+            t.below = min(t.below, float(top.min()))
         return self._rates_of([t])[key]
 
     def _rates_of(self, comp: list[_Transfer]) -> dict:
@@ -1248,31 +1262,81 @@ class FlowNetwork:
         mix = tuple(sorted(keys))
         by_key = self._rates_cache.get(mix)
         if by_key is None:
-            flat = self._max_min_of(comp)
-            by_key, k = {}, 0
-            for t, key in zip(comp, keys):
-                if key not in by_key:
-                    r = np.zeros(len(t.size))
-                    r[list(t.live)] = flat[k:k + len(t.live)]
-                    by_key[key] = r
-                k += len(t.live)
+            below = min(t.below for t in comp)
+            by_key = self._rates_above(comp, keys, below) if 0.0 < below < math.inf else self._solved(comp, keys)
             _remember(self._rates_cache, mix, by_key)
         return by_key
 
-    def _max_min_of(self, comp: list[_Transfer]) -> list[float]:
-        """:func:`max_min_rates` of the live flows of ``comp``, in order. A large mix is put
-        together from each plan's (flow, link) pairs, flattened once per plan, not from the
-        flows' tuples at every mix (a ring over 512 replicas: 98,000 pairs per mix)."""
-        parts = [(self._plan_pairs(t.weights), t.idx) for t in comp if len(t.live)]
+    def _solved(self, comp: list[_Transfer], keys: list) -> dict:
+        """:meth:`_rates_of` worked out afresh: the max-min shares of every live flow."""
+        flat = self._max_min_of(comp)
+        by_key, k = {}, 0
+        for t, key in zip(comp, keys):
+            if key not in by_key:
+                r = np.zeros(len(t.size))
+                r[list(t.live)] = flat[k:k + len(t.live)]
+                by_key[key] = r
+            k += len(t.live)
+        return by_key
+
+    def _rates_above(self, comp: list[_Transfer], keys: list, below: float) -> dict:
+        """:meth:`_rates_of` once flows of the mix last worked out have ended, none at a rate
+        under ``below``: the flows that ran slower keep their rates, the others share what
+        those leave (:func:`_max_min_pairs` on the capacity left)::
+
+            levels   r1 < r2 < ... < rK            progressive filling of the last mix
+            flows ending at rates >= r*  cross no link that fills below r* (they would have
+            frozen there): without them every level below r* fills as before, with the same
+            flows; the flows at r* and above rise from there as from 0 on the capacity left
+        """
+        fixed, rest = [], []
+        for t in comp:
+            lo = t.rate[t.idx] < below
+            fixed.append(t.idx[lo])
+            rest.append(t.idx[~lo])
+        out: dict = {}
+        rates: list[float] = []
+        if any(len(x) for x in rest):
+            cap = self._bw_array.copy()
+            for t, idx in zip(comp, fixed):
+                if len(idx):  # what the flows that keep their rates take off their links
+                    ptr, edge, w, sizes = self._plan_pairs(t.weights)
+                    k = index_ranges(ptr, idx)
+                    np.subtract.at(cap, edge[k], w[k] * np.repeat(t.rate[idx], sizes[idx]))
+            rates = self._max_min_of(comp, rest, cap)
+        k = 0
+        for t, key, lo, hi in zip(comp, keys, fixed, rest):
+            if key not in out:
+                r = np.zeros(len(t.size))
+                r[lo] = t.rate[lo]
+                r[hi] = rates[k:k + len(hi)]
+                out[key] = r
+            k += len(hi)
+        return out
+
+    @cached_property
+    def _bw_array(self) -> np.ndarray:
+        return np.asarray(self.bw_Bps, dtype=np.float64)
+
+    def _max_min_of(self, comp: list[_Transfer], flows: list[np.ndarray] | None = None,
+                    bw_Bps: list[float] | np.ndarray | None = None) -> list[float]:
+        """:func:`max_min_rates` of the live flows of ``comp`` (``flows``: per transfer, which
+        of its flows instead), in order, on the links' bandwidths (``bw_Bps``: capacities per
+        link instead). A large mix is put together from each plan's (flow, link) pairs,
+        flattened once per plan, not from the flows' tuples at every mix (a ring over 512
+        replicas: 98,000 pairs per mix)."""
+        flows = [t.idx for t in comp] if flows is None else flows
+        bw_Bps = self.bw_Bps if bw_Bps is None else bw_Bps
+        parts = [(self._plan_pairs(t.weights), idx) for t, idx in zip(comp, flows) if len(idx)]
         sizes = np.concatenate([p[3][idx] for p, idx in parts]) if parts else np.zeros(0, dtype=np.int64)
         if sizes.sum() < NUMPY_MIN_CELLS:  # a small mix: the dispatcher decides, as before
-            return max_min_rates([t.weights[i] for t in comp for i in t.live], self.bw_Bps)
+            return max_min_rates([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
         take = [index_ranges(p[0], idx) for p, idx in parts]
         edge = np.concatenate([p[1][k] for (p, _), k in zip(parts, take)])
         w = np.concatenate([p[2][k] for (p, _), k in zip(parts, take)])
-        rates = _max_min_pairs(sizes, edge, w, self.bw_Bps)
+        rates = _max_min_pairs(sizes, edge, w, bw_Bps)
         if rates is None:  # a flow lists a link twice: what max_min_rates falls back to
-            return _max_min_loops([t.weights[i] for t in comp for i in t.live], self.bw_Bps)
+            return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
         return rates
 
     def _plan_pairs(self, weights: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -1292,6 +1356,7 @@ class FlowNetwork:
             by_key = self._rates_of(comp)
             soonest_s = float("inf")
             for t in comp:
+                t.below = math.inf
                 r = by_key[t.key]
                 if r is not t.rate:  # same flows in the same mix keep their rates and end time
                     self._catch_up(t, now)
