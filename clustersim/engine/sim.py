@@ -870,6 +870,10 @@ class Engine:
             piece (k, i) = [t_k, min(t_k+1, end_i)] at rate r_k,i   where that is > 0 long and r > 0
         """
         cols, x = here
+        # only the flows that cross a chosen link (a tree all-reduce over 252 GPUs of 72-GPU
+        # racks: 9,504 flows, a few dozen on the chosen links), in order
+        on = np.flatnonzero((x > 0).any(axis=1))
+        x = x[on]
         counts = [len(times) for _, times, _, _ in transfers]
         t0 = np.fromiter(chain.from_iterable(times for _, times, _, _ in transfers), np.float64, sum(counts))
         # each row's next rate change in its own transfer (inf after its last)
@@ -879,8 +883,8 @@ class Engine:
         flat = [row for _, _, rates, _ in transfers for row in rates]
         codes, ids = appearance_codes(map(id, flat), len(flat))
         of_id = dict(zip(map(id, flat), flat))
-        r = np.vstack([of_id[i] for i in ids])[codes]
-        ends = np.repeat(np.vstack([e for _, _, _, e in transfers]), counts, axis=0)
+        r = np.vstack([of_id[i][on] for i in ids])[codes]
+        ends = np.repeat(np.vstack([e[on] for _, _, _, e in transfers]), counts, axis=0)
         t1 = np.minimum(nxt[:, None], ends)
         ok = (t1 > t0[:, None]) & (r > 0)
         k_idx, i_idx = np.nonzero(ok)
