@@ -879,12 +879,19 @@ class _Transfer:
     # since its rates were worked out, only flows of its mix have ended, none at a rate below
     # this (inf: none ended); 0: not known (new, or gone back): FlowNetwork._rates_above
     below: float = 0.0
+    _key: tuple = ()  # :attr:`key`, and the ``live`` it was made for
+    _key_live: tuple | None = None
 
     @property
     def key(self) -> tuple:
         """Its identity in a mix of flows: transfers of the same plan with the same flows
-        running are interchangeable in max-min and get the same rates."""
-        return (id(self.weights), self.live)
+        running are interchangeable in max-min and get the same rates. The flows as bytes,
+        made once per set of live flows: the rates cache keeps thousands of keys, and a tuple
+        of 9,504 flows costs 36 bytes a flow and its hash again at every look-up."""
+        if self._key_live is not self.live:
+            self._key_live = self.live
+            self._key = (id(self.weights), self.idx.tobytes())
+        return self._key
 
 
 def _shifted(course: tuple, t0: float) -> tuple[list, list, np.ndarray]:
