@@ -126,3 +126,16 @@ def test_fuzz_symmetry_compares_drawn_plans():
     assert lines[3].startswith("the collapsed step against the all-ranks one: ")
     assert re.fullmatch(r"one kind's exposed time: \d plan\(s\) more than 10 % apart, at most [\d.]+% of the larger "
                         r"\(plan \d\)", lines[4])
+
+
+def test_scale_scan_plans_are_valid_scenarios_and_the_smallest_runs(tmp_path):
+    # bench/scale_scan.py makes its plans itself: a config change that refuses one would only
+    # show when someone runs the scan
+    from clustersim.config import load_scenario as load
+
+    scan = _bench("scale_scan")
+    for name in scan.PLANS:
+        sc = load(scan.scenario(name))
+        assert sc.mesh.world_size == scan.scenario(name)["cluster"]["nodes"] * sc.topology.node.gpus, name
+    got = scan.run("gb200_144_zero3", tmp_path)
+    assert (got["gpus"], got["ranks"]) == (144, 1) and got["spans"] > 0 and got["wall_s"] > 0 and got["rss_MiB"] > 0

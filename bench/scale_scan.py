@@ -1,0 +1,139 @@
+"""Plans at scale beyond the three of bench_scale.py, each run as a user runs it, to find the
+ones that are slow or large out of proportion: a sweep of plans meets them all.
+
+    python bench/scale_scan.py                 # every plan below
+    python bench/scale_scan.py gb200 fsdp      # the plans whose names contain a word given
+
+Per plan: ``clustersim run`` wall time (interpreter, import, simulation, the three files),
+its peak RSS, the ranks simulated and the spans. Each plan is made here (a model, a plan,
+a topology of topologies/) and written to a temporary folder; the run writes its files there.
+
+Example (2 cores, 2026-12-02, bare simpy timeout about 1.3 µs; docs/performance.md has
+the whole table; "before" is the tree before history entry 25)::
+
+    plan                       GPUs  ranks     spans   wall s   RSS MiB   before
+    16k_dp_only_zero2        16,384      1       200      4.5       388   23.7 s, 630 MiB
+    gb200_8k_tree             8,064      8    25,542     16.8       592   108.6 s, 4,728 MiB
+    (the other 15: 0.7-7.8 s, 79-471 MiB)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGIES = ROOT / "topologies"
+
+LLAMA_405B = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn_hidden": 53248, "mlp": "swiglu",
+              "norm": "rmsnorm", "bias": False, "dropout": False, "vocab": 128256, "seq_len": 8192,
+              "tied_embeddings": False, "position_embedding": "rope"}
+LLAMA_70B = {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn_hidden": 28672, "mlp": "swiglu",
+             "norm": "rmsnorm", "bias": False, "dropout": False, "vocab": 32000, "seq_len": 4096,
+             "tied_embeddings": False, "position_embedding": "rope"}
+LLAMA_8B = {**LLAMA_70B, "layers": 32, "hidden": 4096, "heads": 32, "ffn_hidden": 14336}
+GPT3 = {"layers": 96, "hidden": 12288, "heads": 96, "mlp": "gelu", "vocab": 51200, "seq_len": 2048}
+
+
+def _moe() -> dict:
+    return yaml.safe_load((ROOT / "scenarios" / "moe_1024gpu.yaml").read_text())["model"]
+
+
+# name -> (what it probes, topology file, nodes, model, parallel, global batch)
+PLANS = {
+    "16k_1f1b": ("Llama-3-405B at 16K GPUs, plain 1F1B, ZeRO-1", "roce-clos-llama3.yaml", 2048, LLAMA_405B,
+                 {"tp": 8, "pp": 16, "dp": 128, "sp": True, "zero": 1, "schedule": "1f1b"}, 128 * 16),
+    "16k_cp2_128k": ("a 128K-token context over CP2 at 16K GPUs", "roce-clos-llama3.yaml", 2048,
+                     {**LLAMA_405B, "seq_len": 131072}, {"tp": 8, "cp": 2, "pp": 16, "dp": 64, "sp": True,
+                                                          "schedule": "1f1b"}, 64 * 16),
+    "16k_m128": ("128 microbatches of 1F1B at 16K GPUs (repeating cycle)", "roce-clos-llama3.yaml", 2048,
+                 LLAMA_405B, {"tp": 8, "pp": 16, "dp": 128, "schedule": "1f1b"}, 128 * 128),
+    "16k_fsdp": ("ZeRO-3 over DP 2,048 with TP8", "dgx-h100.yaml", 2048, LLAMA_70B,
+                 {"tp": 8, "pp": 1, "dp": 2048, "zero": 3}, 2048 * 2),
+    "16k_dp_only_zero2": ("one DP ring over 16,384 GPUs (one simulated rank)", "dgx-h100.yaml", 2048, LLAMA_8B,
+                          {"tp": 1, "pp": 1, "dp": 16384, "zero": 2}, 16384),
+    "16k_zero3_interleaved": ("ZeRO-3 with interleaved 1F1B at 16K GPUs", "dgx-h100.yaml", 2048, LLAMA_405B,
+                              {"tp": 8, "pp": 16, "dp": 128, "zero": 3, "schedule": "interleaved", "vpp": 2},
+                              128 * 16),
+    "8k_gpt3_a100": ("GPT-3 175B on 8K A100s, ZeRO-1", "dgx-a100.yaml", 1024, GPT3,
+                     {"tp": 8, "pp": 8, "dp": 128, "zero": 1, "schedule": "1f1b"}, 128 * 64),
+    "8k_moe_1f1b": ("a DeepSeek-V3-like MoE on 8K GPUs, EP8, ZeRO-2, 1F1B", "dgx-h100.yaml", 1024, None,
+                    {"tp": 1, "pp": 8, "dp": 1024, "ep": 8, "zero": 2, "schedule": "1f1b"}, 1024 * 16),
+    "gb200_8k_tree": ("GB200 NVL72, 112 racks, ZeRO-0: DP all-reduce by trees over 252 GPUs",
+                      "gb200-nvl72.yaml", 112, LLAMA_405B,
+                      {"tp": 4, "pp": 8, "dp": 252, "sp": True, "schedule": "interleaved", "vpp": 2}, 252 * 16),
+    "gb200_10k_zero1": ("GB200 NVL72, 144 racks, ZeRO-1 (rings)", "gb200-nvl72.yaml", 144, LLAMA_405B,
+                        {"tp": 8, "pp": 8, "dp": 162, "zero": 1, "sp": True, "schedule": "1f1b"}, 162 * 16),
+    "gb200_144_zero3": ("ZeRO-3 over two GB200 racks", "gb200-nvl72.yaml", 2, LLAMA_70B,
+                        {"tp": 1, "pp": 1, "dp": 144, "zero": 3}, 144),
+    "4k_moe_dualpipe": ("the MoE at 4K GPUs, EP64, DualPipe", "dgx-h100.yaml", 512, None,
+                        {"tp": 1, "pp": 16, "dp": 256, "ep": 64, "zero": 1, "schedule": "dualpipe"}, 256 * 32),
+    "2k_moe_h800": ("the MoE on 2K H800s, EP32, DualPipe", "h800-cluster.yaml", 256, None,
+                    {"tp": 1, "pp": 8, "dp": 256, "ep": 32, "zero": 1, "schedule": "dualpipe"}, 256 * 16),
+    "4k_zbh1": ("ZB-H1 at 4K GPUs", "dgx-h100.yaml", 512, LLAMA_70B,
+                {"tp": 8, "pp": 8, "dp": 64, "schedule": "zb-h1"}, 64 * 64),
+    "4k_cp4_allgather": ("CP4 by all-gather, 64K tokens, on a fat tree", "fat-tree.yaml", 512,
+                         {**LLAMA_70B, "seq_len": 65536}, {"tp": 8, "cp": 4, "pp": 4, "dp": 32,
+                                                            "cp_comm": "all_gather", "schedule": "1f1b"}, 32 * 8),
+    "4k_gpt3_m256": ("256 microbatches on 4K A100s", "dgx-a100.yaml", 512, GPT3,
+                     {"tp": 8, "pp": 8, "dp": 64, "zero": 1, "schedule": "1f1b"}, 64 * 256),
+    "2k_gpipe": ("GPipe with 64 microbatches", "dgx-h100.yaml", 256, LLAMA_70B,
+                 {"tp": 8, "pp": 4, "dp": 64, "schedule": "gpipe"}, 64 * 64),
+}
+
+
+def scenario(name: str) -> dict:
+    """The scenario of plan ``name`` (a dict as a YAML file holds it)."""
+    _, topo, nodes, model, parallel, batch = PLANS[name]
+    return {"name": name, "description": PLANS[name][0],
+            "cluster": {"topology": str(TOPOLOGIES / topo), "nodes": nodes},
+            "model": {"name": name, **(model or _moe())}, "parallel": parallel,
+            "training": {"micro_batch_size": 1, "global_batch_size": batch, "precision": "bf16",
+                         "attention": "flash"}}
+
+
+def run(name: str, folder: Path) -> dict:
+    """``clustersim run`` on plan ``name`` in a fresh process: wall time, peak RSS, and what
+    its summary says was simulated."""
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(scenario(name), sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    t0 = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "clustersim", "run", str(path), "--out", str(folder / name)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=folder)
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS
+    wall = time.perf_counter() - t0
+    err = child.stderr.read().decode()
+    child.stderr.close()
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{name} failed:\n{err}")
+    sim = json.loads((folder / name / "summary.json").read_text())["simulation"]
+    return {"gpus": scenario(name)["cluster"]["nodes"] * yaml.safe_load(
+                (TOPOLOGIES / PLANS[name][1]).read_text())["node"]["gpus"],
+            "ranks": sim["simulated_ranks"], "spans": sim["spans"], "wall_s": wall,
+            "rss_MiB": usage.ru_maxrss / 1024}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("words", nargs="*", help="run only the plans whose names contain one of these")
+    args = ap.parse_args()
+    names = [n for n in PLANS if not args.words or any(w in n for w in args.words)]
+    print(f"{'plan':<24}{'GPUs':>7}{'ranks':>7}{'spans':>10}{'wall s':>9}{'RSS MiB':>10}  what it probes")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            r = run(name, Path(tmp))
+            print(f"{name:<24}{r['gpus']:>7,}{r['ranks']:>7,}{r['spans']:>10,}{r['wall_s']:>9.1f}"
+                  f"{r['rss_MiB']:>10,.0f}  {PLANS[name][0]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
