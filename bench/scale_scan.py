@@ -14,6 +14,7 @@ the whole table; "before" is the tree before history entry 25)::
     plan                       GPUs  ranks     spans   wall s   RSS MiB   before
     16k_dp_only_zero2        16,384      1       200      4.5       388   23.7 s, 630 MiB
     gb200_8k_tree             8,064      8    25,542     16.8       592   108.6 s, 4,728 MiB
+    16k_moe_roce             16,384     16    10,726     ~38      3,790   (left as it is)
     (the other 15: 0.7-7.8 s, 79-471 MiB)
 """
 
@@ -63,6 +64,9 @@ PLANS = {
     "16k_zero3_interleaved": ("ZeRO-3 with interleaved 1F1B at 16K GPUs", "dgx-h100.yaml", 2048, LLAMA_405B,
                               {"tp": 8, "pp": 16, "dp": 128, "zero": 3, "schedule": "interleaved", "vpp": 2},
                               128 * 16),
+    "16k_moe_roce": ("the MoE at 16K GPUs on Llama 3's RoCE Clos (no rails), EP64, 1F1B: asymmetric "
+                     "all-to-all orbits", "roce-clos-llama3.yaml", 2048, None,
+                     {"tp": 1, "pp": 16, "dp": 1024, "ep": 64, "zero": 1, "schedule": "1f1b"}, 1024 * 16),
     "8k_gpt3_a100": ("GPT-3 175B on 8K A100s, ZeRO-1", "dgx-a100.yaml", 1024, GPT3,
                      {"tp": 8, "pp": 8, "dp": 128, "zero": 1, "schedule": "1f1b"}, 128 * 64),
     "8k_moe_1f1b": ("a DeepSeek-V3-like MoE on 8K GPUs, EP8, ZeRO-2, 1F1B", "dgx-h100.yaml", 1024, None,
