@@ -172,7 +172,7 @@ def _merged(plan: FlowPlan) -> FlowPlan:
     apart, so they get one rate and end together, and one flow of weight m stands for m of
     them as a simulated flow stands for its twins. A tree all-reduce over the GPUs of many
     72-GPU racks runs g - 1 of its g chains over every NVLink hop inside a rack (9,504 flows,
-    of which 1,440 differ)."""
+    of which 1,404 differ)."""
     first: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(plan.weights, plan.fractions)):
         first.setdefault(key, []).append(i)
@@ -1305,7 +1305,7 @@ class FlowNetwork:
     def _rates_above(self, comp: list[_Transfer], keys: list, below: float) -> dict:
         """:meth:`_rates_of` once flows of the mix last worked out have ended, none at a rate
         under ``below``: the flows that ran slower keep their rates, the others share what
-        those leave (:func:`_max_min_pairs` on the capacity left)::
+        those leave (:meth:`_max_min_of` on the capacity left)::
 
             levels   r1 < r2 < ... < rK            progressive filling of the last mix
             flows ending at rates >= r*  cross no link that fills below r* (they would have
