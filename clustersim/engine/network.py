@@ -754,7 +754,7 @@ def _max_min_loops(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[fl
             else:
                 load[e] = w
                 on_edge[e] = [i]
-    cap = {e: bw_Bps[e] for e in load}
+    cap = {e: float(bw_Bps[e]) for e in load}  # (Python floats: capacities left may come as an array)
     frozen = [not ws for ws in weights]
     left = n - sum(frozen)
     live = [e for e in sorted(load) if load[e] > 1e-12]
@@ -830,7 +830,7 @@ def _max_min_pairs(sizes: np.ndarray, pair_edge: np.ndarray, pair_w: np.ndarray,
         return None
     flow_ptr = np.concatenate(([0], np.cumsum(sizes)))
     link_ptr = np.searchsorted(in_link_order, np.arange(n_links + 1))
-    cap = np.array([bw_Bps[e] for e in links.tolist()], dtype=float)
+    cap = bw_Bps[links] if isinstance(bw_Bps, np.ndarray) else np.array([bw_Bps[e] for e in links.tolist()], dtype=float)
     load = np.bincount(pair_link, weights=pair_w, minlength=n_links)
     rates = np.full(n, np.inf)
     open_ = sizes > 0
