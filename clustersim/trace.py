@@ -528,18 +528,6 @@ class Trace:
             rows = self._rows = SpanRows(self._base)
         return rows
 
-    def own_spans(self, tasks) -> dict[int, Span]:
-        """Task id -> the span the task left on its own rank and stream (a send's receive,
-        recorded on the receiver under the same id, is left out). ``tasks``: the program's."""
-        out: dict[int, Span] = {}
-        n = len(tasks)
-        for s in self.spans:
-            if 0 <= s.tid < n:
-                t = tasks[s.tid]
-                if s.rank == t.rank and s.stream == t.stream:
-                    out[s.tid] = s
-        return out
-
     def by_rank(self) -> dict[int, list[Span]]:
         """Spans per simulated rank (remembered while the span list stays the same list of
         the same length; the analysis asks several times)."""

@@ -225,10 +225,6 @@ class StageTimeline:
     inflight: int  # most (part, microbatch) sets alive at once
     per_part: list[int]  # most microbatches alive at once on each part
 
-    def peak_index(self) -> int:
-        """The first sample with the highest activations + buffers (0 when empty)."""
-        return _peak_index(np.add(self.activations, self.buffers))
-
     def downsampled(self, points: int = TIMELINE_POINTS) -> "StageTimeline":
         """At most ``points`` samples: the first and the last, and between them the time from
         the second to the next-to-last cut into ``points - 2`` equal bins, each keeping its
