@@ -1127,10 +1127,12 @@ class FlowNetwork:
             edge_comp[e] = target
         dirty.add(target)
 
-    def _finish_due(self, t: _Transfer, now: float, tick_s: float) -> None:
-        """End ``t``'s flows due at ``now`` (or left with float crumbs of a flow due now)."""
+    def _finish_due(self, t: _Transfer, now: float, tick_s: float) -> float:
+        """End ``t``'s flows due at ``now`` (or left with float crumbs of a flow due now); the
+        lowest rate among them (inf: none ended)."""
         self._catch_up(t, now)
         live = t.live
+        lowest = math.inf
         if len(live) <= FEW_FLOWS:  # on Python floats, the same comparisons (see _set_next_end)
             rem, size, rate = t.rem, t.size, t.rate
             due = [i for i in live if rem.item(i) <= max(size.item(i) * 1e-9, rate.item(i) * tick_s)]
@@ -1138,15 +1140,18 @@ class FlowNetwork:
                 t.end[due] = now
                 t.live = tuple(i for i in live if i not in due)
                 t.idx = np.array(t.live, dtype=np.int64)
+                lowest = min(map(rate.item, due))
         else:
             idx = t.idx
             due = t.rem[idx] <= np.maximum(t.size[idx] * 1e-9, t.rate[idx] * tick_s)
             if due.any():
                 t.end[idx[due]] = now
+                lowest = float(t.rate[idx[due]].min())
                 t.idx = idx[~due]
                 t.live = tuple(t.idx.tolist())
         if t.live:  # its first flow may have been just short of due: when it ends now
             _set_next_end(t, now)
+        return lowest
 
     def _run_ahead(self, t: _Transfer) -> None:
         """Work out the rest of ``t``, alone in its component, instant by instant as the clock
@@ -1227,11 +1232,7 @@ class FlowNetwork:
                     continue
             if t.next_s > due_by_s:
                 continue  # none of its flows ends now
-            was = t.idx
-            self._finish_due(t, now, tick_s)
-            if len(t.idx) < len(was):
-                gone = np.setdiff1d(was, t.idx, assume_unique=True)
-                lowest = min(lowest, float(t.rate[gone].min()))
+            lowest = min(lowest, self._finish_due(t, now, tick_s))
             if not t.live:
                 ended.append(t)
         for t in transfers:

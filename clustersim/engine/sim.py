@@ -989,8 +989,9 @@ class Engine:
                     continue
                 owner = np.repeat(np.arange(len(sizes)), sizes)  # each pair's flow
                 begin = t0 + off
-                for e in chosen.intersection(pair_edge[hit].tolist()):
-                    mine = hit[pair_edge[hit] == e]  # the pairs of the flows that cross it, in order
+                on = pair_edge[hit]
+                for e in chosen.intersection(on.tolist()):
+                    mine = hit[on == e]  # the pairs of the flows that cross it, in order
                     ends = begin[None, :] + dur[owner[mine]][:, None]
                     segs[e].append((np.tile(begin, len(mine)), ends.ravel(), np.repeat(pair_bytes[mine], len(at))))
         # per plan, its flows' weights on the chosen links (a flows x links matrix)

@@ -578,20 +578,14 @@ class Cluster:
             if leaf_s is None or leaf_d is None:
                 raise ConfigError("GPUs on different nodes but the topology has no fabric",
                                   field="fabric.kind")
-            mid = [leaf_s] if leaf_s == leaf_d else self._leaf_route(leaf_s, leaf_d, f"{s}>{d}")
             if a[3] is None or b[4] is None:  # a NIC cable taken out (what_if): name the missing link
+                mid = [leaf_s] if leaf_s == leaf_d else self._leaf_route(leaf_s, leaf_d, f"{s}>{d}")
                 hops = [s, self.graph.nodes[s]["nic"], *mid, self.graph.nodes[d]["nic"], d]
                 ids = tuple(index[(u, v)] for u, v in zip(hops, hops[1:]))
-            else:
-                ids = self._nic_to_nic(a, mid, b)
+            else:  # GPU -> NIC -> leaf, across the fabric, leaf -> NIC -> GPU
+                ids = a[3] + (() if leaf_s == leaf_d else self._leaf_edges(leaf_s, leaf_d, f"{s}>{d}".encode())) + b[4]
         cache[key] = ids
         return ids
-
-    def _nic_to_nic(self, a: tuple, hops: list[str], b: tuple) -> tuple[int, ...]:
-        """Edge ids of a route across the fabric: GPU -> NIC -> leaf of ``a`` (a
-        :meth:`_gpu_route`), the switches ``hops`` from that leaf to ``b``'s, leaf -> NIC -> GPU."""
-        index = self.edge_index
-        return a[3] + tuple(index[(u, v)] for u, v in zip(hops, hops[1:])) + b[4]
 
     def _gpu_route(self, gpu: int) -> tuple:
         """(node, NVSwitch, leaf, edge ids GPU -> NIC -> leaf, edge ids leaf -> NIC -> GPU) of
@@ -722,7 +716,7 @@ class Cluster:
         :meth:`path` handles otherwise (same node or leaf, no fabric, a NIC cable cut) is
         asked of it::
 
-            GPU -> NIC -> leaf a ─ _leaf_route(a, b, "src>dst") ─ leaf b -> NIC -> GPU
+            GPU -> NIC -> leaf a ─ _leaf_edges(a, b, "src>dst") ─ leaf b -> NIC -> GPU
         """
         cache = self.__dict__.setdefault("_paths", {})
         routes = self.__dict__.setdefault("_gpu_routes", {})
