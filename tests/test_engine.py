@@ -391,6 +391,67 @@ def test_dropping_dominated_links_keeps_every_max_min_rate(seed, monkeypatch):
         np.testing.assert_allclose(less, full, rtol=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_implying_links_on_arrays_check_crowded_links_flow_by_flow(seed, monkeypatch):
+    """Links that carry dozens of flows: the arrays check each (implied, implying) pair in
+    rounds of 2, 4, 8, ... of its flows and drop it at its first failing flow; the links
+    dropped are the loop's, given as a dict or as arrays (``_LinkFlows``, with or without the
+    flows numbered across plans), and some are dropped only after several rounds."""
+    from clustersim.engine import sim as engine_sim
+    from clustersim.engine.sim import _dominated_links, _LinkFlows
+
+    rng = np.random.default_rng(100 + seed)
+    n_links = 30
+    bw = rng.choice([50e9, 100e9], size=n_links).tolist()
+    on_edge: dict[int, list] = {}
+    for fi in range(120):
+        links = rng.choice(n_links, size=int(rng.integers(2, 7)), replace=False)
+        w = float(rng.choice([1.0, 2.0]))
+        for e in sorted(links.tolist()):
+            on_edge.setdefault(e, []).append((fi % 3, fi, w * float(rng.choice([1.0, 1.0, 0.5]))))
+    # a link every flow of link 0 crosses too, more heavily: it implies link 0 only after all of them
+    on_edge[n_links] = [(p, f, 2 * w) for p, f, w in on_edge[0]]
+    bw.append(bw[0])
+    on_edge = {e: sorted(on_edge[e]) for e in sorted(on_edge)}
+    assert max(map(len, on_edge.values())) > 16  # several rounds
+    monkeypatch.setattr(engine_sim, "DOMINATED_ROWS_FROM", 10**9)
+    by_loop = _dominated_links(on_edge, bw)
+    assert 0 in by_loop
+    monkeypatch.setattr(engine_sim, "DOMINATED_ROWS_FROM", 0)
+    assert _dominated_links(on_edge, bw) == by_loop
+    arrays = _LinkFlows.of(on_edge)
+    assert _dominated_links(arrays, bw) == by_loop
+    numbered = _LinkFlows(arrays.links, arrays.ptr, arrays.plan, arrays.flow, arrays.weight,
+                          arrays.plan * 1000 + arrays.flow)  # ids with gaps, in (plan, flow) order
+    assert _dominated_links(numbered, bw) == by_loop
+    assert numbered.as_dict() == on_edge
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_links_with_the_same_flows_are_merged_as_tuples_would_merge_them(collide, monkeypatch):
+    """``_LinkFlows.distinct`` keeps the first link of each set with the same bandwidth and
+    the same (plan, flow, weight) entries in the same order, found by hashing and checked entry
+    by entry: the links a dict of tuples keeps, also when every hash is the same (collisions,
+    the check fails and the tuples decide)."""
+    from clustersim.engine import sim as engine_sim
+    from clustersim.engine.sim import _LinkFlows
+
+    if collide:
+        monkeypatch.setattr(engine_sim, "_mix64", lambda x: x * np.uint64(0))
+    rng = np.random.default_rng(5)
+    bw = [100e9, 100e9, 50e9] * 40
+    base = [[(0, 1, 1.0), (0, 2, 0.5)], [(0, 1, 1.0)], [(1, 0, 2.0), (0, 1, 1.0)], [(0, 2, 0.5), (0, 1, 1.0)],
+            [(0, 1, 1.0), (0, 2, -0.0)], [(0, 1, 1.0), (0, 2, 0.0)]]
+    on_edge = {e: list(base[int(rng.integers(len(base)))]) for e in range(120)}
+    canon: dict = {}
+    expected = [e for e, sig in on_edge.items() if canon.setdefault((bw[e], tuple(sig)), e) == e]
+    arrays = _LinkFlows.of(on_edge)
+    kept = arrays.distinct(bw)
+    assert arrays.links[kept].tolist() == expected
+    assert 6 < len(expected) < 120
+    assert arrays.subset(kept).as_dict() == {e: on_edge[e] for e in expected}
+
+
 def _max_min_matrix(weights, bw_Bps) -> list[float]:
     """The progressive filling the numpy version replaced, on a dense flows x links matrix (a
     reference for its bit-for-bit claim)."""

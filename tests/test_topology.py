@@ -523,4 +523,29 @@ def test_routes_of_many_pairs_at_once_are_path_s_routes(root, case):
     rows, lens = at_once.paths(np.array([s for s, _ in pairs]), np.array([d for _, d in pairs]))
     got = [tuple(r[:k]) for r, k in zip(rows.tolist(), lens.tolist())]
     assert got == expected
-    assert at_once._across_leaves([s for s, _ in pairs], [d for _, d in pairs]) == expected
+    rows, lens = make()._across_leaves(np.array([s for s, _ in pairs]), np.array([d for _, d in pairs]))
+    assert [tuple(r[:k]) for r, k in zip(rows.tolist(), lens.tolist())] == expected
+
+
+def test_crcs_continued_on_arrays_are_zlib_s():
+    """``ecmp.Continuations.apply`` gives ``zlib.crc32(data, crc)`` for every row, for strings
+    of any length (the empty one too) and any 32-bit CRC to continue from, so that a pair's
+    salt ``src>dst`` hashes as ``crc32(">" + dst, crc32(src))``."""
+    import random
+    import zlib
+
+    import numpy as np
+
+    from clustersim.hardware.ecmp import Continuations
+
+    rng = random.Random(3)
+    hashes = Continuations()
+    strings = [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40))) for _ in range(60)] + [b""]
+    codes = [hashes.code(s) for s in strings]
+    assert hashes.code(strings[5]) == codes[5]  # registered once
+    rows = [rng.randrange(len(strings)) for _ in range(3000)]
+    crc = [rng.choice([0, 2**32 - 1, rng.randrange(2**32)]) for _ in rows]
+    got = hashes.apply(np.array([codes[i] for i in rows]), np.array(crc, dtype=np.int64))
+    assert got.tolist() == [zlib.crc32(strings[i], c) for i, c in zip(rows, crc)]
+    salt = hashes.apply(np.array([hashes.code(b">n7.gpu3")]), np.array([zlib.crc32(b"n12.gpu0")]))
+    assert salt.tolist() == [zlib.crc32(b"n12.gpu0>n7.gpu3")]

@@ -84,7 +84,7 @@ class FlowPlan:
 
     @cached_property  # (a frozen dataclass keeps it in its __dict__; fields alone compare and hash)
     def edges(self) -> frozenset[int]:
-        return frozenset(e for w in self.weights for e, _ in w)
+        return frozenset(map(itemgetter(0), chain.from_iterable(self.weights)))
 
 
 def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:

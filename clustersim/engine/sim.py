@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter, deque
-from itertools import chain, repeat, takewhile
+from itertools import chain, compress, repeat, takewhile
 from operator import itemgetter
 from dataclasses import dataclass, replace
 
@@ -117,23 +117,117 @@ def _stage_of(program: Program) -> dict[int, int]:
     return dict(sorted(found.items()))
 
 
-def _flows_on_links(plans: list[FlowPlan]) -> dict[int, list[tuple[int, int, float]]]:
-    """Link -> the (plan, flow, weight) of every flow crossing it, links in order and each
-    link's flows in plan then flow order (weights as floats): what a loop over the plans'
-    flows would collect, on arrays (a 16K-GPU step has 750,000 such pairs)."""
+@dataclass
+class _LinkFlows:
+    """Every (plan, flow, weight) entry of a step's flow plans, by the link it crosses: links
+    ascending, each link's entries in plan then flow order, what a loop over the plans' flows
+    would collect (as :meth:`as_dict` gives it), on arrays: a 16K-GPU MoE on a fabric without
+    rails has 7 million entries, which as tuples took seconds and gigabytes to make and read."""
+
+    links: np.ndarray  # link ids, ascending
+    ptr: np.ndarray  # the entries of links[i] are ptr[i]:ptr[i + 1]
+    plan: np.ndarray
+    flow: np.ndarray
+    weight: np.ndarray  # float64
+    flow_id: np.ndarray | None = None  # per entry, its flow numbered across the plans (in plan, flow order)
+
+    @classmethod
+    def of(cls, on_edge: dict[int, list[tuple[int, int, float]]]) -> _LinkFlows:
+        """The arrays of ``on_edge`` (link -> its entries, links in order)."""
+        counts = np.fromiter(map(len, on_edge.values()), np.int64, len(on_edge))
+        ptr = np.zeros(len(on_edge) + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        n = int(ptr[-1])
+        flat = list(chain.from_iterable(on_edge.values()))
+        return cls(np.fromiter(on_edge, np.int64, len(on_edge)), ptr, np.fromiter(map(itemgetter(0), flat), np.int64, n),
+                   np.fromiter(map(itemgetter(1), flat), np.int64, n), np.fromiter(map(itemgetter(2), flat), np.float64, n))
+
+    def __len__(self) -> int:
+        return int(self.ptr[-1])
+
+    def as_dict(self) -> dict[int, list[tuple[int, int, float]]]:
+        """Link -> its (plan, flow, weight) entries, as tuples."""
+        rows = list(zip(self.plan.tolist(), self.flow.tolist(), self.weight.tolist()))
+        bounds = self.ptr.tolist()
+        return {e: rows[lo:hi] for e, lo, hi in zip(self.links.tolist(), bounds, bounds[1:])}
+
+    def subset(self, which: np.ndarray) -> _LinkFlows:
+        """The links of indices ``which`` (ascending) with their entries."""
+        ent = index_ranges(self.ptr, which)
+        ptr = np.zeros(len(which) + 1, dtype=np.int64)
+        np.cumsum(np.diff(self.ptr)[which], out=ptr[1:])
+        return _LinkFlows(self.links[which], ptr, self.plan[ent], self.flow[ent], self.weight[ent],
+                          None if self.flow_id is None else self.flow_id[ent])
+
+    def distinct(self, bw_Bps: list[float]) -> np.ndarray:
+        """The indices of the links left when links of the same bandwidth and the same entries
+        (plan, flow and weight, in order) count as one: the first of each, ascending. Links are
+        grouped by a hash of their entries, then each is compared entry by entry with the first
+        of its group; should two differ (a collision), the entries are compared as tuples::
+
+            hash(link) = mix(sum over its entries k of mix(mix(plan, flow, k) ^ weight) ^ count) ^ mix(bw)
+
+        (sums mod 2**64; ``mix`` is :func:`_mix64`, a bijection that spreads every input bit)
+        """
+        n_l = len(self.links)
+        counts = np.diff(self.ptr)
+        bw = np.asarray(bw_Bps, dtype=np.float64)[self.links]
+        if n_l == 0:
+            return np.zeros(0, dtype=np.int64)
+        link_of = np.repeat(np.arange(n_l), counts)
+        pos = (np.arange(len(link_of)) - self.ptr[:-1][link_of]).astype(np.uint64)
+        u64 = np.uint64
+        mix = _mix64((self.plan.astype(u64) * u64(0x9E3779B97F4A7C15)) ^ (self.flow.astype(u64) * u64(0xC2B2AE3D27D4EB4F))
+                     ^ (pos * u64(0x165667B19E3779F9)))
+        mix = _mix64(mix ^ (self.weight + 0.0).view(u64))  # (+ 0.0: -0.0 as 0.0, as == has them)
+        key = _mix64(np.add.reduceat(mix, self.ptr[:-1]) ^ counts.astype(u64)) ^ _mix64(bw.view(u64))
+        order = np.argsort(key, kind="stable")  # a group's links in link order
+        ranked = key[order]
+        first = np.flatnonzero(np.concatenate(([True], ranked[1:] != ranked[:-1])))
+        rep = np.empty(n_l, dtype=np.int64)
+        rep[order] = np.repeat(order[first], np.diff(np.append(first, n_l)))
+        dup = np.flatnonzero(rep != np.arange(n_l))
+        if len(dup):
+            same = (bw[dup] == bw[rep[dup]]) & (counts[dup] == counts[rep[dup]])
+            if same.all():
+                a, b = index_ranges(self.ptr, dup), index_ranges(self.ptr, rep[dup])
+                eq = (self.plan[a] == self.plan[b]) & (self.flow[a] == self.flow[b]) & (self.weight[a] == self.weight[b])
+                starts = np.zeros(len(dup), dtype=np.int64)
+                np.cumsum(counts[dup][:-1], out=starts[1:])
+                same = np.logical_and.reduceat(eq, starts)
+            if not same.all():  # a hash collision: as tuples
+                canon: dict[tuple, int] = {}
+                return np.fromiter((i for i, (e, sig) in enumerate(self.as_dict().items())
+                                    if canon.setdefault((bw_Bps[e], tuple(sig)), i) == i), np.int64)
+        return np.flatnonzero(rep == np.arange(n_l))
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (Steele, Lea and Flood, "Fast splittable
+    pseudorandom number generators", OOPSLA 2014): each output bit depends on every input bit."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _flows_on_links(plans: list[FlowPlan]) -> _LinkFlows:
+    """The (plan, flow, weight) of every flow crossing each link, on arrays (:class:`_LinkFlows`)."""
     parts = [_pairs(plan.weights) for plan in plans]
     edge = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     if not len(edge):
-        return {}
+        z = np.zeros(0, dtype=np.int64)
+        return _LinkFlows(z, np.zeros(1, dtype=np.int64), z, z, np.zeros(0))
     weight = np.concatenate([p[2] for p in parts])
     plan_of = np.repeat(np.arange(len(parts)), [len(p[1]) for p in parts])
     flow_of = np.concatenate([np.repeat(np.arange(len(p[0])), p[0]) for p in parts])
+    first = np.cumsum([0] + [len(p[0]) for p in parts])  # each plan's first flow among all
     order = np.argsort(edge, kind="stable")  # by link, the pairs' own order within each
     edge = edge[order]
-    rows = list(zip(plan_of[order].tolist(), flow_of[order].tolist(), weight[order].tolist()))
-    bounds = [0, *(np.flatnonzero(np.diff(edge)) + 1).tolist(), len(rows)]
-    links = edge[bounds[:-1]].tolist()
-    return {e: rows[lo:hi] for e, lo, hi in zip(links, bounds[:-1], bounds[1:])}
+    bounds = np.flatnonzero(np.concatenate(([True], edge[1:] != edge[:-1], [True])))
+    plan_of, flow_of = plan_of[order], flow_of[order]
+    return _LinkFlows(edge[bounds[:-1]], bounds, plan_of, flow_of, weight[order], first[plan_of] + flow_of)
 
 
 class _Lazy(dict):
@@ -148,7 +242,7 @@ class _Lazy(dict):
         return value
 
 
-def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
+def _implied_rows(on: _LinkFlows, bw_Bps: list[float], few: int = 64):
     """:func:`_dominated_links`' question on arrays, for every link e2 whose fewest-links flow
     crosses at most ``few`` links: which links e1 imply it (carry each of its flows with
     w1(f) * c2/c1 >= w2(f) (1 - 1e-12), the test of the loop, in the same floats). The
@@ -162,19 +256,17 @@ def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
     links, for those that have any; for the loop, made on first use: link -> {flow: weight},
     flow -> set of its links, flow -> its (weight per capacity, link) in order), or None when a
     flow lists a link twice (the loop keeps the last weight)."""
-    links = list(on_edge)
+    links = on.links.tolist()
     n_l = len(links)
-    counts = np.fromiter(map(len, on_edge.values()), np.int64, n_l)
-    ptr = np.zeros(n_l + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
+    ptr, pi, fi, w = on.ptr, on.plan, on.flow, on.weight
+    counts = np.diff(ptr)
     n = int(ptr[-1])
-    flat = list(chain.from_iterable(on_edge.values()))
-    pi = np.fromiter(map(itemgetter(0), flat), np.int64, n)
-    fi = np.fromiter(map(itemgetter(1), flat), np.int64, n)
-    w = np.fromiter(map(itemgetter(2), flat), np.float64, n)
     link_of = np.repeat(np.arange(n_l), counts)  # link index of each entry
-    _, flow = np.unique(pi * (int(fi.max()) + 1) + fi, return_inverse=True)
-    flow = flow.ravel()
+    if on.flow_id is not None:
+        flow = on.flow_id
+    else:
+        _, flow = np.unique(pi * (int(fi.max()) + 1) + fi, return_inverse=True)
+        flow = flow.ravel()
     n_f = int(flow.max()) + 1
     key = link_of * n_f + flow
     by_key = np.argsort(key)
@@ -187,7 +279,9 @@ def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
     np.cumsum(n_links, out=flow_ptr[1:])
     flow_links = link_of[by_flow]
     # each link's flow with the fewest links (the first such): its candidates are that flow's links
-    fewest = np.lexsort((np.arange(n), n_links[flow], link_of))[ptr[:-1]]
+    spread = n_links[flow]
+    least = np.flatnonzero(spread == np.minimum.reduceat(spread, ptr[:-1])[link_of])
+    fewest = least[np.concatenate(([True], link_of[least][1:] != link_of[least][:-1]))]
     light = np.flatnonzero(n_links[flow[fewest]] <= few)
     pair_e2 = np.repeat(light, n_links[flow[fewest[light]]])
     pair_e1 = flow_links[index_ranges(flow_ptr, flow[fewest[light]])]
@@ -195,20 +289,29 @@ def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
     pair_e2, pair_e1 = pair_e2[other], pair_e1[other]
     implied: dict[int, list[int]] = {}
     bw_all = np.asarray(bw_Bps, dtype=np.float64)
-    if len(pair_e2):
-        ent = index_ranges(ptr, pair_e2)  # each pair's e2 entries: its flows and weights
-        pair_of = np.repeat(np.arange(len(pair_e2)), counts[pair_e2])
-        q = pair_e1[pair_of] * n_f + flow[ent]
+    bw = bw_all[links]
+    # each pair checked flow by flow in rounds of 2, 4, 8, ... of e2's entries, a pair left
+    # out once a flow fails it (most fail on their first flows: a 16K-GPU MoE's 630,000 pairs
+    # carry 32 million entries, of which 3 million are looked at)
+    alive, done = np.arange(len(pair_e2)), 0
+    width = 2
+    while len(alive):
+        e2, e1 = pair_e2[alive], pair_e1[alive]
+        take = np.clip(counts[e2] - done, 0, width)
+        if not take.any():
+            break
+        pair_of = np.repeat(np.arange(len(alive)), take)
+        ent = np.repeat(ptr[e2] + done - (np.cumsum(take) - take), take) + np.arange(len(pair_of))
+        q = e1[pair_of] * n_f + flow[ent]
         at = np.minimum(np.searchsorted(key_sorted, q), n - 1)
-        bw = bw_all[links]
-        scale = bw[pair_e2] / bw[pair_e1]
+        scale = bw[e2] / bw[e1]
         ok = (key_sorted[at] == q) & (w_sorted[at] * scale[pair_of] >= w[ent] * (1 - 1e-12))
-        starts = np.zeros(len(pair_e2), dtype=np.int64)
-        np.cumsum(counts[pair_e2][:-1], out=starts[1:])
-        good = np.flatnonzero(np.logical_and.reduceat(ok, starts))
-        good = good[np.lexsort((pair_e1[good], pair_e2[good]))]
-        for i2, i1 in zip(pair_e2[good].tolist(), pair_e1[good].tolist()):
-            implied.setdefault(links[i2], []).append(links[i1])
+        alive = alive[np.bincount(pair_of[~ok], minlength=len(alive)) == 0]
+        done += width
+        width *= 2
+    good = alive[np.lexsort((pair_e1[alive], pair_e2[alive]))]
+    for i2, i1 in zip(pair_e2[good].tolist(), pair_e1[good].tolist()):
+        implied.setdefault(links[i2], []).append(links[i1])
     is_light = np.zeros(n_l, dtype=bool)
     is_light[light] = True
 
@@ -235,7 +338,7 @@ def _implied_rows(on_edge: dict[int, list], bw_Bps: list[float], few: int = 64):
 DOMINATED_ROWS_FROM = 20_000
 
 
-def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
+def _dominated_links(on_edge: dict[int, list] | _LinkFlows, bw_Bps: list[float]) -> set[int]:
     """Links whose capacity constraint is implied by another link's, whatever flows are active.
 
     Link e2 is implied by e1 when every flow crossing e2 also crosses e1 with at least its
@@ -244,13 +347,20 @@ def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
     max-min allocation, unchanged; a fair-share computation then touches a few links per flow
     (an all-to-all's many per-destination links are all implied by its source's).
 
-    Links are taken in order, and a link dropped already implies none after it. Which links
-    could imply a link does not depend on that order: with many (link, flow) entries, it is
-    worked out on arrays first (:func:`_implied_rows`), and only the order is left to the loop.
+    ``on_edge``: link -> its (plan, flow, weight) entries, links in order, as a dict or as
+    :class:`_LinkFlows`. Links are taken in order, and a link dropped already implies none
+    after it. Which links could imply a link does not depend on that order: with many (link,
+    flow) entries, it is worked out on arrays first (:func:`_implied_rows`), and only the
+    order is left to the loop.
     """
-    rows = _implied_rows(on_edge, bw_Bps) if sum(map(len, on_edge.values())) >= DOMINATED_ROWS_FROM else None
+    arrays = on_edge if isinstance(on_edge, _LinkFlows) else None
+    big = (len(arrays) if arrays is not None else sum(map(len, on_edge.values()))) >= DOMINATED_ROWS_FROM
+    rows = _implied_rows(arrays if arrays is not None else _LinkFlows.of(on_edge), bw_Bps) if big else None
+    if rows is None and arrays is not None:
+        on_edge = arrays.as_dict()
     if rows is None:
-        light, implied = [False] * len(on_edge), {}
+        links, counts = list(on_edge), None
+        light, implied = [False] * len(links), {}
         sig = {e: {(pi, fi): w for pi, fi, w in flows} for e, flows in on_edge.items()}
         # the links each flow crosses among those considered (only they can imply a link: a plan's
         # own list of a flow's links can be the thousands its twins cross)
@@ -265,6 +375,8 @@ def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
 
         loads = _Lazy(load_order)
     else:  # flows numbered, {flow: weight} per link and each flow's links made when needed
+        arrays = arrays if arrays is not None else _LinkFlows.of(on_edge)
+        links, counts = arrays.links.tolist(), np.diff(arrays.ptr).tolist()
         light, implied, sig, links_of, loads = rows
     dropped: set[int] = set()
 
@@ -276,15 +388,15 @@ def _dominated_links(on_edge: dict[int, list], bw_Bps: list[float]) -> set[int]:
     # links crossed by one flow only (most links of a flow standing for many twins): of those
     # of one flow, the one with the highest weight per capacity implies the others
     single: dict = {}
-    for e, flows in on_edge.items():
-        if (len(flows) if rows is not None else len(sig[e])) == 1:  # (rows: no flow twice on a link)
+    for k, e in enumerate(links):
+        if (counts[k] if counts is not None else len(sig[e])) == 1:  # (rows: no flow twice on a link)
             single.setdefault(next(iter(sig[e])), []).append(e)
     for f, es in single.items():
         best = max(es, key=lambda e: (sig[e][f] / bw_Bps[e], -e))
         for e2 in es:
             if e2 != best and sig[best][f] * (bw_Bps[e2] / bw_Bps[best]) >= sig[e2][f] * (1 - 1e-12):
                 dropped.add(e2)
-    for e2, on_arrays in zip(on_edge, light):
+    for e2, on_arrays in zip(links, light):
         if e2 in dropped:
             continue
         if on_arrays:  # the links that imply it were worked out on arrays: the first still kept
@@ -496,13 +608,12 @@ class Engine:
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge = _flows_on_links(list(plans.values()))
         bw = self.cluster.edge_bw_Bps
-        canon: dict[tuple, int] = {}
-        keep = {e for e, sig in sorted(on_edge.items()) if canon.setdefault((bw[e], tuple(sig)), e) == e}
-        keep -= _dominated_links({e: on_edge[e] for e in sorted(keep)}, bw)
+        distinct = on_edge.subset(on_edge.distinct(bw))
+        keep = set(distinct.links.tolist()) - _dominated_links(distinct, bw)
         for key, phases in phased.items():
             self._full_plans[key] = phases
             self._plans[key] = tuple(FlowPlan(
-                weights=tuple(tuple((e, w) for e, w in ws if e in keep) for ws in plan.weights),
+                weights=tuple(tuple(compress(ws, map(keep.__contains__, map(itemgetter(0), ws)))) for ws in plan.weights),
                 fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale) for plan in phases)
         # a channel is (name, orbit, stream), and an orbit is a rank per group member: hashed
         # once per shape here, not once per link (a DP ring over 16,384 GPUs: a tuple of

@@ -42,6 +42,7 @@ import pydantic
 
 from ..errors import ConfigError
 from ..yamlio import Strict, read_yaml, short_repr, validate
+from .ecmp import Continuations
 from .gpus import GpuSpec, lookup_gpu
 
 # Switch vertex kinds of the scale-out fabric and their tier (height above the NICs)
@@ -697,45 +698,100 @@ class Cluster:
         lens[leaf] = 4
         rest = np.flatnonzero(other & ~nvlink & ~leaf)
         if len(rest):
-            found = self._across_leaves(src[rest].tolist(), dst[rest].tolist())
-            n = np.fromiter(map(len, found), np.int64, len(found))
-            width = int(n.max())
-            if width > rows.shape[1]:
-                rows = np.hstack([rows, np.full((len(src), width - rows.shape[1]), -1, dtype=np.int64)])
-            # every route's edges in one go: row rest[k], columns 0 .. n[k] - 1
-            flat = np.fromiter(itertools.chain.from_iterable(found), np.int64, int(n.sum()))
-            rows[np.repeat(rest, n), np.arange(len(flat)) - np.repeat(np.cumsum(n) - n, n)] = flat
+            far, n = self._across_leaves(src[rest], dst[rest])
+            if far.shape[1] > rows.shape[1]:
+                rows = np.hstack([rows, np.full((len(src), far.shape[1] - rows.shape[1]), -1, dtype=np.int64)])
+            rows[rest, :far.shape[1]] = far
             lens[rest] = n
         return rows, lens
 
-    def _across_leaves(self, src: list[int], dst: list[int]) -> list[tuple[int, ...]]:
-        """:meth:`path` of each pair, for pairs mostly on different leaves, in one loop: the
-        checks :meth:`path` makes per pair, its memo lookups and names, without its call per
-        pair (the DP rings over 512 replicas of a 16K-GPU step route about 86,000 such pairs);
-        the route between the leaves is :meth:`_leaf_route`'s, ECMP hashes included. A pair
-        :meth:`path` handles otherwise (same node or leaf, no fabric, a NIC cable cut) is
-        asked of it::
+    @cached_property
+    def _ecmp_columns(self) -> dict:
+        """What :meth:`_across_leaves` reads: the fabric switches' names and codes (their
+        order), their ``|switch`` seeds as :class:`~clustersim.hardware.ecmp.Continuations`
+        codes, and per GPU the code of its leaf (-1: none), ``crc32(name)`` and the code of
+        ``>name`` (a pair's salt ``src>dst`` is ``crc32(">" + dst, crc32(src))``)."""
+        hashes = Continuations()
+        names = sorted(self._fabric)
+        code = {v: i for i, v in enumerate(names)}
+        seed = np.array([hashes.code(f"|{v}".encode()) for v in names], dtype=np.int64)
+        leaf = np.array([code.get(self._gpu_route(g)[2], -1) for g in range(len(self.gpu_names))], dtype=np.int64)
+        head = np.array([zlib.crc32(x.encode()) for x in self.gpu_names], dtype=np.int64)
+        tail = np.array([hashes.code(f">{x}".encode()) for x in self.gpu_names], dtype=np.int64)
+        return {"hashes": hashes, "names": names, "code": code, "seed": seed, "leaf": leaf, "head": head,
+                "tail": tail}
 
-            GPU -> NIC -> leaf a ─ _leaf_edges(a, b, "src>dst") ─ leaf b -> NIC -> GPU
+    def _across_leaves(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`path` of each pair, as :meth:`paths` gives them, for pairs mostly on
+        different leaves: the DP rings over 512 replicas of a 16K-GPU step route about 86,000
+        such pairs, a 16K-GPU MoE's all-to-alls 836,000. The route between the leaves is
+        :meth:`_leaf_edges`', hop by hop for every pair at once: the pairs of each (switch,
+        turn) share its choices (:meth:`_step`, once per distinct one), and each pair's hash
+        there is its salt's CRC continued by ``|switch`` on arrays (:mod:`.ecmp`). A pair
+        :meth:`path` handles otherwise (same node, no fabric, a NIC cable cut, leaves joined
+        only through a third one) is asked of it::
+
+            GPU -> NIC -> leaf a ─ up t tiers ─ down t tiers ─ leaf b -> NIC -> GPU
         """
-        cache = self.__dict__.setdefault("_paths", {})
-        routes = self.__dict__.setdefault("_gpu_routes", {})
-        names = self.gpu_names
-        out = []
-        for s, d in zip(src, dst):
-            ids = cache.get((s, d))
-            if ids is None:
-                a = routes.get(s) or self._gpu_route(s)
-                b = routes.get(d) or self._gpu_route(d)
-                leaf_s, leaf_d = a[2], b[2]
-                if a[0] != b[0] and leaf_s is not None and leaf_d is not None and leaf_s != leaf_d \
-                        and a[3] is not None and b[4] is not None:
-                    ids = cache[(s, d)] = a[3] + self._leaf_edges(leaf_s, leaf_d, f"{names[s]}>{names[d]}".encode()) \
-                        + b[4]
+        c, e = self._gpu_columns, self._ecmp_columns
+        hashes, names, code, seed = e["hashes"], e["names"], e["code"], e["seed"]
+        leaf_s, leaf_d = e["leaf"][src], e["leaf"][dst]
+        far = (c["node"][src] != c["node"][dst]) & (leaf_s >= 0) & (leaf_d >= 0) & (leaf_s != leaf_d) \
+            & (c["up0"][src] >= 0) & (c["down0"][dst] >= 0)
+        turns = np.zeros(len(src), dtype=np.int64)  # tiers up to the turn; 0: not routed here
+        tops_of = np.zeros(len(src), dtype=np.int64)
+        tops_seen: dict[frozenset, int] = {}
+        at = np.flatnonzero(far)
+        if len(at):
+            pair_keys, inv = np.unique(leaf_s[at] * len(names) + leaf_d[at], return_inverse=True)
+            t_of, top_of = np.zeros(len(pair_keys), dtype=np.int64), np.zeros(len(pair_keys), dtype=np.int64)
+            for k, key in enumerate(pair_keys.tolist()):
+                meet = self._meeting_of(names[key // len(names)], names[key % len(names)])
+                if not isinstance(meet, list):  # else through a third leaf: path() picks among every route
+                    t_of[k], top_of[k] = meet[0], tops_seen.setdefault(meet[1], len(tops_seen))
+            turns[at], tops_of[at] = t_of[inv.ravel()], top_of[inv.ravel()]
+        tops_list = list(tops_seen)
+        width = 4 + 2 * int(turns.max(initial=0))
+        rows = np.full((len(src), width), -1, dtype=np.int64)
+        lens = np.zeros(len(src), dtype=np.int64)
+        crc = hashes.apply(e["tail"][dst], e["head"][src])  # crc32(b"src>dst")
+        for t in np.unique(turns[turns > 0]).tolist():
+            sel = np.flatnonzero(turns == t)
+            h0, v = crc[sel], leaf_s[sel]
+            hops = []
+            for i in range(1, 2 * t + 1):  # up t tiers, then down t tiers toward leaf b
+                up = i <= t
+                if up:
+                    key = (v * len(tops_list) + tops_of[sel]) * (t + 1) + (t - i)
                 else:
-                    ids = self.path(s, d)
-            out.append(ids)
-        return out
+                    key = (v * len(names) + leaf_d[sel]) * (t + 1) + (2 * t - i)
+                keys, inv = np.unique(key, return_inverse=True)
+                inv = inv.ravel()
+                count, ids, nxt = [], [], []
+                for k in keys.tolist():
+                    x, rest = divmod(k, t + 1)
+                    w, y = divmod(x, len(tops_list) if up else len(names))
+                    step = ("up", names[w], rest, tops_list[y]) if up else ("down", names[w], names[y], rest)
+                    choices, edge_ids, _ = self.__dict__.get("_step_cache", {}).get(step) or self._step(step)
+                    count.append(len(choices))
+                    ids += edge_ids
+                    nxt += [code[u] for u in choices]
+                count = np.asarray(count, dtype=np.int64)
+                first = np.cumsum(count) - count
+                n = count[inv]
+                h = h0 if i == 1 else hashes.apply(seed[v], h0)  # the first switch hashes the salt itself
+                pick = first[inv] + np.where(n == 1, 0, h % n)
+                hops.append(np.asarray(ids, dtype=np.int64)[pick])
+                v = np.asarray(nxt, dtype=np.int64)[pick]
+            s, d = src[sel], dst[sel]
+            rows[sel, :2 * t + 4] = np.column_stack([c["up0"][s], c["up1"][s], *hops, c["down0"][d], c["down1"][d]])
+            lens[sel] = 2 * t + 4
+        for k in np.flatnonzero(turns == 0).tolist():  # the rest, pair by pair
+            ids = self.path(int(src[k]), int(dst[k]))
+            if len(ids) > rows.shape[1]:
+                rows = np.hstack([rows, np.full((len(src), len(ids) - rows.shape[1]), -1, dtype=np.int64)])
+            rows[k, :len(ids)], lens[k] = ids, len(ids)
+        return rows, lens
 
     def pxn_proxies(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """:meth:`pxn_proxy` of every pair, -1 for None: the GPU of ``dst``'s local index on
