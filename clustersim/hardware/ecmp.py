@@ -46,6 +46,7 @@ class Continuations:
         self._crc: list[int] = []  # per code: crc32(string)
         self._len_of: list[int] = []  # per code: its length's row
         self._z: list[np.ndarray] = []
+        self._arrays: tuple | None = None  # (tables, length rows, CRCs) as arrays, until a new code
 
     def code(self, data: bytes) -> int:
         """The code of ``data`` (registered on first sight)."""
@@ -58,13 +59,17 @@ class Continuations:
                 self._z.append(_tables(len(data)))
             self._crc.append(zlib.crc32(data))
             self._len_of.append(row)
+            self._arrays = None
         return got
 
     def apply(self, code: np.ndarray, crc: np.ndarray) -> np.ndarray:
         """``zlib.crc32(string of code[i], crc[i])`` per row, int64 (``crc`` in 0 .. 2**32 - 1)."""
-        z = np.stack(self._z)  # (lengths, 4, 256)
-        row = np.asarray(self._len_of, dtype=np.int64)[code]
-        out = np.asarray(self._crc, dtype=np.int64)[code]
+        if self._arrays is None:
+            self._arrays = (np.stack(self._z), np.asarray(self._len_of, dtype=np.int64),
+                            np.asarray(self._crc, dtype=np.int64))
+        z, len_of, crcs = self._arrays  # z: (lengths, 4, 256)
+        row = len_of[code]
+        out = crcs[code]
         for k in range(4):
             out ^= z[row, k, (crc >> (8 * k)) & 255]
         return out
