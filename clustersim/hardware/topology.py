@@ -733,6 +733,10 @@ class Cluster:
 
             GPU -> NIC -> leaf a ─ up t tiers ─ down t tiers ─ leaf b -> NIC -> GPU
         """
+        memo = self.__dict__.setdefault("_across_memo", {})  # a step routes the same groups' pairs again
+        asked = (src.tobytes(), dst.tobytes())
+        if asked in memo:
+            return memo[asked]
         c, e = self._gpu_columns, self._ecmp_columns
         hashes, names, code, seed = e["hashes"], e["names"], e["code"], e["seed"]
         leaf_s, leaf_d = e["leaf"][src], e["leaf"][dst]
@@ -791,6 +795,7 @@ class Cluster:
             if len(ids) > rows.shape[1]:
                 rows = np.hstack([rows, np.full((len(src), len(ids) - rows.shape[1]), -1, dtype=np.int64)])
             rows[k, :len(ids)], lens[k] = ids, len(ids)
+        memo[asked] = rows, lens
         return rows, lens
 
     def pxn_proxies(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
