@@ -9,13 +9,13 @@ its peak RSS, the ranks simulated and the spans. Each plan is made here (a model
 a topology of topologies/) and written to a temporary folder; the run writes its files there.
 
 Example (2 cores, 2026-12-02, bare simpy timeout about 1.3 µs; docs/performance.md has
-the whole table; "before" is the tree before history entry 25)::
+the whole table; "before" is the tree before history entries 25 and 26)::
 
     plan                       GPUs  ranks     spans   wall s   RSS MiB   before
-    16k_dp_only_zero2        16,384      1       200      4.5       388   23.7 s, 630 MiB
-    gb200_8k_tree             8,064      8    25,542     16.8       592   108.6 s, 4,728 MiB
-    16k_moe_roce             16,384     16    10,726     ~38      3,790   (left as it is)
-    (the other 15: 0.7-7.8 s, 79-471 MiB)
+    16k_dp_only_zero2        16,384      1       200      4.1       393   23.7 s, 630 MiB
+    gb200_8k_tree             8,064      8    25,542     13.5       578   108.6 s, 4,728 MiB
+    16k_moe_roce             16,384     16    10,726     19.5     1,729   35.6 s, 3,791 MiB
+    (the other 15: 0.6-5.6 s, 81-454 MiB)
 """
 
 from __future__ import annotations
