@@ -728,7 +728,8 @@ def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[flo
     n = len(weights)
     pairs = sum(map(len, weights))
     # flows x links >= pairs: only a small mix needs its links counted
-    if pairs >= 64 and (pairs >= NUMPY_MIN_CELLS or n * len({e for ws in weights for e, _ in ws}) >= NUMPY_MIN_CELLS):
+    if pairs >= 64 and (pairs >= NUMPY_MIN_CELLS
+                        or n * len(set(map(itemgetter(0), chain.from_iterable(weights)))) >= NUMPY_MIN_CELLS):
         rates = _max_min_numpy(weights, bw_Bps)
         if rates is not None:
             return rates
