@@ -738,7 +738,7 @@ class Cluster:
         if asked in memo:
             return memo[asked]
         c, e = self._gpu_columns, self._ecmp_columns
-        hashes, names, code, seed = e["hashes"], e["names"], e["code"], e["seed"]
+        hashes, names, seed = e["hashes"], e["names"], e["seed"]
         leaf_s, leaf_d = e["leaf"][src], e["leaf"][dst]
         far = (c["node"][src] != c["node"][dst]) & (leaf_s >= 0) & (leaf_d >= 0) & (leaf_s != leaf_d) \
             & (c["up0"][src] >= 0) & (c["down0"][dst] >= 0)
@@ -771,22 +771,13 @@ class Cluster:
                     key = (v * len(names) + leaf_d[sel]) * (t + 1) + (2 * t - i)
                 keys, inv = np.unique(key, return_inverse=True)
                 inv = inv.ravel()
-                count, ids, nxt = [], [], []
-                for k in keys.tolist():
-                    x, rest = divmod(k, t + 1)
-                    w, y = divmod(x, len(tops_list) if up else len(names))
-                    step = ("up", names[w], rest, tops_list[y]) if up else ("down", names[w], names[y], rest)
-                    choices, edge_ids, _ = self.__dict__.get("_step_cache", {}).get(step) or self._step(step)
-                    count.append(len(choices))
-                    ids += edge_ids
-                    nxt += [code[u] for u in choices]
-                count = np.asarray(count, dtype=np.int64)
+                count, ids, nxt = self._hop_table(keys.tolist(), t + 1, tops_list if up else None)
                 first = np.cumsum(count) - count
                 n = count[inv]
                 h = h0 if i == 1 else hashes.apply(seed[v], h0)  # the first switch hashes the salt itself
                 pick = first[inv] + np.where(n == 1, 0, h % n)
-                hops.append(np.asarray(ids, dtype=np.int64)[pick])
-                v = np.asarray(nxt, dtype=np.int64)[pick]
+                hops.append(ids[pick])
+                v = nxt[pick]
             s, d = src[sel], dst[sel]
             rows[sel, :2 * t + 4] = np.column_stack([c["up0"][s], c["up1"][s], *hops, c["down0"][d], c["down1"][d]])
             lens[sel] = 2 * t + 4
@@ -797,6 +788,26 @@ class Cluster:
             rows[k, :len(ids)], lens[k] = ids, len(ids)
         memo[asked] = rows, lens
         return rows, lens
+
+    def _hop_table(self, keys: list[int], base: int, tops: list | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(number of choices, their edge ids, the codes of the switches they lead to), the
+        choices of each key one after another, for the (switch, turn) ``keys`` of one hop of
+        :meth:`_across_leaves`: going up (``tops``: the turning sets by index) a key is
+        ``(switch * len(tops) + turning set) * base + tiers below the turn``; going down
+        (``tops`` None) ``(switch * switches + leaf b) * base + tiers above b``."""
+        e = self._ecmp_columns
+        names, code = e["names"], e["code"]
+        steps = self.__dict__.get("_step_cache", {})
+        count, ids, nxt = [], [], []
+        for k in keys:
+            x, at = divmod(k, base)
+            w, y = divmod(x, len(tops) if tops is not None else len(names))
+            step = ("up", names[w], at, tops[y]) if tops is not None else ("down", names[w], names[y], at)
+            choices, edge_ids, _ = steps.get(step) or self._step(step)
+            count.append(len(choices))
+            ids += edge_ids
+            nxt += [code[u] for u in choices]
+        return np.asarray(count, dtype=np.int64), np.asarray(ids, dtype=np.int64), np.asarray(nxt, dtype=np.int64)
 
     def pxn_proxies(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """:meth:`pxn_proxy` of every pair, -1 for None: the GPU of ``dst``'s local index on
