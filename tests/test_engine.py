@@ -395,8 +395,8 @@ def test_dropping_dominated_links_keeps_every_max_min_rate(seed, monkeypatch):
 def test_implying_links_on_arrays_check_crowded_links_flow_by_flow(seed, monkeypatch):
     """Links that carry dozens of flows: the arrays check each (implied, implying) pair in
     rounds of 2, 4, 8, ... of its flows and drop it at its first failing flow; the links
-    dropped are the loop's, given as a dict or as arrays (``_LinkFlows``, with or without the
-    flows numbered across plans), and some are dropped only after several rounds."""
+    dropped are the loop's, given as a dict or as arrays (``_LinkFlows``, its flows numbered
+    by rank or with gaps), and some are dropped only after several rounds."""
     from clustersim.engine import sim as engine_sim
     from clustersim.engine.sim import _dominated_links, _LinkFlows
 

@@ -36,7 +36,8 @@ import simpy
 
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
-from ..trace import LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, unique
+from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, unique,
+                     unique_inverse)
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
 from .network import FlowNetwork, FlowPlan, _call_at, _pairs, max_min_rates, plan_phases, with_meetings
@@ -129,7 +130,7 @@ class _LinkFlows:
     plan: np.ndarray
     flow: np.ndarray
     weight: np.ndarray  # float64
-    flow_id: np.ndarray | None = None  # per entry, its flow numbered across the plans (in plan, flow order)
+    flow_id: np.ndarray  # per entry, its flow numbered across the plans, in (plan, flow) order
 
     @classmethod
     def of(cls, on_edge: dict[int, list[tuple[int, int, float]]]) -> _LinkFlows:
@@ -139,8 +140,11 @@ class _LinkFlows:
         np.cumsum(counts, out=ptr[1:])
         n = int(ptr[-1])
         flat = list(chain.from_iterable(on_edge.values()))
-        return cls(np.fromiter(on_edge, np.int64, len(on_edge)), ptr, np.fromiter(map(itemgetter(0), flat), np.int64, n),
-                   np.fromiter(map(itemgetter(1), flat), np.int64, n), np.fromiter(map(itemgetter(2), flat), np.float64, n))
+        plan = np.fromiter(map(itemgetter(0), flat), np.int64, n)
+        flow = np.fromiter(map(itemgetter(1), flat), np.int64, n)
+        flow_id = unique_inverse(plan * (int(flow.max(initial=0)) + 1) + flow)  # the rank of (plan, flow)
+        return cls(np.fromiter(on_edge, np.int64, len(on_edge)), ptr, plan, flow,
+                   np.fromiter(map(itemgetter(2), flat), np.float64, n), flow_id)
 
     def __len__(self) -> int:
         return int(self.ptr[-1])
@@ -156,8 +160,7 @@ class _LinkFlows:
         ent = index_ranges(self.ptr, which)
         ptr = np.zeros(len(which) + 1, dtype=np.int64)
         np.cumsum(np.diff(self.ptr)[which], out=ptr[1:])
-        return _LinkFlows(self.links[which], ptr, self.plan[ent], self.flow[ent], self.weight[ent],
-                          None if self.flow_id is None else self.flow_id[ent])
+        return _LinkFlows(self.links[which], ptr, self.plan[ent], self.flow[ent], self.weight[ent], self.flow_id[ent])
 
     def distinct(self, bw_Bps: list[float]) -> np.ndarray:
         """The indices of the links left when links of the same bandwidth and the same entries
@@ -218,7 +221,7 @@ def _flows_on_links(plans: list[FlowPlan]) -> _LinkFlows:
     edge = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     if not len(edge):
         z = np.zeros(0, dtype=np.int64)
-        return _LinkFlows(z, np.zeros(1, dtype=np.int64), z, z, np.zeros(0))
+        return _LinkFlows(z, np.zeros(1, dtype=np.int64), z, z, np.zeros(0), z)
     weight = np.concatenate([p[2] for p in parts])
     plan_of = np.repeat(np.arange(len(parts)), [len(p[1]) for p in parts])
     flow_of = np.concatenate([np.repeat(np.arange(len(p[0])), p[0]) for p in parts])
@@ -258,15 +261,10 @@ def _implied_rows(on: _LinkFlows, bw_Bps: list[float], few: int = 64):
     flow lists a link twice (the loop keeps the last weight)."""
     links = on.links.tolist()
     n_l = len(links)
-    ptr, pi, fi, w = on.ptr, on.plan, on.flow, on.weight
+    ptr, w, flow = on.ptr, on.weight, on.flow_id
     counts = np.diff(ptr)
     n = int(ptr[-1])
     link_of = np.repeat(np.arange(n_l), counts)  # link index of each entry
-    if on.flow_id is not None:
-        flow = on.flow_id
-    else:
-        _, flow = np.unique(pi * (int(fi.max()) + 1) + fi, return_inverse=True)
-        flow = flow.ravel()
     n_f = int(flow.max()) + 1
     key = link_of * n_f + flow
     by_key = np.argsort(key)
@@ -355,9 +353,11 @@ def _dominated_links(on_edge: dict[int, list] | _LinkFlows, bw_Bps: list[float])
     """
     arrays = on_edge if isinstance(on_edge, _LinkFlows) else None
     big = (len(arrays) if arrays is not None else sum(map(len, on_edge.values()))) >= DOMINATED_ROWS_FROM
-    rows = _implied_rows(arrays if arrays is not None else _LinkFlows.of(on_edge), bw_Bps) if big else None
-    if rows is None and arrays is not None:
-        on_edge = arrays.as_dict()
+    if big and arrays is None:
+        arrays = _LinkFlows.of(on_edge)
+    rows = _implied_rows(arrays, bw_Bps) if big else None
+    if rows is None and isinstance(on_edge, _LinkFlows):
+        on_edge = on_edge.as_dict()
     if rows is None:
         links, counts = list(on_edge), None
         light, implied = [False] * len(links), {}
@@ -375,7 +375,6 @@ def _dominated_links(on_edge: dict[int, list] | _LinkFlows, bw_Bps: list[float])
 
         loads = _Lazy(load_order)
     else:  # flows numbered, {flow: weight} per link and each flow's links made when needed
-        arrays = arrays if arrays is not None else _LinkFlows.of(on_edge)
         links, counts = arrays.links.tolist(), np.diff(arrays.ptr).tolist()
         light, implied, sig, links_of, loads = rows
     dropped: set[int] = set()
