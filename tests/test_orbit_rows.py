@@ -135,3 +135,34 @@ def test_rows_route_every_pair_as_route_does(topology, nodes, direct):
         rows, lens = network._route_rows(cl, s_of, d_of, direct)
         assert [tuple(r[:k]) for r, k in zip(rows.tolist(), lens.tolist())] == [
             route(s, d) for s, d in zip(s_of.tolist(), d_of.tolist())]
+
+
+SEEDED: dict[str, tuple[int, int]] = {}
+
+
+@pytest.mark.parametrize("name", ["moe_1024gpu.yaml"] + sorted(VARIANTS))
+def test_plans_made_on_arrays_carry_the_arrays_of_their_weights(name):
+    """A plan worked out on arrays is given its (link, weight) pairs as arrays as it is made
+    (network._weigh_at, _met_at; sim._on_links where the dominated links are cut): they are
+    those read off its weights (network._pairs), and so is its set of links."""
+    plans, _ = _plans(_scenario(name), 0)
+    seeded = orbit = 0
+    for phases in (*plans["plans"].values(), *plans["full"].values()):
+        for plan in phases:
+            got = plan.__dict__.get("pairs")
+            if got is None:
+                continue
+            seeded += 1
+            orbit += any(isinstance(w, int) for ws in plan.weights for _, w in ws)
+            want = network._pairs(plan.weights)
+            assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, want))
+            assert plan.edges == frozenset(e for ws in plan.weights for e, _ in ws)
+    SEEDED[name] = (seeded, orbit)
+    assert seeded > 0  # every scenario here has plans on arrays (at least its cut ones)
+
+
+def test_plans_with_orbit_weights_carried_arrays_too():
+    """Not vacuous: orbit weights (member counts) were among the plans checked above."""
+    if len(SEEDED) < len(VARIANTS) + 1:
+        pytest.skip("runs after the test above, in the same session")
+    assert sum(orbit for _, orbit in SEEDED.values()) > 0

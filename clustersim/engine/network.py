@@ -84,7 +84,30 @@ class FlowPlan:
 
     @cached_property  # (a frozen dataclass keeps it in its __dict__; fields alone compare and hash)
     def edges(self) -> frozenset[int]:
+        pairs = self.__dict__.get("pairs")
+        if pairs is not None:  # read off the arrays when they are there (a plan made on arrays)
+            return frozenset(pairs[1].tolist())
         return frozenset(map(itemgetter(0), chain.from_iterable(self.weights)))
+
+    @cached_property
+    def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``weights`` as arrays (:func:`_pairs`): links per flow, then every (link, weight)
+        pair's link and weight, flow by flow. A plan worked out on arrays is given them as it
+        is made (:func:`_with_pairs`): an all-to-all over 16,384 GPUs has 10⁶ pairs, which
+        cost a second to read back out of the tuples."""
+        return _pairs(self.weights)
+
+
+def _with_pairs(plan: FlowPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> FlowPlan:
+    """``plan`` with its :attr:`FlowPlan.pairs` given (None: left to be read off its weights)."""
+    if pairs is not None:
+        plan.__dict__["pairs"] = pairs
+    return plan
+
+
+def _scaled(plan: FlowPlan, scale: float) -> FlowPlan:
+    """``plan`` with ``wire_scale`` ``scale``, its weights and their arrays as they are."""
+    return _with_pairs(dataclasses.replace(plan, wire_scale=scale), plan.__dict__.get("pairs"))
 
 
 def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
@@ -162,7 +185,7 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
                            direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k], keep=keep,
                            wide=wide)
-        out.append(_merged(dataclasses.replace(plan, wire_scale=scale)))
+        out.append(_merged(_scaled(plan, scale)))
     return tuple(out)
 
 
@@ -190,7 +213,7 @@ def with_meetings(kept: tuple, links: np.ndarray) -> FlowPlan:
     """The phase kept by :func:`plan_phases`, its simulated flows also constrained on the
     links ``links`` where its twins meet another communication's."""
     make, scale = kept
-    return _merged(dataclasses.replace(make(links), wire_scale=scale))
+    return _merged(_scaled(make(links), scale))
 
 
 def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[float, ...]) -> tuple:
@@ -515,10 +538,13 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         on = rep >= 0
         share = np.zeros(rep.shape)
         share[on] = real[rep[on]] / co.simulated[rep[on]]
+        lens = co.lens[at[0]]
         weights = tuple(tuple(zip(e_row[:k], w_row[:k]))
-                        for e_row, w_row, k in zip(rep.tolist(), share.tolist(), co.lens[at[0]].tolist()))
+                        for e_row, w_row, k in zip(rep.tolist(), share.tolist(), lens.tolist()))
         latency = _longest_s(rep, lat_a)
-        plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met)
+        hops = np.arange(rep.shape[1]) < lens[:, None]  # each flow's first lens hops, row by row
+        plan = _with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met),
+                           (lens.astype(np.int64), rep[hops], share[hops]))
         make = partial(_met_at, plan, paths, at, once, len(cluster.edges))
         if keep is not None and len(met):  # (no link to meet on: no meeting to look for)
             keep(make)
@@ -531,10 +557,14 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         pos_link, counts = np.unique(k_of[on] * n_edges + crossed[on], return_counts=True)
         k_at = pos_link // n_edges
         bounds = np.searchsorted(k_at, np.arange(width + 1))
-        links, counts = (pos_link % n_edges).tolist(), counts.tolist()
-        weights = tuple(tuple(zip(links[lo:hi], counts[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
+        pair_edge = pos_link % n_edges
+        links, counts_of = pair_edge.tolist(), counts.tolist()
+        weights = tuple(tuple(zip(links[lo:hi], counts_of[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:]))
         latency = _longest_s(paths[unique(at)], lat_a)
+        pairs = (np.diff(bounds).astype(np.int64), pair_edge, counts.astype(float))
     plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met)
+    if not co.symmetric:
+        _with_pairs(plan, pairs)
     if keep is not None and len(met):  # (asymmetric: constrained wherever its members go, no meeting to add)
         keep(partial(_as_is, plan))
     return plan
@@ -559,11 +589,22 @@ def _met_at(plan: FlowPlan, paths: np.ndarray, at: np.ndarray, once: np.ndarray 
     if len(codes) == 0:
         return plan
     first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-    counts = np.diff(np.r_[first, len(codes)]).tolist()
+    counts = np.diff(np.r_[first, len(codes)])
     extra: list[list] = [[] for _ in plan.weights]
-    for code, n in zip(codes[first].tolist(), counts):
+    for code, n in zip(codes[first].tolist(), counts.tolist()):
         extra[code // n_links].append((code % n_links, n))
-    return dataclasses.replace(plan, weights=tuple(w + tuple(x) for w, x in zip(plan.weights, extra)))
+    out = dataclasses.replace(plan, weights=tuple(w + tuple(x) for w, x in zip(plan.weights, extra)))
+    own = plan.__dict__.get("pairs")
+    if own is None:
+        return out
+    # the arrays too: each flow's own pairs, then its meetings (a stable sort by flow keeps
+    # both orders)
+    sizes, edge, w = own
+    flow_of = codes[first] // n_links
+    by_flow = np.argsort(np.concatenate([np.repeat(np.arange(len(sizes)), sizes), flow_of]), kind="stable")
+    return _with_pairs(out, (sizes + np.bincount(flow_of, minlength=len(sizes)),
+                             np.concatenate([edge, codes[first] % n_links])[by_flow],
+                             np.concatenate([w, counts.astype(float)])[by_flow]))
 
 
 def _row_codes(*cols: np.ndarray) -> np.ndarray:

@@ -30,6 +30,7 @@ from collections import Counter, deque
 from itertools import chain, compress, repeat, takewhile
 from operator import itemgetter
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import simpy
@@ -40,7 +41,7 @@ from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes,
                      unique_inverse)
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
-from .network import FlowNetwork, FlowPlan, _call_at, _pairs, max_min_rates, plan_phases, with_meetings
+from .network import FlowNetwork, FlowPlan, _call_at, _pairs, _with_pairs, max_min_rates, plan_phases, with_meetings
 
 
 @dataclass
@@ -205,6 +206,21 @@ class _LinkFlows:
         return np.flatnonzero(rep == np.arange(n_l))
 
 
+def _on_links(kept: np.ndarray, plan: FlowPlan) -> FlowPlan:
+    """``plan`` on the links ``kept`` marks (a mask over the cluster's links) only: each flow's
+    pairs on the others dropped, from its tuple and from the plan's arrays
+    (``FlowPlan.pairs``). A flow that loses none keeps its tuple as it is."""
+    sizes, edge, w = plan.pairs
+    on = kept[edge]
+    flow_of = np.repeat(np.arange(len(sizes)), sizes)
+    cut = np.bincount(flow_of[~on], minlength=len(sizes)).tolist()
+    flags, ends = on.tolist(), np.cumsum(sizes).tolist()
+    weights = tuple(ws if not c else tuple(compress(ws, flags[end - len(ws):end]))
+                    for ws, c, end in zip(plan.weights, cut, ends))
+    out = FlowPlan(weights=weights, fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale)
+    return _with_pairs(out, (np.bincount(flow_of[on], minlength=len(sizes)), edge[on], w[on]))
+
+
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on uint64 arrays (Steele, Lea and Flood, "Fast splittable
     pseudorandom number generators", OOPSLA 2014): each output bit depends on every input bit."""
@@ -217,7 +233,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 def _flows_on_links(plans: list[FlowPlan]) -> _LinkFlows:
     """The (plan, flow, weight) of every flow crossing each link, on arrays (:class:`_LinkFlows`)."""
-    parts = [_pairs(plan.weights) for plan in plans]
+    parts = [plan.pairs for plan in plans]
     edge = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     if not len(edge):
         z = np.zeros(0, dtype=np.int64)
@@ -609,11 +625,11 @@ class Engine:
         bw = self.cluster.edge_bw_Bps
         distinct = on_edge.subset(on_edge.distinct(bw))
         keep = set(distinct.links.tolist()) - _dominated_links(distinct, bw)
+        kept = np.zeros(len(bw), dtype=bool)
+        kept[list(keep)] = True
         for key, phases in phased.items():
             self._full_plans[key] = phases
-            self._plans[key] = tuple(FlowPlan(
-                weights=tuple(tuple(compress(ws, map(keep.__contains__, map(itemgetter(0), ws)))) for ws in plan.weights),
-                fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale) for plan in phases)
+            self._plans[key] = tuple(map(partial(_on_links, kept), phases))
         # a channel is (name, orbit, stream), and an orbit is a rank per group member: hashed
         # once per shape here, not once per link (a DP ring over 16,384 GPUs: a tuple of
         # 16,384, 65,536 links)
