@@ -89,17 +89,21 @@ class FlowPlan:
             return frozenset(pairs[1].tolist())
         return frozenset(map(itemgetter(0), chain.from_iterable(self.weights)))
 
-    @cached_property
+    @property
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``weights`` as arrays (:func:`_pairs`): links per flow, then every (link, weight)
         pair's link and weight, flow by flow. A plan worked out on arrays is given them as it
-        is made (:func:`_with_pairs`): an all-to-all over 16,384 GPUs has 10⁶ pairs, which
-        cost a second to read back out of the tuples."""
-        return _pairs(self.weights)
+        is made (:func:`_with_pairs`; an all-to-all over 16,384 GPUs has 10⁶ pairs, which cost
+        a second to read back out of the tuples); another has them read off its tuples at
+        each ask, not kept (a step's plans would hold them all for the whole run)."""
+        got = self.__dict__.get("pairs")
+        return got if got is not None else _pairs(self.weights)
 
 
 def _with_pairs(plan: FlowPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> FlowPlan:
-    """``plan`` with its :attr:`FlowPlan.pairs` given (None: left to be read off its weights)."""
+    """``plan`` with its :attr:`FlowPlan.pairs` given (None: left to be read off its weights),
+    kept in its ``__dict__`` as a cached property's value is (a frozen dataclass's fields alone
+    compare and hash)."""
     if pairs is not None:
         plan.__dict__["pairs"] = pairs
     return plan
@@ -1064,6 +1068,10 @@ class FlowNetwork:
             info = self._plan_info[id(plan.weights)] = (
                 np.asarray(sorted(plan.edges), dtype=np.int64), np.asarray(plan.fractions, dtype=float),
                 moving, np.asarray(moving, dtype=np.int64), {})
+            given = plan.__dict__.get("pairs")
+            if given is not None and id(plan.weights) not in self._pairs_cache:  # _plan_pairs, given
+                self._pairs_cache[id(plan.weights)] = (np.concatenate(([0], np.cumsum(given[0]))), *given[1:],
+                                                       given[0])
         edges, fractions, moving, moving_idx, sizes = info  # moving: flows with links and bytes to carry
         done = self.env.event() if on_done is None else on_done
         if size_bytes <= 0 or not moving:

@@ -41,7 +41,7 @@ from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes,
                      unique_inverse)
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
-from .network import FlowNetwork, FlowPlan, _call_at, _pairs, _with_pairs, max_min_rates, plan_phases, with_meetings
+from .network import FlowNetwork, FlowPlan, _call_at, _with_pairs, max_min_rates, plan_phases, with_meetings
 
 
 @dataclass
@@ -730,7 +730,7 @@ class Engine:
         if out is not None:
             return out
         bw = self.cluster.edge_columns[0]
-        phases = [_pairs(plan.weights) + (plan.fractions,) for plan in self._full_plan(c)]
+        phases = [plan.pairs + (plan.fractions,) for plan in self._full_plan(c)]
         edges = unique(np.concatenate([pe for _, pe, _, _ in phases])) if phases else np.zeros(0, dtype=np.int64)
         secs, most = np.zeros(len(edges)), np.zeros(len(edges))
         for sizes, pe, pw, fractions in phases:
@@ -978,7 +978,7 @@ class Engine:
             rates = np.asarray(max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps), dtype=np.float64)
             frac = np.asarray(plan.fractions, dtype=np.float64)
             dur = frac * c.size_bytes / rates
-            sizes, pair_edge, pair_w = _pairs(whole.weights)
+            sizes, pair_edge, pair_w = whole.pairs
             wire = frac / whole.wire_scale * c.size_bytes
             out.append((sizes, pair_edge, pair_w * np.repeat(wire, sizes), t0 + plan.latency_s, dur))
             t0 += plan.latency_s + max(0.0, float(dur.max()) if len(dur) else 0.0)
@@ -1088,7 +1088,7 @@ class Engine:
         for whole, moved in per_plan.values():
             # every (flow, link) pair in plan order, added one after the other (np.add.at is
             # unbuffered: the same sums, in the same order, as a loop over the pairs)
-            sizes, pair_edge, pair_w = _pairs(whole.weights)
+            sizes, pair_edge, pair_w = whole.pairs
             np.add.at(total, pair_edge, pair_w / whole.wire_scale * np.repeat(moved, sizes))
         edges, bw = self.cluster.edges, self.cluster.edge_bw_Bps
         used = np.flatnonzero(total).tolist()
