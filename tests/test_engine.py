@@ -866,6 +866,44 @@ def test_a_mix_put_together_from_plan_pairs_gets_the_same_rates(seed):
         assert net._max_min_of(comp) == max_min_rates(mix, bw)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_small_mix_gets_the_rates_max_min_rates_gives(seed):
+    """Below NUMPY_MIN_CELLS pairs the flow network makes max_min_rates' choice (loops, or
+    numpy where flows x links is large) on the plans' pairs, not on the flows' tuples: the
+    rates are bit for bit max_min_rates' on the tuples, in each of its three cases."""
+    import simpy
+
+    from clustersim.engine import network
+    from clustersim.engine.network import NUMPY_MIN_CELLS, FlowNetwork, _Transfer, max_min_rates
+
+    rng = np.random.default_rng(seed)
+    bw = [float(rng.integers(1, 9)) * 1e9 for _ in range(400)]
+    net = FlowNetwork(simpy.Environment(), bw)
+    seen = set()
+    for n_flows, per_flow in ((3, 4), (6, 20), (40, 60), (30, 3)):  # < 64 pairs; loops; numpy; loops
+        flows = tuple(tuple((int(e), float(rng.integers(1, 5)))
+                            for e in sorted(rng.choice(len(bw), size=per_flow, replace=False).tolist()))
+                      for _ in range(n_flows))
+        cut = n_flows // 2
+        comp = [_Transfer(w, (), np.ones(len(w)), None, tuple(range(len(w))), np.arange(len(w)), None, None)
+                for w in (flows[:cut], flows[cut:])]
+        mix = [f for t in comp for f in t.weights]
+        pairs = sum(map(len, mix))
+        links = len({e for f in mix for e, _ in f})
+        assert pairs < NUMPY_MIN_CELLS
+        seen.add("few" if pairs < 64 else "numpy" if len(mix) * links >= NUMPY_MIN_CELLS else "loops")
+        calls = []
+        pairs_fn = network._max_min_pairs
+        network._max_min_pairs = lambda *a: calls.append(1) or pairs_fn(*a)
+        try:
+            got = net._max_min_of(comp)
+        finally:
+            network._max_min_pairs = pairs_fn
+        assert got == max_min_rates(mix, bw)
+        assert bool(calls) == (pairs >= 64 and len(mix) * links >= NUMPY_MIN_CELLS)
+    assert seen == {"few", "numpy", "loops"}  # not vacuous
+
+
 def test_spans_share_forms_and_read_as_before():
     # a span keeps its own fields and reads the shared ones from its form; setting a shared
     # field on one span must not change the others that share the form

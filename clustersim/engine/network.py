@@ -1408,10 +1408,14 @@ class FlowNetwork:
         bw_Bps = self.bw_Bps if bw_Bps is None else bw_Bps
         parts = [(self._plan_pairs(t.weights), idx) for t, idx in zip(comp, flows) if len(idx)]
         sizes = np.concatenate([p[3][idx] for p, idx in parts]) if parts else np.zeros(0, dtype=np.int64)
-        if sizes.sum() < NUMPY_MIN_CELLS:  # a small mix: the dispatcher decides, as before
-            return max_min_rates([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
+        pairs = int(sizes.sum())
+        if pairs < 64:  # a small mix: max_min_rates would loop
+            return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
         take = [index_ranges(p[0], idx) for p, idx in parts]
         edge = np.concatenate([p[1][k] for (p, _), k in zip(parts, take)])
+        # max_min_rates' choice, on the arrays (it would read them back out of the tuples)
+        if pairs < NUMPY_MIN_CELLS and len(sizes) * len(unique(edge)) < NUMPY_MIN_CELLS:
+            return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
         w = np.concatenate([p[2][k] for (p, _), k in zip(parts, take)])
         rates = _max_min_pairs(sizes, edge, w, bw_Bps)
         if rates is None:  # a flow lists a link twice: what max_min_rates falls back to
