@@ -58,6 +58,12 @@ _NORMAL = simpy.events.NORMAL
 _NO_FLOWS = np.zeros(0, dtype=np.int64)
 
 
+# an array's max, min and any as the ufuncs' reductions, called directly: ndarray.max() and
+# the others go through a Python wrapper (numpy/_core/_methods.py) that costs more than the
+# reduction itself on the few links or flows of a transfer (the same reduction, the same result)
+_max, _min, _any = np.maximum.reduce, np.minimum.reduce, np.logical_or.reduce
+
+
 def _finished(env: simpy.Environment, done) -> None:
     """Fire ``done`` (a transfer's event), or call it (a transfer's callback) by an event now."""
     if isinstance(done, simpy.Event):
@@ -1002,11 +1008,11 @@ def _set_next_end(t: _Transfer, now: float) -> None:
         t.next_s = now + first
         return
     rl = t.rate[t.idx]
-    if rl.min() > 0:
-        t.next_s = now + float((t.rem[t.idx] / rl).min())
-    elif rl.max() > 0:
+    if _min(rl) > 0:
+        t.next_s = now + float(_min(t.rem[t.idx] / rl))
+    elif _max(rl) > 0:
         pos = rl > 0
-        t.next_s = now + float((t.rem[t.idx][pos] / rl[pos]).min())
+        t.next_s = now + float(_min(t.rem[t.idx][pos] / rl[pos]))
     else:
         t.next_s = float("inf")
 
@@ -1085,7 +1091,7 @@ class FlowNetwork:
 
         def begin(_=None):
             t.at_s = self.env._now  # (Environment.now is a property around it)
-            if self._edge_comp[edges].max(initial=-1) < 0:  # alone on its links: maybe a kept course
+            if _max(self._edge_comp[edges], initial=-1) < 0:  # alone on its links: maybe a kept course
                 course = self._alone.get((id(t.weights), moving, size_bytes))
                 if course is not None and course[0]:
                     self._replay_alone(t, course)
@@ -1159,7 +1165,7 @@ class FlowNetwork:
         """Add ``t`` to the component of its links, merging the components it connects."""
         edge_comp = self._edge_comp
         held = edge_comp[t.edges]
-        met = set(held[held >= 0].tolist()) if held.max(initial=-1) >= 0 else set()
+        met = set(held[held >= 0].tolist()) if _max(held, initial=-1) >= 0 else set()
         for c in met:
             comp = self._comps[c]
             if len(comp) == 1 and comp[0].ahead is not None:
@@ -1198,9 +1204,9 @@ class FlowNetwork:
         else:
             idx = t.idx
             due = t.rem[idx] <= np.maximum(t.size[idx] * 1e-9, t.rate[idx] * tick_s)
-            if due.any():
+            if _any(due):
                 t.end[idx[due]] = now
-                lowest = float(t.rate[idx[due]].min())
+                lowest = float(_min(t.rate[idx[due]]))
                 t.idx = idx[~due]
                 t.live = tuple(t.idx.tolist())
         if t.live:  # its first flow may have been just short of due: when it ends now
