@@ -600,20 +600,22 @@ def _met_at(plan: FlowPlan, paths: np.ndarray, at: np.ndarray, once: np.ndarray 
         return plan
     first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
     counts = np.diff(np.r_[first, len(codes)])
-    extra: list[list] = [[] for _ in plan.weights]
-    for code, n in zip(codes[first].tolist(), counts.tolist()):
-        extra[code // n_links].append((code % n_links, n))
-    out = dataclasses.replace(plan, weights=tuple(w + tuple(x) for w, x in zip(plan.weights, extra)))
+    flow_of, met = np.divmod(codes[first], n_links)  # by flow, then by link
+    # flow k's meetings are met[bounds[k]:bounds[k + 1]], put after its own pairs
+    bounds = np.searchsorted(flow_of, np.arange(len(plan.weights) + 1)).tolist()
+    met_l, counts_l = met.tolist(), counts.tolist()
+    out = dataclasses.replace(plan, weights=tuple(
+        w + tuple(zip(met_l[lo:hi], counts_l[lo:hi])) if hi > lo else w
+        for w, lo, hi in zip(plan.weights, bounds, bounds[1:])))
     own = plan.__dict__.get("pairs")
     if own is None:
         return out
     # the arrays too: each flow's own pairs, then its meetings (a stable sort by flow keeps
     # both orders)
     sizes, edge, w = own
-    flow_of = codes[first] // n_links
     by_flow = np.argsort(np.concatenate([np.repeat(np.arange(len(sizes)), sizes), flow_of]), kind="stable")
     return _with_pairs(out, (sizes + np.bincount(flow_of, minlength=len(sizes)),
-                             np.concatenate([edge, codes[first] % n_links])[by_flow],
+                             np.concatenate([edge, met])[by_flow],
                              np.concatenate([w, counts.astype(float)])[by_flow]))
 
 
