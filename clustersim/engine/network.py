@@ -91,8 +91,9 @@ class FlowPlan:
     @cached_property  # (a frozen dataclass keeps it in its __dict__; fields alone compare and hash)
     def edges(self) -> frozenset[int]:
         pairs = self.__dict__.get("pairs")
-        if pairs is not None:  # read off the arrays when they are there (a plan made on arrays)
-            return frozenset(pairs[1].tolist())
+        if pairs is not None:  # read off the arrays when they are there (a plan made on arrays):
+            edge = pairs[1]  # each link once (an orbit's flows share most of theirs), by a count
+            return frozenset((np.flatnonzero(np.bincount(edge)) if len(edge) > 1024 else edge).tolist())
         return frozenset(map(itemgetter(0), chain.from_iterable(self.weights)))
 
     @property

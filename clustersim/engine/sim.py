@@ -335,7 +335,8 @@ def _implied_rows(on: _LinkFlows, bw_Bps: list[float], few: int = 64):
         lo, hi = ptr[index[e]], ptr[index[e] + 1]
         return dict(zip(flow[lo:hi].tolist(), w[lo:hi].tolist()))
 
-    links_on = _Lazy(lambda f: {links[i] for i in flow_links[flow_ptr[f]:flow_ptr[f + 1]].tolist()})
+    # (the links' own int objects, shared by every set: thousands of sets of thousands of links)
+    links_on = _Lazy(lambda f: set(map(links.__getitem__, flow_links[flow_ptr[f]:flow_ptr[f + 1]].tolist())))
     link_ids = np.asarray(links, dtype=np.int64)
 
     def by_load(f: int) -> tuple[list[float], list[int]]:  # the loop's sorted (w / c, link), on arrays
