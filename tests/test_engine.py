@@ -1029,3 +1029,17 @@ def test_few_flows_are_timed_on_python_floats_to_the_same_bits(seed, monkeypatch
     on_arrays = run()
     assert on_floats == on_arrays
     assert any(not a[2] for a in on_arrays) and any(len(a[2]) < len(c[3]) for a, c in zip(on_arrays, cases))
+
+
+def test_stable_argsort_is_numpys_stable_sort():
+    """trace.stable_argsort (16-bit radix passes) gives numpy's stable order, ties in place,
+    below 2**16, below 2**32 and beyond (numpy's own), empty included."""
+    from clustersim.trace import stable_argsort
+
+    rng = np.random.default_rng(0)
+    for high in (1, 300, 0xFFFF, 0x10000, 136_000, 1 << 31, 1 << 40):
+        values = rng.integers(0, high + 1, size=5000).astype(np.int64)
+        values[::7] = values[0]  # many ties
+        assert np.array_equal(stable_argsort(values), np.argsort(values, kind="stable")), high
+    assert np.array_equal(stable_argsort(np.array([3, -1, 3, 0])), [1, 3, 0, 2])
+    assert len(stable_argsort(np.zeros(0, dtype=np.int64))) == 0

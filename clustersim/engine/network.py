@@ -28,7 +28,7 @@ import simpy
 from ..collectives.algorithms import ALGORITHMS, phases
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm
-from ..trace import index_ranges, unique
+from ..trace import index_ranges, stable_argsort, unique
 
 
 class _At:
@@ -879,7 +879,7 @@ def _max_min_pairs(sizes: np.ndarray, pair_edge: np.ndarray, pair_w: np.ndarray,
         links, pair_link = np.unique(pair_edge, return_inverse=True)
     n_links = len(links)
     pair_flow = np.repeat(np.arange(n), sizes)
-    by_link = np.argsort(pair_link, kind="stable")  # the pairs link by link, flows in order
+    by_link = stable_argsort(pair_link)  # the pairs link by link, flows in order
     in_link_order = pair_link[by_link]
     if ((in_link_order[1:] == in_link_order[:-1]) & (np.diff(pair_flow[by_link]) == 0)).any():
         return None

@@ -37,8 +37,8 @@ import simpy
 
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
-from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, unique,
-                     unique_inverse)
+from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, stable_argsort,
+                     unique, unique_inverse)
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
 from .network import FlowNetwork, FlowPlan, _call_at, _with_pairs, max_min_rates, plan_phases, with_meetings
@@ -242,7 +242,7 @@ def _flows_on_links(plans: list[FlowPlan]) -> _LinkFlows:
     plan_of = np.repeat(np.arange(len(parts)), [len(p[1]) for p in parts])
     flow_of = np.concatenate([np.repeat(np.arange(len(p[0])), p[0]) for p in parts])
     first = np.cumsum([0] + [len(p[0]) for p in parts])  # each plan's first flow among all
-    order = np.argsort(edge, kind="stable")  # by link, the pairs' own order within each
+    order = stable_argsort(edge)  # by link, the pairs' own order within each
     edge = edge[order]
     bounds = np.flatnonzero(np.concatenate(([True], edge[1:] != edge[:-1], [True])))
     plan_of, flow_of = plan_of[order], flow_of[order]
