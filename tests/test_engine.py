@@ -1042,4 +1042,5 @@ def test_stable_argsort_is_numpys_stable_sort():
         values[::7] = values[0]  # many ties
         assert np.array_equal(stable_argsort(values), np.argsort(values, kind="stable")), high
     assert np.array_equal(stable_argsort(np.array([3, -1, 3, 0])), [1, 3, 0, 2])
+    assert np.array_equal(stable_argsort(np.array([0.5, 0.1, 0.5, 7.0])), [1, 0, 2, 3])  # floats: numpy's own
     assert len(stable_argsort(np.zeros(0, dtype=np.int64))) == 0
