@@ -614,7 +614,7 @@ def _met_at(plan: FlowPlan, paths: np.ndarray, at: np.ndarray, once: np.ndarray 
     # the arrays too: each flow's own pairs, then its meetings (a stable sort by flow keeps
     # both orders)
     sizes, edge, w = own
-    by_flow = np.argsort(np.concatenate([np.repeat(np.arange(len(sizes)), sizes), flow_of]), kind="stable")
+    by_flow = stable_argsort(np.concatenate([np.repeat(np.arange(len(sizes)), sizes), flow_of]))
     return _with_pairs(out, (sizes + np.bincount(flow_of, minlength=len(sizes)),
                              np.concatenate([edge, met])[by_flow],
                              np.concatenate([w, counts.astype(float)])[by_flow]))
@@ -1078,9 +1078,8 @@ class FlowNetwork:
                 np.asarray(sorted(plan.edges), dtype=np.int64), np.asarray(plan.fractions, dtype=float),
                 moving, np.asarray(moving, dtype=np.int64), {})
             given = plan.__dict__.get("pairs")
-            if given is not None and id(plan.weights) not in self._pairs_cache:  # _plan_pairs, given
-                self._pairs_cache[id(plan.weights)] = (np.concatenate(([0], np.cumsum(given[0]))), *given[1:],
-                                                       given[0])
+            if given is not None:  # the fair shares' arrays start from the plan's own
+                self._plan_pairs(plan.weights, given)
         edges, fractions, moving, moving_idx, sizes = info  # moving: flows with links and bytes to carry
         done = self.env.event() if on_done is None else on_done
         if size_bytes <= 0 or not moving:
@@ -1418,25 +1417,25 @@ class FlowNetwork:
         parts = [(self._plan_pairs(t.weights), idx) for t, idx in zip(comp, flows) if len(idx)]
         sizes = np.concatenate([p[3][idx] for p, idx in parts]) if parts else np.zeros(0, dtype=np.int64)
         pairs = int(sizes.sum())
-        if pairs < 64:  # a small mix: max_min_rates would loop
-            return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
-        take = [index_ranges(p[0], idx) for p, idx in parts]
-        edge = np.concatenate([p[1][k] for (p, _), k in zip(parts, take)])
-        # max_min_rates' choice, on the arrays (it would read them back out of the tuples)
-        if pairs < NUMPY_MIN_CELLS and len(sizes) * len(unique(edge)) < NUMPY_MIN_CELLS:
-            return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
-        w = np.concatenate([p[2][k] for (p, _), k in zip(parts, take)])
-        rates = _max_min_pairs(sizes, edge, w, bw_Bps)
-        if rates is None:  # a flow lists a link twice: what max_min_rates falls back to
-            return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
-        return rates
+        if pairs >= 64:  # max_min_rates' choice, on the arrays (it would read them out of the tuples)
+            take = [index_ranges(p[0], idx) for p, idx in parts]
+            edge = np.concatenate([p[1][k] for (p, _), k in zip(parts, take)])
+            if pairs >= NUMPY_MIN_CELLS or len(sizes) * len(unique(edge)) >= NUMPY_MIN_CELLS:
+                w = np.concatenate([p[2][k] for (p, _), k in zip(parts, take)])
+                rates = _max_min_pairs(sizes, edge, w, bw_Bps)
+                if rates is not None:
+                    return rates
+        # a small mix, or a flow that lists a link twice (what max_min_rates falls back to)
+        return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
 
-    def _plan_pairs(self, weights: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _plan_pairs(self, weights: tuple, given: tuple | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A plan's flows as (flow pointer, pair edges, pair weights, links per flow), once
-        per plan (keyed by the identity of its weights, which the engine keeps alive)."""
+        per plan (keyed by the identity of its weights, which the engine keeps alive), from
+        its :attr:`FlowPlan.pairs` when ``given``, else read off ``weights``."""
         got = self._pairs_cache.get(id(weights))
         if got is None:
-            sizes, edge, w = _pairs(weights)
+            sizes, edge, w = given if given is not None else _pairs(weights)
             got = self._pairs_cache[id(weights)] = (np.concatenate(([0], np.cumsum(sizes))), edge, w, sizes)
         return got
 

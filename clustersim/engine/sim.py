@@ -625,12 +625,12 @@ class Engine:
         on_edge = _flows_on_links(list(plans.values()))
         bw = self.cluster.edge_bw_Bps
         distinct = on_edge.subset(on_edge.distinct(bw))
-        keep = set(distinct.links.tolist()) - _dominated_links(distinct, bw)
-        kept = np.zeros(len(bw), dtype=bool)
-        kept[list(keep)] = True
+        kept_links = np.zeros(len(bw), dtype=bool)  # the distinct links none of which another implies
+        kept_links[distinct.links] = True
+        kept_links[list(_dominated_links(distinct, bw))] = False
         for key, phases in phased.items():
             self._full_plans[key] = phases
-            self._plans[key] = tuple(map(partial(_on_links, kept), phases))
+            self._plans[key] = tuple(map(partial(_on_links, kept_links), phases))
         # a channel is (name, orbit, stream), and an orbit is a rank per group member: hashed
         # once per shape here, not once per link (a DP ring over 16,384 GPUs: a tuple of
         # 16,384, 65,536 links)

@@ -996,8 +996,8 @@ class _Again:
             src, dst = self.next((stage, mb)), self.prev((stage, mb))
         else:
             src = dst = None
-        keeps = kind == low.grad_kind and (low.zero == 2 or mb == low.final_mb[stage])
-        done_of, items, runs = low.done, prog.items, prog.runs
+        keeps = _keeps_block_tids(low, kind, stage, mb)
+        done_of = low.done
         for r in ranks:
             route = low.routes.get((r, kind, stage, src, dst))
             if route is not None:  # its inputs, as _input_deps
@@ -1012,16 +1012,14 @@ class _Again:
             if route is None or not tmpl:  # a first time: worked out there
                 _lower_unit(prog, low, r, (a,))
                 continue
-            first = len(items)  # Program.defer_run
-            items += [None] * len(tmpl.protos)
-            runs.append((r, first, len(items), tmpl))
-            prog.deferred[len(runs) - 1] = (mb, deps)
+            first = len(prog.items)
+            last = prog.defer_run(r, tmpl, mb, deps)
             if keeps:
                 for i, rel in tmpl.computes:
                     low.bwd_tid[(r, stage, mb, i)] = first + rel
             if tmpl.last_compute >= 0:
                 low.last_compute[r] = first + tmpl.last_compute
-            done = done_of[(kind, r, stage, mb)] = (len(items) - 1,)
+            done = done_of[(kind, r, stage, mb)] = (last,)
             if spec is not None:
                 low.sent[(kind, r, stage, mb)] = _add_comm(prog, r, spec, (kind, stage, mb), done, mb, kind, q)
             low.last_task[r] = done
