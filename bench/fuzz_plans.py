@@ -9,11 +9,12 @@ spine cable)::
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
 from pathlib import Path
+
+from fuzz_args import two_counts  # a sibling script (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,11 +69,7 @@ def draw(rng: random.Random) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    ap.add_argument("seed", nargs="?", type=int, default=0, help="seed of the random plans (default 0)")
-    ap.add_argument("plans", nargs="?", type=int, default=40, help="how many plans to draw (default 40)")
-    args = ap.parse_args()
-    seed, n = args.seed, args.plans
+    seed, n = two_counts(__doc__, ("seed", 0, "seed of the random plans"), ("plans", 40, "how many plans to draw"))
     rng = random.Random(seed)
     t0 = time.perf_counter()
     for i in range(n):

@@ -15,11 +15,12 @@ refused before, a quarter of the draws; every other plan of a seed is the one it
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
 from pathlib import Path
+
+from fuzz_args import two_counts  # a sibling script (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -87,13 +88,10 @@ def compare(d: dict) -> tuple[str, list[str]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("seed", nargs="?", type=int, default=0)
-    ap.add_argument("plans", nargs="?", type=int, default=20)
-    args = ap.parse_args()
-    rng = random.Random(args.seed)
+    seed, plans = two_counts(__doc__, ("seed", 0, "seed of the random plans"), ("plans", 20, "how many plans to draw"))
+    rng = random.Random(seed)
     bad = 0
-    for i in range(args.plans):
+    for i in range(plans):
         d = draw(rng)
         p = d["parallel"]
         label = (f"{i:3d} {d['cluster']['topology'].split('/')[-1]:<18} {p['schedule']:<11} tp{p['tp']} pp{p['pp']} "

@@ -26,12 +26,13 @@ step and how far one kind's exposed time (a mean over GPUs) is apart at most.
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import sys
 import time
 from pathlib import Path
+
+from fuzz_args import two_counts  # a sibling script (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -205,16 +206,13 @@ def label(i: int, d: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    ap.add_argument("seed", nargs="?", type=int, default=0, help="seed of the random plans (default 0)")
-    ap.add_argument("plans", nargs="?", type=int, default=20, help="how many plans to draw (default 20)")
-    args = ap.parse_args()
-    rng = random.Random(args.seed)
-    cables = random.Random(args.seed + 1_000_003)  # (with_cable's own)
+    seed, plans = two_counts(__doc__, ("seed", 0, "seed of the random plans"), ("plans", 20, "how many plans to draw"))
+    rng = random.Random(seed)
+    cables = random.Random(seed + 1_000_003)  # (with_cable's own)
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
-    for i in range(args.plans):
+    for i in range(plans):
         d = draw(rng)
         try:
             sc = clustersim.load_scenario(d, base_dir=ROOT)

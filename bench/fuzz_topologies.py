@@ -9,12 +9,13 @@ a runaway allocation fails fast instead of swapping).
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from fuzz_args import two_counts  # a sibling script (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -35,11 +36,7 @@ def describe(ex: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    ap.add_argument("examples", nargs="?", type=int, default=10_000, help="documents to fuzz (default 10000)")
-    ap.add_argument("seed", nargs="?", type=int, default=20261130, help="hypothesis seed (default 20261130)")
-    args = ap.parse_args()
-    n, seed_ = args.examples, args.seed
+    n, seed_ = two_counts(__doc__, ("examples", 10_000, "documents to fuzz"), ("seed", 20261130, "hypothesis seed"))
     limit = 8 << 30
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     stats = {"examples": 0, "ok": 0, "error": 0, "slowest": (0.0, "")}
