@@ -600,11 +600,12 @@ class Trace:
         return b if b is not None and (self._spans is None or b.describes(self._spans)) else None
 
     def drop_columns(self, tasks: bool = False) -> None:
-        """Forget the columnar view of the spans (and with ``tasks``, of the tasks) and the
-        display order: their arrays are large, and they are rebuilt on demand (from the
-        engine's columns, :attr:`base`, while they describe the spans)."""
+        """Forget the columnar view of the spans (and with ``tasks``, of the tasks): their
+        arrays are large, and they are rebuilt on demand (from the engine's columns,
+        :attr:`base`, while they describe the spans). The display order stays: the trace
+        file's pieces are written in it after the summary (a 1T-parameter step sorts its
+        spans in 0.2 s), and it is made before the summary's columns, which set the peak."""
         self._columns = None
-        self._display_order = None
         if tasks:
             self._task_columns = None
 
@@ -613,6 +614,7 @@ class Trace:
         engine's columns (:attr:`base`) included, so the next reader reads them afresh (the
         views are snapshots; identity and length cannot tell an edit)."""
         self.drop_columns(tasks=True)
+        self._display_order = None
         self.base = None
         self._forms = None
 

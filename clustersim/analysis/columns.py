@@ -29,7 +29,7 @@ from operator import attrgetter, is_not, itemgetter
 import numpy as np
 
 from ..trace import (FORM_FIELDS, SpanRows, form_array, form_codes, form_text, form_values, grouped_order,
-                     index_ranges, text_codes, unique)
+                     index_ranges, stable_argsort, text_codes, unique)
 
 
 def _floats(objs: list, attr: str) -> np.ndarray:
@@ -229,7 +229,7 @@ class SpanColumns:
     def rank_groups(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, bounds): ``order[bounds[k]:bounds[k+1]]`` are the rows of ``ranks[k]``, in
         span order."""
-        order = np.argsort(self.rank_pos, kind="stable")
+        order = stable_argsort(self.rank_pos)
         bounds = np.searchsorted(self.rank_pos[order], np.arange(len(self.ranks) + 1))
         return order, bounds
 
@@ -407,7 +407,8 @@ class TaskColumns:
         indptr = np.zeros(self.n + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         flat = np.empty(int(indptr[-1]), dtype=np.int64)
-        flat[index_ranges(indptr, read_ids)] = np.fromiter(chain.from_iterable(read), np.int64,
+        at_read = index_ranges(indptr, read_ids)
+        flat[at_read] = np.fromiter(chain.from_iterable(read), np.int64,
                                                            int(counts[read_ids].sum()))
         if len(own_ids):
             n_deps = lay.p_n_deps[own_proto]
@@ -420,12 +421,17 @@ class TaskColumns:
                 runs = np.repeat(own_run, n_deps)[named]
                 used = unique(runs)
                 ptr = np.zeros(len(self.runs) + 1, dtype=np.int64)
-                ptr[used + 1] = [len(deferred[k][1]) for k in used.tolist()]
+                read_in = [deferred[k][1] for k in used.tolist()]
+                ptr[used + 1] = np.fromiter(map(len, read_in), np.int64, len(read_in))
                 np.cumsum(ptr, out=ptr)
-                inputs = np.fromiter(chain.from_iterable(deferred[k][1] for k in used.tolist()), np.int64,
-                                     int(ptr[-1]))
+                inputs = np.fromiter(chain.from_iterable(read_in), np.int64, int(ptr[-1]))
                 values[named] = inputs[ptr[runs] + codes[named]]
-            flat[index_ranges(indptr, own_ids)] = values
+            if bool((own_ids[1:] > own_ids[:-1]).all()):  # (runs in id order): the places not read
+                mine = np.ones(len(flat), dtype=bool)  # a mask is 4x faster than the ranges on 800,000 tasks
+                mine[at_read] = False
+                flat[mine] = values
+            else:
+                flat[index_ranges(indptr, own_ids)] = values
         return indptr, flat
 
     @cached_property

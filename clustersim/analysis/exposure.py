@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..program.tasks import Comm, Program, Task
-from ..trace import Trace
+from ..trace import Trace, stable_argsort
 from .intervals import INSTANT_S, Arrays, merged, seq_sum
 
 _NUM = re.compile(r"\b\d+\b")  # bucket and part numbers, not "A2A"
@@ -61,10 +61,25 @@ def covered_s(t: np.ndarray, merged: list[tuple[float, float]] | Arrays) -> np.n
     return np.where(k >= 0, before[np.maximum(k, 0)], 0.0) + inside
 
 
+def _first_and_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_index=True, return_inverse=True)[1:]`` of non-negative ints:
+    each distinct value's first place and each value's rank among them, by one stable sort
+    (a radix sort where the values fit 32 bits: :func:`~clustersim.trace.stable_argsort`)."""
+    order = stable_argsort(values)
+    new = np.empty(len(values), dtype=bool)
+    new[:1] = True
+    ordered = values[order]
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    which = np.empty(len(values), dtype=np.int64)
+    which[order] = np.cumsum(new) - 1
+    return order[new], which
+
+
 def _comm_rows(cols) -> tuple[np.ndarray, np.ndarray]:
     """(rows, exposed seconds) of every communication span with a length, rank by rank in the
     trace's rank order, in span order within a rank: the span minus its rank's compute."""
     order, bounds = cols.rank_groups
+    by_start, start_bounds = cols.time_groups  # (the metrics' too) the compute spans' union needs no sort
     compute = cols.kind == cols.code("kind", "compute")
     timed = ~compute & (cols.end_s > cols.start_s)
     rows, exposed = [], []
@@ -73,8 +88,9 @@ def _comm_rows(cols) -> tuple[np.ndarray, np.ndarray]:
         comm = mine[timed[mine]]
         if not len(comm):
             continue
-        busy = mine[compute[mine]]
-        merged_iv = merged(cols.start_s[busy], cols.end_s[busy])
+        busy = by_start[start_bounds[i]:start_bounds[i + 1]]
+        busy = busy[compute[busy]]
+        merged_iv = merged(cols.start_s[busy], cols.end_s[busy], presorted=True)
         a, b = cols.start_s[comm], cols.end_s[comm]
         # exposed: the span's length minus the compute inside it (span minus compute)
         rows.append(comm)
@@ -101,13 +117,13 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     pos = np.searchsorted(other.rows, rows)
     triple = ((cols.kind[rows].astype(np.int64) * (len(other.op_names) + 1) + other.op[pos])
               * (len(other.name_names) + 1) + other.name[pos])
-    _, first, which = np.unique(triple, return_index=True, return_inverse=True)
+    first, which = _first_and_inverse(triple)
     label = [collective_name(spans[r].kind, spans[r].op, spans[r].name) for r in rows[first].tolist()]
     label_code = {v: i for i, v in enumerate(dict.fromkeys(label))}
     group = np.array([label_code[v] for v in label], dtype=np.int64)[which]
     weight = np.array([w[r] for r in cols.ranks], dtype=float)[cols.rank_pos[rows]]
     start, end, size = cols.start_s[rows], cols.end_s[rows], other.size_bytes[pos]
-    by_group = np.argsort(group, kind="stable")  # each group's spans in the order above
+    by_group = stable_argsort(group)  # each group's spans in the order above
     ranked = []
     for sel in np.split(by_group, np.flatnonzero(np.diff(group[by_group])) + 1) if len(rows) else ():
         ex_s = seq_sum(weight[sel] * exposed[sel], 0.0)
