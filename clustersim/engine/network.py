@@ -1093,9 +1093,7 @@ class FlowNetwork:
 
         def begin(_=None):
             t.at_s = self.env._now  # (Environment.now is a property around it)
-            # alone on its links: maybe a kept course (a moving flow has links, so edges has
-            # some: no ``initial``, whose keyword path costs a microsecond a call)
-            if _max(self._edge_comp[edges]) < 0:
+            if _max(self._edge_comp[edges], initial=-1) < 0:  # alone on its links: maybe a kept course
                 course = self._alone.get((id(t.weights), moving, size_bytes))
                 if course is not None and course[0]:
                     self._replay_alone(t, course)
@@ -1169,7 +1167,7 @@ class FlowNetwork:
         """Add ``t`` to the component of its links, merging the components it connects."""
         edge_comp = self._edge_comp
         held = edge_comp[t.edges]
-        met = set(held[held >= 0].tolist()) if _max(held) >= 0 else set()  # (t has links: see begin)
+        met = set(held[held >= 0].tolist()) if _max(held, initial=-1) >= 0 else set()
         for c in met:
             comp = self._comps[c]
             if len(comp) == 1 and comp[0].ahead is not None:
