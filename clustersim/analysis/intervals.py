@@ -155,4 +155,6 @@ def minus_pieces(a: Arrays, b: Arrays) -> np.ndarray:
 
 def minus_length_arrays(a: Arrays, b: Arrays) -> float:
     """``minus_length`` on merged arrays, to the same bit."""
+    if not len(a[0]):  # (nothing to take from: what seq_sum gives an empty piece list)
+        return 0.0
     return seq_sum(minus_pieces(a, b), 0.0)

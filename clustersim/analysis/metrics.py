@@ -62,9 +62,13 @@ def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dic
         return merged(start[mask], end[mask], presorted=True)
 
     is_compute = kind == codes["compute"]
-    is_comm = np.isin(kind, [codes[k] for k in COMM_KINDS if codes[k] >= 0])
+    # each kind's mask once, for its own union and for all communication's (a kind the trace
+    # lacks, code -1, has no spans: its union is the empty one)
+    masks = {k: kind == codes[k] for k in COMM_KINDS if codes[k] >= 0}
+    is_comm = np.logical_or.reduce(list(masks.values())) if masks else np.zeros(len(kind), dtype=bool)
     compute = iv(is_compute)
-    by_kind = {k: iv(kind == codes[k]) for k in COMM_KINDS}
+    none = merged(start[:0], end[:0], presorted=True)
+    by_kind = {k: iv(masks[k]) if k in masks else none for k in COMM_KINDS}
     all_comm = iv(is_comm)
     busy = iv(is_compute | is_comm)
     return RankTimes(
