@@ -146,6 +146,84 @@ def test_bins_are_halved_until_the_bars_fit():
     assert fit.busy_s.sum() == pytest.approx(fine.busy_s.sum(), rel=1e-12)
 
 
+def _adjacent_runs(c: dict[str, np.ndarray], t_end: float, n_bins: int) -> int:
+    """Runs of adjacent bins holding pieces, row by row, counted from the pieces themselves."""
+    span, k, _, _ = bins._pieces(c["start_s"], c["end_s"], t_end / n_bins, n_bins)
+    cells = np.unique(c["row"][span] * n_bins + k)
+    row, b = np.divmod(cells, n_bins)
+    return int(1 + ((row[1:] != row[:-1]) | (b[1:] != b[:-1] + 1)).sum()) if len(cells) else 0
+
+
+def _spans_on_edges(seed: int, t_end: float, n_bins: int) -> dict[str, np.ndarray]:
+    """Spans of two rows that start or end exactly on bin edges (pieces of no length at a
+    span's first or last bin), some of no length, some overlapping (a receive stream)."""
+    rng = np.random.default_rng(seed)
+    bin_s = t_end / n_bins
+    edge = rng.integers(0, n_bins, 300) * bin_s
+    start = np.where(rng.random(300) < 0.5, edge, rng.uniform(0, t_end, 300))
+    end = np.where(rng.random(300) < 0.3, start, np.minimum(start + rng.choice([bin_s, 3 * bin_s, 0.01], 300), t_end))
+    end = np.where(rng.random(300) < 0.3, (np.floor(end / bin_s) * bin_s).clip(start), end)
+    row = rng.integers(0, 2, 300)
+    order = np.lexsort((start, row))
+    return {"row": row[order], "group": rng.integers(0, N_GROUPS, 300)[order], "mb": np.full(300, -1),
+            "start_s": start[order], "end_s": end[order]}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("n_bins", [1, 3, 50, 200, 1000])
+def test_runs_of_bins_bound_the_bars_from_below(seed, n_bins):
+    """runs_at_least: on spans off the bin edges, exactly the runs of adjacent bins with pieces
+    in them; on spans whose first or last piece has no length, never more; and never more
+    than the bars (a bar is a run of adjacent bins of one group)."""
+    c = _random_rows(seed)
+    t_end = float(c["end_s"].max())
+    bound = bins.runs_at_least(c["row"], c["start_s"], c["end_s"], t_end, n_bins)
+    assert bound == _adjacent_runs(c, t_end, n_bins)
+    assert bound <= len(binned_bars(c["row"], c["group"], c["mb"], c["start_s"], c["end_s"], N_GROUPS, t_end,
+                                    n_bins).row)
+    e = _spans_on_edges(seed, 10.0, n_bins)
+    bound = bins.runs_at_least(e["row"], e["start_s"], e["end_s"], 10.0, n_bins)
+    assert bound <= _adjacent_runs(e, 10.0, n_bins)
+    assert bound <= len(binned_bars(e["row"], e["group"], e["mb"], e["start_s"], e["end_s"], N_GROUPS, 10.0,
+                                    n_bins).row)
+
+
+@pytest.mark.parametrize("budget", [5, 60, 400, 10_000, None])
+def test_bins_passed_over_give_the_same_bars(budget, monkeypatch):
+    """binned_within skips the numbers of bins whose runs alone are over the budget: the bars
+    are those of halving and binning each time, field by field, with fewer binnings. (None:
+    a budget of exactly the bars at 125 bins, which the finer numbers do not fit.)"""
+    c = _random_rows(7, n_rows=4, per_row=500)
+    args = (c["row"], c["group"], c["mb"], c["start_s"], c["end_s"], N_GROUPS, float(c["end_s"].max()))
+    if budget is None:  # sparse spans of one group: a bar per run of bins, the bound exact
+        rng = np.random.default_rng(7)
+        start = np.cumsum(rng.exponential(0.05, (4, 300)), axis=1).reshape(-1)
+        end = start + rng.uniform(0, 0.002, 1200)
+        args = (np.repeat(np.arange(4), 300), np.zeros(1200, dtype=np.int64), np.full(1200, -1), start, end,
+                N_GROUPS, float(end.max()))
+        budget = len(binned_bars(*args, n_bins=125).row)
+        assert bins.runs_at_least(*args[:1], *args[3:5], args[6], 125) == budget
+        assert len(binned_bars(*args, n_bins=250).row) > budget
+    made = []
+    binned = bins.binned_bars
+    monkeypatch.setattr(bins, "binned_bars", lambda *a: made.append(a[-1]) or binned(*a))
+    fast = binned_within(*args, budget=budget, n_bins=1000)
+    n_bins, tried = 1000, []
+    while True:  # the plain loop
+        tried.append(n_bins)
+        slow = binned(*args, n_bins)
+        if len(slow.row) <= budget or n_bins == 1:
+            break
+        n_bins = max(1, n_bins // 2)
+    assert made[-1] == tried[-1] and set(made) <= set(tried)
+    if budget == 60:
+        assert len(made) < len(tried)  # (here the runs alone rule out the finer bins)
+    for f in dataclasses.fields(bins.BinnedBars):
+        a, b = getattr(fast, f.name), getattr(slow, f.name)
+        assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()) if isinstance(a, np.ndarray) \
+            else a == b, f.name
+
+
 SMALL = scenario_dict(name="bins", description="a step drawn in bins")
 
 

@@ -77,12 +77,18 @@ class BinnedBars:
         return self.end_s - self.start_s
 
 
+def _bin_range(start_s: np.ndarray, end_s: np.ndarray, bin_s: float, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each span's first and last bin (the bins its pieces may fall in)."""
+    first = np.clip(np.floor(start_s / bin_s), 0, n_bins - 1).astype(np.int64)
+    last = np.maximum(np.clip(np.floor(end_s / bin_s), 0, n_bins - 1).astype(np.int64), first)
+    return first, last
+
+
 def _pieces(start_s: np.ndarray, end_s: np.ndarray, bin_s: float, n_bins: int
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each span cut at the bin edges: (span index, bin, lo, hi) per piece. Pieces of no
     length are dropped, except a span of no length (it stays as a piece in its bin)."""
-    first = np.clip(np.floor(start_s / bin_s), 0, n_bins - 1).astype(np.int64)
-    last = np.maximum(np.clip(np.floor(end_s / bin_s), 0, n_bins - 1).astype(np.int64), first)
+    first, last = _bin_range(start_s, end_s, bin_s, n_bins)
     count = last - first + 1
     span = np.repeat(np.arange(len(start_s)), count)
     k = first[span] + np.arange(len(span)) - np.repeat(np.cumsum(count) - count, count)
@@ -167,12 +173,45 @@ def binned_bars(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.
         bin_s=bin_s)
 
 
+def runs_at_least(row: np.ndarray, start_s: np.ndarray, end_s: np.ndarray, t_end_s: float, n_bins: int) -> int:
+    """A lower bound on the bars :func:`binned_bars` makes with ``n_bins`` bins, without cutting
+    the spans: the runs of adjacent bins that spans reach, row by row (arrays in display
+    order: by row, then start)::
+
+        bins        0  1  2  3  4  5  6  7
+        spans      [--)  [-----)        [-)      each from its first bin to its last
+        runs       [-----------)        [-)      2: a run opens past an empty bin
+
+    A bar is a run of adjacent bins of one row with the same dominant group, so there are at
+    least as many bars as runs of bins with pieces in them. A span's pieces fill its bins
+    from first to last but for the first or the last where its piece there has no length;
+    counting those bins too can only join two runs (they touch the span's other bins),
+    never open one, so the count stays a lower bound. Megatron-1T at 1,000 bins: 82,000
+    runs for 83,221 bars, in a tenth of the time the bars take."""
+    if not len(row):
+        return 0
+    bin_s = t_end_s / n_bins if t_end_s > 0 else 1.0  # as binned_bars
+    first, last = _bin_range(start_s, end_s, bin_s, n_bins)
+    reach = np.empty(len(row), dtype=np.int64)  # the last bin reached so far in the row
+    firsts = np.flatnonzero(np.diff(row, prepend=-1))
+    for lo, hi in zip(firsts.tolist(), [*firsts[1:].tolist(), len(row)]):
+        reach[lo + 1:hi] = np.maximum.accumulate(last[lo:hi - 1])
+    opens = first > reach + 1  # (first bins ascend in a row: spans come by start)
+    opens[firsts] = True
+    return int(opens.sum())
+
+
 def binned_within(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
                   n_groups: int, t_end_s: float, budget: int = BAR_BUDGET, n_bins: int = TIMELINE_BINS
                   ) -> BinnedBars:
     """:func:`binned_bars` with ``n_bins`` halved until at most ``budget`` bars come out
-    (rows x bins bounds the bars, so this ends; one bin per row is the coarsest)."""
+    (rows x bins bounds the bars, so this ends; one bin per row is the coarsest). A number of
+    bins whose runs alone are more than ``budget`` (:func:`runs_at_least`) is passed over
+    without making its bars: the same bars come out."""
     while True:
+        if n_bins > 1 and runs_at_least(row, start_s, end_s, t_end_s, n_bins) > budget:
+            n_bins = max(1, n_bins // 2)
+            continue
         bars = binned_bars(row, group, mb, start_s, end_s, n_groups, t_end_s, n_bins)
         if len(bars.row) <= budget or n_bins == 1:
             return bars
