@@ -81,7 +81,7 @@ def stable_argsort(values: np.ndarray) -> np.ndarray:
 def unique_inverse(values: np.ndarray) -> np.ndarray:
     """``np.unique(values, return_inverse=True)[1]`` for a 1-D array: each value's rank among
     the distinct values (without numpy.ma, as :func:`unique`)."""
-    order = np.argsort(values, kind="stable")
+    order = stable_argsort(values)
     ordered = values[order]
     step = np.empty(len(ordered), dtype=np.int64)
     if len(ordered):
@@ -111,7 +111,7 @@ def grouped_order(group: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, np.
     as ``np.lexsort(keys)`` orders (the last key first), ties in row order; ``starts``: where
     each group begins in ``order``. Sorting group by group is several times faster than one
     lexsort over everything (small sorts stay in cache)."""
-    order = np.argsort(group, kind="stable")
+    order = stable_argsort(group)  # (by radix where the groups fit 32 bits: rows often come unsorted)
     g = group[order]
     starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if len(g) else np.zeros(0, dtype=np.int64)
     if keys and len(starts) > 1 + len(order) // 256:  # many small groups: one lexsort is cheaper
