@@ -263,3 +263,13 @@ def test_microseconds_are_written_as_repr_writes_them():
     whole, frac = perfetto._us_digits(t_ns)
     written = [f"{w}{perfetto._FRACTION_US[f]}" for w, f in zip(whole, frac)]
     assert written == [repr(perfetto._us(n)) for n in t_ns.tolist()]
+
+
+@pytest.mark.parametrize("n,top", [(0, 1), (1, 5), (300, 3), (10_000, 30_000), (5_000, 2**40)])
+def test_rows_numbered_as_np_unique_numbers_them(n, top):
+    """The display rows' (rank, stream) numbers are told apart by a table of the values present
+    (few distinct, small) or by numpy's sort (a wide range): either way what np.unique gives."""
+    keys = np.random.default_rng(n).integers(0, top, n).astype(np.int64)
+    used, inverse = perfetto._distinct_inverse(keys)
+    want_used, want_inverse = np.unique(keys, return_inverse=True)
+    assert used.tolist() == want_used.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import Span, Trace, form_text
+from ..trace import Span, Trace, form_text, stable_argsort
 
 # Streams in the order a reader scans a rank: the work, then what feeds it, then the tail.
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
@@ -113,7 +113,7 @@ def _row_of_spans(trace: Trace) -> tuple[dict[int, list[str]], list[tuple[int, s
         stream = stream.astype(np.int64)
         rank = np.fromiter(map(attrgetter("rank"), spans), dtype=np.int64, count=n)
     n_streams = max(len(names), 1)
-    used, span_used = np.unique(rank * n_streams + stream, return_inverse=True)
+    used, span_used = _distinct_inverse(rank * n_streams + stream)
     seen: dict[int, set[str]] = {r: set() for r in trace.ranks}
     for key in used.tolist():  # a few hundred distinct rows, however many spans
         seen.setdefault(key // n_streams, set()).add(names[key % n_streams])
@@ -123,6 +123,20 @@ def _row_of_spans(trace: Trace) -> tuple[dict[int, list[str]], list[tuple[int, s
     row_of_used = np.array([display.get((key // n_streams, names[key % n_streams]), len(rows))
                             for key in used.tolist()], dtype=np.int64)
     return by_rank, rows, row_of_used[span_used.reshape(-1)]
+
+
+def _distinct_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` of non-negative ints: by a table of the values
+    present where they are no more than a few per key (a 1T-parameter step's 918,852 (rank,
+    stream) numbers below 30,000: 5 ms where the sort took 45), else by numpy's sort."""
+    top = int(keys.max()) if len(keys) else -1
+    if len(keys) and int(keys.min()) >= 0 and top < 4 * len(keys) + 65_536:
+        present = np.zeros(top + 1, dtype=bool)
+        present[keys] = True
+        rank_of = np.cumsum(present) - 1  # a present value's place among them
+        return np.flatnonzero(present), rank_of[keys]
+    used, inverse = np.unique(keys, return_inverse=True)
+    return used, inverse.reshape(-1)
 
 
 def streams_by_rank(trace: Trace) -> dict[int, list[str]]:
@@ -193,7 +207,7 @@ def _span_order(trace: Trace) -> SpanOrder:
         spans = trace.spans
         start = np.fromiter(map(attrgetter("start_s"), spans), dtype=np.float64, count=n)
         end = np.fromiter(map(attrgetter("end_s"), spans), dtype=np.float64, count=n)
-    order = np.argsort(row, kind="stable")
+    order = stable_argsort(row)
     bounds = np.searchsorted(row[order], np.arange(len(rows) + 1)).tolist()
     for lo, hi in pairwise(bounds):  # row by row: 3x faster than one lexsort of all spans
         in_row = order[lo:hi]
