@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..trace import INSTANT_S, SpanBase, unique
+from ..trace import INSTANT_S, SpanBase, stable_argsort, unique
 
 STEP_MB = 12  # 1F1B leaves microbatches out in multiples of this: every cycle tried divides it
 WINDOWS = 3  # cycles compared: the last one before T and the two before it
@@ -280,7 +280,7 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
     if len(others):
         width = rep.copies + 2
         key = old_tid[mine] * width + seg[mine]
-        order = np.argsort(key, kind="stable")
+        order = stable_argsort(key)  # (by radix: a million keys below 2**32)
         want = old_tid[others] * width + seg[others]
         at = np.searchsorted(key[order], want)
         at = np.minimum(at, len(order) - 1)
