@@ -442,7 +442,7 @@ class TaskColumns:
     @cached_property
     def stream_order(self) -> np.ndarray:
         """Task ids by (rank, stream), each stream's in issue (id) order."""
-        return np.argsort(self._lane, kind="stable")
+        return stable_argsort(self._lane)  # (by radix: the lanes come interleaved, in id order)
 
     @cached_property
     def prev(self) -> np.ndarray:
