@@ -192,13 +192,8 @@ def runs_at_least(row: np.ndarray, start_s: np.ndarray, end_s: np.ndarray, t_end
         return 0
     bin_s = t_end_s / n_bins if t_end_s > 0 else 1.0  # as binned_bars
     first, last = _bin_range(start_s, end_s, bin_s, n_bins)
-    reach = np.empty(len(row), dtype=np.int64)  # the last bin reached so far in the row
-    firsts = np.flatnonzero(np.diff(row, prepend=-1))
-    for lo, hi in zip(firsts.tolist(), [*firsts[1:].tolist(), len(row)]):
-        reach[lo + 1:hi] = np.maximum.accumulate(last[lo:hi - 1])
-    opens = first > reach + 1  # (first bins ascend in a row: spans come by start)
-    opens[firsts] = True
-    return int(opens.sum())
+    reach = covered_before(row, last)  # the last bin reached so far in the row (-inf: its first span)
+    return int((first > reach + 1).sum())  # (first bins ascend in a row: spans come by start)
 
 
 def binned_within(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
