@@ -78,18 +78,24 @@ def stable_argsort(values: np.ndarray) -> np.ndarray:
     return np.argsort(values, kind="stable")
 
 
-def unique_inverse(values: np.ndarray) -> np.ndarray:
-    """``np.unique(values, return_inverse=True)[1]`` for a 1-D array: each value's rank among
-    the distinct values (without numpy.ma, as :func:`unique`)."""
+def first_and_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_index=True, return_inverse=True)[1:]`` for a 1-D array: each
+    distinct value's first place and each value's rank among the distinct values, by one
+    stable sort (:func:`stable_argsort`: by radix where the values fit 32 bits; without
+    numpy.ma, as :func:`unique`)."""
     order = stable_argsort(values)
     ordered = values[order]
-    step = np.empty(len(ordered), dtype=np.int64)
-    if len(ordered):
-        step[0] = 0
-        np.not_equal(ordered[1:], ordered[:-1], out=step[1:])
-    out = np.empty(len(ordered), dtype=np.int64)
-    out[order] = np.cumsum(step)
-    return out
+    new = np.empty(len(ordered), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    inverse = np.empty(len(ordered), dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return order[new], inverse
+
+
+def unique_inverse(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values, return_inverse=True)[1]`` for a 1-D array (:func:`first_and_inverse`)."""
+    return first_and_inverse(values)[1]
 
 
 def index_ranges(ptr: np.ndarray, which: np.ndarray) -> np.ndarray:

@@ -1044,3 +1044,17 @@ def test_stable_argsort_is_numpys_stable_sort():
     assert np.array_equal(stable_argsort(np.array([3, -1, 3, 0])), [1, 3, 0, 2])
     assert np.array_equal(stable_argsort(np.array([0.5, 0.1, 0.5, 7.0])), [1, 0, 2, 3])  # floats: numpy's own
     assert len(stable_argsort(np.zeros(0, dtype=np.int64))) == 0
+
+
+@pytest.mark.parametrize("n,high", [(0, 1), (1, 5), (500, 3), (20_000, 2**20), (3_000, 2**40)])
+def test_first_and_inverse_is_what_np_unique_gives(n, high):
+    """trace.first_and_inverse (and unique_inverse, its second half): each distinct value's
+    first place and each value's rank, as np.unique gives them, below and above the radix
+    sort's limits."""
+    from clustersim.trace import first_and_inverse, unique_inverse
+
+    values = np.random.default_rng(n).integers(0, high, n)
+    _, want_first, want_inverse = np.unique(values, return_index=True, return_inverse=True)
+    first, inverse = first_and_inverse(values)
+    assert first.tolist() == want_first.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
+    assert unique_inverse(values).tolist() == inverse.tolist()

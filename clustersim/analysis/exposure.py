@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..program.tasks import Comm, Program, Task
-from ..trace import Trace, stable_argsort
+from ..trace import Trace, first_and_inverse, stable_argsort
 from .intervals import INSTANT_S, Arrays, merged, seq_sum
 
 _NUM = re.compile(r"\b\d+\b")  # bucket and part numbers, not "A2A"
@@ -59,20 +59,6 @@ def covered_s(t: np.ndarray, merged: list[tuple[float, float]] | Arrays) -> np.n
     k = np.searchsorted(lo, t, side="right") - 1  # the last interval starting at or before t
     inside = np.where(k >= 0, np.clip(t - lo[np.maximum(k, 0)], 0.0, (hi - lo)[np.maximum(k, 0)]), 0.0)
     return np.where(k >= 0, before[np.maximum(k, 0)], 0.0) + inside
-
-
-def _first_and_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(values, return_index=True, return_inverse=True)[1:]`` of non-negative ints:
-    each distinct value's first place and each value's rank among them, by one stable sort
-    (a radix sort where the values fit 32 bits: :func:`~clustersim.trace.stable_argsort`)."""
-    order = stable_argsort(values)
-    new = np.empty(len(values), dtype=bool)
-    new[:1] = True
-    ordered = values[order]
-    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-    which = np.empty(len(values), dtype=np.int64)
-    which[order] = np.cumsum(new) - 1
-    return order[new], which
 
 
 def _comm_rows(cols) -> tuple[np.ndarray, np.ndarray]:
@@ -117,7 +103,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     pos = np.searchsorted(other.rows, rows)
     triple = ((cols.kind[rows].astype(np.int64) * (len(other.op_names) + 1) + other.op[pos])
               * (len(other.name_names) + 1) + other.name[pos])
-    first, which = _first_and_inverse(triple)
+    first, which = first_and_inverse(triple)
     label = [collective_name(spans[r].kind, spans[r].op, spans[r].name) for r in rows[first].tolist()]
     label_code = {v: i for i, v in enumerate(dict.fromkeys(label))}
     group = np.array([label_code[v] for v in label], dtype=np.int64)[which]
