@@ -408,8 +408,7 @@ class TaskColumns:
         np.cumsum(counts, out=indptr[1:])
         flat = np.empty(int(indptr[-1]), dtype=np.int64)
         at_read = index_ranges(indptr, read_ids)
-        flat[at_read] = np.fromiter(chain.from_iterable(read), np.int64,
-                                                           int(counts[read_ids].sum()))
+        flat[at_read] = np.fromiter(chain.from_iterable(read), np.int64, int(counts[read_ids].sum()))
         if len(own_ids):
             n_deps = lay.p_n_deps[own_proto]
             codes = lay.p_codes[index_ranges(lay.p_code_ptr, own_proto)]
