@@ -375,10 +375,10 @@ def test_custom_errors_name_rank_and_token(what, text, words):
 def test_the_array_check_passes_sound_schedules(name, p, m, kw):
     """The rows' structure is judged on arrays first; a sound schedule must pass there (the
     action-by-action walk, which names faults, would pass it too, only slower)."""
-    from clustersim.schedule.core import _rows_sound
+    from clustersim.schedule.core import _action_arrays, _rows_sound
 
     s = build_schedule(name, p, m, **kw)
-    assert _rows_sound(s.actions, s.split_backward)
+    assert _rows_sound(_action_arrays(s.actions), s.split_backward)
 
 
 @pytest.mark.parametrize("what,rows,split", [
@@ -393,10 +393,10 @@ def test_the_array_check_passes_sound_schedules(name, p, m, kw):
 ])
 def test_the_array_check_refuses_faults(what, rows, split):
     """Each fault the walk names, the array check refuses (else the walk would never run)."""
-    from clustersim.schedule.core import _rows_sound
+    from clustersim.schedule.core import _action_arrays, _rows_sound
 
     parsed = [[Action(int(t[0]), t[1], int(t[2:])) for t in row] for row in rows]
-    assert not _rows_sound(parsed, split), what
+    assert not _rows_sound(_action_arrays(parsed), split), what
 
 
 def test_custom_shape_must_match_the_plan():
@@ -447,11 +447,20 @@ def test_placement_plan_waits_for_each_actions_deps(name, p, m, opts):
     """The placement's plan (one action per unit, its dependencies inline) waits for exactly
     what ``PipelineSchedule.deps`` says each action needs; overlapped chunks for what their
     actions need from outside the chunk."""
-    from clustersim.schedule.core import _plan, issue_units
+    from clustersim.schedule.core import KINDS, _key_of, _plan, issue_units
 
     s = build_schedule(name, p, m, **opts)
-    for r, row in enumerate(_plan(s)):
+    rows, chunks = _plan(s)
+    key = lambda code: _key_of(code, s.n_microbatches)  # noqa: E731
+    for r, row in enumerate(rows):
         units = issue_units(s, r)
-        assert [keys for keys, _ in row] == [tuple(a.key for a in u) for u in units]
-        for (keys, deps), u in zip(row, units):
-            assert list(deps) == [d for a in u for d in s.deps(a) if d not in keys]
+        assert len(row) == len(units)
+        for (code, d1, d2, kind), u in zip(row, units):
+            if code >= 0:  # one action
+                keys, deps, kinds = (key(code),), [key(d) for d in (d1, d2) if d >= 0], (kind,)
+            else:  # an overlapped chunk
+                codes, kinds, waits = chunks[-1 - code]
+                keys, deps = tuple(map(key, codes)), list(map(key, waits))
+            assert keys == tuple(a.key for a in u)
+            assert tuple(KINDS[k] for k in kinds) == tuple(a.kind for a in u)
+            assert deps == [d for a in u for d in s.deps(a) if d not in keys]

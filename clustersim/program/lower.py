@@ -25,15 +25,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 import numpy as np
 
 from ..codegen import Straight
 from ..config import Scenario
 from ..plan.mesh import Mesh
-from ..schedule.core import issue_units
-from ..schedule.pipeline import Action, PipelineSchedule, as_schedule, timeline
+from ..schedule.core import units_by_start
+from ..schedule.pipeline import Action, PipelineSchedule, as_schedule
 from ..trace import unique_inverse
 from .tasks import ActionTemplate, Comm, Program, Task
 from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
@@ -831,13 +831,7 @@ def units_in_time_order(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ..
     lasts > 0), so walking in this order creates every send before the task that waits for it.
     For GPipe and 1F1B this is the slot-by-slot, rank-by-rank walk of the grid.
     """
-    start = timeline(s).start
-    units = [(start[u[0].key], q, u) for q in range(s.ranks) for u in issue_units(s, q)]
-    units.sort(key=_start_then_rank)
-    return [(q, u) for _, q, u in units]
-
-
-_start_then_rank = itemgetter(0, 1)
+    return units_by_start(s)
 
 
 def _route(low: Lowering, r: int, a: Action) -> tuple:

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from itertools import chain
+from operator import attrgetter, itemgetter
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 import numpy as np
 
@@ -101,7 +102,9 @@ class PipelineSchedule:
             raise ScheduleError(f"stage_part {list(part)} must use parts 0..n-1 with none skipped")
         object.__setattr__(self, "stage_part", part)
         object.__setattr__(self, "stage_rank", stage_rank)
-        split = _check_rows(rows)
+        flat = _action_arrays(rows)
+        split = _check_rows(rows, flat)
+        object.__setattr__(self, "_flat", flat)  # (stage, kind, mb) per action, for the placement
         object.__setattr__(self, "paths", _paths(rows, part, stage_rank))
         pairs = tuple(tuple(p) for p in self.fb_pairs) or tuple(() for _ in rows)
         if len(pairs) != len(rows):
@@ -221,14 +224,15 @@ def _stage_ranks(rows) -> tuple[int, ...]:
     return tuple(where[k] for k in range(len(where)))
 
 
-def _check_rows(rows) -> bool:
+def _check_rows(rows, flat: tuple[np.ndarray, np.ndarray, np.ndarray]) -> bool:
     """Every (stage, mb) has F, B and (if any W exists) W once each, in that order on its row.
 
-    Checked on arrays (:func:`_rows_sound`); where they find a fault, :func:`_row_faults`
-    walks the rows to name the first one (a built-in 1F1B of 64 stages and 512 microbatches
-    has 65,536 actions, and the walk cost its load a fifth of its time)."""
-    split = any(a.kind == "W" for acts in rows for a in acts)
-    if _rows_sound(rows, split):
+    Checked on arrays (``flat``: :func:`_action_arrays`, :func:`_rows_sound`); where they find
+    a fault, :func:`_row_faults` walks the rows to name the first one (a built-in 1F1B of 64
+    stages and 512 microbatches has 65,536 actions, and the walk cost its load a fifth of its
+    time)."""
+    split = bool((flat[1] == 2).any())
+    if _rows_sound(flat, split):
         return split
     return _row_faults(rows, split)
 
@@ -236,7 +240,20 @@ def _check_rows(rows) -> bool:
 _KIND_CODE = {"F": 0, "B": 1, "W": 2}
 
 
-def _rows_sound(rows, split: bool) -> bool:
+def _action_arrays(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every action's stage, kind (F 0, B 1, W 2) and microbatch, the rows laid end to end
+    (their actions checked by :func:`_stage_ranks`)."""
+    n = sum(map(len, rows))
+    stage = np.fromiter(map(_STAGE, chain.from_iterable(rows)), np.int64, n)
+    kind = np.fromiter(map(_KIND_CODE.__getitem__, map(_KIND, chain.from_iterable(rows))), np.int64, n)
+    mb = np.fromiter(map(_MB, chain.from_iterable(rows)), np.int64, n)
+    return stage, kind, mb
+
+
+_STAGE, _KIND, _MB = attrgetter("stage"), attrgetter("kind"), attrgetter("mb")
+
+
+def _rows_sound(flat: tuple[np.ndarray, np.ndarray, np.ndarray], split: bool) -> bool:
     """Whether :func:`_check_rows` passes, on arrays: microbatches 0..n-1, each action once,
     each B after its F and each W after its B on the same row, and every (stage, mb) with
     actions has all of F, B (and W when ``split``). Each stage is on one row
@@ -246,12 +263,10 @@ def _rows_sound(rows, split: bool) -> bool:
         code = (stage * 3 + kind) * n_mb + mb        kind: F 0, B 1, W 2
         need = code - n_mb                           B needs F, W needs B: one kind down
     """
-    n = sum(map(len, rows))
+    stage, kind, mb = flat
+    n = len(stage)
     if n == 0:
         return False
-    stage = np.fromiter((a.stage for acts in rows for a in acts), np.int64, n)
-    kind = np.fromiter((_KIND_CODE[a.kind] for acts in rows for a in acts), np.int64, n)
-    mb = np.fromiter((a.mb for acts in rows for a in acts), np.int64, n)
     n_mb = int(mb.max()) + 1
     # a microbatch never appears (counted, not np.unique: its first call imports numpy.ma, 10 ms)
     if int(mb.min()) < 0 or not np.bincount(mb, minlength=n_mb).all():
@@ -395,33 +410,55 @@ def timeline(schedule: PipelineSchedule | Sequence[Sequence[Action]],
     return cache[ckey]
 
 
-def _plan(s: PipelineSchedule) -> list[list[tuple[tuple[Key, ...], tuple[Key, ...]]]]:
-    """Per rank, per issued unit: (its action keys, the keys it waits for outside itself)."""
+def _plan(s: PipelineSchedule) -> tuple[list[list[tuple[int, int, int, int]]], list[tuple]]:
+    """The placement's plan, every action as a number (:func:`_codes`): per rank, per issued
+    unit, ``(code, first dependency, second dependency, kind)`` (-1: no such dependency), or
+    for an overlapped chunk ``(-1 - j, 0, 0, 0)`` with ``chunks[j] = (its codes, their kinds,
+    the codes it waits for outside itself)``; and ``chunks``. The dependencies, worked out on
+    arrays for every action at once, are :meth:`PipelineSchedule.deps`'s::
+
+        F (k, mb)   F (prev[k, mb], mb)                        prev, next: mb's path
+        B (k, mb)   F (k, mb),  B (next[k, mb], mb)
+        W (k, mb)   B (k, mb)
+    """
     plan = s.__dict__.get("_plan")
-    if plan is None:
-        plan = []
-        prev, nxt = s._prev.get, s._next.get
-        for r, acts in enumerate(s.actions):
-            if not s.fb_pairs[r]:  # one action per unit (most schedules): _deps_of, inline
-                row = []
-                for a in acts:
-                    stage, kind, mb = key = (a.stage, a.kind, a.mb)
-                    if kind == "F":
-                        k = prev((stage, mb))
-                        row.append(((key,), () if k is None else ((k, "F", mb),)))
-                    elif kind == "B":
-                        k = nxt((stage, mb))
-                        row.append(((key,), ((stage, "F", mb),) if k is None else ((stage, "F", mb), (k, "B", mb))))
-                    else:
-                        row.append(((key,), ((stage, "B", mb),)))
-                plan.append(row)
-                continue
-            row = []
-            for op in issue_units(s, r):
-                keys = tuple(a.key for a in op)
-                row.append((keys, tuple(d for a in op for d in s.deps(a) if d not in keys)))
-            plan.append(row)
-        object.__setattr__(s, "_plan", plan)
+    if plan is not None:
+        return plan
+    stage, kind, mb = s._flat
+    n_mb, n_stages = s.n_microbatches, s.n_stages
+    paths = np.array(s.paths, dtype=np.int64).reshape(n_mb, -1)
+    prev = np.full((n_stages, n_mb), -1, dtype=np.int64)
+    nxt = np.full((n_stages, n_mb), -1, dtype=np.int64)
+    mbs = np.broadcast_to(np.arange(n_mb)[:, None], (n_mb, paths.shape[1] - 1))
+    prev[paths[:, 1:], mbs] = paths[:, :-1]
+    nxt[paths[:, :-1], mbs] = paths[:, 1:]
+    code = (stage * 3 + kind) * n_mb + mb
+    own_f, own_b = (stage * 3) * n_mb + mb, (stage * 3 + 1) * n_mb + mb
+    before, after = prev[stage, mb], nxt[stage, mb]
+    dep_a = np.where(kind == 0, np.where(before >= 0, (before * 3) * n_mb + mb, -1), np.where(kind == 1, own_f, own_b))
+    dep_b = np.where((kind == 1) & (after >= 0), (after * 3 + 1) * n_mb + mb, -1)
+    entries = list(zip(code.tolist(), dep_a.tolist(), dep_b.tolist(), kind.tolist()))
+    rows, chunks, lo = [], [], 0
+    for r, acts in enumerate(s.actions):
+        hi = lo + len(acts)
+        if not s.fb_pairs[r]:  # one action per unit (most schedules)
+            rows.append(entries[lo:hi])
+        else:
+            row, i = [], lo
+            for unit in issue_units(s, r):
+                if len(unit) == 1:
+                    row.append(entries[i])
+                else:
+                    mine = entries[i:i + len(unit)]
+                    codes = tuple(e[0] for e in mine)
+                    waits = tuple(d for e in mine for d in e[1:3] if d >= 0 and d not in codes)
+                    row.append((-1 - len(chunks), 0, 0, 0))
+                    chunks.append((codes, tuple(e[3] for e in mine), waits))
+                i += len(unit)
+            rows.append(row)
+        lo = hi
+    plan = (rows, chunks)
+    object.__setattr__(s, "_plan", plan)
     return plan
 
 
@@ -436,70 +473,136 @@ def _deps_of(s: PipelineSchedule, stage: int, kind: str, mb: int) -> tuple[Key, 
     return ((stage, "B", mb),)
 
 
+def _codes(s: PipelineSchedule) -> int:
+    """How many action numbers there are: an action (stage, kind, mb) is numbered
+    ``(stage * 3 + kind) * n_microbatches + mb``, kind F 0, B 1, W 2."""
+    return s.n_stages * 3 * s.n_microbatches
+
+
+def _key_of(code: int, n_mb: int) -> Key:
+    """The action key numbered ``code`` (:func:`_codes`)."""
+    sk, mb = divmod(code, n_mb)
+    return (sk // 3, KINDS[sk % 3], mb)
+
+
+class _ByKey(Mapping):
+    """Times of a placement by action key (``Timeline.start``, ``end``, ``release``), kept as
+    a list by action number (:func:`_codes`); -1 where no action has that number (times are
+    never negative)."""
+
+    __slots__ = ("times", "_n_mb")
+
+    def __init__(self, times: list[float], n_mb: int):
+        self.times, self._n_mb = times, n_mb
+
+    def __getitem__(self, key: Key) -> float:
+        stage, kind, mb = key
+        k = _KIND_CODE.get(kind)
+        n_mb = self._n_mb
+        c = (stage * 3 + k) * n_mb + mb if k is not None and 0 <= mb < n_mb and stage >= 0 else -1
+        v = self.times[c] if 0 <= c < len(self.times) else -1.0
+        if v < 0:
+            raise KeyError(key)
+        return v
+
+    def __iter__(self):
+        n_mb = self._n_mb
+        return (_key_of(c, n_mb) for c, v in enumerate(self.times) if v >= 0)
+
+    def __len__(self) -> int:
+        return sum(v >= 0 for v in self.times)
+
+
 def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
-    plan = _plan(s)
+    rows, chunks = _plan(s)
+    per_kind = [dur["F"], dur["B"], dur["W"]]
     fb = dur.get(FB)
+    n = _codes(s)
+    start, end = [-1.0] * n, [-1.0] * n  # negative: not placed (yet)
+    release = [-1.0] * n + [0.0]  # and a last slot for "no dependency" (-1) to read
     pos = [0] * s.ranks
     free = [0.0] * s.ranks
     busy = [0.0] * s.ranks
-    start: dict[Key, float] = {}
-    end: dict[Key, float] = {}
-    release: dict[Key, float] = {}
     # Event-driven: a rank blocked on an unfinished dependency sleeps until that action is
     # placed. Start times do not depend on the order ranks are tried in: each is
     # max(rank free, dependencies released), fixed once the dependencies are placed.
-    waiting: dict[Key, list[int]] = {}
+    waiting: dict[int, list[int]] = {}
     todo = deque(range(s.ranks))
-    released = release.get
     while todo:
         r = todo.popleft()
-        row = plan[r]
-        i, t1, b, n = pos[r], free[r], busy[r], len(row)
-        while i < n:
-            keys, deps = row[i]
+        row = rows[r]
+        i, t1, b, n_units = pos[r], free[r], busy[r], len(row)
+        while i < n_units:
+            k, d1, d2, kind = row[i]
             t0 = t1
-            blocker = None
-            for d in deps:  # the first dependency not placed yet, else the latest release
-                at = released(d)
-                if at is None:
-                    blocker = d
+            if k >= 0:
+                at, at2 = release[d1], release[d2]  # (-1, no dependency: the last slot, 0.0)
+                if at < 0 or at2 < 0:  # the first dependency not placed yet blocks
+                    waiting.setdefault(d1 if at < 0 else d2, []).append(r)
                     break
                 if at > t0:
                     t0 = at
-            if blocker is not None:
-                waiting.setdefault(blocker, []).append(r)
-                break
-            if len(keys) == 1:
-                k = keys[0]
-                t1 = t0 + dur[k[1]]
+                if at2 > t0:
+                    t0 = at2
+                t1 = t0 + per_kind[kind]
                 start[k] = t0
                 end[k] = release[k] = t1
-            else:  # an overlapped chunk: one unit, outputs released at its end
-                t = t0
-                for k in keys:
-                    start[k], t = t, t + dur[k[1]]
-                    end[k] = t
-                t1 = t0 + fb if fb is not None else t
-                for k in keys:
-                    release[k] = t1
-                    if fb is not None:  # no inner order to draw
-                        start[k], end[k] = t0, t1
-            for k in keys:
                 if k in waiting:
                     todo.extend(waiting.pop(k))
+            else:  # an overlapped chunk: one unit, outputs released at its end
+                codes, kinds, waits = chunks[-1 - k]
+                blocker = next((d for d in waits if release[d] < 0), None)
+                if blocker is not None:
+                    waiting.setdefault(blocker, []).append(r)
+                    break
+                t0 = max((t0, *(release[d] for d in waits)))
+                t = t0
+                for c, kd in zip(codes, kinds):
+                    start[c], t = t, t + per_kind[kd]
+                    end[c] = t
+                t1 = t0 + fb if fb is not None else t
+                for c in codes:
+                    release[c] = t1
+                    if fb is not None:  # no inner order to draw
+                        start[c], end[c] = t0, t1
+                for c in codes:
+                    if c in waiting:
+                        todo.extend(waiting.pop(c))
             b += t1 - t0
             i += 1
         pos[r], free[r], busy[r] = i, t1, b
-    stuck = [r for r in range(s.ranks) if pos[r] < len(plan[r])]
+    stuck = [r for r in range(s.ranks) if pos[r] < len(rows[r])]
+    n_mb = s.n_microbatches
     if stuck:
         waits = []
         for r in stuck:
-            keys, deps = plan[r][pos[r]]
-            missing = [d for d in deps if d not in release]
-            waits.append(f"rank {r} waits at {' '.join(_tok(k) for k in keys)} for {', '.join(map(_tok, missing))}")
+            k, d1, d2, _ = rows[r][pos[r]]
+            codes, deps = ((k,), (d1, d2)) if k >= 0 else (chunks[-1 - k][0], chunks[-1 - k][2])
+            missing = [_key_of(d, n_mb) for d in deps if d >= 0 and release[d] < 0]
+            waits.append(f"rank {r} waits at {' '.join(_tok(_key_of(c, n_mb)) for c in codes)} "
+                         f"for {', '.join(map(_tok, missing))}")
         raise ScheduleError("schedule deadlocks, no rank can issue its next action: " + "; ".join(waits))
-    return Timeline(MappingProxyType(start), MappingProxyType(end), MappingProxyType(release), tuple(busy),
+    return Timeline(_ByKey(start, n_mb), _ByKey(end, n_mb), _ByKey(release[:n], n_mb), tuple(busy),
                     max(free) if free else 0.0)
+
+
+def units_by_start(s: PipelineSchedule) -> list[tuple[int, tuple[Action, ...]]]:
+    """(rank, issue unit) of all ranks, by unit-time start (F = B = W = 1), then rank, then
+    issue order: the placement's start of each unit's first action, sorted on arrays."""
+    rows, chunks = _plan(s)
+    start = np.array(timeline(s).start.times)
+    units: list[tuple[Action, ...]] = []
+    ranks: list[int] = []
+    firsts: list[int] = []
+    for r, row in enumerate(rows):
+        units += issue_units(s, r)
+        ranks += [r] * len(row)
+        firsts += [k if k >= 0 else chunks[-1 - k][0][0] for k in map(_FIRST, row)]
+    order = np.lexsort((np.array(ranks, dtype=np.int64), start[np.array(firsts, dtype=np.int64)]))  # (stable)
+    return [(ranks[i], units[i]) for i in order.tolist()]
+
+
+_FIRST = itemgetter(0)
 
 
 def _tok(k: Key) -> str:
