@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from clustersim.schedule import (
+    CUSTOM,
     SCHEDULES,
     Action,
     PipelineSchedule,
@@ -464,3 +465,21 @@ def test_placement_plan_waits_for_each_actions_deps(name, p, m, opts):
             assert keys == tuple(a.key for a in u)
             assert tuple(KINDS[k] for k in kinds) == tuple(a.kind for a in u)
             assert deps == [d for a in u for d in s.deps(a) if d not in keys]
+
+
+@pytest.mark.parametrize("name,p,m,opts", [*CASES, (CUSTOM, 2, 2, {
+    "text": "0F0 0B0 0F1 0B1\n1F0 1F1 1B0 1B1", "stage_part": (1, 0)})], ids=[*CASE_IDS, "custom-parts-reversed"])
+def test_structure_on_arrays_is_the_walks(name, p, m, opts):
+    """Stage ranks, paths and path neighbours are read off the actions' arrays; the walks
+    over the rows (which name faults) give the same, and the neighbours follow the paths
+    (also where stages do not compute parts in their order: the custom case's paths are
+    stage 1, then 0)."""
+    from clustersim.schedule.core import _paths, _paths_on_arrays, _stage_ranks
+
+    s = build_schedule(name, p, m, **opts)
+    assert _stage_ranks(s.actions, s._flat) == _stage_ranks(s.actions, None) == s.stage_rank
+    assert _paths_on_arrays(s._flat, s.stage_part) == _paths(s.actions, s.stage_part, s.stage_rank) == s.paths
+    for mb, path in enumerate(s.paths):
+        assert [s.prev_stage(k, mb) for k in path] == [None, *path[:-1]]
+        assert [s.next_stage(k, mb) for k in path] == [*path[1:], None]
+    assert len(s._next) == len(s._prev) == sum(len(path) - 1 for path in s.paths)

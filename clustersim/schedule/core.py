@@ -93,7 +93,8 @@ class PipelineSchedule:
     def __post_init__(self):
         rows = tuple(tuple(r) for r in self.actions)
         object.__setattr__(self, "actions", rows)
-        stage_rank = _stage_ranks(rows)
+        flat = _action_arrays(rows)
+        stage_rank = _stage_ranks(rows, flat)
         n_stages = len(stage_rank)
         part = tuple(range(n_stages)) if self.stage_part is None else tuple(self.stage_part)
         if len(part) != n_stages:
@@ -102,10 +103,10 @@ class PipelineSchedule:
             raise ScheduleError(f"stage_part {list(part)} must use parts 0..n-1 with none skipped")
         object.__setattr__(self, "stage_part", part)
         object.__setattr__(self, "stage_rank", stage_rank)
-        flat = _action_arrays(rows)
         split = _check_rows(rows, flat)
         object.__setattr__(self, "_flat", flat)  # (stage, kind, mb) per action, for the placement
-        object.__setattr__(self, "paths", _paths(rows, part, stage_rank))
+        paths = _paths_on_arrays(flat, part)
+        object.__setattr__(self, "paths", _paths(rows, part, stage_rank) if paths is None else paths)
         pairs = tuple(tuple(p) for p in self.fb_pairs) or tuple(() for _ in rows)
         if len(pairs) != len(rows):
             raise ScheduleError(f"fb_pairs has {len(pairs)} rows but the schedule has {len(rows)} ranks")
@@ -123,12 +124,13 @@ class PipelineSchedule:
                     raise ScheduleError(f"rank {r}: {b} cannot overlap {f}: it needs that forward's result")
         object.__setattr__(self, "fb_pairs", pairs)
         object.__setattr__(self, "_split", split)
-        nxt, prv = {}, {}
-        for mb, path in enumerate(self.paths):
-            for a, b in zip(path, path[1:]):
-                nxt[(a, mb)], prv[(b, mb)] = b, a
-        object.__setattr__(self, "_next", nxt)
-        object.__setattr__(self, "_prev", prv)
+        # each microbatch's neighbours on its path, by (stage, mb): path by path, in path order
+        n_mb = len(self.paths)
+        here = np.array(self.paths, dtype=np.int64).reshape(n_mb, -1)
+        mbs = np.repeat(np.arange(n_mb), here.shape[1] - 1).tolist()
+        a, b = here[:, :-1].ravel().tolist(), here[:, 1:].ravel().tolist()
+        object.__setattr__(self, "_next", dict(zip(zip(a, mbs), b)))
+        object.__setattr__(self, "_prev", dict(zip(zip(b, mbs), a)))
 
     # --- read as the old list-of-lists Schedule -------------------------------------------
     def __getitem__(self, rank: int) -> tuple[Action, ...]:
@@ -207,7 +209,19 @@ def make_schedule(name: str, rows: Sequence[Sequence[Action]], *, stage_part: Se
 
 # --- structure checks ---------------------------------------------------------------------
 
-def _stage_ranks(rows) -> tuple[int, ...]:
+def _stage_ranks(rows, flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> tuple[int, ...]:
+    """The rank whose row holds each stage; ``flat``: :func:`_action_arrays`, None where the
+    rows hold something else than actions. Judged on those arrays; where they show a fault,
+    the rows are walked to name the first one."""
+    if flat is not None and len(flat[0]) and int(flat[0].min()) >= 0 and int(flat[2].min()) >= 0:
+        stage = flat[0]
+        row = np.repeat(np.arange(len(rows)), list(map(len, rows)))
+        n_stages = int(stage.max()) + 1
+        lo, hi = np.full(n_stages, len(rows)), np.full(n_stages, -1)
+        np.minimum.at(lo, stage, row)
+        np.maximum.at(hi, stage, row)
+        if (lo == hi).all():  # every stage on one row, none missing
+            return tuple(lo.tolist())
     where: dict[int, int] = {}
     for r, acts in enumerate(rows):
         for a in acts:
@@ -240,9 +254,13 @@ def _check_rows(rows, flat: tuple[np.ndarray, np.ndarray, np.ndarray]) -> bool:
 _KIND_CODE = {"F": 0, "B": 1, "W": 2}
 
 
-def _action_arrays(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every action's stage, kind (F 0, B 1, W 2) and microbatch, the rows laid end to end
-    (their actions checked by :func:`_stage_ranks`)."""
+def _action_arrays(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every action's stage, kind (F 0, B 1, W 2) and microbatch, the rows laid end to end;
+    None where a row holds something else than an action (:func:`_stage_ranks` names it)."""
+    if not all(issubclass(t, Action) for t in set(map(type, chain.from_iterable(rows)))):
+        return None
+    if not set(map(_KIND, chain.from_iterable(rows))) <= _KIND_CODE.keys():
+        return None
     n = sum(map(len, rows))
     stage = np.fromiter(map(_STAGE, chain.from_iterable(rows)), np.int64, n)
     kind = np.fromiter(map(_KIND_CODE.__getitem__, map(_KIND, chain.from_iterable(rows))), np.int64, n)
@@ -320,6 +338,27 @@ def _row_faults(rows, split: bool) -> bool:
 
 def _keys(acts) -> set[Key]:
     return {a.key for a in acts}
+
+
+def _paths_on_arrays(flat: tuple[np.ndarray, np.ndarray, np.ndarray], part: tuple[int, ...]
+                     ) -> tuple[tuple[int, ...], ...] | None:
+    """:func:`_paths` on the actions' arrays: each microbatch's forward stages ordered by
+    (part, stage); None where a microbatch does not pass through each part once (:func:`_paths`
+    names it)."""
+    stage, kind, mb = flat
+    fwd = kind == 0
+    stage, mb = stage[fwd], mb[fwd]
+    if not len(stage):
+        return None
+    part_of = np.asarray(part, dtype=np.int64)
+    n_mb, n_parts = int(mb.max()) + 1, int(part_of.max()) + 1
+    order = np.lexsort((stage, part_of[stage], mb))
+    if len(order) != n_mb * n_parts:
+        return None
+    paths = stage[order].reshape(n_mb, n_parts)
+    if not (part_of[paths] == np.arange(n_parts)).all():
+        return None
+    return tuple(map(tuple, paths.tolist()))
 
 
 def _paths(rows, part, stage_rank) -> tuple[tuple[int, ...], ...]:
