@@ -414,3 +414,36 @@ def test_spans_sorted_by_lane_alone_only_where_that_orders_them_fully():
     bad[same_lane[0]], bad[same_lane[1]] = bad[same_lane[1]], bad[same_lane[0]]
     assert repeat._lanes_in_order(lane[bad], seg[bad], tid[bad]) is None
     assert repeat._lanes_in_order(np.array([2**15]), np.zeros(1, int), np.zeros(1, int)) is None
+
+
+def test_the_finished_transfers_placed_as_the_cut_copies_them():
+    """The link use reads the flow network's finished transfers in the step's order through
+    ``Engine._finished_places`` and ``_moved`` (no list of moved copies is made): their
+    records, all or those a mask picks, are the cut's copies written out one by one."""
+    from clustersim.api import _spliced
+
+    sc, short, sprog, eng, trace, _ = _short_run(plan())
+    prog, _ = lower(sc)
+    finished = list(eng.net.finished)
+    whole = _spliced(eng, trace, sprog, prog, short, sc.microbatches, repeat.STEP_MB)
+    assert whole is not None and whole.repeat["cycles_copied"] > 0
+    rep = eng._records_cut
+    eng._cut_records()
+    starts = np.array([r[5][1] if r[5] is not None else r[2][0] for r in finished])
+    rows, copy = repeat.spliced_times(starts, rep)
+    expected = []  # each transfer of the step, moved by its copy's periods
+    for i, k in zip(rows.tolist(), copy.tolist()):
+        tag, size, times, rates, ends, course = finished[i]
+        s = k * rep.period_s
+        expected.append(finished[i] if not k else (tag, size, times, rates, ends, (course[0], course[1] + s))
+                        if course is not None else (tag, size, [x + s for x in times], rates, ends + s, None))
+    got = [eng._moved(finished[i], k) for _, i, k in zip(*eng._finished_places())]
+
+    def same(a, b):
+        return (a[:2] == b[:2] and a[2] == b[2] and a[3] is b[3] and np.array_equal(a[4], b[4])
+                and (a[5] is None) == (b[5] is None) and (a[5] is None or a[5] == b[5]))
+    assert len(got) == len(expected) > len(finished) and all(map(same, got, expected))
+    pick = np.arange(len(finished)) % 3 == 0
+    at, recs, ks = eng._finished_places(pick)
+    assert at == [j for j, i in enumerate(rows.tolist()) if pick[i]] and len(at) > 0
+    assert all(same(eng._moved(finished[i], k), expected[j]) for j, i, k in zip(at, recs, ks))

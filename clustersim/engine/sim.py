@@ -513,6 +513,9 @@ class Engine:
         # so that a segment logs a start with one append (:meth:`_starts_log`)
         self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
         self._records_cut = None  # a Repeat whose cut the records above await (repeated)
+        # the flow network's finished transfers as the cut copies them (_cut_records): which
+        # record is in each place, and how many periods it moves; None: each once, unmoved
+        self._finished_cut: tuple[list[int], list[int], float] | None = None
         self._census: dict[tuple, list] = {}  # shape -> [a communication of it, how many tasks]
         self.stage_of = _stage_of(program)
         if network == "flow":
@@ -934,7 +937,10 @@ class Engine:
 
     def _cut_records(self) -> None:
         """The closed-form starts and the flow network's finished transfers of a run whose cycle
-        was copied in (:meth:`repeated`), cut and copied as its spans were: once."""
+        was copied in (:meth:`repeated`), cut and copied as its spans were: once. The transfers
+        are not copied: ``_finished_cut`` says which one stands in each place of the step's
+        list and by how many periods it moves (:meth:`_finished_places`), so that the link use
+        makes the moved records only of the few transfers on the links it details."""
         rep, self._records_cut = self._records_cut, None
         if rep is None:
             return
@@ -947,19 +953,31 @@ class Engine:
         finished = self.net.finished
         starts = np.fromiter(map(_transfer_start, finished), np.float64, len(finished))
         rows, copy = spliced_times(starts, rep)
-        moved = []
-        for i, k in zip(rows.tolist(), copy.tolist()):
-            e = finished[i]
-            if not k:
-                moved.append(e)
-                continue
-            s = k * rep.period_s
-            tag, size, times, rates, ends, course = e
-            if course is not None:
-                moved.append((tag, size, times, rates, ends, (course[0], course[1] + s)))
-            else:
-                moved.append((tag, size, [x + s for x in times], rates, ends + s, None))
-        self.net.finished = moved
+        self._finished_cut = (rows.tolist(), copy.tolist(), rep.period_s)
+
+    def _finished_places(self, of: np.ndarray | None = None) -> tuple[list[int], list[int], list[int]]:
+        """(position, record, copy) of the step's finished transfers, in the step's order: each
+        record of ``net.finished`` once and unmoved, or as the cut copies it (``copy`` periods
+        later, :meth:`_cut_records`); with ``of`` (a mask over the records), only those."""
+        n = len(self.net.finished)
+        if self._finished_cut is None:
+            rows, copy = list(range(n)), [0] * n
+        else:
+            rows, copy, _ = self._finished_cut
+        if of is None:
+            return list(range(len(rows))), rows, copy
+        at = np.flatnonzero(of[np.asarray(rows, dtype=np.int64)]).tolist() if len(rows) else []
+        return at, list(map(rows.__getitem__, at)), list(map(copy.__getitem__, at))
+
+    def _moved(self, record: tuple, k: int) -> tuple:
+        """A finished transfer's record ``k`` periods of the cut later (itself for 0)."""
+        if not k:
+            return record
+        s = k * self._finished_cut[2]
+        tag, size, times, rates, ends, course = record
+        if course is not None:
+            return (tag, size, times, rates, ends, (course[0], course[1] + s))
+        return (tag, size, [x + s for x in times], rates, ends + s, None)
 
     def link_use(self) -> list[LinkUse]:
         """The links the run's communications used (``Trace.links``), over the run's step."""
@@ -1081,7 +1099,8 @@ class Engine:
         finished = self.net.finished
         keys = list(zip(map(id, map(itemgetter(0), finished)), map(id, map(itemgetter(1), finished))))
         of_key = dict(zip(keys, map(itemgetter(0, 1), finished)))  # (id plan, id array) -> them
-        for key, n in Counter(keys).items():
+        _, placed, _ = self._finished_places()
+        for key, n in Counter(map(keys.__getitem__, placed)).items():
             whole, size = of_key[key]
             if id(whole) not in per_plan:
                 per_plan[id(whole)] = (whole, np.zeros(len(size)))
@@ -1140,10 +1159,10 @@ class Engine:
         # transfers that followed one kept course (the flow network replays a transfer that
         # runs alone, shifted in time) share its segments: worked out once, shifted per start
         by_course: dict[tuple, tuple] = {}
-        for j, (whole, _, times, rates, ends, course) in enumerate(finished):
+        on_chosen = np.fromiter((mine[id(e[0])] is not None for e in finished), bool, len(finished))
+        for j, i, k in zip(*self._finished_places(on_chosen)):
+            whole, _, times, rates, ends, course = self._moved(finished[i], k)
             here = mine[id(whole)]
-            if here is None:
-                continue
             if course is not None:
                 key = (id(whole), id(course[0]))
                 if key not in by_course:
