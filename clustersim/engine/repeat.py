@@ -243,11 +243,13 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
     q, c = rep.period_s, rep.cycle_mb
     rows, seg = _rank_major(base, rep)
     copy = np.minimum(seg, rep.copies)
-    shift = copy * q
     rank, form, old_tid = base.rank[rows], base.form[rows], base.tid[rows]
     mb = base.mb[rows]
-    mb = np.where(mb >= 0, mb + copy * c, mb)
-    start, end = base.start_s[rows] + shift, base.end_s[rows] + shift
+    np.add(mb, copy * c, out=mb, where=mb >= 0)
+    start, end = base.start_s[rows], base.end_s[rows]
+    shift = copy * q
+    start += shift
+    end += shift
     stream = base.stream[rows]
     # the span's stream as the task columns number it
     names = list(full_tasks.stream_names)
@@ -255,11 +257,13 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
     short_names = list(short_tasks.stream_names)
     code_in_short = np.array([short_names.index(s) if s in short_names else -1 for s in base.stream_names],
                              dtype=np.int64)
-    own = (rank == short_tasks.rank[old_tid]) & (code_in_short[stream] == short_tasks.stream[old_tid])
+    # per simulated span, once: whether it is its task's own (on the task's rank and stream;
+    # else a receive, placed by its send below) and its (rank, stream) lane
+    own = ((base.rank == short_tasks.rank[base.tid]) & (code_in_short[base.stream] == short_tasks.stream[base.tid]))[rows]
     mine = np.flatnonzero(own)
     # i-th span of a (rank, stream) = its i-th task: spans in (segment, old id) order there
     n_streams = len(names) + 1
-    lane = (rank[mine] - int(rank.min())) * n_streams + code_in_full[stream[mine]]  # (rank, stream)
+    lane = ((base.rank - int(base.rank.min())) * n_streams + code_in_full[base.stream])[rows[mine]]
     o_sp = _lanes_in_order(lane, seg[mine], old_tid[mine])
     if o_sp is not None:
         o_sp = mine[o_sp]
