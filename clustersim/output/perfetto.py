@@ -151,31 +151,24 @@ def streams_by_rank(trace: Trace) -> dict[int, list[str]]:
 class SpanOrder:
     """The spans in display order: by row (rank in :func:`rank_order`, then stream), then by
     start and end; ties keep the trace's order. Row ``i`` holds display positions
-    ``bounds[i]`` to ``bounds[i + 1]``; ``index`` maps display position -> position in
+    ``bounds[i]`` to ``bounds[i + 1]``; ``index_array`` maps display position -> position in
     ``trace.spans``::
 
-        rows     (0, compute)        (0, tp)      (48, compute) ...
-        index    3 0 7 9 12 ...   |  1 4 8 ..  |  2 5 6 ...
-        bounds   0                8           12             18
+        rows         (0, compute)        (0, tp)      (48, compute) ...
+        index_array  3 0 7 9 12 ...   |  1 4 8 ..  |  2 5 6 ...
+        bounds       0                8           12             18
     """
 
     rows: list[tuple[int, str]]
     by_rank: dict[int, list[str]]  # as streams_by_rank
-    index: list[int]
-    index_array: np.ndarray  # the same, int64
+    index_array: np.ndarray  # int64
     bounds: list[int]
     start_s: np.ndarray  # float64, in display order
     end_s: np.ndarray
     last_end_s: float  # the latest end of any span, 0.0 without spans: Trace.end_s
 
-    def take(self, values: list) -> list:
-        """``values``, one per span in the trace's order, in display order. Reading spans
-        in the trace's order and reordering the results is faster than reading them
-        reordered: consecutive spans lie close together in memory."""
-        return list(map(values.__getitem__, self.index))
-
     def take_array(self, values: np.ndarray) -> np.ndarray:
-        """:meth:`take` for an array."""
+        """``values``, one per span in the trace's order, in display order."""
         return values[self.index_array]
 
 
@@ -213,7 +206,7 @@ def _span_order(trace: Trace) -> SpanOrder:
         in_row = order[lo:hi]
         order[lo:hi] = in_row[np.lexsort((end[in_row], start[in_row]))]  # by start, then end; stable
     kept = order[:bounds[-1]]
-    return SpanOrder(rows=rows, by_rank=by_rank, index=kept.tolist(), index_array=kept, bounds=bounds,
+    return SpanOrder(rows=rows, by_rank=by_rank, index_array=kept, bounds=bounds,
                      start_s=start[kept], end_s=end[kept], last_end_s=float(end.max()) if n else 0.0)
 
 
@@ -453,7 +446,7 @@ class TracePieces:
         events = [_dumps(e) for e in _metadata_events(trace, order.by_rank, self.tids)]
         self.head = '{"displayTimeUnit":"ms","traceEvents":[' + ",".join(events)
         self.has_metadata = bool(events)
-        self.n_spans = len(order.index)
+        self.n_spans = len(order.index_array)
         self.count = piece_count(trace)
 
     def text(self, k: int) -> str:
@@ -499,7 +492,7 @@ class TracePieces:
 def piece_count(trace: Trace) -> int:
     """How many pieces :class:`TracePieces` cuts the trace's events into (at least one: the
     head)."""
-    return max(1, -(-len(span_order(trace).index) // PIECE_SPANS))
+    return max(1, -(-len(span_order(trace).index_array) // PIECE_SPANS))
 
 
 def gzip_file(packed: list[tuple[bytes, int, int]], tail: str) -> bytes:
