@@ -394,26 +394,47 @@ def test_a_run_does_not_import_numpy_ma():
     assert out.stdout.strip() == "False"
 
 
-def test_spans_sorted_by_lane_alone_only_where_that_orders_them_fully():
-    """The splice sorts the spans of each (rank, stream) lane by (segment, task id) with a
-    stable sort of the lanes alone where their order within a lane already is that, and the
-    full sort otherwise: the same permutation both ways."""
-    rng = np.random.default_rng(3)
-    n = 2000
-    lane = rng.integers(0, 40, n)
-    seg = rng.integers(0, 5, n)
-    tid = rng.permutation(n)
-    full = np.lexsort((tid, seg, lane))
-    # in (segment, id) order within each lane, lanes shuffled: the lane sort is enough
-    inner = np.lexsort((tid, seg))
-    got = repeat._lanes_in_order(lane[inner], seg[inner], tid[inner])
-    assert got is not None and np.array_equal(inner[got], full)
-    # two spans of one lane out of (segment, id) order: refused, the caller sorts fully
-    bad = inner.copy()
-    same_lane = np.flatnonzero(lane[bad] == lane[bad][0])
-    bad[same_lane[0]], bad[same_lane[1]] = bad[same_lane[1]], bad[same_lane[0]]
-    assert repeat._lanes_in_order(lane[bad], seg[bad], tid[bad]) is None
-    assert repeat._lanes_in_order(np.array([2**15]), np.zeros(1, int), np.zeros(1, int)) is None
+@pytest.mark.parametrize("over", [{}, {"parallel": {"schedule": "interleaved", "vpp": 2}},
+                                  {"parallel": {"schedule": "zb-h1"}}], ids=["1f1b", "interleaved", "zb-h1"])
+def test_spans_placed_by_lane_without_sorting_them_as_a_sort_places_them(over, monkeypatch):
+    """The splice places each lane's spans (before the cut, the window's copies, after it)
+    from the simulated spans alone (``repeat._lane_order``); sorting the spliced spans by
+    (lane, segment, task id) instead gives the same spans, field by field."""
+    from clustersim.api import _spliced
+
+    sc = load_scenario(plan(**over), base_dir=ROOT)
+    p = sc.parallel
+    short = repeat.simulated_microbatches(p.schedule, p.pp, sc.microbatches, p.vpp if p.schedule == "interleaved" else 1)
+    sprog, _ = lower(with_microbatches(sc, short))
+    eng = Engine(sprog, sc.cluster)
+    trace = eng.run(links=False)
+    prog, _ = lower(sc)
+    step = repeat.step_mb(sc.parallel.schedule, sc.parallel.pp)
+    placed = _spliced(eng, trace, sprog, prog, short, sc.microbatches, step)
+    assert placed is not None and placed.repeat["cycles_copied"] > 0
+    monkeypatch.setattr(repeat, "_lane_order", lambda *a: None)
+    eng._records_cut = None
+    sorted_ = _spliced(eng, trace, sprog, prog, short, sc.microbatches, step)
+    for f in ("rank", "stream", "start_s", "end_s", "tid", "mb", "form"):
+        assert np.array_equal(getattr(placed.base, f), getattr(sorted_.base, f)), f
+
+
+def test_a_lane_out_of_task_order_is_left_to_the_sort():
+    """Two spans of one lane whose start order is not their tasks' id order: the lane order
+    from the simulated spans is refused (None), the splice sorts instead."""
+    sc, short, sprog, eng, trace, anchor = _short_run(plan())
+    base = trace.base
+    rep = repeat.find_cycle(base, anchor, short, sc.microbatches)
+    places = repeat._places(base, rep)
+    lanes = base.rank * 100 + base.stream
+    own = np.ones(len(lanes), dtype=bool)
+    assert repeat._lane_order(base, rep, places, own, lanes) is not None
+    i = int(np.flatnonzero(lanes[1:] == lanes[:-1])[0])  # two neighbours of one lane
+    tid = base.tid.copy()
+    tid[i], tid[i + 1] = tid[i + 1], tid[i]
+    assert repeat._lane_order(replace(base, tid=tid), rep, places, own, lanes) is None
+    unsorted = replace(base, start_s=base.start_s[::-1].copy())
+    assert repeat._places(unsorted, rep) is None
 
 
 def test_the_finished_transfers_placed_as_the_cut_copies_them():

@@ -219,20 +219,63 @@ def _in_order(b: SpanBase) -> bool:
     return bool(later.all())
 
 
-def _lanes_in_order(lane: np.ndarray, seg: np.ndarray, tid: np.ndarray) -> np.ndarray | None:
-    """The order that sorts spans by (lane, segment, task id), found by sorting the lanes
-    alone, where that is enough, else None. The spans come rank by rank, segment by segment,
-    each in start order (:func:`_rank_major`), and a stream starts its tasks in id order, so
-    within a lane they are mostly in (segment, id) order already: a stable sort of the lanes
-    (a radix sort in numpy, as int16) keeps it, and is checked to have (a zero-length span
-    tied with the next on its stream may not)."""
-    if not len(lane) or int(lane.max()) >= 2**15:
+def _places(base: SpanBase, rep: Repeat) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Where the copies of each simulated span stand among the spliced spans (in
+    :func:`_rank_major`'s order), from the simulated spans alone: (``p0``, ``w``, ``pre``,
+    ``win``) per simulated span, its place before the cut (after it: less ``n w``), its rank's
+    window length, whether it starts before the cut and whether in the last window::
+
+        a rank's places   [pre: P spans | window: W spans x n copies | post]   window: pre's last W
+        span x            p0(x) = the rank's first place + x's place in its rank
+        copy k of x       p0(x) + k W        (after the cut: p0(x) + n W)
+
+    None where the spans are not by rank, then start (the window is then not pre's end)."""
+    rank, start = base.rank, base.start_s
+    n = len(rank)
+    if not n or not bool(((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (start[1:] >= start[:-1]))).all()):
         return None
-    order = np.argsort(lane.astype(np.int16), kind="stable")
-    ln, sg, t = lane[order], seg[order], tid[order]
-    same = ln[1:] == ln[:-1]
-    up = (sg[1:] > sg[:-1]) | ((sg[1:] == sg[:-1]) & (t[1:] > t[:-1]))
-    return order if bool((up | ~same).all()) else None
+    copies = rep.copies
+    pre = start < rep.cut_s
+    win = pre & (start >= rep.cut_s - rep.period_s)
+    lo = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))
+    size = np.diff(np.append(lo, n))
+    n_win = np.add.reduceat(win, lo)
+    first = np.concatenate(([0], np.cumsum(size + copies * n_win)[:-1]))  # each rank's first place
+    of_rank = np.repeat(np.arange(len(lo)), size)
+    return first[of_rank] + np.arange(n) - lo[of_rank], n_win[of_rank], pre, win
+
+
+def _lane_order(base: SpanBase, rep: Repeat, places: tuple, own: np.ndarray, lane: np.ndarray) -> np.ndarray | None:
+    """The places (:func:`_places`) of the spliced spans of the simulated spans ``own`` (a
+    mask), ordered by (``lane``, segment, task id), without sorting the spliced spans. Within a
+    lane (one rank's stream) the simulated spans come in start order, which is their tasks'
+    id order, so a lane's order is its spans before the cut, its window's n copies, its spans
+    after the cut. None where a lane's spans are not in id order (a span of no length tied
+    with the next on its stream may not be): the caller sorts them."""
+    p0, w, pre, win = places
+    copies = rep.copies
+    rows = np.flatnonzero(own)
+    rows = rows[stable_argsort(lane[rows])]  # by lane, then in start order
+    ln, t = lane[rows], base.tid[rows]
+    new = np.concatenate(([True], ln[1:] != ln[:-1]))
+    if not bool((new[1:] | (t[1:] > t[:-1])).all()):
+        return None
+    starts = np.flatnonzero(new)
+    length = np.diff(np.append(starts, len(rows)))
+    b = np.add.reduceat(win[rows], starts)  # per lane: spans in the window
+    block = length + copies * b
+    out0 = np.concatenate(([0], np.cumsum(block)[:-1]))  # each lane's first place in the order
+    of_lane = np.repeat(np.arange(len(starts)), length)
+    i = np.arange(len(rows)) - starts[of_lane]  # place in the lane
+    is_pre = pre[rows]
+    order = np.empty(int(block.sum()), dtype=np.int64)
+    order[out0[of_lane] + i + np.where(is_pre, 0, copies * b[of_lane])] = p0[rows] + np.where(is_pre, 0, copies * w[rows])
+    wr = np.flatnonzero(win[rows])  # the window's copies, k = 1 .. n, after the lane's spans before the cut
+    k = np.arange(1, copies + 1)
+    lw = of_lane[wr]
+    at = (out0[lw] + b[lw] + i[wr])[:, None] + (k - 1)[None, :] * b[lw][:, None]  # a + (k - 1) b + (i - (a - b))
+    order[at.ravel()] = (p0[rows[wr]][:, None] + k[None, :] * w[rows[wr]][:, None]).ravel()
+    return order
 
 
 def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | None:
@@ -259,18 +302,18 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
                              dtype=np.int64)
     # per simulated span, once: whether it is its task's own (on the task's rank and stream;
     # else a receive, placed by its send below) and its (rank, stream) lane
-    own = ((base.rank == short_tasks.rank[base.tid]) & (code_in_short[base.stream] == short_tasks.stream[base.tid]))[rows]
+    own_s = (base.rank == short_tasks.rank[base.tid]) & (code_in_short[base.stream] == short_tasks.stream[base.tid])
+    own = own_s[rows]
     mine = np.flatnonzero(own)
     # i-th span of a (rank, stream) = its i-th task: spans in (segment, old id) order there
     n_streams = len(names) + 1
-    lane = ((base.rank - int(base.rank.min())) * n_streams + code_in_full[base.stream])[rows[mine]]
-    o_sp = _lanes_in_order(lane, seg[mine], old_tid[mine])
-    if o_sp is not None:
-        o_sp = mine[o_sp]
-    elif (int(lane.max(initial=0)) + 1) * (rep.copies + 2) * (int(old_tid.max(initial=0)) + 1) < 2**62:
-        o_sp = mine[np.argsort((lane * (rep.copies + 2) + seg[mine]) * (int(old_tid.max()) + 1) + old_tid[mine])]
-    else:  # (one key would not fit in 64 bits)
-        o_sp = mine[np.lexsort((old_tid[mine], seg[mine], lane))]
+    places = _places(base, rep)
+    if places is None:
+        return None
+    lanes = (base.rank - int(base.rank.min())) * n_streams + code_in_full[base.stream]
+    o_sp = _lane_order(base, rep, places, own_s, lanes)
+    if o_sp is None:
+        o_sp = mine[np.lexsort((old_tid[mine], seg[mine], lanes[rows[mine]]))]
     o_full = full_tasks.stream_order  # (rank, stream) in the order of the names: as lane orders
     if len(o_sp) != len(o_full) or not (np.array_equal(rank[o_sp], full_tasks.rank[o_full])
                                         and np.array_equal(code_in_full[stream[o_sp]], full_tasks.stream[o_full])):
@@ -279,17 +322,23 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
     tid[o_sp] = o_full
     if not np.array_equal(full_tasks.mb[tid[mine]], mb[mine]):
         return None
-    # a send's receive carries the send's id: the one its send got in the same segment
+    # a send's receive carries the send's id: the one its send got in the same segment (the
+    # send before the cut, in the window or after it as the receive is)
     others = np.flatnonzero(~own)
     if len(others):
-        width = rep.copies + 2
-        key = old_tid[mine] * width + seg[mine]
-        order = stable_argsort(key)  # (by radix: a million keys below 2**32)
-        want = old_tid[others] * width + seg[others]
-        at = np.searchsorted(key[order], want)
-        at = np.minimum(at, len(order) - 1)
-        if not np.array_equal(key[order][at], want):
+        p0, w, pre, win = places
+        own_rows = np.flatnonzero(own_s)
+        send = np.full(int(base.tid.max()) + 1, -1, dtype=np.int64)
+        send[base.tid[own_rows]] = own_rows
+        if not np.array_equal(send[base.tid[own_rows]], own_rows):
+            return None  # (two spans of one task on its own rank and stream)
+        x, sg = send[old_tid[others]], seg[others]
+        k = np.minimum(sg, rep.copies)
+        if not bool((x >= 0).all()):
             return None
-        tid[others] = tid[mine][order][at]
+        same = np.where(sg == 0, pre[x], np.where(sg > rep.copies, ~pre[x], win[x]))
+        if not bool(same.all()):
+            return None
+        tid[others] = tid[p0[x] + k * w[x]]
     out = replace(base, spans=None, rank=rank, stream=stream, start_s=start, end_s=end, tid=tid, mb=mb, form=form)
     return out if _in_order(out) else out.sorted()  # (a copy's starts, rounded, may tie)
