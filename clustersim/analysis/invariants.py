@@ -109,12 +109,12 @@ def check_stream_overlap(trace: Trace, cols: SpanColumns | None = None) -> list[
     start before the previous one ends (less the tolerance)."""
     c = _view(trace, cols)
     rows = np.flatnonzero(~c.is_in("stream", RECV_STREAMS))
-    rank, stream, start, end = c.rank[rows], c.stream[rows], c.start_s[rows], c.end_s[rows]
-    key = mixed_radix(rank, stream)
+    key = mixed_radix(c.rank, c.stream)  # (rank, stream) as one number
     if key is None:  # ranks too far apart for one number: number the (rank, stream) pairs
-        key = np.unique(np.stack((rank, stream)), axis=1, return_inverse=True)[1].ravel()
-    order, heads = grouped_order(key, end, start)  # per stream by (start, end), ties in span order
-    start, end, rows, key = start[order], end[order], rows[order], key[order]
+        key = np.unique(np.stack((c.rank, c.stream)), axis=1, return_inverse=True)[1].ravel()
+    order, heads = grouped_order(key[rows], c.end_s[rows], c.start_s[rows])  # per stream by (start, end), ties in span order
+    rows = rows[order]
+    start, end = c.start_s[rows], c.end_s[rows]
     new = np.zeros(len(rows), dtype=bool)
     new[heads] = True
     bad = np.flatnonzero(~new[1:] & (start[1:] < end[:-1] - _tols(end[:-1])))  # pair (bad, bad + 1)
