@@ -135,6 +135,22 @@ def test_cells_in_order_give_the_same_bars_without_a_sort(seed, n_bins, monkeypa
             else a == b, f.name
 
 
+@pytest.mark.parametrize("seed,n_bins,chunk", [(1, 50, 500), (2, 333, 399), (3, 77, 1)])
+def test_rows_binned_in_chunks_give_the_bars_of_all_at_once(seed, n_bins, chunk):
+    """Rows are binned chunk by chunk (whole rows of about ``chunk`` spans; a row longer than
+    that is a chunk of its own) and the bars put end to end: bit for bit the bars of all the
+    rows binned at once."""
+    c = _random_rows(seed, n_rows=7, per_row=150)
+    args = (c["row"], c["group"], c["mb"], c["start_s"], c["end_s"], N_GROUPS, float(c["end_s"].max()), n_bins)
+    whole = binned_bars(*args, chunk=len(c["row"]))
+    parts = binned_bars(*args, chunk=chunk)
+    assert len(np.unique(parts.row)) == 7
+    for f in dataclasses.fields(bins.BinnedBars):
+        a, b = getattr(parts, f.name), getattr(whole, f.name)
+        assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()) if isinstance(a, np.ndarray) \
+            else a == b, f.name
+
+
 def test_bins_are_halved_until_the_bars_fit():
     c = _random_rows(4, n_rows=5, per_row=600)
     args = (c["row"], c["group"], c["mb"], c["start_s"], c["end_s"], N_GROUPS, float(c["end_s"].max()))
