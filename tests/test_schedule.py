@@ -483,3 +483,18 @@ def test_structure_on_arrays_is_the_walks(name, p, m, opts):
         assert [s.prev_stage(k, mb) for k in path] == [None, *path[:-1]]
         assert [s.next_stage(k, mb) for k in path] == [*path[1:], None]
     assert len(s._next) == len(s._prev) == sum(len(path) - 1 for path in s.paths)
+
+
+def test_timeline_reads_as_a_mapping_of_the_actions():
+    """``Timeline.start``, ``end`` and ``release`` map exactly the schedule's action keys: no
+    other key (another kind, microbatch or stage, or not a key at all) is in them."""
+    s = build_schedule("zb-h1", 3, 4)
+    tl = timeline(s)
+    keys = sorted(a.key for acts in s.actions for a in acts)
+    for times in (tl.start, tl.end, tl.release):
+        assert sorted(times) == keys and len(times) == len(keys)
+        assert dict(times) == {k: times[k] for k in keys}
+    assert tl.start[(0, "F", 0)] == 0.0 and tl.end[(0, "F", 0)] == 1.0
+    for missing in [(0, "X", 0), (0, "F", 4), (3, "F", 0), (-1, "F", 0), (0, "F", -1), ("0", "F", 0), (0, "F"), None]:
+        assert missing not in tl.start and tl.release.get(missing) is None
+    assert (0, "W", 0) not in timeline(build_schedule("1f1b", 3, 4)).start  # no W actions there

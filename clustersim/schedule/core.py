@@ -535,11 +535,14 @@ class _ByKey(Mapping):
         self.times, self._n_mb = times, n_mb
 
     def __getitem__(self, key: Key) -> float:
-        stage, kind, mb = key
-        k = _KIND_CODE.get(kind)
-        n_mb = self._n_mb
-        c = (stage * 3 + k) * n_mb + mb if k is not None and 0 <= mb < n_mb and stage >= 0 else -1
-        v = self.times[c] if 0 <= c < len(self.times) else -1.0
+        try:
+            stage, kind, mb = key
+            k = _KIND_CODE.get(kind)
+            n_mb = self._n_mb
+            c = (stage * 3 + k) * n_mb + mb if k is not None and 0 <= mb < n_mb and stage >= 0 else -1
+            v = self.times[c] if 0 <= c < len(self.times) else -1.0
+        except (TypeError, ValueError):  # not a (stage, kind, mb) of ints
+            raise KeyError(key) from None
         if v < 0:
             raise KeyError(key)
         return v
