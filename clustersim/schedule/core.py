@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter, itemgetter
-from dataclasses import dataclass, field
 
 import numpy as np
 
