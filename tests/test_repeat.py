@@ -435,6 +435,9 @@ def test_a_lane_out_of_task_order_is_left_to_the_sort():
     assert repeat._lane_order(replace(base, tid=tid), rep, places, own, lanes) is None
     unsorted = replace(base, start_s=base.start_s[::-1].copy())
     assert repeat._places(unsorted, rep) is None
+    no_id = base.tid.copy()
+    no_id[0] = -1
+    assert repeat._places(replace(base, tid=no_id), rep) is None
 
 
 def test_the_finished_transfers_placed_as_the_cut_copies_them():

@@ -229,10 +229,13 @@ def _places(base: SpanBase, rep: Repeat) -> tuple[np.ndarray, np.ndarray, np.nda
         span x            p0(x) = the rank's first place + x's place in its rank
         copy k of x       p0(x) + k W        (after the cut: p0(x) + n W)
 
-    None where the spans are not by rank, then start (the window is then not pre's end)."""
+    None where the spans are not by rank, then start (the window is then not pre's end), or
+    one has no task id (a receive finds its send by id)."""
     rank, start = base.rank, base.start_s
     n = len(rank)
-    if not n or not bool(((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (start[1:] >= start[:-1]))).all()):
+    if not n or int(base.tid.min()) < 0:
+        return None
+    if not bool(((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (start[1:] >= start[:-1]))).all()):
         return None
     copies = rep.copies
     pre = start < rep.cut_s
