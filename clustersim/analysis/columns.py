@@ -411,11 +411,11 @@ class TaskColumns:
         flat[at_read] = np.fromiter(chain.from_iterable(read), np.int64, int(counts[read_ids].sum()))
         if len(own_ids):
             n_deps = lay.p_n_deps[own_proto]
-            codes = lay.p_codes[index_ranges(lay.p_code_ptr, own_proto)]
-            first = np.repeat(lay.run_first[own_run], n_deps)
-            n_inputs = np.repeat(lay.p_inputs[own_proto], n_deps)
-            values = first + codes - n_inputs  # a task of the run: first + code - inputs
-            named = codes < n_inputs  # an input of the run: inputs[code] (runs not made only)
+            at = index_ranges(lay.p_code_ptr, own_proto)  # each dependency's place among the protos' codes
+            # a task of the run: first + code - inputs (the proto's part worked out per code, once)
+            values = np.repeat(lay.run_first[own_run], n_deps)
+            values += lay.p_rel[at]
+            named = lay.p_named[at]  # an input of the run: inputs[code] (runs not made only)
             if named.any():
                 runs = np.repeat(own_run, n_deps)[named]
                 used = unique(runs)
@@ -424,7 +424,7 @@ class TaskColumns:
                 ptr[used + 1] = np.fromiter(map(len, read_in), np.int64, len(read_in))
                 np.cumsum(ptr, out=ptr)
                 inputs = np.fromiter(chain.from_iterable(read_in), np.int64, int(ptr[-1]))
-                values[named] = inputs[ptr[runs] + codes[named]]
+                values[named] = inputs[ptr[runs] + lay.p_codes[at[named]]]
             if bool((own_ids[1:] > own_ids[:-1]).all()):  # (runs in id order): the places not read
                 mine = np.ones(len(flat), dtype=bool)  # a mask is 4x faster than the ranges on 800,000 tasks
                 mine[at_read] = False
@@ -520,6 +520,8 @@ class _RunLayout:
         np.cumsum(self.p_n_deps, out=self.p_code_ptr[1:])
         self.p_codes = np.fromiter(chain.from_iterable(codes), np.int64, int(self.p_code_ptr[-1]))
         first_code = np.repeat(self.p_inputs, self.p_n_deps)  # codes below it name an input
+        self.p_named = self.p_codes < first_code  # per code: an input of the run
+        self.p_rel = self.p_codes - first_code  # per code naming a task of the run: its place after the run's first
         reads = np.zeros(len(codes), dtype=bool)
-        np.logical_or.at(reads, np.repeat(np.arange(len(codes)), self.p_n_deps), self.p_codes < first_code)
+        np.logical_or.at(reads, np.repeat(np.arange(len(codes)), self.p_n_deps), self.p_named)
         self.p_reads_input = reads
