@@ -43,6 +43,20 @@ def test_graph_structure(a100):
     assert g.edges["n0.nic0", "leaf0.0"]["line_bw_Bps"] == 25e9  # HDR 200 Gb/s
 
 
+def test_link_columns_are_each_links_attributes(root):
+    """Bandwidth, latency and kind per link in ``edges`` order: read in one pass over the
+    graph, or link by link where ``edges`` lists the links in another order."""
+    for listed in ("built", "reversed"):
+        c = build_cluster(load_topology_cfg(root / "topologies/dgx-a100.yaml", {"nodes": 8}))
+        if listed == "reversed":
+            c.edges = c.edges[::-1]
+        g = c.graph
+        assert c.edge_bw_Bps == [g.edges[e]["bw_Bps"] for e in c.edges], listed
+        assert c.edge_latency_s == [g.edges[e]["latency_s"] for e in c.edges], listed
+        assert c.edge_kind == [g.edges[e].get("kind", "") for e in c.edges], listed
+        assert {"nvlink", "pcie", "nic", "fabric"} <= set(c.edge_kind)
+
+
 def test_rail_optimised_leaves(a100):
     g = a100.graph
     assert g.nodes["n3.nic5"]["leaf"] == "leaf0.5"
