@@ -913,8 +913,10 @@ class Engine:
         """When each communication this run recorded for link accounting started (closed-form
         ones and flow-network transfers), as the run left them: ``engine.repeat.find_cycle``
         places its cut away from them, before :meth:`_cut_records` cuts them."""
-        alone = [x for _, at in self._alone_starts.values() for x in at]
-        return np.array(alone + list(map(_transfer_start, self.net.finished)), dtype=np.float64)
+        alone = list(map(itemgetter(1), self._alone_starts.values()))
+        finished = self.net.finished
+        return np.fromiter(chain(chain.from_iterable(alone), map(_transfer_start, finished)), np.float64,
+                           sum(map(len, alone)) + len(finished))
 
     def repeated(self, rep, base: SpanBase, program: Program, gap_comms: list) -> Trace:
         """The trace of ``program`` (the whole step) from this engine's run of fewer of its
