@@ -196,21 +196,6 @@ def spliced_times(times: np.ndarray, rep: Repeat) -> tuple[np.ndarray, np.ndarra
     return rows, copy
 
 
-def _rank_major(base: SpanBase, rep: Repeat) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, segment) of the step's spans rank by rank, in the order the sorted simulated
-    spans give (a rank's spans before the cut, its window's copies, its spans after): segment
-    0 before the cut, k for the k-th copy, n + 1 after (moved by n periods)."""
-    rank = base.rank
-    bounds = np.flatnonzero(np.diff(rank)) + 1
-    rows, segs = [], []
-    for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(rank)]):
-        r, sg = spliced_times(base.start_s[lo:hi], rep)
-        sg[len(r) - int((base.start_s[lo:hi] >= rep.cut_s).sum()):] = rep.copies + 1
-        rows.append(r + lo)
-        segs.append(sg)
-    return np.concatenate(rows), np.concatenate(segs)
-
-
 def _in_order(b: SpanBase) -> bool:
     """Whether ``b``'s rows are in :meth:`SpanBase.sorted`'s order (rank, start, end, stream)."""
     r, s, e, st = b.rank, b.start_s, b.end_s, b.stream
@@ -220,8 +205,8 @@ def _in_order(b: SpanBase) -> bool:
 
 
 def _places(base: SpanBase, rep: Repeat) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """Where the copies of each simulated span stand among the spliced spans (in
-    :func:`_rank_major`'s order), from the simulated spans alone: (``p0``, ``w``, ``pre``,
+    """Where the copies of each simulated span stand among the spliced spans (rank by rank,
+    :func:`_rank_major`), from the simulated spans alone: (``p0``, ``w``, ``pre``,
     ``win``) per simulated span, its place before the cut (after it: less ``n w``), its rank's
     window length, whether it starts before the cut and whether in the last window::
 
@@ -246,6 +231,26 @@ def _places(base: SpanBase, rep: Repeat) -> tuple[np.ndarray, np.ndarray, np.nda
     first = np.concatenate(([0], np.cumsum(size + copies * n_win)[:-1]))  # each rank's first place
     of_rank = np.repeat(np.arange(len(lo)), size)
     return first[of_rank] + np.arange(n) - lo[of_rank], n_win[of_rank], pre, win
+
+
+def _rank_major(rep: Repeat, places: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, segment) of the step's spans in the order of their places (:func:`_places`):
+    rank by rank, a rank's spans before the cut, its window's copies, its spans after;
+    segment 0 before the cut, k for the k-th copy, n + 1 after (moved by n periods)."""
+    p0, w, pre, win = places
+    n = rep.copies
+    x = np.arange(len(p0))
+    rows = np.empty(len(p0) + n * int(win.sum()), dtype=np.int64)
+    seg = np.empty(len(rows), dtype=np.int64)
+    at = np.where(pre, p0, p0 + n * w)  # each simulated span once, before the cut or after it
+    rows[at] = x
+    seg[at] = np.where(pre, 0, n + 1)
+    wx = np.flatnonzero(win)
+    k = np.arange(1, n + 1)
+    at_k = p0[wx][None, :] + k[:, None] * w[wx][None, :]  # the window's k-th copy (copy by copy: in place order)
+    rows[at_k] = wx[None, :]
+    seg[at_k] = k[:, None]
+    return rows, seg
 
 
 def _lane_order(base: SpanBase, rep: Repeat, places: tuple, own: np.ndarray, lane: np.ndarray) -> np.ndarray | None:
@@ -287,7 +292,10 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
     :class:`~clustersim.analysis.columns.TaskColumns`. None where a span does not land on a
     task of its rank, stream and microbatch."""
     q, c = rep.period_s, rep.cycle_mb
-    rows, seg = _rank_major(base, rep)
+    places = _places(base, rep)
+    if places is None:
+        return None
+    rows, seg = _rank_major(rep, places)
     copy = np.minimum(seg, rep.copies)
     rank, form, old_tid = base.rank[rows], base.form[rows], base.tid[rows]
     mb = base.mb[rows]
@@ -310,9 +318,6 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
     mine = np.flatnonzero(own)
     # i-th span of a (rank, stream) = its i-th task: spans in (segment, old id) order there
     n_streams = len(names) + 1
-    places = _places(base, rep)
-    if places is None:
-        return None
     lanes = (base.rank - int(base.rank.min())) * n_streams + code_in_full[base.stream]
     o_sp = _lane_order(base, rep, places, own_s, lanes)
     if o_sp is None:
