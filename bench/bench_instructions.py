@@ -117,7 +117,7 @@ def child(path: str) -> None:
                 if key in ("lowered", "set_up") and key not in seen:
                     seen.add(key)
                     mark()
-            engine, trace, _ = _run(sc, prog, None, links=True, repeat=sc.cfg.simulation.repeat, mark=phase,
+            engine, trace, _, _ = _run(sc, prog, None, links=True, repeat=sc.cfg.simulation.repeat, mark=phase,
                                     low=low)
         mark()
         summary = summarize(sc, low, trace, prog, engine, keep_columns=True)

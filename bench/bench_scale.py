@@ -159,7 +159,7 @@ def measure(spec: str) -> dict:
         marks: dict[str, float] = {}
         # as simulate() and clustersim run do: the link use is worked out by the writer; a long
         # 1F1B step simulates fewer microbatches (lowered again) and copies its cycle in
-        engine, trace, _ = _run(sc, prog, None, links=False, repeat=sc.cfg.simulation.repeat, low=low,
+        engine, trace, _, _ = _run(sc, prog, None, links=False, repeat=sc.cfg.simulation.repeat, low=low,
                                 mark=lambda k: marks.__setitem__(k, time.perf_counter()))
         t3 = time.perf_counter()
         t_lowered = marks["lowered"]  # the shorter step's lowering counts as lowering

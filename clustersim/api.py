@@ -14,15 +14,17 @@ from .analysis.critical_path import critical_path, path_report
 from .analysis.exposure import exposed_collectives
 from .analysis.links import link_report
 from .analysis.memory import PartStatic, StageStatic, memory_report
+from .analysis.columns import TaskColumns
 from .analysis.metrics import step_metrics
 from .config import Scenario, load_scenario
 from .engine import Engine
 from .engine import repeat as cycles
+from .engine.ahead import Ahead, can_fork
 from .model.transformer import total_params
 from .program.lower import Lowering, lower
 from .program.tasks import Program
 from .program.work import OPTIMIZER_BYTES, PARAM_BYTES
-from .trace import Trace
+from .trace import SpanBase, Trace
 
 
 @dataclass
@@ -179,8 +181,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,
              repeat: bool | None = None, check: bool = True,
-             after_run: Callable[[Trace, Callable[[], list], Callable[[], list] | None], Any] | None = None,
-             keep: list | None = None) -> Result:
+             after_run: Callable[[Trace, Callable[[], list] | None, Callable[[], list] | None], Any] | None = None,
+             keep: list | None = None, fork: bool = False) -> Result:
     """Simulate one training step of ``scenario`` (a Scenario, a YAML path or a dict).
 
     ``collapse``, ``repeat``: override ``simulation.collapse_symmetric`` and ``simulation.repeat``.
@@ -189,7 +191,8 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     ``after_run``: called as soon as the engine has run, before the summary is worked out
     (``clustersim run`` starts writing the trace file and the report then,
     clustersim.output.background), with the trace, which has no ``links`` yet, the function
-    that works them out (``Engine.link_use``) and, with ``check``, the function that runs the
+    that works them out (``Engine.link_use``; None where another process works them out
+    already: ``fork``) and, with ``check``, the function that runs the
     checks that need no summary (``invariants.check_trace``; None without ``check``). It may
     return an object that works on them elsewhere meanwhile (:class:`Elsewhere`): the summary
     asks it for the link use last (else works it out here, then), and once the summary is
@@ -197,21 +200,27 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     checks are run here and the rest is judged by :meth:`Result.finish_checks`.
     ``keep``: a list the step's working objects (program, lowering, engine) are appended to
     rather than freed when this returns (``clustersim run`` leaves them to the process's
-    exit: freeing Megatron-1T's 854,340 tasks one by one takes 0.18 s)."""
+    exit: freeing Megatron-1T's 854,340 tasks one by one takes 0.18 s).
+    ``fork``: where a shorter step is simulated and its cycle copied in, simulate it in a
+    forked process while this one lowers the whole step (clustersim.engine.ahead;
+    ``clustersim run`` does): the same result, sooner on two cores."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     repeat = sc.cfg.simulation.repeat if repeat is None else repeat
-    with no_cyclic_gc():
-        prog, low = lower_step(sc, collapse, repeat)
-        engine, trace, extra = _run(sc, prog, collapse, links=after_run is None, repeat=repeat, low=low)
+    with no_cyclic_gc(), _ahead(sc, collapse, repeat, fork) as ahead:
+        prog, low = lower_step(sc, collapse, repeat, at_parting=None if ahead is None else ahead.fork)
+        engine, trace, extra, links_ahead = _run(sc, prog, collapse, links=after_run is None, repeat=repeat, low=low,
+                                                 ahead=ahead, check=check)
+        link_use = links_ahead or engine.link_use
         links = elsewhere = None
         if after_run is not None:
             # the link use only now: the summary reads it (last), the files written from here
             # do not
-            elsewhere = after_run(trace, engine.link_use, partial(check_trace, prog, trace) if check else None)
+            elsewhere = after_run(trace, None if links_ahead else engine.link_use,
+                                  partial(check_trace, prog, trace) if check else None)
 
             def links() -> list:
                 got = elsewhere.links() if elsewhere is not None else None
-                return got if got is not None else engine.link_use()
+                return got if got is not None else link_use()
         summary = summarize(sc, low, trace, prog, engine, keep_columns=check, links=links)
         result = Result(scenario=sc, trace=trace, summary=summary)
         if check:
@@ -270,48 +279,106 @@ def check_trace(prog: Program, trace: Trace) -> list:
     return checked(prog, trace, trace.columns())
 
 
+def _engine_of(sc: Scenario, program: Program) -> Engine:
+    """An engine set up for ``program`` on ``sc``'s cluster, with its network and algorithms."""
+    sim = sc.cfg.simulation
+    return Engine(program, sc.cluster, sim.network, sim.collectives.model_dump())
+
+
 def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat: bool = True,
-         mark: Callable[[str], None] | None = None, low: Lowering | None = None) -> tuple[Engine, Trace, tuple]:
-    """(the engine, the step's trace, the working objects of a shorter run): ``prog`` run
+         mark: Callable[[str], None] | None = None, low: Lowering | None = None,
+         ahead: Ahead | None = None, check: bool = True) -> tuple[Engine, Trace, tuple, Callable[[], list] | None]:
+    """(the engine, the step's trace, the working objects of a shorter run, the function
+    that gives the link use where another process works it out, else None): ``prog`` run
     whole, or, with ``repeat`` where a 1F1B, interleaved or ZB-H1 step is long enough and its cycle is found, fewer
     of its microbatches run and the cycle copied in (:mod:`clustersim.engine.repeat`).
     ``low``: ``prog``'s lowering, whose plan-wide parts the shorter step's reuses.
+    ``ahead``: the process that simulated the shorter step meanwhile, if any
+    (:mod:`clustersim.engine.ahead`): its spans and cycle are spliced here, on an engine set
+    up for the shorter step that does not run; where it failed, the run is made here. While it
+    runs, the task columns the splice, the summary and (with ``check``) the checks read are
+    worked out (:func:`_warm`).
     ``mark`` (the bench scripts) is called at the end of each phase: "lowered" (the shorter
     step; at once when there is none), "set_up", "ran", "spliced" (when there was one; where
     no cycle held, "set_up" and "ran" again for the whole step)."""
-    sim = sc.cfg.simulation
-    algorithms = sim.collectives.model_dump()
-
-    def engine_of(program: Program) -> Engine:
-        return Engine(program, sc.cluster, sim.network, algorithms)
-
-    m = sc.microbatches
     mark = mark or (lambda _: None)
-    p = sc.parallel
     shorter = shorter_step(sc, repeat)
     short = None if shorter is None else shorter.microbatches
     if shorter is not None:
         sprog, slow = lower(shorter, collapse=collapse, like=low)
         mark("lowered")
-        engine = engine_of(sprog)
+        engine = _engine_of(sc, sprog)
         mark("set_up")
-        strace = engine.run(links=False)
+        tasks = TaskColumns(sprog.items, sprog.runs, sprog), TaskColumns(prog.items, prog.runs, prog)
+        if ahead is not None and ahead.pid >= 0:
+            # while the child runs: what the splice, then the summary and the checks (both
+            # processes, after the writer's fork), read of the task columns
+            _warm(*tasks, check)
+        got = ahead.result() if ahead is not None else None
+        if got is None:
+            base, rep = _cycle(sc, engine, engine.run(links=False))
+        else:
+            base, rep = got
         mark("ran")
-        trace = _spliced(engine, strace, sprog, prog, short, m, cycles.step_mb(p.schedule, p.pp))
+        trace = None if rep is None else _spliced(engine, base, rep, *tasks, prog)
         mark("spliced")
+        links_ahead = None
+        if got is not None:
+            ahead.step_end(None if trace is None else engine.step_s)
+            if trace is not None:
+                links_ahead = partial(_links_ahead, ahead, engine, rep)
         if trace is not None:
             trace.repeat_tried = short
             if links:
-                trace.links = engine.link_use()
-            return engine, trace, (sprog, slow)
+                trace.links = (links_ahead or engine.link_use)()
+            return engine, trace, (sprog, slow), links_ahead
     else:
         mark("lowered")
-    engine = engine_of(prog)
+    engine = _engine_of(sc, prog)
     mark("set_up")
     trace = engine.run(links=links)
     trace.repeat_tried = short  # None: not tried; else no cycle held in it
     mark("ran")
-    return engine, trace, ()
+    return engine, trace, (), None
+
+
+def _shorter_run(sc: Scenario, collapse: bool | None, like: Lowering) -> tuple[Engine, SpanBase | None,
+                                                                                 cycles.Repeat | None]:
+    """The shorter step lowered (resumed from ``like``, the whole step's lowering where the
+    two part), set up and run, and its cycle: what the forked process of
+    :mod:`clustersim.engine.ahead` does."""
+    shorter = shorter_step(sc)
+    sprog, _ = lower(shorter, collapse=collapse, like=like)
+    engine = _engine_of(sc, sprog)
+    return (engine, *_cycle(sc, engine, engine.run(links=False)))
+
+
+@contextmanager
+def _ahead(sc: Scenario, collapse: bool | None, repeat: bool, fork: bool):
+    """With ``fork`` where a shorter step will be simulated: the :class:`Ahead` whose
+    ``fork`` the whole step's lowering calls where the two part; its child is stopped and
+    waited for on the way out. Else None."""
+    if not fork or shorter_step(sc, repeat) is None or not can_fork():
+        yield None
+        return
+    ahead = Ahead(partial(_shorter_run, sc, collapse))
+    try:
+        yield ahead
+    finally:
+        ahead.close()
+
+
+def _links_ahead(ahead: Ahead, engine: Engine, rep: cycles.Repeat) -> list:
+    """The link use the process of :mod:`clustersim.engine.ahead` worked out; where it did
+    not, ``engine`` (set up for the shorter step, its spans spliced, not run) runs the
+    shorter step here for its records."""
+    got = ahead.links()
+    if got is not None:
+        return got
+    step_s = engine.step_s
+    engine.run(links=False)
+    engine.cut_records(rep, step_s)
+    return engine.link_use()
 
 
 def shorter_step(sc: Scenario, repeat: bool = True) -> Scenario | None:
@@ -329,35 +396,57 @@ def shorter_step(sc: Scenario, repeat: bool = True) -> Scenario | None:
     return made
 
 
-def lower_step(sc: Scenario, collapse: bool | None = None, repeat: bool = True) -> tuple[Program, Lowering]:
+def lower_step(sc: Scenario, collapse: bool | None = None, repeat: bool = True,
+               at_parting: Callable[[Lowering], None] | None = None) -> tuple[Program, Lowering]:
     """``sc``'s program and lowering, as :func:`simulate` makes them: where a shorter step will
     be simulated (:func:`shorter_step`), the lowering keeps its state where the two steps'
-    units part, so that the shorter one's (``_run``) resumes from there."""
+    units part, so that the shorter one's (``_run``) resumes from there; ``at_parting`` is
+    called there (:attr:`clustersim.program.lower.Lowering.at_parting`)."""
     shorter = shorter_step(sc, repeat)
-    return lower(sc, collapse=collapse, shorter=None if shorter is None else shorter.schedule)
+    return lower(sc, collapse=collapse, shorter=None if shorter is None else shorter.schedule, at_parting=at_parting)
 
 
-def _spliced(engine: Engine, strace: Trace, sprog: Program, prog: Program, short: int, m: int,
-             step: int) -> Trace | None:
-    """The trace of ``prog`` (``m`` microbatches) from ``engine``'s run of ``sprog`` (``short``
-    of them), or None where no cycle holds (:func:`clustersim.engine.repeat.find_cycle`)."""
-    from .analysis.columns import TaskColumns
-
+def _cycle(sc: Scenario, engine: Engine, strace: Trace) -> tuple[SpanBase | None, cycles.Repeat | None]:
+    """(the spans of ``engine``'s run of ``sc``'s shorter step, whose trace is ``strace``; the
+    cycle found in them), both None where no cycle holds
+    (:func:`clustersim.engine.repeat.find_cycle`)."""
     first = [r for r, s in strace.stage_of.items() if s == 0]
     base = strace.current_base()
     if not first or base is None:
-        return None
-    rep = cycles.find_cycle(base, min(first), short, m, engine.record_starts(), step)
-    if rep is None:
-        return None
-    full_tasks = TaskColumns(prog.items, prog.runs, prog)
-    spliced = cycles.splice(base, rep, TaskColumns(sprog.items, sprog.runs, sprog), full_tasks)
+        return None, None
+    p = sc.parallel
+    rep = cycles.find_cycle(base, min(first), shorter_step(sc).microbatches, sc.microbatches, engine.record_starts(),
+                            cycles.step_mb(p.schedule, p.pp))
+    return (None, None) if rep is None else (base, rep)
+
+
+def _spliced(engine: Engine, base: SpanBase, rep: cycles.Repeat, short_tasks: TaskColumns, full_tasks: TaskColumns,
+             prog: Program) -> Trace | None:
+    """The trace of ``prog`` (the whole step; ``full_tasks`` its task columns) from the spans
+    ``base`` of the shorter step's run (``short_tasks`` its task columns) and their cycle
+    ``rep``, with ``engine`` (set up for the shorter step) for the algorithms census, or None
+    where the splice does not hold."""
+    spliced = cycles.splice(base, rep, short_tasks, full_tasks)
     if spliced is None:
         return None
     trace = engine.repeated(rep, spliced, prog, full_tasks.gap_comms)
     trace.repeat = rep.summary()
     trace.keep_task_columns(full_tasks)  # the critical path and the checks read them next
     return trace
+
+
+def _warm(short_tasks: TaskColumns, full_tasks: TaskColumns, check: bool) -> None:
+    """Work out now the task columns the splice reads of both programs
+    (:func:`clustersim.engine.repeat.splice`: ranks, streams, microbatches, lane order; the
+    whole program's communications outside runs, for the census), the critical path reads
+    (previous task on the stream, rendezvous groups) and, with ``check``, the invariant
+    checks (dependencies, receivers): they are cached on the columns, so the later readers
+    find them made."""
+    for cols in (short_tasks, full_tasks):
+        _ = cols.stream_order, cols.mb
+    _ = full_tasks.gap_comms, full_tasks.prev, full_tasks.rendezvous
+    if check:
+        _ = full_tasks.deps, full_tasks.recv_rank
 
 
 def with_microbatches(sc: Scenario, m: int) -> Scenario:

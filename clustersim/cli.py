@@ -95,7 +95,7 @@ def cmd_run(args) -> int:
     try:
         t0 = time.perf_counter()
         result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
-                          check=not args.no_check, after_run=after_run, keep=args.keep)
+                          check=not args.no_check, after_run=after_run, keep=args.keep, fork=True)
         if args.keep is not None:
             args.keep.append(result)
         wall_s = time.perf_counter() - t0

@@ -6,7 +6,7 @@ Everything downstream — metrics, report, Perfetto — is derived from these sp
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import chain, compress, count, repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
@@ -495,6 +495,21 @@ class LinkUse:
     bytes: float
     peak_Bps: float
     series_Bps: tuple[float, ...] = ()  # mean rate in each 1/len of the step
+
+
+def link_columns(links: list[LinkUse]) -> tuple[list, ...]:
+    """``links`` as one list per field (:func:`links_of_columns` gives them back), to send
+    to another process: lists of strings and floats pickle in C, where 69,000 LinkUse objects
+    (the 16K-GPU step) take 0.19 s to pickle and 0.14 s to read back, one object at a time."""
+    return tuple(map(list, zip(*map(_LINK_FIELDS, links)))) if links else ((),) * len(fields(LinkUse))
+
+
+def links_of_columns(columns: tuple[list, ...]) -> list[LinkUse]:
+    """The links :func:`link_columns` was given."""
+    return list(map(LinkUse, *columns))
+
+
+_LINK_FIELDS = attrgetter(*(f.name for f in fields(LinkUse)))  # a LinkUse's fields, in order
 
 
 @dataclass

@@ -400,21 +400,23 @@ def test_spans_placed_by_lane_without_sorting_them_as_a_sort_places_them(over, m
     """The splice places each lane's spans (before the cut, the window's copies, after it)
     from the simulated spans alone (``repeat._lane_order``); sorting the spliced spans by
     (lane, segment, task id) instead gives the same spans, field by field."""
-    from clustersim.api import _spliced
+    from clustersim.analysis.columns import TaskColumns
+    from clustersim.api import _cycle, _spliced, shorter_step
 
     sc = load_scenario(plan(**over), base_dir=ROOT)
-    p = sc.parallel
-    short = repeat.simulated_microbatches(p.schedule, p.pp, sc.microbatches, p.vpp if p.schedule == "interleaved" else 1)
-    sprog, _ = lower(with_microbatches(sc, short))
+    sprog, _ = lower(shorter_step(sc))
     eng = Engine(sprog, sc.cluster)
-    trace = eng.run(links=False)
+    base, rep = _cycle(sc, eng, eng.run(links=False))
     prog, _ = lower(sc)
-    step = repeat.step_mb(sc.parallel.schedule, sc.parallel.pp)
-    placed = _spliced(eng, trace, sprog, prog, short, sc.microbatches, step)
+
+    def spliced():
+        return _spliced(eng, base, rep, TaskColumns(sprog.items, sprog.runs, sprog),
+                        TaskColumns(prog.items, prog.runs, prog), prog)
+    placed = spliced()
     assert placed is not None and placed.repeat["cycles_copied"] > 0
     monkeypatch.setattr(repeat, "_lane_order", lambda *a: None)
     eng._records_cut = None
-    sorted_ = _spliced(eng, trace, sprog, prog, short, sc.microbatches, step)
+    sorted_ = spliced()
     for f in ("rank", "stream", "start_s", "end_s", "tid", "mb", "form"):
         assert np.array_equal(getattr(placed.base, f), getattr(sorted_.base, f)), f
 
@@ -444,12 +446,14 @@ def test_the_finished_transfers_placed_as_the_cut_copies_them():
     """The link use reads the flow network's finished transfers in the step's order through
     ``Engine._finished_places`` and ``_moved`` (no list of moved copies is made): their
     records, all or those a mask picks, are the cut's copies written out one by one."""
-    from clustersim.api import _spliced
+    from clustersim.analysis.columns import TaskColumns
+    from clustersim.api import _cycle, _spliced
 
     sc, short, sprog, eng, trace, _ = _short_run(plan())
     prog, _ = lower(sc)
     finished = list(eng.net.finished)
-    whole = _spliced(eng, trace, sprog, prog, short, sc.microbatches, repeat.STEP_MB)
+    whole = _spliced(eng, *_cycle(sc, eng, trace), TaskColumns(sprog.items, sprog.runs, sprog),
+                     TaskColumns(prog.items, prog.runs, prog), prog)
     assert whole is not None and whole.repeat["cycles_copied"] > 0
     rep = eng._records_cut
     eng._cut_records()

@@ -513,6 +513,7 @@ class Engine:
         # so that a segment logs a start with one append (:meth:`_starts_log`)
         self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
         self._records_cut = None  # a Repeat whose cut the records above await (repeated)
+        self._last_end_s = 0.0  # the step the link use is over (step_s): set by run, repeated or cut_records
         # the flow network's finished transfers as the cut copies them (_cut_records): which
         # record is in each place, and how many periods it moves; None: each once, unmoved
         self._finished_cut: tuple[list[int], list[int], float] | None = None
@@ -925,7 +926,6 @@ class Engine:
         run's records of communications, which only :meth:`link_use` reads, are cut and copied
         as the spans were when it first asks (:meth:`_cut_records`): ``clustersim run`` asks in
         its writer, after the fork, rather than on the way to it."""
-        self._records_cut = rep
         # the census _comm_tasks would give, of the communications with a choice (what
         # _algorithms_used reports; a PP send has none), with the tasks outside runs read off
         # ``gap_comms`` rather than found among a million tasks
@@ -933,9 +933,23 @@ class Engine:
         for c, n in chain(zip(gap_comms, repeat(1)), ((t.comm, n) for t, n in _run_comm_tasks(program))):
             if c.op in _CHOOSE:
                 self._count(_shape_id(c), c, n, census)
-        self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
+        self.cut_records(rep, float(base.end_s.max()) if len(base.end_s) else 0.0)
         return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight),
                      stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census), base=base)
+
+    def cut_records(self, rep, step_s: float) -> None:
+        """Let :meth:`link_use` read this run's records as ``rep`` cuts and copies its spans
+        (:meth:`_cut_records`, on its first call), over a step of ``step_s`` (the spliced
+        step's last end, :attr:`step_s`): what :meth:`repeated` does, for an engine that
+        ran the shorter step while another made the spliced trace (clustersim.engine.ahead)."""
+        self._records_cut = rep
+        self._last_end_s = step_s
+
+    @property
+    def step_s(self) -> float:
+        """The step the link use is worked out over: the last span's end, of the run or
+        (:meth:`repeated`) of the spliced step."""
+        return self._last_end_s
 
     def _cut_records(self) -> None:
         """The closed-form starts and the flow network's finished transfers of a run whose cycle

@@ -56,12 +56,10 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import fields
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from ..trace import LinkUse, Trace
+from ..trace import Trace, link_columns, links_of_columns
 
 SUMMARY_FILE = ".summary.pickle"  # in the temp folder, removed once the child is done
 PIECES_FILE = ".pieces.pickle"  # the parent's pieces of the trace file, for the child
@@ -246,7 +244,7 @@ class Writer:
             os.close(self._links_fd)
             self._links_fd = -1
         path = self.folder / LINKS_FILE
-        got = list(map(LinkUse, *pickle.loads(path.read_bytes()))) if there else None
+        got = links_of_columns(pickle.loads(path.read_bytes())) if there else None
         path.unlink(missing_ok=True)
         return got
 
@@ -321,16 +319,6 @@ class Writer:
         self._drop_share()
 
 
-def _link_columns(links: list[LinkUse]) -> tuple[list, ...]:
-    """``links`` as one list per field (``LinkUse(*row)`` for each row of them gives them back):
-    lists of strings and floats pickle in C, where 69,000 LinkUse objects (the 16K-GPU step)
-    take 0.19 s to pickle and 0.14 s to read back, one object at a time."""
-    return tuple(map(list, zip(*map(_LINK_FIELDS, links)))) if links else ((),) * len(fields(LinkUse))
-
-
-_LINK_FIELDS = attrgetter(*(f.name for f in fields(LinkUse)))  # a LinkUse's fields, in order
-
-
 def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
           link_use: Callable[[], list] | None = None, checks: Callable[[], list] | None = None) -> Writer | None:
     """Fork a process that writes the files into ``folder`` once it has the summary; None
@@ -369,7 +357,7 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
         os.close(write_fd)
         if link_use is not None:
             os.close(links_r)
-            (folder / LINKS_FILE).write_bytes(pickle.dumps(_link_columns(link_use()), protocol=pickle.HIGHEST_PROTOCOL))
+            (folder / LINKS_FILE).write_bytes(pickle.dumps(link_columns(link_use()), protocol=pickle.HIGHEST_PROTOCOL))
             os.write(links_w, b"l")
             os.close(links_w)
         if share is None:

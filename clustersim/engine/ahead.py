@@ -1,0 +1,208 @@
+"""The shorter step of a repeated step, simulated by a forked process while the parent lowers
+the whole step.
+
+A long 1F1B, interleaved or ZB-H1 step (Megatron-1T: 512 microbatches) is simulated as a
+shorter step (152) whose cycle is copied in (:mod:`clustersim.engine.repeat`), and the two
+steps' lowerings share their first units (``program.lower._Parting``). ``clustersim run``
+forks where the whole step's lowering keeps that state: the child lowers the rest of the
+shorter step, sets its engine up, runs it and finds its cycle, while the parent finishes the
+whole step's lowering, lowers the shorter step too and sets up an engine on it that does not
+run (the summary reads only what a set-up decides of it: algorithms, the links a channel has
+alone, the census)::
+
+    parent  [lower the whole step ─┬─ the rest of it][the shorter step][set-up] wait [splice]─fork writer─[summary ....][links]
+    child                          └─[rest of the shorter step][set-up][run ...........][cycle]   [link use]
+                                                                                          spans ──→ ←── step end      ──→
+
+The child sends the shorter step's spans (:class:`~clustersim.trace.SpanBase`: its columns,
+pickled) and its cycle (:class:`~clustersim.engine.repeat.Repeat`); the parent splices them
+into the whole step's trace as it would its own run's, and sends back the spliced step's
+end, over which the child, which holds the run's records of communications, works out the
+link use: the summary asks for it last (:meth:`Ahead.links`). The two processes run the same
+code on the same program (the shorter step's lowering resumed from the same state gives the
+same tasks and ids: tests/test_repeat.py), so the trace is the one a single process makes.
+
+Megatron-1T on 2 cores: the parent's side (the rest of the whole step's lowering, the shorter
+step's, its set-up: about 0.6 s) runs beside the child's (set-up and run: about 1.1 s), where
+they ran one after the other; the writer no longer works out the link use.
+
+Where there is nothing to fork for (no shorter step, or no units shared) or no fork (off
+Linux, or with other Python threads running, as for the writer: clustersim.output.background),
+or the child fails before it has sent its spans, the parent simulates the shorter step
+itself; where the child finds no cycle, the parent simulates the whole step, as it would
+have. Where the child fails after sending its spans, the parent runs its own engine for the
+link use. Nothing the child does is written anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..trace import LinkUse, SpanBase, link_columns, links_of_columns
+
+if TYPE_CHECKING:
+    from ..program.lower import Lowering
+    from .repeat import Repeat
+    from .sim import Engine
+
+_LENGTH = struct.Struct("<q")  # a message's length, before its bytes
+_STEP = struct.Struct("<d")  # the spliced step's end, parent to child
+
+
+def can_fork() -> bool:
+    """Whether a process may be forked here: on Linux (Windows has no fork; on macOS system
+    libraries may not survive one), and with no other Python thread running (a lock one of
+    them holds would stay held in the child)."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+class Ahead:
+    """The forked process that simulates the shorter step, from the parent's side.
+
+    ``work``: run in the child with the whole step's lowering where the two steps part;
+    gives (the engine that ran the shorter step, its spans, its cycle), the spans and the
+    cycle None where no cycle holds. :meth:`fork` is the lowering's ``at_parting``."""
+
+    def __init__(self, work: Callable[[Lowering], tuple[Engine, SpanBase | None, Repeat | None]]):
+        self._work = work
+        self.pid = -1  # the child, while it is not waited for
+        self._from = -1  # the child's messages: spans and cycle, then the link use
+        self._to = -1  # the spliced step's end, for the child
+
+    def fork(self, low: Lowering) -> None:
+        """Fork the child (once, where a fork is safe); it never returns into the caller."""
+        if self.pid >= 0 or self._from >= 0 or not can_fork():
+            return
+        from_r, from_w = os.pipe()
+        to_r, to_w = os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of forking a process with other OS threads: numpy's BLAS
+            # keeps a pool, which neither process calls across the fork
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid:
+            os.close(from_w)
+            os.close(to_r)
+            self.pid, self._from, self._to = pid, from_r, to_w
+            return
+        # the child: leaves by os._exit, which skips the interpreter's teardown and the
+        # parent's buffered output; it writes nothing but its messages
+        code = 1
+        try:
+            os.close(from_r)
+            os.close(to_w)
+            warnings.simplefilter("ignore")
+            self._child(low, from_w, to_r)
+            code = 0
+        except BaseException:  # noqa: BLE001 - the parent sees the pipe close and does the work itself
+            code = 1
+        finally:
+            os._exit(code)
+
+    def _child(self, low: Lowering, out: int, step_in: int) -> None:
+        engine, base, rep = self._work(low)
+        _send(out, (base, rep) if rep is not None else (None, None))
+        if rep is None:
+            return
+        got = _read_exactly(step_in, _STEP.size)
+        if got is None:  # the parent does not need the link use
+            return
+        engine.cut_records(rep, _STEP.unpack(got)[0])
+        _send(out, link_columns(engine.link_use()))
+
+    def result(self) -> tuple[SpanBase | None, Repeat | None] | None:
+        """In the parent: (the shorter step's spans, its cycle) from the child, both None
+        where no cycle holds; None where there is no child or it failed before saying (the
+        caller simulates the shorter step itself)."""
+        if self._from < 0:
+            return None
+        got = _receive(self._from)
+        if got is None:
+            self.close()
+            return None
+        if got[1] is None:  # the child is done
+            self.close()
+        return got
+
+    def step_end(self, step_s: float | None) -> None:
+        """In the parent, once the spans are spliced: the spliced step's end, over which the
+        child works out the link use; None: the parent does not need it (the splice failed)."""
+        if self._to < 0:
+            return
+        try:
+            if step_s is not None:
+                os.write(self._to, _STEP.pack(step_s))
+        except OSError:  # the child is gone: links() says so
+            pass
+        finally:
+            os.close(self._to)
+            self._to = -1
+        if step_s is None:
+            self.close()
+
+    def links(self) -> list[LinkUse] | None:
+        """In the parent, after :meth:`step_end`: the link use the child worked out, or None
+        where it did not (the caller works it out)."""
+        if self._from < 0:
+            return None
+        got = _receive(self._from)
+        self.close()
+        return None if got is None else links_of_columns(got)
+
+    def close(self) -> None:
+        """Stop the child if it still runs, and wait for it (the parent is done with it)."""
+        for fd in (self._from, self._to):
+            if fd >= 0:
+                os.close(fd)
+        self._from = self._to = -1
+        if self.pid < 0:
+            return
+        pid, self.pid = self.pid, -1
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+
+
+def _send(fd: int, obj) -> None:
+    """``obj`` pickled, after its length."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    for view in (memoryview(_LENGTH.pack(len(data))), memoryview(data)):
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def _receive(fd: int):
+    """The object :func:`_send` sent, or None where the pipe closed first or it does not read."""
+    head = _read_exactly(fd, _LENGTH.size)
+    if head is None:
+        return None
+    data = _read_exactly(fd, _LENGTH.unpack(head)[0])
+    if data is None:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception:  # noqa: BLE001 - a message cut short: as if none came
+        return None
+
+
+def _read_exactly(fd: int, n: int) -> bytearray | None:
+    """``n`` bytes from ``fd``, or None where it closes first."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            return None
+        got += k
+    return buf

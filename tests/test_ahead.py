@@ -1,0 +1,108 @@
+"""The shorter step of a repeated step simulated by a forked process while the parent lowers
+the whole step (clustersim.engine.ahead): the same result as one process makes, whether the
+child finishes, fails before or after sending its spans, or finds no cycle."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from clustersim import api
+from clustersim.config import load_scenario
+from clustersim.engine import ahead as ahead_mod
+from clustersim.engine import repeat
+from tests.test_repeat import ROOT, plan
+
+pytestmark = pytest.mark.skipif(not ahead_mod.can_fork(), reason="needs fork (Linux, one thread)")
+
+FIELDS = ("rank", "stream", "start_s", "end_s", "tid", "mb", "form")
+
+
+@pytest.fixture
+def forks(monkeypatch):
+    """The children :meth:`Ahead.fork` made, and the Ahead objects, to check on afterwards."""
+    made: list[tuple[ahead_mod.Ahead, int]] = []
+    fork = ahead_mod.Ahead.fork
+
+    def recording(self, low):
+        fork(self, low)
+        made.append((self, self.pid))
+
+    monkeypatch.setattr(ahead_mod.Ahead, "fork", recording)
+    return made
+
+
+def _simulate(fork: bool, links_after: bool = False):
+    """simulate() as clustersim run calls it (``links_after``: the link use asked for by the
+    summary, last) or as the API does by default (worked out with the run)."""
+    sc = load_scenario(plan(), base_dir=ROOT)
+    after = (lambda trace, link_use, checks: None) if links_after else None
+    return api.simulate(sc, fork=fork, after_run=after)
+
+
+def _same(a, b) -> None:
+    assert json.dumps(a.summary, sort_keys=True) == json.dumps(b.summary, sort_keys=True)
+    for f in FIELDS:
+        assert np.array_equal(getattr(a.trace.base, f), getattr(b.trace.base, f)), f
+    assert a.trace.links == b.trace.links and a.trace.links
+
+
+def _gone(forks) -> None:
+    """Exactly one child was forked, and it has been waited for."""
+    assert len(forks) == 1
+    ahead, pid = forks[0]
+    assert pid > 0 and ahead.pid == -1
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.parametrize("links_after", [False, True], ids=["links-with-run", "links-last"])
+def test_the_forked_shorter_run_gives_the_same_step(forks, links_after):
+    one = _simulate(False, links_after)
+    assert not forks
+    two = _simulate(True, links_after)
+    _gone(forks)
+    assert two.summary["simulation"]["repeat"]["cycles_copied"] > 0
+    _same(one, two)
+
+
+def test_a_child_that_fails_before_its_spans_leaves_the_run_here(forks, monkeypatch):
+    one = _simulate(False)
+
+    def fails(*a, **k):
+        raise RuntimeError("the child fails")
+
+    monkeypatch.setattr(api, "_shorter_run", fails)  # (only the child calls it)
+    two = _simulate(True)
+    _gone(forks)
+    _same(one, two)
+
+
+def test_a_child_that_fails_after_its_spans_leaves_the_link_use_here(forks, monkeypatch):
+    one = _simulate(False, links_after=True)
+
+    def fails(links):
+        raise RuntimeError("the child fails")
+
+    monkeypatch.setattr(ahead_mod, "link_columns", fails)  # (only the child calls it)
+    two = _simulate(True, links_after=True)
+    _gone(forks)
+    _same(one, two)
+
+
+def test_a_child_that_finds_no_cycle_leaves_the_whole_step_here(forks, monkeypatch):
+    monkeypatch.setattr(repeat, "find_cycle", lambda *a, **k: None)
+    one = _simulate(False)
+    two = _simulate(True)
+    _gone(forks)
+    assert two.summary["simulation"]["repeat"] is None and two.summary["simulation"]["repeat_tried"] == 60
+    _same(one, two)
+
+
+def test_no_fork_without_a_shorter_step(forks):
+    sc = load_scenario(plan(), base_dir=ROOT)
+    r = api.simulate(sc, fork=True, repeat=False)
+    assert not forks and r.summary["simulation"]["repeat"] is None
