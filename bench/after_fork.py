@@ -1,12 +1,15 @@
 """Where the time goes after the engine has run, process by process: what ``clustersim run``
 does from forking the writer of report.html and trace.json.gz to the files in place
-(clustersim.output.background), as a timeline of both processes.
+(clustersim.output.background), as a timeline of both processes; and, where a shorter step is
+simulated (Megatron-1T), what the process that simulates it (clustersim.engine.ahead) and
+the parent do before that fork, at negative times.
 
     python bench/after_fork.py                          # moe_1024gpu
     python bench/after_fork.py --repeat 3 x.yaml y.yaml
 
 The parent works out the summary and its invariant checks, then compresses trace pieces from
-the back; the writer works out the link use the summary needs last, makes the report's bars,
+the back; the writer works out the link use the summary needs last (where no other process
+has: Megatron-1T's is the shorter step's process's, which holds the run's records), makes the report's bars,
 runs the checks that need no summary if the parent has not taken them yet ("checks without
 the summary"), compresses pieces from the front, and once the summary is there makes the
 report page and puts the trace file together. Total work bounds this phase: the two processes share the
@@ -45,6 +48,26 @@ and the parent takes the checks. On Megatron-1T the writer's bars are done first
 the checks that need no summary (0.5-0.6 s) while the parent's summary (1.3-1.5 s) goes on;
 then the two share the 225 pieces (2026-12-01: the files in place 2.0-2.4 s after the fork,
 against 2.2-2.6 s when the parent made every check, alternated six times each).
+
+Megatron-1T since the shorter step is simulated beside the whole step's lowering (2026-12-02,
+a fast stretch; excerpt)::
+
+    megatron_1t_3072, run 1: the files are in place 0.93 s after the fork began, 2.25 s after the lowering began
+           -1.319  parent   whole step's lowering begins
+           -1.140  parent   shorter step's process forked
+           -1.140  shorter  shorter step's lowering, set-up and run begin
+           -0.853  parent   whole step lowered
+           -0.624  parent   task columns begin
+           -0.409  parent   task columns done
+           -0.409  parent   waits for the shorter step's spans
+           -0.162  shorter  shorter step run, its cycle found
+           -0.131  parent   spans received
+           -0.131  parent   splice begins
+           -0.001  parent   splice done
+           -0.001  shorter  link use begins
+            0.000  parent   fork begins
+            0.175  shorter  link use done
+            0.701  parent   link use received
 """
 
 from __future__ import annotations
@@ -71,10 +94,10 @@ def _child(spec: str, log_path: str) -> None:
     import clustersim.cli as cli
     import clustersim.output.report as report
     from clustersim import api
-    from clustersim.engine import Engine
+    from clustersim.engine import Engine, ahead
     from clustersim.output import background, perfetto
 
-    t0 = [0.0]
+    t0 = [time.monotonic()]  # the report counts from the writer's fork ("fork begins")
 
     def log(what: str) -> None:
         with open(log_path, "a") as f:  # appended by both processes, a line at a time
@@ -97,8 +120,7 @@ def _child(spec: str, log_path: str) -> None:
 
     start = background.start
 
-    def start_logged(*args, **kwargs):  # the clock starts here
-        t0[0] = time.monotonic()
+    def start_logged(*args, **kwargs):
         log("fork begins")
         writer = start(*args, **kwargs)
         log("fork done")
@@ -113,9 +135,24 @@ def _child(spec: str, log_path: str) -> None:
         return out
 
     perfetto.TracePieces.packed = packed_logged
+    # before the writer's fork, where a shorter step is simulated (Megatron-1T): the process
+    # that simulates it beside the whole step's lowering (clustersim.engine.ahead)
+    timed(api, "lower_step", "whole step's lowering begins", "whole step lowered")
+    timed(ahead.Ahead, "fork", None, "shorter step's process forked")
+    timed(api, "_shorter_run", "shorter step's lowering, set-up and run begin", "shorter step run, its cycle found")
+    timed(api, "_warm", "task columns begin", "task columns done")
+    timed(ahead.Ahead, "result", "waits for the shorter step's spans", "spans received")
+    timed(api, "_spliced", "splice begins", "splice done")
     timed(Engine, "link_use", "link use begins", "link use done")
-    timed(background.Writer, "links", None, None,
-          then=lambda got: log("link use handed over" if got is not None else "link use not handed over") or got)
+    def said(there: str, missing: str | None):
+        def then(got):
+            if got is not None or missing is not None:
+                log(there if got is not None else missing)
+            return got
+        return then
+
+    timed(ahead.Ahead, "links", None, None, then=said("link use received", "link use not received"))
+    timed(background.Writer, "links", None, None, then=said("link use handed over", None))
     timed(api, "summarize", "summary begins", "summary done")
     timed(api, "check_step", "checks begin", "checks done")  # all of them, or the summary's
     timed(api, "check_trace", "checks without the summary begin", "checks without the summary done")
@@ -144,7 +181,10 @@ def _report(name: str, k: int, lines: list[str]) -> str:
     """The timeline of one run, from its log lines."""
     rows = [line.split(" ", 2) for line in lines if line.strip()]
     parent = next(pid for pid, _, what in rows if what == "fork begins")
-    who = {pid: "parent" if pid == parent else "writer" for pid, _, _ in rows}
+    shorter = {pid for pid, _, what in rows if what.startswith("shorter step's lowering")}
+    who = {pid: "parent" if pid == parent else "shorter" if pid in shorter else "writer" for pid, _, _ in rows}
+    fork_s = next(float(at) for _, at, what in rows if what == "fork begins")
+    lowering_s = next((float(at) for _, at, what in rows if what == "whole step's lowering begins"), fork_s)
     pieces = {"parent": 0, "writer": 0}
     out = []
     end_s = None
@@ -153,9 +193,10 @@ def _report(name: str, k: int, lines: list[str]) -> str:
             pieces[who[pid]] += 1
             continue
         if what == "files in place":
-            end_s = float(at)
-        out.append(f"    {float(at):9.3f}  {who[pid]:6}  {what}")
-    head = f"{name}, run {k}: the files are in place {end_s:.2f} s after the fork began"
+            end_s = float(at) - fork_s
+        out.append(f"    {float(at) - fork_s:9.3f}  {who[pid]:7}  {what}")
+    head = (f"{name}, run {k}: the files are in place {end_s:.2f} s after the fork began, "
+            f"{end_s + fork_s - lowering_s:.2f} s after the lowering began")
     total = pieces["parent"] + pieces["writer"]
     tail = f"    pieces of the trace file: parent {pieces['parent']}, writer {pieces['writer']} ({total} in all)"
     return "\n".join([head, *out, tail])
