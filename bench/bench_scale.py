@@ -18,7 +18,10 @@ trace.json.gz, as the command does: clustersim.output.background), outputs (summ
 waiting for that process: what the files add after the summary; "writers alone s" is what they
 cost in one process, measured afterwards); the total is all of these but "writers alone".
 "clustersim run s" is the README's command itself, timed from outside (interpreter start-up
-and exit included). "writer RSS MiB" is the forked writer's peak.
+and exit included). "writer RSS MiB" is the forked writer's peak. The phases here run one after
+the other in one process, to time each; where a shorter step is simulated (Megatron-1T) the
+command simulates it in a forked process beside the whole step's lowering
+(clustersim.engine.ahead), so its "clustersim run s" is below the total.
 "simpy events" are the events the run scheduled; it runs until none is left, so all were
 processed. "x bare timeout" compares the engine's seconds per event (setup and run) with those
 of a process that only yields simpy timeouts, on the same machine: each measured run times the
