@@ -4,7 +4,8 @@ microbatch, form; start and end within 1 ns), every figure of the summary within
 1 ns; the figures it bins or rounds within their slack, tests/test_repeat.LOOSE) and the
 links' bytes too (tests/test_repeat.differences, what the tests hold a dozen fixed plans to);
 this draws many more (topology, TP, PP, DP, EP, CP, SP, ZeRO, recompute, schedule, a slow
-GPU)::
+GPU). Each plan also runs as ``clustersim run`` runs it, its shorter step simulated by a
+forked process (clustersim.engine.ahead): that must give the same bits as one process::
 
     python bench/fuzz_repeat.py [seed] [plans]      (default 0 and 20)
 
@@ -15,10 +16,13 @@ refused before, a quarter of the draws; every other plan of a seed is the one it
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from fuzz_args import two_counts  # a sibling script (bench/ is on the path)
 
@@ -76,13 +80,21 @@ def compare(d: dict) -> tuple[str, list[str]]:
         t = time.perf_counter()
         results.append((clustersim.simulate(sc), time.perf_counter() - t))
     (whole, tw), (copied, tc) = results
+    # the same step with its shorter step simulated by a forked process (clustersim run's
+    # way, clustersim.engine.ahead): the same bits as one process
+    sc = clustersim.load_scenario({**d, "simulation": {"repeat": True}}, base_dir=ROOT)
+    forked = clustersim.simulate(sc, fork=True)
+    same = json.dumps(forked.summary, sort_keys=True) == json.dumps(copied.summary, sort_keys=True) and all(
+        np.array_equal(getattr(forked.trace.base, f), getattr(copied.trace.base, f))
+        for f in ("rank", "stream", "start_s", "end_s", "tid", "mb", "form")) and forked.trace.links == copied.trace.links
+    fork_diff = [] if same else ["the forked run differs from one process's"]
     rep = copied.summary["simulation"]["repeat"]
     if rep is None:
         p = d["parallel"]
         tried = repeat.simulated_microbatches(p["schedule"], p["pp"], whole.summary["plan"]["microbatches"],
                                               p.get("vpp", 1))
-        return (f"no cycle found ({tw:.2f} s whole, {tc:.2f} s with the attempt)" if tried else "not tried"), []
-    out = differences(whole, copied, links=None)
+        return (f"no cycle found ({tw:.2f} s whole, {tc:.2f} s with the attempt)" if tried else "not tried"), fork_diff
+    out = differences(whole, copied, links=None) + fork_diff
     return (f"{rep['simulated_microbatches']} of {whole.summary['plan']['microbatches']} simulated, cycle "
             f"{rep['cycle_microbatches']}: {tw:.2f} s whole, {tc:.2f} s copied"), out
 
