@@ -208,6 +208,7 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     repeat = sc.cfg.simulation.repeat if repeat is None else repeat
     with no_cyclic_gc(), _ahead(sc, collapse, repeat, fork) as ahead:
         prog, low = lower_step(sc, collapse, repeat, at_parting=None if ahead is None else ahead.fork)
+        low.at_parting = None  # (forked, or not; the lowering is done with it)
         engine, trace, extra, links_ahead = _run(sc, prog, collapse, links=after_run is None, repeat=repeat, low=low,
                                                  ahead=ahead, check=check)
         link_use = links_ahead or engine.link_use
