@@ -11,6 +11,7 @@
 Bad input prints one line naming the file and field, exits with 2, and writes nothing.
 A simulated step that breaks an invariant (a simulator bug, docs/invariants.md) prints the
 violations, exits with 3, and writes nothing; ``run --no-check`` skips the checks.
+Ctrl-C stops every process of the run, writes nothing and exits with 130.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .errors import ConfigError
 
 EXIT_BAD_INPUT = 2
 EXIT_INVARIANT = 3  # the simulated step broke an invariant: a simulator bug (docs/invariants.md)
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a process SIGINT ended (128 + 2)
 OUTPUT_FILES = ("summary.json", "report.html", "trace.json.gz")
 
 
@@ -283,3 +285,6 @@ def _run(args) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: the temp folder and any forked process are gone already
+        print("interrupted: no outputs written", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -106,3 +106,25 @@ def test_no_fork_without_a_shorter_step(forks):
     sc = load_scenario(plan(), base_dir=ROOT)
     r = api.simulate(sc, fork=True, repeat=False)
     assert not forks and r.summary["simulation"]["repeat"] is None
+
+
+def test_an_interrupt_while_the_child_runs_stops_it_and_writes_nothing(forks, monkeypatch, tmp_path, capsys):
+    """Ctrl-C in the parent while the child simulates: ``clustersim run`` exits with 130,
+    saying so on one line, the child is stopped and waited for, and no file or folder is left."""
+    from clustersim.cli import EXIT_INTERRUPTED, main
+    from tests.test_cli import write_scenario
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "_warm", interrupted)  # (the parent's, while the child runs)
+    sc = write_scenario(tmp_path, ROOT, plan())
+    (tmp_path / "kept").mkdir()
+    try:
+        code = main(["run", str(sc), "--out", str(tmp_path / "kept" / "out")])
+    except KeyboardInterrupt:  # (not let through to pytest, which would stop the session)
+        pytest.fail("the interrupt went through clustersim run")
+    assert code == EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip() == "interrupted: no outputs written"
+    _gone(forks)
+    assert list((tmp_path / "kept").iterdir()) == []
