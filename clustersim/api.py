@@ -208,7 +208,7 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     repeat = sc.cfg.simulation.repeat if repeat is None else repeat
     with no_cyclic_gc(), _ahead(sc, collapse, repeat, fork) as ahead:
         prog, low = lower_step(sc, collapse, repeat, at_parting=None if ahead is None else ahead.fork)
-        low.at_parting = None  # (forked, or not; the lowering is done with it)
+        low.at_parting = None  # the lowering is kept (``keep``) after the child is gone: not its hook
         engine, trace, extra, links_ahead = _run(sc, prog, collapse, links=after_run is None, repeat=repeat, low=low,
                                                  ahead=ahead, check=check)
         link_use = links_ahead or engine.link_use
@@ -311,20 +311,13 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
         engine = _engine_of(sc, sprog)
         mark("set_up")
         tasks = TaskColumns(sprog.items, sprog.runs, sprog), TaskColumns(prog.items, prog.runs, prog)
-        if ahead is not None and ahead.pid >= 0:
-            # while the child runs: what the splice, then the summary and the checks (both
-            # processes, after the writer's fork), read of the task columns
-            _warm(*tasks, check)
-        got = ahead.result() if ahead is not None else None
-        if got is None:
-            base, rep = _cycle(sc, engine, engine.run(links=False))
-        else:
-            base, rep = got
+        base, rep, from_child = _spans_and_cycle(sc, engine, ahead, tasks, check)
         mark("ran")
         trace = None if rep is None else _spliced(engine, base, rep, *tasks, prog)
         mark("spliced")
         links_ahead = None
-        if got is not None:
+        if from_child:
+            # (before the writer's fork: engine.ahead's module docstring)
             ahead.step_end(None if trace is None else engine.step_s)
             if trace is not None:
                 links_ahead = partial(_links_ahead, ahead, engine, rep)
@@ -341,6 +334,19 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
     trace.repeat_tried = short  # None: not tried; else no cycle held in it
     mark("ran")
     return engine, trace, (), None
+
+
+def _spans_and_cycle(sc: Scenario, engine: Engine, ahead: Ahead | None, tasks: tuple[TaskColumns, TaskColumns],
+                     check: bool) -> tuple[SpanBase | None, cycles.Repeat | None, bool]:
+    """(the shorter step's spans, its cycle, whether they came from ``ahead``'s child): from
+    the child, the task columns ``tasks`` worked out while it runs (:func:`_warm`); else from
+    ``engine``'s run of the shorter step, made here (no child, or it failed)."""
+    if ahead is not None and ahead.running:
+        _warm(*tasks, check)
+    got = ahead.result() if ahead is not None else None
+    if got is not None:
+        return (*got, True)
+    return (*_cycle(sc, engine, engine.run(links=False)), False)
 
 
 def _shorter_run(sc: Scenario, collapse: bool | None, like: Lowering) -> tuple[Engine, SpanBase | None,

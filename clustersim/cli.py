@@ -11,7 +11,8 @@
 Bad input prints one line naming the file and field, exits with 2, and writes nothing.
 A simulated step that breaks an invariant (a simulator bug, docs/invariants.md) prints the
 violations, exits with 3, and writes nothing; ``run --no-check`` skips the checks.
-Ctrl-C stops every process of the run, writes nothing and exits with 130.
+Ctrl-C stops every process of the run, writes nothing (unless the files were in place
+already, which it says) and exits with 130.
 """
 
 from __future__ import annotations
@@ -86,41 +87,52 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else _default_out(args.scenario)
     files = {"report": not args.no_report, "trace_file": not args.no_trace}
     staging = _Staging(out)
-    writer = None
-
-    def after_run(trace, link_use, checks):  # the report and the trace file, written while the summary is made
-        nonlocal writer
-        if any(files.values()):
-            writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
-        return writer
-
     try:
-        t0 = time.perf_counter()
-        result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
-                          check=not args.no_check, after_run=after_run, keep=args.keep, fork=True)
-        if args.keep is not None:
-            args.keep.append(result)
-        wall_s = time.perf_counter() - t0
-        with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
-            tmp = staging.folder()
-            (tmp / "summary.json").write_text(to_json(result.summary))
-            background.complete(writer, tmp, result.trace, result.summary, **files)
-            result.finish_checks()  # those the writer took (a violation: nothing is moved in)
-            written = staging.move_in()
-    finally:
-        if writer is not None:
-            writer.cancel()
-        staging.clean()
-    print(format_summary(result.summary))
-    sim = result.summary["simulation"]
-    rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), result.summary["plan"]["microbatches"]
+        writer = None
+
+        def after_run(trace, link_use, checks):  # the report and the trace file, written while the summary is made
+            nonlocal writer
+            if any(files.values()):
+                writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
+            return writer
+
+        try:
+            t0 = time.perf_counter()
+            result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
+                              check=not args.no_check, after_run=after_run, keep=args.keep, fork=True)
+            if args.keep is not None:
+                args.keep.append(result)
+            wall_s = time.perf_counter() - t0
+            with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
+                tmp = staging.folder()
+                (tmp / "summary.json").write_text(to_json(result.summary))
+                background.complete(writer, tmp, result.trace, result.summary, **files)
+                result.finish_checks()  # those the writer took (a violation: nothing is moved in)
+                written = staging.move_in()
+        finally:
+            if writer is not None:
+                writer.cancel()
+            staging.clean()
+        print(format_summary(result.summary))
+        print(_simulated_line(result.summary, wall_s))
+        print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
+        return 0
+    except KeyboardInterrupt:
+        if not staging.moved:
+            raise  # (main: "interrupted: no outputs written")
+        print(f"interrupted: the outputs are written, in {out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _simulated_line(summary: dict, wall_s: float) -> str:
+    """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated."""
+    sim = summary["simulation"]
+    rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
     cycle = (f" · {rep['simulated_microbatches']} of {m} microbatches run, a cycle of {rep['cycle_microbatches']} "
              f"copied in {rep['cycles_copied']} times") if rep else (
         f" · all {m} microbatches run: a shorter step of {tried} showed no steady cycle (--no-repeat skips that try)"
         if tried else "")
-    print(f"{'simulated':<16}{sim['simulated_ranks']} ranks, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}")
-    print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
-    return 0
+    return f"{'simulated':<16}{sim['simulated_ranks']} ranks, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
 
 
 def cmd_schedule(args) -> int:

@@ -81,15 +81,43 @@ def test_a_child_that_fails_before_its_spans_leaves_the_run_here(forks, monkeypa
     _same(one, two)
 
 
-def test_a_child_that_fails_after_its_spans_leaves_the_link_use_here(forks, monkeypatch):
-    one = _simulate(False, links_after=True)
+@pytest.mark.parametrize("links_after", [False, True], ids=["links-with-run", "links-last"])
+def test_a_child_that_fails_after_its_spans_leaves_the_link_use_here(forks, monkeypatch, links_after):
+    one = _simulate(False, links_after)
 
     def fails(links):
         raise RuntimeError("the child fails")
 
     monkeypatch.setattr(ahead_mod, "link_columns", fails)  # (only the child calls it)
-    two = _simulate(True, links_after=True)
+    two = _simulate(True, links_after)
     _gone(forks)
+    _same(one, two)
+
+
+def test_spans_that_do_not_splice_leave_the_whole_step_here(forks, monkeypatch):
+    """The child's spans came, but do not splice: the parent simulates the whole step and
+    tells the child it needs no link use."""
+    monkeypatch.setattr(repeat, "splice", lambda *a, **k: None)
+    one = _simulate(False)
+    two = _simulate(True)
+    _gone(forks)
+    assert two.summary["simulation"]["repeat"] is None
+    _same(one, two)
+
+
+def test_a_fork_that_fails_leaves_the_run_here_and_no_pipe_open(forks, monkeypatch):
+    """os.fork can fail (memory, a process limit): no child, the run made here, the pipes made
+    for it closed again."""
+    one = _simulate(False)
+
+    def no_fork():
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    open_before = sorted(os.listdir("/proc/self/fd"))
+    two = _simulate(True)
+    assert sorted(os.listdir("/proc/self/fd")) == open_before
+    assert len(forks) == 1 and forks[0][1] == -1  # asked to fork; none made
     _same(one, two)
 
 
@@ -98,7 +126,8 @@ def test_a_child_that_finds_no_cycle_leaves_the_whole_step_here(forks, monkeypat
     one = _simulate(False)
     two = _simulate(True)
     _gone(forks)
-    assert two.summary["simulation"]["repeat"] is None and two.summary["simulation"]["repeat_tried"] == 60
+    tried = api.shorter_step(load_scenario(plan(), base_dir=ROOT)).microbatches
+    assert two.summary["simulation"]["repeat"] is None and two.summary["simulation"]["repeat_tried"] == tried
     _same(one, two)
 
 

@@ -363,3 +363,20 @@ def test_link_use_is_worked_out_after_the_hook_and_is_the_same(root):
     plain = api.simulate(scenario)
     assert seen == [[]] and len(plain.trace.links) > 1000
     assert hooked.trace.links == plain.trace.links and hooked.summary == plain.summary
+
+
+@needs_fork
+def test_a_writer_fork_that_fails_writes_the_files_here(tmp_path, monkeypatch):
+    """os.fork can fail (memory, a process limit): the files are written in this process, the
+    same bytes, and the pipes and the pieces' counters made for the writer are closed again."""
+    sc = write_scenario(tmp_path, ROOT, scenario_dict())
+    assert main(["run", str(sc), "--out", str(tmp_path / "forked")]) == 0
+
+    def no_fork():
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    open_before = sorted(os.listdir("/proc/self/fd"))
+    assert main(["run", str(sc), "--out", str(tmp_path / "here")]) == 0
+    assert sorted(os.listdir("/proc/self/fd")) == open_before
+    assert _outputs(tmp_path / "here") == _outputs(tmp_path / "forked")

@@ -177,3 +177,24 @@ def test_multi_node_topology_without_fabric_is_refused(tmp_path, root):
     r = run_cli("validate", p)
     assert r.returncode == 2
     assert r.stderr.startswith(f"error: {tp}: ") and "fabric.kind is 'none'" in r.stderr
+
+
+def test_an_interrupt_after_the_files_are_in_place_says_so(tmp_path, root, monkeypatch, capsys):
+    """Ctrl-C while the summary is printed: the files are already in place, so clustersim run
+    says they are (exit 130) rather than that nothing was written."""
+    from clustersim.cli import EXIT_INTERRUPTED, main
+    from clustersim.output import summary
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(summary, "format_summary", interrupted)
+    sc = write_scenario(tmp_path, root, scenario_dict())
+    out = tmp_path / "out"
+    try:
+        code = main(["run", str(sc), "--out", str(out)])
+    except KeyboardInterrupt:  # (not let through to pytest, which would stop the session)
+        pytest.fail("the interrupt went through clustersim run")
+    assert code == EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip() == f"interrupted: the outputs are written, in {out}"
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "summary.json", "trace.json.gz"]

@@ -10,9 +10,9 @@ whole step's lowering, lowers the shorter step too and sets up an engine on it t
 run (the summary reads only what a set-up decides of it: algorithms, the links a channel has
 alone, the census)::
 
-    parent  [lower the whole step ─┬─ the rest of it][the shorter step][set-up] wait [splice]─fork writer─[summary ....][links]
-    child                          └─[rest of the shorter step][set-up][run ...........][cycle]   [link use]
-                                                                                          spans ──→ ←── step end      ──→
+    parent  [lower the whole step ─┬─ the rest of it][the shorter step][set-up][task columns] wait [splice]─fork writer─[summary ....][links]
+    child                          └─[rest of the shorter step][set-up][run ...........][cycle]           [link use]
+                                                                                  spans, cycle ──→ ←── step end           ──→
 
 The child sends the shorter step's spans (:class:`~clustersim.trace.SpanBase`: its columns,
 pickled) and its cycle (:class:`~clustersim.engine.repeat.Repeat`); the parent splices them
@@ -22,16 +22,20 @@ link use: the summary asks for it last (:meth:`Ahead.links`). The two processes 
 code on the same program (the shorter step's lowering resumed from the same state gives the
 same tasks and ids: tests/test_repeat.py), so the trace is the one a single process makes.
 
-Megatron-1T on 2 cores: the parent's side (the rest of the whole step's lowering, the shorter
-step's, its set-up: about 0.6 s) runs beside the child's (set-up and run: about 1.1 s), where
-they ran one after the other; the writer no longer works out the link use.
+On Megatron-1T the two sides take about as long, where they ran one after the other, and the
+writer no longer works out the link use (docs/performance.md, "Where the rest is").
 
-Where there is nothing to fork for (no shorter step, or no units shared) or no fork (off
-Linux, or with other Python threads running, as for the writer: clustersim.output.background),
-or the child fails before it has sent its spans, the parent simulates the shorter step
-itself; where the child finds no cycle, the parent simulates the whole step, as it would
-have. Where the child fails after sending its spans, the parent runs its own engine for the
-link use. Nothing the child does is written anywhere.
+Nothing is forked where there is no shorter step (the parent simulates the whole step) or
+no unit the two lowerings share, off Linux, with other Python threads running (as for the
+writer: clustersim.output.background), or where the fork itself fails; then, and where the
+child fails before sending its spans, the parent simulates the shorter step itself. Where
+the child finds no cycle, or its spans do not splice, the parent simulates the whole step, as
+it would have. Where the child fails after sending its spans, the parent runs its own engine
+for the link use. Nothing the child does is written anywhere.
+
+The parent must send the step's end (:meth:`Ahead.step_end`, which closes its end of that
+pipe) before it forks any other process: a process forked while that end is open would keep
+it open, and the child would wait on it for ever.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ if TYPE_CHECKING:
     from .sim import Engine
 
 _LENGTH = struct.Struct("<q")  # a message's length, before its bytes
-_STEP = struct.Struct("<d")  # the spliced step's end, parent to child
+_STEP_S = struct.Struct("<d")  # the spliced step's end in seconds, parent to child
 
 
 def can_fork() -> bool:
@@ -73,30 +77,53 @@ class Ahead:
 
     def __init__(self, work: Callable[[Lowering], tuple[Engine, SpanBase | None, Repeat | None]]):
         self._work = work
+        self.forked = False  # once: a second at_parting call forks nothing
         self.pid = -1  # the child, while it is not waited for
         self._from = -1  # the child's messages: spans and cycle, then the link use
         self._to = -1  # the spliced step's end, for the child
 
+    @property
+    def running(self) -> bool:
+        """Whether a child was forked and has not been waited for."""
+        return self.pid >= 0
+
     def fork(self, low: Lowering) -> None:
-        """Fork the child (once, where a fork is safe); it never returns into the caller."""
-        if self.pid >= 0 or self._from >= 0 or not can_fork():
+        """Fork the child (once, where a fork is safe and succeeds); it never returns into
+        the caller. Ctrl-C is held back from the fork until each side knows which it is and
+        the parent has noted the child, so that neither an interrupted child runs the
+        parent's code nor an interrupted parent loses its child."""
+        if self.forked or not can_fork():
             return
-        from_r, from_w = os.pipe()
-        to_r, to_w = os.pipe()
-        with warnings.catch_warnings():
-            # Python 3.12+ warns of forking a process with other OS threads: numpy's BLAS
-            # keeps a pool, which neither process calls across the fork
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid:
-            os.close(from_w)
-            os.close(to_r)
-            self.pid, self._from, self._to = pid, from_r, to_w
+        self.forked = True
+        fds: list[int] = []
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            fds += os.pipe()
+            fds += os.pipe()
+            from_r, from_w, to_r, to_w = fds
+            with warnings.catch_warnings():
+                # Python 3.12+ warns of forking a process with other OS threads: numpy's
+                # BLAS keeps a pool, which neither process calls across the fork
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:  # no pipe or no process to be had (memory, process limits): no child
+            for fd in fds:
+                os.close(fd)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             return
-        # the child: leaves by os._exit, which skips the interpreter's teardown and the
-        # parent's buffered output; it writes nothing but its messages
+        if pid == 0:
+            self._child_process(low, from_r, from_w, to_r, to_w, held)
+        self.pid, self._from, self._to = pid, from_r, to_w
+        os.close(from_w)
+        os.close(to_r)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _child_process(self, low: Lowering, from_r: int, from_w: int, to_r: int, to_w: int, held) -> None:
+        """The child's whole life: it leaves by os._exit, which skips the interpreter's
+        teardown and the parent's buffered output, and writes nothing but its messages."""
         code = 1
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # (an interrupt now ends it here)
             os.close(from_r)
             os.close(to_w)
             warnings.simplefilter("ignore")
@@ -112,10 +139,10 @@ class Ahead:
         _send(out, (base, rep) if rep is not None else (None, None))
         if rep is None:
             return
-        got = _read_exactly(step_in, _STEP.size)
-        if got is None:  # the parent does not need the link use
+        step_end_bytes = _read_exactly(step_in, _STEP_S.size)
+        if step_end_bytes is None:  # the parent does not need the link use
             return
-        engine.cut_records(rep, _STEP.unpack(got)[0])
+        engine.cut_records(rep, _STEP_S.unpack(step_end_bytes)[0])
         _send(out, link_columns(engine.link_use()))
 
     def result(self) -> tuple[SpanBase | None, Repeat | None] | None:
@@ -134,12 +161,13 @@ class Ahead:
 
     def step_end(self, step_s: float | None) -> None:
         """In the parent, once the spans are spliced: the spliced step's end, over which the
-        child works out the link use; None: the parent does not need it (the splice failed)."""
+        child works out the link use; None: the parent does not need it (the splice failed).
+        Before any other process is forked (module docstring)."""
         if self._to < 0:
             return
         try:
             if step_s is not None:
-                os.write(self._to, _STEP.pack(step_s))
+                os.write(self._to, _STEP_S.pack(step_s))
         except OSError:  # the child is gone: links() says so
             pass
         finally:
@@ -166,12 +194,12 @@ class Ahead:
         if self.pid < 0:
             return
         pid, self.pid = self.pid, -1
-        if os.waitpid(pid, os.WNOHANG)[0] == 0:
-            try:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(pid, 0)
+                os.waitpid(pid, 0)
+        except (ChildProcessError, ProcessLookupError):  # reaped already (SIGCHLD ignored by the host)
+            pass
 
 
 def _send(fd: int, obj) -> None:
@@ -183,11 +211,13 @@ def _send(fd: int, obj) -> None:
 
 
 def _receive(fd: int):
-    """The object :func:`_send` sent, or None where the pipe closed first or it does not read."""
+    """The object :func:`_send` sent, or None where the pipe closed first or the message does
+    not read (a child that died while writing it)."""
     head = _read_exactly(fd, _LENGTH.size)
     if head is None:
         return None
-    data = _read_exactly(fd, _LENGTH.unpack(head)[0])
+    (n,) = _LENGTH.unpack(head)
+    data = _read_exactly(fd, n) if n >= 0 else None
     if data is None:
         return None
     try:

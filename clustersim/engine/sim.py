@@ -920,12 +920,14 @@ class Engine:
                            sum(map(len, alone)) + len(finished))
 
     def repeated(self, rep, base: SpanBase, program: Program, gap_comms: list) -> Trace:
-        """The trace of ``program`` (the whole step) from this engine's run of fewer of its
-        microbatches (``engine.repeat``): the spliced spans ``base`` and the whole program's
-        algorithms census (``gap_comms``: the communications of its tasks outside runs). This
-        run's records of communications, which only :meth:`link_use` reads, are cut and copied
-        as the spans were when it first asks (:meth:`_cut_records`): ``clustersim run`` asks in
-        its writer, after the fork, rather than on the way to it."""
+        """The trace of ``program`` (the whole step) from a run of fewer of its microbatches
+        (``engine.repeat``) on this engine's program: the spliced spans ``base`` and the whole
+        program's algorithms census (``gap_comms``: the communications of its tasks outside
+        runs), which only this engine's set-up decides. Where this engine made the run, its
+        records of communications, which only :meth:`link_use` reads, are cut and copied as
+        the spans were when it first asks (:meth:`_cut_records`), after the writer's fork
+        rather than on the way to it; where another process made it (clustersim.engine.ahead),
+        that one cuts its own (:meth:`cut_records`) and this engine never runs."""
         # the census _comm_tasks would give, of the communications with a choice (what
         # _algorithms_used reports; a PP send has none), with the tasks outside runs read off
         # ``gap_comms`` rather than found among a million tasks

@@ -9,6 +9,9 @@ end together::
     parent  [engine run]─fork─[summary: metrics, memory, critical path][checks][summary.json]─[pieces n-1, n-2, ...]─wait─move
     child                     [link use][report bars][checks?][pieces 0, 1, 2, ...]─summary─[report page][pieces ...]─[trace.json.gz]
 
+(the child's link use: where no other process works it out; a step whose shorter step ran in
+its own process, clustersim.engine.ahead, gets it from that one)
+
 The writer takes pieces from the front, the parent from the back once its summary is written,
 one at a time (:class:`Share`), until they meet: whichever of the two is done first takes
 more of them. A piece's bytes do not depend on who compressed it, so the file is the same
@@ -325,8 +328,9 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
     where there is nothing to write or no fork (the caller then writes them itself). The
     spans' display order is worked out before the fork: both processes write pieces of the
     trace file in it (and the report draws in it). ``link_use``: worked out by the child
-    first, for the parent's summary (:meth:`Writer.links`), which needs it last: on both
-    moe_1024gpu and Megatron-1T the summary with its checks is the longer of the two sides.
+    first, for the parent's summary (:meth:`Writer.links`), which needs it last: on
+    moe_1024gpu the summary with its checks is the longer of the two sides; None where it is
+    worked out elsewhere (Megatron-1T: clustersim.engine.ahead).
     ``checks``: the invariant checks that need no summary, which the child runs if it gets to
     them first (:meth:`Writer.checks_taken`, :meth:`Writer.checks_verdict`); only with the
     trace file, whose pieces the two share out anyway."""
@@ -337,23 +341,40 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
         from .perfetto import piece_count
 
         share = Share(folder, piece_count(trace))
-    read_fd, write_fd = os.pipe()
-    links_r, links_w = os.pipe() if link_use is not None else (-1, -1)
-    with warnings.catch_warnings():
-        # Python 3.12+ warns of forking a process with other OS threads: numpy's BLAS keeps
-        # a pool, which the child never calls (the writers do no linear algebra)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    fds: list[int] = []
+    # Ctrl-C is held back from the fork until each side knows which it is and the parent
+    # holds the child's Writer: an interrupted child must not run the parent's code
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        fds += os.pipe()
+        fds += os.pipe() if link_use is not None else (-1, -1)
+        read_fd, write_fd, links_r, links_w = fds
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of forking a process with other OS threads: numpy's BLAS keeps
+            # a pool, which the child never calls (the writers do no linear algebra)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:  # no pipe or no process to be had (memory, process limits): written here
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+        if share is not None:
+            share.close()
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return None
     if pid:
+        writer = Writer(folder, pid, write_fd, share, links_r, checks=checks is not None)
         os.close(read_fd)
         if links_w >= 0:
             os.close(links_w)
-        return Writer(folder, pid, write_fd, share, links_r, checks=checks is not None)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return writer
     # the child: never returns into the caller's code, and leaves by os._exit, which skips
     # the interpreter's teardown (freeing the step's objects one by one) and the parent's
     # buffered output
     code = 1
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # (an interrupt now ends it here)
         os.close(write_fd)
         if link_use is not None:
             os.close(links_r)
