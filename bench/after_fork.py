@@ -94,6 +94,7 @@ def _child(spec: str, log_path: str) -> None:
     import clustersim.cli as cli
     import clustersim.output.report as report
     from clustersim import api
+    from clustersim import config as cfg
     from clustersim.engine import Engine, ahead
     from clustersim.output import background, perfetto
 
@@ -137,8 +138,9 @@ def _child(spec: str, log_path: str) -> None:
     perfetto.TracePieces.packed = packed_logged
     # before the writer's fork, where a shorter step is simulated (Megatron-1T): the process
     # that simulates it beside the whole step's lowering (clustersim.engine.ahead)
+    timed(ahead.Ahead, "start", "shorter step's process forked", None)
+    timed(cfg.Scenario, "check_schedule", "whole step's schedule begins", None)
     timed(api, "lower_step", "whole step's lowering begins", "whole step lowered")
-    timed(ahead.Ahead, "fork", None, "shorter step's process forked")
     timed(api, "_shorter_run", "shorter step's lowering, set-up and run begin", "shorter step run, its cycle found")
     timed(api, "_warm", "task columns begin", "task columns done")
     timed(ahead.Ahead, "result", "waits for the shorter step's spans", "spans received")
@@ -184,7 +186,7 @@ def _report(name: str, k: int, lines: list[str]) -> str:
     shorter = {pid for pid, _, what in rows if what.startswith("shorter step's lowering")}
     who = {pid: "parent" if pid == parent else "shorter" if pid in shorter else "writer" for pid, _, _ in rows}
     fork_s = next(float(at) for _, at, what in rows if what == "fork begins")
-    lowering_s = next((float(at) for _, at, what in rows if what == "whole step's lowering begins"), fork_s)
+    lowering_s = next((float(at) for _, at, what in rows if what == "whole step's schedule begins"), fork_s)
     pieces = {"parent": 0, "writer": 0}
     out = []
     end_s = None
@@ -196,7 +198,7 @@ def _report(name: str, k: int, lines: list[str]) -> str:
             end_s = float(at) - fork_s
         out.append(f"    {float(at) - fork_s:9.3f}  {who[pid]:7}  {what}")
     head = (f"{name}, run {k}: the files are in place {end_s:.2f} s after the fork began, "
-            f"{end_s + fork_s - lowering_s:.2f} s after the lowering began")
+            f"{end_s + fork_s - lowering_s:.2f} s after the schedule's check began")
     total = pieces["parent"] + pieces["writer"]
     tail = f"    pieces of the trace file: parent {pieces['parent']}, writer {pieces['writer']} ({total} in all)"
     return "\n".join([head, *out, tail])

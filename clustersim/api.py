@@ -203,12 +203,14 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     exit: freeing Megatron-1T's 854,340 tasks one by one takes 0.18 s).
     ``fork``: where a shorter step is simulated and its cycle copied in, simulate it in a
     forked process while this one lowers the whole step (clustersim.engine.ahead;
-    ``clustersim run`` does): the same result, sooner on two cores."""
+    ``clustersim run`` does, with the whole step's schedule left unchecked by
+    ``load_scenario(check_schedule=False)`` until then): the same result, sooner on two
+    cores."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     repeat = sc.cfg.simulation.repeat if repeat is None else repeat
     with no_cyclic_gc(), _ahead(sc, collapse, repeat, fork) as ahead:
-        prog, low = lower_step(sc, collapse, repeat, at_parting=None if ahead is None else ahead.fork)
-        low.at_parting = None  # the lowering is kept (``keep``) after the child is gone: not its hook
+        sc.check_schedule()  # (where load_scenario left it: the child needs no whole schedule)
+        prog, low = lower_step(sc, collapse, repeat)
         engine, trace, extra, links_ahead = _run(sc, prog, collapse, links=after_run is None, repeat=repeat, low=low,
                                                  ahead=ahead, check=check)
         link_use = links_ahead or engine.link_use
@@ -349,27 +351,27 @@ def _spans_and_cycle(sc: Scenario, engine: Engine, ahead: Ahead | None, tasks: t
     return (*_cycle(sc, engine, engine.run(links=False)), False)
 
 
-def _shorter_run(sc: Scenario, collapse: bool | None, like: Lowering) -> tuple[Engine, SpanBase | None,
-                                                                                 cycles.Repeat | None]:
-    """The shorter step lowered (resumed from ``like``, the whole step's lowering where the
-    two part), set up and run, and its cycle: what the forked process of
+def _shorter_run(sc: Scenario, collapse: bool | None) -> tuple[Engine, SpanBase | None, cycles.Repeat | None]:
+    """The shorter step lowered (from scratch: the whole step's lowering is the other
+    process's), set up and run, and its cycle: what the forked process of
     :mod:`clustersim.engine.ahead` does."""
-    shorter = shorter_step(sc)
-    sprog, _ = lower(shorter, collapse=collapse, like=like)
+    sprog, _ = lower(shorter_step(sc), collapse=collapse)
     engine = _engine_of(sc, sprog)
     return (engine, *_cycle(sc, engine, engine.run(links=False)))
 
 
 @contextmanager
 def _ahead(sc: Scenario, collapse: bool | None, repeat: bool, fork: bool):
-    """With ``fork`` where a shorter step will be simulated: the :class:`Ahead` whose
-    ``fork`` the whole step's lowering calls where the two part; its child is stopped and
-    waited for on the way out. Else None."""
+    """With ``fork`` where a shorter step will be simulated: the :class:`Ahead` whose child,
+    forked on the way in, simulates it; the child is stopped and waited for on the way out.
+    Else None."""
     if not fork or shorter_step(sc, repeat) is None or not can_fork():
         yield None
         return
+    _ = sc.cluster  # the graph, built once for both processes (it is cached)
     ahead = Ahead(partial(_shorter_run, sc, collapse))
     try:
+        ahead.start()
         yield ahead
     finally:
         ahead.close()
@@ -403,14 +405,12 @@ def shorter_step(sc: Scenario, repeat: bool = True) -> Scenario | None:
     return made
 
 
-def lower_step(sc: Scenario, collapse: bool | None = None, repeat: bool = True,
-               at_parting: Callable[[Lowering], None] | None = None) -> tuple[Program, Lowering]:
+def lower_step(sc: Scenario, collapse: bool | None = None, repeat: bool = True) -> tuple[Program, Lowering]:
     """``sc``'s program and lowering, as :func:`simulate` makes them: where a shorter step will
     be simulated (:func:`shorter_step`), the lowering keeps its state where the two steps'
-    units part, so that the shorter one's (``_run``) resumes from there; ``at_parting`` is
-    called there (:attr:`clustersim.program.lower.Lowering.at_parting`)."""
+    units part, so that the shorter one's (``_run``) resumes from there."""
     shorter = shorter_step(sc, repeat)
-    return lower(sc, collapse=collapse, shorter=None if shorter is None else shorter.schedule, at_parting=at_parting)
+    return lower(sc, collapse=collapse, shorter=None if shorter is None else shorter.schedule)
 
 
 def _cycle(sc: Scenario, engine: Engine, strace: Trace) -> tuple[SpanBase | None, cycles.Repeat | None]:

@@ -162,6 +162,14 @@ class Scenario:
         opts = {"v": p.vpp} if p.schedule == "interleaved" else {}
         return build_schedule(p.schedule, p.pp, self.microbatches, **opts)
 
+    def check_schedule(self) -> None:
+        """Build the schedule and check it against the plan (``ConfigError`` naming the field),
+        unless :func:`load_scenario` did: the last check of loading, which it may leave to the
+        caller (its ``check_schedule``)."""
+        if not self.__dict__.get("_schedule_checked"):
+            _check_schedule(self)
+            self.__dict__["_schedule_checked"] = True
+
     @property
     def n_parts(self) -> int:
         """Model parts (contiguous slices of layers): pp*vpp for interleaved, pp for the others,
@@ -422,8 +430,13 @@ def _build_checked(topo: TopologyCfg, own: int, source: str) -> Cluster | None:
         raise
 
 
-def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | None = None) -> Scenario:
-    """Read and validate a scenario from a YAML path or a dict (paths relative to ``base_dir``)."""
+def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | None = None,
+                  check_schedule: bool = True) -> Scenario:
+    """Read and validate a scenario from a YAML path or a dict (paths relative to ``base_dir``).
+    ``check_schedule=False`` leaves the last check, the one that builds the pipeline schedule
+    (:meth:`Scenario.check_schedule`), to the caller: ``clustersim run`` forks the process
+    that simulates a shorter step first, which needs no schedule of the whole step
+    (clustersim.engine.ahead), and ``simulate`` makes the check before anything else."""
     if isinstance(src, dict):
         data, source = src, "<dict>"
         base = Path(base_dir or ".")
@@ -458,5 +471,6 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)
         sc.schedule_text = _read_schedule_file(path, source)
-    _check_schedule(sc)
+    if check_schedule:
+        sc.check_schedule()
     return sc

@@ -23,15 +23,15 @@ FIELDS = ("rank", "stream", "start_s", "end_s", "tid", "mb", "form")
 
 @pytest.fixture
 def forks(monkeypatch):
-    """The children :meth:`Ahead.fork` made, and the Ahead objects, to check on afterwards."""
+    """The children :meth:`Ahead.start` made, and the Ahead objects, to check on afterwards."""
     made: list[tuple[ahead_mod.Ahead, int]] = []
-    fork = ahead_mod.Ahead.fork
+    start = ahead_mod.Ahead.start
 
-    def recording(self, low):
-        fork(self, low)
+    def recording(self):
+        start(self)
         made.append((self, self.pid))
 
-    monkeypatch.setattr(ahead_mod.Ahead, "fork", recording)
+    monkeypatch.setattr(ahead_mod.Ahead, "start", recording)
     return made
 
 
@@ -157,3 +157,19 @@ def test_an_interrupt_while_the_child_runs_stops_it_and_writes_nothing(forks, mo
     assert capsys.readouterr().err.strip() == "interrupted: no outputs written"
     _gone(forks)
     assert list((tmp_path / "kept").iterdir()) == []
+
+
+def test_a_schedule_that_does_not_check_stops_the_child(forks, tmp_path, capsys):
+    """clustersim run forks before the whole step's schedule is checked (load_scenario leaves
+    that check to simulate): a plan that fails it still exits with 2 and one line naming the
+    field, the child stopped and waited for, nothing written."""
+    from clustersim.cli import EXIT_BAD_INPUT, main
+    from tests.test_cli import write_scenario
+
+    d = plan(parallel={"layers_per_stage": [2, 2, 4]})  # 3 entries for 4 stages
+    sc = write_scenario(tmp_path, ROOT, d)
+    assert main(["run", str(sc), "--out", str(tmp_path / "out")]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "parallel.layers_per_stage" in err and "\n" not in err
+    _gone(forks)
+    assert not (tmp_path / "out").exists()

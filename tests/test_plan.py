@@ -116,3 +116,23 @@ def test_groups_on_the_grid_equal_each_ranks_group(order_text, tp, cp, dp, pp, e
         for g in gs:
             for r in g:
                 assert m.group(r, dim) == g, (dim, r)
+
+
+def test_the_schedule_check_left_to_the_caller(root):
+    """load_scenario(check_schedule=False) builds no schedule; Scenario.check_schedule then
+    raises what loading would have (the layer split against the schedule's parts), and checks
+    a scenario once."""
+    bad = scenario_dict(model={"layers": 8}, parallel={"tp": 4, "pp": 2, "dp": 2, "layers_per_stage": [5, 2]})
+    with pytest.raises(ConfigError) as at_load:
+        clustersim.load_scenario(bad, base_dir=root)
+    sc = clustersim.load_scenario(bad, base_dir=root, check_schedule=False)
+    assert "schedule" not in sc.__dict__
+    with pytest.raises(ConfigError) as later:
+        sc.check_schedule()
+    assert later.value.line() == at_load.value.line()
+    good = clustersim.load_scenario(scenario_dict(), base_dir=root, check_schedule=False)
+    good.check_schedule()
+    assert "schedule" in good.__dict__
+    del good.__dict__["schedule"]
+    good.check_schedule()  # checked already: not built again
+    assert "schedule" not in good.__dict__

@@ -2,36 +2,38 @@
 the whole step.
 
 A long 1F1B, interleaved or ZB-H1 step (Megatron-1T: 512 microbatches) is simulated as a
-shorter step (152) whose cycle is copied in (:mod:`clustersim.engine.repeat`), and the two
-steps' lowerings share their first units (``program.lower._Parting``). ``clustersim run``
-forks where the whole step's lowering keeps that state: the child lowers the rest of the
-shorter step, sets its engine up, runs it and finds its cycle, while the parent finishes the
-whole step's lowering, lowers the shorter step too and sets up an engine on it that does not
-run (the summary reads only what a set-up decides of it: algorithms, the links a channel has
-alone, the census)::
+shorter step whose cycle is copied in (:mod:`clustersim.engine.repeat`). Only the splice needs
+both steps, so ``clustersim run`` forks as soon as the scenario is read, before even the whole
+step's schedule is built: the child builds the shorter step's schedule, lowers it, sets its
+engine up, runs it and finds its cycle, while the parent checks the whole step's schedule,
+lowers the whole step, lowers the shorter step too (resumed where the two lowerings part:
+program.lower._Parting) and sets up an engine on it that does not run (the summary reads
+only what a set-up decides of it: algorithms, the links a channel has alone, the census), and
+works out the task columns the splice and the summary read::
 
-    parent  [lower the whole step ─┬─ the rest of it][the shorter step][set-up][task columns] wait [splice]─fork writer─[summary ....][links]
-    child                          └─[rest of the shorter step][set-up][run ...........][cycle]           [link use]
-                                                                                  spans, cycle ──→ ←── step end           ──→
+    parent  ─fork─[whole schedule][lower the whole step][shorter step][set-up][task columns] wait [splice]─fork writer─[summary ....][links]
+    child         └[shorter schedule][lower the shorter step][set-up][run ..............][cycle]        [link use]
+                                                                        spans, cycle ──→ ←── step end           ──→
 
 The child sends the shorter step's spans (:class:`~clustersim.trace.SpanBase`: its columns,
 pickled) and its cycle (:class:`~clustersim.engine.repeat.Repeat`); the parent splices them
 into the whole step's trace as it would its own run's, and sends back the spliced step's
 end, over which the child, which holds the run's records of communications, works out the
 link use: the summary asks for it last (:meth:`Ahead.links`). The two processes run the same
-code on the same program (the shorter step's lowering resumed from the same state gives the
-same tasks and ids: tests/test_repeat.py), so the trace is the one a single process makes.
+code on the same program (a shorter step lowered from scratch and one resumed from the
+whole step's lowering are the same tasks and ids: tests/test_repeat.py), so the trace is
+the one a single process makes. On Megatron-1T the two sides take about as long, where they
+ran one after the other, and the writer no longer works out the link use
+(docs/performance.md, "Where the rest is").
 
-On Megatron-1T the two sides take about as long, where they ran one after the other, and the
-writer no longer works out the link use (docs/performance.md, "Where the rest is").
-
-Nothing is forked where there is no shorter step (the parent simulates the whole step) or
-no unit the two lowerings share, off Linux, with other Python threads running (as for the
-writer: clustersim.output.background), or where the fork itself fails; then, and where the
-child fails before sending its spans, the parent simulates the shorter step itself. Where
-the child finds no cycle, or its spans do not splice, the parent simulates the whole step, as
-it would have. Where the child fails after sending its spans, the parent runs its own engine
-for the link use. Nothing the child does is written anywhere.
+Nothing is forked where there is no shorter step (the parent simulates the whole step), off
+Linux, with other Python threads running (as for the writer: clustersim.output.background),
+or where the fork itself fails; then, and where the child fails before sending its spans,
+the parent simulates the shorter step itself. Where the child finds no cycle, or its spans
+do not splice, the parent simulates the whole step, as it would have. Where the child fails
+after sending its spans, the parent runs its own engine for the link use. Where the whole
+step's schedule does not check, the parent stops the child and says so (``ConfigError``).
+Nothing the child does is written anywhere.
 
 The parent must send the step's end (:meth:`Ahead.step_end`, which closes its end of that
 pipe) before it forks any other process: a process forked while that end is open would keep
@@ -53,7 +55,6 @@ from typing import TYPE_CHECKING
 from ..trace import LinkUse, SpanBase, link_columns, links_of_columns
 
 if TYPE_CHECKING:
-    from ..program.lower import Lowering
     from .repeat import Repeat
     from .sim import Engine
 
@@ -71,13 +72,12 @@ def can_fork() -> bool:
 class Ahead:
     """The forked process that simulates the shorter step, from the parent's side.
 
-    ``work``: run in the child with the whole step's lowering where the two steps part;
-    gives (the engine that ran the shorter step, its spans, its cycle), the spans and the
-    cycle None where no cycle holds. :meth:`fork` is the lowering's ``at_parting``."""
+    ``work``: run in the child; gives (the engine that ran the shorter step, its spans, its
+    cycle), the spans and the cycle None where no cycle holds."""
 
-    def __init__(self, work: Callable[[Lowering], tuple[Engine, SpanBase | None, Repeat | None]]):
+    def __init__(self, work: Callable[[], tuple[Engine, SpanBase | None, Repeat | None]]):
         self._work = work
-        self.forked = False  # once: a second at_parting call forks nothing
+        self.forked = False  # once: a second start forks nothing
         self.pid = -1  # the child, while it is not waited for
         self._from = -1  # the child's messages: spans and cycle, then the link use
         self._to = -1  # the spliced step's end, for the child
@@ -87,7 +87,7 @@ class Ahead:
         """Whether a child was forked and has not been waited for."""
         return self.pid >= 0
 
-    def fork(self, low: Lowering) -> None:
+    def start(self) -> None:
         """Fork the child (once, where a fork is safe and succeeds); it never returns into
         the caller. Ctrl-C is held back from the fork until each side knows which it is and
         the parent has noted the child, so that neither an interrupted child runs the
@@ -112,13 +112,13 @@ class Ahead:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
             return
         if pid == 0:
-            self._child_process(low, from_r, from_w, to_r, to_w, held)
+            self._child_process(from_r, from_w, to_r, to_w, held)
         self.pid, self._from, self._to = pid, from_r, to_w
         os.close(from_w)
         os.close(to_r)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
-    def _child_process(self, low: Lowering, from_r: int, from_w: int, to_r: int, to_w: int, held) -> None:
+    def _child_process(self, from_r: int, from_w: int, to_r: int, to_w: int, held) -> None:
         """The child's whole life: it leaves by os._exit, which skips the interpreter's
         teardown and the parent's buffered output, and writes nothing but its messages."""
         code = 1
@@ -127,15 +127,15 @@ class Ahead:
             os.close(from_r)
             os.close(to_w)
             warnings.simplefilter("ignore")
-            self._child(low, from_w, to_r)
+            self._child(from_w, to_r)
             code = 0
         except BaseException:  # noqa: BLE001 - the parent sees the pipe close and does the work itself
             code = 1
         finally:
             os._exit(code)
 
-    def _child(self, low: Lowering, out: int, step_in: int) -> None:
-        engine, base, rep = self._work(low)
+    def _child(self, out: int, step_in: int) -> None:
+        engine, base, rep = self._work()
         _send(out, (base, rep) if rep is not None else (None, None))
         if rep is None:
             return

@@ -23,7 +23,6 @@ stages r and 2p-1-r (parts r and p-1-r). A microbatch's activation goes from sta
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from operator import attrgetter
@@ -377,10 +376,6 @@ class Lowering:
     # its part (pipeline_pass keeps its state there, ``resume``: a :class:`_Parting`)
     shorter: PipelineSchedule | None = field(default=None, repr=False)
     resume: _Parting | None = field(default=None, repr=False)
-    # called with this lowering once ``resume`` is kept, in the middle of the pipeline pass
-    # (``clustersim run`` forks there the process that simulates the shorter step:
-    # clustersim.engine.ahead)
-    at_parting: Callable[[Lowering], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         s = self.schedule = as_schedule(self.schedule)
@@ -961,8 +956,6 @@ def pipeline_pass(prog: Program, low: Lowering, units: list | None = None, start
     for i in range(start, len(units)):
         if i == part_at:
             low.resume = _Parting.kept(prog, low, i, short_units)
-            if low.at_parting is not None:
-                low.at_parting(low)
         q, unit = units[i]
         ranks = on_pp.get(q, ())
         if again is not None and len(unit) == 1:
@@ -1241,8 +1234,7 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
 
 
 def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
-          like: Lowering | None = None, shorter: PipelineSchedule | None = None,
-          at_parting: Callable[[Lowering], None] | None = None) -> tuple[Program, Lowering]:
+          like: Lowering | None = None, shorter: PipelineSchedule | None = None) -> tuple[Program, Lowering]:
     """Scenario -> Program for one training step (``templates=False``: every action made by
     :func:`_blocks`, without :class:`ActionTemplate`; the same tasks, more slowly). ``like``:
     the lowering of the same plan with other microbatches (``engine.repeat``'s shorter step),
@@ -1251,15 +1243,13 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
     first run must be made in each program). ``shorter``: the schedule of such a shorter step
     to be lowered next with ``like`` this lowering: its units in common with this step's are
     not lowered again, their tasks are copied (:class:`_Parting`; Megatron-1T: 15,424 of the
-    shorter step's 19,456 units). ``at_parting``: called with the lowering where it keeps that
-    state (:attr:`Lowering.at_parting`)."""
+    shorter step's 19,456 units)."""
     if like is not None:
         # every dict the passes or __post_init__ fill starts empty; the per-part work, the
         # symmetry (with its orbit caches), the settings and the communication specs carry over
         fresh = {f.name: {} for f in fields(Lowering)
                  if f.init and isinstance(getattr(like, f.name), dict) and f.name not in ("rank_work", "block_plans")}
-        low = replace(like, schedule=sc.schedule, use_templates=templates, shorter=None, resume=None, at_parting=None,
-                      **fresh)
+        low = replace(like, schedule=sc.schedule, use_templates=templates, shorter=None, resume=None, **fresh)
         kept = like.resume
         if kept is not None and kept.schedule is sc.schedule and templates == like.use_templates:
             like.resume = None  # (its copies are this lowering's now)
@@ -1282,7 +1272,6 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
         zero3_keep_gathered=sc.parallel.zero3_keep_gathered, rank_work=rank_work, use_templates=templates,
-        at_parting=at_parting,
     )
     return run_passes(low), low
 
