@@ -49,25 +49,24 @@ the checks that need no summary (0.5-0.6 s) while the parent's summary (1.3-1.5 
 then the two share the 225 pieces (2026-12-01: the files in place 2.0-2.4 s after the fork,
 against 2.2-2.6 s when the parent made every check, alternated six times each).
 
-Megatron-1T since the shorter step is simulated beside the whole step's lowering (2026-12-02,
-a fast stretch; excerpt)::
+Megatron-1T since the shorter step is simulated beside the whole step's lowering, its process
+forked as soon as the scenario is read (2026-12-02, a slow stretch; excerpt)::
 
-    megatron_1t_3072, run 1: the files are in place 0.93 s after the fork began, 2.25 s after the lowering began
-           -1.319  parent   whole step's lowering begins
-           -1.140  parent   shorter step's process forked
-           -1.140  shorter  shorter step's lowering, set-up and run begin
-           -0.853  parent   whole step lowered
-           -0.624  parent   task columns begin
-           -0.409  parent   task columns done
-           -0.409  parent   waits for the shorter step's spans
-           -0.162  shorter  shorter step run, its cycle found
-           -0.131  parent   spans received
-           -0.131  parent   splice begins
-           -0.001  parent   splice done
+    megatron_1t_3072, run 1: the files are in place 1.27 s after the fork began, 3.10 s after the schedule's check began
+           -1.841  parent   shorter step's process forked
+           -1.836  parent   whole step's schedule begins
+           -1.836  shorter  shorter step's lowering, set-up and run begin
+           -1.685  parent   whole step's lowering begins
+           -1.163  parent   whole step lowered
+           -0.839  parent   task columns begin
+           -0.271  shorter  shorter step run, its cycle found
+           -0.267  parent   task columns done
+           -0.267  parent   waits for the shorter step's spans
+           -0.233  parent   spans received
+           -0.233  parent   splice begins
+           -0.002  parent   splice done
            -0.001  shorter  link use begins
             0.000  parent   fork begins
-            0.175  shorter  link use done
-            0.701  parent   link use received
 """
 
 from __future__ import annotations
@@ -186,7 +185,7 @@ def _report(name: str, k: int, lines: list[str]) -> str:
     shorter = {pid for pid, _, what in rows if what.startswith("shorter step's lowering")}
     who = {pid: "parent" if pid == parent else "shorter" if pid in shorter else "writer" for pid, _, _ in rows}
     fork_s = next(float(at) for _, at, what in rows if what == "fork begins")
-    lowering_s = next((float(at) for _, at, what in rows if what == "whole step's schedule begins"), fork_s)
+    check_s = next((float(at) for _, at, what in rows if what == "whole step's schedule begins"), fork_s)
     pieces = {"parent": 0, "writer": 0}
     out = []
     end_s = None
@@ -198,7 +197,7 @@ def _report(name: str, k: int, lines: list[str]) -> str:
             end_s = float(at) - fork_s
         out.append(f"    {float(at) - fork_s:9.3f}  {who[pid]:7}  {what}")
     head = (f"{name}, run {k}: the files are in place {end_s:.2f} s after the fork began, "
-            f"{end_s + fork_s - lowering_s:.2f} s after the schedule's check began")
+            f"{end_s + fork_s - check_s:.2f} s after the schedule's check began")
     total = pieces["parent"] + pieces["writer"]
     tail = f"    pieces of the trace file: parent {pieces['parent']}, writer {pieces['writer']} ({total} in all)"
     return "\n".join([head, *out, tail])

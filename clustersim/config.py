@@ -1,7 +1,10 @@
 """Scenario: one YAML file naming a cluster, a model, a parallel plan and a training setup.
 
 Validated once, here, at the boundary. Every error is a ConfigError that names the file and
-the field, e.g. ``scenarios/x.yaml: parallel.tp: tp=3 does not divide model.heads=64``.
+the field, e.g. ``scenarios/x.yaml: parallel.tp: tp=3 does not divide model.heads=64``. The
+last check, the one that builds the pipeline schedule, may be left to the caller
+(``load_scenario(check_schedule=False)``, :meth:`Scenario.check_schedule`): ``clustersim run``
+makes it first thing after it forks the process that simulates a shorter step.
 """
 
 from __future__ import annotations
@@ -195,7 +198,7 @@ MAX_GPUS_ALL_RANKS = 4_096  # every rank simulated (no symmetric collapse): minu
 MAX_MICROBATCHES = 65_536  # per pipeline and step: the schedule holds an action per microbatch and stage
 MAX_LAYERS = 10_000  # the program holds blocks per layer, microbatch and stage
 # (MAX_GPUS, imported above, is the topology's: the cluster graph and routes are built in memory)
-MAX_STAGE_PASSES = 65_536  # pp * vpp * m: the schedule is built when the scenario is loaded (~2 s here)
+MAX_STAGE_PASSES = 65_536  # pp * vpp * m: the schedule is built when the scenario is checked (~2 s here)
 MAX_SCHEDULE_FILE_BYTES = 2 * 1024 * 1024  # a custom schedule is parsed whole (~0.5 MB/s)
 
 
@@ -296,7 +299,7 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
     if p.pp * v * m > MAX_STAGE_PASSES:
         fail("training.global_batch_size",
              f"pp*vpp*m = {p.pp}*{v}*{m} = {p.pp * v * m:,} stage passes per step (m = global_batch_size / "
-             f"(dp * micro_batch_size)); the schedule, an action per pass, is built when the scenario is loaded "
+             f"(dp * micro_batch_size)); the schedule, an action per pass, is built when the scenario is checked "
              f"and clustersim takes at most {MAX_STAGE_PASSES:,}: raise micro_batch_size or dp, or lower pp")
 
     if p.schedule == "interleaved":
@@ -436,7 +439,9 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     ``check_schedule=False`` leaves the last check, the one that builds the pipeline schedule
     (:meth:`Scenario.check_schedule`), to the caller: ``clustersim run`` forks the process
     that simulates a shorter step first, which needs no schedule of the whole step
-    (clustersim.engine.ahead), and ``simulate`` makes the check before anything else."""
+    (clustersim.engine.ahead), and ``simulate`` makes the check first thing after that fork.
+    Until it is made, reading the schedule (``schedule``, ``n_parts``, the layer split) may
+    raise a ``ScheduleError`` where the check would name the field."""
     if isinstance(src, dict):
         data, source = src, "<dict>"
         base = Path(base_dir or ".")

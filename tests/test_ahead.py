@@ -173,3 +173,56 @@ def test_a_schedule_that_does_not_check_stops_the_child(forks, tmp_path, capsys)
     assert err.startswith("error: ") and "parallel.layers_per_stage" in err and "\n" not in err
     _gone(forks)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_child_dies_with_its_parent(tmp_path):
+    """A parent killed outright (SIGKILL: no cleanup runs) takes the child with it at once,
+    rather than leaving it to simulate on until a closed pipe says so."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from clustersim import api
+from clustersim.config import load_scenario
+from clustersim.engine import ahead
+from tests.test_repeat import ROOT, plan
+
+def slow(*a, **k):  # the child's work, long enough to outlive its parent
+    time.sleep(60)
+
+api._shorter_run = slow
+start = ahead.Ahead.start
+
+def started(self):
+    start(self)
+    print(self.pid, flush=True)
+    time.sleep(60)  # the parent, killed here
+
+ahead.Ahead.start = started
+api.simulate(load_scenario(plan(), base_dir=ROOT), fork=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        child = int(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def alive() -> bool:
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has died
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 5
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    still = alive()
+    if still:
+        os.kill(child, signal.SIGKILL)  # (not left behind by a failing test)
+    assert not still

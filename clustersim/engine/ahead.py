@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from .repeat import Repeat
     from .sim import Engine
 
+_PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h)
 _LENGTH = struct.Struct("<q")  # a message's length, before its bytes
 _STEP_S = struct.Struct("<d")  # the spliced step's end in seconds, parent to child
 
@@ -96,6 +97,7 @@ class Ahead:
             return
         self.forked = True
         fds: list[int] = []
+        parent = os.getpid()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             fds += os.pipe()
@@ -112,20 +114,26 @@ class Ahead:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
             return
         if pid == 0:
-            self._child_process(from_r, from_w, to_r, to_w, held)
+            self._child_process(parent, from_r, from_w, to_r, to_w, held)
         self.pid, self._from, self._to = pid, from_r, to_w
         os.close(from_w)
         os.close(to_r)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
-    def _child_process(self, from_r: int, from_w: int, to_r: int, to_w: int, held) -> None:
+    def _child_process(self, parent: int, from_r: int, from_w: int, to_r: int, to_w: int, held) -> None:
         """The child's whole life: it leaves by os._exit, which skips the interpreter's
         teardown and the parent's buffered output, and writes nothing but its messages."""
         code = 1
         try:
+            _die_with_parent(parent)
             signal.pthread_sigmask(signal.SIG_SETMASK, held)  # (an interrupt now ends it here)
             os.close(from_r)
             os.close(to_w)
+            # nothing of the child's reaches the terminal: the parent says what there is to say
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            os.close(quiet)
             warnings.simplefilter("ignore")
             self._child(from_w, to_r)
             code = 0
@@ -186,20 +194,38 @@ class Ahead:
         return None if got is None else links_of_columns(got)
 
     def close(self) -> None:
-        """Stop the child if it still runs, and wait for it (the parent is done with it)."""
+        """Stop the child if it still runs, and wait for it (the parent is done with it);
+        Ctrl-C is held back meanwhile, so that the child is never left unwaited-for."""
         for fd in (self._from, self._to):
             if fd >= 0:
                 os.close(fd)
         self._from = self._to = -1
         if self.pid < 0:
             return
-        pid, self.pid = self.pid, -1
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+            if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
         except (ChildProcessError, ProcessLookupError):  # reaped already (SIGCHLD ignored by the host)
             pass
+        finally:
+            self.pid = -1
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child of ``parent``: be killed if the parent dies (Linux's ``PR_SET_PDEATHSIG``),
+    rather than simulate on until a closed pipe says so; best effort (a libc without
+    ``prctl`` leaves the pipes to say it)."""
+    import ctypes  # (here: only a child needs it)
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before that took effect
+        os._exit(1)
 
 
 def _send(fd: int, obj) -> None:
