@@ -226,3 +226,21 @@ api.simulate(load_scenario(plan(), base_dir=ROOT), fork=True)
     if still:
         os.kill(child, signal.SIGKILL)  # (not left behind by a failing test)
     assert not still
+
+
+def test_no_fork_while_other_threads_run(forks):
+    """A lock another thread holds at the fork would stay held in the child: with another
+    thread running, nothing is forked and the run is made here, the same."""
+    import threading
+
+    one = _simulate(False)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        two = _simulate(True)
+    finally:
+        stop.set()
+        other.join()
+    assert not forks or all(pid == -1 for _, pid in forks)
+    _same(one, two)
