@@ -19,7 +19,7 @@ from .analysis.metrics import step_metrics
 from .config import Scenario, load_scenario
 from .engine import Engine
 from .engine import repeat as cycles
-from .engine.ahead import Ahead, can_fork
+from .engine.ahead import Ahead
 from .model.transformer import total_params
 from .program.lower import Lowering, lower
 from .program.tasks import Program
@@ -363,9 +363,9 @@ def _shorter_run(sc: Scenario, collapse: bool | None) -> tuple[Engine, SpanBase 
 @contextmanager
 def _ahead(sc: Scenario, collapse: bool | None, repeat: bool, fork: bool):
     """With ``fork`` where a shorter step will be simulated: the :class:`Ahead` whose child,
-    forked on the way in, simulates it; the child is stopped and waited for on the way out.
-    Else None."""
-    if not fork or shorter_step(sc, repeat) is None or not can_fork():
+    forked on the way in where a fork is safe, simulates it; the child is stopped and waited
+    for on the way out. Else None."""
+    if not fork or shorter_step(sc, repeat) is None:
         yield None
         return
     _ = sc.cluster  # the graph, built once for both processes (it is cached)

@@ -89,32 +89,27 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else _default_out(args.scenario)
     files = {"report": not args.no_report, "trace_file": not args.no_trace}
     staging = _Staging(out)
+    writer = None
+
+    def after_run(trace, link_use, checks):  # the report and the trace file, written while the summary is made
+        nonlocal writer
+        if any(files.values()):
+            writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
+        return writer
+
     try:
-        writer = None
-
-        def after_run(trace, link_use, checks):  # the report and the trace file, written while the summary is made
-            nonlocal writer
-            if any(files.values()):
-                writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
-            return writer
-
-        try:
-            t0 = time.perf_counter()
-            result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
-                              check=not args.no_check, after_run=after_run, keep=args.keep, fork=True)
-            if args.keep is not None:
-                args.keep.append(result)
-            wall_s = time.perf_counter() - t0
-            with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
-                tmp = staging.folder()
-                (tmp / "summary.json").write_text(to_json(result.summary))
-                background.complete(writer, tmp, result.trace, result.summary, **files)
-                result.finish_checks()  # those the writer took (a violation: nothing is moved in)
-                written = staging.move_in()
-        finally:
-            if writer is not None:
-                writer.cancel()
-            staging.clean()
+        t0 = time.perf_counter()
+        result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
+                          check=not args.no_check, after_run=after_run, keep=args.keep, fork=True)
+        if args.keep is not None:
+            args.keep.append(result)
+        wall_s = time.perf_counter() - t0
+        with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
+            tmp = staging.folder()
+            (tmp / "summary.json").write_text(to_json(result.summary))
+            background.complete(writer, tmp, result.trace, result.summary, **files)
+            result.finish_checks()  # those the writer took (a violation: nothing is moved in)
+            written = staging.move_in()
         print(format_summary(result.summary))
         print(_simulated_line(result.summary, wall_s))
         print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
@@ -124,6 +119,10 @@ def cmd_run(args) -> int:
             raise  # (main: "interrupted: no outputs written")
         print(f"interrupted: the outputs are written, in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if writer is not None:
+            writer.cancel()
+        staging.clean()
 
 
 def _simulated_line(summary: dict, wall_s: float) -> str:

@@ -14,9 +14,10 @@ from clustersim import api
 from clustersim.config import load_scenario
 from clustersim.engine import ahead as ahead_mod
 from clustersim.engine import repeat
+from clustersim.forking import can_fork
 from tests.test_repeat import ROOT, plan
 
-pytestmark = pytest.mark.skipif(not ahead_mod.can_fork(), reason="needs fork (Linux, one thread)")
+pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork (Linux, one thread)")
 
 FIELDS = ("rank", "stream", "start_s", "end_s", "tid", "mb", "form")
 

@@ -46,12 +46,11 @@ import os
 import pickle
 import signal
 import struct
-import sys
-import threading
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..forking import can_fork, ctrl_c_held, fork_with_pipes, release
 from ..trace import LinkUse, SpanBase, link_columns, links_of_columns
 
 if TYPE_CHECKING:
@@ -61,13 +60,6 @@ if TYPE_CHECKING:
 _PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h)
 _LENGTH = struct.Struct("<q")  # a message's length, before its bytes
 _STEP_S = struct.Struct("<d")  # the spliced step's end in seconds, parent to child
-
-
-def can_fork() -> bool:
-    """Whether a process may be forked here: on Linux (Windows has no fork; on macOS system
-    libraries may not survive one), and with no other Python thread running (a lock one of
-    them holds would stay held in the child)."""
-    return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
 class Ahead:
@@ -89,36 +81,22 @@ class Ahead:
         return self.pid >= 0
 
     def start(self) -> None:
-        """Fork the child (once, where a fork is safe and succeeds); it never returns into
-        the caller. Ctrl-C is held back from the fork until each side knows which it is and
-        the parent has noted the child, so that neither an interrupted child runs the
-        parent's code nor an interrupted parent loses its child."""
+        """Fork the child (once, where a fork is safe and succeeds, Ctrl-C held back around it:
+        clustersim.forking); it never returns into the caller."""
         if self.forked or not can_fork():
             return
         self.forked = True
-        fds: list[int] = []
         parent = os.getpid()
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            fds += os.pipe()
-            fds += os.pipe()
-            from_r, from_w, to_r, to_w = fds
-            with warnings.catch_warnings():
-                # Python 3.12+ warns of forking a process with other OS threads: numpy's
-                # BLAS keeps a pool, which neither process calls across the fork
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:  # no pipe or no process to be had (memory, process limits): no child
-            for fd in fds:
-                os.close(fd)
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        forked = fork_with_pipes(2)
+        if forked is None:  # no pipe or no process to be had (memory, process limits): no child
             return
+        pid, (from_r, from_w, to_r, to_w), held = forked
         if pid == 0:
             self._child_process(parent, from_r, from_w, to_r, to_w, held)
         self.pid, self._from, self._to = pid, from_r, to_w
         os.close(from_w)
         os.close(to_r)
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        release(held)
 
     def _child_process(self, parent: int, from_r: int, from_w: int, to_r: int, to_w: int, held) -> None:
         """The child's whole life: it leaves by os._exit, which skips the interpreter's
@@ -126,7 +104,7 @@ class Ahead:
         code = 1
         try:
             _die_with_parent(parent)
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # (an interrupt now ends it here)
+            release(held)  # (an interrupt now ends it here)
             os.close(from_r)
             os.close(to_w)
             # nothing of the child's reaches the terminal: the parent says what there is to say
@@ -202,16 +180,15 @@ class Ahead:
         self._from = self._to = -1
         if self.pid < 0:
             return
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-        except (ChildProcessError, ProcessLookupError):  # reaped already (SIGCHLD ignored by the host)
-            pass
-        finally:
-            self.pid = -1
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with ctrl_c_held():
+            try:
+                if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+                    os.kill(self.pid, signal.SIGKILL)
+                    os.waitpid(self.pid, 0)
+            except (ChildProcessError, ProcessLookupError):  # reaped already (SIGCHLD ignored by the host)
+                pass
+            finally:
+                self.pid = -1
 
 
 def _die_with_parent(parent: int) -> None:

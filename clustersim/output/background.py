@@ -55,13 +55,11 @@ import pickle
 import select
 import signal
 import struct
-import sys
-import threading
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..forking import can_fork, fork_with_pipes, release
 from ..trace import Trace, link_columns, links_of_columns
 
 SUMMARY_FILE = ".summary.pickle"  # in the temp folder, removed once the child is done
@@ -334,47 +332,34 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
     ``checks``: the invariant checks that need no summary, which the child runs if it gets to
     them first (:meth:`Writer.checks_taken`, :meth:`Writer.checks_verdict`); only with the
     trace file, whose pieces the two share out anyway."""
-    if not (report or trace_file) or not sys.platform.startswith("linux") or threading.active_count() > 1:
+    if not (report or trace_file) or not can_fork():
         return None
     share = None
     if trace_file:
         from .perfetto import piece_count
 
         share = Share(folder, piece_count(trace))
-    fds: list[int] = []
-    # Ctrl-C is held back from the fork until each side knows which it is and the parent
-    # holds the child's Writer: an interrupted child must not run the parent's code
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        fds += os.pipe()
-        fds += os.pipe() if link_use is not None else (-1, -1)
-        read_fd, write_fd, links_r, links_w = fds
-        with warnings.catch_warnings():
-            # Python 3.12+ warns of forking a process with other OS threads: numpy's BLAS keeps
-            # a pool, which the child never calls (the writers do no linear algebra)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-    except OSError:  # no pipe or no process to be had (memory, process limits): written here
-        for fd in fds:
-            if fd >= 0:
-                os.close(fd)
+    # (Ctrl-C held back around the fork: clustersim.forking)
+    forked = fork_with_pipes(2 if link_use is not None else 1)
+    if forked is None:  # no pipe or no process to be had (memory, process limits): written here
         if share is not None:
             share.close()
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return None
+    pid, fds, held = forked
+    read_fd, write_fd, links_r, links_w = (*fds, -1, -1)[:4]
     if pid:
         writer = Writer(folder, pid, write_fd, share, links_r, checks=checks is not None)
         os.close(read_fd)
         if links_w >= 0:
             os.close(links_w)
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        release(held)
         return writer
     # the child: never returns into the caller's code, and leaves by os._exit, which skips
     # the interpreter's teardown (freeing the step's objects one by one) and the parent's
     # buffered output
     code = 1
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # (an interrupt now ends it here)
+        release(held)  # (an interrupt now ends it here)
         os.close(write_fd)
         if link_use is not None:
             os.close(links_r)

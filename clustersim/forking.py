@@ -1,0 +1,70 @@
+"""Forking a helper process: whether it is safe here, and the fork itself with its pipes.
+
+Two parts of ``clustersim run`` fork: the process that simulates a repeated step's shorter
+step (clustersim.engine.ahead) and the writer of report.html and trace.json.gz
+(clustersim.output.background). Both make their pipes, then fork with Ctrl-C held back
+(SIGINT blocked) until each side knows which it is and the parent has noted its child::
+
+    block SIGINT ─ pipes ─ fork ─┬─ parent: note the child's pid and pipe ends ─ release
+                                 └─ child:  release inside its own try (an interrupt ends it there)
+
+so that neither an interrupted child runs the parent's code nor an interrupted parent loses
+its child. This module imports nothing from the package: engine/ and output/ both use it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def can_fork() -> bool:
+    """Whether a process may be forked here: on Linux (Windows has no fork; on macOS system
+    libraries may not survive one), and with no other Python thread running (a lock one of
+    them holds would stay held in the child)."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+def fork_with_pipes(pipes: int) -> tuple[int, list[int], set] | None:
+    """Make ``pipes`` pipes, then fork, Ctrl-C held back in both processes: (the child's pid,
+    0 in the child; the pipes' ends, read then write end of each; the signal mask each side
+    gives back with :func:`release` once it has noted which it is). None where a pipe or the
+    fork fails (memory, process limits): nothing left open, Ctrl-C released."""
+    fds: list[int] = []
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for _ in range(pipes):
+            fds += os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of forking a process with other OS threads: numpy's BLAS
+            # keeps a pool, which neither process calls across the fork
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        release(held)
+        return None
+    return pid, fds, held
+
+
+def release(held: set) -> None:
+    """Let Ctrl-C through again: the signal mask from before :func:`fork_with_pipes` or
+    :func:`ctrl_c_held`."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Ctrl-C held back while the block runs (a child stopped and waited for, not left
+    unwaited-for by an interrupt in between)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        release(held)
