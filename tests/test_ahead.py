@@ -95,6 +95,17 @@ def test_a_child_that_fails_after_its_spans_leaves_the_link_use_here(forks, monk
     _same(one, two)
 
 
+def test_a_step_end_the_parent_does_not_confirm_is_worked_over_again(forks, monkeypatch):
+    """The child works the link use out over the end it expects the splice to give the step
+    (``repeat.spliced_end_s``) before the parent's end comes; where the two differ, it works
+    it out again over the parent's: the same link use as one process."""
+    one = _simulate(False, links_after=True)
+    monkeypatch.setattr(ahead_mod, "spliced_end_s", lambda base, rep: 1.5 * repeat.spliced_end_s(base, rep))
+    two = _simulate(True, links_after=True)
+    _gone(forks)
+    _same(one, two)
+
+
 def test_spans_that_do_not_splice_leave_the_whole_step_here(forks, monkeypatch):
     """The child's spans came, but do not splice: the parent simulates the whole step and
     tells the child it needs no link use."""

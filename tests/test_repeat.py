@@ -421,6 +421,36 @@ def test_spans_placed_by_lane_without_sorting_them_as_a_sort_places_them(over, m
         assert np.array_equal(getattr(placed.base, f), getattr(sorted_.base, f)), f
 
 
+@pytest.mark.parametrize("over", [{}, {"parallel": {"schedule": "interleaved", "vpp": 2}},
+                                  {"parallel": {"schedule": "zb-h1"}}], ids=["1f1b", "interleaved", "zb-h1"])
+def test_the_spliced_steps_end_is_known_from_the_simulated_spans(over):
+    """``repeat.spliced_end_s`` (the step's end the shorter step's process works the link use
+    out over before the splice is done) is the spliced spans' last end to the bit; a span
+    moved past it would not be."""
+    from clustersim.api import _cycle, _spliced, shorter_step
+
+    sc = load_scenario(plan(**over), base_dir=ROOT)
+    sprog, _ = lower(shorter_step(sc))
+    eng = Engine(sprog, sc.cluster)
+    base, rep = _cycle(sc, eng, eng.run(links=False))
+    prog, _ = lower(sc)
+    whole = _spliced(eng, base, rep, TaskColumns(sprog.items, sprog.runs, sprog),
+                     TaskColumns(prog.items, prog.runs, prog), prog)
+    assert whole is not None and rep.copies > 0
+    end_s = float(whole.base.end_s.max())
+    assert repeat.spliced_end_s(base, rep) == end_s == eng.step_s
+    # one span made to end last: one before the last window keeps its end, one in the window
+    # (its n-th copy) or after the cut moves by n periods
+    moves = rep.copies * rep.period_s
+    before = np.flatnonzero(base.start_s < rep.cut_s - rep.period_s)
+    window = np.flatnonzero((base.start_s >= rep.cut_s - rep.period_s) & (base.start_s < rep.cut_s))
+    after = np.flatnonzero(base.start_s >= rep.cut_s)
+    for i, moved in ((before[-1], 0.0), (window[0], moves), (window[-1], moves), (after[0], moves)):
+        later = base.end_s.copy()
+        later[i] = end_s - moved + 1e-6
+        assert repeat.spliced_end_s(replace(base, end_s=later), rep) == later[i] + moved
+
+
 def test_a_lane_out_of_task_order_is_left_to_the_sort():
     """Two spans of one lane whose start order is not their tasks' id order: the lane order
     from the simulated spans is refused (None), the splice sorts instead."""

@@ -12,14 +12,17 @@ only what a set-up decides of it: algorithms, the links a channel has alone, the
 works out the task columns the splice and the summary read::
 
     parent  ─fork─[whole schedule][lower the whole step][shorter step][set-up][task columns] wait [splice]─fork writer─[summary ....][links]
-    child         └[shorter schedule][lower the shorter step][set-up][run ..............][cycle]        [link use]
-                                                                        spans, cycle ──→ ←── step end           ──→
+    child         └[shorter schedule][lower the shorter step][set-up][run ..............][cycle][link use]
+                                                                        spans, cycle ──→   ←── step end     ──→
 
 The child sends the shorter step's spans (:class:`~clustersim.trace.SpanBase`: its columns,
 pickled) and its cycle (:class:`~clustersim.engine.repeat.Repeat`); the parent splices them
-into the whole step's trace as it would its own run's, and sends back the spliced step's
-end, over which the child, which holds the run's records of communications, works out the
-link use: the summary asks for it last (:meth:`Ahead.links`). The two processes run the same
+into the whole step's trace as it would its own run's. Meanwhile the child, which holds the
+run's records of communications, works out the link use over the end the splice gives the
+step (:func:`~clustersim.engine.repeat.spliced_end_s`, from its spans and cycle alone); the
+parent sends back the spliced step's end, which confirms it (where it does not, the child
+works the link use out again over that end), and the summary asks for it last
+(:meth:`Ahead.links`). The two processes run the same
 code on the same program (a shorter step lowered from scratch and one resumed from the
 whole step's lowering are the same tasks and ids: tests/test_repeat.py), so the trace is
 the one a single process makes. On Megatron-1T the two sides take about as long, where they
@@ -52,6 +55,7 @@ from typing import TYPE_CHECKING
 
 from ..forking import can_fork, ctrl_c_held, fork_with_pipes, release
 from ..trace import LinkUse, SpanBase, link_columns, links_of_columns
+from .repeat import spliced_end_s
 
 if TYPE_CHECKING:
     from .repeat import Repeat
@@ -125,11 +129,20 @@ class Ahead:
         _send(out, (base, rep) if rep is not None else (None, None))
         if rep is None:
             return
+        # the link use over the end the splice will give the step, worked out while the parent
+        # splices (this process would wait otherwise); the end the parent sends confirms it,
+        # else it is worked out again over that end
+        guess_s = spliced_end_s(base, rep)
+        engine.cut_records(rep, guess_s)
+        columns = link_columns(engine.link_use())
         step_end_bytes = _read_exactly(step_in, _STEP_S.size)
         if step_end_bytes is None:  # the parent does not need the link use
             return
-        engine.cut_records(rep, _STEP_S.unpack(step_end_bytes)[0])
-        _send(out, link_columns(engine.link_use()))
+        (step_s,) = _STEP_S.unpack(step_end_bytes)
+        if step_s != guess_s:
+            engine.cut_records(rep, step_s)
+            columns = link_columns(engine.link_use())
+        _send(out, columns)
 
     def result(self) -> tuple[SpanBase | None, Repeat | None] | None:
         """In the parent: (the shorter step's spans, its cycle) from the child, both None
@@ -146,8 +159,9 @@ class Ahead:
         return got
 
     def step_end(self, step_s: float | None) -> None:
-        """In the parent, once the spans are spliced: the spliced step's end, over which the
-        child works out the link use; None: the parent does not need it (the splice failed).
+        """In the parent, once the spans are spliced: the spliced step's end, the one the
+        child's link use is over (it is worked out again where the child expected another);
+        None: the parent does not need it (the splice failed).
         Before any other process is forked (module docstring)."""
         if self._to < 0:
             return

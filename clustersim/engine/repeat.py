@@ -196,6 +196,24 @@ def spliced_times(times: np.ndarray, rep: Repeat) -> tuple[np.ndarray, np.ndarra
     return rows, copy
 
 
+def spliced_end_s(base: SpanBase, rep: Repeat) -> float:
+    """The last end of the spans :func:`splice` makes of ``base`` (where it makes them), from
+    the simulated spans alone: a span that starts before the last window keeps its end, one in
+    the window (its n-th copy) or after the cut moves by n periods::
+
+        step_s = max( max end over starts < T - Q,  max (end + n Q) over starts >= T - Q )
+
+    the same float operations as the splice's, so the same bits as the spliced spans' last end
+    (clustersim.engine.ahead works out the link use over it before the splice is done)."""
+    start, end = base.start_s, base.end_s
+    if not len(end):
+        return 0.0
+    stays = start < rep.cut_s - rep.period_s
+    moved = end[~stays] + rep.copies * rep.period_s  # (the splice: end + copy * Q, copy = n)
+    kept = end[stays]
+    return max(float(kept.max()) if len(kept) else -math.inf, float(moved.max()) if len(moved) else -math.inf)
+
+
 def _in_order(b: SpanBase) -> bool:
     """Whether ``b``'s rows are in :meth:`SpanBase.sorted`'s order (rank, start, end, stream)."""
     r, s, e, st = b.rank, b.start_s, b.end_s, b.stream

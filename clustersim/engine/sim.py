@@ -513,6 +513,7 @@ class Engine:
         # so that a segment logs a start with one append (:meth:`_starts_log`)
         self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
         self._records_cut = None  # a Repeat whose cut the records above await (repeated)
+        self._cut_by = None  # the Repeat the records are cut by, or will be
         self._last_end_s = 0.0  # the step the link use is over (step_s): set by run, repeated or cut_records
         # the flow network's finished transfers as the cut copies them (_cut_records): which
         # record is in each place, and how many periods it moves; None: each once, unmoved
@@ -943,8 +944,10 @@ class Engine:
         """Let :meth:`link_use` read this run's records as ``rep`` cuts and copies its spans
         (:meth:`_cut_records`, on its first call), over a step of ``step_s`` (the spliced
         step's last end, :attr:`step_s`): what :meth:`repeated` does, for an engine that
-        ran the shorter step while another made the spliced trace (clustersim.engine.ahead)."""
-        self._records_cut = rep
+        ran the shorter step while another made the spliced trace (clustersim.engine.ahead).
+        Called again with the same ``rep``, it sets the step only: the records are cut once."""
+        if rep is not self._cut_by:  # (a second call with the same cut only changes the step)
+            self._records_cut = self._cut_by = rep
         self._last_end_s = step_s
 
     @property
