@@ -194,6 +194,14 @@ def measure(spec: str) -> dict:
             t6 = time.perf_counter()
             background.write_files(tmp, trace, summary, report=True, trace_file=True)  # in this process
             writers_alone_s = time.perf_counter() - t6
+    # the simulated program again on an ideal network (every communication takes no time: no
+    # flow network, no fair shares, no set-up): what the stream loop and the spans cost per task
+    # without the network model, set-up and run
+    from clustersim.engine import Engine
+
+    t7 = time.perf_counter()
+    Engine(engine.prog, sc.cluster, "ideal", sc.cfg.simulation.collectives.model_dump()).run(links=False)
+    ideal_s = time.perf_counter() - t7
     # the bare cost of a simpy timeout in this same process, just before the lowering and just
     # after the run, averaged: the machine's speed drifts by 1.5x or more over minutes, so each
     # run's ratios are taken against its own readings (which still miss swings within seconds)
@@ -205,6 +213,7 @@ def measure(spec: str) -> dict:
         "bare_us": bare_s * 1e6,
         "x_bare": (t3 - t_lowered) / events / bare_s, "x_bare_task": (t3 - t_lowered) / len(prog.items) / bare_s,
         "x_bare_task_run": (marks["ran"] - t_setup) / sim_tasks / bare_s,
+        "x_bare_task_ideal": ideal_s / sim_tasks / bare_s,
         "import_s": t0 - t_import, "load_s": t_loaded - t0, "lower_s": t_lowered - t1,
         "engine_setup_s": t_setup - t_lowered, "engine_run_s": marks["ran"] - t_setup,
         "splice_s": t3 - marks["ran"], "engine_s": t3 - t_lowered,
@@ -265,7 +274,7 @@ ROWS = [  # label, key, format
     ("bare timeout us", "bare_us", SECONDS),
     ("engine us/event", "us_per_event", SECONDS), ("x bare timeout", "x_bare", "{:.1f}"),
     ("engine us/task", "us_per_task", SECONDS), ("  x bare timeout", "x_bare_task", "{:.1f}"),
-    ("  run only", "x_bare_task_run", "{:.1f}"),
+    ("  run only", "x_bare_task_run", "{:.1f}"), ("  ideal network", "x_bare_task_ideal", "{:.1f}"),
 ]
 SWEEP_COLS = [("GPUs", "gpus", COUNT), ("m", "microbatches", COUNT), ("tasks", "tasks", COUNT),
               ("events", "events", COUNT), ("load s", "load_s", SECONDS), ("lower s", "lower_s", SECONDS),
@@ -280,7 +289,11 @@ def derive(r: dict) -> dict:
     the run scheduled. Per task: per task of the step (its start and end, simulated or, where
     the step's cycle was copied in, copied), the simulator's own unit of work, since most tasks
     now cost no simpy event (docs/architecture.md, "Ahead of the clock"); "run only" leaves
-    the set-up and the splice out and counts the tasks simulated."""
+    the set-up and the splice out and counts the tasks simulated; "ideal network" is the same
+    simulated program set up and run again with ``simulation.network: ideal`` (communications
+    take no time: no flow network, no fair shares), per task simulated: the engine's own loop
+    without the network model, so that the two rows above it split into the loop and the
+    model."""
     return {**r, "events_per_s": r["events"] / r["engine_s"], "tasks_per_s": r["tasks"] / r["engine_s"],
             "us_per_event": 1e6 * r["engine_s"] / r["events"], "us_per_task": 1e6 * r["engine_s"] / r["tasks"]}
 
