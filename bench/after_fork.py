@@ -50,22 +50,24 @@ then the two share the 225 pieces (2026-12-01: the files in place 2.0-2.4 s afte
 against 2.2-2.6 s when the parent made every check, alternated six times each).
 
 Megatron-1T since the shorter step is simulated beside the whole step's lowering, its process
-forked as soon as the scenario is read (2026-12-02, a slow stretch; excerpt)::
+forked as soon as the scenario is read, and works the link use out while the parent splices
+(2026-12-02, a fast stretch; excerpt)::
 
-    megatron_1t_3072, run 1: the files are in place 1.27 s after the fork began, 3.10 s after the schedule's check began
-           -1.841  parent   shorter step's process forked
-           -1.836  parent   whole step's schedule begins
-           -1.836  shorter  shorter step's lowering, set-up and run begin
-           -1.685  parent   whole step's lowering begins
-           -1.163  parent   whole step lowered
-           -0.839  parent   task columns begin
-           -0.271  shorter  shorter step run, its cycle found
-           -0.267  parent   task columns done
-           -0.267  parent   waits for the shorter step's spans
-           -0.233  parent   spans received
-           -0.233  parent   splice begins
+    megatron_1t_3072, run 1: the files are in place 1.01 s after the fork began, 2.54 s after the schedule's check began
+           -1.534  parent   shorter step's process forked
+           -1.531  parent   whole step's schedule begins
+           -1.530  shorter  shorter step's lowering, set-up and run begin
+           -1.393  parent   whole step's lowering begins
+           -0.926  parent   whole step lowered
+           -0.646  parent   task columns begin
+           -0.387  parent   task columns done
+           -0.387  parent   waits for the shorter step's spans
+           -0.165  shorter  shorter step run, its cycle found
+           -0.135  shorter  link use begins
+           -0.126  parent   spans received
+           -0.126  parent   splice begins
+           -0.011  shorter  link use done
            -0.002  parent   splice done
-           -0.001  shorter  link use begins
             0.000  parent   fork begins
 """
 
