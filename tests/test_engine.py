@@ -496,14 +496,19 @@ def _fair_share_mix(seed: int) -> tuple[list, list[float]]:
     return flows, bw
 
 
+@pytest.mark.parametrize("rounds", ["masks", "rows"])
 @pytest.mark.parametrize("seed", range(8))
-def test_max_min_rates_are_fair_and_the_same_in_numpy_and_in_loops(seed):
+def test_max_min_rates_are_fair_and_the_same_in_numpy_and_in_loops(seed, rounds, monkeypatch):
     """Max-min fairness, checked from its definition: no link carries more than its bandwidth,
     and every flow crosses a full link on which no flow gets more (so no flow can go faster
     without slowing one that is no faster). The numpy version (large mixes) and the loop
-    version give the same rates."""
+    version give the same rates; the numpy version's rounds find the pairs they touch by
+    masks over every pair (up to MASK_PAIRS pairs) or by the rows of the links and flows, to
+    the same bits."""
+    from clustersim.engine import network
     from clustersim.engine.network import _max_min_loops, _max_min_numpy, max_min_rates
 
+    monkeypatch.setattr(network, "MASK_PAIRS", 10**9 if rounds == "masks" else 0)
     flows, bw = _fair_share_mix(seed)
     rates = max_min_rates(flows, bw)
     assert rates == _max_min_numpy(flows, bw)  # a mix this large takes the numpy version
@@ -651,6 +656,18 @@ def test_when_flows_end_the_slower_ones_keep_their_rates_and_the_rest_share_what
     for (end, times, rows), (end2, times2, rows2) in zip(kept, again):
         assert np.allclose(end, end2, rtol=1e-9, atol=0) and len(times) == len(times2)
         assert np.allclose(np.array(rows), np.array(rows2), rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("rounds", ["masks", "rows"])
+def test_a_flow_of_weight_0_on_a_full_link_does_not_freeze_there_in_numpy(rounds, monkeypatch):
+    """The numpy version freezes the flows with weight on a link that fills, as the flows x
+    links matrix did: a flow that crosses it with weight 0 rises on (here to its other link's
+    10), by masks or by rows."""
+    from clustersim.engine import network
+
+    monkeypatch.setattr(network, "MASK_PAIRS", 10**9 if rounds == "masks" else 0)
+    flows = [((0, 1.0),), ((0, 0.0), (1, 1.0))]
+    assert network._max_min_numpy(flows, [1.0, 10.0]) == _max_min_matrix(flows, [1.0, 10.0]) == [1.0, 10.0]
 
 
 def test_max_min_numpy_leaves_a_flow_listing_a_link_twice_to_the_loops():
@@ -864,6 +881,8 @@ def test_a_mix_put_together_from_plan_pairs_gets_the_same_rates(seed):
         mix = [t.weights[i] for t in comp for i in t.live]
         assert sum(map(len, mix)) >= NUMPY_MIN_CELLS  # the pairs path, not the loops
         assert net._max_min_of(comp) == max_min_rates(mix, bw)
+        # again, each transfer's live pairs now read from what the network kept by its key
+        assert net._max_min_of(comp[::-1]) == max_min_rates([t.weights[i] for t in comp[::-1] for i in t.live], bw)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -774,6 +774,9 @@ def _by_member_rows(comm: Comm, node_of, flows_of: dict, src: np.ndarray, dst: n
 
 
 NUMPY_MIN_CELLS = 4096  # flows x links from which the numpy version is the faster one
+# (flow, link) pairs up to which a round of the numpy version reads masks over every pair
+# rather than the rows of the links that fill and of the flows that freeze (_max_min_pairs)
+MASK_PAIRS = 8192
 
 
 def max_min_rates(weights: list[tuple[tuple[int, float], ...]], bw_Bps: list[float]) -> list[float]:
@@ -883,8 +886,13 @@ def _max_min_pairs(sizes: np.ndarray, pair_edge: np.ndarray, pair_w: np.ndarray,
     in_link_order = pair_link[by_link]
     if ((in_link_order[1:] == in_link_order[:-1]) & (np.diff(pair_flow[by_link]) == 0)).any():
         return None
-    flow_ptr = np.concatenate(([0], np.cumsum(sizes)))
-    link_ptr = np.searchsorted(in_link_order, np.arange(n_links + 1))
+    # which pairs a round touches: by masks over every pair where they are few (a few calls a
+    # round), by the rows of the full links and the frozen flows where they are many (a DP
+    # ring over 16,384 GPUs: 98,000 pairs and 250 rounds)
+    few = len(pair_w) <= MASK_PAIRS
+    if not few:
+        link_ptr = np.searchsorted(in_link_order, np.arange(n_links + 1))
+        flow_ptr = np.concatenate(([0], np.cumsum(sizes)))
     cap = bw_Bps[links] if isinstance(bw_Bps, np.ndarray) else np.array([bw_Bps[e] for e in links.tolist()], dtype=float)
     load = np.bincount(pair_link, weights=pair_w, minlength=n_links)
     rates = np.full(n, np.inf)
@@ -893,20 +901,27 @@ def _max_min_pairs(sizes: np.ndarray, pair_edge: np.ndarray, pair_w: np.ndarray,
     live = load > 1e-12
     ratio = np.full(n_links, np.inf)  # cap / load of the live links, inf for the others
     ratio[live] = np.maximum(cap[live], 0.0) / load[live]
+    weighs = pair_w > 0
     while n_open:
         r = ratio.min()
         if r == np.inf:  # open flows on no live link (weights ~0): no constraint left
             break
-        # every link at the bottleneck level fills at once (see _max_min_loops)
-        full = (ratio <= r * (1 + 1e-12)).nonzero()[0]
-        on_full = by_link[index_ranges(link_ptr, full)]
+        # every link at the bottleneck level fills at once (see _max_min_loops); the flows
+        # with weight on one of them freeze
+        full = ratio <= r * (1 + 1e-12)
         hit = np.zeros(n, dtype=bool)
-        hit[pair_flow[on_full[pair_w[on_full] > 0]]] = True
-        newly = (hit & open_).nonzero()[0]  # ascending
+        if few:
+            hit[pair_flow[full[pair_link] & weighs]] = True
+        else:
+            on_full = by_link[index_ranges(link_ptr, full.nonzero()[0])]
+            hit[pair_flow[on_full[weighs[on_full]]]] = True
+        hit &= open_
+        newly = hit.nonzero()[0]  # ascending
         rates[newly] = r
         open_[newly] = False
         n_open -= len(newly)
-        moved = index_ranges(flow_ptr, newly)  # their pairs, flow by flow
+        # their pairs, flow by flow (as the pairs are laid out)
+        moved = hit[pair_flow].nonzero()[0] if few else index_ranges(flow_ptr, newly)
         s = np.bincount(pair_link[moved], weights=pair_w[moved], minlength=n_links)
         touched = s.nonzero()[0]  # a link whose sum is 0 keeps its cap and load exactly
         s = s[touched]
@@ -1056,6 +1071,7 @@ class FlowNetwork:
     _rates_cache: dict = field(default_factory=dict)
     _plan_info: dict = field(default_factory=dict)  # id(weights) -> (links, fractions array)
     _pairs_cache: dict = field(default_factory=dict)  # id(weights) -> its flows as pairs (_plan_pairs)
+    _live_pairs: dict = field(default_factory=dict)  # a transfer's key -> its live flows' pairs (_pairs_of)
     # (id(weights), live flows, size) -> the course of such a transfer alone (_run_ahead)
     _alone: dict = field(default_factory=dict)
     # every transfer as it ends: (tag, bytes per flow, [rate change times], [rates], end per flow,
@@ -1412,21 +1428,37 @@ class FlowNetwork:
         link instead). A large mix is put together from each plan's (flow, link) pairs,
         flattened once per plan, not from the flows' tuples at every mix (a ring over 512
         replicas: 98,000 pairs per mix)."""
-        flows = [t.idx for t in comp] if flows is None else flows
-        bw_Bps = self.bw_Bps if bw_Bps is None else bw_Bps
-        parts = [(self._plan_pairs(t.weights), idx) for t, idx in zip(comp, flows) if len(idx)]
-        sizes = np.concatenate([p[3][idx] for p, idx in parts]) if parts else np.zeros(0, dtype=np.int64)
+        live = flows is None  # each transfer's live flows: their pairs are kept by its key
+        flows = [t.idx for t in comp] if live else flows
+        parts = [self._pairs_of(t.weights, idx, t.key if live else None) for t, idx in zip(comp, flows) if len(idx)]
+        sizes = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
         pairs = int(sizes.sum())
         if pairs >= 64:  # max_min_rates' choice, on the arrays (it would read them out of the tuples)
-            take = [index_ranges(p[0], idx) for p, idx in parts]
-            edge = np.concatenate([p[1][k] for (p, _), k in zip(parts, take)])
+            edge = np.concatenate([p[1] for p in parts])
             if pairs >= NUMPY_MIN_CELLS or len(sizes) * len(unique(edge)) >= NUMPY_MIN_CELLS:
-                w = np.concatenate([p[2][k] for (p, _), k in zip(parts, take)])
-                rates = _max_min_pairs(sizes, edge, w, bw_Bps)
+                rates = _max_min_pairs(sizes, edge, np.concatenate([p[2] for p in parts]),
+                                       self._bw_array if bw_Bps is None else bw_Bps)
                 if rates is not None:
                     return rates
         # a small mix, or a flow that lists a link twice (what max_min_rates falls back to)
-        return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()], bw_Bps)
+        return _max_min_loops([t.weights[i] for t, idx in zip(comp, flows) for i in idx.tolist()],
+                              self.bw_Bps if bw_Bps is None else bw_Bps)
+
+    def _pairs_of(self, weights: tuple, idx: np.ndarray, key: tuple | None) -> tuple[np.ndarray, ...]:
+        """(links per flow, every pair's edge, its weight) of the flows ``idx`` of a plan, flow
+        by flow, read off the plan's pairs (:meth:`_plan_pairs`); kept by ``key`` (a transfer's
+        :attr:`~_Transfer.key`: its plan and live flows) where given: a mix is worked out
+        afresh thousands of times from the same few transfers (a degraded NIC cable's MoE
+        step: 5,955 fair shares of about 10 transfers), and gathering each one's pairs cost as
+        much as the fair share itself."""
+        got = self._live_pairs.get(key) if key is not None else None
+        if got is None:
+            ptr, edge, w, sizes = self._plan_pairs(weights)
+            k = index_ranges(ptr, idx)
+            got = (sizes[idx], edge[k], w[k])
+            if key is not None:
+                _remember(self._live_pairs, key, got)
+        return got
 
     def _plan_pairs(self, weights: tuple, given: tuple | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
