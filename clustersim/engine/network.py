@@ -1372,14 +1372,15 @@ class FlowNetwork:
 
     def _solved(self, comp: list[_Transfer], keys: list) -> dict:
         """:meth:`_rates_of` worked out afresh: the max-min shares of every live flow."""
-        flat = self._max_min_of(comp)
+        flat = np.asarray(self._max_min_of(comp), dtype=np.float64)  # (one conversion, not one per transfer)
         by_key, k = {}, 0
         for t, key in zip(comp, keys):
+            n = len(t.live)
             if key not in by_key:
                 r = np.zeros(len(t.size))
-                r[list(t.live)] = flat[k:k + len(t.live)]
+                r[t.idx] = flat[k:k + n]
                 by_key[key] = r
-            k += len(t.live)
+            k += n
         return by_key
 
     def _rates_above(self, comp: list[_Transfer], keys: list, below: float) -> dict:
