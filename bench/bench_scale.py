@@ -30,38 +30,41 @@ and takes its ratios against the mean of the two ("bare timeout us"; the machine
 over minutes, and one reading at the start misled the ratios of runs made minutes later by as
 much as the drift). bench_instructions.py gives the same ratio in instructions, drift-free.
 
-Example (2 cores, 2026-12-01, --repeat 3, on a middling stretch of a machine whose speed drifts
+Example (2 cores, 2026-12-02, --repeat 3, on a fast stretch of a machine whose speed drifts
 by 1.5x or more within minutes: compare scenarios, not machines; docs/performance.md has the
 targets and the figures, and bench_instructions.py compares two versions without the drift)::
 
-    bare simpy timeout at the start: 1.54 us per event (median of 5 x 200,000; each run reads its own)
+    bare simpy timeout at the start: 0.56 us per event (median of 5 x 200,000; each run reads its own)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     GPUs                           1,024            16,384             3,072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
+      simulated                   36,072            30,432           253,860
     spans                         37,032            32,448           918,852
-    simpy events                  28,061            15,829           132,174
-    import s                        0.30              0.43              0.32
-    load s                          0.03              0.45              0.41
-    lower s                         0.07              0.26              0.74
-    engine s                        0.81              2.55              3.73
-      setup s                       0.20              1.54              0.49
-      run s                         0.61              0.97              3.24
-    analysis s                      0.16              0.53              1.88
-    outputs s                       0.19              0.07              0.56
-    total s                         1.50              4.22              7.64
-    writers alone s                 0.20              0.17              2.18
-    clustersim run s                1.54              6.00              7.70
-    peak RSS MiB                     116               311               677
-    writer RSS MiB                   123               315               583
-    events/s                      34,857             6,219            35,411
-    tasks/s                       44,808            11,957           228,889
-    bare timeout us                 0.90              0.96              1.24
-    engine us/event                28.69            160.78             28.24
-    x bare timeout                  32.9             167.7              26.2
-    engine us/task                 22.32             83.63              4.37
-      x bare timeout                25.6              87.2               4.1
-      run only                      19.4              33.7               3.5
+    simpy events                  27,112            15,971            39,927
+    import s                        0.23              0.22              0.22
+    load s                          0.02              0.28              0.17
+    lower s                         0.05              0.17              0.44
+    engine s                        0.50              1.56              1.20
+      setup s                       0.14              1.02              0.22
+      run s                         0.36              0.55              0.73
+      splice s                      0.00              0.00              0.25
+    analysis s                      0.11              0.32              0.82
+    outputs s                       0.06              0.03              0.30
+    total s                         0.97              2.56              3.28
+    writers alone s                 0.12              0.10              0.71
+    clustersim run s                1.02              2.66              2.75
+    peak RSS MiB                     122               388               556
+    writer RSS MiB                   125               350               501
+    events/s                      54,464            10,209            33,378
+    tasks/s                       72,463            19,453           714,198
+    bare timeout us                 0.59              0.58              0.59
+    engine us/event                18.36             97.95             29.96
+    x bare timeout                  31.9             169.6              51.0
+    engine us/task                 13.80             51.41              1.40
+      x bare timeout                24.0              89.0               2.4
+      run only                      17.1              31.0               5.0
+      ideal network                  3.5               3.7               2.5
 """
 
 from __future__ import annotations
