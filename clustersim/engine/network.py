@@ -1016,11 +1016,16 @@ def _set_next_end(t: _Transfer, now: float) -> None:
     live = t.live
     if len(live) <= FEW_FLOWS:
         rate, rem = t.rate, t.rem
+        if len(live) > 4:  # read out whole (an all-to-all's 15 flows: half the time of .item each)
+            rate, rem = rate.tolist(), rem.tolist()
+            at = list.__getitem__
+        else:
+            at = np.ndarray.item
         first = float("inf")
         for i in live:
-            r = rate.item(i)
+            r = at(rate, i)
             if r > 0.0:
-                x = rem.item(i) / r
+                x = at(rem, i) / r
                 if x < first:
                     first = x
         t.next_s = now + first
