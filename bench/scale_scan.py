@@ -16,6 +16,12 @@ the whole table; "before" is the tree before history entries 25 and 26)::
     gb200_8k_tree             8,064      8    25,542     13.5       578   108.6 s, 4,728 MiB
     16k_moe_roce             16,384     16    10,726     19.5     1,729   35.6 s, 3,791 MiB
     (the other 15: 0.6-5.6 s, 81-454 MiB)
+
+and moe_1024gpu's what-ifs, which split its symmetry classes (2026-12-02, a fast stretch)::
+
+    1k_moe_slow_gpu           1,024     64   148,128      2.7       262  moe_1024gpu with GPU 5 20 % slower
+    1k_moe_skewed_ep          1,024    256   592,512      7.7       642  moe_1024gpu with a skewed expert load ...
+    1k_moe_nic_half           1,024    288   666,576      8.1       695  moe_1024gpu with one NIC cable at half ...
 """
 
 from __future__ import annotations
@@ -48,7 +54,12 @@ def _moe() -> dict:
     return yaml.safe_load((ROOT / "scenarios" / "moe_1024gpu.yaml").read_text())["model"]
 
 
-# name -> (what it probes, topology file, nodes, model, parallel, global batch)
+# moe_1024gpu's plan (scenarios/moe_1024gpu.yaml), for its what-ifs below
+MOE_1K = {"tp": 1, "pp": 16, "dp": 64, "ep": 16, "zero": 1, "schedule": "dualpipe"}
+MOE_1K_TRAINING = {"training": {"recompute": "full"}}
+
+# name -> (what it probes, topology file, nodes, model, parallel, global batch[, more: sections
+# merged into the scenario's, "moe" into its model's])
 PLANS = {
     "16k_1f1b": ("Llama-3-405B at 16K GPUs, plain 1F1B, ZeRO-1", "roce-clos-llama3.yaml", 2048, LLAMA_405B,
                  {"tp": 8, "pp": 16, "dp": 128, "sp": True, "zero": 1, "schedule": "1f1b"}, 128 * 16),
@@ -91,17 +102,30 @@ PLANS = {
                      {"tp": 8, "pp": 8, "dp": 64, "zero": 1, "schedule": "1f1b"}, 64 * 256),
     "2k_gpipe": ("GPipe with 64 microbatches", "dgx-h100.yaml", 256, LLAMA_70B,
                  {"tp": 8, "pp": 4, "dp": 64, "schedule": "gpipe"}, 64 * 64),
+    # what-ifs that split moe_1024gpu's classes (docs/performance.md, "What-ifs split the classes")
+    "1k_moe_slow_gpu": ("moe_1024gpu with GPU 5 20 % slower", "dgx-h100.yaml", 128, None, MOE_1K, 2048,
+                        {**MOE_1K_TRAINING, "cluster": {"what_if": [{"gpu": 5, "slowdown": 1.2}]}}),
+    "1k_moe_skewed_ep": ("moe_1024gpu with a skewed expert load (one class per stage and EP index)",
+                         "dgx-h100.yaml", 128, None, MOE_1K, 2048,
+                         {**MOE_1K_TRAINING, "moe": {"ep_load": [1.5, *[1.0] * 7, 0.8, *[1.0] * 6, 0.7]}}),
+    "1k_moe_nic_half": ("moe_1024gpu with one NIC cable at half bandwidth (its node's GPUs split)",
+                        "dgx-h100.yaml", 128, None, MOE_1K, 2048,
+                        {**MOE_1K_TRAINING, "cluster": {"what_if": [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}]}}),
 }
 
 
 def scenario(name: str) -> dict:
     """The scenario of plan ``name`` (a dict as a YAML file holds it)."""
-    _, topo, nodes, model, parallel, batch = PLANS[name]
+    _, topo, nodes, model, parallel, batch, *more = PLANS[name]
+    more = more[0] if more else {}
+    model = {"name": name, **(model or _moe())}
+    if "moe" in more:
+        model["moe"] = {**model["moe"], **more["moe"]}
     return {"name": name, "description": PLANS[name][0],
-            "cluster": {"topology": str(TOPOLOGIES / topo), "nodes": nodes},
-            "model": {"name": name, **(model or _moe())}, "parallel": parallel,
+            "cluster": {"topology": str(TOPOLOGIES / topo), "nodes": nodes, **more.get("cluster", {})},
+            "model": model, "parallel": parallel,
             "training": {"micro_batch_size": 1, "global_batch_size": batch, "precision": "bf16",
-                         "attention": "flash"}}
+                         "attention": "flash", **more.get("training", {})}}
 
 
 def run(name: str, folder: Path) -> dict:
