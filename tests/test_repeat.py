@@ -415,7 +415,6 @@ def test_spans_placed_by_lane_without_sorting_them_as_a_sort_places_them(over, m
     placed = spliced()
     assert placed is not None and placed.repeat["cycles_copied"] > 0
     monkeypatch.setattr(repeat, "_lane_order", lambda *a: None)
-    eng._records_cut = None
     sorted_ = spliced()
     for f in ("rank", "stream", "start_s", "end_s", "tid", "mb", "form"):
         assert np.array_equal(getattr(placed.base, f), getattr(sorted_.base, f)), f
@@ -485,7 +484,7 @@ def test_the_finished_transfers_placed_as_the_cut_copies_them():
     whole = _spliced(eng, *_cycle(sc, eng, trace), TaskColumns(sprog.items, sprog.runs, sprog),
                      TaskColumns(prog.items, prog.runs, prog), prog)
     assert whole is not None and whole.repeat["cycles_copied"] > 0
-    rep = eng._records_cut
+    rep = eng._cut_by
     eng._cut_records()
     starts = np.array([r[5][1] if r[5] is not None else r[2][0] for r in finished])
     rows, copy = repeat.spliced_times(starts, rep)
@@ -505,3 +504,24 @@ def test_the_finished_transfers_placed_as_the_cut_copies_them():
     at, recs, ks = eng._finished_places(pick)
     assert at == [j for j, i in enumerate(rows.tolist()) if pick[i]] and len(at) > 0
     assert all(same(eng._moved(finished[i], k), expected[j]) for j, i, k in zip(at, recs, ks))
+
+
+def test_the_records_are_cut_once_whatever_asks_again():
+    """``Engine.cut_records`` given the cut again (the shorter step's process, where the
+    parent's step end differs from the one it expected) only sets the step: the link use
+    asked twice, the second time over another end, reads the records cut once, as an engine
+    asked once over that end does."""
+    from clustersim.api import _cycle
+
+    def link_use(ends: list[float]):  # (TP8: all-reduces timed in closed form, their starts cut too)
+        sc, short, sprog, eng, trace, _ = _short_run(plan(parallel={"tp": 8, "pp": 4, "dp": 1}))
+        base, rep = _cycle(sc, eng, trace)
+        assert rep is not None
+        for end_s in ends:
+            eng.cut_records(rep, end_s)
+            got = eng.link_use()
+        return got, sum(map(len, (at for _, at in eng._alone_starts.values())))
+
+    once, n_once = link_use([5.0])
+    twice, n_twice = link_use([4.0, 5.0])
+    assert twice == once and n_twice == n_once > 0

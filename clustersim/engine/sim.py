@@ -512,8 +512,9 @@ class Engine:
         # communications timed in closed form: id -> (the communication, its starts); by object,
         # so that a segment logs a start with one append (:meth:`_starts_log`)
         self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
-        self._records_cut = None  # a Repeat whose cut the records above await (repeated)
-        self._cut_by = None  # the Repeat the records are cut by, or will be
+        # the Repeat that cuts the records above (repeated, cut_records), when link_use first
+        # asks (_cut_records); they are cut once that has made _finished_cut
+        self._cut_by = None
         self._last_end_s = 0.0  # the step the link use is over (step_s): set by run, repeated or cut_records
         # the flow network's finished transfers as the cut copies them (_cut_records): which
         # record is in each place, and how many periods it moves; None: each once, unmoved
@@ -945,9 +946,9 @@ class Engine:
         (:meth:`_cut_records`, on its first call), over a step of ``step_s`` (the spliced
         step's last end, :attr:`step_s`): what :meth:`repeated` does, for an engine that
         ran the shorter step while another made the spliced trace (clustersim.engine.ahead).
-        Called again with the same ``rep``, it sets the step only: the records are cut once."""
-        if rep is not self._cut_by:  # (a second call with the same cut only changes the step)
-            self._records_cut = self._cut_by = rep
+        Called again, it sets the step only: the records are cut once, by the first cut."""
+        if self._cut_by is None:
+            self._cut_by = rep
         self._last_end_s = step_s
 
     @property
@@ -962,8 +963,8 @@ class Engine:
         are not copied: ``_finished_cut`` says which one stands in each place of the step's
         list and by how many periods it moves (:meth:`_finished_places`), so that the link use
         makes the moved records only of the few transfers on the links it details."""
-        rep, self._records_cut = self._records_cut, None
-        if rep is None:
+        rep = self._cut_by
+        if rep is None or self._finished_cut is not None:  # nothing to cut, or cut already
             return
         from .repeat import spliced_times
 
