@@ -41,22 +41,26 @@ from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes,
                      unique, unique_inverse)
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
-from .network import FlowNetwork, FlowPlan, _call_at, _with_pairs, max_min_rates, plan_phases, with_meetings
+from .network import FlowNetwork, FlowPlan, _with_pairs, max_min_rates, plan_phases, with_meetings
 
 
 @dataclass
 class _Rendezvous:
-    arrived: int
-    done: simpy.Event
-    start_s: float = 0.0
-
-
-@dataclass
-class _FixedRendezvous:
-    """Members of a fixed-duration communication that have arrived (at their own times)."""
+    """Members of a communication that have arrived, each at its own start; it runs from the
+    last arrival (the latest start), for all of them."""
 
     streams: list
     start_s: float = 0.0
+
+    def arrive(self, st: _Stream, start_s: float) -> None:
+        self.streams.append(st)
+        if start_s > self.start_s:
+            self.start_s = start_s
+
+    def finish(self) -> None:
+        """Its flows ended now: every member goes on, in the order they arrived."""
+        for st in self.streams:
+            st.finish()
 
 
 def _comm_tasks(prog: Program):
@@ -482,7 +486,6 @@ class Engine:
         self._chasing = 0  # streams stepped by a dependent's chase, nested (_Stream.step)
         self._stream_of: list = []
         self._loop: tuple = ()  # while it runs: what the stream loop reads of the engine (run)
-        self._fixed_rdv: dict[tuple, _FixedRendezvous] = {}
         # the spans in the order recorded: Span objects, and a run timed in one go as one
         # record (_straight_code; SpanBase.of_log reads both as columns)
         self.spans: list = []
@@ -493,7 +496,7 @@ class Engine:
         # one list of forms per template), else None
         self._form_of: list[SpanForm | None] = [None] * len(program.items)
         self._recv_forms: dict[tuple, SpanForm] = {}  # (send's form, receiver, stage) -> the receive's
-        self._rdv: dict[tuple, _Rendezvous] = {}
+        self._rdv: dict[tuple, _Rendezvous] = {}  # communication -> its members so far (several)
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
         self._own_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # (op, group, load, algo): _own_plan
@@ -1564,25 +1567,26 @@ class _Stream:
     A task starts at max(end of the stream's previous task, ends of its dependencies). Its
     end is worked out as soon as those are known, ahead of the clock, when its duration does
     not depend on what else runs: compute, and communications timed in closed form (alone
-    on their links; all members' arrival times known). Only communications timed in the
-    flow network wait for the clock to reach their start, since their rates depend on what
-    else is on the links then::
+    on their links; all members' arrival times known). A communication timed in the flow
+    network is queued to begin at its start (the last member's, with several) as soon as
+    that is known, and the stream waits for its end, which depends on what else is on the
+    links once the clock gets there::
 
         step:  a dependency's end unknown  -> wait for it (woken when it is known)
                start = max(free_s, ends of dependencies)
                fixed duration              -> end = start + duration, record, next task
-               flow network                -> at start: rendezvous, transfer; on its end:
-                                              record, next task
+               flow network                -> arrive; the last member queues the transfer
+                                              at the latest arrival; on its end: record
+                                              (every member), next task
     """
 
-    __slots__ = ("eng", "tasks", "rank", "stream", "stage", "i", "free_s", "start_s", "pending", "rdv", "armed",
-                 "queued")
+    __slots__ = ("eng", "tasks", "rank", "stream", "stage", "i", "free_s", "start_s", "pending", "queued")
 
     def __init__(self, eng: Engine, rank: int, stream: str, entries: list):
         self.eng, self.tasks, self.i = eng, entries, 0  # tasks, and segments (_Segment) in their place
         self.rank, self.stream, self.stage = rank, stream, eng.stage_of.get(rank)  # None: each task's own
         self.free_s = self.start_s = 0.0
-        self.pending, self.rdv, self.armed = 0, None, False
+        self.pending = 0
         self.queued = False  # released and waiting in Engine._ready to be stepped
         stream_of = eng._stream_of
         for t in entries:
@@ -1691,44 +1695,41 @@ class _Stream:
 
     def _start_flow(self, t: Task, c: Comm, start: float) -> None:
         """Start ``t``'s communication, timed in the flow network, at ``start``: queued at once
-        with one member, else at the rendezvous when the clock gets there; :meth:`finish`
-        goes on when it ends."""
+        with one member; with more, at the last arrival (:meth:`_arrive`), queued by the last
+        member to get there, whatever the clock says then (every member's start is known
+        ahead of the clock, as a fixed duration's end is); :meth:`finish` goes on when it ends."""
         eng = self.eng
-        env = eng.env
         if len(c.members) == 1:  # nobody to wait for: its flows are queued to begin at start
-            self.start_s, self.rdv = start, None
+            self.start_s = start
             eng._start_comm(c, t.stream, start, on_done=self.finish)
             return
-        if start > env.now and not self.armed:  # the rendezvous needs the clock at start
-            self.armed = True
-            _call_at(env, start, self._resume)
-            return
-        self.armed = False
-        self.start_s = env.now
-        rdv = eng._rdv.get(c.key)
+        now = eng.env._now
+        rdv = self._arrive(c, start if start > now else now)  # (a start the clock has passed: now)
+        if rdv is not None:
+            for st in rdv.streams:
+                st.start_s = rdv.start_s
+            eng._start_comm(c, t.stream, rdv.start_s, on_done=rdv.finish)
+
+    def _arrive(self, c: Comm, start: float) -> _Rendezvous | None:
+        """Arrive at ``c`` (several members) at ``start``: its members once all have, else None."""
+        rdvs = self.eng._rdv
+        rdv = rdvs.get(c.key)
         if rdv is None:
-            rdv = eng._rdv[c.key] = _Rendezvous(0, env.event())
-        rdv.arrived += 1
-        if rdv.arrived == len(c.members):  # the last member: it starts now, for all
-            del eng._rdv[c.key]
-            rdv.start_s = env.now
-            eng._start_comm(c, t.stream).callbacks.append(lambda _e, ev=rdv.done: ev.succeed())
-        self.rdv = rdv
-        rdv.done.callbacks.append(self.finish)
+            rdv = rdvs[c.key] = _Rendezvous([], start)
+        rdv.arrive(self, start)
+        if len(rdv.streams) < len(c.members):
+            return None
+        del rdvs[c.key]
+        return rdv
 
     def _fixed_comm(self, c: Comm, start: float, dur: float) -> bool:
         """Arrive at a fixed-duration communication at ``start``; when every member has, it
         runs from the last arrival for ``dur`` on all of them. False while others are due."""
         eng = self.eng
         if len(c.members) > 1:
-            rdv = eng._fixed_rdv.get(c.key)
+            rdv = self._arrive(c, start)
             if rdv is None:
-                rdv = eng._fixed_rdv[c.key] = _FixedRendezvous([])
-            rdv.streams.append(self)
-            rdv.start_s = max(rdv.start_s, start)
-            if len(rdv.streams) < len(c.members):
                 return False
-            del eng._fixed_rdv[c.key]
             start, members = rdv.start_s, rdv.streams
         else:
             members = (self,)
@@ -1744,17 +1745,12 @@ class _Stream:
                 eng._ready.append(st)
         return True
 
-    def _resume(self, _event=None) -> None:
-        self.step()
-        self.eng._wake()
-
     def finish(self, _event=None) -> None:
         """A communication of the flow network ended now."""
         eng = self.eng
         t = self.tasks[self.i]
         now = eng.env._now  # (Environment.now is a property around it)
-        eng._complete(t, self.rdv.start_s if self.rdv is not None else self.start_s, now)
-        self.rdv = None
+        eng._complete(t, self.start_s, now)
         self.free_s = now
         self.i += 1
         self.step()
