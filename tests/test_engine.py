@@ -10,7 +10,7 @@ import pytest
 import clustersim
 from clustersim.analysis.metrics import step_metrics
 from clustersim.collectives import ring_allreduce_time_s
-from clustersim.engine import run_program
+from clustersim.engine import Engine, run_program
 from clustersim.hardware.topology import TopologyCfg, build_cluster
 from clustersim.model import transformer as tf
 from clustersim.plan.mesh import Mesh
@@ -223,6 +223,39 @@ def test_same_group_on_two_streams_shares_the_links():
                  comm=Comm("all_reduce", size, group, (), (0,), ("dp", (0,), i)))
     trace = run_program(prog, cl, algorithms=RING)
     assert [s.dur_s for s in trace.spans] == pytest.approx([2 * t_alone, 2 * t_alone], rel=1e-9)
+
+
+@pytest.mark.parametrize("first_s,second_s", [(1.0, 3.0), (3.0, 1.0)])
+def test_a_flow_timed_collective_of_two_members_starts_at_the_later_arrival(first_s, second_s):
+    """Two simulated ranks reach one all-reduce after computing for different times; another
+    channel later on the same links makes the flow network time it. Whichever member the
+    engine reaches first, and however far ahead of the clock, the collective runs from the
+    later arrival on both, for its time alone, and what follows it on each rank starts at
+    its end."""
+    cl = node_cluster(4, bw_GBps=100, efficiency=1.0, latency_us=0.0)
+    size = 100e6
+    t_alone = ring_allreduce_time_s(size, 4, 100e9, 0.0)
+    prog = Program(ranks=[0, 1], weight={0: 2, 1: 2})
+    group = (0, 1, 2, 3)
+    ar = []
+    for rank, compute_s in ((0, first_s), (1, second_s)):
+        c = prog.add(rank=rank, stream="compute", name="F", kind="compute", duration_s=compute_s)
+        ar.append(prog.add(rank=rank, stream="tp", name="AR", kind="tp", deps=(c.tid,),
+                           comm=Comm("all_reduce", size, group, (), (0, 1), ("tp", (0,), 0))))
+        prog.add(rank=rank, stream="compute", name="after", kind="compute", duration_s=0.5, deps=(ar[-1].tid,))
+    prog.add(rank=0, stream="dp", name="later", kind="dp", deps=(ar[0].tid,),
+             comm=Comm("all_reduce", size, group, (), (0,), ("dp", (0,), 0)))
+    engine = Engine(prog, cl, algorithms=RING)
+    assert engine.fixed_comm_s(ar[0].comm, "tp") < 0  # the flow network times it
+    trace = engine.run()
+    by_name = {}
+    for s in trace.spans:
+        by_name.setdefault(s.name, []).append(s)
+    late = max(first_s, second_s)
+    for s in by_name["AR"]:
+        assert (s.start_s, s.end_s) == pytest.approx((late, late + t_alone), rel=1e-12)
+    for s in by_name["after"]:
+        assert s.start_s == pytest.approx(late + t_alone, rel=1e-12)
 
 
 def _h100(root, nodes=2):
