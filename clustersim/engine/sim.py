@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter, deque
+from collections.abc import Callable
 from itertools import chain, compress, repeat, takewhile
 from operator import itemgetter
 from dataclasses import dataclass, replace
@@ -782,20 +783,19 @@ class Engine:
             dur = self._alone_of[fast] = -1.0 if alone is None else alone
         return dur
 
-    def _start_comm(self, c: Comm, stream: str, at_s: float | None = None, on_done=None) -> simpy.Event | None:
-        """Start ``c`` in the flow network at ``at_s`` (default: now; queued if later); the
-        event returned fires when its last phase ends, or ``on_done`` is called then (see
-        :meth:`FlowNetwork.transfer`)."""
+    def _start_comm(self, c: Comm, stream: str, at_s: float, on_done: Callable[[], None]) -> None:
+        """Start ``c`` in the flow network at ``at_s`` (now if that has passed; queued if
+        later); ``on_done`` is called when its last phase ends (see :meth:`FlowNetwork.transfer`)."""
         fast = _shape_id(c)
         hit = self._start_of.get(fast)
         if hit is None:
             hit = self._start_of[fast] = (self._plan(c), self._full_plan(c))
         phases, full = hit
         if len(phases) == 1:
-            return self.net.transfer(phases[0], c.size_bytes, tag=full[0], at_s=at_s, on_done=on_done)
+            self.net.transfer(phases[0], c.size_bytes, tag=full[0], at_s=at_s, on_done=on_done)
+            return
         done = self.env.event()
-        if on_done is not None:
-            done.callbacks.append(lambda _e: on_done())
+        done.callbacks.append(lambda _e: on_done())
 
         def run_phases():  # one after the other: each phase needs the previous one's result
             for k, (plan, whole) in enumerate(zip(phases, full)):
@@ -803,7 +803,6 @@ class Engine:
             done.succeed()
 
         self.env.process(run_phases())
-        return None if on_done is not None else done
 
     # --- processes -----------------------------------------------------------------
     def _starts_log(self, c: Comm):
