@@ -394,6 +394,30 @@ def test_a_collapsed_collective_chooses_its_algorithm_as_each_instance_does():
     _assert_same(collapsed, full)
 
 
+
+def test_every_instance_of_an_orbit_chooses_its_algorithm_as_the_tuner_sees_it():
+    """The tuner weighs a group's GPUs, their own links and their NICs' cables, not the
+    fabric's switches beyond (NCCL's topology search stops at the NIC; ECMP's hashing is
+    unknown to it), so equivalent groups choose alike. On three GB200 racks with TP4 x DP54,
+    ECMP spreads each DP group's cross-rack sends over 72 spines its own way: weighing the
+    spines, one DP group of the four chose hierarchical and the others tree, and the collapsed
+    step (the simulated group's tree for every twin) was 5.2 % shorter than the rank-by-rank
+    one (bench/fuzz_symmetry.py 22, plan 7)."""
+    from clustersim.engine import Engine
+
+    d = _doc("gb200-nvl72.yaml", 3, {"tp": 4, "pp": 1, "dp": 54}, 1, layers=1)
+    d["model"]["seq_len"] = 2048
+    sc = clustersim.load_scenario(d, base_dir=ROOT)
+    prog, _ = lower(sc, collapse=False)
+    eng = Engine(prog, sc.cluster, sc.cfg.simulation.network, sc.cfg.simulation.collectives.model_dump())
+    groups = {t.comm.group: t.comm for t in prog.tasks if t.kind == "dp"}
+    assert len(groups) == 4
+    assert {eng.algorithm(c) for c in groups.values()} == {"tree"}
+    collapsed, full = _both(sc)
+    assert collapsed["simulation"]["simulated_ranks"] == 1
+    assert full["simulation"]["collective_algorithms"]["all_reduce"]["tree"] == 216
+    _assert_same(collapsed, full)
+
 # --- twins of two different communications meeting on scale-out links ------------------------
 
 def _meeting_doc() -> dict:

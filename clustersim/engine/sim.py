@@ -501,6 +501,9 @@ class Engine:
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
         self._own_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # (op, group, load, algo): _own_plan
+        # per link, whether the tuner sees it (algorithm): a GPU's own links and its NIC's cable,
+        # not the switches beyond (None until first asked)
+        self._tuner_seen: list[bool] | None = None
         self._shared_orbits: dict[tuple, object] = {}  # what sibling orbits share (network.plan_phases)
         # plan key -> {phase: the scale-out links where its twins meet another communication's}
         self._meeting: dict[tuple, dict[int, np.ndarray]] = {}
@@ -555,11 +558,19 @@ class Engine:
             full = self._full_of[fast] = self._full_plans.get((*_shape(c), self.algorithm(c))) or self._plan(c)
         return full
 
-    def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float) -> float:
-        """Time of ``phases`` alone on their links: per phase, latency plus its slowest flow."""
+    def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float, tuner: bool = False) -> float:
+        """Time of ``phases`` alone on their links: per phase, latency plus its slowest flow.
+        ``tuner``: as the tuner sees them (:meth:`algorithm`), the fabric's links beyond the
+        NICs left out."""
         total = 0.0
         for plan in phases:
-            rates = max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps)
+            weights = list(plan.weights)
+            if tuner:
+                seen = self._tuner_seen
+                if seen is None:
+                    seen = self._tuner_seen = [k != "fabric" for k in self.cluster.edge_kind]
+                weights = [tuple(p for p in ws if seen[p[0]]) for ws in weights]
+            rates = max_min_rates(weights, self.cluster.edge_bw_Bps)
             total += plan.latency_s + max((f * size_bytes / r for f, r in zip(plan.fractions, rates)), default=0.0)
         return total
 
@@ -573,7 +584,16 @@ class Engine:
         communicator tunes itself, and a rank-by-rank run, which has no twins, must choose as
         the collapsed one does. (Weighed with its twins, a DP all-reduce over 32 GPUs of a
         Clos without rails chose tree where each instance alone chooses hierarchical: the
-        collapsed step was 6.8 % shorter than the rank-by-rank one, bench/fuzz_symmetry.py.)"""
+        collapsed step was 6.8 % shorter than the rank-by-rank one, bench/fuzz_symmetry.py.)
+
+        "On its links" is as the tuner sees them: the GPUs' own links (NVLink, PCIe) and their
+        NICs' cables, not the fabric's switches beyond. NCCL's topology search stops at the
+        NIC and its cost model takes the network's bandwidth from the NICs; which spine ECMP
+        hashes each flow to is unknown to it. So equivalent groups choose alike, whatever the
+        hashing does to each. (Weighing the spines, one DP group of four on three GB200 racks
+        chose hierarchical where the others chose tree, its flows spread better by the hash,
+        and the collapsed step, every twin on the simulated group's tree, was 5.2 % shorter
+        than the rank-by-rank one.) The flows themselves still cross the spines they hash to."""
         key = (*_shape(c), c.size_bytes)
         if key not in self._algos:
             options = ALGORITHMS.get(c.op, ("ring",))
@@ -588,7 +608,7 @@ class Engine:
             if len(usable) == 1 or c.size_bytes <= 0:
                 choice = usable[0]
             else:
-                choice = min(usable, key=lambda a: (self._closed_form_s(self._own_plan(c, a), c.size_bytes),
+                choice = min(usable, key=lambda a: (self._closed_form_s(self._own_plan(c, a), c.size_bytes, True),
                                                     options.index(a)))
             self._algos[key] = choice
         return self._algos[key]
