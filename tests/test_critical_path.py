@@ -144,3 +144,25 @@ def test_covered_time_before_each_instant():
     t = np.array([0.0, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 9.0])
     assert covered_s(t, merged).tolist() == [0.0, 0.0, 0.5, 1.0, 1.0, 1.0, 2.0, 3.0, 3.0]
     assert covered_s(t, []).tolist() == [0.0] * len(t)
+
+
+@pytest.mark.parametrize("crumb_on", ["x", "y"])
+def test_communications_sharing_the_bottleneck_alike_are_named_by_name_whatever_their_last_bits(root, crumb_on):
+    """Overlaps equal to nine digits rank by name: a copied-in cycle (engine.repeat) moves
+    span times by float crumbs, which reordered an MoE layer's two recomputed all-to-alls
+    between a step simulated whole and the same step copied in (bench/fuzz_repeat.py 23)."""
+    from types import SimpleNamespace
+
+    from clustersim.analysis.exposure import _explain
+
+    cl = _two_node_cluster(root)
+    prog = _allreduces(["me", "x", "y"])
+    eng = Engine(prog, cl, algorithms={"all_reduce": "ring"})
+    a, b = 1.0, 2.0
+    ends = {"x": 1.5, "y": 1.5}
+    ends[crumb_on] += 2e-16  # the last bit of 1.5
+    during = [SimpleNamespace(tid=i, kind="dp", op="all_reduce", name=f"AR {n}", start_s=0.5, end_s=ends[n])
+              for i, n in ((1, "x"), (2, "y"))]
+    info = _explain(prog.task(0), eng, cl, during, a, b, prog.task)
+    assert [s["collective"] for s in info["shared_with"]] == ["dp all_reduce: AR x", "dp all_reduce: AR y"]
+    assert info["shared_with"][0]["overlap_s"] == pytest.approx(0.5, rel=1e-12)

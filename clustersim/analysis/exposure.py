@@ -136,7 +136,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
         ranked.append(g)
     # largest first, to nine digits, then by name: equal sums (the same cost in two groups,
     # added in another order) differ in their last bits
-    ranked.sort(key=lambda g: (-float(f"{g['exposed_s']:.8e}"), g["collective"]))
+    ranked.sort(key=lambda g: (-_digits(g["exposed_s"]), g["collective"]))
     out = []
     if not ranked:
         return out
@@ -157,6 +157,12 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
             entry.update(_explain(t, explainer, cluster, [spans[i] for i in during.tolist()], a, b, prog.task))
         out.append(entry)
     return out
+
+
+def _digits(x: float) -> float:
+    """``x`` to nine significant digits: what ranks equal times as equal when their last bits
+    differ (summed in another order, or moved by a copied-in cycle)."""
+    return float(f"{x:.8e}")
 
 
 def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, task) -> dict:
@@ -185,6 +191,9 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
         if crosses[shape]:
             name = collective_name(s.kind, s.op, s.name)
             shared[name] = shared.get(name, 0.0) + min(b, s.end_s) - max(a, s.start_s)
+    # the longest overlaps first, to nine digits, then by name, as the causes are ranked: a
+    # copied-in cycle (engine.repeat) moves span times by float crumbs, which reordered two
+    # communications that overlap alike (an MoE layer's two recomputed all-to-alls)
     info["shared_with"] = [{"collective": k, "overlap_s": v}
-                           for k, v in sorted(shared.items(), key=lambda kv: (-kv[1], kv[0]))[:5]]
+                           for k, v in sorted(shared.items(), key=lambda kv: (-_digits(kv[1]), kv[0]))[:5]]
     return info
