@@ -145,7 +145,8 @@ def cmd_schedule(args) -> int:
             raise ConfigError("--schedule custom needs --file FILE (one row of actions per rank)", source=src)
         path = Path(args.file)
         if not path.is_file():
-            raise ConfigError(f"schedule file not found: {path}", source=src, field="--file")
+            raise ConfigError(f"schedule file {'is a folder' if path.is_dir() else 'not found'}: {path}", source=src,
+                              field="--file")
         try:
             sched = build_schedule(CUSTOM, args.pp, args.microbatches, text=path.read_text())
         except ScheduleError as exc:

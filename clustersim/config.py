@@ -338,6 +338,8 @@ def _referenced_file(base: Path, name: str, rel_to: str, source: str, field: str
     try:
         if path.is_file():
             return path
+        if path.is_dir():
+            raise ConfigError(f"{what} file {where} is a folder; give the file in it", source=source, field=field)
     except OSError as exc:  # e.g. a name too long for the file system
         raise ConfigError(f"cannot read {what} file {where}: {exc.strerror or exc}", source=source,
                           field=field) from None

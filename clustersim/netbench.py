@@ -67,7 +67,8 @@ def benchmark(topology: str | Path, op: str, gpus: int, sizes: list[int], algori
     """(cluster, rows): ``op`` over GPUs 0..gpus-1 of ``topology``, one row per size."""
     path = Path(topology)
     if not path.is_file():
-        raise ConfigError(f"topology file not found: {path}", source="command line", field="--topology")
+        raise ConfigError(f"topology file {'is a folder' if path.is_dir() else 'not found'}: {path}",
+                          source="command line", field="--topology")
     if op not in BUS_FACTOR:
         raise ConfigError(f"unknown collective {op!r}; one of {', '.join(BUS_FACTOR)}", source="command line",
                           field="--op")

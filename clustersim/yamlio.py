@@ -120,6 +120,8 @@ def _load_unique(text: str, source: str) -> Any:
 def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
     """Parse a YAML mapping from ``path``; missing files and syntax errors become ConfigError."""
     try:
+        if path.is_dir():
+            raise ConfigError(f"this is a folder; give the {what} file in it", source=str(path))
         if not path.is_file():
             raise ConfigError(f"{what} file not found", source=str(path))
         size = path.stat().st_size

@@ -146,6 +146,22 @@ def test_unknown_gpu_names_the_topology_file(tmp_path, root):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_folder_given_for_a_file_is_named_a_folder(tmp_path, root):
+    """A folder where a file belongs (the scenario, the topology it names) is said to be one,
+    not "not found", with exit code 2 and nothing written."""
+    r = run_cli("run", tmp_path, "--out", tmp_path / "out")
+    assert r.returncode == 2
+    assert r.stderr == f"error: {tmp_path}: this is a folder; give the scenario file in it\n"
+    d = scenario_dict()
+    d["cluster"]["topology"] = str(root / "topologies")
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(d))
+    r = run_cli("run", p, "--out", tmp_path / "out")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"error: {p}: cluster.topology: topology file ") and "is a folder" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_scenario_and_invalid_yaml(tmp_path):
     r = run_cli("run", tmp_path / "none.yaml")
     assert r.returncode == 2 and "scenario file not found" in r.stderr
