@@ -77,6 +77,17 @@ class _Staging:
                     break
 
 
+def _out_problem(out: Path) -> str | None:
+    """Why the run's files cannot go into the folder ``out`` (made if it is not there), found
+    before the step is simulated; None if nothing is in the way."""
+    if out.exists() and not out.is_dir():
+        return f"{out} is a file; give a folder for {', '.join(OUTPUT_FILES)}"
+    for d in out.parents:  # the deepest one there must be a folder
+        if d.exists():
+            return None if d.is_dir() else f"{d} is a file, not a folder"
+    return None
+
+
 def cmd_run(args) -> int:
     from .api import no_cyclic_gc, simulate
     from .config import load_scenario
@@ -97,7 +108,15 @@ def cmd_run(args) -> int:
             writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
         return writer
 
+    problem = _out_problem(out)
+    if problem is not None:
+        raise ConfigError(problem, source="command line", field="--out")
     try:
+        try:  # the temp folder now, so that a folder the files cannot go to is said before the run
+            staging.folder()
+        except OSError as exc:
+            raise ConfigError(f"cannot write in {out.parent}: {exc.strerror or exc}", source="command line",
+                              field="--out") from None
         t0 = time.perf_counter()
         result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
                           check=not args.no_check, after_run=after_run, keep=args.keep, fork=True)

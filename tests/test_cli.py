@@ -162,6 +162,19 @@ def test_a_folder_given_for_a_file_is_named_a_folder(tmp_path, root):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_out_folder_that_cannot_be_one_is_refused_before_the_run(tmp_path, root):
+    """``--out`` naming a file, or a folder under a file, is bad input: one line, exit code 2,
+    the file as it was and nothing written (it was a traceback from the move into place)."""
+    f = tmp_path / "f"
+    f.write_text("keep")
+    scenario = root / "scenarios/llama3_8b_8gpu.yaml"
+    for out, said in ((f, f"--out: {f} is a file; give a folder for summary.json, report.html, trace.json.gz"),
+                      (f / "sub", f"--out: {f} is a file, not a folder")):
+        r = run_cli("run", scenario, "--out", out)
+        assert r.returncode == 2 and r.stderr == f"error: command line: {said}\n"
+        assert f.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
 def test_missing_scenario_and_invalid_yaml(tmp_path):
     r = run_cli("run", tmp_path / "none.yaml")
     assert r.returncode == 2 and "scenario file not found" in r.stderr
