@@ -156,6 +156,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
 
 
 def cmd_schedule(args) -> int:
+    from .config import MAX_STAGE_PASSES
     from .schedule import CUSTOM, ScheduleError, build_schedule, format_grid
 
     src = "command line"
@@ -180,6 +181,10 @@ def cmd_schedule(args) -> int:
         if args.vpp is not None and args.schedule != "interleaved":
             raise ConfigError(f"--vpp is used by --schedule interleaved only (schedule is {args.schedule})", source=src)
         opts = {"v": args.vpp} if args.vpp is not None and args.schedule == "interleaved" else {}
+        passes = args.pp * args.microbatches * (args.vpp or 1)
+        if passes > MAX_STAGE_PASSES:  # as a scenario's (config): the grid is built whole before it is printed
+            raise ConfigError(f"--pp x --microbatches{' x --vpp' if args.vpp else ''} = {passes:,} stage passes; "
+                              f"clustersim takes at most {MAX_STAGE_PASSES:,}", source=src)
         try:
             sched = build_schedule(args.schedule, args.pp, args.microbatches, **opts)
         except ScheduleError as exc:

@@ -85,6 +85,10 @@ def test_schedule_grid_of_every_schedule_and_a_custom_file(root):
     bad = run_cli("schedule", "--pp", 4, "-m", 6, "--schedule", "interleaved")
     assert bad.returncode == 2 and bad.stderr.startswith("error: command line: --schedule: interleaved: ")
     assert "m=6, p=4" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    # a grid too large to build is refused at once, as a scenario's is (it ran for minutes)
+    big = run_cli("schedule", "--pp", 100_000, "-m", 100_000)
+    assert big.returncode == 2 and big.stderr == ("error: command line: --pp x --microbatches = 10,000,000,000 "
+                                                  "stage passes; clustersim takes at most 65,536\n")
 
 
 BAD = [
