@@ -444,6 +444,8 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     (clustersim.engine.ahead), and ``simulate`` makes the check first thing after that fork.
     Until it is made, reading the schedule (``schedule``, ``n_parts``, the layer split) may
     raise a ``ScheduleError`` where the check would name the field."""
+    if not isinstance(src, (str, os.PathLike, dict)):  # a caller's mistake, not bad input: no ConfigError
+        raise TypeError(f"a scenario is a YAML file's path or a dict, not {type(src).__name__}")
     if isinstance(src, dict):
         data, source = src, "<dict>"
         base = Path(base_dir or ".")

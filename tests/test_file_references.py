@@ -217,3 +217,12 @@ def test_a_long_what_if_list_is_checked_in_one_pass(tmp_path):
     with pytest.raises(ConfigError, match="removing switch spine15 cuts GPUs") as err:
         clustersim.load_scenario(d)
     assert err.value.field == "what_if[527]"
+
+
+@pytest.mark.parametrize("wrong", [123, None, b"runs/s.yaml", ["runs/s.yaml"]], ids=repr)
+def test_a_scenario_that_is_neither_a_path_nor_a_dict_is_a_type_error_naming_the_type(wrong):
+    """From Python, a scenario of another type is the caller's mistake: a TypeError naming the
+    type (it was pathlib's "expected str, bytes or os.PathLike object"), never a
+    ConfigError, which is for bad input."""
+    with pytest.raises(TypeError, match=f"a scenario is a YAML file's path or a dict, not {type(wrong).__name__}$"):
+        clustersim.simulate(wrong)
