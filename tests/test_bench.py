@@ -128,6 +128,17 @@ def test_fuzz_symmetry_compares_drawn_plans():
                         r"\(plan \d\)", lines[4])
 
 
+def test_fuzz_fabrics_draws_a_fabric_and_a_plan_and_compares_them():
+    """bench/fuzz_fabrics.py varies the fabric under a drawn plan and gives fuzz_symmetry's
+    verdict (seed 0's first plan: a 3-tier fat tree, TP4 x DP32, exact)."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_fabrics.py"), "0", "1"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3 and re.fullmatch(r"\s+0 \S+\s+\d+ nodes (leaf_spine|fat_tree) .*: exact", lines[0]), lines
+    assert lines[1] == "1 exact, 0 within 1%, 0 above, 0 BELOW, 0 BROKEN, 0 failed, 0 refused"
+
+
 def test_scale_scan_plans_are_valid_scenarios_and_the_smallest_runs(tmp_path):
     # bench/scale_scan.py makes its plans itself: a config change that refuses one would only
     # show when someone runs the scan
