@@ -501,9 +501,6 @@ class Engine:
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
         self._own_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # (op, group, load, algo): _own_plan
-        # per link, whether the tuner sees it (algorithm): a GPU's own links and its NIC's cable,
-        # not the switches beyond (None until first asked)
-        self._tuner_seen: list[bool] | None = None
         self._shared_orbits: dict[tuple, object] = {}  # what sibling orbits share (network.plan_phases)
         # plan key -> {phase: the scale-out links where its twins meet another communication's}
         self._meeting: dict[tuple, dict[int, np.ndarray]] = {}
@@ -566,9 +563,7 @@ class Engine:
         for plan in phases:
             weights = list(plan.weights)
             if tuner:
-                seen = self._tuner_seen
-                if seen is None:
-                    seen = self._tuner_seen = [k != "fabric" for k in self.cluster.edge_kind]
+                seen = self.cluster.tuner_sees
                 weights = [tuple(p for p in ws if seen[p[0]]) for ws in weights]
             rates = max_min_rates(weights, self.cluster.edge_bw_Bps)
             total += plan.latency_s + max((f * size_bytes / r for f, r in zip(plan.fractions, rates)), default=0.0)

@@ -425,6 +425,13 @@ class Cluster:
         return np.array([k in ("fabric", "nic") for k in self.edge_kind], dtype=bool)
 
     @cached_property
+    def tuner_sees(self) -> list[bool]:
+        """Per link (in ``edges`` order), whether the algorithm tuner weighs it: a GPU's own
+        links and its NIC's cable, not the fabric's switches beyond, which NCCL's topology
+        search does not see (engine.sim.Engine.algorithm)."""
+        return [k != "fabric" for k in self.edge_kind]
+
+    @cached_property
     def edge_latency_s(self) -> list[float]:
         return self._edge_data[1]
 
