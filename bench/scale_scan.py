@@ -111,6 +111,9 @@ PLANS = {
     "1k_moe_nic_half": ("moe_1024gpu with one NIC cable at half bandwidth (its node's GPUs split)",
                         "dgx-h100.yaml", 128, None, MOE_1K, 2048,
                         {**MOE_1K_TRAINING, "cluster": {"what_if": [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}]}}),
+    "1k_moe_leaf_half": ("moe_1024gpu with a leaf's uplink at half bandwidth (its 32 nodes split every class)",
+                         "dgx-h100.yaml", 128, None, MOE_1K, 2048,
+                         {**MOE_1K_TRAINING, "cluster": {"what_if": [{"link": "leaf0.0-spine0", "bw_factor": 0.5}]}}),
 }
 
 

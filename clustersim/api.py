@@ -167,7 +167,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "collapse_symmetric": len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
                        "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
-                       "repeat_tried": trace.repeat_tried},
+                       "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world)},
     }
     if links is not None:
         trace.links = links()
@@ -177,6 +177,17 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     if not keep_columns:
         trace.drop_columns()
     return summary
+
+
+def _fabric_faults(sc: Scenario, trace: Trace, world: int) -> dict | None:
+    """``simulation.fabric_faults``: how many GPUs the fabric's faults reach (null: none),
+    whether the collapse kept them (their split would simulate too many ranks) and how
+    many ranks that split would have simulated."""
+    gpus = sc.cluster.fabric_fault_gpus - sc.cluster.fault_gpus
+    if not gpus:
+        return None
+    kept = sc.split_faults[1] if len(trace.ranks) < world else 0
+    return {"gpus": len(gpus), "kept_in_collapse": kept > 0, "split_ranks": kept or None}
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,

@@ -145,14 +145,18 @@ def cmd_run(args) -> int:
 
 
 def _simulated_line(summary: dict, wall_s: float) -> str:
-    """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated."""
+    """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated (and,
+    below it, what the collapse kept of the fabric's faults)."""
+    from .output.summary import fabric_faults_note
+
     sim = summary["simulation"]
     rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
     cycle = (f" · {rep['simulated_microbatches']} of {m} microbatches run, a cycle of {rep['cycle_microbatches']} "
              f"copied in {rep['cycles_copied']} times") if rep else (
         f" · all {m} microbatches run: a shorter step of {tried} showed no steady cycle (--no-repeat skips that try)"
         if tried else "")
-    return f"{'simulated':<16}{sim['simulated_ranks']} ranks, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
+    line = f"{'simulated':<16}{sim['simulated_ranks']} ranks, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
+    return line + fabric_faults_note(sim.get("fabric_faults"), "\n" + " " * 16)
 
 
 def cmd_schedule(args) -> int:

@@ -149,6 +149,25 @@ class Scenario:
         order, ep_inner = parse_order(p.order)
         return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
 
+    @cached_property
+    def split_faults(self) -> tuple[frozenset[int], int]:
+        """(the faulty GPUs the symmetric classes split around, the simulated ranks a split
+        around the fabric's faults would take where it is not made, else 0). A node's own
+        cables' faults always split (the scenario check refuses a split past the all-ranks
+        limit); the fabric's (hardware/topology.py ``_mark_fault``) split only where the
+        split stays within that limit, else they keep the collapse, whose orbits move at their
+        slowest twin's pace (docs/architecture.md, "Classes split around faults")."""
+        cluster = self.cluster
+        own = frozenset(cluster.fault_gpus)
+        fabric = own | cluster.fabric_fault_gpus
+        if fabric == own or cluster.num_gpus <= MAX_GPUS_ALL_RANKS:
+            return fabric, 0
+        from .program.lower import Symmetry
+
+        n = Symmetry.split_count(self.mesh, {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}, fabric,
+                                 *self.cfg.ranks_differ(), cluster.gpus_per_node)
+        return (fabric, 0) if n <= MAX_GPUS_ALL_RANKS else (own, n)
+
     @property
     def microbatches(self) -> int:
         t = self.training

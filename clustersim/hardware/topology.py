@@ -380,6 +380,10 @@ class Cluster:
     # (NVLink, PCIe, NIC-leaf): their traffic takes paths their twins' does not, so they split
     # the symmetric classes as stragglers do (program/lower.py Symmetry)
     fault_gpus: set[int] = field(default_factory=set)
+    # GPUs of the nodes with a NIC on a leaf whose uplink a what_if degrades or removes, or on
+    # a removed leaf: they split the classes too where the split stays within the all-ranks
+    # limit (config.Scenario.faulty_gpus)
+    fabric_fault_gpus: set[int] = field(default_factory=set)
 
     @property
     def gpus_per_node(self) -> int:
@@ -967,15 +971,37 @@ def _apply_what_ifs(cluster: Cluster) -> None:
 
 
 def _mark_fault(cluster: Cluster, u: str, v: str) -> None:
-    """Add the GPUs of the node owning cable ``u-v`` (if either end is inside a node: a GPU,
-    NVSwitch, PCIe switch or NIC) to ``cluster.fault_gpus``. A fabric cable (leaf-spine,
-    spine-core) belongs to no node: flows of many GPUs cross it by ECMP, and the symmetric
-    collapse handles it through its orbits (an upper bound; docs/architecture.md)."""
+    """Mark the GPUs whose traffic may cross the faulty cable ``u-v`` (or the removed switch
+    ``u == v``) where their twins' does not. A cable inside a node or from its NIC: that
+    node's GPUs, in ``cluster.fault_gpus``. A fabric cable: the GPUs of every node with a NIC
+    below its lower end, in ``cluster.fabric_fault_gpus``; a removed switch: those below it,
+    unless that is every GPU (a spine of two tiers, a core: every leaf or pod loses the same
+    uplinks, and the fabric stays as symmetric as it was). Up-down routes cross a switch's
+    uplinks only from and to NICs below it, and a GPU's PXN leg leaves by a NIC of its own
+    node, so no other GPU's flow reaches the fault::
+
+        core
+          |   <- a spine-core cable: the pod's nodes' GPUs (fabric)
+        spine <- a pod's spine removed: the pod's nodes' GPUs (fabric)
+          |   <- a leaf-spine cable: the leaf's nodes' GPUs (fabric)
+        leaf  <- a leaf removed: the leaf's nodes' GPUs (fabric)
+        /  \\
+      n0    n1   <- a cable inside a node or from its NIC: that node's GPUs
+    """
+    g = cluster.graph
+    nodes = {g.nodes[x].get("node") for x in (u, v)} - {None}
+    marked = cluster.fault_gpus
+    if not nodes:
+        lower = min({u, v}, key=lambda x: TIERS[g.nodes[x]["kind"]])
+        leaves = [lower] if g.nodes[lower]["kind"] == "leaf" else \
+            [x for x in g.predecessors(lower) if g.nodes[x]["kind"] == "leaf"]
+        nodes = {g.nodes[x]["node"] for leaf in leaves for x in g.predecessors(leaf) if g.nodes[x]["kind"] == "nic"}
+        if u == v and len(nodes) == cluster.cfg.nodes:
+            return
+        marked = cluster.fabric_fault_gpus
     per = cluster.gpus_per_node
-    for x in (u, v):
-        node = cluster.graph.nodes[x].get("node")
-        if node is not None:
-            cluster.fault_gpus.update(range(node * per, (node + 1) * per))
+    for node in nodes:
+        marked.update(range(node * per, (node + 1) * per))
 
 
 def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None) -> None:
@@ -1017,6 +1043,7 @@ def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None)
             raise _fail(cfg, where, f"{s} is {kind}, not a fabric switch (leaf, spine or core); "
                                     "only those can be removed")
         nics = [x for x in g.predecessors(s) if g.nodes[x]["kind"] == "nic"]
+        _mark_fault(cluster, s, s)
         for nic in nics:
             g.nodes[nic]["leaf"] = None
         g.remove_node(s)

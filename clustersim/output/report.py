@@ -57,7 +57,7 @@ import plotly.graph_objects as go
 from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
-from .summary import plan_dims
+from .summary import fabric_faults_note, plan_dims
 
 GiB = 1024**3
 MiB = 1024**2
@@ -965,6 +965,9 @@ def header_html(summary: dict[str, Any]) -> str:
         out.append(f'<p class="meta">simulated: all {plan.get("microbatches")} microbatches; a shorter step of '
                    f'{summary["simulation"]["repeat_tried"]} showed no steady cycle to copy in '
                    f'(simulation.repeat)</p>')
+    faults = fabric_faults_note(summary.get("simulation", {}).get("fabric_faults"), " ")
+    if faults:
+        out.append(f'<p class="meta">simulated:{e(faults)}</p>')
     return "\n".join(out)
 
 

@@ -76,6 +76,14 @@ def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
     return out
 
 
+def fabric_faults_note(faults: dict | None, sep: str) -> str:
+    """What the terminal and the report say of fabric faults the collapse kept ("" if none),
+    two phrases, each after ``sep``."""
+    if not faults or not faults["kept_in_collapse"]:
+        return ""
+    return (f"{sep}fabric faults kept in the collapse, their orbits at the slowest twin's pace:{sep}a split "
+            f"around the {faults['gpus']:,} GPUs they reach would simulate {faults['split_ranks']:,} ranks")
+
 def format_summary(s: dict[str, Any]) -> str:
     """The short human summary printed by ``clustersim run``."""
     p, mem, hw = s["plan"], s["memory"], s["hardware"]

@@ -105,14 +105,15 @@ class Symmetry:
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the class keeps the index in the EP group too: one class
       per (stage, [CP index,] EP index), TP and DP twins collapsed as before.
-    - Collapsed, with faults on a node's own cables (``faulty``: the ranks of that node; a
-      degraded NVLink, PCIe or NIC-leaf cable): those ranks' traffic crosses a slower link
-      than their twins', which makes them stragglers in communication; each is a class of its
-      own, and the classes split around them the same way.
+    - Collapsed, with faults (``faulty``: the ranks of a node with a degraded NVLink, PCIe or
+      NIC-leaf cable, or of the nodes below a faulty fabric cable or switch where their split
+      fits: config.Scenario.split_faults): those ranks' traffic may cross a slower link than
+      their twins', which makes them stragglers in communication; each is a class of its own,
+      and the classes split around them the same way.
 
     All three give the same numbers on a symmetric placement; where twins meet different links
-    (a stage that spans two leaf groups) an orbit moves at its slowest member's pace, a close
-    upper bound (engine/network.py ``plan_flows``; tests/test_engine.py, tests/test_symmetry.py).
+    (a stage that spans two leaf groups, a fabric fault kept in the collapse) an orbit moves at
+    its slowest member's pace, a close upper bound (engine/network.py ``plan_flows``; tests/test_engine.py, tests/test_symmetry.py).
     Where the classes split a stage, one communication is several orbits, and each knows the
     others (:meth:`siblings`): their twins may meet on links neither simulated instance crosses.
     Split classes are exact task by task, and approximate only where a collective shared with
@@ -125,8 +126,9 @@ class Symmetry:
     cp_distinct: bool = False  # CP ranks run different programs (unbalanced causal attention)
     ep_distinct: bool = False  # EP ranks run different programs (skewed expert load)
     slow: dict[int, float] = field(default_factory=dict)  # rank -> compute slowdown (stragglers)
-    # ranks on GPUs whose own links a fault what-if degraded or removed: their communication
-    # runs slower than their twins', so they split the classes as stragglers do
+    # ranks on GPUs whose links (their node's, or the fabric's above them) a fault what-if
+    # degraded or removed: their communication may run slower than their twins', so they
+    # split the classes as stragglers do
     faulty: frozenset[int] = frozenset()
     # GPUs per node (0: unknown): where a stage's ranks differ in which of their pipeline
     # peers share their node, the classes split by it (:attr:`_chain_places`)
@@ -1258,10 +1260,9 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
     mesh = sc.mesh
     cp_distinct, ep_distinct = sc.cfg.ranks_differ()
     collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
-    # a straggler or a fault on a node's own cables (rank r runs on GPU r) splits the classes
-    # around it (Symmetry)
+    # a straggler or a fault (rank r runs on GPU r) splits the classes around it (Symmetry)
     sym = Symmetry(mesh, collapse, cp_distinct, ep_distinct, slow=dict(sc.cluster.gpu_slowdown),
-                   faulty=frozenset(sc.cluster.fault_gpus), gpus_per_node=sc.cluster.gpus_per_node)
+                   faulty=sc.split_faults[0], gpus_per_node=sc.cluster.gpus_per_node)
     work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
     rank_work = {(c, e): [stage_work(sc, j, sc.cluster.gpu, c, e) for j in range(sc.n_parts)]
                  for c in range(mesh.cp if cp_distinct else 1)
