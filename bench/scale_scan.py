@@ -17,11 +17,13 @@ the whole table; "before" is the tree before history entries 25 and 26)::
     16k_moe_roce             16,384     16    10,726     19.5     1,729   35.6 s, 3,791 MiB
     (the other 15: 0.6-5.6 s, 81-454 MiB)
 
-and moe_1024gpu's what-ifs, which split its symmetry classes (2026-12-02, a fast stretch)::
+and moe_1024gpu's what-ifs, which split its symmetry classes but for the last, whose split
+would take every rank (2026-12-03, a fast stretch)::
 
-    1k_moe_slow_gpu           1,024     64   148,128      2.2       261  moe_1024gpu with GPU 5 20 % slower
-    1k_moe_skewed_ep          1,024    256   592,512      6.1       642  moe_1024gpu with a skewed expert load ...
-    1k_moe_nic_half           1,024    288   666,576      6.8       695  moe_1024gpu with one NIC cable at half ...
+    1k_moe_slow_gpu           1,024     64   148,128      2.1       261  moe_1024gpu with GPU 5 20 % slower
+    1k_moe_skewed_ep          1,024    256   592,512      6.0       642  moe_1024gpu with a skewed expert load ...
+    1k_moe_nic_half           1,024    288   666,576      6.6       695  moe_1024gpu with one NIC cable at half ...
+    1k_moe_leaf_half          1,024     16    37,032      1.0       122  moe_1024gpu with a leaf's uplink at half ...
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ PLANS = {
     "1k_moe_nic_half": ("moe_1024gpu with one NIC cable at half bandwidth (its node's GPUs split)",
                         "dgx-h100.yaml", 128, None, MOE_1K, 2048,
                         {**MOE_1K_TRAINING, "cluster": {"what_if": [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}]}}),
-    "1k_moe_leaf_half": ("moe_1024gpu with a leaf's uplink at half bandwidth (its 32 nodes split every class)",
+    "1k_moe_leaf_half": ("moe_1024gpu with a leaf's uplink at half bandwidth (kept in the collapse)",
                          "dgx-h100.yaml", 128, None, MOE_1K, 2048,
                          {**MOE_1K_TRAINING, "cluster": {"what_if": [{"link": "leaf0.0-spine0", "bw_factor": 0.5}]}}),
 }

@@ -154,19 +154,19 @@ class Scenario:
         """(the faulty GPUs the symmetric classes split around, the simulated ranks a split
         around the fabric's faults would take where it is not made, else 0). A node's own
         cables' faults always split (the scenario check refuses a split past the all-ranks
-        limit); the fabric's (hardware/topology.py ``_mark_fault``) split only where the
-        split stays within that limit, else they keep the collapse, whose orbits move at their
-        slowest twin's pace (docs/architecture.md, "Classes split around faults")."""
+        limit); the fabric's (hardware/topology.py ``_mark_fault``) split where the split
+        simulates at most ``MAX_FABRIC_SPLIT_RANKS``, else they keep the collapse, whose orbits
+        move at their slowest twin's pace (docs/architecture.md, "Classes split around faults")."""
         cluster = self.cluster
         own = frozenset(cluster.fault_gpus)
         fabric = own | cluster.fabric_fault_gpus
-        if fabric == own or cluster.num_gpus <= MAX_GPUS_ALL_RANKS:
+        if fabric == own or cluster.num_gpus <= MAX_FABRIC_SPLIT_RANKS:
             return fabric, 0
         from .program.lower import Symmetry
 
         n = Symmetry.split_count(self.mesh, {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}, fabric,
                                  *self.cfg.ranks_differ(), cluster.gpus_per_node)
-        return (fabric, 0) if n <= MAX_GPUS_ALL_RANKS else (own, n)
+        return (fabric, 0) if n <= MAX_FABRIC_SPLIT_RANKS else (own, n)
 
     @property
     def microbatches(self) -> int:
@@ -214,6 +214,9 @@ class Scenario:
 
 
 MAX_GPUS_ALL_RANKS = 4_096  # every rank simulated (no symmetric collapse): minutes at this size
+# a split around fabric faults is made unasked up to this many simulated ranks: seconds (the
+# all-ranks runs of tests/test_symmetry.py); past it a 1,024-GPU plan's took 23-81 s and 2-9 GB
+MAX_FABRIC_SPLIT_RANKS = 256
 MAX_MICROBATCHES = 65_536  # per pipeline and step: the schedule holds an action per microbatch and stage
 MAX_LAYERS = 10_000  # the program holds blocks per layer, microbatch and stage
 # (MAX_GPUS, imported above, is the topology's: the cluster graph and routes are built in memory)

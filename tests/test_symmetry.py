@@ -368,14 +368,15 @@ def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path):
 
 def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(tmp_path, monkeypatch):
     """Where splitting around the GPUs below a fabric fault would simulate more ranks than
-    an all-ranks run may (4,096; lowered here), the fault keeps the collapse, whose orbits
+    are split unasked (256; lowered here), the fault keeps the collapse, whose orbits
     through it move at their slowest twin's pace; the summary, the terminal and the report
-    say so. A node's own cables' faults are never kept (the scenario check refuses them)."""
+    say so. A node's own cables' faults are never kept (the scenario check refuses a split
+    past the all-ranks limit)."""
     from clustersim import config
     from clustersim.cli import _simulated_line
     from clustersim.output.report import header_html
 
-    monkeypatch.setattr(config, "MAX_GPUS_ALL_RANKS", 8)
+    monkeypatch.setattr(config, "MAX_FABRIC_SPLIT_RANKS", 8)
     parallel = {"tp": 8, "pp": 2, "dp": 2}
     sc = _fabric(4, THREE_TIERS, [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}], tmp_path, parallel)
     assert sc.split_faults == (frozenset(), Symmetry.split_count(sc.mesh, {}, range(24, 32), gpus_per_node=8))

@@ -380,9 +380,9 @@ class Cluster:
     # (NVLink, PCIe, NIC-leaf): their traffic takes paths their twins' does not, so they split
     # the symmetric classes as stragglers do (program/lower.py Symmetry)
     fault_gpus: set[int] = field(default_factory=set)
-    # GPUs of the nodes with a NIC on a leaf whose uplink a what_if degrades or removes, or on
-    # a removed leaf: they split the classes too where the split stays within the all-ranks
-    # limit (config.Scenario.faulty_gpus)
+    # GPUs of the nodes with a NIC below a fabric cable or switch a what_if degrades or
+    # removes (:func:`_mark_fault`): they split the classes too where that split stays small
+    # (config.Scenario.split_faults)
     fabric_fault_gpus: set[int] = field(default_factory=set)
 
     @property
