@@ -87,6 +87,7 @@ def fabric_faults_note(faults: dict | None, sep: str) -> str:
             f"around the {faults['gpus']:,} GPUs they reach would simulate {faults['split_ranks']:,} ranks "
             f"(made unasked up to {MAX_FABRIC_SPLIT_RANKS})")
 
+
 def format_summary(s: dict[str, Any]) -> str:
     """The short human summary printed by ``clustersim run``."""
     p, mem, hw = s["plan"], s["memory"], s["hardware"]

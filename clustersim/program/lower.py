@@ -112,8 +112,10 @@ class Symmetry:
       and the classes split around them the same way.
 
     All three give the same numbers on a symmetric placement; where twins meet different links
-    (a stage that spans two leaf groups, a fabric fault kept in the collapse) an orbit moves at
-    its slowest member's pace, a close upper bound (engine/network.py ``plan_flows``; tests/test_engine.py, tests/test_symmetry.py).
+    (a stage that spans two leaf groups, ECMP collisions, a fabric fault kept in the collapse)
+    an orbit moves at its slowest member's pace: close, and most often above (engine/network.py
+    ``plan_flows``; tests/test_engine.py, tests/test_symmetry.py; docs/architecture.md, Known
+    limitations).
     Where the classes split a stage, one communication is several orbits, and each knows the
     others (:meth:`siblings`): their twins may meet on links neither simulated instance crosses.
     Split classes are exact task by task, and approximate only where a collective shared with
