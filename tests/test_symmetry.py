@@ -305,9 +305,11 @@ def test_stages_straddling_nodes_split_by_where_their_neighbours_are(parallel, o
     assert Symmetry(Mesh(tp=2, dp=4, pp=2), True, gpus_per_node=8)._chain_places is None
 
 
-def _fabric(nodes: int, fabric: dict, what_if: list, tmp_path, parallel: dict | None = None, **training):
-    """A scenario on ``nodes`` Llama 3 Clos servers whose fabric is ``fabric``: a small model,
-    TP8 x CP2 x PP2 DualPipe with ZeRO-3 unless ``parallel`` says otherwise."""
+def _fabric(nodes: int, fabric: dict, what_if: list, tmp_path, parallel: dict | None = None, *, moe: bool = False,
+            **training):
+    """A scenario on ``nodes`` Llama 3 Clos servers whose fabric is ``fabric``: a small model
+    (with experts: ``moe``), TP8 x CP2 x PP2 DualPipe with ZeRO-3 unless ``parallel`` says
+    otherwise."""
     import yaml
 
     topo = yaml.safe_load((ROOT / "topologies" / "roce-clos-llama3.yaml").read_text())
@@ -316,7 +318,7 @@ def _fabric(nodes: int, fabric: dict, what_if: list, tmp_path, parallel: dict | 
     path.write_text(yaml.safe_dump(topo))
     p = parallel or {"tp": 8, "pp": 2, "dp": 1, "cp": 2, "schedule": "dualpipe", "zero": 3, "sp": True}
     d = {"name": "fabric-fault", "cluster": {"topology": str(path), "what_if": what_if},
-         "model": {**MODEL, "layers": 4, "heads": 16, "seq_len": 2048},
+         "model": {**MODEL, "layers": 4, "heads": 16, "seq_len": 2048, **({"moe": MOE} if moe else {})},
          "parallel": p, "training": {"micro_batch_size": 1, "global_batch_size": 4 * p["dp"], **training}}
     return clustersim.load_scenario(d)
 
@@ -364,6 +366,35 @@ def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path):
     _assert_same(split, full)
     assert split["simulation"]["fabric_faults"] == {"gpus": 8, "kept_in_collapse": False, "split_ranks": None}
     assert split["simulation"]["simulated_ranks"] == 20
+
+
+LEAF_SPINE = {"kind": "leaf_spine", "nodes_per_leaf": 2, "spines": 4, "rail_optimized": False}
+# 8 nodes (64 GPUs), two a leaf: leaf1.0 / leaf1.2 hold nodes 2 and 3 (16 GPUs). Kept in the
+# collapse (one rank a stage), each had the same step but one kind's exposed time 13 % to
+# 93 % over the all-ranks run's
+FABRIC_FAULTS = [
+    ("cp2-zero3", LEAF_SPINE, {"tp": 2, "pp": 2, "dp": 8, "cp": 2, "zero": 3},
+     [{"link": "leaf1.0-spine3", "bw_factor": 0.5}], 36),
+    ("moe-ep4-rails-cable-out", {**LEAF_SPINE, "rail_optimized": True}, {"tp": 1, "pp": 2, "dp": 32, "ep": 4},
+     [{"remove_link": "leaf1.2-spine3"}], 40),
+    ("moe-ep4-rails-and-straggler", {**LEAF_SPINE, "rail_optimized": True}, {"tp": 1, "pp": 2, "dp": 32, "ep": 4},
+     [{"link": "leaf1.2-spine3", "bw_factor": 0.5}, {"gpu": 5, "slowdown": 1.2}], 48),
+    ("interleaved-three-tiers", THREE_TIERS, {"tp": 4, "pp": 2, "dp": 8, "schedule": "interleaved", "vpp": 2},
+     [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}], 24),
+]
+
+
+@pytest.mark.parametrize("fabric, parallel, what_if, n", [c[1:] for c in FABRIC_FAULTS],
+                         ids=[c[0] for c in FABRIC_FAULTS])
+def test_fabric_faults_split_classes_and_equal_all_ranks(fabric, parallel, what_if, n, tmp_path):
+    """64 GPUs, a leaf uplink degraded or taken out (with a straggler besides): split around
+    the GPUs of the nodes below it, the collapse gives the all-ranks numbers, exposed
+    communication included, and simulates fewer ranks."""
+    sc = _fabric(8, fabric, what_if, tmp_path, {"cp": 1, **parallel}, moe="ep" in parallel)
+    assert sc.cluster.fabric_fault_gpus == (set(range(16, 32)) if "leaf1" in str(what_if) else set(range(24, 32)))
+    split, full = _both(sc)
+    assert split["simulation"]["simulated_ranks"] == n
+    _assert_same(split, full)
 
 
 def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(tmp_path, monkeypatch):
