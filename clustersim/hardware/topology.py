@@ -984,7 +984,7 @@ def _mark_fault(cluster: Cluster, u: str, v: str) -> None:
           |   <- a spine-core cable: the pod's nodes' GPUs (fabric)
         spine <- a pod's spine removed: the pod's nodes' GPUs (fabric)
           |   <- a leaf-spine cable: the leaf's nodes' GPUs (fabric)
-        leaf  <- a leaf removed: the leaf's nodes' GPUs (fabric)
+        leaf      (a leaf removed cuts its NICs' GPUs off: an error, _Reach)
         /  \\
       n0    n1   <- a cable inside a node or from its NIC: that node's GPUs
     """
