@@ -181,13 +181,15 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
 
 def _fabric_faults(sc: Scenario, trace: Trace, world: int) -> dict | None:
     """``simulation.fabric_faults``: how many GPUs the fabric's faults reach (null: none),
-    whether the collapse kept them (their split would simulate too many ranks) and how
-    many ranks that split would have simulated."""
+    whether the collapse kept them (their split would simulate more ranks than
+    ``simulation.fabric_fault_split_ranks``), how many ranks that split would have simulated,
+    and that setting."""
     gpus = sc.cluster.fabric_fault_gpus - sc.cluster.fault_gpus
     if not gpus:
         return None
     kept = sc.split_faults[1] if len(trace.ranks) < world else 0
-    return {"gpus": len(gpus), "kept_in_collapse": kept > 0, "split_ranks": kept or None}
+    return {"gpus": len(gpus), "kept_in_collapse": kept > 0, "split_ranks": kept or None,
+            "split_up_to": sc.cfg.simulation.fabric_fault_split_ranks}
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,

@@ -88,6 +88,13 @@ class SimulationCfg(Strict):
         default=True, description="simulate a long 1F1B, interleaved or ZB-H1 step's repeating microbatches once "
         "and copy the cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); false: simulate every one")
     collectives: CollectivesCfg = CollectivesCfg()
+    # a split around fabric faults costs what the refinement makes of it: a rail-optimised
+    # DGX leaf's 32 nodes split every class of a 1,024-GPU plan (23-81 s and 2-9 GB against
+    # about a second kept in the collapse); 256 ranks take seconds, as the all-ranks runs of
+    # tests/test_symmetry.py do. At most the all-ranks limit (MAX_GPUS_ALL_RANKS)
+    fabric_fault_split_ranks: int = pydantic.Field(
+        default=256, ge=0, le=4_096, description="split the symmetric classes around the GPUs below a fabric fault "
+        "where that split simulates at most this many ranks; past it the collapse keeps the fault (0: never split)")
 
 
 class ProjectionCfg(Strict):
@@ -155,18 +162,20 @@ class Scenario:
         around the fabric's faults would take where it is not made, else 0). A node's own
         cables' faults always split (the scenario check refuses a split past the all-ranks
         limit); the fabric's (hardware/topology.py ``_mark_fault``) split where the split
-        simulates at most ``MAX_FABRIC_SPLIT_RANKS``, else they keep the collapse, whose orbits
-        move at their slowest twin's pace (docs/architecture.md, "Classes split around faults")."""
+        simulates at most ``simulation.fabric_fault_split_ranks``, else they keep the collapse,
+        whose orbits move at their slowest twin's pace (docs/architecture.md, "Classes split
+        around faults")."""
         cluster = self.cluster
         own = frozenset(cluster.fault_gpus)
         fabric = own | cluster.fabric_fault_gpus
-        if fabric == own or cluster.num_gpus <= MAX_FABRIC_SPLIT_RANKS:
+        most = self.cfg.simulation.fabric_fault_split_ranks
+        if fabric == own or cluster.num_gpus <= most:
             return fabric, 0
         from .program.lower import Symmetry
 
         n = Symmetry.split_count(self.mesh, {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}, fabric,
                                  *self.cfg.ranks_differ(), cluster.gpus_per_node)
-        return (fabric, 0) if n <= MAX_FABRIC_SPLIT_RANKS else (own, n)
+        return (fabric, 0) if n <= most else (own, n)
 
     @property
     def microbatches(self) -> int:
@@ -214,9 +223,6 @@ class Scenario:
 
 
 MAX_GPUS_ALL_RANKS = 4_096  # every rank simulated (no symmetric collapse): minutes at this size
-# a split around fabric faults is made unasked up to this many simulated ranks: seconds (the
-# all-ranks runs of tests/test_symmetry.py); past it a 1,024-GPU plan's took 23-81 s and 2-9 GB
-MAX_FABRIC_SPLIT_RANKS = 256
 MAX_MICROBATCHES = 65_536  # per pipeline and step: the schedule holds an action per microbatch and stage
 MAX_LAYERS = 10_000  # the program holds blocks per layer, microbatch and stage
 # (MAX_GPUS, imported above, is the topology's: the cluster graph and routes are built in memory)

@@ -306,7 +306,7 @@ def test_stages_straddling_nodes_split_by_where_their_neighbours_are(parallel, o
 
 
 def _fabric(nodes: int, fabric: dict, what_if: list, tmp_path, parallel: dict | None = None, *, moe: bool = False,
-            **training):
+            simulation: dict | None = None, **training):
     """A scenario on ``nodes`` Llama 3 Clos servers whose fabric is ``fabric``: a small model
     (with experts: ``moe``), TP8 x CP2 x PP2 DualPipe with ZeRO-3 unless ``parallel`` says
     otherwise."""
@@ -319,7 +319,8 @@ def _fabric(nodes: int, fabric: dict, what_if: list, tmp_path, parallel: dict | 
     p = parallel or {"tp": 8, "pp": 2, "dp": 1, "cp": 2, "schedule": "dualpipe", "zero": 3, "sp": True}
     d = {"name": "fabric-fault", "cluster": {"topology": str(path), "what_if": what_if},
          "model": {**MODEL, "layers": 4, "heads": 16, "seq_len": 2048, **({"moe": MOE} if moe else {})},
-         "parallel": p, "training": {"micro_batch_size": 1, "global_batch_size": 4 * p["dp"], **training}}
+         "parallel": p, "training": {"micro_batch_size": 1, "global_batch_size": 4 * p["dp"], **training},
+         "simulation": simulation or {}}
     return clustersim.load_scenario(d)
 
 
@@ -364,7 +365,8 @@ def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path):
     assert sc.split_faults == (frozenset(range(24, 32)), 0)
     split, full = _both(sc)
     _assert_same(split, full)
-    assert split["simulation"]["fabric_faults"] == {"gpus": 8, "kept_in_collapse": False, "split_ranks": None}
+    assert split["simulation"]["fabric_faults"] == {"gpus": 8, "kept_in_collapse": False, "split_ranks": None,
+                                                    "split_up_to": 256}
     assert split["simulation"]["simulated_ranks"] == 20
 
 
@@ -397,30 +399,31 @@ def test_fabric_faults_split_classes_and_equal_all_ranks(fabric, parallel, what_
     _assert_same(split, full)
 
 
-def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(tmp_path, monkeypatch):
+@pytest.mark.parametrize("most", [8, 0])
+def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(most, tmp_path):
     """Where splitting around the GPUs below a fabric fault would simulate more ranks than
-    are split unasked (256; lowered here), the fault keeps the collapse, whose orbits
-    through it move at their slowest twin's pace; the summary, the terminal and the report
-    say so. A node's own cables' faults are never kept (the scenario check refuses a split
-    past the all-ranks limit)."""
-    from clustersim import config
+    ``simulation.fabric_fault_split_ranks`` (256; lowered here, 0: never), the fault keeps
+    the collapse, whose orbits through it move at their slowest twin's pace; the summary,
+    the terminal and the report say so. A node's own cables' faults are never kept (the
+    scenario check refuses a split past the all-ranks limit)."""
     from clustersim.cli import _simulated_line
     from clustersim.output.report import header_html
 
-    monkeypatch.setattr(config, "MAX_FABRIC_SPLIT_RANKS", 8)
     parallel = {"tp": 8, "pp": 2, "dp": 2}
-    sc = _fabric(4, THREE_TIERS, [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}], tmp_path, parallel)
+    fault = [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}]
+    sc = _fabric(4, THREE_TIERS, fault, tmp_path, parallel, simulation={"fabric_fault_split_ranks": most})
     assert sc.split_faults == (frozenset(), Symmetry.split_count(sc.mesh, {}, range(24, 32), gpus_per_node=8))
     s = clustersim.simulate(sc).summary
     assert s["simulation"]["simulated_ranks"] == 2  # one a stage
     faults = s["simulation"]["fabric_faults"]
-    assert faults == {"gpus": 8, "kept_in_collapse": True, "split_ranks": sc.split_faults[1]} and faults["split_ranks"] > 8
-    said = f"a split around the 8 GPUs they reach would simulate {faults['split_ranks']} ranks"
+    assert faults == {"gpus": 8, "kept_in_collapse": True, "split_ranks": sc.split_faults[1], "split_up_to": most}
+    assert faults["split_ranks"] > 8
+    said = (f"a split around the 8 GPUs they reach would simulate {faults['split_ranks']} ranks "
+            f"(simulation.fabric_fault_split_ranks: {most})")
     assert said in _simulated_line(s, 1.0) and said in header_html(s).replace("&#x27;", "'")
     assert "fabric faults" not in _simulated_line(clustersim.simulate(sc, collapse=False).summary, 1.0)
-    monkeypatch.undo()
-    sc = _fabric(4, THREE_TIERS, [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}], tmp_path, parallel)
-    assert sc.split_faults == (frozenset(range(24, 32)), 0)  # within the limit: split
+    sc = _fabric(4, THREE_TIERS, fault, tmp_path, parallel)
+    assert sc.split_faults == (frozenset(range(24, 32)), 0)  # within the default: split
 
 
 # --- one communication split into several orbits: the siblings ---------------------------------

@@ -81,11 +81,9 @@ def fabric_faults_note(faults: dict | None, sep: str) -> str:
     two phrases, each after ``sep``."""
     if not faults or not faults["kept_in_collapse"]:
         return ""
-    from ..config import MAX_FABRIC_SPLIT_RANKS
-
     return (f"{sep}fabric faults kept in the collapse, their orbits at the slowest twin's pace:{sep}a split "
             f"around the {faults['gpus']:,} GPUs they reach would simulate {faults['split_ranks']:,} ranks "
-            f"(made unasked up to {MAX_FABRIC_SPLIT_RANKS})")
+            f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
 
 
 def format_summary(s: dict[str, Any]) -> str:
