@@ -89,7 +89,7 @@ class SimulationCfg(Strict):
         "and copy the cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); false: simulate every one")
     collectives: CollectivesCfg = CollectivesCfg()
     # a split around fabric faults costs what the refinement makes of it: a rail-optimised
-    # DGX leaf's 32 nodes split every class of a 1,024-GPU plan (23-81 s and 2-9 GB against
+    # DGX leaf's 32 nodes split every class of a 1,024-GPU plan (22-81 s and 2-9 GB against
     # about a second kept in the collapse); 256 ranks take seconds, as the all-ranks runs of
     # tests/test_symmetry.py do. At most the all-ranks limit (MAX_GPUS_ALL_RANKS)
     fabric_fault_split_ranks: int = pydantic.Field(
