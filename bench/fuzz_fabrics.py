@@ -6,7 +6,7 @@ with the invariant checks, collapsed and rank by rank (fuzz_symmetry's verdicts:
 within 1 %, above, BELOW, BROKEN), and with and without its cycle copied in (the steps must
 agree to 1e-9)::
 
-    python bench/fuzz_fabrics.py [seed] [plans]      (default 0 and 40)
+    python bench/fuzz_fabrics.py [seed] [plans] [--routing destination]   (default 0, 40, hash)
 
 It prints one line per plan and the count of each verdict, and exits 1 where a plan is
 BROKEN, fails (an invariant, an exception) or gives another step with its cycle copied in.
@@ -110,7 +110,10 @@ def label(i: int, base: str, topo: dict, p: dict, what_if: list) -> str:
 
 
 def main() -> int:
-    seed, plans = two_counts(__doc__, ("seed", 0, "seed of the random plans"), ("plans", 40, "how many plans to draw"))
+    seed, plans, routing = two_counts(__doc__, ("seed", 0, "seed of the random plans"),
+                                      ("plans", 40, "how many plans to draw"),
+                                      ("--routing", ("hash", "destination"), "how every fabric's switches pick uplinks "
+                                       "(fabric.routing); the same plans either way"))
     rng = random.Random(seed)
     folder = Path(tempfile.mkdtemp(prefix="fuzz-fabrics-"))
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "failed", "refused"), 0)
@@ -118,6 +121,8 @@ def main() -> int:
     bad = 0
     for i in range(plans):
         base, topo = draw_topology(rng)
+        if routing != "hash":  # (no draw: a seed's plans are the same either way)
+            topo.setdefault("fabric", {})["routing"] = routing
         world = topo["nodes"] * topo["node"]["gpus"]
         model, parallel, training = draw_plan(rng, world, topo["node"]["gpus"])
         what_if = [{"gpu": rng.randrange(world), "slowdown": 1.3}] if rng.random() < 0.25 else []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+import yaml
 
 from clustersim.errors import ConfigError
 from clustersim.hardware import GPUS, build_cluster, load_topology_cfg, lookup_gpu
@@ -502,33 +503,40 @@ def test_pod_oversubscription_slows_a_cross_pod_all_reduce_by_the_expected_facto
     assert t_in_over == pytest.approx(t_in_full, rel=1e-12)
 
 
+@pytest.mark.parametrize("routing", ["hash", "destination"])
 @pytest.mark.parametrize("case", ["llama3 Clos", "llama3 Clos, a core link removed", "dgx-a100, a spine link removed",
                                   "3-tier fat tree"])
-def test_routes_of_many_pairs_at_once_are_path_s_routes(root, case):
+def test_routes_of_many_pairs_at_once_are_path_s_routes(root, case, routing):
     """``Cluster.paths`` routes pairs across leaves in one loop (``_across_leaves``, the DP
     rings of a 16K-GPU step: ~86,000 pairs); each route is :meth:`Cluster.path`'s, the same
-    ECMP hashes up and down, on fabrics of two and three tiers, intact and with a link cut
-    (a route that turns through a third leaf, or has a choice on the way down)."""
+    ECMP hashes (or destination ports) up and down, on fabrics of two and three tiers, intact
+    and with a link cut (a route that turns through a third leaf, or has a choice on the way
+    down)."""
     import random
 
     import numpy as np
 
     llama = root / "topologies/roce-clos-llama3.yaml"
+    a100 = root / "topologies/dgx-a100.yaml"
+
+    def fabric(path) -> dict:
+        return {**yaml.safe_load(path.read_text())["fabric"], "routing": routing}
+
     if case == "llama3 Clos":
-        make = lambda: build_cluster(load_topology_cfg(llama, {"nodes": 400}))  # noqa: E731
+        make = lambda: build_cluster(load_topology_cfg(llama, {"nodes": 400, "fabric": fabric(llama)}))  # noqa: E731
     elif case == "llama3 Clos, a core link removed":
         intact = build_cluster(load_topology_cfg(llama, {"nodes": 400}))
         core = min(v for v in intact.graph.successors("pod1.spine0") if v.startswith("core"))
-        make = lambda: build_cluster(load_topology_cfg(llama, {"nodes": 400, "what_if": [  # noqa: E731
-            {"remove_link": f"{core}-pod1.spine0"}]}))
+        make = lambda: build_cluster(load_topology_cfg(llama, {"nodes": 400, "fabric": fabric(llama),  # noqa: E731
+                                                               "what_if": [{"remove_link": f"{core}-pod1.spine0"}]}))
     elif case == "dgx-a100, a spine link removed":
-        a100 = build_cluster(load_topology_cfg(root / "topologies/dgx-a100.yaml", {"nodes": 64}))
-        spine = min(v for v in a100.graph.successors("leaf0.0") if v.startswith("spine"))
-        make = lambda: build_cluster(load_topology_cfg(root / "topologies/dgx-a100.yaml",  # noqa: E731
-                                                       {"nodes": 64, "what_if": [{"remove_link": f"leaf0.0-{spine}"}]}))
+        intact = build_cluster(load_topology_cfg(a100, {"nodes": 64}))
+        spine = min(v for v in intact.graph.successors("leaf0.0") if v.startswith("spine"))
+        make = lambda: build_cluster(load_topology_cfg(a100, {"nodes": 64, "fabric": fabric(a100),  # noqa: E731
+                                                              "what_if": [{"remove_link": f"leaf0.0-{spine}"}]}))
     else:
-        make = lambda: _cluster({"kind": "fat_tree", "radix": 8, "tiers": 3, "rail_optimized": False}, 64,  # noqa: E731
-                                {"gpus": 2})
+        make = lambda: _cluster({"kind": "fat_tree", "radix": 8, "tiers": 3, "rail_optimized": False,  # noqa: E731
+                                 "routing": routing}, 64, {"gpus": 2})
     one_by_one, at_once = make(), make()
     rng = random.Random(7)
     n = one_by_one.num_gpus
@@ -539,6 +547,21 @@ def test_routes_of_many_pairs_at_once_are_path_s_routes(root, case):
     assert got == expected
     rows, lens = make()._across_leaves(np.array([s for s, _ in pairs]), np.array([d for _, d in pairs]))
     assert [tuple(r[:k]) for r, k in zip(rows.tolist(), lens.tolist())] == expected
+
+
+def test_routing_by_destination_spreads_a_leaf_s_destinations_over_the_spines(root):
+    """D-mod-k (``fabric.routing: destination``): the 20 NICs of a DGX A100 leaf are reached
+    over the 20 spines one each, so a stage boundary's sends from one scalable unit to the
+    next meet on no spine; hashed (ECMP), 20 such flows take 15 spines (5 collide)."""
+    path = root / "topologies/dgx-a100.yaml"
+    fab = yaml.safe_load(path.read_text())["fabric"]
+    spread = {}
+    for routing in ("hash", "destination"):
+        c = build_cluster(load_topology_cfg(path, {"nodes": 64, "fabric": {**fab, "routing": routing}}))
+        spread[routing] = {c.edges[c.path(8 * i, 8 * (i + 20))[2]][1] for i in range(20)}  # node i -> i + 20, rail 0
+        assert all(c.edges[c.path(8 * i, 8 * (i + 20))[2]][1].startswith("spine") for i in range(20))
+    assert len(spread["destination"]) == 20 and len(spread["hash"]) == 15
+    assert c.dest_ports[[0, 8, 152, 160]].tolist() == [0, 1, 19, 0]  # node 20 opens the second unit
 
 
 def test_crcs_continued_on_arrays_are_zlib_s():

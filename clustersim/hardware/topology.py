@@ -102,6 +102,10 @@ class FabricCfg(Strict):
     leaves_per_pod: int | None = pydantic.Field(default=None, ge=1, le=MAX_PORTS, description="fat_tree, 3 tiers")
     latency_us: float = pydantic.Field(default=0.6, ge=0, le=1e6, description="per switch-to-switch hop")
     efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
+    routing: Literal["hash", "destination"] = pydantic.Field(
+        default="hash", description="how a switch picks among equal-cost uplinks: hash (ECMP on the endpoints, as "
+        "Ethernet/RoCE fabrics do) or destination (by the destination NIC's port on its leaf, D-mod-k, as an "
+        "InfiniBand subnet manager's fat-tree routing does)")
 
     @pydantic.model_validator(mode="after")
     def _fields_of_kind(self):
@@ -522,7 +526,23 @@ class Cluster:
         (``i`` = 0: ``b`` itself), sorted; remembered as :meth:`_up_choices`."""
         return sorted(self._above(b)[i] & self._cabled[v])
 
-    def _leaf_route(self, a: str, b: str, salt: str) -> list[str]:
+    @cached_property
+    def dest_ports(self) -> np.ndarray:
+        """Per GPU, the port of its NIC among the NICs on its leaf (in node, then NIC order;
+        -1: no leaf): what ``fabric.routing: destination`` picks uplinks by."""
+        g = self.graph
+        seen: dict[str, int] = {}
+        port: dict[str, int] = {}
+        for v, attrs in g.nodes(data=True):  # insertion order: node by node, NIC by NIC
+            if attrs.get("kind") == "nic" and attrs.get("leaf") is not None:
+                port[v] = seen[attrs["leaf"]] = seen.get(attrs["leaf"], -1) + 1
+        return np.array([port.get(g.nodes[x].get("nic"), -1) for x in self.gpu_names], dtype=np.int64)
+
+    def _port(self, gpu: int) -> int:
+        """:attr:`dest_ports` of ``gpu`` where routes pick by it, else 0 (not worked out)."""
+        return int(self.dest_ports[gpu]) if self.cfg.fabric.routing == "destination" else 0
+
+    def _leaf_route(self, a: str, b: str, salt: str, port: int = 0) -> list[str]:
         """A shortest route from leaf ``a`` to leaf ``b``, chosen hop by hop as ECMP does: the
         switches of :meth:`_leaf_edges`.
 
@@ -532,36 +552,38 @@ class Cluster:
         toward ``b``. The first switch hashes ``salt`` itself; the others hash ``salt|switch``,
         a seed per switch as real fabrics use to avoid hash polarisation. In a two-tier fabric
         the only choice is the first (the spine), so this is the same as picking one of all the
-        sorted shortest routes.
+        sorted shortest routes. With ``fabric.routing: destination`` each switch picks by the
+        destination NIC's ``port`` on its leaf instead (D-mod-k: the first switch ``port`` mod
+        its choices, the next ``port // (choices before)`` mod its own), so that the NICs of a
+        leaf reach it over distinct uplinks wherever there are as many.
         """
         edges = self.edges
-        return [a, *(edges[e][1] for e in self._leaf_edges(a, b, salt.encode()))]
+        return [a, *(edges[e][1] for e in self._leaf_edges(a, b, salt.encode(), port))]
 
-    def _leaf_edges(self, a: str, b: str, salt: bytes) -> tuple[int, ...]:
+    def _leaf_edges(self, a: str, b: str, salt: bytes, port: int = 0) -> tuple[int, ...]:
         """The edge ids of :meth:`_leaf_route` (``salt`` encoded), per pair as cheaply as can
         be: each switch's choices toward a turn, the edges to them and its ``|switch`` bytes
         are looked up once per (switch, turn) (:meth:`_step`), and a seed ``salt|switch`` is
         hashed on from ``salt``'s CRC (crc32(x + y) = crc32(y, crc32(x))), not from the start.
         A 16,384-GPU MoE's all-to-alls route 836,000 pairs across leaves."""
+        by_port = self.cfg.fabric.routing == "destination"
         meet = self._meeting_of(a, b)
         if isinstance(meet, list):
-            hops = meet[zlib.crc32(salt) % len(meet)]
+            hops = meet[(port if by_port else zlib.crc32(salt)) % len(meet)]
             index = self.edge_index
             return tuple(index[(u, v)] for u, v in zip(hops, hops[1:]))
         t, tops = meet
         steps = self.__dict__.setdefault("_step_cache", {})
         crc = zlib.crc32(salt)
-        out, v = [], a
-        for i in range(1, t + 1):  # up: i tiers above a, t - i below the turn
-            key = ("up", v, t - i, tops)
+        out, v, div = [], a, 1
+        for i in range(1, 2 * t + 1):  # up t tiers (t - i below the turn), then down toward b
+            key = ("up", v, t - i, tops) if i <= t else ("down", v, b, 2 * t - i)
             choices, ids, bar = steps.get(key) or self._step(key)
-            j = 0 if len(choices) == 1 else (crc if i == 1 else zlib.crc32(bar, crc)) % len(choices)
-            out.append(ids[j])
-            v = choices[j]
-        for i in range(t - 1, -1, -1):  # down toward b
-            key = ("down", v, b, i)
-            choices, ids, bar = steps.get(key) or self._step(key)
-            j = 0 if len(choices) == 1 else zlib.crc32(bar, crc) % len(choices)
+            n = len(choices)
+            if by_port:
+                j, div = port // div % n, div * n
+            else:
+                j = 0 if n == 1 else (crc if i == 1 else zlib.crc32(bar, crc)) % n
             out.append(ids[j])
             v = choices[j]
         return tuple(out)
@@ -601,11 +623,13 @@ class Cluster:
                 raise ConfigError("GPUs on different nodes but the topology has no fabric",
                                   field="fabric.kind")
             if a[3] is None or b[4] is None:  # a NIC cable taken out (what_if): name the missing link
-                mid = [leaf_s] if leaf_s == leaf_d else self._leaf_route(leaf_s, leaf_d, f"{s}>{d}")
+                mid = [leaf_s] if leaf_s == leaf_d else self._leaf_route(leaf_s, leaf_d, f"{s}>{d}",
+                                                                           self._port(dst))
                 hops = [s, self.graph.nodes[s]["nic"], *mid, self.graph.nodes[d]["nic"], d]
                 ids = tuple(index[(u, v)] for u, v in zip(hops, hops[1:]))
             else:  # GPU -> NIC -> leaf, across the fabric, leaf -> NIC -> GPU
-                ids = a[3] + (() if leaf_s == leaf_d else self._leaf_edges(leaf_s, leaf_d, f"{s}>{d}".encode())) + b[4]
+                ids = a[3] + (() if leaf_s == leaf_d else
+                              self._leaf_edges(leaf_s, leaf_d, f"{s}>{d}".encode(), self._port(dst))) + b[4]
         cache[key] = ids
         return ids
 
@@ -779,10 +803,13 @@ class Cluster:
         width = 4 + 2 * int(turns.max(initial=0))
         rows = np.full((len(src), width), -1, dtype=np.int64)
         lens = np.zeros(len(src), dtype=np.int64)
-        crc = hashes.apply(e["tail"][dst], e["head"][src])  # crc32(b"src>dst")
+        by_port = self.cfg.fabric.routing == "destination"
+        crc = None if by_port else hashes.apply(e["tail"][dst], e["head"][src])  # crc32(b"src>dst")
         for t in np.unique(turns[turns > 0]).tolist():
             sel = np.flatnonzero(turns == t)
-            h0, v = crc[sel], leaf_s[sel]
+            h0, v = (None if by_port else crc[sel]), leaf_s[sel]
+            if by_port:
+                port, div = self.dest_ports[dst[sel]], np.ones(len(sel), dtype=np.int64)
             hops = []
             for i in range(1, 2 * t + 1):  # up t tiers, then down t tiers toward leaf b
                 up = i <= t
@@ -795,8 +822,11 @@ class Cluster:
                 count, ids, nxt = self._hop_table(keys.tolist(), t + 1, tops_list if up else None)
                 first = np.cumsum(count) - count
                 n = count[inv]
-                h = h0 if i == 1 else hashes.apply(seed[v], h0)  # the first switch hashes the salt itself
-                pick = first[inv] + np.where(n == 1, 0, h % n)
+                if by_port:  # D-mod-k: the next digit of the destination's port
+                    pick, div = first[inv] + port // div % n, div * n
+                else:
+                    h = h0 if i == 1 else hashes.apply(seed[v], h0)  # the first switch hashes the salt itself
+                    pick = first[inv] + np.where(n == 1, 0, h % n)
                 hops.append(ids[pick])
                 v = nxt[pick]
             s, d = src[sel], dst[sel]
