@@ -173,8 +173,8 @@ class Scenario:
             return fabric, 0
         from .program.lower import Symmetry
 
-        n = Symmetry.split_count(self.mesh, {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}, fabric,
-                                 *self.cfg.ranks_differ(), cluster.gpus_per_node)
+        n = Symmetry.split_count(self.mesh, cluster.gpu_slowdown, fabric, *self.cfg.ranks_differ(),
+                                 cluster.gpus_per_node)
         return (fabric, 0) if n <= most else (own, n)
 
     @property

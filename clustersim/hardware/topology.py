@@ -538,9 +538,14 @@ class Cluster:
                 port[v] = seen[attrs["leaf"]] = seen.get(attrs["leaf"], -1) + 1
         return np.array([port.get(g.nodes[x].get("nic"), -1) for x in self.gpu_names], dtype=np.int64)
 
+    @cached_property
+    def _by_port(self) -> bool:
+        """Whether routes pick uplinks by the destination's port (``fabric.routing``), not by hash."""
+        return self.cfg.fabric.routing == "destination"
+
     def _port(self, gpu: int) -> int:
         """:attr:`dest_ports` of ``gpu`` where routes pick by it, else 0 (not worked out)."""
-        return int(self.dest_ports[gpu]) if self.cfg.fabric.routing == "destination" else 0
+        return int(self.dest_ports[gpu]) if self._by_port else 0
 
     def _leaf_route(self, a: str, b: str, salt: str, port: int = 0) -> list[str]:
         """A shortest route from leaf ``a`` to leaf ``b``, chosen hop by hop as ECMP does: the
@@ -566,7 +571,7 @@ class Cluster:
         are looked up once per (switch, turn) (:meth:`_step`), and a seed ``salt|switch`` is
         hashed on from ``salt``'s CRC (crc32(x + y) = crc32(y, crc32(x))), not from the start.
         A 16,384-GPU MoE's all-to-alls route 836,000 pairs across leaves."""
-        by_port = self.cfg.fabric.routing == "destination"
+        by_port = self._by_port
         meet = self._meeting_of(a, b)
         if isinstance(meet, list):
             hops = meet[(port if by_port else zlib.crc32(salt)) % len(meet)]
@@ -803,7 +808,7 @@ class Cluster:
         width = 4 + 2 * int(turns.max(initial=0))
         rows = np.full((len(src), width), -1, dtype=np.int64)
         lens = np.zeros(len(src), dtype=np.int64)
-        by_port = self.cfg.fabric.routing == "destination"
+        by_port = self._by_port
         crc = None if by_port else hashes.apply(e["tail"][dst], e["head"][src])  # crc32(b"src>dst")
         for t in np.unique(turns[turns > 0]).tolist():
             sel = np.flatnonzero(turns == t)
