@@ -16,10 +16,12 @@ from .analysis.links import link_report
 from .analysis.memory import PartStatic, StageStatic, memory_report
 from .analysis.columns import TaskColumns
 from .analysis.metrics import step_metrics
-from .config import Scenario, load_scenario
+from .config import MAX_GPUS_ALL_RANKS, Scenario, load_scenario
 from .engine import Engine
 from .engine import repeat as cycles
 from .engine.ahead import Ahead
+from .errors import ConfigError
+from .host_memory import check_fits, rank_by_rank_tasks
 from .model.transformer import total_params
 from .program.lower import Lowering, lower
 from .program.tasks import Program
@@ -221,9 +223,14 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     cores."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     repeat = sc.cfg.simulation.repeat if repeat is None else repeat
+    every_rank = "collapse=False" if collapse is False else \
+        None if collapse or sc.cfg.simulation.collapse_symmetric else "simulation.collapse_symmetric"
+    if every_rank:
+        _check_every_rank(sc, every_rank)
     with no_cyclic_gc(), _ahead(sc, collapse, repeat, fork) as ahead:
         sc.check_schedule()  # (where load_scenario left it: the child needs no whole schedule)
         prog, low = lower_step(sc, collapse, repeat)
+        _check_fits(sc, prog, every_rank)
         engine, trace, extra, links_ahead = _run(sc, prog, collapse, links=after_run is None, repeat=repeat, low=low,
                                                  ahead=ahead, check=check)
         link_use = links_ahead or engine.link_use
@@ -244,6 +251,39 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         if keep is not None:
             keep += (prog, low, engine, *extra)
     return result
+
+
+def _check_every_rank(sc: Scenario, field: str) -> None:
+    """Refuse every rank of ``sc`` simulated (``field``: what asked for it) past the all-ranks
+    limit, or where the machine has too little memory for it, before anything is lowered:
+    the step's tasks are counted on the collapsed program (host_memory.rank_by_rank_tasks)."""
+    world = sc.mesh.world_size
+    if world > MAX_GPUS_ALL_RANKS:
+        raise ConfigError(f"simulating every one of {world:,} ranks would take hours and many GB; leave the "
+                          f"symmetric collapse on (exact on symmetric placements) or use at most "
+                          f"{MAX_GPUS_ALL_RANKS:,} GPUs", source=sc.source, field=field)
+    prog, _ = lower(sc, collapse=True)
+    check_fits(rank_by_rank_tasks(prog), f"simulating every one of the {world:,} ranks",
+               f"leave the symmetric collapse on ({len(prog.ranks):,} ranks simulated, exact on symmetric "
+               f"placements) or use a machine with more memory", source=sc.source, field=field)
+
+
+def _check_fits(sc: Scenario, prog: Program, every_rank: str | None) -> None:
+    """Refuse the lowered ``prog`` where the machine has too little memory to simulate it
+    (host_memory.check_fits), naming what made it so large."""
+    if every_rank:
+        what, field = f"simulating every one of the {len(prog.ranks):,} ranks", every_rank
+        remedy = "leave the symmetric collapse on, or use a machine with more memory"
+    elif sc.cluster.gpu_slowdown or sc.split_faults[0]:
+        what, field = f"the what-ifs' split into {len(prog.ranks):,} simulated ranks", "cluster.what_if"
+        remedy = "use fewer stragglers or faults, or a machine with more memory"
+    elif sc.cfg.ranks_differ()[1]:
+        what, field = f"the skewed expert load's {len(prog.ranks):,} simulated ranks", "model.moe.ep_load"
+        remedy = "leave the load even, or use a machine with more memory"
+    else:
+        what, field = f"the step of {sc.schedule.n_microbatches:,} microbatches", "training.global_batch_size"
+        remedy = "use fewer microbatches, or a machine with more memory"
+    check_fits(len(prog.items), what, remedy, source=sc.source, field=field)
 
 
 class Elsewhere(Protocol):

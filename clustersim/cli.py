@@ -133,6 +133,10 @@ def cmd_run(args) -> int:
         print(_simulated_line(result.summary, wall_s))
         print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
         return 0
+    except ConfigError as exc:
+        if exc.field != "collapse=False":
+            raise
+        raise ConfigError(exc.message, source=exc.source, field="--all-ranks") from None  # simulate's collapse=False
     except KeyboardInterrupt:
         if not staging.moved:
             raise  # (main: "interrupted: no outputs written")

@@ -1,0 +1,69 @@
+"""What a run of clustersim needs of the machine's memory, known before it runs.
+
+A run holds every task of its step at its peak: the program, the engine's records, the
+spans, the analysis' columns, and the report and trace written by a forked process. Its
+memory grows with the step's tasks, about the same per task whatever the plan::
+
+    bytes(run) ~ RUN_BASE_BYTES + RUN_BYTES_PER_TASK * tasks(step)
+
+A collapsed run holds a few ranks' tasks (moe_1024gpu: 36,072, about 0.16 GB); every rank
+simulated holds them all (moe_1024gpu: 2,308,608, about 3.3 GB; Megatron-1T's 3,072 ranks:
+41 M, about 60 GB). A run that would need more than the machine has free is refused before
+it starts, with what it would take, instead of swapping for hours or being killed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .analysis.columns import TaskColumns
+from .errors import ConfigError
+from .program.tasks import Program
+
+# `clustersim run --all-ranks`, the summed PSS of its processes at their peak (the parent, the
+# writer it forks, the shorter step's process; bench/bench_memory.py): long_context_cp_128k
+# 638 MiB for 371,808 tasks, llama2_70b_64gpu 968 MiB for 669,056, moe_1024gpu 3,290 MiB for
+# 2,308,608, gpt3_175b_1024gpu 13,128 MiB for 9,893,120: 1.36-1.52 KB a task above a process's
+# own 100 MiB. A step whose cycle is copied in holds its copies' spans more cheaply
+# (Megatron-1T collapsed: 820 MiB for 854,340 tasks, 1,322 MiB expected).
+RUN_BYTES_PER_TASK = 1_500
+RUN_BASE_BYTES = 100 * 2**20
+# a run expected to need less is not weighed against the machine (asking costs an import)
+UNWEIGHED_BYTES = 2**30
+
+
+def rank_by_rank_tasks(prog: Program) -> int:
+    """The tasks of ``prog``'s step with every rank simulated: each simulated rank's tasks
+    times the ranks it stands for (``Program.weight``), which run the same program::
+
+        tasks(all ranks) = sum over simulated r of tasks(r) * weight(r)
+
+    llama2_70b_64gpu: 41,816 tasks on 4 ranks of weight 16 -> 669,056, the all-ranks
+    lowering's count exactly (tests/test_host_memory.py)."""
+    counts = np.bincount(TaskColumns(prog.items, prog.runs, prog).rank, minlength=max(prog.ranks) + 1)
+    return sum(int(counts[r]) * prog.weight[r] for r in prog.ranks)
+
+
+def run_bytes(tasks: int) -> int:
+    """The memory a run of a step of ``tasks`` tasks takes at its peak (module docstring)."""
+    return RUN_BASE_BYTES + RUN_BYTES_PER_TASK * tasks
+
+
+def available_bytes() -> int:
+    """The memory the machine can give a new process now, without swapping."""
+    import psutil  # only for the runs large enough to ask
+
+    return psutil.virtual_memory().available
+
+
+def check_fits(tasks: int, what: str, remedy: str, *, source: str | None, field: str | None) -> None:
+    """Refuse (ConfigError) a run of ``tasks`` tasks that would need more memory than the
+    machine has available: ``what`` says which run, ``remedy`` what to do instead."""
+    need = run_bytes(tasks)
+    if need <= UNWEIGHED_BYTES:
+        return
+    have = available_bytes()
+    if need > have:
+        raise ConfigError(f"{what} makes {tasks:,} tasks, about {need / 2**30:.1f} GiB of memory at about "
+                          f"{RUN_BYTES_PER_TASK / 1000:.1f} KB a task, and this machine has "
+                          f"{have / 2**30:.1f} GiB available: {remedy}", source=source, field=field)

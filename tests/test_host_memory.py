@@ -1,0 +1,127 @@
+"""The machine's memory: a run's tasks known before it is lowered, and a run too large for the
+machine refused with what it would take, before anything is written."""
+
+from __future__ import annotations
+
+import pytest
+
+import clustersim
+import clustersim.host_memory as host_memory
+from clustersim.api import simulate
+from clustersim.errors import ConfigError
+from clustersim.program.lower import lower
+from clustersim.program.tasks import Program
+
+from .conftest import ROOT, scenario_dict
+from .test_cli import run_cli, write_scenario
+from .test_symmetry import COLLAPSE, MOE, _doc, _scenario
+
+# a plan of each kind the collapse simulates differently: classes per stage, per CP index
+# (unbalanced), per EP index (skewed load), split around stragglers and around a faulty cable
+PARALLEL = {c[0]: c[2] for c in COLLAPSE}
+CASES = {
+    "interleaved-zero3": _doc("dgx-h100.yaml", 8, PARALLEL["interleaved-zero3"], 16, layers=16),
+    "zb-h1-sp-zero2": _doc("dgx-h100.yaml", 8, PARALLEL["zb-h1-sp-zero2"], 16, layers=16),
+    "dualpipe-zero1": _doc("dgx-h100.yaml", 8, PARALLEL["dualpipe-zero1"], 16, layers=16),
+    "cp-ring-unbalanced": _doc("dgx-h100.yaml", 8, PARALLEL["cp-ring-unbalanced"], 4),
+    "moe-ep4-strided-cp2": _doc("dgx-h100.yaml", 8, PARALLEL["moe-ep4-strided-cp2"], 4, moe=MOE),
+    "moe-skewed-load": _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, 4,
+                            moe={**MOE, "ep_load": [2.0, 2 / 3, 2 / 3, 2 / 3]}),
+    "two-stragglers": _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8,
+                           what_if=[{"gpu": 13, "slowdown": 1.3}, {"gpu": 40, "slowdown": 1.1}]),
+    "nic-cable": _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8,
+                      what_if=[{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}]),
+}
+
+
+def _case(name: str) -> clustersim.Scenario:
+    return clustersim.load_scenario(CASES[name], base_dir=ROOT)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_tasks_of_every_rank_are_counted_on_the_collapsed_program(name):
+    """Each simulated rank's tasks times the ranks it stands for is the all-ranks lowering's
+    count, wherever the classes split."""
+    sc = _case(name)
+    collapsed, _ = lower(sc, collapse=True)
+    every, _ = lower(sc, collapse=False)
+    assert len(collapsed.ranks) < len(every.ranks) == sc.mesh.world_size
+    assert host_memory.rank_by_rank_tasks(collapsed) == len(every.items)
+    assert host_memory.rank_by_rank_tasks(every) == len(every.items)  # (every weight is 1)
+
+
+def test_each_simulated_rank_counts_as_many_times_as_the_ranks_it_stands_for():
+    """Classes of unequal size with unequal programs (the plans above split every stage
+    alike, where an average per simulated rank would do as well): 2 x 3 + 4 x 1."""
+    prog = Program(ranks=[0, 5], weight={0: 3, 5: 1})
+    for rank in (0, 0, 5, 5, 5, 5):
+        prog.add(rank=rank, stream="compute", name="F", kind="compute")
+    assert host_memory.rank_by_rank_tasks(prog) == 10
+
+
+def _little_memory(monkeypatch, gib: float) -> None:
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: int(gib * 2**30))
+
+
+def test_a_run_every_rank_of_which_would_not_fit_is_refused_before_it_is_lowered(monkeypatch):
+    sc = _scenario(32, {"tp": 8, "pp": 4, "dp": 8}, layers=32, training={"global_batch_size": 4096})
+    lowered = []
+    monkeypatch.setattr("clustersim.api.lower_step", lambda *a, **k: lowered.append(a) or pytest.fail("lowered"))
+    _little_memory(monkeypatch, 1.0)
+    with pytest.raises(ConfigError) as exc:
+        simulate(sc, collapse=False)
+    tasks = host_memory.rank_by_rank_tasks(lower(sc, collapse=True)[0])
+    need_gib = host_memory.run_bytes(tasks) / 2**30
+    assert need_gib > 1.0
+    assert exc.value.field == "collapse=False"
+    assert exc.value.message.startswith(f"simulating every one of the 256 ranks makes {tasks:,} tasks, about "
+                                        f"{need_gib:.1f} GiB of memory")
+    assert "this machine has 1.0 GiB available" in exc.value.message
+    # the same plan collapsed is small enough not to ask the machine at all
+    assert host_memory.run_bytes(len(lower(sc)[0].items)) < host_memory.UNWEIGHED_BYTES
+
+
+def test_a_collapsed_step_that_would_not_fit_names_its_microbatches(monkeypatch):
+    sc = _scenario(32, {"tp": 8, "pp": 4, "dp": 8}, layers=32, training={"global_batch_size": 4096})
+    tasks = len(lower(sc)[0].items)
+    _little_memory(monkeypatch, (host_memory.run_bytes(tasks) - 1) / 2**30)
+    monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
+    with pytest.raises(ConfigError) as exc:
+        simulate(sc)
+    assert exc.value.field == "training.global_batch_size"
+    assert exc.value.message.startswith(f"the step of 512 microbatches makes {tasks:,} tasks")
+    _little_memory(monkeypatch, host_memory.run_bytes(tasks) / 2**30)
+    assert simulate(sc).summary["step_time_s"] > 0  # just enough
+
+
+def test_a_split_too_large_for_the_machine_names_the_what_ifs(monkeypatch):
+    sc = _case("two-stragglers")
+    monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
+    _little_memory(monkeypatch, 0.1)
+    with pytest.raises(ConfigError) as exc:
+        simulate(sc)
+    assert exc.value.field == "cluster.what_if"
+    assert exc.value.message.startswith("the what-ifs' split into 24 simulated ranks makes ")
+
+
+def test_all_ranks_of_16k_gpus_refused_on_the_command_line(tmp_path, root):
+    """--all-ranks past the all-ranks limit gets the YAML setting's refusal, naming the flag
+    (it used to run for hours)."""
+    r = run_cli("run", root / "bench/scenarios/llama3_405b_16k.yaml", "--all-ranks", "--out", tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+    assert "llama3_405b_16k.yaml: --all-ranks: simulating every one of 16,384 ranks would take hours" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_all_ranks_too_large_for_the_machine_refused_on_the_command_line(tmp_path, root, monkeypatch, capsys):
+    from clustersim.cli import EXIT_BAD_INPUT, main
+
+    monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
+    _little_memory(monkeypatch, 0.01)
+    sc = write_scenario(tmp_path, root, scenario_dict())
+    out = tmp_path / "out"
+    assert main(["run", str(sc), "--all-ranks", "--out", str(out)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {sc}: --all-ranks: simulating every one of the ") and "0.0 GiB available" in err
+    assert not out.exists()
