@@ -1,0 +1,144 @@
+"""The commands the README and the docs show, run as a reader runs them, print what they show.
+
+Every fenced block whose first line is a shell prompt (``$ ...``) is a session: each ``$``
+line runs in bash, in a folder holding a copy of ``scenarios/`` and ``topologies/``, one
+folder per block, and must print the lines below it (stdout and stderr together), where::
+
+    ...                                   any number of lines
+    simulated  16 ranks, ... in 1.2 s     any wall time
+    $ python -m clustersim run X.yaml     nothing shown: it must run (exit code 0)
+    $ # edit the parallel section         a step the reader does by hand: nothing runs
+    $ diff A B                            after `$ cp A B`: B is A with the diff shown applied
+
+The README's command (``pip install . && python -m clustersim run scenarios/moe_1024gpu.yaml``,
+whose output is the block after it) is run without the install.
+
+After a deliberate change of what a command prints, ``CLUSTERSIM_UPDATE_DOCS=1 python -m pytest
+tests/test_doc_examples.py`` writes what the commands print into the blocks that elide nothing
+(a shown wall time is kept); review the diff like code, and the prose around the blocks too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+FENCE = re.compile(r"^```[a-z]*\n(.*?)^```\n", re.S | re.M)
+WALL_S = re.compile(r"(?<= in )\d+(\.\d+)? s\b")
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def sessions(text: str) -> list[tuple[str, list[str]]]:
+    """A block's (command, the lines it shows) in order."""
+    out: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            out.append((line[2:], []))
+        else:
+            out[-1][1].append(line)
+    return out
+
+
+def _blocks() -> list:
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        fences = list(FENCE.finditer(text))
+        for k, m in enumerate(fences):
+            body = m.group(1)
+            line = text.count("\n", 0, m.start()) + 1
+            if body.startswith("$ "):
+                found.append(pytest.param(path, body, id=f"{path.name}:{line}"))
+            elif path.name == "README.md" and "pip install . && python -m clustersim run" in body and k + 1 < len(fences):
+                cmd = body.strip().split(" && ", 1)[1]
+                found.append(pytest.param(path, f"$ {cmd}\n{fences[k + 1].group(1)}", id=f"{path.name}:{line}"))
+    return found
+
+
+def apply_normal_diff(lines: list[str], diff: list[str]) -> list[str]:
+    """``lines`` with a normal-format diff (what ``diff A B`` prints: ``16a17,19``, ``2,3c2,3``,
+    ``5d4``, with ``<`` and ``>`` lines) applied: B from A."""
+    out, at = [], 0  # lines of A copied so far
+    i = 0
+    while i < len(diff):
+        m = re.fullmatch(r"(\d+)(?:,(\d+))?([acd])\d+(?:,\d+)?", diff[i])
+        assert m, f"not a diff hunk: {diff[i]!r}"
+        first, last, op = int(m.group(1)), int(m.group(2) or m.group(1)), m.group(3)
+        i += 1
+        keep_to = first if op == "a" else first - 1
+        out += lines[at:keep_to]
+        at = keep_to if op == "a" else last
+        while i < len(diff) and diff[i][:2] in ("< ", "--", "> "):
+            if diff[i].startswith("> "):
+                out.append(diff[i][2:])
+            i += 1
+    return out + lines[at:]
+
+
+def matches(shown: list[str], got: list[str]) -> bool:
+    """Whether ``got`` reads as ``shown``: ``...`` stands for any lines, wall times for any."""
+    if not shown:
+        return not got
+    if shown[0].strip() == "...":
+        return any(matches(shown[1:], got[k:]) for k in range(len(got) + 1))
+    return bool(got) and WALL_S.sub("T s", shown[0]) == WALL_S.sub("T s", got[0]) and matches(shown[1:], got[1:])
+
+
+@pytest.mark.parametrize("doc, block", _blocks())
+def test_the_docs_show_what_the_commands_print(doc, block, tmp_path):
+    for folder in ("scenarios", "topologies"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT)}
+    update = bool(os.environ.get("CLUSTERSIM_UPDATE_DOCS"))
+    wrong, printed = [], []
+    for cmd, shown in sessions(block):
+        got = []
+        if not cmd.startswith("#"):
+            diff = re.fullmatch(r"diff (\S+) (\S+)", cmd)
+            if diff and shown:
+                a, b = (tmp_path / p for p in diff.groups())
+                b.write_text("\n".join(apply_normal_diff(a.read_text().splitlines(), shown)) + "\n")
+            run = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, timeout=300)
+            got = run.stdout.splitlines()
+            if not shown:  # (what it prints is not shown: it must run)
+                if run.returncode:
+                    wrong.append(f"$ {cmd}\n--- exit code {run.returncode}\n" + "\n".join(got))
+            elif not matches(shown, got):
+                wrong.append(f"$ {cmd}\n--- shown\n" + "\n".join(shown) + "\n--- printed\n" + "\n".join(got))
+        keep = not update or not shown or cmd.startswith("#") or any(x.strip() == "..." for x in shown)
+        printed += [f"$ {cmd}", *(shown if keep else [x if matches([x], [y]) else y
+                                                      for x, y in zip(shown + [""] * len(got), got)])]
+    if update and wrong:
+        text = doc.read_text()
+        new = "\n".join(printed) + "\n"
+        old, new = (block, new) if block in text else (block.split("\n", 1)[1], new.split("\n", 1)[1])  # (README)
+        doc.write_text(text.replace(old, new, 1))
+    assert not wrong, "\n\n".join(wrong)
+
+
+def test_a_normal_diff_applied_gives_the_file_diff_compares(tmp_path):
+    """Changed, added and deleted lines, as `diff` itself prints them."""
+    a = ["name: x", "tp: 8", "pp: 4", "dp: 2", "gone", "end"]
+    b = ["name: y", "tp: 8", "pp: 4", "extra", "dp: 2", "end", "tail"]
+    (tmp_path / "a").write_text("\n".join(a) + "\n")
+    (tmp_path / "b").write_text("\n".join(b) + "\n")
+    shown = subprocess.run(["diff", "a", "b"], cwd=tmp_path, capture_output=True, text=True).stdout.splitlines()
+    assert {re.search("[acd]", h).group() for h in shown if h[0].isdigit()} == {"a", "c", "d"}
+    assert apply_normal_diff(a, shown) == b
+
+
+def test_elided_lines_and_wall_times_match_and_nothing_else_does():
+    assert matches(["a", "...", "simulated 2 ranks in 1.0 s"], ["a", "b", "c", "simulated 2 ranks in 13.25 s"])
+    assert not matches(["a", "simulated 2 ranks in 1.0 s"], ["a", "simulated 3 ranks in 1.0 s"])
+    assert not matches(["a", "b"], ["a", "b", "c"])
+    assert matches(["...", "c"], ["a", "b", "c"]) and not matches(["...", "b"], ["a", "b", "c"])
