@@ -14,6 +14,8 @@ it starts, with what it would take, instead of swapping for hours or being kille
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from .analysis.columns import TaskColumns
@@ -50,10 +52,48 @@ def run_bytes(tasks: int) -> int:
 
 
 def available_bytes() -> int:
-    """The memory the machine can give a new process now, without swapping."""
+    """The memory the machine can give a new process now, without swapping: what the system
+    has available, or what is left under this process's cgroup limit where that is less (a
+    container's: the system's figure is the host's)."""
     import psutil  # only for the runs large enough to ask
 
-    return psutil.virtual_memory().available
+    have = psutil.virtual_memory().available
+    room = cgroup_room_bytes()
+    return have if room is None else min(have, room)
+
+
+# cgroup v2, then v1: (limit, usage, statistics, the reclaimable page cache's key in them)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_FILES = (("memory.max", "memory.current", "memory.stat", "inactive_file"),
+                ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+                 "total_inactive_file"))
+
+
+def cgroup_room_bytes() -> int | None:
+    """Memory left under this process's cgroup memory limit; None where it has none. The
+    usage counts the page cache, of which the inactive part is reclaimed before anything is
+    killed, so it is taken off, as container runtimes do::
+
+        room = limit - (usage - inactive_file)
+    """
+    for limit_name, usage_name, stat_name, cache_key in CGROUP_FILES:
+        try:
+            limit = (CGROUP_ROOT / limit_name).read_text().strip()
+            usage = int((CGROUP_ROOT / usage_name).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 2**62:  # (v1 writes "no limit" as a page-rounded 2^63)
+            return None
+        cache = 0
+        try:
+            for line in (CGROUP_ROOT / stat_name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == cache_key:
+                    cache = int(value)
+        except (OSError, ValueError):
+            pass
+        return max(int(limit) - max(usage - cache, 0), 0)
+    return None
 
 
 def check_fits(tasks: int, what: str, remedy: str, *, source: str | None, field: str | None) -> None:

@@ -125,3 +125,31 @@ def test_all_ranks_too_large_for_the_machine_refused_on_the_command_line(tmp_pat
     err = capsys.readouterr().err
     assert err.startswith(f"error: {sc}: --all-ranks: simulating every one of the ") and "0.0 GiB available" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_a_containers_memory_limit_bounds_what_is_available(version, tmp_path, monkeypatch):
+    """Inside a container the system's available memory is the host's: what is left under the
+    cgroup's limit counts, its inactive page cache taken off the usage (reclaimed first)."""
+    GiB = 2**30
+    if version == 2:
+        files = {"memory.max": f"{8 * GiB}\n", "memory.current": f"{5 * GiB}\n",
+                 "memory.stat": f"anon {3 * GiB}\ninactive_file {2 * GiB}\nactive_file 0\n"}
+    else:
+        (tmp_path / "memory").mkdir()
+        files = {"memory/memory.limit_in_bytes": f"{8 * GiB}\n", "memory/memory.usage_in_bytes": f"{5 * GiB}\n",
+                 "memory/memory.stat": f"cache {2 * GiB}\ntotal_inactive_file {2 * GiB}\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(host_memory, "CGROUP_ROOT", tmp_path)
+    assert host_memory.cgroup_room_bytes() == 5 * GiB  # 8 - (5 - 2)
+    assert host_memory.available_bytes() <= 5 * GiB
+    # no limit: the system's figure alone
+    (tmp_path / next(iter(files))).write_text("max\n" if version == 2 else "9223372036854771712\n")
+    assert host_memory.cgroup_room_bytes() is None
+    assert host_memory.available_bytes() > 0
+
+
+def test_no_cgroup_files_no_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_memory, "CGROUP_ROOT", tmp_path / "absent")
+    assert host_memory.cgroup_room_bytes() is None
