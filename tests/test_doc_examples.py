@@ -11,7 +11,8 @@ folder per block, and must print the lines below it (stdout and stderr together)
     $ diff A B                            after `$ cp A B`: B is A with the diff shown applied
 
 The README's command (``pip install . && python -m clustersim run scenarios/moe_1024gpu.yaml``,
-whose output is the block after it) is run without the install.
+whose output is the block after it) is run without the install. The Python blocks, and the
+commands of the bash blocks, must run without error.
 
 After a deliberate change of what a command prints, ``CLUSTERSIM_UPDATE_DOCS=1 python -m pytest
 tests/test_doc_examples.py`` writes what the commands print into the blocks that elide nothing
@@ -63,6 +64,41 @@ def _blocks() -> list:
     return found
 
 
+def _snippets() -> list:
+    """The README's and the docs' Python blocks, and the clustersim commands of their bash
+    blocks (a reader copies them as they are): each must run without error."""
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        for m in re.finditer(r"^```(python|bash)\n(.*?)^```\n", text, re.S | re.M):
+            line = text.count("\n", 0, m.start()) + 1
+            if m.group(1) == "python":
+                found.append(pytest.param("python", m.group(2), id=f"{path.name}:{line}"))
+                continue
+            for cmd in m.group(2).splitlines():
+                cmd = cmd.split("  #")[0].strip()
+                if cmd.startswith("python -m clustersim"):
+                    found.append(pytest.param("bash", cmd, id=f"{path.name}:{line}:{cmd.split()[3]}"))
+    return found
+
+
+def _sandbox(tmp_path: Path) -> dict:
+    """A copy of scenarios/ and topologies/ in ``tmp_path``, and the environment to run in."""
+    for folder in ("scenarios", "topologies"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize("kind, code", _snippets())
+def test_the_docs_snippets_run(kind, code, tmp_path):
+    env = _sandbox(tmp_path)
+    args = [sys.executable, "-c", code] if kind == "python" else ["bash", "-c", code]
+    run = subprocess.run(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+
+
 def apply_normal_diff(lines: list[str], diff: list[str]) -> list[str]:
     """``lines`` with a normal-format diff (what ``diff A B`` prints: ``16a17,19``, ``2,3c2,3``,
     ``5d4``, with ``<`` and ``>`` lines) applied: B from A."""
@@ -94,10 +130,7 @@ def matches(shown: list[str], got: list[str]) -> bool:
 
 @pytest.mark.parametrize("doc, block", _blocks())
 def test_the_docs_show_what_the_commands_print(doc, block, tmp_path):
-    for folder in ("scenarios", "topologies"):
-        shutil.copytree(ROOT / folder, tmp_path / folder)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(ROOT)}
+    env = _sandbox(tmp_path)
     update = bool(os.environ.get("CLUSTERSIM_UPDATE_DOCS"))
     wrong, printed = [], []
     for cmd, shown in sessions(block):
