@@ -49,6 +49,7 @@ def sessions(text: str) -> list[tuple[str, list[str]]]:
 
 
 def _blocks() -> list:
+    """(doc, block) of every session block, and the README's command with its output block."""
     found = []
     for path in DOCS:
         text = path.read_text()
