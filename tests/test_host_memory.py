@@ -104,9 +104,19 @@ def test_a_split_too_large_for_the_machine_names_the_what_ifs(monkeypatch):
     assert exc.value.message.startswith("the what-ifs' split into 24 simulated ranks makes ")
 
 
+def test_a_skewed_loads_classes_too_large_for_the_machine_name_the_load(monkeypatch):
+    sc = _case("moe-skewed-load")
+    monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
+    _little_memory(monkeypatch, 0.1)
+    with pytest.raises(ConfigError) as exc:
+        simulate(sc)
+    assert exc.value.field == "model.moe.ep_load"
+    assert exc.value.message.startswith("the skewed expert load's 8 simulated ranks makes ")
+
+
 def test_all_ranks_of_16k_gpus_refused_on_the_command_line(tmp_path, root):
     """--all-ranks past the all-ranks limit gets the YAML setting's refusal, naming the flag
-    (it used to run for hours)."""
+    (it was not refused: still running after a minute)."""
     r = run_cli("run", root / "bench/scenarios/llama3_405b_16k.yaml", "--all-ranks", "--out", tmp_path / "out")
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
