@@ -78,11 +78,12 @@ def cgroup_room_bytes() -> int | None:
     """
     for limit_name, usage_name, stat_name, cache_key in CGROUP_FILES:
         try:
-            limit = (CGROUP_ROOT / limit_name).read_text().strip()
+            text = (CGROUP_ROOT / limit_name).read_text().strip()
+            limit = None if text == "max" else int(text)
             usage = int((CGROUP_ROOT / usage_name).read_text())
         except (OSError, ValueError):
             continue
-        if limit == "max" or int(limit) >= 2**62:  # (v1 writes "no limit" as a page-rounded 2^63)
+        if limit is None or limit >= 2**62:  # (v1 writes "no limit" as a page-rounded 2^63)
             return None
         cache = 0
         try:
@@ -92,7 +93,7 @@ def cgroup_room_bytes() -> int | None:
                     cache = int(value)
         except (OSError, ValueError):
             pass
-        return max(int(limit) - max(usage - cache, 0), 0)
+        return max(limit - max(usage - cache, 0), 0)
     return None
 
 
