@@ -16,7 +16,7 @@ from .analysis.links import link_report
 from .analysis.memory import PartStatic, StageStatic, memory_report
 from .analysis.columns import TaskColumns
 from .analysis.metrics import step_metrics
-from .config import MAX_GPUS_ALL_RANKS, Scenario, load_scenario
+from .config import Scenario, every_rank_refusal, load_scenario
 from .engine import Engine
 from .engine import repeat as cycles
 from .engine.ahead import Ahead
@@ -258,10 +258,9 @@ def _check_every_rank(sc: Scenario, field: str) -> None:
     limit, or where the machine has too little memory for it, before anything is lowered:
     the step's tasks are counted on the collapsed program (host_memory.rank_by_rank_tasks)."""
     world = sc.mesh.world_size
-    if world > MAX_GPUS_ALL_RANKS:
-        raise ConfigError(f"simulating every one of {world:,} ranks would take hours and many GB; leave the "
-                          f"symmetric collapse on (exact on symmetric placements) or use at most "
-                          f"{MAX_GPUS_ALL_RANKS:,} GPUs", source=sc.source, field=field)
+    why = every_rank_refusal(world)  # (load_scenario refused it already for collapse_symmetric: false)
+    if why:
+        raise ConfigError(why, source=sc.source, field=field)
     prog, _ = lower(sc, collapse=True)
     check_fits(rank_by_rank_tasks(prog), f"simulating every one of the {world:,} ranks",
                f"leave the symmetric collapse on ({len(prog.ranks):,} ranks simulated, exact on symmetric "
@@ -270,11 +269,11 @@ def _check_every_rank(sc: Scenario, field: str) -> None:
 
 def _check_fits(sc: Scenario, prog: Program, every_rank: str | None) -> None:
     """Refuse the lowered ``prog`` where the machine has too little memory to simulate it
-    (host_memory.check_fits), naming what made it so large."""
+    (host_memory.check_fits), naming what made it so large. Every rank simulated was weighed
+    before it was lowered (:func:`_check_every_rank`, on the same count of tasks)."""
     if every_rank:
-        what, field = f"simulating every one of the {len(prog.ranks):,} ranks", every_rank
-        remedy = "leave the symmetric collapse on, or use a machine with more memory"
-    elif sc.cluster.gpu_slowdown or sc.split_faults[0]:
+        return
+    if sc.cluster.gpu_slowdown or sc.split_faults[0]:
         what, field = f"the what-ifs' split into {len(prog.ranks):,} simulated ranks", "cluster.what_if"
         remedy = "use fewer stragglers or faults, or a machine with more memory"
     elif sc.cfg.ranks_differ()[1]:

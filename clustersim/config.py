@@ -223,6 +223,15 @@ class Scenario:
 
 
 MAX_GPUS_ALL_RANKS = 4_096  # every rank simulated (no symmetric collapse): minutes at this size
+
+
+def every_rank_refusal(world: int) -> str | None:
+    """Why every one of ``world`` ranks may not be simulated (past MAX_GPUS_ALL_RANKS), or
+    None: for ``simulation.collapse_symmetric: false`` here and for ``--all-ranks`` (api.simulate)."""
+    if world <= MAX_GPUS_ALL_RANKS:
+        return None
+    return (f"simulating every one of {world:,} ranks would take hours and many GB; keep the symmetric collapse on "
+            f"(exact on symmetric placements) or use at most {MAX_GPUS_ALL_RANKS:,} GPUs")
 MAX_MICROBATCHES = 65_536  # per pipeline and step: the schedule holds an action per microbatch and stage
 MAX_LAYERS = 10_000  # the program holds blocks per layer, microbatch and stage
 # (MAX_GPUS, imported above, is the topology's: the cluster graph and routes are built in memory)
@@ -241,10 +250,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if world > MAX_GPUS:
         fail("cluster.nodes", f"{topo.nodes} nodes x {topo.node.gpus} GPUs = {world:,} GPUs; clustersim builds the "
                               f"cluster graph in memory and takes at most {MAX_GPUS:,} GPUs: use fewer nodes")
-    if world > MAX_GPUS_ALL_RANKS and not cfg.simulation.collapse_symmetric:
-        fail("simulation.collapse_symmetric", f"simulating every one of {world:,} ranks would take hours and many "
-                                              f"GB; keep collapse_symmetric: true (exact on symmetric placements) "
-                                              f"or use at most {MAX_GPUS_ALL_RANKS:,} GPUs")
+    if not cfg.simulation.collapse_symmetric and (why := every_rank_refusal(world)):
+        fail("simulation.collapse_symmetric", why)
     slow = {w.gpu: w.slowdown for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world}
     _check_split(cfg, world, slow, set(), "slow GPUs", source, topo.node.gpus)
     if p.tp * p.cp * p.pp * p.dp != world:

@@ -94,24 +94,18 @@ def test_a_collapsed_step_that_would_not_fit_names_its_microbatches(monkeypatch)
     assert simulate(sc).summary["step_time_s"] > 0  # just enough
 
 
-def test_a_split_too_large_for_the_machine_names_the_what_ifs(monkeypatch):
-    sc = _case("two-stragglers")
+@pytest.mark.parametrize("case, field, said", [
+    ("two-stragglers", "cluster.what_if", "the what-ifs' split into 24 simulated ranks makes "),
+    ("moe-skewed-load", "model.moe.ep_load", "the skewed expert load's 8 simulated ranks makes "),
+])
+def test_classes_too_many_for_the_machine_name_what_split_them(case, field, said, monkeypatch):
+    sc = _case(case)
     monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
     _little_memory(monkeypatch, 0.1)
     with pytest.raises(ConfigError) as exc:
         simulate(sc)
-    assert exc.value.field == "cluster.what_if"
-    assert exc.value.message.startswith("the what-ifs' split into 24 simulated ranks makes ")
-
-
-def test_a_skewed_loads_classes_too_large_for_the_machine_name_the_load(monkeypatch):
-    sc = _case("moe-skewed-load")
-    monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
-    _little_memory(monkeypatch, 0.1)
-    with pytest.raises(ConfigError) as exc:
-        simulate(sc)
-    assert exc.value.field == "model.moe.ep_load"
-    assert exc.value.message.startswith("the skewed expert load's 8 simulated ranks makes ")
+    assert exc.value.field == field
+    assert exc.value.message.startswith(said)
 
 
 def test_all_ranks_of_16k_gpus_refused_on_the_command_line(tmp_path, root):
