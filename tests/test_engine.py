@@ -458,6 +458,10 @@ def test_implying_links_on_arrays_check_crowded_links_flow_by_flow(seed, monkeyp
                           arrays.plan * 1000 + arrays.flow)  # ids with gaps, in (plan, flow) order
     assert _dominated_links(numbered, bw) == by_loop
     assert numbered.as_dict() == on_edge
+    # flows numbered against their order on each link (the entries' keys unsorted: sorted first)
+    backwards = _LinkFlows(arrays.links, arrays.ptr, arrays.plan, arrays.flow, arrays.weight,
+                           arrays.flow_id.max() - arrays.flow_id)
+    assert _dominated_links(backwards, bw) == by_loop
 
 
 @pytest.mark.parametrize("collide", [False, True])
