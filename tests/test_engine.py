@@ -644,6 +644,61 @@ def test_a_transfer_alone_ends_level_by_level_without_working_its_shares_out_aga
         assert fast[1][1] == [10.0, 20.0, 0.0, 70.0, 5.0]  # flow 3, alone at the top, takes what link 0 has left
 
 
+@pytest.mark.parametrize("join_s", [5.0, 25.0, 45.0])
+def test_a_transfer_that_goes_back_has_the_state_it_has_instant_by_instant(join_s):
+    """A transfer worked out ahead keeps, before each of its flow-end instants, only its live
+    flows' bytes left (the ends are its course's). When another transfer joins at ``join_s``
+    it goes back to the first instant after it: bytes left of its live flows, ends (none yet
+    for the live ones), live flows, rates, since when and rate changes are what the
+    instant-by-instant network (no run-ahead) has at that moment. The flows of
+    test_a_transfer_alone_ends_level_by_level_without_working_its_shares_out_again, flow 2
+    half as large, alone: instants at 10 s (flow 2), 15 s (flow 3), 35 s (flow 1), 70 s
+    (flow 0) and 140 s (flow 4)."""
+    import simpy
+
+    from clustersim.engine.network import FlowNetwork, FlowPlan
+
+    bw = [100.0, 10.0, 20.0, 200.0, 200.0, 5.0, 50.0]
+    weights = tuple(((0, 1.0), (1 + i, 1.0)) for i in range(4)) + (((5, 1.0),),)
+    first = FlowPlan(weights=weights, fractions=(1.0, 1.0, 0.5, 1.0, 1.0), latency_s=0.0)
+    joins = FlowPlan(weights=(((0, 1.0), (6, 1.0)),), fractions=(1.0,), latency_s=0.0)
+
+    def state(t):
+        return (t.rem[t.idx].tolist(), t.end.tolist(), t.idx.tolist(), t.live, t.rate.tolist(), t.at_s, len(t.times))
+
+    def run(ahead: bool):
+        env = simpy.Environment()
+        net = FlowNetwork(env, bw)
+        seen = []
+        if ahead:
+            back = net._back_to
+
+            def went_back(t, now):
+                back(t, now)
+                seen.append(state(t))
+            net._back_to = went_back
+        else:
+            net._run_ahead = lambda t: None
+            join = net._join
+
+            def joined(t, dirty):
+                if t.weights is joins.weights:
+                    seen.extend(state(g) for comp in net._comps.values() for g in comp)
+                join(t, dirty)
+            net._join = joined
+        net.transfer(first, 700.0)
+        net.transfer(joins, 500.0, at_s=join_s)
+        env.run()
+        return seen, [x for _, _, times, _, end, _ in net.finished for x in end.tolist() + times]
+
+    (back,), ends_fast = run(True)
+    (slow,), ends_slow = run(False)
+    assert back[0] == slow[0] and back[2:] == slow[2:]
+    np.testing.assert_array_equal(back[1], slow[1])  # (nan for the live flows)
+    assert len(back[2]) == {5.0: 5, 25.0: 3, 45.0: 2}[join_s]
+    assert ends_fast == pytest.approx(ends_slow, rel=1e-12)  # and both go on to the same ends
+
+
 def _mix_finished(plans, sizes, bw, fresh: bool):
     """``net.finished`` of ``plans`` started together (``sizes`` bytes each) on links ``bw``;
     ``fresh``: every fair share worked out afresh (FlowNetwork._rates_above bypassed). Also
