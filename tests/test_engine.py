@@ -644,10 +644,13 @@ def test_a_transfer_alone_ends_level_by_level_without_working_its_shares_out_aga
         assert fast[1][1] == [10.0, 20.0, 0.0, 70.0, 5.0]  # flow 3, alone at the top, takes what link 0 has left
 
 
+@pytest.mark.parametrize("columns", [False, True])
 @pytest.mark.parametrize("join_s", [5.0, 25.0, 45.0])
-def test_a_transfer_that_goes_back_has_the_state_it_has_instant_by_instant(join_s):
-    """A transfer worked out ahead keeps, before each of its flow-end instants, only its live
-    flows' bytes left (the ends are its course's). When another transfer joins at ``join_s``
+def test_a_transfer_that_goes_back_has_the_state_it_has_instant_by_instant(join_s, columns, monkeypatch):
+    """A transfer worked out ahead keeps, before each of its flow-end instants, its live flows
+    and their bytes left (``columns``: as many flows as a DP ring over thousands of replicas,
+    network.AHEAD_COLUMNS_FROM: the bytes left as steps from the first instant's, the live
+    flows from their ends). When another transfer joins at ``join_s``
     it goes back to the first instant after it: bytes left of its live flows, ends (none yet
     for the live ones), live flows, rates, since when and rate changes are what the
     instant-by-instant network (no run-ahead) has at that moment. The flows of
@@ -656,8 +659,11 @@ def test_a_transfer_that_goes_back_has_the_state_it_has_instant_by_instant(join_
     (flow 0) and 140 s (flow 4)."""
     import simpy
 
+    from clustersim.engine import network
     from clustersim.engine.network import FlowNetwork, FlowPlan
 
+    if columns:
+        monkeypatch.setattr(network, "AHEAD_COLUMNS_FROM", 2)
     bw = [100.0, 10.0, 20.0, 200.0, 200.0, 5.0, 50.0]
     weights = tuple(((0, 1.0), (1 + i, 1.0)) for i in range(4)) + (((5, 1.0),),)
     first = FlowPlan(weights=weights, fractions=(1.0, 1.0, 0.5, 1.0, 1.0), latency_s=0.0)
@@ -697,6 +703,52 @@ def test_a_transfer_that_goes_back_has_the_state_it_has_instant_by_instant(join_
     np.testing.assert_array_equal(back[1], slow[1])  # (nan for the live flows)
     assert len(back[2]) == {5.0: 5, 25.0: 3, 45.0: 2}[join_s]
     assert ends_fast == pytest.approx(ends_slow, rel=1e-12)  # and both go on to the same ends
+
+
+@pytest.mark.parametrize("same_time", [False, True])
+def test_a_transfers_instants_give_back_each_state_it_passed_through(same_time):
+    """The columns a transfer worked out ahead keeps (``network._Instants``: bytes left once,
+    the step of each instant; the live flows from the flows' ends) give back, before each
+    instant, the live flows and the bytes left that stepping the whole array gave, bit for
+    bit; where two instants fall at one time, the live flows kept instant by instant do."""
+    from clustersim.engine.network import _Instants
+
+    rng = np.random.default_rng(3)
+    n, t0 = 40, 7.3
+    rem = rng.uniform(1e3, 1e6, n)
+    idx, at_s, at = np.arange(0, n, 2), t0, t0
+    ats, dts, rates, at_ss, n_rates, idxs, states = [], [], [], [], [], [], []
+    end = np.full(n, np.nan)
+    end[1::2] = 1.0  # flows not live when it went ahead ended before
+    rate = rng.uniform(1.0, 1e3, n)
+    for k in range(12):
+        at = at if (same_time and k == 6) else at + float(rng.uniform(0.01, 2.0))
+        ats.append(at - t0)
+        moved = at != at_s
+        dts.append(at - at_s if moved else 0.0)
+        rates.append(rate)
+        at_ss.append(at_s - t0)
+        n_rates.append(k)
+        idxs.append(idx)
+        states.append((idx.copy(), rem[idx].copy()))
+        if moved:
+            rem -= rate * (at - at_s)  # as FlowNetwork._catch_up
+            at_s = at
+        gone = idx[rng.random(len(idx)) < 0.2]
+        end[gone] = at
+        idx = np.setdiff1d(idx, gone)
+        if rng.random() < 0.5:
+            rate = rate.copy()
+            rate[idx] *= rng.uniform(0.5, 2.0, len(idx))
+    got = _Instants(ats, dts, rates, at_ss, n_rates, states[0][0], states[0][1], idxs if same_time else None)
+    assert len(got) == 12
+    for k, (live, left) in enumerate(states):
+        idx_k, rem_k = got.state(k, end - t0)
+        assert idx_k.tolist() == live.tolist()
+        assert rem_k.tolist() == left.tolist()  # bit for bit
+    if same_time:  # the flows' ends cannot tell instants 5 and 6 apart
+        without = _Instants(ats, dts, rates, at_ss, n_rates, states[0][0], states[0][1], None)
+        assert without.state(6, end - t0)[0].tolist() != states[6][0].tolist()
 
 
 def _mix_finished(plans, sizes, bw, fresh: bool):

@@ -987,12 +987,69 @@ class _Transfer:
         return self._key
 
 
+class _Instants:
+    """The states of a transfer worked out ahead (:meth:`FlowNetwork._run_ahead`) before each
+    of its flow-end instants, to go back to (:meth:`FlowNetwork._back_to`), in columns. Bytes
+    left are kept once, before the first instant, with the step each instant took them by; the
+    live flows follow from the instant each flow ended at (its end is that instant's time). A
+    DP ring over 2,048 replicas has 8,000 flows and 2,500 instants, whose arrays copied at every
+    instant took 7 GB::
+
+        instant k      0        1        2   ...
+        at_rel         3.1      3.4      5.0       from the start
+        dt             3.1      0.3      1.6       bytes left: rem(k+1) = rem(k) - rate(k) * dt(k)
+        flow f, ended at 3.4 (its end, from the start): live before instants 0 and 1
+    """
+
+    __slots__ = ("at_rel", "dt", "rate", "at_s_rel", "n_rates", "idx0", "rem0", "idx", "rem")
+
+    def __init__(self, at_rel: list[float], dt: list[float], rate: list[np.ndarray], at_s_rel: list[float],
+                 n_rates: list[int], idx0: np.ndarray, rem0: np.ndarray | None, idx: list[np.ndarray] | None,
+                 rem: list[np.ndarray] | None = None):
+        self.at_rel = at_rel  # each instant, from the transfer's start (ascending)
+        self.dt = dt  # what its bytes left were brought on by there (at - at_s; 0.0: not moved)
+        self.rate = rate  # the rates before it
+        self.at_s_rel = at_s_rel  # since when those rates ran, from the start
+        self.n_rates = n_rates  # rate changes before it
+        self.idx0 = idx0  # the live flows before the first instant
+        self.rem0 = rem0  # their bytes left (None: ``rem`` has them)
+        # the live flows before each instant, kept where two instants fall at one time from the
+        # start (an end there cannot tell which of them a flow ended at), and with their bytes
+        # left (``rem``) for a transfer of few flows (AHEAD_COLUMNS_FROM), which goes back often
+        # and cheaply so (an MoE step's sends: 600 times)
+        self.idx = idx
+        self.rem = rem
+
+    def __len__(self) -> int:
+        return len(self.at_rel)
+
+    def state(self, k: int, end_rel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(live flows, their bytes left) before instant ``k``, given every flow's end from
+        the start (``end_rel``, nan: none): the same operations on the same values as the
+        transfer's own bytes left took (``FlowNetwork._catch_up``), on its live flows."""
+        if self.rem is not None:
+            return self.idx[k], self.rem[k]
+        if self.idx is not None:
+            idx = self.idx[k]
+        else:  # a flow ended at instant j has exactly at_rel[j] as its end (nan sorts last)
+            idx = self.idx0[np.searchsorted(np.asarray(self.at_rel), end_rel[self.idx0]) >= k]
+        rem = self.rem0[np.searchsorted(self.idx0, idx)]  # (both ascending)
+        for j in range(k):
+            if self.dt[j] != 0.0:
+                rem = rem - self.rate[j][idx] * self.dt[j]
+        return idx, rem
+
+
 def _shifted(course: tuple, t0: float) -> tuple[list, list, np.ndarray]:
     """A kept course's rate-change times, rates and flow ends, for a transfer started at ``t0``
     (see :meth:`FlowNetwork._run_ahead`)."""
     _, times, rows, end = course
     return [t0 + x for x in times], list(rows), end + t0
 
+
+# flows from which a transfer worked out ahead keeps its instants' bytes left as steps from the
+# first instant's (_Instants), not copied at each (their copies grow as flows x instants)
+AHEAD_COLUMNS_FROM = 256
 
 # entries a cache of the flow network keeps before it starts afresh: a run meets a few thousand
 # mixes and courses; a bound keeps a pathological one (every mix new) from growing without end
@@ -1123,7 +1180,7 @@ class FlowNetwork:
             t.at_s = self.env._now  # (Environment.now is a property around it)
             if _max(self._edge_comp[edges], initial=-1) < 0:  # alone on its links: maybe a kept course
                 course = self._alone.get((id(t.weights), moving, size_bytes))
-                if course is not None and course[0]:
+                if course is not None and course[0].at_rel:  # (instants: a list, read in C)
                     self._replay_alone(t, course)
                     return
             t.rem, t.end, t.times, t.rows = size.copy(), np.full(len(size), np.nan), [], []
@@ -1151,7 +1208,7 @@ class FlowNetwork:
         t.idx, t.live = _NO_FLOWS, ()
         t.ahead = (before, t0, course[3])
         t.course = (course, t0)
-        t.next_s = t0 + before[-1][0]
+        t.next_s = t0 + before.at_rel[-1]
         cid = self._next_id
         self._next_id += 1
         self._comps[cid] = [t]
@@ -1261,14 +1318,24 @@ class FlowNetwork:
         key = (id(t.weights), t.live, t.size_bytes)
         course = self._alone.get(key) if fresh else None
         if course is None:
-            before = []
+            ats, dts, rates, at_ss, n_rates, idxs = [], [], [], [], [], []
+            idx0, same, last = t.idx, False, None
+            rems = [] if len(idx0) < AHEAD_COLUMNS_FROM else None
+            rem0 = t.rem[idx0] if rems is None else None
             while t.live and t.next_s < float("inf"):
                 at = t.next_s
                 was = t.idx
-                # the live flows' bytes left only: the others are never read again, and their
-                # ends are the course's (a DP ring over 2,048 replicas: 8,000 flows, 2,500
-                # instants; whole copies of every array took 7 GB)
-                before.append((at - t0, t.rem[was], was, t.rate, t.at_s - t0, len(t.times)))
+                x = at - t0
+                same = same or x == last  # (instants come in order: equal ones one after another)
+                last = x
+                ats.append(x)
+                dts.append(at - t.at_s if t.at_s != at and t.rate is not None else 0.0)  # as _catch_up
+                rates.append(t.rate)
+                at_ss.append(t.at_s - t0)
+                n_rates.append(len(t.times))
+                idxs.append(was)
+                if rems is not None:
+                    rems.append(t.rem[was])
                 self._finish_due(t, at, 4 * math.ulp(at))
                 if t.live:
                     r = self._rates_left(t, was)
@@ -1279,7 +1346,9 @@ class FlowNetwork:
                         t.rows.append(r)
                         t.rate = r
                         _set_next_end(t, at)
-            course = (tuple(before), [x - t0 for x in t.times], list(t.rows), t.end - t0)
+            course = (_Instants(ats, dts, rates, at_ss, n_rates, idx0, rem0,
+                                idxs if same or rems is not None else None, rems),
+                      [x - t0 for x in t.times], list(t.rows), t.end - t0)
             if fresh and not t.live:
                 _remember(self._alone, key, course)
         else:  # replay: the end state, shifted
@@ -1288,8 +1357,8 @@ class FlowNetwork:
         t.ahead = (course[0], t0, course[3])
         if fresh and not t.live:
             t.course = (course, t0)
-        if not t.live and course[0]:
-            t.next_s = t0 + course[0][-1][0]
+        if not t.live and course[0].at_rel:
+            t.next_s = t0 + course[0].at_rel[-1]
 
     def _back_to(self, t: _Transfer, now: float) -> None:
         """Undo ``t``'s instants after ``now`` (see :meth:`_run_ahead`)."""
@@ -1299,14 +1368,17 @@ class FlowNetwork:
             t.times, t.rows, t.end = _shifted(t.course[0], t0)
         t.course = None
         # the first instant after now; if its last instant is now, that one (it ends at the tick)
-        later = [snap for snap in before if t0 + snap[0] > now] or ([] if t.live else before[-1:])
-        if later:
-            _, rem_live, idx, rate, at_s, n_rates = later[0]
-            t.rem = np.zeros(len(t.size))
+        k = next((k for k, x in enumerate(before.at_rel) if t0 + x > now), None)
+        if k is None and not t.live and before.at_rel:
+            k = len(before.at_rel) - 1
+        if k is not None:
+            idx, rem_live = before.state(k, end_rel)
+            t.rem = np.zeros(len(t.size))  # (the ended flows' bytes left are never read)
             t.rem[idx] = rem_live
             end = end_rel.copy()  # the flows ended by then have their ends, the others none yet
             end[idx] = np.nan
-            t.end, t.idx, t.live, t.rate, t.at_s = end + t0, idx, tuple(idx.tolist()), rate, t0 + at_s
+            t.end, t.idx, t.live = end + t0, idx, tuple(idx.tolist())
+            t.rate, t.at_s, n_rates = before.rate[k], t0 + before.at_s_rel[k], before.n_rates[k]
             del t.times[n_rates:], t.rows[n_rates:]
             _set_next_end(t, t.at_s)
 
