@@ -87,7 +87,7 @@ import simpy
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [ROOT / "scenarios/moe_1024gpu.yaml", ROOT / "bench/scenarios/llama3_405b_16k.yaml",
            ROOT / "bench/scenarios/megatron_1t_3072.yaml"]
-SWEEP_GPUS = (64, 256, 1024, 4096, 16384)  # at SWEEP_M microbatches, DP grows
+SWEEP_GPUS = (64, 256, 1024, 4096, 16384, 32768, 65536)  # at SWEEP_M microbatches, DP grows
 SWEEP_M = 16
 SWEEP_MICROBATCHES = (8, 32, 128, 512)  # at SWEEP_FIXED_GPUS
 SWEEP_FIXED_GPUS = 256
