@@ -1,4 +1,4 @@
-"""The memory `clustersim run` takes per task of its step, against what it expects before it
+"""The memory `clustersim run` takes per task of its step and per GPU, against what it expects before it
 runs (clustersim.host_memory): the summed PSS of its processes (the parent, the writer it
 forks, the shorter step's process), sampled every 50 ms.
 
@@ -31,11 +31,11 @@ LARGE = ["gpt3_175b_1024gpu"]
 MiB = 2**20
 
 
-def tasks_of(path: Path, every_rank: bool) -> int:
-    """The step's tasks as clustersim.api counts them before it simulates."""
+def tasks_of(path: Path, every_rank: bool) -> tuple[int, int]:
+    """(The step's tasks as clustersim.api counts them before it simulates, its GPUs.)"""
     sc = load_scenario(path)
     prog, _ = lower(sc, collapse=True if every_rank else None)
-    return rank_by_rank_tasks(prog) if every_rank else len(prog.items)
+    return (rank_by_rank_tasks(prog) if every_rank else len(prog.items)), sc.mesh.world_size
 
 
 def peak_pss(cmd: list[str]) -> tuple[int, float]:
@@ -63,15 +63,17 @@ def main() -> None:
     args = ap.parse_args()
     paths = args.scenarios or [ROOT / "scenarios" / f"{n}.yaml" for n in DEFAULT + (LARGE if args.large else [])]
     every = not args.collapsed
-    print(f"{'scenario':<28} {'tasks':>11} {'peak MiB':>9} {'expected':>9} {'B/task':>7} {'wall s':>7}")
+    print(f"{'scenario':<28} {'tasks':>11} {'GPUs':>7} {'peak MiB':>9} {'expected':>9} {'B/task':>7} {'B/GPU':>7} "
+          f"{'wall s':>7}")
     for path in paths:
-        tasks = tasks_of(path, every)
+        tasks, gpus = tasks_of(path, every)
         with tempfile.TemporaryDirectory() as out:
             cmd = [sys.executable, "-m", "clustersim", "run", str(path), "--out", out, *(["--all-ranks"] if every else [])]
             peak, wall_s = peak_pss(cmd)
-        per_task = (peak - RUN_BASE_BYTES) / tasks
-        print(f"{path.stem:<28} {tasks:>11,} {peak / MiB:>9,.0f} {run_bytes(tasks) / MiB:>9,.0f} {per_task:>7,.0f} "
-              f"{wall_s:>7.1f}", flush=True)
+        per_task = (peak - RUN_BASE_BYTES) / tasks  # (all of it, as if the GPUs took none)
+        per_gpu = (peak - run_bytes(tasks)) / gpus  # (what the tasks do not explain)
+        print(f"{path.stem:<28} {tasks:>11,} {gpus:>7,} {peak / MiB:>9,.0f} {run_bytes(tasks, gpus) / MiB:>9,.0f} "
+              f"{per_task:>7,.0f} {per_gpu:>7,.0f} {wall_s:>7.1f}", flush=True)
 
 
 if __name__ == "__main__":

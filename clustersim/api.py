@@ -21,7 +21,7 @@ from .engine import Engine
 from .engine import repeat as cycles
 from .engine.ahead import Ahead
 from .errors import ConfigError
-from .host_memory import check_fits, rank_by_rank_tasks
+from .host_memory import RUN_BYTES_PER_GPU, RUN_BYTES_PER_TASK, check_fits, rank_by_rank_tasks
 from .model.transformer import total_params
 from .program.lower import Lowering, lower
 from .program.tasks import Program
@@ -262,7 +262,7 @@ def _check_every_rank(sc: Scenario, field: str) -> None:
     if why:
         raise ConfigError(why, source=sc.source, field=field)
     prog, _ = lower(sc, collapse=True)
-    check_fits(rank_by_rank_tasks(prog), f"simulating every one of the {world:,} ranks",
+    check_fits(rank_by_rank_tasks(prog), world, f"simulating every one of the {world:,} ranks",
                f"leave the symmetric collapse on ({len(prog.ranks):,} ranks simulated, exact on symmetric "
                f"placements) or use a machine with more memory", source=sc.source, field=field)
 
@@ -273,7 +273,11 @@ def _check_fits(sc: Scenario, prog: Program, every_rank: str | None) -> None:
     before it was lowered (:func:`_check_every_rank`, on the same count of tasks)."""
     if every_rank:
         return
-    if sc.cluster.gpu_slowdown or sc.split_faults[0]:
+    gpus = sc.mesh.world_size
+    if RUN_BYTES_PER_GPU * gpus > RUN_BYTES_PER_TASK * len(prog.items):  # the cluster's size more than the step's
+        what, field = f"a cluster of {gpus:,} GPUs", "cluster.nodes"
+        remedy = "simulate fewer nodes, or use a machine with more memory"
+    elif sc.cluster.gpu_slowdown or sc.split_faults[0]:
         what, field = f"the what-ifs' split into {len(prog.ranks):,} simulated ranks", "cluster.what_if"
         remedy = "use fewer stragglers or faults, or a machine with more memory"
     elif sc.cfg.ranks_differ()[1]:
@@ -282,7 +286,7 @@ def _check_fits(sc: Scenario, prog: Program, every_rank: str | None) -> None:
     else:
         what, field = f"the step of {sc.schedule.n_microbatches:,} microbatches", "training.global_batch_size"
         remedy = "use fewer microbatches, or a machine with more memory"
-    check_fits(len(prog.items), what, remedy, source=sc.source, field=field)
+    check_fits(len(prog.items), gpus, what, remedy, source=sc.source, field=field)
 
 
 class Elsewhere(Protocol):

@@ -2,9 +2,11 @@
 
 A run holds every task of its step at its peak: the program, the engine's records, the
 spans, the analysis' columns, and the report and trace written by a forked process. Its
-memory grows with the step's tasks, about the same per task whatever the plan::
+memory grows with the step's tasks, about the same per task whatever the plan, and with the
+cluster's GPUs (their routes, the orbit plans of collectives over thousands of replicas, the
+flow network's arrays over every link)::
 
-    bytes(run) ~ RUN_BASE_BYTES + RUN_BYTES_PER_TASK * tasks(step)
+    bytes(run) ~ RUN_BASE_BYTES + RUN_BYTES_PER_TASK * tasks(step) + RUN_BYTES_PER_GPU * GPUs
 
 A collapsed run holds a few ranks' tasks (moe_1024gpu: 36,072, about 0.16 GB); every rank
 simulated holds them all (moe_1024gpu: 2,308,608, about 3.3 GB; Megatron-1T's 3,072 ranks:
@@ -30,6 +32,13 @@ from .program.tasks import Program
 # (Megatron-1T collapsed: 820 MiB for 854,340 tasks, 1,322 MiB expected).
 RUN_BYTES_PER_TASK = 1_500
 RUN_BASE_BYTES = 100 * 2**20
+# collapsed runs of large clusters, the same PSS (bench/bench_memory.py --collapsed), above
+# the base and their tasks' share: 18-34 KB a GPU for dense plans from 1,024 to 65,536 GPUs
+# (the sweep's dense plan 2,347 MiB at 65,536, Llama-3-like 2,059 MiB at 65,536), 51-57 KB
+# for GB200 trees and MoE on DGX pods (moe_16k 1,047 MiB, 32,768 GPUs 1,955 MiB), 105 KB for
+# all-to-alls across a Clos without rails (16k_moe_roce 1,833 MiB). The low end: a run is
+# refused only where even that would not fit
+RUN_BYTES_PER_GPU = 20_000
 # a run expected to need less is not weighed against the machine (asking costs an import)
 UNWEIGHED_BYTES = 2**30
 
@@ -46,9 +55,10 @@ def rank_by_rank_tasks(prog: Program) -> int:
     return sum(int(counts[r]) * prog.weight[r] for r in prog.ranks)
 
 
-def run_bytes(tasks: int) -> int:
-    """The memory a run of a step of ``tasks`` tasks takes at its peak (module docstring)."""
-    return RUN_BASE_BYTES + RUN_BYTES_PER_TASK * tasks
+def run_bytes(tasks: int, gpus: int = 0) -> int:
+    """The memory a run of a step of ``tasks`` tasks on ``gpus`` GPUs takes at its peak
+    (module docstring)."""
+    return RUN_BASE_BYTES + RUN_BYTES_PER_TASK * tasks + RUN_BYTES_PER_GPU * gpus
 
 
 def available_bytes() -> int:
@@ -97,14 +107,16 @@ def cgroup_room_bytes() -> int | None:
     return None
 
 
-def check_fits(tasks: int, what: str, remedy: str, *, source: str | None, field: str | None) -> None:
-    """Refuse (ConfigError) a run of ``tasks`` tasks that would need more memory than the
-    machine has available: ``what`` says which run, ``remedy`` what to do instead."""
-    need = run_bytes(tasks)
+def check_fits(tasks: int, gpus: int, what: str, remedy: str, *, source: str | None, field: str | None) -> None:
+    """Refuse (ConfigError) a run of ``tasks`` tasks on ``gpus`` GPUs that would need more
+    memory than the machine has available: ``what`` says which run, ``remedy`` what to do
+    instead."""
+    need = run_bytes(tasks, gpus)
     if need <= UNWEIGHED_BYTES:
         return
     have = available_bytes()
     if need > have:
-        raise ConfigError(f"{what} makes {tasks:,} tasks, about {need / 2**30:.1f} GiB of memory at about "
-                          f"{RUN_BYTES_PER_TASK / 1000:.1f} KB a task, and this machine has "
-                          f"{have / 2**30:.1f} GiB available: {remedy}", source=source, field=field)
+        raise ConfigError(f"{what}: {tasks:,} tasks on {gpus:,} GPUs, about {need / 2**30:.1f} GiB of memory (about "
+                          f"{RUN_BYTES_PER_TASK / 1000:.1f} KB a task and {RUN_BYTES_PER_GPU / 1000:.0f} KB a GPU), "
+                          f"and this machine has {have / 2**30:.1f} GiB available: {remedy}",
+                          source=source, field=field)

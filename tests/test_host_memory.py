@@ -71,32 +71,53 @@ def test_a_run_every_rank_of_which_would_not_fit_is_refused_before_it_is_lowered
     with pytest.raises(ConfigError) as exc:
         simulate(sc, collapse=False)
     tasks = host_memory.rank_by_rank_tasks(lower(sc, collapse=True)[0])
-    need_gib = host_memory.run_bytes(tasks) / 2**30
+    need_gib = host_memory.run_bytes(tasks, 256) / 2**30
     assert need_gib > 1.0
     assert exc.value.field == "collapse=False"
-    assert exc.value.message.startswith(f"simulating every one of the 256 ranks makes {tasks:,} tasks, about "
-                                        f"{need_gib:.1f} GiB of memory")
+    assert exc.value.message.startswith(f"simulating every one of the 256 ranks: {tasks:,} tasks on 256 GPUs, "
+                                        f"about {need_gib:.1f} GiB of memory")
     assert "this machine has 1.0 GiB available" in exc.value.message
     # the same plan collapsed is small enough not to ask the machine at all
-    assert host_memory.run_bytes(len(lower(sc)[0].items)) < host_memory.UNWEIGHED_BYTES
+    assert host_memory.run_bytes(len(lower(sc)[0].items), 256) < host_memory.UNWEIGHED_BYTES
 
 
 def test_a_collapsed_step_that_would_not_fit_names_its_microbatches(monkeypatch):
     sc = _scenario(32, {"tp": 8, "pp": 4, "dp": 8}, layers=32, training={"global_batch_size": 4096})
     tasks = len(lower(sc)[0].items)
-    _little_memory(monkeypatch, (host_memory.run_bytes(tasks) - 1) / 2**30)
+    _little_memory(monkeypatch, (host_memory.run_bytes(tasks, 256) - 1) / 2**30)
     monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
     with pytest.raises(ConfigError) as exc:
         simulate(sc)
     assert exc.value.field == "training.global_batch_size"
-    assert exc.value.message.startswith(f"the step of 512 microbatches makes {tasks:,} tasks")
-    _little_memory(monkeypatch, host_memory.run_bytes(tasks) / 2**30)
+    assert exc.value.message.startswith(f"the step of 512 microbatches: {tasks:,} tasks on 256 GPUs")
+    _little_memory(monkeypatch, host_memory.run_bytes(tasks, 256) / 2**30)
     assert simulate(sc).summary["step_time_s"] > 0  # just enough
 
 
+def test_a_cluster_too_large_for_the_machine_is_named(monkeypatch):
+    """A collapsed run's memory grows with the cluster's GPUs too (their routes, the orbit
+    plans of collectives over thousands of replicas): 16,384 GPUs expect 20 KB each, far more
+    than the step's few thousand tasks, so the refusal names the nodes, and the machine's
+    memory is asked before the engine is set up."""
+    sc = clustersim.load_scenario(_doc("dgx-h100.yaml", 2048, {"tp": 8, "pp": 2, "dp": 1024}, 4), base_dir=ROOT)
+    tasks = len(lower(sc)[0].items)
+    need = host_memory.run_bytes(tasks, 16_384)
+    assert need > host_memory.RUN_BASE_BYTES + 16_384 * 20_000  # (the GPUs' share counted)
+    assert host_memory.RUN_BYTES_PER_GPU * 16_384 > 10 * host_memory.RUN_BYTES_PER_TASK * tasks
+    monkeypatch.setattr("clustersim.api.Engine", lambda *a, **k: pytest.fail("set up"))
+    _little_memory(monkeypatch, (need - 1) / 2**30)
+    monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
+    with pytest.raises(ConfigError) as exc:
+        simulate(sc)
+    assert exc.value.field == "cluster.nodes"
+    assert exc.value.message.startswith(f"a cluster of 16,384 GPUs: {tasks:,} tasks on 16,384 GPUs, about "
+                                        f"{need / 2**30:.1f} GiB")
+    assert "1.5 KB a task and 20 KB a GPU" in exc.value.message
+
+
 @pytest.mark.parametrize("case, field, said", [
-    ("two-stragglers", "cluster.what_if", "the what-ifs' split into 24 simulated ranks makes "),
-    ("moe-skewed-load", "model.moe.ep_load", "the skewed expert load's 8 simulated ranks makes "),
+    ("two-stragglers", "cluster.what_if", "the what-ifs' split into 24 simulated ranks: "),
+    ("moe-skewed-load", "model.moe.ep_load", "the skewed expert load's 8 simulated ranks: "),
 ])
 def test_classes_too_many_for_the_machine_name_what_split_them(case, field, said, monkeypatch):
     sc = _case(case)
