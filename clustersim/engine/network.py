@@ -989,51 +989,50 @@ class _Transfer:
 
 class _Instants:
     """The states of a transfer worked out ahead (:meth:`FlowNetwork._run_ahead`) before each
-    of its flow-end instants, to go back to (:meth:`FlowNetwork._back_to`), in columns. Bytes
-    left are kept once, before the first instant, with the step each instant took them by; the
-    live flows follow from the instant each flow ended at (its end is that instant's time). A
-    DP ring over 2,048 replicas has 8,000 flows and 2,500 instants, whose arrays copied at every
-    instant took 7 GB::
+    of its flow-end instants, to go back to (:meth:`FlowNetwork._back_to`). A transfer of few
+    flows keeps its live flows and their bytes left at each instant; one of many
+    (AHEAD_COLUMNS_FROM) keeps columns: the bytes left once, before the first instant, with the
+    step each instant brought them on by, and the instant each flow ended at. A DP ring over
+    2,048 replicas has 8,000 flows and 2,500 instants, whose arrays copied at every instant
+    took 7 GB::
 
         instant k      0        1        2   ...
         at_rel         3.1      3.4      5.0       from the start
         dt             3.1      0.3      1.6       bytes left: rem(k+1) = rem(k) - rate(k) * dt(k)
-        flow f, ended at 3.4 (its end, from the start): live before instants 0 and 1
+        ended_at[f] = 1: flow f live before instants 0 and 1
     """
 
-    __slots__ = ("at_rel", "dt", "rate", "at_s_rel", "n_rates", "idx0", "rem0", "idx", "rem")
+    __slots__ = ("at_rel", "dt", "rate", "at_s_rel", "n_rates", "idx0", "rem0", "ended_at", "idx", "rem")
 
     def __init__(self, at_rel: list[float], dt: list[float], rate: list[np.ndarray], at_s_rel: list[float],
-                 n_rates: list[int], idx0: np.ndarray, rem0: np.ndarray | None, idx: list[np.ndarray] | None,
-                 rem: list[np.ndarray] | None = None):
+                 n_rates: list[int], idx0: np.ndarray, rem0: np.ndarray | None, ended_at: np.ndarray | None,
+                 idx: list[np.ndarray] | None, rem: list[np.ndarray] | None):
         self.at_rel = at_rel  # each instant, from the transfer's start (ascending)
         self.dt = dt  # what its bytes left were brought on by there (at - at_s; 0.0: not moved)
         self.rate = rate  # the rates before it
         self.at_s_rel = at_s_rel  # since when those rates ran, from the start
         self.n_rates = n_rates  # rate changes before it
-        self.idx0 = idx0  # the live flows before the first instant
-        self.rem0 = rem0  # their bytes left (None: ``rem`` has them)
-        # the live flows before each instant, kept where two instants fall at one time from the
-        # start (an end there cannot tell which of them a flow ended at), and with their bytes
-        # left (``rem``) for a transfer of few flows (AHEAD_COLUMNS_FROM), which goes back often
-        # and cheaply so (an MoE step's sends: 600 times)
+        # columns: the live flows before the first instant, their bytes left, and per flow of
+        # the transfer the instant it ended at (the number of instants: not ended)
+        self.idx0 = idx0
+        self.rem0 = rem0
+        self.ended_at = ended_at
+        # few flows: the live flows before each instant and their bytes left (an MoE step's
+        # sends go back 600 times, each cheaply so)
         self.idx = idx
         self.rem = rem
 
     def __len__(self) -> int:
         return len(self.at_rel)
 
-    def state(self, k: int, end_rel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(live flows, their bytes left) before instant ``k``, given every flow's end from
-        the start (``end_rel``, nan: none): the same operations on the same values as the
-        transfer's own bytes left took (``FlowNetwork._catch_up``), on its live flows."""
+    def state(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(live flows, their bytes left) before instant ``k``; from the columns, by the same
+        operations on the same values as the transfer's own bytes left took
+        (``FlowNetwork._catch_up``), on its live flows only."""
         if self.rem is not None:
             return self.idx[k], self.rem[k]
-        if self.idx is not None:
-            idx = self.idx[k]
-        else:  # a flow ended at instant j has exactly at_rel[j] as its end (nan sorts last)
-            idx = self.idx0[np.searchsorted(np.asarray(self.at_rel), end_rel[self.idx0]) >= k]
-        rem = self.rem0[np.searchsorted(self.idx0, idx)]  # (both ascending)
+        live = self.ended_at[self.idx0] >= k
+        idx, rem = self.idx0[live], self.rem0[live]
         for j in range(k):
             if self.dt[j] != 0.0:
                 rem = rem - self.rate[j][idx] * self.dt[j]
@@ -1318,25 +1317,27 @@ class FlowNetwork:
         key = (id(t.weights), t.live, t.size_bytes)
         course = self._alone.get(key) if fresh else None
         if course is None:
-            ats, dts, rates, at_ss, n_rates, idxs = [], [], [], [], [], []
-            idx0, same, last = t.idx, False, None
-            rems = [] if len(idx0) < AHEAD_COLUMNS_FROM else None
-            rem0 = t.rem[idx0] if rems is None else None
+            ats, dts, rates, at_ss, n_rates = [], [], [], [], []
+            idx0 = t.idx
+            if len(idx0) < AHEAD_COLUMNS_FROM:
+                idxs, rems, rem0, ended_at = [], [], None, None
+            else:
+                idxs, rems, rem0 = None, None, t.rem[idx0]
+                ended_at = np.full(len(t.size), np.iinfo(np.int64).max)
             while t.live and t.next_s < float("inf"):
                 at = t.next_s
                 was = t.idx
-                x = at - t0
-                same = same or x == last  # (instants come in order: equal ones one after another)
-                last = x
-                ats.append(x)
+                ats.append(at - t0)
                 dts.append(at - t.at_s if t.at_s != at and t.rate is not None else 0.0)  # as _catch_up
                 rates.append(t.rate)
                 at_ss.append(t.at_s - t0)
                 n_rates.append(len(t.times))
-                idxs.append(was)
                 if rems is not None:
+                    idxs.append(was)
                     rems.append(t.rem[was])
                 self._finish_due(t, at, 4 * math.ulp(at))
+                if ended_at is not None and len(t.idx) < len(was):  # the flows that ended here
+                    ended_at[was[t.end[was] == at]] = len(ats) - 1
                 if t.live:
                     r = self._rates_left(t, was)
                     t.below = math.inf
@@ -1346,8 +1347,7 @@ class FlowNetwork:
                         t.rows.append(r)
                         t.rate = r
                         _set_next_end(t, at)
-            course = (_Instants(ats, dts, rates, at_ss, n_rates, idx0, rem0,
-                                idxs if same or rems is not None else None, rems),
+            course = (_Instants(ats, dts, rates, at_ss, n_rates, idx0, rem0, ended_at, idxs, rems),
                       [x - t0 for x in t.times], list(t.rows), t.end - t0)
             if fresh and not t.live:
                 _remember(self._alone, key, course)
@@ -1372,7 +1372,7 @@ class FlowNetwork:
         if k is None and not t.live and before.at_rel:
             k = len(before.at_rel) - 1
         if k is not None:
-            idx, rem_live = before.state(k, end_rel)
+            idx, rem_live = before.state(k)
             t.rem = np.zeros(len(t.size))  # (the ended flows' bytes left are never read)
             t.rem[idx] = rem_live
             end = end_rel.copy()  # the flows ended by then have their ends, the others none yet
