@@ -21,7 +21,7 @@ from .engine import Engine
 from .engine import repeat as cycles
 from .engine.ahead import Ahead
 from .errors import ConfigError
-from .host_memory import RUN_BYTES_PER_GPU, RUN_BYTES_PER_TASK, check_fits, rank_by_rank_tasks
+from .host_memory import check_fits, gpus_weigh_more, rank_by_rank_tasks
 from .model.transformer import total_params
 from .program.lower import Lowering, lower
 from .program.tasks import Program
@@ -274,7 +274,7 @@ def _check_fits(sc: Scenario, prog: Program, every_rank: str | None) -> None:
     if every_rank:
         return
     gpus = sc.mesh.world_size
-    if RUN_BYTES_PER_GPU * gpus > RUN_BYTES_PER_TASK * len(prog.items):  # the cluster's size more than the step's
+    if gpus_weigh_more(len(prog.items), gpus):
         what, field = f"a cluster of {gpus:,} GPUs", "cluster.nodes"
         remedy = "simulate fewer nodes, or use a machine with more memory"
     elif sc.cluster.gpu_slowdown or sc.split_faults[0]:

@@ -61,6 +61,12 @@ def run_bytes(tasks: int, gpus: int = 0) -> int:
     return RUN_BASE_BYTES + RUN_BYTES_PER_TASK * tasks + RUN_BYTES_PER_GPU * gpus
 
 
+def gpus_weigh_more(tasks: int, gpus: int) -> bool:
+    """Whether the cluster's GPUs take more of a run's memory than its step's tasks
+    (:func:`run_bytes`' two terms): what a refusal should name."""
+    return RUN_BYTES_PER_GPU * gpus > RUN_BYTES_PER_TASK * tasks
+
+
 def available_bytes() -> int:
     """The memory the machine can give a new process now, without swapping: what the system
     has available, or what is left under this process's cgroup limit where that is less (a

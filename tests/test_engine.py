@@ -739,7 +739,7 @@ def test_a_transfers_instants_give_back_each_state_it_passed_through(same_time):
             rate = rate.copy()
             rate[idx] *= rng.uniform(0.5, 2.0, len(idx))
     got = _Instants(ats, dts, rates, at_ss, n_rates, states[0][0], states[0][1], ended_at, None, None)
-    assert len(got) == 12
+    assert len(got.at_rel) == 12
     for k, (live, left) in enumerate(states):
         idx_k, rem_k = got.state(k)
         assert idx_k.tolist() == live.tolist()

@@ -1022,9 +1022,6 @@ class _Instants:
         self.idx = idx
         self.rem = rem
 
-    def __len__(self) -> int:
-        return len(self.at_rel)
-
     def state(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(live flows, their bytes left) before instant ``k``; from the columns, by the same
         operations on the same values as the transfer's own bytes left took
