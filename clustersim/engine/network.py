@@ -1004,11 +1004,12 @@ class _Instants:
 
     __slots__ = ("at_rel", "dt", "rate", "at_s_rel", "n_rates", "idx0", "rem0", "ended_at", "idx", "rem")
 
-    def __init__(self, at_rel: list[float], dt: list[float], rate: list[np.ndarray], at_s_rel: list[float],
+    def __init__(self, at_rel: list[float], dt: list[float] | None, rate: list[np.ndarray], at_s_rel: list[float],
                  n_rates: list[int], idx0: np.ndarray, rem0: np.ndarray | None, ended_at: np.ndarray | None,
                  idx: list[np.ndarray] | None, rem: list[np.ndarray] | None):
         self.at_rel = at_rel  # each instant, from the transfer's start (ascending)
-        self.dt = dt  # what its bytes left were brought on by there (at - at_s; 0.0: not moved)
+        # columns: what its bytes left were brought on by there (at - at_s; 0.0: not moved)
+        self.dt = dt
         self.rate = rate  # the rates before it
         self.at_s_rel = at_s_rel  # since when those rates ran, from the start
         self.n_rates = n_rates  # rate changes before it
@@ -1314,24 +1315,25 @@ class FlowNetwork:
         key = (id(t.weights), t.live, t.size_bytes)
         course = self._alone.get(key) if fresh else None
         if course is None:
-            ats, dts, rates, at_ss, n_rates = [], [], [], [], []
+            ats, rates, at_ss, n_rates = [], [], [], []
             idx0 = t.idx
-            if len(idx0) < AHEAD_COLUMNS_FROM:
-                idxs, rems, rem0, ended_at = [], [], None, None
-            else:
-                idxs, rems, rem0 = None, None, t.rem[idx0]
+            if len(idx0) < AHEAD_COLUMNS_FROM:  # rows: each instant's live flows and bytes left
+                idxs, rems, dts, rem0, ended_at = [], [], None, None, None
+            else:  # columns: the bytes left once, each instant's step, each flow's last instant
+                idxs, rems, dts, rem0 = None, None, [], t.rem[idx0]
                 ended_at = np.full(len(t.size), np.iinfo(np.int64).max)
             while t.live and t.next_s < float("inf"):
                 at = t.next_s
                 was = t.idx
                 ats.append(at - t0)
-                dts.append(at - t.at_s if t.at_s != at and t.rate is not None else 0.0)  # as _catch_up
                 rates.append(t.rate)
                 at_ss.append(t.at_s - t0)
                 n_rates.append(len(t.times))
                 if rems is not None:
                     idxs.append(was)
                     rems.append(t.rem[was])
+                else:
+                    dts.append(at - t.at_s if t.at_s != at and t.rate is not None else 0.0)  # as _catch_up
                 self._finish_due(t, at, 4 * math.ulp(at))
                 if ended_at is not None and len(t.idx) < len(was):  # the flows that ended here
                     ended_at[was[t.end[was] == at]] = len(ats) - 1
@@ -1372,9 +1374,9 @@ class FlowNetwork:
             idx, rem_live = before.state(k)
             t.rem = np.zeros(len(t.size))  # (the ended flows' bytes left are never read)
             t.rem[idx] = rem_live
-            end = end_rel.copy()  # the flows ended by then have their ends, the others none yet
-            end[idx] = np.nan
-            t.end, t.idx, t.live = end + t0, idx, tuple(idx.tolist())
+            end = end_rel + t0
+            end[idx] = np.nan  # the flows ended by then have their ends, the others none yet
+            t.end, t.idx, t.live = end, idx, tuple(idx.tolist())
             t.rate, t.at_s, n_rates = before.rate[k], t0 + before.at_s_rel[k], before.n_rates[k]
             del t.times[n_rates:], t.rows[n_rates:]
             _set_next_end(t, t.at_s)

@@ -572,14 +572,14 @@ class Cluster:
         hashed on from ``salt``'s CRC (crc32(x + y) = crc32(y, crc32(x))), not from the start.
         A 16,384-GPU MoE's all-to-alls route 836,000 pairs across leaves."""
         by_port = self._by_port
+        crc = None if by_port else zlib.crc32(salt)
         meet = self._meeting_of(a, b)
         if isinstance(meet, list):
-            hops = meet[(port if by_port else zlib.crc32(salt)) % len(meet)]
+            hops = meet[(port if by_port else crc) % len(meet)]
             index = self.edge_index
             return tuple(index[(u, v)] for u, v in zip(hops, hops[1:]))
         t, tops = meet
         steps = self.__dict__.setdefault("_step_cache", {})
-        crc = zlib.crc32(salt)
         out, v, div = [], a, 1
         for i in range(1, 2 * t + 1):  # up t tiers (t - i below the turn), then down toward b
             key = ("up", v, t - i, tops) if i <= t else ("down", v, b, 2 * t - i)
