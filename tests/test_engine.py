@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -265,13 +266,14 @@ def _h100(root, nodes=2):
 
 
 def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all(root):
-    """A tree all-reduce over 4 nodes x 8 GPUs runs 7 of its 8 channels' chains over every
-    NVLink hop of a node (its 8 ring hops, both ways), and its two trees over the 4 nodes
-    share two of their three edges (heads 0-2 and 1-3, both ways): flows on the same links,
-    of the same share. The plan keeps one of each, its weights times their count
-    (network._merged): 4 x 8 x 14 chain flows and 8 x 2 x 3 x 2 tree flows become 4 x 16
+    """A tree all-reduce over 4 nodes x 8 GPUs, one flow per hop, runs 7 of its 8 channels'
+    chains over every NVLink hop of a node (its 8 ring hops, both ways), and its two trees
+    over the 4 nodes share two of their three edges (heads 0-2 and 1-3, both ways): flows
+    on the same links, of the same share. network._merged keeps one of each, its weights
+    times their count: 4 x 8 x 14 chain flows and 8 x 2 x 3 x 2 tree flows become 4 x 16
     and 8 x 8, of weights 7, 1 and 2. It ends when the unmerged plan ends, and puts the
-    same bytes on every link."""
+    same bytes on every link. (The engine's tree moves each channel's hops in lock-step, one
+    flow per channel: 8, nothing left to merge.)"""
     import simpy
 
     from clustersim.collectives.algorithms import phases
@@ -281,16 +283,18 @@ def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all
     cl = _h100(root, 4)
     group = tuple(range(32))
     comm = Comm("all_reduce", 2.0 ** 30, group, (), (0,), ("c", (0,), 0))
-    (merged,) = plan_phases(cl, comm, "tree")
+    (planned,) = plan_phases(cl, comm, "tree")
+    assert len(planned.weights) == 8 and _merged(planned) is planned
     (expansion,) = phases("all_reduce", "tree", group, cl.node_of)
-    assert len(expansion.flows) == 4 * 8 * 14 + 8 * 2 * 3 * 2 and len(merged.weights) == 4 * 16 + 8 * 8
+    assert len(expansion.flows) == 4 * 8 * 14 + 8 * 2 * 3 * 2
+    # one flow per chain and tree edge, as the expansion lists them
+    unmerged = dataclasses.replace(planned, weights=tuple(tuple((e, 1.0) for e in cl.pxn_path(a, b))
+                                                          for a, b, _ in expansion.flows),
+                                   fractions=tuple(x for _, _, x in expansion.flows))
+    merged = _merged(unmerged)
+    assert len(merged.weights) == 4 * 16 + 8 * 8
     assert _merged(merged) is merged  # nothing left to merge
     assert sorted({w for ws in merged.weights for _, w in ws}) == [1.0, 2.0, 7.0]
-    # the same plan unmerged: one flow per chain and tree edge, as the expansion lists them
-    unmerged = dataclasses.replace(merged, weights=tuple(tuple((e, 1.0) for e in cl.pxn_path(a, b))
-                                                         for a, b, _ in expansion.flows),
-                                   fractions=tuple(x for _, _, x in expansion.flows))
-    assert len(_merged(unmerged).weights) == len(merged.weights)
 
     def run(plan):
         env = simpy.Environment()
@@ -308,6 +312,64 @@ def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all
     end2, on_links2 = run(unmerged)
     assert end == pytest.approx(end2, rel=1e-12)
     assert np.allclose(on_links, on_links2, rtol=1e-12, atol=0)
+
+
+def test_a_pipelines_hops_move_as_one_flow_carrying_each_links_bytes():
+    """network._in_lockstep: each run of flows becomes one flow over all their links, each
+    link weighing its hop's weight times its share over the largest, a link two hops cross
+    both; every link carries the bytes it did per unit of progress."""
+    from clustersim.engine.network import ALL_ONE, FlowPlan, _in_lockstep
+
+    plan = FlowPlan(weights=(((0, 1.0), (1, 2.0)), ((1, 1.0),), ((2, 1.0),), ((3, 4.0), (0, 1.0))),
+                    fractions=(0.5, 0.25, 0.5, 0.5), latency_s=1e-6)
+    two = _in_lockstep(plan, 2)
+    assert two.fractions == (0.5, 0.5) and two.latency_s == plan.latency_s
+    assert two.weights == (((0, 1.0), (1, 2.5)), ((0, 1.0), (2, 1.0), (3, 4.0)))
+    one = _in_lockstep(plan, ALL_ONE)
+    assert one.weights == (((0, 2.0), (1, 2.5), (2, 1.0), (3, 4.0)),)
+
+    def link_bytes(p):
+        out = Counter()
+        for ws, x in zip(p.weights, p.fractions):
+            for e, w in ws:
+                out[e] += w * x
+        return out
+
+    assert link_bytes(two) == link_bytes(plan) == link_bytes(one)
+    assert _in_lockstep(plan, 0) is plan and _in_lockstep(plan, 1) is plan
+
+
+def test_a_ring_in_lock_step_leaves_what_its_slowest_hop_holds_it_to():
+    """A ring channel of three hops, each on its own link of bandwidth C; two flows share
+    hop 1's link, one flow Y hop 2's. All of size B. Hop by hop, hop 2 and Y share their
+    link evenly and Y ends at 2B/C. In lock-step the ring moves at its slowest hop's pace,
+    C/3 (three flows on hop 1's link), so Y gets 2C/3 and ends at 1.5B/C; the ring and the
+    two flows end at 3B/C either way, every hop at once in lock-step."""
+    import simpy
+
+    from clustersim.engine.network import FlowNetwork, FlowPlan, _in_lockstep
+
+    c_Bps, b = 100e9, 1e9
+    ring = FlowPlan(weights=(((0, 1.0),), ((1, 1.0),), ((2, 1.0),)), fractions=(1.0, 1.0, 1.0), latency_s=0.0)
+
+    def run(ring_plan):
+        env = simpy.Environment()
+        net = FlowNetwork(env, [c_Bps] * 3)
+        ends = {}
+        for tag, plan in [("ring", ring_plan), ("x1", FlowPlan((((0, 1.0),),), (1.0,), 0.0)),
+                          ("x2", FlowPlan((((0, 1.0),),), (1.0,), 0.0)), ("y", FlowPlan((((1, 1.0),),), (1.0,), 0.0))]:
+            net.transfer(plan, b, tag=tag, on_done=lambda tag=tag: ends.__setitem__(tag, env.now))
+        env.run()
+        hops = {tag: end for tag, _, _, _, end, _ in net.finished}
+        return ends, hops["ring"]
+
+    ends, hops = run(ring)
+    assert ends["y"] == pytest.approx(2 * b / c_Bps, rel=1e-12)
+    assert ends["ring"] == pytest.approx(3 * b / c_Bps, rel=1e-12)
+    ends, hops = run(_in_lockstep(ring, 3))
+    assert ends["y"] == pytest.approx(1.5 * b / c_Bps, rel=1e-12)
+    assert ends["ring"] == ends["x1"] == pytest.approx(3 * b / c_Bps, rel=1e-12)
+    assert len(hops) == 1
 
 
 def test_cross_rail_transfers_go_through_the_pxn_proxy(root):

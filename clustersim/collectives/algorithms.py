@@ -9,7 +9,8 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
     tree          1 phase   per channel (member position in a node, S/g each): a chain inside
                             every node, and two binary trees over the nodes, each reducing
                             half up and broadcasting it down, pipelined (NCCL's double binary
-                            tree; Sanders et al. 2009); 2 (depth + g - 1) latency rounds.
+                            tree; Sanders et al. 2009); 2 (depth + g - 1) latency rounds; a
+                            channel's hops move in lock-step.
     hierarchical  1 phase   reduce-scatter inside each node (ring over its g members),
                             all-reduce of S/g per rail across nodes (ring over the N members
                             with the same position), all-gather inside each node; chunks are
@@ -24,6 +25,10 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
                             another rail forwarded over NVLink to the sender's node-mate on the
                             receiver's rail (NCCL's PXN, its default)
     pairwise      1 phase   the same pairs, each on its own direct route (PXN off)
+
+Ring, tree, hierarchical and NVLS flows are pipelines (``Expansion.lockstep``): a chunk
+passes every hop in turn, so a channel's hops move at its slowest hop's pace, as one flow
+crossing all their links; all-to-all pairs and sends move on their own.
 
 Choice ("auto"): the algorithm with the least time alone on its links, as NCCL's tuner picks
 from its cost model per size and topology (NCCL src/graph/tuning.cc); a scenario may fix one
@@ -101,7 +106,8 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Exp
                 for child, parent in _tree_edges(order):
                     flows += [(child, parent, 0.5 / g), (parent, child, 0.5 / g)]
         depth = math.ceil(math.log2(len(nodes) + 1)) - 1
-        return [Expansion(tuple(flows), 2 * (max(depth, 1) + g - 1))]
+        # a channel's chains and trees are one pipeline: its chunks pass every hop in turn
+        return [Expansion(tuple(flows), 2 * (max(depth, 1) + g - 1), lockstep=g)]
     if algo == "hierarchical":
         nodes = _by_node(group, node_of)
         g = len(nodes[0])
@@ -110,7 +116,7 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Exp
         gather = [expand("all_gather", tuple(m), 1.0, node_of) for m in nodes]
 
         flows = tuple(f for part in (inside, rails, gather) for e in part for f in e.flows)
-        return [Expansion(flows, sum(max(e.steps for e in part) for part in (inside, rails, gather)))]
-    if algo == "nvls":
-        return [Expansion(tuple((x, x, 1.0) for x in group), 2)]
+        return [Expansion(flows, sum(max(e.steps for e in part) for part in (inside, rails, gather)), lockstep=1)]
+    if algo == "nvls":  # the switch reduces what every GPU has sent before it multicasts
+        return [Expansion(tuple((x, x, 1.0) for x in group), 2, lockstep=1)]
     raise KeyError(f"unknown algorithm {algo!r} for {op}")

@@ -7,9 +7,11 @@ S/n bytes to its successor per step (Patarasuk & Yuan 2009; NCCL)::
     step:     1      2     ...   n-1  |  n    ...  2(n-1)
     gpu i -> gpu i+1: chunk (i-k) mod n, S/n bytes each step
 
-The engine runs each GPU's traffic as one flow of 2(n-1)/n * S bytes after a latency of
-2(n-1) * alpha (ring steps are lock-step, so the slowest hop sets alpha). Alone on its links
-this is exactly the closed form
+Each GPU's traffic is one flow of 2(n-1)/n * S bytes after a latency of 2(n-1) * alpha.
+Ring steps are lock-step: a GPU sends chunk k on only once it has received it, so the
+slowest hop sets alpha and, with NCCL's few buffered steps, the pace of every hop of the
+channel; the engine moves a channel's flows as one (``Expansion.lockstep``). Alone on its
+links this is exactly the closed form
 
     T = 2(n-1) * alpha + 2(n-1)/n * S / B          (nccl-tests doc/PERFORMANCE.md)
 
@@ -31,6 +33,10 @@ from dataclasses import dataclass
 class Expansion:
     flows: tuple[tuple[int, int, float], ...]  # (src GPU, dst GPU, bytes)
     steps: int  # latency-bound rounds
+    # the flows as this many equal runs, one after the other, each a pipeline whose hops move
+    # in lock-step (a ring channel: a GPU forwards a chunk only once it has it, so every hop
+    # goes at the slowest hop's pace); 0: every flow on its own (all-to-all pairs, sends)
+    lockstep: int = 0
 
 
 def all_to_all_sources(group: tuple[int, ...], root: int = 0, node_of=None) -> list[tuple[int, list[int]]]:
@@ -109,7 +115,8 @@ def expand(op: str, group: tuple[int, ...], size_bytes: float, node_of=None) -> 
         steps = RING_STEPS[op](n)
         rings = ring_channels(group, node_of)
         per = steps / n * size_bytes / len(rings)
-        return Expansion(tuple((ring[i], ring[(i + 1) % n], per) for ring in rings for i in range(n)), steps)
+        return Expansion(tuple((ring[i], ring[(i + 1) % n], per) for ring in rings for i in range(n)), steps,
+                         lockstep=len(rings))
     raise KeyError(f"unknown collective {op!r}")
 
 

@@ -195,7 +195,7 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
         keep = None if kept is None else partial(_keep, kept, k, scale)
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
                            direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k], keep=keep,
-                           wide=wide)
+                           wide=wide, lockstep=per_group[comm.group][k].lockstep)
         out.append(_merged(_scaled(plan, scale)))
     return tuple(out)
 
@@ -291,13 +291,20 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
                 direct: bool = False, siblings: tuple = (), shared: dict | None = None, key=None,
-                keep: Callable | None = None, wide: bool = False) -> FlowPlan:
+                keep: Callable | None = None, wide: bool = False, lockstep: int = 0) -> FlowPlan:
     """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN;
     ``siblings``: see :func:`plan_phases`, with ``shared[key]`` what all their orbits share
     (:func:`_coarse_rows`), read if there, else kept there when the plan is made on arrays;
     ``keep(make)``: called with the plan's maker, ``make(links)`` being the plan with its
     twins' meetings on those links, made from what it was weighed from (nothing
-    routed again); ``wide``: see :func:`plan_phases`."""
+    routed again); ``wide``: see :func:`plan_phases`; ``lockstep``: its pipelines
+    (``Expansion.lockstep``), each made one flow by :func:`_in_lockstep`. A plan of whole
+    instances has the simulated instance's flows in order, pipeline after pipeline; one of a
+    member's flows (symmetric member by member) stands for every member's, so the pipelines,
+    rotations of one another there, are one."""
+    whole = len(flows_of[comm.group]) // lockstep if lockstep else 0
+    member = ALL_ONE if lockstep else 0
+    keep_whole, keep_member = _keep_in_lockstep(keep, whole), _keep_in_lockstep(keep, member)
     node_of = cluster.node_of
     route = _route(cluster, direct)
     # whole instances: the simulated one and its twins
@@ -307,7 +314,7 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         own = len(instances)
         co = shared.get(key) if key is not None else None
         if co is not None:
-            return _weigh_sibling_rows(cluster, instances, steps, co, keep=keep)
+            return _in_lockstep(_weigh_sibling_rows(cluster, instances, steps, co, keep=keep_whole), whole)
         sims = [0]
         for orbit in siblings:
             sims.append(len(instances))
@@ -320,8 +327,9 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
             co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct, wide)
             if key is not None:
                 shared[key] = co
-            return _weigh_sibling_rows(cluster, instances[:own], steps, co, keep=keep)
-        return _weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, keep=keep, wide=wide)
+            return _in_lockstep(_weigh_sibling_rows(cluster, instances[:own], steps, co, keep=keep_whole), whole)
+        return _in_lockstep(_weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, keep=keep_whole,
+                                   wide=wide), whole)
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
     if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
@@ -330,20 +338,71 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         rows = _by_member_rows(comm, node_of, flows_of, src, dst) if symmetric_members else None
         if rows is not None:
             plan = _weigh_rows(cluster, real_flows, src, dst, rows, steps, require_symmetric=True, direct=direct,
-                               keep=keep, wide=wide)
+                               keep=keep_member, wide=wide)
             if plan is not None:
-                return plan
+                return _in_lockstep(plan, member)
             symmetric_members = False  # not symmetric member by member: as whole instances
         if not symmetric_members and len({len(inst) for inst in instances}) == 1:
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            return _weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, keep=keep, wide=wide)
+            return _in_lockstep(_weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, keep=keep_whole,
+                                            wide=wide), whole)
     if symmetric_members:
         # one member's flows stand for all (much smaller), when that symmetry holds
         plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True,
-                      keep=keep, wide=wide)
+                      keep=keep_member, wide=wide)
         if plan is not None:
-            return plan
-    return _weigh(cluster, route, instances, real_flows, steps, keep=keep, wide=wide)
+            return _in_lockstep(plan, member)
+    return _in_lockstep(_weigh(cluster, route, instances, real_flows, steps, keep=keep_whole, wide=wide), whole)
+
+
+# :func:`_in_lockstep`'s size for every flow of a plan in one pipeline
+ALL_ONE = -1
+
+
+def _in_lockstep(plan: FlowPlan, size: int) -> FlowPlan:
+    """``plan`` with each run of ``size`` flows (0: none; ALL_ONE: all of them) made one flow:
+    a pipeline whose hops move in lock-step (``Expansion.lockstep``), as one flow crossing
+    all their links. Per unit of progress a hop moves its own share, so each link weighs the
+    hop's weight times its share over the pipeline's largest, which the flow carries; a link
+    two hops cross weighs both. Every link carries the bytes it did, and alone the pipeline
+    takes what its busiest link needs (the closed forms are unchanged)::
+
+        ring channel   a -> b -> c -> a      each hop x S, on its links   ab   bc   ca
+        hop by hop     three flows           ab shared with 2 others:    C/3  C    C
+        in lock-step   one flow over ab bc ca                            C/3  C/3  C/3
+                       bc and ca left to others: no hop forwards a chunk it has not had
+
+    Hop by hop, a hop on a free link ran ahead and ended early; a ring (NCCL's few slots of
+    buffering) cannot, and its other hops' bandwidth goes to whatever else shares them.
+    """
+    n = len(plan.weights)
+    size = n if size == ALL_ONE else size
+    if size <= 1 or n <= 1:
+        return plan
+    weights, fractions = [], []
+    for at in range(0, n, size):
+        shares = plan.fractions[at:at + size]
+        top = max(shares)
+        on: dict[int, float] = {}
+        for ws, x in zip(plan.weights[at:at + size], shares):
+            scale = x / top if top > 0 else 1.0
+            for e, w in ws:
+                on[e] = on.get(e, 0.0) + w * scale
+        weights.append(tuple(sorted(on.items())))
+        fractions.append(top)
+    return FlowPlan(weights=tuple(weights), fractions=tuple(fractions), latency_s=plan.latency_s,
+                    wire_scale=plan.wire_scale, meet_real=plan.meet_real)
+
+
+def _keep_in_lockstep(keep: Callable | None, size: int) -> Callable | None:
+    """``keep`` (see :func:`_plan_phase`) given a maker whose plans are made in lock-step."""
+    if keep is None or not size:
+        return keep
+    return lambda make: keep(partial(_made_in_lockstep, make, size))
+
+
+def _made_in_lockstep(make: Callable, size: int, links: np.ndarray) -> FlowPlan:
+    return _in_lockstep(make(links), size)
 
 
 def _flow_ends(flows: list) -> tuple[np.ndarray, np.ndarray]:
