@@ -33,12 +33,12 @@ from .program.tasks import Program
 RUN_BYTES_PER_TASK = 1_500
 RUN_BASE_BYTES = 100 * 2**20
 # collapsed runs of large clusters, the same PSS (bench/bench_memory.py --collapsed), above
-# the base and their tasks' share: 18-34 KB a GPU for dense plans from 1,024 to 65,536 GPUs
-# (the sweep's dense plan 2,347 MiB at 65,536, Llama-3-like 2,059 MiB at 65,536), 51-57 KB
-# for GB200 trees and MoE on DGX pods (moe_16k 1,047 MiB, 32,768 GPUs 1,955 MiB), 105 KB for
-# all-to-alls across a Clos without rails (16k_moe_roce 1,833 MiB). The low end: a run is
-# refused only where even that would not fit
-RUN_BYTES_PER_GPU = 20_000
+# the base and their tasks' share: 17 KB a GPU for the sweep's dense plan from 16,384 to
+# 65,536 GPUs (1,186 MiB at 65,536), 22-30 KB for Llama-3-like plans (1,989 MiB at 65,536),
+# 38 KB for GB200 trees, 58 KB for MoE on DGX pods (moe_16k 1,066 MiB, 32,768 GPUs 1,975 MiB),
+# 99 KB for all-to-alls across a Clos without rails (16k_moe_roce 1,666 MiB). The low end:
+# a run is refused only where even that would not fit
+RUN_BYTES_PER_GPU = 16_000
 # a run expected to need less is not weighed against the machine (asking costs an import)
 UNWEIGHED_BYTES = 2**30
 

@@ -96,13 +96,13 @@ def test_a_collapsed_step_that_would_not_fit_names_its_microbatches(monkeypatch)
 
 def test_a_cluster_too_large_for_the_machine_is_named(monkeypatch):
     """A collapsed run's memory grows with the cluster's GPUs too (their routes, the orbit
-    plans of collectives over thousands of replicas): 16,384 GPUs expect 20 KB each, far more
+    plans of collectives over thousands of replicas): 16,384 GPUs expect 16 KB each, far more
     than the step's few thousand tasks, so the refusal names the nodes, and the machine's
     memory is asked before the engine is set up."""
     sc = clustersim.load_scenario(_doc("dgx-h100.yaml", 2048, {"tp": 8, "pp": 2, "dp": 1024}, 4), base_dir=ROOT)
     tasks = len(lower(sc)[0].items)
     need = host_memory.run_bytes(tasks, 16_384)
-    assert need > host_memory.RUN_BASE_BYTES + 16_384 * 20_000  # (the GPUs' share counted)
+    assert need > host_memory.RUN_BASE_BYTES + 16_384 * 16_000  # (the GPUs' share counted)
     assert host_memory.RUN_BYTES_PER_GPU * 16_384 > 10 * host_memory.RUN_BYTES_PER_TASK * tasks
     monkeypatch.setattr("clustersim.api.Engine", lambda *a, **k: pytest.fail("set up"))
     _little_memory(monkeypatch, (need - 1) / 2**30)
@@ -112,7 +112,7 @@ def test_a_cluster_too_large_for_the_machine_is_named(monkeypatch):
     assert exc.value.field == "cluster.nodes"
     assert exc.value.message.startswith(f"a cluster of 16,384 GPUs: {tasks:,} tasks on 16,384 GPUs, about "
                                         f"{need / 2**30:.1f} GiB")
-    assert "1.5 KB a task and 20 KB a GPU" in exc.value.message
+    assert "1.5 KB a task and 16 KB a GPU" in exc.value.message
 
 
 @pytest.mark.parametrize("case, field, said", [

@@ -204,9 +204,10 @@ def _merged(plan: FlowPlan) -> FlowPlan:
     """``plan`` with the flows that cross the same links with the same weights and carry the
     same share merged into one, its weights times their count: max-min cannot tell such flows
     apart, so they get one rate and end together, and one flow of weight m stands for m of
-    them as a simulated flow stands for its twins. A tree all-reduce over the GPUs of many
-    72-GPU racks runs g - 1 of its g chains over every NVLink hop inside a rack (9,504 flows,
-    of which 1,404 differ)."""
+    them as a simulated flow stands for its twins. Hop by hop, a tree all-reduce over the GPUs
+    of many 72-GPU racks ran g - 1 of its g chains over every NVLink hop inside a rack (9,504
+    flows, of which 1,404 differed); its channels, each one flow in lock-step
+    (:func:`_in_lockstep`), merge the same way where they cross the same links."""
     first: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(plan.weights, plan.fractions)):
         first.setdefault(key, []).append(i)
@@ -953,7 +954,7 @@ def _max_min_pairs(sizes: np.ndarray, pair_edge: np.ndarray, pair_w: np.ndarray,
         return None
     # which pairs a round touches: by masks over every pair where they are few (a few calls a
     # round), by the rows of the full links and the frozen flows where they are many (a DP
-    # ring over 16,384 GPUs: 98,000 pairs and 250 rounds)
+    # ring over 16,384 GPUs hop by hop: 98,000 pairs and 250 rounds)
     few = len(pair_w) <= MASK_PAIRS
     if not few:
         link_ptr = np.searchsorted(in_link_order, np.arange(n_links + 1))
@@ -1490,8 +1491,8 @@ class FlowNetwork:
             the flows of levels r1 .. rK-1 get the same rates from the same operations
 
         This is how a transfer alone usually goes on: flows of one size end fastest first, a
-        whole level at a time (a DP ring over 512 replicas whose twins meet different links:
-        2,000 flows, 250 levels, one fair share instead of 250). Otherwise, or when some flow
+        whole level at a time (a DP ring over 512 replicas whose twins meet different links, hop
+        by hop: 2,000 flows, 250 levels, one fair share instead of 250). Otherwise, or when some flow
         rises without bound, :meth:`_rates_of` works them out."""
         key = t.key
         if len(t.idx) < len(was) and (key,) not in self._rates_cache:
@@ -1590,7 +1591,7 @@ class FlowNetwork:
         of its flows instead), in order, on the links' bandwidths (``bw_Bps``: capacities per
         link instead). A large mix is put together from each plan's (flow, link) pairs,
         flattened once per plan, not from the flows' tuples at every mix (a ring over 512
-        replicas: 98,000 pairs per mix)."""
+        replicas hop by hop: 98,000 pairs per mix)."""
         live = flows is None  # each transfer's live flows: their pairs are kept by its key
         flows = [t.idx for t in comp] if live else flows
         parts = [self._pairs_of(t.weights, idx, t.key if live else None) for t, idx in zip(comp, flows) if len(idx)]

@@ -1062,8 +1062,8 @@ class Engine:
             piece (k, i) = [t_k, min(t_k+1, end_i)] at rate r_k,i   where that is > 0 long and r > 0
         """
         cols, x = here
-        # only the flows that cross a chosen link (a tree all-reduce over 252 GPUs of 72-GPU
-        # racks: 9,504 flows, a few dozen on the chosen links), in order
+        # only the flows that cross a chosen link (of a plan over thousands of links, the
+        # few flows on the chosen ones), in order
         on = np.flatnonzero((x > 0).any(axis=1))
         x = x[on]
         counts = [len(times) for _, times, _, _ in transfers]
