@@ -314,6 +314,45 @@ def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all
     assert np.allclose(on_links, on_links2, rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("op, algo, one_member, flows", [
+    ("all_reduce", "ring", False, 8),  # 2 nodes x 8 GPUs: a channel per member of a node
+    ("all_reduce", "ring", True, 1),  # one member's hops stand for all: one pipeline
+    ("all_gather", "ring", False, 8),
+    ("all_reduce", "tree", False, 8),  # a channel per position: its chains and two trees
+    ("all_reduce", "hierarchical", False, 1),
+    ("all_reduce", "hierarchical", True, 1),
+    ("all_to_all", "pxn", False, 16 * 15),  # every pair on its own
+])
+def test_each_pipeline_of_a_plan_is_one_flow_with_the_hops_bytes(root, op, algo, one_member, flows):
+    """plan_phases makes each pipeline of the expansion (Expansion.lockstep) one flow, for
+    whole instances and for one member standing for all, and so does the maker kept for the
+    twins' meetings (with_meetings); every link carries per byte of the buffer what the
+    expansion's hops put on it, routed one by one."""
+    from clustersim.collectives.algorithms import phases
+    from clustersim.engine.network import plan_phases, with_meetings
+    from clustersim.program.tasks import Comm
+
+    cl = _h100(root, 2)
+    group = tuple(range(16))
+    comm = Comm(op, 2.0 ** 30, group, (), (0,) if one_member else group, ("c", (0,), 0))
+    kept: dict = {}
+    (plan,) = plan_phases(cl, comm, algo, kept=kept)
+    assert len(plan.weights) == flows
+    assert len(with_meetings(kept[0], np.zeros(0, dtype=np.int64)).weights) == flows
+    (expansion,) = phases(op, algo, group, cl.node_of)
+    if one_member:
+        return  # (its weights are per member: every member's hops stand on the simulated one's)
+    hops, planned = Counter(), Counter()
+    for a, b, x in expansion.flows:
+        for e in (cl.pxn_path(a, b) if a != b else ()):
+            hops[e] += x
+    for ws, x in zip(plan.weights, plan.fractions):
+        for e, w in ws:
+            planned[e] += w * x
+    assert sorted(planned) == sorted(hops)
+    assert all(planned[e] == pytest.approx(hops[e], rel=1e-12) for e in hops)
+
+
 def test_a_pipelines_hops_move_as_one_flow_carrying_each_links_bytes():
     """network._in_lockstep: each run of flows becomes one flow over all their links, each
     link weighing its hop's weight times its share over the largest, a link two hops cross
