@@ -378,6 +378,28 @@ def test_a_pipelines_hops_move_as_one_flow_carrying_each_links_bytes():
     assert _in_lockstep(plan, 0) is plan and _in_lockstep(plan, 1) is plan
 
 
+@pytest.mark.parametrize("size", [3, 40, -1])
+def test_a_plans_pipelines_summed_on_its_arrays_are_the_loops_bit_for_bit(size):
+    """A large plan (its pairs as arrays, LOCKSTEP_ARRAY_PAIRS or more) is made one flow per
+    pipeline on its arrays: the same weights, bit for bit, as the loop over its tuples, and
+    the arrays of the new plan are those its tuples give."""
+    from clustersim.engine.network import LOCKSTEP_ARRAY_PAIRS, FlowPlan, _in_lockstep, _pairs, _with_pairs
+
+    rng = np.random.default_rng(7)
+    weights = tuple(tuple((int(e), float(w)) for e, w in zip(rng.choice(3000, k, replace=False), rng.random(k) * 3))
+                    for k in rng.integers(1, 80, 120))
+    fractions = tuple(float(x) for x in rng.choice([0.0, 0.25, 0.5, 1 / 3], 120))
+    plan = FlowPlan(weights=weights, fractions=fractions, latency_s=0.0)
+    assert len(_pairs(weights)[1]) >= LOCKSTEP_ARRAY_PAIRS
+    looped = _in_lockstep(plan, size)
+    on_arrays = _in_lockstep(_with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=0.0),
+                                         _pairs(weights)), size)
+    assert "pairs" in on_arrays.__dict__ and "pairs" not in looped.__dict__
+    assert on_arrays.weights == looped.weights and on_arrays.fractions == looped.fractions
+    for got, want in zip(on_arrays.pairs, _pairs(looped.weights)):
+        assert np.array_equal(got, want)
+
+
 def test_a_ring_in_lock_step_leaves_what_its_slowest_hop_holds_it_to():
     """A ring channel of three hops, each on its own link of bandwidth C; two flows share
     hop 1's link, one flow Y hop 2's. All of size B. Hop by hop, hop 2 and Y share their

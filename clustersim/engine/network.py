@@ -380,19 +380,52 @@ def _in_lockstep(plan: FlowPlan, size: int) -> FlowPlan:
     size = n if size == ALL_ONE else size
     if size <= 1 or n <= 1:
         return plan
-    weights, fractions = [], []
-    for at in range(0, n, size):
-        shares = plan.fractions[at:at + size]
-        top = max(shares)
+    fractions = tuple(max(plan.fractions[at:at + size]) for at in range(0, n, size))
+    given = plan.__dict__.get("pairs")
+    if given is not None and len(given[1]) >= LOCKSTEP_ARRAY_PAIRS:
+        weights, pairs = _lockstep_pairs(given, plan.fractions, fractions, size)
+        return _with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=plan.latency_s,
+                                    wire_scale=plan.wire_scale, meet_real=plan.meet_real), pairs)
+    weights = []
+    for at, top in zip(range(0, n, size), fractions):
         on: dict[int, float] = {}
-        for ws, x in zip(plan.weights[at:at + size], shares):
+        for ws, x in zip(plan.weights[at:at + size], plan.fractions[at:at + size]):
             scale = x / top if top > 0 else 1.0
             for e, w in ws:
                 on[e] = on.get(e, 0.0) + w * scale
         weights.append(tuple(sorted(on.items())))
-        fractions.append(top)
-    return FlowPlan(weights=tuple(weights), fractions=tuple(fractions), latency_s=plan.latency_s,
+    return FlowPlan(weights=tuple(weights), fractions=fractions, latency_s=plan.latency_s,
                     wire_scale=plan.wire_scale, meet_real=plan.meet_real)
+
+
+# pairs from which :func:`_in_lockstep` sums a plan's weights on its arrays: a DP tree over
+# 2,048 replicas whose twins cross every spine has millions, 0.5 s in the loop
+LOCKSTEP_ARRAY_PAIRS = 4096
+
+
+def _lockstep_pairs(pairs: tuple[np.ndarray, np.ndarray, np.ndarray], shares: tuple, tops: tuple, size: int
+                    ) -> tuple[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_in_lockstep`'s weights from the plan's (flow, link) pairs (:attr:`FlowPlan.pairs`):
+    the same products, summed per (pipeline, link) in the same order (``np.bincount`` adds its
+    weights in input order, flow by flow as the loop does), so the same bits; and the new
+    plan's pairs."""
+    sizes, edge, w = pairs
+    n = len(sizes)
+    flow = np.repeat(np.arange(n), sizes)
+    top = np.repeat(np.asarray(tops, dtype=np.float64), size)[:n]
+    x = np.asarray(shares, dtype=np.float64)
+    scale = np.ones(n)
+    np.divide(x, top, out=scale, where=top > 0)
+    n_links = int(edge.max()) + 1 if len(edge) else 1
+    key = (flow // size) * n_links + edge
+    cells, at = np.unique(key, return_inverse=True)  # by pipeline, then by link
+    summed = np.bincount(at, weights=w * scale[flow], minlength=len(cells))
+    run, link = np.divmod(cells, n_links)
+    per_run = np.bincount(run, minlength=len(tops))
+    ends = np.cumsum(per_run).tolist()
+    links, ws = link.tolist(), summed.tolist()
+    weights = tuple(tuple(zip(links[a:b], ws[a:b])) for a, b in zip([0] + ends[:-1], ends))
+    return weights, (per_run, link, summed)
 
 
 def _keep_in_lockstep(keep: Callable | None, size: int) -> Callable | None:
