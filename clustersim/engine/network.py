@@ -366,7 +366,11 @@ def _in_lockstep(plan: FlowPlan, size: int) -> FlowPlan:
     all their links. Per unit of progress a hop moves its own share, so each link weighs the
     hop's weight times its share over the pipeline's largest, which the flow carries; a link
     two hops cross weighs both. Every link carries the bytes it did, and alone the pipeline
-    takes what its busiest link needs (the closed forms are unchanged)::
+    takes what its busiest link needs: the closed form (Engine._closed_form_s) is then what
+    the flow network gives it alone. (Hop by hop it was the slowest hop's time at its first
+    fair share, which the network's re-shares could beat where hops of different shares met
+    on a link: a tree or hierarchical all-reduce over GPUs at different positions in their
+    nodes, a PXN hop through a node-mate beside a chain, was up to 21 % apart.)::
 
         ring channel   a -> b -> c -> a      each hop x S, on its links   ab   bc   ca
         hop by hop     three flows           ab shared with 2 others:    C/3  C    C

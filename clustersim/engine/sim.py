@@ -755,7 +755,8 @@ class Engine:
 
     def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]:
         """Per link ``c`` crosses (twins included): (seconds its traffic needs there at the
-        link's full bandwidth, real flows crossing it in its busiest phase). The link with the
+        link's full bandwidth, real flows crossing it in its busiest phase, a pipeline's hops
+        counted by their share of its bytes: network._in_lockstep). The link with the
         most seconds is the one that bounds ``c`` alone (:meth:`_closed_form_s`). Worked out
         once per shape and size, on arrays (a plan whose twins meet others' crosses thousands
         of links), summed pair by pair in plan order as a loop over them would."""
