@@ -267,13 +267,13 @@ def _h100(root, nodes=2):
 
 def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all(root):
     """A tree all-reduce over 4 nodes x 8 GPUs, one flow per hop, runs 7 of its 8 channels'
-    chains over every NVLink hop of a node (its 8 ring hops, both ways), and its two trees
-    over the 4 nodes share two of their three edges (heads 0-2 and 1-3, both ways): flows
-    on the same links, of the same share. network._merged keeps one of each, its weights
-    times their count: 4 x 8 x 14 chain flows and 8 x 2 x 3 x 2 tree flows become 4 x 16
-    and 8 x 8, of weights 7, 1 and 2. It ends when the unmerged plan ends, and puts the
-    same bytes on every link. (The engine's tree moves each channel's hops in lock-step, one
-    flow per channel: 8, nothing left to merge.)"""
+    chains, each twice (half the data for each tree), over every NVLink hop of a node (its 8
+    ring hops, both ways), and its two trees over the 4 nodes share two of their three edges
+    (heads 0-2 and 1-3, both ways): flows on the same links, of the same share.
+    network._merged keeps one of each, its weights times their count: 4 x 8 x 2 x 14 chain
+    flows and 8 x 2 x 3 x 2 tree flows become 4 x 16 and 8 x 8, of weights 14, 1 and 2. It
+    ends when the unmerged plan ends, and puts the same bytes on every link. (The engine's
+    tree moves each tree of a channel in lock-step, one flow each: 16, nothing to merge.)"""
     import simpy
 
     from clustersim.collectives.algorithms import phases
@@ -284,9 +284,9 @@ def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all
     group = tuple(range(32))
     comm = Comm("all_reduce", 2.0 ** 30, group, (), (0,), ("c", (0,), 0))
     (planned,) = plan_phases(cl, comm, "tree")
-    assert len(planned.weights) == 8 and _merged(planned) is planned
+    assert len(planned.weights) == 16 and _merged(planned) is planned
     (expansion,) = phases("all_reduce", "tree", group, cl.node_of)
-    assert len(expansion.flows) == 4 * 8 * 14 + 8 * 2 * 3 * 2
+    assert len(expansion.flows) == 4 * 8 * 2 * 14 + 8 * 2 * 3 * 2
     # one flow per chain and tree edge, as the expansion lists them
     unmerged = dataclasses.replace(planned, weights=tuple(tuple((e, 1.0) for e in cl.pxn_path(a, b))
                                                           for a, b, _ in expansion.flows),
@@ -294,7 +294,7 @@ def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all
     merged = _merged(unmerged)
     assert len(merged.weights) == 4 * 16 + 8 * 8
     assert _merged(merged) is merged  # nothing left to merge
-    assert sorted({w for ws in merged.weights for _, w in ws}) == [1.0, 2.0, 7.0]
+    assert sorted({w for ws in merged.weights for _, w in ws}) == [1.0, 2.0, 14.0]
 
     def run(plan):
         env = simpy.Environment()
@@ -318,7 +318,9 @@ def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all
     ("all_reduce", "ring", False, 8),  # 2 nodes x 8 GPUs: a channel per member of a node
     ("all_reduce", "ring", True, 1),  # one member's hops stand for all: one pipeline
     ("all_gather", "ring", False, 8),
-    ("all_reduce", "tree", False, 8),  # a channel per position: its chains and two trees
+    # per position, each tree with its half of the chains; over two nodes the two trees
+    # cross the same links and are merged (network._merged)
+    ("all_reduce", "tree", False, 8),
     ("all_reduce", "hierarchical", False, 1),
     ("all_reduce", "hierarchical", True, 1),
     ("all_to_all", "pxn", False, 16 * 15),  # every pair on its own

@@ -6,11 +6,11 @@ once after ``steps`` latency rounds.
 Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)::
 
     ring          1 phase   ring/multi-channel flows (collectives/ring.py)
-    tree          1 phase   per channel (member position in a node, S/g each): a chain inside
-                            every node, and two binary trees over the nodes, each reducing
-                            half up and broadcasting it down, pipelined (NCCL's double binary
-                            tree; Sanders et al. 2009); 2 (depth + g - 1) latency rounds; a
-                            channel's hops move in lock-step.
+    tree          1 phase   per channel (member position in a node, S/g each): two binary
+                            trees over the nodes, each reducing half up and broadcasting it
+                            down through a chain inside every node, pipelined (NCCL's double
+                            binary tree; Sanders et al. 2009); 2 (depth + g - 1) latency
+                            rounds; each tree with its chains moves in lock-step.
     hierarchical  1 phase   reduce-scatter inside each node (ring over its g members),
                             all-reduce of S/g per rail across nodes (ring over the N members
                             with the same position), all-gather inside each node; chunks are
@@ -27,8 +27,9 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
     pairwise      1 phase   the same pairs, each on its own direct route (PXN off)
 
 Ring, tree, hierarchical and NVLS flows are pipelines (``Expansion.lockstep``): a chunk
-passes every hop in turn, so a channel's hops move at its slowest hop's pace, as one flow
-crossing all their links; all-to-all pairs and sends move on their own.
+passes every hop in turn, so a pipeline's hops (a ring channel, one tree of a channel with
+its chains) move at its slowest hop's pace, as one flow crossing all their links; all-to-all
+pairs and sends move on their own.
 
 Choice ("auto"): the algorithm with the least time alone on its links, as NCCL's tuner picks
 from its cost model per size and topology (NCCL src/graph/tuning.cc); a scenario may fix one
@@ -97,17 +98,19 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Exp
         g = len(nodes[0])
         flows = []
         for pos in range(g):
-            for members in nodes:
-                chain = members[pos:] + members[:pos]
-                for a, b in zip(chain, chain[1:]):
-                    flows += [(b, a, 1.0 / g), (a, b, 1.0 / g)]
             heads = [members[pos] for members in nodes]
+            # each tree its own pipeline (NCCL gives each tree its own channels): half of the
+            # channel's data through the chains inside the nodes, then up and down the tree
             for order in (heads, heads[::-1]):
+                for members in nodes:
+                    chain = members[pos:] + members[:pos]
+                    for a, b in zip(chain, chain[1:]):
+                        flows += [(b, a, 0.5 / g), (a, b, 0.5 / g)]
                 for child, parent in _tree_edges(order):
                     flows += [(child, parent, 0.5 / g), (parent, child, 0.5 / g)]
         depth = math.ceil(math.log2(len(nodes) + 1)) - 1
-        # a channel's chains and trees are one pipeline: its chunks pass every hop in turn
-        return [Expansion(tuple(flows), 2 * (max(depth, 1) + g - 1), lockstep=g)]
+        # a tree's chains and edges are one pipeline: its chunks pass every hop in turn
+        return [Expansion(tuple(flows), 2 * (max(depth, 1) + g - 1), lockstep=2 * g)]
     if algo == "hierarchical":
         nodes = _by_node(group, node_of)
         g = len(nodes[0])
