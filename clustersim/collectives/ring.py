@@ -8,10 +8,10 @@ S/n bytes to its successor per step (Patarasuk & Yuan 2009; NCCL)::
     gpu i -> gpu i+1: chunk (i-k) mod n, S/n bytes each step
 
 Each hop, GPU to ring successor, carries 2(n-1)/n * S bytes after a latency of
-2(n-1) * alpha. Ring steps are lock-step: a GPU sends chunk k on only once it has received it, so the
-slowest hop sets alpha and, with NCCL's few buffered steps, the pace of every hop of the
-channel; the engine moves a channel's flows as one (``Expansion.lockstep``). Alone on its
-links this is exactly the closed form
+2(n-1) * alpha. Ring steps are lock-step: a GPU sends chunk k on only once it has received
+it, so the slowest hop sets alpha and, with NCCL's few buffered steps, the pace of every hop
+of the channel; the engine moves a channel's flows as one (``Expansion.lockstep``). Alone
+on its links this is exactly the closed form
 
     T = 2(n-1) * alpha + 2(n-1)/n * S / B          (nccl-tests doc/PERFORMANCE.md)
 

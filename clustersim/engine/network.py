@@ -206,8 +206,9 @@ def _merged(plan: FlowPlan) -> FlowPlan:
     apart, so they get one rate and end together, and one flow of weight m stands for m of
     them as a simulated flow stands for its twins. Hop by hop, a tree all-reduce over the GPUs
     of many 72-GPU racks ran g - 1 of its g chains over every NVLink hop inside a rack (9,504
-    flows, of which 1,404 differed); its channels, each one flow in lock-step
-    (:func:`_in_lockstep`), merge the same way where they cross the same links."""
+    flows, of which 1,404 differed); its pipelines, each one flow in lock-step
+    (:func:`_in_lockstep`), merge the same way where they cross the same links (its two trees
+    over two nodes)."""
     first: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(plan.weights, plan.fractions)):
         first.setdefault(key, []).append(i)
@@ -402,8 +403,9 @@ def _in_lockstep(plan: FlowPlan, size: int) -> FlowPlan:
                     wire_scale=plan.wire_scale, meet_real=plan.meet_real)
 
 
-# pairs from which :func:`_in_lockstep` sums a plan's weights on its arrays: a DP tree over
-# 2,048 replicas whose twins cross every spine has millions, 0.5 s in the loop
+# pairs from which :func:`_in_lockstep` sums a plan's weights on its arrays: the DP trees
+# over 2,048 replicas of the dense plan at 65,536 GPUs, whose twins cross every spine, took
+# 0.5 s in the loop
 LOCKSTEP_ARRAY_PAIRS = 4096
 
 
