@@ -314,6 +314,15 @@ def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all
     assert np.allclose(on_links, on_links2, rtol=1e-12, atol=0)
 
 
+def _link_bytes(plan) -> Counter:
+    """Per link, the bytes ``plan`` puts on it per byte of the buffer: weight x share."""
+    out = Counter()
+    for ws, x in zip(plan.weights, plan.fractions):
+        for e, w in ws:
+            out[e] += w * x
+    return out
+
+
 @pytest.mark.parametrize("op, algo, one_member, flows", [
     ("all_reduce", "ring", False, 8),  # 2 nodes x 8 GPUs: a channel per member of a node
     ("all_reduce", "ring", True, 1),  # one member's hops stand for all: one pipeline
@@ -344,13 +353,11 @@ def test_each_pipeline_of_a_plan_is_one_flow_with_the_hops_bytes(root, op, algo,
     (expansion,) = phases(op, algo, group, cl.node_of)
     if one_member:
         return  # (its weights are per member: every member's hops stand on the simulated one's)
-    hops, planned = Counter(), Counter()
+    hops = Counter()
     for a, b, x in expansion.flows:
         for e in (cl.pxn_path(a, b) if a != b else ()):
             hops[e] += x
-    for ws, x in zip(plan.weights, plan.fractions):
-        for e, w in ws:
-            planned[e] += w * x
+    planned = _link_bytes(plan)
     assert sorted(planned) == sorted(hops)
     assert all(planned[e] == pytest.approx(hops[e], rel=1e-12) for e in hops)
 
@@ -396,14 +403,7 @@ def test_a_pipelines_hops_move_as_one_flow_carrying_each_links_bytes():
     one = _in_lockstep(plan, ALL_ONE)
     assert one.weights == (((0, 2.0), (1, 2.5), (2, 1.0), (3, 4.0)),)
 
-    def link_bytes(p):
-        out = Counter()
-        for ws, x in zip(p.weights, p.fractions):
-            for e, w in ws:
-                out[e] += w * x
-        return out
-
-    assert link_bytes(two) == link_bytes(plan) == link_bytes(one)
+    assert _link_bytes(two) == _link_bytes(plan) == _link_bytes(one)
     assert _in_lockstep(plan, 0) is plan and _in_lockstep(plan, 1) is plan
 
 

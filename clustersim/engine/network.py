@@ -428,10 +428,7 @@ def _lockstep_pairs(pairs: tuple[np.ndarray, np.ndarray, np.ndarray], shares: tu
     summed = np.bincount(at, weights=w * scale[flow], minlength=len(cells))
     run, link = np.divmod(cells, n_links)
     per_run = np.bincount(run, minlength=len(tops))
-    ends = np.cumsum(per_run).tolist()
-    links, ws = link.tolist(), summed.tolist()
-    weights = tuple(tuple(zip(links[a:b], ws[a:b])) for a, b in zip([0] + ends[:-1], ends))
-    return weights, (per_run, link, summed)
+    return _per_flow(link.tolist(), summed.tolist(), per_run), (per_run, link, summed)
 
 
 def _keep_in_lockstep(keep: Callable | None, size: int) -> Callable | None:
@@ -1092,8 +1089,9 @@ class _Instants:
     flows keeps its live flows and their bytes left at each instant; one of many
     (AHEAD_COLUMNS_FROM) keeps columns: the bytes left once, before the first instant, with the
     step each instant brought them on by, and the instant each flow ended at. A DP ring over
-    2,048 replicas has 8,000 flows and 2,500 instants, whose arrays copied at every instant
-    took 7 GB::
+    2,048 replicas, hop by hop (before its channels moved in lock-step), had 8,000 flows and
+    2,500 instants, whose arrays copied at every instant took 7 GB; an all-to-all standing
+    for thousands of twins still has thousands of flows::
 
         instant k      0        1        2   ...
         at_rel         3.1      3.4      5.0       from the start
