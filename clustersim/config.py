@@ -159,14 +159,14 @@ class Scenario:
     @cached_property
     def split_faults(self) -> tuple[frozenset[int], int]:
         """(the faulty GPUs the symmetric classes split around, the simulated ranks a split
-        around the fabric's faults would take where it is not made, else 0). A node's own
-        cables' faults always split (the scenario check refuses a split past the all-ranks
-        limit); the fabric's (hardware/topology.py ``_mark_fault``) split where the split
+        around the fabric's faults would take where it is not made, else 0). The GPUs a
+        fault on a node's own cables touches (:attr:`node_fault_gpus`) always split (the
+        scenario check refuses a split past the all-ranks limit); the fabric's (hardware/topology.py ``_mark_fault``) split where the split
         simulates at most ``simulation.fabric_fault_split_ranks``, else they keep the collapse,
         whose orbits move at their slowest twin's pace (docs/architecture.md, "Classes split
         around faults")."""
         cluster = self.cluster
-        own = frozenset(cluster.fault_gpus)
+        own = self.node_fault_gpus
         fabric = own | cluster.fabric_fault_gpus
         most = self.cfg.simulation.fabric_fault_split_ranks
         if fabric == own or cluster.num_gpus <= most:
@@ -176,6 +176,24 @@ class Scenario:
         n = Symmetry.split_count(self.mesh, cluster.gpu_slowdown, fabric, *self.cfg.ranks_differ(),
                                  cluster.gpus_per_node)
         return (fabric, 0) if n <= most else (own, n)
+
+    @cached_property
+    def node_fault_gpus(self) -> frozenset[int]:
+        """The GPUs a fault on their own node's cables splits from their twins under this
+        plan: of ``Cluster.fault_gpus`` (every GPU of such a node), those whose flows cross
+        the faulty cable or share a link with a flow that does (engine/network.py
+        ``fault_crossers``). The others' traffic takes the paths their twins' takes, so they
+        stay in their classes: a NIC cable at half bandwidth under TP8 x PP x DP on rails
+        splits around one GPU instead of its node's eight (GPT-3's 1,024 GPUs: 64 simulated
+        ranks instead of 256).
+        """
+        cluster = self.cluster
+        if not cluster.fault_gpus:
+            return frozenset()
+        from .engine.network import fault_crossers
+        from .program.lower import REFINE_DIMS
+
+        return frozenset(fault_crossers(cluster, [self.mesh.group_rows(d) for d in REFINE_DIMS]))
 
     @property
     def microbatches(self) -> int:
@@ -509,7 +527,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         if cluster is not None:
             sc.__dict__["cluster"] = cluster
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}
-            _check_split(cfg, cluster.num_gpus, slow, set(cluster.fault_gpus), "slow GPUs and faulty nodes", source,
+            _check_split(cfg, cluster.num_gpus, slow, set(sc.node_fault_gpus), "slow GPUs and faulty nodes", source,
                          cluster.gpus_per_node)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")

@@ -288,11 +288,15 @@ def test_lowering_passes_the_stragglers_and_keeps_them_simulated():
 
 # --- classes split around faults on a node's own cables ---------------------------------------
 
-# (id, parallel, options, what_if, simulated ranks): rank = tp + TP * (dp + DP * pp); node k
-# holds GPUs 8k..8k+7. "nic-cable-dense": node 3 is stage 1, DP 4-7: its 8 ranks, their 8
-# chains on the 3 other stages, and one class per stage and TP index for DP 0-3 (40)
+# (id, parallel, options, what_if, simulated ranks, GPUs the fault touches): rank = tp + TP *
+# (dp + DP * pp); node k holds GPUs 8k..8k+7. "nic-cable-dense": node 3 is stage 1, DP 4-7;
+# its DP peers on other rails send to rail 2 through GPU 26 (PXN) and beside it on its NVLink:
+# its 8 ranks, their 8 chains on the 3 other stages, and one class per stage and TP index for
+# DP 0-3 (40). "nic-cable-tp8-rails": only GPU 5's flows leave by NIC 5 and rail 5; its chain
+# and one TP peers' chain, its DP peers' chain and the rest, per stage (8)
 FAULTS = [
     ("nic-cable-dense", {"tp": 2, "pp": 4, "dp": 8}, {}, [{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}], 40),
+    ("nic-cable-tp8-rails", {"tp": 8, "pp": 2, "dp": 4}, {}, [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}], 8),
     ("nic-cable-moe-ep4", {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, {"moe": True},
      [{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}], 32),
     ("nvlink-zero1", {"tp": 8, "pp": 2, "dp": 4, "zero": 1}, {}, [{"link": "n1.gpu3-n1.nvsw", "bw_factor": 0.3}],
@@ -305,13 +309,17 @@ FAULTS = [
 @pytest.mark.parametrize("parallel, opts, what_if, n", [c[1:] for c in FAULTS], ids=[c[0] for c in FAULTS])
 def test_faults_on_a_nodes_cables_split_classes_and_equal_all_ranks(parallel, opts, what_if, n):
     """A degraded NIC or NVLink cable slows one node's traffic only: each of that node's GPUs
-    is a class of its own, the classes split around them as around stragglers, and the
-    numbers equal the all-ranks run. Without the split, the orbit through the slow cable
-    moved every twin at its pace: the same step here, but the exposed communication per GPU
-    overstated (up to 2x on these cases)."""
+    whose flows cross it or meet flows that do is a class of its own, the classes split
+    around them as around stragglers, and the numbers equal the all-ranks run. Without the
+    split, the orbit through the slow cable moved every twin at its pace: the same step
+    here, but the exposed communication per GPU overstated (up to 2x on these cases)."""
     sc = _scenario(8, parallel, what_if=what_if, **opts)
     node = {int(w["link"][1]) for w in what_if if "link" in w}
     assert sc.cluster.fault_gpus == {g for k in node for g in range(8 * k, 8 * k + 8)}
+    # a NIC cable under TP8 on rails touches its own GPU's flows only; under TP2 every DP
+    # peer's on the node too (PXN onto rail 2, NVLink beside it); an NVLink cable every TP peer's
+    assert sc.node_fault_gpus == ({5} if parallel["tp"] == 8 and "nic" in what_if[0]["link"]
+                                  else sc.cluster.fault_gpus)
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == n
     _assert_same(split, full)
@@ -404,6 +412,21 @@ def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path):
 
 
 LEAF_SPINE = {"kind": "leaf_spine", "nodes_per_leaf": 2, "spines": 4, "rail_optimized": False}
+
+
+def test_a_nic_cable_splits_the_gpus_whose_flows_meet_its_own(tmp_path):
+    """Every NIC of a node on one leaf (Llama 3's Clos), TP8 x PP2 x DP4 on 8 nodes, node 0's
+    NIC 5 at half bandwidth: GPU 5's flows cross it, and those of its node-mates that ECMP
+    hashes onto the uplinks GPU 5's flows take meet them there. Those 6 GPUs split (28
+    simulated ranks of 64) and the collapse gives the all-ranks numbers; split around GPU 5
+    alone (8 ranks), the DP exposed time was 0.8 % over, its node-mates' DP rings finding
+    the uplinks as their twins did."""
+    sc = _fabric(8, LEAF_SPINE, [{"link": "n0.nic5-leaf0.0", "bw_factor": 0.5}], tmp_path,
+                 {"tp": 8, "pp": 2, "dp": 4, "cp": 1})
+    assert {5} < sc.node_fault_gpus < sc.cluster.fault_gpus
+    split, full = _both(sc)
+    assert split["simulation"]["simulated_ranks"] == 28
+    _assert_same(split, full)
 # 8 nodes (64 GPUs), two a leaf: leaf1.0 / leaf1.2 hold nodes 2 and 3 (16 GPUs). Kept in the
 # collapse (one rank a stage), each had the same step but one kind's exposed time 13 % to
 # 93 % over the all-ranks run's

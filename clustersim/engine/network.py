@@ -291,6 +291,50 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
     return out, lens
 
 
+def fault_crossers(cluster: Cluster, groups: list[np.ndarray]) -> set[int]:
+    """The GPUs of the nodes with a faulty cable of their own (``cluster.fault_gpus``) whose
+    traffic the fault touches, under a plan whose communication groups are ``groups`` (rows
+    of ranks; rank r runs on GPU r): those with a flow that crosses a faulty cable
+    (``cluster.fault_cables``) or shares a link with one that does. Every ordered pair of a
+    group's members with a faulty GPU in it is routed as any algorithm may route it
+    (directly, through a PXN proxy, a GPU's NVLS loop). A node whose cable was removed keeps
+    all its GPUs. The others' flows take the links their twins' take, and meet no slowed
+    flow there::
+
+        n0.nic5-leaf0.5 at half bandwidth, TP8 x PP x DP on rails (NIC k to the rail-k leaf):
+          n0.gpu5 -> n8.gpu5          nic5, then rail 5          crosses: marked
+          n0.gpu4 -> n8.gpu4          nic4, then rail 4          apart from it: not marked
+        the same cable where all 8 NICs share one leaf (Llama 3's Clos):
+          n0.gpu4 -> n8.gpu4          nic4, leaf, spine          beside n0.gpu5's flows on
+                                                                 the leaf's uplinks: marked
+        an NVLink cable, n0.gpu5-n0.nvsw: every TP peer of GPU 5 crosses it
+    """
+    gpus = np.fromiter(sorted(g for g in cluster.fault_gpus if g < cluster.num_gpus), dtype=np.int64)
+    per, index = cluster.gpus_per_node, cluster.edge_index
+    whole = {node for u, v, removed in cluster.fault_cables if removed
+             for node in {cluster.graph.nodes[x].get("node") for x in (u, v)} - {None}}
+    out = {int(g) for g in gpus if g // per in whole}
+    gpus = gpus[~np.isin(gpus // per, list(whole))]
+    bad = np.fromiter((index[e] for u, v, removed in cluster.fault_cables if not removed
+                       for e in ((u, v), (v, u))), dtype=np.int64)
+    if not len(bad) or not len(gpus):
+        return out
+    n_gpu = cluster.num_gpus  # pair keys: src * n_gpu + dst
+    keys = [gpus * n_gpu + gpus]
+    for rows in groups:
+        faulty = np.isin(rows, gpus)
+        for i in np.flatnonzero(faulty.any(axis=1)).tolist():  # its faulty members with every member, both ways
+            f = rows[i][faulty[i]][:, None]
+            keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
+    keys = np.unique(np.concatenate(keys))
+    src, dst = keys // n_gpu, keys % n_gpu
+    routes = np.hstack([_route_rows(cluster, src, dst, direct)[0] for direct in (True, False)])
+    slowed = np.unique(routes[np.isin(routes, bad).any(axis=1)])  # every link a crossing flow takes
+    touched = np.isin(routes, slowed[slowed >= 0]).any(axis=1)
+    ends = np.concatenate([src[touched], dst[touched]])
+    return out | {int(g) for g in ends[np.isin(ends, gpus)]}
+
+
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
                 direct: bool = False, siblings: tuple = (), shared: dict | None = None, key=None,
                 keep: Callable | None = None, wide: bool = False, lockstep: int = 0) -> FlowPlan:

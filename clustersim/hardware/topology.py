@@ -381,13 +381,17 @@ class Cluster:
     # what_if GPU slow-downs: global GPU index -> factor on its compute time (>= 1)
     gpu_slowdown: dict[int, float] = field(default_factory=dict)
     # GPUs of the nodes where a what_if degrades or removes one of the node's own cables
-    # (NVLink, PCIe, NIC-leaf): their traffic takes paths their twins' does not, so they split
-    # the symmetric classes as stragglers do (program/lower.py Symmetry)
+    # (NVLink, PCIe, NIC-leaf): those whose traffic the fault touches (which the plan decides:
+    # config.Scenario.node_fault_gpus) split the symmetric classes as stragglers do
+    # (program/lower.py Symmetry)
     fault_gpus: set[int] = field(default_factory=set)
     # GPUs of the nodes with a NIC below a fabric cable or switch a what_if degrades or
     # removes (:func:`_mark_fault`): they split the classes too where that split stays small
     # (config.Scenario.split_faults)
     fabric_fault_gpus: set[int] = field(default_factory=set)
+    # the nodes' own cables behind ``fault_gpus``: (u, v, removed); which of those GPUs' flows
+    # they touch depends on the plan's groups (config.Scenario.node_fault_gpus)
+    fault_cables: list[tuple[str, str, bool]] = field(default_factory=list)
 
     @property
     def gpus_per_node(self) -> int:
@@ -1005,10 +1009,11 @@ def _apply_what_ifs(cluster: Cluster) -> None:
         reach.check()
 
 
-def _mark_fault(cluster: Cluster, u: str, v: str) -> None:
+def _mark_fault(cluster: Cluster, u: str, v: str, removed: bool = False) -> None:
     """Mark the GPUs whose traffic may cross the faulty cable ``u-v`` (or the removed switch
     ``u == v``) where their twins' does not. A cable inside a node or from its NIC: that
-    node's GPUs, in ``cluster.fault_gpus``. A fabric cable: the GPUs of every node with a NIC
+    node's GPUs, in ``cluster.fault_gpus``, and the cable in ``cluster.fault_cables`` (which
+    of those GPUs it touches depends on the plan: config.Scenario.node_fault_gpus). A fabric cable: the GPUs of every node with a NIC
     below its lower end, in ``cluster.fabric_fault_gpus``; a removed switch: those below it,
     unless that is every GPU (a spine of two tiers, a core: every leaf or pod loses the same
     uplinks, and the fabric stays as symmetric as it was). Up-down routes cross a switch's
@@ -1034,6 +1039,8 @@ def _mark_fault(cluster: Cluster, u: str, v: str) -> None:
         if u == v and len(nodes) == cluster.cfg.nodes:
             return
         marked = cluster.fabric_fault_gpus
+    else:
+        cluster.fault_cables.append((u, v, removed))
     per = cluster.gpus_per_node
     for node in nodes:
         marked.update(range(node * per, (node + 1) * per))
@@ -1056,7 +1063,7 @@ def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None)
             _mark_fault(cluster, u, v)
     elif w.remove_link is not None:
         u, v = _cable(cluster, w.remove_link, where, "remove_link")
-        _mark_fault(cluster, u, v)
+        _mark_fault(cluster, u, v, removed=True)
         kinds = (g.nodes[u]["kind"], g.nodes[v]["kind"])
         if not all(k in TIERS or k == "nic" for k in kinds):
             kind = {"nvlink": "an NVLink", "pcie": "a PCIe"}.get(g.edges[u, v]["kind"], "a")

@@ -105,11 +105,11 @@ class Symmetry:
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the class keeps the index in the EP group too: one class
       per (stage, [CP index,] EP index), TP and DP twins collapsed as before.
-    - Collapsed, with faults (``faulty``: the ranks of a node with a degraded NVLink, PCIe or
-      NIC-leaf cable, or of the nodes below a faulty fabric cable or switch where their split
-      fits: config.Scenario.split_faults): those ranks' traffic may cross a slower link than
-      their twins', which makes them stragglers in communication; each is a class of its own,
-      and the classes split around them the same way.
+    - Collapsed, with faults (``faulty``: the ranks whose traffic a degraded NVLink, PCIe or
+      NIC-leaf cable of their node touches, or those of the nodes below a faulty fabric cable
+      or switch where their split fits: config.Scenario.split_faults): their traffic may cross
+      or meet a slower link than their twins', which makes them stragglers in communication;
+      each is a class of its own, and the classes split around them the same way.
 
     All three give the same numbers on a symmetric placement; where twins meet different links
     (a stage that spans two leaf groups, ECMP collisions, a fabric fault kept in the collapse)
