@@ -177,7 +177,7 @@ def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
 def with_cable(sc: clustersim.Scenario, d: dict, rng: random.Random) -> dict:
     """``d`` with, one time in five, a degraded fabric cable (leaf to spine: the collapse
     keeps its classes, the orbits through it move at their slowest twin's pace) or a node's
-    NIC cable (its node's GPUs split the classes), picked among ``sc``'s cluster's links. Its
+    NIC cable (its node's GPUs whose traffic it touches split the classes), picked among ``sc``'s cluster's links. Its
     own generator, so that the plans ``draw`` makes do not change with it."""
     x = rng.random()
     names = sorted(f"{a}-{b}" for a, b in sc.cluster.graph.edges)

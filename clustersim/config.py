@@ -167,7 +167,7 @@ class Scenario:
         around faults")."""
         cluster = self.cluster
         own = self.node_fault_gpus
-        fabric = own | cluster.fabric_fault_gpus
+        fabric = own | self.fabric_fault_gpus
         most = self.cfg.simulation.fabric_fault_split_ranks
         if fabric == own or cluster.num_gpus <= most:
             return fabric, 0
@@ -187,13 +187,23 @@ class Scenario:
         splits around one GPU instead of its node's eight (GPT-3's 1,024 GPUs: 64 simulated
         ranks instead of 256).
         """
-        cluster = self.cluster
-        if not cluster.fault_gpus:
+        return self._touched(self.cluster.fault_cables)
+
+    @cached_property
+    def fabric_fault_gpus(self) -> frozenset[int]:
+        """The same of the fabric's faults: of the GPUs of the nodes below a degraded leaf or
+        pod-spine uplink (``Cluster.fabric_fault_gpus``), those whose flows cross it or meet
+        a flow that does (a rail leaf's uplink under TP8: some of the rail's GPUs); every
+        one below a removed cable or switch."""
+        return self._touched(self.cluster.fabric_fault_cables)
+
+    def _touched(self, faults: list) -> frozenset[int]:
+        if not faults:
             return frozenset()
         from .engine.network import fault_crossers
         from .program.lower import REFINE_DIMS
 
-        return frozenset(fault_crossers(cluster, [self.mesh.group_rows(d) for d in REFINE_DIMS]))
+        return frozenset(fault_crossers(self.cluster, [self.mesh.group_rows(d) for d in REFINE_DIMS], faults))
 
     @property
     def microbatches(self) -> int:

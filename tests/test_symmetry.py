@@ -288,38 +288,42 @@ def test_lowering_passes_the_stragglers_and_keeps_them_simulated():
 
 # --- classes split around faults on a node's own cables ---------------------------------------
 
-# (id, parallel, options, what_if, simulated ranks, GPUs the fault touches): rank = tp + TP *
-# (dp + DP * pp); node k holds GPUs 8k..8k+7. "nic-cable-dense": node 3 is stage 1, DP 4-7;
-# its DP peers on other rails send to rail 2 through GPU 26 (PXN) and beside it on its NVLink:
-# its 8 ranks, their 8 chains on the 3 other stages, and one class per stage and TP index for
-# DP 0-3 (40). "nic-cable-tp8-rails": only GPU 5's flows leave by NIC 5 and rail 5; its chain
-# and one TP peers' chain, its DP peers' chain and the rest, per stage (8)
+# (id, parallel, options, what_if, simulated ranks, the GPUs the fault touches or None: its
+# whole node): rank = tp + TP * (dp + DP * pp); node k holds GPUs 8k..8k+7.
+# "nic-cable-dense": node 3 is stage 1, DP 4-7; its DP peers on other rails send to rail 2
+# through GPU 26 (PXN) and beside it on its NVLink: its 8 ranks, their 8 chains on the 3
+# other stages, and one class per stage and TP index for DP 0-3 (40). "nic-cable-tp8-rails":
+# only GPU 5's flows leave by NIC 5 and rail 5: its chain, its TP peers' chain, its DP peers'
+# chain and the rest, per stage (8). "nic-cable-tp8-pp4": one replica of 4 nodes; GPU 13 (stage
+# 1) reaches NIC 5 only by its PP sends. An NVLink cable under TP2 or TP8: every GPU of the
+# node sends to it or through it
 FAULTS = [
-    ("nic-cable-dense", {"tp": 2, "pp": 4, "dp": 8}, {}, [{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}], 40),
-    ("nic-cable-tp8-rails", {"tp": 8, "pp": 2, "dp": 4}, {}, [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}], 8),
+    ("nic-cable-dense", {"tp": 2, "pp": 4, "dp": 8}, {}, [{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}], 40,
+     None),
+    ("nic-cable-tp8-rails", {"tp": 8, "pp": 2, "dp": 4}, {}, [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}], 8,
+     {5}),
+    ("nic-cable-tp8-pp4", {"tp": 8, "pp": 4, "dp": 1}, {}, [{"link": "n1.nic5-leaf0.5", "bw_factor": 0.25}], 8,
+     {13}),
     ("nic-cable-moe-ep4", {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, {"moe": True},
-     [{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}], 32),
+     [{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}], 32, None),
     ("nvlink-zero1", {"tp": 8, "pp": 2, "dp": 4, "zero": 1}, {}, [{"link": "n1.gpu3-n1.nvsw", "bw_factor": 0.3}],
-     32),
+     32, None),
     ("nvlink-and-straggler", {"tp": 2, "pp": 4, "dp": 8}, {},
-     [{"link": "n1.gpu3-n1.nvsw", "bw_factor": 0.3}, {"gpu": 50, "slowdown": 1.2}], 48),
+     [{"link": "n1.gpu3-n1.nvsw", "bw_factor": 0.3}, {"gpu": 50, "slowdown": 1.2}], 48, None),
 ]
 
 
-@pytest.mark.parametrize("parallel, opts, what_if, n", [c[1:] for c in FAULTS], ids=[c[0] for c in FAULTS])
-def test_faults_on_a_nodes_cables_split_classes_and_equal_all_ranks(parallel, opts, what_if, n):
+@pytest.mark.parametrize("parallel, opts, what_if, n, touched", [c[1:] for c in FAULTS], ids=[c[0] for c in FAULTS])
+def test_faults_on_a_nodes_cables_split_classes_and_equal_all_ranks(parallel, opts, what_if, n, touched):
     """A degraded NIC or NVLink cable slows one node's traffic only: each of that node's GPUs
     whose flows cross it or meet flows that do is a class of its own, the classes split
     around them as around stragglers, and the numbers equal the all-ranks run. Without the
     split, the orbit through the slow cable moved every twin at its pace: the same step
     here, but the exposed communication per GPU overstated (up to 2x on these cases)."""
-    sc = _scenario(8, parallel, what_if=what_if, **opts)
+    sc = _scenario(parallel["tp"] * parallel["pp"] * parallel["dp"] // 8, parallel, what_if=what_if, **opts)
     node = {int(w["link"][1]) for w in what_if if "link" in w}
     assert sc.cluster.fault_gpus == {g for k in node for g in range(8 * k, 8 * k + 8)}
-    # a NIC cable under TP8 on rails touches its own GPU's flows only; under TP2 every DP
-    # peer's on the node too (PXN onto rail 2, NVLink beside it); an NVLink cable every TP peer's
-    assert sc.node_fault_gpus == ({5} if parallel["tp"] == 8 and "nic" in what_if[0]["link"]
-                                  else sc.cluster.fault_gpus)
+    assert sc.node_fault_gpus == (touched or sc.cluster.fault_gpus)
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == n
     _assert_same(split, full)
@@ -458,6 +462,21 @@ def test_fabric_faults_split_classes_and_equal_all_ranks(fabric, parallel, what_
         _assert_same(split, full)
 
 
+def test_a_rail_leaf_uplink_splits_only_the_gpus_whose_flows_it_touches(tmp_path):
+    """Rail-optimised leaves of 2 nodes, TP8 x PP2 x DP4 on 8 nodes, the rail-2 leaf of nodes 2
+    and 3 with one uplink at half bandwidth: of the 16 GPUs below that leaf group, only the
+    two on rail 2 send through it (every other GPU's flows stay on its own rail's leaf), so
+    the classes split around GPUs 18 and 26 (12 simulated ranks, 48 around all 16) and the
+    collapse gives the all-ranks numbers."""
+    sc = _fabric(8, {**LEAF_SPINE, "rail_optimized": True}, [{"link": "leaf1.2-spine3", "bw_factor": 0.5}],
+                 tmp_path, {"tp": 8, "pp": 2, "dp": 4, "cp": 1})
+    assert sc.cluster.fabric_fault_gpus == set(range(16, 32)) and sc.fabric_fault_gpus == {18, 26}
+    split, full = _both(sc)
+    assert split["simulation"]["simulated_ranks"] == 12
+    assert split["simulation"]["fabric_faults"]["gpus"] == 2
+    _assert_same(split, full)
+
+
 @pytest.mark.parametrize("most", [8, 0])
 def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(most, tmp_path):
     """Where splitting around the GPUs below a fabric fault would simulate more ranks than
@@ -471,18 +490,35 @@ def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(mos
     parallel = {"tp": 8, "pp": 2, "dp": 2}
     fault = [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}]
     sc = _fabric(4, THREE_TIERS, fault, tmp_path, parallel, simulation={"fabric_fault_split_ranks": most})
-    assert sc.split_faults == (frozenset(), Symmetry.split_count(sc.mesh, {}, range(24, 32), gpus_per_node=8))
+    touched = sc.fabric_fault_gpus  # node 3's GPUs whose flows ECMP puts on the cable or beside those
+    assert touched < frozenset(range(24, 32)) and len(touched) == 6
+    assert sc.split_faults == (frozenset(), Symmetry.split_count(sc.mesh, {}, touched, gpus_per_node=8))
     s = clustersim.simulate(sc).summary
     assert s["simulation"]["simulated_ranks"] == 2  # one a stage
     faults = s["simulation"]["fabric_faults"]
-    assert faults == {"gpus": 8, "kept_in_collapse": True, "split_ranks": sc.split_faults[1], "split_up_to": most}
-    assert faults["split_ranks"] > 8
-    said = (f"a split around the 8 GPUs they reach would simulate {faults['split_ranks']} ranks "
+    assert faults == {"gpus": 6, "kept_in_collapse": True, "split_ranks": sc.split_faults[1], "split_up_to": most}
+    assert faults["split_ranks"] > 6
+    said = (f"a split around the 6 GPUs they reach would simulate {faults['split_ranks']} ranks "
             f"(simulation.fabric_fault_split_ranks: {most})")
     assert said in _simulated_line(s, 1.0) and said in header_html(s).replace("&#x27;", "'")
     assert "fabric faults" not in _simulated_line(clustersim.simulate(sc, collapse=False).summary, 1.0)
     sc = _fabric(4, THREE_TIERS, fault, tmp_path, parallel)
-    assert sc.split_faults == (frozenset(range(24, 32)), 0)  # within the default: split
+    assert sc.split_faults == (touched, 0)  # within the default: split
+
+
+def test_a_fabric_fault_kept_counts_the_gpus_no_node_fault_splits(tmp_path):
+    """A leaf uplink over node 3 kept in the collapse (the split past a setting of 4 ranks)
+    beside a fault on node 3's own NIC 5 cable: the node fault splits the GPUs its flows
+    touch, and the summary counts the two the fabric fault touches besides as kept (it
+    counted none when it took the node fault to split the whole node)."""
+    fault = [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}, {"link": "n3.nic5-leaf3.0", "bw_factor": 0.5}]
+    sc = _fabric(4, THREE_TIERS, fault, tmp_path, {"tp": 8, "pp": 2, "dp": 2, "cp": 1},
+                 simulation={"fabric_fault_split_ranks": 4})
+    own, fabric = sc.node_fault_gpus, sc.fabric_fault_gpus
+    assert own < sc.cluster.fault_gpus and len(fabric - own) == 2
+    assert sc.split_faults[0] == own
+    faults = clustersim.simulate(sc).summary["simulation"]["fabric_faults"]
+    assert faults["gpus"] == 2 and faults["kept_in_collapse"]
 
 
 def test_routing_by_destination_keeps_the_collapse_exact_across_leaf_groups(tmp_path):

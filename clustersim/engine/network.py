@@ -291,15 +291,21 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
     return out, lens
 
 
-def fault_crossers(cluster: Cluster, groups: list[np.ndarray]) -> set[int]:
-    """The GPUs of the nodes with a faulty cable of their own (``cluster.fault_gpus``) whose
-    traffic the fault touches, under a plan whose communication groups are ``groups`` (rows
-    of ranks; rank r runs on GPU r): those with a flow that crosses a faulty cable
-    (``cluster.fault_cables``) or shares a link with one that does. Every ordered pair of a
-    group's members with a faulty GPU in it is routed as any algorithm may route it
-    (directly, through a PXN proxy, a GPU's NVLS loop). A node whose cable was removed keeps
-    all its GPUs. The others' flows take the links their twins' take, and meet no slowed
-    flow there::
+# the most pairs fault_crossers routes (about 0.5 s); past that, faults keep every GPU they
+# marked (a what-if list of hundreds of faulty nodes)
+FAULT_PAIRS_ROUTED = 250_000
+
+
+def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set[int]:
+    """Of the GPUs ``faults`` marked (``cluster.fault_cables`` or ``fabric_fault_cables``:
+    (u, v, removed, GPUs) each), those whose traffic the faults touch under a plan whose
+    communication groups are ``groups`` (rows of ranks; rank r runs on GPU r): a flow of
+    theirs crosses a degraded cable or shares a link with a flow that does. Every ordered
+    pair of a group's members with a marked GPU in it is routed as any algorithm may route
+    it (directly, through a PXN proxy, a GPU's NVLS loop). A removed cable or switch keeps
+    all the GPUs it marked: its flows took other paths, which no route now shows; so do
+    faults whose GPUs have more than ``FAULT_PAIRS_ROUTED`` pairs to route. The other GPUs'
+    flows take the links their twins' take, and meet no slowed flow there::
 
         n0.nic5-leaf0.5 at half bandwidth, TP8 x PP x DP on rails (NIC k to the rail-k leaf):
           n0.gpu5 -> n8.gpu5          nic5, then rail 5          crosses: marked
@@ -308,23 +314,26 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray]) -> set[int]:
           n0.gpu4 -> n8.gpu4          nic4, leaf, spine          beside n0.gpu5's flows on
                                                                  the leaf's uplinks: marked
         an NVLink cable, n0.gpu5-n0.nvsw: every TP peer of GPU 5 crosses it
+        leaf0.5-spine3 at half bandwidth, the same plan: the rail-5 GPUs below leaf0.5 whose
+        flows ECMP hashes onto it or beside those
     """
-    gpus = np.fromiter(sorted(g for g in cluster.fault_gpus if g < cluster.num_gpus), dtype=np.int64)
-    per, index = cluster.gpus_per_node, cluster.edge_index
-    whole = {node for u, v, removed in cluster.fault_cables if removed
-             for node in {cluster.graph.nodes[x].get("node") for x in (u, v)} - {None}}
-    out = {int(g) for g in gpus if g // per in whole}
-    gpus = gpus[~np.isin(gpus // per, list(whole))]
-    bad = np.fromiter((index[e] for u, v, removed in cluster.fault_cables if not removed
-                       for e in ((u, v), (v, u))), dtype=np.int64)
-    if not len(bad) or not len(gpus):
+    out = set().union(*(gpus for _, _, removed, gpus in faults if removed))
+    gpus = np.fromiter(sorted(set().union(*(gpus for *_, removed, gpus in faults if not removed)) - out),
+                       dtype=np.int64)
+    gpus = gpus[gpus < cluster.num_gpus]
+    index = cluster.edge_index
+    bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))),
+                      dtype=np.int64)
+    if not len(gpus):
         return out
+    marked = [np.isin(rows, gpus) for rows in groups]
+    if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
+        return out | set(gpus.tolist())  # (hundreds of faulty nodes: all they marked)
     n_gpu = cluster.num_gpus  # pair keys: src * n_gpu + dst
     keys = [gpus * n_gpu + gpus]
-    for rows in groups:
-        faulty = np.isin(rows, gpus)
-        for i in np.flatnonzero(faulty.any(axis=1)).tolist():  # its faulty members with every member, both ways
-            f = rows[i][faulty[i]][:, None]
+    for rows, m in zip(groups, marked):
+        for i in np.flatnonzero(m.any(axis=1)).tolist():  # its marked members with every member, both ways
+            f = rows[i][m[i]][:, None]
             keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
     keys = np.unique(np.concatenate(keys))
     src, dst = keys // n_gpu, keys % n_gpu

@@ -389,9 +389,11 @@ class Cluster:
     # removes (:func:`_mark_fault`): they split the classes too where that split stays small
     # (config.Scenario.split_faults)
     fabric_fault_gpus: set[int] = field(default_factory=set)
-    # the nodes' own cables behind ``fault_gpus``: (u, v, removed); which of those GPUs' flows
-    # they touch depends on the plan's groups (config.Scenario.node_fault_gpus)
-    fault_cables: list[tuple[str, str, bool]] = field(default_factory=list)
+    # the faults behind ``fault_gpus`` and ``fabric_fault_gpus``, one entry each: (u, v,
+    # removed, the GPUs it marked; u == v a removed switch); which of those GPUs' flows a
+    # fault touches depends on the plan's groups (config.Scenario.node_fault_gpus)
+    fault_cables: list[tuple[str, str, bool, frozenset[int]]] = field(default_factory=list)
+    fabric_fault_cables: list[tuple[str, str, bool, frozenset[int]]] = field(default_factory=list)
 
     @property
     def gpus_per_node(self) -> int:
@@ -1011,9 +1013,10 @@ def _apply_what_ifs(cluster: Cluster) -> None:
 
 def _mark_fault(cluster: Cluster, u: str, v: str, removed: bool = False) -> None:
     """Mark the GPUs whose traffic may cross the faulty cable ``u-v`` (or the removed switch
-    ``u == v``) where their twins' does not. A cable inside a node or from its NIC: that
-    node's GPUs, in ``cluster.fault_gpus``, and the cable in ``cluster.fault_cables`` (which
-    of those GPUs it touches depends on the plan: config.Scenario.node_fault_gpus). A fabric cable: the GPUs of every node with a NIC
+    ``u == v``) where their twins' does not, and record the fault with them
+    (``cluster.fault_cables``, ``cluster.fabric_fault_cables``: which of them its flows touch
+    depends on the plan, config.Scenario.node_fault_gpus). A cable inside a node or from its NIC: that
+    node's GPUs, in ``cluster.fault_gpus``. A fabric cable: the GPUs of every node with a NIC
     below its lower end, in ``cluster.fabric_fault_gpus``; a removed switch: those below it,
     unless that is every GPU (a spine of two tiers, a core: every leaf or pod loses the same
     uplinks, and the fabric stays as symmetric as it was). Up-down routes cross a switch's
@@ -1038,12 +1041,13 @@ def _mark_fault(cluster: Cluster, u: str, v: str, removed: bool = False) -> None
         nodes = {g.nodes[x]["node"] for leaf in leaves for x in g.predecessors(leaf) if g.nodes[x]["kind"] == "nic"}
         if u == v and len(nodes) == cluster.cfg.nodes:
             return
-        marked = cluster.fabric_fault_gpus
+        marked, faults = cluster.fabric_fault_gpus, cluster.fabric_fault_cables
     else:
-        cluster.fault_cables.append((u, v, removed))
+        faults = cluster.fault_cables
     per = cluster.gpus_per_node
-    for node in nodes:
-        marked.update(range(node * per, (node + 1) * per))
+    gpus = frozenset(g for node in nodes for g in range(node * per, (node + 1) * per))
+    marked.update(gpus)
+    faults.append((u, v, removed, gpus))
 
 
 def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None) -> None:
@@ -1085,7 +1089,7 @@ def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None)
             raise _fail(cfg, where, f"{s} is {kind}, not a fabric switch (leaf, spine or core); "
                                     "only those can be removed")
         nics = [x for x in g.predecessors(s) if g.nodes[x]["kind"] == "nic"]
-        _mark_fault(cluster, s, s)
+        _mark_fault(cluster, s, s, removed=True)
         for nic in nics:
             g.nodes[nic]["leaf"] = None
         g.remove_node(s)

@@ -187,8 +187,8 @@ class Symmetry:
 
         Ranks start apart by pipeline stage, which members of their pipeline chain share their
         node (where that differs within a stage: :attr:`_chain_places`), compute slowdown (and
-        CP or EP index where those change the work); a rank on a faulty node is a class of its
-        own. Refining then splits
+        CP or EP index where those change the work); a rank whose traffic a fault touches is a
+        class of its own. Refining then splits
         ranks whose TP, CP, EP, gradient (``cp+dp``, ``cp+edp``) or pipeline groups hold
         different classes position by position, until no group splits a class::
 
