@@ -114,12 +114,15 @@ def path_report(path: list[PathTask], step_s: float) -> dict[str, Any]:
     through a pipeline transfer or a collective whose last member came from there.
     """
     by_kind = {"compute": 0.0, **{k: 0.0 for k in COMM_KINDS}}
-    wait_s = 0.0
+    wait_s = tie_s = 0.0
     t = 0.0
     segments: list[dict[str, Any]] = []
     for p in path:
-        if p.start_s - t > INSTANT_S:  # time no path task covered (none in this engine but ties'
-            wait_s += p.start_s - t    # last bits: a predecessor within INSTANT_S of the latest binds)
+        gap = p.start_s - t
+        if gap > INSTANT_S:  # time no path task covered (none in this engine)
+            wait_s += gap
+        else:  # a tie's last bits: a predecessor within INSTANT_S of the latest binds; a few of
+            tie_s += gap  # them on one path add up past the check's 1e-9 s, so the length keeps them
         t = max(t, p.end_s)
         by_kind[p.kind] = by_kind.get(p.kind, 0.0) + (p.end_s - p.start_s)
         if segments and segments[-1]["rank"] == p.rank:
@@ -134,7 +137,7 @@ def path_report(path: list[PathTask], step_s: float) -> dict[str, Any]:
         seg["compute_s" if p.kind == "compute" else "comm_s"] += p.end_s - p.start_s
     comm = sum(v for k, v in by_kind.items() if k != "compute")
     return {
-        "length_s": sum(by_kind.values()) + wait_s,
+        "length_s": sum(by_kind.values()) + wait_s + tie_s,
         "step_time_s": step_s,
         "tasks": len(path),
         "compute_s": by_kind["compute"],
