@@ -161,10 +161,11 @@ class Scenario:
         """(the faulty GPUs the symmetric classes split around, the simulated ranks a split
         around the fabric's faults would take where it is not made, else 0). The GPUs a
         fault on a node's own cables touches (:attr:`node_fault_gpus`) always split (the
-        scenario check refuses a split past the all-ranks limit); the fabric's (hardware/topology.py ``_mark_fault``) split where the split
-        simulates at most ``simulation.fabric_fault_split_ranks``, else they keep the collapse,
-        whose orbits move at their slowest twin's pace (docs/architecture.md, "Classes split
-        around faults")."""
+        scenario check refuses a split past the all-ranks limit); those the fabric's touch
+        (:attr:`fabric_fault_gpus`) split where the split simulates at most
+        ``simulation.fabric_fault_split_ranks``, else they keep the collapse, whose orbits
+        move at their slowest twin's pace (docs/architecture.md, "Classes split around
+        faults")."""
         cluster = self.cluster
         own = self.node_fault_gpus
         fabric = own | self.fabric_fault_gpus

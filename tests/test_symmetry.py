@@ -506,6 +506,14 @@ def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(mos
     assert sc.split_faults == (touched, 0)  # within the default: split
 
 
+def test_a_cable_degraded_then_removed_keeps_every_gpu_below_it(tmp_path):
+    """A removal leaves no route to tell which flows took the cable: every GPU below it
+    splits, whatever an earlier entry did to the same cable (its edges are gone)."""
+    fault = [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}, {"remove_link": "leaf3.0-pod0.spine1"}]
+    sc = _fabric(4, THREE_TIERS, fault, tmp_path, {"tp": 8, "pp": 2, "dp": 2, "cp": 1})
+    assert sc.fabric_fault_gpus == frozenset(range(24, 32)) == sc.split_faults[0]
+
+
 def test_a_fabric_fault_kept_counts_the_gpus_no_node_fault_splits(tmp_path):
     """A leaf uplink over node 3 kept in the collapse (the split past a setting of 4 ranks)
     beside a fault on node 3's own NIC 5 cable: the node fault splits the GPUs its flows

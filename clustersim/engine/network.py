@@ -322,8 +322,8 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
                        dtype=np.int64)
     gpus = gpus[gpus < cluster.num_gpus]
     index = cluster.edge_index
-    bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))),
-                      dtype=np.int64)
+    bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))
+                       if e in index), dtype=np.int64)  # (a degraded cable a later entry removed: gone)
     if not len(gpus):
         return out
     marked = [np.isin(rows, gpus) for rows in groups]

@@ -386,8 +386,8 @@ class Cluster:
     # (program/lower.py Symmetry)
     fault_gpus: set[int] = field(default_factory=set)
     # GPUs of the nodes with a NIC below a fabric cable or switch a what_if degrades or
-    # removes (:func:`_mark_fault`): they split the classes too where that split stays small
-    # (config.Scenario.split_faults)
+    # removes (:func:`_mark_fault`): those whose traffic it touches (config.Scenario.
+    # fabric_fault_gpus) split the classes too where that split stays small (split_faults)
     fabric_fault_gpus: set[int] = field(default_factory=set)
     # the faults behind ``fault_gpus`` and ``fabric_fault_gpus``, one entry each: (u, v,
     # removed, the GPUs it marked; u == v a removed switch); which of those GPUs' flows a
@@ -1015,7 +1015,8 @@ def _mark_fault(cluster: Cluster, u: str, v: str, removed: bool = False) -> None
     """Mark the GPUs whose traffic may cross the faulty cable ``u-v`` (or the removed switch
     ``u == v``) where their twins' does not, and record the fault with them
     (``cluster.fault_cables``, ``cluster.fabric_fault_cables``: which of them its flows touch
-    depends on the plan, config.Scenario.node_fault_gpus). A cable inside a node or from its NIC: that
+    depends on the plan, config.Scenario.node_fault_gpus and fabric_fault_gpus). A cable
+    inside a node or from its NIC: that
     node's GPUs, in ``cluster.fault_gpus``. A fabric cable: the GPUs of every node with a NIC
     below its lower end, in ``cluster.fabric_fault_gpus``; a removed switch: those below it,
     unless that is every GPU (a spine of two tiers, a core: every leaf or pod loses the same
