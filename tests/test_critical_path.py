@@ -7,6 +7,7 @@ import pytest
 import clustersim
 from clustersim.analysis.critical_path import PathTask, critical_path, path_report
 from clustersim.analysis.exposure import exposed_collectives
+from clustersim.analysis.invariants import check_critical_path
 from clustersim.engine import Engine
 from clustersim.plan.mesh import Mesh
 from clustersim.program.lower import Lowering, Symmetry, run_passes
@@ -134,6 +135,10 @@ def test_ties_last_bits_count_in_the_length_but_not_as_waits():
     rep = path_report(tasks, t)
     assert rep["wait_s"] == 0.0
     assert rep["length_s"] == pytest.approx(t, abs=1e-15)
+    # path tasks that overlap are no tie: they count twice, and the check sees it
+    over = [task._replace(start_s=task.start_s - 1e-4 * bool(task.tid)) for task in tasks]
+    summary = {"step_time_s": t, "critical_path": path_report(over, t)}
+    assert summary["critical_path"]["length_s"] > t + 1e-4 and check_critical_path(summary)
 
 
 def test_a_scenario_whose_path_has_ties_passes_its_checks(root, tmp_path):

@@ -514,6 +514,34 @@ def test_a_cable_degraded_then_removed_keeps_every_gpu_below_it(tmp_path):
     assert sc.fabric_fault_gpus == frozenset(range(24, 32)) == sc.split_faults[0]
 
 
+def test_a_removed_uplink_beside_degraded_ones_equals_all_ranks(tmp_path):
+    """16 nodes on rails in leaf groups of 2, TP8 x PP4 x DP4 with ZeRO-3: one uplink of
+    leaf1.1 removed, another of it and one of leaf2.2 degraded. The removal's GPUs' flows
+    (all of nodes 2 and 3) are routed too: GPUs 33 and 41, below leaf2.2, meet them beside
+    the degraded cables and split (128 simulated ranks), and the collapse gives the all-ranks
+    numbers. Asking only the degraded cables' GPUs left those two out (96 ranks, one kind's
+    exposed time 6.8 % apart)."""
+    fault = [{"remove_link": "leaf1.1-spine2"}, {"link": "leaf1.1-spine0", "bw_factor": 0.5},
+             {"link": "leaf2.2-spine6", "bw_factor": 0.5}]
+    sc = _fabric(16, {"kind": "leaf_spine", "nodes_per_leaf": 2, "spines": 8, "rail_optimized": True}, fault,
+                 tmp_path, {"tp": 8, "pp": 4, "dp": 4, "cp": 1, "zero": 3})
+    assert sc.fabric_fault_gpus == frozenset(range(16, 32)) | {33, 41}
+    split, full = _both(sc)
+    assert split["simulation"]["simulated_ranks"] == 128
+    _assert_same(split, full)
+
+
+def test_faults_with_too_many_pairs_to_route_keep_every_gpu_they_marked(monkeypatch):
+    """Past ``FAULT_PAIRS_ROUTED`` pairs (a what-if list of hundreds of faulty nodes) nothing is
+    routed, and the faults split every GPU they marked."""
+    from clustersim.engine import network
+
+    what_if = [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}]
+    assert _scenario(8, {"tp": 8, "pp": 2, "dp": 4}, what_if=what_if).node_fault_gpus == {5}
+    monkeypatch.setattr(network, "FAULT_PAIRS_ROUTED", 0)
+    assert _scenario(8, {"tp": 8, "pp": 2, "dp": 4}, what_if=what_if).node_fault_gpus == set(range(8))
+
+
 def test_a_fabric_fault_kept_counts_the_gpus_no_node_fault_splits(tmp_path):
     """A leaf uplink over node 3 kept in the collapse (the split past a setting of 4 ranks)
     beside a fault on node 3's own NIC 5 cable: the node fault splits the GPUs its flows

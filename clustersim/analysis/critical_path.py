@@ -121,8 +121,9 @@ def path_report(path: list[PathTask], step_s: float) -> dict[str, Any]:
         gap = p.start_s - t
         if gap > INSTANT_S:  # time no path task covered (none in this engine)
             wait_s += gap
-        else:  # a tie's last bits: a predecessor within INSTANT_S of the latest binds; a few of
-            tie_s += gap  # them on one path add up past the check's 1e-9 s, so the length keeps them
+        elif gap > 0:  # a tie's last bits: a predecessor within INSTANT_S of the latest binds; a
+            tie_s += gap  # few of them on one path add up past the check's 1e-9 s, so the length
+            # keeps them (an overlap, gap < 0, counts twice and the check sees it)
         t = max(t, p.end_s)
         by_kind[p.kind] = by_kind.get(p.kind, 0.0) + (p.end_s - p.start_s)
         if segments and segments[-1]["rank"] == p.rank:

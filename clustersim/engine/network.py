@@ -291,7 +291,7 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
     return out, lens
 
 
-# the most pairs fault_crossers routes (about 0.5 s); past that, faults keep every GPU they
+# the most pairs fault_crossers routes (about 0.2 s); past that, faults keep every GPU they
 # marked (a what-if list of hundreds of faulty nodes)
 FAULT_PAIRS_ROUTED = 250_000
 
@@ -302,10 +302,13 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
     communication groups are ``groups`` (rows of ranks; rank r runs on GPU r): a flow of
     theirs crosses a degraded cable or shares a link with a flow that does. Every ordered
     pair of a group's members with a marked GPU in it is routed as any algorithm may route
-    it (directly, through a PXN proxy, a GPU's NVLS loop). A removed cable or switch keeps
-    all the GPUs it marked: its flows took other paths, which no route now shows; so do
-    faults whose GPUs have more than ``FAULT_PAIRS_ROUTED`` pairs to route. The other GPUs'
-    flows take the links their twins' take, and meet no slowed flow there::
+    it (directly, through a PXN proxy, a GPU's NVLS loop), a removed fault's GPUs' pairs too
+    (after a removal a route may go down through a third leaf and cross a degraded cable
+    that neither end is below). A removed cable or switch keeps all the GPUs it marked: its
+    flows took other paths, which no route now shows; so do faults whose GPUs have more than
+    ``FAULT_PAIRS_ROUTED`` pairs to route. The other GPUs the faults marked take the links
+    their twins' take and meet no slowed flow there (GPUs the faults did not mark are not
+    asked, as before: docs/architecture.md, Known limitations)::
 
         n0.nic5-leaf0.5 at half bandwidth, TP8 x PP x DP on rails (NIC k to the rail-k leaf):
           n0.gpu5 -> n8.gpu5          nic5, then rail 5          crosses: marked
@@ -318,19 +321,18 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
         flows ECMP hashes onto it or beside those
     """
     out = set().union(*(gpus for _, _, removed, gpus in faults if removed))
-    gpus = np.fromiter(sorted(set().union(*(gpus for *_, removed, gpus in faults if not removed)) - out),
-                       dtype=np.int64)
-    gpus = gpus[gpus < cluster.num_gpus]
+    asked = set().union(*(gpus for *_, removed, gpus in faults if not removed)) - out
+    if not asked:
+        return out
+    routed = np.fromiter(sorted(g for g in asked | out if g < cluster.num_gpus), dtype=np.int64)
     index = cluster.edge_index
     bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))
                        if e in index), dtype=np.int64)  # (a degraded cable a later entry removed: gone)
-    if not len(gpus):
-        return out
-    marked = [np.isin(rows, gpus) for rows in groups]
+    marked = [np.isin(rows, routed) for rows in groups]
     if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
-        return out | set(gpus.tolist())  # (hundreds of faulty nodes: all they marked)
+        return out | asked  # (hundreds of faulty nodes: all they marked)
     n_gpu = cluster.num_gpus  # pair keys: src * n_gpu + dst
-    keys = [gpus * n_gpu + gpus]
+    keys = [routed * n_gpu + routed]
     for rows, m in zip(groups, marked):
         for i in np.flatnonzero(m.any(axis=1)).tolist():  # its marked members with every member, both ways
             f = rows[i][m[i]][:, None]
@@ -340,8 +342,8 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
     routes = np.hstack([_route_rows(cluster, src, dst, direct)[0] for direct in (True, False)])
     slowed = np.unique(routes[np.isin(routes, bad).any(axis=1)])  # every link a crossing flow takes
     touched = np.isin(routes, slowed[slowed >= 0]).any(axis=1)
-    ends = np.concatenate([src[touched], dst[touched]])
-    return out | {int(g) for g in ends[np.isin(ends, gpus)]}
+    ends = np.unique(np.concatenate([src[touched], dst[touched]])).tolist()
+    return out | (asked & set(ends))
 
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
