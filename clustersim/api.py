@@ -186,7 +186,7 @@ def _fabric_faults(sc: Scenario, trace: Trace, world: int) -> dict | None:
     whether the collapse kept them (their split would simulate more ranks than
     ``simulation.fabric_fault_split_ranks``), how many ranks that split would have simulated,
     and that setting."""
-    gpus = sc.fabric_fault_gpus - sc.node_fault_gpus
+    gpus = sc.fabric_touched_gpus - sc.node_touched_gpus
     if not gpus:
         return None
     kept = sc.split_faults[1] if len(trace.ranks) < world else 0

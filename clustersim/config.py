@@ -160,15 +160,15 @@ class Scenario:
     def split_faults(self) -> tuple[frozenset[int], int]:
         """(the faulty GPUs the symmetric classes split around, the simulated ranks a split
         around the fabric's faults would take where it is not made, else 0). The GPUs a
-        fault on a node's own cables touches (:attr:`node_fault_gpus`) always split (the
+        fault on a node's own cables touches (:attr:`node_touched_gpus`) always split (the
         scenario check refuses a split past the all-ranks limit); those the fabric's touch
-        (:attr:`fabric_fault_gpus`) split where the split simulates at most
+        (:attr:`fabric_touched_gpus`) split where the split simulates at most
         ``simulation.fabric_fault_split_ranks``, else they keep the collapse, whose orbits
         move at their slowest twin's pace (docs/architecture.md, "Classes split around
         faults")."""
         cluster = self.cluster
-        own = self.node_fault_gpus
-        fabric = own | self.fabric_fault_gpus
+        own = self.node_touched_gpus
+        fabric = own | self.fabric_touched_gpus
         most = self.cfg.simulation.fabric_fault_split_ranks
         if fabric == own or cluster.num_gpus <= most:
             return fabric, 0
@@ -179,7 +179,7 @@ class Scenario:
         return (fabric, 0) if n <= most else (own, n)
 
     @cached_property
-    def node_fault_gpus(self) -> frozenset[int]:
+    def node_touched_gpus(self) -> frozenset[int]:
         """The GPUs a fault on their own node's cables splits from their twins under this
         plan: of ``Cluster.fault_gpus`` (every GPU of such a node), those whose flows cross
         the faulty cable or share a link with a flow that does (engine/network.py
@@ -191,7 +191,7 @@ class Scenario:
         return self._touched(self.cluster.fault_cables)
 
     @cached_property
-    def fabric_fault_gpus(self) -> frozenset[int]:
+    def fabric_touched_gpus(self) -> frozenset[int]:
         """The same of the fabric's faults: of the GPUs of the nodes below a degraded leaf or
         pod-spine uplink (``Cluster.fabric_fault_gpus``), those whose flows cross it or meet
         a flow that does (a rail leaf's uplink under TP8: some of the rail's GPUs); every
@@ -538,7 +538,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         if cluster is not None:
             sc.__dict__["cluster"] = cluster
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}
-            _check_split(cfg, cluster.num_gpus, slow, set(sc.node_fault_gpus), "slow GPUs and faulty nodes", source,
+            _check_split(cfg, cluster.num_gpus, slow, set(sc.node_touched_gpus), "slow GPUs and faulty nodes", source,
                          cluster.gpus_per_node)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")

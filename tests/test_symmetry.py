@@ -323,7 +323,7 @@ def test_faults_on_a_nodes_cables_split_classes_and_equal_all_ranks(parallel, op
     sc = _scenario(parallel["tp"] * parallel["pp"] * parallel["dp"] // 8, parallel, what_if=what_if, **opts)
     node = {int(w["link"][1]) for w in what_if if "link" in w}
     assert sc.cluster.fault_gpus == {g for k in node for g in range(8 * k, 8 * k + 8)}
-    assert sc.node_fault_gpus == (touched or sc.cluster.fault_gpus)
+    assert sc.node_touched_gpus == (touched or sc.cluster.fault_gpus)
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == n
     _assert_same(split, full)
@@ -427,7 +427,7 @@ def test_a_nic_cable_splits_the_gpus_whose_flows_meet_its_own(tmp_path):
     the uplinks as their twins did."""
     sc = _fabric(8, LEAF_SPINE, [{"link": "n0.nic5-leaf0.0", "bw_factor": 0.5}], tmp_path,
                  {"tp": 8, "pp": 2, "dp": 4, "cp": 1})
-    assert {5} < sc.node_fault_gpus < sc.cluster.fault_gpus
+    assert {5} < sc.node_touched_gpus < sc.cluster.fault_gpus
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == 28
     _assert_same(split, full)
@@ -470,7 +470,7 @@ def test_a_rail_leaf_uplink_splits_only_the_gpus_whose_flows_it_touches(tmp_path
     collapse gives the all-ranks numbers."""
     sc = _fabric(8, {**LEAF_SPINE, "rail_optimized": True}, [{"link": "leaf1.2-spine3", "bw_factor": 0.5}],
                  tmp_path, {"tp": 8, "pp": 2, "dp": 4, "cp": 1})
-    assert sc.cluster.fabric_fault_gpus == set(range(16, 32)) and sc.fabric_fault_gpus == {18, 26}
+    assert sc.cluster.fabric_fault_gpus == set(range(16, 32)) and sc.fabric_touched_gpus == {18, 26}
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == 12
     assert split["simulation"]["fabric_faults"]["gpus"] == 2
@@ -490,7 +490,7 @@ def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(mos
     parallel = {"tp": 8, "pp": 2, "dp": 2}
     fault = [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}]
     sc = _fabric(4, THREE_TIERS, fault, tmp_path, parallel, simulation={"fabric_fault_split_ranks": most})
-    touched = sc.fabric_fault_gpus  # node 3's GPUs whose flows ECMP puts on the cable or beside those
+    touched = sc.fabric_touched_gpus  # node 3's GPUs whose flows ECMP puts on the cable or beside those
     assert touched < frozenset(range(24, 32)) and len(touched) == 6
     assert sc.split_faults == (frozenset(), Symmetry.split_count(sc.mesh, {}, touched, gpus_per_node=8))
     s = clustersim.simulate(sc).summary
@@ -511,7 +511,7 @@ def test_a_cable_degraded_then_removed_keeps_every_gpu_below_it(tmp_path):
     splits, whatever an earlier entry did to the same cable (its edges are gone)."""
     fault = [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}, {"remove_link": "leaf3.0-pod0.spine1"}]
     sc = _fabric(4, THREE_TIERS, fault, tmp_path, {"tp": 8, "pp": 2, "dp": 2, "cp": 1})
-    assert sc.fabric_fault_gpus == frozenset(range(24, 32)) == sc.split_faults[0]
+    assert sc.fabric_touched_gpus == frozenset(range(24, 32)) == sc.split_faults[0]
 
 
 def test_a_removed_uplink_beside_degraded_ones_equals_all_ranks(tmp_path):
@@ -525,7 +525,7 @@ def test_a_removed_uplink_beside_degraded_ones_equals_all_ranks(tmp_path):
              {"link": "leaf2.2-spine6", "bw_factor": 0.5}]
     sc = _fabric(16, {"kind": "leaf_spine", "nodes_per_leaf": 2, "spines": 8, "rail_optimized": True}, fault,
                  tmp_path, {"tp": 8, "pp": 4, "dp": 4, "cp": 1, "zero": 3})
-    assert sc.fabric_fault_gpus == frozenset(range(16, 32)) | {33, 41}
+    assert sc.fabric_touched_gpus == frozenset(range(16, 32)) | {33, 41}
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == 128
     _assert_same(split, full)
@@ -537,9 +537,9 @@ def test_faults_with_too_many_pairs_to_route_keep_every_gpu_they_marked(monkeypa
     from clustersim.engine import network
 
     what_if = [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}]
-    assert _scenario(8, {"tp": 8, "pp": 2, "dp": 4}, what_if=what_if).node_fault_gpus == {5}
+    assert _scenario(8, {"tp": 8, "pp": 2, "dp": 4}, what_if=what_if).node_touched_gpus == {5}
     monkeypatch.setattr(network, "FAULT_PAIRS_ROUTED", 0)
-    assert _scenario(8, {"tp": 8, "pp": 2, "dp": 4}, what_if=what_if).node_fault_gpus == set(range(8))
+    assert _scenario(8, {"tp": 8, "pp": 2, "dp": 4}, what_if=what_if).node_touched_gpus == set(range(8))
 
 
 def test_a_fabric_fault_kept_counts_the_gpus_no_node_fault_splits(tmp_path):
@@ -550,7 +550,7 @@ def test_a_fabric_fault_kept_counts_the_gpus_no_node_fault_splits(tmp_path):
     fault = [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}, {"link": "n3.nic5-leaf3.0", "bw_factor": 0.5}]
     sc = _fabric(4, THREE_TIERS, fault, tmp_path, {"tp": 8, "pp": 2, "dp": 2, "cp": 1},
                  simulation={"fabric_fault_split_ranks": 4})
-    own, fabric = sc.node_fault_gpus, sc.fabric_fault_gpus
+    own, fabric = sc.node_touched_gpus, sc.fabric_touched_gpus
     assert own < sc.cluster.fault_gpus and len(fabric - own) == 2
     assert sc.split_faults[0] == own
     faults = clustersim.simulate(sc).summary["simulation"]["fabric_faults"]

@@ -380,20 +380,24 @@ class Cluster:
     edges: list[tuple[str, str]] = field(default_factory=list)  # edge id -> (u, v)
     # what_if GPU slow-downs: global GPU index -> factor on its compute time (>= 1)
     gpu_slowdown: dict[int, float] = field(default_factory=dict)
-    # GPUs of the nodes where a what_if degrades or removes one of the node's own cables
-    # (NVLink, PCIe, NIC-leaf): those whose traffic the fault touches (which the plan decides:
-    # config.Scenario.node_fault_gpus) split the symmetric classes as stragglers do
-    # (program/lower.py Symmetry)
-    fault_gpus: set[int] = field(default_factory=set)
-    # GPUs of the nodes with a NIC below a fabric cable or switch a what_if degrades or
-    # removes (:func:`_mark_fault`): those whose traffic it touches (config.Scenario.
-    # fabric_fault_gpus) split the classes too where that split stays small (split_faults)
-    fabric_fault_gpus: set[int] = field(default_factory=set)
-    # the faults behind ``fault_gpus`` and ``fabric_fault_gpus``, one entry each: (u, v,
-    # removed, the GPUs it marked; u == v a removed switch); which of those GPUs' flows a
-    # fault touches depends on the plan's groups (config.Scenario.node_fault_gpus)
+    # the faults of what_if cables and switches (:func:`_mark_fault`), one entry each: (u, v,
+    # removed, the GPUs it marked; u == v a removed switch): a node's own cables (NVLink,
+    # PCIe, NIC-leaf) and the fabric's; which of those GPUs' flows a fault touches depends on
+    # the plan's groups (config.Scenario.node_touched_gpus, fabric_touched_gpus), and those
+    # split the symmetric classes as stragglers do (program/lower.py Symmetry)
     fault_cables: list[tuple[str, str, bool, frozenset[int]]] = field(default_factory=list)
     fabric_fault_cables: list[tuple[str, str, bool, frozenset[int]]] = field(default_factory=list)
+
+    @property
+    def fault_gpus(self) -> frozenset[int]:
+        """The GPUs of the nodes where a what_if degrades or removes one of the node's own cables."""
+        return frozenset().union(*(gpus for *_, gpus in self.fault_cables))
+
+    @property
+    def fabric_fault_gpus(self) -> frozenset[int]:
+        """The GPUs of the nodes with a NIC below a fabric cable or switch a what_if degrades
+        or removes."""
+        return frozenset().union(*(gpus for *_, gpus in self.fabric_fault_cables))
 
     @property
     def gpus_per_node(self) -> int:
@@ -1012,13 +1016,12 @@ def _apply_what_ifs(cluster: Cluster) -> None:
 
 
 def _mark_fault(cluster: Cluster, u: str, v: str, removed: bool = False) -> None:
-    """Mark the GPUs whose traffic may cross the faulty cable ``u-v`` (or the removed switch
-    ``u == v``) where their twins' does not, and record the fault with them
-    (``cluster.fault_cables``, ``cluster.fabric_fault_cables``: which of them its flows touch
-    depends on the plan, config.Scenario.node_fault_gpus and fabric_fault_gpus). A cable
-    inside a node or from its NIC: that
-    node's GPUs, in ``cluster.fault_gpus``. A fabric cable: the GPUs of every node with a NIC
-    below its lower end, in ``cluster.fabric_fault_gpus``; a removed switch: those below it,
+    """Record the faulty cable ``u-v`` (or the removed switch ``u == v``) with the GPUs whose
+    traffic may cross it where their twins' does not (which of them its flows touch depends
+    on the plan: config.Scenario.node_touched_gpus and fabric_touched_gpus). A cable inside
+    a node or from its NIC: that node's GPUs, in ``cluster.fault_cables``. A fabric cable:
+    the GPUs of every node with a NIC below its lower end, in ``cluster.fabric_fault_cables``;
+    a removed switch: those below it,
     unless that is every GPU (a spine of two tiers, a core: every leaf or pod loses the same
     uplinks, and the fabric stays as symmetric as it was). Up-down routes cross a switch's
     uplinks only from and to NICs below it, and a GPU's PXN leg leaves by a NIC of its own
@@ -1034,7 +1037,7 @@ def _mark_fault(cluster: Cluster, u: str, v: str, removed: bool = False) -> None
     """
     g = cluster.graph
     nodes = {g.nodes[x].get("node") for x in (u, v)} - {None}
-    marked = cluster.fault_gpus
+    faults = cluster.fault_cables
     if not nodes:
         lower = min({u, v}, key=lambda x: TIERS[g.nodes[x]["kind"]])
         leaves = [lower] if g.nodes[lower]["kind"] == "leaf" else \
@@ -1042,13 +1045,9 @@ def _mark_fault(cluster: Cluster, u: str, v: str, removed: bool = False) -> None
         nodes = {g.nodes[x]["node"] for leaf in leaves for x in g.predecessors(leaf) if g.nodes[x]["kind"] == "nic"}
         if u == v and len(nodes) == cluster.cfg.nodes:
             return
-        marked, faults = cluster.fabric_fault_gpus, cluster.fabric_fault_cables
-    else:
-        faults = cluster.fault_cables
+        faults = cluster.fabric_fault_cables
     per = cluster.gpus_per_node
-    gpus = frozenset(g for node in nodes for g in range(node * per, (node + 1) * per))
-    marked.update(gpus)
-    faults.append((u, v, removed, gpus))
+    faults.append((u, v, removed, frozenset(g for node in nodes for g in range(node * per, (node + 1) * per))))
 
 
 def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None) -> None:
