@@ -339,9 +339,14 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
             keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
     keys = np.unique(np.concatenate(keys))
     src, dst = keys // n_gpu, keys % n_gpu
-    routes = np.hstack([_route_rows(cluster, src, dst, direct)[0] for direct in (True, False)])
-    slowed = np.unique(routes[np.isin(routes, bad).any(axis=1)])  # every link a crossing flow takes
-    touched = np.isin(routes, slowed[slowed >= 0]).any(axis=1)
+    # each pair as PXN routes it, and directly where a proxy makes the two differ (elsewhere
+    # the direct route is the same one)
+    proxied = np.flatnonzero(cluster.pxn_proxies(src, dst) >= 0)
+    routes = [(_route_rows(cluster, src, dst, False)[0], np.arange(len(src))),
+              (_route_rows(cluster, src[proxied], dst[proxied], True)[0], proxied)]
+    slowed = np.unique(np.concatenate([rows[np.isin(rows, bad).any(axis=1)].ravel() for rows, _ in routes]))
+    slowed = slowed[slowed >= 0]  # every link a crossing flow takes
+    touched = np.concatenate([pair[np.isin(rows, slowed).any(axis=1)] for rows, pair in routes])
     ends = np.unique(np.concatenate([src[touched], dst[touched]])).tolist()
     return out | (asked & set(ends))
 
