@@ -82,6 +82,7 @@ import time
 from pathlib import Path
 from statistics import median
 
+import numpy as np
 import simpy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,6 +211,7 @@ def measure(spec: str) -> dict:
     # run's ratios are taken against its own readings (which still miss swings within seconds)
     bare_s = (bare_before_s + bare_timeout_s(repeats=CHILD_BARE_REPEATS)) / 2
     sim_tasks = len(engine.prog.items)  # those simulated: fewer than the step's when its cycle was copied in
+    gpu_tasks = covered_tasks(prog)
     return {
         "gpus": sc.mesh.world_size, "microbatches": sc.microbatches, "ranks": len(prog.ranks),
         "tasks": len(prog.items), "sim_tasks": sim_tasks, "spans": trace.n_spans, "events": events,
@@ -217,6 +219,7 @@ def measure(spec: str) -> dict:
         "x_bare": (t3 - t_lowered) / events / bare_s, "x_bare_task": (t3 - t_lowered) / len(prog.items) / bare_s,
         "x_bare_task_run": (marks["ran"] - t_setup) / sim_tasks / bare_s,
         "x_bare_task_ideal": ideal_s / sim_tasks / bare_s,
+        "gpu_tasks": gpu_tasks, "x_bare_gpu_task": (t3 - t_lowered) / gpu_tasks / bare_s,
         "import_s": t0 - t_import, "load_s": t_loaded - t0, "lower_s": t_lowered - t1,
         "engine_setup_s": t_setup - t_lowered, "engine_run_s": marks["ran"] - t_setup,
         "splice_s": t3 - marks["ran"], "engine_s": t3 - t_lowered,
@@ -224,6 +227,24 @@ def measure(spec: str) -> dict:
         "writers_alone_s": writers_alone_s,
         "rss_MiB": rss_MiB, "writer_rss_MiB": writer_MiB,
     }
+
+
+def covered_tasks(prog) -> int:
+    """The tasks of every GPU the step's results cover: each simulated rank's tasks times
+    ``Program.weight``, the ranks it stands for (its twins and itself)::
+
+        moe_1024gpu    16 simulated ranks x 64 (DP twins): 36,072 x 64 = 2,308,608
+
+    Not the per-event target's measure (that is per task simulated): what the engine costs
+    per task of the whole step that summary.json, the report and the trace describe."""
+    rank_of = np.full(len(prog.items), -1, dtype=np.int64)
+    for rank, first, end, _ in prog.runs:
+        rank_of[first:end] = rank
+    for t in prog.items:
+        if t is not None and rank_of[t.tid] < 0:
+            rank_of[t.tid] = t.rank
+    per_rank = np.bincount(rank_of)
+    return int(sum(int(per_rank[r]) * prog.weight.get(r, 1) for r in prog.ranks if r < len(per_rank)))
 
 
 # Subprocesses import clustersim from its bytecode cache, as an installed package does (pip
@@ -278,6 +299,7 @@ ROWS = [  # label, key, format
     ("engine us/event", "us_per_event", SECONDS), ("x bare timeout", "x_bare", "{:.1f}"),
     ("engine us/task", "us_per_task", SECONDS), ("  x bare timeout", "x_bare_task", "{:.1f}"),
     ("  run only", "x_bare_task_run", "{:.1f}"), ("  ideal network", "x_bare_task_ideal", "{:.1f}"),
+    ("every GPU's tasks", "gpu_tasks", COUNT), ("  x bare, each", "x_bare_gpu_task", "{:.2f}"),
 ]
 SWEEP_COLS = [("GPUs", "gpus", COUNT), ("m", "microbatches", COUNT), ("tasks", "tasks", COUNT),
               ("events", "events", COUNT), ("load s", "load_s", SECONDS), ("lower s", "lower_s", SECONDS),

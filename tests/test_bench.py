@@ -44,6 +44,8 @@ def test_bench_scale_prints_every_row_with_the_program_s_sizes():
         values[label] = float(m[1].replace(",", ""))
     prog, _ = lower(load_scenario(SCENARIO))
     assert values["tasks"] == len(prog.items)
+    # the tasks of every GPU the results describe: those the all-ranks program holds
+    assert values["every GPU's tasks"] == len(lower(load_scenario(SCENARIO), collapse=False)[0].items) > len(prog.items)
     assert values["GPUs"] == 8 and values["simulated ranks"] == len(prog.ranks)
     assert values["simpy events"] > 0 and values["peak RSS MiB"] > 0
     assert values["total s"] >= values["engine s"] > 0
