@@ -73,6 +73,10 @@ def _statics(low: Lowering) -> list[StageStatic]:
 
         ZeRO 0: 2Ψ + gΨ + 12Ψ     1: 2Ψ + gΨ + 12Ψ/N     2: 2Ψ + (g+12)Ψ/N     3: (2+g+12)Ψ/N
 
+    ZeRO-3 with ``zero3_keep_gathered`` keeps the 16-bit parameters gathered (2Ψ) and, with
+    several microbatches, reduce-scatters the gradients once after the last one, so they
+    accumulate whole until then (gΨ): 2Ψ + gΨ + 12Ψ/N, as ZeRO-1.
+
     Routed-expert parameters Ψe (MoE) shard over the expert-DP group instead (N_e = N/ep ranks
     hold the same experts): the same formulas with Ψe and N_e, e.g. 12Ψe/N_e under ZeRO-1.
     """
@@ -85,6 +89,9 @@ def _statics(low: Lowering) -> list[StageStatic]:
         psi_e = sum(low.work[j].local_expert_params for j in low.parts_of[q])
         transient = max(low.work[j].transient_bytes for j in low.parts_of[q])  # one layer recomputes at a time
         sharded3 = z == 3 and not low.zero3_keep_gathered
+        # gradients sharded as they are made (ZeRO-2, ZeRO-3), unless kept gathered over several
+        # microbatches: reduced once, after the last one (lower._block_tasks's reduce_now)
+        grads_sharded = z >= 2 and not (z == 3 and low.zero3_keep_gathered and len(low.schedule.paths) > 1)
         if sharded3:
             # gathered units in flight: the one computing plus those prefetched
             biggest = max((sum(p for _, p in v) for (j, _), v in low.unit_shards.items() if j in low.parts_of[q]),
@@ -93,7 +100,7 @@ def _statics(low: Lowering) -> list[StageStatic]:
         out.append(StageStatic(
             stage=q, params=psi + psi_e,
             param_bytes=PARAM_BYTES * (psi / (n if sharded3 else 1) + psi_e / (n_e if sharded3 else 1)),
-            grad_bytes=low.grad_bytes * (psi / (n if z >= 2 else 1) + psi_e / (n_e if z >= 2 else 1)),
+            grad_bytes=low.grad_bytes * (psi / (n if grads_sharded else 1) + psi_e / (n_e if grads_sharded else 1)),
             optimizer_bytes=OPTIMIZER_BYTES * (psi / (n if z >= 1 else 1) + psi_e / (n_e if z >= 1 else 1)),
             activation_bytes_per_mb=max(p.activation_bytes_per_mb for p in parts),
             transient_bytes=transient,

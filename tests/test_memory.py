@@ -238,3 +238,65 @@ def test_korthikanti_model_states(model):
     if p > 1:  # a middle stage holds layers only
         assert static(stages[p // 2]) / GiB == pytest.approx(published[0], rel=0.01)
         assert static(stages[0]) - static(stages[p // 2]) == pytest.approx(emb, rel=1e-9)
+
+
+ALL_MOE = {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 512, "dense_layers_first": 0}, "mlp": "swiglu",
+           "bias": False, "dropout": False, "layers": 4}
+
+
+def test_full_recompute_holds_a_moe_layer_while_it_recomputes():
+    """Under full recompute one layer's whole activations are held while it recomputes: in a
+    model whose layers are all MoE, what one layer keeps without recompute (stage 0 holds
+    half the layers and no head), not a dense MLP's figure."""
+    kw = dict(model=ALL_MOE, parallel={"tp": 1, "pp": 2, "dp": 4, "ep": 4}, cluster={"nodes": 1})
+    none = run(**kw, training={"global_batch_size": 16, "recompute": "none"}).summary["memory"]["stages"][0]
+    full = run(**kw, training={"global_batch_size": 16, "recompute": "full"}).summary["memory"]["stages"][0]
+    per_layer = none["activation_bytes_per_microbatch"] / 2
+    assert full["transient_bytes"] == pytest.approx(per_layer, rel=1e-12)
+    sc = clustersim.load_scenario(scenario_dict(model=ALL_MOE), base_dir=ROOT)
+    assert per_layer != pytest.approx(tf.layer_activation_bytes(sc.model, 1, 1, True))  # a dense layer's
+
+
+def test_moe_dispatched_states_are_whole_on_every_tp_rank():
+    """The hidden states dispatched to a MoE layer's experts are what the dispatch all-to-all
+    carries, whole on each TP rank (its size has no 1/t): only the layer's other sharded
+    terms halve from tp 1 to tp 2 (Korthikanti's replicated terms stay)::
+
+        act(t) = replicated + 2 s b k h + (QKV + context + expert intermediates) / t
+    """
+    sc = clustersim.load_scenario(scenario_dict(model=ALL_MOE), base_dir=ROOT)
+    m = sc.model
+    s, b, h, e = m.seq_len, 1, m.hidden, m.moe
+    dispatched = 2 * s * b * e.top_k * e.capacity_factor * h
+    sharded = (2 * s * b * (m.heads + 2 * m.n_kv_heads) * m.head_dim + 2 * s * b * h
+               + 2 * s * b * (e.top_k * e.capacity_factor + e.shared_experts) * e.expert_ffn * e.mats)
+    one, two = (tf.layer_activation_bytes(m, b, t, True, moe_layer=True) for t in (1, 2))
+    assert one - two == pytest.approx(sharded / 2, rel=1e-12)  # the dispatched states did not halve
+    assert one - dispatched - sharded == pytest.approx(tf.layer_activation_bytes(m, b, 1, True) - 2 * s * b * (
+        (m.heads + 2 * m.n_kv_heads) * m.head_dim + h + m.ffn * 3), rel=1e-12)  # the same replicated terms
+
+
+def test_standard_attention_without_dropout_keeps_the_softmax_output_only():
+    """Korthikanti's 5as^2b bytes of scores are the softmax output (2), the dropout mask (1)
+    and the dropout output (2); without dropout the product with V reads the softmax output
+    itself: 2as^2b."""
+    sc = clustersim.load_scenario(scenario_dict(), base_dir=ROOT)
+    m = sc.model
+    for dropout, per_score in ((True, 5), (False, 2)):
+        mm = m.model_copy(update={"dropout": dropout})
+        scores = (tf.layer_activation_bytes(mm, 1, 2, flash=False) - tf.layer_activation_bytes(mm, 1, 2, flash=True))
+        assert scores == pytest.approx(per_score * m.heads * m.seq_len ** 2 / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("microbatches", [1, 4])
+def test_zero3_kept_gathered_accumulates_whole_gradients(microbatches):
+    """ZeRO-3 with zero3_keep_gathered reduce-scatters the gradients once, after the last
+    microbatch: over several they accumulate whole (g Psi, as ZeRO-1 keeps them); with one,
+    each layer's are reduced as they are made (g Psi / N, as ZeRO-3)."""
+    kw = dict(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 3, "zero3_keep_gathered": True},
+              training={"global_batch_size": 8 * microbatches})
+    st = run(**kw).summary["memory"]["stages"][0]
+    g = st["grads_bytes"] / st["params"]
+    assert g == pytest.approx(4.0 if microbatches > 1 else 4.0 / 8, rel=1e-12)  # fp32 gradients
+    assert st["params_bytes"] == pytest.approx(2.0 * st["params"], rel=1e-12)  # kept gathered
+    assert st["optimizer_bytes"] == pytest.approx(12.0 * st["params"] / 8, rel=1e-12)

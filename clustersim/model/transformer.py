@@ -237,10 +237,18 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     replicated: norm inputs 2*2sbh, QKV input 2sbh, MLP input 2sbh, dropout masks 2*sbh
     (split over t too under sequence parallelism: 34/t in their Table 2);
     sharded over t: Q,K,V, context, MLP intermediates; attention scores 5as^2b unless flash
-    attention or selective recompute drop them. Full recompute keeps the layer input only:
-    2sbh (2sbh/t with SP). Context parallelism keeps the terms of its s/cp tokens: s -> s/cp
-    (the scores term, s/cp queries x s keys, only arises without flash attention, which CP
-    does not use).
+    attention or selective recompute drop them (softmax output 2, dropout mask 1, dropout
+    output 2 bytes per score; without dropout the softmax output alone, 2, is what the
+    product with V reads). Full recompute keeps the layer input only: 2sbh (2sbh/t with SP).
+    Context parallelism keeps the terms of its s/cp tokens: s -> s/cp (the scores term, s/cp
+    queries x s keys, only arises without flash attention, which CP does not use).
+
+    A MoE layer keeps its experts' intermediates (sharded over t, as the dense MLP's) and the
+    hidden states dispatched to its experts, ``2 s b k cap h``: whole on every TP rank, as
+    the dispatch all-to-all carries them (``moe.dispatch_bytes``: each TP rank sends every
+    token; the experts' first GEMM is column-parallel, its input replicated)::
+
+        MoE layer, tp 2:  replicated terms + dispatched 2sbk.cap.h + (QKV + context + experts)/2
     """
     if recompute == "full":
         return 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
@@ -256,9 +264,10 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
         # dispatched hidden states kept for the expert GEMMs' weight gradients
         e = m.moe
         copies = e.top_k * e.capacity_factor + e.shared_experts
-        mlp = 2 * s * b * copies * e.expert_ffn * e.mats + 2 * s * b * e.top_k * e.capacity_factor * h
+        mlp = 2 * s * b * copies * e.expert_ffn * e.mats
+        replicated += 2 * s * b * e.top_k * e.capacity_factor * h
     sharded = (qkv + context + mlp) / t
-    scores = 0.0 if flash or recompute == "selective" else (5 if m.dropout else 4) * m.heads * s * m.seq_len * b / t
+    scores = 0.0 if flash or recompute == "selective" else (5 if m.dropout else 2) * m.heads * s * m.seq_len * b / t
     return replicated + sharded + scores
 
 

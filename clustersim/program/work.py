@@ -363,7 +363,10 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     act_mb = sum(tf.layer_activation_bytes(m, b, t, flash, sp, recompute, m.is_moe_layer(ly), cp) for ly in layers)
     if last:
         act_mb += tf.head_activation_bytes(m, b, t, cp)
-    transient = tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp) if recompute == "full" else 0.0
+    # full recompute holds one layer's whole activations while it recomputes: the largest of
+    # the part's layers (a MoE layer's experts and dispatched states, not a dense MLP's)
+    transient = max((tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
+                     for ly in layers), default=0.0) if recompute == "full" else 0.0
     transient += cp_transient_bytes(sc)
     grad_shard = sc.mesh.size("cp+dp") if sc.parallel.zero >= 1 else 1
     expert_shard = sc.mesh.size("cp+edp") if sc.parallel.zero >= 1 else 1
