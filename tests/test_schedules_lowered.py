@@ -289,6 +289,29 @@ def test_custom_schedule_from_a_dict_reads_its_file_relative_to_base_dir(tmp_pat
     assert sc.schedule.n_microbatches == 8
 
 
+
+V_SHAPE_WITH_W = """\
+0F0 0F1 0F2 0F3 3F0 3B0 3F1 3B1 3W0 3F2 3B2 3W1 3F3 3B3 0B0 0B1 0B2 0W0 0B3 0W1 0W2 0W3 3W2 3W3
+1F0 2F0 1F1 2F1 1F2 2F2 1F3 2F3 2B0 1B0 2B1 1B1 2W0 2B2 1B2 1W0 2B3 1B3 1W1 2W1 1W2 2W2 1W3 2W3
+"""
+
+
+def test_v_shaped_custom_schedule_with_w_passes_the_checks(tmp_path):
+    """A V-shaped schedule (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2: ZB-V's
+    placement) runs stage 3's W of a microbatch before stage 0's B of it, on the same rank:
+    the phase-order check takes W part by part, and the step is simulated, checks on."""
+    (tmp_path / "v.txt").write_text(V_SHAPE_WITH_W)
+    d = _shipped("custom_schedule", schedule="custom", schedule_file="v.txt")
+    d["cluster"]["topology"] = str(ROOT / "topologies" / "dgx-h100.yaml")
+    d["parallel"].update(tp=4, pp=2, dp=1)
+    d["cluster"]["nodes"] = 1
+    d["training"]["global_batch_size"] = 4 * d["training"].get("micro_batch_size", 1)
+    r = clustersim.simulate(clustersim.load_scenario(d, base_dir=tmp_path))
+    assert r.summary["step_time_s"] > 0
+    w3 = min(s.start_s for s in r.trace.spans if s.phase == "W" and s.mb == 0 and s.rank == 0 and s.name == "W head")
+    b0 = max(s.end_s for s in r.trace.spans if s.phase == "B" and s.mb == 0 and s.rank == 0 and s.layer == 0)
+    assert w3 < b0  # the case the check must allow
+
 # --- bad input ------------------------------------------------------------------------------
 
 BAD = [

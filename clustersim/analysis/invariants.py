@@ -193,12 +193,19 @@ def check_collectives(program: Program, trace: Trace, cols: SpanColumns | None =
 
 # --- 4 ---------------------------------------------------------------------------------
 def check_phase_order(trace: Trace, cols: SpanColumns | None = None) -> list[Violation]:
-    """Per rank, stage and microbatch (compute): the last F ends before the first B starts,
-    and the last B (and F) before the first W, within the tolerance."""
-    # per rank (each holds one stage; replicas of a stage across dp/cp/tp run independently):
-    # (rank, stage, mb, phase) -> earliest starting span, latest ending span
+    """Per rank and microbatch (compute): the last F ends before the first B starts, and per
+    block (a layer's attention, MLP, the embedding, the head), its last B and F before its
+    first W, within the tolerance.
+
+    A microbatch's forward passes every stage before its backward starts, so F before B holds
+    on a rank whatever stages it holds. A W waits only for its own part's B: where a
+    microbatch visits a rank twice (a V-shaped schedule: stages 0 and 3 on rank 0), the later
+    stage's W may run before the earlier stage's B, so W is checked block by block::
+
+        rank 0, microbatch 0:  F0 F3 B3 W3 B0 W0     W3 before B0 ends: allowed (another part)
+    """
     c = _view(trace, cols)
-    comp = c.compute  # the compute spans: their phase, microbatch and stage
+    comp = c.compute  # the compute spans: their phase, microbatch, stage, layer and name
     phase_of = np.full(len(comp.phase_names), -1, dtype=np.int64)  # phase code -> place in PHASE_ORDER
     for i, p in enumerate(PHASE_ORDER):
         code = comp.code("phase", p)
@@ -208,10 +215,42 @@ def check_phase_order(trace: Trace, cols: SpanColumns | None = None) -> list[Vio
     sel = np.flatnonzero((comp.mb >= 0) & (ph >= 0))
     rows = comp.rows[sel]
     rank, stage, mb, ph = c.rank[rows], comp.stage[sel], comp.mb[sel], ph[sel]
+    # a block: its layer and its name without the phase ("B attn", "W attn": "attn")
+    block_of = np.array([_block_name(n) for n in comp.name_names] or [""], dtype=object)
+    _, block = np.unique(block_of, return_inverse=True)
+    blk = block.ravel()[comp.name[sel]] if comp.n else np.zeros(0, dtype=np.int64)
+    layer = comp.layer[sel]
+    w = PHASE_ORDER.index("W")
+    fb = np.flatnonzero(ph < w)
+    found = _phase_misorders(c, rows[fb], (rank[fb], stage[fb], mb[fb]), ph[fb], later=None)
+    found += _phase_misorders(c, rows, (rank, stage, mb, layer, blk), ph, later=w)
+    out = []
+    for _, _, lr, er in sorted(found):
+        a, b = c.spans[lr], c.spans[er]
+        out.append(_v("phase-order", f"rank {a.rank} stage {a.stage} microbatch {a.mb}: a {b.phase} span starts "
+                      f"before a {a.phase} span ends", (a, b)))
+    return out
+
+
+def _block_name(name: str) -> str:
+    """A compute span's block: its name without the leading phase ("W attn" -> "attn")."""
+    head, _, rest = name.partition(" ")
+    return rest if head in PHASE_ORDER and rest else name
+
+
+def _phase_misorders(c: SpanColumns, rows: np.ndarray, group: tuple[np.ndarray, ...], ph: np.ndarray,
+                     later: int | None) -> list[tuple]:
+    """(first appearance of the late key, later phase, late row, early row) of each pair of
+    phases of one ``group`` (columns of ``rows``, rank first) in which a later phase's first
+    span starts before an earlier phase's last one ends; only pairs whose later phase is
+    ``later`` when given."""
+    if not len(rows):
+        return []
+    rank = group[0]
     start, end = c.start_s[rows], c.end_s[rows]
-    key = mixed_radix(rank, stage, mb, ph)
+    key = mixed_radix(*group, ph)
     if key is None:  # too wide for one number: number the keys
-        key = np.unique(np.stack((rank, stage, mb, ph)), axis=1, return_inverse=True)[1].ravel()
+        key = np.unique(np.stack((*group, ph)), axis=1, return_inverse=True)[1].ravel()
     by_rank = rank - rank.min(initial=0)  # the key's leading part: sorting rank by rank is faster
     o_first, _ = grouped_order(by_rank, start, key)  # per key: the earliest start first (ties in span order)
     o_last, _ = grouped_order(by_rank, -end, key)  # per key: the latest end first
@@ -219,22 +258,22 @@ def check_phase_order(trace: Trace, cols: SpanColumns | None = None) -> list[Vio
     early = rows[o_first[heads]]  # per key, in key order
     late = rows[o_last[heads]]
     seen = np.minimum.reduceat(rows[o_first], heads) if len(heads) else heads  # a key's first span
-    k_rank, k_stage, k_mb, k_ph = (a[o_first[heads]] for a in (rank, stage, mb, ph))
-    found = []  # (first appearance of the late key, later phase, late row, early row)
-    for off in (1, 2):  # the keys of one (rank, stage, mb) are adjacent, phases ascending
+    k_group = [a[o_first[heads]] for a in group]
+    k_ph = ph[o_first[heads]]
+    found = []
+    for off in (1, 2):  # the keys of one group are adjacent, phases ascending
         i = np.arange(len(heads) - off)
         j = i + off
-        same = (k_rank[i] == k_rank[j]) & (k_stage[i] == k_stage[j]) & (k_mb[i] == k_mb[j])
+        same = np.ones(len(i), dtype=bool)
+        for a in k_group:
+            same &= a[i] == a[j]
+        if later is not None:
+            same &= k_ph[j] == later
         i, j = i[same], j[same]
         late_end = c.end_s[late[i]]
         hit = c.start_s[early[j]] < late_end - _tols(late_end)
         found += zip(seen[i[hit]].tolist(), k_ph[j[hit]].tolist(), late[i[hit]].tolist(), early[j[hit]].tolist())
-    out = []
-    for _, _, lr, er in sorted(found):
-        a, b = c.spans[lr], c.spans[er]
-        out.append(_v("phase-order", f"rank {a.rank} stage {a.stage} microbatch {a.mb}: a {b.phase} span starts "
-                      f"before a {a.phase} span ends", (a, b)))
-    return out
+    return found
 
 
 # --- 5 ---------------------------------------------------------------------------------
