@@ -87,6 +87,15 @@ def parse_rows(text: str) -> tuple[list[list[Action]], list[list[tuple[Action, A
         toks.append(parsed)
     if not raw:
         raise ScheduleError("schedule text has no rows")
+    # every stage and microbatch below a bound needs actions of its own, so none can be
+    # numbered past the count of actions (and no array is sized by a number from the file)
+    n_actions = sum(map(len, toks))
+    for r, (row, parsed) in enumerate(zip(raw, toks)):
+        for (i, tok, _, _), (_, stage, _, mb) in zip(row, parsed):
+            if stage >= n_actions or mb >= n_actions:
+                what = f"stage {stage}" if stage >= n_actions else f"microbatch {mb}"
+                raise ScheduleError(f"rank {r}, cell {i}: {tok!r}: {what} cannot be reached: the schedule has "
+                                    f"{n_actions} actions, and each stage and microbatch below it needs some")
     has_w = any(kind == "W" for row in toks for (_, _, kind, _) in row)
     w_keys = {(st, mb) for row in toks for (_, st, kind, mb) in row if kind == "W"}
     rows: list[list[Action]] = []
