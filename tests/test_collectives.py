@@ -75,6 +75,29 @@ def test_cross_node_all_to_all_is_nic_bound(root):
     assert row.busbw_Bps("all_to_all", 16) == pytest.approx(GiB / row.time_s * 15 / 16)
 
 
+
+def test_double_binary_tree_is_nccl_s_in_order_tree():
+    """NCCL's trees (src/graph/trees.cc, ncclGetBtree and its illustration over 14 ranks):
+    rooted at 0 with the one child 8, parents by clearing a position's lowest set bit and
+    setting the next; the second tree mirrored (even counts) or shifted by one (odd)."""
+    from clustersim.collectives.algorithms import _btree_parent, _second_tree, _tree_depth
+
+    assert {i: _btree_parent(i, 14) for i in range(1, 14)} == {
+        1: 2, 3: 2, 5: 6, 7: 6, 9: 10, 11: 10, 2: 4, 6: 4, 10: 12, 13: 12, 4: 8, 12: 8, 8: 0}
+    assert _tree_depth(14) == 4 and _tree_depth(2) == 1 and _tree_depth(128) == 7
+    assert _second_tree(list(range(4))) == [3, 2, 1, 0] and _second_tree(list(range(5))) == [1, 2, 3, 4, 0]
+
+
+def test_tree_over_many_nodes_is_nic_bound(root):
+    """128 DGX H100 nodes (four leaf groups of 32): an in-order tree's edges stay inside a
+    leaf group but for a few, so the tree all-reduce of 8 GiB is bound by the NICs: an
+    inner node's NIC carries three edges of one tree and one of the other, each half of the
+    channel's S/g, each way: 2 (S/g) / B_nic, plus 2 (depth + g - 1) latencies. (Laid out as
+    a heap over the nodes, 96 of a tree's 127 edges crossed leaf groups and it took 2.1x.)"""
+    size = 8 * GiB
+    _, (row,) = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", 1024, [size], "tree")
+    assert row.time_s == pytest.approx(2 * size / 8 / NIC_Bps, rel=0.005)
+
 def test_sizes_parse_like_nccl_tests():
     assert parse_sizes("1M,16M,1G,8G") == [1 << 20, 16 << 20, 1 << 30, 8 << 30]
     assert parse_sizes("512, 64K") == [512, 64 << 10]

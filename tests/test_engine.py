@@ -268,10 +268,11 @@ def _h100(root, nodes=2):
 def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all(root):
     """A tree all-reduce over 4 nodes x 8 GPUs, one flow per hop, runs 7 of its 8 channels'
     chains, each twice (half the data for each tree), over every NVLink hop of a node (its 8
-    ring hops, both ways), and its two trees over the 4 nodes share two of their three edges
-    (heads 0-2 and 1-3, both ways): flows on the same links, of the same share.
-    network._merged keeps one of each, its weights times their count: 4 x 8 x 2 x 14 chain
-    flows and 8 x 2 x 3 x 2 tree flows become 4 x 16 and 8 x 8, of weights 14, 1 and 2. It
+    ring hops, both ways), and its two trees over the 4 nodes (NCCL's: 1-2, 2-0, 3-2 and,
+    mirrored, 2-1, 1-3, 0-1) share one of their three edges (heads 1-2, both ways): flows on
+    the same links, of the same share. network._merged keeps one of each, its weights times
+    their count: 4 x 8 x 2 x 14 chain flows and 8 x 2 x 3 x 2 tree flows become 4 x 16 and
+    8 x 10, of weights 14, 1 and 2. It
     ends when the unmerged plan ends, and puts the same bytes on every link. (The engine's
     tree moves each tree of a channel in lock-step, one flow each: 16, nothing to merge.)"""
     import simpy
@@ -292,7 +293,7 @@ def test_flows_no_fair_share_can_tell_apart_are_merged_into_one_standing_for_all
                                                           for a, b, _ in expansion.flows),
                                    fractions=tuple(x for _, _, x in expansion.flows))
     merged = _merged(unmerged)
-    assert len(merged.weights) == 4 * 16 + 8 * 8
+    assert len(merged.weights) == 4 * 16 + 8 * 10
     assert _merged(merged) is merged  # nothing left to merge
     assert sorted({w for ws in merged.weights for _, w in ws}) == [1.0, 2.0, 14.0]
 

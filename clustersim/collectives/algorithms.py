@@ -9,7 +9,8 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
     tree          1 phase   per channel (member position in a node, S/g each): two binary
                             trees over the nodes, each reducing half up and broadcasting it
                             down through a chain inside every node, pipelined (NCCL's double
-                            binary tree; Sanders et al. 2009); 2 (depth + g - 1) latency
+                            binary tree, in order over the nodes, the second mirrored or
+                            shifted; Sanders et al. 2009); 2 (depth + g - 1) latency
                             rounds; each tree with its chains moves in lock-step.
     hierarchical  1 phase   reduce-scatter inside each node (ring over its g members),
                             all-reduce of S/g per rail across nodes (ring over the N members
@@ -38,7 +39,7 @@ per collective instead.
 
 from __future__ import annotations
 
-import math
+from functools import lru_cache
 
 from .ring import Expansion, expand
 
@@ -78,9 +79,45 @@ def applicable(op: str, algo: str, group: tuple[int, ...], node_of, nvls: bool) 
     return True
 
 
+def _btree_parent(i: int, n: int) -> int:
+    """The parent of position ``i`` in NCCL's binary tree over ``n`` positions (ncclGetBtree,
+    src/graph/trees.cc): an in-order tree rooted at 0, whose one child is the highest power
+    of two below n; a position's parent clears its lowest set bit and sets the next one up,
+    or only clears it where that is past the end. Neighbouring positions stay close in the
+    tree, so over nodes in order most of its edges join nearby nodes (the same leaf)::
+
+        n = 14:   0 - 8          parent(1) = 2, parent(3) = 2, parent(2) = 4, parent(6) = 4,
+                  8 - 4, 12      parent(4) = 8, parent(12) = 8, parent(13) = 12 (14 is past
+                  4 - 2, 6 ...   the end), parent(8) = 0
+    """
+    low = i & -i  # the lowest set bit
+    up = (i ^ low) | (low << 1)
+    return up if up < n else i ^ low
+
+
 def _tree_edges(order: list[int]) -> list[tuple[int, int]]:
-    """(child, parent) of a binary heap laid over ``order``: parent of position i is (i-1)//2."""
-    return [(order[i], order[(i - 1) // 2]) for i in range(1, len(order))]
+    """(child, parent) of NCCL's binary tree (:func:`_btree_parent`) laid over ``order``."""
+    n = len(order)
+    return [(order[i], order[_btree_parent(i, n)]) for i in range(1, n)]
+
+
+def _second_tree(order: list[int]) -> list[int]:
+    """The order NCCL's second tree is laid over (ncclGetDtree): the first one mirrored
+    (position i holds what n-1-i held) where n is even, shifted by one where n is odd, so
+    that a node inner in one tree is a leaf in the other."""
+    return order[::-1] if len(order) % 2 == 0 else order[1:] + order[:1]
+
+
+@lru_cache(maxsize=None)
+def _tree_depth(n: int) -> int:
+    """The most edges from a position to the root of NCCL's tree over ``n`` positions."""
+    deepest = 0
+    for i in range(1, n):
+        d = 0
+        while i:
+            i, d = _btree_parent(i, n), d + 1
+        deepest = max(deepest, d)
+    return deepest
 
 
 def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Expansion]:
@@ -92,8 +129,8 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Exp
         # NCCL: one channel per member position l carries S/g; inside a node a chain starting at
         # position l, across nodes two binary trees over the nodes' position-l GPUs, each
         # reducing half of the channel's data up and broadcasting it down. The second tree is
-        # the first over the reversed node order, so a node inner in one is (nearly) a leaf in
-        # the other (Sanders et al. 2009).
+        # the first mirrored or shifted, so a node inner in one is a leaf in the other
+        # (Sanders et al. 2009; NCCL's ncclGetDtree).
         nodes = _by_node(group, node_of)
         g = len(nodes[0])
         flows = []
@@ -101,14 +138,14 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Exp
             heads = [members[pos] for members in nodes]
             # each tree its own pipeline (NCCL gives each tree its own channels): half of the
             # channel's data through the chains inside the nodes, then up and down the tree
-            for order in (heads, heads[::-1]):
+            for order in (heads, _second_tree(heads)):
                 for members in nodes:
                     chain = members[pos:] + members[:pos]
                     for a, b in zip(chain, chain[1:]):
                         flows += [(b, a, 0.5 / g), (a, b, 0.5 / g)]
                 for child, parent in _tree_edges(order):
                     flows += [(child, parent, 0.5 / g), (parent, child, 0.5 / g)]
-        depth = math.ceil(math.log2(len(nodes) + 1)) - 1
+        depth = _tree_depth(len(nodes))
         # a tree's chains and edges are one pipeline: its chunks pass every hop in turn
         return [Expansion(tuple(flows), 2 * (max(depth, 1) + g - 1), lockstep=2 * g)]
     if algo == "hierarchical":
