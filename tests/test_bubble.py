@@ -97,3 +97,23 @@ def test_straggler_without_pipeline_is_imbalance_waiting_on_collectives(root):
         assert row["warm_up_s"] == pytest.approx(0.0, abs=1e-12)  # no pipeline to fill
     assert parts_add_up(s["bubble"]) == pytest.approx(s["bubble"]["bubble_s"], rel=1e-9)
     assert s["bubble"]["bubble_s"] == pytest.approx(s["bubble_fraction"] * s["step_time_s"], rel=1e-9)
+
+
+def test_bubble_parts_are_never_negative_when_imbalance_takes_them_all():
+    """A rank whose whole bubble is imbalance (the busiest rank computes far longer): warm-up
+    and cool-down go to zero, never to a rounding below it (-1e-17 s in summary.json)."""
+    import random
+
+    import numpy as np
+
+    from clustersim.analysis.bubble import DEP_KINDS, split_bubble
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        edges = sorted(rng.uniform(0.0, 1.0) for _ in range(2 * rng.randint(1, 4)))
+        lo, hi = np.array(edges[0::2]), np.array(edges[1::2])
+        step_s = 1.0 + rng.random()
+        got = split_bubble(np.array([]), np.array([], dtype=np.int64), dict.fromkeys(DEP_KINDS, -1), (lo, hi), step_s, float((hi - lo).sum()),
+                           10.0, False, None, None)
+        assert got.warm_up_s >= 0.0 and got.cool_down_s >= 0.0, got
+        assert got.imbalance_s == got.bubble_s

@@ -114,6 +114,7 @@ def split_bubble(starts: np.ndarray, kinds: np.ndarray, kind_codes: dict[str, in
     rest = imb - take_steady
     ends_s = warm + cool
     if rest > 0 and ends_s > 0:
-        warm, cool = warm * (1 - rest / ends_s), cool * (1 - rest / ends_s)
+        left = max(0.0, 1 - rest / ends_s)  # (rest may pass ends_s by a rounding: no -1e-17 s)
+        warm, cool = warm * left, cool * left
     return BubbleSplit(bubble_s=bubble, warm_up_s=warm, cool_down_s=cool, imbalance_s=imb,
                        dependency_s={**dep, "total": sum(dep.values())})
