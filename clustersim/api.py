@@ -73,6 +73,8 @@ def _statics(low: Lowering) -> list[StageStatic]:
 
         ZeRO 0: 2Ψ + gΨ + 12Ψ     1: 2Ψ + gΨ + 12Ψ/N     2: 2Ψ + (g+12)Ψ/N     3: (2+g+12)Ψ/N
 
+    Under ZeRO-3 the transient bytes add the gathered units in flight (16-bit) and, in the
+    backward, one unit's whole gradient before its reduce-scatter (g bytes a parameter).
     ZeRO-3 with ``zero3_keep_gathered`` keeps the 16-bit parameters gathered (2Ψ) and, with
     several microbatches, reduce-scatters the gradients once after the last one, so they
     accumulate whole until then (gΨ): 2Ψ + gΨ + 12Ψ/N, as ZeRO-1.
@@ -93,10 +95,11 @@ def _statics(low: Lowering) -> list[StageStatic]:
         # microbatches: reduced once, after the last one (lower._block_tasks's reduce_now)
         grads_sharded = z >= 2 and not (z == 3 and low.zero3_keep_gathered and len(low.schedule.paths) > 1)
         if sharded3:
-            # gathered units in flight: the one computing plus those prefetched
+            # gathered units in flight: the one computing plus those prefetched; in the
+            # backward, the computing unit's whole gradient too, until its reduce-scatter
             biggest = max((sum(p for _, p in v) for (j, _), v in low.unit_shards.items() if j in low.parts_of[q]),
                           default=0.0)
-            transient += (low.zero_prefetch_layers + 1) * biggest * PARAM_BYTES
+            transient += (low.zero_prefetch_layers + 1) * biggest * PARAM_BYTES + biggest * low.grad_bytes
         out.append(StageStatic(
             stage=q, params=psi + psi_e,
             param_bytes=PARAM_BYTES * (psi / (n if sharded3 else 1) + psi_e / (n_e if sharded3 else 1)),

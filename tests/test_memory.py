@@ -300,3 +300,18 @@ def test_zero3_kept_gathered_accumulates_whole_gradients(microbatches):
     assert g == pytest.approx(4.0 if microbatches > 1 else 4.0 / 8, rel=1e-12)  # fp32 gradients
     assert st["params_bytes"] == pytest.approx(2.0 * st["params"], rel=1e-12)  # kept gathered
     assert st["optimizer_bytes"] == pytest.approx(12.0 * st["params"] / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_zero3_transient_holds_gathered_units_and_one_unit_s_gradient(prefetch):
+    """ZeRO-3 (Rajbhandari et al. 2020, Sec 5.3): the units gathered at once, the one computing
+    and ``zero_prefetch_layers`` ahead, 2 bytes a parameter each, and in the backward the
+    computing unit's whole gradient until its reduce-scatter (4 bytes a parameter, fp32):
+    (prefetch + 1) x 2 U + 4 U for the largest unit U (one layer here: every layer alike)."""
+    small_vocab = {"vocab": 1024}
+    sc = clustersim.load_scenario(scenario_dict(model=small_vocab), base_dir=ROOT)
+    unit = tf.layer_params(sc.model)  # a layer; the embedding's unit is smaller here
+    assert tf.embedding_params(sc.model) < unit
+    st = run(model=small_vocab, parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 3, "zero_prefetch_layers": prefetch},
+             training={"global_batch_size": 8}).summary["memory"]["stages"][0]
+    assert st["transient_bytes"] == pytest.approx((prefetch + 1) * 2 * unit + 4 * unit, rel=1e-12)
