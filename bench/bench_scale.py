@@ -30,41 +30,47 @@ and takes its ratios against the mean of the two ("bare timeout us"; the machine
 over minutes, and one reading at the start misled the ratios of runs made minutes later by as
 much as the drift). bench_instructions.py gives the same ratio in instructions, drift-free.
 
-Example (2 cores, 2026-12-02, --repeat 3, on a fast stretch of a machine whose speed drifts
+Example (2 cores, 2026-12-03, --repeat 3, on a fast stretch of a machine whose speed drifts
 by 1.5x or more within minutes: compare scenarios, not machines; docs/performance.md has the
 targets and the figures, and bench_instructions.py compares two versions without the drift)::
 
-    bare simpy timeout at the start: 0.56 us per event (median of 5 x 200,000; each run reads its own)
+    bare simpy timeout at the start: 0.54 us per event (median of 5 x 200,000; each run reads its own)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
     GPUs                           1,024            16,384             3,072
     simulated ranks                   16                16                64
     tasks                         36,072            30,432           854,340
       simulated                   36,072            30,432           253,860
     spans                         37,032            32,448           918,852
-    simpy events                  27,112            15,971            39,927
-    import s                        0.23              0.22              0.22
-    load s                          0.02              0.28              0.17
-    lower s                         0.05              0.17              0.44
-    engine s                        0.50              1.56              1.20
-      setup s                       0.14              1.02              0.22
-      run s                         0.36              0.55              0.73
-      splice s                      0.00              0.00              0.25
-    analysis s                      0.11              0.32              0.82
-    outputs s                       0.06              0.03              0.30
-    total s                         0.97              2.56              3.28
-    writers alone s                 0.12              0.10              0.71
-    clustersim run s                1.02              2.66              2.75
-    peak RSS MiB                     122               388               556
-    writer RSS MiB                   125               350               501
-    events/s                      54,464            10,209            33,378
-    tasks/s                       72,463            19,453           714,198
-    bare timeout us                 0.59              0.58              0.59
-    engine us/event                18.36             97.95             29.96
-    x bare timeout                  31.9             169.6              51.0
-    engine us/task                 13.80             51.41              1.40
-      x bare timeout                24.0              89.0               2.4
-      run only                      17.1              31.0               5.0
-      ideal network                  3.5               3.7               2.5
+    simpy events                  26,792            15,323            39,917
+    import s                        0.17              0.16              0.16
+    load s                          0.02              0.25              0.15
+    lower s                         0.05              0.17              0.42
+    engine s                        0.46              1.21              1.24
+      setup s                       0.14              0.97              0.21
+      run s                         0.33              0.25              0.69
+      splice s                      0.00              0.00              0.33
+    analysis s                      0.11              0.32              0.79
+    outputs s                       0.06              0.03              0.36
+    total s                         0.86              2.14              3.10
+    writers alone s                 0.11              0.10              0.66
+    clustersim run s                0.96              2.29              2.55
+    peak RSS MiB                     125               384               556
+    writer RSS MiB                   125               348               547
+    events/s                      58,037            12,633            32,268
+    tasks/s                       78,139            25,091           690,625
+    bare timeout us                 0.56              0.56              0.54
+    engine us/event                17.23             79.15             30.99
+    x bare timeout                  31.3             143.8              57.6
+    engine us/task                 12.80             39.86              1.45
+      x bare timeout                23.2              72.4               2.7
+      run only                      16.2              14.6               5.0
+      ideal network                  3.5               3.7               2.6
+    every GPU's tasks          2,308,608        31,162,368        41,008,320
+      x bare, each                  0.36              0.07              0.06
+
+"every GPU's tasks" counts the tasks of every GPU the results describe (each simulated rank's
+tasks times the ranks it stands for, :func:`covered_tasks`) and "x bare, each" the engine's
+cost per such task: what the symmetric collapse saves, not the per-event target's measure.
 """
 
 from __future__ import annotations
