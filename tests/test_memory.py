@@ -230,11 +230,11 @@ def test_korthikanti_model_states(model):
     first = static(stages[0]) / GiB
     # the published figure counts the transformer layers only: 18 x 12h^2 L / (t p) bytes
     assert 18 * 12 * h * h * layers / (8 * p) / GiB == pytest.approx(published[0], rel=0.005)
-    # the first stage adds the word and position embeddings (V h / t + s h / t parameters)
-    assert first == pytest.approx(published[0], rel=0.10)
-    emb = 18 * tf.embedding_params(clustersim.load_scenario(
-        scenario_dict(model={"layers": layers, "hidden": h, "heads": a, "vocab": 51200, "seq_len": 2048}),
-        base_dir=ROOT).model) / 8
+    # the first stage adds the word embedding, split over TP (V h / t parameters), and the
+    # learned positions, whole on every TP rank (s h: a plain table in Megatron), which the
+    # published figure leaves out: 11 % more on the 1T model's first stage of two layers
+    assert published[0] < first < published[0] * 1.12
+    emb = 18 * (51200 * h / 8 + 2048 * h)
     if p > 1:  # a middle stage holds layers only
         assert static(stages[p // 2]) / GiB == pytest.approx(published[0], rel=0.01)
         assert static(stages[0]) - static(stages[p // 2]) == pytest.approx(emb, rel=1e-9)

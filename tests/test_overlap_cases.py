@@ -164,6 +164,14 @@ def all_params(m) -> int:
     return m.layers * layer_params(m.hidden) + m.vocab * m.hidden + m.seq_len * m.hidden + 2 * m.hidden
 
 
+def rank_params(m, tp: int) -> float:
+    """One TP rank's share of :func:`all_params` (Megatron): the two layernorms and the two
+    row-parallel biases of each layer (6h), the learned positions and the final layernorm are
+    whole on every rank; the rest splits over TP."""
+    whole = m.layers * 6 * m.hidden + m.seq_len * m.hidden + 2 * m.hidden
+    return (all_params(m) - whole) / tp + whole
+
+
 ONE_NODE_DP8 = {"cluster": {"topology": "topologies/dgx-a100.yaml", "nodes": 1},
                 "parallel": {"tp": 1, "pp": 1, "dp": 8}, "simulation": {"collectives": RING}}
 TWO_NODES_DP2 = {"cluster": {"topology": "topologies/dgx-a100.yaml", "nodes": 2},
@@ -181,7 +189,7 @@ def test_single_bucket_after_the_backward_is_fully_exposed_ring_closed_form(root
     r = simulate(root, **base, training={"global_batch_size": 2 * n, "dp_bucket_params": 10**12})
     m, s, cl = r.scenario.model, r.summary, r.scenario.cluster
     tp = base["parallel"]["tp"]
-    size = all_params(m) / tp * 4  # fp32 gradients of this rank's share
+    size = rank_params(m, tp) * 4  # fp32 gradients of this rank's share
     if case == "nvlink":
         # dgx-a100.yaml: NVLink 300 GB/s x 0.77; a ring step GPU -> NVSwitch -> GPU, 1.5 us a hop
         bw, alpha = 300e9 * 0.77, 2 * 1.5e-6

@@ -191,16 +191,33 @@ def layer_params(m: DenseModelCfg) -> int:
     return attn + mlp + norms + bias
 
 
+def layer_replicated_params(m: DenseModelCfg) -> int:
+    """The parameters of one layer every TP rank holds whole (Megatron): the two norms and the
+    biases of the row-parallel GEMMs (attention output, MLP output), added after their
+    reduction; the rest of :func:`layer_params` is split over TP."""
+    norms = 2 * (2 * m.hidden if m.norm == "layernorm" else m.hidden)
+    return norms + (2 * m.hidden if m.bias else 0)
+
+
+def position_params(m: DenseModelCfg) -> int:
+    """Learned position embeddings, which every TP rank holds whole (a plain embedding table
+    in Megatron; the word embedding is the vocabulary-parallel one)."""
+    return m.seq_len * m.hidden if m.position_embedding == "learned" else 0
+
+
+def head_norm_params(m: DenseModelCfg) -> int:
+    """The final norm before the LM head, whole on every TP rank."""
+    return 2 * m.hidden if m.norm == "layernorm" else m.hidden
+
+
 def embedding_params(m: DenseModelCfg) -> int:
     """Token embedding (+ learned positions) on the first stage."""
-    pos = m.seq_len * m.hidden if m.position_embedding == "learned" else 0
-    return m.vocab * m.hidden + pos
+    return m.vocab * m.hidden + position_params(m)
 
 
 def head_params(m: DenseModelCfg) -> int:
     """Final norm plus an untied LM head on the last stage (tied heads reuse the embedding)."""
-    norm = 2 * m.hidden if m.norm == "layernorm" else m.hidden
-    return norm + (0 if m.tied_embeddings else m.vocab * m.hidden)
+    return head_norm_params(m) + (0 if m.tied_embeddings else m.vocab * m.hidden)
 
 
 def _params(m: DenseModelCfg, moe_mlp) -> int:

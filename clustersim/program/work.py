@@ -289,7 +289,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
 
     mlp_f = tf.mlp_block_fwd(m, b, t, sp, cp)
     mlp_b = tf.block_bwd(mlp_f, flash)
-    per_layer = tf.layer_params(m) / t
+    # per TP rank: the split part over t, the norms and row-parallel biases whole (Megatron)
+    per_layer = (tf.layer_params(m) - tf.layer_replicated_params(m)) / t + tf.layer_replicated_params(m)
     mlp_share = (m.hidden * m.ffn * (3 if m.mlp == "swiglu" else 2)) / t
     attn_params, mlp_params = per_layer - mlp_share, mlp_share
     attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, f_pre, f_post, b_pre, b_post)
@@ -298,9 +299,12 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     attn_rc = ([o for o in attn_fwd[0].ops if o.name == "core_attn"]
                if recompute == "selective" and not flash else [])
 
-    emb_params = tf.embedding_params(m) / t
-    # A tied LM head on a later stage keeps its own copy of the word embedding (Megatron).
-    head_params = (tf.head_params(m) + (m.vocab * m.hidden if head_keeps_embedding_copy(sc) else 0)) / t
+    # the word embedding is split over the vocabulary, learned positions are whole (Megatron)
+    emb_params = (tf.embedding_params(m) - tf.position_params(m)) / t + tf.position_params(m)
+    # A tied LM head on a later stage keeps its own copy of the word embedding (Megatron); the
+    # final norm is whole on every TP rank.
+    head_params = ((tf.head_params(m) - tf.head_norm_params(m) + (m.vocab * m.hidden if head_keeps_embedding_copy(sc)
+                                                                  else 0)) / t + tf.head_norm_params(m))
 
     emb_f = tf.embedding_fwd(m, b, t, cp)
     head_f = tf.head_fwd(m, b, t, cp)
@@ -422,7 +426,7 @@ class MoeBlocks:
         router = [tf._elementwise("norm2", rep_tok * h, 2)] + moe.router_fwd(e, tokens, h, t)
         experts = moe.routed_experts_fwd(e, tokens, h, t, skew[ep_rank] if skew else 1.0) \
             + moe.shared_experts_fwd(e, tokens, h, t) + [tf._elementwise("residual2", rep_tok * h, 3)]
-        router_params = h * e.experts / t
+        router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
         shared_params = e.shared_experts * moe.expert_params(e, h) / t
         routed_params = (e.experts // ep) * moe.expert_params(e, h) / t
         fwd = (
