@@ -94,12 +94,13 @@ def _statics(low: Lowering) -> list[StageStatic]:
         # gradients sharded as they are made (ZeRO-2, ZeRO-3), unless kept gathered over several
         # microbatches: reduced once, after the last one (lower._block_tasks's reduce_now)
         grads_sharded = z >= 2 and not (z == 3 and low.zero3_keep_gathered and len(low.schedule.paths) > 1)
-        if sharded3:
-            # gathered units in flight: the one computing plus those prefetched; in the
-            # backward, the computing unit's whole gradient too, until its reduce-scatter
+        if z == 3:
             biggest = max((sum(p for _, p in v) for (j, _), v in low.unit_shards.items() if j in low.parts_of[q]),
                           default=0.0)
-            transient += (low.zero_prefetch_layers + 1) * biggest * PARAM_BYTES + biggest * low.grad_bytes
+            if sharded3:  # gathered units in flight: the one computing plus those prefetched
+                transient += (low.zero_prefetch_layers + 1) * biggest * PARAM_BYTES
+            if grads_sharded:  # in the backward, the computing unit's whole gradient until its reduce-scatter
+                transient += biggest * low.grad_bytes
         out.append(StageStatic(
             stage=q, params=psi + psi_e,
             param_bytes=PARAM_BYTES * (psi / (n if sharded3 else 1) + psi_e / (n_e if sharded3 else 1)),

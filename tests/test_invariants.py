@@ -145,6 +145,21 @@ def test_weight_gradient_before_backward_detected():
     assert _names(inv.check_phase_order(trace)) == {"phase-order"}
 
 
+
+def test_embedding_weight_gradient_before_layer_0_backward_detected():
+    """The embedding's W has no B of its own: it reads layer 0's input gradient, so it must
+    start after layer 0's B ends (ZB-H1, rank 0, microbatch 0, its W moved to right after
+    the microbatch's forward)."""
+    r = simulate(ROOT / "scenarios" / "zero_bubble.yaml")
+    t = r.trace
+    assert inv.check_phase_order(t) == []
+    comp = [s for s in t.spans if s.stream == "compute" and s.rank == 0 and s.mb == 0]
+    w = next(s for s in comp if s.name == "W embedding")
+    last_f = max(s.end_s for s in comp if s.phase == "F")
+    w.start_s, w.end_s = last_f, last_f + (w.end_s - w.start_s)
+    vs = inv.check_phase_order(t)
+    assert _names(vs) == {"phase-order"} and any(x is w for v in vs for x in v.spans)
+
 def test_dropped_receive_detected(small):
     prog, trace, summary = small
     t = _copy(trace)

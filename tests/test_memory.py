@@ -300,6 +300,11 @@ def test_zero3_kept_gathered_accumulates_whole_gradients(microbatches):
     assert g == pytest.approx(4.0 if microbatches > 1 else 4.0 / 8, rel=1e-12)  # fp32 gradients
     assert st["params_bytes"] == pytest.approx(2.0 * st["params"], rel=1e-12)  # kept gathered
     assert st["optimizer_bytes"] == pytest.approx(12.0 * st["params"] / 8, rel=1e-12)
+    # the transient: none with whole gradients; with one microbatch, each unit's gradient is
+    # reduce-scattered as it is made, so one unit's whole gradient (4U) is held, as without
+    # keeping gathered, where the gathered units add 2 x 2U (prefetch 1): 8U
+    sharded = run(**{**kw, "parallel": {**kw["parallel"], "zero3_keep_gathered": False}}).summary["memory"]["stages"][0]
+    assert st["transient_bytes"] == pytest.approx(0.0 if microbatches > 1 else sharded["transient_bytes"] / 2, abs=1e-6)
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 2])

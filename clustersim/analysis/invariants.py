@@ -194,13 +194,15 @@ def check_collectives(program: Program, trace: Trace, cols: SpanColumns | None =
 # --- 4 ---------------------------------------------------------------------------------
 def check_phase_order(trace: Trace, cols: SpanColumns | None = None) -> list[Violation]:
     """Per rank and microbatch (compute): the last F ends before the first B starts, and per
-    block (a layer's attention, MLP, the embedding, the head), its last B and F before its
-    first W, within the tolerance.
+    layer, its last B and F before its first W, within the tolerance.
 
     A microbatch's forward passes every stage before its backward starts, so F before B holds
     on a rank whatever stages it holds. A W waits only for its own part's B: where a
     microbatch visits a rank twice (a V-shaped schedule: stages 0 and 3 on rank 0), the later
-    stage's W may run before the earlier stage's B, so W is checked block by block::
+    stage's W may run before the earlier stage's B, so W is checked layer by layer (a layer
+    is in one part; a part's W action comes after its B action). The embedding's W (it has
+    no B of its own) goes with layer 0, whose input gradient it reads; the head's with a
+    layer past the last::
 
         rank 0, microbatch 0:  F0 F3 B3 W3 B0 W0     W3 before B0 ends: allowed (another part)
     """
@@ -215,15 +217,17 @@ def check_phase_order(trace: Trace, cols: SpanColumns | None = None) -> list[Vio
     sel = np.flatnonzero((comp.mb >= 0) & (ph >= 0))
     rows = comp.rows[sel]
     rank, stage, mb, ph = c.rank[rows], comp.stage[sel], comp.mb[sel], ph[sel]
-    # a block: its layer and its name without the phase ("B attn", "W attn": "attn")
-    block_of = np.array([_block_name(n) for n in comp.name_names] or [""], dtype=object)
-    _, block = np.unique(block_of, return_inverse=True)
-    blk = block.ravel()[comp.name[sel]] if comp.n else np.zeros(0, dtype=np.int64)
-    layer = comp.layer[sel]
+    # each span's layer, the embedding's and the head's (layer -1 both) told apart by name
+    layer = comp.layer[sel].copy()
+    if comp.n:
+        block = np.array([_block_name(n) for n in comp.name_names] or [""], dtype=object)[comp.name[sel]]
+        top = int(layer.max(initial=0)) + 1
+        layer[(layer < 0) & (block == "embedding")] = 0
+        layer[(layer < 0) & (block != "embedding")] = top  # the head, after every layer
     w = PHASE_ORDER.index("W")
     fb = np.flatnonzero(ph < w)
     found = _phase_misorders(c, rows[fb], (rank[fb], stage[fb], mb[fb]), ph[fb], later=None)
-    found += _phase_misorders(c, rows, (rank, stage, mb, layer, blk), ph, later=w)
+    found += _phase_misorders(c, rows, (rank, stage, mb, layer), ph, later=w)
     out = []
     for _, _, lr, er in sorted(found):
         a, b = c.spans[lr], c.spans[er]
