@@ -320,3 +320,16 @@ def test_zero3_transient_holds_gathered_units_and_one_unit_s_gradient(prefetch):
     st = run(model=small_vocab, parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 3, "zero_prefetch_layers": prefetch},
              training={"global_batch_size": 8}).summary["memory"]["stages"][0]
     assert st["transient_bytes"] == pytest.approx((prefetch + 1) * 2 * unit + 4 * unit, rel=1e-12)
+
+
+@pytest.mark.parametrize("dropout, per_score", [(True, 5), (False, 2)])
+def test_selective_recompute_holds_one_layer_s_scores_while_recomputing(dropout, per_score):
+    """Selective recompute (Korthikanti et al. 2022, Sec 5) stores no attention scores; the
+    backward recomputes one layer's core attention at a time and holds its scores meanwhile:
+    per_score x a s^2 b / t bytes of transient (standard attention; none under flash)."""
+    kw = dict(model={"dropout": dropout}, parallel={"tp": 2, "pp": 1, "dp": 4})
+    r = run(**kw, training={"global_batch_size": 4, "recompute": "selective", "attention": "standard"})
+    st, m = r.summary["memory"]["stages"][0], r.scenario.model
+    assert st["transient_bytes"] == pytest.approx(per_score * m.heads * m.seq_len ** 2 / 2, rel=1e-12)
+    flash = run(**kw, training={"global_batch_size": 4, "recompute": "selective"}).summary["memory"]["stages"][0]
+    assert flash["transient_bytes"] == 0.0

@@ -371,6 +371,11 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # the part's layers (a MoE layer's experts and dispatched states, not a dense MLP's)
     transient = max((tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
                      for ly in layers), default=0.0) if recompute == "full" else 0.0
+    if recompute == "selective" and not flash and len(layers):
+        # the backward recomputes one layer's core attention, whose scores it then holds
+        # (Korthikanti et al. 2022, Sec 5: what selective recompute leaves unstored)
+        transient = tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp) - tf.layer_activation_bytes(
+            m, b, t, flash, sp, "selective", cp=cp)
     transient += cp_transient_bytes(sc)
     grad_shard = sc.mesh.size("cp+dp") if sc.parallel.zero >= 1 else 1
     expert_shard = sc.mesh.size("cp+edp") if sc.parallel.zero >= 1 else 1
