@@ -298,6 +298,9 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if p.ep > 1 and m.moe is None:
         fail("parallel.ep", f"ep={p.ep} needs a mixture-of-experts model (model.moe)")
     if m.moe is not None:
+        if m.moe.dense_layers_first >= m.layers:
+            fail("model.moe.dense_layers_first", f"{m.moe.dense_layers_first} dense layers first leaves no MoE layer "
+                                                 f"of model.layers={m.layers}; drop model.moe for a dense model")
         if m.moe.experts % p.ep:
             fail("parallel.ep", f"ep={p.ep} does not divide model.moe.experts={m.moe.experts}")
         if p.dp % p.ep:

@@ -77,6 +77,17 @@ def test_impossible_expert_plans(root, parallel, field, words):
     assert words in str(exc.value)
 
 
+@pytest.mark.parametrize("dense_first", [4, 9])
+def test_a_moe_model_needs_a_moe_layer(root, dense_first):
+    """dense_layers_first at or past model.layers leaves every layer dense: refused by name
+    (EP would be taken with no all-to-all to run)."""
+    model = {**MOE, "layers": 4, "moe": {**MOE["moe"], "dense_layers_first": dense_first}}
+    d = scenario_dict(model=model, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 2}, training={"global_batch_size": 16})
+    with pytest.raises(clustersim.ConfigError, match="model.moe.dense_layers_first") as exc:
+        clustersim.load_scenario(d, base_dir=root)
+    assert "leaves no MoE layer of model.layers=4" in str(exc.value)
+
+
 def test_ep_needs_a_moe_model(root):
     with pytest.raises(clustersim.ConfigError, match="needs a mixture-of-experts model"):
         clustersim.load_scenario(scenario_dict(parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 2}), base_dir=root)
