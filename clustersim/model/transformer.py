@@ -294,7 +294,8 @@ def head_activation_bytes(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> floa
 
 
 def model_flops_per_token_closed_form(m: DenseModelCfg) -> float:
-    """6*N_matmul + 12*L*s*h (fwd+bwd), the standard count used for MFU (PaLM, App. B)."""
+    """6*N_matmul + 12*L*s*h (fwd+bwd), the standard count used for MFU (PaLM, App. B), for a
+    dense model (a MoE model's active parameters: tests/test_throughput.py)."""
     n_matmul = m.layers * layer_params(m) + m.vocab * m.hidden
     return 6 * n_matmul + 12 * m.layers * m.seq_len * m.hidden
 
