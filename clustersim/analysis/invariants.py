@@ -220,10 +220,10 @@ def check_phase_order(trace: Trace, cols: SpanColumns | None = None) -> list[Vio
     # each span's layer, the embedding's and the head's (layer -1 both) told apart by name
     layer = comp.layer[sel].copy()
     if comp.n:
-        block = np.array([_block_name(n) for n in comp.name_names] or [""], dtype=object)[comp.name[sel]]
+        emb = np.array([_block_name(n) == "embedding" for n in comp.name_names] or [False])[comp.name[sel]]
         top = int(layer.max(initial=0)) + 1
-        layer[(layer < 0) & (block == "embedding")] = 0
-        layer[(layer < 0) & (block != "embedding")] = top  # the head, after every layer
+        layer[(layer < 0) & emb] = 0
+        layer[(layer < 0) & ~emb] = top  # the head, after every layer
     w = PHASE_ORDER.index("W")
     fb = np.flatnonzero(ph < w)
     found = _phase_misorders(c, rows[fb], (rank[fb], stage[fb], mb[fb]), ph[fb], later=None)

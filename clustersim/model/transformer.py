@@ -186,28 +186,27 @@ def layer_params(m: DenseModelCfg) -> int:
     qkv_out = (m.heads + 2 * m.n_kv_heads) * d
     attn = h * qkv_out + m.heads * d * h
     mlp = h * f * (3 if m.mlp == "swiglu" else 2)
-    norms = 2 * (2 * h if m.norm == "layernorm" else h)
     bias = (qkv_out + h + (2 * f if m.mlp == "swiglu" else f) + h) if m.bias else 0
-    return attn + mlp + norms + bias
+    return attn + mlp + 2 * norm_params(m) + bias
+
+
+def norm_params(m: DenseModelCfg) -> int:
+    """One norm's parameters (LayerNorm's scale and bias, RMSNorm's scale), whole on every TP
+    rank: a layer has two, the head one."""
+    return 2 * m.hidden if m.norm == "layernorm" else m.hidden
 
 
 def layer_replicated_params(m: DenseModelCfg) -> int:
     """The parameters of one layer every TP rank holds whole (Megatron): the two norms and the
     biases of the row-parallel GEMMs (attention output, MLP output), added after their
     reduction; the rest of :func:`layer_params` is split over TP."""
-    norms = 2 * (2 * m.hidden if m.norm == "layernorm" else m.hidden)
-    return norms + (2 * m.hidden if m.bias else 0)
+    return 2 * norm_params(m) + (2 * m.hidden if m.bias else 0)
 
 
 def position_params(m: DenseModelCfg) -> int:
     """Learned position embeddings, which every TP rank holds whole (a plain embedding table
     in Megatron; the word embedding is the vocabulary-parallel one)."""
     return m.seq_len * m.hidden if m.position_embedding == "learned" else 0
-
-
-def head_norm_params(m: DenseModelCfg) -> int:
-    """The final norm before the LM head, whole on every TP rank."""
-    return 2 * m.hidden if m.norm == "layernorm" else m.hidden
 
 
 def embedding_params(m: DenseModelCfg) -> int:
@@ -217,7 +216,7 @@ def embedding_params(m: DenseModelCfg) -> int:
 
 def head_params(m: DenseModelCfg) -> int:
     """Final norm plus an untied LM head on the last stage (tied heads reuse the embedding)."""
-    return head_norm_params(m) + (0 if m.tied_embeddings else m.vocab * m.hidden)
+    return norm_params(m) + (0 if m.tied_embeddings else m.vocab * m.hidden)
 
 
 def _params(m: DenseModelCfg, moe_mlp) -> int:
@@ -284,8 +283,15 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
         mlp = 2 * s * b * copies * e.expert_ffn * e.mats
         replicated += 2 * s * b * e.top_k * e.capacity_factor * h
     sharded = (qkv + context + mlp) / t
-    scores = 0.0 if flash or recompute == "selective" else (5 if m.dropout else 2) * m.heads * s * m.seq_len * b / t
+    scores = 0.0 if flash or recompute == "selective" else attention_scores_bytes(m, b, t, cp)
     return replicated + sharded + scores
+
+
+def attention_scores_bytes(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> float:
+    """One layer's stored attention scores under standard attention, per TP rank: softmax
+    output 2, dropout mask 1 and dropout output 2 bytes per score, the softmax output alone
+    without dropout (Korthikanti et al. 2022, Sec 4.1): 5as^2b/t or 2as^2b/t, s/cp queries."""
+    return (5 if m.dropout else 2) * m.heads * (m.seq_len / cp) * m.seq_len * b / t
 
 
 def head_activation_bytes(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> float:

@@ -268,6 +268,12 @@ def cp_transient_bytes(sc: Scenario) -> float:
     return (4 if sc.parallel.cp_comm == "ring" else 2 * cp) * kv
 
 
+def _per_tp_rank(params: float, whole: float, t: int) -> float:
+    """One TP rank's share of ``params``, of which ``whole`` every rank holds whole: the
+    rest is split over the ``t`` ranks."""
+    return (params - whole) / t + whole
+
+
 def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank: int = 0) -> StageWork:
     """Blocks, optimizer time, local parameters and activation bytes of model part ``part``.
 
@@ -290,7 +296,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     mlp_f = tf.mlp_block_fwd(m, b, t, sp, cp)
     mlp_b = tf.block_bwd(mlp_f, flash)
     # per TP rank: the split part over t, the norms and row-parallel biases whole (Megatron)
-    per_layer = (tf.layer_params(m) - tf.layer_replicated_params(m)) / t + tf.layer_replicated_params(m)
+    per_layer = _per_tp_rank(tf.layer_params(m), tf.layer_replicated_params(m), t)
     mlp_share = (m.hidden * m.ffn * (3 if m.mlp == "swiglu" else 2)) / t
     attn_params, mlp_params = per_layer - mlp_share, mlp_share
     attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, f_pre, f_post, b_pre, b_post)
@@ -300,11 +306,11 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                if recompute == "selective" and not flash else [])
 
     # the word embedding is split over the vocabulary, learned positions are whole (Megatron)
-    emb_params = (tf.embedding_params(m) - tf.position_params(m)) / t + tf.position_params(m)
+    emb_params = _per_tp_rank(tf.embedding_params(m), tf.position_params(m), t)
     # A tied LM head on a later stage keeps its own copy of the word embedding (Megatron); the
     # final norm is whole on every TP rank.
-    head_params = ((tf.head_params(m) - tf.head_norm_params(m) + (m.vocab * m.hidden if head_keeps_embedding_copy(sc)
-                                                                  else 0)) / t + tf.head_norm_params(m))
+    copy = m.vocab * m.hidden if head_keeps_embedding_copy(sc) else 0
+    head_params = _per_tp_rank(tf.head_params(m) + copy, tf.norm_params(m), t)
 
     emb_f = tf.embedding_fwd(m, b, t, cp)
     head_f = tf.head_fwd(m, b, t, cp)
@@ -374,8 +380,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     if recompute == "selective" and not flash and len(layers):
         # the backward recomputes one layer's core attention, whose scores it then holds
         # (Korthikanti et al. 2022, Sec 5: what selective recompute leaves unstored)
-        transient = tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp) - tf.layer_activation_bytes(
-            m, b, t, flash, sp, "selective", cp=cp)
+        transient = tf.attention_scores_bytes(m, b, t, cp)
     transient += cp_transient_bytes(sc)
     grad_shard = sc.mesh.size("cp+dp") if sc.parallel.zero >= 1 else 1
     expert_shard = sc.mesh.size("cp+edp") if sc.parallel.zero >= 1 else 1
