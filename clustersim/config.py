@@ -46,6 +46,8 @@ class ParallelCfg(Strict):
     layers_per_stage: list[int] | None = pydantic.Field(
         default=None, description="layers of each model part (pp*vpp parts for interleaved, else pp)")
     sp: bool = False
+    tp_async_allreduce: bool = pydantic.Field(
+        default=True, description="backward TP all-reduce beside the weight gradient (Megatron's async all-reduce)")
     ep: int = pydantic.Field(default=1, ge=1, description="expert parallelism, carved out of dp")
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)

@@ -82,21 +82,54 @@ def test_one_slow_stage_shows_its_planted_delay_as_imbalance(schedule, slow, del
 
 
 def test_straggler_without_pipeline_is_imbalance_waiting_on_collectives(root):
-    """pp = 1, GPU 2 computes 1.5x slower: its TP peers wait for it at every collective, and
-    each of them idles exactly the straggler's extra compute (its compute is 1.5x theirs)."""
+    """TP 8 alone, GPU 2 computes 1.5x slower: its TP peers wait for it at every collective,
+    so each idles the straggler's extra compute, less what the straggler hides of the backward
+    all-reduces: each runs beside a QKV or MLP-up weight gradient
+    (work.tp_overlapped_backward), and a GPU sees exposed what outlasts its own wgrad, which
+    the straggler's slower wgrad covers more of. The straggler never idles."""
     d = scenario_dict(cluster={"nodes": 1, "what_if": [{"gpu": 2, "slowdown": 1.5}]},
-                      parallel={"tp": 4, "pp": 1, "dp": 2}, training={"global_batch_size": 4})
+                      parallel={"tp": 8, "pp": 1, "dp": 1}, training={"global_batch_size": 2})
     r = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
     s = r.summary
-    compute = {k: sum(x.dur_s for x in r.trace.spans if x.rank == k and x.kind == "compute") for k in range(8)}
+    spans = r.trace.spans
+    compute = {k: sum(x.dur_s for x in spans if x.rank == k and x.kind == "compute") for k in range(8)}
     assert compute[2] == pytest.approx(1.5 * compute[0], rel=1e-9)
+
+    def beyond_wgrad(k: int) -> float:
+        """What of rank k's backward all-reduces outlasts the wgrad it runs beside."""
+        wgrad = {(x.mb, x.layer, x.name): x.end_s for x in spans if x.rank == k and x.kind == "compute"}
+        ars = [x for x in spans if x.rank == k and x.kind == "tp" and x.name.endswith(" wgrad")]
+        assert len(ars) == (2 * r.scenario.model.layers + 1) * r.scenario.microbatches  # two a layer, the head
+        return sum(x.end_s - max(x.start_s, wgrad[(x.mb, x.layer, x.name.replace(" AR ", " "))]) for x in ars)
+
+    assert beyond_wgrad(0) > beyond_wgrad(2)  # the straggler's wgrad hides more
     for row in s["bubble"]["per_rank"]:
-        want = compute[2] - compute[row["rank"]]
+        k = row["rank"]
+        want = compute[2] - compute[k] - (beyond_wgrad(k) - beyond_wgrad(2))
         assert row["imbalance_s"] == pytest.approx(want, rel=1e-9, abs=1e-12)
         assert parts_add_up(row) == pytest.approx(row["bubble_s"], rel=1e-9)
         assert row["warm_up_s"] == pytest.approx(0.0, abs=1e-12)  # no pipeline to fill
     assert parts_add_up(s["bubble"]) == pytest.approx(s["bubble"]["bubble_s"], rel=1e-9)
     assert s["bubble"]["bubble_s"] == pytest.approx(s["bubble_fraction"] * s["step_time_s"], rel=1e-9)
+
+
+def test_straggler_with_blocking_tp_all_reduces_idles_its_peers_by_its_extra_compute(root):
+    """pp = 1, GPU 2 computes 1.5x slower, TP all-reduces blocking both ways
+    (``parallel.tp_async_allreduce: false``): its TP peers wait for it at every collective and
+    the other replica at the DP reduction, and each GPU idles exactly the straggler's extra
+    compute (its compute is 1.5x theirs)."""
+    d = scenario_dict(cluster={"nodes": 1, "what_if": [{"gpu": 2, "slowdown": 1.5}]},
+                      parallel={"tp": 4, "pp": 1, "dp": 2, "tp_async_allreduce": False},
+                      training={"global_batch_size": 4})
+    r = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+    s = r.summary
+    compute = {k: sum(x.dur_s for x in r.trace.spans if x.rank == k and x.kind == "compute") for k in range(8)}
+    assert compute[2] == pytest.approx(1.5 * compute[0], rel=1e-9)
+    assert not [x for x in r.trace.spans if x.name.endswith(" wgrad")]  # the backward is not cut
+    for row in s["bubble"]["per_rank"]:
+        want = compute[2] - compute[row["rank"]]
+        assert row["imbalance_s"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+        assert parts_add_up(row) == pytest.approx(row["bubble_s"], rel=1e-9)
 
 
 def test_bubble_parts_are_never_negative_when_imbalance_takes_them_all():

@@ -91,12 +91,28 @@ def test_zero3_with_pp_regathers_per_microbatch_unless_kept(root):
 
 
 def test_zero3_prefetch_overlaps_gathers_with_compute(root):
+    """Prefetching k units ahead (Rajbhandari et al. 2020, Sec 5.3): the gathers of an action's
+    first k + 1 units start when the action does, each later one when the unit k before it
+    begins; going deeper hides more and never delays the step."""
     d = dict(ONE_STAGE)
-    exposed = {}
-    for depth in (0, 1):
+    hidden, step = {}, {}
+    for depth in (0, 1, 2, 3):
         d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3, "zero_prefetch_layers": depth}
-        exposed[depth] = run(root, **d).summary["hidden_comm_s"]["dp"]
-    assert exposed[1] > exposed[0]
+        r = run(root, **d)
+        hidden[depth], step[depth] = r.summary["hidden_comm_s"]["dp"], r.summary["step_time_s"]
+        spans = [s for s in r.trace.spans if s.rank == 0 and s.mb == 0 and s.phase == "F"]
+        gathers = [s for s in spans if s.name.endswith("AG params")]
+        unit_end: dict = {}  # unit (a layer, the embedding, the head) -> its last compute's end, in order
+        for c in (s for s in spans if s.kind == "compute"):
+            unit_end[c.layer if c.layer >= 0 else c.name] = c.end_s
+        ends = list(unit_end.values())
+        assert len(gathers) == len(ends)
+        for u, g in enumerate(gathers):
+            # after unit u - depth - 1 (none: the action's start), once the zero stream is free
+            lead = ends[u - depth - 1] if u - depth >= 1 else 0.0
+            assert g.start_s == pytest.approx(max(lead, gathers[u - 1].end_s if u else 0.0), abs=1e-12), (depth, u)
+    assert hidden[1] > hidden[0]
+    assert step[0] > step[1] >= step[2] >= step[3]
 
 
 # ---------------------------------------------------------------- TP
@@ -116,12 +132,43 @@ def test_tensor_parallel_two_all_reduces_per_layer_each_way(root):
         assert len(per_mb) == 2 * layers + extra, phase
 
 
+def test_tensor_parallel_backward_all_reduce_runs_beside_the_weight_gradient(root):
+    """Megatron's column-parallel linear starts its input gradient's all-reduce and computes
+    its weight gradient meanwhile: each backward all-reduce starts when the block's dgrad ends,
+    with the QKV (MLP up, LM head) wgrad, and the norm's backward starts when both are done.
+    One node, TP 8: the all-reduces are NVLink's alone, nothing else delays them."""
+    r = run(root, cluster={"nodes": 1}, parallel={"tp": 8, "pp": 1, "dp": 1}, training={"global_batch_size": 2})
+    spans = [s for s in r.trace.spans if s.rank == 0 and s.phase == "B"]
+    comp = {(s.mb, s.layer, s.name): s for s in spans if s.kind == "compute"}
+    ars = [s for s in spans if s.kind == "tp"]
+    sc = r.scenario
+    assert len(ars) == (2 * sc.model.layers + 1) * sc.microbatches and {s.op for s in ars} == {"all_reduce"}
+    for ar in ars:
+        block = ar.name.removeprefix("B AR ").removesuffix(" wgrad")
+        wgrad, norm = comp[(ar.mb, ar.layer, f"B {block} wgrad")], comp[(ar.mb, ar.layer, f"B {block} norm")]
+        assert ar.start_s == wgrad.start_s == comp[(ar.mb, ar.layer, f"B {block}")].end_s
+        assert norm.start_s == max(wgrad.end_s, ar.end_s)
+    # at this size the all-reduces outlast the wgrads: the overlap hides the wgrads' time
+    assert any(ar.end_s > comp[(ar.mb, ar.layer, ar.name.replace(" AR ", " "))].end_s for ar in ars)
+
+
 # ---------------------------------------------------------------- SP
 def test_sequence_parallel_same_tp_bytes_less_memory_and_compute(root):
+    """Korthikanti et al. 2022, Sec 4.2.2: SP turns each TP all-reduce into an all-gather and a
+    reduce-scatter, the same bytes, and gathers the input of each column-parallel GEMM again
+    in backward for its weight gradient (it keeps that input sequence-sharded): two more
+    all-gathers a layer and one for the LM head, each 2bsh bytes."""
     base = run(root, parallel={"tp": 4, "pp": 2, "dp": 2})
     sp = run(root, parallel={"tp": 4, "pp": 2, "dp": 2, "sp": True})
-    tp_bytes = lambda tr: sum(RING_STEPS[s.op](4) / 4 * s.size_bytes for s in tr.spans if s.kind == "tp")  # noqa: E731
-    assert tp_bytes(sp.trace) == pytest.approx(tp_bytes(base.trace), rel=1e-12)
+    tp_bytes = lambda spans: sum(RING_STEPS[s.op](4) / 4 * s.size_bytes for s in spans if s.kind == "tp")  # noqa: E731
+    regather = [s for s in sp.trace.spans if s.kind == "tp" and s.name.endswith(" dgrad")]
+    sc = sp.scenario
+    assert {s.op for s in regather} == {"all_gather"} and {s.phase for s in regather} == {"B"}
+    assert {s.size_bytes for s in regather} == {2 * sc.training.micro_batch_size * sc.model.seq_len * sc.model.hidden}
+    per_rank = len(regather) / len({s.rank for s in regather}) / sc.microbatches
+    assert per_rank == 2 * sc.model.layers / 2 + 0.5  # two a layer on both stages, the head's on the last
+    rest = [s for s in sp.trace.spans if not s.name.endswith(" dgrad")]
+    assert tp_bytes(rest) == pytest.approx(tp_bytes(base.trace.spans), rel=1e-12)
     assert {s.op for s in sp.trace.spans if s.kind == "tp"} == {"reduce_scatter", "all_gather"}
     assert sp.summary["compute_s"] < base.summary["compute_s"]
     a_sp = sp.summary["memory"]["stages"][0]["activation_bytes_per_microbatch"]

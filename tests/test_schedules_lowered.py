@@ -152,9 +152,17 @@ def _small(**parallel):
 
 
 def test_split_backward_costs_the_full_backward_and_keeps_communication_in_b():
-    """B + W = the full backward; W has no communication and carries every gradient; B keeps
-    all TP communication (the embedding's, under SP, as a communication-only B block)."""
+    """B + W = the full backward; W carries every gradient and communicates only to gather
+    again, under SP, the inputs of its column-parallel GEMMs (QKV, MLP up, LM head: two a
+    layer, one for the head); B keeps the rest of the TP communication (the embedding's,
+    under SP, as a communication-only B block), blocking where the full backward overlaps
+    the reductions with those GEMMs' weight gradients."""
+    from collections import Counter
+
     from clustersim.program.work import stage_work
+
+    def comms(blocks) -> Counter:
+        return Counter(c for b in blocks for c in (*b.pre, *b.overlap, *b.post))
 
     for sc in (_small(schedule="zb-h1"), _small(schedule="zb-h1", sp=True)):
         for j in range(sc.n_parts):
@@ -162,8 +170,13 @@ def test_split_backward_costs_the_full_backward_and_keeps_communication_in_b():
             full = sum(b.duration_s for b in w.bwd)
             assert sum(b.duration_s for b in w.bwd_input + w.bwd_weight) == pytest.approx(full, rel=1e-12)
             assert sum(b.flops for b in w.bwd_input + w.bwd_weight) == pytest.approx(sum(b.flops for b in w.bwd))
-            assert all(not b.pre and not b.post for b in w.bwd_weight)
-            assert [(b.pre, b.post) for b in w.bwd_input] == [(b.pre, b.post) for b in w.bwd if b.pre or b.post]
+            assert all(not b.post and not b.overlap for b in w.bwd_weight)
+            regathers = comms(w.bwd_weight)
+            gemms = 2 * sc.layers_per_part[j] + (j == sc.n_parts - 1)
+            assert sum(regathers.values()) == (gemms if sc.parallel.sp else 0)
+            assert {c.op for c in regathers} <= {"all_gather"}
+            assert comms(w.bwd_input) + regathers == comms(w.bwd)
+            assert all(not b.overlap for b in w.bwd_input)
             assert sum(b.params for b in w.bwd_weight) == pytest.approx(w.local_params)
             assert sum(b.params for b in w.bwd_input) == 0.0
     rc = clustersim.load_scenario(scenario_dict(model={"layers": 8}, parallel={"tp": 2, "pp": 4, "dp": 2,

@@ -582,6 +582,9 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     carried: tuple = ()  # overlapped communications of the previous block: this one waits for them
     tasks = prog.items
     keep_tids = _keeps_block_tids(low, kind, stage, mb)
+    # the rank's compute before this action: the first units' gathers start after it (where a
+    # unit's gather starts is otherwise where the unit zero_prefetch_layers before it begins)
+    before = (low.last_compute[r],) if r in low.last_compute else ()
     for i, (blk, name, pre, overlap, post) in enumerate(_block_plan(low, r, kind, blocks)):
         layer = blk.layer
         first_deps = tuple(deps) if prev is None else (prev,)
@@ -593,10 +596,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         if gather and blk.duration_s > 0 and shards and u not in gathered:
             units.append(u)
             k = len(units) - 1 - low.zero_prefetch_layers  # start when unit k begins
-            if k >= 1:
-                ag_deps = (unit_end[units[k - 1]],)
-            else:
-                ag_deps = (low.last_compute[r],) if r in low.last_compute else ()
+            ag_deps = (unit_end[units[k - 1]],) if k >= 1 else before
             gathered[u] = tuple(
                 _comm(low, prog, r, dim, low.group_of(r, dim), ("AG params", kind, stage, mb, str(u), dim),
                       n * PARAM_BYTES, op="all_gather", stream="zero", deps=ag_deps,
@@ -607,12 +607,14 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         for j, spec in enumerate(pre):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "pre", j), first_deps, mb, kind, q, layer)
             first_deps = (prev,)
-        carried = tuple(_add_comm(prog, r, spec, (kind, stage, mb, i, "overlap", j), first_deps, mb, kind, q, layer)
-                        for j, spec in enumerate(overlap)) if overlap else ()
         prev = len(tasks)
         # positional, in Task's field order
         tasks.append(Task(prev, r, "compute", name, "compute", blk.duration_s, None, first_deps, mb, kind, q, layer,
                           blk.flops, blk.model_flops))
+        # after the compute they run beside, so that every later task of the action waits for
+        # them through the next block (what lets the engine time an action in one go, _Segment)
+        carried = tuple(_add_comm(prog, r, spec, (kind, stage, mb, i, "overlap", j), first_deps, mb, kind, q, layer)
+                        for j, spec in enumerate(overlap)) if overlap else ()
         low.last_compute[r] = prev
         if keep_tids:
             low.bwd_tid[(r, stage, mb, i)] = prev

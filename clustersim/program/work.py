@@ -139,6 +139,43 @@ def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), 
     )
 
 
+# The column-parallel GEMMs whose input gradient TP reduces: QKV, the MLP's up (and gate)
+# projection, the LM head (Megatron's ColumnParallelLinear)
+COLUMN_PARALLEL = ("qkv", "up", "lm_head")
+
+
+def tp_overlapped_backward(spec: _Spec, regather: tuple) -> list[tuple] | None:
+    """A backward block whose input gradient TP reduces, cut so that the reduction overlaps
+    the weight gradient of the column-parallel GEMM it comes from; None where the block has
+    no such GEMM. Pieces (name, ops, pre, overlap) in order::
+
+        compute  [out proj, core ... ][QKV dgrad ][QKV wgrad      ][norm]
+        tp  [pre]                     [AG input  ][AR / RS of dgrad]         (AG: SP only)
+
+    Megatron-LM's column-parallel linear launches the input gradient's all-reduce (or, with
+    SP, its reduce-scatter) asynchronously and computes the weight gradient meanwhile; with
+    SP it first re-gathers the sequence-sharded input the forward kept, while the input
+    gradient's GEMM runs (Korthikanti et al. 2022, Sec 4.2.2; Megatron-LM
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``). The norm backward after it
+    needs the reduced gradient. Without SP the first two pieces are one. (Megatron-LM's
+    ``--no-async-tensor-model-parallel-allreduce``, ``parallel.tp_async_allreduce: false``,
+    blocks instead without SP: the block is not cut; with SP the reduce-scatter is
+    asynchronous always.)"""
+    at = [i for i, op in enumerate(spec.ops) if op.name in COLUMN_PARALLEL]
+    if not at:
+        return None
+    i = at[-1]
+    gemm = spec.ops[i]
+    before, dgrad, wgrad, after = list(spec.ops[:i]), _half(gemm), _half(gemm), list(spec.ops[i + 1:])
+    if regather:
+        pieces = [(spec.name, before, spec.pre, spec.overlap), (f"{spec.name} dgrad", [dgrad], (), regather)]
+    else:
+        pieces = [(spec.name, before + [dgrad], spec.pre, spec.overlap)]
+    pieces += [(f"{spec.name} wgrad", [wgrad], (), spec.post), (f"{spec.name} norm", after, (), ())]
+    # the norm waits for the reduction even where it has nothing to compute
+    return [p for p in pieces[:-1] if p[1] or p[2] or p[3]] + pieces[-1:]
+
+
 def _tp_comms(t: int, sp: bool, act_bytes: float):
     """(fwd pre, fwd post, bwd pre, bwd post) of a TP-parallel block, by SP or not."""
     if t == 1:
@@ -315,6 +352,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     emb_f = tf.embedding_fwd(m, b, t, cp)
     head_f = tf.head_fwd(m, b, t, cp)
     emb_post = (CommItem("reduce_scatter" if sp else "all_reduce", act),) if t > 1 else ()
+    # SP keeps a column-parallel GEMM's input sequence-sharded: its weight gradient gathers it again
+    regather = (CommItem("all_gather", act),) if t > 1 and sp else ()
     fwd, bwd, b_in, b_w = [], [], [], []
 
     def forward(spec: _Spec, layer: int):
@@ -322,13 +361,26 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                           expert_params=spec.expert_params, overlap=spec.overlap))
 
     def backward(spec: _Spec, layer: int, recompute_ops=()):
-        """The full backward block and its B (input gradient) and W (weight gradient) halves."""
-        bwd.append(_block(spec.name, layer, spec.ops, gpu, prec, spec.params, spec.pre, spec.post, recompute_ops,
-                          spec.expert_params, spec.overlap))
+        """The full backward block and its B (input gradient) and W (weight gradient) halves.
+
+        Where the block's input gradient is reduced over TP (:func:`tp_overlapped_backward`),
+        the reduction runs beside its column-parallel GEMM's weight gradient, and under SP
+        the W half gathers that GEMM's input first."""
+        cut = b_post and spec.post == b_post and (sp or sc.parallel.tp_async_allreduce)
+        pieces = tp_overlapped_backward(spec, regather) if cut else None
+        if pieces is None:
+            bwd.append(_block(spec.name, layer, spec.ops, gpu, prec, spec.params, spec.pre, spec.post, recompute_ops,
+                              spec.expert_params, spec.overlap))
+        else:
+            last = len(pieces) - 1
+            for k, (name, ops, pre, overlap) in enumerate(pieces):
+                bwd.append(_block(name, layer, ops, gpu, prec, spec.params if k == last else 0.0, pre, (),
+                                  recompute_ops if k == 0 else (), spec.expert_params if k == last else 0.0, overlap))
         ops_b, ops_w = split_backward_ops(spec.ops)
         b_in.append(_block(spec.name, layer, ops_b, gpu, prec, 0.0, spec.pre, spec.post, recompute_ops,
                            overlap=spec.overlap))
-        b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, expert_params=spec.expert_params))
+        b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, regather if pieces else (),
+                          expert_params=spec.expert_params))
 
     moe_blocks = MoeBlocks.build(sc, f_pre, f_post, b_pre, b_post, ep_rank) if m.moe is not None else None
 
