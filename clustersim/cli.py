@@ -80,8 +80,19 @@ class _Staging:
 def _out_problem(out: Path) -> str | None:
     """Why the run's files cannot go into the folder ``out`` (made if it is not there), found
     before the step is simulated; None if nothing is in the way."""
+    if any(len(os.fsencode(part)) > 255 for part in out.parts):  # NAME_MAX of Linux and macOS file systems
+        return f"a folder name in {str(out)[:48]}... is longer than 255 bytes"
+    if out.is_symlink() and not out.exists():
+        return f"{out} is a link to nothing; give a folder for {', '.join(OUTPUT_FILES)}"
     if out.exists() and not out.is_dir():
         return f"{out} is a file; give a folder for {', '.join(OUTPUT_FILES)}"
+    if out.is_dir():
+        if not os.access(out, os.W_OK | os.X_OK):
+            return f"cannot write in {out} (permission denied)"
+        for name in OUTPUT_FILES:  # os.replace cannot put a file where a folder is
+            if (out / name).is_dir():
+                return f"{out / name} is a folder; the run writes a file of that name"
+        return None
     for d in out.parents:  # the deepest one there must be a folder
         if d.exists():
             return None if d.is_dir() else f"{d} is a file, not a folder"
@@ -128,7 +139,11 @@ def cmd_run(args) -> int:
             (tmp / "summary.json").write_text(to_json(result.summary))
             background.complete(writer, tmp, result.trace, result.summary, **files)
             result.finish_checks()  # those the writer took (a violation: nothing is moved in)
-            written = staging.move_in()
+            try:
+                written = staging.move_in()
+            except OSError as exc:  # what the checks before the run cannot foresee (a disk gone read-only)
+                raise ConfigError(f"cannot write the outputs into {out}: {exc.strerror or exc}",
+                                  source="command line", field="--out") from None
         print(format_summary(result.summary))
         print(_simulated_line(result.summary, wall_s))
         print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))

@@ -330,6 +330,11 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.cp", "context parallelism runs blockwise (flash) attention; set training.attention: flash")
     if p.sp and p.tp == 1:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
+    if p.sp and m.seq_len % (p.cp * p.tp):
+        # each TP rank keeps s/(cp t) tokens of the norms, residuals and PP sends (Megatron asserts the same)
+        over = f"cp*tp = {p.cp * p.tp}" if p.cp > 1 else f"tp={p.tp}"
+        fail("parallel.sp", f"sequence parallelism splits model.seq_len={m.seq_len} over {over} ranks; "
+                            f"it does not divide")
     if p.pp > m.layers:
         fail("parallel.pp", f"pp={p.pp} is more than model.layers={m.layers}")
     per_step = p.dp * t.micro_batch_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import reprlib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import pydantic
 import yaml
@@ -44,6 +44,18 @@ class Strict(pydantic.BaseModel):
     plan is infinite)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @pydantic.field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, v: Any, info: pydantic.ValidationInfo) -> Any:
+        """YAML reads ``yes``, ``no``, ``true`` and ``on`` as booleans, and pydantic would take
+        them as 1 and 0: ``tp: yes`` must not run TP 1."""
+        if isinstance(v, bool) and info.field_name is not None:
+            kinds = set(get_args(cls.model_fields[info.field_name].annotation)) or {
+                cls.model_fields[info.field_name].annotation}
+            if bool not in kinds and kinds & {int, float}:
+                raise ValueError("a number, not a boolean (yes, no, true and false are booleans in YAML)")
+        return v
 
 
 def _flow_nesting(text: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -177,6 +178,32 @@ def test_an_out_folder_that_cannot_be_one_is_refused_before_the_run(tmp_path, ro
         r = run_cli("run", scenario, "--out", out)
         assert r.returncode == 2 and r.stderr == f"error: command line: {said}\n"
         assert f.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_out_folders_the_files_cannot_go_into_are_refused_before_the_run(tmp_path, root):
+    """A folder already holding a folder where an output file goes (os.replace would fail
+    after two files moved in: half-written), a link to nothing, a name past 255 bytes and,
+    for a user who cannot write there, a read-only folder: one line, exit code 2, nothing
+    written, before the step is simulated."""
+    scenario = root / "scenarios/llama3_8b_8gpu.yaml"
+    held = tmp_path / "held"
+    (held / "trace.json.gz").mkdir(parents=True)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    long = tmp_path / ("x" * 300)
+    cases = [(held, f"--out: {held / 'trace.json.gz'} is a folder; the run writes a file of that name"),
+             (dangling, f"--out: {dangling} is a link to nothing; give a folder for summary.json, report.html, "
+                        "trace.json.gz"),
+             (long, f"--out: a folder name in {str(long)[:48]}... is longer than 255 bytes")]
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        cases.append((ro, f"--out: cannot write in {ro} (permission denied)"))
+    for out, said in cases:
+        r = run_cli("run", scenario, "--out", out)
+        assert r.returncode == 2 and r.stderr == f"error: command line: {said}\n"
+    assert sorted(p.name for p in held.iterdir()) == ["trace.json.gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["held", "dangling"] + (["ro"] if len(cases) > 3 else []))
 
 
 def test_missing_scenario_and_invalid_yaml(tmp_path):

@@ -71,3 +71,26 @@ def test_a_straggler_simulates_four_classes_a_stage(root):
     assert split["simulation"]["simulated_ranks"] == 8 and full["simulation"]["simulated_ranks"] == 32
     for key in ("step_time_s", "mfu", "bubble_fraction", "compute_s"):
         assert split[key] == pytest.approx(full[key], rel=1e-9), key
+
+
+def test_a_spine_cut_off_from_every_core_is_routed_around():
+    """A three-tier fat tree whose pod spine lost all its core cables (or whose core plane is
+    removed) is still connected through the other spines: routes across pods avoid the
+    dead-end spine, pair by pair and on arrays (it was an IndexError at the first route)."""
+    import numpy as np
+
+    from clustersim.hardware.topology import TopologyCfg, build_cluster
+
+    base = {"gpu": "H100", "nodes": 16, "node": {"gpus": 2, "nics": 2},
+            "fabric": {"kind": "fat_tree", "radix": 8, "tiers": 3, "rail_optimized": False}}
+    for wi in ([{"remove_link": f"pod0.spine3-core3.{c}"} for c in range(4)],
+               [{"remove_switch": f"core3.{c}"} for c in range(4)]):
+        cl = build_cluster(TopologyCfg.model_validate(dict(base, what_if=wi)))
+        src, dst = np.arange(16).repeat(16), np.tile(np.arange(16, 32), 16)
+        rows, lens = cl.paths(src, dst)
+        for k in range(len(src)):
+            ids = cl.path(int(src[k]), int(dst[k]))
+            assert list(rows[k, :lens[k]]) == list(ids)
+            hops = [cl.edges[e] for e in ids]
+            assert all(not v.startswith("core3.") for _, v in hops)  # no route climbs to the lost plane
+            assert any(v.startswith("core") for _, v in hops)  # across pods: through a core

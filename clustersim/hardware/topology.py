@@ -529,7 +529,8 @@ class Cluster:
         up = self._up[v]
         if below == 0:
             return [w for w in up if w in tops]
-        return [w for w in up if not self._above(w)[below].isdisjoint(tops)]
+        # (a spine whose core cables a what-if removed reaches no tier above: not a choice)
+        return [w for w in up if len(self._above(w)) > below and not self._above(w)[below].isdisjoint(tops)]
 
     def _down_choices(self, v: str, b: str, i: int) -> list[str]:
         """The switches below ``v`` that are ``i`` tiers above leaf ``b`` on its way down
