@@ -98,8 +98,10 @@ def _statics(low: Lowering) -> list[StageStatic]:
         if z == 3:
             biggest = max((sum(p for _, p in v) for (j, _), v in low.unit_shards.items() if j in low.parts_of[q]),
                           default=0.0)
-            if sharded3:  # gathered units in flight: the one computing plus those prefetched
-                transient += (low.zero_prefetch_layers + 1) * biggest * PARAM_BYTES
+            if sharded3:  # gathered units in flight: the one computing plus those prefetched, as far
+                # as an action has units (a part's layers, its embedding or head)
+                units = max(sum(1 for (j, _) in low.unit_shards if j == k) for k in low.parts_of[q])
+                transient += min(low.zero_prefetch_layers + 1, units) * biggest * PARAM_BYTES
             if grads_sharded:  # in the backward, the computing unit's whole gradient until its reduce-scatter
                 transient += biggest * low.grad_bytes
         out.append(StageStatic(
@@ -245,6 +247,7 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         _check_fits(sc, prog, every_rank)
         engine, trace, extra, links_ahead = _run(sc, prog, collapse, links=after_run is None, repeat=repeat, low=low,
                                                  ahead=ahead, check=check)
+        _check_step_length(sc, trace.end_s)
         link_use = links_ahead or engine.link_use
         links = elsewhere = None
         if after_run is not None:
@@ -263,6 +266,20 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
         if keep is not None:
             keep += (prog, low, engine, *extra)
     return result
+
+
+MAX_STEP_S = 1e9  # about 32 years; the trace file counts nanoseconds in 64 bits (292 years)
+
+
+def _check_step_length(sc: Scenario, step_s: float) -> None:
+    """Refuse a step that runs past :data:`MAX_STEP_S` (or not to a finite end): no plan trains
+    at that pace, and its times would not fit the trace file. Bounded inputs can still
+    multiply to it (a huge model on a slow, degraded cluster)."""
+    if not step_s <= MAX_STEP_S:
+        raise ConfigError(f"the simulated step lasts {step_s:.3g} s, more than {MAX_STEP_S:.0e} s (about "
+                          f"{MAX_STEP_S / 3.156e7:.0f} years): a model this large on a cluster this slow is no "
+                          f"plan to simulate; shrink the model or raise the bandwidths and efficiencies",
+                          source=sc.source, field="model")
 
 
 def _check_every_rank(sc: Scenario, field: str) -> None:

@@ -102,9 +102,9 @@ class SimulationCfg(Strict):
 class ProjectionCfg(Strict):
     """What a whole run costs at this step's speed: tokens to train on, price, power overhead."""
 
-    tokens: float = pydantic.Field(default=1e12, gt=0, description="training tokens of the whole run")
-    usd_per_gpu_hour: float | None = pydantic.Field(default=None, ge=0, description="price of one GPU-hour")
-    pue: float = pydantic.Field(default=1.0, ge=1.0, description="facility power / IT power")
+    tokens: float = pydantic.Field(default=1e12, gt=0, le=1e18, description="training tokens of the whole run")
+    usd_per_gpu_hour: float | None = pydantic.Field(default=None, ge=0, le=1e6, description="price of one GPU-hour")
+    pue: float = pydantic.Field(default=1.0, ge=1.0, le=10.0, description="facility power / IT power")
 
 
 class ScenarioCfg(Strict):

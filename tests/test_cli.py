@@ -258,3 +258,21 @@ def test_an_interrupt_after_the_files_are_in_place_says_so(tmp_path, root, monke
     assert code == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip() == f"interrupted: the outputs are written, in {out}"
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "summary.json", "trace.json.gz"]
+
+
+def test_a_step_past_what_the_trace_file_holds_is_refused(monkeypatch, root, tmp_path, capsys):
+    """A step longer than ``api.MAX_STEP_S`` (inputs within their bounds can still multiply to
+    one: a huge model on a slow, degraded cluster) is refused after the run, in one line, exit
+    code 2 and nothing written: its nanoseconds would overflow the trace file's 64 bits past 292
+    years (a corrupt trace.json.gz before). Lowered here to a millisecond."""
+    from clustersim import api
+    from clustersim.cli import main
+
+    monkeypatch.setattr(api, "MAX_STEP_S", 1e-3)
+    scenario = root / "scenarios/llama3_8b_8gpu.yaml"
+    out = tmp_path / "out"
+    rc = main(["run", str(scenario), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"error: {scenario}: model: the simulated step lasts 3.44 s, more than 1e-03 s")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []

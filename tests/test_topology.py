@@ -336,7 +336,7 @@ def test_what_if_names_are_checked(a100, entry, message):
     ({"link": "n0.nic0-leaf0.0"}, r"one of \{link, bw_factor\}.*got \{link\}"),
     ({"remove_link": "a-b", "remove_switch": "c"}, "a what_if entry is one of"),
     ({"gpu": 1, "slowdown": 0.5}, "greater than or equal to 1"),
-    ({"link": "a-b", "bw_factor": 0}, "greater than 0"),
+    ({"link": "a-b", "bw_factor": 0}, "greater than or equal to 0.000001"),
     ({"remove_spine": "spine0"}, "unknown key"),
 ])
 def test_what_if_entry_shapes_are_checked_on_load(root, tmp_path, entry, message):

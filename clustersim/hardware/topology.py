@@ -52,6 +52,7 @@ TIERS = {"leaf": 1, "spine": 2, "core": 3}
 # Size caps, checked from the config before any graph is built (see :func:`check_size`)
 MAX_GPUS = 131_072  # the cluster graph and its routes are built in memory (5-10 s at this size)
 MAX_FABRIC_CABLES = 200_000  # switch-to-switch cables (~2 s to build); dgx-a100.yaml at MAX_GPUS has 131,200
+MAX_SLOWDOWN = 1000.0  # a straggler's compute time factor (its what_if entries multiplied)
 MAX_PORTS = 65_536  # fabric.radix, .spines, .nodes_per_leaf, .leaves_per_pod: more than any switch
 
 
@@ -61,13 +62,13 @@ class LinkCfg(Strict):
     # bounds keep bytes/s and seconds finite and positive (1e300 GB/s would overflow to inf)
     bw_GBps: float | None = pydantic.Field(default=None, ge=1e-3, le=1e6)
     latency_us: float = pydantic.Field(default=1.0, ge=0, le=1e6)
-    efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
+    efficiency: float = pydantic.Field(default=1.0, ge=0.01, le=1)
 
 
 class NicCfg(Strict):
     bw_Gbps: float = pydantic.Field(default=200, ge=1e-2, le=1e7)
     latency_us: float = pydantic.Field(default=1.0, ge=0, le=1e6)
-    efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
+    efficiency: float = pydantic.Field(default=1.0, ge=0.01, le=1)
 
 
 class NodeCfg(Strict):
@@ -97,11 +98,11 @@ class FabricCfg(Strict):
     spines: int | None = pydantic.Field(default=None, ge=1, le=MAX_PORTS, description="leaf_spine; default: one per leaf")
     radix: int = pydantic.Field(default=64, ge=2, le=MAX_PORTS, description="fat_tree: ports per switch")
     tiers: Literal[2, 3] = 2
-    oversubscription: float = pydantic.Field(default=1.0, ge=1.0)
-    pod_oversubscription: float = pydantic.Field(default=1.0, ge=1.0, description="fat_tree, 3 tiers")
+    oversubscription: float = pydantic.Field(default=1.0, ge=1.0, le=1000.0)
+    pod_oversubscription: float = pydantic.Field(default=1.0, ge=1.0, le=1000.0, description="fat_tree, 3 tiers")
     leaves_per_pod: int | None = pydantic.Field(default=None, ge=1, le=MAX_PORTS, description="fat_tree, 3 tiers")
     latency_us: float = pydantic.Field(default=0.6, ge=0, le=1e6, description="per switch-to-switch hop")
-    efficiency: float = pydantic.Field(default=1.0, gt=0, le=1)
+    efficiency: float = pydantic.Field(default=1.0, ge=0.01, le=1)
     routing: Literal["hash", "destination"] = pydantic.Field(
         default="hash", description="how a switch picks among equal-cost uplinks: hash (ECMP on the endpoints, as "
         "Ethernet/RoCE fabrics do) or destination (by the destination NIC's port on its leaf, D-mod-k, as an "
@@ -127,11 +128,11 @@ class WhatIfCfg(Strict):
     """One fault what-if; exactly one of the shapes in ``WHAT_IF_SHAPES``."""
 
     link: str | None = pydantic.Field(default=None, description='a cable "u-v" to degrade (with bw_factor)')
-    bw_factor: float | None = pydantic.Field(default=None, gt=0, description="its bandwidth x this, both ways")
+    bw_factor: float | None = pydantic.Field(default=None, ge=1e-6, description="its bandwidth x this, both ways")
     remove_link: str | None = pydantic.Field(default=None, description='a network cable "u-v" to take out')
     remove_switch: str | None = pydantic.Field(default=None, description="a leaf, spine or core to take out")
     gpu: int | None = pydantic.Field(default=None, ge=0, description="a GPU (global index) that runs slow")
-    slowdown: float | None = pydantic.Field(default=None, ge=1, description="its compute time x this")
+    slowdown: float | None = pydantic.Field(default=None, ge=1, le=MAX_SLOWDOWN, description="its compute time x this")
 
     @pydantic.model_validator(mode="after")
     def _one_shape(self):
@@ -202,9 +203,16 @@ def check_what_ifs(cfg: TopologyCfg) -> Cluster | None:
     degrades or removes a cable or switch, the names and the reach of every GPU, on the built
     graph, which is returned (None when no graph was needed)."""
     gpus = cfg.nodes * cfg.node.gpus
+    slow: dict[int, float] = {}
     for i, w in enumerate(cfg.what_if):
         if w.gpu is not None and w.gpu >= gpus:
             raise _fail(cfg, f"what_if[{i}]", f"GPU {w.gpu} does not exist; the cluster has GPUs 0-{gpus - 1}")
+        if w.gpu is not None and (f := slow.setdefault(w.gpu, 1.0) * w.slowdown) > MAX_SLOWDOWN:
+            # each entry's own bound, for the entries of one GPU together (they multiply)
+            raise _fail(cfg, f"what_if[{i}]", f"GPU {w.gpu}'s slowdowns multiply to {f:.3g}, more than "
+                                              f"{MAX_SLOWDOWN:g}")
+        elif w.gpu is not None:
+            slow[w.gpu] = f
     if all(w.gpu is not None for w in cfg.what_if):
         return None
     return build_cluster(cfg)

@@ -35,7 +35,7 @@ from .transformer import ELEM_BYTES, Op, _elementwise, _matmul
 class MoeCfg(Strict):
     """The ``model.moe`` section: which layers are MoE and how their experts look."""
 
-    experts: int = pydantic.Field(ge=1, description="routed experts per MoE layer")
+    experts: int = pydantic.Field(ge=1, le=2**16, description="routed experts per MoE layer")
     top_k: int = pydantic.Field(ge=1, description="routed experts per token")
     expert_ffn: int = pydantic.Field(ge=1, description="hidden size of one expert's MLP")
     shared_experts: int = pydantic.Field(default=0, ge=0)
@@ -50,6 +50,9 @@ class MoeCfg(Strict):
     def _top_k(self):
         if self.top_k > self.experts:
             raise ValueError(f"model.moe.top_k={self.top_k} exceeds model.moe.experts={self.experts}")
+        if self.capacity_factor * self.top_k > self.experts:  # an expert cannot take more than every token
+            raise ValueError(f"model.moe.capacity_factor={self.capacity_factor:g} lets an expert take more than "
+                             f"every token: at most experts / top_k = {self.experts / self.top_k:g}")
         return self
 
     @property

@@ -34,16 +34,16 @@ class DenseModelCfg(Strict):
 
     name: str = "model"
     layers: int = pydantic.Field(ge=1)
-    hidden: int = pydantic.Field(ge=1)
-    heads: int = pydantic.Field(ge=1)
-    kv_heads: int | None = pydantic.Field(default=None, ge=1, description="default: heads (no GQA)")
-    ffn_hidden: int | None = pydantic.Field(default=None, ge=1, description="default: 4*hidden")
+    hidden: int = pydantic.Field(ge=1, le=2**20)
+    heads: int = pydantic.Field(ge=1, le=2**16)
+    kv_heads: int | None = pydantic.Field(default=None, ge=1, le=2**16, description="default: heads (no GQA)")
+    ffn_hidden: int | None = pydantic.Field(default=None, ge=1, le=2**22, description="default: 4*hidden")
     mlp: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     bias: bool = True
     dropout: bool = True
-    vocab: int = pydantic.Field(ge=1)
-    seq_len: int = pydantic.Field(ge=1)
+    vocab: int = pydantic.Field(ge=1, le=2**24)
+    seq_len: int = pydantic.Field(ge=1, le=2**24)
     tied_embeddings: bool = True
     position_embedding: Literal["learned", "rope"] = "learned"
     moe: "MoeCfg | None" = None
