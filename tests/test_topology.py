@@ -561,7 +561,10 @@ def test_routing_by_destination_spreads_a_leaf_s_destinations_over_the_spines(ro
         spread[routing] = {c.edges[c.path(8 * i, 8 * (i + 20))[2]][1] for i in range(20)}  # node i -> i + 20, rail 0
         assert all(c.edges[c.path(8 * i, 8 * (i + 20))[2]][1].startswith("spine") for i in range(20))
     assert len(spread["destination"]) == 20 and len(spread["hash"]) == 15
-    assert c.dest_ports[[0, 8, 152, 160]].tolist() == [0, 1, 19, 0]  # node 20 opens the second unit
+    # the fabric-wide index: leaf number x 20 + port; node 20 opens the second unit, whose
+    # rail-0 leaf is the ninth leaf met (the first unit's eight rails first)
+    assert c.dest_ports[[0, 8, 152, 160]].tolist() == [0, 1, 19, 8 * 20]
+    assert (c.dest_ports[[0, 8, 152, 160]] % 20).tolist() == [0, 1, 19, 0]  # the leaf's own digit: its port
 
 
 def test_crcs_continued_on_arrays_are_zlib_s():
@@ -586,3 +589,27 @@ def test_crcs_continued_on_arrays_are_zlib_s():
     assert got.tolist() == [zlib.crc32(strings[i], c) for i, c in zip(rows, crc)]
     salt = hashes.apply(np.array([hashes.code(b">n7.gpu3")]), np.array([zlib.crc32(b"n12.gpu0")]))
     assert salt.tolist() == [zlib.crc32(b"n12.gpu0>n7.gpu3")]
+
+
+def test_routing_by_destination_is_non_blocking_for_a_shift_across_pods():
+    """D-mod-k on a three-tier fat tree (Zahavi 2010): each GPU sends to the one half the
+    cluster away, every flow crossing pods. Picking each tier's uplink by a digit of the
+    destination's fabric-wide index spreads them over every core, each at its NIC's full rate;
+    by the port on the leaf alone, a plane's cross-pod routes all climbed to one core (1/4 of
+    the rate here). Hashing collides."""
+    from clustersim.engine.network import max_min_rates
+    from clustersim.hardware.topology import TopologyCfg, build_cluster
+
+    got = {}
+    for routing in ("hash", "destination"):
+        cl = build_cluster(TopologyCfg.model_validate(
+            {"gpu": "H100", "nodes": 16, "node": {"gpus": 2, "nics": 2},
+             "fabric": {"kind": "fat_tree", "radix": 8, "tiers": 3, "rail_optimized": False, "routing": routing}}))
+        n = cl.num_gpus
+        pairs = [(s, (s + n // 2) % n) for s in range(n)]
+        rates = max_min_rates([tuple((e, 1.0) for e in cl.path(s, t)) for s, t in pairs], cl.edge_bw_Bps)
+        nic = cl.edge_bw_Bps[cl.path(0, n // 2)[1]]  # the GPU's NIC cable to its leaf
+        cores = {v for s, t in pairs for u, v in map(cl.edges.__getitem__, cl.path(s, t)) if v.startswith("core")}
+        got[routing] = (min(rates) / nic, len(cores))
+    assert got["destination"] == (pytest.approx(1.0, rel=1e-12), 16)
+    assert got["hash"][0] < 1.0

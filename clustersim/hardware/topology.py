@@ -547,15 +547,28 @@ class Cluster:
 
     @cached_property
     def dest_ports(self) -> np.ndarray:
-        """Per GPU, the port of its NIC among the NICs on its leaf (in node, then NIC order;
-        -1: no leaf): what ``fabric.routing: destination`` picks uplinks by."""
+        """Per GPU, its NIC's index across the fabric, what ``fabric.routing: destination``
+        picks uplinks by, digit by digit (-1: no leaf)::
+
+            index = leaf's number x NICs a leaf holds (the most any holds) + port on the leaf
+
+        leaves numbered in order of their first NIC, ports in node, then NIC order. The first
+        switch up takes ``index`` mod its uplinks, which is the port's own digit wherever a
+        leaf's NICs are a multiple of its uplinks; the digits above carry the leaf, so that
+        destinations on different leaves climb to different cores (D-mod-k, Zahavi 2010;
+        OpenSM's fat-tree routing). The port alone left every cross-pod route of a plane on
+        one core."""
         g = self.graph
         seen: dict[str, int] = {}
-        port: dict[str, int] = {}
+        port: dict[str, tuple[str, int]] = {}
         for v, attrs in g.nodes(data=True):  # insertion order: node by node, NIC by NIC
             if attrs.get("kind") == "nic" and attrs.get("leaf") is not None:
-                port[v] = seen[attrs["leaf"]] = seen.get(attrs["leaf"], -1) + 1
-        return np.array([port.get(g.nodes[x].get("nic"), -1) for x in self.gpu_names], dtype=np.int64)
+                port[v] = (attrs["leaf"], seen.setdefault(attrs["leaf"], -1) + 1)
+                seen[attrs["leaf"]] += 1
+        width = max(seen.values(), default=-1) + 1
+        number = {leaf: k for k, leaf in enumerate(seen)}
+        index = {v: number[leaf] * width + p for v, (leaf, p) in port.items()}
+        return np.array([index.get(g.nodes[x].get("nic"), -1) for x in self.gpu_names], dtype=np.int64)
 
     @cached_property
     def _by_port(self) -> bool:
