@@ -495,10 +495,22 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
                           source=source, field="cluster.what_if")
 
 
-def _build_checked(topo: TopologyCfg, own: int, source: str) -> Cluster | None:
+def _fine_alone(topo_path: Path) -> bool:
+    """Whether the topology file loads, what-ifs and all, with its own node count: then an
+    error with the scenario's ``cluster.nodes`` is that field's."""
+    try:
+        load_topology_cfg(topo_path)
+    except ConfigError:
+        return False
+    return True
+
+
+def _build_checked(topo: TopologyCfg, own: int, source: str, nodes: int | None = None,
+                   topo_path: Path | None = None) -> Cluster | None:
     """Check the what-ifs now (building the cluster when one touches the network), so that a
     misspelt name or a cut-off GPU in the scenario's what-ifs (entries from ``own`` on) names
-    the scenario's entry."""
+    the scenario's entry, and one of the topology's own that only the scenario's node count
+    (``nodes``) breaks names ``cluster.nodes``."""
     try:
         return check_what_ifs(topo)
     except ConfigError as exc:
@@ -506,6 +518,9 @@ def _build_checked(topo: TopologyCfg, own: int, source: str) -> Cluster | None:
         if m and int(m.group(1)) >= own:
             raise ConfigError(exc.message, source=source,
                               field=f"cluster.what_if[{int(m.group(1)) - own}]{m.group(2)}") from None
+        if nodes is not None and topo_path is not None and _fine_alone(topo_path):
+            raise ConfigError(f"{exc.field}: {exc.message} (topology {topo_path}, cluster.nodes={nodes})",
+                              source=source, field="cluster.nodes") from None
         raise
 
 
@@ -534,8 +549,9 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     try:
         topo = load_topology_cfg(topo_path, overrides, build=False)  # what-ifs checked below, merged
     except ConfigError as exc:
-        if overrides and exc.field == "nodes":  # the node count is the scenario's
-            raise ConfigError(f"{exc.message} (topology {topo_path})", source=source, field="cluster.nodes") from None
+        if overrides and (exc.field == "nodes" or _fine_alone(topo_path)):  # the node count is the scenario's
+            raise ConfigError(f"{exc.message} (topology {topo_path}, cluster.nodes={cfg.cluster.nodes})",
+                              source=source, field="cluster.nodes") from None
         raise
     own = len(topo.what_if)
     if cfg.cluster.what_if:
@@ -544,7 +560,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     _check_schedule_options(cfg, source)
     sc = Scenario(cfg=cfg, topology=topo, source=source)
     if topo.what_if:  # a graph built to check them is kept (``Scenario.cluster`` is cached)
-        cluster = _build_checked(topo, own, source)
+        cluster = _build_checked(topo, own, source, cfg.cluster.nodes, topo_path)
         if cluster is not None:
             sc.__dict__["cluster"] = cluster
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}

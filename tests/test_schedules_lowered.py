@@ -360,6 +360,10 @@ def test_bad_schedule_settings_name_the_field(what, change, field, words):
     ("0F0 0B0\n1F0 1B0\n", "custom schedule has 2 rows (ranks) but pp=4"),
     ("0F0 0X0\n", "'0X0' is not an action"),
     ("\n".join(f"{r}F0 {r}B0" for r in range(4)), "custom schedule has 1 microbatches but m=8"),
+    # named as such, not by what they leave behind (a stage 4 without its backward, a gap)
+    ("\n".join(f"{r}F0 {r}B0" for r in range(5)), "custom schedule has 5 rows (ranks) but pp=4"),
+    ("\n".join(" ".join(f"{r}F{k} {r}B{k}" for k in (*range(7), 9)) for r in range(4)),
+     "rank 0: microbatch 9 is past m=8 (microbatches are numbered 0..7)"),
 ])
 def test_bad_custom_file_exit_2_one_line_no_output(tmp_path, root, text, words):
     d = scenario_dict(model={"layers": 8}, parallel={"tp": 2, "pp": 4, "dp": 2, "schedule": "custom",

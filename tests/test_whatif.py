@@ -94,3 +94,21 @@ def test_a_spine_cut_off_from_every_core_is_routed_around():
             hops = [cl.edges[e] for e in ids]
             assert all(not v.startswith("core3.") for _, v in hops)  # no route climbs to the lost plane
             assert any(v.startswith("core") for _, v in hops)  # across pods: through a core
+
+
+def test_a_topology_s_own_what_if_that_only_the_scenario_s_node_count_breaks_names_cluster_nodes(tmp_path):
+    """A topology file with 2 nodes and a straggler on GPU 15 is sound; a scenario that takes
+    1 node of it leaves GPU 15 out: the error names the scenario's ``cluster.nodes``, not the
+    topology's entry (which was blamed before)."""
+    topo = tmp_path / "two.yaml"
+    topo.write_text("gpu: H100-SXM5-80GB\nnodes: 2\nnode: {gpus: 8, nics: 8}\n"
+                    "fabric: {kind: leaf_spine}\nwhat_if:\n  - {gpu: 15, slowdown: 1.5}\n")
+    from clustersim.hardware.topology import load_topology_cfg
+
+    load_topology_cfg(topo)  # sound alone
+    d = scenario_dict(cluster={"topology": str(topo), "nodes": 1}, parallel={"tp": 8, "pp": 1, "dp": 1},
+                      training={"global_batch_size": 1})
+    with pytest.raises(ConfigError) as got:
+        clustersim.load_scenario(d, base_dir=tmp_path)
+    assert got.value.field == "cluster.nodes"
+    assert got.value.message.startswith("what_if[0]: GPU 15 does not exist; the cluster has GPUs 0-7 (topology ")

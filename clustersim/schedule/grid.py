@@ -143,10 +143,17 @@ def parse_grid(text: str, *, stage_part: Sequence[int] | None = None, name: str 
 def parse_schedule(text: str, p: int | None = None, m: int | None = None, *,
                    stage_part: Sequence[int] | None = None, name: str = "custom") -> PipelineSchedule:
     """A user schedule (``build_schedule("custom", p, m, text=...)``): parse, check, and check
-    that it has ``p`` rows and ``m`` microbatches when those are given."""
-    s = parse_grid(text, stage_part=stage_part, name=name)
-    if p is not None and s.ranks != p:
-        raise ScheduleError(f"custom schedule has {s.ranks} rows (ranks) but pp={p}")
+    that it has ``p`` rows and ``m`` microbatches when those are given: first on the rows as
+    read, so that a row too many or a microbatch past ``m`` is named as such rather than by
+    the gap or the missing backward it leaves in the checks after."""
+    rows, pairs = parse_rows(text)
+    if p is not None and len(rows) != p:
+        raise ScheduleError(f"custom schedule has {len(rows)} rows (ranks) but pp={p}")
+    past = [(r, a) for r, row in enumerate(rows) for a in row if m is not None and a.mb >= m]
+    if past:
+        r, a = past[0]
+        raise ScheduleError(f"rank {r}: microbatch {a.mb} is past m={m} (microbatches are numbered 0..{m - 1})")
+    s = make_schedule(name, rows, stage_part=stage_part, fb_pairs=pairs)  # (parse_grid, on the rows read)
     if m is not None and s.n_microbatches != m:
         raise ScheduleError(f"custom schedule has {s.n_microbatches} microbatches but m={m}")
     return s
