@@ -12,7 +12,8 @@ Bad input prints one line naming the file and field, exits with 2, and writes no
 A simulated step that breaks an invariant (a simulator bug, docs/invariants.md) prints the
 violations, exits with 3, and writes nothing; ``run --no-check`` skips the checks.
 Ctrl-C stops every process of the run, writes nothing (unless the files were in place
-already, which it says) and exits with 130.
+already, which it says) and exits with 130; SIGTERM (kill, timeout, Slurm) does the same and
+exits with 143.
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, Terminated, raise_terminated
 
 EXIT_BAD_INPUT = 2
 EXIT_INVARIANT = 3  # the simulated step broke an invariant: a simulator bug (docs/invariants.md)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a process SIGINT ended (128 + 2)
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
 OUTPUT_FILES = ("summary.json", "report.html", "trace.json.gz")
 
 
@@ -99,16 +103,27 @@ def _out_problem(out: Path) -> str | None:
     return None
 
 
+def _given_scenario(path: str) -> None:
+    """Refuse an empty scenario path (Path("") is the current folder)."""
+    if not path:
+        raise ConfigError("the scenario file's path is empty", source="command line", field="scenario")
+
+
 def cmd_run(args) -> int:
     from .api import no_cyclic_gc, simulate
     from .config import load_scenario
+    from .forking import ctrl_c_held
     from .output import background
     from .output.summary import format_summary, to_json
 
+    _given_scenario(args.scenario)
+    if args.out == "":  # (not "no --out": a script's unset variable, say)
+        raise ConfigError("the output folder's path is empty; leave --out out for out/<scenario name>",
+                          source="command line", field="--out")
     # the schedule's check is simulate's: after it forks the process that simulates a shorter
     # step, which needs no whole schedule (clustersim.engine.ahead)
     sc = load_scenario(args.scenario, check_schedule=False)
-    out = Path(args.out) if args.out else _default_out(args.scenario)
+    out = Path(args.out) if args.out is not None else _default_out(args.scenario)
     files = {"report": not args.no_report, "trace_file": not args.no_trace}
     staging = _Staging(out)
     writer = None
@@ -141,6 +156,7 @@ def cmd_run(args) -> int:
             result.finish_checks()  # those the writer took (a violation: nothing is moved in)
             try:
                 written = staging.move_in()
+                args.written = out  # (an interrupt from now on says the files are there)
             except OSError as exc:  # what the checks before the run cannot foresee (a disk gone read-only)
                 raise ConfigError(f"cannot write the outputs into {out}: {exc.strerror or exc}",
                                   source="command line", field="--out") from None
@@ -152,15 +168,11 @@ def cmd_run(args) -> int:
         if exc.field != "collapse=False":
             raise
         raise ConfigError(exc.message, source=exc.source, field="--all-ranks") from None  # simulate's collapse=False
-    except KeyboardInterrupt:
-        if not staging.moved:
-            raise  # (main: "interrupted: no outputs written")
-        print(f"interrupted: the outputs are written, in {out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
     finally:
-        if writer is not None:
-            writer.cancel()
-        staging.clean()
+        with ctrl_c_held():  # a second Ctrl-C or SIGTERM (said once this is done) lets the clean-up finish
+            if writer is not None:
+                writer.cancel()
+            staging.clean()
 
 
 def _simulated_line(summary: dict, wall_s: float) -> str:
@@ -179,19 +191,21 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
 
 
 def cmd_schedule(args) -> int:
-    from .config import MAX_STAGE_PASSES
+    from .config import MAX_STAGE_PASSES, _read_schedule_file
     from .schedule import CUSTOM, ScheduleError, build_schedule, format_grid
+    from .yamlio import given_file
 
     src = "command line"
     if args.schedule == CUSTOM:
         if args.file is None:
             raise ConfigError("--schedule custom needs --file FILE (one row of actions per rank)", source=src)
-        path = Path(args.file)
-        if not path.is_file():
-            raise ConfigError(f"schedule file {'is a folder' if path.is_dir() else 'not found'}: {path}", source=src,
-                              field="--file")
+        if args.vpp is not None:  # the file gives each rank's stages
+            raise ConfigError("--vpp is used by --schedule interleaved only (schedule is custom: the file gives "
+                              "each rank's stages)", source=src)
+        path = given_file(args.file, what="schedule", source=src, field="--file")
+        text = _read_schedule_file(path, src, "--file")  # as a scenario's: UTF-8, at most 2 MiB
         try:
-            sched = build_schedule(CUSTOM, args.pp, args.microbatches, text=path.read_text())
+            sched = build_schedule(CUSTOM, args.pp, args.microbatches, text=text)
         except ScheduleError as exc:
             raise ConfigError(exc.message, source=str(path)) from None
     else:
@@ -221,6 +235,7 @@ def cmd_validate(args) -> int:
     from .output.summary import plan_dims
 
     for path in args.scenarios:
+        _given_scenario(path)
         sc = load_scenario(path)
         print(f"{path}: ok ({sc.mesh.world_size} GPUs, {plan_dims(sc.parallel.model_dump(), ' x ')}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''})")
@@ -309,15 +324,29 @@ def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
     left to the operating system instead of being freed one by one by reference counting and
     the interpreter's shutdown: 0.35 s on Megatron-1T, about 0.02 s on the MoE step. The files are
     complete by then (written, the writer process waited for, moved into place)."""
-    args = build_parser().parse_args(argv)
-    args.keep = [] if fast_exit else None  # what the command made, held until the exit
-    code = _run(args)
+    # SIGTERM (kill, timeout, Slurm) stops the command as Ctrl-C does (its temp folder and
+    # forked processes gone), rather than end the process where it is
+    here = (threading.current_thread() is threading.main_thread()  # (handlers are set there only)
+            and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, raise_terminated))  # not where ignored
+    before = signal.signal(signal.SIGTERM, raise_terminated) if here else None
+    try:
+        args = build_parser().parse_args(argv)
+        args.keep = [] if fast_exit else None  # what the command made, held until the exit
+        code = _run(args)
+    except KeyboardInterrupt as exc:  # before the command began (imports, arguments): nothing written
+        code = _stopped(exc, None)
+    finally:
+        if here and not fast_exit:
+            signal.signal(signal.SIGTERM, before)
     if fast_exit:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe, or closed after BrokenPipeError
-                pass
+        try:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):  # a closed pipe, or closed after BrokenPipeError
+                    pass
+        except KeyboardInterrupt as exc:  # the command is done and has said so: only the exit code
+            code = code or _stop_code(exc)
         os._exit(code)
     return code
 
@@ -346,6 +375,21 @@ def _run(args) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:  # Ctrl-C: the temp folder and any forked process are gone already
-        print("interrupted: no outputs written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the temp folder and any forked process are gone already
+        return _stopped(exc, getattr(args, "written", None))
+
+
+def _stop_code(exc: KeyboardInterrupt) -> int:
+    """The exit code of a command stopped by Ctrl-C (130) or SIGTERM (:class:`Terminated`, 143)."""
+    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+
+
+def _stopped(exc: KeyboardInterrupt, written: Path | None) -> int:
+    """Say that Ctrl-C or SIGTERM stopped the command, and whether the outputs were in
+    ``written`` already; the exit code."""
+    done = f"the outputs are written, in {written}" if written is not None else "no outputs written"
+    try:
+        print(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}: {done}", file=sys.stderr)
+    except (OSError, ValueError):  # stderr closed
+        pass
+    return _stop_code(exc)

@@ -24,7 +24,7 @@ from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, build
 from .model.transformer import DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
 from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule
-from .yamlio import Strict, read_yaml, short_repr, validate
+from .yamlio import Strict, not_a_file, read_yaml, short_repr, validate
 
 
 class ClusterRef(Strict):
@@ -403,6 +403,8 @@ def _referenced_file(base: Path, name: str, rel_to: str, source: str, field: str
     """``base / name``: a file the scenario names, relative to ``rel_to`` (its own folder, or
     ``base_dir`` for a dict); a ConfigError naming the field and the resolved path if it is not
     a file."""
+    if not name:  # (base / "" is the folder itself)
+        raise ConfigError(f"the {what} file's path is empty", source=source, field=field)
     path = base / name
 
     def quoted(s: str) -> str:  # whole, unless absurdly long
@@ -414,19 +416,23 @@ def _referenced_file(base: Path, name: str, rel_to: str, source: str, field: str
             return path
         if path.is_dir():
             raise ConfigError(f"{what} file {where} is a folder; give the file in it", source=source, field=field)
+        kind = not_a_file(path)
     except OSError as exc:  # e.g. a name too long for the file system
         raise ConfigError(f"cannot read {what} file {where}: {exc.strerror or exc}", source=source,
                           field=field) from None
+    if kind != "not found":  # /dev/null, a symlink loop, ...
+        raise ConfigError(f"{what} file {where} is {kind}", source=source, field=field)
     raise ConfigError(f"{what} file not found: {where}", source=source, field=field)
 
 
-def _read_schedule_file(path: Path, source: str) -> str:
-    field = "parallel.schedule_file"
+def _read_schedule_file(path: Path, source: str, field: str = "parallel.schedule_file") -> str:
+    """The text of the custom schedule file ``path`` (UTF-8, at most MAX_SCHEDULE_FILE_BYTES);
+    a ConfigError naming ``source`` and ``field`` if it cannot be read as one."""
     try:
         size = path.stat().st_size
         if size > MAX_SCHEDULE_FILE_BYTES:
-            raise ConfigError(f"{path} is {size:,} bytes; a custom schedule is parsed whole when the scenario is "
-                              f"loaded and clustersim reads at most {MAX_SCHEDULE_FILE_BYTES:,}", source=source,
+            raise ConfigError(f"{path} is {size:,} bytes; a custom schedule is parsed whole and clustersim reads at "
+                              f"most {MAX_SCHEDULE_FILE_BYTES:,}", source=source,
                               field=field)
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -20,3 +20,14 @@ class ConfigError(Exception):
     def line(self) -> str:
         parts = [p for p in (self.source, self.field) if p]
         return ": ".join(parts + [self.message])
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, Slurm), raised where it arrives as Ctrl-C's
+    KeyboardInterrupt is (:func:`raise_terminated`, installed by the command line): the run
+    stops as it does on Ctrl-C, its temp folder and forked processes gone, and exits with 143."""
+
+
+def raise_terminated(signum, frame) -> None:
+    """The SIGTERM handler of ``python -m clustersim``: raise :class:`Terminated`."""
+    raise Terminated

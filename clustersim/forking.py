@@ -3,7 +3,8 @@
 Two parts of ``clustersim run`` fork: the process that simulates a repeated step's shorter
 step (clustersim.engine.ahead) and the writer of report.html and trace.json.gz
 (clustersim.output.background). Both make their pipes, then fork with Ctrl-C held back
-(SIGINT blocked) until each side knows which it is and the parent has noted its child::
+(SIGINT blocked, and SIGTERM, which the command line stops on as it does on Ctrl-C) until
+each side knows which it is and the parent has noted its child::
 
     block SIGINT ─ pipes ─ fork ─┬─ parent: note the child's pid and pipe ends ─ release
                                  └─ child:  release inside its own try (an interrupt ends it there)
@@ -22,6 +23,10 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+# Ctrl-C, and SIGTERM (kill, timeout, Slurm), which clustersim's command line turns into an
+# exception as Python does Ctrl-C (cli.main)
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
 
 def can_fork() -> bool:
     """Whether a process may be forked here: on Linux (Windows has no fork; on macOS system
@@ -36,7 +41,7 @@ def fork_with_pipes(pipes: int) -> tuple[int, list[int], set] | None:
     gives back with :func:`release` once it has noted which it is). None where a pipe or the
     fork fails (memory, process limits): nothing left open, Ctrl-C released."""
     fds: list[int] = []
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     try:
         for _ in range(pipes):
             fds += os.pipe()
@@ -61,9 +66,9 @@ def release(held: set) -> None:
 
 @contextmanager
 def ctrl_c_held() -> Iterator[None]:
-    """Ctrl-C held back while the block runs (a child stopped and waited for, not left
+    """Ctrl-C (and SIGTERM) held back while the block runs (a child stopped and waited for, not left
     unwaited-for by an interrupt in between)."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     try:
         yield
     finally:

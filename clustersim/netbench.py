@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 from .collectives.algorithms import ALGORITHMS
 from .engine.sim import Engine
 from .errors import ConfigError
 from .hardware.topology import build_cluster, load_topology_cfg
+from .yamlio import given_file, short_repr
 from .program.tasks import Comm, Program
 
 BUS_FACTOR = {
@@ -33,6 +35,7 @@ BUS_FACTOR = {
     "all_to_all": lambda n: (n - 1) / n,
 }
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_SIZE = 1 << 50  # 1 PiB a buffer: a thousand times a GPU's memory
 
 
 @dataclass(frozen=True)
@@ -54,21 +57,26 @@ def parse_sizes(text: str) -> list[int]:
     for item in text.split(","):
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", item, flags=re.IGNORECASE)
         if not m:
-            raise ConfigError(f"cannot read size {item.strip()!r}; use e.g. 1M,16M,1G,8G", source="command line",
-                              field="--sizes")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+            raise ConfigError(f"cannot read size {short_repr(item.strip())}; use e.g. 1M,16M,1G,8G",
+                              source="command line", field="--sizes")
+        whole, _, part = m.group(1).partition(".")
+        whole = whole.lstrip("0") or "0"
+        # exact, where a float would round or overflow (the fraction's 40 digits tell the bytes apart)
+        value = MAX_SIZE + 1 if len(whole) > 40 else int(Fraction(f"{whole}.{part[:40] or 0}") *
+                                                         _UNITS[m.group(2).upper()])
         if value <= 0:
-            raise ConfigError(f"size {item.strip()!r} must be > 0", source="command line", field="--sizes")
+            raise ConfigError(f"size {short_repr(item.strip())} must be > 0", source="command line",
+                              field="--sizes")
+        if value > MAX_SIZE:
+            raise ConfigError(f"size {short_repr(item.strip())} is more than {_size_label(MAX_SIZE)}, the largest "
+                              f"clustersim times", source="command line", field="--sizes")
         out.append(value)
     return out
 
 
 def benchmark(topology: str | Path, op: str, gpus: int, sizes: list[int], algorithm: str = "auto"):
     """(cluster, rows): ``op`` over GPUs 0..gpus-1 of ``topology``, one row per size."""
-    path = Path(topology)
-    if not path.is_file():
-        raise ConfigError(f"topology file {'is a folder' if path.is_dir() else 'not found'}: {path}",
-                          source="command line", field="--topology")
+    path = given_file(str(topology), what="topology", source="command line", field="--topology")
     if op not in BUS_FACTOR:
         raise ConfigError(f"unknown collective {op!r}; one of {', '.join(BUS_FACTOR)}", source="command line",
                           field="--op")
@@ -78,7 +86,12 @@ def benchmark(topology: str | Path, op: str, gpus: int, sizes: list[int], algori
     per_node = load_topology_cfg(path).node.gpus
     if gpus < 2:
         raise ConfigError("a collective needs at least 2 GPUs", source="command line", field="--gpus")
-    cluster = build_cluster(load_topology_cfg(path, {"nodes": math.ceil(gpus / per_node)}))
+    nodes = math.ceil(gpus / per_node)
+    try:  # the topology checked out with its own node count: what fails now is the count --gpus asks for
+        cluster = build_cluster(load_topology_cfg(path, {"nodes": nodes}))
+    except ConfigError as exc:
+        raise ConfigError(f"{gpus:,} GPUs take {nodes:,} node{'s' if nodes != 1 else ''} of {path}: {exc.message}",
+                          source="command line", field="--gpus") from None
     group = tuple(range(gpus))
     rows = []
     for size in sizes:

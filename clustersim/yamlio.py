@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import reprlib
+import stat
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -31,6 +34,41 @@ _short = reprlib.Repr()
 _short.maxstring = _short.maxother = _short.maxlong = 60
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 4
 _short.maxlevel = 2
+
+
+def not_a_file(path: Path) -> str:
+    """What ``path``, which is not a regular file, is instead: "not found", "a folder", "a
+    symlink loop", "a character device, not a regular file" (/dev/null), ... (for messages)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "a link to nothing" if os.path.islink(path) else "not found"
+        return f"not readable: {exc.strerror or exc}"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "something")
+    return f"{kind}, not a regular file"
+
+
+def given_file(name: str, *, what: str, source: str, field: str) -> Path:
+    """The file ``name`` given on the command line (``field``: its option); a ConfigError
+    naming the option if the name is empty or is not a regular file."""
+    if not name:  # (Path("") is the current folder)
+        raise ConfigError(f"the {what} file's path is empty", source=source, field=field)
+    path = Path(name)
+    try:
+        if path.is_file():
+            return path
+        kind = not_a_file(path)
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror or exc}", source=source,
+                          field=field) from None
+    raise ConfigError(f"{what} file not found: {path}" if kind == "not found" else f"{what} file {path} is {kind}",
+                      source=source, field=field)
 
 
 def short_repr(value: Any) -> str:
@@ -135,7 +173,9 @@ def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
         if path.is_dir():
             raise ConfigError(f"this is a folder; give the {what} file in it", source=str(path))
         if not path.is_file():
-            raise ConfigError(f"{what} file not found", source=str(path))
+            kind = not_a_file(path)
+            raise ConfigError(f"{what} file not found" if kind == "not found" else f"this is {kind}; give the {what} "
+                              "file", source=str(path))
         size = path.stat().st_size
     except OSError as exc:  # e.g. a name too long for the file system
         raise ConfigError(f"cannot read the {what} file: {exc.strerror or exc}", source=str(path)) from None

@@ -276,3 +276,185 @@ def test_a_step_past_what_the_trace_file_holds_is_refused(monkeypatch, root, tmp
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"error: {scenario}: model: the simulated step lasts 3.44 s, more than 1e-03 s")
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def one_line_exit_2(r, start: str) -> None:
+    """Bad input on the command line: exit code 2, one line beginning ``start``, no traceback."""
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(start) and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+def test_schedule_file_is_read_as_a_scenarios_is(tmp_path, root):
+    """``schedule --file`` reads the file as a scenario's schedule_file: a file not UTF-8 or
+    past 2 MiB is refused by name (it was a UnicodeDecodeError traceback, and no size limit);
+    so is a file that cannot be read."""
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe0F0 0B0\n")
+    r = run_cli("schedule", "--schedule", "custom", "--file", binary)
+    one_line_exit_2(r, f"error: command line: --file: {binary} is not a text file (byte 0 is not UTF-8)")
+    big = tmp_path / "big.txt"
+    big.write_text("0F0 0B0 " * 300_000 + "\n")
+    r = run_cli("schedule", "--schedule", "custom", "--file", big)
+    one_line_exit_2(r, f"error: command line: --file: {big} is 2,400,001 bytes; a custom schedule is parsed whole")
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked.txt"
+        locked.write_text("0F0 0B0\n")
+        locked.chmod(0)
+        r = run_cli("schedule", "--schedule", "custom", "--file", locked)
+        one_line_exit_2(r, f"error: command line: --file: cannot read {locked}: Permission denied")
+
+
+def test_schedule_custom_refuses_vpp(root):
+    """--vpp with a custom schedule is refused as with the other non-interleaved ones (it was
+    ignored without a word)."""
+    f = root / "scenarios" / "schedules" / "custom_1f1b_4x8.txt"
+    r = run_cli("schedule", "--schedule", "custom", "--file", f, "--vpp", 2)
+    one_line_exit_2(r, "error: command line: --vpp is used by --schedule interleaved only (schedule is custom")
+
+
+def test_collective_sizes_past_1_pib_are_refused(root):
+    """``collective``: a size past 1 PiB (a 401-digit one was an OverflowError traceback, and
+    99999999999999999999T was taken, rounded through a float) is refused naming --sizes."""
+    from clustersim.netbench import parse_sizes
+
+    topo = root / "topologies" / "dgx-h100.yaml"
+    for size in ("1" + "0" * 400, "99999999999999999999T", "1025T"):
+        r = run_cli("collective", "--topology", topo, "--sizes", size)
+        one_line_exit_2(r, "error: command line: --sizes: size ")
+        assert "more than 1024 TiB" in r.stderr and len(r.stderr) < 200
+    assert parse_sizes("1024T,1.5M,0.3K,7") == [1 << 50, 3 << 19, 307, 7]
+    assert parse_sizes("1." + "0" * 5000 + "1K") == [1024]  # (no 5,000-digit number made of it)
+
+
+def test_collective_gpus_errors_name_gpus(root):
+    """A --gpus the topology cannot hold names --gpus, not the topology file's nodes or fabric."""
+    topo = root / "topologies" / "dgx-h100.yaml"
+    r = run_cli("collective", "--topology", topo, "--gpus", 2_000_000, "--sizes", "1M")
+    one_line_exit_2(r, f"error: command line: --gpus: 2,000,000 GPUs take 250,000 nodes of {topo}: ")
+    single = root / "topologies" / "single-h100.yaml"
+    r = run_cli("collective", "--topology", single, "--gpus", 2, "--sizes", "1M")
+    one_line_exit_2(r, f"error: command line: --gpus: 2 GPUs take 2 nodes of {single}: fabric.kind is 'none'")
+
+
+def test_an_empty_out_is_refused(tmp_path, root):
+    """An empty --out was taken as no --out (the files went to ./out/<name>)."""
+    r = run_cli("run", root / "scenarios/llama3_8b_8gpu.yaml", "--out", "", cwd=tmp_path)
+    one_line_exit_2(r, "error: command line: --out: the output folder's path is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_empty_paths_devices_and_symlink_loops_are_named_so(tmp_path, root):
+    """An empty scenario, topology or schedule path, /dev/null and a symlink loop are said to
+    be that, not "not found" or "is a folder"."""
+    scenario = root / "scenarios/llama3_8b_8gpu.yaml"
+    r = run_cli("run", "", cwd=tmp_path)
+    one_line_exit_2(r, "error: command line: scenario: the scenario file's path is empty")
+    r = run_cli("validate", "/dev/null")
+    one_line_exit_2(r, "error: /dev/null: this is a character device, not a regular file; give the scenario file")
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")
+    r = run_cli("validate", loop)
+    one_line_exit_2(r, f"error: {loop}: this is a symlink loop; give the scenario file")
+    d = yaml.safe_load(scenario.read_text())
+    d["cluster"]["topology"] = str(loop)
+    sc = tmp_path / "s.yaml"
+    sc.write_text(yaml.safe_dump(d))
+    r = run_cli("run", sc, "--out", tmp_path / "out")
+    one_line_exit_2(r, f"error: {sc}: cluster.topology: topology file {loop} (relative to the scenario's folder: ")
+    assert r.stderr.endswith(") is a symlink loop\n")
+    for args, option, what in ((("collective", "--topology"), "--topology", "topology"),
+                               (("schedule", "--schedule", "custom", "--file"), "--file", "schedule")):
+        r = run_cli(*args, "")
+        one_line_exit_2(r, f"error: command line: {option}: the {what} file's path is empty")
+        r = run_cli(*args, loop)
+        one_line_exit_2(r, f"error: command line: {option}: {what} file {loop} is a symlink loop")
+        r = run_cli(*args, "/dev/null")
+        one_line_exit_2(r, f"error: command line: {option}: {what} file /dev/null is a character device, not a "
+                           "regular file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop", "s.yaml"]
+
+
+def test_the_terminal_summary_escapes_control_characters(tmp_path, root):
+    """The scenario's name and description are printed with control characters escaped: an
+    escape sequence cleared the screen, a carriage return overwrote the line, a newline broke
+    the description's line (report.html escapes them as HTML)."""
+    d = scenario_dict(name="a\x1b[2Jb\rc", description="line1\nline2\x1b[31mred \u202e é")
+    sc = write_scenario(tmp_path, root, d)
+    r = run_cli("run", sc, "--out", tmp_path / "out", "--no-report", "--no-trace")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["clustersim · a\\x1b[2Jb\\rc", "line1\\nline2\\x1b[31mred \\u202e é"]
+    assert "\x1b" not in r.stdout and "\r" not in r.stdout
+
+
+def _staging_folders(parent: Path) -> list[Path]:
+    return [p for p in parent.iterdir() if p.name.startswith(".out.")]
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["kill", "timeout"])
+def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, root, to_group):
+    """SIGTERM (kill; timeout and Slurm send it to the process group too, the forked processes
+    with it) while the step is simulated or its files written: the temp folder and the forked
+    processes are gone, one line, exit code 143 (it left .out.XXXX with partial files)."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "clustersim", "run", str(root / "scenarios/moe_1024gpu.yaml"),
+                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline:  # the writer's files in the temp folder
+            if any(any(True for _ in d.iterdir()) for d in _staging_folders(tmp_path)):
+                break
+            time.sleep(0.002)
+        assert p.poll() is None, "the run ended before it could be stopped"
+        (os.killpg if to_group else os.kill)(p.pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 143 and err == "terminated: no outputs written\n", (p.returncode, err)
+    assert list(tmp_path.iterdir()) == []
+    for _ in range(500):  # no process of the run left (a forked one dies with its parent)
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("a process of the run is left")
+
+
+# sends ``signal`` to itself as the module ``at`` begins to load, then runs python -m clustersim
+_SIGNAL_AT_IMPORT = """
+import importlib.abc, os, runpy, signal, sys
+at, sig = sys.argv[1], getattr(signal, sys.argv[2])
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == at:
+            os.kill(os.getpid(), sig)
+        return None
+sys.meta_path.insert(0, Hook())
+sys.argv = ["clustersim", *sys.argv[3:]]
+runpy.run_module("clustersim", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("at,sig", [("clustersim.cli", "SIGINT"), ("clustersim.schedule", "SIGINT"),
+                                    ("clustersim.analysis.invariants", "SIGINT"), ("clustersim.cli", "SIGTERM"),
+                                    ("clustersim.api", "SIGTERM")])
+def test_a_stop_while_clustersim_loads_says_one_line(tmp_path, root, at, sig):
+    """Ctrl-C in the first fraction of a second (the imports: clustersim.cli in __main__, the
+    parser's, the command's) gave a KeyboardInterrupt traceback and exit code -2, not the one
+    line and 130 of later; SIGTERM the same with 143."""
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-c", _SIGNAL_AT_IMPORT, at, sig, "run",
+                        str(root / "scenarios/llama3_8b_8gpu.yaml"), "--out", str(out)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    word, code = ("interrupted", 130) if sig == "SIGINT" else ("terminated", 143)
+    assert (r.returncode, r.stderr) == (code, f"{word}: no outputs written\n")
+    assert list(tmp_path.iterdir()) == []

@@ -86,6 +86,12 @@ def fabric_faults_note(faults: dict | None, sep: str) -> str:
             f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
 
 
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped as in Python (``\\x1b``, ``\\r``,
+    ``\\n``, ``\\u202e``...): a scenario's name or description is printed as written, on its line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The short human summary printed by ``clustersim run``."""
     p, mem, hw = s["plan"], s["memory"], s["hardware"]
@@ -94,9 +100,9 @@ def format_summary(s: dict[str, Any]) -> str:
     exposed = " · ".join(f"{k} {ex[k]:.3g} s" for k in kinds) or "none"
     hidden = " · ".join(f"{k} {comm[k] - ex[k]:.3g} s" for k in kinds) or "none"
     lines = [
-        f"clustersim · {s['scenario']}",
-        *( [s["description"]] if s.get("description") else [] ),
-        f"{'cluster':<16}{s['world_size']} x {hw['gpu']} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {hw['topology']})",
+        f"clustersim · {printable(s['scenario'])}",
+        *( [printable(s["description"])] if s.get("description") else [] ),
+        f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})",
         f"{'plan':<16}{plan_dims(p, ' x ')}"
         + (" · SP" if p.get("sp") else "") + (f" · ZeRO-{p['zero']}" if p.get("zero") else "")
         + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else "")
