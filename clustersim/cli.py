@@ -36,6 +36,7 @@ EXIT_INVARIANT = 3  # the simulated step broke an invariant: a simulator bug (do
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a process SIGINT ended (128 + 2)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
 OUTPUT_FILES = ("summary.json", "report.html", "trace.json.gz")
+STAGING_PREFIX = ".clustersim-"  # the run's temp folder, inside the output folder until the files move in
 
 
 def _default_out(scenario: str) -> Path:
@@ -43,7 +44,7 @@ def _default_out(scenario: str) -> Path:
 
 
 class _Staging:
-    """The run's files are written into a fresh temp folder next to ``out`` and moved in at
+    """The run's files are written into a fresh hidden temp folder inside ``out`` and moved in at
     the end: nothing is left half-written, and a run that fails (a broken invariant, an
     interrupt) leaves neither files nor the folders it made for them."""
 
@@ -52,9 +53,11 @@ class _Staging:
 
     def folder(self) -> Path:
         if self.tmp is None:
-            self.made = [d for d in (self.out.parent, *self.out.parent.parents) if not d.exists()]
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", dir=self.out.parent))
+            # inside ``out``, so that the files move in on one file system (next to it, an
+            # ``out`` that links or mounts elsewhere failed the move after the whole run)
+            self.made = [d for d in (self.out, *self.out.parents) if not d.exists()]
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.out))
         return self.tmp
 
     def move_in(self) -> list[Path]:
@@ -141,7 +144,7 @@ def cmd_run(args) -> int:
         try:  # the temp folder now, so that a folder the files cannot go to is said before the run
             staging.folder()
         except OSError as exc:
-            raise ConfigError(f"cannot write in {out.parent}: {exc.strerror or exc}", source="command line",
+            raise ConfigError(f"cannot write in {out}: {exc.strerror or exc}", source="command line",
                               field="--out") from None
         t0 = time.perf_counter()
         result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
@@ -338,6 +341,10 @@ def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
     finally:
         if here and not fast_exit:
             signal.signal(signal.SIGTERM, before)
+    if here and not fast_exit and code == EXIT_TERMINATED:
+        # called in a process of the caller's: its SIGTERM, once the run is cleaned up, does
+        # what it would have (the default ends the process), rather than being swallowed
+        signal.raise_signal(signal.SIGTERM)
     if fast_exit:
         try:
             for stream in (sys.stdout, sys.stderr):

@@ -88,9 +88,17 @@ class Strict(pydantic.BaseModel):
     def _no_boolean_numbers(cls, v: Any, info: pydantic.ValidationInfo) -> Any:
         """YAML reads ``yes``, ``no``, ``true`` and ``on`` as booleans, and pydantic would take
         them as 1 and 0: ``tp: yes`` must not run TP 1."""
-        if isinstance(v, bool) and info.field_name is not None:
-            kinds = set(get_args(cls.model_fields[info.field_name].annotation)) or {
-                cls.model_fields[info.field_name].annotation}
+        if info.field_name is None:
+            return v
+        items = v if isinstance(v, list) else [v]  # a list of numbers' items too (layers_per_stage)
+        if any(isinstance(x, bool) for x in items):
+            kinds, seen = set(), [cls.model_fields[info.field_name].annotation]
+            while seen:  # the annotation's types, unions and list items unfolded
+                t = seen.pop()
+                args = get_args(t)
+                seen += args
+                if not args:
+                    kinds.add(t)
             if bool not in kinds and kinds & {int, float}:
                 raise ValueError("a number, not a boolean (yes, no, true and false are booleans in YAML)")
         return v

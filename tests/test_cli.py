@@ -388,15 +388,17 @@ def test_the_terminal_summary_escapes_control_characters(tmp_path, root):
     assert "\x1b" not in r.stdout and "\r" not in r.stdout
 
 
-def _staging_folders(parent: Path) -> list[Path]:
-    return [p for p in parent.iterdir() if p.name.startswith(".out.")]
+def _staging_folders(out: Path) -> list[Path]:
+    from clustersim.cli import STAGING_PREFIX
+
+    return [p for p in out.iterdir() if p.name.startswith(STAGING_PREFIX)] if out.is_dir() else []
 
 
 @pytest.mark.parametrize("to_group", [False, True], ids=["kill", "timeout"])
 def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, root, to_group):
     """SIGTERM (kill; timeout and Slurm send it to the process group too, the forked processes
     with it) while the step is simulated or its files written: the temp folder and the forked
-    processes are gone, one line, exit code 143 (it left .out.XXXX with partial files)."""
+    processes are gone, one line, exit code 143 (it left the temp folder with partial files)."""
     import signal
     import time
 
@@ -407,7 +409,7 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, root, to_group):
     try:
         deadline = time.monotonic() + 60
         while p.poll() is None and time.monotonic() < deadline:  # the writer's files in the temp folder
-            if any(any(True for _ in d.iterdir()) for d in _staging_folders(tmp_path)):
+            if any(any(True for _ in d.iterdir()) for d in _staging_folders(out)):
                 break
             time.sleep(0.002)
         assert p.poll() is None, "the run ended before it could be stopped"
@@ -458,3 +460,20 @@ def test_a_stop_while_clustersim_loads_says_one_line(tmp_path, root, at, sig):
     word, code = ("interrupted", 130) if sig == "SIGINT" else ("terminated", 143)
     assert (r.returncode, r.stderr) == (code, f"{word}: no outputs written\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_folder_on_another_file_system_gets_the_files(tmp_path, root):
+    """``--out`` a link into another file system (/dev/shm here): the files are staged inside
+    the folder, so they move in on its file system (staged next to the link, the move failed
+    with "Invalid cross-device link" after the whole run)."""
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system to link to")
+    with tempfile.TemporaryDirectory(dir=shm) as far:
+        link = tmp_path / "out"
+        link.symlink_to(far)
+        r = run_cli("run", root / "scenarios/llama3_8b_8gpu.yaml", "--out", link, "--no-trace")
+        assert r.returncode == 0, r.stderr
+        assert sorted(p.name for p in Path(far).iterdir()) == ["report.html", "summary.json"]

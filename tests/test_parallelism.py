@@ -231,3 +231,27 @@ def test_selective_recompute_reruns_core_attention_only(root):
     a_sel = sel.summary["memory"]["stages"][0]["activation_bytes_per_microbatch"]
     s, b, heads = m.seq_len, 1, m.heads
     assert a - a_sel == pytest.approx(m.layers * 5 * heads * s * s * b, rel=1e-12)
+
+
+def test_zero3_reduces_a_unit_s_gradients_after_its_whole_backward(root):
+    """ZeRO-3 reduce-scatters a unit's gradients (a layer, the embedding, the head) once its
+    backward is done: after the last of the pieces a TP backward is cut into (the head's
+    "head wgrad" and "head norm" too; each was a unit of its own, and the head's gradient was
+    reduced before its wgrad was computed). One microbatch: the head's reduction is the
+    backward's first without a layer, the embedding's its last."""
+    r = run(root, cluster={"nodes": 2}, parallel={"tp": 2, "pp": 1, "dp": 8, "zero": 3},
+            training={"global_batch_size": 8})
+    spans = [s for s in r.trace.spans if s.rank == 0 and s.phase == "B"]
+    computes = [s for s in spans if s.kind == "compute"]
+    reduces = sorted((s for s in spans if s.name == "RS grads"), key=lambda s: s.start_s)
+    assert len(reduces) == r.scenario.model.layers + 2
+    head, emb = [s for s in reduces if s.layer < 0][0], [s for s in reduces if s.layer < 0][-1]
+    pieces = [c for c in computes if c.name.split(" ")[1] == "head"]
+    assert {c.name for c in pieces} == {"B head", "B head wgrad", "B head norm"}
+    done = {id(head): max(c.end_s for c in pieces),
+            id(emb): max(c.end_s for c in computes if c.name == "B embedding")}
+    for rs in reduces:
+        if rs.layer >= 0:
+            done[id(rs)] = max(c.end_s for c in computes if c.layer == rs.layer)
+    for k, rs in enumerate(reduces):  # when its unit is done, once the dp stream is free
+        assert rs.start_s == max(done[id(rs)], reduces[k - 1].end_s if k else 0.0)

@@ -547,8 +547,9 @@ COMM_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "a
 
 
 def _unit(blk) -> object:
-    """What ZeRO-3 gathers at once: a layer, or the embedding, or the head."""
-    return blk.layer if blk.layer >= 0 else blk.name
+    """What ZeRO-3 gathers at once: a layer, or the embedding, or the head (all the pieces of
+    its cut backward, "head wgrad" and "head norm" too: work.tp_overlapped_backward)."""
+    return blk.layer if blk.layer >= 0 else blk.name.split(" ", 1)[0]
 
 
 def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
