@@ -255,3 +255,22 @@ def test_zero3_reduces_a_unit_s_gradients_after_its_whole_backward(root):
             done[id(rs)] = max(c.end_s for c in computes if c.layer == rs.layer)
     for k, rs in enumerate(reduces):  # when its unit is done, once the dp stream is free
         assert rs.start_s == max(done[id(rs)], reduces[k - 1].end_s if k else 0.0)
+
+
+def test_sequence_parallel_w_gathers_the_input_beside_the_other_weight_gradients(root):
+    """Split backward (zb-h1) under SP: W gathers the QKV's (MLP up's) sequence-sharded input
+    beside the out projection's (MLP down's) weight gradient, which needs none, and the QKV
+    (up) weight gradient starts when both are done."""
+    r = run(root, cluster={"nodes": 1}, parallel={"tp": 4, "pp": 2, "dp": 1, "sp": True, "schedule": "zb-h1"},
+            training={"global_batch_size": 4})
+    spans = [s for s in r.trace.spans if s.rank == r.trace.spans[0].rank and s.phase == "W"]
+    comp = {(s.mb, s.layer, s.name): s for s in spans if s.kind == "compute"}
+    gathers = [s for s in spans if s.kind == "tp"]
+    assert gathers and {s.op for s in gathers} == {"all_gather"}
+    for g in gathers:
+        block = g.name.removeprefix("W AG ")
+        if block == "head":  # the LM head's is its only GEMM: it gathers first
+            continue
+        beside, after = comp[(g.mb, g.layer, f"W {block}")], comp[(g.mb, g.layer, f"W {block} wgrad")]
+        assert g.start_s == beside.start_s
+        assert after.start_s == max(beside.end_s, g.end_s)

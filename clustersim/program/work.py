@@ -379,8 +379,18 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         ops_b, ops_w = split_backward_ops(spec.ops)
         b_in.append(_block(spec.name, layer, ops_b, gpu, prec, 0.0, spec.pre, spec.post, recompute_ops,
                            overlap=spec.overlap))
-        b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, regather if pieces else (),
-                          expert_params=spec.expert_params))
+        gathers = regather if pieces else ()
+        col = [i for i, op in enumerate(spec.ops) if op.name in COLUMN_PARALLEL][-1:] if gathers else []
+        others = [_half(op) for i, op in enumerate(spec.ops) if _is_weight_gemm(op) and i not in col]
+        if col and others:
+            # the other GEMMs' weight gradients (out proj, MLP down) need no gathered input:
+            # they run beside the gather, the column-parallel one after it
+            b_w.append(_block(spec.name, layer, others, gpu, prec, 0.0, overlap=gathers))
+            b_w.append(_block(f"{spec.name} wgrad", layer, [_half(spec.ops[col[0]])], gpu, prec, spec.params,
+                              expert_params=spec.expert_params))
+        else:
+            b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, gathers,
+                              expert_params=spec.expert_params))
 
     moe_blocks = MoeBlocks.build(sc, f_pre, f_post, b_pre, b_post, ep_rank) if m.moe is not None else None
 
