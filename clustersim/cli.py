@@ -189,7 +189,8 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
              f"copied in {rep['cycles_copied']} times") if rep else (
         f" · all {m} microbatches run: a shorter step of {tried} showed no steady cycle (--no-repeat skips that try)"
         if tried else "")
-    line = f"{'simulated':<16}{sim['simulated_ranks']} ranks, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
+    n = sim["simulated_ranks"]
+    line = f"{'simulated':<16}{n} rank{'s' if n != 1 else ''}, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
     return line + fabric_faults_note(sim.get("fabric_faults"), "\n" + " " * 16)
 
 

@@ -540,3 +540,32 @@ def test_plotlyjs_is_embedded_from_its_file_as_plotly_gives_it(monkeypatch):
     assert b"Plotly" in want[:100_000] and want.startswith(b'<script type="text/javascript">')
     monkeypatch.setattr(report, "PLOTLYJS_DATA", ("plotly", "package_data/no-such-file.js"))
     assert report._plotlyjs_bytes() == want
+
+
+def test_plan_line_names_sp_zero_and_recompute_as_the_terminal_does(tmp_path):
+    """The report's plan line holds what the terminal's does: SP, the ZeRO stage, recompute."""
+    from clustersim.output.summary import format_summary
+
+    d = copy.deepcopy(SMALL)
+    d["parallel"] = {**d["parallel"], "sp": True, "zero": 1}
+    d["training"] = {**d["training"], "recompute": "full"}
+    r = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT))
+    path = tmp_path / "report.html"
+    write_report(path, r.trace, r.summary)
+    plan = re.search(r'<p class="meta">plan: ([^<]*)</p>', path.read_text(encoding="utf-8")).group(1)
+    assert " · SP · ZeRO-1 · recompute full · " in html.unescape(plan)
+    assert " · SP · ZeRO-1 · recompute full · " in format_summary(r.summary)
+
+
+def test_link_use_is_drawn_from_each_bin_s_left_edge_to_the_step_s_end(result):
+    """A step line ("hv") holds each value from its point to the next: the bins' points are
+    their left edges, and the last value is held to the step's end (points at the bins'
+    centres drew the whole curve half a bin late)."""
+    from clustersim.output.report import links_figure
+
+    fig = links_figure(result.summary)
+    step_ms = 1e3 * result.summary["step_time_s"]
+    for line in fig["data"]:
+        n = len(line["x"]) - 1
+        assert line["x"][0] == 0.0 and line["x"][-1] == step_ms
+        assert line["x"][1] == pytest.approx(step_ms / n) and line["y"][-1] == line["y"][-2]

@@ -57,7 +57,7 @@ import plotly.graph_objects as go
 from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
-from .summary import fabric_faults_note, plan_dims
+from .summary import fabric_faults_note, plan_dims, plan_options
 
 GiB = 1024**3
 MiB = 1024**2
@@ -946,7 +946,7 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'({_n(hw.get("nodes") or 0, "node")} × {hw.get("gpus_per_node", "?")}, '
                    f'{e(str(hw.get("topology", "")))})</p>')
     if plan:
-        out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × "))} · '
+        out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × ") + plan_options(plan))} · '
                    f'{e(str(plan.get("schedule", "")))} · {plan.get("microbatches")} microbatches × '
                    f'{plan.get("micro_batch_size")} × {model.get("seq_len", "?")} tokens · '
                    f'{e(str(plan.get("precision", "")))} · {e(str(plan.get("attention", "")))} attention</p>')
@@ -1074,7 +1074,10 @@ def links_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
         data.append({
             "hovertemplate": "%{y:.0f} % at %{x:.0f} ms<extra>" + html.escape(u["link"]) + "</extra>",
             "line": {"shape": "hv", "width": 1.5}, "mode": "lines", "name": f'{u["link"]} ({u["kind"]})',
-            "x": [width_ms * (i + 0.5) for i in range(len(series))], "y": [100 * x for x in series],
+            # each bin's value from its left edge ("hv" holds it to the next point), and the
+            # last one held to the step's end
+            "x": [width_ms * i for i in range(len(series))] + [step_ms],
+            "y": [100 * x for x in series] + [100 * series[-1]],
             "type": "scatter"})
     return {"data": data, "layout": _over_step_layout(300, step_ms, "use of bandwidth (%)")}
 
@@ -1206,7 +1209,7 @@ def causes_html(summary: dict[str, Any]) -> str:
                     f'<td>{fmt_bytes(c["size_bytes"])}</td><td class="l">{e(str(c.get("algorithm", "")))}</td>'
                     f'<td class="l">{link}</td><td class="l">{shared}</td></tr>')
     return ("<div><h2>Exposed communication by cause</h2><table><tr><th class=\"l\">collective</th>"
-            "<th>exposed / GPU</th><th>on the wire / GPU</th><th>per GPU</th><th>size</th><th class=\"l\">algorithm</th>"
+            "<th>exposed / GPU</th><th>on the wire / GPU</th><th>times / GPU</th><th>size</th><th class=\"l\">algorithm</th>"
             "<th class=\"l\">bottleneck link</th><th class=\"l\">shared with (while its most exposed instance ran)</th>"
             "</tr>" + "".join(rows) + "</table><p class=\"note\">Bottleneck: the link whose share of the "
             "collective's traffic takes longest at that link's bandwidth.</p></div>")

@@ -39,6 +39,12 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
     return f"TP{p['tp']}{cp}{sep}PP{p['pp']}{sep}DP{p['dp']}{ep}"
 
 
+def plan_options(p: dict[str, Any]) -> str:
+    """" · SP · ZeRO-1 · recompute full": what of SP, ZeRO and recompute the plan uses."""
+    return ((" · SP" if p.get("sp") else "") + (f" · ZeRO-{p['zero']}" if p.get("zero") else "")
+            + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""))
+
+
 def _projection_line(pj: dict[str, Any] | None) -> list[str]:
     if not pj:
         return []
@@ -61,7 +67,8 @@ def _path_line(s: dict[str, Any]) -> list[str]:
     if not cp or cp["length_s"] <= 0:
         return []
     parts = " · ".join(f"{k} {100 * v / cp['length_s']:.0f} %" for k, v in cp["by_kind_s"].items() if v > 0)
-    return [f"{'critical path':<16}{parts} ({cp['tasks']:,} tasks over {cp['ranks_visited']} ranks)"]
+    n = cp["ranks_visited"]
+    return [f"{'critical path':<16}{parts} ({cp['tasks']:,} tasks over {n} rank{'s' if n != 1 else ''})"]
 
 
 def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
@@ -103,10 +110,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"clustersim · {printable(s['scenario'])}",
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})",
-        f"{'plan':<16}{plan_dims(p, ' x ')}"
-        + (" · SP" if p.get("sp") else "") + (f" · ZeRO-{p['zero']}" if p.get("zero") else "")
-        + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else "")
-        + f" · {p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "") + " · "
+        f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + f" · {p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "") + " · "
         f"{p['microbatches']} microbatches x {p['micro_batch_size']} x {s['model']['seq_len']} tokens",
         f"{'step time':<16}{s['step_time_s']:.4g} s",
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
