@@ -24,7 +24,7 @@ from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, build
 from .model.transformer import DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
 from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule
-from .yamlio import Strict, not_a_file, read_yaml, short_repr, validate
+from .yamlio import Strict, given_file, read_yaml, short_repr, validate
 
 
 class ClusterRef(Strict):
@@ -403,26 +403,12 @@ def _referenced_file(base: Path, name: str, rel_to: str, source: str, field: str
     """``base / name``: a file the scenario names, relative to ``rel_to`` (its own folder, or
     ``base_dir`` for a dict); a ConfigError naming the field and the resolved path if it is not
     a file."""
-    if not name:  # (base / "" is the folder itself)
-        raise ConfigError(f"the {what} file's path is empty", source=source, field=field)
-    path = base / name
 
     def quoted(s: str) -> str:  # whole, unless absurdly long
         return s if len(s) <= 300 and s.isprintable() else short_repr(s)
 
-    where = f"{quoted(name)} (relative to {rel_to}: {quoted(os.path.abspath(path))})"
-    try:
-        if path.is_file():
-            return path
-        if path.is_dir():
-            raise ConfigError(f"{what} file {where} is a folder; give the file in it", source=source, field=field)
-        kind = not_a_file(path)
-    except OSError as exc:  # e.g. a name too long for the file system
-        raise ConfigError(f"cannot read {what} file {where}: {exc.strerror or exc}", source=source,
-                          field=field) from None
-    if kind != "not found":  # /dev/null, a symlink loop, ...
-        raise ConfigError(f"{what} file {where} is {kind}", source=source, field=field)
-    raise ConfigError(f"{what} file not found: {where}", source=source, field=field)
+    where = f"{quoted(name)} (relative to {rel_to}: {quoted(os.path.abspath(base / name))})"
+    return given_file(name, what=what, source=source, field=field, base=base, shown=where)
 
 
 def _read_schedule_file(path: Path, source: str, field: str = "parallel.schedule_file") -> str:

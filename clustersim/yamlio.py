@@ -54,21 +54,26 @@ def not_a_file(path: Path) -> str:
     return f"{kind}, not a regular file"
 
 
-def given_file(name: str, *, what: str, source: str, field: str) -> Path:
-    """The file ``name`` given on the command line (``field``: its option); a ConfigError
-    naming the option if the name is empty or is not a regular file."""
+def given_file(name: str, *, what: str, source: str, field: str, base: Path | None = None,
+               shown: str | None = None) -> Path:
+    """The regular file ``name`` names (relative to ``base`` where given: a file a scenario
+    names); a ConfigError naming ``field`` (an option, a scenario's key) if the name is empty
+    or names something else. ``shown``: how messages name it (default: its path)."""
     if not name:  # (Path("") is the current folder)
         raise ConfigError(f"the {what} file's path is empty", source=source, field=field)
-    path = Path(name)
+    path = Path(name) if base is None else base / name
+    where = str(path) if shown is None else shown
     try:
         if path.is_file():
             return path
         kind = not_a_file(path)
     except OSError as exc:  # e.g. a name too long for the file system
-        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror or exc}", source=source,
+        raise ConfigError(f"cannot read {what} file {where}: {exc.strerror or exc}", source=source,
                           field=field) from None
-    raise ConfigError(f"{what} file not found: {path}" if kind == "not found" else f"{what} file {path} is {kind}",
-                      source=source, field=field)
+    if kind == "not found":
+        raise ConfigError(f"{what} file not found: {where}", source=source, field=field)
+    hint = "; give the file in it" if kind == "a folder" else ""
+    raise ConfigError(f"{what} file {where} is {kind}{hint}", source=source, field=field)
 
 
 def short_repr(value: Any) -> str:
