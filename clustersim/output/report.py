@@ -57,6 +57,7 @@ import plotly.graph_objects as go
 from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
+from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
 from .summary import fabric_faults_note, plan_dims, plan_options
 
 GiB = 1024**3
@@ -646,22 +647,27 @@ def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[
     done now: (the bars' traces, a function that adds what needs the summary: critical path,
     axis). The figure's ``data`` starts with those traces, whatever the summary."""
     order = span_order(trace)
+    shown = shown_ranks(order, trace.stage_of, MAX_TIMELINE_RANKS)
+    if len(shown.ranks) < shown.of:
+        order = only_ranks(order, shown.ranks)
     rows = order.rows
     labels = row_labels(trace, rows)
     n_merged, bars = _timeline_bars(trace, order)
-    meta = None
+    meta: dict[str, Any] = {}
     if isinstance(bars, BinnedBars):
         data = _group_traces(bars.group, bars.row, bars.start_s, bars.dur_s, bars.busy_s,
                              binned_hover_texts(bars, labels))
-        meta = {"binned": {"merged_bars": n_merged, "bars": len(bars.row), "bin_ms": bars.bin_s * 1e3}}
+        meta["binned"] = {"merged_bars": n_merged, "bars": len(bars.row), "bin_ms": bars.bin_s * 1e3}
     else:
         data = _bar_traces(bars, hover_texts(bars, labels))
+    if len(shown.ranks) < shown.of:
+        meta["shown"] = {"ranks": len(shown.ranks), "of": shown.of, "alike": len(shown.alias)}
 
     def with_summary(summary: dict[str, Any]) -> dict[str, Any]:
-        path = path_trace(summary, rows)
+        path = path_trace(summary, rows, shown.alias)
         step_ms = 1e3 * float(summary.get("step_time_s") or order.last_end_s)
         layout = _layout(len(rows), labels, step_ms, _rank_bands(rows))
-        if meta is not None:
+        if meta:
             layout["meta"] = meta
         return {"data": data if path is None else [*data, path], "layout": layout}
     return data, with_summary
@@ -790,16 +796,22 @@ def _stretch_hover(segs: list[dict[str, Any]]) -> str:
             f"{_n(len(segs), 'stay')} of {fmt_time(span_s / len(segs))} on average<br>{shares}")
 
 
-def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]]) -> dict[str, Any] | None:
+def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]],
+               alias: dict[int, int] | None = None) -> dict[str, Any] | None:
     """The critical path as a line over the timeline: along a rank's compute row while the
     path stays on that rank, down or up to the next rank where it crosses over; a stretch
     that goes back and forth faster than the view can show (:func:`path_pieces`) as a line on
-    each of its ranks' rows, without the hops. A scatter trace in validated form (what
+    each of its ranks' rows, without the hops. ``alias``: a rank not drawn -> the drawn rank
+    whose rows it repeats (clustersim.output.shown), on whose rows its part of the path goes;
+    the path on other ranks not drawn is left out. A scatter trace in validated form (what
     ``go.Scatter(...)`` gives), or None."""
     row_of: dict[int, int] = {}
     for i, (rank, stream) in enumerate(rows):
         if stream == "compute" or rank not in row_of:
             row_of[rank] = i if stream == "compute" else row_of.get(rank, i)
+    for hidden, drawn in (alias or {}).items():
+        if drawn in row_of:
+            row_of.setdefault(hidden, row_of[drawn])
     segments = [seg for seg in (summary.get("critical_path") or {}).get("segments") or [] if seg["rank"] in row_of]
     step_s = float(summary.get("step_time_s") or (segments[-1]["end_s"] if segments else 0.0))
     xs: list[float | None] = []
@@ -1240,9 +1252,10 @@ def _stretches_note(cp: dict[str, Any], summary: dict[str, Any]) -> str:
             "hops left out)")
 
 
-def timeline_note(trace: Trace, binned: dict[str, Any] | None = None) -> str:
+def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dict[str, Any] | None = None) -> str:
     """What a row and a bar stand for; ``binned``: the timeline's ``layout.meta["binned"]``
-    when it shows runs of bins (see :func:`timeline`)."""
+    when it shows runs of bins, ``shown``: its ``layout.meta["shown"]`` when it draws some of
+    the ranks (see :func:`timeline`)."""
     weights = sorted({trace.weight.get(r, 1) for r in trace.ranks})
     who = ""
     if weights and weights != [1]:
@@ -1250,6 +1263,12 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None) -> str:
         who = f" Each simulated rank stands for {w} GPUs that behave alike (its TP, CP and DP peers)."
     head = (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
             f'{_n(trace.n_spans, "span")}).{who} ')
+    if shown:
+        alike = (f" {shown['alike']:,} of the others repeat a drawn rank's rows exactly; where the critical path "
+                 "crosses one, it is drawn on that rank's rows." if shown["alike"] else "")
+        head += (f"The timeline draws {shown['ranks']:,} of the {shown['of']:,} ranks (a browser lays out more than "
+                 f"{MAX_TIMELINE_RANKS:,} slowly): one of each kind of rank, in each stage those that finish last "
+                 f"and first before the others; trace.json.gz has every rank.{alike} ")
     tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
     if binned:
         return (f"{head}Joined by microbatch and phase, the spans would make at least {binned['merged_bars']:,} bars, "
@@ -1261,10 +1280,11 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None) -> str:
             "and the busy time inside (lighter = less busy). " + tail)
 
 
-def _binned_meta(fig: go.Figure | dict[str, Any]) -> dict[str, Any] | None:
-    """The timeline's ``layout.meta["binned"]``, or None when it shows merged bars."""
+def _timeline_meta(fig: go.Figure | dict[str, Any], key: str) -> dict[str, Any] | None:
+    """The timeline's ``layout.meta[key]``: "binned" (None when it shows merged bars) or
+    "shown" (None when it draws every rank)."""
     meta = fig["layout"].get("meta") if isinstance(fig, dict) else fig.layout.meta
-    return meta.get("binned") if isinstance(meta, dict) else None
+    return meta.get(key) if isinstance(meta, dict) else None
 
 
 def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str, Any],
@@ -1324,7 +1344,7 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
-        "<h2>Timeline</h2>", timeline_note(trace, _binned_meta(d)), before,
+        "<h2>Timeline</h2>", timeline_note(trace, _timeline_meta(d, "binned"), _timeline_meta(d, "shown")), before,
     ])
     head = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
