@@ -179,6 +179,14 @@ def _odd_trace(late_s: float) -> Trace:
              size_bytes=1024, op="all_reduce"),  # a tie in both: the trace's order
         Span(rank=5, stream="my_stream", name="late", kind="other", start_s=late_s, end_s=late_s + 1e-3),
         Span(rank=5, stream="compute", name="backwards", kind="compute", start_s=2.0, end_s=1.9996),
+        # receives from two senders (DualPipe): overlapping, nested, then after both
+        Span(rank=0, stream="pp_fwd_recv", name="recv a", kind="pp", start_s=0.1, end_s=0.3, mb=1),
+        Span(rank=0, stream="pp_fwd_recv", name="recv b", kind="pp", start_s=0.2, end_s=0.4, mb=2),
+        Span(rank=0, stream="pp_fwd_recv", name="recv c", kind="pp", start_s=0.25, end_s=0.26, mb=3),
+        Span(rank=0, stream="pp_fwd_recv", name="recv d", kind="pp", start_s=0.3, end_s=0.35, mb=4),
+        # touching receives share their thread
+        Span(rank=5, stream="pp_bwd_recv", name="recv g", kind="pp", start_s=0.1, end_s=0.2, mb=1),
+        Span(rank=5, stream="pp_bwd_recv", name="recv g", kind="pp", start_s=0.2, end_s=0.3, mb=2),
     ]
     return Trace(spans=spans, ranks=[5, 0], weight={0: 1, 5: 8}, stage_of={0: 0, 5: 1})
 
@@ -195,6 +203,48 @@ def test_odd_spans_are_written_as_json_dumps_writes_them(tmp_path, late_s):
     text = _dumps(trace_document(trace, summary))
     assert plain.read_text(encoding="utf-8") == text
     _assert_one_gzip_member(gz.read_bytes(), text)
+
+
+def test_receives_that_overlap_go_on_lanes_of_their_own():
+    # Perfetto drops a complete event that overlaps another on its thread, and draws one
+    # inside another as its child: each receive stream's spans are laid out on lanes
+    assert perfetto.lanes([0, 2, 3, 4, 9], [5, 6, 4, 7, 10]) == [0, 1, 2, 2, 0]
+    doc = trace_document(_odd_trace(3.0), {})
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    sort_index = {(e["pid"], e["tid"]): e["args"]["sort_index"] for e in doc["traceEvents"]
+                  if e["name"] == "thread_sort_index"}
+    events = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    on = {e["name"]: names[e["pid"], e["tid"]] for e in events if e["name"].startswith("recv")}
+    assert on == {"recv a": "pp_fwd_recv", "recv b": "pp_fwd_recv #2", "recv c": "pp_fwd_recv #3",
+                  "recv d": "pp_fwd_recv", "recv g": "pp_bwd_recv"}
+    lane_sort = {sort_index[k] for k, name in names.items() if name.startswith("pp_fwd_recv")}
+    assert len(lane_sort) == 1  # the lanes sort with their stream
+    assert len(events) == len(_odd_trace(3.0).spans)
+    by_thread: dict = {}
+    for e in events:
+        by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + max(e["dur"], 0)))
+    for (pid, tid), times in by_thread.items():
+        if names[pid, tid].startswith("pp_"):
+            times.sort()
+            assert all(b[0] >= a[1] for a, b in zip(times, times[1:])), names[pid, tid]
+
+
+def test_a_dualpipe_trace_has_no_receive_on_another(tmp_path):
+    # DualPipe's first and last ranks receive forward activations from both neighbours
+    path = tmp_path / "t.json"
+    result = clustersim.simulate(ROOT / "scenarios" / "dualpipe.yaml")
+    write_trace(path, result.trace, result.summary)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    by_thread: dict = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    assert any("#" in n for n in names.values())  # it has receives that overlap
+    for key, times in by_thread.items():
+        times.sort()
+        assert all(b[0] >= a[1] - 1e-9 for a, b in zip(times, times[1:])), names[key]
+    assert sum(map(len, by_thread.values())) == result.trace.n_spans
 
 
 def _assert_one_gzip_member(data: bytes, text: str) -> None:

@@ -9,6 +9,9 @@ One process per simulated rank, one thread per stream, one complete ("X") event 
     stage 1 · rank 64           (pid 65)
         compute   ...
 
+Receives that overlap (DualPipe's from both neighbours) go on extra threads of their stream,
+``pp_fwd_recv #2``..., one lane each (:func:`lanes`): Perfetto drops an event that overlaps
+another on its thread.
 Times are microseconds (the format's unit), quantised to whole nanoseconds so that spans that
 touch in the simulation still touch after Perfetto converts them to integer nanoseconds (a
 rounding overlap of 1 ns would make it nest one span inside the other).
@@ -38,9 +41,9 @@ import json
 import struct
 import zlib
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import pairwise, repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -145,6 +148,61 @@ def streams_by_rank(trace: Trace) -> dict[int, list[str]]:
     for s in trace.spans:
         seen.setdefault(s.rank, set()).add(s.stream)
     return {r: sorted(seen[r], key=stream_sort_key) for r in rank_order(trace)}
+
+
+def is_receive(stream: str) -> bool:
+    """A receive stream: the sender's transfers as they arrive, from both neighbours under
+    DualPipe, so they may overlap; every other stream's spans follow one another (the stream-overlap
+    check holds them to it)."""
+    return stream.endswith("_recv")
+
+
+def lanes(start_ns: Sequence[int], end_ns: Sequence[int]) -> list[int]:
+    """Lanes for spans sorted by start, so that none overlaps or nests in another on its
+    lane: each goes to the first lane free by its start (Perfetto drops a complete event
+    that overlaps another on its thread, and draws one inside another as its child)::
+
+        spans  [a------]  [c---]         lanes  0: [a------][c---]
+                  [b------]                     1:    [b------]
+    """
+    free_ns: list[int] = []  # per lane, where its last span ends
+    out = []
+    for t0, t1 in zip(start_ns, end_ns):
+        for k, f in enumerate(free_ns):
+            if f <= t0:
+                break
+        else:
+            k = len(free_ns)
+            free_ns.append(t1)
+        free_ns[k] = t1
+        out.append(k)
+    return out
+
+
+def lane_stream(stream: str, lane: int) -> str:
+    """The thread of ``stream``'s lane: ``pp_fwd_recv``, ``pp_fwd_recv #2``, ..."""
+    return stream if lane == 0 else f"{stream} #{lane + 1}"
+
+
+def _span_threads(trace: Trace) -> tuple[dict[int, list[str]], list[str]]:
+    """The threads each rank's spans go on (:func:`streams_by_rank` with the receive
+    streams' extra lanes after their first, see :func:`lanes`) and each span's thread, in
+    the trace's span order."""
+    thread = [s.stream for s in trace.spans]
+    per_row: dict[tuple[int, str], list[int]] = {}
+    for i, s in enumerate(trace.spans):
+        if is_receive(s.stream):
+            per_row.setdefault((s.rank, s.stream), []).append(i)
+    extra: dict[tuple[int, str], int] = {}
+    for (rank, stream), idx in per_row.items():
+        idx.sort(key=lambda i: (trace.spans[i].start_s, trace.spans[i].end_s))
+        lane = lanes([_ns(trace.spans[i].start_s) for i in idx], [_ns(trace.spans[i].end_s) for i in idx])
+        for i, k in zip(idx, lane):
+            thread[i] = lane_stream(stream, k)
+        extra[rank, stream] = max(lane)
+    rows = {r: [lane_stream(st, k) for st in sts for k in range(extra.get((r, st), 0) + 1)]
+            for r, sts in streams_by_rank(trace).items()}
+    return rows, thread
 
 
 @dataclass(frozen=True)
@@ -319,14 +377,15 @@ def _metadata_events(trace: Trace, rows: dict[int, list[str]],
         for st in rows[rank]:
             tid = tids[rank, st]
             out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": st}})
+            # a lane sorts with its stream's first, just after it (Perfetto breaks ties by tid)
             out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                        "args": {"sort_index": tid % _TID_STRIDE}})
+                        "args": {"sort_index": tids[rank, st.split(" #", 1)[0]] % _TID_STRIDE}})
     return out
 
 
 def metadata_events(trace: Trace) -> list[dict[str, Any]]:
     """process_name / thread_name and their sort indices, so the UI lists ranks by stage."""
-    rows = streams_by_rank(trace)
+    rows = _span_threads(trace)[0]
     return _metadata_events(trace, rows, _thread_ids(rows))
 
 
@@ -336,16 +395,21 @@ def _thread_ids(rows: dict[int, list[str]]) -> dict[tuple[int, str], int]:
 
 
 def thread_ids(trace: Trace) -> dict[tuple[int, str], int]:
-    """(rank, stream) -> tid, in display order."""
-    return _thread_ids(streams_by_rank(trace))
+    """(rank, thread) -> tid, in display order: a thread per stream, and per extra lane of a
+    receive stream (:func:`lanes`)."""
+    return _thread_ids(_span_threads(trace)[0])
 
 
 def span_events(trace: Trace) -> list[dict[str, Any]]:
-    """All spans as X events, sorted by process, thread and time (stable, so deterministic)."""
-    tids = thread_ids(trace)
+    """All spans as X events, sorted by process, stream and time (stable, so deterministic),
+    each on its thread (its stream's, or its lane's: :func:`lanes`)."""
+    rows, thread = _span_threads(trace)
+    tids = _thread_ids(rows)
     row = {key: i for i, key in enumerate(tids)}  # display position of each thread
-    spans = sorted(trace.spans, key=lambda s: (row[s.rank, s.stream], s.start_s, s.end_s))
-    return [span_event(s, pid_of(s.rank), tids[s.rank, s.stream]) for s in spans]
+    order = sorted(range(len(trace.spans)), key=lambda i: (row[trace.spans[i].rank, trace.spans[i].stream],
+                                                           trace.spans[i].start_s, trace.spans[i].end_s))
+    return [span_event(trace.spans[i], pid_of(trace.spans[i].rank), tids[trace.spans[i].rank, thread[i]])
+            for i in order]
 
 
 _HEADLINE_KEYS = ("scenario", "description", "world_size", "step_time_s", "tokens_per_s",
@@ -438,12 +502,23 @@ class TracePieces:
 
     def __init__(self, trace: Trace):
         order = self.order = span_order(trace)
-        self.tids = _thread_ids(order.by_rank)
+        by_rank, self.lane_ids = dict(order.by_rank), {}
+        for row, lane in _receive_lanes(order).items():
+            rank, stream = order.rows[row]
+            sts = by_rank[rank] = list(by_rank[rank])
+            at = sts.index(stream) + 1
+            sts[at:at] = [lane_stream(stream, k) for k in range(1, max(lane) + 1)]
+            self.lane_ids[row] = lane
+        self.tids = _thread_ids(by_rank)
+        for row, lane in self.lane_ids.items():
+            rank, stream = order.rows[row]
+            self.lane_ids[row] = [f',"pid":{pid_of(rank)},"tid":{self.tids[rank, lane_stream(stream, k)]}'
+                                  for k in lane]
         codes, forms = trace.forms()
         self.per_form = list(map(_EventParts().__getitem__, map(_EVENT_KEY, forms)))  # each form's text, once
         self.codes = order.take_array(codes)
         self.mbs = order.take_array(trace.mbs())
-        events = [_dumps(e) for e in _metadata_events(trace, order.by_rank, self.tids)]
+        events = [_dumps(e) for e in _metadata_events(trace, by_rank, self.tids)]
         self.head = '{"displayTimeUnit":"ms","traceEvents":[' + ",".join(events)
         self.has_metadata = bool(events)
         self.n_spans = len(order.index_array)
@@ -470,13 +545,18 @@ class TracePieces:
         lines = []
         while row < len(rows) and bounds[row] < hi:
             rank, stream = rows[row]
-            ids = f',"pid":{pid_of(rank)},"tid":{self.tids[rank, stream]}'
             a, b = max(bounds[row], lo) - lo, min(bounds[row + 1], hi) - lo
+            lane = self.lane_ids.get(row)
+            if lane is None:
+                ids_of: Any = repeat(f',"pid":{pid_of(rank)},"tid":{self.tids[rank, stream]}')
+            else:  # a receive stream whose spans overlap: each on its lane's thread
+                first = bounds[row]
+                ids_of = lane[a + lo - first:b + lo - first]
             lines.append(",".join([
                 f'{head}{ts}{frac[ts_f]},"dur":{dur}{frac[dur_f]}{ids},"args":{{"mb":{mb}{after_mb}' if mb >= 0
                 else f'{head}{ts}{frac[ts_f]},"dur":{dur}{frac[dur_f]}{ids}{no_mb}'
-                for (head, after_mb, no_mb), mb, ts, ts_f, dur, dur_f
-                in zip(parts[a:b], mbs[a:b], ts_us[a:b], ts_frac[a:b], dur_us[a:b], dur_frac[a:b])]))
+                for (head, after_mb, no_mb), mb, ts, ts_f, dur, dur_f, ids
+                in zip(parts[a:b], mbs[a:b], ts_us[a:b], ts_frac[a:b], dur_us[a:b], dur_frac[a:b], ids_of)]))
             row += 1
         out.append(",".join(lines))
         return "".join(out)
@@ -487,6 +567,20 @@ class TracePieces:
         data = self.text(k).encode("utf-8")
         z = _deflate.compressobj(GZIP_LEVEL, _deflate.DEFLATED, -15)
         return z.compress(data) + z.flush(_deflate.Z_SYNC_FLUSH), _deflate.crc32(data), len(data)
+
+
+def _receive_lanes(order: SpanOrder) -> dict[int, list[int]]:
+    """Per row of a receive stream whose spans overlap (in whole nanoseconds, as the file
+    has them), each span's lane (:func:`lanes`), in display order."""
+    out = {}
+    for row, (_, stream) in enumerate(order.rows):
+        lo, hi = order.bounds[row], order.bounds[row + 1]
+        if not is_receive(stream) or hi - lo < 2:
+            continue
+        start_ns, end_ns = _ns_array(order.start_s[lo:hi]), _ns_array(order.end_s[lo:hi])
+        if (start_ns[1:] < np.maximum.accumulate(end_ns[:-1])).any():
+            out[row] = lanes(start_ns.tolist(), end_ns.tolist())
+    return out
 
 
 def piece_count(trace: Trace) -> int:
