@@ -127,6 +127,8 @@ def cmd_run(args) -> int:
     # step, which needs no whole schedule (clustersim.engine.ahead)
     sc = load_scenario(args.scenario, check_schedule=False)
     out = Path(args.out) if args.out is not None else _default_out(args.scenario)
+    if ".." in out.parts:  # o2/.. with o2 not there: the folder meant, not an o2 made on the way
+        out = out.resolve()
     files = {"report": not args.no_report, "trace_file": not args.no_trace}
     staging = _Staging(out)
     writer = None

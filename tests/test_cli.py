@@ -180,6 +180,15 @@ def test_an_out_folder_that_cannot_be_one_is_refused_before_the_run(tmp_path, ro
         assert f.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
+def test_an_out_through_a_folder_not_there_makes_no_folder(tmp_path, root):
+    """``--out o2/..`` with no o2 is the folder itself: the files go there, and no empty o2
+    is left behind (mkdir made it on the way)."""
+    r = run_cli("run", root / "scenarios/llama3_8b_8gpu.yaml", "--out", "o2/..", "--no-trace", "--no-report",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
 def test_out_folders_the_files_cannot_go_into_are_refused_before_the_run(tmp_path, root):
     """A folder already holding a folder where an output file goes (os.replace would fail
     after two files moved in: half-written), a link to nothing, a name past 255 bytes and,
