@@ -368,6 +368,11 @@ class Lowering:
     sent: dict = field(default_factory=dict)  # (kind, sender rank, stage, mb) -> send tid
     grad_tasks: dict = field(default_factory=dict)  # rank -> tids of its gradient reductions
     stage_grads: dict = field(default_factory=dict)  # (rank, stage) -> tids reducing that stage's grads
+    # rank -> the gradient reductions of its last gradient action under ZeRO-2/3, which its next
+    # action waits for (:func:`_reduce_action`); (rank, stage, mb, group kind, bucket) -> a
+    # ZeRO-2 bucket's reduce-scatter, made in the pipeline pass
+    sync: dict = field(default_factory=dict)
+    bucket_tid: dict = field(default_factory=dict)
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
     _pp_of: dict = field(default_factory=dict, repr=False)  # rank -> its pipeline position
     _stage_peers: dict = field(default_factory=dict, repr=False)  # (rank, stage) -> stage_peer
@@ -629,6 +634,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
                            stage=q, layer=layer)
                 low.grad_tasks.setdefault(r, []).append(rs)
                 low.stage_grads.setdefault((r, stage), []).append(rs)
+                low.sync.setdefault(r, []).append(rs)
         for j, spec in enumerate(post):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
         yield
@@ -921,18 +927,21 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
         tp             [AR F0][AR B0] ...
         pp                                        [send act][send grad]
     """
+    wait = low.sync.pop(r, [])  # the reductions of the rank's last gradient action (ZeRO-2/3)
     if len(unit) == 1:
         a = unit[0]
         route = _route(low, r, a)
-        done = (_single_action(prog, low, r, a, route[0], _input_deps(low, r, a, route)),)
+        done = (_single_action(prog, low, r, a, route[0], _input_deps(low, r, a, route) + wait),)
         low.done[(a.kind, r, a.stage, a.mb)] = done
         _send_output(prog, low, r, a, done, route)
         low.last_task[r] = done
+        _zero2_reduce(prog, low, r, a)
         return
     paths = [_route(low, r, a) for a in unit]
     f, b = unit[0], unit[1]
     b_inputs = _input_deps(low, r, b, paths[1])
-    done = tuple(_run_chains(_blocks(prog, low, r, f, paths[0][0], _input_deps(low, r, f, paths[0]) + b_inputs),
+    done = tuple(_run_chains(_blocks(prog, low, r, f, paths[0][0],
+                                     _input_deps(low, r, f, paths[0]) + b_inputs + wait),
                              _blocks(prog, low, r, b, paths[1][0], b_inputs)))
     if len(unit) == 3:  # the chunk's backward is a full backward: its W right after
         w = unit[2]
@@ -942,6 +951,8 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
     for a, route in zip((f, b), paths):
         _send_output(prog, low, r, a, done, route)
     low.last_task[r] = done
+    for a in unit:
+        _zero2_reduce(prog, low, r, a)
 
 
 def pipeline_pass(prog: Program, low: Lowering, units: list | None = None, start: int = 0) -> Program:
@@ -1000,9 +1011,10 @@ class _Again:
             src = dst = None
         keeps = _keeps_block_tids(low, kind, stage, mb)
         done_of = low.done
+        sync = low.sync
         for r in ranks:
             route = low.routes.get((r, kind, stage, src, dst))
-            if route is not None:  # its inputs, as _input_deps
+            if route is not None:  # its inputs, as _input_deps (and _lower_unit's wait)
                 blocks, _, peer, _, spec = route
                 if kind == "W":
                     deps = done_of[("B", r, stage, mb)]
@@ -1010,10 +1022,13 @@ class _Again:
                     deps = () if kind == "F" else done_of[("F", r, stage, mb)]
                     if src is not None:
                         deps += done_of[(kind, r, src, mb)] if peer < 0 else (low.sent[(kind, peer, src, mb)],)
+                if r in sync:
+                    deps = (*deps, *sync[r])
                 tmpl = low.templates.get((r, kind, stage, id(blocks), len(deps)))
             if route is None or not tmpl:  # a first time: worked out there
                 _lower_unit(prog, low, r, (a,))
                 continue
+            sync.pop(r, None)
             first = len(prog.items)
             last = prog.defer_run(r, tmpl, mb, deps)
             if keeps:
@@ -1025,12 +1040,14 @@ class _Again:
             if spec is not None:
                 low.sent[(kind, r, stage, mb)] = _add_comm(prog, r, spec, (kind, stage, mb), done, mb, kind, q)
             low.last_task[r] = done
+            if keeps and low.zero == 2:
+                _zero2_reduce(prog, low, r, a)
 
 
 # what pipeline_pass writes as it goes and later units read: kept where two steps part; the
 # values of the second ones are lists it appends to (ZeRO-3's reductions), copied too
-_STATE = ("bwd_tid", "last_compute", "last_task", "done", "sent", "templates", "routes")
-_LIST_STATE = ("grad_tasks", "stage_grads")
+_STATE = ("bwd_tid", "last_compute", "last_task", "done", "sent", "templates", "routes", "bucket_tid")
+_LIST_STATE = ("grad_tasks", "stage_grads", "sync")
 
 
 @dataclass(eq=False)
@@ -1125,6 +1142,64 @@ def _buckets(blocks, bucket_params: float, attr: str = "params"):
             filled = 0.0
 
 
+def _zero2_reduce(prog: Program, low: Lowering, r: int, a: Action) -> None:
+    """Under ZeRO-2, the gradient buckets of rank ``r``'s action ``a`` reduce-scattered as
+    soon as ``a`` is lowered (if it makes gradients final), for its next action to wait
+    for: see :func:`_reduce_action`."""
+    if low.zero == 2 and a.kind == low.grad_kind:
+        low.sync.setdefault(r, []).extend(_reduce_action(prog, low, r, a, reduce=True, replicas=False))
+
+
+def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: bool, replicas: bool) -> list[int]:
+    """The DP (and expert-DP) reductions of the gradients action ``a`` makes final on rank
+    ``r``, bucket by bucket (``reduce``; else those made already, ``low.bucket_tid``), each
+    followed by its all-reduce between the part's two holders (``replicas``, DualPipe, on the
+    step's final microbatch of the stage); the reductions' ids.
+
+    ZeRO-2 reduces after every microbatch, and the rank's next action waits for that (its
+    first task depends on ``low.sync``), as DeepSpeed's ZeRO-2/3 and PyTorch FSDP wait for
+    their reduce-scatters at the end of every backward call (the epilogue's stream
+    synchronise; ``_post_backward_final_callback``'s ``wait_stream``)::
+
+        compute  [B mb0 ...........][F mb1 ...
+        dp                [RS b0][RS b1]|       the forward of mb1 waits for RS b1
+    """
+    mesh = low.mesh
+    op = "all_reduce" if low.zero == 0 else "reduce_scatter"
+    shard = low.n_grad if low.zero >= 1 else 1  # after a DP reduce-scatter a rank keeps 1/(dp cp)
+    expert_shard = mesh.size("cp+edp") if low.zero >= 1 else 1
+    q, part = low.pp_of(r), low.part(a.stage)
+    dp_buckets = low.n_grad > 1 and low.zero < 3
+    replicas = replicas and len(low.holders_of[part]) > 1 and low.zero < 3 and a.mb == low.final_mb[a.stage]
+    out: list[int] = []
+    if not (dp_buckets or replicas):
+        return out
+    tids = low.grad_tasks.setdefault(r, [])
+    meta = dict(mb=a.mb, phase=low.grad_kind, stage=q)
+    blocks = low.work[part].grad_blocks(low.split)
+    # routed experts: E/ep on this rank, the same experts on every rank of its EDP group
+    expert_reduce = low.zero < 3 and mesh.size("cp+edp") > 1
+    for dim, kind, attr, share in (("dp", "dp", "params", shard), ("edp", "edp", "expert_params", expert_shard)):
+        on = dp_buckets if dim == "dp" else expert_reduce
+        what, label = ("bucket", "") if dim == "dp" else ("expert bucket", "expert ")
+        for n, (i, params) in enumerate(_buckets(blocks, low.dp_bucket_params, attr)):
+            dep = low.bwd_tid[(r, a.stage, a.mb, i)]
+            if on and reduce:
+                dep = low.bucket_tid[(r, a.stage, a.mb, dim, n)] = _comm(
+                    low, prog, r, kind, low.group_of(r, kind), (what, a.stage, a.mb, n), params * low.grad_bytes,
+                    op=op, deps=(dep,), stream="dp", name=f"{COMM_SHORT[op]} {label}grads bucket {n}", **meta)
+                tids.append(dep)
+                out.append(dep)
+                if dim == "dp":
+                    low.stage_grads.setdefault((r, a.stage), []).append(dep)
+            elif on:
+                dep = low.bucket_tid[(r, a.stage, a.mb, dim, n)]
+            if replicas:
+                tids.append(_replica_allreduce(prog, low, r, part, (what, n), params / share, (dep,),
+                                               f"AR part {part} {label}grads bucket {n} (replicas)", **meta))
+    return out
+
+
 def dp_grad_pass(prog: Program, low: Lowering) -> Program:
     """Gradient reduction over DP in buckets, each launched when its last gradient is final.
 
@@ -1149,44 +1224,14 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
     last part.
     """
     mesh = low.mesh
-    op = "all_reduce" if low.zero == 0 else "reduce_scatter"
     shard = low.n_grad if low.zero >= 1 else 1  # after a DP reduce-scatter a rank keeps 1/(dp cp)
     expert_shard = mesh.size("cp+edp") if low.zero >= 1 else 1
     for r in low.sym.ranks:
         q = low.pp_of(r)
-        tids: list[int] = list(low.grad_tasks.get(r, []))
+        tids: list[int] = low.grad_tasks.setdefault(r, [])
         for a in _grad_final_actions(low, q):
-            part = low.part(a.stage)
-            dp_buckets = low.n_grad > 1 and low.zero < 3
-            pps = low.holders_of[part]
-            replicas = len(pps) > 1 and low.zero < 3 and a.mb == low.final_mb[a.stage]
-            if not (dp_buckets or replicas):
-                continue
-            meta = dict(mb=a.mb, phase=low.grad_kind, stage=q)
-            for n, (i, params) in enumerate(_buckets(low.work[part].grad_blocks(low.split), low.dp_bucket_params)):
-                dep = low.bwd_tid[(r, a.stage, a.mb, i)]
-                if dp_buckets:
-                    dep = _comm(low, prog, r, "dp", low.group_of(r, "dp"), ("bucket", a.stage, a.mb, n),
-                                params * low.grad_bytes, op=op, deps=(dep,),
-                                name=f"{COMM_SHORT[op]} grads bucket {n}", **meta)
-                    tids.append(dep)
-                    low.stage_grads.setdefault((r, a.stage), []).append(dep)
-                if replicas:
-                    tids.append(_replica_allreduce(prog, low, r, part, ("bucket", n), params / shard, (dep,),
-                                                   f"AR part {part} grads bucket {n} (replicas)", **meta))
-            # routed experts: E/ep on this rank, the same experts on every rank of its EDP group
-            expert_reduce = low.zero < 3 and mesh.size("cp+edp") > 1 and (low.zero == 2 or a.mb == low.final_mb[a.stage])
-            blocks = low.work[part].grad_blocks(low.split)
-            for n, (i, params) in enumerate(_buckets(blocks, low.dp_bucket_params, "expert_params")):
-                dep = low.bwd_tid[(r, a.stage, a.mb, i)]
-                if expert_reduce:
-                    dep = _comm(low, prog, r, "edp", low.group_of(r, "edp"), ("expert bucket", a.stage, a.mb, n),
-                                params * low.grad_bytes, op=op, deps=(dep,), stream="dp",
-                                name=f"{COMM_SHORT[op]} expert grads bucket {n}", **meta)
-                    tids.append(dep)
-                if replicas:
-                    tids.append(_replica_allreduce(prog, low, r, part, ("expert bucket", n), params / expert_shard,
-                                                   (dep,), f"AR part {part} expert grads bucket {n} (replicas)", **meta))
+            if a.mb == low.final_mb[a.stage]:  # (ZeRO-2 reduced every microbatch in the pipeline pass)
+                _reduce_action(prog, low, r, a, reduce=low.zero < 2, replicas=True)
         if low.zero == 3:  # gradients were reduce-scattered per unit: sum the replicas' shards once
             for part in low.parts_of[q]:
                 if len(low.holders_of[part]) < 2:
