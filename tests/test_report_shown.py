@@ -11,7 +11,7 @@ import pytest
 import clustersim
 import clustersim.output.report as report
 from clustersim.output.perfetto import SpanOrder, span_order
-from clustersim.output.shown import only_ranks, shown_ranks
+from clustersim.output.shown import only_ranks, shown_ranks, spread
 
 from .conftest import scenario_dict
 
@@ -64,6 +64,22 @@ def test_kinds_taken_stage_by_stage_latest_then_earliest():
     assert shown_ranks(order, stage_of, most=2).ranks == [0, 4]
 
 
+def test_stages_past_the_cap_are_drawn_spread_over_the_pipeline():
+    assert spread(9) == [0, 8, 4, 2, 6, 1, 3, 5, 7]
+    assert all(sorted(spread(n)) == list(range(n)) for n in range(40))
+    order = _order({r: 1.0 + r for r in range(10)})  # ten stages of one rank
+    shown = shown_ranks(order, {r: r for r in range(10)}, most=4)
+    assert shown.ranks == [0, 2, 4, 9] and (shown.stages, shown.of_stages, shown.kinds) == (4, 10, 10)
+
+
+def test_ranks_without_spans_are_not_drawn():
+    order = _order({0: 1.0, 1: 2.0, 2: 3.0})
+    order = SpanOrder(rows=order.rows, by_rank={**order.by_rank, 3: [], 4: []}, index_array=order.index_array,
+                      bounds=order.bounds, start_s=order.start_s, end_s=order.end_s, last_end_s=order.last_end_s)
+    shown = shown_ranks(order, {}, most=4)
+    assert shown.ranks == [0, 1, 2] and shown.of == 5 and shown.kinds == 3
+
+
 def test_only_ranks_keeps_those_rows_and_the_step_end():
     order = _order({0: 3.0, 1: 4.0, 2: 1.0})
     cut = only_ranks(order, [0, 2])
@@ -96,7 +112,8 @@ def test_the_timeline_past_the_cap(every_rank, monkeypatch):
     cut = report.timeline(trace, summary)
     shown = shown_ranks(span_order(trace), trace.stage_of, most=4)
     meta = cut["layout"]["meta"]["shown"]
-    assert meta == {"ranks": len(shown.ranks), "of": 16, "alike": len(shown.alias)}
+    assert meta == {"ranks": len(shown.ranks), "of": 16, "alike": len(shown.alias), "kinds": shown.kinds,
+                    "stages": 2, "of_stages": 2}
     labels = cut["layout"]["yaxis"]["ticktext"]
     assert {int(lab.split()[1]) for lab in labels} == set(shown.ranks)
     assert len(labels) == sum(len(span_order(trace).by_rank[r]) for r in shown.ranks)
@@ -134,3 +151,16 @@ def test_a_path_on_a_rank_not_drawn_nor_alike_is_left_out():
     xs = [x for x in path["x"] if x is not None]
     assert min(xs) == 0.0 and max(xs) == 2000.0  # rank 9's second is not drawn
     assert set(path["y"]) - {None} == {0, 2}  # rank 7 on rank 4's compute row
+
+
+def test_the_path_line_breaks_where_it_crosses_a_rank_not_drawn():
+    # joined over the gap, the line would show the path on rank 0 while it ran on rank 9
+    rows = [(0, "compute"), (4, "compute")]
+
+    def seg(rank: int, start_s: float) -> dict:
+        return {"rank": rank, "stage": 0, "start_s": start_s, "end_s": start_s + 1.0, "tasks": 1,
+                "compute_s": 1.0, "comm_s": 0.0, "first": "F0", "last": "F0"}
+    summary = {"step_time_s": 4.0, "critical_path": {"segments": [seg(0, 0.0), seg(9, 1.0), seg(4, 2.0), seg(0, 3.0)]}}
+    path = report.path_trace(summary, rows)
+    assert path["x"] == [0.0, 1000.0, None, 2000.0, 3000.0, 3000.0, 4000.0]
+    assert path["y"] == [0, 0, None, 1, 1, 0, 0]

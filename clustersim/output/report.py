@@ -661,7 +661,8 @@ def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[
     else:
         data = _bar_traces(bars, hover_texts(bars, labels))
     if len(shown.ranks) < shown.of:
-        meta["shown"] = {"ranks": len(shown.ranks), "of": shown.of, "alike": len(shown.alias)}
+        meta["shown"] = {"ranks": len(shown.ranks), "of": shown.of, "alike": len(shown.alias), "kinds": shown.kinds,
+                         "stages": shown.stages, "of_stages": shown.of_stages}
 
     def with_summary(summary: dict[str, Any]) -> dict[str, Any]:
         path = path_trace(summary, rows, shown.alias)
@@ -802,8 +803,8 @@ def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]],
     path stays on that rank, down or up to the next rank where it crosses over; a stretch
     that goes back and forth faster than the view can show (:func:`path_pieces`) as a line on
     each of its ranks' rows, without the hops. ``alias``: a rank not drawn -> the drawn rank
-    whose rows it repeats (clustersim.output.shown), on whose rows its part of the path goes;
-    the path on other ranks not drawn is left out. A scatter trace in validated form (what
+    alike to it (clustersim.output.shown), on whose rows its part of the path goes; the path
+    on other ranks not drawn is left out, the line broken there. A scatter trace in validated form (what
     ``go.Scatter(...)`` gives), or None."""
     row_of: dict[int, int] = {}
     for i, (rank, stream) in enumerate(rows):
@@ -812,11 +813,39 @@ def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]],
     for hidden, drawn in (alias or {}).items():
         if drawn in row_of:
             row_of.setdefault(hidden, row_of[drawn])
-    segments = [seg for seg in (summary.get("critical_path") or {}).get("segments") or [] if seg["rank"] in row_of]
-    step_s = float(summary.get("step_time_s") or (segments[-1]["end_s"] if segments else 0.0))
+    every = (summary.get("critical_path") or {}).get("segments") or []
+    step_s = float(summary.get("step_time_s") or (every[-1]["end_s"] if every else 0.0))
     xs: list[float | None] = []
     ys: list[float | None] = []
     text: list[str | None] = []
+    # runs of segments on drawn rows: the line breaks where a part of the path is left out
+    # (joined over it, it would show the path on a rank it was not on)
+    runs: list[list[dict[str, Any]]] = []
+    drawn_before = False
+    for seg in every:
+        drawn = seg["rank"] in row_of
+        if drawn:
+            if not drawn_before:
+                runs.append([])
+            runs[-1].append(seg)
+        drawn_before = drawn
+    for segments in runs:
+        if xs:
+            xs.append(None)
+            ys.append(None)
+            text.append(None)
+        _path_line(segments, step_s, row_of, xs, ys, text)
+    if not xs:
+        return None
+    return {"hovertemplate": "%{hovertext}<extra></extra>", "hovertext": text, "legendgroup": "path",
+            "line": {"color": "#111111", "width": 2}, "mode": "lines", "name": "critical path",
+            "x": xs, "y": ys, "type": "scatter"}
+
+
+def _path_line(segments: list[dict[str, Any]], step_s: float, row_of: dict[int, int], xs: list, ys: list,
+               text: list) -> None:
+    """Points of :func:`path_trace`'s line over ``segments``, one after the other on drawn
+    rows, appended to ``xs``, ``ys`` and ``text``."""
     for first, last in path_pieces(segments, step_s):
         if first == last:
             seg = segments[first]
@@ -843,11 +872,6 @@ def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]],
         xs += [x0, x1]
         ys += [leave, leave]
         text += [hover, hover]
-    if not xs:
-        return None
-    return {"hovertemplate": "%{hovertext}<extra></extra>", "hovertext": text, "legendgroup": "path",
-            "line": {"color": "#111111", "width": 2}, "mode": "lines", "name": "critical path",
-            "x": xs, "y": ys, "type": "scatter"}
 
 
 def _rank_bands(rows: list[tuple[int, str]]) -> list[dict]:
@@ -1264,11 +1288,20 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
     head = (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
             f'{_n(trace.n_spans, "span")}).{who} ')
     if shown:
-        alike = (f" {shown['alike']:,} of the others repeat a drawn rank's rows exactly; where the critical path "
-                 "crosses one, it is drawn on that rank's rows." if shown["alike"] else "")
+        kind = "ranks whose every row has the same span count, busy time and end"
+        if shown["kinds"] <= shown["ranks"]:
+            which = f"one rank of each kind ({kind})"
+        else:
+            which = (f"{shown['ranks']:,} of the {shown['kinds']:,} kinds of rank ({kind}), taken stage by stage, "
+                     "those that finish last and first before the others")
+            if shown["stages"] < shown["of_stages"]:
+                which += f", from {shown['stages']:,} of the {shown['of_stages']:,} stages, spread over the pipeline"
+        alike = (f" {shown['alike']:,} of the others are of a drawn rank's kind: where the critical path crosses one, "
+                 "it is drawn on that rank's rows" if shown["alike"] else "")
+        gaps = "; it breaks where it crosses a rank of a kind not drawn" if shown["kinds"] > shown["ranks"] else ""
         head += (f"The timeline draws {shown['ranks']:,} of the {shown['of']:,} ranks (a browser lays out more than "
-                 f"{MAX_TIMELINE_RANKS:,} slowly): one of each kind of rank, in each stage those that finish last "
-                 f"and first before the others; trace.json.gz has every rank.{alike} ")
+                 f"{MAX_TIMELINE_RANKS:,} slowly): {which}; trace.json.gz has every rank.{alike}{gaps}"
+                 f"{'.' if alike or gaps else ''} ")
     tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
     if binned:
         return (f"{head}Joined by microbatch and phase, the spans would make at least {binned['merged_bars']:,} bars, "

@@ -10,11 +10,14 @@ MAX_TIMELINE_RANKS ranks the timeline shows a choice of them, and trace.json.gz 
     stage 1   (same streams, spans, busy      earliest to finish first, then the next
     ...        time and end on each row)      ones, stage after stage in turn
 
-Ranks alike in every row's spans, busy time and end are one kind: its first rank is drawn
-and the others are its *aliases*, drawn on its rows where the critical path crosses them
-(an every-rank run's path hops between DP peers that behave the same). Kinds are taken
-from each stage in turn, the one that ends last first, then the one that ends first, the
-second last, the second first..., until MAX_TIMELINE_RANKS are shown.
+Ranks whose every row has the same span count, busy time and end are one kind: its first
+rank is drawn and the others are its *aliases*, on whose rows the critical path is drawn
+where it crosses them (an every-rank run's path hops between DP peers that behave the
+same). Kinds are taken from each stage in turn, the one that ends last first, then the one
+that ends first, the second last, the second first..., until MAX_TIMELINE_RANKS are shown.
+The stages take their turns spread over the pipeline (first, last, middle, quarters...), so
+that past MAX_TIMELINE_RANKS stages those drawn still span it. Ranks without spans have no
+rows and are not drawn.
 """
 
 from __future__ import annotations
@@ -36,11 +39,15 @@ ALIKE_SHARE = 1e-9
 @dataclass(frozen=True)
 class Shown:
     """The timeline's choice: ``ranks`` drawn (display order), of ``of`` in the trace;
-    ``alias``: hidden rank -> the drawn rank whose rows it would repeat exactly."""
+    ``alias``: hidden rank -> the drawn rank of its kind; ``kinds``: how many kinds the ranks
+    with spans make; ``stages``: how many stages have a rank drawn, of ``of_stages``."""
 
     ranks: list[int]
     of: int
     alias: dict[int, int]
+    kinds: int = 0
+    stages: int = 0
+    of_stages: int = 0
 
 
 def _row_stats(order: SpanOrder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,12 +77,30 @@ def _extremes_first(kinds: list[tuple[float, int]]) -> list[int]:
     return out
 
 
+def spread(n: int) -> list[int]:
+    """0 .. n-1 in an order that covers the range evenly at every length: the ends, the
+    middle, the quarters...: ``spread(9) == [0, 8, 4, 2, 6, 1, 3, 5, 7]``."""
+    if n <= 2:
+        return list(range(n))
+    out, spans = [0, n - 1], [(0, n - 1)]
+    while spans:
+        nxt = []
+        for a, b in spans:
+            if b - a > 1:
+                mid = (a + b) // 2
+                out.append(mid)
+                nxt += [(a, mid), (mid, b)]
+        spans = nxt
+    return out
+
+
 def shown_ranks(order: SpanOrder, stage_of: dict[int, int], most: int = MAX_TIMELINE_RANKS) -> Shown:
     """The ranks the timeline draws (see the module docstring); every rank while there
     are no more than ``most``."""
     ranks = list(order.by_rank)
     if len(ranks) <= most:
-        return Shown(ranks, len(ranks), {})
+        n_stages = len({stage_of.get(r, 0) for r in ranks})
+        return Shown(ranks, len(ranks), {}, len(ranks), n_stages, n_stages)
     n_spans, busy_s, last_s = _row_stats(order)
     quantum_s = max(order.last_end_s, 1e-30) * ALIKE_SHARE
     busy_q = np.rint(busy_s / quantum_s).tolist()
@@ -89,13 +114,16 @@ def shown_ranks(order: SpanOrder, stage_of: dict[int, int], most: int = MAX_TIME
         streams = order.by_rank[r]
         rows = range(i, i + len(streams))
         i += len(streams)
+        if not streams:  # no spans: no rows to draw
+            continue
         key = (stage_of.get(r, 0), *((st, n_list[j], busy_q[j], last_q[j]) for st, j in zip(streams, rows)))
         first_of[r] = kind_of.setdefault(key, r)
         end_of[r] = max((float(last_s[j]) for j in rows), default=0.0)
     by_stage: dict[int, list[tuple[float, int]]] = {}
     for first in kind_of.values():
         by_stage.setdefault(stage_of.get(first, 0), []).append((end_of[first], first))
-    turns = [_extremes_first(by_stage[st]) for st in sorted(by_stage)]
+    stages = sorted(by_stage)
+    turns = [_extremes_first(by_stage[stages[k]]) for k in spread(len(stages))]
     picked: set[int] = set()
     for round_ in zip_longest(*turns):
         for r in round_:
@@ -103,7 +131,8 @@ def shown_ranks(order: SpanOrder, stage_of: dict[int, int], most: int = MAX_TIME
                 picked.add(r)
     shown = [r for r in ranks if r in picked]
     alias = {r: f for r, f in first_of.items() if r not in picked and f in picked}
-    return Shown(shown, len(ranks), alias)
+    n_stages = len({stage_of.get(r, 0) for r in ranks})
+    return Shown(shown, len(ranks), alias, len(kind_of), len({stage_of.get(r, 0) for r in shown}), n_stages)
 
 
 def only_ranks(order: SpanOrder, ranks: list[int]) -> SpanOrder:
