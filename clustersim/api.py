@@ -23,7 +23,7 @@ from .engine.ahead import Ahead
 from .errors import ConfigError
 from .host_memory import check_fits, gpus_weigh_more, rank_by_rank_tasks
 from .model.transformer import total_params
-from .program.lower import Lowering, lower
+from .program.lower import Lowering, grad_buckets, lower
 from .program.tasks import Program
 from .program.work import OPTIMIZER_BYTES, PARAM_BYTES
 from .trace import SpanBase, Trace
@@ -68,6 +68,20 @@ def _part_static(low: Lowering, j: int) -> PartStatic:
     )
 
 
+def _bucket_pair_params(low: Lowering, part: int) -> float:
+    """ZeRO-2: the most parameters of two adjacent gradient buckets of ``part`` (one alone
+    where it has one), dense and routed experts together, that reduce-scatter over a group of
+    more than one (lower._reduce_action); 0.0 where none does."""
+    most = 0.0
+    if low.n_grad < 2:  # (then neither is reduced: lower._reduce_action)
+        return most
+    for attr, on in (("params", True), ("expert_params", low.mesh.size("cp+edp") > 1)):
+        if on:
+            sizes = [p for _, p in grad_buckets(low.work[part].grad_blocks(low.split), low.dp_bucket_params, attr)]
+            most += max((a + b for a, b in zip(sizes, sizes[1:])), default=max(sizes, default=0.0))
+    return most
+
+
 def _statics(low: Lowering) -> list[StageStatic]:
     """Static bytes per pipeline stage (all the parts it holds) by ZeRO stage, for Ψ local
     parameters and N = dp x cp (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
@@ -76,6 +90,9 @@ def _statics(low: Lowering) -> list[StageStatic]:
 
     Under ZeRO-3 the transient bytes add the gathered units in flight (16-bit) and, in the
     backward, one unit's whole gradient before its reduce-scatter (g bytes a parameter).
+    Under ZeRO-2 they add two adjacent gradient buckets' whole gradients, the largest such
+    pair: one reduce-scattering while the next fills (DeepSpeed's double-buffered ``ipg``
+    buckets with ``overlap_comm``), g bytes a parameter.
     ZeRO-3 with ``zero3_keep_gathered`` keeps the 16-bit parameters gathered (2Ψ) and, with
     several microbatches, reduce-scatters the gradients once after the last one, so they
     accumulate whole until then (gΨ): 2Ψ + gΨ + 12Ψ/N, as ZeRO-1.
@@ -104,6 +121,8 @@ def _statics(low: Lowering) -> list[StageStatic]:
                 transient += min(low.zero_prefetch_layers + 1, units) * biggest * PARAM_BYTES
             if grads_sharded:  # in the backward, the computing unit's whole gradient until its reduce-scatter
                 transient += biggest * low.grad_bytes
+        elif z == 2:
+            transient += low.grad_bytes * max(_bucket_pair_params(low, j) for j in low.parts_of[q])
         out.append(StageStatic(
             stage=q, params=psi + psi_e,
             param_bytes=PARAM_BYTES * (psi / (n if sharded3 else 1) + psi_e / (n_e if sharded3 else 1)),

@@ -75,6 +75,42 @@ def test_zero2_reduces_every_microbatch_and_zero1_once(root):
     assert counts[1] == {3} and counts[2] == {0, 1, 2, 3}
 
 
+@pytest.mark.parametrize("zero,pp", [(2, 1), (3, 1), (2, 2), (3, 2)])
+def test_the_action_after_a_backward_waits_for_its_reduce_scatters(root, zero, pp):
+    # DeepSpeed's ZeRO-2/3 and FSDP wait for the gradient reductions at the end of every
+    # backward: the rank's next compute starts after its microbatch's last reduce-scatter
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero, "pp": pp, "dp": 8 // pp}
+    d["training"] = {**ONE_STAGE["training"], "global_batch_size": 32 // pp}  # 4 microbatches
+    tr = run(root, **d).trace
+    waited = 0
+    for r in tr.ranks:
+        compute = sorted((s for s in tr.spans if s.rank == r and s.stream == "compute"), key=lambda s: s.start_s)
+        for mb in range(3):
+            rs_end = max(s.end_s for s in tr.spans if s.rank == r and s.op == "reduce_scatter" and s.mb == mb)
+            last_b = max(i for i, s in enumerate(compute) if s.mb == mb and s.phase == "B")
+            nxt = compute[last_b + 1]
+            assert nxt.start_s >= rs_end - 1e-12, (r, mb, nxt.name)
+            waited += nxt.start_s > compute[last_b].end_s + 1e-9  # the reductions outlast the backward
+    assert waited  # (else the test shows nothing)
+
+
+def test_zero2_holds_two_buckets_whole_gradients_at_once(root):
+    # one bucket reduce-scatters while the next fills: the largest adjacent pair counts, whole
+    d = dict(ONE_STAGE)
+    d["training"] = {**ONE_STAGE["training"], "dp_bucket_params": 20e6}
+    transient = {}
+    for zero in (1, 2):
+        d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero}
+        res = run(root, **d)
+        transient[zero] = res.summary["memory"]["stages"][0]["transient_bytes"]
+        if zero == 2:
+            sizes = [s.size_bytes for s in sorted((s for s in res.trace.spans if s.op == "reduce_scatter"
+                                                   and s.rank == 0), key=lambda s: s.start_s)]
+    assert len(sizes) >= 3
+    assert transient[2] - transient[1] == pytest.approx(max(a + b for a, b in zip(sizes, sizes[1:])), rel=1e-12)
+
+
 def test_zero3_with_pp_regathers_per_microbatch_unless_kept(root):
     d = scenario_dict(cluster={"nodes": 2}, parallel={"tp": 2, "pp": 2, "dp": 4, "zero": 3},
                       training={"global_batch_size": 16})

@@ -1130,7 +1130,7 @@ def _grad_final_actions(low: Lowering, q: int) -> list[Action]:
     return [a for a in acts if a.mb == low.final_mb[a.stage]]
 
 
-def _buckets(blocks, bucket_params: float, attr: str = "params"):
+def grad_buckets(blocks, bucket_params: float, attr: str = "params"):
     """(index of the bucket's last block, its parameters): blocks added in order until a
     bucket holds at least ``bucket_params`` or the blocks run out; a block is never split.
     ``attr`` picks which parameters: "params" (reduced over DP) or "expert_params" (over EDP)."""
@@ -1182,7 +1182,7 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
     for dim, kind, attr, share in (("dp", "dp", "params", shard), ("edp", "edp", "expert_params", expert_shard)):
         on = dp_buckets if dim == "dp" else expert_reduce
         what, label = ("bucket", "") if dim == "dp" else ("expert bucket", "expert ")
-        for n, (i, params) in enumerate(_buckets(blocks, low.dp_bucket_params, attr)):
+        for n, (i, params) in enumerate(grad_buckets(blocks, low.dp_bucket_params, attr)):
             dep = low.bwd_tid[(r, a.stage, a.mb, i)]
             if on and reduce:
                 dep = low.bucket_tid[(r, a.stage, a.mb, dim, n)] = _comm(
