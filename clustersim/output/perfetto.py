@@ -38,6 +38,7 @@ span form (:class:`clustersim.trace.SpanForm`)::
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 from bisect import bisect_right
@@ -56,6 +57,7 @@ from ..trace import Span, Trace, form_text, stable_argsort
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
                  "pp_bwd_send", "zero", "dp")
 # Streams not listed above sort by the family their name starts with, then by name.
+_DIGITS = re.compile(r"(\d+)")
 _FAMILY_ORDER = ("compute", "tp", "cp", "ep", "pp", "zero", "dp")
 # Thread ids: pid * _TID_STRIDE + stream id, unique across processes (Perfetto keys threads
 # by tid first, as Linux tids are system-wide).
@@ -76,13 +78,14 @@ except ImportError:  # elsewhere zlib
     GZIP_LEVEL = ZLIB_LEVEL
 
 
-def stream_sort_key(stream: str) -> tuple[int, int, str]:
+def stream_sort_key(stream: str) -> tuple[int, int, tuple]:
     """Sort key for streams: compute, tp, cp, ep, pp_* (fwd before bwd, recv before send),
-    zero (ZeRO-3 parameter gathers), dp."""
+    zero (ZeRO-3 parameter gathers), dp; numbers in names by value (``dp_replica_2`` before
+    ``dp_replica_13``)."""
     family = stream.split("_", 1)[0]
     fam = _FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER)
     known = KNOWN_STREAMS.index(stream) if stream in KNOWN_STREAMS else len(KNOWN_STREAMS)
-    return fam, known, stream
+    return fam, known, tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in _DIGITS.split(stream) if t)
 
 
 def rank_order(trace: Trace) -> list[int]:
@@ -157,6 +160,12 @@ def is_receive(stream: str) -> bool:
     return stream.endswith("_recv")
 
 
+def _lasts(s: Span) -> bool:
+    """Whether ``s`` lasts some time in whole nanoseconds: the trace file leaves out those
+    that do not (:func:`_drawn`)."""
+    return _ns(s.end_s) != _ns(s.start_s)
+
+
 def lanes(start_ns: Sequence[int], end_ns: Sequence[int]) -> list[int]:
     """Lanes for spans sorted by start, so that none overlaps or nests in another on its
     lane: each goes to the first lane free by its start (Perfetto drops a complete event
@@ -191,7 +200,7 @@ def _span_threads(trace: Trace) -> tuple[dict[int, list[str]], list[str]]:
     thread = [s.stream for s in trace.spans]
     per_row: dict[tuple[int, str], list[int]] = {}
     for i, s in enumerate(trace.spans):
-        if is_receive(s.stream):
+        if is_receive(s.stream) and _lasts(s):
             per_row.setdefault((s.rank, s.stream), []).append(i)
     extra: dict[tuple[int, str], int] = {}
     for (rank, stream), idx in per_row.items():
@@ -401,13 +410,15 @@ def thread_ids(trace: Trace) -> dict[tuple[int, str], int]:
 
 
 def span_events(trace: Trace) -> list[dict[str, Any]]:
-    """All spans as X events, sorted by process, stream and time (stable, so deterministic),
-    each on its thread (its stream's, or its lane's: :func:`lanes`)."""
+    """The spans that last some time as X events (:func:`_drawn`), sorted by process, stream
+    and time (stable, so deterministic), each on its thread (its stream's, or its lane's:
+    :func:`lanes`)."""
     rows, thread = _span_threads(trace)
     tids = _thread_ids(rows)
     row = {key: i for i, key in enumerate(tids)}  # display position of each thread
-    order = sorted(range(len(trace.spans)), key=lambda i: (row[trace.spans[i].rank, trace.spans[i].stream],
-                                                           trace.spans[i].start_s, trace.spans[i].end_s))
+    order = sorted((i for i, s in enumerate(trace.spans) if _lasts(s)),
+                   key=lambda i: (row[trace.spans[i].rank, trace.spans[i].stream], trace.spans[i].start_s,
+                                  trace.spans[i].end_s))
     return [span_event(trace.spans[i], pid_of(trace.spans[i].rank), tids[trace.spans[i].rank, thread[i]])
             for i in order]
 
@@ -501,7 +512,7 @@ class TracePieces:
     (:func:`crc32_combine`). The text is what ``_dumps(trace_document(...))`` gives."""
 
     def __init__(self, trace: Trace):
-        order = self.order = span_order(trace)
+        order = self.order = _drawn(span_order(trace))
         by_rank, self.lane_ids = dict(order.by_rank), {}
         for row, lane in _receive_lanes(order).items():
             rank, stream = order.rows[row]
@@ -546,6 +557,9 @@ class TracePieces:
         while row < len(rows) and bounds[row] < hi:
             rank, stream = rows[row]
             a, b = max(bounds[row], lo) - lo, min(bounds[row + 1], hi) - lo
+            if a >= b:  # a row whose spans all last no time (_drawn)
+                row += 1
+                continue
             lane = self.lane_ids.get(row)
             if lane is None:
                 ids_of: Any = repeat(f',"pid":{pid_of(rank)},"tid":{self.tids[rank, stream]}')
@@ -583,10 +597,25 @@ def _receive_lanes(order: SpanOrder) -> dict[int, list[int]]:
     return out
 
 
+def _drawn(order: SpanOrder) -> SpanOrder:
+    """``order`` without the spans that last no time in whole nanoseconds, as the file has
+    them (the B of the embedding under a split backward, ring steps with no causal work, the
+    W of an attention step): Perfetto orders events of one start longest first and draws
+    such a span inside the span that starts where it does, as its child. Every row is kept,
+    an empty one too (its thread still named)."""
+    keep = _ns_array(order.end_s) != _ns_array(order.start_s)
+    if keep.all():
+        return order
+    at = np.flatnonzero(keep)
+    return SpanOrder(rows=order.rows, by_rank=order.by_rank, index_array=order.index_array[at],
+                     bounds=np.searchsorted(at, order.bounds).tolist(), start_s=order.start_s[at],
+                     end_s=order.end_s[at], last_end_s=order.last_end_s)
+
+
 def piece_count(trace: Trace) -> int:
     """How many pieces :class:`TracePieces` cuts the trace's events into (at least one: the
     head)."""
-    return max(1, -(-len(span_order(trace).index_array) // PIECE_SPANS))
+    return max(1, -(-len(_drawn(span_order(trace)).index_array) // PIECE_SPANS))
 
 
 def gzip_file(packed: list[tuple[bytes, int, int]], tail: str) -> bytes:
