@@ -803,9 +803,9 @@ def path_trace(summary: dict[str, Any], rows: list[tuple[int, str]],
     path stays on that rank, down or up to the next rank where it crosses over; a stretch
     that goes back and forth faster than the view can show (:func:`path_pieces`) as a line on
     each of its ranks' rows, without the hops. ``alias``: a rank not drawn -> the drawn rank
-    alike to it (clustersim.output.shown), on whose rows its part of the path goes; the path
-    on other ranks not drawn is left out, the line broken there. A scatter trace in validated form (what
-    ``go.Scatter(...)`` gives), or None."""
+    of its kind (clustersim.output.shown), on whose rows its part of the path goes; the path
+    on other ranks not drawn is left out, the line broken there. A scatter trace in
+    validated form (what ``go.Scatter(...)`` gives), or None."""
     row_of: dict[int, int] = {}
     for i, (rank, stream) in enumerate(rows):
         if stream == "compute" or rank not in row_of:
@@ -1296,12 +1296,13 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
                      "those that finish last and first before the others")
             if shown["stages"] < shown["of_stages"]:
                 which += f", from {shown['stages']:,} of the {shown['of_stages']:,} stages, spread over the pipeline"
-        alike = (f" {shown['alike']:,} of the others are of a drawn rank's kind: where the critical path crosses one, "
-                 "it is drawn on that rank's rows" if shown["alike"] else "")
-        gaps = "; it breaks where it crosses a rank of a kind not drawn" if shown["kinds"] > shown["ranks"] else ""
         head += (f"The timeline draws {shown['ranks']:,} of the {shown['of']:,} ranks (a browser lays out more than "
-                 f"{MAX_TIMELINE_RANKS:,} slowly): {which}; trace.json.gz has every rank.{alike}{gaps}"
-                 f"{'.' if alike or gaps else ''} ")
+                 f"{MAX_TIMELINE_RANKS:,} slowly): {which}; trace.json.gz has every rank. ")
+        if shown["alike"]:
+            head += (f"{shown['alike']:,} of the others are of a drawn rank's kind: where the critical path crosses "
+                     "one, it is drawn on that rank's rows. ")
+        if shown["kinds"] > shown["ranks"]:
+            head += "The critical path's line breaks where it crosses a rank of a kind not drawn. "
     tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
     if binned:
         return (f"{head}Joined by microbatch and phase, the spans would make at least {binned['merged_bars']:,} bars, "

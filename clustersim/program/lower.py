@@ -1213,8 +1213,9 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
     several parts reduces each part's buckets after that part's final W, in issue order.
     ZeRO 0: all-reduce after the last microbatch. ZeRO-1: reduce-scatter after the last
     microbatch (each rank updates its shard). ZeRO-2: reduce-scatter after every microbatch,
-    since only the shard of the gradients is kept. ZeRO-3 reduces per unit in
-    :func:`pipeline_pass`.
+    since only the shard of the gradients is kept, made in :func:`pipeline_pass` right after
+    each action, whose rank's next action waits for them (:func:`_reduce_action`). ZeRO-3
+    reduces per unit in :func:`pipeline_pass`, waited for likewise.
 
     A part held by two pipeline ranks (DualPipe: part j on ranks j and p-1-j) also sums its
     two copies' gradients: bucket by bucket, after the bucket's DP reduction (on the shard
