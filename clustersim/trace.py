@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 # simulated whole and one whose cycle was copied in, clustersim.engine.repeat) differs in its
 # last bits; the analysis reads such times as equal wherever it orders or picks among them
 INSTANT_S = 1e-9
+# the streams a PP send's receive is recorded on, the receiver's (the send's stream with
+# "_recv" for "_send", engine.sim): the sender's transfers as they arrive, so that two from
+# different senders (DualPipe's neighbours) may overlap there, where every other stream runs
+# one task at a time
+RECV_STREAMS = ("pp_fwd_recv", "pp_bwd_recv")
 
 
 def text_codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:

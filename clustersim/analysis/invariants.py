@@ -30,12 +30,11 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..program.tasks import Program
-from ..trace import Span, Trace, unique
+from ..trace import RECV_STREAMS, Span, Trace, unique
 from .columns import SpanColumns, grouped_order, mixed_radix
 from .intervals import merged, merged_length
 
 EPS = 1e-12  # absolute float slack, seconds (or bytes)
-RECV_STREAMS = ("pp_fwd_recv", "pp_bwd_recv")
 MAX_SPANS = 3  # offending spans listed per violation
 PHASE_ORDER = ("F", "B", "W")
 

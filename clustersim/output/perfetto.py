@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import Span, Trace, form_text, stable_argsort
+from ..trace import RECV_STREAMS, Span, Trace, form_text, stable_argsort
 
 # Streams in the order a reader scans a rank: the work, then what feeds it, then the tail.
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
@@ -154,10 +154,10 @@ def streams_by_rank(trace: Trace) -> dict[int, list[str]]:
 
 
 def is_receive(stream: str) -> bool:
-    """A receive stream: the sender's transfers as they arrive, from both neighbours under
-    DualPipe, so they may overlap; every other stream's spans follow one another (the stream-overlap
-    check holds them to it)."""
-    return stream.endswith("_recv")
+    """A receive stream (trace.RECV_STREAMS): the sender's transfers as they arrive, from both
+    neighbours under DualPipe, so they may overlap; every other stream's spans follow one
+    another (the stream-overlap check holds them to it)."""
+    return stream in RECV_STREAMS
 
 
 def _lasts(s: Span) -> bool:

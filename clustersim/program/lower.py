@@ -442,6 +442,13 @@ class Lowering:
         """Ranks that reduce (and ZeRO-shard) one gradient: dp x cp."""
         return self.mesh.size(GRAD_GROUPS["dp"])
 
+    @property
+    def grad_shards(self) -> tuple[int, int]:
+        """Into how many shards a DP reduction leaves the dense and the routed-expert
+        gradients (1 under ZeRO 0, whose all-reduce leaves them whole): dp x cp, and the
+        expert-DP group x cp."""
+        return (self.n_grad, self.mesh.size("cp+edp")) if self.zero >= 1 else (1, 1)
+
     def work_of(self, rank: int, part: int) -> StageWork:
         """The work of ``part`` as rank ``rank`` runs it (CP ranks differ without load balancing)."""
         if self.rank_work:
@@ -1122,12 +1129,10 @@ def _resumed(prog: Program, low: Lowering, kept: _Parting) -> tuple[list, int]:
 
 
 def _grad_final_actions(low: Lowering, q: int) -> list[Action]:
-    """Actions of pipeline rank ``q`` after which DP reduces gradients, in issue order: the
-    final W (or B) of each stage; under ZeRO-2 every one (only the shard is kept)."""
-    acts = [a for a in low.schedule[q] if a.kind == low.grad_kind]
-    if low.zero == 2:
-        return acts
-    return [a for a in acts if a.mb == low.final_mb[a.stage]]
+    """Actions of pipeline rank ``q`` that make its stages' gradients final, in issue order:
+    the final W (or B) of each stage (ZeRO-2's reductions after every one are made in the
+    pipeline pass: :func:`_zero2_reduce`)."""
+    return [a for a in low.schedule[q] if a.kind == low.grad_kind and a.mb == low.final_mb[a.stage]]
 
 
 def grad_buckets(blocks, bucket_params: float, attr: str = "params"):
@@ -1166,8 +1171,7 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
     """
     mesh = low.mesh
     op = "all_reduce" if low.zero == 0 else "reduce_scatter"
-    shard = low.n_grad if low.zero >= 1 else 1  # after a DP reduce-scatter a rank keeps 1/(dp cp)
-    expert_shard = mesh.size("cp+edp") if low.zero >= 1 else 1
+    shard, expert_shard = low.grad_shards
     q, part = low.pp_of(r), low.part(a.stage)
     dp_buckets = low.n_grad > 1 and low.zero < 3
     replicas = replicas and len(low.holders_of[part]) > 1 and low.zero < 3 and a.mb == low.final_mb[a.stage]
@@ -1224,15 +1228,12 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
     crosswise. Last, the tied embedding's all-reduce between the holders of the first and the
     last part.
     """
-    mesh = low.mesh
-    shard = low.n_grad if low.zero >= 1 else 1  # after a DP reduce-scatter a rank keeps 1/(dp cp)
-    expert_shard = mesh.size("cp+edp") if low.zero >= 1 else 1
+    shard, expert_shard = low.grad_shards
     for r in low.sym.ranks:
         q = low.pp_of(r)
         tids: list[int] = low.grad_tasks.setdefault(r, [])
-        for a in _grad_final_actions(low, q):
-            if a.mb == low.final_mb[a.stage]:  # (ZeRO-2 reduced every microbatch in the pipeline pass)
-                _reduce_action(prog, low, r, a, reduce=low.zero < 2, replicas=True)
+        for a in _grad_final_actions(low, q):  # (ZeRO-2 reduced them in the pipeline pass already)
+            _reduce_action(prog, low, r, a, reduce=low.zero < 2, replicas=True)
         if low.zero == 3:  # gradients were reduce-scattered per unit: sum the replicas' shards once
             for part in low.parts_of[q]:
                 if len(low.holders_of[part]) < 2:

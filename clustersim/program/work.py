@@ -144,6 +144,12 @@ def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), 
 COLUMN_PARALLEL = ("qkv", "up", "lm_head")
 
 
+def column_parallel_at(ops: list[Op]) -> int | None:
+    """Where in a block's ops its (last) column-parallel GEMM is, or None."""
+    at = [i for i, op in enumerate(ops) if op.name in COLUMN_PARALLEL]
+    return at[-1] if at else None
+
+
 def tp_overlapped_backward(spec: _Spec, regather: tuple) -> list[tuple] | None:
     """A backward block whose input gradient TP reduces, cut so that the reduction overlaps
     the weight gradient of the column-parallel GEMM it comes from; None where the block has
@@ -161,10 +167,9 @@ def tp_overlapped_backward(spec: _Spec, regather: tuple) -> list[tuple] | None:
     ``--no-async-tensor-model-parallel-allreduce``, ``parallel.tp_async_allreduce: false``,
     blocks instead without SP: the block is not cut; with SP the reduce-scatter is
     asynchronous always.)"""
-    at = [i for i, op in enumerate(spec.ops) if op.name in COLUMN_PARALLEL]
-    if not at:
+    i = column_parallel_at(spec.ops)
+    if i is None:
         return None
-    i = at[-1]
     gemm = spec.ops[i]
     before, dgrad, wgrad, after = list(spec.ops[:i]), _half(gemm), _half(gemm), list(spec.ops[i + 1:])
     if regather:
@@ -380,13 +385,13 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         b_in.append(_block(spec.name, layer, ops_b, gpu, prec, 0.0, spec.pre, spec.post, recompute_ops,
                            overlap=spec.overlap))
         gathers = regather if pieces else ()
-        col = [i for i, op in enumerate(spec.ops) if op.name in COLUMN_PARALLEL][-1:] if gathers else []
-        others = [_half(op) for i, op in enumerate(spec.ops) if _is_weight_gemm(op) and i not in col]
-        if col and others:
+        col = column_parallel_at(spec.ops) if gathers else None
+        others = [_half(op) for i, op in enumerate(spec.ops) if _is_weight_gemm(op) and i != col]
+        if col is not None and others:
             # the other GEMMs' weight gradients (out proj, MLP down) need no gathered input:
             # they run beside the gather, the column-parallel one after it
             b_w.append(_block(spec.name, layer, others, gpu, prec, 0.0, overlap=gathers))
-            b_w.append(_block(f"{spec.name} wgrad", layer, [_half(spec.ops[col[0]])], gpu, prec, spec.params,
+            b_w.append(_block(f"{spec.name} wgrad", layer, [_half(spec.ops[col])], gpu, prec, spec.params,
                               expert_params=spec.expert_params))
         else:
             b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, gathers,
