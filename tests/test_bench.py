@@ -152,3 +152,25 @@ def test_scale_scan_plans_are_valid_scenarios_and_the_smallest_runs(tmp_path):
         assert sc.mesh.world_size == scan.scenario(name)["cluster"]["nodes"] * sc.topology.node.gpus, name
     got = scan.run("gb200_144_zero3", tmp_path)
     assert (got["gpus"], got["ranks"]) == (144, 1) and got["spans"] > 0 and got["wall_s"] > 0 and got["rss_MiB"] > 0
+
+
+def test_bench_sweep_times_the_plans_it_names():
+    # each line's step time is that of the plan it names, simulated alone: the sweep's
+    # variants are the plans they say (a field dropped or renamed would sweep one plan)
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sweep.py"), str(SCENARIO), "--limit", "4"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = re.findall(r"^tp(\d) pp(\d) dp(\d+) zero(\d) (\w+)\s+[\d.]+\s+([\d.]+)\s", run.stdout, re.M)
+    assert len(lines) == 4 and "plans timed 4" in run.stdout
+    mod = _bench("bench_sweep")
+    import yaml
+
+    from clustersim import simulate
+    base = yaml.safe_load(SCENARIO.read_text())
+    steps = set()
+    for tp, pp, dp, zero, rc, step in lines[::3]:
+        d = mod.variant(base, 8, 8, int(tp), int(pp), int(dp), int(zero), rc)
+        got = simulate(load_scenario(d, base_dir=SCENARIO.parent)).summary["step_time_s"]
+        assert f"{got:.3f}" == step
+        steps.add(step)
+    assert len(steps) == 2  # the plans differ

@@ -1,0 +1,127 @@
+"""How fast clustersim goes through a sweep of plans: every plan of one model on one cluster.
+
+    python bench/bench_sweep.py                     # Llama-2 70B on 64 H100s: 64 plans
+    python bench/bench_sweep.py --all               # 192 plans: every ZeRO stage and recompute
+    python bench/bench_sweep.py x.yaml --gpus 128   # another scenario's model and cluster
+    python bench/bench_sweep.py --limit 5           # the first 5 plans only
+
+A user choosing a plan simulates many: every way to split the GPUs into TP x PP x DP, each
+with the memory savers (ZeRO stage, activation recompute). This bench does that in one Python
+process through the API, as a script or a notebook would (``load_scenario`` on a dict, then
+``simulate`` with its checks; no files written), and prints per plan its wall time, step time,
+MFU and whether it fits, then the distribution of the wall times and what a thousand plans
+would take. The plans::
+
+    tp in {1, 2, 4, 8} dividing the heads, pp in {1, 2, 4, 8} dividing the layers,
+    dp = GPUs / (tp pp), ZeRO in {1, 3} (--all: {0, 1, 2, 3}),
+    recompute in {selective, full} (--all: {none, selective, full}); the scenario's batch,
+    micro-batch size and schedule (1F1B where pp = 1 leaves no pipeline to schedule)
+
+Plans the scenario's rules refuse (a global batch DP does not divide, say) are counted and
+named, not timed. Each plan's seconds include its validation and cluster graph (a sweep's
+plans share the topology but each Scenario builds its own graph). Peak RSS is the process's
+at the end: every plan's objects are freed before the next.
+
+Example (2 cores, 2026-12-03, bare simpy timeout about 1.1 us, a slow stretch)::
+
+    (see docs/performance.md, "Sweeps of plans")
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "scenarios" / "llama2_70b_64gpu.yaml"
+
+
+def plans(model: dict, gpus: int, every: bool) -> list[tuple[int, int, int, int, str]]:
+    """(tp, pp, dp, zero, recompute) of every plan swept (see the module docstring)."""
+    zeros = (0, 1, 2, 3) if every else (1, 3)
+    recomputes = ("none", "selective", "full") if every else ("selective", "full")
+    out = []
+    for tp, pp in itertools.product((1, 2, 4, 8), (1, 2, 4, 8)):
+        if model["heads"] % tp or model["layers"] % pp or gpus % (tp * pp):
+            continue
+        for zero, rc in itertools.product(zeros, recomputes):
+            out.append((tp, pp, gpus // (tp * pp), zero, rc))
+    return out
+
+
+def variant(base: dict, gpus_per_node: int, gpus: int, tp: int, pp: int, dp: int, zero: int, rc: str) -> dict:
+    """``base`` (a scenario as read from YAML) with this plan on ``gpus`` GPUs."""
+    d = copy.deepcopy(base)
+    d["cluster"]["nodes"] = gpus // gpus_per_node
+    par = d["parallel"]
+    for k in ("cp", "ep", "vpp", "schedule_file"):
+        par.pop(k, None)
+    par.update(tp=tp, pp=pp, dp=dp, zero=zero)
+    if pp == 1 or par.get("schedule") not in ("1f1b", "gpipe", "zb-h1"):
+        par["schedule"] = "1f1b"
+    d["training"]["recompute"] = rc
+    return d
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scenario", nargs="?", default=str(DEFAULT), help="the model, cluster and batch to sweep")
+    ap.add_argument("--gpus", type=int, default=None, help="GPUs (default: the scenario's)")
+    ap.add_argument("--all", action="store_true", help="every ZeRO stage and recompute choice")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N plans")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    from clustersim import ConfigError, load_scenario, simulate
+    import_s = time.perf_counter() - t0
+    path = Path(args.scenario)
+    base = yaml.safe_load(path.read_text())
+    sc0 = load_scenario(path)
+    per_node = sc0.cluster.gpus_per_node
+    gpus = args.gpus or sc0.mesh.world_size
+    todo = plans(base["model"], gpus, args.all)[:args.limit]
+    print(f"{sc0.cfg.model.name} on {gpus} GPUs ({per_node} a node): {len(todo)} plans; import {import_s:.2f} s")
+    print(f"{'plan':28s} {'wall s':>7s} {'step s':>8s} {'MFU':>6s}  fits  spans")
+    walls: list[float] = []
+    refused: list[str] = []
+    for tp, pp, dp, zero, rc in todo:
+        label = f"tp{tp} pp{pp} dp{dp} zero{zero} {rc}"
+        d = variant(base, per_node, gpus, tp, pp, dp, zero, rc)
+        t = time.perf_counter()
+        try:
+            r = simulate(load_scenario(d, base_dir=path.parent))
+        except ConfigError as exc:
+            refused.append(f"{label}: {exc}")
+            continue
+        wall = time.perf_counter() - t
+        walls.append(wall)
+        s = r.summary
+        fits = s["memory"]["fits"]
+        print(f"{label:28s} {wall:7.2f} {s['step_time_s']:8.3f} {s['mfu']:6.1%}  {'yes' if fits else 'no ':4s}"
+              f"  {s['simulation']['spans']:,}", flush=True)
+        del r
+    if refused:
+        print(f"refused by the scenario's rules ({len(refused)}):")
+        for line in refused:
+            print("  " + line)
+    if not walls:
+        return 1
+    q = statistics.quantiles(walls, n=10) if len(walls) > 1 else walls * 9
+    total = sum(walls)
+    print(f"plans timed {len(walls)}  total {total:.1f} s  median {statistics.median(walls):.2f} s  "
+          f"p90 {q[8]:.2f} s  max {max(walls):.2f} s")
+    print(f"a thousand such plans: {1000 * total / len(walls) / 60:.1f} min on one core; "
+          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
