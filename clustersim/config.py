@@ -68,6 +68,9 @@ class TrainingCfg(Strict):
     global_batch_size: int = pydantic.Field(ge=1)
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
+    # the gradients' size on the wire may differ from their size in memory: DeepSpeed's
+    # communication_data_type and FSDP's reduce_dtype reduce in 16 bits into fp32 shards
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = None
     optimizer: Literal["adam"] = "adam"
     attention: Literal["flash", "standard"] = "flash"
     recompute: Literal["none", "selective", "full"] = "none"

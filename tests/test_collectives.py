@@ -98,6 +98,21 @@ def test_tree_over_many_nodes_is_nic_bound(root):
     _, (row,) = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", 1024, [size], "tree")
     assert row.time_s == pytest.approx(2 * size / 8 / NIC_Bps, rel=0.005)
 
+
+def test_tree_over_two_nodes_moves_half_of_the_many_node_bound(root, tmp_path):
+    """Over two nodes each node is the root of one tree and the leaf of the other: its NIC
+    carries one edge of each, half the channel's S/g up and half down, each way: (S/g) / B_nic
+    (docs/reference.md; half of test_tree_over_many_nodes_is_nic_bound's). NICs at 100 Gb/s
+    make them the bound (at 400 Gb/s two nodes are bound by the chains on NVLink)."""
+    text = (root / "topologies/dgx-h100.yaml").read_text()
+    assert "bw_Gbps: 400" in text
+    slow = tmp_path / "dgx-h100-100g.yaml"
+    slow.write_text(text.replace("bw_Gbps: 400", "bw_Gbps: 100"))
+    size = 8 * GiB
+    _, (row,) = benchmark(slow, "all_reduce", 16, [size], "tree")
+    assert row.time_s == pytest.approx(size / 8 / (NIC_Bps / 4), rel=0.005)
+
+
 def test_sizes_parse_like_nccl_tests():
     assert parse_sizes("1M,16M,1G,8G") == [1 << 20, 16 << 20, 1 << 30, 8 << 30]
     assert parse_sizes("512, 64K") == [512, 64 << 10]

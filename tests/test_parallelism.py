@@ -53,6 +53,24 @@ def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp(root):
     assert dp_wire_bytes(z3.trace, 8) == pytest.approx(1.5 * dp_wire_bytes(base.trace, 8), rel=1e-9)
 
 
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_grad_reduce_dtype_sets_the_wire_size_and_grad_dtype_the_memory(root, zero):
+    # DeepSpeed and FSDP reduce 16-bit gradients into fp32 shards: the reductions move what
+    # bf16 gradients move, the memory holds fp32 ones
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero}
+    got = {}
+    for grad, wire in (("bf16", None), ("fp32", None), ("fp32", "bf16")):
+        d["training"] = {**ONE_STAGE["training"], "grad_dtype": grad, "grad_reduce_dtype": wire}
+        r = run(root, **d)
+        grads = [s.size_bytes for s in r.trace.spans if s.kind == "dp" and s.op in ("all_reduce", "reduce_scatter")]
+        got[grad, wire] = (sum(grads), r.summary["memory"]["stages"][0]["grads_bytes"])
+    assert got["bf16", None][0] > 0
+    assert got["fp32", None][0] == pytest.approx(2 * got["bf16", None][0], rel=1e-12)
+    assert got["fp32", "bf16"][0] == pytest.approx(got["bf16", None][0], rel=1e-12)
+    assert got["fp32", "bf16"][1] == got["fp32", None][1] == pytest.approx(2 * got["bf16", None][1], rel=1e-12)
+
+
 def test_zero1_reduce_scatter_then_all_gather_moves_what_all_reduce_does(root):
     d = dict(ONE_STAGE)
     base = run(root, **d)

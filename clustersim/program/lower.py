@@ -338,7 +338,8 @@ class Lowering:
     schedule: PipelineSchedule
     work: list[StageWork]
     sym: Symmetry
-    grad_bytes: int = 4
+    grad_bytes: int = 4  # a gradient element in memory (training.grad_dtype)
+    reduce_bytes: int = 4  # and on the wire, reduced (training.grad_reduce_dtype)
     dp_bucket_params: float = 40e6
     tied_embeddings: bool = False
     embedding_params: float = 0.0  # per TP rank, for the tied-embedding all-reduce
@@ -636,7 +637,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
             unit_done = i + 1 == len(blocks) or _unit(blocks[i + 1]) != u
             for dim, n in (shards if reduce_now and unit_done else ()):
                 rs = _comm(low, prog, r, dim, low.group_of(r, dim), ("RS grads", stage, mb, str(u), dim),
-                           n * low.grad_bytes, op="reduce_scatter", stream="dp",
+                           n * low.reduce_bytes, op="reduce_scatter", stream="dp",
                            deps=(prev,), name=f"RS {'expert ' if dim == 'edp' else ''}grads", mb=mb, phase=kind,
                            stage=q, layer=layer)
                 low.grad_tasks.setdefault(r, []).append(rs)
@@ -1190,7 +1191,7 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
             dep = low.bwd_tid[(r, a.stage, a.mb, i)]
             if on and reduce:
                 dep = low.bucket_tid[(r, a.stage, a.mb, dim, n)] = _comm(
-                    low, prog, r, kind, low.group_of(r, kind), (what, a.stage, a.mb, n), params * low.grad_bytes,
+                    low, prog, r, kind, low.group_of(r, kind), (what, a.stage, a.mb, n), params * low.reduce_bytes,
                     op=op, deps=(dep,), stream="dp", name=f"{COMM_SHORT[op]} {label}grads bucket {n}", **meta)
                 tids.append(dep)
                 out.append(dep)
@@ -1247,7 +1248,7 @@ def dp_grad_pass(prog: Program, low: Lowering) -> Program:
                                                deps, f"AR part {part} grads (replicas)", phase=low.grad_kind, stage=q))
         if q in low.tied_pps:
             group = tuple(low.peer(r, p) for p in low.tied_pps)
-            tids.append(_comm(low, prog, r, "emb", group, ("tied",), low.embedding_params * low.grad_bytes,
+            tids.append(_comm(low, prog, r, "emb", group, ("tied",), low.embedding_params * low.reduce_bytes,
                               stream="dp", deps=tuple(tids) or low.last_task[r],
                               name="AR tied embedding grads", phase="B", stage=q))
         low.last_task[r] = (tids[-1],) if tids else low.last_task[r]
@@ -1259,7 +1260,7 @@ def _replica_allreduce(prog: Program, low: Lowering, r: int, part: int, tag: tup
                        name: str, **meta) -> int:
     """All-reduce of ``params`` gradients of ``part`` between the pipeline ranks holding it."""
     group = tuple(low.peer(r, p) for p in low.holders_of[part])
-    return _comm(low, prog, r, "rep", group, ("replica grads", part) + tag, params * low.grad_bytes,
+    return _comm(low, prog, r, "rep", group, ("replica grads", part) + tag, params * low.reduce_bytes,
                  stream=f"dp_replica_{part}", channel=f"rep {part}", deps=deps, name=name, **meta)
 
 
@@ -1322,7 +1323,9 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
                  for e in range(mesh.ep if ep_distinct else 1)} if cp_distinct or ep_distinct else {}
     low = Lowering(
         mesh=mesh, schedule=sc.schedule, work=work, sym=sym, shorter=shorter,
-        grad_bytes=GRAD_BYTES[sc.training.grad_dtype], dp_bucket_params=sc.training.dp_bucket_params,
+        grad_bytes=GRAD_BYTES[sc.training.grad_dtype],
+        reduce_bytes=GRAD_BYTES[sc.training.grad_reduce_dtype or sc.training.grad_dtype],
+        dp_bucket_params=sc.training.dp_bucket_params,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
         zero3_keep_gathered=sc.parallel.zero3_keep_gathered, rank_work=rank_work, use_templates=templates,
