@@ -45,12 +45,37 @@ def test_zero_memory_matches_the_paper(root, zero, per_param):
 
 
 def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp(root):
-    # no PP, one microbatch: DP all-reduces 2Ψ; ZeRO-3 gathers Ψ twice and reduce-scatters Ψ
+    # no PP, one microbatch: DP all-reduces 2Ψ; ZeRO-3 gathers Ψ twice and reduce-scatters Ψ,
+    # but for the unit the forward ends with, still gathered when the backward starts
     d = dict(ONE_STAGE)
     base = run(root, **d)
     d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3}
     z3 = run(root, **d)
-    assert dp_wire_bytes(z3.trace, 8) == pytest.approx(1.5 * dp_wire_bytes(base.trace, 8), rel=1e-9)
+    gathers = sorted((s for s in z3.trace.spans if s.op == "all_gather"), key=lambda s: s.start_s)
+    fwd = [s.size_bytes for s in gathers if s.phase == "F"]
+    bwd = [s.size_bytes for s in gathers if s.phase == "B"]
+    assert sorted(bwd + fwd[-1:]) == sorted(fwd) and len(bwd) == len(fwd) - 1
+    assert dp_wire_bytes(z3.trace, 8) == pytest.approx(1.5 * dp_wire_bytes(base.trace, 8) - 7 / 8 * fwd[-1],
+                                                        rel=1e-9)
+
+
+def test_zero3_keeps_the_last_unit_gathered_at_the_forward_to_backward_turn(root):
+    # FSDP2 leaves the root's parameters (embedding, head) unsharded after forward, DeepSpeed
+    # keeps what is reused at once: the head's backward starts as its forward ends. After the
+    # backward they are sharded again: the next microbatch's forward gathers its first unit
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3}
+    d["training"] = {**ONE_STAGE["training"], "global_batch_size": 16}  # 2 microbatches
+    spans = run(root, **d).trace.spans
+    for mb in (0, 1):
+        f_head = next(s for s in spans if s.name.startswith("F head") and s.mb == mb)
+        b_head = next(s for s in spans if s.name.startswith("B head") and s.mb == mb)
+        assert b_head.start_s == f_head.end_s
+        assert not [s for s in spans if s.op == "all_gather" and s.phase == "B" and s.mb == mb
+                    and s.layer == f_head.layer and s.size_bytes < 1e6]  # the head's (norm) gather
+    first_f1 = min((s for s in spans if s.op == "all_gather" and s.mb == 1), key=lambda s: s.start_s)
+    last_b0 = max((s for s in spans if s.stream == "compute" and s.mb == 0), key=lambda s: s.end_s)
+    assert first_f1.phase == "F" and first_f1.start_s >= last_b0.end_s and first_f1.end_s > first_f1.start_s
 
 
 @pytest.mark.parametrize("zero", [0, 2, 3])

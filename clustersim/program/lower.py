@@ -374,6 +374,9 @@ class Lowering:
     # ZeRO-2 bucket's reduce-scatter, made in the pipeline pass
     sync: dict = field(default_factory=dict)
     bucket_tid: dict = field(default_factory=dict)
+    # rank -> (part, mb, unit) ZeRO-3 gathered last for its latest action, a forward's (None:
+    # any other action): the backward of that microbatch right after uses it first, still held
+    held: dict = field(default_factory=dict)
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
     _pp_of: dict = field(default_factory=dict, repr=False)  # rank -> its pipeline position
     _stage_peers: dict = field(default_factory=dict, repr=False)  # (rank, stage) -> stage_peer
@@ -599,6 +602,12 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     # the rank's compute before this action: the first units' gathers start after it (where a
     # unit's gather starts is otherwise where the unit zero_prefetch_layers before it begins)
     before = (low.last_compute[r],) if r in low.last_compute else ()
+    # at a forward-to-backward turn the unit the forward used last is still gathered (FSDP2
+    # leaves the root's parameters unsharded after forward, torchtitan the last block's;
+    # DeepSpeed keeps what is reused within stage3_max_reuse_distance): no second gather
+    held = low.held.pop(r, None) if zero3 else None
+    if held is not None and (kind != "B" or held[:2] != (part, mb)):
+        held = None
     for i, (blk, name, pre, overlap, post) in enumerate(_block_plan(low, r, kind, blocks)):
         layer = blk.layer
         first_deps = tuple(deps) if prev is None else (prev,)
@@ -607,6 +616,8 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         # a communication-only block (the embedding's B under SP) computes nothing: no weights needed
         u = _unit(blk) if zero3 else None
         shards = low.unit_shards.get((part, u), ()) if zero3 else ()
+        if held is not None and u == held[2] and not units:
+            gathered[u] = ()
         if gather and blk.duration_s > 0 and shards and u not in gathered:
             units.append(u)
             k = len(units) - 1 - low.zero_prefetch_layers  # start when unit k begins
@@ -646,6 +657,8 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         for j, spec in enumerate(post):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
         yield
+    if zero3 and kind == "F" and gather and units:
+        low.held[r] = (part, mb, units[-1])
     return prev
 
 
@@ -1054,7 +1067,7 @@ class _Again:
 
 # what pipeline_pass writes as it goes and later units read: kept where two steps part; the
 # values of the second ones are lists it appends to (ZeRO-3's reductions), copied too
-_STATE = ("bwd_tid", "last_compute", "last_task", "done", "sent", "templates", "routes", "bucket_tid")
+_STATE = ("bwd_tid", "last_compute", "last_task", "done", "sent", "templates", "routes", "bucket_tid", "held")
 _LIST_STATE = ("grad_tasks", "stage_grads", "sync")
 
 
