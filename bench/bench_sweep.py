@@ -14,8 +14,9 @@ would take. The plans::
 
     tp in {1, 2, 4, 8} dividing the heads, pp in {1, 2, 4, 8} dividing the layers,
     dp = GPUs / (tp pp), ZeRO in {1, 3} (--all: {0, 1, 2, 3}),
-    recompute in {selective, full} (--all: {none, selective, full}); the scenario's batch,
-    micro-batch size and schedule (1F1B where pp = 1 leaves no pipeline to schedule)
+    recompute in {selective, full} (--all: {none, selective, full}); the scenario's batch and
+    micro-batch size; its schedule if 1F1B, GPipe or ZB-H1, else 1F1B (printed); its SP where
+    tp > 1 and its EP as far as DP allows; no CP, interleaving or layer split of its own
 
 Plans the scenario's rules refuse (a global batch DP does not divide, say) are counted and
 named, not timed. Each plan's seconds include its validation and cluster graph (a sweep's
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
+import math
 import resource
 import statistics
 import sys
@@ -57,15 +59,28 @@ def plans(model: dict, gpus: int, every: bool) -> list[tuple[int, int, int, int,
     return out
 
 
+# schedules a plan keeps from its scenario at any pp > 1; the others (interleaved, DualPipe, a
+# schedule file) depend on a layer split or a pp of their own: those plans run 1F1B
+KEPT_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
+
+
 def variant(base: dict, gpus_per_node: int, gpus: int, tp: int, pp: int, dp: int, zero: int, rc: str) -> dict:
-    """``base`` (a scenario as read from YAML) with this plan on ``gpus`` GPUs."""
+    """``base`` (a scenario as read from YAML) with this plan on ``gpus`` GPUs: the scenario's
+    schedule where it is one of KEPT_SCHEDULES, else 1F1B; its sequence parallelism where
+    tp > 1; its EP as far as DP allows (the largest divisor of its ``ep`` that divides dp);
+    no CP, no interleaving and no layer split of its own."""
     d = copy.deepcopy(base)
     d["cluster"]["nodes"] = gpus // gpus_per_node
     par = d["parallel"]
-    for k in ("cp", "ep", "vpp", "schedule_file"):
+    ep = par.get("ep", 1)
+    for k in ("cp", "ep", "vpp", "schedule_file", "layers_per_stage"):
         par.pop(k, None)
     par.update(tp=tp, pp=pp, dp=dp, zero=zero)
-    if pp == 1 or par.get("schedule") not in ("1f1b", "gpipe", "zb-h1"):
+    if ep > 1:
+        par["ep"] = math.gcd(ep, dp)
+    if tp == 1:
+        par.pop("sp", None)
+    if pp == 1 or par.get("schedule") not in KEPT_SCHEDULES:
         par["schedule"] = "1f1b"
     d["training"]["recompute"] = rc
     return d
@@ -88,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     per_node = sc0.cluster.gpus_per_node
     gpus = args.gpus or sc0.mesh.world_size
     todo = plans(base["model"], gpus, args.all)[:args.limit]
-    print(f"{sc0.cfg.model.name} on {gpus} GPUs ({per_node} a node): {len(todo)} plans; import {import_s:.2f} s")
+    schedule = sc0.parallel.schedule if sc0.parallel.schedule in KEPT_SCHEDULES else "1f1b"
+    print(f"{sc0.cfg.model.name} on {gpus} GPUs ({per_node} a node): {len(todo)} plans, {schedule} where pp > 1; "
+          f"import {import_s:.2f} s")
     print(f"{'plan':28s} {'wall s':>7s} {'step s':>8s} {'MFU':>6s}  fits  spans")
     walls: list[float] = []
     refused: list[str] = []
@@ -114,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + line)
     if not walls:
         return 1
-    q = statistics.quantiles(walls, n=10) if len(walls) > 1 else walls * 9
+    q = statistics.quantiles(walls, n=10, method="inclusive") if len(walls) > 1 else walls * 9
     total = sum(walls)
     print(f"plans timed {len(walls)}  total {total:.1f} s  median {statistics.median(walls):.2f} s  "
           f"p90 {q[8]:.2f} s  max {max(walls):.2f} s")

@@ -5,10 +5,12 @@ engine, the lowering and the writers phase by phase, so an API change would brea
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import subprocess
 import sys
 
+import pytest
 from clustersim.config import load_scenario
 from clustersim.program.lower import lower
 
@@ -174,3 +176,24 @@ def test_bench_sweep_times_the_plans_it_names():
         assert f"{got:.3f}" == step
         steps.add(step)
     assert len(steps) == 2  # the plans differ
+
+
+@pytest.mark.parametrize("name", ["korthikanti_22b_seqsel", "moe_1024gpu", "dualpipe", "long_context_cp_128k"])
+def test_bench_sweep_variants_are_valid_plans_of_their_scenario(name):
+    # SP only where tp > 1, EP as far as DP allows, no layer split or schedule of another pp:
+    # a variant the sweep made invalid would be reported as refused by the scenario's rules
+    mod = _bench("bench_sweep")
+    import yaml
+
+    path = ROOT / "scenarios" / f"{name}.yaml"
+    base = yaml.safe_load(path.read_text())
+    sc0 = load_scenario(path)
+    gpus, per_node = sc0.mesh.world_size, sc0.cluster.gpus_per_node
+    for tp, pp, dp, zero, rc in mod.plans(base["model"], gpus, every=False)[::3]:
+        d = mod.variant(base, per_node, gpus, tp, pp, dp, zero, rc)
+        d["training"]["global_batch_size"] = dp * d["training"].get("micro_batch_size", 1) * max(pp, 1)
+        sc = load_scenario(d, base_dir=path.parent)
+        p = sc.parallel
+        assert (p.tp, p.pp, p.dp, p.zero) == (tp, pp, dp, zero) and sc.cfg.training.recompute == rc
+        assert p.sp == (tp > 1 and bool(base["parallel"].get("sp")))
+        assert p.ep == math.gcd(base["parallel"].get("ep", 1), dp)

@@ -76,6 +76,14 @@ def test_zero3_keeps_the_last_unit_gathered_at_the_forward_to_backward_turn(root
     first_f1 = min((s for s in spans if s.op == "all_gather" and s.mb == 1), key=lambda s: s.start_s)
     last_b0 = max((s for s in spans if s.stream == "compute" and s.mb == 0), key=lambda s: s.end_s)
     assert first_f1.phase == "F" and first_f1.start_s >= last_b0.end_s and first_f1.end_s > first_f1.start_s
+    # the held unit counts among those in flight: without prefetch the next unit's gather
+    # starts when the head's backward ends, not beside it
+    d["parallel"] = {**d["parallel"], "zero_prefetch_layers": 0}
+    spans = run(root, **d).trace.spans
+    b_head = next(s for s in spans if s.name.startswith("B head") and s.mb == 0)
+    first_b_ag = min((s for s in spans if s.op == "all_gather" and s.phase == "B" and s.mb == 0),
+                     key=lambda s: s.start_s)
+    assert first_b_ag.start_s >= b_head.end_s > b_head.start_s
 
 
 @pytest.mark.parametrize("zero", [0, 2, 3])

@@ -618,6 +618,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         shards = low.unit_shards.get((part, u), ()) if zero3 else ()
         if held is not None and u == held[2] and not units:
             gathered[u] = ()
+            units.append(u)  # in the count of units in flight: the next one is prefetched after it
         if gather and blk.duration_s > 0 and shards and u not in gathered:
             units.append(u)
             k = len(units) - 1 - low.zero_prefetch_layers  # start when unit k begins
