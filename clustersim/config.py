@@ -52,6 +52,9 @@ class ParallelCfg(Strict):
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
     zero3_keep_gathered: bool = False
+    overlap_param_gather: bool = pydantic.Field(
+        default=False, description="ZeRO-1/2: all-gather the updated parameters unit by unit inside the next "
+        "step's first forward, not after the optimizer step (Megatron's --overlap-param-gather)")
     cp: int = pydantic.Field(default=1, ge=1, description="context parallelism: ranks that split each sequence")
     cp_comm: Literal["ring", "all_gather"] = "ring"
     cp_load_balance: bool = True
@@ -333,6 +336,9 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.cp", "context parallelism runs blockwise (flash) attention; set training.attention: flash")
     if p.sp and p.tp == 1:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
+    if p.overlap_param_gather and p.zero not in (1, 2):
+        fail("parallel.overlap_param_gather", f"overlaps ZeRO-1/2's all-gather of the updated parameters; zero={p.zero} "
+             f"{'gathers none' if p.zero == 0 else 'gathers them per layer already'}")
     if p.sp and m.seq_len % (p.cp * p.tp):
         # each TP rank keeps s/(cp t) tokens of the norms, residuals and PP sends (Megatron asserts the same)
         over = f"cp*tp = {p.cp * p.tp}" if p.cp > 1 else f"tp={p.tp}"

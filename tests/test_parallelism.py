@@ -104,6 +104,53 @@ def test_grad_reduce_dtype_sets_the_wire_size_and_grad_dtype_the_memory(root, ze
     assert got["fp32", "bf16"][1] == got["fp32", None][1] == pytest.approx(2 * got["bf16", None][1], rel=1e-12)
 
 
+@pytest.mark.parametrize("parallel", [{"pp": 1}, {"pp": 2, "dp": 4, "schedule": "interleaved", "vpp": 2},
+                                      {"pp": 2, "dp": 4, "zero": 2}])
+def test_overlap_param_gather_gathers_in_the_first_forward(root, parallel):
+    # Megatron's --overlap-param-gather: the parameters the optimizer step updated are gathered
+    # unit by unit in the next step's first forward, each unit's compute waiting for its own
+    # gather, instead of all at once after the step: the same bytes, less of them exposed
+    d = dict(ONE_STAGE)
+    d["training"] = {**ONE_STAGE["training"], "global_batch_size": 32}
+    # layers whose compute outlasts a layer's gather (on a 1,024-wide model the gathers'
+    # latencies, one per unit, cost more than the one gather after the step saves)
+    d["model"] = {"name": "wide", "layers": 4, "hidden": 4096, "heads": 32, "vocab": 32000, "seq_len": 2048}
+    got = {}
+    for overlap in (False, True):
+        d["parallel"] = {**ONE_STAGE["parallel"], "zero": 1, **parallel, "overlap_param_gather": overlap}
+        r = run(root, **d)
+        spans = r.trace.spans
+        ags = [s for s in spans if s.op == "all_gather" and s.kind == "dp"]
+        got[overlap] = r.summary, ags, spans
+    (s0, ag0, _), (s1, ag1, spans) = got[False], got[True]
+    for rank in {s.rank for s in spans}:
+        before = sum(s.size_bytes for s in ag0 if s.rank == rank)
+        assert before > 0 and sum(s.size_bytes for s in ag1 if s.rank == rank) == pytest.approx(before, rel=1e-12)
+    assert {s.phase for s in ag0} == {"opt"} and {s.phase for s in ag1} == {"F"} and len(ag1) > len(ag0)
+    opt_end = max(s.end_s for s in spans if s.phase == "opt")
+    assert opt_end == pytest.approx(s1["step_time_s"], rel=1e-12)
+    for a in (a for a in ag1 if a.layer >= 0):  # in the part's first forward, before its unit's compute
+        first_mb = min(s.mb for s in spans if s.rank == a.rank and s.stage == a.stage and s.phase == "F"
+                       and s.layer == a.layer and s.stream == "compute")
+        assert a.mb == first_mb
+        unit = [s for s in spans if s.rank == a.rank and s.mb == a.mb and s.phase == "F" and s.stream == "compute"
+                and s.layer == a.layer and s.stage == a.stage]
+        assert unit and min(s.start_s for s in unit) >= a.end_s
+    first = min(spans, key=lambda s: (s.rank, s.start_s) if s.stream == "compute" else (s.rank, 1e9))
+    assert first.phase == "F" and first.start_s >= min(a.end_s for a in ag1 if a.rank == first.rank)
+    assert s1["exposed_comm_s"]["dp"] < s0["exposed_comm_s"]["dp"]
+    assert s1["step_time_s"] < s0["step_time_s"]
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_overlap_param_gather_needs_zero_1_or_2(root, zero):
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero, "overlap_param_gather": True}
+    with pytest.raises(clustersim.ConfigError) as err:
+        run(root, **d)
+    assert err.value.field == "parallel.overlap_param_gather"
+
+
 def test_zero1_reduce_scatter_then_all_gather_moves_what_all_reduce_does(root):
     d = dict(ONE_STAGE)
     base = run(root, **d)

@@ -331,6 +331,7 @@ def test_the_command_says_what_it_ran_and_no_repeat_runs_it_all(tmp_path):
 SHORTER_PLANS = {
     "1f1b": {}, "zero1": {"parallel": {"zero": 1}}, "zero2": {"parallel": {"zero": 2}},
     "zero3": {"parallel": {"zero": 3}}, "zero3-kept": {"parallel": {"zero": 3, "zero3_keep_gathered": True}},
+    "zero1-overlap-gather": {"parallel": {"zero": 1, "overlap_param_gather": True}},
     "interleaved": {"parallel": {"schedule": "interleaved", "vpp": 2}}, "zb-h1": {"parallel": {"schedule": "zb-h1"}},
     "cp-unbalanced": {"parallel": {"tp": 1, "cp": 2, "cp_load_balance": False}},
     "straggler": {"cluster": {"what_if": [{"gpu": 5, "slowdown": 1.3}]}},

@@ -39,6 +39,9 @@ VARIANTS = {
     "straggler": dict(cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 2,
                                "what_if": [{"gpu": 3, "slowdown": 1.4}]}),
     "zb-h1": dict(parallel={"tp": 2, "pp": 4, "dp": 2, "schedule": "zb-h1"}),
+    # the parameters gathered in each part's first forward only: those actions made by _blocks
+    "interleaved-zero1-overlap-gather": dict(parallel={"tp": 2, "pp": 2, "dp": 4, "schedule": "interleaved", "vpp": 2,
+                                                       "zero": 1, "overlap_param_gather": True}),
     "moe-ep": dict(model={"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000,
                           "seq_len": 512, "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
                    parallel={"tp": 2, "pp": 2, "dp": 4, "ep": 4}),

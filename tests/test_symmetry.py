@@ -95,6 +95,8 @@ COLLAPSE = [
      {"layers": 16}),
     ("zb-h1-sp-zero2", 8, {"tp": 2, "pp": 8, "dp": 4, "schedule": "zb-h1", "sp": True, "zero": 2}, {"layers": 16}),
     ("dualpipe-zero1", 8, {"tp": 4, "pp": 8, "dp": 2, "schedule": "dualpipe", "zero": 1}, {"layers": 16}),
+    ("dualpipe-zero1-overlap-gather", 8, {"tp": 4, "pp": 8, "dp": 2, "schedule": "dualpipe", "zero": 1,
+                                          "overlap_param_gather": True}, {"layers": 16}),
     ("cp-ring-balanced", 8, {"tp": 4, "cp": 2, "pp": 2, "dp": 4}, {}),
     ("cp-ring-unbalanced", 8, {"tp": 2, "cp": 4, "pp": 2, "dp": 4, "cp_load_balance": False}, {}),
     ("cp-all-gather-balanced", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "cp_comm": "all_gather"}, {}),

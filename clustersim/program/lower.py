@@ -346,6 +346,7 @@ class Lowering:
     zero: int = 0
     zero_prefetch_layers: int = 1
     zero3_keep_gathered: bool = False
+    overlap_param_gather: bool = False  # ZeRO-1/2's gathers in the first forward (optimizer_pass)
     # (CP index, index in the EP group) -> per-part work, when CP or EP ranks differ (unbalanced
     # causal attention, skewed expert load); the index that does not matter is 0
     rank_work: dict = field(default_factory=dict)
@@ -583,14 +584,22 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
 
     and each unit's gradients are reduce-scattered after its last block of the action that
     makes them final (W, or B without a split). W needs no gather: ``dA = X^T dY`` reads
-    activations only.
+    activations only. ZeRO-1/2 with ``overlap_param_gather`` gathers the same way in each
+    part's first forward only (the parameters the step before updated), and reduces nothing
+    here.
     """
     q, stage, kind, mb = low.pp_of(r), act.stage, act.kind, act.mb
     part = low.part(stage)
     zero3 = low.zero == 3 and low.n_grad > 1
     keep = low.zero3_keep_gathered
+    # ZeRO-1/2 overlapped: the parameters the last step updated, gathered unit by unit in each
+    # part's first forward, the first at once (Megatron dispatches a bucket's all-gather as the
+    # bucket before it starts its forward, and waits for it before its own)
+    after_step = low.overlap_param_gather and kind == "F" and mb == low.first_mb.get(stage)
+    by_unit = zero3 or after_step
     # kept gathered: one gather per unit per step, at its first forward
-    gather = zero3 and ((kind == "F" and (not keep or mb == low.first_mb.get(stage))) or (kind == "B" and not keep))
+    gather = after_step or zero3 and ((kind == "F" and (not keep or mb == low.first_mb.get(stage)))
+                                      or (kind == "B" and not keep))
     reduce_now = zero3 and kind == low.grad_kind and (not keep or mb == low.final_mb[stage])
     units: list = []  # units gathered in this action, in order of use
     unit_end: dict = {}  # unit -> its last compute task so far
@@ -601,7 +610,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     keep_tids = _keeps_block_tids(low, kind, stage, mb)
     # the rank's compute before this action: the first units' gathers start after it (where a
     # unit's gather starts is otherwise where the unit zero_prefetch_layers before it begins)
-    before = (low.last_compute[r],) if r in low.last_compute else ()
+    before = (low.last_compute[r],) if r in low.last_compute and not after_step else ()
     # at a forward-to-backward turn the unit the forward used last is still gathered (FSDP2
     # leaves the root's parameters unsharded after forward, torchtitan the last block's;
     # DeepSpeed keeps what is reused within stage3_max_reuse_distance): no second gather
@@ -614,8 +623,8 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         if carried:
             first_deps += carried
         # a communication-only block (the embedding's B under SP) computes nothing: no weights needed
-        u = _unit(blk) if zero3 else None
-        shards = low.unit_shards.get((part, u), ()) if zero3 else ()
+        u = _unit(blk) if by_unit else None
+        shards = low.unit_shards.get((part, u), ()) if by_unit else ()
         if held is not None and u == held[2] and not units:
             gathered[u] = ()
             units.append(u)  # in the count of units in flight: the next one is prefetched after it
@@ -644,7 +653,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
         low.last_compute[r] = prev
         if keep_tids:
             low.bwd_tid[(r, stage, mb, i)] = prev
-        if zero3:
+        if by_unit:
             unit_end[u] = prev
             unit_done = i + 1 == len(blocks) or _unit(blocks[i + 1]) != u
             for dim, n in (shards if reduce_now and unit_done else ()):
@@ -711,8 +720,9 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
     :class:`ActionTemplate` is read off them (and checked by making them again from it); every
     later time they are made from the template. ZeRO-3's gathers and reductions depend on
     the microbatch and on earlier actions: those actions always go through :func:`_blocks`."""
-    if (low.zero == 3 and low.n_grad > 1) or not low.use_templates:
-        return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
+    if (low.zero == 3 and low.n_grad > 1) or not low.use_templates or \
+            (low.overlap_param_gather and a.kind == "F" and a.mb == low.first_mb.get(a.stage)):
+        return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]  # (a first forward's gathers: its own)
     key = (r, a.kind, a.stage, id(blocks), len(deps))
     tmpl = low.templates.get(key)
     tasks = prog.items
@@ -1282,7 +1292,9 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
     """One optimizer step per rank, over every part it holds, once all its gradients are reduced.
 
     Under ZeRO-1 and -2 each rank updates its shard, then the DP group all-gathers the
-    updated 16-bit parameters (Megatron's distributed optimizer); ZeRO-3 keeps them sharded.
+    updated 16-bit parameters (Megatron's distributed optimizer), or, with
+    ``overlap_param_gather``, gathers them unit by unit in the next step's first forward
+    (:func:`_blocks`: the step simulated is the steady one); ZeRO-3 keeps them sharded.
     DualPipe's two holders of a part both update it (same gradients, same result).
     """
     for r in low.sym.ranks:
@@ -1291,7 +1303,7 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
         deps = tuple(low.grad_tasks[r]) or low.last_task[r]
         opt = prog.add(rank=r, stream="compute", name="optimizer step", kind="compute",
                        duration_s=sum(low.work[j].optimizer_s for j in parts), deps=deps, phase="opt", stage=q).tid
-        if low.zero in (1, 2):
+        if low.zero in (1, 2) and not low.overlap_param_gather:
             # each shard's owners all-gather the updated 16-bit parameters: dense ones over
             # dp x cp, routed experts over their expert-DP group
             for dim, attr in (("dp", "local_params"), ("edp", "local_expert_params")):
@@ -1342,7 +1354,8 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
         dp_bucket_params=sc.training.dp_bucket_params,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
-        zero3_keep_gathered=sc.parallel.zero3_keep_gathered, rank_work=rank_work, use_templates=templates,
+        zero3_keep_gathered=sc.parallel.zero3_keep_gathered, overlap_param_gather=sc.parallel.overlap_param_gather,
+        rank_work=rank_work, use_templates=templates,
     )
     return run_passes(low), low
 
