@@ -190,6 +190,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
             "precision": t.precision, "attention": t.attention, "sp": p.sp, "ep": p.ep, "zero": p.zero,
+            "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
             "recompute": t.recompute,
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },

@@ -123,6 +123,9 @@ def test_overlap_param_gather_gathers_in_the_first_forward(root, parallel):
         ags = [s for s in spans if s.op == "all_gather" and s.kind == "dp"]
         got[overlap] = r.summary, ags, spans
     (s0, ag0, _), (s1, ag1, spans) = got[False], got[True]
+    from clustersim.output.summary import plan_options
+    assert s1["plan"]["overlap_param_gather"] and not s0["plan"]["overlap_param_gather"]
+    assert "(gathers overlapped)" in plan_options(s1["plan"]) and "(" not in plan_options(s0["plan"])
     for rank in {s.rank for s in spans}:
         before = sum(s.size_bytes for s in ag0 if s.rank == rank)
         assert before > 0 and sum(s.size_bytes for s in ag1 if s.rank == rank) == pytest.approx(before, rel=1e-12)
