@@ -4,13 +4,14 @@
     python bench/bench_sweep.py --all               # 192 plans: every ZeRO stage and recompute
     python bench/bench_sweep.py x.yaml --gpus 128   # another scenario's model and cluster
     python bench/bench_sweep.py --limit 5           # the first 5 plans only
+    python bench/bench_sweep.py --jobs 2            # two worker processes (the plans are independent)
 
 A user choosing a plan simulates many: every way to split the GPUs into TP x PP x DP, each
 with the memory savers (ZeRO stage, activation recompute). This bench does that in one Python
 process through the API, as a script or a notebook would (``load_scenario`` on a dict, then
 ``simulate`` with its checks; no files written), and prints per plan its wall time, step time,
-MFU and whether it fits, then the distribution of the wall times and what a thousand plans
-would take. The plans::
+MFU and whether it fits, then the distribution of the wall times, how long the sweep took and
+what a thousand plans would take at that pace (``--jobs N``: in N forked worker processes). The plans::
 
     tp in {1, 2, 4, 8} dividing the heads, pp in {1, 2, 4, 8} dividing the layers,
     dp = GPUs / (tp pp), ZeRO in {1, 3} (--all: {0, 1, 2, 3}),
@@ -20,8 +21,8 @@ would take. The plans::
 
 Plans the scenario's rules refuse (a global batch DP does not divide, say) are counted and
 named, not timed. Each plan's seconds include its validation and cluster graph (a sweep's
-plans share the topology but each Scenario builds its own graph). Peak RSS is the process's
-at the end: every plan's objects are freed before the next.
+plans share the topology but each Scenario builds its own graph). Peak RSS is the largest of
+this process's and its workers' (each plan's objects are freed before the next).
 
 Example (2 cores, 2026-12-03, bare simpy timeout about 1.1 us, a slow stretch)::
 
@@ -34,6 +35,7 @@ import argparse
 import copy
 import itertools
 import math
+import multiprocessing
 import resource
 import statistics
 import sys
@@ -86,16 +88,29 @@ def variant(base: dict, gpus_per_node: int, gpus: int, tp: int, pp: int, dp: int
     return d
 
 
+def one(job: tuple) -> tuple:
+    """Simulate one plan: (label, wall s, step s, MFU, fits, spans), or (label, refusal)."""
+    from clustersim import ConfigError, load_scenario, simulate
+    label, d, base_dir = job
+    t = time.perf_counter()
+    try:
+        s = simulate(load_scenario(d, base_dir=base_dir)).summary
+    except ConfigError as exc:
+        return label, str(exc)
+    return label, time.perf_counter() - t, s["step_time_s"], s["mfu"], s["memory"]["fits"], s["simulation"]["spans"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenario", nargs="?", default=str(DEFAULT), help="the model, cluster and batch to sweep")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs (default: the scenario's)")
     ap.add_argument("--all", action="store_true", help="every ZeRO stage and recompute choice")
     ap.add_argument("--limit", type=int, default=None, help="only the first N plans")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (forked; default 1: this one)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    from clustersim import ConfigError, load_scenario, simulate
+    from clustersim import load_scenario
     import_s = time.perf_counter() - t0
     path = Path(args.scenario)
     base = yaml.safe_load(path.read_text())
@@ -105,26 +120,28 @@ def main(argv: list[str] | None = None) -> int:
     todo = plans(base["model"], gpus, args.all)[:args.limit]
     schedule = sc0.parallel.schedule if sc0.parallel.schedule in KEPT_SCHEDULES else "1f1b"
     print(f"{sc0.cfg.model.name} on {gpus} GPUs ({per_node} a node): {len(todo)} plans, {schedule} where pp > 1; "
-          f"import {import_s:.2f} s")
+          f"import {import_s:.2f} s; {args.jobs} process{'es' if args.jobs > 1 else ''}")
     print(f"{'plan':28s} {'wall s':>7s} {'step s':>8s} {'MFU':>6s}  fits  spans")
+    jobs = [(f"tp{tp} pp{pp} dp{dp} zero{zero} {rc}", variant(base, per_node, gpus, tp, pp, dp, zero, rc), path.parent)
+            for tp, pp, dp, zero, rc in todo]
     walls: list[float] = []
     refused: list[str] = []
-    for tp, pp, dp, zero, rc in todo:
-        label = f"tp{tp} pp{pp} dp{dp} zero{zero} {rc}"
-        d = variant(base, per_node, gpus, tp, pp, dp, zero, rc)
-        t = time.perf_counter()
-        try:
-            r = simulate(load_scenario(d, base_dir=path.parent))
-        except ConfigError as exc:
-            refused.append(f"{label}: {exc}")
-            continue
-        wall = time.perf_counter() - t
-        walls.append(wall)
-        s = r.summary
-        fits = s["memory"]["fits"]
-        print(f"{label:28s} {wall:7.2f} {s['step_time_s']:8.3f} {s['mfu']:6.1%}  {'yes' if fits else 'no ':4s}"
-              f"  {s['simulation']['spans']:,}", flush=True)
-        del r
+    t_all = time.perf_counter()
+    pool = multiprocessing.get_context("fork").Pool(args.jobs) if args.jobs > 1 else None
+    try:
+        for got in (pool.imap(one, jobs) if pool else map(one, jobs)):  # in the plans' order
+            if len(got) == 2:
+                refused.append(f"{got[0]}: {got[1]}")
+                continue
+            label, wall, step_s, mfu, fits, spans = got
+            walls.append(wall)
+            print(f"{label:28s} {wall:7.2f} {step_s:8.3f} {mfu:6.1%}  {'yes' if fits else 'no ':4s}  {spans:,}",
+                  flush=True)
+    finally:
+        if pool:
+            pool.close()
+            pool.join()
+    elapsed_s = time.perf_counter() - t_all
     if refused:
         print(f"refused by the scenario's rules ({len(refused)}):")
         for line in refused:
@@ -135,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(walls)
     print(f"plans timed {len(walls)}  total {total:.1f} s  median {statistics.median(walls):.2f} s  "
           f"p90 {q[8]:.2f} s  max {max(walls):.2f} s")
-    print(f"a thousand such plans: {1000 * total / len(walls) / 60:.1f} min on one core; "
-          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")
+    # a worker's peak is its own: RUSAGE_CHILDREN gives the largest child's
+    rss = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(f"the sweep took {elapsed_s:.1f} s with {args.jobs} process{'es' if args.jobs > 1 else ''}: a thousand "
+          f"such plans {1000 * elapsed_s / len(jobs) / 60:.1f} min; peak RSS {rss // 1024} MiB")
     return 0
 
 

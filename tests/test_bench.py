@@ -164,6 +164,12 @@ def test_bench_sweep_times_the_plans_it_names():
     assert run.returncode == 0, run.stderr[-2000:]
     lines = re.findall(r"^tp(\d) pp(\d) dp(\d+) zero(\d) (\w+)\s+[\d.]+\s+([\d.]+)\s", run.stdout, re.M)
     assert len(lines) == 4 and "plans timed 4" in run.stdout
+    # two worker processes: the same plans in the same order, the same steps
+    two = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sweep.py"), str(SCENARIO), "--limit", "4",
+                          "--jobs", "2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert re.findall(r"^tp(\d) pp(\d) dp(\d+) zero(\d) (\w+)\s+[\d.]+\s+([\d.]+)\s", two.stdout, re.M) == lines
+    assert "with 2 processes" in two.stdout
     mod = _bench("bench_sweep")
     import yaml
 
