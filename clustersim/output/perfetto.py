@@ -80,8 +80,8 @@ except ImportError:  # elsewhere zlib
 
 def stream_sort_key(stream: str) -> tuple[int, int, tuple]:
     """Sort key for streams: compute, tp, cp, ep, pp_* (fwd before bwd, recv before send),
-    zero (parameter gathers: ZeRO-3's, ZeRO-1/2's overlapped), dp; numbers in names by value (``dp_replica_2`` before
-    ``dp_replica_13``)."""
+    zero (parameter gathers: ZeRO-3's, ZeRO-1/2's overlapped), dp; numbers in names by value
+    (``dp_replica_2`` before ``dp_replica_13``)."""
     family = stream.split("_", 1)[0]
     fam = _FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER)
     known = KNOWN_STREAMS.index(stream) if stream in KNOWN_STREAMS else len(KNOWN_STREAMS)
