@@ -337,8 +337,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if p.sp and p.tp == 1:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
     if p.overlap_param_gather and p.zero not in (1, 2):
-        fail("parallel.overlap_param_gather", f"overlaps ZeRO-1/2's all-gather of the updated parameters; zero={p.zero} "
-             f"{'gathers none' if p.zero == 0 else 'gathers them per layer already'}")
+        fail("parallel.overlap_param_gather", "overlaps ZeRO-1/2's all-gather of the updated parameters; "
+             f"zero={p.zero} {'gathers none' if p.zero == 0 else 'gathers them per layer already'}")
     if p.sp and m.seq_len % (p.cp * p.tp):
         # each TP rank keeps s/(cp t) tokens of the norms, residuals and PP sends (Megatron asserts the same)
         over = f"cp*tp = {p.cp * p.tp}" if p.cp > 1 else f"tp={p.tp}"
