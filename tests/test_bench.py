@@ -17,6 +17,8 @@ from clustersim.program.lower import lower
 from .conftest import ROOT
 
 SCENARIO = ROOT / "scenarios" / "llama3_8b_8gpu.yaml"
+# a line of bench_sweep.py: the plan (tp, pp, dp, zero, recompute) and its step
+SWEEP_LINE = re.compile(r"^tp(\d) pp(\d) dp(\d+) zero(\d) (\w+)\s+[\d.]+\s+([\d.]+)\s", re.M)
 
 
 def _bench(name: str):
@@ -162,13 +164,13 @@ def test_bench_sweep_times_the_plans_it_names():
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sweep.py"), str(SCENARIO), "--limit", "4"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    lines = re.findall(r"^tp(\d) pp(\d) dp(\d+) zero(\d) (\w+)\s+[\d.]+\s+([\d.]+)\s", run.stdout, re.M)
+    lines = SWEEP_LINE.findall(run.stdout)
     assert len(lines) == 4 and "plans timed 4" in run.stdout
     # two worker processes: the same plans in the same order, the same steps
     two = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sweep.py"), str(SCENARIO), "--limit", "4",
                           "--jobs", "2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
-    assert re.findall(r"^tp(\d) pp(\d) dp(\d+) zero(\d) (\w+)\s+[\d.]+\s+([\d.]+)\s", two.stdout, re.M) == lines
+    assert SWEEP_LINE.findall(two.stdout) == lines
     assert "with 2 processes" in two.stdout
     mod = _bench("bench_sweep")
     import yaml

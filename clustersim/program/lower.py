@@ -592,10 +592,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     part = low.part(stage)
     zero3 = low.zero == 3 and low.n_grad > 1
     keep = low.zero3_keep_gathered
-    # ZeRO-1/2 overlapped: the parameters the last step updated, gathered unit by unit in each
-    # part's first forward, the first at once (Megatron dispatches a bucket's all-gather as the
-    # bucket before it starts its forward, and waits for it before its own)
-    after_step = low.overlap_param_gather and kind == "F" and mb == low.first_mb.get(stage)
+    after_step = _gathers_after_step(low, kind, stage, mb)
     by_unit = zero3 or after_step
     # kept gathered: one gather per unit per step, at its first forward
     gather = after_step or zero3 and ((kind == "F" and (not keep or mb == low.first_mb.get(stage)))
@@ -672,6 +669,15 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
     return prev
 
 
+def _gathers_after_step(low: Lowering, kind: str, stage: int, mb: int) -> bool:
+    """Whether an action gathers ZeRO-1/2's overlapped parameters: the step before updated
+    them, and each part's first forward gathers them unit by unit, the first at once
+    (Megatron dispatches a bucket's all-gather as the bucket before it starts its forward, and
+    waits for it before its own). Such an action is made by :func:`_blocks`, never from a
+    template."""
+    return low.overlap_param_gather and kind == "F" and mb == low.first_mb.get(stage)
+
+
 def _keeps_block_tids(low: Lowering, kind: str, stage: int, mb: int) -> bool:
     """Whether an action keeps its blocks' compute task ids in ``low.bwd_tid``: those that
     dp_grad_pass reduces after (grad_kind on a stage's final microbatch; every one under ZeRO-2)."""
@@ -720,9 +726,8 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps
     :class:`ActionTemplate` is read off them (and checked by making them again from it); every
     later time they are made from the template. ZeRO-3's gathers and reductions depend on
     the microbatch and on earlier actions: those actions always go through :func:`_blocks`."""
-    if (low.zero == 3 and low.n_grad > 1) or not low.use_templates or \
-            (low.overlap_param_gather and a.kind == "F" and a.mb == low.first_mb.get(a.stage)):
-        return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]  # (a first forward's gathers: its own)
+    if (low.zero == 3 and low.n_grad > 1) or not low.use_templates or _gathers_after_step(low, a.kind, a.stage, a.mb):
+        return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
     key = (r, a.kind, a.stage, id(blocks), len(deps))
     tmpl = low.templates.get(key)
     tasks = prog.items
