@@ -237,15 +237,25 @@ def cmd_schedule(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    """Check every file given, each on a line of its own (``error: ...`` on stderr for a bad
+    one, so that a glob's later files are still checked); exit 2 if any was bad."""
     from .config import load_scenario
     from .output.summary import plan_dims
 
+    bad = 0
     for path in args.scenarios:
-        _given_scenario(path)
-        sc = load_scenario(path)
+        try:
+            _given_scenario(path)
+            sc = load_scenario(path)
+        except ConfigError as exc:
+            print(f"error: {exc.line()}", file=sys.stderr, flush=True)
+            bad += 1
+            continue
         print(f"{path}: ok ({sc.mesh.world_size} GPUs, {plan_dims(sc.parallel.model_dump(), ' x ')}, "
-              f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''})")
-    return 0
+              f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''})", flush=True)
+    if bad and len(args.scenarios) > 1:
+        print(f"error: {bad} of {len(args.scenarios)} files are not valid scenarios", file=sys.stderr)
+    return EXIT_BAD_INPUT if bad else 0
 
 
 def cmd_collective(args) -> int:

@@ -224,6 +224,20 @@ def test_missing_scenario_and_invalid_yaml(tmp_path):
     assert r.returncode == 2 and "invalid YAML" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_validate_checks_every_file_after_a_bad_one(tmp_path, root):
+    """A glob's later files are still checked: a line per file, an error line per bad one, exit 2."""
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("paralel: {}\n")
+    missing = tmp_path / "missing.yaml"
+    good = sorted((root / "scenarios").glob("*.yaml"))[:2]
+    r = run_cli("validate", good[0], typo, good[1], missing)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert [ln.split(": ok")[0] for ln in r.stdout.splitlines()] == [str(good[0]), str(good[1])]
+    errors = r.stderr.splitlines()
+    assert len(errors) == 3 and str(typo) in errors[0] and str(missing) in errors[1]
+    assert errors[2] == "error: 2 of 4 files are not valid scenarios"
+
+
 def test_validate_and_schema(root):
     r = run_cli("validate", *sorted((root / "scenarios").glob("*.yaml")))
     assert r.returncode == 0, r.stderr

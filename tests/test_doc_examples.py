@@ -12,7 +12,10 @@ folder per block, and must print the lines below it (stdout and stderr together)
 
 The README's command (``pip install . && python -m clustersim run scenarios/moe_1024gpu.yaml``,
 whose output is the block after it) is run without the install. The Python blocks, and the
-commands of the bash blocks, must run without error.
+commands of the bash blocks, must run without error; a Python block whose output the doc shows
+(a paragraph "Output...:" and a plain block after it) must print it. Figures the docs quote in
+a table or in prose from a simulation are simulated again here (getting-started's table of
+schedules, parallelism.md's context- and expert-parallel figures).
 
 After a deliberate change of what a command prints, ``CLUSTERSIM_UPDATE_DOCS=1 python -m pytest
 tests/test_doc_examples.py`` writes what the commands print into the blocks that elide nothing
@@ -65,16 +68,24 @@ def _blocks() -> list:
     return found
 
 
+# a Python block whose output the doc shows: the block, a paragraph that starts so, the output
+SHOWN_OUTPUT = re.compile(r"\n\nOutput[^\n]*:\n\n```\n(.*?)^```\n", re.S | re.M)
+
+
 def _snippets() -> list:
     """The README's and the docs' Python blocks, and the clustersim commands of their bash
-    blocks (a reader copies them as they are): each must run without error."""
+    blocks (a reader copies them as they are): each must run without error, and a Python
+    block followed by a paragraph "Output...:" and a plain block must print what that block
+    shows (``...`` and wall times as in the sessions)."""
     found = []
     for path in DOCS:
         text = path.read_text()
         for m in re.finditer(r"^```(python|bash)\n(.*?)^```\n", text, re.S | re.M):
             line = text.count("\n", 0, m.start()) + 1
             if m.group(1) == "python":
-                found.append(pytest.param("python", m.group(2), id=f"{path.name}:{line}"))
+                out = SHOWN_OUTPUT.match(text, m.end() - 1)
+                found.append(pytest.param("python", (m.group(2), path, None if out is None else out.group(1)),
+                                          id=f"{path.name}:{line}"))
                 continue
             for cmd in m.group(2).splitlines():
                 cmd = cmd.split("  #")[0].strip()
@@ -94,10 +105,22 @@ def _sandbox(tmp_path: Path) -> dict:
 @pytest.mark.parametrize("kind, code", _snippets())
 def test_the_docs_snippets_run(kind, code, tmp_path):
     env = _sandbox(tmp_path)
+    code, doc, shown = code if kind == "python" else (code, None, None)
     args = [sys.executable, "-c", code] if kind == "python" else ["bash", "-c", code]
     run = subprocess.run(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout[-3000:]
+    if shown is None:
+        return
+    got = run.stdout.splitlines()
+    if matches(shown.splitlines(), got):
+        return
+    if os.environ.get("CLUSTERSIM_UPDATE_DOCS") and "..." not in shown.splitlines():
+        text = doc.read_text()
+        at = text.index(f"```python\n{code}```\n")  # the shown output is the first block after it
+        head, tail = text[:at], text[at:]
+        doc.write_text(head + tail.replace(f"```\n{shown}```\n", "```\n" + "\n".join(got) + "\n```\n", 1))
+    raise AssertionError("--- shown\n" + shown + "--- printed\n" + run.stdout)
 
 
 def apply_normal_diff(lines: list[str], diff: list[str]) -> list[str]:
@@ -176,3 +199,75 @@ def test_elided_lines_and_wall_times_match_and_nothing_else_does():
     assert not matches(["a", "simulated 2 ranks in 1.0 s"], ["a", "simulated 3 ranks in 1.0 s"])
     assert not matches(["a", "b"], ["a", "b", "c"])
     assert matches(["...", "c"], ["a", "b", "c"]) and not matches(["...", "b"], ["a", "b", "c"])
+
+
+def _schedule_row(name: str) -> str:
+    """The getting-started "Compare pipeline schedules" table's row of scenario ``name``,
+    simulated now (my_1f1b.yaml: interleaved_1f1b.yaml at 1F1B, as the page's sed makes it)."""
+    import yaml
+
+    import clustersim
+
+    src = ROOT / "scenarios" / ("interleaved_1f1b.yaml" if name == "my_1f1b.yaml" else name)
+    d = yaml.safe_load(src.read_text())
+    if name == "my_1f1b.yaml":
+        d["parallel"]["schedule"] = "1f1b"
+        d["parallel"].pop("vpp")
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=src.parent)).summary
+    p, x = s["plan"], s["exposed_comm_s"]
+    sched = f"`{p['schedule']}`" + (f", vpp {p['vpp']}" if p["schedule"] == "interleaved" else "")
+    return (f"| {name} | {sched} | {s['step_time_s']:.4f} s | {100 * s['mfu']:.1f} % | "
+            f"{100 * s['bubble_fraction']:.1f} % | {x['total']:.4f} s (tp {x['tp']:.4f}, pp {x['pp']:.4f}, "
+            f"dp {x['dp']:.4f}) | {s['memory']['stages'][0]['peak_bytes'] / 2**30:.1f} GiB |")
+
+
+def test_the_schedules_table_of_getting_started_is_what_they_simulate():
+    """The page's table of four schedules holds the figures the scenarios give now (with
+    CLUSTERSIM_UPDATE_DOCS set, it is rewritten; then read its prose again)."""
+    doc = ROOT / "docs" / "getting-started.md"
+    text = doc.read_text()
+    rows = re.findall(r"^\| (\S+\.yaml) \|.*\|$", text[text.index("## Compare pipeline schedules"):], re.M)
+    assert rows == ["my_1f1b.yaml", "interleaved_1f1b.yaml", "zero_bubble.yaml", "dualpipe.yaml"]
+    wrong = []
+    for name in rows:
+        shown = re.search(rf"^\| {re.escape(name)} \|.*\|$", text, re.M).group(0)
+        got = _schedule_row(name)
+        if got != shown:
+            wrong.append(f"shown:   {shown}\nprinted: {got}")
+            text = text.replace(shown, got, 1)
+    if wrong and os.environ.get("CLUSTERSIM_UPDATE_DOCS"):
+        doc.write_text(text)
+    assert not wrong, "\n".join(wrong)
+
+
+def _variant(name: str, **parallel) -> dict:
+    """The summary of shipped scenario ``name`` with ``parallel`` fields changed."""
+    import yaml
+
+    import clustersim
+
+    src = ROOT / "scenarios" / name
+    d = yaml.safe_load(src.read_text())
+    d["parallel"].update(parallel)
+    return clustersim.simulate(clustersim.load_scenario(d, base_dir=src.parent)).summary
+
+
+def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
+    """docs/parallelism.md's context- and expert-parallel figures, simulated now."""
+    text = " ".join((ROOT / "docs" / "parallelism.md").read_text().split())
+    ring = _variant("long_context_cp_128k.yaml")
+    gather = _variant("long_context_cp_128k.yaml", cp_comm="all_gather")
+    unbalanced = _variant("long_context_cp_128k.yaml", cp_load_balance=False)
+    ep16, ep8 = _variant("moe_1024gpu.yaml"), _variant("moe_1024gpu.yaml", ep=8)
+    peak_gib = [max(st["peak_bytes"] for st in s["memory"]["stages"]) / 2**30 for s in (ep8, ep16)]
+    quoted = [
+        f"(`cp` exposed {ring['exposed_comm_s']['cp']:.2f} s of a {ring['step_time_s']:.2f} s step)",
+        f"exposes {gather['exposed_comm_s']['cp']:.2f} s (step {gather['step_time_s']:.2f} s)",
+        f"to {unbalanced['step_time_s']:.2f} s, the difference showing as bubble "
+        f"({100 * unbalanced['bubble_fraction']:.0f} % of the step)",
+        f"({ep8['step_time_s']:.2f} s against {ep16['step_time_s']:.2f} s)",
+        f"peak of {peak_gib[0]:.1f} GiB on 80 GB GPUs ({peak_gib[1]:.1f} GiB with EP16",
+    ]
+    assert not ep8["memory"]["fits"] and ep16["memory"]["fits"]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, "docs/parallelism.md should say: " + "; ".join(missing)
