@@ -362,12 +362,22 @@ def test_report_renders_offline_in_chromium(result, tmp_path):
             n_bars = page.locator(f"#{DIV_ID} .barlayer .point path").count()
             shot = tmp_path / "report.png"
             page.screenshot(path=str(shot), full_page=True)
+            # the mode bar (shown on hover) stands clear of the timeline's legend
+            legend, modebar = (page.locator(f"#{DIV_ID} {sel}").first.bounding_box() for sel in (".legend", ".modebar"))
+            page.set_viewport_size({"width": 800, "height": 1000})  # a narrow window: wide tables scroll in place
+            page.wait_for_timeout(300)
+            page_width_px = page.evaluate("document.documentElement.scrollWidth")
         finally:
             browser.close()
     assert errors == []
     assert outside == []  # nothing was even attempted beyond file://
     assert n_bars == sum(len(b) for b in merge_spans(result.trace).values())
     assert shot.stat().st_size > 10_000
+    assert page_width_px <= 800
+    assert legend and modebar and (modebar["x"] >= legend["x"] + legend["width"]
+                                   or modebar["y"] >= legend["y"] + legend["height"]
+                                   or legend["x"] >= modebar["x"] + modebar["width"]
+                                   or legend["y"] >= modebar["y"] + modebar["height"]), (legend, modebar)
 
 
 def test_busiest_links_table_lists_the_summary_links(result, report):

@@ -903,7 +903,10 @@ def _layout(n_rows: int, labels: list[str], step_ms: float, bands: list[dict]) -
         "template": _white_template(),
         "barmode": "overlay",
         "height": 140 + ROW_HEIGHT_PX * max(n_rows, 4),
-        "margin": {"l": 10, "r": 20, "t": 100, "b": 30},
+        # the mode bar stands upright in the right margin: across the top it covered the
+        # legend's last entries whenever the pointer was over the chart
+        "margin": {"l": 10, "r": 44, "t": 100, "b": 30},
+        "modebar": {"orientation": "v"},
         "font": {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif",
                  "size": 12},
         "legend": {"orientation": "h", "x": 0, "y": 1, "yref": "container", "yanchor": "top",
@@ -939,10 +942,13 @@ p.meta, p.note { margin: 2px 0; color: #57606a; font-size: 13px; }
 .card .value { font-size: 24px; font-weight: 600; font-variant-numeric: tabular-nums; }
 .card .sub { font-size: 12px; color: #57606a; }
 .panels { display: flex; flex-wrap: wrap; gap: 32px; align-items: flex-start; }
-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
+table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums;
+        display: block; overflow-x: auto; max-width: 100%; }  /* a wide table scrolls, not the page */
 th, td { padding: 3px 10px; text-align: right; border-bottom: 1px solid #eaeef2; white-space: nowrap; }
 th { background: #f6f8fa; font-weight: 600; border-bottom: 1px solid #d0d7de; }
 td.l, th.l { text-align: left; }
+td.wrap, th.wrap { white-space: normal; min-width: 12em; }
+td.wide, th.wide { white-space: normal; min-width: 26em; }
 tr.total td { font-weight: 600; border-top: 1px solid #d0d7de; }
 .meter { display: inline-block; width: 160px; height: 10px; background: #eaeef2; border-radius: 3px;
          overflow: hidden; vertical-align: middle; }
@@ -1238,15 +1244,16 @@ def causes_html(summary: dict[str, Any]) -> str:
         if c.get("alone"):
             shared = "nothing (alone on its links)"
         else:
-            shared = ", ".join(f'{e(x["collective"])} {fmt_time(x["overlap_s"])}'
-                               for x in c.get("shared_with", [])) or "nothing at that time"
-        rows.append(f'<tr><td class="l">{e(c["collective"])}</td><td>{fmt_time(c["exposed_s"])}</td>'
+            # one line each: the cell wraps (td.wrap), so the table stays within the window
+            shared = "<br>".join(f'{e(x["collective"])} {fmt_time(x["overlap_s"])}'
+                                 for x in c.get("shared_with", [])) or "nothing at that time"
+        rows.append(f'<tr><td class="l wrap">{e(c["collective"])}</td><td>{fmt_time(c["exposed_s"])}</td>'
                     f'<td>{fmt_time(c["comm_s"])}</td><td>{c["count_per_gpu"]:,.0f}</td>'
                     f'<td>{fmt_bytes(c["size_bytes"])}</td><td class="l">{e(str(c.get("algorithm", "")))}</td>'
-                    f'<td class="l">{link}</td><td class="l">{shared}</td></tr>')
+                    f'<td class="l">{link}</td><td class="l wide">{shared}</td></tr>')
     return ("<div><h2>Exposed communication by cause</h2><table><tr><th class=\"l\">collective</th>"
             "<th>exposed / GPU</th><th>on the wire / GPU</th><th>times / GPU</th><th>size</th><th class=\"l\">algorithm</th>"
-            "<th class=\"l\">bottleneck link</th><th class=\"l\">shared with (while its most exposed instance ran)</th>"
+            "<th class=\"l\">bottleneck link</th><th class=\"l wide\">shared with (while its most exposed instance ran)</th>"
             "</tr>" + "".join(rows) + "</table><p class=\"note\">Bottleneck: the link whose share of the "
             "collective's traffic takes longest at that link's bandwidth.</p></div>")
 
