@@ -183,7 +183,7 @@ class Scenario:
         from .program.lower import Symmetry
 
         n = Symmetry.split_count(self.mesh, cluster.gpu_slowdown, fabric, *self.cfg.ranks_differ(),
-                                 cluster.gpus_per_node)
+                                 cluster.gpus_per_node, cluster.pair_tiers, self.parallel.schedule == "interleaved")
         return (fabric, 0) if n <= most else (own, n)
 
     @cached_property
@@ -475,7 +475,7 @@ def _with_what_ifs(topo: TopologyCfg, extra: list) -> TopologyCfg:
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,
-                 source: str, gpus_per_node: int = 0) -> None:
+                 source: str, gpus_per_node: int = 0, tiers=None) -> None:
     """Refuse stragglers (``slow``: GPU -> slowdown) or faulty nodes' GPUs that would split the
     symmetric classes into more ranks than an all-ranks run may simulate (program/lower.py
     Symmetry)."""
@@ -487,7 +487,7 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
 
     order, ep_inner = parse_order(p.order)
     mesh = Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
-    n = Symmetry.split_count(mesh, slow, faulty, *cfg.ranks_differ(), gpus_per_node)
+    n = Symmetry.split_count(mesh, slow, faulty, *cfg.ranks_differ(), gpus_per_node, tiers, p.schedule == "interleaved")
     if n > MAX_GPUS_ALL_RANKS:
         gpus = sorted(set(slow) | set(faulty))
         shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")
@@ -566,7 +566,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
             sc.__dict__["cluster"] = cluster
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}
             _check_split(cfg, cluster.num_gpus, slow, set(sc.node_touched_gpus), "slow GPUs and faulty nodes", source,
-                         cluster.gpus_per_node)
+                         cluster.gpus_per_node, cluster.pair_tiers)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)

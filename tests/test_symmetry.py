@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import yaml
 
@@ -349,6 +350,26 @@ def test_stages_straddling_nodes_split_by_where_their_neighbours_are(parallel, o
     _assert_same(split, full)
     # stages of whole nodes keep one class each
     assert Symmetry(Mesh(tp=2, dp=4, pp=2), True, gpus_per_node=8)._chain_places is None
+
+
+@pytest.mark.parametrize("schedule", ["dualpipe", "1f1b"])
+def test_stages_straddling_nodes_split_by_the_shape_of_their_neighbours_routes(schedule):
+    """6 servers of Llama 3's Clos (two a leaf), TP4 x PP4 x DP3: 12 GPUs a stage, every PP
+    send between nodes, but stage 0's DP index 0 sends to stage 1 under one leaf (node 0 ->
+    node 1) and DP 1 and 2 across a spine (node 0 -> 2, node 1 -> 2). Split only by which
+    chain members share a node, each stage was one class moving every twin at the spine's
+    pace: the DualPipe step 16 % above the rank-by-rank one. Split by the routes' tiers
+    (Cluster.pair_tiers), the collapse is exact."""
+    d = _doc("roce-clos-llama3.yaml", 6, {"tp": 4, "pp": 4, "dp": 3, "schedule": schedule}, 8)
+    sc = clustersim.load_scenario(d, base_dir=ROOT)
+    sym = lower(sc)[1].sym
+    assert sc.cluster.pair_tiers(np.array([0, 4, 8]), np.array([12, 16, 20])).tolist() == [2, 3, 3]
+    assert sym.rep[0] != sym.rep[4] and sym.rep[0] == sym.rep[1]  # TP peers together
+    split, full = _both(sc)
+    assert split["simulation"]["simulated_ranks"] == 12
+    _assert_same(split, full)
+    # without the routes' tiers every chain looks alike (each of its sends leaves the node)
+    assert Symmetry(sc.mesh, True, gpus_per_node=8)._chain_places is None
 
 
 def _fabric(nodes: int, fabric: dict, what_if: list, tmp_path, parallel: dict | None = None, *, moe: bool = False,

@@ -640,6 +640,37 @@ class Cluster:
         """The node (server) GPU ``gpu`` sits in."""
         return gpu // self.cfg.node.gpus
 
+    def pair_tiers(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """How far apart each pair of GPUs ``(src[i], dst[i])`` sits, as the shape of the route
+        between them::
+
+            0  the same GPU           2  other nodes, one leaf          2 + t  leaves whose routes
+            1  the same node          99 no leaf (no fabric)                   turn t tiers up
+
+        (100 + hops where a fault leaves two leaves no up-down route.) Two pairs with the same
+        tier take routes of the same shape, though not the same links."""
+        c = self._gpu_columns
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        node, leaf = c["node"], c["leaf"]
+        out = np.where(src == dst, 0, np.where(node[src] == node[dst], 1, -1))
+        out[(out < 0) & (leaf[src] >= 0) & (leaf[src] == leaf[dst])] = 2
+        out[(out < 0) & ((leaf[src] < 0) | (leaf[dst] < 0))] = 99
+        rest = np.flatnonzero(out < 0)
+        if len(rest):  # pairs of leaves: few, each met once (_meeting_of remembers them)
+            s, d = src[rest], dst[rest]
+            key = leaf[s] * (int(leaf.max()) + 1) + leaf[d]
+            ordered = np.sort(key)  # (np.unique would import numpy.ma: trace.unique says why)
+            keys = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+            back = np.searchsorted(keys, key)
+            first = np.empty(len(keys), dtype=np.int64)
+            first[back[::-1]] = np.arange(len(back) - 1, -1, -1)  # a pair of GPUs for each pair of leaves
+            tier = np.empty(len(keys), dtype=np.int64)
+            for k, i in enumerate(first.tolist()):
+                meet = self._meeting_of(self._gpu_route(int(s[i]))[2], self._gpu_route(int(d[i]))[2])
+                tier[k] = 2 + meet[0] if isinstance(meet, tuple) else 100 + len(meet[0]) - 1
+            out[rest] = tier[back]
+        return out
+
     def path(self, src: int, dst: int) -> tuple[int, ...]:
         """Edge ids from GPU ``src`` to GPU ``dst`` (global indices); empty when src == dst."""
         cache = self.__dict__.setdefault("_paths", {})
