@@ -336,6 +336,12 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.cp", "context parallelism runs blockwise (flash) attention; set training.attention: flash")
     if p.sp and p.tp == 1:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
+    if p.zero3_keep_gathered and p.zero != 3:
+        fail("parallel.zero3_keep_gathered", f"keeps ZeRO-3's gathered parameters between microbatches; zero={p.zero} "
+             "does not shard the parameters (set zero: 3, or drop the field)")
+    if "zero_prefetch_layers" in p.model_fields_set and p.zero != 3 and not p.overlap_param_gather:
+        fail("parallel.zero_prefetch_layers", "how many units ahead ZeRO-3 (or ZeRO-1/2 with overlap_param_gather) "
+             f"gathers parameters; zero={p.zero} gathers none during the step (drop the field)")
     if p.overlap_param_gather and p.zero not in (1, 2):
         fail("parallel.overlap_param_gather", "overlaps ZeRO-1/2's all-gather of the updated parameters; "
              f"zero={p.zero} {'gathers none' if p.zero == 0 else 'gathers them per layer already'}")

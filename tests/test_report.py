@@ -21,6 +21,7 @@ from clustersim.output.report import (
     critical_path_html, fade_level, merge_spans, merge_stream, path_pieces, path_trace, plot_div, report_html,
     row_labels, write_report,
 )
+from clustersim.output.summary import format_summary
 from clustersim.trace import Span, Trace
 
 from .conftest import scenario_dict
@@ -104,6 +105,14 @@ def test_memory_table_flags_a_stage_that_does_not_fit(result):
     table = _section(page, "Memory per GPU")
     assert table.count("DOES NOT FIT") == 1
     assert "DOES NOT FIT" in page[:page.index("Memory per GPU")]  # the headline card too
+    # the step time's card says it too, and the terminal's step time line
+    assert "the plan does not fit in memory" in page[:page.index("tokens / s")]
+    assert "the plan does not fit" not in report_html(result.trace, result.summary, build_figure(result.trace, result.summary))
+    step_line = next(x for x in format_summary(summary).splitlines() if x.startswith("step time"))
+    assert step_line.endswith("(if it fitted: it DOES NOT FIT in memory)")
+    assert "FIT" not in next(x for x in format_summary(result.summary).splitlines() if x.startswith("step time"))
+    summary["plan"]["microbatches"] = 1
+    assert " · 1 microbatch x " in format_summary(summary)
 
 
 def test_report_is_deterministic(result, tmp_path):

@@ -1020,8 +1020,10 @@ def cards_html(summary: dict[str, Any]) -> str:
     tflops_sub = f'{s["hw_tflops_per_gpu"]:.1f} hardware' if "hw_tflops_per_gpu" in s else ""
     if peak:
         tflops_sub += f" · peak {peak / 1e12:.0f}"
-    cards = [
-        _card("step time", f'{s["step_time_s"]:.4g} s'),
+    fits = (s.get("memory") or {}).get("fits", True)
+    cards = [  # a plan that does not fit says so beside its step time too: it could not run
+        _card("step time", f'{s["step_time_s"]:.4g} s', "" if fits else "the plan does not fit in memory",
+              "" if fits else "nofit"),
         _card("tokens / s", f'{s["tokens_per_s"]:,.0f}',
               f'{s["tokens_per_s_per_gpu"]:,.1f} per GPU' if "tokens_per_s_per_gpu" in s else ""),
         _card("TFLOP/s per GPU", f'{s["tflops_per_gpu"]:.1f}', tflops_sub),

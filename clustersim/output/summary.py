@@ -117,8 +117,10 @@ def format_summary(s: dict[str, Any]) -> str:
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})",
         f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + f" · {p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "") + " · "
-        f"{p['microbatches']} microbatches x {p['micro_batch_size']} x {s['model']['seq_len']} tokens",
-        f"{'step time':<16}{s['step_time_s']:.4g} s",
+        f"{p['microbatches']} microbatch{'es' if p['microbatches'] != 1 else ''} x {p['micro_batch_size']} x "
+        f"{s['model']['seq_len']} tokens",
+        # a plan that does not fit could not run: said where the eye goes first, not only below
+        f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (if it fitted: it DOES NOT FIT in memory)"),
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
         f"{'TFLOP/s per GPU':<16}{s['tflops_per_gpu']:.1f} model · {s['hw_tflops_per_gpu']:.1f} hardware "
         f"(peak {hw['peak_flops'] / 1e12:.0f})",
