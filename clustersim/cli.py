@@ -263,7 +263,7 @@ def cmd_collective(args) -> int:
 
     sizes = parse_sizes(args.sizes)
     cluster, rows = benchmark(args.topology, args.op, args.gpus, sizes, args.algo)
-    print(format_table(cluster, args.op, args.gpus, rows))
+    print(format_table(cluster, args.op, args.gpus, rows, args.algo))
     return 0
 
 

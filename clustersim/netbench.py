@@ -110,7 +110,9 @@ def _size_label(b: int) -> str:
     return f"{b} B"
 
 
-def format_table(cluster, op: str, gpus: int, rows: list[Row]) -> str:
+def format_table(cluster, op: str, gpus: int, rows: list[Row], asked: str = "auto") -> str:
+    """The table ``collective`` prints; where ``asked`` (an algorithm named with --algo) cannot
+    run these GPUs, a last line says which one ran instead (a scenario falls back alike)."""
     nodes = math.ceil(gpus / cluster.cfg.node.gpus)
     lines = [f"clustersim collective · {op} over {gpus} GPUs ({nodes} node{'s' if nodes > 1 else ''} of "
              f"{cluster.cfg.name}, {cluster.gpu.name})",
@@ -118,4 +120,8 @@ def format_table(cluster, op: str, gpus: int, rows: list[Row]) -> str:
     for r in rows:
         lines.append(f"{_size_label(r.size_bytes):>10}  {r.algorithm:<12} {r.time_s * 1e6:>11.1f} "
                      f"{r.algbw_Bps() / 1e9:>13.1f} {r.busbw_Bps(op, gpus) / 1e9:>13.1f}")
+    ran = sorted({r.algorithm for r in rows} - {asked})
+    if asked != "auto" and ran:
+        lines.append(f"note: {asked} cannot run {op} over these {gpus} GPUs; {' and '.join(ran)} ran instead "
+                     "(docs/reference.md, simulation.collectives)")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from clustersim.netbench import benchmark, parse_sizes
+from clustersim.netbench import benchmark, format_table, parse_sizes
 
 GiB = 1 << 30
 NIC_Bps = 400e9 / 8 * 0.9  # NDR at the topology's efficiency
@@ -30,8 +30,12 @@ def test_one_node_all_reduce_busbw_matches_nccl_tests(root, topology, algo, size
 
 def test_nvls_needs_a_switch_that_reduces(root):
     """A100's NVSwitch has no NVLink SHARP: asking for NVLS falls back to the ring."""
-    _, (row,) = benchmark(root / "topologies/dgx-a100.yaml", "all_reduce", 8, [GiB], "nvls")
+    cluster, (row,) = benchmark(root / "topologies/dgx-a100.yaml", "all_reduce", 8, [GiB], "nvls")
     assert row.algorithm == "ring"
+    # the command's table says so (no note where the algorithm asked for ran)
+    assert format_table(cluster, "all_reduce", 8, [row], "nvls").splitlines()[-1] == (
+        "note: nvls cannot run all_reduce over these 8 GPUs; ring ran instead (docs/reference.md, simulation.collectives)")
+    assert not format_table(cluster, "all_reduce", 8, [row], "ring").splitlines()[-1].startswith("note")
 
 
 def test_hierarchical_beats_the_flat_ring_across_nodes_by_the_expected_amount(root):
