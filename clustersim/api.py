@@ -298,7 +298,8 @@ def _check_step_length(sc: Scenario, step_s: float) -> None:
     if not step_s <= MAX_STEP_S:
         raise ConfigError(f"the simulated step lasts {step_s:.3g} s, more than {MAX_STEP_S:.0e} s (about "
                           f"{MAX_STEP_S / 3.156e7:.0f} years): a model this large on a cluster this slow is no "
-                          f"plan to simulate; shrink the model or raise the bandwidths and efficiencies",
+                          f"plan to simulate; shrink the model or the batch (training.micro_batch_size, "
+                          f"training.global_batch_size), or raise the bandwidths and efficiencies",
                           source=sc.source, field="model")
 
 
