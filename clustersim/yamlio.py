@@ -242,6 +242,41 @@ def _field_path(loc: tuple) -> str:
     return out
 
 
+def _near_key(model: type[pydantic.BaseModel], loc: tuple) -> str | None:
+    """The field of the section at ``loc`` (its last part the unknown key) closest to that
+    key in spelling (``paralel`` -> ``parallel``, ``micro_batch`` -> ``micro_batch_size``), if
+    one is close (difflib's ratio 0.75 or more, or the key a prefix of just one field)."""
+    import difflib
+
+    section = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an item of a list: its section is the list's
+        field_ = section.model_fields.get(part)
+        section = _section_in(field_.annotation) if field_ is not None else None
+        if section is None:
+            return None
+    key = str(loc[-1]) if loc else ""
+    names = list(section.model_fields)
+    near = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    if near:
+        return near[0]
+    starting = [n for n in names if key and n.startswith(key)]
+    return starting[0] if len(starting) == 1 else None
+
+
+def _section_in(annotation: Any) -> type[pydantic.BaseModel] | None:
+    """The config section (a model) an annotation holds: itself, or inside ``X | None``,
+    ``list[X]``, ``dict[str, X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _section_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
     """``model.model_validate(data)`` with the first error reported as ``source: field: msg``."""
     try:
@@ -252,7 +287,9 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
         field = _field_path(((prefix,) if prefix else ()) + loc) or None
         kind = err["type"]
         if kind == "extra_forbidden":
-            msg = "unknown key (check the spelling; see docs/reference.md)"
+            near = _near_key(model, loc)
+            msg = (f"unknown key (did you mean {near!r}? see docs/reference.md)" if near
+                   else "unknown key (check the spelling; see docs/reference.md)")
         elif kind == "missing":
             msg = "required key is missing"
         else:

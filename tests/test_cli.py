@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -500,3 +501,25 @@ def test_an_out_folder_on_another_file_system_gets_the_files(tmp_path, root):
         r = run_cli("run", root / "scenarios/llama3_8b_8gpu.yaml", "--out", link, "--no-trace")
         assert r.returncode == 0, r.stderr
         assert sorted(p.name for p in Path(far).iterdir()) == ["report.html", "summary.json"]
+
+
+def test_an_unknown_key_names_the_field_it_is_closest_to(tmp_path, root):
+    """A misspelt key is refused with the field of its section nearest in spelling, at any depth
+    (a list's items too); a key near none gets no guess."""
+    from clustersim import ConfigError, load_scenario
+
+    base = yaml.safe_load((root / "scenarios" / "llama3_8b_8gpu.yaml").read_text())
+    base["cluster"]["topology"] = str(root / "topologies" / "dgx-h100.yaml")
+    cases = [(lambda d: d.update(paralel=d.pop("parallel")), "paralel", "'parallel'"),
+             (lambda d: d["training"].update(micro_batch=2), "training.micro_batch", "'micro_batch_size'"),
+             (lambda d: d["cluster"].update(what_if=[{"gpu": 1, "slowdon": 1.2}]), "cluster.what_if[0].slowdon",
+              "'slowdown'"),
+             (lambda d: d["parallel"].update(xyzzy=1), "parallel.xyzzy", None)]
+    for change, field, near in cases:
+        d = copy.deepcopy(base)
+        change(d)
+        with pytest.raises(ConfigError) as exc:
+            load_scenario(d, base_dir=root)
+        assert exc.value.field == field
+        assert exc.value.message == (f"unknown key (did you mean {near}? see docs/reference.md)" if near
+                                     else "unknown key (check the spelling; see docs/reference.md)")
