@@ -306,27 +306,30 @@ def build_parser() -> argparse.ArgumentParser:
     sch.add_argument("--pp", type=int, help="pipeline ranks (required, except with --file, which it then checks)")
     sch.add_argument("--microbatches", "-m", type=int,
                      help="microbatches (required, except with --file, which it then checks)")
-    sch.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
+    sch.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b",
+                     help="the schedule's name (default 1f1b; custom: with --file)")
     sch.add_argument("--vpp", type=int, help="interleaved: model chunks (virtual stages) per rank (default 2)")
     sch.add_argument("--file", help="custom: the schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
     sch.set_defaults(func=cmd_schedule)
 
     val = sub.add_parser("validate", help="check scenario files without simulating")
-    val.add_argument("scenarios", nargs="+")
+    val.add_argument("scenarios", nargs="+", help="scenario YAML files, each checked (exit code 2 if any is bad)")
     val.set_defaults(func=cmd_validate)
 
     col = sub.add_parser("collective", help="time one collective on an idle cluster; print algbw and busbw "
                                             "per size (nccl-tests definitions)")
     col.add_argument("--topology", required=True, help="topology YAML file")
-    col.add_argument("--op", default="all_reduce", help="all_reduce, reduce_scatter, all_gather or all_to_all")
-    col.add_argument("--gpus", type=int, default=8, help="GPUs 0..N-1 (whole nodes first)")
-    col.add_argument("--sizes", default="1M,16M,1G,8G", help="buffer sizes, e.g. 1M,16M,1G,8G (binary units)")
-    col.add_argument("--algo", default="auto", help="auto (the fastest applicable), ring, tree, hierarchical, nvls, "
-                                                    "pxn, pairwise")
+    col.add_argument("--op", default="all_reduce",
+                     help="all_reduce (default), reduce_scatter, all_gather or all_to_all")
+    col.add_argument("--gpus", type=int, default=8, help="GPUs 0..N-1, whole nodes first (default 8)")
+    col.add_argument("--sizes", default="1M,16M,1G,8G",
+                     help="buffer sizes in binary units (default 1M,16M,1G,8G)")
+    col.add_argument("--algo", default="auto", help="auto (default: the fastest applicable), ring, tree, "
+                                                    "hierarchical, nvls, pxn, pairwise")
     col.set_defaults(func=cmd_collective)
 
     sc = sub.add_parser("schema", help="print the JSON schema of the scenario (or topology) format")
-    sc.add_argument("--topology", action="store_true")
+    sc.add_argument("--topology", action="store_true", help="the topology format's schema instead")
     sc.set_defaults(func=cmd_schema)
     return ap
 
