@@ -289,8 +289,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                               f"cluster graph in memory and takes at most {MAX_GPUS:,} GPUs: use fewer nodes")
     if not cfg.simulation.collapse_symmetric and (why := every_rank_refusal(world)):
         fail("simulation.collapse_symmetric", why)
-    slow = {w.gpu: w.slowdown for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world}
-    _check_split(cfg, world, slow, set(), "slow GPUs", source, topo.node.gpus)
+    _check_split(cfg, world, _slow_gpus(topo, world), set(), "slow GPUs", source, topo.node.gpus)
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
         fail("parallel", f"{dims} = {vals} = {p.tp * p.cp * p.pp * p.dp} does not equal the "
@@ -339,7 +338,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if p.zero3_keep_gathered and p.zero != 3:
         fail("parallel.zero3_keep_gathered", f"keeps ZeRO-3's gathered parameters between microbatches; zero={p.zero} "
              "does not shard the parameters (set zero: 3, or drop the field)")
-    if "zero_prefetch_layers" in p.model_fields_set and p.zero != 3 and not p.overlap_param_gather:
+    if p.zero_prefetch_layers != 1 and p.zero != 3 and not p.overlap_param_gather:  # (1, the default: harmless)
         fail("parallel.zero_prefetch_layers", "how many units ahead ZeRO-3 (or ZeRO-1/2 with overlap_param_gather) "
              f"gathers parameters; zero={p.zero} gathers none during the step (drop the field)")
     if p.overlap_param_gather and p.zero not in (1, 2):
@@ -480,6 +479,11 @@ def _with_what_ifs(topo: TopologyCfg, extra: list) -> TopologyCfg:
     return merged
 
 
+def _slow_gpus(topo: TopologyCfg, world: int) -> dict[int, float]:
+    """The slow GPUs of ``topo``'s what-ifs, GPU -> slowdown (those on the cluster)."""
+    return {w.gpu: w.slowdown for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world}
+
+
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,
                  source: str, gpus_per_node: int = 0, tiers=None) -> None:
     """Refuse stragglers (``slow``: GPU -> slowdown) or faulty nodes' GPUs that would split the
@@ -573,6 +577,11 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}
             _check_split(cfg, cluster.num_gpus, slow, set(sc.node_touched_gpus), "slow GPUs and faulty nodes", source,
                          cluster.gpus_per_node, cluster.pair_tiers)
+        elif sc.mesh.world_size > MAX_GPUS_ALL_RANKS and (slow := _slow_gpus(topo, sc.mesh.world_size)):
+            # slow GPUs alone build no graph to check; the lowering's classes also split by the
+            # routes to the pipeline neighbours (Symmetry.tiers), which _check_plan's count could not see
+            _check_split(cfg, sc.mesh.world_size, slow, set(), "slow GPUs", source, sc.cluster.gpus_per_node,
+                         sc.cluster.pair_tiers)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)

@@ -109,7 +109,7 @@ def test_memory_table_flags_a_stage_that_does_not_fit(result):
     assert "the plan does not fit in memory" in page[:page.index("tokens / s")]
     assert "the plan does not fit" not in report_html(result.trace, result.summary, build_figure(result.trace, result.summary))
     step_line = next(x for x in format_summary(summary).splitlines() if x.startswith("step time"))
-    assert step_line.endswith("(if it fitted: it DOES NOT FIT in memory)")
+    assert step_line.endswith("(DOES NOT FIT in memory: the step it would take if it did)")
     assert "FIT" not in next(x for x in format_summary(result.summary).splitlines() if x.startswith("step time"))
     summary["plan"]["microbatches"] = 1
     assert " · 1 microbatch x " in format_summary(summary)

@@ -282,6 +282,21 @@ def test_straggler_above_4096_gpus_is_simulated_by_classes(root):
     assert sym.weight == {0: 7, 5: 1, 8: 7 * 1023, 13: 1023}
 
 
+def test_stragglers_whose_classes_the_routes_split_past_4096_ranks_are_refused(root):
+    """4,104 GPUs of Llama 3's Clos, TP1 x PP12 x DP342 (stages of 342 GPUs share nodes), 340
+    slow GPUs: counted by nodes alone their classes are 4,092 ranks, split by the routes to the
+    pipeline neighbours too (as the lowering splits them) 4,104, past what an all-ranks run may
+    simulate: refused at load, naming the what-ifs."""
+    chains = [c for c in range(342) if c not in (0, 2)]
+    d = {"name": "split-limit", "cluster": {"topology": "topologies/roce-clos-llama3.yaml", "nodes": 513,
+         "what_if": [{"gpu": 12 * c, "slowdown": round(1.001 + 0.001 * c, 3)} for c in chains]},
+         "model": {**MODEL, "layers": 12}, "parallel": {"tp": 1, "pp": 12, "dp": 342, "order": "tp-pp-dp"},
+         "training": {"micro_batch_size": 1, "global_batch_size": 342 * 12}}
+    with pytest.raises(clustersim.ConfigError) as exc:
+        clustersim.load_scenario(d, base_dir=root)
+    assert exc.value.field == "cluster.what_if" and "into 4,104 simulated ranks, more than 4,096" in exc.value.message
+
+
 def test_lowering_passes_the_stragglers_and_keeps_them_simulated():
     sc = _scenario(8, {"tp": 2, "pp": 4, "dp": 8}, what_if=[{"gpu": 13, "slowdown": 1.3}])
     prog, low = lower(sc)

@@ -120,7 +120,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{p['microbatches']} microbatch{'es' if p['microbatches'] != 1 else ''} x {p['micro_batch_size']} x "
         f"{s['model']['seq_len']} tokens",
         # a plan that does not fit could not run: said where the eye goes first, not only below
-        f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (if it fitted: it DOES NOT FIT in memory)"),
+        f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
         f"{'TFLOP/s per GPU':<16}{s['tflops_per_gpu']:.1f} model · {s['hw_tflops_per_gpu']:.1f} hardware "
         f"(peak {hw['peak_flops'] / 1e12:.0f})",
