@@ -25,7 +25,8 @@ from .errors import ConfigError
 from .program.tasks import Program
 
 # `clustersim run --all-ranks`, the summed PSS of its processes at their peak (the parent, the
-# writer it forks, the shorter step's process; bench/bench_memory.py): long_context_cp_128k
+# writer it forks, the shorter step's process; bench/bench_memory.py, 2026-12-03, before the TP
+# backward was cut at its GEMM, which added tasks to the TP plans): long_context_cp_128k
 # 638 MiB for 371,808 tasks, llama2_70b_64gpu 968 MiB for 669,056, moe_1024gpu 3,290 MiB for
 # 2,308,608, gpt3_175b_1024gpu 13,128 MiB for 9,893,120: 1.36-1.52 KB a task above a process's
 # own 100 MiB. A step whose cycle is copied in holds its copies' spans more cheaply
@@ -49,7 +50,7 @@ def rank_by_rank_tasks(prog: Program) -> int:
 
         tasks(all ranks) = sum over simulated r of tasks(r) * weight(r)
 
-    llama2_70b_64gpu: 41,816 tasks on 4 ranks of weight 16 -> 669,056, the all-ranks
+    llama2_70b_64gpu: 62,424 tasks on 4 ranks of weight 16 -> 998,784, the all-ranks
     lowering's count exactly (tests/test_host_memory.py)."""
     counts = np.bincount(TaskColumns(prog.items, prog.runs, prog).rank, minlength=max(prog.ranks) + 1)
     return sum(int(counts[r]) * prog.weight[r] for r in prog.ranks)

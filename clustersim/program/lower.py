@@ -271,7 +271,7 @@ class Symmetry:
         """Whether a node holds ranks of two stages (``rows``: chain x stage). Only then are the
         routes' shapes compared: where stages are whole nodes, a leaf group's edge that cuts a
         stage's replicas unevenly (DGX-A100 SuperPOD's 20-node units under 8-node stages) is
-        left to the twins, which cost GPT-3 175B at 1,024 GPUs +1.9 % against every rank and
+        left to the twins, which cost GPT-3 175B at 1,024 GPUs +1.8 % against every rank and
         the split +1.5 %, at twice the ranks (Megatron-1T: three times)."""
         stage = np.empty(self.mesh.world_size, dtype=np.int64)
         stage[rows] = np.arange(self.mesh.pp)
