@@ -18,8 +18,8 @@ import clustersim
 from clustersim.analysis.intervals import length, union
 from clustersim.output.report import (
     DIV_ID, FADE_LEVELS, LINKS_DIV_ID, MEMORY_DIV_ID, Bar, _typed_array, bar_hover, build_figure,
-    critical_path_html, fade_level, merge_spans, merge_stream, path_pieces, path_trace, plot_div, report_html,
-    row_labels, write_report,
+    critical_path_html, fade_level, fmt_time, merge_spans, merge_stream, path_pieces, path_trace, plot_div,
+    report_html, row_labels, write_report,
 )
 from clustersim.output.summary import format_summary
 from clustersim.trace import Span, Trace
@@ -588,3 +588,16 @@ def test_link_use_is_drawn_from_each_bin_s_left_edge_to_the_step_s_end(result):
         n = len(line["x"]) - 1
         assert line["x"][0] == 0.0 and line["x"][-1] == step_ms
         assert line["x"][1] == pytest.approx(step_ms / n) and line["y"][-1] == line["y"][-2]
+
+
+def test_the_steps_time_is_drawn_as_compute_exposed_communication_and_bubble(result, report):
+    """The bar under the cards: its three parts, the summary's figures, fill the step exactly."""
+    section = _section(report, "Where the step's time goes")
+    widths = [float(w) for w in re.findall(r'<span style="width:([0-9.]+)%', section)]
+    s = result.summary
+    parts = [s["compute_s"], s["exposed_comm_s"]["total"], s["bubble_fraction"] * s["step_time_s"]]
+    want = [100 * x / s["step_time_s"] for x in parts if x > 0]
+    assert len(widths) == len(want) >= 2 and widths == pytest.approx(want, abs=1e-3)
+    assert sum(widths) == pytest.approx(100, abs=0.01)
+    for k in ("tp", "cp", "ep", "pp", "dp"):  # each kind of exposed communication named beside it
+        assert (f"{k} {fmt_time(s['exposed_comm_s'][k])}" in section) == (s["exposed_comm_s"][k] > 0)

@@ -4,6 +4,7 @@ Layout of ``report.html``::
 
     clustersim · <scenario>                         description, cluster, plan, model
     ┌ step time ┐┌ tokens/s ┐┌ TFLOP/s/GPU ┐┌ MFU ┐┌ HFU ┐┌ bubble ┐┌ memory ┐
+    where the step's time goes  [compute ........|exposed comm .....| bubble ...]
     communication per GPU     kind | busy | hidden | exposed | ▇▇▇░░     critical path by kind
     exposed comm by cause     collective | exposed | bottleneck link | shared with
     time per stage            stage | compute | exposed comm | bubble: warm-up cool-down dependency imbalance
@@ -956,6 +957,8 @@ tr.total td { font-weight: 600; border-top: 1px solid #d0d7de; }
 .hidden { background: #8cc084; } .exposed { background: #e15759; }
 .used { background: #4e79a7; } .over { background: #e15759; }
 .fits { color: #1a7f37; font-weight: 600; } .nofit { color: #cf222e; font-weight: 700; }
+.breakdown { display: flex; height: 22px; border-radius: 4px; overflow: hidden; margin: 4px 0; max-width: 1100px; }
+.breakdown span { display: block; height: 100%; }
 .legend-key { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin: 0 4px 0 10px; }
 """
 
@@ -1047,6 +1050,33 @@ def cards_html(summary: dict[str, Any]) -> str:
         cards.append(_card(f'run of {pj["tokens"] / 1e12:g}T tokens', f'{pj["days"]:,.1f} days',
                            f'{pj["gpu_hours"]:,.0f} GPU-hours{cost}'))
     return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def breakdown_html(summary: dict[str, Any]) -> str:
+    """Where the step's time goes, for the mean GPU, as one bar::
+
+        step = compute + exposed communication + bubble          (docs/invariants.md, bubble-split)
+        [compute .................|exposed comm .........| bubble ......]
+
+    Exposed: the GPU's compute stream idle while communication runs; its kinds are listed
+    beside it (where two kinds overlap each counts it, so they can add up to more)."""
+    step_s = summary.get("step_time_s") or 0.0
+    ex = summary.get("exposed_comm_s", {})
+    if step_s <= 0 or "compute_s" not in summary or "total" not in ex:
+        return ""
+    kinds = " · ".join(f"{k} {fmt_time(ex[k])}" for k in ("tp", "cp", "ep", "pp", "dp") if ex.get(k, 0.0) > 0)
+    parts = [("compute", summary["compute_s"], "#4e79a7", ""),
+             ("exposed communication", ex["total"], "#e15759", f": {kinds}" if kinds else ""),
+             ("bubble (idle)", summary.get("bubble_fraction", 0.0) * step_s, "#d0d7de", "")]
+    parts = [x for x in parts if x[1] > 0]
+    segs = "".join(f'<span style="width:{100 * s / step_s:.3f}%;background:{c}" title="{label}: {fmt_time(s)} '
+                   f'({_pct(s / step_s)})"></span>' for label, s, c, _ in parts)
+    keys = "".join(f'<span class="legend-key" style="background:{c}"></span>{label} {fmt_time(s)} '
+                   f'({_pct(s / step_s)}){html.escape(more)}' for label, s, c, more in parts)
+    return (f'<div><h2>Where the step\'s time goes</h2><div class="breakdown">{segs}</div>'
+            f'<p class="note">{keys}</p><p class="note">Per GPU, the mean over GPUs: compute, the communication '
+            'the compute stream waited for, and the bubble (idle, nothing running) add up to the step. Where two '
+            'kinds of communication overlap, each kind counts the time.</p></div>')
 
 
 def comm_html(summary: dict[str, Any]) -> str:
@@ -1383,7 +1413,7 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
                             "parameters, gradients, optimizer state and transient bytes, plus the activations "
                             "alive and communication buffers held at each instant.")
     body = "\n".join([
-        header_html(summary), cards_html(summary),
+        header_html(summary), cards_html(summary), breakdown_html(summary),
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
