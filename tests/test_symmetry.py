@@ -126,10 +126,11 @@ def test_collapsed_equals_all_ranks(nodes, parallel, opts):
 def test_collapse_where_twins_traffic_is_unseen_is_close():
     """ZeRO-2 with DP rings across nodes (4 members per node): each microbatch's
     reduce-scatter shares NVLink ports with the TP all-reduces of the twins' GPUs, which the
-    collapsed run carries on the simulated GPU only. The steps differ by up to 1 % (measured
-    +0.8 % here and with 16 layers; -0.8 % with 16 layers before the twins' meetings on NIC
-    cables were counted, Engine._meetings), as docs/architecture.md, Known limitations,
-    states; not exact, so not in the cases above."""
+    collapsed run carries on the simulated GPU only. The steps may differ by up to 1 % (once
+    measured +0.8 % here and with 16 layers; -0.8 % with 16 layers before the twins' meetings
+    on NIC cables were counted, Engine._meetings; exact on 2026-12-04), as
+    docs/architecture.md, Known limitations, states; not promised exact, so not in the cases
+    above."""
     sc = _scenario(8, {"tp": 2, "dp": 32, "zero": 2})
     rep, full = _both(sc)
     assert rep["simulation"]["simulated_ranks"] == 1
@@ -670,7 +671,7 @@ def test_a_straggler_split_stays_an_upper_bound_where_twins_meet():
     GPU: its DP replica is simulated rank by rank beside one class per (stage, TP index), so
     each cross-rack send is several orbits. Their twins meet on spines neither simulated
     instance crosses; counted, the orbits move at their slowest member's pace: the collapsed
-    step is a close upper bound (+0.6 %), where it was 11.3 % short."""
+    step is a close upper bound (+0.4 %), where it was 11.3 % short."""
     d = _doc("gb200-nvl72.yaml", 2, {"tp": 2, "pp": 8, "dp": 9, "schedule": "zb-h1", "zero": 1}, 16,
              what_if=[{"gpu": 31, "slowdown": 1.3}], training={"recompute": "selective"})
     sc = clustersim.load_scenario(d, base_dir=ROOT)
@@ -755,7 +756,7 @@ def test_twins_of_two_communications_meeting_on_a_spine_are_counted():
     neither simulated instance crosses. Each orbit counted only its own flows there, and the
     collapsed step was 5.1 % shorter than the all-ranks one (bench/fuzz_symmetry.py, seed 1,
     plan 6); with the meetings counted (Engine._meetings) it is the same. (TP's and CP's
-    exposed time, 0.3 % and 0.5 % apart: :func:`_assert_same_step`.)"""
+    exposed time were 0.3 % and 0.5 % apart, exact on 2026-12-04: :func:`_assert_same_step`.)"""
     sc = clustersim.load_scenario(_meeting_doc(), base_dir=ROOT)
     collapsed, full = _both(sc)
     assert collapsed["simulation"]["simulated_ranks"] == 1 and full["simulation"]["simulated_ranks"] == 64

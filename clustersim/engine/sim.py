@@ -20,7 +20,8 @@ Tasks whose duration does not depend on what else runs (compute, and the first t
 communication) are timed ahead of the clock, as soon as their inputs' end times are known:
 they cost no simpy event. Only flow-network communications run on the clock (their rates
 depend on what shares their links at each instant); on a dense step that is the PP sends
-alone, and gpt3_175b_1024gpu goes from 170,000 events to 27,000, with identical spans.
+alone, and gpt3_175b_1024gpu went from 170,000 events to 27,000, with identical spans (12,000
+today).
 """
 
 from __future__ import annotations
