@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -334,6 +335,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _sizes_joined(argv: list) -> list:
+    """``--sizes -1M`` as ``--sizes=-1M``: argparse takes a value that starts with a dash for an
+    option and says only "expected one argument"; joined, the size itself is refused by name."""
+    out = []
+    for arg in map(str, argv):
+        if out and out[-1] == "--sizes" and re.match(r"-[\d.]", arg):
+            out[-1] = f"--sizes={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
     """Run the command ``argv`` (default: the process's arguments); its exit code.
 
@@ -349,7 +362,7 @@ def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
             and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, raise_terminated))  # not where ignored
     before = signal.signal(signal.SIGTERM, raise_terminated) if here else None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_sizes_joined(sys.argv[1:] if argv is None else list(argv)))
         args.keep = [] if fast_exit else None  # what the command made, held until the exit
         code = _run(args)
     except KeyboardInterrupt as exc:  # before the command began (imports, arguments): nothing written

@@ -134,6 +134,7 @@ def test_collective_command_prints_algbw_and_busbw(root):
 
 @pytest.mark.parametrize("args, words", [
     (["--sizes", "1X"], "--sizes: cannot read size '1X'"),
+    (["--sizes", "-1M"], "--sizes: cannot read size '-1M'"),  # (argparse would take it for an option)
     (["--op", "broadcast"], "--op: unknown collective 'broadcast'"),
     (["--algo", "nvls", "--op", "all_gather"], "--algo: all_gather has no algorithm 'nvls'"),
     (["--gpus", "1"], "--gpus: a collective needs at least 2 GPUs"),
