@@ -42,6 +42,7 @@ import numpy as np
 import pydantic
 
 from ..errors import ConfigError
+from ..trace import first_and_inverse
 from ..yamlio import Strict, read_yaml, short_repr, validate
 from .ecmp import Continuations
 from .gpus import GpuSpec, lookup_gpu
@@ -658,13 +659,8 @@ class Cluster:
         rest = np.flatnonzero(out < 0)
         if len(rest):  # pairs of leaves: few, each met once (_meeting_of remembers them)
             s, d = src[rest], dst[rest]
-            key = leaf[s] * (int(leaf.max()) + 1) + leaf[d]
-            ordered = np.sort(key)  # (np.unique would import numpy.ma: trace.unique says why)
-            keys = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
-            back = np.searchsorted(keys, key)
-            first = np.empty(len(keys), dtype=np.int64)
-            first[back[::-1]] = np.arange(len(back) - 1, -1, -1)  # a pair of GPUs for each pair of leaves
-            tier = np.empty(len(keys), dtype=np.int64)
+            first, back = first_and_inverse(leaf[s] * (int(leaf.max()) + 1) + leaf[d])  # a GPU pair a leaf pair
+            tier = np.empty(len(first), dtype=np.int64)
             for k, i in enumerate(first.tolist()):
                 meet = self._meeting_of(self._gpu_route(int(s[i]))[2], self._gpu_route(int(d[i]))[2])
                 tier[k] = 2 + meet[0] if isinstance(meet, tuple) else 100 + len(meet[0]) - 1

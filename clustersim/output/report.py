@@ -1065,7 +1065,8 @@ def breakdown_html(summary: dict[str, Any]) -> str:
     if step_s <= 0 or "compute_s" not in summary or "total" not in ex:
         return ""
     kinds = " · ".join(f"{k} {fmt_time(ex[k])}" for k in ("tp", "cp", "ep", "pp", "dp") if ex.get(k, 0.0) > 0)
-    parts = [("compute", summary["compute_s"], "#4e79a7", ""),
+    compute_colour = next(c for g, _, c in GROUPS if g == "F")  # the timeline's, and .exposed's red below
+    parts = [("compute", summary["compute_s"], compute_colour, ""),
              ("exposed communication", ex["total"], "#e15759", f": {kinds}" if kinds else ""),
              ("bubble (idle)", summary.get("bubble_fraction", 0.0) * step_s, "#d0d7de", "")]
     parts = [x for x in parts if x[1] > 0]
