@@ -203,7 +203,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "collapse_symmetric": len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
                        "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
-                       "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world)},
+                       "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world),
+                       "simulated_rank_of_gpu": list(trace.rep) if trace.rep is not None else None},
     }
     if links is not None:
         trace.links = links()

@@ -37,6 +37,9 @@ EXIT_INVARIANT = 3  # the simulated step broke an invariant: a simulator bug (do
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a process SIGINT ended (128 + 2)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
 OUTPUT_FILES = ("summary.json", "report.html", "trace.json.gz")
+# run --trace-gpus writes at most this many spans (Perfetto in a browser tab holds a few
+# million events; every GPU of moe_1024gpu is 2.4 million)
+TRACE_GPUS_MAX_SPANS = 20_000_000
 STAGING_PREFIX = ".clustersim-"  # the run's temp folder, inside the output folder until the files move in
 
 
@@ -113,6 +116,32 @@ def _given_scenario(path: str) -> None:
         raise ConfigError("the scenario file's path is empty", source="command line", field="scenario")
 
 
+def gpu_list(spec: str, world: int) -> list[int]:
+    """The GPUs ``run --trace-gpus`` names: ``all``, or numbers and ranges ``a-b`` (both ends
+    included) joined by commas, each within the world of ``world`` GPUs; ascending, once each::
+
+        "0-3,517,2"    [0, 1, 2, 3, 517]
+    """
+    field = "--trace-gpus"
+    if spec.strip().lower() == "all":
+        return list(range(world))
+    if not spec.strip():
+        raise ConfigError("is empty: give GPUs (e.g. 0-7,517) or all", source="command line", field=field)
+    gpus: set[int] = set()
+    for item in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", item)
+        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise ConfigError(f"{item.strip()!r} is not a GPU or a range of GPUs (give e.g. 0-7,517 or all)",
+                              source="command line", field=field)
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi >= world:
+            raise ConfigError(f"GPU {hi} is not in this cluster of {world:,} GPUs (0-{world - 1})",
+                              source="command line", field=field)
+        gpus.update(range(lo, hi + 1))
+    return sorted(gpus)
+
+
 def cmd_run(args) -> int:
     from .api import no_cyclic_gc, simulate
     from .config import load_scenario
@@ -130,7 +159,14 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out is not None else _default_out(args.scenario)
     if ".." in out.parts:  # o2/.. with o2 not there: the folder meant, not an o2 made on the way
         out = out.resolve()
-    files = {"report": not args.no_report, "trace_file": not args.no_trace}
+    trace_gpus = None
+    if args.trace_gpus is not None:
+        if args.no_trace:
+            raise ConfigError("names the GPUs of trace.json.gz, which --no-trace leaves out: give one or the other",
+                              source="command line", field="--trace-gpus")
+        trace_gpus = gpu_list(args.trace_gpus, sc.mesh.world_size)
+    # with --trace-gpus the trace file is written once the summary is, by this process
+    files = {"report": not args.no_report, "trace_file": not args.no_trace and trace_gpus is None}
     staging = _Staging(out)
     writer = None
 
@@ -159,6 +195,8 @@ def cmd_run(args) -> int:
             tmp = staging.folder()
             (tmp / "summary.json").write_text(to_json(result.summary))
             background.complete(writer, tmp, result.trace, result.summary, **files)
+            if trace_gpus is not None:
+                _write_gpus_trace(tmp / "trace.json.gz", result, trace_gpus)
             result.finish_checks()  # those the writer took (a violation: nothing is moved in)
             try:
                 written = staging.move_in()
@@ -179,6 +217,19 @@ def cmd_run(args) -> int:
             if writer is not None:
                 writer.cancel()
             staging.clean()
+
+
+def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
+    """trace.json.gz with ``gpus`` as their own processes (``run --trace-gpus``), refused past
+    TRACE_GPUS_MAX_SPANS spans."""
+    from .output.perfetto import write_trace
+
+    trace = result.trace.for_gpus(gpus)
+    if trace.n_spans > TRACE_GPUS_MAX_SPANS:
+        raise ConfigError(f"the {len(gpus):,} GPUs named would put {trace.n_spans:,} spans into trace.json.gz, "
+                          f"more than {TRACE_GPUS_MAX_SPANS:,}; name fewer", source="command line",
+                          field="--trace-gpus")
+    write_trace(path, trace, result.summary)
 
 
 def _simulated_line(summary: dict, wall_s: float) -> str:
@@ -292,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output folder (default: out/<scenario file name without .yaml>)")
     run.add_argument("--no-report", action="store_true", help="skip report.html")
     run.add_argument("--no-trace", action="store_true", help="skip the Perfetto trace")
+    run.add_argument("--trace-gpus", metavar="GPUS",
+                     help="write these GPUs into trace.json.gz, one process each, e.g. 0-7,517 or all (default: "
+                          "one process per simulated rank, labelled with the GPUs it stands for); a GPU's spans "
+                          f"are those of the rank that stands for it; at most {TRACE_GPUS_MAX_SPANS:,} spans")
     run.add_argument("--all-ranks", action="store_true",
                      help="simulate every rank instead of one per pipeline stage (slower; identical on "
                           "symmetric placements; otherwise the default's step is usually within 1 %%, up to about 9 %% "

@@ -83,6 +83,41 @@ def stable_argsort(values: np.ndarray) -> np.ndarray:
     return np.argsort(values, kind="stable")
 
 
+def gpu_ranges(gpus: Sequence[int], max_chars: int = 0) -> str:
+    """GPU numbers as short text: runs of three or more at one stride as ``a-b`` (stride 1)
+    or ``a-b step s``, the rest one by one. Longer than ``max_chars`` (0: no limit), it keeps
+    the first items that fit with ``, ... (N GPUs)`` after them (the first one at least)::
+
+        [0, 1, 2, 3, 8, 9, 10, 11]      0-3, 8-11
+        [64, 0, 16, 32, 48]             0-64 step 16
+        [3, 7]                          3, 7
+
+    Runs are taken greedily from the lowest GPU up, which is shortest for the sets a plan's
+    classes make (blocks of a mesh dimension, a stage's ranks less a few).
+    """
+    g = sorted(set(gpus))
+    items: list[str] = []
+    i, n = 0, len(g)
+    while i < n:
+        j = i + 1
+        if i + 2 < n:
+            step = g[i + 1] - g[i]
+            while j + 1 < n and g[j + 1] - g[j] == step:
+                j += 1
+            if j - i + 1 >= 3:
+                items.append(f"{g[i]}-{g[j]}" if step == 1 else f"{g[i]}-{g[j]} step {step}")
+                i = j + 1
+                continue
+        items.append(str(g[i]))
+        i += 1
+    text = ", ".join(items)
+    if max_chars and len(text) > max_chars:
+        tail = f", ... ({n:,} GPUs)"
+        cut = text.rfind(", ", 0, max(max_chars - len(tail), 0) + 1)
+        text = (text[:cut] if cut > 0 else items[0]) + tail
+    return text
+
+
 def first_and_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_index=True, return_inverse=True)[1:]`` for a 1-D array: each
     distinct value's first place and each value's rank among the distinct values, by one
@@ -539,6 +574,8 @@ class Trace:
     # microbatches of the shorter step simulated to find that cycle (None: none was tried); with
     # ``repeat`` None, none held and every microbatch was simulated after it
     repeat_tried: int | None = None
+    # the simulated rank that stands for each GPU, by GPU (Program.rep); None where not known
+    rep: tuple[int, ...] | None = field(default=None, repr=False)
     _by_rank: tuple | None = field(default=None, repr=False, compare=False)
     _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
     _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)
@@ -569,6 +606,45 @@ class Trace:
         if rows is None or rows.base is not self._base:
             rows = self._rows = SpanRows(self._base)
         return rows
+
+    def gpus_of(self) -> dict[int, list[int]] | None:
+        """The GPUs each simulated rank stands for, ascending (itself among them), from
+        :attr:`rep`; None where that is not known::
+
+            rep     GPU 0 1 2 3 4 5 6 7          gpus_of   {0: [0, 1, 2, 3], 4: [4, 5, 6, 7]}
+                        0 0 0 0 4 4 4 4
+        """
+        if self.rep is None:
+            return None
+        out: dict[int, list[int]] = {r: [] for r in self.ranks}
+        for g, r in enumerate(self.rep):
+            out[r].append(g)
+        return out
+
+    def for_gpus(self, gpus: Iterable[int]) -> Trace:
+        """The trace of ``gpus``, one rank each, holding the spans of the simulated rank that
+        stands for it (:attr:`rep`): what the run of every rank records for them where the
+        collapse is exact. Its ranks are the GPUs, ascending, each standing for itself::
+
+            rep      0 0 0 0 4 4 4 4          for_gpus([1, 5, 6])   rank 1: rank 0's spans
+            ranks    0       4                                      rank 5: rank 4's spans
+                                                                    rank 6: rank 4's spans
+        """
+        rep = self.rep if self.rep is not None else {r: r for r in self.ranks}
+        gpus = sorted(set(gpus))
+        b = self.current_base() or SpanBase.of(self.spans)
+        order = stable_argsort(b.rank)
+        ranks_sorted = b.rank[order]
+        reps = np.array([rep[g] for g in gpus], dtype=np.int64)
+        lo, hi = np.searchsorted(ranks_sorted, reps, "left"), np.searchsorted(ranks_sorted, reps, "right")
+        counts = hi - lo
+        rows = order[index_ranges(np.stack([lo, hi], axis=1).ravel(), np.arange(0, 2 * len(gpus), 2))] \
+            if len(gpus) else order[:0]
+        base = SpanBase(None, np.repeat(np.array(gpus, dtype=np.int64), counts), b.stream[rows], b.stream_names,
+                        b.start_s[rows], b.end_s[rows], b.tid[rows], b.mb[rows], b.form[rows], b.forms)
+        return Trace(spans=None, ranks=gpus, weight=dict.fromkeys(gpus, 1),
+                     stage_of={g: self.stage_of.get(rep[g], 0) for g in gpus}, algorithms=self.algorithms,
+                     repeat=self.repeat, repeat_tried=self.repeat_tried, rep=None, base=base)
 
     def by_rank(self) -> dict[int, list[Span]]:
         """Spans per simulated rank (remembered while the span list stays the same list of

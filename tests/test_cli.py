@@ -523,3 +523,62 @@ def test_an_unknown_key_names_the_field_it_is_closest_to(tmp_path, root):
         assert exc.value.field == field
         assert exc.value.message == (f"unknown key (did you mean {near}? see docs/reference.md)" if near
                                      else "unknown key (check the spelling; see docs/reference.md)")
+
+
+def test_trace_gpus_writes_each_gpu_named_as_the_run_of_every_rank_records_it(tmp_path, root):
+    """``--trace-gpus``: the GPUs named, one process each, whose events are those the run of
+    every rank (``--all-ranks``) writes for them (TP4 x PP2 x DP2: the collapse is exact);
+    the summary is the collapsed run's."""
+    import gzip
+
+    sc = write_scenario(tmp_path, root, scenario_dict())
+
+    def events(out: Path) -> dict[int, list]:
+        doc = json.loads(gzip.decompress((out / "trace.json.gz").read_bytes()))
+        by_pid: dict[int, list] = {}
+        for e in doc["traceEvents"]:
+            if e["ph"] == "X":
+                by_pid.setdefault(e["pid"], []).append((e["tid"], e["name"], e["ts"], e["dur"], e.get("args")))
+        names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+        return {pid: (names[pid], sorted(evs, key=repr)) for pid, evs in by_pid.items()}
+
+    r = run_cli("run", sc, "--out", tmp_path / "some", "--trace-gpus", "9,0-1", "--no-report")
+    assert r.returncode == 0, r.stderr
+    some = events(tmp_path / "some")
+    r = run_cli("run", sc, "--out", tmp_path / "all", "--all-ranks", "--no-report")
+    assert r.returncode == 0, r.stderr
+    every = events(tmp_path / "all")
+    assert sorted(some) == [1, 2, 10]  # pid = GPU + 1
+    assert all(some[pid][1] for pid in some)
+    assert {pid: every[pid] for pid in some} == some
+    r = run_cli("run", sc, "--out", tmp_path / "collapsed", "--no-report", "--no-trace")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "some" / "summary.json").read_text())
+    assert summary == json.loads((tmp_path / "collapsed" / "summary.json").read_text())
+    assert summary["simulation"]["simulated_ranks"] == 2
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("5-2", "'5-2' is not a GPU or a range of GPUs"), ("0,16", "GPU 16 is not in this cluster of 16 GPUs (0-15)"),
+    ("x", "'x' is not a GPU"), ("", "is empty"), ("1,,2", "'' is not a GPU"),
+])
+def test_trace_gpus_refuses_what_names_no_gpu(tmp_path, root, spec, words):
+    sc = write_scenario(tmp_path, root, scenario_dict())
+    out = tmp_path / "out"
+    r = run_cli("run", sc, "--out", out, "--trace-gpus", spec)
+    one_line_exit_2(r, "error: command line: --trace-gpus: ")
+    assert words in r.stderr and not out.exists()
+    r = run_cli("run", sc, "--out", out, "--trace-gpus", "0", "--no-trace")
+    one_line_exit_2(r, "error: command line: --trace-gpus: names the GPUs of trace.json.gz, which --no-trace")
+
+
+def test_trace_gpus_past_the_spans_a_trace_holds_is_refused_after_the_run(monkeypatch, root, tmp_path, capsys):
+    from clustersim import cli
+
+    monkeypatch.setattr(cli, "TRACE_GPUS_MAX_SPANS", 1000)
+    out = tmp_path / "out"
+    rc = cli.main(["run", str(root / "scenarios/llama3_8b_8gpu.yaml"), "--out", str(out), "--trace-gpus", "0-1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: command line: --trace-gpus: the 2 GPUs named would put ") and "more than 1,000" in err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []

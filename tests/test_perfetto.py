@@ -15,7 +15,7 @@ import pytest
 import clustersim
 from clustersim.output import perfetto
 from clustersim.output.perfetto import stream_sort_key, trace_document, write_trace
-from clustersim.trace import Span, Trace
+from clustersim.trace import Span, Trace, gpu_ranges
 
 from .conftest import scenario_dict
 
@@ -70,6 +70,41 @@ def test_every_rank_and_stream_is_named(doc, result):
     assert named == {(s.rank, s.stream) for s in trace.spans}
     assert 0 not in procs  # Perfetto reserves pid 0 for the idle process
     assert len({tid for _, tid in threads}) == len(threads)  # tids unique across processes
+
+
+def test_each_process_says_which_gpus_it_stands_for(doc, result):
+    """Collapsed, a process is labelled with the GPUs its rank stands for, those
+    ``simulation.simulated_rank_of_gpu`` maps to it; every rank simulated, none is labelled."""
+    labels = {e["pid"]: e["args"]["labels"] for e in doc["traceEvents"] if e["name"] == "process_labels"}
+    rep = result.summary["simulation"]["simulated_rank_of_gpu"]
+    rank_of = _rank_of_pid(doc)
+    if not result.summary["simulation"]["collapse_symmetric"]:
+        assert not labels and rep == list(range(len(rep)))
+        return
+    assert set(labels) == set(rank_of)
+    for pid, text in labels.items():
+        gpus = [g for g, r in enumerate(rep) if r == rank_of[pid]]
+        assert text == f"stands for {len(gpus)} GPUs: GPUs {gpu_ranges(gpus)}"
+    # TP4 x PP2 x DP2: each stage is 8 consecutive GPUs, one node
+    assert sorted(labels.values()) == ["stands for 8 GPUs: GPUs 0-7", "stands for 8 GPUs: GPUs 8-15"]
+
+
+@pytest.mark.parametrize("gpus, text", [
+    ([], ""), ([5], "5"), ([3, 7], "3, 7"), ([2, 0, 1], "0-2"), ([0, 1, 2, 3, 8, 9, 10, 11], "0-3, 8-11"),
+    ([64, 0, 16, 32, 48], "0-64 step 16"), ([0, 1, 2, 3, 4, 5, 7, 9, 11], "0-5, 7-11 step 2"), ([4, 4, 5], "4, 5"),
+])
+def test_gpu_ranges(gpus, text):
+    assert gpu_ranges(gpus) == text
+
+
+def test_gpu_ranges_stop_at_a_whole_item_and_count_the_gpus():
+    gpus = list(range(0, 200, 2)) + list(range(201, 400, 3))
+    whole = gpu_ranges(gpus)
+    short = gpu_ranges(gpus, max_chars=20)
+    assert whole == "0-198 step 2, 201-399 step 3" and gpu_ranges(gpus, max_chars=len(whole)) == whole
+    assert short == "0-198 step 2, ... (167 GPUs)"
+    assert gpu_ranges([1, 2, 4, 7, 11, 16, 22], max_chars=12) == "1, ... (7 GPUs)"  # the first at least
+    assert gpu_ranges([1, 2, 4, 7, 11, 16, 22], max_chars=21) == "1, 2, ... (7 GPUs)"
 
 
 def test_sort_order_compute_tp_pp_dp(doc, result):

@@ -22,7 +22,7 @@ from clustersim.output.report import (
     report_html, row_labels, write_report,
 )
 from clustersim.output.summary import format_summary
-from clustersim.trace import Span, Trace
+from clustersim.trace import Span, Trace, gpu_ranges
 
 from .conftest import scenario_dict
 
@@ -376,6 +376,12 @@ def test_report_renders_offline_in_chromium(result, tmp_path):
             page.set_viewport_size({"width": 800, "height": 1000})  # a narrow window: wide tables scroll in place
             page.wait_for_timeout(300)
             page_width_px = page.evaluate("document.documentElement.scrollWidth")
+            # the box under the timeline's note names the rank a GPU runs as
+            page.click("details.gpus summary")
+            page.fill("#gpu-find", "13")
+            found = page.inner_text("#gpu-found")
+            page.fill("#gpu-find", "99")  # past the last GPU: nothing said
+            past = page.inner_text("#gpu-found")
         finally:
             browser.close()
     assert errors == []
@@ -383,10 +389,31 @@ def test_report_renders_offline_in_chromium(result, tmp_path):
     assert n_bars == sum(len(b) for b in merge_spans(result.trace).values())
     assert shot.stat().st_size > 10_000
     assert page_width_px <= 800
+    rank = result.summary["simulation"]["simulated_rank_of_gpu"][13]
+    assert found == (f"GPU 13 runs as rank {rank} (stage {result.trace.stage_of[rank]}): "
+                     "its rows are that rank\u2019s.") and past == ""
     assert legend and modebar and (modebar["x"] >= legend["x"] + legend["width"]
                                    or modebar["y"] >= legend["y"] + legend["height"]
                                    or legend["x"] >= modebar["x"] + modebar["width"]
                                    or legend["y"] >= modebar["y"] + modebar["height"]), (legend, modebar)
+
+
+def test_report_says_which_gpus_each_rank_stands_for(result, report, tmp_path):
+    """Collapsed, a folded table under the timeline's note lists each simulated rank's GPUs
+    (summary.json's ``simulation.simulated_rank_of_gpu``) and the page holds that map for its
+    box; every rank simulated, there is none."""
+    rep = result.summary["simulation"]["simulated_rank_of_gpu"]
+    table = report[report.index('<details class="gpus">'):report.index("</details>")]
+    rows = re.findall(r"<tr><td>(\d+)</td><td>(\d+)</td><td>(\d+)</td><td class=\"wide l\">([^<]*)</td></tr>", table)
+    assert [int(r) for r, *_ in rows] == result.trace.ranks
+    for r, stage, n, which in rows:
+        gpus = [g for g, x in enumerate(rep) if x == int(r)]
+        assert (int(stage), int(n), which) == (result.trace.stage_of[int(r)], len(gpus), gpu_ranges(gpus))
+    assert f"const rep={json.dumps(rep, separators=(',', ':'))}," in report
+    full = _simulate(collapse=False)
+    path = tmp_path / "report.html"
+    write_report(path, full.trace, full.summary)
+    assert '<details class="gpus">' not in path.read_text(encoding="utf-8")
 
 
 def test_busiest_links_table_lists_the_summary_links(result, report):

@@ -155,20 +155,29 @@ def test_stages_meeting_on_a_shared_racks_leaf_are_close():
 # --- classes split around stragglers ----------------------------------------------------------
 
 def _members_run_as_their_representative(sc) -> None:
-    """In the run of every rank, each rank's spans start and end when those of its class's
-    representative (the collapsed run's ``rep``) do: what makes the split classes exact."""
-    prog, low = lower(sc)
+    """In the run of every rank, each GPU's spans start and end when those of the rank that
+    stands for it in the collapsed run do, the rank summary.json's
+    ``simulation.simulated_rank_of_gpu`` names: what makes the split classes exact, and the
+    collapsed run's spans every GPU's."""
+    col = clustersim.simulate(sc)
+    rep_of = col.summary["simulation"]["simulated_rank_of_gpu"]
+    assert len(rep_of) == sc.mesh.world_size and len(set(rep_of)) == len(col.trace.ranks) < len(rep_of)
+    assert col.trace.gpus_of() == {r: [g for g, x in enumerate(rep_of) if x == r] for r in col.trace.ranks}
     full = clustersim.simulate(sc, collapse=False)
-    by_rank = full.trace.by_rank()
+    # the collapsed trace with every GPU its own rank (``clustersim run --trace-gpus all``)
+    every = col.trace.for_gpus(range(len(rep_of)))
+    assert every.ranks == full.trace.ranks and every.stage_of == full.trace.stage_of
+    assert every.n_spans == full.trace.n_spans
+    by_gpu, expanded, by_rank = full.trace.by_rank(), every.by_rank(), col.trace.by_rank()
 
-    def times(r):
-        return sorted((s.stream, s.name, s.mb, s.start_s, s.end_s) for s in by_rank[r])
-    for r, rep in low.sym.rep.items():
-        if r != rep:
-            mine, theirs = times(r), times(rep)
-            assert [x[:3] for x in mine] == [x[:3] for x in theirs], (r, rep)
-            for x, y in zip(mine, theirs):
-                assert x[3:] == pytest.approx(y[3:], rel=REL, abs=1e-15), (r, rep, x, y)
+    def times(spans):
+        return sorted((s.stream, s.name, s.mb, s.start_s, s.end_s) for s in spans)
+    for g, r in enumerate(rep_of):
+        mine, theirs = times(by_gpu[g]), times(by_rank[r])
+        assert times(expanded[g]) == theirs
+        assert [x[:3] for x in mine] == [x[:3] for x in theirs], (g, r)
+        for x, y in zip(mine, theirs):
+            assert x[3:] == pytest.approx(y[3:], rel=REL, abs=1e-15), (g, r, x, y)
 
 
 # (id, nodes, parallel, options, {gpu: slowdown}, simulated ranks); the counts worked by hand

@@ -18,6 +18,9 @@ program's tasks read as columns.
                          never negative and peaks at the reported peak
     8 critical-path      the critical path is gap-free and as long as the step
     9 bubble-split       every rank: warm-up + cool-down + dependency + imbalance = bubble, none < 0
+   10 view               the columns the checks read hold the spans' own values (docs/invariants.md)
+   11 rank-map           every GPU stands with one simulated rank, each simulated rank with itself,
+                         and each for as many GPUs as its weight
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ MAX_SPANS = 3  # offending spans listed per violation
 PHASE_ORDER = ("F", "B", "W")
 
 INVARIANTS = ("stream-overlap", "dependency-order", "collective-sync", "phase-order",
-              "send-recv", "step-time", "memory", "critical-path", "bubble-split")
+              "send-recv", "step-time", "memory", "critical-path", "bubble-split", "rank-map")
 
 
 def _tol(x: float) -> float:
@@ -409,6 +412,33 @@ def check_bubble_split(summary: dict[str, Any] | None) -> list[Violation]:
     return out
 
 
+def check_rank_map(trace: Trace, summary: dict[str, Any] | None) -> list[Violation]:
+    """``simulation.simulated_rank_of_gpu`` (where known) gives every GPU of the world one
+    simulated rank, each simulated rank itself, and each as many GPUs as ``weight`` says."""
+    sim = (summary or {}).get("simulation") or {}
+    rep = sim.get("simulated_rank_of_gpu")
+    if rep is None:
+        return []
+    out = []
+    world = summary.get("world_size", len(rep))
+    if len(rep) != world:
+        out.append(_v("rank-map", f"{len(rep):,} GPUs mapped for a world of {world:,}", ()))
+    ranks = set(trace.ranks)
+    if not ranks.issuperset(rep):
+        out.append(_v("rank-map", f"GPUs mapped to ranks not simulated: {sorted(set(rep) - ranks)[:5]}", ()))
+    wrong = [r for r in trace.ranks if r < len(rep) and rep[r] != r]
+    if wrong:
+        out.append(_v("rank-map", f"simulated ranks that stand with another: {wrong[:5]}", ()))
+    counts: dict[int, int] = {}
+    for r in rep:
+        counts[r] = counts.get(r, 0) + 1
+    off = [r for r in trace.ranks if counts.get(r, 0) != trace.weight.get(r, 1)]
+    if off:
+        out.append(_v("rank-map", "GPUs mapped per rank differ from its weight: " + ", ".join(
+            f"rank {r} {counts.get(r, 0)} for {trace.weight.get(r, 1)}" for r in off[:5]), ()))
+    return out
+
+
 VIEW_SAMPLES = 1000  # rows of a handed-over view compared with their spans
 
 
@@ -471,10 +501,11 @@ def _trace_checks(program: Program | None, trace: Trace, cols: SpanColumns) -> l
 
 def check_summary(trace: Trace, summary: dict[str, Any] | None, cols: SpanColumns | None = None) -> list[Violation]:
     """The checks of the summary against the spans and itself: step time, memory, critical
-    path, bubble split. Drops the program's columns the summary shared with the checks."""
+    path, bubble split, the map of GPUs to simulated ranks. Drops the program's columns the summary shared with the checks."""
     out = check_step_time(trace, summary, _view(trace, cols))
     trace.drop_columns(tasks=True)  # the program's columns, shared with the summary, are no longer needed
     out += check_memory(summary)
     out += check_critical_path(summary)
     out += check_bubble_split(summary)
+    out += check_rank_map(trace, summary)
     return out

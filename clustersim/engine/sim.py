@@ -924,7 +924,7 @@ class Engine:
             for t, n in _comm_tasks(self.prog):
                 self._count(_shape_id(t.comm), t.comm, n)
         self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
-        return Trace(spans=None, ranks=list(self.prog.ranks), weight=dict(self.prog.weight),
+        return Trace(spans=None, ranks=list(self.prog.ranks), weight=dict(self.prog.weight), rep=self.prog.rep,
                      stage_of=dict(self.stage_of), algorithms=self._algorithms_used(self._census),
                      links=self.link_use() if links else [], base=base)
 
@@ -965,7 +965,7 @@ class Engine:
             if c.op in _CHOOSE:
                 self._count(_shape_id(c), c, n, census)
         self.cut_records(rep, float(base.end_s.max()) if len(base.end_s) else 0.0)
-        return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight),
+        return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight), rep=program.rep,
                      stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census), base=base)
 
     def cut_records(self, rep, step_s: float) -> None:

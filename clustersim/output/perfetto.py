@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import RECV_STREAMS, Span, Trace, form_text, stable_argsort
+from ..trace import RECV_STREAMS, Span, Trace, form_text, gpu_ranges, stable_argsort
 
 # Streams in the order a reader scans a rank: the work, then what feeds it, then the tail.
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
@@ -65,6 +65,9 @@ _TID_STRIDE = 1000
 _UNKNOWN_STREAM_ID = 100
 # zlib's level where ISA-L is missing: as small as zlib's default (6) in a third of its time
 ZLIB_LEVEL = 3
+# a process label lists the GPUs its rank stands for up to about this many characters (a
+# class split around a straggler can hold hundreds of scattered GPUs)
+LABEL_GPUS_CHARS = 160
 try:
     # ISA-L's deflate (the isal package, a dependency where it has wheels: pyproject.toml):
     # Megatron-1T's 156 MB of JSON into 13.5 MB in 0.12 s at its level 1, against 13.6 MB in
@@ -373,6 +376,7 @@ def span_event(s: Span, pid: int, tid: int) -> dict[str, Any]:
 def _metadata_events(trace: Trace, rows: dict[int, list[str]],
                      tids: dict[tuple[int, str], int]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    gpus_of = trace.gpus_of()
     for order, rank in enumerate(rows):
         pid = pid_of(rank)
         stage = trace.stage_of.get(rank, 0)
@@ -381,8 +385,11 @@ def _metadata_events(trace: Trace, rows: dict[int, list[str]],
         out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": order}})
         weight = trace.weight.get(rank, 1)
         if weight > 1:
+            # which GPUs: a twin's row is its simulated rank's (summary.json has every GPU's,
+            # simulation.simulated_rank_of_gpu, where the label stops short)
+            which = f": GPUs {gpu_ranges(gpus_of[rank], LABEL_GPUS_CHARS)}" if gpus_of else ""
             out.append({"name": "process_labels", "ph": "M", "pid": pid,
-                        "args": {"labels": f"stands for {weight} GPUs"}})
+                        "args": {"labels": f"stands for {weight} GPUs{which}"}})
         for st in rows[rank]:
             tid = tids[rank, st]
             out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": st}})

@@ -55,7 +55,7 @@ import numpy as np
 import plotly
 import plotly.graph_objects as go
 
-from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values
+from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, gpu_ranges
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
@@ -67,6 +67,9 @@ DIV_ID = "clustersim-timeline"
 ROW_HEIGHT_PX = 15
 BAR_WIDTH_ROWS = 0.8  # bar thickness as a fraction of a row
 MAX_GAP_FRACTION = 0.002  # of the step: about a pixel of the full-width timeline
+# the table of which GPUs each rank stands for lists them up to about this many characters a
+# rank (a class split around a straggler can hold hundreds of scattered GPUs; the box finds any)
+REPORT_GPUS_CHARS = 240
 
 # Legend entries: (group, label, colour), in legend order. Colours: Tableau 10.
 GROUPS = (
@@ -951,6 +954,9 @@ td.l, th.l { text-align: left; }
 td.wrap, th.wrap { white-space: normal; min-width: 12em; }
 td.wide, th.wide { white-space: normal; min-width: 26em; }
 tr.total td { font-weight: 600; border-top: 1px solid #d0d7de; }
+details.gpus { margin: 4px 0 10px; font-size: 13px; }
+details.gpus summary { cursor: pointer; color: #0969da; }
+#gpu-find { width: 7em; font-size: 13px; }
 .meter { display: inline-block; width: 160px; height: 10px; background: #eaeef2; border-radius: 3px;
          overflow: hidden; vertical-align: middle; }
 .meter span { display: inline-block; height: 100%; vertical-align: top; }
@@ -1354,6 +1360,34 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
             "and the busy time inside (lighter = less busy). " + tail)
 
 
+def gpus_html(trace: Trace) -> str:
+    """Which GPUs each simulated rank stands for, folded under the timeline's note, with a box
+    that names the rank of any GPU typed in (the spans of a GPU are its rank's: summary.json's
+    ``simulation.simulated_rank_of_gpu``). Empty when every rank is simulated or the map is
+    not known."""
+    gpus_of = trace.gpus_of()
+    if not gpus_of or all(len(g) <= 1 for g in gpus_of.values()):
+        return ""
+    world = len(trace.rep)
+    rows = "".join(f'<tr><td>{r}</td><td>{trace.stage_of.get(r, 0)}</td><td>{len(g):,}</td>'
+                   f'<td class="wide l">{html.escape(gpu_ranges(g, REPORT_GPUS_CHARS))}</td></tr>'
+                   for r, g in gpus_of.items())
+    stage = {r: trace.stage_of.get(r, 0) for r in trace.ranks}
+    script = (f"<script>(function(){{const rep={json.dumps(list(trace.rep), separators=(',', ':'))},"
+              f"stage={json.dumps({str(k): v for k, v in stage.items()}, separators=(',', ':'))};"
+              "const box=document.getElementById('gpu-find'),out=document.getElementById('gpu-found');"
+              "box.addEventListener('input',function(){const g=Number(box.value);"
+              "out.textContent=(box.value!==''&&Number.isInteger(g)&&g>=0&&g<rep.length)?"
+              "'GPU '+g+' runs as rank '+rep[g]+' (stage '+stage[rep[g]]+'): its rows are that rank\u2019s.':'';});"
+              "})();</script>")
+    return (f'<details class="gpus"><summary>Which GPUs each simulated rank stands for</summary>'
+            f'<p class="note">A GPU\'s spans are those of the rank that stands for it. GPU '
+            f'<input id="gpu-find" type="number" min="0" max="{world - 1}" placeholder="0-{world - 1}"> '
+            f'<span id="gpu-found"></span></p>'
+            f"<table><tr><th>rank</th><th>stage</th><th>GPUs</th><th class=\"wide l\">which</th></tr>{rows}</table>"
+            f"</details>{script}")
+
+
 def _timeline_meta(fig: go.Figure | dict[str, Any], key: str) -> dict[str, Any] | None:
     """The timeline's ``layout.meta[key]``: "binned" (None when it shows merged bars) or
     "shown" (None when it draws every rank)."""
@@ -1418,7 +1452,8 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
-        "<h2>Timeline</h2>", timeline_note(trace, _timeline_meta(d, "binned"), _timeline_meta(d, "shown")), before,
+        "<h2>Timeline</h2>", timeline_note(trace, _timeline_meta(d, "binned"), _timeline_meta(d, "shown")),
+        gpus_html(trace), before,
     ])
     head = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'

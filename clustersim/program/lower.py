@@ -286,6 +286,12 @@ class Symmetry:
     def weight(self) -> dict[int, int]:
         return dict(sorted(Counter(self.rep.values()).items()))
 
+    @property
+    def rep_of_gpu(self) -> tuple[int, ...]:
+        """The simulated rank of every GPU, by GPU (rank g runs on GPU g)."""
+        rep = self.rep
+        return tuple(rep[g] for g in range(len(rep)))
+
     def orbit_key(self, group: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(self.rep[r] for r in group)
 
@@ -1401,7 +1407,8 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
 def run_passes(low: Lowering, kept: _Parting | None = None) -> Program:
     """The passes in order; ``kept``: the state of a longer step's lowering where this one's
     parts from it (:class:`_Parting`), from which the pipeline pass resumes."""
-    prog = Program(ranks=low.sym.ranks, weight=low.sym.weight, maker=_make, siblings=low.sym.sibling_map)
+    prog = Program(ranks=low.sym.ranks, weight=low.sym.weight, rep=low.sym.rep_of_gpu, maker=_make,
+                   siblings=low.sym.sibling_map)
     if kept is None:
         prog = pipeline_pass(prog, low)
     else:

@@ -111,6 +111,9 @@ class Program:
 
     ranks: list[int]
     weight: dict[int, int]
+    # the simulated rank that stands for each GPU (rank g runs on GPU g; lower.Symmetry.rep);
+    # None where not known (a program built by hand)
+    rep: tuple[int, ...] | None = field(default=None, repr=False)
     runs: list[tuple] = field(default_factory=list)
     items: list = field(default_factory=list, repr=False)
     deferred: dict[int, tuple] = field(default_factory=dict, repr=False)
