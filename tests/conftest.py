@@ -18,6 +18,12 @@ SMALL = {
 }
 
 
+def shipped_scenarios(root: Path = ROOT) -> list[Path]:
+    """The scenarios the repository ships, sorted: every ``scenarios/*.yaml`` but a user's own
+    ``my_*.yaml`` (docs/getting-started.md writes those next to them, some bad on purpose)."""
+    return sorted(p for p in (root / "scenarios").glob("*.yaml") if not p.name.startswith("my_"))
+
+
 def scenario_dict(**sections) -> dict:
     """SMALL with sections updated key by key, e.g. parallel={"tp": 2}."""
     d = copy.deepcopy(SMALL)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import scenario_dict
+from .conftest import scenario_dict, shipped_scenarios
 
 
 def run_cli(*args, cwd=None):
@@ -230,7 +230,7 @@ def test_validate_checks_every_file_after_a_bad_one(tmp_path, root):
     typo = tmp_path / "typo.yaml"
     typo.write_text("paralel: {}\n")
     missing = tmp_path / "missing.yaml"
-    good = sorted((root / "scenarios").glob("*.yaml"))[:2]
+    good = shipped_scenarios(root)[:2]
     r = run_cli("validate", good[0], typo, good[1], missing)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert [ln.split(": ok")[0] for ln in r.stdout.splitlines()] == [str(good[0]), str(good[1])]
@@ -240,7 +240,7 @@ def test_validate_checks_every_file_after_a_bad_one(tmp_path, root):
 
 
 def test_validate_and_schema(root):
-    r = run_cli("validate", *sorted((root / "scenarios").glob("*.yaml")))
+    r = run_cli("validate", *shipped_scenarios(root))
     assert r.returncode == 0, r.stderr
     r = run_cli("schema")
     assert r.returncode == 0

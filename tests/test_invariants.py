@@ -17,10 +17,10 @@ from clustersim.engine import run_program
 from clustersim.program.lower import lower
 from clustersim.trace import Trace
 
-from .conftest import ROOT, scenario_dict
+from .conftest import ROOT, scenario_dict, shipped_scenarios
 from .test_cli import write_scenario
 
-SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+SCENARIOS = shipped_scenarios()
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])

@@ -22,12 +22,12 @@ from clustersim.engine import network
 from clustersim.hardware.topology import build_cluster, load_topology_cfg
 from clustersim.program.lower import lower
 
-from .conftest import ROOT, scenario_dict
+from .conftest import ROOT, scenario_dict, shipped_scenarios
 
 MOE = {"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 512, "mlp": "swiglu",
        "bias": False, "moe": {"experts": 16, "top_k": 2, "expert_ffn": 1024, "shared_experts": 1,
                               "dense_layers_first": 1}}
-SHIPPED = sorted(p.name for p in (ROOT / "scenarios").glob("*.yaml"))
+SHIPPED = [p.name for p in shipped_scenarios()]
 VARIANTS = {
     # EP 8 across nodes of the H800 cluster (its NICs' rails): PXN proxies; pairwise: none
     "moe-pxn": dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4}, model=MOE,

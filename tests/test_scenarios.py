@@ -1,4 +1,4 @@
-"""Every scenario in scenarios/ runs, passes sanity invariants and matches its reviewed summary.
+"""Every scenario in scenarios/ (but a user's own my_*.yaml) runs, passes sanity invariants and matches its reviewed summary.
 
 The reviewed summaries live in tests/golden/<scenario>.json. After a deliberate modelling
 change, regenerate them with ``CLUSTERSIM_UPDATE_GOLDEN=1 python -m pytest tests/test_scenarios.py``
@@ -15,8 +15,10 @@ import pytest
 
 import clustersim
 
+from .conftest import shipped_scenarios
+
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+SCENARIOS = shipped_scenarios()
 GOLDEN = ROOT / "tests" / "golden"
 KEYS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction")
 

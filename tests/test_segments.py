@@ -25,14 +25,14 @@ from clustersim.program.lower import lower
 from clustersim.program.tasks import Comm, Program
 from clustersim.trace import Span
 
-from .conftest import ROOT, scenario_dict
+from .conftest import ROOT, scenario_dict, shipped_scenarios
 
 def _rows(trace) -> list[tuple]:
     """Every field of every span, in trace order."""
     return list(map(Span.values, trace.spans))
 
 
-SHIPPED = sorted(p.name for p in (ROOT / "scenarios").glob("*.yaml"))
+SHIPPED = [p.name for p in shipped_scenarios()]
 VARIANTS = {
     "tp-sp-zero2": dict(parallel={"tp": 4, "pp": 2, "dp": 2, "sp": True, "zero": 2}),
     "interleaved-recompute": dict(parallel={"tp": 2, "pp": 2, "dp": 4, "schedule": "interleaved", "vpp": 2},
