@@ -204,6 +204,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
                        "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
                        "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world),
+                       "collective_fallbacks": collective_fallbacks(sc.cfg.simulation.collectives, trace.algorithms),
                        "simulated_rank_of_gpu": list(trace.rep) if trace.rep is not None else None},
     }
     if links is not None:
@@ -214,6 +215,24 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     if not keep_columns:
         trace.drop_columns()
     return summary
+
+
+def collective_fallbacks(asked, used: dict[str, dict[str, int]]) -> dict | None:
+    """``simulation.collective_fallbacks``: per collective whose algorithm the scenario names
+    (``simulation.collectives``, not auto), where that one could not run some groups (tree or
+    hierarchical inside one node, NVLS across nodes), what ran them instead and how many
+    communications of the simulated ranks each; null when none fell back::
+
+        asked all_reduce: tree    used {ring: 20608, tree: 84}    ->    {all_reduce: {asked: tree,
+                                                                          ran: {ring: 20608}, of: 20692}}
+    """
+    out = {}
+    for op, algo in asked.model_dump().items():
+        per = used.get(op) or {}
+        ran = {a: n for a, n in per.items() if a != algo}
+        if algo != "auto" and ran:
+            out[op] = {"asked": algo, "ran": ran, "of": sum(per.values())}
+    return out or None
 
 
 def _fabric_faults(sc: Scenario, trace: Trace, world: int) -> dict | None:

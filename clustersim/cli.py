@@ -235,7 +235,7 @@ def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
 def _simulated_line(summary: dict, wall_s: float) -> str:
     """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated (and,
     below it, what the collapse kept of the fabric's faults)."""
-    from .output.summary import fabric_faults_note
+    from .output.summary import collective_fallbacks_note, fabric_faults_note
 
     sim = summary["simulation"]
     rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
@@ -245,7 +245,9 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
         if tried else "")
     n = sim["simulated_ranks"]
     line = f"{'simulated':<16}{n} rank{'s' if n != 1 else ''}, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
-    return line + fabric_faults_note(sim.get("fabric_faults"), "\n" + " " * 16)
+    sep = "\n" + " " * 16
+    return line + fabric_faults_note(sim.get("fabric_faults"), sep) + collective_fallbacks_note(
+        sim.get("collective_fallbacks"), sep)
 
 
 def cmd_schedule(args) -> int:

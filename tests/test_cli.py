@@ -582,3 +582,25 @@ def test_trace_gpus_past_the_spans_a_trace_holds_is_refused_after_the_run(monkey
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("error: command line: --trace-gpus: the 2 GPUs named would put ") and "more than 1,000" in err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_named_algorithm_that_cannot_run_some_groups_is_said_to_have_fallen_back(tmp_path, root):
+    """``simulation.collectives.all_reduce: tree``: the TP all-reduces inside a node cannot run
+    it and ran the ring; the terminal, the report and summary.json say so (DP's run tree)."""
+    d = scenario_dict(parallel={"tp": 4, "pp": 1, "dp": 4}, simulation={"collectives": {"all_reduce": "tree"}})
+    out = tmp_path / "out"
+    r = run_cli("run", write_scenario(tmp_path, root, d), "--out", out, "--no-trace")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    used = s["simulation"]["collective_algorithms"]["all_reduce"]
+    assert used["tree"] > 0 and used["ring"] > 0
+    f = s["simulation"]["collective_fallbacks"]
+    assert f == {"all_reduce": {"asked": "tree", "ran": {"ring": used["ring"]}, "of": used["ring"] + used["tree"]}}
+    line = (f"all_reduce: tree cannot run {used['ring']:,} of the {used['ring'] + used['tree']:,} simulated (groups "
+            "inside one node, or uneven over nodes); ring ("f"{used['ring']:,}) ran those (simulation.collectives)")
+    assert " " * 16 + line in r.stdout.splitlines()
+    assert f'<p class="meta">simulated: {line}</p>' in (out / "report.html").read_text()
+    r = run_cli("run", write_scenario(tmp_path, root, scenario_dict(parallel={"tp": 4, "pp": 1, "dp": 4})),
+                "--out", out, "--no-trace", "--no-report")
+    assert json.loads((out / "summary.json").read_text())["simulation"]["collective_fallbacks"] is None
+    assert "cannot run" not in r.stdout

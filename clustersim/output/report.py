@@ -59,7 +59,7 @@ from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, 
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
-from .summary import fabric_faults_note, plan_dims, plan_options
+from .summary import collective_fallbacks_note, fabric_faults_note, plan_dims, plan_options
 
 GiB = 1024**3
 MiB = 1024**2
@@ -1019,6 +1019,8 @@ def header_html(summary: dict[str, Any]) -> str:
     faults = fabric_faults_note(summary.get("simulation", {}).get("fabric_faults"), " ")
     if faults:
         out.append(f'<p class="meta">simulated:{e(faults)}</p>')
+    fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")
+    out.extend(f'<p class="meta">simulated: {e(line)}</p>' for line in fallbacks.split("\n") if line)
     return "\n".join(out)
 
 

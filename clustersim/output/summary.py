@@ -99,6 +99,22 @@ def fabric_faults_note(faults: dict | None, sep: str) -> str:
             f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
 
 
+def collective_fallbacks_note(fallbacks: dict | None, sep: str) -> str:
+    """What the terminal and the report say of algorithms named in ``simulation.collectives``
+    that could not run some groups ("" if none), a phrase per collective, each after ``sep``."""
+    return "".join(
+        f"{sep}{op}: {f['asked']} cannot run {sum(f['ran'].values()):,} of the {f['of']:,} simulated "
+        f"({_CANNOT.get(f['asked'], 'groups it does not apply to')}); "
+        f"{' and '.join(f'{a} ({n:,})' for a, n in f['ran'].items())} ran those (simulation.collectives)"
+        for op, f in (fallbacks or {}).items())
+
+
+# where a named algorithm cannot run a group (collectives.algorithms.applicable)
+_CANNOT = {"tree": "groups inside one node, or uneven over nodes",
+           "hierarchical": "groups inside one node, uneven over nodes, or of one GPU a node",
+           "nvls": "groups across nodes, or GPUs without NVLS"}
+
+
 def printable(text: str) -> str:
     """``text`` with what a terminal would act on escaped as in Python (``\\x1b``, ``\\r``,
     ``\\n``, ``\\u202e``...): a scenario's name or description is printed as written, on its line."""
