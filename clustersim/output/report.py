@@ -1235,15 +1235,17 @@ def memory_html(summary: dict[str, Any]) -> str:
         inflight = st.get("inflight_microbatches")
         act_note = f" ({inflight} mb)" if inflight is not None else ""
         buffers = f'{st["comm_buffers_bytes"] / GiB:.2f}' if "comm_buffers_bytes" in st else ""
-        rows.append(f'<tr><td>{st["stage"]}</td><td>{st["params"] / 1e9:.2f} B</td><td>{g("params_bytes")}</td>'
+        # the verdict first after the peak: at a laptop's width the table scrolls, and what a
+        # reader needs first must be in view
+        rows.append(f'<tr><td>{st["stage"]}</td><td><b>{g("peak_bytes")}</b></td><td>{g("capacity_bytes")}</td>'
+                    f'<td class="l">{meter} {100 * used:.0f} %</td><td class="l">{verdict}</td>'
+                    f'<td>{st["params"] / 1e9:.2f} B</td><td>{g("params_bytes")}</td>'
                     f'<td>{g("grads_bytes")}</td><td>{g("optimizer_bytes")}</td>'
-                    f'<td>{g("activations_bytes")}{act_note}</td><td>{buffers}</td><td>{g("transient_bytes")}</td>'
-                    f'<td><b>{g("peak_bytes")}</b></td>'
-                    f'<td>{g("capacity_bytes")}</td><td class="l">{meter} {100 * used:.0f} %</td>'
-                    f'<td class="l">{verdict}</td></tr>')
+                    f'<td>{g("activations_bytes")}{act_note}</td><td>{buffers}</td><td>{g("transient_bytes")}</td></tr>')
     return ("<div><h2>Memory per GPU, by pipeline stage (GiB)</h2><table><tr><th>stage</th>"
-            "<th>parameters</th><th>params</th><th>grads</th><th>optimizer</th><th>activations (in flight)</th>"
-            "<th>comm buffers</th><th>transient</th><th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th></tr>"
+            "<th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th>"
+            "<th>parameters</th><th>params</th><th>grads</th><th>optimizer</th><th>activations<br>(in flight)</th>"
+            "<th>comm<br>buffers</th><th>transient</th></tr>"
             + "".join(rows) + "</table></div>")
 
 
@@ -1291,10 +1293,11 @@ def causes_html(summary: dict[str, Any]) -> str:
         rows.append(f'<tr><td class="l wrap">{e(c["collective"])}</td><td>{fmt_time(c["exposed_s"])}</td>'
                     f'<td>{fmt_time(c["comm_s"])}</td><td>{c["count_per_gpu"]:,.0f}</td>'
                     f'<td>{fmt_bytes(c["size_bytes"])}</td><td class="l">{e(str(c.get("algorithm", "")))}</td>'
-                    f'<td class="l">{link}</td><td class="l wide">{shared}</td></tr>')
+                    f'<td class="l wrap">{link}</td><td class="l wrap">{shared}</td></tr>')
     return ("<div><h2>Exposed communication by cause</h2><table><tr><th class=\"l\">collective</th>"
-            "<th>exposed / GPU</th><th>on the wire / GPU</th><th>times / GPU</th><th>size</th><th class=\"l\">algorithm</th>"
-            "<th class=\"l\">bottleneck link</th><th class=\"l wide\">shared with (while its most exposed instance ran)</th>"
+            "<th>exposed<br>/ GPU</th><th>on the wire<br>/ GPU</th><th>times<br>/ GPU</th><th>size<br>(largest)</th>"
+            "<th class=\"l\">algorithm</th><th class=\"l wrap\">bottleneck link</th>"
+            "<th class=\"l wrap\">shared with (while its most exposed instance ran)</th>"
             "</tr>" + "".join(rows) + "</table><p class=\"note\">Bottleneck: the link whose share of the "
             "collective's traffic takes longest at that link's bandwidth.</p></div>")
 
