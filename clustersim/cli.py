@@ -256,6 +256,8 @@ def cmd_schedule(args) -> int:
     from .yamlio import given_file
 
     src = "command line"
+    if args.schedule is None:  # a file given is a custom schedule's
+        args.schedule = CUSTOM if args.file is not None else "1f1b"
     if args.schedule == CUSTOM:
         if args.file is None:
             raise ConfigError("--schedule custom needs --file FILE (one row of actions per rank)", source=src)
@@ -337,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="clustersim",
         description="Simulate one training step of a transformer on a GPU cluster, event by event.",
         epilog="example: python -m clustersim run scenarios/gpt3_175b_1024gpu.yaml --out out/gpt3")
+    from . import __version__
+
+    ap.add_argument("--version", action="version", version=f"clustersim {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="simulate one training step; print a summary, write summary.json, "
@@ -364,10 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     sch.add_argument("--pp", type=int, help="pipeline ranks (required, except with --file, which it then checks)")
     sch.add_argument("--microbatches", "-m", type=int,
                      help="microbatches (required, except with --file, which it then checks)")
-    sch.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b",
-                     help="the schedule's name (default 1f1b; custom: with --file)")
+    sch.add_argument("--schedule", choices=SCHEDULE_NAMES,
+                     help="the schedule's name (default 1f1b, or custom when --file is given)")
     sch.add_argument("--vpp", type=int, help="interleaved: model chunks (virtual stages) per rank (default 2)")
-    sch.add_argument("--file", help="custom: the schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
+    sch.add_argument("--file", help="a custom schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
     sch.set_defaults(func=cmd_schedule)
 
     val = sub.add_parser("validate", help="check scenario files without simulating")

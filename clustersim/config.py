@@ -74,7 +74,8 @@ class TrainingCfg(Strict):
     # the gradients' size on the wire may differ from their size in memory: DeepSpeed's
     # communication_data_type and FSDP's reduce_dtype reduce in 16 bits into fp32 shards
     grad_reduce_dtype: Literal["fp32", "bf16"] | None = None
-    optimizer: Literal["adam"] = "adam"
+    # AdamW's decoupled weight decay keeps the same states and makes the same pass: one model
+    optimizer: Literal["adam", "adamw"] = "adam"
     attention: Literal["flash", "standard"] = "flash"
     recompute: Literal["none", "selective", "full"] = "none"
     dp_bucket_params: int = pydantic.Field(default=40_000_000, ge=1)
@@ -461,9 +462,13 @@ def _check_schedule(sc: Scenario) -> None:
         if len(p.layers_per_stage) != n:
             raise ConfigError(f"has {len(p.layers_per_stage)} entries, expected one per model part: {per} = {n}",
                               source=sc.source, field="parallel.layers_per_stage")
-        if sum(p.layers_per_stage) != layers or min(p.layers_per_stage) < 1:
-            raise ConfigError(f"entries must be >= 1 and sum to model.layers={layers} "
-                              f"(sum is {sum(p.layers_per_stage)})", source=sc.source, field="parallel.layers_per_stage")
+        empty = [i for i, k in enumerate(p.layers_per_stage) if k < 1]
+        if empty:
+            raise ConfigError(f"entry {empty[0]} is {p.layers_per_stage[empty[0]]}; every model part holds at least "
+                              "one layer", source=sc.source, field="parallel.layers_per_stage")
+        if sum(p.layers_per_stage) != layers:
+            raise ConfigError(f"entries must sum to model.layers={layers} (sum is {sum(p.layers_per_stage)})",
+                              source=sc.source, field="parallel.layers_per_stage")
     elif n > layers:
         what = {"interleaved": ("parallel.vpp", f"pp*vpp = {p.pp}*{p.vpp} = {n} model chunks"),
                 CUSTOM: ("parallel.schedule_file", f"the custom schedule's {n} stages")}.get(
@@ -554,6 +559,9 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         path = Path(src)
         data, source = read_yaml(path, what="scenario"), str(src)
         base, rel_to = path.parent, "the scenario's folder"
+    if not {"cluster", "model"} & data.keys() and {"gpu", "node"} & data.keys():
+        raise ConfigError("this is a topology file (it has gpu and node, not cluster and model); give a scenario, "
+                          "which names its topology in cluster.topology", source=source)
     cfg = validate(ScenarioCfg, data, source=source)
     topo_path = _referenced_file(base, cfg.cluster.topology, rel_to, source, "cluster.topology", "topology")
     overrides = {"nodes": cfg.cluster.nodes} if cfg.cluster.nodes is not None else None

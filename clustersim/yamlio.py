@@ -106,6 +106,12 @@ class Strict(pydantic.BaseModel):
                     kinds.add(t)
             if bool not in kinds and kinds & {int, float}:
                 raise ValueError("a number, not a boolean (yes, no, true and false are booleans in YAML)")
+        if v is None:
+            # ``parallel:`` with nothing under it reads as null in YAML: a section left empty
+            # takes its defaults, as one left out does (a field that may be null stays null)
+            f = cls.model_fields[info.field_name]
+            if not f.is_required() and isinstance(f.annotation, type) and issubclass(f.annotation, pydantic.BaseModel):
+                return {}
         return v
 
 
@@ -292,6 +298,8 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
                    else "unknown key (check the spelling; see docs/reference.md)")
         elif kind == "missing":
             msg = "required key is missing"
+        elif kind == "model_type" and err.get("input", ...) is None:  # ``training:`` with nothing under it
+            msg = "is empty; this section is required (see docs/reference.md for its keys)"
         else:
             msg = err["msg"].removeprefix("Value error, ")
             if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(err["input"], dict):

@@ -604,3 +604,34 @@ def test_a_named_algorithm_that_cannot_run_some_groups_is_said_to_have_fallen_ba
                 "--out", out, "--no-trace", "--no-report")
     assert json.loads((out / "summary.json").read_text())["simulation"]["collective_fallbacks"] is None
     assert "cannot run" not in r.stdout
+
+
+def test_an_empty_optional_section_takes_its_defaults(tmp_path, root):
+    """``parallel:`` or ``simulation:`` with nothing under it (null in YAML) is the section's
+    defaults, as leaving it out is; a required one left empty is named (tests/data/bad)."""
+    import clustersim
+
+    d = scenario_dict(cluster={"topology": "topologies/single-h100.yaml", "nodes": 1})
+    want = clustersim.load_scenario(write_scenario(tmp_path, root, {**d, "parallel": {}}))
+    got = clustersim.load_scenario(write_scenario(tmp_path, root, {**d, "parallel": None, "simulation": None}, "n.yaml"))
+    assert got.cfg.parallel == want.cfg.parallel and got.cfg.simulation == want.cfg.simulation
+    assert got.mesh.world_size == 1 and got.cfg.parallel.schedule == "1f1b"
+
+
+def test_version_and_a_schedule_file_alone_is_custom(root):
+    import clustersim
+
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"clustersim {clustersim.__version__}"
+    f = root / "scenarios" / "schedules" / "custom_1f1b_4x8.txt"
+    alone, named = run_cli("schedule", "--file", f), run_cli("schedule", "--schedule", "custom", "--file", f)
+    assert alone.returncode == named.returncode == 0 and alone.stdout == named.stdout and "rank 3" in alone.stdout
+    one_line_exit_2(run_cli("schedule", "--schedule", "1f1b", "--file", f),
+                    "error: command line: --file is read by --schedule custom only")
+
+
+def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(root):
+    one_line_exit_2(run_cli("validate", root / "topologies" / "dgx-h100.yaml"),
+                    f"error: {root / 'topologies' / 'dgx-h100.yaml'}: this is a topology file")
+    one_line_exit_2(run_cli("collective", "--topology", root / "scenarios" / "llama3_8b_8gpu.yaml"),
+                    f"error: {root / 'scenarios' / 'llama3_8b_8gpu.yaml'}: this is a scenario file")

@@ -190,6 +190,9 @@ def load_topology_cfg(path: Path, overrides: dict | None = None, *, build: bool 
     what-ifs after its own, cheaper checks, with the scenario's what-ifs merged in.
     """
     data = read_yaml(path, what="topology")
+    if "gpu" not in data and {"cluster", "model"} & data.keys():
+        raise ConfigError("this is a scenario file (it has cluster and model, not gpu); give a topology file, "
+                          "such as topologies/dgx-h100.yaml", source=str(path))
     data.update(overrides or {})
     cfg = validate(TopologyCfg, data, source=str(path))
     cfg._source = str(path)
