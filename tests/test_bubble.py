@@ -98,9 +98,9 @@ def test_straggler_without_pipeline_is_imbalance_waiting_on_collectives(root):
     def beyond_wgrad(k: int) -> float:
         """What of rank k's backward all-reduces outlasts the wgrad it runs beside."""
         wgrad = {(x.mb, x.layer, x.name): x.end_s for x in spans if x.rank == k and x.kind == "compute"}
-        ars = [x for x in spans if x.rank == k and x.kind == "tp" and x.name.endswith(" wgrad")]
+        ars = [x for x in spans if x.rank == k and x.kind == "tp" and x.name.endswith(" dgrad")]
         assert len(ars) == (2 * r.scenario.model.layers + 1) * r.scenario.microbatches  # two a layer, the head
-        return sum(x.end_s - max(x.start_s, wgrad[(x.mb, x.layer, x.name.replace(" AR ", " "))]) for x in ars)
+        return sum(x.end_s - max(x.start_s, wgrad[(x.mb, x.layer, x.name.replace(" AR ", " ").replace(" dgrad", " wgrad"))]) for x in ars)
 
     assert beyond_wgrad(0) > beyond_wgrad(2)  # the straggler's wgrad hides more
     for row in s["bubble"]["per_rank"]:

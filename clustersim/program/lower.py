@@ -729,11 +729,15 @@ def _block_plan(low: Lowering, r: int, kind: str, blocks) -> list[tuple]:
     key = (r, kind, id(blocks))
     plan = low.block_plans.get(key)
     if plan is None:
-        def specs(comms, blk) -> tuple:
+        def specs(comms, name) -> tuple:
             return tuple(_comm_spec(low, c.dim, low.group_of(r, c.dim), c.size_bytes, c.op, None,
-                                    f"{kind} {COMM_SHORT[c.op]} {blk.name}", None, c.load) for c in comms)
-        plan = low.block_plans[key] = [(blk, f"{kind} {blk.name}", specs(blk.pre, blk), specs(blk.overlap, blk),
-                                        specs(blk.post, blk)) for blk in blocks]
+                                    f"{kind} {COMM_SHORT[c.op]} {name}", None, c.load) for c in comms)
+        # what runs beside a weight gradient (work.tp_overlapped_backward) reduces the input
+        # gradient, the dgrad, before it: named for that ("B AR attn dgrad"), not the wgrad
+        plan = low.block_plans[key] = [(blk, f"{kind} {blk.name}", specs(blk.pre, blk.name),
+                                        specs(blk.overlap, blk.name.removesuffix(" wgrad") + " dgrad"
+                                              if blk.name.endswith(" wgrad") else blk.name),
+                                        specs(blk.post, blk.name)) for blk in blocks]
     return plan
 
 
