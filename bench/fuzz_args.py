@@ -6,15 +6,30 @@ from __future__ import annotations
 import argparse
 
 
+def at_least(low: int):
+    """An argparse type: a whole number ``low`` or more (a seed may be 0; a count of plans or
+    documents 1 or more: none would check nothing and say it passed)."""
+    def whole(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{n} is less than {low}")
+        return n
+    return whole
+
+
 def two_counts(doc: str, first: tuple[str, int, str], second: tuple[str, int, str],
                option: tuple[str, tuple[str, ...], str] | None = None) -> tuple:
     """The two counts given on the command line; ``first`` and ``second`` are (name, default,
-    what it is), and the script's ``doc`` gives the help's first paragraph. ``option``
-    (``--name``, its choices, the first the default, what it is) adds that option's value
-    after them."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0].replace("\n", " "))
+    what it is), and the script's ``doc`` is the help's description, whole (its verdicts and
+    exit codes). A seed is 0 or more, any other count 1 or more. ``option`` (``--name``, its
+    choices, the first the default, what it is) adds that option's value after them."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default, what in (first, second):
-        ap.add_argument(name, nargs="?", type=int, default=default, help=f"{what} (default {default})")
+        ap.add_argument(name, nargs="?", type=at_least(0 if name == "seed" else 1), default=default,
+                        help=f"{what} (default {default})")
     if option is not None:
         flag, choices, what = option
         ap.add_argument(flag, choices=choices, default=choices[0], help=f"{what} (default {choices[0]})")

@@ -16,12 +16,13 @@ sys.path.insert(0, str(ROOT))
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
+from fuzz_args import at_least  # noqa: E402  (a sibling script: bench/ is on the path)
 from tests.fuzz_scenarios import check_one, mutations  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    ap.add_argument("examples", nargs="?", type=int, default=10_000, help="documents to fuzz (default 10000)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("examples", nargs="?", type=at_least(1), default=10_000, help="documents to fuzz (default 10000)")
     n = ap.parse_args().examples
     count = {"examples": 0}
 

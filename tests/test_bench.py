@@ -205,3 +205,11 @@ def test_bench_sweep_variants_are_valid_plans_of_their_scenario(name):
         assert (p.tp, p.pp, p.dp, p.zero) == (tp, pp, dp, zero) and sc.cfg.training.recompute == rc
         assert p.sp == (tp > 1 and bool(base["parallel"].get("sp")))
         assert p.ep == math.gcd(base["parallel"].get("ep", 1), dp)
+
+
+@pytest.mark.parametrize("script, args", [("fuzz_plans.py", ["400", "0"]), ("fuzz_symmetry.py", ["1", "-3"]),
+                                          ("fuzz_scenarios.py", ["0"]), ("fuzz_topologies.py", ["0"])])
+def test_fuzz_scripts_refuse_a_count_that_would_check_nothing(script, args):
+    """Zero plans or documents would check nothing and say it passed; a negative count too."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True)
+    assert r.returncode == 2 and "is less than 1" in r.stderr and "Traceback" not in r.stderr, r.stderr
