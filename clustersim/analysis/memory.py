@@ -72,6 +72,10 @@ from .columns import SpanColumns
 from .intervals import instants, rows_sum
 
 TIMELINE_POINTS = 120  # most samples a stage's reported timeline keeps
+# a stage that fits with less than this share of the GPU's capacity spare is "tight": what the
+# model does not count (the CUDA context, about 0.5-1 GiB; NCCL's and cuBLAS's buffers, 1-3
+# GiB; the caching allocator's fragmentation, often 5-10 % of what it holds) can take that much
+TIGHT_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -434,6 +438,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "capacity_bytes": capacity_bytes,
             "margin_bytes": capacity_bytes - peak,
             "fits": peak <= capacity_bytes,
+            "tight": peak <= capacity_bytes < peak + TIGHT_SHARE * capacity_bytes,
             "parts": [{"part": p.part, "params": p.params, "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
                        "inflight_microbatches": k} for p, k in zip(parts, tl.per_part)],
             "timeline": {"t_s": tl.t_raws(list(shown)), "activations_bytes": tl.activations[shown].tolist(),
@@ -446,5 +451,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
         "margin_bytes": tightest["margin_bytes"],
         "tightest_stage": tightest["stage"],
         "fits": all(s["fits"] for s in stages),
+        "tight": any(s["tight"] for s in stages),
+        "tight_below_bytes": TIGHT_SHARE * capacity_bytes,
         "stages": stages,
     }

@@ -963,6 +963,7 @@ details.gpus summary { cursor: pointer; color: #0969da; }
 .hidden { background: #8cc084; } .exposed { background: #e15759; }
 .used { background: #4e79a7; } .over { background: #e15759; }
 .fits { color: #1a7f37; font-weight: 600; } .nofit { color: #cf222e; font-weight: 700; }
+.fits.tight { color: #9a6700; }
 .breakdown { display: flex; height: 22px; border-radius: 4px; overflow: hidden; margin: 4px 0; max-width: 1100px; }
 .breakdown span { display: block; height: 100%; }
 .legend-key { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin: 0 4px 0 10px; }
@@ -1050,7 +1051,8 @@ def cards_html(summary: dict[str, Any]) -> str:
     if mem:
         ok = mem["fits"]
         cards.append(_card("peak memory", f'{mem["peak_bytes"] / GiB:.1f} GiB',
-                           f'of {mem["capacity_bytes"] / GiB:.0f} GiB · ' + ("fits" if ok else "DOES NOT FIT"),
+                           f'of {mem["capacity_bytes"] / GiB:.0f} GiB · '
+                           + (("fits, tight" if mem.get("tight") else "fits") if ok else "DOES NOT FIT"),
                            "" if ok else "nofit"))
     pj = s.get("projection")
     if pj:
@@ -1230,7 +1232,9 @@ def memory_html(summary: dict[str, Any]) -> str:
         margin = st.get("margin_bytes")
         margin_txt = "" if margin is None else (f" · {margin / GiB:.1f} GiB spare" if margin >= 0
                                                 else f" by {-margin / GiB:.1f} GiB")
-        verdict = (f'<span class="fits">fits{margin_txt}</span>' if st["fits"]
+        if st.get("tight"):
+            margin_txt += " (tight)"
+        verdict = (f'<span class="fits{" tight" if st.get("tight") else ""}">fits{margin_txt}</span>' if st["fits"]
                    else f'<span class="nofit">DOES NOT FIT{margin_txt}</span>')
         inflight = st.get("inflight_microbatches")
         act_note = f" ({inflight} mb)" if inflight is not None else ""
@@ -1246,7 +1250,10 @@ def memory_html(summary: dict[str, Any]) -> str:
             "<th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th>"
             "<th>parameters</th><th>params</th><th>grads</th><th>optimizer</th><th>activations<br>(in flight)</th>"
             "<th>comm<br>buffers</th><th>transient</th></tr>"
-            + "".join(rows) + "</table></div>")
+            + "".join(rows) + "</table>" + (
+                f'<p class="note">Tight: less than {mem["tight_below_bytes"] / GiB:.1f} GiB spare, which the CUDA '
+                "context, NCCL's buffers and the allocator's fragmentation, not counted here, can take.</p>"
+                if mem.get("tight") else "") + "</div>")
 
 
 def stages_html(summary: dict[str, Any]) -> str:

@@ -152,11 +152,15 @@ def format_summary(s: dict[str, Any]) -> str:
     for st in _stage_rows(mem["stages"]):
         g = lambda k: st[k] / GiB  # noqa: E731
         margin = st.get("margin_bytes")
-        spare = "" if margin is None else (f" ({margin / GiB:.1f} spare)" if margin >= 0 else f" (by {-margin / GiB:.1f})")
+        spare = "" if margin is None else (f" ({margin / GiB:.1f} spare{', tight' if st.get('tight') else ''})"
+                                           if margin >= 0 else f" (by {-margin / GiB:.1f})")
         verdict = ("fits" if st["fits"] else "DOES NOT FIT") + spare
         lines.append(f"{'':<16}{st['stage']:>5} {g('params_bytes'):>7.1f} {g('grads_bytes'):>6.1f} "
                      f"{g('optimizer_bytes'):>6.1f} {g('activations_bytes'):>6.1f} {g('peak_bytes'):>7.1f} / "
                      f"{st['capacity_bytes'] / GiB:.0f}  {verdict}")
     if len(mem["stages"]) > len(_stage_rows(mem["stages"])):
         lines.append(f"{'':<16}(first, last and highest-peak stages of {len(mem['stages'])}; all in summary.json)")
+    if mem.get("tight"):
+        lines.append(f"{'':<16}(tight: less than {mem['tight_below_bytes'] / GiB:.1f} spare, which the CUDA context, "
+                     "NCCL's buffers and fragmentation, not counted here, can take)")
     return "\n".join(lines)
