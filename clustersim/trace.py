@@ -576,6 +576,8 @@ class Trace:
     repeat_tried: int | None = None
     # the simulated rank that stands for each GPU, by GPU (Program.rep); None where not known
     rep: tuple[int, ...] | None = field(default=None, repr=False)
+    # a trace of some GPUs (for_gpus): GPU -> the simulated rank whose spans it holds
+    spans_of: dict[int, int] | None = field(default=None, repr=False)
     _by_rank: tuple | None = field(default=None, repr=False, compare=False)
     _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
     _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)
@@ -644,7 +646,8 @@ class Trace:
                         b.start_s[rows], b.end_s[rows], b.tid[rows], b.mb[rows], b.form[rows], b.forms)
         return Trace(spans=None, ranks=gpus, weight=dict.fromkeys(gpus, 1),
                      stage_of={g: self.stage_of.get(rep[g], 0) for g in gpus}, algorithms=self.algorithms,
-                     repeat=self.repeat, repeat_tried=self.repeat_tried, rep=None, base=base)
+                     repeat=self.repeat, repeat_tried=self.repeat_tried, rep=None,
+                     spans_of={g: rep[g] for g in gpus}, base=base)
 
     def by_rank(self) -> dict[int, list[Span]]:
         """Spans per simulated rank (remembered while the span list stays the same list of

@@ -549,6 +549,9 @@ def test_trace_gpus_writes_each_gpu_named_as_the_run_of_every_rank_records_it(tm
     assert r.returncode == 0, r.stderr
     every = events(tmp_path / "all")
     assert sorted(some) == [1, 2, 10]  # pid = GPU + 1
+    doc = json.loads(gzip.decompress((tmp_path / "some" / "trace.json.gz").read_bytes()))
+    labels = {e["pid"]: e["args"]["labels"] for e in doc["traceEvents"] if e["name"] == "process_labels"}
+    assert labels == {2: "the spans of simulated rank 0", 10: "the spans of simulated rank 8"}  # GPU 0 is rank 0
     assert all(some[pid][1] for pid in some)
     assert {pid: every[pid] for pid in some} == some
     r = run_cli("run", sc, "--out", tmp_path / "collapsed", "--no-report", "--no-trace")

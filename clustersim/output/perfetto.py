@@ -390,6 +390,9 @@ def _metadata_events(trace: Trace, rows: dict[int, list[str]],
             which = f": GPUs {gpu_ranges(gpus_of[rank], LABEL_GPUS_CHARS)}" if gpus_of else ""
             out.append({"name": "process_labels", "ph": "M", "pid": pid,
                         "args": {"labels": f"stands for {weight} GPUs{which}"}})
+        elif trace.spans_of and trace.spans_of.get(rank, rank) != rank:  # run --trace-gpus: a twin's row
+            out.append({"name": "process_labels", "ph": "M", "pid": pid,
+                        "args": {"labels": f"the spans of simulated rank {trace.spans_of[rank]}"}})
         for st in rows[rank]:
             tid = tids[rank, st]
             out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": st}})
