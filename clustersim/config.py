@@ -560,7 +560,8 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         data, source = read_yaml(path, what="scenario"), str(src)
         base, rel_to = path.parent, "the scenario's folder"
     if not {"cluster", "model"} & data.keys() and {"gpu", "node"} & data.keys():
-        raise ConfigError("this is a topology file (it has gpu and node, not cluster and model); give a scenario, "
+        has = " and ".join(k for k in ("gpu", "node") if k in data)
+        raise ConfigError(f"this is a topology file (it has {has}, not cluster and model); give a scenario, "
                           "which names its topology in cluster.topology", source=source)
     cfg = validate(ScenarioCfg, data, source=source)
     topo_path = _referenced_file(base, cfg.cluster.topology, rel_to, source, "cluster.topology", "topology")

@@ -620,8 +620,31 @@ class Trace:
             return None
         out: dict[int, list[int]] = {r: [] for r in self.ranks}
         for g, r in enumerate(self.rep):
-            out[r].append(g)
+            out.setdefault(r, []).append(g)  # (a rank not simulated: the rank-map check names it)
         return out
+
+    def spans_for_gpus(self, gpus: Iterable[int]) -> int:
+        """How many spans :meth:`for_gpus` would hold for ``gpus``, without making them."""
+        rep = self._rep_of(gpus := sorted(set(gpus)))
+        b = self.current_base()
+        ranks = b.rank if b is not None else np.fromiter((s.rank for s in self.spans), np.int64, self.n_spans)
+        per = dict(zip(*np.unique(ranks, return_counts=True))) if len(ranks) else {}
+        return int(sum(per.get(rep[g], 0) for g in gpus))
+
+    def _rep_of(self, gpus: list[int]):
+        """:attr:`rep`, or where it is not known, each simulated rank standing for itself alone;
+        a ValueError for a GPU that then has no rank."""
+        if self.rep is not None:
+            bad = [g for g in gpus if not 0 <= g < len(self.rep)]
+            if bad:
+                raise ValueError(f"GPU {bad[0]} is not one of the {len(self.rep):,} GPUs")
+            return self.rep
+        ranks = set(self.ranks)
+        bad = [g for g in gpus if g not in ranks]
+        if bad:
+            raise ValueError(f"GPU {bad[0]} is not a simulated rank, and which rank stands for it is not known "
+                             "(this trace has no rep)")
+        return {r: r for r in self.ranks}
 
     def for_gpus(self, gpus: Iterable[int]) -> Trace:
         """The trace of ``gpus``, one rank each, holding the spans of the simulated rank that
@@ -632,8 +655,8 @@ class Trace:
             ranks    0       4                                      rank 5: rank 4's spans
                                                                     rank 6: rank 4's spans
         """
-        rep = self.rep if self.rep is not None else {r: r for r in self.ranks}
         gpus = sorted(set(gpus))
+        rep = self._rep_of(gpus)
         b = self.current_base() or SpanBase.of(self.spans)
         order = stable_argsort(b.rank)
         ranks_sorted = b.rank[order]

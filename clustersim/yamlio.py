@@ -298,7 +298,8 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
                    else "unknown key (check the spelling; see docs/reference.md)")
         elif kind == "missing":
             msg = "required key is missing"
-        elif kind == "model_type" and err.get("input", ...) is None:  # ``training:`` with nothing under it
+        elif kind == "model_type" and err.get("input", ...) is None and loc and isinstance(loc[-1], str):
+            # ``training:`` with nothing under it (a list's null item keeps pydantic's wording)
             msg = "is empty; this section is required (see docs/reference.md for its keys)"
         else:
             msg = err["msg"].removeprefix("Value error, ")

@@ -638,3 +638,14 @@ def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(ro
                     f"error: {root / 'topologies' / 'dgx-h100.yaml'}: this is a topology file")
     one_line_exit_2(run_cli("collective", "--topology", root / "scenarios" / "llama3_8b_8gpu.yaml"),
                     f"error: {root / 'scenarios' / 'llama3_8b_8gpu.yaml'}: this is a scenario file")
+
+
+def test_summary_json_writes_the_map_of_every_gpu_on_one_line(tmp_path, root):
+    out = tmp_path / "out"
+    assert run_cli("run", write_scenario(tmp_path, root, scenario_dict()), "--out", out, "--no-report",
+                   "--no-trace").returncode == 0
+    text = (out / "summary.json").read_text()
+    line = next(x for x in text.splitlines() if '"simulated_rank_of_gpu"' in x)
+    s = json.loads(text)
+    assert line.strip() == '"simulated_rank_of_gpu": ' + json.dumps(s["simulation"]["simulated_rank_of_gpu"])
+    assert s["simulation"]["simulated_rank_of_gpu"] == [0] * 8 + [8] * 8  # TP4 x PP2 x DP2: a stage a node

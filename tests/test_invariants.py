@@ -187,6 +187,32 @@ def test_step_time_below_compute_detected(small):
     assert vs[0].spans and all(s.kind == "compute" for s in vs[0].spans)
 
 
+def test_a_wrong_map_of_gpus_to_simulated_ranks_is_detected():
+    """``simulation.simulated_rank_of_gpu``: GPUs swapped between two stages' ranks (the counts
+    still agree with the weights), a GPU mapped to a rank not simulated, a simulated rank
+    mapped to another, a map of another length."""
+    sc = load_scenario(scenario_dict())
+    prog, low = lower(sc)  # collapsed
+    sim = sc.cfg.simulation
+    trace = run_program(prog, sc.cluster, sim.network, sim.collectives.model_dump())
+    summary = summarize(sc, low, trace, prog)
+    rep = summary["simulation"]["simulated_rank_of_gpu"]
+    assert inv.check_rank_map(trace, summary) == [] and len(set(rep)) == 2 < len(rep)  # TP4 x PP2 x DP2: 2 ranks
+    a, b = rep.index(trace.ranks[0], 1), rep.index(trace.ranks[1], trace.ranks[1] + 1)  # a twin of each stage
+    for change, words in (({a: rep[b], b: rep[a]}, "2 GPUs stand with a rank of another pipeline stage"),
+                          ({a: 5}, "ranks not simulated: [5]"), ({trace.ranks[1]: trace.ranks[0]}, "stand with another"),
+                          (None, "GPUs mapped for a world of")):
+        bad = copy.deepcopy(summary)
+        m = bad["simulation"]["simulated_rank_of_gpu"]
+        if change is None:
+            m.pop()
+        else:
+            for g, r in change.items():
+                m[g] = r
+        vs = check_invariants(prog, trace, bad)
+        assert "rank-map" in _names(vs) and any(words in v.message for v in vs), (change, [str(v) for v in vs])
+
+
 def test_memory_violations_detected(small):
     prog, trace, summary = small
     for change in ({"peak_bytes": 0.0}, {"optimizer_bytes": -1.0, "params_bytes": -1.0}):

@@ -136,3 +136,11 @@ def test_the_schedule_check_left_to_the_caller(root):
     del good.__dict__["schedule"]
     good.check_schedule()  # checked already: not built again
     assert "schedule" not in good.__dict__
+
+
+def test_adamw_is_adam_in_memory_and_time(root):
+    """AdamW's decoupled weight decay keeps Adam's states and makes the same pass."""
+    adam = clustersim.simulate(clustersim.load_scenario(scenario_dict(), base_dir=root)).summary
+    adamw = clustersim.simulate(clustersim.load_scenario(scenario_dict(training={"optimizer": "adamw"}),
+                                                         base_dir=root)).summary
+    assert adamw["step_time_s"] == adam["step_time_s"] and adamw["memory"] == adam["memory"]

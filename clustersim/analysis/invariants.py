@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..plan.mesh import Mesh, parse_order
 from ..program.tasks import Program
 from ..trace import RECV_STREAMS, Span, Trace, unique
 from .columns import SpanColumns, grouped_order, mixed_radix
@@ -414,7 +415,8 @@ def check_bubble_split(summary: dict[str, Any] | None) -> list[Violation]:
 
 def check_rank_map(trace: Trace, summary: dict[str, Any] | None) -> list[Violation]:
     """``simulation.simulated_rank_of_gpu`` (where known) gives every GPU of the world one
-    simulated rank, each simulated rank itself, and each as many GPUs as ``weight`` says."""
+    simulated rank of its own pipeline stage (placed by the plan's mesh), each simulated rank
+    itself, and each as many GPUs as ``weight`` says."""
     sim = (summary or {}).get("simulation") or {}
     rep = sim.get("simulated_rank_of_gpu")
     if rep is None:
@@ -436,6 +438,17 @@ def check_rank_map(trace: Trace, summary: dict[str, Any] | None) -> list[Violati
     if off:
         out.append(_v("rank-map", "GPUs mapped per rank differ from its weight: " + ", ".join(
             f"rank {r} {counts.get(r, 0)} for {trace.weight.get(r, 1)}" for r in off[:5]), ()))
+    p = summary.get("plan") or {}
+    if all(k in p for k in ("tp", "cp", "dp", "pp", "order")) and len(rep) == p["tp"] * p["cp"] * p["dp"] * p["pp"]:
+        order, _ = parse_order(p["order"])
+        mesh = Mesh(tp=p["tp"], dp=p["dp"], pp=p["pp"], order=order, cp=p["cp"])
+        stage = np.empty(len(rep), dtype=np.int64)
+        stage[mesh.group_rows("pp")] = np.arange(mesh.pp)  # each GPU's pipeline stage
+        astray = [g for g, r in enumerate(rep) if r < len(rep) and stage[g] != stage[r]]
+        if astray:
+            g = astray[0]
+            out.append(_v("rank-map", f"{len(astray):,} GPUs stand with a rank of another pipeline stage, as GPU "
+                          f"{g} (stage {stage[g]}) with rank {rep[g]} (stage {stage[rep[g]]})", ()))
     return out
 
 

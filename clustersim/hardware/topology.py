@@ -191,7 +191,8 @@ def load_topology_cfg(path: Path, overrides: dict | None = None, *, build: bool 
     """
     data = read_yaml(path, what="topology")
     if "gpu" not in data and {"cluster", "model"} & data.keys():
-        raise ConfigError("this is a scenario file (it has cluster and model, not gpu); give a topology file, "
+        has = " and ".join(k for k in ("cluster", "model") if k in data)
+        raise ConfigError(f"this is a scenario file (it has {has}, not gpu); give a topology file, "
                           "such as topologies/dgx-h100.yaml", source=str(path))
     data.update(overrides or {})
     cfg = validate(TopologyCfg, data, source=str(path))

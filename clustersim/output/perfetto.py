@@ -447,8 +447,8 @@ def trace_metadata(summary: dict[str, Any]) -> dict[str, Any]:
         meta["memory_peak_bytes"] = mem.get("peak_bytes")
         meta["memory_capacity_bytes"] = mem.get("capacity_bytes")
         meta["memory_fits"] = mem.get("fits")
-    if "simulation" in summary:
-        meta["simulation"] = summary["simulation"]
+    if "simulation" in summary:  # but the map of every GPU (summary.json has it): a number per GPU
+        meta["simulation"] = {k: v for k, v in summary["simulation"].items() if k != "simulated_rank_of_gpu"}
     return meta
 
 

@@ -1372,11 +1372,12 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
             "and the busy time inside (lighter = less busy). " + tail)
 
 
-def gpus_html(trace: Trace) -> str:
+def gpus_html(trace: Trace, shown: dict[str, Any] | None = None) -> str:
     """Which GPUs each simulated rank stands for, folded under the timeline's note, with a box
     that names the rank of any GPU typed in (the spans of a GPU are its rank's: summary.json's
     ``simulation.simulated_rank_of_gpu``). Empty when every rank is simulated or the map is
-    not known."""
+    not known. ``shown``: the timeline's ``layout.meta["shown"]`` where it draws a choice of
+    the ranks (a rank not drawn may be of a drawn one's kind)."""
     gpus_of = trace.gpus_of()
     if not gpus_of or all(len(g) <= 1 for g in gpus_of.values()):
         return ""
@@ -1390,7 +1391,8 @@ def gpus_html(trace: Trace) -> str:
               "const box=document.getElementById('gpu-find'),out=document.getElementById('gpu-found');"
               "box.addEventListener('input',function(){const g=Number(box.value);"
               "out.textContent=(box.value!==''&&Number.isInteger(g)&&g>=0&&g<rep.length)?"
-              "'GPU '+g+' runs as rank '+rep[g]+' (stage '+stage[rep[g]]+'): its rows are that rank\u2019s.':'';});"
+              "'GPU '+g+' runs as rank '+rep[g]+' (stage '+stage[rep[g]]+'): its rows are that rank\u2019s"
+              f"{' (drawn below where the timeline drew it or one of its kind: see the note above)' if shown else ''}.':'';}});"
               "})();</script>")
     return (f'<details class="gpus"><summary>Which GPUs each simulated rank stands for</summary>'
             f'<p class="note">A GPU\'s spans are those of the rank that stands for it. GPU '
@@ -1465,7 +1467,7 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
         "<h2>Timeline</h2>", timeline_note(trace, _timeline_meta(d, "binned"), _timeline_meta(d, "shown")),
-        gpus_html(trace), before,
+        gpus_html(trace, _timeline_meta(d, "shown")), before,
     ])
     head = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'

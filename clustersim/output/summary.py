@@ -11,14 +11,22 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 GiB = 1024**3
 
 
 def to_json(summary: dict[str, Any]) -> str:
-    """Deterministic JSON text (key order as built, fixed indent, trailing newline)."""
-    return json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    """Deterministic JSON text (key order as built, fixed indent, trailing newline), with
+    ``simulation.simulated_rank_of_gpu`` on one line: one number a line, a 16,384-GPU run's
+    would be most of the file."""
+    text = json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    return _PER_GPU.sub(lambda m: m.group(1) + "[" + ", ".join(re.findall(r"\d+", m.group(2))) + "]", text, 1)
+
+
+# the per-GPU list as json.dumps(indent=2) writes it: "key": [ one number a line ]
+_PER_GPU = re.compile(r'("simulated_rank_of_gpu": )\[\s*([\d,\s]*?)\s*\]')
 
 
 def _stage_rows(stages: list[dict]) -> list[dict]:
