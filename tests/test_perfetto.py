@@ -376,3 +376,16 @@ def test_rows_numbered_as_np_unique_numbers_them(n, top):
     used, inverse = perfetto._distinct_inverse(keys)
     want_used, want_inverse = np.unique(keys, return_inverse=True)
     assert used.tolist() == want_used.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
+
+
+def test_spans_for_gpus_counts_what_for_gpus_makes_and_a_gpu_without_a_rank_is_named():
+    r = _simulate()
+    for gpus in ([0], [1, 9, 15], range(16)):
+        assert r.trace.spans_for_gpus(gpus) == r.trace.for_gpus(gpus).n_spans > 0
+    assert r.trace.spans_for_gpus(range(16)) == 8 * r.trace.n_spans  # each of the 2 ranks stands for 8 GPUs
+    with pytest.raises(ValueError, match="GPU 16 is not one of the 16 GPUs"):
+        r.trace.for_gpus([16])
+    by_hand = Trace(spans=[], ranks=[0, 4], weight={0: 4, 4: 4})  # no rep: which rank GPU 1 is is not known
+    with pytest.raises(ValueError, match="GPU 1 is not a simulated rank"):
+        by_hand.for_gpus([1])
+    assert by_hand.for_gpus([4]).ranks == [4]
