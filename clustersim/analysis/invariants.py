@@ -514,7 +514,8 @@ def _trace_checks(program: Program | None, trace: Trace, cols: SpanColumns) -> l
 
 def check_summary(trace: Trace, summary: dict[str, Any] | None, cols: SpanColumns | None = None) -> list[Violation]:
     """The checks of the summary against the spans and itself: step time, memory, critical
-    path, bubble split, the map of GPUs to simulated ranks. Drops the program's columns the summary shared with the checks."""
+    path, bubble split, the map of GPUs to simulated ranks. Drops the program's columns the
+    summary shared with the checks."""
     out = check_step_time(trace, summary, _view(trace, cols))
     trace.drop_columns(tasks=True)  # the program's columns, shared with the summary, are no longer needed
     out += check_memory(summary)
