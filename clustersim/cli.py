@@ -294,15 +294,23 @@ def cmd_schedule(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    """Check every file given, each on a line of its own (``error: ...`` on stderr for a bad
-    one, so that a glob's later files are still checked); exit 2 if any was bad."""
-    from .config import load_scenario
+    """Check every file given, a scenario or a topology, each on a line of its own
+    (``error: ...`` on stderr for a bad one, so that a glob's later files are still checked);
+    exit 2 if any was bad."""
+    from .config import is_topology_data, load_scenario
+    from .hardware.topology import load_topology_cfg
     from .output.summary import plan_dims
+    from .yamlio import read_yaml
 
     bad = 0
     for path in args.scenarios:
         try:
             _given_scenario(path)
+            if is_topology_data(read_yaml(Path(path), what="scenario")):
+                topo = load_topology_cfg(Path(path))
+                print(f"{path}: ok (topology: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
+                      f"{topo.node.gpus} {topo.gpu})", flush=True)
+                continue
             sc = load_scenario(path)
         except ConfigError as exc:
             print(f"error: {exc.line()}", file=sys.stderr, flush=True)
@@ -311,7 +319,7 @@ def cmd_validate(args) -> int:
         print(f"{path}: ok ({sc.mesh.world_size} GPUs, {plan_dims(sc.parallel.model_dump(), ' x ')}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''})", flush=True)
     if bad and len(args.scenarios) > 1:
-        print(f"error: {bad} of {len(args.scenarios)} files are not valid scenarios", file=sys.stderr)
+        print(f"error: {bad} of {len(args.scenarios)} files are not valid", file=sys.stderr)
     return EXIT_BAD_INPUT if bad else 0
 
 
@@ -377,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     sch.add_argument("--file", help="a custom schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
     sch.set_defaults(func=cmd_schedule)
 
-    val = sub.add_parser("validate", help="check scenario files without simulating")
-    val.add_argument("scenarios", nargs="+", help="scenario YAML files, each checked (exit code 2 if any is bad)")
+    val = sub.add_parser("validate", help="check scenario (or topology) files without simulating")
+    val.add_argument("scenarios", nargs="+",
+                     help="scenario or topology YAML files, each checked (exit code 2 if any is bad)")
     val.set_defaults(func=cmd_validate)
 
     col = sub.add_parser("collective", help="time one collective on an idle cluster; print algbw and busbw "

@@ -540,6 +540,12 @@ def _build_checked(topo: TopologyCfg, own: int, source: str, nodes: int | None =
         raise
 
 
+def is_topology_data(data: dict) -> bool:
+    """Whether a YAML mapping is a topology's (``gpu``, ``node``) rather than a scenario's
+    (``cluster``, ``model``): ``validate`` checks either, and each loader names the other."""
+    return not {"cluster", "model"} & data.keys() and bool({"gpu", "node"} & data.keys())
+
+
 def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | None = None,
                   check_schedule: bool = True) -> Scenario:
     """Read and validate a scenario from a YAML path or a dict (paths relative to ``base_dir``).
@@ -559,7 +565,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         path = Path(src)
         data, source = read_yaml(path, what="scenario"), str(src)
         base, rel_to = path.parent, "the scenario's folder"
-    if not {"cluster", "model"} & data.keys() and {"gpu", "node"} & data.keys():
+    if is_topology_data(data):
         has = " and ".join(k for k in ("gpu", "node") if k in data)
         raise ConfigError(f"this is a topology file (it has {has}, not cluster and model); give a scenario, "
                           "which names its topology in cluster.topology", source=source)

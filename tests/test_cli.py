@@ -236,7 +236,7 @@ def test_validate_checks_every_file_after_a_bad_one(tmp_path, root):
     assert [ln.split(": ok")[0] for ln in r.stdout.splitlines()] == [str(good[0]), str(good[1])]
     errors = r.stderr.splitlines()
     assert len(errors) == 3 and str(typo) in errors[0] and str(missing) in errors[1]
-    assert errors[2] == "error: 2 of 4 files are not valid scenarios"
+    assert errors[2] == "error: 2 of 4 files are not valid"
 
 
 def test_validate_and_schema(root):
@@ -633,9 +633,17 @@ def test_version_and_a_schedule_file_alone_is_custom(root):
                     "error: command line: --file is read by --schedule custom only")
 
 
-def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(root):
-    one_line_exit_2(run_cli("validate", root / "topologies" / "dgx-h100.yaml"),
-                    f"error: {root / 'topologies' / 'dgx-h100.yaml'}: this is a topology file")
+def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(root, tmp_path):
+    """``run`` names a topology given as its scenario; ``validate`` checks a topology as one;
+    ``collective --topology`` names a scenario given as its topology."""
+    one_line_exit_2(run_cli("run", root / "topologies" / "dgx-h100.yaml", "--out", tmp_path / "o"),
+                    f"error: {root / 'topologies' / 'dgx-h100.yaml'}: this is a topology file (it has gpu and node")
+    r = run_cli("validate", root / "topologies" / "dgx-h100.yaml", root / "scenarios" / "llama3_8b_8gpu.yaml")
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == (
+        f"{root / 'topologies' / 'dgx-h100.yaml'}: ok (topology: 32 nodes x 8 H100-SXM5-80GB)"), r.stderr
+    bad = tmp_path / "t.yaml"
+    bad.write_text((root / "topologies" / "dgx-h100.yaml").read_text() + "\nwhat_iff: []\n")
+    one_line_exit_2(run_cli("validate", bad), f"error: {bad}: what_iff: unknown key (did you mean 'what_if'?")
     one_line_exit_2(run_cli("collective", "--topology", root / "scenarios" / "llama3_8b_8gpu.yaml"),
                     f"error: {root / 'scenarios' / 'llama3_8b_8gpu.yaml'}: this is a scenario file")
 
