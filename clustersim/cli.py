@@ -130,9 +130,12 @@ def gpu_list(spec: str, world: int) -> list[int]:
         raise ConfigError("is empty: give GPUs (e.g. 0-7,517) or all", source="command line", field=field)
     gpus: set[int] = set()
     for item in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", item)
-        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+        m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", item)
+        if m is None:
             raise ConfigError(f"{item.strip()!r} is not a GPU or a range of GPUs (give e.g. 0-7,517 or all)",
+                              source="command line", field=field)
+        if m.group(2) is not None and int(m.group(2)) < int(m.group(1)):
+            raise ConfigError(f"{item.strip()!r} runs downwards; write {m.group(2)}-{m.group(1)}",
                               source="command line", field=field)
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
@@ -230,7 +233,12 @@ def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
         raise ConfigError(f"the {len(gpus):,} GPUs named would put {n:,} spans into trace.json.gz, "
                           f"more than {TRACE_GPUS_MAX_SPANS:,} (what Perfetto opens); name fewer",
                           source="command line", field="--trace-gpus")
-    write_trace(path, result.trace.for_gpus(gpus), result.summary)
+    from .trace import gpu_ranges
+
+    trace = result.trace.for_gpus(gpus)
+    # the file's metadata says what it holds: these GPUs' spans, not the simulated ranks'
+    sim = {**result.summary["simulation"], "spans": trace.n_spans, "trace_gpus": gpu_ranges(gpus)}
+    write_trace(path, trace, {**result.summary, "simulation": sim})
 
 
 def _simulated_line(summary: dict, wall_s: float) -> str:
@@ -316,7 +324,8 @@ def cmd_validate(args) -> int:
             print(f"error: {exc.line()}", file=sys.stderr, flush=True)
             bad += 1
             continue
-        print(f"{path}: ok ({sc.mesh.world_size} GPUs, {plan_dims(sc.parallel.model_dump(), ' x ')}, "
+        n = sc.mesh.world_size
+        print(f"{path}: ok ({n} GPU{'s' if n != 1 else ''}, {plan_dims(sc.parallel.model_dump(), ' x ')}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''})", flush=True)
     if bad and len(args.scenarios) > 1:
         print(f"error: {bad} of {len(args.scenarios)} files are not valid", file=sys.stderr)

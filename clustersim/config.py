@@ -65,6 +65,15 @@ class ParallelCfg(Strict):
         parse_order(v)  # raises ValueError with the reason
         return v
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _a_file_is_a_custom_schedule(cls, data: Any) -> Any:
+        """``schedule_file`` without a ``schedule``: the custom schedule it holds (as
+        ``clustersim schedule --file``); with another schedule named, the check refuses it."""
+        if isinstance(data, dict) and data.get("schedule_file") is not None and "schedule" not in data:
+            return {**data, "schedule": "custom"}
+        return data
+
 
 class TrainingCfg(Strict):
     micro_batch_size: int = pydantic.Field(default=1, ge=1)
@@ -410,7 +419,7 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
     if p.schedule == CUSTOM and p.schedule_file is None:
         fail("parallel.schedule_file", "schedule custom needs parallel.schedule_file: a file with one row of "
                                        "actions per pipeline rank (see docs/reference.md)")
-    if p.schedule != CUSTOM and p.schedule_file is not None:
+    if p.schedule != CUSTOM and p.schedule_file is not None:  # (a file without a schedule is custom's)
         fail("parallel.schedule_file", f"is read by schedule custom only (schedule is {p.schedule})")
 
 

@@ -118,6 +118,16 @@ def gpu_ranges(gpus: Sequence[int], max_chars: int = 0) -> str:
     return text
 
 
+def _whole_gpus(gpus: Iterable) -> list[int]:
+    """GPU numbers ascending, once each; a TypeError for one that is not a whole number (a
+    bool, a float, a string)."""
+    gpus = list(gpus)
+    odd = [g for g in gpus if isinstance(g, bool) or not isinstance(g, (int, np.integer))]
+    if odd:
+        raise TypeError(f"a GPU is a whole number, not {odd[0]!r}")
+    return sorted({int(g) for g in gpus})
+
+
 def first_and_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_index=True, return_inverse=True)[1:]`` for a 1-D array: each
     distinct value's first place and each value's rank among the distinct values, by one
@@ -625,7 +635,7 @@ class Trace:
 
     def spans_for_gpus(self, gpus: Iterable[int]) -> int:
         """How many spans :meth:`for_gpus` would hold for ``gpus``, without making them."""
-        rep = self._rep_of(gpus := sorted(set(gpus)))
+        rep = self._rep_of(gpus := _whole_gpus(gpus))
         b = self.current_base()
         ranks = b.rank if b is not None else np.fromiter((s.rank for s in self.spans), np.int64, self.n_spans)
         per = dict(zip(*np.unique(ranks, return_counts=True))) if len(ranks) else {}
@@ -655,7 +665,7 @@ class Trace:
             ranks    0       4                                      rank 5: rank 4's spans
                                                                     rank 6: rank 4's spans
         """
-        gpus = sorted(set(gpus))
+        gpus = _whole_gpus(gpus)
         rep = self._rep_of(gpus)
         b = self.current_base() or SpanBase.of(self.spans)
         order = stable_argsort(b.rank)

@@ -552,6 +552,8 @@ def test_trace_gpus_writes_each_gpu_named_as_the_run_of_every_rank_records_it(tm
     doc = json.loads(gzip.decompress((tmp_path / "some" / "trace.json.gz").read_bytes()))
     labels = {e["pid"]: e["args"]["labels"] for e in doc["traceEvents"] if e["name"] == "process_labels"}
     assert labels == {2: "the spans of simulated rank 0", 10: "the spans of simulated rank 8"}  # GPU 0 is rank 0
+    assert doc["metadata"]["simulation"]["trace_gpus"] == "0, 1, 9"
+    assert doc["metadata"]["simulation"]["spans"] == sum(len(evs) for _, evs in some.values())
     assert all(some[pid][1] for pid in some)
     assert {pid: every[pid] for pid in some} == some
     r = run_cli("run", sc, "--out", tmp_path / "collapsed", "--no-report", "--no-trace")
@@ -562,7 +564,7 @@ def test_trace_gpus_writes_each_gpu_named_as_the_run_of_every_rank_records_it(tm
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("5-2", "'5-2' is not a GPU or a range of GPUs"), ("0,16", "GPU 16 is not in this cluster of 16 GPUs (0-15)"),
+    ("5-2", "'5-2' runs downwards; write 2-5"), ("\uff11", "is not a GPU"), ("0,16", "GPU 16 is not in this cluster of 16 GPUs (0-15)"),
     ("x", "'x' is not a GPU"), ("", "is empty"), ("1,,2", "'' is not a GPU"),
 ])
 def test_trace_gpus_refuses_what_names_no_gpu(tmp_path, root, spec, words):
@@ -599,7 +601,8 @@ def test_a_named_algorithm_that_cannot_run_some_groups_is_said_to_have_fallen_ba
     assert used["tree"] > 0 and used["ring"] > 0
     f = s["simulation"]["collective_fallbacks"]
     assert f == {"all_reduce": {"asked": "tree", "ran": {"ring": used["ring"]}, "of": used["ring"] + used["tree"]}}
-    line = (f"all_reduce: tree cannot run {used['ring']:,} of the {used['ring'] + used['tree']:,} simulated (groups "
+    line = (f"all_reduce: tree cannot run {used['ring']:,} of the {used['ring'] + used['tree']:,} communications "
+            "simulated (groups "
             "inside one node, or uneven over nodes); ring ("f"{used['ring']:,}) ran those (simulation.collectives)")
     assert " " * 16 + line in r.stdout.splitlines()
     assert f'<p class="meta">simulated: {line}</p>' in (out / "report.html").read_text()

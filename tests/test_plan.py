@@ -144,3 +144,15 @@ def test_adamw_is_adam_in_memory_and_time(root):
     adamw = clustersim.simulate(clustersim.load_scenario(scenario_dict(training={"optimizer": "adamw"}),
                                                          base_dir=root)).summary
     assert adamw["step_time_s"] == adam["step_time_s"] and adamw["memory"] == adam["memory"]
+
+
+def test_a_schedule_file_without_a_schedule_is_a_custom_schedule(root):
+    import yaml
+
+    d = yaml.safe_load((root / "scenarios" / "custom_schedule.yaml").read_text())
+    named = clustersim.load_scenario(d, base_dir=root / "scenarios")
+    del d["parallel"]["schedule"]
+    alone = clustersim.load_scenario(d, base_dir=root / "scenarios")
+    assert alone.parallel.schedule == named.parallel.schedule == "custom" and alone.parallel == named.parallel
+    with pytest.raises(ConfigError, match="is read by schedule custom only"):
+        clustersim.load_scenario({**d, "parallel": {**d["parallel"], "schedule": "1f1b"}}, base_dir=root / "scenarios")

@@ -380,7 +380,7 @@ def test_report_renders_offline_in_chromium(result, tmp_path):
             page.click("details.gpus summary")
             page.fill("#gpu-find", "13")
             found = page.inner_text("#gpu-found")
-            page.fill("#gpu-find", "99")  # past the last GPU: nothing said
+            page.fill("#gpu-find", "99")  # past the last GPU
             past = page.inner_text("#gpu-found")
         finally:
             browser.close()
@@ -391,7 +391,7 @@ def test_report_renders_offline_in_chromium(result, tmp_path):
     assert page_width_px <= 800
     rank = result.summary["simulation"]["simulated_rank_of_gpu"][13]
     assert found == (f"GPU 13 runs as rank {rank} (stage {result.trace.stage_of[rank]}): "
-                     "its rows are that rank\u2019s.") and past == ""
+                     "its rows are that rank\u2019s.") and past == "no GPU 99 here (0-15)"
     assert legend and modebar and (modebar["x"] >= legend["x"] + legend["width"]
                                    or modebar["y"] >= legend["y"] + legend["height"]
                                    or legend["x"] >= modebar["x"] + modebar["width"]

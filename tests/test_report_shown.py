@@ -113,7 +113,8 @@ def test_the_timeline_past_the_cap(every_rank, monkeypatch):
     shown = shown_ranks(span_order(trace), trace.stage_of, most=4)
     meta = cut["layout"]["meta"]["shown"]
     assert meta == {"ranks": len(shown.ranks), "of": 16, "alike": len(shown.alias), "kinds": shown.kinds,
-                    "stages": 2, "of_stages": 2}
+                    "stages": 2, "of_stages": 2, "drawn": shown.ranks,
+                    "alias": {str(r): a for r, a in shown.alias.items()}}
     labels = cut["layout"]["yaxis"]["ticktext"]
     assert {int(lab.split()[1]) for lab in labels} == set(shown.ranks)
     assert len(labels) == sum(len(span_order(trace).by_rank[r]) for r in shown.ranks)

@@ -666,7 +666,9 @@ def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[
         data = _bar_traces(bars, hover_texts(bars, labels))
     if len(shown.ranks) < shown.of:
         meta["shown"] = {"ranks": len(shown.ranks), "of": shown.of, "alike": len(shown.alias), "kinds": shown.kinds,
-                         "stages": shown.stages, "of_stages": shown.of_stages}
+                         "stages": shown.stages, "of_stages": shown.of_stages,
+                         # for the look-up box: the ranks drawn, and the drawn rank of each other's kind
+                         "drawn": list(shown.ranks), "alias": {str(r): a for r, a in shown.alias.items()}}
 
     def with_summary(summary: dict[str, Any]) -> dict[str, Any]:
         path = path_trace(summary, rows, shown.alias)
@@ -1341,7 +1343,7 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
     weights = sorted({trace.weight.get(r, 1) for r in trace.ranks})
     who = ""
     if weights and weights != [1]:
-        w = " or ".join(str(x) for x in weights)
+        w = " or ".join(str(x) for x in weights) if len(weights) <= 2 else f"{weights[0]} to {weights[-1]}"
         who = f" Each simulated rank stands for {w} GPUs that behave alike (its TP, CP and DP peers)."
     head = (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
             f'{_n(trace.n_spans, "span")}).{who} ')
@@ -1386,13 +1388,20 @@ def gpus_html(trace: Trace, shown: dict[str, Any] | None = None) -> str:
                    f'<td class="wide l">{html.escape(gpu_ranges(g, REPORT_GPUS_CHARS))}</td></tr>'
                    for r, g in gpus_of.items())
     stage = {r: trace.stage_of.get(r, 0) for r in trace.ranks}
+    # where a GPU's rows are: its rank's if drawn, else those of the drawn rank of its kind
+    where = ({str(r): r for r in shown.get("drawn", [])} | {k: int(v) for k, v in shown.get("alias", {}).items()}
+             if shown else {str(r): r for r in trace.ranks})
     script = (f"<script>(function(){{const rep={json.dumps(list(trace.rep), separators=(',', ':'))},"
-              f"stage={json.dumps({str(k): v for k, v in stage.items()}, separators=(',', ':'))};"
+              f"stage={json.dumps({str(k): v for k, v in stage.items()}, separators=(',', ':'))},"
+              f"drawn={json.dumps(where, separators=(',', ':'))};"
               "const box=document.getElementById('gpu-find'),out=document.getElementById('gpu-found');"
-              "box.addEventListener('input',function(){const g=Number(box.value);"
-              "out.textContent=(box.value!==''&&Number.isInteger(g)&&g>=0&&g<rep.length)?"
-              "'GPU '+g+' runs as rank '+rep[g]+' (stage '+stage[rep[g]]+'): its rows are that rank\u2019s"
-              f"{' (drawn below where the timeline drew it or one of its kind: see the note above)' if shown else ''}.':'';}});"
+              "box.addEventListener('input',function(){const t=box.value.trim();"
+              "if(t===''){out.textContent='';return;}"
+              "if(!/^[0-9]+$/.test(t)||Number(t)>=rep.length){out.textContent='no GPU '+t+' here (0-'+(rep.length-1)+')';return;}"
+              "const g=Number(t),r=rep[g],d=drawn[r];"
+              "out.textContent='GPU '+g+' runs as rank '+r+' (stage '+stage[r]+'): '+(d===r?'its rows are that rank\u2019s'"
+              ":d!==undefined?'that rank is not drawn below; rank '+d+', drawn, behaves as it does'"
+              ":'that rank is not drawn below, nor one that behaves as it does (trace.json.gz has it)')+'.';});"
               "})();</script>")
     return (f'<details class="gpus"><summary>Which GPUs each simulated rank stands for</summary>'
             f'<p class="note">A GPU\'s spans are those of the rank that stands for it. GPU '

@@ -111,7 +111,7 @@ def collective_fallbacks_note(fallbacks: dict | None, sep: str) -> str:
     """What the terminal and the report say of algorithms named in ``simulation.collectives``
     that could not run some groups ("" if none), a phrase per collective, each after ``sep``."""
     return "".join(
-        f"{sep}{op}: {f['asked']} cannot run {sum(f['ran'].values()):,} of the {f['of']:,} simulated "
+        f"{sep}{op}: {f['asked']} cannot run {sum(f['ran'].values()):,} of the {f['of']:,} communications simulated "
         f"({_CANNOT.get(f['asked'], 'groups it does not apply to')}); "
         f"{' and '.join(f'{a} ({n:,})' for a, n in f['ran'].items())} ran those (simulation.collectives)"
         for op, f in (fallbacks or {}).items())
