@@ -1404,7 +1404,8 @@ def gpus_html(trace: Trace, shown: dict[str, Any] | None = None) -> str:
               ":'that rank is not drawn below, nor one that behaves as it does (trace.json.gz has it)')+'.';});"
               "})();</script>")
     return (f'<details class="gpus"><summary>Which GPUs each simulated rank stands for</summary>'
-            f'<p class="note">A GPU\'s spans are those of the rank that stands for it. GPU '
+            f'<p class="note">In this run a GPU\'s spans are those of the rank that stands for it (<code>--all-ranks</code> '
+            f'simulates each GPU on its own, docs/getting-started.md says how far apart they can be). GPU '
             f'<input id="gpu-find" type="number" min="0" max="{world - 1}" placeholder="0-{world - 1}"> '
             f'<span id="gpu-found"></span></p>'
             f"<table><tr><th>rank</th><th>stage</th><th>GPUs</th><th class=\"wide l\">which</th></tr>{rows}</table>"
