@@ -25,6 +25,7 @@ program's tasks read as columns.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import eq
@@ -431,9 +432,7 @@ def check_rank_map(trace: Trace, summary: dict[str, Any] | None) -> list[Violati
     wrong = [r for r in trace.ranks if r < len(rep) and rep[r] != r]
     if wrong:
         out.append(_v("rank-map", f"simulated ranks that stand with another: {wrong[:5]}", ()))
-    counts: dict[int, int] = {}
-    for r in rep:
-        counts[r] = counts.get(r, 0) + 1
+    counts = Counter(rep)
     off = [r for r in trace.ranks if counts.get(r, 0) != trace.weight.get(r, 1)]
     if off:
         out.append(_v("rank-map", "GPUs mapped per rank differ from its weight: " + ", ".join(
@@ -442,11 +441,10 @@ def check_rank_map(trace: Trace, summary: dict[str, Any] | None) -> list[Violati
     if all(k in p for k in ("tp", "cp", "dp", "pp", "order")) and len(rep) == p["tp"] * p["cp"] * p["dp"] * p["pp"]:
         order, _ = parse_order(p["order"])
         mesh = Mesh(tp=p["tp"], dp=p["dp"], pp=p["pp"], order=order, cp=p["cp"])
-        stage = np.empty(len(rep), dtype=np.int64)
-        stage[mesh.group_rows("pp")] = np.arange(mesh.pp)  # each GPU's pipeline stage
-        astray = [g for g, r in enumerate(rep) if r < len(rep) and stage[g] != stage[r]]
-        if astray:
-            g = astray[0]
+        stage, of = mesh.coord_array("pp"), np.asarray(rep, dtype=np.int64)  # each GPU's pipeline stage
+        astray = np.flatnonzero((of < len(rep)) & (stage != stage[np.minimum(of, len(rep) - 1)]))
+        if len(astray):
+            g = int(astray[0])
             out.append(_v("rank-map", f"{len(astray):,} GPUs stand with a rank of another pipeline stage, as GPU "
                           f"{g} (stage {stage[g]}) with rank {rep[g]} (stage {stage[rep[g]]})", ()))
     return out

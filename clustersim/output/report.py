@@ -1234,9 +1234,8 @@ def memory_html(summary: dict[str, Any]) -> str:
         margin = st.get("margin_bytes")
         margin_txt = "" if margin is None else (f" · {margin / GiB:.1f} GiB spare" if margin >= 0
                                                 else f" by {-margin / GiB:.1f} GiB")
-        if st.get("tight"):
-            margin_txt += " (tight)"
-        verdict = (f'<span class="fits{" tight" if st.get("tight") else ""}">fits{margin_txt}</span>' if st["fits"]
+        tight = " tight" if st.get("tight") else ""
+        verdict = (f'<span class="fits{tight}">fits{margin_txt}{" (tight)" if tight else ""}</span>' if st["fits"]
                    else f'<span class="nofit">DOES NOT FIT{margin_txt}</span>')
         inflight = st.get("inflight_microbatches")
         act_note = f" ({inflight} mb)" if inflight is not None else ""

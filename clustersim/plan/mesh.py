@@ -116,6 +116,10 @@ class Mesh:
     def coords(self, rank: int) -> dict[str, int]:
         return {d: (rank // self._strides[d]) % self.size(d) for d in DIMS}
 
+    def coord_array(self, dim: str) -> np.ndarray:
+        """Every rank's index along ``dim``, by rank: ``coords(r)[dim]`` for all ranks at once."""
+        return (np.arange(self.world_size) // self._strides[dim]) % self.size(dim)
+
     def _expert_dp(self, d: int, dim: str) -> range:
         """DP indices of ``d``'s EP group (dim "ep") or expert-DP group (dim "edp")."""
         # the inner sub-dimension is consecutive DP indices, the outer one strided by its size

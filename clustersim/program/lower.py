@@ -217,7 +217,7 @@ class Symmetry:
         """
         m = self.mesh
         r = np.arange(m.world_size)
-        coord = {d: (r // m._strides[d]) % m.size(d) for d in ("tp", "cp", "dp", "pp")}
+        coord = {d: m.coord_array(d) for d in ("tp", "cp", "dp", "pp")}
         by_dp = self.ep_indices(m)
         ep_index = np.array([by_dp[d] for d in range(m.dp)])[coord["dp"]]
         factor = np.array([self.slow.get(int(x), 1.0) for x in r])
@@ -254,7 +254,7 @@ class Symmetry:
         node = rows // self.gpus_per_node
         same = (node[:, :, None] == node[:, None, :]).reshape(-1, self.mesh.pp)  # (chain, own stage) x stage
         pattern = same.astype(np.int64)
-        if self.tiers is not None and self.mesh.pp > 1 and self._stages_share_nodes(rows):
+        if self.tiers is not None and self.mesh.pp > 1 and self._stages_share_nodes():
             ahead = self.tiers(rows[:, :-1].ravel(), rows[:, 1:].ravel()).reshape(len(rows), -1)  # s -> s+1
             wrap = self.tiers(rows[:, -1], rows[:, 0])[:, None] if self.pp_ring else np.full((len(rows), 1), -1)
             ahead = np.hstack([ahead, wrap])  # chain x own stage: to the next stage
@@ -267,14 +267,13 @@ class Symmetry:
         out[rows] = codes
         return out
 
-    def _stages_share_nodes(self, rows: np.ndarray) -> bool:
-        """Whether a node holds ranks of two stages (``rows``: chain x stage). Only then are the
+    def _stages_share_nodes(self) -> bool:
+        """Whether a node holds ranks of two stages. Only then are the
         routes' shapes compared: where stages are whole nodes, a leaf group's edge that cuts a
         stage's replicas unevenly (DGX-A100 SuperPOD's 20-node units under 8-node stages) is
         left to the twins, which cost GPT-3 175B at 1,024 GPUs +1.8 % against every rank and
         the split +1.5 %, at twice the ranks (Megatron-1T: three times)."""
-        stage = np.empty(self.mesh.world_size, dtype=np.int64)
-        stage[rows] = np.arange(self.mesh.pp)
+        stage = self.mesh.coord_array("pp")
         by_node = stage.reshape(-1, self.gpus_per_node) if self.mesh.world_size % self.gpus_per_node == 0 else None
         return by_node is None or bool((by_node != by_node[:, :1]).any())
 
