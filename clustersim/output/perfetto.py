@@ -385,13 +385,12 @@ def _metadata_events(trace: Trace, rows: dict[int, list[str]],
         out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": order}})
         weight = trace.weight.get(rank, 1)
         if weight > 1 or (gpus_of and len(gpus_of) < len(trace.rep)):  # collapsed: every rank says whom
-            gpus_text = f"{weight} GPUs" if weight != 1 else "1 GPU"
+            s = "s" if weight != 1 else ""
             # which GPUs: a twin's row is its simulated rank's (summary.json has every GPU's,
             # simulation.simulated_rank_of_gpu, where the label stops short)
-            which = (f": GPU{'s' if weight != 1 else ''} {gpu_ranges(gpus_of[rank], LABEL_GPUS_CHARS)}"
-                     if gpus_of else "")
+            which = f": GPU{s} {gpu_ranges(gpus_of[rank], LABEL_GPUS_CHARS)}" if gpus_of else ""
             out.append({"name": "process_labels", "ph": "M", "pid": pid,
-                        "args": {"labels": f"stands for {gpus_text}{which}"}})
+                        "args": {"labels": f"stands for {weight} GPU{s}{which}"}})
         elif trace.spans_of and trace.spans_of.get(rank, rank) != rank:  # run --trace-gpus: a twin's row
             out.append({"name": "process_labels", "ph": "M", "pid": pid,
                         "args": {"labels": f"the spans of simulated rank {trace.spans_of[rank]}"}})
