@@ -54,6 +54,28 @@ def test_hierarchical_beats_the_flat_ring_across_nodes_by_the_expected_amount(ro
     assert hier.time_s < ring.time_s
 
 
+def test_a_ring_uneven_over_nodes_crosses_by_the_smaller_side_s_nics(root):
+    """12 GPUs on nodes of 8: 8 + 4. The ring runs 4 channels, each rotated so that it enters
+    and leaves both nodes by GPUs of its own: each of the 4 NICs of the smaller side carries
+    2(n-1)/n * S/4, where one ring carried it all through one NIC (8 times the 16-GPU ring's
+    time, found by a user comparing DP12 with DP16)."""
+    n, g, size = 12, 4, 8 * GiB
+    _, (ring,) = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", n, [size], "ring")
+    assert ring.time_s == pytest.approx(2 * (n - 1) / n * size / g / NIC_Bps, rel=0.01)
+
+
+def test_collective_says_where_it_grew_the_fabric(root):
+    """More GPUs than the topology file's nodes hold: the fabric is grown as a scenario's
+    cluster.nodes grows it, and the table says so."""
+    topo = root / "topologies/dgx-h100.yaml"  # 32 nodes
+    cluster, rows = benchmark(topo, "all_reduce", 264, [GiB])
+    assert format_table(cluster, "all_reduce", 264, rows, "auto", 32).splitlines()[-1] == (
+        "note: the topology file describes 32 nodes; its fabric was grown to 33, as a scenario's cluster.nodes "
+        "grows it")
+    cluster, rows = benchmark(topo, "all_reduce", 256, [GiB])
+    assert not format_table(cluster, "all_reduce", 256, rows, "auto", 32).splitlines()[-1].startswith("note")
+
+
 def test_tree_wins_small_messages_across_many_nodes(root):
     """A ring's latency grows with 2(n-1) hops, a tree's with its depth: at 64 KiB over 8
     nodes the tree is faster, at 1 GiB it is not faster than the ring's bandwidth bound."""

@@ -78,19 +78,22 @@ def ring_channels(group: tuple[int, ...], node_of=None) -> list[tuple[int, ...]]
         channel 0: a0 a1 a2 a3 | b0 b1 b2 b3 |   A leaves via a3, enters via a0
         channel 1: a1 a2 a3 a0 | b1 b2 b3 b0 |   A leaves via a0, enters via a1 ...
 
-    Each channel carries 1/g of the data. One ring when the group lives on one node, or has
-    one member per node, or nodes hold different numbers of members.
+    Each channel carries 1/g of the data. Where nodes hold different numbers of members
+    (a group of 12 over nodes of 8: 8 + 4), g is the fewest a node holds: channel c still
+    enters and leaves every node by GPUs of its own, so the node of 4 sends through 4 NICs
+    and the ring's bandwidth is 4 NICs', not one's (NCCL's ring search likewise finds as many
+    rings as the smaller side has GPUs to cross by). One ring when the group lives on one
+    node, or some node holds one member.
     """
     if node_of is None:
         return [group]
     by_node: dict[int, list[int]] = {}
     for g in group:
         by_node.setdefault(node_of(g), []).append(g)
-    sizes = {len(v) for v in by_node.values()}
-    if len(by_node) == 1 or len(sizes) != 1 or sizes == {1}:
+    channels = min(len(v) for v in by_node.values())
+    if len(by_node) == 1 or channels == 1:
         return [group]
-    per_node = sizes.pop()
-    return [tuple(g for members in by_node.values() for g in members[c:] + members[:c]) for c in range(per_node)]
+    return [tuple(g for members in by_node.values() for g in members[c:] + members[:c]) for c in range(channels)]
 
 
 def expand(op: str, group: tuple[int, ...], size_bytes: float, node_of=None) -> Expansion:
