@@ -333,11 +333,12 @@ def cmd_validate(args) -> int:
 
 
 def cmd_collective(args) -> int:
+    from .hardware.topology import load_topology_cfg
     from .netbench import benchmark, format_table, parse_sizes
 
     sizes = parse_sizes(args.sizes)
     cluster, rows = benchmark(args.topology, args.op, args.gpus, sizes, args.algo)
-    print(format_table(cluster, args.op, args.gpus, rows, args.algo))
+    print(format_table(cluster, args.op, args.gpus, rows, args.algo, load_topology_cfg(Path(args.topology)).nodes))
     return 0
 
 

@@ -110,9 +110,12 @@ def _size_label(b: int) -> str:
     return f"{b} B"
 
 
-def format_table(cluster, op: str, gpus: int, rows: list[Row], asked: str = "auto") -> str:
+def format_table(cluster, op: str, gpus: int, rows: list[Row], asked: str = "auto",
+                 topology_nodes: int | None = None) -> str:
     """The table ``collective`` prints; where ``asked`` (an algorithm named with --algo) cannot
-    run these GPUs, a last line says which one ran instead (a scenario falls back alike)."""
+    run these GPUs, a last line says which one ran instead (a scenario falls back alike); where
+    the GPUs take more nodes than the topology file's own ``topology_nodes``, a line says the
+    fabric was grown to hold them."""
     nodes = math.ceil(gpus / cluster.cfg.node.gpus)
     lines = [f"clustersim collective · {op} over {gpus} GPUs ({nodes} node{'s' if nodes > 1 else ''} of "
              f"{cluster.cfg.name}, {cluster.gpu.name})",
@@ -124,4 +127,7 @@ def format_table(cluster, op: str, gpus: int, rows: list[Row], asked: str = "aut
     if asked != "auto" and ran:
         lines.append(f"note: {asked} cannot run {op} over these {gpus} GPUs; {' and '.join(ran)} ran instead "
                      "(docs/reference.md, simulation.collectives)")
+    if topology_nodes is not None and nodes > topology_nodes:
+        lines.append(f"note: the topology file describes {topology_nodes:,} node{'s' if topology_nodes != 1 else ''}; "
+                     f"its fabric was grown to {nodes:,}, as a scenario's cluster.nodes grows it")
     return "\n".join(lines)

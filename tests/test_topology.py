@@ -319,6 +319,10 @@ def test_gpu_slowdown_is_validated_and_stored():
 @pytest.mark.parametrize("entry, message", [
     ({"remove_switch": "spine99"}, "no switch named 'spine99'"),
     ({"remove_link": "leaf0.0-spine99"}, "no vertex named 'spine99'"),
+    # a misspelt vertex inside a node: the message names node 0's, as the graph spells them
+    ({"link": "n0.gpu0-n0.nvswitch", "bw_factor": 0.5},
+     r"no vertex named 'n0.nvswitch' in this topology \(node 0's: n0.gpu0 \.\.\. n0.gpu7; n0.nvsw; "
+     r"n0.nic0 \.\.\. n0.nic7; switches: "),
     ({"link": "leaf0.0-leaf0.1", "bw_factor": 0.5}, "leaf0.0 and leaf0.1 are not joined by a cable"),
     ({"link": "leaf0.0", "bw_factor": 0.5}, "is not a cable"),
     ({"remove_link": "n0.gpu0-n0.nvsw"}, "is an NVLink cable"),

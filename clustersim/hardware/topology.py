@@ -1160,23 +1160,32 @@ def _cable(cluster: Cluster, spec: str, where: str, key: str) -> tuple[str, str]
     for end in ends:
         if end not in g:
             raise _fail(cfg, where, f"{key} {quoted}: no vertex named {short_repr(end)} in this "
-                                    f"topology{_names_hint(g)}")
+                                    f"topology{_names_hint(g, node=True)}")
     u, v = ends
     if not g.has_edge(u, v):
         raise _fail(cfg, where, f"{key} {quoted}: {u} and {v} are not joined by a cable")
     return u, v
 
 
-def _names_hint(g: nx.DiGraph) -> str:
-    """Examples of switch names, for an error about a misspelt one."""
+def _names_hint(g: nx.DiGraph, node: bool = False) -> str:
+    """Examples of switch names, for an error about a misspelt one; with ``node``, node 0's
+    vertices too (a cable's end is as often a GPU, its NVSwitch or a NIC: ``n0.nvsw``)."""
     first: dict[str, list[str]] = {}
+    inside: dict[str, list[str]] = {}
     for v, k in g.nodes(data="kind"):
         if k in TIERS:
             first.setdefault(k, []).append(v)
-    if not first:
-        return " (it has no network switches)"
-    return " (switches: " + "; ".join(f"{vs[0]} ... {vs[-1]}" if len(vs) > 1 else vs[0]
-                                      for vs in first.values()) + ")"
+        elif node and v.startswith("n0."):
+            inside.setdefault(k, []).append(v)
+
+    def listed(groups: dict[str, list[str]]) -> str:
+        return "; ".join(f"{vs[0]} ... {vs[-1]}" if len(vs) > 1 else vs[0] for vs in groups.values())
+
+    order = {"gpu": 0, "nvswitch": 1, "nic": 2}  # (a GPU's cables first, as they run)
+    inside = dict(sorted(inside.items(), key=lambda kind: order.get(kind[0], 3)))
+    said = [f"node 0's: {listed(inside)}"] if inside else []
+    said.append(f"switches: {listed(first)}" if first else "it has no network switches")
+    return " (" + "; ".join(said) + ")"
 
 
 class _Reach:
