@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import reprlib
@@ -96,7 +97,7 @@ class Strict(pydantic.BaseModel):
         if info.field_name is None:
             return v
         items = v if isinstance(v, list) else [v]  # a list of numbers' items too (layers_per_stage)
-        if any(isinstance(x, bool) for x in items):
+        if any(isinstance(x, (bool, str)) for x in items):
             kinds, seen = set(), [cls.model_fields[info.field_name].annotation]
             while seen:  # the annotation's types, unions and list items unfolded
                 t = seen.pop()
@@ -104,8 +105,14 @@ class Strict(pydantic.BaseModel):
                 seen += args
                 if not args:
                     kinds.add(t)
-            if bool not in kinds and kinds & {int, float}:
+            if bool not in kinds and kinds & {int, float} and any(isinstance(x, bool) for x in items):
                 raise ValueError("a number, not a boolean (yes, no, true and false are booleans in YAML)")
+            # pydantic would read '8' as 8: a number quoted is a slip (a field of numbers only
+            # takes numbers); a word ('four') is left to pydantic's own message
+            if kinds & {int, float} and kinds <= {int, float, type(None)}:
+                quoted = next((x for x in items if isinstance(x, str) and _numeric(x)), None)
+                if quoted is not None:
+                    raise ValueError(f"a number, not a string ({short_repr(quoted)} is quoted)")
         if v is None:
             # ``parallel:`` with nothing under it reads as null in YAML: a section left empty
             # takes its defaults, as one left out does (a field that may be null stays null)
@@ -113,6 +120,14 @@ class Strict(pydantic.BaseModel):
             if not f.is_required() and isinstance(f.annotation, type) and issubclass(f.annotation, pydantic.BaseModel):
                 return {}
         return v
+
+
+def _numeric(text: str) -> bool:
+    """Whether ``text`` reads as a number (``'8'``, ``' 1e3'``; not ``'four'``, ``'nan'``)."""
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _flow_nesting(text: str) -> int:
