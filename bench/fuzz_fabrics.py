@@ -138,7 +138,7 @@ def main() -> int:
                 d["cluster"]["what_if"] = what_if
                 sc = clustersim.load_scenario(d)
         except clustersim.ConfigError as exc:
-            print(f"{label(i, base, topo, parallel, what_if)}: refused ({exc.message[:80]})", flush=True)
+            print(f"{label(i, base, topo, parallel, what_if)}: refused ({exc.message})", flush=True)
             counts["refused"] += 1
             continue
         try:

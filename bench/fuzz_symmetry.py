@@ -220,7 +220,7 @@ def main() -> int:
             if cabled is not d:
                 d, sc = cabled, clustersim.load_scenario(cabled, base_dir=ROOT)
         except clustersim.ConfigError as exc:
-            print(f"{label(i, d)}: refused ({exc.message[:90]})", flush=True)
+            print(f"{label(i, d)}: refused ({exc.message})", flush=True)
             counts["refused"] += 1
             continue
         t = time.perf_counter()

@@ -186,7 +186,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
         "projection": projection(sc, metrics["tokens_per_s"]),
         "plan": {
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm,
-            "cp_load_balance": p.cp_load_balance, "schedule": p.schedule, "vpp": p.vpp, "order": p.order,
+            "cp_load_balance": p.cp_load_balance, "schedule": p.schedule, "vpp": p.vpp,
+            "vpp_group": p.vpp_group, "order": p.order,
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
             "precision": t.precision, "attention": t.attention, "sp": p.sp, "ep": p.ep, "zero": p.zero,
@@ -522,7 +523,7 @@ def shorter_step(sc: Scenario, repeat: bool = True) -> Scenario | None:
     scenario, so that its schedule is the one :func:`lower_step` lowered the step with."""
     p = sc.parallel
     short = cycles.simulated_microbatches(p.schedule, p.pp, sc.microbatches, p.vpp if p.schedule == "interleaved"
-                                          else 1) if repeat else None
+                                          else 1, p.vpp_group) if repeat else None
     if short is None:
         return None
     made = sc.__dict__.get("_shorter_step")
@@ -549,7 +550,7 @@ def _cycle(sc: Scenario, engine: Engine, strace: Trace) -> tuple[SpanBase | None
         return None, None
     p = sc.parallel
     rep = cycles.find_cycle(base, min(first), shorter_step(sc).microbatches, sc.microbatches, engine.record_starts(),
-                            cycles.step_mb(p.schedule, p.pp))
+                            cycles.step_mb(p.schedule, p.pp, p.vpp_group))
     return (None, None) if rep is None else (base, rep)
 
 

@@ -270,9 +270,10 @@ def cmd_schedule(args) -> int:
     if args.schedule == CUSTOM:
         if args.file is None:
             raise ConfigError("--schedule custom needs --file FILE (one row of actions per rank)", source=src)
-        if args.vpp is not None:  # the file gives each rank's stages
-            raise ConfigError("--vpp is used by --schedule interleaved only (schedule is custom: the file gives "
-                              "each rank's stages)", source=src)
+        if args.vpp is not None or args.vpp_group is not None:  # the file gives each rank's stages
+            flag = "--vpp" if args.vpp is not None else "--vpp-group"
+            raise ConfigError(f"{flag} is used by --schedule interleaved only (schedule is custom: the file gives "
+                              "each rank's stages and order)", source=src)
         path = given_file(args.file, what="schedule", source=src, field="--file")
         text = _read_schedule_file(path, src, "--file")  # as a scenario's: UTF-8, at most 2 MiB
         try:
@@ -286,9 +287,13 @@ def cmd_schedule(args) -> int:
             raise ConfigError(f"--schedule {args.schedule} needs --pp and --microbatches", source=src)
         if args.pp < 1 or args.microbatches < 1:
             raise ConfigError("--pp and --microbatches must be >= 1", source=src)
-        if args.vpp is not None and args.schedule != "interleaved":
-            raise ConfigError(f"--vpp is used by --schedule interleaved only (schedule is {args.schedule})", source=src)
+        for flag, given in (("--vpp", args.vpp), ("--vpp-group", args.vpp_group)):
+            if given is not None and args.schedule != "interleaved":
+                raise ConfigError(f"{flag} is used by --schedule interleaved only (schedule is {args.schedule})",
+                                  source=src)
         opts = {"v": args.vpp} if args.vpp is not None and args.schedule == "interleaved" else {}
+        if args.vpp_group is not None:
+            opts["group"] = args.vpp_group
         passes = args.pp * args.microbatches * (args.vpp or 1)
         if passes > MAX_STAGE_PASSES:  # as a scenario's (config): the grid is built whole before it is printed
             raise ConfigError(f"--pp x --microbatches{' x --vpp' if args.vpp else ''} = {passes:,} stage passes; "
@@ -392,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     sch.add_argument("--schedule", choices=SCHEDULE_NAMES,
                      help="the schedule's name (default 1f1b, or custom when --file is given)")
     sch.add_argument("--vpp", type=int, help="interleaved: model chunks (virtual stages) per rank (default 2)")
+    sch.add_argument("--vpp-group", type=int, metavar="G",
+                     help="interleaved: microbatches each chunk runs before the next (default --pp; from --pp to "
+                          "--microbatches, as Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage)")
     sch.add_argument("--file", help="a custom schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
     sch.set_defaults(func=cmd_schedule)
 

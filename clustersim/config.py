@@ -40,6 +40,9 @@ class ParallelCfg(Strict):
     dp: int = pydantic.Field(default=1, ge=1)
     schedule: Literal[SCHEDULE_NAMES] = "1f1b"  # type: ignore[valid-type]  # the schedule layer's names
     vpp: int = pydantic.Field(default=1, ge=1, description="virtual stages (model chunks) per rank, interleaved")
+    vpp_group: int | None = pydantic.Field(
+        default=None, ge=1, description="interleaved: microbatches each chunk runs before the next, default pp "
+        "(Megatron's --microbatch-group-size-per-virtual-pipeline-stage)")
     schedule_file: str | None = pydantic.Field(
         default=None, description="custom schedule, relative to the scenario file (schedule: custom)")
     order: str = pydantic.Field(default="tp-cp-ep-dp-pp", description="rank layout, innermost first")
@@ -237,7 +240,7 @@ class Scenario:
             if self.schedule_text is None:
                 raise ScheduleError("schedule custom needs the text of parallel.schedule_file")
             return build_schedule(CUSTOM, p.pp, self.microbatches, text=self.schedule_text)
-        opts = {"v": p.vpp} if p.schedule == "interleaved" else {}
+        opts = {"v": p.vpp, "group": p.vpp_group} if p.schedule == "interleaved" else {}
         return build_schedule(p.schedule, p.pp, self.microbatches, **opts)
 
     def check_schedule(self) -> None:
@@ -404,12 +407,24 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
         if p.vpp < 2:
             fail("parallel.vpp", f"schedule interleaved needs vpp >= 2 model chunks per rank; got vpp={p.vpp} "
                                  f"(vpp=1 is plain 1f1b)")
-        if m % p.pp:
-            fail("parallel.schedule", f"interleaved needs {m_is} to be a multiple of pp={p.pp} (Megatron-LM "
-                                      f"runs them in groups of pp per chunk)")
+        g = p.pp if p.vpp_group is None else p.vpp_group
+        if p.vpp_group is not None and not p.pp <= g <= m:
+            fail("parallel.vpp_group", f"vpp_group={g} microbatches a chunk runs before the next must be from "
+                                       f"pp={p.pp} to {m_is}")
+        if m < p.pp or 0 < m % g < p.pp:
+            if p.vpp_group is None:
+                fail("parallel.schedule", f"interleaved needs {m_is} to be a multiple of pp={p.pp} (Megatron-LM "
+                                          f"runs them in groups of pp per chunk; with more, parallel.vpp_group "
+                                          f"sets the group, and its last group must hold at least pp)")
+            fail("parallel.vpp_group", f"{m_is} in groups of vpp_group={g} leave a last group of {m % g}, fewer "
+                                       f"than pp={p.pp} (Megatron-LM's order would deadlock); choose a group that "
+                                       f"divides m or leaves at least pp")
     elif p.vpp != 1:
         fail("parallel.vpp", f"vpp={p.vpp} is used by schedule interleaved only (schedule is {p.schedule}); "
                              f"leave it at 1")
+    elif p.vpp_group is not None:
+        fail("parallel.vpp_group", f"vpp_group={p.vpp_group} is used by schedule interleaved only (schedule is "
+                                   f"{p.schedule}); leave it out")
     if p.schedule == "dualpipe":
         if p.pp % 2:
             fail("parallel.schedule", f"dualpipe needs an even pp (two directions meet in the middle); got pp={p.pp}")
@@ -585,7 +600,8 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         topo = load_topology_cfg(topo_path, overrides, build=False)  # what-ifs checked below, merged
     except ConfigError as exc:
         if overrides and (exc.field == "nodes" or _fine_alone(topo_path)):  # the node count is the scenario's
-            raise ConfigError(f"{exc.message} (topology {topo_path}, cluster.nodes={cfg.cluster.nodes})",
+            # (the count cut short, as the message cuts it: 10**400 nodes is one line, not three)
+            raise ConfigError(f"{exc.message} (topology {topo_path}, cluster.nodes={short_repr(cfg.cluster.nodes)})",
                               source=source, field="cluster.nodes") from None
         raise
     own = len(topo.what_if)

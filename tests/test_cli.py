@@ -337,6 +337,19 @@ def test_schedule_custom_refuses_vpp(root):
     one_line_exit_2(r, "error: command line: --vpp is used by --schedule interleaved only (schedule is custom")
 
 
+def test_schedule_prints_interleaved_groups(root):
+    """``schedule --vpp-group``: 6 microbatches on 4 ranks in one group of 6 (each chunk runs
+    all six before the next); the default group of 4 is refused, and so is the flag elsewhere."""
+    r = run_cli("schedule", "--pp", 4, "-m", 6, "--schedule", "interleaved", "--vpp-group", 6)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].split()[3:15] == [f"{s}F{mb}" for s in (0, 4) for mb in range(6)]
+    r = run_cli("schedule", "--pp", 4, "-m", 6, "--schedule", "interleaved")
+    one_line_exit_2(r, "error: command line: --schedule: interleaved: m=6 microbatches in groups of 4 leave a "
+                       "last group of 2, fewer than p=4")
+    r = run_cli("schedule", "--pp", 4, "-m", 6, "--schedule", "1f1b", "--vpp-group", 6)
+    one_line_exit_2(r, "error: command line: --vpp-group is used by --schedule interleaved only (schedule is 1f1b)")
+
+
 def test_collective_sizes_past_1_pib_are_refused(root):
     """``collective``: a size past 1 PiB (a 401-digit one was an OverflowError traceback, and
     99999999999999999999T was taken, rounded through a float) is refused naming --sizes."""

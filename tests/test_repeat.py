@@ -123,7 +123,12 @@ def assert_same_step(whole, copied, links: bool = True) -> None:
     {"simulation": {"network": "ideal"}},
     {"parallel": {"schedule": "interleaved", "vpp": 2}},
     {"parallel": {"schedule": "zb-h1"}},
-], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1"])
+    # groups of 6 over 214 microbatches, which pp=4 does not divide (its last group of 4 kept: 70
+    # simulated); on an ideal network, since on the flow network its pipeline never settles into
+    # a cycle (the sends meet at shifting offsets: the whole step is simulated, as it should be)
+    {"parallel": {"schedule": "interleaved", "vpp": 2, "vpp_group": 6}, "training": {"global_batch_size": 214 * 4},
+     "simulation": {"network": "ideal"}},
+], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1", "interleaved-groups"])
 def test_the_copied_cycle_gives_the_step_simulated_whole(over):
     whole, copied = both(plan(**over))
     assert_same_step(whole, copied, links=over.get("simulation", {}).get("network") != "ideal")
@@ -191,6 +196,8 @@ def test_how_many_microbatches_are_simulated():
     # interleaved: whole groups of pp microbatches (12 and pp), a longer warm-up (3/2 pp vpp)
     assert repeat.simulated_microbatches("interleaved", 4, 512, vpp=2) == 68
     assert repeat.simulated_microbatches("interleaved", 8, 512, vpp=2) == 128  # 24 + 96, steps of 24
+    # groups of 6: steps of 12 keep the last group (514 = 85 x 6 + 4; 70 = 11 x 6 + 4)
+    assert repeat.simulated_microbatches("interleaved", 4, 514, vpp=2, group=6) == 70
     assert repeat.simulated_microbatches("zb-h1", 4, 512) == 56  # as 1F1B
     assert repeat.simulated_microbatches("dualpipe", 4, 512) is None
 

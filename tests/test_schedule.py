@@ -22,6 +22,7 @@ from clustersim.schedule import (
     timeline,
     unit_time_grid,
 )
+from clustersim.schedule.classic import interleaved_table
 
 GOLDEN_1F1B_4x8 = """\
 rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 .   0B5 .   0B6 .   0B7
@@ -295,10 +296,47 @@ def test_dualpipe_follows_the_reference_steps():
 
 
 def test_interleaved_needs_m_multiple_of_p():
-    with pytest.raises(ValueError, match=r"multiple of the pipeline size.*m=6, p=4"):
+    with pytest.raises(ValueError, match=r"m=6 microbatches in groups of 4 leave a last group of 2, fewer than p=4"):
         build_schedule("interleaved", 4, 6, v=2)
+    with pytest.raises(ValueError, match=r"at least as many microbatches as pipeline ranks; got m=3, p=4"):
+        build_schedule("interleaved", 4, 3, v=2)
     with pytest.raises(ValueError, match="v >= 2"):
         build_schedule("interleaved", 4, 8, v=1)
+
+
+def test_interleaved_groups_are_megatrons_schedule_table():
+    """Megatron-LM's ``get_schedule_table``: microbatches in groups of g, each group through
+    every chunk; the examples of its docstrings (g=2, m=4 and g=3, m=5, v=2)."""
+    assert interleaved_table(2, 4, 2, 2) == list(zip([0, 1, 0, 1, 2, 3, 2, 3], [0, 0, 1, 1, 0, 0, 1, 1]))
+    assert interleaved_table(2, 5, 2, 3) == list(zip([0, 1, 2, 0, 1, 2, 3, 4, 3, 4], [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]))
+    # groups of p (the default) are the closed form the schedule used before groups could be set
+    for p, m, v in [(4, 8, 2), (3, 9, 3), (2, 6, 4), (8, 16, 2)]:
+        assert interleaved_table(p, m, v) == [((k // (p * v)) * p + k % p, (k % (p * v)) // p) for k in range(m * v)]
+    # the warm-up counts the group: (p - r - 1) * 2 + (v - 1) * g forwards before the first B
+    p, m, v, g = 4, 10, 2, 5
+    s = build_schedule("interleaved", p, m, v=v, group=g)
+    for r, acts in enumerate(s.actions):
+        assert next(i for i, a in enumerate(acts) if a.kind == "B") == (p - r - 1) * 2 + (v - 1) * g + 1
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_interleaved_groups_run_where_their_last_group_holds_p(p):
+    """Every group from p to m whose last group is whole or holds at least p gives an order
+    that runs (built, dependencies checked: no rank waits on itself); one that leaves fewer than
+    p is refused, since its order deadlocks (a rank's F of the short group waits on a rank that
+    waits on its B)."""
+    for v in (2, 3):
+        for m in range(p, 3 * p + 2):
+            for g in range(p, m + 1):
+                if m % g == 0 or m % g >= p:
+                    s = build_schedule("interleaved", p, m, v=v, group=g)
+                    assert sorted((a.stage, a.mb) for acts in s.actions for a in acts if a.kind == "F") == sorted(
+                        (st, mb) for st in range(p * v) for mb in range(m))
+                else:
+                    with pytest.raises(ValueError, match=f"last group of {m % g}, fewer than p={p}"):
+                        build_schedule("interleaved", p, m, v=v, group=g)
+    with pytest.raises(ValueError, match=f"from p={p} to m={2 * p}"):
+        build_schedule("interleaved", p, 2 * p, v=2, group=p - 1)
 
 
 def test_unit_time_grid_with_durations():

@@ -18,6 +18,7 @@ from clustersim.analysis.memory import PartStatic, inflight_peak
 from clustersim.analysis.metrics import step_metrics
 from clustersim.engine import run_program
 from clustersim.errors import ConfigError
+from clustersim.output.summary import format_summary
 from clustersim.plan.mesh import Mesh
 from clustersim.program.lower import Lowering, Symmetry, lower, run_passes
 from clustersim.program.work import Block, StageWork
@@ -326,6 +327,21 @@ def test_v_shaped_custom_schedule_with_w_passes_the_checks(tmp_path):
     b0 = max(s.end_s for s in r.trace.spans if s.phase == "B" and s.mb == 0 and s.rank == 0 and s.layer == 0)
     assert w3 < b0  # the case the check must allow
 
+def test_interleaved_groups_take_microbatches_pp_does_not_divide():
+    """PP4 x vpp 2 over 6 microbatches, in one group of 6 (Megatron-LM's
+    ``--microbatch-group-size-per-virtual-pipeline-stage 6``): it runs, and its idle time is below 1F1B's on the same 6 microbatches (chunks of
+    half a stage fill the warm-up sooner). The summary and the plan line name the group."""
+    d = scenario_dict(model={"layers": 8}, parallel={"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved", "vpp": 2,
+                                                     "vpp_group": 6}, training={"global_batch_size": 12})
+    d["simulation"] = {"network": "ideal"}
+    grouped = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT)).summary
+    d["parallel"] = {"tp": 2, "pp": 4, "dp": 2, "schedule": "1f1b"}
+    plain = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT)).summary
+    assert grouped["plan"]["vpp_group"] == 6 and grouped["plan"]["microbatches"] == 6
+    assert grouped["bubble_fraction"] < plain["bubble_fraction"]
+    assert "interleaved v2 (groups of 6)" in format_summary(grouped)
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 BAD = [
@@ -334,6 +350,21 @@ BAD = [
     ("interleaved vpp 1", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved"},
                            "training": {"global_batch_size": 16}}, "parallel.vpp", "vpp >= 2"),
     ("vpp without interleaved", {"parallel": {"vpp": 2}}, "parallel.vpp", "interleaved only"),
+    ("interleaved m % pp names the group", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved",
+                                                         "vpp": 2}, "training": {"global_batch_size": 12}},
+     "parallel.schedule", "parallel.vpp_group sets the group"),
+    ("vpp_group short last group", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved", "vpp": 2,
+                                                 "vpp_group": 4}, "training": {"global_batch_size": 20}},
+     "parallel.vpp_group", "m=10 microbatches (global_batch_size / (dp * micro_batch_size)) in groups of "
+     "vpp_group=4 leave a last group of 2, fewer than pp=4"),
+    ("vpp_group below pp", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved", "vpp": 2,
+                                         "vpp_group": 2}, "training": {"global_batch_size": 16}},
+     "parallel.vpp_group", "must be from pp=4 to m=8"),
+    ("vpp_group past m", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved", "vpp": 2,
+                                       "vpp_group": 9}, "training": {"global_batch_size": 16}},
+     "parallel.vpp_group", "must be from pp=4 to m=8"),
+    ("vpp_group without interleaved", {"parallel": {"vpp_group": 2}}, "parallel.vpp_group",
+     "interleaved only (schedule is 1f1b); leave it out"),
     ("too many chunks", {"parallel": {"schedule": "interleaved", "vpp": 4}, "training": {"global_batch_size": 8}},
      "parallel.vpp", "pp*vpp = 2*4 = 8 model chunks"),
     ("dualpipe odd pp", {"parallel": {"tp": 4, "pp": 1, "dp": 4, "schedule": "dualpipe"}}, "parallel.schedule",

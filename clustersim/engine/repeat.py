@@ -49,11 +49,12 @@ ROUNDING = 2.5e-13
 SCHEDULES = ("1f1b", "interleaved", "zb-h1")  # DualPipe: see simulated_microbatches
 
 
-def step_mb(schedule: str, pp: int) -> int:
+def step_mb(schedule: str, pp: int, group: int | None = None) -> int:
     """Microbatches are left out in multiples of this: 12 (a multiple of the cycles 1F1B
-    shows, 1, 2, 4 or 6), and for interleaved 1F1B, which runs microbatches pp at a time and
-    repeats every pp, the least multiple of 12 and pp (so m' stays a multiple of pp too)."""
-    return math.lcm(STEP_MB, pp) if schedule == "interleaved" else STEP_MB
+    shows, 1, 2, 4 or 6), and for interleaved 1F1B, which runs microbatches ``group`` (pp by
+    default) at a time and repeats every group, the least multiple of 12 and the group (so m'
+    keeps m's last group)."""
+    return math.lcm(STEP_MB, pp if group is None else group) if schedule == "interleaved" else STEP_MB
 
 
 def cycles_mb(step: int) -> list[int]:
@@ -76,7 +77,7 @@ class Repeat:
                 "cycle_s": self.period_s, "cut_s": self.cut_s, "cycles_copied": self.copies}
 
 
-def simulated_microbatches(schedule: str, pp: int, m: int, vpp: int = 1) -> int | None:
+def simulated_microbatches(schedule: str, pp: int, m: int, vpp: int = 1, group: int | None = None) -> int | None:
     """How many of a step's ``m`` microbatches to simulate, or None to simulate them all::
 
         m' = m - n * step  >=  3/2 pp vpp + (WINDOWS + 1) * step,   n as large as that allows,
@@ -93,7 +94,7 @@ def simulated_microbatches(schedule: str, pp: int, m: int, vpp: int = 1) -> int 
     half of them; no cycle is found there, so it is not tried."""
     if schedule not in SCHEDULES or pp < 2:
         return None
-    step = step_mb(schedule, pp)
+    step = step_mb(schedule, pp, group)
     floor = (3 * pp * vpp + 1) // 2 + (WINDOWS + 1) * step
     n = (m - floor) // step
     short = m - n * step

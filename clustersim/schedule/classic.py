@@ -53,47 +53,88 @@ def one_f_one_b(p: int, m: int) -> PipelineSchedule:
     return make_schedule("1f1b", rows)
 
 
-def interleaved_warmup(p: int, m: int, v: int, rank: int) -> int:
+def interleaved_warmup(p: int, m: int, v: int, rank: int, group: int | None = None) -> int:
     """Forwards (chunk-microbatches) rank ``rank`` runs before its first backward.
 
     As Megatron-LM's ``forward_backward_pipelining_with_interleaving``: when m == p every
-    forward goes first; otherwise (p - rank - 1) * 2 + (v - 1) * p, capped at m * v. The
-    extra p per extra chunk lets the first microbatch group reach the last chunk before the
-    first backward arrives; the factor 2 staggers ranks by one F and one B each.
+    forward goes first; otherwise (p - rank - 1) * 2 + (v - 1) * g, capped at m * v, g the
+    microbatch group (:func:`interleaved_table`, p by default). The extra g per extra chunk
+    lets the first microbatch group reach the last chunk before the first backward arrives;
+    the factor 2 staggers ranks by one F and one B each.
     """
     total = m * v
-    if m == p:
+    g = p if group is None else group
+    if m == p == g:
         return total
-    return min((p - rank - 1) * 2 + (v - 1) * p, total)
+    return min((p - rank - 1) * 2 + (v - 1) * g, total)
 
 
-def interleaved(p: int, m: int, v: int = 2) -> PipelineSchedule:
-    """Megatron interleaved 1F1B: v chunks per rank, microbatches taken p at a time per chunk.
+def interleaved_group_error(p: int, m: int, group: int | None) -> str | None:
+    """Why microbatch groups of ``group`` (default p) cannot order m microbatches over p ranks,
+    or None: Megatron-LM takes a group from p to m microbatches whose last group is whole or
+    holds at least p (a shorter one would leave a rank waiting on itself: the order deadlocks)."""
+    g = p if group is None else group
+    if m < p:
+        return f"needs at least as many microbatches as pipeline ranks; got m={m}, p={p}"
+    if not p <= g <= m:
+        return f"a microbatch group holds from p={p} to m={m} microbatches; got {g}"
+    if 0 < m % g < p:
+        hint = ("a multiple of p, or a larger group chosen" if group is None
+                else f"a multiple of the group ({g}), or another group chosen")
+        return (f"m={m} microbatches in groups of {g} leave a last group of {m % g}, fewer than p={p} "
+                f"(the order would deadlock); m must be {hint} whose last group holds at least p")
+    return None
 
-    Roughly, for rank r, with iteration k = 0 .. m*v-1 counting chunk-microbatches::
 
-        chunk_F(k) = (k mod p*v) div p            # p microbatches on chunk 0, then chunk 1, ...
-        chunk_B(k) = v - 1 - chunk_F(k)           # backwards start from the last chunk
-        mb(k)      = (k div p*v) * p + k mod p
-        order      = F(0..w-1), then F(w+k) B(k) pairs, then the remaining B's
+def interleaved_table(p: int, m: int, v: int, group: int | None = None) -> list[tuple[int, int]]:
+    """(microbatch, chunk) of each chunk-microbatch k = 0 .. m*v-1, in the order a rank runs
+    them: microbatches in groups of ``group`` (p by default), each group through chunk 0, then
+    chunk 1, ...; the last group holds what is left (Megatron-LM's ``get_schedule_table``, the
+    group its ``microbatch_group_size_per_vp_stage``). group=3, m=5, v=2 (groups 0 1 2 | 3 4,
+    the example of Megatron-LM's docstring)::
+
+        k          0 1 2 3 4 5 6 7 8 9
+        microbatch 0 1 2 0 1 2 3 4 3 4
+        chunk      0 0 0 1 1 1 0 0 1 1
+    """
+    g = p if group is None else group
+    return [(mb, chunk) for first in range(0, m, g) for chunk in range(v) for mb in range(first, min(first + g, m))]
+
+
+def interleaved(p: int, m: int, v: int = 2, group: int | None = None) -> PipelineSchedule:
+    """Megatron interleaved 1F1B: v chunks per rank, microbatches taken p (or ``group``) at a
+    time per chunk.
+
+    For rank r, with k = 0 .. m*v-1 counting chunk-microbatches in the order of
+    :func:`interleaved_table` ((mb, chunk) of k)::
+
+        F(k)   = microbatch mb(k) on chunk chunk(k)          # p microbatches on chunk 0, then chunk 1, ...
+        B(k)   = microbatch mb(k) on chunk v - 1 - chunk(k)  # backwards start from the last chunk
+        order  = F(0..w-1), then F(w+k) B(k) pairs, then the remaining B's
+
+    With m a multiple of p and groups of p, mb(k) = (k div p*v) * p + k mod p and chunk(k) =
+    (k mod p*v) div p. Groups of more than p (Megatron-LM's
+    ``--microbatch-group-size-per-virtual-pipeline-stage``) also take an m that p does not
+    divide, where the last group holds at least p (:func:`interleaved_group_error`).
     """
     _check_pm("interleaved", p, m)
     if v < 2:
         raise ScheduleError(f"interleaved: needs v >= 2 model chunks per rank; got v={v} (v=1 is plain 1f1b)")
-    if m % p:
-        raise ScheduleError(f"interleaved: the number of microbatches must be a multiple of the pipeline size "
-                            f"(Megatron-LM runs them in groups of p per chunk); got m={m}, p={p}")
+    why = interleaved_group_error(p, m, group)
+    if why is not None:
+        raise ScheduleError(f"interleaved: {why}")
     total = m * v
+    table = interleaved_table(p, m, v, group)
 
     def act(rank: int, k: int, kind: str) -> Action:
-        chunk = (k % (p * v)) // p
+        mb, chunk = table[k]
         if kind == "B":
             chunk = v - 1 - chunk
-        return Action(chunk * p + rank, kind, (k // (p * v)) * p + k % p)
+        return Action(chunk * p + rank, kind, mb)
 
     rows = []
     for r in range(p):
-        warm = interleaved_warmup(p, m, v, r)
+        warm = interleaved_warmup(p, m, v, r, group)
         acts = [act(r, k, "F") for k in range(warm)]
         for k in range(total - warm):
             acts += [act(r, warm + k, "F"), act(r, k, "B")]

@@ -3,7 +3,7 @@
     name          rank holds              backward     bubble per rank (F, full B, W)    needs
     gpipe         stage r                 B            (p-1)(F+B)                        -
     1f1b          stage r                 B            (p-1)(F+B)                        -
-    interleaved   stages r, r+p, ...      B            (p-1)(F+B)/v                      m % p == 0, v >= 2
+    interleaved   stages r, r+p, ...      B            (p-1)(F+B)/v                      m % p == 0 (or group), v >= 2
     zb-h1         stage r                 B + W        (p-1)(F+B-2W)                     -
     dualpipe      stages r, 2p-1-r        B + W, F&B   (p/2-1)(F&B+B-3W)                 p even, m even, m >= 2p
     custom        as written              as written   -                                 text=...
@@ -60,12 +60,13 @@ __all__ = [
 def build_schedule(name: str, p: int, m: int, **opts) -> PipelineSchedule:
     """The schedule ``name`` for p pipeline ranks and m microbatches.
 
-    Options: ``interleaved``: ``v`` (model chunks per rank, default 2). ``custom``: ``text``
+    Options: ``interleaved``: ``v`` (model chunks per rank, default 2), ``group`` (microbatches a
+    chunk runs before the next, default p; :func:`.classic.interleaved_table`). ``custom``: ``text``
     (required; one row per rank, see :mod:`.grid`), ``stage_part`` (virtual stage -> model
     part, default stage k computes part k), ``name``. Raises KeyError for an unknown name,
     ScheduleError (a ValueError) for parameters the schedule cannot take.
     """
-    allowed = {"interleaved": {"v"}, CUSTOM: {"text", "stage_part", "name"}}.get(name, set())
+    allowed = {"interleaved": {"v", "group"}, CUSTOM: {"text", "stage_part", "name"}}.get(name, set())
     if name in SCHEDULE_NAMES and set(opts) - allowed:
         extra = ", ".join(sorted(set(opts) - allowed))
         raise ScheduleError(f"{name}: unknown option(s) {extra}; it takes {', '.join(sorted(allowed)) or 'none'}")
