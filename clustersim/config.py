@@ -385,7 +385,8 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
 
     Needs (pipeline_bubbles in shared/reference/published-runs.yaml; the schedule layer checks
     the same and is the fallback):
-        interleaved   vpp >= 2, m % pp == 0              (Megatron-LM runs microbatches p at a time)
+        interleaved   vpp >= 2, m % pp == 0              (Megatron-LM runs microbatches p at a time;
+                      or groups of vpp_group g:          pp <= g <= m, m % g == 0 or m % g >= pp)
         dualpipe      pp even, m even, m >= 2 pp         (the reference DualPipe's asserts)
         custom        schedule_file, and only then
     """
@@ -408,17 +409,20 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
             fail("parallel.vpp", f"schedule interleaved needs vpp >= 2 model chunks per rank; got vpp={p.vpp} "
                                  f"(vpp=1 is plain 1f1b)")
         g = p.pp if p.vpp_group is None else p.vpp_group
+        if m < p.pp:
+            fail("parallel.schedule", f"interleaved needs {m_is} to be at least pp={p.pp} (Megatron-LM runs "
+                                      f"them in groups of at least pp per chunk)")
         if p.vpp_group is not None and not p.pp <= g <= m:
             fail("parallel.vpp_group", f"vpp_group={g} microbatches a chunk runs before the next must be from "
                                        f"pp={p.pp} to {m_is}")
-        if m < p.pp or 0 < m % g < p.pp:
+        if 0 < m % g < p.pp:
             if p.vpp_group is None:
                 fail("parallel.schedule", f"interleaved needs {m_is} to be a multiple of pp={p.pp} (Megatron-LM "
-                                          f"runs them in groups of pp per chunk; with more, parallel.vpp_group "
-                                          f"sets the group, and its last group must hold at least pp)")
+                                          f"runs them in groups of pp per chunk; parallel.vpp_group sets a larger "
+                                          f"group, whose last group must hold at least pp)")
             fail("parallel.vpp_group", f"{m_is} in groups of vpp_group={g} leave a last group of {m % g}, fewer "
-                                       f"than pp={p.pp} (Megatron-LM's order would deadlock); choose a group that "
-                                       f"divides m or leaves at least pp")
+                                       f"than pp={p.pp}, which Megatron-LM refuses (its ranks would wait on each "
+                                       f"other); choose a group that divides m or leaves at least pp")
     elif p.vpp != 1:
         fail("parallel.vpp", f"vpp={p.vpp} is used by schedule interleaved only (schedule is {p.schedule}); "
                              f"leave it at 1")

@@ -9,7 +9,7 @@ import re
 import reprlib
 import stat
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import pydantic
 import yaml
@@ -101,9 +101,14 @@ class Strict(pydantic.BaseModel):
             kinds, seen = set(), [cls.model_fields[info.field_name].annotation]
             while seen:  # the annotation's types, unions and list items unfolded
                 t = seen.pop()
-                args = get_args(t)
-                seen += args
-                if not args:
+                origin, args = get_origin(t), get_args(t)
+                if origin is Annotated:  # a constrained type (PositiveFloat): its type, not its constraints
+                    seen.append(args[0])
+                elif origin is Literal:  # a choice of values (fabric.tiers: 2 or 3): their types
+                    kinds.update(map(type, args))
+                elif args:
+                    seen += args
+                else:
                     kinds.add(t)
             if bool not in kinds and kinds & {int, float} and any(isinstance(x, bool) for x in items):
                 raise ValueError("a number, not a boolean (yes, no, true and false are booleans in YAML)")

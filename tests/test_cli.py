@@ -86,7 +86,7 @@ def test_schedule_grid_of_every_schedule_and_a_custom_file(root):
     assert custom.stdout == run_cli("schedule", "--pp", 4, "-m", 8).stdout
     bad = run_cli("schedule", "--pp", 4, "-m", 6, "--schedule", "interleaved")
     assert bad.returncode == 2 and bad.stderr.startswith("error: command line: --schedule: interleaved: ")
-    assert "m=6, p=4" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert "m=6 microbatches in groups of 4" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     # a grid too large to build is refused at once, as a scenario's is (it ran for minutes)
     big = run_cli("schedule", "--pp", 100_000, "-m", 100_000)
     assert big.returncode == 2 and big.stderr == ("error: command line: --pp x --microbatches = 10,000,000,000 "
@@ -348,6 +348,14 @@ def test_schedule_prints_interleaved_groups(root):
                        "last group of 2, fewer than p=4")
     r = run_cli("schedule", "--pp", 4, "-m", 6, "--schedule", "1f1b", "--vpp-group", 6)
     one_line_exit_2(r, "error: command line: --vpp-group is used by --schedule interleaved only (schedule is 1f1b)")
+
+
+def test_collective_says_where_it_grew_the_fabric_past_the_file(root):
+    """264 GPUs of a 32-node topology file: the command's last line says it grew the fabric."""
+    r = run_cli("collective", "--topology", root / "topologies" / "dgx-h100.yaml", "--gpus", 264, "--sizes", "1M")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == ("note: the topology file describes 32 nodes; its fabric was grown to 33, "
+                                         "as a scenario's cluster.nodes grows it")
 
 
 def test_collective_sizes_past_1_pib_are_refused(root):

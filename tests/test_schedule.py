@@ -323,8 +323,7 @@ def test_interleaved_groups_are_megatrons_schedule_table():
 def test_interleaved_groups_run_where_their_last_group_holds_p(p):
     """Every group from p to m whose last group is whole or holds at least p gives an order
     that runs (built, dependencies checked: no rank waits on itself); one that leaves fewer than
-    p is refused, since its order deadlocks (a rank's F of the short group waits on a rank that
-    waits on its B)."""
+    p is refused, as Megatron-LM refuses it."""
     for v in (2, 3):
         for m in range(p, 3 * p + 2):
             for g in range(p, m + 1):
@@ -337,6 +336,18 @@ def test_interleaved_groups_run_where_their_last_group_holds_p(p):
                         build_schedule("interleaved", p, m, v=v, group=g)
     with pytest.raises(ValueError, match=f"from p={p} to m={2 * p}"):
         build_schedule("interleaved", p, 2 * p, v=2, group=p - 1)
+
+
+def test_a_short_last_group_can_deadlock(monkeypatch):
+    """Why the rule holds: p=4, m=5, v=3 in groups of 4 leaves a last group of 1, and its order,
+    built without the rule, deadlocks (rank 0's F of microbatch 4 on its last chunk waits on
+    rank 3, which waits on rank 0's first B); p=4, m=6, v=2 only leaves ranks idle."""
+    from clustersim.schedule import classic
+
+    monkeypatch.setattr(classic, "interleaved_group_error", lambda p, m, group: None)
+    with pytest.raises(ValueError, match="schedule deadlocks"):
+        build_schedule("interleaved", 4, 5, v=3, group=4)
+    build_schedule("interleaved", 4, 6, v=2, group=4)
 
 
 def test_unit_time_grid_with_durations():

@@ -352,7 +352,7 @@ BAD = [
     ("vpp without interleaved", {"parallel": {"vpp": 2}}, "parallel.vpp", "interleaved only"),
     ("interleaved m % pp names the group", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved",
                                                          "vpp": 2}, "training": {"global_batch_size": 12}},
-     "parallel.schedule", "parallel.vpp_group sets the group"),
+     "parallel.schedule", "parallel.vpp_group sets a larger group"),
     ("vpp_group short last group", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved", "vpp": 2,
                                                  "vpp_group": 4}, "training": {"global_batch_size": 20}},
      "parallel.vpp_group", "m=10 microbatches (global_batch_size / (dp * micro_batch_size)) in groups of "
@@ -363,6 +363,9 @@ BAD = [
     ("vpp_group past m", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved", "vpp": 2,
                                        "vpp_group": 9}, "training": {"global_batch_size": 16}},
      "parallel.vpp_group", "must be from pp=4 to m=8"),
+    ("interleaved m < pp", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "interleaved", "vpp": 2,
+                                         "vpp_group": 4}, "training": {"global_batch_size": 6}},
+     "parallel.schedule", "to be at least pp=4"),
     ("vpp_group without interleaved", {"parallel": {"vpp_group": 2}}, "parallel.vpp_group",
      "interleaved only (schedule is 1f1b); leave it out"),
     ("too many chunks", {"parallel": {"schedule": "interleaved", "vpp": 4}, "training": {"global_batch_size": 8}},

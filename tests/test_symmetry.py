@@ -109,6 +109,10 @@ COLLAPSE = [
     ("recompute-full", 8, {"tp": 4, "pp": 2, "dp": 8, "order": "tp-pp-dp"}, {"training": {"recompute": "full"}}),
     ("recompute-selective", 8, {"tp": 8, "pp": 2, "dp": 4, "sp": True}, {"training": {"recompute": "selective"}}),
     ("256-gpus-1f1b", 32, {"tp": 8, "pp": 4, "dp": 8}, {}),
+    # expert-DP groups 0-11 and 12-23, over 8 + 4 and 4 + 8 GPUs of two nodes: rings of 4
+    # channels, one per GPU of the smaller side
+    ("moe-expert-dp-uneven-over-nodes", 3, {"tp": 1, "pp": 1, "dp": 24, "ep": 2, "order": "tp-cp-dp-ep-pp",
+                                            "zero": 1}, {"moe": True}),
 ]
 
 

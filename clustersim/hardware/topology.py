@@ -1184,7 +1184,8 @@ def _names_hint(g: nx.DiGraph, node: bool = False) -> str:
     order = {"gpu": 0, "nvswitch": 1, "nic": 2}  # (a GPU's cables first, as they run)
     inside = dict(sorted(inside.items(), key=lambda kind: order.get(kind[0], 3)))
     said = [f"node 0's: {listed(inside)}"] if inside else []
-    said.append(f"switches: {listed(first)}" if first else "it has no network switches")
+    said.append(f"switches: {listed(first)}" if first else
+                f"{'the topology' if inside else 'it'} has no network switches")
     return " (" + "; ".join(said) + ")"
 
 

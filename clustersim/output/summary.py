@@ -140,7 +140,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"clustersim · {printable(s['scenario'])}",
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})",
-        f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + f" · {p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "") + (f" (groups of {p['vpp_group']})" if p.get("vpp_group") else "") + " · "
+        f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + f" · {p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "") + (f" (groups of {p['vpp_group']})" if p.get("vpp_group") not in (None, p["pp"]) else "") + " · "
         f"{p['microbatches']} microbatch{'es' if p['microbatches'] != 1 else ''} x {p['micro_batch_size']} x "
         f"{s['model']['seq_len']} tokens",
         # a plan that does not fit could not run: said where the eye goes first, not only below

@@ -72,7 +72,9 @@ def interleaved_warmup(p: int, m: int, v: int, rank: int, group: int | None = No
 def interleaved_group_error(p: int, m: int, group: int | None) -> str | None:
     """Why microbatch groups of ``group`` (default p) cannot order m microbatches over p ranks,
     or None: Megatron-LM takes a group from p to m microbatches whose last group is whole or
-    holds at least p (a shorter one would leave a rank waiting on itself: the order deadlocks)."""
+    holds at least p. It refuses a shorter last group: its microbatches reach the next chunk
+    before the pipeline has passed them on, so ranks wait on each other (idle time, and for some
+    m and v, such as p=4, m=5, v=3, a deadlock)."""
     g = p if group is None else group
     if m < p:
         return f"needs at least as many microbatches as pipeline ranks; got m={m}, p={p}"
@@ -81,8 +83,9 @@ def interleaved_group_error(p: int, m: int, group: int | None) -> str | None:
     if 0 < m % g < p:
         hint = ("a multiple of p, or a larger group chosen" if group is None
                 else f"a multiple of the group ({g}), or another group chosen")
-        return (f"m={m} microbatches in groups of {g} leave a last group of {m % g}, fewer than p={p} "
-                f"(the order would deadlock); m must be {hint} whose last group holds at least p")
+        return (f"m={m} microbatches in groups of {g} leave a last group of {m % g}, fewer than p={p}, which "
+                f"Megatron-LM refuses (its ranks would wait on each other); m must be {hint} whose last group "
+                f"holds at least p")
     return None
 
 
