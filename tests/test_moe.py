@@ -45,6 +45,34 @@ def test_all_to_all_bytes_per_step(root):
     assert r.summary["exposed_comm_s"]["ep"] > 0
 
 
+def test_sequence_parallel_dispatches_each_tp_rank_s_own_tokens(root):
+    """TP2 with SP (Megatron-LM requires SP of MoE with TP): each TP rank dispatches its s/t
+    tokens, so the all-to-all carries half of what it carries without SP; the TP group then
+    gathers the dispatched tokens before the experts and reduce-scatters their output before
+    the combine, the whole k * s hidden vectors each, once per direction and pass (Megatron-LM's
+    all-to-all dispatcher, expert-tensor-parallel = tp). Less crosses the network: the EP time
+    falls."""
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4}, model=MOE,
+                      parallel={"tp": 2, "pp": 1, "dp": 16, "ep": 8}, training={"global_batch_size": 32})
+    runs = {}
+    for sp in (True, False):
+        d["parallel"]["sp"] = sp
+        runs[sp] = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+    sc = runs[True].scenario
+    m = sc.model
+    whole = sc.training.micro_batch_size * m.seq_len * m.moe.top_k * m.moe.capacity_factor * m.hidden * 2
+    moe_layers = sum(1 for ly in range(m.layers) if m.is_moe_layer(ly))
+    for sp, r in runs.items():
+        spans = [s for s in r.trace.spans if s.rank == 0]
+        a2a = [s for s in spans if s.op == "all_to_all"]
+        assert len(a2a) == 4 * moe_layers * sc.microbatches
+        assert all(s.size_bytes == pytest.approx(whole / 2 if sp else whole) for s in a2a)
+        regroup = [s for s in spans if s.name.endswith(("AG experts in", "RS experts out"))]
+        assert len(regroup) == (4 * moe_layers * sc.microbatches if sp else 0)
+        assert all(s.size_bytes == pytest.approx(whole) and s.kind == "tp" for s in regroup)
+    assert runs[True].summary["exposed_comm_s"]["ep"] < 0.75 * runs[False].summary["exposed_comm_s"]["ep"]
+
+
 def test_expert_gradients_reduce_over_the_expert_dp_group(root):
     r = moe_run(root, ep=4)
     expert = [s for s in r.trace.spans if "expert grads" in s.name]

@@ -730,7 +730,7 @@ def _block_plan(low: Lowering, r: int, kind: str, blocks) -> list[tuple]:
     if plan is None:
         def specs(comms, name) -> tuple:
             return tuple(_comm_spec(low, c.dim, low.group_of(r, c.dim), c.size_bytes, c.op, None,
-                                    f"{kind} {COMM_SHORT[c.op]} {name}", None, c.load) for c in comms)
+                                    f"{kind} {COMM_SHORT[c.op]} {c.label or name}", None, c.load) for c in comms)
         # what runs beside a weight gradient (work.tp_overlapped_backward) reduces the input
         # gradient, the dgrad, before it: named for that ("B AR attn dgrad"), not the wgrad
         plan = low.block_plans[key] = [(blk, f"{kind} {blk.name}", specs(blk.pre, blk.name),

@@ -54,6 +54,7 @@ class CommItem:
     size_bytes: float  # whole tensor (each rank holds size/n of it for RS output and AG input)
     dim: str = "tp"
     load: tuple = ()  # skewed all-to-all: (by source?, factor per group position); see tasks.Comm
+    label: str = ""  # its span's name after the op, where not its block's ("AG experts in")
 
 
 @dataclass(frozen=True)
@@ -468,12 +469,18 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
 class MoeBlocks:
     """The blocks replacing a dense MLP in a MoE layer (Megatron-style, experts TP-split)::
 
-        forward   AG[router]A2A ─ [experts + shared]A2A RS        (SP; AR after without SP)
-        backward  AG A2A[experts + shared]A2A ─ [router]RS
+        forward   AG[router]A2A AG ─ [experts + shared]RS A2A RS        (SP)
+        backward  AG A2A AG[experts + shared]RS A2A ─ [router]RS
+        forward   [router]A2A ─ [experts + shared]A2A AR                (no SP)
 
     The dispatch all-to-all runs in the EP group (``ep`` DP ranks, same TP and CP index)
     and carries tokens * top_k * capacity hidden vectors; the combine brings them back.
-    Routed-expert parameters (E/ep experts per rank) reduce over the expert-DP group.
+    Under SP (which Megatron-LM requires of MoE with TP > 1) each TP rank dispatches its own
+    s/t tokens, and the experts' TP group then gathers what the dispatch brought (``AG experts
+    in``) and reduce-scatters their output before the combine (``RS experts out``), as
+    Megatron-LM's all-to-all dispatcher does with expert-tensor-parallel = tp; without SP every
+    TP rank holds every token and dispatches it. Routed-expert parameters (E/ep experts per
+    rank) reduce over the expert-DP group.
 
     With a skewed load (``ep_load``), rank ``ep_rank``'s routed experts compute its share, and
     the all-to-alls that carry tokens *to* the experts (forward dispatch, backward gradient of
@@ -496,10 +503,16 @@ class MoeBlocks:
         def a2a(by_src: bool) -> tuple:
             if ep == 1:
                 return ()
-            return (CommItem("all_to_all", moe.dispatch_bytes(e, tokens, h), dim="ep",
+            return (CommItem("all_to_all", moe.dispatch_bytes(e, rep_tok, h), dim="ep",
                              load=(by_src, skew) if skew else ()),)
 
-        to_experts, from_experts = a2a(False), a2a(True)
+        # under SP the tokens an EP rank's experts take (its load's share of every TP rank's)
+        # are gathered over TP before them and their output reduce-scattered after
+        regroup = sp and t > 1 and ep > 1
+        gathered = moe.dispatch_bytes(e, tokens, h) * (skew[ep_rank] if skew else 1.0)
+        gather = (CommItem("all_gather", gathered, label="experts in"),) if regroup else ()
+        scatter = (CommItem("reduce_scatter", gathered, label="experts out"),) if regroup else ()
+        to_experts, from_experts = a2a(False) + gather, scatter + a2a(True)
         router = [tf._elementwise("norm2", rep_tok * h, 2)] + moe.router_fwd(e, tokens, h, t)
         experts = moe.routed_experts_fwd(e, tokens, h, t, skew[ep_rank] if skew else 1.0) \
             + moe.shared_experts_fwd(e, tokens, h, t) + [tf._elementwise("residual2", rep_tok * h, 3)]
