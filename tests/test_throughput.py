@@ -182,6 +182,22 @@ def test_fp8_divides_by_the_fp8_peak(root):
     assert sm["mfu"] == pytest.approx(sm["model_flops_per_step"] / (sm["step_time_s"] * H100_FP8), rel=EXACT)
 
 
+def test_fp8_runs_the_linear_layers_in_fp8_and_attention_head_and_router_in_bf16():
+    """Transformer Engine's FP8 casts its Linear layers' GEMMs (QKV, projections, MLP, experts);
+    core attention (fp8_dpa off by default), Megatron-LM's output layer and the MoE router stay
+    BF16: at H100's peaks (1979 against 989 TFLOP/s) a projection takes half the time, the others
+    the same."""
+    from clustersim.hardware import lookup_gpu
+    from clustersim.model.transformer import Op
+    from clustersim.program.costs import op_time_s
+
+    gpu = lookup_gpu("H100")
+    for name, ratio in (("qkv", 989 / 1979), ("down", 989 / 1979), ("core_attn", 1.0), ("lm_head", 1.0),
+                        ("router", 1.0)):
+        op = Op(name, 1e12, 0.0)
+        assert op_time_s(op, gpu, "fp8") == pytest.approx(ratio * op_time_s(op, gpu, "bf16"), rel=EXACT), name
+
+
 # ---------------------------------------------------------------- mixture of experts
 MOE = {"experts": 16, "top_k": 2, "expert_ffn": 1024, "shared_experts": 1, "dense_layers_first": 1}
 

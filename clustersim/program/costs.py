@@ -18,8 +18,18 @@ ADAM_STATE_BYTES_READ = 4 + 4 + 4
 ADAM_BYTES_PER_PARAM_WRITE = 4 + 4 + 4 + 2
 
 
+# Ops that FP8 training still runs in 16-bit: Transformer Engine casts the GEMMs of its Linear
+# layers (QKV, out projection, MLP, experts) to FP8, but leaves dot-product attention in BF16
+# unless asked (its fp8_dpa is off by default), and Megatron-LM's output layer (the LM head)
+# and MoE router are not Transformer Engine layers
+BF16_UNDER_FP8 = frozenset({"core_attn", "lm_head", "router"})
+
+
 def op_time_s(op: Op, gpu: GpuSpec, precision: str) -> float:
-    """Roofline time of one op."""
+    """Roofline time of one op (under ``fp8``, the ops of :data:`BF16_UNDER_FP8` at the bf16
+    peak)."""
+    if precision == "fp8" and op.name in BF16_UNDER_FP8:
+        precision = "bf16"
     compute = op.flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency)
     memory = op.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
     return max(compute, memory)
