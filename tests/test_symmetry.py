@@ -113,10 +113,6 @@ COLLAPSE = [
     ("recompute-full", 8, {"tp": 4, "pp": 2, "dp": 8, "order": "tp-pp-dp"}, {"training": {"recompute": "full"}}),
     ("recompute-selective", 8, {"tp": 8, "pp": 2, "dp": 4, "sp": True}, {"training": {"recompute": "selective"}}),
     ("256-gpus-1f1b", 32, {"tp": 8, "pp": 4, "dp": 8}, {}),
-    # expert-DP groups 0-11 and 12-23, over 8 + 4 and 4 + 8 GPUs of two nodes: rings of 4
-    # channels, one per GPU of the smaller side
-    ("moe-expert-dp-uneven-over-nodes", 3, {"tp": 1, "pp": 1, "dp": 24, "ep": 2, "order": "tp-cp-dp-ep-pp",
-                                            "zero": 1}, {"moe": True}),
 ]
 
 
@@ -129,6 +125,23 @@ def test_collapsed_equals_all_ranks(nodes, parallel, opts):
     assert rep["simulation"]["simulated_ranks"] == mesh.pp * per_stage
     assert full["simulation"]["simulated_ranks"] == mesh.world_size
     _assert_same(rep, full)
+
+
+@pytest.mark.parametrize("ep, zero, ranks", [(2, 1, 2), (4, 0, 9), (4, 3, 9)])
+def test_groups_laid_out_differently_over_nodes_split_the_classes(ep, zero, ranks):
+    """24 GPUs on 3 nodes, DP24 with EP outermost: the expert-DP groups are consecutive ranks,
+    laid out differently over the nodes (EP2: 8 + 4 and 4 + 8 GPUs; EP4: groups of 6 inside a
+    node, over 2 + 4 and over 4 + 2), so their rings run different channels (one per GPU of the
+    smaller side). As twins of one class the others ran the first's ring mapped onto their
+    members, 58 % above rank by rank (EP4, ZeRO-3); split by layout, the step is exact and the
+    exposed times within 0.1 % (ZeRO-3's gathers: 2.5e-5)."""
+    sc = _scenario(3, {"tp": 1, "pp": 1, "dp": 24, "ep": ep, "order": "tp-cp-dp-ep-pp", "zero": zero}, moe=True)
+    assert lower(sc)[1].sym._group_shapes is not None
+    rep, full = _both(sc)
+    assert rep["simulation"]["simulated_ranks"] == ranks
+    _assert_same_step(rep, full, 1e-3)
+    # groups of one layout keep one class per stage
+    assert Symmetry(Mesh(tp=2, dp=4, pp=2), True, gpus_per_node=8)._group_shapes is None
 
 
 def test_collapse_where_twins_traffic_is_unseen_is_close():

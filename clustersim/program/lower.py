@@ -69,6 +69,21 @@ def refine_classes(mesh: Mesh, start) -> np.ndarray:
         n = int(cls.max()) + 1
 
 
+def _first_alike(a: np.ndarray) -> np.ndarray:
+    """Per row of ``a``, each entry replaced by the position of the first entry equal to it
+    (``[7 7 3 3 3 7]`` -> ``[0 0 2 2 2 0]``): the row's pattern of equal values, whatever they
+    are."""
+    n = a.shape[1]
+    order = np.argsort(a, axis=1, kind="stable")  # equal values keep their order: the first comes first
+    s = np.take_along_axis(a, order, axis=1)
+    starts = np.ones(s.shape, dtype=bool)
+    starts[:, 1:] = s[:, 1:] != s[:, :-1]
+    run_start = np.maximum.accumulate(np.where(starts, np.arange(n)[None, :], 0), axis=1)
+    out = np.empty_like(a)
+    np.put_along_axis(out, order, np.take_along_axis(order, run_start, axis=1), axis=1)
+    return out
+
+
 def _row_ids(a: np.ndarray) -> np.ndarray:
     """Per row of ``a`` (non-negative integers), an index shared by equal rows only: the
     columns folded in one by one, renumbered after each (so the codes stay below
@@ -156,7 +171,7 @@ class Symmetry:
         stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
-        elif stragglers or self._chain_places is not None:
+        elif stragglers or self._chain_places is not None or self._group_shapes is not None:
             self.rep = self._split_classes(stragglers)
         elif self.ep_distinct:  # one class per (stage, [CP index,] index in the EP group)
             ep_index = self.ep_indices(m)
@@ -225,9 +240,9 @@ class Symmetry:
         for x in self.faulty:
             if 0 <= x < m.world_size:
                 alone[x] = x + 1  # a faulty rank's links are its own: it is a class of its own
-        places = self._chain_places
+        places, shapes = self._chain_places, self._group_shapes
         start = np.stack([coord["pp"], 0 * r if places is None else places, coord["cp"] if self.cp_distinct else 0 * r,
-                          ep_index if self.ep_distinct else 0 * r,
+                          ep_index if self.ep_distinct else 0 * r, 0 * r if shapes is None else shapes,
                           unique_inverse(factor), alone], axis=1)
         cls = refine_classes(m, start)
         first = np.full(int(cls.max()) + 1, m.world_size)
@@ -266,6 +281,33 @@ class Symmetry:
         out = np.empty(self.mesh.world_size, dtype=np.int64)
         out[rows] = codes
         return out
+
+    @cached_property
+    def _group_shapes(self) -> np.ndarray | None:
+        """Per rank, a code for how its TP, CP, EP and gradient groups lie over nodes (which
+        positions of each group share a node: equal codes, equal layouts), or None where every
+        group of a kind has one layout. Groups of one kind laid out differently run different
+        flows: an expert-DP group of 6 inside a node rings over NVLink, one over 2 + 4 GPUs of
+        two nodes crosses by 2 NICs; as twins the second ran as the first's ring mapped onto
+        its members (one channel), collapsed 58 % above rank by rank::
+
+            group (ranks)      nodes          layout (each member's first node-mate's position)
+            0 1 2 3 4 5        0 0 0 0 0 0    0 0 0 0 0 0
+            6 7 8 9 10 11      0 0 1 1 1 1    0 0 2 2 2 2
+        """
+        if not self.gpus_per_node:
+            return None
+        codes, any_apart = [], False
+        for dim in REFINE_DIMS[:-1]:  # pp: _chain_places
+            rows = self.mesh.group_rows(dim)
+            if rows.shape[1] < 2:
+                continue
+            layout = _first_alike(rows // self.gpus_per_node)
+            code = np.empty(self.mesh.world_size, dtype=np.int64)
+            code[rows] = _row_ids(layout)[:, None]
+            any_apart |= bool((code != code[0]).any())
+            codes.append(code)
+        return _row_ids(np.stack(codes, axis=1)) if any_apart else None
 
     def _stages_share_nodes(self) -> bool:
         """Whether a node holds ranks of two stages. Only then are the
