@@ -71,6 +71,15 @@ def test_sequence_parallel_dispatches_each_tp_rank_s_own_tokens(root):
         assert len(regroup) == (4 * moe_layers * sc.microbatches if sp else 0)
         assert all(s.size_bytes == pytest.approx(whole) and s.kind == "tp" for s in regroup)
     assert runs[True].summary["exposed_comm_s"]["ep"] < 0.75 * runs[False].summary["exposed_comm_s"]["ep"]
+    # the router routes the rank's own tokens and the combine returns them sequence-sharded: only
+    # a shared expert gathers its input and reduce-scatters its output (MOE has one)
+    d["parallel"]["sp"] = True
+    d["model"] = {**d["model"], "moe": {**MOE["moe"], "shared_experts": 0}}
+    alone = clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+    for r, gathers in ((runs[True], True), (alone, False)):
+        names = {s.name for s in r.trace.spans if s.layer >= 1}  # (layer 0 is dense)
+        assert {"F AG router", "F RS experts", "B AG experts", "B RS router"} <= names if gathers else \
+            not names & {"F AG router", "F RS experts", "B AG experts", "B RS router"}
 
 
 def test_expert_gradients_reduce_over_the_expert_dp_group(root):

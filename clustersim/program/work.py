@@ -469,8 +469,9 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
 class MoeBlocks:
     """The blocks replacing a dense MLP in a MoE layer (Megatron-style, experts TP-split)::
 
-        forward   AG[router]A2A AG ─ [experts + shared]RS A2A RS        (SP)
+        forward   AG[router]A2A AG ─ [experts + shared]RS A2A RS        (SP, EP, shared experts)
         backward  AG A2A AG[experts + shared]RS A2A ─ [router]RS
+        forward   [router]A2A AG ─ [experts]RS A2A                      (SP, EP, no shared expert)
         forward   [router]A2A ─ [experts + shared]A2A AR                (no SP)
 
     The dispatch all-to-all runs in the EP group (``ep`` DP ranks, same TP and CP index)
@@ -478,8 +479,10 @@ class MoeBlocks:
     Under SP (which Megatron-LM requires of MoE with TP > 1) each TP rank dispatches its own
     s/t tokens, and the experts' TP group then gathers what the dispatch brought (``AG experts
     in``) and reduce-scatters their output before the combine (``RS experts out``), as
-    Megatron-LM's all-to-all dispatcher does with expert-tensor-parallel = tp; without SP every
-    TP rank holds every token and dispatches it. Routed-expert parameters (E/ep experts per
+    Megatron-LM's all-to-all dispatcher does with expert-tensor-parallel = tp: the router routes
+    the rank's own tokens and the combine returns them sequence-sharded, so only shared experts
+    gather their input and reduce-scatter their output, as a dense MLP under SP does. Without SP
+    every TP rank holds every token and dispatches it. Routed-expert parameters (E/ep experts per
     rank) reduce over the expert-DP group.
 
     With a skewed load (``ep_load``), rank ``ep_rank``'s routed experts compute its share, and
@@ -507,13 +510,17 @@ class MoeBlocks:
                              load=(by_src, skew) if skew else ()),)
 
         # under SP the tokens an EP rank's experts take (its load's share of every TP rank's)
-        # are gathered over TP before them and their output reduce-scattered after
+        # are gathered over TP before them and their output reduce-scattered after; the router
+        # routes the rank's own s/t tokens, and without shared experts nothing else gathers
         regroup = sp and t > 1 and ep > 1
+        if regroup and e.shared_experts == 0:
+            f_pre = f_post = b_pre = b_post = ()
         gathered = moe.dispatch_bytes(e, tokens, h) * (skew[ep_rank] if skew else 1.0)
         gather = (CommItem("all_gather", gathered, label="experts in"),) if regroup else ()
         scatter = (CommItem("reduce_scatter", gathered, label="experts out"),) if regroup else ()
         to_experts, from_experts = a2a(False) + gather, scatter + a2a(True)
-        router = [tf._elementwise("norm2", rep_tok * h, 2)] + moe.router_fwd(e, tokens, h, t)
+        router = [tf._elementwise("norm2", rep_tok * h, 2)] + (
+            moe.router_fwd(e, rep_tok, h) if regroup else moe.router_fwd(e, tokens, h, t))
         experts = moe.routed_experts_fwd(e, tokens, h, t, skew[ep_rank] if skew else 1.0) \
             + moe.shared_experts_fwd(e, tokens, h, t) + [tf._elementwise("residual2", rep_tok * h, 3)]
         router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
