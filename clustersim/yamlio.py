@@ -118,6 +118,10 @@ class Strict(pydantic.BaseModel):
                 quoted = next((x for x in items if isinstance(x, str) and _numeric(x)), None)
                 if quoted is not None:
                     raise ValueError(f"a number, not a string ({short_repr(quoted)} is quoted)")
+            # pydantic would read 'false', 'off' or '0' as False: a switch takes true or false
+            if bool in kinds and kinds <= {bool, type(None)} and any(isinstance(x, str) for x in items):
+                quoted = next(x for x in items if isinstance(x, str))
+                raise ValueError(f"true or false, not a string ({short_repr(quoted)})")
         if v is None:
             # ``parallel:`` with nothing under it reads as null in YAML: a section left empty
             # takes its defaults, as one left out does (a field that may be null stays null)
@@ -191,9 +195,21 @@ def _duplicate_key(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
     return None if found is None else (found[1], found[0], found[2])
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading exponent numbers as YAML 1.2 and JSON do: PyYAML follows
+    YAML 1.1, whose floats need a dot and a signed exponent, so ``4e7``, ``15e-1`` and
+    ``1.5e3`` came back as strings (and were then refused as quoted numbers)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def _load_unique(text: str, source: str) -> Any:
-    """``yaml.safe_load(text)``, refusing a key given twice in one mapping (ConfigError)."""
-    loader = yaml.SafeLoader(text)
+    """``yaml.safe_load(text)`` (exponent numbers read as YAML 1.2 reads them: :class:`_Loader`),
+    refusing a key given twice in one mapping (ConfigError)."""
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         dup = _duplicate_key(node, loader)

@@ -46,3 +46,30 @@ def test_keys_merged_in_with_yaml_merge_keys_may_be_overridden(tmp_path):
     path.write_text("m:\n  1: a\n  0x1: b\n")
     with pytest.raises(ConfigError, match=r"m\.0x1: key given twice \(line 3, first on line 2\)"):
         read_yaml(path, what="scenario")
+
+
+def test_exponent_numbers_are_numbers_as_yaml_1_2_reads_them(tmp_path):
+    """PyYAML (YAML 1.1) reads ``4e7`` and ``15e-1`` as strings, which the check of quoted
+    numbers then refused as quoted (a user's ``slowdown: 15e-1`` ran before it): they load as
+    the numbers they are, in scenario and topology files alike, while a quoted ``'4e7'`` stays
+    a string and is refused."""
+    import clustersim
+    from clustersim.yamlio import _load_unique
+
+    assert _load_unique("a: 4e7\nb: 1.5e3\nc: .5E-2\nd: '4e7'\ne: 42\nf: e7\ng: -3e2\n", "t") == {
+        "a": 4e7, "b": 1500.0, "c": 0.005, "d": "4e7", "e": 42, "f": "e7", "g": -300.0}
+    root = Path(__file__).resolve().parents[1]
+    topo = (root / "topologies" / "dgx-h100.yaml").read_text().replace("latency_us: 0.6", "latency_us: 6e-1")
+    assert "6e-1" in topo
+    (tmp_path / "t.yaml").write_text(topo)
+    scenario = (tmp_path / "s.yaml")
+    scenario.write_text("name: x\ncluster: {topology: t.yaml, nodes: 2, what_if: [{gpu: 0, slowdown: 15e-1}]}\n"
+                        "model: {name: m, layers: 4, hidden: 1024, heads: 16, vocab: 32000, seq_len: 1024}\n"
+                        "parallel: {tp: 8, dp: 2}\n"
+                        "training: {micro_batch_size: 1, global_batch_size: 2, dp_bucket_params: 4e7}\n")
+    sc = clustersim.load_scenario(scenario)
+    assert sc.training.dp_bucket_params == 40_000_000 and sc.topology.fabric.latency_us == 0.6
+    assert sc.topology.what_if[0].slowdown == 1.5
+    scenario.write_text(scenario.read_text().replace("dp_bucket_params: 4e7", "dp_bucket_params: '4e7'"))
+    with pytest.raises(ConfigError, match=r"training.dp_bucket_params: a number, not a string \('4e7' is quoted\)"):
+        clustersim.load_scenario(scenario)

@@ -18,6 +18,7 @@ from clustersim.analysis.memory import PartStatic, inflight_peak
 from clustersim.analysis.metrics import step_metrics
 from clustersim.engine import run_program
 from clustersim.errors import ConfigError
+from clustersim.output.report import header_html
 from clustersim.output.summary import format_summary
 from clustersim.plan.mesh import Mesh
 from clustersim.program.lower import Lowering, Symmetry, lower, run_passes
@@ -340,6 +341,7 @@ def test_interleaved_groups_take_microbatches_pp_does_not_divide():
     assert grouped["plan"]["vpp_group"] == 6 and grouped["plan"]["microbatches"] == 6
     assert grouped["bubble_fraction"] < plain["bubble_fraction"]
     assert "interleaved v2 (groups of 6)" in format_summary(grouped)
+    assert "interleaved v2 (groups of 6) · 6 microbatches" in header_html(grouped)  # the report's plan line
 
 
 # --- bad input ------------------------------------------------------------------------------

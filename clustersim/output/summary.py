@@ -59,6 +59,13 @@ def plan_options(p: dict[str, Any]) -> str:
             + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""))
 
 
+def schedule_label(p: dict[str, Any]) -> str:
+    """The schedule as the plan lines name it: ``interleaved v2``, with its microbatch group
+    where it is not pp (``interleaved v2 (groups of 6)``)."""
+    return (f"{p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "")
+            + (f" (groups of {p['vpp_group']})" if p.get("vpp_group") not in (None, p.get("pp")) else ""))
+
+
 def _projection_line(pj: dict[str, Any] | None) -> list[str]:
     if not pj:
         return []
@@ -140,7 +147,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"clustersim · {printable(s['scenario'])}",
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})",
-        f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + f" · {p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "") + (f" (groups of {p['vpp_group']})" if p.get("vpp_group") not in (None, p["pp"]) else "") + " · "
+        f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + f" · {schedule_label(p)} · "
         f"{p['microbatches']} microbatch{'es' if p['microbatches'] != 1 else ''} x {p['micro_batch_size']} x "
         f"{s['model']['seq_len']} tokens",
         # a plan that does not fit could not run: said where the eye goes first, not only below
