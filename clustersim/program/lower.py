@@ -117,7 +117,8 @@ class Symmetry:
     - Collapsed, where a stage straddles nodes (``gpus_per_node``): its ranks whose pipeline
       neighbours share their node send over NVLink, the others over the network, so the
       classes start apart by which chain members share each rank's node and are refined as
-      around stragglers (:attr:`_chain_places`).
+      around stragglers (:attr:`_chain_places`); so do ranks whose TP, CP, EP or gradient
+      groups lie differently over nodes, which run different flows (:attr:`_group_shapes`).
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the class keeps the index in the EP group too: one class
       per (stage, [CP index,] EP index), TP and DP twins collapsed as before.
