@@ -260,9 +260,10 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     queries x s keys, only arises without flash attention, which CP does not use).
 
     A MoE layer keeps its experts' intermediates (sharded over t, as the dense MLP's) and the
-    hidden states dispatched to its experts, ``2 s b k cap h``: whole on every TP rank, as
-    the dispatch all-to-all carries them (``moe.dispatch_bytes``: each TP rank sends every
-    token; the experts' first GEMM is column-parallel, its input replicated)::
+    hidden states dispatched to its experts, ``2 s b k cap h``: whole on every TP rank (the
+    dispatch all-to-all brings them, and under SP with EP the TP group all-gathers them:
+    program/work.py ``MoeBlocks``; the experts' first GEMM is column-parallel, its input
+    replicated)::
 
         MoE layer, tp 2:  replicated terms + dispatched 2sbk.cap.h + (QKV + context + experts)/2
     """
