@@ -385,7 +385,7 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
 
     Needs (pipeline_bubbles in shared/reference/published-runs.yaml; the schedule layer checks
     the same and is the fallback):
-        interleaved   vpp >= 2, m % pp == 0              (Megatron-LM runs microbatches p at a time;
+        interleaved   vpp >= 2, pp >= 2, m % pp == 0     (Megatron-LM runs microbatches p at a time;
                       or groups of vpp_group g:          pp <= g <= m, m % g == 0 or m % g >= pp)
         dualpipe      pp even, m even, m >= 2 pp         (the reference DualPipe's asserts)
         custom        schedule_file, and only then
@@ -408,6 +408,10 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
         if p.vpp < 2:
             fail("parallel.vpp", f"schedule interleaved needs vpp >= 2 model chunks per rank; got vpp={p.vpp} "
                                  f"(vpp=1 is plain 1f1b)")
+        if p.pp < 2:
+            fail("parallel.schedule", f"interleaved needs pp >= 2 pipeline ranks to interleave vpp={p.vpp} "
+                                      f"chunks over; got pp={p.pp} (one rank runs its chunks as one stage: use "
+                                      f"1f1b, as Megatron-LM requires too)")
         g = p.pp if p.vpp_group is None else p.vpp_group
         if m < p.pp:
             fail("parallel.schedule", f"interleaved needs {m_is} to be at least pp={p.pp} (Megatron-LM runs "

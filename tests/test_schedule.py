@@ -94,7 +94,7 @@ def test_gpipe_and_1f1b_action_lists_unchanged():
 # (name, p, m, opts) over many shapes, including m < p and m == p
 CASES = (
     [(n, p, m, {}) for n in ("gpipe", "1f1b", "zb-h1") for p, m in [(1, 1), (2, 5), (4, 3), (4, 4), (5, 12), (8, 8)]]
-    + [("interleaved", p, m, {"v": v}) for p, m, v in [(1, 3, 2), (2, 2, 2), (2, 6, 3), (3, 3, 2), (4, 4, 2),
+    + [("interleaved", p, m, {"v": v}) for p, m, v in [(2, 2, 2), (2, 6, 3), (3, 3, 2), (4, 4, 2),
                                                        (4, 8, 2), (4, 12, 3), (8, 16, 4)]]
     + [("dualpipe", p, m, {}) for p, m in [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 20)]]
 )
@@ -551,3 +551,11 @@ def test_timeline_reads_as_a_mapping_of_the_actions():
     for missing in [(0, "X", 0), (0, "F", 4), (3, "F", 0), (-1, "F", 0), (0, "F", -1), ("0", "F", 0), (0, "F"), None]:
         assert missing not in tl.start and tl.release.get(missing) is None
     assert (0, "W", 0) not in timeline(build_schedule("1f1b", 3, 4)).start  # no W actions there
+
+
+def test_interleaved_refuses_a_single_rank():
+    """With p=1 there is nothing to interleave over: one rank runs its chunks as one stage
+    (Megatron-LM requires pp > 1 for its interleaved schedule)."""
+    with pytest.raises(ScheduleError, match="needs p >= 2 pipeline ranks"):
+        build_schedule("interleaved", 1, 4, v=2)
+    assert build_schedule("interleaved", 2, 4, v=2)

@@ -123,6 +123,10 @@ def interleaved(p: int, m: int, v: int = 2, group: int | None = None) -> Pipelin
     _check_pm("interleaved", p, m)
     if v < 2:
         raise ScheduleError(f"interleaved: needs v >= 2 model chunks per rank; got v={v} (v=1 is plain 1f1b)")
+    if p < 2:
+        # Megatron-LM refuses it too: with one rank the chunks are one stage run in pieces.
+        raise ScheduleError("interleaved: needs p >= 2 pipeline ranks to interleave chunks over; got p=1 "
+                            "(one rank runs its chunks as one stage: use 1f1b)")
     why = interleaved_group_error(p, m, group)
     if why is not None:
         raise ScheduleError(f"interleaved: {why}")
