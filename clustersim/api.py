@@ -10,6 +10,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from .analysis.critical_path import critical_path, path_report
 from .analysis.exposure import exposed_collectives
 from .analysis.links import link_report
@@ -56,6 +58,13 @@ class Result:
         from .output.report import build_figure
 
         return build_figure(self.trace, self.summary)
+
+
+def _nodes_spanned(rows, gpus_per_node: int) -> int:
+    """The most nodes one group (a row of ranks, rank r on GPU r) spans: a TP group over more
+    than one runs its every all-reduce through the NICs."""
+    nodes = np.sort(rows // gpus_per_node, axis=1)
+    return int(1 + (np.diff(nodes, axis=1) != 0).sum(axis=1).max())
 
 
 def _part_static(low: Lowering, j: int) -> PartStatic:
@@ -192,7 +201,9 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
             "precision": t.precision, "attention": t.attention, "sp": p.sp, "ep": p.ep, "zero": p.zero,
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
-            "recompute": t.recompute,
+            "recompute": t.recompute, "grad_dtype": t.grad_dtype,
+            "grad_reduce_dtype": t.grad_reduce_dtype or t.grad_dtype,
+            "tp_nodes": _nodes_spanned(sc.mesh.group_rows("tp"), sc.topology.node.gpus),
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },
         "model": {"name": sc.model.name, "params": total_params(sc.model), "layers": sc.model.layers,

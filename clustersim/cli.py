@@ -259,6 +259,16 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
         sim.get("collective_fallbacks"), sep)
 
 
+def _schedule_flag(message: str, group_given: bool) -> str:
+    """The flag a schedule's refusal is about, from what it names (v, the group where one was
+    given, m, p)."""
+    for flag, words in (("--vpp", ("needs v >=",)), ("--vpp-group" if group_given else "--microbatches", ("group",)),
+                        ("--microbatches", ("microbatches",)), ("--pp", ("pipeline ranks", "p >="))):
+        if any(w in message for w in words):
+            return flag
+    return "--schedule"
+
+
 def cmd_schedule(args) -> int:
     from .config import MAX_STAGE_PASSES, _read_schedule_file
     from .schedule import CUSTOM, ScheduleError, build_schedule, format_grid
@@ -294,14 +304,15 @@ def cmd_schedule(args) -> int:
         opts = {"v": args.vpp} if args.vpp is not None and args.schedule == "interleaved" else {}
         if args.vpp_group is not None:
             opts["group"] = args.vpp_group
-        passes = args.pp * args.microbatches * (args.vpp or 1)
+        v = (2 if args.vpp is None else args.vpp) if args.schedule == "interleaved" else 1  # (build_schedule's default)
+        passes = args.pp * args.microbatches * max(v, 1)
         if passes > MAX_STAGE_PASSES:  # as a scenario's (config): the grid is built whole before it is printed
-            raise ConfigError(f"--pp x --microbatches{' x --vpp' if args.vpp else ''} = {passes:,} stage passes; "
+            raise ConfigError(f"--pp x --microbatches{' x --vpp' if v > 1 else ''} = {passes:,} stage passes; "
                               f"clustersim takes at most {MAX_STAGE_PASSES:,}", source=src)
         try:
             sched = build_schedule(args.schedule, args.pp, args.microbatches, **opts)
         except ScheduleError as exc:
-            raise ConfigError(exc.message, source=src, field="--schedule") from None
+            raise ConfigError(exc.message, source=src, field=_schedule_flag(exc.message, args.vpp_group is not None)) from None
     print(format_grid(sched))
     return 0
 

@@ -335,6 +335,15 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             if abs(mean - 1.0) > 1e-6:
                 fail("model.moe.ep_load", f"the entries average {mean:.6g}, not 1: each is an EP rank's tokens "
                                           f"relative to the balanced share, so they must average 1")
+            # a token picks top_k distinct experts, at most experts/ep of them on one EP rank: a
+            # rank takes at most min(top_k, experts/ep) / top_k of its pairs, ep times the balanced share
+            local = m.moe.experts // p.ep
+            most = min(m.moe.top_k, local) / m.moe.top_k * p.ep
+            if max(load) > most * (1 + 1e-9):
+                fail("model.moe.ep_load", f"an entry of {max(load):g} is more than an EP rank can take: each token "
+                                          f"sends top_k={m.moe.top_k} copies to distinct experts, at most {local} of "
+                                          f"them on one rank ({m.moe.experts} experts over ep={p.ep}), so at most "
+                                          f"{most:g} times the balanced share")
             if m.moe.capacity_factor != 1.0:
                 fail("model.moe.ep_load", f"ep_load models dropless routing; with model.moe.capacity_factor="
                                           f"{m.moe.capacity_factor:g} every expert's batch is padded or cut to "
@@ -467,7 +476,7 @@ def _read_schedule_file(path: Path, source: str, field: str = "parallel.schedule
             raise ConfigError(f"{path} is {size:,} bytes; a custom schedule is parsed whole and clustersim reads at "
                               f"most {MAX_SCHEDULE_FILE_BYTES:,}", source=source,
                               field=field)
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # (a byte-order mark, as spreadsheets write, dropped)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is not a text file (byte {exc.start} is not UTF-8)", source=source,
                           field=field) from None

@@ -62,6 +62,9 @@ def given_file(name: str, *, what: str, source: str, field: str, base: Path | No
     or names something else. ``shown``: how messages name it (default: its path)."""
     if not name:  # (Path("") is the current folder)
         raise ConfigError(f"the {what} file's path is empty", source=source, field=field)
+    if "\0" in name:  # (the operating system's calls refuse it with a ValueError)
+        raise ConfigError(f"the {what} file's path {short_repr(name)} holds a NUL character", source=source,
+                          field=field)
     path = Path(name) if base is None else base / name
     where = str(path) if shown is None else shown
     try:
@@ -157,17 +160,51 @@ def _flow_nesting(text: str) -> int:
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _duplicate_key(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str, int, int] | None:
-    """The key given twice in one mapping that comes first in the document, as (field path,
-    its line, the line of its first occurrence), or None. YAML loaders keep the last value
-    silently, so ``tp: 2`` ... ``tp: 4`` would simulate tp=4 without a word. Keys are
-    compared as loaded (``1`` and ``0x1``, ``yes`` and ``true`` are the same key, as in the
-    dict YAML gives). Merge keys (``<<``) may override, as YAML intends; what they merge in is
-    not checked. Walked with a stack and each node once (aliases share nodes: an alias bomb
-    stays small)."""
+# plain scalars YAML 1.1 reads as numbers other than the ones written: 010 is octal 8 (and
+# 08192 a string), 1:30 is base 60 (90); YAML 1.2 and JSON read neither so
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
+_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+
+
+def _scalar_problem(node: yaml.ScalarNode) -> str | None:
+    """Why a scalar cannot be read as written, or None. A double-quoted pair of surrogate
+    escapes (``"\\ud83d\\ude80"``, as JSON writes an emoji) is joined into its character here."""
+    v = node.value
+    if node.style is None and (_LEADING_ZERO.fullmatch(v) or _BASE_60.fullmatch(v)):
+        if ":" in v:
+            return f"{v} is a base-60 number in YAML 1.1 (1:30 is 90); write the number itself"
+        octal = all(c in "01234567_" for c in v.lstrip("+-"))
+        return (f"{v} has a leading zero, which YAML 1.1 reads as {'octal' if octal else 'text'}; write it "
+                f"without the zero")
+    if any("\ud800" <= c <= "\udfff" for c in v):
+        try:
+            node.value = v.encode("utf-16", "surrogatepass").decode("utf-16")
+        except UnicodeDecodeError:
+            return "holds a lone surrogate escape (half of a character written as two \\u escapes)"
+    return None
+
+
+def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str, int, str] | None:
+    """The first thing in the document, by line, that would load as something other than
+    what was written, as (field path, line, why), or None:
+
+    - a key given twice in one mapping: YAML loaders keep the last value silently, so ``tp: 2``
+      ... ``tp: 4`` would simulate tp=4 without a word. Keys are compared as loaded (``1`` and
+      ``0x1``, ``yes`` and ``true`` are the same key, as in the dict YAML gives). Merge keys
+      (``<<``) may override, as YAML intends; what they merge in is not checked, but a second
+      ``<<`` in one mapping (the first dropped) is refused;
+    - a number YAML 1.1 reads otherwise (:func:`_scalar_problem`), or a lone surrogate escape.
+
+    Walked with a stack and each node once (aliases share nodes: an alias bomb stays small)."""
     stack: list[tuple[yaml.Node, tuple]] = [(root, ())] if root is not None else []
     seen_nodes: set[int] = set()
-    found: tuple[int, str, int] | None = None
+    found: tuple[int, str, str] | None = None
+
+    def note(line: int, where: tuple, why: str) -> None:
+        nonlocal found
+        if found is None or line < found[0]:
+            found = (line, _field_path(where), why)
+
     while stack:
         node, where = stack.pop()
         if id(node) in seen_nodes:
@@ -175,8 +212,14 @@ def _duplicate_key(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
         seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
             first: dict = {}
+            merges = 0
             for key, value in node.value:
                 if key.tag == _MERGE_TAG:
+                    merges += 1
+                    if merges == 2:
+                        note(key.start_mark.line + 1, (*where, "<<"), "merge key given twice in one mapping; YAML "
+                             "would drop the first silently: merge a list instead (<<: [*a, *b])")
+                    stack.append((value, where))
                     continue
                 name = key.value if isinstance(key, yaml.ScalarNode) else "?"
                 if isinstance(key, yaml.ScalarNode):
@@ -186,12 +229,17 @@ def _duplicate_key(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
                     except TypeError:
                         k = (key.tag, key.value)
                     line = key.start_mark.line + 1
-                    if k in first and (found is None or line < found[0]):
-                        found = (line, _field_path((*where, name)), first[k])
+                    if k in first:
+                        note(line, (*where, name), f"key given twice (line {line}, first on line {first[k]}); YAML "
+                                                   "would keep only the last silently")
                     first.setdefault(k, line)
                 stack.append((value, (*where, name)))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, (*where, i)) for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.ScalarNode):
+            why = _scalar_problem(node)
+            if why is not None:
+                note(node.start_mark.line + 1, where, why)
     return None if found is None else (found[1], found[0], found[2])
 
 
@@ -212,11 +260,10 @@ def _load_unique(text: str, source: str) -> Any:
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
-        dup = _duplicate_key(node, loader)
-        if dup is not None:
-            field, line, first = dup
-            raise ConfigError(f"key given twice (line {line}, first on line {first}); YAML would keep only the "
-                              "last silently", source=source, field=field)
+        problem = _first_problem(node, loader)
+        if problem is not None:
+            field, _, why = problem
+            raise ConfigError(why, source=source, field=field or None)
         return loader.construct_document(node) if node is not None else None
     finally:
         loader.dispose()

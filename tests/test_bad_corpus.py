@@ -73,3 +73,13 @@ def test_exponent_numbers_are_numbers_as_yaml_1_2_reads_them(tmp_path):
     scenario.write_text(scenario.read_text().replace("dp_bucket_params: 4e7", "dp_bucket_params: '4e7'"))
     with pytest.raises(ConfigError, match=r"training.dp_bucket_params: a number, not a string \('4e7' is quoted\)"):
         clustersim.load_scenario(scenario)
+
+
+def test_a_surrogate_pair_is_joined_into_its_character(tmp_path):
+    """JSON writers escape an emoji as two surrogates ("\\ud83d\\ude80"); YAML keeps them apart,
+    and the report and trace writers then failed with a UnicodeEncodeError traceback. The pair
+    is joined into its character (a lone half is refused: lone_surrogate.yaml)."""
+    from clustersim.yamlio import _load_unique
+
+    assert _load_unique('name: "rocket \\ud83d\\ude80"\n', "t") == {"name": "rocket \U0001F680"}
+    assert _load_unique("name: rocket \U0001F680\n", "t") == {"name": "rocket \U0001F680"}

@@ -44,11 +44,11 @@ def test_layer_flops_are_three_times_forward_and_match_6N(model):
     fwd_mf = sum(o.model_flops for o in fwd)
     bwd_mf = sum(o.model_flops for o in bwd)
     assert bwd_mf == pytest.approx(2 * fwd_mf, rel=1e-12)
-    # per token per layer: 6 * matmul params + 12 * s * h (forward+backward)
+    # per token per layer: 6 * matmul params + 6 * s * h (forward+backward; the causal half of 12 s h)
     per_token = (fwd_mf + bwd_mf) / (b * model.seq_len)
     matmul_params = model.hidden * ((model.heads + 2 * model.n_kv_heads) * model.head_dim + model.hidden) \
         + model.hidden * model.ffn * (3 if model.mlp == "swiglu" else 2)
-    assert per_token == pytest.approx(6 * matmul_params + 12 * model.seq_len * model.hidden, rel=1e-12)
+    assert per_token == pytest.approx(6 * matmul_params + 6 * model.seq_len * model.hidden, rel=1e-12)
     # flash attention re-executes QK^T in backward: hardware FLOPs exceed model FLOPs
     assert sum(o.flops for o in bwd) > bwd_mf
 
@@ -59,6 +59,6 @@ def test_heads_must_divide_hidden():
 
 
 def test_closed_form_flops_per_token_gpt3():
-    # 6N + 12*L*s*h with N = 174.6B (175B rounding of Kaplan's 6N)
+    # 6N + 6*L*s*h with N = 174.6B (175B rounding of Kaplan's 6N)
     f = model_flops_per_token_closed_form(GPT3)
-    assert f == pytest.approx(6 * 174.56e9 + 12 * 96 * 2048 * 12288, rel=2e-3)
+    assert f == pytest.approx(6 * 174.56e9 + 6 * 96 * 2048 * 12288, rel=2e-3)

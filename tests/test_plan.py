@@ -95,6 +95,9 @@ def test_parse_order(text, dims, ep_inner):
     ("tp-dp", "missing pp"),
     ("tp-dp-pp-tp", "'tp' appears twice"),
     ("tp-ep-cp-dp-pp", "ep is carved out of dp, so it must sit next to dp"),
+    # the places offered keep the user's order, and so does the order without ep
+    ("dp-tp-cp-ep-pp", r"next to dp \(ep-dp-tp-cp-pp or dp-ep-tp-cp-pp; without expert parallelism leave ep "
+                       r"out: dp-tp-cp-pp\)"),
     ("tp-xp-dp-pp", "unknown dimension 'xp'"),
 ])
 def test_bad_orders_say_why(root, text, why):

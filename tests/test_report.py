@@ -628,3 +628,31 @@ def test_the_steps_time_is_drawn_as_compute_exposed_communication_and_bubble(res
     assert sum(widths) == pytest.approx(100, abs=0.01)
     for k in ("tp", "cp", "ep", "pp", "dp"):  # each kind of exposed communication named beside it
         assert (f"{k} {fmt_time(s['exposed_comm_s'][k])}" in section) == (s["exposed_comm_s"][k] > 0)
+
+
+def test_plan_line_names_tp_over_nodes_the_gradients_dtype_and_a_schedule_only_where_it_orders():
+    """The plan line says what changes a plan's cost and is not in its degrees: a TP group
+    leaving its node, the dtype gradients are reduced in (where they are), and the schedule
+    (not for plain 1F1B on one stage, where it is gradient accumulation); the exposed line says
+    where its kinds sum past its total."""
+    def plan_line(**sections):
+        r = clustersim.simulate(clustersim.load_scenario(scenario_dict(**sections), base_dir=ROOT))
+        lines = format_summary(r.summary).splitlines()
+        return next(x for x in lines if x.startswith("plan")), r.summary
+
+    line, s = plan_line(parallel={"tp": 8, "pp": 1, "dp": 2, "order": "dp-tp-pp"})
+    assert s["plan"]["tp_nodes"] == 2 and "TP8 over 2 nodes x PP1 x DP2 · fp32 grads · 4 microbatches" in line
+    line, s = plan_line(parallel={"tp": 8, "pp": 1, "dp": 2}, training={"grad_reduce_dtype": "bf16"})
+    assert s["plan"]["tp_nodes"] == 1 and "TP8 x PP1 x DP2 · fp32 grads reduced in bf16 · 4 microbatches" in line
+    line, _ = plan_line(parallel={"tp": 8, "pp": 1, "dp": 2, "schedule": "gpipe"})
+    assert " · gpipe · 4 microbatches" in line
+    line, s = plan_line(parallel={"tp": 8, "pp": 2, "dp": 1})
+    assert s["plan"]["grad_reduce_dtype"] == "fp32" and "grads" not in line and " · 1f1b · 8 microbatches" in line
+
+    summary = copy.deepcopy(s)
+    summary["comm_s"].update(tp=1.0, pp=1.0, dp=0.0)
+    summary["exposed_comm_s"].update(total=1.5, tp=1.0, pp=1.0, dp=0.0)
+    exposed = next(x for x in format_summary(summary).splitlines() if x.startswith("exposed comm"))
+    assert exposed.endswith("tp 1 s · pp 1 s (a wait on two kinds at once counts in both)")
+    summary["exposed_comm_s"].update(total=2.0)
+    assert "at once" not in format_summary(summary)

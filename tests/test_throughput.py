@@ -4,6 +4,8 @@ The closed forms here are worked out from the model's shape, not by calling clus
 per-op code: Megatron-LM's FLOPs per step (Narayanan et al. SC'21, Sec 5.1; Korthikanti et al.
 2022), without recompute and with full recompute, flash attention's extra QK^T, a general
 per-layer count (GQA, SwiGLU, any MLP width) and the MoE layer's router and top-k experts.
+Model FLOPs count the causal half of the attention square (Megatron-LM's count today); standard
+attention executes the whole square (Narayanan's forms), flash attention the causal half.
 clustersim's counts match these exactly (to float rounding) on every plan tried, so the
 tolerance is 1e-12 relative; 
 
@@ -29,13 +31,27 @@ def simulate(root, collapse=None, **sections):
 
 
 def megatron_72(B, s, l, h, V) -> float:
-    """Model FLOPs per step, no recompute: fwd 24Bslh^2 + 4Bs^2lh + 2BshV, backward twice that."""
+    """FLOPs per step with the whole attention square, no recompute (Narayanan et al.): fwd
+    24Bslh^2 + 4Bs^2lh + 2BshV, backward twice that. What standard attention executes."""
     return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
 
 
 def megatron_96(B, s, l, h, V) -> float:
-    """Executed FLOPs with full recompute: every layer's forward runs twice (the head's once)."""
+    """Executed FLOPs with full recompute and the whole square: every layer's forward runs
+    twice (the head's once)."""
     return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def causal_72(B, s, l, h, V) -> float:
+    """Model FLOPs per step: the 72 form with the causal half of QK^T and PV, 2Bs^2lh forward
+    (Megatron-LM's num_floating_point_operations: "only half of the mask is non-zero")."""
+    return 72 * B * s * l * h**2 * (1 + s / (12 * h) + V / (12 * l * h))
+
+
+def causal_96(B, s, l, h, V) -> float:
+    """The 96 form with the causal half: full recompute under flash attention, before the
+    kernel's own recomputed QK^T."""
+    return 96 * B * s * l * h**2 * (1 + s / (12 * h) + V / (16 * l * h))
 
 
 def shape(m):
@@ -56,14 +72,14 @@ B = 16
 
 
 @pytest.mark.parametrize("plan", sorted(PLANS))
-def test_model_flops_equal_megatron_72_without_recompute(root, plan):
+def test_model_flops_count_the_causal_half_and_standard_attention_executes_megatron_72(root, plan):
     r = simulate(root, parallel=PLANS[plan], training={"global_batch_size": B, "attention": "standard"})
     s, l, h, V = shape(r.scenario.model)
+    assert r.summary["model_flops_per_step"] == pytest.approx(causal_72(B, s, l, h, V), rel=EXACT)
+    # standard attention recomputes nothing but computes the masked half of the square too
     want = megatron_72(B, s, l, h, V)
-    assert r.summary["model_flops_per_step"] == pytest.approx(want, rel=EXACT)
-    # standard attention recomputes nothing: the GPUs execute exactly the model's FLOPs
     assert r.summary["hardware_flops_per_step"] == pytest.approx(want, rel=EXACT)
-    assert r.summary["hfu"] == pytest.approx(r.summary["mfu"], rel=EXACT)
+    assert r.summary["hfu"] / r.summary["mfu"] == pytest.approx(want / causal_72(B, s, l, h, V), rel=EXACT)
 
 
 def test_model_flops_do_not_depend_on_the_symmetric_collapse(root):
@@ -77,15 +93,18 @@ def test_model_flops_do_not_depend_on_the_symmetric_collapse(root):
 
 
 def test_6N_plus_12lsh_per_token_is_megatron_72():
-    """6 N_matmul + 12 l s h per token, N_matmul = l * 12h^2 + V h (LM head), times B s tokens."""
+    """6 N_matmul + 12 l s h per token, N_matmul = l * 12h^2 + V h (LM head), times B s tokens;
+    with the causal half, 6 N_matmul + 6 l s h."""
     Bq, s, l, h, V = 8, 2048, 24, 2304, 51200
     n_matmul = l * 12 * h * h + V * h
     assert (6 * n_matmul + 12 * l * s * h) * Bq * s == pytest.approx(megatron_72(Bq, s, l, h, V), rel=EXACT)
+    assert (6 * n_matmul + 6 * l * s * h) * Bq * s == pytest.approx(causal_72(Bq, s, l, h, V), rel=EXACT)
 
 
 def test_general_layer_count_gqa_swiglu(root):
-    """Per token per layer forward: QKV 2h(a + 2a_kv)d, QK^T and PV 4sh, projection 2h^2,
-    SwiGLU 2 * 3hf; LM head 2hV once. Backward 2x. No biases or norms in the count."""
+    """Per token per layer forward: QKV 2h(a + 2a_kv)d, QK^T and PV 4sh halved by the causal
+    mask, projection 2h^2, SwiGLU 2 * 3hf; LM head 2hV once. Backward 2x. No biases or norms
+    in the count."""
     model = {"name": "gqa", "layers": 4, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn_hidden": 2816,
              "mlp": "swiglu", "norm": "rmsnorm", "bias": False, "position_embedding": "rope",
              "tied_embeddings": False, "vocab": 32000, "seq_len": 1024}
@@ -93,11 +112,14 @@ def test_general_layer_count_gqa_swiglu(root):
                  training={"global_batch_size": 8, "attention": "standard"})
     a, kv, d, f = 16, 4, 1024 // 16, 2816
     s, l, h, V = 1024, 4, 1024, 32000
-    per_token_fwd = l * (2 * h * (a + 2 * kv) * d + 4 * s * h + 2 * h * h + 2 * 3 * h * f) + 2 * h * V
+    per_token_fwd = l * (2 * h * (a + 2 * kv) * d + 4 * s * h / 2 + 2 * h * h + 2 * 3 * h * f) + 2 * h * V
     want = 3 * 8 * s * per_token_fwd
     assert r.summary["model_flops_per_step"] == pytest.approx(want, rel=EXACT)
     n_matmul = l * (h * (a + 2 * kv) * d + h * h + 3 * h * f) + V * h
-    assert want == pytest.approx((6 * n_matmul + 12 * l * s * h) * 8 * s, rel=EXACT)
+    assert want == pytest.approx((6 * n_matmul + 6 * l * s * h) * 8 * s, rel=EXACT)
+    # standard attention executes the whole square: the other 2sh forward, 3x over the step
+    executed = r.summary["hardware_flops_per_step"]
+    assert executed - want == pytest.approx(3 * 8 * s * l * 2 * s * h, rel=EXACT)
 
 
 # ---------------------------------------------------------------- recompute
@@ -108,26 +130,28 @@ def test_full_recompute_executes_megatron_96_and_keeps_model_flops(root, plan):
                     training={"global_batch_size": B, "attention": "standard", "recompute": "full"})
     s, l, h, V = shape(full.scenario.model)
     fs = full.summary
-    assert fs["model_flops_per_step"] == pytest.approx(megatron_72(B, s, l, h, V), rel=EXACT)
+    assert fs["model_flops_per_step"] == pytest.approx(causal_72(B, s, l, h, V), rel=EXACT)
     assert fs["model_flops_per_step"] == pytest.approx(base.summary["model_flops_per_step"], rel=EXACT)
     assert fs["hardware_flops_per_step"] == pytest.approx(megatron_96(B, s, l, h, V), rel=EXACT)
-    # HFU / MFU = 96(1 + s/6h + V/16lh) / 72(1 + s/6h + V/12lh): 4/3 without the LM head,
-    # less with it (the head runs once). This model's head is large: about 1.21.
-    ratio = (4 / 3) * (1 + s / (6 * h) + V / (16 * l * h)) / (1 + s / (6 * h) + V / (12 * l * h))
+    # HFU / MFU = 96(1 + s/6h + V/16lh) / 72(1 + s/12h + V/12lh): the recomputed forward
+    # (4/3 without the LM head, less with it: the head runs once) and the masked half that
+    # standard attention computes
+    ratio = (4 / 3) * (1 + s / (6 * h) + V / (16 * l * h)) / (1 + s / (12 * h) + V / (12 * l * h))
     assert fs["hfu"] / fs["mfu"] == pytest.approx(ratio, rel=EXACT)
-    assert 1 < ratio < 4 / 3
+    assert ratio > 1
     assert fs["hw_tflops_per_gpu"] / fs["tflops_per_gpu"] == pytest.approx(ratio, rel=EXACT)
     # recompute costs time, so MFU drops
     assert fs["step_time_s"] > base.summary["step_time_s"] and fs["mfu"] < base.summary["mfu"]
 
 
 def test_selective_recompute_executes_one_more_core_attention_forward(root):
-    """QK^T and PV again: 2 * 2 * s^2 * h per sequence and layer, 4 B s^2 l h per step."""
+    """QK^T and PV again, the whole square under standard attention: 2 * 2 * s^2 * h per
+    sequence and layer, 4 B s^2 l h per step, on top of the 72 form."""
     r = simulate(root, parallel=PLANS["tp4-pp2-dp2"],
                  training={"global_batch_size": B, "attention": "standard", "recompute": "selective"})
     s, l, h, V = shape(r.scenario.model)
-    assert r.summary["model_flops_per_step"] == pytest.approx(megatron_72(B, s, l, h, V), rel=EXACT)
-    extra = r.summary["hardware_flops_per_step"] - r.summary["model_flops_per_step"]
+    assert r.summary["model_flops_per_step"] == pytest.approx(causal_72(B, s, l, h, V), rel=EXACT)
+    extra = r.summary["hardware_flops_per_step"] - megatron_72(B, s, l, h, V)
     assert extra == pytest.approx(4 * B * s * s * l * h, rel=EXACT)
 
 
@@ -135,10 +159,12 @@ def test_selective_recompute_executes_one_more_core_attention_forward(root):
 @pytest.mark.parametrize("plan", ["tp4-pp2-dp2", "cp2-ring", "cp2-unbalanced", "cp2-all-gather"])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_flash_attention_executes_one_extra_QKt_per_layer_and_sequence(root, plan, recompute):
-    """Its backward recomputes S = QK^T: 5 matmuls of 2 s^2 d per head where the model needs 4
-    (2.5x the forward's QK^T + PV, counted 2x in model FLOPs). The extra is one QK^T,
-    2 s^2 h per sequence and layer: 2 B s^2 l h per step, with or without context parallelism.
-    Selective recompute adds nothing (flash already recomputes); full recompute adds the 96 form."""
+    """It skips the blocks the causal mask hides, so it executes the causal half the model
+    counts, and its backward recomputes S = QK^T: 5 matmuls of s^2 d per head where the model
+    needs 4 (2.5x the forward's QK^T + PV, counted 2x in model FLOPs). The extra is one causal
+    QK^T, s^2 h per sequence and layer: B s^2 l h per step, with or without context
+    parallelism, balanced or not. Selective recompute adds nothing (flash already recomputes);
+    full recompute adds the 96 form's forward, causal too."""
     parallel = {"tp4-pp2-dp2": PLANS["tp4-pp2-dp2"],
                 "cp2-ring": {"tp": 2, "cp": 2, "pp": 2, "dp": 2},
                 "cp2-unbalanced": {"tp": 2, "cp": 2, "pp": 2, "dp": 2, "cp_load_balance": False},
@@ -146,9 +172,9 @@ def test_flash_attention_executes_one_extra_QKt_per_layer_and_sequence(root, pla
     r = simulate(root, parallel=parallel,
                  training={"global_batch_size": B, "attention": "flash", "recompute": recompute})
     s, l, h, V = shape(r.scenario.model)
-    qkt = 2 * B * s * s * l * h
-    assert r.summary["model_flops_per_step"] == pytest.approx(megatron_72(B, s, l, h, V), rel=EXACT)
-    executed = megatron_96(B, s, l, h, V) if recompute == "full" else megatron_72(B, s, l, h, V)
+    qkt = B * s * s * l * h
+    assert r.summary["model_flops_per_step"] == pytest.approx(causal_72(B, s, l, h, V), rel=EXACT)
+    executed = causal_96(B, s, l, h, V) if recompute == "full" else causal_72(B, s, l, h, V)
     assert r.summary["hardware_flops_per_step"] == pytest.approx(executed + qkt, rel=EXACT)
 
 
@@ -204,10 +230,10 @@ MOE = {"experts": 16, "top_k": 2, "expert_ffn": 1024, "shared_experts": 1, "dens
 
 def moe_closed_form(Bq, s, l, h, V, experts, top_k, f_e, shared, dense_first, capacity=1.0, mats=3):
     """Model FLOPs per step of the SMALL model with MoE MLPs (SwiGLU experts, no biases):
-    attention as in the 72 form; the first ``dense_first`` layers keep a dense 4h SwiGLU MLP;
+    attention as in the causal 72 form; the first ``dense_first`` layers keep a dense 4h SwiGLU MLP;
     every other layer: router 2hE, top_k routed experts and the shared experts,
     2 * mats * h * f_e each, per token forward. Backward 2x."""
-    attn = 2 * 3 * h * h + 4 * s * h + 2 * h * h
+    attn = 2 * 3 * h * h + 4 * s * h / 2 + 2 * h * h
     dense = 2 * 3 * h * (4 * h)
     moe = 2 * h * experts + (top_k + shared) * 2 * mats * h * f_e  # capacity padding is not model work
     per_token_fwd = l * attn + dense_first * dense + (l - dense_first) * moe + 2 * h * V

@@ -7,9 +7,13 @@ tensor parallelism (Shoeybi et al. 2019), forward::
     x ─ norm1 ─ qkv ─ core attention ─ proj ─[TP all-reduce]─ +x ─ norm2 ─ up ─ act ─ down ─[TP all-reduce]─ +
         └──────────── block "attn" ────────────┘                    └──────── block "mlp" ────────┘
 
-Model FLOPs per token (fwd + bwd = 3 x fwd, matmuls only; Kaplan et al. 2020, PaLM App. B):
+Model FLOPs per token (fwd + bwd = 3 x fwd, matmuls only; Kaplan et al. 2020, PaLM App. B,
+with the causal mask's half of the attention square, as Megatron-LM's FLOP count has it):
 
-    6 * N_matmul + 12 * layers * seq * hidden      (attention scores and context, no causal discount)
+    6 * N_matmul + 6 * layers * seq * hidden       (PaLM's 12 * layers * seq * hidden, halved)
+
+Executed attention FLOPs follow the kernel: flash attention skips the masked blocks (half the
+square), standard attention computes the whole square and masks it.
 
 Activation bytes per layer per microbatch, 16-bit (Korthikanti et al. 2022, Table 2, TP without
 sequence parallelism), generalised to GQA and any MLP width:
@@ -47,6 +51,15 @@ class DenseModelCfg(Strict):
     tied_embeddings: bool = True
     position_embedding: Literal["learned", "rope"] = "learned"
     moe: "MoeCfg | None" = None
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _moe_written_empty(cls, data):
+        # ``moe:`` with nothing under it loads as None, which would be a dense model without a word
+        if isinstance(data, dict) and "moe" in data and data["moe"] is None:
+            raise ValueError("moe is empty; give its keys (experts, top_k, expert_ffn; docs/reference.md) "
+                             "or leave it out for a dense model")
+        return data
 
     @pydantic.model_validator(mode="after")
     def _shapes(self):
@@ -115,6 +128,13 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
     With sequence parallelism the norm and residual run on s/t tokens (Korthikanti et al. 2022).
     With context parallelism the rank holds s/cp queries, which attend to all s keys: core
     attention is 1/cp of the whole, the rest runs on s/cp tokens.
+
+    Causal mask: a query attends to the keys at or before it, half the s x s square::
+
+        model FLOPs   4 b s^2 h / 2         (Megatron-LM's count: "only half of the mask is non-zero")
+        executed      4 b s^2 h / 2 flash   (masked blocks skipped; the diagonal's are about s/block
+                                             of them, left out)
+                      4 b s^2 h standard    (the whole square computed, then masked)
     """
     s, h, d = m.seq_len, m.hidden, m.head_dim
     s_q = s / cp  # this rank's queries
@@ -122,14 +142,15 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
     rep_tok = tok / t if sp else tok  # tokens of the ops TP replicates
     q_dim, kv_dim = m.heads * d // t, 2 * m.n_kv_heads * d // t
     heads_local = m.heads / t
-    core_flops = 2 * 2 * b * heads_local * s_q * s * d  # QK^T and PV
+    square_flops = 2 * 2 * b * heads_local * s_q * s * d  # QK^T and PV over every (query, key)
+    causal_flops = square_flops / 2
     core_bytes = ELEM_BYTES * (tok * 2 * q_dim + b * s * kv_dim)  # Q and context local, K/V of every key
     if not flash:  # scores, softmax, dropout, each written then read back
         core_bytes += ELEM_BYTES * b * heads_local * s_q * s * 6
     return [
         _elementwise("norm1", rep_tok * h, 2),
         _matmul("qkv", tok, h, q_dim + kv_dim),
-        Op("core_attn", core_flops, core_bytes),
+        Op("core_attn", causal_flops if flash else square_flops, core_bytes, causal_flops),
         _matmul("proj", tok, q_dim, h),
         _elementwise("residual1", rep_tok * h, 3),
     ]
@@ -301,10 +322,11 @@ def head_activation_bytes(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> floa
 
 
 def model_flops_per_token_closed_form(m: DenseModelCfg) -> float:
-    """6*N_matmul + 12*L*s*h (fwd+bwd), the standard count used for MFU (PaLM, App. B), for a
-    dense model (a MoE model's active parameters: tests/test_throughput.py)."""
+    """6*N_matmul + 6*L*s*h (fwd+bwd): PaLM's count (App. B) with the causal half of its
+    12*L*s*h attention term, as Megatron-LM counts it, for a dense model (a MoE model's active
+    parameters: tests/test_throughput.py)."""
     n_matmul = m.layers * layer_params(m) + m.vocab * m.hidden
-    return 6 * n_matmul + 12 * m.layers * m.seq_len * m.hidden
+    return 6 * n_matmul + 6 * m.layers * m.seq_len * m.hidden
 
 
 from .moe import MoeCfg, moe_active_mlp_params, moe_layer_mlp_params  # noqa: E402  (moe builds on Op)

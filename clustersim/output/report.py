@@ -59,7 +59,7 @@ from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, 
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
-from .summary import collective_fallbacks_note, fabric_faults_note, plan_dims, plan_options, schedule_label
+from .summary import collective_fallbacks_note, fabric_faults_note, plan_dims, plan_options, schedule_part
 
 GiB = 1024**3
 MiB = 1024**2
@@ -1000,8 +1000,8 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'({_n(hw.get("nodes") or 0, "node")} × {hw.get("gpus_per_node", "?")}, '
                    f'{e(str(hw.get("topology", "")))})</p>')
     if plan:
-        out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × ") + plan_options(plan))} · '
-                   f'{e(schedule_label(plan)) if "schedule" in plan else ""} · {plan.get("microbatches")} microbatches × '
+        out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × ") + plan_options(plan))}'
+                   f'{e(schedule_part(plan, " · ")) if "schedule" in plan else ""} · {plan.get("microbatches")} microbatches × '
                    f'{plan.get("micro_batch_size")} × {model.get("seq_len", "?")} tokens · '
                    f'{e(str(plan.get("precision", "")))} · {e(str(plan.get("attention", "")))} attention</p>')
     if model:

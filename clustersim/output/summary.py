@@ -1,7 +1,7 @@
 """The terminal summary table and summary.json.
 
     clustersim · gpt3-175b-1024gpu
-    plan            TP8 x PP16 x DP8 · 1f1b · 192 microbatches x 1 x 2048 tokens
+    plan            TP8 x PP16 x DP8 · fp32 grads · 1f1b · 192 microbatches x 1 x 2048 tokens
     step time       18.89 s
     ...
     memory (GiB)    stage  params  grads  optim  activ   peak / cap
@@ -38,13 +38,16 @@ def _stage_rows(stages: list[dict]) -> list[dict]:
 
 
 def plan_dims(p: dict[str, Any], sep: str) -> str:
-    """"TP4 x CP8 (ring) x PP1 x DP2 (EP2)": the parallel degrees, CP and EP only when used."""
+    """"TP4 x CP8 (ring) x PP1 x DP2 (EP2)": the parallel degrees, CP and EP only when used, and
+    the nodes a TP group spans where it leaves its node ("TP16 over 2 nodes")."""
     cp = ""
     if p.get("cp", 1) > 1:
         how = p.get("cp_comm", "ring") + ("" if p.get("cp_load_balance", True) else ", unbalanced")
         cp = f"{sep}CP{p['cp']} ({how})"
     ep = f" (EP{p['ep']})" if p.get("ep", 1) > 1 else ""
-    return f"TP{p['tp']}{cp}{sep}PP{p['pp']}{sep}DP{p['dp']}{ep}"
+    # TP's all-reduces block every layer: over NICs they cost far more (parallelism guide)
+    over = f" over {p['tp_nodes']} nodes" if p.get("tp_nodes", 1) > 1 else ""
+    return f"TP{p['tp']}{over}{cp}{sep}PP{p['pp']}{sep}DP{p['dp']}{ep}"
 
 
 def plan_options(p: dict[str, Any]) -> str:
@@ -56,7 +59,34 @@ def plan_options(p: dict[str, Any]) -> str:
     if zero and p.get("overlap_param_gather"):
         zero += " (gathers overlapped)"
     return ((" · SP" if p.get("sp") else "") + zero
-            + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""))
+            + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else "")
+            + _grads_option(p))
+
+
+def _grads_option(p: dict[str, Any]) -> str:
+    """" · fp32 grads reduced in bf16": the gradients' dtype where they are reduced over data
+    (and context) parallel ranks, since it sets the bytes of every gradient collective."""
+    if "grad_dtype" not in p or p.get("dp", 1) * p.get("cp", 1) == 1:
+        return ""
+    reduce = p.get("grad_reduce_dtype") or p["grad_dtype"]
+    return f" · {p['grad_dtype']} grads" + (f" reduced in {reduce}" if reduce != p["grad_dtype"] else "")
+
+
+def _overlap_note(ex: dict[str, float], kinds: list[str]) -> str:
+    """What the exposed line adds where its kinds sum past the total: a wait while two kinds
+    are in flight counts in each (metrics.md, "How a GPU's step splits")."""
+    if sum(ex[k] for k in kinds) <= ex["total"] * (1 + 1e-9):
+        return ""
+    return " (a wait on two kinds at once counts in both)"
+
+
+def schedule_part(p: dict[str, Any], sep: str) -> str:
+    """``sep`` and the schedule's label, or "" for plain 1F1B without a pipeline (gradient
+    accumulation over microbatches; another schedule on one stage still orders them, as GPipe
+    keeps every microbatch's activations)."""
+    if p.get("pp", 1) == 1 and p.get("schedule") == "1f1b":
+        return ""
+    return sep + schedule_label(p)
 
 
 def schedule_label(p: dict[str, Any]) -> str:
@@ -147,7 +177,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"clustersim · {printable(s['scenario'])}",
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})",
-        f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + f" · {schedule_label(p)} · "
+        f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + schedule_part(p, " · ") + " · "
         f"{p['microbatches']} microbatch{'es' if p['microbatches'] != 1 else ''} x {p['micro_batch_size']} x "
         f"{s['model']['seq_len']} tokens",
         # a plan that does not fit could not run: said where the eye goes first, not only below
@@ -158,7 +188,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} %",
         _bubble_line(s),
         *_projection_line(s.get("projection")),
-        f"{'exposed comm':<16}{ex['total']:.3g} s per GPU: {exposed}",
+        f"{'exposed comm':<16}{ex['total']:.3g} s per GPU: {exposed}" + _overlap_note(ex, kinds),
         f"{'hidden comm':<16}{hidden}",
         *_causes_lines(s),
         *_path_line(s),

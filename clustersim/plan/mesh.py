@@ -64,7 +64,11 @@ def parse_order(text: str) -> tuple[tuple[str, ...], bool]:
     if "ep" in names:
         i, j = names.index("ep"), names.index("dp")
         if abs(i - j) != 1:
-            raise ValueError("ep is carved out of dp, so it must sit next to dp (tp-cp-ep-dp-pp or tp-cp-dp-ep-pp)")
+            rest = [n for n in names if n != "ep"]
+            k = rest.index("dp")
+            before, after = "-".join(rest[:k] + ["ep"] + rest[k:]), "-".join(rest[:k + 1] + ["ep"] + rest[k + 1:])
+            raise ValueError(f"ep is carved out of dp, so it must sit next to dp ({before} or {after}; "
+                             f"without expert parallelism leave ep out: {'-'.join(rest)})")
         ep_inner = i < j
         names.remove("ep")
     if "cp" not in names:
