@@ -65,8 +65,9 @@ def parse_sizes(text: str) -> list[int]:
         value = MAX_SIZE + 1 if len(whole) > 40 else int(Fraction(f"{whole}.{part[:40] or 0}") *
                                                          _UNITS[m.group(2).upper()])
         if value <= 0:
-            raise ConfigError(f"size {short_repr(item.strip())} must be > 0", source="command line",
-                              field="--sizes")
+            what = "0 bytes" if m.group(1).strip("0.") == "" else "less than a byte"
+            raise ConfigError(f"size {short_repr(item.strip())} is {what}; sizes are whole bytes, at least 1",
+                              source="command line", field="--sizes")
         if value > MAX_SIZE:
             raise ConfigError(f"size {short_repr(item.strip())} is more than {_size_label(MAX_SIZE)}, the largest "
                               f"clustersim times", source="command line", field="--sizes")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import errno
 import math
 import os
@@ -42,6 +43,8 @@ def not_a_file(path: Path) -> str:
     symlink loop", "a character device, not a regular file" (/dev/null), ... (for messages)."""
     try:
         mode = os.stat(path).st_mode
+    except ValueError:  # (a NUL character, which no call to the operating system takes)
+        return "a name holding a NUL character"
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return "a symlink loop"
@@ -184,6 +187,11 @@ def _scalar_problem(node: yaml.ScalarNode) -> str | None:
     return None
 
 
+# optional sections that read as null, and so as left out, when written with nothing under them
+_SECTIONS_NOT_EMPTY = {"moe": "is empty; give its keys (experts, top_k, expert_ffn; docs/reference.md) or leave it "
+                              "out for a dense model"}
+
+
 def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str, int, str] | None:
     """The first thing in the document, by line, that would load as something other than
     what was written, as (field path, line, why), or None:
@@ -193,7 +201,8 @@ def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
       ``0x1``, ``yes`` and ``true`` are the same key, as in the dict YAML gives). Merge keys
       (``<<``) may override, as YAML intends; what they merge in is not checked, but a second
       ``<<`` in one mapping (the first dropped) is refused;
-    - a number YAML 1.1 reads otherwise (:func:`_scalar_problem`), or a lone surrogate escape.
+    - a number YAML 1.1 reads otherwise (:func:`_scalar_problem`), or a lone surrogate escape;
+    - ``moe:`` with nothing under it, which would load as no MoE (``_SECTIONS_NOT_EMPTY``).
 
     Walked with a stack and each node once (aliases share nodes: an alias bomb stays small)."""
     stack: list[tuple[yaml.Node, tuple]] = [(root, ())] if root is not None else []
@@ -233,6 +242,9 @@ def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
                         note(line, (*where, name), f"key given twice (line {line}, first on line {first[k]}); YAML "
                                                    "would keep only the last silently")
                     first.setdefault(k, line)
+                    if name in _SECTIONS_NOT_EMPTY and isinstance(value, yaml.ScalarNode) and value.value == "" \
+                            and value.style is None:  # ``moe:`` with nothing under it: null, a dense model
+                        note(line, (*where, name), _SECTIONS_NOT_EMPTY[name])
                 stack.append((value, (*where, name)))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, (*where, i)) for i, item in enumerate(node.value))
@@ -366,6 +378,16 @@ def _section_in(annotation: Any) -> type[pydantic.BaseModel] | None:
     return None
 
 
+def _yaml_reading(kind: str, got: Any) -> str:
+    """What YAML made of a word or a number where the field wanted other: ``recompute: no`` is
+    the boolean false in YAML 1.1, ``name: 2024`` a number (for messages; "" otherwise)."""
+    if kind == "literal_error" and isinstance(got, bool):
+        return ": YAML reads yes, no, on, off, true and false as booleans; write one of the words above"
+    if kind == "string_type" and isinstance(got, (bool, int, float, datetime.date)):
+        return ": YAML read it as a number, date or boolean; quote it to give it as text"
+    return ""
+
+
 def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
     """``model.model_validate(data)`` with the first error reported as ``source: field: msg``."""
     try:
@@ -386,6 +408,10 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
             msg = "is empty; this section is required (see docs/reference.md for its keys)"
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(err["input"], dict):
-                msg += f" (got {short_repr(err['input'])})"
+            got = err.get("input")
+            if kind == "int_parsing_size":  # (pydantic's "Unable to parse input string" for a float 1e20)
+                msg = "too large for a 64-bit integer"
+            if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(got, dict):
+                shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
+                msg += f" (got {shown}{_yaml_reading(kind, got)})"
         raise ConfigError(msg, source=source, field=field) from None

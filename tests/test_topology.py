@@ -293,6 +293,14 @@ def test_removing_a_leaf_cuts_off_its_gpus():
     assert err.value.field == "what_if[1]"
 
 
+def test_cutting_one_gpu_off_says_gpu():
+    """One GPU cut off is "GPU 8", not "GPUs 8" (a rail-optimised leaf per node, one spine:
+    removing leaf1.0's uplink cuts off node 1's GPU 8 alone)."""
+    fabric = {"kind": "leaf_spine", "rail_optimized": True, "nodes_per_leaf": 1, "spines": 1}
+    with pytest.raises(ConfigError, match=r"cuts GPU 8 off from the other 15 GPUs;"):
+        _cluster(fabric, 2, {"gpus": 8, "nics": 8}, what_if=[{"remove_link": "leaf1.0-spine0"}])
+
+
 def test_degraded_link_shows_on_both_directions(a100):
     c = build_cluster(TopologyCfg.model_validate({**a100.cfg.model_dump(), "what_if": [
         {"link": "n0.nic0-leaf0.0", "bw_factor": 0.5}, {"link": "spine3-leaf0.0", "bw_factor": 0.25}]}))

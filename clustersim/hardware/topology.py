@@ -1255,7 +1255,9 @@ class _Reach:
         main = max((j for j in groups if j is not None), key=lambda j: (len(groups[j]), -min(groups[j])),
                    default=None)
         cut = sorted(x for j, xs in groups.items() if j != main for x in xs)
-        msg = (f"cuts GPUs {_gpu_list(cut)} off from the other {self.cluster.num_gpus - len(cut)} GPUs"
+        rest = self.cluster.num_gpus - len(cut)
+        msg = (f"cuts GPU{'s' if len(cut) != 1 else ''} {_gpu_list(cut)} off from the other "
+               f"{rest if rest != 1 else ''}{' GPUs' if rest != 1 else 'GPU'}"
                if main is not None else "leaves no GPU connected to the fabric")
         if len(groups) > 2 and None not in groups:
             msg += f" (the fabric falls into {len(groups)} parts)"

@@ -52,15 +52,6 @@ class DenseModelCfg(Strict):
     position_embedding: Literal["learned", "rope"] = "learned"
     moe: "MoeCfg | None" = None
 
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _moe_written_empty(cls, data):
-        # ``moe:`` with nothing under it loads as None, which would be a dense model without a word
-        if isinstance(data, dict) and "moe" in data and data["moe"] is None:
-            raise ValueError("moe is empty; give its keys (experts, top_k, expert_ffn; docs/reference.md) "
-                             "or leave it out for a dense model")
-        return data
-
     @pydantic.model_validator(mode="after")
     def _shapes(self):
         if self.hidden % self.heads:
