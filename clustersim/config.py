@@ -325,6 +325,11 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.ep", f"ep={p.ep} does not divide model.moe.experts={m.moe.experts}")
         if p.dp % p.ep:
             fail("parallel.ep", f"ep={p.ep} does not divide dp={p.dp} (expert parallelism is carved out of DP)")
+        if p.ep > 1 and p.tp > 1 and not p.sp:
+            # each TP rank dispatches its own s/t tokens, which needs them sequence-split
+            fail("parallel.sp", f"expert parallelism (ep={p.ep}) with tensor parallelism (tp={p.tp}) needs "
+                                f"sequence parallelism (sp: true), as Megatron-LM requires: each TP rank "
+                                f"dispatches its own share of the tokens")
         if m.moe.expert_ffn % p.tp:
             fail("parallel.tp", f"tp={p.tp} does not divide model.moe.expert_ffn={m.moe.expert_ffn}")
         load = m.moe.ep_load

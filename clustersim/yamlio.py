@@ -122,6 +122,9 @@ class Strict(pydantic.BaseModel):
             # takes numbers); a word ('four') is left to pydantic's own message
             if kinds & {int, float} and kinds <= {int, float, type(None)}:
                 quoted = next((x for x in items if isinstance(x, str) and _numeric(x)), None)
+                if quoted is not None and _LEADING_ZERO.fullmatch(quoted.strip()):
+                    raise ValueError(f"a number, not a string ({short_repr(quoted)}: a leading zero, which YAML 1.1 "
+                                     f"reads as text, quoted or not; write it without the zero)")
                 if quoted is not None:
                     raise ValueError(f"a number, not a string ({short_repr(quoted)} is quoted)")
             # pydantic would read 'false', 'off' or '0' as False: a switch takes true or false
@@ -163,22 +166,26 @@ def _flow_nesting(text: str) -> int:
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-# plain scalars YAML 1.1 reads as numbers other than the ones written: 010 is octal 8 (and
-# 08192 a string), 1:30 is base 60 (90); YAML 1.2 and JSON read neither so
+# plain scalars YAML 1.1 reads as numbers other than the ones written: 010 is octal 8, 1:30 is
+# base 60 (90); YAML 1.2 and JSON read neither so. (08192 and 08:30 are text to YAML 1.1: they load
+# as written, and where a number goes the check of quoted numbers names them.)
 _LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
-_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 
 
 def _scalar_problem(node: yaml.ScalarNode) -> str | None:
     """Why a scalar cannot be read as written, or None. A double-quoted pair of surrogate
     escapes (``"\\ud83d\\ude80"``, as JSON writes an emoji) is joined into its character here."""
     v = node.value
-    if node.style is None and (_LEADING_ZERO.fullmatch(v) or _BASE_60.fullmatch(v)):
+    if node.style is None and node.tag in _NUMBER_TAGS:  # (an explicit !!str tag is text)
         if ":" in v:
-            return f"{v} is a base-60 number in YAML 1.1 (1:30 is 90); write the number itself"
-        octal = all(c in "01234567_" for c in v.lstrip("+-"))
-        return (f"{v} has a leading zero, which YAML 1.1 reads as {'octal' if octal else 'text'}; write it "
-                f"without the zero")
+            value = 0.0
+            for part in v.lstrip("+-").replace("_", "").split(":"):
+                value = value * 60 + float(part)
+            return (f"{v} is a base-60 number in YAML 1.1 ({'-' if v.startswith('-') else ''}{value:g}); quote it "
+                    f"for text, or write the number itself")
+        if _LEADING_ZERO.fullmatch(v):
+            return f"{v} has a leading zero, which YAML 1.1 reads as an octal number; write it without the zero"
     if any("\ud800" <= c <= "\udfff" for c in v):
         try:
             node.value = v.encode("utf-16", "surrogatepass").decode("utf-16")
@@ -226,8 +233,9 @@ def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
                 if key.tag == _MERGE_TAG:
                     merges += 1
                     if merges == 2:
-                        note(key.start_mark.line + 1, (*where, "<<"), "merge key given twice in one mapping; YAML "
-                             "would drop the first silently: merge a list instead (<<: [*a, *b])")
+                        note(key.start_mark.line + 1, (*where, "<<"), "merge key given twice in one mapping (keys "
+                             "are unique in YAML; PyYAML merges both, the second winning): merge a list instead, "
+                             "<<: [*b, *a], in which the first named wins")
                     stack.append((value, where))
                     continue
                 name = key.value if isinstance(key, yaml.ScalarNode) else "?"

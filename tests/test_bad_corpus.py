@@ -3,6 +3,7 @@ field, exit code 2, no traceback, nothing written."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,24 @@ def test_a_surrogate_pair_is_joined_into_its_character(tmp_path):
 
     assert _load_unique('name: "rocket \\ud83d\\ude80"\n', "t") == {"name": "rocket \U0001F680"}
     assert _load_unique("name: rocket \U0001F680\n", "t") == {"name": "rocket \U0001F680"}
+
+
+def test_text_that_loads_as_written_is_not_taken_for_a_yaml_1_1_number(tmp_path):
+    """Only scalars YAML 1.1 turns into other numbers are refused (010 octal, 1:30 base 60):
+    0800, 08:30 and !!str 0800 load as the text written and pass; 08192 where a number goes
+    is named for its leading zero, not said to be quoted."""
+    import clustersim
+    from clustersim.yamlio import _load_unique
+
+    for text in ("0800", "08:30", "!!str 0800", "0:30", "'010'"):
+        assert _load_unique(f"name: {text}\n", "t") == {"name": text.removeprefix("!!str ").strip("'")}
+    for text, why in (("010", "leading zero, which YAML 1.1 reads as an octal number"),
+                      ("12:00", "base-60 number in YAML 1.1 (720)")):
+        with pytest.raises(clustersim.ConfigError, match=re.escape(why)):
+            _load_unique(f"name: {text}\n", "t")
+    root = Path(__file__).resolve().parents[1]
+    scenario = (root / "scenarios" / "llama3_8b_8gpu.yaml").read_text().replace("seq_len: 8192", "seq_len: 08192")
+    (tmp_path / "s.yaml").write_text(scenario.replace("../topologies", str(root / "topologies")))
+    with pytest.raises(clustersim.ConfigError, match=r"model\.seq_len: a number, not a string \('08192': a leading "
+                                                     r"zero, which YAML 1.1 reads as text"):
+        clustersim.load_scenario(tmp_path / "s.yaml")

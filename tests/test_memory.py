@@ -115,11 +115,12 @@ def test_pipeline_messages_are_held_at_both_ends():
 
 
 def test_all_to_all_holds_its_receive_buffer():
-    # one stage, EP 2 (TP 4): microbatches run one after another, so at the peak one microbatch's
-    # activations are alive and one all-to-all (tokens x top_k x capacity x h x 2 bytes) in flight
-    r = run(model=MOE, parallel={"tp": 4, "pp": 1, "dp": 2, "ep": 2}, training={"global_batch_size": 4})
+    # one stage, EP 2 (TP 4 with SP): microbatches run one after another, so at the peak one
+    # microbatch's activations are alive and one all-to-all (the TP rank's s/t tokens x top_k x
+    # capacity x h x 2 bytes) in flight
+    r = run(model=MOE, parallel={"tp": 4, "pp": 1, "dp": 2, "ep": 2, "sp": True}, training={"global_batch_size": 4})
     m = r.scenario.model
-    a2a = m.seq_len * m.moe.top_k * m.moe.capacity_factor * m.hidden * 2
+    a2a = m.seq_len / 4 * m.moe.top_k * m.moe.capacity_factor * m.hidden * 2
     assert {s.size_bytes for s in r.trace.spans if s.op == "all_to_all"} == {a2a}
     st = r.summary["memory"]["stages"][0]
     assert st["comm_buffers_bytes"] == a2a

@@ -106,9 +106,9 @@ COLLAPSE = [
     ("cp-all-gather-balanced", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "cp_comm": "all_gather"}, {}),
     ("cp-all-gather-unbalanced", 8, {"tp": 4, "cp": 2, "pp": 2, "dp": 4, "cp_comm": "all_gather",
                                      "cp_load_balance": False}, {}),
-    ("moe-ep4", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, {"moe": True}),
+    ("moe-ep4", 8, {"tp": 1, "pp": 2, "dp": 32, "ep": 4}, {"moe": True}),
     ("moe-ep4-sp", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, {"moe": True}),  # TP gathers the dispatch
-    ("moe-ep4-strided-cp2", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "ep": 4, "order": "tp-cp-dp-ep-pp"},
+    ("moe-ep4-strided-cp2", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "ep": 4, "sp": True, "order": "tp-cp-dp-ep-pp"},
      {"moe": True}),
     ("recompute-full", 8, {"tp": 4, "pp": 2, "dp": 8, "order": "tp-pp-dp"}, {"training": {"recompute": "full"}}),
     ("recompute-selective", 8, {"tp": 8, "pp": 2, "dp": 4, "sp": True}, {"training": {"recompute": "selective"}}),
@@ -221,8 +221,8 @@ SPLIT = [
                                      "cp_load_balance": False}, {}, {45: 1.3, 2: 1.2}, 36),
     # EP4 (DP 4-7 one EP group): per stage S, its TP peer, their EP peers (one class a TP
     # index), and elsewhere per TP index and whether the EP index is S's (expert-DP groups)
-    ("moe-ep4", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, {"moe": True}, {13: 1.3}, 16),
-    ("moe-ep4-strided", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "order": "tp-cp-dp-ep-pp"}, {"moe": True},
+    ("moe-ep4", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, {"moe": True}, {13: 1.3}, 16),
+    ("moe-ep4-strided", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "order": "tp-cp-dp-ep-pp"}, {"moe": True},
      {45: 1.3}, 16),
     ("256-gpus", 32, {"tp": 8, "pp": 4, "dp": 8}, {}, {100: 1.3}, 16),
 ]
@@ -248,7 +248,7 @@ def test_skewed_load_classes_run_as_their_representative():
     """A skewed expert load (a class per stage and EP index: equal loads at different EP
     indices do not load the NICs alike, PXN putting each index's traffic on its own rail) and
     a straggler splitting them further: each member runs as its representative."""
-    d = _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, 2,
+    d = _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, 2,
              moe={**MOE, "ep_load": [2.0, 2 / 3, 2 / 3, 2 / 3]}, what_if=[{"gpu": 13, "slowdown": 1.3}])
     sc = clustersim.load_scenario(d, base_dir=ROOT)
     prog, low = lower(sc)
@@ -353,7 +353,7 @@ FAULTS = [
      {5}),
     ("nic-cable-tp8-pp4", {"tp": 8, "pp": 4, "dp": 1}, {}, [{"link": "n1.nic5-leaf0.5", "bw_factor": 0.25}], 8,
      {13}),
-    ("nic-cable-moe-ep4", {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, {"moe": True},
+    ("nic-cable-moe-ep4", {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, {"moe": True},
      [{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}], 32, None),
     ("nvlink-zero1", {"tp": 8, "pp": 2, "dp": 4, "zero": 1}, {}, [{"link": "n1.gpu3-n1.nvsw", "bw_factor": 0.3}],
      32, None),
@@ -688,7 +688,7 @@ def test_twins_of_two_orbits_meeting_on_a_spine_slow_both():
     of one orbit with twins of the other, where neither simulated instance goes. Counting
     only its own orbit's flows, each orbit looked symmetric, and the collapsed step was
     15.4 % shorter than the all-ranks one; with its siblings' flows it is the same."""
-    d = _doc("roce-clos-llama3.yaml", 4, {"tp": 4, "pp": 4, "dp": 2, "ep": 2, "schedule": "gpipe"}, 4,
+    d = _doc("roce-clos-llama3.yaml", 4, {"tp": 4, "pp": 4, "dp": 2, "ep": 2, "sp": True, "schedule": "gpipe"}, 4,
              moe={**MOE, "ep_load": [1.5, 0.5]})
     sc = clustersim.load_scenario(d, base_dir=ROOT)
     collapsed, full = _both(sc)
@@ -741,7 +741,7 @@ TUNED = [
     # collapsed step (the simulated group's tree for every twin) 5.2 % shorter (seed 22, plan 7)
     ("gb200-3-racks-tp4-dp54", "gb200-nvl72.yaml", 3, {"tp": 4, "pp": 1, "dp": 54}, 1, {"seq_len": 2048}, {}),
     # a DP group of four chose hierarchical where the simulated one chose tree: +8.0 %
-    ("clos-32-nodes-tp4-dp64-ep4", "roce-clos-llama3.yaml", 32, {"tp": 4, "pp": 1, "dp": 64, "ep": 4}, 2,
+    ("clos-32-nodes-tp4-dp64-ep4", "roce-clos-llama3.yaml", 32, {"tp": 4, "pp": 1, "dp": 64, "ep": 4, "sp": True}, 2,
      {"seq_len": 1024, "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}}, {"recompute": "full"}),
 ]
 
@@ -886,7 +886,7 @@ def test_link_loads_on_arrays_are_the_loops_bit_for_bit(doc):
     from clustersim.engine import Engine
 
     sc = (clustersim.load_scenario(_meeting_doc(), base_dir=ROOT) if doc == "meetings"
-          else _scenario(8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, moe=True))
+          else _scenario(8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, moe=True))
     prog, _ = lower(sc)
     eng = Engine(prog, sc.cluster, sc.cfg.simulation.network, sc.cfg.simulation.collectives.model_dump())
     comms = {(t.comm.op, t.comm.group, t.comm.twins, t.comm.size_bytes): t.comm for t in prog.tasks if t.comm is not None}

@@ -7,7 +7,7 @@ per-layer count (GQA, SwiGLU, any MLP width) and the MoE layer's router and top-
 Model FLOPs count the causal half of the attention square (Megatron-LM's count today); standard
 attention executes the whole square (Narayanan's forms), flash attention the causal half.
 clustersim's counts match these exactly (to float rounding) on every plan tried, so the
-tolerance is 1e-12 relative; 
+tolerance is 1e-12 relative.
 
 B = global batch (sequences), s = sequence length, l = layers, h = hidden, V = vocabulary.
 """
@@ -30,13 +30,13 @@ def simulate(root, collapse=None, **sections):
     return clustersim.simulate(sc, collapse=collapse)
 
 
-def megatron_72(B, s, l, h, V) -> float:
+def square_72(B, s, l, h, V) -> float:
     """FLOPs per step with the whole attention square, no recompute (Narayanan et al.): fwd
     24Bslh^2 + 4Bs^2lh + 2BshV, backward twice that. What standard attention executes."""
     return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
 
 
-def megatron_96(B, s, l, h, V) -> float:
+def square_96(B, s, l, h, V) -> float:
     """Executed FLOPs with full recompute and the whole square: every layer's forward runs
     twice (the head's once)."""
     return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
@@ -72,12 +72,12 @@ B = 16
 
 
 @pytest.mark.parametrize("plan", sorted(PLANS))
-def test_model_flops_count_the_causal_half_and_standard_attention_executes_megatron_72(root, plan):
+def test_model_flops_count_the_causal_half_and_standard_attention_executes_the_square_72_form(root, plan):
     r = simulate(root, parallel=PLANS[plan], training={"global_batch_size": B, "attention": "standard"})
     s, l, h, V = shape(r.scenario.model)
     assert r.summary["model_flops_per_step"] == pytest.approx(causal_72(B, s, l, h, V), rel=EXACT)
     # standard attention recomputes nothing but computes the masked half of the square too
-    want = megatron_72(B, s, l, h, V)
+    want = square_72(B, s, l, h, V)
     assert r.summary["hardware_flops_per_step"] == pytest.approx(want, rel=EXACT)
     assert r.summary["hfu"] / r.summary["mfu"] == pytest.approx(want / causal_72(B, s, l, h, V), rel=EXACT)
 
@@ -92,12 +92,12 @@ def test_model_flops_do_not_depend_on_the_symmetric_collapse(root):
         assert rep[key] == pytest.approx(full[key], rel=EXACT)
 
 
-def test_6N_plus_12lsh_per_token_is_megatron_72():
+def test_6N_plus_12lsh_per_token_is_the_square_72_form():
     """6 N_matmul + 12 l s h per token, N_matmul = l * 12h^2 + V h (LM head), times B s tokens;
     with the causal half, 6 N_matmul + 6 l s h."""
     Bq, s, l, h, V = 8, 2048, 24, 2304, 51200
     n_matmul = l * 12 * h * h + V * h
-    assert (6 * n_matmul + 12 * l * s * h) * Bq * s == pytest.approx(megatron_72(Bq, s, l, h, V), rel=EXACT)
+    assert (6 * n_matmul + 12 * l * s * h) * Bq * s == pytest.approx(square_72(Bq, s, l, h, V), rel=EXACT)
     assert (6 * n_matmul + 6 * l * s * h) * Bq * s == pytest.approx(causal_72(Bq, s, l, h, V), rel=EXACT)
 
 
@@ -124,7 +124,7 @@ def test_general_layer_count_gqa_swiglu(root):
 
 # ---------------------------------------------------------------- recompute
 @pytest.mark.parametrize("plan", ["tp4-pp2-dp2", "tp2-pp2-dp4-sp", "zb-h1"])
-def test_full_recompute_executes_megatron_96_and_keeps_model_flops(root, plan):
+def test_full_recompute_executes_the_square_96_form_and_keeps_model_flops(root, plan):
     base = simulate(root, parallel=PLANS[plan], training={"global_batch_size": B, "attention": "standard"})
     full = simulate(root, parallel=PLANS[plan],
                     training={"global_batch_size": B, "attention": "standard", "recompute": "full"})
@@ -132,7 +132,7 @@ def test_full_recompute_executes_megatron_96_and_keeps_model_flops(root, plan):
     fs = full.summary
     assert fs["model_flops_per_step"] == pytest.approx(causal_72(B, s, l, h, V), rel=EXACT)
     assert fs["model_flops_per_step"] == pytest.approx(base.summary["model_flops_per_step"], rel=EXACT)
-    assert fs["hardware_flops_per_step"] == pytest.approx(megatron_96(B, s, l, h, V), rel=EXACT)
+    assert fs["hardware_flops_per_step"] == pytest.approx(square_96(B, s, l, h, V), rel=EXACT)
     # HFU / MFU = 96(1 + s/6h + V/16lh) / 72(1 + s/12h + V/12lh): the recomputed forward
     # (4/3 without the LM head, less with it: the head runs once) and the masked half that
     # standard attention computes
@@ -151,7 +151,7 @@ def test_selective_recompute_executes_one_more_core_attention_forward(root):
                  training={"global_batch_size": B, "attention": "standard", "recompute": "selective"})
     s, l, h, V = shape(r.scenario.model)
     assert r.summary["model_flops_per_step"] == pytest.approx(causal_72(B, s, l, h, V), rel=EXACT)
-    extra = r.summary["hardware_flops_per_step"] - megatron_72(B, s, l, h, V)
+    extra = r.summary["hardware_flops_per_step"] - square_72(B, s, l, h, V)
     assert extra == pytest.approx(4 * B * s * s * l * h, rel=EXACT)
 
 
@@ -242,7 +242,7 @@ def moe_closed_form(Bq, s, l, h, V, experts, top_k, f_e, shared, dense_first, ca
 
 def moe_run(root, tp=1, **moe):
     model = {"moe": {**MOE, **moe}, "mlp": "swiglu", "bias": False}
-    return simulate(root, model=model, parallel={"tp": tp, "pp": 2, "dp": 16 // (2 * tp), "ep": 4},
+    return simulate(root, model=model, parallel={"tp": tp, "pp": 2, "dp": 16 // (2 * tp), "ep": 4, "sp": tp > 1},
                     training={"global_batch_size": B})
 
 

@@ -68,7 +68,7 @@ def _grads_option(p: dict[str, Any]) -> str:
     (and context) parallel ranks, since it sets the bytes of every gradient collective."""
     if "grad_dtype" not in p or p.get("dp", 1) * p.get("cp", 1) == 1:
         return ""
-    reduce = p.get("grad_reduce_dtype") or p["grad_dtype"]
+    reduce = p["grad_reduce_dtype"]  # (api.py: the scenario's, or grad_dtype where it has none)
     return f" · {p['grad_dtype']} grads" + (f" reduced in {reduce}" if reduce != p["grad_dtype"] else "")
 
 
