@@ -79,6 +79,7 @@ def draw_plan(rng: random.Random, world: int, per: int) -> tuple[dict, dict, dic
     eps = [x for x in (2, 4, 8) if dp % x == 0]
     if eps and rng.random() < 0.3:
         parallel["ep"] = rng.choice(eps)
+        parallel["sp"] = parallel["sp"] or tp > 1  # EP with TP needs SP (no draw: seeds keep their plans)
         model["moe"] = {"experts": 8, "top_k": 2, "expert_ffn": 1024}
     training = {"micro_batch_size": 1, "global_batch_size": m * dp,
                 "recompute": rng.choice(["none", "selective", "full"])}

@@ -60,6 +60,7 @@ def draw(rng: random.Random) -> dict:
     if dp >= 2 and rng.random() < 0.3:
         model["moe"] = MOE
         parallel["ep"] = 2
+        parallel["sp"] = parallel["sp"] or tp > 1  # EP with TP needs SP (no draw: seeds keep their plans)
     cluster = {"topology": f"topologies/{topo}", "nodes": nodes}
     if rng.random() < 0.2:
         cluster["what_if"] = [{"gpu": rng.randrange(tp * pp * dp * cp), "slowdown": 1.25}]

@@ -84,6 +84,7 @@ def draw(rng: random.Random) -> dict:
         ep = rng.choice(eps)
         model["moe"] = {"experts": 8, "top_k": 2, "expert_ffn": 1024}
         parallel["ep"] = ep
+        parallel["sp"] = parallel["sp"] or tp > 1  # EP with TP needs SP (no draw: seeds keep their plans)
         if rng.random() < 0.4:  # skewed expert load: EP index 0 takes more tokens
             load = [1.0] * ep
             load[0], load[-1] = 1.5, 0.5

@@ -203,7 +203,7 @@ def test_bench_sweep_variants_are_valid_plans_of_their_scenario(name):
         sc = load_scenario(d, base_dir=path.parent)
         p = sc.parallel
         assert (p.tp, p.pp, p.dp, p.zero) == (tp, pp, dp, zero) and sc.cfg.training.recompute == rc
-        assert p.sp == (tp > 1 and bool(base["parallel"].get("sp")))
+        assert p.sp == (tp > 1 and (bool(base["parallel"].get("sp")) or p.ep > 1))  # (EP with TP needs SP)
         assert p.ep == math.gcd(base["parallel"].get("ep", 1), dp)
 
 

@@ -154,7 +154,7 @@ def test_a_scenario_whose_path_has_ties_passes_its_checks(root, tmp_path):
                                     "what_if": [{"link": "n0.nic4-leaf0.0", "bw_factor": 0.5}]},
         "model": {"name": "tiny", "layers": 8, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 2048,
                   "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
-        "parallel": {"tp": 2, "pp": 1, "dp": 16, "zero": 3, "ep": 2},
+        "parallel": {"tp": 2, "pp": 1, "dp": 16, "zero": 3, "ep": 2, "sp": True},
         "training": {"micro_batch_size": 1, "global_batch_size": 32}})
     cp = result.summary["critical_path"]
     assert cp["length_s"] == pytest.approx(result.summary["step_time_s"], abs=1e-12) and cp["wait_s"] == 0.0

@@ -25,7 +25,7 @@ CASES = {
     "dualpipe-zero1": _doc("dgx-h100.yaml", 8, PARALLEL["dualpipe-zero1"], 16, layers=16),
     "cp-ring-unbalanced": _doc("dgx-h100.yaml", 8, PARALLEL["cp-ring-unbalanced"], 4),
     "moe-ep4-strided-cp2": _doc("dgx-h100.yaml", 8, PARALLEL["moe-ep4-strided-cp2"], 4, moe=MOE),
-    "moe-skewed-load": _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4}, 4,
+    "moe-skewed-load": _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, 4,
                             moe={**MOE, "ep_load": [2.0, 2 / 3, 2 / 3, 2 / 3]}),
     "two-stragglers": _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8,
                            what_if=[{"gpu": 13, "slowdown": 1.3}, {"gpu": 40, "slowdown": 1.1}]),

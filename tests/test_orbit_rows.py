@@ -51,7 +51,7 @@ VARIANTS = {
     # weights across two GB200 racks
     "siblings-ep-skewed": dict(cluster={"topology": "topologies/roce-clos-llama3.yaml", "nodes": 4},
                                model={**MOE, "moe": {**MOE["moe"], "ep_load": [1.5, 0.5]}},
-                               parallel={"tp": 4, "pp": 4, "dp": 2, "ep": 2}, training={"global_batch_size": 8}),
+                               parallel={"tp": 4, "pp": 4, "dp": 2, "ep": 2, "sp": True}, training={"global_batch_size": 8}),
     "siblings-straggler": dict(cluster={"topology": "topologies/gb200-nvl72.yaml", "nodes": 2,
                                         "what_if": [{"gpu": 31, "slowdown": 1.3}]}, model={"layers": 8},
                                parallel={"tp": 2, "pp": 8, "dp": 9, "schedule": "zb-h1"},

@@ -45,11 +45,11 @@ VARIANTS = {
                                                        "zero": 1, "overlap_param_gather": True}),
     "moe-ep": dict(model={"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000,
                           "seq_len": 512, "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
-                   parallel={"tp": 2, "pp": 2, "dp": 4, "ep": 4}),
+                   parallel={"tp": 2, "pp": 2, "dp": 4, "ep": 4, "sp": True}),
     # ZeRO-2's reductions made after each W, dense and expert, and waited for by the next action
     "moe-zb-zero2": dict(model={"name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000,
                                 "seq_len": 512, "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
-                         parallel={"tp": 2, "pp": 2, "dp": 4, "ep": 2, "zero": 2, "schedule": "zb-h1"},
+                         parallel={"tp": 2, "pp": 2, "dp": 4, "ep": 2, "sp": True, "zero": 2, "schedule": "zb-h1"},
                          training={"global_batch_size": 32}),
 }
 
