@@ -312,7 +312,8 @@ def cmd_schedule(args) -> int:
         try:
             sched = build_schedule(args.schedule, args.pp, args.microbatches, **opts)
         except ScheduleError as exc:
-            raise ConfigError(exc.message, source=src, field=_schedule_flag(exc.message, args.vpp_group is not None)) from None
+            flag = _schedule_flag(exc.message, args.vpp_group is not None)
+            raise ConfigError(exc.message, source=src, field=flag) from None
     print(format_grid(sched))
     return 0
 

@@ -123,8 +123,8 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
     Causal mask: a query attends to the keys at or before it, half the s x s square::
 
         model FLOPs   4 b s^2 h / 2         (Megatron-LM's count: "only half of the mask is non-zero")
-        executed      4 b s^2 h / 2 flash   (masked blocks skipped; the diagonal's are about s/block
-                                             of them, left out)
+        executed      4 b s^2 h / 2 flash   (masked blocks skipped; the diagonal blocks' masked
+                                             halves, block/s of the half, left out)
                       4 b s^2 h standard    (the whole square computed, then masked)
     """
     s, h, d = m.seq_len, m.hidden, m.head_dim
