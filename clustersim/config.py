@@ -345,10 +345,10 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             local = m.moe.experts // p.ep
             most = min(m.moe.top_k, local) / m.moe.top_k * p.ep
             if max(load) > most * (1 + 1e-9):
-                fail("model.moe.ep_load", f"an entry of {max(load):g} is more than an EP rank can take: each token "
-                                          f"sends top_k={m.moe.top_k} copies to distinct experts, at most {local} of "
-                                          f"them on one rank ({m.moe.experts} experts over ep={p.ep}), so at most "
-                                          f"{most:g} times the balanced share")
+                fail("model.moe.ep_load", f"an entry of {max(load):.12g} is more than an EP rank can take: each "
+                                          f"token sends top_k={m.moe.top_k} copies to distinct experts, at most "
+                                          f"{local} of them on one rank ({m.moe.experts} experts over ep={p.ep}), so "
+                                          f"at most {most:.12g} times the balanced share")
             if m.moe.capacity_factor != 1.0:
                 fail("model.moe.ep_load", f"ep_load models dropless routing; with model.moe.capacity_factor="
                                           f"{m.moe.capacity_factor:g} every expert's batch is padded or cut to "

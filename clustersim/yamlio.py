@@ -43,8 +43,8 @@ def not_a_file(path: Path) -> str:
     symlink loop", "a character device, not a regular file" (/dev/null), ... (for messages)."""
     try:
         mode = os.stat(path).st_mode
-    except ValueError:  # (a NUL character, which no call to the operating system takes)
-        return "a name holding a NUL character"
+    except ValueError as exc:  # (a NUL character, or half a surrogate pair, which no system call takes)
+        return "a name holding a NUL character" if "\0" in str(path) else f"not readable: {exc}"
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return "a symlink loop"
@@ -177,7 +177,7 @@ def _scalar_problem(node: yaml.ScalarNode) -> str | None:
     """Why a scalar cannot be read as written, or None. A double-quoted pair of surrogate
     escapes (``"\\ud83d\\ude80"``, as JSON writes an emoji) is joined into its character here."""
     v = node.value
-    if node.style is None and node.tag in _NUMBER_TAGS:  # (an explicit !!str tag is text)
+    if node.tag in _NUMBER_TAGS:  # (an explicit !!str tag is text; a quoted one tagged !!int is not)
         if ":" in v:
             value = 0.0
             for part in v.lstrip("+-").replace("_", "").split(":"):
@@ -185,13 +185,23 @@ def _scalar_problem(node: yaml.ScalarNode) -> str | None:
             return (f"{v} is a base-60 number in YAML 1.1 ({'-' if v.startswith('-') else ''}{value:g}); quote it "
                     f"for text, or write the number itself")
         if _LEADING_ZERO.fullmatch(v):
-            return f"{v} has a leading zero, which YAML 1.1 reads as an octal number; write it without the zero"
+            return (f"{v} has a leading zero, which YAML 1.1 reads as an octal number; quote it for text, or "
+                    f"write it without the zero")
     if any("\ud800" <= c <= "\udfff" for c in v):
         try:
             node.value = v.encode("utf-16", "surrogatepass").decode("utf-16")
         except UnicodeDecodeError:
             return "holds a lone surrogate escape (half of a character written as two \\u escapes)"
     return None
+
+
+# scalar types whose construction can fail on an explicitly tagged value (!!int four)
+_BUILT_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("int", "float", "bool", "timestamp", "binary"))
+
+
+def _unbuilt(node: yaml.ScalarNode, exc: Exception) -> str:
+    """Why YAML cannot build a tagged scalar (for messages)."""
+    return f"{short_repr(node.value)} is not a valid !!{node.tag.rsplit(':', 1)[-1]}, which its tag asks for"
 
 
 # optional sections that read as null, and so as left out, when written with nothing under them
@@ -240,7 +250,16 @@ def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
                     continue
                 name = key.value if isinstance(key, yaml.ScalarNode) else "?"
                 if isinstance(key, yaml.ScalarNode):
-                    k = loader.construct_object(key)
+                    why = _scalar_problem(key)  # (a key's surrogate pair joined too)
+                    name = key.value
+                    if why is not None:
+                        note(key.start_mark.line + 1, (*where, name), why)
+                        continue
+                    try:
+                        k = loader.construct_object(key)
+                    except (ValueError, KeyError, IndexError, TypeError) as exc:
+                        note(key.start_mark.line + 1, (*where, name), _unbuilt(key, exc))
+                        continue
                     try:
                         hash(k)
                     except TypeError:
@@ -258,6 +277,11 @@ def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
             stack.extend((item, (*where, i)) for i, item in enumerate(node.value))
         elif isinstance(node, yaml.ScalarNode):
             why = _scalar_problem(node)
+            if why is None and node.tag in _BUILT_TAGS:
+                try:  # (an explicit tag on a value its type cannot take: !!int four)
+                    loader.construct_object(node)
+                except (ValueError, KeyError, IndexError, TypeError) as exc:
+                    why = _unbuilt(node, exc)
             if why is not None:
                 note(node.start_mark.line + 1, where, why)
     return None if found is None else (found[1], found[0], found[2])

@@ -83,6 +83,7 @@ def test_a_surrogate_pair_is_joined_into_its_character(tmp_path):
     from clustersim.yamlio import _load_unique
 
     assert _load_unique('name: "rocket \\ud83d\\ude80"\n', "t") == {"name": "rocket \U0001F680"}
+    assert _load_unique('"x\\ud83d\\ude80": 1\n', "t") == {"x\U0001F680": 1}  # (in a key too)
     assert _load_unique("name: rocket \U0001F680\n", "t") == {"name": "rocket \U0001F680"}
 
 
