@@ -328,11 +328,15 @@ def _check_step_length(sc: Scenario, step_s: float) -> None:
     at that pace, and its times would not fit the trace file. Bounded inputs can still
     multiply to it (a huge model on a slow, degraded cluster)."""
     if not step_s <= MAX_STEP_S:
+        # a what-if that slows the cluster is the likelier cause where the scenario has one
+        what_if = bool(sc.cfg.cluster.what_if)
         raise ConfigError(f"the simulated step lasts {step_s:.3g} s, more than {MAX_STEP_S:.0e} s (about "
                           f"{MAX_STEP_S / 3.156e7:.0f} years): a model this large on a cluster this slow is no "
-                          f"plan to simulate; shrink the model or the batch (training.micro_batch_size, "
-                          f"training.global_batch_size), or raise the bandwidths and efficiencies",
-                          source=sc.source, field="model")
+                          f"plan to simulate; "
+                          + ("ease the what-ifs' slowdowns and bw_factors, or " if what_if else "")
+                          + "shrink the model or the batch (training.micro_batch_size, training.global_batch_size), "
+                          "or raise the bandwidths and efficiencies",
+                          source=sc.source, field="cluster.what_if" if what_if else "model")
 
 
 def _check_every_rank(sc: Scenario, field: str) -> None:

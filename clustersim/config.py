@@ -468,7 +468,10 @@ def _referenced_file(base: Path, name: str, rel_to: str, source: str, field: str
     def quoted(s: str) -> str:  # whole, unless absurdly long
         return s if len(s) <= 300 and s.isprintable() else short_repr(s)
 
-    where = f"{quoted(name)} (relative to {rel_to}: {quoted(os.path.abspath(base / name))})"
+    if name.startswith("~"):  # a home folder, as a shell would read it (~/topos/x.yaml)
+        name = os.path.expanduser(name)
+    where = (quoted(name) if os.path.isabs(name) else
+             f"{quoted(name)} (relative to {rel_to}: {quoted(os.path.abspath(base / name))})")
     return given_file(name, what=what, source=source, field=field, base=base, shown=where)
 
 

@@ -18,8 +18,11 @@ class ConfigError(Exception):
         super().__init__(self.line())
 
     def line(self) -> str:
+        """The one line printed: what a terminal would act on (a newline in a file's name, an
+        escape sequence in a value quoted back) escaped as Python writes it."""
         parts = [p for p in (self.source, self.field) if p]
-        return ": ".join(parts + [self.message])
+        text = ": ".join(parts + [self.message])
+        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class Terminated(KeyboardInterrupt):

@@ -443,6 +443,10 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
             got = err.get("input")
             if kind == "int_parsing_size":  # (pydantic's "Unable to parse input string" for a float 1e20)
                 msg = "too large for a 64-bit integer"
+            elif kind in ("model_type", "dict_type"):  # (pydantic names its class: "instance of DenseModelCfg")
+                what = ("a list" if isinstance(got, list) else "a boolean" if isinstance(got, bool) else
+                        "a number" if isinstance(got, (int, float)) else "text" if isinstance(got, str) else "a value")
+                msg = f"should be keys and values (a mapping), not {what}"
             if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(got, dict):
                 shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
                 msg += f" (got {shown}{_yaml_reading(kind, got)})"

@@ -106,3 +106,27 @@ def test_text_that_loads_as_written_is_not_taken_for_a_yaml_1_1_number(tmp_path)
     with pytest.raises(clustersim.ConfigError, match=r"model\.seq_len: a number, not a string \('08192': a leading "
                                                      r"zero, which YAML 1.1 reads as text"):
         clustersim.load_scenario(tmp_path / "s.yaml")
+
+
+def test_a_topology_path_from_home_is_read_and_an_absolute_one_shown_once(tmp_path, monkeypatch):
+    """``~/...`` reads from the home folder, as a shell would (it was taken as a folder named
+    ``~`` beside the scenario); an absolute path missing is shown once, without a "relative to"
+    of itself. A section given a value says so without naming the model's class."""
+    import clustersim
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "topos").mkdir()
+    (tmp_path / "topos" / "t.yaml").write_text((root / "topologies" / "dgx-h100.yaml").read_text())
+    text = (root / "scenarios" / "llama3_8b_8gpu.yaml").read_text()
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(text.replace("../topologies/dgx-h100.yaml", "~/topos/t.yaml"))
+    assert clustersim.load_scenario(scenario).topology.node.gpus == 8
+    scenario.write_text(text.replace("../topologies/dgx-h100.yaml", "/nonexistent/t.yaml"))
+    with pytest.raises(ConfigError) as err:
+        clustersim.load_scenario(scenario)
+    assert err.value.message == "topology file not found: /nonexistent/t.yaml"
+    scenario.write_text(text.replace("../topologies/dgx-h100.yaml", str(tmp_path / "topos" / "t.yaml"))
+                        .replace("model:\n", "model: 5\nunused:\n"))
+    with pytest.raises(ConfigError, match=r"model: should be keys and values \(a mapping\), not a number \(got 5\)"):
+        clustersim.load_scenario(scenario)

@@ -412,6 +412,7 @@ BAD_CUSTOM = [
     ("huge microbatch", "0F0 0B0 0F99999999999999999999 0B1", ["rank 0, cell 2", "microbatch 99999999999999999999",
                                                               "4 actions"]),
     ("huge stage", "0F0 0B0\n1000000000000F0 1B0", ["rank 1, cell 0", "stage 1000000000000"]),
+    ("full-width digit", "\uff10F0 0B0", ["rank 0, cell 0", "is not an action"]),  # (\d took it as 0)
 ]
 
 

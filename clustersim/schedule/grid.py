@@ -25,9 +25,10 @@ from collections.abc import Sequence
 
 from .core import Action, PipelineSchedule, ScheduleError, as_schedule, make_schedule, unit_time_grid
 
-_TOKEN = re.compile(r"^(&?)(\d+)([FBIW])(\d+)$")
-_TORCH_COMM = re.compile(r"^\d+(SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)\d*$")
-_ROW_LABEL = re.compile(r"^\s*rank\s+(\d+)\s*$")
+# ASCII digits only: \d would take full-width and other scripts' digits (０F0) as numbers
+_TOKEN = re.compile(r"^(&?)([0-9]+)([FBIW])([0-9]+)$")
+_TORCH_COMM = re.compile(r"^[0-9]+(SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)[0-9]*$")
+_ROW_LABEL = re.compile(r"^\s*rank\s+([0-9]+)\s*$")
 
 
 def format_grid(schedule: PipelineSchedule | Sequence[Sequence[Action]]) -> str:
