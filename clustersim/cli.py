@@ -259,14 +259,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
         sim.get("collective_fallbacks"), sep)
 
 
-def _schedule_flag(message: str, group_given: bool) -> str:
-    """The flag a schedule's refusal is about, from what it names (v, the group where one was
-    given, m, p)."""
-    for flag, words in (("--vpp", ("needs v >=",)), ("--vpp-group" if group_given else "--microbatches", ("group",)),
-                        ("--microbatches", ("microbatches",)), ("--pp", ("pipeline ranks", "p >="))):
-        if any(w in message for w in words):
-            return flag
-    return "--schedule"
+_SCHEDULE_FLAGS = {"p": "--pp", "m": "--microbatches", "v": "--vpp", "group": "--vpp-group"}
 
 
 def cmd_schedule(args) -> int:
@@ -312,7 +305,7 @@ def cmd_schedule(args) -> int:
         try:
             sched = build_schedule(args.schedule, args.pp, args.microbatches, **opts)
         except ScheduleError as exc:
-            flag = _schedule_flag(exc.message, args.vpp_group is not None)
+            flag = _SCHEDULE_FLAGS.get(exc.about, "--schedule")  # the parameter the refusal is about
             raise ConfigError(exc.message, source=src, field=flag) from None
     print(format_grid(sched))
     return 0

@@ -29,7 +29,8 @@ from .core import Action, PipelineSchedule, ScheduleError, make_schedule
 
 def _check_pm(name: str, p: int, m: int) -> None:
     if p < 1 or m < 1:
-        raise ScheduleError(f"{name}: need p >= 1 ranks and m >= 1 microbatches; got p={p}, m={m}")
+        raise ScheduleError(f"{name}: need p >= 1 ranks and m >= 1 microbatches; got p={p}, m={m}",
+                            about="p" if p < 1 else "m")
 
 
 def gpipe(p: int, m: int) -> PipelineSchedule:
@@ -122,14 +123,15 @@ def interleaved(p: int, m: int, v: int = 2, group: int | None = None) -> Pipelin
     """
     _check_pm("interleaved", p, m)
     if v < 2:
-        raise ScheduleError(f"interleaved: needs v >= 2 model chunks per rank; got v={v} (v=1 is plain 1f1b)")
+        raise ScheduleError(f"interleaved: needs v >= 2 model chunks per rank; got v={v} (v=1 is plain 1f1b)",
+                            about="v")
     if p < 2:
         # Megatron-LM refuses it too: with one rank the chunks are one stage run in pieces.
         raise ScheduleError("interleaved: needs p >= 2 pipeline ranks to interleave chunks over; got p=1 "
-                            "(one rank runs its chunks as one stage: use 1f1b)")
+                            "(one rank runs its chunks as one stage: use 1f1b)", about="p")
     why = interleaved_group_error(p, m, group)
-    if why is not None:
-        raise ScheduleError(f"interleaved: {why}")
+    if why is not None:  # (m too small, or a group that does not fit it: the group's when one is given)
+        raise ScheduleError(f"interleaved: {why}", about="m" if group is None or m < p else "group")
     total = m * v
     table = interleaved_table(p, m, v, group)
 

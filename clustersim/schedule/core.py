@@ -51,7 +51,13 @@ class ScheduleError(ConfigError, ValueError):
     """A schedule that cannot run (bad parameters, malformed custom text, deadlock).
 
     A ConfigError so the command line prints it as one line; a ValueError for library users.
+    ``about``: the parameter a refusal of the parameters is about ("p", "m", "v", "group"), for
+    the command line to name its flag; None otherwise.
     """
+
+    def __init__(self, message: str, *, about: str | None = None, **where):
+        super().__init__(message, **where)
+        self.about = about
 
 
 @dataclass(frozen=True, order=True)

@@ -58,10 +58,11 @@ def dualpipe_stage_part(p: int) -> tuple[int, ...]:
 def dualpipe(p: int, m: int) -> PipelineSchedule:
     if p < 2 or p % 2:
         raise ScheduleError(f"dualpipe: the number of pipeline ranks must be even (two directions meet in "
-                            f"the middle); got p={p}")
+                            f"the middle); got p={p}", about="p")
     if m % 2 or m < 2 * p:
         raise ScheduleError(f"dualpipe: the number of microbatches must be even and at least 2p, half per "
-                            f"direction with at least p each (as the reference DualPipe asserts); got m={m}, p={p}")
+                            f"direction with at least p each (as the reference DualPipe asserts); got m={m}, p={p}",
+                            about="m")
     half = p // 2
     rows, pairs = [], []
     for r in range(p):

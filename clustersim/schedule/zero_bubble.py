@@ -25,7 +25,8 @@ def zb_h1(p: int, m: int) -> PipelineSchedule:
     """Rank r: min(p-r-1, m) warm-up F; then F B pairs, the i-th backward followed by the W
     of backward i-r once i >= r; the cool-down B's likewise; then the r withheld W's."""
     if p < 1 or m < 1:
-        raise ScheduleError(f"zb-h1: need p >= 1 ranks and m >= 1 microbatches; got p={p}, m={m}")
+        raise ScheduleError(f"zb-h1: need p >= 1 ranks and m >= 1 microbatches; got p={p}, m={m}",
+                            about="p" if p < 1 else "m")
     rows = []
     for r in range(p):
         warm = min(p - r - 1, m)
