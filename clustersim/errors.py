@@ -18,11 +18,17 @@ class ConfigError(Exception):
         super().__init__(self.line())
 
     def line(self) -> str:
-        """The one line printed: what a terminal would act on (a newline in a file's name, an
-        escape sequence in a value quoted back) escaped as Python writes it."""
+        """The one line printed, :func:`printable` (a newline in a file's name, an escape
+        sequence in a value quoted back)."""
         parts = [p for p in (self.source, self.field) if p]
-        text = ": ".join(parts + [self.message])
-        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+        return printable(": ".join(parts + [self.message]))
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped as in Python (``\\x1b``, ``\\r``,
+    ``\\n``, ``\\u202e``...): printed as written, on its line (error lines, the summary's name
+    and description)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
 class Terminated(KeyboardInterrupt):

@@ -217,7 +217,8 @@ def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
       ... ``tp: 4`` would simulate tp=4 without a word. Keys are compared as loaded (``1`` and
       ``0x1``, ``yes`` and ``true`` are the same key, as in the dict YAML gives). Merge keys
       (``<<``) may override, as YAML intends; what they merge in is not checked, but a second
-      ``<<`` in one mapping (the first dropped) is refused;
+      ``<<`` in one mapping is refused (keys are unique in YAML; PyYAML merges both, the
+      second winning);
     - a number YAML 1.1 reads otherwise (:func:`_scalar_problem`), or a lone surrogate escape;
     - ``moe:`` with nothing under it, which would load as no MoE (``_SECTIONS_NOT_EMPTY``).
 
@@ -248,9 +249,9 @@ def _first_problem(root: yaml.Node | None, loader: yaml.SafeLoader) -> tuple[str
                              "<<: [*b, *a], in which the first named wins")
                     stack.append((value, where))
                     continue
-                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                name = "?"
                 if isinstance(key, yaml.ScalarNode):
-                    why = _scalar_problem(key)  # (a key's surrogate pair joined too)
+                    why = _scalar_problem(key)  # (a key's surrogate pair joined too, before it names the field)
                     name = key.value
                     if why is not None:
                         note(key.start_mark.line + 1, (*where, name), why)

@@ -14,6 +14,8 @@ import json
 import re
 from typing import Any
 
+from ..errors import printable  # (a scenario's name or description printed as written, on its line)
+
 GiB = 1024**3
 
 
@@ -162,11 +164,6 @@ _CANNOT = {"tree": "groups inside one node, or uneven over nodes",
            "hierarchical": "groups inside one node, uneven over nodes, or of one GPU a node",
            "nvls": "groups across nodes, or GPUs without NVLS"}
 
-
-def printable(text: str) -> str:
-    """``text`` with what a terminal would act on escaped as in Python (``\\x1b``, ``\\r``,
-    ``\\n``, ``\\u202e``...): a scenario's name or description is printed as written, on its line."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
 def format_summary(s: dict[str, Any]) -> str:
