@@ -17,7 +17,8 @@ what a thousand plans would take at that pace (``--jobs N``: in N forked worker 
     dp = GPUs / (tp pp), ZeRO in {1, 3} (--all: {0, 1, 2, 3}),
     recompute in {selective, full} (--all: {none, selective, full}); the scenario's batch and
     micro-batch size; its schedule if 1F1B, GPipe or ZB-H1, else 1F1B (printed); its SP where
-    tp > 1 (always with EP) and its EP as far as DP allows; no CP, interleaving or layer split of its own
+    tp > 1 (always with EP) and its EP as far as DP allows; no CP, interleaving or layer split
+    of its own
 
 Plans the scenario's rules refuse (a global batch DP does not divide, say) are counted and
 named, not timed. Each plan's seconds include its validation and cluster graph (a sweep's
@@ -69,8 +70,9 @@ KEPT_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
 def variant(base: dict, gpus_per_node: int, gpus: int, tp: int, pp: int, dp: int, zero: int, rc: str) -> dict:
     """``base`` (a scenario as read from YAML) with this plan on ``gpus`` GPUs: the scenario's
     schedule where it is one of KEPT_SCHEDULES, else 1F1B; its sequence parallelism where
-    tp > 1, SP always where tp > 1 and ep > 1 (the pair needs it); its EP as far as DP allows (the largest divisor of its ``ep`` that divides dp);
-    no CP, no interleaving and no layer split of its own."""
+    tp > 1, and always where tp > 1 and ep > 1 (the pair needs it); its EP as far as DP allows
+    (the largest divisor of its ``ep`` that divides dp); no CP, no interleaving and no layer
+    split of its own."""
     d = copy.deepcopy(base)
     d["cluster"]["nodes"] = gpus // gpus_per_node
     par = d["parallel"]

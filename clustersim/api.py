@@ -202,7 +202,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "precision": t.precision, "attention": t.attention, "sp": p.sp, "ep": p.ep, "zero": p.zero,
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
             "recompute": t.recompute, "grad_dtype": t.grad_dtype,
-            "grad_reduce_dtype": t.grad_reduce_dtype or t.grad_dtype,
+            "grad_reduce_dtype": t.reduced_grad_dtype,
             "tp_nodes": _nodes_spanned(sc.mesh.group_rows("tp"), sc.topology.node.gpus),
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },

@@ -92,6 +92,12 @@ class TrainingCfg(Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     dp_bucket_params: int = pydantic.Field(default=40_000_000, ge=1)
 
+    @property
+    def reduced_grad_dtype(self) -> str:
+        """The dtype gradients are reduced in: ``grad_reduce_dtype``, or ``grad_dtype`` where
+        it is not set."""
+        return self.grad_reduce_dtype or self.grad_dtype
+
 
 class CollectivesCfg(Strict):
     """Algorithm per collective: "auto" picks the applicable one fastest alone at each size."""

@@ -1256,8 +1256,8 @@ class _Reach:
                    default=None)
         cut = sorted(x for j, xs in groups.items() if j != main for x in xs)
         rest = self.cluster.num_gpus - len(cut)
-        msg = (f"cuts GPU{'s' if len(cut) != 1 else ''} {_gpu_list(cut)} off from the other "
-               f"{rest if rest != 1 else ''}{' GPUs' if rest != 1 else 'GPU'}"
+        others = "the other GPU" if rest == 1 else f"the other {rest} GPUs"
+        msg = (f"cuts GPU{'s' if len(cut) != 1 else ''} {_gpu_list(cut)} off from {others}"
                if main is not None else "leaves no GPU connected to the fabric")
         if len(groups) > 2 and None not in groups:
             msg += f" (the fabric falls into {len(groups)} parts)"

@@ -70,7 +70,7 @@ def _grads_option(p: dict[str, Any]) -> str:
     (and context) parallel ranks, since it sets the bytes of every gradient collective."""
     if "grad_dtype" not in p or p.get("dp", 1) * p.get("cp", 1) == 1:
         return ""
-    reduce = p["grad_reduce_dtype"]  # (api.py: the scenario's, or grad_dtype where it has none)
+    reduce = p["grad_reduce_dtype"]  # (TrainingCfg.reduced_grad_dtype: grad_dtype where none is set)
     return f" · {p['grad_dtype']} grads" + (f" reduced in {reduce}" if reduce != p["grad_dtype"] else "")
 
 

@@ -1440,7 +1440,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
     low = Lowering(
         mesh=mesh, schedule=sc.schedule, work=work, sym=sym, shorter=shorter,
         grad_bytes=GRAD_BYTES[sc.training.grad_dtype],
-        reduce_bytes=GRAD_BYTES[sc.training.grad_reduce_dtype or sc.training.grad_dtype],
+        reduce_bytes=GRAD_BYTES[sc.training.reduced_grad_dtype],
         dp_bucket_params=sc.training.dp_bucket_params,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
