@@ -81,6 +81,7 @@ def draw_plan(rng: random.Random, world: int, per: int) -> tuple[dict, dict, dic
         parallel["ep"] = rng.choice(eps)
         parallel["sp"] = parallel["sp"] or tp > 1  # EP with TP needs SP (no draw: seeds keep their plans)
         model["moe"] = {"experts": 8, "top_k": 2, "expert_ffn": 1024}
+    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and dp % 2 == 0  # half the SP plans (no draw)
     training = {"micro_batch_size": 1, "global_batch_size": m * dp,
                 "recompute": rng.choice(["none", "selective", "full"])}
     return model, parallel, training

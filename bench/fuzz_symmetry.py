@@ -89,6 +89,7 @@ def draw(rng: random.Random) -> dict:
             load = [1.0] * ep
             load[0], load[-1] = 1.5, 0.5
             model["moe"]["ep_load"] = load
+    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and dp % 2 == 0  # half the SP plans (no draw)
     what_if = []
     if rng.random() < 0.3:
         what_if.append({"gpu": rng.randrange(world), "slowdown": rng.choice([1.1, 1.3])})
@@ -198,7 +199,7 @@ def label(i: int, d: dict) -> str:
     if p["cp"] > 1:
         bits.append(f"{p['cp_comm']}{'' if p['cp_load_balance'] else ' unbalanced'}")
     if p.get("sp"):
-        bits.append("sp")
+        bits.append("sp overlapped" if p.get("tp_comm_overlap") else "sp")
     if "ep" in p:
         bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}")
     bits += ["slow" if "gpu" in w else "spine cable" if "spine" in w["link"] else "nic cable" if ".nic" in w["link"]

@@ -51,6 +51,9 @@ class ParallelCfg(Strict):
     sp: bool = False
     tp_async_allreduce: bool = pydantic.Field(
         default=True, description="backward TP all-reduce beside the weight gradient (Megatron's async all-reduce)")
+    tp_comm_overlap: bool = pydantic.Field(
+        default=False, description="SP's all-gathers and reduce-scatters pipelined with the GEMMs beside them, "
+        "chunk by chunk (Megatron-LM's --tp-comm-overlap, Transformer Engine's userbuffers); needs sp")
     ep: int = pydantic.Field(default=1, ge=1, description="expert parallelism, carved out of dp")
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
@@ -368,6 +371,10 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.cp", "context parallelism runs blockwise (flash) attention; set training.attention: flash")
     if p.sp and p.tp == 1:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
+    if p.tp_comm_overlap and not p.sp:
+        # the overlap pipelines SP's all-gathers and reduce-scatters (Megatron-LM asserts the same)
+        fail("parallel.tp_comm_overlap", "pipelines sequence parallelism's all-gathers and reduce-scatters with "
+             "the GEMMs beside them; it needs sp: true" + ("" if p.tp > 1 else f" and tp > 1 (tp={p.tp})"))
     if p.zero3_keep_gathered and p.zero != 3:
         fail("parallel.zero3_keep_gathered", f"keeps ZeRO-3's gathered parameters between microbatches; zero={p.zero} "
              "does not shard the parameters (set zero: 3, or drop the field)")

@@ -40,6 +40,17 @@ for ep, cp_comm in itertools.product([2, 4], ["ring", "all_gather"]):
     PLANS.append(dict(tp=1, pp=2, dp=4, cp=2, cp_comm=cp_comm, sp=False, zero=1, recompute="none", schedule="1f1b",
                       ep=ep, moe=True))
 
+# TP communication overlap: every schedule, recompute, ZeRO-3, CP of both kinds and EP
+for schedule, recompute, zero in [("1f1b", "full", 3), ("gpipe", "selective", 1), ("interleaved", "none", 2),
+                                  ("zb-h1", "full", 1), ("dualpipe", "none", 0)]:
+    PLANS.append(dict(tp=4, pp=2, dp=2, sp=True, tp_comm_overlap=True, zero=zero, recompute=recompute,
+                      schedule=schedule))
+for cp_comm in ("ring", "all_gather"):
+    PLANS.append(dict(tp=2, pp=2, dp=2, cp=2, cp_comm=cp_comm, sp=True, tp_comm_overlap=True, zero=1,
+                      recompute="none", schedule="zb-h1"))
+PLANS.append(dict(tp=2, pp=2, dp=4, sp=True, tp_comm_overlap=True, zero=1, recompute="none", schedule="1f1b", ep=2,
+                  moe=True))
+
 
 def _id(p):
     return "-".join(f"{k}{v}" for k, v in p.items() if v not in (False, None) and k != "cp_load_balance") + \

@@ -413,3 +413,101 @@ def test_sequence_parallel_w_gathers_the_input_beside_the_other_weight_gradients
         beside, after = comp[(g.mb, g.layer, f"W {block}")], comp[(g.mb, g.layer, f"W {block} wgrad")]
         assert g.start_s == beside.start_s
         assert after.start_s == max(beside.end_s, g.end_s)
+
+
+# ---------------------------------------------------------------- TP communication overlap
+# a 22B-like layer (Korthikanti et al. 2022) on one DGX-A100, TP8 with SP: GEMMs large enough
+# for their chunks to hide the all-gather's shifts
+TP_OVERLAP = dict(cluster={"nodes": 1}, model={"layers": 2, "hidden": 6144, "heads": 64, "vocab": 51200,
+                                               "seq_len": 2048, "mlp": "gelu"},
+                  training={"micro_batch_size": 4, "global_batch_size": 8})
+
+
+def _tp_overlap_runs(root, **parallel):
+    p = {"tp": 8, "pp": 1, "dp": 1, "sp": True, **parallel}
+    return (run(root, parallel={**p, "tp_comm_overlap": False}, **TP_OVERLAP),
+            run(root, parallel={**p, "tp_comm_overlap": True}, **TP_OVERLAP))
+
+
+def tp_wire_bytes(spans, t: int) -> float:
+    """Bytes one GPU sends over TP: a ring moves steps/n of each buffer, a shift the whole of its own."""
+    return sum(s.size_bytes if s.op == "shift" else RING_STEPS[s.op](t) / t * s.size_bytes
+               for s in spans if s.kind == "tp")
+
+
+def test_tp_comm_overlap_moves_the_same_bytes_and_work_and_hides_the_collectives(root):
+    """Megatron-LM's --tp-comm-overlap (Transformer Engine's userbuffers) pipelines SP's
+    collectives with the GEMMs beside them: the forward all-gather becomes t-1 shifts of the
+    whole / t (a ring exchange), the reduce-scatter 4 reduce-scatters of a quarter, the
+    backward's gather of the output gradient t-1 shifts again; the weight gradients' gathers
+    and reductions stay as they were. The same bytes cross the wire, the same FLOPs run, and
+    less of the communication is exposed."""
+    plain, over = _tp_overlap_runs(root)
+    sc, t = over.scenario, 8
+    assert tp_wire_bytes(over.trace.spans, t) == pytest.approx(tp_wire_bytes(plain.trace.spans, t), rel=1e-12)
+    for key in ("compute_s", "model_flops_per_step"):
+        assert over.summary[key] == pytest.approx(plain.summary[key], rel=1e-9), key
+    per_mb = [s for s in over.trace.spans if s.kind == "tp" and s.rank == 0 and s.mb == 0 and s.layer == 0]
+    count = lambda phase, op: sum(1 for s in per_mb if s.phase == phase and s.op == op)  # noqa: E731
+    assert count("F", "shift") == 2 * (t - 1) and count("F", "reduce_scatter") == 2 * 4
+    assert count("F", "all_gather") == 0
+    assert count("B", "shift") == 2 * (t - 1)
+    assert count("B", "all_gather") == 2 and count("B", "reduce_scatter") == 2  # beside the wgrads, as before
+    act = 2 * sc.training.micro_batch_size * sc.model.seq_len * sc.model.hidden
+    assert {s.size_bytes for s in per_mb if s.op == "shift"} == {act / t}
+    assert over.summary["exposed_comm_s"]["tp"] < 0.5 * plain.summary["exposed_comm_s"]["tp"]
+    assert over.summary["step_time_s"] < plain.summary["step_time_s"]
+    from clustersim.output.summary import plan_options
+    assert plan_options(over.summary["plan"]).startswith(" · SP (TP comm overlap)")
+    assert plan_options(plain.summary["plan"]).startswith(" · SP") and "overlap" not in plan_options(plain.summary["plan"])
+
+
+def test_tp_comm_overlap_ring_exchange_and_pipelined_reduce_scatter(root):
+    """The forward's ring exchange: chunk k's shift starts with chunk k's GEMM and chunk k+1
+    starts when both are done; the pipelined reduce-scatter: chunk k's starts when its GEMM
+    ends, beside the next chunk, and the residual waits for the last."""
+    _, over = _tp_overlap_runs(root)
+    spans = [s for s in over.trace.spans if s.rank == 0 and s.phase == "F" and s.layer >= 0]
+    comp = {(s.mb, s.layer, s.name): s for s in spans if s.kind == "compute"}
+    comm = {(s.mb, s.layer, s.name): s for s in spans if s.kind == "tp"}
+    for mb, layer in {(s.mb, s.layer) for s in spans}:
+        for gemm in ("attn qkv", "mlp up"):
+            for k in range(7):
+                here, nxt = comp[(mb, layer, f"F {gemm} {k}")], comp[(mb, layer, f"F {gemm} {k + 1}")]
+                shift = comm[(mb, layer, f"F shift {gemm} {k}")]
+                assert shift.start_s == here.start_s
+                assert nxt.start_s == max(here.end_s, shift.end_s)
+        for gemm in ("attn proj", "mlp down"):
+            for k in range(4):
+                rs, done = comm[(mb, layer, f"F RS {gemm} {k}")], comp[(mb, layer, f"F {gemm} {k}")]
+                assert rs.start_s >= done.end_s
+                if k < 3:
+                    assert rs.start_s == comp[(mb, layer, f"F {gemm} {k + 1}")].start_s
+            residual = comp[(mb, layer, f"F {gemm.split()[0]}")]  # the block's last piece
+            assert residual.start_s == pytest.approx(max(rs.end_s, done.end_s), abs=1e-15)
+
+
+@pytest.mark.parametrize("schedule, recompute", [("zb-h1", "none"), ("1f1b", "full")])
+def test_tp_comm_overlap_with_a_split_backward_and_recompute(root, schedule, recompute):
+    """Under a split backward the ring-exchanged input gradients are B's and the weight
+    gradients W's; full recompute runs the forward's ring again. Same bytes and work."""
+    p = {"tp": 4, "pp": 2, "dp": 1, "sp": True, "schedule": schedule}
+    base = dict(cluster={"nodes": 1}, training={"global_batch_size": 4, "recompute": recompute})
+    plain = run(root, parallel=p, **base)
+    over = run(root, parallel={**p, "tp_comm_overlap": True}, **base)
+    assert tp_wire_bytes(over.trace.spans, 4) == pytest.approx(tp_wire_bytes(plain.trace.spans, 4), rel=1e-12)
+    assert over.summary["compute_s"] == pytest.approx(plain.summary["compute_s"], rel=1e-9)
+    dgrads = {s.phase for s in over.trace.spans if s.kind == "compute" and " dgrad " in s.name}
+    assert dgrads == {"B"}
+    if schedule == "zb-h1":  # the out projection's and MLP down's weight gradients are W's
+        flops = lambda r, ph: sum(s.flops for s in r.trace.spans if s.phase == ph)  # noqa: E731
+        assert flops(over, "W") == pytest.approx(flops(plain, "W"), rel=1e-9)
+    else:
+        shifts = [s for s in over.trace.spans if s.op == "shift" and s.phase == "B" and " up " in s.name]
+        assert shifts, "the recomputed forward's ring exchange"
+
+
+def test_tp_comm_overlap_needs_sp(root):
+    with pytest.raises(clustersim.ConfigError, match="parallel.tp_comm_overlap.*needs sp: true"):
+        clustersim.load_scenario(scenario_dict(parallel={"tp": 2, "pp": 2, "dp": 4, "tp_comm_overlap": True}),
+                                 base_dir=root)

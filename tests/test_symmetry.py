@@ -113,6 +113,10 @@ COLLAPSE = [
     ("recompute-full", 8, {"tp": 4, "pp": 2, "dp": 8, "order": "tp-pp-dp"}, {"training": {"recompute": "full"}}),
     ("recompute-selective", 8, {"tp": 8, "pp": 2, "dp": 4, "sp": True}, {"training": {"recompute": "selective"}}),
     ("256-gpus-1f1b", 32, {"tp": 8, "pp": 4, "dp": 8}, {}),
+    ("tp-comm-overlap-zb-h1", 8, {"tp": 4, "pp": 2, "dp": 8, "sp": True, "tp_comm_overlap": True,
+                                  "schedule": "zb-h1", "zero": 1}, {}),
+    ("tp-comm-overlap-moe", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "tp_comm_overlap": True},
+     {"moe": True}),
 ]
 
 

@@ -53,14 +53,16 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
 
 
 def plan_options(p: dict[str, Any]) -> str:
-    """" · SP · ZeRO-1 · recompute full": what of SP, ZeRO (and how it gathers the parameters,
-    where not by default) and recompute the plan uses."""
+    """" · SP (TP comm overlap) · ZeRO-1 · recompute full": what of SP (and whether its
+    collectives are pipelined with the GEMMs), ZeRO (and how it gathers the parameters, where
+    not by default) and recompute the plan uses."""
     zero = f" · ZeRO-{p['zero']}" if p.get("zero") else ""
     if zero and p.get("zero3_keep_gathered") and p["zero"] == 3:
         zero += " (kept gathered)"
     if zero and p.get("overlap_param_gather"):
         zero += " (gathers overlapped)"
-    return ((" · SP" if p.get("sp") else "") + zero
+    sp = (" · SP" + (" (TP comm overlap)" if p.get("tp_comm_overlap") else "")) if p.get("sp") else ""
+    return (sp + zero
             + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else "")
             + _grads_option(p))
 

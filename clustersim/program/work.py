@@ -116,12 +116,21 @@ def _half(op: Op) -> Op:
     return Op(op.name, op.flops / 2, op.bytes / 2, op.model_flops / 2)
 
 
+# A weight GEMM's backward already cut in two (:func:`tp_overlap_backward`) names its halves
+DGRAD, WGRAD = " dgrad", " wgrad"
+
+
 def split_backward_ops(ops: list[Op]) -> tuple[list[Op], list[Op]]:
     """(input-gradient ops, weight-gradient ops) of a backward: each weight GEMM's backward
-    splits evenly into dgrad (B) and wgrad (W); everything else is on the activation path (B)."""
+    splits evenly into dgrad (B) and wgrad (W); everything else is on the activation path (B).
+    A half already cut off (named ``... dgrad`` or ``... wgrad``) goes whole to its side."""
     b, w = [], []
     for op in ops:
-        if _is_weight_gemm(op):
+        if op.name.endswith(WGRAD):
+            w.append(op)
+        elif op.name.endswith(DGRAD):
+            b.append(op)
+        elif _is_weight_gemm(op):
             b.append(_half(op))
             w.append(_half(op))
         else:
@@ -180,6 +189,98 @@ def tp_overlapped_backward(spec: _Spec, regather: tuple) -> list[tuple] | None:
     pieces += [(f"{spec.name} wgrad", [wgrad], (), spec.post), (f"{spec.name} norm", after, (), ())]
     # the norm waits for the reduction even where it has nothing to compute
     return [p for p in pieces[:-1] if p[1] or p[2] or p[3]] + pieces[-1:]
+
+
+# The row-parallel GEMMs whose output TP reduces: the attention's out projection, the MLP's
+# down projection (Megatron's RowParallelLinear)
+ROW_PARALLEL = ("proj", "down")
+# Chunks of a GEMM whose reduce-scatter Transformer Engine pipelines ("pipeline" method; its
+# default num_splits)
+RS_SPLITS = 4
+
+
+def _row_parallel_at(ops: list[Op]) -> int | None:
+    """Where in a block's ops its first row-parallel GEMM is, or None."""
+    return next((i for i, op in enumerate(ops) if op.name in ROW_PARALLEL), None)
+
+
+def _ring_exchange(name: str, gemm: Op, t: int, chunk_bytes: float) -> list[_Spec]:
+    """An all-gather pipelined with the GEMM that reads it, as a ring exchange of ``t`` steps:
+    at step k a rank multiplies the sequence chunk it holds while it passes that chunk on to
+    its neighbour; the next step multiplies the chunk it received::
+
+        compute  [gemm 0][gemm 1][gemm 2] ... [gemm t-1]
+        tp       [shift ][shift ][shift ] ...              each shift: the whole / t
+
+    (Transformer Engine's userbuffers, ``ring_exchange``: ``qkv_fprop``, ``fc1_fprop``,
+    ``proj_dgrad``, ``fc2_dgrad``.) The t-1 shifts move the ring all-gather's (t-1)/t of the
+    whole; only a step's shift longer than its GEMM chunk shows."""
+    piece = _scaled(gemm, 1.0 / t)
+    shift = (CommItem("shift", chunk_bytes),)
+    return [_Spec(f"{name} {k}", [piece], overlap=shift if k < t - 1 else ()) for k in range(t)]
+
+
+def tp_overlap_forward(spec: _Spec, t: int, ag: tuple, rs: tuple) -> list[_Spec]:
+    """A forward block with sequence parallelism's all-gather and reduce-scatter pipelined
+    with the GEMMs beside them (Megatron-LM's ``--tp-comm-overlap``, Transformer Engine's
+    userbuffers), t = 4 here::
+
+        compute  [norm][qkv 0][qkv 1][qkv 2][qkv 3][core][proj 0][proj 1][proj 2][proj 3][residual]
+        tp             [shift][shift][shift]                    [RS 0  ][RS 1  ][RS 2  ][RS 3]
+
+    The all-gather before the column-parallel GEMM is a ring exchange (:func:`_ring_exchange`).
+    The row-parallel GEMM runs in :data:`RS_SPLITS` chunks of the sequence, each chunk's
+    reduce-scatter beside the next chunk's GEMM (``pipeline``: ``proj_fprop``, ``fc2_fprop``);
+    the residual, on the reduced shard, waits for the last. A block without those
+    communications (a ring step of context parallelism) is returned as it is. The GEMM
+    chunks cost their share of the whole: the SMs Transformer Engine gives the
+    communication and a smaller GEMM's lower efficiency are not modelled."""
+    out: list[_Spec] = []
+    ops, pre, post = list(spec.ops), spec.pre, spec.post
+    base = spec.name.split(" ", 1)[0]
+    i = column_parallel_at(ops)
+    if ag and pre == ag and i is not None:
+        if ops[:i]:  # the norm, on the rank's sequence shard
+            out.append(_Spec(spec.name, ops[:i]))
+        out += _ring_exchange(f"{base} {ops[i].name}", ops[i], t, ag[0].size_bytes / t)
+        ops, pre = ops[i + 1:], ()
+    j = _row_parallel_at(ops)
+    if rs and post == rs and j is not None:
+        if ops[:j]:
+            out.append(_Spec(spec.name, ops[:j], pre))
+            pre = ()
+        piece, name = _scaled(ops[j], 1.0 / RS_SPLITS), f"{base} {ops[j].name}"
+        # chunk k's reduce-scatter, named for its chunk: beside chunk k+1, the last before the residual
+        rs_of = [(CommItem("reduce_scatter", rs[0].size_bytes / RS_SPLITS, label=f"{name} {k}"),)
+                 for k in range(RS_SPLITS)]
+        out += [_Spec(f"{name} {k}", [piece], pre if k == 0 else (), overlap=rs_of[k - 1] if k else ())
+                for k in range(RS_SPLITS)]
+        ops, pre, post = ops[j + 1:], rs_of[-1], ()
+    out.append(_Spec(spec.name, ops, pre, post, spec.params, spec.expert_params, spec.overlap))
+    return out
+
+
+def tp_overlap_backward(spec: _Spec, t: int, ag: tuple) -> list[_Spec]:
+    """A backward block with sequence parallelism's gather of the output gradient pipelined
+    with the row-parallel GEMM's input gradient (``proj_dgrad``, ``fc2_dgrad``), t = 4::
+
+        compute  [residual][proj dgrad 0][proj dgrad 1][proj dgrad 2][proj dgrad 3][proj wgrad, core, qkv ...]
+        tp                 [shift       ][shift       ][shift       ]
+
+    The weight gradient reads the gathered gradient after the ring; the rest of the block (the
+    column-parallel GEMM's reduce-scatter beside its weight gradient, already overlapped:
+    :func:`tp_overlapped_backward`) is as without the overlap."""
+    j = _row_parallel_at(spec.ops)
+    if not ag or spec.pre != ag or j is None:
+        return [spec]
+    gemm = spec.ops[j]
+    dgrad, wgrad = (Op(f"{gemm.name}{half}", gemm.flops / 2, gemm.bytes / 2, gemm.model_flops / 2)
+                    for half in (DGRAD, WGRAD))
+    out = [_Spec(spec.name, spec.ops[:j])] if spec.ops[:j] else []
+    out += _ring_exchange(f"{spec.name.split(' ', 1)[0]} {dgrad.name}", dgrad, t, ag[0].size_bytes / t)
+    out.append(_Spec(spec.name, [wgrad] + spec.ops[j + 1:], (), spec.post, spec.params, spec.expert_params,
+                     spec.overlap))
+    return out
 
 
 def _tp_comms(t: int, sp: bool, act_bytes: float):
@@ -345,8 +446,15 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, f_pre, f_post, b_pre, b_post)
     # selective recompute re-runs core attention in backward; flash attention already does
     # (and CP needs flash attention, so the single "attn" block holds the core here)
-    attn_rc = ([o for o in attn_fwd[0].ops if o.name == "core_attn"]
+    attn_rc = ([o for spec in attn_fwd for o in spec.ops if o.name == "core_attn"]
                if recompute == "selective" and not flash else [])
+    dense_fwd = [_Spec("mlp", mlp_f, f_pre, f_post, mlp_params)]
+    dense_bwd = [_Spec("mlp", mlp_b, b_pre, b_post, mlp_params)]
+    if sc.parallel.tp_comm_overlap:  # the attention and dense MLP blocks (Transformer Engine layers)
+        attn_fwd, dense_fwd = ([piece for spec in specs for piece in tp_overlap_forward(spec, t, f_pre, f_post)]
+                               for specs in (attn_fwd, dense_fwd))
+        attn_bwd, dense_bwd = ([piece for spec in specs for piece in tp_overlap_backward(spec, t, b_pre)]
+                               for specs in (attn_bwd, dense_bwd))
 
     # the word embedding is split over the vocabulary, learned positions are whole (Megatron)
     emb_params = _per_tp_rank(tf.embedding_params(m), tf.position_params(m), t)
@@ -387,14 +495,14 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                            overlap=spec.overlap))
         gathers = regather if pieces else ()
         col = column_parallel_at(spec.ops) if gathers else None
-        others = [_half(op) for i, op in enumerate(spec.ops) if _is_weight_gemm(op) and i != col]
+        others = split_backward_ops([op for i, op in enumerate(spec.ops) if i != col])[1]
         if col is not None and others:
             # the other GEMMs' weight gradients (out proj, MLP down) need no gathered input:
             # they run beside the gather, the column-parallel one after it
             b_w.append(_block(spec.name, layer, others, gpu, prec, 0.0, overlap=gathers))
             b_w.append(_block(f"{spec.name} wgrad", layer, [_half(spec.ops[col])], gpu, prec, spec.params,
                               expert_params=spec.expert_params))
-        else:
+        elif ops_w or gathers or spec.params or spec.expert_params:  # (a cut-off dgrad has no W)
             b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, gathers,
                               expert_params=spec.expert_params))
 
@@ -403,7 +511,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     def mlp_specs(layer: int) -> tuple[list, list]:
         if m.is_moe_layer(layer):
             return list(moe_blocks.fwd_specs), list(moe_blocks.bwd_specs)
-        return [_Spec("mlp", mlp_f, f_pre, f_post, mlp_params)], [_Spec("mlp", mlp_b, b_pre, b_post, mlp_params)]
+        return list(dense_fwd), list(dense_bwd)
 
     if first:
         fwd.append(_block("embedding", -1, emb_f, gpu, prec, emb_params, post=emb_post))
