@@ -68,7 +68,9 @@ def draw_plan(rng: random.Random, world: int, per: int) -> tuple[dict, dict, dic
     schedule = rng.choice(SCHEDULES) if pp > 1 else "1f1b"
     if schedule == "dualpipe" and pp % 2:
         schedule = "1f1b"
-    vpp = 2 if schedule == "interleaved" else 1
+    if schedule == "zb-h1" and dp % 2 == 0:  # ZB-V for half of them (no draw: seeds keep their plans)
+        schedule = "zbv"
+    vpp = 2 if schedule in ("interleaved", "zbv") else 1  # (zbv: 2 pp parts, a layer each at least)
     m = {"dualpipe": 2 * pp, "interleaved": pp}.get(schedule, rng.choice([pp, 2 * pp, 4 * pp]))
     model = {"name": "fuzz", "layers": pp * vpp * rng.choice([1, 2]), "hidden": 1024, "heads": 16, "vocab": 32000,
              "seq_len": 2048}
@@ -81,7 +83,7 @@ def draw_plan(rng: random.Random, world: int, per: int) -> tuple[dict, dict, dic
         parallel["ep"] = rng.choice(eps)
         parallel["sp"] = parallel["sp"] or tp > 1  # EP with TP needs SP (no draw: seeds keep their plans)
         model["moe"] = {"experts": 8, "top_k": 2, "expert_ffn": 1024}
-    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and dp % 2 == 0  # half the SP plans (no draw)
+    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
     training = {"micro_batch_size": 1, "global_batch_size": m * dp,
                 "recompute": rng.choice(["none", "selective", "full"])}
     return model, parallel, training

@@ -59,7 +59,7 @@ def draw(rng: random.Random) -> dict:
     if moe:
         parallel["ep"] = rng.choice([e for e in (1, 2, 4, 8, 16) if dp % e == 0])
         parallel["sp"] = tp > 1 and parallel["ep"] > 1  # EP with TP needs SP (no draw: seeds keep their plans)
-    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and dp % 2 == 0  # half the SP plans (no draw)
+    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
     collectives = {"all_to_all": rng.choice(["auto", "pxn", "pairwise"]),
                    "all_reduce": rng.choice(["auto", "ring", "tree", "hierarchical", "nvls"])}
     d = scenario_dict(cluster={"topology": f"topologies/{topology}", "nodes": nodes}, parallel=parallel,

@@ -61,7 +61,7 @@ def draw(rng: random.Random) -> dict:
         model["moe"] = MOE
         parallel["ep"] = 2
         parallel["sp"] = parallel["sp"] or tp > 1  # EP with TP needs SP (no draw: seeds keep their plans)
-    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and dp % 2 == 0  # half the SP plans (no draw)
+    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
     cluster = {"topology": f"topologies/{topo}", "nodes": nodes}
     if rng.random() < 0.2:
         cluster["what_if"] = [{"gpu": rng.randrange(tp * pp * dp * cp), "slowdown": 1.25}]

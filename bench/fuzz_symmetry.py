@@ -68,7 +68,9 @@ def draw(rng: random.Random) -> dict:
     schedule = rng.choice(SCHEDULES) if pp > 1 else "1f1b"
     if schedule == "dualpipe" and pp % 2:
         schedule = "1f1b"
-    vpp = 2 if schedule == "interleaved" else 1
+    if schedule == "zb-h1" and nodes % 2 == 0:  # ZB-V for half of them (no draw: seeds keep their plans)
+        schedule = "zbv"
+    vpp = 2 if schedule in ("interleaved", "zbv") else 1  # (zbv: 2 pp parts, a layer each at least)
     m = {"dualpipe": 2 * pp, "interleaved": pp}.get(schedule, rng.choice([pp, 2 * pp]))
     model = {"name": "fuzz", "layers": pp * vpp * rng.choice([1, 2]), "hidden": 1024, "heads": 16,
              "vocab": 32000, "seq_len": 1024 * rng.choice([1, 2])}
@@ -89,7 +91,7 @@ def draw(rng: random.Random) -> dict:
             load = [1.0] * ep
             load[0], load[-1] = 1.5, 0.5
             model["moe"]["ep_load"] = load
-    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and dp % 2 == 0  # half the SP plans (no draw)
+    parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
     what_if = []
     if rng.random() < 0.3:
         what_if.append({"gpu": rng.randrange(world), "slowdown": rng.choice([1.1, 1.3])})

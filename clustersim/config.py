@@ -424,7 +424,7 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
     def fail(field: str, msg: str):
         raise ConfigError(msg, source=source, field=field)
 
-    v = p.vpp if p.schedule == "interleaved" else 1
+    v = p.vpp if p.schedule == "interleaved" else 2 if p.schedule == "zbv" else 1  # stages a microbatch passes per rank
     if p.pp * v * m > MAX_STAGE_PASSES:
         fail("training.global_batch_size",
              f"pp*vpp*m = {p.pp}*{v}*{m} = {p.pp * v * m:,} stage passes per step (m = global_batch_size / "
@@ -519,7 +519,8 @@ def _check_schedule(sc: Scenario) -> None:
         raise ConfigError(f"{where}rank {idle[0]} has no actions; every pipeline rank must run at least one stage",
                           source=sc.source, field=field)
     if p.layers_per_stage is not None:
-        per = {"interleaved": f"pp*vpp = {p.pp}*{p.vpp}", CUSTOM: "the custom schedule's stages"}.get(
+        per = {"interleaved": f"pp*vpp = {p.pp}*{p.vpp}", "zbv": f"2*pp = 2*{p.pp} (zbv places two on each rank)",
+               CUSTOM: "the custom schedule's stages"}.get(
             p.schedule, f"pp={p.pp}")
         if len(p.layers_per_stage) != n:
             raise ConfigError(f"has {len(p.layers_per_stage)} entries, expected one per model part: {per} = {n}",
@@ -533,6 +534,7 @@ def _check_schedule(sc: Scenario) -> None:
                               source=sc.source, field="parallel.layers_per_stage")
     elif n > layers:
         what = {"interleaved": ("parallel.vpp", f"pp*vpp = {p.pp}*{p.vpp} = {n} model chunks"),
+                "zbv": ("parallel.pp", f"2*pp = {n} model chunks (zbv places two on each rank)"),
                 CUSTOM: ("parallel.schedule_file", f"the custom schedule's {n} stages")}.get(
             p.schedule, ("parallel.pp", f"pp={p.pp} parts"))
         raise ConfigError(f"{what[1]} need at least one layer each, but model.layers={layers}",

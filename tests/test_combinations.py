@@ -15,7 +15,7 @@ MOE = {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 512, "shared_experts": 1}
 PLANS = []
 for (tp, pp, dp), sp, zero, recompute, schedule in itertools.product(
         [(4, 2, 2), (2, 2, 4), (1, 4, 4), (2, 4, 2)], [False, True], [0, 1, 2, 3],
-        ["none", "selective", "full"], ["1f1b", "gpipe", "interleaved", "zb-h1", "dualpipe"]):
+        ["none", "selective", "full"], ["1f1b", "gpipe", "interleaved", "zb-h1", "zbv", "dualpipe"]):
     if sp and tp == 1:
         continue
     # keep the grid affordable: vary recompute and SP only on the 1F1B plans

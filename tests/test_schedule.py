@@ -69,12 +69,27 @@ rank 2  | .    5F4  2F0  5F5  2F1  5F6  2B0  2W0  2F2  &5B4 5W4  5F7  &2B1 2W1  
 rank 3  | 4F4  4F5  4F6  3F0  3B0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  3B2  3W2  .    3F3  &4B5 4W5  3B3  3W3  4B6  4W6  4B7  4W7"""
 
 
+# Qi et al. 2024 (arXiv:2405.15362) ZB-V, p=4, m=8: the model in 2p = 8 chunks placed as a V
+# (rank r holds stages r and 7-r; a microbatch goes 0 -> 3 down the ranks, 4 -> 7 back up, its
+# loss on rank 0). Rank r: 2(p-r)-1 forwards of its first chunk, r pairs F(second) F(first),
+# p-r full F B W of its second chunk, then F B W of each chunk in turn; in the cool-down r
+# pairs of B's hold their W's back, p-r B W's, and the held W's run last. Every rank idles
+# p-1 = 3 chunk slots (ZB-H1: p-1 full-stage slots, twice as long) and holds at most 2p = 8
+# chunks' activations, half a stage each: 1F1B's peak.
+GOLDEN_ZBV_4x8 = """\
+rank 0  | 0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7B0 7W0 7F1 7B1 7W1 7F2 7B2 7W2 7F3 7B3 7W3 0F7 0B0 0W0 7F4 7B4 7W4 0B1 0W1 7F5 7B5 7W5 0B2 0W2 7F6 7B6 7W6 0B3 0W3 7F7 7B7 7W7 0B4 0W4 0B5 0W5 0B6 0W6 0B7 0W7 .   .   .
+rank 1  | .   1F0 1F1 1F2 1F3 1F4 6F0 1F5 6F1 6B0 6W0 6F2 6B1 6W1 6F3 6B2 6W2 1F6 1B0 1W0 6F4 6B3 6W3 1F7 1B1 1W1 6F5 6B4 6W4 1B2 1W2 6F6 6B5 6W5 1B3 1W3 6F7 6B6 6W6 1B4 6B7 1B5 1W4 1B6 1W5 1B7 1W6 6W7 1W7 .   .
+rank 2  | .   .   2F0 2F1 2F2 5F0 2F3 5F1 2F4 5F2 5B0 5W0 5F3 5B1 5W1 2F5 2B0 2W0 5F4 5B2 5W2 2F6 2B1 2W1 5F5 5B3 5W3 2F7 2B2 2W2 5F6 5B4 5W4 2B3 2W3 5F7 5B5 5W5 2B4 5B6 2B5 5B7 2B6 2W4 2B7 2W5 5W6 5W7 2W6 2W7 .
+rank 3  | .   .   .   3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 4B0 4W0 3F4 3B0 3W0 4F4 4B1 4W1 3F5 3B1 3W1 4F5 4B2 4W2 3F6 3B2 3W2 4F6 4B3 4W3 3F7 3B3 3W3 4F7 4B4 4W4 3B4 4B5 3B5 4B6 3B6 4B7 3B7 3W4 4W5 4W6 4W7 3W5 3W6 3W7"""
+
+
 def test_golden_grids():
     assert format_grid(build_schedule("1f1b", 4, 8)) == GOLDEN_1F1B_4x8
     assert format_grid(build_schedule("gpipe", 3, 4)) == GOLDEN_GPIPE_3x4
     assert format_grid(build_schedule("interleaved", 4, 8, v=2)) == GOLDEN_INTERLEAVED_4x8_V2
     assert format_grid(build_schedule("zb-h1", 4, 8)) == GOLDEN_ZBH1_4x8
     assert format_grid(build_schedule("dualpipe", 4, 8)) == GOLDEN_DUALPIPE_4x8
+    assert format_grid(build_schedule("zbv", 4, 8)) == GOLDEN_ZBV_4x8
 
 
 def test_gpipe_and_1f1b_action_lists_unchanged():
@@ -97,6 +112,7 @@ CASES = (
     + [("interleaved", p, m, {"v": v}) for p, m, v in [(2, 2, 2), (2, 6, 3), (3, 3, 2), (4, 4, 2),
                                                        (4, 8, 2), (4, 12, 3), (8, 16, 4)]]
     + [("dualpipe", p, m, {}) for p, m in [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 20)]]
+    + [("zbv", p, m, {}) for p, m in [(1, 1), (2, 3), (2, 5), (4, 3), (4, 8), (5, 12), (8, 16)]]
 )
 CASE_IDS = [f"{n}-p{p}-m{m}" + "".join(f"-{k}{v}" for k, v in o.items()) for n, p, m, o in CASES]
 
@@ -117,11 +133,11 @@ def test_round_trip(name, p, m, opts):
 @pytest.mark.parametrize("name,p,m,opts", CASES, ids=CASE_IDS)
 def test_invariants(name, p, m, opts):
     s = build_schedule(name, p, m, **opts)
-    v = opts.get("v", 2 if name == "dualpipe" else 1)
+    v = opts.get("v", 2 if name in ("dualpipe", "zbv") else 1)
     assert s.ranks == p and s.n_microbatches == m
     assert s.n_stages == p * v
     assert s.n_parts == (p if name == "dualpipe" else p * v)
-    assert s.split_backward == (name in ("zb-h1", "dualpipe"))
+    assert s.split_backward == (name in ("zb-h1", "zbv", "dualpipe"))
     kinds = ("F", "B", "W") if s.split_backward else ("F", "B")
     for r, acts in enumerate(s.actions):
         assert all(s.stage_rank[a.stage] == r for a in acts)
@@ -211,6 +227,30 @@ def test_bubble_dualpipe(p, m, fb):
     if fb == 3:
         assert idle == [pytest.approx(formula)] * p
         assert idle == idle_per_rank(s)  # F&B defaults to the sum of its parts
+
+
+@pytest.mark.parametrize("p,m", [(2, 3), (2, 8), (4, 7), (4, 8), (4, 12), (8, 15), (8, 24)])
+@pytest.mark.parametrize("t", [1, 2])
+def test_bubble_zbv_is_half_zb_h1_at_the_same_memory(p, m, t):
+    """ZB-V with T_F = T_B = T_W = t per chunk (half a stage): every rank idles p-1 chunk
+    slots, r before its first action and p-1-r after its last, (p-1) t. ZB-H1 on the same
+    model (a stage's F = B = W = 2t) idles (p-1) 2t: twice as long. Both hold 1F1B's peak:
+    2p half-stage chunks against p stages, once m >= 2p - 1."""
+    zbv, zbh1 = build_schedule("zbv", p, m), build_schedule("zb-h1", p, m)
+    assert idle_per_rank(zbv, {"F": t, "B": t, "W": t}) == [(p - 1) * t] * p
+    assert idle_per_rank(zbh1, {"F": 2 * t, "B": 2 * t, "W": 2 * t}) == [2 * (p - 1) * t] * p
+    assert peak_in_flight(zbv) == [2 * p] * p and peak_in_flight(zbh1) == [p] * p
+
+
+def test_zbv_layout_paths_and_deps():
+    p, m = 4, 8
+    s = build_schedule("zbv", p, m)
+    assert s.stage_rank == (0, 1, 2, 3, 3, 2, 1, 0)  # rank r holds stages r and 2p-1-r
+    assert s.stage_part == tuple(range(8))  # 2p parts, each once
+    assert all(s.paths[mb] == tuple(range(8)) for mb in range(m))  # down the ranks and back up
+    assert s.deps(Action(4, "F", 0)) == [(3, "F", 0)]  # rank 3 hands part 3's output to itself
+    assert s.deps(Action(7, "B", 0)) == [(7, "F", 0)]  # the loss on rank 0
+    assert s.deps(Action(3, "B", 0)) == [(3, "F", 0), (4, "B", 0)]
 
 
 def test_dualpipe_beats_1f1b_and_zb_h1_in_unit_time():

@@ -109,9 +109,25 @@ def test_dualpipe_bubble_closed_form(p, m):
     assert met["bubble_fraction"] == pytest.approx((p - 2) / (3 * m + p - 2), rel=REL, abs=1e-12)
 
 
+@pytest.mark.parametrize("p,m", [(2, 3), (2, 4), (4, 7), (4, 8), (8, 16), (8, 20)])
+def test_zbv_bubble_closed_form(p, m):
+    """ZB-V, T_F = T_B = T_W = t per chunk (half a stage): idle per rank (p-1)t, r before its
+    first chunk and p-1-r after its last (Qi et al. 2024, Sec 4: no bubble in the steady
+    state). Each rank computes both its chunks' F, B and W for every microbatch, 6mt, so the
+    idle time is a fraction (p-1)/(6m + p - 1) of the step. Holds for m >= 2p - 1; rank p-1
+    hands part p-1's output to itself."""
+    t = 0.25
+    _, _, _, met = uniform_run("zbv", p, m, t, t, t)
+    idle = (p - 1) * t
+    assert idle_per_rank(met) == pytest.approx([idle] * p, rel=REL)
+    assert met["step_time_s"] == pytest.approx(6 * m * t + idle, rel=REL)
+    assert met["bubble_fraction"] == pytest.approx((p - 1) / (6 * m + p - 1), rel=REL)
+
+
 @pytest.mark.parametrize("name,p,m,opts", [
     ("gpipe", 4, 6, {}), ("1f1b", 4, 6, {}), ("interleaved", 4, 8, {"v": 2}), ("interleaved", 3, 6, {"v": 3}),
     ("zb-h1", 4, 6, {}), ("zb-h1", 4, 3, {}), ("dualpipe", 4, 8, {}), ("dualpipe", 6, 14, {}),
+    ("zbv", 4, 8, {}), ("zbv", 4, 5, {}),
 ])
 def test_lowered_step_is_the_schedule_layers_timeline(name, p, m, opts):
     """With free communication the engine runs exactly the schedule layer's list scheduling,
@@ -142,6 +158,7 @@ def test_activation_peaks_of_the_papers():
     assert peaks("1f1b") == [4, 3, 2, 1]
     assert peaks("zb-h1") == [p] * p
     assert peaks("dualpipe") == [p + 1] * p
+    assert peaks("zbv") == [2 * p] * p  # chunks of half a stage: 1F1B's p stages
     assert peaks("interleaved", v=2)[0] == (p - 1) * 2 + (2 - 1) * p + 1  # Megatron's warm-up + 1
 
 
@@ -234,6 +251,8 @@ def test_dualpipe_holds_each_part_twice_and_all_reduces_the_copies():
     {"schedule": "dualpipe", "zero": 3, "sp": True},
     {"schedule": "zb-h1", "zero": 3, "sp": True},
     {"schedule": "interleaved", "vpp": 2, "sp": True, "zero": 1},
+    {"schedule": "zbv"},
+    {"schedule": "zbv", "zero": 3, "sp": True},
 ])
 def test_collapsed_equals_all_ranks(parallel):
     """On the 2-node cluster of SMALL (TP2 x PP4 x DP2). Stage 1 (GPUs 4-7) sends to stage 2
@@ -287,6 +306,16 @@ def test_interleaved_and_zb_h1_have_a_smaller_bubble_than_1f1b_on_the_same_plan(
     assert inter["bubble_fraction"] < base["bubble_fraction"]
     assert zb["bubble_fraction"] < base["bubble_fraction"]
     assert inter["step_time_s"] < base["step_time_s"] and zb["step_time_s"] < base["step_time_s"]
+
+
+def test_zbv_has_a_smaller_bubble_than_zb_h1_on_the_same_plan():
+    """ZB-V on zero_bubble.yaml's plan (PP4, 16 microbatches): half ZB-H1's bubble in unit
+    time; with the real parts (rank 0 holds the embedding and the LM head, each microbatch
+    crosses the ranks twice) still a smaller bubble and a shorter step."""
+    zb = clustersim.simulate(ROOT / "scenarios" / "zero_bubble.yaml").summary
+    zbv = _summary(_shipped("zero_bubble", schedule="zbv"))
+    assert zbv["bubble_fraction"] < zb["bubble_fraction"] and zbv["step_time_s"] < zb["step_time_s"]
+    assert zbv["plan"]["parts_per_stage"] == [[0, 7], [1, 6], [2, 5], [3, 4]]
 
 
 def test_custom_schedule_equal_to_1f1b_gives_the_1f1b_step():
@@ -382,6 +411,10 @@ BAD = [
      "schedule file not found"),
     ("layers per part", {"parallel": {"schedule": "interleaved", "vpp": 2, "layers_per_stage": [2, 2]}},
      "parallel.layers_per_stage", "pp*vpp = 2*2 = 4"),
+    ("zbv chunks", {"parallel": {"schedule": "zbv", "tp": 2, "pp": 4, "dp": 2}, "model": {"layers": 6}}, "parallel.pp",
+     "2*pp = 8 model chunks (zbv places two on each rank) need at least one layer each, but model.layers=6"),
+    ("zbv layers per part", {"parallel": {"schedule": "zbv", "layers_per_stage": [2, 2]}},
+     "parallel.layers_per_stage", "2*pp = 2*2 (zbv places two on each rank) = 4"),
 ]
 
 

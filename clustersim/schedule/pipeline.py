@@ -5,10 +5,12 @@
     1f1b          stage r                 B            (p-1)(F+B)                        -
     interleaved   stages r, r+p, ...      B            (p-1)(F+B)/v                      m % p == 0 (or group), v >= 2
     zb-h1         stage r                 B + W        (p-1)(F+B-2W)                     -
+    zbv           stages r, 2p-1-r        B + W        (p-1) F/2 at T_F = T_B = T_W      -
     dualpipe      stages r, 2p-1-r        B + W, F&B   (p/2-1)(F&B+B-3W)                 p even, m even, m >= 2p
     custom        as written              as written   -                                 text=...
 
 Sources: Narayanan et al. SC'21 (arXiv:2104.04473) Sec 2.2; Qi et al. 2023 (arXiv:2401.10241);
+Qi et al. 2024 (arXiv:2405.15362, ZB-V);
 DeepSeek-V3 report (arXiv:2412.19437) Sec 3.2.1, Table 2. Every schedule prints as a
 step x rank grid (:func:`format_grid`) and parses back (:func:`parse_grid`)::
 
@@ -41,10 +43,10 @@ from .core import (
 )
 from .dualpipe import dualpipe, dualpipe_stage_part
 from .grid import format_grid, parse_grid, parse_rows, parse_schedule
-from .zero_bubble import zb_h1
+from .zero_bubble import zb_h1, zb_v
 
 # Schedules built from (p, m) alone; "custom" also takes text=... (see build_schedule).
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe")
 CUSTOM = "custom"
 SCHEDULE_NAMES = SCHEDULES + (CUSTOM,)
 
@@ -53,7 +55,7 @@ __all__ = [
     "Schedule", "ScheduleError", "Timeline", "action_deps", "as_schedule", "build_schedule", "dependencies",
     "dualpipe", "dualpipe_stage_part", "format_grid", "gpipe", "idle_per_rank", "interleaved",
     "interleaved_warmup", "make_schedule", "one_f_one_b", "parse_grid", "parse_rows", "parse_schedule",
-    "peak_in_flight", "timeline", "unit_time_grid", "zb_h1",
+    "peak_in_flight", "timeline", "unit_time_grid", "zb_h1", "zb_v",
 ]
 
 
@@ -78,6 +80,8 @@ def build_schedule(name: str, p: int, m: int, **opts) -> PipelineSchedule:
         return interleaved(p, m, **opts)
     if name == "zb-h1":
         return zb_h1(p, m)
+    if name == "zbv":
+        return zb_v(p, m)
     if name == "dualpipe":
         return dualpipe(p, m)
     if name == CUSTOM:
