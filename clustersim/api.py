@@ -10,8 +10,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-
 from .analysis.critical_path import critical_path, path_report
 from .analysis.exposure import exposed_collectives
 from .analysis.links import link_report
@@ -58,13 +56,6 @@ class Result:
         from .output.report import build_figure
 
         return build_figure(self.trace, self.summary)
-
-
-def _nodes_spanned(rows, gpus_per_node: int) -> int:
-    """The most nodes one group (a row of ranks, rank r on GPU r) spans: a TP group over more
-    than one runs its every all-reduce through the NICs."""
-    nodes = np.sort(rows // gpus_per_node, axis=1)
-    return int(1 + (np.diff(nodes, axis=1) != 0).sum(axis=1).max())
 
 
 def _part_static(low: Lowering, j: int) -> PartStatic:
@@ -204,7 +195,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
             "recompute": t.recompute, "grad_dtype": t.grad_dtype,
             "grad_reduce_dtype": t.reduced_grad_dtype,
-            "tp_nodes": _nodes_spanned(sc.mesh.group_rows("tp"), sc.topology.node.gpus),
+            "tp_nodes": sc.mesh.nodes_spanned("tp", sc.topology.node.gpus),
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },
         "model": {"name": sc.model.name, "params": total_params(sc.model), "layers": sc.model.layers,

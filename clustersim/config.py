@@ -375,6 +375,11 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         # the overlap pipelines SP's all-gathers and reduce-scatters (Megatron-LM asserts the same)
         fail("parallel.tp_comm_overlap", "pipelines sequence parallelism's all-gathers and reduce-scatters with "
              "the GEMMs beside them; it needs sp: true" + ("" if p.tp > 1 else f" and tp > 1 (tp={p.tp})"))
+    if p.tp_comm_overlap and (spans := _tp_nodes(p, topo.node.gpus)) > 1:
+        # userbuffers map the TP peers' memory over NVLink: one NVLink domain (a node here)
+        fail("parallel.tp_comm_overlap", f"Transformer Engine's userbuffers exchange over NVLink inside one node, "
+             f"but each TP group here spans {spans} nodes (tp={p.tp}, {topo.node.gpus} GPUs a node, order "
+             f"{p.order}); keep TP inside a node or drop the overlap")
     if p.zero3_keep_gathered and p.zero != 3:
         fail("parallel.zero3_keep_gathered", f"keeps ZeRO-3's gathered parameters between microbatches; zero={p.zero} "
              "does not shard the parameters (set zero: 3, or drop the field)")
@@ -551,6 +556,13 @@ def _with_what_ifs(topo: TopologyCfg, extra: list) -> TopologyCfg:
 def _slow_gpus(topo: TopologyCfg, world: int) -> dict[int, float]:
     """The slow GPUs of ``topo``'s what-ifs, GPU -> slowdown (those on the cluster)."""
     return {w.gpu: w.slowdown for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world}
+
+
+def _tp_nodes(p: ParallelCfg, gpus_per_node: int) -> int:
+    """The most nodes a TP group of plan ``p`` spans."""
+    order, ep_inner = parse_order(p.order)
+    return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner).nodes_spanned(
+        "tp", gpus_per_node)
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,

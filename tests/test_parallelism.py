@@ -507,7 +507,36 @@ def test_tp_comm_overlap_with_a_split_backward_and_recompute(root, schedule, rec
         assert shifts, "the recomputed forward's ring exchange"
 
 
+@pytest.mark.parametrize("cp_comm", ["ring", "all_gather"])
+def test_tp_comm_overlap_with_context_parallelism(root, cp_comm):
+    """With CP the attention is cut around its K/V exchange; the TP rings are the same: per
+    layer and microbatch 2(t-1) shifts forward and 2(t-1) backward (the out projection's
+    input gradient ring also where the backward gathers K/V first, ``all_gather``), and no
+    empty block is left where the QKV ring ends the forward's piece."""
+    p = {"tp": 4, "cp": 2, "pp": 1, "dp": 1, "sp": True, "cp_comm": cp_comm}
+    base = dict(cluster={"nodes": 1}, training={"global_batch_size": 2, "attention": "flash"})
+    plain = run(root, parallel=p, **base)
+    over = run(root, parallel={**p, "tp_comm_overlap": True}, **base)
+    spans = [s for s in over.trace.spans if s.rank == 0 and s.mb == 0 and s.layer == 0]
+    for phase in ("F", "B"):
+        assert sum(1 for s in spans if s.phase == phase and s.op == "shift" and s.kind == "tp") == 2 * 3, phase
+    assert not any(s.kind == "tp" and s.op == "all_gather" and s.phase == "B" and "dgrad" not in s.name
+                   for s in spans)  # the gradient's gathers are all rings now
+    assert all(s.end_s > s.start_s for s in spans if s.kind == "compute")
+    assert tp_wire_bytes(over.trace.spans, 4) == pytest.approx(tp_wire_bytes(plain.trace.spans, 4), rel=1e-12)
+
+
 def test_tp_comm_overlap_needs_sp(root):
     with pytest.raises(clustersim.ConfigError, match="parallel.tp_comm_overlap.*needs sp: true"):
         clustersim.load_scenario(scenario_dict(parallel={"tp": 2, "pp": 2, "dp": 4, "tp_comm_overlap": True}),
                                  base_dir=root)
+
+
+@pytest.mark.parametrize("parallel, spans", [({"tp": 16, "pp": 1, "dp": 1}, 2),
+                                             ({"tp": 8, "pp": 1, "dp": 2, "order": "dp-tp-pp"}, 2)])
+def test_tp_comm_overlap_needs_tp_inside_a_node(root, parallel, spans):
+    """Transformer Engine's userbuffers map the TP peers' buffers over NVLink: a TP group
+    across nodes (TP16 on 8-GPU nodes, or TP8 laid out across two by the order) is refused."""
+    d = scenario_dict(model={"heads": 16}, parallel={**parallel, "sp": True, "tp_comm_overlap": True})
+    with pytest.raises(clustersim.ConfigError, match=f"parallel.tp_comm_overlap.*spans {spans} nodes"):
+        clustersim.load_scenario(d, base_dir=root)

@@ -177,6 +177,12 @@ class Mesh:
         rows = grid.transpose(rest + axes).reshape(-1, int(np.prod([shape[a] for a in axes])))
         return rows[np.argsort(rows.min(axis=1), kind="stable")]
 
+    def nodes_spanned(self, dim: str, gpus_per_node: int) -> int:
+        """The most nodes one ``dim`` group spans (rank r on GPU r): a TP group over more than
+        one runs its every collective through the NICs."""
+        nodes = np.sort(self.group_rows(dim) // gpus_per_node, axis=1)
+        return int(1 + (np.diff(nodes, axis=1) != 0).sum(axis=1).max())
+
     def ranks_where(self, **fixed: int) -> list[int]:
         """All ranks whose coordinates match ``fixed``, ascending."""
         free = [d for d in DIMS if d not in fixed]

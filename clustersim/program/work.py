@@ -253,10 +253,19 @@ def tp_overlap_forward(spec: _Spec, t: int, ag: tuple, rs: tuple) -> list[_Spec]
         # chunk k's reduce-scatter, named for its chunk: beside chunk k+1, the last before the residual
         rs_of = [(CommItem("reduce_scatter", rs[0].size_bytes / RS_SPLITS, label=f"{name} {k}"),)
                  for k in range(RS_SPLITS)]
-        out += [_Spec(f"{name} {k}", [piece], pre if k == 0 else (), overlap=rs_of[k - 1] if k else ())
-                for k in range(RS_SPLITS)]
-        ops, pre, post = ops[j + 1:], rs_of[-1], ()
-    out.append(_Spec(spec.name, ops, pre, post, spec.params, spec.expert_params, spec.overlap))
+        # the last chunk's reduce-scatter is its post: queued on the tp stream as the chunk
+        # ends, not when the residual is reached (under DualPipe another chunk's communication
+        # can come between)
+        out += [_Spec(f"{name} {k}", [piece], pre if k == 0 else (), post=rs_of[k] if k == RS_SPLITS - 1 else (),
+                      overlap=rs_of[k - 1] if k else ()) for k in range(RS_SPLITS)]
+        ops, pre, post = ops[j + 1:], (), ()
+    last = out[-1] if out else None
+    if last is not None and not (ops or pre or last.post or spec.overlap):
+        # nothing to compute after the last chunk (context parallelism's QKV block): the chunk
+        # takes the block's parameters and what follows it (its gather of K/V)
+        out[-1] = _Spec(last.name, last.ops, last.pre, post, spec.params, spec.expert_params, last.overlap)
+    else:
+        out.append(_Spec(spec.name, ops, pre, post, spec.params, spec.expert_params, spec.overlap))
     return out
 
 
@@ -271,14 +280,17 @@ def tp_overlap_backward(spec: _Spec, t: int, ag: tuple) -> list[_Spec]:
     column-parallel GEMM's reduce-scatter beside its weight gradient, already overlapped:
     :func:`tp_overlapped_backward`) is as without the overlap."""
     j = _row_parallel_at(spec.ops)
-    if not ag or spec.pre != ag or j is None:
+    if not ag or ag[0] not in spec.pre or j is None:
         return [spec]
+    # what else the block waited for (context parallelism's gather of K/V) is the core
+    # attention's, after the out projection's backward
+    rest = tuple(c for c in spec.pre if c != ag[0])
     gemm = spec.ops[j]
     dgrad, wgrad = (Op(f"{gemm.name}{half}", gemm.flops / 2, gemm.bytes / 2, gemm.model_flops / 2)
                     for half in (DGRAD, WGRAD))
     out = [_Spec(spec.name, spec.ops[:j])] if spec.ops[:j] else []
     out += _ring_exchange(f"{spec.name.split(' ', 1)[0]} {dgrad.name}", dgrad, t, ag[0].size_bytes / t)
-    out.append(_Spec(spec.name, [wgrad] + spec.ops[j + 1:], (), spec.post, spec.params, spec.expert_params,
+    out.append(_Spec(spec.name, [wgrad] + spec.ops[j + 1:], rest, spec.post, spec.params, spec.expert_params,
                      spec.overlap))
     return out
 
@@ -531,8 +543,10 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                 b_in.append(blk)  # recompute feeds the input gradient: head of B
         for spec in mlp_bwd:
             backward(spec, layer)
+        # selective recompute re-runs core attention where its backward starts (Megatron-LM)
+        rc_at = next((i for i, spec in enumerate(attn_bwd) if any(o.name == "core_attn" for o in spec.ops)), 0)
         for i, spec in enumerate(attn_bwd):
-            backward(spec, layer, recompute_ops=attn_rc if i == 0 else ())
+            backward(spec, layer, recompute_ops=attn_rc if i == rc_at else ())
     if last:
         fwd.append(_block("head", -1, head_f, gpu, prec, head_params, pre=f_pre))
     if first:
