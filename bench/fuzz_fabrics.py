@@ -68,7 +68,7 @@ def draw_plan(rng: random.Random, world: int, per: int) -> tuple[dict, dict, dic
     schedule = rng.choice(SCHEDULES) if pp > 1 else "1f1b"
     if schedule == "dualpipe" and pp % 2:
         schedule = "1f1b"
-    if schedule == "zb-h1" and dp % 2 == 0:  # ZB-V for half of them (no draw: seeds keep their plans)
+    if schedule == "zb-h1" and tp in (2, 8):  # ZB-V for about half of them (no draw: seeds keep their plans)
         schedule = "zbv"
     vpp = 2 if schedule in ("interleaved", "zbv") else 1  # (zbv: 2 pp parts, a layer each at least)
     m = {"dualpipe": 2 * pp, "interleaved": pp}.get(schedule, rng.choice([pp, 2 * pp, 4 * pp]))

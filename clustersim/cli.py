@@ -264,7 +264,7 @@ _SCHEDULE_FLAGS = {"p": "--pp", "m": "--microbatches", "v": "--vpp", "group": "-
 
 def cmd_schedule(args) -> int:
     from .config import MAX_STAGE_PASSES, _read_schedule_file
-    from .schedule import CUSTOM, ScheduleError, build_schedule, format_grid
+    from .schedule import CUSTOM, ScheduleError, build_schedule, chunks_per_rank, format_grid
     from .yamlio import given_file
 
     src = "command line"
@@ -297,10 +297,11 @@ def cmd_schedule(args) -> int:
         opts = {"v": args.vpp} if args.vpp is not None and args.schedule == "interleaved" else {}
         if args.vpp_group is not None:
             opts["group"] = args.vpp_group
-        v = (2 if args.vpp is None else args.vpp) if args.schedule == "interleaved" else 1  # (build_schedule's default)
+        v = chunks_per_rank(args.schedule, args.vpp)
         passes = args.pp * args.microbatches * max(v, 1)
         if passes > MAX_STAGE_PASSES:  # as a scenario's (config): the grid is built whole before it is printed
-            raise ConfigError(f"--pp x --microbatches{' x --vpp' if v > 1 else ''} = {passes:,} stage passes; "
+            times = " x --vpp" if args.schedule == "interleaved" else " x 2" if v > 1 else ""
+            raise ConfigError(f"--pp x --microbatches{times} = {passes:,} stage passes; "
                               f"clustersim takes at most {MAX_STAGE_PASSES:,}", source=src)
         try:
             sched = build_schedule(args.schedule, args.pp, args.microbatches, **opts)

@@ -23,7 +23,7 @@ from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, build
                                 load_topology_cfg)
 from .model.transformer import DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
-from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule
+from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule, chunks_per_rank
 from .yamlio import Strict, given_file, read_yaml, short_repr, validate
 
 
@@ -429,10 +429,11 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
     def fail(field: str, msg: str):
         raise ConfigError(msg, source=source, field=field)
 
-    v = p.vpp if p.schedule == "interleaved" else 2 if p.schedule == "zbv" else 1  # stages a microbatch passes per rank
+    v = chunks_per_rank(p.schedule, p.vpp)
     if p.pp * v * m > MAX_STAGE_PASSES:
+        what = "pp*2*m (zbv's two chunks a rank)" if p.schedule == "zbv" else "pp*vpp*m"
         fail("training.global_batch_size",
-             f"pp*vpp*m = {p.pp}*{v}*{m} = {p.pp * v * m:,} stage passes per step (m = global_batch_size / "
+             f"{what} = {p.pp}*{v}*{m} = {p.pp * v * m:,} stage passes per step (m = global_batch_size / "
              f"(dp * micro_batch_size)); the schedule, an action per pass, is built when the scenario is checked "
              f"and clustersim takes at most {MAX_STAGE_PASSES:,}: raise micro_batch_size or dp, or lower pp")
 
@@ -465,6 +466,9 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
     elif p.vpp_group is not None:
         fail("parallel.vpp_group", f"vpp_group={p.vpp_group} is used by schedule interleaved only (schedule is "
                                    f"{p.schedule}); leave it out")
+    if p.schedule == "zbv" and p.pp < 2:
+        fail("parallel.schedule", f"zbv needs pp >= 2 pipeline ranks for its V; got pp={p.pp} (one rank runs both "
+                                  f"chunks as one stage: use zb-h1 or 1f1b)")
     if p.schedule == "dualpipe":
         if p.pp % 2:
             fail("parallel.schedule", f"dualpipe needs an even pp (two directions meet in the middle); got pp={p.pp}")

@@ -358,6 +358,8 @@ def test_schedule_prints_interleaved_groups(root):
     # the default of two chunks counts in the grid's size, as --vpp 2 does
     r = run_cli("schedule", "--schedule", "interleaved", "--pp", 256, "-m", 256)
     one_line_exit_2(r, "error: command line: --pp x --microbatches x --vpp = 131,072 stage passes")
+    r = run_cli("schedule", "--schedule", "zbv", "--pp", 128, "-m", 512)  # its two chunks a rank count too
+    one_line_exit_2(r, "error: command line: --pp x --microbatches x 2 = 131,072 stage passes")
     r = run_cli("schedule", "--pp", 4, "-m", 6, "--schedule", "1f1b", "--vpp-group", 6)
     one_line_exit_2(r, "error: command line: --vpp-group is used by --schedule interleaved only (schedule is 1f1b)")
 

@@ -69,7 +69,7 @@ rank 2  | .    5F4  2F0  5F5  2F1  5F6  2B0  2W0  2F2  &5B4 5W4  5F7  &2B1 2W1  
 rank 3  | 4F4  4F5  4F6  3F0  3B0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  3B2  3W2  .    3F3  &4B5 4W5  3B3  3W3  4B6  4W6  4B7  4W7"""
 
 
-# Qi et al. 2024 (arXiv:2405.15362) ZB-V, p=4, m=8: the model in 2p = 8 chunks placed as a V
+# Qi et al. 2023 (arXiv:2401.10241) Sec 6, ZB-V, p=4, m=8: the model in 2p = 8 chunks placed as a V
 # (rank r holds stages r and 7-r; a microbatch goes 0 -> 3 down the ranks, 4 -> 7 back up, its
 # loss on rank 0). Rank r: 2(p-r)-1 forwards of its first chunk, r pairs F(second) F(first),
 # p-r full F B W of its second chunk, then F B W of each chunk in turn; in the cool-down r

@@ -112,7 +112,7 @@ def test_dualpipe_bubble_closed_form(p, m):
 @pytest.mark.parametrize("p,m", [(2, 3), (2, 4), (4, 7), (4, 8), (8, 16), (8, 20)])
 def test_zbv_bubble_closed_form(p, m):
     """ZB-V, T_F = T_B = T_W = t per chunk (half a stage): idle per rank (p-1)t, r before its
-    first chunk and p-1-r after its last (Qi et al. 2024, Sec 4: no bubble in the steady
+    first chunk and p-1-r after its last (Qi et al. 2023, Sec 6: no bubble in the steady
     state). Each rank computes both its chunks' F, B and W for every microbatch, 6mt, so the
     idle time is a fraction (p-1)/(6m + p - 1) of the step. Holds for m >= 2p - 1; rank p-1
     hands part p-1's output to itself."""
@@ -413,6 +413,8 @@ BAD = [
      "parallel.layers_per_stage", "pp*vpp = 2*2 = 4"),
     ("zbv chunks", {"parallel": {"schedule": "zbv", "tp": 2, "pp": 4, "dp": 2}, "model": {"layers": 6}}, "parallel.pp",
      "2*pp = 8 model chunks (zbv places two on each rank) need at least one layer each, but model.layers=6"),
+    ("zbv one rank", {"parallel": {"schedule": "zbv", "tp": 4, "pp": 1, "dp": 4}}, "parallel.schedule",
+     "zbv needs pp >= 2"),
     ("zbv layers per part", {"parallel": {"schedule": "zbv", "layers_per_stage": [2, 2]}},
      "parallel.layers_per_stage", "2*pp = 2*2 (zbv places two on each rank) = 4"),
 ]

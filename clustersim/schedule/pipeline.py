@@ -10,7 +10,7 @@
     custom        as written              as written   -                                 text=...
 
 Sources: Narayanan et al. SC'21 (arXiv:2104.04473) Sec 2.2; Qi et al. 2023 (arXiv:2401.10241);
-Qi et al. 2024 (arXiv:2405.15362, ZB-V);
+Qi et al. 2023 Sec 6 (ZB-V);
 DeepSeek-V3 report (arXiv:2412.19437) Sec 3.2.1, Table 2. Every schedule prints as a
 step x rank grid (:func:`format_grid`) and parses back (:func:`parse_grid`)::
 
@@ -52,7 +52,8 @@ SCHEDULE_NAMES = SCHEDULES + (CUSTOM,)
 
 __all__ = [
     "CUSTOM", "DEFAULT_DURATIONS", "FB", "KINDS", "SCHEDULES", "SCHEDULE_NAMES", "Action", "PipelineSchedule",
-    "Schedule", "ScheduleError", "Timeline", "action_deps", "as_schedule", "build_schedule", "dependencies",
+    "Schedule", "ScheduleError", "Timeline", "action_deps", "as_schedule", "build_schedule", "chunks_per_rank",
+    "dependencies",
     "dualpipe", "dualpipe_stage_part", "format_grid", "gpipe", "idle_per_rank", "interleaved",
     "interleaved_warmup", "make_schedule", "one_f_one_b", "parse_grid", "parse_rows", "parse_schedule",
     "peak_in_flight", "timeline", "unit_time_grid", "zb_h1", "zb_v",
@@ -89,6 +90,15 @@ def build_schedule(name: str, p: int, m: int, **opts) -> PipelineSchedule:
             raise ScheduleError("custom: pass the schedule as text=... (one row of tokens per rank)")
         return parse_schedule(opts["text"], p, m, stage_part=opts.get("stage_part"), name=opts.get("name", CUSTOM))
     raise KeyError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULE_NAMES)}")
+
+
+def chunks_per_rank(name: str, v: int | None = None) -> int:
+    """The model chunks of one rank a microbatch passes: ``v`` under interleaved (default 2),
+    2 under zbv (the V's two arms), else 1 (DualPipe's two parts each take half the
+    microbatches). A step issues p x m x this many forwards: what the size limits count."""
+    if name == "interleaved":
+        return 2 if v is None else v
+    return 2 if name == "zbv" else 1
 
 
 def action_deps(a: Action, last_stage: int) -> list[tuple[int, str, int]]:

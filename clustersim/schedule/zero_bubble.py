@@ -46,8 +46,8 @@ def zb_h1(p: int, m: int) -> PipelineSchedule:
 
 def zb_v(p: int, m: int) -> PipelineSchedule:
     """ZB-V: the model in 2p parts placed as a V, rank r holding parts r and 2p-1-r, the
-    backward split into B and W (Qi et al. 2024, "Pipeline Parallelism with Controllable
-    Memory", arXiv:2405.15362, Sec 4; PyTorch's ``ScheduleZBVZeroBubble``).
+    backward split into B and W (Qi et al. 2023, "Zero Bubble Pipeline Parallelism",
+    arXiv:2401.10241, Sec 6; PyTorch's ``ScheduleZBVZeroBubble``).
 
     A microbatch goes down the ranks on its first chunk (parts 0..p-1) and back up on its
     second (parts p..2p-1, the loss on rank 0), so rank p-1 hands part p-1's output to itself
@@ -63,10 +63,14 @@ def zb_v(p: int, m: int) -> PipelineSchedule:
         rank 0  | 0F0 0F1 0F2 3F0 3B0 3W0 3F1 3B1 3W1 0F3 0B0 0W0 3F2 3B2 3W2 0B1 0W1 3F3 3B3 3W3 0B2 0W2 0B3 0W3 .
         rank 1  | .   1F0 2F0 1F1 2F1 2B0 2W0 1F2 1B0 1W0 2F2 2B1 2W1 1F3 1B1 1W1 2F3 2B2 2W2 1B2 2B3 1B3 1W2 2W3 1W3
 
-    With T_F = T_B = T_W the steady state has no bubble, and a rank holds at most 2p chunks'
-    activations of half a stage each: 1F1B's peak (p stages' worth on rank 0). The
-    construction is written for m >= 2p-1 microbatches; with fewer, the actions of the
-    missing ones are dropped (as PyTorch does).
+    With T_F = T_B = T_W = T per chunk and m >= 2p-1 the steady state has no bubble: rank r
+    idles r T before its first action and (p-1-r) T after its last, (p-1) T, half of ZB-H1's
+    (p-1) 2T on the same model; the paper's zero bubble also removes these ends, by moving the
+    optimizer's synchronisation off the critical path (its post-validation, not modelled).
+    A rank holds at most 2p chunks' activations, half a stage each: 1F1B's peak (p stages'
+    worth on rank 0). The construction is written for n = max(m, 2p-1) microbatches; the
+    actions of microbatches past m are dropped (as PyTorch does), and once every count has
+    passed m nothing more is kept, so the rest is not built.
     """
     if p < 1 or m < 1:
         raise ScheduleError(f"zbv: need p >= 1 ranks and m >= 1 microbatches; got p={p}, m={m}",
@@ -78,26 +82,36 @@ def zb_v(p: int, m: int) -> PipelineSchedule:
         issued = {(c, k): 0 for c in (0, 1) for k in "FBW"}
         acts: list[Action] = []
 
-        def run(*steps: str) -> None:
-            for step in steps:  # "F0": a forward of chunk 0, the chunk's next microbatch
-                c, k = int(step[1]), step[0]
-                acts.append(Action(stage[c], k, issued[(c, k)]))
-                issued[(c, k)] += 1
+        def run(*steps: str, times: int = 1) -> bool:
+            """Issue ``steps`` ("F0": a forward of chunk 0, of its next microbatch) ``times``
+            over; False once every count has passed m (what follows would all be dropped).
+            Only the rounds that keep an action are walked; the others just count."""
+            keys = [(int(step[1]), step[0]) for step in steps]
+            kept = min(times, max(m - issued[key] for key in keys))
+            for _ in range(kept):
+                for c, k in keys:
+                    if issued[(c, k)] < m:
+                        acts.append(Action(stage[c], k, issued[(c, k)]))
+                    issued[(c, k)] += 1
+            for key in keys:
+                issued[key] += times - max(kept, 0)
+            return min(issued.values()) < m
 
-        run(*["F0"] * (2 * (p - r) - 1))
-        for _ in range(r):
-            run("F1", "F0")
-        for _ in range(p - r):
-            run("F1", "B1", "W1")
-        while issued[(1, "F")] < issued[(0, "F")] or issued[(0, "F")] < n:
-            if issued[(0, "F")] < n:
-                run("F0")
-            run("B0", "W0", "F1", "B1", "W1")
-        for _ in range(r):
-            run("B0", "B1")
-        for _ in range(p - r):
-            run("B0", "W0")
-        run(*["W1"] * (issued[(1, "B")] - issued[(1, "W")]), *["W0"] * (issued[(0, "B")] - issued[(0, "W")]))
-        assert all(issued[(c, k)] == n for c in (0, 1) for k in "FBW")  # the phases add up
-        rows.append([a for a in acts if a.mb < m])
+        def phases() -> None:
+            if not run("F0", times=2 * (p - r) - 1) or not run("F1", "F0", times=r) \
+                    or not run("F1", "B1", "W1", times=p - r):
+                return
+            while issued[(1, "F")] < issued[(0, "F")] or issued[(0, "F")] < n:
+                if issued[(0, "F")] < n and not run("F0"):
+                    return
+                if not run("B0", "W0", "F1", "B1", "W1"):
+                    return
+            if not run("B0", "B1", times=r) or not run("B0", "W0", times=p - r):
+                return
+            if run("W1", times=issued[(1, "B")] - issued[(1, "W")]) \
+                    and run("W0", times=issued[(0, "B")] - issued[(0, "W")]):
+                assert all(v == n for v in issued.values())  # the phases add up
+
+        phases()
+        rows.append(acts)
     return make_schedule("zbv", rows)
