@@ -92,6 +92,8 @@ def draw(rng: random.Random) -> dict:
             load[0], load[-1] = 1.5, 0.5
             model["moe"]["ep_load"] = load
     parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
+    if parallel["zero"] and "ep" not in parallel and cp * dp >= 4 and (cp * dp) % 2 == 0 and tp != 2:
+        parallel["zero_shard"] = cp * dp // 2  # hybrid sharding, two replicas (no draw)
     what_if = []
     if rng.random() < 0.3:
         what_if.append({"gpu": rng.randrange(world), "slowdown": rng.choice([1.1, 1.3])})
@@ -202,6 +204,8 @@ def label(i: int, d: dict) -> str:
         bits.append(f"{p['cp_comm']}{'' if p['cp_load_balance'] else ' unbalanced'}")
     if p.get("sp"):
         bits.append("sp overlapped" if p.get("tp_comm_overlap") else "sp")
+    if p.get("zero_shard"):
+        bits.append(f"hsdp/{p['zero_shard']}")
     if "ep" in p:
         bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}")
     bits += ["slow" if "gpu" in w else "spine cable" if "spine" in w["link"] else "nic cable" if ".nic" in w["link"]

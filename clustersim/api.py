@@ -84,7 +84,8 @@ def _bucket_pair_params(low: Lowering, part: int) -> float:
 
 def _statics(low: Lowering) -> list[StageStatic]:
     """Static bytes per pipeline stage (all the parts it holds) by ZeRO stage, for Ψ local
-    parameters and N = dp x cp (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
+    parameters and N = dp x cp, or the hybrid shard group (``parallel.zero_shard``)
+    (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
 
         ZeRO 0: 2Ψ + gΨ + 12Ψ     1: 2Ψ + gΨ + 12Ψ/N     2: 2Ψ + (g+12)Ψ/N     3: (2+g+12)Ψ/N
 
@@ -193,6 +194,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "precision": t.precision, "attention": t.attention, "sp": p.sp,
             "tp_comm_overlap": p.tp_comm_overlap, "ep": p.ep, "zero": p.zero,
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
+            "zero_shard": p.zero_shard,
             "recompute": t.recompute, "grad_dtype": t.grad_dtype,
             "grad_reduce_dtype": t.reduced_grad_dtype,
             "tp_nodes": sc.mesh.nodes_spanned("tp", sc.topology.node.gpus),

@@ -58,6 +58,9 @@ class ParallelCfg(Strict):
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
     zero3_keep_gathered: bool = False
+    zero_shard: int | None = pydantic.Field(
+        default=None, ge=1, description="hybrid sharding (HSDP): ZeRO shards over groups of this many of the "
+        "cp*dp ranks and keeps a replica in each group (default: one group of all of them)")
     overlap_param_gather: bool = pydantic.Field(
         default=False, description="ZeRO-1/2: all-gather the updated parameters unit by unit inside the next "
         "step's first forward, not after the optimizer step (Megatron's --overlap-param-gather)")
@@ -182,9 +185,7 @@ class Scenario:
 
     @cached_property
     def mesh(self) -> Mesh:
-        p = self.parallel
-        order, ep_inner = parse_order(p.order)
-        return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
+        return mesh_of(self.parallel)
 
     @cached_property
     def split_faults(self) -> tuple[frozenset[int], int]:
@@ -232,9 +233,9 @@ class Scenario:
         if not faults:
             return frozenset()
         from .engine.network import fault_crossers
-        from .program.lower import REFINE_DIMS
+        from .program.lower import refine_dims
 
-        return frozenset(fault_crossers(self.cluster, [self.mesh.group_rows(d) for d in REFINE_DIMS], faults))
+        return frozenset(fault_crossers(self.cluster, [self.mesh.group_rows(d) for d in refine_dims(self.mesh)], faults))
 
     @property
     def microbatches(self) -> int:
@@ -380,6 +381,17 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         fail("parallel.tp_comm_overlap", f"Transformer Engine's userbuffers exchange over NVLink inside one node, "
              f"but each TP group here spans {spans} nodes (tp={p.tp}, {topo.node.gpus} GPUs a node, order "
              f"{p.order}); keep TP inside a node or drop the overlap")
+    if p.zero_shard is not None:
+        n = p.cp * p.dp
+        whole = f"cp*dp = {p.cp}*{p.dp} = {n}" if p.cp > 1 else f"dp={p.dp}"
+        if p.zero == 0:
+            fail("parallel.zero_shard", "sets the ZeRO shard group; zero=0 shards nothing (set zero: 1, 2 or 3)")
+        if p.zero_shard < 2 or n % p.zero_shard:
+            fail("parallel.zero_shard", f"zero_shard={p.zero_shard} must be at least 2 and divide {whole}: the "
+                                        f"ranks that share the states, in groups that replicate them")
+        if p.ep > 1:
+            fail("parallel.zero_shard", f"hybrid sharding with expert parallelism (ep={p.ep}) is not modelled: "
+                                        f"the experts' shard groups would need their own size")
     if p.zero3_keep_gathered and p.zero != 3:
         fail("parallel.zero3_keep_gathered", f"keeps ZeRO-3's gathered parameters between microbatches; zero={p.zero} "
              "does not shard the parameters (set zero: 3, or drop the field)")
@@ -562,11 +574,16 @@ def _slow_gpus(topo: TopologyCfg, world: int) -> dict[int, float]:
     return {w.gpu: w.slowdown for w in topo.what_if if w.gpu is not None and w.slowdown != 1.0 and 0 <= w.gpu < world}
 
 
+def mesh_of(p: ParallelCfg) -> Mesh:
+    """The rank mesh of plan ``p``."""
+    order, ep_inner = parse_order(p.order)
+    return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner,
+                zero_shard=p.zero_shard or 0)
+
+
 def _tp_nodes(p: ParallelCfg, gpus_per_node: int) -> int:
     """The most nodes a TP group of plan ``p`` spans."""
-    order, ep_inner = parse_order(p.order)
-    return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner).nodes_spanned(
-        "tp", gpus_per_node)
+    return mesh_of(p).nodes_spanned("tp", gpus_per_node)
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,
@@ -580,8 +597,7 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
         return
     from .program.lower import Symmetry
 
-    order, ep_inner = parse_order(p.order)
-    mesh = Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner)
+    mesh = mesh_of(p)
     n = Symmetry.split_count(mesh, slow, faulty, *cfg.ranks_differ(), gpus_per_node, tiers, p.schedule == "interleaved")
     if n > MAX_GPUS_ALL_RANKS:
         gpus = sorted(set(slow) | set(faulty))

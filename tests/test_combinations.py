@@ -51,6 +51,11 @@ for cp_comm in ("ring", "all_gather"):
 PLANS.append(dict(tp=2, pp=2, dp=4, sp=True, tp_comm_overlap=True, zero=1, recompute="none", schedule="1f1b", ep=2,
                   moe=True))
 
+# hybrid sharding (HSDP): ZeRO 1-3 over half the DP ranks, with each schedule family and CP
+for schedule, zero in [("1f1b", 3), ("interleaved", 1), ("zb-h1", 2), ("dualpipe", 1), ("zbv", 3)]:
+    PLANS.append(dict(tp=2, pp=2, dp=4, zero=zero, zero_shard=2, recompute="none", schedule=schedule))
+PLANS.append(dict(tp=1, pp=2, dp=4, cp=2, zero=3, zero_shard=4, recompute="full", schedule="1f1b"))
+
 
 def _id(p):
     return "-".join(f"{k}{v}" for k, v in p.items() if v not in (False, None) and k != "cp_load_balance") + \

@@ -44,6 +44,56 @@ def test_zero_memory_matches_the_paper(root, zero, per_param):
     assert static == pytest.approx(per_param(8) * psi, rel=1e-12)
 
 
+@pytest.mark.parametrize("zero,per_param", [
+    (1, lambda n: 4 + 12 / n), (2, lambda n: 2 + 14 / n), (3, lambda n: 16 / n)])
+def test_hybrid_sharding_memory_is_zero_over_the_shard_group(root, zero, per_param):
+    # HSDP (parallel.zero_shard): the same formulas with N the shard group, 4 of the 8 ranks
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero, "zero_shard": 4}
+    st = run(root, **d).summary["memory"]["stages"][0]
+    static = st["params_bytes"] + st["grads_bytes"] + st["optimizer_bytes"]
+    assert static == pytest.approx(per_param(4) * st["params"], rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_hybrid_sharding_reduces_in_the_shard_group_then_all_reduces_the_shard(root, zero):
+    """HSDP: gathers and reduce-scatters inside each shard group of 4 consecutive DP ranks;
+    once a step, after the last microbatch's reduce-scatter, each shard (a quarter of the
+    gradients) all-reduced over its 2 replicas; the optimizer updates a quarter."""
+    d = dict(ONE_STAGE)
+    d["training"] = {**ONE_STAGE["training"], "global_batch_size": 16}  # 2 microbatches
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero, "zero_shard": 4}
+    r = run(root, **d)
+    dp = [s for s in r.trace.spans if s.kind == "dp"]
+    reduced = [s for s in dp if s.op == "reduce_scatter"]
+    shards = [s for s in dp if s.op == "all_reduce"]
+    assert reduced and shards and {s.op for s in dp} <= {"reduce_scatter", "all_reduce", "all_gather"}
+    last = max(s.mb for s in reduced)
+    assert {s.mb for s in shards} == {last}  # once a step
+    final = [s for s in reduced if s.mb == last]
+    assert sum(s.size_bytes for s in shards) == pytest.approx(sum(s.size_bytes for s in final) / 4, rel=1e-12)
+    assert all(s.name.endswith("(replicas)") for s in shards)
+    # each shard's all-reduce follows its reduce-scatter; the optimizer waits for every one
+    opt = min(s.start_s for s in r.trace.spans if s.name == "optimizer step")
+    assert max(s.end_s for s in shards) <= opt + 1e-12
+    assert min(s.start_s for s in shards) >= min(s.end_s for s in final) - 1e-12
+    sc = r.scenario
+    assert sc.mesh.group(0, "zs") == (0, 1, 2, 3) and sc.mesh.group(0, "zr") == (0, 4)
+    from clustersim.output.summary import plan_options
+    assert f" · ZeRO-{zero} (hybrid: shards over 4, 2 replicas)" in plan_options(r.summary["plan"])
+
+
+def test_hybrid_sharding_needs_zero_and_a_divisor(root):
+    for parallel, words in (({"zero": 0, "zero_shard": 4}, "zero=0 shards nothing"),
+                            ({"zero": 3, "zero_shard": 3}, "must be at least 2 and divide dp=8"),
+                            ({"zero": 3, "zero_shard": 1}, "must be at least 2")):
+        d = dict(ONE_STAGE)
+        d["parallel"] = {**ONE_STAGE["parallel"], **parallel}
+        with pytest.raises(clustersim.ConfigError, match="parallel.zero_shard") as err:
+            clustersim.load_scenario(scenario_dict(**d), base_dir=root)
+        assert words in err.value.message
+
+
 def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp(root):
     # no PP, one microbatch: DP all-reduces 2Ψ; ZeRO-3 gathers Ψ twice and reduce-scatters Ψ,
     # but for the unit the forward ends with, still gathered when the backward starts

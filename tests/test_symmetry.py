@@ -113,6 +113,9 @@ COLLAPSE = [
     ("recompute-full", 8, {"tp": 4, "pp": 2, "dp": 8, "order": "tp-pp-dp"}, {"training": {"recompute": "full"}}),
     ("recompute-selective", 8, {"tp": 8, "pp": 2, "dp": 4, "sp": True}, {"training": {"recompute": "selective"}}),
     ("256-gpus-1f1b", 32, {"tp": 8, "pp": 4, "dp": 8}, {}),
+    ("hsdp-zero3", 8, {"tp": 2, "dp": 32, "zero": 3, "zero_shard": 4}, {}),
+    ("hsdp-zero2-zb-h1", 8, {"tp": 2, "pp": 2, "dp": 16, "zero": 2, "zero_shard": 4, "schedule": "zb-h1"}, {}),
+    ("hsdp-zero3-cp", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "zero": 3, "zero_shard": 4}, {}),
     ("tp-comm-overlap-zb-h1", 8, {"tp": 4, "pp": 2, "dp": 8, "sp": True, "tp_comm_overlap": True,
                                   "schedule": "zb-h1", "zero": 1}, {}),
     ("tp-comm-overlap-moe", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "tp_comm_overlap": True},
@@ -229,6 +232,10 @@ SPLIT = [
     ("moe-ep4-strided", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "order": "tp-cp-dp-ep-pp"}, {"moe": True},
      {45: 1.3}, 16),
     ("256-gpus", 32, {"tp": 8, "pp": 4, "dp": 8}, {}, {100: 1.3}, 16),
+    # hybrid sharding over DP 0-3 and 4-7 (replicas {0,4} {1,5} {2,6} {3,7}), S at DP 6: per
+    # stage and TP index, S's (or its peer's) DP 6, the rest of its shard group (4, 5, 7), its
+    # replica DP 2, and the rest of that shard group (0, 1, 3): 8 a stage
+    ("hsdp-zero3", 8, {"tp": 2, "pp": 4, "dp": 8, "zero": 3, "zero_shard": 4}, {}, {13: 1.3}, 32),
 ]
 
 

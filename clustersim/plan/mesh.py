@@ -29,6 +29,14 @@ the expert-data-parallel group "edp", which reduces expert gradients::
     edp group: [0 1] [2 3] [4 5] [6 7]
 
 Expert gradients go over ``cp+edp``: CP ranks hold the same experts.
+
+Hybrid sharding (HSDP; ``zero_shard``): ZeRO shards over ``zs`` groups of zero_shard
+consecutive members of a ``cp+dp`` group and keeps a replica of each shard in every one of
+them; the members holding the same shard form a ``zr`` group::
+
+    cp+dp group:  0 1 2 3 4 5 6 7        zero_shard=4
+    zs groups:    [0 1 2 3] [4 5 6 7]    (gather parameters, reduce-scatter gradients)
+    zr groups:    {0,4} {1,5} {2,6} {3,7}  (all-reduce each gradient shard)
 """
 
 from __future__ import annotations
@@ -85,6 +93,7 @@ class Mesh:
     ep: int = 1  # expert-parallel size, a divisor of dp
     cp: int = 1
     ep_inner: bool = True  # EP groups are consecutive DP indices (else strided)
+    zero_shard: int = 0  # ranks of a ZeRO shard group (zs); 0: the whole cp+dp group
 
     def __post_init__(self):
         if "cp" not in self.order:
@@ -99,6 +108,9 @@ class Mesh:
     def size(self, dim: str) -> int:
         if dim == "edp":
             return self.dp // self.ep
+        if dim in ("zs", "zr"):
+            shard = self.zero_shard or self.cp * self.dp
+            return shard if dim == "zs" else self.cp * self.dp // shard
         if "+" in dim:
             out = 1
             for d in dim.split("+"):
@@ -139,6 +151,10 @@ class Mesh:
         "cp+dp" and "cp+edp" combine CP with them, CP innermost.
         """
         c = self.coords(rank)
+        if dim in ("zs", "zr"):  # slices of the rank's cp+dp group (the module docstring)
+            g, shard = self.group(rank, "cp+dp"), self.size("zs")
+            at = g.index(rank)
+            return g[at - at % shard:at - at % shard + shard] if dim == "zs" else g[at % shard::shard]
         if "+" in dim:
             inner, outer = dim.split("+")
             return tuple(x for o in self.group(rank, outer) for x in self.group(o, inner))
@@ -161,6 +177,11 @@ class Mesh:
 
             tp=2 dp=2 pp=2, "dp":  grid[pp][dp][tp] -> axes (pp, tp, dp) -> rows (0,2) (1,3) (4,6) (5,7)
         """
+        if dim in ("zs", "zr"):  # each cp+dp row cut into (replicas, shard): zs its rows, zr its columns
+            whole = self.group_rows("cp+dp")
+            cut = whole.reshape(len(whole), self.size("zr"), self.size("zs"))
+            rows = (cut if dim == "zs" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
+            return rows[np.argsort(rows.min(axis=1), kind="stable")]
         names = [d for d in reversed(self.order)]  # C order: the innermost dimension is the last axis
         shape = [self.size(d) for d in names]
         if "ep" in dim or "edp" in dim:  # DP as (outer, inner) sub-axes, see _expert_dp

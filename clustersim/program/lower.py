@@ -43,6 +43,13 @@ from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 # the groups in which ranks communicate (the lowering's kinds, GRAD_GROUPS's mesh groups; a
 # pipeline group holds every send, tied-embedding and part-holder group)
 REFINE_DIMS = ("tp", "cp", "ep", "cp+dp", "cp+edp", "pp")
+HYBRID_DIMS = ("zs", "zr")  # and, under hybrid sharding, its shard and replica groups
+
+
+def refine_dims(mesh: Mesh) -> tuple[str, ...]:
+    """The groups of :data:`REFINE_DIMS`, with hybrid sharding's where the mesh has them
+    (a cp+dp group holds both a slow GPU's shard group and others, whose ranks differ)."""
+    return (*REFINE_DIMS[:-1], *HYBRID_DIMS, REFINE_DIMS[-1]) if mesh.zero_shard else REFINE_DIMS
 
 
 def refine_classes(mesh: Mesh, start) -> np.ndarray:
@@ -56,7 +63,7 @@ def refine_classes(mesh: Mesh, start) -> np.ndarray:
     """
     cls = _row_ids(np.asarray(start))
     groups = []
-    for dim in REFINE_DIMS:
+    for dim in refine_dims(mesh):
         rows = mesh.group_rows(dim)
         where = np.empty(mesh.world_size, dtype=np.int64)
         where[rows] = np.arange(len(rows))[:, None]
@@ -299,7 +306,7 @@ class Symmetry:
         if not self.gpus_per_node:
             return None
         codes, any_apart = [], False
-        for dim in REFINE_DIMS[:-1]:  # pp: _chain_places
+        for dim in refine_dims(self.mesh)[:-1]:  # pp: _chain_places
             rows = self.mesh.group_rows(dim)
             if rows.shape[1] < 2:
                 continue
@@ -490,7 +497,7 @@ class Lowering:
                 if key[0] == j:
                     self.unit_shards[key] = tuple(
                         (dim, n) for dim, n in (("dp", dense), ("edp", experts[key]))
-                        if n > 0 and self.mesh.size(GRAD_GROUPS[dim]) > 1)
+                        if n > 0 and self.mesh.size(self.grad_dim(dim)) > 1)
         for q in range(s.ranks):
             self.parts_of[q] = tuple(sorted({s.stage_part[k] for k in s.stages_of(q)}))
         for j in range(s.n_parts):
@@ -511,21 +518,34 @@ class Lowering:
             q = self._pp_of[rank] = self.group_of(rank, "pp").index(rank)
         return q
 
-    def group_of(self, rank: int, dim: str) -> tuple[int, ...]:
-        """``mesh.group(rank, dim)``, remembered: the lowering asks for it once per communication.
+    def grad_dim(self, kind: str) -> str:
+        """The mesh group of a lowering kind (:data:`GRAD_GROUPS`): gradients and ZeRO shards
+        ("dp", "edp") go over those groups times CP, as CP ranks hold the same weights, and
+        under hybrid sharding the dense ones over a shard group of them ("zs"), whose shards
+        the replica groups ("zr") then all-reduce."""
+        if kind == "dp" and self.mesh.zero_shard:
+            return "zs"
+        return GRAD_GROUPS.get(kind, kind)
 
-        Gradients and ZeRO shards ("dp", "edp") go over those groups times CP: CP ranks hold
-        the same weights."""
+    def group_of(self, rank: int, dim: str) -> tuple[int, ...]:
+        """``mesh.group(rank, grad_dim(dim))``, remembered: the lowering asks for it once per
+        communication."""
         key = (rank, dim)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = self.mesh.group(rank, GRAD_GROUPS.get(dim, dim))
+            g = self._groups[key] = self.mesh.group(rank, self.grad_dim(dim))
         return g
 
     @property
     def n_grad(self) -> int:
-        """Ranks that reduce (and ZeRO-shard) one gradient: dp x cp."""
-        return self.mesh.size(GRAD_GROUPS["dp"])
+        """Ranks that reduce (and ZeRO-shard) one gradient together: dp x cp, or a hybrid
+        shard group of them."""
+        return self.mesh.size(self.grad_dim("dp"))
+
+    @property
+    def n_replicas(self) -> int:
+        """Hybrid sharding's replicas of each shard (1 without it): they all-reduce it."""
+        return self.mesh.size("zr") if self.mesh.zero_shard else 1
 
     @property
     def grad_shards(self) -> tuple[int, int]:
@@ -585,8 +605,8 @@ def _pp_groups(mesh: Mesh, pps: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 def _all_groups(low: Lowering, kind: str):
     """Every group of ``kind`` in the mesh (for twins: the groups that map onto the same ranks)."""
-    if kind in ("tp", "cp", "dp", "ep", "edp"):
-        return low.mesh.groups(GRAD_GROUPS.get(kind, kind))
+    if kind in ("tp", "cp", "dp", "ep", "edp", "zr"):
+        return low.mesh.groups(low.grad_dim(kind))
     if kind == "pp":
         return [g for e in low.pp_edges for g in _pp_groups(low.mesh, e)]
     if kind == "emb":
@@ -598,7 +618,7 @@ def _all_groups(low: Lowering, kind: str):
 
 
 # communication kind of the lowering -> kind in the trace and metrics
-_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp"}
+_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp", "zr": "dp"}
 
 
 def _comm_spec(low: Lowering, kind: str, group, size: float, op: str, stream: str | None, name: str,
@@ -741,6 +761,13 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
                 low.grad_tasks.setdefault(r, []).append(rs)
                 low.stage_grads.setdefault((r, stage), []).append(rs)
                 low.sync.setdefault(r, []).append(rs)
+                if dim == "dp" and low.n_replicas > 1 and mb == low.final_mb[stage]:
+                    # hybrid sharding: the unit's shard all-reduced over its replicas once a step
+                    ar = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", stage, mb, str(u)),
+                               n * low.reduce_bytes / low.n_grad, stream="dp", deps=(rs,),
+                               name="AR grads shard (replicas)", mb=mb, phase=kind, stage=q, layer=layer)
+                    low.grad_tasks[r].append(ar)
+                    low.sync[r].append(ar)
         for j, spec in enumerate(post):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
         yield
@@ -1310,6 +1337,14 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
                 out.append(dep)
                 if dim == "dp":
                     low.stage_grads.setdefault((r, a.stage), []).append(dep)
+                    if low.n_replicas > 1 and a.mb == low.final_mb[a.stage]:
+                        # hybrid sharding: the shard, accumulated over the step's microbatches,
+                        # all-reduced over its replicas once
+                        dep = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", a.stage, n),
+                                    params * low.reduce_bytes / shard, deps=(dep,), stream="dp",
+                                    name=f"AR grads shard bucket {n} (replicas)", **meta)
+                        tids.append(dep)
+                        out.append(dep)
             elif on:
                 dep = low.bucket_tid[(r, a.stage, a.mb, dim, n)]
             if replicas:
@@ -1397,7 +1432,7 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
             # dp x cp, routed experts over their expert-DP group
             for dim, attr in (("dp", "local_params"), ("edp", "local_expert_params")):
                 n = sum(getattr(low.work[j], attr) for j in parts)
-                if n > 0 and low.mesh.size(GRAD_GROUPS[dim]) > 1:
+                if n > 0 and low.mesh.size(low.grad_dim(dim)) > 1:
                     _comm(low, prog, r, dim, low.group_of(r, dim), ("AG params after step", dim), n * PARAM_BYTES,
                           op="all_gather", stream="dp", deps=(opt,),
                           name="AG expert params" if dim == "edp" else "AG params", phase="opt", stage=q)
