@@ -105,7 +105,10 @@ def interleaved_table(p: int, m: int, v: int, group: int | None = None) -> list[
     return [(mb, chunk) for first in range(0, m, g) for chunk in range(v) for mb in range(first, min(first + g, m))]
 
 
-def interleaved(p: int, m: int, v: int = 2, group: int | None = None) -> PipelineSchedule:
+DEFAULT_CHUNKS = 2  # interleaved's model chunks per rank where none are given
+
+
+def interleaved(p: int, m: int, v: int = DEFAULT_CHUNKS, group: int | None = None) -> PipelineSchedule:
     """Megatron interleaved 1F1B: v chunks per rank, microbatches taken p (or ``group``) at a
     time per chunk.
 

@@ -23,7 +23,7 @@ lives in :mod:`.core`; the text forms in :mod:`.grid`.
 
 from __future__ import annotations
 
-from .classic import gpipe, interleaved, interleaved_warmup, one_f_one_b
+from .classic import DEFAULT_CHUNKS, gpipe, interleaved, interleaved_warmup, one_f_one_b
 from .core import (
     DEFAULT_DURATIONS,
     FB,
@@ -97,7 +97,7 @@ def chunks_per_rank(name: str, v: int | None = None) -> int:
     2 under zbv (the V's two arms), else 1 (DualPipe's two parts each take half the
     microbatches). A step issues p x m x this many forwards: what the size limits count."""
     if name == "interleaved":
-        return 2 if v is None else v
+        return DEFAULT_CHUNKS if v is None else v
     return 2 if name == "zbv" else 1
 
 
