@@ -83,6 +83,22 @@ def test_hybrid_sharding_reduces_in_the_shard_group_then_all_reduces_the_shard(r
     assert f" · ZeRO-{zero} (hybrid: shards over 4, 2 replicas)" in plan_options(r.summary["plan"])
 
 
+def test_a_shard_group_of_every_rank_is_plain_zero(root):
+    """zero_shard = cp*dp: one group, no replicas: the plain ZeRO step, and the plan line
+    says plain ZeRO."""
+    from clustersim.output.summary import plan_options
+
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3}
+    plain = run(root, **d)
+    d["parallel"] = {**d["parallel"], "zero_shard": 8}
+    whole = run(root, **d)
+    assert whole.summary["step_time_s"] == plain.summary["step_time_s"]
+    assert whole.summary["memory"] == plain.summary["memory"]
+    assert plan_options(whole.summary["plan"]) == plan_options(plain.summary["plan"])
+    assert not any(s.op == "all_reduce" for s in whole.trace.spans if s.kind == "dp")
+
+
 def test_hybrid_sharding_needs_zero_and_a_divisor(root):
     for parallel, words in (({"zero": 0, "zero_shard": 4}, "zero=0 shards nothing"),
                             ({"zero": 3, "zero_shard": 3}, "must be at least 2 and divide dp=8"),

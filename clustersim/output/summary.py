@@ -57,8 +57,8 @@ def plan_options(p: dict[str, Any]) -> str:
     collectives are pipelined with the GEMMs), ZeRO (and how it gathers the parameters, where
     not by default) and recompute the plan uses."""
     zero = f" · ZeRO-{p['zero']}" if p.get("zero") else ""
-    if zero and p.get("zero_shard"):  # hybrid sharding
-        replicas = p.get("dp", 1) * p.get("cp", 1) // p["zero_shard"]
+    replicas = p.get("dp", 1) * p.get("cp", 1) // p["zero_shard"] if p.get("zero_shard") else 1
+    if zero and replicas > 1:  # hybrid sharding (a shard group of all of them is plain ZeRO)
         zero += f" (hybrid: shards over {p['zero_shard']}, {replicas} replicas)"
     if zero and p.get("zero3_keep_gathered") and p["zero"] == 3:
         zero += " (kept gathered)"
