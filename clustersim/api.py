@@ -75,7 +75,7 @@ def _bucket_pair_params(low: Lowering, part: int) -> float:
     most = 0.0
     if low.n_grad < 2:  # (then neither is reduced: lower._reduce_action)
         return most
-    for attr, on in (("params", True), ("expert_params", low.mesh.size("cp+edp") > 1)):
+    for attr, on in (("params", True), ("expert_params", low.mesh.size(low.grad_dim("edp")) > 1)):
         if on:
             sizes = [p for _, p in grad_buckets(low.work[part].grad_blocks(low.split), low.dp_bucket_params, attr)]
             most += max((a + b for a, b in zip(sizes, sizes[1:])), default=max(sizes, default=0.0))
@@ -102,7 +102,7 @@ def _statics(low: Lowering) -> list[StageStatic]:
     hold the same experts): the same formulas with Ψe and N_e, e.g. 12Ψe/N_e under ZeRO-1.
     """
     n, z = low.n_grad, low.zero
-    n_e = low.mesh.size("cp+edp")
+    n_e = low.mesh.size(low.grad_dim("edp"))
     out = []
     for q in range(low.mesh.pp):
         parts = tuple(_part_static(low, j) for j in low.parts_of[q])

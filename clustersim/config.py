@@ -390,8 +390,9 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("parallel.zero_shard", f"zero_shard={p.zero_shard} must be at least 2 and divide {whole}: the "
                                         f"ranks that share the states, in groups that replicate them")
         if p.ep > 1:
-            fail("parallel.zero_shard", f"hybrid sharding with expert parallelism (ep={p.ep}) is not modelled: "
-                                        f"the experts' shard groups would need their own size")
+            fail("parallel.zero_shard", f"hybrid sharding with expert parallelism (ep={p.ep}) is not modelled "
+                                        f"(the experts, sharded over their expert-DP group, would need shard groups "
+                                        f"of their own); with ep=1 the experts shard as the dense weights do")
     if p.zero3_keep_gathered and p.zero != 3:
         fail("parallel.zero3_keep_gathered", f"keeps ZeRO-3's gathered parameters between microbatches; zero={p.zero} "
              "does not shard the parameters (set zero: 3, or drop the field)")

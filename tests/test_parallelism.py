@@ -83,6 +83,48 @@ def test_hybrid_sharding_reduces_in_the_shard_group_then_all_reduces_the_shard(r
     assert f" · ZeRO-{zero} (hybrid: shards over 4, 2 replicas)" in plan_options(r.summary["plan"])
 
 
+def test_hybrid_sharding_shards_experts_as_the_dense_weights(root):
+    """With ep=1 a MoE layer's routed experts shard over the same groups as the dense
+    weights: ZeRO-1 memory 4Ψ + 12Ψ/4 over every parameter, expert gradients reduce-scattered
+    over the shard group and all-reduced over its replicas."""
+    from .test_combinations import MOE
+
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": 1, "zero_shard": 4}
+    r = run(root, model={**MOE, "layers": 2}, **{k: v for k, v in d.items()})
+    st = r.summary["memory"]["stages"][0]
+    assert st["params_bytes"] + st["grads_bytes"] + st["optimizer_bytes"] == pytest.approx(
+        (4 + 12 / 4) * st["params"], rel=1e-12)
+    experts = [s for s in r.trace.spans if s.kind == "dp" and "expert" in s.name]
+    assert {s.op for s in experts} == {"reduce_scatter", "all_reduce", "all_gather"}
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_hybrid_sharding_under_dualpipe_reduces_the_holders_copies_after_the_replicas(root, zero):
+    """DualPipe's two holders of a part all-reduce its gradients after the DP reduction: under
+    hybrid sharding after the replicas' all-reduce of the same shard, not beside it."""
+    r = run(root, cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 1}, model={"layers": 4},
+            parallel={"tp": 1, "pp": 2, "dp": 4, "zero": zero, "zero_shard": 2, "schedule": "dualpipe"},
+            training={"global_batch_size": 16})
+    for rank in r.trace.ranks:
+        spans = sorted((s for s in r.trace.spans if s.rank == rank and s.kind == "dp"), key=lambda s: s.start_s)
+        holders = [s for s in spans if s.name.startswith("AR part")]
+        assert holders
+        for h in holders:  # each after the replicas' all-reduce of the shards before it
+            shards = [s for s in spans if "shard" in s.name and s.start_s < h.start_s]
+            assert shards and h.start_s >= max(s.end_s for s in shards) - 1e-12
+
+
+def test_hybrid_shard_groups_are_consecutive_ranks_whichever_of_cp_and_dp_is_inner(root):
+    """A shard group of 8 is the 8 GPUs of a node with CP inside DP or outside it."""
+    from clustersim.plan.mesh import Mesh
+
+    for order in (("tp", "cp", "dp", "pp"), ("tp", "dp", "cp", "pp")):
+        mesh = Mesh(tp=1, dp=8, pp=1, cp=2, order=order, zero_shard=8)
+        assert mesh.groups("zs") == [tuple(range(8)), tuple(range(8, 16))], order
+        assert mesh.groups("zr") == [(i, i + 8) for i in range(8)], order
+
+
 def test_a_shard_group_of_every_rank_is_plain_zero(root):
     """zero_shard = cp*dp: one group, no replicas: the plain ZeRO step, and the plan line
     says plain ZeRO."""

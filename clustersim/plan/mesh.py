@@ -31,8 +31,9 @@ the expert-data-parallel group "edp", which reduces expert gradients::
 Expert gradients go over ``cp+edp``: CP ranks hold the same experts.
 
 Hybrid sharding (HSDP; ``zero_shard``): ZeRO shards over ``zs`` groups of zero_shard
-consecutive members of a ``cp+dp`` group and keeps a replica of each shard in every one of
-them; the members holding the same shard form a ``zr`` group::
+members of a ``cp+dp`` group consecutive in rank order (so that a shard group fills a node
+before the next, whichever of CP and DP is inner) and keeps a replica of each shard in every
+one of them; the members holding the same shard form a ``zr`` group::
 
     cp+dp group:  0 1 2 3 4 5 6 7        zero_shard=4
     zs groups:    [0 1 2 3] [4 5 6 7]    (gather parameters, reduce-scatter gradients)
@@ -151,8 +152,8 @@ class Mesh:
         "cp+dp" and "cp+edp" combine CP with them, CP innermost.
         """
         c = self.coords(rank)
-        if dim in ("zs", "zr"):  # slices of the rank's cp+dp group (the module docstring)
-            g, shard = self.group(rank, "cp+dp"), self.size("zs")
+        if dim in ("zs", "zr"):  # slices of the rank's cp+dp group in rank order (the module docstring)
+            g, shard = tuple(sorted(self.group(rank, "cp+dp"))), self.size("zs")
             at = g.index(rank)
             return g[at - at % shard:at - at % shard + shard] if dim == "zs" else g[at % shard::shard]
         if "+" in dim:
@@ -177,8 +178,8 @@ class Mesh:
 
             tp=2 dp=2 pp=2, "dp":  grid[pp][dp][tp] -> axes (pp, tp, dp) -> rows (0,2) (1,3) (4,6) (5,7)
         """
-        if dim in ("zs", "zr"):  # each cp+dp row cut into (replicas, shard): zs its rows, zr its columns
-            whole = self.group_rows("cp+dp")
+        if dim in ("zs", "zr"):  # each cp+dp row, in rank order, cut into (replicas, shard): zs its rows, zr its columns
+            whole = np.sort(self.group_rows("cp+dp"), axis=1)
             cut = whole.reshape(len(whole), self.size("zr"), self.size("zs"))
             rows = (cut if dim == "zs" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
             return rows[np.argsort(rows.min(axis=1), kind="stable")]
@@ -197,6 +198,14 @@ class Mesh:
         rest = [a for a in range(len(names)) if a not in axes]
         rows = grid.transpose(rest + axes).reshape(-1, int(np.prod([shape[a] for a in axes])))
         return rows[np.argsort(rows.min(axis=1), kind="stable")]
+
+    def grad_group(self, kind: str) -> str:
+        """The group that reduces (and ZeRO-shards) the gradients of ``kind``, "dp" (dense) or
+        "edp" (routed experts): each times CP, as CP ranks hold the same weights, or under
+        hybrid sharding the shard group (experts then have no EP: their group is DP's)."""
+        if self.zero_shard:
+            return "zs"
+        return {"dp": "cp+dp", "edp": "cp+edp"}[kind]
 
     def nodes_spanned(self, dim: str, gpus_per_node: int) -> int:
         """The most nodes one ``dim`` group spans (rank r on GPU r): a TP group over more than

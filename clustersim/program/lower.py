@@ -40,7 +40,7 @@ from .tasks import ActionTemplate, Comm, Program, Task
 from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 
 
-# the groups in which ranks communicate (the lowering's kinds, GRAD_GROUPS's mesh groups; a
+# the groups in which ranks communicate (the lowering's kinds, Mesh.grad_group's groups; a
 # pipeline group holds every send, tied-embedding and part-holder group)
 REFINE_DIMS = ("tp", "cp", "ep", "cp+dp", "cp+edp", "pp")
 HYBRID_DIMS = ("zs", "zr")  # and, under hybrid sharding, its shard and replica groups
@@ -519,13 +519,10 @@ class Lowering:
         return q
 
     def grad_dim(self, kind: str) -> str:
-        """The mesh group of a lowering kind (:data:`GRAD_GROUPS`): gradients and ZeRO shards
-        ("dp", "edp") go over those groups times CP, as CP ranks hold the same weights, and
-        under hybrid sharding the dense ones over a shard group of them ("zs"), whose shards
-        the replica groups ("zr") then all-reduce."""
-        if kind == "dp" and self.mesh.zero_shard:
-            return "zs"
-        return GRAD_GROUPS.get(kind, kind)
+        """The mesh group of a lowering kind: gradients and ZeRO shards ("dp", "edp") over
+        ``Mesh.grad_group`` (times CP, or under hybrid sharding a shard group, "zs", whose
+        shards the replica groups, "zr", then all-reduce); the others over their own."""
+        return self.mesh.grad_group(kind) if kind in ("dp", "edp") else kind
 
     def group_of(self, rank: int, dim: str) -> tuple[int, ...]:
         """``mesh.group(rank, grad_dim(dim))``, remembered: the lowering asks for it once per
@@ -552,7 +549,7 @@ class Lowering:
         """Into how many shards a DP reduction leaves the dense and the routed-expert
         gradients (1 under ZeRO 0, whose all-reduce leaves them whole): dp x cp, and the
         expert-DP group x cp."""
-        return (self.n_grad, self.mesh.size("cp+edp")) if self.zero >= 1 else (1, 1)
+        return (self.n_grad, self.mesh.size(self.grad_dim("edp"))) if self.zero >= 1 else (1, 1)
 
     def work_of(self, rank: int, part: int) -> StageWork:
         """The work of ``part`` as rank ``rank`` runs it (CP ranks differ without load balancing)."""
@@ -583,7 +580,6 @@ class Lowering:
         return self.schedule.stage_part[stage]
 
 
-GRAD_GROUPS = {"dp": "cp+dp", "edp": "cp+edp"}  # lowering kind -> mesh group of its ranks
 
 
 def _pp_edges(s: PipelineSchedule) -> tuple[tuple[int, int], ...]:
@@ -761,12 +757,14 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
                 low.grad_tasks.setdefault(r, []).append(rs)
                 low.stage_grads.setdefault((r, stage), []).append(rs)
                 low.sync.setdefault(r, []).append(rs)
-                if dim == "dp" and low.n_replicas > 1 and mb == low.final_mb[stage]:
+                if low.n_replicas > 1 and mb == low.final_mb[stage]:
                     # hybrid sharding: the unit's shard all-reduced over its replicas once a step
-                    ar = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", stage, mb, str(u)),
-                               n * low.reduce_bytes / low.n_grad, stream="dp", deps=(rs,),
-                               name="AR grads shard (replicas)", mb=mb, phase=kind, stage=q, layer=layer)
+                    ar = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", stage, mb, str(u), dim),
+                               n * low.reduce_bytes / low.mesh.size(low.grad_dim(dim)), stream="dp", deps=(rs,),
+                               name=f"AR {'expert ' if dim == 'edp' else ''}grads shard (replicas)", mb=mb,
+                               phase=kind, stage=q, layer=layer)
                     low.grad_tasks[r].append(ar)
+                    low.stage_grads[(r, stage)].append(ar)
                     low.sync[r].append(ar)
         for j, spec in enumerate(post):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
@@ -1323,28 +1321,30 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
     meta = dict(mb=a.mb, phase=low.grad_kind, stage=q)
     blocks = low.work[part].grad_blocks(low.split)
     # routed experts: E/ep on this rank, the same experts on every rank of its EDP group
-    expert_reduce = low.zero < 3 and mesh.size("cp+edp") > 1
+    expert_reduce = low.zero < 3 and mesh.size(low.grad_dim("edp")) > 1
     for dim, kind, attr, share in (("dp", "dp", "params", shard), ("edp", "edp", "expert_params", expert_shard)):
         on = dp_buckets if dim == "dp" else expert_reduce
         what, label = ("bucket", "") if dim == "dp" else ("expert bucket", "expert ")
         for n, (i, params) in enumerate(grad_buckets(blocks, low.dp_bucket_params, attr)):
             dep = low.bwd_tid[(r, a.stage, a.mb, i)]
             if on and reduce:
-                dep = low.bucket_tid[(r, a.stage, a.mb, dim, n)] = _comm(
+                dep = _comm(
                     low, prog, r, kind, low.group_of(r, kind), (what, a.stage, a.mb, n), params * low.reduce_bytes,
                     op=op, deps=(dep,), stream="dp", name=f"{COMM_SHORT[op]} {label}grads bucket {n}", **meta)
                 tids.append(dep)
                 out.append(dep)
                 if dim == "dp":
                     low.stage_grads.setdefault((r, a.stage), []).append(dep)
-                    if low.n_replicas > 1 and a.mb == low.final_mb[a.stage]:
-                        # hybrid sharding: the shard, accumulated over the step's microbatches,
-                        # all-reduced over its replicas once
-                        dep = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", a.stage, n),
-                                    params * low.reduce_bytes / shard, deps=(dep,), stream="dp",
-                                    name=f"AR grads shard bucket {n} (replicas)", **meta)
-                        tids.append(dep)
-                        out.append(dep)
+                if low.n_replicas > 1 and a.mb == low.final_mb[a.stage]:
+                    # hybrid sharding: the shard, accumulated over the step's microbatches,
+                    # all-reduced over its replicas once, on the same stream (Megatron-LM's
+                    # distributed-optimizer instances)
+                    dep = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", dim, a.stage, n),
+                                params * low.reduce_bytes / (shard if dim == "dp" else expert_shard), deps=(dep,),
+                                stream="dp", name=f"AR {label}grads shard bucket {n} (replicas)", **meta)
+                    tids.append(dep)
+                    out.append(dep)
+                low.bucket_tid[(r, a.stage, a.mb, dim, n)] = dep  # (what DualPipe's holders' reduction waits for)
             elif on:
                 dep = low.bucket_tid[(r, a.stage, a.mb, dim, n)]
             if replicas:

@@ -572,8 +572,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         # (Korthikanti et al. 2022, Sec 5: what selective recompute leaves unstored)
         transient = tf.attention_scores_bytes(m, b, t, cp)
     transient += cp_transient_bytes(sc)
-    grad_shard = sc.mesh.size("zs") if sc.parallel.zero >= 1 else 1  # cp x dp, or a hybrid shard group
-    expert_shard = sc.mesh.size("cp+edp") if sc.parallel.zero >= 1 else 1
+    grad_shard = sc.mesh.size(sc.mesh.grad_group("dp")) if sc.parallel.zero >= 1 else 1
+    expert_shard = sc.mesh.size(sc.mesh.grad_group("edp")) if sc.parallel.zero >= 1 else 1
     updated = local_params / grad_shard + local_expert_params / expert_shard
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),
