@@ -580,8 +580,6 @@ class Lowering:
         return self.schedule.stage_part[stage]
 
 
-
-
 def _pp_edges(s: PipelineSchedule) -> tuple[tuple[int, int], ...]:
     """(sender, receiver) pipeline ranks of every activation and gradient send, sorted."""
     edges = set()
