@@ -59,7 +59,7 @@ class ParallelCfg(Strict):
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
     zero3_keep_gathered: bool = False
     zero_shard: int | None = pydantic.Field(
-        default=None, ge=1, description="hybrid sharding (HSDP): ZeRO shards over groups of this many of the "
+        default=None, ge=2, description="hybrid sharding (HSDP): ZeRO shards over groups of this many of the "
         "cp*dp ranks and keeps a replica in each group (default: one group of all of them)")
     overlap_param_gather: bool = pydantic.Field(
         default=False, description="ZeRO-1/2: all-gather the updated parameters unit by unit inside the next "

@@ -144,7 +144,7 @@ def test_a_shard_group_of_every_rank_is_plain_zero(root):
 def test_hybrid_sharding_needs_zero_and_a_divisor(root):
     for parallel, words in (({"zero": 0, "zero_shard": 4}, "zero=0 shards nothing"),
                             ({"zero": 3, "zero_shard": 3}, "must be at least 2 and divide dp=8"),
-                            ({"zero": 3, "zero_shard": 1}, "must be at least 2")):
+                            ({"zero": 3, "zero_shard": 1}, "greater than or equal to 2")):
         d = dict(ONE_STAGE)
         d["parallel"] = {**ONE_STAGE["parallel"], **parallel}
         with pytest.raises(clustersim.ConfigError, match="parallel.zero_shard") as err:
