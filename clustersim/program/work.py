@@ -138,6 +138,12 @@ def split_backward_ops(ops: list[Op]) -> tuple[list[Op], list[Op]]:
     return b, w
 
 
+def weight_grad_ops(ops: list[Op]) -> list[Op]:
+    """The weight-gradient ops of a backward: :func:`split_backward_ops`'s second list alone."""
+    return [op if op.name.endswith(WGRAD) else _half(op) for op in ops
+            if op.name.endswith(WGRAD) or (_is_weight_gemm(op) and not op.name.endswith(DGRAD))]
+
+
 def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), recompute_ops=(),
            expert_params=0.0, overlap=()) -> Block:
     """A block's cost; ``recompute_ops`` add time and executed FLOPs but no model FLOPs."""
@@ -507,7 +513,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                            overlap=spec.overlap))
         gathers = regather if pieces else ()
         col = column_parallel_at(spec.ops) if gathers else None
-        others = split_backward_ops([op for i, op in enumerate(spec.ops) if i != col])[1]
+        others = weight_grad_ops([op for i, op in enumerate(spec.ops) if i != col])
         if col is not None and others:
             # the other GEMMs' weight gradients (out proj, MLP down) need no gathered input:
             # they run beside the gather, the column-parallel one after it
