@@ -503,6 +503,9 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, root, to_group):
 # sends ``signal`` to itself as the module ``at`` begins to load, then runs python -m clustersim
 _SIGNAL_AT_IMPORT = """
 import importlib.abc, os, runpy, signal, sys
+# Python turns SIGINT into KeyboardInterrupt unless it started with SIGINT ignored, as a
+# background job of a shell starts (a CI run launched with &): start as from a terminal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 at, sig = sys.argv[1], getattr(signal, sys.argv[2])
 class Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
