@@ -360,3 +360,23 @@ def test_selective_recompute_holds_one_layer_s_scores_while_recomputing(dropout,
     assert st["transient_bytes"] == pytest.approx(per_score * m.heads * m.seq_len ** 2 / 2, rel=1e-12)
     flash = run(**kw, training={"global_batch_size": 4, "recompute": "selective"}).summary["memory"]["stages"][0]
     assert flash["transient_bytes"] == 0.0
+
+
+def test_the_terminal_memory_rows_add_up_to_their_peak(root):
+    """The summary's memory table: params + grads + optim + activ + other = peak on every
+    row, `other` being what the peak holds besides them (ZeRO-3's gathered layers and a layer
+    recomputed here), to the table's rounding."""
+    from clustersim.output.summary import format_summary
+
+    d = scenario_dict(parallel={"tp": 1, "pp": 2, "dp": 8, "zero": 3}, training={"global_batch_size": 32,
+                                                                                 "recompute": "full"})
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    lines = format_summary(s).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("memory (GiB)"))
+    assert "other" in lines[at]
+    rows = [line.split() for line in lines[at + 1:at + 1 + len(s["memory"]["stages"])]]
+    for row, st in zip(rows, s["memory"]["stages"]):
+        params, grads, optim, activ, other, peak = map(float, row[1:7])
+        assert other > 0  # the gathered units and the recomputed layer
+        assert params + grads + optim + activ + other == pytest.approx(peak, abs=0.06 * 5)
+        assert peak == pytest.approx(st["peak_bytes"] / 1024**3, abs=0.05)

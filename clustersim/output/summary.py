@@ -4,8 +4,11 @@
     plan            TP8 x PP16 x DP8 · fp32 grads · 1f1b · 192 microbatches x 1 x 2048 tokens
     step time       18.89 s
     ...
-    memory (GiB)    stage  params  grads  optim  activ   peak / cap
-                        0     2.7    5.4   16.1   29.2    53.4 / 80  fits
+    memory (GiB)    stage  params  grads  optim  activ  other    peak / cap
+                        0     2.7    5.4   16.1   29.2    0.0    53.4 / 80  fits
+
+"other" is what the peak holds besides the four before it (communication buffers, a layer
+recomputed, ZeRO-3's gathered units, CP's K/V), so that a row adds up to its peak.
 """
 
 from __future__ import annotations
@@ -197,7 +200,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'hidden comm':<16}{hidden}",
         *_causes_lines(s),
         *_path_line(s),
-        f"{'memory (GiB)':<16}{'stage':>5} {'params':>7} {'grads':>6} {'optim':>6} {'activ':>6} {'peak':>7} / cap",
+        f"{'memory (GiB)':<16}{'stage':>5} {'params':>7} {'grads':>6} {'optim':>6} {'activ':>6} {'other':>6} "
+        f"{'peak':>7} / cap",
     ]
     for st in _stage_rows(mem["stages"]):
         g = lambda k: st[k] / GiB  # noqa: E731
@@ -205,9 +209,13 @@ def format_summary(s: dict[str, Any]) -> str:
         spare = "" if margin is None else (f" ({margin / GiB:.1f} spare{', tight' if st.get('tight') else ''})"
                                            if margin >= 0 else f" (by {-margin / GiB:.1f})")
         verdict = ("fits" if st["fits"] else "DOES NOT FIT") + spare
+        # the rest of the peak: buffers and transients at its instant (>= 0: the peak's instant
+        # holds at least the most activations, analysis.memory)
+        other = st["peak_bytes"] - sum(st[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                       "activations_bytes"))
         lines.append(f"{'':<16}{st['stage']:>5} {g('params_bytes'):>7.1f} {g('grads_bytes'):>6.1f} "
-                     f"{g('optimizer_bytes'):>6.1f} {g('activations_bytes'):>6.1f} {g('peak_bytes'):>7.1f} / "
-                     f"{st['capacity_bytes'] / GiB:.0f}  {verdict}")
+                     f"{g('optimizer_bytes'):>6.1f} {g('activations_bytes'):>6.1f} {max(other, 0.0) / GiB:>6.1f} "
+                     f"{g('peak_bytes'):>7.1f} / {st['capacity_bytes'] / GiB:.0f}  {verdict}")
     if len(mem["stages"]) > len(_stage_rows(mem["stages"])):
         lines.append(f"{'':<16}(first, last and highest-peak stages of {len(mem['stages'])}; all in summary.json)")
     if mem.get("tight"):
