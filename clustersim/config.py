@@ -376,7 +376,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         # the overlap pipelines SP's all-gathers and reduce-scatters (Megatron-LM asserts the same)
         fail("parallel.tp_comm_overlap", "pipelines sequence parallelism's all-gathers and reduce-scatters with "
              "the GEMMs beside them; it needs sp: true" + ("" if p.tp > 1 else f" and tp > 1 (tp={p.tp})"))
-    if p.tp_comm_overlap and (spans := _tp_nodes(p, topo.node.gpus)) > 1:
+    if p.tp_comm_overlap and (spans := mesh_of(p).nodes_spanned("tp", topo.node.gpus)) > 1:
         # userbuffers map the TP peers' memory over NVLink: one NVLink domain (a node here)
         fail("parallel.tp_comm_overlap", f"Transformer Engine's userbuffers exchange over NVLink inside one node, "
              f"but each TP group here spans {spans} nodes (tp={p.tp}, {topo.node.gpus} GPUs a node, order "
@@ -580,11 +580,6 @@ def mesh_of(p: ParallelCfg) -> Mesh:
     order, ep_inner = parse_order(p.order)
     return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner,
                 zero_shard=p.zero_shard or 0)
-
-
-def _tp_nodes(p: ParallelCfg, gpus_per_node: int) -> int:
-    """The most nodes a TP group of plan ``p`` spans."""
-    return mesh_of(p).nodes_spanned("tp", gpus_per_node)
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,

@@ -541,8 +541,9 @@ class Lowering:
 
     @property
     def n_replicas(self) -> int:
-        """Hybrid sharding's replicas of each shard (1 without it): they all-reduce it."""
-        return self.mesh.size("zr") if self.mesh.zero_shard else 1
+        """Hybrid sharding's replicas of each shard (1 without it: one group of every rank):
+        they all-reduce it."""
+        return self.mesh.size("zr")
 
     @property
     def grad_shards(self) -> tuple[int, int]:
@@ -758,7 +759,8 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
                 if low.n_replicas > 1 and mb == low.final_mb[stage]:
                     # hybrid sharding: the unit's shard all-reduced over its replicas once a step
                     ar = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", stage, mb, str(u), dim),
-                               n * low.reduce_bytes / low.mesh.size(low.grad_dim(dim)), stream="dp", deps=(rs,),
+                               n * low.reduce_bytes / low.grad_shards[0 if dim == "dp" else 1], stream="dp",
+                               deps=(rs,),
                                name=f"AR {'expert ' if dim == 'edp' else ''}grads shard (replicas)", mb=mb,
                                phase=kind, stage=q, layer=layer)
                     low.grad_tasks[r].append(ar)

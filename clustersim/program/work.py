@@ -32,7 +32,7 @@ what the full backward costs. The embedding's backward only accumulates the tabl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import Scenario
 from ..hardware.gpus import GpuSpec
@@ -120,28 +120,22 @@ def _half(op: Op) -> Op:
 DGRAD, WGRAD = " dgrad", " wgrad"
 
 
+def _splits(op: Op) -> bool:
+    """Whether a backward op is a weight GEMM's whole backward, which B and W share evenly."""
+    return _is_weight_gemm(op) and not op.name.endswith((DGRAD, WGRAD))
+
+
 def split_backward_ops(ops: list[Op]) -> tuple[list[Op], list[Op]]:
     """(input-gradient ops, weight-gradient ops) of a backward: each weight GEMM's backward
     splits evenly into dgrad (B) and wgrad (W); everything else is on the activation path (B).
     A half already cut off (named ``... dgrad`` or ``... wgrad``) goes whole to its side."""
-    b, w = [], []
-    for op in ops:
-        if op.name.endswith(WGRAD):
-            w.append(op)
-        elif op.name.endswith(DGRAD):
-            b.append(op)
-        elif _is_weight_gemm(op):
-            b.append(_half(op))
-            w.append(_half(op))
-        else:
-            b.append(op)
-    return b, w
+    b = [_half(op) if _splits(op) else op for op in ops if not op.name.endswith(WGRAD)]
+    return b, weight_grad_ops(ops)
 
 
 def weight_grad_ops(ops: list[Op]) -> list[Op]:
     """The weight-gradient ops of a backward: :func:`split_backward_ops`'s second list alone."""
-    return [op if op.name.endswith(WGRAD) else _half(op) for op in ops
-            if op.name.endswith(WGRAD) or (_is_weight_gemm(op) and not op.name.endswith(DGRAD))]
+    return [_half(op) if _splits(op) else op for op in ops if _splits(op) or op.name.endswith(WGRAD)]
 
 
 def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), recompute_ops=(),
@@ -292,8 +286,7 @@ def tp_overlap_backward(spec: _Spec, t: int, ag: tuple) -> list[_Spec]:
     # attention's, after the out projection's backward
     rest = tuple(c for c in spec.pre if c != ag[0])
     gemm = spec.ops[j]
-    dgrad, wgrad = (Op(f"{gemm.name}{half}", gemm.flops / 2, gemm.bytes / 2, gemm.model_flops / 2)
-                    for half in (DGRAD, WGRAD))
+    dgrad, wgrad = (replace(_half(gemm), name=gemm.name + half) for half in (DGRAD, WGRAD))
     out = [_Spec(spec.name, spec.ops[:j])] if spec.ops[:j] else []
     out += _ring_exchange(f"{spec.name.split(' ', 1)[0]} {dgrad.name}", dgrad, t, ag[0].size_bytes / t)
     out.append(_Spec(spec.name, [wgrad] + spec.ops[j + 1:], rest, spec.post, spec.params, spec.expert_params,
@@ -473,6 +466,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                                for specs in (attn_fwd, dense_fwd))
         attn_bwd, dense_bwd = ([piece for spec in specs for piece in tp_overlap_backward(spec, t, b_pre)]
                                for specs in (attn_bwd, dense_bwd))
+    # selective recompute re-runs core attention where its backward starts (Megatron-LM)
+    rc_at = next((i for i, spec in enumerate(attn_bwd) if any(o.name == "core_attn" for o in spec.ops)), 0)
 
     # the word embedding is split over the vocabulary, learned positions are whole (Megatron)
     emb_params = _per_tp_rank(tf.embedding_params(m), tf.position_params(m), t)
@@ -549,8 +544,6 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                 b_in.append(blk)  # recompute feeds the input gradient: head of B
         for spec in mlp_bwd:
             backward(spec, layer)
-        # selective recompute re-runs core attention where its backward starts (Megatron-LM)
-        rc_at = next((i for i, spec in enumerate(attn_bwd) if any(o.name == "core_attn" for o in spec.ops)), 0)
         for i, spec in enumerate(attn_bwd):
             backward(spec, layer, recompute_ops=attn_rc if i == rc_at else ())
     if last:
