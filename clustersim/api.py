@@ -26,6 +26,7 @@ from .model.transformer import total_params
 from .program.lower import Lowering, grad_buckets, lower
 from .program.tasks import Program
 from .program.work import OPTIMIZER_BYTES, PARAM_BYTES
+from .schedule.core import deferred_weight_passes
 from .trace import SpanBase, Trace
 
 
@@ -62,10 +63,17 @@ def _part_static(low: Lowering, j: int) -> PartStatic:
     w = low.work[j]
     return PartStatic(
         part=j, params=w.local_params, activation_bytes_per_mb=w.activation_bytes_per_mb,
+        wgrad_bytes_per_mb=w.wgrad_bytes_per_mb,
         layers=tuple(sorted({b.layer for b in w.fwd if b.layer >= 0})),
         # the embedding and the head, with the pieces a backward is cut into ("head wgrad")
         blocks=tuple(dict.fromkeys(b.name for b in (*w.fwd, *w.bwd, *w.bwd_input, *w.bwd_weight) if b.layer < 0)),
     )
+
+
+def _deferred_w(low: Lowering, q: int) -> frozenset:
+    """(index into pipeline rank ``q``'s parts, mb) of each W that waits after its B there."""
+    place = {j: i for i, j in enumerate(low.parts_of[q])}
+    return frozenset((place[low.schedule.stage_part[k]], mb) for k, mb in deferred_weight_passes(low.schedule, q))
 
 
 def _bucket_pair_params(low: Lowering, part: int) -> float:
@@ -132,6 +140,7 @@ def _statics(low: Lowering) -> list[StageStatic]:
             activation_bytes_per_mb=max(p.activation_bytes_per_mb for p in parts),
             transient_bytes=transient,
             parts=parts,
+            deferred_w=_deferred_w(low, q),
         ))
     return out
 

@@ -259,7 +259,9 @@ def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
     gather = _variant("long_context_cp_128k.yaml", cp_comm="all_gather")
     unbalanced = _variant("long_context_cp_128k.yaml", cp_load_balance=False)
     ep16, ep8 = _variant("moe_1024gpu.yaml"), _variant("moe_1024gpu.yaml", ep=8)
-    peak_gib = [max(st["peak_bytes"] for st in s["memory"]["stages"]) / 2**30 for s in (ep8, ep16)]
+    dualpipe = _variant("moe_1024gpu.yaml", schedule="dualpipe", vpp=1)
+    zb = _variant("moe_1024gpu.yaml", schedule="zb-h1", vpp=1)
+    peak_gib = [max(st["peak_bytes"] for st in s["memory"]["stages"]) / 2**30 for s in (ep8, ep16, dualpipe, zb)]
     quoted = [
         f"(`cp` exposed {ring['exposed_comm_s']['cp']:.2f} s of a {ring['step_time_s']:.2f} s step)",
         f"exposes {gather['exposed_comm_s']['cp']:.2f} s (step {gather['step_time_s']:.2f} s)",
@@ -267,7 +269,26 @@ def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
         f"({100 * unbalanced['bubble_fraction']:.0f} % of the step)",
         f"({ep8['step_time_s']:.2f} s against {ep16['step_time_s']:.2f} s)",
         f"peak of {peak_gib[0]:.1f} GiB on 80 GB GPUs ({peak_gib[1]:.1f} GiB with EP16",
+        f"takes {dualpipe['step_time_s']:.2f} s, level with the interleaved plan's {ep16['step_time_s']:.2f} s",
+        f"for a peak of {peak_gib[2]:.1f} GiB on 80 GB GPUs; ZB-H1 peaks at {peak_gib[3]:.1f} GiB on its last stage",
     ]
-    assert not ep8["memory"]["fits"] and ep16["memory"]["fits"]
+    assert ep8["memory"]["fits"] and ep16["memory"]["fits"] and not dualpipe["memory"]["fits"]
+    # the middle ranks' deferred W's and what each holds; DualPipe without recompute
+    import yaml
+
+    import clustersim
+    from clustersim.schedule.core import deferred_weight_passes
+    d = yaml.safe_load((ROOT / "scenarios" / "moe_1024gpu.yaml").read_text())
+    d["parallel"].update(schedule="dualpipe", vpp=1)
+    sc = clustersim.load_scenario(d, base_dir=ROOT / "scenarios")
+    _, low = clustersim.api.lower_step(sc)
+    middle = low.mesh.pp // 2 - 1
+    held = {low.work[j].wgrad_bytes_per_mb for j in low.parts_of[middle]}
+    quoted.append(f"defer {len(deferred_weight_passes(low.schedule, middle))} `W`s at the end of the step, "
+                  f"each holding {max(held) / 2**30:.1f} GiB")
+    bare = clustersim.simulate(clustersim.load_scenario(
+        {**d, "training": {**d["training"], "recompute": "none"}}, base_dir=ROOT / "scenarios")).summary
+    quoted.append(f"Without recompute DualPipe would need {bare['memory']['peak_bytes'] / 2**30:.1f} GiB.")
+    assert max(zb["memory"]["stages"], key=lambda st: st["peak_bytes"])["stage"] == 15
     missing = [q for q in quoted if q not in text]
     assert not missing, "docs/parallelism.md should say: " + "; ".join(missing)

@@ -380,3 +380,76 @@ def test_the_terminal_memory_rows_add_up_to_their_peak(root):
         assert other > 0  # the gathered units and the recomputed layer
         assert params + grads + optim + activ + other == pytest.approx(peak, abs=0.06 * 5)
         assert peak == pytest.approx(st["peak_bytes"] / 1024**3, abs=0.05)
+
+
+# --- what a deferred weight gradient holds (ZB-H1, ZB-V, DualPipe) ---------------------------
+
+def _korthikanti_layer(**model) -> clustersim.Scenario:
+    """A GPT layer as Korthikanti et al. count it: MHA, a 4h GELU MLP, dropout."""
+    m = {"hidden": 1024, "heads": 16, "ffn_hidden": 4096, "mlp": "gelu", "dropout": True, **model}
+    return clustersim.load_scenario(scenario_dict(model=m), base_dir=ROOT)
+
+
+def test_deferred_w_holds_32sbh_a_layer_as_the_zero_bubble_paper_counts():
+    """Qi et al. 2023 Table 1: W needs M_W = 32sbh a layer (its linear layers' inputs 14sbh
+    and output gradients 18sbh), against B's M_B = 34sbh + 5as^2b; recompute does not shrink
+    it. Under TP with SP the replicated inputs shard (Megatron keeps the local shard and gathers
+    it again in W), the row-parallel outputs' gradients stay whole::
+
+        t, SP:   4sbh/t (QKV, MLP-up inputs) + 10sbh/t (proj, MLP-down) + 14sbh/t (QKV, up grads)
+                 + 4sbh (proj, down output gradients)
+    """
+    m = _korthikanti_layer().model
+    s, b, h = m.seq_len, 2, m.hidden
+    sbh = s * b * h
+    assert tf.layer_wgrad_bytes(m, b, 1) == pytest.approx(32 * sbh, rel=1e-12)
+    assert tf.layer_activation_bytes(m, b, 1, False) == pytest.approx(34 * sbh + 5 * m.heads * s * s * b, rel=1e-12)
+    assert tf.layer_wgrad_bytes(m, b, 4, sp=True) == pytest.approx(sbh * (4 / 4 + 10 / 4 + 14 / 4 + 4), rel=1e-12)
+    assert tf.layer_wgrad_bytes(m, b, 4, sp=False) == pytest.approx(sbh * (4 + 10 / 4 + 14 / 4 + 4), rel=1e-12)
+    assert tf.layer_wgrad_bytes(m, b, 1, cp=2) == pytest.approx(16 * sbh, rel=1e-12)  # s/cp tokens
+    # grouped queries and a gated MLP: QKV's output gradient (a + 2g) d, MLP-up's 2 f
+    g = _korthikanti_layer(kv_heads=4, mlp="swiglu").model
+    want = sbh * (2 + 2 + 2 + 2 + 2) + 2 * s * b * ((16 + 8) * 64 + 4096 * 3)
+    assert tf.layer_wgrad_bytes(g, b, 1) == pytest.approx(want, rel=1e-12)
+
+
+def test_deferred_w_of_a_moe_layer_reads_the_dispatched_states_and_their_gradients():
+    """A MoE layer's experts: each routed copy's input and output gradient (2 s b k cap h
+    each, whole on every TP rank) and the intermediates over t; the shared expert reads the
+    norm's output and gives one 2sbh gradient."""
+    sc = clustersim.load_scenario(scenario_dict(model=ALL_MOE), base_dir=ROOT)
+    m = sc.model
+    s, b, h, e = m.seq_len, 1, m.hidden, m.moe
+    assert e.shared_experts == 0 and e.capacity_factor == 1.0
+    qkv = 2 * s * b * (m.heads + 2 * m.n_kv_heads) * m.head_dim
+    for t in (1, 2):
+        attn = 2 * s * b * h + 2 * s * b * h / t + qkv / t + 2 * s * b * h  # inputs (no SP), gradients
+        experts = 2 * 2 * s * b * e.top_k * h + 2 * s * b * e.top_k * e.expert_ffn * e.mats / t
+        assert tf.layer_wgrad_bytes(m, b, t, moe_layer=True) == pytest.approx(attn + experts, rel=1e-12)
+    shared = _korthikanti_layer(moe={**ALL_MOE["moe"], "shared_experts": 1}, mlp="swiglu", bias=False).model
+    plain = _korthikanti_layer(moe=ALL_MOE["moe"], mlp="swiglu", bias=False).model
+    s, h, f = shared.seq_len, shared.hidden, shared.moe.expert_ffn
+    # the shared expert: the norm's output and its output gradient, its intermediates (3 f)
+    assert (tf.layer_wgrad_bytes(shared, 1, 1, moe_layer=True) - tf.layer_wgrad_bytes(plain, 1, 1, moe_layer=True)
+            == pytest.approx(2 * s * h * 2 + 2 * s * f * 3, rel=1e-12))
+
+
+def test_a_deferred_w_holds_more_than_a_full_recompute_checkpoint():
+    """Under full recompute ZB-H1 keeps, for every deferred W, what W reads (recomputed in
+    B), far more than the layer inputs 1F1B keeps (the out-of-memory of PyTorch issue
+    #136766): its last rank defers p - 1 W's, so it holds at least p - 1 parts' M_W at once,
+    where 1F1B's last stage holds one microbatch's checkpoints. Rank 0 defers none, so its
+    peak is 1F1B's."""
+    def memory(schedule):
+        sc = clustersim.load_scenario(scenario_dict(
+            parallel={"tp": 1, "pp": 4, "dp": 2, "schedule": schedule}, cluster={"nodes": 1},
+            training={"global_batch_size": 16, "recompute": "full"}), base_dir=ROOT)
+        return sc, clustersim.simulate(sc).summary["memory"]["stages"]
+    sc, zb = memory("zb-h1")
+    _, one = memory("1f1b")
+    _, low = clustersim.api.lower_step(sc)
+    m_w = low.work[2].wgrad_bytes_per_mb  # a middle part: layers only
+    assert m_w > 10 * low.work[2].activation_bytes_per_mb
+    assert zb[2]["activations_bytes"] >= 2 * m_w
+    assert one[2]["activations_bytes"] < m_w
+    assert zb[0]["activations_bytes"] == pytest.approx(one[0]["activations_bytes"], rel=1e-12)

@@ -600,3 +600,23 @@ def test_interleaved_refuses_a_single_rank():
     with pytest.raises(ScheduleError, match="needs p >= 2 pipeline ranks"):
         build_schedule("interleaved", 1, 4, v=2)
     assert build_schedule("interleaved", 2, 4, v=2)
+
+
+def test_deferred_weight_passes_are_the_w_not_right_after_their_b():
+    """ZB-H1 rank r > 0 holds back every W (each follows a later B or another W), rank 0 none;
+    DualPipe's end ranks run each W right after its B (a full backward), its others defer some;
+    1F1B has no W."""
+    from clustersim.schedule.core import deferred_weight_passes
+    p, m = 4, 8
+    zb = build_schedule("zb-h1", p, m)
+    assert [len(deferred_weight_passes(zb, r)) for r in range(p)] == [0, m, m, m]
+    assert deferred_weight_passes(zb, 2) == {(2, mb) for mb in range(m)}
+    dp = build_schedule("dualpipe", p, m)
+    got = [deferred_weight_passes(dp, r) for r in range(p)]
+    assert not got[0] and not got[-1] and got[1] and got[2]
+    for r, held in enumerate(got):
+        acts = dp.actions[r]
+        for stage, mb in held:
+            i = acts.index(Action(stage, "W", mb))
+            assert acts[i - 1] != Action(stage, "B", mb)
+    assert not any(deferred_weight_passes(build_schedule("1f1b", p, m), r) for r in range(p))

@@ -10,15 +10,26 @@ Sec 3.1; Megatron keeps fp32 gradients, hence 4 bytes not 2 by default)::
 the parameters twice over the pipeline, under DualPipe).
 
 Activations: a microbatch's activations on a part are allocated when its forward on that
-part starts and freed when its last backward piece on that part ends (the W of a split
-backward: the weight gradient still reads the layer inputs). A GPU's activation memory is,
-at every instant, the sum over its parts of (live microbatches) x (bytes per microbatch of
-that part); its peak is the peak of that sum. p microbatches on the first 1F1B stage, m under
-GPipe (Narayanan et al. SC'21, Sec 2.2); p+1 under DualPipe (DeepSeek-V3 report, Table 2)::
+part starts and freed when its last backward piece on that part ends. A GPU's activation
+memory is, at every instant, the sum over its parts of (live microbatches) x (bytes per
+microbatch of that part); its peak is the peak of that sum. p microbatches on the first 1F1B
+stage, m under GPipe (Narayanan et al. SC'21, Sec 2.2); p+1 under DualPipe (DeepSeek-V3
+report, Table 2)::
 
     part 0  |F0......................B0|        alive: F start -> B (or W) end
     part 4       |F0.......B0|                  (interleaved rank 0: chunks 0 and 4)
     sum        1  2        1           0
+
+A deferred weight gradient (a W that does not directly follow its B: ZB-H1, ZB-V, DualPipe's
+zero-bubble steps) changes what is held after B: B frees the activations and keeps, until W,
+what W reads, each linear layer's input and output gradient (``wgrad_bytes_per_mb``, M_W;
+Qi et al. 2023, arXiv:2401.10241, Sec 2.3 and Appendix G: F adds M_B, B adds M_W - M_B, W
+frees M_W). Recompute does not shrink M_W, since B recomputes the inputs W keeps. On ZB-H1's
+rank r (of p, equal stages, M_W < M_B) the peak is (p-r) M_B + r M_W; with M_W > M_B (full
+recompute) it is (p-r-1) M_B + (r+1) M_W, the moment a B ends before the oldest W runs::
+
+    rank 1, mb 1  |F1 ........ B1| F3 | B2 |W1|
+    held for mb 1  M_B ..........|M_W ........|
 
 Communication buffers: a communication holds a buffer on its rank from its span's start to
 its end when it needs memory that nothing else here counts (``comm_buffer_bytes``):
@@ -92,6 +103,7 @@ class PartStatic:
     activation_bytes_per_mb: float
     layers: tuple[int, ...] = ()
     blocks: tuple[str, ...] = ()  # names of its blocks with layer -1
+    wgrad_bytes_per_mb: float = 0.0  # held from B to a deferred W instead (model.transformer.layer_wgrad_bytes)
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,7 @@ class StageStatic:
     activation_bytes_per_mb: float  # of its part (the largest part's when it holds several)
     transient_bytes: float = 0.0  # held for a moment (a recomputed layer, gathered ZeRO-3 units)
     parts: tuple[PartStatic, ...] = ()  # empty: one part, every span belongs to it
+    deferred_w: frozenset = frozenset()  # (index into parts, mb) whose W does not directly follow its B
 
 
 def _part_maps(parts: tuple[PartStatic, ...]) -> tuple[dict[int, int], dict[str, int]]:
@@ -303,16 +316,25 @@ def _first_per_key(key: np.ndarray, value: np.ndarray, pos: np.ndarray) -> tuple
     return key[order[first]], pos[order[first]]
 
 
-def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...]) -> _Samples:
+def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
+             deferred: frozenset = frozenset()) -> _Samples:
     """The memory timeline of the spans ``rows`` of ``cols`` (one rank's, in span order).
 
-    Events, sorted as tuples (time, +1 alloc / -1 free, 0 activation / 1 buffer, part index /
+    Events, sorted as tuples (time, +1 alloc / -1 free, 0 activation / 1 buffer, column /
     buffer bytes), ties in the order they were made: each (part, microbatch)'s allocation at its
     first forward start and free at its last backward or W end (the earliest span on ties), in
     the order of the first forward of each, then each buffer-holding communication's allocation
-    and free, in span order. After all events at one time, a sample::
+    and free, in span order. A (part index, microbatch) in ``deferred`` (its W waits: schedule
+    ``deferred_weight_passes``) frees its activations at its last B end instead, where its
+    weight-gradient inputs take their place (column ``n_parts + part``) until its last W end::
+
+        part p, mb 3   |F3 ....... B3|   ...   |W3|
+        held            activations   wgrad_bytes      (column p, then n_parts + p)
+
+    After all events at one time, a sample::
 
         activations = 0.0 + live[0] * bytes_per_mb[0] + live[1] * bytes_per_mb[1] + ...
+                          (+ live[n_parts + p] * wgrad_bytes_per_mb[p] ..., with deferred W's)
         buffers     = 0.0 + size_a * held[size_a] + size_b * held[size_b] + ...  (sizes ascending)
 
     in that order of additions, so every sample is the same float as adding them one by one.
@@ -341,7 +363,20 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...])
     seq = np.argsort(first_seen[fi], kind="stable")
     fi, bi = fi[seq], bi[seq]
     n_live = len(fi)
-    live_part = f_key[fi] // (int(mb.max(initial=0)) + 1)
+    stride = int(mb.max(initial=0)) + 1
+    live_part = f_key[fi] // stride
+    free_pos = b_pos[bi]  # where each (part, mb)'s activations go: its last B or W end
+    w_col = w_end = w_start = np.zeros(0, dtype=np.int64)
+    if deferred and n_live:
+        held = np.isin(f_key[fi], [p * stride + m for p, m in deferred])
+        is_b = phase == comp.code("phase", "B")
+        bk, bp = _first_per_key(key[is_b], -end[act][is_b], act[is_b])  # its last B end
+        held &= np.isin(f_key[fi], bk)
+        w_start = bp[np.searchsorted(bk, f_key[fi][held])]
+        w_end, w_col = free_pos[held], nparts + live_part[held]
+        free_pos = free_pos.copy()
+        free_pos[held] = w_start
+    n_w = len(w_col)
     # --- communication buffers: a pipeline message, an all-to-all's receive buffer
     other = cols.other
     comm = np.flatnonzero(~compute)
@@ -354,14 +389,15 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...])
     buf, nbytes = comm[timed], nbytes[timed]
     n_buf = len(buf)
     # --- events, as columns
-    t = np.concatenate((start[f_pos[fi]], end[b_pos[bi]], start[buf], end[buf]))
-    d = np.concatenate((np.ones(n_live), -np.ones(n_live), np.ones(n_buf), -np.ones(n_buf))).astype(np.int64)
-    what = np.concatenate((np.zeros(2 * n_live, dtype=np.int64), np.ones(2 * n_buf, dtype=np.int64)))
-    x = np.concatenate((live_part, live_part, nbytes, nbytes)).astype(float)
-    made = np.concatenate((2 * np.arange(n_live), 2 * np.arange(n_live) + 1,
-                           2 * n_live + 2 * np.arange(n_buf), 2 * n_live + 2 * np.arange(n_buf) + 1))
-    src_row = rows[np.concatenate((f_pos[fi], b_pos[bi], buf, buf))]
-    src_end = np.concatenate((np.zeros(n_live, bool), np.ones(n_live, bool), np.zeros(n_buf, bool),
+    n_act = n_live + n_w
+    t = np.concatenate((start[f_pos[fi]], end[w_start], end[free_pos], end[w_end], start[buf], end[buf]))
+    d = np.concatenate((np.ones(n_act), -np.ones(n_act), np.ones(n_buf), -np.ones(n_buf))).astype(np.int64)
+    what = np.concatenate((np.zeros(2 * n_act, dtype=np.int64), np.ones(2 * n_buf, dtype=np.int64)))
+    x = np.concatenate((live_part, w_col, live_part, w_col, nbytes, nbytes)).astype(float)
+    made = np.concatenate((2 * np.arange(n_act), 2 * np.arange(n_act) + 1,
+                           2 * n_act + 2 * np.arange(n_buf), 2 * n_act + 2 * np.arange(n_buf) + 1))
+    src_row = rows[np.concatenate((f_pos[fi], w_start, free_pos, w_end, buf, buf))]
+    src_end = np.concatenate((np.zeros(n_live, bool), np.ones(n_w, bool), np.ones(n_act, bool), np.zeros(n_buf, bool),
                               np.ones(n_buf, bool)))
     at = instants(t)  # times within INSTANT_S are one instant: frees first there
     order = np.lexsort((made, x, what, d, at))
@@ -373,10 +409,15 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...])
     first = np.flatnonzero(new)
     g = np.cumsum(new) - 1  # each event's sample
     n = len(first)
-    live = np.zeros((n, max(nparts, 1)), dtype=np.int64)
+    cols_n = 2 * nparts if n_w else max(nparts, 1)
+    live = np.zeros((n, cols_n), dtype=np.int64)
     np.add.at(live, (g[is_act], x[is_act].astype(np.int64)), d[is_act])
     live = np.cumsum(live, axis=0)
-    activations = rows_sum([live[:, p] * parts[p].activation_bytes_per_mb for p in range(nparts)], n, 0.0)
+    terms = [live[:, p] * parts[p].activation_bytes_per_mb for p in range(nparts)]
+    if n_w:
+        terms += [live[:, nparts + p] * parts[p].wgrad_bytes_per_mb for p in range(nparts)]
+        live = live[:, :nparts] + live[:, nparts:]  # sets alive per part: one from its F to its W
+    activations = rows_sum(terms, n, 0.0)
     sizes, which = np.unique(x[~is_act], return_inverse=True)
     held = np.zeros((n, len(sizes)), dtype=np.int64)
     np.add.at(held, (g[~is_act], which), d[~is_act])
@@ -392,10 +433,12 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...])
     return _Samples(t, activations, buffers, inflight, per_part, src_row, src_end, spans)
 
 
-def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...]) -> StageTimeline:
+def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], deferred_w: frozenset = frozenset()
+                   ) -> StageTimeline:
     """Activations and communication buffers over time on one rank, from its spans (module
-    docstring). Starts with a zero sample at t = 0 when nothing is held then."""
-    sm = _samples(SpanColumns(spans), np.arange(len(spans)), parts)
+    docstring), ``deferred_w`` as :class:`StageStatic`'s. Starts with a zero sample at t = 0
+    when nothing is held then."""
+    sm = _samples(SpanColumns(spans), np.arange(len(spans)), parts, deferred_w)
     return StageTimeline(sm.t_raws(list(range(len(sm.t)))), sm.activations.tolist(), sm.buffers.tolist(),
                          sm.inflight, sm.per_part)
 
@@ -413,7 +456,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
     for st in statics:
         parts = st.parts or (PartStatic(0, st.params, st.activation_bytes_per_mb),)
         i = place[rank_of_stage[st.stage]]
-        tl = _samples(cols, order[bounds[i]:bounds[i + 1]], parts)
+        tl = _samples(cols, order[bounds[i]:bounds[i + 1]], parts, st.deferred_w)
         total = tl.activations + tl.buffers
         act = float(tl.activations.max())
         at = _peak_index(total)
@@ -440,7 +483,9 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "fits": peak <= capacity_bytes,
             "tight": peak <= capacity_bytes < peak + TIGHT_SHARE * capacity_bytes,
             "parts": [{"part": p.part, "params": p.params, "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
-                       "inflight_microbatches": k} for p, k in zip(parts, tl.per_part)],
+                       "wgrad_bytes_per_microbatch": p.wgrad_bytes_per_mb,
+                       "deferred_w": sum(1 for i, _ in st.deferred_w if i == j),
+                       "inflight_microbatches": k} for j, (p, k) in enumerate(zip(parts, tl.per_part))],
             "timeline": {"t_s": tl.t_raws(list(shown)), "activations_bytes": tl.activations[shown].tolist(),
                          "comm_buffers_bytes": tl.buffers[shown].tolist()},
         })

@@ -300,6 +300,54 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     return replicated + sharded + scores
 
 
+def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_layer: bool = False,
+                      cp: int = 1) -> float:
+    """Bytes one layer keeps from its input-gradient pass B to its deferred weight-gradient
+    pass W, per microbatch, per TP rank: each linear layer's input and output gradient, what
+    ``dW = X^T dY`` reads; B frees the rest (Qi et al. 2023, arXiv:2401.10241, Sec 2.3 and
+    Table 1: M_W = 32sbh against M_B = 34sbh + 5as^2b)::
+
+        inputs    QKV 2sbh + MLP-up 2sbh       (/t under SP: the local shard, gathered again in W)
+                  proj 2sbh/t + MLP-down 2sbh.f/(h t)
+        grads     QKV 2sb(a+2g)d/t + MLP-up 2sb.f'/t  (f' = 2f with a gate)
+                  proj 2sbh + MLP-down 2sbh          (whole: a row-parallel output's gradient)
+        t = 1, a = g, f = 4h, GELU:  (2 + 2 + 2 + 8) + (6 + 8 + 2 + 2) = 32 sbh
+
+    Recompute does not shrink it: B recomputes the layer, and W keeps the recomputed inputs.
+    A MoE layer's MLP terms are its experts': the dispatched hidden states (whole on every TP
+    rank, as :func:`layer_activation_bytes` counts them) and the routed copies' output
+    gradients ``2 s b k cap h``, the intermediates ``2 s b copies f_e mats / t``; the shared
+    experts read the norm's output and give one ``2sbh`` gradient. The router's weight gradient
+    is taken in B (a plain linear layer, outside the split).
+    """
+    s, h = m.seq_len / cp, m.hidden
+    sbh = s * b * h
+    rep = 1 / t if sp else 1.0
+    attn = 2 * sbh * rep + 2 * sbh / t + 2 * s * b * (m.heads + 2 * m.n_kv_heads) * m.head_dim / t + 2 * sbh
+    if moe_layer and m.moe is not None:
+        e = m.moe
+        routed = e.top_k * e.capacity_factor
+        mlp = 2 * 2 * s * b * routed * h + 2 * s * b * (routed + e.shared_experts) * e.expert_ffn * e.mats / t
+        if e.shared_experts:
+            mlp += 2 * sbh * rep + 2 * sbh
+    else:
+        mlp = 2 * sbh * rep + 2 * s * b * m.ffn * (3 if m.mlp == "swiglu" else 2) / t + 2 * sbh
+    return attn + mlp
+
+
+def head_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> float:
+    """What the LM head's deferred W reads: its input (the local shard under SP) and the
+    16-bit gradient of its vocabulary-parallel logits, ``2sbh/t + 2 s b V / t``."""
+    s = m.seq_len / cp
+    return 2 * s * b * m.hidden / (t if sp else 1) + 2 * s * b * m.vocab / t
+
+
+def embedding_wgrad_bytes(m: DenseModelCfg, b: int, cp: int = 1) -> float:
+    """What the embedding's deferred W reads: the gradient of its output, gathered whole
+    (``2sbh``; the token ids are negligible)."""
+    return 2 * m.seq_len / cp * b * m.hidden
+
+
 def attention_scores_bytes(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> float:
     """One layer's stored attention scores under standard attention, per TP rank: softmax
     output 2, dropout mask 1 and dropout output 2 bytes per score, the softmax output alone

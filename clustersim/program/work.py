@@ -82,6 +82,7 @@ class StageWork:
     activation_bytes_per_mb: float
     pp_send_bytes: float
     transient_bytes: float = 0.0  # held only while one layer recomputes (full recompute)
+    wgrad_bytes_per_mb: float = 0.0  # held from B to a deferred W (what the weight gradients read)
     local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
@@ -562,6 +563,9 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     act_mb = sum(tf.layer_activation_bytes(m, b, t, flash, sp, recompute, m.is_moe_layer(ly), cp) for ly in layers)
     if last:
         act_mb += tf.head_activation_bytes(m, b, t, cp)
+    wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp) for ly in layers)
+    wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
+                                                                           if first else 0.0)
     # full recompute holds one layer's whole activations while it recomputes: the largest of
     # the part's layers (a MoE layer's experts and dispatched states, not a dense MLP's)
     transient = max((tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
@@ -582,6 +586,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         activation_bytes_per_mb=act_mb,
         pp_send_bytes=act / t if sp else act,
         transient_bytes=transient,
+        wgrad_bytes_per_mb=wgrad_mb,
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
     )
 

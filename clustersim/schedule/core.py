@@ -413,6 +413,18 @@ class Timeline:
         return [self.makespan - b for b in self.busy]
 
 
+def deferred_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
+    """(stage, mb) of every W on ``rank`` that does not directly follow its B: a deferred
+    weight gradient, whose inputs and output gradients stay held from B to W. A W right after
+    its B is the second half of a full backward (module docstring) and holds nothing apart::
+
+        rank 1  | 1F0 1F1 1B0 1W0 1F2 1B1 1F3 1W1 ...     deferred: {(1, 1)}
+    """
+    acts = s.actions[rank]
+    return {(a.stage, a.mb) for i, a in enumerate(acts)
+            if a.kind == "W" and (i == 0 or acts[i - 1] != Action(a.stage, "B", a.mb))}
+
+
 def issue_units(s: PipelineSchedule, rank: int) -> list[tuple[Action, ...]]:
     """Rank ``rank``'s actions as issued one after another: single actions, or an overlapped
     chunk (F, its overlapped B, and that B's W when it follows directly)."""
