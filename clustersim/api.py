@@ -26,7 +26,7 @@ from .model.transformer import total_params
 from .program.lower import Lowering, grad_buckets, lower
 from .program.tasks import Program
 from .program.work import OPTIMIZER_BYTES, PARAM_BYTES
-from .schedule.core import deferred_weight_passes
+from .schedule.core import split_weight_passes
 from .trace import SpanBase, Trace
 
 
@@ -70,10 +70,11 @@ def _part_static(low: Lowering, j: int) -> PartStatic:
     )
 
 
-def _deferred_w(low: Lowering, q: int) -> frozenset:
-    """(index into pipeline rank ``q``'s parts, mb) of each W that waits after its B there."""
+def _split_w(low: Lowering, q: int) -> frozenset:
+    """(index into pipeline rank ``q``'s parts, mb) of each split backward there: what its W
+    reads is held from its B to its W (schedule.core.split_weight_passes)."""
     place = {j: i for i, j in enumerate(low.parts_of[q])}
-    return frozenset((place[low.schedule.stage_part[k]], mb) for k, mb in deferred_weight_passes(low.schedule, q))
+    return frozenset((place[low.schedule.stage_part[k]], mb) for k, mb in split_weight_passes(low.schedule, q))
 
 
 def _bucket_pair_params(low: Lowering, part: int) -> float:
@@ -140,7 +141,7 @@ def _statics(low: Lowering) -> list[StageStatic]:
             activation_bytes_per_mb=max(p.activation_bytes_per_mb for p in parts),
             transient_bytes=transient,
             parts=parts,
-            deferred_w=_deferred_w(low, q),
+            split_w=_split_w(low, q),
         ))
     return out
 

@@ -602,21 +602,35 @@ def test_interleaved_refuses_a_single_rank():
     assert build_schedule("interleaved", 2, 4, v=2)
 
 
-def test_deferred_weight_passes_are_the_w_not_right_after_their_b():
-    """ZB-H1 rank r > 0 holds back every W (each follows a later B or another W), rank 0 none;
-    DualPipe's end ranks run each W right after its B (a full backward), its others defer some;
-    1F1B has no W."""
-    from clustersim.schedule.core import deferred_weight_passes
+def test_split_weight_passes_hold_what_w_reads_from_b_to_w():
+    """ZB-H1 and ZB-V split every backward, even where a W runs right after its B (rank 0);
+    DualPipe the backwards it queues for its zero-bubble steps (the reference's ``enable_zb``:
+    step 3, the second half of step 6, step 7), not its full ones (written B then W, each
+    overlapped chunk's among them); a custom schedule every W not written right after its B;
+    1F1B none."""
+    from clustersim.schedule.core import split_weight_passes
     p, m = 4, 8
-    zb = build_schedule("zb-h1", p, m)
-    assert [len(deferred_weight_passes(zb, r)) for r in range(p)] == [0, m, m, m]
-    assert deferred_weight_passes(zb, 2) == {(2, mb) for mb in range(m)}
+    for name in ("zb-h1", "zbv"):
+        s = build_schedule(name, p, m)
+        assert all(split_weight_passes(s, r) == {(a.stage, a.mb) for a in s.actions[r] if a.kind == "W"}
+                   for r in range(p))
     dp = build_schedule("dualpipe", p, m)
-    got = [deferred_weight_passes(dp, r) for r in range(p)]
-    assert not got[0] and not got[-1] and got[1] and got[2]
-    for r, held in enumerate(got):
-        acts = dp.actions[r]
-        for stage, mb in held:
-            i = acts.index(Action(stage, "W", mb))
-            assert acts[i - 1] != Action(stage, "B", mb)
-    assert not any(deferred_weight_passes(build_schedule("1f1b", p, m), r) for r in range(p))
+    for r in range(p):
+        acts, split = dp.actions[r], split_weight_passes(dp, r)
+        overlapped = {(b.stage, b.mb) for _, b in dp.fb_pairs[r]}
+        assert split and not split & overlapped
+        for stage, mb in split:  # the B before a split W is never an overlapped chunk's
+            assert (stage, mb) not in overlapped
+        for i, a in enumerate(acts):  # a W not right after its B is always split
+            if a.kind == "W" and acts[i - 1] != Action(a.stage, "B", a.mb):
+                assert (a.stage, a.mb) in split
+    # read back from its grid, the same DualPipe infers full backwards from where W's are written
+    parsed = parse_grid(format_grid(dp), stage_part=dp.stage_part)
+    assert parsed == dp and parsed.fused_w is None
+    assert all(split_weight_passes(parsed, r) <= split_weight_passes(dp, r) for r in range(p))
+    assert not any(split_weight_passes(build_schedule("1f1b", p, m), r) for r in range(p))
+    from clustersim.schedule.core import make_schedule
+    rows = build_schedule("zb-h1", 2, 2).actions  # rank 1: 1F0 1B0 1F1 1B1 1W0 1W1
+    assert make_schedule("x", rows, fused_w=[frozenset({(0, 0), (0, 1)}), frozenset()])
+    with pytest.raises(ScheduleError, match="rank 1: 1W0 is marked as a full backward's"):
+        make_schedule("x", rows, fused_w=[frozenset(), frozenset({(1, 0)})])

@@ -20,16 +20,18 @@ report, Table 2)::
     part 4       |F0.......B0|                  (interleaved rank 0: chunks 0 and 4)
     sum        1  2        1           0
 
-A deferred weight gradient (a W that does not directly follow its B: ZB-H1, ZB-V, DualPipe's
-zero-bubble steps) changes what is held after B: B frees the activations and keeps, until W,
-what W reads, each linear layer's input and output gradient (``wgrad_bytes_per_mb``, M_W;
-Qi et al. 2023, arXiv:2401.10241, Sec 2.3 and Appendix G: F adds M_B, B adds M_W - M_B, W
-frees M_W). Recompute does not shrink M_W, since B recomputes the inputs W keeps. On ZB-H1's
-rank r (of p, equal stages, M_W < M_B) the peak is (p-r) M_B + r M_W; with M_W > M_B (full
-recompute) it is (p-r-1) M_B + (r+1) M_W, the moment a B ends before the oldest W runs::
+A split backward (ZB-H1 and ZB-V every one, DualPipe those it queues for its zero-bubble
+steps, a custom schedule each W not written right after its B: schedule.core
+``split_weight_passes``) changes what is held after B: B frees the activations and keeps,
+until W, what W reads, each linear layer's input and output gradient (``wgrad_bytes_per_mb``,
+M_W; Qi et al. 2023, arXiv:2401.10241, Sec 2.3 and Appendix G: F adds M_B, B adds M_W - M_B,
+W frees M_W). Recompute does not shrink M_W: B recomputes the inputs W keeps. On ZB-H1's
+rank r (of p, equal stages) the peak is (p-r) M_B + r M_W while M_W < M_B, the paper's
+figure, and (p-r-1) M_B + (r+1) M_W otherwise (full recompute), the moment a B ends before
+the oldest held-back W runs::
 
-    rank 1, mb 1  |F1 ........ B1| F3 | B2 |W1|
-    held for mb 1  M_B ..........|M_W ........|
+    rank 1, mb 1  |F1 ........ B1| W0 | F4 | B2 |W1|
+    held for mb 1  M_B ..........|M_W ............|
 
 Communication buffers: a communication holds a buffer on its rank from its span's start to
 its end when it needs memory that nothing else here counts (``comm_buffer_bytes``):
@@ -103,7 +105,7 @@ class PartStatic:
     activation_bytes_per_mb: float
     layers: tuple[int, ...] = ()
     blocks: tuple[str, ...] = ()  # names of its blocks with layer -1
-    wgrad_bytes_per_mb: float = 0.0  # held from B to a deferred W instead (model.transformer.layer_wgrad_bytes)
+    wgrad_bytes_per_mb: float = 0.0  # held from B to W instead under a split backward (model.transformer.layer_wgrad_bytes)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class StageStatic:
     activation_bytes_per_mb: float  # of its part (the largest part's when it holds several)
     transient_bytes: float = 0.0  # held for a moment (a recomputed layer, gathered ZeRO-3 units)
     parts: tuple[PartStatic, ...] = ()  # empty: one part, every span belongs to it
-    deferred_w: frozenset = frozenset()  # (index into parts, mb) whose W does not directly follow its B
+    split_w: frozenset = frozenset()  # (index into parts, mb) of each split backward: W's inputs held from B to W
 
 
 def _part_maps(parts: tuple[PartStatic, ...]) -> tuple[dict[int, int], dict[str, int]]:
@@ -317,15 +319,15 @@ def _first_per_key(key: np.ndarray, value: np.ndarray, pos: np.ndarray) -> tuple
 
 
 def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
-             deferred: frozenset = frozenset()) -> _Samples:
+             split_w: frozenset = frozenset()) -> _Samples:
     """The memory timeline of the spans ``rows`` of ``cols`` (one rank's, in span order).
 
     Events, sorted as tuples (time, +1 alloc / -1 free, 0 activation / 1 buffer, column /
     buffer bytes), ties in the order they were made: each (part, microbatch)'s allocation at its
     first forward start and free at its last backward or W end (the earliest span on ties), in
     the order of the first forward of each, then each buffer-holding communication's allocation
-    and free, in span order. A (part index, microbatch) in ``deferred`` (its W waits: schedule
-    ``deferred_weight_passes``) frees its activations at its last B end instead, where its
+    and free, in span order. A (part index, microbatch) in ``split_w`` (a split backward:
+    schedule ``split_weight_passes``) frees its activations at its last B end instead, where its
     weight-gradient inputs take their place (column ``n_parts + part``) until its last W end::
 
         part p, mb 3   |F3 ....... B3|   ...   |W3|
@@ -334,7 +336,7 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     After all events at one time, a sample::
 
         activations = 0.0 + live[0] * bytes_per_mb[0] + live[1] * bytes_per_mb[1] + ...
-                          (+ live[n_parts + p] * wgrad_bytes_per_mb[p] ..., with deferred W's)
+                          (+ live[n_parts + p] * wgrad_bytes_per_mb[p] ..., with split backwards)
         buffers     = 0.0 + size_a * held[size_a] + size_b * held[size_b] + ...  (sizes ascending)
 
     in that order of additions, so every sample is the same float as adding them one by one.
@@ -367,8 +369,8 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     live_part = f_key[fi] // stride
     free_pos = b_pos[bi]  # where each (part, mb)'s activations go: its last B or W end
     w_col = w_end = w_start = np.zeros(0, dtype=np.int64)
-    if deferred and n_live:
-        held = np.isin(f_key[fi], [p * stride + m for p, m in deferred])
+    if split_w and n_live:
+        held = np.isin(f_key[fi], [p * stride + m for p, m in split_w if m < stride])  # (others not on this rank)
         is_b = phase == comp.code("phase", "B")
         bk, bp = _first_per_key(key[is_b], -end[act][is_b], act[is_b])  # its last B end
         held &= np.isin(f_key[fi], bk)
@@ -433,12 +435,12 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     return _Samples(t, activations, buffers, inflight, per_part, src_row, src_end, spans)
 
 
-def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], deferred_w: frozenset = frozenset()
+def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: frozenset = frozenset()
                    ) -> StageTimeline:
     """Activations and communication buffers over time on one rank, from its spans (module
-    docstring), ``deferred_w`` as :class:`StageStatic`'s. Starts with a zero sample at t = 0
+    docstring), ``split_w`` as :class:`StageStatic`'s. Starts with a zero sample at t = 0
     when nothing is held then."""
-    sm = _samples(SpanColumns(spans), np.arange(len(spans)), parts, deferred_w)
+    sm = _samples(SpanColumns(spans), np.arange(len(spans)), parts, split_w)
     return StageTimeline(sm.t_raws(list(range(len(sm.t)))), sm.activations.tolist(), sm.buffers.tolist(),
                          sm.inflight, sm.per_part)
 
@@ -456,7 +458,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
     for st in statics:
         parts = st.parts or (PartStatic(0, st.params, st.activation_bytes_per_mb),)
         i = place[rank_of_stage[st.stage]]
-        tl = _samples(cols, order[bounds[i]:bounds[i + 1]], parts, st.deferred_w)
+        tl = _samples(cols, order[bounds[i]:bounds[i + 1]], parts, st.split_w)
         total = tl.activations + tl.buffers
         act = float(tl.activations.max())
         at = _peak_index(total)
@@ -484,7 +486,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "tight": peak <= capacity_bytes < peak + TIGHT_SHARE * capacity_bytes,
             "parts": [{"part": p.part, "params": p.params, "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
                        "wgrad_bytes_per_microbatch": p.wgrad_bytes_per_mb,
-                       "deferred_w": sum(1 for i, _ in st.deferred_w if i == j),
+                       "split_w": sum(1 for i, _ in st.split_w if i == j),
                        "inflight_microbatches": k} for j, (p, k) in enumerate(zip(parts, tl.per_part))],
             "timeline": {"t_s": tl.t_raws(list(shown)), "activations_bytes": tl.activations[shown].tolist(),
                          "comm_buffers_bytes": tl.buffers[shown].tolist()},

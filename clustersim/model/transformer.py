@@ -302,7 +302,7 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
 
 def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_layer: bool = False,
                       cp: int = 1) -> float:
-    """Bytes one layer keeps from its input-gradient pass B to its deferred weight-gradient
+    """Bytes one layer keeps from its input-gradient pass B to its weight-gradient
     pass W, per microbatch, per TP rank: each linear layer's input and output gradient, what
     ``dW = X^T dY`` reads; B frees the rest (Qi et al. 2023, arXiv:2401.10241, Sec 2.3 and
     Table 1: M_W = 32sbh against M_B = 34sbh + 5as^2b)::
@@ -336,14 +336,14 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
 
 
 def head_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> float:
-    """What the LM head's deferred W reads: its input (the local shard under SP) and the
-    16-bit gradient of its vocabulary-parallel logits, ``2sbh/t + 2 s b V / t``."""
+    """What the LM head's W reads (split backward): its input, ``2sbh`` (the local shard,
+    ``/t``, under SP), and the 16-bit gradient of its vocabulary-parallel logits, ``2sbV/t``."""
     s = m.seq_len / cp
     return 2 * s * b * m.hidden / (t if sp else 1) + 2 * s * b * m.vocab / t
 
 
 def embedding_wgrad_bytes(m: DenseModelCfg, b: int, cp: int = 1) -> float:
-    """What the embedding's deferred W reads: the gradient of its output, gathered whole
+    """What the embedding's W reads (split backward): the gradient of its output, gathered whole
     (``2sbh``; the token ids are negligible)."""
     return 2 * m.seq_len / cp * b * m.hidden
 

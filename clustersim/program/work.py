@@ -82,7 +82,7 @@ class StageWork:
     activation_bytes_per_mb: float
     pp_send_bytes: float
     transient_bytes: float = 0.0  # held only while one layer recomputes (full recompute)
-    wgrad_bytes_per_mb: float = 0.0  # held from B to a deferred W (what the weight gradients read)
+    wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (what the weight gradients read)
     local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients

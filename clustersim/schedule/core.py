@@ -93,6 +93,9 @@ class PipelineSchedule:
     actions: tuple[tuple[Action, ...], ...]
     stage_part: tuple[int, ...] | None = None
     fb_pairs: tuple[tuple[tuple[Action, Action], ...], ...] = ()  # per rank: overlapped (F, B)
+    # per rank: (stage, mb) of each W that is the second half of a full backward, written right
+    # after its B; None: every W written right after its B (a custom file's convention)
+    fused_w: tuple[frozenset, ...] | None = field(default=None, compare=False)
     stage_rank: tuple[int, ...] = field(init=False)
     paths: tuple[tuple[int, ...], ...] = field(init=False)  # paths[mb]: stages in forward order
 
@@ -129,6 +132,18 @@ class PipelineSchedule:
                 if (b.stage, b.mb) == (f.stage, f.mb):  # a backward waits for its own forward
                     raise ScheduleError(f"rank {r}: {b} cannot overlap {f}: it needs that forward's result")
         object.__setattr__(self, "fb_pairs", pairs)
+        if self.fused_w is not None:
+            fused = tuple(frozenset(f) for f in self.fused_w)
+            if len(fused) != len(rows):
+                raise ScheduleError(f"fused_w has {len(fused)} rows but the schedule has {len(rows)} ranks")
+            for r, f in enumerate(fused):
+                after = {(a.stage, a.mb) for i, a in enumerate(rows[r]) if a.kind == "W"
+                         and i > 0 and rows[r][i - 1] == Action(a.stage, "B", a.mb)}
+                if not f <= after:
+                    stage, mb = min(f - after)
+                    raise ScheduleError(f"rank {r}: {stage}W{mb} is marked as a full backward's but does not "
+                                        f"follow {stage}B{mb} directly")
+            object.__setattr__(self, "fused_w", fused)
         object.__setattr__(self, "_split", split)
         # each microbatch's neighbours on its path, by (stage, mb): path by path, in path order
         n_mb = len(self.paths)
@@ -205,10 +220,11 @@ def as_schedule(s: PipelineSchedule | Sequence[Sequence[Action]], name: str = "c
 
 
 def make_schedule(name: str, rows: Sequence[Sequence[Action]], *, stage_part: Sequence[int] | None = None,
-                  fb_pairs: Sequence[Sequence[tuple[Action, Action]]] = ()) -> PipelineSchedule:
+                  fb_pairs: Sequence[Sequence[tuple[Action, Action]]] = (),
+                  fused_w: Sequence[frozenset] | None = None) -> PipelineSchedule:
     """Build, check the structure, and check it runs to the end (raises on deadlock)."""
     s = PipelineSchedule(name, tuple(tuple(r) for r in rows), None if stage_part is None else tuple(stage_part),
-                         tuple(tuple(p) for p in fb_pairs))
+                         tuple(tuple(p) for p in fb_pairs), None if fused_w is None else tuple(fused_w))
     timeline(s)
     return s
 
@@ -413,14 +429,20 @@ class Timeline:
         return [self.makespan - b for b in self.busy]
 
 
-def deferred_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
-    """(stage, mb) of every W on ``rank`` that does not directly follow its B: a deferred
-    weight gradient, whose inputs and output gradients stay held from B to W. A W right after
-    its B is the second half of a full backward (module docstring) and holds nothing apart::
+def split_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
+    """(stage, mb) of every W on ``rank`` whose backward is split: B computes the input
+    gradient alone and leaves what W reads (each linear layer's input and output gradient)
+    held until W, whenever W runs. The others are the second halves of full backwards
+    (``fused_w``; module docstring), which hold nothing apart. ZB-H1 and ZB-V split every
+    backward, DualPipe those it queues for its zero-bubble steps (the reference's
+    ``enable_zb``), even where the W then runs at once; a custom file every W not written right
+    after its B::
 
-        rank 1  | 1F0 1F1 1B0 1W0 1F2 1B1 1F3 1W1 ...     deferred: {(1, 1)}
+        custom  rank 1  | 1F0 1F1 1B0 1W0 1F2 1B1 1F3 1W1 ...     split: {(1, 1)}
     """
     acts = s.actions[rank]
+    if s.fused_w is not None:
+        return {(a.stage, a.mb) for a in acts if a.kind == "W"} - s.fused_w[rank]
     return {(a.stage, a.mb) for i, a in enumerate(acts)
             if a.kind == "W" and (i == 0 or acts[i - 1] != Action(a.stage, "B", a.mb))}
 

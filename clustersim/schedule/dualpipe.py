@@ -64,7 +64,7 @@ def dualpipe(p: int, m: int) -> PipelineSchedule:
                             f"direction with at least p each (as the reference DualPipe asserts); got m={m}, p={p}",
                             about="m")
     half = p // 2
-    rows, pairs = [], []
+    rows, pairs, fused = [], [], []
     for r in range(p):
         hr = min(r, p - 1 - r)
         second = r >= half
@@ -74,6 +74,7 @@ def dualpipe(p: int, m: int) -> PipelineSchedule:
         nf, nb = [0, 0], [0, 0]
         w_queue: deque[Action] = deque()
         acts: list[Action] = []
+        full: set[tuple[int, int]] = set()  # (stage, mb) of its full backwards
         fb: list[tuple[Action, Action]] = []
 
         def fwd(phase: int) -> Action:
@@ -93,6 +94,7 @@ def dualpipe(p: int, m: int) -> PipelineSchedule:
                 w_queue.append(w)
             else:  # full backward: its weight part right after
                 acts.append(w)
+                full.add((a.stage, a.mb))
             return a
 
         def weight() -> None:
@@ -138,4 +140,5 @@ def dualpipe(p: int, m: int) -> PipelineSchedule:
         assert not w_queue and nf == [m // 2] * 2 and nb == [m // 2] * 2  # the step counts add up
         rows.append(acts)
         pairs.append(fb)
-    return make_schedule("dualpipe", rows, stage_part=dualpipe_stage_part(p), fb_pairs=pairs)
+        fused.append(frozenset(full))
+    return make_schedule("dualpipe", rows, stage_part=dualpipe_stage_part(p), fb_pairs=pairs, fused_w=fused)

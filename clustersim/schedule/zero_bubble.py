@@ -42,7 +42,7 @@ def zb_h1(p: int, m: int) -> PipelineSchedule:
                 n_w += 1
         acts += [Action(r, "W", i) for i in range(n_w, m)]
         rows.append(acts)
-    return make_schedule("zb-h1", rows)
+    return make_schedule("zb-h1", rows, fused_w=[frozenset()] * p)  # every backward split
 
 
 def zb_v(p: int, m: int) -> PipelineSchedule:
@@ -115,4 +115,4 @@ def zb_v(p: int, m: int) -> PipelineSchedule:
 
         phases()
         rows.append(acts)
-    return make_schedule("zbv", rows)
+    return make_schedule("zbv", rows, fused_w=[frozenset()] * p)  # every backward split
