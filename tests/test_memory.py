@@ -454,3 +454,28 @@ def test_a_split_backward_holds_more_than_a_full_recompute_checkpoint():
     assert one[2]["activations_bytes"] < m_w
     assert zb[0]["activations_bytes"] >= low.work[0].wgrad_bytes_per_mb > one[0]["activations_bytes"]
     assert [p["split_w"] for st in zb for p in st["parts"]] == [8] * 4  # every microbatch, every rank
+
+
+def test_a_stage_split_by_a_straggler_reports_its_highest_rank():
+    """Where a straggler splits a stage's classes their timings differ, and so do their
+    memory peaks (here in the pipeline buffers of zero_bubble.yaml's stage 1): the row is
+    the stage's simulated rank whose peak is highest, and says which."""
+    import yaml
+
+    d = yaml.safe_load((ROOT / "scenarios" / "zero_bubble.yaml").read_text())
+    d["cluster"]["what_if"] = [{"gpu": 5, "slowdown": 1.3}]
+    sc = clustersim.load_scenario(d, base_dir=ROOT / "scenarios")
+    r = clustersim.simulate(sc)
+    _, low = clustersim.api.lower_step(sc)
+    statics = clustersim.api._statics(low)
+    differ = False
+    for st, row in zip(statics, r.summary["memory"]["stages"]):
+        peaks = {}
+        for rank in (k for k in r.trace.ranks if r.trace.stage_of.get(k, 0) == st.stage):
+            tl = stage_timeline([s for s in r.trace.spans if s.rank == rank], st.parts, st.split_w)
+            peaks[rank] = max(a + b for a, b in zip(tl.activations, tl.buffers))
+        top = max(peaks.values())
+        assert row["rank"] == next(k for k, v in peaks.items() if v == top)
+        assert row["peak_bytes"] == pytest.approx(static(row) + row["transient_bytes"] + top, rel=1e-12)
+        differ |= len(set(peaks.values())) > 1
+    assert differ

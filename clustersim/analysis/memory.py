@@ -447,21 +447,28 @@ def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: fr
 
 def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: float) -> dict:
     """Per-stage memory (bytes): its peak over the step against the GPU's capacity, and the
-    timeline of activations and communication buffers that the peak comes from."""
+    timeline of activations and communication buffers that the peak comes from, those of the
+    stage's simulated rank whose peak is highest (the first on ties): where a straggler or a
+    fault splits a stage's classes, their timings, hence their peaks, differ."""
     stages = []
-    rank_of_stage: dict[int, int] = {}
+    ranks_of_stage: dict[int, list[int]] = {}
     for r in trace.ranks:
-        rank_of_stage.setdefault(trace.stage_of.get(r, 0), r)
+        ranks_of_stage.setdefault(trace.stage_of.get(r, 0), []).append(r)
     cols = trace.columns()
     order, bounds = cols.rank_groups
     place = {r: i for i, r in enumerate(cols.ranks)}
     for st in statics:
         parts = st.parts or (PartStatic(0, st.params, st.activation_bytes_per_mb),)
-        i = place[rank_of_stage[st.stage]]
-        tl = _samples(cols, order[bounds[i]:bounds[i + 1]], parts, st.split_w)
-        total = tl.activations + tl.buffers
+        best = None
+        for r in ranks_of_stage[st.stage]:
+            i = place[r]
+            got = _samples(cols, order[bounds[i]:bounds[i + 1]], parts, st.split_w)
+            total = got.activations + got.buffers
+            at = _peak_index(total)
+            if best is None or total[at] > best[2][best[3]]:
+                best = (r, got, total, at)
+        rank, tl, total, at = best
         act = float(tl.activations.max())
-        at = _peak_index(total)
         static = st.param_bytes + st.grad_bytes + st.optimizer_bytes
         peak = static + (float(tl.activations[at]) + float(tl.buffers[at])) + st.transient_bytes
         shown = _thinned(tl.t, total, TIMELINE_POINTS)
@@ -469,6 +476,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             shown = range(len(tl.t))
         stages.append({
             "stage": st.stage,
+            "rank": rank,
             "params": st.params,
             "params_bytes": st.param_bytes,
             "grads_bytes": st.grad_bytes,
