@@ -290,10 +290,10 @@ def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
 
     low = lowered("moe_1024gpu.yaml", {"schedule": "dualpipe", "vpp": 1})
     middle = low.mesh.pp // 2 - 1
-    split, held, most, done = split_weight_passes(low.schedule, middle), set(), 0, 0
-    for a in low.schedule.actions[middle]:  # W's whose B has run, most at once
-        if (a.stage, a.mb) in split:
-            held ^= {(a.stage, a.mb)} if a.kind in "BW" else set()
+    split, held, most = split_weight_passes(low.schedule, middle), set(), 0
+    for a in low.schedule.actions[middle]:  # split backwards whose B has run and W not yet, most at once
+        if (a.stage, a.mb) in split and a.kind != "F":
+            held ^= {(a.stage, a.mb)}  # in at its B, out at its W
             most = max(most, len(held))
     last = [a for a in low.schedule.actions[middle] if a.kind == "B"][-most:]
     assert all((a.stage, a.mb) in split for a in last)

@@ -105,7 +105,7 @@ class PartStatic:
     activation_bytes_per_mb: float
     layers: tuple[int, ...] = ()
     blocks: tuple[str, ...] = ()  # names of its blocks with layer -1
-    wgrad_bytes_per_mb: float = 0.0  # held from B to W instead under a split backward (model.transformer.layer_wgrad_bytes)
+    wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (transformer.layer_wgrad_bytes)
 
 
 @dataclass(frozen=True)
