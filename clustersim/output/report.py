@@ -1467,9 +1467,11 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
     links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
                            f"it, for the {LINKS_SHOWN} busiest links.")
-    memory_plot = _embedded(memory_figure(summary), MEMORY_DIV_ID, "One GPU of each stage over the step: "
-                            "parameters, gradients, optimizer state and transient bytes, plus the activations "
-                            "alive and communication buffers held at each instant.")
+    memory_plot = _embedded(memory_figure(summary), MEMORY_DIV_ID, "One GPU of each stage over the step (where "
+                            "stragglers or faults split a stage, the one with the highest peak): parameters, "
+                            "gradients, optimizer state and transient bytes, plus the activations alive (under a "
+                            "split backward, what the weight gradients read from B to W) and communication "
+                            "buffers held at each instant.")
     body = "\n".join([
         header_html(summary), cards_html(summary), breakdown_html(summary),
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
