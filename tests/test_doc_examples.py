@@ -252,43 +252,75 @@ def _variant(name: str, **parallel) -> dict:
     return clustersim.simulate(clustersim.load_scenario(d, base_dir=src.parent)).summary
 
 
+def _scenario(name: str, parallel=(), training=(), moe=()):
+    """Shipped scenario ``name`` with fields of ``parallel``, ``training`` and ``model.moe`` changed."""
+    import yaml
+
+    import clustersim
+
+    src = ROOT / "scenarios" / name
+    d = yaml.safe_load(src.read_text())
+    d["parallel"].update(parallel)
+    d["training"].update(training)
+    d["model"].get("moe", {}).update(moe)
+    return clustersim.load_scenario(d, base_dir=src.parent)
+
+
+def _quoted_in_parallelism_md(quoted: list[str]) -> None:
+    text = " ".join((ROOT / "docs" / "parallelism.md").read_text().split())
+    missing = [q for q in quoted if q not in text]
+    assert not missing, "docs/parallelism.md should say: " + "; ".join(missing)
+
+
+def _peak_gib(summary: dict) -> float:
+    return summary["memory"]["peak_bytes"] / 2**30
+
+
 def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
     """docs/parallelism.md's context- and expert-parallel figures, simulated now."""
-    text = " ".join((ROOT / "docs" / "parallelism.md").read_text().split())
+    import clustersim
+
     ring = _variant("long_context_cp_128k.yaml")
     gather = _variant("long_context_cp_128k.yaml", cp_comm="all_gather")
     unbalanced = _variant("long_context_cp_128k.yaml", cp_load_balance=False)
     ep16, ep8 = _variant("moe_1024gpu.yaml"), _variant("moe_1024gpu.yaml", ep=8)
-    dualpipe = _variant("moe_1024gpu.yaml", schedule="dualpipe", vpp=1)
-    zb = _variant("moe_1024gpu.yaml", schedule="zb-h1", vpp=1)
-    peak_gib = [max(st["peak_bytes"] for st in s["memory"]["stages"]) / 2**30 for s in (ep8, ep16, dualpipe, zb)]
-    quoted = [
+    ep32, ep64 = _variant("moe_1024gpu.yaml", ep=32), _variant("moe_1024gpu.yaml", ep=64)
+    pp16 = _variant("moe_1024gpu.yaml", pp=16, dp=64, vpp=2)
+    plain = _variant("moe_1024gpu.yaml", schedule="1f1b", vpp=1)
+    bare = clustersim.simulate(_scenario("moe_1024gpu.yaml", training={"recompute": "none"})).summary
+    skew = clustersim.simulate(_scenario("moe_1024gpu.yaml", moe={"ep_load": [1.5] + [14.5 / 15] * 15}))
+    _quoted_in_parallelism_md([
         f"(`cp` exposed {ring['exposed_comm_s']['cp']:.2f} s of a {ring['step_time_s']:.2f} s step)",
         f"exposes {gather['exposed_comm_s']['cp']:.2f} s (step {gather['step_time_s']:.2f} s)",
         f"to {unbalanced['step_time_s']:.2f} s, the difference showing as bubble "
         f"({100 * unbalanced['bubble_fraction']:.0f} % of the step)",
         f"({ep8['step_time_s']:.2f} s against {ep16['step_time_s']:.2f} s)",
-        f"peak of {peak_gib[0]:.1f} GiB on 80 GB GPUs ({peak_gib[1]:.1f} GiB with EP16",
-        f"takes {dualpipe['step_time_s']:.2f} s, level with the interleaved plan's {ep16['step_time_s']:.2f} s",
-        f"for a peak of {peak_gib[2]:.1f} GiB on 80 GB GPUs; ZB-H1 peaks at {peak_gib[3]:.1f} GiB on its last stage",
-    ]
-    assert ep8["memory"]["fits"] and ep16["memory"]["fits"] and not dualpipe["memory"]["fits"]
-    # the middle ranks' held-back W's and what each holds; DualPipe without recompute; M_W / M_B
-    import yaml
+        f"peak of {_peak_gib(ep8):.1f} GiB on 80 GB GPUs ({_peak_gib(ep16):.1f} GiB with EP16",
+        f"hold less ({_peak_gib(ep32):.1f} and {_peak_gib(ep64):.1f} GiB) and take longer "
+        f"({ep32['step_time_s']:.2f} and {ep64['step_time_s']:.2f} s)",
+        f"PP8 with four chunks a rank takes {ep16['step_time_s']:.2f} s, PP16 with two {pp16['step_time_s']:.2f} s, "
+        f"PP8 under 1F1B {plain['step_time_s']:.2f} s; without recompute the step would take "
+        f"{bare['step_time_s']:.2f} s but need {_peak_gib(bare):.1f} GiB",
+        f"the step goes from {ep16['step_time_s']:.2f} s to {skew.summary['step_time_s']:.2f} s "
+        f"(+{100 * (skew.summary['step_time_s'] / ep16['step_time_s'] - 1):.0f} %), MFU from "
+        f"{100 * ep16['mfu']:.1f} % to {100 * skew.summary['mfu']:.1f} %, with "
+        f"{skew.summary['exposed_comm_s']['ep']:.2f} s of exposed EP time; the run keeps one rank per (stage, EP "
+        f"index), {len(skew.trace.ranks)} of 1024",
+    ])
+    assert not ep8["memory"]["fits"] and ep16["memory"]["fits"] and not bare["memory"]["fits"]
 
+
+def test_the_zero_bubble_figures_of_parallelism_md():
+    """docs/parallelism.md's "Zero bubble" figures: what split backwards hold, simulated now."""
     import clustersim
     from clustersim.schedule.core import split_weight_passes
 
-    def scenario(name, parallel=(), training=()):
-        d = yaml.safe_load((ROOT / "scenarios" / name).read_text())
-        d["parallel"].update(parallel)
-        d["training"].update(training)
-        return clustersim.load_scenario(d, base_dir=ROOT / "scenarios")
-
-    def lowered(*args):
-        return clustersim.api.lower_step(scenario(*args))[1]
-
-    low = lowered("moe_1024gpu.yaml", {"schedule": "dualpipe", "vpp": 1})
+    ep16 = _variant("moe_1024gpu.yaml")
+    dualpipe = _variant("moe_1024gpu.yaml", schedule="dualpipe", vpp=1)
+    zb = _variant("moe_1024gpu.yaml", schedule="zb-h1", vpp=1)
+    bare = clustersim.simulate(_scenario("moe_1024gpu.yaml", {"schedule": "dualpipe", "vpp": 1},
+                                         {"recompute": "none"})).summary
+    low = clustersim.api.lower_step(_scenario("moe_1024gpu.yaml", {"schedule": "dualpipe", "vpp": 1}))[1]
     middle = low.mesh.pp // 2 - 1
     split, held, most = split_weight_passes(low.schedule, middle), set(), 0
     for a in low.schedule.actions[middle]:  # split backwards whose B has run and W not yet, most at once
@@ -298,16 +330,24 @@ def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
     last = [a for a in low.schedule.actions[middle] if a.kind == "B"][-most:]
     assert all((a.stage, a.mb) in split for a in last)
     per_part = max(low.work[j].wgrad_bytes_per_mb for j in low.parts_of[middle])
-    quoted.append(f"hold back the `W`s of their last {most} backwards, all {most} at once at the end of the "
-                  f"step, each holding {per_part / 2**30:.1f} GiB")
-    bare = clustersim.simulate(scenario("moe_1024gpu.yaml", {"schedule": "dualpipe", "vpp": 1},
-                                        {"recompute": "none"})).summary
-    quoted.append(f"Without recompute DualPipe would need {bare['memory']['peak_bytes'] / 2**30:.1f} GiB.")
+    moe_none = clustersim.api.lower_step(_scenario("moe_1024gpu.yaml", training={"recompute": "none"}))[1].work[2]
     ratio = [w.wgrad_bytes_per_mb / w.activation_bytes_per_mb for w in (
-        lowered("zero_bubble.yaml", (), {"recompute": "full"}).work[1], low.work[1])]
-    seqsel = lowered("korthikanti_22b_seqsel.yaml").work[0]
-    quoted += [f"`B` recomputed: {ratio[0]:.0f} times the checkpoint on zero_bubble.yaml's layers, "
-               f"{ratio[1]:.0f} times on", f"{seqsel.wgrad_bytes_per_mb / seqsel.activation_bytes_per_mb:.2f} `M_B` "
-               "on Korthikanti's 22B at TP8"]
-    missing = [q for q in quoted if q not in text]
-    assert not missing, "docs/parallelism.md should say: " + "; ".join(missing)
+        clustersim.api.lower_step(_scenario("zero_bubble.yaml", training={"recompute": "full"}))[1].work[1],
+        low.work[2])]
+    seqsel = clustersim.api.lower_step(_scenario("korthikanti_22b_seqsel.yaml"))[1].work[0]
+    zb_yaml = _variant("zero_bubble.yaml")["memory"]["stages"]
+    _quoted_in_parallelism_md([
+        f"takes {dualpipe['step_time_s']:.2f} s against the interleaved plan's {ep16['step_time_s']:.2f} s",
+        f"hold back the `W`s of their last {most} backwards, all {most} at once at the end of the step, "
+        f"each holding {per_part / 2**30:.1f} GiB",
+        f"for a peak of {_peak_gib(dualpipe):.1f} GiB on 80 GB GPUs; ZB-H1 peaks at {_peak_gib(zb):.1f} GiB "
+        "on its last stage",
+        f"Without recompute DualPipe would need {_peak_gib(bare):.1f} GiB.",
+        f"`B` recomputed: {ratio[0]:.0f} times the checkpoint on zero_bubble.yaml's layers, {ratio[1]:.0f} times on",
+        f"{seqsel.wgrad_bytes_per_mb / seqsel.activation_bytes_per_mb:.2f} `M_B` on Korthikanti's 22B at TP8",
+        f"{moe_none.wgrad_bytes_per_mb / moe_none.activation_bytes_per_mb:.2f} `M_B` on `moe_1024gpu.yaml`'s",
+        f"lowers from 12.1 to {zb_yaml[-1]['peak_bytes'] / 2**30:.1f} GiB",
+    ])
+    assert max(zb["memory"]["stages"], key=lambda st: st["peak_bytes"])["stage"] == zb["plan"]["pp"] - 1
+    assert not dualpipe["memory"]["fits"] and max(range(low.mesh.pp), key=lambda q: len(
+        split_weight_passes(low.schedule, q))) != middle  # the most held at once, not the most split

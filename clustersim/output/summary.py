@@ -218,6 +218,9 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"{g('peak_bytes'):>7.1f} / {st['capacity_bytes'] / GiB:.0f}  {verdict}")
     if len(mem["stages"]) > len(_stage_rows(mem["stages"])):
         lines.append(f"{'':<16}(first, last and highest-peak stages of {len(mem['stages'])}; all in summary.json)")
+    if any(p.get("split_w") for st in mem["stages"] for p in st.get("parts", ())):
+        lines.append(f"{'':<16}(activ includes what split backwards hold from B to W: docs/parallelism.md, "
+                     "\"Zero bubble\")")
     if mem.get("tight"):
         lines.append(f"{'':<16}(tight: less than {mem['tight_below_bytes'] / GiB:.1f} spare, which the CUDA context, "
                      "NCCL's buffers and fragmentation, not counted here, can take)")
