@@ -72,7 +72,8 @@ def variant(base: dict, gpus_per_node: int, gpus: int, tp: int, pp: int, dp: int
     schedule where it is one of KEPT_SCHEDULES, else 1F1B; its sequence parallelism where
     tp > 1, and always where tp > 1 and ep > 1 (the pair needs it); its EP as far as DP allows
     (the largest divisor of its ``ep`` that divides dp); no CP, no interleaving and no layer
-    split of its own."""
+    split of its own; ZeRO-1/2's overlapped parameter gathers where the plan's ZeRO stage has
+    them."""
     d = copy.deepcopy(base)
     d["cluster"]["nodes"] = gpus // gpus_per_node
     par = d["parallel"]
@@ -88,6 +89,8 @@ def variant(base: dict, gpus_per_node: int, gpus: int, tp: int, pp: int, dp: int
         par["sp"] = True  # (EP with TP needs SP)
     if pp == 1 or par.get("schedule") not in KEPT_SCHEDULES:
         par["schedule"] = "1f1b"
+    if zero not in (1, 2):
+        par.pop("overlap_param_gather", None)
     d["training"]["recompute"] = rc
     return d
 
