@@ -61,7 +61,9 @@ def _moe() -> dict:
     return yaml.safe_load((ROOT / "scenarios" / "moe_1024gpu.yaml").read_text())["model"]
 
 
-# moe_1024gpu's plan (scenarios/moe_1024gpu.yaml), for its what-ifs below
+# moe_1024gpu's plan until 2026-12-04 (PP16 DualPipe; it does not fit since a split backward holds
+# its W's inputs, docs/performance-history.md entry 42), kept for its what-ifs below, whose figures
+# docs/performance.md gives
 MOE_1K = {"tp": 1, "pp": 16, "dp": 64, "ep": 16, "zero": 1, "schedule": "dualpipe"}
 MOE_1K_TRAINING = {"training": {"recompute": "full"}}
 
