@@ -38,7 +38,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a process SIGINT ended (128 +
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
 OUTPUT_FILES = ("summary.json", "report.html", "trace.json.gz")
 # run --trace-gpus writes at most this many spans: Perfetto parses a JSON trace in the browser
-# tab, a few million events at most (every GPU of moe_1024gpu: 2.4 million, a 37 MB file;
+# tab, a few million events at most (every GPU of moe_1024gpu: 2.1 million, a 33 MB file;
 # gpt3_175b_1024gpu's: 15 million, about 230 MB)
 TRACE_GPUS_MAX_SPANS = 5_000_000
 STAGING_PREFIX = ".clustersim-"  # the run's temp folder, inside the output folder until the files move in
