@@ -648,6 +648,12 @@ def test_plan_line_names_tp_over_nodes_the_gradients_dtype_and_a_schedule_only_w
     assert " · gpipe · 4 microbatches" in line
     line, s = plan_line(parallel={"tp": 8, "pp": 2, "dp": 1})
     assert s["plan"]["grad_reduce_dtype"] == "fp32" and "grads" not in line and " · 1f1b · 8 microbatches" in line
+    # selective recompute under flash attention changes nothing, and says so; under standard it does not
+    line, _ = plan_line(parallel={"tp": 8, "pp": 2, "dp": 1}, training={"recompute": "selective"})
+    assert " · recompute selective (a no-op: flash attention keeps no scores) · " in line
+    line, _ = plan_line(parallel={"tp": 8, "pp": 2, "dp": 1}, training={"recompute": "selective",
+                                                                      "attention": "standard"})
+    assert " · recompute selective · " in line
 
     summary = copy.deepcopy(s)
     summary["comm_s"].update(tp=1.0, pp=1.0, dp=0.0)

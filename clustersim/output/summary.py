@@ -68,9 +68,10 @@ def plan_options(p: dict[str, Any]) -> str:
     if zero and p.get("overlap_param_gather"):
         zero += " (gathers overlapped)"
     sp = (" · SP" + (" (TP comm overlap)" if p.get("tp_comm_overlap") else "")) if p.get("sp") else ""
-    return (sp + zero
-            + (f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else "")
-            + _grads_option(p))
+    recompute = f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""
+    if p.get("recompute") == "selective" and p.get("attention") == "flash":
+        recompute += " (a no-op: flash attention keeps no scores)"  # the user may think it saves memory
+    return sp + zero + recompute + _grads_option(p)
 
 
 def _grads_option(p: dict[str, Any]) -> str:
