@@ -32,7 +32,8 @@ much as the drift). bench_instructions.py gives the same ratio in instructions, 
 
 Example (2 cores, 2026-12-03, --repeat 3, on a fast stretch of a machine whose speed drifts
 by 1.5x or more within minutes: compare scenarios, not machines; docs/performance.md has the
-targets and the figures, and bench_instructions.py compares two versions without the drift)::
+targets and the figures, and bench_instructions.py compares two versions without the drift;
+moe_1024gpu here is its PP16 DualPipe plan of that day)::
 
     bare simpy timeout at the start: 0.54 us per event (median of 5 x 200,000; each run reads its own)
                              moe_1024gpu   llama3_405b_16k  megatron_1t_3072
@@ -239,7 +240,7 @@ def covered_tasks(prog) -> int:
     """The tasks of every GPU the step's results cover: each simulated rank's tasks times
     ``Program.weight``, the ranks it stands for (its twins and itself)::
 
-        moe_1024gpu    16 simulated ranks x 64 (DP twins): 36,072 x 64 = 2,308,608
+        moe_1024gpu     8 simulated ranks x 128 (DP twins): 15,575 x 128 = 1,993,600
 
     Not the per-event target's measure (that is per task simulated): what the engine costs
     per task of the whole step that summary.json, the report and the trace describe."""

@@ -8,8 +8,8 @@ flow network's arrays over every link)::
 
     bytes(run) ~ RUN_BASE_BYTES + RUN_BYTES_PER_TASK * tasks(step) + RUN_BYTES_PER_GPU * GPUs
 
-A collapsed run holds a few ranks' tasks (moe_1024gpu: 36,072, about 0.16 GB); every rank
-simulated holds them all (moe_1024gpu: 2,308,608, about 3.3 GB; Megatron-1T's 3,072 ranks:
+A collapsed run holds a few ranks' tasks (moe_1024gpu: 15,575, about 0.1 GB); every rank
+simulated holds them all (moe_1024gpu: 1,993,600, about 3.8 GB; Megatron-1T's 3,072 ranks:
 41 M, about 60 GB). A run that would need more than the machine has free is refused before
 it starts, with what it would take, instead of swapping for hours or being killed.
 """
@@ -29,8 +29,10 @@ from .program.tasks import Program
 # backward was cut at its GEMM, which added tasks to the TP plans): long_context_cp_128k
 # 638 MiB for 371,808 tasks, llama2_70b_64gpu 968 MiB for 669,056, moe_1024gpu 3,290 MiB for
 # 2,308,608, gpt3_175b_1024gpu 13,128 MiB for 9,893,120: 1.36-1.52 KB a task above a process's
-# own 100 MiB. A step whose cycle is copied in holds its copies' spans more cheaply
-# (Megatron-1T collapsed: 820 MiB for 854,340 tasks, 1,322 MiB expected).
+# own 100 MiB (those runs' moe_1024gpu was its PP16 DualPipe plan; its PP8 interleaved plan
+# takes 3,811 MiB for 1,993,600, 1.95 KB a task, 2026-12-04: the figure is a low end, so that a
+# run is refused only where even it would not fit). A step whose cycle is copied in holds its
+# copies' spans more cheaply (Megatron-1T collapsed: 820 MiB for 854,340 tasks, 1,322 MiB expected).
 RUN_BYTES_PER_TASK = 1_500
 RUN_BASE_BYTES = 100 * 2**20
 # collapsed runs of large clusters, the same PSS (bench/bench_memory.py --collapsed), above
