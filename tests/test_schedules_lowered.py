@@ -481,3 +481,29 @@ def test_scenario_files_are_found_relative_to_the_scenario(tmp_path):
     path = Path(ROOT / "scenarios" / "custom_schedule.yaml")
     sc = clustersim.load_scenario(path)
     assert sc.schedule_path == str(path.parent / "schedules" / "custom_1f1b_4x8.txt")
+
+
+def test_a_full_backward_written_b_then_w_gathers_beside_b():
+    """Under SP a split W first gathers again the inputs of its column-parallel GEMMs (QKV,
+    MLP up, LM head). A full backward written B then W (DualPipe's overlapped chunks and the
+    backwards it does not queue) gathers them beside B's compute instead, as Megatron-LM's
+    backward gathers beside the input gradient's GEMM: the same compute, the gathers moved,
+    and only the split W's gather in the trace."""
+    from clustersim.schedule.core import fused_weight_passes, split_weight_passes
+
+    sc = _small(schedule="dualpipe", sp=True)
+    low = clustersim.api.lower_step(sc)[1]
+    for w in low.work:
+        assert w.fused_input is not None and w.fused_weight is not None
+        assert [b.duration_s for b in w.fused_input] == [b.duration_s for b in w.bwd_input]
+        assert [b.duration_s for b in w.fused_weight] == [b.duration_s for b in w.bwd_weight]
+        moved = sum(len(b.overlap) for b in w.fused_input) - sum(len(b.overlap) for b in w.bwd_input)
+        assert moved == sum(len(b.pre) + len(b.overlap) for b in w.bwd_weight) > 0
+        assert not any(b.pre or b.overlap or b.post for b in w.fused_weight)
+    r = clustersim.simulate(sc)
+    for q in range(low.mesh.pp):
+        rank = next(k for k in r.trace.ranks if r.trace.stage_of.get(k, 0) == q)
+        gathers = {j: sum(len(b.pre) + len(b.overlap) for b in low.work[j].bwd_weight) for j in low.parts_of[q]}
+        want = sum(gathers[low.part(stage)] for stage, _ in split_weight_passes(low.schedule, q))
+        got = sum(1 for s in r.trace.spans if s.rank == rank and s.kind == "tp" and s.phase == "W")
+        assert got == want and fused_weight_passes(low.schedule, q)

@@ -33,7 +33,7 @@ import numpy as np
 from ..codegen import Straight
 from ..config import Scenario
 from ..plan.mesh import Mesh
-from ..schedule.core import units_by_start
+from ..schedule.core import fused_weight_passes, units_by_start
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule
 from ..trace import unique_inverse
 from .tasks import ActionTemplate, Comm, Program, Task
@@ -468,6 +468,7 @@ class Lowering:
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
     _pp_of: dict = field(default_factory=dict, repr=False)  # rank -> its pipeline position
     _stage_peers: dict = field(default_factory=dict, repr=False)  # (rank, stage) -> stage_peer
+    _fused: dict = field(default_factory=dict, repr=False)  # pipeline rank -> its fused (stage, mb)
     routes: dict = field(default_factory=dict, repr=False)  # (rank, kind, stage, input, output stage) -> _route
     # (rank, kind, id(blocks)) -> _block_plan; ("send", rank, peer, kind, part) -> a send's _comm_spec
     block_plans: dict = field(default_factory=dict, repr=False)
@@ -579,6 +580,16 @@ class Lowering:
 
     def part(self, stage: int) -> int:
         return self.schedule.stage_part[stage]
+
+    def fused(self, q: int, stage: int, mb: int) -> bool:
+        """Whether pipeline rank ``q``'s backward of ``mb`` on ``stage`` is a full backward
+        written B then W in a split schedule (schedule.core.fused_weight_passes)."""
+        if not self.split:
+            return False
+        got = self._fused.get(q)
+        if got is None:
+            got = self._fused[q] = fused_weight_passes(self.schedule, q)
+        return (stage, mb) in got
 
 
 def _pp_edges(s: PipelineSchedule) -> tuple[tuple[int, int], ...]:
@@ -1011,7 +1022,8 @@ def _route(low: Lowering, r: int, a: Action) -> tuple:
         src, dst_stage = s.next_stage(stage, mb), s.prev_stage(stage, mb)
     else:
         src = dst_stage = None
-    key = (r, kind, stage, src, dst_stage)
+    fused = kind != "F" and low.fused(low.pp_of(r), stage, mb)
+    key = (r, kind, stage, src, dst_stage, fused)
     got = low.routes.get(key)
     if got is None:
         part = low.part(stage)
@@ -1025,7 +1037,7 @@ def _route(low: Lowering, r: int, a: Action) -> tuple:
                 spec = low.block_plans[skey] = _comm_spec(
                     low, "pp", (r, dst), low.work[part].pp_send_bytes, "send", "pp_fwd_send" if fwd else "pp_bwd_send",
                     "send act" if fwd else "send grad", f"pp {kind}")
-        got = low.routes[key] = (low.work_of(r, part).blocks(kind, low.split), src,
+        got = low.routes[key] = (low.work_of(r, part).blocks(kind, low.split, fused), src,
                                  -1 if src is None else low.stage_peer(r, src), dst, spec)
     return got
 
@@ -1158,8 +1170,9 @@ class _Again:
         keeps = _keeps_block_tids(low, kind, stage, mb)
         done_of = low.done
         sync = low.sync
+        fused = kind != "F" and low.fused(q, stage, mb)
         for r in ranks:
-            route = low.routes.get((r, kind, stage, src, dst))
+            route = low.routes.get((r, kind, stage, src, dst, fused))
             if route is not None:  # its inputs, as _input_deps (and _lower_unit's wait)
                 blocks, _, peer, _, spec = route
                 if kind == "W":

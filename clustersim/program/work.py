@@ -86,15 +86,22 @@ class StageWork:
     local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
+    # the halves of a full backward written as B then W (fused): where they differ from the
+    # split ones (SP: the re-gathers beside B's compute, not at W's head); None: the same
+    fused_input: tuple[Block, ...] | None = None
+    fused_weight: tuple[Block, ...] | None = None
 
-    def blocks(self, kind: str, split: bool) -> tuple[Block, ...]:
-        """Blocks of action ``kind`` (F, B, W); B is the full backward unless ``split``."""
+    def blocks(self, kind: str, split: bool, fused: bool = False) -> tuple[Block, ...]:
+        """Blocks of action ``kind`` (F, B, W); B is the full backward unless ``split``; under a
+        split, ``fused``: the B or W of a full backward written as B then W."""
         if kind == "F":
             return self.fwd
         if not split:
             if kind == "W":
                 raise ValueError("a W action needs a split backward")
             return self.bwd
+        if fused and (self.fused_input if kind == "B" else self.fused_weight) is not None:
+            return self.fused_input if kind == "B" else self.fused_weight
         halves = self.bwd_input if kind == "B" else self.bwd_weight
         if halves is None:
             raise ValueError("this StageWork has no split backward (bwd_input / bwd_weight)")
@@ -430,6 +437,27 @@ def _per_tp_rank(params: float, whole: float, t: int) -> float:
     return (params - whole) / t + whole
 
 
+def _fused_halves(b_in: list[Block], b_w: list[Block], moved: list[tuple[int, int]]) -> dict:
+    """``fused_input`` and ``fused_weight`` of a part whose split W gathers again, under SP,
+    the inputs of its column-parallel GEMMs (``moved``: (B block, W block) pairs): in a full
+    backward written B then W those gathers run beside B's compute, as Megatron-LM's backward
+    gathers beside the input gradient's GEMM, and W only computes::
+
+        split  B  [dgrad ... ][RS]          W  [AG][wgrad ...]        (W may run much later)
+        fused  B  [dgrad ... ][RS]          W  [wgrad ...]
+                  [AG .....]
+
+    Empty (the split halves serve) without such gathers."""
+    if not moved:
+        return {}
+    f_in, f_w = list(b_in), list(b_w)
+    for i, j in moved:
+        gathers = b_w[j].pre or b_w[j].overlap
+        f_in[i] = replace(b_in[i], overlap=b_in[i].overlap + gathers)
+        f_w[j] = replace(b_w[j], pre=(), overlap=())
+    return {"fused_input": tuple(f_in), "fused_weight": tuple(f_w)}
+
+
 def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank: int = 0) -> StageWork:
     """Blocks, optimizer time, local parameters and activation bytes of model part ``part``.
 
@@ -483,6 +511,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # SP keeps a column-parallel GEMM's input sequence-sharded: its weight gradient gathers it again
     regather = (CommItem("all_gather", act),) if t > 1 and sp else ()
     fwd, bwd, b_in, b_w = [], [], [], []
+    moved: list[tuple[int, int]] = []  # (B block, W block) whose re-gathers a fused backward runs in B
 
     def forward(spec: _Spec, layer: int):
         fwd.append(_block(spec.name, layer, spec.ops, gpu, prec, spec.params, spec.pre, spec.post,
@@ -510,6 +539,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         gathers = regather if pieces else ()
         col = column_parallel_at(spec.ops) if gathers else None
         others = weight_grad_ops([op for i, op in enumerate(spec.ops) if i != col])
+        if gathers:  # a full backward written B then W gathers beside B's compute (Megatron's order)
+            moved.append((len(b_in) - 1, len(b_w)))
         if col is not None and others:
             # the other GEMMs' weight gradients (out proj, MLP down) need no gathered input:
             # they run beside the gather, the column-parallel one after it
@@ -588,6 +619,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         transient_bytes=transient,
         wgrad_bytes_per_mb=wgrad_mb,
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
+        **_fused_halves(b_in, b_w, moved),
     )
 
 

@@ -429,6 +429,17 @@ class Timeline:
         return [self.makespan - b for b in self.busy]
 
 
+def fused_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
+    """(stage, mb) of every W on ``rank`` that is the second half of a full backward, written
+    right after its B: ``fused_w``, or where the schedule does not say (a custom file) every W
+    written so. Empty without W actions."""
+    acts = s.actions[rank]
+    if s.fused_w is not None:
+        return set(s.fused_w[rank])
+    return {(a.stage, a.mb) for i, a in enumerate(acts)
+            if a.kind == "W" and i > 0 and acts[i - 1] == Action(a.stage, "B", a.mb)}
+
+
 def split_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
     """(stage, mb) of every W on ``rank`` whose backward is split: B computes the input
     gradient alone and leaves what W reads (each linear layer's input and output gradient)
@@ -440,11 +451,7 @@ def split_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
 
         custom  rank 1  | 1F0 1F1 1B0 1W0 1F2 1B1 1F3 1W1 ...     split: {(1, 1)}
     """
-    acts = s.actions[rank]
-    if s.fused_w is not None:
-        return {(a.stage, a.mb) for a in acts if a.kind == "W"} - s.fused_w[rank]
-    return {(a.stage, a.mb) for i, a in enumerate(acts)
-            if a.kind == "W" and (i == 0 or acts[i - 1] != Action(a.stage, "B", a.mb))}
+    return {(a.stage, a.mb) for a in s.actions[rank] if a.kind == "W"} - fused_weight_passes(s, rank)
 
 
 def issue_units(s: PipelineSchedule, rank: int) -> list[tuple[Action, ...]]:
