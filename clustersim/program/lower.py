@@ -777,9 +777,13 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
                     low.grad_tasks[r].append(ar)
                     low.stage_grads[(r, stage)].append(ar)
                     low.sync[r].append(ar)
+        # the turn of another chain of the chunk comes before this block's post communication
+        # is issued: the other block's pre communication goes first on the stream they share,
+        # and runs while this block computes (a gather queued behind a reduce-scatter that
+        # waits for this compute would keep the other chain's compute waiting for both)
+        yield
         for j, spec in enumerate(post):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
-        yield
     if zero3 and kind == "F" and gather and units:
         low.held[r] = (part, mb, units[-1])
     return prev
