@@ -469,7 +469,7 @@ class Lowering:
     _pp_of: dict = field(default_factory=dict, repr=False)  # rank -> its pipeline position
     _stage_peers: dict = field(default_factory=dict, repr=False)  # (rank, stage) -> stage_peer
     _fused: dict = field(default_factory=dict, repr=False)  # pipeline rank -> its fused (stage, mb)
-    routes: dict = field(default_factory=dict, repr=False)  # (rank, kind, stage, input, output stage) -> _route
+    routes: dict = field(default_factory=dict, repr=False)  # (rank, kind, stage, input, output stage, fused) -> _route
     # (rank, kind, id(blocks)) -> _block_plan; ("send", rank, peer, kind, part) -> a send's _comm_spec
     block_plans: dict = field(default_factory=dict, repr=False)
     # (rank, kind, stage, id(blocks), inputs) -> ActionTemplate, or False (_single_action)

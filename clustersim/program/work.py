@@ -447,7 +447,9 @@ def _fused_halves(b_in: list[Block], b_w: list[Block], moved: list[tuple[int, in
         fused  B  [dgrad ... ][RS]          W  [wgrad ...]
                   [AG .....]
 
-    Empty (the split halves serve) without such gathers."""
+    The last B block's gathers stay at W's head: nothing after them in B would wait for them,
+    and W needs them. Empty (the split halves serve) without gathers to move."""
+    moved = [(i, j) for i, j in moved if i < len(b_in) - 1]
     if not moved:
         return {}
     f_in, f_w = list(b_in), list(b_w)
