@@ -207,6 +207,12 @@ class Mesh:
             return "zs"
         return {"dp": "cp+dp", "edp": "cp+edp"}[kind]
 
+    def grad_shards(self, zero: int) -> tuple[int, int]:
+        """Into how many shards ZeRO stage ``zero`` cuts the dense and the routed-expert
+        gradients and optimizer states: their :meth:`grad_group`'s sizes, (1, 1) under ZeRO 0,
+        whose all-reduce leaves them whole."""
+        return (self.size(self.grad_group("dp")), self.size(self.grad_group("edp"))) if zero >= 1 else (1, 1)
+
     def nodes_spanned(self, dim: str, gpus_per_node: int) -> int:
         """The most nodes one ``dim`` group spans (rank r on GPU r): a TP group over more than
         one runs its every collective through the NICs."""

@@ -551,7 +551,7 @@ class Lowering:
         """Into how many shards a DP reduction leaves the dense and the routed-expert
         gradients (1 under ZeRO 0, whose all-reduce leaves them whole): dp x cp, and the
         expert-DP group x cp."""
-        return (self.n_grad, self.mesh.size(self.grad_dim("edp"))) if self.zero >= 1 else (1, 1)
+        return self.mesh.grad_shards(self.zero)
 
     def work_of(self, rank: int, part: int) -> StageWork:
         """The work of ``part`` as rank ``rank`` runs it (CP ranks differ without load balancing)."""

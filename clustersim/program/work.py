@@ -100,9 +100,9 @@ class StageWork:
             if kind == "W":
                 raise ValueError("a W action needs a split backward")
             return self.bwd
-        if fused and (self.fused_input if kind == "B" else self.fused_weight) is not None:
-            return self.fused_input if kind == "B" else self.fused_weight
-        halves = self.bwd_input if kind == "B" else self.bwd_weight
+        halves = (self.fused_input if kind == "B" else self.fused_weight) if fused else None
+        if halves is None:  # (no fused halves of their own: the split ones serve)
+            halves = self.bwd_input if kind == "B" else self.bwd_weight
         if halves is None:
             raise ValueError("this StageWork has no split backward (bwd_input / bwd_weight)")
         return halves
@@ -608,8 +608,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         # (Korthikanti et al. 2022, Sec 5: what selective recompute leaves unstored)
         transient = tf.attention_scores_bytes(m, b, t, cp)
     transient += cp_transient_bytes(sc)
-    grad_shard = sc.mesh.size(sc.mesh.grad_group("dp")) if sc.parallel.zero >= 1 else 1
-    expert_shard = sc.mesh.size(sc.mesh.grad_group("edp")) if sc.parallel.zero >= 1 else 1
+    grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
     updated = local_params / grad_shard + local_expert_params / expert_shard
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),

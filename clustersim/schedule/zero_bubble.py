@@ -11,10 +11,10 @@ ahead in the steady state and the cool-down bubbles fill with W::
     rank 3  | .   .   .   3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3W0 3F4 ...   ... 3W5 3W6 3W7
 
 Every rank then holds at most p microbatches (rank r: p-r microbatches' activations M_B and
-r held for their W, M_W each; rank 0's peak is 1F1B's, p M_B: analysis/memory.py), and the
-bubble drops from (p-1)(F+B+W) to (p-1)(F+B-W) with B the input gradient, i.e. (p-1)(F+B-2W)
-with B the full backward. The closed form assumes T_F = T_B = T_W, as the paper's
-handcrafted schedules do.
+r held for their W, M_W each; where M_W < M_B rank 0's peak is 1F1B's, p M_B:
+analysis/memory.py), and the bubble drops from (p-1)(F+B+W) to (p-1)(F+B-W) with B the input
+gradient, i.e. (p-1)(F+B-2W) with B the full backward. The closed form assumes
+T_F = T_B = T_W, as the paper's handcrafted schedules do.
 """
 
 from __future__ import annotations
