@@ -63,7 +63,7 @@ def _part_static(low: Lowering, j: int) -> PartStatic:
     w = low.work[j]
     return PartStatic(
         part=j, params=w.local_params, activation_bytes_per_mb=w.activation_bytes_per_mb,
-        wgrad_bytes_per_mb=w.wgrad_bytes_per_mb,
+        wgrad_bytes_per_mb=w.wgrad_bytes_per_mb, recomputed_layers=w.recomputed_layers,
         layers=tuple(sorted({b.layer for b in w.fwd if b.layer >= 0})),
         # the embedding and the head, with the pieces a backward is cut into ("head wgrad")
         blocks=tuple(dict.fromkeys(b.name for b in (*w.fwd, *w.bwd, *w.bwd_input, *w.bwd_weight) if b.layer < 0)),
@@ -205,7 +205,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "tp_comm_overlap": p.tp_comm_overlap, "ep": p.ep, "zero": p.zero,
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
             "zero_shard": p.zero_shard,
-            "recompute": t.recompute, "grad_dtype": t.grad_dtype,
+            "recompute": t.recompute, "recompute_method": t.recompute_method, "recompute_layers": t.recompute_layers,
+            "grad_dtype": t.grad_dtype,
             "grad_reduce_dtype": t.reduced_grad_dtype,
             "tp_nodes": sc.mesh.nodes_spanned("tp", sc.topology.node.gpus),
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -96,6 +97,15 @@ class TrainingCfg(Strict):
     optimizer: Literal["adam", "adamw"] = "adam"
     attention: Literal["flash", "standard"] = "flash"
     recompute: Literal["none", "selective", "full"] = "none"
+    # which layers full recompute recomputes, as Megatron-LM's --recompute-method and
+    # --recompute-num-layers (program/work.py recompute_groups); unset: every layer alone
+    recompute_method: Literal["uniform", "block"] | None = pydantic.Field(
+        default=None, description="full recompute: uniform recomputes groups of recompute_layers layers, each "
+        "from its first layer's input; block recomputes the first recompute_layers layers of each model chunk "
+        "and keeps every activation of the rest")
+    recompute_layers: int | None = pydantic.Field(
+        default=None, ge=1, description="full recompute: the layers of a uniform group, or the layers "
+        "of each model chunk that block recomputes")
     dp_bucket_params: int = pydantic.Field(default=40_000_000, ge=1)
 
     @property
@@ -409,6 +419,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                             f"it does not divide")
     if p.pp > m.layers:
         fail("parallel.pp", f"pp={p.pp} is more than model.layers={m.layers}")
+    _check_recompute(t, m.layers, fail)
     per_step = p.dp * t.micro_batch_size
     if m.layers > MAX_LAYERS:
         fail("model.layers", f"{m.layers:,} layers; clustersim simulates models of at most {MAX_LAYERS:,} layers")
@@ -423,6 +434,29 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         from .hardware.gpus import lookup_gpu
         if lookup_gpu(topo.gpu).fp8_flops is None:
             fail("training.precision", f"fp8 needs fp8 tensor cores; {topo.gpu} has none")
+
+
+def _check_recompute(t: TrainingCfg, layers: int, fail: Callable[[str, str], None]) -> None:
+    """``recompute_method`` and ``recompute_layers`` choose full recompute's layers: both or
+    neither, and only with ``recompute: full`` (Megatron-LM asks the same of its flags)."""
+    method, n = t.recompute_method, t.recompute_layers
+    if method is None and n is None:
+        return
+    field = "training.recompute_method" if method is not None else "training.recompute_layers"
+    if t.recompute != "full":
+        fail(field, f"chooses the layers full recompute recomputes; recompute={t.recompute} "
+                    f"{'recomputes no layer' if t.recompute == 'none' else 'recomputes core attention in every layer'}"
+                    f" (set recompute: full, or drop the field)")
+    if n is None:
+        fail("training.recompute_layers", f"recompute_method {method} needs recompute_layers: "
+             + ("the layers of each group recomputed from its first layer's input" if method == "uniform"
+                else "how many layers of each model chunk to recompute (the rest keep their activations)"))
+    if method is None:
+        fail("training.recompute_method", f"recompute_layers={n} needs recompute_method: block (the first {n} layers "
+                                          f"of each model chunk recomputed, the rest keep their activations) or "
+                                          f"uniform (groups of {n} layers, each recomputed from its first layer's input)")
+    if n > layers:
+        fail("training.recompute_layers", f"recompute_layers={n} is more than model.layers={layers}")
 
 
 def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:

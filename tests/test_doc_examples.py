@@ -355,3 +355,29 @@ def test_the_zero_bubble_figures_of_parallelism_md():
     assert max(zb["memory"]["stages"], key=lambda st: st["peak_bytes"])["stage"] == zb["plan"]["pp"] - 1
     assert not dualpipe["memory"]["fits"] and max(range(low.mesh.pp), key=lambda q: len(
         split_weight_passes(low.schedule, q))) != middle  # the most held at once, not the most split
+
+
+def test_the_recompute_figures_of_parallelism_md():
+    """docs/parallelism.md, "Recompute: how many layers": Llama-2 70B in microbatches of 2."""
+    import clustersim
+
+    def run(**training):
+        return clustersim.simulate(_scenario("llama2_70b_64gpu.yaml", training={"micro_batch_size": 2, **training}),
+                                   check=False).summary
+
+    none, full = run(recompute="none"), run(recompute="full")
+    block = {n: run(recompute="full", recompute_method="block", recompute_layers=n) for n in (4, 6, 8)}
+    uniform = run(recompute="full", recompute_method="uniform", recompute_layers=4)
+    assert not none["memory"]["fits"] and not block[4]["memory"]["fits"]
+    assert block[6]["memory"]["tight"] and block[8]["memory"]["fits"] and not block[8]["memory"]["tight"]
+    last = block[8]["memory"]["stages"][-1]
+    _quoted_in_parallelism_md([
+        f"no recompute takes {none['step_time_s']:.2f} s but its first stage needs {_peak_gib(none):.1f} GiB of 80",
+        f"full recompute fits ({_peak_gib(full):.1f} GiB) and takes {full['step_time_s']:.2f} s",
+        f"(`block`, 8) fits at {_peak_gib(block[8]):.1f} GiB in {block[8]['step_time_s']:.2f} s, "
+        f"{100 * (1 - block[8]['step_time_s'] / full['step_time_s']):.0f} % faster",
+        f"6 layers fit only just ({_peak_gib(block[6]):.1f} GiB, within 5 % of the GPU: `tight`) in "
+        f"{block[6]['step_time_s']:.2f} s, 4 do not ({_peak_gib(block[4]):.1f} GiB)",
+        f"`uniform` with 4 holds {_peak_gib(uniform):.1f} GiB in {uniform['step_time_s']:.2f} s",
+        f"with `block` 8 the last stage peaks at {last['peak_bytes'] / 2**30:.1f} GiB",
+    ])

@@ -106,6 +106,7 @@ class PartStatic:
     layers: tuple[int, ...] = ()
     blocks: tuple[str, ...] = ()  # names of its blocks with layer -1
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (transformer.layer_wgrad_bytes)
+    recomputed_layers: tuple[int, ...] = ()  # whose forward full recompute runs again (work.recompute_groups)
 
 
 @dataclass(frozen=True)
@@ -494,6 +495,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "tight": peak <= capacity_bytes < peak + TIGHT_SHARE * capacity_bytes,
             "parts": [{"part": p.part, "params": p.params, "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
                        "wgrad_bytes_per_microbatch": p.wgrad_bytes_per_mb,
+                       "recomputed_layers": list(p.recomputed_layers),
                        "split_w": sum(1 for i, _ in st.split_w if i == j),
                        "inflight_microbatches": k} for j, (p, k) in enumerate(zip(parts, tl.per_part))],
             "timeline": {"t_s": tl.t_raws(list(shown)), "activations_bytes": tl.activations[shown].tolist(),

@@ -71,6 +71,11 @@ def plan_options(p: dict[str, Any]) -> str:
     recompute = f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""
     if p.get("recompute") == "selective" and p.get("attention") == "flash":
         recompute += " (a no-op: flash attention keeps no scores)"  # the user may think it saves memory
+    n = p.get("recompute_layers")
+    if n is not None and p.get("recompute") == "full" and (n, p.get("recompute_method")) != (1, "uniform"):
+        layers = f"{n} layer{'s' if n != 1 else ''}"
+        recompute += (f" (first {layers} of each model chunk)" if p.get("recompute_method") == "block"
+                      else f" (groups of {layers})")
     return sp + zero + recompute + _grads_option(p)
 
 

@@ -83,6 +83,7 @@ class StageWork:
     pp_send_bytes: float
     transient_bytes: float = 0.0  # held only while one layer recomputes (full recompute)
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (what the weight gradients read)
+    recomputed_layers: tuple[int, ...] = ()  # whose forward full recompute runs again (recompute_groups)
     local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
@@ -460,6 +461,26 @@ def _fused_halves(b_in: list[Block], b_w: list[Block], moved: list[tuple[int, in
     return {"fused_input": tuple(f_in), "fused_weight": tuple(f_w)}
 
 
+def recompute_groups(layers: range, recompute: str, method: str | None = None, n: int | None = None) -> list[range]:
+    """The groups of a model part's ``layers`` that full recompute runs forward again, each
+    as one at the head of the backward of its last layer, in layer order; a layer in no group
+    keeps its activations (Megatron-LM's ``--recompute-method`` and ``--recompute-num-layers``,
+    ``TransformerBlock._checkpointed_forward``, per model chunk)::
+
+        layers 0-5 of a chunk          kept from F to B                  recomputed in B
+        full (unset, = uniform 1)      the input of each layer           each layer alone
+        uniform 2                      the input of layers 0, 2, 4       [0 1] [2 3] [4 5]
+        block 2                        the inputs of 0, 1; all of 2-5    [0] [1]
+
+    None recompute nothing but ``recompute: full``."""
+    if recompute != "full":
+        return []
+    if method == "block":
+        return [range(ly, ly + 1) for ly in layers[:n]]
+    step = n or 1
+    return [layers[i:i + step] for i in range(0, len(layers), step)]
+
+
 def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank: int = 0) -> StageWork:
     """Blocks, optimizer time, local parameters and activation bytes of model part ``part``.
 
@@ -565,14 +586,17 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     if last:
         # the head's input is sequence-sharded under SP: gather it; backward scatters the grad
         backward(_Spec("head", tf.block_bwd(head_f, flash), post=b_post, params=head_params), -1)
-    for layer in range(first_layer, first_layer + per_part[part]):
+    layers = range(first_layer, first_layer + per_part[part])
+    for layer in layers:
         for spec in attn_fwd + mlp_specs(layer)[0]:
             forward(spec, layer)
-    for layer in reversed(range(first_layer, first_layer + per_part[part])):
-        mlp_fwd, mlp_bwd = mlp_specs(layer)
-        if recompute == "full":
-            for spec in attn_fwd + mlp_fwd:  # the layer's forward again, communication included
-                blk = _block(f"recompute {spec.name}", layer, [], gpu, prec, 0.0, spec.pre, spec.post,
+    groups = recompute_groups(layers, recompute, sc.training.recompute_method, sc.training.recompute_layers)
+    group_ending = {g[-1]: g for g in groups}
+    for layer in reversed(layers):
+        mlp_bwd = mlp_specs(layer)[1]
+        for ly in group_ending.get(layer, ()):
+            for spec in attn_fwd + mlp_specs(ly)[0]:  # the group's forward again, communication included
+                blk = _block(f"recompute {spec.name}", ly, [], gpu, prec, 0.0, spec.pre, spec.post,
                              recompute_ops=spec.ops, overlap=spec.overlap)
                 bwd.append(blk)
                 b_in.append(blk)  # recompute feeds the input gradient: head of B
@@ -592,17 +616,16 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
 
     local_params = sum(blk.params for blk in fwd)
     local_expert_params = sum(blk.expert_params for blk in fwd)
-    layers = range(first_layer, first_layer + per_part[part])
-    act_mb = sum(tf.layer_activation_bytes(m, b, t, flash, sp, recompute, m.is_moe_layer(ly), cp) for ly in layers)
+    act_mb = sum(_kept_bytes(sc, ly, groups) for ly in layers)
     if last:
         act_mb += tf.head_activation_bytes(m, b, t, cp)
     wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
-    # full recompute holds one layer's whole activations while it recomputes: the largest of
-    # the part's layers (a MoE layer's experts and dispatched states, not a dense MLP's)
-    transient = max((tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
-                     for ly in layers), default=0.0) if recompute == "full" else 0.0
+    # full recompute holds a group's whole activations while it recomputes: the largest of
+    # the part's groups (a MoE layer's experts and dispatched states, not a dense MLP's)
+    transient = max((sum(tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
+                         for ly in g) for g in groups), default=0.0)
     if recompute == "selective" and not flash and len(layers):
         # the backward recomputes one layer's core attention, whose scores it then holds
         # (Korthikanti et al. 2022, Sec 5: what selective recompute leaves unstored)
@@ -619,9 +642,25 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         pp_send_bytes=act / t if sp else act,
         transient_bytes=transient,
         wgrad_bytes_per_mb=wgrad_mb,
+        recomputed_layers=tuple(ly for g in groups for ly in g),
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
         **_fused_halves(b_in, b_w, moved),
     )
+
+
+def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
+    """What ``layer`` keeps from its forward to its backward, per microbatch, per TP rank:
+    the input alone where it heads a recomputed group, nothing elsewhere in one, and all its
+    activations where full recompute leaves it out (:func:`recompute_groups`)."""
+    m, tr = sc.model, sc.training
+    mode = tr.recompute
+    if mode == "full":
+        group = next((g for g in groups if layer in g), None)
+        if group is not None and layer != group[0]:
+            return 0.0
+        mode = "full" if group is not None else "none"
+    return tf.layer_activation_bytes(m, tr.micro_batch_size, sc.parallel.tp, tr.attention == "flash", sc.parallel.sp,
+                                     mode, m.is_moe_layer(layer), sc.parallel.cp)
 
 
 @dataclass(frozen=True)

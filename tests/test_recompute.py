@@ -1,0 +1,142 @@
+"""Full recompute of some layers only (Megatron-LM's --recompute-method uniform or block with
+--recompute-num-layers): which layers recompute, in what order, what each layer keeps and
+what the recompute costs, against the closed forms."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+
+import clustersim
+from clustersim.api import lower_step
+from clustersim.model import transformer as tf
+from clustersim.output.summary import plan_options
+from clustersim.program.work import recompute_groups
+
+from .conftest import ROOT, scenario_dict
+
+# 12 layers on 2 pipeline ranks: 6 a stage, 3 a chunk under interleaving
+MODEL = {"layers": 12}
+PLAN = {"tp": 2, "pp": 2, "dp": 2, "sp": True}
+
+
+def scenario(training: dict, parallel: dict | None = None):
+    d = scenario_dict(cluster={"nodes": 1}, model=MODEL, parallel={**PLAN, **(parallel or {})},
+                      training={"global_batch_size": 8, **training})
+    return clustersim.load_scenario(d, base_dir=ROOT)
+
+
+@functools.cache
+def without_recompute():
+    return lower_step(scenario({"recompute": "none"}))[1]
+
+
+def full(method: str | None = None, n: int | None = None) -> dict:
+    return {"recompute": "full", "recompute_method": method, "recompute_layers": n}
+
+
+def layer_bytes(sc, mode: str) -> float:
+    """What one layer of the dense test model keeps under ``mode`` (all layers alike)."""
+    m, tr, p = sc.model, sc.training, sc.parallel
+    return tf.layer_activation_bytes(m, tr.micro_batch_size, p.tp, True, p.sp, mode, False, p.cp)
+
+
+def extra_flops(work) -> float:
+    """Executed FLOPs a part's backward adds over the model's."""
+    return sum(b.flops - b.model_flops for b in work.bwd)
+
+
+def recompute_flops(work, j: int) -> float:
+    """What part ``j``'s backward adds over the same part's without recompute (which adds
+    flash attention's recomputed scores already): its recomputed forwards."""
+    return extra_flops(work) - extra_flops(without_recompute().work[j])
+
+
+def forward_flops(work, layers) -> float:
+    return sum(b.flops for b in work.fwd if b.layer in layers)
+
+
+def test_groups_follow_megatron():
+    layers = range(6, 12)
+    assert recompute_groups(layers, "full") == [range(ly, ly + 1) for ly in layers]
+    assert recompute_groups(layers, "full", "uniform", 1) == recompute_groups(layers, "full")
+    assert recompute_groups(layers, "full", "uniform", 4) == [range(6, 10), range(10, 12)]
+    assert recompute_groups(layers, "full", "uniform", 9) == [layers]
+    assert recompute_groups(layers, "full", "block", 2) == [range(6, 7), range(7, 8)]
+    assert recompute_groups(layers, "full", "block", 9) == recompute_groups(layers, "full")
+    assert recompute_groups(layers, "none") == recompute_groups(layers, "selective") == []
+
+
+@pytest.mark.parametrize("same", [full("uniform", 1), full("block", 6), full("block", 12)])
+def test_settings_that_recompute_every_layer_alone_are_plain_full(same):
+    plain = clustersim.simulate(scenario(full())).summary
+    other = clustersim.simulate(scenario(same)).summary
+    assert other["step_time_s"] == plain["step_time_s"]
+    for key in plain.keys() - {"plan", "simulation"}:
+        assert other[key] == plain[key], key
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_block_recomputes_the_first_layers_and_keeps_the_rest_whole(n):
+    sc = scenario(full("block", n))
+    _, low = lower_step(sc)
+    keep, full_in = layer_bytes(sc, "none"), layer_bytes(sc, "full")
+    for j, work in enumerate(low.work):
+        first = 6 * j
+        assert work.recomputed_layers == tuple(range(first, first + n))
+        head = tf.head_activation_bytes(sc.model, 1, 2, 1) if j == 1 else 0.0
+        assert work.activation_bytes_per_mb == pytest.approx(n * full_in + (6 - n) * keep + head, rel=1e-12)
+        # one recomputed layer is whole at a time
+        assert work.transient_bytes == pytest.approx(layer_bytes(sc, "none"), rel=1e-12)
+        assert recompute_flops(work, j) == pytest.approx(forward_flops(work, work.recomputed_layers), rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_uniform_keeps_each_groups_input_and_recomputes_every_layer(n):
+    sc = scenario(full("uniform", n))
+    _, low = lower_step(sc)
+    groups = math.ceil(6 / n)
+    for j, work in enumerate(low.work):
+        head = tf.head_activation_bytes(sc.model, 1, 2, 1) if j == 1 else 0.0
+        assert work.activation_bytes_per_mb == pytest.approx(groups * layer_bytes(sc, "full") + head, rel=1e-12)
+        # a whole group's activations while it recomputes
+        assert work.transient_bytes == pytest.approx(n * layer_bytes(sc, "none"), rel=1e-12)
+        assert recompute_flops(work, j) == pytest.approx(forward_flops(work, range(6 * j, 6 * j + 6)), rel=1e-12)
+
+
+def test_a_uniform_group_recomputes_whole_before_its_last_layers_backward():
+    _, low = lower_step(scenario(full("uniform", 2)))
+    b = low.work[0].bwd_input
+    heads = [(blk.name, blk.layer) for blk in b[:6]]
+    assert heads == [("recompute attn", 4), ("recompute mlp", 4), ("recompute attn", 5), ("recompute mlp", 5),
+                     ("mlp", 5), ("attn", 5)][:len(heads)]
+    recomputes = [blk.layer for blk in b if blk.name.startswith("recompute ")]
+    assert recomputes == [4, 4, 5, 5, 2, 2, 3, 3, 0, 0, 1, 1]
+
+
+def test_fewer_recomputed_layers_trade_memory_for_time():
+    runs = {n: clustersim.simulate(scenario(full("block", n) if n else {"recompute": "none"})).summary
+            for n in (0, 2, 4, 6)}
+    steps = [runs[n]["step_time_s"] for n in (0, 2, 4, 6)]
+    peaks = [runs[n]["memory"]["peak_bytes"] for n in (0, 2, 4, 6)]
+    assert steps == sorted(steps) and len(set(steps)) == 4
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+
+
+def test_block_counts_each_model_chunk():
+    sc = scenario(full("block", 1), parallel={"schedule": "interleaved", "vpp": 2})
+    summary = clustersim.simulate(sc).summary
+    parts = [p for st in summary["memory"]["stages"] for p in st["parts"]]
+    assert {p["part"]: p["recomputed_layers"] for p in parts} == {0: [0], 1: [3], 2: [6], 3: [9]}
+    assert summary["plan"]["recompute_method"] == "block" and summary["plan"]["recompute_layers"] == 1
+
+
+def test_the_plan_line_says_which_layers():
+    assert plan_options({"recompute": "full", "recompute_method": "block", "recompute_layers": 2}) == (
+        " · recompute full (first 2 layers of each model chunk)")
+    assert plan_options({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 3}) == (
+        " · recompute full (groups of 3 layers)")
+    assert plan_options({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1}) == (
+        " · recompute full")
