@@ -125,10 +125,12 @@ def _statics(low: Lowering) -> list[StageStatic]:
         if z == 3:
             biggest = max((sum(p for _, p in v) for (j, _), v in low.unit_shards.items() if j in low.parts_of[q]),
                           default=0.0)
-            if sharded3:  # gathered units in flight: the one computing plus those prefetched, as far
-                # as an action has units (a part's layers, its embedding or head)
+            if sharded3:  # gathered units in flight: the one computing plus those prefetched, or a
+                # uniform recompute group's layers, gathered for its forwards and held through
+                # their backwards; as far as an action has units (a part's layers, its embedding or head)
                 units = max(sum(1 for (j, _) in low.unit_shards if j == k) for k in low.parts_of[q])
-                transient += min(low.zero_prefetch_layers + 1, units) * biggest * PARAM_BYTES
+                group = max((len(g) for j in low.parts_of[q] for g in low.work[j].recompute_groups), default=1)
+                transient += min(max(low.zero_prefetch_layers + 1, group), units) * biggest * PARAM_BYTES
             if grads_sharded:  # in the backward, the computing unit's whole gradient until its reduce-scatter
                 transient += biggest * low.grad_bytes
         elif z == 2:

@@ -56,6 +56,14 @@ for schedule, zero in [("1f1b", 3), ("interleaved", 1), ("zb-h1", 2), ("dualpipe
     PLANS.append(dict(tp=2, pp=2, dp=4, zero=zero, zero_shard=2, recompute="none", schedule=schedule))
 PLANS.append(dict(tp=1, pp=2, dp=4, cp=2, zero=3, zero_shard=4, recompute="full", schedule="1f1b"))
 
+# full recompute of some layers or by groups, with each schedule family, ZeRO-3, SP, CP and EP
+for schedule, zero, method, n, more in [
+        ("1f1b", 3, "uniform", 2, dict(sp=True, tp_comm_overlap=True)), ("interleaved", 3, "block", 1, {}),
+        ("zb-h1", 1, "uniform", 3, dict(sp=True)), ("zbv", 2, "block", 1, {}), ("gpipe", 1, "block", 2, dict(cp=2)),
+        ("dualpipe", 1, "uniform", 2, dict(tp=1, dp=8, ep=2, moe=True))]:
+    PLANS.append({**dict(tp=4 // more.get("cp", 1), pp=2, dp=2, zero=zero, recompute="full", recompute_method=method,
+                         recompute_layers=n, schedule=schedule), **more})
+
 
 def _id(p):
     return "-".join(f"{k}{v}" for k, v in p.items() if v not in (False, None) and k != "cp_load_balance") + \
@@ -66,12 +74,14 @@ def _id(p):
 def test_plan_runs_and_holds_invariants(root, plan):
     plan = dict(plan)
     recompute, moe = plan.pop("recompute"), plan.pop("moe", False)
+    layers = {k: plan.pop(k) for k in ("recompute_method", "recompute_layers") if k in plan}
     parallel = {**plan}
     if plan["schedule"] == "interleaved":
         parallel["vpp"] = 2
     model = {"layers": 8, **(MOE if moe else {})}
     d = scenario_dict(model=model, parallel=parallel,
-                      training={"global_batch_size": 8 * plan["dp"], "recompute": recompute, "attention": "flash"})
+                      training={"global_batch_size": 8 * plan["dp"], "recompute": recompute, "attention": "flash",
+                                **layers})
     sc = clustersim.load_scenario(d, base_dir=root)
     s = clustersim.simulate(sc).summary
     step = s["step_time_s"]

@@ -140,3 +140,31 @@ def test_the_plan_line_says_which_layers():
         " · recompute full (groups of 3 layers)")
     assert plan_options({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1}) == (
         " · recompute full")
+
+
+def test_zero3_reduces_each_layer_once_after_its_last_backward_block():
+    """A uniform group's forwards come before its layers' backwards: ZeRO-3 reduce-scatters a
+    layer's gradients after its own backward, once, not after its recomputed forward."""
+    prog, _ = lower_step(scenario(full("uniform", 2), parallel={"zero": 3}))
+    tasks = prog.tasks
+    rank = tasks[0].rank
+    for mb in range(2):
+        mine = [t for t in tasks if t.rank == rank and t.mb == mb and t.phase == "B"]
+        reduced = [t for t in mine if t.name == "RS grads" and t.layer >= 0]
+        assert sorted(t.layer for t in reduced) == list(range(6))
+        for rs in reduced:
+            (dep,) = rs.deps
+            computes = [t for t in mine if t.kind == "compute" and t.layer == rs.layer]
+            assert dep == computes[-1].tid and not computes[-1].name.startswith("recompute ")
+
+
+def test_zero3_holds_a_uniform_groups_layers_gathered():
+    """ZeRO-3 gathers a uniform group's layers for its forwards and holds them through their
+    backwards: 4 units in flight where plain full recompute has 2 (one prefetched)."""
+    plain = clustersim.simulate(scenario(full(), parallel={"zero": 3})).summary["memory"]["stages"][0]
+    sc = scenario(full("uniform", 4), parallel={"zero": 3})
+    group = clustersim.simulate(sc).summary["memory"]["stages"][0]
+    _, low = lower_step(sc)
+    biggest = max(sum(n for _, n in shards) for (j, _), shards in low.unit_shards.items() if j == 0)
+    more = 3 * layer_bytes(sc, "none") + (4 - 2) * biggest * 2
+    assert group["transient_bytes"] - plain["transient_bytes"] == pytest.approx(more, rel=1e-9)

@@ -705,6 +705,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
                                       or (kind == "B" and not keep))
     reduce_now = zero3 and kind == low.grad_kind and (not keep or mb == low.final_mb[stage])
     units: list = []  # units gathered in this action, in order of use
+    last_of = {_unit(blk): i for i, blk in enumerate(blocks)} if reduce_now else {}
     unit_end: dict = {}  # unit -> its last compute task so far
     gathered: dict = {}
     prev = None
@@ -758,8 +759,9 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
             low.bwd_tid[(r, stage, mb, i)] = prev
         if by_unit:
             unit_end[u] = prev
-            unit_done = i + 1 == len(blocks) or _unit(blocks[i + 1]) != u
-            for dim, n in (shards if reduce_now and unit_done else ()):
+            # the unit's last block in the action (a uniform recompute group's forwards come
+            # before its layers' backwards: work.recompute_groups)
+            for dim, n in (shards if reduce_now and i == last_of[u] else ()):
                 rs = _comm(low, prog, r, dim, low.group_of(r, dim), ("RS grads", stage, mb, str(u), dim),
                            n * low.reduce_bytes, op="reduce_scatter", stream="dp",
                            deps=(prev,), name=f"RS {'expert ' if dim == 'edp' else ''}grads", mb=mb, phase=kind,

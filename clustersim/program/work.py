@@ -83,7 +83,8 @@ class StageWork:
     pp_send_bytes: float
     transient_bytes: float = 0.0  # held only while one layer recomputes (full recompute)
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (what the weight gradients read)
-    recomputed_layers: tuple[int, ...] = ()  # whose forward full recompute runs again (recompute_groups)
+    # the layers whose forward full recompute runs again, in the groups recomputed as one (recompute_groups)
+    recompute_groups: tuple[tuple[int, ...], ...] = ()
     local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
@@ -107,6 +108,10 @@ class StageWork:
         if halves is None:
             raise ValueError("this StageWork has no split backward (bwd_input / bwd_weight)")
         return halves
+
+    @property
+    def recomputed_layers(self) -> tuple[int, ...]:
+        return tuple(ly for g in self.recompute_groups for ly in g)
 
     def grad_blocks(self, split: bool) -> tuple[Block, ...]:
         """The blocks after which gradients are final (``params`` count there): W, or the full B."""
@@ -642,7 +647,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         pp_send_bytes=act / t if sp else act,
         transient_bytes=transient,
         wgrad_bytes_per_mb=wgrad_mb,
-        recomputed_layers=tuple(ly for g in groups for ly in g),
+        recompute_groups=tuple(tuple(g) for g in groups),
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
         **_fused_halves(b_in, b_w, moved),
     )
