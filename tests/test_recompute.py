@@ -88,8 +88,9 @@ def test_block_recomputes_the_first_layers_and_keeps_the_rest_whole(n):
         assert work.recomputed_layers == tuple(range(first, first + n))
         head = tf.head_activation_bytes(sc.model, 1, 2, 1) if j == 1 else 0.0
         assert work.activation_bytes_per_mb == pytest.approx(n * full_in + (6 - n) * keep + head, rel=1e-12)
-        # one recomputed layer is whole at a time
-        assert work.transient_bytes == pytest.approx(layer_bytes(sc, "none"), rel=1e-12)
+        # a recomputed layer is whole for a moment, but by then the backward has freed the
+        # layers after it, which kept more
+        assert work.transient_bytes == 0.0
         assert recompute_flops(work, j) == pytest.approx(forward_flops(work, work.recomputed_layers), rel=1e-12)
 
 
@@ -101,8 +102,12 @@ def test_uniform_keeps_each_groups_input_and_recomputes_every_layer(n):
     for j, work in enumerate(low.work):
         head = tf.head_activation_bytes(sc.model, 1, 2, 1) if j == 1 else 0.0
         assert work.activation_bytes_per_mb == pytest.approx(groups * layer_bytes(sc, "full") + head, rel=1e-12)
-        # a whole group's activations while it recomputes
-        assert work.transient_bytes == pytest.approx(n * layer_bytes(sc, "none"), rel=1e-12)
+        # a whole group's activations while it recomputes, less its input, kept already, and
+        # the inputs of the groups after it, freed by then: the last (n = 2: three groups of 2)
+        # or the first (n = 4: 4 layers, then 2)
+        whole, kept_input = layer_bytes(sc, "none"), layer_bytes(sc, "full")
+        most = {2: 2 * whole - kept_input, 4: 4 * whole - 2 * kept_input}[n]
+        assert work.transient_bytes == pytest.approx(most, rel=1e-12)
         assert recompute_flops(work, j) == pytest.approx(forward_flops(work, range(6 * j, 6 * j + 6)), rel=1e-12)
 
 
@@ -123,6 +128,12 @@ def test_fewer_recomputed_layers_trade_memory_for_time():
     peaks = [runs[n]["memory"]["peak_bytes"] for n in (0, 2, 4, 6)]
     assert steps == sorted(steps) and len(set(steps)) == 4
     assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+    # on every stage, even the last, which holds one microbatch: a recomputed layer is whole
+    # again only after the backward has freed the layers after it
+    runs[1] = clustersim.simulate(scenario(full("block", 1))).summary
+    for n, more in ((0, 1), (1, 2), (2, 4), (4, 6)):
+        for a, b in zip(runs[n]["memory"]["stages"], runs[more]["memory"]["stages"]):
+            assert b["peak_bytes"] < a["peak_bytes"]
 
 
 def test_block_counts_each_model_chunk():
@@ -140,6 +151,13 @@ def test_the_plan_line_says_which_layers():
         " · recompute full (groups of 3 layers)")
     assert plan_options({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1}) == (
         " · recompute full")
+    # a count past every model chunk's layers says what it comes to
+    assert plan_options({"recompute": "full", "recompute_method": "block", "recompute_layers": 6,
+                         "layers_per_stage": [2, 2, 2]}) == " · recompute full (every layer: no model chunk has more than 2)"
+    assert plan_options({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 3,
+                         "layers_per_stage": [2, 3]}) == " · recompute full (each model chunk one group of at most 3)"
+    assert plan_options({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 2,
+                         "layers_per_stage": [2, 3]}) == " · recompute full (groups of 2 layers)"
 
 
 def test_zero3_reduces_each_layer_once_after_its_last_backward_block():
@@ -166,5 +184,6 @@ def test_zero3_holds_a_uniform_groups_layers_gathered():
     group = clustersim.simulate(sc).summary["memory"]["stages"][0]
     _, low = lower_step(sc)
     biggest = max(sum(n for _, n in shards) for (j, _), shards in low.unit_shards.items() if j == 0)
-    more = 3 * layer_bytes(sc, "none") + (4 - 2) * biggest * 2
+    # the group's 4 layers less 2 inputs (its own, the next group's freed) against one layer less its input
+    more = 3 * layer_bytes(sc, "none") - layer_bytes(sc, "full") + (4 - 2) * biggest * 2
     assert group["transient_bytes"] - plain["transient_bytes"] == pytest.approx(more, rel=1e-9)

@@ -74,8 +74,12 @@ def plan_options(p: dict[str, Any]) -> str:
     n = p.get("recompute_layers")
     if n is not None and p.get("recompute") == "full" and (n, p.get("recompute_method")) != (1, "uniform"):
         layers = f"{n} layer{'s' if n != 1 else ''}"
-        recompute += (f" (first {layers} of each model chunk)" if p.get("recompute_method") == "block"
-                      else f" (groups of {layers})")
+        most = max(p.get("layers_per_stage") or [n + 1])  # (a part is a model chunk)
+        if p.get("recompute_method") == "block":
+            recompute += f" (first {layers} of each model chunk)" if n < most else (
+                f" (every layer: no model chunk has more than {most})")
+        else:
+            recompute += f" (groups of {layers})" if n < most else f" (each model chunk one group of at most {most})"
     return sp + zero + recompute + _grads_option(p)
 
 

@@ -621,16 +621,18 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
 
     local_params = sum(blk.params for blk in fwd)
     local_expert_params = sum(blk.expert_params for blk in fwd)
-    act_mb = sum(_kept_bytes(sc, ly, groups) for ly in layers)
+    kept = {ly: _kept_bytes(sc, ly, groups) for ly in layers}
+    act_mb = sum(kept.values())
     if last:
         act_mb += tf.head_activation_bytes(m, b, t, cp)
     wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
-    # full recompute holds a group's whole activations while it recomputes: the largest of
-    # the part's groups (a MoE layer's experts and dispatched states, not a dense MLP's)
-    transient = max((sum(tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
-                         for ly in g) for g in groups), default=0.0)
+    # full recompute holds a group's whole activations while it recomputes (a MoE layer's
+    # experts and dispatched states, not a dense MLP's)
+    whole = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
+             for g in groups for ly in g}
+    transient = recompute_transient_bytes(layers, groups, whole, kept)
     if recompute == "selective" and not flash and len(layers):
         # the backward recomputes one layer's core attention, whose scores it then holds
         # (Korthikanti et al. 2022, Sec 5: what selective recompute leaves unstored)
@@ -651,6 +653,27 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
         **_fused_halves(b_in, b_w, moved),
     )
+
+
+def recompute_transient_bytes(layers: range, groups: list[range], whole: dict, kept: dict) -> float:
+    """What full recompute holds for a moment beyond what a microbatch keeps (``kept``, by
+    layer): the most over the recomputed groups of their whole activations (``whole``, by
+    layer) less what they keep already (the group's input) and less what the backward has
+    freed by then (what the layers after the group kept: the backward reaches a group last
+    that comes first in the part, as ``block``'s do)::
+
+        transient = max over groups g of  whole(g) - kept(g) - kept(layers after g), at least 0
+
+        block 1 of layers 0-3:   B  [3][2][1][recompute 0 | 0]    layers 1-3 freed by then
+    """
+    last = {g[-1]: g for g in groups}
+    freed = most = 0.0
+    for ly in reversed(layers):
+        g = last.get(ly)
+        if g is not None:
+            most = max(most, sum(whole[x] - kept[x] for x in g) - freed)
+        freed += kept[ly]
+    return most
 
 
 def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
