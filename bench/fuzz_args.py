@@ -1,5 +1,6 @@
 """The command line the fuzz scripts share: up to two counts after the script's name, each
-with its default (``python bench/fuzz_plans.py 3 100``: seed 3, 100 plans)."""
+with its default (``python bench/fuzz_plans.py 3 100``: seed 3, 100 plans); and draws two of
+them share."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ def two_counts(doc: str, first: tuple[str, int, str], second: tuple[str, int, st
     args = ap.parse_args()
     got = (getattr(args, first[0]), getattr(args, second[0]))
     return got if option is None else (*got, getattr(args, option[0].lstrip("-")))
+
+
+def with_recompute_layers(training: dict, rng, layers: int) -> dict:
+    """``training`` with, under full recompute and one draw in two, which layers recompute
+    (``recompute_method`` uniform or block, ``recompute_layers`` 1-3, at most ``layers``):
+    drawn after every other field, so that a seed draws those as it did before."""
+    if training.get("recompute") == "full" and rng.random() < 0.5:
+        training = {**training, "recompute_method": rng.choice(["uniform", "block"]),
+                    "recompute_layers": min(rng.randint(1, 3), layers)}
+    return training

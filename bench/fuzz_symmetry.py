@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz_args import two_counts  # a sibling script (bench/ is on the path)
+from fuzz_args import two_counts, with_recompute_layers  # a sibling script (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -105,8 +105,9 @@ def draw(rng: random.Random) -> dict:
     return {"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
                                                  "what_if": what_if},
             "model": model, "parallel": parallel,
-            "training": {"micro_batch_size": 1, "global_batch_size": m * dp,
-                         "recompute": rng.choice(["none", "selective", "full"])}}
+            "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
+                                               "recompute": rng.choice(["none", "selective", "full"])},
+                                              rng, model["layers"])}
 
 
 def _numbers(x, path: str = ""):
