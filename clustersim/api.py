@@ -208,6 +208,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
             "zero_shard": p.zero_shard,
             "recompute": t.recompute, "recompute_method": t.recompute_method, "recompute_layers": t.recompute_layers,
+            "recompute_modules": sorted(t.selective_modules) or None,
             "grad_dtype": t.grad_dtype,
             "grad_reduce_dtype": t.reduced_grad_dtype,
             "tp_nodes": sc.mesh.nodes_spanned("tp", sc.topology.node.gpus),

@@ -103,10 +103,21 @@ class TrainingCfg(Strict):
         default=None, description="full recompute: uniform recomputes groups of recompute_layers layers, each "
         "from its first layer's input; block recomputes the first recompute_layers layers of each model chunk "
         "and keeps every activation of the rest")
+    recompute_modules: list[Literal["core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts"]] | None = \
+        pydantic.Field(default=None, min_length=1, description="selective recompute: the parts of each layer run "
+                       "again in the backward instead of kept, as Megatron-LM's --recompute-modules (default core_attn)")
     recompute_layers: int | None = pydantic.Field(
         default=None, ge=1, description="full recompute: the layers of a uniform group, or the layers "
         "of each model chunk that block recomputes")
     dp_bucket_params: int = pydantic.Field(default=40_000_000, ge=1)
+
+    @property
+    def selective_modules(self) -> frozenset:
+        """What selective recompute runs again (``recompute_modules``, by default core
+        attention); empty under other recompute."""
+        if self.recompute != "selective":
+            return frozenset()
+        return frozenset(self.recompute_modules or ("core_attn",))
 
     @property
     def reduced_grad_dtype(self) -> str:
@@ -419,7 +430,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                             f"it does not divide")
     if p.pp > m.layers:
         fail("parallel.pp", f"pp={p.pp} is more than model.layers={m.layers}")
-    _check_recompute(t, m.layers, fail)
+    _check_recompute(t, m, fail)
+    _check_recompute_modules(t, m, fail)
     per_step = p.dp * t.micro_batch_size
     if m.layers > MAX_LAYERS:
         fail("model.layers", f"{m.layers:,} layers; clustersim simulates models of at most {MAX_LAYERS:,} layers")
@@ -436,7 +448,25 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("training.precision", f"fp8 needs fp8 tensor cores; {topo.gpu} has none")
 
 
-def _check_recompute(t: TrainingCfg, layers: int, fail: Callable[[str, str], None]) -> None:
+def _check_recompute_modules(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str], None]) -> None:
+    """``recompute_modules`` only with ``recompute: selective``, each module one the model has."""
+    if t.recompute_modules is None:
+        return
+    if t.recompute != "selective":
+        fail("training.recompute_modules", f"chooses what selective recompute runs again; recompute={t.recompute} "
+                                           f"(set recompute: selective, or drop the field)")
+    dense = m.moe is None or m.moe.dense_layers_first > 0
+    for name in t.recompute_modules:
+        if name in ("moe", "moe_act", "shared_experts") and m.moe is None:
+            fail("training.recompute_modules", f"{name} recomputes part of a MoE layer; the model has none (model.moe)")
+        if name == "shared_experts" and m.moe.shared_experts == 0:
+            fail("training.recompute_modules", "shared_experts: model.moe.shared_experts is 0")
+        if name == "mlp" and not dense:
+            fail("training.recompute_modules", "mlp recomputes a dense MLP; every layer is MoE "
+                                               "(model.moe.dense_layers_first: 0): recompute moe instead")
+
+
+def _check_recompute(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str], None]) -> None:
     """``recompute_method`` and ``recompute_layers`` choose full recompute's layers: both or
     neither, and only with ``recompute: full`` (Megatron-LM asks the same of its flags)."""
     method, n = t.recompute_method, t.recompute_layers
@@ -455,8 +485,8 @@ def _check_recompute(t: TrainingCfg, layers: int, fail: Callable[[str, str], Non
         fail("training.recompute_method", f"recompute_layers={n} needs recompute_method: block (the first {n} layers "
                                           f"of each model chunk recomputed, the rest keep their activations) or "
                                           f"uniform (groups of {n} layers, each recomputed from its first layer's input)")
-    if n > layers:
-        fail("training.recompute_layers", f"recompute_layers={n} is more than model.layers={layers}")
+    if n > m.layers:
+        fail("training.recompute_layers", f"recompute_layers={n} is more than model.layers={m.layers}")
 
 
 def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:

@@ -63,6 +63,14 @@ for schedule, zero, method, n, more in [
         ("dualpipe", 1, "uniform", 2, dict(tp=1, dp=8, ep=2, moe=True))]:
     PLANS.append({**dict(tp=4 // more.get("cp", 1), pp=2, dp=2, zero=zero, recompute="full", recompute_method=method,
                          recompute_layers=n, schedule=schedule), **more})
+# selective recompute by module: dense and MoE modules, with SP, TP overlap, ZeRO-3 and split backwards
+for schedule, zero, modules, more in [
+        ("1f1b", 3, ["layernorm", "mlp"], dict(sp=True, tp_comm_overlap=True)),
+        ("zb-h1", 1, ["moe", "layernorm"], dict(tp=1, dp=8, ep=2, moe=True)),
+        ("dualpipe", 1, ["moe_act", "shared_experts", "core_attn"], dict(tp=1, dp=8, ep=2, moe=True)),
+        ("interleaved", 2, ["moe", "core_attn"], dict(tp=2, dp=4, ep=2, sp=True, moe=True))]:
+    PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="selective", recompute_modules=modules,
+                         schedule=schedule), **more})
 
 
 def _id(p):
@@ -74,7 +82,7 @@ def _id(p):
 def test_plan_runs_and_holds_invariants(root, plan):
     plan = dict(plan)
     recompute, moe = plan.pop("recompute"), plan.pop("moe", False)
-    layers = {k: plan.pop(k) for k in ("recompute_method", "recompute_layers") if k in plan}
+    layers = {k: plan.pop(k) for k in ("recompute_method", "recompute_layers", "recompute_modules") if k in plan}
     parallel = {**plan}
     if plan["schedule"] == "interleaved":
         parallel["vpp"] = 2

@@ -358,7 +358,7 @@ def test_the_zero_bubble_figures_of_parallelism_md():
 
 
 def test_the_recompute_figures_of_parallelism_md():
-    """docs/parallelism.md, "Recompute: how many layers": Llama-2 70B in microbatches of 2."""
+    """docs/parallelism.md, "Recompute: which layers, which parts": Llama-2 70B in microbatches of 2."""
     import clustersim
 
     def run(**training):
@@ -380,4 +380,30 @@ def test_the_recompute_figures_of_parallelism_md():
         f"{block[6]['step_time_s']:.2f} s, 4 do not ({_peak_gib(block[4]):.1f} GiB)",
         f"`uniform` with 4 holds {_peak_gib(uniform):.1f} GiB in {uniform['step_time_s']:.2f} s",
         f"with `block` 8 the last stage peaks at {last['peak_bytes'] / 2**30:.1f} GiB",
+    ])
+
+
+def test_the_recompute_module_figures_of_parallelism_md():
+    """docs/parallelism.md, "Recompute: which layers, which parts": selective recompute by module."""
+    import clustersim
+
+    def run(name, **training):
+        more = {"micro_batch_size": 2} if name.startswith("llama2") else {}
+        return clustersim.simulate(_scenario(name, training={**more, **training}), check=False).summary
+
+    none = run("llama2_70b_64gpu.yaml", recompute="none")
+    norms = run("llama2_70b_64gpu.yaml", recompute="selective", recompute_modules=["layernorm"])
+    full = run("moe_1024gpu.yaml", recompute="full")
+    moe = run("moe_1024gpu.yaml", recompute="selective", recompute_modules=["moe"])
+    fits = run("moe_1024gpu.yaml", recompute="selective", recompute_modules=["moe", "layernorm", "mlp"])
+    light = run("moe_1024gpu.yaml", recompute="selective", recompute_modules=["moe_act", "layernorm", "shared_experts"])
+    assert norms["memory"]["fits"] and not moe["memory"]["fits"] and not light["memory"]["fits"]
+    assert fits["memory"]["tight"]
+    _quoted_in_parallelism_md([
+        f"`layernorm` alone fits at {_peak_gib(norms):.1f} GiB in {norms['step_time_s']:.2f} s, close to no "
+        f"recompute's {none['step_time_s']:.2f} s",
+        f"costs nearly what full recompute costs, {moe['step_time_s']:.2f} s against {full['step_time_s']:.2f} s",
+        f"and needs {_peak_gib(moe):.1f} GiB; with `layernorm` and `mlp` too it fits only just "
+        f"({_peak_gib(fits):.1f} GiB) in {fits['step_time_s']:.2f} s",
+        f"take {light['step_time_s']:.2f} s but need {_peak_gib(light):.1f} GiB",
     ])

@@ -13,7 +13,8 @@ import clustersim
 from clustersim.api import lower_step
 from clustersim.model import transformer as tf
 from clustersim.output.summary import plan_options
-from clustersim.program.work import recompute_groups
+from clustersim.program.costs import ops_time_s
+from clustersim.program.work import RECOMPUTED_OPS, MoeBlocks, recompute_groups
 
 from .conftest import ROOT, scenario_dict
 
@@ -187,3 +188,116 @@ def test_zero3_holds_a_uniform_groups_layers_gathered():
     # the group's 4 layers less 2 inputs (its own, the next group's freed) against one layer less its input
     more = 3 * layer_bytes(sc, "none") - layer_bytes(sc, "full") + (4 - 2) * biggest * 2
     assert group["transient_bytes"] - plain["transient_bytes"] == pytest.approx(more, rel=1e-9)
+
+
+# --- selective recompute by module (Megatron-LM's --recompute-modules) ---
+
+MOE = {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 512, "shared_experts": 1, "dense_layers_first": 1},
+       "mlp": "swiglu", "bias": False}
+
+
+def selective(*modules, **more) -> dict:
+    return {"recompute": "selective", "recompute_modules": list(modules), **more}
+
+
+def moe_scenario(training: dict, sp: bool = False):
+    d = scenario_dict(cluster={"nodes": 1}, model={**MODEL, **MOE},
+                      parallel={"tp": 2 if sp else 1, "pp": 2, "dp": 2 if sp else 4, "ep": 2, "sp": sp},
+                      training={"global_batch_size": 8, **training})
+    return clustersim.load_scenario(d, base_dir=ROOT)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_each_module_drops_its_terms(sp):
+    """What each module leaves unstored, term by term (s b h: tokens x width, t = 2)."""
+    sc = moe_scenario({"recompute": "none"}, sp)
+    m, t = sc.model, sc.parallel.tp
+    e = m.moe
+    s, b, h = m.seq_len, 1, m.hidden
+    rep = 1 / t if sp else 1.0
+    routed = 2 * s * b * e.top_k * e.capacity_factor * e.expert_ffn / t
+    drops = {  # module -> (bytes a dense layer drops, bytes a MoE layer drops)
+        "layernorm": (4 * s * b * h * rep,) * 2,
+        "mlp": (2 * s * b * m.ffn * 3 / t, 0.0),
+        "moe": (0.0, routed * e.mats + 2 * s * b * e.expert_ffn * e.mats / t + 2 * s * b * e.top_k * h),
+        "moe_act": (0.0, routed),
+        "shared_experts": (0.0, 2 * s * b * e.expert_ffn * e.mats / t),
+        "core_attn": (0.0, 0.0),  # flash attention keeps no scores
+    }
+    for module, (dense, moe) in drops.items():
+        for moe_layer, drop in ((False, dense), (True, moe)):
+            none = tf.layer_activation_bytes(m, b, t, True, sp, "none", moe_layer)
+            kept = tf.layer_activation_bytes(m, b, t, True, sp, "selective", moe_layer, modules=(module,))
+            assert none - kept == pytest.approx(drop, rel=1e-12), (module, moe_layer)
+    # without flash attention core_attn drops the scores, as selective recompute always did
+    standard = tf.layer_activation_bytes(m, b, t, False, sp, "selective", False)
+    assert standard == tf.layer_activation_bytes(m, b, t, False, sp, "selective", False, modules=("core_attn",))
+    assert tf.layer_activation_bytes(m, b, t, False, sp, "none") - standard == tf.attention_scores_bytes(m, b, t)
+
+
+def test_core_attn_is_the_default_module():
+    sc = scenario({"recompute": "selective", "attention": "standard"})
+    plain = clustersim.simulate(sc).summary
+    named = clustersim.simulate(scenario(selective("core_attn", attention="standard"))).summary
+    for key in plain.keys() - {"simulation"}:
+        assert named[key] == plain[key], key
+
+
+def _forward_ops(sc, layer: int) -> tuple[list, list]:
+    """(attention ops, MLP or MoE ops) of one layer's forward, as the lowering builds them."""
+    m, t = sc.model, sc.parallel.tp
+    attn = tf.attn_block_fwd(m, 1, t, True, sc.parallel.sp)
+    if m.is_moe_layer(layer):
+        moe = MoeBlocks.build(sc, (), (), (), ())
+        return attn, [o for spec in moe.fwd_specs for o in spec.ops]
+    return attn, tf.mlp_block_fwd(m, 1, t, sc.parallel.sp)
+
+
+@pytest.mark.parametrize("modules", [("layernorm",), ("mlp",), ("moe",), ("moe_act", "shared_experts"),
+                                     ("layernorm", "moe", "mlp")])
+def test_a_module_runs_its_forward_again_and_keeps_less(modules):
+    """Each module's forward runs again in the backward: the backward's time and executed FLOPs
+    grow by the forward ops it recomputes (a whole MLP or MoE layer but its norm and residual;
+    the named ops otherwise), the model FLOPs do not; the activations kept shrink by the terms
+    dropped, and the last layer's dropped terms, the first recomputed, are transient."""
+    sc = moe_scenario(selective(*modules))
+    _, low = lower_step(sc)
+    _, plain_low = lower_step(moe_scenario({"recompute": "none"}))
+    m, gpu = sc.model, sc.cluster.gpu
+    named = {n for mod in modules for n in RECOMPUTED_OPS.get(mod, ())} - {"core_attn"}
+    for j, (work, plain) in enumerate(zip(low.work, plain_low.work)):
+        layers = range(6 * j, 6 * j + 6)
+        again = []
+        for ly in layers:
+            attn, mlp = _forward_ops(sc, ly)
+            whole = ("moe" if m.is_moe_layer(ly) else "mlp") in modules
+            again += [o for o in attn + mlp if o.name in named]
+            again += [o for o in mlp if whole and not o.name.startswith(("norm", "residual"))
+                      and o.name not in named]
+        assert extra_flops(work) - extra_flops(plain) == pytest.approx(sum(o.flops for o in again), rel=1e-9)
+        took = sum(b.duration_s for b in work.bwd) - sum(b.duration_s for b in plain.bwd)
+        assert took == pytest.approx(ops_time_s(again, gpu, "bf16"), rel=1e-9)
+        assert (took > 0) == bool(again)  # (mlp: part 1 holds MoE layers only)
+        assert sum(b.model_flops for b in work.bwd) == pytest.approx(sum(b.model_flops for b in plain.bwd), rel=1e-12)
+        dropped = [tf.layer_activation_bytes(m, 1, 1, True, False, "none", m.is_moe_layer(ly))
+                   - tf.layer_activation_bytes(m, 1, 1, True, False, "selective", m.is_moe_layer(ly), modules=modules)
+                   for ly in layers]
+        assert plain.activation_bytes_per_mb - work.activation_bytes_per_mb == pytest.approx(sum(dropped), rel=1e-9)
+        assert work.transient_bytes == pytest.approx(dropped[-1], rel=1e-9)
+
+
+def test_moe_recompute_runs_the_all_to_alls_again():
+    """Recomputing the MoE layer dispatches and combines its tokens again: four all-to-alls in
+    each MoE layer's backward where there were two."""
+    def a2a_in_backward(sc):
+        prog, _ = lower_step(sc)
+        tasks = [t for t in prog.tasks if t.mb == 0 and t.phase == "B" and t.kind == "ep"]
+        rank = tasks[0].rank
+        return {ly: sum(1 for t in tasks if t.rank == rank and t.layer == ly and "A2A" in t.name)
+                for ly in {t.layer for t in tasks if t.rank == rank and t.layer >= 0}}
+    plain = a2a_in_backward(moe_scenario({"recompute": "none"}))
+    again = a2a_in_backward(moe_scenario(selective("moe")))
+    sc = moe_scenario({"recompute": "none"})
+    for ly, n in plain.items():
+        assert again[ly] == (2 * n if sc.model.is_moe_layer(ly) else n)
+    assert any(sc.model.is_moe_layer(ly) and n == 2 for ly, n in plain.items())

@@ -257,47 +257,78 @@ def dense_mlp_params(m: DenseModelCfg) -> int:
     return mats * m.hidden * m.ffn + bias
 
 
-def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
-                           recompute: str = "none", moe_layer: bool = False, cp: int = 1) -> float:
-    """Bytes one layer keeps from forward to backward, per microbatch, per TP rank.
+# what each module of Megatron-LM's selective recompute (--recompute-modules) drops from
+# what a layer keeps: the terms of layer_activation_terms it recomputes in the backward
+RECOMPUTE_MODULES = {
+    "core_attn": ("scores",),                       # core attention again (QK^T, softmax)
+    "layernorm": ("qkv_input", "mlp_input"),        # the two norms' outputs again
+    "mlp": ("mlp_fc1", "mlp_act"),                  # a dense MLP again, from its input
+    "moe": ("experts_fc1", "experts_act", "shared", "dispatched"),  # a MoE layer again, dispatch included
+    "moe_act": ("experts_act",),                    # the routed experts' activation function again
+    "shared_experts": ("shared",),                  # the shared experts again
+}
+
+
+def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
+                           moe_layer: bool = False, cp: int = 1) -> dict[str, float]:
+    """Bytes one layer keeps from forward to backward, per microbatch, per TP rank, term by
+    term, without recompute (:func:`layer_activation_bytes` sums them).
 
     Korthikanti et al. 2022 Sec 4.1 term by term:
     replicated: norm inputs 2*2sbh, QKV input 2sbh, MLP input 2sbh, dropout masks 2*sbh
     (split over t too under sequence parallelism: 34/t in their Table 2);
-    sharded over t: Q,K,V, context, MLP intermediates; attention scores 5as^2b unless flash
-    attention or selective recompute drop them (softmax output 2, dropout mask 1, dropout
-    output 2 bytes per score; without dropout the softmax output alone, 2, is what the
-    product with V reads). Full recompute keeps the layer input only: 2sbh (2sbh/t with SP).
+    sharded over t: Q,K,V, context, MLP intermediates (the first GEMM's output, f or 2f with a
+    gate, and the activation's, f); attention scores 5as^2b unless flash attention drops them
+    (softmax output 2, dropout mask 1, dropout output 2 bytes per score; without dropout the
+    softmax output alone, 2, is what the product with V reads).
     Context parallelism keeps the terms of its s/cp tokens: s -> s/cp (the scores term, s/cp
     queries x s keys, only arises without flash attention, which CP does not use).
 
-    A MoE layer keeps its experts' intermediates (sharded over t, as the dense MLP's) and the
-    hidden states dispatched to its experts, ``2 s b k cap h``: whole on every TP rank (the
-    dispatch all-to-all brings them, and under SP with EP the TP group all-gathers them:
-    program/work.py ``MoeBlocks``; the experts' first GEMM is column-parallel, its input
-    replicated)::
+    A MoE layer keeps its experts' intermediates in place of the dense MLP's (sharded over t,
+    routed ``experts_*`` and ``shared``) and the hidden states dispatched to its experts,
+    ``2 s b k cap h``: whole on every TP rank (the dispatch all-to-all brings them, and under
+    SP with EP the TP group all-gathers them: program/work.py ``MoeBlocks``; the experts'
+    first GEMM is column-parallel, its input replicated)::
 
         MoE layer, tp 2:  replicated terms + dispatched 2sbk.cap.h + (QKV + context + experts)/2
     """
-    if recompute == "full":
-        return 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
     s, h, d = m.seq_len / cp, m.hidden, m.head_dim
     sbh = s * b * h
-    masks = 2 * sbh if m.dropout else 0
-    replicated = (2 * sbh * 2 + 2 * sbh + 2 * sbh + masks) / (t if sp else 1)
-    qkv = 2 * s * b * (m.heads + 2 * m.n_kv_heads) * d
-    context = 2 * sbh
-    mlp = 2 * s * b * m.ffn * (3 if m.mlp == "swiglu" else 2)
+    rep = 1 / t if sp else 1.0
+    terms = {"norm_inputs": 2 * sbh * 2 * rep, "qkv_input": 2 * sbh * rep, "mlp_input": 2 * sbh * rep,
+             "masks": (2 * sbh if m.dropout else 0.0) * rep,
+             "qkv": 2 * s * b * (m.heads + 2 * m.n_kv_heads) * d / t, "context": 2 * sbh / t,
+             "scores": 0.0 if flash else attention_scores_bytes(m, b, t, cp)}
     if moe_layer and m.moe is not None:
         # expert intermediates for the k routed copies and the shared experts, plus the
         # dispatched hidden states kept for the expert GEMMs' weight gradients
         e = m.moe
-        copies = e.top_k * e.capacity_factor + e.shared_experts
-        mlp = 2 * s * b * copies * e.expert_ffn * e.mats
-        replicated += 2 * s * b * e.top_k * e.capacity_factor * h
-    sharded = (qkv + context + mlp) / t
-    scores = 0.0 if flash or recompute == "selective" else attention_scores_bytes(m, b, t, cp)
-    return replicated + sharded + scores
+        routed = 2 * s * b * e.top_k * e.capacity_factor * e.expert_ffn / t
+        terms |= {"experts_fc1": routed * (e.mats - 1), "experts_act": routed,
+                  "shared": 2 * s * b * e.shared_experts * e.expert_ffn * e.mats / t,
+                  "dispatched": 2 * s * b * e.top_k * e.capacity_factor * h}
+    else:
+        f = 2 * s * b * m.ffn / t
+        terms |= {"mlp_fc1": f * (2 if m.mlp == "swiglu" else 1), "mlp_act": f}
+    return terms
+
+
+def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
+                           recompute: str = "none", moe_layer: bool = False, cp: int = 1,
+                           modules: frozenset | tuple = ("core_attn",)) -> float:
+    """Bytes one layer keeps from forward to backward, per microbatch, per TP rank: the sum of
+    :func:`layer_activation_terms`, less what recompute leaves unstored. Full recompute keeps
+    the layer input only: 2sbh (2sbh/t with SP). Selective recompute drops the terms of its
+    ``modules`` (Megatron-LM's ``--recompute-modules``, :data:`RECOMPUTE_MODULES`; by default
+    core attention's scores, which flash attention does not keep anyway)."""
+    if recompute == "full":
+        return 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
+    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp)
+    if recompute == "selective":
+        for name in modules:
+            for term in RECOMPUTE_MODULES[name]:
+                terms.pop(term, None)  # (a MoE module in a dense layer, a dense one in a MoE layer)
+    return sum(terms.values())
 
 
 def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_layer: bool = False,

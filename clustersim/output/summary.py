@@ -69,7 +69,10 @@ def plan_options(p: dict[str, Any]) -> str:
         zero += " (gathers overlapped)"
     sp = (" · SP" + (" (TP comm overlap)" if p.get("tp_comm_overlap") else "")) if p.get("sp") else ""
     recompute = f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""
-    if p.get("recompute") == "selective" and p.get("attention") == "flash":
+    modules = p.get("recompute_modules") or ["core_attn"]
+    if p.get("recompute") == "selective" and modules != ["core_attn"]:
+        recompute += f" ({', '.join(modules)})"
+    elif p.get("recompute") == "selective" and p.get("attention") == "flash":
         recompute += " (a no-op: flash attention keeps no scores)"  # the user may think it saves memory
     n = p.get("recompute_layers")
     if n is not None and p.get("recompute") == "full" and (n, p.get("recompute_method")) != (1, "uniform"):

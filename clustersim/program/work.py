@@ -466,6 +466,23 @@ def _fused_halves(b_in: list[Block], b_w: list[Block], moved: list[tuple[int, in
     return {"fused_input": tuple(f_in), "fused_weight": tuple(f_w)}
 
 
+# the ops each module of selective recompute runs again, at the head of the backward of the
+# first block holding them (Megatron-LM's --recompute-modules; mlp and moe run their blocks
+# again whole instead, communication included)
+RECOMPUTED_OPS = {"core_attn": ("core_attn",), "layernorm": ("norm1", "norm2"), "moe_act": ("experts_act",),
+                  "shared_experts": ("shared_up", "shared_act", "shared_down")}
+
+
+def _placed(ops: list[Op], bwd_specs: list) -> list[tuple[Op, ...]]:
+    """``ops`` run again in a backward, by backward block: each at the first block holding the
+    backward of an op of its name, else at the first block."""
+    placed: list[list[Op]] = [[] for _ in bwd_specs]
+    for op in ops:
+        at = next((i for i, spec in enumerate(bwd_specs) if any(o.name == op.name for o in spec.ops)), 0)
+        placed[at].append(op)
+    return [tuple(p) for p in placed]
+
+
 def recompute_groups(layers: range, recompute: str, method: str | None = None, n: int | None = None) -> list[range]:
     """The groups of a model part's ``layers`` that full recompute runs forward again, each
     as one at the head of the backward of its last layer, in layer order; a layer in no group
@@ -512,10 +529,12 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     mlp_share = (m.hidden * m.ffn * (3 if m.mlp == "swiglu" else 2)) / t
     attn_params, mlp_params = per_layer - mlp_share, mlp_share
     attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, f_pre, f_post, b_pre, b_post)
-    # selective recompute re-runs core attention in backward; flash attention already does
-    # (and CP needs flash attention, so the single "attn" block holds the core here)
-    attn_rc = ([o for spec in attn_fwd for o in spec.ops if o.name == "core_attn"]
-               if recompute == "selective" and not flash else [])
+    # selective recompute re-runs its modules' ops in backward; core attention is no module of
+    # its under flash attention, whose backward recomputes it anyway (and CP needs flash
+    # attention, so the single "attn" block holds the core here)
+    modules = sc.training.selective_modules
+    rc_names = {name for mod in modules for name in RECOMPUTED_OPS.get(mod, ()) if name != "core_attn" or not flash}
+    attn_rc = [o for spec in attn_fwd for o in spec.ops if o.name in rc_names]
     dense_fwd = [_Spec("mlp", mlp_f, f_pre, f_post, mlp_params)]
     dense_bwd = [_Spec("mlp", mlp_b, b_pre, b_post, mlp_params)]
     if sc.parallel.tp_comm_overlap:  # the attention and dense MLP blocks (Transformer Engine layers)
@@ -523,8 +542,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                                for specs in (attn_fwd, dense_fwd))
         attn_bwd, dense_bwd = ([piece for spec in specs for piece in tp_overlap_backward(spec, t, b_pre)]
                                for specs in (attn_bwd, dense_bwd))
-    # selective recompute re-runs core attention where its backward starts (Megatron-LM)
-    rc_at = next((i for i, spec in enumerate(attn_bwd) if any(o.name == "core_attn" for o in spec.ops)), 0)
+    attn_rc = _placed(attn_rc, attn_bwd)
 
     # the word embedding is split over the vocabulary, learned positions are whole (Megatron)
     emb_params = _per_tp_rank(tf.embedding_params(m), tf.position_params(m), t)
@@ -598,17 +616,29 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     groups = recompute_groups(layers, recompute, sc.training.recompute_method, sc.training.recompute_layers)
     group_ending = {g[-1]: g for g in groups}
     for layer in reversed(layers):
-        mlp_bwd = mlp_specs(layer)[1]
+        mlp_fwd, mlp_bwd = mlp_specs(layer)
+        names = rc_names
+        if ("moe" if m.is_moe_layer(layer) else "mlp") in modules:
+            # the module again from its input, communication included, at the head of its
+            # backward (the norm before it is another module's: layernorm)
+            for spec in mlp_fwd:
+                ops = [o for o in spec.ops if not o.name.startswith(("norm", "residual"))]
+                blk = _block(f"recompute {spec.name}", layer, [], gpu, prec, 0.0, spec.pre, spec.post,
+                             recompute_ops=ops, overlap=spec.overlap)
+                bwd.append(blk)
+                b_in.append(blk)
+            names = rc_names & {"norm2"}
+        mlp_rc = _placed([o for spec in mlp_fwd for o in spec.ops if o.name in names], mlp_bwd)
         for ly in group_ending.get(layer, ()):
             for spec in attn_fwd + mlp_specs(ly)[0]:  # the group's forward again, communication included
                 blk = _block(f"recompute {spec.name}", ly, [], gpu, prec, 0.0, spec.pre, spec.post,
                              recompute_ops=spec.ops, overlap=spec.overlap)
                 bwd.append(blk)
                 b_in.append(blk)  # recompute feeds the input gradient: head of B
-        for spec in mlp_bwd:
-            backward(spec, layer)
-        for i, spec in enumerate(attn_bwd):
-            backward(spec, layer, recompute_ops=attn_rc if i == rc_at else ())
+        for spec, rc in zip(mlp_bwd, mlp_rc):
+            backward(spec, layer, recompute_ops=rc)
+        for spec, rc in zip(attn_bwd, attn_rc):
+            backward(spec, layer, recompute_ops=rc)
     if last:
         fwd.append(_block("head", -1, head_f, gpu, prec, head_params, pre=f_pre))
     if first:
@@ -629,14 +659,13 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
     # full recompute holds a group's whole activations while it recomputes (a MoE layer's
-    # experts and dispatched states, not a dense MLP's)
+    # experts and dispatched states, not a dense MLP's); selective recompute what it left
+    # unstored of one layer (core attention's scores, Korthikanti et al. 2022 Sec 5; its
+    # modules' terms, all at once: an upper bound, as each frees its own after its backward)
+    again = [range(ly, ly + 1) for ly in layers] if modules else groups
     whole = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
-             for g in groups for ly in g}
-    transient = recompute_transient_bytes(layers, groups, whole, kept)
-    if recompute == "selective" and not flash and len(layers):
-        # the backward recomputes one layer's core attention, whose scores it then holds
-        # (Korthikanti et al. 2022, Sec 5: what selective recompute leaves unstored)
-        transient = tf.attention_scores_bytes(m, b, t, cp)
+             for g in again for ly in g}
+    transient = recompute_transient_bytes(layers, again, whole, kept)
     transient += cp_transient_bytes(sc)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
     updated = local_params / grad_shard + local_expert_params / expert_shard
@@ -688,7 +717,7 @@ def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
             return 0.0
         mode = "full" if group is not None else "none"
     return tf.layer_activation_bytes(m, tr.micro_batch_size, sc.parallel.tp, tr.attention == "flash", sc.parallel.sp,
-                                     mode, m.is_moe_layer(layer), sc.parallel.cp)
+                                     mode, m.is_moe_layer(layer), sc.parallel.cp, tr.selective_modules)
 
 
 @dataclass(frozen=True)
