@@ -14,7 +14,7 @@ from clustersim.api import lower_step
 from clustersim.model import transformer as tf
 from clustersim.output.summary import plan_options
 from clustersim.program.costs import ops_time_s
-from clustersim.program.work import RECOMPUTED_OPS, MoeBlocks, recompute_groups
+from clustersim.program.work import RECOMPUTED_OPS, SHARED_EXPERT_OPS, MoeBlocks, recompute_groups
 
 from .conftest import ROOT, scenario_dict
 
@@ -235,6 +235,22 @@ def test_each_module_drops_its_terms(sp):
     assert tf.layer_activation_bytes(m, b, t, False, sp, "none") - standard == tf.attention_scores_bytes(m, b, t)
 
 
+def test_a_layer_holds_its_attention_or_its_mlp_recomputed_not_both():
+    """The attention's dropped terms are recomputed and freed in its backward, the MLP's in its
+    own: one layer holds the larger of the two at once."""
+    m = moe_scenario({"recompute": "none"}).model
+    s, b, h, t = m.seq_len, 1, m.hidden, 2
+    norm_out = 2 * s * b * h
+    mlp = 2 * s * b * m.ffn * 3 / t
+    scores = tf.attention_scores_bytes(m, b, t)
+    assert tf.recomputed_bytes(m, b, t, True, False, False, 1, ("layernorm",)) == norm_out
+    assert tf.recomputed_bytes(m, b, t, True, True, False, 1, ("layernorm",)) == norm_out / t
+    assert tf.recomputed_bytes(m, b, t, True, False, False, 1, ("layernorm", "mlp")) == pytest.approx(norm_out + mlp)
+    assert tf.recomputed_bytes(m, b, t, False, False, False, 1, ("layernorm", "core_attn")) == pytest.approx(
+        max(norm_out + scores, norm_out))
+    assert tf.recomputed_bytes(m, b, t, True, False, False, 1, ("core_attn",)) == 0.0
+
+
 def test_core_attn_is_the_default_module():
     sc = scenario({"recompute": "selective", "attention": "standard"})
     plain = clustersim.simulate(sc).summary
@@ -271,7 +287,8 @@ def test_a_module_runs_its_forward_again_and_keeps_less(modules):
         for ly in layers:
             attn, mlp = _forward_ops(sc, ly)
             whole = ("moe" if m.is_moe_layer(ly) else "mlp") in modules
-            again += [o for o in attn + mlp if o.name in named]
+            shared = SHARED_EXPERT_OPS if "shared_experts" in modules and m.is_moe_layer(ly) and not whole else ()
+            again += [o for o in attn + mlp if o.name in named or o.name in shared]
             again += [o for o in mlp if whole and not o.name.startswith(("norm", "residual"))
                       and o.name not in named]
         assert extra_flops(work) - extra_flops(plain) == pytest.approx(sum(o.flops for o in again), rel=1e-9)
@@ -283,7 +300,9 @@ def test_a_module_runs_its_forward_again_and_keeps_less(modules):
                    - tf.layer_activation_bytes(m, 1, 1, True, False, "selective", m.is_moe_layer(ly), modules=modules)
                    for ly in layers]
         assert plain.activation_bytes_per_mb - work.activation_bytes_per_mb == pytest.approx(sum(dropped), rel=1e-9)
-        assert work.transient_bytes == pytest.approx(dropped[-1], rel=1e-9)
+        last = layers[-1]  # the first recomputed; nothing freed before it
+        assert work.transient_bytes == pytest.approx(
+            tf.recomputed_bytes(m, 1, 1, True, False, m.is_moe_layer(last), 1, modules), rel=1e-9)
 
 
 def test_moe_recompute_runs_the_all_to_alls_again():
@@ -301,3 +320,36 @@ def test_moe_recompute_runs_the_all_to_alls_again():
     for ly, n in plain.items():
         assert again[ly] == (2 * n if sc.model.is_moe_layer(ly) else n)
     assert any(sc.model.is_moe_layer(ly) and n == 2 for ly, n in plain.items())
+
+
+def _b_blocks(sc, part: int, layer: int) -> list:
+    _, low = lower_step(sc)
+    return [blk for blk in low.work[part].bwd_input if blk.layer == layer]
+
+
+def test_a_norm_runs_again_before_the_module_that_reads_it():
+    """layernorm's norm2 is recomputed first: at the head of the MLP's (MoE layer's) backward,
+    and before a recomputed module, in its first block; norm1 at the head of the attention's."""
+    sc = moe_scenario(selective("layernorm", "moe"))
+    gpu = sc.cluster.gpu
+    layer = 7  # a MoE layer of part 1
+    both, moe = _b_blocks(sc, 1, layer), _b_blocks(moe_scenario(selective("moe")), 1, layer)
+    assert [b.name for b in both] == [b.name for b in moe]
+    assert [b.name for b in both[:2]] == ["recompute router", "recompute experts"]
+    norm2 = next(o for o in _forward_ops(sc, layer)[1] if o.name == "norm2")
+    norm1 = next(o for o in _forward_ops(sc, layer)[0] if o.name == "norm1")
+    extra = [x.duration_s - y.duration_s for x, y in zip(both, moe)]
+    first_attn = next(i for i, b in enumerate(both) if b.name.startswith("attn"))
+    assert extra[0] == pytest.approx(ops_time_s([norm2], gpu, "bf16"), rel=1e-9)
+    assert extra[first_attn] == pytest.approx(ops_time_s([norm1], gpu, "bf16"), rel=1e-9)
+    assert sum(extra) == pytest.approx(extra[0] + extra[first_attn], rel=1e-9)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_shared_experts_run_again_with_their_communication(sp):
+    """Recomputing the shared experts (a checkpoint of their MLP) runs their TP communication
+    again under SP: the gather of their input and the reduce-scatter of their output."""
+    blocks = _b_blocks(moe_scenario(selective("shared_experts"), sp), 1, 7)
+    assert blocks[0].name == "recompute shared experts"
+    assert [c.op for c in blocks[0].pre] == (["all_gather"] if sp else [])
+    assert [c.op for c in blocks[0].post] == (["reduce_scatter"] if sp else [])

@@ -269,6 +269,24 @@ RECOMPUTE_MODULES = {
 }
 
 
+# the terms the attention's backward recomputes (the others, the MLP's or MoE layer's)
+ATTENTION_TERMS = frozenset({"scores", "qkv_input"})
+
+
+def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, moe_layer: bool = False,
+                     cp: int = 1, modules: frozenset | tuple = ("core_attn",)) -> float:
+    """The most of one layer's terms that selective recompute's ``modules`` drop held at once:
+    the attention's (its scores, its norm's output), recomputed in its backward, or the MLP's
+    or MoE layer's, recomputed in theirs, whichever is more (each is freed when its backward
+    has used it)::
+
+        held = max(dropped attention terms, dropped MLP terms)
+    """
+    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp)
+    dropped = {x for mod in modules for x in RECOMPUTE_MODULES[mod]} & terms.keys()
+    return max(sum(terms[x] for x in dropped & ATTENTION_TERMS), sum(terms[x] for x in dropped - ATTENTION_TERMS))
+
+
 def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
                            moe_layer: bool = False, cp: int = 1) -> dict[str, float]:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank, term by

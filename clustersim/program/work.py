@@ -466,19 +466,23 @@ def _fused_halves(b_in: list[Block], b_w: list[Block], moved: list[tuple[int, in
     return {"fused_input": tuple(f_in), "fused_weight": tuple(f_w)}
 
 
-# the ops each module of selective recompute runs again, at the head of the backward of the
-# first block holding them (Megatron-LM's --recompute-modules; mlp and moe run their blocks
-# again whole instead, communication included)
-RECOMPUTED_OPS = {"core_attn": ("core_attn",), "layernorm": ("norm1", "norm2"), "moe_act": ("experts_act",),
-                  "shared_experts": ("shared_up", "shared_act", "shared_down")}
+# the ops some modules of selective recompute run again (Megatron-LM's --recompute-modules):
+# core attention where its backward runs (a checkpoint of its own), the norms' and the
+# experts' activation's outputs at the head of the backward of what reads them (discarded
+# outputs, recomputed as that module's output gradient arrives); mlp, moe and shared_experts
+# run their blocks again whole instead, communication included
+RECOMPUTED_OPS = {"core_attn": ("core_attn",), "layernorm": ("norm1", "norm2"), "moe_act": ("experts_act",)}
+SHARED_EXPERT_OPS = ("shared_up", "shared_act", "shared_down")  # (model.moe.shared_experts_fwd)
 
 
 def _placed(ops: list[Op], bwd_specs: list) -> list[tuple[Op, ...]]:
-    """``ops`` run again in a backward, by backward block: each at the first block holding the
-    backward of an op of its name, else at the first block."""
+    """``ops`` run again in a module's backward, by backward block: core attention at the block
+    holding its backward, the others at the first block."""
     placed: list[list[Op]] = [[] for _ in bwd_specs]
     for op in ops:
-        at = next((i for i, spec in enumerate(bwd_specs) if any(o.name == op.name for o in spec.ops)), 0)
+        at = 0
+        if op.name == "core_attn":
+            at = next((i for i, spec in enumerate(bwd_specs) if any(o.name == op.name for o in spec.ops)), 0)
         placed[at].append(op)
     return [tuple(p) for p in placed]
 
@@ -615,26 +619,36 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
             forward(spec, layer)
     groups = recompute_groups(layers, recompute, sc.training.recompute_method, sc.training.recompute_layers)
     group_ending = {g[-1]: g for g in groups}
+    def rerun(name: str, layer: int, ops, pre=(), post=(), overlap=()):
+        """A forward run again at the head of a backward: B's (it feeds the input gradient)."""
+        if ops or pre or post or overlap:
+            blk = _block(f"recompute {name}", layer, [], gpu, prec, 0.0, pre, post, recompute_ops=ops,
+                         overlap=overlap)
+            bwd.append(blk)
+            b_in.append(blk)
+
     for layer in reversed(layers):
         mlp_fwd, mlp_bwd = mlp_specs(layer)
-        names = rc_names
+        ops = [o for spec in mlp_fwd for o in spec.ops]
+        norm = [o for o in ops if o.name in rc_names and o.name.startswith("norm")]  # layernorm's norm2
+        again = [o for o in ops if o.name in rc_names and not o.name.startswith("norm")]  # moe_act's
         if ("moe" if m.is_moe_layer(layer) else "mlp") in modules:
-            # the module again from its input, communication included, at the head of its
-            # backward (the norm before it is another module's: layernorm)
-            for spec in mlp_fwd:
-                ops = [o for o in spec.ops if not o.name.startswith(("norm", "residual"))]
-                blk = _block(f"recompute {spec.name}", layer, [], gpu, prec, 0.0, spec.pre, spec.post,
-                             recompute_ops=ops, overlap=spec.overlap)
-                bwd.append(blk)
-                b_in.append(blk)
-            names = rc_names & {"norm2"}
-        mlp_rc = _placed([o for spec in mlp_fwd for o in spec.ops if o.name in names], mlp_bwd)
+            # the module again from its input, communication included, the norm before it first
+            for i, spec in enumerate(mlp_fwd):
+                rerun(spec.name, layer, (norm if i == 0 else []) + [
+                    o for o in spec.ops if not o.name.startswith(("norm", "residual"))], spec.pre, spec.post,
+                    spec.overlap)
+            norm = again = []
+        elif m.is_moe_layer(layer) and "shared_experts" in modules:
+            # under SP the shared experts gather their input and reduce-scatter their output
+            # (MoeBlocks: the MoE block's own TP communication), again
+            rerun("shared experts", layer, norm + [o for o in ops if o.name in SHARED_EXPERT_OPS],
+                  f_pre if sp else (), f_post if sp else ())
+            norm = []
+        mlp_rc = _placed(norm + again, mlp_bwd)
         for ly in group_ending.get(layer, ()):
             for spec in attn_fwd + mlp_specs(ly)[0]:  # the group's forward again, communication included
-                blk = _block(f"recompute {spec.name}", ly, [], gpu, prec, 0.0, spec.pre, spec.post,
-                             recompute_ops=spec.ops, overlap=spec.overlap)
-                bwd.append(blk)
-                b_in.append(blk)  # recompute feeds the input gradient: head of B
+                rerun(spec.name, ly, spec.ops, spec.pre, spec.post, spec.overlap)
         for spec, rc in zip(mlp_bwd, mlp_rc):
             backward(spec, layer, recompute_ops=rc)
         for spec, rc in zip(attn_bwd, attn_rc):
@@ -660,11 +674,16 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
                                                                            if first else 0.0)
     # full recompute holds a group's whole activations while it recomputes (a MoE layer's
     # experts and dispatched states, not a dense MLP's); selective recompute what it left
-    # unstored of one layer (core attention's scores, Korthikanti et al. 2022 Sec 5; its
-    # modules' terms, all at once: an upper bound, as each frees its own after its backward)
-    again = [range(ly, ly + 1) for ly in layers] if modules else groups
-    whole = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
-             for g in again for ly in g}
+    # unstored of one layer's attention or of its MLP (core attention's scores, Korthikanti et
+    # al. 2022 Sec 5; its modules' terms)
+    if modules:
+        again = [range(ly, ly + 1) for ly in layers]
+        whole = {ly: kept[ly] + tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules)
+                 for ly in layers}
+    else:
+        again = groups
+        whole = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
+                 for g in groups for ly in g}
     transient = recompute_transient_bytes(layers, again, whole, kept)
     transient += cp_transient_bytes(sc)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
