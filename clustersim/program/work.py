@@ -81,7 +81,7 @@ class StageWork:
     local_params: float  # parameters of this part per TP rank (before ZeRO sharding)
     activation_bytes_per_mb: float
     pp_send_bytes: float
-    transient_bytes: float = 0.0  # held only while one layer recomputes (full recompute)
+    transient_bytes: float = 0.0  # held only while a layer (group) recomputes, and CP's K/V
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (what the weight gradients read)
     # the layers whose forward full recompute runs again, in the groups recomputed as one (recompute_groups)
     recompute_groups: tuple[tuple[int, ...], ...] = ()
