@@ -152,6 +152,11 @@ def test_the_plan_line_says_which_layers():
         " · recompute full (groups of 3 layers)")
     assert plan_options({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1}) == (
         " · recompute full")
+    assert plan_options({"recompute": "selective", "recompute_modules": ["layernorm", "moe"], "attention": "flash"}) == (
+        " · recompute selective (layernorm, moe)")
+    assert plan_options({"recompute": "selective", "recompute_modules": ["core_attn", "layernorm"],
+                         "attention": "flash"}) == (
+        " · recompute selective (core_attn, layernorm; core_attn a no-op under flash attention)")
     # a count past every model chunk's layers says what it comes to
     assert plan_options({"recompute": "full", "recompute_method": "block", "recompute_layers": 6,
                          "layers_per_stage": [2, 2, 2]}) == " · recompute full (every layer: no model chunk has more than 2)"

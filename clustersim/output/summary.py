@@ -71,7 +71,8 @@ def plan_options(p: dict[str, Any]) -> str:
     recompute = f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""
     modules = p.get("recompute_modules") or ["core_attn"]
     if p.get("recompute") == "selective" and modules != ["core_attn"]:
-        recompute += f" ({', '.join(modules)})"
+        noop = "core_attn" in modules and p.get("attention") == "flash"
+        recompute += f" ({', '.join(modules)}{'; core_attn a no-op under flash attention' if noop else ''})"
     elif p.get("recompute") == "selective" and p.get("attention") == "flash":
         recompute += " (a no-op: flash attention keeps no scores)"  # the user may think it saves memory
     n = p.get("recompute_layers")
