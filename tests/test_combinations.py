@@ -74,7 +74,8 @@ for schedule, zero, modules, more in [
 
 
 def _id(p):
-    return "-".join(f"{k}{v}" for k, v in p.items() if v not in (False, None) and k != "cp_load_balance") + \
+    return "-".join(f"{k}{'+'.join(v) if isinstance(v, list) else v}" for k, v in p.items()
+                    if v not in (False, None) and k != "cp_load_balance") + \
         ("-unbalanced" if p.get("cp_load_balance") is False else "")
 
 
