@@ -476,7 +476,7 @@ def _check_recompute(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str]
     field = "training.recompute_method" if method is not None else "training.recompute_layers"
     if t.recompute != "full":
         fail(field, f"chooses the layers full recompute recomputes; recompute={t.recompute} "
-                    f"{'recomputes no layer' if t.recompute == 'none' else 'recomputes core attention in every layer'}"
+                    f"{'recomputes no layer' if t.recompute == 'none' else 'recomputes parts of every layer'}"
                     f" (set recompute: full, or drop the field)")
     if n is None:
         fail("training.recompute_layers", f"recompute_method {method} needs recompute_layers: "

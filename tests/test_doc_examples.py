@@ -368,6 +368,8 @@ def test_the_recompute_figures_of_parallelism_md():
     none, full = run(recompute="none"), run(recompute="full")
     block = {n: run(recompute="full", recompute_method="block", recompute_layers=n) for n in (4, 6, 8)}
     uniform = run(recompute="full", recompute_method="uniform", recompute_layers=4)
+    groups = {n: run(recompute="full", recompute_method="uniform", recompute_layers=n) for n in (2, 10, 20)} | {
+        4: uniform}
     assert not none["memory"]["fits"] and not block[4]["memory"]["fits"]
     assert block[6]["memory"]["tight"] and block[8]["memory"]["fits"] and not block[8]["memory"]["tight"]
     last = block[8]["memory"]["stages"][-1]
@@ -375,12 +377,15 @@ def test_the_recompute_figures_of_parallelism_md():
         f"no recompute takes {none['step_time_s']:.2f} s but its first stage needs {_peak_gib(none):.1f} GiB of 80",
         f"full recompute fits ({_peak_gib(full):.1f} GiB) and takes {full['step_time_s']:.2f} s",
         f"(`block`, 8) fits at {_peak_gib(block[8]):.1f} GiB in {block[8]['step_time_s']:.2f} s, "
-        f"{100 * (1 - block[8]['step_time_s'] / full['step_time_s']):.0f} % faster",
+        f"a {100 * (1 - block[8]['step_time_s'] / full['step_time_s']):.0f} % shorter step",
         f"6 layers fit only just ({_peak_gib(block[6]):.1f} GiB, within 5 % of the GPU: `tight`) in "
         f"{block[6]['step_time_s']:.2f} s, 4 do not ({_peak_gib(block[4]):.1f} GiB)",
         f"`uniform` with 4 holds {_peak_gib(uniform):.1f} GiB in {uniform['step_time_s']:.2f} s",
         f"with `block` 8 the last stage peaks at {last['peak_bytes'] / 2**30:.1f} GiB",
+        "stage 0 peaks at " + ", ".join(f"{_peak_gib(groups[n]):.1f}" for n in (2, 4, 10)) + f" and "
+        f"{_peak_gib(groups[20]):.1f} GiB with groups of 2, 4, 10 and 20, against full's {_peak_gib(full):.1f})",
     ])
+    assert all(groups[n]["memory"]["tightest_stage"] == 0 for n in groups)
 
 
 def test_the_recompute_module_figures_of_parallelism_md():

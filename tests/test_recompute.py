@@ -157,6 +157,10 @@ def test_the_plan_line_says_which_layers():
     assert plan_options({"recompute": "selective", "recompute_modules": ["core_attn", "layernorm"],
                          "attention": "flash"}) == (
         " · recompute selective (core_attn, layernorm; core_attn a no-op under flash attention)")
+    # one part a stage (1F1B): a stage; one layer: the first
+    assert plan_options({"recompute": "full", "recompute_method": "block", "recompute_layers": 1,
+                         "layers_per_stage": [3, 3], "parts_per_stage": [[0], [1]]}) == (
+        " · recompute full (first layer of each stage)")
     # a count past every model chunk's layers says what it comes to
     assert plan_options({"recompute": "full", "recompute_method": "block", "recompute_layers": 6,
                          "layers_per_stage": [2, 2, 2]}) == " · recompute full (every layer: no model chunk has more than 2)"

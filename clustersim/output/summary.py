@@ -79,11 +79,14 @@ def plan_options(p: dict[str, Any]) -> str:
     if n is not None and p.get("recompute") == "full" and (n, p.get("recompute_method")) != (1, "uniform"):
         layers = f"{n} layer{'s' if n != 1 else ''}"
         most = max(p.get("layers_per_stage") or [n + 1])  # (a part is a model chunk)
+        # a stage of one part (1F1B, GPipe) is one chunk: say stage, as the user thinks of it
+        chunk = "stage" if all(len(q) == 1 for q in p.get("parts_per_stage") or [[0, 0]]) else "model chunk"
         if p.get("recompute_method") == "block":
-            recompute += f" (first {layers} of each model chunk)" if n < most else (
-                f" (every layer: no model chunk has more than {most})")
+            first = f"first {layers}" if n > 1 else "first layer"
+            recompute += f" ({first} of each {chunk})" if n < most else (
+                f" (every layer: no {chunk} has more than {most})")
         else:
-            recompute += f" (groups of {layers})" if n < most else f" (each model chunk one group of at most {most})"
+            recompute += f" (groups of {layers})" if n < most else f" (each {chunk} one group of at most {most})"
     return sp + zero + recompute + _grads_option(p)
 
 
