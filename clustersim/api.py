@@ -64,6 +64,7 @@ def _part_static(low: Lowering, j: int) -> PartStatic:
     return PartStatic(
         part=j, params=w.local_params, activation_bytes_per_mb=w.activation_bytes_per_mb,
         wgrad_bytes_per_mb=w.wgrad_bytes_per_mb, recomputed_layers=w.recomputed_layers,
+        recompute_bytes=w.recompute_bytes,
         layers=tuple(sorted({b.layer for b in w.fwd if b.layer >= 0})),
         # the embedding and the head, with the pieces a backward is cut into ("head wgrad")
         blocks=tuple(dict.fromkeys(b.name for b in (*w.fwd, *w.bwd, *w.bwd_input, *w.bwd_weight) if b.layer < 0)),
@@ -117,7 +118,7 @@ def _statics(low: Lowering) -> list[StageStatic]:
         parts = tuple(_part_static(low, j) for j in low.parts_of[q])
         psi = sum(p.params for p in parts)
         psi_e = sum(low.work[j].local_expert_params for j in low.parts_of[q])
-        transient = max(low.work[j].transient_bytes for j in low.parts_of[q])  # one layer recomputes at a time
+        transient = max(low.work[j].transient_bytes for j in low.parts_of[q])  # CP's K/V, one attention at a time
         sharded3 = z == 3 and not low.zero3_keep_gathered
         # gradients sharded as they are made (ZeRO-2, ZeRO-3), unless kept gathered over several
         # microbatches: reduced once, after the last one (lower._block_tasks's reduce_now)

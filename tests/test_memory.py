@@ -277,7 +277,9 @@ def test_full_recompute_holds_a_moe_layer_while_it_recomputes():
     none = run(**kw, training={"global_batch_size": 16, "recompute": "none"}).summary["memory"]["stages"][0]
     full = run(**kw, training={"global_batch_size": 16, "recompute": "full"}).summary["memory"]["stages"][0]
     per_layer = none["activation_bytes_per_microbatch"] / 2
-    assert full["transient_bytes"] == pytest.approx(per_layer - full["activation_bytes_per_microbatch"] / 2, rel=1e-12)
+    held = per_layer - full["activation_bytes_per_microbatch"] / 2
+    assert full["parts"][0]["recompute_bytes"] == pytest.approx(held, rel=1e-12)
+    assert full["recomputing_bytes"] == pytest.approx(held, rel=1e-12)  # at the peak: a B recomputes
     sc = clustersim.load_scenario(scenario_dict(model=ALL_MOE), base_dir=ROOT)
     assert per_layer != pytest.approx(tf.layer_activation_bytes(sc.model, 1, 1, True))  # a dense layer's
 
@@ -353,13 +355,16 @@ def test_zero3_transient_holds_gathered_units_and_one_unit_s_gradient(prefetch):
 def test_selective_recompute_holds_one_layer_s_scores_while_recomputing(dropout, per_score):
     """Selective recompute (Korthikanti et al. 2022, Sec 5) stores no attention scores; the
     backward recomputes one layer's core attention at a time and holds its scores meanwhile:
-    per_score x a s^2 b / t bytes of transient (standard attention; none under flash)."""
+    per_score x a s^2 b / t bytes while its backward runs, at the peak (standard attention;
+    none under flash)."""
     kw = dict(model={"dropout": dropout}, parallel={"tp": 2, "pp": 1, "dp": 4})
     r = run(**kw, training={"global_batch_size": 4, "recompute": "selective", "attention": "standard"})
     st, m = r.summary["memory"]["stages"][0], r.scenario.model
-    assert st["transient_bytes"] == pytest.approx(per_score * m.heads * m.seq_len ** 2 / 2, rel=1e-12)
+    scores = per_score * m.heads * m.seq_len ** 2 / 2
+    assert st["parts"][0]["recompute_bytes"] == pytest.approx(scores, rel=1e-12)
+    assert st["recomputing_bytes"] == pytest.approx(scores, rel=1e-12)
     flash = run(**kw, training={"global_batch_size": 4, "recompute": "selective"}).summary["memory"]["stages"][0]
-    assert flash["transient_bytes"] == 0.0
+    assert flash["recomputing_bytes"] == flash["transient_bytes"] == 0.0
 
 
 def test_the_terminal_memory_rows_add_up_to_their_peak(root):

@@ -465,7 +465,7 @@ def test_full_recompute_adds_one_forward_per_layer(root):
     assert st["activation_bytes_per_microbatch"] == pytest.approx(
         m.layers * 2 * s * h + tf.head_activation_bytes(m, 1, 1), rel=1e-12)
     # one layer whole while it recomputes, less its input, kept already
-    assert st["transient_bytes"] == pytest.approx(tf.layer_activation_bytes(m, 1, 1, False) - 2 * s * h, rel=1e-12)
+    assert st["recomputing_bytes"] == pytest.approx(tf.layer_activation_bytes(m, 1, 1, False) - 2 * s * h, rel=1e-12)
 
 
 def test_selective_recompute_reruns_core_attention_only(root):

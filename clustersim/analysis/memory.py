@@ -60,7 +60,9 @@ Timeline and peak, per stage (its representative simulated rank)::
 
     act(t) = sum over parts of live(part, t) x bytes per microbatch of the part
     buf(t) = sum of comm_buffer_bytes(span) over this rank's spans with start <= t < end
-    peak   = params + grads + optimizer + max_t (act(t) + buf(t)) + transient
+    rec(t) = sum over parts of B(part, t) x recompute_bytes of the part
+             (B: microbatches between their first B start and their last B end)
+    peak   = params + grads + optimizer + max_t (act(t) + buf(t) + rec(t)) + transient
 
     compute  |F0|F1|F2|F3|B0|F4|B1| ...
     pp          [s0][s1][s2]  [r0][s3]          s: send act, r: recv grad
@@ -69,8 +71,10 @@ Timeline and peak, per stage (its representative simulated rank)::
 
 Allocations and frees at the same instant are applied frees first (a slot reused back to back
 is one slot). Without buffer-holding communications buf(t) = 0 and the peak is the
-activation peak. ``transient_bytes`` (a layer recomputed, ZeRO-3 gathered layers, CP K/V)
-stays a constant added at the peak: it is held for moments the trace does not resolve.
+activation peak. ``transient_bytes`` (ZeRO-3 gathered layers, CP K/V) stays a constant added
+at the peak: it is held for moments the trace does not resolve. What a recomputing backward
+holds (``PartStatic.recompute_bytes``) is placed while its B runs, so a peak that comes while
+no B runs (a split backward's, W's inputs held) does not count it.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class PartStatic:
     blocks: tuple[str, ...] = ()  # names of its blocks with layer -1
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (transformer.layer_wgrad_bytes)
     recomputed_layers: tuple[int, ...] = ()  # whose forward full recompute runs again (work.recompute_groups)
+    recompute_bytes: float = 0.0  # held while a B of the part recomputes (work.recompute_transient_bytes)
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ class StageStatic:
     grad_bytes: float
     optimizer_bytes: float
     activation_bytes_per_mb: float  # of its part (the largest part's when it holds several)
-    transient_bytes: float = 0.0  # held for a moment (a recomputed layer, gathered ZeRO-3 units)
+    transient_bytes: float = 0.0  # held for a moment (gathered ZeRO-3 units, CP's K/V), added at the peak
     parts: tuple[PartStatic, ...] = ()  # empty: one part, every span belongs to it
     split_w: frozenset = frozenset()  # (index into parts, mb) of each split backward: W's inputs held from B to W
 
@@ -237,23 +242,27 @@ def inflight_peak(trace: Trace, rank: int, parts: tuple[PartStatic, ...] = ()) -
 @dataclass
 class StageTimeline:
     """A rank's memory over the step, as steps: from ``t_s[i]`` until ``t_s[i+1]`` it holds
-    ``activations[i]`` + ``buffers[i]`` bytes (after every allocation and free at ``t_s[i]``)."""
+    ``activations[i]`` + ``buffers[i]`` + ``recomputing[i]`` bytes (after every allocation and
+    free at ``t_s[i]``)."""
 
     t_s: list[float]
     activations: list[float]
     buffers: list[float]
     inflight: int  # most (part, microbatch) sets alive at once
     per_part: list[int]  # most microbatches alive at once on each part
+    recomputing: list[float] | None = None  # what recomputing backwards hold (None: nothing)
 
     def downsampled(self, points: int = TIMELINE_POINTS) -> "StageTimeline":
         """At most ``points`` samples: the first and the last, and between them the time from
         the second to the next-to-last cut into ``points - 2`` equal bins, each keeping its
         sample with the highest total (the first on ties), so the peak sample survives."""
-        idx = _thinned(np.asarray(self.t_s, dtype=float), np.add(self.activations, self.buffers), points)
+        rec = self.recomputing or [0.0] * len(self.t_s)
+        idx = _thinned(np.asarray(self.t_s, dtype=float), np.add(np.add(self.activations, self.buffers), rec), points)
         if idx is None:
             return self
         return StageTimeline([self.t_s[i] for i in idx], [self.activations[i] for i in idx],
-                             [self.buffers[i] for i in idx], self.inflight, self.per_part)
+                             [self.buffers[i] for i in idx], self.inflight, self.per_part,
+                             None if self.recomputing is None else [rec[i] for i in idx])
 
 
 def _peak_index(total: np.ndarray) -> int:
@@ -299,6 +308,11 @@ class _Samples:
     _src_row: np.ndarray  # per sample: the span whose start or end it is (-1: the added t = 0)
     _src_end: np.ndarray  # per sample: True for the span's end
     _spans: list
+    recomputing: np.ndarray  # what backwards recomputing hold (PartStatic.recompute_bytes)
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.activations + self.buffers + self.recomputing
 
     def t_raw(self, i: int):
         return self.t_raws([i])[0]
@@ -333,6 +347,10 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
 
         part p, mb 3   |F3 ....... B3|   ...   |W3|
         held            activations   wgrad_bytes      (column p, then n_parts + p)
+
+    Where a part recomputes (``recompute_bytes``), each (part, microbatch) also holds that
+    from its first B start to its last B end (column 2 n_parts + p), summed apart into
+    ``recomputing``.
 
     After all events at one time, a sample::
 
@@ -380,6 +398,17 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
         free_pos = free_pos.copy()
         free_pos[held] = w_start
     n_w = len(w_col)
+    # a backward recomputing: from a (part, mb)'s first B start to its last B end, the part's
+    # recompute_bytes held beside its activations (column 2 * n_parts + part)
+    r_col = r_start = r_end = np.zeros(0, dtype=np.int64)
+    recomputes = np.array([p.recompute_bytes for p in parts], dtype=float)
+    if n_live and recomputes.any():
+        is_b = phase == comp.code("phase", "B")
+        rk, r_start = _first_per_key(key[is_b], start[act][is_b], act[is_b])  # its first B start
+        _, r_end = _first_per_key(key[is_b], -end[act][is_b], act[is_b])  # its last B end
+        held = recomputes[rk // stride] > 0
+        r_start, r_end, r_col = r_start[held], r_end[held], 2 * nparts + rk[held] // stride
+    n_r = len(r_col)
     # --- communication buffers: a pipeline message, an all-to-all's receive buffer
     other = cols.other
     comm = np.flatnonzero(~compute)
@@ -392,16 +421,17 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     buf, nbytes = comm[timed], nbytes[timed]
     n_buf = len(buf)
     # --- events, as columns
-    n_act = n_live + n_w
-    t = np.concatenate((start[f_pos[fi]], end[w_start], end[free_pos], end[w_end], start[buf], end[buf]))
+    n_act = n_live + n_w + n_r
+    t = np.concatenate((start[f_pos[fi]], end[w_start], start[r_start], end[free_pos], end[w_end], end[r_end],
+                        start[buf], end[buf]))
     d = np.concatenate((np.ones(n_act), -np.ones(n_act), np.ones(n_buf), -np.ones(n_buf))).astype(np.int64)
     what = np.concatenate((np.zeros(2 * n_act, dtype=np.int64), np.ones(2 * n_buf, dtype=np.int64)))
-    x = np.concatenate((live_part, w_col, live_part, w_col, nbytes, nbytes)).astype(float)
+    x = np.concatenate((live_part, w_col, r_col, live_part, w_col, r_col, nbytes, nbytes)).astype(float)
     made = np.concatenate((2 * np.arange(n_act), 2 * np.arange(n_act) + 1,
                            2 * n_act + 2 * np.arange(n_buf), 2 * n_act + 2 * np.arange(n_buf) + 1))
-    src_row = rows[np.concatenate((f_pos[fi], w_start, free_pos, w_end, buf, buf))]
-    src_end = np.concatenate((np.zeros(n_live, bool), np.ones(n_w, bool), np.ones(n_act, bool), np.zeros(n_buf, bool),
-                              np.ones(n_buf, bool)))
+    src_row = rows[np.concatenate((f_pos[fi], w_start, r_start, free_pos, w_end, r_end, buf, buf))]
+    src_end = np.concatenate((np.zeros(n_live, bool), np.ones(n_w, bool), np.zeros(n_r, bool), np.ones(n_act, bool),
+                              np.zeros(n_buf, bool), np.ones(n_buf, bool)))
     at = instants(t)  # times within INSTANT_S are one instant: frees first there
     order = np.lexsort((made, x, what, d, at))
     t, d, x, src_row, src_end, at = t[order], d[order], x[order], src_row[order], src_end[order], at[order]
@@ -412,14 +442,19 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     first = np.flatnonzero(new)
     g = np.cumsum(new) - 1  # each event's sample
     n = len(first)
-    cols_n = 2 * nparts if n_w else max(nparts, 1)
+    cols_n = 3 * nparts if n_r else 2 * nparts if n_w else max(nparts, 1)
     live = np.zeros((n, cols_n), dtype=np.int64)
     np.add.at(live, (g[is_act], x[is_act].astype(np.int64)), d[is_act])
     live = np.cumsum(live, axis=0)
     terms = [live[:, p] * parts[p].activation_bytes_per_mb for p in range(nparts)]
     if n_w:
         terms += [live[:, nparts + p] * parts[p].wgrad_bytes_per_mb for p in range(nparts)]
-        live = live[:, :nparts] + live[:, nparts:]  # sets alive per part: one from its F to its W
+    recomputing = rows_sum([live[:, 2 * nparts + p] * parts[p].recompute_bytes for p in range(nparts)] if n_r
+                           else [], n, 0.0)
+    if n_w:
+        live = live[:, :nparts] + live[:, nparts:2 * nparts]  # sets alive per part: one from its F to its W
+    elif n_r:
+        live = live[:, :nparts]
     activations = rows_sum(terms, n, 0.0)
     sizes, which = np.unique(x[~is_act], return_inverse=True)
     held = np.zeros((n, len(sizes)), dtype=np.int64)
@@ -431,9 +466,10 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     per_part = [max(int(live[:, p].max(initial=0)), 0) for p in range(nparts)]
     src_row, src_end, t = src_row[first], src_end[first], t[first]
     if not n or t[0] > 0:  # nothing held at 0 either: a zero sample first
-        t, activations, buffers = (np.concatenate(([0.0], a)) for a in (t, activations, buffers))
+        t, activations, buffers, recomputing = (np.concatenate(([0.0], a))
+                                                for a in (t, activations, buffers, recomputing))
         src_row, src_end = np.concatenate(([-1], src_row)), np.concatenate(([False], src_end))
-    return _Samples(t, activations, buffers, inflight, per_part, src_row, src_end, spans)
+    return _Samples(t, activations, buffers, inflight, per_part, src_row, src_end, spans, recomputing)
 
 
 def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: frozenset = frozenset()
@@ -443,7 +479,7 @@ def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: fr
     when nothing is held then."""
     sm = _samples(SpanColumns(spans), np.arange(len(spans)), parts, split_w)
     return StageTimeline(sm.t_raws(list(range(len(sm.t)))), sm.activations.tolist(), sm.buffers.tolist(),
-                         sm.inflight, sm.per_part)
+                         sm.inflight, sm.per_part, sm.recomputing.tolist())
 
 
 def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: float) -> dict:
@@ -464,14 +500,14 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
         for r in ranks_of_stage[st.stage]:
             i = place[r]
             got = _samples(cols, order[bounds[i]:bounds[i + 1]], parts, st.split_w)
-            total = got.activations + got.buffers
+            total = got.total
             at = _peak_index(total)
             if best is None or total[at] > best[2][best[3]]:
                 best = (r, got, total, at)
         rank, tl, total, at = best
         act = float(tl.activations.max())
         static = st.param_bytes + st.grad_bytes + st.optimizer_bytes
-        peak = static + (float(tl.activations[at]) + float(tl.buffers[at])) + st.transient_bytes
+        peak = static + float(total[at]) + st.transient_bytes
         shown = _thinned(tl.t, total, TIMELINE_POINTS)
         if shown is None:
             shown = range(len(tl.t))
@@ -487,6 +523,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "inflight_microbatches": tl.inflight,
             "comm_buffers_bytes": float(tl.buffers[at]),
             "transient_bytes": st.transient_bytes,
+            "recomputing_bytes": float(tl.recomputing[at]),
             "peak_bytes": peak,
             "peak_t_s": tl.t_raw(at),
             "capacity_bytes": capacity_bytes,
@@ -495,11 +532,12 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "tight": peak <= capacity_bytes < peak + TIGHT_SHARE * capacity_bytes,
             "parts": [{"part": p.part, "params": p.params, "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
                        "wgrad_bytes_per_microbatch": p.wgrad_bytes_per_mb,
-                       "recomputed_layers": list(p.recomputed_layers),
+                       "recomputed_layers": list(p.recomputed_layers), "recompute_bytes": p.recompute_bytes,
                        "split_w": sum(1 for i, _ in st.split_w if i == j),
                        "inflight_microbatches": k} for j, (p, k) in enumerate(zip(parts, tl.per_part))],
             "timeline": {"t_s": tl.t_raws(list(shown)), "activations_bytes": tl.activations[shown].tolist(),
-                         "comm_buffers_bytes": tl.buffers[shown].tolist()},
+                         "comm_buffers_bytes": tl.buffers[shown].tolist(),
+                         "recomputing_bytes": tl.recomputing[shown].tolist()},
         })
     tightest = min(stages, key=lambda s: s["margin_bytes"])  # the first on ties
     return {

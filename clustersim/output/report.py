@@ -1206,7 +1206,8 @@ def memory_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
     for st in stages:
         tl = st["timeline"]
         base = st["params_bytes"] + st["grads_bytes"] + st["optimizer_bytes"] + st.get("transient_bytes", 0.0)
-        ys = [(base + a + b) / GiB for a, b in zip(tl["activations_bytes"], tl["comm_buffers_bytes"])]
+        rec = tl.get("recomputing_bytes") or [0.0] * len(tl["activations_bytes"])
+        ys = [(base + a + b + r) / GiB for a, b, r in zip(tl["activations_bytes"], tl["comm_buffers_bytes"], rec)]
         xs = [1e3 * t for t in tl["t_s"]] + [1e3 * summary["step_time_s"]]
         data.append({
             "hovertemplate": "%{y:.1f} GiB at %{x:,.0f} ms<extra>stage " + str(st["stage"]) + "</extra>",

@@ -81,7 +81,8 @@ class StageWork:
     local_params: float  # parameters of this part per TP rank (before ZeRO sharding)
     activation_bytes_per_mb: float
     pp_send_bytes: float
-    transient_bytes: float = 0.0  # held only while a layer (group) recomputes, and CP's K/V
+    transient_bytes: float = 0.0  # held for a moment, at any time (CP's K/V while attention runs)
+    recompute_bytes: float = 0.0  # held while a backward B recomputes a layer (group) of this part
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (what the weight gradients read)
     # the layers whose forward full recompute runs again, in the groups recomputed as one (recompute_groups)
     recompute_groups: tuple[tuple[int, ...], ...] = ()
@@ -684,8 +685,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         again = groups
         whole = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
                  for g in groups for ly in g}
-    transient = recompute_transient_bytes(layers, again, whole, kept)
-    transient += cp_transient_bytes(sc)
+    recomputing = recompute_transient_bytes(layers, again, whole, kept)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
     updated = local_params / grad_shard + local_expert_params / expert_shard
     return StageWork(
@@ -695,7 +695,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         local_expert_params=local_expert_params,
         activation_bytes_per_mb=act_mb,
         pp_send_bytes=act / t if sp else act,
-        transient_bytes=transient,
+        transient_bytes=cp_transient_bytes(sc),
+        recompute_bytes=recomputing,
         wgrad_bytes_per_mb=wgrad_mb,
         recompute_groups=tuple(tuple(g) for g in groups),
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
