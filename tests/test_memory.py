@@ -33,7 +33,8 @@ def static(st: dict) -> float:
 
 
 def totals(tl: dict) -> list[float]:
-    return [a + b for a, b in zip(tl["activations_bytes"], tl["comm_buffers_bytes"])]
+    rec = tl.get("recomputing_bytes") or [0.0] * len(tl["activations_bytes"])
+    return [a + b + r for a, b, r in zip(tl["activations_bytes"], tl["comm_buffers_bytes"], rec)]
 
 
 def raw_timeline(r: clustersim.Result, stage: int):
@@ -41,7 +42,8 @@ def raw_timeline(r: clustersim.Result, stage: int):
     rank = next(k for k in r.trace.ranks if r.trace.stage_of.get(k, 0) == stage)
     st = r.summary["memory"]["stages"][stage]
     (part,) = st["parts"]  # one part: no layers needed to tell parts apart
-    parts = (PartStatic(part["part"], part["params"], part["activation_bytes_per_microbatch"]),)
+    parts = (PartStatic(part["part"], part["params"], part["activation_bytes_per_microbatch"],
+                        recompute_bytes=part["recompute_bytes"]),)
     return stage_timeline([s for s in r.trace.spans if s.rank == rank], parts)
 
 
@@ -80,7 +82,7 @@ def test_thinning_keeps_the_peak_of_a_long_timeline():
     for stage, st in enumerate(r.summary["memory"]["stages"]):
         raw = raw_timeline(r, stage)
         assert len(raw.t_s) > TIMELINE_POINTS
-        raw_tot = [a + b for a, b in zip(raw.activations, raw.buffers)]
+        raw_tot = [a + b + r for a, b, r in zip(raw.activations, raw.buffers, raw.recomputing)]
         assert max(totals(st["timeline"])) == max(raw_tot)
         assert max(raw.activations) == st["activations_bytes"]
         assert set(st["timeline"]["t_s"]) <= set(raw.t_s)
@@ -478,7 +480,7 @@ def test_a_stage_split_by_a_straggler_reports_its_highest_rank():
         peaks = {}
         for rank in (k for k in r.trace.ranks if r.trace.stage_of.get(k, 0) == st.stage):
             tl = stage_timeline([s for s in r.trace.spans if s.rank == rank], st.parts, st.split_w)
-            peaks[rank] = max(a + b for a, b in zip(tl.activations, tl.buffers))
+            peaks[rank] = max(a + b + c for a, b, c in zip(tl.activations, tl.buffers, tl.recomputing))
         top = max(peaks.values())
         assert row["rank"] == next(k for k, v in peaks.items() if v == top)
         assert row["peak_bytes"] == pytest.approx(static(row) + row["transient_bytes"] + top, rel=1e-12)

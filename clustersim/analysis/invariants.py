@@ -381,7 +381,7 @@ def check_memory(summary: dict[str, Any] | None) -> list[Violation]:
             continue
         rec = tl.get("recomputing_bytes") or [0.0] * len(tl["activations_bytes"])
         totals = [a + b + r for a, b, r in zip(tl["activations_bytes"], tl["comm_buffers_bytes"], rec)]
-        if min(tl["activations_bytes"] + tl["comm_buffers_bytes"], default=0.0) < 0:
+        if min(tl["activations_bytes"] + tl["comm_buffers_bytes"] + rec, default=0.0) < 0:
             out.append(_v("memory", f"stage {st.get('stage')}: negative bytes in its memory timeline", ()))
         from_timeline = static + st.get("transient_bytes", 0.0) + max(totals, default=0.0)
         if abs(from_timeline - peak) > _tol(peak) * 1e3:

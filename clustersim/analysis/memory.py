@@ -70,8 +70,8 @@ Timeline and peak, per stage (its representative simulated rank)::
     buf          +m  +m  +m    +m +m             m = message bytes while a transfer runs
 
 Allocations and frees at the same instant are applied frees first (a slot reused back to back
-is one slot). Without buffer-holding communications buf(t) = 0 and the peak is the
-activation peak. ``transient_bytes`` (ZeRO-3 gathered layers, CP K/V) stays a constant added
+is one slot). Without buffer-holding communications and recompute, buf(t) = rec(t) = 0 and
+the peak is the activation peak. ``transient_bytes`` (ZeRO-3 gathered layers, CP K/V) stays a constant added
 at the peak: it is held for moments the trace does not resolve. What a recomputing backward
 holds (``PartStatic.recompute_bytes``) is placed while its B runs, so a peak that comes while
 no B runs (a split backward's, W's inputs held) does not count it.
@@ -357,6 +357,7 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
         activations = 0.0 + live[0] * bytes_per_mb[0] + live[1] * bytes_per_mb[1] + ...
                           (+ live[n_parts + p] * wgrad_bytes_per_mb[p] ..., with split backwards)
         buffers     = 0.0 + size_a * held[size_a] + size_b * held[size_b] + ...  (sizes ascending)
+        recomputing = 0.0 + live[2 n_parts] * recompute_bytes[0] + ...              (where parts recompute)
 
     in that order of additions, so every sample is the same float as adding them one by one.
     """
@@ -474,7 +475,8 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
 
 def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: frozenset = frozenset()
                    ) -> StageTimeline:
-    """Activations and communication buffers over time on one rank, from its spans (module
+    """Activations, communication buffers and what recomputing backwards hold over time on one
+    rank, from its spans (module
     docstring), ``split_w`` as :class:`StageStatic`'s. Starts with a zero sample at t = 0
     when nothing is held then."""
     sm = _samples(SpanColumns(spans), np.arange(len(spans)), parts, split_w)
@@ -484,7 +486,7 @@ def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: fr
 
 def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: float) -> dict:
     """Per-stage memory (bytes): its peak over the step against the GPU's capacity, and the
-    timeline of activations and communication buffers that the peak comes from, those of the
+    timeline of activations, communication buffers and recomputing that the peak comes from, those of the
     stage's simulated rank whose peak is highest (the first on ties): where a straggler or a
     fault splits a stage's classes, their timings, hence their peaks, differ."""
     stages = []

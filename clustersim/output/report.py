@@ -1195,7 +1195,8 @@ MEMORY_DIV_ID = "clustersim-memory"
 
 def memory_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
     """Memory of one GPU of each stage over the step (GiB): static state, transient bytes,
-    activations alive and communication buffers, against the GPU's capacity. A figure dict
+    activations alive, communication buffers and what a recomputing backward holds, against
+    the GPU's capacity. A figure dict
     in validated form (as :func:`links_figure`), or None."""
     mem = summary.get("memory") or {}
     stages = [st for st in mem.get("stages", []) if st.get("timeline")]
@@ -1247,11 +1248,12 @@ def memory_html(summary: dict[str, Any]) -> str:
                     f'<td class="l">{meter} {100 * used:.0f} %</td><td class="l">{verdict}</td>'
                     f'<td>{st["params"] / 1e9:.2f} B</td><td>{g("params_bytes")}</td>'
                     f'<td>{g("grads_bytes")}</td><td>{g("optimizer_bytes")}</td>'
-                    f'<td>{g("activations_bytes")}{act_note}</td><td>{buffers}</td><td>{g("transient_bytes")}</td></tr>')
+                    f'<td>{g("activations_bytes")}{act_note}</td><td>{buffers}</td>'
+                    f'<td>{st.get("recomputing_bytes", 0.0) / GiB:.1f}</td><td>{g("transient_bytes")}</td></tr>')
     return ("<div><h2>Memory per GPU, by pipeline stage (GiB)</h2><table><tr><th>stage</th>"
             "<th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th>"
             "<th>parameters</th><th>params</th><th>grads</th><th>optimizer</th><th>activations<br>(in flight)</th>"
-            "<th>comm<br>buffers</th><th>transient</th></tr>"
+            "<th>comm<br>buffers</th><th>recomputing<br>(at the peak)</th><th>transient</th></tr>"
             + "".join(rows) + "</table>" + (
                 f'<p class="note">Tight: less than {mem["tight_below_bytes"] / GiB:.1f} GiB spare, which the CUDA '
                 "context, NCCL's buffers and the allocator's fragmentation, not counted here, can take.</p>"
@@ -1471,8 +1473,8 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
     memory_plot = _embedded(memory_figure(summary), MEMORY_DIV_ID, "One GPU of each stage over the step (where "
                             "stragglers or faults split a stage, the one with the highest peak): parameters, "
                             "gradients, optimizer state and transient bytes, plus the activations alive (under a "
-                            "split backward, what the weight gradients read from B to W) and communication "
-                            "buffers held at each instant.")
+                            "split backward, what the weight gradients read from B to W), communication "
+                            "buffers and what a recomputing backward holds at each instant.")
     body = "\n".join([
         header_html(summary), cards_html(summary), breakdown_html(summary),
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',

@@ -226,7 +226,7 @@ def format_summary(s: dict[str, Any]) -> str:
         spare = "" if margin is None else (f" ({margin / GiB:.1f} spare{', tight' if st.get('tight') else ''})"
                                            if margin >= 0 else f" (by {-margin / GiB:.1f})")
         verdict = ("fits" if st["fits"] else "DOES NOT FIT") + spare
-        # the rest of the peak: buffers and transients at its instant (>= 0: the peak's instant
+        # the rest of the peak: buffers, recomputing and transients at its instant (>= 0: the peak's instant
         # holds at least the most activations, analysis.memory)
         other = st["peak_bytes"] - sum(st[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                        "activations_bytes"))
