@@ -22,7 +22,7 @@ import pydantic
 from .errors import ConfigError
 from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, build_cluster, check_what_ifs,
                                 load_topology_cfg)
-from .model.transformer import DenseModelCfg
+from .model.transformer import RECOMPUTE_MODULES, DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
 from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule, chunks_per_rank
 from .yamlio import Strict, given_file, read_yaml, short_repr, validate
@@ -103,7 +103,8 @@ class TrainingCfg(Strict):
         default=None, description="full recompute: uniform recomputes groups of recompute_layers layers, each "
         "from its first layer's input; block recomputes the first recompute_layers layers of each model chunk "
         "and keeps every activation of the rest")
-    recompute_modules: list[Literal["core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts"]] | None = \
+    # the modules are model.transformer's (one list: the terms each drops)
+    recompute_modules: list[Literal[tuple(RECOMPUTE_MODULES)]] | None = \
         pydantic.Field(default=None, min_length=1, description="selective recompute: the parts of each layer run "
                        "again in the backward instead of kept, as Megatron-LM's --recompute-modules (default core_attn)")
     recompute_layers: int | None = pydantic.Field(
