@@ -133,7 +133,7 @@ def _rel(a: float, b: float) -> float:
 # memory figures that do not depend on timing (what is held at the peak does: the
 # communication buffers in flight then, and so the peak, its margin and its instant)
 STATIC_MEMORY = ("params", "params_bytes", "grads_bytes", "optimizer_bytes", "activation_bytes_per_microbatch",
-                 "inflight_microbatches", "transient_bytes", "recompute_bytes", "capacity_bytes")
+                 "inflight_microbatches", "transient_bytes", "recompute_bytes_per_microbatch", "capacity_bytes")
 
 
 def _memory(summary: dict, static: bool) -> list:

@@ -64,7 +64,7 @@ def _part_static(low: Lowering, j: int) -> PartStatic:
     return PartStatic(
         part=j, params=w.local_params, activation_bytes_per_mb=w.activation_bytes_per_mb,
         wgrad_bytes_per_mb=w.wgrad_bytes_per_mb, recomputed_layers=w.recomputed_layers,
-        recompute_bytes=w.recompute_bytes,
+        recompute_bytes_per_mb=w.recompute_bytes_per_mb,
         layers=tuple(sorted({b.layer for b in w.fwd if b.layer >= 0})),
         # the embedding and the head, with the pieces a backward is cut into ("head wgrad")
         blocks=tuple(dict.fromkeys(b.name for b in (*w.fwd, *w.bwd, *w.bwd_input, *w.bwd_weight) if b.layer < 0)),

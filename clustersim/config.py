@@ -456,14 +456,13 @@ def _check_recompute_modules(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[s
     if t.recompute != "selective":
         fail("training.recompute_modules", f"chooses what selective recompute runs again; recompute={t.recompute} "
                                            f"(set recompute: selective, or drop the field)")
-    dense = m.moe is None or m.moe.dense_layers_first > 0
     for name in t.recompute_modules:
         if name in ("moe", "moe_act", "shared_experts") and m.moe is None:
             fail("training.recompute_modules", f"{name} recomputes part of a MoE layer; the model has none (model.moe)")
         if name == "shared_experts" and m.moe.shared_experts == 0:
             fail("training.recompute_modules", "shared_experts recomputes the shared experts; model.moe.shared_experts "
                                                "is 0 (drop it from the list)")
-        if name == "mlp" and not dense:
+        if name == "mlp" and not m.has_dense_layers:
             fail("training.recompute_modules", "mlp recomputes a dense MLP; every layer is MoE "
                                                "(model.moe.dense_layers_first: 0): recompute moe instead")
 

@@ -43,7 +43,7 @@ def raw_timeline(r: clustersim.Result, stage: int):
     st = r.summary["memory"]["stages"][stage]
     (part,) = st["parts"]  # one part: no layers needed to tell parts apart
     parts = (PartStatic(part["part"], part["params"], part["activation_bytes_per_microbatch"],
-                        recompute_bytes=part["recompute_bytes"]),)
+                        recompute_bytes_per_mb=part["recompute_bytes_per_microbatch"]),)
     return stage_timeline([s for s in r.trace.spans if s.rank == rank], parts)
 
 
@@ -280,7 +280,7 @@ def test_full_recompute_holds_a_moe_layer_while_it_recomputes():
     full = run(**kw, training={"global_batch_size": 16, "recompute": "full"}).summary["memory"]["stages"][0]
     per_layer = none["activation_bytes_per_microbatch"] / 2
     held = per_layer - full["activation_bytes_per_microbatch"] / 2
-    assert full["parts"][0]["recompute_bytes"] == pytest.approx(held, rel=1e-12)
+    assert full["parts"][0]["recompute_bytes_per_microbatch"] == pytest.approx(held, rel=1e-12)
     assert full["recomputing_bytes"] == pytest.approx(held, rel=1e-12)  # at the peak: a B recomputes
     sc = clustersim.load_scenario(scenario_dict(model=ALL_MOE), base_dir=ROOT)
     assert per_layer != pytest.approx(tf.layer_activation_bytes(sc.model, 1, 1, True))  # a dense layer's
@@ -363,7 +363,7 @@ def test_selective_recompute_holds_one_layer_s_scores_while_recomputing(dropout,
     r = run(**kw, training={"global_batch_size": 4, "recompute": "selective", "attention": "standard"})
     st, m = r.summary["memory"]["stages"][0], r.scenario.model
     scores = per_score * m.heads * m.seq_len ** 2 / 2
-    assert st["parts"][0]["recompute_bytes"] == pytest.approx(scores, rel=1e-12)
+    assert st["parts"][0]["recompute_bytes_per_microbatch"] == pytest.approx(scores, rel=1e-12)
     assert st["recomputing_bytes"] == pytest.approx(scores, rel=1e-12)
     flash = run(**kw, training={"global_batch_size": 4, "recompute": "selective"}).summary["memory"]["stages"][0]
     assert flash["recomputing_bytes"] == flash["transient_bytes"] == 0.0

@@ -14,7 +14,8 @@ from clustersim.api import lower_step
 from clustersim.model import transformer as tf
 from clustersim.output.summary import plan_options
 from clustersim.program.costs import ops_time_s
-from clustersim.program.work import RECOMPUTED_OPS, SHARED_EXPERT_OPS, MoeBlocks, recompute_groups
+from clustersim.model.moe import SHARED_EXPERT_OPS
+from clustersim.program.work import RECOMPUTED_OPS, MoeBlocks, recompute_groups
 
 from .conftest import ROOT, scenario_dict
 
@@ -91,7 +92,7 @@ def test_block_recomputes_the_first_layers_and_keeps_the_rest_whole(n):
         assert work.activation_bytes_per_mb == pytest.approx(n * full_in + (6 - n) * keep + head, rel=1e-12)
         # a recomputed layer is whole for a moment, but by then the backward has freed the
         # layers after it, which kept more
-        assert work.recompute_bytes == 0.0
+        assert work.recompute_bytes_per_mb == 0.0
         assert recompute_flops(work, j) == pytest.approx(forward_flops(work, work.recomputed_layers), rel=1e-12)
 
 
@@ -108,7 +109,7 @@ def test_uniform_keeps_each_groups_input_and_recomputes_every_layer(n):
         # or the first (n = 4: 4 layers, then 2)
         whole, kept_input = layer_bytes(sc, "none"), layer_bytes(sc, "full")
         most = {2: 2 * whole - kept_input, 4: 4 * whole - 2 * kept_input}[n]
-        assert work.recompute_bytes == pytest.approx(most, rel=1e-12)
+        assert work.recompute_bytes_per_mb == pytest.approx(most, rel=1e-12)
         assert recompute_flops(work, j) == pytest.approx(forward_flops(work, range(6 * j, 6 * j + 6)), rel=1e-12)
 
 
@@ -308,7 +309,7 @@ def test_a_module_runs_its_forward_again_and_keeps_less(modules):
                    for ly in layers]
         assert plain.activation_bytes_per_mb - work.activation_bytes_per_mb == pytest.approx(sum(dropped), rel=1e-9)
         last = layers[-1]  # the first recomputed; nothing freed before it
-        assert work.recompute_bytes == pytest.approx(
+        assert work.recompute_bytes_per_mb == pytest.approx(
             tf.recomputed_bytes(m, 1, 1, True, False, m.is_moe_layer(last), 1, modules), rel=1e-9)
 
 
@@ -387,6 +388,6 @@ def test_a_recompute_is_held_while_its_backward_runs(schedule, training):
                 lo, hi = b.get(key, (s.start_s, s.end_s))
                 b[key] = (min(lo, s.start_s), max(hi, s.end_s))
         for t, held in zip(tl.t_s, tl.recomputing):
-            want = sum(st.parts[p].recompute_bytes for (p, _), (lo, hi) in b.items() if lo <= t < hi)
+            want = sum(st.parts[p].recompute_bytes_per_mb for (p, _), (lo, hi) in b.items() if lo <= t < hi)
             assert held == pytest.approx(want, rel=1e-12, abs=1e-6), t
         assert max(tl.recomputing) > 0

@@ -60,7 +60,7 @@ Timeline and peak, per stage (its representative simulated rank)::
 
     act(t) = sum over parts of live(part, t) x bytes per microbatch of the part
     buf(t) = sum of comm_buffer_bytes(span) over this rank's spans with start <= t < end
-    rec(t) = sum over parts of B(part, t) x recompute_bytes of the part
+    rec(t) = sum over parts of B(part, t) x recompute_bytes_per_mb of the part
              (B: microbatches between their first B start and their last B end)
     peak   = params + grads + optimizer + max_t (act(t) + buf(t) + rec(t)) + transient
 
@@ -73,7 +73,7 @@ Allocations and frees at the same instant are applied frees first (a slot reused
 is one slot). Without buffer-holding communications and recompute, buf(t) = rec(t) = 0 and
 the peak is the activation peak. ``transient_bytes`` (ZeRO-3 gathered layers, CP K/V) stays a constant added
 at the peak: it is held for moments the trace does not resolve. What a recomputing backward
-holds (``PartStatic.recompute_bytes``) is placed while its B runs, so a peak that comes while
+holds (``PartStatic.recompute_bytes_per_mb``) is placed while its B runs, so a peak that comes while
 no B runs (a split backward's, W's inputs held) does not count it.
 """
 
@@ -111,7 +111,7 @@ class PartStatic:
     blocks: tuple[str, ...] = ()  # names of its blocks with layer -1
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (transformer.layer_wgrad_bytes)
     recomputed_layers: tuple[int, ...] = ()  # whose forward full recompute runs again (work.recompute_groups)
-    recompute_bytes: float = 0.0  # held while a B of the part recomputes (work.recompute_transient_bytes)
+    recompute_bytes_per_mb: float = 0.0  # held while a B of the part recomputes (work.recompute_held_bytes)
 
 
 @dataclass(frozen=True)
@@ -250,19 +250,19 @@ class StageTimeline:
     buffers: list[float]
     inflight: int  # most (part, microbatch) sets alive at once
     per_part: list[int]  # most microbatches alive at once on each part
-    recomputing: list[float] | None = None  # what recomputing backwards hold (None: nothing)
+    recomputing: list[float]  # what recomputing backwards hold
 
     def downsampled(self, points: int = TIMELINE_POINTS) -> "StageTimeline":
         """At most ``points`` samples: the first and the last, and between them the time from
         the second to the next-to-last cut into ``points - 2`` equal bins, each keeping its
         sample with the highest total (the first on ties), so the peak sample survives."""
-        rec = self.recomputing or [0.0] * len(self.t_s)
-        idx = _thinned(np.asarray(self.t_s, dtype=float), np.add(np.add(self.activations, self.buffers), rec), points)
+        total = np.add(np.add(self.activations, self.buffers), self.recomputing)
+        idx = _thinned(np.asarray(self.t_s, dtype=float), total, points)
         if idx is None:
             return self
         return StageTimeline([self.t_s[i] for i in idx], [self.activations[i] for i in idx],
                              [self.buffers[i] for i in idx], self.inflight, self.per_part,
-                             None if self.recomputing is None else [rec[i] for i in idx])
+                             [self.recomputing[i] for i in idx])
 
 
 def _peak_index(total: np.ndarray) -> int:
@@ -308,7 +308,7 @@ class _Samples:
     _src_row: np.ndarray  # per sample: the span whose start or end it is (-1: the added t = 0)
     _src_end: np.ndarray  # per sample: True for the span's end
     _spans: list
-    recomputing: np.ndarray  # what backwards recomputing hold (PartStatic.recompute_bytes)
+    recomputing: np.ndarray  # what backwards recomputing hold (PartStatic.recompute_bytes_per_mb)
 
     @property
     def total(self) -> np.ndarray:
@@ -348,7 +348,7 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
         part p, mb 3   |F3 ....... B3|   ...   |W3|
         held            activations   wgrad_bytes      (column p, then n_parts + p)
 
-    Where a part recomputes (``recompute_bytes``), each (part, microbatch) also holds that
+    Where a part recomputes (``recompute_bytes_per_mb``), each (part, microbatch) also holds that
     from its first B start to its last B end (column 2 n_parts + p), summed apart into
     ``recomputing``.
 
@@ -357,7 +357,7 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
         activations = 0.0 + live[0] * bytes_per_mb[0] + live[1] * bytes_per_mb[1] + ...
                           (+ live[n_parts + p] * wgrad_bytes_per_mb[p] ..., with split backwards)
         buffers     = 0.0 + size_a * held[size_a] + size_b * held[size_b] + ...  (sizes ascending)
-        recomputing = 0.0 + live[2 n_parts] * recompute_bytes[0] + ...              (where parts recompute)
+        recomputing = 0.0 + live[2 n_parts] * recompute_bytes_per_mb[0] + ...              (where parts recompute)
 
     in that order of additions, so every sample is the same float as adding them one by one.
     """
@@ -400,9 +400,9 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
         free_pos[held] = w_start
     n_w = len(w_col)
     # a backward recomputing: from a (part, mb)'s first B start to its last B end, the part's
-    # recompute_bytes held beside its activations (column 2 * n_parts + part)
+    # recompute_bytes_per_mb held beside its activations (column 2 * n_parts + part)
     r_col = r_start = r_end = np.zeros(0, dtype=np.int64)
-    recomputes = np.array([p.recompute_bytes for p in parts], dtype=float)
+    recomputes = np.array([p.recompute_bytes_per_mb for p in parts], dtype=float)
     if n_live and recomputes.any():
         is_b = phase == comp.code("phase", "B")
         rk, r_start = _first_per_key(key[is_b], start[act][is_b], act[is_b])  # its first B start
@@ -450,7 +450,7 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     terms = [live[:, p] * parts[p].activation_bytes_per_mb for p in range(nparts)]
     if n_w:
         terms += [live[:, nparts + p] * parts[p].wgrad_bytes_per_mb for p in range(nparts)]
-    recomputing = rows_sum([live[:, 2 * nparts + p] * parts[p].recompute_bytes for p in range(nparts)] if n_r
+    recomputing = rows_sum([live[:, 2 * nparts + p] * parts[p].recompute_bytes_per_mb for p in range(nparts)] if n_r
                            else [], n, 0.0)
     if n_w:
         live = live[:, :nparts] + live[:, nparts:2 * nparts]  # sets alive per part: one from its F to its W
@@ -534,7 +534,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "tight": peak <= capacity_bytes < peak + TIGHT_SHARE * capacity_bytes,
             "parts": [{"part": p.part, "params": p.params, "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
                        "wgrad_bytes_per_microbatch": p.wgrad_bytes_per_mb,
-                       "recomputed_layers": list(p.recomputed_layers), "recompute_bytes": p.recompute_bytes,
+                       "recomputed_layers": list(p.recomputed_layers), "recompute_bytes_per_microbatch": p.recompute_bytes_per_mb,
                        "split_w": sum(1 for i, _ in st.split_w if i == j),
                        "inflight_microbatches": k} for j, (p, k) in enumerate(zip(parts, tl.per_part))],
             "timeline": {"t_s": tl.t_raws(list(shown)), "activations_bytes": tl.activations[shown].tolist(),

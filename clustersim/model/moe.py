@@ -110,15 +110,18 @@ def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, load: fl
     ]
 
 
+SHARED_EXPERT_OPS = ("shared_up", "shared_act", "shared_down")  # the ops of shared_experts_fwd
+
+
 def shared_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int) -> list[Op]:
     """Shared experts: a dense MLP every token passes through, no dispatch needed."""
     if moe.shared_experts == 0:
         return []
     f = moe.shared_experts * moe.expert_ffn / t
     return [
-        _matmul("shared_up", tokens, hidden, (moe.mats - 1) * f),
-        _elementwise("shared_act", tokens * f, 3 if moe.mats == 3 else 2),
-        _matmul("shared_down", tokens, f, hidden),
+        _matmul(SHARED_EXPERT_OPS[0], tokens, hidden, (moe.mats - 1) * f),
+        _elementwise(SHARED_EXPERT_OPS[1], tokens * f, 3 if moe.mats == 3 else 2),
+        _matmul(SHARED_EXPERT_OPS[2], tokens, f, hidden),
     ]
 
 

@@ -64,6 +64,11 @@ class DenseModelCfg(Strict):
         return self.moe is not None and layer >= self.moe.dense_layers_first
 
     @property
+    def has_dense_layers(self) -> bool:
+        """Whether some layer has a dense MLP (every layer without MoE, the first few with)."""
+        return not self.is_moe_layer(0)
+
+    @property
     def n_kv_heads(self) -> int:
         return self.kv_heads or self.heads
 
@@ -273,6 +278,12 @@ RECOMPUTE_MODULES = {
 ATTENTION_TERMS = frozenset({"scores", "qkv_input"})
 
 
+def dropped_terms(modules) -> set[str]:
+    """The terms of :func:`layer_activation_terms` that selective recompute's ``modules`` drop
+    (a layer lacks some: a MoE module's in a dense layer, a dense one's in a MoE layer)."""
+    return {term for mod in modules for term in RECOMPUTE_MODULES[mod]}
+
+
 def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, moe_layer: bool = False,
                      cp: int = 1, modules: frozenset | tuple = ("core_attn",)) -> float:
     """The most of one layer's terms that selective recompute's ``modules`` drop held at once:
@@ -283,7 +294,7 @@ def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = F
         held = max(dropped attention terms, dropped MLP terms)
     """
     terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp)
-    dropped = {x for mod in modules for x in RECOMPUTE_MODULES[mod]} & terms.keys()
+    dropped = dropped_terms(modules) & terms.keys()
     return max(sum(terms[x] for x in dropped & ATTENTION_TERMS), sum(terms[x] for x in dropped - ATTENTION_TERMS))
 
 
@@ -342,11 +353,8 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     if recompute == "full":
         return 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
     terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp)
-    if recompute == "selective":
-        for name in modules:
-            for term in RECOMPUTE_MODULES[name]:
-                terms.pop(term, None)  # (a MoE module in a dense layer, a dense one in a MoE layer)
-    return sum(terms.values())
+    dropped = dropped_terms(modules) if recompute == "selective" else set()
+    return sum(x for term, x in terms.items() if term not in dropped)
 
 
 def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_layer: bool = False,

@@ -1249,7 +1249,7 @@ def memory_html(summary: dict[str, Any]) -> str:
                     f'<td>{st["params"] / 1e9:.2f} B</td><td>{g("params_bytes")}</td>'
                     f'<td>{g("grads_bytes")}</td><td>{g("optimizer_bytes")}</td>'
                     f'<td>{g("activations_bytes")}{act_note}</td><td>{buffers}</td>'
-                    f'<td>{st.get("recomputing_bytes", 0.0) / GiB:.1f}</td><td>{g("transient_bytes")}</td></tr>')
+                    f'<td>{st.get("recomputing_bytes", 0.0) / GiB:.2f}</td><td>{g("transient_bytes")}</td></tr>')
     return ("<div><h2>Memory per GPU, by pipeline stage (GiB)</h2><table><tr><th>stage</th>"
             "<th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th>"
             "<th>parameters</th><th>params</th><th>grads</th><th>optimizer</th><th>activations<br>(in flight)</th>"

@@ -78,9 +78,11 @@ def plan_options(p: dict[str, Any]) -> str:
     n = p.get("recompute_layers")
     if n is not None and p.get("recompute") == "full" and (n, p.get("recompute_method")) != (1, "uniform"):
         layers = f"{n} layer{'s' if n != 1 else ''}"
-        most = max(p.get("layers_per_stage") or [n + 1])  # (a part is a model chunk)
+        # the most layers a model chunk (a part) has; unknown: the count is taken as less
+        most = max(p["layers_per_stage"]) if p.get("layers_per_stage") else n + 1
         # a stage of one part (1F1B, GPipe) is one chunk: say stage, as the user thinks of it
-        chunk = "stage" if all(len(q) == 1 for q in p.get("parts_per_stage") or [[0, 0]]) else "model chunk"
+        per_stage = p.get("parts_per_stage")
+        chunk = "stage" if per_stage and all(len(q) == 1 for q in per_stage) else "model chunk"
         if p.get("recompute_method") == "block":
             first = f"first {layers}" if n > 1 else "first layer"
             recompute += f" ({first} of each {chunk})" if n < most else (

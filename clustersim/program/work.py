@@ -82,7 +82,7 @@ class StageWork:
     activation_bytes_per_mb: float
     pp_send_bytes: float
     transient_bytes: float = 0.0  # held for a moment, at any time (CP's K/V while attention runs)
-    recompute_bytes: float = 0.0  # held while a backward B recomputes a layer (group) of this part
+    recompute_bytes_per_mb: float = 0.0  # held while a backward B recomputes a layer (group) of this part
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (what the weight gradients read)
     # the layers whose forward full recompute runs again, in the groups recomputed as one (recompute_groups)
     recompute_groups: tuple[tuple[int, ...], ...] = ()
@@ -112,6 +112,7 @@ class StageWork:
 
     @property
     def recomputed_layers(self) -> tuple[int, ...]:
+        """The layers whose forward full recompute runs again, in layer order."""
         return tuple(ly for g in self.recompute_groups for ly in g)
 
     def grad_blocks(self, split: bool) -> tuple[Block, ...]:
@@ -473,7 +474,6 @@ def _fused_halves(b_in: list[Block], b_w: list[Block], moved: list[tuple[int, in
 # outputs, recomputed as that module's output gradient arrives); mlp, moe and shared_experts
 # run their blocks again whole instead, communication included
 RECOMPUTED_OPS = {"core_attn": ("core_attn",), "layernorm": ("norm1", "norm2"), "moe_act": ("experts_act",)}
-SHARED_EXPERT_OPS = ("shared_up", "shared_act", "shared_down")  # (model.moe.shared_experts_fwd)
 
 
 def _placed(ops: list[Op], bwd_specs: list) -> list[tuple[Op, ...]]:
@@ -499,7 +499,7 @@ def recompute_groups(layers: range, recompute: str, method: str | None = None, n
         uniform 2                      the input of layers 0, 2, 4       [0 1] [2 3] [4 5]
         block 2                        the inputs of 0, 1; all of 2-5    [0] [1]
 
-    None recompute nothing but ``recompute: full``."""
+    Empty unless ``recompute: full``."""
     if recompute != "full":
         return []
     if method == "block":
@@ -534,9 +534,9 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     mlp_share = (m.hidden * m.ffn * (3 if m.mlp == "swiglu" else 2)) / t
     attn_params, mlp_params = per_layer - mlp_share, mlp_share
     attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, f_pre, f_post, b_pre, b_post)
-    # selective recompute re-runs its modules' ops in backward; core attention is no module of
-    # its under flash attention, whose backward recomputes it anyway (and CP needs flash
-    # attention, so the single "attn" block holds the core here)
+    # selective recompute re-runs its modules' ops in backward; under flash attention core
+    # attention has nothing to run again, its backward recomputing it anyway (and CP needs
+    # flash attention, so the single "attn" block holds the core here)
     modules = sc.training.selective_modules
     rc_names = {name for mod in modules for name in RECOMPUTED_OPS.get(mod, ()) if name != "core_attn" or not flash}
     attn_rc = [o for spec in attn_fwd for o in spec.ops if o.name in rc_names]
@@ -620,33 +620,37 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
             forward(spec, layer)
     groups = recompute_groups(layers, recompute, sc.training.recompute_method, sc.training.recompute_layers)
     group_ending = {g[-1]: g for g in groups}
-    def rerun(name: str, layer: int, ops, pre=(), post=(), overlap=()):
+    def rerun(name: str, layer: int, rc_ops, pre=(), post=(), overlap=()):
         """A forward run again at the head of a backward: B's (it feeds the input gradient)."""
-        if ops or pre or post or overlap:
-            blk = _block(f"recompute {name}", layer, [], gpu, prec, 0.0, pre, post, recompute_ops=ops,
+        if rc_ops or pre or post or overlap:
+            blk = _block(f"recompute {name}", layer, [], gpu, prec, 0.0, pre, post, recompute_ops=rc_ops,
                          overlap=overlap)
             bwd.append(blk)
             b_in.append(blk)
 
     for layer in reversed(layers):
         mlp_fwd, mlp_bwd = mlp_specs(layer)
-        ops = [o for spec in mlp_fwd for o in spec.ops]
-        norm = [o for o in ops if o.name in rc_names and o.name.startswith("norm")]  # layernorm's norm2
-        again = [o for o in ops if o.name in rc_names and not o.name.startswith("norm")]  # moe_act's
+        mlp_ops = [o for spec in mlp_fwd for o in spec.ops]
+        norms = RECOMPUTED_OPS["layernorm"]
+        norm = [o for o in mlp_ops if o.name in rc_names and o.name in norms]  # layernorm's norm2
+        act_rc = [o for o in mlp_ops if o.name in rc_names and o.name not in norms]  # moe_act's
         if ("moe" if m.is_moe_layer(layer) else "mlp") in modules:
             # the module again from its input, communication included, the norm before it first
+            # (the norm is outside the module, as the residual add after it)
             for i, spec in enumerate(mlp_fwd):
                 rerun(spec.name, layer, (norm if i == 0 else []) + [
-                    o for o in spec.ops if not o.name.startswith(("norm", "residual"))], spec.pre, spec.post,
-                    spec.overlap)
-            norm = again = []
+                    o for o in spec.ops if o.name not in norms and not o.name.startswith("residual")], spec.pre,
+                    spec.post, spec.overlap)
+            norm = act_rc = []
         elif m.is_moe_layer(layer) and "shared_experts" in modules:
             # under SP the shared experts gather their input and reduce-scatter their output
-            # (MoeBlocks: the MoE block's own TP communication), again
-            rerun("shared experts", layer, norm + [o for o in ops if o.name in SHARED_EXPERT_OPS],
+            # (MoeBlocks: the MoE block's own TP communication), again; without SP the output's
+            # all-reduce is the whole MoE block's, routed and shared summed, which the shared
+            # experts alone do not run again
+            rerun("shared experts", layer, norm + [o for o in mlp_ops if o.name in moe.SHARED_EXPERT_OPS],
                   f_pre if sp else (), f_post if sp else ())
             norm = []
-        mlp_rc = _placed(norm + again, mlp_bwd)
+        mlp_rc = _placed(norm + act_rc, mlp_bwd)
         for ly in group_ending.get(layer, ()):
             for spec in attn_fwd + mlp_specs(ly)[0]:  # the group's forward again, communication included
                 rerun(spec.name, ly, spec.ops, spec.pre, spec.post, spec.overlap)
@@ -678,14 +682,14 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # unstored of one layer's attention or of its MLP (core attention's scores, Korthikanti et
     # al. 2022 Sec 5; its modules' terms)
     if modules:
-        again = [range(ly, ly + 1) for ly in layers]
+        rc_groups = [range(ly, ly + 1) for ly in layers]
         whole = {ly: kept[ly] + tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules)
                  for ly in layers}
     else:
-        again = groups
+        rc_groups = groups
         whole = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
                  for g in groups for ly in g}
-    recomputing = recompute_transient_bytes(layers, again, whole, kept)
+    recomputing = recompute_held_bytes(layers, rc_groups, whole, kept)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
     updated = local_params / grad_shard + local_expert_params / expert_shard
     return StageWork(
@@ -696,7 +700,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         activation_bytes_per_mb=act_mb,
         pp_send_bytes=act / t if sp else act,
         transient_bytes=cp_transient_bytes(sc),
-        recompute_bytes=recomputing,
+        recompute_bytes_per_mb=recomputing,
         wgrad_bytes_per_mb=wgrad_mb,
         recompute_groups=tuple(tuple(g) for g in groups),
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
@@ -704,7 +708,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     )
 
 
-def recompute_transient_bytes(layers: range, groups: list[range], whole: dict, kept: dict) -> float:
+def recompute_held_bytes(layers: range, groups: list[range], whole: dict, kept: dict) -> float:
     """What full recompute holds for a moment beyond what a microbatch keeps (``kept``, by
     layer): the most over the recomputed groups of their whole activations (``whole``, by
     layer) less what they keep already (the group's input) and less what the backward has
