@@ -388,11 +388,13 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     stride = int(mb.max(initial=0)) + 1
     live_part = f_key[fi] // stride
     free_pos = b_pos[bi]  # where each (part, mb)'s activations go: its last B or W end
+    recomputes = np.array([p.recompute_bytes_per_mb for p in parts], dtype=float)
+    if n_live and (split_w or recomputes.any()):  # each (part, mb)'s B: where W's inputs or a recompute go
+        is_b = phase == comp.code("phase", "B")
+        bk, bp = _first_per_key(key[is_b], -end[act][is_b], act[is_b])  # its last B end
     w_col = w_end = w_start = np.zeros(0, dtype=np.int64)
     if split_w and n_live:
         held = np.isin(f_key[fi], [p * stride + m for p, m in split_w if m < stride])  # (others not on this rank)
-        is_b = phase == comp.code("phase", "B")
-        bk, bp = _first_per_key(key[is_b], -end[act][is_b], act[is_b])  # its last B end
         held &= np.isin(f_key[fi], bk)
         w_start = bp[np.searchsorted(bk, f_key[fi][held])]
         w_end, w_col = free_pos[held], nparts + live_part[held]
@@ -402,13 +404,10 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
     # a backward recomputing: from a (part, mb)'s first B start to its last B end, the part's
     # recompute_bytes_per_mb held beside its activations (column 2 * n_parts + part)
     r_col = r_start = r_end = np.zeros(0, dtype=np.int64)
-    recomputes = np.array([p.recompute_bytes_per_mb for p in parts], dtype=float)
     if n_live and recomputes.any():
-        is_b = phase == comp.code("phase", "B")
-        rk, r_start = _first_per_key(key[is_b], start[act][is_b], act[is_b])  # its first B start
-        _, r_end = _first_per_key(key[is_b], -end[act][is_b], act[is_b])  # its last B end
+        rk, r_start = _first_per_key(key[is_b], start[act][is_b], act[is_b])  # its first B start (keys: bk's)
         held = recomputes[rk // stride] > 0
-        r_start, r_end, r_col = r_start[held], r_end[held], 2 * nparts + rk[held] // stride
+        r_start, r_end, r_col = r_start[held], bp[held], 2 * nparts + rk[held] // stride
     n_r = len(r_col)
     # --- communication buffers: a pipeline message, an all-to-all's receive buffer
     other = cols.other
@@ -476,9 +475,8 @@ def _samples(cols: SpanColumns, rows: np.ndarray, parts: tuple[PartStatic, ...],
 def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: frozenset = frozenset()
                    ) -> StageTimeline:
     """Activations, communication buffers and what recomputing backwards hold over time on one
-    rank, from its spans (module
-    docstring), ``split_w`` as :class:`StageStatic`'s. Starts with a zero sample at t = 0
-    when nothing is held then."""
+    rank, from its spans (module docstring), ``split_w`` as :class:`StageStatic`'s. Starts with
+    a zero sample at t = 0 when nothing is held then."""
     sm = _samples(SpanColumns(spans), np.arange(len(spans)), parts, split_w)
     return StageTimeline(sm.t_raws(list(range(len(sm.t)))), sm.activations.tolist(), sm.buffers.tolist(),
                          sm.inflight, sm.per_part, sm.recomputing.tolist())
@@ -486,8 +484,8 @@ def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: fr
 
 def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: float) -> dict:
     """Per-stage memory (bytes): its peak over the step against the GPU's capacity, and the
-    timeline of activations, communication buffers and recomputing that the peak comes from, those of the
-    stage's simulated rank whose peak is highest (the first on ties): where a straggler or a
+    timeline of activations, communication buffers and recomputing that the peak comes from,
+    those of the stage's simulated rank whose peak is highest (the first on ties): where a straggler or a
     fault splits a stage's classes, their timings, hence their peaks, differ."""
     stages = []
     ranks_of_stage: dict[int, list[int]] = {}

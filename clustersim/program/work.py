@@ -683,13 +683,12 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # al. 2022 Sec 5; its modules' terms)
     if modules:
         rc_groups = [range(ly, ly + 1) for ly in layers]
-        whole = {ly: kept[ly] + tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules)
-                 for ly in layers}
+        extra = {ly: tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules) for ly in layers}
     else:
         rc_groups = groups
-        whole = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly))
+        extra = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly)) - kept[ly]
                  for g in groups for ly in g}
-    recomputing = recompute_held_bytes(layers, rc_groups, whole, kept)
+    recomputing = recompute_held_bytes(layers, rc_groups, extra, kept)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
     updated = local_params / grad_shard + local_expert_params / expert_shard
     return StageWork(
@@ -708,14 +707,15 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     )
 
 
-def recompute_held_bytes(layers: range, groups: list[range], whole: dict, kept: dict) -> float:
-    """What full recompute holds for a moment beyond what a microbatch keeps (``kept``, by
-    layer): the most over the recomputed groups of their whole activations (``whole``, by
-    layer) less what they keep already (the group's input) and less what the backward has
-    freed by then (what the layers after the group kept: the backward reaches a group last
-    that comes first in the part, as ``block``'s do)::
+def recompute_held_bytes(layers: range, groups: list[range], extra: dict, kept: dict) -> float:
+    """What a recomputing backward holds beyond what a microbatch keeps (``kept``, by layer):
+    the most over the recomputed groups of what they bring back beyond it (``extra``, by
+    layer: under full recompute a layer's whole activations less its kept input, under
+    selective recompute the terms its modules dropped) less what the backward has freed by
+    then (what the layers after the group kept: the backward reaches a group last that comes
+    first in the part, as ``block``'s do)::
 
-        transient = max over groups g of  whole(g) - kept(g) - kept(layers after g), at least 0
+        held = max over groups g of  extra(g) - kept(layers after g), at least 0
 
         block 1 of layers 0-3:   B  [3][2][1][recompute 0 | 0]    layers 1-3 freed by then
     """
@@ -724,7 +724,7 @@ def recompute_held_bytes(layers: range, groups: list[range], whole: dict, kept: 
     for ly in reversed(layers):
         g = last.get(ly)
         if g is not None:
-            most = max(most, sum(whole[x] - kept[x] for x in g) - freed)
+            most = max(most, sum(extra[x] for x in g) - freed)
         freed += kept[ly]
     return most
 
