@@ -55,7 +55,12 @@ class ParallelCfg(Strict):
     tp_comm_overlap: bool = pydantic.Field(
         default=False, description="SP's all-gathers and reduce-scatters pipelined with the GEMMs beside them, "
         "chunk by chunk (Megatron-LM's --tp-comm-overlap, Transformer Engine's userbuffers); needs sp")
-    ep: int = pydantic.Field(default=1, ge=1, description="expert parallelism, carved out of dp")
+    ep: int = pydantic.Field(default=1, ge=1, description="expert parallelism, carved out of dp (and, with etp "
+                             "below tp, of the TP ranks the experts leave whole)")
+    etp: int | None = pydantic.Field(
+        default=None, ge=1, description="expert tensor parallelism: TP ranks that split each routed expert, a "
+        "divisor of tp (Megatron-LM's --expert-tensor-parallel-size; default tp). Below tp the EP groups fold "
+        "over the other TP ranks (MoE parallel folding)")
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
     zero3_keep_gathered: bool = False
@@ -68,6 +73,17 @@ class ParallelCfg(Strict):
     cp: int = pydantic.Field(default=1, ge=1, description="context parallelism: ranks that split each sequence")
     cp_comm: Literal["ring", "all_gather"] = "ring"
     cp_load_balance: bool = True
+
+    @property
+    def expert_tp(self) -> int:
+        """TP ranks that split each routed expert: ``etp``, or ``tp`` where it is not set."""
+        return self.etp or self.tp
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks of a stage and CP index among which the experts are spread, each holding a
+        1/etp slice of its experts: (tp / etp) x dp, of which EP takes ep (plan/mesh.py)."""
+        return self.tp // self.expert_tp * self.dp
 
     @pydantic.field_validator("order")
     @classmethod
@@ -349,21 +365,30 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         fail("parallel.tp", f"tp={p.tp} does not divide {ffn}")
     if p.ep > 1 and m.moe is None:
         fail("parallel.ep", f"ep={p.ep} needs a mixture-of-experts model (model.moe)")
+    if p.etp is not None and m.moe is None:
+        fail("parallel.etp", f"etp={p.etp} splits routed experts; it needs a mixture-of-experts model (model.moe)")
     if m.moe is not None:
         if m.moe.dense_layers_first >= m.layers:
             fail("model.moe.dense_layers_first", f"{m.moe.dense_layers_first} dense layers first leaves no MoE layer "
                                                  f"of model.layers={m.layers}; drop model.moe for a dense model")
         if m.moe.experts % p.ep:
             fail("parallel.ep", f"ep={p.ep} does not divide model.moe.experts={m.moe.experts}")
-        if p.dp % p.ep:
-            fail("parallel.ep", f"ep={p.ep} does not divide dp={p.dp} (expert parallelism is carved out of DP)")
-        if p.ep > 1 and p.tp > 1 and not p.sp:
-            # each TP rank dispatches its own s/t tokens, which needs them sequence-split
-            fail("parallel.sp", f"expert parallelism (ep={p.ep}) with tensor parallelism (tp={p.tp}) needs "
-                                f"sequence parallelism (sp: true), as Megatron-LM requires: each TP rank "
-                                f"dispatches its own share of the tokens")
-        if m.moe.expert_ffn % p.tp:
-            fail("parallel.tp", f"tp={p.tp} does not divide model.moe.expert_ffn={m.moe.expert_ffn}")
+        et = p.expert_tp
+        if p.tp % et:
+            fail("parallel.etp", f"etp={et} does not divide tp={p.tp}: an expert's slices lie on TP ranks")
+        if p.expert_ranks % p.ep:
+            fail("parallel.ep", f"ep={p.ep} does not divide dp={p.dp} (expert parallelism is carved out of DP)"
+                 if et == p.tp else f"ep={p.ep} does not divide (tp / etp) x dp = {p.tp // et} x {p.dp} = "
+                 f"{p.expert_ranks}: the ranks that hold different experts (etp={et} folds EP over the TP ranks)")
+        if (p.ep > 1 or et < p.tp) and p.tp > 1 and not p.sp:
+            # each TP rank dispatches (or, experts unsplit, computes) its own s/t tokens, which
+            # needs them sequence-split
+            what = f"expert parallelism (ep={p.ep})" if et == p.tp else f"experts split over fewer ranks (etp={et})"
+            fail("parallel.sp", f"{what} with tensor parallelism (tp={p.tp}) needs sequence parallelism "
+                                f"(sp: true), as Megatron-LM requires: each TP rank routes its own share of the tokens")
+        if m.moe.expert_ffn % et:
+            field = "parallel.etp" if p.etp is not None else "parallel.tp"
+            fail(field, f"{field.split('.')[1]}={et} does not divide model.moe.expert_ffn={m.moe.expert_ffn}")
         load = m.moe.ep_load
         if load is not None:
             if len(load) != p.ep:
@@ -411,6 +436,10 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if p.zero_shard < 2 or n % p.zero_shard:
             fail("parallel.zero_shard", f"zero_shard={p.zero_shard} must be at least 2 and divide {whole}: the "
                                         f"ranks that share the states, in groups that replicate them")
+        if p.etp is not None and p.etp < p.tp:
+            fail("parallel.zero_shard", f"hybrid sharding with experts split over fewer ranks than TP (etp={p.etp}, "
+                                        f"tp={p.tp}) is not modelled: the experts' replicas span TP ranks, outside "
+                                        f"the shard groups")
         if p.ep > 1:
             fail("parallel.zero_shard", f"hybrid sharding with expert parallelism (ep={p.ep}) is not modelled "
                                         f"(the experts, sharded over their expert-DP group, would need shard groups "
@@ -644,7 +673,7 @@ def mesh_of(p: ParallelCfg) -> Mesh:
     """The rank mesh of plan ``p``."""
     order, ep_inner = parse_order(p.order)
     return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner,
-                zero_shard=p.zero_shard or 0)
+                zero_shard=p.zero_shard or 0, etp=p.expert_tp)
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,
@@ -654,7 +683,7 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
     Symmetry)."""
     p = cfg.parallel
     if world <= MAX_GPUS_ALL_RANKS or not (slow or faulty) or not cfg.simulation.collapse_symmetric \
-            or p.tp * p.cp * p.pp * p.dp != world or p.dp % p.ep:  # (other checks name those)
+            or p.tp * p.cp * p.pp * p.dp != world or p.tp % p.expert_tp or p.expert_ranks % p.ep:  # (other checks name those)
         return
     from .program.lower import Symmetry
 

@@ -285,7 +285,7 @@ def dropped_terms(modules) -> set[str]:
 
 
 def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, moe_layer: bool = False,
-                     cp: int = 1, modules: frozenset | tuple = ("core_attn",)) -> float:
+                     cp: int = 1, modules: frozenset | tuple = ("core_attn",), etp: int = 0) -> float:
     """The most of one layer's terms that selective recompute's ``modules`` drop held at once:
     the attention's (its scores, its norm's output), recomputed in its backward, or the MLP's
     or MoE layer's, recomputed in theirs, whichever is more (each is freed when its backward
@@ -293,13 +293,13 @@ def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = F
 
         held = max(dropped attention terms, dropped MLP terms)
     """
-    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp)
+    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp)
     dropped = dropped_terms(modules) & terms.keys()
     return max(sum(terms[x] for x in dropped & ATTENTION_TERMS), sum(terms[x] for x in dropped - ATTENTION_TERMS))
 
 
 def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
-                           moe_layer: bool = False, cp: int = 1) -> dict[str, float]:
+                           moe_layer: bool = False, cp: int = 1, etp: int = 0) -> dict[str, float]:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank, term by
     term, without recompute (:func:`layer_activation_bytes` sums them).
 
@@ -317,9 +317,12 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     routed ``experts_*`` and ``shared``) and the hidden states dispatched to its experts,
     ``2 s b k cap h``: whole on every TP rank (the dispatch all-to-all brings them, and under
     SP with EP the TP group all-gathers them: program/work.py ``MoeBlocks``; the experts'
-    first GEMM is column-parallel, its input replicated)::
+    first GEMM is column-parallel, its input replicated). With experts split over fewer
+    ranks, ``etp`` < t (SP), a rank's experts take the tokens of its etp group alone: etp/t of
+    them. The routed intermediates are /t either way (etp/t of the tokens, f_e/etp wide)::
 
         MoE layer, tp 2:  replicated terms + dispatched 2sbk.cap.h + (QKV + context + experts)/2
+        etp 1 (SP):       the dispatched term /2
     """
     s, h, d = m.seq_len / cp, m.hidden, m.head_dim
     sbh = s * b * h
@@ -335,16 +338,22 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
         routed = 2 * s * b * e.top_k * e.capacity_factor * e.expert_ffn / t
         terms |= {"experts_fc1": routed * (e.mats - 1), "experts_act": routed,
                   "shared": 2 * s * b * e.shared_experts * e.expert_ffn * e.mats / t,
-                  "dispatched": 2 * s * b * e.top_k * e.capacity_factor * h}
+                  "dispatched": 2 * s * b * e.top_k * e.capacity_factor * h * _expert_share(t, etp)}
     else:
         f = 2 * s * b * m.ffn / t
         terms |= {"mlp_fc1": f * (2 if m.mlp == "swiglu" else 1), "mlp_act": f}
     return terms
 
 
+def _expert_share(t: int, etp: int) -> float:
+    """The share of a TP group's tokens a rank's routed experts take: etp/t where etp
+    (0: t) splits them over fewer ranks than TP (under SP, which that needs), else all."""
+    return (etp or t) / t
+
+
 def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
                            recompute: str = "none", moe_layer: bool = False, cp: int = 1,
-                           modules: frozenset | tuple = ("core_attn",)) -> float:
+                           modules: frozenset | tuple = ("core_attn",), etp: int = 0) -> float:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank: the sum of
     :func:`layer_activation_terms`, less what recompute leaves unstored. Full recompute keeps
     the layer input only: 2sbh (2sbh/t with SP). Selective recompute drops the terms of its
@@ -352,13 +361,13 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     core attention's scores, which flash attention does not keep anyway)."""
     if recompute == "full":
         return 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
-    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp)
+    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp)
     dropped = dropped_terms(modules) if recompute == "selective" else set()
     return sum(x for term, x in terms.items() if term not in dropped)
 
 
 def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_layer: bool = False,
-                      cp: int = 1) -> float:
+                      cp: int = 1, etp: int = 0) -> float:
     """Bytes one layer keeps from its input-gradient pass B to its weight-gradient
     pass W, per microbatch, per TP rank: each linear layer's input and output gradient, what
     ``dW = X^T dY`` reads; B frees the rest (Qi et al. 2023, arXiv:2401.10241, Sec 2.3 and
@@ -375,7 +384,9 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
     rank, as :func:`layer_activation_bytes` counts them) and the routed copies' output
     gradients ``2 s b k cap h``, the intermediates ``2 s b copies f_e mats / t``; the shared
     experts read the norm's output and give one ``2sbh`` gradient. The router's weight gradient
-    is taken in B (a plain linear layer, outside the split).
+    is taken in B (a plain linear layer, outside the split). With ``etp`` < t the dispatched
+    states and their gradients are the etp group's tokens, etp/t of them (as
+    :func:`layer_activation_terms`).
     """
     s, h = m.seq_len / cp, m.hidden
     sbh = s * b * h
@@ -384,7 +395,8 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
     if moe_layer and m.moe is not None:
         e = m.moe
         routed = e.top_k * e.capacity_factor
-        mlp = 2 * 2 * s * b * routed * h + 2 * s * b * (routed + e.shared_experts) * e.expert_ffn * e.mats / t
+        mlp = 2 * 2 * s * b * routed * h * _expert_share(t, etp) \
+            + 2 * s * b * (routed + e.shared_experts) * e.expert_ffn * e.mats / t
         if e.shared_experts:
             mlp += 2 * sbh * rep + 2 * sbh
     else:

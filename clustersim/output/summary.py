@@ -43,13 +43,19 @@ def _stage_rows(stages: list[dict]) -> list[dict]:
 
 
 def plan_dims(p: dict[str, Any], sep: str) -> str:
-    """"TP4 x CP8 (ring) x PP1 x DP2 (EP2)": the parallel degrees, CP and EP only when used, and
-    the nodes a TP group spans where it leaves its node ("TP16 over 2 nodes")."""
+    """"TP4 x CP8 (ring) x PP1 x DP2 (EP2)": the parallel degrees, CP and EP only when used, the
+    experts' TP where it is not TP's ("(EP8, ETP1)"), and the nodes a TP or EP group spans where
+    it leaves its node ("TP16 over 2 nodes", "(EP16 over 2 nodes)")."""
     cp = ""
     if p.get("cp", 1) > 1:
         how = p.get("cp_comm", "ring") + ("" if p.get("cp_load_balance", True) else ", unbalanced")
         cp = f"{sep}CP{p['cp']} ({how})"
-    ep = f" (EP{p['ep']})" if p.get("ep", 1) > 1 else ""
+    # EP's all-to-alls block every MoE layer: across nodes they run at the NICs' pace
+    ep_over = f" over {p['ep_nodes']} nodes" if p.get("ep_nodes", 1) > 1 else ""
+    experts = [f"EP{p['ep']}{ep_over}"] if p.get("ep", 1) > 1 else []
+    if (p.get("etp") or p["tp"]) != p["tp"]:  # (the config's etp is None where it is tp)
+        experts.append(f"ETP{p['etp']}")
+    ep = f" ({', '.join(experts)})" if experts else ""
     # TP's all-reduces block every layer: over NICs they cost far more (parallelism guide)
     over = f" over {p['tp_nodes']} nodes" if p.get("tp_nodes", 1) > 1 else ""
     return f"TP{p['tp']}{over}{cp}{sep}PP{p['pp']}{sep}DP{p['dp']}{ep}"

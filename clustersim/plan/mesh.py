@@ -30,6 +30,18 @@ the expert-data-parallel group "edp", which reduces expert gradients::
 
 Expert gradients go over ``cp+edp``: CP ranks hold the same experts.
 
+Expert tensor parallelism (``etp``, a divisor of tp; Megatron-LM's
+--expert-tensor-parallel-size) splits each routed expert over etp TP ranks, the ``etp`` group
+(the whole TP group where etp = tp). Below tp, the experts lie on (tp / etp) x dp ranks of a
+stage and CP index, in which EP and expert-DP are carved as above: each rank's place there is
+x = tp // etp + (tp / etp) * dp, its EP index x mod ep (ep inside) or x // (X / ep) (outside),
+so EP folds over the TP ranks first (MoE parallel folding; Liu et al. 2025, arXiv:2504.14960)::
+
+    tp=2 etp=1 dp=4 ep=4:    x = tp + 2*dp
+        (tp, dp):  (0,0) (1,0) (0,1) (1,1) (0,2) (1,2) (0,3) (1,3)
+        ep group:  [ 0     1     2     3 ] [ 0     1     2     3 ]    (EP indices)
+        edp group: {(0,0) (0,2)} {(1,0) (1,2)} {(0,1) (0,3)} {(1,1) (1,3)}
+
 Hybrid sharding (HSDP; ``zero_shard``): ZeRO shards over ``zs`` groups of zero_shard
 members of a ``cp+dp`` group consecutive in rank order (so that a shard group fills a node
 before the next, whichever of CP and DP is inner) and keeps a replica of each shard in every
@@ -91,10 +103,11 @@ class Mesh:
     dp: int
     pp: int
     order: tuple[str, ...] = DIMS  # innermost first; a missing cp sits just outside tp
-    ep: int = 1  # expert-parallel size, a divisor of dp
+    ep: int = 1  # expert-parallel size, a divisor of (tp / etp) x dp
     cp: int = 1
     ep_inner: bool = True  # EP groups are consecutive DP indices (else strided)
     zero_shard: int = 0  # ranks of a ZeRO shard group (zs); 0: the whole cp+dp group
+    etp: int = 0  # TP ranks splitting each routed expert, a divisor of tp; 0: tp
 
     def __post_init__(self):
         if "cp" not in self.order:
@@ -108,7 +121,9 @@ class Mesh:
 
     def size(self, dim: str) -> int:
         if dim == "edp":
-            return self.dp // self.ep
+            return self.tp // self.expert_tp * self.dp // self.ep
+        if dim == "etp":
+            return self.expert_tp
         if dim in ("zs", "zr"):
             shard = self.zero_shard or self.cp * self.dp
             return shard if dim == "zs" else self.cp * self.dp // shard
@@ -137,19 +152,54 @@ class Mesh:
         """Every rank's index along ``dim``, by rank: ``coords(r)[dim]`` for all ranks at once."""
         return (np.arange(self.world_size) // self._strides[dim]) % self.size(dim)
 
-    def _expert_dp(self, d: int, dim: str) -> range:
-        """DP indices of ``d``'s EP group (dim "ep") or expert-DP group (dim "edp")."""
-        # the inner sub-dimension is consecutive DP indices, the outer one strided by its size
-        inner = self.ep if self.ep_inner else self.dp // self.ep
-        if (dim == "ep") == self.ep_inner:
-            return range(d - d % inner, d - d % inner + inner)
-        return range(d % inner, self.dp, inner)
+    @property
+    def expert_tp(self) -> int:
+        """TP ranks splitting each routed expert (``etp``, or tp where unset)."""
+        return self.etp or self.tp
+
+    @cached_property
+    def expert_coords(self) -> dict[str, np.ndarray]:
+        """Every rank's coordinates among the experts, by rank: pp, cp, ``etp`` (its index
+        in its expert-TP group), ``ep`` (in its EP group) and ``edp`` (in its expert-DP
+        group), which name it as (tp, cp, dp, pp) do (the module docstring)::
+
+            x = tp // etp + (tp / etp) * dp      X = (tp / etp) * dp
+            ep inside dp:   ep = x mod ep,        edp = x // ep
+            ep outside dp:  ep = x // (X / ep),   edp = x mod (X / ep)
+        """
+        et = self.expert_tp
+        tp, dp = self.coord_array("tp"), self.coord_array("dp")
+        x = tp // et + (self.tp // et) * dp
+        n = self.size("edp")
+        ep, edp = (x % self.ep, x // self.ep) if self.ep_inner else (x // n, x % n)
+        return {"pp": self.coord_array("pp"), "cp": self.coord_array("cp"), "etp": tp % et, "ep": ep, "edp": edp}
+
+    def _expert_rows(self, parts: list[str]) -> np.ndarray:
+        """The groups over the expert dimensions ``parts`` (innermost first, e.g. ["cp",
+        "edp"]): ranks sharing every other expert coordinate, each group ordered by ``parts``'
+        coordinates, the last most significant."""
+        c = self.expert_coords
+        fixed = [c[k] for k in ("pp", "cp", "etp", "ep", "edp") if k not in parts]
+        order = np.lexsort([c[k] for k in parts] + fixed)  # (the last key sorts first)
+        rows = order.reshape(-1, int(np.prod([self.size(k) for k in parts])))
+        return rows[np.argsort(rows.min(axis=1), kind="stable")]
+
+    @cached_property
+    def _expert_where(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """dim -> (its groups' rows, each rank's row): :meth:`group` for the expert groups."""
+        out = {}
+        for dim in ("ep", "edp", "etp"):
+            rows = self._expert_rows([dim])
+            where = np.empty(self.world_size, dtype=np.int64)
+            where[rows] = np.arange(len(rows))[:, None]
+            out[dim] = (rows, where)
+        return out
 
     def group(self, rank: int, dim: str) -> tuple[int, ...]:
         """Ranks that share every coordinate of ``rank`` except ``dim``, in ``dim`` order.
 
-        ``ep`` and ``edp`` are the expert groups inside DP (see the module docstring);
-        "cp+dp" and "cp+edp" combine CP with them, CP innermost.
+        ``ep``, ``edp`` and ``etp`` are the expert groups (see the module docstring);
+        "cp+dp" and "cp+edp" combine CP with DP and expert-DP, CP innermost.
         """
         c = self.coords(rank)
         if dim in ("zs", "zr"):  # slices of the rank's cp+dp group in rank order (the module docstring)
@@ -159,9 +209,9 @@ class Mesh:
         if "+" in dim:
             inner, outer = dim.split("+")
             return tuple(x for o in self.group(rank, outer) for x in self.group(o, inner))
-        if dim in ("ep", "edp"):
-            base = rank - c["dp"] * self._strides["dp"]
-            return tuple(base + i * self._strides["dp"] for i in self._expert_dp(c["dp"], dim))
+        if dim in ("ep", "edp", "etp"):
+            rows, where = self._expert_where[dim]
+            return tuple(rows[where[rank]].tolist())
         base = rank - c[dim] * self._strides[dim]
         return tuple(base + i * self._strides[dim] for i in range(self.size(dim)))
 
@@ -174,7 +224,7 @@ class Mesh:
         """Every ``dim`` group once as a row of ranks, rows ordered by their first rank.
 
         Worked out on the rank grid at once: ranks laid out as an array with one axis per
-        dimension (DP split in two for the expert groups), the group's axes moved last::
+        dimension, the group's axes moved last (the expert groups by :meth:`_expert_rows`)::
 
             tp=2 dp=2 pp=2, "dp":  grid[pp][dp][tp] -> axes (pp, tp, dp) -> rows (0,2) (1,3) (4,6) (5,7)
         """
@@ -183,17 +233,12 @@ class Mesh:
             cut = whole.reshape(len(whole), self.size("zr"), self.size("zs"))
             rows = (cut if dim == "zs" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
             return rows[np.argsort(rows.min(axis=1), kind="stable")]
+        parts = dim.split("+")  # "cp+dp": dp major, cp minor (as group() nests them)
+        if {"ep", "edp", "etp"} & set(parts):
+            return self._expert_rows(parts)
         names = [d for d in reversed(self.order)]  # C order: the innermost dimension is the last axis
         shape = [self.size(d) for d in names]
-        if "ep" in dim or "edp" in dim:  # DP as (outer, inner) sub-axes, see _expert_dp
-            inner = self.ep if self.ep_inner else self.dp // self.ep
-            k = names.index("dp")
-            names[k:k + 1] = ["dp_outer", "dp_inner"]
-            shape[k:k + 1] = [self.dp // inner, inner]
-        sub = {"ep": "dp_inner" if self.ep_inner else "dp_outer",
-               "edp": "dp_outer" if self.ep_inner else "dp_inner"}
-        parts = dim.split("+")  # "cp+dp": dp major, cp minor (as group() nests them)
-        axes = [names.index(sub.get(d, d)) for d in reversed(parts)]
+        axes = [names.index(d) for d in reversed(parts)]
         grid = np.arange(self.world_size).reshape(shape)
         rest = [a for a in range(len(names)) if a not in axes]
         rows = grid.transpose(rest + axes).reshape(-1, int(np.prod([shape[a] for a in axes])))

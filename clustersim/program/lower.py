@@ -48,8 +48,12 @@ HYBRID_DIMS = ("zs", "zr")  # and, under hybrid sharding, its shard and replica 
 
 def refine_dims(mesh: Mesh) -> tuple[str, ...]:
     """The groups of :data:`REFINE_DIMS`, with hybrid sharding's where the mesh has them
-    (a cp+dp group holds both a slow GPU's shard group and others, whose ranks differ)."""
-    return (*REFINE_DIMS[:-1], *HYBRID_DIMS, REFINE_DIMS[-1]) if mesh.zero_shard else REFINE_DIMS
+    (a cp+dp group holds both a slow GPU's shard group and others, whose ranks differ) and
+    the expert-TP group's where it is neither TP's nor one rank (1 < etp < tp)."""
+    extra = HYBRID_DIMS if mesh.zero_shard else ()
+    if 1 < mesh.expert_tp < mesh.tp:
+        extra += ("etp",)
+    return (*REFINE_DIMS[:-1], *extra, REFINE_DIMS[-1])
 
 
 def refine_classes(mesh: Mesh, start) -> np.ndarray:
@@ -182,24 +186,15 @@ class Symmetry:
         elif stragglers or self._chain_places is not None or self._group_shapes is not None:
             self.rep = self._split_classes(stragglers)
         elif self.ep_distinct:  # one class per (stage, [CP index,] index in the EP group)
-            ep_index = self.ep_indices(m)
+            ep_index = m.expert_coords["ep"].tolist()
             first: dict[tuple, int] = {}
             self.rep = {}
             for r in range(m.world_size):  # ascending: a class's first rank is its lowest
                 c = m.coords(r)
-                self.rep[r] = first.setdefault((c["pp"], c["cp"] if self.cp_distinct else 0, ep_index[c["dp"]]), r)
+                self.rep[r] = first.setdefault((c["pp"], c["cp"] if self.cp_distinct else 0, ep_index[r]), r)
         else:
             keep = ("pp", "cp") if self.cp_distinct else ("pp",)
             self.rep = {r: m.rank(**{d: v for d, v in m.coords(r).items() if d in keep}) for r in range(m.world_size)}
-
-    @staticmethod
-    def ep_indices(mesh: Mesh) -> dict[int, int]:
-        """DP index -> its position in its EP group (0 everywhere without EP)."""
-        out = {}
-        for d in range(mesh.dp):
-            grp = [mesh.coords(x)["dp"] for x in mesh.group(mesh.rank(dp=d), "ep")]
-            out[d] = grp.index(d)
-        return out
 
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
@@ -241,8 +236,7 @@ class Symmetry:
         m = self.mesh
         r = np.arange(m.world_size)
         coord = {d: m.coord_array(d) for d in ("tp", "cp", "dp", "pp")}
-        by_dp = self.ep_indices(m)
-        ep_index = np.array([by_dp[d] for d in range(m.dp)])[coord["dp"]]
+        ep_index = m.expert_coords["ep"]
         factor = np.array([self.slow.get(int(x), 1.0) for x in r])
         alone = np.zeros(m.world_size, dtype=np.int64)
         for x in self.faulty:
@@ -558,12 +552,8 @@ class Lowering:
         if self.rank_work:
             c = self.mesh.coords(rank)
             return self.rank_work[(c["cp"] if self.sym.cp_distinct else 0,
-                                   self.ep_index[c["dp"]] if self.sym.ep_distinct else 0)][part]
+                                   int(self.mesh.expert_coords["ep"][rank]) if self.sym.ep_distinct else 0)][part]
         return self.work[part]
-
-    @cached_property
-    def ep_index(self) -> dict[int, int]:
-        return Symmetry.ep_indices(self.mesh)
 
     def peer(self, rank: int, pp: int) -> int:
         """The rank at pipeline position ``pp`` with ``rank``'s TP and DP coordinates."""
@@ -611,7 +601,7 @@ def _pp_groups(mesh: Mesh, pps: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 def _all_groups(low: Lowering, kind: str):
     """Every group of ``kind`` in the mesh (for twins: the groups that map onto the same ranks)."""
-    if kind in ("tp", "cp", "dp", "ep", "edp", "zr"):
+    if kind in ("tp", "cp", "dp", "ep", "edp", "etp", "zr"):
         return low.mesh.groups(low.grad_dim(kind))
     if kind == "pp":
         return [g for e in low.pp_edges for g in _pp_groups(low.mesh, e)]
@@ -624,7 +614,10 @@ def _all_groups(low: Lowering, kind: str):
 
 
 # communication kind of the lowering -> kind in the trace and metrics
-_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp", "zr": "dp"}
+_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp", "zr": "dp", "etp": "tp"}
+# communication kind of the lowering -> its stream, where not its own: an expert-TP group's
+# gathers run where TP's would (work.MoeBlocks), one stream of TP communication
+_STREAM = {"etp": "tp"}
 
 
 def _comm_spec(low: Lowering, kind: str, group, size: float, op: str, stream: str | None, name: str,
@@ -637,7 +630,7 @@ def _comm_spec(low: Lowering, kind: str, group, size: float, op: str, stream: st
     recv = -1
     if op == "send":
         members, recv = (low.sym.rep[group[0]],), low.sym.rep[group[1]]
-    return (op, size, group, twins, members, recv, channel or kind, orbit, stream or kind,
+    return (op, size, group, twins, members, recv, channel or kind, orbit, stream or _STREAM.get(kind, kind),
             _TRACE_KIND.get(kind, kind), name, load)
 
 

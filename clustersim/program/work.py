@@ -674,7 +674,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     act_mb = sum(kept.values())
     if last:
         act_mb += tf.head_activation_bytes(m, b, t, cp)
-    wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp) for ly in layers)
+    et = sc.parallel.expert_tp
+    wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
     # full recompute holds a group's whole activations while it recomputes (a MoE layer's
@@ -683,10 +684,11 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # al. 2022 Sec 5; its modules' terms)
     if modules:
         rc_groups = [range(ly, ly + 1) for ly in layers]
-        extra = {ly: tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules) for ly in layers}
+        extra = {ly: tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules, et) for ly in layers}
     else:
         rc_groups = groups
-        extra = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly)) - kept[ly]
+        extra = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly), etp=et)
+                 - kept[ly]
                  for g in groups for ly in g}
     recomputing = recompute_held_bytes(layers, rc_groups, extra, kept)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
@@ -740,8 +742,9 @@ def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
         if group is not None and layer != group[0]:
             return 0.0
         mode = "full" if group is not None else "none"
-    return tf.layer_activation_bytes(m, tr.micro_batch_size, sc.parallel.tp, tr.attention == "flash", sc.parallel.sp,
-                                     mode, m.is_moe_layer(layer), sc.parallel.cp, tr.selective_modules)
+    p = sc.parallel
+    return tf.layer_activation_bytes(m, tr.micro_batch_size, p.tp, tr.attention == "flash", p.sp, mode,
+                                     m.is_moe_layer(layer), p.cp, tr.selective_modules, p.expert_tp)
 
 
 @dataclass(frozen=True)
@@ -753,8 +756,9 @@ class MoeBlocks:
         forward   [router]A2A AG ─ [experts]RS A2A                      (SP, EP, no shared expert)
         forward   [router]A2A ─ [experts + shared]A2A AR                (no SP)
 
-    The dispatch all-to-all runs in the EP group (``ep`` DP ranks, same TP and CP index)
-    and carries tokens * top_k * capacity hidden vectors; the combine brings them back.
+    The dispatch all-to-all runs in the EP group (``ep`` DP ranks, same TP and CP index;
+    with ``etp`` < tp, ep ranks of the stage's TP x DP ones, plan/mesh.py) and carries
+    tokens * top_k * capacity hidden vectors; the combine brings them back.
     Under SP (which Megatron-LM requires of MoE with TP > 1) each TP rank dispatches its own
     s/t tokens, and the experts' TP group then gathers what the dispatch brought (``AG experts
     in``) and reduce-scatters their output before the combine (``RS experts out``), as
@@ -763,6 +767,15 @@ class MoeBlocks:
     gather their input and reduce-scatter their output, as a dense MLP under SP does. Without SP
     every TP rank holds every token and dispatches it. Routed-expert parameters (E/ep experts per
     rank) reduce over the expert-DP group.
+
+    With experts split over fewer ranks than TP (``etp`` < tp, MoE parallel folding; SP), the
+    gather and reduce-scatter run in the expert-TP group of etp ranks, on etp/t of the tokens,
+    and with etp = 1 there are none: each rank's experts are whole and compute what the
+    dispatch brought it::
+
+        forward   [router]A2A ─ [experts]A2A                            (SP, etp 1, no shared expert)
+        forward   AG[router]A2A ─ [experts + shared]A2A RS              (SP, etp 1, shared experts)
+    
 
     With a skewed load (``ep_load``), rank ``ep_rank``'s routed experts compute its share, and
     the all-to-alls that carry tokens *to* the experts (forward dispatch, backward gradient of
@@ -775,7 +788,7 @@ class MoeBlocks:
 
     @staticmethod
     def build(sc: Scenario, f_pre, f_post, b_pre, b_post, ep_rank: int = 0) -> "MoeBlocks":
-        m, t, ep = sc.model, sc.parallel.tp, sc.parallel.ep
+        m, t, ep, et = sc.model, sc.parallel.tp, sc.parallel.ep, sc.parallel.expert_tp
         e, h = m.moe, m.hidden
         b, flash, sp = sc.training.micro_batch_size, sc.training.attention == "flash", sc.parallel.sp
         tokens = b * m.seq_len / sc.parallel.cp
@@ -788,23 +801,27 @@ class MoeBlocks:
             return (CommItem("all_to_all", moe.dispatch_bytes(e, rep_tok, h), dim="ep",
                              load=(by_src, skew) if skew else ()),)
 
-        # under SP the tokens an EP rank's experts take (its load's share of every TP rank's)
-        # are gathered over TP before them and their output reduce-scattered after; the router
-        # routes the rank's own s/t tokens, and without shared experts nothing else gathers
-        regroup = sp and t > 1 and ep > 1
-        if regroup and e.shared_experts == 0:
+        # under SP each TP rank routes its own s/t tokens where the experts are not split as
+        # the dense MLP is (EP, or etp < tp): what a rank's experts take (its load's share of
+        # its expert-TP group's tokens) is gathered over that group before them and their
+        # output reduce-scattered after, and without shared experts nothing else gathers
+        own = sp and t > 1 and (ep > 1 or et < t)
+        if own and e.shared_experts == 0:
             f_pre = f_post = b_pre = b_post = ()
-        gathered = moe.dispatch_bytes(e, tokens, h) * (skew[ep_rank] if skew else 1.0)
-        gather = (CommItem("all_gather", gathered, label="experts in"),) if regroup else ()
-        scatter = (CommItem("reduce_scatter", gathered, label="experts out"),) if regroup else ()
+        regroup = own and et > 1
+        expert_tok = rep_tok * et if own else tokens  # the tokens a rank's experts share (balanced)
+        gathered = moe.dispatch_bytes(e, expert_tok, h) * (skew[ep_rank] if skew else 1.0)
+        dim = "tp" if et == t else "etp"
+        gather = (CommItem("all_gather", gathered, dim=dim, label="experts in"),) if regroup else ()
+        scatter = (CommItem("reduce_scatter", gathered, dim=dim, label="experts out"),) if regroup else ()
         to_experts, from_experts = a2a(False) + gather, scatter + a2a(True)
         router = [tf._elementwise("norm2", rep_tok * h, 2)] + (
-            moe.router_fwd(e, rep_tok, h) if regroup else moe.router_fwd(e, tokens, h, t))
-        experts = moe.routed_experts_fwd(e, tokens, h, t, skew[ep_rank] if skew else 1.0) \
+            moe.router_fwd(e, rep_tok, h) if own else moe.router_fwd(e, tokens, h, t))
+        experts = moe.routed_experts_fwd(e, expert_tok, h, et, skew[ep_rank] if skew else 1.0) \
             + moe.shared_experts_fwd(e, tokens, h, t) + [tf._elementwise("residual2", rep_tok * h, 3)]
         router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
-        shared_params = e.shared_experts * moe.expert_params(e, h) / t
-        routed_params = (e.experts // ep) * moe.expert_params(e, h) / t
+        shared_params = e.shared_experts * moe.expert_params(e, h) / t  # shared experts split as the dense MLP
+        routed_params = (e.experts // ep) * moe.expert_params(e, h) / et
         fwd = (
             _Spec("router", router, f_pre, to_experts, router_params),
             _Spec("experts", experts, (), from_experts + f_post, shared_params, routed_params),
