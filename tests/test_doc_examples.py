@@ -312,6 +312,33 @@ def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
     assert not ep8["memory"]["fits"] and ep16["memory"]["fits"] and not bare["memory"]["fits"]
 
 
+def test_the_expert_tensor_parallel_table_of_parallelism_md():
+    """docs/parallelism.md's "Expert tensor parallelism" table and prose, simulated now: each
+    row's step, exposed EP and TP time and peak, and the nodes an EP group spans."""
+    runs = {(ep, etp): _variant("moe_1024gpu.yaml", tp=2, dp=64, sp=True, ep=ep, etp=etp)
+            for ep, etp in ((8, 2), (16, 2), (8, 1), (16, 1), (32, 1))}
+    text = " ".join((ROOT / "docs" / "parallelism.md").read_text().split())
+    for (ep, etp), s in runs.items():
+        ex, mem = s["exposed_comm_s"], s["memory"]
+        row = (f"| {s['step_time_s']:.2f} s | {ex['ep']:.2f} s | {ex['tp']:.2f} s | {_peak_gib(s):.1f} GiB"
+               f"{', tight' if mem['tight'] else ''} |")
+        nodes = s["plan"]["ep_nodes"]
+        where = "one node" if nodes == 1 else f"{nodes} nodes"
+        assert re.search(rf"\| EP{ep}, etp {etp}[^|]*\| [^|]*{where} {re.escape(row)}", text), (ep, etp, row, where)
+    tp1 = _variant("moe_1024gpu.yaml")
+    best = runs[(8, 1)]
+    _quoted_in_parallelism_md([
+        f"({runs[(16, 1)]['step_time_s']:.2f} s against {runs[(8, 2)]['step_time_s']:.2f} s, "
+        f"{_peak_gib(runs[(16, 1)]):.0f} GiB each)",
+        f"takes {best['step_time_s']:.2f} s, {tp1['step_time_s'] / best['step_time_s']:.1f}x faster than the "
+        f"scenario's TP1 plan ({tp1['step_time_s']:.2f} s at {_peak_gib(tp1):.1f} GiB), but has "
+        f"{best['memory']['margin_bytes'] / 2**30:.1f} GiB of the {best['memory']['capacity_bytes'] / 2**30:.0f} GiB "
+        f"to spare, too little to trust (the run calls a stage tight below "
+        f"{best['memory']['tight_below_bytes'] / 2**30:.1f} GiB)",
+    ])
+    assert best["memory"]["tight"] and not any(r["memory"]["tight"] for k, r in runs.items() if k != (8, 1))
+
+
 def test_the_zero_bubble_figures_of_parallelism_md():
     """docs/parallelism.md's "Zero bubble" figures: what split backwards hold, simulated now."""
     import clustersim
