@@ -47,3 +47,14 @@ def with_recompute_layers(training: dict, rng, layers: int) -> dict:
         training = {**training, "recompute_method": rng.choice(["uniform", "block"]),
                     "recompute_layers": min(rng.randint(1, 3), layers)}
     return training
+
+
+def with_etp(plan: dict, rng) -> dict:
+    """``plan`` (a scenario dict) with, where it has experts, TP and EP or SP, and one draw in
+    two, the experts split over fewer TP ranks (``parallel.etp``, a smaller divisor of tp:
+    EP folds over the other TP ranks): drawn after every other field, so that a seed draws
+    those as it did before."""
+    p = plan["parallel"]
+    if "moe" in plan["model"] and p.get("tp", 1) > 1 and p.get("sp") and rng.random() < 0.5:
+        plan = {**plan, "parallel": {**p, "etp": rng.choice([x for x in (1, 2, 4) if x < p["tp"] and p["tp"] % x == 0])}}
+    return plan

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fuzz_args import two_counts, with_recompute_layers  # a sibling script (bench/ is on the path)
+from fuzz_args import two_counts, with_etp, with_recompute_layers  # a sibling script (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -70,10 +70,10 @@ def draw(rng: random.Random) -> dict:
     per_node = TOPOLOGIES[topo]
     if tp * pp * dp * cp < per_node:
         dp = parallel["dp"] = per_node // (tp * pp * cp)
-    return {"name": "fuzz-repeat", "cluster": cluster, "model": model, "parallel": parallel,
-            "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
-                                               "recompute": rng.choice(["none", "selective", "full"])},
-                                              rng, model["layers"])}
+    return with_etp({"name": "fuzz-repeat", "cluster": cluster, "model": model, "parallel": parallel,
+                     "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
+                                                        "recompute": rng.choice(["none", "selective", "full"])},
+                                                       rng, model["layers"])}, rng)
 
 
 def compare(d: dict) -> tuple[str, list[str]]:

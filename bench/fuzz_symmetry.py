@@ -2,9 +2,9 @@
 how far the collapse is from the all-ranks step where the twins' model is not exact.
 tests/test_symmetry.py holds fixed plans where it is exact to 1e-9; this draws many more
 (topology, 16-256 GPUs, TP, PP and its schedules, DP, CP ring or all-gather, balanced or
-not, SP, EP with skewed expert load, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NIC
-and leaf-spine cables), and docs/architecture.md ("Known limitations") quotes what it
-measures::
+not, SP, EP with skewed expert load and experts whole or split over fewer TP ranks, ZeRO
+0-3, recompute, slow GPUs, degraded NVLink, NIC and leaf-spine cables), and
+docs/architecture.md ("Known limitations") quotes what it measures::
 
     python bench/fuzz_symmetry.py [seed] [plans]      (default 0 and 20)
 
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz_args import two_counts, with_recompute_layers  # a sibling script (bench/ is on the path)
+from fuzz_args import two_counts, with_etp, with_recompute_layers  # a sibling script (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -102,12 +102,12 @@ def draw(rng: random.Random) -> dict:
         link = rng.choice([f"n{node}.gpu{rng.randrange(8)}-n{node}.nvsw", None])
         if link is not None:
             what_if.append({"link": link, "bw_factor": 0.5})
-    return {"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
-                                                 "what_if": what_if},
-            "model": model, "parallel": parallel,
-            "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
-                                               "recompute": rng.choice(["none", "selective", "full"])},
-                                              rng, model["layers"])}
+    return with_etp({"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
+                                                          "what_if": what_if},
+                     "model": model, "parallel": parallel,
+                     "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
+                                                        "recompute": rng.choice(["none", "selective", "full"])},
+                                                       rng, model["layers"])}, rng)
 
 
 def _numbers(x, path: str = ""):

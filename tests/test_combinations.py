@@ -72,6 +72,16 @@ for schedule, zero, modules, more in [
     PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="selective", recompute_modules=modules,
                          schedule=schedule), **more})
 
+# expert tensor parallelism below TP (MoE parallel folding): whole or half-split experts, with
+# each schedule family, ZeRO 1-3, CP, recompute and TP overlap
+for schedule, zero, etp, ep, more in [
+        ("1f1b", 1, 1, 8, {}), ("interleaved", 3, 2, 2, dict(recompute="full")),
+        ("zb-h1", 2, 1, 4, dict(tp_comm_overlap=True)), ("dualpipe", 1, 1, 2, {}),
+        ("1f1b", 0, 1, 2, dict(tp=2, dp=2, cp=2)), ("gpipe", 3, 2, 1, dict(recompute="selective",
+                                                                           recompute_modules=["moe"]))]:
+    PLANS.append({**dict(tp=4, pp=2, dp=2, sp=True, zero=zero, recompute="none", schedule=schedule, ep=ep, etp=etp,
+                         moe=True), **more})
+
 
 def _id(p):
     return "-".join(f"{k}{'+'.join(v) if isinstance(v, list) else v}" for k, v in p.items()
