@@ -108,8 +108,9 @@ def _statics(low: Lowering) -> list[StageStatic]:
     several microbatches, reduce-scatters the gradients once after the last one, so they
     accumulate whole until then (gΨ): 2Ψ + gΨ + 12Ψ/N, as ZeRO-1.
 
-    Routed-expert parameters Ψe (MoE) shard over the expert-DP group instead (N_e = N/ep ranks
-    hold the same experts): the same formulas with Ψe and N_e, e.g. 12Ψe/N_e under ZeRO-1.
+    Routed-expert parameters Ψe (MoE) shard over the expert-DP group instead (N_e = N (tp/etp)
+    / ep ranks hold the same expert slices): the same formulas with Ψe and N_e, e.g. 12Ψe/N_e
+    under ZeRO-1.
     """
     n, z = low.n_grad, low.zero
     n_e = low.mesh.size(low.grad_dim("edp"))

@@ -81,9 +81,9 @@ class ParallelCfg(Strict):
 
     @property
     def expert_ranks(self) -> int:
-        """Ranks of a stage and CP index among which the experts are spread, each holding a
-        1/etp slice of its experts: (tp / etp) x dp, of which EP takes ep (plan/mesh.py)."""
-        return self.tp // self.expert_tp * self.dp
+        """Ranks of a stage that hold different expert slices, each a 1/etp slice of its
+        experts: (tp / etp) x cp x dp, of which EP takes ep (plan/mesh.py)."""
+        return self.tp // self.expert_tp * self.cp * self.dp
 
     @pydantic.field_validator("order")
     @classmethod
@@ -377,18 +377,28 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if p.tp % et:
             fail("parallel.etp", f"etp={et} does not divide tp={p.tp}: an expert's slices lie on TP ranks")
         if p.expert_ranks % p.ep:
-            fail("parallel.ep", f"ep={p.ep} does not divide dp={p.dp} (expert parallelism is carved out of DP)"
-                 if et == p.tp else f"ep={p.ep} does not divide (tp / etp) x dp = {p.tp // et} x {p.dp} = "
-                 f"{p.expert_ranks}: the ranks that hold different experts (etp={et} folds EP over the TP ranks)")
+            if et == p.tp and p.cp == 1:
+                fail("parallel.ep", f"ep={p.ep} does not divide dp={p.dp} (expert parallelism is carved out of DP)")
+            terms = ([("(tp / etp)", p.tp // et)] if et < p.tp else []) + ([("cp", p.cp)] if p.cp > 1 else []) \
+                + [("dp", p.dp)]
+            fail("parallel.ep", f"ep={p.ep} does not divide {' x '.join(n for n, _ in terms)} = "
+                                f"{' x '.join(str(v) for _, v in terms)} = {p.expert_ranks}: the ranks of a stage "
+                                f"that hold different experts, out of which EP is carved")
         if (p.ep > 1 or et < p.tp) and p.tp > 1 and not p.sp:
             # each TP rank dispatches (or, experts unsplit, computes) its own s/t tokens, which
             # needs them sequence-split
+            why = ("as Megatron-LM requires: each TP rank dispatches its own share of the tokens" if p.ep > 1 else
+                   "as clustersim models experts split over fewer ranks than TP: each TP rank routes its own share "
+                   "of the tokens")
             what = f"expert parallelism (ep={p.ep})" if et == p.tp else f"experts split over fewer ranks (etp={et})"
             fail("parallel.sp", f"{what} with tensor parallelism (tp={p.tp}) needs sequence parallelism "
-                                f"(sp: true), as Megatron-LM requires: each TP rank routes its own share of the tokens")
+                                f"(sp: true), {why}")
         if m.moe.expert_ffn % et:
             field = "parallel.etp" if p.etp is not None else "parallel.tp"
             fail(field, f"{field.split('.')[1]}={et} does not divide model.moe.expert_ffn={m.moe.expert_ffn}")
+        if m.moe.shared_experts and m.moe.expert_ffn % p.tp:  # shared experts split as the dense MLP
+            fail("parallel.tp", f"tp={p.tp} does not divide model.moe.expert_ffn={m.moe.expert_ffn}, which the "
+                                f"shared experts split over TP")
         load = m.moe.ep_load
         if load is not None:
             if len(load) != p.ep:

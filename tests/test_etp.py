@@ -10,7 +10,7 @@ import pytest
 import clustersim
 from clustersim.model import transformer as tf
 from clustersim.model.moe import expert_params
-from clustersim.plan.mesh import Mesh
+from clustersim.plan.mesh import Mesh, parse_order
 from clustersim.program.lower import lower
 
 from .conftest import scenario_dict
@@ -33,31 +33,40 @@ def run(root, collapse=None, **kw):
 
 # --- the groups ---------------------------------------------------------------------------------
 
-def megatron_expert_groups(tp: int, dp: int, pp: int, ep: int, etp: int, dim: str) -> set[tuple[int, ...]]:
+def megatron_expert_groups(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, dim: str,
+                           ep_inner: bool = True) -> set[tuple[int, ...]]:
     """The expert groups as Megatron-Core's expert rank generator lays them out (order
-    tp-ep-dp-pp with tp = etp over the world, cp = 1): a stage's ranks in rank order, etp
-    innermost, then ep, then the expert-DP index."""
+    tp-ep-dp-pp, or tp-dp-ep-pp for strided EP, with tp = etp and cp = 1 over the world): a
+    stage's ranks in rank order, etp innermost, then ep and the expert-DP index."""
     out: dict[tuple, list[int]] = {}
-    per_stage = tp * dp
-    for r in range(tp * dp * pp):
+    per_stage = tp * cp * dp
+    edp = per_stage // (etp * ep)
+    for r in range(per_stage * pp):
         i = r % per_stage
-        coords = {"etp": i % etp, "ep": i // etp % ep, "edp": i // (etp * ep)}
+        if ep_inner:
+            coords = {"etp": i % etp, "ep": i // etp % ep, "edp": i // (etp * ep)}
+        else:
+            coords = {"etp": i % etp, "edp": i // etp % edp, "ep": i // (etp * edp)}
         key = (r // per_stage,) + tuple(v for k, v in coords.items() if k != dim)
         out.setdefault(key, []).append(r)
     return {tuple(g) for g in out.values()}
 
 
-@pytest.mark.parametrize("tp,dp,ep,etp", [
-    (2, 4, 4, 1), (2, 4, 8, 1), (2, 4, 2, 1), (4, 2, 2, 2), (4, 2, 8, 1), (4, 4, 4, 2), (8, 2, 16, 1), (4, 2, 2, 4)])
-def test_expert_groups_are_megatrons_folded_layout(tp, dp, ep, etp):
-    """EP folds over the TP ranks the experts leave whole: with the default order (cp = 1)
-    every EP, expert-DP and expert-TP group is the one Megatron-Core builds."""
-    mesh = Mesh(tp=tp, dp=dp, pp=2, ep=ep, etp=etp)
+@pytest.mark.parametrize("ep_inner", [True, False], ids=["ep-dp", "dp-ep"])
+@pytest.mark.parametrize("tp,cp,dp,ep,etp", [
+    (2, 1, 4, 4, 1), (2, 1, 4, 8, 1), (2, 1, 4, 2, 1), (4, 1, 2, 2, 2), (4, 1, 2, 8, 1), (4, 1, 4, 4, 2),
+    (8, 1, 2, 16, 1), (4, 1, 2, 2, 4), (2, 2, 2, 4, 2), (2, 2, 2, 8, 1), (4, 2, 4, 4, 2), (1, 2, 4, 4, 1)])
+def test_expert_groups_are_megatrons_folded_layout(tp, cp, dp, ep, etp, ep_inner):
+    """EP folds over the TP ranks the experts leave whole and the CP ranks: with tp innermost
+    (the default order) every EP, expert-DP and expert-TP group is the one Megatron-Core
+    builds."""
+    order, _ = parse_order("tp-cp-ep-dp-pp" if ep_inner else "tp-cp-dp-ep-pp")
+    mesh = Mesh(tp=tp, cp=cp, dp=dp, pp=2, ep=ep, etp=etp, order=order, ep_inner=ep_inner)
     for dim in ("ep", "edp", "etp"):
         groups = set(mesh.groups(dim))
-        assert groups == megatron_expert_groups(tp, dp, 2, ep, etp, dim), dim
+        assert groups == megatron_expert_groups(tp, cp, dp, 2, ep, etp, dim, ep_inner), dim
         assert all(mesh.group(r, dim) in groups and r in mesh.group(r, dim) for r in range(mesh.world_size))
-    assert mesh.size("edp") == tp // etp * dp // ep
+    assert mesh.size("edp") == tp // etp * cp * dp // ep
 
 
 def test_etp_equal_to_tp_keeps_ep_inside_dp():
@@ -134,7 +143,7 @@ def test_expert_memory_closed_form(root):
         psi_e = moe_layers * (m.moe.experts // p.ep) * expert_params(m.moe, m.hidden) / p.expert_tp
         assert low.work[0].local_expert_params == pytest.approx(psi_e)
         n_e = p.tp // p.expert_tp * p.dp // p.ep
-        assert sc.mesh.size("cp+edp") == n_e
+        assert sc.mesh.size("edp") == n_e
         psi = low.work[0].local_params
         st = r.summary["memory"]["stages"][0]
         assert st["optimizer_bytes"] == pytest.approx(12 * (psi / p.dp + psi_e / n_e))
@@ -176,11 +185,33 @@ def test_collapse_equals_every_rank(root, kw):
     assert rep.summary["simulation"]["simulated_ranks"] < full.summary["simulation"]["simulated_ranks"]
 
 
+def test_a_skewed_load_splits_tp_groups_that_mix_ep_indices(root):
+    """TP8 with etp 4 and strided EP2 over DP9: some TP groups hold EP indices [0 0 0 0 1 1 1 1],
+    others one index alone, so one class per (stage, EP index) would make twins of ranks whose
+    TP groups differ, and their collectives would never meet (the run deadlocked); the classes
+    are refined instead, and the collapse is exact."""
+    d = {"name": "x", "cluster": {"topology": "topologies/gb200-nvl72.yaml", "nodes": 1},
+         "model": {"name": "x", "layers": 2, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 1024,
+                   "moe": {"experts": 16, "top_k": 2, "expert_ffn": 1024, "ep_load": [1.5, 0.5]}},
+         "parallel": {"tp": 8, "pp": 1, "dp": 9, "ep": 2, "etp": 4, "sp": True, "order": "tp-cp-dp-ep-pp"},
+         "training": {"micro_batch_size": 1, "global_batch_size": 9}}
+    sc = clustersim.load_scenario(d, base_dir=root)
+    mixed = {tuple(sc.mesh.expert_coords["ep"][list(g)]) for g in sc.mesh.groups("tp")}
+    assert (0, 0, 0, 0, 1, 1, 1, 1) in mixed and (0,) * 8 in mixed
+    rep, full = clustersim.simulate(sc), clustersim.simulate(sc, collapse=False)
+    assert rep.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-9)
+    assert 2 < rep.summary["simulation"]["simulated_ranks"] < 72
+
+
 # --- bad plans ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw,field,words", [
     ({"tp": 4, "dp": 8, "etp": 3}, "parallel.etp", "etp=3 does not divide tp=4"),
     ({"etp": 1, "ep": 3, "moe": {"experts": 24}}, "parallel.ep", "does not divide (tp / etp) x dp = 2 x 16 = 32"),
+    ({"tp": 1, "sp": False, "cp": 2, "dp": 4, "ep": 16, "cluster": {"nodes": 1}}, "parallel.ep",
+     "ep=16 does not divide cp x dp = 2 x 4 = 8"),
+    ({"tp": 4, "dp": 8, "etp": 1, "moe": {"expert_ffn": 1026}}, "parallel.tp",
+     "tp=4 does not divide model.moe.expert_ffn=1026, which the shared experts split over TP"),
     ({"etp": 1, "ep": 1, "sp": False}, "parallel.sp", "experts split over fewer ranks (etp=1) with tensor parallelism"),
     ({"etp": 1, "zero": 1, "zero_shard": 4}, "parallel.zero_shard", "etp=1"),
 ])

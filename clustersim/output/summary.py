@@ -53,7 +53,7 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
     # EP's all-to-alls block every MoE layer: across nodes they run at the NICs' pace
     ep_over = f" over {p['ep_nodes']} nodes" if p.get("ep_nodes", 1) > 1 else ""
     experts = [f"EP{p['ep']}{ep_over}"] if p.get("ep", 1) > 1 else []
-    if (p.get("etp") or p["tp"]) != p["tp"]:  # (the config's etp is None where it is tp)
+    if (p.get("etp") or p["tp"]) != p["tp"]:  # (a config's etp, which validate shows, is None where it is tp)
         experts.append(f"ETP{p['etp']}")
     ep = f" ({', '.join(experts)})" if experts else ""
     # TP's all-reduces block every layer: over NICs they cost far more (parallelism guide)

@@ -15,10 +15,11 @@ Context parallelism splits every sequence over the cp ranks of a "cp" group; the
 same weights, so gradients (and ZeRO shards) go over the ``cp+dp`` group, all ranks with the
 same TP and PP coordinates (Megatron-LM's data-parallel-with-context-parallel group).
 
-Expert parallelism is carved out of DP (Megatron-style, experts TP-split like the dense MLP).
-With ``ep`` inside ``dp`` in the order (the default, "tp-cp-ep-dp-pp"), ep consecutive DP
-indices form an EP group, which all-to-alls tokens; the ranks holding the same experts form
-the expert-data-parallel group "edp", which reduces expert gradients::
+Expert parallelism is carved out of DP (Megatron-style; with CP, of CP x DP, and with experts
+split over fewer ranks than TP, below, of those TP ranks too). With ``ep`` inside ``dp`` in the
+order (the default, "tp-cp-ep-dp-pp"), ep consecutive DP indices form an EP group, which
+all-to-alls tokens; the ranks holding the same experts form the expert-data-parallel group
+"edp", which reduces expert gradients (without CP, experts split as TP)::
 
     dp index:  0 1 2 3 4 5 6 7      ep=4, ep inside dp ("ep-dp")
     ep group:  [0 1 2 3] [4 5 6 7]
@@ -28,19 +29,23 @@ the expert-data-parallel group "edp", which reduces expert gradients::
     ep group:  {0,2,4,6} {1,3,5,7}
     edp group: [0 1] [2 3] [4 5] [6 7]
 
-Expert gradients go over ``cp+edp``: CP ranks hold the same experts.
-
 Expert tensor parallelism (``etp``, a divisor of tp; Megatron-LM's
 --expert-tensor-parallel-size) splits each routed expert over etp TP ranks, the ``etp`` group
-(the whole TP group where etp = tp). Below tp, the experts lie on (tp / etp) x dp ranks of a
-stage and CP index, in which EP and expert-DP are carved as above: each rank's place there is
-x = tp // etp + (tp / etp) * dp, its EP index x mod ep (ep inside) or x // (X / ep) (outside),
-so EP folds over the TP ranks first (MoE parallel folding; Liu et al. 2025, arXiv:2504.14960)::
+(the whole TP group where etp = tp). The experts lie on the X = (tp / etp) x cp x dp ranks of
+a stage that hold different slices, in which EP and expert-DP are carved as above: each
+rank's place there, x, counts its TP group's slice (tp // etp), CP and DP indices in the
+order's nesting (by default x = tp // etp + (tp / etp) * (cp + CP * dp)), its EP index is
+x mod ep (ep inside) or x // (X / ep) (outside). So EP folds over the TP ranks the experts
+leave and the CP ranks first (MoE parallel folding, Liu et al. 2025, arXiv:2504.14960; the
+layout of Megatron-Core's expert rank generator, which lays the experts over each stage's
+ranks in rank order, etp innermost)::
 
     tp=2 etp=1 dp=4 ep=4:    x = tp + 2*dp
         (tp, dp):  (0,0) (1,0) (0,1) (1,1) (0,2) (1,2) (0,3) (1,3)
         ep group:  [ 0     1     2     3 ] [ 0     1     2     3 ]    (EP indices)
         edp group: {(0,0) (0,2)} {(1,0) (1,2)} {(0,1) (0,3)} {(1,1) (1,3)}
+
+Expert gradients go over ``edp``, which holds the CP ranks with the same experts.
 
 Hybrid sharding (HSDP; ``zero_shard``): ZeRO shards over ``zs`` groups of zero_shard
 members of a ``cp+dp`` group consecutive in rank order (so that a shard group fills a node
@@ -103,7 +108,7 @@ class Mesh:
     dp: int
     pp: int
     order: tuple[str, ...] = DIMS  # innermost first; a missing cp sits just outside tp
-    ep: int = 1  # expert-parallel size, a divisor of (tp / etp) x dp
+    ep: int = 1  # expert-parallel size, a divisor of (tp / etp) x cp x dp
     cp: int = 1
     ep_inner: bool = True  # EP groups are consecutive DP indices (else strided)
     zero_shard: int = 0  # ranks of a ZeRO shard group (zs); 0: the whole cp+dp group
@@ -121,7 +126,7 @@ class Mesh:
 
     def size(self, dim: str) -> int:
         if dim == "edp":
-            return self.tp // self.expert_tp * self.dp // self.ep
+            return self.tp // self.expert_tp * self.cp * self.dp // self.ep
         if dim == "etp":
             return self.expert_tp
         if dim in ("zs", "zr"):
@@ -159,27 +164,31 @@ class Mesh:
 
     @cached_property
     def expert_coords(self) -> dict[str, np.ndarray]:
-        """Every rank's coordinates among the experts, by rank: pp, cp, ``etp`` (its index
-        in its expert-TP group), ``ep`` (in its EP group) and ``edp`` (in its expert-DP
-        group), which name it as (tp, cp, dp, pp) do (the module docstring)::
+        """Every rank's coordinates among the experts, by rank: pp, ``etp`` (its index in
+        its expert-TP group), ``ep`` (in its EP group) and ``edp`` (in its expert-DP group),
+        which name it as (tp, cp, dp, pp) do (the module docstring); x nests tp // etp, cp and
+        dp as the order does (default order shown)::
 
-            x = tp // etp + (tp / etp) * dp      X = (tp / etp) * dp
+            x = tp // etp + (tp / etp) * (cp + CP * dp)      X = (tp / etp) * CP * dp
             ep inside dp:   ep = x mod ep,        edp = x // ep
             ep outside dp:  ep = x // (X / ep),   edp = x mod (X / ep)
         """
         et = self.expert_tp
-        tp, dp = self.coord_array("tp"), self.coord_array("dp")
-        x = tp // et + (self.tp // et) * dp
+        tp = self.coord_array("tp")
+        x, stride = np.zeros(self.world_size, dtype=np.int64), 1
+        for dim in (d for d in self.order if d in ("tp", "cp", "dp")):
+            x += (tp // et if dim == "tp" else self.coord_array(dim)) * stride
+            stride *= self.tp // et if dim == "tp" else self.size(dim)
         n = self.size("edp")
         ep, edp = (x % self.ep, x // self.ep) if self.ep_inner else (x // n, x % n)
-        return {"pp": self.coord_array("pp"), "cp": self.coord_array("cp"), "etp": tp % et, "ep": ep, "edp": edp}
+        return {"pp": self.coord_array("pp"), "etp": tp % et, "ep": ep, "edp": edp}
 
     def _expert_rows(self, parts: list[str]) -> np.ndarray:
-        """The groups over the expert dimensions ``parts`` (innermost first, e.g. ["cp",
-        "edp"]): ranks sharing every other expert coordinate, each group ordered by ``parts``'
+        """The groups over the expert dimensions ``parts`` (innermost first, e.g. ["etp",
+        "ep"]): ranks sharing every other expert coordinate, each group ordered by ``parts``'
         coordinates, the last most significant."""
         c = self.expert_coords
-        fixed = [c[k] for k in ("pp", "cp", "etp", "ep", "edp") if k not in parts]
+        fixed = [c[k] for k in ("pp", "etp", "ep", "edp") if k not in parts]
         order = np.lexsort([c[k] for k in parts] + fixed)  # (the last key sorts first)
         rows = order.reshape(-1, int(np.prod([self.size(k) for k in parts])))
         return rows[np.argsort(rows.min(axis=1), kind="stable")]
@@ -199,7 +208,7 @@ class Mesh:
         """Ranks that share every coordinate of ``rank`` except ``dim``, in ``dim`` order.
 
         ``ep``, ``edp`` and ``etp`` are the expert groups (see the module docstring);
-        "cp+dp" and "cp+edp" combine CP with DP and expert-DP, CP innermost.
+        "cp+dp" combines CP with DP, CP innermost.
         """
         c = self.coords(rank)
         if dim in ("zs", "zr"):  # slices of the rank's cp+dp group in rank order (the module docstring)
@@ -246,11 +255,12 @@ class Mesh:
 
     def grad_group(self, kind: str) -> str:
         """The group that reduces (and ZeRO-shards) the gradients of ``kind``, "dp" (dense) or
-        "edp" (routed experts): each times CP, as CP ranks hold the same weights, or under
-        hybrid sharding the shard group (experts then have no EP: their group is DP's)."""
+        "edp" (routed experts): DP times CP, as CP ranks hold the same weights, and the
+        expert-DP group, which holds them already; under hybrid sharding the shard group
+        (experts then have no EP: their group is DP's)."""
         if self.zero_shard:
             return "zs"
-        return {"dp": "cp+dp", "edp": "cp+edp"}[kind]
+        return {"dp": "cp+dp", "edp": "edp"}[kind]
 
     def grad_shards(self, zero: int) -> tuple[int, int]:
         """Into how many shards ZeRO stage ``zero`` cuts the dense and the routed-expert

@@ -42,7 +42,7 @@ from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
 
 # the groups in which ranks communicate (the lowering's kinds, Mesh.grad_group's groups; a
 # pipeline group holds every send, tied-embedding and part-holder group)
-REFINE_DIMS = ("tp", "cp", "ep", "cp+dp", "cp+edp", "pp")
+REFINE_DIMS = ("tp", "cp", "ep", "cp+dp", "edp", "pp")
 HYBRID_DIMS = ("zs", "zr")  # and, under hybrid sharding, its shard and replica groups
 
 
@@ -131,8 +131,9 @@ class Symmetry:
       around stragglers (:attr:`_chain_places`); so do ranks whose TP, CP, EP or gradient
       groups lie differently over nodes, which run different flows (:attr:`_group_shapes`).
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
-      compute different shares, so the class keeps the index in the EP group too: one class
-      per (stage, [CP index,] EP index), TP and DP twins collapsed as before.
+      compute different shares, so the classes start apart by the index in the EP group too
+      and are refined as around stragglers: one class per (stage, [CP index,] EP index) where
+      TP twins share an EP index (experts split as TP) and DP twins collapsed as before.
     - Collapsed, with faults (``faulty``: the ranks whose traffic a degraded NVLink, PCIe or
       NIC-leaf cable of their node touches, and those of the nodes below a faulty fabric cable
       or switch whose traffic it touches where their split fits: config.Scenario.split_faults,
@@ -183,15 +184,11 @@ class Symmetry:
         stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
-        elif stragglers or self._chain_places is not None or self._group_shapes is not None:
+        elif stragglers or self.ep_distinct or self._chain_places is not None or self._group_shapes is not None:
+            # a skewed load refines too: its classes by (stage, [CP index,] EP index) hold only
+            # where every TP and CP group keeps one pattern of EP indices, which folding EP over
+            # TP and CP ranks need not (TP groups of EP indices [0 0 1 1] beside [0 0 0 0])
             self.rep = self._split_classes(stragglers)
-        elif self.ep_distinct:  # one class per (stage, [CP index,] index in the EP group)
-            ep_index = m.expert_coords["ep"].tolist()
-            first: dict[tuple, int] = {}
-            self.rep = {}
-            for r in range(m.world_size):  # ascending: a class's first rank is its lowest
-                c = m.coords(r)
-                self.rep[r] = first.setdefault((c["pp"], c["cp"] if self.cp_distinct else 0, ep_index[r]), r)
         else:
             keep = ("pp", "cp") if self.cp_distinct else ("pp",)
             self.rep = {r: m.rank(**{d: v for d, v in m.coords(r).items() if d in keep}) for r in range(m.world_size)}
@@ -214,7 +211,7 @@ class Symmetry:
         node (where that differs within a stage: :attr:`_chain_places`), compute slowdown (and
         CP or EP index where those change the work); a rank whose traffic a fault touches is a
         class of its own. Refining then splits
-        ranks whose TP, CP, EP, gradient (``cp+dp``, ``cp+edp``) or pipeline groups hold
+        ranks whose TP, CP, EP, gradient (``cp+dp``, ``edp``) or pipeline groups hold
         different classes position by position, until no group splits a class::
 
             TP2 x PP2 x DP4 (rank = tp + 2 (dp + 4 pp)), GPU 5 slow (stage 0, tp 1, dp 2):

@@ -749,7 +749,7 @@ def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
 
 @dataclass(frozen=True)
 class MoeBlocks:
-    """The blocks replacing a dense MLP in a MoE layer (Megatron-style, experts TP-split)::
+    """The blocks replacing a dense MLP in a MoE layer (Megatron-style, experts split over etp TP ranks)::
 
         forward   AG[router]A2A AG ─ [experts + shared]RS A2A RS        (SP, EP, shared experts)
         backward  AG A2A AG[experts + shared]RS A2A ─ [router]RS
@@ -775,7 +775,7 @@ class MoeBlocks:
 
         forward   [router]A2A ─ [experts]A2A                            (SP, etp 1, no shared expert)
         forward   AG[router]A2A ─ [experts + shared]A2A RS              (SP, etp 1, shared experts)
-    
+
 
     With a skewed load (``ep_load``), rank ``ep_rank``'s routed experts compute its share, and
     the all-to-alls that carry tokens *to* the experts (forward dispatch, backward gradient of
