@@ -52,9 +52,21 @@ def with_recompute_layers(training: dict, rng, layers: int) -> dict:
 def with_etp(plan: dict, rng) -> dict:
     """``plan`` (a scenario dict) with, where it has experts, TP and EP or SP, and one draw in
     two, the experts split over fewer TP ranks (``parallel.etp``, a smaller divisor of tp:
-    EP folds over the other TP ranks): drawn after every other field, so that a seed draws
-    those as it did before."""
+    EP folds over the other TP ranks). ``rng`` is the script's second generator, which only
+    such later draws use, so that a seed draws every plan's other fields as it did before."""
     p = plan["parallel"]
     if "moe" in plan["model"] and p.get("tp", 1) > 1 and p.get("sp") and rng.random() < 0.5:
-        plan = {**plan, "parallel": {**p, "etp": rng.choice([x for x in (1, 2, 4) if x < p["tp"] and p["tp"] % x == 0])}}
+        smaller = [x for x in (1, 2, 4) if x < p["tp"] and p["tp"] % x == 0]
+        plan = {**plan, "parallel": {**p, "etp": rng.choice(smaller)}}
+    return plan
+
+
+def with_dualpipev(plan: dict, rng) -> dict:
+    """``plan`` with, where it runs DualPipe and one draw in two, DualPipeV instead (the same
+    microbatches, 2 x pp model chunks: the layers doubled where fewer); ``rng`` as
+    :func:`with_etp`'s."""
+    p, model = plan["parallel"], plan["model"]
+    if p.get("schedule") == "dualpipe" and rng.random() < 0.5:
+        plan = {**plan, "parallel": {**p, "schedule": "dualpipev"},
+                "model": {**model, "layers": max(model["layers"], 2 * p["pp"])}}
     return plan

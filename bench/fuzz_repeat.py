@@ -70,10 +70,10 @@ def draw(rng: random.Random) -> dict:
     per_node = TOPOLOGIES[topo]
     if tp * pp * dp * cp < per_node:
         dp = parallel["dp"] = per_node // (tp * pp * cp)
-    return with_etp({"name": "fuzz-repeat", "cluster": cluster, "model": model, "parallel": parallel,
-                     "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
-                                                        "recompute": rng.choice(["none", "selective", "full"])},
-                                                       rng, model["layers"])}, rng)
+    return {"name": "fuzz-repeat", "cluster": cluster, "model": model, "parallel": parallel,
+            "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
+                                               "recompute": rng.choice(["none", "selective", "full"])},
+                                              rng, model["layers"])}
 
 
 def compare(d: dict) -> tuple[str, list[str]]:
@@ -105,9 +105,10 @@ def compare(d: dict) -> tuple[str, list[str]]:
 def main() -> int:
     seed, plans = two_counts(__doc__, ("seed", 0, "seed of the random plans"), ("plans", 20, "how many plans to draw"))
     rng = random.Random(seed)
+    later = random.Random(seed + 2_000_003)  # draws added since (fuzz_args.with_etp), apart from the plans
     bad = 0
     for i in range(plans):
-        d = draw(rng)
+        d = with_etp(draw(rng), later)
         p = d["parallel"]
         label = (f"{i:3d} {d['cluster']['topology'].split('/')[-1]:<18} {p['schedule']:<11} tp{p['tp']} pp{p['pp']} "
                  f"dp{p['dp']} cp{p['cp']} z{p['zero']}{' ep2' if 'ep' in p else ''}"

@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz_args import two_counts, with_etp, with_recompute_layers  # a sibling script (bench/ is on the path)
+from fuzz_args import (two_counts, with_dualpipev, with_etp,  # sibling scripts (bench/ is on the path)
+                       with_recompute_layers)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -102,12 +103,12 @@ def draw(rng: random.Random) -> dict:
         link = rng.choice([f"n{node}.gpu{rng.randrange(8)}-n{node}.nvsw", None])
         if link is not None:
             what_if.append({"link": link, "bw_factor": 0.5})
-    return with_etp({"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
-                                                          "what_if": what_if},
-                     "model": model, "parallel": parallel,
-                     "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
-                                                        "recompute": rng.choice(["none", "selective", "full"])},
-                                                       rng, model["layers"])}, rng)
+    return {"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
+                                                 "what_if": what_if},
+            "model": model, "parallel": parallel,
+            "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
+                                               "recompute": rng.choice(["none", "selective", "full"])},
+                                              rng, model["layers"])}
 
 
 def _numbers(x, path: str = ""):
@@ -218,11 +219,12 @@ def main() -> int:
     seed, plans = two_counts(__doc__, ("seed", 0, "seed of the random plans"), ("plans", 20, "how many plans to draw"))
     rng = random.Random(seed)
     cables = random.Random(seed + 1_000_003)  # (with_cable's own)
+    later = random.Random(seed + 2_000_003)  # draws added since (fuzz_args.with_etp), apart from the plans
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
     for i in range(plans):
-        d = draw(rng)
+        d = with_dualpipev(with_etp(draw(rng), later), later)
         try:
             sc = clustersim.load_scenario(d, base_dir=ROOT)
             cabled = with_cable(sc, d, cables)

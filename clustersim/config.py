@@ -24,7 +24,8 @@ from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, build
                                 load_topology_cfg)
 from .model.transformer import RECOMPUTE_MODULES, DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
-from .schedule.pipeline import CUSTOM, SCHEDULE_NAMES, PipelineSchedule, ScheduleError, build_schedule, chunks_per_rank
+from .schedule.pipeline import (CUSTOM, SCHEDULE_NAMES, V_SCHEDULES, PipelineSchedule, ScheduleError, build_schedule,
+                                 chunks_per_rank)
 from .yamlio import Strict, given_file, read_yaml, short_repr, validate
 
 
@@ -537,6 +538,8 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
         interleaved   vpp >= 2, pp >= 2, m % pp == 0     (Megatron-LM runs microbatches p at a time;
                       or groups of vpp_group g:          pp <= g <= m, m % g == 0 or m % g >= pp)
         dualpipe      pp even, m even, m >= 2 pp         (the reference DualPipe's asserts)
+        zbv           pp >= 2                            (a V over one rank is one stage)
+        dualpipev     pp >= 2, m >= 2 pp                 (the reference DualPipeV's assert)
         custom        schedule_file, and only then
     """
     p = cfg.parallel
@@ -548,7 +551,7 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
 
     v = chunks_per_rank(p.schedule, p.vpp)
     if p.pp * v * m > MAX_STAGE_PASSES:
-        what = "pp*2*m (zbv's two chunks a rank)" if p.schedule == "zbv" else "pp*vpp*m"
+        what = f"pp*2*m ({p.schedule}'s two chunks a rank)" if p.schedule in V_SCHEDULES else "pp*vpp*m"
         fail("training.global_batch_size",
              f"{what} = {p.pp}*{v}*{m} = {p.pp * v * m:,} stage passes per step (m = global_batch_size / "
              f"(dp * micro_batch_size)); the schedule, an action per pass, is built when the scenario is checked "
@@ -583,9 +586,13 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
     elif p.vpp_group is not None:
         fail("parallel.vpp_group", f"vpp_group={p.vpp_group} is used by schedule interleaved only (schedule is "
                                    f"{p.schedule}); leave it out")
-    if p.schedule == "zbv" and p.pp < 2:
-        fail("parallel.schedule", f"zbv needs pp >= 2 pipeline ranks for its V; got pp={p.pp} (one rank runs both "
-                                  f"chunks as one stage: use zb-h1 or 1f1b)")
+    if p.schedule in V_SCHEDULES and p.pp < 2:
+        instead = "zb-h1 or 1f1b" if p.schedule == "zbv" else "zb-h1"
+        fail("parallel.schedule", f"{p.schedule} needs pp >= 2 pipeline ranks for its V; got pp={p.pp} (one rank "
+                                  f"runs both chunks as one stage: use {instead})")
+    if p.schedule == "dualpipev" and m < 2 * p.pp:
+        fail("parallel.schedule", f"dualpipev needs {m_is} at least 2*pp={2 * p.pp} (as the reference DualPipeV "
+                                  f"asserts)")
     if p.schedule == "dualpipe":
         if p.pp % 2:
             fail("parallel.schedule", f"dualpipe needs an even pp (two directions meet in the middle); got pp={p.pp}")
@@ -645,8 +652,8 @@ def _check_schedule(sc: Scenario) -> None:
         raise ConfigError(f"{where}rank {idle[0]} has no actions; every pipeline rank must run at least one stage",
                           source=sc.source, field=field)
     if p.layers_per_stage is not None:
-        per = {"interleaved": f"pp*vpp = {p.pp}*{p.vpp}", "zbv": f"2*pp = 2*{p.pp} (zbv places two on each rank)",
-               CUSTOM: "the custom schedule's stages"}.get(
+        per = {"interleaved": f"pp*vpp = {p.pp}*{p.vpp}", CUSTOM: "the custom schedule's stages",
+               **{v: f"2*pp = 2*{p.pp} ({v} places two on each rank)" for v in V_SCHEDULES}}.get(
             p.schedule, f"pp={p.pp}")
         if len(p.layers_per_stage) != n:
             raise ConfigError(f"has {len(p.layers_per_stage)} entries, expected one per model part: {per} = {n}",
@@ -660,8 +667,9 @@ def _check_schedule(sc: Scenario) -> None:
                               source=sc.source, field="parallel.layers_per_stage")
     elif n > layers:
         what = {"interleaved": ("parallel.vpp", f"pp*vpp = {p.pp}*{p.vpp} = {n} model chunks"),
-                "zbv": ("parallel.pp", f"2*pp = {n} model chunks (zbv places two on each rank)"),
-                CUSTOM: ("parallel.schedule_file", f"the custom schedule's {n} stages")}.get(
+                CUSTOM: ("parallel.schedule_file", f"the custom schedule's {n} stages"),
+                **{v: ("parallel.pp", f"2*pp = {n} model chunks ({v} places two on each rank)")
+                   for v in V_SCHEDULES}}.get(
             p.schedule, ("parallel.pp", f"pp={p.pp} parts"))
         raise ConfigError(f"{what[1]} need at least one layer each, but model.layers={layers}",
                           source=sc.source, field=what[0])

@@ -82,6 +82,12 @@ for schedule, zero, etp, ep, more in [
     PLANS.append({**dict(tp=4, pp=2, dp=2, sp=True, zero=zero, recompute="none", schedule=schedule, ep=ep, etp=etp,
                          moe=True), **more})
 
+# DualPipeV: dense and MoE (EP, experts whole below TP), ZeRO 1-3, recompute, SP, CP
+for zero, more in [(1, {}), (3, dict(recompute="full", sp=True)), (2, dict(tp=1, dp=8, ep=4, moe=True)),
+                   (1, dict(tp=4, dp=2, sp=True, ep=2, etp=1, moe=True, recompute="selective")),
+                   (0, dict(tp=2, dp=2, cp=2, sp=True))]:
+    PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule="dualpipev"), **more})
+
 
 def _id(p):
     return "-".join(f"{k}{'+'.join(v) if isinstance(v, list) else v}" for k, v in p.items()

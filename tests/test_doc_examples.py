@@ -384,6 +384,34 @@ def test_the_zero_bubble_figures_of_parallelism_md():
         split_weight_passes(low.schedule, q))) != middle  # the most held at once, not the most split
 
 
+def test_the_dualpipev_figures_of_parallelism_md():
+    """docs/parallelism.md's DualPipeV paragraph: steps and peaks on moe_1024gpu's model at PP8
+    and PP16, the rank-by-rank rise of the peaks and the W's each rank holds back at once."""
+    import clustersim
+    from clustersim.schedule.core import split_weight_passes
+
+    dualpipe = _variant("moe_1024gpu.yaml", schedule="dualpipe", vpp=1)
+    v8 = _variant("moe_1024gpu.yaml", schedule="dualpipev", vpp=1)
+    v16 = _variant("moe_1024gpu.yaml", schedule="dualpipev", vpp=1, pp=16, dp=64)
+    peaks = [st["peak_bytes"] / 2**30 for st in v8["memory"]["stages"]]
+    _quoted_in_parallelism_md([
+        f"On the same plan it takes {v8['step_time_s']:.2f} s with a peak of {_peak_gib(v8):.1f} GiB, "
+        f"{_peak_gib(dualpipe) - _peak_gib(v8):.0f} GiB less than DualPipe's, and at PP16 x DP64 "
+        f"{v16['step_time_s']:.2f} s and {_peak_gib(v16):.1f} GiB",
+        f"from {peaks[0]:.1f} GiB on rank 0 to {peaks[-1]:.1f} GiB on rank {len(peaks) - 1}",
+    ])
+    assert peaks == sorted(peaks) and not v16["memory"]["fits"]
+    assert min(v8["step_time_s"], v16["step_time_s"]) > _variant("moe_1024gpu.yaml")["step_time_s"]
+    sched = clustersim.api.lower_step(_scenario("moe_1024gpu.yaml", {"schedule": "dualpipev", "vpp": 1}))[1].schedule
+    for r in range(sched.ranks):  # the W's held back at once: in at a split B, out at its W
+        split, held, most = split_weight_passes(sched, r), set(), 0
+        for a in sched.actions[r]:
+            if (a.stage, a.mb) in split and a.kind != "F":
+                held ^= {(a.stage, a.mb)}
+                most = max(most, len(held))
+        assert most == r + 1
+
+
 def test_the_recompute_figures_of_parallelism_md():
     """docs/parallelism.md, "Recompute: which layers, which parts": Llama-2 70B in microbatches of 2."""
     import clustersim

@@ -113,6 +113,7 @@ CASES = (
                                                        (4, 8, 2), (4, 12, 3), (8, 16, 4)]]
     + [("dualpipe", p, m, {}) for p, m in [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 20)]]
     + [("zbv", p, m, {}) for p, m in [(1, 1), (2, 3), (2, 5), (4, 3), (4, 8), (5, 12), (8, 16)]]
+    + [("dualpipev", p, m, {}) for p, m in [(2, 4), (2, 5), (3, 6), (4, 8), (4, 11), (8, 16)]]
 )
 CASE_IDS = [f"{n}-p{p}-m{m}" + "".join(f"-{k}{v}" for k, v in o.items()) for n, p, m, o in CASES]
 
@@ -133,11 +134,11 @@ def test_round_trip(name, p, m, opts):
 @pytest.mark.parametrize("name,p,m,opts", CASES, ids=CASE_IDS)
 def test_invariants(name, p, m, opts):
     s = build_schedule(name, p, m, **opts)
-    v = opts.get("v", 2 if name in ("dualpipe", "zbv") else 1)
+    v = opts.get("v", 2 if name in ("dualpipe", "zbv", "dualpipev") else 1)
     assert s.ranks == p and s.n_microbatches == m
     assert s.n_stages == p * v
     assert s.n_parts == (p if name == "dualpipe" else p * v)
-    assert s.split_backward == (name in ("zb-h1", "zbv", "dualpipe"))
+    assert s.split_backward == (name in ("zb-h1", "zbv", "dualpipe", "dualpipev"))
     kinds = ("F", "B", "W") if s.split_backward else ("F", "B")
     for r, acts in enumerate(s.actions):
         assert all(s.stage_rank[a.stage] == r for a in acts)
@@ -251,6 +252,54 @@ def test_zbv_layout_paths_and_deps():
     assert s.deps(Action(4, "F", 0)) == [(3, "F", 0)]  # rank 3 hands part 3's output to itself
     assert s.deps(Action(7, "B", 0)) == [(7, "F", 0)]  # the loss on rank 0
     assert s.deps(Action(3, "B", 0)) == [(3, "F", 0), (4, "B", 0)]
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 8), (4, 11), (8, 16), (8, 20)])
+@pytest.mark.parametrize("fb", [2, 2.5, 3])
+def test_bubble_dualpipev(p, m, fb):
+    """DualPipeV is DualPipe's schedule for 2p stages folded onto p ranks: the DualPipe formula
+    with 2p stages, (2p/2 - 1)(F&B + B - 3W) = (p-1)(F&B + B - 3W) in chunk times, F = B_in =
+    W = 1 and B = 2 the full backward. With F&B = F + B every rank idles it; with a gain from
+    overlapping, the tip (rank p-1, whose first pair is not overlapped) still does."""
+    s = build_schedule("dualpipev", p, m)
+    idle = idle_per_rank(s, {"F": 1, "B": 1, "W": 1, "F&B": fb})
+    formula = (p - 1) * (fb + 2 - 3 * 1)
+    assert max(idle) == pytest.approx(formula) == idle[p - 1]
+    if fb == 3:
+        assert idle == [pytest.approx(formula)] * p
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 20)])
+def test_peak_in_flight_dualpipev(p, m):
+    """Before its first backward rank r runs (p-r-1)*2 + (r+1) forwards of its first arm and
+    r+1 of its second, 2p chunks; step 3 frees one for each it adds, and an F&B chunk holds
+    both of its own: 2p + 1 chunks of 1/(2p) of the model, DualPipe's p+1 (DeepSeek-V3,
+    Table 2) for 2p stages, on half the ranks."""
+    assert peak_in_flight(build_schedule("dualpipev", p, m)) == [2 * p + 1] * p
+
+
+def test_dualpipev_layout_and_the_reference_steps():
+    """Rank r holds stages r and 2p-1-r, each part once (ZB-V's V); every microbatch walks
+    all 2p; the step counts match the reference DualPipeV."""
+    p, m = 8, 20
+    s = build_schedule("dualpipev", p, m)
+    assert s.stage_rank == tuple(range(p)) + tuple(reversed(range(p)))
+    assert s.stage_part == tuple(range(2 * p)) and s.n_parts == 2 * p
+    assert all(s.paths[mb] == tuple(range(2 * p)) for mb in range(m))
+    assert s.deps(Action(p, "F", 0)) == [(p - 1, "F", 0)]  # the tip hands over to itself
+    for r in range(p):
+        acts = s.actions[r]
+        # step 1's (p-r-1)*2 forwards of the first arm, then step 2 alternates, first arm first
+        first_second = next(i for i, a in enumerate(acts) if a.stage != r)
+        assert first_second == (p - r - 1) * 2 + 1
+        assert [a.stage for a in acts[first_second - 1:first_second + 2 * r + 1]] == [r, 2 * p - 1 - r] * (r + 1)
+        # overlapped chunks: 2 per step-4 iteration (one fewer on the tip) + 1 per step 5
+        step4, step5 = m - 2 * p + r + 1, p - r - 1
+        assert len(s.fb_pairs[r]) == 2 * step4 - (r == p - 1) + step5
+    with pytest.raises(ValueError, match=r"at least 2p.*m=7, p=4"):
+        build_schedule("dualpipev", 4, 7)
+    with pytest.raises(ValueError, match=r"p >= 2.*p=1"):
+        build_schedule("dualpipev", 1, 4)
 
 
 def test_dualpipe_beats_1f1b_and_zb_h1_in_unit_time():

@@ -125,10 +125,24 @@ def test_zbv_bubble_closed_form(p, m):
     assert met["bubble_fraction"] == pytest.approx((p - 1) / (6 * m + p - 1), rel=REL)
 
 
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 8), (4, 11), (8, 16)])
+def test_dualpipev_bubble_closed_form(p, m):
+    """DualPipeV, T_F = T_B = T_W = t per chunk (half a stage), F&B = F + B_full = 3t: idle
+    per rank (2p/2 - 1)(F&B + B_full - 3W) = 2(p-1)t, DualPipe's formula for its 2p stages
+    (DeepSeek-V3 report, Table 2). Each rank computes both its chunks' F, B and W for every
+    microbatch, 6mt, so the idle time is a fraction 2(p-1)/(6m + 2(p-1)) of the step."""
+    t = 0.25
+    _, _, _, met = uniform_run("dualpipev", p, m, t, t, t)
+    idle = (p - 1) * (3 * t + 2 * t - 3 * t)
+    assert idle_per_rank(met) == pytest.approx([idle] * p, rel=REL, abs=1e-12)
+    assert met["step_time_s"] == pytest.approx(6 * m * t + idle, rel=REL)
+    assert met["bubble_fraction"] == pytest.approx(2 * (p - 1) / (6 * m + 2 * (p - 1)), rel=REL, abs=1e-12)
+
+
 @pytest.mark.parametrize("name,p,m,opts", [
     ("gpipe", 4, 6, {}), ("1f1b", 4, 6, {}), ("interleaved", 4, 8, {"v": 2}), ("interleaved", 3, 6, {"v": 3}),
     ("zb-h1", 4, 6, {}), ("zb-h1", 4, 3, {}), ("dualpipe", 4, 8, {}), ("dualpipe", 6, 14, {}),
-    ("zbv", 4, 8, {}), ("zbv", 4, 5, {}),
+    ("zbv", 4, 8, {}), ("zbv", 4, 5, {}), ("dualpipev", 4, 8, {}), ("dualpipev", 3, 7, {}),
 ])
 def test_lowered_step_is_the_schedule_layers_timeline(name, p, m, opts):
     """With free communication the engine runs exactly the schedule layer's list scheduling,
@@ -160,6 +174,7 @@ def test_activation_peaks_of_the_papers():
     assert peaks("zb-h1") == [p] * p
     assert peaks("dualpipe") == [p + 1] * p
     assert peaks("zbv") == [2 * p] * p  # chunks of half a stage: 1F1B's p stages
+    assert peaks("dualpipev") == [2 * p + 1] * p  # DualPipe's p+1 for its 2p half-stage chunks
     assert peaks("interleaved", v=2)[0] == (p - 1) * 2 + (2 - 1) * p + 1  # Megatron's warm-up + 1
 
 
@@ -277,6 +292,8 @@ def test_dualpipe_holds_each_part_twice_and_all_reduces_the_copies():
     {"schedule": "interleaved", "vpp": 2, "sp": True, "zero": 1},
     {"schedule": "zbv"},
     {"schedule": "zbv", "zero": 3, "sp": True},
+    {"schedule": "dualpipev"},
+    {"schedule": "dualpipev", "zero": 1, "sp": True},
 ])
 def test_collapsed_equals_all_ranks(parallel):
     """On the 2-node cluster of SMALL (TP2 x PP4 x DP2). Stage 1 (GPUs 4-7) sends to stage 2
@@ -441,6 +458,14 @@ BAD = [
      "zbv needs pp >= 2"),
     ("zbv layers per part", {"parallel": {"schedule": "zbv", "layers_per_stage": [2, 2]}},
      "parallel.layers_per_stage", "2*pp = 2*2 (zbv places two on each rank) = 4"),
+    ("dualpipev one rank", {"parallel": {"schedule": "dualpipev", "tp": 4, "pp": 1, "dp": 4}}, "parallel.schedule",
+     "dualpipev needs pp >= 2"),
+    ("dualpipev few mbs", {"parallel": {"tp": 2, "pp": 4, "dp": 2, "schedule": "dualpipev"},
+                           "training": {"global_batch_size": 14}}, "parallel.schedule",
+     "dualpipev needs m=7 microbatches (global_batch_size / (dp * micro_batch_size)) at least 2*pp=8"),
+    ("dualpipev chunks", {"parallel": {"schedule": "dualpipev", "tp": 2, "pp": 4, "dp": 2},
+                          "model": {"layers": 6}, "training": {"global_batch_size": 16}}, "parallel.pp",
+     "2*pp = 8 model chunks (dualpipev places two on each rank) need at least one layer each"),
 ]
 
 

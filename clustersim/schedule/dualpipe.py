@@ -55,6 +55,84 @@ def dualpipe_stage_part(p: int) -> tuple[int, ...]:
     return tuple(range(p)) + tuple(range(p))
 
 
+class _Order:
+    """One rank's actions in the reference's order: forwards and backwards of its two
+    phases, each its own stage and first microbatch; a split backward queues its W (FIFO,
+    as the reference's WeightGradStore), a full one takes it at once; F&B pairs noted."""
+
+    def __init__(self, stage: tuple[int, int], first_mb: tuple[int, int]):
+        self.stage, self.first_mb = stage, first_mb
+        self.nf, self.nb = [0, 0], [0, 0]
+        self.w_queue: deque[Action] = deque()
+        self.acts: list[Action] = []
+        self.full: set[tuple[int, int]] = set()  # (stage, mb) of its full backwards
+        self.fb: list[tuple[Action, Action]] = []
+
+    def fwd(self, d: int) -> Action:
+        a = Action(self.stage[d], "F", self.first_mb[d] + self.nf[d])
+        self.nf[d] += 1
+        self.acts.append(a)
+        return a
+
+    def bwd(self, d: int, zb: bool) -> Action:
+        a = Action(self.stage[d], "B", self.first_mb[d] + self.nb[d])
+        self.nb[d] += 1
+        self.acts.append(a)
+        w = Action(a.stage, "W", a.mb)
+        if zb:  # weight gradient deferred to a later W slot
+            self.w_queue.append(w)
+        else:  # full backward: its weight part right after
+            self.acts.append(w)
+            self.full.add((a.stage, a.mb))
+        return a
+
+    def weight(self) -> None:
+        self.acts.append(self.w_queue.popleft())
+
+    def fwd_bwd(self, f: int, b: int) -> None:
+        self.fb.append((self.fwd(f), self.bwd(b, zb=False)))
+
+
+def _eight_steps(o: _Order, h: int, half: int, main: int, tip: bool, phase) -> None:
+    """The eight steps both references share, for a rank whose distance from its end of the
+    pipeline is ``h`` of ``half`` (DualPipe: half_rank of p/2; DualPipeV: r of p), with
+    ``main`` step-4 pairs; ``tip``: its first step-4 pair is not overlapped (the reference
+    shrinks the bubble so); ``phase`` maps the reference's phase 0/1 to the rank's stages."""
+    f, b = (lambda ph: o.fwd(phase(ph))), (lambda ph, zb: o.bwd(phase(ph), zb))
+    for _ in range((half - h - 1) * 2):  # step 1
+        f(0)
+    for _ in range(h + 1):  # step 2
+        f(0)
+        f(1)
+    for _ in range(half - h - 1):  # step 3
+        b(1, True)
+        o.weight()
+        f(1)
+    for i in range(main):  # step 4
+        if i == 0 and tip:
+            f(0)
+            b(1, False)
+        else:
+            o.fwd_bwd(phase(0), phase(1))
+        o.fwd_bwd(phase(1), phase(0))
+    for _ in range(half - h - 1):  # step 5
+        b(1, False)
+        o.fwd_bwd(phase(1), phase(0))
+    zb = False
+    for i in range(h + 1):  # step 6
+        if i == (h + 1) // 2 and h % 2 == 1:
+            zb = True
+        b(1, zb)
+        if i == (h + 1) // 2 and h % 2 == 0:
+            zb = True
+        b(0, zb)
+    for _ in range(half - h - 1):  # step 7
+        o.weight()
+        b(0, True)
+    for _ in range(h + 1):  # step 8
+        o.weight()
+
+
 def dualpipe(p: int, m: int) -> PipelineSchedule:
     if p < 2 or p % 2:
         raise ScheduleError(f"dualpipe: the number of pipeline ranks must be even (two directions meet in "
@@ -67,78 +145,50 @@ def dualpipe(p: int, m: int) -> PipelineSchedule:
     rows, pairs, fused = [], [], []
     for r in range(p):
         hr = min(r, p - 1 - r)
-        second = r >= half
-        middle = r in (half - 1, half)
-        stage = (r, 2 * p - 1 - r)  # by direction
-        first_mb = (0, m // 2)
-        nf, nb = [0, 0], [0, 0]
-        w_queue: deque[Action] = deque()
-        acts: list[Action] = []
-        full: set[tuple[int, int]] = set()  # (stage, mb) of its full backwards
-        fb: list[tuple[Action, Action]] = []
-
-        def fwd(phase: int) -> Action:
-            d = phase ^ second
-            a = Action(stage[d], "F", first_mb[d] + nf[d])
-            nf[d] += 1
-            acts.append(a)
-            return a
-
-        def bwd(phase: int, zb: bool) -> Action:
-            d = phase ^ second
-            a = Action(stage[d], "B", first_mb[d] + nb[d])
-            nb[d] += 1
-            acts.append(a)
-            w = Action(a.stage, "W", a.mb)
-            if zb:  # weight gradient deferred to a later W slot (FIFO, as WeightGradStore)
-                w_queue.append(w)
-            else:  # full backward: its weight part right after
-                acts.append(w)
-                full.add((a.stage, a.mb))
-            return a
-
-        def weight() -> None:
-            acts.append(w_queue.popleft())
-
-        def fwd_bwd(phase0: int, phase1: int) -> None:
-            f = fwd(phase0)
-            b = bwd(phase1, zb=False)
-            fb.append((f, b))
-
-        for _ in range((half - hr - 1) * 2):  # step 1
-            fwd(0)
-        for _ in range(hr + 1):  # step 2
-            fwd(0)
-            fwd(1)
-        for _ in range(half - hr - 1):  # step 3
-            bwd(1, zb=True)
-            weight()
-            fwd(1)
-        for i in range(m // 2 - p + hr + 1):  # step 4
-            if i == 0 and middle:  # the reference does not overlap this pair, to shrink the bubble
-                fwd(0)
-                bwd(1, zb=False)
-            else:
-                fwd_bwd(0, 1)
-            fwd_bwd(1, 0)
-        for _ in range(half - hr - 1):  # step 5
-            bwd(1, zb=False)
-            fwd_bwd(1, 0)
-        zb = False
-        for i in range(hr + 1):  # step 6
-            if i == (hr + 1) // 2 and hr % 2 == 1:
-                zb = True
-            bwd(1, zb)
-            if i == (hr + 1) // 2 and hr % 2 == 0:
-                zb = True
-            bwd(0, zb)
-        for _ in range(half - hr - 1):  # step 7
-            weight()
-            bwd(0, zb=True)
-        for _ in range(hr + 1):  # step 8
-            weight()
-        assert not w_queue and nf == [m // 2] * 2 and nb == [m // 2] * 2  # the step counts add up
-        rows.append(acts)
-        pairs.append(fb)
-        fused.append(frozenset(full))
+        second = int(r >= half)
+        o = _Order((r, 2 * p - 1 - r), (0, m // 2))  # by direction
+        _eight_steps(o, hr, half, m // 2 - p + hr + 1, r in (half - 1, half), lambda ph: ph ^ second)
+        assert not o.w_queue and o.nf == [m // 2] * 2 and o.nb == [m // 2] * 2  # the step counts add up
+        rows.append(o.acts)
+        pairs.append(o.fb)
+        fused.append(frozenset(o.full))
     return make_schedule("dualpipe", rows, stage_part=dualpipe_stage_part(p), fb_pairs=pairs, fused_w=fused)
+
+
+def dualpipev(p: int, m: int) -> PipelineSchedule:
+    """DualPipeV: DualPipe cut in half, one V over p ranks (DeepSeek's ``DualPipeV``).
+
+    The model is cut into 2p parts; rank r holds stage r (phase 0, down the ranks) and stage
+    2p-1-r (phase 1, back up), where ZB-V places them, and every microbatch walks both: one
+    direction, each part held once where DualPipe holds every part twice. Per rank the
+    eight steps above with h = r out of p (the public reference, ``DualPipeV.step``)::
+
+        1  nF0        (p - r - 1) * 2 forwards of phase 0
+        2  nF0F1      r + 1 pairs F(phase 0), F(phase 1)
+        3  nB1W1F1    p - r - 1 x [B(phase 1) W F(phase 1)]        (B split: W from the queue)
+        4  nF0B1F1B0  m - 2p + r + 1 x [F0&B1, F1&B0]              (overlapped, full backward)
+        5  nB1F1B0    p - r - 1 x [B(phase 1), F1&B0]
+        6  nB1B0      r + 1 x [B1, B0]; the second half split (W queued)
+        7  nWB0       p - r - 1 x [W, B(phase 0) split]
+        8  nW         r + 1 W's: drain the queue (FIFO)
+
+    The last rank holds the V's tip (stages p-1 and p); its first step-4 pair is not
+    overlapped, as in the reference. It is DualPipe's schedule for 2p stages folded onto p
+    ranks: bubble (p-1)(F&B + B - 3W) in chunk times, parameters once (1F1B's), and the
+    reference asserts m >= 2p.
+    """
+    if p < 2:
+        raise ScheduleError(f"dualpipev: needs p >= 2 pipeline ranks for its V; got p={p} (one rank would "
+                            f"run both arms)", about="p")
+    if m < 2 * p:
+        raise ScheduleError(f"dualpipev: the number of microbatches must be at least 2p (as the reference "
+                            f"DualPipeV asserts); got m={m}, p={p}", about="m")
+    rows, pairs, fused = [], [], []
+    for r in range(p):
+        o = _Order((r, 2 * p - 1 - r), (0, 0))
+        _eight_steps(o, r, p, m - 2 * p + r + 1, r == p - 1, lambda ph: ph)
+        assert not o.w_queue and o.nf == [m, m] and o.nb == [m, m]  # the step counts add up
+        rows.append(o.acts)
+        pairs.append(o.fb)
+        fused.append(frozenset(o.full))
+    return make_schedule("dualpipev", rows, fb_pairs=pairs, fused_w=fused)

@@ -7,11 +7,13 @@
     zb-h1         stage r                 B + W        (p-1)(F+B-2W)                     -
     zbv           stages r, 2p-1-r        B + W        (p-1) F/2 at T_F = T_B = T_W      -
     dualpipe      stages r, 2p-1-r        B + W, F&B   (p/2-1)(F&B+B-3W)                 p even, m even, m >= 2p
+    dualpipev     stages r, 2p-1-r        B + W, F&B   (p-1)(F&B+B-3W), chunk times     p >= 2, m >= 2p
     custom        as written              as written   -                                 text=...
 
 Sources: Narayanan et al. SC'21 (arXiv:2104.04473) Sec 2.2; Qi et al. 2023 (arXiv:2401.10241);
 Qi et al. 2023 Sec 6 (ZB-V);
-DeepSeek-V3 report (arXiv:2412.19437) Sec 3.2.1, Table 2. Every schedule prints as a
+DeepSeek-V3 report (arXiv:2412.19437) Sec 3.2.1, Table 2; DualPipeV, DeepSeek's DualPipe
+repository. Every schedule prints as a
 step x rank grid (:func:`format_grid`) and parses back (:func:`parse_grid`)::
 
     rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 .   0B5 .   0B6 .   0B7
@@ -41,20 +43,21 @@ from .core import (
     timeline,
     unit_time_grid,
 )
-from .dualpipe import dualpipe, dualpipe_stage_part
+from .dualpipe import dualpipe, dualpipe_stage_part, dualpipev
 from .grid import format_grid, parse_grid, parse_rows, parse_schedule
 from .zero_bubble import zb_h1, zb_v
 
 # Schedules built from (p, m) alone; "custom" also takes text=... (see build_schedule).
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev")
 CUSTOM = "custom"
+V_SCHEDULES = ("zbv", "dualpipev")  # two model chunks a rank, stages r and 2p-1-r
 SCHEDULE_NAMES = SCHEDULES + (CUSTOM,)
 
 __all__ = [
-    "CUSTOM", "DEFAULT_DURATIONS", "FB", "KINDS", "SCHEDULES", "SCHEDULE_NAMES", "Action", "PipelineSchedule",
+    "CUSTOM", "DEFAULT_DURATIONS", "FB", "KINDS", "SCHEDULES", "SCHEDULE_NAMES", "V_SCHEDULES", "Action", "PipelineSchedule",
     "Schedule", "ScheduleError", "Timeline", "action_deps", "as_schedule", "build_schedule", "chunks_per_rank",
     "dependencies",
-    "dualpipe", "dualpipe_stage_part", "format_grid", "gpipe", "idle_per_rank", "interleaved",
+    "dualpipe", "dualpipe_stage_part", "dualpipev", "format_grid", "gpipe", "idle_per_rank", "interleaved",
     "interleaved_warmup", "make_schedule", "one_f_one_b", "parse_grid", "parse_rows", "parse_schedule",
     "peak_in_flight", "timeline", "unit_time_grid", "zb_h1", "zb_v",
 ]
@@ -85,6 +88,8 @@ def build_schedule(name: str, p: int, m: int, **opts) -> PipelineSchedule:
         return zb_v(p, m)
     if name == "dualpipe":
         return dualpipe(p, m)
+    if name == "dualpipev":
+        return dualpipev(p, m)
     if name == CUSTOM:
         if "text" not in opts:
             raise ScheduleError("custom: pass the schedule as text=... (one row of tokens per rank)")
@@ -94,11 +99,11 @@ def build_schedule(name: str, p: int, m: int, **opts) -> PipelineSchedule:
 
 def chunks_per_rank(name: str, v: int | None = None) -> int:
     """The model chunks of one rank a microbatch passes: ``v`` under interleaved (default 2),
-    2 under zbv (the V's two arms), else 1 (DualPipe's two parts each take half the
-    microbatches). A step issues p x m x this many forwards: what the size limits count."""
+    2 under zbv and dualpipev (the V's two arms), else 1 (DualPipe's two parts each take half
+    the microbatches). A step issues p x m x this many forwards: what the size limits count."""
     if name == "interleaved":
         return DEFAULT_CHUNKS if v is None else v
-    return 2 if name == "zbv" else 1
+    return 2 if name in V_SCHEDULES else 1
 
 
 def action_deps(a: Action, last_stage: int) -> list[tuple[int, str, int]]:
