@@ -78,7 +78,7 @@ def test_schedule_grid_of_every_schedule_and_a_custom_file(root):
     r = run_cli("schedule", "--pp", 4, "-m", 8, "--schedule", "interleaved", "--vpp", 2)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0].startswith("rank 0  | 0F0 0F1 0F2 0F3 4F0 4F1 4F2 4F3 0F4")
-    for name in ("zb-h1", "dualpipe"):
+    for name in ("zb-h1", "dualpipe", "dualpipev"):
         r = run_cli("schedule", "--pp", 4, "-m", 8, "--schedule", name)
         assert r.returncode == 0 and len(r.stdout.splitlines()) == 4, r.stderr
     f = root / "scenarios" / "schedules" / "custom_1f1b_4x8.txt"

@@ -200,6 +200,8 @@ def test_how_many_microbatches_are_simulated():
     assert repeat.simulated_microbatches("interleaved", 4, 514, vpp=2, group=6) == 70
     assert repeat.simulated_microbatches("zb-h1", 4, 512) == 56  # as 1F1B
     assert repeat.simulated_microbatches("dualpipe", 4, 512) is None
+    assert repeat.simulated_microbatches("dualpipev", 4, 512) is None
+    assert repeat.simulated_microbatches("zbv", 4, 512) is None
 
 
 def test_repeat_false_or_no_cycle_simulates_every_microbatch(monkeypatch):

@@ -91,8 +91,8 @@ def simulated_microbatches(schedule: str, pp: int, m: int, vpp: int = 1, group: 
     (gpt3_175b_1024gpu's steady state drifts by 2e-5 s a cycle and never repeats: at 192
     microbatches it is not tried). Only 1F1B, interleaved 1F1B and ZB-H1: DualPipe feeds
     microbatches from both ends, and its first stage's forwards, which set the cut, cover
-    half of them; no cycle is found there, so it is not tried. ZB-V is not tried either: its
-    cycle has not been measured."""
+    half of them; no cycle is found there, so it is not tried. ZB-V and DualPipeV are not tried
+    either: their cycles have not been measured."""
     if schedule not in SCHEDULES or pp < 2:
         return None
     step = step_mb(schedule, pp, group)

@@ -173,8 +173,8 @@ def dualpipev(p: int, m: int) -> PipelineSchedule:
         8  nW         r + 1 W's: drain the queue (FIFO)
 
     The last rank holds the V's tip (stages p-1 and p); its first step-4 pair is not
-    overlapped, as in the reference. It is DualPipe's schedule for 2p stages folded onto p
-    ranks: bubble (p-1)(F&B + B - 3W) in chunk times, parameters once (1F1B's), and the
+    overlapped, as in the reference. It idles as DualPipe on 2p ranks and 2m microbatches does,
+    (p-1)(F&B + B - 3W) in part times where T_F = T_B = T_W; parameters once (1F1B's); the
     reference asserts m >= 2p.
     """
     if p < 2:

@@ -7,7 +7,7 @@
     zb-h1         stage r                 B + W        (p-1)(F+B-2W)                     -
     zbv           stages r, 2p-1-r        B + W        (p-1) F/2 at T_F = T_B = T_W      -
     dualpipe      stages r, 2p-1-r        B + W, F&B   (p/2-1)(F&B+B-3W)                 p even, m even, m >= 2p
-    dualpipev     stages r, 2p-1-r        B + W, F&B   (p-1)(F&B+B-3W), chunk times     p >= 2, m >= 2p
+    dualpipev     stages r, 2p-1-r        B + W, F&B   (p-1)(F&B+B-3W), part times      p >= 2, m >= 2p
     custom        as written              as written   -                                 text=...
 
 Sources: Narayanan et al. SC'21 (arXiv:2104.04473) Sec 2.2; Qi et al. 2023 (arXiv:2401.10241);
