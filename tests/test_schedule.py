@@ -269,6 +269,17 @@ def test_bubble_dualpipev(p, m, fb):
         assert idle == [pytest.approx(formula)] * p
 
 
+@pytest.mark.parametrize("durations", [{"F": 1, "B": 2, "W": 1, "F&B": 4}, {"F": 1, "B": 1, "W": 2, "F&B": 3.2},
+                                       {"F": 1.5, "B": 0.7, "W": 0.3}])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 11), (8, 16)])
+def test_dualpipev_idles_as_the_first_half_of_dualpipe_on_twice_the_ranks(p, m, durations):
+    """DualPipeV is DualPipe cut in half: rank r runs the order of DualPipe's rank r on 2p
+    ranks and 2m microbatches, its second direction folded onto the V's way back, so it idles
+    as that rank does whatever the times (where the closed form above needs equal ones)."""
+    v, d = build_schedule("dualpipev", p, m), build_schedule("dualpipe", 2 * p, 2 * m)
+    assert idle_per_rank(v, durations) == pytest.approx(idle_per_rank(d, durations)[:p], abs=1e-9)
+
+
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 20)])
 def test_peak_in_flight_dualpipev(p, m):
     """Before its first backward rank r runs (p-r-1)*2 + (r+1) forwards of its first arm and
