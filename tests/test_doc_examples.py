@@ -327,14 +327,17 @@ def test_the_expert_tensor_parallel_table_of_parallelism_md():
         assert re.search(rf"\| EP{ep}, etp {etp}[^|]*\| [^|]*{where} {re.escape(row)}", text), (ep, etp, row, where)
     tp1 = _variant("moe_1024gpu.yaml")
     best = runs[(8, 1)]
+    strided = _variant("moe_1024gpu.yaml", tp=2, dp=64, sp=True, ep=8, etp=1, order="tp-cp-dp-ep-pp")
     _quoted_in_parallelism_md([
+        f"TP2 with `etp: 1` and EP8 over DP64 then spans {strided['plan']['ep_nodes']} nodes: "
+        f"{strided['step_time_s']:.2f} s on the plan below against {best['step_time_s']:.2f} s",
         f"({runs[(16, 1)]['step_time_s']:.2f} s against {runs[(8, 2)]['step_time_s']:.2f} s, "
         f"{_peak_gib(runs[(16, 1)]):.0f} GiB each)",
         f"takes {best['step_time_s']:.2f} s, {tp1['step_time_s'] / best['step_time_s']:.1f}x faster than the "
         f"scenario's TP1 plan ({tp1['step_time_s']:.2f} s at {_peak_gib(tp1):.1f} GiB), but has "
         f"{best['memory']['margin_bytes'] / 2**30:.1f} GiB of the {best['memory']['capacity_bytes'] / 2**30:.0f} GiB "
-        f"to spare, too little to trust (the run calls a stage tight below "
-        f"{best['memory']['tight_below_bytes'] / 2**30:.1f} GiB)",
+        f"the run counts to spare, too little to trust (the run calls a stage tight below "
+        f"{best['memory']['tight_below_bytes'] / 2**30:.1f} GiB;",
     ])
     assert best["memory"]["tight"] and not any(r["memory"]["tight"] for k, r in runs.items() if k != (8, 1))
 
@@ -395,7 +398,9 @@ def test_the_dualpipev_figures_of_parallelism_md():
     v16 = _variant("moe_1024gpu.yaml", schedule="dualpipev", vpp=1, pp=16, dp=64)
     peaks = [st["peak_bytes"] / 2**30 for st in v8["memory"]["stages"]]
     _quoted_in_parallelism_md([
-        f"On the same plan it takes {v8['step_time_s']:.2f} s with a peak of {_peak_gib(v8):.1f} GiB, "
+        f"On the same plan its bubble is {100 * v8['bubble_fraction']:.1f} % of the step, against "
+        f"{100 * _variant('moe_1024gpu.yaml')['bubble_fraction']:.1f} % interleaved, and it takes "
+        f"{v8['step_time_s']:.2f} s with a peak of {_peak_gib(v8):.1f} GiB, "
         f"{_peak_gib(dualpipe) - _peak_gib(v8):.0f} GiB less than DualPipe's, and at PP16 x DP64 "
         f"{v16['step_time_s']:.2f} s and {_peak_gib(v16):.1f} GiB",
         f"from {peaks[0]:.1f} GiB on rank 0 to {peaks[-1]:.1f} GiB on rank {len(peaks) - 1}",
