@@ -111,7 +111,7 @@ def main() -> int:
         d = with_etp(draw(rng), later)
         p = d["parallel"]
         label = (f"{i:3d} {d['cluster']['topology'].split('/')[-1]:<18} {p['schedule']:<11} tp{p['tp']} pp{p['pp']} "
-                 f"dp{p['dp']} cp{p['cp']} z{p['zero']}{' ep2' if 'ep' in p else ''}"
+                 f"dp{p['dp']} cp{p['cp']} z{p['zero']}{' ep2' if 'ep' in p else ''}{' etp' + str(p['etp']) if 'etp' in p else ''}"
                  f"{' slow' if 'what_if' in d['cluster'] else ''}")
         try:
             said, diffs = compare(d)

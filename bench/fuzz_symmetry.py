@@ -209,7 +209,8 @@ def label(i: int, d: dict) -> str:
     if p.get("zero_shard"):
         bits.append(f"hsdp/{p['zero_shard']}")
     if "ep" in p:
-        bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}")
+        bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}"
+                    + (f" etp{p['etp']}" if "etp" in p else ""))
     bits += ["slow" if "gpu" in w else "spine cable" if "spine" in w["link"] else "nic cable" if ".nic" in w["link"]
              else "nvlink cable" for w in c["what_if"]]
     return " ".join(bits)
