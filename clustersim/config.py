@@ -56,12 +56,12 @@ class ParallelCfg(Strict):
     tp_comm_overlap: bool = pydantic.Field(
         default=False, description="SP's all-gathers and reduce-scatters pipelined with the GEMMs beside them, "
         "chunk by chunk (Megatron-LM's --tp-comm-overlap, Transformer Engine's userbuffers); needs sp")
-    ep: int = pydantic.Field(default=1, ge=1, description="expert parallelism, carved out of dp (and, with etp "
-                             "below tp, of the TP ranks the experts leave whole)")
+    ep: int = pydantic.Field(default=1, ge=1, description="expert parallelism, carved out of dp (and cp, and, "
+                             "with etp below tp, the TP ranks the experts leave)")
     etp: int | None = pydantic.Field(
         default=None, ge=1, description="expert tensor parallelism: TP ranks that split each routed expert, a "
         "divisor of tp (Megatron-LM's --expert-tensor-parallel-size; default tp). Below tp the EP groups fold "
-        "over the other TP ranks (MoE parallel folding)")
+        "over the TP ranks the experts leave (MoE parallel folding)")
     zero: int = pydantic.Field(default=0, ge=0, le=3)
     zero_prefetch_layers: int = pydantic.Field(default=1, ge=0)
     zero3_keep_gathered: bool = False
@@ -701,7 +701,8 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
     Symmetry)."""
     p = cfg.parallel
     if world <= MAX_GPUS_ALL_RANKS or not (slow or faulty) or not cfg.simulation.collapse_symmetric \
-            or p.tp * p.cp * p.pp * p.dp != world or p.tp % p.expert_tp or p.expert_ranks % p.ep:  # (other checks name those)
+            or p.tp * p.cp * p.pp * p.dp != world or p.tp % p.expert_tp \
+            or p.expert_ranks % p.ep:  # (other checks name those)
         return
     from .program.lower import Symmetry
 

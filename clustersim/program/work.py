@@ -756,8 +756,8 @@ class MoeBlocks:
         forward   [router]A2A AG ─ [experts]RS A2A                      (SP, EP, no shared expert)
         forward   [router]A2A ─ [experts + shared]A2A AR                (no SP)
 
-    The dispatch all-to-all runs in the EP group (``ep`` DP ranks, same TP and CP index;
-    with ``etp`` < tp, ep ranks of the stage's TP x DP ones, plan/mesh.py) and carries
+    The dispatch all-to-all runs in the EP group (``ep`` DP ranks at one TP index; with CP,
+    CP ranks first, and with ``etp`` < tp, TP ranks first: plan/mesh.py) and carries
     tokens * top_k * capacity hidden vectors; the combine brings them back.
     Under SP (which Megatron-LM requires of MoE with TP > 1) each TP rank dispatches its own
     s/t tokens, and the experts' TP group then gathers what the dispatch brought (``AG experts
@@ -775,7 +775,6 @@ class MoeBlocks:
 
         forward   [router]A2A ─ [experts]A2A                            (SP, etp 1, no shared expert)
         forward   AG[router]A2A ─ [experts + shared]A2A RS              (SP, etp 1, shared experts)
-
 
     With a skewed load (``ep_load``), rank ``ep_rank``'s routed experts compute its share, and
     the all-to-alls that carry tokens *to* the experts (forward dispatch, backward gradient of

@@ -11,10 +11,9 @@
     custom        as written              as written   -                                 text=...
 
 Sources: Narayanan et al. SC'21 (arXiv:2104.04473) Sec 2.2; Qi et al. 2023 (arXiv:2401.10241);
-Qi et al. 2023 Sec 6 (ZB-V);
-DeepSeek-V3 report (arXiv:2412.19437) Sec 3.2.1, Table 2; DualPipeV, DeepSeek's DualPipe
-repository. Every schedule prints as a
-step x rank grid (:func:`format_grid`) and parses back (:func:`parse_grid`)::
+Qi et al. 2023 Sec 6 (ZB-V); DeepSeek-V3 report (arXiv:2412.19437) Sec 3.2.1, Table 2;
+DualPipeV: DeepSeek's DualPipe repository. Every schedule prints as a step x rank grid
+(:func:`format_grid`) and parses back (:func:`parse_grid`)::
 
     rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 .   0B5 .   0B6 .   0B7
     rank 3  | .   .   .   3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7 .   .   .
@@ -54,7 +53,8 @@ V_SCHEDULES = ("zbv", "dualpipev")  # two model chunks a rank, stages r and 2p-1
 SCHEDULE_NAMES = SCHEDULES + (CUSTOM,)
 
 __all__ = [
-    "CUSTOM", "DEFAULT_DURATIONS", "FB", "KINDS", "SCHEDULES", "SCHEDULE_NAMES", "V_SCHEDULES", "Action", "PipelineSchedule",
+    "CUSTOM", "DEFAULT_DURATIONS", "FB", "KINDS", "SCHEDULES", "SCHEDULE_NAMES", "V_SCHEDULES", "Action",
+    "PipelineSchedule",
     "Schedule", "ScheduleError", "Timeline", "action_deps", "as_schedule", "build_schedule", "chunks_per_rank",
     "dependencies",
     "dualpipe", "dualpipe_stage_part", "dualpipev", "format_grid", "gpipe", "idle_per_rank", "interleaved",
