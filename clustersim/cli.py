@@ -387,8 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--all-ranks", action="store_true",
                      help="simulate every rank instead of one per pipeline stage (slower; identical on "
                           "symmetric placements; otherwise the default's step is usually within 1 %%, up to about 9 %% "
-                          "longer or 2 %% shorter, 5 %% where two stages with experts share a GB200 rack: "
-                          "docs/getting-started.md)")
+                          "longer (15 %% with a skewed expert load over GB200 racks) or 2 %% shorter, 5 %% where two "
+                          "stages with experts share a GB200 rack: docs/getting-started.md)")
     run.add_argument("--no-repeat", action="store_true",
                      help="simulate every microbatch of a long 1F1B, interleaved or ZB-H1 step instead of its "
                           "steady cycle once (slower; the same spans within a nanosecond)")
