@@ -23,6 +23,7 @@ from clustersim.schedule import (
     unit_time_grid,
 )
 from clustersim.schedule.classic import interleaved_table
+from clustersim.schedule.core import split_weight_passes
 
 GOLDEN_1F1B_4x8 = """\
 rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 .   0B5 .   0B6 .   0B7
@@ -49,8 +50,7 @@ rank 3  | .   .   .   3F0 3F1 3F2 3F3 7F0 7B0 7F1 7B1 7F2 7B2 7F3 7B3 3F4 3B0 3F
 # rank r runs the W of backward i - r after backward i, so rank 3 (the last) holds three W's
 # back and runs them in its cool-down. Every rank idles p-1 = 3 slots (1F1B: 3(p-1) with
 # B = W = 1) and holds at most p = 4 microbatches until their W.
-GOLDEN_ZBH1_4x8 = """\
-rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0W0 0F4 0B1 0W1 0F5 0B2 0W2 0F6 0B3 0W3 0F7 0B4 0W4 0B5 0W5 0B6 0W6 0B7 0W7
+GOLDEN_ZBH1_4x8 = """rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0I0 0W0 0F4 0I1 0W1 0F5 0I2 0W2 0F6 0I3 0W3 0F7 0I4 0W4 0I5 0W5 0I6 0W6 0I7 0W7
 rank 1  | .   1F0 1F1 1F2 .   .   1B0 1F3 1B1 1W0 1F4 1B2 1W1 1F5 1B3 1W2 1F6 1B4 1W3 1F7 1B5 1W4 1B6 1W5 1B7 1W6 1W7
 rank 2  | .   .   2F0 2F1 .   2B0 2F2 2B1 2F3 2B2 2W0 2F4 2B3 2W1 2F5 2B4 2W2 2F6 2B5 2W3 2F7 2B6 2W4 2B7 2W5 2W6 2W7
 rank 3  | .   .   .   3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3W0 3F4 3B4 3W1 3F5 3B5 3W2 3F6 3B6 3W3 3F7 3B7 3W4 3W5 3W6 3W7"""
@@ -62,11 +62,10 @@ rank 3  | .   .   .   3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3W0 3F4 3B4 3W1 3F5 3B5 3W
 # with the forward before it (F&B chunk, drawn F, B, W in unit time); the middle ranks 1 and 2
 # run their first step-4 pair without overlap, as the reference does. Each rank idles
 # (p/2-1)(F&B + B - 3W) = 2 slots with F&B = 3, B = 2 (full), W = 1.
-GOLDEN_DUALPIPE_4x8 = """\
-rank 0  | 0F0  0F1  0F2  7F4  7B4  7W4  7F5  0F3  &7B5 7W5  .    7F6  &0B0 0W0  7B6  7W6  .    7F7  &0B1 0W1  7B7  7W7  0B2  0W2  0B3  0W3
+GOLDEN_DUALPIPE_4x8 = """rank 0  | 0F0  0F1  0F2  7F4  7I4  7W4  7F5  0F3  &7B5 7W5  .    7F6  &0B0 0W0  7B6  7W6  .    7F7  &0B1 0W1  7B7  7W7  0I2  0W2  0I3  0W3
 rank 1  | .    1F0  6F4  1F1  6F5  1F2  6B4  6W4  6F6  &1B0 1W0  1F3  &6B5 6W5  6F7  &1B1 1W1  6B6  6W6  1B2  1W2  6B7  1B3  6W7  1W3  .
 rank 2  | .    5F4  2F0  5F5  2F1  5F6  2B0  2W0  2F2  &5B4 5W4  5F7  &2B1 2W1  2F3  &5B5 5W5  2B2  2W2  5B6  5W6  2B3  5B7  2W3  5W7  .
-rank 3  | 4F4  4F5  4F6  3F0  3B0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  3B2  3W2  .    3F3  &4B5 4W5  3B3  3W3  4B6  4W6  4B7  4W7"""
+rank 3  | 4F4  4F5  4F6  3F0  3I0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  3B2  3W2  .    3F3  &4B5 4W5  3B3  3W3  4I6  4W6  4I7  4W7"""
 
 
 # Qi et al. 2023 (arXiv:2401.10241) Sec 6, ZB-V, p=4, m=8: the model in 2p = 8 chunks placed as a V
@@ -76,11 +75,10 @@ rank 3  | 4F4  4F5  4F6  3F0  3B0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  
 # pairs of B's hold their W's back, p-r B W's, and the held W's run last. Every rank idles
 # p-1 = 3 chunk slots (ZB-H1: p-1 full-stage slots, twice as long) and holds at most 2p = 8
 # chunks' activations, half a stage each: 1F1B's peak.
-GOLDEN_ZBV_4x8 = """\
-rank 0  | 0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7B0 7W0 7F1 7B1 7W1 7F2 7B2 7W2 7F3 7B3 7W3 0F7 0B0 0W0 7F4 7B4 7W4 0B1 0W1 7F5 7B5 7W5 0B2 0W2 7F6 7B6 7W6 0B3 0W3 7F7 7B7 7W7 0B4 0W4 0B5 0W5 0B6 0W6 0B7 0W7 .   .   .
-rank 1  | .   1F0 1F1 1F2 1F3 1F4 6F0 1F5 6F1 6B0 6W0 6F2 6B1 6W1 6F3 6B2 6W2 1F6 1B0 1W0 6F4 6B3 6W3 1F7 1B1 1W1 6F5 6B4 6W4 1B2 1W2 6F6 6B5 6W5 1B3 1W3 6F7 6B6 6W6 1B4 6B7 1B5 1W4 1B6 1W5 1B7 1W6 6W7 1W7 .   .
-rank 2  | .   .   2F0 2F1 2F2 5F0 2F3 5F1 2F4 5F2 5B0 5W0 5F3 5B1 5W1 2F5 2B0 2W0 5F4 5B2 5W2 2F6 2B1 2W1 5F5 5B3 5W3 2F7 2B2 2W2 5F6 5B4 5W4 2B3 2W3 5F7 5B5 5W5 2B4 5B6 2B5 5B7 2B6 2W4 2B7 2W5 5W6 5W7 2W6 2W7 .
-rank 3  | .   .   .   3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 4B0 4W0 3F4 3B0 3W0 4F4 4B1 4W1 3F5 3B1 3W1 4F5 4B2 4W2 3F6 3B2 3W2 4F6 4B3 4W3 3F7 3B3 3W3 4F7 4B4 4W4 3B4 4B5 3B5 4B6 3B6 4B7 3B7 3W4 4W5 4W6 4W7 3W5 3W6 3W7"""
+GOLDEN_ZBV_4x8 = """rank 0  | 0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7I0 7W0 7F1 7I1 7W1 7F2 7I2 7W2 7F3 7I3 7W3 0F7 0I0 0W0 7F4 7I4 7W4 0I1 0W1 7F5 7I5 7W5 0I2 0W2 7F6 7I6 7W6 0I3 0W3 7F7 7I7 7W7 0I4 0W4 0I5 0W5 0I6 0W6 0I7 0W7 .   .   .
+rank 1  | .   1F0 1F1 1F2 1F3 1F4 6F0 1F5 6F1 6I0 6W0 6F2 6I1 6W1 6F3 6I2 6W2 1F6 1I0 1W0 6F4 6I3 6W3 1F7 1I1 1W1 6F5 6I4 6W4 1I2 1W2 6F6 6I5 6W5 1I3 1W3 6F7 6I6 6W6 1B4 6B7 1B5 1W4 1B6 1W5 1B7 1W6 6W7 1W7 .   .
+rank 2  | .   .   2F0 2F1 2F2 5F0 2F3 5F1 2F4 5F2 5I0 5W0 5F3 5I1 5W1 2F5 2I0 2W0 5F4 5I2 5W2 2F6 2I1 2W1 5F5 5I3 5W3 2F7 2I2 2W2 5F6 5I4 5W4 2I3 2W3 5F7 5I5 5W5 2B4 5B6 2B5 5B7 2B6 2W4 2B7 2W5 5W6 5W7 2W6 2W7 .
+rank 3  | .   .   .   3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 4I0 4W0 3F4 3I0 3W0 4F4 4I1 4W1 3F5 3I1 3W1 4F5 4I2 4W2 3F6 3I2 3W2 4F6 4I3 4W3 3F7 3I3 3W3 4F7 4I4 4W4 3B4 4B5 3B5 4B6 3B6 4B7 3B7 3W4 4W5 4W6 4W7 3W5 3W6 3W7"""
 
 
 def test_golden_grids():
@@ -122,7 +120,10 @@ CASE_IDS = [f"{n}-p{p}-m{m}" + "".join(f"-{k}{v}" for k, v in o.items()) for n, 
 def test_round_trip(name, p, m, opts):
     s = build_schedule(name, p, m, **opts)
     text = format_grid(s)
-    assert parse_grid(text, stage_part=s.stage_part) == s  # actions, parts, overlapped chunks
+    back = parse_grid(text, stage_part=s.stage_part)
+    assert back == s  # actions, parts, overlapped chunks
+    # and which backwards are split: a split B right before its W is written I
+    assert [split_weight_passes(back, r) for r in range(p)] == [split_weight_passes(s, r) for r in range(p)]
     if name != "dualpipe":  # stage k computes part k: the grid alone says everything
         assert parse_grid(text) == s
     # the same schedule as torch-style CSV (empty cells idle) reads back identically
@@ -684,10 +685,12 @@ def test_split_weight_passes_hold_what_w_reads_from_b_to_w():
         for i, a in enumerate(acts):  # a W not right after its B is always split
             if a.kind == "W" and acts[i - 1] != Action(a.stage, "B", a.mb):
                 assert (a.stage, a.mb) in split
-    # read back from its grid, the same DualPipe infers full backwards from where W's are written
+    # read back from its grid, the same DualPipe: a split B right before its W is written I
     parsed = parse_grid(format_grid(dp), stage_part=dp.stage_part)
-    assert parsed == dp and parsed.fused_w is None
-    assert all(split_weight_passes(parsed, r) <= split_weight_passes(dp, r) for r in range(p))
+    assert parsed == dp and all(split_weight_passes(parsed, r) == split_weight_passes(dp, r) for r in range(p))
+    # a hand-written file: a W right after its B is a full backward's, after an I a split one's
+    hand = parse_grid("0F0 0F1 0B0 0W0 0I1 0W1")
+    assert split_weight_passes(hand, 0) == {(0, 1)}
     assert not any(split_weight_passes(build_schedule("1f1b", p, m), r) for r in range(p))
     from clustersim.schedule.core import make_schedule
     rows = build_schedule("zb-h1", 2, 2).actions  # rank 1: 1F0 1B0 1F1 1B1 1W0 1W1

@@ -137,7 +137,7 @@ class PipelineSchedule:
             if len(fused) != len(rows):
                 raise ScheduleError(f"fused_w has {len(fused)} rows but the schedule has {len(rows)} ranks")
             for r, f in enumerate(fused):
-                after = _w_right_after_b(rows[r])
+                after = fused_after_b(rows[r])
                 if not f <= after:
                     stage, mb = min(f - after)
                     raise ScheduleError(f"rank {r}: {stage}W{mb} is marked as a full backward's but does not "
@@ -432,11 +432,12 @@ def fused_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
     """(stage, mb) of every W on ``rank`` that is the second half of a full backward, written
     right after its B: ``fused_w``, or where the schedule does not say (a custom file) every W
     written so. Empty without W actions."""
-    return set(s.fused_w[rank]) if s.fused_w is not None else _w_right_after_b(s.actions[rank])
+    return set(s.fused_w[rank]) if s.fused_w is not None else fused_after_b(s.actions[rank])
 
 
-def _w_right_after_b(acts: Sequence[Action]) -> set[tuple[int, int]]:
-    """(stage, mb) of each W in a rank's ``acts`` written right after its own B."""
+def fused_after_b(acts: Sequence[Action]) -> set[tuple[int, int]]:
+    """(stage, mb) of each W in a rank's ``acts`` written right after its own B: what a file
+    that does not say otherwise (grid.py's ``I``) means by a full backward."""
     return {(a.stage, a.mb) for i, a in enumerate(acts)
             if a.kind == "W" and i > 0 and acts[i - 1] == Action(a.stage, "B", a.mb)}
 

@@ -1,7 +1,9 @@
 """Schedules as text: the step x rank grid, and user schedules in torch pipelining notation.
 
 :func:`format_grid` prints the unit-time placement, one row per rank, ``.`` for an idle slot;
-an overlapped backward is marked ``&`` (it runs together with the forward before it)::
+an overlapped backward is marked ``&`` (it runs together with the forward before it), and a
+split backward whose W follows at once is written ``I`` (torch's backward-input), so that it
+reads back split: a ``B`` right before its own ``W`` is the two halves of a full backward::
 
     rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0F4 0B1 ...
     rank 1  | .   1F0 1F1 1F2 .   .   1B0 1F3 1B1 1F4 ...
@@ -10,8 +12,9 @@ an overlapped backward is marked ``&`` (it runs together with the forward before
 torch.distributed.pipelining: one line per rank, tokens ``{stage}{F|B|I|W}{mb}`` separated by
 spaces, or CSV rows with empty cells (or ``.``) for idle slots::
 
-    0F0,0F1,,0B0,0W0,0F2          # torch's I (backward input) is read as B when W exists;
-    ,1F0,1B0,1W0,1F1,...          # with no W anywhere, B is the full backward
+    0F0,0F1,,0I0,0W0,0F2          # torch's I (backward input): B split from its W, which
+    ,1F0,1B0,1W0,1F1,...          # holds what W reads until it runs; B right before its W:
+                                  # a full backward; with no W anywhere, B is the full backward
 
 Only the order of a row matters; where the idle cells sit does not (time is recomputed from
 the dependencies). torch's communication and FSDP tokens (``SEND_F``, ``RECV_B``,
@@ -23,7 +26,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .core import Action, PipelineSchedule, ScheduleError, as_schedule, make_schedule, unit_time_grid
+from .core import (Action, PipelineSchedule, ScheduleError, as_schedule, fused_after_b, make_schedule,
+                   split_weight_passes, unit_time_grid)
 
 # ASCII digits only: \d would take full-width and other scripts' digits (０F0) as numbers
 _TOKEN = re.compile(r"^(&?)([0-9]+)([FBIW])([0-9]+)$")
@@ -36,9 +40,13 @@ def format_grid(schedule: PipelineSchedule | Sequence[Sequence[Action]]) -> str:
     s = as_schedule(schedule)
     grid = unit_time_grid(s)
     marked = [set(s.overlapped_with(r)) for r in range(s.ranks)]
+    split_at_once = [_split_before_w(s, r) for r in range(s.ranks)]
 
     def cell(r: int, a: Action | None) -> str:
-        return "." if a is None else ("&" if a in marked[r] else "") + str(a)
+        if a is None:
+            return "."
+        text = f"{a.stage}I{a.mb}" if a in split_at_once[r] else str(a)
+        return ("&" if a in marked[r] else "") + text
 
     width = max(len(cell(r, a)) for r, row in enumerate(grid) for a in row)
     lines = []
@@ -48,8 +56,23 @@ def format_grid(schedule: PipelineSchedule | Sequence[Sequence[Action]]) -> str:
     return "\n".join(lines)
 
 
-def parse_rows(text: str) -> tuple[list[list[Action]], list[list[tuple[Action, Action]]]]:
-    """Text -> per-rank actions and overlapped (F, B) pairs, checking only the tokens.
+def _split_before_w(s: PipelineSchedule, r: int) -> set[Action]:
+    """Rank r's split backwards (B) written right before their own W: those :func:`format_grid`
+    writes ``I``, as a ``B`` there reads back as a full backward's first half."""
+    acts, split = s.actions[r], split_weight_passes(s, r)
+    return {a for a, b in zip(acts, acts[1:])
+            if a.kind == "B" and b == Action(a.stage, "W", a.mb) and (a.stage, a.mb) in split}
+
+
+def _fused(rows: list[list[Action]], split: list[set]) -> list[frozenset]:
+    """Per rank, (stage, mb) of each W that is a full backward's second half: written right
+    after its own B, where that B was not written ``I``."""
+    return [frozenset(fused_after_b(acts) - sp) for acts, sp in zip(rows, split)]
+
+
+def parse_rows(text: str) -> tuple[list[list[Action]], list[list[tuple[Action, Action]]], list[set]]:
+    """Text -> per-rank actions, overlapped (F, B) pairs and the (stage, mb) of backwards
+    written ``I`` (split from their W), checking only the tokens.
 
     Lines: optional ``rank R |`` label, then cells split on commas (CSV) or whitespace.
     Blank lines and ``#`` comments are skipped. B/I/W are resolved as described above.
@@ -101,9 +124,11 @@ def parse_rows(text: str) -> tuple[list[list[Action]], list[list[tuple[Action, A
     w_keys = {(st, mb) for row in toks for (_, st, kind, mb) in row if kind == "W"}
     rows: list[list[Action]] = []
     pairs: list[list[tuple[Action, Action]]] = []
+    split: list[set] = []
     for r, (row, parsed) in enumerate(zip(raw, toks)):
         acts: list[Action] = []
         rp: list[tuple[Action, Action]] = []
+        split.append({(stage, mb) for (_, stage, kind, mb) in parsed if kind == "I"})
         for (i, tok, _, amp), (_, stage, kind, mb) in zip(row, parsed):
             if kind == "I" and not has_w:
                 raise ScheduleError(f"rank {r}, cell {i}: {tok!r} is a backward-input action but the schedule "
@@ -126,7 +151,7 @@ def parse_rows(text: str) -> tuple[list[list[Action]], list[list[tuple[Action, A
                 acts.append(Action(stage, kind, mb))
         rows.append(acts)
         pairs.append(rp)
-    return rows, pairs
+    return rows, pairs, split
 
 
 def parse_grid(text: str, *, stage_part: Sequence[int] | None = None, name: str = "custom") -> PipelineSchedule:
@@ -137,8 +162,8 @@ def parse_grid(text: str, *, stage_part: Sequence[int] | None = None, name: str 
     (each microbatch F/B/W once per stage in order, every part once per microbatch, no
     deadlock); errors name the rank and the token.
     """
-    rows, pairs = parse_rows(text)
-    return make_schedule(name, rows, stage_part=stage_part, fb_pairs=pairs)
+    rows, pairs, split = parse_rows(text)
+    return make_schedule(name, rows, stage_part=stage_part, fb_pairs=pairs, fused_w=_fused(rows, split))
 
 
 def parse_schedule(text: str, p: int | None = None, m: int | None = None, *,
@@ -147,14 +172,15 @@ def parse_schedule(text: str, p: int | None = None, m: int | None = None, *,
     that it has ``p`` rows and ``m`` microbatches when those are given: first on the rows as
     read, so that a row too many or a microbatch past ``m`` is named as such rather than by
     the gap or the missing backward it leaves in the checks after."""
-    rows, pairs = parse_rows(text)
+    rows, pairs, split = parse_rows(text)
     if p is not None and len(rows) != p:
         raise ScheduleError(f"custom schedule has {len(rows)} rows (ranks) but pp={p}")
     past = [(r, a) for r, row in enumerate(rows) for a in row if m is not None and a.mb >= m]
     if past:
         r, a = past[0]
         raise ScheduleError(f"rank {r}: microbatch {a.mb} is past m={m} (microbatches are numbered 0..{m - 1})")
-    s = make_schedule(name, rows, stage_part=stage_part, fb_pairs=pairs)  # (parse_grid, on the rows read)
+    s = make_schedule(name, rows, stage_part=stage_part, fb_pairs=pairs,  # (parse_grid, on the rows read)
+                      fused_w=_fused(rows, split))
     if m is not None and s.n_microbatches != m:
         raise ScheduleError(f"custom schedule has {s.n_microbatches} microbatches but m={m}")
     return s
