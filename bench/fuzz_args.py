@@ -61,6 +61,22 @@ def with_etp(plan: dict, rng) -> dict:
     return plan
 
 
+def with_ep_over_cp(plan: dict, rng) -> dict:
+    """``plan`` with, where it has experts and CP and one draw in two, EP doubled past the DP
+    ranks onto the CP ranks (EP folds over CP, as Megatron-Core's expert groups do), where
+    the experts and the ranks holding different ones allow; a skewed load keeps its shape
+    (the first EP index 1.5x, the last 0.5x); ``rng`` as :func:`with_etp`'s."""
+    p, model = plan["parallel"], plan["model"]
+    moe, ep = model.get("moe"), p.get("ep", 1)
+    ranks = p["tp"] // p.get("etp", p["tp"]) * p.get("cp", 1) * p["dp"]
+    if moe is None or p.get("cp", 1) < 2 or ranks % (2 * ep) or moe["experts"] % (2 * ep) or rng.random() >= 0.5:
+        return plan
+    moe = dict(moe)
+    if "ep_load" in moe:
+        moe["ep_load"] = [1.5] + [1.0] * (2 * ep - 2) + [0.5]
+    return {**plan, "parallel": {**p, "ep": 2 * ep}, "model": {**model, "moe": moe}}
+
+
 def with_dualpipev(plan: dict, rng) -> dict:
     """``plan`` with, where it runs DualPipe and one draw in two, DualPipeV instead (the same
     microbatches, 2 x pp model chunks: the layers doubled where fewer); ``rng`` as

@@ -2,9 +2,9 @@
 how far the collapse is from the all-ranks step where the twins' model is not exact.
 tests/test_symmetry.py holds fixed plans where it is exact to 1e-9; this draws many more
 (topology, 16-256 GPUs, TP, PP and its schedules, DP, CP ring or all-gather, balanced or
-not, SP, EP with skewed expert load and experts whole or split over fewer TP ranks, ZeRO
-0-3, recompute, slow GPUs, degraded NVLink, NIC and leaf-spine cables), and
-docs/architecture.md ("Known limitations") quotes what it measures::
+not, SP, EP over DP or CP ranks with skewed expert load and experts whole or split over
+fewer TP ranks, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NIC and leaf-spine cables),
+and docs/architecture.md ("Known limitations") quotes what it measures::
 
     python bench/fuzz_symmetry.py [seed] [plans]      (default 0 and 20)
 
@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz_args import (two_counts, with_dualpipev, with_etp,  # sibling scripts (bench/ is on the path)
-                       with_recompute_layers)
+from fuzz_args import (two_counts, with_dualpipev, with_ep_over_cp, with_etp,  # sibling scripts (bench/ is
+                       with_recompute_layers)  # on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -225,7 +225,7 @@ def main() -> int:
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
     for i in range(plans):
-        d = with_dualpipev(with_etp(draw(rng), later), later)
+        d = with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later), later)
         try:
             sc = clustersim.load_scenario(d, base_dir=ROOT)
             cabled = with_cable(sc, d, cables)
