@@ -50,9 +50,9 @@ def with_recompute_layers(training: dict, rng, layers: int) -> dict:
 
 
 def with_etp(plan: dict, rng) -> dict:
-    """``plan`` (a scenario dict) with, where it has experts, TP and EP or SP, and one draw in
-    two, the experts split over fewer TP ranks (``parallel.etp``, a smaller divisor of tp:
-    EP folds over the other TP ranks). ``rng`` is the script's second generator, which only
+    """``plan`` (a scenario dict) with, where it has experts, TP and SP, and one draw in two,
+    the experts split over fewer TP ranks (``parallel.etp``, a smaller divisor of tp: EP folds
+    over the other TP ranks). ``rng`` is the script's second generator, which only
     such later draws use, so that a seed draws every plan's other fields as it did before."""
     p = plan["parallel"]
     if "moe" in plan["model"] and p.get("tp", 1) > 1 and p.get("sp") and rng.random() < 0.5:
@@ -79,7 +79,7 @@ def with_ep_over_cp(plan: dict, rng) -> dict:
 
 def with_dualpipev(plan: dict, rng) -> dict:
     """``plan`` with, where it runs DualPipe and one draw in two, DualPipeV instead (the same
-    microbatches, 2 x pp model chunks: the layers doubled where fewer); ``rng`` as
+    microbatches, 2 x pp model chunks: at least 2 x pp layers); ``rng`` as
     :func:`with_etp`'s."""
     p, model = plan["parallel"], plan["model"]
     if p.get("schedule") == "dualpipe" and rng.random() < 0.5:

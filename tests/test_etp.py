@@ -173,8 +173,8 @@ def test_dispatched_states_kept_are_the_expert_tp_groups_tokens():
     {"etp": 1, "pp": 2, "dp": 8, "cluster": {"what_if": [{"gpu": 5, "slowdown": 1.25}]}},
 ], ids=["etp1", "etp1-skewed", "tp4-etp2-zero3", "etp1-cp2-strided", "etp1-pp2-slow-gpu"])
 def test_collapse_equals_every_rank(root, kw):
-    """The collapsed run gives the all-ranks figures; a skewed load keeps one class per (stage,
-    EP index), and the EP index now differs between TP peers."""
+    """The collapsed run gives the all-ranks figures; a skewed load splits the classes by EP
+    index (refined, as around stragglers), which now differs between TP peers."""
     rep, full = run(root, **kw), run(root, collapse=False, **kw)
     for key in ("step_time_s", "mfu", "bubble_fraction"):
         assert rep.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key

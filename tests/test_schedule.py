@@ -509,6 +509,7 @@ BAD_CUSTOM = [
     ("wrong row label", "rank 0 | 0F0 0B0\nrank 2 | 1F0 1B0", ["rank 2", "row 1"]),
     ("overlap mark on a forward", "0F0 &0F1 0B0 0B1", ["'&0F1'", "only a backward"]),
     ("backward overlapping its own forward", "0F0 &0B0", ["rank 0", "0B0 cannot overlap 0F0"]),
+    ("overlapped I right before its W", "0F0 0F1 &0I0 0W0 0B1 0W1", ["rank 0", "&0I0", "write &0B0"]),
     # numbers no array may be sized by (they crashed with an overflow or a 7 TiB allocation)
     ("huge microbatch", "0F0 0B0 0F99999999999999999999 0B1", ["rank 0, cell 2", "microbatch 99999999999999999999",
                                                               "4 actions"]),

@@ -33,14 +33,15 @@ Expert tensor parallelism (``etp``, a divisor of tp; Megatron-LM's
 --expert-tensor-parallel-size) splits each routed expert over etp TP ranks, the ``etp`` group
 (the whole TP group where etp = tp). The experts lie on the X = (tp / etp) x cp x dp ranks of
 a stage that hold different slices, in which EP and expert-DP are carved as above: each
-rank's place there, x, counts its TP group's slice (tp // etp), CP and DP indices in the
-order's nesting (by default x = tp // etp + (tp / etp) * (cp + CP * dp)), its EP index is
-x mod ep (ep inside) or x // (X / ep) (outside). So EP folds over the TP ranks the experts
+rank's place there, x, counts its slice of its TP group (i_tp // etp), its CP and its DP
+index in the order's nesting (by default x = i_tp // etp + (TP / etp) * (i_cp + CP * i_dp),
+i_ the rank's indices, TP and CP the sizes), and its EP index is x mod ep (ep inside) or
+x // (X / ep) (outside). So EP folds over the TP ranks the experts
 leave and the CP ranks first (MoE parallel folding, Liu et al. 2025, arXiv:2504.14960; the
 layout of Megatron-Core's expert rank generator, which lays the experts over each stage's
 ranks in rank order, etp innermost)::
 
-    tp=2 etp=1 dp=4 ep=4:    x = tp + 2*dp
+    tp=2 etp=1 dp=4 ep=4:    x = i_tp + 2*i_dp
         (tp, dp):  (0,0) (1,0) (0,1) (1,1) (0,2) (1,2) (0,3) (1,3)
         ep group:  [ 0     1     2     3 ] [ 0     1     2     3 ]    (EP indices)
         edp group: {(0,0) (0,2)} {(1,0) (1,2)} {(0,1) (0,3)} {(1,1) (1,3)}
@@ -169,7 +170,7 @@ class Mesh:
         which name it as (tp, cp, dp, pp) do (the module docstring); x nests tp // etp, cp and
         dp as the order does (default order shown)::
 
-            x = tp // etp + (tp / etp) * (cp + CP * dp)      X = (tp / etp) * CP * dp
+            x = i_tp // etp + (TP / etp) * (i_cp + CP * i_dp)      X = (TP / etp) * CP * DP
             ep inside dp:   ep = x mod ep,        edp = x // ep
             ep outside dp:  ep = x // (X / ep),   edp = x mod (X / ep)
         """
@@ -183,14 +184,13 @@ class Mesh:
         ep, edp = (x % self.ep, x // self.ep) if self.ep_inner else (x // n, x % n)
         return {"pp": self.coord_array("pp"), "etp": tp % et, "ep": ep, "edp": edp}
 
-    def _expert_rows(self, parts: list[str]) -> np.ndarray:
-        """The groups over the expert dimensions ``parts`` (innermost first, e.g. ["etp",
-        "ep"]): ranks sharing every other expert coordinate, each group ordered by ``parts``'
-        coordinates, the last most significant."""
+    def _expert_rows(self, dim: str) -> np.ndarray:
+        """The groups of expert dimension ``dim`` ("ep", "edp" or "etp"): ranks sharing every
+        other expert coordinate, each group ordered by its ``dim`` coordinate."""
         c = self.expert_coords
-        fixed = [c[k] for k in ("pp", "etp", "ep", "edp") if k not in parts]
-        order = np.lexsort([c[k] for k in parts] + fixed)  # (the last key sorts first)
-        rows = order.reshape(-1, int(np.prod([self.size(k) for k in parts])))
+        fixed = [c[k] for k in ("pp", "etp", "ep", "edp") if k != dim]
+        order = np.lexsort([c[dim]] + fixed)  # (the last key sorts first)
+        rows = order.reshape(-1, self.size(dim))
         return rows[np.argsort(rows.min(axis=1), kind="stable")]
 
     @cached_property
@@ -198,7 +198,7 @@ class Mesh:
         """dim -> (its groups' rows, each rank's row): :meth:`group` for the expert groups."""
         out = {}
         for dim in ("ep", "edp", "etp"):
-            rows = self._expert_rows([dim])
+            rows = self._expert_rows(dim)
             where = np.empty(self.world_size, dtype=np.int64)
             where[rows] = np.arange(len(rows))[:, None]
             out[dim] = (rows, where)
@@ -244,7 +244,9 @@ class Mesh:
             return rows[np.argsort(rows.min(axis=1), kind="stable")]
         parts = dim.split("+")  # "cp+dp": dp major, cp minor (as group() nests them)
         if {"ep", "edp", "etp"} & set(parts):
-            return self._expert_rows(parts)
+            if len(parts) > 1:  # (CP is folded into the expert coordinates already)
+                raise ValueError(f"{dim!r}: an expert group combines with no other dimension")
+            return self._expert_rows(dim)
         names = [d for d in reversed(self.order)]  # C order: the innermost dimension is the last axis
         shape = [self.size(d) for d in names]
         axes = [names.index(d) for d in reversed(parts)]

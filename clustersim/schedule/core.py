@@ -14,7 +14,8 @@ stages whose parts are 0, 1, ..., n_parts-1 in model order; dependencies follow 
 With W actions present (``split_backward``) B is the input gradient only and W the weight
 gradient (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv:2401.10241); without, B is
 the whole backward. A full backward inside a split schedule is written ``B`` then its ``W``
-right after it on the same rank.
+right after it on the same rank; a split one whose W follows at once is written ``I`` (torch's
+backward-input; grid.py), and so is read back.
 
 Overlapped chunks (DualPipe's F&B, DeepSeek-V3 report arXiv:2412.19437 Sec 3.2.1): a rank may
 run a forward and the backward listed right after it as one overlapped chunk (``fb_pairs``).
@@ -94,7 +95,8 @@ class PipelineSchedule:
     stage_part: tuple[int, ...] | None = None
     fb_pairs: tuple[tuple[tuple[Action, Action], ...], ...] = ()  # per rank: overlapped (F, B)
     # per rank: (stage, mb) of each W that is the second half of a full backward, written right
-    # after its B; None: every W written right after its B (a custom file's convention)
+    # after its B; None: every W written right after its B (grid.py passes what it read:
+    # those after a B, not after an I)
     fused_w: tuple[frozenset, ...] | None = field(default=None, compare=False)
     stage_rank: tuple[int, ...] = field(init=False)
     paths: tuple[tuple[int, ...], ...] = field(init=False)  # paths[mb]: stages in forward order
@@ -430,8 +432,9 @@ class Timeline:
 
 def fused_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
     """(stage, mb) of every W on ``rank`` that is the second half of a full backward, written
-    right after its B: ``fused_w``, or where the schedule does not say (a custom file) every W
-    written so. Empty without W actions."""
+    right after its B: ``fused_w``, or where the schedule does not say every W written so (a
+    file read by grid.py says: those after a ``B``, not after an ``I``). Empty without W
+    actions."""
     return set(s.fused_w[rank]) if s.fused_w is not None else fused_after_b(s.actions[rank])
 
 
@@ -449,9 +452,9 @@ def split_weight_passes(s: PipelineSchedule, rank: int) -> set[tuple[int, int]]:
     (``fused_w``; module docstring), which hold nothing apart. ZB-H1 and ZB-V split every
     backward, DualPipe those it queues for its zero-bubble steps (the reference's
     ``enable_zb``), even where the W then runs at once; a custom file every W not written right
-    after its B::
+    after its B, or written after an I::
 
-        custom  rank 1  | 1F0 1F1 1B0 1W0 1F2 1B1 1F3 1W1 ...     split: {(1, 1)}
+        custom  rank 1  | 1F0 1F1 1B0 1W0 1F2 1I1 1W1 1B2 1F3 1W2 ...     split: {(1, 1), (1, 2)}
     """
     return {(a.stage, a.mb) for a in s.actions[rank] if a.kind == "W"} - fused_weight_passes(s, rank)
 

@@ -1,4 +1,4 @@
-"""DualPipe: bidirectional pipeline with overlapped forward/backward chunks (DeepSeek-V3).
+"""DualPipe and DualPipeV: pipelines with overlapped forward/backward chunks (DeepSeek-V3).
 
 DeepSeek-V3 technical report (arXiv:2412.19437), Sec 3.2.1 and Fig. 5. The model is cut into
 p parts and every rank holds two of them: in direction 0 rank r computes part r (microbatches
@@ -12,10 +12,10 @@ Virtual stages: stage r (direction 0) and stage 2p-1-r (direction 1) live on ran
 stage k < p computes part k, stage p + j computes part j. Direction-0 microbatches are
 0..m/2-1 and walk stages 0..p-1; direction-1 microbatches are m/2..m-1 and walk stages
 p..2p-1, i.e. ranks p-1 -> 0. p=4, m=8, unit time (F = B = W = 1, an F&B chunk = F + B + W,
-drawn ``F &B W``)::
+drawn ``F &B W``; ``I`` a split B whose W follows at once, grid.py)::
 
-    rank 0  | 0F0  0F1  0F2  7F4  7B4  7W4  7F5  0F3  &7B5 7W5  .    7F6  &0B0 0W0  7B6 ...
-    rank 3  | 4F4  4F5  4F6  3F0  3B0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  3B2 ...
+    rank 0  | 0F0  0F1  0F2  7F4  7I4  7W4  7F5  0F3  &7B5 7W5  .    7F6  &0B0 0W0  7B6 ...
+    rank 3  | 4F4  4F5  4F6  3F0  3I0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  3B2 ...
 
 Order per rank: the eight steps of the public reference implementation
 (github.com/deepseek-ai/DualPipe, ``DualPipe.step``); half_rank h = min(r, p-1-r), phase 0 is

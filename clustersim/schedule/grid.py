@@ -14,7 +14,11 @@ spaces, or CSV rows with empty cells (or ``.``) for idle slots::
 
     0F0,0F1,,0I0,0W0,0F2          # torch's I (backward input): B split from its W, which
     ,1F0,1B0,1W0,1F1,...          # holds what W reads until it runs; B right before its W:
-                                  # a full backward; with no W anywhere, B is the full backward
+                                  # a full backward; B with its W later: split too; with no
+                                  # W anywhere, B is the full backward
+
+An overlapped chunk's backward is a full one (schedule/core.py), so ``&I`` right before its
+own W is refused: write ``&B``.
 
 Only the order of a row matters; where the idle cells sit does not (time is recomputed from
 the dependencies). torch's communication and FSDP tokens (``SEND_F``, ``RECV_B``,
@@ -149,6 +153,11 @@ def parse_rows(text: str) -> tuple[list[list[Action]], list[list[tuple[Action, A
                     acts.append(Action(stage, "W", mb))
             else:
                 acts.append(Action(stage, kind, mb))
+        for _, b in rp:  # an overlapped chunk takes a W right after its B as its own: a full backward
+            at = acts.index(b)
+            if (b.stage, b.mb) in split[-1] and at + 1 < len(acts) and acts[at + 1] == Action(b.stage, "W", b.mb):
+                raise ScheduleError(f"rank {r}: &{b.stage}I{b.mb} is overlapped with the forward before it and its "
+                                    f"W follows at once, which makes it a full backward: write &{b.stage}B{b.mb}")
         rows.append(acts)
         pairs.append(rp)
     return rows, pairs, split

@@ -7,7 +7,7 @@ runs them at the end, where 1F1B's cool-down leaves rank r idle. The last ranks 
 ahead in the steady state and the cool-down bubbles fill with W::
 
     p=4, m=8, unit time (F = B = W = 1)
-    rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0B0 0W0 0F4 0B1 0W1 0F5 ...
+    rank 0  | 0F0 0F1 0F2 0F3 .   .   .   0I0 0W0 0F4 0I1 0W1 0F5 ...     (I: a split B, grid.py)
     rank 3  | .   .   .   3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3W0 3F4 ...   ... 3W5 3W6 3W7
 
 Every rank then holds at most p microbatches (rank r: p-r microbatches' activations M_B and
@@ -61,8 +61,8 @@ def zb_v(p: int, m: int) -> PipelineSchedule:
 
     p=2, m=4, unit time (F = B = W = 1)::
 
-        rank 0  | 0F0 0F1 0F2 3F0 3B0 3W0 3F1 3B1 3W1 0F3 0B0 0W0 3F2 3B2 3W2 0B1 0W1 3F3 3B3 3W3 0B2 0W2 0B3 0W3 .
-        rank 1  | .   1F0 2F0 1F1 2F1 2B0 2W0 1F2 1B0 1W0 2F2 2B1 2W1 1F3 1B1 1W1 2F3 2B2 2W2 1B2 2B3 1B3 1W2 2W3 1W3
+        rank 0  | 0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0 3F2 3I2 3W2 0I1 0W1 3F3 3I3 3W3 0I2 0W2 0I3 0W3 .
+        rank 1  | .   1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1F3 1I1 1W1 2F3 2I2 2W2 1B2 2B3 1B3 1W2 2W3 1W3
 
     With T_F = T_B = T_W = T per chunk and m >= 2p-1 the steady state has no bubble: rank r
     idles r T before its first action and (p-1-r) T after its last, (p-1) T, half of ZB-H1's
