@@ -83,8 +83,8 @@ class ParallelCfg(Strict):
     @property
     def expert_ranks(self) -> int:
         """Ranks of a stage that hold different expert slices, each a 1/etp slice of its
-        experts: (tp / etp) x cp x dp, of which EP takes ep (plan/mesh.py)."""
-        return self.tp // self.expert_tp * self.cp * self.dp
+        experts: (tp / etp) x cp x dp, of which EP takes ep (the mesh's, plan/mesh.py)."""
+        return Mesh(tp=self.tp, dp=self.dp, pp=self.pp, cp=self.cp, etp=self.expert_tp).expert_ranks
 
     @pydantic.field_validator("order")
     @classmethod

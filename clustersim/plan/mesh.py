@@ -127,7 +127,7 @@ class Mesh:
 
     def size(self, dim: str) -> int:
         if dim == "edp":
-            return self.tp // self.expert_tp * self.cp * self.dp // self.ep
+            return self.expert_ranks // self.ep
         if dim == "etp":
             return self.expert_tp
         if dim in ("zs", "zr"):
@@ -162,6 +162,12 @@ class Mesh:
     def expert_tp(self) -> int:
         """TP ranks splitting each routed expert (``etp``, or tp where unset)."""
         return self.etp or self.tp
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks of a stage that hold different expert slices, X = (tp / etp) x cp x dp, out of
+        which EP is carved (the module docstring)."""
+        return self.tp // self.expert_tp * self.cp * self.dp
 
     @cached_property
     def expert_coords(self) -> dict[str, np.ndarray]:
