@@ -63,9 +63,7 @@ def format_grid(schedule: PipelineSchedule | Sequence[Sequence[Action]]) -> str:
 def _split_before_w(s: PipelineSchedule, r: int) -> set[Action]:
     """Rank r's split backwards (B) written right before their own W: those :func:`format_grid`
     writes ``I``, as a ``B`` there reads back as a full backward's first half."""
-    acts, split = s.actions[r], split_weight_passes(s, r)
-    return {a for a, b in zip(acts, acts[1:])
-            if a.kind == "B" and b == Action(a.stage, "W", a.mb) and (a.stage, a.mb) in split}
+    return {Action(stage, "B", mb) for stage, mb in fused_after_b(s.actions[r]) & split_weight_passes(s, r)}
 
 
 def _fused(rows: list[list[Action]], split: list[set]) -> list[frozenset]:
@@ -153,9 +151,9 @@ def parse_rows(text: str) -> tuple[list[list[Action]], list[list[tuple[Action, A
                     acts.append(Action(stage, "W", mb))
             else:
                 acts.append(Action(stage, kind, mb))
+        at_once = fused_after_b(acts) & split[-1]  # written I, its W right after
         for _, b in rp:  # an overlapped chunk takes a W right after its B as its own: a full backward
-            at = acts.index(b)
-            if (b.stage, b.mb) in split[-1] and at + 1 < len(acts) and acts[at + 1] == Action(b.stage, "W", b.mb):
+            if (b.stage, b.mb) in at_once:
                 raise ScheduleError(f"rank {r}: &{b.stage}I{b.mb} is overlapped with the forward before it and its "
                                     f"W follows at once, which makes it a full backward: write &{b.stage}B{b.mb}")
         rows.append(acts)
