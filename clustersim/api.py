@@ -215,6 +215,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "grad_reduce_dtype": t.reduced_grad_dtype,
             "tp_nodes": sc.mesh.nodes_spanned("tp", sc.topology.node.gpus),
             "ep_nodes": sc.mesh.nodes_spanned("ep", sc.topology.node.gpus),
+            "dispatcher": sc.model.moe.dispatcher if sc.model.moe is not None else None,
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },
         "model": {"name": sc.model.name, "params": total_params(sc.model), "layers": sc.model.layers,

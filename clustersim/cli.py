@@ -336,7 +336,8 @@ def cmd_validate(args) -> int:
             bad += 1
             continue
         n = sc.mesh.world_size
-        print(f"{path}: ok ({n} GPU{'s' if n != 1 else ''}, {plan_dims(sc.parallel.model_dump(), ' x ')}, "
+        dims = plan_dims({**sc.parallel.model_dump(), "dispatcher": sc.model.moe and sc.model.moe.dispatcher}, " x ")
+        print(f"{path}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''})", flush=True)
     if bad and len(args.scenarios) > 1:
         print(f"error: {bad} of {len(args.scenarios)} files are not valid", file=sys.stderr)

@@ -421,6 +421,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                 fail("model.moe.ep_load", f"ep_load models dropless routing; with model.moe.capacity_factor="
                                           f"{m.moe.capacity_factor:g} every expert's batch is padded or cut to "
                                           f"capacity, so the load changes nothing: drop one of the two")
+        if m.moe.dispatcher == "deepep":
+            _check_deepep(cfg, fail)
     if p.cp > 1:
         chunks = 2 * p.cp if p.cp_load_balance else p.cp
         if m.seq_len % chunks:
@@ -487,6 +489,26 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         from .hardware.gpus import lookup_gpu
         if lookup_gpu(topo.gpu).fp8_flops is None:
             fail("training.precision", f"fp8 needs fp8 tensor cores; {topo.gpu} has none")
+
+
+def _check_deepep(cfg: ScenarioCfg, fail: Callable[[str, str], None]) -> None:
+    """What a deduplicating dispatch (``model.moe.dispatcher: deepep``) needs: as Megatron-LM's
+    flex dispatcher, an EP group to dispatch over and dropless routing; experts whole on each
+    rank (etp 1: with etp > 1 the flex dispatcher sends over the TP x EP group, which is not
+    modelled); and its own kernels rather than an NCCL all-to-all algorithm."""
+    moe, p = cfg.model.moe, cfg.parallel
+    if p.ep == 1:
+        fail("model.moe.dispatcher", "deepep dispatches tokens over the expert-parallel group; it needs parallel.ep > 1")
+    if p.expert_tp > 1:
+        fail("model.moe.dispatcher", f"deepep is modelled with whole experts on each rank (etp: 1); here "
+                                     f"{'etp' if p.etp is not None else 'etp (as tp)'}={p.expert_tp}, and Megatron-LM's "
+                                     f"flex dispatcher then sends over the TP x EP group, which clustersim does not model")
+    if moe.capacity_factor != 1.0:
+        fail("model.moe.dispatcher", f"deepep dispatches dropless routing; model.moe.capacity_factor="
+                                     f"{moe.capacity_factor:g} pads or cuts each expert's batch: drop it or use alltoall")
+    if cfg.simulation.collectives.all_to_all != "auto":
+        fail("simulation.collectives.all_to_all", f"{cfg.simulation.collectives.all_to_all} is an NCCL algorithm; "
+                                                  f"model.moe.dispatcher: deepep sends with its own kernels (leave auto)")
 
 
 def _check_recompute_modules(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str], None]) -> None:

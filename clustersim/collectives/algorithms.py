@@ -26,6 +26,9 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
                             another rail forwarded over NVLink to the sender's node-mate on the
                             receiver's rail (NCCL's PXN, its default)
     pairwise      1 phase   the same pairs, each on its own direct route (PXN off)
+    deepep        1 phase   a MoE dispatch or combine sending each token once per node and GPU
+                            its experts are on (DeepEP; not an NCCL algorithm: the scenario's
+                            ``model.moe.dispatcher`` picks it, :func:`deepep_flows`)
 
 Ring, tree, hierarchical and NVLS flows are pipelines (``Expansion.lockstep``): a chunk
 passes every hop in turn, so a pipeline's hops (a ring channel, one tree of a channel with
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ..model.moe import token_reach
 from .ring import Expansion, expand
 
 # algorithms each collective may use, the default (ring) first
@@ -54,6 +58,11 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 # what "auto" chooses among, where not every algorithm: NCCL does not tune PXN by size, it is on
 AUTO: dict[str, tuple[str, ...]] = {"all_to_all": ("pxn",)}
+
+
+# the deduplicating MoE dispatch: no NCCL collective, so not among ALGORITHMS (which a scenario's
+# simulation.collectives and netbench choose from); model.moe.dispatcher asks for it
+DEEPEP = "deepep"
 
 
 def _by_node(group: tuple[int, ...], node_of) -> list[list[int]]:
@@ -120,9 +129,12 @@ def _tree_depth(n: int) -> int:
     return deepest
 
 
-def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Expansion]:
-    """The phases of ``op`` over ``group`` (GPUs in ring order) by ``algo``, sizes per unit buffer."""
+def phases(op: str, algo: str, group: tuple[int, ...], node_of=None, route: tuple = ()) -> list[Expansion]:
+    """The phases of ``op`` over ``group`` (GPUs in ring order) by ``algo``, sizes per unit buffer;
+    ``route``: a deduplicating dispatch's routing (``deepep``: model.moe.routing)."""
     n = len(group)
+    if algo == DEEPEP:
+        return [deepep_flows(group, node_of, route)]
     if algo in ("ring", "pxn", "pairwise") or n == 1:
         return [expand(op, group, 1.0, node_of)]
     if algo == "tree":
@@ -160,3 +172,49 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None) -> list[Exp
     if algo == "nvls":  # the switch reduces what every GPU has sent before it multicasts
         return [Expansion(tuple((x, x, 1.0) for x in group), 2, lockstep=1)]
     raise KeyError(f"unknown algorithm {algo!r} for {op}")
+
+
+def deepep_flows(group: tuple[int, ...], node_of, route: tuple) -> Expansion:
+    """A MoE dispatch over the EP ``group`` (GPUs in EP rank order) sending each token once
+    per node and once per GPU its experts are on, as DeepEP's normal kernels do; sizes are
+    shares of the buffer a rank hands in, ``S = T k h`` bytes (one copy per token and expert).
+
+    EP rank ``j`` holds experts ``j E/n .. (j+1) E/n - 1``; a token reaches GPU ``j`` with
+    chance ``p_j`` and node ``b`` with chance ``P_b`` (:func:`model.moe.token_reach`). Across
+    nodes a token goes once over RDMA to the GPU of the same local index on each node it
+    reaches, which forwards it over NVLink to each node-mate whose experts it reaches, as it
+    does its own tokens::
+
+        GPU (a, l) -> (b, l)    P_b / k  x S     every other node b (RDMA, same rail)
+        GPU (a, l) -> (a, l')   N p / k  x S     every node-mate l': its own tokens and those
+                                                 of the N - 1 GPUs (b, l) it forwards
+
+    NCCL's all-to-all sends S/n to each GPU instead (one copy per token and expert), so node b
+    gets g k / n copies a token where this sends ``P_b`` <= 1. The forwarding runs with the
+    sends, pipelined as DeepEP's chunks are: one phase, two latency rounds. The combine
+    returns the same bytes the other way, and where every node and GPU holds alike (any
+    regular group) its flows are these. A group inside one node, or whose nodes hold
+    different numbers of its GPUs, sends each GPU's tokens to it directly (``p_j / k`` x S),
+    deduplicated per GPU only.
+    """
+    n = len(group)
+    experts, top_k, groups, group_top_k = route
+    per_gpu = experts // n
+    nodes = _by_node(group, node_of)
+    at = {g: j for j, g in enumerate(group)}
+
+    def reach(members) -> float:
+        held = tuple(e for g in members for e in range(at[g] * per_gpu, (at[g] + 1) * per_gpu))
+        return token_reach(experts, top_k, groups, group_top_k, held)
+
+    p_gpu = {g: reach((g,)) for g in group}
+    if len(nodes) == 1 or len({len(v) for v in nodes}) > 1:
+        flows = tuple((a, b, p_gpu[b] / top_k) for a in group for b in group if a != b)
+        return Expansion(flows, 1)
+    p_node = [reach(v) for v in nodes]
+    flows = []
+    for a, members in enumerate(nodes):
+        for l, x in enumerate(members):
+            flows += [(x, nodes[b][l], p_node[b] / top_k) for b in range(len(nodes)) if b != a]
+            flows += [(x, y, len(nodes) * p_gpu[y] / top_k) for y in members if y != x]
+    return Expansion(tuple(flows), 2)

@@ -25,7 +25,7 @@ from operator import itemgetter
 import numpy as np
 import simpy
 
-from ..collectives.algorithms import ALGORITHMS, phases
+from ..collectives.algorithms import ALGORITHMS, DEEPEP, phases
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm
 from ..trace import index_ranges, stable_argsort, unique
@@ -128,7 +128,8 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
 
 
 def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tuple = (),
-                shared: dict | None = None, kept: dict | None = None, wide: bool = False) -> tuple[FlowPlan, ...]:
+                shared: dict | None = None, kept: dict | None = None, wide: bool = False,
+                route: tuple = ()) -> tuple[FlowPlan, ...]:
     """Expand ``comm`` (and its twins) by ``algo`` into phases of weighted flows on graph paths.
 
     Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
@@ -169,18 +170,20 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     ``wide``: meetings are looked for on every link, not only on the scale-out ones (where
     the classes split a stage, a node's GPUs stand for different classes, whose twins meet
     on its NVLink and PCIe links too).
+
+    ``route``: a deduplicating dispatch's routing (``algo`` deepep; the program's ``routing``).
     """
     node_of = cluster.node_of
     own_groups = (comm.group, *comm.twins)
     sibling_groups = tuple(g for orbit in siblings for g in orbit)
-    per_group = {g: phases(comm.op, algo, g, node_of) for g in own_groups}
+    per_group = {g: phases(comm.op, algo, g, node_of, route) for g in own_groups}
     n_phases = len(per_group[comm.group])
     keys: list = [None] * n_phases  # per phase, where it is kept in ``shared``
     if siblings and shared is not None:
         everyone = tuple(sorted(own_groups + sibling_groups))
         keys = [(comm.op, algo, k, comm.load, everyone) for k in range(n_phases)]
     if siblings and (shared is None or any(key not in shared for key in keys)):
-        per_group.update((g, phases(comm.op, algo, g, node_of)) for g in sibling_groups)
+        per_group.update((g, phases(comm.op, algo, g, node_of, route)) for g in sibling_groups)
     scale = 1.0
     if algo == "nvls":  # NVLS sustains its own, calibrated, share of the NVLink line rate
         scale = cluster.cfg.node.nvlink.efficiency / cluster.gpu.nvls_efficiency
@@ -191,7 +194,8 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
         else:
             flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
         if comm.load:
-            flows_of = {g: _loaded(flows, g, *comm.load) for g, flows in flows_of.items()}
+            by_node = node_of if algo == DEEPEP else None
+            flows_of = {g: _loaded(flows, g, *comm.load, by_node) for g, flows in flows_of.items()}
         keep = None if kept is None else partial(_keep, kept, k, scale)
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
                            direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k], keep=keep,
@@ -229,12 +233,28 @@ def with_meetings(kept: tuple, links: np.ndarray) -> FlowPlan:
     return _merged(_scaled(make(links), scale))
 
 
-def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[float, ...]) -> tuple:
+def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[float, ...], node_of=None) -> tuple:
     """A skewed all-to-all's flows (``Comm.load``): the flow from group position i to j carries
     its balanced bytes times ``factors[j]`` (tokens to the experts of j), or ``factors[i]``
-    when ``by_src`` (tokens coming back from the experts of i)."""
+    when ``by_src`` (tokens coming back from the experts of i).
+
+    ``node_of`` (a deduplicating dispatch, whose flows across nodes carry a node's tokens): a
+    flow between nodes scales by the mean factor of that end's node instead, the tokens to
+    (from) the experts of every GPU of the group there; flows inside a node as above. (The
+    dedup chances are the balanced ones: a hot GPU's extra copies are counted as copies.)"""
     pos = {x: i for i, x in enumerate(group)}
-    return tuple((a, b, x * factors[pos[a] if by_src else pos[b]]) for a, b, x in flows)
+    if node_of is None:
+        return tuple((a, b, x * factors[pos[a] if by_src else pos[b]]) for a, b, x in flows)
+    on: dict[int, list[float]] = {}
+    for x, f in zip(group, factors):
+        on.setdefault(node_of(x), []).append(f)
+    mean = {k: sum(v) / len(v) for k, v in on.items()}
+
+    def factor(a: int, b: int) -> float:
+        end = a if by_src else b
+        return factors[pos[end]] if node_of(a) == node_of(b) else mean[node_of(end)]
+
+    return tuple((a, b, x * factor(a, b)) for a, b, x in flows)
 
 
 def _route(cluster: Cluster, direct: bool = False):
@@ -815,8 +835,9 @@ def _longest_s(paths: np.ndarray, lat_s: np.ndarray) -> float:
 # an all-to-all, and rings whose channels rotate every node's members (collectives/ring.py) on
 # groups with the same number of members on every node. Not a ring shift (CP): its single
 # ring mixes NVLink and NIC hops, so members differ.
-MEMBER_SYMMETRIC = frozenset({("all_to_all", "pxn"), ("all_to_all", "pairwise"), ("all_reduce", "ring"), ("reduce_scatter", "ring"),
-                              ("all_gather", "ring"), ("all_reduce", "hierarchical"), ("all_reduce", "nvls")})
+MEMBER_SYMMETRIC = frozenset({("all_to_all", "pxn"), ("all_to_all", "pairwise"), ("all_to_all", DEEPEP),
+                              ("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
+                              ("all_reduce", "hierarchical"), ("all_reduce", "nvls")})
 
 
 def _regular(group: tuple[int, ...], node_of) -> bool:

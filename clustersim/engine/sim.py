@@ -42,7 +42,7 @@ from ..program.tasks import Comm, Program, Task
 from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, stable_argsort,
                      unique, unique_inverse)
 from ..codegen import Straight
-from ..collectives.algorithms import ALGORITHMS, AUTO, applicable
+from ..collectives.algorithms import ALGORITHMS, AUTO, DEEPEP, applicable
 from .network import FlowNetwork, FlowPlan, _with_pairs, max_min_rates, plan_phases, with_meetings
 
 
@@ -552,7 +552,7 @@ class Engine:
             self._plans[key] = plan_phases(self.cluster, c, algo, self.prog.siblings.get((c.group, c.twins), ()),
                                            self._shared_orbits,
                                            None if self._kept is None else self._kept.setdefault(key, {}),
-                                           wide=bool(self.prog.siblings))
+                                           wide=bool(self.prog.siblings), route=self.prog.routing)
         return self._plans[key]
 
     def _full_plan(self, c: Comm) -> tuple[FlowPlan, ...]:
@@ -597,9 +597,15 @@ class Engine:
         hashing does to each. (Weighing the spines, one DP group of four on three GB200 racks
         chose hierarchical where the others chose tree, its flows spread better by the hash,
         and the collapsed step, every twin on the simulated group's tree, was 5.2 % shorter
-        than the rank-by-rank one.) The flows themselves still cross the spines they hash to."""
+        than the rank-by-rank one.) The flows themselves still cross the spines they hash to.
+
+        A MoE dispatch of a program whose dispatcher deduplicates (``Program.routing``) runs
+        by ``deepep``, DeepEP's own kernels rather than an NCCL algorithm."""
         key = (*_shape(c), c.size_bytes)
         if key not in self._algos:
+            if c.op == "all_to_all" and self.prog.routing:
+                self._algos[key] = DEEPEP
+                return DEEPEP
             options = ALGORITHMS.get(c.op, ("ring",))
             nvls = self.cluster.gpu.nvls_efficiency is not None and self.cluster.cfg.node.gpus > 1
             usable = [a for a in options if applicable(c.op, a, c.group, self.cluster.node_of, nvls)] or [options[0]]
@@ -624,7 +630,7 @@ class Engine:
         plan = self._own_plans.get(key)
         if plan is None:
             alone = replace(c, twins=(), members=tuple(sorted(set(c.group))))
-            plan = self._own_plans[key] = plan_phases(self.cluster, alone, algo)
+            plan = self._own_plans[key] = plan_phases(self.cluster, alone, algo, route=self.prog.routing)
         return plan
 
     def _classify(self) -> None:

@@ -24,6 +24,7 @@ from (combine) them::
 
 from __future__ import annotations
 
+from math import comb
 from typing import Literal
 
 import pydantic
@@ -45,6 +46,15 @@ class MoeCfg(Strict):
     ep_load: list[pydantic.PositiveFloat] | None = pydantic.Field(
         default=None, description="tokens each EP rank's experts receive, relative to balanced routing "
                                   "(one per EP index, mean 1; dropless routing)")
+    dispatcher: Literal["alltoall", "deepep"] = pydantic.Field(
+        default="alltoall", description="alltoall: one copy per (token, expert) over NCCL (Megatron-LM's alltoall "
+        "dispatcher); deepep: one copy per token and node across nodes, forwarded over NVLink to the GPUs "
+        "holding its experts (DeepEP, Megatron-LM's flex dispatcher)")
+    router_groups: int | None = pydantic.Field(
+        default=None, ge=1, description="group-limited routing: the experts in this many groups of consecutive "
+        "experts, of which each token picks router_group_top_k before its top_k experts (DeepSeek-V3: 8)")
+    router_group_top_k: int | None = pydantic.Field(
+        default=None, ge=1, description="groups a token's experts come from (DeepSeek-V3: 4 nodes)")
 
     @pydantic.model_validator(mode="after")
     def _top_k(self):
@@ -53,6 +63,20 @@ class MoeCfg(Strict):
         if self.capacity_factor * self.top_k > self.experts:  # an expert cannot take more than every token
             raise ValueError(f"model.moe.capacity_factor={self.capacity_factor:g} lets an expert take more than "
                              f"every token: at most experts / top_k = {self.experts / self.top_k:g}")
+        groups, top = self.router_groups, self.router_group_top_k
+        if (groups is None) != (top is None):
+            given, missing = ("router_groups", "router_group_top_k") if top is None else \
+                ("router_group_top_k", "router_groups")
+            raise ValueError(f"model.moe.{given} needs model.moe.{missing}: group-limited routing picks "
+                             f"router_group_top_k of router_groups groups")
+        if groups is not None:
+            if self.experts % groups:
+                raise ValueError(f"model.moe.router_groups={groups} does not divide model.moe.experts={self.experts}")
+            if top > groups:
+                raise ValueError(f"model.moe.router_group_top_k={top} exceeds model.moe.router_groups={groups}")
+            if self.top_k > top * (self.experts // groups):
+                raise ValueError(f"model.moe.top_k={self.top_k} exceeds the {top * (self.experts // groups)} experts "
+                                 f"of router_group_top_k={top} groups of {self.experts // groups}")
         return self
 
     @property
@@ -128,3 +152,50 @@ def shared_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int) -> list[
 def dispatch_bytes(moe: MoeCfg, tokens: float, hidden: int) -> float:
     """Bytes one rank hands to the dispatch all-to-all (16-bit hidden states, k copies)."""
     return tokens * moe.top_k * moe.capacity_factor * hidden * ELEM_BYTES
+
+
+def routing(moe: MoeCfg | None) -> tuple:
+    """What the engine needs of a deduplicating dispatch (``collectives.algorithms``'
+    ``deepep``): (experts, top_k, router groups, groups a token picks); () for NCCL's
+    all-to-all, one copy per (token, expert)."""
+    if moe is None or moe.dispatcher != "deepep":
+        return ()
+    return (moe.experts, moe.top_k, moe.router_groups or 1, moe.router_group_top_k or 1)
+
+
+def token_reach(experts: int, top_k: int, groups: int, group_top_k: int, held: tuple[int, ...]) -> float:
+    """The chance that a token's top-k experts include one of ``held``: the share of tokens
+    a GPU (or node) holding those experts receives once per token, as a deduplicating
+    dispatch sends it.
+
+    Routing is uniform: a token picks ``group_top_k`` of the ``groups`` groups of consecutive
+    experts at random (DeepSeek-V3's node-limited routing, Megatron-LM's group-limited
+    routing; one group: no limit), then ``top_k`` distinct experts at random among the
+    ``M = group_top_k * E/groups`` they hold. Where the picked groups hold ``s`` of ``held``::
+
+        P(miss | s) = C(M - s, k) / C(M, k)          P(reach) = 1 - E_groups[P(miss | s)]
+        no group limit:  P(reach) = 1 - C(E - |held|, k) / C(E, k)
+
+    The expectation over the groups counts, per subset of the groups ``held`` touches, the
+    ways to pick the rest among the untouched ones. DeepSeek-V3, 256 experts, top-8, 8 groups
+    of which 4: a node holding one group receives 45 % of the tokens (4/8 of them pick its
+    group, and 1 - C(96,8)/C(128,8) of those one of its experts), where one copy per
+    (token, expert) sends it 8 x 32/256 = 1 copy a token on average.
+    """
+    size = experts // groups
+    picked = group_top_k * size
+    per_group: dict[int, int] = {}
+    for x in held:
+        per_group[x // size] = per_group.get(x // size, 0) + 1
+    touched = list(per_group.values())
+    # ways[q][s]: subsets of the touched groups with q groups holding s of ``held``
+    ways: dict[tuple[int, int], int] = {(0, 0): 1}
+    for c in touched:
+        nxt = dict(ways)
+        for (q, s), w in ways.items():
+            if q < group_top_k:
+                nxt[(q + 1, s + c)] = nxt.get((q + 1, s + c), 0) + w
+        ways = nxt
+    others = groups - len(touched)
+    miss = sum(w * comb(others, group_top_k - q) * comb(picked - s, top_k) for (q, s), w in ways.items())
+    return 1.0 - miss / (comb(groups, group_top_k) * comb(picked, top_k))

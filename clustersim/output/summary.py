@@ -44,8 +44,9 @@ def _stage_rows(stages: list[dict]) -> list[dict]:
 
 def plan_dims(p: dict[str, Any], sep: str) -> str:
     """"TP4 x CP8 (ring) x PP1 x DP2 (EP2)": the parallel degrees, CP and EP only when used, the
-    experts' TP where it is not TP's ("(EP8, ETP1)"), and the nodes a TP or EP group spans where
-    it leaves its node ("TP16 over 2 nodes", "(EP16 over 2 nodes)")."""
+    experts' TP where it is not TP's ("(EP8, ETP1)"), the nodes a TP or EP group spans where
+    it leaves its node ("TP16 over 2 nodes", "(EP16 over 2 nodes)"), and a deduplicating
+    dispatch ("(EP16 over 2 nodes, DeepEP)")."""
     cp = ""
     if p.get("cp", 1) > 1:
         how = p.get("cp_comm", "ring") + ("" if p.get("cp_load_balance", True) else ", unbalanced")
@@ -55,6 +56,8 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
     experts = [f"EP{p['ep']}{ep_over}"] if p.get("ep", 1) > 1 else []
     if (p.get("etp") or p["tp"]) != p["tp"]:  # (a config's etp, which validate shows, is None where it is tp)
         experts.append(f"ETP{p['etp']}")
+    if experts and p.get("dispatcher") == "deepep":  # tokens cross once per node: another cost of EP
+        experts.append("DeepEP")
     ep = f" ({', '.join(experts)})" if experts else ""
     # TP's all-reduces block every layer: over NICs they cost far more (parallelism guide)
     over = f" over {p['tp_nodes']} nodes" if p.get("tp_nodes", 1) > 1 else ""

@@ -31,6 +31,7 @@ from operator import attrgetter
 import numpy as np
 
 from ..codegen import Straight
+from ..model import moe
 from ..config import Scenario
 from ..plan.mesh import Mesh
 from ..schedule.core import fused_weight_passes, units_by_start
@@ -428,6 +429,7 @@ class Lowering:
     # (CP index, index in the EP group) -> per-part work, when CP or EP ranks differ (unbalanced
     # causal attention, skewed expert load); the index that does not matter is 0
     rank_work: dict = field(default_factory=dict)
+    routing: tuple = ()  # how the MoE dispatches send (Program.routing)
     # filled by __post_init__
     grad_kind: str = field(init=False)  # the action after which gradients are final: "W" or "B"
     first_mb: dict = field(default_factory=dict)  # virtual stage -> first microbatch it runs forward
@@ -1489,7 +1491,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
         zero3_keep_gathered=sc.parallel.zero3_keep_gathered, overlap_param_gather=sc.parallel.overlap_param_gather,
-        rank_work=rank_work, use_templates=templates,
+        rank_work=rank_work, use_templates=templates, routing=moe.routing(sc.model.moe),
     )
     return run_passes(low), low
 
@@ -1498,7 +1500,7 @@ def run_passes(low: Lowering, kept: _Parting | None = None) -> Program:
     """The passes in order; ``kept``: the state of a longer step's lowering where this one's
     parts from it (:class:`_Parting`), from which the pipeline pass resumes."""
     prog = Program(ranks=low.sym.ranks, weight=low.sym.weight, rep=low.sym.rep_of_gpu, maker=_make,
-                   siblings=low.sym.sibling_map)
+                   siblings=low.sym.sibling_map, routing=low.routing)
     if kept is None:
         prog = pipeline_pass(prog, low)
     else:

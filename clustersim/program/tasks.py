@@ -122,6 +122,10 @@ class Program:
     # (group, twins) -> the communication's sibling orbits where the symmetry classes split a
     # stage (lower.Symmetry.siblings): the engine's orbit check counts their flows too
     siblings: dict = field(default_factory=dict, repr=False)
+    # how the MoE dispatch all-to-alls send: () one copy per (token, expert), NCCL's algorithm;
+    # else deduplicated per node and GPU (collectives.algorithms.deepep_flows), this routing
+    # (model.moe.routing: experts, top_k, router groups, groups a token picks)
+    routing: tuple = ()
 
     @property
     def tasks(self) -> list[Task]:
