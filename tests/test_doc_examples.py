@@ -342,6 +342,44 @@ def test_the_expert_tensor_parallel_table_of_parallelism_md():
     assert best["memory"]["tight"] and not any(r["memory"]["tight"] for k, r in runs.items() if k != (8, 1))
 
 
+def test_the_deepep_table_of_parallelism_md():
+    """docs/parallelism.md's "Deduplicated dispatch" table and prose, simulated now: each EP
+    width under NCCL's copies, DeepEP's dedup and DeepSeek-V3's group-limited routing; the
+    chances of reaching a node it quotes; and the peaks, which the dispatch leaves alone."""
+    import clustersim
+    from clustersim.model.moe import token_reach
+
+    runs = {}
+    for ep in (8, 16, 32, 64):
+        for how, moe in (("alltoall", {"dispatcher": "alltoall"}), ("deepep", {"dispatcher": "deepep"}),
+                         ("groups", {"dispatcher": "deepep", "router_groups": 8, "router_group_top_k": 4})):
+            runs[(ep, how)] = clustersim.simulate(_scenario("moe_1024gpu.yaml", parallel={"ep": ep}, moe=moe)).summary
+    text = " ".join((ROOT / "docs" / "parallelism.md").read_text().split())
+    for ep in (8, 16, 32, 64):
+        nodes = runs[(ep, "deepep")]["plan"]["ep_nodes"]
+        cells = " | ".join(f"{runs[(ep, h)]['step_time_s']:.2f} s ({runs[(ep, h)]['exposed_comm_s']['ep']:.2f} s)"
+                           for h in ("alltoall", "deepep", "groups"))
+        where = "one node" if nodes == 1 else f"{nodes} nodes"
+        assert f"| {ep} | {where} | {cells} |" in text, (ep, cells)
+        peaks = [_peak_gib(runs[(ep, h)]) for h in ("alltoall", "deepep", "groups")]
+        assert max(peaks) - min(peaks) < 0.15, (ep, peaks)  # (in-flight buffers follow the timing)
+    ep16 = runs[(16, "deepep")]
+    _quoted_in_parallelism_md([
+        f"EP16 over two nodes costs little more than EP8 inside one ({ep16['step_time_s']:.2f} s "
+        f"against {runs[(8, 'deepep')]['step_time_s']:.2f} s)",
+        f"(`P_N` = {token_reach(256, 8, 1, 1, tuple(range(128))):.3f})",
+        f"fits at {_peak_gib(ep16):.1f} GiB and would take {ep16['step_time_s']:.2f} s rather than "
+        f"{runs[(16, 'alltoall')]['step_time_s']:.2f} s",
+        f"(`P_N` = {token_reach(256, 8, 8, 4, tuple(range(32))):.2f} a node against "
+        f"{token_reach(256, 8, 1, 1, tuple(range(32))):.2f}), {runs[(64, 'groups')]['step_time_s']:.2f} s against "
+        f"{runs[(64, 'deepep')]['step_time_s']:.2f} s",
+    ])
+    assert ep16["memory"]["fits"]
+    comment = " ".join(line.lstrip("# ") for line in (ROOT / "scenarios/moe_1024gpu.yaml").read_text().splitlines()
+                       if line.startswith("#"))
+    assert f"as DeepSeek-V3's DeepEP does: {ep16['step_time_s']:.1f} s)" in comment
+
+
 def test_the_zero_bubble_figures_of_parallelism_md():
     """docs/parallelism.md's "Zero bubble" figures: what split backwards hold, simulated now."""
     import clustersim
