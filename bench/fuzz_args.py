@@ -77,6 +77,22 @@ def with_ep_over_cp(plan: dict, rng) -> dict:
     return {**plan, "parallel": {**p, "ep": 2 * ep}, "model": {**model, "moe": moe}}
 
 
+def with_deepep(plan: dict, rng) -> dict:
+    """``plan`` with, where its experts can take it (EP, whole experts on a rank, no capacity
+    factor) and one draw in two, the deduplicating dispatch (``model.moe.dispatcher: deepep``),
+    half of those with group-limited routing (two of four groups of experts); ``rng``: the
+    script's third generator, apart from the plans and from :func:`with_etp`'s draws."""
+    p, model = plan["parallel"], plan["model"]
+    moe = model.get("moe")
+    whole = p.get("etp", p.get("tp", 1)) == 1
+    if moe is None or p.get("ep", 1) < 2 or not whole or moe.get("capacity_factor", 1.0) != 1.0 or rng.random() >= 0.5:
+        return plan
+    moe = {**moe, "dispatcher": "deepep"}
+    if rng.random() < 0.5 and moe["experts"] % 4 == 0 and moe["top_k"] <= moe["experts"] // 2:
+        moe.update(router_groups=4, router_group_top_k=2)
+    return {**plan, "model": {**model, "moe": moe}}
+
+
 def with_dualpipev(plan: dict, rng) -> dict:
     """``plan`` with, where it runs DualPipe and one draw in two, DualPipeV instead (the same
     microbatches, 2 x pp model chunks: at least 2 x pp layers); ``rng`` as

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz_args import (two_counts, with_dualpipev, with_ep_over_cp, with_etp,  # sibling scripts (bench/ is
+from fuzz_args import (two_counts, with_deepep, with_dualpipev, with_ep_over_cp, with_etp,  # sibling scripts (bench/ is
                        with_recompute_layers)  # on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +210,9 @@ def label(i: int, d: dict) -> str:
         bits.append(f"hsdp/{p['zero_shard']}")
     if "ep" in p:
         bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}"
-                    + (f" etp{p['etp']}" if "etp" in p else ""))
+                    + (f" etp{p['etp']}" if "etp" in p else "")
+                    + (" deepep" if d["model"]["moe"].get("dispatcher") == "deepep" else "")
+                    + (" groups" if "router_groups" in d["model"]["moe"] else ""))
     bits += ["slow" if "gpu" in w else "spine cable" if "spine" in w["link"] else "nic cable" if ".nic" in w["link"]
              else "nvlink cable" for w in c["what_if"]]
     return " ".join(bits)
@@ -221,11 +223,12 @@ def main() -> int:
     rng = random.Random(seed)
     cables = random.Random(seed + 1_000_003)  # (with_cable's own)
     later = random.Random(seed + 2_000_003)  # draws added since (fuzz_args.with_etp), apart from the plans
+    dispatch = random.Random(seed + 3_000_003)  # (fuzz_args.with_deepep's, apart from both)
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
     for i in range(plans):
-        d = with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later), later)
+        d = with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later), later), dispatch)
         try:
             sc = clustersim.load_scenario(d, base_dir=ROOT)
             cabled = with_cable(sc, d, cables)

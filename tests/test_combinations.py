@@ -88,6 +88,15 @@ for zero, more in [(1, {}), (3, dict(recompute="full", sp=True)), (2, dict(tp=1,
                    (0, dict(tp=2, dp=2, cp=2, sp=True))]:
     PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule="dualpipev"), **more})
 
+# the deduplicated dispatch (DeepEP), with and without group-limited routing: each schedule
+# family, ZeRO 0-3, whole experts below TP, CP, and EP across the two nodes
+for schedule, zero, deepep, more in [
+        ("1f1b", 1, "deepep", dict(tp=1, dp=8, ep=4)), ("interleaved", 3, "groups", dict(tp=1, dp=8, ep=8)),
+        ("dualpipe", 1, "deepep", dict(tp=1, dp=8, ep=2)), ("zb-h1", 2, "groups", dict(tp=4, dp=2, sp=True, ep=2, etp=1)),
+        ("1f1b", 0, "deepep", dict(tp=1, dp=4, cp=2, ep=4)),
+        ("1f1b", 1, "groups", dict(tp=1, pp=1, dp=16, ep=8, order="tp-cp-dp-ep-pp"))]:  # strided over both nodes
+    PLANS.append({**dict(pp=2, zero=zero, recompute="none", schedule=schedule, moe=True, deepep=deepep), **more})
+
 
 def _id(p):
     return "-".join(f"{k}{'+'.join(v) if isinstance(v, list) else v}" for k, v in p.items()
@@ -98,12 +107,15 @@ def _id(p):
 @pytest.mark.parametrize("plan", PLANS, ids=[_id(p) for p in PLANS])
 def test_plan_runs_and_holds_invariants(root, plan):
     plan = dict(plan)
-    recompute, moe = plan.pop("recompute"), plan.pop("moe", False)
+    recompute, moe, deepep = plan.pop("recompute"), plan.pop("moe", False), plan.pop("deepep", None)
     layers = {k: plan.pop(k) for k in ("recompute_method", "recompute_layers", "recompute_modules") if k in plan}
     parallel = {**plan}
     if plan["schedule"] == "interleaved":
         parallel["vpp"] = 2
     model = {"layers": 8, **(MOE if moe else {})}
+    if deepep:
+        groups = dict(router_groups=4, router_group_top_k=2) if deepep == "groups" else {}
+        model["moe"] = {**model["moe"], "dispatcher": "deepep", **groups}
     d = scenario_dict(model=model, parallel=parallel,
                       training={"global_batch_size": 8 * plan["dp"], "recompute": recompute, "attention": "flash",
                                 **layers})
