@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pydantic
 
 from .errors import ConfigError
@@ -422,7 +423,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                                           f"{m.moe.capacity_factor:g} every expert's batch is padded or cut to "
                                           f"capacity, so the load changes nothing: drop one of the two")
         if m.moe.dispatcher == "deepep":
-            _check_deepep(cfg, fail)
+            _check_deepep(cfg, topo.node.gpus, fail)
     if p.cp > 1:
         chunks = 2 * p.cp if p.cp_load_balance else p.cp
         if m.seq_len % chunks:
@@ -491,11 +492,15 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             fail("training.precision", f"fp8 needs fp8 tensor cores; {topo.gpu} has none")
 
 
-def _check_deepep(cfg: ScenarioCfg, fail: Callable[[str, str], None]) -> None:
+def _check_deepep(cfg: ScenarioCfg, gpus_per_node: int, fail: Callable[[str, str], None]) -> None:
     """What a deduplicating dispatch (``model.moe.dispatcher: deepep``) needs: as Megatron-LM's
-    flex dispatcher, an EP group to dispatch over and dropless routing; experts whole on each
-    rank (etp 1: with etp > 1 the flex dispatcher sends over the TP x EP group, which is not
-    modelled); and its own kernels rather than an NCCL all-to-all algorithm."""
+    flex dispatcher, an EP group to dispatch over (it asserts TP x EP > 1) and no padding to
+    capacity; experts whole on each rank (etp 1: with etp > 1 the flex dispatcher sends over
+    the TP x EP group, which is not modelled); its own kernels rather than an NCCL all-to-all
+    algorithm; an EP group across nodes made of whole nodes in EP rank order (DeepEP's
+    internode kernels pair GPUs by local rank, rank // 8 the node); and router groups that
+    do not straddle EP ranks, so that every GPU and node is reached alike (the combine's
+    flows are then the dispatch's)."""
     moe, p = cfg.model.moe, cfg.parallel
     if p.ep == 1:
         fail("model.moe.dispatcher", "deepep dispatches tokens over the expert-parallel group; it needs parallel.ep > 1")
@@ -504,11 +509,29 @@ def _check_deepep(cfg: ScenarioCfg, fail: Callable[[str, str], None]) -> None:
                                      f"{'etp' if p.etp is not None else 'etp (as tp)'}={p.expert_tp}, and Megatron-LM's "
                                      f"flex dispatcher then sends over the TP x EP group, which clustersim does not model")
     if moe.capacity_factor != 1.0:
-        fail("model.moe.dispatcher", f"deepep dispatches dropless routing; model.moe.capacity_factor="
-                                     f"{moe.capacity_factor:g} pads or cuts each expert's batch: drop it or use alltoall")
+        fail("model.moe.dispatcher", f"model.moe.capacity_factor={moe.capacity_factor:g} pads every expert's batch to "
+                                     f"capacity, which Megatron-LM's flex dispatcher (deepep) does not: drop it or use "
+                                     f"alltoall")
     if cfg.simulation.collectives.all_to_all != "auto":
         fail("simulation.collectives.all_to_all", f"{cfg.simulation.collectives.all_to_all} is an NCCL algorithm; "
                                                   f"model.moe.dispatcher: deepep sends with its own kernels (leave auto)")
+    rows = mesh_of(p).group_rows("ep")
+    nodes = rows // gpus_per_node
+    if (nodes != nodes[:, :1]).any():  # the group leaves a node: whole nodes, in EP rank order
+        blocks = nodes.reshape(len(rows), -1, gpus_per_node) if p.ep % gpus_per_node == 0 else None
+        if blocks is None or (blocks != blocks[:, :, :1]).any():
+            held = sorted({int(c) for c in np.unique(nodes[0], return_counts=True)[1]})
+            fail("model.moe.dispatcher", f"deepep's internode kernels pair GPUs by local rank, so an EP group that "
+                                         f"spans nodes must hold all {gpus_per_node} GPUs of each, in EP rank order; "
+                                         f"here an EP group of {p.ep} holds {' or '.join(map(str, held))} of a node's "
+                                         f"{gpus_per_node} (parallel.order: {p.order}): keep EP inside a node or make "
+                                         f"it whole nodes")
+    if moe.router_groups:
+        per_gpu, per_group = moe.experts // p.ep, moe.experts // moe.router_groups
+        if per_gpu % per_group and per_group % per_gpu:
+            fail("model.moe.router_groups", f"groups of {per_group} experts straddle the EP ranks' {per_gpu} "
+                                            f"(router_groups={moe.router_groups}, ep={p.ep}): deepep is modelled with "
+                                            f"each rank's experts in one group or whole groups on a rank")
 
 
 def _check_recompute_modules(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str], None]) -> None:

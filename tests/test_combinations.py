@@ -94,7 +94,7 @@ for schedule, zero, deepep, more in [
         ("1f1b", 1, "deepep", dict(tp=1, dp=8, ep=4)), ("interleaved", 3, "groups", dict(tp=1, dp=8, ep=8)),
         ("dualpipe", 1, "deepep", dict(tp=1, dp=8, ep=2)), ("zb-h1", 2, "groups", dict(tp=4, dp=2, sp=True, ep=2, etp=1)),
         ("1f1b", 0, "deepep", dict(tp=1, dp=4, cp=2, ep=4)),
-        ("1f1b", 1, "groups", dict(tp=1, pp=1, dp=16, ep=8, order="tp-cp-dp-ep-pp"))]:  # strided over both nodes
+        ("1f1b", 1, "groups", dict(tp=1, pp=1, dp=16, ep=8))]:
     PLANS.append({**dict(pp=2, zero=zero, recompute="none", schedule=schedule, moe=True, deepep=deepep), **more})
 
 

@@ -63,6 +63,13 @@ AUTO: dict[str, tuple[str, ...]] = {"all_to_all": ("pxn",)}
 # the deduplicating MoE dispatch: no NCCL collective, so not among ALGORITHMS (which a scenario's
 # simulation.collectives and netbench choose from); model.moe.dispatcher asks for it
 DEEPEP = "deepep"
+# the share of NCCL's NVLink bandwidth (the topology's calibrated efficiency) DeepEP's normal
+# kernels move: intranode EP8 dispatch on H800, 153 GB/s "bottleneck bandwidth", which counts
+# the bytes a GPU receives from itself too (DeepEP's tests/test_intranode.py: recv_x), so
+# 153 x 7/8 = 134 GB/s over NVLink, of the 160 NCCL reaches there (published-runs.yaml).
+# Over RDMA its internode figures (58 and 51 GB/s at EP32 and EP64, own node counted too) are
+# 43.5 and 44.6 GB/s a NIC, NCCL's 0.9 of 400 Gb/s: the NICs' own efficiency serves.
+DEEPEP_NVLINK_SHARE = 153 * 7 / 8 / 160
 
 
 def _by_node(group: tuple[int, ...], node_of) -> list[list[int]]:
@@ -192,10 +199,10 @@ def deepep_flows(group: tuple[int, ...], node_of, route: tuple) -> Expansion:
     NCCL's all-to-all sends S/n to each GPU instead (one copy per token and expert), so node b
     gets g k / n copies a token where this sends ``P_b`` <= 1. The forwarding runs with the
     sends, pipelined as DeepEP's chunks are: one phase, two latency rounds. The combine
-    returns the same bytes the other way, and where every node and GPU holds alike (any
-    regular group) its flows are these. A group inside one node, or whose nodes hold
-    different numbers of its GPUs, sends each GPU's tokens to it directly (``p_j / k`` x S),
-    deduplicated per GPU only.
+    returns the same bytes the other way, and where every node and GPU is reached alike (as
+    the configuration's checks make sure) its flows are these. A group inside one node, or
+    whose nodes hold different numbers of its GPUs (refused by the checks), sends each GPU's
+    tokens to it directly (``p_j / k`` x S), deduplicated per GPU only.
     """
     n = len(group)
     experts, top_k, groups, group_top_k = route

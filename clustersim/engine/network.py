@@ -25,7 +25,7 @@ from operator import itemgetter
 import numpy as np
 import simpy
 
-from ..collectives.algorithms import ALGORITHMS, DEEPEP, phases
+from ..collectives.algorithms import ALGORITHMS, DEEPEP, DEEPEP_NVLINK_SHARE, phases
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm
 from ..trace import index_ranges, stable_argsort, unique
@@ -82,6 +82,10 @@ class FlowPlan:
     # a flow's fraction is its bytes times this: > 1 where an algorithm sustains less of a
     # link's bandwidth than the link's own efficiency allows (NVLS)
     wire_scale: float = 1.0
+    # where not None, the wire scale of the flows that cross a scale-out link (a NIC), the
+    # others' being ``wire_scale``: DeepEP moves a different share of NVLink's and the NICs'
+    # bandwidth (:func:`wire_scales`)
+    wire_scale_out: float | None = None
     # the links where a real flow of the orbit, or of its siblings, crosses, as sorted link ids,
     # among those where twins can meet another communication's unseen (Engine._meetings):
     # the scale-out links (Cluster.scale_out_mask), and every link where the classes split a
@@ -116,9 +120,23 @@ def _with_pairs(plan: FlowPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray]
     return plan
 
 
-def _scaled(plan: FlowPlan, scale: float) -> FlowPlan:
-    """``plan`` with ``wire_scale`` ``scale``, its weights and their arrays as they are."""
-    return _with_pairs(dataclasses.replace(plan, wire_scale=scale), plan.__dict__.get("pairs"))
+def _scaled(plan: FlowPlan, scale: float, scale_out: float | None = None) -> FlowPlan:
+    """``plan`` with ``wire_scale`` ``scale`` (and ``wire_scale_out``), its weights and their
+    arrays as they are."""
+    return _with_pairs(dataclasses.replace(plan, wire_scale=scale, wire_scale_out=scale_out),
+                       plan.__dict__.get("pairs"))
+
+
+def wire_scales(plan: FlowPlan, scale_out_mask: np.ndarray) -> float | np.ndarray:
+    """What each flow's fraction is over the bytes it puts on the wire: ``wire_scale``, or per
+    flow, where ``wire_scale_out`` is set, that for the flows crossing a scale-out link
+    (``scale_out_mask``, over the cluster's links) and ``wire_scale`` for the others."""
+    if plan.wire_scale_out is None:
+        return plan.wire_scale
+    sizes, edge, _ = plan.pairs
+    out = np.bincount(np.repeat(np.arange(len(sizes)), sizes), weights=scale_out_mask[edge].astype(np.float64),
+                      minlength=len(sizes)) > 0
+    return np.where(out, plan.wire_scale_out, plan.wire_scale)
 
 
 def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
@@ -184,23 +202,28 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
         keys = [(comm.op, algo, k, comm.load, everyone) for k in range(n_phases)]
     if siblings and (shared is None or any(key not in shared for key in keys)):
         per_group.update((g, phases(comm.op, algo, g, node_of, route)) for g in sibling_groups)
-    scale = 1.0
+    scale, scale_out = 1.0, None
     if algo == "nvls":  # NVLS sustains its own, calibrated, share of the NVLink line rate
         scale = cluster.cfg.node.nvlink.efficiency / cluster.gpu.nvls_efficiency
+    if algo == DEEPEP:  # DeepEP's kernels: their own share of NVLink's, the NICs' own across nodes
+        scale, scale_out = 1.0 / DEEPEP_NVLINK_SHARE, 1.0
     out = []
     for k in range(n_phases):
-        if scale == 1.0:  # (the flows' shares are floats: x * 1.0 is x)
-            flows_of = {g: tuple(ph[k].flows) for g, ph in per_group.items()}
+        if comm.load:  # (the dedup chances of a skewed dispatch saturate: _loaded)
+            flows_of = {g: _loaded(tuple(ph[k].flows), g, *comm.load, node_of if algo == DEEPEP else None,
+                                   route[1] if algo == DEEPEP else 0) for g, ph in per_group.items()}
         else:
-            flows_of = {g: tuple((a, b, x * scale) for a, b, x in ph[k].flows) for g, ph in per_group.items()}
-        if comm.load:
-            by_node = node_of if algo == DEEPEP else None
-            flows_of = {g: _loaded(flows, g, *comm.load, by_node) for g, flows in flows_of.items()}
-        keep = None if kept is None else partial(_keep, kept, k, scale)
+            flows_of = {g: tuple(ph[k].flows) for g, ph in per_group.items()}
+        if scale_out is not None:
+            flows_of = {g: tuple((a, b, x * (scale if node_of(a) == node_of(b) else scale_out)) for a, b, x in flows)
+                        for g, flows in flows_of.items()}
+        elif scale != 1.0:  # (the flows' shares are floats: x * 1.0 is x)
+            flows_of = {g: tuple((a, b, x * scale) for a, b, x in flows) for g, flows in flows_of.items()}
+        keep = None if kept is None else partial(_keep, kept, k, scale, scale_out)
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
                            direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k], keep=keep,
                            wide=wide, lockstep=per_group[comm.group][k].lockstep)
-        out.append(_merged(_scaled(plan, scale)))
+        out.append(_merged(_scaled(plan, scale, scale_out)))
     return tuple(out)
 
 
@@ -222,26 +245,29 @@ def _merged(plan: FlowPlan) -> FlowPlan:
     return dataclasses.replace(plan, weights=weights, fractions=tuple(f for _, f in first))
 
 
-def _keep(kept: dict, k: int, scale: float, make: Callable) -> None:
-    kept[k] = (make, scale)
+def _keep(kept: dict, k: int, scale: float, scale_out: float | None, make: Callable) -> None:
+    kept[k] = (make, scale, scale_out)
 
 
 def with_meetings(kept: tuple, links: np.ndarray) -> FlowPlan:
     """The phase kept by :func:`plan_phases`, its simulated flows also constrained on the
     links ``links`` where its twins meet another communication's."""
-    make, scale = kept
-    return _merged(_scaled(make(links), scale))
+    make, scale, scale_out = kept
+    return _merged(_scaled(make(links), scale, scale_out))
 
 
-def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[float, ...], node_of=None) -> tuple:
+def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[float, ...], node_of=None,
+            top_k: int = 0) -> tuple:
     """A skewed all-to-all's flows (``Comm.load``): the flow from group position i to j carries
     its balanced bytes times ``factors[j]`` (tokens to the experts of j), or ``factors[i]``
     when ``by_src`` (tokens coming back from the experts of i).
 
-    ``node_of`` (a deduplicating dispatch, whose flows across nodes carry a node's tokens): a
-    flow between nodes scales by the mean factor of that end's node instead, the tokens to
-    (from) the experts of every GPU of the group there; flows inside a node as above. (The
-    dedup chances are the balanced ones: a hot GPU's extra copies are counted as copies.)"""
+    ``node_of`` (a deduplicating dispatch, ``top_k`` experts a token): a flow carries the
+    share ``P`` of tokens that reach a node or GPU (``collectives.algorithms.deepep_flows``),
+    and ``f`` times the balanced copies reach it at ``1 - (1 - P)^f`` (each token's chance to
+    miss it raised to ``f``, as for Poisson copies; never past every token once): ``f`` the
+    end's GPU's factor for a flow inside a node (its own tokens and the ``N`` forwarded:
+    ``N P / k``), the mean of its node's GPUs' for a flow between nodes (``P / k``)."""
     pos = {x: i for i, x in enumerate(group)}
     if node_of is None:
         return tuple((a, b, x * factors[pos[a] if by_src else pos[b]]) for a, b, x in flows)
@@ -249,12 +275,16 @@ def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[f
     for x, f in zip(group, factors):
         on.setdefault(node_of(x), []).append(f)
     mean = {k: sum(v) / len(v) for k, v in on.items()}
+    nodes = len(on)
 
-    def factor(a: int, b: int) -> float:
+    def loaded(a: int, b: int, x: float) -> float:
         end = a if by_src else b
-        return factors[pos[end]] if node_of(a) == node_of(b) else mean[node_of(end)]
+        inside = node_of(a) == node_of(b)
+        f, per = (factors[pos[end]], nodes) if inside else (mean[node_of(end)], 1)
+        reach = x * top_k / per  # the chance a token reaches the end, balanced
+        return (1.0 - (1.0 - reach) ** f) * per / top_k
 
-    return tuple((a, b, x * factor(a, b)) for a, b, x in flows)
+    return tuple((a, b, loaded(a, b, x)) for a, b, x in flows)
 
 
 def _route(cluster: Cluster, direct: bool = False):
@@ -470,7 +500,8 @@ def _in_lockstep(plan: FlowPlan, size: int) -> FlowPlan:
     if given is not None and len(given[1]) >= LOCKSTEP_ARRAY_PAIRS:
         weights, pairs = _lockstep_pairs(given, plan.fractions, fractions, size)
         return _with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=plan.latency_s,
-                                    wire_scale=plan.wire_scale, meet_real=plan.meet_real), pairs)
+                                    wire_scale=plan.wire_scale, wire_scale_out=plan.wire_scale_out,
+                                    meet_real=plan.meet_real), pairs)
     weights = []
     for at, top in zip(range(0, n, size), fractions):
         on: dict[int, float] = {}
@@ -480,7 +511,7 @@ def _in_lockstep(plan: FlowPlan, size: int) -> FlowPlan:
                 on[e] = on.get(e, 0.0) + w * scale
         weights.append(tuple(sorted(on.items())))
     return FlowPlan(weights=tuple(weights), fractions=fractions, latency_s=plan.latency_s,
-                    wire_scale=plan.wire_scale, meet_real=plan.meet_real)
+                    wire_scale=plan.wire_scale, wire_scale_out=plan.wire_scale_out, meet_real=plan.meet_real)
 
 
 # pairs from which :func:`_in_lockstep` sums a plan's weights on its arrays: the DP trees

@@ -43,7 +43,7 @@ from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes,
                      unique, unique_inverse)
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, DEEPEP, applicable
-from .network import FlowNetwork, FlowPlan, _with_pairs, max_min_rates, plan_phases, with_meetings
+from .network import FlowNetwork, FlowPlan, _with_pairs, max_min_rates, plan_phases, wire_scales, with_meetings
 
 
 @dataclass
@@ -223,7 +223,8 @@ def _on_links(kept: np.ndarray, plan: FlowPlan) -> FlowPlan:
     flags, ends = on.tolist(), np.cumsum(sizes).tolist()
     weights = tuple(ws if not c else tuple(compress(ws, flags[end - len(ws):end]))
                     for ws, c, end in zip(plan.weights, cut, ends))
-    out = FlowPlan(weights=weights, fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale)
+    out = FlowPlan(weights=weights, fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale,
+                   wire_scale_out=plan.wire_scale_out)
     return _with_pairs(out, (np.bincount(flow_of[on], minlength=len(sizes)), edge[on], w[on]))
 
 
@@ -603,7 +604,7 @@ class Engine:
         by ``deepep``, DeepEP's own kernels rather than an NCCL algorithm."""
         key = (*_shape(c), c.size_bytes)
         if key not in self._algos:
-            if c.op == "all_to_all" and self.prog.routing:
+            if c.op == "all_to_all" and self.prog.routing and c.key[0] == "ep":
                 self._algos[key] = DEEPEP
                 return DEEPEP
             options = ALGORITHMS.get(c.op, ("ring",))
@@ -1053,7 +1054,7 @@ class Engine:
             frac = np.asarray(plan.fractions, dtype=np.float64)
             dur = frac * c.size_bytes / rates
             sizes, pair_edge, pair_w = whole.pairs
-            wire = frac / whole.wire_scale * c.size_bytes
+            wire = frac / wire_scales(whole, self.cluster.scale_out_mask) * c.size_bytes
             out.append((sizes, pair_edge, pair_w * np.repeat(wire, sizes), t0 + plan.latency_s, dur))
             t0 += plan.latency_s + max(0.0, float(dur.max()) if len(dur) else 0.0)
         return out
@@ -1164,7 +1165,9 @@ class Engine:
             # every (flow, link) pair in plan order, added one after the other (np.add.at is
             # unbuffered: the same sums, in the same order, as a loop over the pairs)
             sizes, pair_edge, pair_w = whole.pairs
-            np.add.at(total, pair_edge, pair_w / whole.wire_scale * np.repeat(moved, sizes))
+            scales = wire_scales(whole, self.cluster.scale_out_mask)
+            per_pair = scales if np.isscalar(scales) else np.repeat(scales, sizes)
+            np.add.at(total, pair_edge, pair_w / per_pair * np.repeat(moved, sizes))
         edges, bw = self.cluster.edges, self.cluster.edge_bw_Bps
         used = np.flatnonzero(total).tolist()
         kind = dict(zip(used, map(self.cluster.edge_kind.__getitem__, used)))
@@ -1203,10 +1206,11 @@ class Engine:
                 mine[k] = None
                 continue
             x = np.zeros((len(whole.weights), len(cols)))
+            scales = np.broadcast_to(wire_scales(whole, self.cluster.scale_out_mask), (len(whole.weights),))
             for i, ws in enumerate(whole.weights):
                 for e, w in ws:
                     if e in chosen:
-                        x[i, cols.index(e)] = w / whole.wire_scale
+                        x[i, cols.index(e)] = w / scales[i]
             mine[k] = (cols, x)
         # transfers timed in the network, plan by plan (_rate_segments); each link's segments
         # in the order the transfers finished

@@ -20,6 +20,10 @@ from (combine) them::
 
     expert FLOPs on rank e   x ep_load[e]
     dispatch bytes a -> b    S/ep * ep_load[b]      (combine: b -> a, the same)
+
+``dispatcher: deepep`` sends a token once per node and GPU its experts are on instead of once
+per expert (:func:`token_reach`, ``collectives.algorithms.deepep_flows``); what a rank hands
+in, computes and keeps is the same.
 """
 
 from __future__ import annotations
