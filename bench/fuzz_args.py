@@ -93,6 +93,18 @@ def with_deepep(plan: dict, rng) -> dict:
     return {**plan, "model": {**model, "moe": moe}}
 
 
+MLA = {"q_lora_rank": 384, "kv_lora_rank": 128, "qk_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64}
+
+
+def with_mla(plan: dict, rng) -> dict:
+    """``plan`` with, one draw in three, multi-head latent attention (``model.mla``, latents a
+    third of a 1,024 hidden state; no biases; not beside TP communication overlap); ``rng``:
+    the script's fourth generator, apart from every other draw."""
+    if plan["parallel"].get("tp_comm_overlap") or "kv_heads" in plan["model"] or rng.random() >= 1 / 3:
+        return plan
+    return {**plan, "model": {**plan["model"], "mla": dict(MLA), "bias": False}}
+
+
 def with_dualpipev(plan: dict, rng) -> dict:
     """``plan`` with, where it runs DualPipe and one draw in two, DualPipeV instead (the same
     microbatches, 2 x pp model chunks: at least 2 x pp layers); ``rng`` as

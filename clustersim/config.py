@@ -437,6 +437,9 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         # the overlap pipelines SP's all-gathers and reduce-scatters (Megatron-LM asserts the same)
         fail("parallel.tp_comm_overlap", "pipelines sequence parallelism's all-gathers and reduce-scatters with "
              "the GEMMs beside them; it needs sp: true" + ("" if p.tp > 1 else f" and tp > 1 (tp={p.tp})"))
+    if p.tp_comm_overlap and m.mla is not None:
+        fail("parallel.tp_comm_overlap", "pipelining SP's collectives with latent attention's projections "
+                                         "(model.mla) is not modelled; drop tp_comm_overlap")
     if p.tp_comm_overlap and (spans := mesh_of(p).nodes_spanned("tp", topo.node.gpus)) > 1:
         # userbuffers map the TP peers' memory over NVLink: one NVLink domain (a node here)
         fail("parallel.tp_comm_overlap", f"Transformer Engine's userbuffers exchange over NVLink inside one node, "
@@ -550,6 +553,9 @@ def _check_recompute_modules(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[s
         if name == "mlp" and not m.has_dense_layers:
             fail("training.recompute_modules", "mlp recomputes a dense MLP; every layer is MoE "
                                                "(model.moe.dense_layers_first: 0): recompute moe instead")
+        if name == "mla_up_proj" and m.mla is None:
+            fail("training.recompute_modules", "mla_up_proj recomputes latent attention's up projections; the model "
+                                               "has none (model.mla)")
 
 
 def _check_recompute(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str], None]) -> None:

@@ -97,6 +97,15 @@ for schedule, zero, deepep, more in [
         ("1f1b", 1, "groups", dict(tp=1, pp=1, dp=16, ep=8))]:
     PLANS.append({**dict(pp=2, zero=zero, recompute="none", schedule=schedule, moe=True, deepep=deepep), **more})
 
+# multi-head latent attention: each schedule family, TP with and without SP, ZeRO 0-3, CP,
+# its up projections recomputed, with experts and the deduplicated dispatch
+for schedule, zero, more in [
+        ("1f1b", 3, dict(sp=True)), ("interleaved", 1, {}), ("zb-h1", 2, dict(tp=2, dp=2, cp=2)),
+        ("zbv", 0, dict(tp=2, dp=4)), ("gpipe", 1, dict(sp=True, recompute="selective",
+                                                         recompute_modules=["mla_up_proj", "layernorm"])),
+        ("dualpipe", 1, dict(tp=1, dp=8, ep=4, moe=True, deepep="deepep"))]:
+    PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule=schedule, mla=True), **more})
+
 
 def _id(p):
     return "-".join(f"{k}{'+'.join(v) if isinstance(v, list) else v}" for k, v in p.items()
@@ -108,6 +117,7 @@ def _id(p):
 def test_plan_runs_and_holds_invariants(root, plan):
     plan = dict(plan)
     recompute, moe, deepep = plan.pop("recompute"), plan.pop("moe", False), plan.pop("deepep", None)
+    mla = plan.pop("mla", False)
     layers = {k: plan.pop(k) for k in ("recompute_method", "recompute_layers", "recompute_modules") if k in plan}
     parallel = {**plan}
     if plan["schedule"] == "interleaved":
@@ -116,6 +126,9 @@ def test_plan_runs_and_holds_invariants(root, plan):
     if deepep:
         groups = dict(router_groups=4, router_group_top_k=2) if deepep == "groups" else {}
         model["moe"] = {**model["moe"], "dispatcher": "deepep", **groups}
+    if mla:  # latents a third of the 1,024 hidden state, 8 heads of 96 + 32 (Q, K) and 128 (V)
+        model |= {"bias": False, "mla": {"q_lora_rank": 384, "kv_lora_rank": 128, "qk_head_dim": 96,
+                                         "qk_rope_head_dim": 32, "v_head_dim": 128}}
     d = scenario_dict(model=model, parallel=parallel,
                       training={"global_batch_size": 8 * plan["dp"], "recompute": recompute, "attention": "flash",
                                 **layers})

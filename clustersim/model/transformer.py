@@ -33,6 +33,20 @@ import pydantic
 from ..yamlio import Strict
 
 
+class MlaCfg(Strict):
+    """The ``model.mla`` section: multi-head latent attention (DeepSeek-V2/V3), whose queries and
+    keys/values are projected down to small latents, normalised, and projected up per head."""
+
+    q_lora_rank: int | None = pydantic.Field(
+        default=None, ge=1, le=2**20, description="the queries' latent width (DeepSeek-V3: 1536); null: queries "
+        "projected from the hidden state at once")
+    kv_lora_rank: int = pydantic.Field(ge=1, le=2**20, description="the keys' and values' latent width (512)")
+    qk_head_dim: int = pydantic.Field(ge=1, le=2**16, description="a head's query/key width without its rotary part (128)")
+    qk_rope_head_dim: int = pydantic.Field(default=64, ge=0, le=2**16, description="a head's rotary query/key width, "
+                                           "the key's shared by every head (64)")
+    v_head_dim: int = pydantic.Field(ge=1, le=2**16, description="a head's value width (128)")
+
+
 class DenseModelCfg(Strict):
     """A dense decoder transformer, as written in the scenario's ``model:`` section."""
 
@@ -51,6 +65,7 @@ class DenseModelCfg(Strict):
     tied_embeddings: bool = True
     position_embedding: Literal["learned", "rope"] = "learned"
     moe: "MoeCfg | None" = None
+    mla: MlaCfg | None = None
 
     @pydantic.model_validator(mode="after")
     def _shapes(self):
@@ -58,6 +73,12 @@ class DenseModelCfg(Strict):
             raise ValueError(f"model.heads={self.heads} does not divide model.hidden={self.hidden}")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}")
+        if self.mla is not None and self.kv_heads not in (None, self.heads):
+            raise ValueError(f"model.kv_heads={self.kv_heads}: latent attention (model.mla) gives every head its own "
+                             f"keys and values from the shared latent; drop kv_heads")
+        if self.mla is not None and self.bias:
+            raise ValueError("model.bias: latent attention (model.mla) is modelled without biases, as DeepSeek's "
+                             "models have none; set bias: false")
         return self
 
     def is_moe_layer(self, layer: int) -> bool:
@@ -79,6 +100,16 @@ class DenseModelCfg(Strict):
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def qk_dim(self) -> int:
+        """A head's query/key width: head_dim, or under MLA its own part and the rotary one."""
+        return self.mla.qk_head_dim + self.mla.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """A head's value (and context) width: head_dim, or MLA's v_head_dim."""
+        return self.mla.v_head_dim if self.mla else self.head_dim
 
 
 @dataclass(frozen=True)
@@ -132,24 +163,87 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
                                              halves, block/s of the half, left out)
                       4 b s^2 h standard    (the whole square computed, then masked)
     """
-    s, h, d = m.seq_len, m.hidden, m.head_dim
+    s, h = m.seq_len, m.hidden
     s_q = s / cp  # this rank's queries
     tok = b * s_q
     rep_tok = tok / t if sp else tok  # tokens of the ops TP replicates
-    q_dim, kv_dim = m.heads * d // t, 2 * m.n_kv_heads * d // t
     heads_local = m.heads / t
-    square_flops = 2 * 2 * b * heads_local * s_q * s * d  # QK^T and PV over every (query, key)
+    q_dim, ctx_dim, kv_dim = heads_local * m.qk_dim, heads_local * m.v_dim, kv_width(m) / t
+    # QK^T and PV over every (query, key): 2 (d_qk + d_v) FLOPs a pair and head (4d for MHA)
+    square_flops = 2 * b * heads_local * s_q * s * (m.qk_dim + m.v_dim)
     causal_flops = square_flops / 2
-    core_bytes = ELEM_BYTES * (tok * 2 * q_dim + b * s * kv_dim)  # Q and context local, K/V of every key
+    core_bytes = ELEM_BYTES * (tok * (q_dim + ctx_dim) + b * s * kv_dim)  # Q and context local, K/V of every key
     if not flash:  # scores, softmax, dropout, each written then read back
         core_bytes += ELEM_BYTES * b * heads_local * s_q * s * 6
+    qkv = mla_projections(m, tok, rep_tok, t, sp) if m.mla else [_matmul("qkv", tok, h, q_dim + kv_dim)]
     return [
         _elementwise("norm1", rep_tok * h, 2),
-        _matmul("qkv", tok, h, q_dim + kv_dim),
+        *qkv,
         Op("core_attn", causal_flops if flash else square_flops, core_bytes, causal_flops),
-        _matmul("proj", tok, q_dim, h),
+        _matmul("proj", tok, ctx_dim, h),
         _elementwise("residual1", rep_tok * h, 3),
     ]
+
+
+def kv_width(m: DenseModelCfg) -> int:
+    """A token's keys and values, whole (every head): ``2 g d`` with ``g`` K/V heads, or under
+    MLA ``a (d_qk + d_v)``, each head's key (its own part and the shared rotary one) and
+    value (what context parallelism passes round, and core attention reads)."""
+    return m.heads * (m.qk_dim + m.v_dim) if m.mla else 2 * m.n_kv_heads * m.head_dim
+
+
+def mla_projections(m: DenseModelCfg, tok: float, rep_tok: float, t: int, sp: bool) -> list[Op]:
+    """MLA's projections in place of the QKV GEMM (DeepSeek-V2 Sec 2.1; Megatron-Core's
+    ``MLASelfAttention``), one TP rank::
+
+        x ─ q_down ─ q_norm ─ q_up ──────── Q  (a heads x (d_qk + d_rope))
+          └ kv_down ─ kv_norm ─ kv_up ─── K (own part), V;  the rotary key part straight from kv_down
+
+    The down projections and the latents' norms are whole on every TP rank (Megatron's
+    "duplicated" linears): under SP each runs on the rank's own s/t tokens, and the up
+    projections, column-parallel, gather the latents (``mla_gathered_width``) instead of the
+    hidden state; without SP every rank runs them on every token, holding 1/t of their model
+    FLOPs. Without ``q_lora_rank`` a column-parallel ``q_proj`` reads the hidden state.
+    """
+    mla, h, a = m.mla, m.hidden, m.heads / t
+    down_tok = rep_tok  # (s/t tokens under SP, all of them, on every rank, without)
+
+    def duplicated(op: Op) -> Op:
+        return op if sp or t == 1 else Op(op.name, op.flops, op.bytes, op.flops / t)
+
+    q = [_matmul("q_proj", tok, h, a * m.qk_dim)] if mla.q_lora_rank is None else [
+        duplicated(_matmul("q_down", down_tok, h, mla.q_lora_rank)),
+        _elementwise("q_norm", down_tok * mla.q_lora_rank, 2),
+        _matmul("q_up", tok, mla.q_lora_rank, a * m.qk_dim)]
+    kv = [duplicated(_matmul("kv_down", down_tok, h, mla.kv_lora_rank + mla.qk_rope_head_dim)),
+          _elementwise("kv_norm", down_tok * mla.kv_lora_rank, 2),
+          _matmul("kv_up", tok, mla.kv_lora_rank, a * (mla.qk_head_dim + mla.v_head_dim))]
+    return q[:-1] + kv[:-1] + [q[-1], kv[-1]]  # the down projections, then the up ones (read by core attention)
+
+
+def mla_gathered_width(m: DenseModelCfg) -> int:
+    """What MLA's column-parallel up projections gather per token under SP (and reduce the
+    gradient of without it): the query latent (the hidden state without ``q_lora_rank``), the
+    key/value latent and the rotary key part, in place of the hidden state."""
+    mla = m.mla
+    return (mla.q_lora_rank or m.hidden) + mla.kv_lora_rank + mla.qk_rope_head_dim
+
+
+def mla_attention_params(m: DenseModelCfg) -> tuple[int, int]:
+    """(MLA's attention weights and latent norms, the part of them every TP rank holds whole:
+    the down projections and the latents' norms)::
+
+        q     h q_r + q_r a (d_qk + d_rope)       (h a (d_qk + d_rope) without q_r)
+        kv    h (kv_r + d_rope) + kv_r a (d_qk + d_v)
+        out   a d_v h
+    DeepSeek-V3 (h 7168, a 128, q_r 1536, kv_r 512, d_qk 128, d_rope 64, d_v 128): 187.1M a layer."""
+    mla, h, a = m.mla, m.hidden, m.heads
+    per_norm = 2 if m.norm == "layernorm" else 1
+    q_r = mla.q_lora_rank or 0
+    down = h * (q_r + mla.kv_lora_rank + mla.qk_rope_head_dim) + per_norm * (q_r + mla.kv_lora_rank)
+    q_up = (q_r or h) * a * m.qk_dim
+    kv_up = mla.kv_lora_rank * a * (mla.qk_head_dim + mla.v_head_dim)
+    return down + q_up + kv_up + a * mla.v_head_dim * h, down
 
 
 def mlp_block_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> list[Op]:
@@ -201,7 +295,7 @@ def layer_params(m: DenseModelCfg) -> int:
     """Parameters of one transformer layer (whole, not per TP rank)."""
     h, d, f = m.hidden, m.head_dim, m.ffn
     qkv_out = (m.heads + 2 * m.n_kv_heads) * d
-    attn = h * qkv_out + m.heads * d * h
+    attn = mla_attention_params(m)[0] if m.mla else h * qkv_out + m.heads * d * h
     mlp = h * f * (3 if m.mlp == "swiglu" else 2)
     bias = (qkv_out + h + (2 * f if m.mlp == "swiglu" else f) + h) if m.bias else 0
     return attn + mlp + 2 * norm_params(m) + bias
@@ -216,8 +310,9 @@ def norm_params(m: DenseModelCfg) -> int:
 def layer_replicated_params(m: DenseModelCfg) -> int:
     """The parameters of one layer every TP rank holds whole (Megatron): the two norms and the
     biases of the row-parallel GEMMs (attention output, MLP output), added after their
-    reduction; the rest of :func:`layer_params` is split over TP."""
-    return 2 * norm_params(m) + (2 * m.hidden if m.bias else 0)
+    reduction; the rest of :func:`layer_params` is split over TP. Under MLA also its down
+    projections and latents' norms (:func:`mla_attention_params`)."""
+    return 2 * norm_params(m) + (2 * m.hidden if m.bias else 0) + (mla_attention_params(m)[1] if m.mla else 0)
 
 
 def position_params(m: DenseModelCfg) -> int:
@@ -271,11 +366,12 @@ RECOMPUTE_MODULES = {
     "moe": ("experts_fc1", "experts_act", "shared", "dispatched"),  # a MoE layer again, dispatch included
     "moe_act": ("experts_act",),                    # the routed experts' activation function again
     "shared_experts": ("shared",),                  # the shared experts again
+    "mla_up_proj": ("qkv",),                        # MLA's up projections again, from the latents kept
 }
 
 
 # the terms the attention's backward recomputes (the others, the MLP's or MoE layer's)
-ATTENTION_TERMS = frozenset({"scores", "qkv_input"})
+ATTENTION_TERMS = frozenset({"scores", "qkv_input", "qkv"})
 
 
 def dropped_terms(modules) -> set[str]:
@@ -307,7 +403,10 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     replicated: norm inputs 2*2sbh, QKV input 2sbh, MLP input 2sbh, dropout masks 2*sbh
     (split over t too under sequence parallelism: 34/t in their Table 2);
     sharded over t: Q,K,V, context, MLP intermediates (the first GEMM's output, f or 2f with a
-    gate, and the activation's, f); attention scores 5as^2b unless flash attention drops them
+    gate, and the activation's, f); attention scores 5as^2b unless flash attention drops them.
+    Under MLA, Q and K are ``a (d_qk + d_rope)`` wide, V and the context ``a d_v``, and the
+    latents add ``2sb (2 q_r + 2 kv_r + d_rope)`` (``mla_latents``: each before and after its
+    norm, /t under SP);
     (softmax output 2, dropout mask 1, dropout output 2 bytes per score; without dropout the
     softmax output alone, 2, is what the product with V reads).
     Context parallelism keeps the terms of its s/cp tokens: s -> s/cp (the scores term, s/cp
@@ -324,13 +423,18 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
         MoE layer, tp 2:  replicated terms + dispatched 2sbk.cap.h + (QKV + context + experts)/2
         etp 1 (SP):       the dispatched term /2
     """
-    s, h, d = m.seq_len / cp, m.hidden, m.head_dim
+    s, h = m.seq_len / cp, m.hidden
     sbh = s * b * h
     rep = 1 / t if sp else 1.0
     terms = {"norm_inputs": 2 * sbh * 2 * rep, "qkv_input": 2 * sbh * rep, "mlp_input": 2 * sbh * rep,
              "masks": (2 * sbh if m.dropout else 0.0) * rep,
-             "qkv": 2 * s * b * (m.heads + 2 * m.n_kv_heads) * d / t, "context": 2 * sbh / t,
+             "qkv": 2 * s * b * (m.heads * m.qk_dim + kv_width(m)) / t, "context": 2 * s * b * m.heads * m.v_dim / t,
              "scores": 0.0 if flash else attention_scores_bytes(m, b, t, cp)}
+    if m.mla:
+        # each latent before its norm and after it (the up projection's input), and the rotary
+        # key part, on the rank's own tokens under SP (whole without: replicated)
+        q_r = m.mla.q_lora_rank or 0
+        terms["mla_latents"] = 2 * s * b * (2 * q_r + 2 * m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * rep
     if moe_layer and m.moe is not None:
         # expert intermediates for the k routed copies and the shared experts, plus the
         # dispatched hidden states kept for the expert GEMMs' weight gradients
@@ -378,6 +482,8 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
         grads     QKV 2sb(a+2g)d/t + MLP-up 2sb.f'/t  (f' = 2f with a gate)
                   proj 2sbh + MLP-down 2sbh          (whole: a row-parallel output's gradient)
         t = 1, a = g, f = 4h, GELU:  (2 + 2 + 2 + 8) + (6 + 8 + 2 + 2) = 32 sbh
+        MLA, attention:  inputs 2sbh + 2sb(q_r + kv_r) + context;  grads 2sb(q_r + kv_r + d_rope)
+                         + Q 2sb a(d_qk + d_rope)/t + K/V 2sb a(d_qk + d_v)/t + 2sbh
 
     Recompute does not shrink it: B recomputes the layer, and W keeps the recomputed inputs.
     A MoE layer's MLP terms are its experts': the dispatched hidden states (whole on every TP
@@ -391,7 +497,16 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
     s, h = m.seq_len / cp, m.hidden
     sbh = s * b * h
     rep = 1 / t if sp else 1.0
-    attn = 2 * sbh * rep + 2 * sbh / t + 2 * s * b * (m.heads + 2 * m.n_kv_heads) * m.head_dim / t + 2 * sbh
+    context = 2 * s * b * m.heads * m.v_dim / t  # the out projection's input
+    if m.mla:
+        # inputs: the norm's output (both down projections, or q_proj), each up projection's
+        # latent; gradients: each down and up projection's output, the out projection's
+        mla, q_r = m.mla, m.mla.q_lora_rank or 0
+        latents = 2 * s * b * (2 * q_r + mla.kv_lora_rank + (mla.kv_lora_rank + mla.qk_rope_head_dim)) * rep
+        ups = 2 * s * b * m.heads * (m.qk_dim + mla.qk_head_dim + mla.v_head_dim) / t
+        attn = 2 * sbh * rep + latents + context + ups + 2 * sbh
+    else:
+        attn = 2 * sbh * rep + context + 2 * s * b * (m.heads + 2 * m.n_kv_heads) * m.head_dim / t + 2 * sbh
     if moe_layer and m.moe is not None:
         e = m.moe
         routed = e.top_k * e.capacity_factor
@@ -432,9 +547,11 @@ def head_activation_bytes(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> floa
 def model_flops_per_token_closed_form(m: DenseModelCfg) -> float:
     """6*N_matmul + 6*L*s*h (fwd+bwd): PaLM's count (App. B) with the causal half of its
     12*L*s*h attention term, as Megatron-LM counts it, for a dense model (a MoE model's active
-    parameters: tests/test_throughput.py)."""
+    parameters: tests/test_throughput.py). Under MLA the attention term is
+    ``3 L s a (d_qk + d_rope + d_v)`` (QK^T over the query/key width, PV over the value's;
+    ``6 L s h`` where both are ``h/a``), and N_matmul counts the latents' norms too."""
     n_matmul = m.layers * layer_params(m) + m.vocab * m.hidden
-    return 6 * n_matmul + 6 * m.layers * m.seq_len * m.hidden
+    return 6 * n_matmul + 3 * m.layers * m.seq_len * m.heads * (m.qk_dim + m.v_dim)
 
 
 from .moe import MoeCfg, moe_active_mlp_params, moe_layer_mlp_params  # noqa: E402  (moe builds on Op)

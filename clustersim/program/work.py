@@ -165,9 +165,10 @@ def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), 
     )
 
 
-# The column-parallel GEMMs whose input gradient TP reduces: QKV, the MLP's up (and gate)
-# projection, the LM head (Megatron's ColumnParallelLinear)
-COLUMN_PARALLEL = ("qkv", "up", "lm_head")
+# The column-parallel GEMMs whose input gradient TP reduces: QKV (MLA: its up projections, or
+# its Q projection without a query latent), the MLP's up (and gate) projection, the LM head
+# (Megatron's ColumnParallelLinear)
+COLUMN_PARALLEL = ("qkv", "q_up", "q_proj", "kv_up", "up", "lm_head")
 
 
 def column_parallel_at(ops: list[Op]) -> int | None:
@@ -401,9 +402,9 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
     if cp == 1:
         return ([_Spec("attn", ops, f_pre, f_post, params)],
                 [_Spec("attn", tf.block_bwd(ops, flash), b_pre, b_post, params)])
-    qkv, core, out = ops[:2], ops[2], ops[3:]
-    assert qkv[-1].name == "qkv" and core.name == "core_attn"
-    kv_bytes = tf.ELEM_BYTES * b * (m.seq_len / cp) * 2 * m.n_kv_heads * m.head_dim / t  # this rank's K and V
+    at = next(i for i, op in enumerate(ops) if op.name == "core_attn")
+    qkv, core, out = ops[:at], ops[at], ops[at + 1:]
+    kv_bytes = tf.ELEM_BYTES * b * (m.seq_len / cp) * tf.kv_width(m) / t  # this rank's K and V
     shares = cp_attention_shares(cp, cp_rank, sc.parallel.cp_load_balance)
     fwd = [_Spec("attn qkv", qkv, pre=f_pre, params=params)]
     bwd = [_Spec("attn proj", tf.block_bwd(out, flash), pre=b_pre)]
@@ -435,7 +436,7 @@ def cp_transient_bytes(sc: Scenario) -> float:
     m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
     if cp == 1:
         return 0.0
-    kv = tf.ELEM_BYTES * sc.training.micro_batch_size * (m.seq_len / cp) * 2 * m.n_kv_heads * m.head_dim / t
+    kv = tf.ELEM_BYTES * sc.training.micro_batch_size * (m.seq_len / cp) * tf.kv_width(m) / t
     return (4 if sc.parallel.cp_comm == "ring" else 2 * cp) * kv
 
 
@@ -473,7 +474,8 @@ def _fused_halves(b_in: list[Block], b_w: list[Block], moved: list[tuple[int, in
 # experts' activation's outputs at the head of the backward of what reads them (discarded
 # outputs, recomputed as that module's output gradient arrives); mlp, moe and shared_experts
 # run their blocks again whole instead, communication included
-RECOMPUTED_OPS = {"core_attn": ("core_attn",), "layernorm": ("norm1", "norm2"), "moe_act": ("experts_act",)}
+RECOMPUTED_OPS = {"core_attn": ("core_attn",), "layernorm": ("norm1", "norm2"), "moe_act": ("experts_act",),
+                  "mla_up_proj": ("q_up", "q_proj", "kv_up")}
 
 
 def _placed(ops: list[Op], bwd_specs: list) -> list[tuple[Op, ...]]:
@@ -526,6 +528,12 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     act = 2.0 * b * m.seq_len / cp * m.hidden  # a 16-bit [b, s/cp, h] activation
     first, last = part == 0, part == n_parts - 1
     f_pre, f_post, b_pre, b_post = _tp_comms(t, sp, act)
+    # MLA's up projections gather (and reduce the gradient of) the latents, not the hidden state
+    a_pre, ab_post, attn_regather = f_pre, b_post, None
+    if m.mla is not None:
+        latents = 2.0 * b * m.seq_len / cp * tf.mla_gathered_width(m)
+        a_pre, _, _, ab_post = _tp_comms(t, sp, latents)
+        attn_regather = (CommItem("all_gather", latents),) if t > 1 and sp else ()
 
     mlp_f = tf.mlp_block_fwd(m, b, t, sp, cp)
     mlp_b = tf.block_bwd(mlp_f, flash)
@@ -533,7 +541,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     per_layer = _per_tp_rank(tf.layer_params(m), tf.layer_replicated_params(m), t)
     mlp_share = (m.hidden * m.ffn * (3 if m.mlp == "swiglu" else 2)) / t
     attn_params, mlp_params = per_layer - mlp_share, mlp_share
-    attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, f_pre, f_post, b_pre, b_post)
+    attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, a_pre, f_post, b_pre, ab_post)
     # selective recompute re-runs its modules' ops in backward; under flash attention core
     # attention has nothing to run again, its backward recomputing it anyway (and CP needs
     # flash attention, so the single "attn" block holds the core here)
@@ -574,8 +582,10 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         Where the block's input gradient is reduced over TP (:func:`tp_overlapped_backward`),
         the reduction runs beside its column-parallel GEMM's weight gradient, and under SP
         the W half gathers that GEMM's input first."""
-        cut = b_post and spec.post == b_post and (sp or sc.parallel.tp_async_allreduce)
-        pieces = tp_overlapped_backward(spec, regather) if cut else None
+        # (MLA's attention reduces its latents' gradient, and gathers them again for W)
+        again = attn_regather if attn_regather is not None and spec.post == ab_post else regather
+        cut = b_post and spec.post in (b_post, ab_post) and (sp or sc.parallel.tp_async_allreduce)
+        pieces = tp_overlapped_backward(spec, again) if cut else None
         if pieces is None:
             bwd.append(_block(spec.name, layer, spec.ops, gpu, prec, spec.params, spec.pre, spec.post, recompute_ops,
                               spec.expert_params, spec.overlap))
@@ -587,7 +597,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         ops_b, ops_w = split_backward_ops(spec.ops)
         b_in.append(_block(spec.name, layer, ops_b, gpu, prec, 0.0, spec.pre, spec.post, recompute_ops,
                            overlap=spec.overlap))
-        gathers = regather if pieces else ()
+        gathers = again if pieces else ()
         col = column_parallel_at(spec.ops) if gathers else None
         others = weight_grad_ops([op for i, op in enumerate(spec.ops) if i != col])
         if gathers:  # a full backward written B then W gathers beside B's compute (Megatron's order)
