@@ -185,10 +185,15 @@ class Symmetry:
         stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
-        elif stragglers or self.ep_distinct or self._chain_places is not None or self._group_shapes is not None:
+        elif (stragglers or self.ep_distinct or self._chain_places is not None or self._group_shapes is not None
+              or (self.cp_distinct and m.zero_shard)):
             # a skewed load refines too: its classes by (stage, [CP index,] EP index) hold only
             # where every TP and CP group keeps one pattern of EP indices, which folding EP over
-            # TP and CP ranks need not (TP groups of EP indices [0 0 1 1] beside [0 0 0 0])
+            # TP and CP ranks need not (TP groups of EP indices [0 0 1 1] beside [0 0 0 0]); and
+            # so does unbalanced CP beside hybrid sharding, whose shard groups (slices of a cp+dp
+            # group in rank order) can hold the CP indices in different patterns (9 of 18 ranks,
+            # CP2: [0 1 0 1 0 1 0 1 0] beside [1 0 1 0 1 0 1 0 1]), which one class per (stage,
+            # CP index) would make twins of: their reductions never met (the run deadlocked)
             self.rep = self._split_classes(stragglers)
         else:
             keep = ("pp", "cp") if self.cp_distinct else ("pp",)
