@@ -25,7 +25,7 @@ from .host_memory import check_fits, gpus_weigh_more, rank_by_rank_tasks
 from .model.transformer import total_params
 from .program.lower import Lowering, grad_buckets, lower
 from .program.tasks import Program
-from .program.work import OPTIMIZER_BYTES, PARAM_BYTES
+from .program.work import PARAM_BYTES
 from .schedule.core import split_weight_passes
 from .trace import SpanBase, Trace
 
@@ -98,6 +98,7 @@ def _statics(low: Lowering) -> list[StageStatic]:
     (Rajbhandari et al. 2020, Fig. 1, with g bytes per gradient)::
 
         ZeRO 0: 2Ψ + gΨ + 12Ψ     1: 2Ψ + gΨ + 12Ψ/N     2: 2Ψ + (g+12)Ψ/N     3: (2+g+12)Ψ/N
+        (12: fp32 master weights and moments; 8 with bf16 moments, ``optimizer_moments_dtype``)
 
     Under ZeRO-3 the transient bytes add the gathered units in flight (16-bit) and, in the
     backward, one unit's whole gradient before its reduce-scatter (g bytes a parameter).
@@ -141,7 +142,7 @@ def _statics(low: Lowering) -> list[StageStatic]:
             stage=q, params=psi + psi_e,
             param_bytes=PARAM_BYTES * (psi / (n if sharded3 else 1) + psi_e / (n_e if sharded3 else 1)),
             grad_bytes=low.grad_bytes * (psi / (n if grads_sharded else 1) + psi_e / (n_e if grads_sharded else 1)),
-            optimizer_bytes=OPTIMIZER_BYTES * (psi / (n if z >= 1 else 1) + psi_e / (n_e if z >= 1 else 1)),
+            optimizer_bytes=low.optimizer_bytes * (psi / (n if z >= 1 else 1) + psi_e / (n_e if z >= 1 else 1)),
             activation_bytes_per_mb=max(p.activation_bytes_per_mb for p in parts),
             transient_bytes=transient,
             parts=parts,

@@ -113,6 +113,9 @@ class TrainingCfg(Strict):
     grad_reduce_dtype: Literal["fp32", "bf16"] | None = None
     # AdamW's decoupled weight decay keeps the same states and makes the same pass: one model
     optimizer: Literal["adam", "adamw"] = "adam"
+    optimizer_moments_dtype: Literal["fp32", "bf16"] = pydantic.Field(
+        default="fp32", description="Adam's first and second moments: fp32, or bf16 as DeepSeek-V3 kept them "
+        "(Megatron-LM's --exp-avg-dtype and --exp-avg-sq-dtype); the master weights stay fp32")
     attention: Literal["flash", "standard"] = "flash"
     recompute: Literal["none", "selective", "full"] = "none"
     # which layers full recompute recomputes, as Megatron-LM's --recompute-method and

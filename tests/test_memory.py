@@ -486,3 +486,24 @@ def test_a_stage_split_by_a_straggler_reports_its_highest_rank():
         assert row["peak_bytes"] == pytest.approx(static(row) + row["transient_bytes"] + top, rel=1e-12)
         differ |= len(set(peaks.values())) > 1
     assert differ
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_bf16_moments_keep_8_bytes_of_optimizer_state_a_parameter(zero):
+    """``training.optimizer_moments_dtype: bf16`` (DeepSeek-V3's BF16 Adam moments; Megatron-LM's
+    --exp-avg-dtype and --exp-avg-sq-dtype): fp32 master weights 4 + m 2 + v 2 bytes, sharded
+    as the 12 of fp32 moments are; the Adam pass reads and writes 4 bytes a parameter less each
+    way (8 + g in, 8 + 2 out, against 12 + g and 14)."""
+    from clustersim.hardware.gpus import lookup_gpu
+    from clustersim.program.costs import adam_step_time_s
+
+    par = {"tp": 2, "pp": 2, "dp": 4, "zero": zero}
+    fp32 = run(parallel=par, training={"global_batch_size": 8})
+    bf16 = run(parallel=par, training={"global_batch_size": 8, "optimizer_moments_dtype": "bf16"})
+    n = 4 if zero else 1
+    for a, b in zip(fp32.summary["memory"]["stages"], bf16.summary["memory"]["stages"]):
+        assert a["optimizer_bytes"] == pytest.approx(12.0 * a["params"] / n, rel=1e-12)
+        assert b["optimizer_bytes"] == pytest.approx(8.0 * b["params"] / n, rel=1e-12)
+        assert b["params_bytes"] == a["params_bytes"] and b["grads_bytes"] == a["grads_bytes"]
+    gpu = lookup_gpu("A100-SXM4-80GB")
+    assert adam_step_time_s(1e9, gpu, 4, 2) / adam_step_time_s(1e9, gpu, 4, 4) == pytest.approx(22 / 30, rel=1e-12)

@@ -38,7 +38,7 @@ from ..schedule.core import fused_weight_passes, units_by_start
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule
 from ..trace import unique_inverse
 from .tasks import ActionTemplate, Comm, Program, Task
-from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, stage_work
+from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, optimizer_bytes, stage_work
 
 
 # the groups in which ranks communicate (the lowering's kinds, Mesh.grad_group's groups; a
@@ -423,6 +423,7 @@ class Lowering:
     work: list[StageWork]
     sym: Symmetry
     grad_bytes: int = 4  # a gradient element in memory (training.grad_dtype)
+    optimizer_bytes: int = 12  # optimizer state a parameter (work.optimizer_bytes)
     reduce_bytes: int = 4  # and on the wire, reduced (training.grad_reduce_dtype)
     dp_bucket_params: float = 40e6
     tied_embeddings: bool = False
@@ -1491,6 +1492,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
     low = Lowering(
         mesh=mesh, schedule=sc.schedule, work=work, sym=sym, shorter=shorter,
         grad_bytes=GRAD_BYTES[sc.training.grad_dtype],
+        optimizer_bytes=optimizer_bytes(sc.training.optimizer_moments_dtype),
         reduce_bytes=GRAD_BYTES[sc.training.reduced_grad_dtype],
         dp_bucket_params=sc.training.dp_bucket_params,
         tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,

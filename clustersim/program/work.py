@@ -43,7 +43,13 @@ from .costs import adam_step_time_s, ops_time_s
 
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 PARAM_BYTES = 2  # 16-bit weights used by the kernels
-OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + v (Rajbhandari et al. 2020, Sec 3.1)
+MOMENT_BYTES = {"fp32": 4, "bf16": 2}  # an Adam moment (training.optimizer_moments_dtype)
+
+
+def optimizer_bytes(moments_dtype: str = "fp32") -> int:
+    """Optimizer state per parameter: fp32 master weights and Adam's two moments, 12 bytes
+    (Rajbhandari et al. 2020, Sec 3.1), 8 with bf16 moments (DeepSeek-V3 Sec 3.3.4)."""
+    return 4 + 2 * MOMENT_BYTES[moments_dtype]
 
 
 @dataclass(frozen=True)
@@ -705,7 +711,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     updated = local_params / grad_shard + local_expert_params / expert_shard
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),
-        optimizer_s=adam_step_time_s(updated, gpu, GRAD_BYTES[sc.training.grad_dtype]),
+        optimizer_s=adam_step_time_s(updated, gpu, GRAD_BYTES[sc.training.grad_dtype],
+                                     MOMENT_BYTES[sc.training.optimizer_moments_dtype]),
         local_params=local_params,
         local_expert_params=local_expert_params,
         activation_bytes_per_mb=act_mb,
