@@ -9,6 +9,7 @@ import pytest
 import clustersim
 from clustersim.model import transformer as tf
 
+from .conftest import ROOT as ROOT_DIR
 from .conftest import scenario_dict
 
 EXACT = 1e-12
@@ -67,25 +68,28 @@ def test_model_flops_are_the_same_split_over_tp_with_or_without_sp(root):
 @pytest.mark.parametrize("t, sp", [(1, False), (2, False), (2, True)])
 def test_activation_terms(t, sp):
     """What a layer keeps, term by term, in bytes (16-bit): the norm's output (the down
-    projections' input), the latents before and after their norms and the rotary key part, Q
-    and K over d + r and V over v per head, the context over v; sharded over t, the latents
-    and norm output /t only under SP."""
+    projections' input), the latents before their norms and after (the up projections'
+    inputs; the rotary key part keeps nothing), Q and K over d + r and V over v per head, the
+    context over v; sharded over t, the latents and norm output /t only under SP."""
     m = tf.DenseModelCfg(**MODEL)
     s, b, h, a = 1024, 1, 1024, 16
     rep = 1 / t if sp else 1
     terms = tf.layer_activation_terms(m, b, t, True, sp)
     assert terms["qkv_input"] == 2 * s * b * h * rep
-    assert terms["mla_latents"] == pytest.approx(2 * s * b * (2 * 384 + 2 * 128 + 32) * rep, rel=EXACT)
+    assert terms["mla_latents"] == terms["mla_normed"] == pytest.approx(2 * s * b * (384 + 128) * rep, rel=EXACT)
     assert terms["qkv"] == pytest.approx(2 * s * b * a * (2 * (64 + 32) + 64) / t, rel=EXACT)
     assert terms["context"] == pytest.approx(2 * s * b * a * 64 / t, rel=EXACT)
 
 
 def test_up_projection_recompute_drops_q_k_v_and_runs_the_up_projections_again(root):
-    """``recompute_modules: [mla_up_proj]`` (Megatron-LM's): what a layer keeps loses its Q, K
-    and V; each layer's backward runs both up projections again (executed, not model, FLOPs)."""
+    """``recompute_modules: [mla_up_proj]`` (Megatron-LM's, with Transformer Engine's norms
+    fused into the up projections): what a layer keeps loses its Q, K and V and the normed
+    latents; each layer's backward runs both latent norms and up projections again (executed,
+    not model, FLOPs)."""
     base, rc = run(root), run(root, training={"recompute": "selective", "recompute_modules": ["mla_up_proj"]})
     m, s = rc.scenario.model, 1024
-    qkv = tf.layer_activation_terms(m, 1, 1, True)["qkv"]
+    terms = tf.layer_activation_terms(m, 1, 1, True)
+    qkv = terms["qkv"] + terms["mla_normed"]
     per_layer = tf.layer_activation_bytes(m, 1, 1, True) - tf.layer_activation_bytes(
         m, 1, 1, True, recompute="selective", modules=("mla_up_proj",))
     assert per_layer == pytest.approx(qkv, rel=EXACT)
@@ -97,6 +101,54 @@ def test_up_projection_recompute_drops_q_k_v_and_runs_the_up_projections_again(r
     extra = rc.summary["hardware_flops_per_step"] - base.summary["hardware_flops_per_step"]
     assert extra == pytest.approx(4 * 16 * s * ups, rel=EXACT)
     assert rc.summary["model_flops_per_step"] == pytest.approx(base.summary["model_flops_per_step"], rel=EXACT)
+
+
+def test_flash_backward_runs_the_wider_qk_again():
+    """Flash attention's backward executes dQ, dK and QK^T again over the query/key width and
+    dP, dV over the value width: (3 (d + r) + 2 v) / (d + r + v) of the forward, 2.6 for
+    DeepSeek-V3's 192 and 128 (2.5 where the widths agree); the model counts 2x."""
+    import yaml
+
+    d = yaml.safe_load((ROOT_DIR / "scenarios/deepseek_v3_2048gpu.yaml").read_text())["model"]
+    m = tf.DenseModelCfg(**d)
+    (core,) = [o for o in tf.attn_block_fwd(m, 1, 1, True) if o.name == "core_attn"]
+    (back,) = [o for o in tf.block_bwd([core], True)]
+    assert back.flops / core.flops == pytest.approx((3 * 192 + 2 * 128) / (192 + 128), rel=EXACT) == 2.6
+    assert back.model_flops == 2 * core.model_flops
+
+
+def test_split_backward_gathers_the_latents_again_for_both_up_projections(root):
+    """Zero bubble under SP: a layer's W gathers the up projections' inputs again (the latents,
+    without the rotary part) and only then computes both up projections' weight gradients;
+    the out and down projections' run beside the gather."""
+    from clustersim.program.work import stage_work
+
+    sc = run(root, tp=2, dp=4, sp=True, schedule="zb-h1").scenario
+    work = stage_work(sc, 0, sc.cluster.gpu)
+    w = [blk for blk in work.bwd_weight if blk.layer == 0 and blk.name.startswith("attn")]
+    beside, after = w
+    assert [c.size_bytes for c in beside.overlap] == [2 * 1024 * (384 + 128)]
+    m = sc.model
+    ups = (2 * 1024 * 384 * 8 * 96 + 2 * 1024 * 128 * 8 * 128)  # q_up, kv_up forward FLOPs on a rank (8 heads)
+    assert after.flops == pytest.approx(ups, rel=EXACT)  # their weight gradients: one forward's worth
+    assert m.mla.qk_rope_head_dim == 32
+
+
+def test_up_projection_recompute_gathers_the_latents_under_sp(root):
+    """Under SP the up projections' recompute needs the whole sequence of latents: the
+    attention's backward gathers them first (2 s (q_r + kv_r) bytes), beside its output
+    gradient's gather."""
+    rc = run(root, tp=2, dp=4, sp=True, training={"recompute": "selective", "recompute_modules": ["mla_up_proj"]})
+    base = run(root, tp=2, dp=4, sp=True)
+
+    def gathers(r):
+        return sorted(round(x.size_bytes) for x in r.trace.spans
+                      if x.kind == "tp" and x.op == "all_gather" and x.phase == "B" and x.rank == 0 and x.mb == 0)
+
+    extra = list(gathers(rc))
+    for x in gathers(base):
+        extra.remove(x)
+    assert extra == [2 * 1024 * (384 + 128)] * 2  # one per layer of the stage
 
 
 def test_sequence_parallel_gathers_the_latents_not_the_hidden_state(root):

@@ -11,6 +11,7 @@ Model FLOPs per token (fwd + bwd = 3 x fwd, matmuls only; Kaplan et al. 2020, Pa
 with the causal mask's half of the attention square, as Megatron-LM's FLOP count has it):
 
     6 * N_matmul + 6 * layers * seq * hidden       (PaLM's 12 * layers * seq * hidden, halved)
+    MLA: 6 * N_matmul + 3 * layers * seq * heads * (d_qk + d_rope + d_v)
 
 Executed attention FLOPs follow the kernel: flash attention skips the masked blocks (half the
 square), standard attention computes the whole square and masks it.
@@ -125,6 +126,9 @@ class Op:
     flops: float
     bytes: float
     model_flops: float = -1.0
+    # core attention: the share of its FLOPs in QK^T, which flash attention's backward runs
+    # again (1/2 where queries, keys and values are equally wide; d_qk / (d_qk + d_v) under MLA)
+    qk_share: float = 0.5
 
     def __post_init__(self):
         if self.model_flops < 0:
@@ -179,7 +183,8 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
     return [
         _elementwise("norm1", rep_tok * h, 2),
         *qkv,
-        Op("core_attn", causal_flops if flash else square_flops, core_bytes, causal_flops),
+        Op("core_attn", causal_flops if flash else square_flops, core_bytes, causal_flops,
+           m.qk_dim / (m.qk_dim + m.v_dim)),
         _matmul("proj", tok, ctx_dim, h),
         _elementwise("residual1", rep_tok * h, 3),
     ]
@@ -221,12 +226,13 @@ def mla_projections(m: DenseModelCfg, tok: float, rep_tok: float, t: int, sp: bo
     return q[:-1] + kv[:-1] + [q[-1], kv[-1]]  # the down projections, then the up ones (read by core attention)
 
 
-def mla_gathered_width(m: DenseModelCfg) -> int:
+def mla_gathered_width(m: DenseModelCfg, rope: bool = True) -> int:
     """What MLA's column-parallel up projections gather per token under SP (and reduce the
     gradient of without it): the query latent (the hidden state without ``q_lora_rank``), the
-    key/value latent and the rotary key part, in place of the hidden state."""
+    key/value latent and the rotary key part, in place of the hidden state. Without ``rope``:
+    what their weight gradients, or their recompute, gather again (their inputs alone)."""
     mla = m.mla
-    return (mla.q_lora_rank or m.hidden) + mla.kv_lora_rank + mla.qk_rope_head_dim
+    return (mla.q_lora_rank or m.hidden) + mla.kv_lora_rank + (mla.qk_rope_head_dim if rope else 0)
 
 
 def mla_attention_params(m: DenseModelCfg) -> tuple[int, int]:
@@ -264,13 +270,15 @@ def block_bwd(fwd: list[Op], flash: bool) -> list[Op]:
     """Backward ops of a block, in execution order (reverse of forward).
 
     Flash attention recomputes QK^T in its backward: 5 matmuls where the model needs 4, so
-    the kernel executes 2.5x the forward FLOPs while the model counts 2x (Dao et al. 2022).
+    the kernel executes 2.5x the forward FLOPs while the model counts 2x (Dao et al. 2022);
+    ``2 + qk_share`` in general: under MLA, whose keys are wider than its values (DeepSeek-V3:
+    192 and 128), 2.6x.
     """
     out = []
     for op in reversed(fwd):
         bwd = _backward(op)
         if op.name == "core_attn" and flash:
-            bwd = Op(op.name, 2.5 * op.flops, bwd.bytes, 2 * op.model_flops)
+            bwd = Op(op.name, (2 + op.qk_share) * op.flops, bwd.bytes, 2 * op.model_flops)
         out.append(bwd)
     return out
 
@@ -366,12 +374,13 @@ RECOMPUTE_MODULES = {
     "moe": ("experts_fc1", "experts_act", "shared", "dispatched"),  # a MoE layer again, dispatch included
     "moe_act": ("experts_act",),                    # the routed experts' activation function again
     "shared_experts": ("shared",),                  # the shared experts again
-    "mla_up_proj": ("qkv",),                        # MLA's up projections again, from the latents kept
+    "mla_up_proj": ("qkv", "mla_normed"),           # MLA's latent norms and up projections again (Transformer
+                                                    # Engine fuses each norm into its up projection)
 }
 
 
 # the terms the attention's backward recomputes (the others, the MLP's or MoE layer's)
-ATTENTION_TERMS = frozenset({"scores", "qkv_input", "qkv"})
+ATTENTION_TERMS = frozenset({"scores", "qkv_input", "qkv", "mla_normed"})
 
 
 def dropped_terms(modules) -> set[str]:
@@ -405,8 +414,8 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     sharded over t: Q,K,V, context, MLP intermediates (the first GEMM's output, f or 2f with a
     gate, and the activation's, f); attention scores 5as^2b unless flash attention drops them.
     Under MLA, Q and K are ``a (d_qk + d_rope)`` wide, V and the context ``a d_v``, and the
-    latents add ``2sb (2 q_r + 2 kv_r + d_rope)`` (``mla_latents``: each before and after its
-    norm, /t under SP);
+    latents add ``2sb (q_r + kv_r)`` twice (``mla_latents`` before their norms, ``mla_normed``
+    after, the up projections' inputs; /t under SP);
     (softmax output 2, dropout mask 1, dropout output 2 bytes per score; without dropout the
     softmax output alone, 2, is what the product with V reads).
     Context parallelism keeps the terms of its s/cp tokens: s -> s/cp (the scores term, s/cp
@@ -431,10 +440,12 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
              "qkv": 2 * s * b * (m.heads * m.qk_dim + kv_width(m)) / t, "context": 2 * s * b * m.heads * m.v_dim / t,
              "scores": 0.0 if flash else attention_scores_bytes(m, b, t, cp)}
     if m.mla:
-        # each latent before its norm and after it (the up projection's input), and the rotary
-        # key part, on the rank's own tokens under SP (whole without: replicated)
+        # each latent before its norm (the norm's input) and after it (the up projection's),
+        # on the rank's own tokens under SP (whole without: replicated); the rotary key part
+        # keeps nothing (rope saves its cos and sin only)
         q_r = m.mla.q_lora_rank or 0
-        terms["mla_latents"] = 2 * s * b * (2 * q_r + 2 * m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * rep
+        terms["mla_latents"] = 2 * s * b * (q_r + m.mla.kv_lora_rank) * rep
+        terms["mla_normed"] = 2 * s * b * (q_r + m.mla.kv_lora_rank) * rep
     if moe_layer and m.moe is not None:
         # expert intermediates for the k routed copies and the shared experts, plus the
         # dispatched hidden states kept for the expert GEMMs' weight gradients
@@ -484,6 +495,7 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
         t = 1, a = g, f = 4h, GELU:  (2 + 2 + 2 + 8) + (6 + 8 + 2 + 2) = 32 sbh
         MLA, attention:  inputs 2sbh + 2sb(q_r + kv_r) + context;  grads 2sb(q_r + kv_r + d_rope)
                          + Q 2sb a(d_qk + d_rope)/t + K/V 2sb a(d_qk + d_v)/t + 2sbh
+                         (the latent terms and 2sbh /t under SP)
 
     Recompute does not shrink it: B recomputes the layer, and W keeps the recomputed inputs.
     A MoE layer's MLP terms are its experts': the dispatched hidden states (whole on every TP

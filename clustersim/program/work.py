@@ -183,6 +183,19 @@ def column_parallel_at(ops: list[Op]) -> int | None:
     return at[-1] if at else None
 
 
+def column_parallel_run(ops: list[Op]) -> range | None:
+    """The column-parallel GEMMs that read the block's gathered input, side by side: the last
+    one and those right before it (MLA's two up projections, in backward order ``kv_up
+    q_up``; one GEMM elsewhere), or None."""
+    i = column_parallel_at(ops)
+    if i is None:
+        return None
+    j = i
+    while j > 0 and ops[j - 1].name in COLUMN_PARALLEL:
+        j -= 1
+    return range(j, i + 1)
+
+
 def tp_overlapped_backward(spec: _Spec, regather: tuple) -> list[tuple] | None:
     """A backward block whose input gradient TP reduces, cut so that the reduction overlaps
     the weight gradient of the column-parallel GEMM it comes from; None where the block has
@@ -200,16 +213,17 @@ def tp_overlapped_backward(spec: _Spec, regather: tuple) -> list[tuple] | None:
     ``--no-async-tensor-model-parallel-allreduce``, ``parallel.tp_async_allreduce: false``,
     blocks instead without SP: the block is not cut; with SP the reduce-scatter is
     asynchronous always.)"""
-    i = column_parallel_at(spec.ops)
-    if i is None:
+    run = column_parallel_run(spec.ops)
+    if run is None:
         return None
-    gemm = spec.ops[i]
-    before, dgrad, wgrad, after = list(spec.ops[:i]), _half(gemm), _half(gemm), list(spec.ops[i + 1:])
+    gemms = [spec.ops[k] for k in run]  # (MLA's up projections side by side: their halves together)
+    before, after = list(spec.ops[:run.start]), list(spec.ops[run.stop:])
+    dgrad, wgrad = [_half(g) for g in gemms], [_half(g) for g in gemms]
     if regather:
-        pieces = [(spec.name, before, spec.pre, spec.overlap), (f"{spec.name} dgrad", [dgrad], (), regather)]
+        pieces = [(spec.name, before, spec.pre, spec.overlap), (f"{spec.name} dgrad", dgrad, (), regather)]
     else:
-        pieces = [(spec.name, before + [dgrad], spec.pre, spec.overlap)]
-    pieces += [(f"{spec.name} wgrad", [wgrad], (), spec.post), (f"{spec.name} norm", after, (), ())]
+        pieces = [(spec.name, before + dgrad, spec.pre, spec.overlap)]
+    pieces += [(f"{spec.name} wgrad", wgrad, (), spec.post), (f"{spec.name} norm", after, (), ())]
     # the norm waits for the reduction even where it has nothing to compute
     return [p for p in pieces[:-1] if p[1] or p[2] or p[3]] + pieces[-1:]
 
@@ -380,7 +394,7 @@ def cp_attention_shares(cp: int, cp_rank: int, balanced: bool) -> list[float]:
 
 
 def _scaled(op: Op, share: float) -> Op:
-    return Op(op.name, op.flops * share, op.bytes * share, op.model_flops * share)
+    return replace(op, flops=op.flops * share, bytes=op.bytes * share, model_flops=op.model_flops * share)
 
 
 def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_pre, b_post):
@@ -481,7 +495,7 @@ def _fused_halves(b_in: list[Block], b_w: list[Block], moved: list[tuple[int, in
 # outputs, recomputed as that module's output gradient arrives); mlp, moe and shared_experts
 # run their blocks again whole instead, communication included
 RECOMPUTED_OPS = {"core_attn": ("core_attn",), "layernorm": ("norm1", "norm2"), "moe_act": ("experts_act",),
-                  "mla_up_proj": ("q_up", "q_proj", "kv_up")}
+                  "mla_up_proj": ("q_norm", "kv_norm", "q_up", "q_proj", "kv_up")}
 
 
 def _placed(ops: list[Op], bwd_specs: list) -> list[tuple[Op, ...]]:
@@ -539,7 +553,9 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     if m.mla is not None:
         latents = 2.0 * b * m.seq_len / cp * tf.mla_gathered_width(m)
         a_pre, _, _, ab_post = _tp_comms(t, sp, latents)
-        attn_regather = (CommItem("all_gather", latents),) if t > 1 and sp else ()
+        # (a split W's re-gather and the up projections' recompute: their inputs, no rotary part)
+        attn_regather = (CommItem("all_gather", 2.0 * b * m.seq_len / cp * tf.mla_gathered_width(m, rope=False)),) \
+            if t > 1 and sp else ()
 
     mlp_f = tf.mlp_block_fwd(m, b, t, sp, cp)
     mlp_b = tf.block_bwd(mlp_f, flash)
@@ -562,6 +578,10 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         attn_bwd, dense_bwd = ([piece for spec in specs for piece in tp_overlap_backward(spec, t, b_pre)]
                                for specs in (attn_bwd, dense_bwd))
     attn_rc = _placed(attn_rc, attn_bwd)
+    if "mla_up_proj" in modules and attn_regather:
+        # MLA's up projections run again on the latents, which SP keeps sequence-sharded: the
+        # backward gathers them first, as the column-parallel layers' recompute does
+        attn_bwd[0] = replace(attn_bwd[0], pre=attn_bwd[0].pre + attn_regather)
 
     # the word embedding is split over the vocabulary, learned positions are whole (Megatron)
     emb_params = _per_tp_rank(tf.embedding_params(m), tf.position_params(m), t)
@@ -604,16 +624,16 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         b_in.append(_block(spec.name, layer, ops_b, gpu, prec, 0.0, spec.pre, spec.post, recompute_ops,
                            overlap=spec.overlap))
         gathers = again if pieces else ()
-        col = column_parallel_at(spec.ops) if gathers else None
-        others = weight_grad_ops([op for i, op in enumerate(spec.ops) if i != col])
+        cols = column_parallel_run(spec.ops) if gathers else None
+        others = weight_grad_ops([op for i, op in enumerate(spec.ops) if cols is None or i not in cols])
         if gathers:  # a full backward written B then W gathers beside B's compute (Megatron's order)
             moved.append((len(b_in) - 1, len(b_w)))
-        if col is not None and others:
+        if cols is not None and others:
             # the other GEMMs' weight gradients (out proj, MLP down) need no gathered input:
-            # they run beside the gather, the column-parallel one after it
+            # they run beside the gather, the column-parallel ones after it
             b_w.append(_block(spec.name, layer, others, gpu, prec, 0.0, overlap=gathers))
-            b_w.append(_block(f"{spec.name} wgrad", layer, [_half(spec.ops[col])], gpu, prec, spec.params,
-                              expert_params=spec.expert_params))
+            b_w.append(_block(f"{spec.name} wgrad", layer, [_half(spec.ops[k]) for k in cols], gpu, prec,
+                              spec.params, expert_params=spec.expert_params))
         elif ops_w or gathers or spec.params or spec.expert_params:  # (a cut-off dgrad has no W)
             b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, gathers,
                               expert_params=spec.expert_params))
