@@ -106,6 +106,12 @@ for schedule, zero, more in [
         ("dualpipe", 1, dict(tp=1, dp=8, ep=4, moe=True, deepep="deepep"))]:
     PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule=schedule, mla=True), **more})
 
+# multi-token prediction: each schedule family, ZeRO-3, recompute, SP, CP and experts
+for schedule, zero, more in [
+        ("1f1b", 3, dict(sp=True, recompute="full")), ("interleaved", 1, {}), ("zbv", 2, {}),
+        ("dualpipev", 1, dict(tp=1, dp=8, ep=4, moe=True, mla=True)), ("zb-h1", 0, dict(tp=2, dp=2, cp=2))]:
+    PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule=schedule, mtp=True), **more})
+
 
 def _id(p):
     return "-".join(f"{k}{'+'.join(v) if isinstance(v, list) else v}" for k, v in p.items()
@@ -117,7 +123,7 @@ def _id(p):
 def test_plan_runs_and_holds_invariants(root, plan):
     plan = dict(plan)
     recompute, moe, deepep = plan.pop("recompute"), plan.pop("moe", False), plan.pop("deepep", None)
-    mla = plan.pop("mla", False)
+    mla, mtp = plan.pop("mla", False), plan.pop("mtp", False)
     layers = {k: plan.pop(k) for k in ("recompute_method", "recompute_layers", "recompute_modules") if k in plan}
     parallel = {**plan}
     if plan["schedule"] == "interleaved":
@@ -126,6 +132,8 @@ def test_plan_runs_and_holds_invariants(root, plan):
     if deepep:
         groups = dict(router_groups=4, router_group_top_k=2) if deepep == "groups" else {}
         model["moe"] = {**model["moe"], "dispatcher": "deepep", **groups}
+    if mtp:
+        model["mtp_layers"] = 1
     if mla:  # latents a third of the 1,024 hidden state, 8 heads of 96 + 32 (Q, K) and 128 (V)
         model |= {"bias": False, "mla": {"q_lora_rank": 384, "kv_lora_rank": 128, "qk_head_dim": 96,
                                          "qk_rope_head_dim": 32, "v_head_dim": 128}}

@@ -67,6 +67,9 @@ class DenseModelCfg(Strict):
     position_embedding: Literal["learned", "rope"] = "learned"
     moe: "MoeCfg | None" = None
     mla: MlaCfg | None = None
+    mtp_layers: int = pydantic.Field(
+        default=0, ge=0, le=8, description="multi-token prediction modules on the last pipeline stage (DeepSeek-V3: "
+        "1; Megatron-LM's --mtp-num-layers): each predicts one token further with a layer of its own")
 
     @pydantic.model_validator(mode="after")
     def _shapes(self):
@@ -340,12 +343,42 @@ def head_params(m: DenseModelCfg) -> int:
 
 
 def _params(m: DenseModelCfg, moe_mlp) -> int:
-    """Dense parameters, with each MoE layer's MLP counted as ``moe_mlp(moe, hidden)``."""
-    total = m.layers * layer_params(m) + embedding_params(m) + head_params(m)
+    """Dense parameters, with each MoE layer's MLP counted as ``moe_mlp(moe, hidden)``; the
+    multi-token prediction modules' layers count as layers ``layers ..`` (:func:`mtp_params`)."""
+    n = m.layers + m.mtp_layers
+    total = n * layer_params(m) + embedding_params(m) + head_params(m) + m.mtp_layers * mtp_proj_params(m)
     if m.moe is not None:
-        n_moe = m.layers - min(m.moe.dense_layers_first, m.layers)
+        n_moe = n - min(m.moe.dense_layers_first, n)
         total += n_moe * (moe_mlp(m.moe, m.hidden) - dense_mlp_params(m))
     return total
+
+
+def mtp_proj_params(m: DenseModelCfg) -> int:
+    """A multi-token prediction module's own parameters beside its layer (DeepSeek-V3 Sec 2.2;
+    Megatron-Core's ``MultiTokenPredictionLayer``): the norms of the embedding and of the
+    hidden state, the projection of their concatenation ``2h -> h``, and its final norm; the
+    embedding and the output head are the model's."""
+    return 3 * norm_params(m) + 2 * m.hidden * m.hidden
+
+
+def mtp_proj_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> list[Op]:
+    """A multi-token prediction module before its layer, one TP rank: the next tokens'
+    embedding, the two norms, the ``2h -> h`` projection (column-parallel)::
+
+        emb(t+k) ─ enorm ─┐
+                          concat ─ eh_proj ─ the module's layer ─ norm ─ head (the model's)
+        h_(k-1)  ─ hnorm ─┘
+    """
+    tok, h = b * m.seq_len / cp, m.hidden
+    rep_tok = tok / t if sp else tok
+    return [_elementwise("mtp_embedding", tok * h, 2), _elementwise("mtp_norms", 2 * rep_tok * h, 2),
+            _matmul("mtp_proj", tok, 2 * h, h / t)]
+
+
+def mtp_proj_activation_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> float:
+    """What a multi-token prediction module keeps before its layer: the two norms' inputs and
+    the projection's input, their outputs concatenated: ``2sb (2h + 2h)``, /t under SP."""
+    return 2 * m.seq_len / cp * b * 4 * m.hidden / (t if sp else 1)
 
 
 def total_params(m: DenseModelCfg) -> int:
@@ -561,9 +594,11 @@ def model_flops_per_token_closed_form(m: DenseModelCfg) -> float:
     12*L*s*h attention term, as Megatron-LM counts it, for a dense model (a MoE model's active
     parameters: tests/test_throughput.py). Under MLA the attention term is
     ``3 L s a (d_qk + d_rope + d_v)`` (QK^T over the query/key width, PV over the value's;
-    ``6 L s h`` where both are ``h/a``), and N_matmul counts the latents' norms too."""
-    n_matmul = m.layers * layer_params(m) + m.vocab * m.hidden
-    return 6 * n_matmul + 3 * m.layers * m.seq_len * m.heads * (m.qk_dim + m.v_dim)
+    ``6 L s h`` where both are ``h/a``), and N_matmul counts the latents' norms too. Each
+    multi-token prediction module adds a layer, its ``2h x h`` projection and the head again."""
+    n = m.layers + m.mtp_layers  # each MTP module: a layer, its 2h x h projection and the head again
+    n_matmul = n * layer_params(m) + (1 + m.mtp_layers) * m.vocab * m.hidden + m.mtp_layers * 2 * m.hidden ** 2
+    return 6 * n_matmul + 3 * n * m.seq_len * m.heads * (m.qk_dim + m.v_dim)
 
 
 from .moe import MoeCfg, moe_active_mlp_params, moe_layer_mlp_params  # noqa: E402  (moe builds on Op)

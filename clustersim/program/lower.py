@@ -38,7 +38,8 @@ from ..schedule.core import fused_weight_passes, units_by_start
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule
 from ..trace import unique_inverse
 from .tasks import ActionTemplate, Comm, Program, Task
-from .work import GRAD_BYTES, PARAM_BYTES, StageWork, holders, optimizer_bytes, stage_work
+from .work import GRAD_BYTES, PARAM_BYTES, StageWork, embedding_shared_with_last_part, holders, optimizer_bytes, \
+    stage_work
 
 
 # the groups in which ranks communicate (the lowering's kinds, Mesh.grad_group's groups; a
@@ -1495,7 +1496,8 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
         optimizer_bytes=optimizer_bytes(sc.training.optimizer_moments_dtype),
         reduce_bytes=GRAD_BYTES[sc.training.reduced_grad_dtype],
         dp_bucket_params=sc.training.dp_bucket_params,
-        tied_embeddings=sc.model.tied_embeddings, embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
+        tied_embeddings=embedding_shared_with_last_part(sc.model),
+        embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
         zero3_keep_gathered=sc.parallel.zero3_keep_gathered, overlap_param_gather=sc.parallel.overlap_param_gather,
         rank_work=rank_work, use_templates=templates, routing=moe.routing(sc.model.moe),

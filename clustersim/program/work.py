@@ -350,9 +350,16 @@ def holders(schedule, part: int) -> tuple[int, ...]:
 def head_keeps_embedding_copy(sc: Scenario) -> bool:
     """A tied LM head keeps its own copy of the word embedding (Megatron) when the ranks that
     hold the last part are not those that hold the first: 1F1B with pp > 1, interleaved. Under
-    DualPipe ranks 0 and p-1 hold both, so the tie is local."""
+    DualPipe ranks 0 and p-1 hold both, so the tie is local. Multi-token prediction embeds the
+    next tokens on the last part: a copy there too, its gradient all-reduced with the first's
+    as a tied one's (DeepSeek-V3 shares them; DualPipe keeps them on one rank)."""
     s = sc.schedule
-    return sc.model.tied_embeddings and holders(s, 0) != holders(s, s.n_parts - 1)
+    return embedding_shared_with_last_part(sc.model) and holders(s, 0) != holders(s, s.n_parts - 1)
+
+
+def embedding_shared_with_last_part(m) -> bool:
+    """Whether the last part reads the word embedding: a tied head, or multi-token prediction."""
+    return m.tied_embeddings or m.mtp_layers > 0
 
 
 @dataclass(frozen=True)
@@ -647,11 +654,25 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
 
     if first:
         fwd.append(_block("embedding", -1, emb_f, gpu, prec, emb_params, post=emb_post))
+    # multi-token prediction on the last part: per module, its projection then a layer of its
+    # own (layers ``m.layers ..``, after the model's), and the head again on its output
+    mtp = m.mtp_layers if last else 0
+    mtp_ops = tf.mtp_proj_fwd(m, b, t, sp, cp)
+    mtp_params = _per_tp_rank(tf.mtp_proj_params(m), 3 * tf.norm_params(m), t)
+    # its 2h input gathered over the sequence (SP), its column-parallel output gathered over TP;
+    # backward: the output's gradient gathered (SP), the input's reduced
+    mtp_in = _tp_comms(t, sp, 2 * act)
+    mtp_fwd = _Spec("mtp proj", mtp_ops, mtp_in[0], (CommItem("all_gather", act),) if t > 1 else (), mtp_params)
+    mtp_bwd = _Spec("mtp proj", tf.block_bwd(mtp_ops, flash), b_pre, mtp_in[3], mtp_params)
     if last:
         # the head's input is sequence-sharded under SP: gather it; backward scatters the grad
         backward(_Spec("head", tf.block_bwd(head_f, flash), post=b_post, params=head_params), -1)
-    layers = range(first_layer, first_layer + per_part[part])
+        for _ in range(mtp):  # (the model's head, its parameters counted once)
+            backward(_Spec("mtp head", tf.block_bwd(head_f, flash), post=b_post), -1)
+    layers = range(first_layer, first_layer + per_part[part] + mtp)
     for layer in layers:
+        if layer >= m.layers:
+            forward(mtp_fwd, layer)
         for spec in attn_fwd + mlp_specs(layer)[0]:
             forward(spec, layer)
     groups = recompute_groups(layers, recompute, sc.training.recompute_method, sc.training.recompute_layers)
@@ -694,8 +715,12 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
             backward(spec, layer, recompute_ops=rc)
         for spec, rc in zip(attn_bwd, attn_rc):
             backward(spec, layer, recompute_ops=rc)
+        if layer >= m.layers:
+            backward(mtp_bwd, layer)
     if last:
         fwd.append(_block("head", -1, head_f, gpu, prec, head_params, pre=f_pre))
+        for _ in range(mtp):
+            fwd.append(_block("mtp head", -1, head_f, gpu, prec, 0.0, pre=f_pre))
     if first:
         emb_b_pre = b_pre if sp else ()
         emb_b = tf.block_bwd(emb_f, flash)
@@ -708,12 +733,14 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     local_expert_params = sum(blk.expert_params for blk in fwd)
     kept = {ly: _kept_bytes(sc, ly, groups) for ly in layers}
     act_mb = sum(kept.values())
-    if last:
-        act_mb += tf.head_activation_bytes(m, b, t, cp)
+    if last:  # the logits of the model's head and of each MTP module's, and what each module's projection keeps
+        act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) + mtp * tf.mtp_proj_activation_bytes(m, b, t, sp, cp)
     et = sc.parallel.expert_tp
     wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
+    # each MTP module's W: the head's again, and its projection's input (2h) and output gradient
+    wgrad_mb += mtp * (tf.head_wgrad_bytes(m, b, t, sp, cp) + 2 * act / (t if sp else 1) + act)
     # full recompute holds a group's whole activations while it recomputes (a MoE layer's
     # experts and dispatched states, not a dense MLP's); selective recompute what it left
     # unstored of one layer's attention or of its MLP (core attention's scores, Korthikanti et
