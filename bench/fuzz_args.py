@@ -105,6 +105,14 @@ def with_mla(plan: dict, rng) -> dict:
     return {**plan, "model": {**plan["model"], "mla": dict(MLA), "bias": False}}
 
 
+def with_mtp(plan: dict, rng) -> dict:
+    """``plan`` with, one draw in four, a multi-token prediction module on its last part
+    (``model.mtp_layers: 1``); ``rng``: the script's fifth generator, apart from every other draw."""
+    if rng.random() >= 0.25:
+        return plan
+    return {**plan, "model": {**plan["model"], "mtp_layers": 1}}
+
+
 def with_dualpipev(plan: dict, rng) -> dict:
     """``plan`` with, where it runs DualPipe and one draw in two, DualPipeV instead (the same
     microbatches, 2 x pp model chunks: at least 2 x pp layers); ``rng`` as

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz_args import (two_counts, with_deepep, with_dualpipev, with_ep_over_cp, with_etp, with_mla,  # sibling scripts (bench/ is
+from fuzz_args import (two_counts, with_deepep, with_dualpipev, with_ep_over_cp, with_etp, with_mla, with_mtp,  # sibling scripts (bench/ is
                        with_recompute_layers)  # on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,7 +201,8 @@ def label(i: int, d: dict) -> str:
     p, c = d["parallel"], d["cluster"]
     gpus = TOPOLOGIES[c["topology"].split("/")[-1]][0] * c["nodes"]
     bits = [f"{i:3d} {c['topology'].split('/')[-1]:<21} {gpus:>3} GPUs {p['schedule']:<11}",
-            f"tp{p['tp']} pp{p['pp']} dp{p['dp']} cp{p['cp']} z{p['zero']}" + (" mla" if "mla" in d["model"] else "")]
+            f"tp{p['tp']} pp{p['pp']} dp{p['dp']} cp{p['cp']} z{p['zero']}" + (" mla" if "mla" in d["model"] else "")
+            + (" mtp" if d["model"].get("mtp_layers") else "")]
     if p["cp"] > 1:
         bits.append(f"{p['cp_comm']}{'' if p['cp_load_balance'] else ' unbalanced'}")
     if p.get("sp"):
@@ -225,12 +226,13 @@ def main() -> int:
     later = random.Random(seed + 2_000_003)  # draws added since (fuzz_args.with_etp), apart from the plans
     dispatch = random.Random(seed + 3_000_003)  # (fuzz_args.with_deepep's, apart from both)
     latent = random.Random(seed + 4_000_003)  # (fuzz_args.with_mla's, apart from all three)
+    predict = random.Random(seed + 5_000_003)  # (fuzz_args.with_mtp's)
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
     for i in range(plans):
-        d = with_mla(with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later), later), dispatch),
-                     latent)
+        d = with_mtp(with_mla(with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later), later),
+                                              dispatch), latent), predict)
         try:
             sc = clustersim.load_scenario(d, base_dir=ROOT)
             cabled = with_cable(sc, d, cables)
