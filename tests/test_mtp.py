@@ -110,3 +110,51 @@ def test_collapse_equals_every_rank(root, kw):
     for key in ("step_time_s", "mfu", "bubble_fraction"):
         assert rep.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
     assert rep.summary["simulation"]["simulated_ranks"] < full.summary["simulation"]["simulated_ranks"]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_projection_s_tp_communication(root, sp):
+    """TP2: the next tokens' lookup is reduced over TP (scattered under SP) as the first part's
+    embedding is; the 2h input is gathered over the sequence under SP; the column-parallel
+    output gathered over TP. Backward: the output's gradient gathered (SP), the 2h input's
+    reduced (reduce-scattered under SP, beside the projection's weight gradient), the lookup's
+    gradient gathered (SP); a split W gathers the 2h input again under SP."""
+    sc = run(root, tp=2, dp=4, sp=sp, schedule="zb-h1").scenario
+    act = 2.0 * 1024 * 1024  # a 16-bit [s, h] activation
+    work = stage_work(sc, 1, sc.cluster.gpu)
+    (fwd,) = [blk for blk in work.fwd if blk.name == "mtp proj"]
+    ops = lambda comms: [(c.op, c.size_bytes) for c in comms]  # noqa: E731
+    if sp:
+        assert ops(fwd.pre) == [("reduce_scatter", act), ("all_gather", 2 * act)]
+    else:
+        assert ops(fwd.pre) == [("all_reduce", act)]
+    assert ops(fwd.post) == [("all_gather", act)]
+    bwd = [blk for blk in work.bwd if blk.name.startswith("mtp proj")]
+    assert ops(bwd[0].pre) == ([("all_gather", act)] if sp else [])
+    reduced = [ops(blk.overlap) for blk in bwd if blk.name == "mtp proj wgrad"]
+    assert reduced == [[("reduce_scatter", 2 * act), ("all_gather", act)] if sp else [("all_reduce", 2 * act)]]
+    w = [blk for blk in work.bwd_weight if blk.name.startswith("mtp proj")]
+    assert [ops(blk.pre + blk.overlap) for blk in w if blk.pre or blk.overlap] == \
+        ([[("all_gather", 2 * act)]] if sp else [])
+
+
+def test_the_weight_gradient_bytes_a_module_holds(root):
+    """A split backward's W of a module reads what a layer's does, the head's again, and its
+    projection's: the 2h input (/t under SP) and the output's gradient, h/t (column-parallel)."""
+    kw = dict(tp=2, dp=4, sp=True, schedule="zb-h1")
+    r, plain = run(root, **kw), run(root, model={"mtp_layers": 0}, **kw)
+    m, t, s, h = r.scenario.model, 2, 1024, 1024
+    got = stage_work(r.scenario, 1, r.scenario.cluster.gpu).wgrad_bytes_per_mb \
+        - stage_work(plain.scenario, 1, plain.scenario.cluster.gpu).wgrad_bytes_per_mb
+    want = tf.layer_wgrad_bytes(m, 1, t, True) + tf.head_wgrad_bytes(m, 1, t, True) + 2 * 2 * s * h / t + 2 * s * h / t
+    assert got == pytest.approx(want, rel=EXACT)
+
+
+def test_full_recompute_gives_each_module_s_layer_a_group_of_its_own(root):
+    """Uniform groups over the model's layers; each MTP layer alone; block recomputes none."""
+    uni = run(root, model={"layers": 8}, training={"recompute": "full", "recompute_method": "uniform",
+                                                    "recompute_layers": 3}).scenario
+    blk = run(root, model={"layers": 8}, training={"recompute": "full", "recompute_method": "block",
+                                                    "recompute_layers": 8}).scenario
+    assert stage_work(uni, 1, uni.cluster.gpu).recompute_groups == ((4, 5, 6), (7,), (8,))
+    assert stage_work(blk, 1, blk.cluster.gpu).recompute_groups == ((4,), (5,), (6,), (7,))

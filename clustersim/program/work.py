@@ -172,9 +172,9 @@ def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), 
 
 
 # The column-parallel GEMMs whose input gradient TP reduces: QKV (MLA: its up projections, or
-# its Q projection without a query latent), the MLP's up (and gate) projection, the LM head
-# (Megatron's ColumnParallelLinear)
-COLUMN_PARALLEL = ("qkv", "q_up", "q_proj", "kv_up", "up", "lm_head")
+# its Q projection without a query latent), the MLP's up (and gate) projection, the LM head, a
+# multi-token prediction module's projection (Megatron's ColumnParallelLinear)
+COLUMN_PARALLEL = ("qkv", "q_up", "q_proj", "kv_up", "up", "lm_head", "mtp_proj")
 
 
 def column_parallel_at(ops: list[Op]) -> int | None:
@@ -595,7 +595,9 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # A tied LM head on a later stage keeps its own copy of the word embedding (Megatron); the
     # final norm is whole on every TP rank.
     copy = m.vocab * m.hidden if head_keeps_embedding_copy(sc) else 0
-    head_params = _per_tp_rank(tf.head_params(m) + copy, tf.norm_params(m), t)
+    # (an untied copy is the multi-token prediction modules' embedding, read by the first's projection)
+    mtp_copy = copy / t if m.mtp_layers and not m.tied_embeddings else 0.0
+    head_params = _per_tp_rank(tf.head_params(m) + (copy if not mtp_copy else 0), tf.norm_params(m), t)
 
     emb_f = tf.embedding_fwd(m, b, t, cp)
     head_f = tf.head_fwd(m, b, t, cp)
@@ -615,9 +617,10 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         Where the block's input gradient is reduced over TP (:func:`tp_overlapped_backward`),
         the reduction runs beside its column-parallel GEMM's weight gradient, and under SP
         the W half gathers that GEMM's input first."""
-        # (MLA's attention reduces its latents' gradient, and gathers them again for W)
-        again = attn_regather if attn_regather is not None and spec.post == ab_post else regather
-        cut = b_post and spec.post in (b_post, ab_post) and (sp or sc.parallel.tp_async_allreduce)
+        # (what the reduction is of says what W gathers again: the block's input, MLA's
+        # latents, an MTP projection's 2h input)
+        again = regathers.get(spec.post) if spec.post else None
+        cut = again is not None and (sp or sc.parallel.tp_async_allreduce)
         pieces = tp_overlapped_backward(spec, again) if cut else None
         if pieces is None:
             bwd.append(_block(spec.name, layer, spec.ops, gpu, prec, spec.params, spec.pre, spec.post, recompute_ops,
@@ -659,23 +662,35 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     mtp = m.mtp_layers if last else 0
     mtp_ops = tf.mtp_proj_fwd(m, b, t, sp, cp)
     mtp_params = _per_tp_rank(tf.mtp_proj_params(m), 3 * tf.norm_params(m), t)
-    # its 2h input gathered over the sequence (SP), its column-parallel output gathered over TP;
-    # backward: the output's gradient gathered (SP), the input's reduced
+    # the next tokens' vocabulary-parallel lookup reduced (scattered under SP) as the first
+    # part's is, its 2h input gathered over the sequence (SP), its column-parallel output over
+    # TP; backward: the output's gradient gathered (SP), the input's reduced, the lookup's
+    # gradient gathered (SP)
     mtp_in = _tp_comms(t, sp, 2 * act)
-    mtp_fwd = _Spec("mtp proj", mtp_ops, mtp_in[0], (CommItem("all_gather", act),) if t > 1 else (), mtp_params)
-    mtp_bwd = _Spec("mtp proj", tf.block_bwd(mtp_ops, flash), b_pre, mtp_in[3], mtp_params)
+    mtp_fwd = _Spec("mtp proj", mtp_ops, emb_post + mtp_in[0], (CommItem("all_gather", act),) if t > 1 else (),
+                    mtp_params)
+    mtp_bwd = _Spec("mtp proj", tf.block_bwd(mtp_ops, flash), b_pre, mtp_in[3] + (b_pre if sp else ()), mtp_params)
+    regathers = {b_post: regather, ab_post: regather if attn_regather is None else attn_regather,
+                 mtp_bwd.post: (CommItem("all_gather", 2 * act),) if t > 1 and sp else ()}
+    # the shared head's (and embedding copy's) gradients are whole once the last backward that
+    # reads them has run: the first module's projection, where there are modules
+    shared_params, shared_at = (head_params + mtp_copy, m.layers) if mtp else (head_params, None)
     if last:
         # the head's input is sequence-sharded under SP: gather it; backward scatters the grad
-        backward(_Spec("head", tf.block_bwd(head_f, flash), post=b_post, params=head_params), -1)
+        backward(_Spec("head", tf.block_bwd(head_f, flash), post=b_post, params=0.0 if mtp else head_params), -1)
         for _ in range(mtp):  # (the model's head, its parameters counted once)
             backward(_Spec("mtp head", tf.block_bwd(head_f, flash), post=b_post), -1)
     layers = range(first_layer, first_layer + per_part[part] + mtp)
     for layer in layers:
-        if layer >= m.layers:
-            forward(mtp_fwd, layer)
+        if layer >= m.layers:  # (the first module's projection also holds the embedding copy it reads)
+            forward(replace(mtp_fwd, params=mtp_params + (mtp_copy if layer == m.layers else 0.0)), layer)
         for spec in attn_fwd + mlp_specs(layer)[0]:
             forward(spec, layer)
-    groups = recompute_groups(layers, recompute, sc.training.recompute_method, sc.training.recompute_layers)
+    # the model's layers by the method; each MTP module's layer a group of its own (block: none)
+    model_layers = range(layers.start, min(layers.stop, m.layers))
+    groups = recompute_groups(model_layers, recompute, sc.training.recompute_method, sc.training.recompute_layers)
+    if recompute == "full" and sc.training.recompute_method != "block":
+        groups += [range(ly, ly + 1) for ly in layers if ly >= m.layers]
     group_ending = {g[-1]: g for g in groups}
     def rerun(name: str, layer: int, rc_ops, pre=(), post=(), overlap=()):
         """A forward run again at the head of a backward: B's (it feeds the input gradient)."""
@@ -716,7 +731,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         for spec, rc in zip(attn_bwd, attn_rc):
             backward(spec, layer, recompute_ops=rc)
         if layer >= m.layers:
-            backward(mtp_bwd, layer)
+            backward(replace(mtp_bwd, params=shared_params + mtp_params) if layer == shared_at else mtp_bwd, layer)
     if last:
         fwd.append(_block("head", -1, head_f, gpu, prec, head_params, pre=f_pre))
         for _ in range(mtp):
@@ -740,7 +755,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
     # each MTP module's W: the head's again, and its projection's input (2h) and output gradient
-    wgrad_mb += mtp * (tf.head_wgrad_bytes(m, b, t, sp, cp) + 2 * act / (t if sp else 1) + act)
+    wgrad_mb += mtp * (tf.head_wgrad_bytes(m, b, t, sp, cp) + 2 * act / (t if sp else 1) + act / t)
     # full recompute holds a group's whole activations while it recomputes (a MoE layer's
     # experts and dispatched states, not a dense MLP's); selective recompute what it left
     # unstored of one layer's attention or of its MLP (core attention's scores, Korthikanti et
