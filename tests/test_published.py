@@ -68,3 +68,9 @@ def test_deepseek_v3_pretraining_throughput():
     assert f"Its model has {total_params(plain) / 1e9:.1f}B parameters, {active_params(plain) / 1e9:.1f}B a token" in text
     slowest = min(s["bubble"]["per_rank"], key=lambda x: x["imbalance_s"])
     assert slowest["rank"] == 0 and f"({s['bubble']['imbalance_s']:.2f} s of imbalance a GPU)" in text
+    d = yaml.safe_load(path.read_text())
+    d["parallel"]["layers_per_stage"] = [2] + [4] * 13 + [5, 2]
+    moved = clustersim.simulate(clustersim.load_scenario(d, base_dir=path.parent)).summary
+    assert moved["step_time_s"] < s["step_time_s"]
+    assert (f"thirteen 4s) makes the step {moved['step_time_s']:.2f} s, "
+            f"{moved['tokens_per_s'] / moved['world_size']:,.0f} tokens/s per GPU") in text
