@@ -3,7 +3,9 @@ how far the collapse is from the all-ranks step where the twins' model is not ex
 tests/test_symmetry.py holds fixed plans where it is exact to 1e-9; this draws many more
 (topology, 16-256 GPUs, TP, PP and its schedules, DP, CP ring or all-gather, balanced or
 not, SP, EP over DP or CP ranks with skewed expert load and experts whole or split over
-fewer TP ranks, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NIC and leaf-spine cables),
+fewer TP ranks, DeepEP's dispatch with and without router groups, latent attention,
+multi-token prediction, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NIC and leaf-spine
+cables),
 and docs/architecture.md ("Known limitations") quotes what it measures::
 
     python bench/fuzz_symmetry.py [seed] [plans]      (default 0 and 20)

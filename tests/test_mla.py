@@ -197,3 +197,17 @@ def test_impossible_mla_plans(root, model, training, parallel, field, words):
     with pytest.raises(clustersim.ConfigError, match=field.replace(".", r"\.")) as exc:
         clustersim.load_scenario(d, base_dir=root)
     assert words in str(exc.value)
+
+
+def test_a_latent_as_wide_as_the_hidden_state_leaves_the_mlp_s_gather_alone(root):
+    """Latents q 512 + kv 448 + rope 64 = the hidden state's 1,024: the attention's reduction is
+    then as large as the MLP's, and the MLP's W still gathers the hidden state again (2sh), the
+    attention's its latents without the rotary part (2s (q_r + kv_r))."""
+    from clustersim.program.work import stage_work
+
+    mla = {"q_lora_rank": 512, "kv_lora_rank": 448, "qk_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64}
+    sc = run(root, model={"mla": mla}, tp=2, dp=4, sp=True, schedule="zb-h1").scenario
+    w = stage_work(sc, 0, sc.cluster.gpu).bwd_weight
+    gathers = {blk.name: [c.size_bytes for c in blk.pre + blk.overlap] for blk in w if blk.layer == 0}
+    assert gathers["mlp"] == [2 * 1024 * 1024]
+    assert gathers["attn"] == [2 * 1024 * (512 + 448)]

@@ -61,7 +61,7 @@ def test_the_modules_run_on_the_last_part_only(root):
     assert first == stage_work(plain, 0, plain.cluster.gpu)
     names = [(blk.name, blk.layer) for blk in last.fwd]
     assert [n for n in names if n[0] == "mtp proj"] == [("mtp proj", 4), ("mtp proj", 5)]
-    assert [n for n in names if "head" in n[0]] == [("head", -1), ("mtp head", -1), ("mtp head", -1)]
+    assert [n for n in names if "head" in n[0]] == [("head", -1), ("head mtp", -1), ("head mtp", -1)]
     assert sorted({ly for _, ly in names if ly >= 0}) == [2, 3, 4, 5]
     # the heads share the model's weights: the modules add their layers and projections alone
     base_last = stage_work(plain, 1, plain.cluster.gpu)
@@ -122,17 +122,18 @@ def test_the_projection_s_tp_communication(root, sp):
     sc = run(root, tp=2, dp=4, sp=sp, schedule="zb-h1").scenario
     act = 2.0 * 1024 * 1024  # a 16-bit [s, h] activation
     work = stage_work(sc, 1, sc.cluster.gpu)
+    (lookup,) = [blk for blk in work.fwd if blk.name == "mtp embedding"]
     (fwd,) = [blk for blk in work.fwd if blk.name == "mtp proj"]
     ops = lambda comms: [(c.op, c.size_bytes) for c in comms]  # noqa: E731
-    if sp:
-        assert ops(fwd.pre) == [("reduce_scatter", act), ("all_gather", 2 * act)]
-    else:
-        assert ops(fwd.pre) == [("all_reduce", act)]
+    assert ops(lookup.post) == [("reduce_scatter" if sp else "all_reduce", act)]
+    assert ops(fwd.pre) == ([("all_gather", 2 * act)] if sp else [])
     assert ops(fwd.post) == [("all_gather", act)]
     bwd = [blk for blk in work.bwd if blk.name.startswith("mtp proj")]
     assert ops(bwd[0].pre) == ([("all_gather", act)] if sp else [])
     reduced = [ops(blk.overlap) for blk in bwd if blk.name == "mtp proj wgrad"]
-    assert reduced == [[("reduce_scatter", 2 * act), ("all_gather", act)] if sp else [("all_reduce", 2 * act)]]
+    assert reduced == [[("reduce_scatter", 2 * act)] if sp else [("all_reduce", 2 * act)]]
+    (lookup_b,) = [blk for blk in work.bwd if blk.name == "mtp embedding"]
+    assert ops(lookup_b.pre) == ([("all_gather", act)] if sp else [])
     w = [blk for blk in work.bwd_weight if blk.name.startswith("mtp proj")]
     assert [ops(blk.pre + blk.overlap) for blk in w if blk.pre or blk.overlap] == \
         ([[("all_gather", 2 * act)]] if sp else [])
@@ -158,3 +159,16 @@ def test_full_recompute_gives_each_module_s_layer_a_group_of_its_own(root):
                                                     "recompute_layers": 8}).scenario
     assert stage_work(uni, 1, uni.cluster.gpu).recompute_groups == ((4, 5, 6), (7,), (8,))
     assert stage_work(blk, 1, blk.cluster.gpu).recompute_groups == ((4,), (5,), (6,), (7,))
+
+
+def test_zero3_reduces_the_head_s_gradient_after_the_modules_have_added_to_it(root):
+    """ZeRO-3 gathers and reduces the head as one unit with its runs for the modules ("head
+    mtp"): its gradient's reduce-scatter starts once the last module's head backward is done."""
+    r = run(root, zero=3)
+    rank = r.trace.ranks[-1]
+    spans = [s for s in r.trace.spans if s.rank == rank]
+    head_grads = 4 * 32000 * 1024  # the head's fp32 gradient, V x h (with its norm's, a little more)
+    rs = [s for s in spans if s.op == "reduce_scatter" and s.layer < 0 and s.size_bytes >= head_grads]
+    assert len(rs) == len({s.mb for s in rs}) == r.scenario.microbatches  # every microbatch, under ZeRO-3
+    for x in rs:
+        assert x.start_s >= max(s.end_s for s in spans if s.name == "B head mtp" and s.mb == x.mb)

@@ -66,8 +66,9 @@ def test_deepseek_v3_pretraining_throughput():
     m = clustersim.load_scenario(path).model
     plain = m.model_copy(update={"mtp_layers": 0})  # the report's count leaves the MTP module out
     assert f"Its model has {total_params(plain) / 1e9:.1f}B parameters, {active_params(plain) / 1e9:.1f}B a token" in text
-    slowest = min(s["bubble"]["per_rank"], key=lambda x: x["imbalance_s"])
-    assert slowest["rank"] == 0 and f"({s['bubble']['imbalance_s']:.2f} s of imbalance a GPU)" in text
+    waits = {x["stage"]: x["imbalance_s"] for x in s["bubble"]["per_rank"]}  # the first and last parts' ranks wait least
+    assert max(waits[0], waits[15]) < 1e-9 < min(w for q, w in waits.items() if q not in (0, 15))
+    assert f"({s['bubble']['imbalance_s']:.2f} s of imbalance a GPU)" in text
     d = yaml.safe_load(path.read_text())
     d["parallel"]["layers_per_stage"] = [2] + [4] * 13 + [5, 2]
     moved = clustersim.simulate(clustersim.load_scenario(d, base_dir=path.parent)).summary

@@ -4,7 +4,7 @@ schedule, communication buffers while their transfers run.
 Static, per GPU, for Ψ local parameters with mixed-precision Adam (Rajbhandari et al. 2020,
 Sec 3.1; Megatron keeps fp32 gradients, hence 4 bytes not 2 by default)::
 
-    params 2Ψ  +  grads (4 or 2)Ψ  +  optimizer 12Ψ (fp32 master, m, v)
+    params 2Ψ  +  grads (4 or 2)Ψ  +  optimizer 12Ψ (fp32 master, m, v; 8Ψ with bf16 moments)
 
 Ψ counts every model part the GPU holds (v chunks under interleaved 1F1B; two parts, i.e.
 the parameters twice over the pipeline, under DualPipe).

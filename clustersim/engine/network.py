@@ -77,10 +77,10 @@ class FlowPlan:
     """A communication's simulated flows: per flow its edge weights and share of the size."""
 
     weights: tuple[tuple[tuple[int, float], ...], ...]  # per flow: ((edge, weight), ...)
-    fractions: tuple[float, ...]  # per flow: bytes / size_bytes, times ``wire_scale``
+    fractions: tuple[float, ...]  # per flow: bytes / size_bytes, times its wire scale (wire_scales)
     latency_s: float
     # a flow's fraction is its bytes times this: > 1 where an algorithm sustains less of a
-    # link's bandwidth than the link's own efficiency allows (NVLS)
+    # link's bandwidth than the link's own efficiency allows (NVLS; DeepEP over NVLink)
     wire_scale: float = 1.0
     # where not None, the wire scale of the flows that cross a scale-out link (a NIC), the
     # others' being ``wire_scale``: DeepEP moves a different share of NVLink's and the NICs'

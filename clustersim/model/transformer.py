@@ -358,7 +358,12 @@ def mtp_proj_params(m: DenseModelCfg) -> int:
     Megatron-Core's ``MultiTokenPredictionLayer``): the norms of the embedding and of the
     hidden state, the projection of their concatenation ``2h -> h``, and its final norm; the
     embedding and the output head are the model's."""
-    return 3 * norm_params(m) + 2 * m.hidden * m.hidden
+    return mtp_replicated_params(m) + 2 * m.hidden * m.hidden
+
+
+def mtp_replicated_params(m: DenseModelCfg) -> int:
+    """The part of :func:`mtp_proj_params` every TP rank holds whole: its three norms."""
+    return 3 * norm_params(m)
 
 
 def mtp_proj_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> list[Op]:

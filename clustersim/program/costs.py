@@ -14,7 +14,7 @@ from ..hardware.gpus import GpuSpec
 from ..model.transformer import Op
 
 # fp32 master weights, Adam m and v and the gradient read; master, m, v and 16-bit weights written
-# (m and v 4 bytes each, or 2 in bf16: adam_step_time_s)
+# (m and v 4 bytes each, or 2 in bf16: work.optimizer_bytes)
 ADAM_MASTER_BYTES, ADAM_WEIGHT_BYTES = 4, 2
 
 
@@ -40,12 +40,12 @@ def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, precision: str) -> float:
     return sum(op_time_s(o, gpu, precision) for o in ops)
 
 
-def adam_step_time_s(params: float, gpu: GpuSpec, grad_bytes: int = 4, moment_bytes: int = 4) -> float:
-    """Fused Adam over ``params`` local parameters: memory-bound, one pass over the states::
+def adam_step_time_s(params: float, gpu: GpuSpec, grad_bytes: int = 4, state_bytes: int = 12) -> float:
+    """Fused Adam over ``params`` local parameters: memory-bound, one pass over the states
+    (``state_bytes``: master weights and moments, ``work.optimizer_bytes``)::
 
         read   master 4 + m + v + gradient g          write   master 4 + m + v + weights 2
         fp32 moments, fp32 gradients: 16 + 14 = 30 bytes a parameter
     """
-    state = ADAM_MASTER_BYTES + 2 * moment_bytes
-    bytes_ = params * (state + grad_bytes + state + ADAM_WEIGHT_BYTES)
+    bytes_ = params * (state_bytes + grad_bytes + state_bytes + ADAM_WEIGHT_BYTES)
     return bytes_ / (gpu.hbm_bw_Bps * gpu.memory_efficiency)

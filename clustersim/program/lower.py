@@ -119,7 +119,9 @@ class Symmetry:
     - Not collapsed: every rank is its own class; there are no twins.
     - Collapsed, every GPU at one pace: ranks differing only in their DP, TP or CP index run
       identical programs on identical hardware, so one class per pipeline stage (per stage and
-      CP index when CP is not load-balanced: its ranks' attention work differs).
+      CP index when CP is not load-balanced: its ranks' attention work differs; refined as
+      around stragglers where hybrid sharding's shard groups hold the CP indices in different
+      patterns).
     - Collapsed, with stragglers (``slow``: rank -> compute slowdown; rank r runs on GPU r):
       the classes split around them, as finely as the step needs and no finer: ranks stay
       together while they run the same program at the same pace and every group they
@@ -143,7 +145,7 @@ class Symmetry:
       or meet a slower link than their twins', which makes them stragglers in communication;
       each is a class of its own, and the classes split around them the same way.
 
-    All three give the same numbers on a symmetric placement; where twins meet different links
+    Collapsed and not give the same numbers on a symmetric placement; where twins meet different links
     (a stage that spans two leaf groups, ECMP collisions, a fabric fault kept in the collapse)
     an orbit moves at its slowest member's pace: close, and most often above (engine/network.py
     ``plan_flows``; tests/test_engine.py, tests/test_symmetry.py; docs/architecture.md, Known
@@ -424,7 +426,7 @@ class Lowering:
     work: list[StageWork]
     sym: Symmetry
     grad_bytes: int = 4  # a gradient element in memory (training.grad_dtype)
-    optimizer_bytes: int = 12  # optimizer state a parameter (work.optimizer_bytes)
+    optimizer_bytes: int = field(default_factory=optimizer_bytes)  # optimizer state a parameter (work's)
     reduce_bytes: int = 4  # and on the wire, reduced (training.grad_reduce_dtype)
     dp_bucket_params: float = 40e6
     tied_embeddings: bool = False

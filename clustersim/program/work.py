@@ -39,7 +39,7 @@ from ..hardware.gpus import GpuSpec
 from ..model import transformer as tf
 from ..model.transformer import Op
 from ..model import moe
-from .costs import adam_step_time_s, ops_time_s
+from .costs import ADAM_MASTER_BYTES, adam_step_time_s, ops_time_s
 
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 PARAM_BYTES = 2  # 16-bit weights used by the kernels
@@ -49,7 +49,7 @@ MOMENT_BYTES = {"fp32": 4, "bf16": 2}  # an Adam moment (training.optimizer_mome
 def optimizer_bytes(moments_dtype: str = "fp32") -> int:
     """Optimizer state per parameter: fp32 master weights and Adam's two moments, 12 bytes
     (Rajbhandari et al. 2020, Sec 3.1), 8 with bf16 moments (DeepSeek-V3 Sec 3.3.4)."""
-    return 4 + 2 * MOMENT_BYTES[moments_dtype]
+    return ADAM_MASTER_BYTES + 2 * MOMENT_BYTES[moments_dtype]
 
 
 @dataclass(frozen=True)
@@ -373,6 +373,10 @@ class _Spec:
     params: float = 0.0
     expert_params: float = 0.0
     overlap: tuple = ()
+    # what a backward reducing its column-parallel GEMMs' input gradient gathers again for
+    # their weight gradient, where not the block's hidden state (MLA's latents, an MTP
+    # projection's 2h input)
+    regather: tuple | None = None
 
 
 def cp_attention_shares(cp: int, cp_rank: int, balanced: bool) -> list[float]:
@@ -431,7 +435,7 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
                 [_Spec("attn", tf.block_bwd(ops, flash), b_pre, b_post, params)])
     at = next(i for i, op in enumerate(ops) if op.name == "core_attn")
     qkv, core, out = ops[:at], ops[at], ops[at + 1:]
-    kv_bytes = tf.ELEM_BYTES * b * (m.seq_len / cp) * tf.kv_width(m) / t  # this rank's K and V
+    kv_bytes = _cp_kv_bytes(sc)  # this rank's K and V
     shares = cp_attention_shares(cp, cp_rank, sc.parallel.cp_load_balance)
     fwd = [_Spec("attn qkv", qkv, pre=f_pre, params=params)]
     bwd = [_Spec("attn proj", tf.block_bwd(out, flash), pre=b_pre)]
@@ -460,11 +464,17 @@ def cp_transient_bytes(sc: Scenario) -> float:
     """Buffers CP holds while one layer's attention runs: ring, K/V and dK/dV being received
     and sent (2 x 2 chunks); all-gather, the gathered K/V and the dK/dV before their
     reduce-scatter (2 x cp chunks)."""
-    m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
+    cp = sc.parallel.cp
     if cp == 1:
         return 0.0
-    kv = tf.ELEM_BYTES * sc.training.micro_batch_size * (m.seq_len / cp) * tf.kv_width(m) / t
-    return (4 if sc.parallel.cp_comm == "ring" else 2 * cp) * kv
+    return (4 if sc.parallel.cp_comm == "ring" else 2 * cp) * _cp_kv_bytes(sc)
+
+
+def _cp_kv_bytes(sc: Scenario) -> float:
+    """A CP rank's keys and values of one microbatch, on one TP rank: its s/cp tokens, every
+    head's K and V (``transformer.kv_width``), 16-bit."""
+    m = sc.model
+    return tf.ELEM_BYTES * sc.training.micro_batch_size * (m.seq_len / sc.parallel.cp) * tf.kv_width(m) / sc.parallel.tp
 
 
 def _per_tp_rank(params: float, whole: float, t: int) -> float:
@@ -571,6 +581,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     mlp_share = (m.hidden * m.ffn * (3 if m.mlp == "swiglu" else 2)) / t
     attn_params, mlp_params = per_layer - mlp_share, mlp_share
     attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, a_pre, f_post, b_pre, ab_post)
+    if attn_regather is not None:  # (the block whose backward reduces the latents' gradient)
+        attn_bwd = [replace(spec, regather=attn_regather) if spec.post == ab_post else spec for spec in attn_bwd]
     # selective recompute re-runs its modules' ops in backward; under flash attention core
     # attention has nothing to run again, its backward recomputing it anyway (and CP needs
     # flash attention, so the single "attn" block holds the core here)
@@ -617,9 +629,9 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         Where the block's input gradient is reduced over TP (:func:`tp_overlapped_backward`),
         the reduction runs beside its column-parallel GEMM's weight gradient, and under SP
         the W half gathers that GEMM's input first."""
-        # (what the reduction is of says what W gathers again: the block's input, MLA's
-        # latents, an MTP projection's 2h input)
-        again = regathers.get(spec.post) if spec.post else None
+        # (what W gathers again: the block's own, MLA's latents or an MTP projection's 2h
+        # input, else the hidden state where the reduction is the block's hidden state's)
+        again = spec.regather if spec.regather is not None else regather if b_post and spec.post == b_post else None
         cut = again is not None and (sp or sc.parallel.tp_async_allreduce)
         pieces = tp_overlapped_backward(spec, again) if cut else None
         if pieces is None:
@@ -660,30 +672,30 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # multi-token prediction on the last part: per module, its projection then a layer of its
     # own (layers ``m.layers ..``, after the model's), and the head again on its output
     mtp = m.mtp_layers if last else 0
-    mtp_ops = tf.mtp_proj_fwd(m, b, t, sp, cp)
-    mtp_params = _per_tp_rank(tf.mtp_proj_params(m), 3 * tf.norm_params(m), t)
-    # the next tokens' vocabulary-parallel lookup reduced (scattered under SP) as the first
-    # part's is, its 2h input gathered over the sequence (SP), its column-parallel output over
-    # TP; backward: the output's gradient gathered (SP), the input's reduced, the lookup's
-    # gradient gathered (SP)
+    lookup_ops, mtp_ops = tf.mtp_proj_fwd(m, b, t, sp, cp)[:1], tf.mtp_proj_fwd(m, b, t, sp, cp)[1:]
+    mtp_params = _per_tp_rank(tf.mtp_proj_params(m), tf.mtp_replicated_params(m), t)
+    # the next tokens' vocabulary-parallel lookup, reduced over TP (scattered under SP) as the
+    # first part's is; then the projection, its 2h input gathered over the sequence (SP), its
+    # column-parallel output over TP. Backward: the output's gradient gathered (SP), the 2h
+    # input's reduced (W gathering the input again under SP), the lookup's gradient gathered (SP)
     mtp_in = _tp_comms(t, sp, 2 * act)
-    mtp_fwd = _Spec("mtp proj", mtp_ops, emb_post + mtp_in[0], (CommItem("all_gather", act),) if t > 1 else (),
-                    mtp_params)
-    mtp_bwd = _Spec("mtp proj", tf.block_bwd(mtp_ops, flash), b_pre, mtp_in[3] + (b_pre if sp else ()), mtp_params)
-    regathers = {b_post: regather, ab_post: regather if attn_regather is None else attn_regather,
-                 mtp_bwd.post: (CommItem("all_gather", 2 * act),) if t > 1 and sp else ()}
-    # the shared head's (and embedding copy's) gradients are whole once the last backward that
-    # reads them has run: the first module's projection, where there are modules
-    shared_params, shared_at = (head_params + mtp_copy, m.layers) if mtp else (head_params, None)
+    mtp_lookup = _Spec("mtp embedding", lookup_ops, post=emb_post)
+    mtp_lookup_bwd = _Spec("mtp embedding", tf.block_bwd(lookup_ops, flash), pre=b_pre if sp else ())
+    mtp_fwd = _Spec("mtp proj", mtp_ops, mtp_in[0], (CommItem("all_gather", act),) if t > 1 else (), mtp_params)
+    mtp_bwd = _Spec("mtp proj", tf.block_bwd(mtp_ops, flash), b_pre, mtp_in[3], mtp_params,
+                    regather=(CommItem("all_gather", 2 * act),) if t > 1 and sp else ())
     if last:
-        # the head's input is sequence-sharded under SP: gather it; backward scatters the grad
+        # the head's input is sequence-sharded under SP: gather it; backward scatters the grad.
+        # The head's gradient is whole after the last module's run of it (its parameters there)
         backward(_Spec("head", tf.block_bwd(head_f, flash), post=b_post, params=0.0 if mtp else head_params), -1)
-        for _ in range(mtp):  # (the model's head, its parameters counted once)
-            backward(_Spec("mtp head", tf.block_bwd(head_f, flash), post=b_post), -1)
+        for k in range(mtp):  # (the model's head again: "head mtp", ZeRO-3's head unit)
+            backward(_Spec("head mtp", tf.block_bwd(head_f, flash), post=b_post,
+                           params=head_params if k == mtp - 1 else 0.0), -1)
     layers = range(first_layer, first_layer + per_part[part] + mtp)
     for layer in layers:
-        if layer >= m.layers:  # (the first module's projection also holds the embedding copy it reads)
-            forward(replace(mtp_fwd, params=mtp_params + (mtp_copy if layer == m.layers else 0.0)), layer)
+        if layer >= m.layers:  # (the first module's lookup holds the embedding copy the modules read)
+            forward(replace(mtp_lookup, params=mtp_copy if layer == m.layers else 0.0), layer)
+            forward(mtp_fwd, layer)
         for spec in attn_fwd + mlp_specs(layer)[0]:
             forward(spec, layer)
     # the model's layers by the method; each MTP module's layer a group of its own (block: none)
@@ -730,12 +742,13 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
             backward(spec, layer, recompute_ops=rc)
         for spec, rc in zip(attn_bwd, attn_rc):
             backward(spec, layer, recompute_ops=rc)
-        if layer >= m.layers:
-            backward(replace(mtp_bwd, params=shared_params + mtp_params) if layer == shared_at else mtp_bwd, layer)
+        if layer >= m.layers:  # (the copy's gradient is whole after the first module's lookup)
+            backward(mtp_bwd, layer)
+            backward(replace(mtp_lookup_bwd, params=mtp_copy if layer == m.layers else 0.0), layer)
     if last:
         fwd.append(_block("head", -1, head_f, gpu, prec, head_params, pre=f_pre))
         for _ in range(mtp):
-            fwd.append(_block("mtp head", -1, head_f, gpu, prec, 0.0, pre=f_pre))
+            fwd.append(_block("head mtp", -1, head_f, gpu, prec, 0.0, pre=f_pre))
     if first:
         emb_b_pre = b_pre if sp else ()
         emb_b = tf.block_bwd(emb_f, flash)
@@ -774,7 +787,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),
         optimizer_s=adam_step_time_s(updated, gpu, GRAD_BYTES[sc.training.grad_dtype],
-                                     MOMENT_BYTES[sc.training.optimizer_moments_dtype]),
+                                     optimizer_bytes(sc.training.optimizer_moments_dtype)),
         local_params=local_params,
         local_expert_params=local_expert_params,
         activation_bytes_per_mb=act_mb,
