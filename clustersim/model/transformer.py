@@ -482,8 +482,8 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
         # on the rank's own tokens under SP (whole without: replicated); the rotary key part
         # keeps nothing (rope saves its cos and sin only)
         q_r = m.mla.q_lora_rank or 0
-        terms["mla_latents"] = 2 * s * b * (q_r + m.mla.kv_lora_rank) * rep
-        terms["mla_normed"] = 2 * s * b * (q_r + m.mla.kv_lora_rank) * rep
+        latents = 2 * s * b * (q_r + m.mla.kv_lora_rank) * rep
+        terms |= {"mla_latents": latents, "mla_normed": latents}
     if moe_layer and m.moe is not None:
         # expert intermediates for the k routed copies and the shared experts, plus the
         # dispatched hidden states kept for the expert GEMMs' weight gradients

@@ -568,10 +568,10 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # MLA's up projections gather (and reduce the gradient of) the latents, not the hidden state
     a_pre, ab_post, attn_regather = f_pre, b_post, None
     if m.mla is not None:
-        latents = 2.0 * b * m.seq_len / cp * tf.mla_gathered_width(m)
-        a_pre, _, _, ab_post = _tp_comms(t, sp, latents)
+        per_width = 2.0 * b * m.seq_len / cp  # 16-bit bytes of one value a token
+        a_pre, _, _, ab_post = _tp_comms(t, sp, per_width * tf.mla_gathered_width(m))
         # (a split W's re-gather and the up projections' recompute: their inputs, no rotary part)
-        attn_regather = (CommItem("all_gather", 2.0 * b * m.seq_len / cp * tf.mla_gathered_width(m, rope=False)),) \
+        attn_regather = (CommItem("all_gather", per_width * tf.mla_gathered_width(m, rope=False)),) \
             if t > 1 and sp else ()
 
     mlp_f = tf.mlp_block_fwd(m, b, t, sp, cp)
@@ -672,7 +672,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # multi-token prediction on the last part: per module, its projection then a layer of its
     # own (layers ``m.layers ..``, after the model's), and the head again on its output
     mtp = m.mtp_layers if last else 0
-    lookup_ops, mtp_ops = tf.mtp_proj_fwd(m, b, t, sp, cp)[:1], tf.mtp_proj_fwd(m, b, t, sp, cp)[1:]
+    module_ops = tf.mtp_proj_fwd(m, b, t, sp, cp)
+    lookup_ops, mtp_ops = module_ops[:1], module_ops[1:]  # the next tokens' lookup, then the projection
     mtp_params = _per_tp_rank(tf.mtp_proj_params(m), tf.mtp_replicated_params(m), t)
     # the next tokens' vocabulary-parallel lookup, reduced over TP (scattered under SP) as the
     # first part's is; then the projection, its 2h input gathered over the sequence (SP), its
