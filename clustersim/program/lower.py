@@ -188,19 +188,17 @@ class Symmetry:
         stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
-        elif (stragglers or self.ep_distinct or self._chain_places is not None or self._group_shapes is not None
-              or (self.cp_distinct and m.zero_shard)):
-            # a skewed load refines too: its classes by (stage, [CP index,] EP index) hold only
-            # where every TP and CP group keeps one pattern of EP indices, which folding EP over
-            # TP and CP ranks need not (TP groups of EP indices [0 0 1 1] beside [0 0 0 0]); and
-            # so does unbalanced CP beside hybrid sharding, whose shard groups (slices of a cp+dp
-            # group in rank order) can hold the CP indices in different patterns (9 of 18 ranks,
-            # CP2: [0 1 0 1 0 1 0 1 0] beside [1 0 1 0 1 0 1 0 1]), which one class per (stage,
-            # CP index) would make twins of: their reductions never met (the run deadlocked)
+        elif (stragglers or self.ep_distinct or self.cp_distinct or self._chain_places is not None
+              or self._group_shapes is not None):
+            # ranks whose work differs by EP or CP index refine too: classes by (stage, [CP index,]
+            # [EP index]) hold only where every group keeps one pattern of those indices, which
+            # folding EP over TP and CP ranks need not (TP groups of EP indices [0 0 1 1] beside
+            # [0 0 0 0]), nor hybrid sharding's shard groups, slices of a cp+dp group in rank
+            # order (9 of 18 ranks, CP2: [0 1 0 1 0 1 0 1 0] beside [1 0 1 0 1 0 1 0 1]): as twins
+            # their reductions never met (the run deadlocked)
             self.rep = self._split_classes(stragglers)
         else:
-            keep = ("pp", "cp") if self.cp_distinct else ("pp",)
-            self.rep = {r: m.rank(**{d: v for d, v in m.coords(r).items() if d in keep}) for r in range(m.world_size)}
+            self.rep = {r: m.rank(pp=m.coords(r)["pp"]) for r in range(m.world_size)}
 
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
