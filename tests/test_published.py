@@ -39,8 +39,8 @@ def test_korthikanti_22b_model_state_memory():
 def test_deepseek_v3_pretraining_throughput():
     """DeepSeek-V3's run (report Sec 3.1-3.2): 180K H800 GPU-hours per trillion tokens, about
     1,543 tokens/s per GPU. Without DeepEP's SMs and FP8's overheads (the scenario's comment),
-    clustersim is optimistic, by the factor the scenario's comment quotes; the memory, short
-    of the run's FP8 activations, does not fit.
+    clustersim is optimistic, by the factor the scenario's comment quotes (its memory against
+    the 80 GB it fit in: tests/test_fp8_activations.py).
     Its model has the report's 671B parameters, 37B a token (tests/test_mla.py)."""
     import yaml
 
@@ -49,13 +49,14 @@ def test_deepseek_v3_pretraining_throughput():
     published = 1e12 / (180e3 * 3600)
     ratio = s["tokens_per_s"] / s["world_size"] / published
     assert 1.0 < ratio < 1.6
-    assert not s["memory"]["fits"]
     d = yaml.safe_load(path.read_text())
     d["model"]["moe"].update(dispatcher="alltoall")
     nccl = clustersim.simulate(clustersim.load_scenario(d, base_dir=path.parent)).summary
     comment = " ".join(line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#"))
     assert f"clustersim gives about {ratio:.1f}x that" in comment
     assert f"makes the step about {nccl['step_time_s'] / s['step_time_s']:.1f}x longer" in comment
+    peaks = sorted({round(st["peak_bytes"] / GiB, 1) for st in s["memory"]["stages"]})
+    assert f"a peak of {peaks[-2]} GiB ({peaks[-1]} on the two ranks holding the embedding" in comment
     text = " ".join((ROOT / "docs/parallelism.md").read_text().split())
     assert (f"It simulates {s['tokens_per_s'] / s['world_size']:,.0f} tokens/s per GPU against the "
             f"{published:,.0f} the report's 180K GPU-hours per trillion tokens make, {ratio:.1f}x optimistic") in text

@@ -380,10 +380,13 @@ def mtp_proj_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1
             _matmul("mtp_proj", tok, 2 * h, h / t)]
 
 
-def mtp_proj_activation_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> float:
+def mtp_proj_activation_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1,
+                              fp8: bool = False) -> float:
     """What a multi-token prediction module keeps before its layer: the two norms' inputs and
-    the projection's input, their outputs concatenated: ``2sb (2h + 2h)``, /t under SP."""
-    return 2 * m.seq_len / cp * b * 4 * m.hidden / (t if sp else 1)
+    the projection's input, their outputs concatenated: ``2sb (2h + 2h)``, /t under SP; under
+    FP8 training the projection's input as its FP8 copy, ``sb (2 * 2h + 2h)``
+    (:func:`fp8_saved_terms`)."""
+    return (2 + (1 if fp8 else 2)) * m.seq_len / cp * b * 2 * m.hidden / (t if sp else 1)
 
 
 def total_params(m: DenseModelCfg) -> int:
@@ -428,7 +431,7 @@ def dropped_terms(modules) -> set[str]:
 
 
 def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, moe_layer: bool = False,
-                     cp: int = 1, modules: frozenset | tuple = ("core_attn",), etp: int = 0) -> float:
+                     cp: int = 1, modules: frozenset | tuple = ("core_attn",), etp: int = 0, fp8: bool = False) -> float:
     """The most of one layer's terms that selective recompute's ``modules`` drop held at once:
     the attention's (its scores, its norm's output), recomputed in its backward, or the MLP's
     or MoE layer's, recomputed in theirs, whichever is more (each is freed when its backward
@@ -436,13 +439,13 @@ def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = F
 
         held = max(dropped attention terms, dropped MLP terms)
     """
-    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp)
+    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp, fp8)
     dropped = dropped_terms(modules) & terms.keys()
     return max(sum(terms[x] for x in dropped & ATTENTION_TERMS), sum(terms[x] for x in dropped - ATTENTION_TERMS))
 
 
 def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
-                           moe_layer: bool = False, cp: int = 1, etp: int = 0) -> dict[str, float]:
+                           moe_layer: bool = False, cp: int = 1, etp: int = 0, fp8: bool = False) -> dict[str, float]:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank, term by
     term, without recompute (:func:`layer_activation_bytes` sums them).
 
@@ -469,6 +472,9 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
 
         MoE layer, tp 2:  replicated terms + dispatched 2sbk.cap.h + (QKV + context + experts)/2
         etp 1 (SP):       the dispatched term /2
+
+    Under FP8 training (``fp8``) the inputs of the GEMMs cast to FP8 are kept as their FP8
+    copies, one byte a value (:func:`fp8_saved_terms`).
     """
     s, h = m.seq_len / cp, m.hidden
     sbh = s * b * h
@@ -495,7 +501,36 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     else:
         f = 2 * s * b * m.ffn / t
         terms |= {"mlp_fc1": f * (2 if m.mlp == "swiglu" else 1), "mlp_act": f}
-    return terms
+    return fp8_saved_terms(terms, m, flash) if fp8 else terms
+
+
+# the terms of layer_activation_terms that are a Linear layer's input: under FP8 training
+# Transformer Engine casts them to FP8 for the forward GEMM and keeps that copy (or its
+# transpose) for the weight gradient's GEMM, not the 16-bit tensor (its _Linear.forward
+# saves the FP8 input, as do LayerNormLinear's normed output and GroupedLinear's inputs)
+FP8_LINEAR_INPUTS = frozenset({"qkv_input", "mlp_input", "mla_normed", "mlp_act", "experts_act", "dispatched"})
+
+
+def fp8_saved_terms(terms: dict[str, float], m: DenseModelCfg, flash: bool) -> dict[str, float]:
+    """``terms`` (16-bit bytes, :func:`layer_activation_terms`) as FP8 training keeps them:
+    a Linear layer's input one byte a value (:data:`FP8_LINEAR_INPUTS`), the rest 16-bit::
+
+        Linear inputs (normed QKV / MLP input, MLA latents, activation output,
+        dispatched tokens)                                  2 -> 1 byte
+        context (the out projection's input)                2 -> 1 byte, + 2 under flash
+                                                            attention, which keeps its output
+        shared experts (first GEMM's output + activation's) 2f' + 2f -> 2f' + f
+        norm inputs, Q/K/V, activation inputs, masks        unchanged
+
+    The 16-bit tensors the next op reads are freed once it has run, except the attention's
+    output: flash attention keeps it for its own backward (Transformer Engine's fused
+    attention saves it beside Q, K and V), so the out projection's FP8 copy comes on top.
+    """
+    out = {k: v / 2 if k in FP8_LINEAR_INPUTS else v for k, v in terms.items()}
+    out["context"] = terms["context"] * (1.5 if flash else 0.5)
+    if "shared" in terms:  # the activation's output, one of the expert's `mats` widths, is fc2's input
+        out["shared"] = terms["shared"] * (1 - 0.5 / m.moe.mats)
+    return out
 
 
 def _expert_share(t: int, etp: int) -> float:
@@ -506,7 +541,7 @@ def _expert_share(t: int, etp: int) -> float:
 
 def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
                            recompute: str = "none", moe_layer: bool = False, cp: int = 1,
-                           modules: frozenset | tuple = ("core_attn",), etp: int = 0) -> float:
+                           modules: frozenset | tuple = ("core_attn",), etp: int = 0, fp8: bool = False) -> float:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank: the sum of
     :func:`layer_activation_terms`, less what recompute leaves unstored. Full recompute keeps
     the layer input only: 2sbh (2sbh/t with SP). Selective recompute drops the terms of its
@@ -514,13 +549,13 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     core attention's scores, which flash attention does not keep anyway)."""
     if recompute == "full":
         return 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
-    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp)
+    terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp, fp8)
     dropped = dropped_terms(modules) if recompute == "selective" else set()
     return sum(x for term, x in terms.items() if term not in dropped)
 
 
 def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_layer: bool = False,
-                      cp: int = 1, etp: int = 0) -> float:
+                      cp: int = 1, etp: int = 0, fp8: bool = False) -> float:
     """Bytes one layer keeps from its input-gradient pass B to its weight-gradient
     pass W, per microbatch, per TP rank: each linear layer's input and output gradient, what
     ``dW = X^T dY`` reads; B frees the rest (Qi et al. 2023, arXiv:2401.10241, Sec 2.3 and
@@ -543,6 +578,10 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
     is taken in B (a plain linear layer, outside the split). With ``etp`` < t the dispatched
     states and their gradients are the etp group's tokens, etp/t of them (as
     :func:`layer_activation_terms`).
+
+    Under FP8 training (``fp8``) every one of these is a GEMM's FP8 operand, one byte a value:
+    Transformer Engine keeps the FP8 input and the FP8 output gradient for a delayed weight
+    gradient (its ``wgrad_store``), so the whole is halved.
     """
     s, h = m.seq_len / cp, m.hidden
     sbh = s * b * h
@@ -566,7 +605,7 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
             mlp += 2 * sbh * rep + 2 * sbh
     else:
         mlp = 2 * sbh * rep + 2 * s * b * m.ffn * (3 if m.mlp == "swiglu" else 2) / t + 2 * sbh
-    return attn + mlp
+    return (attn + mlp) / (2 if fp8 else 1)
 
 
 def head_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> float:

@@ -559,7 +559,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     n_parts = sc.n_parts
     sp, recompute = sc.parallel.sp, sc.training.recompute
     b, prec = sc.training.micro_batch_size, sc.training.precision
-    flash = sc.training.attention == "flash"
+    flash, fp8 = sc.training.attention == "flash", prec == "fp8"
     per_part = sc.layers_per_part
     first_layer = sum(per_part[:part])
     act = 2.0 * b * m.seq_len / cp * m.hidden  # a 16-bit [b, s/cp, h] activation
@@ -763,23 +763,28 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     kept = {ly: _kept_bytes(sc, ly, groups) for ly in layers}
     act_mb = sum(kept.values())
     if last:  # the logits of the model's head and of each MTP module's, and what each module's projection keeps
-        act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) + mtp * tf.mtp_proj_activation_bytes(m, b, t, sp, cp)
+        act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) \
+            + mtp * tf.mtp_proj_activation_bytes(m, b, t, sp, cp, fp8)
     et = sc.parallel.expert_tp
-    wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et) for ly in layers)
+    wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et, fp8) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
-    # each MTP module's W: the head's again, and its projection's input (2h) and output gradient
-    wgrad_mb += mtp * (tf.head_wgrad_bytes(m, b, t, sp, cp) + 2 * act / (t if sp else 1) + act / t)
+    # each MTP module's W: the head's again, and its projection's input (2h) and output
+    # gradient (FP8 operands under FP8 training, as a layer's: layer_wgrad_bytes)
+    wgrad_mb += mtp * (tf.head_wgrad_bytes(m, b, t, sp, cp)
+                       + (2 * act / (t if sp else 1) + act / t) / (2 if fp8 else 1))
     # full recompute holds a group's whole activations while it recomputes (a MoE layer's
     # experts and dispatched states, not a dense MLP's); selective recompute what it left
     # unstored of one layer's attention or of its MLP (core attention's scores, Korthikanti et
     # al. 2022 Sec 5; its modules' terms)
     if modules:
         rc_groups = [range(ly, ly + 1) for ly in layers]
-        extra = {ly: tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules, et) for ly in layers}
+        extra = {ly: tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules, et, fp8)
+                 for ly in layers}
     else:
         rc_groups = groups
-        extra = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly), etp=et)
+        extra = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly), etp=et,
+                                               fp8=fp8)
                  - kept[ly]
                  for g in groups for ly in g}
     recomputing = recompute_held_bytes(layers, rc_groups, extra, kept)
@@ -837,7 +842,8 @@ def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
         mode = "full" if group is not None else "none"
     p = sc.parallel
     return tf.layer_activation_bytes(m, tr.micro_batch_size, p.tp, tr.attention == "flash", p.sp, mode,
-                                     m.is_moe_layer(layer), p.cp, tr.selective_modules, p.expert_tp)
+                                     m.is_moe_layer(layer), p.cp, tr.selective_modules, p.expert_tp,
+                                     tr.precision == "fp8")
 
 
 @dataclass(frozen=True)
