@@ -122,3 +122,21 @@ def with_dualpipev(plan: dict, rng) -> dict:
         plan = {**plan, "parallel": {**p, "schedule": "dualpipev"},
                 "model": {**model, "layers": max(model["layers"], 2 * p["pp"])}}
     return plan
+
+
+def with_fp8(plan: dict, rng, root) -> dict:
+    """``plan`` with, one draw in three where its topology's GPU has FP8 tensor cores, FP8
+    training (``training.precision: fp8``: FP8 GEMMs, their inputs kept as FP8 copies);
+    ``rng``: the script's sixth generator, apart from every other draw (drawn before the
+    GPU is read, so the draws stay in step whatever the topology); ``root``: where the plan's
+    topology path starts."""
+    import yaml
+
+    from clustersim.hardware.gpus import lookup_gpu
+
+    if rng.random() >= 1 / 3:
+        return plan
+    gpu = yaml.safe_load((root / plan["cluster"]["topology"]).read_text())["gpu"]
+    if lookup_gpu(gpu).fp8_flops is None:
+        return plan
+    return {**plan, "training": {**plan["training"], "precision": "fp8"}}

@@ -4,7 +4,7 @@ tests/test_symmetry.py holds fixed plans where it is exact to 1e-9; this draws m
 (topology, 16-256 GPUs, TP, PP and its schedules, DP, CP ring or all-gather, balanced or
 not, SP, EP over DP or CP ranks with skewed expert load and experts whole or split over
 fewer TP ranks, DeepEP's dispatch with and without router groups, latent attention,
-multi-token prediction, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NIC and leaf-spine
+multi-token prediction, FP8, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NIC and leaf-spine
 cables),
 and docs/architecture.md ("Known limitations") quotes what it measures::
 
@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz_args import (two_counts, with_deepep, with_dualpipev, with_ep_over_cp, with_etp, with_mla, with_mtp,  # sibling scripts (bench/ is
-                       with_recompute_layers)  # on the path)
+from fuzz_args import (two_counts, with_deepep, with_dualpipev, with_ep_over_cp, with_etp, with_fp8,  # sibling scripts
+                       with_mla, with_mtp, with_recompute_layers)  # (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -204,7 +204,8 @@ def label(i: int, d: dict) -> str:
     gpus = TOPOLOGIES[c["topology"].split("/")[-1]][0] * c["nodes"]
     bits = [f"{i:3d} {c['topology'].split('/')[-1]:<21} {gpus:>3} GPUs {p['schedule']:<11}",
             f"tp{p['tp']} pp{p['pp']} dp{p['dp']} cp{p['cp']} z{p['zero']}" + (" mla" if "mla" in d["model"] else "")
-            + (" mtp" if d["model"].get("mtp_layers") else "")]
+            + (" mtp" if d["model"].get("mtp_layers") else "")
+            + (" fp8" if d["training"].get("precision") == "fp8" else "")]
     if p["cp"] > 1:
         bits.append(f"{p['cp_comm']}{'' if p['cp_load_balance'] else ' unbalanced'}")
     if p.get("sp"):
@@ -229,12 +230,13 @@ def main() -> int:
     dispatch = random.Random(seed + 3_000_003)  # (fuzz_args.with_deepep's, apart from both)
     latent = random.Random(seed + 4_000_003)  # (fuzz_args.with_mla's, apart from all three)
     predict = random.Random(seed + 5_000_003)  # (fuzz_args.with_mtp's)
+    fp8 = random.Random(seed + 6_000_003)  # (fuzz_args.with_fp8's)
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
     for i in range(plans):
-        d = with_mtp(with_mla(with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later), later),
-                                              dispatch), latent), predict)
+        d = with_fp8(with_mtp(with_mla(with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later),
+                                                                    later), dispatch), latent), predict), fp8, ROOT)
         try:
             sc = clustersim.load_scenario(d, base_dir=ROOT)
             cabled = with_cable(sc, d, cables)

@@ -88,6 +88,15 @@ for zero, more in [(1, {}), (3, dict(recompute="full", sp=True)), (2, dict(tp=1,
                    (0, dict(tp=2, dp=2, cp=2, sp=True))]:
     PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule="dualpipev"), **more})
 
+# FP8 training (H100s): FP8 GEMMs and their inputs kept as FP8 copies, with each schedule
+# family, ZeRO 0-3, SP and its overlap, CP, selective and full recompute, EP with DeepEP, MLA and MTP
+for schedule, zero, more in [
+        ("1f1b", 1, dict(sp=True, recompute="full")), ("zbv", 2, dict(sp=True, tp_comm_overlap=True)),
+        ("zb-h1", 2, dict(tp=1, dp=8, ep=2, moe=True, recompute="selective", recompute_modules=["layernorm", "moe_act"])),
+        ("dualpipe", 1, dict(tp=1, dp=8, ep=4, moe=True, deepep="groups", mla=True, mtp=True)),
+        ("interleaved", 3, dict(tp=2, cp=2))]:
+    PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule=schedule, fp8=True), **more})
+
 # the deduplicated dispatch (DeepEP), with and without group-limited routing: each schedule
 # family, ZeRO 0-3, whole experts below TP, CP, and EP across the two nodes
 for schedule, zero, deepep, more in [
@@ -123,7 +132,7 @@ def _id(p):
 def test_plan_runs_and_holds_invariants(root, plan):
     plan = dict(plan)
     recompute, moe, deepep = plan.pop("recompute"), plan.pop("moe", False), plan.pop("deepep", None)
-    mla, mtp = plan.pop("mla", False), plan.pop("mtp", False)
+    mla, mtp, fp8 = plan.pop("mla", False), plan.pop("mtp", False), plan.pop("fp8", False)
     layers = {k: plan.pop(k) for k in ("recompute_method", "recompute_layers", "recompute_modules") if k in plan}
     parallel = {**plan}
     if plan["schedule"] == "interleaved":
@@ -140,8 +149,14 @@ def test_plan_runs_and_holds_invariants(root, plan):
     d = scenario_dict(model=model, parallel=parallel,
                       training={"global_batch_size": 8 * plan["dp"], "recompute": recompute, "attention": "flash",
                                 **layers})
+    if fp8:
+        d["cluster"]["topology"] = "topologies/dgx-h100.yaml"
+        d["training"]["precision"] = "fp8"
     sc = clustersim.load_scenario(d, base_dir=root)
     s = clustersim.simulate(sc).summary
+    if fp8:  # the same plan in bf16 computes no shorter (its GEMMs at the bf16 peak, where not memory-bound)
+        d["training"]["precision"] = "bf16"
+        assert s["compute_s"] <= clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary["compute_s"]
     step = s["step_time_s"]
     assert step > 0
     assert 0 < s["mfu"] <= s["hfu"] < 1
