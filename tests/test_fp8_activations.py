@@ -1,6 +1,8 @@
-"""FP8 training keeps a Linear layer's input as its FP8 copy (``precision: fp8``): the
-activation terms against closed forms, what a split backward holds for W, whole stages
-against their bf16 twins, and DeepSeek-V3's published run against the 80 GB it fit in."""
+"""FP8 training as Transformer Engine runs it (``precision: fp8``): a Linear layer keeps its
+input as its FP8 copy (the activation terms against closed forms, what a split backward holds
+for W, whole stages against their bf16 twins, DeepSeek-V3's published run against the 80 GB it
+fit in) and gathers FP8 under sequence parallelism (each block's collectives against its bf16
+twin's)."""
 
 from __future__ import annotations
 
@@ -65,10 +67,10 @@ def test_w_holds_fp8_operands():
     assert tf.layer_wgrad_bytes(gelu, b, 1, fp8=True) == pytest.approx(16 * s * b * h, rel=EXACT)
 
 
-def stages(root, precision, **training):
+def stages(root, precision, model=None, parallel=None, **training):
     d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 1},
-                      model={"layers": 4, "hidden": 1024, "heads": 16, "seq_len": 2048, "dropout": False},
-                      parallel={"tp": 2, "pp": 2, "dp": 2, "sp": True, "schedule": "zb-h1"},
+                      model={"layers": 4, "hidden": 1024, "heads": 16, "seq_len": 2048, "dropout": False, **(model or {})},
+                      parallel={"tp": 2, "pp": 2, "dp": 2, "sp": True, "schedule": "zb-h1", **(parallel or {})},
                       training={"precision": precision, "attention": "flash", **training})
     sc = clustersim.load_scenario(d, base_dir=root)
     return sc, [stage_work(sc, j, sc.cluster.gpu) for j in range(2)]
@@ -114,3 +116,35 @@ def test_deepseek_v3_fits_within_a_few_percent_of_its_80_gb(root):
     assert (f"needs {max(middle) * cap / GiB:.1f} GiB on most ranks and {s['peak_bytes'] / GiB:.1f} GiB "
             f"at most with FP8 copies") in text
     assert f"(`precision: bf16`, whose memory is otherwise the same) {bf16['peak_bytes'] / GiB:.1f} GiB at most" in text
+
+
+def collectives(work) -> list[tuple]:
+    """Every TP collective of a stage's blocks, in order: (list, block, where, op, label, bytes)."""
+    return [(which, blk.name, where, c.op, c.label, c.size_bytes)
+            for which in ("fwd", "bwd", "bwd_input", "bwd_weight") for blk in getattr(work, which)
+            for where in ("pre", "post", "overlap") for c in getattr(blk, where) if c.dim == "tp"]
+
+
+MOE = {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 512, "shared_experts": 1}, "mlp": "swiglu", "bias": False}
+
+
+@pytest.mark.parametrize("plan", [{}, {"tp_comm_overlap": True}, {"ep": 2}], ids=["sp", "overlapped", "moe"])
+def test_transformer_engine_layers_gather_fp8(root, plan):
+    """Under SP the attention's and the dense MLP's all-gathers (the column-parallel input, the
+    row-parallel output's gradient, W's re-gather, or the ring exchange's shifts that replace
+    them) move half the bytes under FP8, as do the shared experts' beside EP; their
+    reduce-scatters, the head's and the embedding's gathers and the routed experts' (Megatron-LM's
+    own, not Transformer Engine's) do not."""
+    model = MOE if plan.get("ep") else {}
+    _, bf16 = stages(root, "bf16", model, plan)
+    _, fp8 = stages(root, "fp8", model, plan)
+    halved = 0
+    for a, b in zip(bf16, fp8):
+        ca, cb = collectives(a), collectives(b)
+        assert [x[:5] for x in ca] == [x[:5] for x in cb]
+        for (_, name, _, op, label, x), (*_, y) in zip(ca, cb):
+            te = name.split(" ")[0] in ("attn", "mlp", "router", "experts") and op in ("all_gather", "shift") \
+                and label != "experts in"  # (the routed experts' gather of what the dispatch brought)
+            assert y == pytest.approx(x / 2 if te else x, rel=EXACT), (name, op)
+            halved += te
+    assert halved >= 8

@@ -327,7 +327,7 @@ def tp_overlap_backward(spec: _Spec, t: int, ag: tuple) -> list[_Spec]:
     out = [_Spec(spec.name, spec.ops[:j])] if spec.ops[:j] else []
     out += _ring_exchange(f"{spec.name.split(' ', 1)[0]} {dgrad.name}", dgrad, t, ag[0].size_bytes / t)
     out.append(_Spec(spec.name, [wgrad] + spec.ops[j + 1:], rest, spec.post, spec.params, spec.expert_params,
-                     spec.overlap))
+                     spec.overlap, spec.regather))
     return out
 
 
@@ -340,6 +340,16 @@ def _tp_comms(t: int, sp: bool, act_bytes: float):
         return (ag,), (rs,), (ag,), (rs,)
     ar = CommItem("all_reduce", act_bytes)
     return (), (ar,), (), (ar,)
+
+
+def fp8_gathers(items: tuple, fp8: bool) -> tuple:
+    """``items`` as a Transformer Engine layer runs them under FP8 training: its all-gathers
+    move the FP8 copy, one byte a value (the column-parallel layer's input, cast before the
+    gather; the gradient of a row-parallel layer's output, cast before the backward's gather),
+    its reduce-scatters and all-reduces the 16-bit values; unchanged otherwise."""
+    if not fp8:
+        return items
+    return tuple(replace(c, size_bytes=c.size_bytes / 2) if c.op == "all_gather" else c for c in items)
 
 
 def holders(schedule, part: int) -> tuple[int, ...]:
@@ -573,6 +583,12 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         # (a split W's re-gather and the up projections' recompute: their inputs, no rotary part)
         attn_regather = (CommItem("all_gather", per_width * tf.mla_gathered_width(m, rope=False)),) \
             if t > 1 and sp else ()
+    # the attention's and the dense MLP's gathers (Transformer Engine's layers: FP8 under FP8
+    # training); the head's, the embedding's and the MoE layer's stay f_pre and b_pre
+    te_pre, te_b_pre = fp8_gathers(a_pre, fp8), fp8_gathers(b_pre, fp8)
+    te_f_pre = fp8_gathers(f_pre, fp8)
+    if fp8 and t > 1 and sp:  # a split W's re-gather of the saved FP8 input
+        attn_regather = fp8_gathers(attn_regather or (CommItem("all_gather", act),), fp8)
 
     mlp_f = tf.mlp_block_fwd(m, b, t, sp, cp)
     mlp_b = tf.block_bwd(mlp_f, flash)
@@ -580,7 +596,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     per_layer = _per_tp_rank(tf.layer_params(m), tf.layer_replicated_params(m), t)
     mlp_share = (m.hidden * m.ffn * (3 if m.mlp == "swiglu" else 2)) / t
     attn_params, mlp_params = per_layer - mlp_share, mlp_share
-    attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, a_pre, f_post, b_pre, ab_post)
+    attn_fwd, attn_bwd = attention_specs(sc, cp_rank, attn_params, te_pre, f_post, te_b_pre, ab_post)
     if attn_regather is not None:  # (the block whose backward reduces the latents' gradient)
         attn_bwd = [replace(spec, regather=attn_regather) if spec.post == ab_post else spec for spec in attn_bwd]
     # selective recompute re-runs its modules' ops in backward; under flash attention core
@@ -589,15 +605,16 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     modules = sc.training.selective_modules
     rc_names = {name for mod in modules for name in RECOMPUTED_OPS.get(mod, ()) if name != "core_attn" or not flash}
     attn_rc = [o for spec in attn_fwd for o in spec.ops if o.name in rc_names]
-    dense_fwd = [_Spec("mlp", mlp_f, f_pre, f_post, mlp_params)]
-    dense_bwd = [_Spec("mlp", mlp_b, b_pre, b_post, mlp_params)]
+    dense_fwd = [_Spec("mlp", mlp_f, te_f_pre, f_post, mlp_params)]
+    dense_bwd = [_Spec("mlp", mlp_b, te_b_pre, b_post, mlp_params,
+                       regather=fp8_gathers((CommItem("all_gather", act),), fp8) if fp8 and t > 1 and sp else None)]
     if sc.parallel.tp_comm_overlap:  # the attention and dense MLP blocks (Transformer Engine layers)
-        attn_fwd, dense_fwd = ([piece for spec in specs for piece in tp_overlap_forward(spec, t, f_pre, f_post)]
+        attn_fwd, dense_fwd = ([piece for spec in specs for piece in tp_overlap_forward(spec, t, te_f_pre, f_post)]
                                for specs in (attn_fwd, dense_fwd))
-        attn_bwd, dense_bwd = ([piece for spec in specs for piece in tp_overlap_backward(spec, t, b_pre)]
+        attn_bwd, dense_bwd = ([piece for spec in specs for piece in tp_overlap_backward(spec, t, te_b_pre)]
                                for specs in (attn_bwd, dense_bwd))
     attn_rc = _placed(attn_rc, attn_bwd)
-    if "mla_up_proj" in modules and attn_regather:
+    if "mla_up_proj" in modules and m.mla is not None and attn_regather:
         # MLA's up projections run again on the latents, which SP keeps sequence-sharded: the
         # backward gathers them first, as the column-parallel layers' recompute does
         attn_bwd[0] = replace(attn_bwd[0], pre=attn_bwd[0].pre + attn_regather)
@@ -906,6 +923,9 @@ class MoeBlocks:
         own = sp and t > 1 and (ep > 1 or et < t)
         if own and e.shared_experts == 0:
             f_pre = f_post = b_pre = b_post = ()
+        elif own:  # the shared experts' own gathers (Transformer Engine's layers: FP8 under FP8 training)
+            fp8 = sc.training.precision == "fp8"
+            f_pre, b_pre = fp8_gathers(f_pre, fp8), fp8_gathers(b_pre, fp8)
         regroup = own and et > 1
         expert_tok = rep_tok * et if own else tokens  # the tokens a rank's experts share (balanced)
         gathered = moe.dispatch_bytes(e, expert_tok, h) * (skew[ep_rank] if skew else 1.0)
