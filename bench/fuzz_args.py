@@ -126,17 +126,21 @@ def with_dualpipev(plan: dict, rng) -> dict:
 
 def with_fp8(plan: dict, rng, root) -> dict:
     """``plan`` with, one draw in three where its topology's GPU has FP8 tensor cores, FP8
-    training (``training.precision: fp8``: FP8 GEMMs, their inputs kept as FP8 copies);
-    ``rng``: the script's sixth generator, apart from every other draw (drawn before the
-    GPU is read, so the draws stay in step whatever the topology); ``root``: where the plan's
-    topology path starts."""
+    training (``training.precision: fp8``: FP8 GEMMs, their inputs kept as FP8 copies), half
+    of those under blockwise scaling (``fp8_recipe``; always where layernorm or moe_act is
+    recomputed, which delayed scaling refuses); ``rng``: the script's sixth generator, apart
+    from every other draw (drawn before the GPU is read, so the draws stay in step whatever
+    the topology); ``root``: where the plan's topology path starts."""
     import yaml
 
     from clustersim.hardware.gpus import lookup_gpu
 
     if rng.random() >= 1 / 3:
         return plan
+    recipe = rng.choice(["delayed", "blockwise"])
+    if {"layernorm", "moe_act"} & set(plan["training"].get("recompute_modules") or ()):
+        recipe = "blockwise"
     gpu = yaml.safe_load((root / plan["cluster"]["topology"]).read_text())["gpu"]
     if lookup_gpu(gpu).fp8_flops is None:
         return plan
-    return {**plan, "training": {**plan["training"], "precision": "fp8"}}
+    return {**plan, "training": {**plan["training"], "precision": "fp8", "fp8_recipe": recipe}}

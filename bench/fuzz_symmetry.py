@@ -205,7 +205,7 @@ def label(i: int, d: dict) -> str:
     bits = [f"{i:3d} {c['topology'].split('/')[-1]:<21} {gpus:>3} GPUs {p['schedule']:<11}",
             f"tp{p['tp']} pp{p['pp']} dp{p['dp']} cp{p['cp']} z{p['zero']}" + (" mla" if "mla" in d["model"] else "")
             + (" mtp" if d["model"].get("mtp_layers") else "")
-            + (" fp8" if d["training"].get("precision") == "fp8" else "")]
+            + (f" fp8 {d['training']['fp8_recipe']}" if d["training"].get("precision") == "fp8" else "")]
     if p["cp"] > 1:
         bits.append(f"{p['cp_comm']}{'' if p['cp_load_balance'] else ' unbalanced'}")
     if p.get("sp"):

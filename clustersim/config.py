@@ -107,6 +107,11 @@ class TrainingCfg(Strict):
     micro_batch_size: int = pydantic.Field(default=1, ge=1)
     global_batch_size: int = pydantic.Field(ge=1)
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = pydantic.Field(
+        default="delayed", description="under precision fp8, how FP8 tensors are scaled (Megatron-LM's "
+        "--fp8-recipe): delayed (the default), or one of the recipes that scale from the tensor itself, which "
+        "keep the out projection's and a shared expert's 16-bit inputs rather than FP8 copies (Transformer "
+        "Engine 2.6 and later) and allow layernorm and moe_act recompute; blockwise is DeepSeek-V3's")
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     # the gradients' size on the wire may differ from their size in memory: DeepSpeed's
     # communication_data_type and FSDP's reduce_dtype reduce in 16 bits into fp32 shards
@@ -140,6 +145,12 @@ class TrainingCfg(Strict):
         if self.recompute != "selective":
             return frozenset()
         return frozenset(self.recompute_modules or ("core_attn",))
+
+    @property
+    def fp8(self) -> str:
+        """The FP8 recipe the model's activation terms follow (``fp8_recipe``), "" outside FP8
+        training (model/transformer.py ``fp8_saved_terms``)."""
+        return self.fp8_recipe if self.precision == "fp8" else ""
 
     @property
     def reduced_grad_dtype(self) -> str:
@@ -496,6 +507,16 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         from .hardware.gpus import lookup_gpu
         if lookup_gpu(topo.gpu).fp8_flops is None:
             fail("training.precision", f"fp8 needs fp8 tensor cores; {topo.gpu} has none")
+        if t.fp8_recipe == "mxfp8" and "B200" not in lookup_gpu(topo.gpu).name:
+            fail("training.fp8_recipe", f"mxfp8 needs Blackwell tensor cores; {topo.gpu} has none")
+        kept = sorted({"layernorm", "moe_act"} & t.selective_modules)
+        if kept and t.fp8_recipe == "delayed":
+            # Megatron-LM refuses them: delayed scaling keeps FP8 copies of the recomputed tensors
+            fail("training.recompute_modules", f"{' and '.join(kept)} recompute under precision fp8 "
+                 f"{'needs' if len(kept) == 1 else 'need'} a recipe other than delayed scaling (training.fp8_recipe: tensorwise, blockwise or mxfp8), "
+                 "as Megatron-LM requires")
+    elif "fp8_recipe" in t.model_fields_set:
+        fail("training.fp8_recipe", "applies to precision: fp8 only")
 
 
 def _check_deepep(cfg: ScenarioCfg, gpus_per_node: int, fail: Callable[[str, str], None]) -> None:

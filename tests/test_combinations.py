@@ -88,14 +88,16 @@ for zero, more in [(1, {}), (3, dict(recompute="full", sp=True)), (2, dict(tp=1,
                    (0, dict(tp=2, dp=2, cp=2, sp=True))]:
     PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule="dualpipev"), **more})
 
-# FP8 training (H100s): FP8 GEMMs and their inputs kept as FP8 copies, with each schedule
-# family, ZeRO 0-3, SP and its overlap, CP, selective and full recompute, EP with DeepEP, MLA and MTP
+# FP8 training (H100s): FP8 GEMMs and their inputs kept as FP8 copies, under delayed scaling and
+# blockwise, with each schedule family, ZeRO 0-3, SP and its overlap, CP, selective and full
+# recompute, EP with DeepEP, MLA and MTP
 for schedule, zero, more in [
         ("1f1b", 1, dict(sp=True, recompute="full")), ("zbv", 2, dict(sp=True, tp_comm_overlap=True)),
-        ("zb-h1", 2, dict(tp=1, dp=8, ep=2, moe=True, recompute="selective", recompute_modules=["layernorm", "moe_act"])),
-        ("dualpipe", 1, dict(tp=1, dp=8, ep=4, moe=True, deepep="groups", mla=True, mtp=True)),
-        ("interleaved", 3, dict(tp=2, cp=2))]:
-    PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule=schedule, fp8=True), **more})
+        ("zb-h1", 2, dict(tp=1, dp=8, ep=2, moe=True, recompute="selective", recompute_modules=["layernorm", "moe_act"],
+                          fp8="blockwise")),
+        ("dualpipe", 1, dict(tp=1, dp=8, ep=4, moe=True, deepep="groups", mla=True, mtp=True, fp8="blockwise")),
+        ("interleaved", 3, dict(tp=2, cp=2)), ("1f1b", 1, dict(sp=True, ep=2, moe=True, fp8="tensorwise"))]:
+    PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule=schedule, fp8="delayed"), **more})
 
 # the deduplicated dispatch (DeepEP), with and without group-limited routing: each schedule
 # family, ZeRO 0-3, whole experts below TP, CP, and EP across the two nodes
@@ -151,11 +153,11 @@ def test_plan_runs_and_holds_invariants(root, plan):
                                 **layers})
     if fp8:
         d["cluster"]["topology"] = "topologies/dgx-h100.yaml"
-        d["training"]["precision"] = "fp8"
+        d["training"] |= {"precision": "fp8", "fp8_recipe": fp8}
     sc = clustersim.load_scenario(d, base_dir=root)
     s = clustersim.simulate(sc).summary
     if fp8:  # the same plan in bf16 computes no shorter (its GEMMs at the bf16 peak, where not memory-bound)
-        d["training"]["precision"] = "bf16"
+        d["training"] = {k: v for k, v in d["training"].items() if k != "fp8_recipe"} | {"precision": "bf16"}
         assert s["compute_s"] <= clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary["compute_s"]
     step = s["step_time_s"]
     assert step > 0

@@ -6,6 +6,7 @@ Nothing here is tuned to these rows: efficiencies come from GEMM/STREAM/nccl-tes
 
 from __future__ import annotations
 
+import collections
 import functools
 from pathlib import Path
 
@@ -56,8 +57,9 @@ def test_deepseek_v3_pretraining_throughput():
     comment = " ".join(line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#"))
     assert f"clustersim gives about {ratio:.1f}x that" in comment
     assert f"makes the step about {nccl['step_time_s'] / s['step_time_s']:.1f}x longer" in comment
-    peaks = sorted({round(st["peak_bytes"] / GiB, 1) for st in s["memory"]["stages"]})
-    assert f"a peak of {peaks[-2]} GiB ({peaks[-1]} on the two ranks holding the embedding" in comment
+    peaks = collections.Counter(round(st["peak_bytes"] / GiB, 1) for st in s["memory"]["stages"])
+    assert (f"a peak of {peaks.most_common(1)[0][0]} GiB on most ranks ({s['memory']['peak_bytes'] / GiB:.1f} on the "
+            "two holding the embedding") in comment
     text = " ".join((ROOT / "docs/parallelism.md").read_text().split())
     assert (f"It simulates {s['tokens_per_s'] / s['world_size']:,.0f} tokens/s per GPU against the "
             f"{published:,.0f} the report's 180K GPU-hours per trillion tokens make, {ratio:.1f}x optimistic") in text

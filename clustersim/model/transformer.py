@@ -381,7 +381,7 @@ def mtp_proj_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1
 
 
 def mtp_proj_activation_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1,
-                              fp8: bool = False) -> float:
+                              fp8: str = "") -> float:
     """What a multi-token prediction module keeps before its layer: the two norms' inputs and
     the projection's input, their outputs concatenated: ``2sb (2h + 2h)``, /t under SP; under
     FP8 training the projection's input as its FP8 copy, ``sb (2 * 2h + 2h)``
@@ -431,7 +431,7 @@ def dropped_terms(modules) -> set[str]:
 
 
 def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, moe_layer: bool = False,
-                     cp: int = 1, modules: frozenset | tuple = ("core_attn",), etp: int = 0, fp8: bool = False) -> float:
+                     cp: int = 1, modules: frozenset | tuple = ("core_attn",), etp: int = 0, fp8: str = "") -> float:
     """The most of one layer's terms that selective recompute's ``modules`` drop held at once:
     the attention's (its scores, its norm's output), recomputed in its backward, or the MLP's
     or MoE layer's, recomputed in theirs, whichever is more (each is freed when its backward
@@ -445,7 +445,7 @@ def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = F
 
 
 def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
-                           moe_layer: bool = False, cp: int = 1, etp: int = 0, fp8: bool = False) -> dict[str, float]:
+                           moe_layer: bool = False, cp: int = 1, etp: int = 0, fp8: str = "") -> dict[str, float]:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank, term by
     term, without recompute (:func:`layer_activation_bytes` sums them).
 
@@ -501,7 +501,7 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
     else:
         f = 2 * s * b * m.ffn / t
         terms |= {"mlp_fc1": f * (2 if m.mlp == "swiglu" else 1), "mlp_act": f}
-    return fp8_saved_terms(terms, m, flash) if fp8 else terms
+    return fp8_saved_terms(terms, m, flash, fp8) if fp8 else terms
 
 
 # the terms of layer_activation_terms that are a Linear layer's input: under FP8 training
@@ -511,23 +511,40 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
 FP8_LINEAR_INPUTS = frozenset({"qkv_input", "mlp_input", "mla_normed", "mlp_act", "experts_act", "dispatched"})
 
 
-def fp8_saved_terms(terms: dict[str, float], m: DenseModelCfg, flash: bool) -> dict[str, float]:
-    """``terms`` (16-bit bytes, :func:`layer_activation_terms`) as FP8 training keeps them:
-    a Linear layer's input one byte a value (:data:`FP8_LINEAR_INPUTS`), the rest 16-bit::
+def fp8_saved_terms(terms: dict[str, float], m: DenseModelCfg, flash: bool, recipe: str = "delayed"
+                    ) -> dict[str, float]:
+    """``terms`` (16-bit bytes, :func:`layer_activation_terms`) as FP8 training under
+    ``recipe`` keeps them (Transformer Engine with Megatron-LM's layers): a Linear layer's
+    input one byte a value (:data:`FP8_LINEAR_INPUTS`), where one layer alone reads it::
 
-        Linear inputs (normed QKV / MLP input, MLA latents, activation output,
-        dispatched tokens)                                  2 -> 1 byte
-        context (the out projection's input)                2 -> 1 byte, + 2 under flash
-                                                            attention, which keeps its output
-        shared experts (first GEMM's output + activation's) 2f' + 2f -> 2f' + f
-        norm inputs, Q/K/V, activation inputs, masks        unchanged
+                                                   delayed        tensorwise, blockwise, mxfp8
+        QKV / MLP input (a fused norm's output),
+        MLA's normed latents, activation output,
+        dispatched tokens                          2 -> 1 byte    2 -> 1
+        context (the out projection's input)       flash 2 + 1,   2
+                                                   standard 1
+        a MoE layer's MLP input (the router's      2 + 1          2
+        16-bit copy + a shared expert's FP8 copy)
+        MLA's QKV input (two down projections,     2 -> 1 + 1     1 + 1
+        an FP8 copy each)
+        shared experts (first GEMM's output +      2f' + 2f -> 2f' + f
+        activation's)
+        norm inputs, Q/K/V, activation inputs,     unchanged
+        masks
 
-    The 16-bit tensors the next op reads are freed once it has run, except the attention's
-    output: flash attention keeps it for its own backward (Transformer Engine's fused
-    attention saves it beside Q, K and V), so the out projection's FP8 copy comes on top.
+    The 16-bit tensor a Linear layer reads is freed once it has run, unless another op keeps it:
+    flash attention keeps its output for its own backward, and a MoE router its input. Under
+    delayed scaling the out projection and a shared expert then keep an FP8 copy besides; the
+    other recipes keep their 16-bit input instead (Megatron-LM's ``set_save_original_input``,
+    Transformer Engine 2.6 and later).
     """
+    delayed = recipe == "delayed"
     out = {k: v / 2 if k in FP8_LINEAR_INPUTS else v for k, v in terms.items()}
-    out["context"] = terms["context"] * (1.5 if flash else 0.5)
+    out["context"] = terms["context"] * (1.0 if not delayed else 1.5 if flash else 0.5)
+    if m.mla:  # the down projections each keep a copy
+        out["qkv_input"] = terms["qkv_input"]
+    if "dispatched" in terms:  # a MoE layer: the router keeps its 16-bit input
+        out["mlp_input"] = terms["mlp_input"] * (1.5 if delayed and m.moe.shared_experts else 1.0)
     if "shared" in terms:  # the activation's output, one of the expert's `mats` widths, is fc2's input
         out["shared"] = terms["shared"] * (1 - 0.5 / m.moe.mats)
     return out
@@ -541,7 +558,7 @@ def _expert_share(t: int, etp: int) -> float:
 
 def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
                            recompute: str = "none", moe_layer: bool = False, cp: int = 1,
-                           modules: frozenset | tuple = ("core_attn",), etp: int = 0, fp8: bool = False) -> float:
+                           modules: frozenset | tuple = ("core_attn",), etp: int = 0, fp8: str = "") -> float:
     """Bytes one layer keeps from forward to backward, per microbatch, per TP rank: the sum of
     :func:`layer_activation_terms`, less what recompute leaves unstored. Full recompute keeps
     the layer input only: 2sbh (2sbh/t with SP). Selective recompute drops the terms of its
@@ -555,7 +572,7 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
 
 
 def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_layer: bool = False,
-                      cp: int = 1, etp: int = 0, fp8: bool = False) -> float:
+                      cp: int = 1, etp: int = 0, fp8: str = "") -> float:
     """Bytes one layer keeps from its input-gradient pass B to its weight-gradient
     pass W, per microbatch, per TP rank: each linear layer's input and output gradient, what
     ``dW = X^T dY`` reads; B frees the rest (Qi et al. 2023, arXiv:2401.10241, Sec 2.3 and
@@ -579,9 +596,14 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
     states and their gradients are the etp group's tokens, etp/t of them (as
     :func:`layer_activation_terms`).
 
-    Under FP8 training (``fp8``) every one of these is a GEMM's FP8 operand, one byte a value:
-    Transformer Engine keeps the FP8 input and the FP8 output gradient for a delayed weight
-    gradient (its ``wgrad_store``), so the whole is halved.
+    Under FP8 training (``fp8``, its recipe) W reads each input as the forward kept it
+    (:func:`fp8_saved_terms`): the FP8 copy, one byte a value, or the 16-bit input where the
+    recipe keeps that (the out projection's and a shared expert's under all but delayed
+    scaling) or two layers read it (MLA's down projections, a copy each). The output gradients
+    stay two bytes a value: Transformer Engine keeps a delayed weight gradient's FP8 output
+    gradient (its ``wgrad_store``) row-wise and column-wise (its transpose) on Hopper::
+
+        t = 1, a = g, f = 4h, GELU, FP8:  (1 + 1 + 1 + 4) + (6 + 8 + 2 + 2) = 25 sbh
     """
     s, h = m.seq_len / cp, m.hidden
     sbh = s * b * h
@@ -605,7 +627,22 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
             mlp += 2 * sbh * rep + 2 * sbh
     else:
         mlp = 2 * sbh * rep + 2 * s * b * m.ffn * (3 if m.mlp == "swiglu" else 2) / t + 2 * sbh
-    return (attn + mlp) / (2 if fp8 else 1)
+    if not fp8:
+        return attn + mlp
+    # the inputs among those terms, each by the FP8 share of it W reads
+    shared_copy = 0.5 if fp8 == "delayed" else 1.0  # (an input another op keeps: its FP8 copy, or itself)
+    inputs = [(context, shared_copy)]
+    if m.mla:
+        inputs += [(2 * sbh * rep, 1.0), (2 * s * b * (q_r + mla.kv_lora_rank) * rep, 0.5)]
+    else:
+        inputs.append((2 * sbh * rep, 0.5))
+    if moe_layer and m.moe is not None:
+        inputs += [(2 * s * b * routed * h * _expert_share(t, etp), 0.5), (2 * s * b * routed * e.expert_ffn / t, 0.5)]
+        if e.shared_experts:
+            inputs += [(2 * sbh * rep, shared_copy), (2 * s * b * e.shared_experts * e.expert_ffn / t, 0.5)]
+    else:
+        inputs += [(2 * sbh * rep, 0.5), (2 * s * b * m.ffn / t, 0.5)]
+    return attn + mlp - sum(x * (1 - share) for x, share in inputs)
 
 
 def head_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> float:

@@ -569,7 +569,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     n_parts = sc.n_parts
     sp, recompute = sc.parallel.sp, sc.training.recompute
     b, prec = sc.training.micro_batch_size, sc.training.precision
-    flash, fp8 = sc.training.attention == "flash", prec == "fp8"
+    flash, fp8 = sc.training.attention == "flash", sc.training.fp8  # (fp8: the recipe, "" outside FP8)
     per_part = sc.layers_per_part
     first_layer = sum(per_part[:part])
     act = 2.0 * b * m.seq_len / cp * m.hidden  # a 16-bit [b, s/cp, h] activation
@@ -786,10 +786,9 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et, fp8) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
-    # each MTP module's W: the head's again, and its projection's input (2h) and output
-    # gradient (FP8 operands under FP8 training, as a layer's: layer_wgrad_bytes)
-    wgrad_mb += mtp * (tf.head_wgrad_bytes(m, b, t, sp, cp)
-                       + (2 * act / (t if sp else 1) + act / t) / (2 if fp8 else 1))
+    # each MTP module's W: the head's again, and its projection's input (2h; its FP8 copy under
+    # FP8 training, as a layer's: layer_wgrad_bytes) and output gradient
+    wgrad_mb += mtp * (tf.head_wgrad_bytes(m, b, t, sp, cp) + 2 * act / (t if sp else 1) / (2 if fp8 else 1) + act / t)
     # full recompute holds a group's whole activations while it recomputes (a MoE layer's
     # experts and dispatched states, not a dense MLP's); selective recompute what it left
     # unstored of one layer's attention or of its MLP (core attention's scores, Korthikanti et
@@ -859,8 +858,7 @@ def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
         mode = "full" if group is not None else "none"
     p = sc.parallel
     return tf.layer_activation_bytes(m, tr.micro_batch_size, p.tp, tr.attention == "flash", p.sp, mode,
-                                     m.is_moe_layer(layer), p.cp, tr.selective_modules, p.expert_tp,
-                                     tr.precision == "fp8")
+                                     m.is_moe_layer(layer), p.cp, tr.selective_modules, p.expert_tp, tr.fp8)
 
 
 @dataclass(frozen=True)
