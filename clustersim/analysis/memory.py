@@ -45,9 +45,10 @@ its end when it needs memory that nothing else here counts (``comm_buffer_bytes`
 * all-to-all (EP dispatch and combine, kind ``ep``): the receive buffer, ``size_bytes`` (the
   tokens x top-k x capacity hidden vectors a rank hands over; balanced routing receives as
   much). In the forward, the dispatch buffer becomes the expert input that the activations
-  also count (the dispatched states kept for the weight gradients): while that transfer runs
-  those bytes are counted twice, at most one buffer's worth, against the whole-microbatch
-  allocation at its first forward, which already counts every layer not yet run.
+  also count (the dispatched states kept for the weight gradients; under FP8 training their
+  FP8 copy, half of it, is kept instead): while that transfer runs those bytes are counted
+  twice, at most one buffer's worth, against the whole-microbatch allocation at its first
+  forward, which already counts every layer not yet run.
 * nothing for the others: all-reduce runs in place on the tensor it reduces (NCCL's fixed
   staging buffers are a workspace, not counted); reduce-scatter writes a 1/n shard of a
   tensor already allocated; the TP all-gather under sequence parallelism gathers into
