@@ -1003,7 +1003,9 @@ def header_html(summary: dict[str, Any]) -> str:
         out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × ") + plan_options(plan))}'
                    f'{e(schedule_part(plan, " · ")) if "schedule" in plan else ""} · {plan.get("microbatches")} microbatches × '
                    f'{plan.get("micro_batch_size")} × {model.get("seq_len", "?")} tokens · '
-                   f'{e(str(plan.get("precision", "")))} · {e(str(plan.get("attention", "")))} attention</p>')
+                   # (fp8 is in the options, with its recipe)
+                   f'{"" if plan.get("fp8_recipe") else e(str(plan.get("precision", ""))) + " · "}'
+                   f'{e(str(plan.get("attention", "")))} attention</p>')
     if model:
         params = model.get("params")
         size = f"{params / 1e9:.1f} B parameters, " if params else ""

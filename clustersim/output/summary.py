@@ -98,7 +98,12 @@ def plan_options(p: dict[str, Any]) -> str:
                 f" (every layer: no {chunk} has more than {most})")
         else:
             recompute += f" (groups of {layers})" if n < most else f" (each {chunk} one group of at most {most})"
-    return sp + zero + recompute + _grads_option(p)
+    return sp + zero + recompute + _fp8_option(p) + _grads_option(p)
+
+
+def _fp8_option(p: dict[str, Any]) -> str:
+    """" · fp8 (blockwise)": FP8 training and its recipe, which sets what a layer keeps."""
+    return f" · fp8 ({p['fp8_recipe']})" if p.get("precision") == "fp8" and p.get("fp8_recipe") else ""
 
 
 def _grads_option(p: dict[str, Any]) -> str:
