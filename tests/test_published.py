@@ -6,7 +6,6 @@ Nothing here is tuned to these rows: efficiencies come from GEMM/STREAM/nccl-tes
 
 from __future__ import annotations
 
-import collections
 import functools
 from pathlib import Path
 
@@ -57,8 +56,8 @@ def test_deepseek_v3_pretraining_throughput():
     comment = " ".join(line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#"))
     assert f"clustersim gives about {ratio:.1f}x that" in comment
     assert f"makes the step about {nccl['step_time_s'] / s['step_time_s']:.1f}x longer" in comment
-    peaks = collections.Counter(round(st["peak_bytes"] / GiB, 1) for st in s["memory"]["stages"])
-    assert (f"a peak of {peaks.most_common(1)[0][0]} GiB on most ranks ({s['memory']['peak_bytes'] / GiB:.1f} on the "
+    others = max(st["peak_bytes"] for st in s["memory"]["stages"] if st["stage"] not in (0, 15))
+    assert (f"a peak of {others / GiB:.1f} GiB on 14 of its 16 ranks ({s['memory']['peak_bytes'] / GiB:.1f} on the "
             "two holding the embedding") in comment
     text = " ".join((ROOT / "docs/parallelism.md").read_text().split())
     assert (f"It simulates {s['tokens_per_s'] / s['world_size']:,.0f} tokens/s per GPU against the "
@@ -78,7 +77,9 @@ def test_deepseek_v3_pretraining_throughput():
     moved = clustersim.simulate(clustersim.load_scenario(d, base_dir=path.parent)).summary
     assert moved["step_time_s"] < s["step_time_s"]
     assert (f"thirteen 4s) makes the step {moved['step_time_s']:.2f} s, "
-            f"{moved['tokens_per_s'] / moved['world_size']:,.0f} tokens/s per GPU") in text
+            f"{moved['tokens_per_s'] / moved['world_size']:,.0f} tokens/s per GPU, and every rank fits: "
+            f"{moved['memory']['peak_bytes'] / GiB:.1f} GiB at most") in text
+    assert moved["memory"]["fits"]
 
 
 # Narayanan et al. SC'21 (arXiv:2104.04473), Table 1, weak scaling on Selene (DGX A100 80GB,

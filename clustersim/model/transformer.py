@@ -412,9 +412,11 @@ RECOMPUTE_MODULES = {
     "core_attn": ("scores",),                       # core attention again (QK^T, softmax)
     "layernorm": ("qkv_input", "mlp_input"),        # the two norms' outputs again
     "mlp": ("mlp_fc1", "mlp_act"),                  # a dense MLP again, from its input
-    "moe": ("experts_fc1", "experts_act", "shared", "dispatched"),  # a MoE layer again, dispatch included
+    # a MoE layer again, dispatch included
+    "moe": ("experts_fc1", "experts_act", "shared", "dispatched", "shared_input_fp8"),
     "moe_act": ("experts_act",),                    # the routed experts' activation function again
-    "shared_experts": ("shared",),                  # the shared experts again
+    # the shared experts again (with, under FP8's delayed scaling, the FP8 copy of their input)
+    "shared_experts": ("shared", "shared_input_fp8"),
     "mla_up_proj": ("qkv", "mla_normed"),           # MLA's latent norms and up projections again (Transformer
                                                     # Engine fuses each norm into its up projection)
 }
@@ -524,7 +526,8 @@ def fp8_saved_terms(terms: dict[str, float], m: DenseModelCfg, flash: bool, reci
         context (the out projection's input)       flash 2 + 1,   2
                                                    standard 1
         a MoE layer's MLP input (the router's      2 + 1          2
-        16-bit copy + a shared expert's FP8 copy)
+        16-bit copy + a shared expert's FP8 copy,
+        ``shared_input_fp8``)
         MLA's QKV input (two down projections,     2 -> 1 + 1     1 + 1
         an FP8 copy each)
         shared experts (first GEMM's output +      2f' + 2f -> 2f' + f
@@ -543,8 +546,10 @@ def fp8_saved_terms(terms: dict[str, float], m: DenseModelCfg, flash: bool, reci
     out["context"] = terms["context"] * (1.0 if not delayed else 1.5 if flash else 0.5)
     if m.mla:  # the down projections each keep a copy
         out["qkv_input"] = terms["qkv_input"]
-    if "dispatched" in terms:  # a MoE layer: the router keeps its 16-bit input
-        out["mlp_input"] = terms["mlp_input"] * (1.5 if delayed and m.moe.shared_experts else 1.0)
+    if "dispatched" in terms:  # a MoE layer: the router keeps its 16-bit input, a shared expert its FP8 copy
+        out["mlp_input"] = terms["mlp_input"]
+        if delayed and m.moe.shared_experts:
+            out["shared_input_fp8"] = terms["mlp_input"] / 2
     if "shared" in terms:  # the activation's output, one of the expert's `mats` widths, is fc2's input
         out["shared"] = terms["shared"] * (1 - 0.5 / m.moe.mats)
     return out
@@ -596,12 +601,12 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
     states and their gradients are the etp group's tokens, etp/t of them (as
     :func:`layer_activation_terms`).
 
-    Under FP8 training (``fp8``, its recipe) W reads each input as the forward kept it
-    (:func:`fp8_saved_terms`): the FP8 copy, one byte a value, or the 16-bit input where the
-    recipe keeps that (the out projection's and a shared expert's under all but delayed
-    scaling) or two layers read it (MLA's down projections, a copy each). The output gradients
-    stay two bytes a value: Transformer Engine keeps a delayed weight gradient's FP8 output
-    gradient (its ``wgrad_store``) row-wise and column-wise (its transpose) on Hopper::
+    Under FP8 training (``fp8``, any recipe) W reads each input as its FP8 copy, one byte a
+    value: where the forward kept the 16-bit input (:func:`fp8_saved_terms`), B quantizes it
+    before storing it for W (Transformer Engine's ``_Linear.backward``, ``wgrad_store``);
+    MLA's normed input keeps two, one for each down projection. The output gradients stay two
+    bytes a value: Transformer Engine keeps a delayed weight gradient's FP8 output gradient
+    row-wise and column-wise (its transpose) on Hopper::
 
         t = 1, a = g, f = 4h, GELU, FP8:  (1 + 1 + 1 + 4) + (6 + 8 + 2 + 2) = 25 sbh
     """
@@ -629,20 +634,16 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
         mlp = 2 * sbh * rep + 2 * s * b * m.ffn * (3 if m.mlp == "swiglu" else 2) / t + 2 * sbh
     if not fp8:
         return attn + mlp
-    # the inputs among those terms, each by the FP8 share of it W reads
-    shared_copy = 0.5 if fp8 == "delayed" else 1.0  # (an input another op keeps: its FP8 copy, or itself)
-    inputs = [(context, shared_copy)]
-    if m.mla:
-        inputs += [(2 * sbh * rep, 1.0), (2 * s * b * (q_r + mla.kv_lora_rank) * rep, 0.5)]
-    else:
-        inputs.append((2 * sbh * rep, 0.5))
+    # the inputs among those terms, each read as its FP8 copy (half), but MLA's normed input,
+    # which both down projections read, a copy each (whole)
+    inputs = context + (2 * s * b * (q_r + mla.kv_lora_rank) * rep if m.mla else 2 * sbh * rep)
     if moe_layer and m.moe is not None:
-        inputs += [(2 * s * b * routed * h * _expert_share(t, etp), 0.5), (2 * s * b * routed * e.expert_ffn / t, 0.5)]
+        inputs += 2 * s * b * routed * h * _expert_share(t, etp) + 2 * s * b * routed * e.expert_ffn / t
         if e.shared_experts:
-            inputs += [(2 * sbh * rep, shared_copy), (2 * s * b * e.shared_experts * e.expert_ffn / t, 0.5)]
+            inputs += 2 * sbh * rep + 2 * s * b * e.shared_experts * e.expert_ffn / t
     else:
-        inputs += [(2 * sbh * rep, 0.5), (2 * s * b * m.ffn / t, 0.5)]
-    return attn + mlp - sum(x * (1 - share) for x, share in inputs)
+        inputs += 2 * sbh * rep + 2 * s * b * m.ffn / t
+    return attn + mlp - inputs / 2
 
 
 def head_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> float:

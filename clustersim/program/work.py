@@ -586,6 +586,10 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # the attention's and the dense MLP's gathers (Transformer Engine's layers: FP8 under FP8
     # training); the head's, the embedding's and the MoE layer's stay f_pre and b_pre
     te_pre, te_b_pre = fp8_gathers(a_pre, fp8), fp8_gathers(b_pre, fp8)
+    if fp8 and m.mla is not None and te_pre:
+        # (the rotary key part beside the latents: Megatron-LM's own gather, 16-bit)
+        rope = tf.mla_gathered_width(m) - tf.mla_gathered_width(m, rope=False)
+        te_pre = (replace(te_pre[0], size_bytes=te_pre[0].size_bytes + per_width * rope / 2),)
     te_f_pre = fp8_gathers(f_pre, fp8)
     if fp8 and t > 1 and sp:  # a split W's re-gather of the saved FP8 input
         attn_regather = fp8_gathers(attn_regather or (CommItem("all_gather", act),), fp8)
@@ -699,9 +703,11 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     mtp_in = _tp_comms(t, sp, 2 * act)
     mtp_lookup = _Spec("mtp embedding", lookup_ops, post=emb_post)
     mtp_lookup_bwd = _Spec("mtp embedding", tf.block_bwd(lookup_ops, flash), pre=b_pre if sp else ())
-    mtp_fwd = _Spec("mtp proj", mtp_ops, mtp_in[0], (CommItem("all_gather", act),) if t > 1 else (), mtp_params)
+    # (the projection a Transformer Engine layer: its input's gathers FP8 under FP8 training)
+    mtp_fwd = _Spec("mtp proj", mtp_ops, fp8_gathers(mtp_in[0], fp8), (CommItem("all_gather", act),) if t > 1 else (),
+                    mtp_params)
     mtp_bwd = _Spec("mtp proj", tf.block_bwd(mtp_ops, flash), b_pre, mtp_in[3], mtp_params,
-                    regather=(CommItem("all_gather", 2 * act),) if t > 1 and sp else ())
+                    regather=fp8_gathers((CommItem("all_gather", 2 * act),), fp8) if t > 1 and sp else ())
     if last:
         # the head's input is sequence-sharded under SP: gather it; backward scatters the grad.
         # The head's gradient is whole after the last module's run of it (its parameters there)
