@@ -342,7 +342,7 @@ def _tp_comms(t: int, sp: bool, act_bytes: float):
     return (), (ar,), (), (ar,)
 
 
-def fp8_gathers(items: tuple, fp8: bool) -> tuple:
+def fp8_gathers(items: tuple, fp8: str | bool) -> tuple:
     """``items`` as a Transformer Engine layer runs them under FP8 training: its all-gathers
     move the FP8 copy, one byte a value (the column-parallel layer's input, cast before the
     gather; the gradient of a row-parallel layer's output, cast before the backward's gather),
@@ -584,7 +584,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         attn_regather = (CommItem("all_gather", per_width * tf.mla_gathered_width(m, rope=False)),) \
             if t > 1 and sp else ()
     # the attention's and the dense MLP's gathers (Transformer Engine's layers: FP8 under FP8
-    # training); the head's, the embedding's and the MoE layer's stay f_pre and b_pre
+    # training; so are the shared experts', MoeBlocks, and the MTP projection's); the head's,
+    # the embedding's and the routed experts' stay f_pre and b_pre
     te_pre, te_b_pre = fp8_gathers(a_pre, fp8), fp8_gathers(b_pre, fp8)
     if fp8 and m.mla is not None and te_pre:
         # (the rotary key part beside the latents: Megatron-LM's own gather, 16-bit)
