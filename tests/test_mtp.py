@@ -172,3 +172,27 @@ def test_zero3_reduces_the_head_s_gradient_after_the_modules_have_added_to_it(ro
     assert len(rs) == len({s.mb for s in rs}) == r.scenario.microbatches  # every microbatch, under ZeRO-3
     for x in rs:
         assert x.start_s >= max(s.end_s for s in spans if s.name == "B head mtp" and s.mb == x.mb)
+
+
+def test_full_recompute_checkpoints_a_module_whole(root):
+    """Under full recompute a module is checkpointed whole, as Megatron-Core's
+    MultiTokenPredictionLayer does: it keeps its two inputs (the hidden state and the next
+    tokens' embedding, 4sbh) where the projection kept 8sbh and its layer its input 2sbh, and
+    its backward runs the norms and the projection again before the layer."""
+    kw = {"training": {"recompute": "full"}}
+    r, plain = run(root, **kw), run(root, model={"mtp_layers": 0}, **kw)
+    m, s, h = r.scenario.model, 1024, 1024
+    got = r.summary["memory"]["stages"][-1]["activation_bytes_per_microbatch"] \
+        - plain.summary["memory"]["stages"][-1]["activation_bytes_per_microbatch"]
+    assert got == pytest.approx(tf.mtp_checkpoint_bytes(m, 1, 1) + tf.head_activation_bytes(m, 1, 1), rel=EXACT)
+    assert tf.mtp_checkpoint_bytes(m, 1, 1) == 4 * s * h
+    sc = r.scenario
+    work = stage_work(sc, 1, sc.cluster.gpu)
+    names = [(blk.name, blk.layer) for blk in work.bwd]
+    at = names.index(("recompute mtp proj", 4))
+    assert names[at + 1] == ("recompute attn", 4)
+    proj = next(blk for blk in work.fwd if blk.name == "mtp proj")
+    assert work.bwd[at].flops == pytest.approx(proj.flops, rel=EXACT)
+    # block recomputes no MTP layer: the module keeps what it keeps without recompute
+    blk = run(root, training={"recompute": "full", "recompute_method": "block", "recompute_layers": 1}).scenario
+    assert not any(b.name == "recompute mtp proj" for b in stage_work(blk, 1, blk.cluster.gpu).bwd)

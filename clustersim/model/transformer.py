@@ -389,6 +389,14 @@ def mtp_proj_activation_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False
     return (2 + (1 if fp8 else 2)) * m.seq_len / cp * b * 2 * m.hidden / (t if sp else 1)
 
 
+def mtp_checkpoint_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1) -> float:
+    """What a multi-token prediction module keeps under full recompute: its checkpoint's two
+    inputs, the hidden state and the next tokens' embedding, ``2 x 2sbh`` (/t under SP), as
+    Megatron-Core's ``MultiTokenPredictionLayer`` checkpoints its norms, projection and layer
+    together; the rest is recomputed."""
+    return 2 * 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
+
+
 def total_params(m: DenseModelCfg) -> int:
     """All parameters of the model, counted once (MoE layers with all their experts)."""
     return _params(m, moe_layer_mlp_params)

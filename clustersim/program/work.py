@@ -761,6 +761,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
             norm = []
         mlp_rc = _placed(norm + act_rc, mlp_bwd)
         for ly in group_ending.get(layer, ()):
+            if ly >= m.layers:  # an MTP module's checkpoint: its norms and projection again first
+                rerun(mtp_fwd.name, ly, mtp_fwd.ops, mtp_fwd.pre, mtp_fwd.post)
             for spec in attn_fwd + mlp_specs(ly)[0]:  # the group's forward again, communication included
                 rerun(spec.name, ly, spec.ops, spec.pre, spec.post, spec.overlap)
         for spec, rc in zip(mlp_bwd, mlp_rc):
@@ -785,10 +787,15 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     local_params = sum(blk.params for blk in fwd)
     local_expert_params = sum(blk.expert_params for blk in fwd)
     kept = {ly: _kept_bytes(sc, ly, groups) for ly in layers}
+    # an MTP module in a group of its own under full recompute is checkpointed whole (Megatron-Core):
+    # it keeps its two inputs, and its layer's input, the projection's output, is recomputed
+    checkpointed = [ly for g in groups for ly in g if ly >= m.layers] if recompute == "full" else []
+    proj_kept = tf.mtp_proj_activation_bytes(m, b, t, sp, cp, fp8)
+    for ly in checkpointed:
+        kept[ly] = tf.mtp_checkpoint_bytes(m, b, t, sp, cp)
     act_mb = sum(kept.values())
     if last:  # the logits of the model's head and of each MTP module's, and what each module's projection keeps
-        act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) \
-            + mtp * tf.mtp_proj_activation_bytes(m, b, t, sp, cp, fp8)
+        act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) + (mtp - len(checkpointed)) * proj_kept
     et = sc.parallel.expert_tp
     wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et, fp8) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
@@ -808,7 +815,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         rc_groups = groups
         extra = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly), etp=et,
                                                fp8=fp8)
-                 - kept[ly]
+                 + (proj_kept if ly in checkpointed else 0.0) - kept[ly]
                  for g in groups for ly in g}
     recomputing = recompute_held_bytes(layers, rc_groups, extra, kept)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
