@@ -206,7 +206,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "vpp_group": p.vpp_group, "order": p.order,
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
-            "precision": t.precision, "fp8_recipe": t.fp8_recipe if t.precision == "fp8" else None,
+            "precision": t.precision, "fp8_recipe": t.fp8 or None,
             "attention": t.attention, "sp": p.sp,
             "tp_comm_overlap": p.tp_comm_overlap, "ep": p.ep, "etp": p.expert_tp, "zero": p.zero,
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,

@@ -505,16 +505,17 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
              f"global_batch_size={t.global_batch_size} is not a multiple of dp*micro_batch_size = {per_step}")
     if t.precision == "fp8":
         from .hardware.gpus import lookup_gpu
-        if lookup_gpu(topo.gpu).fp8_flops is None:
+        gpu = lookup_gpu(topo.gpu)
+        if gpu.fp8_flops is None:
             fail("training.precision", f"fp8 needs fp8 tensor cores; {topo.gpu} has none")
-        if t.fp8_recipe == "mxfp8" and "B200" not in lookup_gpu(topo.gpu).name:
+        if t.fp8_recipe == "mxfp8" and "B200" not in gpu.name:
             fail("training.fp8_recipe", f"mxfp8 needs Blackwell tensor cores; {topo.gpu} has none")
         kept = sorted({"layernorm", "moe_act"} & t.selective_modules)
         if kept and t.fp8_recipe == "delayed":
             # Megatron-LM refuses them: delayed scaling keeps FP8 copies of the recomputed tensors
             fail("training.recompute_modules", f"{' and '.join(kept)} recompute under precision fp8 "
-                 f"{'needs' if len(kept) == 1 else 'need'} a recipe other than delayed scaling (training.fp8_recipe: tensorwise, blockwise or mxfp8), "
-                 "as Megatron-LM requires")
+                 f"{'needs' if len(kept) == 1 else 'need'} a recipe other than delayed scaling "
+                 "(training.fp8_recipe: tensorwise, blockwise or mxfp8), as Megatron-LM requires")
     elif "fp8_recipe" in t.model_fields_set:
         fail("training.fp8_recipe", "applies to precision: fp8 only")
 

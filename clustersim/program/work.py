@@ -575,6 +575,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     act = 2.0 * b * m.seq_len / cp * m.hidden  # a 16-bit [b, s/cp, h] activation
     first, last = part == 0, part == n_parts - 1
     f_pre, f_post, b_pre, b_post = _tp_comms(t, sp, act)
+    # SP keeps a column-parallel GEMM's input sequence-sharded: its weight gradient gathers it again
+    regather = (CommItem("all_gather", act),) if t > 1 and sp else ()
     # MLA's up projections gather (and reduce the gradient of) the latents, not the hidden state
     a_pre, ab_post, attn_regather = f_pre, b_post, None
     if m.mla is not None:
@@ -592,8 +594,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         rope = tf.mla_gathered_width(m) - tf.mla_gathered_width(m, rope=False)
         te_pre = (replace(te_pre[0], size_bytes=te_pre[0].size_bytes + per_width * rope / 2),)
     te_f_pre = fp8_gathers(f_pre, fp8)
-    if fp8 and t > 1 and sp:  # a split W's re-gather of the saved FP8 input
-        attn_regather = fp8_gathers(attn_regather or (CommItem("all_gather", act),), fp8)
+    if fp8 and regather:  # a split W's re-gather of the saved FP8 input
+        attn_regather = fp8_gathers(attn_regather or regather, fp8)
 
     mlp_f = tf.mlp_block_fwd(m, b, t, sp, cp)
     mlp_b = tf.block_bwd(mlp_f, flash)
@@ -612,7 +614,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     attn_rc = [o for spec in attn_fwd for o in spec.ops if o.name in rc_names]
     dense_fwd = [_Spec("mlp", mlp_f, te_f_pre, f_post, mlp_params)]
     dense_bwd = [_Spec("mlp", mlp_b, te_b_pre, b_post, mlp_params,
-                       regather=fp8_gathers((CommItem("all_gather", act),), fp8) if fp8 and t > 1 and sp else None)]
+                       regather=fp8_gathers(regather, fp8) if fp8 and regather else None)]
     if sc.parallel.tp_comm_overlap:  # the attention and dense MLP blocks (Transformer Engine layers)
         attn_fwd, dense_fwd = ([piece for spec in specs for piece in tp_overlap_forward(spec, t, te_f_pre, f_post)]
                                for specs in (attn_fwd, dense_fwd))
@@ -636,8 +638,6 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     emb_f = tf.embedding_fwd(m, b, t, cp)
     head_f = tf.head_fwd(m, b, t, cp)
     emb_post = (CommItem("reduce_scatter" if sp else "all_reduce", act),) if t > 1 else ()
-    # SP keeps a column-parallel GEMM's input sequence-sharded: its weight gradient gathers it again
-    regather = (CommItem("all_gather", act),) if t > 1 and sp else ()
     fwd, bwd, b_in, b_w = [], [], [], []
     moved: list[tuple[int, int]] = []  # (B block, W block) whose re-gathers a fused backward runs in B
 
@@ -936,8 +936,7 @@ class MoeBlocks:
         if own and e.shared_experts == 0:
             f_pre = f_post = b_pre = b_post = ()
         elif own:  # the shared experts' own gathers (Transformer Engine's layers: FP8 under FP8 training)
-            fp8 = sc.training.precision == "fp8"
-            f_pre, b_pre = fp8_gathers(f_pre, fp8), fp8_gathers(b_pre, fp8)
+            f_pre, b_pre = fp8_gathers(f_pre, sc.training.fp8), fp8_gathers(b_pre, sc.training.fp8)
         regroup = own and et > 1
         expert_tok = rep_tok * et if own else tokens  # the tokens a rank's experts share (balanced)
         gathered = moe.dispatch_bytes(e, expert_tok, h) * (skew[ep_rank] if skew else 1.0)
