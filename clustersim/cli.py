@@ -1,6 +1,8 @@
-"""Command line: ``python -m clustersim run | schedule | validate | schema | collective``.
+"""Command line: ``python -m clustersim run | compare | sweep | schedule | validate | schema | collective``.
 
     python -m clustersim run scenarios/gpt3_175b_1024gpu.yaml --out out/gpt3
+    python -m clustersim compare scenarios/llama2_70b_64gpu.yaml --variant "parallel.pp=1 parallel.dp=8 parallel.zero=3"
+    python -m clustersim sweep scenarios/llama2_70b_64gpu.yaml --vary parallel.tp=2,4,8 --vary parallel.pp=1,2,4,8
     python -m clustersim schedule --pp 4 --microbatches 8 --schedule 1f1b
     python -m clustersim schedule --pp 4 -m 8 --schedule interleaved --vpp 2
     python -m clustersim schedule --schedule custom --file scenarios/schedules/custom_1f1b_4x8.txt
@@ -89,19 +91,19 @@ class _Staging:
                     break
 
 
-def _out_problem(out: Path) -> str | None:
-    """Why the run's files cannot go into the folder ``out`` (made if it is not there), found
-    before the step is simulated; None if nothing is in the way."""
+def _out_problem(out: Path, files: tuple[str, ...] = OUTPUT_FILES) -> str | None:
+    """Why the command's ``files`` (the run's) cannot go into the folder ``out`` (made if it is
+    not there), found before the step is simulated; None if nothing is in the way."""
     if any(len(os.fsencode(part)) > 255 for part in out.parts):  # NAME_MAX of Linux and macOS file systems
         return f"a folder name in {str(out)[:48]}... is longer than 255 bytes"
     if out.is_symlink() and not out.exists():
-        return f"{out} is a link to nothing; give a folder for {', '.join(OUTPUT_FILES)}"
+        return f"{out} is a link to nothing; give a folder for {', '.join(files)}"
     if out.exists() and not out.is_dir():
-        return f"{out} is a file; give a folder for {', '.join(OUTPUT_FILES)}"
+        return f"{out} is a file; give a folder for {', '.join(files)}"
     if out.is_dir():
         if not os.access(out, os.W_OK | os.X_OK):
             return f"cannot write in {out} (permission denied)"
-        for name in OUTPUT_FILES:  # os.replace cannot put a file where a folder is
+        for name in files:  # os.replace cannot put a file where a folder is
             if (out / name).is_dir():
                 return f"{out / name} is a folder; the run writes a file of that name"
         return None
@@ -221,6 +223,142 @@ def cmd_run(args) -> int:
             if writer is not None:
                 writer.cancel()
             staging.clean()
+
+
+def cmd_compare(args) -> int:
+    """Simulate every plan given (the files, then the first file with each ``--variant``'s
+    changes), all checked before the first is simulated; print them side by side and, with
+    ``--out``, write compare.json (clustersim.output.compare)."""
+    from .api import simulate
+    from .config import load_scenario
+    from .output.compare import COMPARE_FILE, compare_json, config_differences, format_compare, labels
+    from .output.summary import to_json
+    from .overrides import load_variant, parse_changes, variant_source
+
+    for path in args.scenarios:
+        _given_scenario(path)
+    variants = args.variant or []
+    names = labels(len(args.scenarios) + len(variants))
+    if len(names) < 2:
+        raise ConfigError("compare needs two plans or more: give another scenario file, or the first one's changes "
+                          "with --variant (e.g. --variant \"parallel.pp=1 parallel.zero=3\")", source="command line",
+                          field="scenarios")
+    out = None
+    if args.out is not None:
+        if args.out == "":
+            raise ConfigError("the output folder's path is empty", source="command line", field="--out")
+        out = Path(args.out).resolve() if ".." in Path(args.out).parts else Path(args.out)
+        problem = _out_problem(out, (COMPARE_FILE,))
+        if problem is not None:
+            raise ConfigError(problem, source="command line", field="--out")
+    plans = [{"label": names[i], "source": path, "file": path, "changes": None, "scenario": load_scenario(path)}
+             for i, path in enumerate(args.scenarios)]
+    first = args.scenarios[0]
+    for label, text in zip(names[len(args.scenarios):], variants):
+        changes = parse_changes(text, source="command line", field=f"--variant {text!r}")
+        plans.append({"label": label, "source": variant_source(first, changes), "file": first,
+                      "changes": dict(changes), "scenario": load_variant(first, changes)})
+    base_cfg = plans[0]["scenario"].cfg.model_dump(mode="json")
+    walls = []
+    for p in plans:
+        sc = p.pop("scenario")
+        p["differences"] = config_differences(base_cfg, sc.cfg.model_dump(mode="json"))
+        t0 = time.perf_counter()
+        p["summary"] = simulate(sc, fork=True).summary
+        walls.append(time.perf_counter() - t0)
+    written = None
+    if out is not None:
+        written = _write_atomic(out, COMPARE_FILE, to_json(compare_json(plans)))
+        args.written = out
+    print(format_compare(plans))
+    print(f"{'simulated':<24}" + " · ".join(f"{p['label']} in {w:.1f} s" for p, w in zip(plans, walls)))
+    if written is not None:
+        print(f"{'wrote':<24}{written}")
+    return 0
+
+
+MAX_SWEEP_PLANS = 100_000  # a sweep's combinations; each plan's row is kept until the end
+
+
+def cmd_sweep(args) -> int:
+    """Simulate every combination of the ``--vary`` values on the scenario, print the plans
+    ranked and, with ``--out``, write sweep.json and sweep.csv (clustersim.sweep)."""
+    from .sweep import SWEEP_FILES, format_sweep, parse_vary, run_sweep, sweep_csv
+    from .output.summary import to_json
+
+    _given_scenario(args.scenario)
+    src = "command line"
+    if not args.vary:
+        raise ConfigError("give what to vary: --vary KEY=V1,V2,... (e.g. --vary parallel.tp=2,4,8), once per key",
+                          source=src, field="--vary")
+    varies = [parse_vary(v, source=src) for v in args.vary]
+    keys = [k for k, _ in varies]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise ConfigError(f"{k} is varied twice; give its values in one --vary", source=src, field="--vary")
+    n = 1
+    for _, values in varies:
+        n *= len(values)
+    if n > MAX_SWEEP_PLANS:
+        raise ConfigError(f"{' x '.join(str(len(v)) for _, v in varies)} = {n:,} plans; a sweep takes at most "
+                          f"{MAX_SWEEP_PLANS:,}", source=src, field="--vary")
+    for flag, value in (("--jobs", args.jobs), ("--top", args.top)):
+        if value < 1:
+            raise ConfigError(f"must be at least 1 (got {value})", source=src, field=flag)
+    out = None
+    if args.out is not None:
+        if args.out == "":
+            raise ConfigError("the output folder's path is empty", source=src, field="--out")
+        out = Path(args.out).resolve() if ".." in Path(args.out).parts else Path(args.out)
+        problem = _out_problem(out, SWEEP_FILES)
+        if problem is not None:
+            raise ConfigError(problem, source=src, field="--out")
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rsimulated {done:,} of {total:,} plans", end="", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    sweep = run_sweep(args.scenario, varies, jobs=args.jobs, progress=progress if tty else None)
+    wall_s = time.perf_counter() - t0
+    if tty:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    print(format_sweep(sweep, args.top))
+    if not sweep["ranking"]:
+        print("error: no plan of the sweep could be simulated; nothing written", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    done = len(sweep["ranking"])
+    print(f"{'simulated':<16}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
+          + (f" with {args.jobs} processes" if args.jobs > 1 else ""))
+    if out is not None:
+        written = [_write_atomic(out, SWEEP_FILES[0], to_json(sweep)), _write_atomic(out, SWEEP_FILES[1], sweep_csv(sweep))]
+        args.written = out
+        print(f"{'wrote':<16}" + ", ".join(map(str, written)))
+    return 0
+
+
+def _write_atomic(out: Path, name: str, text: str) -> Path:
+    """Write ``text`` as ``out/name`` (the folder made if missing) through a temp file moved in
+    whole: an interrupted or failed write leaves no half file."""
+    made = [d for d in (out, *out.parents) if not d.exists()]
+    tmp = None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=STAGING_PREFIX, dir=out)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, out / name)
+        return out / name
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        for d in made:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise ConfigError(f"cannot write {name} into {out}: {exc.strerror or exc}", source="command line",
+                          field="--out") from None
 
 
 def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
@@ -426,6 +564,29 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--algo", default="auto", help="auto (default: the fastest applicable), ring, tree, "
                                                     "hierarchical, nvls, pxn, pairwise")
     col.set_defaults(func=cmd_collective)
+
+    cmp = sub.add_parser("compare", help="simulate several plans and print them side by side: step time, "
+                                         "throughput, where a GPU's step goes, memory")
+    cmp.add_argument("scenarios", nargs="+", help="scenario YAML files; the first is the baseline")
+    cmp.add_argument("--variant", action="append", metavar="CHANGES",
+                     help="one more plan: the first file with these changes, KEY=VALUE with dotted keys, e.g. "
+                          "--variant \"parallel.pp=1 parallel.dp=8 parallel.zero=3\" (repeatable; a value is read "
+                          "as YAML, null removes the key)")
+    cmp.add_argument("--out", help="write compare.json (every plan's summary and differences) into this folder")
+    cmp.set_defaults(func=cmd_compare)
+
+    sw = sub.add_parser("sweep", help="simulate every combination of the values given on one scenario and rank "
+                                      "the plans (those that fit by tokens/s)")
+    sw.add_argument("scenario", help="scenario YAML file: the model, cluster and batch, and the plan's other settings")
+    sw.add_argument("--vary", action="append", metavar="KEY=V1,V2,...",
+                    help="a dotted key and its values, e.g. --vary parallel.tp=2,4,8 (repeatable: every combination "
+                         "is a plan; each value read as YAML). parallel.dp follows GPUs / (tp x pp x cp) unless "
+                         "varied itself")
+    sw.add_argument("--jobs", type=int, default=1, help="simulate plans in this many processes (default 1)")
+    sw.add_argument("--top", type=int, default=20, help="plans printed, best first (default 20)")
+    sw.add_argument("--out", help="write sweep.json and sweep.csv (every plan, refused ones with the rule) into "
+                                  "this folder")
+    sw.set_defaults(func=cmd_sweep)
 
     sc = sub.add_parser("schema", help="print the JSON schema of the scenario (or topology) format")
     sc.add_argument("--topology", action="store_true", help="the topology format's schema instead")

@@ -828,8 +828,10 @@ def is_topology_data(data: dict) -> bool:
 
 
 def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | None = None,
-                  check_schedule: bool = True) -> Scenario:
+                  check_schedule: bool = True, source: str | None = None) -> Scenario:
     """Read and validate a scenario from a YAML path or a dict (paths relative to ``base_dir``).
+    ``source``: what error messages name a dict by (default ``<dict>``; ``compare`` names a
+    variant by its file and changes).
     ``check_schedule=False`` leaves the last check, the one that builds the pipeline schedule
     (:meth:`Scenario.check_schedule`), to the caller: ``clustersim run`` forks the process
     that simulates a shorter step first, which needs no schedule of the whole step
@@ -839,7 +841,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     if not isinstance(src, (str, os.PathLike, dict)):  # a caller's mistake, not bad input: no ConfigError
         raise TypeError(f"a scenario is a YAML file's path or a dict, not {type(src).__name__}")
     if isinstance(src, dict):
-        data, source = src, "<dict>"
+        data, source = src, source or "<dict>"
         base = Path(base_dir or ".")
         rel_to = "base_dir" if base_dir else "the current folder (a dict without base_dir)"
     else:

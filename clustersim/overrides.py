@@ -1,0 +1,121 @@
+"""Changes to a scenario given on the command line: ``KEY=VALUE`` with a dotted key.
+
+``compare`` and ``sweep`` make plans out of one scenario file this way, without a file per
+plan::
+
+    parallel.pp=1 parallel.dp=8 parallel.zero=3     three changes, one plan
+    parallel.layers_per_stage=[2,4,4,2]              a value is read as YAML (a list here)
+    training.recompute_layers=null                   null removes the key: its default again
+
+A key names a field as the scenario's YAML nests it (``parallel.zero``, ``model.moe.top_k``);
+sections missing from the file are made. What the change leads to is checked as the file is,
+so a bad value is refused by the field it names.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .yamlio import read_yaml, short_repr
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def parse_changes(text: str, *, source: str, field: str) -> list[tuple[str, Any]]:
+    """``"parallel.pp=1 parallel.zero=3"`` as ``[("parallel.pp", 1), ("parallel.zero", 3)]``:
+    changes split as a shell splits words (quote a value with spaces), each value read as YAML.
+    A ConfigError names ``source`` and ``field`` (the option that gave them)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:  # an unclosed quote
+        raise ConfigError(f"{short_repr(text)}: {exc}", source=source, field=field) from None
+    if not words:
+        raise ConfigError("is empty: give changes as KEY=VALUE (e.g. parallel.zero=3)", source=source, field=field)
+    out = []
+    for word in words:
+        key, eq, raw = word.partition("=")
+        check_key(key if eq else "", source=source, field=field, what=word)
+        value = parse_value(key, raw, source=source, field=field)
+        if any(k == key for k, _ in out):
+            raise ConfigError(f"{key} is changed twice", source=source, field=field)
+        out.append((key, value))
+    return out
+
+
+def check_key(key: str, *, source: str, field: str, what: str) -> None:
+    """Refuse ``key`` unless it is a dotted key (``parallel.zero``); ``what``: the whole word."""
+    if not _KEY.fullmatch(key):
+        raise ConfigError(f"{short_repr(what)} is not KEY=VALUE with a dotted key (e.g. parallel.zero=3)",
+                          source=source, field=field)
+
+
+def parse_value(key: str, raw: str, *, source: str, field: str) -> Any:
+    """``raw`` read as a YAML value (an empty one as ""), or a ConfigError naming ``key``."""
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(f"{key}: {short_repr(raw)} is not a YAML value ({problem})", source=source,
+                          field=field) from None
+
+
+def apply_changes(data: dict[str, Any], changes: list[tuple[str, Any]], *, source: str) -> dict[str, Any]:
+    """A deep copy of the scenario ``data`` with ``changes`` made: each dotted key set (None:
+    removed), the mappings on its way made where missing. A key that runs through a value which
+    is not a mapping is refused (ConfigError naming the key)."""
+    out = copy.deepcopy(data)
+    for key, value in changes:
+        *path, last = key.split(".")
+        node = out
+        for i, part in enumerate(path):
+            nxt = node.get(part)
+            if nxt is None:
+                if value is None:  # removing a key under a section not there: nothing to do
+                    break
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                where = ".".join(path[:i + 1])
+                raise ConfigError(f"{where} is {short_repr(nxt)}, not a section with keys; {key} cannot be set",
+                                  source=source, field=key)
+            node = nxt
+        else:
+            if value is None:
+                node.pop(last, None)
+            else:
+                node[last] = value
+    return out
+
+
+def changes_text(changes: list[tuple[str, Any]]) -> str:
+    """The changes as the command line gives them, one ``KEY=VALUE`` each (YAML flow values,
+    quoted as a shell would need where they hold spaces): :func:`parse_changes` reads it back."""
+    return " ".join(shlex.quote(f"{k}={_flow(v)}") for k, v in changes)
+
+
+def _flow(value: Any) -> str:
+    if value is None:
+        return "null"
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
+
+
+def variant_source(path: str | Path, changes: list[tuple[str, Any]]) -> str:
+    """What error messages name a variant by: ``scenarios/x.yaml with parallel.pp=1 ...``."""
+    return f"{path} with {changes_text(changes)}"
+
+
+def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[str, Any] | None = None):
+    """The scenario of the file ``path`` (its contents ``data`` where read already) with
+    ``changes`` made, validated as the file is (relative paths from the file's folder); a
+    ConfigError names the variant (:func:`variant_source`)."""
+    from .config import load_scenario
+
+    source = variant_source(path, changes)
+    data = read_yaml(Path(path), what="scenario") if data is None else data
+    return load_scenario(apply_changes(data, changes, source=source), base_dir=Path(path).parent, source=source)

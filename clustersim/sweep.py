@@ -1,0 +1,289 @@
+"""A sweep of plans: one scenario with every combination of the values given, simulated and
+ranked (``clustersim sweep``).
+
+    python -m clustersim sweep scenarios/llama2_70b_64gpu.yaml \\
+        --vary parallel.tp=2,4,8 --vary parallel.pp=1,2,4,8 --vary training.recompute=selective,full
+
+Roughly::
+
+    for values in product(tp values, pp values, recompute values):      # in the order given
+        plan = the file with those values set                            (clustersim.overrides)
+        parallel.dp = GPUs / (tp x pp x cp) unless dp itself is varied   (dp follows)
+        refused by the scenario's rules?  -> listed with the rule's one line, not simulated
+        else simulate it as ``run`` does  -> step, tokens/s, MFU, bubble, exposed, peak memory
+    rank: plans that fit by tokens/s, then those that do not (the step they would take)
+
+The plans are independent, so ``--jobs N`` simulates them in N forked processes; the ranking
+and the files do not depend on N.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .yamlio import read_yaml, short_repr
+
+# the degrees whose product with dp is the world size (ep is carved out of dp; config)
+_MESH = ("parallel.tp", "parallel.pp", "parallel.cp")
+DP = "parallel.dp"
+SWEEP_FILES = ("sweep.json", "sweep.csv")
+# what a sweep keeps of each plan's summary (a thousand whole summaries would be hundreds of MB)
+FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction")
+CSV_COLUMNS = ("plan", "status") + FIGURES + ("compute_s", "exposed_comm_s", "bubble_s", "peak_bytes",
+                                              "capacity_bytes", "fits", "reason")
+
+
+def split_values(text: str) -> list[str]:
+    """``"1,2,[4, 4],'a,b'"`` as ``["1", "2", "[4, 4]", "'a,b'"]``: commas inside brackets,
+    braces or quotes do not split."""
+    out, depth, quote, cur = [], 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+def parse_vary(text: str, *, source: str = "command line", field: str = "--vary") -> tuple[str, list[Any]]:
+    """``"parallel.tp=1,2,4,8"`` as ``("parallel.tp", [1, 2, 4, 8])``: a dotted key and its
+    values, comma-separated (:func:`split_values`), each read as YAML."""
+    from .overrides import check_key, parse_value
+
+    key, eq, raw = text.partition("=")
+    where = f"{field} {text!r}"
+    if not eq:
+        raise ConfigError("is not KEY=V1,V2,... (e.g. parallel.tp=1,2,4,8)", source=source, field=where)
+    check_key(key, source=source, field=where, what=text)
+    values: list[Any] = []
+    for item in split_values(raw):
+        if not item.strip():
+            raise ConfigError(f"{key}: an empty value in {short_repr(raw)}", source=source, field=where)
+        value = parse_value(key, item.strip(), source=source, field=where)
+        if value in values:
+            raise ConfigError(f"{key}: {short_repr(item.strip())} is given twice", source=source, field=where)
+        values.append(value)
+    return key, values
+
+
+@dataclass
+class Plan:
+    """One plan of a sweep: its number (from 1, in the order of the product) and changes."""
+
+    number: int
+    changes: list[tuple[str, Any]]
+
+
+def plans_of(varies: list[tuple[str, list[Any]]]) -> list[Plan]:
+    """Every combination of the values, the first key's slowest (itertools.product)."""
+    keys = [k for k, _ in varies]
+    return [Plan(i + 1, list(zip(keys, values)))
+            for i, values in enumerate(itertools.product(*(v for _, v in varies)))]
+
+
+def _get(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: int) -> tuple[Plan, str | None]:
+    """The plan with ``parallel.dp`` made to follow (GPUs / (tp x pp x cp)), or the reason it
+    cannot: the changes made to ``data`` (the file's) give tp, pp, cp and ``cluster.nodes``."""
+    from .overrides import apply_changes
+
+    d = apply_changes(data, plan.changes, source="sweep")
+    nodes = _get(d, "cluster.nodes") or base_nodes
+    degrees = [_get(d, k) or 1 for k in _MESH]
+    if not all(isinstance(x, int) and x >= 1 for x in (nodes, *degrees)):
+        return plan, None  # validation names the bad value
+    gpus, mesh = nodes * gpus_per_node, degrees[0] * degrees[1] * degrees[2]
+    if gpus % mesh:
+        return plan, f"parallel: tp x pp x cp = {' x '.join(map(str, degrees))} = {mesh} does not divide the {gpus:,} GPUs"
+    return Plan(plan.number, plan.changes + [(DP, gpus // mesh)]), None
+
+
+def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool]) -> dict[str, Any]:
+    """Simulate one plan (a worker's job): its row, ``status`` ok or refused (with the rule's
+    ``reason``, the field and message of the ConfigError)."""
+    from .api import simulate
+    from .output.compare import step_split
+    from .overrides import load_variant
+
+    path, data, plan, fork = job
+    row: dict[str, Any] = {"plan": plan.number, "changes": dict(plan.changes)}
+    try:
+        s = simulate(load_variant(path, plan.changes, data), fork=fork).summary
+    except ConfigError as exc:
+        return {**row, "status": "refused", "reason": ": ".join(p for p in (exc.field, exc.message) if p)}
+    split = step_split(s)
+    mem = s["memory"]
+    return {**row, "status": "ok", **{k: s[k] for k in FIGURES}, "compute_s": split["compute_s"],
+            "exposed_comm_s": s["exposed_comm_s"], "bubble_s": split["bubble_s"], "peak_bytes": mem["peak_bytes"],
+            "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"]}
+
+
+def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, progress=None) -> dict[str, Any]:
+    """Simulate every plan of the sweep of ``path`` over ``varies``; the sweep as sweep.json
+    holds it: the file, the keys and values, whether dp follows, every plan's row in plan
+    order and the ranking (plan numbers, best first)."""
+    from .config import load_scenario
+
+    data = read_yaml(Path(path), what="scenario")
+    base = load_scenario(path)  # the file itself must be a valid scenario
+    _check_keys(path, data, varies)
+    keys = [k for k, _ in varies]
+    dp_follows = DP not in keys and any(k in keys for k in (*_MESH, "cluster.nodes"))
+    per_node = base.topology.node.gpus
+    todo, rows = [], {}
+    for plan in plans_of(varies):
+        if dp_follows:
+            plan, why = with_dp(data, plan, per_node, base.mesh.world_size // per_node)
+            if why is not None:
+                rows[plan.number] = {"plan": plan.number, "changes": dict(plan.changes), "status": "refused",
+                                     "reason": why}
+                continue
+        todo.append((path, data, plan, jobs == 1))
+    total = len(todo) + len(rows)
+    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) \
+        if jobs > 1 and len(todo) > 1 else None
+    done = False
+    try:
+        for row in (pool.imap_unordered(simulate_plan, todo) if pool else map(simulate_plan, todo)):
+            rows[row["plan"]] = row
+            if progress is not None:
+                progress(len(rows), total)
+        done = True
+    finally:
+        if pool is not None:
+            if done:
+                pool.close()
+            else:  # an error or an interrupt: the plans left are not wanted
+                pool.terminate()
+            pool.join()
+    ordered = [rows[n] for n in sorted(rows)]
+    return {"scenario": str(path), "vary": {k: v for k, v in varies}, "dp_follows": dp_follows,
+            "plans": ordered, "ranking": ranking(ordered)}
+
+
+def _check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any]]]) -> None:
+    """Refuse a varied key the scenario format does not have (a misspelt field would have
+    every plan refused for it): the file with the key's first value alone must not be refused
+    for that key being unknown."""
+    from .overrides import load_variant
+
+    for key, values in varies:
+        try:
+            load_variant(path, [(key, values[0])], data)
+        except ConfigError as exc:
+            if exc.field == key and exc.message.startswith("unknown key"):
+                raise
+        # (any other refusal is the plan's: listed with its rule)
+
+
+def _worker_signals() -> None:
+    """A worker leaves Ctrl-C to the sweep's process (which stops the pool) and ends on SIGTERM
+    as a process does by default, not by the command line's handler (which would print a
+    traceback from every worker the pool stops)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def ranking(rows: list[dict[str, Any]]) -> list[int]:
+    """Plan numbers of the simulated plans, best first: those that fit by tokens/s, then those
+    that do not by tokens/s (what they would give if they fit); a tie keeps the plan order."""
+    done = [r for r in rows if r["status"] == "ok"]
+    return [r["plan"] for r in sorted(done, key=lambda r: (not r["fits"], -r["tokens_per_s"], r["plan"]))]
+
+
+def _heads(keys: list[str]) -> list[str]:
+    """Column heads for the varied keys: the last part of each key where that is unique."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return [s if last.count(s) == 1 else k for s, k in zip(last, keys)]
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, (list, dict)):
+        return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
+    """The terminal's table: the ``top`` best plans, then how many more, then those refused."""
+    from .output.summary import GiB
+
+    keys = list(sweep["vary"]) + ([DP] if sweep["dp_follows"] else [])
+    rows = {r["plan"]: r for r in sweep["plans"]}
+    n, done = len(rows), len(sweep["ranking"])
+    refused = [r for r in sweep["plans"] if r["status"] == "refused"]
+    how = " x ".join(f"{k} ({len(v)})" for k, v in sweep["vary"].items())
+    lines = [f"clustersim · sweep {sweep['scenario']}: {n:,} plan{'s' if n != 1 else ''} ({how})"
+             + ("; dp follows: GPUs / (tp x pp x cp)" if sweep["dp_follows"] else ""),
+             "best first: the plans that fit by tokens/s, then those that do not (the step they would take)"]
+    heads = _heads(keys)
+    cols = [("#", lambda r: str(r["plan"]))] + [
+        (h, lambda r, k=k: _cell(r["changes"].get(k))) for h, k in zip(heads, keys)] + [
+        ("step s", lambda r: f"{r['step_time_s']:.3f}"),
+        ("tokens/s/GPU", lambda r: f"{r['tokens_per_s_per_gpu']:,.1f}"),
+        ("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
+        ("bubble", lambda r: f"{100 * r['bubble_fraction']:.1f} %"),
+        ("exposed s", lambda r: f"{r['exposed_comm_s']['total']:.3f}"),
+        ("peak GiB", lambda r: f"{r['peak_bytes'] / GiB:.1f}"),
+        ("fits", lambda r: "yes" if r["fits"] else "NO")]
+    shown = [rows[p] for p in sweep["ranking"][:top]]
+    table = [[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in shown] if shown else []
+    widths = [max(len(t[j]) for t in table) for j in range(len(cols))] if shown else []
+    for t in table:
+        lines.append("  ".join(c.rjust(w) for c, w in zip(t, widths)).rstrip())
+    if done > len(shown):
+        lines.append(f"... and {done - len(shown):,} more simulated (--top, or sweep.csv with --out)")
+    if not done:
+        lines.append("no plan could be simulated")
+    elif not rows[sweep["ranking"][0]]["fits"]:
+        lines.append("none fits in memory: each step is what it would take if it did")
+    if refused:
+        lines.append(f"refused by the scenario's rules: {len(refused):,} of {n:,}")
+        for r in refused[:top]:
+            what = " ".join(f"{h}={_cell(r['changes'].get(k))}" for h, k in zip(heads, keys) if k in r["changes"])
+            lines.append(f"  {what}: {r['reason']}")
+        if len(refused) > top:
+            lines.append(f"  ... and {len(refused) - top:,} more (sweep.json with --out)")
+    return "\n".join(lines)
+
+
+def sweep_csv(sweep: dict[str, Any]) -> str:
+    """sweep.csv: a line per plan in plan order, the varied keys' values, then the figures."""
+    import csv
+    import io
+
+    keys = list(sweep["vary"]) + ([DP] if sweep["dp_follows"] else [])
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([CSV_COLUMNS[0], *keys, *CSV_COLUMNS[1:]])
+    for r in sweep["plans"]:
+        vals = {**r, "exposed_comm_s": r["exposed_comm_s"]["total"] if "exposed_comm_s" in r else ""}
+        w.writerow([r["plan"], *(_cell(r["changes"].get(k)) for k in keys),
+                    *(vals.get(c, "") for c in CSV_COLUMNS[1:])])
+    return buf.getvalue()

@@ -1,0 +1,133 @@
+"""``clustersim compare``: plans side by side, each simulated as ``run`` simulates it, the
+step split into parts whose differences add up to the steps', and bad input refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import clustersim
+from clustersim.errors import ConfigError
+from clustersim.output.compare import config_differences, fastest, labels, step_split
+from clustersim.overrides import apply_changes, changes_text, parse_changes
+
+from .test_cli import run_cli
+
+ZERO3 = "scenarios/zero3_llama3_8b_16gpu.yaml"
+# the trade the scenario's comment names: ZeRO-3's gathers against a pipeline's bubble
+PIPELINE = "parallel.zero=1 parallel.pp=4 parallel.dp=4"
+
+
+def test_parse_changes_reads_yaml_values():
+    got = parse_changes("parallel.pp=2 'parallel.layers_per_stage=[10, 22]' training.recompute=full "
+                        "parallel.vpp_group=null model.moe.top_k=4 x.y=", source="s", field="f")
+    assert got == [("parallel.pp", 2), ("parallel.layers_per_stage", [10, 22]), ("training.recompute", "full"),
+                   ("parallel.vpp_group", None), ("model.moe.top_k", 4), ("x.y", "")]
+    assert parse_changes(changes_text(got), source="s", field="f") == got
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", "is empty"),
+    ("parallel.pp", "is not KEY=VALUE"),
+    ("=3", "is not KEY=VALUE"),
+    ("parallel..pp=3", "is not KEY=VALUE"),
+    ("parallel.pp=[1", "is not a YAML value"),
+    ("parallel.pp=1 parallel.pp=2", "changed twice"),
+    ("'parallel.pp=1", "quotation"),
+])
+def test_parse_changes_refuses(text, says):
+    with pytest.raises(ConfigError) as e:
+        parse_changes(text, source="command line", field="--variant")
+    assert e.value.source == "command line" and e.value.field == "--variant" and says in e.value.message
+
+
+def test_apply_changes_sets_removes_and_makes_sections():
+    data = {"parallel": {"tp": 8, "pp": 4, "vpp_group": 6}, "model": {"name": "m"}}
+    out = apply_changes(data, [("parallel.pp", 1), ("parallel.vpp_group", None), ("model.moe.top_k", 2),
+                               ("training.zz.q", None)], source="s")
+    assert out == {"parallel": {"tp": 8, "pp": 1}, "model": {"name": "m", "moe": {"top_k": 2}}}
+    assert data["parallel"] == {"tp": 8, "pp": 4, "vpp_group": 6}  # the original left as it was
+    with pytest.raises(ConfigError) as e:
+        apply_changes(data, [("parallel.tp.x", 1)], source="s")
+    assert e.value.field == "parallel.tp.x" and "parallel.tp is 8" in e.value.message
+
+
+def test_config_differences_in_field_order():
+    a = {"name": "a", "parallel": {"tp": 8, "pp": 4, "dp": 2}, "training": {"recompute": "none"}}
+    b = {"name": "b", "parallel": {"tp": 8, "pp": 1, "dp": 8}, "training": {"recompute": "none", "x": 1}}
+    assert config_differences(a, b) == [("parallel.pp", 4, 1), ("parallel.dp", 2, 8), ("training.x", None, 1)]
+    assert config_differences(a, a) == []
+
+
+def test_fastest_skips_plans_that_do_not_fit():
+    s = lambda t, fits: {"tokens_per_s": t, "memory": {"fits": fits}}  # noqa: E731
+    assert fastest([s(1.0, True), s(3.0, False), s(2.0, True)]) == 2
+    assert fastest([s(2.0, True), s(2.0, True)]) == 0
+    assert fastest([s(1.0, False)]) is None
+    assert labels(3) == ["A", "B", "C"] and labels(28)[26:] == ["P27", "P28"]
+
+
+def test_compare_a_pipeline_with_zero3(tmp_path, root):
+    out = tmp_path / "cmp"
+    r = run_cli("compare", ZERO3, "--variant", PIPELINE, "--variant", "parallel.zero=0", "--out", out, cwd=root)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "compare.json").read_text())
+    a, b, c = doc["plans"]
+    assert [p["label"] for p in doc["plans"]] == ["A", "B", "C"] and doc["baseline"] == "A"
+    assert b["differences"] == {"parallel.pp": [1, 4], "parallel.dp": [16, 4], "parallel.zero": [3, 1]}
+    assert c["differences"] == {"parallel.zero": [3, 0]} and a["differences"] == {}
+    assert b["changes"] == {"parallel.zero": 1, "parallel.pp": 4, "parallel.dp": 4} and a["changes"] is None
+    # each plan is simulated as run simulates it
+    direct = clustersim.simulate(clustersim.load_scenario(root / ZERO3)).summary
+    assert a["summary"]["step_time_s"] == direct["step_time_s"]
+    assert a["summary"]["memory"]["peak_bytes"] == direct["memory"]["peak_bytes"]
+    # the step splits into parts that add up to it, so their differences add up to the steps'
+    for p in doc["plans"]:
+        sp = p["step_split"]
+        assert math.isclose(sp["compute_s"] + sp["exposed_comm_s"] + sp["bubble_s"], sp["step_time_s"],
+                            rel_tol=1e-9)
+        assert sp == step_split(p["summary"])
+    # the trade: ZeRO-3 gathers over DP (exposed dp, no bubble); the pipeline idles, at least
+    # 1F1B's (p-1)/(m+p-1) = 3/19 of its step, more as its last stage also runs the 128K-token
+    # vocabulary's head (imbalance), and its DP reduces a quarter as often
+    assert a["step_split"]["bubble_s"] == 0 < a["step_split"]["exposed_dp_s"]
+    bubble = b["summary"]["bubble"]
+    assert 0.95 * 3 / 19 < b["summary"]["bubble_fraction"] < 0.5 and bubble["imbalance_s"] > 0
+    stages = [s["compute_s"] for s in b["summary"]["per_stage"]]
+    assert stages.index(max(stages)) == 3
+    assert b["step_split"]["exposed_dp_s"] < a["step_split"]["exposed_dp_s"]
+    # without ZeRO the 8B model's fp32 states (16 bytes a parameter) do not fit in 80 GB
+    assert not c["summary"]["memory"]["fits"] and a["summary"]["memory"]["fits"]
+    best = max((p for p in doc["plans"] if p["summary"]["memory"]["fits"]), key=lambda p: p["summary"]["tokens_per_s"])
+    assert doc["fastest_fitting"] == best["label"]
+    # the terminal says the same
+    lines = r.stdout.splitlines()
+    assert lines[0] == "clustersim · compare 3 plans"
+    assert "B vs A" in r.stdout and "parallel.pp 1 -> 4 · parallel.dp 16 -> 4 · parallel.zero 3 -> 1" in r.stdout
+    step_row = next(x for x in lines if x.startswith("step time"))
+    assert f"{a['summary']['step_time_s']:.3f} s" in step_row and f"{b['summary']['step_time_s']:.3f} s" in step_row
+    rel = 100 * (b["summary"]["step_time_s"] / a["summary"]["step_time_s"] - 1)
+    assert f"{rel:+.1f} %" in step_row
+    assert any(x.startswith("fastest") and x.split()[1] == doc["fastest_fitting"] for x in lines)
+    assert "C does not fit" in r.stdout
+    assert [p.name for p in out.iterdir()] == ["compare.json"]
+
+
+def test_compare_two_files_and_nothing_written_on_bad_input(tmp_path, root):
+    r = run_cli("compare", "scenarios/llama3_8b_8gpu.yaml", "scenarios/grad_accum_llama3_8b_8gpu.yaml", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "A   scenarios/llama3_8b_8gpu.yaml" in r.stdout and "B vs A" in r.stdout
+    out = tmp_path / "a" / "b"
+    for args, says in [
+        ((ZERO3,), "compare needs two plans or more"),
+        ((ZERO3, "--variant", "parallel.tp=3"), f"error: {ZERO3} with parallel.tp=3: parallel"),
+        ((ZERO3, "--variant", "parallel.tpp=2"), "parallel.tpp: unknown key (did you mean 'tp'?"),
+        ((ZERO3, "--variant", "parallel.zero=1", "--variant", "parallel.pp"), "is not KEY=VALUE"),
+        ((ZERO3, "missing.yaml"), "missing.yaml: scenario file not found"),
+    ]:
+        r = run_cli("compare", *args, "--out", out, cwd=root)
+        assert r.returncode == 2 and says in r.stderr and r.stdout == "" and "Traceback" not in r.stderr, (args, r.stderr)
+        assert len(r.stderr.splitlines()) == 1
+        assert not (tmp_path / "a").exists()

@@ -1,0 +1,120 @@
+"""``clustersim sweep``: every combination of the values given, simulated as ``run`` would,
+ranked, the same whatever the number of processes, and bad input refused."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+import clustersim
+from clustersim.errors import ConfigError
+from clustersim.overrides import load_variant
+from clustersim.sweep import Plan, parse_vary, plans_of, ranking, split_values, with_dp
+
+from .test_cli import run_cli
+
+ZERO3 = "scenarios/zero3_llama3_8b_16gpu.yaml"
+
+
+def test_split_and_parse_values():
+    assert split_values("1,2,[4, 4],'a,b',{x: 1, y: 2}") == ["1", "2", "[4, 4]", "'a,b'", "{x: 1, y: 2}"]
+    assert parse_vary("parallel.layers_per_stage=[10,22],[16,16]") == (
+        "parallel.layers_per_stage", [[10, 22], [16, 16]])
+    assert parse_vary("training.recompute=selective, full") == ("training.recompute", ["selective", "full"])
+    for text, says in [("parallel.tp", "is not KEY=V1,V2"), ("parallel.tp=1,,2", "an empty value"),
+                       ("parallel.tp=1,1", "given twice"), ("p..tp=1", "dotted key"),
+                       ("parallel.tp=[1", "is not a YAML value")]:
+        with pytest.raises(ConfigError) as e:
+            parse_vary(text)
+        assert says in e.value.message and e.value.field == f"--vary {text!r}"
+
+
+def test_plans_are_the_product_first_key_slowest():
+    got = plans_of([("a", [1, 2]), ("b", ["x", "y", "z"])])
+    assert [p.number for p in got] == list(range(1, 7))
+    assert [p.changes for p in got[:4]] == [[("a", 1), ("b", "x")], [("a", 1), ("b", "y")], [("a", 1), ("b", "z")],
+                                             [("a", 2), ("b", "x")]]
+
+
+def test_dp_follows_the_other_degrees():
+    data = {"cluster": {"nodes": 2}, "parallel": {"tp": 1, "pp": 1, "dp": 16}}
+    plan, why = with_dp(data, Plan(1, [("parallel.pp", 4)]), 8, 2)
+    assert why is None and plan.changes == [("parallel.pp", 4), ("parallel.dp", 4)]
+    plan, why = with_dp(data, Plan(2, [("parallel.tp", 2), ("cluster.nodes", 4)]), 8, 2)
+    assert plan.changes[-1] == ("parallel.dp", 16)
+    _, why = with_dp(data, Plan(3, [("parallel.pp", 3)]), 8, 2)
+    assert why == "parallel: tp x pp x cp = 1 x 3 x 1 = 3 does not divide the 16 GPUs"
+
+
+def test_ranking_fits_first_then_tokens():
+    rows = [{"plan": 1, "status": "ok", "fits": False, "tokens_per_s": 9.0},
+            {"plan": 2, "status": "ok", "fits": True, "tokens_per_s": 1.0},
+            {"plan": 3, "status": "refused"},
+            {"plan": 4, "status": "ok", "fits": True, "tokens_per_s": 2.0},
+            {"plan": 5, "status": "ok", "fits": True, "tokens_per_s": 2.0}]
+    assert ranking(rows) == [4, 5, 2, 1]
+
+
+def test_sweep_zero3_against_a_pipeline(tmp_path, root):
+    outs = []
+    for jobs in (1, 2):
+        out = tmp_path / f"j{jobs}"
+        r = run_cli("sweep", ZERO3, "--vary", "parallel.pp=1,2,3,4", "--vary", "parallel.zero=1,3", "--jobs", jobs,
+                    "--out", out, cwd=root)
+        assert r.returncode == 0, r.stderr
+        outs.append((out, r.stdout))
+    (out, stdout), (out2, _) = outs
+    # the files do not depend on the processes
+    for name in ("sweep.json", "sweep.csv"):
+        assert (out / name).read_bytes() == (out2 / name).read_bytes()
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["dp_follows"] and sweep["vary"] == {"parallel.pp": [1, 2, 3, 4], "parallel.zero": [1, 3]}
+    rows = {r["plan"]: r for r in sweep["plans"]}
+    assert sorted(rows) == list(range(1, 9))
+    refused = [r for r in sweep["plans"] if r["status"] == "refused"]
+    assert [r["changes"]["parallel.pp"] for r in refused] == [3, 3]
+    assert all("does not divide the 16 GPUs" in r["reason"] for r in refused)
+    ok = [r for r in sweep["plans"] if r["status"] == "ok"]
+    assert all(r["changes"]["parallel.dp"] == 16 // r["changes"]["parallel.pp"] for r in ok)
+    # ranked: those that fit by tokens/s, then the others
+    ranked = [rows[n] for n in sweep["ranking"]]
+    assert sorted(n for n in sweep["ranking"]) == sorted(r["plan"] for r in ok)
+    fits = [r["fits"] for r in ranked]
+    assert fits == sorted(fits, reverse=True)
+    for a, b in zip(ranked, ranked[1:]):
+        assert a["fits"] != b["fits"] or a["tokens_per_s"] >= b["tokens_per_s"]
+    # each row is what simulating that variant gives
+    pick = rows[4]  # pp 2, ZeRO-3
+    s = clustersim.simulate(load_variant(root / ZERO3, list(pick["changes"].items()))).summary
+    assert pick["step_time_s"] == s["step_time_s"] and pick["peak_bytes"] == s["memory"]["peak_bytes"]
+    assert pick["changes"] == {"parallel.pp": 2, "parallel.zero": 3, "parallel.dp": 8}
+    # a pipeline's bubble grows with pp at the same batch; ZeRO-3 saves memory over ZeRO-1
+    z1 = {r["changes"]["parallel.pp"]: r for r in ok if r["changes"]["parallel.zero"] == 1}
+    assert z1[1]["bubble_fraction"] < z1[2]["bubble_fraction"] < z1[4]["bubble_fraction"]
+    z3 = {r["changes"]["parallel.pp"]: r for r in ok if r["changes"]["parallel.zero"] == 3}
+    assert all(z3[p]["peak_bytes"] < z1[p]["peak_bytes"] for p in (1, 2, 4))
+    # the csv has a line per plan, the terminal the ranking
+    lines = list(csv.DictReader(io.StringIO((out / "sweep.csv").read_text())))
+    assert [int(x["plan"]) for x in lines] == list(range(1, 9))
+    assert lines[3]["parallel.dp"] == "8" and float(lines[3]["step_time_s"]) == pick["step_time_s"]
+    table = stdout.splitlines()
+    first = table.index(next(x for x in table if x.lstrip().startswith("#")))
+    assert [int(x.split()[0]) for x in table[first + 1:first + 1 + len(ok)]] == sweep["ranking"]
+    assert "refused by the scenario's rules: 2 of 8" in stdout
+
+
+def test_sweep_bad_input_writes_nothing(tmp_path, root):
+    out = tmp_path / "x" / "y"
+    for args, says in [
+        ((), "give what to vary"),
+        (("--vary", "parallel.pp=1,2", "--vary", "parallel.pp=4"), "parallel.pp is varied twice"),
+        (("--vary", "parallel.ppp=1,2"), "parallel.ppp: unknown key"),
+        (("--vary", "parallel.pp=1", "--jobs", "0"), "--jobs: must be at least 1"),
+        (("--vary", "parallel.pp=3,5"), "no plan of the sweep could be simulated"),
+    ]:
+        r = run_cli("sweep", ZERO3, *args, "--out", out, cwd=root)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert not (tmp_path / "x").exists()
