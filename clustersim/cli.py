@@ -55,8 +55,9 @@ class _Staging:
     the end: nothing is left half-written, and a run that fails (a broken invariant, an
     interrupt) leaves neither files nor the folders it made for them."""
 
-    def __init__(self, out: Path):
-        self.out, self.tmp, self.made, self.moved = out, None, [], False
+    def __init__(self, out: Path, files: tuple[str, ...] = OUTPUT_FILES, ours: str | None = None):
+        self.out, self.files, self.tmp, self.made, self.moved = out, files, None, [], False
+        self.ours = re.compile(ours) if ours else None  # names of files an earlier command wrote, stale if not now
 
     def folder(self) -> Path:
         if self.tmp is None:
@@ -71,14 +72,35 @@ class _Staging:
         tmp, out = self.folder(), self.out
         out.mkdir(parents=True, exist_ok=True)
         written = []
-        for name in OUTPUT_FILES:  # a file of an earlier run that this run did not write is stale
+        for name in self.files:  # a file of an earlier run that this run did not write is stale
             if (tmp / name).exists():
                 os.replace(tmp / name, out / name)
                 written.append(out / name)
             else:
                 (out / name).unlink(missing_ok=True)
+        if self.ours is not None:  # (an earlier compare of more plans wrote more reports)
+            for p in sorted(out.iterdir()):
+                if self.ours.fullmatch(p.name) and p.name not in self.files and p.is_file():
+                    p.unlink()
         self.moved = True
         return sorted(written)
+
+    def opened(self) -> Path:
+        """:meth:`folder`, a folder that cannot be made said as bad input (``--out``)."""
+        try:
+            return self.folder()
+        except OSError as exc:
+            raise ConfigError(f"cannot write in {self.out}: {exc.strerror or exc}", source="command line",
+                              field="--out") from None
+
+    def moved_in(self) -> list[Path]:
+        """:meth:`move_in`, a failure the checks before the run cannot foresee (a disk gone
+        read-only) said as bad input (``--out``)."""
+        try:
+            return self.move_in()
+        except OSError as exc:
+            raise ConfigError(f"cannot write the outputs into {self.out}: {exc.strerror or exc}",
+                              source="command line", field="--out") from None
 
     def clean(self) -> None:
         if self.tmp is not None:
@@ -186,11 +208,7 @@ def cmd_run(args) -> int:
     if problem is not None:
         raise ConfigError(problem, source="command line", field="--out")
     try:
-        try:  # the temp folder now, so that a folder the files cannot go to is said before the run
-            staging.folder()
-        except OSError as exc:
-            raise ConfigError(f"cannot write in {out}: {exc.strerror or exc}", source="command line",
-                              field="--out") from None
+        staging.opened()  # the temp folder now, so that a folder the files cannot go to is said before the run
         t0 = time.perf_counter()
         result = simulate(sc, collapse=False if args.all_ranks else None, repeat=False if args.no_repeat else None,
                           check=not args.no_check, after_run=after_run, keep=args.keep, fork=True)
@@ -204,12 +222,8 @@ def cmd_run(args) -> int:
             if trace_gpus is not None:
                 _write_gpus_trace(tmp / "trace.json.gz", result, trace_gpus)
             result.finish_checks()  # those the writer took (a violation: nothing is moved in)
-            try:
-                written = staging.move_in()
-                args.written = out  # (an interrupt from now on says the files are there)
-            except OSError as exc:  # what the checks before the run cannot foresee (a disk gone read-only)
-                raise ConfigError(f"cannot write the outputs into {out}: {exc.strerror or exc}",
-                                  source="command line", field="--out") from None
+            written = staging.moved_in()
+            args.written = out  # (an interrupt from now on says the files are there)
         print(format_summary(result.summary))
         print(_simulated_line(result.summary, wall_s))
         print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
@@ -228,10 +242,14 @@ def cmd_run(args) -> int:
 def cmd_compare(args) -> int:
     """Simulate every plan given (the files, then the first file with each ``--variant``'s
     changes), all checked before the first is simulated; print them side by side and, with
-    ``--out``, write compare.json (clustersim.output.compare)."""
+    ``--out``, write compare.json (clustersim.output.compare) and each plan's report, as
+    ``run`` writes it, named by the plan's label; nothing is moved in before all are done."""
     from .api import simulate
     from .config import load_scenario
-    from .output.compare import COMPARE_FILE, compare_json, config_differences, format_compare, labels
+    from .forking import ctrl_c_held
+    from .output.background import write_files
+    from .output.compare import (COMPARE_FILE, REPORT_NAMES, compare_json, config_differences, format_compare, labels,
+                                 report_name)
     from .output.summary import to_json
     from .overrides import load_variant, parse_changes, variant_source
 
@@ -243,14 +261,8 @@ def cmd_compare(args) -> int:
         raise ConfigError("compare needs two plans or more: give another scenario file, or the first one's changes "
                           "with --variant (e.g. --variant \"parallel.pp=1 parallel.zero=3\")", source="command line",
                           field="scenarios")
-    out = None
-    if args.out is not None:
-        if args.out == "":
-            raise ConfigError("the output folder's path is empty", source="command line", field="--out")
-        out = Path(args.out).resolve() if ".." in Path(args.out).parts else Path(args.out)
-        problem = _out_problem(out, (COMPARE_FILE,))
-        if problem is not None:
-            raise ConfigError(problem, source="command line", field="--out")
+    files = (COMPARE_FILE, *(report_name(label) for label in names))
+    out = _given_out(args.out, files)
     plans = [{"label": names[i], "source": path, "file": path, "changes": None, "scenario": load_scenario(path)}
              for i, path in enumerate(args.scenarios)]
     first = args.scenarios[0]
@@ -259,22 +271,51 @@ def cmd_compare(args) -> int:
         plans.append({"label": label, "source": variant_source(first, changes), "file": first,
                       "changes": dict(changes), "scenario": load_variant(first, changes)})
     base_cfg = plans[0]["scenario"].cfg.model_dump(mode="json")
+    staging = _Staging(out, files, REPORT_NAMES) if out is not None else None
     walls = []
-    for p in plans:
-        sc = p.pop("scenario")
-        p["differences"] = config_differences(base_cfg, sc.cfg.model_dump(mode="json"))
-        t0 = time.perf_counter()
-        p["summary"] = simulate(sc, fork=True).summary
-        walls.append(time.perf_counter() - t0)
-    written = None
-    if out is not None:
-        written = _write_atomic(out, COMPARE_FILE, to_json(compare_json(plans)))
-        args.written = out
+    written = []
+    try:
+        if staging is not None:
+            staging.opened()  # (a folder the files cannot go to is said before the plans are simulated)
+        for p in plans:
+            sc = p.pop("scenario")
+            p["differences"] = config_differences(base_cfg, sc.cfg.model_dump(mode="json"))
+            t0 = time.perf_counter()
+            result = simulate(sc, fork=True)
+            walls.append(time.perf_counter() - t0)
+            p["summary"] = result.summary
+            if staging is not None and not args.no_report:  # each plan's timeline, to look at side by side
+                tmp = staging.folder()
+                write_files(tmp, result.trace, result.summary, report=True, trace_file=False)
+                os.replace(tmp / "report.html", tmp / report_name(p["label"]))
+            del result
+        if staging is not None:
+            (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)))
+            written = staging.moved_in()
+            args.written = out
+    finally:
+        if staging is not None:
+            with ctrl_c_held():
+                staging.clean()
     print(format_compare(plans))
     print(f"{'simulated':<24}" + " · ".join(f"{p['label']} in {w:.1f} s" for p, w in zip(plans, walls)))
-    if written is not None:
-        print(f"{'wrote':<24}{written}")
+    if written:
+        print(f"{'wrote':<24}" + ", ".join(map(str, written)))
     return 0
+
+
+def _given_out(given: str | None, files: tuple[str, ...]) -> Path | None:
+    """The folder ``--out`` names (None where not given), refused where ``files`` cannot go
+    into it."""
+    if given is None:
+        return None
+    if given == "":
+        raise ConfigError("the output folder's path is empty", source="command line", field="--out")
+    out = Path(given).resolve() if ".." in Path(given).parts else Path(given)
+    problem = _out_problem(out, files)
+    if problem is not None:
+        raise ConfigError(problem, source="command line", field="--out")
+    return out
 
 
 MAX_SWEEP_PLANS = 100_000  # a sweep's combinations; each plan's row is kept until the end
@@ -283,8 +324,9 @@ MAX_SWEEP_PLANS = 100_000  # a sweep's combinations; each plan's row is kept unt
 def cmd_sweep(args) -> int:
     """Simulate every combination of the ``--vary`` values on the scenario, print the plans
     ranked and, with ``--out``, write sweep.json and sweep.csv (clustersim.sweep)."""
-    from .sweep import SWEEP_FILES, format_sweep, parse_vary, run_sweep, sweep_csv
+    from .forking import ctrl_c_held
     from .output.summary import to_json
+    from .sweep import SWEEP_FILES, format_sweep, parse_vary, run_sweep, sweep_csv
 
     _given_scenario(args.scenario)
     src = "command line"
@@ -305,14 +347,7 @@ def cmd_sweep(args) -> int:
     for flag, value in (("--jobs", args.jobs), ("--top", args.top)):
         if value < 1:
             raise ConfigError(f"must be at least 1 (got {value})", source=src, field=flag)
-    out = None
-    if args.out is not None:
-        if args.out == "":
-            raise ConfigError("the output folder's path is empty", source=src, field="--out")
-        out = Path(args.out).resolve() if ".." in Path(args.out).parts else Path(args.out)
-        problem = _out_problem(out, SWEEP_FILES)
-        if problem is not None:
-            raise ConfigError(problem, source=src, field="--out")
+    out = _given_out(args.out, SWEEP_FILES)
     tty = sys.stderr.isatty()
 
     def progress(done: int, total: int) -> None:
@@ -331,34 +366,18 @@ def cmd_sweep(args) -> int:
     print(f"{'simulated':<16}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
           + (f" with {args.jobs} processes" if args.jobs > 1 else ""))
     if out is not None:
-        written = [_write_atomic(out, SWEEP_FILES[0], to_json(sweep)), _write_atomic(out, SWEEP_FILES[1], sweep_csv(sweep))]
-        args.written = out
+        staging = _Staging(out, SWEEP_FILES)
+        try:
+            tmp = staging.opened()
+            (tmp / SWEEP_FILES[0]).write_text(to_json(sweep))
+            (tmp / SWEEP_FILES[1]).write_text(sweep_csv(sweep))
+            written = staging.moved_in()
+            args.written = out
+        finally:
+            with ctrl_c_held():
+                staging.clean()
         print(f"{'wrote':<16}" + ", ".join(map(str, written)))
     return 0
-
-
-def _write_atomic(out: Path, name: str, text: str) -> Path:
-    """Write ``text`` as ``out/name`` (the folder made if missing) through a temp file moved in
-    whole: an interrupted or failed write leaves no half file."""
-    made = [d for d in (out, *out.parents) if not d.exists()]
-    tmp = None
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=STAGING_PREFIX, dir=out)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, out / name)
-        return out / name
-    except OSError as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        for d in made:  # deepest first
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        raise ConfigError(f"cannot write {name} into {out}: {exc.strerror or exc}", source="command line",
-                          field="--out") from None
 
 
 def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
@@ -572,7 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one more plan: the first file with these changes, KEY=VALUE with dotted keys, e.g. "
                           "--variant \"parallel.pp=1 parallel.dp=8 parallel.zero=3\" (repeatable; a value is read "
                           "as YAML, null removes the key)")
-    cmp.add_argument("--out", help="write compare.json (every plan's summary and differences) into this folder")
+    cmp.add_argument("--out", help="write compare.json (every plan's summary and differences) and each plan's "
+                                   "report, report_A.html, report_B.html ..., into this folder")
+    cmp.add_argument("--no-report", action="store_true", help="with --out, skip the plans' reports")
     cmp.set_defaults(func=cmd_compare)
 
     sw = sub.add_parser("sweep", help="simulate every combination of the values given on one scenario and rank "

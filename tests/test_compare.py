@@ -112,6 +112,14 @@ def test_compare_a_pipeline_with_zero3(tmp_path, root):
     assert f"{rel:+.1f} %" in step_row
     assert any(x.startswith("fastest") and x.split()[1] == doc["fastest_fitting"] for x in lines)
     assert "C does not fit" in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "report_A.html", "report_B.html", "report_C.html"]
+    # each plan's report is the one run writes
+    r = run_cli("run", ZERO3, "--no-trace", "--out", tmp_path / "run", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert (out / "report_A.html").read_bytes() == (tmp_path / "run" / "report.html").read_bytes()
+    # again without reports: those of the earlier compare are stale, and go
+    r = run_cli("compare", ZERO3, "--variant", PIPELINE, "--no-report", "--out", out, cwd=root)
+    assert r.returncode == 0, r.stderr
     assert [p.name for p in out.iterdir()] == ["compare.json"]
 
 

@@ -33,6 +33,14 @@ KINDS = ("tp", "cp", "ep", "pp", "dp")
 _NOT_COMPARED = ("name", "description")
 
 
+def report_name(label: str) -> str:
+    """A plan's report.html, as ``compare --out`` names it: report_A.html."""
+    return f"report_{label}.html"
+
+
+REPORT_NAMES = r"report_([A-Z]|P[0-9]+)\.html"  # every name report_name gives (labels)
+
+
 def labels(n: int) -> list[str]:
     """A, B, ... Z, then P27, P28, ...: short column heads."""
     return [chr(ord("A") + i) if i < 26 else f"P{i + 1}" for i in range(n)]
@@ -152,7 +160,7 @@ def _verdict(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
     if others:
         nxt = max(others, key=lambda i: summaries[i]["tokens_per_s"])
         gain = summaries[best]["tokens_per_s"] / summaries[nxt]["tokens_per_s"] - 1
-        text += f"; {100 * gain:.1f} % more than {names[nxt]}"
+        text += f"; {100 * gain:.1f} % more than {names[nxt]}" if gain >= 5e-4 else f"; level with {names[nxt]}"
     lines.append(f"{'fastest':<24}{text})")
     unfit = [names[i] for i, s in enumerate(summaries) if not s["memory"]["fits"]]
     if unfit:
