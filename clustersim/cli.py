@@ -1,4 +1,4 @@
-"""Command line: ``python -m clustersim run | compare | sweep | schedule | validate | schema | collective``.
+"""Command line: ``python -m clustersim run | compare | sweep | advise | schedule | validate | schema | collective``.
 
     python -m clustersim run scenarios/gpt3_175b_1024gpu.yaml --out out/gpt3
     python -m clustersim compare scenarios/llama2_70b_64gpu.yaml --variant "parallel.pp=1 parallel.dp=8 parallel.zero=3"
@@ -301,6 +301,57 @@ def cmd_compare(args) -> int:
     print(f"{'simulated':<24}" + " · ".join(f"{p['label']} in {w:.1f} s" for p, w in zip(plans, walls)))
     if written:
         print(f"{'wrote':<24}" + ", ".join(map(str, written)))
+    return 0
+
+
+def cmd_advise(args) -> int:
+    """Search the plans around the guide's options for the scenario, simulate and rank them,
+    check the guide's rule; with ``--out``, write advise.json and advise.csv (clustersim.advise)."""
+    from .advise import ADVISE_FILES, format_advice, run_advise
+    from .forking import ctrl_c_held
+    from .output.summary import to_json
+    from .sweep import parse_vary, sweep_csv
+
+    _given_scenario(args.scenario)
+    src = "command line"
+    varies = [parse_vary(v, source=src) for v in args.vary or []]
+    keys = [k for k, _ in varies]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise ConfigError(f"{k} is varied twice; give its values in one --vary", source=src, field="--vary")
+    for flag, value in (("--jobs", args.jobs), ("--top", args.top)):
+        if value < 1:
+            raise ConfigError(f"must be at least 1 (got {value})", source=src, field=flag)
+    out = _given_out(args.out, ADVISE_FILES)
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rsimulated {done:,} of {total:,} plans", end="", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    advice = run_advise(args.scenario, varies, jobs=args.jobs, progress=progress if tty else None)
+    wall_s = time.perf_counter() - t0
+    if tty:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    print(format_advice(advice, args.top))
+    if not advice["ranking"]:
+        print("error: no plan of the search could be simulated; nothing written", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    done = len(advice["ranking"])
+    print(f"{'simulated':<12}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
+          + (f" with {args.jobs} processes" if args.jobs > 1 else ""))
+    if out is not None:
+        staging = _Staging(out, ADVISE_FILES)
+        try:
+            tmp = staging.opened()
+            (tmp / ADVISE_FILES[0]).write_text(to_json(advice))
+            (tmp / ADVISE_FILES[1]).write_text(sweep_csv(advice))
+            written = staging.moved_in()
+            args.written = out
+        finally:
+            with ctrl_c_held():
+                staging.clean()
+        print(f"{'wrote':<12}" + ", ".join(map(str, written)))
     return 0
 
 
@@ -608,6 +659,18 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", help="write sweep.json and sweep.csv (every plan, refused ones with the rule) into "
                                   "this folder")
     sw.set_defaults(func=cmd_sweep)
+
+    adv = sub.add_parser("advise", help="search the plans around the parallelism guide's options for a scenario's "
+                                        "model, cluster and batch; rank them and check the guide's rule")
+    adv.add_argument("scenario", help="scenario YAML file: the model, cluster, batch and precision (its plan is a "
+                                      "starting point for the settings the search does not vary)")
+    adv.add_argument("--vary", action="append", metavar="KEY=V1,V2,...",
+                     help="replace a searched dimension's values (e.g. --vary parallel.tp=8) or add one (e.g. "
+                          "--vary parallel.schedule=1f1b,interleaved); repeatable")
+    adv.add_argument("--jobs", type=int, default=1, help="simulate plans in this many processes (default 1)")
+    adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
+    adv.add_argument("--out", help="write advise.json and advise.csv (every plan searched) into this folder")
+    adv.set_defaults(func=cmd_advise)
 
     sc = sub.add_parser("schema", help="print the JSON schema of the scenario (or topology) format")
     sc.add_argument("--topology", action="store_true", help="the topology format's schema instead")

@@ -163,8 +163,20 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
                 rows[plan.number] = {"plan": plan.number, "changes": dict(plan.changes), "status": "refused",
                                      "reason": why}
                 continue
-        todo.append((path, data, plan, jobs == 1))
-    total = len(todo) + len(rows)
+        todo.append(plan)
+    simulate_plans(path, data, todo, rows, jobs=jobs, progress=progress)
+    ordered = [rows[n] for n in sorted(rows)]
+    return {"scenario": str(path), "vary": {k: v for k, v in varies}, "dp_follows": dp_follows,
+            "plans": ordered, "ranking": ranking(ordered)}
+
+
+def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dict[int, dict[str, Any]], *,
+                   jobs: int = 1, progress=None) -> None:
+    """Simulate ``plans`` (the file ``path``, read as ``data``, with each plan's changes), in
+    ``jobs`` forked processes where more than one, adding each plan's row to ``rows`` (which
+    may hold refused plans already) by its number. ``progress(done, total)`` after each."""
+    total = len(plans) + len(rows)
+    todo = [(path, data, plan, jobs == 1) for plan in plans]
     pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) \
         if jobs > 1 and len(todo) > 1 else None
     done = False
@@ -181,9 +193,6 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
             else:  # an error or an interrupt: the plans left are not wanted
                 pool.terminate()
             pool.join()
-    ordered = [rows[n] for n in sorted(rows)]
-    return {"scenario": str(path), "vary": {k: v for k, v in varies}, "dp_follows": dp_follows,
-            "plans": ordered, "ranking": ranking(ordered)}
 
 
 def _check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any]]]) -> None:
@@ -232,16 +241,24 @@ def _cell(v: Any) -> str:
 
 def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
     """The terminal's table: the ``top`` best plans, then how many more, then those refused."""
-    from .output.summary import GiB
-
-    keys = list(sweep["vary"]) + ([DP] if sweep["dp_follows"] else [])
-    rows = {r["plan"]: r for r in sweep["plans"]}
-    n, done = len(rows), len(sweep["ranking"])
-    refused = [r for r in sweep["plans"] if r["status"] == "refused"]
+    n = len(sweep["plans"])
     how = " x ".join(f"{k} ({len(v)})" for k, v in sweep["vary"].items())
     lines = [f"clustersim · sweep {sweep['scenario']}: {n:,} plan{'s' if n != 1 else ''} ({how})"
              + ("; dp follows: GPUs / (tp x pp x cp)" if sweep["dp_follows"] else ""),
              "best first: the plans that fit by tokens/s, then those that do not (the step they would take)"]
+    return "\n".join(lines + table_lines(sweep, top))
+
+
+def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = None, note_head: str = "",
+                files: str = "sweep.csv with --out", refused_shown: int | None = None) -> list[str]:
+    """The ranked plans' table (the varied keys, then the figures; ``notes`` a last column by
+    plan number), how many more were simulated, and the plans refused with their rule."""
+    from .output.summary import GiB
+
+    keys = list(sweep["vary"]) + ([DP] if sweep["dp_follows"] and DP not in sweep["vary"] else [])
+    rows = {r["plan"]: r for r in sweep["plans"]}
+    n, done = len(rows), len(sweep["ranking"])
+    refused = [r for r in sweep["plans"] if r["status"] == "refused"]
     heads = _heads(keys)
     cols = [("#", lambda r: str(r["plan"]))] + [
         (h, lambda r, k=k: _cell(r["changes"].get(k))) for h, k in zip(heads, keys)] + [
@@ -253,24 +270,28 @@ def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
         ("peak GiB", lambda r: f"{r['peak_bytes'] / GiB:.1f}"),
         ("fits", lambda r: "yes" if r["fits"] else "NO")]
     shown = [rows[p] for p in sweep["ranking"][:top]]
-    table = [[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in shown] if shown else []
-    widths = [max(len(t[j]) for t in table) for j in range(len(cols))] if shown else []
-    for t in table:
-        lines.append("  ".join(c.rjust(w) for c, w in zip(t, widths)).rstrip())
+    lines = []
+    if shown:
+        table = [[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in shown]
+        widths = [max(len(t[j]) for t in table) for j in range(len(cols))]
+        for t, r in zip(table, [None, *shown]):
+            note = (note_head if r is None else (notes or {}).get(r["plan"], "")) if notes is not None else ""
+            lines.append(("  ".join(c.rjust(w) for c, w in zip(t, widths)) + "  " + note).rstrip())
     if done > len(shown):
-        lines.append(f"... and {done - len(shown):,} more simulated (--top, or sweep.csv with --out)")
+        lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:
         lines.append("no plan could be simulated")
     elif not rows[sweep["ranking"][0]]["fits"]:
         lines.append("none fits in memory: each step is what it would take if it did")
     if refused:
         lines.append(f"refused by the scenario's rules: {len(refused):,} of {n:,}")
-        for r in refused[:top]:
+        shown_n = top if refused_shown is None else refused_shown
+        for r in refused[:shown_n]:
             what = " ".join(f"{h}={_cell(r['changes'].get(k))}" for h, k in zip(heads, keys) if k in r["changes"])
             lines.append(f"  {what}: {r['reason']}")
-        if len(refused) > top:
-            lines.append(f"  ... and {len(refused) - top:,} more (sweep.json with --out)")
-    return "\n".join(lines)
+        if len(refused) > shown_n:
+            lines.append(f"  ... and {len(refused) - shown_n:,} more ({files.replace('.csv', '.json')})")
+    return lines
 
 
 def sweep_csv(sweep: dict[str, Any]) -> str:

@@ -1,0 +1,373 @@
+"""Which plan to use: the plans around the parallelism guide's options for this model and
+cluster, simulated and ranked, and the guide's rule checked against them (``clustersim
+advise``).
+
+The model, the cluster, the batch, the precision and the attention are the scenario's; the
+plan is searched::
+
+    tp         1, 2, 4, 8 (at most a node's GPUs; dividing the heads)
+    pp         1, 2, 4, 8, 16 (dividing the layers)
+    cp         1, or 1 to 16 for sequences of 32K tokens and more   (guide: "For large
+               sequence length (128K+), use CP")
+    ep         MoE only: 1 to 64, dividing the experts and DP        ("If your model is MoE,
+               use EP in addition")
+    zero       1, 2, 3 without a pipeline; 1, 2 with one (ZeRO-3 re-gathers every microbatch's
+               parameters on each stage: "additional communication is needed")
+    recompute  none, selective, full
+    dp         the GPUs left: GPUs / (tp x pp x cp)
+
+with sequence parallelism wherever tp > 1, the scenario's schedule where it is 1F1B, GPipe or
+ZB-H1 (else 1F1B), and its other settings where the plan allows them. ``--vary KEY=V1,V2``
+replaces a dimension's values (``--vary parallel.tp=8``) or adds one (``--vary
+parallel.schedule=1f1b,interleaved``). Plans the scenario's rules refuse are counted, not
+simulated.
+
+The guide's rule for the case (``../shared/reference/parallelism-guide.txt``, "Choose your
+parallelism technique"), by the model's parameters N and the GPUs G::
+
+    N < 10B and G <= 8     TP=8, or ZeRO-3 with DP and full recompute
+    N <= 100B              TP=8 and PP, or TP=8 with DP + ZeRO-3, or only ZeRO-3
+    G <= 512               DP with TP=8, or DP with PP (ZeRO-3 inefficient)
+    G > 1024               TP=8 with ZeRO-2 and PP
+    (513-1024 GPUs above 100B: the guide says nothing; both neighbours' options are shown)
+
+"TP=8" is TP over a node's GPUs (8 on DGX and HGX nodes). Each option's best plan is shown
+beside the best plan found, with how much slower it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .sweep import DP, Plan, _check_keys, ranking, simulate_plans, table_lines
+from .yamlio import read_yaml
+
+DIMS = ("parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep", "parallel.zero", "training.recompute")
+RECOMPUTES = ("none", "selective", "full")
+LONG_SEQ = 32 * 1024  # from here CP is searched (the guide: 128K+; it already pays at 32K on some plans)
+ADVISE_FILES = ("advise.json", "advise.csv")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One of the guide's suggestions, as a test on a plan's values (``tp``, ``pp``, ``dp``,
+    ``cp``, ``ep``, ``zero``, ``recompute``)."""
+
+    name: str
+    test: Callable[[dict[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The guide's rule for a case: its words and its options."""
+
+    says: str
+    options: tuple[Option, ...]
+
+
+def guide_rule(params: float, gpus: int, node_tp: int) -> Rule:
+    """The guide's rule for a model of ``params`` parameters on ``gpus`` GPUs (``node_tp``:
+    what "TP=8" means here, TP over a node's GPUs)."""
+    t8 = node_tp
+    tp8_pp = Option(f"TP={t8} and PP", lambda v: v["tp"] == t8 and v["pp"] > 1)
+    if params < 10e9 and gpus <= 8:
+        return Rule("For small models (< 10B parameters), use TP (TP=8) or ZeRO-3 with DP and Full recompute in 8 GPUs",
+                    (Option(f"TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1),
+                     Option("ZeRO-3 with DP and full recompute",
+                            lambda v: v["tp"] == 1 and v["pp"] == 1 and v["zero"] == 3 and v["recompute"] == "full")))
+    if params <= 100e9:
+        return Rule("For models with up to 100B parameters, use more than 8 GPUs: TP=8 and PP, or TP=8 with DP+ZeRO3, "
+                    "or only ZeRO3",
+                    (tp8_pp,
+                     Option(f"TP={t8} with DP+ZeRO3", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["zero"] == 3
+                            and v["dp"] > 1),
+                     Option("only ZeRO3", lambda v: v["tp"] == 1 and v["pp"] == 1 and v["zero"] == 3)))
+    up_to_512 = (Option(f"DP with TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["zero"] < 3),
+                 Option("DP with PP", lambda v: v["tp"] == 1 and v["pp"] > 1 and v["zero"] < 3))
+    over_1024 = (Option(f"TP={t8} with ZeRO2 and PP", lambda v: v["tp"] == t8 and v["pp"] > 1 and v["zero"] == 2),)
+    if gpus <= 512:
+        return Rule("If you have up to 512 GPUs, use DP with TP=8 or PP. (ZeRO3 is inefficient)", up_to_512)
+    if gpus > 1024:
+        return Rule("If you have more than 1024 GPUs, use TP=8 with ZeRO2 and PP", over_1024)
+    return Rule("(513 to 1024 GPUs: the guide has no rule; its neighbours' options) up to 512 GPUs: DP with TP=8 or PP; "
+                "more than 1024: TP=8 with ZeRO2 and PP", up_to_512 + over_1024)
+
+
+def _divisors(n: int, of: tuple[int, ...]) -> list[int]:
+    return [x for x in of if n % x == 0]
+
+
+def search_space(sc, data: dict[str, Any]) -> dict[str, list[Any]]:
+    """The values of each dimension searched for the scenario ``sc`` (module docstring; its
+    file's ``data``): selective recompute only where it recomputes something (under flash
+    attention Megatron's default, the attention core, keeps nothing to recompute)."""
+    m, gpus_per_node = sc.model, sc.topology.node.gpus
+    tr = data.get("training") or {}
+    selective = sc.cfg.training.attention != "flash" or tr.get("recompute_modules") not in (None, ["core_attn"])
+    space: dict[str, list[Any]] = {
+        "parallel.tp": [t for t in _divisors(m.heads, (1, 2, 4, 8)) if t <= gpus_per_node],
+        "parallel.pp": [p for p in (1, 2, 4, 8, 16) if p <= min(m.layers, sc.mesh.world_size)],
+        "parallel.cp": [1, 2, 4, 8, 16] if m.seq_len >= LONG_SEQ else [1],
+        "parallel.ep": _divisors(m.moe.experts, (1, 2, 4, 8, 16, 32, 64)) if m.moe is not None else [1],
+        "parallel.zero": [1, 2, 3],
+        "training.recompute": [r for r in RECOMPUTES if r != "selective" or selective],
+    }
+    own = sc.parallel.schedule
+    space["parallel.schedule"] = ["1f1b"] + ([own] if own not in ("1f1b", "custom") else [])
+    return space
+
+
+def own_values(sc, space: dict[str, list[Any]]) -> dict[str, Any]:
+    """The scenario's own plan's value of each dimension searched."""
+    cfg = sc.cfg.model_dump(mode="json")
+    out = {}
+    for key in space:
+        node: Any = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        out[key] = node
+    return out
+
+
+MEMORY = ("parallel.zero", "training.recompute")  # the dimensions refined on the shapes that fit
+
+
+def memory_settings(space: dict[str, list[Any]], pp: int) -> list[dict[str, Any]]:
+    """The (zero, recompute) settings tried on a shape with ``pp`` stages, the one that saves
+    the most memory first: the highest ZeRO stage (ZeRO-3 not with a pipeline, unless only it
+    is asked for), the most recompute."""
+    zeros = space.get("parallel.zero", [None])
+    if pp > 1 and len(zeros) > 1:
+        zeros = [z for z in zeros if z != 3] or zeros
+    recs = space.get("training.recompute", [None])
+    order = {r: i for i, r in enumerate(RECOMPUTES)}
+    zeros = sorted(zeros, key=lambda z: -(z or 0))
+    recs = sorted(recs, key=lambda r: -order.get(r, -1))
+    return [{k: v for k, v in (("parallel.zero", z), ("training.recompute", r)) if v is not None}
+            for z in zeros for r in recs]
+
+
+def shapes_of(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the dimensions other than ZeRO and recompute."""
+    import itertools
+
+    keys = [k for k in space if k not in MEMORY]
+    return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
+
+
+def plan_of(sc, data: dict[str, Any], values: dict[str, Any], number: int, varied: set[str]) -> Plan | None:
+    """The plan with these ``values`` as changes to the file's ``data``: the values, dp, SP
+    where tp > 1, the schedule, and the file's settings the plan cannot keep removed (null);
+    None where the degrees do not multiply into the GPUs or EP does not divide DP x CP."""
+    world = sc.mesh.world_size
+    par, tr = data.get("parallel") or {}, data.get("training") or {}
+    tp, pp, cp, ep = (values.get(f"parallel.{d}", par.get(d, 1)) for d in ("tp", "pp", "cp", "ep"))
+    if world % (tp * pp * cp):
+        return None
+    dp = world // (tp * pp * cp)
+    if (dp * cp) % ep:  # EP is carved out of DP (and CP)
+        return None
+    if pp == 1 and values.get("parallel.schedule", "1f1b") != "1f1b":
+        return None  # one stage: the schedules are one plan (1F1B's)
+    changes: list[tuple[str, Any]] = list(values.items()) + [(DP, dp)]
+    return Plan(number, changes + _settings(par, tr, values, varied))
+
+
+def _settings(par: dict, tr: dict, values: dict[str, Any], varied: set[str]) -> list[tuple[str, Any]]:
+    """The changes besides the dimensions that make a plan of them: SP with TP, the schedule's
+    own settings kept only with it (and the layer split only with its pipeline), and the
+    file's settings of another plan removed."""
+    tp, pp = values.get("parallel.tp", par.get("tp", 1)), values.get("parallel.pp", par.get("pp", 1))
+    zero, recompute = values.get("parallel.zero", par.get("zero", 0)), values.get("training.recompute")
+    own = par.get("schedule", "1f1b")
+    schedule = values.get("parallel.schedule", own)
+    out: list[tuple[str, Any]] = []
+    if "parallel.sp" not in varied:
+        out.append(("parallel.sp", True if tp > 1 else None))
+    if tp == 1:
+        out.append(("parallel.tp_comm_overlap", None))
+    for k in ("vpp", "vpp_group", "schedule_file"):
+        if k in par and schedule != own and f"parallel.{k}" not in varied:
+            out.append((f"parallel.{k}", None))
+    if "layers_per_stage" in par and (schedule != own or pp != par.get("pp", 1)) \
+            and "parallel.layers_per_stage" not in varied:
+        out.append(("parallel.layers_per_stage", None))
+    for k in ("etp", "zero_shard"):
+        if k in par and f"parallel.{k}" not in varied:
+            out.append((f"parallel.{k}", None))
+    if zero not in (1, 2) and "overlap_param_gather" in par:
+        out.append(("parallel.overlap_param_gather", None))
+    if zero != 3:
+        out += [(f"parallel.{k}", None) for k in ("zero3_keep_gathered", "zero_prefetch_layers") if k in par]
+    if recompute is not None and recompute != tr.get("recompute"):
+        out += [(f"training.{k}", None) for k in ("recompute_modules", "recompute_method", "recompute_layers")
+                if k in tr]
+    return out
+
+
+def values_of(row: dict[str, Any], par: dict[str, Any], tr: dict[str, Any]) -> dict[str, Any]:
+    """A plan's values as the guide's options test them."""
+    ch = row["changes"]
+    get = lambda k, d: ch[k] if k in ch and ch[k] is not None else d  # noqa: E731
+    return {"tp": get("parallel.tp", par.get("tp", 1)), "pp": get("parallel.pp", par.get("pp", 1)),
+            "dp": get(DP, par.get("dp", 1)), "cp": get("parallel.cp", par.get("cp", 1)),
+            "ep": get("parallel.ep", par.get("ep", 1)), "zero": get("parallel.zero", par.get("zero", 0)),
+            "recompute": get("training.recompute", tr.get("recompute", "none"))}
+
+
+REFINE_WITHIN = 0.7  # coarse to fine: the shapes refined give at least this share of the best one's tokens/s
+
+
+def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jobs: int = 1, budget: int = 200,
+               refine: int = 24, progress=None) -> dict[str, Any]:
+    """Search the plans for the scenario ``path`` (``vary``: dimensions replaced or added),
+    simulate them and check the guide's rule; what advise.json holds.
+
+    Every plan of the search is simulated where there are at most ``budget``. Past that,
+    coarse to fine: each shape (every dimension but ZeRO and recompute) is simulated first
+    with the settings that save the most memory (:func:`memory_settings`; a shape that does
+    not fit with them fits with none), then with every other setting the shapes that fit and
+    give at least REFINE_WITHIN of the best one's tokens/s, at most ``refine`` of them, and
+    the best two of each of the guide's options (so that each option is judged at its best)."""
+    from .config import load_scenario
+    from .model.transformer import total_params
+
+    data = read_yaml(Path(path), what="scenario")
+    sc = load_scenario(path)
+    vary = vary or []
+    _check_keys(path, data, vary)
+    space = search_space(sc, data)
+    for key, values in vary:
+        space[key] = values
+    for key in ("parallel.ep", "parallel.cp"):  # a dimension of one value not asked for: not shown
+        if space.get(key) == [1] and key not in dict(vary):
+            del space[key]
+    if space.get("parallel.schedule") == ["1f1b"] and "parallel.schedule" not in dict(vary):
+        del space["parallel.schedule"]
+    varied = set(space)
+    par, tr = data.get("parallel") or {}, data.get("training") or {}
+    own = Plan(1, list(own_values(sc, space).items()) + [(DP, sc.parallel.dp)])  # the scenario's plan, as it is
+    first: list[Plan] = [own]
+    rest: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for shape in shapes_of(space):
+        settings = memory_settings(space, shape.get("parallel.pp", 1))
+        plan = plan_of(sc, data, {**shape, **settings[0]}, len(first) + 1, varied)
+        if plan is None:
+            continue
+        if dict(plan.changes)[DP] * shape.get("parallel.cp", 1) == 1:  # nothing to shard: one ZeRO plan
+            settings = [x for x in settings if x.get("parallel.zero") == settings[0].get("parallel.zero")]
+        first.append(plan)
+        rest[plan.number] = (shape, settings)
+    if len(first) == 1:
+        raise ConfigError(f"no plan of the search has degrees that multiply into the cluster's {sc.mesh.world_size:,} "
+                          f"GPUs", source="command line", field="--vary")
+    params = total_params(sc.model)
+    node_tp = max(t for t in (1, 2, 4, 8) if t <= sc.topology.node.gpus)
+    rule = guide_rule(params, sc.mesh.world_size, node_tp)
+    number = len(first)
+    every = number + sum(len(x) - 1 for _, x in rest.values()) <= budget
+
+    def more_of(ns) -> list[Plan]:
+        nonlocal number
+        out = []
+        for n in ns:
+            shape, settings = rest[n]
+            for x in settings[1:]:
+                number += 1
+                out.append(plan_of(sc, data, {**shape, **x}, number, varied))
+        return out
+
+    def could_be(opt: Option, n: int) -> bool:  # whether some setting of shape n is one of opt's plans
+        shape, settings = rest[n]
+        return any(opt.test(values_of({"changes": dict(plan_of(sc, data, {**shape, **x}, 0, varied).changes)},
+                                      par, tr)) for x in settings)
+
+    rows: dict[int, dict[str, Any]] = {}
+    if every:
+        simulate_plans(path, data, first + more_of(sorted(rest)), rows, jobs=jobs, progress=progress)
+    else:
+        simulate_plans(path, data, first, rows, jobs=jobs, progress=progress)
+        fit = [n for n in ranking(list(rows.values())) if rows[n].get("fits") and n in rest]
+        pick = [n for n in fit if rows[n]["tokens_per_s"] >= REFINE_WITHIN * rows[fit[0]]["tokens_per_s"]][:refine] \
+            if fit else []
+        for opt in rule.options:
+            pick += [n for n in fit if n not in pick and could_be(opt, n)][:2]
+        simulate_plans(path, data, more_of(sorted(pick)), rows, jobs=jobs, progress=progress)
+    ordered = [rows[n] for n in sorted(rows)]
+    ranked = ranking(ordered)
+    by_number = {r["plan"]: r for r in ordered}
+    for r in ordered:
+        if r["status"] == "ok":
+            v = values_of(r, par, tr)
+            r["guide_options"] = [o.name for o in rule.options if o.test(v)]
+    options = []
+    for opt in rule.options:
+        mine = [n for n in ranked if opt.name in by_number[n]["guide_options"]]
+        fit = [n for n in mine if by_number[n]["fits"]]
+        options.append({"option": opt.name, "best": fit[0] if fit else None, "plans": len(mine)})
+    return {"scenario": str(path), "params": params, "gpus": sc.mesh.world_size,
+            "gpus_per_node": sc.topology.node.gpus, "guide": rule.says, "options": options, "vary": space,
+            "shapes": len(rest), "coarse_to_fine": not every, "own_plan": 1, "dp_follows": True, "plans": ordered,
+            "ranking": ranked}
+
+
+def format_advice(advice: dict[str, Any], top: int = 10) -> str:
+    """The terminal's advice: the case and the guide's rule, the search, the best plans (each
+    with the guide's option it is), each option at its best against the best plan, a verdict."""
+    rows = {r["plan"]: r for r in advice["plans"]}
+    ranked = advice["ranking"]
+    n, done = len(rows), len(ranked)
+    dims = " · ".join(f"{k.rsplit('.', 1)[-1]} {','.join(map(str, v))}" for k, v in advice["vary"].items())
+    lines = [f"clustersim · advise {advice['scenario']}",
+             f"{'case':<12}{advice['params'] / 1e9:,.1f}B parameters on {advice['gpus']:,} GPUs "
+             f"({advice['gpus_per_node']} a node)",
+             f"{'the guide':<12}\"{advice['guide']}\"",
+             f"{'searched':<12}{dims}; dp follows: {advice['shapes']:,} shapes"
+             + (f", each with every setting: {n:,} plans" if not advice["coarse_to_fine"] else
+                f" with the settings that save the most memory, then the fastest that fit with every other: "
+                f"{n:,} plans") + (f", {done:,} simulated" if done != n else "")]
+    best = rows[ranked[0]] if ranked and rows[ranked[0]]["fits"] else None
+    notes = {p: "; ".join((["the scenario's plan"] if p == advice["own_plan"] else []) + rows[p]["guide_options"])
+             for p in ranked}
+    lines += table_lines(advice, top, notes, "guide's option", files="advise.json with --out", refused_shown=3)
+    lines.append("the guide's options, each at its best plan that fits:")
+    width = max(len(o["option"]) for o in advice["options"])
+    for o in advice["options"]:
+        if o["best"] is None:
+            lines.append(f"  {o['option']:<{width}}  none fits" if o["plans"] else f"  {o['option']:<{width}}  "
+                         "not among the plans simulated")
+            continue
+        r = rows[o["best"]]
+        gap = "" if best is None else (
+            "the best plan found" if r["plan"] == best["plan"] else
+            f"{100 * (1 - r['tokens_per_s'] / best['tokens_per_s']):.1f} % fewer tokens/s than #{best['plan']}")
+        lines.append(f"  {o['option']:<{width}}  #{r['plan']}: {r['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU, "
+                     f"{100 * r['mfu']:.1f} % MFU; {gap}")
+    own = rows[advice["own_plan"]]
+    if own["status"] == "ok":
+        where = ("the best plan found" if best is not None and own["plan"] == best["plan"] else
+                 f"the best plan found, #{best['plan']}, gives {100 * (best['tokens_per_s'] / own['tokens_per_s'] - 1):.1f} "
+                 "% more tokens/s" if best is not None else "")
+        lines.append(f"{'your plan':<12}#{own['plan']}: {own['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU"
+                     + ("" if own["fits"] else " (does not fit)") + (f"; {where}" if where else ""))
+    else:
+        lines.append(f"{'your plan':<12}#{own['plan']}: refused: {own['reason']}")
+    if best is None:
+        lines.append(f"{'verdict':<12}no plan searched fits in memory")
+    else:
+        hits = [o for o in advice["options"] if o["best"] == best["plan"]]
+        if hits:
+            lines.append(f"{'verdict':<12}the best plan found, #{best['plan']}, is the guide's \"{hits[0]['option']}\"")
+        else:
+            good = [o for o in advice["options"] if o["best"] is not None]
+            top_opt = max(good, key=lambda o: rows[o["best"]]["tokens_per_s"]) if good else None
+            tail = (f"; the guide's best option, \"{top_opt['option']}\" (#{top_opt['best']}), gives "
+                    f"{100 * (1 - rows[top_opt['best']]['tokens_per_s'] / best['tokens_per_s']):.1f} % fewer tokens/s"
+                    if top_opt else "; none of the guide's options fits")
+            lines.append(f"{'verdict':<12}the best plan found, #{best['plan']}, is none of the guide's options" + tail)
+    return "\n".join(lines)
+

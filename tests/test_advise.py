@@ -1,0 +1,121 @@
+"""``clustersim advise``: the search around the parallelism guide's options, the guide's rule
+for each case, the scenario's own plan among those ranked, coarse to fine against every plan,
+and bad input refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import clustersim
+from clustersim.advise import (guide_rule, memory_settings, own_values, plan_of, run_advise, search_space,
+                               values_of)
+from clustersim.sweep import DP
+from clustersim.yamlio import read_yaml
+
+from .test_cli import run_cli
+
+SMALL = "scenarios/llama3_8b_8gpu.yaml"  # Llama-3 8B on one DGX H100 node: the guide's small-model case
+
+
+@pytest.mark.parametrize("params, gpus, first", [
+    (8e9, 8, "TP=8"),
+    (8e9, 16, "TP=8 and PP"),
+    (70e9, 64, "TP=8 and PP"),
+    (175e9, 512, "DP with TP=8"),
+    (175e9, 1024, "DP with TP=8"),  # 513-1024: no rule of its own, both neighbours' options
+    (671e9, 2048, "TP=8 with ZeRO2 and PP"),
+])
+def test_guide_rule_by_case(params, gpus, first):
+    rule = guide_rule(params, gpus, 8)
+    assert rule.options[0].name == first
+    names = [o.name for o in rule.options]
+    if 512 < gpus <= 1024 and params > 100e9:
+        assert names == ["DP with TP=8", "DP with PP", "TP=8 with ZeRO2 and PP"]
+    v = {"tp": 8, "pp": 4, "dp": 2, "cp": 1, "ep": 1, "zero": 1, "recompute": "full"}
+    assert guide_rule(70e9, 64, 8).options[0].test(v) and not guide_rule(70e9, 64, 8).options[2].test(v)
+    assert guide_rule(8e9, 8, 4).options[0].name == "TP=4"  # a node of 4 GPUs: TP over the node
+
+
+def test_memory_settings_most_saving_first():
+    space = {"parallel.zero": [1, 2, 3], "training.recompute": ["none", "selective", "full"]}
+    assert memory_settings(space, 1)[0] == {"parallel.zero": 3, "training.recompute": "full"}
+    with_pp = memory_settings(space, 4)
+    assert with_pp[0] == {"parallel.zero": 2, "training.recompute": "full"} and len(with_pp) == 6
+    assert all(x["parallel.zero"] != 3 for x in with_pp)  # no ZeRO-3 under a pipeline unless asked alone
+    assert memory_settings({"parallel.zero": [3]}, 4) == [{"parallel.zero": 3}]
+
+
+def test_plans_keep_what_they_can_of_the_file(root):
+    path = root / "scenarios" / "moe_1024gpu.yaml"
+    sc, data = clustersim.load_scenario(path), read_yaml(path, what="scenario")
+    space = search_space(sc, data)
+    assert space["parallel.schedule"] == ["1f1b", "interleaved"] and space["training.recompute"] == ["none", "full"]
+    assert own_values(sc, space)["parallel.pp"] == 8 and own_values(sc, space)["parallel.schedule"] == "interleaved"
+    varied = set(space)
+    same = dict(plan_of(sc, data, {"parallel.pp": 8, "parallel.schedule": "interleaved", "parallel.tp": 1}, 1,
+                        varied).changes)
+    assert same[DP] == 128 and "parallel.vpp" not in same and "parallel.layers_per_stage" not in same
+    other = dict(plan_of(sc, data, {"parallel.pp": 4, "parallel.schedule": "1f1b", "parallel.tp": 2}, 2,
+                         varied).changes)
+    assert other[DP] == 128 and other["parallel.vpp"] is None and other["parallel.sp"] is True
+    assert plan_of(sc, data, {"parallel.pp": 1, "parallel.schedule": "interleaved"}, 3, varied) is None
+    assert plan_of(sc, data, {"parallel.pp": 3}, 4, varied) is None  # 1,024 GPUs are not a multiple of 3
+
+
+def test_advise_small_model(tmp_path, root):
+    out = tmp_path / "adv"
+    r = run_cli("advise", SMALL, "--jobs", 2, "--out", out, cwd=root)
+    assert r.returncode == 0, r.stderr
+    adv = json.loads((out / "advise.json").read_text())
+    rows = {x["plan"]: x for x in adv["plans"]}
+    assert not adv["coarse_to_fine"] and adv["guide"].startswith("For small models (< 10B parameters)")
+    # plan 1 is the scenario's own, as run simulates it
+    direct = clustersim.simulate(clustersim.load_scenario(root / SMALL)).summary
+    assert rows[1]["step_time_s"] == direct["step_time_s"]
+    ok = [x for x in adv["plans"] if x["status"] == "ok"]
+    par = read_yaml(root / SMALL, what="scenario")["parallel"]
+    tr = read_yaml(root / SMALL, what="scenario")["training"]
+    for x in ok:
+        v = values_of(x, par, tr)
+        assert v["dp"] * v["tp"] * v["pp"] == 8
+    # ranked: those that fit by tokens/s; each option's best is the first of its plans that fits
+    ranked = [rows[n] for n in adv["ranking"]]
+    fitting = [x for x in ranked if x["fits"]]
+    assert [x["tokens_per_s"] for x in fitting] == sorted((x["tokens_per_s"] for x in fitting), reverse=True)
+    for o in adv["options"]:
+        mine = [x for x in fitting if o["option"] in x["guide_options"]]
+        assert o["best"] == (mine[0]["plan"] if mine else None)
+    zero3_full = next(o for o in adv["options"] if o["option"] == "ZeRO-3 with DP and full recompute")
+    best = rows[zero3_full["best"]]
+    assert best["changes"]["parallel.zero"] == 3 and best["changes"]["training.recompute"] == "full"
+    # the terminal says the same
+    assert "the guide   \"For small models" in r.stdout
+    assert f"your plan   #1: {rows[1]['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU" in r.stdout
+    assert f"the best plan found, #{adv['ranking'][0]}" in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["advise.csv", "advise.json"]
+    # coarse to fine simulates fewer plans and finds the same best plan here
+    coarse = run_advise(str(root / SMALL), budget=0)
+    assert coarse["coarse_to_fine"] and len(coarse["plans"]) < len(adv["plans"])
+    crow = {x["plan"]: x for x in coarse["plans"]}
+    assert crow[coarse["ranking"][0]]["changes"] == best_changes(adv)
+
+
+def best_changes(adv: dict) -> dict:
+    return {x["plan"]: x for x in adv["plans"]}[adv["ranking"][0]]["changes"]
+
+
+def test_advise_vary_and_bad_input(tmp_path, root):
+    r = run_cli("advise", SMALL, "--vary", "parallel.tp=2,4", "--vary", "training.recompute=none", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "searched    tp 2,4 · pp 1,2,4,8 · zero 1,2,3 · recompute none;" in r.stdout
+    out = tmp_path / "x" / "y"
+    for args, says in [
+        (("--vary", "parallel.tpp=2"), "parallel.tpp: unknown key"),
+        (("--vary", "parallel.tp=3"), "no plan of the search has degrees that multiply"),
+        (("--jobs", "0"), "--jobs: must be at least 1"),
+    ]:
+        r = run_cli("advise", SMALL, *args, "--out", out, cwd=root)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert not (tmp_path / "x").exists()
