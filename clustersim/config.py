@@ -21,6 +21,7 @@ import numpy as np
 import pydantic
 
 from .errors import ConfigError
+from .hardware.gpus import lookup_gpu
 from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, build_cluster, check_what_ifs,
                                 load_topology_cfg)
 from .model.transformer import RECOMPUTE_MODULES, DenseModelCfg
@@ -438,6 +439,13 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                                           f"capacity, so the load changes nothing: drop one of the two")
         if m.moe.dispatcher == "deepep":
             _check_deepep(cfg, topo.node.gpus, fail)
+            sms = lookup_gpu(topo.gpu).sms
+            if sms and m.moe.deepep_sms >= sms:
+                fail("model.moe.deepep_sms", f"DeepEP's kernels would hold {m.moe.deepep_sms} of the {topo.gpu}'s {sms} "
+                                             f"SMs, leaving none to compute (DeepEP's default: 20)")
+        elif "deepep_sms" in m.moe.model_fields_set:
+            fail("model.moe.deepep_sms", f"the SMs DeepEP's kernels hold; the dispatcher is {m.moe.dispatcher}, not "
+                                         f"deepep: drop it or set model.moe.dispatcher: deepep")
     if p.cp > 1:
         chunks = 2 * p.cp if p.cp_load_balance else p.cp
         if m.seq_len % chunks:
@@ -504,7 +512,6 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         fail("training.global_batch_size",
              f"global_batch_size={t.global_batch_size} is not a multiple of dp*micro_batch_size = {per_step}")
     if t.precision == "fp8":
-        from .hardware.gpus import lookup_gpu
         gpu = lookup_gpu(topo.gpu)
         if gpu.fp8_flops is None:
             fail("training.precision", f"fp8 needs fp8 tensor cores; {topo.gpu} has none")

@@ -21,11 +21,11 @@ MOE = {"layers": 4, "moe": {"experts": 64, "top_k": 4, "expert_ffn": 1024, "shar
 H100 = {"topology": "topologies/dgx-h100.yaml", "nodes": 4}  # 32 GPUs, 8 a node
 
 
-def deepep_dict(moe=None, cluster=None, **parallel) -> dict:
+def deepep_dict(moe=None, cluster=None, microbatches=2, **parallel) -> dict:
     model = {**MOE, "moe": {**MOE["moe"], **(moe or {})}}
     p = {"tp": 1, "pp": 1, "dp": 32, "ep": 16, **parallel}
     return scenario_dict(cluster={**H100, **(cluster or {})}, model=model, parallel=p,
-                         training={"global_batch_size": 2 * p["dp"]})
+                         training={"global_batch_size": microbatches * p["dp"]})
 
 
 def run(root, collapse=None, **kw):
@@ -270,6 +270,49 @@ def test_the_plan_says_deepep(root):
         "TP1 x PP1 x DP32 (EP16 over 2 nodes)"
 
 
+# --- the SMs DeepEP's kernels hold ------------------------------------------------------------------
+
+def test_an_op_on_a_share_of_the_sms():
+    """The tensor-core peak scales with the SMs an op gets; HBM bandwidth does not."""
+    from clustersim.hardware.gpus import lookup_gpu
+    from clustersim.model.transformer import Op
+    from clustersim.program.costs import op_time_s
+
+    gpu, share = lookup_gpu("H800"), (132 - 20) / 132
+    gemm = Op("expert_up", flops=4e12, bytes=1e6)
+    copy = Op("permute", flops=1e6, bytes=4e9)
+    assert op_time_s(gemm, gpu, "bf16", share) == pytest.approx(op_time_s(gemm, gpu, "bf16") / share, rel=1e-12)
+    assert op_time_s(copy, gpu, "bf16", share) == op_time_s(copy, gpu, "bf16")
+    assert gpu.sms == 132 and lookup_gpu("A100").sms == 108 and lookup_gpu("B200").sms == 148
+
+
+def _compute_by_tid(r) -> dict[int, tuple[float, float]]:
+    return {s.tid: (s.end_s - s.start_s, s.flops) for s in r.trace.spans if s.kind == "compute"}
+
+
+def test_dualpipe_chunks_compute_on_the_sms_deepep_leaves(root):
+    """Under DualPipe one half of an overlapped F&B chunk dispatches or combines while the
+    other computes, so the chunk's GEMMs run on the 112 of 132 SMs DeepEP's 20 leave; outside
+    the chunks, and with deepep_sms 0, the compute is what it was."""
+    kw = {"pp": 2, "dp": 16, "ep": 16, "schedule": "dualpipe", "microbatches": 8}
+    ours, free = run(root, **kw), run(root, moe={"deepep_sms": 0}, **kw)
+    a, b = _compute_by_tid(ours), _compute_by_tid(free)
+    assert a.keys() == b.keys()
+    ratios = [a[t][0] / b[t][0] for t in a if b[t][0] > 0]
+    most = 132 / 112
+    assert all(1 - 1e-12 <= x <= most * (1 + 1e-12) for x in ratios)
+    assert max(ratios) > 1.1  # the expert blocks, mostly GEMMs (the op-level closed form: above)
+    assert sum(abs(x - 1) < 1e-12 for x in ratios) > 0  # warm-up forwards, W: outside the chunks
+    assert all(a[t][1] == b[t][1] for t in a)  # the same FLOPs, more time
+    assert ours.summary["step_time_s"] > free.summary["step_time_s"]
+    assert ours.summary["mfu"] < free.summary["mfu"]
+    every = run(root, collapse=False, **kw).summary  # the collapse still stands for every rank
+    assert every["step_time_s"] == pytest.approx(ours.summary["step_time_s"], rel=1e-9)
+    # without overlapped chunks (1F1B) the kernels take nothing from a GEMM
+    plain = {"pp": 2, "dp": 16, "ep": 16}
+    assert _compute_by_tid(run(root, **plain)) == _compute_by_tid(run(root, moe={"deepep_sms": 0}, **plain))
+
+
 # --- bad plans -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, field, words", [
@@ -285,6 +328,8 @@ def test_the_plan_says_deepep(root):
     ({"moe": {"router_groups": 5, "router_group_top_k": 2}}, "model.moe", "router_groups=5 does not divide"),
     ({"moe": {"router_groups": 4, "router_group_top_k": 5}}, "model.moe", "router_group_top_k=5 exceeds"),
     ({"moe": {"router_groups": 32, "router_group_top_k": 1}}, "model.moe", "top_k=4 exceeds the 2 experts"),
+    ({"moe": {"deepep_sms": 132}}, "model.moe.deepep_sms", "would hold 132 of the H100-SXM5-80GB's 132 SMs"),
+    ({"moe": {"deepep_sms": 24, "dispatcher": "alltoall"}}, "model.moe.deepep_sms", "the dispatcher is alltoall"),
 ])
 def test_impossible_deepep_plans(root, kw, field, words):
     with pytest.raises(clustersim.ConfigError, match=field.replace(".", r"\.")) as exc:

@@ -39,8 +39,8 @@ def test_korthikanti_22b_model_state_memory():
 
 def test_deepseek_v3_pretraining_throughput():
     """DeepSeek-V3's run (report Sec 3.1-3.2): 180K H800 GPU-hours per trillion tokens, about
-    1,543 tokens/s per GPU. Without DeepEP's SMs and FP8's overheads (the scenario's comment),
-    clustersim is optimistic, by the factor the scenario's comment quotes (its memory against
+    1,543 tokens/s per GPU. With DeepEP's SMs taken inside DualPipe's chunks but without the
+    pipeline sends' SMs and FP8's overheads (the scenario's comment), clustersim is optimistic, by the factor the scenario's comment quotes (its memory against
     the 80 GB it fit in: tests/test_fp8_activations.py).
     Its model has the report's 671B parameters, 37B a token (tests/test_mla.py)."""
     import yaml

@@ -43,6 +43,11 @@ class GpuSpec:
     # as a fraction of NVLink line rate; None where the switch cannot (A100's NVSwitch).
     nvls_efficiency: float | None = None
     tdp_W: float = 0.0  # board power limit (vendor datasheets), for energy projections
+    sms: int = 0  # streaming multiprocessors (vendor whitepapers); 0 where not given
+    # the share of the SMs the compute of an overlapped F&B chunk gets where communication
+    # kernels hold the rest through it (DeepEP's, ``model.moe.deepep_sms``): set per run by the
+    # lowering (program.lower), 1.0 in the catalogue
+    chunk_sm_share: float = 1.0
 
     def peak_flops(self, precision: str) -> float:
         """Dense tensor-core peak for ``precision`` ('bf16', 'fp16' or 'fp8')."""
@@ -55,7 +60,8 @@ class GpuSpec:
         raise KeyError(f"unknown precision {precision!r}")
 
 
-def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, note="", nvls=None, tdp_W=0.0):
+def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, note="", nvls=None, tdp_W=0.0,
+         sms=0):
     return GpuSpec(
         name=name,
         bf16_flops=bf16_T * 1e12,
@@ -68,6 +74,7 @@ def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, n
         note=note,
         nvls_efficiency=nvls,
         tdp_W=tdp_W,
+        sms=sms,
     )
 
 
@@ -80,16 +87,16 @@ GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
         _gpu("A100-SXM4-40GB", 312, None, 1555, 40, 300, 0.82, 0.82,
-             "memory efficiency borrowed from A100-80GB", tdp_W=400),
-        _gpu("A100-SXM4-80GB", 312, None, 2039, 80, 300, 0.82, 0.82, tdp_W=400),
-        _gpu("H100-SXM5-80GB", 989, 1979, 3350, 80, 450, 0.76, 0.91, nvls=NVLS_EFFICIENCY_H100, tdp_W=700),
+             "memory efficiency borrowed from A100-80GB", tdp_W=400, sms=108),
+        _gpu("A100-SXM4-80GB", 312, None, 2039, 80, 300, 0.82, 0.82, tdp_W=400, sms=108),
+        _gpu("H100-SXM5-80GB", 989, 1979, 3350, 80, 450, 0.76, 0.91, nvls=NVLS_EFFICIENCY_H100, tdp_W=700, sms=132),
         _gpu("H800-SXM-80GB", 989, 1979, 3350, 80, 200, 0.76, 0.91,
-             "same die as H100; efficiencies borrowed from H100", nvls=NVLS_EFFICIENCY_H100, tdp_W=700),
+             "same die as H100; efficiencies borrowed from H100", nvls=NVLS_EFFICIENCY_H100, tdp_W=700, sms=132),
         _gpu("H200-SXM-141GB", 989, 1979, 4800, 141, 450, 0.76, 0.89,
-             "matmul and NVLS efficiency borrowed from H100", nvls=NVLS_EFFICIENCY_H100, tdp_W=700),
+             "matmul and NVLS efficiency borrowed from H100", nvls=NVLS_EFFICIENCY_H100, tdp_W=700, sms=132),
         _gpu("B200", 2250, 4500, 8000, 180, 900, 0.76, 0.89,
              "no published measurement yet; efficiencies borrowed from H200", nvls=NVLS_EFFICIENCY_H100,
-             tdp_W=1000),
+             tdp_W=1000, sms=148),
     )
 }
 

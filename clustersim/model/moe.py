@@ -54,6 +54,10 @@ class MoeCfg(Strict):
         default="alltoall", description="alltoall: one copy per (token, expert) over NCCL (Megatron-LM's alltoall "
         "dispatcher); deepep: one copy per token and node across nodes, forwarded over NVLink to the GPUs "
         "holding its experts (DeepEP, Megatron-LM's flex dispatcher)")
+    deepep_sms: int = pydantic.Field(
+        default=20, ge=0, le=1024, description="SMs DeepEP's kernels hold while they run (dispatcher deepep; DeepEP's "
+        "Buffer.num_sms and Megatron-LM's --moe-deepep-num-sms, both 20 by default): inside DualPipe's overlapped "
+        "F&B chunks the GEMMs run on the others; 0 takes none")
     router_groups: int | None = pydantic.Field(
         default=None, ge=1, description="group-limited routing: the experts in this many groups of consecutive "
         "experts, of which each token picks router_group_top_k before its top_k experts (DeepSeek-V3: 8)")

@@ -25,19 +25,24 @@ ADAM_MASTER_BYTES, ADAM_WEIGHT_BYTES = 4, 2
 BF16_UNDER_FP8 = frozenset({"core_attn", "lm_head", "router"})
 
 
-def op_time_s(op: Op, gpu: GpuSpec, precision: str) -> float:
+def op_time_s(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> float:
     """Roofline time of one op (under ``fp8``, the ops of :data:`BF16_UNDER_FP8` at the bf16
-    peak)."""
+    peak). ``sm_share``: the share of the SMs the op gets where communication kernels hold the
+    rest; the tensor-core peak scales with it, HBM bandwidth does not (the SMs left still
+    saturate it)::
+
+        time = max( flops / (peak * sm_share * matmul_efficiency), bytes / (hbm_bw * memory_efficiency) )
+    """
     if precision == "fp8" and op.name in BF16_UNDER_FP8:
         precision = "bf16"
-    compute = op.flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency)
+    compute = op.flops / (gpu.peak_flops(precision) * sm_share * gpu.matmul_efficiency)
     memory = op.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
     return max(compute, memory)
 
 
-def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, precision: str) -> float:
+def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> float:
     """Ops run back to back on one stream: times add."""
-    return sum(op_time_s(o, gpu, precision) for o in ops)
+    return sum(op_time_s(o, gpu, precision, sm_share) for o in ops)
 
 
 def adam_step_time_s(params: float, gpu: GpuSpec, grad_bytes: int = 4, state_bytes: int = 12) -> float:

@@ -33,6 +33,7 @@ import numpy as np
 from ..codegen import Straight
 from ..model import moe
 from ..config import Scenario
+from ..hardware.gpus import GpuSpec
 from ..plan.mesh import Mesh
 from ..schedule.core import fused_weight_passes, units_by_start
 from ..schedule.pipeline import Action, PipelineSchedule, as_schedule
@@ -674,11 +675,13 @@ def _unit(blk) -> object:
     return blk.layer if blk.layer >= 0 else blk.name.split(" ", 1)[0]
 
 
-def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
+def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chunk: bool = False):
     """One action's blocks on rank ``r``: [pre comms] compute [post comms], chained.
 
     A generator: it appends one block's tasks per step, so that two actions can be interleaved
-    block by block (an overlapped F&B chunk); it returns the action's last task id.
+    block by block (an overlapped F&B chunk, ``chunk``: its compute lasts a block's
+    ``chunk_duration_s`` where the chunk's communication kernels hold SMs); it returns the
+    action's last task id.
 
     Under ZeRO-3 each unit's parameters are all-gathered on the ``zero`` stream before its
     first block, ``zero_prefetch_layers`` units ahead of use (Rajbhandari et al. 2020, Sec 5.3)::
@@ -747,7 +750,8 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps):
             first_deps = (prev,)
         prev = len(tasks)
         # positional, in Task's field order
-        tasks.append(Task(prev, r, "compute", name, "compute", blk.duration_s, None, first_deps, mb, kind, q, layer,
+        duration_s = blk.chunk_duration_s if chunk and blk.chunk_duration_s is not None else blk.duration_s
+        tasks.append(Task(prev, r, "compute", name, "compute", duration_s, None, first_deps, mb, kind, q, layer,
                           blk.flops, blk.model_flops))
         # after the compute they run beside, so that every later task of the action waits for
         # them through the next block (what lets the engine time an action in one go, _Segment)
@@ -1104,8 +1108,8 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
     f, b = unit[0], unit[1]
     b_inputs = _input_deps(low, r, b, paths[1])
     done = tuple(_run_chains(_blocks(prog, low, r, f, paths[0][0],
-                                     _input_deps(low, r, f, paths[0]) + b_inputs + wait),
-                             _blocks(prog, low, r, b, paths[1][0], b_inputs)))
+                                     _input_deps(low, r, f, paths[0]) + b_inputs + wait, chunk=True),
+                             _blocks(prog, low, r, b, paths[1][0], b_inputs, chunk=True)))
     if len(unit) == 3:  # the chunk's backward is a full backward: its W right after
         w = unit[2]
         done = tuple(_run_chains(_blocks(prog, low, r, w, paths[2][0], done)))
@@ -1116,6 +1120,26 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
     low.last_task[r] = done
     for a in unit:
         _zero2_reduce(prog, low, r, a)
+
+
+def chunk_gpu(sc: Scenario) -> GpuSpec:
+    """The scenario's GPU, with the share of its SMs an overlapped F&B chunk's compute gets
+    (``GpuSpec.chunk_sm_share``) where DeepEP dispatches: its kernels hold
+    ``model.moe.deepep_sms`` SMs (20 by default, as DeepEP's ``Buffer.num_sms`` and
+    Megatron-LM's ``--moe-deepep-num-sms``) and, under DualPipe, one half of the chunk
+    dispatches or combines while the other computes (DeepSeek-V3 report, Sec 3.2.1-3.2.2:
+    "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink"), so the
+    chunk's GEMMs run on the others::
+
+        chunk_sm_share = (sms - deepep_sms) / sms        H800: (132 - 20) / 132 = 0.848
+
+    Outside a chunk the dispatch waits on the compute or the compute on it: the kernels take
+    nothing from a GEMM (an approximation; NCCL's kernels, which also hold SMs while they
+    overlap compute, are not modelled so)."""
+    gpu, m = sc.cluster.gpu, sc.model.moe
+    if m is None or m.dispatcher != "deepep" or not m.deepep_sms or not gpu.sms:
+        return gpu
+    return replace(gpu, chunk_sm_share=(gpu.sms - m.deepep_sms) / gpu.sms)
 
 
 def pipeline_pass(prog: Program, low: Lowering, units: list | None = None, start: int = 0) -> Program:
@@ -1486,8 +1510,9 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
     sym = Symmetry(mesh, collapse, cp_distinct, ep_distinct, slow=dict(sc.cluster.gpu_slowdown),
                    faulty=sc.split_faults[0], gpus_per_node=sc.cluster.gpus_per_node, tiers=sc.cluster.pair_tiers,
                    pp_ring=sc.parallel.schedule == "interleaved")
-    work = [stage_work(sc, j, sc.cluster.gpu) for j in range(sc.n_parts)]
-    rank_work = {(c, e): [stage_work(sc, j, sc.cluster.gpu, c, e) for j in range(sc.n_parts)]
+    gpu = chunk_gpu(sc)
+    work = [stage_work(sc, j, gpu) for j in range(sc.n_parts)]
+    rank_work = {(c, e): [stage_work(sc, j, gpu, c, e) for j in range(sc.n_parts)]
                  for c in range(mesh.cp if cp_distinct else 1)
                  for e in range(mesh.ep if ep_distinct else 1)} if cp_distinct or ep_distinct else {}
     low = Lowering(

@@ -75,6 +75,9 @@ class Block:
     post: tuple[CommItem, ...] = ()  # after the compute; the next block waits for them
     expert_params: float = 0.0  # routed-expert parameters (reduced over the expert-DP group)
     overlap: tuple[CommItem, ...] = ()  # start with the compute (after ``pre``); the next block waits for them
+    # inside an overlapped F&B chunk where communication kernels hold some SMs through it
+    # (GpuSpec.chunk_sm_share < 1: DeepEP's under DualPipe); None where they hold none
+    chunk_duration_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -163,9 +166,11 @@ def weight_grad_ops(ops: list[Op]) -> list[Op]:
 def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), recompute_ops=(),
            expert_params=0.0, overlap=()) -> Block:
     """A block's cost; ``recompute_ops`` add time and executed FLOPs but no model FLOPs."""
+    share = gpu.chunk_sm_share
     return Block(
         name=name, layer=layer,
         duration_s=ops_time_s(list(recompute_ops) + ops, gpu, precision),
+        chunk_duration_s=ops_time_s(list(recompute_ops) + ops, gpu, precision, share) if share < 1.0 else None,
         flops=sum(o.flops for o in list(recompute_ops) + ops), model_flops=sum(o.model_flops for o in ops),
         params=params, pre=tuple(pre), post=tuple(post), expert_params=expert_params, overlap=tuple(overlap),
     )
