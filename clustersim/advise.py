@@ -16,8 +16,10 @@ plan is searched::
     recompute  none, selective, full
     dp         the GPUs left: GPUs / (tp x pp x cp)
 
-with sequence parallelism wherever tp > 1, the scenario's schedule where it is 1F1B, GPipe or
-ZB-H1 (else 1F1B), and its other settings where the plan allows them. ``--vary KEY=V1,V2``
+with sequence parallelism wherever tp > 1, and where pp > 1 both 1F1B and the scenario's
+own schedule (1F1B alone where it is a custom file; interleaving with the scenario's vpp, or
+2, as far as the layers allow), and its other settings where the plan allows them (DeepEP's
+experts whole on each rank). ``--vary KEY=V1,V2``
 replaces a dimension's values (``--vary parallel.tp=8``) or adds one (``--vary
 parallel.schedule=1f1b,interleaved``). Plans the scenario's rules refuse are counted, not
 simulated.
@@ -65,36 +67,56 @@ class Option:
 class Rule:
     """The guide's rule for a case: its words and its options."""
 
-    says: str
+    says: list[str]  # the guide's sentences, as it words them
     options: tuple[Option, ...]
 
 
-def guide_rule(params: float, gpus: int, node_tp: int) -> Rule:
+GUIDE_LONG_SEQ = 128 * 1024  # the guide: "For large sequence length (128K+), use CP"
+
+
+def guide_rule(params: float, gpus: int, node_tp: int, moe: bool = False, long_seq: bool = False) -> Rule:
     """The guide's rule for a model of ``params`` parameters on ``gpus`` GPUs (``node_tp``:
-    what "TP=8" means here, TP over a node's GPUs)."""
+    what "TP=8" means here, TP over a node's GPUs), its options asking EP besides for a MoE
+    model (``moe``: "If your model is MoE, use EP in addition") and CP for 128K tokens and
+    more (``long_seq``)."""
+    rule = _size_rule(params, gpus, node_tp)
+    if not (moe or long_seq):
+        return rule
+    extra = " + ".join((["EP"] if moe else []) + (["CP"] if long_seq else []))
+
+    def also(test):
+        return lambda v: test(v) and (not moe or v["ep"] > 1) and (not long_seq or v["cp"] > 1)
+
+    return Rule(rule.says + (["If your model is MoE, use EP in addition"] if moe else [])
+                + (["For large sequence length (128K+), use CP"] if long_seq else []),
+                tuple(Option(f"{o.name} + {extra}", also(o.test)) for o in rule.options))
+
+
+def _size_rule(params: float, gpus: int, node_tp: int) -> Rule:
     t8 = node_tp
     tp8_pp = Option(f"TP={t8} and PP", lambda v: v["tp"] == t8 and v["pp"] > 1)
     if params < 10e9 and gpus <= 8:
-        return Rule("For small models (< 10B parameters), use TP (TP=8) or ZeRO-3 with DP and Full recompute in 8 GPUs",
+        return Rule(["For small models (< 10B parameters), use TP (TP=8) or ZeRO-3 with DP and Full recompute in 8 GPUs"],
                     (Option(f"TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1),
                      Option("ZeRO-3 with DP and full recompute",
                             lambda v: v["tp"] == 1 and v["pp"] == 1 and v["zero"] == 3 and v["recompute"] == "full")))
     if params <= 100e9:
-        return Rule("For models with up to 100B parameters, use more than 8 GPUs: TP=8 and PP, or TP=8 with DP+ZeRO3, "
-                    "or only ZeRO3",
+        return Rule(["For models with up to 100B parameters, use more than 8 GPUs: TP=8 and PP, or TP=8 with DP+ZeRO3, "
+                     "or only ZeRO3"],
                     (tp8_pp,
                      Option(f"TP={t8} with DP+ZeRO3", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["zero"] == 3
                             and v["dp"] > 1),
                      Option("only ZeRO3", lambda v: v["tp"] == 1 and v["pp"] == 1 and v["zero"] == 3)))
-    up_to_512 = (Option(f"DP with TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["zero"] < 3),
-                 Option("DP with PP", lambda v: v["tp"] == 1 and v["pp"] > 1 and v["zero"] < 3))
+    up_to_512 = (Option(f"DP with TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["dp"] > 1 and v["zero"] < 3),
+                 Option("DP with PP", lambda v: v["pp"] > 1 and v["dp"] > 1 and v["zero"] < 3))
     over_1024 = (Option(f"TP={t8} with ZeRO2 and PP", lambda v: v["tp"] == t8 and v["pp"] > 1 and v["zero"] == 2),)
     if gpus <= 512:
-        return Rule("If you have up to 512 GPUs, use DP with TP=8 or PP. (ZeRO3 is inefficient)", up_to_512)
+        return Rule(["If you have up to 512 GPUs, use DP with TP=8 or PP. (ZeRO3 is inefficient)"], up_to_512)
     if gpus > 1024:
-        return Rule("If you have more than 1024 GPUs, use TP=8 with ZeRO2 and PP", over_1024)
-    return Rule("(513 to 1024 GPUs: the guide has no rule; its neighbours' options) up to 512 GPUs: DP with TP=8 or PP; "
-                "more than 1024: TP=8 with ZeRO2 and PP", up_to_512 + over_1024)
+        return Rule(["If you have more than 1024 GPUs, use TP=8 with ZeRO2 and PP"], over_1024)
+    # 513 to 1024 GPUs above 100B: the guide has no rule; its neighbours' options
+    return Rule(["If you have up to 512 GPUs, use DP with TP=8 or PP. (ZeRO3 is inefficient)",
+                 "If you have more than 1024 GPUs, use TP=8 with ZeRO2 and PP"], up_to_512 + over_1024)
 
 
 def _divisors(n: int, of: tuple[int, ...]) -> list[int]:
@@ -112,7 +134,9 @@ def search_space(sc, data: dict[str, Any]) -> dict[str, list[Any]]:
         "parallel.tp": [t for t in _divisors(m.heads, (1, 2, 4, 8)) if t <= gpus_per_node],
         "parallel.pp": [p for p in (1, 2, 4, 8, 16) if p <= min(m.layers, sc.mesh.world_size)],
         "parallel.cp": [1, 2, 4, 8, 16] if m.seq_len >= LONG_SEQ else [1],
-        "parallel.ep": _divisors(m.moe.experts, (1, 2, 4, 8, 16, 32, 64)) if m.moe is not None else [1],
+        # (DeepEP dispatches over an EP group: it needs one of two ranks or more)
+        "parallel.ep": [e for e in _divisors(m.moe.experts, (1, 2, 4, 8, 16, 32, 64))
+                        if e > 1 or m.moe.dispatcher != "deepep"] if m.moe is not None else [1],
         "parallel.zero": [1, 2, 3],
         "training.recompute": [r for r in RECOMPUTES if r != "selective" or selective],
     }
@@ -141,12 +165,12 @@ def memory_settings(space: dict[str, list[Any]], pp: int) -> list[dict[str, Any]
     the most memory first: the highest ZeRO stage (ZeRO-3 not with a pipeline, unless only it
     is asked for), the most recompute."""
     zeros = space.get("parallel.zero", [None])
-    if pp > 1 and len(zeros) > 1:
+    if _positive_int(pp) and pp > 1 and len(zeros) > 1:
         zeros = [z for z in zeros if z != 3] or zeros
     recs = space.get("training.recompute", [None])
     order = {r: i for i, r in enumerate(RECOMPUTES)}
-    zeros = sorted(zeros, key=lambda z: -(z or 0))
-    recs = sorted(recs, key=lambda r: -order.get(r, -1))
+    zeros = sorted(zeros, key=lambda z: -z if isinstance(z, int) else 0)  # (a bad value: the rules refuse it)
+    recs = sorted(recs, key=lambda r: -order.get(r, -1) if isinstance(r, str) else 1)
     return [{k: v for k, v in (("parallel.zero", z), ("training.recompute", r)) if v is not None}
             for z in zeros for r in recs]
 
@@ -159,13 +183,23 @@ def shapes_of(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
 
 
+def _positive_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
 def plan_of(sc, data: dict[str, Any], values: dict[str, Any], number: int, varied: set[str]) -> Plan | None:
-    """The plan with these ``values`` as changes to the file's ``data``: the values, dp, SP
-    where tp > 1, the schedule, and the file's settings the plan cannot keep removed (null);
-    None where the degrees do not multiply into the GPUs or EP does not divide DP x CP."""
-    world = sc.mesh.world_size
+    """The plan with these ``values`` as changes to the file's ``data``: the values, dp (the
+    GPUs, ``cluster.nodes`` x a node's, over tp x pp x cp), SP where tp > 1, the schedule,
+    and the file's settings the plan cannot keep removed (null); None where the degrees do
+    not multiply into the GPUs, EP does not divide DP x CP, or a schedule other than 1F1B
+    is asked of one stage. A degree that is not a positive integer is left to the scenario's
+    rules to refuse, by name."""
     par, tr = data.get("parallel") or {}, data.get("training") or {}
+    nodes = values.get("cluster.nodes", sc.mesh.world_size // sc.topology.node.gpus)
     tp, pp, cp, ep = (values.get(f"parallel.{d}", par.get(d, 1)) for d in ("tp", "pp", "cp", "ep"))
+    if not all(map(_positive_int, (nodes, tp, pp, cp, ep))):
+        return Plan(number, list(values.items()))
+    world = nodes * sc.topology.node.gpus
     if world % (tp * pp * cp):
         return None
     dp = world // (tp * pp * cp)
@@ -174,18 +208,22 @@ def plan_of(sc, data: dict[str, Any], values: dict[str, Any], number: int, varie
     if pp == 1 and values.get("parallel.schedule", "1f1b") != "1f1b":
         return None  # one stage: the schedules are one plan (1F1B's)
     changes: list[tuple[str, Any]] = list(values.items()) + [(DP, dp)]
-    return Plan(number, changes + _settings(par, tr, values, varied))
+    return Plan(number, changes + _settings(sc, par, tr, values, varied))
 
 
-def _settings(par: dict, tr: dict, values: dict[str, Any], varied: set[str]) -> list[tuple[str, Any]]:
-    """The changes besides the dimensions that make a plan of them: SP with TP, the schedule's
-    own settings kept only with it (and the layer split only with its pipeline), and the
-    file's settings of another plan removed."""
+def _settings(sc, par: dict, tr: dict, values: dict[str, Any], varied: set[str]) -> list[tuple[str, Any]]:
+    """The changes besides the dimensions that make a plan of them: SP with TP; the schedule
+    (the scenario's, or 1F1B where it has its own file), its own settings kept only with it
+    (interleaving: the scenario's vpp, or 2, as far as the layers allow), the layer split
+    only with its pipeline; whole experts on each rank under DeepEP; and the file's settings
+    of another plan removed."""
     tp, pp = values.get("parallel.tp", par.get("tp", 1)), values.get("parallel.pp", par.get("pp", 1))
     zero, recompute = values.get("parallel.zero", par.get("zero", 0)), values.get("training.recompute")
     own = par.get("schedule", "1f1b")
-    schedule = values.get("parallel.schedule", own)
+    schedule = values.get("parallel.schedule", "1f1b" if own == "custom" else own)
     out: list[tuple[str, Any]] = []
+    if "parallel.schedule" not in varied and schedule != own:
+        out.append(("parallel.schedule", schedule))
     if "parallel.sp" not in varied:
         out.append(("parallel.sp", True if tp > 1 else None))
     if tp == 1:
@@ -193,12 +231,23 @@ def _settings(par: dict, tr: dict, values: dict[str, Any], varied: set[str]) -> 
     for k in ("vpp", "vpp_group", "schedule_file"):
         if k in par and schedule != own and f"parallel.{k}" not in varied:
             out.append((f"parallel.{k}", None))
+    if schedule == "interleaved" and "parallel.vpp" not in varied:
+        v = par.get("vpp", 2) if own == "interleaved" else 2
+        while v > 2 and pp * v > sc.model.layers:
+            v -= 1
+        if v != par.get("vpp") or schedule != own:
+            out.append(("parallel.vpp", v))
     if "layers_per_stage" in par and (schedule != own or pp != par.get("pp", 1)) \
             and "parallel.layers_per_stage" not in varied:
         out.append(("parallel.layers_per_stage", None))
-    for k in ("etp", "zero_shard"):
-        if k in par and f"parallel.{k}" not in varied:
-            out.append((f"parallel.{k}", None))
+    deepep = sc.model.moe is not None and sc.model.moe.dispatcher == "deepep"
+    if "parallel.etp" not in varied:
+        if deepep and tp > 1:
+            out.append(("parallel.etp", 1))  # DeepEP dispatches whole experts (config refuses etp > 1)
+        elif "etp" in par:
+            out.append(("parallel.etp", None))
+    if "zero_shard" in par and "parallel.zero_shard" not in varied:
+        out.append(("parallel.zero_shard", None))
     if zero not in (1, 2) and "overlap_param_gather" in par:
         out.append(("parallel.overlap_param_gather", None))
     if zero != 3:
@@ -240,6 +289,9 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
     sc = load_scenario(path)
     vary = vary or []
     _check_keys(path, data, vary)
+    if DP in dict(vary):
+        raise ConfigError("advise lets dp follow the other degrees (GPUs / (tp x pp x cp)); vary those, or use sweep "
+                          "to set dp yourself", source="command line", field="--vary")
     space = search_space(sc, data)
     for key, values in vary:
         space[key] = values
@@ -258,7 +310,7 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
         plan = plan_of(sc, data, {**shape, **settings[0]}, len(first) + 1, varied)
         if plan is None:
             continue
-        if dict(plan.changes)[DP] * shape.get("parallel.cp", 1) == 1:  # nothing to shard: one ZeRO plan
+        if dict(plan.changes).get(DP) == 1 and shape.get("parallel.cp", 1) == 1:  # nothing to shard: one ZeRO plan
             settings = [x for x in settings if x.get("parallel.zero") == settings[0].get("parallel.zero")]
         first.append(plan)
         rest[plan.number] = (shape, settings)
@@ -267,9 +319,11 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
                           f"GPUs", source="command line", field="--vary")
     params = total_params(sc.model)
     node_tp = max(t for t in (1, 2, 4, 8) if t <= sc.topology.node.gpus)
-    rule = guide_rule(params, sc.mesh.world_size, node_tp)
+    rule = guide_rule(params, sc.mesh.world_size, node_tp, moe=sc.model.moe is not None,
+                      long_seq=sc.model.seq_len >= GUIDE_LONG_SEQ)
     number = len(first)
-    every = number + sum(len(x) - 1 for _, x in rest.values()) <= budget
+    searched = number + sum(len(x) - 1 for _, x in rest.values())
+    every = searched <= budget
 
     def more_of(ns) -> list[Plan]:
         nonlocal number
@@ -311,7 +365,8 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
         options.append({"option": opt.name, "best": fit[0] if fit else None, "plans": len(mine)})
     return {"scenario": str(path), "params": params, "gpus": sc.mesh.world_size,
             "gpus_per_node": sc.topology.node.gpus, "guide": rule.says, "options": options, "vary": space,
-            "shapes": len(rest), "coarse_to_fine": not every, "own_plan": 1, "dp_follows": True, "plans": ordered,
+            "shapes": len(rest), "searched": searched, "coarse_to_fine": not every, "own_plan": 1, "dp_follows": True,
+            "plans": ordered,
             "ranking": ranked}
 
 
@@ -325,11 +380,14 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
     lines = [f"clustersim · advise {advice['scenario']}",
              f"{'case':<12}{advice['params'] / 1e9:,.1f}B parameters on {advice['gpus']:,} GPUs "
              f"({advice['gpus_per_node']} a node)",
-             f"{'the guide':<12}\"{advice['guide']}\"",
+             f"{'the guide':<12}" + " + ".join(f'"{x}"' for x in advice["guide"])
+             + (" (513 to 1,024 GPUs: no rule of its own; its neighbours')" if len(advice["guide"]) > 1
+                and advice["guide"][1].startswith("If you have more") else ""),
              f"{'searched':<12}{dims}; dp follows: {advice['shapes']:,} shapes"
              + (f", each with every setting: {n:,} plans" if not advice["coarse_to_fine"] else
-                f" with the settings that save the most memory, then the fastest that fit with every other: "
-                f"{n:,} plans") + (f", {done:,} simulated" if done != n else "")]
+                f", {advice['searched']:,} plans; coarse to fine (each shape first with the settings that save the "
+                f"most memory, then the fastest that fit with every other): {n:,} plans")
+             + (f", {done:,} simulated" if done != n else "")]
     best = rows[ranked[0]] if ranked and rows[ranked[0]]["fits"] else None
     notes = {p: "; ".join((["the scenario's plan"] if p == advice["own_plan"] else []) + rows[p]["guide_options"])
              for p in ranked}
@@ -367,7 +425,8 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
             top_opt = max(good, key=lambda o: rows[o["best"]]["tokens_per_s"]) if good else None
             tail = (f"; the guide's best option, \"{top_opt['option']}\" (#{top_opt['best']}), gives "
                     f"{100 * (1 - rows[top_opt['best']]['tokens_per_s'] / best['tokens_per_s']):.1f} % fewer tokens/s"
-                    if top_opt else "; none of the guide's options fits")
+                    if top_opt else "; none of the guide's options fits" if any(o["plans"] for o in advice["options"])
+                    else "; none of the guide's options was among the plans simulated")
             lines.append(f"{'verdict':<12}the best plan found, #{best['plan']}, is none of the guide's options" + tail)
     return "\n".join(lines)
 

@@ -262,6 +262,9 @@ def cmd_compare(args) -> int:
                           "with --variant (e.g. --variant \"parallel.pp=1 parallel.zero=3\")", source="command line",
                           field="scenarios")
     files = (COMPARE_FILE, *(report_name(label) for label in names))
+    if args.no_report and args.out is None:
+        raise ConfigError("leaves out the plans' reports, which only --out writes: give --out or drop --no-report",
+                          source="command line", field="--no-report")
     out = _given_out(args.out, files)
     plans = [{"label": names[i], "source": path, "file": path, "changes": None, "scenario": load_scenario(path)}
              for i, path in enumerate(args.scenarios)]
@@ -271,7 +274,10 @@ def cmd_compare(args) -> int:
         plans.append({"label": label, "source": variant_source(first, changes), "file": first,
                       "changes": dict(changes), "scenario": load_variant(first, changes)})
     base_cfg = plans[0]["scenario"].cfg.model_dump(mode="json")
-    staging = _Staging(out, files, REPORT_NAMES) if out is not None else None
+    # reports of an earlier compare of more plans are stale; a folder that holds no compare.json
+    # holds none of its reports, so files named as they are stay
+    ours = REPORT_NAMES if out is not None and (out / COMPARE_FILE).is_file() else None
+    staging = _Staging(out, files, ours) if out is not None else None
     walls = []
     written = []
     try:
@@ -328,6 +334,7 @@ def cmd_advise(args) -> int:
     def progress(done: int, total: int) -> None:
         print(f"\rsimulated {done:,} of {total:,} plans", end="", file=sys.stderr, flush=True)
 
+    args.jobs = _processes(args.jobs)
     t0 = time.perf_counter()
     advice = run_advise(args.scenario, varies, jobs=args.jobs, progress=progress if tty else None)
     wall_s = time.perf_counter() - t0
@@ -353,6 +360,12 @@ def cmd_advise(args) -> int:
                 staging.clean()
         print(f"{'wrote':<12}" + ", ".join(map(str, written)))
     return 0
+
+
+def _processes(jobs: int) -> int:
+    """``--jobs``, at most the machine's CPUs: more processes than cores only share them (and
+    each holds a plan's memory)."""
+    return min(jobs, os.cpu_count() or 1)
 
 
 def _given_out(given: str | None, files: tuple[str, ...]) -> Path | None:
@@ -404,6 +417,7 @@ def cmd_sweep(args) -> int:
     def progress(done: int, total: int) -> None:
         print(f"\rsimulated {done:,} of {total:,} plans", end="", file=sys.stderr, flush=True)
 
+    args.jobs = _processes(args.jobs)
     t0 = time.perf_counter()
     sweep = run_sweep(args.scenario, varies, jobs=args.jobs, progress=progress if tty else None)
     wall_s = time.perf_counter() - t0
@@ -654,7 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a dotted key and its values, e.g. --vary parallel.tp=2,4,8 (repeatable: every combination "
                          "is a plan; each value read as YAML). parallel.dp follows GPUs / (tp x pp x cp) unless "
                          "varied itself")
-    sw.add_argument("--jobs", type=int, default=1, help="simulate plans in this many processes (default 1)")
+    sw.add_argument("--jobs", type=int, default=1, help="simulate plans in this many processes (default 1; at most the "
+                                                        "CPUs)")
     sw.add_argument("--top", type=int, default=20, help="plans printed, best first (default 20)")
     sw.add_argument("--out", help="write sweep.json and sweep.csv (every plan, refused ones with the rule) into "
                                   "this folder")
@@ -667,7 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--vary", action="append", metavar="KEY=V1,V2,...",
                      help="replace a searched dimension's values (e.g. --vary parallel.tp=8) or add one (e.g. "
                           "--vary parallel.schedule=1f1b,interleaved); repeatable")
-    adv.add_argument("--jobs", type=int, default=1, help="simulate plans in this many processes (default 1)")
+    adv.add_argument("--jobs", type=int, default=1, help="simulate plans in this many processes (default 1; at most the "
+                                                         "CPUs)")
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
     adv.add_argument("--out", help="write advise.json and advise.csv (every plan searched) into this folder")
     adv.set_defaults(func=cmd_advise)

@@ -58,8 +58,12 @@ def check_key(key: str, *, source: str, field: str, what: str) -> None:
 
 def parse_value(key: str, raw: str, *, source: str, field: str) -> Any:
     """``raw`` read as a YAML value (an empty one as ""), or a ConfigError naming ``key``."""
+    from .yamlio import _load_unique  # (exponent numbers read as YAML 1.2 reads them, as in a scenario file)
+
     try:
-        return yaml.safe_load(raw) if raw.strip() else ""
+        return _load_unique(raw, source) if raw.strip() else ""
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {exc.message}", source=source, field=field) from None
     except yaml.YAMLError as exc:
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ConfigError(f"{key}: {short_repr(raw)} is not a YAML value ({problem})", source=source,
@@ -102,6 +106,8 @@ def changes_text(changes: list[tuple[str, Any]]) -> str:
 def _flow(value: Any) -> str:
     if value is None:
         return "null"
+    if value == "":
+        return '""'
     return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
 
 

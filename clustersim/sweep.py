@@ -107,12 +107,24 @@ def _get(data: dict[str, Any], key: str) -> Any:
     return node
 
 
-def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: int) -> tuple[Plan, str | None]:
+def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: int,
+            base_dir: Path | None = None) -> tuple[Plan, str | None]:
     """The plan with ``parallel.dp`` made to follow (GPUs / (tp x pp x cp)), or the reason it
-    cannot: the changes made to ``data`` (the file's) give tp, pp, cp and ``cluster.nodes``."""
+    cannot: the changes made to ``data`` (the file's) give tp, pp, cp, ``cluster.nodes`` and
+    ``cluster.topology`` (another topology file: its GPUs a node and nodes, read from
+    ``base_dir``, the scenario's folder)."""
     from .overrides import apply_changes
 
     d = apply_changes(data, plan.changes, source="sweep")
+    changed = dict(plan.changes)
+    if "cluster.topology" in changed and base_dir is not None and isinstance(changed["cluster.topology"], str):
+        from .hardware.topology import load_topology_cfg
+
+        try:
+            topo = load_topology_cfg(base_dir / changed["cluster.topology"], build=False)
+        except ConfigError:
+            return plan, None  # validation names the file
+        gpus_per_node, base_nodes = topo.node.gpus, topo.nodes
     nodes = _get(d, "cluster.nodes") or base_nodes
     degrees = [_get(d, k) or 1 for k in _MESH]
     if not all(isinstance(x, int) and x >= 1 for x in (nodes, *degrees)):
@@ -153,12 +165,12 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
     base = load_scenario(path)  # the file itself must be a valid scenario
     _check_keys(path, data, varies)
     keys = [k for k, _ in varies]
-    dp_follows = DP not in keys and any(k in keys for k in (*_MESH, "cluster.nodes"))
+    dp_follows = DP not in keys and any(k in keys for k in (*_MESH, "cluster.nodes", "cluster.topology"))
     per_node = base.topology.node.gpus
     todo, rows = [], {}
     for plan in plans_of(varies):
         if dp_follows:
-            plan, why = with_dp(data, plan, per_node, base.mesh.world_size // per_node)
+            plan, why = with_dp(data, plan, per_node, base.mesh.world_size // per_node, Path(path).parent)
             if why is not None:
                 rows[plan.number] = {"plan": plan.number, "changes": dict(plan.changes), "status": "refused",
                                      "reason": why}
@@ -177,8 +189,8 @@ def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dic
     may hold refused plans already) by its number. ``progress(done, total)`` after each."""
     total = len(plans) + len(rows)
     todo = [(path, data, plan, jobs == 1) for plan in plans]
-    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) \
-        if jobs > 1 and len(todo) > 1 else None
+    jobs = min(jobs, len(todo))
+    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) if jobs > 1 else None
     done = False
     try:
         for row in (pool.imap_unordered(simulate_plan, todo) if pool else map(simulate_plan, todo)):
@@ -196,16 +208,16 @@ def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dic
 
 
 def _check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any]]]) -> None:
-    """Refuse a varied key the scenario format does not have (a misspelt field would have
-    every plan refused for it): the file with the key's first value alone must not be refused
-    for that key being unknown."""
+    """Refuse a varied key the scenario format does not have, or one that runs through a
+    value (a misspelt field would have every plan refused for it): the file with the key's
+    first value alone must not be refused for that key."""
     from .overrides import load_variant
 
     for key, values in varies:
         try:
             load_variant(path, [(key, values[0])], data)
         except ConfigError as exc:
-            if exc.field == key and exc.message.startswith("unknown key"):
+            if exc.field == key and (exc.message.startswith("unknown key") or "not a section with keys" in exc.message):
                 raise
         # (any other refusal is the plan's: listed with its rule)
 

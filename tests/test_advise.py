@@ -36,6 +36,11 @@ def test_guide_rule_by_case(params, gpus, first):
     v = {"tp": 8, "pp": 4, "dp": 2, "cp": 1, "ep": 1, "zero": 1, "recompute": "full"}
     assert guide_rule(70e9, 64, 8).options[0].test(v) and not guide_rule(70e9, 64, 8).options[2].test(v)
     assert guide_rule(8e9, 8, 4).options[0].name == "TP=4"  # a node of 4 GPUs: TP over the node
+    # "If your model is MoE, use EP in addition": every option then asks EP of its plans
+    moe = guide_rule(671e9, 2048, 8, moe=True)
+    assert moe.options[0].name == "TP=8 with ZeRO2 and PP + EP" and moe.says[-1].startswith("If your model is MoE")
+    tp8 = {"tp": 8, "pp": 16, "dp": 16, "cp": 1, "ep": 1, "zero": 2, "recompute": "full"}
+    assert not moe.options[0].test(tp8) and moe.options[0].test({**tp8, "ep": 8})
 
 
 def test_memory_settings_most_saving_first():
@@ -70,7 +75,7 @@ def test_advise_small_model(tmp_path, root):
     assert r.returncode == 0, r.stderr
     adv = json.loads((out / "advise.json").read_text())
     rows = {x["plan"]: x for x in adv["plans"]}
-    assert not adv["coarse_to_fine"] and adv["guide"].startswith("For small models (< 10B parameters)")
+    assert not adv["coarse_to_fine"] and adv["guide"][0].startswith("For small models (< 10B parameters)")
     # plan 1 is the scenario's own, as run simulates it
     direct = clustersim.simulate(clustersim.load_scenario(root / SMALL)).summary
     assert rows[1]["step_time_s"] == direct["step_time_s"]
@@ -119,3 +124,40 @@ def test_advise_vary_and_bad_input(tmp_path, root):
         r = run_cli("advise", SMALL, *args, "--out", out, cwd=root)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert not (tmp_path / "x").exists()
+
+
+def test_plans_of_other_schedules_and_dispatchers(root):
+    """A custom schedule's file is not kept for another pipeline (1F1B instead); interleaving
+    asked of a plain scenario gets vpp 2; DeepEP's plans with TP keep whole experts (etp 1)."""
+    path = root / "scenarios" / "custom_schedule.yaml"
+    sc, data = clustersim.load_scenario(path), read_yaml(path, what="scenario")
+    space = search_space(sc, data)
+    assert space["parallel.schedule"] == ["1f1b"]
+    plan = dict(plan_of(sc, data, {"parallel.pp": 1}, 1, set(space) - {"parallel.schedule"}).changes)
+    assert plan["parallel.schedule"] == "1f1b" and plan["parallel.schedule_file"] is None
+    path = root / SMALL
+    sc, data = clustersim.load_scenario(path), read_yaml(path, what="scenario")
+    plan = plan_of(sc, data, {"parallel.pp": 2, "parallel.schedule": "interleaved"}, 1, {"parallel.schedule"})
+    assert dict(plan.changes)["parallel.vpp"] == 2
+    from clustersim.overrides import load_variant
+
+    assert load_variant(path, plan.changes).parallel.vpp == 2
+    path = root / "scenarios" / "deepseek_v3_2048gpu.yaml"
+    sc, data = clustersim.load_scenario(path), read_yaml(path, what="scenario")
+    space = search_space(sc, data)
+    assert 1 not in space["parallel.ep"]  # DeepEP dispatches over an EP group
+    plan = plan_of(sc, data, {"parallel.tp": 2, "parallel.pp": 16, "parallel.ep": 64, "parallel.schedule": "dualpipe"},
+                   1, set(space))
+    assert dict(plan.changes)["parallel.etp"] == 1
+    assert load_variant(path, plan.changes).parallel.expert_tp == 1
+
+
+def test_advise_odd_values_are_refused_by_name(root):
+    """A degree that is no positive integer leaves its plans to the scenario's rules (listed,
+    not simulated); dp cannot be varied (it follows)."""
+    for v in ("parallel.tp=0", "parallel.zero=a,b", "parallel.cp=[1]"):
+        r = run_cli("advise", SMALL, "--vary", v, cwd=root)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (v, r.stderr)
+        assert "refused by the scenario's rules" in r.stdout and "your plan   #1" in r.stdout
+    r = run_cli("advise", SMALL, "--vary", "parallel.dp=1,2", cwd=root)
+    assert r.returncode == 2 and "advise lets dp follow the other degrees" in r.stderr

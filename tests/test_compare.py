@@ -26,6 +26,9 @@ def test_parse_changes_reads_yaml_values():
     assert got == [("parallel.pp", 2), ("parallel.layers_per_stage", [10, 22]), ("training.recompute", "full"),
                    ("parallel.vpp_group", None), ("model.moe.top_k", 4), ("x.y", "")]
     assert parse_changes(changes_text(got), source="s", field="f") == got
+    # exponent numbers as a scenario file reads them (YAML 1.2), an empty value said as one
+    assert parse_changes("a.b=1e0 c.d=", source="s", field="f") == [("a.b", 1.0), ("c.d", "")]
+    assert changes_text([("name", ""), ("a.b", None)]) == "'name=\"\"' a.b=null"
 
 
 @pytest.mark.parametrize("text, says", [
@@ -112,6 +115,7 @@ def test_compare_a_pipeline_with_zero3(tmp_path, root):
     assert f"{rel:+.1f} %" in step_row
     assert any(x.startswith("fastest") and x.split()[1] == doc["fastest_fitting"] for x in lines)
     assert "C does not fit" in r.stdout
+    assert "note" not in r.stdout  # the same model, batch and GPUs
     assert sorted(p.name for p in out.iterdir()) == ["compare.json", "report_A.html", "report_B.html", "report_C.html"]
     # each plan's report is the one run writes
     r = run_cli("run", ZERO3, "--no-trace", "--out", tmp_path / "run", cwd=root)
@@ -127,6 +131,15 @@ def test_compare_two_files_and_nothing_written_on_bad_input(tmp_path, root):
     r = run_cli("compare", "scenarios/llama3_8b_8gpu.yaml", "scenarios/grad_accum_llama3_8b_8gpu.yaml", cwd=root)
     assert r.returncode == 0, r.stderr
     assert "A   scenarios/llama3_8b_8gpu.yaml" in r.stdout and "B vs A" in r.stdout
+    assert "the plans differ in tokens a step: tokens/s compares their throughput" in r.stdout
+    r = run_cli("compare", "scenarios/llama3_8b_8gpu.yaml", ZERO3, cwd=root)
+    assert "the plans differ in tokens a step and GPU counts" in r.stdout
+    # a folder a compare did not write keeps files named as its reports
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report_C.html").write_text("mine")
+    r = run_cli("compare", ZERO3, "--variant", PIPELINE, "--no-report", "--out", mine, cwd=root)
+    assert r.returncode == 0 and (mine / "report_C.html").read_text() == "mine"
     out = tmp_path / "a" / "b"
     for args, says in [
         ((ZERO3,), "compare needs two plans or more"),
@@ -134,7 +147,12 @@ def test_compare_two_files_and_nothing_written_on_bad_input(tmp_path, root):
         ((ZERO3, "--variant", "parallel.tpp=2"), "parallel.tpp: unknown key (did you mean 'tp'?"),
         ((ZERO3, "--variant", "parallel.zero=1", "--variant", "parallel.pp"), "is not KEY=VALUE"),
         ((ZERO3, "missing.yaml"), "missing.yaml: scenario file not found"),
+        ((ZERO3, "--variant", "parallel.zero=1"), None),
     ]:
+        if says is None:  # --no-report without --out
+            r = run_cli("compare", *args, "--no-report", cwd=root)
+            assert r.returncode == 2 and "--no-report: leaves out the plans' reports" in r.stderr
+            continue
         r = run_cli("compare", *args, "--out", out, cwd=root)
         assert r.returncode == 2 and says in r.stderr and r.stdout == "" and "Traceback" not in r.stderr, (args, r.stderr)
         assert len(r.stderr.splitlines()) == 1

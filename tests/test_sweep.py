@@ -118,3 +118,14 @@ def test_sweep_bad_input_writes_nothing(tmp_path, root):
         r = run_cli("sweep", ZERO3, *args, "--out", out, cwd=root)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert not (tmp_path / "x").exists()
+
+
+def test_dp_follows_another_topology(root):
+    """A varied topology brings its own GPUs a node: one H100 alone runs dp 1."""
+    r = run_cli("sweep", "scenarios/llama3_8b_8gpu.yaml", "--vary",
+                "cluster.topology=../topologies/dgx-h100.yaml,../topologies/single-h100.yaml", "--vary",
+                "parallel.tp=1,4", "--top", 10, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "4 x 1 x 1 = 4 does not divide the 1 GPUs" in r.stdout
+    row = next(x for x in r.stdout.splitlines() if "single-h100" in x and x.split()[0] == "3")
+    assert row.split()[2:4] == ["1", "1"]  # tp 1, dp 1

@@ -91,7 +91,7 @@ def plan_line(s: dict[str, Any]) -> str:
 
 
 def _value(v: Any) -> str:
-    text = printable(repr(v) if isinstance(v, str) and not v.strip() else v)
+    text = "null" if v is None else printable(repr(v) if isinstance(v, str) and not v.strip() else v)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -150,6 +150,20 @@ def _rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str], list[st
     return rows
 
 
+def _other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
+    """A note where the plans do not train the same job (another model, batch or GPU count):
+    their tokens/s then compare throughput, not the time to the same result."""
+    base = summaries[0]
+    what = [w for w, key in (("models", lambda s: (s["model"]["name"], s["model"]["params"])),
+                             ("tokens a step", lambda s: s["tokens_per_step"]),
+                             ("GPU counts", lambda s: s["world_size"]))
+            if any(key(s) != key(base) for s in summaries)]
+    if not what:
+        return []
+    return [f"{'note':<24}the plans differ in {' and '.join(what)}: tokens/s compares their throughput, not the time "
+            "of one job"]
+
+
 def _verdict(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
     best = fastest(summaries)
     if best is None:
@@ -193,7 +207,7 @@ def format_compare(plans: list[dict[str, Any]]) -> str:
             lines.append(label)
             continue
         lines.append(f"{label:<24}" + "  ".join(cell(j, vals[j], difs[j]) for j in range(len(plans))).rstrip())
-    lines += _verdict(names, summaries)
+    lines += _other_jobs(names, summaries) + _verdict(names, summaries)
     return "\n".join(lines)
 
 
