@@ -6,23 +6,24 @@ The model, the cluster, the batch, the precision and the attention are the scena
 plan is searched::
 
     tp         1, 2, 4, 8 (at most a node's GPUs; dividing the heads)
-    pp         1, 2, 4, 8, 16 (dividing the layers)
+    pp         1, 2, 4, 8, 16 (at most the layers; split unevenly where they do not divide)
     cp         1, or 1 to 16 for sequences of 32K tokens and more   (guide: "For large
                sequence length (128K+), use CP")
-    ep         MoE only: 1 to 64, dividing the experts and DP        ("If your model is MoE,
-               use EP in addition")
+    ep         MoE only: 1 (2 under DeepEP) to 64, dividing the experts and DP x CP ("If your
+               model is MoE, use EP in addition")
     zero       1, 2, 3 without a pipeline; 1, 2 with one (ZeRO-3 re-gathers every microbatch's
-               parameters on each stage: "additional communication is needed")
-    recompute  none, selective, full
+               parameters on each stage: "additional communication is needed"); ZeRO-1 moves
+               what plain DP moves, with less memory, and stands for it
+    recompute  none, selective (where it recomputes something: not Megatron's default
+               under flash attention), full
     dp         the GPUs left: GPUs / (tp x pp x cp)
 
 with sequence parallelism wherever tp > 1, and where pp > 1 both 1F1B and the scenario's
 own schedule (1F1B alone where it is a custom file; interleaving with the scenario's vpp, or
 2, as far as the layers allow), and its other settings where the plan allows them (DeepEP's
-experts whole on each rank). ``--vary KEY=V1,V2``
-replaces a dimension's values (``--vary parallel.tp=8``) or adds one (``--vary
-parallel.schedule=1f1b,interleaved``). Plans the scenario's rules refuse are counted, not
-simulated.
+experts whole on each rank). ``--vary KEY=V1,V2`` replaces a dimension's values (``--vary
+parallel.tp=8``) or adds one (``--vary parallel.schedule=1f1b,interleaved``). Plans the
+scenario's rules refuse are counted, not simulated. The scenario's own plan is plan 1.
 
 The guide's rule for the case (``../shared/reference/parallelism-guide.txt``, "Choose your
 parallelism technique"), by the model's parameters N and the GPUs G::
@@ -48,7 +49,6 @@ from .errors import ConfigError
 from .sweep import DP, Plan, _check_keys, ranking, simulate_plans, table_lines
 from .yamlio import read_yaml
 
-DIMS = ("parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep", "parallel.zero", "training.recompute")
 RECOMPUTES = ("none", "selective", "full")
 LONG_SEQ = 32 * 1024  # from here CP is searched (the guide: 128K+; it already pays at 32K on some plans)
 ADVISE_FILES = ("advise.json", "advise.csv")
