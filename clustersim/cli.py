@@ -314,13 +314,23 @@ def cmd_advise(args) -> int:
     """Search the plans around the guide's options for the scenario, simulate and rank them,
     check the guide's rule; with ``--out``, write advise.json and advise.csv (clustersim.advise)."""
     from .advise import ADVISE_FILES, format_advice, run_advise
-    from .forking import ctrl_c_held
-    from .output.summary import to_json
-    from .sweep import parse_vary, sweep_csv
+    from .sweep import parse_vary
 
     _given_scenario(args.scenario)
+    varies = [parse_vary(v, source="command line") for v in args.vary or []]
+    return _search(args, varies, ADVISE_FILES, "search", 12,
+                   lambda jobs, progress: run_advise(args.scenario, varies, jobs=jobs, progress=progress), format_advice)
+
+
+def _search(args, varies: list, files: tuple[str, str], what: str, width: int, run, fmt) -> int:
+    """What ``sweep`` and ``advise`` share: their options checked, the plans simulated (``run``,
+    with ``--jobs`` processes and a progress line on a terminal), the table printed (``fmt``),
+    then ``files`` (the JSON and the CSV of every plan) written with ``--out``."""
+    from .forking import ctrl_c_held
+    from .output.summary import to_json
+    from .sweep import sweep_csv
+
     src = "command line"
-    varies = [parse_vary(v, source=src) for v in args.vary or []]
     keys = [k for k, _ in varies]
     for k in keys:
         if keys.count(k) > 1:
@@ -328,37 +338,37 @@ def cmd_advise(args) -> int:
     for flag, value in (("--jobs", args.jobs), ("--top", args.top)):
         if value < 1:
             raise ConfigError(f"must be at least 1 (got {value})", source=src, field=flag)
-    out = _given_out(args.out, ADVISE_FILES)
+    out = _given_out(args.out, files)
     tty = sys.stderr.isatty()
 
     def progress(done: int, total: int) -> None:
         print(f"\rsimulated {done:,} of {total:,} plans", end="", file=sys.stderr, flush=True)
 
-    args.jobs = _processes(args.jobs)
+    jobs = _processes(args.jobs)
     t0 = time.perf_counter()
-    advice = run_advise(args.scenario, varies, jobs=args.jobs, progress=progress if tty else None)
+    found = run(jobs, progress if tty else None)
     wall_s = time.perf_counter() - t0
     if tty:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
-    print(format_advice(advice, args.top))
-    if not advice["ranking"]:
-        print("error: no plan of the search could be simulated; nothing written", file=sys.stderr)
+    print(fmt(found, args.top))
+    if not found["ranking"]:
+        print(f"error: no plan of the {what} could be simulated; nothing written", file=sys.stderr)
         return EXIT_BAD_INPUT
-    done = len(advice["ranking"])
-    print(f"{'simulated':<12}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
-          + (f" with {args.jobs} processes" if args.jobs > 1 else ""))
+    done = len(found["ranking"])
+    print(f"{'simulated':<{width}}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
+          + (f" with {jobs} processes" if jobs > 1 else ""))
     if out is not None:
-        staging = _Staging(out, ADVISE_FILES)
+        staging = _Staging(out, files)
         try:
             tmp = staging.opened()
-            (tmp / ADVISE_FILES[0]).write_text(to_json(advice))
-            (tmp / ADVISE_FILES[1]).write_text(sweep_csv(advice))
+            (tmp / files[0]).write_text(to_json(found))
+            (tmp / files[1]).write_text(sweep_csv(found))
             written = staging.moved_in()
             args.written = out
         finally:
             with ctrl_c_held():
                 staging.clean()
-        print(f"{'wrote':<12}" + ", ".join(map(str, written)))
+        print(f"{'wrote':<{width}}" + ", ".join(map(str, written)))
     return 0
 
 
@@ -388,9 +398,7 @@ MAX_SWEEP_PLANS = 100_000  # a sweep's combinations; each plan's row is kept unt
 def cmd_sweep(args) -> int:
     """Simulate every combination of the ``--vary`` values on the scenario, print the plans
     ranked and, with ``--out``, write sweep.json and sweep.csv (clustersim.sweep)."""
-    from .forking import ctrl_c_held
-    from .output.summary import to_json
-    from .sweep import SWEEP_FILES, format_sweep, parse_vary, run_sweep, sweep_csv
+    from .sweep import SWEEP_FILES, format_sweep, parse_vary, run_sweep
 
     _given_scenario(args.scenario)
     src = "command line"
@@ -398,51 +406,14 @@ def cmd_sweep(args) -> int:
         raise ConfigError("give what to vary: --vary KEY=V1,V2,... (e.g. --vary parallel.tp=2,4,8), once per key",
                           source=src, field="--vary")
     varies = [parse_vary(v, source=src) for v in args.vary]
-    keys = [k for k, _ in varies]
-    for k in keys:
-        if keys.count(k) > 1:
-            raise ConfigError(f"{k} is varied twice; give its values in one --vary", source=src, field="--vary")
     n = 1
     for _, values in varies:
         n *= len(values)
     if n > MAX_SWEEP_PLANS:
         raise ConfigError(f"{' x '.join(str(len(v)) for _, v in varies)} = {n:,} plans; a sweep takes at most "
                           f"{MAX_SWEEP_PLANS:,}", source=src, field="--vary")
-    for flag, value in (("--jobs", args.jobs), ("--top", args.top)):
-        if value < 1:
-            raise ConfigError(f"must be at least 1 (got {value})", source=src, field=flag)
-    out = _given_out(args.out, SWEEP_FILES)
-    tty = sys.stderr.isatty()
-
-    def progress(done: int, total: int) -> None:
-        print(f"\rsimulated {done:,} of {total:,} plans", end="", file=sys.stderr, flush=True)
-
-    args.jobs = _processes(args.jobs)
-    t0 = time.perf_counter()
-    sweep = run_sweep(args.scenario, varies, jobs=args.jobs, progress=progress if tty else None)
-    wall_s = time.perf_counter() - t0
-    if tty:
-        print("\r\033[K", end="", file=sys.stderr, flush=True)
-    print(format_sweep(sweep, args.top))
-    if not sweep["ranking"]:
-        print("error: no plan of the sweep could be simulated; nothing written", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    done = len(sweep["ranking"])
-    print(f"{'simulated':<16}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
-          + (f" with {args.jobs} processes" if args.jobs > 1 else ""))
-    if out is not None:
-        staging = _Staging(out, SWEEP_FILES)
-        try:
-            tmp = staging.opened()
-            (tmp / SWEEP_FILES[0]).write_text(to_json(sweep))
-            (tmp / SWEEP_FILES[1]).write_text(sweep_csv(sweep))
-            written = staging.moved_in()
-            args.written = out
-        finally:
-            with ctrl_c_held():
-                staging.clean()
-        print(f"{'wrote':<16}" + ", ".join(map(str, written)))
-    return 0
+    return _search(args, varies, SWEEP_FILES, "sweep", 16,
+                   lambda jobs, progress: run_sweep(args.scenario, varies, jobs=jobs, progress=progress), format_sweep)
 
 
 def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
