@@ -271,8 +271,13 @@ def cmd_compare(args) -> int:
     first = args.scenarios[0]
     for label, text in zip(names[len(args.scenarios):], variants):
         changes = parse_changes(text, source="command line", field=f"--variant {text!r}")
-        plans.append({"label": label, "source": variant_source(first, changes), "file": first,
-                      "changes": dict(changes), "scenario": load_variant(first, changes)})
+        source = variant_source(first, changes)
+        # its summary and report say which variant it is, not the file's own plan
+        keys = dict(changes)
+        named = [(k, v) for k, v in (("name", f"{plans[0]['scenario'].cfg.name} ({label})"), ("description", source))
+                 if k not in keys]
+        plans.append({"label": label, "source": source, "file": first, "changes": keys,
+                      "scenario": load_variant(first, changes, unnamed=named)})
     base_cfg = plans[0]["scenario"].cfg.model_dump(mode="json")
     # reports of an earlier compare of more plans are stale; a folder that holds no compare.json
     # holds none of its reports, so files named as they are stay

@@ -116,12 +116,15 @@ def variant_source(path: str | Path, changes: list[tuple[str, Any]]) -> str:
     return f"{path} with {changes_text(changes)}"
 
 
-def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[str, Any] | None = None):
+def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[str, Any] | None = None,
+                 unnamed: list[tuple[str, Any]] = ()):
     """The scenario of the file ``path`` (its contents ``data`` where read already) with
-    ``changes`` made, validated as the file is (relative paths from the file's folder); a
-    ConfigError names the variant (:func:`variant_source`)."""
+    ``changes`` made, then ``unnamed`` (changes the error messages do not list: ``compare``'s
+    name and description of a variant), validated as the file is (relative paths from the
+    file's folder); a ConfigError names the variant (:func:`variant_source`)."""
     from .config import load_scenario
 
     source = variant_source(path, changes)
     data = read_yaml(Path(path), what="scenario") if data is None else data
-    return load_scenario(apply_changes(data, changes, source=source), base_dir=Path(path).parent, source=source)
+    return load_scenario(apply_changes(data, list(changes) + list(unnamed), source=source), base_dir=Path(path).parent,
+                         source=source)

@@ -86,6 +86,8 @@ def test_compare_a_pipeline_with_zero3(tmp_path, root):
     direct = clustersim.simulate(clustersim.load_scenario(root / ZERO3)).summary
     assert a["summary"]["step_time_s"] == direct["step_time_s"]
     assert a["summary"]["memory"]["peak_bytes"] == direct["memory"]["peak_bytes"]
+    # a variant's summary (and report) names it, not the file's own plan
+    assert b["summary"]["scenario"] == f"{direct['scenario']} (B)" and b["summary"]["description"] == b["source"]
     # the step splits into parts that add up to it, so their differences add up to the steps'
     for p in doc["plans"]:
         sp = p["step_split"]
