@@ -341,7 +341,7 @@ def _search(args, varies: list, files: tuple[str, str], what: str, width: int, r
         if keys.count(k) > 1:
             raise ConfigError(f"{k} is varied twice; give its values in one --vary", source=src, field="--vary")
     for flag, value in (("--jobs", args.jobs), ("--top", args.top)):
-        if value < 1:
+        if value is not None and value < 1:
             raise ConfigError(f"must be at least 1 (got {value})", source=src, field=flag)
     out = _given_out(args.out, files)
     tty = sys.stderr.isatty()
@@ -377,10 +377,11 @@ def _search(args, varies: list, files: tuple[str, str], what: str, width: int, r
     return 0
 
 
-def _processes(jobs: int) -> int:
-    """``--jobs``, at most the machine's CPUs: more processes than cores only share them (and
-    each holds a plan's memory)."""
-    return min(jobs, os.cpu_count() or 1)
+def _processes(jobs: int | None) -> int:
+    """``--jobs``, at most the machine's CPUs (None: all of them): more processes than cores
+    only share them, and each holds a plan's memory."""
+    cpus = os.cpu_count() or 1
+    return cpus if jobs is None else min(jobs, cpus)
 
 
 def _given_out(given: str | None, files: tuple[str, ...]) -> Path | None:
@@ -644,8 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a dotted key and its values, e.g. --vary parallel.tp=2,4,8 (repeatable: every combination "
                          "is a plan; each value read as YAML). parallel.dp follows GPUs / (tp x pp x cp) unless "
                          "varied itself")
-    sw.add_argument("--jobs", type=int, default=1, help="simulate plans in this many processes (default 1; at most the "
-                                                        "CPUs)")
+    sw.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
+                                                           "most: the CPUs; the results do not depend on it)")
     sw.add_argument("--top", type=int, default=20, help="plans printed, best first (default 20)")
     sw.add_argument("--out", help="write sweep.json and sweep.csv (every plan, refused ones with the rule) into "
                                   "this folder")
@@ -658,8 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--vary", action="append", metavar="KEY=V1,V2,...",
                      help="replace a searched dimension's values (e.g. --vary parallel.tp=8) or add one (e.g. "
                           "--vary parallel.schedule=1f1b,interleaved); repeatable")
-    adv.add_argument("--jobs", type=int, default=1, help="simulate plans in this many processes (default 1; at most the "
-                                                         "CPUs)")
+    adv.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
+                                                            "most: the CPUs; the results do not depend on it)")
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
     adv.add_argument("--out", help="write advise.json and advise.csv (every plan searched) into this folder")
     adv.set_defaults(func=cmd_advise)
