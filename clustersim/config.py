@@ -440,6 +440,9 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if m.moe.dispatcher == "deepep":
             _check_deepep(cfg, topo.node.gpus, fail)
             sms = lookup_gpu(topo.gpu).sms
+            if m.moe.deepep_sms % 2:
+                fail("model.moe.deepep_sms", f"{m.moe.deepep_sms} is odd; DeepEP's kernels pair their SMs into "
+                                             f"channels (Buffer.set_num_sms asserts an even count)")
             if sms and m.moe.deepep_sms >= sms:
                 fail("model.moe.deepep_sms", f"DeepEP's kernels would hold {m.moe.deepep_sms} of the {topo.gpu}'s {sms} "
                                              f"SMs, leaving none to compute (DeepEP's default: 20)")

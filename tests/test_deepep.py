@@ -302,7 +302,7 @@ def test_dualpipe_chunks_compute_on_the_sms_deepep_leaves(root):
     most = 132 / 112
     assert all(1 - 1e-12 <= x <= most * (1 + 1e-12) for x in ratios)
     assert max(ratios) > 1.1  # the expert blocks, mostly GEMMs (the op-level closed form: above)
-    assert sum(abs(x - 1) < 1e-12 for x in ratios) > 0  # warm-up forwards, W: outside the chunks
+    assert sum(abs(x - 1) < 1e-12 for x in ratios) > 0  # the warm-up's forwards: outside the chunks
     assert all(a[t][1] == b[t][1] for t in a)  # the same FLOPs, more time
     assert ours.summary["step_time_s"] > free.summary["step_time_s"]
     assert ours.summary["mfu"] < free.summary["mfu"]
@@ -330,6 +330,7 @@ def test_dualpipe_chunks_compute_on_the_sms_deepep_leaves(root):
     ({"moe": {"router_groups": 32, "router_group_top_k": 1}}, "model.moe", "top_k=4 exceeds the 2 experts"),
     ({"moe": {"deepep_sms": 132}}, "model.moe.deepep_sms", "would hold 132 of the H100-SXM5-80GB's 132 SMs"),
     ({"moe": {"deepep_sms": 24, "dispatcher": "alltoall"}}, "model.moe.deepep_sms", "the dispatcher is alltoall"),
+    ({"moe": {"deepep_sms": 21}}, "model.moe.deepep_sms", "21 is odd"),
 ])
 def test_impossible_deepep_plans(root, kw, field, words):
     with pytest.raises(clustersim.ConfigError, match=field.replace(".", r"\.")) as exc:

@@ -1112,7 +1112,7 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
                              _blocks(prog, low, r, b, paths[1][0], b_inputs, chunk=True)))
     if len(unit) == 3:  # the chunk's backward is a full backward: its W right after
         w = unit[2]
-        done = tuple(_run_chains(_blocks(prog, low, r, w, paths[2][0], done)))
+        done = tuple(_run_chains(_blocks(prog, low, r, w, paths[2][0], done, chunk=True)))
     for a in unit:  # released together when the chunk ends
         low.done[(a.kind, r, a.stage, a.mb)] = done
     for a, route in zip((f, b), paths):
@@ -1126,10 +1126,11 @@ def chunk_gpu(sc: Scenario) -> GpuSpec:
     """The scenario's GPU, with the share of its SMs an overlapped F&B chunk's compute gets
     (``GpuSpec.chunk_sm_share``) where DeepEP dispatches: its kernels hold
     ``model.moe.deepep_sms`` SMs (20 by default, as DeepEP's ``Buffer.num_sms`` and
-    Megatron-LM's ``--moe-deepep-num-sms``) and, under DualPipe, one half of the chunk
-    dispatches or combines while the other computes (DeepSeek-V3 report, Sec 3.2.1-3.2.2:
-    "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink"), so the
-    chunk's GEMMs run on the others::
+    Megatron-LM's ``--moe-deepep-num-sms``). Under DualPipe the SMs are partitioned through
+    the overlapped chunk, F, B and the W that follows them (DeepSeek-V3 report, Sec 3.2.1-3.2.2,
+    Fig. 4, and Sec 3.5.1: "20 out of the 132 SMs" for communication), the GEMMs launched on
+    the rest (DeepGEMM's ``set_num_sms``) whether a dispatch is in flight at that instant or
+    not::
 
         chunk_sm_share = (sms - deepep_sms) / sms        H800: (132 - 20) / 132 = 0.848
 
