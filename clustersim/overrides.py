@@ -1,7 +1,7 @@
 """Changes to a scenario given on the command line: ``KEY=VALUE`` with a dotted key.
 
-``compare`` and ``sweep`` make plans out of one scenario file this way, without a file per
-plan::
+``compare``, ``sweep`` and ``advise`` make plans out of one scenario file this way, without a
+file per plan (from Python: :func:`load_variant`)::
 
     parallel.pp=1 parallel.dp=8 parallel.zero=3     three changes, one plan
     parallel.layers_per_stage=[2,4,4,2]              a value is read as YAML (a list here)
