@@ -596,36 +596,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="skip the invariant checks run after the simulation (docs/invariants.md)")
     run.set_defaults(func=cmd_run)
 
-    sch = sub.add_parser("schedule", help="print a pipeline schedule as a step x rank grid")
-    sch.add_argument("--pp", type=int, help="pipeline ranks (required, except with --file, which it then checks)")
-    sch.add_argument("--microbatches", "-m", type=int,
-                     help="microbatches (required, except with --file, which it then checks)")
-    sch.add_argument("--schedule", choices=SCHEDULE_NAMES,
-                     help="the schedule's name (default 1f1b, or custom when --file is given)")
-    sch.add_argument("--vpp", type=int, help="interleaved: model chunks (virtual stages) per rank (default 2)")
-    sch.add_argument("--vpp-group", type=int, metavar="G",
-                     help="interleaved: microbatches each chunk runs before the next (default --pp; from --pp to "
-                          "--microbatches, as Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage)")
-    sch.add_argument("--file", help="a custom schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
-    sch.set_defaults(func=cmd_schedule)
-
-    val = sub.add_parser("validate", help="check scenario (or topology) files without simulating")
-    val.add_argument("scenarios", nargs="+",
-                     help="scenario or topology YAML files, each checked (exit code 2 if any is bad)")
-    val.set_defaults(func=cmd_validate)
-
-    col = sub.add_parser("collective", help="time one collective on an idle cluster; print algbw and busbw "
-                                            "per size (nccl-tests definitions)")
-    col.add_argument("--topology", required=True, help="topology YAML file")
-    col.add_argument("--op", default="all_reduce",
-                     help="all_reduce (default), reduce_scatter, all_gather or all_to_all")
-    col.add_argument("--gpus", type=int, default=8, help="GPUs 0..N-1, whole nodes first (default 8)")
-    col.add_argument("--sizes", default="1M,16M,1G,8G",
-                     help="buffer sizes in binary units (default 1M,16M,1G,8G)")
-    col.add_argument("--algo", default="auto", help="auto (default: the fastest applicable), ring, tree, "
-                                                    "hierarchical, nvls, pxn, pairwise")
-    col.set_defaults(func=cmd_collective)
-
     cmp = sub.add_parser("compare", help="simulate several plans and print them side by side: step time, "
                                          "throughput, where a GPU's step goes, memory")
     cmp.add_argument("scenarios", nargs="+", help="scenario YAML files; the first is the baseline")
@@ -664,6 +634,36 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
     adv.add_argument("--out", help="write advise.json and advise.csv (every plan searched) into this folder")
     adv.set_defaults(func=cmd_advise)
+
+    sch = sub.add_parser("schedule", help="print a pipeline schedule as a step x rank grid")
+    sch.add_argument("--pp", type=int, help="pipeline ranks (required, except with --file, which it then checks)")
+    sch.add_argument("--microbatches", "-m", type=int,
+                     help="microbatches (required, except with --file, which it then checks)")
+    sch.add_argument("--schedule", choices=SCHEDULE_NAMES,
+                     help="the schedule's name (default 1f1b, or custom when --file is given)")
+    sch.add_argument("--vpp", type=int, help="interleaved: model chunks (virtual stages) per rank (default 2)")
+    sch.add_argument("--vpp-group", type=int, metavar="G",
+                     help="interleaved: microbatches each chunk runs before the next (default --pp; from --pp to "
+                          "--microbatches, as Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage)")
+    sch.add_argument("--file", help="a custom schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
+    sch.set_defaults(func=cmd_schedule)
+
+    val = sub.add_parser("validate", help="check scenario (or topology) files without simulating")
+    val.add_argument("scenarios", nargs="+",
+                     help="scenario or topology YAML files, each checked (exit code 2 if any is bad)")
+    val.set_defaults(func=cmd_validate)
+
+    col = sub.add_parser("collective", help="time one collective on an idle cluster; print algbw and busbw "
+                                            "per size (nccl-tests definitions)")
+    col.add_argument("--topology", required=True, help="topology YAML file")
+    col.add_argument("--op", default="all_reduce",
+                     help="all_reduce (default), reduce_scatter, all_gather or all_to_all")
+    col.add_argument("--gpus", type=int, default=8, help="GPUs 0..N-1, whole nodes first (default 8)")
+    col.add_argument("--sizes", default="1M,16M,1G,8G",
+                     help="buffer sizes in binary units (default 1M,16M,1G,8G)")
+    col.add_argument("--algo", default="auto", help="auto (default: the fastest applicable), ring, tree, "
+                                                    "hierarchical, nvls, pxn, pairwise")
+    col.set_defaults(func=cmd_collective)
 
     sc = sub.add_parser("schema", help="print the JSON schema of the scenario (or topology) format")
     sc.add_argument("--topology", action="store_true", help="the topology format's schema instead")

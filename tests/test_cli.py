@@ -32,7 +32,7 @@ def write_scenario(tmp_path: Path, root: Path, d: dict, name="s.yaml") -> Path:
 def test_help():
     r = run_cli("--help")
     assert r.returncode == 0
-    for cmd in ("run", "schedule", "validate", "schema"):
+    for cmd in ("run", "compare", "sweep", "advise", "schedule", "validate", "schema", "collective"):
         assert cmd in r.stdout
 
 
