@@ -42,7 +42,14 @@ def parse_changes(text: str, *, source: str, field: str) -> list[tuple[str, Any]
     for word in words:
         key, eq, raw = word.partition("=")
         check_key(key if eq else "", source=source, field=field, what=word)
-        value = parse_value(key, raw, source=source, field=field)
+        try:
+            value = parse_value(key, raw, source=source, field=field)
+        except ConfigError as exc:
+            if len(words) == 1:
+                raise
+            # most likely a value with spaces split into words: say how to keep it whole
+            raise ConfigError(f"{exc.message}; quote a value with spaces inside the changes, e.g. "
+                              f"\"'{key}=[a, b]'\"", source=source, field=field) from None
         if any(k == key for k, _ in out):
             raise ConfigError(f"{key} is changed twice", source=source, field=field)
         out.append((key, value))

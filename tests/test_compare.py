@@ -10,7 +10,7 @@ import pytest
 
 import clustersim
 from clustersim.errors import ConfigError
-from clustersim.output.compare import config_differences, fastest, labels, step_split
+from clustersim.output.compare import config_differences, differences_line, fastest, labels, step_split
 from clustersim.overrides import apply_changes, changes_text, parse_changes
 
 from .test_cli import run_cli
@@ -55,6 +55,16 @@ def test_apply_changes_sets_removes_and_makes_sections():
     with pytest.raises(ConfigError) as e:
         apply_changes(data, [("parallel.tp.x", 1)], source="s")
     assert e.value.field == "parallel.tp.x" and "parallel.tp is 8" in e.value.message
+
+
+def test_differences_said_as_yaml():
+    entry = {"gpu": 3, "slowdown": 1.1, "link": None, "bw_factor": None}
+    assert differences_line([("cluster.what_if", [], [entry]), ("training.recompute_layers", None, 2)]) == \
+        "cluster.what_if [] -> [{gpu: 3, slowdown: 1.1}] · training.recompute_layers null -> 2"
+    # a value with spaces left unquoted inside the changes: how to keep it whole
+    with pytest.raises(ConfigError) as e:
+        parse_changes("cluster.what_if=[{gpu: 3, slowdown: 1.1}]", source="s", field="f")
+    assert "quote a value with spaces inside the changes" in e.value.message
 
 
 def test_config_differences_in_field_order():
@@ -159,3 +169,18 @@ def test_compare_two_files_and_nothing_written_on_bad_input(tmp_path, root):
         assert r.returncode == 2 and says in r.stderr and r.stdout == "" and "Traceback" not in r.stderr, (args, r.stderr)
         assert len(r.stderr.splitlines()) == 1
         assert not (tmp_path / "a").exists()
+
+
+def test_the_what_if_the_docs_quote(root):
+    """docs/getting-started.md's slow-GPU variant: its step as simulated, most of the difference
+    bubble."""
+    from clustersim.overrides import load_variant
+
+    path = root / "scenarios" / "llama2_70b_64gpu.yaml"
+    base = clustersim.simulate(clustersim.load_scenario(path)).summary
+    slow = clustersim.simulate(load_variant(path, parse_changes("'cluster.what_if=[{gpu: 3, slowdown: 1.1}]'",
+                                                                 source="s", field="f"))).summary
+    a, b = step_split(base), step_split(slow)
+    assert b["bubble_s"] - a["bubble_s"] > 0.5 * (b["step_time_s"] - a["step_time_s"]) > 0
+    text = " ".join((root / "docs" / "getting-started.md").read_text().split())
+    assert f"{base['step_time_s']:.3f} s against {slow['step_time_s']:.3f} s, most of it bubble" in text

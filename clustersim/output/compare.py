@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from ..errors import printable
 from .summary import GiB, plan_dims, plan_options, schedule_part
 
@@ -91,8 +93,23 @@ def plan_line(s: dict[str, Any]) -> str:
 
 
 def _value(v: Any) -> str:
-    text = "null" if v is None else printable(repr(v) if isinstance(v, str) and not v.strip() else v)
-    return text if len(text) <= 40 else text[:37] + "..."
+    """A config value as the YAML would write it (a list or mapping in flow style, the fields
+    it leaves unset left out), cut to 60 characters."""
+    if v is None:
+        text = "null"
+    elif isinstance(v, (list, dict)):
+        text = printable(yaml.safe_dump(_set_only(v), default_flow_style=True, width=10**6).strip())
+    else:
+        text = printable(repr(v) if isinstance(v, str) and not v.strip() else v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _set_only(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _set_only(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_set_only(x) for x in v]
+    return v
 
 
 def differences_line(diffs: list[tuple[str, Any, Any]], most: int = 8) -> str:
