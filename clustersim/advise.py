@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .sweep import DP, Plan, _check_keys, ranking, simulate_plans, table_lines
+from .sweep import DP, Plan, check_keys, ranking, simulate_plans, table_lines, value_at
 from .yamlio import read_yaml
 
 RECOMPUTES = ("none", "selective", "full")
@@ -148,13 +148,7 @@ def search_space(sc, data: dict[str, Any]) -> dict[str, list[Any]]:
 def own_values(sc, space: dict[str, list[Any]]) -> dict[str, Any]:
     """The scenario's own plan's value of each dimension searched."""
     cfg = sc.cfg.model_dump(mode="json")
-    out = {}
-    for key in space:
-        node: Any = cfg
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        out[key] = node
-    return out
+    return {key: value_at(cfg, key) for key in space}
 
 
 MEMORY = ("parallel.zero", "training.recompute")  # the dimensions refined on the shapes that fit
@@ -288,7 +282,7 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
     data = read_yaml(Path(path), what="scenario")
     sc = load_scenario(path)
     vary = vary or []
-    _check_keys(path, data, vary)
+    check_keys(path, data, vary)
     if DP in dict(vary):
         raise ConfigError("advise lets dp follow the other degrees (GPUs / (tp x pp x cp)); vary those, or use sweep "
                           "to set dp yourself", source="command line", field="--vary")

@@ -252,6 +252,7 @@ def cmd_compare(args) -> int:
                                  report_name)
     from .output.summary import to_json
     from .overrides import load_variant, parse_changes, variant_source
+    from .yamlio import read_yaml
 
     for path in args.scenarios:
         _given_scenario(path)
@@ -269,6 +270,7 @@ def cmd_compare(args) -> int:
     plans = [{"label": names[i], "source": path, "file": path, "changes": None, "scenario": load_scenario(path)}
              for i, path in enumerate(args.scenarios)]
     first = args.scenarios[0]
+    data = read_yaml(Path(first), what="scenario") if variants else None  # (read once for every variant)
     for label, text in zip(names[len(args.scenarios):], variants):
         changes = parse_changes(text, source="command line", field=f"--variant {text!r}")
         source = variant_source(first, changes)
@@ -277,7 +279,7 @@ def cmd_compare(args) -> int:
         named = [(k, v) for k, v in (("name", f"{plans[0]['scenario'].cfg.name} ({label})"), ("description", source))
                  if k not in keys]
         plans.append({"label": label, "source": source, "file": first, "changes": keys,
-                      "scenario": load_variant(first, changes, unnamed=named)})
+                      "scenario": load_variant(first, changes, data, unnamed=named)})
     base_cfg = plans[0]["scenario"].cfg.model_dump(mode="json")
     # reports of an earlier compare of more plans are stale; a folder that holds no compare.json
     # holds none of its reports, so files named as they are stay

@@ -98,7 +98,9 @@ def plans_of(varies: list[tuple[str, list[Any]]]) -> list[Plan]:
             for i, values in enumerate(itertools.product(*(v for _, v in varies)))]
 
 
-def _get(data: dict[str, Any], key: str) -> Any:
+def value_at(data: dict[str, Any], key: str) -> Any:
+    """The value of the dotted ``key`` in the nested ``data`` (None where a part is missing
+    or runs through a value)."""
     node: Any = data
     for part in key.split("."):
         if not isinstance(node, dict):
@@ -125,8 +127,8 @@ def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: in
         except ConfigError:
             return plan, None  # validation names the file
         gpus_per_node, base_nodes = topo.node.gpus, topo.nodes
-    nodes = _get(d, "cluster.nodes") or base_nodes
-    degrees = [_get(d, k) or 1 for k in _MESH]
+    nodes = value_at(d, "cluster.nodes") or base_nodes
+    degrees = [value_at(d, k) or 1 for k in _MESH]
     if not all(isinstance(x, int) and x >= 1 for x in (nodes, *degrees)):
         return plan, None  # validation names the bad value
     gpus, mesh = nodes * gpus_per_node, degrees[0] * degrees[1] * degrees[2]
@@ -163,7 +165,7 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
 
     data = read_yaml(Path(path), what="scenario")
     base = load_scenario(path)  # the file itself must be a valid scenario
-    _check_keys(path, data, varies)
+    check_keys(path, data, varies)
     keys = [k for k, _ in varies]
     dp_follows = DP not in keys and any(k in keys for k in (*_MESH, "cluster.nodes", "cluster.topology"))
     per_node = base.topology.node.gpus
@@ -188,8 +190,9 @@ def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dic
     ``jobs`` forked processes where more than one, adding each plan's row to ``rows`` (which
     may hold refused plans already) by its number. ``progress(done, total)`` after each."""
     total = len(plans) + len(rows)
-    todo = [(path, data, plan, jobs == 1) for plan in plans]
-    jobs = min(jobs, len(todo))
+    jobs = min(jobs, len(plans))
+    # (one process: each plan may fork the process that simulates its shorter step, as run does)
+    todo = [(path, data, plan, jobs <= 1) for plan in plans]
     pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) if jobs > 1 else None
     done = False
     try:
@@ -207,7 +210,7 @@ def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dic
             pool.join()
 
 
-def _check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any]]]) -> None:
+def check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any]]]) -> None:
     """Refuse a varied key the scenario format does not have, or one that runs through a
     value (a misspelt field would have every plan refused for it): the file with the key's
     first value alone must not be refused for that key."""
@@ -251,6 +254,12 @@ def _cell(v: Any) -> str:
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
+def _columns(sweep: dict[str, Any]) -> list[str]:
+    """The keys a plan is shown by: those varied, then dp where it follows them (never varied
+    then: run_sweep, run_advise)."""
+    return list(sweep["vary"]) + ([DP] if sweep["dp_follows"] else [])
+
+
 def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
     """The terminal's table: the ``top`` best plans, then how many more, then those refused."""
     n = len(sweep["plans"])
@@ -267,7 +276,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
     plan number), how many more were simulated, and the plans refused with their rule."""
     from .output.summary import GiB
 
-    keys = list(sweep["vary"]) + ([DP] if sweep["dp_follows"] and DP not in sweep["vary"] else [])
+    keys = _columns(sweep)
     rows = {r["plan"]: r for r in sweep["plans"]}
     n, done = len(rows), len(sweep["ranking"])
     refused = [r for r in sweep["plans"] if r["status"] == "refused"]
@@ -311,7 +320,7 @@ def sweep_csv(sweep: dict[str, Any]) -> str:
     import csv
     import io
 
-    keys = list(sweep["vary"]) + ([DP] if sweep["dp_follows"] else [])
+    keys = _columns(sweep)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([CSV_COLUMNS[0], *keys, *CSV_COLUMNS[1:]])

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ..errors import printable
-from .summary import GiB, plan_dims, plan_options, schedule_part
+from .summary import GiB, plan_line
 
 COMPARE_FILE = "compare.json"
 KINDS = ("tp", "cp", "ep", "pp", "dp")
@@ -82,14 +82,6 @@ def fastest(summaries: list[dict[str, Any]], key: str = "tokens_per_s") -> int |
     the first on a tie."""
     fit = [i for i, s in enumerate(summaries) if s["memory"]["fits"]]
     return max(fit, key=lambda i: (summaries[i][key], -i)) if fit else None
-
-
-def plan_line(s: dict[str, Any]) -> str:
-    """The plan as ``run``'s summary names it."""
-    p = s["plan"]
-    m = p["microbatches"]
-    return (plan_dims(p, " x ") + plan_options(p) + schedule_part(p, " · ")
-            + f" · {m} microbatch{'es' if m != 1 else ''} x {p['micro_batch_size']} x {s['model']['seq_len']} tokens")
 
 
 def _value(v: Any) -> str:

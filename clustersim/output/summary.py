@@ -139,6 +139,14 @@ def schedule_label(p: dict[str, Any]) -> str:
             + (f" (groups of {p['vpp_group']})" if p.get("vpp_group") not in (None, p.get("pp")) else ""))
 
 
+def plan_line(s: dict[str, Any]) -> str:
+    """The plan as the terminal names it: "TP8 x PP4 x DP2 · fp32 grads · 1f1b · 64
+    microbatches x 1 x 4096 tokens" (``run``'s plan line, ``compare``'s for each plan)."""
+    p, m = s["plan"], s["plan"]["microbatches"]
+    return (plan_dims(p, " x ") + plan_options(p) + schedule_part(p, " · ")
+            + f" · {m} microbatch{'es' if m != 1 else ''} x {p['micro_batch_size']} x {s['model']['seq_len']} tokens")
+
+
 def _projection_line(pj: dict[str, Any] | None) -> list[str]:
     if not pj:
         return []
@@ -209,7 +217,7 @@ _CANNOT = {"tree": "groups inside one node, or uneven over nodes",
 
 def format_summary(s: dict[str, Any]) -> str:
     """The short human summary printed by ``clustersim run``."""
-    p, mem, hw = s["plan"], s["memory"], s["hardware"]
+    mem, hw = s["memory"], s["hardware"]
     ex, comm = s["exposed_comm_s"], s["comm_s"]
     kinds = [k for k in ("tp", "cp", "ep", "pp", "dp") if comm[k] > 0]
     exposed = " · ".join(f"{k} {ex[k]:.3g} s" for k in kinds) or "none"
@@ -218,9 +226,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"clustersim · {printable(s['scenario'])}",
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})",
-        f"{'plan':<16}{plan_dims(p, ' x ')}" + plan_options(p) + schedule_part(p, " · ") + " · "
-        f"{p['microbatches']} microbatch{'es' if p['microbatches'] != 1 else ''} x {p['micro_batch_size']} x "
-        f"{s['model']['seq_len']} tokens",
+        f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
         f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
