@@ -242,14 +242,16 @@ def cmd_run(args) -> int:
 def cmd_compare(args) -> int:
     """Simulate every plan given (the files, then the first file with each ``--variant``'s
     changes), all checked before the first is simulated; print them side by side and, with
-    ``--out``, write compare.json (clustersim.output.compare) and each plan's report, as
-    ``run`` writes it, named by the plan's label; nothing is moved in before all are done."""
+    ``--out``, write compare.json (clustersim.output.compare), compare.html
+    (clustersim.output.compare_page) and each plan's report, as ``run`` writes it, named by
+    the plan's label; nothing is moved in before all are done."""
     from .api import simulate
     from .config import load_scenario
     from .forking import ctrl_c_held
-    from .output.background import write_files
     from .output.compare import (COMPARE_FILE, REPORT_NAMES, compare_json, config_differences, format_compare, labels,
                                  report_name)
+    from .output.compare_page import COMPARE_PAGE, MAX_TIMELINES, compare_html
+    from .output.report import _as_sent, _script_json, report_html, timeline
     from .output.summary import to_json
     from .overrides import load_variant, parse_changes, variant_source
     from .yamlio import read_yaml
@@ -262,7 +264,7 @@ def cmd_compare(args) -> int:
         raise ConfigError("compare needs two plans or more: give another scenario file, or the first one's changes "
                           "with --variant (e.g. --variant \"parallel.pp=1 parallel.zero=3\")", source="command line",
                           field="scenarios")
-    files = (COMPARE_FILE, *(report_name(label) for label in names))
+    files = (COMPARE_FILE, COMPARE_PAGE, *(report_name(label) for label in names))
     if args.no_report and args.out is None:
         raise ConfigError("leaves out the plans' reports, which only --out writes: give --out or drop --no-report",
                           source="command line", field="--no-report")
@@ -287,6 +289,7 @@ def cmd_compare(args) -> int:
     staging = _Staging(out, files, ours) if out is not None else None
     walls = []
     written = []
+    timelines: list = []  # per plan, for compare.html: its timeline's data (JSON) and layout
     try:
         if staging is not None:
             staging.opened()  # (a folder the files cannot go to is said before the plans are simulated)
@@ -297,13 +300,19 @@ def cmd_compare(args) -> int:
             result = simulate(sc, fork=True)
             walls.append(time.perf_counter() - t0)
             p["summary"] = result.summary
-            if staging is not None and not args.no_report:  # each plan's timeline, to look at side by side
-                tmp = staging.folder()
-                write_files(tmp, result.trace, result.summary, report=True, trace_file=False)
-                os.replace(tmp / "report.html", tmp / report_name(p["label"]))
+            if staging is not None and not args.no_report:
+                # each plan's report, as run writes it, and its timeline for compare.html: one figure for both
+                fig = _as_sent(timeline(result.trace, result.summary))
+                data_json = _script_json(fig["data"])
+                (staging.folder() / report_name(p["label"])).write_text(
+                    report_html(result.trace, result.summary, fig, data_json), encoding="utf-8")
+                timelines.append((data_json, fig["layout"]) if len(timelines) < MAX_TIMELINES else None)
             del result
         if staging is not None:
             (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)))
+            if not args.no_report:
+                (staging.folder() / COMPARE_PAGE).write_text(compare_html(plans, timelines, reports=True),
+                                                             encoding="utf-8")
             written = staging.moved_in()
             args.written = out
     finally:
@@ -605,9 +614,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one more plan: the first file with these changes, KEY=VALUE with dotted keys, e.g. "
                           "--variant \"parallel.pp=1 parallel.dp=8 parallel.zero=3\" (repeatable; a value is read "
                           "as YAML, null removes the key)")
-    cmp.add_argument("--out", help="write compare.json (every plan's summary and differences) and each plan's "
-                                   "report, report_A.html, report_B.html ..., into this folder")
-    cmp.add_argument("--no-report", action="store_true", help="with --out, skip the plans' reports")
+    cmp.add_argument("--out", help="write compare.json (every plan's summary and differences), compare.html (the "
+                                   "plans on one page, their timelines on one time axis) and each plan's report, "
+                                   "report_A.html, report_B.html ..., into this folder")
+    cmp.add_argument("--no-report", action="store_true", help="with --out, skip compare.html and the plans' reports")
     cmp.set_defaults(func=cmd_compare)
 
     sw = sub.add_parser("sweep", help="simulate every combination of the values given on one scenario and rank "

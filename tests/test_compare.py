@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
 import clustersim
 from clustersim.errors import ConfigError
-from clustersim.output.compare import config_differences, differences_line, fastest, labels, step_split
+from clustersim.output.compare import KINDS, config_differences, differences_line, fastest, labels, step_split
+from clustersim.output.compare_page import compare_html, kinds_figure, memory_figure, split_figure
 from clustersim.overrides import apply_changes, changes_text, parse_changes
 
+from .conftest import ROOT
 from .test_cli import run_cli
 
 ZERO3 = "scenarios/zero3_llama3_8b_16gpu.yaml"
@@ -128,15 +131,111 @@ def test_compare_a_pipeline_with_zero3(tmp_path, root):
     assert any(x.startswith("fastest") and x.split()[1] == doc["fastest_fitting"] for x in lines)
     assert "C does not fit" in r.stdout
     assert "note" not in r.stdout  # the same model, batch and GPUs
-    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "report_A.html", "report_B.html", "report_C.html"]
+    assert sorted(p.name for p in out.iterdir()) == ["compare.html", "compare.json", "report_A.html", "report_B.html",
+                                                     "report_C.html"]
     # each plan's report is the one run writes
     r = run_cli("run", ZERO3, "--no-trace", "--out", tmp_path / "run", cwd=root)
     assert r.returncode == 0, r.stderr
-    assert (out / "report_A.html").read_bytes() == (tmp_path / "run" / "report.html").read_bytes()
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert (out / "report_A.html").read_text() == report
+    # compare.html draws each plan's timeline as its report does (the same bars), on one axis
+    page = (out / "compare.html").read_text()
+    bars = re.search(r'Plotly\.newPlot\("clustersim-timeline", (\[.*?\]), \{"template"', report).group(1)
+    assert page.count(bars) == 1 and all(f'"clustersim-timeline-{x}"' in page for x in "ABC")
+    end_ms = 1e3 * max(p["summary"]["step_time_s"] for p in doc["plans"]) * 1.005
+    assert page.count(f'"range":[0,{json.dumps(end_ms)}]') == 3
     # again without reports: those of the earlier compare are stale, and go
     r = run_cli("compare", ZERO3, "--variant", PIPELINE, "--no-report", "--out", out, cwd=root)
     assert r.returncode == 0, r.stderr
     assert [p.name for p in out.iterdir()] == ["compare.json"]
+
+
+def _plans(doc: dict) -> list[dict]:
+    """compare.json's plans as the page is given them (differences as tuples)."""
+    return [{**p, "differences": [(k, a, b) for k, (a, b) in p["differences"].items()]} for p in doc["plans"]]
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> dict:
+    """compare.json and compare.html of ZeRO-3 against its pipeline variant."""
+    out = tmp_path_factory.mktemp("compared")
+    r = run_cli("compare", ZERO3, "--variant", PIPELINE, "--out", out, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return {"doc": json.loads((out / "compare.json").read_text()), "page": out / "compare.html"}
+
+
+def test_compare_page_figures(compared):
+    """compare.html's charts: each plan's bar as long as its step, split as step_split splits
+    it; exposed time per kind; each stage's peak against the capacity; the fields that differ."""
+    plans = _plans(compared["doc"])
+    split = split_figure(plans)
+    assert [t["name"] for t in split["data"]] == ["compute", "exposed communication", "bubble (idle)"]
+    for i, p in enumerate(plans):
+        sp = step_split(p["summary"])
+        parts = [t["x"][i] for t in split["data"]]
+        assert parts == [sp["compute_s"], sp["exposed_comm_s"], sp["bubble_s"]]
+        assert math.isclose(sum(parts), p["summary"]["step_time_s"], rel_tol=1e-9)
+        assert split["layout"]["annotations"][i]["x"] == p["summary"]["step_time_s"]
+    kinds = kinds_figure(plans)
+    assert kinds["data"][0]["x"] == [k for k in KINDS if any(p["summary"]["exposed_comm_s"][k] > 0 for p in plans)]
+    for t, p in zip(kinds["data"], plans):
+        assert t["y"] == [p["summary"]["exposed_comm_s"][k] for k in t["x"]]
+    mem = memory_figure(plans)
+    b = mem["data"][1]
+    assert b["x"] == ["stage 0", "stage 1", "stage 2", "stage 3"]
+    assert b["y"] == [st["peak_bytes"] / 2**30 for st in plans[1]["summary"]["memory"]["stages"]]
+    cap = plans[0]["summary"]["memory"]["capacity_bytes"]  # the same GPUs: one line
+    assert [s["y0"] for s in mem["layout"]["shapes"]] == [cap / 2**30]
+    page = compare_html(plans, [None, None], reports=False)
+    assert "Timelines" not in page and "report_A.html" not in page
+    rows = re.findall(r"<tr><td class=\"l\"><code>(.*?)</code></td>(.*?)</tr>", page)
+    assert [k for k, _ in rows] == ["parallel.pp", "parallel.dp", "parallel.zero"]
+    assert re.findall(r"<td class=\"l\">(.*?)</td>", rows[2][1]) == ["3", "1"]
+
+
+def test_compare_page_draws_the_first_timelines():
+    """Past MAX_TIMELINES plans the page draws the first ones' timelines and says so."""
+    from clustersim.output.compare_page import _timelines_html
+
+    plans = [{"label": x, "summary": {"step_time_s": 1.0 + i, "plan": {}}} for i, x in enumerate("ABC")]
+    layout = {"xaxis": {"range": [0, 1]}, "height": 200}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("clustersim.output.compare_page.plan_line", lambda s: "plan")
+        text = _timelines_html(plans, [("[]", layout), ("[]", layout), None])
+    assert text.count("Plotly.newPlot") == 2 and "The first 8 plans are drawn" in text
+    assert text.count(f'"range":[0,{json.dumps(1e3 * 3.0 * 1.005)}]') == 2  # the slowest plan's, not drawn
+
+
+def test_compare_page_in_chromium(compared, tmp_path):
+    """The page renders offline without an error, and zooming one timeline zooms the others."""
+    from .test_report import BROWSER_ARGS, CHROMIUM
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    if not CHROMIUM.exists():
+        pytest.skip(f"no browser at {CHROMIUM}")
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+            page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://")
+                       else (errors.append(route.request.url), route.abort()))
+            page.goto(compared["page"].as_uri())
+            page.wait_for_selector("#clustersim-timeline-B .main-svg", timeout=60_000)
+            page.evaluate("Plotly.relayout('clustersim-timeline-A', {'xaxis.range': [100, 250]})")
+            page.wait_for_timeout(300)
+            ranges = page.evaluate("['A','B'].map(x => document.getElementById('clustersim-timeline-' + x)"
+                                   ".layout.xaxis.range)")
+            bars = page.evaluate("document.getElementById('compare-split').data.map(t => t.x)")
+            page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert ranges == [[100, 250], [100, 250]]
+    steps = [p["summary"]["step_time_s"] for p in compared["doc"]["plans"]]
+    assert [math.fsum(x[i] for x in bars) for i in range(2)] == pytest.approx(steps, rel=1e-9)
 
 
 def test_compare_two_files_and_nothing_written_on_bad_input(tmp_path, root):

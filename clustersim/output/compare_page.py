@@ -1,0 +1,234 @@
+"""compare.html: the plans of one ``clustersim compare`` on one page, their timelines on one time axis.
+
+Layout::
+
+    clustersim · compare 3 plans                       which plan is which, the fastest that fits
+    plans        label | what it is | plan | step | tokens/s | per GPU | MFU | peak | fits | report
+    where a GPU's step goes      A  [compute .........|exposed ...|bubble ..]   (one time axis)
+                                 B  [compute .........|exposed .........]
+    exposed communication by kind      tp ▇▇ ▇   dp ▇ ▇▇▇▇▇   (one bar per plan)
+    peak memory per GPU, by stage      stage 0 ▇▇ ▇▇  stage 1 ▇▇ ...   capacity - - - -
+    config differences           key | A's value | B's | C's
+    timelines, one per plan, each from 0 to the slowest plan's step: zoom one, all follow
+
+The split is :func:`clustersim.output.compare.step_split`'s, compute + exposed + bubble =
+step, so the bars' lengths are the steps and their parts' differences add up to the steps'
+(docs/metrics.md, "How a GPU's step splits"). Each timeline is the one its report_X.html
+shows (clustersim.output.report.timeline), its time axis stretched to the slowest step.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from .compare import KINDS, _other_jobs, _value, _verdict, fastest, report_name, step_split
+from .report import (_CSS, DIV_ID, GROUPS, TIMELINE_CONFIG, _plot_div_around_data, _plotlyjs_script, _white_template,
+                     fmt_time, plot_div)
+from .summary import GiB, plan_line
+
+COMPARE_PAGE = "compare.html"
+# the timelines drawn on the page: past these, each plan's own report has its timeline (a
+# browser lays out several hundred thousand bars slowly)
+MAX_TIMELINES = 8
+SPLIT_DIV_ID, KINDS_DIV_ID, MEMORY_DIV_ID = "compare-split", "compare-kinds", "compare-memory"
+_SMALL_CONFIG = {"displaylogo": False, "responsive": True}
+_COLOUR = {g: c for g, _, c in GROUPS}
+# the step's three parts, as report.breakdown_html colours them
+_PARTS = (("compute_s", "compute", _COLOUR["F"]), ("exposed_comm_s", "exposed communication", "#e15759"),
+          ("bubble_s", "bubble (idle)", "#d0d7de"))
+# a plan's colour in the charts by kind and by stage (Tableau 10, after the parts' colours)
+_PLAN_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f",
+                 "#bab0ac", "#e15759")
+
+_PAGE_CSS = """
+td.plan { white-space: normal; min-width: 18em; max-width: 40em; text-align: left; }
+h3 { font-size: 15px; margin: 22px 0 2px; }
+"""
+
+
+def _plan_colour(i: int) -> str:
+    return _PLAN_COLOURS[i % len(_PLAN_COLOURS)]
+
+
+def _small_layout(height_px: int, **more: Any) -> dict[str, Any]:
+    """A small chart's layout, in the form the report's are (template expanded)."""
+    return {"template": _white_template(), "height": height_px, "margin": {"l": 60, "r": 20, "t": 10, "b": 40},
+            "legend": {"orientation": "h", "y": -0.25}, **more}
+
+
+def split_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a GPU's step goes, one horizontal bar per plan (the first on top), stacked
+    compute | exposed communication | bubble, in seconds on one axis: each bar is as long as
+    its plan's step."""
+    names = [p["label"] for p in plans]
+    splits = [step_split(p["summary"]) for p in plans]
+    data = []
+    for key, label, colour in _PARTS:
+        xs = [sp[key] for sp in splits]
+        text = [f"{label}: {fmt_time(x)} ({100 * x / sp['step_time_s']:.1f} % of {fmt_time(sp['step_time_s'])})"
+                if sp["step_time_s"] else label for x, sp in zip(xs, splits)]
+        data.append({"type": "bar", "orientation": "h", "name": label, "x": xs, "y": names,
+                     "marker": {"color": colour}, "hovertext": text, "hoverinfo": "text"})
+    # each bar's step at its end: the bars' lengths are what the plans are compared by
+    steps = [{"x": sp["step_time_s"], "y": name, "xanchor": "left", "showarrow": False, "xshift": 4,
+              "text": f"{sp['step_time_s']:.4g} s", "font": {"size": 11}} for name, sp in zip(names, splits)]
+    return {"data": data, "layout": _small_layout(
+        90 + 34 * len(plans), barmode="stack", annotations=steps,
+        legend={"orientation": "h", "y": -0.25, "traceorder": "normal"},
+        xaxis={"title": {"text": "seconds per step (mean GPU)"}, "rangemode": "tozero",
+               "range": [0, 1.08 * max(sp["step_time_s"] for sp in splits)]},
+        yaxis={"autorange": "reversed", "type": "category"})}
+
+
+def kinds_figure(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Exposed communication per kind, one bar per plan and kind (where two kinds overlap, each
+    counts the time, as in the report); None when no plan exposes any."""
+    splits = [step_split(p["summary"]) for p in plans]
+    kinds = [k for k in KINDS if any(sp[f"exposed_{k}_s"] > 0 for sp in splits)]
+    if not kinds:
+        return None
+    data = [{"type": "bar", "name": p["label"], "x": kinds, "y": [sp[f"exposed_{k}_s"] for k in kinds],
+             "marker": {"color": _plan_colour(i)},
+             "hovertemplate": "%{x}: %{y:.4g} s exposed<extra>" + html.escape(p["label"]) + "</extra>"}
+            for i, (p, sp) in enumerate(zip(plans, splits))]
+    return {"data": data, "layout": _small_layout(
+        280, barmode="group", yaxis={"title": {"text": "exposed s / GPU"}, "rangemode": "tozero"})}
+
+
+def memory_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """Peak memory of a GPU of each pipeline stage, one bar per plan, with each GPU's capacity
+    dashed (one line where the plans' GPUs hold the same)."""
+    data = []
+    most = max(len(p["summary"]["memory"]["stages"]) for p in plans)
+    for i, p in enumerate(plans):
+        stages = p["summary"]["memory"]["stages"]
+        data.append({"type": "bar", "name": p["label"], "x": [f"stage {st['stage']}" for st in stages],
+                     "y": [st["peak_bytes"] / GiB for st in stages], "marker": {"color": _plan_colour(i)},
+                     "hovertemplate": "%{x}: %{y:.1f} GiB at the peak<extra>" + html.escape(p["label"]) + "</extra>"})
+    caps = sorted({p["summary"]["memory"]["capacity_bytes"] for p in plans})
+    shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": c / GiB, "y1": c / GiB,
+               "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}} for c in caps if c]
+    notes = [{"xref": "paper", "x": 1, "xanchor": "right", "yref": "y", "y": c / GiB, "yanchor": "bottom",
+              "showarrow": False, "text": f"capacity {c / GiB:.0f} GiB", "font": {"color": "#cf222e", "size": 11}}
+             for c in caps if c]
+    stage_names = [f"stage {s}" for s in range(most)]
+    return {"data": data, "layout": _small_layout(
+        300, barmode="group", shapes=shapes, annotations=notes,
+        xaxis={"type": "category", "categoryorder": "array", "categoryarray": stage_names},
+        yaxis={"title": {"text": "GiB per GPU at the peak"}, "rangemode": "tozero"})}
+
+
+def _plans_table(plans: list[dict[str, Any]], reports: bool) -> str:
+    e = html.escape
+    best = fastest([p["summary"] for p in plans])
+    rows = []
+    for i, p in enumerate(plans):
+        s, mem = p["summary"], p["summary"]["memory"]
+        fits = (f'<span class="fits">fits</span> in {mem["capacity_bytes"] / GiB:.0f}' if mem["fits"]
+                else f'<span class="nofit">NO</span> ({mem["capacity_bytes"] / GiB:.0f})')
+        link = f'<a href="{e(report_name(p["label"]))}">{e(report_name(p["label"]))}</a>' if reports else ""
+        mark = " ★" if i == best else ""
+        rows.append(f'<tr><td class="l"><b>{e(p["label"])}</b>{mark}</td><td class="plan">{e(p["source"])}<br>'
+                    f'<span class="note">{e(plan_line(s))}</span></td><td>{s["step_time_s"]:.4g} s</td>'
+                    f'<td>{s["tokens_per_s"]:,.0f}</td><td>{s["tokens_per_s_per_gpu"]:,.1f}</td>'
+                    f'<td>{100 * s["mfu"]:.1f} %</td><td>{mem["peak_bytes"] / GiB:.1f}</td><td class="l">{fits}</td>'
+                    f'<td class="l">{link}</td></tr>')
+    return ("<h2>Plans</h2><table><tr><th class=\"l\"></th><th class=\"l\">plan</th><th>step</th><th>tokens/s</th>"
+            "<th>per GPU</th><th>MFU</th><th>peak GiB</th><th class=\"l\">fits</th><th class=\"l\">report</th></tr>"
+            + "".join(rows) + "</table><p class=\"note\">★ the most tokens/s of the plans that fit. "
+            + ("A plan's report has its summary panels, memory and links in full. " if reports else "")
+            + "compare.json has every plan's summary.</p>")
+
+
+def _verdict_html(plans: list[dict[str, Any]]) -> str:
+    """The terminal's verdict and note on different jobs, one paragraph a line (★ marks the
+    fastest that fits in the table)."""
+    names = [p["label"] for p in plans]
+    summaries = [p["summary"] for p in plans]
+    lines = _other_jobs(names, summaries) + _verdict(names, summaries)
+    return "".join(f'<p class="meta">{html.escape(" ".join(line.split()))}</p>' for line in lines)
+
+
+def _differences_html(plans: list[dict[str, Any]]) -> str:
+    """The config fields where any plan differs from the first, one row each: every plan's value."""
+    keys: list[str] = []
+    for p in plans[1:]:
+        keys += [k for k, _, _ in p["differences"] if k not in keys]
+    if not keys:
+        return ""
+    e = html.escape
+    base = {k: a for p in plans[1:] for k, a, _ in p["differences"]}
+    theirs = [{k: b for k, _, b in p["differences"]} for p in plans]
+    rows = "".join(f'<tr><td class="l"><code>{e(k)}</code></td>'
+                   + "".join(f'<td class="l">{e(_value(t.get(k, base[k]) if i else base[k]))}</td>'
+                             for i, t in enumerate(theirs)) + "</tr>" for k in keys)
+    heads = "".join(f'<th class="l">{e(p["label"])}</th>' for p in plans)
+    return (f'<h2>Config differences</h2><table><tr><th class="l">field</th>{heads}</tr>{rows}</table>'
+            "<p class=\"note\">Each field that some plan sets otherwise than the first (A), as the YAML writes it "
+            "(the fields a value leaves unset left out); compare.json has every plan's whole summary.</p>")
+
+
+def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[str, Any]] | None]) -> str:
+    """Each plan's timeline, its time axis from 0 to the slowest plan's step, and the script
+    that zooms every timeline to the range one is zoomed to."""
+    drawn = [(p, t) for p, t in zip(plans, timelines) if t is not None]
+    if not drawn:
+        return ""
+    end_ms = 1e3 * max(p["summary"]["step_time_s"] for p in plans) * 1.005
+    parts = ["<h2>Timelines on one time axis</h2><p class=\"note\">Each plan's timeline as its report draws it, "
+             f"from 0 to the slowest step ({fmt_time(end_ms / 1.005e3)}): a shorter step ends sooner. Zoom one, "
+             "and the others follow; double-click to reset."
+             + (f" The first {MAX_TIMELINES} plans are drawn; every plan's report has its own." if
+                len(drawn) < len(plans) else "") + "</p>"]
+    ids = []
+    for i, (p, (data_json, layout)) in enumerate(drawn):
+        div_id = f"{DIV_ID}-{p['label']}"
+        ids.append(div_id)
+        layout = {**layout, "xaxis": {**layout["xaxis"], "range": [0, end_ms]}}
+        before, after = _plot_div_around_data({"layout": layout}, div_id, TIMELINE_CONFIG)
+        parts.append(f"<h3>{html.escape(p['label'])} · {html.escape(plan_line(p['summary']))} · "
+                     f"{p['summary']['step_time_s']:.4g} s</h3>" + before + data_json + after)
+    parts.append(_zoom_together_script(ids, end_ms))
+    return "\n".join(parts)
+
+
+def _zoom_together_script(ids: list[str], end_ms: float) -> str:
+    """When one timeline's time axis is zoomed, panned or reset, the others take its range."""
+    return ("<script>(function(){const ids=" + json.dumps(ids) + ",end=" + json.dumps(end_ms) + ";let busy=false;"
+            "ids.forEach(function(id){const el=document.getElementById(id);if(!el||!el.on)return;"
+            "el.on('plotly_relayout',function(ev){if(busy)return;let r=null;"
+            "if(ev['xaxis.range[0]']!==undefined)r=[ev['xaxis.range[0]'],ev['xaxis.range[1]']];"
+            "else if(ev['xaxis.range'])r=ev['xaxis.range'];else if(ev['xaxis.autorange'])r=[0,end];"
+            "if(!r)return;busy=true;Promise.all(ids.filter(function(o){return o!==id;})"
+            ".map(function(o){return Plotly.relayout(o,{'xaxis.range':r.slice()});}))"
+            ".then(function(){busy=false;},function(){busy=false;});});});})();</script>")
+
+
+def compare_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[str, Any]] | None],
+                 reports: bool) -> str:
+    """The whole page, plotly.js inlined (it works offline). ``plans``: as
+    :func:`clustersim.output.compare.format_compare` takes them; ``timelines``: per plan, its
+    timeline's data as JSON (as the report writes it) and its layout, or None where not drawn;
+    ``reports``: whether each plan's report_X.html is beside the page (linked)."""
+    kinds = kinds_figure(plans)
+    body = [
+        f"<h1>clustersim · compare {len(plans)} plans</h1>", _verdict_html(plans), _plans_table(plans, reports),
+        "<h2>Where a GPU's step goes</h2>", plot_div(split_figure(plans), SPLIT_DIV_ID, _SMALL_CONFIG),
+        "<p class=\"note\">Per GPU, the mean over GPUs: compute, the communication the compute stream waited for, "
+        "and the bubble (idle) add up to the step, so each bar is as long as its plan's step and the parts' "
+        "differences add up to the steps'.</p>",
+    ]
+    if kinds is not None:
+        body += ["<h2>Exposed communication by kind</h2>", plot_div(kinds, KINDS_DIV_ID, _SMALL_CONFIG),
+                 "<p class=\"note\">Seconds a GPU's compute stream waited for each kind; where two kinds overlap, "
+                 "each counts the time.</p>"]
+    body += ["<h2>Peak memory per GPU, by pipeline stage</h2>",
+             plot_div(memory_figure(plans), MEMORY_DIV_ID, _SMALL_CONFIG),
+             _differences_html(plans), _timelines_html(plans, timelines)]
+    title = html.escape(f"clustersim · compare {len(plans)} plans")
+    return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{title}</title>\n<style>{_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"
+            + _plotlyjs_script() + "\n" + "\n".join(x for x in body if x) + "\n</body>\n</html>\n")
