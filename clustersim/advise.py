@@ -51,7 +51,7 @@ from .yamlio import read_yaml
 
 RECOMPUTES = ("none", "selective", "full")
 LONG_SEQ = 32 * 1024  # from here CP is searched (the guide: 128K+; it already pays at 32K on some plans)
-ADVISE_FILES = ("advise.json", "advise.csv")
+ADVISE_FILES = ("advise.json", "advise.csv", "advise.html")
 
 
 @dataclass(frozen=True)

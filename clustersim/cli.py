@@ -328,7 +328,8 @@ def cmd_compare(args) -> int:
 
 def cmd_advise(args) -> int:
     """Search the plans around the guide's options for the scenario, simulate and rank them,
-    check the guide's rule; with ``--out``, write advise.json and advise.csv (clustersim.advise)."""
+    check the guide's rule; with ``--out``, write advise.json, advise.csv (clustersim.advise) and
+    advise.html (clustersim.output.plans_page)."""
     from .advise import ADVISE_FILES, format_advice, run_advise
     from .sweep import parse_vary
 
@@ -338,11 +339,13 @@ def cmd_advise(args) -> int:
                    lambda jobs, progress: run_advise(args.scenario, varies, jobs=jobs, progress=progress), format_advice)
 
 
-def _search(args, varies: list, files: tuple[str, str], what: str, width: int, run, fmt) -> int:
+def _search(args, varies: list, files: tuple[str, str, str], what: str, width: int, run, fmt) -> int:
     """What ``sweep`` and ``advise`` share: their options checked, the plans simulated (``run``,
     with ``--jobs`` processes and a progress line on a terminal), the table printed (``fmt``),
-    then ``files`` (the JSON and the CSV of every plan) written with ``--out``."""
+    then ``files`` (the JSON and the CSV of every plan, and the page of them all,
+    clustersim.output.plans_page) written with ``--out``."""
     from .forking import ctrl_c_held
+    from .output.plans_page import plans_html
     from .output.summary import to_json
     from .sweep import sweep_csv
 
@@ -366,7 +369,8 @@ def _search(args, varies: list, files: tuple[str, str], what: str, width: int, r
     wall_s = time.perf_counter() - t0
     if tty:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
-    print(fmt(found, args.top))
+    text = fmt(found, args.top)
+    print(text)
     if not found["ranking"]:
         print(f"error: no plan of the {what} could be simulated; nothing written", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -379,6 +383,7 @@ def _search(args, varies: list, files: tuple[str, str], what: str, width: int, r
             tmp = staging.opened()
             (tmp / files[0]).write_text(to_json(found))
             (tmp / files[1]).write_text(sweep_csv(found))
+            (tmp / files[2]).write_text(plans_html(found, text, args.command), encoding="utf-8")
             written = staging.moved_in()
             args.written = out
         finally:
@@ -414,7 +419,8 @@ MAX_SWEEP_PLANS = 100_000  # a sweep's combinations; each plan's row is kept unt
 
 def cmd_sweep(args) -> int:
     """Simulate every combination of the ``--vary`` values on the scenario, print the plans
-    ranked and, with ``--out``, write sweep.json and sweep.csv (clustersim.sweep)."""
+    ranked and, with ``--out``, write sweep.json, sweep.csv (clustersim.sweep) and sweep.html
+    (clustersim.output.plans_page)."""
     from .sweep import SWEEP_FILES, format_sweep, parse_vary, run_sweep
 
     _given_scenario(args.scenario)
@@ -630,7 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
                                                            "most: the CPUs; the results do not depend on it)")
     sw.add_argument("--top", type=int, default=20, help="plans printed, best first (default 20)")
-    sw.add_argument("--out", help="write sweep.json and sweep.csv (every plan, refused ones with the rule) into "
+    sw.add_argument("--out", help="write sweep.json, sweep.csv (every plan, refused ones with the rule) and sweep.html "
+                                  "(every plan on one page: tokens/s against memory, the best plans' steps split) into "
                                   "this folder")
     sw.set_defaults(func=cmd_sweep)
 
@@ -644,7 +651,8 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
                                                             "most: the CPUs; the results do not depend on it)")
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
-    adv.add_argument("--out", help="write advise.json and advise.csv (every plan searched) into this folder")
+    adv.add_argument("--out", help="write advise.json, advise.csv (every plan searched) and advise.html (every plan "
+                                   "on one page, the guide's options marked) into this folder")
     adv.set_defaults(func=cmd_advise)
 
     sch = sub.add_parser("schedule", help="print a pipeline schedule as a step x rank grid")

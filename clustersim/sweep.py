@@ -33,7 +33,7 @@ from .yamlio import read_yaml, short_repr
 # the degrees whose product with dp is the world size (ep is carved out of dp; config)
 _MESH = ("parallel.tp", "parallel.pp", "parallel.cp")
 DP = "parallel.dp"
-SWEEP_FILES = ("sweep.json", "sweep.csv")
+SWEEP_FILES = ("sweep.json", "sweep.csv", "sweep.html")
 # what a sweep keeps of each plan's summary (a thousand whole summaries would be hundreds of MB)
 FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction")
 CSV_COLUMNS = ("plan", "status") + FIGURES + ("compute_s", "exposed_comm_s", "bubble_s", "peak_bytes",
@@ -270,19 +270,14 @@ def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
     return "\n".join(lines + table_lines(sweep, top))
 
 
-def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = None, note_head: str = "",
-                files: str = "sweep.csv with --out", refused_shown: int | None = None) -> list[str]:
-    """The ranked plans' table (the varied keys, then the figures; ``notes`` a last column by
-    plan number), how many more were simulated, and the plans refused with their rule."""
+def table_columns(sweep: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The ranked table's columns, each (head, a simulated plan's row -> its cell): the plan's
+    number, the keys it is shown by (:func:`_columns`), then its figures."""
     from .output.summary import GiB
 
     keys = _columns(sweep)
-    rows = {r["plan"]: r for r in sweep["plans"]}
-    n, done = len(rows), len(sweep["ranking"])
-    refused = [r for r in sweep["plans"] if r["status"] == "refused"]
-    heads = _heads(keys)
-    cols = [("#", lambda r: str(r["plan"]))] + [
-        (h, lambda r, k=k: _cell(r["changes"].get(k))) for h, k in zip(heads, keys)] + [
+    return [("#", lambda r: str(r["plan"]))] + [
+        (h, lambda r, k=k: _cell(r["changes"].get(k))) for h, k in zip(_heads(keys), keys)] + [
         ("step s", lambda r: f"{r['step_time_s']:.3f}"),
         ("tokens/s/GPU", lambda r: f"{r['tokens_per_s_per_gpu']:,.1f}"),
         ("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
@@ -290,6 +285,18 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
         ("exposed s", lambda r: f"{r['exposed_comm_s']['total']:.3f}"),
         ("peak GiB", lambda r: f"{r['peak_bytes'] / GiB:.1f}"),
         ("fits", lambda r: "yes" if r["fits"] else "NO")]
+
+
+def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = None, note_head: str = "",
+                files: str = "sweep.csv with --out", refused_shown: int | None = None) -> list[str]:
+    """The ranked plans' table (the varied keys, then the figures; ``notes`` a last column by
+    plan number), how many more were simulated, and the plans refused with their rule."""
+    keys = _columns(sweep)
+    rows = {r["plan"]: r for r in sweep["plans"]}
+    n, done = len(rows), len(sweep["ranking"])
+    refused = [r for r in sweep["plans"] if r["status"] == "refused"]
+    heads = _heads(keys)
+    cols = table_columns(sweep)
     shown = [rows[p] for p in sweep["ranking"][:top]]
     lines = []
     if shown:

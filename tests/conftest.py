@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 
@@ -56,3 +57,29 @@ def assert_refused(err: str, rc: int, named: Path, message: str, out: Path) -> N
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@contextlib.contextmanager
+def offline_page(path: Path, ready: str, width_px: int = 1400):
+    """``path`` open in headless Chromium with nothing beyond file:// reachable, once ``ready``
+    (a CSS selector) is drawn: yields (the page, the errors its scripts raised or logged and
+    the URLs it tried beyond file://). Skips the test without playwright or the browser."""
+    from .test_report import BROWSER_ARGS, CHROMIUM
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    if not CHROMIUM.exists():
+        pytest.skip(f"no browser at {CHROMIUM}")
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width_px, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+            page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://")
+                       else (errors.append(route.request.url), route.abort()))
+            page.goto(path.as_uri())
+            page.wait_for_selector(ready, timeout=60_000)
+            yield page, errors
+        finally:
+            browser.close()

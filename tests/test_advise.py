@@ -4,13 +4,17 @@ and bad input refused."""
 
 from __future__ import annotations
 
+import html
 import json
+import shlex
 
 import pytest
 
 import clustersim
 from clustersim.advise import (guide_rule, memory_settings, own_values, plan_of, run_advise, search_space,
                                values_of)
+from clustersim.output.plans_page import compare_command, scatter_figure
+from clustersim.overrides import load_variant, parse_changes
 from clustersim.sweep import DP
 from clustersim.yamlio import read_yaml
 
@@ -99,7 +103,23 @@ def test_advise_small_model(tmp_path, root):
     assert "the guide   \"For small models" in r.stdout
     assert f"your plan   #1: {rows[1]['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU" in r.stdout
     assert f"the best plan found, #{adv['ranking'][0]}" in r.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["advise.csv", "advise.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["advise.csv", "advise.html", "advise.json"]
+    # advise.html marks each option at its best and the scenario's plan, and gives the command
+    # that compares the best plans with it: each variant there is the plan it stands for
+    traces = {t["name"]: t for t in scatter_figure(adv)["data"]}
+    marked = [rows[o["best"]] for o in adv["options"] if o["best"] is not None]
+    assert traces["the guide's options, each at its best"]["y"] == [x["tokens_per_s_per_gpu"] for x in marked]
+    assert traces["the scenario's plan"]["y"] == [rows[1]["tokens_per_s_per_gpu"]]
+    cmd = compare_command(adv)
+    assert html.escape(cmd) in (out / "advise.html").read_text()
+    words = shlex.split(cmd)
+    variants = [words[i + 1] for i, w in enumerate(words) if w == "--variant"]
+    best = [n for n in adv["ranking"] if rows[n]["fits"] and n != 1][:len(variants)]
+    assert len(variants) == 3 and words[4] == SMALL and words[-2:] == ["--out", "compare_best"]
+    for text, n in zip(variants, best):
+        s = clustersim.simulate(load_variant(root / SMALL, parse_changes(text, source="s", field="f"))).summary
+        assert s["step_time_s"] == rows[n]["step_time_s"], (text, n)
+        assert "null" not in text  # only what changes the file
     # coarse to fine simulates fewer plans and finds the same best plan here
     coarse = run_advise(str(root / SMALL), budget=0)
     assert coarse["coarse_to_fine"] and len(coarse["plans"]) < len(adv["plans"])

@@ -15,7 +15,7 @@ from clustersim.output.compare import KINDS, config_differences, differences_lin
 from clustersim.output.compare_page import compare_html, kinds_figure, memory_figure, split_figure
 from clustersim.overrides import apply_changes, changes_text, parse_changes
 
-from .conftest import ROOT
+from .conftest import ROOT, offline_page
 from .test_cli import run_cli
 
 ZERO3 = "scenarios/zero3_llama3_8b_16gpu.yaml"
@@ -208,78 +208,14 @@ def test_compare_page_draws_the_first_timelines():
 
 def test_compare_page_in_chromium(compared, tmp_path):
     """The page renders offline without an error, and zooming one timeline zooms the others."""
-    from .test_report import BROWSER_ARGS, CHROMIUM
-
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    if not CHROMIUM.exists():
-        pytest.skip(f"no browser at {CHROMIUM}")
-    errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://")
-                       else (errors.append(route.request.url), route.abort()))
-            page.goto(compared["page"].as_uri())
-            page.wait_for_selector("#clustersim-timeline-B .main-svg", timeout=60_000)
-            page.evaluate("Plotly.relayout('clustersim-timeline-A', {'xaxis.range': [100, 250]})")
-            page.wait_for_timeout(300)
-            ranges = page.evaluate("['A','B'].map(x => document.getElementById('clustersim-timeline-' + x)"
-                                   ".layout.xaxis.range)")
-            bars = page.evaluate("document.getElementById('compare-split').data.map(t => t.x)")
-            page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
-        finally:
-            browser.close()
+    with offline_page(compared["page"], "#clustersim-timeline-B .main-svg") as (page, errors):
+        page.evaluate("Plotly.relayout('clustersim-timeline-A', {'xaxis.range': [100, 250]})")
+        page.wait_for_timeout(300)
+        ranges = page.evaluate("['A','B'].map(x => document.getElementById('clustersim-timeline-' + x)"
+                               ".layout.xaxis.range)")
+        bars = page.evaluate("document.getElementById('compare-split').data.map(t => t.x)")
+        page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     assert errors == []
     assert ranges == [[100, 250], [100, 250]]
     steps = [p["summary"]["step_time_s"] for p in compared["doc"]["plans"]]
     assert [math.fsum(x[i] for x in bars) for i in range(2)] == pytest.approx(steps, rel=1e-9)
-
-
-def test_compare_two_files_and_nothing_written_on_bad_input(tmp_path, root):
-    r = run_cli("compare", "scenarios/llama3_8b_8gpu.yaml", "scenarios/grad_accum_llama3_8b_8gpu.yaml", cwd=root)
-    assert r.returncode == 0, r.stderr
-    assert "A   scenarios/llama3_8b_8gpu.yaml" in r.stdout and "B vs A" in r.stdout
-    assert "the plans differ in tokens a step: tokens/s compares their throughput" in r.stdout
-    r = run_cli("compare", "scenarios/llama3_8b_8gpu.yaml", ZERO3, cwd=root)
-    assert "the plans differ in tokens a step and GPU counts" in r.stdout
-    # a folder a compare did not write keeps files named as its reports
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    (mine / "report_C.html").write_text("mine")
-    r = run_cli("compare", ZERO3, "--variant", PIPELINE, "--no-report", "--out", mine, cwd=root)
-    assert r.returncode == 0 and (mine / "report_C.html").read_text() == "mine"
-    out = tmp_path / "a" / "b"
-    for args, says in [
-        ((ZERO3,), "compare needs two plans or more"),
-        ((ZERO3, "--variant", "parallel.tp=3"), f"error: {ZERO3} with parallel.tp=3: parallel"),
-        ((ZERO3, "--variant", "parallel.tpp=2"), "parallel.tpp: unknown key (did you mean 'tp'?"),
-        ((ZERO3, "--variant", "parallel.zero=1", "--variant", "parallel.pp"), "is not KEY=VALUE"),
-        ((ZERO3, "missing.yaml"), "missing.yaml: scenario file not found"),
-        ((ZERO3, "--variant", "parallel.zero=1"), None),
-    ]:
-        if says is None:  # --no-report without --out
-            r = run_cli("compare", *args, "--no-report", cwd=root)
-            assert r.returncode == 2 and "--no-report: leaves out the plans' reports" in r.stderr
-            continue
-        r = run_cli("compare", *args, "--out", out, cwd=root)
-        assert r.returncode == 2 and says in r.stderr and r.stdout == "" and "Traceback" not in r.stderr, (args, r.stderr)
-        assert len(r.stderr.splitlines()) == 1
-        assert not (tmp_path / "a").exists()
-
-
-def test_the_what_if_the_docs_quote(root):
-    """docs/getting-started.md's slow-GPU variant: its step as simulated, most of the difference
-    bubble."""
-    from clustersim.overrides import load_variant
-
-    path = root / "scenarios" / "llama2_70b_64gpu.yaml"
-    base = clustersim.simulate(clustersim.load_scenario(path)).summary
-    slow = clustersim.simulate(load_variant(path, parse_changes("'cluster.what_if=[{gpu: 3, slowdown: 1.1}]'",
-                                                                 source="s", field="f"))).summary
-    a, b = step_split(base), step_split(slow)
-    assert b["bubble_s"] - a["bubble_s"] > 0.5 * (b["step_time_s"] - a["step_time_s"]) > 0
-    text = " ".join((root / "docs" / "getting-started.md").read_text().split())
-    assert f"{base['step_time_s']:.3f} s against {slow['step_time_s']:.3f} s, most of it bubble" in text

@@ -6,7 +6,6 @@ import copy
 import html
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from clustersim.output.report import (
 from clustersim.output.summary import format_summary
 from clustersim.trace import Span, Trace, gpu_ranges
 
-from .conftest import scenario_dict
+from .conftest import offline_page, scenario_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -344,48 +343,25 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networkin
 
 
 def test_report_renders_offline_in_chromium(result, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
-        pytest.skip(f"no browser at {CHROMIUM}")
     page_path = tmp_path / "report.html"
     write_report(page_path, result.trace, result.summary)
-    errors: list[str] = []
-    outside: list[str] = []
-
-    def only_files(route):
-        if route.request.url.startswith("file://"):
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-            page.route("**/*", only_files)
-            page.goto(page_path.as_uri())
-            page.wait_for_selector(f"#{DIV_ID} .main-svg", timeout=60_000)
-            n_bars = page.locator(f"#{DIV_ID} .barlayer .point path").count()
-            shot = tmp_path / "report.png"
-            page.screenshot(path=str(shot), full_page=True)
-            # the mode bar (shown on hover) stands clear of the timeline's legend
-            legend, modebar = (page.locator(f"#{DIV_ID} {sel}").first.bounding_box() for sel in (".legend", ".modebar"))
-            page.set_viewport_size({"width": 800, "height": 1000})  # a narrow window: wide tables scroll in place
-            page.wait_for_timeout(300)
-            page_width_px = page.evaluate("document.documentElement.scrollWidth")
-            # the box under the timeline's note names the rank a GPU runs as
-            page.click("details.gpus summary")
-            page.fill("#gpu-find", "13")
-            found = page.inner_text("#gpu-found")
-            page.fill("#gpu-find", "99")  # past the last GPU
-            past = page.inner_text("#gpu-found")
-        finally:
-            browser.close()
+    # (errors: what its scripts raised or logged, and anything tried beyond file://)
+    with offline_page(page_path, f"#{DIV_ID} .main-svg", width_px=1600) as (page, errors):
+        n_bars = page.locator(f"#{DIV_ID} .barlayer .point path").count()
+        shot = tmp_path / "report.png"
+        page.screenshot(path=str(shot), full_page=True)
+        # the mode bar (shown on hover) stands clear of the timeline's legend
+        legend, modebar = (page.locator(f"#{DIV_ID} {sel}").first.bounding_box() for sel in (".legend", ".modebar"))
+        page.set_viewport_size({"width": 800, "height": 1000})  # a narrow window: wide tables scroll in place
+        page.wait_for_timeout(300)
+        page_width_px = page.evaluate("document.documentElement.scrollWidth")
+        # the box under the timeline's note names the rank a GPU runs as
+        page.click("details.gpus summary")
+        page.fill("#gpu-find", "13")
+        found = page.inner_text("#gpu-found")
+        page.fill("#gpu-find", "99")  # past the last GPU
+        past = page.inner_text("#gpu-found")
     assert errors == []
-    assert outside == []  # nothing was even attempted beyond file://
     assert n_bars == sum(len(b) for b in merge_spans(result.trace).values())
     assert shot.stat().st_size > 10_000
     assert page_width_px <= 800

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,8 @@ from clustersim.output import bins, report
 from clustersim.output.bins import bar_count, binned_bars, binned_within
 from clustersim.output.perfetto import span_order
 
-from .conftest import scenario_dict
-from .test_report import BROWSER_ARGS, CHROMIUM, _rows
+from .conftest import offline_page, scenario_dict
+from .test_report import _rows
 
 ROOT = Path(__file__).resolve().parent.parent
 N_GROUPS = 4
@@ -291,24 +290,11 @@ def test_timeline_past_the_budget_draws_runs_of_bins(result, monkeypatch):
 
 
 def test_binned_timeline_renders_in_chromium(result, monkeypatch, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
-        pytest.skip(f"no browser at {CHROMIUM}")
     monkeypatch.setattr(report, "BAR_BUDGET", 300)
     page_path = tmp_path / "report.html"
     report.write_report(page_path, result.trace, result.summary)
-    errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file://") else r.abort())
-            page.goto(page_path.as_uri())
-            page.wait_for_selector(f"#{report.DIV_ID} .main-svg", timeout=60_000)
-            n_drawn = page.locator(f"#{report.DIV_ID} .barlayer .point path").count()
-        finally:
-            browser.close()
+    with offline_page(page_path, f"#{report.DIV_ID} .main-svg", width_px=1600) as (page, errors):
+        n_drawn = page.locator(f"#{report.DIV_ID} .barlayer .point path").count()
     fig = report.timeline(result.trace, result.summary)
     assert errors == []
     assert 0 < n_drawn == fig["layout"]["meta"]["binned"]["bars"] <= 300

@@ -6,14 +6,17 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 
 import clustersim
 from clustersim.errors import ConfigError
+from clustersim.output.plans_page import scatter_figure, split_figure
 from clustersim.overrides import load_variant
 from clustersim.sweep import Plan, parse_vary, plans_of, ranking, split_values, with_dp
 
+from .conftest import offline_page
 from .test_cli import run_cli
 
 ZERO3 = "scenarios/zero3_llama3_8b_16gpu.yaml"
@@ -68,7 +71,7 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
         outs.append((out, r.stdout))
     (out, stdout), (out2, _) = outs
     # the files do not depend on the processes
-    for name in ("sweep.json", "sweep.csv"):
+    for name in ("sweep.json", "sweep.csv", "sweep.html"):
         assert (out / name).read_bytes() == (out2 / name).read_bytes()
     sweep = json.loads((out / "sweep.json").read_text())
     assert sweep["dp_follows"] and sweep["vary"] == {"parallel.pp": [1, 2, 3, 4], "parallel.zero": [1, 3]}
@@ -104,6 +107,23 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     first = table.index(next(x for x in table if x.lstrip().startswith("#")))
     assert [int(x.split()[0]) for x in table[first + 1:first + 1 + len(ok)]] == sweep["ranking"]
     assert "refused by the scenario's rules: 2 of 8" in stdout
+    # sweep.html: every plan simulated a point, the best plans' steps split, each refused plan's rule
+    scatter = scatter_figure(sweep)
+    assert [t["name"] for t in scatter["data"]] == ["fits", "does not fit"] or all(r["fits"] for r in ok)
+    points = {(x, y) for t in scatter["data"] for x, y in zip(t["x"], t["y"])}
+    assert points == {(r["peak_bytes"] / 2**30, r["tokens_per_s_per_gpu"]) for r in ok}
+    split = split_figure(sweep)
+    for i, n in enumerate(sweep["ranking"]):
+        assert sum(t["x"][i] for t in split["data"]) == pytest.approx(rows[n]["step_time_s"], rel=1e-9)
+        assert split["data"][0]["y"][i].startswith(f"#{n} ")
+    page = (out / "sweep.html").read_text()
+    assert page.count("does not divide the 16 GPUs") == 2 + stdout.count("does not divide the 16 GPUs")
+    ranked_table = page.split("Every plan simulated")[1].split("Refused by")[0]
+    assert stdout.strip().splitlines()[0] in page
+    assert [int(x) for x in re.findall(r"<tr(?: class=\"nofit\")?><td>(\d+)</td>", ranked_table)] == sweep["ranking"]
+    with offline_page(out / "sweep.html", "#plans-split .main-svg") as (browser_page, errors):
+        drawn = browser_page.evaluate("document.getElementById('plans-scatter').data.map(t => t.x.length)")
+    assert errors == [] and sum(drawn) == len(ok)
 
 
 def test_sweep_bad_input_writes_nothing(tmp_path, root):
