@@ -210,6 +210,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "attention": t.attention, "sp": p.sp,
             "tp_comm_overlap": p.tp_comm_overlap, "ep": p.ep, "etp": p.expert_tp, "zero": p.zero,
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
+            "overlap_grad_reduce": p.overlap_grad_reduce,
             "zero_shard": p.zero_shard,
             "recompute": t.recompute, "recompute_method": t.recompute_method, "recompute_layers": t.recompute_layers,
             "recompute_modules": sorted(t.selective_modules) or None,

@@ -73,6 +73,10 @@ class ParallelCfg(Strict):
     overlap_param_gather: bool = pydantic.Field(
         default=False, description="ZeRO-1/2: all-gather the updated parameters unit by unit inside the next "
         "step's first forward, not after the optimizer step (Megatron's --overlap-param-gather)")
+    overlap_grad_reduce: bool = pydantic.Field(
+        default=True, description="reduce the gradients over DP bucket by bucket as the backward makes them final, "
+        "beside it (PyTorch DDP and FSDP, DeepSpeed, Megatron-LM's --overlap-grad-reduce); false: each rank "
+        "reduces them after its last backward (under ZeRO-2, after each), as Megatron-LM does without that flag")
     cp: int = pydantic.Field(default=1, ge=1, description="context parallelism: ranks that split each sequence")
     cp_comm: Literal["ring", "all_gather"] = "ring"
     cp_load_balance: bool = True
@@ -492,6 +496,10 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if p.zero_prefetch_layers != 1 and p.zero != 3 and not p.overlap_param_gather:  # (1, the default: harmless)
         fail("parallel.zero_prefetch_layers", "how many units ahead ZeRO-3 (or ZeRO-1/2 with overlap_param_gather) "
              f"gathers parameters; zero={p.zero} gathers none during the step (drop the field)")
+    if not p.overlap_grad_reduce and p.zero == 3:
+        fail("parallel.overlap_grad_reduce", "ZeRO-3 reduce-scatters each unit's gradients as its backward makes "
+                                             "them (the gradients are never whole on a rank); drop the setting "
+                                             "or use ZeRO-0 to 2")
     if p.overlap_param_gather and p.zero not in (1, 2):
         fail("parallel.overlap_param_gather", "overlaps ZeRO-1/2's all-gather of the updated parameters; "
              f"zero={p.zero} {'gathers none' if p.zero == 0 else 'gathers them per layer already'}")

@@ -7,6 +7,7 @@ import pytest
 import clustersim
 from clustersim.collectives.ring import RING_STEPS
 from clustersim.model import transformer as tf
+from clustersim.output.summary import plan_line
 from clustersim.program.costs import ops_time_s
 
 from .conftest import scenario_dict
@@ -260,6 +261,47 @@ def test_overlap_param_gather_needs_zero_1_or_2(root, zero):
     with pytest.raises(clustersim.ConfigError) as err:
         run(root, **d)
     assert err.value.field == "parallel.overlap_param_gather"
+
+
+@pytest.mark.parametrize("zero,pp", [(0, 1), (1, 1), (2, 1), (0, 2), (2, 2)])
+def test_gradients_reduced_after_the_backward_without_overlap(root, zero, pp):
+    """overlap_grad_reduce: false: every bucket's reduction starts once the rank's last backward
+    (under ZeRO-2, its microbatch's) has ended; beside it, some bucket starts earlier. The
+    same reductions either way, back to back before the optimizer step."""
+    d = dict(ONE_STAGE)
+    d["training"] = {**ONE_STAGE["training"], "global_batch_size": 32 // pp, "dp_bucket_params": 2_000_000}
+    spans = {}
+    for overlap in (True, False):
+        d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero, "pp": pp, "dp": 8 // pp, "overlap_grad_reduce": overlap}
+        result = run(root, **d)
+        tr = result.trace
+        early = 0
+        for r in tr.ranks:
+            grads = [s for s in tr.spans if s.rank == r and s.kind == "dp" and "grads bucket" in s.name]
+            assert len({s.mb for s in grads}) == (4 if zero == 2 else 1) and len(grads) > len({s.mb for s in grads})
+            for g in grads:
+                backward_end = max(s.end_s for s in tr.spans if s.rank == r and s.stream == "compute"
+                                   and s.phase == "B" and (s.mb == g.mb if zero == 2 else True))
+                early += g.start_s < backward_end - 1e-12
+            opt = min(s.start_s for s in tr.spans if s.rank == r and s.phase == "opt")
+            assert opt >= max(g.end_s for g in grads) - 1e-12
+        assert (early > 0) == overlap
+        assert ("grads reduced after the backward" in plan_line(result.summary)) != overlap
+        spans[overlap] = result
+    on, off = spans[True].summary, spans[False].summary
+    assert off["step_time_s"] > on["step_time_s"] and off["exposed_comm_s"]["dp"] > on["exposed_comm_s"]["dp"]
+    assert off["plan"]["overlap_grad_reduce"] is False and on["plan"]["overlap_grad_reduce"] is True
+    if pp == 1:  # alone on their links either way: the same durations
+        dur = {k: sorted(s.end_s - s.start_s for s in v.trace.spans if s.kind == "dp") for k, v in spans.items()}
+        assert dur[True] == pytest.approx(dur[False], rel=1e-9)
+
+
+def test_gradients_reduced_after_the_backward_refused_under_zero3(root):
+    d = dict(ONE_STAGE)
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3, "overlap_grad_reduce": False}
+    with pytest.raises(clustersim.ConfigError) as err:
+        run(root, **d)
+    assert err.value.field == "parallel.overlap_grad_reduce" and "ZeRO-3" in err.value.message
 
 
 def test_zero1_reduce_scatter_then_all_gather_moves_what_all_reduce_does(root):

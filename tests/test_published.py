@@ -101,15 +101,19 @@ NARAYANAN_TABLE1 = [
 
 
 @functools.lru_cache(maxsize=None)
-def narayanan_row(i: int) -> tuple[float, float]:
+def narayanan_row(i: int, overlap_grad_reduce: bool = False) -> tuple[float, float]:
     """Row ``i`` of Table 1 as the paper ran it (full recompute, standard attention, fp16,
-    1F1B or interleaved, TP's backward all-reduces blocking as the paper describes them):
+    1F1B or interleaved, TP's backward all-reduces blocking as the paper describes them, the
+    gradients' DP all-reduce after the pipeline's flush as Megatron-LM then made it):
     (simulated TFLOP/s per GPU by the paper's formula, the step in seconds)."""
     _, a, h, l, tp, pp, gpus, gbs, mbs, vpp, _ = NARAYANAN_TABLE1[i]
     d = {"name": f"narayanan-table1-{i}", "cluster": {"topology": "topologies/dgx-a100.yaml", "nodes": gpus // 8},
          "model": {"name": "gpt", "layers": l, "hidden": h, "heads": a, "mlp": "gelu", "vocab": 51200,
                    "seq_len": 2048, "tied_embeddings": True, "position_embedding": "learned"},
+         # Megatron-LM of 2021 all-reduced the gradients after the whole schedule (its local
+         # DDP's allreduce_gradients in train_step), not beside the backward
          "parallel": {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "tp_async_allreduce": False,
+                      "overlap_grad_reduce": overlap_grad_reduce,
                       **({"schedule": "interleaved", "vpp": vpp} if vpp > 1 else {"schedule": "1f1b"})},
          "training": {"micro_batch_size": mbs, "global_batch_size": gbs, "precision": "fp16",
                       "attention": "standard", "recompute": "full"}}
@@ -128,7 +132,7 @@ def narayanan_row(i: int) -> tuple[float, float]:
 def test_narayanan_table1_weak_scaling(i):
     """Every row of Table 1, from 1.7B on 32 GPUs to 1T on 3,072, against its published TFLOP/s:
     the paper's formula over the simulated step is the simulated executed FLOPs (the summary's
-    hardware TFLOP/s) and 8-19 % above the paper's, as clustersim models no framework overhead
+    hardware TFLOP/s) and 4-17 % above the paper's, as clustersim models no framework overhead
     (Korthikanti et al.'s 22B above: 13-17 %)."""
     tflops, _ = narayanan_row(i)
     assert 1.0 < tflops / NARAYANAN_TABLE1[i][-1] < 1.25
@@ -141,3 +145,9 @@ def test_narayanan_table1_in_the_docs():
         tflops, step_s = narayanan_row(i)
         pub = row[-1]
         assert f"| {row[0]:g}B | {row[6]:,} | {pub} | {tflops:.0f} | {tflops / pub:.2f} |" in text, row
+        assert f" | {step_s:.2f} s |" in text
+    # and with the gradients reduced beside the backward, as frameworks do today
+    overlapped = [narayanan_row(i, overlap_grad_reduce=True)[0] / row[-1] for i, row in enumerate(NARAYANAN_TABLE1)]
+    assert f"the rows read {100 * (min(overlapped) - 1):.0f}-{100 * (max(overlapped) - 1):.0f} % above (" + ", ".join(
+        f"{r:.2f}" for r in overlapped) + ")" in text
+    assert all(narayanan_row(i, True)[1] <= narayanan_row(i)[1] for i in range(len(NARAYANAN_TABLE1)))

@@ -89,6 +89,8 @@ def _value(v: Any) -> str:
     it leaves unset left out), cut to 60 characters."""
     if v is None:
         text = "null"
+    elif isinstance(v, bool):
+        text = "true" if v else "false"
     elif isinstance(v, (list, dict)):
         text = printable(yaml.safe_dump(_set_only(v), default_flow_style=True, width=10**6).strip())
     else:

@@ -108,11 +108,14 @@ def _fp8_option(p: dict[str, Any]) -> str:
 
 def _grads_option(p: dict[str, Any]) -> str:
     """" · fp32 grads reduced in bf16": the gradients' dtype where they are reduced over data
-    (and context) parallel ranks, since it sets the bytes of every gradient collective."""
+    (and context) parallel ranks, since it sets the bytes of every gradient collective; and
+    " after the backward" where they are not reduced beside it (``overlap_grad_reduce``)."""
     if "grad_dtype" not in p or p.get("dp", 1) * p.get("cp", 1) == 1:
         return ""
     reduce = p["grad_reduce_dtype"]  # (TrainingCfg.reduced_grad_dtype: grad_dtype where none is set)
-    return f" · {p['grad_dtype']} grads" + (f" reduced in {reduce}" if reduce != p["grad_dtype"] else "")
+    after = " after the backward" if p.get("overlap_grad_reduce") is False else ""
+    return (f" · {p['grad_dtype']} grads" + (f" reduced in {reduce}" if reduce != p["grad_dtype"] else "")
+            + (f"{' reduced' if reduce == p['grad_dtype'] else ''}{after}" if after else ""))
 
 
 def _overlap_note(ex: dict[str, float], kinds: list[str]) -> str:

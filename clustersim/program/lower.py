@@ -434,6 +434,7 @@ class Lowering:
     zero_prefetch_layers: int = 1
     zero3_keep_gathered: bool = False
     overlap_param_gather: bool = False  # ZeRO-1/2's gathers in the first forward (optimizer_pass)
+    overlap_grad_reduce: bool = True  # DP reductions bucket by bucket beside the backward (_reduce_action)
     # (CP index, index in the EP group) -> per-part work, when CP or EP ranks differ (unbalanced
     # causal attention, skewed expert load); the index that does not matter is 0
     rank_work: dict = field(default_factory=dict)
@@ -1350,6 +1351,14 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
 
         compute  [B mb0 ...........][F mb1 ...
         dp                [RS b0][RS b1]|       the forward of mb1 waits for RS b1
+
+    Without ``overlap_grad_reduce`` every bucket waits for the rank's last compute so far:
+    the action's last block under ZeRO-2 (called right after the action is lowered), the
+    step's last backward otherwise (Megatron-LM's ``finalize_model_grads`` after the whole
+    forward-backward schedule; in 2021 its local DDP's ``allreduce_gradients``)::
+
+        compute  ... [B mb7 L1][B mb7 L0]|                       [optimizer]
+        dp                                [AR b0][AR b1][AR b2]|
     """
     mesh = low.mesh
     op = "all_reduce" if low.zero == 0 else "reduce_scatter"
@@ -1369,7 +1378,7 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
         on = dp_buckets if dim == "dp" else expert_reduce
         what, label = ("bucket", "") if dim == "dp" else ("expert bucket", "expert ")
         for n, (i, params) in enumerate(grad_buckets(blocks, low.dp_bucket_params, attr)):
-            dep = low.bwd_tid[(r, a.stage, a.mb, i)]
+            dep = low.bwd_tid[(r, a.stage, a.mb, i)] if low.overlap_grad_reduce else low.last_compute[r]
             if on and reduce:
                 dep = _comm(
                     low, prog, r, kind, low.group_of(r, kind), (what, a.stage, a.mb, n), params * low.reduce_bytes,
@@ -1526,6 +1535,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
         embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
         zero3_keep_gathered=sc.parallel.zero3_keep_gathered, overlap_param_gather=sc.parallel.overlap_param_gather,
+        overlap_grad_reduce=sc.parallel.overlap_grad_reduce,
         rank_work=rank_work, use_templates=templates, routing=moe.routing(sc.model.moe),
     )
     return run_passes(low), low
