@@ -183,7 +183,10 @@ def cmd_run(args) -> int:
                           source="command line", field="--out")
     # the schedule's check is simulate's: after it forks the process that simulates a shorter
     # step, which needs no whole schedule (clustersim.engine.ahead)
-    sc = load_scenario(args.scenario, check_schedule=False)
+    if args.set:
+        sc = _with_changes(args.scenario, args.set)
+    else:
+        sc = load_scenario(args.scenario, check_schedule=False)
     out = Path(args.out) if args.out is not None else _default_out(args.scenario)
     if ".." in out.parts:  # o2/.. with o2 not there: the folder meant, not an o2 made on the way
         out = out.resolve()
@@ -237,6 +240,17 @@ def cmd_run(args) -> int:
             if writer is not None:
                 writer.cancel()
             staging.clean()
+
+
+def _with_changes(path: str, given: list[str]):
+    """``run --set``: the scenario of ``path`` with the changes of every ``--set`` (in order),
+    described by them (unless they set the description)."""
+    from .overrides import load_variant, parse_changes, variant_source
+
+    changes = [c for text in given for c in parse_changes(text, source="command line", field=f"--set {text!r}")]
+    keys = {k for k, _ in changes}
+    described = [] if "description" in keys else [("description", variant_source(path, changes))]
+    return load_variant(path, changes, unnamed=described, check_schedule=False)
 
 
 def cmd_compare(args) -> int:
@@ -595,6 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "report.html and trace.json.gz")
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--out", help="output folder (default: out/<scenario file name without .yaml>)")
+    run.add_argument("--set", action="append", metavar="CHANGES",
+                     help="run the scenario with these changes: KEY=VALUE with dotted keys, e.g. --set "
+                          "\"parallel.pp=4 parallel.zero=1\" (repeatable; a value is read as YAML, null removes "
+                          "the key); the summary's description names them")
     run.add_argument("--no-report", action="store_true", help="skip report.html")
     run.add_argument("--no-trace", action="store_true", help="skip the Perfetto trace")
     run.add_argument("--trace-gpus", metavar="GPUS",

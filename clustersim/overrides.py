@@ -124,14 +124,15 @@ def variant_source(path: str | Path, changes: list[tuple[str, Any]]) -> str:
 
 
 def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[str, Any] | None = None,
-                 unnamed: list[tuple[str, Any]] = ()):
+                 unnamed: list[tuple[str, Any]] = (), check_schedule: bool = True):
     """The scenario of the file ``path`` (its contents ``data`` where read already) with
     ``changes`` made, then ``unnamed`` (changes the error messages do not list: ``compare``'s
     name and description of a variant), validated as the file is (relative paths from the
-    file's folder); a ConfigError names the variant (:func:`variant_source`)."""
+    file's folder; ``check_schedule`` as :func:`clustersim.config.load_scenario`'s); a
+    ConfigError names the variant (:func:`variant_source`)."""
     from .config import load_scenario
 
     source = variant_source(path, changes)
     data = read_yaml(Path(path), what="scenario") if data is None else data
     return load_scenario(apply_changes(data, list(changes) + list(unnamed), source=source), base_dir=Path(path).parent,
-                         source=source)
+                         source=source, check_schedule=check_schedule)

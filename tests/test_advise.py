@@ -13,7 +13,7 @@ import pytest
 import clustersim
 from clustersim.advise import (guide_rule, memory_settings, own_values, plan_of, run_advise, search_space,
                                values_of)
-from clustersim.output.plans_page import compare_command, scatter_figure
+from clustersim.output.plans_page import compare_command, run_command, scatter_figure
 from clustersim.overrides import load_variant, parse_changes
 from clustersim.sweep import DP
 from clustersim.yamlio import read_yaml
@@ -120,6 +120,12 @@ def test_advise_small_model(tmp_path, root):
         s = clustersim.simulate(load_variant(root / SMALL, parse_changes(text, source="s", field="f"))).summary
         assert s["step_time_s"] == rows[n]["step_time_s"], (text, n)
         assert "null" not in text  # only what changes the file
+    # and the command that runs the best plan that fits
+    words = shlex.split(run_command(adv))
+    top = next(n for n in adv["ranking"] if rows[n]["fits"])
+    assert words[3:5] == ["run", SMALL] and words[-2:] == ["--out", f"best_plan_{top}"]
+    s = clustersim.simulate(load_variant(root / SMALL, parse_changes(words[6], source="s", field="f"))).summary
+    assert words[5] == "--set" and s["step_time_s"] == rows[top]["step_time_s"]
     # coarse to fine simulates fewer plans and finds the same best plan here
     coarse = run_advise(str(root / SMALL), budget=0)
     assert coarse["coarse_to_fine"] and len(coarse["plans"]) < len(adv["plans"])

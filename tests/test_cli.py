@@ -64,6 +64,30 @@ def test_run_is_deterministic(tmp_path, root):
     assert outs[0] == outs[1]
 
 
+def test_run_with_changes(tmp_path, root):
+    """run --set: the file with the changes, as a variant of compare or sweep simulates it;
+    the summary's description names them; bad changes refused like bad files, nothing written."""
+    import clustersim
+    from clustersim.overrides import load_variant
+
+    path = "scenarios/llama3_8b_8gpu.yaml"
+    r = run_cli("run", path, "--set", "parallel.tp=2 parallel.dp=4", "--set", "training.recompute=selective",
+                "--no-trace", "--out", tmp_path / "o", cwd=root)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    changes = [("parallel.tp", 2), ("parallel.dp", 4), ("training.recompute", "selective")]
+    direct = clustersim.simulate(load_variant(root / path, changes)).summary
+    assert s["step_time_s"] == direct["step_time_s"] and s["plan"]["tp"] == 2
+    assert s["description"] == f"{path} with parallel.tp=2 parallel.dp=4 training.recompute=selective"
+    assert s["description"] in r.stdout and s["scenario"] == "llama3-8b-8gpu"
+    for given, says in [("parallel.tp=3", f"error: {path} with parallel.tp=3: parallel: tp*pp*dp"),
+                        ("parallel.tp", "error: command line: --set 'parallel.tp': 'parallel.tp' is not KEY=VALUE"),
+                        ("parallel.tpp=2", "parallel.tpp: unknown key")]:
+        r = run_cli("run", path, "--set", given, "--out", tmp_path / "bad", cwd=root)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "bad").exists()
+
+
 def test_schedule_grid():
     r = run_cli("schedule", "--pp", 4, "--microbatches", 8, "--schedule", "1f1b")
     assert r.returncode == 0

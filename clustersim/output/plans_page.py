@@ -10,7 +10,8 @@ Layout::
         +------------------------¦-------▶ peak GiB per GPU
                               capacity
     where a GPU's step goes, the best plans: compute | exposed communication | bubble, one bar each
-    next: the best plans side by side         python -m clustersim compare x.yaml --variant "..." ...
+    next: the best plan run, the best side by side   python -m clustersim run x.yaml --set "..."
+                                                     python -m clustersim compare x.yaml --variant "..." ...
     every plan simulated, best first          the terminal's columns, the plan's changes in full
     refused by the scenario's rules           each plan with its rule
 
@@ -140,15 +141,19 @@ def split_figure(sweep: dict[str, Any], shown: int = SPLIT_SHOWN) -> dict[str, A
         yaxis={"autorange": "reversed", "type": "category", "automargin": True})}
 
 
-def compare_command(sweep: dict[str, Any], most: int = COMPARED) -> str | None:
-    """The ``compare`` command that puts the best plans that fit (at most ``most``) beside the
-    scenario as its file has it, each as a variant; None when none fits."""
+def _best_changes(sweep: dict[str, Any]) -> dict[int, list[tuple[str, Any]]]:
+    """The plans that fit, best first, each with its changes that change the file (an advice
+    sets every key it searched; a plan they leave as the file has it is the file's own)."""
     data = read_yaml(Path(sweep["scenario"]), what="scenario")
     rows = {r["plan"]: r for r in sweep["plans"]}
-    # each best plan's changes that change the file (an advice sets every key it searched); a
-    # plan they leave as the file has it is the baseline itself
-    changed = {n: [(k, v) for k, v in rows[n]["changes"].items() if value_at(data, k) != v]
-               for n in sweep["ranking"] if rows[n]["fits"]}
+    return {n: [(k, v) for k, v in rows[n]["changes"].items() if value_at(data, k) != v]
+            for n in sweep["ranking"] if rows[n]["fits"]}
+
+
+def compare_command(sweep: dict[str, Any], most: int = COMPARED) -> str | None:
+    """The ``compare`` command that puts the best plans that fit (at most ``most``) beside the
+    scenario as its file has it, each as a variant; None when none fits but the file's own."""
+    changed = _best_changes(sweep)
     best = [n for n in changed if changed[n]][:most]
     if not best:
         return None
@@ -156,6 +161,18 @@ def compare_command(sweep: dict[str, Any], most: int = COMPARED) -> str | None:
     for n in best:
         words += ["--variant", changes_text(changed[n])]
     return " ".join(shlex.quote(w) for w in words) + " --out compare_best"
+
+
+def run_command(sweep: dict[str, Any]) -> str | None:
+    """The ``run`` command of the best plan that fits (its report and trace file); None when
+    none fits."""
+    changed = _best_changes(sweep)
+    if not changed:
+        return None
+    n, changes = next(iter(changed.items()))
+    words = ["python", "-m", "clustersim", "run", sweep["scenario"]] + (
+        ["--set", changes_text(changes)] if changes else [])
+    return " ".join(shlex.quote(w) for w in words) + f" --out best_plan_{n}"
 
 
 def _table_html(sweep: dict[str, Any]) -> str:
@@ -209,11 +226,16 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
                  plot_div(split, SPLIT_DIV_ID, _CONFIG),
                  "<p class=\"note\">Per GPU, the mean over GPUs: compute, the communication the compute stream "
                  "waited for, and the bubble (idle) add up to the step.</p>"]
-    cmd = compare_command(sweep)
+    cmd, run = compare_command(sweep), run_command(sweep)
+    if cmd is not None or run is not None:
+        body.append("<h2>Next</h2>")
+    if run is not None:
+        body += ["<p class=\"note\">The best plan that fits, run on its own (its report and trace file):</p>",
+                 f'<code class="cmd">{e(run)}</code>']
     if cmd is not None:
-        body += ["<h2>Next: the best plans side by side</h2>",
-                 "<p class=\"note\">Their timelines, memory and exposed communication beside the scenario's own plan "
-                 "(compare_best/compare.html):</p>", f'<code class="cmd">{e(cmd)}</code>']
+        body += ["<p class=\"note\">The best plans that fit side by side with the scenario as its file has it: their "
+                 "timelines, memory and exposed communication on one page (compare_best/compare.html):</p>",
+                 f'<code class="cmd">{e(cmd)}</code>']
     body += [_table_html(sweep), _refused_html(sweep)]
     return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
