@@ -5,11 +5,14 @@
     python bench/bench_sweep.py x.yaml --gpus 128   # another scenario's model and cluster
     python bench/bench_sweep.py --limit 5           # the first 5 plans only
     python bench/bench_sweep.py --jobs 2            # two worker processes (the plans are independent)
+    python bench/bench_sweep.py --whole             # each plan's whole summary, not the brief one
 
 A user choosing a plan simulates many: every way to split the GPUs into TP x PP x DP, each
 with the memory savers (ZeRO stage, activation recompute). This bench does that in one Python
 process through the API, as a script or a notebook would (``load_scenario`` on a dict, then
-``simulate`` with its checks; no files written), and prints per plan its wall time, step time,
+``simulate`` with its checks, its summary brief as ``clustersim sweep`` makes it: without the
+critical path, the causes of exposed communication and the link use; no files written), and
+prints per plan its wall time, step time,
 MFU and whether it fits, then the distribution of the wall times, how long the sweep took and
 what a thousand plans would take at that pace (``--jobs N``: in N forked worker processes). The plans::
 
@@ -98,10 +101,10 @@ def variant(base: dict, gpus_per_node: int, gpus: int, tp: int, pp: int, dp: int
 def one(job: tuple) -> tuple:
     """Simulate one plan: (label, wall s, step s, MFU, fits, spans), or (label, refusal)."""
     from clustersim import ConfigError, load_scenario, simulate
-    label, d, base_dir = job
+    label, d, base_dir, brief = job
     t = time.perf_counter()
     try:
-        s = simulate(load_scenario(d, base_dir=base_dir)).summary
+        s = simulate(load_scenario(d, base_dir=base_dir), brief=brief).summary
     except ConfigError as exc:
         return label, str(exc)
     return label, time.perf_counter() - t, s["step_time_s"], s["mfu"], s["memory"]["fits"], s["simulation"]["spans"]
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="every ZeRO stage and recompute choice")
     ap.add_argument("--limit", type=int, default=None, help="only the first N plans")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (forked; default 1: this one)")
+    ap.add_argument("--whole", action="store_true", help="each plan's whole summary (critical path, causes of "
+                                                         "exposed communication, link use), not the brief one")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -129,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{sc0.cfg.model.name} on {gpus} GPUs ({per_node} a node): {len(todo)} plans, {schedule} where pp > 1; "
           f"import {import_s:.2f} s; {args.jobs} process{'es' if args.jobs > 1 else ''}")
     print(f"{'plan':28s} {'wall s':>7s} {'step s':>8s} {'MFU':>6s}  fits  spans")
-    jobs = [(f"tp{tp} pp{pp} dp{dp} zero{zero} {rc}", variant(base, per_node, gpus, tp, pp, dp, zero, rc), path.parent)
-            for tp, pp, dp, zero, rc in todo]
+    jobs = [(f"tp{tp} pp{pp} dp{dp} zero{zero} {rc}", variant(base, per_node, gpus, tp, pp, dp, zero, rc), path.parent,
+             not args.whole) for tp, pp, dp, zero, rc in todo]
     walls: list[float] = []
     refused: list[str] = []
     t_all = time.perf_counter()

@@ -147,7 +147,7 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool]) -> dict[str, Any]
     path, data, plan, fork = job
     row: dict[str, Any] = {"plan": plan.number, "changes": dict(plan.changes)}
     try:
-        s = simulate(load_variant(path, plan.changes, data), fork=fork).summary
+        s = simulate(load_variant(path, plan.changes, data), fork=fork, brief=True).summary
     except ConfigError as exc:
         return {**row, "status": "refused", "reason": ": ".join(p for p in (exc.field, exc.message) if p)}
     split = step_split(s)

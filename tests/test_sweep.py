@@ -126,6 +126,19 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     assert errors == [] and sum(drawn) == len(ok)
 
 
+@pytest.mark.parametrize("name", ["llama3_8b_8gpu", "zero3_llama3_8b_16gpu", "dualpipe", "interleaved_1f1b",
+                                  "long_context_cp_128k"])
+def test_a_brief_summary_has_every_figure_of_the_whole_one(root, name):
+    """simulate(brief=True), as a sweep's plans are simulated: the summary less the critical
+    path, the causes of exposed communication and the link use, everything else equal."""
+    path = root / "scenarios" / f"{name}.yaml"
+    whole = clustersim.simulate(clustersim.load_scenario(path)).summary
+    brief = clustersim.simulate(clustersim.load_scenario(path), brief=True).summary
+    left_out = ("critical_path", "exposed_comm_causes", "links")
+    assert all(brief[k] is None for k in left_out) and all(whole[k] for k in ("critical_path", "links"))
+    assert {k: v for k, v in brief.items() if k not in left_out} == {k: v for k, v in whole.items() if k not in left_out}
+
+
 def test_sweep_bad_input_writes_nothing(tmp_path, root):
     out = tmp_path / "x" / "y"
     for args, says in [
