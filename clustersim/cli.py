@@ -264,7 +264,7 @@ def cmd_compare(args) -> int:
     from .forking import ctrl_c_held
     from .output.compare import (COMPARE_FILE, REPORT_NAMES, compare_json, config_differences, format_compare, labels,
                                  report_name)
-    from .output.compare_page import COMPARE_PAGE, MAX_TIMELINES, compare_html
+    from .output.compare_page import COMPARE_PAGE, compare_html, timeline_caption
     from .output.report import _as_sent, _script_json, report_html, timeline
     from .output.summary import to_json
     from .overrides import load_variant, parse_changes, variant_source
@@ -320,7 +320,8 @@ def cmd_compare(args) -> int:
                 data_json = _script_json(fig["data"])
                 (staging.folder() / report_name(p["label"])).write_text(
                     report_html(result.trace, result.summary, fig, data_json), encoding="utf-8")
-                timelines.append((data_json, fig["layout"]) if len(timelines) < MAX_TIMELINES else None)
+                # (each plan's, the page picks: the data already JSON, a few MB at most)
+                timelines.append((data_json, fig["layout"], timeline_caption(result.trace, fig["layout"])))
             del result
         if staging is not None:
             (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)))

@@ -193,17 +193,26 @@ def test_compare_page_figures(compared):
     assert re.findall(r"<td class=\"l\">(.*?)</td>", rows[2][1]) == ["3", "1"]
 
 
-def test_compare_page_draws_the_first_timelines():
-    """Past MAX_TIMELINES plans the page draws the first ones' timelines and says so."""
-    from clustersim.output.compare_page import _timelines_html
+def test_compare_page_draws_the_baseline_and_the_fastest_past_its_limit():
+    """Past MAX_TIMELINES plans the page draws the first plan's timeline, the fastest that
+    fits, then the fastest others, on the axis of the slowest drawn; it names those left out."""
+    from clustersim.output.compare_page import _timelines_html, drawn_timelines
 
-    plans = [{"label": x, "summary": {"step_time_s": 1.0 + i, "plan": {}}} for i, x in enumerate("ABC")]
+    def plan(label: str, tokens: float, fits: bool = True) -> dict:
+        return {"label": label, "summary": {"step_time_s": 1e3 / tokens, "tokens_per_s": tokens, "plan": {},
+                                            "memory": {"fits": fits}}}
+
+    plans = [plan("A", 10), plan("B", 50, fits=False), plan("C", 20), plan("D", 40), plan("E", 5)]
+    assert drawn_timelines(plans, most=3) == [0, 2, 3]  # A; D, the fastest that fits; then C
+    assert drawn_timelines(plans, most=5) == [0, 1, 2, 3, 4]
     layout = {"xaxis": {"range": [0, 1]}, "height": 200}
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("clustersim.output.compare_page.MAX_TIMELINES", 3)
         mp.setattr("clustersim.output.compare_page.plan_line", lambda s: "plan")
-        text = _timelines_html(plans, [("[]", layout), ("[]", layout), None])
-    assert text.count("Plotly.newPlot") == 2 and "The first 8 plans are drawn" in text
-    assert text.count(f'"range":[0,{json.dumps(1e3 * 3.0 * 1.005)}]') == 2  # the slowest plan's, not drawn
+        text = _timelines_html(plans, [("[]", layout, "caption")] * 5)
+    assert text.count("Plotly.newPlot") == 3 and "3 of the 5 plans are drawn" in text and "B, E are in" in text
+    assert text.count(f'"range":[0,{json.dumps(1e3 * 100.0 * 1.005)}]') == 3  # A's step, the slowest drawn
+    assert '"modeBarButtonsToRemove":["autoScale2d"]' in text
 
 
 def test_compare_page_in_chromium(compared, tmp_path):

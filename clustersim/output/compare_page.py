@@ -38,9 +38,13 @@ _COLOUR = {g: c for g, _, c in GROUPS}
 # the step's three parts, as report.breakdown_html colours them
 _PARTS = (("compute_s", "compute", _COLOUR["F"]), ("exposed_comm_s", "exposed communication", "#e15759"),
           ("bubble_s", "bubble (idle)", "#d0d7de"))
-# a plan's colour in the charts by kind and by stage (Tableau 10, after the parts' colours)
+# a plan's colour in the charts by kind and by stage (Tableau 10 but its red, the exposed
+# part's, and a dark blue in its place)
 _PLAN_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f",
-                 "#bab0ac", "#e15759")
+                 "#bab0ac", "#2f4b7c")
+# the timelines' mode bar without autoscale: it would fit one timeline to its own bars (below
+# 0 ms on a binned one) while the others keep the shared axis
+_TIMELINE_CONFIG = {**TIMELINE_CONFIG, "modeBarButtonsToRemove": ["autoScale2d"]}
 
 _PAGE_CSS = """
 td.plan { white-space: normal; min-width: 18em; max-width: 40em; text-align: left; }
@@ -53,16 +57,22 @@ def _plan_colour(i: int) -> str:
 
 
 def _small_layout(height_px: int, **more: Any) -> dict[str, Any]:
-    """A small chart's layout, in the form the report's are (template expanded)."""
-    return {"template": _white_template(), "height": height_px, "margin": {"l": 60, "r": 20, "t": 10, "b": 40},
-            "legend": {"orientation": "h", "y": -0.25}, **more}
+    """A small chart's layout, in the form the report's are (template expanded), its legend
+    above the plot (below, it met the x axis's title in a narrow window)."""
+    return {"template": _white_template(), "height": height_px, "margin": {"l": 60, "r": 20, "t": 34, "b": 44},
+            "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"}, **more}
+
+
+def plan_name(p: dict[str, Any]) -> str:
+    """A plan's label, with "(does not fit)" where it does not: what the charts call it."""
+    return p["label"] + ("" if p["summary"]["memory"]["fits"] else " (does not fit)")
 
 
 def split_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
     """Where a GPU's step goes, one horizontal bar per plan (the first on top), stacked
     compute | exposed communication | bubble, in seconds on one axis: each bar is as long as
     its plan's step."""
-    names = [p["label"] for p in plans]
+    names = [plan_name(p) for p in plans]
     splits = [step_split(p["summary"]) for p in plans]
     data = []
     for key, label, colour in _PARTS:
@@ -73,13 +83,12 @@ def split_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
                      "marker": {"color": colour}, "hovertext": text, "hoverinfo": "text"})
     # each bar's step at its end: the bars' lengths are what the plans are compared by
     steps = [{"x": sp["step_time_s"], "y": name, "xanchor": "left", "showarrow": False, "xshift": 4,
-              "text": f"{sp['step_time_s']:.4g} s", "font": {"size": 11}} for name, sp in zip(names, splits)]
+              "text": f"{sp['step_time_s']:.3f} s", "font": {"size": 11}} for name, sp in zip(names, splits)]
     return {"data": data, "layout": _small_layout(
-        90 + 34 * len(plans), barmode="stack", annotations=steps,
-        legend={"orientation": "h", "y": -0.25, "traceorder": "normal"},
+        100 + 34 * len(plans), barmode="stack", annotations=steps,
         xaxis={"title": {"text": "seconds per step (mean GPU)"}, "rangemode": "tozero",
                "range": [0, 1.08 * max(sp["step_time_s"] for sp in splits)]},
-        yaxis={"autorange": "reversed", "type": "category"})}
+        yaxis={"autorange": "reversed", "type": "category", "automargin": True})}
 
 
 def kinds_figure(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -89,7 +98,7 @@ def kinds_figure(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
     kinds = [k for k in KINDS if any(sp[f"exposed_{k}_s"] > 0 for sp in splits)]
     if not kinds:
         return None
-    data = [{"type": "bar", "name": p["label"], "x": kinds, "y": [sp[f"exposed_{k}_s"] for k in kinds],
+    data = [{"type": "bar", "name": plan_name(p), "x": kinds, "y": [sp[f"exposed_{k}_s"] for k in kinds],
              "marker": {"color": _plan_colour(i)},
              "hovertemplate": "%{x}: %{y:.4g} s exposed<extra>" + html.escape(p["label"]) + "</extra>"}
             for i, (p, sp) in enumerate(zip(plans, splits))]
@@ -104,14 +113,17 @@ def memory_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
     most = max(len(p["summary"]["memory"]["stages"]) for p in plans)
     for i, p in enumerate(plans):
         stages = p["summary"]["memory"]["stages"]
-        data.append({"type": "bar", "name": p["label"], "x": [f"stage {st['stage']}" for st in stages],
+        data.append({"type": "bar", "name": plan_name(p), "x": [f"stage {st['stage']}" for st in stages],
                      "y": [st["peak_bytes"] / GiB for st in stages], "marker": {"color": _plan_colour(i)},
                      "hovertemplate": "%{x}: %{y:.1f} GiB at the peak<extra>" + html.escape(p["label"]) + "</extra>"})
     caps = sorted({p["summary"]["memory"]["capacity_bytes"] for p in plans})
     shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": c / GiB, "y1": c / GiB,
                "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}} for c in caps if c]
     notes = [{"xref": "paper", "x": 1, "xanchor": "right", "yref": "y", "y": c / GiB, "yanchor": "bottom",
-              "showarrow": False, "text": f"capacity {c / GiB:.0f} GiB", "font": {"color": "#cf222e", "size": 11}}
+              "showarrow": False, "text": f"capacity {c / GiB:.0f} GiB" + (
+                  f" ({', '.join(p['label'] for p in plans if p['summary']['memory']['capacity_bytes'] == c)})"
+                  if len(caps) > 1 else ""),
+              "font": {"color": "#cf222e", "size": 11}, "bgcolor": "rgba(255,255,255,0.85)"}
              for c in caps if c]
     stage_names = [f"stage {s}" for s in range(most)]
     return {"data": data, "layout": _small_layout(
@@ -131,7 +143,7 @@ def _plans_table(plans: list[dict[str, Any]], reports: bool) -> str:
         link = f'<a href="{e(report_name(p["label"]))}">{e(report_name(p["label"]))}</a>' if reports else ""
         mark = " ★" if i == best else ""
         rows.append(f'<tr><td class="l"><b>{e(p["label"])}</b>{mark}</td><td class="plan">{e(p["source"])}<br>'
-                    f'<span class="note">{e(plan_line(s))}</span></td><td>{s["step_time_s"]:.4g} s</td>'
+                    f'<span class="note">{e(plan_line(s))}</span></td><td>{s["step_time_s"]:.3f} s</td>'
                     f'<td>{s["tokens_per_s"]:,.0f}</td><td>{s["tokens_per_s_per_gpu"]:,.1f}</td>'
                     f'<td>{100 * s["mfu"]:.1f} %</td><td>{mem["peak_bytes"] / GiB:.1f}</td><td class="l">{fits}</td>'
                     f'<td class="l">{link}</td></tr>')
@@ -170,26 +182,63 @@ def _differences_html(plans: list[dict[str, Any]]) -> str:
             "(the fields a value leaves unset left out); compare.json has every plan's whole summary.</p>")
 
 
-def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[str, Any]] | None]) -> str:
-    """Each plan's timeline, its time axis from 0 to the slowest plan's step, and the script
-    that zooms every timeline to the range one is zoomed to."""
-    drawn = [(p, t) for p, t in zip(plans, timelines) if t is not None]
+def drawn_timelines(plans: list[dict[str, Any]], most: int | None = None) -> list[int]:
+    """Which plans' timelines the page draws, in the plans' order: all of them up to ``most``;
+    past that the first (the baseline), the fastest that fits, then the others that fit by
+    tokens/s, then those that do not (``most``: MAX_TIMELINES by default)."""
+    most = MAX_TIMELINES if most is None else most
+    if len(plans) <= most:
+        return list(range(len(plans)))
+    summaries = [p["summary"] for p in plans]
+    best = fastest(summaries)
+    order = sorted(range(len(plans)), key=lambda i: (i != 0, i != best, not summaries[i]["memory"]["fits"],
+                                                     -summaries[i]["tokens_per_s"], i))
+    return sorted(order[:most])
+
+
+def timeline_caption(trace, layout: dict[str, Any]) -> str:
+    """What a plan's timeline on the page shows: the ranks drawn and the GPUs each stands for,
+    and bins where the bars are (its report's note, clustersim.output.report.timeline_note,
+    says more)."""
+    weights = sorted({trace.weight.get(r, 1) for r in trace.ranks})
+    meta = layout.get("meta") or {}
+    shown, binned = meta.get("shown"), meta.get("binned")
+    ranks = len(shown["drawn"]) if shown else len(trace.ranks)
+    parts = [f"{ranks:,} simulated rank{'s' if ranks != 1 else ''}"
+             + (f" of {shown['of']:,}" if shown else "")
+             + (f", each standing for {' or '.join(map(str, weights))} GPUs" if weights != [1] and len(weights) <= 2
+                else f", each standing for {weights[0]} to {weights[-1]} GPUs" if weights != [1] else "")]
+    if binned:
+        parts.append(f"bars joined from bins of {fmt_time(binned['bin_ms'] / 1e3)}, each in the colour of the work "
+                     "busiest in it (zoomed in, still bins)")
+    return "; ".join(parts) + "."
+
+
+def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[str, Any], str] | None]) -> str:
+    """The timelines :func:`drawn_timelines` picks, their time axis from 0 to the slowest
+    drawn step, and the script that zooms every timeline to the range one is zoomed to."""
+    drawn = [i for i in drawn_timelines(plans) if timelines[i] is not None]
     if not drawn:
         return ""
-    end_ms = 1e3 * max(p["summary"]["step_time_s"] for p in plans) * 1.005
+    slowest_s = max(plans[i]["summary"]["step_time_s"] for i in drawn)
+    end_ms = 1e3 * slowest_s * 1.005
+    left = [plans[i]["label"] for i in range(len(plans)) if i not in drawn]
     parts = ["<h2>Timelines on one time axis</h2><p class=\"note\">Each plan's timeline as its report draws it, "
-             f"from 0 to the slowest step ({fmt_time(end_ms / 1.005e3)}): a shorter step ends sooner. Zoom one, "
-             "and the others follow; double-click to reset."
-             + (f" The first {MAX_TIMELINES} plans are drawn; every plan's report has its own." if
-                len(drawn) < len(plans) else "") + "</p>"]
+             f"from 0 to the slowest step drawn ({fmt_time(slowest_s)}): a shorter step ends sooner. Zoom one, and "
+             "the others follow; double-click to reset."
+             + (f" {len(drawn)} of the {len(plans)} plans are drawn (the first, the fastest that fits, then the "
+                f"fastest); {', '.join(left)} are in their reports." if left else "") + "</p>"]
     ids = []
-    for i, (p, (data_json, layout)) in enumerate(drawn):
+    for i in drawn:
+        p, (data_json, layout, caption) = plans[i], timelines[i]
         div_id = f"{DIV_ID}-{p['label']}"
         ids.append(div_id)
         layout = {**layout, "xaxis": {**layout["xaxis"], "range": [0, end_ms]}}
-        before, after = _plot_div_around_data({"layout": layout}, div_id, TIMELINE_CONFIG)
+        before, after = _plot_div_around_data({"layout": layout}, div_id, _TIMELINE_CONFIG)
+        unfit = "" if p["summary"]["memory"]["fits"] else ' · <span class="nofit">does not fit</span>'
         parts.append(f"<h3>{html.escape(p['label'])} · {html.escape(plan_line(p['summary']))} · "
-                     f"{p['summary']['step_time_s']:.4g} s</h3>" + before + data_json + after)
+                     f"{p['summary']['step_time_s']:.3f} s{unfit}</h3><p class=\"note\">{html.escape(caption)}</p>"
+                     + before + data_json + after)
     parts.append(_zoom_together_script(ids, end_ms))
     return "\n".join(parts)
 
@@ -206,12 +255,13 @@ def _zoom_together_script(ids: list[str], end_ms: float) -> str:
             ".then(function(){busy=false;},function(){busy=false;});});});})();</script>")
 
 
-def compare_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[str, Any]] | None],
+def compare_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[str, Any], str] | None],
                  reports: bool) -> str:
     """The whole page, plotly.js inlined (it works offline). ``plans``: as
     :func:`clustersim.output.compare.format_compare` takes them; ``timelines``: per plan, its
-    timeline's data as JSON (as the report writes it) and its layout, or None where not drawn;
-    ``reports``: whether each plan's report_X.html is beside the page (linked)."""
+    timeline's data as JSON (as the report writes it), its layout and its caption
+    (:func:`timeline_caption`), or None where it has none; ``reports``: whether each plan's
+    report_X.html is beside the page (linked)."""
     kinds = kinds_figure(plans)
     body = [
         f"<h1>clustersim · compare {len(plans)} plans</h1>", _verdict_html(plans), _plans_table(plans, reports),

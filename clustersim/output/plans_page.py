@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import html
 import shlex
-from pathlib import Path
 from typing import Any
 
 from ..overrides import changes_text
 from ..sweep import _cell, _columns, _heads, table_columns, value_at
-from ..yamlio import read_yaml
 from .report import _CSS, _plotlyjs_script, plot_div
 from .compare_page import _PARTS, _small_layout
 from .summary import GiB
@@ -40,7 +38,8 @@ LABELLED = 5  # the best plans named beside their points
 TABLE_ROWS = 2_000  # past these, the CSV has the rest (a browser lays out a longer table slowly)
 COMPARED = 3  # the best plans the compare command on the page puts beside the scenario's own
 _CONFIG = {"displaylogo": False, "responsive": True}
-_FITS, _UNFIT, _OPTION, _OWN = "#59a14f", "#e15759", "#4e79a7", "#f28e2b"
+_FITS, _UNFIT, _OWN = "#59a14f", "#e15759", "#f28e2b"
+_OPTIONS = ("#4e79a7", "#b07aa1", "#2f4b7c", "#9c755f", "#76b7b2")  # the guide's options, one colour each
 
 _PAGE_CSS = """
 pre.terminal { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px; padding: 10px 14px;
@@ -57,8 +56,17 @@ def plan_text(sweep: dict[str, Any], row: dict[str, Any]) -> str:
     return " ".join(f"{h}={_cell(row['changes'].get(k))}" for h, k in zip(_heads(keys), keys) if k in row["changes"])
 
 
+def also_set(sweep: dict[str, Any], r: dict[str, Any]) -> str:
+    """The plan's changes besides the keys it is shown by (an advice sets what each plan needs:
+    ``parallel.sp=true`` with TP, say), as the command line gives them; "" where none."""
+    shown = set(_columns(sweep))
+    return changes_text([(k, v) for k, v in r["changes"].items() if k not in shown and v is not None])
+
+
 def _hover(sweep: dict[str, Any], r: dict[str, Any], note: str = "") -> str:
-    return (f"#{r['plan']} · {html.escape(plan_text(sweep, r))}<br>step {r['step_time_s']:.4g} s · "
+    more = also_set(sweep, r)
+    return (f"#{r['plan']} · {html.escape(plan_text(sweep, r))}" + (f" · {html.escape(more)}" if more else "")
+            + f"<br>step {r['step_time_s']:.3f} s · "
             f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU · MFU {100 * r['mfu']:.1f} %<br>"
             f"bubble {100 * r['bubble_fraction']:.1f} % · exposed {r['exposed_comm_s']['total']:.3f} s · "
             f"{r['peak_bytes'] / GiB:.1f} GiB" + ("" if r["fits"] else " (does not fit)")
@@ -75,49 +83,77 @@ def _notes(sweep: dict[str, Any]) -> dict[int, str]:
 def scatter_figure(sweep: dict[str, Any]) -> dict[str, Any]:
     """tokens/s per GPU against peak memory per GPU, one point per plan simulated: those that
     fit and those that do not apart, the best plans numbered, the GPU's capacity dashed; for an
-    advice, the guide's options at their best plan and the scenario's own plan marked."""
+    advice, each of the guide's options at its best plan and the scenario's own plan marked.
+
+    The memory axis ends at 1.5 times the capacity (or past the largest peak that fits): a
+    plan further out is drawn at its edge as a triangle pointing off the scale (its hover says
+    its peak), so the plans that fit are not squeezed against the left."""
     rows = {r["plan"]: r for r in sweep["plans"]}
     ranked = [rows[n] for n in sweep["ranking"]]
     notes = _notes(sweep)
+    caps = sorted({r["capacity_bytes"] for r in ranked if r["capacity_bytes"]})
+    fit_peaks = [r["peak_bytes"] for r in ranked if r["fits"]]
+    peaks = [r["peak_bytes"] for r in ranked]
+    end = min(max(peaks, default=0.0) * 1.04, max([1.5 * max(caps, default=0.0), *(1.1 * x for x in fit_peaks)]))
+    end = end or max(peaks, default=1.0) * 1.04
+
+    def x_of(r: dict[str, Any]) -> float:
+        return min(r["peak_bytes"], end) / GiB
+
     data = []
     for fits, name, colour, symbol in ((True, "fits", _FITS, "circle"), (False, "does not fit", _UNFIT, "x")):
         pts = [r for r in ranked if r["fits"] == fits]
         if pts:
             data.append({"type": "scatter", "mode": "markers", "name": name,
-                         "x": [r["peak_bytes"] / GiB for r in pts], "y": [r["tokens_per_s_per_gpu"] for r in pts],
-                         "marker": {"color": colour, "symbol": symbol, "size": 8, "opacity": 0.8},
+                         "x": [x_of(r) for r in pts], "y": [r["tokens_per_s_per_gpu"] for r in pts],
+                         "marker": {"color": colour, "size": 8, "opacity": 0.8,
+                                    "symbol": [symbol if r["peak_bytes"] <= end else "triangle-right" for r in pts]},
                          "hovertext": [_hover(sweep, r, notes.get(r["plan"], "")) for r in pts], "hoverinfo": "text"})
-    marks = []
-    for o in sweep.get("options", []):
-        if o["best"] is not None:
-            marks.append((rows[o["best"]], o["option"]))
-    if marks:
-        data.append({"type": "scatter", "mode": "markers", "name": "the guide's options, each at its best",
-                     "x": [r["peak_bytes"] / GiB for r, _ in marks], "y": [r["tokens_per_s_per_gpu"] for r, _ in marks],
+    for i, o in enumerate(o for o in sweep.get("options", []) if o["best"] is not None):
+        r = rows[o["best"]]
+        data.append({"type": "scatter", "mode": "markers", "name": f"the guide's \u201c{html.escape(o['option'])}\u201d",
+                     "x": [x_of(r)], "y": [r["tokens_per_s_per_gpu"]],
                      # (an open symbol is drawn in the marker's colour, its line's width)
-                     "marker": {"color": _OPTION, "symbol": "diamond-open", "size": 16, "line": {"width": 2}},
-                     "hovertext": [f"the guide's \u201c{html.escape(name)}\u201d at its best<br>" + _hover(sweep, r)
-                                   for r, name in marks], "hoverinfo": "text"})
+                     "marker": {"color": _OPTIONS[i % len(_OPTIONS)], "symbol": "diamond-open", "size": 16,
+                                "line": {"width": 2}},
+                     "hovertext": [f"the guide's \u201c{html.escape(o['option'])}\u201d at its best<br>"
+                                   + _hover(sweep, r)], "hoverinfo": "text"})
     own = rows.get(sweep.get("own_plan"))
     if own is not None and own["status"] == "ok":
         data.append({"type": "scatter", "mode": "markers", "name": "the scenario's plan",
-                     "x": [own["peak_bytes"] / GiB], "y": [own["tokens_per_s_per_gpu"]],
+                     "x": [x_of(own)], "y": [own["tokens_per_s_per_gpu"]],
                      "marker": {"color": _OWN, "symbol": "star-open", "size": 18, "line": {"width": 2}},
                      "hovertext": ["the scenario's plan<br>" + _hover(sweep, own)], "hoverinfo": "text"})
-    named = [r for r in ranked if r["fits"]][:LABELLED]
-    notes_text = [{"x": r["peak_bytes"] / GiB, "y": r["tokens_per_s_per_gpu"], "text": f"#{r['plan']}",
-                   "showarrow": False, "xanchor": "left", "xshift": 6, "font": {"size": 11}} for r in named]
-    caps = sorted({r["capacity_bytes"] for r in ranked if r["capacity_bytes"]})
+    ys = [r["tokens_per_s_per_gpu"] for r in ranked] or [0.0]
+    notes_text = _point_labels([r for r in ranked if r["fits"]][:LABELLED], x_of, end / GiB, max(ys) - min(ys))
     shapes = [{"type": "line", "xref": "x", "x0": c / GiB, "x1": c / GiB, "yref": "paper", "y0": 0, "y1": 1,
-               "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}} for c in caps]
+               "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}} for c in caps if c <= end]
     notes_text += [{"x": c / GiB, "xanchor": "left", "xshift": 4, "yref": "paper", "y": 1, "yanchor": "top",
-                    "showarrow": False, "text": f"capacity {c / GiB:.0f} GiB", "font": {"color": "#cf222e", "size": 11}}
-                   for c in caps]
+                    "showarrow": False, "text": f"capacity {c / GiB:.0f} GiB", "font": {"color": "#cf222e", "size": 11},
+                    "bgcolor": "rgba(255,255,255,0.85)"} for c in caps if c <= end]
     return {"data": data, "layout": _small_layout(
-        460, shapes=shapes, annotations=notes_text, hovermode="closest",
-        xaxis={"title": {"text": "peak memory per GPU (GiB)"}, "rangemode": "tozero"},
-        yaxis={"title": {"text": "tokens/s per GPU"}, "rangemode": "tozero"},
-        legend={"orientation": "h", "y": -0.16})}
+        480, shapes=shapes, annotations=notes_text, hovermode="closest",
+        xaxis={"title": {"text": "peak memory per GPU (GiB)" + (
+            f"; past {end / GiB:,.0f} GiB drawn at the edge" if max(peaks, default=0.0) > end else "")},
+            "range": [0, end / GiB * 1.02]},
+        yaxis={"title": {"text": "tokens/s per GPU"}})}
+
+
+def _point_labels(named: list[dict[str, Any]], x_of, x_span: float, y_span: float) -> list[dict[str, Any]]:
+    """"#7" beside each of the ``named`` points, on its right, or on its left where a label
+    already stands close by, or above where both sides are taken."""
+    out: list[dict[str, Any]] = []
+    taken: list[tuple[float, float, str]] = []
+    for r in named:
+        x, y = x_of(r), r["tokens_per_s_per_gpu"]
+        near = {side for tx, ty, side in taken
+                if abs(tx - x) < 0.06 * (x_span or 1.0) and abs(ty - y) < 0.05 * (y_span or abs(y) or 1.0)}
+        side = next((s for s in ("right", "left", "above") if s not in near), "above")
+        taken.append((x, y, side))
+        place = {"right": {"xanchor": "left", "xshift": 6}, "left": {"xanchor": "right", "xshift": -6},
+                 "above": {"xanchor": "center", "yanchor": "bottom", "yshift": 6}}[side]
+        out.append({"x": x, "y": y, "text": f"#{r['plan']}", "showarrow": False, "font": {"size": 11}, **place})
+    return out
 
 
 def split_figure(sweep: dict[str, Any], shown: int = SPLIT_SHOWN) -> dict[str, Any] | None:
@@ -128,51 +164,73 @@ def split_figure(sweep: dict[str, Any], shown: int = SPLIT_SHOWN) -> dict[str, A
     best = [rows[n] for n in sweep["ranking"][:shown]]
     if not best:
         return None
-    names = [f"#{r['plan']} {plan_text(sweep, r)}" + ("" if r["fits"] else " (does not fit)") for r in best]
+    # (escaped: plotly draws a category's tags, and a swept value is the user's text)
+    names = [html.escape(f"#{r['plan']} {plan_text(sweep, r)}" + ("" if r["fits"] else " (does not fit)"))
+             for r in best]
     data = []
     for key, label, colour in _PARTS:
         xs = [r["exposed_comm_s"]["total"] if key == "exposed_comm_s" else r[key] for r in best]
         data.append({"type": "bar", "orientation": "h", "name": label, "x": xs, "y": names,
-                     "marker": {"color": colour}, "hovertemplate": f"{label}: %{{x:.4g}} s<extra>%{{y}}</extra>"})
+                     "marker": {"color": colour}, "hovertemplate": f"{label}: %{{x:.3f}} s<extra>%{{y}}</extra>"})
     return {"data": data, "layout": _small_layout(
-        90 + 24 * len(best), barmode="stack", margin={"l": 10, "r": 20, "t": 10, "b": 40},
-        legend={"orientation": "h", "y": -0.5 if len(best) < 4 else -0.12, "traceorder": "normal"},
+        100 + 24 * len(best), barmode="stack", margin={"l": 10, "r": 20, "t": 34, "b": 44},
         xaxis={"title": {"text": "seconds per step (mean GPU)"}, "rangemode": "tozero"},
         yaxis={"autorange": "reversed", "type": "category", "automargin": True})}
 
 
-def _best_changes(sweep: dict[str, Any]) -> dict[int, list[tuple[str, Any]]]:
-    """The plans that fit, best first, each with its changes that change the file (an advice
-    sets every key it searched; a plan they leave as the file has it is the file's own)."""
-    data = read_yaml(Path(sweep["scenario"]), what="scenario")
+def _best_changes(sweep: dict[str, Any], most: int) -> list[tuple[int, list[tuple[str, Any]]]]:
+    """The best ``most`` plans that fit, each with those of its changes that change the
+    scenario as validated (an advice sets every key it searched: ``parallel.sp: null`` where
+    the file leaves SP at its default changes nothing); a plan left as the scenario is has
+    none."""
+    from ..config import load_scenario
+    from ..overrides import load_variant
+
+    path = sweep["scenario"]
+    base = load_scenario(path).cfg.model_dump(mode="json")
     rows = {r["plan"]: r for r in sweep["plans"]}
-    return {n: [(k, v) for k, v in rows[n]["changes"].items() if value_at(data, k) != v]
-            for n in sweep["ranking"] if rows[n]["fits"]}
+    out = []
+    for n in (n for n in sweep["ranking"] if rows[n]["fits"]):
+        changes = list(rows[n]["changes"].items())
+        cfg = load_variant(path, changes).cfg.model_dump(mode="json")
+        out.append((n, [(k, v) for k, v in changes if value_at(cfg, k) != value_at(base, k)]))
+        if len(out) == most:
+            break
+    return out
+
+
+def _shell_word(text: str) -> str:
+    """``text`` as one word of a shell command: as it is where nothing in it needs quoting, in
+    double quotes where that keeps it as it is, else as :func:`shlex.quote` quotes it."""
+    if text and shlex.quote(text) == text:
+        return text
+    if not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
+    return shlex.quote(text)
 
 
 def compare_command(sweep: dict[str, Any], most: int = COMPARED) -> str | None:
     """The ``compare`` command that puts the best plans that fit (at most ``most``) beside the
     scenario as its file has it, each as a variant; None when none fits but the file's own."""
-    changed = _best_changes(sweep)
-    best = [n for n in changed if changed[n]][:most]
+    best = [changes for _, changes in _best_changes(sweep, most + 1) if changes][:most]
     if not best:
         return None
     words = ["python", "-m", "clustersim", "compare", sweep["scenario"]]
-    for n in best:
-        words += ["--variant", changes_text(changed[n])]
-    return " ".join(shlex.quote(w) for w in words) + " --out compare_best"
+    for changes in best:
+        words += ["--variant", changes_text(changes)]
+    return " ".join(map(_shell_word, words)) + " --out compare_best"
 
 
 def run_command(sweep: dict[str, Any]) -> str | None:
     """The ``run`` command of the best plan that fits (its report and trace file); None when
     none fits."""
-    changed = _best_changes(sweep)
-    if not changed:
+    best = _best_changes(sweep, 1)
+    if not best:
         return None
-    n, changes = next(iter(changed.items()))
+    n, changes = best[0]
     words = ["python", "-m", "clustersim", "run", sweep["scenario"]] + (
         ["--set", changes_text(changes)] if changes else [])
-    return " ".join(shlex.quote(w) for w in words) + f" --out best_plan_{n}"
+    return " ".join(map(_shell_word, words)) + f" --out best_plan_{n}"
 
 
 def _table_html(sweep: dict[str, Any]) -> str:
@@ -180,18 +238,22 @@ def _table_html(sweep: dict[str, Any]) -> str:
     rows = {r["plan"]: r for r in sweep["plans"]}
     cols = table_columns(sweep)
     notes = _notes(sweep) if "options" in sweep else None
+    more = {n: also_set(sweep, rows[n]) for n in sweep["ranking"][:TABLE_ROWS]}
     e = html.escape
-    heads = "".join(f"<th>{e(h)}</th>" for h, _ in cols) + ('<th class="l">note</th>' if notes is not None else "")
+    heads = "".join(f"<th>{e(h)}</th>" for h, _ in cols) + ('<th class="l">note</th>' if notes is not None else "") + (
+        '<th class="l">also set</th>' if any(more.values()) else "")
     body = []
     for n in sweep["ranking"][:TABLE_ROWS]:
         r = rows[n]
         cells = "".join(f"<td>{e(f(r))}</td>" for _, f in cols)
         if notes is not None:
             cells += f'<td class="l">{e(notes.get(n, ""))}</td>'
+        if any(more.values()):
+            cells += f'<td class="l"><code>{e(more[n])}</code></td>'
         grey = "" if r["fits"] else ' class="nofit"'
         body.append(f"<tr{grey}>{cells}</tr>")
-    more = len(sweep["ranking"]) - TABLE_ROWS
-    tail = f'<p class="note">... and {more:,} more in the CSV.</p>' if more > 0 else ""
+    left = len(sweep["ranking"]) - TABLE_ROWS
+    tail = f'<p class="note">... and {left:,} more in the CSV.</p>' if left > 0 else ""
     return (f"<h2>Every plan simulated, best first</h2><table><tr>{heads}</tr>{''.join(body)}</table>{tail}"
             "<p class=\"note\">Best first: the plans that fit by tokens/s, then those that do not (greyed: the step "
             "they would take if they fit).</p>")
@@ -214,13 +276,21 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
     e = html.escape
     title = f"clustersim · {what} {sweep['scenario']}"
     body = [f"<h1>{e(title)}</h1>", f'<pre class="terminal">{e(terminal)}</pre>']
+    rows = {r["plan"]: r for r in sweep["plans"]}
+    fitting = [n for n in sweep["ranking"] if rows[n]["fits"]]
+    if sweep["ranking"] and not fitting:
+        low = min((rows[n] for n in sweep["ranking"]), key=lambda r: r["peak_bytes"])
+        body.append(f'<p class="nofit">None of the {len(sweep["ranking"]):,} plans simulated fits in '
+                    f'{low["capacity_bytes"] / GiB:.0f} GiB: the lowest peak is #{low["plan"]}\'s, '
+                    f'{low["peak_bytes"] / GiB:.1f} GiB. Their steps are what they would take if they fit.</p>')
     if sweep["ranking"]:
         body += ["<h2>Tokens/s per GPU against peak memory</h2>",
                  plot_div(scatter_figure(sweep), SCATTER_DIV_ID, _CONFIG),
-                 "<p class=\"note\">One point per plan simulated; hover for its plan and figures. The best plan is "
-                 "the highest point left of the capacity line" + (": the diamonds mark each of the guide's options "
-                                                                  "at its best plan, the star the scenario's own"
-                                                                  if "options" in sweep else "") + ".</p>"]
+                 "<p class=\"note\">One point per plan simulated; hover for its plan and figures. "
+                 + ("The best plan is the highest point left of the capacity line" if fitting else
+                    "No plan fits: every point is right of the capacity line")
+                 + (": the diamonds mark each of the guide's options at its best plan, the star the scenario's own"
+                    if "options" in sweep else "") + ".</p>"]
         split = split_figure(sweep)
         body += [f"<h2>Where a GPU's step goes, the best {min(SPLIT_SHOWN, len(sweep['ranking']))}</h2>",
                  plot_div(split, SPLIT_DIV_ID, _CONFIG),
