@@ -16,7 +16,7 @@ from .analysis.links import link_report
 from .analysis.memory import PartStatic, StageStatic, memory_report
 from .analysis.columns import TaskColumns
 from .analysis.metrics import step_metrics
-from .config import Scenario, every_rank_refusal, load_scenario
+from .config import Scenario, changed_topology_fields, every_rank_refusal, load_scenario
 from .engine import Engine
 from .engine import repeat as cycles
 from .engine.ahead import Ahead
@@ -231,7 +231,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                   "attention": "mla" if sc.model.mla else "gqa" if sc.model.n_kv_heads < sc.model.heads else "mha"},
         "hardware": {"gpu": gpu.name, "peak_flops": peak, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
                      "topology": sc.topology.name, "nodes": sc.topology.nodes,
-                     "gpus_per_node": sc.topology.node.gpus},
+                     "gpus_per_node": sc.topology.node.gpus, "changes": changed_topology_fields(sc.cfg.cluster)},
         "simulation": {"network": sc.cfg.simulation.network,
                        "collapse_symmetric": len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,

@@ -262,8 +262,8 @@ def cmd_compare(args) -> int:
     from .api import simulate
     from .config import load_scenario
     from .forking import ctrl_c_held
-    from .output.compare import (COMPARE_FILE, REPORT_NAMES, compare_json, config_differences, format_compare, labels,
-                                 report_name)
+    from .output.compare import (COMPARE_FILE, REPORT_NAMES, compare_json, config_differences, effective_config,
+                                 format_compare, labels, report_name)
     from .output.compare_page import COMPARE_PAGE, compare_html, timeline_caption
     from .output.report import _as_sent, _script_json, report_html, timeline
     from .output.summary import to_json
@@ -296,7 +296,7 @@ def cmd_compare(args) -> int:
                  if k not in keys]
         plans.append({"label": label, "source": source, "file": first, "changes": keys,
                       "scenario": load_variant(first, changes, data, unnamed=named)})
-    base_cfg = plans[0]["scenario"].cfg.model_dump(mode="json")
+    base_cfg = effective_config(plans[0]["scenario"])
     # reports of an earlier compare of more plans are stale; a folder that holds no compare.json
     # holds none of its reports, so files named as they are stay
     ours = REPORT_NAMES if out is not None and (out / COMPARE_FILE).is_file() else None
@@ -309,7 +309,7 @@ def cmd_compare(args) -> int:
             staging.opened()  # (a folder the files cannot go to is said before the plans are simulated)
         for p in plans:
             sc = p.pop("scenario")
-            p["differences"] = config_differences(base_cfg, sc.cfg.model_dump(mode="json"))
+            p["differences"] = config_differences(base_cfg, effective_config(sc))
             t0 = time.perf_counter()
             result = simulate(sc, fork=True)
             walls.append(time.perf_counter() - t0)

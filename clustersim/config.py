@@ -34,6 +34,15 @@ from .yamlio import Strict, given_file, read_yaml, short_repr, validate
 class ClusterRef(Strict):
     topology: str = pydantic.Field(description="path to a topology YAML, relative to the scenario file")
     nodes: int | None = pydantic.Field(default=None, ge=1, description="overrides the topology's node count")
+    gpu: str | None = pydantic.Field(
+        default=None, description="overrides the topology's GPU (a name of the catalogue): its nodes and fabric "
+        "with other GPUs")
+    node: dict[str, Any] | None = pydantic.Field(
+        default=None, description="overrides of the topology's node fields, merged into them key by key and "
+        "checked as the topology's: {nic: {bw_Gbps: 800}} is the cluster with NICs twice as fast")
+    fabric: dict[str, Any] | None = pydantic.Field(
+        default=None, description="overrides of the topology's fabric fields, merged likewise: "
+        "{oversubscription: 2}")
     what_if: list[WhatIfCfg] = pydantic.Field(
         default_factory=list, description="faults and stragglers, added to the topology's own what_if")
 
@@ -810,6 +819,48 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
                           source=source, field="cluster.what_if")
 
 
+def topology_changes(cluster: ClusterRef) -> dict[str, Any]:
+    """What the scenario's cluster section changes in its topology file: ``nodes``, ``gpu``,
+    ``node`` and ``fabric`` where given (the last two merged into the file's key by key,
+    :func:`clustersim.hardware.topology.load_topology_cfg`)."""
+    return {k: v for k, v in (("nodes", cluster.nodes), ("gpu", cluster.gpu), ("node", cluster.node),
+                              ("fabric", cluster.fabric)) if v is not None}
+
+
+def changed_topology_fields(cluster: ClusterRef) -> dict[str, Any] | None:
+    """The topology fields the scenario's cluster section sets besides the node count, dotted:
+    ``{"node.nic.bw_Gbps": 800}`` (summary.json's ``hardware.changes``); None where none."""
+    return {k: v for k, v in _flat_items(topology_changes(cluster)) if k != "nodes"} or None
+
+
+def _scenarios_error(exc: ConfigError, overrides: dict[str, Any], topo_path: Path, source: str) -> ConfigError:
+    """A topology error as the scenario's where a change of its cluster section made it: the
+    field the error names lies under a changed one, or one it changed lies under the field
+    (``node.nics`` that no longer divides ``node.gpus``), or the file alone loads; else as it is."""
+    changed = [k for k, _ in _flat_items(overrides)]
+    field = exc.field or ""
+    mine = [k for k in changed if field and (k == field or k.startswith(field + ".") or field.startswith(k + "."))]
+    if not overrides or not (mine or _fine_alone(topo_path)):
+        return exc
+    if changed == ["nodes"] or mine == ["nodes"]:
+        # (the count cut short, as the message cuts it: 10**400 nodes is one line, not three)
+        return ConfigError(f"{exc.message} (topology {topo_path}, cluster.nodes={short_repr(overrides['nodes'])})",
+                           source=source, field="cluster.nodes")
+    named = mine or changed
+    what = ", ".join(f"cluster.{k}={short_repr(v)}" for k, v in _flat_items(overrides) if k in named)
+    return ConfigError(f"{exc.message} (topology {topo_path}, with {what})", source=source,
+                       field=f"cluster.{field}" if mine and field else "cluster")
+
+
+def _flat_items(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"node": {"nic": {"bw_Gbps": 800}}}`` as ``[("node.nic.bw_Gbps", 800)]``."""
+    out: list[tuple[str, Any]] = []
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        out += _flat_items(v, key + ".") if isinstance(v, dict) and v else [(key, v)]
+    return out
+
+
 def _fine_alone(topo_path: Path) -> bool:
     """Whether the topology file loads, what-ifs and all, with its own node count: then an
     error with the scenario's ``cluster.nodes`` is that field's."""
@@ -872,15 +923,11 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
                           "which names its topology in cluster.topology", source=source)
     cfg = validate(ScenarioCfg, data, source=source)
     topo_path = _referenced_file(base, cfg.cluster.topology, rel_to, source, "cluster.topology", "topology")
-    overrides = {"nodes": cfg.cluster.nodes} if cfg.cluster.nodes is not None else None
+    overrides = topology_changes(cfg.cluster)
     try:
-        topo = load_topology_cfg(topo_path, overrides, build=False)  # what-ifs checked below, merged
+        topo = load_topology_cfg(topo_path, overrides or None, build=False)  # what-ifs checked below, merged
     except ConfigError as exc:
-        if overrides and (exc.field == "nodes" or _fine_alone(topo_path)):  # the node count is the scenario's
-            # (the count cut short, as the message cuts it: 10**400 nodes is one line, not three)
-            raise ConfigError(f"{exc.message} (topology {topo_path}, cluster.nodes={short_repr(cfg.cluster.nodes)})",
-                              source=source, field="cluster.nodes") from None
-        raise
+        raise _scenarios_error(exc, overrides, topo_path, source) from None
     own = len(topo.what_if)
     if cfg.cluster.what_if:
         topo = _with_what_ifs(topo, cfg.cluster.what_if)

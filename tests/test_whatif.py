@@ -7,6 +7,7 @@ import yaml
 
 import clustersim
 from clustersim.errors import ConfigError
+from clustersim.output.summary import format_summary
 
 from .conftest import scenario_dict
 
@@ -112,3 +113,52 @@ def test_a_topology_s_own_what_if_that_only_the_scenario_s_node_count_breaks_nam
         clustersim.load_scenario(d, base_dir=tmp_path)
     assert got.value.field == "cluster.nodes"
     assert got.value.message.startswith("what_if[0]: GPU 15 does not exist; the cluster has GPUs 0-7 (topology ")
+
+
+# ------------------------------------------------------------------ the topology changed from the scenario
+TWO_NODES = dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 2},
+                 parallel={"tp": 4, "pp": 1, "dp": 4}, training={"global_batch_size": 16})
+
+
+@pytest.mark.parametrize("change, in_file, listed", [
+    ({"node": {"nic": {"bw_Gbps": 800}}}, lambda t: t["node"]["nic"].update(bw_Gbps=800), {"node.nic.bw_Gbps": 800}),
+    ({"node": {"nvlink": {"bw_GBps": 900}, "nics": 4}},
+     lambda t: (t["node"]["nvlink"].update(bw_GBps=900), t["node"].update(nics=4)),
+     {"node.nvlink.bw_GBps": 900, "node.nics": 4}),
+    ({"gpu": "B200"}, lambda t: t.update(gpu="B200"), {"gpu": "B200"}),
+    # (one node a leaf: the two nodes' traffic crosses the spines)
+    ({"fabric": {"oversubscription": 4, "nodes_per_leaf": 1}},
+     lambda t: t["fabric"].update(oversubscription=4, nodes_per_leaf=1),
+     {"fabric.oversubscription": 4, "fabric.nodes_per_leaf": 1}),
+])
+def test_a_scenario_changes_its_topology_as_an_edited_file_would(root, tmp_path, change, in_file, listed):
+    """cluster.gpu / node / fabric merged into the topology key by key: the same step as the
+    topology file edited so, the file's other fields kept, the changes listed in the summary."""
+    topo = yaml.safe_load((root / "topologies/dgx-h100.yaml").read_text())
+    in_file(topo)
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(topo))
+    base = scenario_dict(**TWO_NODES)
+    changed = scenario_dict(**{**TWO_NODES, "cluster": {**TWO_NODES["cluster"], **change}})
+    by_file = scenario_dict(**{**TWO_NODES, "cluster": {**TWO_NODES["cluster"], "topology": str(edited)}})
+    s0, s1, s2 = (clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+                  for d in (base, changed, by_file))
+    assert s1["step_time_s"] == s2["step_time_s"] != s0["step_time_s"]
+    assert s1["hardware"]["gpu"] == s2["hardware"]["gpu"] and s0["hardware"]["changes"] is None
+    assert s1["hardware"]["changes"] == listed and s2["hardware"]["changes"] is None
+    assert "· changed: " + " ".join(f"{k}={v}" for k, v in listed.items()) in format_summary(s1)
+
+
+@pytest.mark.parametrize("change, field, says", [
+    ({"node": {"nic": {"bw_Gbps": -5}}}, "cluster.node.nic.bw_Gbps", "greater than or equal to 0.01"),
+    ({"node": {"nic": {"bw_gbps": 800}}}, "cluster.node.nic.bw_gbps", "did you mean 'bw_Gbps'"),
+    ({"node": {"nics": 3}}, "cluster.node", "node.nics=3 does not divide node.gpus=8"),
+    ({"gpu": "Z100"}, "cluster.gpu", "unknown GPU 'Z100'"),
+    ({"fabric": {"radix": 8}}, "cluster.fabric", "read by kind fat_tree only"),
+    ({"node": 5}, "cluster.node", "a mapping"),
+])
+def test_a_bad_topology_change_names_the_scenario_s_field(root, change, field, says):
+    d = scenario_dict(**{**TWO_NODES, "cluster": {**TWO_NODES["cluster"], **change}})
+    with pytest.raises(ConfigError) as err:
+        clustersim.load_scenario(d, base_dir=root)
+    assert err.value.field == field and says in err.value.message and err.value.source == "<dict>"

@@ -180,8 +180,19 @@ class TopologyCfg(Strict):
         return v
 
 
+def _merged(data: dict, overrides: dict) -> dict:
+    """``data`` with ``overrides`` in: a mapping given for a mapping merged into it key by key
+    (``{"node": {"nic": {"bw_Gbps": 800}}}`` keeps the node's other fields), anything else
+    replacing what is there."""
+    out = dict(data)
+    for k, v in overrides.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def load_topology_cfg(path: Path, overrides: dict | None = None, *, build: bool = True) -> TopologyCfg:
-    """Read a topology YAML; ``overrides`` (e.g. ``{"nodes": 128}`` from a scenario) win.
+    """Read a topology YAML; ``overrides`` (e.g. ``{"nodes": 128}`` or ``{"node": {"nic":
+    {"bw_Gbps": 800}}}`` from a scenario's cluster section) win, merged key by key.
 
     Also checks what the fields imply together (fat-tree switch counts against the radix, the
     size caps of :func:`check_size`) and, with ``build``, checks ``what_if`` (see
@@ -194,7 +205,7 @@ def load_topology_cfg(path: Path, overrides: dict | None = None, *, build: bool 
         has = " and ".join(k for k in ("cluster", "model") if k in data)
         raise ConfigError(f"this is a scenario file (it has {has}, not gpu); give a topology file, "
                           "such as topologies/dgx-h100.yaml", source=str(path))
-    data.update(overrides or {})
+    data = _merged(data, overrides or {})
     cfg = validate(TopologyCfg, data, source=str(path))
     cfg._source = str(path)
     check_size(cfg)

@@ -58,6 +58,16 @@ def flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def effective_config(sc) -> dict[str, Any]:
+    """A scenario's config as compared: its cluster section with what the topology file holds
+    (node count, GPU, node and fabric, the section's changes merged in), so that a change
+    reads ``cluster.node.nic.bw_Gbps 400.0 -> 800.0``, and two topology files differ field by field."""
+    cfg = sc.cfg.model_dump(mode="json")
+    topo = sc.topology.model_dump(mode="json")
+    cfg["cluster"] = {**cfg["cluster"], **{k: topo[k] for k in ("nodes", "gpu", "node", "fabric")}}
+    return cfg
+
+
 def config_differences(base: dict[str, Any], other: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The fields where two validated scenario configs differ, each ``(key, base's, other's)``,
     in the order of ``base``'s fields, then ``other``'s own; a plan's name and description are

@@ -106,6 +106,15 @@ def _fp8_option(p: dict[str, Any]) -> str:
     return f" · fp8 ({p['fp8_recipe']})" if p.get("precision") == "fp8" and p.get("fp8_recipe") else ""
 
 
+def topology_changes_note(hw: dict[str, Any]) -> str:
+    """" · changed: node.nic.bw_Gbps=800": the topology's fields the scenario changes
+    (``hardware.changes``), "" where none."""
+    changes = hw.get("changes")
+    if not changes:
+        return ""
+    return " · changed: " + " ".join(f"{k}={v}" for k, v in changes.items())
+
+
 def _grads_option(p: dict[str, Any]) -> str:
     """" · fp32 grads reduced in bf16": the gradients' dtype where they are reduced over data
     (and context) parallel ranks, since it sets the bytes of every gradient collective; and
@@ -228,7 +237,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"clustersim · {printable(s['scenario'])}",
         *( [printable(s["description"])] if s.get("description") else [] ),
-        f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})",
+        f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})"
+        + printable(topology_changes_note(hw)),
         f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
         f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
