@@ -112,9 +112,9 @@ def value_at(data: dict[str, Any], key: str) -> Any:
 def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: int,
             base_dir: Path | None = None) -> tuple[Plan, str | None]:
     """The plan with ``parallel.dp`` made to follow (GPUs / (tp x pp x cp)), or the reason it
-    cannot: the changes made to ``data`` (the file's) give tp, pp, cp, ``cluster.nodes`` and
-    ``cluster.topology`` (another topology file: its GPUs a node and nodes, read from
-    ``base_dir``, the scenario's folder)."""
+    cannot: the changes made to ``data`` (the file's) give tp, pp, cp, ``cluster.nodes``,
+    ``cluster.node.gpus`` and ``cluster.topology`` (another topology file: its GPUs a node and
+    nodes, read from ``base_dir``, the scenario's folder)."""
     from .overrides import apply_changes
 
     d = apply_changes(data, plan.changes, source="sweep")
@@ -128,6 +128,7 @@ def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: in
             return plan, None  # validation names the file
         gpus_per_node, base_nodes = topo.node.gpus, topo.nodes
     nodes = value_at(d, "cluster.nodes") or base_nodes
+    gpus_per_node = value_at(d, "cluster.node.gpus") or gpus_per_node  # (the scenario's change of its topology)
     degrees = [value_at(d, k) or 1 for k in _MESH]
     if not all(isinstance(x, int) and x >= 1 for x in (nodes, *degrees)):
         return plan, None  # validation names the bad value
@@ -167,7 +168,8 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
     base = load_scenario(path)  # the file itself must be a valid scenario
     check_keys(path, data, varies)
     keys = [k for k, _ in varies]
-    dp_follows = DP not in keys and any(k in keys for k in (*_MESH, "cluster.nodes", "cluster.topology"))
+    dp_follows = DP not in keys and any(k in keys for k in (*_MESH, "cluster.nodes", "cluster.node.gpus",
+                                                              "cluster.topology"))
     per_node = base.topology.node.gpus
     todo, rows = [], {}
     for plan in plans_of(varies):

@@ -162,3 +162,13 @@ def test_dp_follows_another_topology(root):
     assert "4 x 1 x 1 = 4 does not divide the 1 GPUs" in r.stdout
     row = next(x for x in r.stdout.splitlines() if "single-h100" in x and x.split()[0] == "3")
     assert row.split()[2:4] == ["1", "1"]  # tp 1, dp 1
+
+
+def test_dp_follows_the_gpus_a_node_the_scenario_gives_its_topology(root):
+    """cluster.node.gpus varied (a change of the topology from the scenario): dp follows it."""
+    from clustersim.sweep import run_sweep
+
+    sweep = run_sweep(str(root / "scenarios/llama3_8b_8gpu.yaml"),
+                      [("cluster.node.gpus", [4, 8]), ("cluster.node.nics", [4])])
+    assert sweep["dp_follows"]
+    assert [(r["status"], r["changes"]["parallel.dp"]) for r in sweep["plans"]] == [("ok", 1), ("ok", 2)]
