@@ -189,11 +189,12 @@ def plan_of(sc, data: dict[str, Any], values: dict[str, Any], number: int, varie
     is asked of one stage. A degree that is not a positive integer is left to the scenario's
     rules to refuse, by name."""
     par, tr = data.get("parallel") or {}, data.get("training") or {}
+    per_node = values.get("cluster.node.gpus", sc.topology.node.gpus)
     nodes = values.get("cluster.nodes", sc.mesh.world_size // sc.topology.node.gpus)
     tp, pp, cp, ep = (values.get(f"parallel.{d}", par.get(d, 1)) for d in ("tp", "pp", "cp", "ep"))
-    if not all(map(_positive_int, (nodes, tp, pp, cp, ep))):
+    if not all(map(_positive_int, (nodes, per_node, tp, pp, cp, ep))):
         return Plan(number, list(values.items()))
-    world = nodes * sc.topology.node.gpus
+    world = nodes * per_node
     if world % (tp * pp * cp):
         return None
     dp = world // (tp * pp * cp)
@@ -246,6 +247,8 @@ def _settings(sc, par: dict, tr: dict, values: dict[str, Any], varied: set[str])
         out.append(("parallel.overlap_param_gather", None))
     if zero != 3:
         out += [(f"parallel.{k}", None) for k in ("zero3_keep_gathered", "zero_prefetch_layers") if k in par]
+    elif par.get("overlap_grad_reduce") is False:  # ZeRO-3 reduce-scatters beside the backward, whatever the file says
+        out.append(("parallel.overlap_grad_reduce", None))
     if recompute is not None and recompute != tr.get("recompute"):
         out += [(f"training.{k}", None) for k in ("recompute_modules", "recompute_method", "recompute_layers")
                 if k in tr]

@@ -505,6 +505,12 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if p.zero_prefetch_layers != 1 and p.zero != 3 and not p.overlap_param_gather:  # (1, the default: harmless)
         fail("parallel.zero_prefetch_layers", "how many units ahead ZeRO-3 (or ZeRO-1/2 with overlap_param_gather) "
              f"gathers parameters; zero={p.zero} gathers none during the step (drop the field)")
+    if not p.overlap_grad_reduce and p.overlap_param_gather:
+        # (Megatron-LM refuses the pair: its parameter gathers are dispatched by the buckets of
+        # the overlapped gradient reduction)
+        fail("parallel.overlap_grad_reduce", "false does not go with overlap_param_gather: true (Megatron-LM gathers "
+                                             "the parameters by the buckets of the overlapped gradient reduction); "
+                                             "drop one of them")
     if not p.overlap_grad_reduce and p.zero == 3:
         fail("parallel.overlap_grad_reduce", "ZeRO-3 reduce-scatters each unit's gradients as its backward makes "
                                              "them (the gradients are never whole on a rank); drop the setting "
@@ -830,7 +836,7 @@ def topology_changes(cluster: ClusterRef) -> dict[str, Any]:
 def changed_topology_fields(cluster: ClusterRef) -> dict[str, Any] | None:
     """The topology fields the scenario's cluster section sets besides the node count, dotted:
     ``{"node.nic.bw_Gbps": 800}`` (summary.json's ``hardware.changes``); None where none."""
-    return {k: v for k, v in _flat_items(topology_changes(cluster)) if k != "nodes"} or None
+    return {k: v for k, v in _flat_items(topology_changes(cluster)) if k != "nodes" and v != {}} or None
 
 
 def _scenarios_error(exc: ConfigError, overrides: dict[str, Any], topo_path: Path, source: str) -> ConfigError:
@@ -839,9 +845,12 @@ def _scenarios_error(exc: ConfigError, overrides: dict[str, Any], topo_path: Pat
     (``node.nics`` that no longer divides ``node.gpus``), or the file alone loads; else as it is."""
     changed = [k for k, _ in _flat_items(overrides)]
     field = exc.field or ""
-    mine = [k for k in changed if field and (k == field or k.startswith(field + ".") or field.startswith(k + "."))]
+    # certainly the scenario's: the field changed, or one inside it; a change inside the field
+    # the error names (node.nics under node) only where the file alone loads
+    mine = [k for k in changed if field and (k == field or field.startswith(k + "."))]
     if not overrides or not (mine or _fine_alone(topo_path)):
         return exc
+    mine = mine or [k for k in changed if field and k.startswith(field + ".")]
     if changed == ["nodes"] or mine == ["nodes"]:
         # (the count cut short, as the message cuts it: 10**400 nodes is one line, not three)
         return ConfigError(f"{exc.message} (topology {topo_path}, cluster.nodes={short_repr(overrides['nodes'])})",
@@ -871,12 +880,13 @@ def _fine_alone(topo_path: Path) -> bool:
     return True
 
 
-def _build_checked(topo: TopologyCfg, own: int, source: str, nodes: int | None = None,
+def _build_checked(topo: TopologyCfg, own: int, source: str, overrides: dict[str, Any] | None = None,
                    topo_path: Path | None = None) -> Cluster | None:
     """Check the what-ifs now (building the cluster when one touches the network), so that a
     misspelt name or a cut-off GPU in the scenario's what-ifs (entries from ``own`` on) names
-    the scenario's entry, and one of the topology's own that only the scenario's node count
-    (``nodes``) breaks names ``cluster.nodes``."""
+    the scenario's entry, and one of the topology's own that only the scenario's changes of
+    its topology (``overrides``, :func:`topology_changes`) break names them: ``cluster.nodes``
+    where the node count is all they change."""
     try:
         return check_what_ifs(topo)
     except ConfigError as exc:
@@ -884,9 +894,13 @@ def _build_checked(topo: TopologyCfg, own: int, source: str, nodes: int | None =
         if m and int(m.group(1)) >= own:
             raise ConfigError(exc.message, source=source,
                               field=f"cluster.what_if[{int(m.group(1)) - own}]{m.group(2)}") from None
-        if nodes is not None and topo_path is not None and _fine_alone(topo_path):
-            raise ConfigError(f"{exc.field}: {exc.message} (topology {topo_path}, cluster.nodes={nodes})",
-                              source=source, field="cluster.nodes") from None
+        if overrides and topo_path is not None and _fine_alone(topo_path):
+            if list(overrides) == ["nodes"]:
+                raise ConfigError(f"{exc.field}: {exc.message} (topology {topo_path}, cluster.nodes={overrides['nodes']})",
+                                  source=source, field="cluster.nodes") from None
+            what = ", ".join(f"cluster.{k}={short_repr(v)}" for k, v in _flat_items(overrides))
+            raise ConfigError(f"{exc.field}: {exc.message} (topology {topo_path}, with {what})",
+                              source=source, field="cluster") from None
         raise
 
 
@@ -935,7 +949,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     _check_schedule_options(cfg, source)
     sc = Scenario(cfg=cfg, topology=topo, source=source)
     if topo.what_if:  # a graph built to check them is kept (``Scenario.cluster`` is cached)
-        cluster = _build_checked(topo, own, source, cfg.cluster.nodes, topo_path)
+        cluster = _build_checked(topo, own, source, overrides, topo_path)
         if cluster is not None:
             sc.__dict__["cluster"] = cluster
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}

@@ -77,18 +77,26 @@ def parse_value(key: str, raw: str, *, source: str, field: str) -> Any:
                           field=field) from None
 
 
+# under these the scenario changes its topology's fields (config.topology_changes): null there
+# is kept, as it is in the file, and sets the topology's field to null (its default); removed,
+# it would leave the topology file's value
+_NULL_KEPT = ("cluster.node.", "cluster.fabric.")
+
+
 def apply_changes(data: dict[str, Any], changes: list[tuple[str, Any]], *, source: str) -> dict[str, Any]:
     """A deep copy of the scenario ``data`` with ``changes`` made: each dotted key set (None:
-    removed), the mappings on its way made where missing. A key that runs through a value which
-    is not a mapping is refused (ConfigError naming the key)."""
+    removed, but kept as null under ``cluster.node`` and ``cluster.fabric``), the mappings on
+    its way made where missing. A key that runs through a value which is not a mapping is
+    refused (ConfigError naming the key)."""
     out = copy.deepcopy(data)
     for key, value in changes:
+        keep_null = value is None and key.startswith(_NULL_KEPT)
         *path, last = key.split(".")
         node = out
         for i, part in enumerate(path):
             nxt = node.get(part)
             if nxt is None:
-                if value is None:  # removing a key under a section not there: nothing to do
+                if value is None and not keep_null:  # removing a key under a section not there: nothing to do
                     break
                 nxt = node[part] = {}
             if not isinstance(nxt, dict):
@@ -97,7 +105,7 @@ def apply_changes(data: dict[str, Any], changes: list[tuple[str, Any]], *, sourc
                                   source=source, field=key)
             node = nxt
         else:
-            if value is None:
+            if value is None and not keep_null:
                 node.pop(last, None)
             else:
                 node[last] = value

@@ -9,6 +9,7 @@ import json
 import shlex
 
 import pytest
+import yaml
 
 import clustersim
 from clustersim.advise import (guide_rule, memory_settings, own_values, plan_of, run_advise, search_space,
@@ -188,3 +189,18 @@ def test_advise_odd_values_are_refused_by_name(root):
         assert "refused by the scenario's rules" in r.stdout and "your plan   #1" in r.stdout
     r = run_cli("advise", SMALL, "--vary", "parallel.dp=1,2", cwd=root)
     assert r.returncode == 2 and "advise lets dp follow the other degrees" in r.stderr
+
+
+def test_a_scenario_reducing_after_the_backward_keeps_its_zero3_plans(root, tmp_path):
+    """ZeRO-3 reduce-scatters beside the backward: a scenario with overlap_grad_reduce false
+    has its ZeRO-3 plans searched without it (refused, they hid every shape's other plans)."""
+    data = read_yaml(root / SMALL, what="scenario")
+    data["parallel"]["overlap_grad_reduce"] = False
+    data["cluster"]["topology"] = str(root / "topologies" / "dgx-h100.yaml")
+    path = tmp_path / "after.yaml"
+    path.write_text(yaml.safe_dump(data))
+    adv = run_advise(str(path), [("parallel.tp", [1]), ("parallel.pp", [1])])
+    zero3 = [r for r in adv["plans"] if r["changes"].get("parallel.zero") == 3]
+    assert zero3 and all(r["status"] == "ok" and r["changes"]["parallel.overlap_grad_reduce"] is None for r in zero3)
+    others = [r for r in adv["plans"] if r["changes"].get("parallel.zero") in (1, 2)]
+    assert others and all("parallel.overlap_grad_reduce" not in r["changes"] for r in others)

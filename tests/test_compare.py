@@ -228,3 +228,16 @@ def test_compare_page_in_chromium(compared, tmp_path):
     assert ranges == [[100, 250], [100, 250]]
     steps = [p["summary"]["step_time_s"] for p in compared["doc"]["plans"]]
     assert [math.fsum(x[i] for x in bars) for i in range(2)] == pytest.approx(steps, rel=1e-9)
+
+
+def test_an_alias_of_the_same_gpu_is_no_difference(root):
+    """compare reads the topology's values: cluster.gpu=H100 on an H100 topology changes
+    nothing; 800 Gb/s NICs read against the file's 400."""
+    from clustersim.output.compare import effective_config
+    from clustersim.overrides import load_variant
+
+    path = root / ZERO3
+    base = effective_config(clustersim.load_scenario(path))
+    assert config_differences(base, effective_config(load_variant(path, [("cluster.gpu", "H100")]))) == []
+    nic = config_differences(base, effective_config(load_variant(path, [("cluster.node.nic.bw_Gbps", 800)])))
+    assert nic == [("cluster.node.nic.bw_Gbps", 400.0, 800.0)]

@@ -296,12 +296,14 @@ def test_gradients_reduced_after_the_backward_without_overlap(root, zero, pp):
         assert dur[True] == pytest.approx(dur[False], rel=1e-9)
 
 
-def test_gradients_reduced_after_the_backward_refused_under_zero3(root):
+@pytest.mark.parametrize("zero, more, says", [(3, {}, "ZeRO-3"),
+                                             (1, {"overlap_param_gather": True}, "overlap_param_gather: true")])
+def test_gradients_reduced_after_the_backward_refused_where_they_cannot_be(root, zero, more, says):
     d = dict(ONE_STAGE)
-    d["parallel"] = {**ONE_STAGE["parallel"], "zero": 3, "overlap_grad_reduce": False}
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": zero, "overlap_grad_reduce": False, **more}
     with pytest.raises(clustersim.ConfigError) as err:
         run(root, **d)
-    assert err.value.field == "parallel.overlap_grad_reduce" and "ZeRO-3" in err.value.message
+    assert err.value.field == "parallel.overlap_grad_reduce" and says in err.value.message
 
 
 def test_zero1_reduce_scatter_then_all_gather_moves_what_all_reduce_does(root):

@@ -162,3 +162,41 @@ def test_a_bad_topology_change_names_the_scenario_s_field(root, change, field, s
     with pytest.raises(ConfigError) as err:
         clustersim.load_scenario(d, base_dir=root)
     assert err.value.field == field and says in err.value.message and err.value.source == "<dict>"
+
+
+def test_a_topology_file_s_own_error_is_not_blamed_on_a_change_beside_it(tmp_path):
+    """A topology file that is broken alone names itself, whatever the scenario changes;
+    a topology what-if that only a scenario's change breaks names the scenario's cluster."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpu: H100-SXM5-80GB\nnodes: 1\nnode: {gpus: 8, nics: 3}\nfabric: {kind: none}\n")
+    d = scenario_dict(cluster={"topology": str(bad), "node": {"nic": {"bw_Gbps": 800}}},
+                      parallel={"tp": 8, "pp": 1, "dp": 1}, training={"global_batch_size": 1})
+    with pytest.raises(ConfigError) as got:
+        clustersim.load_scenario(d, base_dir=tmp_path)
+    assert got.value.source == str(bad) and "node.nics=3 does not divide node.gpus=8" in got.value.message
+    cut = tmp_path / "cut.yaml"  # sound alone: 16 leaves (one node each) and 4 spines, one taken out
+    cut.write_text("gpu: H100-SXM5-80GB\nnodes: 16\nnode: {gpus: 8}\nfabric: {kind: leaf_spine, nodes_per_leaf: 1, "
+                   "spines: 4}\nwhat_if:\n  - {remove_switch: spine3}\n")
+    d = scenario_dict(cluster={"topology": str(cut), "nodes": None, "fabric": {"spines": 2}},
+                      parallel={"tp": 8, "pp": 1, "dp": 16},
+                      training={"global_batch_size": 16})
+    with pytest.raises(ConfigError) as got:
+        clustersim.load_scenario(d, base_dir=tmp_path)
+    assert got.value.source == "<dict>" and got.value.field == "cluster"
+    assert "with cluster.fabric.spines=2" in got.value.message
+
+
+def test_null_resets_a_topology_field_from_the_command_line(root):
+    """--set cluster.fabric.spines=null sets the topology's field to null (its default), as
+    null in the scenario file does, so a fabric's kind can change from the command line."""
+    from clustersim.overrides import apply_changes, load_variant
+
+    path = root / "scenarios/llama2_70b_64gpu.yaml"
+    assert apply_changes({"cluster": {}}, [("cluster.fabric.spines", None)], source="s") == {
+        "cluster": {"fabric": {"spines": None}}}
+    assert apply_changes({"parallel": {"sp": True}}, [("parallel.sp", None)], source="s") == {"parallel": {}}
+    sc = load_variant(path, [("cluster.fabric.kind", "fat_tree"), ("cluster.fabric.spines", None)])
+    assert sc.topology.fabric.kind == "fat_tree" and sc.topology.fabric.spines is None
+    with pytest.raises(ConfigError) as got:
+        load_variant(path, [("cluster.fabric.kind", "fat_tree")])  # the file's 16 spines are leaf-spine's
+    assert got.value.field == "cluster.fabric" and "fabric.spines is read by kind leaf_spine only" in got.value.message

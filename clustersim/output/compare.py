@@ -62,9 +62,12 @@ def effective_config(sc) -> dict[str, Any]:
     """A scenario's config as compared: its cluster section with what the topology file holds
     (node count, GPU, node and fabric, the section's changes merged in), so that a change
     reads ``cluster.node.nic.bw_Gbps 400.0 -> 800.0``, and two topology files differ field by field."""
+    from ..hardware.gpus import lookup_gpu
+
     cfg = sc.cfg.model_dump(mode="json")
     topo = sc.topology.model_dump(mode="json")
-    cfg["cluster"] = {**cfg["cluster"], **{k: topo[k] for k in ("nodes", "gpu", "node", "fabric")}}
+    cfg["cluster"] = {**cfg["cluster"], **{k: topo[k] for k in ("nodes", "node", "fabric")},
+                      "gpu": lookup_gpu(topo["gpu"]).name}  # (an alias, H100, is the GPU it names)
     return cfg
 
 

@@ -180,19 +180,21 @@ def split_figure(sweep: dict[str, Any], shown: int = SPLIT_SHOWN) -> dict[str, A
 
 def _best_changes(sweep: dict[str, Any], most: int) -> list[tuple[int, list[tuple[str, Any]]]]:
     """The best ``most`` plans that fit, each with those of its changes that change the
-    scenario as validated (an advice sets every key it searched: ``parallel.sp: null`` where
-    the file leaves SP at its default changes nothing); a plan left as the scenario is has
-    none."""
+    scenario as validated, its topology's fields included (an advice sets every key it
+    searched: ``parallel.sp: null`` where the file leaves SP at its default changes nothing;
+    ``cluster.node.nic.bw_Gbps=400`` on a topology of 400 neither); a plan left as the
+    scenario is has none."""
     from ..config import load_scenario
     from ..overrides import load_variant
+    from .compare import effective_config
 
     path = sweep["scenario"]
-    base = load_scenario(path).cfg.model_dump(mode="json")
+    base = effective_config(load_scenario(path))
     rows = {r["plan"]: r for r in sweep["plans"]}
     out = []
     for n in (n for n in sweep["ranking"] if rows[n]["fits"]):
         changes = list(rows[n]["changes"].items())
-        cfg = load_variant(path, changes).cfg.model_dump(mode="json")
+        cfg = effective_config(load_variant(path, changes))
         out.append((n, [(k, v) for k, v in changes if value_at(cfg, k) != value_at(base, k)]))
         if len(out) == most:
             break

@@ -112,7 +112,8 @@ def topology_changes_note(hw: dict[str, Any]) -> str:
     changes = hw.get("changes")
     if not changes:
         return ""
-    return " · changed: " + " ".join(f"{k}={v}" for k, v in changes.items())
+    said = lambda v: "null" if v is None else str(v).lower() if isinstance(v, bool) else v  # noqa: E731  (as YAML)
+    return " · changed: " + " ".join(f"{k}={said(v)}" for k, v in changes.items())
 
 
 def _grads_option(p: dict[str, Any]) -> str:
