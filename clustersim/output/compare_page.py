@@ -9,12 +9,14 @@ Layout::
     exposed communication by kind      tp ▇▇ ▇   dp ▇ ▇▇▇▇▇   (one bar per plan)
     peak memory per GPU, by stage      stage 0 ▇▇ ▇▇  stage 1 ▇▇ ...   capacity - - - -
     config differences           key | A's value | B's | C's
-    timelines, one per plan, each from 0 to the slowest plan's step: zoom one, all follow
+    timelines, one per plan (up to eight), each from 0 to the slowest drawn step: zoom one, all follow
 
 The split is :func:`clustersim.output.compare.step_split`'s, compute + exposed + bubble =
 step, so the bars' lengths are the steps and their parts' differences add up to the steps'
 (docs/metrics.md, "How a GPU's step splits"). Each timeline is the one its report_X.html
-shows (clustersim.output.report.timeline), its time axis stretched to the slowest step.
+shows (clustersim.output.report.timeline), its time axis stretched to the slowest step
+drawn; past eight plans, the first, the fastest that fits and the fastest others are drawn
+(:func:`drawn_timelines`).
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@ Layout::
     where a GPU's step goes, the best plans: compute | exposed communication | bubble, one bar each
     next: the best plan run, the best side by side   python -m clustersim run x.yaml --set "..."
                                                      python -m clustersim compare x.yaml --variant "..." ...
-    every plan simulated, best first          the terminal's columns, the plan's changes in full
+    every plan simulated, best first          the terminal's columns, and what else a plan sets
     refused by the scenario's rules           each plan with its rule
 
-The figures are the sweep's own (sweep.json's rows); nothing is simulated here. The points are
+The figures are the sweep's own (sweep.json's rows); nothing is simulated here (the commands'
+plans are loaded again, to give only the changes that change the scenario). The points are
 what the plans give on the GPUs the scenario has: the best plan is the highest point left of
 the capacity.
 """
