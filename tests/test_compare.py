@@ -241,3 +241,19 @@ def test_an_alias_of_the_same_gpu_is_no_difference(root):
     assert config_differences(base, effective_config(load_variant(path, [("cluster.gpu", "H100")]))) == []
     nic = config_differences(base, effective_config(load_variant(path, [("cluster.node.nic.bw_Gbps", 800)])))
     assert nic == [("cluster.node.nic.bw_Gbps", 400.0, 800.0)]
+
+
+def test_the_fabric_what_if_the_docs_quote(root):
+    """getting-started's faster NICs: past 800 Gb/s the PCIe link to the NIC is the narrowest,
+    and doubling it too takes the step down by the share the docs give."""
+    from clustersim.overrides import load_variant
+
+    path = root / "scenarios" / "moe_1024gpu.yaml"
+    steps = {}
+    for name, changes in [("base", []), ("800", [("cluster.node.nic.bw_Gbps", 800)]),
+                          ("1600", [("cluster.node.nic.bw_Gbps", 1600)]),
+                          ("pcie", [("cluster.node.nic.bw_Gbps", 800), ("cluster.node.pcie_GBps", 128)])]:
+        steps[name] = clustersim.simulate(load_variant(path, changes), brief=True).summary["step_time_s"]
+    assert steps["1600"] == pytest.approx(steps["800"], rel=1e-3) and steps["800"] < steps["base"]
+    text = " ".join((root / "docs" / "getting-started.md").read_text().split())
+    assert f"cluster.node.pcie_GBps=128` too, {100 * (steps['pcie'] / steps['base'] - 1):.1f} %" in text

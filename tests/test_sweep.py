@@ -12,7 +12,7 @@ import pytest
 
 import clustersim
 from clustersim.errors import ConfigError
-from clustersim.output.plans_page import scatter_figure, split_figure
+from clustersim.output.plans_page import lines_figure, scatter_figure, split_figure
 from clustersim.overrides import load_variant
 from clustersim.sweep import Plan, parse_vary, plans_of, ranking, split_values, with_dp
 
@@ -112,6 +112,13 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     assert [t["name"] for t in scatter["data"]] == ["fits", "does not fit"] or all(r["fits"] for r in ok)
     points = {(x, y) for t in scatter["data"] for x, y in zip(t["x"], t["y"])}
     assert points == {(r["peak_bytes"] / 2**30, r["tokens_per_s_per_gpu"]) for r in ok}
+    key, lines = lines_figure(sweep)  # along pp (the first numeric key), a line per ZeRO stage
+    assert key == "parallel.pp" and sorted(t["name"] for t in lines["data"]) == ["zero=1", "zero=3"]
+    for t in lines["data"]:
+        zero = int(t["name"].split("=")[1])
+        mine = sorted((r for r in ok if r["changes"]["parallel.zero"] == zero), key=lambda r: r["changes"]["parallel.pp"])
+        assert t["x"] == [r["changes"]["parallel.pp"] for r in mine]
+        assert t["y"] == [r["tokens_per_s_per_gpu"] for r in mine]
     split = split_figure(sweep)
     for i, n in enumerate(sweep["ranking"]):
         assert sum(t["x"][i] for t in split["data"]) == pytest.approx(rows[n]["step_time_s"], rel=1e-9)

@@ -9,6 +9,7 @@ Layout::
         |     ●   ●     ×       ×
         +------------------------¦-------▶ peak GiB per GPU
                               capacity
+    tokens/s per GPU against the first numeric key varied (a sweep's): a line per setting of the others
     where a GPU's step goes, the best plans: compute | exposed communication | bubble, one bar each
     next: the best plan run, the best side by side   python -m clustersim run x.yaml --set "..."
                                                      python -m clustersim compare x.yaml --variant "..." ...
@@ -33,9 +34,10 @@ from .report import _CSS, _plotlyjs_script, plot_div
 from .compare_page import _PARTS, _small_layout
 from .summary import GiB
 
-SCATTER_DIV_ID, SPLIT_DIV_ID = "plans-scatter", "plans-split"
+SCATTER_DIV_ID, SPLIT_DIV_ID, LINES_DIV_ID = "plans-scatter", "plans-split", "plans-lines"
 SPLIT_SHOWN = 20  # the best plans whose steps are drawn split
 LABELLED = 5  # the best plans named beside their points
+LINES_SHOWN = 12  # the lines of lines_figure: the combinations whose best plan is fastest
 TABLE_ROWS = 2_000  # past these, the CSV has the rest (a browser lays out a longer table slowly)
 COMPARED = 3  # the best plans the compare command on the page puts beside the scenario's own
 _CONFIG = {"displaylogo": False, "responsive": True}
@@ -155,6 +157,40 @@ def _point_labels(named: list[dict[str, Any]], x_of, x_span: float, y_span: floa
                  "above": {"xanchor": "center", "yanchor": "bottom", "yshift": 6}}[side]
         out.append({"x": x, "y": y, "text": f"#{r['plan']}", "showarrow": False, "font": {"size": 11}, **place})
     return out
+
+
+def _numeric(values: list[Any]) -> bool:
+    return len(values) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, dict[str, Any]] | None:
+    """tokens/s per GPU against the first varied key whose values are numbers (GPUs a node,
+    nodes, a bandwidth, a degree), one line per combination of the other varied keys (the
+    ``most`` whose best plan is fastest), plans that do not fit drawn hollow: how the plan
+    scales along that key (flat over ``cluster.nodes`` is linear scaling). (the key, the
+    figure), or None where no varied key is numeric or nothing was simulated."""
+    key = next((k for k, v in sweep["vary"].items() if _numeric(v)), None)
+    rows = {r["plan"]: r for r in sweep["plans"]}
+    done = [rows[n] for n in sweep["ranking"]]
+    if key is None or not done:
+        return None
+    others = [k for k in sweep["vary"] if k != key]
+    lines: dict[tuple, list[dict[str, Any]]] = {}
+    for r in done:
+        lines.setdefault(tuple(_cell(r["changes"].get(k)) for k in others), []).append(r)
+    best = sorted(lines, key=lambda g: -max(r["tokens_per_s_per_gpu"] for r in lines[g]))[:most]
+    heads = _heads(others)
+    data = []
+    for g in best:
+        pts = sorted(lines[g], key=lambda r: r["changes"][key])
+        name = html.escape(" ".join(f"{h}={v}" for h, v in zip(heads, g))) or "tokens/s per GPU"
+        data.append({"type": "scatter", "mode": "lines+markers", "name": name,
+                     "x": [r["changes"][key] for r in pts], "y": [r["tokens_per_s_per_gpu"] for r in pts],
+                     "marker": {"size": 8, "symbol": ["circle" if r["fits"] else "circle-open" for r in pts]},
+                     "hovertext": [_hover(sweep, r) for r in pts], "hoverinfo": "text"})
+    return key, {"data": data, "layout": _small_layout(
+        420, hovermode="closest", xaxis={"title": {"text": key}, "tickvals": sorted(set(sweep["vary"][key]))},
+        yaxis={"title": {"text": "tokens/s per GPU"}})}
 
 
 def split_figure(sweep: dict[str, Any], shown: int = SPLIT_SHOWN) -> dict[str, Any] | None:
@@ -294,6 +330,13 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
                     "No plan fits: every point is right of the capacity line")
                  + (": the diamonds mark each of the guide's options at its best plan, the star the scenario's own"
                     if "options" in sweep else "") + ".</p>"]
+        lines = lines_figure(sweep) if "options" not in sweep else None  # (an advice searches too many keys)
+        if lines is not None:
+            key, fig = lines
+            body += [f"<h2>Tokens/s per GPU against {html.escape(key)}</h2>", plot_div(fig, LINES_DIV_ID, _CONFIG),
+                     f"<p class=\"note\">One line per setting of the other keys varied (the {LINES_SHOWN} fastest at "
+                     "most); hollow: the plan does not fit. Flat is the same throughput per GPU: along "
+                     "<code>cluster.nodes</code>, linear scaling.</p>"]
         split = split_figure(sweep)
         body += [f"<h2>Where a GPU's step goes, the best {min(SPLIT_SHOWN, len(sweep['ranking']))}</h2>",
                  plot_div(split, SPLIT_DIV_ID, _CONFIG),
