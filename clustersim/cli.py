@@ -303,7 +303,7 @@ def cmd_compare(args) -> int:
     staging = _Staging(out, files, ours) if out is not None else None
     walls = []
     written = []
-    timelines: list = []  # per plan, for compare.html: its timeline's data (JSON) and layout
+    timelines: list = []  # per plan, for compare.html: its timeline's data (JSON), layout and caption
     try:
         if staging is not None:
             staging.opened()  # (a folder the files cannot go to is said before the plans are simulated)
@@ -612,8 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output folder (default: out/<scenario file name without .yaml>)")
     run.add_argument("--set", action="append", metavar="CHANGES",
                      help="run the scenario with these changes: KEY=VALUE with dotted keys, e.g. --set "
-                          "\"parallel.pp=4 parallel.zero=1\" (repeatable; a value is read as YAML, null removes "
-                          "the key); the summary's description names them")
+                          "\"parallel.pp=4 parallel.zero=1\" or \"cluster.node.nic.bw_Gbps=800\" (repeatable; a "
+                          "value is read as YAML, null removes the key); the summary's description names them")
     run.add_argument("--no-report", action="store_true", help="skip report.html")
     run.add_argument("--no-trace", action="store_true", help="skip the Perfetto trace")
     run.add_argument("--trace-gpus", metavar="GPUS",
