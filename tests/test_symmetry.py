@@ -120,6 +120,11 @@ COLLAPSE = [
                                   "schedule": "zb-h1", "zero": 1}, {}),
     ("tp-comm-overlap-moe", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "tp_comm_overlap": True},
      {"moe": True}),
+    # the gradients reduced after the last backward (ZeRO-2: after each), experts' too
+    ("grads-after-backward-zero2-moe", 8, {"tp": 1, "pp": 2, "dp": 32, "ep": 4, "zero": 2,
+                                           "overlap_grad_reduce": False}, {"moe": True}),
+    ("grads-after-backward-interleaved", 8, {"tp": 2, "pp": 4, "dp": 8, "schedule": "interleaved", "vpp": 2,
+                                             "overlap_grad_reduce": False}, {"layers": 16}),
 ]
 
 
