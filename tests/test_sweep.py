@@ -179,3 +179,19 @@ def test_dp_follows_the_gpus_a_node_the_scenario_gives_its_topology(root):
                       [("cluster.node.gpus", [4, 8]), ("cluster.node.nics", [4])])
     assert sweep["dp_follows"]
     assert [(r["status"], r["changes"]["parallel.dp"]) for r in sweep["plans"]] == [("ok", 1), ("ok", 2)]
+
+
+def test_the_scaling_the_docs_quote(root):
+    """getting-started's sweep of cluster.nodes: tokens/s over the GPUs, and the bubble
+    against 1F1B's (p-1)/(m+p-1) as each replica's microbatches fall from 128 to 16."""
+    from clustersim.sweep import run_sweep
+
+    sweep = run_sweep(str(root / "scenarios/llama2_70b_64gpu.yaml"), [("cluster.nodes", [4, 8, 16, 32])])
+    rows = {r["changes"]["cluster.nodes"]: r for r in sweep["plans"]}
+    gain = rows[32]["tokens_per_s"] / rows[4]["tokens_per_s"]
+    text = " ".join((root / "docs" / "getting-started.md").read_text().split())
+    assert f"Eight times the GPUs give {gain:.1f} times the tokens/s ({100 * gain / 8:.0f} % scaling)" in text
+    closed = [3 / (128 // dp + 3) for dp in (1, 8)]  # p = 4, m = 128 / dp
+    assert (f"({100 * closed[0]:.1f} % to {100 * closed[1]:.1f} % of the step for `p = 4`; simulated "
+            f"{100 * rows[4]['bubble_fraction']:.1f} % to {100 * rows[32]['bubble_fraction']:.1f} %)") in text
+    assert rows[32]["bubble_fraction"] <= closed[1] and rows[4]["bubble_fraction"] == pytest.approx(closed[0], rel=0.1)
