@@ -444,14 +444,21 @@ def cmd_sweep(args) -> int:
         raise ConfigError("give what to vary: --vary KEY=V1,V2,... (e.g. --vary parallel.tp=2,4,8), once per key",
                           source=src, field="--vary")
     varies = [parse_vary(v, source=src) for v in args.vary]
+    if args.zip:
+        lengths = sorted({len(v) for _, v in varies})
+        if len(varies) < 2 or len(lengths) > 1:
+            said = ", ".join(f"{k} {len(v)}" for k, v in varies)
+            raise ConfigError(f"pairs the --vary lists value by value: give two or more, as long as each other "
+                              f"(got {said})", source=src, field="--zip")
     n = 1
     for _, values in varies:
         n *= len(values)
-    if n > MAX_SWEEP_PLANS:
+    if not args.zip and n > MAX_SWEEP_PLANS:
         raise ConfigError(f"{' x '.join(str(len(v)) for _, v in varies)} = {n:,} plans; a sweep takes at most "
                           f"{MAX_SWEEP_PLANS:,}", source=src, field="--vary")
     return _search(args, varies, SWEEP_FILES, "sweep", 16,
-                   lambda jobs, progress: run_sweep(args.scenario, varies, jobs=jobs, progress=progress), format_sweep)
+                   lambda jobs, progress: run_sweep(args.scenario, varies, jobs=jobs, progress=progress,
+                                                    paired=args.zip), format_sweep)
 
 
 def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
@@ -655,6 +662,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
                                                            "most: the CPUs; the results do not depend on it)")
     sw.add_argument("--top", type=int, default=20, help="plans printed, best first (default 20)")
+    sw.add_argument("--zip", action="store_true",
+                    help="pair the --vary lists value by value, one plan per position, instead of every combination "
+                         "(e.g. --vary cluster.nodes=4,8,16 --vary training.global_batch_size=64,128,256: weak scaling)")
     sw.add_argument("--out", help="write sweep.json, sweep.csv (every plan, refused ones with the rule) and sweep.html "
                                   "(every plan on one page: tokens/s against memory, the best plans' steps split) into "
                                   "this folder")

@@ -91,11 +91,13 @@ class Plan:
     changes: list[tuple[str, Any]]
 
 
-def plans_of(varies: list[tuple[str, list[Any]]]) -> list[Plan]:
-    """Every combination of the values, the first key's slowest (itertools.product)."""
+def plans_of(varies: list[tuple[str, list[Any]]], paired: bool = False) -> list[Plan]:
+    """Every combination of the values, the first key's slowest (itertools.product); with
+    ``paired``, the keys' n-th values together, one plan each (the lists as long as each
+    other: ``sweep --zip``, a weak-scaling sweep of nodes and batch)."""
     keys = [k for k, _ in varies]
-    return [Plan(i + 1, list(zip(keys, values)))
-            for i, values in enumerate(itertools.product(*(v for _, v in varies)))]
+    combos = zip(*(v for _, v in varies)) if paired else itertools.product(*(v for _, v in varies))
+    return [Plan(i + 1, list(zip(keys, values))) for i, values in enumerate(combos)]
 
 
 def value_at(data: dict[str, Any], key: str) -> Any:
@@ -158,9 +160,11 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool]) -> dict[str, Any]
             "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"]}
 
 
-def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, progress=None) -> dict[str, Any]:
-    """Simulate every plan of the sweep of ``path`` over ``varies``; the sweep as sweep.json
-    holds it: the file, the keys and values, whether dp follows, every plan's row in plan
+def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, progress=None,
+              paired: bool = False) -> dict[str, Any]:
+    """Simulate every plan of the sweep of ``path`` over ``varies`` (``paired``: the values
+    taken together, see :func:`plans_of`); the sweep as sweep.json holds it: the file, the
+    keys and values, whether they are paired, whether dp follows, every plan's row in plan
     order and the ranking (plan numbers, best first)."""
     from .config import load_scenario
 
@@ -172,7 +176,7 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
                                                               "cluster.topology"))
     per_node = base.topology.node.gpus
     todo, rows = [], {}
-    for plan in plans_of(varies):
+    for plan in plans_of(varies, paired):
         if dp_follows:
             plan, why = with_dp(data, plan, per_node, base.mesh.world_size // per_node, Path(path).parent)
             if why is not None:
@@ -182,7 +186,7 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
         todo.append(plan)
     simulate_plans(path, data, todo, rows, jobs=jobs, progress=progress)
     ordered = [rows[n] for n in sorted(rows)]
-    return {"scenario": str(path), "vary": {k: v for k, v in varies}, "dp_follows": dp_follows,
+    return {"scenario": str(path), "vary": {k: v for k, v in varies}, "paired": paired, "dp_follows": dp_follows,
             "plans": ordered, "ranking": ranking(ordered)}
 
 
@@ -265,7 +269,8 @@ def _columns(sweep: dict[str, Any]) -> list[str]:
 def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
     """The terminal's table: the ``top`` best plans, then how many more, then those refused."""
     n = len(sweep["plans"])
-    how = " x ".join(f"{k} ({len(v)})" for k, v in sweep["vary"].items())
+    how = (" with ".join(sweep["vary"]) + ", value by value" if sweep.get("paired") else
+           " x ".join(f"{k} ({len(v)})" for k, v in sweep["vary"].items()))
     lines = [f"clustersim · sweep {sweep['scenario']}: {n:,} plan{'s' if n != 1 else ''} ({how})"
              + ("; dp follows: GPUs / (tp x pp x cp)" if sweep["dp_follows"] else ""),
              "best first: the plans that fit by tokens/s, then those that do not (the step they would take)"]

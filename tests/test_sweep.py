@@ -195,3 +195,27 @@ def test_the_scaling_the_docs_quote(root):
     assert (f"({100 * closed[0]:.1f} % to {100 * closed[1]:.1f} % of the step for `p = 4`; simulated "
             f"{100 * rows[4]['bubble_fraction']:.1f} % to {100 * rows[32]['bubble_fraction']:.1f} %)") in text
     assert rows[32]["bubble_fraction"] <= closed[1] and rows[4]["bubble_fraction"] == pytest.approx(closed[0], rel=0.1)
+
+
+def test_paired_values_are_one_plan_each(root):
+    """sweep --zip: the n-th values of each --vary together (weak scaling: nodes and batch),
+    the docs' figures; lists of different lengths refused."""
+    from clustersim.sweep import run_sweep
+
+    assert [p.changes for p in plans_of([("a", [1, 2]), ("b", ["x", "y"])], paired=True)] == [
+        [("a", 1), ("b", "x")], [("a", 2), ("b", "y")]]
+    sweep = run_sweep(str(root / "scenarios/llama2_70b_64gpu.yaml"),
+                      [("cluster.nodes", [4, 32]), ("training.global_batch_size", [64, 512])], paired=True)
+    assert sweep["paired"] and [r["changes"] for r in sweep["plans"]] == [
+        {"cluster.nodes": 4, "training.global_batch_size": 64, "parallel.dp": 1},
+        {"cluster.nodes": 32, "training.global_batch_size": 512, "parallel.dp": 8}]
+    small, large = sweep["plans"]
+    text = " ".join((root / "docs" / "getting-started.md").read_text().split())
+    kept = large["tokens_per_s_per_gpu"] / small["tokens_per_s_per_gpu"]
+    assert f"32 nodes keep {100 * kept:.0f} % of 4 nodes' tokens/s per GPU" in text
+    assert f"{large['exposed_comm_s']['dp']:.2f} s of it exposed a step on 32" in text and small["exposed_comm_s"]["dp"] == 0
+    key, lines = lines_figure(sweep)
+    assert key == "cluster.nodes" and len(lines["data"]) == 1 and lines["data"][0]["x"] == [4, 32]
+    r = run_cli("sweep", "scenarios/llama2_70b_64gpu.yaml", "--vary", "cluster.nodes=4,8", "--vary",
+                "training.global_batch_size=64", "--zip", cwd=root)
+    assert r.returncode == 2 and "--zip: pairs the --vary lists value by value" in r.stderr and r.stdout == ""

@@ -174,7 +174,8 @@ def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, d
     done = [rows[n] for n in sweep["ranking"]]
     if key is None or not done:
         return None
-    others = [k for k in sweep["vary"] if k != key]
+    # (paired values, ``sweep --zip``: one line through them all)
+    others = [] if sweep.get("paired") else [k for k in sweep["vary"] if k != key]
     lines: dict[tuple, list[dict[str, Any]]] = {}
     for r in done:
         lines.setdefault(tuple(_cell(r["changes"].get(k)) for k in others), []).append(r)
