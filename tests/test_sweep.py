@@ -110,7 +110,7 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     # sweep.html: every plan simulated a point, the best plans' steps split, each refused plan's rule
     scatter = scatter_figure(sweep)
     assert [t["name"] for t in scatter["data"]] == ["fits", "does not fit"] or all(r["fits"] for r in ok)
-    points = {(x, y) for t in scatter["data"] for x, y in zip(t["x"], t["y"])}
+    points = {(x, y) for t in scatter["data"] if t["name"] in ("fits", "does not fit") for x, y in zip(t["x"], t["y"])}
     assert points == {(r["peak_bytes"] / 2**30, r["tokens_per_s_per_gpu"]) for r in ok}
     key, lines = lines_figure(sweep)  # along pp (the first numeric key), a line per ZeRO stage
     assert key == "parallel.pp" and sorted(t["name"] for t in lines["data"]) == ["zero=1", "zero=3"]
@@ -125,11 +125,17 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
         assert split["data"][0]["y"][i].startswith(f"#{n} ")
     page = (out / "sweep.html").read_text()
     assert page.count("does not divide the 16 GPUs") == 2 + stdout.count("does not divide the 16 GPUs")
+    # the plan that is the file as it is (pp 1, ZeRO-3, dp 16) is starred and noted
+    own = next(r for r in ok if r["changes"] == {"parallel.pp": 1, "parallel.zero": 3, "parallel.dp": 16})
+    star = next(t for t in scatter["data"] if t["name"] == "the scenario's plan")
+    assert star["y"] == [own["tokens_per_s_per_gpu"]] and "the star is the scenario as its file has it" in page
     ranked_table = page.split("Every plan simulated")[1].split("Refused by")[0]
+    assert f"<td>{own['plan']}</td>" in ranked_table and "the scenario&#x27;s plan" in ranked_table
     assert stdout.strip().splitlines()[0] in page
     assert [int(x) for x in re.findall(r"<tr(?: class=\"nofit\")?><td>(\d+)</td>", ranked_table)] == sweep["ranking"]
     with offline_page(out / "sweep.html", "#plans-split .main-svg") as (browser_page, errors):
-        drawn = browser_page.evaluate("document.getElementById('plans-scatter').data.map(t => t.x.length)")
+        drawn = browser_page.evaluate("document.getElementById('plans-scatter').data"
+                                      ".filter(t => t.name !== \"the scenario's plan\").map(t => t.x.length)")
     assert errors == [] and sum(drawn) == len(ok)
 
 

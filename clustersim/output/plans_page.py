@@ -76,9 +76,23 @@ def _hover(sweep: dict[str, Any], r: dict[str, Any], note: str = "") -> str:
             + (f"<br>{html.escape(note)}" if note else ""))
 
 
+def own_plan(sweep: dict[str, Any]) -> int | None:
+    """The plan that is the scenario as its file has it: an advice's first; in a sweep, the
+    plan whose every change is the scenario's own value (validated, its topology's included),
+    if one is; else None."""
+    if "own_plan" in sweep:
+        return sweep["own_plan"]
+    from ..config import load_scenario
+    from .compare import effective_config
+
+    base = effective_config(load_scenario(sweep["scenario"]))
+    return next((r["plan"] for r in sweep["plans"] if r["status"] == "ok"
+                 and all(value_at(base, k) == v for k, v in r["changes"].items())), None)
+
+
 def _notes(sweep: dict[str, Any]) -> dict[int, str]:
-    """An advice's notes on a plan (the scenario's own, the guide's options it is); none for a sweep."""
-    own = sweep.get("own_plan")
+    """A plan's notes: the scenario's own, and under an advice the guide's options it is."""
+    own = own_plan(sweep)
     return {r["plan"]: "; ".join((["the scenario's plan"] if r["plan"] == own else []) + r.get("guide_options", []))
             for r in sweep["plans"] if r["status"] == "ok"}
 
@@ -121,7 +135,7 @@ def scatter_figure(sweep: dict[str, Any]) -> dict[str, Any]:
                                 "line": {"width": 2}},
                      "hovertext": [f"the guide's \u201c{html.escape(o['option'])}\u201d at its best<br>"
                                    + _hover(sweep, r)], "hoverinfo": "text"})
-    own = rows.get(sweep.get("own_plan"))
+    own = rows.get(own_plan(sweep))
     if own is not None and own["status"] == "ok":
         data.append({"type": "scatter", "mode": "markers", "name": "the scenario's plan",
                      "x": [x_of(own)], "y": [own["tokens_per_s_per_gpu"]],
@@ -277,7 +291,8 @@ def _table_html(sweep: dict[str, Any]) -> str:
     """Every simulated plan, best first, in the terminal's columns (plans that do not fit greyed)."""
     rows = {r["plan"]: r for r in sweep["plans"]}
     cols = table_columns(sweep)
-    notes = _notes(sweep) if "options" in sweep else None
+    notes = _notes(sweep)
+    notes = notes if any(notes.values()) else None
     more = {n: also_set(sweep, rows[n]) for n in sweep["ranking"][:TABLE_ROWS]}
     e = html.escape
     heads = "".join(f"<th>{e(h)}</th>" for h, _ in cols) + ('<th class="l">note</th>' if notes is not None else "") + (
@@ -330,7 +345,8 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
                  + ("The best plan is the highest point left of the capacity line" if fitting else
                     "No plan fits: every point is right of the capacity line")
                  + (": the diamonds mark each of the guide's options at its best plan, the star the scenario's own"
-                    if "options" in sweep else "") + ".</p>"]
+                    if "options" in sweep else "; the star is the scenario as its file has it"
+                    if own_plan(sweep) is not None else "") + ".</p>"]
         lines = lines_figure(sweep) if "options" not in sweep else None  # (an advice searches too many keys)
         if lines is not None:
             key, fig = lines
