@@ -71,11 +71,17 @@ def plan_name(p: dict[str, Any]) -> str:
 
 
 def split_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where a GPU's step goes, one horizontal bar per plan (the first on top), stacked
-    compute | exposed communication | bubble, in seconds on one axis: each bar is as long as
-    its plan's step."""
-    names = [plan_name(p) for p in plans]
-    splits = [step_split(p["summary"]) for p in plans]
+    """Where a GPU's step goes, one horizontal bar per plan (the first on top): see
+    :func:`parts_figure`."""
+    return parts_figure([plan_name(p) for p in plans], [step_split(p["summary"]) for p in plans], 34)
+
+
+def parts_figure(names: list[str], splits: list[dict[str, float]], row_px: int) -> dict[str, Any]:
+    """One horizontal bar per name (the first on top), stacked compute | exposed
+    communication | bubble (``splits``: each ``compute_s``, ``exposed_comm_s``, ``bubble_s``
+    and ``step_time_s``, as :func:`clustersim.output.compare.step_split` gives them), in
+    seconds on one axis: each bar is as long as its step, written at its end. compare.html's
+    and sweep.html's."""
     data = []
     for key, label, colour in _PARTS:
         xs = [sp[key] for sp in splits]
@@ -87,7 +93,7 @@ def split_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
     steps = [{"x": sp["step_time_s"], "y": name, "xanchor": "left", "showarrow": False, "xshift": 4,
               "text": f"{sp['step_time_s']:.3f} s", "font": {"size": 11}} for name, sp in zip(names, splits)]
     return {"data": data, "layout": _small_layout(
-        100 + 34 * len(plans), barmode="stack", annotations=steps,
+        100 + row_px * len(names), barmode="stack", annotations=steps,
         xaxis={"title": {"text": "seconds per step (mean GPU)"}, "rangemode": "tozero",
                "range": [0, 1.08 * max(sp["step_time_s"] for sp in splits)]},
         yaxis={"autorange": "reversed", "type": "category", "automargin": True})}

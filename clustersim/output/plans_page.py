@@ -31,7 +31,7 @@ from typing import Any
 from ..overrides import changes_text
 from ..sweep import _cell, _columns, _heads, table_columns, value_at
 from .report import _CSS, _plotlyjs_script, plot_div
-from .compare_page import _PARTS, _small_layout
+from .compare_page import _small_layout, parts_figure
 from .summary import GiB
 
 SCATTER_DIV_ID, SPLIT_DIV_ID, LINES_DIV_ID = "plans-scatter", "plans-split", "plans-lines"
@@ -42,6 +42,7 @@ TABLE_ROWS = 2_000  # past these, the CSV has the rest (a browser lays out a lon
 COMPARED = 3  # the best plans the compare command on the page puts beside the scenario's own
 _CONFIG = {"displaylogo": False, "responsive": True}
 _FITS, _UNFIT, _OWN = "#59a14f", "#e15759", "#f28e2b"
+_FIND = object()  # scatter_figure's own plan: found from the sweep
 _OPTIONS = ("#4e79a7", "#b07aa1", "#2f4b7c", "#9c755f", "#76b7b2")  # the guide's options, one colour each
 
 _PAGE_CSS = """
@@ -76,28 +77,33 @@ def _hover(sweep: dict[str, Any], r: dict[str, Any], note: str = "") -> str:
             + (f"<br>{html.escape(note)}" if note else ""))
 
 
-def own_plan(sweep: dict[str, Any]) -> int | None:
-    """The plan that is the scenario as its file has it: an advice's first; in a sweep, the
-    plan whose every change is the scenario's own value (validated, its topology's included),
-    if one is; else None."""
-    if "own_plan" in sweep:
-        return sweep["own_plan"]
+def scenario_config(sweep: dict[str, Any]) -> dict[str, Any]:
+    """The swept scenario's config as validated, its topology's fields included
+    (:func:`clustersim.output.compare.effective_config`): what a plan's changes are compared with."""
     from ..config import load_scenario
     from .compare import effective_config
 
-    base = effective_config(load_scenario(sweep["scenario"]))
+    return effective_config(load_scenario(sweep["scenario"]))
+
+
+def own_plan(sweep: dict[str, Any], base: dict[str, Any] | None = None) -> int | None:
+    """The plan that is the scenario as its file has it: an advice's first; in a sweep, the
+    plan whose every change is the scenario's own value (``base``: :func:`scenario_config`,
+    worked out where not given), if one is; else None."""
+    if "own_plan" in sweep:
+        return sweep["own_plan"]
+    base = scenario_config(sweep) if base is None else base
     return next((r["plan"] for r in sweep["plans"] if r["status"] == "ok"
                  and all(value_at(base, k) == v for k, v in r["changes"].items())), None)
 
 
-def _notes(sweep: dict[str, Any]) -> dict[int, str]:
-    """A plan's notes: the scenario's own, and under an advice the guide's options it is."""
-    own = own_plan(sweep)
+def _notes(sweep: dict[str, Any], own: int | None) -> dict[int, str]:
+    """A plan's notes: the scenario's own (plan ``own``), and under an advice the guide's options it is."""
     return {r["plan"]: "; ".join((["the scenario's plan"] if r["plan"] == own else []) + r.get("guide_options", []))
             for r in sweep["plans"] if r["status"] == "ok"}
 
 
-def scatter_figure(sweep: dict[str, Any]) -> dict[str, Any]:
+def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> dict[str, Any]:
     """tokens/s per GPU against peak memory per GPU, one point per plan simulated: those that
     fit and those that do not apart, the best plans numbered, the GPU's capacity dashed; for an
     advice, each of the guide's options at its best plan and the scenario's own plan marked.
@@ -107,7 +113,8 @@ def scatter_figure(sweep: dict[str, Any]) -> dict[str, Any]:
     its peak), so the plans that fit are not squeezed against the left."""
     rows = {r["plan"]: r for r in sweep["plans"]}
     ranked = [rows[n] for n in sweep["ranking"]]
-    notes = _notes(sweep)
+    own = own_plan(sweep) if own is _FIND else own
+    notes = _notes(sweep, own)
     caps = sorted({r["capacity_bytes"] for r in ranked if r["capacity_bytes"]})
     fit_peaks = [r["peak_bytes"] for r in ranked if r["fits"]]
     peaks = [r["peak_bytes"] for r in ranked]
@@ -135,12 +142,12 @@ def scatter_figure(sweep: dict[str, Any]) -> dict[str, Any]:
                                 "line": {"width": 2}},
                      "hovertext": [f"the guide's \u201c{html.escape(o['option'])}\u201d at its best<br>"
                                    + _hover(sweep, r)], "hoverinfo": "text"})
-    own = rows.get(own_plan(sweep))
-    if own is not None and own["status"] == "ok":
+    mine = rows.get(own)
+    if mine is not None and mine["status"] == "ok":
         data.append({"type": "scatter", "mode": "markers", "name": "the scenario's plan",
-                     "x": [x_of(own)], "y": [own["tokens_per_s_per_gpu"]],
+                     "x": [x_of(mine)], "y": [mine["tokens_per_s_per_gpu"]],
                      "marker": {"color": _OWN, "symbol": "star-open", "size": 18, "line": {"width": 2}},
-                     "hovertext": ["the scenario's plan<br>" + _hover(sweep, own)], "hoverinfo": "text"})
+                     "hovertext": ["the scenario's plan<br>" + _hover(sweep, mine)], "hoverinfo": "text"})
     ys = [r["tokens_per_s_per_gpu"] for r in ranked] or [0.0]
     notes_text = _point_labels([r for r in ranked if r["fits"]][:LABELLED], x_of, end / GiB, max(ys) - min(ys))
     shapes = [{"type": "line", "xref": "x", "x0": c / GiB, "x1": c / GiB, "yref": "paper", "y0": 0, "y1": 1,
@@ -219,29 +226,22 @@ def split_figure(sweep: dict[str, Any], shown: int = SPLIT_SHOWN) -> dict[str, A
     # (escaped: plotly draws a category's tags, and a swept value is the user's text)
     names = [html.escape(f"#{r['plan']} {plan_text(sweep, r)}" + ("" if r["fits"] else " (does not fit)"))
              for r in best]
-    data = []
-    for key, label, colour in _PARTS:
-        xs = [r["exposed_comm_s"]["total"] if key == "exposed_comm_s" else r[key] for r in best]
-        data.append({"type": "bar", "orientation": "h", "name": label, "x": xs, "y": names,
-                     "marker": {"color": colour}, "hovertemplate": f"{label}: %{{x:.3f}} s<extra>%{{y}}</extra>"})
-    return {"data": data, "layout": _small_layout(
-        100 + 24 * len(best), barmode="stack", margin={"l": 10, "r": 20, "t": 34, "b": 44},
-        xaxis={"title": {"text": "seconds per step (mean GPU)"}, "rangemode": "tozero"},
-        yaxis={"autorange": "reversed", "type": "category", "automargin": True})}
+    return parts_figure(names, [{"compute_s": r["compute_s"], "exposed_comm_s": r["exposed_comm_s"]["total"],
+                                 "bubble_s": r["bubble_s"], "step_time_s": r["step_time_s"]} for r in best], 24)
 
 
-def _best_changes(sweep: dict[str, Any], most: int) -> list[tuple[int, list[tuple[str, Any]]]]:
+def _best_changes(sweep: dict[str, Any], most: int,
+                  base: dict[str, Any] | None = None) -> list[tuple[int, list[tuple[str, Any]]]]:
     """The best ``most`` plans that fit, each with those of its changes that change the
     scenario as validated, its topology's fields included (an advice sets every key it
     searched: ``parallel.sp: null`` where the file leaves SP at its default changes nothing;
     ``cluster.node.nic.bw_Gbps=400`` on a topology of 400 neither); a plan left as the
-    scenario is has none."""
-    from ..config import load_scenario
+    scenario is has none. ``base``: :func:`scenario_config`, worked out where not given."""
     from ..overrides import load_variant
     from .compare import effective_config
 
     path = sweep["scenario"]
-    base = effective_config(load_scenario(path))
+    base = scenario_config(sweep) if base is None else base
     rows = {r["plan"]: r for r in sweep["plans"]}
     out = []
     for n in (n for n in sweep["ranking"] if rows[n]["fits"]):
@@ -263,10 +263,12 @@ def _shell_word(text: str) -> str:
     return shlex.quote(text)
 
 
-def compare_command(sweep: dict[str, Any], most: int = COMPARED) -> str | None:
+def compare_command(sweep: dict[str, Any], most: int = COMPARED, best: list | None = None) -> str | None:
     """The ``compare`` command that puts the best plans that fit (at most ``most``) beside the
-    scenario as its file has it, each as a variant; None when none fits but the file's own."""
-    best = [changes for _, changes in _best_changes(sweep, most + 1) if changes][:most]
+    scenario as its file has it, each as a variant; None when none fits but the file's own.
+    ``best``: :func:`_best_changes` of ``most + 1`` plans or more, worked out where not given."""
+    best = _best_changes(sweep, most + 1) if best is None else best
+    best = [changes for _, changes in best if changes][:most]
     if not best:
         return None
     words = ["python", "-m", "clustersim", "compare", sweep["scenario"]]
@@ -275,10 +277,10 @@ def compare_command(sweep: dict[str, Any], most: int = COMPARED) -> str | None:
     return " ".join(map(_shell_word, words)) + " --out compare_best"
 
 
-def run_command(sweep: dict[str, Any]) -> str | None:
+def run_command(sweep: dict[str, Any], best: list | None = None) -> str | None:
     """The ``run`` command of the best plan that fits (its report and trace file); None when
-    none fits."""
-    best = _best_changes(sweep, 1)
+    none fits. ``best``: :func:`_best_changes`, worked out where not given."""
+    best = _best_changes(sweep, 1) if best is None else best
     if not best:
         return None
     n, changes = best[0]
@@ -287,11 +289,11 @@ def run_command(sweep: dict[str, Any]) -> str | None:
     return " ".join(map(_shell_word, words)) + f" --out best_plan_{n}"
 
 
-def _table_html(sweep: dict[str, Any]) -> str:
+def _table_html(sweep: dict[str, Any], own: int | None) -> str:
     """Every simulated plan, best first, in the terminal's columns (plans that do not fit greyed)."""
     rows = {r["plan"]: r for r in sweep["plans"]}
     cols = table_columns(sweep)
-    notes = _notes(sweep)
+    notes = _notes(sweep, own)
     notes = notes if any(notes.values()) else None
     more = {n: also_set(sweep, rows[n]) for n in sweep["ranking"][:TABLE_ROWS]}
     e = html.escape
@@ -331,6 +333,8 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
     e = html.escape
     title = f"clustersim · {what} {sweep['scenario']}"
     body = [f"<h1>{e(title)}</h1>", f'<pre class="terminal">{e(terminal)}</pre>']
+    base = scenario_config(sweep)  # (the scenario loaded once for the page)
+    own = own_plan(sweep, base)
     rows = {r["plan"]: r for r in sweep["plans"]}
     fitting = [n for n in sweep["ranking"] if rows[n]["fits"]]
     if sweep["ranking"] and not fitting:
@@ -340,13 +344,13 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
                     f'{low["peak_bytes"] / GiB:.1f} GiB. Their steps are what they would take if they fit.</p>')
     if sweep["ranking"]:
         body += ["<h2>Tokens/s per GPU against peak memory</h2>",
-                 plot_div(scatter_figure(sweep), SCATTER_DIV_ID, _CONFIG),
+                 plot_div(scatter_figure(sweep, own), SCATTER_DIV_ID, _CONFIG),
                  "<p class=\"note\">One point per plan simulated; hover for its plan and figures. "
                  + ("The best plan is the highest point left of the capacity line" if fitting else
                     "No plan fits: every point is right of the capacity line")
                  + (": the diamonds mark each of the guide's options at its best plan, the star the scenario's own"
                     if "options" in sweep else "; the star is the scenario as its file has it"
-                    if own_plan(sweep) is not None else "") + ".</p>"]
+                    if own is not None else "") + ".</p>"]
         lines = lines_figure(sweep) if "options" not in sweep else None  # (an advice searches too many keys)
         if lines is not None:
             key, fig = lines
@@ -359,7 +363,8 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
                  plot_div(split, SPLIT_DIV_ID, _CONFIG),
                  "<p class=\"note\">Per GPU, the mean over GPUs: compute, the communication the compute stream "
                  "waited for, and the bubble (idle) add up to the step.</p>"]
-    cmd, run = compare_command(sweep), run_command(sweep)
+    best = _best_changes(sweep, COMPARED + 1, base)  # (each loaded once for both commands)
+    cmd, run = compare_command(sweep, best=best), run_command(sweep, best=best)
     if cmd is not None or run is not None:
         body.append("<h2>Next</h2>")
     if run is not None:
@@ -369,7 +374,7 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
         body += ["<p class=\"note\">The best plans that fit side by side with the scenario as its file has it: their "
                  "timelines, memory and exposed communication on one page (compare_best/compare.html):</p>",
                  f'<code class="cmd">{e(cmd)}</code>']
-    body += [_table_html(sweep), _refused_html(sweep)]
+    body += [_table_html(sweep, own), _refused_html(sweep)]
     return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{e(title)}</title>\n<style>{_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"
