@@ -894,13 +894,12 @@ def _build_checked(topo: TopologyCfg, own: int, source: str, overrides: dict[str
         if m and int(m.group(1)) >= own:
             raise ConfigError(exc.message, source=source,
                               field=f"cluster.what_if[{int(m.group(1)) - own}]{m.group(2)}") from None
-        if overrides and topo_path is not None and _fine_alone(topo_path):
-            if list(overrides) == ["nodes"]:
-                raise ConfigError(f"{exc.field}: {exc.message} (topology {topo_path}, cluster.nodes={overrides['nodes']})",
-                                  source=source, field="cluster.nodes") from None
-            what = ", ".join(f"cluster.{k}={short_repr(v)}" for k, v in _flat_items(overrides))
-            raise ConfigError(f"{exc.field}: {exc.message} (topology {topo_path}, with {what})",
-                              source=source, field="cluster") from None
+        if topo_path is not None:
+            # the entry is the file's, not a change's: the scenario's only where the file alone is sound
+            entry = ConfigError(f"{exc.field}: {exc.message}", source=exc.source)
+            blamed = _scenarios_error(entry, overrides or {}, topo_path, source)
+            if blamed is not entry:
+                raise blamed from None
         raise
 
 
