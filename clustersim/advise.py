@@ -23,7 +23,10 @@ own schedule (1F1B alone where it is a custom file; interleaving with the scenar
 2, as far as the layers allow), and its other settings where the plan allows them (DeepEP's
 experts whole on each rank). ``--vary KEY=V1,V2`` replaces a dimension's values (``--vary
 parallel.tp=8``) or adds one (``--vary parallel.schedule=1f1b,interleaved``). Plans the
-scenario's rules refuse are counted, not simulated. The scenario's own plan is plan 1.
+scenario's rules refuse are counted, not simulated; so are plans certain not to fit in memory
+(``api.memory_floor``: weights, gradients, optimizer states and the activations the schedule
+holds, a lower bound of the simulated peak), unless ``--simulate-unfit``. The scenario's own
+plan is plan 1, always simulated.
 
 The guide's rule for the case (``../shared/reference/parallelism-guide.txt``, "Choose your
 parallelism technique"), by the model's parameters N and the GPUs G::
@@ -269,7 +272,7 @@ REFINE_WITHIN = 0.7  # coarse to fine: the shapes refined give at least this sha
 
 
 def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jobs: int = 1, budget: int = 200,
-               refine: int = 24, progress=None) -> dict[str, Any]:
+               refine: int = 24, progress=None, prune: bool = True) -> dict[str, Any]:
     """Search the plans for the scenario ``path`` (``vary``: dimensions replaced or added),
     simulate them and check the guide's rule; what advise.json holds.
 
@@ -278,7 +281,9 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
     with the settings that save the most memory (:func:`memory_settings`; a shape that does
     not fit with them fits with none), then with every other setting the shapes that fit and
     give at least REFINE_WITHIN of the best one's tokens/s, at most ``refine`` of them, and
-    the best two of each of the guide's options (so that each option is judged at its best)."""
+    the best two of each of the guide's options (so that each option is judged at its best).
+    ``prune``: plans certain not to fit in memory (``api.memory_floor``) are listed as such and
+    not simulated, except the scenario's own."""
     from .config import load_scenario
     from .model.transformer import total_params
 
@@ -339,30 +344,33 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
 
     rows: dict[int, dict[str, Any]] = {}
     if every:
-        simulate_plans(path, data, first + more_of(sorted(rest)), rows, jobs=jobs, progress=progress)
+        simulate_plans(path, data, first + more_of(sorted(rest)), rows, jobs=jobs, progress=progress, prune=prune,
+                       keep=own.number)
     else:
-        simulate_plans(path, data, first, rows, jobs=jobs, progress=progress)
+        simulate_plans(path, data, first, rows, jobs=jobs, progress=progress, prune=prune, keep=own.number)
         fit = [n for n in ranking(list(rows.values())) if rows[n].get("fits") and n in rest]
         pick = [n for n in fit if rows[n]["tokens_per_s"] >= REFINE_WITHIN * rows[fit[0]]["tokens_per_s"]][:refine] \
             if fit else []
         for opt in rule.options:
             pick += [n for n in fit if n not in pick and could_be(opt, n)][:2]
-        simulate_plans(path, data, more_of(sorted(pick)), rows, jobs=jobs, progress=progress)
+        simulate_plans(path, data, more_of(sorted(pick)), rows, jobs=jobs, progress=progress, prune=prune)
     ordered = [rows[n] for n in sorted(rows)]
     ranked = ranking(ordered)
     by_number = {r["plan"]: r for r in ordered}
     for r in ordered:
-        if r["status"] == "ok":
+        if r["status"] in ("ok", "unfit"):
             v = values_of(r, par, tr)
             r["guide_options"] = [o.name for o in rule.options if o.test(v)]
     options = []
     for opt in rule.options:
         mine = [n for n in ranked if opt.name in by_number[n]["guide_options"]]
         fit = [n for n in mine if by_number[n]["fits"]]
-        options.append({"option": opt.name, "best": fit[0] if fit else None, "plans": len(mine)})
+        unfit = sum(1 for r in ordered if r["status"] == "unfit" and opt.name in r["guide_options"])
+        options.append({"option": opt.name, "best": fit[0] if fit else None, "plans": len(mine) + unfit})
     return {"scenario": str(path), "params": params, "gpus": sc.mesh.world_size,
             "gpus_per_node": sc.topology.node.gpus, "guide": rule.says, "options": options, "vary": space,
             "shapes": len(rest), "searched": searched, "coarse_to_fine": not every, "own_plan": 1, "dp_follows": True,
+            "pruned": prune,
             "plans": ordered,
             "ranking": ranked}
 

@@ -151,6 +151,33 @@ def _statics(low: Lowering) -> list[StageStatic]:
     return out
 
 
+def memory_floor(sc: Scenario) -> dict[str, Any]:
+    """The least peak memory per GPU the step can have, known before it is lowered: for each
+    pipeline stage (``_statics``; its issue order, ``analysis.memory.activation_floor_bytes``)::
+
+        floor  =  params + grads + optimizer + transient  +  activation floor
+        simulated peak  =  params + grads + optimizer + transient  +  max_t (act + buf + rec)
+                        >= floor
+
+    ``fits`` false means no simulation of the plan can fit (advise leaves such plans out).
+    {"peak_bytes": the highest stage's floor, "stage": that stage, "capacity_bytes", "fits"}."""
+    from .analysis.memory import activation_floor_bytes
+    from .program.lower import lowering
+
+    low = lowering(sc, collapse=True)
+    s = low.schedule
+    best = None
+    for st in _statics(low):
+        place = {j: i for i, j in enumerate(low.parts_of[st.stage])}
+        act = activation_floor_bytes(s.actions[st.stage], lambda k: place[s.stage_part[k]],
+                                     [p.activation_bytes_per_mb for p in st.parts])
+        floor = st.param_bytes + st.grad_bytes + st.optimizer_bytes + st.transient_bytes + act
+        if best is None or floor > best[0]:
+            best = (floor, st.stage)
+    capacity = sc.cluster.gpu.hbm_capacity_bytes
+    return {"peak_bytes": best[0], "stage": best[1], "capacity_bytes": capacity, "fits": best[0] <= capacity}
+
+
 def projection(sc: Scenario, tokens_per_s: float) -> dict[str, Any]:
     """A whole run at this step's speed (``projection`` of the scenario)::
 

@@ -351,7 +351,8 @@ def cmd_advise(args) -> int:
     _given_scenario(args.scenario)
     varies = [parse_vary(v, source="command line") for v in args.vary or []]
     return _search(args, varies, ADVISE_FILES, "search", 12,
-                   lambda jobs, progress: run_advise(args.scenario, varies, jobs=jobs, progress=progress), format_advice)
+                   lambda jobs, progress: run_advise(args.scenario, varies, jobs=jobs, progress=progress,
+                                                     prune=not args.simulate_unfit), format_advice)
 
 
 def _search(args, varies: list, files: tuple[str, str, str], what: str, width: int, run, fmt) -> int:
@@ -458,7 +459,7 @@ def cmd_sweep(args) -> int:
                           f"{MAX_SWEEP_PLANS:,}", source=src, field="--vary")
     return _search(args, varies, SWEEP_FILES, "sweep", 16,
                    lambda jobs, progress: run_sweep(args.scenario, varies, jobs=jobs, progress=progress,
-                                                    paired=args.zip), format_sweep)
+                                                    paired=args.zip, prune=args.skip_unfit), format_sweep)
 
 
 def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
@@ -665,6 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--zip", action="store_true",
                     help="pair the --vary lists value by value, one plan per position, instead of every combination "
                          "(e.g. --vary cluster.nodes=4,8,16 --vary training.global_batch_size=64,128,256: weak scaling)")
+    sw.add_argument("--skip-unfit", action="store_true",
+                    help="list the plans certain not to fit in GPU memory (their weights, gradients, optimizer states "
+                         "and the activations their schedule holds exceed it) without simulating them")
     sw.add_argument("--out", help="write sweep.json, sweep.csv (every plan, refused ones with the rule) and sweep.html "
                                   "(every plan on one page: tokens/s against memory, the best plans' steps split) into "
                                   "this folder")
@@ -680,6 +684,9 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
                                                             "most: the CPUs; the results do not depend on it)")
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
+    adv.add_argument("--simulate-unfit", action="store_true",
+                     help="simulate the plans certain not to fit in GPU memory too (by default they are listed, "
+                          "not simulated: the step they would take if they fit)")
     adv.add_argument("--out", help="write advise.json, advise.csv (every plan searched) and advise.html (every plan "
                                    "on one page, the guide's options marked) into this folder")
     adv.set_defaults(func=cmd_advise)

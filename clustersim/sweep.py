@@ -140,17 +140,24 @@ def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: in
     return Plan(plan.number, plan.changes + [(DP, gpus // mesh)]), None
 
 
-def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool]) -> dict[str, Any]:
-    """Simulate one plan (a worker's job): its row, ``status`` ok or refused (with the rule's
-    ``reason``, the field and message of the ConfigError)."""
-    from .api import simulate
+def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str, Any]:
+    """Simulate one plan (a worker's job): its row, ``status`` ok, refused (with the rule's
+    ``reason``, the field and message of the ConfigError) or, where the job says to prune,
+    unfit: certain not to fit in memory (``api.memory_floor``), not simulated, with the floor
+    as its ``peak_bytes``."""
+    from .api import memory_floor, simulate
     from .output.compare import step_split
     from .overrides import load_variant
 
-    path, data, plan, fork = job
+    path, data, plan, fork, prune = job
     row: dict[str, Any] = {"plan": plan.number, "changes": dict(plan.changes)}
     try:
-        s = simulate(load_variant(path, plan.changes, data), fork=fork, brief=True).summary
+        sc = load_variant(path, plan.changes, data)
+        floor = memory_floor(sc) if prune else None
+        if floor is not None and not floor["fits"]:
+            return {**row, "status": "unfit", "peak_bytes": floor["peak_bytes"], "capacity_bytes": floor["capacity_bytes"],
+                    "fits": False, "reason": unfit_reason(floor)}
+        s = simulate(sc, fork=fork, brief=True).summary
     except ConfigError as exc:
         return {**row, "status": "refused", "reason": ": ".join(p for p in (exc.field, exc.message) if p)}
     split = step_split(s)
@@ -160,12 +167,24 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool]) -> dict[str, Any]
             "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"]}
 
 
+UNFIT_WHY = "weights, gradients, optimizer states and the activations the schedule holds alone exceed it"
+
+
+def unfit_reason(floor: dict[str, Any]) -> str:
+    """Why a plan left out by its memory floor cannot fit, in a line."""
+    from .output.summary import GiB
+
+    return (f"needs at least {floor['peak_bytes'] / GiB:.1f} GiB a GPU (stage {floor['stage']}), more than the GPU's "
+            f"{floor['capacity_bytes'] / GiB:.1f} GiB")
+
+
 def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, progress=None,
-              paired: bool = False) -> dict[str, Any]:
+              paired: bool = False, prune: bool = False) -> dict[str, Any]:
     """Simulate every plan of the sweep of ``path`` over ``varies`` (``paired``: the values
-    taken together, see :func:`plans_of`); the sweep as sweep.json holds it: the file, the
-    keys and values, whether they are paired, whether dp follows, every plan's row in plan
-    order and the ranking (plan numbers, best first)."""
+    taken together, see :func:`plans_of`; ``prune``: plans certain not to fit in memory are
+    listed as such, not simulated); the sweep as sweep.json holds it: the file, the keys and
+    values, whether they are paired, whether dp follows, whether it pruned, every plan's row
+    in plan order and the ranking (plan numbers, best first)."""
     from .config import load_scenario
 
     data = read_yaml(Path(path), what="scenario")
@@ -184,21 +203,23 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
                                      "reason": why}
                 continue
         todo.append(plan)
-    simulate_plans(path, data, todo, rows, jobs=jobs, progress=progress)
+    simulate_plans(path, data, todo, rows, jobs=jobs, progress=progress, prune=prune)
     ordered = [rows[n] for n in sorted(rows)]
     return {"scenario": str(path), "vary": {k: v for k, v in varies}, "paired": paired, "dp_follows": dp_follows,
-            "plans": ordered, "ranking": ranking(ordered)}
+            "pruned": prune, "plans": ordered, "ranking": ranking(ordered)}
 
 
 def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dict[int, dict[str, Any]], *,
-                   jobs: int = 1, progress=None) -> None:
+                   jobs: int = 1, progress=None, prune: bool = False, keep: int | None = None) -> None:
     """Simulate ``plans`` (the file ``path``, read as ``data``, with each plan's changes), in
     ``jobs`` forked processes where more than one, adding each plan's row to ``rows`` (which
-    may hold refused plans already) by its number. ``progress(done, total)`` after each."""
+    may hold refused plans already) by its number. ``progress(done, total)`` after each.
+    ``prune``: a plan certain not to fit is not simulated (:func:`simulate_plan`), but plan
+    number ``keep`` (advise's own plan) always is."""
     total = len(plans) + len(rows)
     jobs = min(jobs, len(plans))
     # (one process: each plan may fork the process that simulates its shorter step, as run does)
-    todo = [(path, data, plan, jobs <= 1) for plan in plans]
+    todo = [(path, data, plan, jobs <= 1, prune and plan.number != keep) for plan in plans]
     pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) if jobs > 1 else None
     done = False
     try:
@@ -302,6 +323,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
     rows = {r["plan"]: r for r in sweep["plans"]}
     n, done = len(rows), len(sweep["ranking"])
     refused = [r for r in sweep["plans"] if r["status"] == "refused"]
+    unfit = [r for r in sweep["plans"] if r["status"] == "unfit"]
     heads = _heads(keys)
     cols = table_columns(sweep)
     shown = [rows[p] for p in sweep["ranking"][:top]]
@@ -315,17 +337,21 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
     if done > len(shown):
         lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:
-        lines.append("no plan could be simulated")
+        lines.append("no plan simulated: each is certain not to fit or refused" if unfit else
+                     "no plan could be simulated")
     elif not rows[sweep["ranking"][0]]["fits"]:
         lines.append("none fits in memory: each step is what it would take if it did")
-    if refused:
-        lines.append(f"refused by the scenario's rules: {len(refused):,} of {n:,}")
-        shown_n = top if refused_shown is None else refused_shown
-        for r in refused[:shown_n]:
+    shown_n = top if refused_shown is None else refused_shown
+    for left, head, why in ((unfit, "certain not to fit in memory, not simulated", UNFIT_WHY),
+                            (refused, "refused by the scenario's rules", "")):
+        if not left:
+            continue
+        lines.append(f"{head}: {len(left):,} of {n:,}" + (f" ({why})" if why else ""))
+        for r in left[:shown_n]:
             what = " ".join(f"{h}={_cell(r['changes'].get(k))}" for h, k in zip(heads, keys) if k in r["changes"])
             lines.append(f"  {what}: {r['reason']}")
-        if len(refused) > shown_n:
-            lines.append(f"  ... and {len(refused) - shown_n:,} more ({files.replace('.csv', '.json')})")
+        if len(left) > shown_n:
+            lines.append(f"  ... and {len(left) - shown_n:,} more ({files.replace('.csv', '.json')})")
     return lines
 
 

@@ -204,3 +204,39 @@ def test_a_scenario_reducing_after_the_backward_keeps_its_zero3_plans(root, tmp_
     assert zero3 and all(r["status"] == "ok" and r["changes"]["parallel.overlap_grad_reduce"] is None for r in zero3)
     others = [r for r in adv["plans"] if r["changes"].get("parallel.zero") in (1, 2)]
     assert others and all("parallel.overlap_grad_reduce" not in r["changes"] for r in others)
+
+
+def test_plans_certain_not_to_fit_are_listed_not_simulated(root, tmp_path):
+    """A plan whose memory floor (weights, gradients, optimizer states and the activations
+    its schedule holds) exceeds the GPU is left out of the simulation and listed with its
+    floor; simulated anyway (``--simulate-unfit``), it does not fit and peaks above the floor,
+    and the plans that fit come out the same."""
+    vary = [("parallel.tp", [1, 2]), ("parallel.pp", [1])]
+    pruned = run_advise(str(root / SMALL), vary)
+    whole = run_advise(str(root / SMALL), vary, prune=False)
+    assert pruned["pruned"] and not whole["pruned"]
+    unfit = [r for r in pruned["plans"] if r["status"] == "unfit"]
+    assert unfit and all(r["plan"] != 1 for r in unfit)
+    rows = {r["plan"]: r for r in whole["plans"]}
+    for r in unfit:
+        sim = rows[r["plan"]]
+        assert r["changes"] == sim["changes"] and r["fits"] is False and sim["fits"] is False
+        assert sim["capacity_bytes"] == r["capacity_bytes"] < r["peak_bytes"] <= sim["peak_bytes"]
+        assert f"needs at least {r['peak_bytes'] / 2**30:.1f} GiB a GPU" in r["reason"]
+        assert "step_time_s" not in r
+    # the plans that fit: the same rows, the same ranking
+    assert [n for n in whole["ranking"] if rows[n]["fits"]] == pruned["ranking"]
+    for r in pruned["plans"]:
+        if r["status"] == "ok":
+            assert r == rows[r["plan"]]
+    # an option whose plans are all left out is said not to fit, not to be missing
+    for o, w in zip(pruned["options"], whole["options"]):
+        assert (o["option"], o["best"], o["plans"]) == (w["option"], w["best"], w["plans"])
+    out = tmp_path / "adv"
+    r = run_cli("advise", SMALL, "--vary", "parallel.tp=1,2", "--vary", "parallel.pp=1", "--out", out, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert f"certain not to fit in memory, not simulated: {len(unfit)} of {len(pruned['plans'])}" in r.stdout
+    assert unfit[0]["reason"] in r.stdout
+    page = (out / "advise.html").read_text()
+    assert "Certain not to fit in memory, not simulated" in page and html.escape(unfit[0]["reason"]) in page
+    assert "unfit" in (out / "advise.csv").read_text()

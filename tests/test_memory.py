@@ -510,3 +510,49 @@ def test_bf16_moments_keep_8_bytes_of_optimizer_state_a_parameter(zero):
 
     assert optimizer_bytes("bf16") == 8 and optimizer_bytes("fp32") == 12
     assert adam_step_time_s(1e9, gpu, 4, 8) / adam_step_time_s(1e9, gpu, 4, 12) == pytest.approx(22 / 30, rel=1e-12)
+
+
+FLOOR_CASES = {**CASES,
+               "zb-h1": dict(parallel={"tp": 4, "pp": 2, "dp": 1, "schedule": "zb-h1"}, training={"global_batch_size": 8}),
+               "dualpipe": dict(parallel={"tp": 2, "pp": 4, "dp": 1, "schedule": "dualpipe"},
+                                training={"global_batch_size": 8}),
+               "zero3": dict(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 3}, training={"global_batch_size": 16}),
+               "zero2-full": dict(parallel={"tp": 2, "pp": 2, "dp": 2, "zero": 2},
+                                  training={"global_batch_size": 16, "recompute": "full"})}
+
+
+@pytest.mark.parametrize("case", FLOOR_CASES)
+def test_memory_floor_is_below_the_simulated_peak(case):
+    """``api.memory_floor``, known before the step is lowered, is a lower bound of every
+    stage's simulated peak and no looser than its static bytes plus one microbatch's
+    activations: advise leaves out the plans whose floor exceeds the GPU."""
+    from clustersim.api import memory_floor
+
+    sections = FLOOR_CASES[case]
+    par = scenario_dict(**sections)["parallel"]
+    sections = {**sections, "cluster": {"nodes": max(1, par["tp"] * par["pp"] * par["dp"] // 8)}}
+    sc = clustersim.load_scenario(scenario_dict(**sections), base_dir=ROOT)
+    floor = memory_floor(sc)
+    mem = clustersim.simulate(sc).summary["memory"]
+    assert floor["capacity_bytes"] == mem["capacity_bytes"] and floor["fits"] == (floor["peak_bytes"] <= mem["capacity_bytes"])
+    assert floor["peak_bytes"] <= mem["peak_bytes"] * (1 + 1e-12)
+    st = mem["stages"][floor["stage"]]
+    assert floor["peak_bytes"] >= static(st) + st["transient_bytes"] + st["activation_bytes_per_microbatch"]
+    assert floor["peak_bytes"] >= max(static(s) + s["transient_bytes"] for s in mem["stages"])
+
+
+@pytest.mark.parametrize("schedule, m, held", [("1f1b", 8, 2), ("1f1b", 4, 2), ("gpipe", 8, 8), ("gpipe", 4, 4)])
+def test_memory_floor_holds_the_schedule_s_microbatches(schedule, m, held):
+    """Stage 0 of two holds min(p, m) microbatches' activations under 1F1B, m under GPipe
+    (Narayanan et al. SC'21, Sec 2.2), stage 1 one and m: the floor counts them from the
+    issue order alone, the highest stage's."""
+    from clustersim.api import memory_floor
+
+    sc = clustersim.load_scenario(scenario_dict(parallel={"tp": 4, "pp": 2, "dp": 1, "schedule": schedule},
+                                                training={"global_batch_size": m}, cluster={"nodes": 1}), base_dir=ROOT)
+    floor = memory_floor(sc)
+    stages = clustersim.simulate(sc).summary["memory"]["stages"]
+    assert stages[0]["inflight_microbatches"] == held
+    each = [static(st) + st["transient_bytes"] + st["inflight_microbatches"] * st["activation_bytes_per_microbatch"]
+            for st in stages]
+    assert floor["peak_bytes"] == pytest.approx(max(each), rel=1e-12) and floor["stage"] == each.index(max(each))

@@ -225,3 +225,29 @@ def test_paired_values_are_one_plan_each(root):
     r = run_cli("sweep", "scenarios/llama2_70b_64gpu.yaml", "--vary", "cluster.nodes=4,8", "--vary",
                 "training.global_batch_size=64", "--zip", cwd=root)
     assert r.returncode == 2 and "--zip: pairs the --vary lists value by value" in r.stderr and r.stdout == ""
+
+
+def test_skip_unfit_lists_the_plans_that_cannot_fit(root, tmp_path):
+    """``--skip-unfit``: a plan whose memory floor exceeds the GPU is listed with it, not
+    simulated; simulated, it does not fit and peaks above it. The rest is the same sweep."""
+    from clustersim.sweep import run_sweep
+
+    vary = [("parallel.zero", [1, 2, 3]), ("training.recompute", ["none", "full"])]
+    whole = run_sweep(str(root / ZERO3), vary)
+    pruned = run_sweep(str(root / ZERO3), vary, prune=True)
+    rows = {r["plan"]: r for r in whole["plans"]}
+    unfit = [r for r in pruned["plans"] if r["status"] == "unfit"]
+    assert [r["changes"] for r in unfit] == [{"parallel.zero": 1, "training.recompute": "none"}]
+    (r,) = unfit
+    assert rows[r["plan"]]["fits"] is False and r["capacity_bytes"] < r["peak_bytes"] <= rows[r["plan"]]["peak_bytes"]
+    assert pruned["ranking"] == [n for n in whole["ranking"] if n != r["plan"]]
+    assert all(x == rows[x["plan"]] for x in pruned["plans"] if x["status"] == "ok")
+    out = tmp_path / "sw"
+    cli = run_cli("sweep", ZERO3, "--vary", "parallel.zero=1,2,3", "--vary", "training.recompute=none,full",
+                  "--skip-unfit", "--out", out, cwd=root)
+    assert cli.returncode == 0, cli.stderr
+    assert "certain not to fit in memory, not simulated: 1 of 6" in cli.stdout and r["reason"] in cli.stdout
+    assert json.loads((out / "sweep.json").read_text())["plans"] == pruned["plans"]
+    got = list(csv.DictReader(io.StringIO((out / "sweep.csv").read_text())))
+    assert [(x["status"], x["fits"], x["step_time_s"]) for x in got if x["plan"] == str(r["plan"])] == [
+        ("unfit", "False", "")]

@@ -240,6 +240,35 @@ def inflight_peak(trace: Trace, rank: int, parts: tuple[PartStatic, ...] = ()) -
     return peak_live(live_intervals(trace, rank, part_classifier(parts)), [0.0] * n)[0]
 
 
+def activation_floor_bytes(actions, part_of: Callable[[int], int], bytes_per_mb: list[float]) -> float:
+    """The least activation peak a pipeline rank can have, from its issue order alone, before
+    anything is simulated: the most, over its forwards, of what its parts hold as that
+    forward starts, counting a microbatch from its F to its B (``actions``: the rank's
+    schedule row; ``part_of``: a virtual stage's index into the rank's parts; ``bytes_per_mb``:
+    each part's bytes a microbatch)::
+
+        live_j(F_k)  =  F's of part j issued up to F_k  -  B's of part j issued before it
+        floor        =  max over F_k of  sum_j live_j(F_k) x bytes_j
+
+        1F1B stage 0 of p, m microbatches:  F0 F1 .. F(p-1) B0 F(p) B1 ...  ->  min(p, m) x bytes
+
+    A lower bound of the simulated peak's activations: one compute stream runs the row in
+    order, so as F_k starts every earlier F has started and no later B has ended. What it
+    leaves out only adds to the peak: W's inputs held after a split B, the buffers of
+    communications in flight, what a recomputing backward holds, an overlapped chunk's
+    backward freeing only when the chunk ends."""
+    live = [0] * len(bytes_per_mb)
+    best = 0.0
+    for a in actions:
+        if a.kind == "F":
+            live[part_of(a.stage)] += 1
+            # (summed afresh, as the memory timeline sums its parts: no drift from running sums)
+            best = max(best, sum(n * b for n, b in zip(live, bytes_per_mb)))
+        elif a.kind == "B":
+            live[part_of(a.stage)] -= 1
+    return best
+
+
 @dataclass
 class StageTimeline:
     """A rank's memory over the step, as steps: from ``t_s[i]`` until ``t_s[i+1]`` it holds

@@ -14,6 +14,7 @@ Layout::
     next: the best plan run, the best side by side   python -m clustersim run x.yaml --set "..."
                                                      python -m clustersim compare x.yaml --variant "..." ...
     every plan simulated, best first          the terminal's columns, and what else a plan sets
+    certain not to fit, not simulated         each plan with its memory floor (advise; sweep --skip-unfit)
     refused by the scenario's rules           each plan with its rule
 
 The figures are the sweep's own (sweep.json's rows); nothing is simulated here (the commands'
@@ -29,7 +30,7 @@ import shlex
 from typing import Any
 
 from ..overrides import changes_text
-from ..sweep import _cell, _columns, _heads, table_columns, value_at
+from ..sweep import UNFIT_WHY, _cell, _columns, _heads, table_columns, value_at
 from .report import _CSS, _plotlyjs_script, plot_div
 from .compare_page import _small_layout, parts_figure
 from .summary import GiB
@@ -316,15 +317,22 @@ def _table_html(sweep: dict[str, Any], own: int | None) -> str:
             "they would take if they fit).</p>")
 
 
-def _refused_html(sweep: dict[str, Any]) -> str:
-    refused = [r for r in sweep["plans"] if r["status"] == "refused"]
-    if not refused:
+def _left_out_html(sweep: dict[str, Any], status: str) -> str:
+    """The plans not simulated: refused by a rule, or (``unfit``) certain not to fit."""
+    left = [r for r in sweep["plans"] if r["status"] == status]
+    if not left:
         return ""
     e = html.escape
     rows = "".join(f'<tr><td>{r["plan"]}</td><td class="l">{e(plan_text(sweep, r))}</td>'
-                   f'<td class="l wide">{e(r["reason"])}</td></tr>' for r in refused[:TABLE_ROWS])
-    return (f"<h2>Refused by the scenario's rules: {len(refused):,} of {len(sweep['plans']):,}</h2>"
-            f'<table><tr><th>#</th><th class="l">plan</th><th class="l wide">rule</th></tr>{rows}</table>')
+                   f'<td class="l wide">{e(r["reason"])}</td></tr>' for r in left[:TABLE_ROWS])
+    more = f'<p class="note">... and {len(left) - TABLE_ROWS:,} more in the JSON.</p>' if len(left) > TABLE_ROWS else ""
+    if status == "unfit":
+        head, col = f"Certain not to fit in memory, not simulated: {len(left):,} of {len(sweep['plans']):,}", "why"
+        more += f'<p class="note">Their {e(UNFIT_WHY)}: no simulation could make them fit.</p>'
+    else:
+        head, col = f"Refused by the scenario's rules: {len(left):,} of {len(sweep['plans']):,}", "rule"
+    return (f"<h2>{head}</h2>"
+            f'<table><tr><th>#</th><th class="l">plan</th><th class="l wide">{col}</th></tr>{rows}</table>{more}')
 
 
 def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
@@ -374,7 +382,7 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
         body += ["<p class=\"note\">The best plans that fit side by side with the scenario as its file has it: their "
                  "timelines, memory and exposed communication on one page (compare_best/compare.html):</p>",
                  f'<code class="cmd">{e(cmd)}</code>']
-    body += [_table_html(sweep, own), _refused_html(sweep)]
+    body += [_table_html(sweep, own), _left_out_html(sweep, "unfit"), _left_out_html(sweep, "refused")]
     return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{e(title)}</title>\n<style>{_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"

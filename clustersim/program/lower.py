@@ -1513,6 +1513,15 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
             like.resume = None  # (its copies are this lowering's now)
             return run_passes(low, kept), low
         return run_passes(low), low
+    low = lowering(sc, collapse=collapse, templates=templates, shorter=shorter)
+    return run_passes(low), low
+
+
+def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
+             shorter: PipelineSchedule | None = None) -> Lowering:
+    """The plan's lowering before its passes (:func:`lower`'s arguments): the per-part work,
+    the symmetry classes, the schedule's parts per rank and the settings, no task yet; what
+    is known of a step before it is lowered (``api.memory_floor`` reads it)."""
     mesh = sc.mesh
     cp_distinct, ep_distinct = sc.cfg.ranks_differ()
     collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
@@ -1525,7 +1534,7 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
     rank_work = {(c, e): [stage_work(sc, j, gpu, c, e) for j in range(sc.n_parts)]
                  for c in range(mesh.cp if cp_distinct else 1)
                  for e in range(mesh.ep if ep_distinct else 1)} if cp_distinct or ep_distinct else {}
-    low = Lowering(
+    return Lowering(
         mesh=mesh, schedule=sc.schedule, work=work, sym=sym, shorter=shorter,
         grad_bytes=GRAD_BYTES[sc.training.grad_dtype],
         optimizer_bytes=optimizer_bytes(sc.training.optimizer_moments_dtype),
@@ -1538,7 +1547,6 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
         overlap_grad_reduce=sc.parallel.overlap_grad_reduce,
         rank_work=rank_work, use_templates=templates, routing=moe.routing(sc.model.moe),
     )
-    return run_passes(low), low
 
 
 def run_passes(low: Lowering, kept: _Parting | None = None) -> Program:
