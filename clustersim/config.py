@@ -85,7 +85,8 @@ class ParallelCfg(Strict):
     overlap_grad_reduce: bool = pydantic.Field(
         default=True, description="reduce the gradients over DP bucket by bucket as the backward makes them final, "
         "beside it (PyTorch DDP and FSDP, DeepSpeed, Megatron-LM's --overlap-grad-reduce); false: each rank "
-        "reduces them after its last backward (under ZeRO-2, after each), as Megatron-LM does without that flag")
+        "reduces them after its last backward, each part's in one bucket (under ZeRO-2, after each, in buckets), as "
+        "Megatron-LM does without that flag")
     cp: int = pydantic.Field(default=1, ge=1, description="context parallelism: ranks that split each sequence")
     cp_comm: Literal["ring", "all_gather"] = "ring"
     cp_load_balance: bool = True

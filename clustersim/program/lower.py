@@ -1355,10 +1355,12 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
     Without ``overlap_grad_reduce`` every bucket waits for the rank's last compute so far:
     the action's last block under ZeRO-2 (called right after the action is lowered), the
     step's last backward otherwise (Megatron-LM's ``finalize_model_grads`` after the whole
-    forward-backward schedule; in 2021 its local DDP's ``allreduce_gradients``)::
+    forward-backward schedule; in 2021 its local DDP's ``allreduce_gradients``), where the
+    part's gradients are one bucket (Megatron-LM sets ``bucket_size`` to None, its contiguous
+    buffer reduced whole; :func:`lowering`)::
 
-        compute  ... [B mb7 L1][B mb7 L0]|                       [optimizer]
-        dp                                [AR b0][AR b1][AR b2]|
+        compute  ... [B mb7 L1][B mb7 L0]|                         [optimizer]
+        dp                                [AR grads bucket 0 .....]|
     """
     mesh = low.mesh
     op = "all_reduce" if low.zero == 0 else "reduce_scatter"
@@ -1539,7 +1541,10 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
         grad_bytes=GRAD_BYTES[sc.training.grad_dtype],
         optimizer_bytes=optimizer_bytes(sc.training.optimizer_moments_dtype),
         reduce_bytes=GRAD_BYTES[sc.training.reduced_grad_dtype],
-        dp_bucket_params=sc.training.dp_bucket_params,
+        # without overlap, Megatron-LM sets its bucket size to infinity (ZeRO 0/1: one reduction of
+        # each part's contiguous gradient buffer, dense and expert apart); ZeRO-2 keeps its buckets
+        dp_bucket_params=sc.training.dp_bucket_params if sc.parallel.overlap_grad_reduce or sc.parallel.zero == 2
+        else float("inf"),
         tied_embeddings=embedding_shared_with_last_part(sc.model),
         embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
