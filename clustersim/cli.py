@@ -685,8 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "most: the CPUs; the results do not depend on it)")
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
     adv.add_argument("--simulate-unfit", action="store_true",
-                     help="simulate the plans certain not to fit in GPU memory too (by default they are listed, "
-                          "not simulated: the step they would take if they fit)")
+                     help="simulate the plans certain not to fit in GPU memory too, for the step they would take "
+                          "if they fit (by default they are listed with their memory floor, not simulated)")
     adv.add_argument("--out", help="write advise.json, advise.csv (every plan searched) and advise.html (every plan "
                                    "on one page, the guide's options marked) into this folder")
     adv.set_defaults(func=cmd_advise)
