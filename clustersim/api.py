@@ -152,11 +152,12 @@ def _statics(low: Lowering) -> list[StageStatic]:
 
 
 def memory_floor(sc: Scenario) -> dict[str, Any]:
-    """The least peak memory per GPU the step can have, known before it is lowered: for each
-    pipeline stage (``_statics``; its issue order, ``analysis.memory.activation_floor_bytes``)::
+    """The least peak memory per GPU the step can have, known before any task is made: for
+    each pipeline stage (``_statics`` of the lowering before its passes; its schedule row in
+    issue order, ``analysis.memory.activation_floor_bytes``)::
 
-        floor  =  params + grads + optimizer + transient  +  activation floor
-        simulated peak  =  params + grads + optimizer + transient  +  max_t (act + buf + rec)
+        floor           =  params + grads + optimizer  +  activation floor          +  transient
+        simulated peak  =  params + grads + optimizer  +  max_t (act + buf + rec)  +  transient
                         >= floor
 
     ``fits`` false means no simulation of the plan can fit (advise leaves such plans out).
@@ -170,8 +171,9 @@ def memory_floor(sc: Scenario) -> dict[str, Any]:
     for st in _statics(low):
         place = {j: i for i, j in enumerate(low.parts_of[st.stage])}
         act = activation_floor_bytes(s.actions[st.stage], lambda k: place[s.stage_part[k]],
-                                     [p.activation_bytes_per_mb for p in st.parts])
-        floor = st.param_bytes + st.grad_bytes + st.optimizer_bytes + st.transient_bytes + act
+                                     [p.activation_bytes_per_mb for p in st.parts],
+                                     [p.wgrad_bytes_per_mb for p in st.parts], st.split_w)
+        floor = st.param_bytes + st.grad_bytes + st.optimizer_bytes + act + st.transient_bytes  # (as memory_report adds)
         if best is None or floor > best[0]:
             best = (floor, st.stage)
     capacity = sc.cluster.gpu.hbm_capacity_bytes

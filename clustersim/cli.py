@@ -387,12 +387,13 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     text = fmt(found, args.top)
     print(text)
-    if not found["ranking"]:
+    unfit = sum(1 for r in found["plans"] if r["status"] == "unfit")
+    if not found["ranking"] and not unfit:  # (every plan certain not to fit is an answer: none fits)
         print(f"error: no plan of the {what} could be simulated; nothing written", file=sys.stderr)
         return EXIT_BAD_INPUT
     done = len(found["ranking"])
     print(f"{'simulated':<{width}}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
-          + (f" with {jobs} processes" if jobs > 1 else ""))
+          + (f" with {jobs} processes" if jobs > 1 else "") + (f"; {unfit:,} certain not to fit" if unfit else ""))
     if out is not None:
         staging = _Staging(out, files)
         try:
@@ -669,7 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--skip-unfit", action="store_true",
                     help="list the plans certain not to fit in GPU memory (their weights, gradients, optimizer states "
                          "and the activations their schedule holds exceed it) without simulating them")
-    sw.add_argument("--out", help="write sweep.json, sweep.csv (every plan, refused ones with the rule) and sweep.html "
+    sw.add_argument("--out", help="write sweep.json, sweep.csv (every plan, refused ones with the rule, those left out "
+                                  "with their memory floor) and sweep.html "
                                   "(every plan on one page: tokens/s against memory, the best plans' steps split) into "
                                   "this folder")
     sw.set_defaults(func=cmd_sweep)

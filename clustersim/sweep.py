@@ -10,6 +10,7 @@ Roughly::
         plan = the file with those values set                            (clustersim.overrides)
         parallel.dp = GPUs / (tp x pp x cp) unless dp itself is varied   (dp follows)
         refused by the scenario's rules?  -> listed with the rule's one line, not simulated
+        --skip-unfit and its memory floor above the GPU's?  -> listed with it, not simulated
         else simulate it as ``run`` does  -> step, tokens/s, MFU, bubble, exposed, peak memory
     rank: plans that fit by tokens/s, then those that do not (the step they would take)
 
@@ -37,7 +38,7 @@ SWEEP_FILES = ("sweep.json", "sweep.csv", "sweep.html")
 # what a sweep keeps of each plan's summary (a thousand whole summaries would be hundreds of MB)
 FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction")
 CSV_COLUMNS = ("plan", "status") + FIGURES + ("compute_s", "exposed_comm_s", "bubble_s", "peak_bytes",
-                                              "capacity_bytes", "fits", "reason")
+                                              "capacity_bytes", "fits", "reason", "floor_bytes")
 
 
 def split_values(text: str) -> list[str]:
@@ -144,7 +145,7 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
     """Simulate one plan (a worker's job): its row, ``status`` ok, refused (with the rule's
     ``reason``, the field and message of the ConfigError) or, where the job says to prune,
     unfit: certain not to fit in memory (``api.memory_floor``), not simulated, with the floor
-    as its ``peak_bytes``."""
+    as its ``floor_bytes`` (no ``peak_bytes``: it has no simulated peak)."""
     from .api import memory_floor, simulate
     from .output.compare import step_split
     from .overrides import load_variant
@@ -155,7 +156,7 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
         sc = load_variant(path, plan.changes, data)
         floor = memory_floor(sc) if prune else None
         if floor is not None and not floor["fits"]:
-            return {**row, "status": "unfit", "peak_bytes": floor["peak_bytes"], "capacity_bytes": floor["capacity_bytes"],
+            return {**row, "status": "unfit", "floor_bytes": floor["peak_bytes"], "capacity_bytes": floor["capacity_bytes"],
                     "fits": False, "reason": unfit_reason(floor)}
         s = simulate(sc, fork=fork, brief=True).summary
     except ConfigError as exc:
@@ -171,11 +172,16 @@ UNFIT_WHY = "weights, gradients, optimizer states and the activations the schedu
 
 
 def unfit_reason(floor: dict[str, Any]) -> str:
-    """Why a plan left out by its memory floor cannot fit, in a line."""
+    """Why a plan left out by its memory floor cannot fit, in a line (with the digits that
+    tell the floor from the capacity: 80.04 GiB is not "80.0 GiB, more than 80.0")."""
     from .output.summary import GiB
 
-    return (f"needs at least {floor['peak_bytes'] / GiB:.1f} GiB a GPU (stage {floor['stage']}), more than the GPU's "
-            f"{floor['capacity_bytes'] / GiB:.1f} GiB")
+    need, cap = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB
+    digits = 1
+    while digits < 6 and f"{need:.{digits}f}" == f"{cap:.{digits}f}":
+        digits += 1
+    return (f"needs at least {need:.{digits}f} GiB a GPU (stage {floor['stage']}), more than the GPU's "
+            f"{cap:.{digits}f} GiB")
 
 
 def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, progress=None,
@@ -337,7 +343,8 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
     if done > len(shown):
         lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:
-        lines.append("no plan simulated: each is certain not to fit or refused" if unfit else
+        lines.append(("none fits in memory: every plan is certain not to fit" if not refused else
+                      "no plan simulated: each is certain not to fit or refused") if unfit else
                      "no plan could be simulated")
     elif not rows[sweep["ranking"][0]]["fits"]:
         lines.append("none fits in memory: each step is what it would take if it did")

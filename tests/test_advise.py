@@ -221,9 +221,9 @@ def test_plans_certain_not_to_fit_are_listed_not_simulated(root, tmp_path):
     for r in unfit:
         sim = rows[r["plan"]]
         assert r["changes"] == sim["changes"] and r["fits"] is False and sim["fits"] is False
-        assert sim["capacity_bytes"] == r["capacity_bytes"] < r["peak_bytes"] <= sim["peak_bytes"]
-        assert f"needs at least {r['peak_bytes'] / 2**30:.1f} GiB a GPU" in r["reason"]
-        assert "step_time_s" not in r
+        assert sim["capacity_bytes"] == r["capacity_bytes"] < r["floor_bytes"] <= sim["peak_bytes"]
+        assert f"needs at least {r['floor_bytes'] / 2**30:.1f} GiB a GPU" in r["reason"]
+        assert "step_time_s" not in r and "peak_bytes" not in r
     # the plans that fit: the same rows, the same ranking
     assert [n for n in whole["ranking"] if rows[n]["fits"]] == pruned["ranking"]
     for r in pruned["plans"]:

@@ -556,3 +556,30 @@ def test_memory_floor_holds_the_schedule_s_microbatches(schedule, m, held):
     each = [static(st) + st["transient_bytes"] + st["inflight_microbatches"] * st["activation_bytes_per_microbatch"]
             for st in stages]
     assert floor["peak_bytes"] == pytest.approx(max(each), rel=1e-12) and floor["stage"] == each.index(max(each))
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_activation_floor_of_zb_h1_is_the_paper_s_peak(recompute):
+    """Under ZB-H1 the floor also holds W's inputs from each split B to its W: on rank r of p
+    it is (p-r) M_B + r M_W while M_W < M_B, (p-r-1) M_B + (r+1) M_W otherwise (Qi et al.
+    2023, Sec 2.3; full recompute makes M_W the larger), the activation peak the simulation
+    reports."""
+    from clustersim.analysis.memory import activation_floor_bytes
+    from clustersim.api import _statics
+    from clustersim.program.lower import lowering
+
+    p = 4
+    sc = clustersim.load_scenario(scenario_dict(parallel={"tp": 2, "pp": p, "dp": 1, "schedule": "zb-h1"},
+                                                training={"global_batch_size": 8, "recompute": recompute},
+                                                cluster={"nodes": 1}), base_dir=ROOT)
+    low = lowering(sc, collapse=True)
+    stages = clustersim.simulate(sc).summary["memory"]["stages"]
+    larger_w = 0
+    for st, sim in zip(_statics(low), stages):
+        (part,), r = st.parts, st.stage
+        mb, mw = part.activation_bytes_per_mb, part.wgrad_bytes_per_mb
+        closed = (p - r) * mb + r * mw if mw < mb else (p - r - 1) * mb + (r + 1) * mw
+        larger_w += mw > mb and r < p - 1  # (the last stage's head weighs on both sides)
+        act = activation_floor_bytes(low.schedule.actions[r], lambda k: 0, [mb], [mw], st.split_w)
+        assert act == pytest.approx(closed, rel=1e-12) and act == pytest.approx(sim["activations_bytes"], rel=1e-12)
+    assert larger_w == (p - 1 if recompute == "full" else 0)

@@ -239,7 +239,7 @@ def test_skip_unfit_lists_the_plans_that_cannot_fit(root, tmp_path):
     unfit = [r for r in pruned["plans"] if r["status"] == "unfit"]
     assert [r["changes"] for r in unfit] == [{"parallel.zero": 1, "training.recompute": "none"}]
     (r,) = unfit
-    assert rows[r["plan"]]["fits"] is False and r["capacity_bytes"] < r["peak_bytes"] <= rows[r["plan"]]["peak_bytes"]
+    assert rows[r["plan"]]["fits"] is False and r["capacity_bytes"] < r["floor_bytes"] <= rows[r["plan"]]["peak_bytes"]
     assert pruned["ranking"] == [n for n in whole["ranking"] if n != r["plan"]]
     assert all(x == rows[x["plan"]] for x in pruned["plans"] if x["status"] == "ok")
     out = tmp_path / "sw"
@@ -249,5 +249,23 @@ def test_skip_unfit_lists_the_plans_that_cannot_fit(root, tmp_path):
     assert "certain not to fit in memory, not simulated: 1 of 6" in cli.stdout and r["reason"] in cli.stdout
     assert json.loads((out / "sweep.json").read_text())["plans"] == pruned["plans"]
     got = list(csv.DictReader(io.StringIO((out / "sweep.csv").read_text())))
-    assert [(x["status"], x["fits"], x["step_time_s"]) for x in got if x["plan"] == str(r["plan"])] == [
-        ("unfit", "False", "")]
+    assert [(x["status"], x["fits"], x["step_time_s"], x["peak_bytes"], float(x["floor_bytes"]))
+            for x in got if x["plan"] == str(r["plan"])] == [("unfit", "False", "", "", r["floor_bytes"])]
+    # every plan certain not to fit is an answer (none fits), written as any other
+    out = tmp_path / "none"
+    cli = run_cli("sweep", ZERO3, "--vary", "parallel.zero=0,1", "--vary", "training.recompute=none", "--skip-unfit",
+                  "--out", out, cwd=root)
+    assert cli.returncode == 0, cli.stderr
+    assert "none fits in memory: every plan is certain not to fit" in cli.stdout and "2 certain not to fit" in cli.stdout
+    page = (out / "sweep.html").read_text()
+    assert "None of the 2 plans can fit in 80 GiB" in page and "Every plan simulated" not in page
+
+
+def test_a_floor_just_above_the_capacity_says_so():
+    from clustersim.sweep import unfit_reason
+
+    GiB = 2**30
+    assert unfit_reason({"peak_bytes": 80.04 * GiB, "capacity_bytes": 80 * GiB, "stage": 2}) == (
+        "needs at least 80.04 GiB a GPU (stage 2), more than the GPU's 80.00 GiB")
+    assert unfit_reason({"peak_bytes": 94 * GiB, "capacity_bytes": 80 * GiB, "stage": 0}).startswith(
+        "needs at least 94.0 GiB a GPU (stage 0)")

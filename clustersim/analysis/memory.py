@@ -240,32 +240,52 @@ def inflight_peak(trace: Trace, rank: int, parts: tuple[PartStatic, ...] = ()) -
     return peak_live(live_intervals(trace, rank, part_classifier(parts)), [0.0] * n)[0]
 
 
-def activation_floor_bytes(actions, part_of: Callable[[int], int], bytes_per_mb: list[float]) -> float:
+def activation_floor_bytes(actions, part_of: Callable[[int], int], bytes_per_mb: list[float],
+                           wgrad_bytes_per_mb: list[float] | None = None, split_w: frozenset = frozenset()) -> float:
     """The least activation peak a pipeline rank can have, from its issue order alone, before
-    anything is simulated: the most, over its forwards, of what its parts hold as that
-    forward starts, counting a microbatch from its F to its B (``actions``: the rank's
-    schedule row; ``part_of``: a virtual stage's index into the rank's parts; ``bytes_per_mb``:
-    each part's bytes a microbatch)::
+    anything is simulated (``actions``: the rank's schedule row; ``part_of``: a virtual
+    stage's index into the rank's parts; ``bytes_per_mb``: each part's bytes a microbatch;
+    ``split_w`` and ``wgrad_bytes_per_mb``: as :class:`StageStatic` and :class:`PartStatic`
+    have them): a microbatch's activations counted from its F to its B, and where its
+    backward is split, W's inputs from its B to its W; the most, after each F and each split
+    B, of what the parts hold::
 
-        live_j(F_k)  =  F's of part j issued up to F_k  -  B's of part j issued before it
-        floor        =  max over F_k of  sum_j live_j(F_k) x bytes_j
+        live_j   =  F's of part j issued so far  -  B's of part j issued so far
+        held_j   =  split B's of part j issued so far  -  their W's issued so far
+        floor    =  max over those points of  sum_j live_j x bytes_j  +  sum_j held_j x wgrad_bytes_j
 
         1F1B stage 0 of p, m microbatches:  F0 F1 .. F(p-1) B0 F(p) B1 ...  ->  min(p, m) x bytes
 
-    A lower bound of the simulated peak's activations: one compute stream runs the row in
-    order, so as F_k starts every earlier F has started and no later B has ended. What it
-    leaves out only adds to the peak: W's inputs held after a split B, the buffers of
-    communications in flight, what a recomputing backward holds, an overlapped chunk's
-    backward freeing only when the chunk ends."""
-    live = [0] * len(bytes_per_mb)
+    A lower bound of the simulated peak's activations (``_samples``): one compute stream runs
+    the row in order, so when an F starts or a B ends every earlier F has started and no later
+    B or W has ended. What it leaves out only adds to the peak: a fused W's inputs until its
+    end, the buffers of communications in flight, what a recomputing backward holds, an
+    overlapped chunk's backward freeing only when the chunk ends."""
+    n = len(bytes_per_mb)
+    wgrad = wgrad_bytes_per_mb or [0.0] * n
+    live, held = [0] * n, [0] * n
     best = 0.0
     for a in actions:
+        j = part_of(a.stage)
         if a.kind == "F":
-            live[part_of(a.stage)] += 1
-            # (summed afresh, as the memory timeline sums its parts: no drift from running sums)
-            best = max(best, sum(n * b for n, b in zip(live, bytes_per_mb)))
+            live[j] += 1
         elif a.kind == "B":
-            live[part_of(a.stage)] -= 1
+            live[j] -= 1
+            if (j, a.mb) not in split_w:
+                continue
+            held[j] += 1
+        elif a.kind == "W" and (j, a.mb) in split_w:
+            held[j] -= 1
+            continue
+        else:
+            continue
+        # (summed afresh in the memory timeline's order: no drift from running sums)
+        total = 0.0
+        for k in range(n):
+            total += live[k] * bytes_per_mb[k]
+        for k in range(n):
+            total += held[k] * wgrad[k]
+        best = max(best, total)
     return best
 
 

@@ -328,7 +328,8 @@ def _left_out_html(sweep: dict[str, Any], status: str) -> str:
     more = f'<p class="note">... and {len(left) - TABLE_ROWS:,} more in the JSON.</p>' if len(left) > TABLE_ROWS else ""
     if status == "unfit":
         head, col = f"Certain not to fit in memory, not simulated: {len(left):,} of {len(sweep['plans']):,}", "why"
-        more += f'<p class="note">Their {e(UNFIT_WHY)}: no simulation could make them fit.</p>'
+        why = UNFIT_WHY.replace("exceed it", "exceed the GPU's memory")
+        more += f'<p class="note">Their {e(why)}: no simulation could make them fit.</p>'
     else:
         head, col = f"Refused by the scenario's rules: {len(left):,} of {len(sweep['plans']):,}", "rule"
     return (f"<h2>{head}</h2>"
@@ -350,6 +351,12 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
         body.append(f'<p class="nofit">None of the {len(sweep["ranking"]):,} plans simulated fits in '
                     f'{low["capacity_bytes"] / GiB:.0f} GiB: the lowest peak is #{low["plan"]}\'s, '
                     f'{low["peak_bytes"] / GiB:.1f} GiB. Their steps are what they would take if they fit.</p>')
+    unfit = [r for r in sweep["plans"] if r["status"] == "unfit"]
+    if not sweep["ranking"] and unfit:
+        low = min(unfit, key=lambda r: r["floor_bytes"])
+        body.append(f'<p class="nofit">None of the {len(unfit):,} plans can fit in '
+                    f'{low["capacity_bytes"] / GiB:.0f} GiB, so none was simulated: the lowest memory floor is '
+                    f'#{low["plan"]}\'s, {low["floor_bytes"] / GiB:.1f} GiB.</p>')
     if sweep["ranking"]:
         body += ["<h2>Tokens/s per GPU against peak memory</h2>",
                  plot_div(scatter_figure(sweep, own), SCATTER_DIV_ID, _CONFIG),
@@ -364,7 +371,10 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
             key, fig = lines
             body += [f"<h2>Tokens/s per GPU against {html.escape(key)}</h2>", plot_div(fig, LINES_DIV_ID, _CONFIG),
                      f"<p class=\"note\">One line per setting of the other keys varied (the {LINES_SHOWN} fastest at "
-                     "most); hollow: the plan does not fit. Flat is the same throughput per GPU: along "
+                     "most); hollow: the plan does not fit"
+                     + ("; a plan certain not to fit was not simulated and leaves a gap" if any(
+                         r["status"] == "unfit" for r in sweep["plans"]) else "")
+                     + ". Flat is the same throughput per GPU: along "
                      "<code>cluster.nodes</code>, linear scaling.</p>"]
         split = split_figure(sweep)
         body += [f"<h2>Where a GPU's step goes, the best {min(SPLIT_SHOWN, len(sweep['ranking']))}</h2>",
@@ -382,7 +392,8 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
         body += ["<p class=\"note\">The best plans that fit side by side with the scenario as its file has it: their "
                  "timelines, memory and exposed communication on one page (compare_best/compare.html):</p>",
                  f'<code class="cmd">{e(cmd)}</code>']
-    body += [_table_html(sweep, own), _left_out_html(sweep, "unfit"), _left_out_html(sweep, "refused")]
+    body += [_table_html(sweep, own) if sweep["ranking"] else "", _left_out_html(sweep, "unfit"),
+             _left_out_html(sweep, "refused")]
     return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{e(title)}</title>\n<style>{_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"
