@@ -100,6 +100,51 @@ def test_hybrid_sharding_shards_experts_as_the_dense_weights(root):
     assert {s.op for s in experts} == {"reduce_scatter", "all_reduce", "all_gather"}
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_hybrid_sharding_with_ep_shards_the_experts_over_their_own_groups(root, zero):
+    """Hybrid sharding with EP (Megatron-LM's distributed-optimizer instances): the dense
+    weights shard over 8 consecutive DP ranks with 2 replicas; the routed experts, held by an
+    expert-DP group of dp / ep = 4 ranks, shard over its halves (ezs, 2 ranks) and all-reduce
+    each shard over the same 2 replicas (ezr). ZeRO's formulas with N = 8 for the dense
+    parameters and N_e = 2 for the experts; each replica all-reduce moves its shard."""
+    from .test_combinations import MOE
+
+    r = run(root, cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 2}, model={**MOE, "layers": 2},
+            parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 4, "zero": zero, "zero_shard": 8},
+            training={"global_batch_size": 32, "grad_dtype": "bf16"})
+    mesh = r.scenario.mesh
+    assert mesh.group(0, "edp") == (0, 4, 8, 12) and mesh.group(0, "ezs") == (0, 4) and mesh.group(0, "ezr") == (0, 8)
+    from clustersim.output.summary import plan_options
+    assert f" · ZeRO-{zero} (hybrid: shards over 8, experts over 2, 2 replicas)" in plan_options(r.summary["plan"])
+    assert mesh.group(5, "zs") == tuple(range(8)) and mesh.group(5, "ezs") == (1, 5) and mesh.group(5, "ezr") == (5, 13)
+    for rank in range(16):  # group() and groups() agree
+        assert mesh.group(rank, "ezs") in mesh.groups("ezs") and mesh.group(rank, "ezr") in mesh.groups("ezr")
+    from clustersim.program.lower import lowering
+
+    low = lowering(r.scenario, collapse=True)
+    psi_e = low.work[0].local_expert_params
+    st = r.summary["memory"]["stages"][0]
+    psi_d = st["params"] - psi_e
+    assert psi_e > 0 and psi_d > 0
+    sharded = psi_d / 8 + psi_e / 2
+    assert st["optimizer_bytes"] == pytest.approx(12 * sharded, rel=1e-12)
+    assert st["grads_bytes"] == pytest.approx(2 * (sharded if zero >= 2 else psi_d + psi_e), rel=1e-12)
+    assert st["params_bytes"] == pytest.approx(2 * (sharded if zero == 3 else psi_d + psi_e), rel=1e-12)
+    rank0 = [s for s in r.trace.spans if s.rank == r.trace.ranks[0] and s.kind == "dp"]
+    for label, shards in (("expert ", 2), ("", 8)):
+        reduced = [s for s in rank0 if s.op == "reduce_scatter" and s.name.startswith(f"RS {label}grads")]
+        replicas = [s for s in rank0 if s.op == "all_reduce" and s.name.startswith(f"AR {label}grads shard")]
+        last = max(s.mb for s in reduced)
+        assert replicas and {s.mb for s in replicas} == {last}
+        assert sum(s.size_bytes for s in replicas) == pytest.approx(
+            sum(s.size_bytes for s in reduced if s.mb == last) / shards, rel=1e-12)
+    # 4 replicas would leave the experts' DP group of 4 one rank a shard: refused, by name
+    with pytest.raises(clustersim.ConfigError, match="parallel.zero_shard") as err:
+        run(root, cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 2}, model={**MOE, "layers": 2},
+            parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 4, "zero": zero, "zero_shard": 4})
+    assert "experts' DP group (dp=16 / ep=4 = 4 ranks) must split into 4 shard groups of 2 or more" in err.value.message
+
+
 @pytest.mark.parametrize("zero", [2, 3])
 def test_hybrid_sharding_under_dualpipe_reduces_the_holders_copies_after_the_replicas(root, zero):
     """DualPipe's two holders of a part all-reduce its gradients after the DP reduction: under

@@ -116,6 +116,10 @@ COLLAPSE = [
     ("hsdp-zero3", 8, {"tp": 2, "dp": 32, "zero": 3, "zero_shard": 4}, {}),
     ("hsdp-zero2-zb-h1", 8, {"tp": 2, "pp": 2, "dp": 16, "zero": 2, "zero_shard": 4, "schedule": "zb-h1"}, {}),
     ("hsdp-zero3-cp", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "zero": 3, "zero_shard": 4}, {}),
+    # hybrid sharding with EP: the experts' own shard and replica groups (ezs, ezr)
+    ("hsdp-moe-ep4-zero1", 8, {"tp": 1, "pp": 2, "dp": 32, "ep": 4, "zero": 1, "zero_shard": 8}, {"moe": True}),
+    ("hsdp-moe-ep4-zero3-sp", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "zero": 3, "zero_shard": 8},
+     {"moe": True}),
     ("tp-comm-overlap-zb-h1", 8, {"tp": 4, "pp": 2, "dp": 8, "sp": True, "tp_comm_overlap": True,
                                   "schedule": "zb-h1", "zero": 1}, {}),
     ("tp-comm-overlap-moe", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "tp_comm_overlap": True},
@@ -250,6 +254,16 @@ def test_split_classes_equal_all_ranks(nodes, parallel, opts, slow, n):
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == n
     assert full["simulation"]["simulated_ranks"] == sc.mesh.world_size
+    _assert_same(split, full)
+
+
+def test_a_straggler_under_hybrid_sharding_with_ep_splits_the_experts_shard_groups_too():
+    """Hybrid sharding with EP: the experts' shard and replica groups (ezs, ezr) refine the
+    classes around a straggler as the dense ones do; the split run equals every rank."""
+    sc = _scenario(8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "zero": 1, "zero_shard": 8},
+                   what_if=[{"gpu": 13, "slowdown": 1.3}], moe=True)
+    split, full = _both(sc)
+    assert 2 < split["simulation"]["simulated_ranks"] < sc.mesh.world_size
     _assert_same(split, full)
 
 

@@ -56,6 +56,15 @@ one of them; the members holding the same shard form a ``zr`` group::
     cp+dp group:  0 1 2 3 4 5 6 7        zero_shard=4
     zs groups:    [0 1 2 3] [4 5 6 7]    (gather parameters, reduce-scatter gradients)
     zr groups:    {0,4} {1,5} {2,6} {3,7}  (all-reduce each gradient shard)
+
+With expert parallelism the routed experts shard over their expert-DP group the same way,
+cut into as many consecutive slices as the dense weights have replicas (Megatron-LM's
+distributed-optimizer instances split the expert-DP group as they split DP): ``ezs`` the
+slices of an ``edp`` group in rank order, ``ezr`` the members holding the same expert shard::
+
+    edp group:    0 8 16 24 32 40 48 56  (ep=8 of dp=64), zr size 2
+    ezs groups:   [0 8 16 24] [32 40 48 56]
+    ezr groups:   {0,32} {8,40} {16,48} {24,56}
 """
 
 from __future__ import annotations
@@ -133,6 +142,8 @@ class Mesh:
         if dim in ("zs", "zr"):
             shard = self.zero_shard or self.cp * self.dp
             return shard if dim == "zs" else self.cp * self.dp // shard
+        if dim in ("ezs", "ezr"):  # the expert-DP group cut into as many slices as zr has members
+            return self.size("edp") // self.size("zr") if dim == "ezs" else self.size("zr")
         if "+" in dim:
             out = 1
             for d in dim.split("+"):
@@ -217,10 +228,12 @@ class Mesh:
         "cp+dp" combines CP with DP, CP innermost.
         """
         c = self.coords(rank)
-        if dim in ("zs", "zr"):  # slices of the rank's cp+dp group in rank order (the module docstring)
-            g, shard = tuple(sorted(self.group(rank, "cp+dp"))), self.size("zs")
+        if dim in ("zs", "zr", "ezs", "ezr"):  # slices of the rank's cp+dp (edp) group in rank order (module docstring)
+            expert = dim[0] == "e"
+            g = tuple(sorted(self.group(rank, "edp" if expert else "cp+dp")))
+            shard = self.size("ezs" if expert else "zs")
             at = g.index(rank)
-            return g[at - at % shard:at - at % shard + shard] if dim == "zs" else g[at % shard::shard]
+            return g[at - at % shard:at - at % shard + shard] if dim[-1] == "s" else g[at % shard::shard]
         if "+" in dim:
             inner, outer = dim.split("+")
             return tuple(x for o in self.group(rank, outer) for x in self.group(o, inner))
@@ -243,10 +256,11 @@ class Mesh:
 
             tp=2 dp=2 pp=2, "dp":  grid[pp][dp][tp] -> axes (pp, tp, dp) -> rows (0,2) (1,3) (4,6) (5,7)
         """
-        if dim in ("zs", "zr"):  # each cp+dp row, in rank order, cut into (replicas, shard): zs its rows, zr its columns
-            whole = np.sort(self.group_rows("cp+dp"), axis=1)
-            cut = whole.reshape(len(whole), self.size("zr"), self.size("zs"))
-            rows = (cut if dim == "zs" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
+        if dim in ("zs", "zr", "ezs", "ezr"):  # each cp+dp (edp) row, in rank order, cut into (replicas, shard):
+            expert = dim[0] == "e"                 # zs (ezs) its rows, zr (ezr) its columns
+            whole = np.sort(self._expert_rows("edp") if expert else self.group_rows("cp+dp"), axis=1)
+            cut = whole.reshape(len(whole), self.size("zr"), self.size("ezs" if expert else "zs"))
+            rows = (cut if dim[-1] == "s" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
             return rows[np.argsort(rows.min(axis=1), kind="stable")]
         parts = dim.split("+")  # "cp+dp": dp major, cp minor (as group() nests them)
         if {"ep", "edp", "etp"} & set(parts):
@@ -264,11 +278,16 @@ class Mesh:
     def grad_group(self, kind: str) -> str:
         """The group that reduces (and ZeRO-shards) the gradients of ``kind``, "dp" (dense) or
         "edp" (routed experts): DP times CP, as CP ranks hold the same weights, and the
-        expert-DP group, which holds them already; under hybrid sharding the shard group
-        (experts then have no EP: their group is DP's)."""
+        expert-DP group, which holds them already; under hybrid sharding the shard group, the
+        experts' own (``ezs``) where EP carves them out of DP, else DP's."""
         if self.zero_shard:
-            return "zs"
+            return "ezs" if kind == "edp" and self.ep > 1 else "zs"
         return {"dp": "cp+dp", "edp": "edp"}[kind]
+
+    def replica_group(self, kind: str) -> str:
+        """Under hybrid sharding, the group that all-reduces a gradient shard of ``kind`` ("dp"
+        or "edp") over its replicas: ``zr``, or the experts' ``ezr`` beside ``ezs``."""
+        return "ezr" if self.grad_group(kind) == "ezs" else "zr"
 
     def grad_shards(self, zero: int) -> tuple[int, int]:
         """Into how many shards ZeRO stage ``zero`` cuts the dense and the routed-expert

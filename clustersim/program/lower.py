@@ -47,6 +47,7 @@ from .work import GRAD_BYTES, PARAM_BYTES, StageWork, embedding_shared_with_last
 # pipeline group holds every send, tied-embedding and part-holder group)
 REFINE_DIMS = ("tp", "cp", "ep", "cp+dp", "edp", "pp")
 HYBRID_DIMS = ("zs", "zr")  # and, under hybrid sharding, its shard and replica groups
+EXPERT_HYBRID_DIMS = ("ezs", "ezr")  # (and the experts' own, with EP)
 
 
 def refine_dims(mesh: Mesh) -> tuple[str, ...]:
@@ -54,6 +55,8 @@ def refine_dims(mesh: Mesh) -> tuple[str, ...]:
     (a cp+dp group holds both a slow GPU's shard group and others, whose ranks differ) and
     the expert-TP group's where it is neither TP's nor one rank (1 < etp < tp)."""
     extra = HYBRID_DIMS if mesh.zero_shard else ()
+    if mesh.grad_group("edp") == "ezs":
+        extra += EXPERT_HYBRID_DIMS
     if 1 < mesh.expert_tp < mesh.tp:
         extra += ("etp",)
     return (*REFINE_DIMS[:-1], *extra, REFINE_DIMS[-1])
@@ -609,7 +612,7 @@ def _pp_groups(mesh: Mesh, pps: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 def _all_groups(low: Lowering, kind: str):
     """Every group of ``kind`` in the mesh (for twins: the groups that map onto the same ranks)."""
-    if kind in ("tp", "cp", "dp", "ep", "edp", "etp", "zr"):
+    if kind in ("tp", "cp", "dp", "ep", "edp", "etp", "zr", "ezr"):
         return low.mesh.groups(low.grad_dim(kind))
     if kind == "pp":
         return [g for e in low.pp_edges for g in _pp_groups(low.mesh, e)]
@@ -622,7 +625,7 @@ def _all_groups(low: Lowering, kind: str):
 
 
 # communication kind of the lowering -> kind in the trace and metrics
-_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp", "zr": "dp", "etp": "tp"}
+_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp", "zr": "dp", "ezr": "dp", "etp": "tp"}
 # communication kind of the lowering -> its stream, where not its own: an expert-TP group's
 # gathers run where TP's would (work.MoeBlocks), one stream of TP communication
 _STREAM = {"etp": "tp"}
@@ -775,7 +778,8 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
                 low.sync.setdefault(r, []).append(rs)
                 if low.n_replicas > 1 and mb == low.final_mb[stage]:
                     # hybrid sharding: the unit's shard all-reduced over its replicas once a step
-                    ar = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", stage, mb, str(u), dim),
+                    rk = low.mesh.replica_group(dim)
+                    ar = _comm(low, prog, r, rk, low.group_of(r, rk), ("replica shard", stage, mb, str(u), dim),
                                n * low.reduce_bytes / low.grad_shards[0 if dim == "dp" else 1], stream="dp",
                                deps=(rs,),
                                name=f"AR {'expert ' if dim == 'edp' else ''}grads shard (replicas)", mb=mb,
@@ -1393,7 +1397,8 @@ def _reduce_action(prog: Program, low: Lowering, r: int, a: Action, *, reduce: b
                     # hybrid sharding: the shard, accumulated over the step's microbatches,
                     # all-reduced over its replicas once, on the same stream (Megatron-LM's
                     # distributed-optimizer instances)
-                    dep = _comm(low, prog, r, "zr", low.group_of(r, "zr"), ("replica shard", dim, a.stage, n),
+                    rk = low.mesh.replica_group(dim)
+                    dep = _comm(low, prog, r, rk, low.group_of(r, rk), ("replica shard", dim, a.stage, n),
                                 params * low.reduce_bytes / (shard if dim == "dp" else expert_shard), deps=(dep,),
                                 stream="dp", name=f"AR {label}grads shard bucket {n} (replicas)", **meta)
                     tids.append(dep)
