@@ -78,8 +78,8 @@ class ParallelCfg(Strict):
     zero3_keep_gathered: bool = False
     zero_shard: int | None = pydantic.Field(
         default=None, ge=2, description="hybrid sharding (HSDP): ZeRO shards over groups of this many of the "
-        "cp*dp ranks and keeps a replica in each group (default: one group of all of them); with ep > 1 the "
-        "routed experts over as many slices of their expert-DP group as there are replicas")
+        "cp*dp ranks and keeps a replica in each group (default: one group of all of them); with ep > 1 or "
+        "etp < tp the routed experts over as many slices of their expert-DP group as there are replicas")
     overlap_param_gather: bool = pydantic.Field(
         default=False, description="ZeRO-1/2: all-gather the updated parameters unit by unit inside the next "
         "step's first forward, not after the optimizer step (Megatron's --overlap-param-gather)")
@@ -493,15 +493,13 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if p.zero_shard < 2 or n % p.zero_shard:
             fail("parallel.zero_shard", f"zero_shard={p.zero_shard} must be at least 2 and divide {whole}: the "
                                         f"ranks that share the states, in groups that replicate them")
-        if p.etp is not None and p.etp < p.tp:
-            fail("parallel.zero_shard", f"hybrid sharding with experts split over fewer ranks than TP (etp={p.etp}, "
-                                        f"tp={p.tp}) is not modelled: the experts' replicas span TP ranks, outside "
-                                        f"the shard groups")
-        replicas, edp = n // p.zero_shard, n // p.ep  # (etp = tp here: the experts' DP group is cp*dp / ep)
-        if p.ep > 1 and (edp % replicas or edp // replicas < 2):
+        etp = p.etp or p.tp
+        replicas, edp = n // p.zero_shard, p.tp // etp * n // p.ep  # the experts' DP group: (tp/etp) x cp x dp / ep
+        if (p.ep > 1 or etp < p.tp) and (edp % replicas or edp // replicas < 2):
             # the experts shard over slices of their expert-DP group, as many as the dense replicas
+            fold = f"(tp/etp) x {whole} / ep = {p.tp // etp} x {n} / {p.ep}" if etp < p.tp else f"{whole} / ep={p.ep}"
             fail("parallel.zero_shard", f"zero_shard={p.zero_shard} leaves {replicas} replicas of each shard; the "
-                                        f"experts' DP group ({whole} / ep={p.ep} = {edp} ranks) must split into "
+                                        f"experts' DP group ({fold} = {edp} ranks) must split into "
                                         f"{replicas} shard groups of 2 or more (Megatron-LM's distributed-optimizer "
                                         f"instances split it as they split DP)")
     if p.zero3_keep_gathered and p.zero != 3:

@@ -213,7 +213,8 @@ def test_a_skewed_load_splits_tp_groups_that_mix_ep_indices(root):
     ({"tp": 4, "dp": 8, "etp": 1, "moe": {"expert_ffn": 1026}}, "parallel.tp",
      "tp=4 does not divide model.moe.expert_ffn=1026, which the shared experts split over TP"),
     ({"etp": 1, "ep": 1, "sp": False}, "parallel.sp", "experts split over fewer ranks (etp=1) with tensor parallelism"),
-    ({"etp": 1, "zero": 1, "zero_shard": 4}, "parallel.zero_shard", "etp=1"),
+    ({"etp": 1, "zero": 1, "zero_shard": 2}, "parallel.zero_shard",
+     "the experts' DP group ((tp/etp) x dp=16 / ep = 2 x 16 / 8 = 4 ranks) must split into 8 shard groups"),
 ])
 def test_impossible_etp_plans(root, kw, field, words):
     d = etp_dict(**kw)
@@ -233,3 +234,21 @@ def test_the_plan_line_says_etp_and_ep_nodes(root):
 
     assert plan_dims(run(root, etp=1).summary["plan"], " x ") == "TP2 x PP1 x DP16 (EP8, ETP1)"
     assert plan_dims(run(root).summary["plan"], " x ") == "TP2 x PP1 x DP16 (EP8 over 2 nodes)"
+
+
+def test_hybrid_sharding_with_experts_split_over_fewer_ranks_than_tp(root):
+    """etp=1 under TP2 with hybrid sharding: the experts' DP group is carved out of TP x DP
+    ((tp/etp) x dp / ep = 4 ranks), and the experts shard over its halves (2 replicas, as the
+    dense weights over 8 of DP 16): ZeRO-1's 12 Ψe / 2 for them, 12 Ψd / 8 for the rest."""
+    from clustersim.program.lower import lowering
+
+    r = run(root, etp=1, zero=1, zero_shard=8)
+    mesh = r.scenario.mesh
+    for rank in (0, 1, 29):
+        edp, ezs, ezr = (mesh.group(rank, d) for d in ("edp", "ezs", "ezr"))
+        assert len(edp) == 4 and len(ezs) == 2 and len(ezr) == 2 and set(ezs) <= set(edp) and set(ezr) <= set(edp)
+    psi_e = lowering(r.scenario, collapse=True).work[0].local_expert_params
+    st = r.summary["memory"]["stages"][0]
+    assert st["optimizer_bytes"] == pytest.approx(12 * ((st["params"] - psi_e) / 8 + psi_e / 2), rel=1e-12)
+    from clustersim.output.summary import plan_options
+    assert "(hybrid: shards over 8, experts over 2, 2 replicas)" in plan_options(r.summary["plan"])

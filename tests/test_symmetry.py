@@ -120,6 +120,8 @@ COLLAPSE = [
     ("hsdp-moe-ep4-zero1", 8, {"tp": 1, "pp": 2, "dp": 32, "ep": 4, "zero": 1, "zero_shard": 8}, {"moe": True}),
     ("hsdp-moe-ep4-zero3-sp", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "zero": 3, "zero_shard": 8},
      {"moe": True}),
+    ("hsdp-moe-etp1-zero2", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "etp": 1, "sp": True, "zero": 2,
+                                "zero_shard": 8}, {"moe": True}),
     ("tp-comm-overlap-zb-h1", 8, {"tp": 4, "pp": 2, "dp": 8, "sp": True, "tp_comm_overlap": True,
                                   "schedule": "zb-h1", "zero": 1}, {}),
     ("tp-comm-overlap-moe", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True, "tp_comm_overlap": True},

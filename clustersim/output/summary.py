@@ -71,8 +71,9 @@ def plan_options(p: dict[str, Any]) -> str:
     zero = f" · ZeRO-{p['zero']}" if p.get("zero") else ""
     replicas = p.get("dp", 1) * p.get("cp", 1) // p["zero_shard"] if p.get("zero_shard") else 1
     if zero and replicas > 1:  # hybrid sharding (a shard group of all of them is plain ZeRO)
-        experts = p.get("dp", 1) * p.get("cp", 1) // (p.get("ep") or 1) // replicas  # (ep > 1: their own slices)
-        zero += (f" (hybrid: shards over {p['zero_shard']}" + (f", experts over {experts}" if (p.get("ep") or 1) > 1
+        tp, etp, ep = p.get("tp", 1), p.get("etp") or p.get("tp", 1), p.get("ep") or 1
+        experts = tp // etp * p.get("dp", 1) * p.get("cp", 1) // ep // replicas  # (their own slices: mesh.grad_group)
+        zero += (f" (hybrid: shards over {p['zero_shard']}" + (f", experts over {experts}" if ep > 1 or etp < tp
                                                                else "") + f", {replicas} replicas)")
     if zero and p.get("zero3_keep_gathered") and p["zero"] == 3:
         zero += " (kept gathered)"

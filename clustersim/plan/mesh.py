@@ -57,10 +57,11 @@ one of them; the members holding the same shard form a ``zr`` group::
     zs groups:    [0 1 2 3] [4 5 6 7]    (gather parameters, reduce-scatter gradients)
     zr groups:    {0,4} {1,5} {2,6} {3,7}  (all-reduce each gradient shard)
 
-With expert parallelism the routed experts shard over their expert-DP group the same way,
-cut into as many consecutive slices as the dense weights have replicas (Megatron-LM's
-distributed-optimizer instances split the expert-DP group as they split DP): ``ezs`` the
-slices of an ``edp`` group in rank order, ``ezr`` the members holding the same expert shard::
+Where the routed experts' expert-DP group is not DP's (EP, or etp < tp), they shard over it
+the same way, cut into as many consecutive slices as the dense weights have replicas
+(Megatron-LM's distributed-optimizer instances split the expert-DP group as they split DP):
+``ezs`` the slices of an ``edp`` group in rank order, ``ezr`` the members holding the same
+expert shard::
 
     edp group:    0 8 16 24 32 40 48 56  (ep=8 of dp=64), zr size 2
     ezs groups:   [0 8 16 24] [32 40 48 56]
@@ -279,9 +280,10 @@ class Mesh:
         """The group that reduces (and ZeRO-shards) the gradients of ``kind``, "dp" (dense) or
         "edp" (routed experts): DP times CP, as CP ranks hold the same weights, and the
         expert-DP group, which holds them already; under hybrid sharding the shard group, the
-        experts' own (``ezs``) where EP carves them out of DP, else DP's."""
+        experts' own (``ezs``) where their expert-DP group is not DP's (EP carves it out of DP,
+        or experts split over fewer ranks than TP reach across TP), else DP's."""
         if self.zero_shard:
-            return "ezs" if kind == "edp" and self.ep > 1 else "zs"
+            return "ezs" if kind == "edp" and (self.ep > 1 or self.expert_tp < self.tp) else "zs"
         return {"dp": "cp+dp", "edp": "edp"}[kind]
 
     def replica_group(self, kind: str) -> str:
