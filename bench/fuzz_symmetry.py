@@ -95,8 +95,9 @@ def draw(rng: random.Random) -> dict:
             load[0], load[-1] = 1.5, 0.5
             model["moe"]["ep_load"] = load
     parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
-    if parallel["zero"] and "ep" not in parallel and cp * dp >= 4 and (cp * dp) % 2 == 0 and tp != 2:
-        parallel["zero_shard"] = cp * dp // 2  # hybrid sharding, two replicas (no draw)
+    edp = cp * dp // parallel.get("ep", 1)  # (the experts' DP group, before fuzz_args.with_etp)
+    if parallel["zero"] and cp * dp >= 4 and (cp * dp) % 2 == 0 and tp != 2 and edp % 2 == 0 and edp >= 4:
+        parallel["zero_shard"] = cp * dp // 2  # hybrid sharding, two replicas, the experts' too (no draw)
     what_if = []
     if rng.random() < 0.3:
         what_if.append({"gpu": rng.randrange(world), "slowdown": rng.choice([1.1, 1.3])})
