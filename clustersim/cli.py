@@ -555,10 +555,12 @@ def cmd_schedule(args) -> int:
 def cmd_validate(args) -> int:
     """Check every file given, a scenario or a topology, each on a line of its own
     (``error: ...`` on stderr for a bad one, so that a glob's later files are still checked);
-    exit 2 if any was bad."""
+    exit 2 if any was bad. A scenario's line gives its memory floor (``api.memory_floor``)
+    and says where no run of it can fit: a valid plan still, which ``run`` simulates."""
+    from .api import memory_floor
     from .config import is_topology_data, load_scenario
     from .hardware.topology import load_topology_cfg
-    from .output.summary import plan_dims
+    from .output.summary import GiB, plan_dims
     from .yamlio import read_yaml
 
     bad = 0
@@ -577,8 +579,12 @@ def cmd_validate(args) -> int:
             continue
         n = sc.mesh.world_size
         dims = plan_dims({**sc.parallel.model_dump(), "dispatcher": sc.model.moe and sc.model.moe.dispatcher}, " x ")
+        floor = memory_floor(sc)  # (milliseconds: what a step must hold, before any task is made)
+        need, cap = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB
         print(f"{path}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "
-              f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''})", flush=True)
+              f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''}; memory at least {need:.1f} of "
+              f"{cap:.0f} GiB a GPU" + ("" if floor["fits"] else f": cannot fit (stage {floor['stage']})") + ")",
+              flush=True)
     if bad and len(args.scenarios) > 1:
         print(f"error: {bad} of {len(args.scenarios)} files are not valid", file=sys.stderr)
     return EXIT_BAD_INPUT if bad else 0

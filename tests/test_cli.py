@@ -713,9 +713,19 @@ def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(ro
     ``collective --topology`` names a scenario given as its topology."""
     one_line_exit_2(run_cli("run", root / "topologies" / "dgx-h100.yaml", "--out", tmp_path / "o"),
                     f"error: {root / 'topologies' / 'dgx-h100.yaml'}: this is a topology file (it has gpu and node")
-    r = run_cli("validate", root / "topologies" / "dgx-h100.yaml", root / "scenarios" / "llama3_8b_8gpu.yaml")
+    gpipe = root / "scenarios" / "llama2_70b_64gpu_gpipe.yaml"
+    r = run_cli("validate", root / "topologies" / "dgx-h100.yaml", root / "scenarios" / "llama3_8b_8gpu.yaml", gpipe)
     assert r.returncode == 0 and r.stdout.splitlines()[0] == (
         f"{root / 'topologies' / 'dgx-h100.yaml'}: ok (topology: 32 nodes x 8 H100-SXM5-80GB)"), r.stderr
+    # a scenario's line gives its memory floor, and says where no run of it can fit (GPipe holds all 64 microbatches)
+    import clustersim
+    from clustersim.api import memory_floor
+
+    for line, path in zip(r.stdout.splitlines()[1:], (root / "scenarios" / "llama3_8b_8gpu.yaml", gpipe)):
+        floor = memory_floor(clustersim.load_scenario(path))
+        assert f"; memory at least {floor['peak_bytes'] / 2**30:.1f} of 80 GiB a GPU" in line
+        assert line.endswith(")" if floor["fits"] else f": cannot fit (stage {floor['stage']}))")
+    assert not floor["fits"]
     bad = tmp_path / "t.yaml"
     bad.write_text((root / "topologies" / "dgx-h100.yaml").read_text() + "\nwhat_iff: []\n")
     one_line_exit_2(run_cli("validate", bad), f"error: {bad}: what_iff: unknown key (did you mean 'what_if'?")
