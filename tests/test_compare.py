@@ -257,3 +257,13 @@ def test_the_fabric_what_if_the_docs_quote(root):
     assert steps["1600"] == pytest.approx(steps["800"], rel=1e-3) and steps["800"] < steps["base"]
     text = " ".join((root / "docs" / "getting-started.md").read_text().split())
     assert f"cluster.node.pcie_GBps=128` too, {100 * (steps['pcie'] / steps['base'] - 1):.1f} %" in text
+
+
+def test_twenty_plans_before_a_colour_repeats():
+    """compare.html's charts by kind and by stage tell up to twenty plans apart by colour,
+    none of them the exposed part's red."""
+    from clustersim.output.compare_page import _PARTS, _plan_colour
+
+    colours = [_plan_colour(i) for i in range(20)]
+    assert len(set(colours)) == 20 and _plan_colour(20) == colours[0]
+    assert dict((label, c) for _, label, c in _PARTS)["exposed communication"] not in colours

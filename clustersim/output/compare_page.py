@@ -41,9 +41,11 @@ _COLOUR = {g: c for g, _, c in GROUPS}
 _PARTS = (("compute_s", "compute", _COLOUR["F"]), ("exposed_comm_s", "exposed communication", "#e15759"),
           ("bubble_s", "bubble (idle)", "#d0d7de"))
 # a plan's colour in the charts by kind and by stage (Tableau 10 but its red, the exposed
-# part's, and a dark blue in its place)
+# part's, and a dark blue in its place; then Tableau 20's lighter halves, again without red):
+# twenty plans before a colour repeats
 _PLAN_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f",
-                 "#bab0ac", "#2f4b7c")
+                 "#bab0ac", "#2f4b7c", "#a0cbe8", "#ffbe7d", "#8cd17d", "#d4a6c8", "#86bcb6", "#f1ce63",
+                 "#d7b5a6", "#79706e", "#b6992d", "#499894")
 # the timelines' mode bar without autoscale: it would fit one timeline to its own bars (below
 # 0 ms on a binned one) while the others keep the shared axis
 _TIMELINE_CONFIG = {**TIMELINE_CONFIG, "modeBarButtonsToRemove": ["autoScale2d"]}
