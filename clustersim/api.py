@@ -110,8 +110,9 @@ def _statics(low: Lowering) -> list[StageStatic]:
     accumulate whole until then (gΨ): 2Ψ + gΨ + 12Ψ/N, as ZeRO-1.
 
     Routed-expert parameters Ψe (MoE) shard over the expert-DP group instead (N_e = N (tp/etp)
-    / ep ranks hold the same expert slices; under hybrid sharding with EP its slice, N_e =
-    dp x cp / (ep x replicas)): the same formulas with Ψe and N_e, e.g. 12Ψe/N_e under ZeRO-1.
+    / ep ranks hold the same expert slices; under hybrid sharding, where that group is not
+    DP's, its slice, N_e = (tp/etp) dp x cp / (ep x replicas)): the same formulas with Ψe and
+    N_e, e.g. 12Ψe/N_e under ZeRO-1.
     """
     n, z = low.n_grad, low.zero
     n_e = low.mesh.size(low.grad_dim("edp"))

@@ -47,7 +47,7 @@ from .work import GRAD_BYTES, PARAM_BYTES, StageWork, embedding_shared_with_last
 # pipeline group holds every send, tied-embedding and part-holder group)
 REFINE_DIMS = ("tp", "cp", "ep", "cp+dp", "edp", "pp")
 HYBRID_DIMS = ("zs", "zr")  # and, under hybrid sharding, its shard and replica groups
-EXPERT_HYBRID_DIMS = ("ezs", "ezr")  # (and the experts' own, with EP)
+EXPERT_HYBRID_DIMS = ("ezs", "ezr")  # (and the experts' own, where their expert-DP group is not DP's)
 
 
 def refine_dims(mesh: Mesh) -> tuple[str, ...]:
