@@ -493,10 +493,11 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if p.zero_shard < 2 or n % p.zero_shard:
             fail("parallel.zero_shard", f"zero_shard={p.zero_shard} must be at least 2 and divide {whole}: the "
                                         f"ranks that share the states, in groups that replicate them")
-        etp = p.etp or p.tp
-        replicas, edp = n // p.zero_shard, p.tp // etp * n // p.ep  # the experts' DP group: (tp/etp) x cp x dp / ep
-        if (p.ep > 1 or etp < p.tp) and (edp % replicas or edp // replicas < 2):
+        mesh = mesh_of(p)  # (ep and etp divide what they must by now)
+        replicas, edp = mesh.size("zr"), mesh.size("edp")
+        if mesh.grad_group("edp") == "ezs" and (edp % replicas or edp // replicas < 2):
             # the experts shard over slices of their expert-DP group, as many as the dense replicas
+            etp = p.expert_tp
             fold = f"(tp/etp) x {whole} / ep = {p.tp // etp} x {n} / {p.ep}" if etp < p.tp else f"{whole} / ep={p.ep}"
             fail("parallel.zero_shard", f"zero_shard={p.zero_shard} leaves {replicas} replicas of each shard; the "
                                         f"experts' DP group ({fold} = {edp} ranks) must split into "

@@ -372,8 +372,7 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
             body += [f"<h2>Tokens/s per GPU against {html.escape(key)}</h2>", plot_div(fig, LINES_DIV_ID, _CONFIG),
                      f"<p class=\"note\">One line per setting of the other keys varied (the {LINES_SHOWN} fastest at "
                      "most); hollow: the plan does not fit"
-                     + ("; a plan certain not to fit was not simulated and leaves a gap" if any(
-                         r["status"] == "unfit" for r in sweep["plans"]) else "")
+                     + ("; a plan certain not to fit was not simulated and leaves a gap" if unfit else "")
                      + ". Flat is the same throughput per GPU: along "
                      "<code>cluster.nodes</code>, linear scaling.</p>"]
         split = split_figure(sweep)
