@@ -25,10 +25,12 @@ would take every rank (2026-12-03, a fast stretch)::
     1k_moe_nic_half           1,024    288   666,576      6.6       695  moe_1024gpu with one NIC cable at half ...
     1k_moe_leaf_half          1,024     16    37,032      1.0       122  moe_1024gpu with a leaf's uplink at half ...
 
-and GPT-3's, whose NIC fault touches one GPU's traffic (2026-12-03, a fuzz run beside it;
-256 ranks, 17.2 s and 2,196 MiB when its whole node split)::
+and GPT-3's, whose NIC fault touches one GPU's traffic on its node and reaches the 128 GPUs
+of rail 5, whose split fits the 256 ranks of ``simulation.fabric_fault_split_ranks``
+(2026-12-05; until then GPU 5 alone split: 64 ranks, 641,360 spans, 4.9 s and 651 MiB, the
+step 1.7 % long)::
 
-    1k_gpt3_nic_half          1,024     64   641,360      4.9       651  gpt3_175b_1024gpu with node 0's NIC 5 ...
+    1k_gpt3_nic_half          1,024    256 3,751,232     33.1     3,151  gpt3_175b_1024gpu with node 0's NIC 5 ...
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ PLANS = {
     "1k_moe_nic_half": ("moe_1024gpu with one NIC cable at half bandwidth (its node's GPUs split)",
                         "dgx-h100.yaml", 128, None, MOE_1K, 2048,
                         {**MOE_1K_TRAINING, "cluster": {"what_if": [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}]}}),
-    "1k_gpt3_nic_half": ("gpt3_175b_1024gpu with node 0's NIC 5 cable at half bandwidth (GPU 5 splits)",
+    "1k_gpt3_nic_half": ("gpt3_175b_1024gpu with node 0's NIC 5 cable at half bandwidth (rail 5's GPUs split)",
                          "dgx-a100.yaml", 128, GPT3, {"tp": 8, "pp": 16, "dp": 8, "schedule": "1f1b"}, 1536,
                          {"cluster": {"what_if": [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}]}}),
     "1k_moe_leaf_half": ("moe_1024gpu with a leaf's uplink at half bandwidth (kept in the collapse)",

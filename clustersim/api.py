@@ -299,11 +299,12 @@ def collective_fallbacks(asked, used: dict[str, dict[str, int]]) -> dict | None:
 
 
 def _fabric_faults(sc: Scenario, trace: Trace, world: int) -> dict | None:
-    """``simulation.fabric_faults``: how many GPUs the fabric's faults reach (null: none),
-    whether the collapse kept them (their split would simulate more ranks than
-    ``simulation.fabric_fault_split_ranks``), how many ranks that split would have simulated,
-    and that setting."""
-    gpus = sc.fabric_touched_gpus - sc.node_touched_gpus
+    """``simulation.fabric_faults``: how many GPUs the faults reach through the fabric
+    (below a fabric fault, or on any node beside slowed flows) besides those a faulty cable
+    of their own node splits anyway (null: none), whether the collapse kept them (their split
+    would simulate more ranks than ``simulation.fabric_fault_split_ranks``), how many ranks
+    that split would have simulated, and that setting."""
+    gpus = (sc.fabric_touched_gpus | sc.reached_gpus) - sc.node_touched_gpus
     if not gpus:
         return None
     kept = sc.split_faults[1] if len(trace.ranks) < world else 0

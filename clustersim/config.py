@@ -197,7 +197,8 @@ class SimulationCfg(Strict):
     # tests/test_symmetry.py do. At most the all-ranks limit (MAX_GPUS_ALL_RANKS)
     fabric_fault_split_ranks: int = pydantic.Field(
         default=256, ge=0, le=4_096, description="split the symmetric classes around the GPUs below a fabric fault "
-        "where that split simulates at most this many ranks; past it the collapse keeps the fault (0: never split)")
+        "or around every GPU on any node whose flows any fault touches, where that split simulates at most this many "
+        "ranks; past it the collapse keeps the fault (0: never split)")
 
 
 class ProjectionCfg(Strict):
@@ -260,24 +261,36 @@ class Scenario:
     @cached_property
     def split_faults(self) -> tuple[frozenset[int], int]:
         """(the faulty GPUs the symmetric classes split around, the simulated ranks a split
-        around the fabric's faults would take where it is not made, else 0). The GPUs a
-        fault on a node's own cables touches (:attr:`node_touched_gpus`) always split (the
-        scenario check refuses a split past the all-ranks limit); those the fabric's touch
-        (:attr:`fabric_touched_gpus`) split where the split simulates at most
-        ``simulation.fabric_fault_split_ranks``, else they keep the collapse, whose orbits
-        move at their slowest twin's pace (docs/architecture.md, "Classes split around
-        faults")."""
+        around every GPU the faults reach would take where it is not made, else 0). The GPUs
+        a fault on a node's own cables touches (:attr:`node_touched_gpus`) always split (the
+        scenario check refuses a split past the all-ranks limit); the others the faults
+        reach, below a fabric fault (:attr:`fabric_touched_gpus`) or anywhere
+        (:attr:`reached_gpus`), split where the split simulates at most
+        ``simulation.fabric_fault_split_ranks``, else those below a fabric fault alone where
+        that fits, else none: the collapse keeps them, its orbits moving at their slowest
+        twin's pace (docs/architecture.md, "Classes split around faults")::
+
+            own | fabric | reached     where its split fits (always on a cluster that small)
+            own | fabric               else, where its split fits
+            own                        else
+        """
         cluster = self.cluster
         own = self.node_touched_gpus
         fabric = own | self.fabric_touched_gpus
+        wide = fabric | self.reached_gpus
         most = self.cfg.simulation.fabric_fault_split_ranks
-        if fabric == own or cluster.num_gpus <= most:
-            return fabric, 0
+        if wide == own or cluster.num_gpus <= most:
+            return wide, 0
         from .program.lower import Symmetry
 
-        n = Symmetry.split_count(self.mesh, cluster.gpu_slowdown, fabric, *self.cfg.ranks_differ(),
-                                 cluster.gpus_per_node, cluster.pair_tiers, self.parallel.schedule == "interleaved")
-        return (fabric, 0) if n <= most else (own, n)
+        def ranks(gpus: frozenset[int]) -> int:
+            return Symmetry.split_count(self.mesh, cluster.gpu_slowdown, gpus, *self.cfg.ranks_differ(),
+                                        cluster.gpus_per_node, cluster.pair_tiers, self.parallel.schedule == "interleaved")
+
+        n = ranks(wide)
+        if n <= most:
+            return wide, 0
+        return (fabric, n) if fabric != own and ranks(fabric) <= most else (own, n)
 
     @cached_property
     def node_touched_gpus(self) -> frozenset[int]:
@@ -287,7 +300,8 @@ class Scenario:
         ``fault_crossers``). The others' traffic takes the paths their twins' takes, so they
         stay in their classes: a NIC cable at half bandwidth under TP8 x PP x DP on rails
         splits around one GPU instead of its node's eight (GPT-3's 1,024 GPUs: 64 simulated
-        ranks instead of 256).
+        ranks instead of 256, where the GPUs the fault reaches elsewhere do not split too:
+        :attr:`split_faults`).
         """
         return self._touched(self.cluster.fault_cables)
 
@@ -298,6 +312,24 @@ class Scenario:
         a flow that does (a rail leaf's uplink under TP8: some of the rail's GPUs); every
         one below a removed cable or switch."""
         return self._touched(self.cluster.fabric_fault_cables)
+
+    @cached_property
+    def reached_gpus(self) -> frozenset[int]:
+        """Every GPU the faults (a node's cables or the fabric's) touch, on any node: its flows
+        cross a degraded cable or share a link with flows that do or that a removal moved
+        (engine/network.py ``fault_reach``); a slowed flow takes less of every link it
+        crosses, so the others there get more, where their twins elsewhere do not. Empty
+        without faults, or where the plan's groups have more pairs than that routes (then
+        only the GPUs the faults marked are asked: :attr:`node_touched_gpus`,
+        :attr:`fabric_touched_gpus`)."""
+        faults = self.cluster.fault_cables + self.cluster.fabric_fault_cables
+        if not faults:
+            return frozenset()
+        from .engine.network import fault_reach
+        from .program.lower import refine_dims
+
+        got = fault_reach(self.cluster, [self.mesh.group_rows(d) for d in refine_dims(self.mesh)], faults)
+        return frozenset(got or ())
 
     def _touched(self, faults: list) -> frozenset[int]:
         if not faults:

@@ -89,6 +89,16 @@ def _both(sc) -> tuple[dict, dict]:
     return clustersim.simulate(sc).summary, clustersim.simulate(sc, collapse=False).summary
 
 
+@pytest.fixture
+def narrow(monkeypatch):
+    """Faults split the classes as where what they reach beyond the GPUs they mark is not
+    asked (a plan whose groups have more pairs than ``REACH_PAIRS_ROUTED``: 16,384 GPUs, say):
+    around the GPUs each marks whose flows it touches (config.Scenario.split_faults)."""
+    from clustersim.engine import network
+
+    monkeypatch.setattr(network, "REACH_PAIRS_ROUTED", 0)
+
+
 # (id, nodes, parallel, options): every parallelism, each case a few seconds all-ranks
 COLLAPSE = [
     ("dp-tp-zero3", 8, {"tp": 8, "dp": 8, "zero": 3}, {}),
@@ -395,12 +405,14 @@ FAULTS = [
 
 
 @pytest.mark.parametrize("parallel, opts, what_if, n, touched", [c[1:] for c in FAULTS], ids=[c[0] for c in FAULTS])
-def test_faults_on_a_nodes_cables_split_classes_and_equal_all_ranks(parallel, opts, what_if, n, touched):
+def test_faults_on_a_nodes_cables_split_classes_and_equal_all_ranks(parallel, opts, what_if, n, touched, narrow):
     """A degraded NIC or NVLink cable slows one node's traffic only: each of that node's GPUs
     whose flows cross it or meet flows that do is a class of its own, the classes split
     around them as around stragglers, and the numbers equal the all-ranks run. Without the
     split, the orbit through the slow cable moved every twin at its pace: the same step
-    here, but the exposed communication per GPU overstated (up to 2x on these cases)."""
+    here, but the exposed communication per GPU overstated (up to 2x on these cases). (Where
+    the GPUs the fault reaches on other nodes are asked too, more split:
+    test_a_nic_cable_splits_every_gpu_it_reaches_where_that_fits.)"""
     sc = _scenario(parallel["tp"] * parallel["pp"] * parallel["dp"] // 8, parallel, what_if=what_if, **opts)
     node = {int(w["link"][1]) for w in what_if if "link" in w}
     assert sc.cluster.fault_gpus == {g for k in node for g in range(8 * k, 8 * k + 8)}
@@ -499,7 +511,7 @@ def test_a_removed_spine_of_two_tiers_marks_no_gpu(tmp_path):
     assert not sc.cluster.fabric_fault_gpus and not sc.cluster.fault_gpus
 
 
-def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path):
+def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path, narrow):
     """A leaf uplink at half bandwidth over node 3 of 4, TP2 x CP2 x PP2 x DP4: split around
     node 3's GPUs (20 simulated ranks of 32), the collapse gives the all-ranks numbers. Kept
     in the collapse (one rank a stage), the exposed communication was 38 % above rank by
@@ -519,7 +531,7 @@ def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path):
 LEAF_SPINE = {"kind": "leaf_spine", "nodes_per_leaf": 2, "spines": 4, "rail_optimized": False}
 
 
-def test_a_nic_cable_splits_the_gpus_whose_flows_meet_its_own(tmp_path):
+def test_a_nic_cable_splits_the_gpus_whose_flows_meet_its_own(tmp_path, narrow):
     """Every NIC of a node on one leaf (Llama 3's Clos), TP8 x PP2 x DP4 on 8 nodes, node 0's
     NIC 5 at half bandwidth: GPU 5's flows cross it, and those of its node-mates that ECMP
     hashes onto the uplinks GPU 5's flows take meet them there. Those 6 GPUs split (28
@@ -553,7 +565,7 @@ FABRIC_FAULTS = [
 
 @pytest.mark.parametrize("fabric, parallel, what_if, n, all_reduce", [c[1:] for c in FABRIC_FAULTS],
                          ids=[c[0] for c in FABRIC_FAULTS])
-def test_fabric_faults_split_classes_and_equal_all_ranks(fabric, parallel, what_if, n, all_reduce, tmp_path):
+def test_fabric_faults_split_classes_and_equal_all_ranks(fabric, parallel, what_if, n, all_reduce, tmp_path, narrow):
     """64 GPUs, a leaf uplink degraded or taken out (with a straggler besides): split around
     the GPUs of the nodes below it, the collapse gives the all-ranks numbers, exposed
     communication included, and simulates fewer ranks."""
@@ -568,7 +580,7 @@ def test_fabric_faults_split_classes_and_equal_all_ranks(fabric, parallel, what_
         _assert_same(split, full)
 
 
-def test_a_rail_leaf_uplink_splits_only_the_gpus_whose_flows_it_touches(tmp_path):
+def test_a_rail_leaf_uplink_splits_only_the_gpus_whose_flows_it_touches(tmp_path, narrow):
     """Rail-optimised leaves of 2 nodes, TP8 x PP4 x DP2 on 8 nodes (a stage a leaf group),
     the rail-2 leaf of nodes 2 and 3 with one uplink at half bandwidth: of the 16 GPUs below
     that leaf group, only the two on rail 2 send through it (their PP sends; every other
@@ -587,7 +599,7 @@ def test_a_rail_leaf_uplink_splits_only_the_gpus_whose_flows_it_touches(tmp_path
 
 
 @pytest.mark.parametrize("most", [8, 0])
-def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(most, tmp_path):
+def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(most, tmp_path, narrow):
     """Where splitting around the GPUs below a fabric fault would simulate more ranks than
     ``simulation.fabric_fault_split_ranks`` (256; lowered here, 0: never), the fault keeps
     the collapse, whose orbits through it move at their slowest twin's pace; the summary,
@@ -610,12 +622,12 @@ def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(mos
     said = (f"a split around the 6 GPUs they reach would simulate {faults['split_ranks']} ranks "
             f"(simulation.fabric_fault_split_ranks: {most})")
     assert said in _simulated_line(s, 1.0) and said in header_html(s).replace("&#x27;", "'")
-    assert "fabric faults" not in _simulated_line(clustersim.simulate(sc, collapse=False).summary, 1.0)
+    assert "kept in the collapse" not in _simulated_line(clustersim.simulate(sc, collapse=False).summary, 1.0)
     sc = _fabric(4, THREE_TIERS, fault, tmp_path, parallel)
     assert sc.split_faults == (touched, 0)  # within the default: split
 
 
-def test_a_cable_degraded_then_removed_keeps_every_gpu_below_it(tmp_path):
+def test_a_cable_degraded_then_removed_keeps_every_gpu_below_it(tmp_path, narrow):
     """A removal leaves no route to tell which flows took the cable: every GPU below it
     splits, whatever an earlier entry did to the same cable (its edges are gone)."""
     fault = [{"link": "leaf3.0-pod0.spine1", "bw_factor": 0.5}, {"remove_link": "leaf3.0-pod0.spine1"}]
@@ -640,6 +652,62 @@ def test_a_removed_uplink_beside_degraded_ones_equals_all_ranks(tmp_path):
     _assert_same(split, full)
 
 
+def _clos_nic_half(simulation: dict | None = None) -> clustersim.Scenario:
+    """8 servers of Llama 3's Clos (two a leaf, every NIC of a node on its leaf), TP2 x PP2 x
+    DP16 interleaved (v2), node 7's NIC 7 at half bandwidth (``bench/fuzz_symmetry.py 131``,
+    plan 1, without its latent attention and slow GPU)."""
+    d = _doc("roce-clos-llama3.yaml", 8, {"tp": 2, "pp": 2, "dp": 16, "schedule": "interleaved", "vpp": 2}, 2,
+             what_if=[{"link": "leaf3.0-n7.nic7", "bw_factor": 0.5}])
+    return clustersim.load_scenario({**d, "simulation": simulation or {}}, base_dir=ROOT)
+
+
+def test_a_nic_cable_splits_every_gpu_it_reaches_where_that_fits(monkeypatch):
+    """The slowed flows of node 7's NIC 7 take leaf 3's uplinks and the spines' downlinks to
+    the other leaves, beside flows of GPUs on every node, whose twins elsewhere meet none.
+    Split around every GPU the fault reaches (here that is every rank), the collapse gives
+    the all-ranks numbers; split around node 7's touched GPUs alone, as where the reach is
+    not asked or its split does not fit ``simulation.fabric_fault_split_ranks``, the step is
+    more than 1 % short, and the summary says the reach was kept in the collapse."""
+    from clustersim.engine import network
+
+    sc = _clos_nic_half()
+    reached = sc.reached_gpus
+    assert sc.node_touched_gpus < frozenset(range(56, 64)) and sc.node_touched_gpus <= reached
+    assert reached & frozenset(range(48, 56)) and reached & frozenset(range(0, 8))  # leaf 3's other node, leaf 0's
+    assert sc.split_faults == (reached, 0)
+    split, full = _both(sc)
+    _assert_same(split, full)
+    assert split["simulation"]["fabric_faults"]["kept_in_collapse"] is False
+    sc = _clos_nic_half({"fabric_fault_split_ranks": 32})
+    assert sc.split_faults == (sc.node_touched_gpus, 64)
+    kept = clustersim.simulate(sc).summary
+    assert kept["simulation"]["simulated_ranks"] == 20
+    assert kept["step_time_s"] < 0.99 * full["step_time_s"]
+    assert kept["simulation"]["fabric_faults"] == {"gpus": len(reached - sc.node_touched_gpus),
+                                                   "kept_in_collapse": True, "split_ranks": 64, "split_up_to": 32}
+    monkeypatch.setattr(network, "REACH_PAIRS_ROUTED", 0)
+    sc = _clos_nic_half()
+    assert not sc.reached_gpus and sc.split_faults == (sc.node_touched_gpus, 0)
+
+
+def test_a_removed_cable_reaches_the_gpus_its_moved_flows_meet():
+    """A removed cable's marked GPUs are reached (their flows took other paths) and so are
+    those whose flows meet theirs; past ``REACH_PAIRS_ROUTED`` pairs nothing is asked."""
+    from clustersim.engine import network
+    from clustersim.program.lower import refine_dims
+
+    sc = _clos_nic_half()
+    groups = [sc.mesh.group_rows(d) for d in refine_dims(sc.mesh)]
+    removed = [("leaf3.0", "n7.nic7", True, frozenset(range(56, 64)))]
+    got = network.fault_reach(sc.cluster, groups, removed)
+    assert frozenset(range(56, 64)) < got and got & frozenset(range(0, 8))
+    assert network.fault_reach(sc.cluster, groups, []) == set()
+    pairs = sum(rows.shape[0] * rows.shape[1] ** 2 for rows in groups)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(network, "REACH_PAIRS_ROUTED", pairs - 1)
+        assert network.fault_reach(sc.cluster, groups, removed) is None
+
+
 def test_faults_with_too_many_pairs_to_route_keep_every_gpu_they_marked(monkeypatch):
     """Past ``FAULT_PAIRS_ROUTED`` pairs (a what-if list of hundreds of faulty nodes) nothing is
     routed, and the faults split every GPU they marked."""
@@ -651,7 +719,7 @@ def test_faults_with_too_many_pairs_to_route_keep_every_gpu_they_marked(monkeypa
     assert _scenario(8, {"tp": 8, "pp": 2, "dp": 4}, what_if=what_if).node_touched_gpus == set(range(8))
 
 
-def test_a_fabric_fault_kept_counts_the_gpus_no_node_fault_splits(tmp_path):
+def test_a_fabric_fault_kept_counts_the_gpus_no_node_fault_splits(tmp_path, narrow):
     """A leaf uplink over node 3 kept in the collapse (the split past a setting of 4 ranks)
     beside a fault on node 3's own NIC 5 cable: the node fault splits the GPUs its flows
     touch, and the summary counts the two the fabric fault touches besides as kept (it

@@ -344,6 +344,10 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 # the most pairs fault_crossers routes (about 0.2 s); past that, faults keep every GPU they
 # marked (a what-if list of hundreds of faulty nodes)
 FAULT_PAIRS_ROUTED = 250_000
+# the most pairs fault_reach routes (every pair of every group; moe_1024gpu's 165,888 in
+# 0.08 s); past that (llama3_405b_16k's DP128 groups: 2.1 million), only the GPUs the
+# faults marked are asked
+REACH_PAIRS_ROUTED = 250_000
 
 
 def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set[int]:
@@ -389,16 +393,66 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
             keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
     keys = np.unique(np.concatenate(keys))
     src, dst = keys // n_gpu, keys % n_gpu
-    # each pair as PXN routes it, and directly where a proxy makes the two differ (elsewhere
-    # the direct route is the same one)
-    proxied = np.flatnonzero(cluster.pxn_proxies(src, dst) >= 0)
-    routes = [(_route_rows(cluster, src, dst, False)[0], np.arange(len(src))),
-              (_route_rows(cluster, src[proxied], dst[proxied], True)[0], proxied)]
-    slowed = np.unique(np.concatenate([rows[np.isin(rows, bad).any(axis=1)].ravel() for rows, _ in routes]))
-    slowed = slowed[slowed >= 0]  # every link a crossing flow takes
-    touched = np.concatenate([pair[np.isin(rows, slowed).any(axis=1)] for rows, pair in routes])
-    ends = np.unique(np.concatenate([src[touched], dst[touched]])).tolist()
+    routes = _pair_routes(cluster, src, dst)
+    slowed = _links_of(routes, [np.isin(rows, bad).any(axis=1) for rows, _ in routes])  # every link a crossing flow takes
+    ends = _meeting_ends(routes, slowed, src, dst)
     return out | (asked & set(ends))
+
+
+def _pair_routes(cluster: Cluster, src: np.ndarray, dst: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each pair ``(src[i], dst[i])`` as PXN routes it, and directly where a proxy makes the
+    two differ (elsewhere the direct route is the same one): (rows of edge ids, the pairs
+    they route) twice."""
+    proxied = np.flatnonzero(cluster.pxn_proxies(src, dst) >= 0)
+    return [(_route_rows(cluster, src, dst, False)[0], np.arange(len(src))),
+            (_route_rows(cluster, src[proxied], dst[proxied], True)[0], proxied)]
+
+
+def _links_of(routes: list[tuple[np.ndarray, np.ndarray]], chosen: list[np.ndarray]) -> np.ndarray:
+    """Every link the routes ``chosen`` (a mask of each set of :func:`_pair_routes`) take."""
+    links = np.unique(np.concatenate([rows[m].ravel() for (rows, _), m in zip(routes, chosen)]))
+    return links[links >= 0]
+
+
+def _meeting_ends(routes: list[tuple[np.ndarray, np.ndarray]], links: np.ndarray, src: np.ndarray,
+                  dst: np.ndarray) -> list[int]:
+    """The GPUs at either end of a pair some route of which takes one of ``links``."""
+    touched = np.concatenate([pair[np.isin(rows, links).any(axis=1)] for rows, pair in routes])
+    return np.unique(np.concatenate([src[touched], dst[touched]])).tolist()
+
+
+def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set[int] | None:
+    """Every GPU whose traffic ``faults`` (node and fabric ones: (u, v, removed, GPUs) each)
+    touch under a plan whose communication groups are ``groups``, on any node: a flow of
+    theirs crosses a degraded cable, or shares a link with a flow that does or with a flow
+    of a GPU a removed cable or switch marked (its flows took other paths, which now load
+    the links they take). Every ordered pair of every group is routed as any algorithm may
+    route it, as in :func:`fault_crossers`, which asks only the GPUs the faults marked; None
+    past ``REACH_PAIRS_ROUTED`` pairs. What it adds to those: on Llama 3's Clos, where a
+    node's eight NICs share a leaf, a NIC cable at half bandwidth slows flows on the leaf's
+    uplinks, which the flows of the leaf's other node and of the GPUs they talk to take::
+
+        n7.nic7-leaf3.0 at half bandwidth, TP2 x PP2 x DP16 on 8 nodes (2 a leaf):
+          n7.gpu7 -> n4.gpu7        nic7, leaf3, spine, leaf2      crosses it
+          n6.gpu3 -> n5.gpu3        nic3, leaf3, spine, leaf2      beside it on leaf3's uplink
+          n2.gpu1 -> n6.gpu1        leaf1, spine, leaf3            beside it on leaf3's downlink
+    """
+    n_gpu = cluster.num_gpus
+    if sum(rows.shape[0] * rows.shape[1] ** 2 for rows in groups) > REACH_PAIRS_ROUTED:
+        return None
+    index = cluster.edge_index
+    bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))
+                       if e in index), dtype=np.int64)
+    moved = np.fromiter(sorted(set().union(*(gpus for *_, removed, gpus in faults if removed))), dtype=np.int64)
+    keys = [np.arange(n_gpu) * (n_gpu + 1)]  # (each GPU to itself: its NVLS loop)
+    for rows in groups:
+        keys.append((rows[:, :, None] * n_gpu + rows[:, None, :]).ravel())
+    keys = np.unique(np.concatenate(keys))
+    src, dst = keys // n_gpu, keys % n_gpu
+    routes = _pair_routes(cluster, src, dst)
+    changed = [np.isin(rows, bad).any(axis=1) | np.isin(src[pair], moved) | np.isin(dst[pair], moved)
+               for rows, pair in routes]
+    return set(_meeting_ends(routes, _links_of(routes, changed), src, dst)) | set(moved.tolist())
 
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,

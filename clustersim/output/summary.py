@@ -205,11 +205,11 @@ def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
 
 
 def fabric_faults_note(faults: dict | None, sep: str) -> str:
-    """What the terminal and the report say of fabric faults the collapse kept ("" if none),
-    two phrases, each after ``sep``."""
+    """What the terminal and the report say of the faults' reach the collapse kept ("" if
+    none), two phrases, each after ``sep``."""
     if not faults or not faults["kept_in_collapse"]:
         return ""
-    return (f"{sep}fabric faults kept in the collapse, their orbits at the slowest twin's pace:{sep}a split "
+    return (f"{sep}faults kept in the collapse, their orbits at the slowest twin's pace:{sep}a split "
             f"around the {faults['gpus']:,} GPUs they reach would simulate {faults['split_ranks']:,} ranks "
             f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
 
