@@ -430,12 +430,14 @@ def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set
     route it, as in :func:`fault_crossers`, which asks only the GPUs the faults marked; None
     past ``REACH_PAIRS_ROUTED`` pairs. What it adds to those: on Llama 3's Clos, where a
     node's eight NICs share a leaf, a NIC cable at half bandwidth slows flows on the leaf's
-    uplinks, which the flows of the leaf's other node and of the GPUs they talk to take::
+    uplinks and on the spines' downlinks to it, which flows of the leaf's other node and of
+    GPUs on other leaves take too::
 
         n7.nic7-leaf3.0 at half bandwidth, TP2 x PP2 x DP16 on 8 nodes (2 a leaf):
-          n7.gpu7 -> n4.gpu7        nic7, leaf3, spine, leaf2      crosses it
-          n6.gpu3 -> n5.gpu3        nic3, leaf3, spine, leaf2      beside it on leaf3's uplink
-          n2.gpu1 -> n6.gpu1        leaf1, spine, leaf3            beside it on leaf3's downlink
+          n7.gpu7 -> n4.gpu7        nic7, leaf3, spine s, leaf2     crosses it
+          n6.gpu3 -> n5.gpu3        nic3, leaf3, spine s, leaf2     meets it where ECMP picks s too
+          n3.gpu7 -> n7.gpu7        leaf1, spine t, leaf3, nic7     crosses it
+          n2.gpu1 -> n6.gpu1        leaf1, spine t, leaf3           meets it where ECMP picks t too
     """
     n_gpu = cluster.num_gpus
     if sum(rows.shape[0] * rows.shape[1] ** 2 for rows in groups) > REACH_PAIRS_ROUTED:
