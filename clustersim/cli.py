@@ -601,11 +601,10 @@ def cmd_collective(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    from .config import ScenarioCfg
+    from .config import scenario_json_schema
     from .hardware.topology import TopologyCfg
 
-    model = TopologyCfg if args.topology else ScenarioCfg
-    print(json.dumps(model.model_json_schema(), indent=2))
+    print(json.dumps(TopologyCfg.model_json_schema() if args.topology else scenario_json_schema(), indent=2))
     return 0
 
 

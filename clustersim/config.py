@@ -387,6 +387,50 @@ class Scenario:
 MAX_GPUS_ALL_RANKS = 4_096  # every rank simulated (no symmetric collapse): minutes at this size
 
 
+# the ClusterRef fields that override a topology section, and that section's model's name
+_OVERRIDES = {"node": "NodeCfg", "fabric": "FabricCfg"}
+
+
+def scenario_json_schema() -> dict[str, Any]:
+    """The JSON schema of the scenario format (``clustersim schema``): ``ScenarioCfg``'s, with
+    ``cluster.node`` and ``cluster.fabric`` described as what they are, overrides of the
+    topology's node and fabric sections merged key by key: the topology's fields (nested
+    ones too), every one optional and without a default, since a key left out keeps the
+    topology file's value::
+
+        TopologyCfg  node: NodeCfg {gpus, nvlink: LinkCfg, nics, nic: NicCfg, pcie_GBps}
+        scenario     cluster.node: NodeCfgOverride {the same, none required, no defaults} | null
+    """
+    schema = ScenarioCfg.model_json_schema()
+    topo = TopologyCfg.model_json_schema()["$defs"]
+    todo, made = list(_OVERRIDES.values()), {}
+    while todo:  # each section's model and the models it nests
+        name = todo.pop()
+        if name not in made:
+            made[name] = _partial(topo[name])
+            todo += re.findall(r"#/\$defs/(\w+)Override", repr(made[name]))
+    schema["$defs"].update({f"{name}Override": d for name, d in sorted(made.items())})
+    fields = schema["$defs"]["ClusterRef"]["properties"]
+    for key, name in _OVERRIDES.items():
+        fields[key]["anyOf"] = [{"$ref": f"#/$defs/{name}Override"}, {"type": "null"}]
+    return schema
+
+
+def _partial(node: Any) -> Any:
+    """A JSON schema ``node`` with no field required and no default, its references to other
+    models' partial forms (``#/$defs/X`` -> ``#/$defs/XOverride``)."""
+    if isinstance(node, list):
+        return [_partial(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _partial(v) for k, v in node.items() if k not in ("required", "default")}
+    if "$ref" in out:
+        out["$ref"] += "Override"
+    if "title" in out and "properties" in out:
+        out["title"] += "Override"
+    return out
+
+
 def every_rank_refusal(world: int) -> str | None:
     """Why every one of ``world`` ranks may not be simulated (past MAX_GPUS_ALL_RANKS), or
     None: for ``simulation.collapse_symmetric: false`` here and for ``--all-ranks`` (api.simulate)."""

@@ -273,6 +273,72 @@ def test_validate_and_schema(root):
     assert {"cluster", "model", "parallel", "training"} <= set(schema["properties"])
 
 
+def _schema_paths(schema: dict, node: dict, prefix: str = "") -> set[str]:
+    """Every dotted field path a JSON schema object ``node`` admits (references followed)."""
+    if "$ref" in node:
+        node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    out = set()
+    for name, sub in node.get("properties", {}).items():
+        out.add(prefix + name)
+        for option in sub.get("anyOf", [sub]):
+            out |= _schema_paths(schema, option, f"{prefix}{name}.")
+    return out
+
+
+def test_the_scenario_schema_describes_the_topology_overrides(root):
+    """``cluster.node`` and ``cluster.fabric`` are overrides of the topology's sections, merged
+    key by key: the schema gives them the topology's fields, nested ones too, none required
+    and none with a default (a key left out keeps the topology file's value), where it had a
+    free mapping; the rest of the scenario schema is the pydantic model's."""
+    from clustersim.config import ScenarioCfg
+    from clustersim.hardware.topology import TopologyCfg
+
+    schema = json.loads(run_cli("schema").stdout)
+    topo = TopologyCfg.model_json_schema()
+    for key in ("node", "fabric"):
+        field = schema["$defs"]["ClusterRef"]["properties"][key]
+        assert field["anyOf"][1] == {"type": "null"}
+        assert _schema_paths(schema, field["anyOf"][0]) == _schema_paths(topo, topo["properties"][key])
+    overrides = {k: v for k, v in schema["$defs"].items() if k.endswith("Override")}
+    assert sorted(overrides) == ["FabricCfgOverride", "LinkCfgOverride", "NicCfgOverride", "NodeCfgOverride"]
+    assert not {"required", "default"} & _keys_anywhere(overrides)
+    assert overrides["FabricCfgOverride"]["properties"]["kind"]["enum"] == ["leaf_spine", "fat_tree", "none"]
+    # every key the shipped topologies write in those sections is one the schema names
+    written = set()
+    for path in sorted((root / "topologies").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        for key in ("node", "fabric"):
+            written |= {f"{key}.{p}" for p in _key_paths(doc.get(key) or {})}
+    named = {f"{k}.{p}" for k in ("node", "fabric")
+             for p in _schema_paths(schema, schema["$defs"]["ClusterRef"]["properties"][k]["anyOf"][0])}
+    assert written and written <= named
+    # and nothing else changed
+    plain = ScenarioCfg.model_json_schema()
+    for key in ("node", "fabric"):
+        del schema["$defs"]["ClusterRef"]["properties"][key]["anyOf"]
+        del plain["$defs"]["ClusterRef"]["properties"][key]["anyOf"]
+    assert {k: v for k, v in schema["$defs"].items() if k not in overrides} == plain["$defs"]
+    assert {k: v for k, v in schema.items() if k != "$defs"} == {k: v for k, v in plain.items() if k != "$defs"}
+
+
+def _keys_anywhere(obj) -> set[str]:
+    """Every key of every dict in a JSON-like value."""
+    if isinstance(obj, dict):
+        return set(obj).union(*(_keys_anywhere(v) for v in obj.values()))
+    if isinstance(obj, list):
+        return set().union(*(_keys_anywhere(v) for v in obj))
+    return set()
+
+
+def _key_paths(d: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for k, v in d.items():
+        out.add(prefix + k)
+        if isinstance(v, dict):
+            out |= _key_paths(v, f"{prefix}{k}.")
+    return out
+
+
 def test_stale_outputs_of_an_earlier_run_are_removed(tmp_path, root):
     sc = write_scenario(tmp_path, root, scenario_dict())
     out = tmp_path / "out"
