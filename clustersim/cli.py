@@ -483,7 +483,7 @@ def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
 
 def _simulated_line(summary: dict, wall_s: float) -> str:
     """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated (and,
-    below it, what the collapse kept of the fabric's faults)."""
+    below it, around what the faults reach the classes split, or that the collapse kept it)."""
     from .output.summary import collective_fallbacks_note, fabric_faults_note
 
     sim = summary["simulation"]
@@ -495,7 +495,8 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     n = sim["simulated_ranks"]
     line = f"{'simulated':<16}{n} rank{'s' if n != 1 else ''}, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
     sep = "\n" + " " * 16
-    return line + fabric_faults_note(sim.get("fabric_faults"), sep) + collective_fallbacks_note(
+    collapsed = n < summary["world_size"]
+    return line + fabric_faults_note(sim.get("fabric_faults"), sep, collapsed) + collective_fallbacks_note(
         sim.get("collective_fallbacks"), sep)
 
 

@@ -526,6 +526,13 @@ def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path, narrow):
     assert split["simulation"]["fabric_faults"] == {"gpus": 8, "kept_in_collapse": False, "split_ranks": None,
                                                     "split_up_to": 256}
     assert split["simulation"]["simulated_ranks"] == 20
+    # the terminal and the report say why 20 ranks; the run of every rank says nothing
+    from clustersim.cli import _simulated_line
+    from clustersim.output.report import header_html
+
+    said = "split around the 8 GPUs more that the faults reach (simulation.fabric_fault_split_ranks: 256)"
+    assert said in _simulated_line(split, 1.0) and said in header_html(split)
+    assert "faults" not in _simulated_line(full, 1.0) + header_html(full)
 
 
 LEAF_SPINE = {"kind": "leaf_spine", "nodes_per_leaf": 2, "spines": 4, "rail_optimized": False}

@@ -1022,7 +1022,8 @@ def header_html(summary: dict[str, Any]) -> str:
         out.append(f'<p class="meta">simulated: all {plan.get("microbatches")} microbatches; a shorter step of '
                    f'{summary["simulation"]["repeat_tried"]} showed no steady cycle to copy in '
                    f'(simulation.repeat)</p>')
-    faults = fabric_faults_note(summary.get("simulation", {}).get("fabric_faults"), " ")
+    sim = summary.get("simulation", {})
+    faults = fabric_faults_note(sim.get("fabric_faults"), " ", sim.get("simulated_ranks", 0) < summary.get("world_size", 0))
     if faults:
         out.append(f'<p class="meta">simulated:{e(faults)}</p>')
     fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")

@@ -204,11 +204,16 @@ def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
     return out
 
 
-def fabric_faults_note(faults: dict | None, sep: str) -> str:
-    """What the terminal and the report say of the faults' reach the collapse kept ("" if
-    none), two phrases, each after ``sep``."""
-    if not faults or not faults["kept_in_collapse"]:
+def fabric_faults_note(faults: dict | None, sep: str, collapsed: bool = True) -> str:
+    """What the terminal and the report say of the GPUs the faults reach beyond those their
+    nodes' own cables split anyway ("" if none, or in a run of every rank): that the
+    classes split around them (one phrase; why the run simulates more ranks than without
+    the fault), or that the collapse kept them (two), each after ``sep``."""
+    if not faults or not collapsed:
         return ""
+    if not faults["kept_in_collapse"]:
+        return (f"{sep}split around the {faults['gpus']:,} GPUs more that the faults reach "
+                f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
     return (f"{sep}faults kept in the collapse, their orbits at the slowest twin's pace:{sep}a split "
             f"around the {faults['gpus']:,} GPUs they reach would simulate {faults['split_ranks']:,} ranks "
             f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
