@@ -301,15 +301,17 @@ def collective_fallbacks(asked, used: dict[str, dict[str, int]]) -> dict | None:
 def _fabric_faults(sc: Scenario, trace: Trace, world: int) -> dict | None:
     """``simulation.fabric_faults``: how many GPUs the faults reach through the fabric
     (below a fabric fault, or on any node beside slowed flows) besides those a faulty cable
-    of their own node splits anyway (null: none), whether the collapse kept them (their split
-    would simulate more ranks than ``simulation.fabric_fault_split_ranks``), how many ranks
-    that split would have simulated, and that setting."""
+    of their own node splits anyway, whether the collapse kept them (their split would
+    simulate more ranks than ``simulation.fabric_fault_split_ranks``), how many ranks that
+    split would have simulated, that setting, and whether the GPUs the faults reach on any
+    node were asked at all (null: no fault, or the faults reach none and were asked)."""
+    faults = sc.cluster.fault_cables or sc.cluster.fabric_fault_cables
     gpus = (sc.fabric_touched_gpus | sc.reached_gpus) - sc.node_touched_gpus
-    if not gpus:
+    if not faults or (not gpus and sc.reach_asked):
         return None
     kept = sc.split_faults[1] if len(trace.ranks) < world else 0
     return {"gpus": len(gpus), "kept_in_collapse": kept > 0, "split_ranks": kept or None,
-            "split_up_to": sc.cfg.simulation.fabric_fault_split_ranks}
+            "split_up_to": sc.cfg.simulation.fabric_fault_split_ranks, "reach_asked": sc.reach_asked}
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,

@@ -313,23 +313,32 @@ class Scenario:
         one below a removed cable or switch."""
         return self._touched(self.cluster.fabric_fault_cables)
 
-    @cached_property
+    @property
     def reached_gpus(self) -> frozenset[int]:
         """Every GPU the faults (a node's cables or the fabric's) touch, on any node: its flows
         cross a degraded cable or share a link with flows that do or that a removal moved
         (engine/network.py ``fault_reach``); a slowed flow takes less of every link it
         crosses, so the others there get more, where their twins elsewhere do not. Empty
-        without faults, or where the plan's groups have more pairs than that routes (then
-        only the GPUs the faults marked are asked: :attr:`node_touched_gpus`,
-        :attr:`fabric_touched_gpus`)."""
+        without faults, or where :attr:`reach_asked` is false (then only the GPUs the faults
+        marked are asked: :attr:`node_touched_gpus`, :attr:`fabric_touched_gpus`)."""
+        return self._reach or frozenset()
+
+    @property
+    def reach_asked(self) -> bool:
+        """Whether :attr:`reached_gpus` was worked out: there are faults, and the plan's groups
+        have at most ``REACH_PAIRS_ROUTED`` pairs of GPUs to route."""
+        return self._reach is not None
+
+    @cached_property
+    def _reach(self) -> frozenset[int] | None:
         faults = self.cluster.fault_cables + self.cluster.fabric_fault_cables
         if not faults:
-            return frozenset()
+            return None
         from .engine.network import fault_reach
         from .program.lower import refine_dims
 
         got = fault_reach(self.cluster, [self.mesh.group_rows(d) for d in refine_dims(self.mesh)], faults)
-        return frozenset(got or ())
+        return None if got is None else frozenset(got)
 
     def _touched(self, faults: list) -> frozenset[int]:
         if not faults:

@@ -524,7 +524,7 @@ def test_a_fabric_cable_fault_splits_the_classes_below_it(tmp_path, narrow):
     split, full = _both(sc)
     _assert_same(split, full)
     assert split["simulation"]["fabric_faults"] == {"gpus": 8, "kept_in_collapse": False, "split_ranks": None,
-                                                    "split_up_to": 256}
+                                                    "split_up_to": 256, "reach_asked": False}
     assert split["simulation"]["simulated_ranks"] == 20
     # the terminal and the report say why 20 ranks; the run of every rank says nothing
     from clustersim.cli import _simulated_line
@@ -624,7 +624,8 @@ def test_fabric_faults_whose_split_is_too_large_keep_the_collapse_and_say_so(mos
     s = clustersim.simulate(sc).summary
     assert s["simulation"]["simulated_ranks"] == 2  # one a stage
     faults = s["simulation"]["fabric_faults"]
-    assert faults == {"gpus": 6, "kept_in_collapse": True, "split_ranks": sc.split_faults[1], "split_up_to": most}
+    assert faults == {"gpus": 6, "kept_in_collapse": True, "split_ranks": sc.split_faults[1], "split_up_to": most,
+                      "reach_asked": False}
     assert faults["split_ranks"] > 6
     said = (f"a split around the 6 GPUs they reach would simulate {faults['split_ranks']} ranks "
             f"(simulation.fabric_fault_split_ranks: {most})")
@@ -691,28 +692,44 @@ def test_a_nic_cable_splits_every_gpu_it_reaches_where_that_fits(monkeypatch):
     assert kept["simulation"]["simulated_ranks"] == 20
     assert kept["step_time_s"] < 0.99 * full["step_time_s"]
     assert kept["simulation"]["fabric_faults"] == {"gpus": len(reached - sc.node_touched_gpus),
-                                                   "kept_in_collapse": True, "split_ranks": 64, "split_up_to": 32}
+                                                   "kept_in_collapse": True, "split_ranks": 64, "split_up_to": 32,
+                                                   "reach_asked": True}
+    # past the pairs it routes, the reach is not asked, and the summary and the terminal say so
+    from clustersim.cli import _simulated_line
+
     monkeypatch.setattr(network, "REACH_PAIRS_ROUTED", 0)
     sc = _clos_nic_half()
-    assert not sc.reached_gpus and sc.split_faults == (sc.node_touched_gpus, 0)
+    assert not sc.reach_asked and not sc.reached_gpus and sc.split_faults == (sc.node_touched_gpus, 0)
+    s = clustersim.simulate(sc).summary
+    assert s["simulation"]["fabric_faults"] == {"gpus": 0, "kept_in_collapse": False, "split_ranks": None,
+                                                "split_up_to": 256, "reach_asked": False}
+    assert "the GPUs the faults reach on other nodes not asked" in _simulated_line(s, 1.0)
 
 
 def test_a_removed_cable_reaches_the_gpus_its_moved_flows_meet():
-    """A removed cable's marked GPUs are reached (their flows took other paths) and so are
-    those whose flows meet theirs; past ``REACH_PAIRS_ROUTED`` pairs nothing is asked."""
+    """Leaf 3's uplink to spine 0 taken out: the flows of the GPUs below it (nodes 6 and 7)
+    take other uplinks, which now carry more; the GPUs whose flows meet theirs there are
+    reached, on other leaves too. Past ``REACH_PAIRS_ROUTED`` pairs of every group (each kind
+    once) nothing is asked."""
     from clustersim.engine import network
     from clustersim.program.lower import refine_dims
 
-    sc = _clos_nic_half()
+    d = _doc("roce-clos-llama3.yaml", 8, {"tp": 2, "pp": 2, "dp": 16, "schedule": "interleaved", "vpp": 2}, 2,
+             what_if=[{"remove_link": "leaf3.0-pod0.spine0"}])
+    sc = clustersim.load_scenario(d, base_dir=ROOT)
+    below = frozenset(range(48, 64))
+    assert sc.cluster.fabric_fault_gpus == below and sc.fabric_touched_gpus == below
+    assert below < sc.reached_gpus and sc.reached_gpus & frozenset(range(0, 16))
     groups = [sc.mesh.group_rows(d) for d in refine_dims(sc.mesh)]
-    removed = [("leaf3.0", "n7.nic7", True, frozenset(range(56, 64)))]
-    got = network.fault_reach(sc.cluster, groups, removed)
-    assert frozenset(range(56, 64)) < got and got & frozenset(range(0, 8))
-    assert network.fault_reach(sc.cluster, groups, []) == set()
-    pairs = sum(rows.shape[0] * rows.shape[1] ** 2 for rows in groups)
+    faults = sc.cluster.fabric_fault_cables
+    pairs = network.reach_pairs(groups)
+    assert pairs < sum(rows.shape[0] * rows.shape[1] ** 2 for rows in groups)  # (edp and cp+dp: one kind)
     with pytest.MonkeyPatch.context() as m:
+        m.setattr(network, "REACH_PAIRS_ROUTED", pairs)
+        assert network.fault_reach(sc.cluster, groups, faults) == sc.reached_gpus
         m.setattr(network, "REACH_PAIRS_ROUTED", pairs - 1)
-        assert network.fault_reach(sc.cluster, groups, removed) is None
+        assert network.fault_reach(sc.cluster, groups, faults) is None
+    assert network.fault_reach(sc.cluster, groups, []) == set()
 
 
 def test_faults_with_too_many_pairs_to_route_keep_every_gpu_they_marked(monkeypatch):

@@ -344,9 +344,9 @@ def _route_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, direct: bool
 # the most pairs fault_crossers routes (about 0.2 s); past that, faults keep every GPU they
 # marked (a what-if list of hundreds of faulty nodes)
 FAULT_PAIRS_ROUTED = 250_000
-# the most pairs fault_reach routes (every pair of every group; moe_1024gpu's 165,888 in
-# 0.08 s); past that (llama3_405b_16k's DP128 groups: 2.1 million), only the GPUs the
-# faults marked are asked
+# the most pairs fault_reach routes (every pair of every kind of group, reach_pairs:
+# moe_1024gpu's 164,864 in 0.08 s); past that (deepseek_v3_2048gpu's 432,128,
+# llama3_405b_16k's 2.5 million), only the GPUs the faults marked are asked
 REACH_PAIRS_ROUTED = 250_000
 
 
@@ -386,17 +386,29 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
     if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
         return out | asked  # (hundreds of faulty nodes: all they marked)
     n_gpu = cluster.num_gpus  # pair keys: src * n_gpu + dst
-    keys = [routed * n_gpu + routed]
+    keys = [routed * (n_gpu + 1)]
     for rows, m in zip(groups, marked):
         for i in np.flatnonzero(m.any(axis=1)).tolist():  # its marked members with every member, both ways
             f = rows[i][m[i]][:, None]
             keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
-    keys = np.unique(np.concatenate(keys))
-    src, dst = keys // n_gpu, keys % n_gpu
+    src, dst = _pair_ends(cluster, keys)
     routes = _pair_routes(cluster, src, dst)
     slowed = _links_of(routes, [np.isin(rows, bad).any(axis=1) for rows, _ in routes])  # every link a crossing flow takes
     ends = _meeting_ends(routes, slowed, src, dst)
     return out | (asked & set(ends))
+
+
+def _pair_ends(cluster: Cluster, keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(sources, destinations) of the distinct pair keys ``src * GPUs + dst`` in ``keys``,
+    without a GPU's pair with itself where it has no NVSwitch to loop through (a node of one
+    GPU): its NVLS loop is the only route such a pair has."""
+    n_gpu = cluster.num_gpus
+    keys = np.unique(np.concatenate(keys))
+    src, dst = keys // n_gpu, keys % n_gpu
+    names, nodes = cluster.gpu_names, cluster.graph.nodes
+    switched = np.fromiter((nodes[g].get("switch") is not None for g in names), bool, n_gpu)
+    keep = (src != dst) | switched[src]
+    return src[keep], dst[keep]
 
 
 def _pair_routes(cluster: Cluster, src: np.ndarray, dst: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -421,6 +433,17 @@ def _meeting_ends(routes: list[tuple[np.ndarray, np.ndarray]], links: np.ndarray
     return np.unique(np.concatenate([src[touched], dst[touched]])).tolist()
 
 
+def distinct_groups(groups: list[np.ndarray]) -> list[np.ndarray]:
+    """Each kind of group once, its rows sorted (edp is cp+dp where no expert splits them)."""
+    return list({(rows.shape, rows.tobytes()): rows for rows in (np.sort(r, axis=1) for r in groups)}.values())
+
+
+def reach_pairs(groups: list[np.ndarray]) -> int:
+    """The ordered pairs :func:`fault_reach` routes for ``groups`` (:func:`distinct_groups`),
+    each GPU with itself included: what ``REACH_PAIRS_ROUTED`` bounds."""
+    return sum(rows.shape[0] * rows.shape[1] ** 2 for rows in distinct_groups(groups))
+
+
 def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set[int] | None:
     """Every GPU whose traffic ``faults`` (node and fabric ones: (u, v, removed, GPUs) each)
     touch under a plan whose communication groups are ``groups``, on any node: a flow of
@@ -440,7 +463,8 @@ def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set
           n2.gpu1 -> n6.gpu1        leaf1, spine t, leaf3           meets it where ECMP picks t too
     """
     n_gpu = cluster.num_gpus
-    if sum(rows.shape[0] * rows.shape[1] ** 2 for rows in groups) > REACH_PAIRS_ROUTED:
+    groups = distinct_groups(groups)
+    if reach_pairs(groups) > REACH_PAIRS_ROUTED:
         return None
     index = cluster.edge_index
     bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))
@@ -449,8 +473,7 @@ def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set
     keys = [np.arange(n_gpu) * (n_gpu + 1)]  # (each GPU to itself: its NVLS loop)
     for rows in groups:
         keys.append((rows[:, :, None] * n_gpu + rows[:, None, :]).ravel())
-    keys = np.unique(np.concatenate(keys))
-    src, dst = keys // n_gpu, keys % n_gpu
+    src, dst = _pair_ends(cluster, keys)
     routes = _pair_routes(cluster, src, dst)
     changed = [np.isin(rows, bad).any(axis=1) | np.isin(src[pair], moved) | np.isin(dst[pair], moved)
                for rows, pair in routes]

@@ -208,13 +208,17 @@ def fabric_faults_note(faults: dict | None, sep: str, collapsed: bool = True) ->
     """What the terminal and the report say of the GPUs the faults reach beyond those their
     nodes' own cables split anyway ("" if none, or in a run of every rank): that the
     classes split around them (one phrase; why the run simulates more ranks than without
-    the fault), or that the collapse kept them (two), each after ``sep``."""
+    the fault), or that the collapse kept them (two); before it, where the GPUs the faults
+    reach on any node were not asked, that (one); each after ``sep``."""
     if not faults or not collapsed:
         return ""
+    unasked = "" if faults["reach_asked"] else (
+        f"{sep}the GPUs the faults reach on other nodes not asked (too many pairs of GPUs in the plan's "
+        f"groups to route them all): their twins move at the pace the simulated ones see")
     if not faults["kept_in_collapse"]:
-        return (f"{sep}split around the {faults['gpus']:,} GPUs more that the faults reach "
-                f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
-    return (f"{sep}faults kept in the collapse, their orbits at the slowest twin's pace:{sep}a split "
+        return unasked + (f"{sep}split around the {faults['gpus']:,} GPUs more that the faults reach "
+                          f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})" if faults["gpus"] else "")
+    return unasked + (f"{sep}faults kept in the collapse, their orbits at the slowest twin's pace:{sep}a split "
             f"around the {faults['gpus']:,} GPUs they reach would simulate {faults['split_ranks']:,} ranks "
             f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
 

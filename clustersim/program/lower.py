@@ -143,9 +143,10 @@ class Symmetry:
       and are refined as around stragglers: one class per (stage, [CP index,] EP index) where
       TP twins share an EP index (experts split as TP) and DP twins collapsed as before.
     - Collapsed, with faults (``faulty``: the ranks whose traffic a degraded NVLink, PCIe or
-      NIC-leaf cable of their node touches, and those of the nodes below a faulty fabric cable
-      or switch whose traffic it touches where their split fits: config.Scenario.split_faults,
-      every one below a removed cable or switch): their traffic may cross
+      NIC-leaf cable of their node touches, and, where their split fits, those of the nodes
+      below a faulty fabric cable or switch whose traffic it touches (every one below a removed
+      cable or switch) and those of any node whose flows meet the faults' slowed or moved
+      flows: config.Scenario.split_faults): their traffic may cross
       or meet a slower link than their twins', which makes them stragglers in communication;
       each is a class of its own, and the classes split around them the same way.
 
