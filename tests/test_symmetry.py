@@ -732,6 +732,19 @@ def test_a_removed_cable_reaches_the_gpus_its_moved_flows_meet():
     assert network.fault_reach(sc.cluster, groups, []) == set()
 
 
+def test_a_cable_fault_on_nodes_of_one_gpu_equals_all_ranks():
+    """Nodes of one GPU have no NVSwitch, so no GPU's flow to itself is a loop through one:
+    such pairs are not routed (a KeyError until they were left out). 8 such nodes on one
+    leaf, DP8, node 0's NIC cable at half bandwidth: every GPU shares the leaf's links with
+    GPU 0's slowed flows, every one splits, and the collapse is the all-ranks run."""
+    d = _doc("dgx-h100.yaml", 8, {"tp": 1, "pp": 1, "dp": 8}, 2, what_if=[{"link": "n0.nic0-leaf0.0", "bw_factor": 0.5}])
+    d["cluster"]["node"] = {"gpus": 1, "nics": 1}
+    sc = clustersim.load_scenario(d, base_dir=ROOT)
+    assert sc.node_touched_gpus == {0} and sc.split_faults == (frozenset(range(8)), 0)
+    split, full = _both(sc)
+    _assert_same(split, full)
+
+
 def test_faults_with_too_many_pairs_to_route_keep_every_gpu_they_marked(monkeypatch):
     """Past ``FAULT_PAIRS_ROUTED`` pairs (a what-if list of hundreds of faulty nodes) nothing is
     routed, and the faults split every GPU they marked."""
