@@ -314,6 +314,17 @@ def test_degraded_link_shows_on_both_directions(a100):
     assert c.path_bw_Bps(c.path(0, 8)) == pytest.approx(12.5e9 * 0.9)
 
 
+def test_a_link_as_the_outputs_name_it_is_its_cable(a100):
+    """The terminal and the report name a link by its direction, ``n0.nic0->leaf0.0``; copied
+    into a what-if it names the cable, degraded both ways as ``n0.nic0-leaf0.0`` is."""
+    cfg = a100.cfg.model_dump()
+    arrow, dash = (build_cluster(TopologyCfg.model_validate({**cfg, "what_if": [{"link": name, "bw_factor": 0.5}]}))
+                   for name in ("n0.nic0->leaf0.0", "n0.nic0-leaf0.0"))
+    for u, v in (("n0.nic0", "leaf0.0"), ("leaf0.0", "n0.nic0")):
+        assert arrow.graph.edges[u, v]["line_bw_Bps"] == dash.graph.edges[u, v]["line_bw_Bps"] == 12.5e9
+    assert arrow.fault_cables == dash.fault_cables
+
+
 def test_gpu_slowdown_is_validated_and_stored():
     c = _cluster({"kind": "none"}, 1, what_if=[{"gpu": 5, "slowdown": 1.3}, {"gpu": 2, "slowdown": 2.0},
                                                {"gpu": 5, "slowdown": 2.0}])

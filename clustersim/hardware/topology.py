@@ -1161,9 +1161,11 @@ def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None)
 
 
 def _cable(cluster: Cluster, spec: str, where: str, key: str) -> tuple[str, str]:
-    """The two ends of cable ``"u-v"`` (vertex names hold no '-'), or a ConfigError."""
+    """The two ends of cable ``"u-v"`` (vertex names hold no '-'), or a ConfigError. ``"u->v"``,
+    as the terminal and the report name a link (one direction of a cable), names the same
+    cable: a what-if takes the cable, both ways."""
     g, cfg = cluster.graph, cluster.cfg
-    ends = [p.strip() for p in spec.split("-")]
+    ends = [p.strip() for p in spec.replace("->", "-").split("-")]
     quoted = short_repr(spec)
     if len(ends) != 2 or not all(ends):
         raise _fail(cfg, where, f"{key} {quoted} is not a cable; write its two ends as \"u-v\", "

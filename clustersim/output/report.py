@@ -1244,7 +1244,7 @@ def memory_html(summary: dict[str, Any]) -> str:
         verdict = (f'<span class="fits{tight}">fits{margin_txt}{" (tight)" if tight else ""}</span>' if st["fits"]
                    else f'<span class="nofit">DOES NOT FIT{margin_txt}</span>')
         inflight = st.get("inflight_microbatches")
-        act_note = f" ({inflight} mb)" if inflight is not None else ""
+        act_note = f" ({inflight} µb)" if inflight is not None else ""
         buffers = f'{st["comm_buffers_bytes"] / GiB:.2f}' if "comm_buffers_bytes" in st else ""
         # the verdict first after the peak: at a laptop's width the table scrolls, and what a
         # reader needs first must be in view
@@ -1256,12 +1256,15 @@ def memory_html(summary: dict[str, Any]) -> str:
                     f'<td>{st.get("recomputing_bytes", 0.0) / GiB:.2f}</td><td>{g("transient_bytes")}</td></tr>')
     return ("<div><h2>Memory per GPU, by pipeline stage (GiB)</h2><table><tr><th>stage</th>"
             "<th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th>"
-            "<th>parameters</th><th>params</th><th>grads</th><th>optimizer</th><th>activations<br>(in flight)</th>"
+            "<th>parameters<br>(count)</th><th>params</th><th>grads</th><th>optimizer</th>"
+            "<th>activations<br>(µb in flight)</th>"
             "<th>comm<br>buffers</th><th>recomputing<br>(at the peak)</th><th>transient</th></tr>"
             + "".join(rows) + "</table>" + (
                 f'<p class="note">Tight: less than {mem["tight_below_bytes"] / GiB:.1f} GiB spare, which the CUDA '
                 "context, NCCL's buffers and the allocator's fragmentation, not counted here, can take.</p>"
-                if mem.get("tight") else "") + "</div>")
+                if mem.get("tight") else "") + '<p class="note">GiB but for the parameters\' count (B: billions) '
+            "and, beside the activations, the most microbatches (µb) whose activations a GPU of the stage holds "
+            "at once.</p></div>")
 
 
 def stages_html(summary: dict[str, Any]) -> str:
@@ -1313,7 +1316,8 @@ def causes_html(summary: dict[str, Any]) -> str:
             "<th>exposed<br>/ GPU</th><th>on the wire<br>/ GPU</th><th>times<br>/ GPU</th><th>size<br>(largest)</th>"
             "<th class=\"l\">algorithm</th><th class=\"l wrap\">bottleneck link</th>"
             "<th class=\"l wrap\">shared with (while its most exposed instance ran)</th>"
-            "</tr>" + "".join(rows) + "</table><p class=\"note\">Bottleneck: the link whose share of the "
+            "</tr>" + "".join(rows) + "</table><p class=\"note\">A row stands for every span of one collective "
+            "whatever its bucket, layer or chunk number (shown as #). Bottleneck: the link whose share of the "
             "collective's traffic takes longest at that link's bandwidth.</p></div>")
 
 
