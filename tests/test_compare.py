@@ -223,9 +223,14 @@ def test_compare_page_in_chromium(compared, tmp_path):
         ranges = page.evaluate("['A','B'].map(x => document.getElementById('clustersim-timeline-' + x)"
                                ".layout.xaxis.range)")
         bars = page.evaluate("document.getElementById('compare-split').data.map(t => t.x)")
+        # each timeline's plot area: the same left edge and width, so that t = 0 lines up
+        areas = page.evaluate("['A','B'].map(x => {const r = document.querySelector("
+                              "'#clustersim-timeline-' + x + ' .nsewdrag').getBoundingClientRect();"
+                              " return [Math.round(r.left), Math.round(r.width)]})")
         page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     assert errors == []
     assert ranges == [[100, 250], [100, 250]]
+    assert areas[0] == areas[1]
     steps = [p["summary"]["step_time_s"] for p in compared["doc"]["plans"]]
     assert [math.fsum(x[i] for x in bars) for i in range(2)] == pytest.approx(steps, rel=1e-9)
 

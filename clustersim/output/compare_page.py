@@ -31,6 +31,9 @@ from .report import (_CSS, DIV_ID, GROUPS, TIMELINE_CONFIG, _plot_div_around_dat
 from .summary import GiB, plan_line
 
 COMPARE_PAGE = "compare.html"
+# the width of a character of the timelines' row labels (11 px system-ui), a little over: the
+# left margin every drawn timeline gets must hold the longest label of any
+LABEL_CHAR_PX = 6.6
 # the timelines drawn on the page: past these, each plan's own report has its timeline (a
 # browser lays out several hundred thousand bars slowly)
 MAX_TIMELINES = 8
@@ -238,12 +241,18 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict
              "the others follow; double-click to reset."
              + (f" {len(drawn)} of the {len(plans)} plans are drawn (the first, the fastest that fits, then the "
                 f"fastest); {', '.join(left)} are in their reports." if left else "") + "</p>"]
+    # one left margin for all, wide enough for the longest row label of any: plotly's automargin
+    # would size each to its own labels, and t = 0 would stand at a different place in each
+    labels = [t for i in drawn for t in timelines[i][1].get("yaxis", {}).get("ticktext", ())]
+    left_px = round(LABEL_CHAR_PX * max(map(len, labels), default=0)) + 16
     ids = []
     for i in drawn:
         p, (data_json, layout, caption) = plans[i], timelines[i]
         div_id = f"{DIV_ID}-{p['label']}"
         ids.append(div_id)
-        layout = {**layout, "xaxis": {**layout["xaxis"], "range": [0, end_ms]}}
+        layout = {**layout, "xaxis": {**layout["xaxis"], "range": [0, end_ms]},
+                  "yaxis": {**layout.get("yaxis", {}), "automargin": False},
+                  "margin": {**layout.get("margin", {}), "l": left_px}}
         before, after = _plot_div_around_data({"layout": layout}, div_id, _TIMELINE_CONFIG)
         unfit = "" if p["summary"]["memory"]["fits"] else ' · <span class="nofit">does not fit</span>'
         parts.append(f"<h3>{html.escape(p['label'])} · {html.escape(plan_line(p['summary']))} · "
