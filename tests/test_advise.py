@@ -117,7 +117,7 @@ def test_advise_small_model(tmp_path, root):
     words = shlex.split(cmd)
     variants = [words[i + 1] for i, w in enumerate(words) if w == "--variant"]
     best = [n for n in adv["ranking"] if rows[n]["fits"] and n != 1][:len(variants)]
-    assert len(variants) == 3 and words[4] == SMALL and words[-2:] == ["--out", "compare_best"]
+    assert len(variants) == 3 and words[4] == SMALL and words[-2:] == ["--out", "out/compare_best"]
     for text, n in zip(variants, best):
         s = clustersim.simulate(load_variant(root / SMALL, parse_changes(text, source="s", field="f"))).summary
         assert s["step_time_s"] == rows[n]["step_time_s"], (text, n)
@@ -125,7 +125,7 @@ def test_advise_small_model(tmp_path, root):
     # and the command that runs the best plan that fits
     words = shlex.split(run_command(adv))
     top = next(n for n in adv["ranking"] if rows[n]["fits"])
-    assert words[3:5] == ["run", SMALL] and words[-2:] == ["--out", f"best_plan_{top}"]
+    assert words[3:5] == ["run", SMALL] and words[-2:] == ["--out", f"out/best_plan_{top}"]
     s = clustersim.simulate(load_variant(root / SMALL, parse_changes(words[6], source="s", field="f"))).summary
     assert words[5] == "--set" and s["step_time_s"] == rows[top]["step_time_s"]
     # coarse to fine simulates fewer plans and finds the same best plan here

@@ -275,7 +275,7 @@ def compare_command(sweep: dict[str, Any], most: int = COMPARED, best: list | No
     words = ["python", "-m", "clustersim", "compare", sweep["scenario"]]
     for changes in best:
         words += ["--variant", changes_text(changes)]
-    return " ".join(map(_shell_word, words)) + " --out compare_best"
+    return " ".join(map(_shell_word, words)) + " --out out/compare_best"
 
 
 def run_command(sweep: dict[str, Any], best: list | None = None) -> str | None:
@@ -287,7 +287,7 @@ def run_command(sweep: dict[str, Any], best: list | None = None) -> str | None:
     n, changes = best[0]
     words = ["python", "-m", "clustersim", "run", sweep["scenario"]] + (
         ["--set", changes_text(changes)] if changes else [])
-    return " ".join(map(_shell_word, words)) + f" --out best_plan_{n}"
+    return " ".join(map(_shell_word, words)) + f" --out out/best_plan_{n}"
 
 
 def _table_html(sweep: dict[str, Any], own: int | None) -> str:
@@ -389,7 +389,7 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
                  f'<code class="cmd">{e(run)}</code>']
     if cmd is not None:
         body += ["<p class=\"note\">The best plans that fit side by side with the scenario as its file has it: their "
-                 "timelines, memory and exposed communication on one page (compare_best/compare.html):</p>",
+                 "timelines, memory and exposed communication on one page (out/compare_best/compare.html):</p>",
                  f'<code class="cmd">{e(cmd)}</code>']
     body += [_table_html(sweep, own) if sweep["ranking"] else "", _left_out_html(sweep, "unfit"),
              _left_out_html(sweep, "refused")]
