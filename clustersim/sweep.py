@@ -356,7 +356,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
         lines.append(f"{head}: {len(left):,} of {n:,}" + (f" ({why})" if why else ""))
         for r in left[:shown_n]:
             what = " ".join(f"{h}={_cell(r['changes'].get(k))}" for h, k in zip(heads, keys) if k in r["changes"])
-            lines.append(f"  {what}: {r['reason']}")
+            lines.append(f"  #{r['plan']} {what}: {r['reason']}")  # (its number, as the table's and the files')
         if len(left) > shown_n:
             lines.append(f"  ... and {len(left) - shown_n:,} more ({files.replace('.csv', '.json')})")
     return lines
