@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .sweep import DP, Plan, check_keys, ranking, simulate_plans, table_lines, value_at
+from .sweep import DP, Plan, also_set, check_keys, ranking, simulate_plans, table_lines, value_at
 from .yamlio import read_yaml
 
 RECOMPUTES = ("none", "selective", "full")
@@ -394,9 +394,15 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                 f"most memory, then the fastest that fit with every other): {n:,} plans")
              + (f", {done:,} simulated" if done != n else "")]
     best = rows[ranked[0]] if ranked and rows[ranked[0]]["fits"] else None
-    notes = {p: "; ".join((["the scenario's plan"] if p == advice["own_plan"] else []) + rows[p]["guide_options"])
-             for p in ranked}
-    lines += table_lines(advice, top, notes, "guide's option", files="advise.json with --out", refused_shown=3)
+    # a plan's row with the settings it changes besides the columns (SP with TP, say): what a
+    # run of it needs to give the same step
+    notes = {}
+    for p in ranked:
+        options = "; ".join((["the scenario's plan"] if p == advice["own_plan"] else []) + rows[p]["guide_options"])
+        more = also_set(advice, rows[p])
+        notes[p] = " · ".join(x for x in (options, f"also {more}" if more else "") if x)
+    lines += table_lines(advice, top, notes, "guide's option · also set", files="advise.json with --out",
+                         refused_shown=3)
     lines.append("the guide's options, each at its best plan that fits:")
     width = max(len(o["option"]) for o in advice["options"])
     for o in advice["options"]:

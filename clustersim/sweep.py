@@ -304,6 +304,15 @@ def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
     return "\n".join(lines + table_lines(sweep, top))
 
 
+def also_set(sweep: dict[str, Any], r: dict[str, Any]) -> str:
+    """The plan's changes besides the keys it is shown by (an advice sets what each plan needs:
+    ``parallel.sp=true`` with TP, say), as the command line gives them; "" where none."""
+    from .overrides import changes_text
+
+    shown = set(_columns(sweep))
+    return changes_text([(k, v) for k, v in r["changes"].items() if k not in shown and v is not None])
+
+
 def table_columns(sweep: dict[str, Any]) -> list[tuple[str, Any]]:
     """The ranked table's columns, each (head, a simulated plan's row -> its cell): the plan's
     number, the keys it is shown by (:func:`_columns`), then its figures."""

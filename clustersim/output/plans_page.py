@@ -30,7 +30,7 @@ import shlex
 from typing import Any
 
 from ..overrides import changes_text
-from ..sweep import UNFIT_WHY, _cell, _columns, _heads, table_columns, value_at
+from ..sweep import UNFIT_WHY, _cell, _columns, _heads, also_set, table_columns, value_at
 from .report import _CSS, _plotlyjs_script, plot_div
 from .compare_page import _small_layout, parts_figure
 from .summary import GiB
@@ -59,13 +59,6 @@ def plan_text(sweep: dict[str, Any], row: dict[str, Any]) -> str:
     """A plan's keys as the table shows them: ``tp=4 pp=8 recompute=selective dp=2``."""
     keys = _columns(sweep)
     return " ".join(f"{h}={_cell(row['changes'].get(k))}" for h, k in zip(_heads(keys), keys) if k in row["changes"])
-
-
-def also_set(sweep: dict[str, Any], r: dict[str, Any]) -> str:
-    """The plan's changes besides the keys it is shown by (an advice sets what each plan needs:
-    ``parallel.sp=true`` with TP, say), as the command line gives them; "" where none."""
-    shown = set(_columns(sweep))
-    return changes_text([(k, v) for k, v in r["changes"].items() if k not in shown and v is not None])
 
 
 def _hover(sweep: dict[str, Any], r: dict[str, Any], note: str = "") -> str:
