@@ -112,6 +112,12 @@ def test_advise_small_model(tmp_path, root):
         if o["best"] is not None:
             assert traces[f"the guide's \u201c{o['option']}\u201d"]["y"] == [rows[o["best"]]["tokens_per_s_per_gpu"]]
     assert traces["the scenario's plan"]["y"] == [rows[1]["tokens_per_s_per_gpu"]]
+    # the capacity line the page's caption reads the points against is drawn, though the plan
+    # that cannot fit was left out and every point lies well left of it
+    layout = scatter_figure(adv)["layout"]
+    cap = rows[1]["capacity_bytes"] / 2**30
+    assert max(r["peak_bytes"] for r in adv["plans"] if r["status"] == "ok") / 2**30 < cap
+    assert [sh["x0"] for sh in layout["shapes"]] == [cap] and layout["xaxis"]["range"][1] > cap
     cmd = compare_command(adv)
     assert html.escape(cmd) in (out / "advise.html").read_text()
     words = shlex.split(cmd)

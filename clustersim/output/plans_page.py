@@ -102,7 +102,8 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
     fit and those that do not apart, the best plans numbered, the GPU's capacity dashed; for an
     advice, each of the guide's options at its best plan and the scenario's own plan marked.
 
-    The memory axis ends at 1.5 times the capacity (or past the largest peak that fits): a
+    The memory axis ends past the capacity, at the largest peak, at most 1.5 times the capacity
+    (or past the largest peak that fits): a
     plan further out is drawn at its edge as a triangle pointing off the scale (its hover says
     its peak), so the plans that fit are not squeezed against the left."""
     rows = {r["plan"]: r for r in sweep["plans"]}
@@ -113,7 +114,9 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
     fit_peaks = [r["peak_bytes"] for r in ranked if r["fits"]]
     peaks = [r["peak_bytes"] for r in ranked]
     end = min(max(peaks, default=0.0) * 1.04, max([1.5 * max(caps, default=0.0), *(1.1 * x for x in fit_peaks)]))
-    end = end or max(peaks, default=1.0) * 1.04
+    # past the capacity however far below it every peak is (an advice leaves out the plans that
+    # cannot fit): the line the page reads the plans against is always drawn
+    end = max(end, 1.04 * max(caps, default=0.0)) or max(peaks, default=1.0) * 1.04
 
     def x_of(r: dict[str, Any]) -> float:
         return min(r["peak_bytes"], end) / GiB
