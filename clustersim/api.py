@@ -261,7 +261,9 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                   "attention": "mla" if sc.model.mla else "gqa" if sc.model.n_kv_heads < sc.model.heads else "mha"},
         "hardware": {"gpu": gpu.name, "peak_flops": peak, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
                      "topology": sc.topology.name, "nodes": sc.topology.nodes,
-                     "gpus_per_node": sc.topology.node.gpus, "changes": changed_topology_fields(sc.cfg.cluster)},
+                     "gpus_per_node": sc.topology.node.gpus, "changes": changed_topology_fields(sc.cfg.cluster),
+                     # the faults and stragglers, the topology file's and the scenario's, as given
+                     "what_if": [w.model_dump(exclude_none=True) for w in sc.topology.what_if] or None},
         "simulation": {"network": sc.cfg.simulation.network,
                        "collapse_symmetric": len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import pytest
 import yaml
 
@@ -34,6 +36,20 @@ def test_a_straggler_slows_its_replicas_and_splits_the_classes(root):
     # grows, and by at most the half of GPU 5's compute that the slowdown adds
     extra = 0.5 * compute_of(slow, 4)
     assert base.summary["step_time_s"] < slow.summary["step_time_s"] <= base.summary["step_time_s"] + extra * (1 + 1e-9)
+
+
+def test_the_what_ifs_are_named_in_the_summary_and_its_cluster_line(root):
+    """A run under faults says which, beside the cluster it ran on: ``hardware.what_if`` as
+    given, and the terminal's cluster line; none, and it says nothing."""
+    from clustersim.output.report import header_html
+
+    s = _run(root, [{"link": "n0.nic0->leaf0.0", "bw_factor": 0.5}, {"gpu": 5, "slowdown": 1.5}]).summary
+    assert s["hardware"]["what_if"] == [{"link": "n0.nic0->leaf0.0", "bw_factor": 0.5}, {"gpu": 5, "slowdown": 1.5}]
+    line = next(x for x in format_summary(s).splitlines() if x.startswith("cluster "))
+    said = " · what-if: n0.nic0->leaf0.0 x0.5 bandwidth, GPU 5 1.5x slower"
+    assert line.endswith(said) and html.escape(said) in header_html(s)
+    base = _run(root, []).summary
+    assert base["hardware"]["what_if"] is None and "what-if" not in format_summary(base) + header_html(base)
 
 
 def test_a_degraded_nic_slows_the_step(root):

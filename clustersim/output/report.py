@@ -60,7 +60,7 @@ from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_withi
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
 from .summary import (collective_fallbacks_note, fabric_faults_note, plan_dims, plan_options, schedule_part,
-                      topology_changes_note)
+                      topology_changes_note, what_if_note)
 
 GiB = 1024**3
 MiB = 1024**2
@@ -999,7 +999,7 @@ def header_html(summary: dict[str, Any]) -> str:
     if hw:
         out.append(f'<p class="meta">cluster: {summary.get("world_size", "?")} × {e(str(hw.get("gpu", "?")))} '
                    f'({_n(hw.get("nodes") or 0, "node")} × {hw.get("gpus_per_node", "?")}, '
-                   f'{e(str(hw.get("topology", "")))}){e(topology_changes_note(hw))}</p>')
+                   f'{e(str(hw.get("topology", "")))}){e(topology_changes_note(hw) + what_if_note(hw))}</p>')
     if plan:
         out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × ") + plan_options(plan))}'
                    f'{e(schedule_part(plan, " · ")) if "schedule" in plan else ""} · {plan.get("microbatches")} microbatches × '

@@ -119,6 +119,20 @@ def topology_changes_note(hw: dict[str, Any]) -> str:
     return " · changed: " + " ".join(f"{k}={said(v)}" for k, v in changes.items())
 
 
+def what_if_note(hw: dict[str, Any]) -> str:
+    """" · what-if: n0.nic2-leaf0.2 x0.5 bandwidth, GPU 5 1.2x slower": the faults and
+    stragglers (``hardware.what_if``), "" where none."""
+    said = []
+    for w in hw.get("what_if") or ():
+        if "link" in w:
+            said.append(f"{w['link']} x{w['bw_factor']:g} bandwidth")
+        elif "gpu" in w:
+            said.append(f"GPU {w['gpu']} {w['slowdown']:g}x slower")
+        else:
+            said.append(f"{w.get('remove_link') or w.get('remove_switch')} removed")
+    return " · what-if: " + ", ".join(said) if said else ""
+
+
 def _grads_option(p: dict[str, Any]) -> str:
     """" · fp32 grads reduced in bf16": the gradients' dtype where they are reduced over data
     (and context) parallel ranks, since it sets the bytes of every gradient collective; and
@@ -216,11 +230,15 @@ def fabric_faults_note(faults: dict | None, sep: str, collapsed: bool = True) ->
         f"{sep}the GPUs the faults reach on other nodes not asked (too many pairs of GPUs in the plan's "
         f"groups to route them all): their twins move at the pace the simulated ones see")
     if not faults["kept_in_collapse"]:
-        return unasked + (f"{sep}split around the {faults['gpus']:,} GPUs more that the faults reach "
+        return unasked + (f"{sep}split around the {_gpus(faults['gpus'])} more that the faults reach "
                           f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})" if faults["gpus"] else "")
     return unasked + (f"{sep}faults kept in the collapse, their orbits at the slowest twin's pace:{sep}a split "
-            f"around the {faults['gpus']:,} GPUs they reach would simulate {faults['split_ranks']:,} ranks "
+            f"around the {_gpus(faults['gpus'])} they reach would simulate {faults['split_ranks']:,} ranks "
             f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
+
+
+def _gpus(n: int) -> str:
+    return f"{n:,} GPU{'s' if n != 1 else ''}"
 
 
 def collective_fallbacks_note(fallbacks: dict | None, sep: str) -> str:
@@ -251,7 +269,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"clustersim · {printable(s['scenario'])}",
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})"
-        + printable(topology_changes_note(hw)),
+        + printable(topology_changes_note(hw) + what_if_note(hw)),
         f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
         f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
