@@ -395,10 +395,33 @@ def test_report_says_which_gpus_each_rank_stands_for(result, report, tmp_path):
 def test_busiest_links_table_lists_the_summary_links(result, report):
     table = _section(report, "Busiest links")
     busiest = result.summary["links"]["busiest"]
-    assert busiest and table.count("<tr>") == len(busiest) + 1
+    # links alike in every figure (twins of one orbit) share a row, each named in its title
+    from clustersim.output.report import _pct, fmt_bytes
+
+    figures = [(u["kind"], fmt_bytes(u["bytes"]), round(u["bw_Bps"] / 1e9), _pct(u["utilisation"]),
+                _pct(u["peak_utilisation"])) for u in busiest]
+    runs = 1 + sum(a != b for a, b in zip(figures, figures[1:]))
+    assert busiest and table.count("<tr>") == runs + 1
     for u in busiest:
         assert u["link"].replace(">", "&gt;") in table
         assert 0 < u["utilisation"] <= u["peak_utilisation"] <= 1 + 1e-9
+
+
+def test_links_alike_share_a_row_and_a_line():
+    """Ten twins with the same bytes and use: one row of the table and one line of the chart,
+    named by the first and how many more; a link that differs keeps its own."""
+    from clustersim.output.report import links_figure, links_html
+
+    def link(i: int, use: float) -> dict:
+        return {"link": f"leaf1.0->n{32 + i}.nic0", "kind": "nic", "bytes": use * 1e12, "bw_Bps": 45e9,
+                "utilisation": use, "peak_utilisation": 1.0, "utilisation_over_time": [use, 1.0]}
+
+    s = {"step_time_s": 1.0, "links": {"busiest": [link(i, 0.5) for i in range(10)] + [link(10, 0.4)]}}
+    table = links_html(s)
+    assert table.count("<tr>") == 3 and "leaf1.0-&gt;n32.nic0 and 9 alike" in table
+    assert 'title="leaf1.0-&gt;n32.nic0, leaf1.0-&gt;n33.nic0,' in table and "n42.nic0</td>" in table
+    names = [t["name"] for t in links_figure(s)["data"]]
+    assert names == ["leaf1.0->n32.nic0 and 9 alike (nic)", "leaf1.0->n42.nic0 (nic)"]
 
 
 def test_report_draws_the_critical_path_and_explains_exposed_comm(result, report):

@@ -1159,12 +1159,16 @@ def links_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
         return None
     step_ms = 1e3 * float(summary.get("step_time_s") or 0.0)
     data = []
-    for u in busiest[:LINKS_SHOWN]:
+    # one line for links whose use is the same bin by bin (twins of one orbit): drawn on top of
+    # each other they would show one line under five names
+    for alike in _alike(busiest, lambda u: (u["kind"], tuple(round(x, 3) for x in u["utilisation_over_time"])))[
+            :LINKS_SHOWN]:
+        u = alike[0]
         series = u["utilisation_over_time"]
         width_ms = step_ms / len(series)
         data.append({
-            "hovertemplate": "%{y:.0f} % at %{x:.0f} ms<extra>" + html.escape(u["link"]) + "</extra>",
-            "line": {"shape": "hv", "width": 1.5}, "mode": "lines", "name": f'{u["link"]} ({u["kind"]})',
+            "hovertemplate": "%{y:.0f} % at %{x:.0f} ms<extra>" + html.escape(_alike_name(alike)) + "</extra>",
+            "line": {"shape": "hv", "width": 1.5}, "mode": "lines", "name": f'{_alike_name(alike)} ({u["kind"]})',
             # each bin's value from its left edge ("hv" holds it to the next point), and the
             # last one held to the step's end
             "x": [width_ms * i for i in range(len(series))] + [step_ms],
@@ -1180,10 +1184,15 @@ def links_html(summary: dict[str, Any]) -> str:
     if not busiest:
         return ""
     rows = []
-    for u in busiest:
+    # (alike as the row shows them: twins' figures differ in their last bits)
+    for alike in _alike(busiest, lambda u: (u["kind"], fmt_bytes(u["bytes"]), round(u["bw_Bps"] / 1e9),
+                                            _pct(u["utilisation"]), _pct(u["peak_utilisation"]))):
+        u = alike[0]
         meter = (f'<span class="meter"><span class="exposed" style="width:{100 * min(u["utilisation"], 1):.1f}%">'
                  f'</span></span>')
-        rows.append(f'<tr><td class="l">{html.escape(u["link"])}</td><td class="l">{html.escape(u["kind"])}</td>'
+        every = html.escape(", ".join(x["link"] for x in alike), quote=True)
+        rows.append(f'<tr><td class="l" title="{every}">{html.escape(_alike_name(alike))}</td>'
+                    f'<td class="l">{html.escape(u["kind"])}</td>'
                     f'<td>{fmt_bytes(u["bytes"])}</td><td>{u["bw_Bps"] / 1e9:.0f} GB/s</td>'
                     f'<td>{_pct(u["utilisation"])}</td><td>{_pct(u["peak_utilisation"])}</td>'
                     f'<td class="l">{meter}</td></tr>')
@@ -1191,7 +1200,23 @@ def links_html(summary: dict[str, Any]) -> str:
             "<th>bytes</th><th>usable bw</th><th>mean use</th><th>peak use</th><th></th></tr>"
             + "".join(rows) + "</table><p class=\"note\">Mean use: bytes / (usable bandwidth × step). "
             "Peak: the busiest 1/100 of the step. Links of the simulated ranks; their twins' links carry "
-            "the same.</p></div>")
+            "the same. Links alike in every figure shown share a row (hover it for their names).</p></div>")
+
+
+def _alike(links: list[dict[str, Any]], key) -> list[list[dict[str, Any]]]:
+    """``links`` (the busiest, in their order) in runs of neighbours with the same ``key``."""
+    runs: list[list[dict[str, Any]]] = []
+    for u in links:
+        if runs and key(runs[-1][0]) == key(u):
+            runs[-1].append(u)
+        else:
+            runs.append([u])
+    return runs
+
+
+def _alike_name(alike: list[dict[str, Any]]) -> str:
+    """"leaf1.0->n32.nic0 and 9 alike": the first link of a run and how many more."""
+    return alike[0]["link"] + (f" and {len(alike) - 1} alike" if len(alike) > 1 else "")
 
 
 MEMORY_DIV_ID = "clustersim-memory"
@@ -1477,7 +1502,8 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
     before, after = _plot_div_around_data(d, DIV_ID, TIMELINE_CONFIG)
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
     links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
-                           f"it, for the {LINKS_SHOWN} busiest links.")
+                           f"it, for the busiest links: {LINKS_SHOWN} lines at most, one for links whose use is "
+                           "the same.")
     memory_plot = _embedded(memory_figure(summary), MEMORY_DIV_ID, "One GPU of each stage over the step (where "
                             "stragglers or faults split a stage, the one with the highest peak): parameters, "
                             "gradients, optimizer state and transient bytes, plus the activations alive (under a "
