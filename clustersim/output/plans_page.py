@@ -102,10 +102,10 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
     fit and those that do not apart, the best plans numbered, the GPU's capacity dashed; for an
     advice, each of the guide's options at its best plan and the scenario's own plan marked.
 
-    The memory axis ends past the capacity, at the largest peak, at most 1.5 times the capacity
-    (or past the largest peak that fits): a
-    plan further out is drawn at its edge as a triangle pointing off the scale (its hover says
-    its peak), so the plans that fit are not squeezed against the left."""
+    The memory axis ends a little past the larger of the capacity and the largest peak, but
+    not past 1.5 times the capacity (or the largest peak that fits): a plan further out is
+    drawn at its edge as a triangle pointing off the scale (its hover says its peak), so the
+    plans that fit are not squeezed against the left."""
     rows = {r["plan"]: r for r in sweep["plans"]}
     ranked = [rows[n] for n in sweep["ranking"]]
     own = own_plan(sweep) if own is _FIND else own
