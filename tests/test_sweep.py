@@ -129,6 +129,11 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     own = next(r for r in ok if r["changes"] == {"parallel.pp": 1, "parallel.zero": 3, "parallel.dp": 16})
     star = next(t for t in scatter["data"] if t["name"] == "the scenario's plan")
     assert star["y"] == [own["tokens_per_s_per_gpu"]] and "the star is the scenario as its file has it" in page
+    # its number stands clear of the star, twice as far as the other points' numbers
+    label = next(a for a in scatter["layout"]["annotations"] if a.get("text") == f"#{own['plan']}")
+    others = [a for a in scatter["layout"]["annotations"] if a.get("text", "").startswith("#") and a is not label]
+    assert abs(label.get("xshift", 0)) + label.get("yshift", 0) == 12
+    assert all(abs(a.get("xshift", 0)) + a.get("yshift", 0) == 6 for a in others)
     ranked_table = page.split("Every plan simulated")[1].split("Refused by")[0]
     assert f"<td>{own['plan']}</td>" in ranked_table and "the scenario&#x27;s plan" in ranked_table
     assert stdout.strip().splitlines()[0] in page

@@ -146,7 +146,8 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
                      "marker": {"color": _OWN, "symbol": "star-open", "size": 18, "line": {"width": 2}},
                      "hovertext": ["the scenario's plan<br>" + _hover(sweep, mine)], "hoverinfo": "text"})
     ys = [r["tokens_per_s_per_gpu"] for r in ranked] or [0.0]
-    notes_text = _point_labels([r for r in ranked if r["fits"]][:LABELLED], x_of, end / GiB, max(ys) - min(ys))
+    marked = frozenset([own, *(o["best"] for o in sweep.get("options", []) if o["best"] is not None)])
+    notes_text = _point_labels([r for r in ranked if r["fits"]][:LABELLED], x_of, end / GiB, max(ys) - min(ys), marked)
     shapes = [{"type": "line", "xref": "x", "x0": c / GiB, "x1": c / GiB, "yref": "paper", "y0": 0, "y1": 1,
                "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}} for c in caps if c <= end]
     notes_text += [{"x": c / GiB, "xanchor": "left", "xshift": 4, "yref": "paper", "y": 1, "yanchor": "top",
@@ -160,9 +161,11 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
         yaxis={"title": {"text": "tokens/s per GPU"}})}
 
 
-def _point_labels(named: list[dict[str, Any]], x_of, x_span: float, y_span: float) -> list[dict[str, Any]]:
+def _point_labels(named: list[dict[str, Any]], x_of, x_span: float, y_span: float,
+                  marked: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
     """"#7" beside each of the ``named`` points, on its right, or on its left where a label
-    already stands close by, or above where both sides are taken."""
+    already stands close by, or above where both sides are taken; twice as far from the plans
+    ``marked`` with a larger symbol (the scenario's star, an option's diamond)."""
     out: list[dict[str, Any]] = []
     taken: list[tuple[float, float, str]] = []
     for r in named:
@@ -171,8 +174,9 @@ def _point_labels(named: list[dict[str, Any]], x_of, x_span: float, y_span: floa
                 if abs(tx - x) < 0.06 * (x_span or 1.0) and abs(ty - y) < 0.05 * (y_span or abs(y) or 1.0)}
         side = next((s for s in ("right", "left", "above") if s not in near), "above")
         taken.append((x, y, side))
-        place = {"right": {"xanchor": "left", "xshift": 6}, "left": {"xanchor": "right", "xshift": -6},
-                 "above": {"xanchor": "center", "yanchor": "bottom", "yshift": 6}}[side]
+        gap = 12 if r["plan"] in marked else 6
+        place = {"right": {"xanchor": "left", "xshift": gap}, "left": {"xanchor": "right", "xshift": -gap},
+                 "above": {"xanchor": "center", "yanchor": "bottom", "yshift": gap}}[side]
         out.append({"x": x, "y": y, "text": f"#{r['plan']}", "showarrow": False, "font": {"size": 11}, **place})
     return out
 
