@@ -270,7 +270,8 @@ class Scenario:
         that fits, else none: the collapse keeps them, its orbits moving at their slowest
         twin's pace (docs/architecture.md, "Classes split around faults")::
 
-            own | fabric | reached     where its split fits (always on a cluster that small)
+            own | fabric | reached     where its split fits (always on a cluster that small),
+                                       or has the classes own's alone has
             own | fabric               else, where its split fits
             own                        else
         """
@@ -290,7 +291,11 @@ class Scenario:
         n = ranks(wide)
         if n <= most:
             return wide, 0
-        return (fabric, n) if fabric != own and ranks(fabric) <= most else (own, n)
+        if fabric != own and ranks(fabric) <= most:
+            return fabric, n
+        # the node's own split is made whatever it costs: where it has as many classes as the
+        # wide one (the same classes, since a wider split refines a narrower one), nothing is kept
+        return (wide, 0) if ranks(own) == n else (own, n)
 
     @cached_property
     def node_touched_gpus(self) -> frozenset[int]:

@@ -706,6 +706,24 @@ def test_a_nic_cable_splits_every_gpu_it_reaches_where_that_fits(monkeypatch):
     assert "the GPUs the faults reach on other nodes not asked" in _simulated_line(s, 1.0)
 
 
+def test_a_reach_whose_split_is_the_node_splits_own_is_not_kept():
+    """TP8 x PP4 x DP2 on 8 DGX H100 nodes, node 0's NIC 0 at half bandwidth: the fault reaches
+    the rail-0 GPUs of every node, but the classes split around GPU 0 alone are already those
+    (16 ranks). With a setting below that, the node's own split is made anyway, so the reach
+    costs nothing more: it splits too, and nothing is said to be kept. (Under PP2 x DP4 the
+    two splits differ, 8 ranks and 16, and the reach is kept.)"""
+    what_if = [{"link": "n0.nic0-leaf0.0", "bw_factor": 0.5}]
+    d = _doc("dgx-h100.yaml", 8, {"tp": 8, "pp": 4, "dp": 2}, 2, what_if=what_if)
+    sc = clustersim.load_scenario({**d, "simulation": {"fabric_fault_split_ranks": 8}}, base_dir=ROOT)
+    assert sc.node_touched_gpus == {0} and sc.reached_gpus == frozenset(range(0, 64, 8))
+    assert sc.split_faults == (sc.reached_gpus, 0)
+    s = clustersim.simulate(sc).summary["simulation"]
+    assert s["fabric_faults"]["gpus"] == 7 and not s["fabric_faults"]["kept_in_collapse"]
+    assert s["simulated_ranks"] == 16
+    other = {**d, "parallel": {**d["parallel"], "pp": 2, "dp": 4}, "simulation": {"fabric_fault_split_ranks": 8}}
+    assert clustersim.load_scenario(other, base_dir=ROOT).split_faults == (frozenset({0}), 16)
+
+
 def test_a_removed_cable_reaches_the_gpus_its_moved_flows_meet():
     """Leaf 3's uplink to spine 0 taken out: the flows of the GPUs below it (nodes 6 and 7)
     take other uplinks, which now carry more; the GPUs whose flows meet theirs there are
