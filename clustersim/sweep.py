@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .overrides import changes_text
 from .yamlio import read_yaml, short_repr
 
 # the degrees whose product with dp is the world size (ep is carved out of dp; config)
@@ -304,11 +305,15 @@ def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
     return "\n".join(lines + table_lines(sweep, top))
 
 
+def plan_text(sweep: dict[str, Any], row: dict[str, Any]) -> str:
+    """A plan's keys as the table shows them: ``tp=4 pp=8 recompute=selective dp=2``."""
+    keys = _columns(sweep)
+    return " ".join(f"{h}={_cell(row['changes'].get(k))}" for h, k in zip(_heads(keys), keys) if k in row["changes"])
+
+
 def also_set(sweep: dict[str, Any], r: dict[str, Any]) -> str:
     """The plan's changes besides the keys it is shown by (an advice sets what each plan needs:
     ``parallel.sp=true`` with TP, say), as the command line gives them; "" where none."""
-    from .overrides import changes_text
-
     shown = set(_columns(sweep))
     return changes_text([(k, v) for k, v in r["changes"].items() if k not in shown and v is not None])
 
@@ -334,12 +339,10 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
                 files: str = "sweep.csv with --out", refused_shown: int | None = None) -> list[str]:
     """The ranked plans' table (the varied keys, then the figures; ``notes`` a last column by
     plan number), how many more were simulated, and the plans refused with their rule."""
-    keys = _columns(sweep)
     rows = {r["plan"]: r for r in sweep["plans"]}
     n, done = len(rows), len(sweep["ranking"])
     refused = [r for r in sweep["plans"] if r["status"] == "refused"]
     unfit = [r for r in sweep["plans"] if r["status"] == "unfit"]
-    heads = _heads(keys)
     cols = table_columns(sweep)
     shown = [rows[p] for p in sweep["ranking"][:top]]
     lines = []
@@ -363,9 +366,8 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
         if not left:
             continue
         lines.append(f"{head}: {len(left):,} of {n:,}" + (f" ({why})" if why else ""))
-        for r in left[:shown_n]:
-            what = " ".join(f"{h}={_cell(r['changes'].get(k))}" for h, k in zip(heads, keys) if k in r["changes"])
-            lines.append(f"  #{r['plan']} {what}: {r['reason']}")  # (its number, as the table's and the files')
+        for r in left[:shown_n]:  # (its number, as the table's and the files')
+            lines.append(f"  #{r['plan']} {plan_text(sweep, r)}: {r['reason']}")
         if len(left) > shown_n:
             lines.append(f"  ... and {len(left) - shown_n:,} more ({files.replace('.csv', '.json')})")
     return lines

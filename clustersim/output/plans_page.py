@@ -30,7 +30,7 @@ import shlex
 from typing import Any
 
 from ..overrides import changes_text
-from ..sweep import UNFIT_WHY, _cell, _columns, _heads, also_set, table_columns, value_at
+from ..sweep import UNFIT_WHY, _cell, _heads, also_set, plan_text, table_columns, value_at
 from .report import _CSS, _plotlyjs_script, plot_div
 from .compare_page import _small_layout, parts_figure
 from .summary import GiB
@@ -53,12 +53,6 @@ code.cmd { display: block; background: #f6f8fa; border: 1px solid #d0d7de; borde
            font-size: 12px; white-space: pre-wrap; word-break: break-all; }
 tr.nofit td { color: #8c959f; }
 """
-
-
-def plan_text(sweep: dict[str, Any], row: dict[str, Any]) -> str:
-    """A plan's keys as the table shows them: ``tp=4 pp=8 recompute=selective dp=2``."""
-    keys = _columns(sweep)
-    return " ".join(f"{h}={_cell(row['changes'].get(k))}" for h, k in zip(_heads(keys), keys) if k in row["changes"])
 
 
 def _hover(sweep: dict[str, Any], r: dict[str, Any], note: str = "") -> str:
