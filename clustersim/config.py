@@ -340,18 +340,24 @@ class Scenario:
         if not faults:
             return None
         from .engine.network import fault_reach
+
+        got = fault_reach(self.cluster, self._fault_groups, faults)
+        return None if got is None else frozenset(got)
+
+    @cached_property
+    def _fault_groups(self) -> list:
+        """The plan's communication groups a fault's reach is routed over, rows of ranks per
+        kind (``refine_dims``): made once for the node's, the fabric's and the whole reach."""
         from .program.lower import refine_dims
 
-        got = fault_reach(self.cluster, [self.mesh.group_rows(d) for d in refine_dims(self.mesh)], faults)
-        return None if got is None else frozenset(got)
+        return [self.mesh.group_rows(d) for d in refine_dims(self.mesh)]
 
     def _touched(self, faults: list) -> frozenset[int]:
         if not faults:
             return frozenset()
         from .engine.network import fault_crossers
-        from .program.lower import refine_dims
 
-        return frozenset(fault_crossers(self.cluster, [self.mesh.group_rows(d) for d in refine_dims(self.mesh)], faults))
+        return frozenset(fault_crossers(self.cluster, self._fault_groups, faults))
 
     @property
     def microbatches(self) -> int:
