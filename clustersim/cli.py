@@ -495,9 +495,8 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     n = sim["simulated_ranks"]
     line = f"{'simulated':<16}{n} rank{'s' if n != 1 else ''}, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
     sep = "\n" + " " * 16
-    collapsed = n < summary["world_size"]
-    return line + fabric_faults_note(sim.get("fabric_faults"), sep, collapsed) + collective_fallbacks_note(
-        sim.get("collective_fallbacks"), sep)
+    return (line + fabric_faults_note(sim.get("fabric_faults"), sep, sim["collapse_symmetric"])
+            + collective_fallbacks_note(sim.get("collective_fallbacks"), sep))
 
 
 _SCHEDULE_FLAGS = {"p": "--pp", "m": "--microbatches", "v": "--vpp", "group": "--vpp-group"}

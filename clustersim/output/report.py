@@ -46,7 +46,7 @@ import json
 import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import groupby, pairwise
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -1023,7 +1023,7 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'{summary["simulation"]["repeat_tried"]} showed no steady cycle to copy in '
                    f'(simulation.repeat)</p>')
     sim = summary.get("simulation", {})
-    faults = fabric_faults_note(sim.get("fabric_faults"), " ", sim.get("simulated_ranks", 0) < summary.get("world_size", 0))
+    faults = fabric_faults_note(sim.get("fabric_faults"), " ", sim.get("collapse_symmetric", False))
     if faults:
         out.append(f'<p class="meta">simulated:{e(faults)}</p>')
     fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")
@@ -1205,13 +1205,7 @@ def links_html(summary: dict[str, Any]) -> str:
 
 def _alike(links: list[dict[str, Any]], key) -> list[list[dict[str, Any]]]:
     """``links`` (the busiest, in their order) in runs of neighbours with the same ``key``."""
-    runs: list[list[dict[str, Any]]] = []
-    for u in links:
-        if runs and key(runs[-1][0]) == key(u):
-            runs[-1].append(u)
-        else:
-            runs.append([u])
-    return runs
+    return [list(run) for _, run in groupby(links, key)]
 
 
 def _alike_name(alike: list[dict[str, Any]]) -> str:
