@@ -441,7 +441,11 @@ def distinct_groups(groups: list[np.ndarray]) -> list[np.ndarray]:
 def reach_pairs(groups: list[np.ndarray]) -> int:
     """The ordered pairs :func:`fault_reach` routes for ``groups`` (:func:`distinct_groups`),
     each GPU with itself included: what ``REACH_PAIRS_ROUTED`` bounds."""
-    return sum(rows.shape[0] * rows.shape[1] ** 2 for rows in distinct_groups(groups))
+    return _pair_count(distinct_groups(groups))
+
+
+def _pair_count(distinct: list[np.ndarray]) -> int:
+    return sum(rows.shape[0] * rows.shape[1] ** 2 for rows in distinct)
 
 
 def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set[int] | None:
@@ -464,7 +468,7 @@ def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set
     """
     n_gpu = cluster.num_gpus
     groups = distinct_groups(groups)
-    if reach_pairs(groups) > REACH_PAIRS_ROUTED:
+    if _pair_count(groups) > REACH_PAIRS_ROUTED:
         return None
     index = cluster.edge_index
     bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))
