@@ -113,12 +113,19 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     points = {(x, y) for t in scatter["data"] if t["name"] in ("fits", "does not fit") for x, y in zip(t["x"], t["y"])}
     assert points == {(r["peak_bytes"] / 2**30, r["tokens_per_s_per_gpu"]) for r in ok}
     key, lines = lines_figure(sweep)  # along pp (the first numeric key), a line per ZeRO stage
-    assert key == "parallel.pp" and sorted(t["name"] for t in lines["data"]) == ["zero=1", "zero=3"]
-    for t in lines["data"]:
+    drawn = [t for t in lines["data"] if t.get("showlegend", True)]
+    assert key == "parallel.pp" and sorted(t["name"] for t in drawn) == ["zero=1", "zero=3"]
+    for t in drawn:
         zero = int(t["name"].split("=")[1])
         mine = sorted((r for r in ok if r["changes"]["parallel.zero"] == zero), key=lambda r: r["changes"]["parallel.pp"])
         assert t["x"] == [r["changes"]["parallel.pp"] for r in mine]
         assert t["y"] == [r["tokens_per_s_per_gpu"] for r in mine]
+        # the plans that do not fit are drawn hollow over the line, in its colour, out of the legend
+        hollow = [h for h in lines["data"] if h["legendgroup"] == t["name"] and h is not t]
+        unfit = [r for r in mine if not r["fits"]]
+        assert [(x, y) for h in hollow for x, y in zip(h["x"], h["y"])] == \
+            [(r["changes"]["parallel.pp"], r["tokens_per_s_per_gpu"]) for r in unfit]
+        assert all(h["marker"]["line"]["color"] == t["line"]["color"] and not h["showlegend"] for h in hollow)
     split = split_figure(sweep)
     for i, n in enumerate(sweep["ranking"]):
         assert sum(t["x"][i] for t in split["data"]) == pytest.approx(rows[n]["step_time_s"], rel=1e-9)

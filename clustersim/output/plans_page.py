@@ -31,7 +31,7 @@ from typing import Any
 
 from ..overrides import changes_text
 from ..sweep import UNFIT_WHY, _cell, _heads, also_set, plan_text, table_columns, value_at
-from .report import _CSS, _plotlyjs_script, plot_div
+from .report import _CSS, _plotlyjs_script, _white_template, plot_div
 from .compare_page import _small_layout, parts_figure
 from .summary import GiB
 
@@ -197,14 +197,26 @@ def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, d
         lines.setdefault(tuple(_cell(r["changes"].get(k)) for k in others), []).append(r)
     best = sorted(lines, key=lambda g: -max(r["tokens_per_s_per_gpu"] for r in lines[g]))[:most]
     heads = _heads(others)
+    colours = _white_template()["layout"]["colorway"]
     data = []
-    for g in best:
+    for i, g in enumerate(best):
         pts = sorted(lines[g], key=lambda r: r["changes"][key])
         name = html.escape(" ".join(f"{h}={v}" for h, v in zip(heads, g))) or "tokens/s per GPU"
-        data.append({"type": "scatter", "mode": "lines+markers", "name": name,
+        colour = colours[i % len(colours)]
+        data.append({"type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": name,
                      "x": [r["changes"][key] for r in pts], "y": [r["tokens_per_s_per_gpu"] for r in pts],
-                     "marker": {"size": 8, "symbol": ["circle" if r["fits"] else "circle-open" for r in pts]},
+                     "line": {"color": colour}, "marker": {"size": 8, "color": colour},
                      "hovertext": [_hover(sweep, r) for r in pts], "hoverinfo": "text"})
+        # the plans that do not fit, hollow over their filled points: the legend draws a line's
+        # marker as its first point's, which an array of symbols would make hollow for the whole
+        # line where only its first plan does not fit
+        unfit = [r for r in pts if not r["fits"]]
+        if unfit:
+            data.append({"type": "scatter", "mode": "markers", "name": name, "legendgroup": name,
+                         "showlegend": False, "x": [r["changes"][key] for r in unfit],
+                         "y": [r["tokens_per_s_per_gpu"] for r in unfit],
+                         "marker": {"size": 8, "color": "white", "line": {"color": colour, "width": 2}},
+                         "hovertext": [_hover(sweep, r) for r in unfit], "hoverinfo": "text"})
     return key, {"data": data, "layout": _small_layout(
         420, hovermode="closest", xaxis={"title": {"text": key}, "tickvals": sorted(set(sweep["vary"][key]))},
         yaxis={"title": {"text": "tokens/s per GPU"}})}
