@@ -275,7 +275,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
         f"{'TFLOP/s per GPU':<16}{s['tflops_per_gpu']:.1f} model · {s['hw_tflops_per_gpu']:.1f} hardware "
-        f"(peak {hw['peak_flops'] / 1e12:.0f})",
+        f"({s['plan']['precision']} peak {hw['peak_flops'] / 1e12:.0f})",  # (MFU's: fp8 runs' is fp8's)
         f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} %",
         _bubble_line(s),
         *_projection_line(s.get("projection")),
