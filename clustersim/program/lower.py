@@ -101,6 +101,37 @@ def _first_alike(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def _uneven_roles(layout: np.ndarray) -> np.ndarray:
+    """Per member of each group (a row of :func:`_first_alike` node layouts, members in ring
+    order), its role in the group's ring channels where the group's nodes hold different
+    numbers of its members: 1 + 2 (enters its node across the network) + (leaves it); 0 in
+    groups whose nodes hold as many members each, where every member enters and leaves alike.
+    :func:`clustersim.collectives.ring.ring_channels` runs one channel per member of the node
+    holding the fewest (g): channel c enters a node by its member c and leaves by member c - 1;
+    with g = 1, one ring in the group's order. The members' roles then differ, and so does
+    what their NICs carry beside the ring (their pipeline sends)::
+
+        group 36 40 44 on nodes 4 5 5 (one ring)    36 enters and leaves, 40 enters, 44 leaves
+        group of 8 + 4 (g = 4), the node of 8       members 0-2 both, 3 enters, 4-6 neither, 7 leaves
+    """
+    g, n = layout.shape
+    flat = (layout + n * np.arange(g)[:, None]).ravel()
+    mates = np.bincount(flat, minlength=g * n)[flat].reshape(g, n)
+    order = np.argsort(flat, kind="stable")  # node-mates in ring order
+    first = np.ones(len(flat), dtype=bool)
+    first[1:] = flat[order][1:] != flat[order][:-1]
+    run_start = np.maximum.accumulate(np.where(first, np.arange(len(flat)), 0))
+    place = np.empty(len(flat), dtype=np.int64)
+    place[order] = np.arange(len(flat)) - run_start
+    place = place.reshape(g, n)
+    fewest = mates.min(axis=1, keepdims=True)
+    enters = np.where(fewest == 1, np.roll(layout, 1, axis=1) != layout, place < fewest)
+    leaves = np.where(fewest == 1, np.roll(layout, -1, axis=1) != layout,
+                      (place <= fewest - 2) | (place == mates - 1))
+    uneven = fewest != mates.max(axis=1, keepdims=True)
+    return np.where(uneven, 1 + 2 * enters + leaves, 0)
+
+
 def _row_ids(a: np.ndarray) -> np.ndarray:
     """Per row of ``a`` (non-negative integers), an index shared by equal rows only: the
     columns folded in one by one, renumbered after each (so the codes stay below
@@ -137,7 +168,8 @@ class Symmetry:
       neighbours share their node send over NVLink, the others over the network, so the
       classes start apart by which chain members share each rank's node and are refined as
       around stragglers (:attr:`_chain_places`); so do ranks whose TP, CP, EP or gradient
-      groups lie differently over nodes, which run different flows (:attr:`_group_shapes`).
+      groups lie differently over nodes, which run different flows, or who enter and leave
+      their node differently in a group its nodes hold unevenly (:attr:`_group_shapes`).
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the classes start apart by the index in the EP group too
       and are refined as around stragglers: one class per (stage, [CP index,] EP index) where
@@ -305,6 +337,10 @@ class Symmetry:
             group (ranks)      nodes          layout (each member's first node-mate's position)
             0 1 2 3 4 5        0 0 0 0 0 0    0 0 0 0 0 0
             6 7 8 9 10 11      0 0 1 1 1 1    0 0 2 2 2 2
+
+        Where a group's nodes hold different numbers of its members, each member's code also
+        holds its role in the group's ring channels (:func:`_uneven_roles`): members that
+        enter or leave their node differently load their NICs differently.
         """
         if not self.gpus_per_node:
             return None
@@ -315,7 +351,10 @@ class Symmetry:
                 continue
             layout = _first_alike(rows // self.gpus_per_node)
             code = np.empty(self.mesh.world_size, dtype=np.int64)
-            code[rows] = _row_ids(layout)[:, None]
+            # the group's layout, and each member's role in it where its nodes hold it unevenly
+            role = _uneven_roles(layout)
+            code[rows] = _row_ids(np.stack([np.broadcast_to(_row_ids(layout)[:, None], role.shape).ravel(),
+                                            role.ravel()], axis=1)).reshape(role.shape)
             any_apart |= bool((code != code[0]).any())
             codes.append(code)
         return _row_ids(np.stack(codes, axis=1)) if any_apart else None
