@@ -121,26 +121,23 @@ def test_a_stage_keeps_the_closed_form_less_under_fp8(root):
 
 
 def test_deepseek_v3_against_its_80_gb(root):
-    """DeepSeek-V3's run fit in 80 GB (H800). With its blockwise recipe's FP8 copies 14 of its
-    16 ranks peak below that, and the other two (holding the embedding, the head and the MTP
-    module, under DualPipe) within 10 % above it: left out, DeepSeek's own storage of SwiGLU
-    inputs in FP8 and of the attention output in E5M6, and its FP8 dispatch."""
+    """DeepSeek-V3's run fit in 80 GB (H800). With its blockwise recipe's FP8 copies every rank
+    peaks below that, within 3 GiB of it (left out, DeepSeek's own storage of SwiGLU inputs in
+    FP8 and of the attention output in E5M6, and its FP8 dispatch, which would leave more);
+    with 16-bit activations above it."""
     import yaml
 
     path = root / "scenarios/deepseek_v3_2048gpu.yaml"
     s = clustersim.simulate(path).summary["memory"]
     cap, GiB = s["capacity_bytes"], 1024**3
-    peaks = {st["stage"]: st["peak_bytes"] for st in s["stages"]}
-    others = max(p for q, p in peaks.items() if q not in (0, 15))
-    assert others < cap < s["peak_bytes"] == max(peaks[0], peaks[15]) < 1.1 * cap
+    assert cap - 3 * GiB < s["peak_bytes"] < cap and s["fits"]
     d = yaml.safe_load(path.read_text())
     d["training"]["precision"] = "bf16"  # 16-bit activations, the same memory otherwise
     del d["training"]["fp8_recipe"]
     bf16 = clustersim.simulate(clustersim.load_scenario(d, base_dir=path.parent)).summary["memory"]
-    assert bf16["peak_bytes"] > s["peak_bytes"]
+    assert bf16["peak_bytes"] > cap
     text = " ".join((root / "docs/parallelism.md").read_text().split())
-    assert (f"needs {others / GiB:.1f} GiB at most on 14 of its 16 ranks and {s['peak_bytes'] / GiB:.1f} GiB on the "
-            f"other two with FP8 copies") in text
+    assert f"needs {s['peak_bytes'] / GiB:.1f} GiB at most with FP8 copies" in text
     assert f"(`precision: bf16`, whose memory is otherwise the same) {bf16['peak_bytes'] / GiB:.1f} GiB at most" in text
 
 
