@@ -1036,8 +1036,9 @@ def cards_html(summary: dict[str, Any]) -> str:
     s = summary
     peak = s.get("hardware", {}).get("peak_flops")
     tflops_sub = f'{s["hw_tflops_per_gpu"]:.1f} hardware' if "hw_tflops_per_gpu" in s else ""
-    if peak:
-        tflops_sub += f" · peak {peak / 1e12:.0f}"
+    if peak:  # (the precision's: MFU divides by the fp8 peak in an fp8 run)
+        precision = (s.get("plan") or {}).get("precision")
+        tflops_sub += f" · {precision + ' ' if precision else ''}peak {peak / 1e12:.0f}"
     fits = (s.get("memory") or {}).get("fits", True)
     cards = [  # a plan that does not fit says so beside its step time too: it could not run
         _card("step time", f'{s["step_time_s"]:.4g} s', "" if fits else "the plan does not fit in memory",
