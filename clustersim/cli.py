@@ -665,7 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--vary", action="append", metavar="KEY=V1,V2,...",
                     help="a dotted key and its values, e.g. --vary parallel.tp=2,4,8 (repeatable: every combination "
                          "is a plan; each value read as YAML). parallel.dp follows GPUs / (tp x pp x cp) unless "
-                         "varied itself")
+                         "varied itself; the file's parallel.layers_per_stage gives way to the even split where "
+                         "a plan changes pp, vpp or the schedule, unless varied itself")
     sw.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
                                                            "most: the CPUs; the results do not depend on it)")
     sw.add_argument("--top", type=int, default=20, help="plans printed, best first (default 20)")

@@ -9,6 +9,7 @@ Roughly::
     for values in product(tp values, pp values, recompute values):      # in the order given
         plan = the file with those values set                            (clustersim.overrides)
         parallel.dp = GPUs / (tp x pp x cp) unless dp itself is varied   (dp follows)
+        the file's layers_per_stage dropped where pp, vpp or the schedule differ, unless varied
         refused by the scenario's rules?  -> listed with the rule's one line, not simulated
         --skip-unfit and its memory floor above the GPU's?  -> listed with it, not simulated
         else simulate it as ``run`` does  -> step, tokens/s, MFU, bubble, exposed, peak memory
@@ -35,6 +36,8 @@ from .yamlio import read_yaml, short_repr
 # the degrees whose product with dp is the world size (ep is carved out of dp; config)
 _MESH = ("parallel.tp", "parallel.pp", "parallel.cp")
 DP = "parallel.dp"
+SPLIT = "parallel.layers_per_stage"
+_PARTS = ("parallel.pp", "parallel.vpp", "parallel.schedule", "parallel.schedule_file")  # what the split is per
 SWEEP_FILES = ("sweep.json", "sweep.csv", "sweep.html")
 # what a sweep keeps of each plan's summary (a thousand whole summaries would be hundreds of MB)
 FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction")
@@ -142,6 +145,18 @@ def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: in
     return Plan(plan.number, plan.changes + [(DP, gpus // mesh)]), None
 
 
+def with_split(data: dict[str, Any], plan: Plan) -> Plan:
+    """The plan with the file's ``parallel.layers_per_stage`` left out (the even split) where
+    it sets pp, vpp or the schedule to other than the file's, whose model parts the file's
+    entries count, unless it sets the split itself; as ``advise`` does."""
+    changed = dict(plan.changes)
+    if SPLIT in changed or value_at(data, SPLIT) is None:
+        return plan
+    if all(changed[k] == value_at(data, k) for k in _PARTS if k in changed):
+        return plan
+    return Plan(plan.number, plan.changes + [(SPLIT, None)])
+
+
 def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str, Any]:
     """Simulate one plan (a worker's job): its row, ``status`` ok, refused (with the rule's
     ``reason``, the field and message of the ConfigError) or, where the job says to prune,
@@ -200,9 +215,13 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
     keys = [k for k, _ in varies]
     dp_follows = DP not in keys and any(k in keys for k in (*_MESH, "cluster.nodes", "cluster.node.gpus",
                                                               "cluster.topology"))
+    # the file's split of the layers is for its own pipeline: other pp, vpp or schedules split evenly
+    split_follows = value_at(data, SPLIT) is not None and SPLIT not in keys and any(k in keys for k in _PARTS)
     per_node = base.topology.node.gpus
     todo, rows = [], {}
     for plan in plans_of(varies, paired):
+        if split_follows:
+            plan = with_split(data, plan)
         if dp_follows:
             plan, why = with_dp(data, plan, per_node, base.mesh.world_size // per_node, Path(path).parent)
             if why is not None:
@@ -213,7 +232,7 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
     simulate_plans(path, data, todo, rows, jobs=jobs, progress=progress, prune=prune)
     ordered = [rows[n] for n in sorted(rows)]
     return {"scenario": str(path), "vary": {k: v for k, v in varies}, "paired": paired, "dp_follows": dp_follows,
-            "pruned": prune, "plans": ordered, "ranking": ranking(ordered)}
+            "split_follows": split_follows, "pruned": prune, "plans": ordered, "ranking": ranking(ordered)}
 
 
 def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dict[int, dict[str, Any]], *,
@@ -300,7 +319,9 @@ def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
     how = (" with ".join(sweep["vary"]) + ", value by value" if sweep.get("paired") else
            " x ".join(f"{k} ({len(v)})" for k, v in sweep["vary"].items()))
     lines = [f"clustersim · sweep {sweep['scenario']}: {n:,} plan{'s' if n != 1 else ''} ({how})"
-             + ("; dp follows: GPUs / (tp x pp x cp)" if sweep["dp_follows"] else ""),
+             + ("; dp follows: GPUs / (tp x pp x cp)" if sweep["dp_follows"] else "")
+             + ("; the layers split evenly where pp or the schedule is not the file's"
+                if sweep.get("split_follows") else ""),
              "best first: the plans that fit by tokens/s, then those that do not (the step they would take)"]
     return "\n".join(lines + table_lines(sweep, top))
 

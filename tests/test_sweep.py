@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -233,10 +234,36 @@ def test_paired_values_are_one_plan_each(root):
     assert f"32 nodes keep {100 * kept:.0f} % of 4 nodes' tokens/s per GPU" in text
     assert f"{large['exposed_comm_s']['dp']:.2f} s of it exposed a step on 32" in text and small["exposed_comm_s"]["dp"] == 0
     key, lines = lines_figure(sweep)
-    assert key == "cluster.nodes" and len(lines["data"]) == 1 and lines["data"][0]["x"] == [4, 32]
+    drawn = [t for t in lines["data"] if t.get("showlegend", True)]  # (hollow points of plans that do not fit apart)
+    assert key == "cluster.nodes" and len(drawn) == 1 and drawn[0]["x"] == [4, 32]
     r = run_cli("sweep", "scenarios/llama2_70b_64gpu.yaml", "--vary", "cluster.nodes=4,8", "--vary",
                 "training.global_batch_size=64", "--zip", cwd=root)
     assert r.returncode == 2 and "--zip: pairs the --vary lists value by value" in r.stderr and r.stdout == ""
+
+
+def test_a_files_layer_split_is_dropped_where_a_plan_changes_its_pipeline(root, tmp_path):
+    """The file's ``parallel.layers_per_stage`` counts its own pipeline's parts: a plan with
+    another pp (or vpp, or schedule) splits the layers evenly, as advise's plans do, where it
+    was refused for the entries' count; a plan with the file's pp keeps the file's split."""
+    import yaml
+
+    from clustersim.sweep import format_sweep, run_sweep
+
+    d = yaml.safe_load((root / "scenarios/llama2_70b_64gpu.yaml").read_text())
+    d["cluster"]["topology"] = str(root / "topologies" / Path(d["cluster"]["topology"]).name)
+    d["parallel"]["layers_per_stage"] = [22, 20, 20, 18]
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(d))
+    sweep = run_sweep(str(path), [("parallel.pp", [2, 4])])
+    rows = {r["changes"]["parallel.pp"]: r for r in sweep["plans"]}
+    assert all(r["status"] == "ok" for r in rows.values()) and sweep["split_follows"]
+    assert rows[2]["changes"]["parallel.layers_per_stage"] is None and "parallel.layers_per_stage" not in rows[4]["changes"]
+    own = clustersim.simulate(path).summary
+    assert rows[4]["step_time_s"] == own["step_time_s"] and own["plan"]["layers_per_stage"] == [22, 20, 20, 18]
+    assert "the layers split evenly where pp or the schedule is not the file's" in format_sweep(sweep)
+    # varied itself, or not set in the file: nothing follows
+    assert not run_sweep(str(path), [
+        ("parallel.pp", [4]), ("parallel.layers_per_stage", [[20, 20, 20, 20]])])["split_follows"]
 
 
 def test_skip_unfit_lists_the_plans_that_cannot_fit(root, tmp_path):
