@@ -865,8 +865,8 @@ def _check_schedule(sc: Scenario) -> None:
                **{v: f"2*pp = 2*{p.pp} ({v} places two on each rank)" for v in V_SCHEDULES}}.get(
             p.schedule, f"pp={p.pp}")
         if len(p.layers_per_stage) != n:
-            raise ConfigError(f"has {len(p.layers_per_stage)} entries, expected one per model part: {per} = {n}",
-                              source=sc.source, field="parallel.layers_per_stage")
+            raise ConfigError(f"has {len(p.layers_per_stage)} entries, expected one per model part: {per} = {n} "
+                              "(null splits the layers evenly)", source=sc.source, field="parallel.layers_per_stage")
         empty = [i for i, k in enumerate(p.layers_per_stage) if k < 1]
         if empty:
             raise ConfigError(f"entry {empty[0]} is {p.layers_per_stage[empty[0]]}; every model part holds at least "
