@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .sweep import DP, Plan, also_set, check_keys, ranking, simulate_plans, table_lines, value_at
+from .sweep import DP, Plan, also_set, check_keys, ranking, simulate_plans, table_lines, value_at, with_split
 from .yamlio import read_yaml
 
 RECOMPUTES = ("none", "selective", "full")
@@ -206,15 +206,15 @@ def plan_of(sc, data: dict[str, Any], values: dict[str, Any], number: int, varie
     if pp == 1 and values.get("parallel.schedule", "1f1b") != "1f1b":
         return None  # one stage: the schedules are one plan (1F1B's)
     changes: list[tuple[str, Any]] = list(values.items()) + [(DP, dp)]
-    return Plan(number, changes + _settings(sc, par, tr, values, varied))
+    return with_split(data, Plan(number, changes + _settings(sc, par, tr, values, varied)))
 
 
 def _settings(sc, par: dict, tr: dict, values: dict[str, Any], varied: set[str]) -> list[tuple[str, Any]]:
     """The changes besides the dimensions that make a plan of them: SP with TP; the schedule
     (the scenario's, or 1F1B where it has its own file), its own settings kept only with it
-    (interleaving: the scenario's vpp, or 2, as far as the layers allow), the layer split
-    only with its pipeline; whole experts on each rank under DeepEP; and the file's settings
-    of another plan removed."""
+    (interleaving: the scenario's vpp, or 2, as far as the layers allow); whole experts on
+    each rank under DeepEP; and the file's settings of another plan removed (the layer split
+    only with its pipeline: :func:`clustersim.sweep.with_split`, which :func:`plan_of` applies)."""
     tp, pp = values.get("parallel.tp", par.get("tp", 1)), values.get("parallel.pp", par.get("pp", 1))
     zero, recompute = values.get("parallel.zero", par.get("zero", 0)), values.get("training.recompute")
     own = par.get("schedule", "1f1b")
@@ -235,9 +235,6 @@ def _settings(sc, par: dict, tr: dict, values: dict[str, Any], varied: set[str])
             v -= 1
         if v != par.get("vpp") or schedule != own:
             out.append(("parallel.vpp", v))
-    if "layers_per_stage" in par and (schedule != own or pp != par.get("pp", 1)) \
-            and "parallel.layers_per_stage" not in varied:
-        out.append(("parallel.layers_per_stage", None))
     deepep = sc.model.moe is not None and sc.model.moe.dispatcher == "deepep"
     if "parallel.etp" not in varied:
         if deepep and tp > 1:

@@ -148,11 +148,18 @@ def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: in
 def with_split(data: dict[str, Any], plan: Plan) -> Plan:
     """The plan with the file's ``parallel.layers_per_stage`` left out (the even split) where
     it sets pp, vpp or the schedule to other than the file's, whose model parts the file's
-    entries count, unless it sets the split itself; as ``advise`` does."""
+    entries count, unless it sets the split itself (``sweep`` and ``advise`` plans alike).
+    A key the file or the plan leaves unset (None) counts as its default."""
+    from .config import ParallelCfg
+
     changed = dict(plan.changes)
     if SPLIT in changed or value_at(data, SPLIT) is None:
         return plan
-    if all(changed[k] == value_at(data, k) for k in _PARTS if k in changed):
+
+    def value(key: str, v: Any) -> Any:
+        return ParallelCfg.model_fields[key.split(".")[1]].default if v is None else v
+
+    if all(value(k, changed[k]) == value(k, value_at(data, k)) for k in _PARTS if k in changed):
         return plan
     return Plan(plan.number, plan.changes + [(SPLIT, None)])
 

@@ -72,6 +72,13 @@ def test_plans_keep_what_they_can_of_the_file(root):
     assert other[DP] == 128 and other["parallel.vpp"] is None and other["parallel.sp"] is True
     assert plan_of(sc, data, {"parallel.pp": 1, "parallel.schedule": "interleaved"}, 3, varied) is None
     assert plan_of(sc, data, {"parallel.pp": 3}, 4, varied) is None  # 1,024 GPUs are not a multiple of 3
+    # a file's layer split stays with its own pipeline only (sweep.with_split)
+    path = root / "scenarios" / "deepseek_v3_2048gpu.yaml"
+    sc, data = clustersim.load_scenario(path), read_yaml(path, what="scenario")
+    varied = {"parallel.pp", "parallel.schedule"}
+    own = dict(plan_of(sc, data, {"parallel.pp": 16, "parallel.schedule": "dualpipe"}, 1, varied).changes)
+    other = dict(plan_of(sc, data, {"parallel.pp": 8, "parallel.schedule": "dualpipe"}, 2, varied).changes)
+    assert "parallel.layers_per_stage" not in own and other["parallel.layers_per_stage"] is None
 
 
 def test_advise_small_model(tmp_path, root):

@@ -264,6 +264,13 @@ def test_a_files_layer_split_is_dropped_where_a_plan_changes_its_pipeline(root, 
     # varied itself, or not set in the file: nothing follows
     assert not run_sweep(str(path), [
         ("parallel.pp", [4]), ("parallel.layers_per_stage", [[20, 20, 20, 20]])])["split_follows"]
+    # a key the file leaves unset is its default: 1F1B is the file's schedule, vpp 1 its vpp
+    from clustersim.sweep import SPLIT, with_split
+
+    bare = {"parallel": {"pp": 4, "layers_per_stage": [22, 20, 20, 18]}}
+    assert with_split(bare, Plan(1, [("parallel.schedule", "1f1b"), ("parallel.vpp", None)])).changes == [
+        ("parallel.schedule", "1f1b"), ("parallel.vpp", None)]
+    assert with_split(bare, Plan(2, [("parallel.schedule", "interleaved")])).changes[-1] == (SPLIT, None)
 
 
 def test_skip_unfit_lists_the_plans_that_cannot_fit(root, tmp_path):
