@@ -59,8 +59,8 @@ from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, 
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
-from .summary import (collective_fallbacks_note, fabric_faults_note, plan_dims, plan_options, schedule_part,
-                      topology_changes_note, what_if_note)
+from .summary import (collective_fallbacks_note, fabric_faults_note, peak_text, plan_dims, plan_options,
+                      schedule_part, topology_changes_note, what_if_note)
 
 GiB = 1024**3
 MiB = 1024**2
@@ -1034,11 +1034,8 @@ def header_html(summary: dict[str, Any]) -> str:
 def cards_html(summary: dict[str, Any]) -> str:
     """The headline numbers, one card each."""
     s = summary
-    peak = s.get("hardware", {}).get("peak_flops")
-    tflops_sub = f'{s["hw_tflops_per_gpu"]:.1f} hardware' if "hw_tflops_per_gpu" in s else ""
-    if peak:  # (the precision's: MFU divides by the fp8 peak in an fp8 run)
-        precision = (s.get("plan") or {}).get("precision")
-        tflops_sub += f" · {precision + ' ' if precision else ''}peak {peak / 1e12:.0f}"
+    tflops_sub = " · ".join(x for x in (f'{s["hw_tflops_per_gpu"]:.1f} hardware' if "hw_tflops_per_gpu" in s
+                                         else "", peak_text(s)) if x)
     fits = (s.get("memory") or {}).get("fits", True)
     cards = [  # a plan that does not fit says so beside its step time too: it could not run
         _card("step time", f'{s["step_time_s"]:.4g} s', "" if fits else "the plan does not fit in memory",

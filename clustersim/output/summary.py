@@ -133,6 +133,14 @@ def what_if_note(hw: dict[str, Any]) -> str:
     return " · what-if: " + ", ".join(said) if said else ""
 
 
+def peak_text(s: dict[str, Any]) -> str:
+    """"bf16 peak 989": the FLOP/s peak MFU divides by, in TFLOP/s, named by its precision
+    (an fp8 run's is the fp8 peak); "" without one."""
+    peak = (s.get("hardware") or {}).get("peak_flops")
+    precision = (s.get("plan") or {}).get("precision")
+    return f"{precision + ' ' if precision else ''}peak {peak / 1e12:.0f}" if peak else ""
+
+
 def _grads_option(p: dict[str, Any]) -> str:
     """" · fp32 grads reduced in bf16": the gradients' dtype where they are reduced over data
     (and context) parallel ranks, since it sets the bytes of every gradient collective; and
@@ -275,7 +283,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
         f"{'TFLOP/s per GPU':<16}{s['tflops_per_gpu']:.1f} model · {s['hw_tflops_per_gpu']:.1f} hardware "
-        f"({s['plan']['precision']} peak {hw['peak_flops'] / 1e12:.0f})",  # (MFU's: fp8 runs' is fp8's)
+        f"({peak_text(s)})",
         f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} %",
         _bubble_line(s),
         *_projection_line(s.get("projection")),
