@@ -379,9 +379,7 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
     if not asked:
         return out
     routed = np.fromiter(sorted(g for g in asked | out if g < cluster.num_gpus), dtype=np.int64)
-    index = cluster.edge_index
-    bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))
-                       if e in index), dtype=np.int64)  # (a degraded cable a later entry removed: gone)
+    bad = _degraded_edges(cluster, faults)
     marked = [np.isin(rows, routed) for rows in groups]
     if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
         return out | asked  # (hundreds of faulty nodes: all they marked)
@@ -396,6 +394,14 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
     slowed = _links_of(routes, [np.isin(rows, bad).any(axis=1) for rows, _ in routes])  # every link a crossing flow takes
     ends = _meeting_ends(routes, slowed, src, dst)
     return out | (asked & set(ends))
+
+
+def _degraded_edges(cluster: Cluster, faults: list) -> np.ndarray:
+    """The edge ids of ``faults``' degraded cables, both ways (a degraded cable a later entry
+    removed is gone)."""
+    index = cluster.edge_index
+    return np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))
+                        if e in index), dtype=np.int64)
 
 
 def _pair_ends(cluster: Cluster, keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -470,9 +476,7 @@ def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set
     groups = distinct_groups(groups)
     if _pair_count(groups) > REACH_PAIRS_ROUTED:
         return None
-    index = cluster.edge_index
-    bad = np.fromiter((index[e] for u, v, removed, _ in faults if not removed for e in ((u, v), (v, u))
-                       if e in index), dtype=np.int64)
+    bad = _degraded_edges(cluster, faults)
     moved = np.fromiter(sorted(set().union(*(gpus for *_, removed, gpus in faults if removed))), dtype=np.int64)
     keys = [np.arange(n_gpu) * (n_gpu + 1)]  # (each GPU to itself: its NVLS loop)
     for rows in groups:
