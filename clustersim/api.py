@@ -269,6 +269,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
                        "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
                        "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world),
+                       "leaf_split": _leaf_split(sc, low, trace, world),
                        "collective_fallbacks": collective_fallbacks(sc.cfg.simulation.collectives, trace.algorithms),
                        "simulated_rank_of_gpu": list(trace.rep) if trace.rep is not None else None},
     }
@@ -314,6 +315,19 @@ def _fabric_faults(sc: Scenario, trace: Trace, world: int) -> dict | None:
     kept = sc.split_faults[1] if len(trace.ranks) < world else 0
     return {"gpus": len(gpus), "kept_in_collapse": kept > 0, "split_ranks": kept or None,
             "split_up_to": sc.cfg.simulation.fabric_fault_split_ranks, "reach_asked": sc.reach_asked}
+
+
+def _leaf_split(sc: Scenario, low: Lowering, trace: Trace, world: int) -> dict | None:
+    """``simulation.leaf_split``: where the edges of the fabric's leaf groups or pods cut the
+    plan's groups or pipeline routes unevenly in a collapsed run, the ranks a split by them
+    simulates, whether the collapse kept them instead (past
+    ``simulation.leaf_split_ranks``) and that setting (null: no such cut, or every rank
+    simulated; program/lower.py ``Symmetry._unit_split``)."""
+    n = low.sym.unit_split
+    if not n or len(trace.ranks) >= world:
+        return None
+    limit = sc.cfg.simulation.leaf_split_ranks
+    return {"ranks": n, "kept_in_collapse": n > limit, "split_up_to": limit}
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,

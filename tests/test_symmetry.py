@@ -511,11 +511,11 @@ def test_stages_straddling_nodes_split_by_the_shape_of_their_neighbours_routes(s
 
 
 def _fabric(nodes: int, fabric: dict, what_if: list, tmp_path, parallel: dict | None = None, *, moe: bool = False,
-            simulation: dict | None = None, **training):
-    """A scenario on ``nodes`` Llama 3 Clos servers whose fabric is ``fabric``: a small model
-    (with experts: ``moe``), TP8 x CP2 x PP2 DualPipe with ZeRO-3 unless ``parallel`` says
-    otherwise."""
-    topo = yaml.safe_load((ROOT / "topologies" / "roce-clos-llama3.yaml").read_text())
+            simulation: dict | None = None, base: str = "roce-clos-llama3.yaml", **training):
+    """A scenario on ``nodes`` Llama 3 Clos servers (or the nodes of topology ``base``) whose
+    fabric is ``fabric``: a small model (with experts: ``moe``), TP8 x CP2 x PP2 DualPipe with
+    ZeRO-3 unless ``parallel`` says otherwise."""
+    topo = yaml.safe_load((ROOT / "topologies" / base).read_text())
     topo.update(nodes=nodes, fabric={"latency_us": 0.6, "efficiency": 0.9, **fabric})
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(topo))
@@ -551,6 +551,93 @@ def test_a_fabric_fault_marks_the_gpus_of_the_nodes_below_it(what_if, nodes, tmp
         assert sc.cluster.fault_gpus == gpus({5}) and not sc.cluster.fabric_fault_gpus
     else:
         assert sc.cluster.fabric_fault_gpus == gpus(nodes) and not sc.cluster.fault_gpus
+
+
+def test_gpu_units_are_groups_of_nodes_under_one_set_of_leaves_and_their_pods(tmp_path):
+    """Cluster.gpu_units: per GPU, its node's group and, with several pods, the pod; None
+    where every route between nodes turns at one leaf."""
+    rails = _fabric(12, {"kind": "leaf_spine", "nodes_per_leaf": 4, "rail_optimized": True}, [], tmp_path,
+                    {"tp": 8, "dp": 12}, base="dgx-h100.yaml").cluster
+    assert rails.gpu_units.tolist() == [[k // 4] for k in range(12) for _ in range(8)]
+    pods = _fabric(12, THREE_TIERS, [], tmp_path, {"tp": 8, "dp": 12}).cluster  # a node a leaf, 10 a pod
+    assert pods.gpu_units.tolist() == [[k, k // 10] for k in range(12) for _ in range(8)]
+    assert _fabric(4, LEAF_SPINE, [], tmp_path, {"tp": 8, "dp": 4}).cluster.gpu_units is not None
+    one = _fabric(4, {"kind": "leaf_spine", "nodes_per_leaf": 4}, [], tmp_path, {"tp": 8, "dp": 4}).cluster
+    assert one.gpu_units is None
+
+
+def test_ring_crossings_are_the_cables_the_rings_channels_take():
+    """lower._ring_crossings, against collectives.ring.ring_channels on random groups: each
+    member enters and leaves its node at most once, and the code is 4 x (the levels its
+    incoming cable crosses) + (its outgoing one's), 0 where it does not cross."""
+    import random
+
+    from clustersim.collectives.ring import ring_channels
+    from clustersim.program.lower import _ring_crossings
+
+    rng = random.Random(3)
+    for _ in range(400):
+        per, n, per_group, per_pod = rng.choice([1, 2, 4, 8]), rng.randint(2, 12), rng.choice([1, 2, 3]), rng.choice([1, 2])
+        gpus = rng.sample(range(6 * per), min(n, 6 * per))
+        rows = np.array([gpus])
+        node = rows // per
+        units = np.stack([node // per_group, node // per_group // per_pod], axis=-1)
+        want = {g: [0, 0] for g in gpus}
+        level = lambda g: (g // per // per_group, g // per // per_group // per_pod)  # noqa: E731
+        for ring in ring_channels(tuple(gpus), node_of=lambda g: g // per):
+            for a, b in zip(ring, ring[1:] + ring[:1]):
+                if a // per != b // per:
+                    tier = 1 + sum(x != y for x, y in zip(level(a), level(b)))
+                    assert want[a][1] == 0 and want[b][0] == 0  # at most once each
+                    want[a][1], want[b][0] = tier, tier
+        assert _ring_crossings(node, units)[0].tolist() == [4 * want[g][0] + want[g][1] for g in gpus], (gpus, per)
+
+
+# plans whose groups or pipeline routes leaf groups cut unevenly (bench/fuzz_fabrics.py 179, plan
+# 27 and 164, plan 2; a smaller cut of GPT-3 175B's stages over its scalable units), each below or
+# above the run of every rank collapsed one class a stage
+LEAF_CUTS = [
+    ("dp-rings-2+1", "dgx-a100.yaml", 6, {"kind": "fat_tree", "radix": 32, "tiers": 2, "oversubscription": 2.0},
+     {"tp": 8, "pp": 2, "dp": 3, "schedule": "interleaved", "vpp": 2, "zero": 3}, False, 2, 6),
+    ("ep-groups", "roce-clos-llama3.yaml", 6, {"kind": "leaf_spine", "nodes_per_leaf": 3, "spines": 2,
+                                               "oversubscription": 3.0},
+     {"tp": 4, "dp": 12, "ep": 4, "zero": 3, "sp": True}, True, 1, 6),
+    ("stage-routes", "dgx-h100.yaml", 6, {"kind": "leaf_spine", "nodes_per_leaf": 3, "spines": 2,
+                                          "oversubscription": 2.0, "rail_optimized": True},
+     {"tp": 8, "pp": 3, "dp": 2}, False, 3, 6),
+]
+
+
+@pytest.mark.parametrize("base, nodes, fabric, parallel, moe, kept, n", [c[1:] for c in LEAF_CUTS],
+                         ids=[c[0] for c in LEAF_CUTS])
+def test_groups_and_routes_leaf_groups_cut_unevenly_split_the_classes(base, nodes, fabric, parallel, moe, kept, n,
+                                                                       tmp_path):
+    """Where leaf groups' edges cut a stage's groups or its pipeline routes unevenly, the
+    classes split by how each group lies over them, how far each member's ring cables
+    reach, and the shape of each rank's routes to its pipeline neighbours: exact against
+    every rank. Past ``simulation.leaf_split_ranks`` (0 here: never) the collapse keeps
+    one class a stage, whose twins move at the slowest one's pace, and the summary, the
+    terminal and the report say so."""
+    from clustersim.cli import _simulated_line
+    from clustersim.output.report import header_html
+
+    fab = {"rail_optimized": False, **fabric}
+    sc = _fabric(nodes, fab, [], tmp_path, parallel, moe=moe, base=base, recompute="full")
+    split, full = _both(sc)
+    assert split["simulation"]["simulated_ranks"] == n
+    assert split["simulation"]["leaf_split"] == {"ranks": n, "kept_in_collapse": False, "split_up_to": 64}
+    _assert_same(split, full)
+    assert "split where leaf groups cut" in _simulated_line(split, 1.0)
+    assert full["simulation"]["leaf_split"] is None
+
+    sc = _fabric(nodes, fab, [], tmp_path, parallel, moe=moe, base=base, recompute="full",
+                 simulation={"leaf_split_ranks": 0})
+    one = clustersim.simulate(sc).summary
+    assert one["simulation"]["simulated_ranks"] == kept
+    assert one["simulation"]["leaf_split"] == {"ranks": n, "kept_in_collapse": True, "split_up_to": 0}
+    assert abs(one["step_time_s"] / full["step_time_s"] - 1) > 5e-3  # what the split mends: -1.3, -0.9, +3.3 %
+    said = f"a split by them would simulate {n} ranks (simulation.leaf_split_ranks: 0)"
+    assert said in _simulated_line(one, 1.0) and said in header_html(one).replace("&#x27;", "'")
 
 
 def test_a_removed_spine_of_two_tiers_marks_no_gpu(tmp_path):

@@ -432,6 +432,24 @@ class Cluster:
         return len(self.gpu_names)
 
     @cached_property
+    def gpu_units(self) -> np.ndarray | None:
+        """Per GPU (rows), the group of nodes its node sits in under one set of leaves and,
+        where the fabric has several pods, the pod of that group; None where the fabric has a single
+        group or none: every route between two nodes then turns at one leaf. A plan's groups
+        and pipeline routes cut differently by these edges run on routes of different shapes
+        (program/lower.py Symmetry, its split by units)::
+
+            leaf_spine, 4 nodes a leaf               nodes 0-3 | 4-7 | 8-11    groups 0 | 1 | 2
+            fat tree of 3 tiers, 2 groups a pod      groups 0 1 | 2 3          pods   0 | 1
+        """
+        plan = plan_fabric(self.cfg)
+        if plan is None or plan.groups < 2:
+            return None
+        group = np.arange(self.cfg.nodes) // plan.nodes_per_leaf
+        levels = [group, group // (plan.leaves_per_pod // plan.rails)] if plan.pods > 1 else [group]
+        return np.repeat(np.stack(levels, axis=1), self.gpus_per_node, axis=0)
+
+    @cached_property
     def edge_index(self) -> dict[tuple[str, str], int]:
         return {e: i for i, e in enumerate(self.edges)}
 

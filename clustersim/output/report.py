@@ -59,7 +59,7 @@ from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, 
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
-from .summary import (collective_fallbacks_note, fabric_faults_note, peak_text, plan_dims, plan_options,
+from .summary import (collective_fallbacks_note, fabric_faults_note, leaf_split_note, peak_text, plan_dims, plan_options,
                       schedule_part, topology_changes_note, what_if_note)
 
 GiB = 1024**3
@@ -1023,7 +1023,8 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'{summary["simulation"]["repeat_tried"]} showed no steady cycle to copy in '
                    f'(simulation.repeat)</p>')
     sim = summary.get("simulation", {})
-    faults = fabric_faults_note(sim.get("fabric_faults"), " ", sim.get("collapse_symmetric", False))
+    faults = fabric_faults_note(sim.get("fabric_faults"), " ", sim.get("collapse_symmetric", False)) \
+        + leaf_split_note(sim.get("leaf_split"), " ", sim.get("collapse_symmetric", False))
     if faults:
         out.append(f'<p class="meta">simulated:{e(faults)}</p>')
     fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")

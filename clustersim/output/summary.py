@@ -245,6 +245,21 @@ def fabric_faults_note(faults: dict | None, sep: str, collapsed: bool = True) ->
             f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
 
 
+def leaf_split_note(split: dict | None, sep: str, collapsed: bool = True) -> str:
+    """What the terminal and the report say where the edges of the fabric's leaf groups or
+    pods cut the plan's groups or pipeline routes unevenly ("" if they do not, or in a run of
+    every rank): that the classes split by them (why the run simulates more ranks), or that
+    the collapse kept them and what the split would have simulated; after ``sep``."""
+    if not split or not collapsed:
+        return ""
+    cut = "leaf groups cut the plan's groups or pipeline routes unevenly"
+    limit = f"(simulation.leaf_split_ranks: {split['split_up_to']:,})"
+    if not split["kept_in_collapse"]:
+        return f"{sep}split where {cut} {limit}"
+    return (f"{sep}{cut}, kept in the collapse:{sep}a split by them would simulate {split['ranks']:,} ranks "
+            f"{limit}; twins move at the slowest one's pace")
+
+
 def _gpus(n: int) -> str:
     return f"{n:,} GPU{'s' if n != 1 else ''}"
 

@@ -132,6 +132,52 @@ def _uneven_roles(layout: np.ndarray) -> np.ndarray:
     return np.where(uneven, 1 + 2 * enters + leaves, 0)
 
 
+def _ring_crossings(nodes: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """Per member of each group (rows of node ids, members in ring order; ``units``: the same
+    with a last axis of the nodes' units, Cluster.gpu_units), how far its ring channel's
+    cables reach where it enters its node and where it leaves it: a code 4 x in + out, each
+    0 (does not), 1 (from or to a node of its own group of nodes), 2 (another group of its
+    pod) or 3 (another pod). :func:`clustersim.collectives.ring.ring_channels` lays the
+    nodes' blocks out in the order they first appear, one channel per member of the block
+    holding the fewest (g): channel c enters each block by its member c from the block
+    before and leaves it by member c - 1 to the block after; with g = 1, one ring in the
+    group's order. Every member enters and leaves at most once::
+
+        DP ring over nodes 0 1 | 2 (groups of 2 nodes; one member a node: one ring)
+            member on node 0   enters from node 2 (3: other group)  leaves to node 1 (1)    13
+            member on node 1   enters from node 0 (1)               leaves to node 2 (3)    7
+            member on node 2   enters from node 1 (3)               leaves to node 0 (3)    15
+    """
+    g, n = nodes.shape
+    pos = np.arange(n)
+    first = _first_alike(nodes)  # each member's first node-mate: its block
+    is_first = first == pos
+    block = np.take_along_axis(np.cumsum(is_first, axis=1) - 1, first, axis=1)
+    blocks = is_first.sum(axis=1, keepdims=True)
+    head = np.zeros((g, n), dtype=np.int64)  # block -> the position of its first member
+    rows, cols = np.nonzero(is_first)
+    head[rows, block[rows, cols]] = cols
+    flat = (block + n * np.arange(g)[:, None]).ravel()
+    mates = np.bincount(flat, minlength=g * n)[flat].reshape(g, n)
+    order = np.argsort(flat, kind="stable")
+    starts = np.ones(len(flat), dtype=bool)
+    starts[1:] = flat[order][1:] != flat[order][:-1]
+    run_start = np.maximum.accumulate(np.where(starts, np.arange(len(flat)), 0))
+    place = np.empty(len(flat), dtype=np.int64)
+    place[order] = np.arange(len(flat)) - run_start
+    place = place.reshape(g, n)
+    fewest = mates.min(axis=1, keepdims=True)
+    one_ring = (fewest == 1) | (blocks == 1)
+    r = np.arange(g)[:, None]
+    src = np.where(one_ring, np.roll(pos, 1)[None, :], head[r, (block - 1) % blocks])
+    dst = np.where(one_ring, np.roll(pos, -1)[None, :], head[r, (block + 1) % blocks])
+    enters = np.where(one_ring, nodes[r, src] != nodes, place < fewest)
+    leaves = np.where(one_ring, nodes[r, dst] != nodes, (place <= fewest - 2) | (place == mates - 1))
+    into = enters * (1 + (units[r, src] != units).sum(axis=-1))
+    out = leaves * (1 + (units[r, dst] != units).sum(axis=-1))
+    return 4 * into + out
+
+
 def _row_ids(a: np.ndarray) -> np.ndarray:
     """Per row of ``a`` (non-negative integers), an index shared by equal rows only: the
     columns folded in one by one, renumbered after each (so the codes stay below
@@ -211,7 +257,16 @@ class Symmetry:
     # (one leaf, or up to the spines), the classes split by it too (:attr:`_chain_places`)
     tiers: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
     pp_ring: bool = False  # the last stage sends to the first (interleaved 1F1B's next chunk)
+    # per GPU, its node's group under one set of leaves and its pod (Cluster.gpu_units; None:
+    # not compared): where those edges cut a stage's groups or pipeline routes unevenly, the
+    # classes split by it too, if that simulates at most ``unit_split_ranks`` ranks
+    # (:meth:`_unit_split`)
+    units: np.ndarray | None = None
+    unit_split_ranks: int = 0
     rep: dict[int, int] = field(init=False)
+    # the ranks the split by units simulates (made where at most ``unit_split_ranks``), where
+    # units cut the plan unevenly, else 0
+    unit_split: int = field(init=False, default=0)
     # (group, twins) -> its siblings (:meth:`siblings`), for every communication that has any:
     # the engine reads it (Program.siblings)
     sibling_map: dict = field(init=False, default_factory=dict)
@@ -225,6 +280,8 @@ class Symmetry:
         stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
+        elif (fine := self._unit_split(stragglers)) is not None:
+            self.rep = fine
         elif (stragglers or self.ep_distinct or self.cp_distinct or self._chain_places is not None
               or self._group_shapes is not None):
             # ranks whose work differs by EP or CP index refine too: classes by (stage, [CP index,]
@@ -241,11 +298,76 @@ class Symmetry:
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
                     ep_distinct: bool = False, gpus_per_node: int = 0, tiers=None, pp_ring: bool = False) -> int:
         """How many ranks the classes split around ``slow`` (rank -> slowdown) and ``faulty``
-        ranks simulate."""
+        ranks simulate (not split by units)."""
         return len(cls(mesh, True, cp_distinct, ep_distinct, slow=dict(slow), faulty=frozenset(faulty),
                        gpus_per_node=gpus_per_node, tiers=tiers, pp_ring=pp_ring).ranks)
 
-    def _split_classes(self, stragglers: list[int]) -> dict[int, int]:
+    def _unit_split(self, stragglers: list[int]) -> dict[int, int] | None:
+        """``rep`` split by units as well, where edges of leaf groups or pods cut a stage's
+        groups or pipeline routes unevenly and that split simulates at most
+        ``unit_split_ranks`` ranks; else None (the classes below, whose twins then meet
+        routes of different shapes and move at the slowest one's pace.
+
+        - Groups: over DGX A100 nodes two a leaf, TP8 x PP2 x DP3 puts stage 0 on nodes
+          0 1 | 2. Its DP rings run from node 0 to node 1 under one leaf but from node 1 to
+          node 2 and back to node 0 across a spine, so the members' NICs carry different
+          cables (:func:`_ring_crossings`, where a group's units hold it unevenly; which
+          positions of a group share a unit is compared everywhere). Collapsed as one class a
+          stage, the interleaved step with ZeRO-3 was 3.4 % short; split so, 6 ranks, exact.
+        - Pipeline routes, where stages are whole nodes (:meth:`_chain_codes` by
+          :meth:`_unit_tiers`): GPT-3 175B's 8-node stages over 20-node groups (nodes
+          16-23 | 24-31) send from nodes 16-19 across a spine and from 20-23 under one leaf::
+
+            ranks the split simulates (unit_split)    <= unit_split_ranks    the split
+                                                      >                      the classes below
+        """
+        if self.units is None or not self.gpus_per_node:
+            return None
+        shared = self._stages_share_nodes()  # the classes below compare the routes already
+        places, shapes = self._chain_places if shared else self._chain_codes(self._unit_tiers), self._unit_shapes
+        if shapes is None and (places is None or shared):
+            return None  # nothing the classes below do not split by
+        coarse = self._group_shapes
+        if shapes is not None and coarse is not None:
+            shapes = _row_ids(np.stack([coarse, shapes], axis=1))
+        rep = self._split_classes(stragglers, places, coarse if shapes is None else shapes)
+        self.unit_split = len(set(rep.values()))
+        return rep if self.unit_split <= self.unit_split_ranks else None
+
+    @cached_property
+    def _unit_shapes(self) -> np.ndarray | None:
+        """Per rank, a code for how its TP, CP, EP and gradient groups lie over groups of
+        nodes and pods (:attr:`units`: which positions share each) and how far its ring
+        channels' cables reach where it enters and leaves its node (:func:`_ring_crossings`),
+        or None where every group of a kind is alike in both."""
+        codes, any_apart = [], False
+        units = np.asarray(self.units)
+        for dim in refine_dims(self.mesh)[:-1]:  # pp: _chain_places
+            rows = self.mesh.group_rows(dim)
+            if rows.shape[1] < 2:
+                continue
+            u = units[rows]  # group x member x level
+            alike = [_first_alike(u[:, :, k]) for k in range(u.shape[2])]
+            layout = _row_ids(np.stack([_row_ids(a) for a in alike], axis=1))
+            # the members' crossings where a level's units hold the group unevenly (as
+            # _uneven_roles at nodes): where they hold as many members each, every unit is
+            # entered and left alike, and which member crosses differs between the twins
+            # of a class without their routes' shapes differing
+            uneven = np.zeros(len(rows), dtype=bool)
+            for a in alike:
+                flat = (a + a.shape[1] * np.arange(len(a))[:, None]).ravel()
+                held = np.bincount(flat, minlength=a.size)[flat].reshape(a.shape)
+                uneven |= held.min(axis=1) != held.max(axis=1)
+            cross = np.where(uneven[:, None], _ring_crossings(rows // self.gpus_per_node, u), 0) if uneven.any() \
+                else np.zeros(rows.shape, dtype=np.int64)
+            code = np.empty(self.mesh.world_size, dtype=np.int64)
+            code[rows] = _row_ids(np.stack([np.broadcast_to(layout[:, None], cross.shape).ravel(), cross.ravel()],
+                                           axis=1)).reshape(cross.shape)
+            any_apart |= bool((code != code[0]).any())
+            codes.append(code)
+        return _row_ids(np.stack(codes, axis=1)) if any_apart else None
+
+    def _split_classes(self, stragglers: list[int], places=None, shapes=None) -> dict[int, int]:
         """``rep`` where the classes split (stragglers, faults on a node's cables, a stage
         straddling nodes): the coarsest classes whose members run the same program at the same
         pace and meet, in every communication, members of the same classes at the same places
@@ -283,7 +405,8 @@ class Symmetry:
         for x in self.faulty:
             if 0 <= x < m.world_size:
                 alone[x] = x + 1  # a faulty rank's links are its own: it is a class of its own
-        places, shapes = self._chain_places, self._group_shapes
+        if places is None and shapes is None:
+            places, shapes = self._chain_places, self._group_shapes
         start = np.stack([coord["pp"], 0 * r if places is None else places, coord["cp"] if self.cp_distinct else 0 * r,
                           ep_index if self.ep_distinct else 0 * r, 0 * r if shapes is None else shapes,
                           unique_inverse(factor), alone], axis=1)
@@ -294,6 +417,20 @@ class Symmetry:
 
     @cached_property
     def _chain_places(self) -> np.ndarray | None:
+        """:meth:`_chain_codes`, the routes compared where stages share nodes."""
+        return self._chain_codes(self.tiers if self.gpus_per_node and self._stages_share_nodes() else None)
+
+    def _unit_tiers(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Per pair of GPUs, how far apart they sit by :attr:`units`, in Cluster.pair_tiers'
+        codes without a fault's (0 the same GPU, 1 the same node, 2 + the levels of units
+        they differ in: one group of nodes 2, one pod 3, two pods 4), where
+        :meth:`_chain_codes` compares the routes of stages made of whole nodes: read off the
+        units, without routing every pair (a fault splits its GPUs anyway)."""
+        other_node = src // self.gpus_per_node != dst // self.gpus_per_node
+        apart = (self.units[src] != self.units[dst]).sum(axis=-1)
+        return np.where(src == dst, 0, np.where(other_node, 2 + apart, 1))
+
+    def _chain_codes(self, tiers) -> np.ndarray | None:
         """Per rank, which members of its pipeline chain share its node and, with ``tiers``,
         the shape of the routes to its pipeline neighbours (a code; equal codes, equal
         patterns, stage by stage), or None where every rank of a stage has the same pattern.
@@ -312,9 +449,9 @@ class Symmetry:
         node = rows // self.gpus_per_node
         same = (node[:, :, None] == node[:, None, :]).reshape(-1, self.mesh.pp)  # (chain, own stage) x stage
         pattern = same.astype(np.int64)
-        if self.tiers is not None and self.mesh.pp > 1 and self._stages_share_nodes():
-            ahead = self.tiers(rows[:, :-1].ravel(), rows[:, 1:].ravel()).reshape(len(rows), -1)  # s -> s+1
-            wrap = self.tiers(rows[:, -1], rows[:, 0])[:, None] if self.pp_ring else np.full((len(rows), 1), -1)
+        if tiers is not None and self.mesh.pp > 1:
+            ahead = tiers(rows[:, :-1].ravel(), rows[:, 1:].ravel()).reshape(len(rows), -1)  # s -> s+1
+            wrap = tiers(rows[:, -1], rows[:, 0])[:, None] if self.pp_ring else np.full((len(rows), 1), -1)
             ahead = np.hstack([ahead, wrap])  # chain x own stage: to the next stage
             behind = np.roll(ahead, 1, axis=1)  # chain x own stage: from the one before
             pattern = np.hstack([pattern, ahead.reshape(-1, 1), behind.reshape(-1, 1)])
@@ -1575,7 +1712,8 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
     # a straggler or a fault (rank r runs on GPU r) splits the classes around it (Symmetry)
     sym = Symmetry(mesh, collapse, cp_distinct, ep_distinct, slow=dict(sc.cluster.gpu_slowdown),
                    faulty=sc.split_faults[0], gpus_per_node=sc.cluster.gpus_per_node, tiers=sc.cluster.pair_tiers,
-                   pp_ring=sc.parallel.schedule == "interleaved")
+                   pp_ring=sc.parallel.schedule == "interleaved", units=sc.cluster.gpu_units,
+                   unit_split_ranks=sc.cfg.simulation.leaf_split_ranks)
     gpu = chunk_gpu(sc)
     work = [stage_work(sc, j, gpu) for j in range(sc.n_parts)]
     rank_work = {(c, e): [stage_work(sc, j, gpu, c, e) for j in range(sc.n_parts)]
