@@ -46,8 +46,27 @@ TRACE_GPUS_MAX_SPANS = 5_000_000
 STAGING_PREFIX = ".clustersim-"  # the run's temp folder, inside the output folder until the files move in
 
 
-def _default_out(scenario: str) -> Path:
-    return Path("out") / Path(scenario).stem
+OUT_NAME_MAX = 120  # characters of a default folder's name; past it, cut and told apart by a checksum
+
+
+def _default_out(scenario: str, changes: list[tuple[str, object]] = ()) -> Path:
+    """``out/<stem>``, or with ``run --set`` changes ``out/<stem>+<key>=<value>+...``, so that
+    a changed run leaves the file's own outputs in place (a name of at most
+    :data:`OUT_NAME_MAX` characters, the value's other characters as ``_``)::
+
+        llama2_70b_64gpu.yaml --set "parallel.pp=8 parallel.dp=1"
+            -> out/llama2_70b_64gpu+parallel.pp=8+parallel.dp=1
+    """
+    import zlib
+
+    name = Path(scenario).stem
+    if not changes:
+        return Path("out") / name
+    said = [f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}" for k, v in changes]
+    full = "+".join([name, *(re.sub(r"[^A-Za-z0-9._=-]+", "_", c) for c in said)])
+    if len(full) > OUT_NAME_MAX:
+        full = f"{full[:OUT_NAME_MAX - 9]}~{zlib.crc32(' '.join(said).encode()):08x}"
+    return Path("out") / full
 
 
 class _Staging:
@@ -183,11 +202,12 @@ def cmd_run(args) -> int:
                           source="command line", field="--out")
     # the schedule's check is simulate's: after it forks the process that simulates a shorter
     # step, which needs no whole schedule (clustersim.engine.ahead)
+    changes = []
     if args.set:
-        sc = _with_changes(args.scenario, args.set)
+        sc, changes = _with_changes(args.scenario, args.set)
     else:
         sc = load_scenario(args.scenario, check_schedule=False)
-    out = Path(args.out) if args.out is not None else _default_out(args.scenario)
+    out = Path(args.out) if args.out is not None else _default_out(args.scenario, changes)
     if ".." in out.parts:  # o2/.. with o2 not there: the folder meant, not an o2 made on the way
         out = out.resolve()
     trace_gpus = None
@@ -244,13 +264,13 @@ def cmd_run(args) -> int:
 
 def _with_changes(path: str, given: list[str]):
     """``run --set``: the scenario of ``path`` with the changes of every ``--set`` (in order),
-    described by them (unless they set the description)."""
+    described by them (unless they set the description), and the changes."""
     from .overrides import load_variant, parse_changes, variant_source
 
     changes = [c for text in given for c in parse_changes(text, source="command line", field=f"--set {text!r}")]
     keys = {k for k, _ in changes}
     described = [] if "description" in keys else [("description", variant_source(path, changes))]
-    return load_variant(path, changes, unnamed=described, check_schedule=False)
+    return load_variant(path, changes, unnamed=described, check_schedule=False), changes
 
 
 def cmd_compare(args) -> int:
@@ -624,7 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate one training step; print a summary, write summary.json, "
                                      "report.html and trace.json.gz")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument("--out", help="output folder (default: out/<scenario file name without .yaml>)")
+    run.add_argument("--out", help="output folder (default: out/<scenario file name without .yaml>, with --set "
+                     "out/<name>+<key>=<value>+...)")
     run.add_argument("--set", action="append", metavar="CHANGES",
                      help="run the scenario with these changes: KEY=VALUE with dotted keys, e.g. --set "
                           "\"parallel.pp=4 parallel.zero=1\" or \"cluster.node.nic.bw_Gbps=800\" (repeatable; a "

@@ -88,6 +88,26 @@ def test_run_with_changes(tmp_path, root):
         assert not (tmp_path / "bad").exists()
 
 
+def test_run_with_changes_writes_beside_the_files_own_outputs(tmp_path, root):
+    """Without --out, run --set writes to out/<stem>+<key>=<value>+..., not over the file's
+    own out/<stem>: a baseline and its variant side by side. Characters a folder name should
+    not hold become _, and a name past OUT_NAME_MAX is cut and told apart by a checksum."""
+    from clustersim.cli import OUT_NAME_MAX, _default_out
+
+    path = root / "scenarios/llama3_8b_8gpu.yaml"
+    assert run_cli("run", path, "--no-trace", "--no-report", cwd=tmp_path).returncode == 0
+    r = run_cli("run", path, "--set", "parallel.tp=2 parallel.dp=4", "--no-trace", "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    base = json.loads((tmp_path / "out" / "llama3_8b_8gpu" / "summary.json").read_text())
+    changed = json.loads((tmp_path / "out" / "llama3_8b_8gpu+parallel.tp=2+parallel.dp=4" / "summary.json").read_text())
+    assert base["plan"]["tp"] != 2 and changed["plan"]["tp"] == 2
+    assert "out/llama3_8b_8gpu+parallel.tp=2+parallel.dp=4/summary.json" in r.stdout
+    what_if = _default_out("x.yaml", [("cluster.what_if", [{"gpu": 5, "slowdown": 1.2}])])
+    assert what_if == Path("out/x+cluster.what_if=_gpu_5_slowdown_1.2_")
+    long = [_default_out("x.yaml", [("name", "n" * 200 + tail)]) for tail in "ab"]
+    assert len(long[0].name) == OUT_NAME_MAX and long[0] != long[1]
+
+
 def test_schedule_grid():
     r = run_cli("schedule", "--pp", 4, "--microbatches", 8, "--schedule", "1f1b")
     assert r.returncode == 0

@@ -216,6 +216,9 @@ class Symmetry:
       around stragglers (:attr:`_chain_places`); so do ranks whose TP, CP, EP or gradient
       groups lie differently over nodes, which run different flows, or who enter and leave
       their node differently in a group its nodes hold unevenly (:attr:`_group_shapes`).
+    - Collapsed, where the fabric's leaf groups or pods (``units``) cut a stage's groups or
+      its pipeline routes unevenly: the same a tier up, where that split simulates at most
+      ``unit_split_ranks`` ranks (:meth:`_unit_split`).
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the classes start apart by the index in the EP group too
       and are refined as around stragglers: one class per (stage, [CP index,] EP index) where
