@@ -433,6 +433,13 @@ class Symmetry:
         apart = (self.units[src] != self.units[dst]).sum(axis=-1)
         return np.where(src == dst, 0, np.where(other_node, 2 + apart, 1))
 
+    @cached_property
+    def _node_mates(self) -> np.ndarray:
+        """Per (chain, own stage), in :meth:`_chain_codes`' order, a code for which stages of
+        its pipeline chain share its node (worked out once: 64 stages make 64 columns)."""
+        node = self.mesh.group_rows("pp") // self.gpus_per_node
+        return _row_ids((node[:, :, None] == node[:, None, :]).reshape(-1, self.mesh.pp).astype(np.int64))
+
     def _chain_codes(self, tiers) -> np.ndarray | None:
         """Per rank, which members of its pipeline chain share its node and, with ``tiers``,
         the shape of the routes to its pipeline neighbours (a code; equal codes, equal
@@ -449,9 +456,7 @@ class Symmetry:
         if not self.gpus_per_node:
             return None
         rows = self.mesh.group_rows("pp")  # chain x stage
-        node = rows // self.gpus_per_node
-        same = (node[:, :, None] == node[:, None, :]).reshape(-1, self.mesh.pp)  # (chain, own stage) x stage
-        pattern = same.astype(np.int64)
+        pattern = self._node_mates[:, None]
         if tiers is not None and self.mesh.pp > 1:
             ahead = tiers(rows[:, :-1].ravel(), rows[:, 1:].ravel()).reshape(len(rows), -1)  # s -> s+1
             wrap = tiers(rows[:, -1], rows[:, 0])[:, None] if self.pp_ring else np.full((len(rows), 1), -1)
