@@ -295,7 +295,7 @@ class Symmetry:
             # their reductions never met (the run deadlocked)
             self.rep = self._split_classes(stragglers)
         else:
-            self.rep = {r: m.rank(pp=m.coords(r)["pp"]) for r in range(m.world_size)}
+            self.rep = dict(enumerate(self._stage_rep))
 
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
@@ -558,7 +558,8 @@ class Symmetry:
     def _stage_rep(self) -> list[int]:
         """Rank -> the rank of its pipeline stage with every other index 0 (one class per stage)."""
         m = self.mesh
-        return [m.rank(pp=m.coords(r)["pp"]) for r in range(m.world_size)]
+        first = np.array([m.rank(pp=q) for q in range(m.pp)])  # each stage's rank with every other index 0
+        return first[m.coord_array("pp")].tolist()
 
     @cached_property
     def split(self) -> bool:
