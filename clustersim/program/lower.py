@@ -101,6 +101,25 @@ def _first_alike(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def _mates_and_places(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per entry of each row of ``labels`` (integers below the row length: a node's first
+    member, a block), how many entries of its row share its label, and its place among them
+    in row order::
+
+        labels  0 0 2 2 2 0     mates  3 3 3 3 3 3     places  0 1 0 1 2 2
+    """
+    g, n = labels.shape
+    flat = (labels + n * np.arange(g)[:, None]).ravel()
+    mates = np.bincount(flat, minlength=g * n)[flat].reshape(g, n)
+    order = np.argsort(flat, kind="stable")  # entries of a label in row order
+    first = np.ones(len(flat), dtype=bool)
+    first[1:] = flat[order][1:] != flat[order][:-1]
+    run_start = np.maximum.accumulate(np.where(first, np.arange(len(flat)), 0))
+    place = np.empty(len(flat), dtype=np.int64)
+    place[order] = np.arange(len(flat)) - run_start
+    return mates, place.reshape(g, n)
+
+
 def _uneven_roles(layout: np.ndarray) -> np.ndarray:
     """Per member of each group (a row of :func:`_first_alike` node layouts, members in ring
     order), its role in the group's ring channels where the group's nodes hold different
@@ -114,16 +133,7 @@ def _uneven_roles(layout: np.ndarray) -> np.ndarray:
         group 36 40 44 on nodes 4 5 5 (one ring)    36 enters and leaves, 40 enters, 44 leaves
         group of 8 + 4 (g = 4), the node of 8       members 0-2 both, 3 enters, 4-6 neither, 7 leaves
     """
-    g, n = layout.shape
-    flat = (layout + n * np.arange(g)[:, None]).ravel()
-    mates = np.bincount(flat, minlength=g * n)[flat].reshape(g, n)
-    order = np.argsort(flat, kind="stable")  # node-mates in ring order
-    first = np.ones(len(flat), dtype=bool)
-    first[1:] = flat[order][1:] != flat[order][:-1]
-    run_start = np.maximum.accumulate(np.where(first, np.arange(len(flat)), 0))
-    place = np.empty(len(flat), dtype=np.int64)
-    place[order] = np.arange(len(flat)) - run_start
-    place = place.reshape(g, n)
+    mates, place = _mates_and_places(layout)
     fewest = mates.min(axis=1, keepdims=True)
     enters = np.where(fewest == 1, np.roll(layout, 1, axis=1) != layout, place < fewest)
     leaves = np.where(fewest == 1, np.roll(layout, -1, axis=1) != layout,
@@ -157,15 +167,7 @@ def _ring_crossings(nodes: np.ndarray, units: np.ndarray) -> np.ndarray:
     head = np.zeros((g, n), dtype=np.int64)  # block -> the position of its first member
     rows, cols = np.nonzero(is_first)
     head[rows, block[rows, cols]] = cols
-    flat = (block + n * np.arange(g)[:, None]).ravel()
-    mates = np.bincount(flat, minlength=g * n)[flat].reshape(g, n)
-    order = np.argsort(flat, kind="stable")
-    starts = np.ones(len(flat), dtype=bool)
-    starts[1:] = flat[order][1:] != flat[order][:-1]
-    run_start = np.maximum.accumulate(np.where(starts, np.arange(len(flat)), 0))
-    place = np.empty(len(flat), dtype=np.int64)
-    place[order] = np.arange(len(flat)) - run_start
-    place = place.reshape(g, n)
+    mates, place = _mates_and_places(block)
     fewest = mates.min(axis=1, keepdims=True)
     one_ring = (fewest == 1) | (blocks == 1)
     r = np.arange(g)[:, None]
