@@ -46,26 +46,34 @@ TRACE_GPUS_MAX_SPANS = 5_000_000
 STAGING_PREFIX = ".clustersim-"  # the run's temp folder, inside the output folder until the files move in
 
 
-OUT_NAME_MAX = 120  # characters of a default folder's name; past it, cut and told apart by a checksum
+OUT_NAME_MAX = 120  # characters of a default folder's name
 
 
 def _default_out(scenario: str, changes: list[tuple[str, object]] = ()) -> Path:
     """``out/<stem>``, or with ``run --set`` changes ``out/<stem>+<key>=<value>+...``, so that
-    a changed run leaves the file's own outputs in place (a name of at most
-    :data:`OUT_NAME_MAX` characters, the value's other characters as ``_``)::
+    a changed run leaves the file's own outputs in place. Where the changes' words hold
+    characters a folder name should not (spaces, slashes, quotes, brackets, a trailing dot),
+    runs of them become ``_`` and a checksum of the words ends the name, so that changes
+    cleaned alike do not share a folder; a name past :data:`OUT_NAME_MAX` characters is cut
+    and ends so too::
 
         llama2_70b_64gpu.yaml --set "parallel.pp=8 parallel.dp=1"
             -> out/llama2_70b_64gpu+parallel.pp=8+parallel.dp=1
+        x.yaml --set "'cluster.what_if=[{gpu: 5, slowdown: 1.2}]'"
+            -> out/x+cluster.what_if=_gpu_5_slowdown_1.2_~3b0cbe10
     """
     import zlib
+
+    from .overrides import change_words
 
     name = Path(scenario).stem
     if not changes:
         return Path("out") / name
-    said = [f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}" for k, v in changes]
-    full = "+".join([name, *(re.sub(r"[^A-Za-z0-9._=-]+", "_", c) for c in said)])
-    if len(full) > OUT_NAME_MAX:
-        full = f"{full[:OUT_NAME_MAX - 9]}~{zlib.crc32(' '.join(said).encode()):08x}"
+    words = change_words(list(changes))
+    clean = [re.sub(r"[^A-Za-z0-9._=-]+|\.+$", "_", w) for w in words]
+    full = "+".join([name, *clean])
+    if clean != words or len(full) > OUT_NAME_MAX:
+        full = f"{full[:OUT_NAME_MAX - 9]}~{zlib.crc32(chr(0).join([name, *words]).encode()):08x}"
     return Path("out") / full
 
 
@@ -503,7 +511,8 @@ def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
 
 def _simulated_line(summary: dict, wall_s: float) -> str:
     """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated (and,
-    below it, around what the faults reach the classes split, or that the collapse kept it)."""
+    below it, around what the faults reach the classes split, or that the collapse kept it;
+    the same of the split where leaf groups cut the plan unevenly; collective fallbacks)."""
     from .output.summary import collective_fallbacks_note, fabric_faults_note, leaf_split_note
 
     sim = summary["simulation"]

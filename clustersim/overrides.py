@@ -112,10 +112,16 @@ def apply_changes(data: dict[str, Any], changes: list[tuple[str, Any]], *, sourc
     return out
 
 
+def change_words(changes: list[tuple[str, Any]]) -> list[str]:
+    """Each change as ``KEY=VALUE``, its value a YAML flow value (``cluster.what_if=[{gpu:
+    5, slowdown: 1.2}]``)."""
+    return [f"{k}={_flow(v)}" for k, v in changes]
+
+
 def changes_text(changes: list[tuple[str, Any]]) -> str:
     """The changes as the command line gives them, one ``KEY=VALUE`` each (YAML flow values,
     quoted as a shell would need where they hold spaces): :func:`parse_changes` reads it back."""
-    return " ".join(shlex.quote(f"{k}={_flow(v)}") for k, v in changes)
+    return " ".join(shlex.quote(w) for w in change_words(changes))
 
 
 def _flow(value: Any) -> str:

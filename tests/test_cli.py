@@ -91,7 +91,8 @@ def test_run_with_changes(tmp_path, root):
 def test_run_with_changes_writes_beside_the_files_own_outputs(tmp_path, root):
     """Without --out, run --set writes to out/<stem>+<key>=<value>+..., not over the file's
     own out/<stem>: a baseline and its variant side by side. Characters a folder name should
-    not hold become _, and a name past OUT_NAME_MAX is cut and told apart by a checksum."""
+    not hold become _ and a checksum of the changes ends the name; so does it a name cut at
+    OUT_NAME_MAX."""
     from clustersim.cli import OUT_NAME_MAX, _default_out
 
     path = root / "scenarios/llama3_8b_8gpu.yaml"
@@ -103,7 +104,12 @@ def test_run_with_changes_writes_beside_the_files_own_outputs(tmp_path, root):
     assert base["plan"]["tp"] != 2 and changed["plan"]["tp"] == 2
     assert "out/llama3_8b_8gpu+parallel.tp=2+parallel.dp=4/summary.json" in r.stdout
     what_if = _default_out("x.yaml", [("cluster.what_if", [{"gpu": 5, "slowdown": 1.2}])])
-    assert what_if == Path("out/x+cluster.what_if=_gpu_5_slowdown_1.2_")
+    assert re.fullmatch(r"x\+cluster\.what_if=_gpu_5_slowdown_1\.2_~[0-9a-f]{8}", what_if.name), what_if
+    # cleaned alike, told apart by the checksum; a value YAML reads as bytes named too
+    names = {_default_out("x.yaml", [("description", d)]).name for d in ("run A", "run/A", "run_A", "run A.")}
+    assert len(names) == 4 and "x+description=run_A" in names
+    assert not any(n.endswith(".") for n in names)
+    assert _default_out("x.yaml", [("name", b"hello")]).name.startswith("x+name=_binary_aGVsbG8=~")
     long = [_default_out("x.yaml", [("name", "n" * 200 + tail)]) for tail in "ab"]
     assert len(long[0].name) == OUT_NAME_MAX and long[0] != long[1]
 

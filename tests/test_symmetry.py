@@ -640,6 +640,20 @@ def test_groups_and_routes_leaf_groups_cut_unevenly_split_the_classes(base, node
     assert said in _simulated_line(one, 1.0) and said in header_html(one).replace("&#x27;", "'")
 
 
+@pytest.mark.parametrize("most", [64, 0])
+def test_units_that_split_no_class_more_are_not_said(most):
+    """Three GB200 racks, one a leaf: units are nodes, whose layouts split TP4 x PP2 x DP27
+    into 12 classes already; the split by units makes the same ones, so neither the summary
+    nor the terminal speaks of it, whatever the limit."""
+    from clustersim.cli import _simulated_line
+
+    d = _doc("gb200-nvl72.yaml", 3, {"tp": 4, "pp": 2, "dp": 27}, 2)
+    d["simulation"] = {"leaf_split_ranks": most}
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT)).summary
+    assert s["simulation"]["simulated_ranks"] == 12 and s["simulation"]["leaf_split"] is None
+    assert "leaf groups" not in _simulated_line(s, 1.0)
+
+
 def test_a_removed_spine_of_two_tiers_marks_no_gpu(tmp_path):
     """Every leaf loses the same uplink: the fabric stays as symmetric as it was."""
     sc = _fabric(4, LEAF_SPINE, [{"remove_switch": "spine1"}], tmp_path)

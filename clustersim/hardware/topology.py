@@ -434,8 +434,8 @@ class Cluster:
     @cached_property
     def gpu_units(self) -> np.ndarray | None:
         """Per GPU (rows), the group of nodes its node sits in under one set of leaves and,
-        where the fabric has several pods, the pod of that group; None where the fabric has a single
-        group or none: every route between two nodes then turns at one leaf. A plan's groups
+        where the fabric has several pods, the pod of that group; None where the fabric has a
+        single group or none: every node then sits under the same leaves. A plan's groups
         and pipeline routes cut differently by these edges run on routes of different shapes
         (program/lower.py Symmetry, its split by units)::
 

@@ -1023,10 +1023,10 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'{summary["simulation"]["repeat_tried"]} showed no steady cycle to copy in '
                    f'(simulation.repeat)</p>')
     sim = summary.get("simulation", {})
-    faults = fabric_faults_note(sim.get("fabric_faults"), " ", sim.get("collapse_symmetric", False)) \
+    splits = fabric_faults_note(sim.get("fabric_faults"), " ", sim.get("collapse_symmetric", False)) \
         + leaf_split_note(sim.get("leaf_split"), " ", sim.get("collapse_symmetric", False))
-    if faults:
-        out.append(f'<p class="meta">simulated:{e(faults)}</p>')
+    if splits:
+        out.append(f'<p class="meta">simulated:{e(splits)}</p>')
     fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")
     out.extend(f'<p class="meta">simulated: {e(line)}</p>' for line in fallbacks.split("\n") if line)
     return "\n".join(out)

@@ -153,10 +153,10 @@ def _ring_crossings(nodes: np.ndarray, units: np.ndarray) -> np.ndarray:
     before and leaves it by member c - 1 to the block after; with g = 1, one ring in the
     group's order. Every member enters and leaves at most once::
 
-        DP ring over nodes 0 1 | 2 (groups of 2 nodes; one member a node: one ring)
-            member on node 0   enters from node 2 (3: other group)  leaves to node 1 (1)    13
-            member on node 1   enters from node 0 (1)               leaves to node 2 (3)    7
-            member on node 2   enters from node 1 (3)               leaves to node 0 (3)    15
+        DP ring over nodes 0 1 | 2 (groups of 2 nodes, one pod; one member a node: one ring)
+            member on node 0   enters from node 2 (2: other group)  leaves to node 1 (1)    9
+            member on node 1   enters from node 0 (1)               leaves to node 2 (2)    6
+            member on node 2   enters from node 1 (2)               leaves to node 0 (2)    10
     """
     g, n = nodes.shape
     pos = np.arange(n)
@@ -234,7 +234,8 @@ class Symmetry:
       each is a class of its own, and the classes split around them the same way.
 
     Collapsed and not give the same numbers on a symmetric placement; where twins meet different links
-    (a stage that spans two leaf groups, ECMP collisions, a fabric fault kept in the collapse)
+    (ECMP collisions, a stage that spans two leaf groups where the split by units is kept, a
+    fabric fault kept in the collapse)
     an orbit moves at its slowest member's pace: close, and most often above (engine/network.py
     ``plan_flows``; tests/test_engine.py, tests/test_symmetry.py; docs/architecture.md, Known
     limitations).
@@ -285,10 +286,10 @@ class Symmetry:
         stragglers = [r for r in stragglers if 0 <= r < m.world_size]
         if not self.collapse:
             self.rep = {r: r for r in range(m.world_size)}
-        elif (fine := self._unit_split(stragglers)) is not None:
-            self.rep = fine
-        elif (stragglers or self.ep_distinct or self.cp_distinct or self._chain_places is not None
-              or self._group_shapes is not None):
+            return
+        fine = self._unit_split(stragglers)
+        if (stragglers or self.ep_distinct or self.cp_distinct or self._chain_places is not None
+                or self._group_shapes is not None):
             # ranks whose work differs by EP or CP index refine too: classes by (stage, [CP index,]
             # [EP index]) hold only where every group keeps one pattern of those indices, which
             # folding EP over TP and CP ranks need not (TP groups of EP indices [0 0 1 1] beside
@@ -298,6 +299,13 @@ class Symmetry:
             self.rep = self._split_classes(stragglers)
         else:
             self.rep = dict(enumerate(self._stage_rep))
+        if fine is not None:
+            # the split by units refines these classes: as many classes, the same ones
+            finer = len(set(fine.values())) > len(set(self.rep.values()))
+            if not finer:
+                self.unit_split = 0
+            elif self.unit_split <= self.unit_split_ranks:
+                self.rep = fine
 
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
@@ -308,10 +316,12 @@ class Symmetry:
                        gpus_per_node=gpus_per_node, tiers=tiers, pp_ring=pp_ring).ranks)
 
     def _unit_split(self, stragglers: list[int]) -> dict[int, int] | None:
-        """``rep`` split by units as well, where edges of leaf groups or pods cut a stage's
-        groups or pipeline routes unevenly and that split simulates at most
-        ``unit_split_ranks`` ranks; else None (the classes below, whose twins then meet
-        routes of different shapes and move at the slowest one's pace.
+        """``rep`` split by units as well, where edges of leaf groups or pods may cut a
+        stage's groups or pipeline routes unevenly, else None; ``__post_init__`` takes it
+        where it is finer than the classes without units and simulates at most
+        ``unit_split_ranks`` ranks (the ranks of the whole split, stragglers' and faults'
+        included), else keeps those, whose twins then meet routes of different shapes and
+        move at the slowest one's pace.
 
         - Groups: over DGX A100 nodes two a leaf, TP8 x PP2 x DP3 puts stage 0 on nodes
           0 1 | 2. Its DP rings run from node 0 to node 1 under one leaf but from node 1 to
@@ -321,10 +331,13 @@ class Symmetry:
           stage, the interleaved step with ZeRO-3 was 3.4 % short; split so, 6 ranks, exact.
         - Pipeline routes, where stages are whole nodes (:meth:`_chain_codes` by
           :meth:`_unit_tiers`): GPT-3 175B's 8-node stages over 20-node groups (nodes
-          16-23 | 24-31) send from nodes 16-19 across a spine and from 20-23 under one leaf::
+          16-23 | 24-31) send from nodes 16-19 across a spine and from 20-23 under one leaf.
 
-            ranks the split simulates (unit_split)    <= unit_split_ranks    the split
-                                                      >                      the classes below
+        Which classes run, n the ranks without units and m those of this split (``unit_split``)::
+
+            m = n                        the same classes (unit_split = 0)
+            n < m <= unit_split_ranks    this split
+            m > unit_split_ranks         kept: the n
         """
         if self.units is None or not self.gpus_per_node:
             return None
@@ -337,7 +350,7 @@ class Symmetry:
             shapes = _row_ids(np.stack([coarse, shapes], axis=1))
         rep = self._split_classes(stragglers, places, coarse if shapes is None else shapes)
         self.unit_split = len(set(rep.values()))
-        return rep if self.unit_split <= self.unit_split_ranks else None
+        return rep
 
     @cached_property
     def _unit_shapes(self) -> np.ndarray | None:
@@ -430,7 +443,9 @@ class Symmetry:
         codes without a fault's (0 the same GPU, 1 the same node, 2 + the levels of units
         they differ in: one group of nodes 2, one pod 3, two pods 4), where
         :meth:`_chain_codes` compares the routes of stages made of whole nodes: read off the
-        units, without routing every pair (a fault splits its GPUs anyway)."""
+        units, without routing every pair (a fault splits its GPUs anyway). Rails are not
+        read: the codes are pair_tiers' for GPUs of one index in their nodes, which pipeline
+        neighbours of whole-node stages are."""
         other_node = src // self.gpus_per_node != dst // self.gpus_per_node
         apart = (self.units[src] != self.units[dst]).sum(axis=-1)
         return np.where(src == dst, 0, np.where(other_node, 2 + apart, 1))
@@ -507,11 +522,11 @@ class Symmetry:
         return _row_ids(np.stack(codes, axis=1)) if any_apart else None
 
     def _stages_share_nodes(self) -> bool:
-        """Whether a node holds ranks of two stages. Only then are the
-        routes' shapes compared: where stages are whole nodes, a leaf group's edge that cuts a
-        stage's replicas unevenly (DGX-A100 SuperPOD's 20-node units under 8-node stages) is
-        left to the twins, which cost GPT-3 175B at 1,024 GPUs +1.8 % against every rank and
-        the split +1.5 %, at twice the ranks (Megatron-1T: three times)."""
+        """Whether a node holds ranks of two stages. Only then are the routes' shapes
+        compared by routing every pair (``tiers``): where stages are whole nodes, a leaf
+        group's edge that cuts a stage's replicas unevenly (DGX-A100 SuperPOD's 20-node units
+        under 8-node stages) is seen by the split by units (:meth:`_unit_split`, the shapes read
+        off the units), made where it fits."""
         stage = self.mesh.coord_array("pp")
         by_node = stage.reshape(-1, self.gpus_per_node) if self.mesh.world_size % self.gpus_per_node == 0 else None
         return by_node is None or bool((by_node != by_node[:, :1]).any())
