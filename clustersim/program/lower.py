@@ -270,8 +270,8 @@ class Symmetry:
     units: np.ndarray | None = None
     unit_split_ranks: int = 0
     rep: dict[int, int] = field(init=False)
-    # the ranks the split by units simulates (made where at most ``unit_split_ranks``), where
-    # units cut the plan unevenly, else 0
+    # the ranks the split by units simulates where it makes a class more than the classes
+    # without it (made where at most ``unit_split_ranks``), else 0
     unit_split: int = field(init=False, default=0)
     # (group, twins) -> its siblings (:meth:`siblings`), for every communication that has any:
     # the engine reads it (Program.siblings)
@@ -373,8 +373,7 @@ class Symmetry:
             # of a class without their routes' shapes differing
             uneven = np.zeros(len(rows), dtype=bool)
             for a in alike:
-                flat = (a + a.shape[1] * np.arange(len(a))[:, None]).ravel()
-                held = np.bincount(flat, minlength=a.size)[flat].reshape(a.shape)
+                held = _mates_and_places(a)[0]
                 uneven |= held.min(axis=1) != held.max(axis=1)
             cross = np.where(uneven[:, None], _ring_crossings(rows // self.gpus_per_node, u), 0) if uneven.any() \
                 else np.zeros(rows.shape, dtype=np.int64)
