@@ -320,14 +320,14 @@ def _fabric_faults(sc: Scenario, trace: Trace, world: int) -> dict | None:
 def _leaf_split(sc: Scenario, low: Lowering, trace: Trace, world: int) -> dict | None:
     """``simulation.leaf_split``: where the edges of the fabric's leaf groups or pods cut the
     plan's groups or pipeline routes unevenly in a collapsed run, the ranks a split by them
-    simulates, whether the collapse kept them instead (past
+    simulates, whether the collapse kept them instead (the split would add more ranks than
     ``simulation.leaf_split_ranks``) and that setting (null: no such cut, or every rank
     simulated; program/lower.py ``Symmetry._unit_split``)."""
     n = low.sym.unit_split
     if not n or len(trace.ranks) >= world:
         return None
-    limit = sc.cfg.simulation.leaf_split_ranks
-    return {"ranks": n, "kept_in_collapse": n > limit, "split_up_to": limit}
+    return {"ranks": n, "kept_in_collapse": low.sym.unit_split_kept,
+            "split_up_to": sc.cfg.simulation.leaf_split_ranks}
 
 
 def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = None,

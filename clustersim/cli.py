@@ -525,7 +525,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     line = f"{'simulated':<16}{n} rank{'s' if n != 1 else ''}, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
     sep = "\n" + " " * 16
     return (line + fabric_faults_note(sim.get("fabric_faults"), sep, sim["collapse_symmetric"])
-            + leaf_split_note(sim.get("leaf_split"), sep, sim["collapse_symmetric"])
+            + leaf_split_note(sim.get("leaf_split"), sep, sim["collapse_symmetric"], n)
             + collective_fallbacks_note(sim.get("collective_fallbacks"), sep))
 
 

@@ -199,16 +199,17 @@ class SimulationCfg(Strict):
         default=256, ge=0, le=4_096, description="split the symmetric classes around the GPUs below a fabric fault "
         "or around every GPU on any node whose flows any fault touches, where that split simulates at most this many "
         "ranks; past it the collapse keeps the fault (0: never split)")
-    # the same trade for a plan the fabric's leaf groups or pods cut unevenly, set lower: such
-    # splits come unasked with the plan, and a sweep runs many. GPT-3 175B's 8-node stages over
+    # the same trade for a plan the fabric's leaf groups or pods cut unevenly, counted in the
+    # ranks it adds (a straggler's split does not take it away) and set lower: such splits come
+    # unasked with the plan, and a sweep runs many. GPT-3 175B's 8-node stages over
     # DGX-A100 SuperPOD's 20-node units split into 32 ranks at 1,024 GPUs (0.8 -> 1.4 s); at
     # 4,096 and 8,192 GPUs into 104 (1.5 -> 18.8 s with 256 microbatches, 1.0 -> 4.5 s; the
     # steps 3.2 % and 3.7 % shorter), and Megatron-1T's 6-node stages into 384
     leaf_split_ranks: int = pydantic.Field(
         default=64, ge=0, le=4_096, description="split the symmetric classes where the edges of the fabric's leaf "
         "groups or pods cut a stage's groups or pipeline routes unevenly, so that twins meet routes of one shape, "
-        "where that split simulates at most this many ranks; past it the twins move at the slowest one's pace "
-        "(0: never split)")
+        "where that split adds at most this many ranks to those simulated without it; past it the twins move at the "
+        "slowest one's pace (0: never split)")
 
 
 class ProjectionCfg(Strict):

@@ -636,8 +636,25 @@ def test_groups_and_routes_leaf_groups_cut_unevenly_split_the_classes(base, node
     assert one["simulation"]["simulated_ranks"] == kept
     assert one["simulation"]["leaf_split"] == {"ranks": n, "kept_in_collapse": True, "split_up_to": 0}
     assert abs(one["step_time_s"] / full["step_time_s"] - 1) > 5e-3  # what the split mends: -1.3, -0.9, +3.3 %
-    said = f"a split by them would simulate {n} ranks (simulation.leaf_split_ranks: 0)"
+    said = f"a split by them would simulate {n} ranks, {n - kept} more (simulation.leaf_split_ranks: 0 more at most)"
     assert said in _simulated_line(one, 1.0) and said in header_html(one).replace("&#x27;", "'")
+
+
+def test_the_leaf_split_limit_counts_the_ranks_the_split_adds():
+    """gpt3_175b_1024gpu with a slow GPU: 64 classes around it, 96 split by units as well.
+    ``leaf_split_ranks`` bounds the ranks the split adds (32), so a straggler does not take
+    the split away: made under 64, kept under 16, and the note says how many more."""
+    from clustersim.output.summary import leaf_split_note
+    from clustersim.program.lower import lowering
+
+    d = yaml.safe_load((ROOT / "scenarios/gpt3_175b_1024gpu.yaml").read_text())
+    d["cluster"]["what_if"] = [{"gpu": 5, "slowdown": 1.2}]
+    for most, ranks, kept in ((64, 96, False), (16, 64, True)):
+        d["simulation"] = {"leaf_split_ranks": most}
+        sym = lowering(clustersim.load_scenario(d, base_dir=ROOT / "scenarios")).sym
+        assert (len(sym.ranks), sym.unit_split, sym.unit_split_kept) == (ranks, 96, kept)
+    said = leaf_split_note({"ranks": 96, "kept_in_collapse": True, "split_up_to": 16}, " ", True, 64)
+    assert "would simulate 96 ranks, 32 more (simulation.leaf_split_ranks: 16 more at most)" in said
 
 
 @pytest.mark.parametrize("most", [64, 0])

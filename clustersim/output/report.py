@@ -1023,8 +1023,9 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'{summary["simulation"]["repeat_tried"]} showed no steady cycle to copy in '
                    f'(simulation.repeat)</p>')
     sim = summary.get("simulation", {})
-    splits = fabric_faults_note(sim.get("fabric_faults"), " ", sim.get("collapse_symmetric", False)) \
-        + leaf_split_note(sim.get("leaf_split"), " ", sim.get("collapse_symmetric", False))
+    collapsed = sim.get("collapse_symmetric", False)
+    splits = fabric_faults_note(sim.get("fabric_faults"), " ", collapsed) \
+        + leaf_split_note(sim.get("leaf_split"), " ", collapsed, sim.get("simulated_ranks", 0))
     if splits:
         out.append(f'<p class="meta">simulated:{e(splits)}</p>')
     fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")

@@ -245,18 +245,20 @@ def fabric_faults_note(faults: dict | None, sep: str, collapsed: bool = True) ->
             f"(simulation.fabric_fault_split_ranks: {faults['split_up_to']:,})")
 
 
-def leaf_split_note(split: dict | None, sep: str, collapsed: bool = True) -> str:
+def leaf_split_note(split: dict | None, sep: str, collapsed: bool = True, ranks: int = 0) -> str:
     """What the terminal and the report say where the edges of the fabric's leaf groups or
     pods cut the plan's groups or pipeline routes unevenly ("" if they do not, or in a run of
     every rank): that the classes split by them (why the run simulates more ranks), or that
-    the collapse kept them and what the split would have simulated; after ``sep``."""
+    the collapse kept them and what the split would have simulated (against the ``ranks``
+    simulated); after ``sep``."""
     if not split or not collapsed:
         return ""
     cut = "leaf groups cut the plan's groups or pipeline routes unevenly"
-    limit = f"(simulation.leaf_split_ranks: {split['split_up_to']:,})"
+    limit = f"(simulation.leaf_split_ranks: {split['split_up_to']:,} more at most)"
     if not split["kept_in_collapse"]:
         return f"{sep}split where {cut} {limit}"
-    return (f"{sep}{cut}, kept in the collapse:{sep}a split by them would simulate {split['ranks']:,} ranks "
+    more = f", {split['ranks'] - ranks:,} more" if 0 < ranks < split["ranks"] else ""
+    return (f"{sep}{cut}, kept in the collapse:{sep}a split by them would simulate {split['ranks']:,} ranks{more} "
             f"{limit}; twins move at the slowest one's pace")
 
 

@@ -219,7 +219,7 @@ class Symmetry:
       groups lie differently over nodes, which run different flows, or who enter and leave
       their node differently in a group its nodes hold unevenly (:attr:`_group_shapes`).
     - Collapsed, where the fabric's leaf groups or pods (``units``) cut a stage's groups or
-      its pipeline routes unevenly: the same a tier up, where that split simulates at most
+      its pipeline routes unevenly: the same a tier up, where that split adds at most
       ``unit_split_ranks`` ranks (:meth:`_unit_split`).
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the classes start apart by the index in the EP group too
@@ -265,14 +265,15 @@ class Symmetry:
     pp_ring: bool = False  # the last stage sends to the first (interleaved 1F1B's next chunk)
     # per GPU, its node's group under one set of leaves and its pod (Cluster.gpu_units; None:
     # not compared): where those edges cut a stage's groups or pipeline routes unevenly, the
-    # classes split by it too, if that simulates at most ``unit_split_ranks`` ranks
-    # (:meth:`_unit_split`)
+    # classes split by it too, if that adds at most ``unit_split_ranks`` ranks to the classes
+    # without it (:meth:`_unit_split`)
     units: np.ndarray | None = None
     unit_split_ranks: int = 0
     rep: dict[int, int] = field(init=False)
     # the ranks the split by units simulates where it makes a class more than the classes
-    # without it (made where at most ``unit_split_ranks``), else 0
+    # without it, else 0; and whether it was kept (past ``unit_split_ranks`` more)
     unit_split: int = field(init=False, default=0)
+    unit_split_kept: bool = field(init=False, default=False)
     # (group, twins) -> its siblings (:meth:`siblings`), for every communication that has any:
     # the engine reads it (Program.siblings)
     sibling_map: dict = field(init=False, default_factory=dict)
@@ -301,11 +302,13 @@ class Symmetry:
             self.rep = dict(enumerate(self._stage_rep))
         if fine is not None:
             # the split by units refines these classes: as many classes, the same ones
-            finer = len(set(fine.values())) > len(set(self.rep.values()))
-            if not finer:
+            more = len(set(fine.values())) - len(set(self.rep.values()))
+            if not more:
                 self.unit_split = 0
-            elif self.unit_split <= self.unit_split_ranks:
+            elif more <= self.unit_split_ranks:
                 self.rep = fine
+            else:
+                self.unit_split_kept = True
 
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
@@ -318,9 +321,8 @@ class Symmetry:
     def _unit_split(self, stragglers: list[int]) -> dict[int, int] | None:
         """``rep`` split by units as well, where edges of leaf groups or pods may cut a
         stage's groups or pipeline routes unevenly, else None; ``__post_init__`` takes it
-        where it is finer than the classes without units and simulates at most
-        ``unit_split_ranks`` ranks (the ranks of the whole split, stragglers' and faults'
-        included), else keeps those, whose twins then meet routes of different shapes and
+        where it is finer than the classes without units, by at most ``unit_split_ranks``
+        ranks more, else keeps those, whose twins then meet routes of different shapes and
         move at the slowest one's pace.
 
         - Groups: over DGX A100 nodes two a leaf, TP8 x PP2 x DP3 puts stage 0 on nodes
@@ -335,9 +337,9 @@ class Symmetry:
 
         Which classes run, n the ranks without units and m those of this split (``unit_split``)::
 
-            m = n                        the same classes (unit_split = 0)
-            n < m <= unit_split_ranks    this split
-            m > unit_split_ranks         kept: the n
+            m = n                            the same classes (unit_split = 0)
+            n < m <= n + unit_split_ranks    this split
+            m > n + unit_split_ranks         kept: the n (unit_split_kept)
         """
         if self.units is None or not self.gpus_per_node:
             return None
