@@ -32,7 +32,7 @@ import numpy as np
 
 from ..codegen import Straight
 from ..model import moe
-from ..config import Scenario
+from ..config import MAX_GPUS_ALL_RANKS, Scenario
 from ..hardware.gpus import GpuSpec
 from ..plan.mesh import Mesh
 from ..schedule.core import fused_weight_passes, units_by_start
@@ -301,11 +301,13 @@ class Symmetry:
         else:
             self.rep = dict(enumerate(self._stage_rep))
         if fine is not None:
-            # the split by units refines these classes: as many classes, the same ones
+            # the split by units refines these classes: as many classes, the same ones. It is
+            # made within the ranks it may add, never past the all-ranks limit that the
+            # scenario check holds the other splits to
             more = len(set(fine.values())) - len(set(self.rep.values()))
             if not more:
                 self.unit_split = 0
-            elif more <= self.unit_split_ranks:
+            elif more <= self.unit_split_ranks and self.unit_split <= MAX_GPUS_ALL_RANKS:
                 self.rep = fine
             else:
                 self.unit_split_kept = True
