@@ -201,12 +201,14 @@ class SimulationCfg(Strict):
         "ranks; past it the collapse keeps the fault (0: never split)")
     # the same trade for a plan the fabric's leaf groups or pods cut unevenly, counted in the
     # ranks it adds (a straggler's split does not take it away) and set lower: such splits come
-    # unasked with the plan, and a sweep runs many. GPT-3 175B's 8-node stages over
-    # DGX-A100 SuperPOD's 20-node units split into 32 ranks at 1,024 GPUs (0.8 -> 1.4 s); at
-    # 4,096 and 8,192 GPUs into 104 (1.5 -> 18.8 s with 256 microbatches, 1.0 -> 4.5 s; the
-    # steps 3.2 % and 3.7 % shorter), and Megatron-1T's 6-node stages into 384
+    # unasked with the plan, and a sweep or advise runs many. Every fuzz plan the split mended
+    # needed at most 24 more ranks (bench/fuzz_fabrics.py 184, plan 27: +15.3 % -> +3.1 %);
+    # GPT-3 175B's 8-node stages over DGX-A100 SuperPOD's 20-node units add 16 at 1,024 GPUs
+    # (0.8 -> 1.4 s), its advise's PP4 plans 32 for at most 0.05 % (advise 61 s without the
+    # split, 97 s at 24, 135 s at 64); at 4,096 and 8,192 GPUs 96 (1.5 -> 18.8 s with 256
+    # microbatches, 1.0 -> 4.5 s; the steps 3.2 % and 3.7 % shorter); Megatron-1T 320
     leaf_split_ranks: int = pydantic.Field(
-        default=64, ge=0, le=4_096, description="split the symmetric classes where the edges of the fabric's leaf "
+        default=24, ge=0, le=4_096, description="split the symmetric classes where the edges of the fabric's leaf "
         "groups or pods cut a stage's groups or pipeline routes unevenly, so that twins meet routes of one shape, "
         "where that split adds at most this many ranks to those simulated without it; past it the twins move at the "
         "slowest one's pace (0: never split)")

@@ -625,7 +625,7 @@ def test_groups_and_routes_leaf_groups_cut_unevenly_split_the_classes(base, node
     sc = _fabric(nodes, fab, [], tmp_path, parallel, moe=moe, base=base, recompute="full")
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == n
-    assert split["simulation"]["leaf_split"] == {"ranks": n, "kept_in_collapse": False, "split_up_to": 64}
+    assert split["simulation"]["leaf_split"] == {"ranks": n, "kept_in_collapse": False, "split_up_to": 24}
     _assert_same(split, full)
     assert "split where leaf groups cut" in _simulated_line(split, 1.0)
     assert full["simulation"]["leaf_split"] is None
