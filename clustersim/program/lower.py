@@ -125,21 +125,20 @@ def _uneven_roles(layout: np.ndarray) -> np.ndarray:
     order), its role in the group's ring channels where the group's nodes hold different
     numbers of its members: 1 + 2 (enters its node across the network) + (leaves it); 0 in
     groups whose nodes hold as many members each, where every member enters and leaves alike.
-    :func:`clustersim.collectives.ring.ring_channels` runs one channel per member of the node
-    holding the fewest (g): channel c enters a node by its member c and leaves by member c - 1;
-    with g = 1, one ring in the group's order. The members' roles then differ, and so does
-    what their NICs carry beside the ring (their pipeline sends)::
+    Where they hold it unevenly (the channels as :func:`_ring_ends` lays them out: one per
+    member of the node holding the fewest, g), the members' roles differ, and so does what
+    their NICs carry beside the ring (their pipeline sends)::
 
         group 36 40 44 on nodes 4 5 5 (one ring)    36 enters and leaves, 40 enters, 44 leaves
         group of 8 + 4 (g = 4), the node of 8       members 0-2 both, 3 enters, 4-6 neither, 7 leaves
     """
-    mates, place = _mates_and_places(layout)
-    fewest = mates.min(axis=1, keepdims=True)
-    enters = np.where(fewest == 1, np.roll(layout, 1, axis=1) != layout, place < fewest)
-    leaves = np.where(fewest == 1, np.roll(layout, -1, axis=1) != layout,
-                      (place <= fewest - 2) | (place == mates - 1))
-    uneven = fewest != mates.max(axis=1, keepdims=True)
-    return np.where(uneven, 1 + 2 * enters + leaves, 0)
+    mates = _mates_and_places(layout)[0]
+    uneven = mates.min(axis=1) != mates.max(axis=1)
+    out = np.zeros(layout.shape, dtype=np.int64)
+    if uneven.any():  # (most plans hold every group evenly: the channels are laid out for none)
+        enters, leaves, *_ = _ring_ends(layout[uneven])
+        out[uneven] = 1 + 2 * enters + leaves
+    return out
 
 
 def _ring_crossings(nodes: np.ndarray, units: np.ndarray) -> np.ndarray:
@@ -147,17 +146,30 @@ def _ring_crossings(nodes: np.ndarray, units: np.ndarray) -> np.ndarray:
     with a last axis of the nodes' units, Cluster.gpu_units), how far its ring channel's
     cables reach where it enters its node and where it leaves it: a code 4 x in + out, each
     0 (does not), 1 (from or to a node of its own group of nodes), 2 (another group of its
-    pod) or 3 (another pod). :func:`clustersim.collectives.ring.ring_channels` lays the
-    nodes' blocks out in the order they first appear, one channel per member of the block
-    holding the fewest (g): channel c enters each block by its member c from the block
-    before and leaves it by member c - 1 to the block after; with g = 1, one ring in the
-    group's order. Every member enters and leaves at most once::
+    pod) or 3 (another pod); where it enters and leaves, and from and to whom, as
+    :func:`_ring_ends` lays the channels out::
 
         DP ring over nodes 0 1 | 2 (groups of 2 nodes, one pod; one member a node: one ring)
             member on node 0   enters from node 2 (2: other group)  leaves to node 1 (1)    9
             member on node 1   enters from node 0 (1)               leaves to node 2 (2)    6
             member on node 2   enters from node 1 (2)               leaves to node 0 (2)    10
     """
+    enters, leaves, src, dst = _ring_ends(nodes)
+    r = np.arange(len(nodes))[:, None]
+    into = enters * (1 + (units[r, src] != units).sum(axis=-1))
+    out = leaves * (1 + (units[r, dst] != units).sum(axis=-1))
+    return 4 * into + out
+
+
+def _ring_ends(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per member of each group (rows of node ids, or of any labels equal where the nodes
+    are, members in ring order): whether its ring channel enters its node through it, whether
+    it leaves through it, and the positions of the members its cables come from and go to, as
+    :func:`clustersim.collectives.ring.ring_channels` lays the channels out: the nodes' blocks
+    in the order they first appear, one channel per member of the block holding the fewest
+    (g); channel c enters each block by its member c from the block before and leaves it by
+    member c - 1 to the block after; with g = 1 (or one node), one ring in the group's order.
+    Every member enters and leaves at most once."""
     g, n = nodes.shape
     pos = np.arange(n)
     first = _first_alike(nodes)  # each member's first node-mate: its block
@@ -175,9 +187,7 @@ def _ring_crossings(nodes: np.ndarray, units: np.ndarray) -> np.ndarray:
     dst = np.where(one_ring, np.roll(pos, -1)[None, :], head[r, (block + 1) % blocks])
     enters = np.where(one_ring, nodes[r, src] != nodes, place < fewest)
     leaves = np.where(one_ring, nodes[r, dst] != nodes, (place <= fewest - 2) | (place == mates - 1))
-    into = enters * (1 + (units[r, src] != units).sum(axis=-1))
-    out = leaves * (1 + (units[r, dst] != units).sum(axis=-1))
-    return 4 * into + out
+    return enters, leaves, src, dst
 
 
 def _row_ids(a: np.ndarray) -> np.ndarray:
@@ -362,12 +372,9 @@ class Symmetry:
         nodes and pods (:attr:`units`: which positions share each) and how far its ring
         channels' cables reach where it enters and leaves its node (:func:`_ring_crossings`),
         or None where every group of a kind is alike in both."""
-        codes, any_apart = [], False
         units = np.asarray(self.units)
-        for dim in refine_dims(self.mesh)[:-1]:  # pp: _chain_places
-            rows = self.mesh.group_rows(dim)
-            if rows.shape[1] < 2:
-                continue
+
+        def shape(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             u = units[rows]  # group x member x level
             alike = [_first_alike(u[:, :, k]) for k in range(u.shape[2])]
             layout = _row_ids(np.stack([_row_ids(a) for a in alike], axis=1))
@@ -381,12 +388,9 @@ class Symmetry:
                 uneven |= held.min(axis=1) != held.max(axis=1)
             cross = np.where(uneven[:, None], _ring_crossings(rows // self.gpus_per_node, u), 0) if uneven.any() \
                 else np.zeros(rows.shape, dtype=np.int64)
-            code = np.empty(self.mesh.world_size, dtype=np.int64)
-            code[rows] = _row_ids(np.stack([np.broadcast_to(layout[:, None], cross.shape).ravel(), cross.ravel()],
-                                           axis=1)).reshape(cross.shape)
-            any_apart |= bool((code != code[0]).any())
-            codes.append(code)
-        return _row_ids(np.stack(codes, axis=1)) if any_apart else None
+            return layout, cross
+
+        return self._member_codes(shape)
 
     def _split_classes(self, stragglers: list[int], places=None, shapes=None) -> dict[int, int]:
         """``rep`` where the classes split (stragglers, faults on a node's cables, a stage
@@ -509,17 +513,29 @@ class Symmetry:
         """
         if not self.gpus_per_node:
             return None
+
+        def shape(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            # the group's layout, and each member's role in it where its nodes hold it unevenly
+            layout = _first_alike(rows // self.gpus_per_node)
+            return _row_ids(layout), _uneven_roles(layout)
+
+        return self._member_codes(shape)
+
+    def _member_codes(self, shape) -> np.ndarray | None:
+        """Per rank, a code of what ``shape`` (a kind's groups as rows of ranks -> a code per
+        group, a code per member) says of each of its TP, CP, EP and gradient groups and of its
+        place in it (equal codes, equal shapes and places), or None where every member of every
+        group of a kind has one code: :attr:`_group_shapes` over nodes, :attr:`_unit_shapes`
+        over leaf groups and pods."""
         codes, any_apart = [], False
         for dim in refine_dims(self.mesh)[:-1]:  # pp: _chain_places
             rows = self.mesh.group_rows(dim)
             if rows.shape[1] < 2:
                 continue
-            layout = _first_alike(rows // self.gpus_per_node)
+            group, member = shape(rows)
             code = np.empty(self.mesh.world_size, dtype=np.int64)
-            # the group's layout, and each member's role in it where its nodes hold it unevenly
-            role = _uneven_roles(layout)
-            code[rows] = _row_ids(np.stack([np.broadcast_to(_row_ids(layout)[:, None], role.shape).ravel(),
-                                            role.ravel()], axis=1)).reshape(role.shape)
+            code[rows] = _row_ids(np.stack([np.broadcast_to(group[:, None], member.shape).ravel(), member.ravel()],
+                                           axis=1)).reshape(member.shape)
             any_apart |= bool((code != code[0]).any())
             codes.append(code)
         return _row_ids(np.stack(codes, axis=1)) if any_apart else None
