@@ -69,7 +69,7 @@ def _default_out(scenario: str, changes: list[tuple[str, object]] = ()) -> Path:
     name = Path(scenario).stem
     if not changes:
         return Path("out") / name
-    words = change_words(list(changes))
+    words = change_words(changes)
     clean = [re.sub(r"[^A-Za-z0-9._=-]+|\.+$", "_", w) for w in words]
     full = "+".join([name, *clean])
     if clean != words or len(full) > OUT_NAME_MAX:
