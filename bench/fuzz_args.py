@@ -22,21 +22,33 @@ def at_least(low: int):
 
 
 def two_counts(doc: str, first: tuple[str, int, str], second: tuple[str, int, str],
-               option: tuple[str, tuple[str, ...], str] | None = None) -> tuple:
+               *options: tuple[str, tuple[str, ...], str]) -> tuple:
     """The two counts given on the command line; ``first`` and ``second`` are (name, default,
     what it is), and the script's ``doc`` is the help's description, whole (its verdicts and
-    exit codes). A seed is 0 or more, any other count 1 or more. ``option`` (``--name``, its
-    choices, the first the default, what it is) adds that option's value after them."""
+    exit codes). A seed is 0 or more, any other count 1 or more. Each of ``options``
+    (``--name``, its choices, the first the default, what it is) adds that option's value
+    after them, in order."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default, what in (first, second):
         ap.add_argument(name, nargs="?", type=at_least(0 if name == "seed" else 1), default=default,
                         help=f"{what} (default {default})")
-    if option is not None:
-        flag, choices, what = option
+    for flag, choices, what in options:
         ap.add_argument(flag, choices=choices, default=choices[0], help=f"{what} (default {choices[0]})")
     args = ap.parse_args()
-    got = (getattr(args, first[0]), getattr(args, second[0]))
-    return got if option is None else (*got, getattr(args, option[0].lstrip("-")))
+    return (getattr(args, first[0]), getattr(args, second[0]), *(getattr(args, o[0].lstrip("-")) for o in options))
+
+
+# ``--classes``, which the collapsed runs of fuzz_fabrics.py and fuzz_symmetry.py take: one class
+# a stage (the default collapse) or each DP replica apart (simulation.split_replicas)
+CLASSES = ("--classes", ("stage", "replica"), "the collapsed run's classes: one a stage, as by default, or each DP "
+           "replica apart (simulation.split_replicas)")
+
+
+def with_classes(d: dict, classes: str) -> dict:
+    """Scenario dict ``d`` whose collapsed run has ``classes`` (:data:`CLASSES`)."""
+    if classes == "stage":
+        return d
+    return {**d, "simulation": {**d.get("simulation", {}), "split_replicas": True}}
 
 
 def with_recompute_layers(training: dict, rng, layers: int) -> dict:

@@ -6,7 +6,8 @@ with the invariant checks, collapsed and rank by rank (fuzz_symmetry's verdicts:
 within 1 %, above, BELOW, BROKEN), and with and without its cycle copied in (the steps must
 agree to 1e-9)::
 
-    python bench/fuzz_fabrics.py [seed] [plans] [--routing destination]   (default 0, 40, hash)
+    python bench/fuzz_fabrics.py [seed] [plans] [--routing destination] [--classes replica]
+                                                                   (default 0, 40, hash, stage)
 
 It prints one line per plan and the count of each verdict, and exits 1 where a plan is
 BROKEN, fails (an invariant, an exception) or gives another step with its cycle copied in.
@@ -21,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from fuzz_args import two_counts  # a sibling script (bench/ is on the path)
+from fuzz_args import CLASSES, two_counts, with_classes  # a sibling script (bench/ is on the path)
 from fuzz_symmetry import compare  # (the same verdicts)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,10 +115,10 @@ def label(i: int, base: str, topo: dict, p: dict, what_if: list) -> str:
 
 
 def main() -> int:
-    seed, plans, routing = two_counts(__doc__, ("seed", 0, "seed of the random plans"),
+    seed, plans, routing, classes = two_counts(__doc__, ("seed", 0, "seed of the random plans"),
                                       ("plans", 40, "how many plans to draw"),
                                       ("--routing", ("hash", "destination"), "how every fabric's switches pick uplinks "
-                                       "(fabric.routing); the same plans either way"))
+                                       "(fabric.routing); the same plans either way"), CLASSES)
     rng = random.Random(seed)
     folder = Path(tempfile.mkdtemp(prefix="fuzz-fabrics-"))
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "failed", "refused"), 0)
@@ -146,9 +147,10 @@ def main() -> int:
             counts["refused"] += 1
             continue
         try:
-            collapsed = clustersim.simulate(sc)
+            split = sc if classes == "stage" else clustersim.load_scenario(with_classes(d, classes))
+            collapsed = clustersim.simulate(split)
             full = clustersim.simulate(sc, collapse=False)
-            whole = clustersim.simulate(sc, repeat=False)
+            whole = clustersim.simulate(split, repeat=False)
         except Exception as exc:  # an invariant the step broke, or a crash: what this looks for
             print(f"{label(i, base, topo, parallel, what_if)}: FAILED ({type(exc).__name__}: {str(exc)[:300]})",
                   flush=True)

@@ -8,7 +8,7 @@ multi-token prediction, FP8, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NI
 cables),
 and docs/architecture.md ("Known limitations") quotes what it measures::
 
-    python bench/fuzz_symmetry.py [seed] [plans]      (default 0 and 20)
+    python bench/fuzz_symmetry.py [seed] [plans] [--classes replica]     (default 0, 20, stage)
 
 Per plan, how the collapsed step compares with the all-ranks one:
 
@@ -34,8 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz_args import (two_counts, with_deepep, with_dualpipev, with_ep_over_cp, with_etp, with_fp8,  # sibling scripts
-                       with_mla, with_mtp, with_recompute_layers)  # (bench/ is on the path)
+from fuzz_args import (CLASSES, two_counts, with_classes, with_deepep, with_dualpipev,  # sibling scripts
+                       with_ep_over_cp, with_etp, with_fp8, with_mla, with_mtp,
+                       with_recompute_layers)  # (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -224,7 +225,8 @@ def label(i: int, d: dict) -> str:
 
 
 def main() -> int:
-    seed, plans = two_counts(__doc__, ("seed", 0, "seed of the random plans"), ("plans", 20, "how many plans to draw"))
+    seed, plans, classes = two_counts(__doc__, ("seed", 0, "seed of the random plans"),
+                                      ("plans", 20, "how many plans to draw"), CLASSES)
     rng = random.Random(seed)
     cables = random.Random(seed + 1_000_003)  # (with_cable's own)
     later = random.Random(seed + 2_000_003)  # draws added since (fuzz_args.with_etp), apart from the plans
@@ -248,7 +250,8 @@ def main() -> int:
             counts["refused"] += 1
             continue
         t = time.perf_counter()
-        collapsed = clustersim.simulate(sc)
+        split = sc if classes == "stage" else clustersim.load_scenario(with_classes(d, classes), base_dir=ROOT)
+        collapsed = clustersim.simulate(split)
         tc = time.perf_counter() - t
         full = clustersim.simulate(sc, collapse=False)
         tf = time.perf_counter() - t - tc

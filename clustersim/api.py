@@ -266,6 +266,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                      "what_if": [w.model_dump(exclude_none=True) for w in sc.topology.what_if] or None},
         "simulation": {"network": sc.cfg.simulation.network,
                        "collapse_symmetric": len(trace.ranks) < world,
+                       "split_replicas": sc.cfg.simulation.split_replicas and len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
                        "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
                        "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world),

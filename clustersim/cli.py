@@ -513,7 +513,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated (and,
     below it, around what the faults reach the classes split, or that the collapse kept it;
     the same of the split where leaf groups cut the plan unevenly; collective fallbacks)."""
-    from .output.summary import collective_fallbacks_note, fabric_faults_note, leaf_split_note
+    from .output.summary import collective_fallbacks_note, fabric_faults_note, leaf_split_note, replicas_note
 
     sim = summary["simulation"]
     rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
@@ -524,7 +524,8 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     n = sim["simulated_ranks"]
     line = f"{'simulated':<16}{n} rank{'s' if n != 1 else ''}, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
     sep = "\n" + " " * 16
-    return (line + fabric_faults_note(sim.get("fabric_faults"), sep, sim["collapse_symmetric"])
+    return (line + replicas_note(sim, sep)
+            + fabric_faults_note(sim.get("fabric_faults"), sep, sim["collapse_symmetric"])
             + leaf_split_note(sim.get("leaf_split"), sep, sim["collapse_symmetric"], n)
             + collective_fallbacks_note(sim.get("collective_fallbacks"), sep))
 

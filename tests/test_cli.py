@@ -871,3 +871,22 @@ def test_a_step_too_long_under_a_what_if_names_the_what_if(monkeypatch, root, tm
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"error: {scenario}: cluster.what_if: the simulated step lasts ")
     assert "ease the what-ifs' slowdowns and bw_factors" in err and not (tmp_path / "out").exists()
+
+
+def test_run_with_each_replica_apart_says_so(tmp_path, root):
+    """run --set simulation.split_replicas=true: the "simulated" lines, the report's header
+    and its timeline note say that each DP replica ran apart; the default run says nothing."""
+    path = "scenarios/llama3_8b_8gpu.yaml"
+    said = "each DP replica apart, twins only among its TP and CP peers (simulation.split_replicas)"
+    r = run_cli("run", path, "--set", "parallel.tp=2 parallel.dp=4", "--set", "simulation.split_replicas=true",
+                "--no-trace", "--out", tmp_path / "o", cwd=root)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["simulation"]["split_replicas"] and s["simulation"]["simulated_ranks"] == 4
+    assert said in r.stdout
+    page = (tmp_path / "o" / "report.html").read_text()
+    assert f"simulated: {said}" in page and "(its TP and CP peers in its DP replica)" in page
+    r = run_cli("run", path, "--set", "parallel.tp=2 parallel.dp=4", "--no-trace", "--out", tmp_path / "d", cwd=root)
+    assert r.returncode == 0 and said not in r.stdout
+    page = (tmp_path / "d" / "report.html").read_text()
+    assert said not in page and "(its TP, CP and DP peers)" in page

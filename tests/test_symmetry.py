@@ -1234,3 +1234,65 @@ def test_unbalanced_cp_beside_hybrid_shards_that_mix_cp_indices_refines():
     assert {tuple(cp_of[list(g)]) for g in sc.mesh.groups("zs")} == {(0, 1) * 4 + (0,), (1, 0) * 4 + (1,)}
     rep, full = clustersim.simulate(sc), clustersim.simulate(sc, collapse=False)
     assert rep.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-9)
+
+
+def _replicas_case(tmp_path, simulation: dict | None = None) -> clustersim.Scenario:
+    """12 DGX A100 nodes, 3 a leaf group under 16 spines at 3:1, 4 NICs a node, no rails;
+    TP8 x PP4 x DP3 with ZB-V, so each stage is one leaf group and every pipeline send
+    crosses the spines, each replica's TP ranks' sends hashed onto their own
+    (bench/fuzz_fabrics.py 164, plan 33)."""
+    topo = yaml.safe_load((ROOT / "topologies" / "dgx-a100.yaml").read_text())
+    topo.update(nodes=12, fabric={"kind": "leaf_spine", "nodes_per_leaf": 3, "spines": 16, "oversubscription": 3.0,
+                                  "rail_optimized": False, "latency_us": 0.6, "efficiency": 0.9})
+    topo["node"]["nics"] = 4
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    d = {"name": "replicas", "cluster": {"topology": str(path)},
+         "model": {**MODEL, "layers": 16, "heads": 16, "seq_len": 2048},
+         "parallel": {"tp": 8, "pp": 4, "dp": 3, "schedule": "zbv", "zero": 1},
+         "training": {"micro_batch_size": 1, "global_batch_size": 24, "recompute": "full"},
+         "simulation": simulation or {}}
+    return clustersim.load_scenario(d)
+
+
+def test_split_replicas_lets_each_replica_go_its_own_pace_under_ecmp(tmp_path):
+    """One class a stage moves the three replicas at the pace of the one whose sends ECMP
+    hashed worst, where rank by rank each goes its own (their sends then no longer meet on
+    the spines at the same moments): 10 % and more above. Each replica apart, with its TP
+    peers as twins, the step is rank by rank's within 1 %, at pp x dp = 12 ranks of 96."""
+    plain = _replicas_case(tmp_path)
+    collapsed, full = _both(plain)
+    split = clustersim.simulate(_replicas_case(tmp_path, {"split_replicas": True})).summary
+    assert collapsed["step_time_s"] > 1.1 * full["step_time_s"]
+    assert split["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
+    assert split["simulation"]["simulated_ranks"] == 12 and split["simulation"]["split_replicas"]
+    assert collapsed["simulation"]["simulated_ranks"] == 4 and not collapsed["simulation"]["split_replicas"]
+    assert split["simulation"]["simulated_rank_of_gpu"][:24:8] == [0, 8, 16]  # a rank per replica of stage 0
+
+
+@pytest.mark.parametrize("parallel, opts", [
+    ({"tp": 2, "pp": 2, "dp": 4, "schedule": "1f1b"}, {"zero": 1}),
+    ({"tp": 2, "cp": 2, "pp": 2, "dp": 2, "schedule": "interleaved", "vpp": 2}, {"zero": 3, "sp": True}),
+    ({"tp": 2, "pp": 2, "dp": 4, "ep": 4, "schedule": "zb-h1"}, {"sp": True}),
+], ids=["1f1b", "cp-interleaved-zero3", "ep-zbh1"])
+def test_split_replicas_where_the_collapse_is_exact_changes_no_figure(parallel, opts):
+    """On a placement where the twins' model is exact (inside two DGX H100 nodes), each
+    replica apart gives the summary's figures of one class a stage, memory included."""
+    p = {**parallel, **opts}
+    sc = _scenario(2, p, moe="ep" in p)
+    d = {**sc.cfg.model_dump(exclude_unset=True), "simulation": {"split_replicas": True}}
+    split = clustersim.load_scenario(d, base_dir=ROOT)
+    one, each = clustersim.simulate(sc).summary, clustersim.simulate(split).summary
+    _assert_same(each, one)
+    assert each["simulation"]["simulated_ranks"] == p["pp"] * p["dp"] > one["simulation"]["simulated_ranks"]
+
+
+def test_split_replicas_past_the_all_ranks_limit_is_refused(root):
+    """One rank per stage and replica of PP1 x DP8192 is 8,192 ranks: refused at load,
+    naming the field."""
+    d = {"name": "big", "cluster": {"topology": "topologies/dgx-h100.yaml", "nodes": 1024},
+         "model": {**MODEL, "layers": 4}, "parallel": {"tp": 1, "dp": 8192},
+         "training": {"micro_batch_size": 1, "global_batch_size": 8192}, "simulation": {"split_replicas": True}}
+    with pytest.raises(clustersim.ConfigError) as exc:
+        clustersim.load_scenario(d, base_dir=root)
+    assert exc.value.field == "simulation.split_replicas" and "8,192 simulated ranks" in exc.value.message

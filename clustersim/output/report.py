@@ -60,7 +60,7 @@ from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_withi
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
 from .summary import (collective_fallbacks_note, fabric_faults_note, leaf_split_note, peak_text, plan_dims, plan_options,
-                      schedule_part, topology_changes_note, what_if_note)
+                      replicas_note, schedule_part, topology_changes_note, what_if_note)
 
 GiB = 1024**3
 MiB = 1024**2
@@ -1024,7 +1024,7 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'(simulation.repeat)</p>')
     sim = summary.get("simulation", {})
     collapsed = sim.get("collapse_symmetric", False)
-    splits = fabric_faults_note(sim.get("fabric_faults"), " ", collapsed) \
+    splits = replicas_note(sim, " ") + fabric_faults_note(sim.get("fabric_faults"), " ", collapsed) \
         + leaf_split_note(sim.get("leaf_split"), " ", collapsed, sim.get("simulated_ranks", 0))
     if splits:
         out.append(f'<p class="meta">simulated:{e(splits)}</p>')
@@ -1365,15 +1365,18 @@ def _stretches_note(cp: dict[str, Any], summary: dict[str, Any]) -> str:
             "hops left out)")
 
 
-def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dict[str, Any] | None = None) -> str:
+def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dict[str, Any] | None = None,
+                  replicas: bool = False) -> str:
     """What a row and a bar stand for; ``binned``: the timeline's ``layout.meta["binned"]``
     when it shows runs of bins, ``shown``: its ``layout.meta["shown"]`` when it draws some of
-    the ranks (see :func:`timeline`)."""
+    the ranks (see :func:`timeline`); ``replicas``: each DP replica was simulated apart
+    (``simulation.split_replicas``), so a rank's twins are its replica's TP and CP peers."""
     weights = sorted({trace.weight.get(r, 1) for r in trace.ranks})
     who = ""
     if weights and weights != [1]:
         w = " or ".join(str(x) for x in weights) if len(weights) <= 2 else f"{weights[0]} to {weights[-1]}"
-        who = f" Each simulated rank stands for {w} GPUs that behave alike (its TP, CP and DP peers)."
+        peers = "TP and CP peers in its DP replica" if replicas else "TP, CP and DP peers"
+        who = f" Each simulated rank stands for {w} GPUs that behave alike (its {peers})."
     head = (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
             f'{_n(trace.n_spans, "span")}).{who} ')
     if shown:
@@ -1508,7 +1511,8 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
-        "<h2>Timeline</h2>", timeline_note(trace, _timeline_meta(d, "binned"), _timeline_meta(d, "shown")),
+        "<h2>Timeline</h2>", timeline_note(trace, _timeline_meta(d, "binned"), _timeline_meta(d, "shown"),
+                                        bool(summary.get("simulation", {}).get("split_replicas"))),
         gpus_html(trace, _timeline_meta(d, "shown")), before,
     ])
     head = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'

@@ -262,6 +262,14 @@ def leaf_split_note(split: dict | None, sep: str, collapsed: bool = True, ranks:
             f"{limit}; twins move at the slowest one's pace")
 
 
+def replicas_note(sim: dict, sep: str) -> str:
+    """What the terminal and the report say where each DP replica was simulated apart
+    (``simulation.split_replicas``), after ``sep``; "" where it was not."""
+    if not sim.get("split_replicas"):
+        return ""
+    return f"{sep}each DP replica apart, twins only among its TP and CP peers (simulation.split_replicas)"
+
+
 def _gpus(n: int) -> str:
     return f"{n:,} GPU{'s' if n != 1 else ''}"
 

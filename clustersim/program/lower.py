@@ -231,6 +231,15 @@ class Symmetry:
     - Collapsed, where the fabric's leaf groups or pods (``units``) cut a stage's groups or
       its pipeline routes unevenly: the same a tier up, where that split adds at most
       ``unit_split_ranks`` ranks (:meth:`_unit_split`).
+    - Collapsed, with ``replicas`` (``simulation.split_replicas``): ranks start apart by DP
+      index too, so twins are TP (and balanced CP) peers of one replica only, refined as
+      around stragglers. A replica's peers meet every layer; replicas only at the gradient
+      reduction, and where ECMP hashes their sends onto different spines each goes its own
+      pace, which one class a stage moved at the slowest one's::
+
+          TP8 x PP4 x DP3, each stage a leaf group of 3 nodes, 16 spines at 3:1
+          one class a stage           4 ranks    step +20.7 % against rank by rank
+          one class a stage, replica  12 ranks   +0.8 %
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the classes start apart by the index in the EP group too
       and are refined as around stragglers: one class per (stage, [CP index,] EP index) where
@@ -279,6 +288,11 @@ class Symmetry:
     # without it (:meth:`_unit_split`)
     units: np.ndarray | None = None
     unit_split_ranks: int = 0
+    # each DP replica's ranks apart (``simulation.split_replicas``): twins only within a
+    # replica (its TP and CP peers), whose collectives join them every layer; replicas meet
+    # only at the gradient reduction, and where ECMP hashes their sends onto different spines
+    # one pace for all of them is the slowest one's (:meth:`_split_classes`)
+    replicas: bool = False
     rep: dict[int, int] = field(init=False)
     # the ranks the split by units simulates where it makes a class more than the classes
     # without it, else 0; and whether it was kept (past ``unit_split_ranks`` more)
@@ -299,7 +313,7 @@ class Symmetry:
             self.rep = {r: r for r in range(m.world_size)}
             return
         fine = self._unit_split(stragglers)
-        if (stragglers or self.ep_distinct or self.cp_distinct or self._chain_places is not None
+        if (stragglers or self.replicas or self.ep_distinct or self.cp_distinct or self._chain_places is not None
                 or self._group_shapes is not None):
             # ranks whose work differs by EP or CP index refine too: classes by (stage, [CP index,]
             # [EP index]) hold only where every group keeps one pattern of those indices, which
@@ -324,11 +338,12 @@ class Symmetry:
 
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
-                    ep_distinct: bool = False, gpus_per_node: int = 0, tiers=None, pp_ring: bool = False) -> int:
+                    ep_distinct: bool = False, gpus_per_node: int = 0, tiers=None, pp_ring: bool = False,
+                    replicas: bool = False) -> int:
         """How many ranks the classes split around ``slow`` (rank -> slowdown) and ``faulty``
         ranks simulate (not split by units)."""
         return len(cls(mesh, True, cp_distinct, ep_distinct, slow=dict(slow), faulty=frozenset(faulty),
-                       gpus_per_node=gpus_per_node, tiers=tiers, pp_ring=pp_ring).ranks)
+                       gpus_per_node=gpus_per_node, tiers=tiers, pp_ring=pp_ring, replicas=replicas).ranks)
 
     def _unit_split(self, stragglers: list[int]) -> dict[int, int] | None:
         """``rep`` split by units as well, where edges of leaf groups or pods may cut a
@@ -434,7 +449,7 @@ class Symmetry:
             places, shapes = self._chain_places, self._group_shapes
         start = np.stack([coord["pp"], 0 * r if places is None else places, coord["cp"] if self.cp_distinct else 0 * r,
                           ep_index if self.ep_distinct else 0 * r, 0 * r if shapes is None else shapes,
-                          unique_inverse(factor), alone], axis=1)
+                          unique_inverse(factor), alone, coord["dp"] if self.replicas else 0 * r], axis=1)
         cls = refine_classes(m, start)
         first = np.full(int(cls.max()) + 1, m.world_size)
         np.minimum.at(first, cls, r)
@@ -1758,7 +1773,7 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
     sym = Symmetry(mesh, collapse, cp_distinct, ep_distinct, slow=dict(sc.cluster.gpu_slowdown),
                    faulty=sc.split_faults[0], gpus_per_node=sc.cluster.gpus_per_node, tiers=sc.cluster.pair_tiers,
                    pp_ring=sc.parallel.schedule == "interleaved", units=sc.cluster.gpu_units,
-                   unit_split_ranks=sc.cfg.simulation.leaf_split_ranks)
+                   unit_split_ranks=sc.cfg.simulation.leaf_split_ranks, replicas=sc.cfg.simulation.split_replicas)
     gpu = chunk_gpu(sc)
     work = [stage_work(sc, j, gpu) for j in range(sc.n_parts)]
     rank_work = {(c, e): [stage_work(sc, j, gpu, c, e) for j in range(sc.n_parts)]
