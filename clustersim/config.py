@@ -216,7 +216,7 @@ class SimulationCfg(Strict):
     # ECMP hashes the replicas' sends onto different spines, the collapse's one pace for all
     # of them is the slowest one's, and rank by rank each goes its own (docs/architecture.md,
     # "Classes split by DP replica"). Off by default: it simulates pp x dp ranks (GPT-3 175B
-    # on 1,024 A100s: 128 in about 7 s, against 32 in 1.4 s and every rank in two minutes)
+    # on 1,024 A100s: 128, `run` in about 6 s, against 32 in 2 s and every rank in two minutes)
     split_replicas: bool = pydantic.Field(
         default=False, description="simulate each data-parallel replica apart (twins only among its TP and CP "
         "peers): where ECMP's hashed paths make the replicas' sends differ, the step rank by rank's at pp x dp "

@@ -239,7 +239,7 @@ class Symmetry:
 
           TP8 x PP4 x DP3, each stage a leaf group of 3 nodes, 16 spines at 3:1
           one class a stage           4 ranks    step +20.7 % against rank by rank
-          one class a stage, replica  12 ranks   +0.8 %
+          a class a stage and replica 12 ranks   +0.8 %
     - Collapsed, with a skewed expert load (``ep_distinct``: ``model.moe.ep_load``): EP ranks
       compute different shares, so the classes start apart by the index in the EP group too
       and are refined as around stragglers: one class per (stage, [CP index,] EP index) where
@@ -415,8 +415,8 @@ class Symmetry:
 
         Ranks start apart by pipeline stage, which members of their pipeline chain share their
         node (where that differs within a stage: :attr:`_chain_places`), compute slowdown (and
-        CP or EP index where those change the work); a rank whose traffic a fault touches is a
-        class of its own. Refining then splits
+        CP or EP index where those change the work; DP index with :attr:`replicas`); a rank
+        whose traffic a fault touches is a class of its own. Refining then splits
         ranks whose TP, CP, EP, gradient (``cp+dp``, ``edp``) or pipeline groups hold
         different classes position by position, until no group splits a class::
 
