@@ -437,6 +437,9 @@ def _check_fits(sc: Scenario, prog: Program, every_rank: str | None) -> None:
     if gpus_weigh_more(len(prog.items), gpus):
         what, field = f"a cluster of {gpus:,} GPUs", "cluster.nodes"
         remedy = "simulate fewer nodes, or use a machine with more memory"
+    elif sc.cfg.simulation.split_replicas:
+        what, field = f"each DP replica apart, {len(prog.ranks):,} simulated ranks", "simulation.split_replicas"
+        remedy = "leave it false, or use a machine with more memory"
     elif sc.cluster.gpu_slowdown or sc.split_faults[0]:
         what, field = f"the what-ifs' split into {len(prog.ranks):,} simulated ranks", "cluster.what_if"
         remedy = "use fewer stragglers or faults, or a machine with more memory"

@@ -17,7 +17,8 @@ from .test_cli import run_cli, write_scenario
 from .test_symmetry import COLLAPSE, MOE, _doc, _scenario
 
 # a plan of each kind the collapse simulates differently: classes per stage, per CP index
-# (unbalanced), per EP index (skewed load), split around stragglers and around a faulty cable
+# (unbalanced), per EP index (skewed load), per DP replica, split around stragglers and around a
+# faulty cable
 PARALLEL = {c[0]: c[2] for c in COLLAPSE}
 CASES = {
     "interleaved-zero3": _doc("dgx-h100.yaml", 8, PARALLEL["interleaved-zero3"], 16, layers=16),
@@ -30,6 +31,7 @@ CASES = {
     "two-stragglers": _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8,
                            what_if=[{"gpu": 13, "slowdown": 1.3}, {"gpu": 40, "slowdown": 1.1}]),
     # (split around node 3's GPUs alone: around every GPU the cable reaches it is every rank)
+    "replicas": {**_doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8), "simulation": {"split_replicas": True}},
     "nic-cable": {**_doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8,
                          what_if=[{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}]),
                   "simulation": {"fabric_fault_split_ranks": 40}},
@@ -120,6 +122,7 @@ def test_a_cluster_too_large_for_the_machine_is_named(monkeypatch):
 @pytest.mark.parametrize("case, field, said", [
     ("two-stragglers", "cluster.what_if", "the what-ifs' split into 24 simulated ranks: "),
     ("moe-skewed-load", "model.moe.ep_load", "the skewed expert load's 8 simulated ranks: "),
+    ("replicas", "simulation.split_replicas", "each DP replica apart, 32 simulated ranks: "),
 ])
 def test_classes_too_many_for_the_machine_name_what_split_them(case, field, said, monkeypatch):
     sc = _case(case)
