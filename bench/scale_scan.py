@@ -31,6 +31,11 @@ of rail 5, whose split fits the 256 ranks of ``simulation.fabric_fault_split_ran
 step 1.7 % long)::
 
     1k_gpt3_nic_half          1,024    256 3,751,232     33.1     3,151  gpt3_175b_1024gpu with node 0's NIC 5 ...
+
+and GPT-3 with each DP replica simulated apart (``simulation.split_replicas``; 2026-12-05;
+one class a stage: 32 ranks, about 2 s, 295 MiB)::
+
+    1k_gpt3_replicas          1,024    128 1,875,616      7.5       953  gpt3_175b_1024gpu with each DP replica ...
 """
 
 from __future__ import annotations
@@ -125,6 +130,10 @@ PLANS = {
     "1k_gpt3_nic_half": ("gpt3_175b_1024gpu with node 0's NIC 5 cable at half bandwidth (rail 5's GPUs split)",
                          "dgx-a100.yaml", 128, GPT3, {"tp": 8, "pp": 16, "dp": 8, "schedule": "1f1b"}, 1536,
                          {"cluster": {"what_if": [{"link": "n0.nic5-leaf0.5", "bw_factor": 0.5}]}}),
+    # each DP replica simulated apart (docs/architecture.md, "Classes split by DP replica")
+    "1k_gpt3_replicas": ("gpt3_175b_1024gpu with each DP replica apart (simulation.split_replicas)",
+                         "dgx-a100.yaml", 128, GPT3, {"tp": 8, "pp": 16, "dp": 8, "schedule": "1f1b"}, 1536,
+                         {"simulation": {"split_replicas": True}}),
     "1k_moe_leaf_half": ("moe_1024gpu with a leaf's uplink at half bandwidth (kept in the collapse)",
                          "dgx-h100.yaml", 128, None, MOE_1K, 2048,
                          {**MOE_1K_TRAINING, "cluster": {"what_if": [{"link": "leaf0.0-spine0", "bw_factor": 0.5}]}}),
@@ -142,7 +151,8 @@ def scenario(name: str) -> dict:
             "cluster": {"topology": str(TOPOLOGIES / topo), "nodes": nodes, **more.get("cluster", {})},
             "model": model, "parallel": parallel,
             "training": {"micro_batch_size": 1, "global_batch_size": batch, "precision": "bf16",
-                         "attention": "flash", **more.get("training", {})}}
+                         "attention": "flash", **more.get("training", {})},
+            "simulation": more.get("simulation", {})}
 
 
 def run(name: str, folder: Path) -> dict:
