@@ -9,7 +9,8 @@ agree to 1e-9)::
     python bench/fuzz_fabrics.py [seed] [plans] [--routing destination] [--classes replica]
                                                                    (default 0, 40, hash, stage)
 
-It prints one line per plan and the count of each verdict, and exits 1 where a plan is
+It prints one line per plan (its verdict, and the ranks the collapsed run simulated of all
+of them) and the count of each verdict, and exits 1 where a plan is
 BROKEN, fails (an invariant, an exception) or gives another step with its cycle copied in.
 docs/architecture.md ("Known limitations") quotes what it measures.
 """
@@ -142,12 +143,12 @@ def main() -> int:
                 what_if = [*what_if, fault]
                 d["cluster"]["what_if"] = what_if
                 sc = clustersim.load_scenario(d)
+            split = sc if classes == "stage" else clustersim.load_scenario(with_classes(d, classes))
         except clustersim.ConfigError as exc:
             print(f"{label(i, base, topo, parallel, what_if)}: refused ({exc.message})", flush=True)
             counts["refused"] += 1
             continue
         try:
-            split = sc if classes == "stage" else clustersim.load_scenario(with_classes(d, classes))
             collapsed = clustersim.simulate(split)
             full = clustersim.simulate(sc, collapse=False)
             whole = clustersim.simulate(split, repeat=False)
@@ -163,7 +164,9 @@ def main() -> int:
         repeat_rel = whole.summary["step_time_s"] / collapsed.summary["step_time_s"] - 1.0
         odd = abs(repeat_rel) > REPEAT_REL
         bad += verdict == "BROKEN" or odd
-        print(f"{label(i, base, topo, parallel, what_if)}: {verdict}" + (f": {said}" if said else "")
+        ranks = (collapsed.summary["simulation"]["simulated_ranks"], full.summary["simulation"]["simulated_ranks"])
+        print(f"{label(i, base, topo, parallel, what_if)}: {verdict} ({ranks[0]} of {ranks[1]} ranks)"
+              + (f": {said}" if said else "")
               + (f"; with its cycle copied in {repeat_rel:+.2e} (DIFFERS)" if odd else ""), flush=True)
     print(", ".join(f"{v} {k}" for k, v in counts.items()))
     if steps:

@@ -218,9 +218,10 @@ class SimulationCfg(Strict):
     # "Classes split by DP replica"). Off by default: it simulates pp x dp ranks (GPT-3 175B
     # on 1,024 A100s: 128, `run` in about 6 s, against 32 in 2 s and every rank in two minutes)
     split_replicas: bool = pydantic.Field(
-        default=False, description="simulate each data-parallel replica apart (twins only among its TP and CP "
-        "peers): where ECMP's hashed paths make the replicas' sends differ, the step rank by rank's at pp x dp "
-        "simulated ranks, where the collapse moves every replica at the slowest one's pace")
+        default=False, description="simulate each data-parallel replica apart, one rank per stage and replica "
+        "(pp x dp), its twins only its own TP and CP peers: where ECMP's hashed paths make the replicas' sends "
+        "differ, the step comes closer to the rank-by-rank one, where the default collapse moves every replica at "
+        "the slowest one's pace")
 
 
 class ProjectionCfg(Strict):
@@ -504,7 +505,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if cfg.simulation.split_replicas and cfg.simulation.collapse_symmetric \
             and (n := p.pp * p.dp * (p.cp if cfg.ranks_differ()[0] else 1)) > MAX_GPUS_ALL_RANKS:
         fail("simulation.split_replicas", f"one rank per stage and DP replica is {n:,} simulated ranks, more than the "
-                                          f"{MAX_GPUS_ALL_RANKS:,} an all-ranks run may simulate: leave it false")
+                                          f"{MAX_GPUS_ALL_RANKS:,} a run may simulate rank by rank: leave it false")
     _check_split(cfg, world, _slow_gpus(topo, world), set(), "slow GPUs", source, topo.node.gpus)
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
@@ -948,8 +949,9 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
     if n > MAX_GPUS_ALL_RANKS:
         gpus = sorted(set(slow) | set(faulty))
         shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")
+        also = ", or leave simulation.split_replicas false" if cfg.simulation.split_replicas else ""
         raise ConfigError(f"{what} ({shown}) split the symmetric classes into {n:,} simulated ranks, more than "
-                          f"{MAX_GPUS_ALL_RANKS:,}: use fewer stragglers or faults, or a smaller cluster",
+                          f"{MAX_GPUS_ALL_RANKS:,}: use fewer stragglers or faults, or a smaller cluster{also}",
                           source=source, field="cluster.what_if")
 
 

@@ -890,3 +890,17 @@ def test_run_with_each_replica_apart_says_so(tmp_path, root):
     assert r.returncode == 0 and said not in r.stdout
     page = (tmp_path / "d" / "report.html").read_text()
     assert said not in page and "(its TP, CP and DP peers)" in page
+
+
+def test_each_replica_apart_past_the_all_ranks_limit_is_refused_on_the_command_line(tmp_path, root):
+    """PP1 x DP8192 one rank per replica would simulate 8,192 ranks: exit 2, one line naming
+    the file and the field, no traceback, nothing written."""
+    d = scenario_dict()
+    d["cluster"] = {**d["cluster"], "nodes": 1024}
+    d["parallel"] = {"tp": 1, "pp": 1, "dp": 8192}
+    d["training"] = {**d["training"], "micro_batch_size": 1, "global_batch_size": 8192}
+    path = write_scenario(tmp_path, root, d)
+    r = run_cli("run", path, "--set", "simulation.split_replicas=true", "--out", tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert str(path) in r.stderr and "simulation.split_replicas" in r.stderr and "8,192 simulated ranks" in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -30,8 +30,8 @@ CASES = {
                             moe={**MOE, "ep_load": [2.0, 2 / 3, 2 / 3, 2 / 3]}),
     "two-stragglers": _doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8,
                            what_if=[{"gpu": 13, "slowdown": 1.3}, {"gpu": 40, "slowdown": 1.1}]),
-    # (split around node 3's GPUs alone: around every GPU the cable reaches it is every rank)
     "replicas": {**_doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8), "simulation": {"split_replicas": True}},
+    # (split around node 3's GPUs alone: around every GPU the cable reaches it is every rank)
     "nic-cable": {**_doc("dgx-h100.yaml", 8, {"tp": 2, "pp": 4, "dp": 8}, 8,
                          what_if=[{"link": "n3.nic2-leaf0.2", "bw_factor": 0.25}]),
                   "simulation": {"fabric_fault_split_ranks": 40}},

@@ -1270,21 +1270,32 @@ def test_split_replicas_lets_each_replica_go_its_own_pace_under_ecmp(tmp_path):
     assert split["simulation"]["simulated_rank_of_gpu"][:24:8] == [0, 8, 16]  # a rank per replica of stage 0
 
 
-@pytest.mark.parametrize("parallel, opts", [
-    ({"tp": 2, "pp": 2, "dp": 4, "schedule": "1f1b"}, {"zero": 1}),
-    ({"tp": 2, "cp": 2, "pp": 2, "dp": 2, "schedule": "interleaved", "vpp": 2}, {"zero": 3, "sp": True}),
-    ({"tp": 2, "pp": 2, "dp": 4, "ep": 4, "schedule": "zb-h1"}, {"sp": True}),
-], ids=["1f1b", "cp-interleaved-zero3", "ep-zbh1"])
-def test_split_replicas_where_the_collapse_is_exact_changes_no_figure(parallel, opts):
+@pytest.mark.parametrize("parallel, opts, what_if, load", [
+    ({"tp": 2, "pp": 2, "dp": 4, "schedule": "1f1b"}, {"zero": 1}, (), None),
+    ({"tp": 2, "cp": 2, "pp": 2, "dp": 2, "schedule": "interleaved", "vpp": 2}, {"zero": 3, "sp": True}, (), None),
+    ({"tp": 2, "pp": 2, "dp": 4, "ep": 4, "schedule": "zb-h1"}, {"sp": True}, (), None),
+    ({"tp": 2, "pp": 2, "dp": 4, "schedule": "1f1b"}, {"zero": 1}, ({"gpu": 5, "slowdown": 1.3},), None),
+    ({"tp": 2, "cp": 2, "pp": 2, "dp": 2, "schedule": "1f1b"}, {"cp_load_balance": False}, (), None),
+    ({"tp": 2, "pp": 2, "dp": 4, "ep": 4, "schedule": "1f1b"}, {"sp": True}, (), [1.5, 1.0, 1.0, 0.5]),
+    ({"tp": 2, "pp": 2, "dp": 4, "schedule": "1f1b"}, {"zero": 3, "zero_shard": 2}, (), None),
+], ids=["1f1b", "cp-interleaved-zero3", "ep-zbh1", "straggler", "cp-unbalanced", "ep-skewed", "hsdp"])
+def test_split_replicas_where_the_collapse_is_exact_changes_no_figure(parallel, opts, what_if, load):
     """On a placement where the twins' model is exact (inside two DGX H100 nodes), each
-    replica apart gives the summary's figures of one class a stage, memory included."""
+    replica apart gives the summary's figures of the collapse without it, memory included,
+    with stragglers, unbalanced CP, a skewed expert load and hybrid sharding too, and
+    simulates a rank per stage and replica at least."""
     p = {**parallel, **opts}
-    sc = _scenario(2, p, moe="ep" in p)
-    d = {**sc.cfg.model_dump(exclude_unset=True), "simulation": {"split_replicas": True}}
-    split = clustersim.load_scenario(d, base_dir=ROOT)
+    d = _scenario(2, p, moe="ep" in p, what_if=what_if).cfg.model_dump(exclude_unset=True)
+    if load is not None:
+        d["model"]["moe"] = {**d["model"]["moe"], "ep_load": load}
+    sc = clustersim.load_scenario(d, base_dir=ROOT)
+    split = clustersim.load_scenario({**d, "simulation": {"split_replicas": True}}, base_dir=ROOT)
     one, each = clustersim.simulate(sc).summary, clustersim.simulate(split).summary
     _assert_same(each, one)
-    assert each["simulation"]["simulated_ranks"] == p["pp"] * p["dp"] > one["simulation"]["simulated_ranks"]
+    assert each["simulation"]["simulated_ranks"] >= max(p["pp"] * p["dp"], one["simulation"]["simulated_ranks"])
+    # (said where the run collapsed at all: the straggler's split simulates all 16 ranks)
+    assert each["simulation"]["split_replicas"] == (each["simulation"]["simulated_ranks"] < each["world_size"])
+    assert not one["simulation"]["split_replicas"]
 
 
 def test_split_replicas_past_the_all_ranks_limit_is_refused(root):
