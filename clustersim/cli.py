@@ -403,6 +403,9 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
             raise ConfigError(f"must be at least 1 (got {value})", source=src, field=flag)
     out = _given_out(args.out, files)
     tty = sys.stderr.isatty()
+    if _splits_replicas(args.scenario, varies):  # (said before the plans run: they may take long)
+        print("note: simulation.split_replicas: each plan simulates each DP replica apart (pp x dp ranks), "
+              "minutes and gigabytes a plan where DP is large; it is a check of one plan", file=sys.stderr)
 
     def progress(done: int, total: int) -> None:
         print(f"\rsimulated {done:,} of {total:,} plans", end="", file=sys.stderr, flush=True)
@@ -460,6 +463,20 @@ def _given_out(given: str | None, files: tuple[str, ...]) -> Path | None:
 
 
 MAX_SWEEP_PLANS = 100_000  # a sweep's combinations; each plan's row is kept until the end
+
+
+def _splits_replicas(path: str, varies: list) -> bool:
+    """Whether the scenario at ``path`` sets ``simulation.split_replicas`` or ``varies`` gives
+    it true (False where the file cannot be read: the search says why)."""
+    from .yamlio import read_yaml
+
+    if any(k == "simulation.split_replicas" and True in values for k, values in varies):
+        return True
+    try:
+        sim = read_yaml(Path(path), what="scenario").get("simulation")
+    except ConfigError:
+        return False
+    return isinstance(sim, dict) and sim.get("split_replicas") is True
 
 
 def cmd_sweep(args) -> int:

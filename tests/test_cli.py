@@ -904,3 +904,21 @@ def test_each_replica_apart_past_the_all_ranks_limit_is_refused_on_the_command_l
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert str(path) in r.stderr and "simulation.split_replicas" in r.stderr and "8,192 simulated ranks" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_search_that_splits_replicas_says_so_before_the_plans_run(tmp_path, root):
+    """sweep (and advise, through the same path) with simulation.split_replicas, set in the
+    file or varied true: a note on stderr that each plan simulates pp x dp ranks; stdout and
+    the plans are as without the note; none where nothing sets it."""
+    note = "note: simulation.split_replicas: each plan simulates each DP replica apart"
+    path = "scenarios/llama3_8b_8gpu.yaml"
+    r = run_cli("sweep", path, "--vary", "parallel.tp=2,4", "--vary", "simulation.split_replicas=false,true",
+                cwd=root)
+    assert r.returncode == 0 and r.stderr.startswith(note), r.stderr
+    d = yaml.safe_load((root / path).read_text())
+    d["simulation"] = {"split_replicas": True}
+    own = write_scenario(tmp_path, root, {**d, "cluster": {**d["cluster"], "topology": "topologies/dgx-h100.yaml"}})
+    r = run_cli("sweep", own, "--vary", "parallel.tp=2,4", cwd=root)
+    assert r.returncode == 0 and r.stderr.startswith(note), r.stderr
+    r = run_cli("sweep", path, "--vary", "parallel.tp=2,4", cwd=root)
+    assert r.returncode == 0 and note not in r.stderr
