@@ -266,8 +266,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                      "what_if": [w.model_dump(exclude_none=True) for w in sc.topology.what_if] or None},
         "simulation": {"network": sc.cfg.simulation.network,
                        "collapse_symmetric": len(trace.ranks) < world,
-                       "split_replicas": sc.cfg.simulation.split_replicas and sc.parallel.dp > 1
-                       and len(trace.ranks) < world,
+                       "split_replicas": sc.splits_replicas and len(trace.ranks) < world,
                        "simulated_ranks": len(trace.ranks), "spans": trace.n_spans,
                        "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
                        "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world),
@@ -438,7 +437,7 @@ def _check_fits(sc: Scenario, prog: Program, every_rank: str | None) -> None:
     if gpus_weigh_more(len(prog.items), gpus):
         what, field = f"a cluster of {gpus:,} GPUs", "cluster.nodes"
         remedy = "simulate fewer nodes, or use a machine with more memory"
-    elif sc.cfg.simulation.split_replicas and sc.parallel.dp > 1:
+    elif sc.splits_replicas:
         what, field = f"each DP replica apart, {len(prog.ranks):,} simulated ranks", "simulation.split_replicas"
         remedy = "leave it false, or use a machine with more memory"
     elif sc.cluster.gpu_slowdown or sc.split_faults[0]:

@@ -468,15 +468,16 @@ MAX_SWEEP_PLANS = 100_000  # a sweep's combinations; each plan's row is kept unt
 def _splits_replicas(path: str, varies: list) -> bool:
     """Whether the scenario at ``path`` sets ``simulation.split_replicas`` or ``varies`` gives
     it true (False where the file cannot be read: the search says why)."""
+    from .sweep import value_at
     from .yamlio import read_yaml
 
-    if any(k == "simulation.split_replicas" and True in values for k, values in varies):
+    key = "simulation.split_replicas"
+    if any(k == key and True in values for k, values in varies):
         return True
     try:
-        sim = read_yaml(Path(path), what="scenario").get("simulation")
+        return value_at(read_yaml(Path(path), what="scenario"), key) is True
     except ConfigError:
         return False
-    return isinstance(sim, dict) and sim.get("split_replicas") is True
 
 
 def cmd_sweep(args) -> int:

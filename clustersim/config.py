@@ -384,6 +384,12 @@ class Scenario:
         return frozenset(fault_crossers(self.cluster, self._fault_groups, faults))
 
     @property
+    def splits_replicas(self) -> bool:
+        """Whether ``simulation.split_replicas`` splits anything: it is set and there are DP
+        replicas to simulate apart (the lowering, the summary and the memory check read it)."""
+        return self.cfg.simulation.split_replicas and self.parallel.dp > 1
+
+    @property
     def microbatches(self) -> int:
         t = self.training
         return t.global_batch_size // (self.parallel.dp * t.micro_batch_size)

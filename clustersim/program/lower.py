@@ -1773,7 +1773,7 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
     sym = Symmetry(mesh, collapse, cp_distinct, ep_distinct, slow=dict(sc.cluster.gpu_slowdown),
                    faulty=sc.split_faults[0], gpus_per_node=sc.cluster.gpus_per_node, tiers=sc.cluster.pair_tiers,
                    pp_ring=sc.parallel.schedule == "interleaved", units=sc.cluster.gpu_units,
-                   unit_split_ranks=sc.cfg.simulation.leaf_split_ranks, replicas=sc.cfg.simulation.split_replicas)
+                   unit_split_ranks=sc.cfg.simulation.leaf_split_ranks, replicas=sc.splits_replicas)
     gpu = chunk_gpu(sc)
     work = [stage_work(sc, j, gpu) for j in range(sc.n_parts)]
     rank_work = {(c, e): [stage_work(sc, j, gpu, c, e) for j in range(sc.n_parts)]
