@@ -16,6 +16,9 @@ it starts, with what it would take, instead of swapping for hours or being kille
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -119,13 +122,115 @@ def cgroup_room_bytes() -> int | None:
 def check_fits(tasks: int, gpus: int, what: str, remedy: str, *, source: str | None, field: str | None) -> None:
     """Refuse (ConfigError) a run of ``tasks`` tasks on ``gpus`` GPUs that would need more
     memory than the machine has available: ``what`` says which run, ``remedy`` what to do
-    instead."""
+    instead. In a search's worker (:func:`shared`) the run also waits while the other
+    workers' runs hold what it needs (:func:`_reserve`)."""
     need = run_bytes(tasks, gpus)
     if need <= UNWEIGHED_BYTES:
         return
-    have = available_bytes()
+    have = available_bytes() if _LEDGER is None else _reserve(_LEDGER, need)
     if need > have:
         raise ConfigError(f"{what}: {tasks:,} tasks on {gpus:,} GPUs, about {need / 2**30:.1f} GiB of memory (about "
                           f"{RUN_BYTES_PER_TASK / 1000:.1f} KB a task and {RUN_BYTES_PER_GPU / 1000:.0f} KB a GPU), "
                           f"and this machine has {have / 2**30:.1f} GiB available: {remedy}",
                           source=source, field=field)
+
+
+class Ledger:
+    """The memory the runs of a search's worker processes hold, one slot a worker: its pid
+    and the bytes its run was weighed at (0: none). Shared by fork, guarded by one condition
+    that a worker ending a run notifies."""
+
+    def __init__(self, slots: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.changed = ctx.Condition()
+        self.pids = ctx.RawArray("q", slots)
+        self.bytes = ctx.RawArray("q", slots)
+
+
+_LEDGER: Ledger | None = None
+# how long a waiting run sleeps before it looks again for a worker that ended without
+# releasing (killed): its slot is freed then
+LEDGER_POLL_S = 1.0
+
+
+@contextmanager
+def shared(workers: int) -> Iterator[None]:
+    """Runs in the processes forked inside the block (a search's ``workers``) weigh their
+    memory together: each is weighed against what the machine has available less what the
+    others' runs were weighed at, and waits while that is too little (:func:`_reserve`).
+
+    Two workers each weighing against the machine alone both pass where their runs start
+    together and together exceed it (advise over GPT-3's plans with each DP replica apart
+    reached 18 of 23 GB)."""
+    global _LEDGER
+    _LEDGER = Ledger(workers)
+    try:
+        yield
+    finally:
+        _LEDGER = None
+
+
+def _reserve(ledger: Ledger, need: int) -> int:
+    """Wait until a run needing ``need`` bytes fits beside the other workers' runs, then hold
+    ``need`` in this process's slot; the memory it was weighed against (too little where it
+    would not fit even with the others' runs ended: refused then, not waited for)::
+
+        runs    where need <= available - held      (held: the others' runs' bytes)
+        refused where need >  available + held
+        waits   otherwise, until a run ends (or a second passes)
+
+    Conservative: what the others already use is counted in both terms, so two runs that
+    would fit together may run one after the other, never two that would not."""
+    me = os.getpid()
+    with ledger.changed:
+        while True:
+            others = 0
+            for i, pid in enumerate(ledger.pids):
+                if pid and pid != me and not _alive(pid):
+                    ledger.pids[i] = ledger.bytes[i] = 0  # ended without releasing
+                elif pid and pid != me:
+                    others += ledger.bytes[i]
+            have = available_bytes()
+            if need <= have - others:
+                _hold(ledger, me, need)
+                return have - others
+            if not others or need > have + others:  # (not even with theirs freed)
+                return have
+            ledger.changed.wait(LEDGER_POLL_S)
+
+
+def _hold(ledger: Ledger, pid: int, size_bytes: int) -> None:
+    """Put ``size_bytes`` in ``pid``'s slot (a free one if it has none); 0 frees it."""
+    slots = list(ledger.pids)
+    free = [i for i, p in enumerate(slots) if p == 0 or (p != pid and not _alive(p))]
+    i = slots.index(pid) if pid in slots else free[0] if free else None
+    if i is None:
+        return  # (more live processes than slots: not weighed together)
+    ledger.pids[i], ledger.bytes[i] = (pid, size_bytes) if size_bytes else (0, 0)
+
+
+@contextmanager
+def released() -> Iterator[None]:
+    """A worker's run: what it held in the ledger is freed at its end, and the waiting runs
+    told."""
+    try:
+        yield
+    finally:
+        ledger = _LEDGER
+        if ledger is not None:
+            with ledger.changed:
+                _hold(ledger, os.getpid(), 0)
+                ledger.changed.notify_all()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a signal 0 reaches it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

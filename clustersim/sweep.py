@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,7 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
     ``reason``, the field and message of the ConfigError) or, where the job says to prune,
     unfit: certain not to fit in memory (``api.memory_floor``), not simulated, with the floor
     as its ``floor_bytes`` (no ``peak_bytes``: it has no simulated peak)."""
+    from . import host_memory
     from .api import memory_floor, simulate
     from .output.compare import step_split
     from .overrides import load_variant
@@ -181,7 +183,8 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
         if floor is not None and not floor["fits"]:
             return {**row, "status": "unfit", "floor_bytes": floor["peak_bytes"], "capacity_bytes": floor["capacity_bytes"],
                     "fits": False, "reason": unfit_reason(floor)}
-        s = simulate(sc, fork=fork, brief=True).summary
+        with host_memory.released():  # (a worker's: what its run held of the machine's memory)
+            s = simulate(sc, fork=fork, brief=True).summary
     except ConfigError as exc:
         return {**row, "status": "refused", "reason": ": ".join(p for p in (exc.field, exc.message) if p)}
     split = step_split(s)
@@ -251,8 +254,16 @@ def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dic
     number ``keep`` (advise's own plan) always is."""
     total = len(plans) + len(rows)
     jobs = min(jobs, len(plans))
+    from . import host_memory
+
     # (one process: each plan may fork the process that simulates its shorter step, as run does)
     todo = [(path, data, plan, jobs <= 1, prune and plan.number != keep) for plan in plans]
+    with host_memory.shared(jobs) if jobs > 1 else nullcontext():
+        _simulate_all(todo, rows, total, jobs, progress)
+
+
+def _simulate_all(todo: list, rows: dict[int, dict[str, Any]], total: int, jobs: int, progress) -> None:
+    """:func:`simulate_plans`' jobs, in ``jobs`` forked processes where more than one."""
     pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) if jobs > 1 else None
     done = False
     try:

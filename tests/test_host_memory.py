@@ -183,3 +183,96 @@ def test_a_containers_memory_limit_bounds_what_is_available(version, tmp_path, m
 def test_no_cgroup_files_no_bound(tmp_path, monkeypatch):
     monkeypatch.setattr(host_memory, "CGROUP_ROOT", tmp_path / "absent")
     assert host_memory.cgroup_room_bytes() is None
+
+
+def _ledger_with_another_run(monkeypatch, held_bytes: int) -> host_memory.Ledger:
+    """A search's ledger where another live process (pytest's parent) holds ``held_bytes``."""
+    import os
+
+    ledger = host_memory.Ledger(2)
+    ledger.pids[0], ledger.bytes[0] = os.getppid(), held_bytes
+    monkeypatch.setattr(host_memory, "_LEDGER", ledger)
+    monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
+    return ledger
+
+
+def test_a_search_workers_run_waits_while_another_holds_what_it_needs(monkeypatch):
+    """A run that fits the machine alone but not beside another worker's waits for that run to
+    end, then holds its own share (two such runs starting together both passed before)."""
+    import os
+    import threading
+    import time
+
+    need = host_memory.run_bytes(1000)
+    ledger = _ledger_with_another_run(monkeypatch, need)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: int(1.5 * need))
+
+    def other_run_ends() -> None:
+        time.sleep(0.3)
+        with ledger.changed:
+            host_memory._hold(ledger, os.getppid(), 0)
+            ledger.changed.notify_all()
+
+    threading.Thread(target=other_run_ends).start()
+    t0 = time.monotonic()
+    host_memory.check_fits(1000, 0, "a run", "less", source=None, field=None)
+    assert time.monotonic() - t0 >= 0.25
+    assert list(ledger.pids) == [os.getpid(), 0] and ledger.bytes[0] == need
+    with host_memory.released():
+        pass
+    assert list(ledger.pids) == [0, 0]
+
+
+def test_a_search_workers_run_too_large_even_alone_is_refused_at_once(monkeypatch):
+    need = host_memory.run_bytes(1000)
+    _ledger_with_another_run(monkeypatch, need // 4)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: need // 2)  # + the other's: still short
+    with pytest.raises(ConfigError, match="this machine has"):
+        host_memory.check_fits(1000, 0, "a run", "less", source=None, field=None)
+
+
+def test_a_worker_that_ended_without_releasing_frees_its_share(monkeypatch):
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    need = host_memory.run_bytes(1000)
+    ledger = _ledger_with_another_run(monkeypatch, need)
+    ledger.pids[0] = gone.pid
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: int(1.5 * need))
+    host_memory.check_fits(1000, 0, "a run", "less", source=None, field=None)  # (no wait: no other live run)
+
+
+@pytest.mark.parametrize("room", [1.5, 3.0])
+def test_a_searchs_workers_run_large_plans_one_at_a_time(room, tmp_path, root, monkeypatch):
+    """Two workers of a search, each plan weighed at ``need``, on a machine with ``room`` x
+    ``need`` available: one at a time where two would not fit, together where they would."""
+    import json
+    import os
+    import time
+
+    from clustersim import api
+    from clustersim.sweep import Plan, simulate_plans
+
+    need = host_memory.run_bytes(1000)
+    monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: int(room * need))
+    times = tmp_path / "times"
+    times.mkdir()
+
+    def simulate(sc, **_):  # (in a worker: weighed as a run of 1,000 tasks, then half a second)
+        host_memory.check_fits(1000, 0, "a run", "less", source=None, field=None)
+        start = time.monotonic()
+        time.sleep(0.5)
+        (times / f"{os.getpid()}-{start}").write_text(json.dumps([start, time.monotonic()]))
+        raise ConfigError("timed")
+
+    monkeypatch.setattr(api, "simulate", simulate)
+    path = write_scenario(tmp_path, root, scenario_dict())
+    rows: dict = {}
+    simulate_plans(str(path), clustersim.yamlio.read_yaml(path, what="scenario"), [Plan(1, []), Plan(2, [])], rows,
+                   jobs=2)
+    assert [r["reason"] for r in rows.values()] == ["timed", "timed"]
+    (a0, a1), (b0, b1) = sorted(json.loads(f.read_text()) for f in times.iterdir())
+    assert (b0 >= a1) == (room < 2)
