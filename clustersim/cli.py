@@ -287,6 +287,14 @@ def cmd_compare(args) -> int:
     ``--out``, write compare.json (clustersim.output.compare), compare.html
     (clustersim.output.compare_page) and each plan's report, as ``run`` writes it, named by
     the plan's label; nothing is moved in before all are done."""
+    from .hardware.topology import reused_clusters
+
+    with reused_clusters():  # (plans on one topology share its cluster: built once)
+        return _compare(args)
+
+
+def _compare(args) -> int:
+    """:func:`cmd_compare`'s work."""
     from .api import simulate
     from .config import load_scenario
     from .forking import ctrl_c_held

@@ -22,7 +22,7 @@ import pydantic
 
 from .errors import ConfigError
 from .hardware.gpus import lookup_gpu
-from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, build_cluster, check_what_ifs,
+from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, check_what_ifs, cluster_of,
                                 load_topology_cfg)
 from .model.transformer import RECOMPUTE_MODULES, DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
@@ -275,7 +275,7 @@ class Scenario:
 
     @cached_property
     def cluster(self) -> Cluster:
-        return build_cluster(self.topology)
+        return cluster_of(self.topology)
 
     @cached_property
     def mesh(self) -> Mesh:

@@ -255,11 +255,25 @@ def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dic
     total = len(plans) + len(rows)
     jobs = min(jobs, len(plans))
     from . import host_memory
+    from .hardware.topology import reused_clusters
 
     # (one process: each plan may fork the process that simulates its shorter step, as run does)
     todo = [(path, data, plan, jobs <= 1, prune and plan.number != keep) for plan in plans]
-    with host_memory.shared(jobs) if jobs > 1 else nullcontext():
+    with reused_clusters(), host_memory.shared(jobs) if jobs > 1 else nullcontext():
+        if jobs > 1:
+            _build_cluster(path, data)  # once, for the workers to inherit
         _simulate_all(todo, rows, total, jobs, progress)
+
+
+def _build_cluster(path: str, data: dict[str, Any]) -> None:
+    """Build the cluster of the file's own plan (``reused_clusters`` keeps it), if it loads."""
+    from .hardware.topology import cluster_of
+    from .overrides import load_variant
+
+    try:
+        cluster_of(load_variant(path, [], data).topology)
+    except ConfigError:
+        pass  # (its plans say why)
 
 
 def _simulate_all(todo: list, rows: dict[int, dict[str, Any]], total: int, jobs: int, progress) -> None:

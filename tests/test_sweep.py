@@ -315,3 +315,31 @@ def test_a_floor_just_above_the_capacity_says_so():
         "needs at least 80.04 GiB a GPU (stage 2), more than the GPU's 80.00 GiB")
     assert unfit_reason({"peak_bytes": 94 * GiB, "capacity_bytes": 80 * GiB, "stage": 0}).startswith(
         "needs at least 94.0 GiB a GPU (stage 0)")
+
+
+def test_a_sweeps_plans_share_one_cluster_per_topology(tmp_path, root):
+    """Inside ``reused_clusters`` a plan on the last plan's topology gets its cluster (its
+    routes asked again from scratch: the pair memos dropped), another topology a new one, and
+    the plans simulate as they do alone; outside it every scenario builds its own."""
+    from clustersim.api import simulate
+    from clustersim.hardware.topology import PAIR_MEMOS, reused_clusters
+
+    path = root / "scenarios/llama2_70b_64gpu.yaml"
+    alone = [simulate(load_variant(path, ch), brief=True).summary
+             for ch in ([], [("parallel.zero", 3)], [("cluster.node.nic.bw_Gbps", 200)])]
+    assert load_variant(path, []).cluster is not load_variant(path, []).cluster
+    with reused_clusters():
+        first = load_variant(path, [])
+        s1 = simulate(first, brief=True).summary
+        assert any(m in first.cluster.__dict__ for m in PAIR_MEMOS)
+        second = load_variant(path, [("parallel.zero", 3)])
+        assert second.cluster is first.cluster
+        assert not any(m in first.cluster.__dict__ for m in PAIR_MEMOS)
+        s2 = simulate(second, brief=True).summary
+        other = load_variant(path, [("cluster.node.nic.bw_Gbps", 200)])
+        assert other.cluster is not first.cluster
+        s3 = simulate(other, brief=True).summary
+    for a, b in zip(alone, (s1, s2, s3)):
+        assert {k: a[k] for k in ("step_time_s", "exposed_comm_s", "memory")} == \
+            {k: b[k] for k in ("step_time_s", "exposed_comm_s", "memory")}
+    assert s3["step_time_s"] != s1["step_time_s"]
