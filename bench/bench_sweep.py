@@ -6,6 +6,7 @@
     python bench/bench_sweep.py --limit 5           # the first 5 plans only
     python bench/bench_sweep.py --jobs 2            # two worker processes (the plans are independent)
     python bench/bench_sweep.py --whole             # each plan's whole summary, not the brief one
+    python bench/bench_sweep.py --fresh-cluster     # each plan builds its own cluster graph
 
 A user choosing a plan simulates many: every way to split the GPUs into TP x PP x DP, each
 with the memory savers (ZeRO stage, activation recompute). This bench does that in one Python
@@ -24,9 +25,11 @@ what a thousand plans would take at that pace (``--jobs N``: in N forked worker 
     of its own
 
 Plans the scenario's rules refuse (a global batch DP does not divide, say) are counted and
-named, not timed. Each plan's seconds include its validation and cluster graph (a sweep's
-plans share the topology but each Scenario builds its own graph). Peak RSS is the largest of
-this process's and its workers' (each plan's objects are freed before the next).
+named, not timed. Each plan's seconds include its validation; its plans share one cluster
+graph, as ``clustersim sweep``'s do (``reused_clusters``: built once, before the workers
+fork), or with ``--fresh-cluster`` each builds its own, as a script calling ``simulate`` plan
+by plan does. Peak RSS is the largest of this process's and its workers' (each plan's objects
+are freed before the next).
 
 Example (2 cores, 2026-12-03, bare simpy timeout about 1.1 us, a slow stretch)::
 
@@ -36,6 +39,7 @@ Example (2 cores, 2026-12-03, bare simpy timeout about 1.1 us, a slow stretch)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import itertools
 import math
@@ -119,15 +123,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (forked; default 1: this one)")
     ap.add_argument("--whole", action="store_true", help="each plan's whole summary (critical path, causes of "
                                                          "exposed communication, link use), not the brief one")
+    ap.add_argument("--fresh-cluster", action="store_true", help="each plan builds its own cluster graph (default: "
+                                                                 "one for every plan, as clustersim sweep)")
     args = ap.parse_args(argv)
-
     t0 = time.perf_counter()
-    from clustersim import load_scenario
+    from clustersim.hardware.topology import reused_clusters
     import_s = time.perf_counter() - t0
+    with contextlib.nullcontext() if args.fresh_cluster else reused_clusters():
+        return sweep(args, import_s)
+
+
+def sweep(args: argparse.Namespace, import_s: float) -> int:
+    """The sweep :func:`main` asks for (``import_s``: clustersim's import)."""
+    from clustersim import load_scenario
+
     path = Path(args.scenario)
     base = yaml.safe_load(path.read_text())
     sc0 = load_scenario(path)
-    per_node = sc0.cluster.gpus_per_node
+    per_node = sc0.cluster.gpus_per_node  # (built here, and kept for the plans on this cluster)
     gpus = args.gpus or sc0.mesh.world_size
     todo = plans(base["model"], gpus, args.all)[:args.limit]
     schedule = sc0.parallel.schedule if sc0.parallel.schedule in KEPT_SCHEDULES else "1f1b"

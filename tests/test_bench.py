@@ -171,12 +171,12 @@ def test_scale_scan_plans_are_valid_scenarios_and_the_smallest_runs(tmp_path):
 def test_bench_sweep_times_the_plans_it_names():
     # each line's step time is that of the plan it names, simulated alone: the sweep's
     # variants are the plans they say (a field dropped or renamed would sweep one plan)
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sweep.py"), str(SCENARIO), "--limit", "4"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sweep.py"), str(SCENARIO), "--limit", "4",
+                          "--fresh-cluster"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = SWEEP_LINE.findall(run.stdout)
     assert len(lines) == 4 and "plans timed 4" in run.stdout
-    # two worker processes: the same plans in the same order, the same steps
+    # two worker processes sharing one cluster: the same plans in the same order, the same steps
     two = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sweep.py"), str(SCENARIO), "--limit", "4",
                           "--jobs", "2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
