@@ -301,7 +301,7 @@ def _compare(args) -> int:
     from .output.compare import (COMPARE_FILE, REPORT_NAMES, compare_json, config_differences, effective_config,
                                  format_compare, labels, report_name)
     from .output.compare_page import COMPARE_PAGE, compare_html, timeline_caption
-    from .output.report import _as_sent, _script_json, report_html, timeline
+    from .output.report import as_sent, script_json, report_html, timeline
     from .output.summary import to_json
     from .overrides import load_variant, parse_changes, variant_source
     from .yamlio import read_yaml
@@ -352,8 +352,8 @@ def _compare(args) -> int:
             p["summary"] = result.summary
             if staging is not None and not args.no_report:
                 # each plan's report, as run writes it, and its timeline for compare.html: one figure for both
-                fig = _as_sent(timeline(result.trace, result.summary))
-                data_json = _script_json(fig["data"])
+                fig = as_sent(timeline(result.trace, result.summary))
+                data_json = script_json(fig["data"])
                 (staging.folder() / report_name(p["label"])).write_text(
                     report_html(result.trace, result.summary, fig, data_json), encoding="utf-8")
                 # (each plan's, the page picks: the data already JSON, a few MB at most)
@@ -560,7 +560,7 @@ _SCHEDULE_FLAGS = {"p": "--pp", "m": "--microbatches", "v": "--vpp", "group": "-
 
 
 def cmd_schedule(args) -> int:
-    from .config import MAX_STAGE_PASSES, _read_schedule_file
+    from .config import MAX_STAGE_PASSES, read_schedule_file
     from .schedule import CUSTOM, ScheduleError, build_schedule, chunks_per_rank, format_grid
     from .yamlio import given_file
 
@@ -575,7 +575,7 @@ def cmd_schedule(args) -> int:
             raise ConfigError(f"{flag} is used by --schedule interleaved only (schedule is custom: the file gives "
                               "each rank's stages and order)", source=src)
         path = given_file(args.file, what="schedule", source=src, field="--file")
-        text = _read_schedule_file(path, src, "--file")  # as a scenario's: UTF-8, at most 2 MiB
+        text = read_schedule_file(path, src, "--file")  # as a scenario's: UTF-8, at most 2 MiB
         try:
             sched = build_schedule(CUSTOM, args.pp, args.microbatches, text=text)
         except ScheduleError as exc:

@@ -864,7 +864,7 @@ def _referenced_file(base: Path, name: str, rel_to: str, source: str, field: str
     return given_file(name, what=what, source=source, field=field, base=base, shown=where)
 
 
-def _read_schedule_file(path: Path, source: str, field: str = "parallel.schedule_file") -> str:
+def read_schedule_file(path: Path, source: str, field: str = "parallel.schedule_file") -> str:
     """The text of the custom schedule file ``path`` (UTF-8, at most MAX_SCHEDULE_FILE_BYTES);
     a ConfigError naming ``source`` and ``field`` if it cannot be read as one."""
     try:
@@ -1098,7 +1098,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)
-        sc.schedule_text = _read_schedule_file(path, source)
+        sc.schedule_text = read_schedule_file(path, source)
     if check_schedule:
         sc.check_schedule()
     return sc

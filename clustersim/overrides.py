@@ -65,10 +65,10 @@ def check_key(key: str, *, source: str, field: str, what: str) -> None:
 
 def parse_value(key: str, raw: str, *, source: str, field: str) -> Any:
     """``raw`` read as a YAML value (an empty one as ""), or a ConfigError naming ``key``."""
-    from .yamlio import _load_unique  # (exponent numbers read as YAML 1.2 reads them, as in a scenario file)
+    from .yamlio import load_unique  # (exponent numbers read as YAML 1.2 reads them, as in a scenario file)
 
     try:
-        return _load_unique(raw, source) if raw.strip() else ""
+        return load_unique(raw, source) if raw.strip() else ""
     except ConfigError as exc:
         raise ConfigError(f"{key}: {exc.message}", source=source, field=field) from None
     except yaml.YAMLError as exc:

@@ -327,13 +327,13 @@ def ranking(rows: list[dict[str, Any]]) -> list[int]:
     return [r["plan"] for r in sorted(done, key=lambda r: (not r["fits"], -r["tokens_per_s"], r["plan"]))]
 
 
-def _heads(keys: list[str]) -> list[str]:
+def column_heads(keys: list[str]) -> list[str]:
     """Column heads for the varied keys: the last part of each key where that is unique."""
     last = [k.rsplit(".", 1)[-1] for k in keys]
     return [s if last.count(s) == 1 else k for s, k in zip(last, keys)]
 
 
-def _cell(v: Any) -> str:
+def cell_text(v: Any) -> str:
     if isinstance(v, (list, dict)):
         return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
@@ -361,7 +361,8 @@ def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
 def plan_text(sweep: dict[str, Any], row: dict[str, Any]) -> str:
     """A plan's keys as the table shows them: ``tp=4 pp=8 recompute=selective dp=2``."""
     keys = _columns(sweep)
-    return " ".join(f"{h}={_cell(row['changes'].get(k))}" for h, k in zip(_heads(keys), keys) if k in row["changes"])
+    return " ".join(f"{h}={cell_text(row['changes'].get(k))}" for h, k in zip(column_heads(keys), keys)
+                    if k in row["changes"])
 
 
 def also_set(sweep: dict[str, Any], r: dict[str, Any]) -> str:
@@ -378,7 +379,7 @@ def table_columns(sweep: dict[str, Any]) -> list[tuple[str, Any]]:
 
     keys = _columns(sweep)
     return [("#", lambda r: str(r["plan"]))] + [
-        (h, lambda r, k=k: _cell(r["changes"].get(k))) for h, k in zip(_heads(keys), keys)] + [
+        (h, lambda r, k=k: cell_text(r["changes"].get(k))) for h, k in zip(column_heads(keys), keys)] + [
         ("step s", lambda r: f"{r['step_time_s']:.3f}"),
         ("tokens/s/GPU", lambda r: f"{r['tokens_per_s_per_gpu']:,.1f}"),
         ("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
@@ -437,6 +438,6 @@ def sweep_csv(sweep: dict[str, Any]) -> str:
     w.writerow([CSV_COLUMNS[0], *keys, *CSV_COLUMNS[1:]])
     for r in sweep["plans"]:
         vals = {**r, "exposed_comm_s": r["exposed_comm_s"]["total"] if "exposed_comm_s" in r else ""}
-        w.writerow([r["plan"], *(_cell(r["changes"].get(k)) for k in keys),
+        w.writerow([r["plan"], *(cell_text(r["changes"].get(k)) for k in keys),
                     *(vals.get(c, "") for c in CSV_COLUMNS[1:])])
     return buf.getvalue()

@@ -299,7 +299,7 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
-def _load_unique(text: str, source: str) -> Any:
+def load_unique(text: str, source: str) -> Any:
     """``yaml.safe_load(text)`` (exponent numbers read as YAML 1.2 reads them: :class:`_Loader`),
     refusing a key given twice in one mapping (ConfigError)."""
     loader = _Loader(text)
@@ -340,7 +340,7 @@ def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
         raise ConfigError(f"invalid YAML: [ ] or {{ }} nested more than {MAX_FLOW_NESTING} levels deep (a {what} "
                           f"nests three or four)", source=str(path))
     try:
-        data = _load_unique(text, str(path))
+        data = load_unique(text, str(path))
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow (its message spans lines)
         ch = f"#x{exc.character:04x}" if isinstance(exc.character, int) else short_repr(exc.character)
         raise ConfigError(f"invalid YAML: character {ch}: {exc.reason}", source=str(path),

@@ -55,9 +55,9 @@ def test_exponent_numbers_are_numbers_as_yaml_1_2_reads_them(tmp_path):
     the numbers they are, in scenario and topology files alike, while a quoted ``'4e7'`` stays
     a string and is refused."""
     import clustersim
-    from clustersim.yamlio import _load_unique
+    from clustersim.yamlio import load_unique
 
-    assert _load_unique("a: 4e7\nb: 1.5e3\nc: .5E-2\nd: '4e7'\ne: 42\nf: e7\ng: -3e2\n", "t") == {
+    assert load_unique("a: 4e7\nb: 1.5e3\nc: .5E-2\nd: '4e7'\ne: 42\nf: e7\ng: -3e2\n", "t") == {
         "a": 4e7, "b": 1500.0, "c": 0.005, "d": "4e7", "e": 42, "f": "e7", "g": -300.0}
     root = Path(__file__).resolve().parents[1]
     topo = (root / "topologies" / "dgx-h100.yaml").read_text().replace("latency_us: 0.6", "latency_us: 6e-1")
@@ -80,11 +80,11 @@ def test_a_surrogate_pair_is_joined_into_its_character(tmp_path):
     """JSON writers escape an emoji as two surrogates ("\\ud83d\\ude80"); YAML keeps them apart,
     and the report and trace writers then failed with a UnicodeEncodeError traceback. The pair
     is joined into its character (a lone half is refused: lone_surrogate.yaml)."""
-    from clustersim.yamlio import _load_unique
+    from clustersim.yamlio import load_unique
 
-    assert _load_unique('name: "rocket \\ud83d\\ude80"\n', "t") == {"name": "rocket \U0001F680"}
-    assert _load_unique('"x\\ud83d\\ude80": 1\n', "t") == {"x\U0001F680": 1}  # (in a key too)
-    assert _load_unique("name: rocket \U0001F680\n", "t") == {"name": "rocket \U0001F680"}
+    assert load_unique('name: "rocket \\ud83d\\ude80"\n', "t") == {"name": "rocket \U0001F680"}
+    assert load_unique('"x\\ud83d\\ude80": 1\n', "t") == {"x\U0001F680": 1}  # (in a key too)
+    assert load_unique("name: rocket \U0001F680\n", "t") == {"name": "rocket \U0001F680"}
 
 
 def test_text_that_loads_as_written_is_not_taken_for_a_yaml_1_1_number(tmp_path):
@@ -92,14 +92,14 @@ def test_text_that_loads_as_written_is_not_taken_for_a_yaml_1_1_number(tmp_path)
     0800, 08:30 and !!str 0800 load as the text written and pass; 08192 where a number goes
     is named for its leading zero, not said to be quoted."""
     import clustersim
-    from clustersim.yamlio import _load_unique
+    from clustersim.yamlio import load_unique
 
     for text in ("0800", "08:30", "!!str 0800", "0:30", "'010'"):
-        assert _load_unique(f"name: {text}\n", "t") == {"name": text.removeprefix("!!str ").strip("'")}
+        assert load_unique(f"name: {text}\n", "t") == {"name": text.removeprefix("!!str ").strip("'")}
     for text, why in (("010", "leading zero, which YAML 1.1 reads as an octal number"),
                       ("12:00", "base-60 number in YAML 1.1 (720)")):
         with pytest.raises(clustersim.ConfigError, match=re.escape(why)):
-            _load_unique(f"name: {text}\n", "t")
+            load_unique(f"name: {text}\n", "t")
     root = Path(__file__).resolve().parents[1]
     scenario = (root / "scenarios" / "llama3_8b_8gpu.yaml").read_text().replace("seq_len: 8192", "seq_len: 08192")
     (tmp_path / "s.yaml").write_text(scenario.replace("../topologies", str(root / "topologies")))

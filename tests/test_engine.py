@@ -413,7 +413,7 @@ def test_a_plans_pipelines_summed_on_its_arrays_are_the_loops_bit_for_bit(size):
     """A large plan (its pairs as arrays, LOCKSTEP_ARRAY_PAIRS or more) is made one flow per
     pipeline on its arrays: the same weights, bit for bit, as the loop over its tuples, and
     the arrays of the new plan are those its tuples give."""
-    from clustersim.engine.network import LOCKSTEP_ARRAY_PAIRS, FlowPlan, _in_lockstep, _pairs, _with_pairs
+    from clustersim.engine.network import LOCKSTEP_ARRAY_PAIRS, FlowPlan, _in_lockstep, _pairs, with_pairs
 
     rng = np.random.default_rng(7)
     weights = tuple(tuple((int(e), float(w)) for e, w in zip(rng.choice(3000, k, replace=False), rng.random(k) * 3))
@@ -422,7 +422,7 @@ def test_a_plans_pipelines_summed_on_its_arrays_are_the_loops_bit_for_bit(size):
     plan = FlowPlan(weights=weights, fractions=fractions, latency_s=0.0)
     assert len(_pairs(weights)[1]) >= LOCKSTEP_ARRAY_PAIRS
     looped = _in_lockstep(plan, size)
-    on_arrays = _in_lockstep(_with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=0.0),
+    on_arrays = _in_lockstep(with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=0.0),
                                          _pairs(weights)), size)
     assert "pairs" in on_arrays.__dict__ and "pairs" not in looped.__dict__
     assert on_arrays.weights == looped.weights and on_arrays.fractions == looped.fractions

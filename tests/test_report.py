@@ -570,7 +570,7 @@ def test_page_with_the_bars_written_beforehand_is_the_page_dumped_whole(result, 
     # figure at once, with the critical path drawn
     from clustersim.output import report as rp
 
-    whole = rp.report_html(result.trace, result.summary, rp._as_sent(rp.timeline(result.trace, result.summary)))
+    whole = rp.report_html(result.trace, result.summary, rp.as_sent(rp.timeline(result.trace, result.summary)))
     assert report == whole
     assert '"mode":"lines","name":"critical path"' in whole  # the trace added after the bars
 
@@ -580,7 +580,7 @@ def test_plotlyjs_is_embedded_from_its_file_as_plotly_gives_it(monkeypatch):
     get_plotlyjs() encoded, and that where the file is not where plotly used to keep it."""
     from clustersim.output import report
 
-    want = report._plotlyjs_script().encode("utf-8")
+    want = report.plotlyjs_script().encode("utf-8")
     assert report._plotlyjs_bytes() == want
     assert b"Plotly" in want[:100_000] and want.startswith(b'<script type="text/javascript">')
     monkeypatch.setattr(report, "PLOTLYJS_DATA", ("plotly", "package_data/no-such-file.js"))

@@ -285,7 +285,7 @@ def test_timeline_past_the_budget_draws_runs_of_bins(result, monkeypatch):
         expect = 1e3 * sum(s.end_s - s.start_s for s in spans[row])
         assert busy_ms[i] == pytest.approx(expect, rel=1e-3, abs=2e-3)  # hover rounds to 1 µs
     go.Figure(fig)  # plotly accepts it as it is
-    page = report.report_html(trace, result.summary, report._as_sent(fig))
+    page = report.report_html(trace, result.summary, report.as_sent(fig))
     assert f"bins of {report.fmt_time(meta['bin_ms'] / 1e3)}" in page and f"{n_merged:,} bars" in page
 
 

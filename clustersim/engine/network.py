@@ -104,14 +104,14 @@ class FlowPlan:
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``weights`` as arrays (:func:`_pairs`): links per flow, then every (link, weight)
         pair's link and weight, flow by flow. A plan worked out on arrays is given them as it
-        is made (:func:`_with_pairs`; an all-to-all over 16,384 GPUs has 10⁶ pairs, which cost
+        is made (:func:`with_pairs`; an all-to-all over 16,384 GPUs has 10⁶ pairs, which cost
         a second to read back out of the tuples); another has them read off its tuples at
         each ask, not kept (a step's plans would hold them all for the whole run)."""
         got = self.__dict__.get("pairs")
         return got if got is not None else _pairs(self.weights)
 
 
-def _with_pairs(plan: FlowPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> FlowPlan:
+def with_pairs(plan: FlowPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> FlowPlan:
     """``plan`` with its :attr:`FlowPlan.pairs` given (None: left to be read off its weights),
     kept in its ``__dict__`` as a cached property's value is (a frozen dataclass's fields alone
     compare and hash)."""
@@ -123,7 +123,7 @@ def _with_pairs(plan: FlowPlan, pairs: tuple[np.ndarray, np.ndarray, np.ndarray]
 def _scaled(plan: FlowPlan, scale: float, scale_out: float | None = None) -> FlowPlan:
     """``plan`` with ``wire_scale`` ``scale`` (and ``wire_scale_out``), its weights and their
     arrays as they are."""
-    return _with_pairs(dataclasses.replace(plan, wire_scale=scale, wire_scale_out=scale_out),
+    return with_pairs(dataclasses.replace(plan, wire_scale=scale, wire_scale_out=scale_out),
                        plan.__dict__.get("pairs"))
 
 
@@ -586,7 +586,7 @@ def _in_lockstep(plan: FlowPlan, size: int) -> FlowPlan:
     given = plan.__dict__.get("pairs")
     if given is not None and len(given[1]) >= LOCKSTEP_ARRAY_PAIRS:
         weights, pairs = _lockstep_pairs(given, plan.fractions, fractions, size)
-        return _with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=plan.latency_s,
+        return with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=plan.latency_s,
                                     wire_scale=plan.wire_scale, wire_scale_out=plan.wire_scale_out,
                                     meet_real=plan.meet_real), pairs)
     weights = []
@@ -848,7 +848,7 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         pair_edge, pair_w = rep[hops], share[hops]
         weights = _per_flow(pair_edge.tolist(), pair_w.tolist(), lens)
         latency = _longest_s(rep, lat_a)
-        plan = _with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met),
+        plan = with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met),
                            (lens.astype(np.int64), pair_edge, pair_w))
         make = partial(_met_at, plan, paths, at, once, len(cluster.edges))
         if keep is not None and len(met):  # (no link to meet on: no meeting to look for)
@@ -868,7 +868,7 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         pairs = (np.diff(bounds).astype(np.int64), pair_edge, counts.astype(float))
     plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met)
     if not co.symmetric:
-        _with_pairs(plan, pairs)
+        with_pairs(plan, pairs)
     if keep is not None and len(met):  # (asymmetric: constrained wherever its members go, no meeting to add)
         keep(partial(_as_is, plan))
     return plan
@@ -915,7 +915,7 @@ def _met_at(plan: FlowPlan, paths: np.ndarray, at: np.ndarray, once: np.ndarray 
     # both orders)
     sizes, edge, w = own
     by_flow = stable_argsort(np.concatenate([np.repeat(np.arange(len(sizes)), sizes), flow_of]))
-    return _with_pairs(out, (sizes + np.bincount(flow_of, minlength=len(sizes)),
+    return with_pairs(out, (sizes + np.bincount(flow_of, minlength=len(sizes)),
                              np.concatenate([edge, met])[by_flow],
                              np.concatenate([w, counts.astype(float)])[by_flow]))
 

@@ -43,7 +43,7 @@ from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes,
                      unique, unique_inverse)
 from ..codegen import Straight
 from ..collectives.algorithms import ALGORITHMS, AUTO, DEEPEP, applicable
-from .network import FlowNetwork, FlowPlan, _with_pairs, max_min_rates, plan_phases, wire_scales, with_meetings
+from .network import FlowNetwork, FlowPlan, with_pairs, max_min_rates, plan_phases, wire_scales, with_meetings
 
 
 @dataclass
@@ -225,7 +225,7 @@ def _on_links(kept: np.ndarray, plan: FlowPlan) -> FlowPlan:
                     for ws, c, end in zip(plan.weights, cut, ends))
     out = FlowPlan(weights=weights, fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale,
                    wire_scale_out=plan.wire_scale_out)
-    return _with_pairs(out, (np.bincount(flow_of[on], minlength=len(sizes)), edge[on], w[on]))
+    return with_pairs(out, (np.bincount(flow_of[on], minlength=len(sizes)), edge[on], w[on]))
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ from typing import Literal
 import pydantic
 
 from ..yamlio import Strict
-from .transformer import ELEM_BYTES, Op, _elementwise, _matmul
+from .transformer import ELEM_BYTES, Op, elementwise_op, matmul_op
 
 
 class MoeCfg(Strict):
@@ -112,9 +112,9 @@ def router_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int = 1) -> list[Op]:
     """Router logits, softmax / top-k. Replicated over TP: each of the ``t`` TP ranks routes
     the same tokens, so each executes the whole matmul but holds 1/t of its model FLOPs (the
     model needs it once)."""
-    logits = _matmul("router", tokens, hidden, moe.experts)
+    logits = matmul_op("router", tokens, hidden, moe.experts)
     logits = Op(logits.name, logits.flops, logits.bytes, logits.flops / t)
-    return [logits, _elementwise("topk", tokens * moe.experts, 3)]
+    return [logits, elementwise_op("topk", tokens * moe.experts, 3)]
 
 
 def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, load: float = 1.0) -> list[Op]:
@@ -131,14 +131,14 @@ def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, load: fl
     up = (moe.mats - 1) * f
 
     def gemm(name: str, k: float, n: float) -> Op:
-        op = _matmul(name, pairs, k, n)
+        op = matmul_op(name, pairs, k, n)
         return Op(op.name, op.flops, op.bytes, op.flops / moe.capacity_factor)
 
     return [
         gemm("experts_up", hidden, up),
-        _elementwise("experts_act", pairs * f, 3 if moe.mats == 3 else 2),
+        elementwise_op("experts_act", pairs * f, 3 if moe.mats == 3 else 2),
         gemm("experts_down", f, hidden),
-        _elementwise("unpermute", pairs * hidden, 2),
+        elementwise_op("unpermute", pairs * hidden, 2),
     ]
 
 
@@ -151,9 +151,9 @@ def shared_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int) -> list[
         return []
     f = moe.shared_experts * moe.expert_ffn / t
     return [
-        _matmul(SHARED_EXPERT_OPS[0], tokens, hidden, (moe.mats - 1) * f),
-        _elementwise(SHARED_EXPERT_OPS[1], tokens * f, 3 if moe.mats == 3 else 2),
-        _matmul(SHARED_EXPERT_OPS[2], tokens, f, hidden),
+        matmul_op(SHARED_EXPERT_OPS[0], tokens, hidden, (moe.mats - 1) * f),
+        elementwise_op(SHARED_EXPERT_OPS[1], tokens * f, 3 if moe.mats == 3 else 2),
+        matmul_op(SHARED_EXPERT_OPS[2], tokens, f, hidden),
     ]
 
 

@@ -141,12 +141,12 @@ class Op:
 ELEM_BYTES = 2  # 16-bit activations and weights in compute
 
 
-def _matmul(name: str, m: float, k: float, n: float) -> Op:
+def matmul_op(name: str, m: float, k: float, n: float) -> Op:
     """(m x k) @ (k x n): 2mkn FLOPs; reads both operands, writes the result."""
     return Op(name, 2 * m * k * n, ELEM_BYTES * (m * k + k * n + m * n))
 
 
-def _elementwise(name: str, elems: float, passes: float) -> Op:
+def elementwise_op(name: str, elems: float, passes: float) -> Op:
     """Memory-bound op touching ``elems`` values ``passes`` times (reads + writes)."""
     return Op(name, 0.0, ELEM_BYTES * elems * passes)
 
@@ -182,14 +182,14 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
     core_bytes = ELEM_BYTES * (tok * (q_dim + ctx_dim) + b * s * kv_dim)  # Q and context local, K/V of every key
     if not flash:  # scores, softmax, dropout, each written then read back
         core_bytes += ELEM_BYTES * b * heads_local * s_q * s * 6
-    qkv = mla_projections(m, tok, rep_tok, t, sp) if m.mla else [_matmul("qkv", tok, h, q_dim + kv_dim)]
+    qkv = mla_projections(m, tok, rep_tok, t, sp) if m.mla else [matmul_op("qkv", tok, h, q_dim + kv_dim)]
     return [
-        _elementwise("norm1", rep_tok * h, 2),
+        elementwise_op("norm1", rep_tok * h, 2),
         *qkv,
         Op("core_attn", causal_flops if flash else square_flops, core_bytes, causal_flops,
            m.qk_dim / (m.qk_dim + m.v_dim)),
-        _matmul("proj", tok, ctx_dim, h),
-        _elementwise("residual1", rep_tok * h, 3),
+        matmul_op("proj", tok, ctx_dim, h),
+        elementwise_op("residual1", rep_tok * h, 3),
     ]
 
 
@@ -219,13 +219,13 @@ def mla_projections(m: DenseModelCfg, tok: float, rep_tok: float, t: int, sp: bo
     def duplicated(op: Op) -> Op:
         return op if sp or t == 1 else Op(op.name, op.flops, op.bytes, op.flops / t)
 
-    q = [_matmul("q_proj", tok, h, a * m.qk_dim)] if mla.q_lora_rank is None else [
-        duplicated(_matmul("q_down", down_tok, h, mla.q_lora_rank)),
-        _elementwise("q_norm", down_tok * mla.q_lora_rank, 2),
-        _matmul("q_up", tok, mla.q_lora_rank, a * m.qk_dim)]
-    kv = [duplicated(_matmul("kv_down", down_tok, h, mla.kv_lora_rank + mla.qk_rope_head_dim)),
-          _elementwise("kv_norm", down_tok * mla.kv_lora_rank, 2),
-          _matmul("kv_up", tok, mla.kv_lora_rank, a * (mla.qk_head_dim + mla.v_head_dim))]
+    q = [matmul_op("q_proj", tok, h, a * m.qk_dim)] if mla.q_lora_rank is None else [
+        duplicated(matmul_op("q_down", down_tok, h, mla.q_lora_rank)),
+        elementwise_op("q_norm", down_tok * mla.q_lora_rank, 2),
+        matmul_op("q_up", tok, mla.q_lora_rank, a * m.qk_dim)]
+    kv = [duplicated(matmul_op("kv_down", down_tok, h, mla.kv_lora_rank + mla.qk_rope_head_dim)),
+          elementwise_op("kv_norm", down_tok * mla.kv_lora_rank, 2),
+          matmul_op("kv_up", tok, mla.kv_lora_rank, a * (mla.qk_head_dim + mla.v_head_dim))]
     return q[:-1] + kv[:-1] + [q[-1], kv[-1]]  # the down projections, then the up ones (read by core attention)
 
 
@@ -261,11 +261,11 @@ def mlp_block_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 
     rep_tok = tok / t if sp else tok
     up_width = 2 * f if m.mlp == "swiglu" else f
     return [
-        _elementwise("norm2", rep_tok * h, 2),
-        _matmul("up", tok, h, up_width),
-        _elementwise("act", tok * f, 3 if m.mlp == "swiglu" else 2),
-        _matmul("down", tok, f, h),
-        _elementwise("residual2", rep_tok * h, 3),
+        elementwise_op("norm2", rep_tok * h, 2),
+        matmul_op("up", tok, h, up_width),
+        elementwise_op("act", tok * f, 3 if m.mlp == "swiglu" else 2),
+        matmul_op("down", tok, f, h),
+        elementwise_op("residual2", rep_tok * h, 3),
     ]
 
 
@@ -288,7 +288,7 @@ def block_bwd(fwd: list[Op], flash: bool) -> list[Op]:
 
 def embedding_fwd(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> list[Op]:
     """Token (and learned position) embedding lookup on the first stage (vocab-parallel)."""
-    return [_elementwise("embedding", b * m.seq_len / cp * m.hidden, 2)]
+    return [elementwise_op("embedding", b * m.seq_len / cp * m.hidden, 2)]
 
 
 def head_fwd(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> list[Op]:
@@ -296,8 +296,8 @@ def head_fwd(m: DenseModelCfg, b: int, t: int, cp: int = 1) -> list[Op]:
     tok = b * m.seq_len / cp
     vocab_local = m.vocab / t
     return [
-        _elementwise("final_norm", tok * m.hidden, 2),
-        _matmul("lm_head", tok, m.hidden, vocab_local),
+        elementwise_op("final_norm", tok * m.hidden, 2),
+        matmul_op("lm_head", tok, m.hidden, vocab_local),
         Op("cross_entropy", 0.0, 4 * tok * vocab_local * 3),  # fp32 logits: read, exp, write grad
     ]
 
@@ -376,8 +376,8 @@ def mtp_proj_fwd(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1
     """
     tok, h = b * m.seq_len / cp, m.hidden
     rep_tok = tok / t if sp else tok
-    return [_elementwise("mtp_embedding", tok * h, 2), _elementwise("mtp_norms", 2 * rep_tok * h, 2),
-            _matmul("mtp_proj", tok, 2 * h, h / t)]
+    return [elementwise_op("mtp_embedding", tok * h, 2), elementwise_op("mtp_norms", 2 * rep_tok * h, 2),
+            matmul_op("mtp_proj", tok, 2 * h, h / t)]
 
 
 def mtp_proj_activation_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, cp: int = 1,

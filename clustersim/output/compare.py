@@ -97,7 +97,7 @@ def fastest(summaries: list[dict[str, Any]], key: str = "tokens_per_s") -> int |
     return max(fit, key=lambda i: (summaries[i][key], -i)) if fit else None
 
 
-def _value(v: Any) -> str:
+def config_value_text(v: Any) -> str:
     """A config value as the YAML would write it (a list or mapping in flow style, the fields
     it leaves unset left out), cut to 60 characters."""
     if v is None:
@@ -122,7 +122,7 @@ def _set_only(v: Any) -> Any:
 def differences_line(diffs: list[tuple[str, Any, Any]], most: int = 8) -> str:
     if not diffs:
         return "the same scenario"
-    parts = [f"{k} {_value(a)} -> {_value(b)}" for k, a, b in diffs[:most]]
+    parts = [f"{k} {config_value_text(a)} -> {config_value_text(b)}" for k, a, b in diffs[:most]]
     more = f" · and {len(diffs) - most} more (compare.json)" if len(diffs) > most else ""
     return " · ".join(parts) + more
 
@@ -174,7 +174,7 @@ def _rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str], list[st
     return rows
 
 
-def _other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
+def other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
     """A note where the plans do not train the same job (another model, batch or GPU count):
     their tokens/s then compare throughput, not the time to the same result."""
     base = summaries[0]
@@ -188,7 +188,7 @@ def _other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
             "of one job"]
 
 
-def _verdict(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
+def verdict_lines(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
     best = fastest(summaries)
     if best is None:
         return [f"{'fastest':<24}none fits in memory: each step is what it would take if it did"]
@@ -231,7 +231,7 @@ def format_compare(plans: list[dict[str, Any]]) -> str:
             lines.append(label)
             continue
         lines.append(f"{label:<24}" + "  ".join(cell(j, vals[j], difs[j]) for j in range(len(plans))).rstrip())
-    lines += _other_jobs(names, summaries) + _verdict(names, summaries)
+    lines += other_jobs(names, summaries) + verdict_lines(names, summaries)
     return "\n".join(lines)
 
 

@@ -25,8 +25,8 @@ import html
 import json
 from typing import Any
 
-from .compare import KINDS, _other_jobs, _value, _verdict, fastest, report_name, step_split
-from .report import (_CSS, DIV_ID, GROUPS, TIMELINE_CONFIG, _plot_div_around_data, _plotlyjs_script, _white_template,
+from .compare import KINDS, other_jobs, config_value_text, verdict_lines, fastest, report_name, step_split
+from .report import (REPORT_CSS, DIV_ID, GROUPS, TIMELINE_CONFIG, plot_div_around_data, plotlyjs_script, white_template,
                      fmt_time, plot_div)
 from .summary import GiB, plan_line
 
@@ -63,10 +63,10 @@ def _plan_colour(i: int) -> str:
     return _PLAN_COLOURS[i % len(_PLAN_COLOURS)]
 
 
-def _small_layout(height_px: int, **more: Any) -> dict[str, Any]:
+def small_layout(height_px: int, **more: Any) -> dict[str, Any]:
     """A small chart's layout, in the form the report's are (template expanded), its legend
     above the plot (below, it met the x axis's title in a narrow window)."""
-    return {"template": _white_template(), "height": height_px, "margin": {"l": 60, "r": 20, "t": 34, "b": 44},
+    return {"template": white_template(), "height": height_px, "margin": {"l": 60, "r": 20, "t": 34, "b": 44},
             "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"}, **more}
 
 
@@ -97,7 +97,7 @@ def parts_figure(names: list[str], splits: list[dict[str, float]], row_px: int) 
     # each bar's step at its end: the bars' lengths are what the plans are compared by
     steps = [{"x": sp["step_time_s"], "y": name, "xanchor": "left", "showarrow": False, "xshift": 4,
               "text": f"{sp['step_time_s']:.3f} s", "font": {"size": 11}} for name, sp in zip(names, splits)]
-    return {"data": data, "layout": _small_layout(
+    return {"data": data, "layout": small_layout(
         100 + row_px * len(names), barmode="stack", annotations=steps,
         xaxis={"title": {"text": "seconds per step (mean GPU)"}, "rangemode": "tozero",
                "range": [0, 1.08 * max(sp["step_time_s"] for sp in splits)]},
@@ -115,7 +115,7 @@ def kinds_figure(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
              "marker": {"color": _plan_colour(i)},
              "hovertemplate": "%{x}: %{y:.4g} s exposed<extra>" + html.escape(p["label"]) + "</extra>"}
             for i, (p, sp) in enumerate(zip(plans, splits))]
-    return {"data": data, "layout": _small_layout(
+    return {"data": data, "layout": small_layout(
         280, barmode="group", yaxis={"title": {"text": "exposed s / GPU"}, "rangemode": "tozero"})}
 
 
@@ -139,7 +139,7 @@ def memory_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
               "font": {"color": "#cf222e", "size": 11}, "bgcolor": "rgba(255,255,255,0.85)"}
              for c in caps if c]
     stage_names = [f"stage {s}" for s in range(most)]
-    return {"data": data, "layout": _small_layout(
+    return {"data": data, "layout": small_layout(
         300, barmode="group", shapes=shapes, annotations=notes,
         xaxis={"type": "category", "categoryorder": "array", "categoryarray": stage_names},
         yaxis={"title": {"text": "GiB per GPU at the peak"}, "rangemode": "tozero"})}
@@ -172,7 +172,7 @@ def _verdict_html(plans: list[dict[str, Any]]) -> str:
     fastest that fits in the table)."""
     names = [p["label"] for p in plans]
     summaries = [p["summary"] for p in plans]
-    lines = _other_jobs(names, summaries) + _verdict(names, summaries)
+    lines = other_jobs(names, summaries) + verdict_lines(names, summaries)
     return "".join(f'<p class="meta">{html.escape(" ".join(line.split()))}</p>' for line in lines)
 
 
@@ -187,7 +187,7 @@ def _differences_html(plans: list[dict[str, Any]]) -> str:
     base = {k: a for p in plans[1:] for k, a, _ in p["differences"]}
     theirs = [{k: b for k, _, b in p["differences"]} for p in plans]
     rows = "".join(f'<tr><td class="l"><code>{e(k)}</code></td>'
-                   + "".join(f'<td class="l">{e(_value(t.get(k, base[k]) if i else base[k]))}</td>'
+                   + "".join(f'<td class="l">{e(config_value_text(t.get(k, base[k]) if i else base[k]))}</td>'
                              for i, t in enumerate(theirs)) + "</tr>" for k in keys)
     heads = "".join(f'<th class="l">{e(p["label"])}</th>' for p in plans)
     return (f'<h2>Config differences</h2><table><tr><th class="l">field</th>{heads}</tr>{rows}</table>'
@@ -253,7 +253,7 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict
         layout = {**layout, "xaxis": {**layout["xaxis"], "range": [0, end_ms]},
                   "yaxis": {**layout.get("yaxis", {}), "automargin": False},
                   "margin": {**layout.get("margin", {}), "l": left_px}}
-        before, after = _plot_div_around_data({"layout": layout}, div_id, _TIMELINE_CONFIG)
+        before, after = plot_div_around_data({"layout": layout}, div_id, _TIMELINE_CONFIG)
         unfit = "" if p["summary"]["memory"]["fits"] else ' · <span class="nofit">does not fit</span>'
         parts.append(f"<h3>{html.escape(p['label'])} · {html.escape(plan_line(p['summary']))} · "
                      f"{p['summary']['step_time_s']:.3f} s{unfit}</h3><p class=\"note\">{html.escape(caption)}</p>"
@@ -299,5 +299,5 @@ def compare_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[st
     title = html.escape(f"clustersim · compare {len(plans)} plans")
     return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{title}</title>\n<style>{_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"
-            + _plotlyjs_script() + "\n" + "\n".join(x for x in body if x) + "\n</body>\n</html>\n")
+            f"<title>{title}</title>\n<style>{REPORT_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"
+            + plotlyjs_script() + "\n" + "\n".join(x for x in body if x) + "\n</body>\n</html>\n")

@@ -30,9 +30,9 @@ import shlex
 from typing import Any
 
 from ..overrides import changes_text
-from ..sweep import UNFIT_WHY, _cell, _heads, also_set, plan_text, table_columns, value_at
-from .report import _CSS, _plotlyjs_script, _white_template, plot_div
-from .compare_page import _small_layout, parts_figure
+from ..sweep import UNFIT_WHY, cell_text, column_heads, also_set, plan_text, table_columns, value_at
+from .report import REPORT_CSS, plotlyjs_script, white_template, plot_div
+from .compare_page import small_layout, parts_figure
 from .summary import GiB
 
 SCATTER_DIV_ID, SPLIT_DIV_ID, LINES_DIV_ID = "plans-scatter", "plans-split", "plans-lines"
@@ -147,7 +147,7 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
     notes_text += [{"x": c / GiB, "xanchor": "left", "xshift": 4, "yref": "paper", "y": 1, "yanchor": "top",
                     "showarrow": False, "text": f"capacity {c / GiB:.0f} GiB", "font": {"color": "#cf222e", "size": 11},
                     "bgcolor": "rgba(255,255,255,0.85)"} for c in caps if c <= end]
-    return {"data": data, "layout": _small_layout(
+    return {"data": data, "layout": small_layout(
         480, shapes=shapes, annotations=notes_text, hovermode="closest",
         xaxis={"title": {"text": "peak memory per GPU (GiB)" + (
             f"; past {end / GiB:,.0f} GiB drawn at the edge" if max(peaks, default=0.0) > end else "")},
@@ -194,10 +194,10 @@ def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, d
     others = [] if sweep.get("paired") else [k for k in sweep["vary"] if k != key]
     lines: dict[tuple, list[dict[str, Any]]] = {}
     for r in done:
-        lines.setdefault(tuple(_cell(r["changes"].get(k)) for k in others), []).append(r)
+        lines.setdefault(tuple(cell_text(r["changes"].get(k)) for k in others), []).append(r)
     best = sorted(lines, key=lambda g: -max(r["tokens_per_s_per_gpu"] for r in lines[g]))[:most]
-    heads = _heads(others)
-    colours = _white_template()["layout"]["colorway"]
+    heads = column_heads(others)
+    colours = white_template()["layout"]["colorway"]
     data = []
     for i, g in enumerate(best):
         pts = sorted(lines[g], key=lambda r: r["changes"][key])
@@ -217,7 +217,7 @@ def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, d
                          "y": [r["tokens_per_s_per_gpu"] for r in unfit],
                          "marker": {"size": 8, "color": "white", "line": {"color": colour, "width": 2}},
                          "hovertext": [_hover(sweep, r) for r in unfit], "hoverinfo": "text"})
-    return key, {"data": data, "layout": _small_layout(
+    return key, {"data": data, "layout": small_layout(
         420, hovermode="closest", xaxis={"title": {"text": key}, "tickvals": sorted(set(sweep["vary"][key]))},
         yaxis={"title": {"text": "tokens/s per GPU"}})}
 
@@ -401,5 +401,5 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
              _left_out_html(sweep, "refused")]
     return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{e(title)}</title>\n<style>{_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"
-            + _plotlyjs_script() + "\n" + "\n".join(x for x in body if x) + "\n</body>\n</html>\n")
+            f"<title>{e(title)}</title>\n<style>{REPORT_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"
+            + plotlyjs_script() + "\n" + "\n".join(x for x in body if x) + "\n</body>\n</html>\n")

@@ -483,7 +483,7 @@ def _plain(x: Any) -> Any:
     raise TypeError(f"cannot write {type(x).__name__} into a plot's JSON")
 
 
-def _script_json(obj: Any) -> str:
+def script_json(obj: Any) -> str:
     """``obj`` as compact JSON that is safe inside an HTML <script> element."""
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=_plain)  # the page is UTF-8
     for unsafe, escaped in _SCRIPT_SAFE:
@@ -500,14 +500,14 @@ def plot_div(fig: go.Figure | dict[str, Any], div_id: str, config: dict[str, Any
         <script>if (document.getElementById("ID")) {Plotly.newPlot("ID", data, layout, config)};</script></div>
 
     ``fig``: a figure dict taken as it is (numeric arrays as plotly sends them, see
-    :func:`_as_sent`), or a plotly figure (its ``to_dict()``). ``data_json``: its ``data``
-    as :func:`_script_json` writes it, made beforehand (the figure's own is then not read)."""
+    :func:`as_sent`), or a plotly figure (its ``to_dict()``). ``data_json``: its ``data``
+    as :func:`script_json` writes it, made beforehand (the figure's own is then not read)."""
     d = fig if isinstance(fig, dict) else fig.to_dict()
-    before, after = _plot_div_around_data(d, div_id, config)
-    return before + (_script_json(d.get("data", [])) if data_json is None else data_json) + after
+    before, after = plot_div_around_data(d, div_id, config)
+    return before + (script_json(d.get("data", [])) if data_json is None else data_json) + after
 
 
-def _plot_div_around_data(d: dict[str, Any], div_id: str, config: dict[str, Any]) -> tuple[str, str]:
+def plot_div_around_data(d: dict[str, Any], div_id: str, config: dict[str, Any]) -> tuple[str, str]:
     """:func:`plot_div`'s text before and after the figure's data, for figure dict ``d``."""
     layout = d.get("layout", {})
     height = layout.get("height")
@@ -515,7 +515,7 @@ def _plot_div_around_data(d: dict[str, Any], div_id: str, config: dict[str, Any]
     ident = json.dumps(div_id)
     return (f'<div style="{style}"><div id={ident} class="plotly-graph-div" style="height:100%; width:100%;"></div>'
             f'<script>if (document.getElementById({ident})) {{Plotly.newPlot({ident}, ',
-            f', {_script_json(layout)}, {_script_json(config)})}};</script></div>')
+            f', {script_json(layout)}, {script_json(config)})}};</script></div>')
 
 
 @functools.cache
@@ -533,7 +533,7 @@ def _white_template_json() -> str:
         return json.dumps(go.Figure().update_layout(template="plotly_white").to_dict()["layout"]["template"])
 
 
-def _white_template() -> dict[str, Any]:
+def white_template() -> dict[str, Any]:
     """A fresh copy of the expanded "plotly_white" template, for a layout's ``"template"``."""
     return json.loads(_white_template_json())
 
@@ -642,7 +642,7 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     :func:`merge_stream`), or runs of bins past BAR_BUDGET bars (``layout.meta`` then says
     so, see :func:`timeline_note`), one plotly trace per legend group and fade level, then
     the critical path. Traces and layout are in validated form (the template expanded),
-    with numeric arrays as numpy arrays (see :func:`_as_sent`).
+    with numeric arrays as numpy arrays (see :func:`as_sent`).
     """
     return _timeline_parts(trace)[1](summary)
 
@@ -689,14 +689,14 @@ def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def _as_sent(fig_dict: dict[str, Any]) -> dict[str, Any]:
+def as_sent(fig_dict: dict[str, Any]) -> dict[str, Any]:
     """What ``Figure.to_dict()`` gives for the figure :func:`build_figure` makes of
     ``fig_dict``, without validating it again: numeric arrays as plotly sends them."""
     return {"data": list(map(_sent_trace, fig_dict["data"])), "layout": fig_dict["layout"]}
 
 
 def _sent_trace(trace: dict[str, Any]) -> dict[str, Any]:
-    """One trace of :func:`_as_sent`."""
+    """One trace of :func:`as_sent`."""
     return {k: _typed_array(v) if isinstance(v, np.ndarray) else v for k, v in trace.items()}
 
 
@@ -907,7 +907,7 @@ _MS_TICK_FORMATS = [
 def _layout(n_rows: int, labels: list[str], step_ms: float, bands: list[dict]) -> dict:
     """Layout of the timeline, in validated form."""
     return {
-        "template": _white_template(),
+        "template": white_template(),
         "barmode": "overlay",
         "height": 140 + ROW_HEIGHT_PX * max(n_rows, 4),
         # the mode bar stands upright in the right margin: across the top it covered the
@@ -936,7 +936,7 @@ def _layout(n_rows: int, labels: list[str], step_ms: float, bands: list[dict]) -
 
 # --------------------------------------------------------------------------- HTML panels
 
-_CSS = """
+REPORT_CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif;
        margin: 24px 32px; color: #1f2328; background: #fff; line-height: 1.4; }
 h1 { font-size: 24px; margin: 0 0 4px; }
@@ -1128,7 +1128,7 @@ def comm_html(summary: dict[str, Any]) -> str:
 def _over_step_layout(height_px: int, step_ms: float, y_title: str) -> dict:
     """Layout of a small line chart over the step (link use, memory): time in ms along x.
     In validated form (see :func:`links_figure`)."""
-    return {"height": height_px, "margin": {"l": 60, "r": 20, "t": 10, "b": 40}, "template": _white_template(),
+    return {"height": height_px, "margin": {"l": 60, "r": 20, "t": 10, "b": 40}, "template": white_template(),
             "xaxis": {"title": {"text": "time (ms)"}, "range": [0, step_ms]},
             "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
             "legend": {"orientation": "h", "y": -0.25}}
@@ -1457,8 +1457,8 @@ def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str
     timeline, as :func:`build_figure` makes it or as plotly sends it (``Figure.to_dict()``),
     which is taken as it is; ``data_json``: its data, written beforehand (see :func:`plot_div`)."""
     d = fig if isinstance(fig, dict) else fig.to_dict()
-    data = _script_json(d.get("data", [])) if data_json is None else data_json
-    return "".join(_plotlyjs_script() if part is _PLOTLYJS else data if part is _DATA else part
+    data = script_json(d.get("data", [])) if data_json is None else data_json
+    return "".join(plotlyjs_script() if part is _PLOTLYJS else data if part is _DATA else part
                    for part in _page_parts(trace, summary, d))
 
 
@@ -1468,7 +1468,7 @@ TIMELINE_CONFIG = {"displaylogo": False, "responsive": True,
                    "toImageButtonOptions": {"filename": "clustersim-timeline", "scale": 2}}
 
 
-def _plotlyjs_script() -> str:
+def plotlyjs_script() -> str:
     """plotly.js in a <script>, once per page, before every plot."""
     from plotly.offline import get_plotlyjs
 
@@ -1480,7 +1480,7 @@ PLOTLYJS_DATA = ("plotly", "package_data/plotly.min.js")
 
 
 def _plotlyjs_bytes() -> bytes:
-    """:func:`_plotlyjs_script`, UTF-8 encoded, from the file's own bytes: its 4.8 MB are not
+    """:func:`plotlyjs_script`, UTF-8 encoded, from the file's own bytes: its 4.8 MB are not
     decoded and encoded again (0.01-0.02 s of the 0.13-0.15 s the report takes before the
     summary on moe_1024gpu). Where plotly no longer keeps the file there, the script, encoded."""
     try:
@@ -1488,7 +1488,7 @@ def _plotlyjs_bytes() -> bytes:
     except OSError:
         js = None
     if js is None:
-        return _plotlyjs_script().encode("utf-8")
+        return plotlyjs_script().encode("utf-8")
     return b'<script type="text/javascript">' + js + b"</script>"
 
 
@@ -1496,7 +1496,7 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
     """The page's text in order, with ``_PLOTLYJS`` and ``_DATA`` where plotly.js and the
     timeline's data go (timeline figure dict ``d``): :func:`report_html` joins them as text,
     :func:`prepare_report` as UTF-8 bytes written before the summary came."""
-    before, after = _plot_div_around_data(d, DIV_ID, TIMELINE_CONFIG)
+    before, after = plot_div_around_data(d, DIV_ID, TIMELINE_CONFIG)
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
     links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
                            f"it, for the busiest links: {LINKS_SHOWN} lines at most, one for links whose use is "
@@ -1517,7 +1517,7 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
     ])
     head = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{title}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n")
+            f"<title>{title}</title>\n<style>{REPORT_CSS}</style>\n</head>\n<body>\n")
     return [head, _PLOTLYJS, "\n" + body, _DATA, after + "\n</body>\n</html>\n"]
 
 
@@ -1529,12 +1529,12 @@ def prepare_report(trace: Trace) -> Callable[[dict[str, Any]], bytes]:
     # the bars' JSON, most of the page's, needs no summary: written (and encoded, as is
     # plotly.js) now too. A JSON list is its items' JSON joined by commas, so the page's
     # bytes are those of dumping it whole
-    bars_json = "[" + ",".join(_script_json(_sent_trace(t)) for t in bars)
+    bars_json = "[" + ",".join(script_json(_sent_trace(t)) for t in bars)
     bars_bytes, plotlyjs = bars_json.encode("utf-8"), _plotlyjs_bytes()
 
     def page(summary: dict[str, Any]) -> bytes:
         fig = figure(summary)
-        rest = [_script_json(_sent_trace(t)) for t in fig["data"][len(bars):]]  # the critical path
+        rest = [script_json(_sent_trace(t)) for t in fig["data"][len(bars):]]  # the critical path
         data = bars_bytes + (("," if bars and rest else "") + ",".join(rest) + "]").encode("utf-8")
         return b"".join(plotlyjs if part is _PLOTLYJS else data if part is _DATA else part.encode("utf-8")
                         for part in _page_parts(trace, summary, fig))

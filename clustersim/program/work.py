@@ -949,10 +949,10 @@ class MoeBlocks:
         gather = (CommItem("all_gather", gathered, dim=dim, label="experts in"),) if regroup else ()
         scatter = (CommItem("reduce_scatter", gathered, dim=dim, label="experts out"),) if regroup else ()
         to_experts, from_experts = a2a(False) + gather, scatter + a2a(True)
-        router = [tf._elementwise("norm2", rep_tok * h, 2)] + (
+        router = [tf.elementwise_op("norm2", rep_tok * h, 2)] + (
             moe.router_fwd(e, rep_tok, h) if own else moe.router_fwd(e, tokens, h, t))
         experts = moe.routed_experts_fwd(e, expert_tok, h, et, skew[ep_rank] if skew else 1.0) \
-            + moe.shared_experts_fwd(e, tokens, h, t) + [tf._elementwise("residual2", rep_tok * h, 3)]
+            + moe.shared_experts_fwd(e, tokens, h, t) + [tf.elementwise_op("residual2", rep_tok * h, 3)]
         router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
         shared_params = e.shared_experts * moe.expert_params(e, h) / t  # shared experts split as the dense MLP
         routed_params = (e.experts // ep) * moe.expert_params(e, h) / et
