@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .hardware.topology import reused_clusters
 from .sweep import DP, Plan, also_set, check_keys, ranking, simulate_plans, table_lines, value_at, with_split
 from .yamlio import read_yaml
 
@@ -340,17 +341,18 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
                                       par, tr)) for x in settings)
 
     rows: dict[int, dict[str, Any]] = {}
-    if every:
-        simulate_plans(path, data, first + more_of(sorted(rest)), rows, jobs=jobs, progress=progress, prune=prune,
-                       keep=own.number)
-    else:
-        simulate_plans(path, data, first, rows, jobs=jobs, progress=progress, prune=prune, keep=own.number)
-        fit = [n for n in ranking(list(rows.values())) if rows[n].get("fits") and n in rest]
-        pick = [n for n in fit if rows[n]["tokens_per_s"] >= REFINE_WITHIN * rows[fit[0]]["tokens_per_s"]][:refine] \
-            if fit else []
-        for opt in rule.options:
-            pick += [n for n in fit if n not in pick and could_be(opt, n)][:2]
-        simulate_plans(path, data, more_of(sorted(pick)), rows, jobs=jobs, progress=progress, prune=prune)
+    with reused_clusters():  # (both rounds' plans on the file's cluster: built once)
+        if every:
+            simulate_plans(path, data, first + more_of(sorted(rest)), rows, jobs=jobs, progress=progress,
+                           prune=prune, keep=own.number)
+        else:
+            simulate_plans(path, data, first, rows, jobs=jobs, progress=progress, prune=prune, keep=own.number)
+            fit = [n for n in ranking(list(rows.values())) if rows[n].get("fits") and n in rest]
+            pick = [n for n in fit if rows[n]["tokens_per_s"] >= REFINE_WITHIN * rows[fit[0]]["tokens_per_s"]][
+                :refine] if fit else []
+            for opt in rule.options:
+                pick += [n for n in fit if n not in pick and could_be(opt, n)][:2]
+            simulate_plans(path, data, more_of(sorted(pick)), rows, jobs=jobs, progress=progress, prune=prune)
     ordered = [rows[n] for n in sorted(rows)]
     ranked = ranking(ordered)
     by_number = {r["plan"]: r for r in ordered}

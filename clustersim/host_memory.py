@@ -17,6 +17,7 @@ it starts, with what it would take, instead of swapping for hours or being kille
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -137,22 +138,22 @@ def check_fits(tasks: int, gpus: int, what: str, remedy: str, *, source: str | N
 
 class Ledger:
     """The memory the runs of a search's worker processes hold, one slot a worker: its pid
-    and the bytes its run was weighed at (0: none). Shared by fork, guarded by one condition
-    that a worker ending a run notifies."""
+    and the bytes its run was weighed at (0: none). Shared by fork; a lock guards each look
+    and change, held for microseconds (a waiting run sleeps outside it, so a worker killed
+    while waiting leaves nothing locked)."""
 
     def __init__(self, slots: int) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("fork")
-        self.changed = ctx.Condition()
+        self.lock = ctx.Lock()
         self.pids = ctx.RawArray("q", slots)
         self.bytes = ctx.RawArray("q", slots)
 
 
 _LEDGER: Ledger | None = None
-# how long a waiting run sleeps before it looks again for a worker that ended without
-# releasing (killed): its slot is freed then
-LEDGER_POLL_S = 1.0
+# how long a waiting run sleeps before it looks again (a run takes seconds or more)
+LEDGER_POLL_S = 0.2
 
 
 @contextmanager
@@ -175,17 +176,20 @@ def shared(workers: int) -> Iterator[None]:
 def _reserve(ledger: Ledger, need: int) -> int:
     """Wait until a run needing ``need`` bytes fits beside the other workers' runs, then hold
     ``need`` in this process's slot; the memory it was weighed against (too little where it
-    would not fit even with the others' runs ended: refused then, not waited for)::
+    would not fit even with the bytes the others hold freed: refused then, not waited for)::
 
-        runs    where need <= available - held      (held: the others' runs' bytes)
+        runs    where need <= available - held      (held: the others' runs' weighed bytes)
         refused where need >  available + held
-        waits   otherwise, until a run ends (or a second passes)
+        waits   otherwise, looking again every LEDGER_POLL_S
 
     Conservative: what the others already use is counted in both terms, so two runs that
-    would fit together may run one after the other, never two that would not."""
+    would fit together may run one after the other. The weighed bytes are low estimates
+    (``RUN_BYTES_PER_TASK``), so two runs may still together exceed what they were weighed
+    at, and a run near the machine's limit may be refused beside another where alone it
+    would have run."""
     me = os.getpid()
-    with ledger.changed:
-        while True:
+    while True:
+        with ledger.lock:
             others = 0
             for i, pid in enumerate(ledger.pids):
                 if pid and pid != me and not _alive(pid):
@@ -198,7 +202,7 @@ def _reserve(ledger: Ledger, need: int) -> int:
                 return have - others
             if not others or need > have + others:  # (not even with theirs freed)
                 return have
-            ledger.changed.wait(LEDGER_POLL_S)
+        time.sleep(LEDGER_POLL_S)
 
 
 def _hold(ledger: Ledger, pid: int, size_bytes: int) -> None:
@@ -213,16 +217,14 @@ def _hold(ledger: Ledger, pid: int, size_bytes: int) -> None:
 
 @contextmanager
 def released() -> Iterator[None]:
-    """A worker's run: what it held in the ledger is freed at its end, and the waiting runs
-    told."""
+    """A worker's run: what it held in the ledger is freed at its end."""
     try:
         yield
     finally:
         ledger = _LEDGER
         if ledger is not None:
-            with ledger.changed:
+            with ledger.lock:
                 _hold(ledger, os.getpid(), 0)
-                ledger.changed.notify_all()
 
 
 def _alive(pid: int) -> bool:

@@ -16,7 +16,8 @@ Roughly::
     rank: plans that fit by tokens/s, then those that do not (the step they would take)
 
 The plans are independent, so ``--jobs N`` simulates them in N forked processes; the ranking
-and the files do not depend on N.
+and the files do not depend on N (but for a plan refused as too large for the machine's
+memory beside another's run: host_memory.check_fits).
 """
 
 from __future__ import annotations
@@ -260,8 +261,8 @@ def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dic
     # (one process: each plan may fork the process that simulates its shorter step, as run does)
     todo = [(path, data, plan, jobs <= 1, prune and plan.number != keep) for plan in plans]
     with reused_clusters(), host_memory.shared(jobs) if jobs > 1 else nullcontext():
-        if jobs > 1:
-            _build_cluster(path, data)  # once, for the workers to inherit
+        if jobs > 1 and any(not any(k.startswith("cluster.") for k, _ in p.changes) for p in plans):
+            _build_cluster(path, data)  # once, for the workers to inherit (where a plan keeps it)
         _simulate_all(todo, rows, total, jobs, progress)
 
 

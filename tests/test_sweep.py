@@ -336,6 +336,9 @@ def test_a_sweeps_plans_share_one_cluster_per_topology(tmp_path, root):
         assert second.cluster is first.cluster
         assert not any(m in first.cluster.__dict__ for m in PAIR_MEMOS)
         s2 = simulate(second, brief=True).summary
+        with reused_clusters():  # (an inner block is the outer one's: advise's two rounds)
+            assert load_variant(path, []).cluster is first.cluster
+        assert load_variant(path, []).cluster is first.cluster
         other = load_variant(path, [("cluster.node.nic.bw_Gbps", 200)])
         assert other.cluster is not first.cluster
         s3 = simulate(other, brief=True).summary
