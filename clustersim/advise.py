@@ -423,7 +423,7 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
         lines.append(f"{'your plan':<12}#{own['plan']}: {own['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU"
                      + ("" if own["fits"] else " (does not fit)") + (f"; {where}" if where else ""))
     else:
-        lines.append(f"{'your plan':<12}#{own['plan']}: refused: {own['reason']}")
+        lines.append(f"{'your plan':<12}#{own['plan']}: {own['status']}: {own['reason']}")
     if best is None:
         lines.append(f"{'verdict':<12}no plan searched fits in memory")
     else:

@@ -427,12 +427,14 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
     text = fmt(found, args.top)
     print(text)
     unfit = sum(1 for r in found["plans"] if r["status"] == "unfit")
+    failed = sum(1 for r in found["plans"] if r["status"] == "failed")
     if not found["ranking"] and not unfit:  # (every plan certain not to fit is an answer: none fits)
         print(f"error: no plan of the {what} could be simulated; nothing written", file=sys.stderr)
         return EXIT_BAD_INPUT
     done = len(found["ranking"])
     print(f"{'simulated':<{width}}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
-          + (f" with {jobs} processes" if jobs > 1 else "") + (f"; {unfit:,} certain not to fit" if unfit else ""))
+          + (f" with {jobs} processes" if jobs > 1 else "") + (f"; {unfit:,} certain not to fit" if unfit else "")
+          + (f"; {failed:,} ended without a result (worker killed)" if failed else ""))
     if out is not None:
         staging = _Staging(out, files)
         try:

@@ -192,7 +192,7 @@ def _reserve(ledger: Ledger, need: int) -> int:
         with ledger.lock:
             others = 0
             for i, pid in enumerate(ledger.pids):
-                if pid and pid != me and not _alive(pid):
+                if pid and pid != me and not process_alive(pid):
                     ledger.pids[i] = ledger.bytes[i] = 0  # ended without releasing
                 elif pid and pid != me:
                     others += ledger.bytes[i]
@@ -208,7 +208,7 @@ def _reserve(ledger: Ledger, need: int) -> int:
 def _hold(ledger: Ledger, pid: int, size_bytes: int) -> None:
     """Put ``size_bytes`` in ``pid``'s slot (a free one if it has none); 0 frees it."""
     slots = list(ledger.pids)
-    free = [i for i, p in enumerate(slots) if p == 0 or (p != pid and not _alive(p))]
+    free = [i for i, p in enumerate(slots) if p == 0 or (p != pid and not process_alive(p))]
     i = slots.index(pid) if pid in slots else free[0] if free else None
     if i is None:
         return  # (more live processes than slots: not weighed together)
@@ -227,7 +227,7 @@ def released() -> Iterator[None]:
                 _hold(ledger, os.getpid(), 0)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether process ``pid`` still runs (a signal 0 reaches it)."""
     try:
         os.kill(pid, 0)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,8 @@ def with_split(data: dict[str, Any], plan: Plan) -> Plan:
 
 def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str, Any]:
     """Simulate one plan (a worker's job): its row, ``status`` ok, refused (with the rule's
-    ``reason``, the field and message of the ConfigError) or, where the job says to prune,
+    ``reason``, the field and message of the ConfigError; ``failed`` is the sweep's process's
+    row for a plan whose worker was killed, :func:`_simulate_all`) or, where the job says to prune,
     unfit: certain not to fit in memory (``api.memory_floor``), not simulated, with the floor
     as its ``floor_bytes`` (no ``peak_bytes``: it has no simulated peak)."""
     from . import host_memory
@@ -184,7 +186,7 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
         if floor is not None and not floor["fits"]:
             return {**row, "status": "unfit", "floor_bytes": floor["peak_bytes"], "capacity_bytes": floor["capacity_bytes"],
                     "fits": False, "reason": unfit_reason(floor)}
-        with host_memory.released():  # (a worker's: what its run held of the machine's memory)
+        with host_memory.released(), _on_board(plan.number):  # (a worker's: what it holds, what it runs)
             s = simulate(sc, fork=fork, brief=True).summary
     except ConfigError as exc:
         return {**row, "status": "refused", "reason": ": ".join(p for p in (exc.field, exc.message) if p)}
@@ -193,6 +195,22 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
     return {**row, "status": "ok", **{k: s[k] for k in FIGURES}, "compute_s": split["compute_s"],
             "exposed_comm_s": s["exposed_comm_s"], "bubble_s": split["bubble_s"], "peak_bytes": mem["peak_bytes"],
             "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"]}
+
+
+@contextmanager
+def _on_board(plan: int) -> Iterator[None]:
+    """A worker simulates ``plan`` (:class:`_Board`), until the block ends however it ends."""
+    import os
+
+    board = _BOARD
+    if board is None:
+        yield
+        return
+    board.set(os.getpid(), plan)
+    try:
+        yield
+    finally:
+        board.set(os.getpid(), 0)
 
 
 UNFIT_WHY = "weights, gradients, optimizer states and the activations the schedule holds alone exceed it"
@@ -277,23 +295,117 @@ def _build_cluster(path: str, data: dict[str, Any]) -> None:
         pass  # (its plans say why)
 
 
+# how often the sweep's process looks for a worker that ended without its plan's row
+LOST_POLL_S = 1.0
+# rounds of workers in a row that end (killed) with no plan's row: the plans left fail
+LOST_ROUNDS = 3
+KILLED_WHY = ("its worker process ended while simulating it, killed (by the system's out-of-memory killer, most "
+              "likely); simulate it alone with clustersim run, or with fewer --jobs")
+KEPT_DYING_WHY = "its worker processes kept ending (killed) before any plan's row came back"
+
+
+class _Board:
+    """Each worker process (pid, from its start) and the plan it simulates (0: none), shared
+    by fork. ``multiprocessing.Pool`` waits for ever for the row of a plan whose worker was
+    killed (the out-of-memory killer); the sweep's process reads here that a worker has gone
+    and whose plan it took with it."""
+
+    def __init__(self, slots: int) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.lock = ctx.Lock()
+        self.pids = ctx.RawArray("q", slots)
+        self.plans = ctx.RawArray("q", slots)
+
+    def set(self, pid: int, plan: int) -> None:
+        """Worker ``pid`` simulates ``plan`` now (0: none), in its slot (or a free one)."""
+        with self.lock:
+            slots = list(self.pids)
+            i = slots.index(pid) if pid in slots else slots.index(0) if 0 in slots else None
+            if i is not None:
+                self.pids[i], self.plans[i] = pid, plan
+
+    def lost(self) -> list[int] | None:
+        """None while every worker lives; else the plans the ended ones were simulating (none
+        where one ended between plans: the row it had taken, if any, is unknown), their slots
+        freed."""
+        from .host_memory import process_alive
+
+        with self.lock:
+            gone = [i for i, pid in enumerate(self.pids) if pid and not process_alive(pid)]
+            plans = [self.plans[i] for i in gone if self.plans[i]]
+            for i in gone:
+                self.pids[i] = self.plans[i] = 0
+        return plans if gone else None
+
+
+_BOARD: _Board | None = None
+
+
 def _simulate_all(todo: list, rows: dict[int, dict[str, Any]], total: int, jobs: int, progress) -> None:
-    """:func:`simulate_plans`' jobs, in ``jobs`` forked processes where more than one."""
-    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_signals) if jobs > 1 else None
-    done = False
-    try:
-        for row in (pool.imap_unordered(simulate_plan, todo) if pool else map(simulate_plan, todo)):
+    """:func:`simulate_plans`' jobs, in ``jobs`` forked processes where more than one.
+
+    Where a worker is killed, the plan it was simulating gets a ``failed`` row, and the pool
+    is stopped and made again for the plans with no row yet (those then on the other workers
+    run again)::
+
+        round:  pool ─ rows come back ─ a worker gone? ─ its plan failed ─ stop ─ next round
+        LOST_ROUNDS rounds in a row without a row (workers killed between plans): the rest fail
+    """
+    global _BOARD
+    if jobs <= 1:
+        for row in map(simulate_plan, todo):
             rows[row["plan"]] = row
             if progress is not None:
                 progress(len(rows), total)
-        done = True
-    finally:
-        if pool is not None:
+        return
+    idle = 0
+    while todo:
+        _BOARD = _Board(2 * jobs)  # (room for a replaced worker beside the one it replaces)
+        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start)
+        before = len(rows)
+        done = False
+        try:
+            got = pool.imap_unordered(simulate_plan, todo)
+            for _ in range(len(todo)):
+                lost = None
+                while True:
+                    try:
+                        row = got.next(timeout=LOST_POLL_S)
+                        break
+                    except multiprocessing.TimeoutError:
+                        lost = _BOARD.lost()
+                        if lost is not None:
+                            break
+                if lost is not None:
+                    for n in lost:
+                        rows[n] = _failed(todo, n, KILLED_WHY)
+                    break
+                rows[row["plan"]] = row
+                if progress is not None:
+                    progress(len(rows), total)
+            else:
+                done = True
+        finally:
+            _BOARD = None
             if done:
                 pool.close()
-            else:  # an error or an interrupt: the plans left are not wanted
+            else:  # a worker gone, an error or an interrupt: the plans left run again or are not wanted
                 pool.terminate()
             pool.join()
+        idle = 0 if len(rows) > before else idle + 1
+        todo = [j for j in todo if j[2].number not in rows]
+        if idle >= LOST_ROUNDS:
+            for j in todo:
+                rows[j[2].number] = _failed(todo, j[2].number, KEPT_DYING_WHY)
+            todo = []
+        if progress is not None and len(rows) > before:
+            progress(len(rows), total)
+
+
+def _failed(todo: list, plan: int, why: str) -> dict[str, Any]:
+    """The row of ``plan`` (a job of ``todo``) ended without a result, ``why``."""
+    job = next(j for j in todo if j[2].number == plan)
+    return {"plan": plan, "changes": dict(job[2].changes), "status": "failed", "reason": why}
 
 
 def check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any]]]) -> None:
@@ -311,14 +423,18 @@ def check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any
         # (any other refusal is the plan's: listed with its rule)
 
 
-def _worker_signals() -> None:
+def _worker_start() -> None:
     """A worker leaves Ctrl-C to the sweep's process (which stops the pool) and ends on SIGTERM
     as a process does by default, not by the command line's handler (which would print a
-    traceback from every worker the pool stops)."""
+    traceback from every worker the pool stops); it is on the board from its start
+    (:class:`_Board`), so that its end is seen even before its first plan."""
+    import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if _BOARD is not None:
+        _BOARD.set(os.getpid(), 0)
 
 
 def ranking(rows: list[dict[str, Any]]) -> list[int]:
@@ -393,11 +509,13 @@ def table_columns(sweep: dict[str, Any]) -> list[tuple[str, Any]]:
 def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = None, note_head: str = "",
                 files: str = "sweep.csv with --out", refused_shown: int | None = None) -> list[str]:
     """The ranked plans' table (the varied keys, then the figures; ``notes`` a last column by
-    plan number), how many more were simulated, and the plans refused with their rule."""
+    plan number), how many more were simulated, the plans refused with their rule, and those
+    whose worker process was killed."""
     rows = {r["plan"]: r for r in sweep["plans"]}
     n, done = len(rows), len(sweep["ranking"])
     refused = [r for r in sweep["plans"] if r["status"] == "refused"]
     unfit = [r for r in sweep["plans"] if r["status"] == "unfit"]
+    failed = [r for r in sweep["plans"] if r["status"] == "failed"]
     cols = table_columns(sweep)
     shown = [rows[p] for p in sweep["ranking"][:top]]
     lines = []
@@ -417,7 +535,8 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
         lines.append("none fits in memory: each step is what it would take if it did")
     shown_n = top if refused_shown is None else refused_shown
     for left, head, why in ((unfit, "certain not to fit in memory, not simulated", UNFIT_WHY),
-                            (refused, "refused by the scenario's rules", "")):
+                            (refused, "refused by the scenario's rules", ""),
+                            (failed, "ended without a result", "")):
         if not left:
             continue
         lines.append(f"{head}: {len(left):,} of {n:,}" + (f" ({why})" if why else ""))

@@ -346,3 +346,44 @@ def test_a_sweeps_plans_share_one_cluster_per_topology(tmp_path, root):
         assert {k: a[k] for k in ("step_time_s", "exposed_comm_s", "memory")} == \
             {k: b[k] for k in ("step_time_s", "exposed_comm_s", "memory")}
     assert s3["step_time_s"] != s1["step_time_s"]
+
+
+KILLS_ZERO3 = """
+import json, os, signal, sys, time
+from clustersim import api, sweep
+from clustersim.errors import ConfigError
+
+sweep.LOST_POLL_S = 0.05
+
+def simulate(sc, **_):  # (in a worker: the ZeRO-3 plan's process is killed, as the OOM killer does)
+    if sc.parallel.zero == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    raise ConfigError("timed")
+
+api.simulate = simulate
+found = sweep.run_sweep(sys.argv[1], [("parallel.zero", [1, 3, 2, 0])], jobs=2)
+print(json.dumps({"rows": found["plans"], "table": sweep.format_sweep(found)}))
+"""
+
+
+def test_a_sweep_whose_worker_is_killed_lists_its_plan_and_goes_on(tmp_path, root):
+    """A worker killed mid-plan (the out-of-memory killer) never returns its row, and the pool
+    waited for it for ever: its plan is now listed as ended without a result, and every other
+    plan has its row."""
+    import subprocess
+    import sys
+
+    from clustersim.sweep import KILLED_WHY
+
+    from .conftest import scenario_dict
+    from .test_cli import write_scenario
+
+    path = write_scenario(tmp_path, root, scenario_dict())
+    r = subprocess.run([sys.executable, "-c", KILLS_ZERO3, str(path)], capture_output=True, text=True, timeout=60,
+                       cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    assert [(row["plan"], row["status"], row["reason"]) for row in got["rows"]] == [
+        (1, "refused", "timed"), (2, "failed", KILLED_WHY), (3, "refused", "timed"), (4, "refused", "timed")]
+    assert f"ended without a result: 1 of 4\n  #2 zero=3: {KILLED_WHY}" in got["table"]

@@ -324,7 +324,8 @@ def _table_html(sweep: dict[str, Any], own: int | None) -> str:
 
 
 def _left_out_html(sweep: dict[str, Any], status: str) -> str:
-    """The plans not simulated: refused by a rule, or (``unfit``) certain not to fit."""
+    """The plans not simulated: refused by a rule, (``unfit``) certain not to fit, or
+    (``failed``) whose worker process was killed."""
     left = [r for r in sweep["plans"] if r["status"] == status]
     if not left:
         return ""
@@ -336,6 +337,8 @@ def _left_out_html(sweep: dict[str, Any], status: str) -> str:
         head, col = f"Certain not to fit in memory, not simulated: {len(left):,} of {len(sweep['plans']):,}", "why"
         why = UNFIT_WHY.replace("exceed it", "exceed the GPU's memory")
         more += f'<p class="note">Their {e(why)}: no simulation could make them fit.</p>'
+    elif status == "failed":
+        head, col = f"Ended without a result: {len(left):,} of {len(sweep['plans']):,}", "why"
     else:
         head, col = f"Refused by the scenario's rules: {len(left):,} of {len(sweep['plans']):,}", "rule"
     return (f"<h2>{head}</h2>"
@@ -398,7 +401,7 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
                  "timelines, memory and exposed communication on one page (out/compare_best/compare.html):</p>",
                  f'<code class="cmd">{e(cmd)}</code>']
     body += [_table_html(sweep, own) if sweep["ranking"] else "", _left_out_html(sweep, "unfit"),
-             _left_out_html(sweep, "refused")]
+             _left_out_html(sweep, "refused"), _left_out_html(sweep, "failed")]
     return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{e(title)}</title>\n<style>{REPORT_CSS}{_PAGE_CSS}</style>\n</head>\n<body>\n"
