@@ -73,3 +73,50 @@ def ctrl_c_held() -> Iterator[None]:
         yield
     finally:
         release(held)
+
+
+class WorkerSlots:
+    """One slot per worker process of a pool forked after it is made: the worker's pid and a
+    number of its own (0: none), in shared memory the fork hands down. Callers hold ``lock``
+    around each look and change, for microseconds; a process killed while it waits (outside
+    the lock) leaves nothing locked. clustersim.host_memory keeps the bytes each search
+    worker's run was weighed at here, clustersim.sweep the plan each one simulates."""
+
+    def __init__(self, slots: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.lock = ctx.Lock()
+        self.pids = ctx.RawArray("q", slots)
+        self.values = ctx.RawArray("q", slots)
+
+    def set(self, pid: int, value: int) -> None:
+        """``pid``'s number is ``value`` now, in its slot, else a free one (an ended process
+        keeps its slot until :meth:`reap` reads it); not kept where no slot is free."""
+        pids = list(self.pids)
+        i = pids.index(pid) if pid in pids else pids.index(0) if 0 in pids else None
+        if i is not None:
+            self.pids[i], self.values[i] = pid, value
+
+    def reap(self) -> list[int]:
+        """The numbers of the processes that have ended, their slots freed."""
+        gone = [i for i, pid in enumerate(self.pids) if pid and not process_alive(pid)]
+        values = [self.values[i] for i in gone]
+        for i in gone:
+            self.pids[i] = self.values[i] = 0
+        return values
+
+    def others(self, pid: int) -> int:
+        """The sum of the numbers of every process but ``pid``."""
+        return sum(v for p, v in zip(self.pids, self.values) if p and p != pid)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a signal 0 reaches it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

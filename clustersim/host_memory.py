@@ -26,6 +26,7 @@ import numpy as np
 
 from .analysis.columns import TaskColumns
 from .errors import ConfigError
+from .forking import WorkerSlots
 from .program.tasks import Program
 
 # `clustersim run --all-ranks`, the summed PSS of its processes at their peak (the parent, the
@@ -136,22 +137,8 @@ def check_fits(tasks: int, gpus: int, what: str, remedy: str, *, source: str | N
                           source=source, field=field)
 
 
-class Ledger:
-    """The memory the runs of a search's worker processes hold, one slot a worker: its pid
-    and the bytes its run was weighed at (0: none). Shared by fork; a lock guards each look
-    and change, held for microseconds (a waiting run sleeps outside it, so a worker killed
-    while waiting leaves nothing locked)."""
-
-    def __init__(self, slots: int) -> None:
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("fork")
-        self.lock = ctx.Lock()
-        self.pids = ctx.RawArray("q", slots)
-        self.bytes = ctx.RawArray("q", slots)
-
-
-_LEDGER: Ledger | None = None
+# the search's workers and the bytes each one's run was weighed at (:func:`shared`); None: none
+_LEDGER: WorkerSlots | None = None
 # how long a waiting run sleeps before it looks again (a run takes seconds or more)
 LEDGER_POLL_S = 0.2
 
@@ -166,14 +153,14 @@ def shared(workers: int) -> Iterator[None]:
     together and together exceed it (advise over GPT-3's plans with each DP replica apart
     reached 18 of 23 GB)."""
     global _LEDGER
-    _LEDGER = Ledger(workers)
+    _LEDGER = WorkerSlots(workers)
     try:
         yield
     finally:
         _LEDGER = None
 
 
-def _reserve(ledger: Ledger, need: int) -> int:
+def _reserve(ledger: WorkerSlots, need: int) -> int:
     """Wait until a run needing ``need`` bytes fits beside the other workers' runs, then hold
     ``need`` in this process's slot; the memory it was weighed against (too little where it
     would not fit even with the bytes the others hold freed: refused then, not waited for)::
@@ -186,33 +173,19 @@ def _reserve(ledger: Ledger, need: int) -> int:
     would fit together may run one after the other. The weighed bytes are low estimates
     (``RUN_BYTES_PER_TASK``), so two runs may still together exceed what they were weighed
     at, and a run near the machine's limit may be refused beside another where alone it
-    would have run."""
+    would have run. A worker that ended without releasing (killed) holds nothing."""
     me = os.getpid()
     while True:
         with ledger.lock:
-            others = 0
-            for i, pid in enumerate(ledger.pids):
-                if pid and pid != me and not process_alive(pid):
-                    ledger.pids[i] = ledger.bytes[i] = 0  # ended without releasing
-                elif pid and pid != me:
-                    others += ledger.bytes[i]
+            ledger.reap()
+            others = ledger.others(me)
             have = available_bytes()
             if need <= have - others:
-                _hold(ledger, me, need)
+                ledger.set(me, need)
                 return have - others
             if not others or need > have + others:  # (not even with theirs freed)
                 return have
         time.sleep(LEDGER_POLL_S)
-
-
-def _hold(ledger: Ledger, pid: int, size_bytes: int) -> None:
-    """Put ``size_bytes`` in ``pid``'s slot (a free one if it has none); 0 frees it."""
-    slots = list(ledger.pids)
-    free = [i for i, p in enumerate(slots) if p == 0 or (p != pid and not process_alive(p))]
-    i = slots.index(pid) if pid in slots else free[0] if free else None
-    if i is None:
-        return  # (more live processes than slots: not weighed together)
-    ledger.pids[i], ledger.bytes[i] = (pid, size_bytes) if size_bytes else (0, 0)
 
 
 @contextmanager
@@ -224,15 +197,4 @@ def released() -> Iterator[None]:
         ledger = _LEDGER
         if ledger is not None:
             with ledger.lock:
-                _hold(ledger, os.getpid(), 0)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a signal 0 reaches it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+                ledger.set(os.getpid(), 0)

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .forking import WorkerSlots
 from .overrides import changes_text
 from .yamlio import read_yaml, short_repr
 
@@ -199,18 +200,20 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
 
 @contextmanager
 def _on_board(plan: int) -> Iterator[None]:
-    """A worker simulates ``plan`` (:class:`_Board`), until the block ends however it ends."""
+    """A worker simulates ``plan`` (``_BOARD``), until the block ends however it ends."""
     import os
 
     board = _BOARD
     if board is None:
         yield
         return
-    board.set(os.getpid(), plan)
+    with board.lock:
+        board.set(os.getpid(), plan)
     try:
         yield
     finally:
-        board.set(os.getpid(), 0)
+        with board.lock:
+            board.set(os.getpid(), 0)
 
 
 UNFIT_WHY = "weights, gradients, optimizer states and the activations the schedule holds alone exceed it"
@@ -304,41 +307,11 @@ KILLED_WHY = ("its worker process ended while simulating it, killed (by the syst
 KEPT_DYING_WHY = "its worker processes kept ending (killed) before any plan's row came back"
 
 
-class _Board:
-    """Each worker process (pid, from its start) and the plan it simulates (0: none), shared
-    by fork. ``multiprocessing.Pool`` waits for ever for the row of a plan whose worker was
-    killed (the out-of-memory killer); the sweep's process reads here that a worker has gone
-    and whose plan it took with it."""
-
-    def __init__(self, slots: int) -> None:
-        ctx = multiprocessing.get_context("fork")
-        self.lock = ctx.Lock()
-        self.pids = ctx.RawArray("q", slots)
-        self.plans = ctx.RawArray("q", slots)
-
-    def set(self, pid: int, plan: int) -> None:
-        """Worker ``pid`` simulates ``plan`` now (0: none), in its slot (or a free one)."""
-        with self.lock:
-            slots = list(self.pids)
-            i = slots.index(pid) if pid in slots else slots.index(0) if 0 in slots else None
-            if i is not None:
-                self.pids[i], self.plans[i] = pid, plan
-
-    def lost(self) -> list[int] | None:
-        """None while every worker lives; else the plans the ended ones were simulating (none
-        where one ended between plans: the row it had taken, if any, is unknown), their slots
-        freed."""
-        from .host_memory import process_alive
-
-        with self.lock:
-            gone = [i for i, pid in enumerate(self.pids) if pid and not process_alive(pid)]
-            plans = [self.plans[i] for i in gone if self.plans[i]]
-            for i in gone:
-                self.pids[i] = self.plans[i] = 0
-        return plans if gone else None
-
-
-_BOARD: _Board | None = None
+# each worker of the pool now running and the plan it simulates (0: none), from its start
+# (forking.WorkerSlots): ``multiprocessing.Pool`` waits for ever for the row of a plan whose
+# worker was killed (the out-of-memory killer); the sweep's process reads here that a worker
+# has gone and whose plan it took with it. None: no pool
+_BOARD: WorkerSlots | None = None
 
 
 def _simulate_all(todo: list, rows: dict[int, dict[str, Any]], total: int, jobs: int, progress) -> None:
@@ -352,37 +325,30 @@ def _simulate_all(todo: list, rows: dict[int, dict[str, Any]], total: int, jobs:
         LOST_ROUNDS rounds in a row without a row (workers killed between plans): the rest fail
     """
     global _BOARD
+
+    def add(new: list[dict[str, Any]]) -> None:
+        rows.update((row["plan"], row) for row in new)
+        if progress is not None and new:
+            progress(len(rows), total)
+
     if jobs <= 1:
         for row in map(simulate_plan, todo):
-            rows[row["plan"]] = row
-            if progress is not None:
-                progress(len(rows), total)
+            add([row])
         return
     idle = 0
     while todo:
-        _BOARD = _Board(2 * jobs)  # (room for a replaced worker beside the one it replaces)
+        _BOARD = WorkerSlots(2 * jobs)  # (room for a replaced worker beside the one it replaces)
         pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start)
         before = len(rows)
         done = False
         try:
             got = pool.imap_unordered(simulate_plan, todo)
             for _ in range(len(todo)):
-                lost = None
-                while True:
-                    try:
-                        row = got.next(timeout=LOST_POLL_S)
-                        break
-                    except multiprocessing.TimeoutError:
-                        lost = _BOARD.lost()
-                        if lost is not None:
-                            break
-                if lost is not None:
-                    for n in lost:
-                        rows[n] = _failed(todo, n, KILLED_WHY)
+                row = _next_row(got, _BOARD)
+                if isinstance(row, list):  # (the plans of the workers gone)
+                    add([_failed(todo, n, KILLED_WHY) for n in row])
                     break
-                rows[row["plan"]] = row
-                if progress is not None:
-                    progress(len(rows), total)
+                add([row])
             else:
                 done = True
         finally:
@@ -395,11 +361,22 @@ def _simulate_all(todo: list, rows: dict[int, dict[str, Any]], total: int, jobs:
         idle = 0 if len(rows) > before else idle + 1
         todo = [j for j in todo if j[2].number not in rows]
         if idle >= LOST_ROUNDS:
-            for j in todo:
-                rows[j[2].number] = _failed(todo, j[2].number, KEPT_DYING_WHY)
+            add([_failed(todo, j[2].number, KEPT_DYING_WHY) for j in todo])
             todo = []
-        if progress is not None and len(rows) > before:
-            progress(len(rows), total)
+
+
+def _next_row(got, board: WorkerSlots) -> dict[str, Any] | list[int]:
+    """The next row ``got`` gives; or, where a worker has ended first, the plans the ended
+    workers were simulating (none where one ended between plans: the plan it had taken, if
+    any, is unknown)."""
+    while True:
+        try:
+            return got.next(timeout=LOST_POLL_S)
+        except multiprocessing.TimeoutError:
+            with board.lock:
+                gone = board.reap()
+            if gone:
+                return [n for n in gone if n]
 
 
 def _failed(todo: list, plan: int, why: str) -> dict[str, Any]:
@@ -426,15 +403,16 @@ def check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any
 def _worker_start() -> None:
     """A worker leaves Ctrl-C to the sweep's process (which stops the pool) and ends on SIGTERM
     as a process does by default, not by the command line's handler (which would print a
-    traceback from every worker the pool stops); it is on the board from its start
-    (:class:`_Board`), so that its end is seen even before its first plan."""
+    traceback from every worker the pool stops); it is on ``_BOARD`` from its start, so that
+    its end is seen even before its first plan."""
     import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _BOARD is not None:
-        _BOARD.set(os.getpid(), 0)
+        with _BOARD.lock:
+            _BOARD.set(os.getpid(), 0)
 
 
 def ranking(rows: list[dict[str, Any]]) -> list[int]:

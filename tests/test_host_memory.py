@@ -9,6 +9,7 @@ import clustersim
 import clustersim.host_memory as host_memory
 from clustersim.api import simulate
 from clustersim.errors import ConfigError
+from clustersim.forking import WorkerSlots
 from clustersim.program.lower import lower
 from clustersim.program.tasks import Program
 
@@ -185,12 +186,12 @@ def test_no_cgroup_files_no_bound(tmp_path, monkeypatch):
     assert host_memory.cgroup_room_bytes() is None
 
 
-def _ledger_with_another_run(monkeypatch, held_bytes: int) -> host_memory.Ledger:
+def _ledger_with_another_run(monkeypatch, held_bytes: int) -> WorkerSlots:
     """A search's ledger where another live process (pytest's parent) holds ``held_bytes``."""
     import os
 
-    ledger = host_memory.Ledger(2)
-    ledger.pids[0], ledger.bytes[0] = os.getppid(), held_bytes
+    ledger = WorkerSlots(2)
+    ledger.pids[0], ledger.values[0] = os.getppid(), held_bytes
     monkeypatch.setattr(host_memory, "_LEDGER", ledger)
     monkeypatch.setattr(host_memory, "UNWEIGHED_BYTES", 0)
     monkeypatch.setattr(host_memory, "LEDGER_POLL_S", 0.02)
@@ -230,15 +231,15 @@ def test_a_search_workers_run_waits_while_another_holds_what_it_needs(monkeypatc
     def other_run_ends() -> None:
         time.sleep(0.3)
         with ledger.lock:
-            host_memory._hold(ledger, os.getppid(), 0)
+            ledger.set(os.getppid(), 0)
 
     threading.Thread(target=other_run_ends).start()
     took = _weighed_within(10)
     assert took is not None and took >= 0.25
-    assert list(ledger.pids) == [os.getpid(), 0] and ledger.bytes[0] == need
+    assert dict(zip(ledger.pids, ledger.values)) == {os.getppid(): 0, os.getpid(): need}
     with host_memory.released():
         pass
-    assert list(ledger.pids) == [0, 0]
+    assert dict(zip(ledger.pids, ledger.values)) == {os.getppid(): 0, os.getpid(): 0}
 
 
 def test_a_search_workers_run_too_large_even_alone_is_refused_at_once(monkeypatch):
