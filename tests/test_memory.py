@@ -541,6 +541,31 @@ def test_memory_floor_is_below_the_simulated_peak(case):
     assert floor["peak_bytes"] >= max(static(s) + s["transient_bytes"] for s in mem["stages"])
 
 
+@pytest.mark.parametrize("case", ["zb-h1", "zero3", "zero2-full"])
+def test_a_plan_simulated_after_its_floor_is_lowered_once_and_the_same(case, monkeypatch):
+    """A sweep weighs each plan's floor before simulating it: the step's lowering starts from
+    the one the floor read (``lower.FLOOR_LOWERING``) instead of making it again, and the
+    summary is the one a scenario simulated without a floor gets, whole."""
+    from clustersim.api import memory_floor
+    from clustersim.program import lower as lower_mod
+
+    sections = FLOOR_CASES[case]
+    par = scenario_dict(**sections)["parallel"]
+    data = scenario_dict(**{**sections, "cluster": {"nodes": max(1, par["tp"] * par["pp"] * par["dp"] // 8)}})
+    alone = clustersim.simulate(clustersim.load_scenario(data, base_dir=ROOT)).summary
+    sc = clustersim.load_scenario(data, base_dir=ROOT)
+    memory_floor(sc)
+    made, real = [], lower_mod.lowering
+    monkeypatch.setattr(lower_mod, "lowering", lambda *a, **k: made.append(a) or real(*a, **k))
+    after = clustersim.simulate(sc).summary
+    assert made == [] and lower_mod.FLOOR_LOWERING not in sc.__dict__
+    assert after == alone
+    sc = clustersim.load_scenario(data, base_dir=ROOT)
+    memory_floor(sc)  # every rank: the collapsed lowering the floor read is not the step's
+    assert clustersim.simulate(sc, collapse=False).summary["step_time_s"] == pytest.approx(alone["step_time_s"], rel=1e-9)
+    assert len(made) == 2  # the floor's, then the step's own
+
+
 @pytest.mark.parametrize("schedule, m, held", [("1f1b", 8, 2), ("1f1b", 4, 2), ("gpipe", 8, 8), ("gpipe", 4, 4)])
 def test_memory_floor_holds_the_schedule_s_microbatches(schedule, m, held):
     """Stage 0 of two holds min(p, m) microbatches' activations under 1F1B, m under GPipe

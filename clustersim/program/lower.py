@@ -1757,8 +1757,18 @@ def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
             like.resume = None  # (its copies are this lowering's now)
             return run_passes(low, kept), low
         return run_passes(low), low
-    low = lowering(sc, collapse=collapse, templates=templates, shorter=shorter)
+    low = sc.__dict__.pop(FLOOR_LOWERING, None)  # (one use: the passes fill it)
+    if low is None or not templates or not (sc.cfg.simulation.collapse_symmetric if collapse is None else collapse):
+        low = lowering(sc, collapse=collapse, templates=templates, shorter=shorter)
+    else:
+        low.shorter = shorter
     return run_passes(low), low
+
+
+# where ``api.memory_floor`` leaves the lowering it read on its scenario: the one :func:`lower`
+# would make first (collapsed, with templates; only the shorter step's schedule, which no
+# field before the passes reads, is set then), so that a sweep's plan is not made twice
+FLOOR_LOWERING = "_floor_lowering"
 
 
 def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,
