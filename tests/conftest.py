@@ -25,6 +25,12 @@ def shipped_scenarios(root: Path = ROOT) -> list[Path]:
     return sorted(p for p in (root / "scenarios").glob("*.yaml") if not p.name.startswith("my_"))
 
 
+def shipped_topologies(root: Path = ROOT) -> list[Path]:
+    """The topologies the repository ships, sorted: every ``topologies/*.yaml`` but a user's
+    own ``my_*.yaml`` (docs/getting-started.md suggests copying one under that name)."""
+    return sorted(p for p in (root / "topologies").glob("*.yaml") if not p.name.startswith("my_"))
+
+
 def scenario_dict(**sections) -> dict:
     """SMALL with sections updated key by key, e.g. parallel={"tp": 2}."""
     d = copy.deepcopy(SMALL)

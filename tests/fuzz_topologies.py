@@ -41,7 +41,7 @@ from clustersim.errors import ConfigError
 from clustersim.hardware.gpus import ALIASES, GPUS
 from clustersim.hardware.topology import TopologyCfg
 
-from .conftest import ROOT, SMALL
+from .conftest import ROOT, SMALL, shipped_topologies
 from .fuzz_scenarios import mutate, values  # one way to edit a document by dotted paths
 from .test_docs import field_paths
 
@@ -50,7 +50,7 @@ HANG_S = 60.0  # an example still running after this is stopped (and fails)
 BUILD_MAX_GPUS = 4096  # a loaded scenario's cluster is built and routed up to this size
 MAX_LINE = 600  # characters in an error line: long enough for any message, short of an echoed input
 
-TOPOLOGIES = {p.name: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "topologies").glob("*.yaml"))}
+TOPOLOGIES = {p.name: yaml.safe_load(p.read_text()) for p in shipped_topologies(ROOT)}
 PATHS = sorted(p for p in field_paths(TopologyCfg) if "[]" not in p) + [
     "fabric.no_such_key", "node.nic.speed", "nonsense"]
 RAW = "RAWYAMLVALUE"  # a placeholder replaced by raw YAML text after dumping

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import scenario_dict, shipped_scenarios
+from .conftest import scenario_dict, shipped_scenarios, shipped_topologies
 
 
 def run_cli(*args, cwd=None):
@@ -331,7 +331,7 @@ def test_the_scenario_schema_describes_the_topology_overrides(root):
     assert overrides["FabricCfgOverride"]["properties"]["kind"]["enum"] == ["leaf_spine", "fat_tree", "none"]
     # every key the shipped topologies write in those sections is one the schema names
     written = set()
-    for path in sorted((root / "topologies").glob("*.yaml")):
+    for path in shipped_topologies(root):
         doc = yaml.safe_load(path.read_text())
         for key in ("node", "fabric"):
             written |= {f"{key}.{p}" for p in _key_paths(doc.get(key) or {})}

@@ -11,6 +11,8 @@ from clustersim.errors import ConfigError
 from clustersim.hardware import GPUS, build_cluster, load_topology_cfg, lookup_gpu
 from clustersim.hardware.topology import TopologyCfg, plan_fabric
 
+from .conftest import shipped_topologies
+
 
 @pytest.fixture
 def a100(root):
@@ -98,7 +100,7 @@ def test_nics_must_divide_gpus():
 
 
 def test_every_topology_file_builds(root):
-    for path in sorted((root / "topologies").glob("*.yaml")):
+    for path in shipped_topologies(root):
         c = build_cluster(load_topology_cfg(path))
         assert c.num_gpus == c.cfg.nodes * c.cfg.node.gpus
 
