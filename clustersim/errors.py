@@ -11,10 +11,14 @@ class ConfigError(Exception):
         scenarios/x.yaml: parallel.tp: tp=3 does not divide model.heads=64
     """
 
-    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None,
+                 bad_value: bool = False):
         self.source = source
         self.field = field
         self.message = message
+        # the field's value is not one it takes whatever the rest says (its type, range or
+        # choices), as opposed to a rule between fields: a sweep refuses such a value at once
+        self.bad_value = bad_value
         super().__init__(self.line())
 
     def line(self) -> str:

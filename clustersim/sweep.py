@@ -386,18 +386,22 @@ def _failed(todo: list, plan: int, why: str) -> dict[str, Any]:
 
 
 def check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any]]]) -> None:
-    """Refuse a varied key the scenario format does not have, or one that runs through a
-    value (a misspelt field would have every plan refused for it): the file with the key's
-    first value alone must not be refused for that key."""
+    """Refuse, before any plan runs, a varied key the scenario format does not have, one that
+    runs through a value (a misspelt field would have every plan refused for it), and a value
+    the key's field never takes (``parallel.tp=x``, ``parallel.schedule=gpipee``, ``parallel.pp=0``:
+    its type, range or choices): the file with each value alone must not be refused for
+    that. A value refused by a rule between fields (``tp=3`` against 64 heads) is the plan's."""
     from .overrides import load_variant
 
     for key, values in varies:
-        try:
-            load_variant(path, [(key, values[0])], data)
-        except ConfigError as exc:
-            if exc.field == key and (exc.message.startswith("unknown key") or "not a section with keys" in exc.message):
-                raise
-        # (any other refusal is the plan's: listed with its rule)
+        for value in values:
+            try:
+                load_variant(path, [(key, value)], data)
+            except ConfigError as exc:
+                if exc.field == key and (exc.bad_value or exc.message.startswith("unknown key")
+                                         or "not a section with keys" in exc.message):
+                    raise
+            # (any other refusal is the plan's: listed with its rule)
 
 
 def _worker_start() -> None:

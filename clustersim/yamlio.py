@@ -451,4 +451,6 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
             if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(got, dict):
                 shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
                 msg += f" (got {shown}{_yaml_reading(kind, got)})"
-        raise ConfigError(msg, source=source, field=field) from None
+        # (a validator's ValueError may weigh other fields; pydantic's own kinds judge the value alone)
+        raise ConfigError(msg, source=source, field=field,
+                          bad_value=kind not in ("value_error", "assertion_error", "missing", "extra_forbidden")) from None

@@ -163,6 +163,7 @@ def test_advise_vary_and_bad_input(tmp_path, root):
     out = tmp_path / "x" / "y"
     for args, says in [
         (("--vary", "parallel.tpp=2"), "parallel.tpp: unknown key"),
+        (("--vary", "training.recompute=none,ful"), "with training.recompute=ful: training.recompute: Input should be"),
         (("--vary", "parallel.tp=3"), "no plan of the search has degrees that multiply"),
         (("--jobs", "0"), "--jobs: must be at least 1"),
     ]:
@@ -198,12 +199,14 @@ def test_plans_of_other_schedules_and_dispatchers(root):
 
 
 def test_advise_odd_values_are_refused_by_name(root):
-    """A degree that is no positive integer leaves its plans to the scenario's rules (listed,
-    not simulated); dp cannot be varied (it follows)."""
-    for v in ("parallel.tp=0", "parallel.zero=a,b", "parallel.cp=[1]"):
+    """A degree that is no positive integer, or no integer, is refused before the search,
+    naming the value and its field (as sweep does: sweep.check_keys); dp cannot be varied (it
+    follows)."""
+    for v, says in (("parallel.tp=0", "with parallel.tp=0: parallel.tp: Input should be greater than or equal to 1"),
+                    ("parallel.zero=a,b", "with parallel.zero=a: parallel.zero: Input should be"),
+                    ("parallel.cp=[1]", "with 'parallel.cp=[1]': parallel.cp: Input should be a valid integer")):
         r = run_cli("advise", SMALL, "--vary", v, cwd=root)
-        assert r.returncode == 0 and "Traceback" not in r.stderr, (v, r.stderr)
-        assert "refused by the scenario's rules" in r.stdout and "your plan   #1" in r.stdout
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (v, r.stderr)
     r = run_cli("advise", SMALL, "--vary", "parallel.dp=1,2", cwd=root)
     assert r.returncode == 2 and "advise lets dp follow the other degrees" in r.stderr
 

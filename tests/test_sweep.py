@@ -171,6 +171,10 @@ def test_sweep_bad_input_writes_nothing(tmp_path, root):
         ((), "give what to vary"),
         (("--vary", "parallel.pp=1,2", "--vary", "parallel.pp=4"), "parallel.pp is varied twice"),
         (("--vary", "parallel.ppp=1,2"), "parallel.ppp: unknown key"),
+        # a value the field never takes, among good ones: refused before any plan runs, not a row
+        (("--vary", "parallel.pp=1,x"), "with parallel.pp=x: parallel.pp: Input should be a valid integer"),
+        (("--vary", "parallel.schedule=1f1b,gpipee"), "with parallel.schedule=gpipee: parallel.schedule: Input should be"),
+        (("--vary", "parallel.pp=0,2"), "with parallel.pp=0: parallel.pp: Input should be greater than or equal to 1"),
         (("--vary", "parallel.pp=1", "--jobs", "0"), "--jobs: must be at least 1"),
         (("--vary", "parallel.pp=3,5"), "no plan of the sweep could be simulated"),
     ]:
