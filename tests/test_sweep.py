@@ -421,3 +421,21 @@ def test_a_sweep_leaves_no_cyclic_garbage_where_the_collector_is_off(root):
             gc.enable()
     assert [rows[n]["status"] for n in sorted(rows)] == ["refused", "ok", "ok", "ok"]
     assert left == 0
+
+
+def test_the_lines_drawn_are_those_whose_best_plan_that_fits_is_fastest():
+    """A line per setting of the other keys, at most ``most``: ranked as the sweep ranks plans,
+    by the best plan that fits, lines where none fits after them (however fast)."""
+    def row(n, pp, zero, tokens, fits):
+        return {"plan": n, "status": "ok", "changes": {"parallel.pp": pp, "parallel.zero": zero},
+                "tokens_per_s_per_gpu": tokens, "tokens_per_s": 16 * tokens, "fits": fits, "step_time_s": 1.0,
+                "mfu": 0.5, "bubble_fraction": 0.1, "exposed_comm_s": {"total": 0.1}, "peak_bytes": 1e9}
+
+    plans = [row(1, 1, 3, 900.0, False), row(2, 2, 3, 950.0, False),  # fastest, never fits
+             row(3, 1, 1, 500.0, True), row(4, 2, 1, 800.0, False),  # fits at 500 only
+             row(5, 1, 2, 600.0, True), row(6, 2, 2, 700.0, True)]  # fits at 700
+    sweep = {"vary": {"parallel.pp": [1, 2], "parallel.zero": [1, 2, 3]}, "plans": plans,
+             "ranking": ranking(plans), "dp_follows": False, "split_follows": False, "paired": False}
+    for most, names in [(2, ["zero=2", "zero=1"]), (3, ["zero=2", "zero=1", "zero=3"])]:
+        _, fig = lines_figure(sweep, most)
+        assert [t["name"] for t in fig["data"] if t.get("showlegend", True)] == names
