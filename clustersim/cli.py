@@ -667,10 +667,35 @@ def cmd_schema(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its "unrecognized arguments" error followed by ``hint`` where set
+    (:func:`_spaced_change`)."""
+
+    hint: str | None = None
+
+    def error(self, message: str):
+        if self.hint and message.startswith("unrecognized arguments"):
+            message += f" ({self.hint})"
+        super().error(message)
+
+
+CHANGE_OPTIONS = ("--set", "--vary", "--variant")  # each takes KEY=VALUE as one word
+
+
+def _spaced_change(argv: list[str]) -> str | None:
+    """How to write ``--vary parallel.tp 4,8`` (a change given as two words, which argparse
+    reports only as an unrecognized ``4,8``) as one word, or None where no change is so."""
+    for i, arg in enumerate(argv[:-2]):
+        key, value = argv[i + 1], argv[i + 2]
+        if arg in CHANGE_OPTIONS and "=" not in key and not value.startswith("-"):
+            return f"{arg} takes KEY=VALUE as one word: {arg} {key}={value}"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .schedule import SCHEDULE_NAMES
 
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="clustersim",
         description="Simulate one training step of a transformer on a GPU cluster, event by event.",
         epilog="example: python -m clustersim run scenarios/gpt3_175b_1024gpu.yaml --out out/gpt3")
@@ -822,7 +847,10 @@ def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
             and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, raise_terminated))  # not where ignored
     before = signal.signal(signal.SIGTERM, raise_terminated) if here else None
     try:
-        args = build_parser().parse_args(_sizes_joined(sys.argv[1:] if argv is None else list(argv)))
+        words = _sizes_joined(sys.argv[1:] if argv is None else list(argv))
+        parser = build_parser()
+        parser.hint = _spaced_change(words)
+        args = parser.parse_args(words)
         args.keep = [] if fast_exit else None  # what the command made, held until the exit
         code = _run(args)
     except KeyboardInterrupt as exc:  # before the command began (imports, arguments): nothing written

@@ -922,3 +922,16 @@ def test_a_search_that_splits_replicas_says_so_before_the_plans_run(tmp_path, ro
     assert r.returncode == 0 and r.stderr.startswith(note), r.stderr
     r = run_cli("sweep", path, "--vary", "parallel.tp=2,4", cwd=root)
     assert r.returncode == 0 and note not in r.stderr
+
+
+def test_a_change_given_as_two_words_is_shown_as_one(root):
+    """``--vary parallel.tp 4,8``: argparse finds ``4,8`` unrecognized; the error says how to
+    write the change, as one word."""
+    for args, hint in [(("sweep", "scenarios/llama2_70b_64gpu.yaml", "--vary", "parallel.tp", "4,8"),
+                        "(--vary takes KEY=VALUE as one word: --vary parallel.tp=4,8)"),
+                       (("run", "scenarios/llama2_70b_64gpu.yaml", "--set", "parallel.pp", "8"),
+                        "(--set takes KEY=VALUE as one word: --set parallel.pp=8)")]:
+        r = run_cli(*args, cwd=root)
+        assert r.returncode == 2 and r.stderr.rstrip().endswith(f"unrecognized arguments: {args[-1]} {hint}"), r.stderr
+    r = run_cli("run", "scenarios/llama2_70b_64gpu.yaml", "--bogus", cwd=root)
+    assert r.returncode == 2 and r.stderr.rstrip().endswith("unrecognized arguments: --bogus")
