@@ -28,8 +28,9 @@ scenario's rules refuse are counted, not simulated; so are plans certain not to 
 holds, a lower bound of the simulated peak), unless ``--simulate-unfit``. The scenario's own
 plan is plan 1, always simulated.
 
-The guide's rule for the case (``../shared/reference/parallelism-guide.txt``, "Choose your
-parallelism technique"), by the model's parameters N and the GPUs G::
+The guide's rule for the case (its "Choose your parallelism technique", as docs/parallelism.md
+states it: "The guide's rules of thumb, by simulation"), by the model's parameters N and the
+GPUs G::
 
     N < 10B and G <= 8     TP=8, or ZeRO-3 with DP and full recompute
     N <= 100B              TP=8 and PP, or TP=8 with DP + ZeRO-3, or only ZeRO-3

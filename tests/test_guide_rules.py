@@ -1,4 +1,4 @@
-"""The parallelism guide's rules of thumb (../shared/reference/parallelism-guide.txt), checked
+"""The parallelism guide's rules of thumb (docs/parallelism.md states them), checked
 by simulation on DGX H100 nodes with NDR InfiniBand: each test compares the rule's choice with
 its alternatives and asserts what the simulation says, where it agrees with the rule and where
 it does not (docs/parallelism.md, "The guide's rules of thumb, by simulation", has the figures
