@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -679,16 +680,22 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-CHANGE_OPTIONS = ("--set", "--vary", "--variant")  # each takes KEY=VALUE as one word
+# the option of each command that takes KEY=VALUE as one word
+CHANGE_OPTIONS = {"run": "--set", "compare": "--variant", "sweep": "--vary", "advise": "--vary"}
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.\w+)+")
 
 
 def _spaced_change(argv: list[str]) -> str | None:
     """How to write ``--vary parallel.tp 4,8`` (a change given as two words, which argparse
-    reports only as an unrecognized ``4,8``) as one word, or None where no change is so."""
+    reports only as an unrecognized ``4,8``) as one word, or None where no change is so: the
+    command's own option, a dotted key, and a value that is neither an option, an ``=`` nor
+    a YAML file (``compare a.yaml --variant parallel.tp b.yaml`` lacks a value instead)."""
+    option = CHANGE_OPTIONS.get(argv[0]) if argv else None
     for i, arg in enumerate(argv[:-2]):
         key, value = argv[i + 1], argv[i + 2]
-        if arg in CHANGE_OPTIONS and "=" not in key and not value.startswith("-"):
-            return f"{arg} takes KEY=VALUE as one word: {arg} {key}={value}"
+        if (arg == option and _DOTTED.fullmatch(key) and not value.startswith(("-", "="))
+                and not value.endswith((".yaml", ".yml"))):
+            return f"{option} takes KEY=VALUE as one word: {option} {shlex.quote(f'{key}={value}')}"
     return None
 
 

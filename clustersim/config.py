@@ -990,11 +990,11 @@ def _scenarios_error(exc: ConfigError, overrides: dict[str, Any], topo_path: Pat
     if changed == ["nodes"] or mine == ["nodes"]:
         # (the count cut short, as the message cuts it: 10**400 nodes is one line, not three)
         return ConfigError(f"{exc.message} (topology {topo_path}, cluster.nodes={short_repr(overrides['nodes'])})",
-                           source=source, field="cluster.nodes")
+                           source=source, field="cluster.nodes", bad_value=exc.bad_value)
     named = mine or changed
     what = ", ".join(f"cluster.{k}={short_repr(v)}" for k, v in _flat_items(overrides) if k in named)
     return ConfigError(f"{exc.message} (topology {topo_path}, with {what})", source=source,
-                       field=f"cluster.{field}" if mine and field else "cluster")
+                       field=f"cluster.{field}" if mine and field else "cluster", bad_value=exc.bad_value)
 
 
 def _flat_items(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

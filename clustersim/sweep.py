@@ -316,27 +316,40 @@ _BOARD: WorkerSlots | None = None
 
 
 def _simulate_all(todo: list, rows: dict[int, dict[str, Any]], total: int, jobs: int, progress) -> None:
-    """:func:`simulate_plans`' jobs, in ``jobs`` forked processes where more than one.
-
-    Where a worker is killed, the plan it was simulating gets a ``failed`` row, and the pool
-    is stopped and made again for the plans with no row yet (those then on the other workers
-    run again)::
-
-        round:  pool ─ rows come back ─ a worker gone? ─ its plan failed ─ stop ─ next round
-        LOST_ROUNDS rounds in a row without a row (workers killed between plans): the rest fail
-    """
-    global _BOARD
+    """:func:`simulate_plans`' jobs, in ``jobs`` forked processes where more than one
+    (:func:`_simulate_jobs`), each plan's cyclic garbage collected where the collector is off
+    (:func:`_collected_row`)."""
 
     def add(new: list[dict[str, Any]]) -> None:
         rows.update((row["plan"], row) for row in new)
         if progress is not None and new:
             progress(len(rows), total)
 
-    if not gc.isenabled():
-        # the objects made so far (the imports, the cluster) are kept to the end: the collections
-        # after each plan (_collected_row) skip them, and workers forked from here leave their
-        # pages unwritten
+    frozen = not gc.isenabled()
+    if frozen:
+        # the objects made so far (the imports, the cluster) are kept through the plans: the
+        # collections after each plan (_collected_row) skip them, and workers forked from here
+        # leave their pages unwritten; given back to the collector afterwards (a library's
+        # caller, whose objects they are)
         gc.freeze()
+    try:
+        _simulate_jobs(todo, rows, add, jobs)
+    finally:
+        if frozen:
+            gc.unfreeze()
+
+
+def _simulate_jobs(todo: list, rows: dict[int, dict[str, Any]], add, jobs: int) -> None:
+    """:func:`_simulate_all`'s plans, each row given to ``add`` (which puts it in ``rows``) as it
+    comes. Where a worker is killed, the plan it was simulating gets a ``failed`` row, and the
+    pool is stopped and made again for the plans with no row yet (those then on the other
+    workers run again)::
+
+        round:  pool ─ rows come back ─ a worker gone? ─ its plan failed ─ stop ─ next round
+        LOST_ROUNDS rounds in a row without a row (workers killed between plans): the rest fail
+    """
+    global _BOARD
+
     if jobs <= 1:
         for row in map(_collected_row, todo):
             add([row])

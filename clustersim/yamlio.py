@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import pydantic
+import pydantic_core
 import yaml
 
 from .errors import ConfigError
@@ -88,6 +89,15 @@ def short_repr(value: Any) -> str:
     return _short.repr(value)
 
 
+# the kind of error of a value refused on its own (a number quoted, a boolean for a number),
+# which ConfigError.bad_value counts with pydantic's own kinds (a sweep refuses it at once)
+VALUE_ALONE = "value_alone"
+
+
+def _refused_alone(why: str) -> pydantic_core.PydanticCustomError:
+    return pydantic_core.PydanticCustomError(VALUE_ALONE, "{why}", {"why": why})
+
+
 class Strict(pydantic.BaseModel):
     """Base for every config section: unknown keys are errors (a typo must not pass silently),
     and so are infinite and NaN numbers (``.inf`` in YAML: no figure of a cluster, model or
@@ -117,20 +127,20 @@ class Strict(pydantic.BaseModel):
                 else:
                     kinds.add(t)
             if bool not in kinds and kinds & {int, float} and any(isinstance(x, bool) for x in items):
-                raise ValueError("a number, not a boolean (yes, no, true and false are booleans in YAML)")
+                raise _refused_alone("a number, not a boolean (yes, no, true and false are booleans in YAML)")
             # pydantic would read '8' as 8: a number quoted is a slip (a field of numbers only
             # takes numbers); a word ('four') is left to pydantic's own message
             if kinds & {int, float} and kinds <= {int, float, type(None)}:
                 quoted = next((x for x in items if isinstance(x, str) and _numeric(x)), None)
                 if quoted is not None and _LEADING_ZERO.fullmatch(quoted.strip()):
-                    raise ValueError(f"a number, not a string ({short_repr(quoted)}: a leading zero, which YAML 1.1 "
-                                     f"reads as text, quoted or not; write it without the zero)")
+                    raise _refused_alone(f"a number, not a string ({short_repr(quoted)}: a leading zero, which "
+                                         f"YAML 1.1 reads as text, quoted or not; write it without the zero)")
                 if quoted is not None:
-                    raise ValueError(f"a number, not a string ({short_repr(quoted)} is quoted)")
+                    raise _refused_alone(f"a number, not a string ({short_repr(quoted)} is quoted)")
             # pydantic would read 'false', 'off' or '0' as False: a switch takes true or false
             if bool in kinds and kinds <= {bool, type(None)} and any(isinstance(x, str) for x in items):
                 quoted = next(x for x in items if isinstance(x, str))
-                raise ValueError(f"true or false, not a string ({short_repr(quoted)})")
+                raise _refused_alone(f"true or false, not a string ({short_repr(quoted)})")
         if v is None:
             # ``parallel:`` with nothing under it reads as null in YAML: a section left empty
             # takes its defaults, as one left out does (a field that may be null stays null)
@@ -448,7 +458,7 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
                 what = ("a list" if isinstance(got, list) else "a boolean" if isinstance(got, bool) else
                         "a number" if isinstance(got, (int, float)) else "text" if isinstance(got, str) else "a value")
                 msg = f"should be keys and values (a mapping), not {what}"
-            if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(got, dict):
+            if "input" in err and kind not in ("value_error", "assertion_error", VALUE_ALONE) and not isinstance(got, dict):
                 shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
                 msg += f" (got {shown}{_yaml_reading(kind, got)})"
         # (a validator's ValueError may weigh other fields; pydantic's own kinds judge the value alone)

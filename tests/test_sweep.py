@@ -175,6 +175,10 @@ def test_sweep_bad_input_writes_nothing(tmp_path, root):
         (("--vary", "parallel.pp=1,x"), "with parallel.pp=x: parallel.pp: Input should be a valid integer"),
         (("--vary", "parallel.schedule=1f1b,gpipee"), "with parallel.schedule=gpipee: parallel.schedule: Input should be"),
         (("--vary", "parallel.pp=0,2"), "with parallel.pp=0: parallel.pp: Input should be greater than or equal to 1"),
+        (("--vary", "parallel.pp=1,'2'"), "parallel.pp: a number, not a string ('2' is quoted)"),
+        # under the cluster section, a topology field's (the node's GPUs once crashed dp's division)
+        (("--vary", "cluster.node.gpus=8,x"), "with cluster.node.gpus=x: cluster.node.gpus: Input should be a valid integer"),
+        (("--vary", "cluster.node.nic.bw_Gbps=400,fast"), "cluster.node.nic.bw_Gbps: Input should be a valid number"),
         (("--vary", "parallel.pp=1", "--jobs", "0"), "--jobs: must be at least 1"),
         (("--vary", "parallel.pp=3,5"), "no plan of the sweep could be simulated"),
     ]:
@@ -396,7 +400,8 @@ def test_a_sweep_whose_worker_is_killed_lists_its_plan_and_goes_on(tmp_path, roo
 def test_a_sweep_leaves_no_cyclic_garbage_where_the_collector_is_off(root):
     """``python -m clustersim`` turns the cyclic garbage collector off; a sweep of thousands of
     plans in one process collects what each plan leaves in cycles (refusals' tracebacks among
-    it), so that nothing piles up: after the plans, a collection finds nothing left."""
+    it), so that nothing piles up: after the plans, a collection finds nothing left, and the
+    objects frozen for the plans' collections are given back."""
     import gc
 
     from clustersim.hardware.topology import reused_clusters
@@ -414,18 +419,19 @@ def test_a_sweep_leaves_no_cyclic_garbage_where_the_collector_is_off(root):
         rows: dict = {}
         with reused_clusters():  # (the cluster kept past the collection below: it is not the plans')
             simulate_plans(str(path), data, plans, rows)
-            left = gc.collect()
+            left, frozen = gc.collect(), gc.get_freeze_count()
     finally:
         gc.unfreeze()
         if was:
             gc.enable()
     assert [rows[n]["status"] for n in sorted(rows)] == ["refused", "ok", "ok", "ok"]
     assert left == 0
+    assert frozen == 0  # what was frozen for the plans is the caller's again
 
 
 def test_the_lines_drawn_are_those_whose_best_plan_that_fits_is_fastest():
-    """A line per setting of the other keys, at most ``most``: ranked as the sweep ranks plans,
-    by the best plan that fits, lines where none fits after them (however fast)."""
+    """A line per setting of the other keys, at most ``most``: ranked by the tokens/s per GPU
+    of their best plan that fits, lines where none fits after them (however fast)."""
     def row(n, pp, zero, tokens, fits):
         return {"plan": n, "status": "ok", "changes": {"parallel.pp": pp, "parallel.zero": zero},
                 "tokens_per_s_per_gpu": tokens, "tokens_per_s": 16 * tokens, "fits": fits, "step_time_s": 1.0,

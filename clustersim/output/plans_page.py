@@ -38,7 +38,7 @@ from .summary import GiB
 SCATTER_DIV_ID, SPLIT_DIV_ID, LINES_DIV_ID = "plans-scatter", "plans-split", "plans-lines"
 SPLIT_SHOWN = 20  # the best plans whose steps are drawn split
 LABELLED = 5  # the best plans named beside their points
-LINES_SHOWN = 12  # the lines of lines_figure: the combinations whose best plan that fits is fastest
+LINES_SHOWN = 12  # the lines of lines_figure: the combinations whose best plan that fits gives the most
 TABLE_ROWS = 2_000  # past these, the CSV has the rest (a browser lays out a longer table slowly)
 COMPARED = 3  # the best plans the compare command on the page puts beside the scenario's own
 _CONFIG = {"displaylogo": False, "responsive": True}
@@ -182,8 +182,8 @@ def _numeric(values: list[Any]) -> bool:
 def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, dict[str, Any]] | None:
     """tokens/s per GPU against the first varied key whose values are numbers (GPUs a node,
     nodes, a bandwidth, a degree), one line per combination of the other varied keys (the
-    ``most`` whose best plan that fits is fastest, then those where none fits by their best,
-    as the sweep ranks its plans), plans that do not fit drawn hollow: how the plan
+    ``most`` whose best plan that fits gives the most tokens/s per GPU, then those where none
+    fits, by their best), plans that do not fit drawn hollow: how the plan
     scales along that key (flat over ``cluster.nodes`` is linear scaling). (the key, the
     figure), or None where no varied key is numeric or nothing was simulated."""
     key = next((k for k, v in sweep["vary"].items() if _numeric(v)), None)
@@ -387,8 +387,8 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
             key, fig = lines
             body += [f"<h2>Tokens/s per GPU against {html.escape(key)}</h2>", plot_div(fig, LINES_DIV_ID, _CONFIG),
                      f"<p class=\"note\">One line per setting of the other keys varied (at most {LINES_SHOWN}: those "
-                     "whose best plan that fits is fastest, then those where none fits); hollow: the plan "
-                     "does not fit"
+                     "whose best plan that fits gives the most tokens/s per GPU, then those where none fits); "
+                     "hollow: the plan does not fit"
                      + ("; a plan certain not to fit was not simulated and leaves a gap" if unfit else "")
                      + ". Flat is the same throughput per GPU: along "
                      "<code>cluster.nodes</code>, linear scaling.</p>"]
