@@ -776,7 +776,7 @@ def _check_recompute(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str]
 def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
     """The schedule's own parameters, in the scenario's words, before the schedule is built.
 
-    Needs (pipeline_bubbles in shared/reference/published-runs.yaml; the schedule layer checks
+    Needs (the schedules' papers and reference code; the schedule layer checks
     the same and is the fallback):
         interleaved   vpp >= 2, pp >= 2, m % pp == 0     (Megatron-LM runs microbatches p at a time;
                       or groups of vpp_group g:          pp <= g <= m, m % g == 0 or m % g >= pp)

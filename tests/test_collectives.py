@@ -16,7 +16,7 @@ NVLINK_H100_Bps = 450e9 * 0.81
 
 
 @pytest.mark.parametrize("topology, algo, size, published_GBps", [
-    # shared/reference/published-runs.yaml, collectives.measured_busbw_GBps
+    # nccl-tests all-reduce busbw as published for one node (docs/network.md's table)
     ("dgx-a100", "ring", 8 * GiB, 231.6),
     ("dgx-a100", "auto", 1 * GiB, 228),
     ("dgx-h100", "ring", 8 * GiB, 365),

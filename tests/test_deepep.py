@@ -187,7 +187,7 @@ def test_a_skewed_dispatch_crosses_nodes_at_its_node_s_load(root):
     (64, 51, 0.05),    # 8 nodes, 4 node groups of 8: RDMA
 ])
 def test_dispatch_matches_deepeps_published_bandwidth(root, gpus, published_GBps, rel):
-    """DeepEP's normal kernels on H800 + 400 Gb/s IB (its README; published-runs.yaml), as its
+    """DeepEP's normal kernels on H800 + 400 Gb/s IB (its README), as its
     tests count them: 4,096 tokens a GPU, hidden 7,168, top-8 of 256 experts, tokens limited to
     min(nodes, 4) node groups; the bandwidth is the bytes of every (token, GPU) pair a GPU
     receives, its own included, intranode, and of every (token, node) pair a GPU sends, its own

@@ -183,7 +183,7 @@ def test_a_stage_that_fits_with_little_to_spare_is_tight(capsys):
 
 
 # ----------------------------------------------------- Korthikanti et al. 2022, Tables 3 and 5
-# shared/reference/published-runs.yaml, korthikanti22_table5: TP 8, DP 1, seq 2048, vocab 51200,
+# Table 5's runs: TP 8, DP 1, seq 2048, vocab 51200,
 # GELU MLP of 4h, A100-80GB. memory_GiB_per_gpu: params + grads + optimizer (18 bytes per
 # parameter: 2 + 4 fp32 grads + 12 Adam), activations with TP only (no recompute) and with
 # sequence parallelism + selective recompute.

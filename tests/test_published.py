@@ -1,4 +1,4 @@
-"""Against published measurements (shared/reference/published-runs.yaml), before calibration.
+"""Against published measurements (the papers cited at each table below), before calibration.
 
 Tolerances are what the uncalibrated model meets today; the calibration work tightens them.
 Nothing here is tuned to these rows: efficiencies come from GEMM/STREAM/nccl-tests figures.
@@ -37,8 +37,7 @@ def test_korthikanti_22b_model_state_memory():
     assert (st["params_bytes"] + st["grads_bytes"] + st["optimizer_bytes"]) / GiB == pytest.approx(45.56, rel=0.05)
 
 
-# Korthikanti et al. 2022 (arXiv:2205.05198), Tables 3 and 5 (published-runs.yaml,
-# korthikanti22_table5): model, heads, hidden, layers, pp, GPUs (= global batch, micro batch 1),
+# Korthikanti et al. 2022 (arXiv:2205.05198), Tables 3 and 5: model, heads, hidden, layers, pp, GPUs (= global batch, micro batch 1),
 # vpp, published step (s) with full recompute and TP alone, and with SP + selective recompute.
 # The 22B row is scenarios/korthikanti_22b_*.yaml (micro batch 4, one step of 4 sequences).
 KORTHIKANTI_TABLE5 = [
@@ -189,7 +188,7 @@ def test_deepseek_v3_pretraining_throughput():
 
 
 # Narayanan et al. SC'21 (arXiv:2104.04473), Table 1, weak scaling on Selene (DGX A100 80GB,
-# 8 HDR NICs a node; published-runs.yaml, narayanan21_table1_weak_scaling): parameters (B),
+# 8 HDR NICs a node): parameters (B),
 # heads, hidden, layers, tp, pp, GPUs, global batch, micro batch, vpp, TFLOP/s per GPU as
 # published (recompute counted, the whole attention square: 96 B s l h^2 (1 + s/6h + V/16lh))
 NARAYANAN_TABLE1 = [

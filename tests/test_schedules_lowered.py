@@ -1,7 +1,7 @@
 """Interleaved 1F1B, ZB-H1, DualPipe and custom schedules lowered and simulated.
 
 Closed forms with uniform synthetic parts (free communication, no optimizer time), from
-shared/reference/published-runs.yaml ``pipeline_bubbles`` (Narayanan et al. SC'21 Sec 2.2.2;
+the schedules' papers (Narayanan et al. SC'21 Sec 2.2.2;
 Qi et al. 2023; DeepSeek-V3 report Table 2), then the same schedules end to end from YAML.
 """
 

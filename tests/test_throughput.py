@@ -21,7 +21,7 @@ import clustersim
 from .conftest import scenario_dict
 
 EXACT = 1e-12
-A100_BF16 = 312e12  # dense bf16 peak (shared/reference/published-runs.yaml)
+A100_BF16 = 312e12  # dense bf16 peak (NVIDIA's A100 data sheet)
 H100_FP8 = 1979e12
 
 

@@ -66,7 +66,7 @@ DEEPEP = "deepep"
 # the share of NCCL's NVLink bandwidth (the topology's calibrated efficiency) DeepEP's normal
 # kernels move: intranode EP8 dispatch on H800, 153 GB/s "bottleneck bandwidth", which counts
 # the bytes a GPU receives from itself too (DeepEP's tests/test_intranode.py: recv_x), so
-# 153 x 7/8 = 134 GB/s over NVLink, of the 160 NCCL reaches there (published-runs.yaml).
+# 153 x 7/8 = 134 GB/s over NVLink, of the 160 NCCL reaches there (the DeepSeek-V3 report).
 # Over RDMA its internode figures (58 and 51 GB/s at EP32 and EP64, own node counted too) are
 # 43.5 and 44.6 GB/s a NIC, NCCL's 0.9 of 400 Gb/s: the NICs' own efficiency serves.
 DEEPEP_NVLINK_SHARE = 153 * 7 / 8 / 160

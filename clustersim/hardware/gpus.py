@@ -1,7 +1,7 @@
 """GPU catalogue: peak throughput, HBM and NVLink figures, and calibrated efficiencies.
 
 Each figure has one owner: this table. Peak numbers are dense (no sparsity) tensor-core
-rates from the vendors' data sheets, as collected in ``shared/reference/published-runs.yaml``.
+rates from the vendors' data sheets.
 
 Efficiencies turn a peak into what a kernel reaches. They are fitted once per GPU type to
 published measurements and never tuned per scenario::
@@ -78,7 +78,7 @@ def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, n
     )
 
 
-# nccl-tests on 8x H100 with NVLS: all-reduce busbw 478.9 GB/s at 8 GB (published-runs.yaml).
+# nccl-tests on 8x H100 with NVLS: all-reduce busbw 478.9 GB/s at 8 GB (as published by NVIDIA).
 # busbw = S/t * 2(n-1)/n and t = S / (eff * line rate), so eff = 478.9 / (7/4) / 450 = 0.608.
 NVLS_EFFICIENCY_H100 = 478.9 / (2 * 7 / 8) / 450
 
