@@ -416,8 +416,12 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
         print("note: simulation.split_replicas: each plan simulates each DP replica apart (pp x dp ranks), "
               "minutes and gigabytes a plan where DP is large; it is a check of one plan", file=sys.stderr)
 
+    before: list[int] = []  # the rows there before the first plan's (refused plans)
+
     def progress(done: int, total: int) -> None:
-        print(f"\rsimulated {done:,} of {total:,} plans", end="", file=sys.stderr, flush=True)
+        before[:] = before or [done - 1]
+        line = progress_line(done, total, done - before[0], time.perf_counter() - t0)
+        print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
 
     jobs = _processes(args.jobs)
     t0 = time.perf_counter()
@@ -666,6 +670,27 @@ def cmd_schema(args) -> int:
 
     print(json.dumps(TopologyCfg.model_json_schema() if args.topology else scenario_json_schema(), indent=2))
     return 0
+
+
+# plans simulated, and seconds, before a search's progress line guesses the time left
+ETA_AFTER_PLANS, ETA_AFTER_S = 5, 5.0
+
+
+def progress_line(done: int, total: int, ran: int, elapsed_s: float) -> str:
+    """A search's progress on the terminal: its rows so far of ``total``, and once ``ran``
+    plans have been simulated in ``elapsed_s`` (enough of both), the time the rest would take
+    at their pace::
+
+        simulated 412 of 1,536 plans, about 5 min left      left = elapsed / ran x (total - done)
+    """
+    line = f"simulated {done:,} of {total:,} plans"
+    left = total - done
+    if left <= 0 or ran < ETA_AFTER_PLANS or elapsed_s < ETA_AFTER_S:
+        return line
+    left_s = elapsed_s / ran * left
+    said = (f"{max(left_s, 1):.0f} s" if left_s < 90 else f"{left_s / 60:.0f} min" if left_s < 90 * 60
+            else f"{left_s / 3600:.1f} h")
+    return f"{line}, about {said} left"
 
 
 class _Parser(argparse.ArgumentParser):

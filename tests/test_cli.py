@@ -942,3 +942,16 @@ def test_a_change_given_as_two_words_is_shown_as_one(root):
                  ("compare", "scenarios/llama2_70b_64gpu.yaml", "--variant", "parallel.tp", "scenarios/llama3_8b_8gpu.yaml")]:
         r = run_cli(*args, cwd=root)
         assert r.returncode == 2 and "unrecognized arguments" in r.stderr and "takes KEY=VALUE" not in r.stderr, args
+
+
+def test_a_search_s_progress_line_guesses_the_time_left():
+    """sweep and advise on a terminal: rows so far, and once five plans have run for five
+    seconds, the time the rest would take at that pace (refused rows do not count as run)."""
+    from clustersim.cli import progress_line
+
+    assert progress_line(3, 100, 3, 60.0) == "simulated 3 of 100 plans"  # too few plans run
+    assert progress_line(10, 100, 10, 2.0) == "simulated 10 of 100 plans"  # too soon
+    assert progress_line(30, 100, 10, 10.0) == "simulated 30 of 100 plans, about 70 s left"
+    assert progress_line(412, 1536, 400, 100.0) == "simulated 412 of 1,536 plans, about 5 min left"
+    assert progress_line(100, 5000, 100, 300.0) == "simulated 100 of 5,000 plans, about 4.1 h left"
+    assert progress_line(100, 100, 100, 300.0) == "simulated 100 of 100 plans"
