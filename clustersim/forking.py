@@ -98,6 +98,11 @@ class WorkerSlots:
         if i is not None:
             self.pids[i], self.values[i] = pid, value
 
+    def mark(self, value: int) -> None:
+        """This process's number is ``value`` now (:meth:`set` under the lock)."""
+        with self.lock:
+            self.set(os.getpid(), value)
+
     def reap(self) -> list[int]:
         """The numbers of the processes that have ended, their slots freed."""
         gone = [i for i, pid in enumerate(self.pids) if pid and not process_alive(pid)]

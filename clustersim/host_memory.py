@@ -194,7 +194,5 @@ def released() -> Iterator[None]:
     try:
         yield
     finally:
-        ledger = _LEDGER
-        if ledger is not None:
-            with ledger.lock:
-                ledger.set(os.getpid(), 0)
+        if _LEDGER is not None:
+            _LEDGER.mark(0)

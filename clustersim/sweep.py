@@ -202,19 +202,15 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
 @contextmanager
 def _on_board(plan: int) -> Iterator[None]:
     """A worker simulates ``plan`` (``_BOARD``), until the block ends however it ends."""
-    import os
-
     board = _BOARD
     if board is None:
         yield
         return
-    with board.lock:
-        board.set(os.getpid(), plan)
+    board.mark(plan)
     try:
         yield
     finally:
-        with board.lock:
-            board.set(os.getpid(), 0)
+        board.mark(0)
 
 
 UNFIT_WHY = "weights, gradients, optimizer states and the activations the schedule holds alone exceed it"
@@ -440,14 +436,12 @@ def _worker_start() -> None:
     as a process does by default, not by the command line's handler (which would print a
     traceback from every worker the pool stops); it is on ``_BOARD`` from its start, so that
     its end is seen even before its first plan."""
-    import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _BOARD is not None:
-        with _BOARD.lock:
-            _BOARD.set(os.getpid(), 0)
+        _BOARD.mark(0)
 
 
 def ranking(rows: list[dict[str, Any]]) -> list[int]:

@@ -196,6 +196,7 @@ def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, d
     lines: dict[tuple, list[dict[str, Any]]] = {}
     for r in done:
         lines.setdefault(tuple(cell_text(r["changes"].get(k)) for k in others), []).append(r)
+
     def rank(g: tuple) -> tuple[bool, float]:
         # (a sweep of 1,536 plans of Llama-2 70B drew 12 lines of ZeRO-3 plans without
         # recompute, none of whose plans fits, above every line that does)
