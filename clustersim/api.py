@@ -273,6 +273,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
                        "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world),
                        "leaf_split": _leaf_split(sc, low, trace, world),
+                       "asymmetric_orbits": dict(trace.asymmetric_orbits) or None,
                        "collective_fallbacks": collective_fallbacks(sc.cfg.simulation.collectives, trace.algorithms),
                        "simulated_rank_of_gpu": list(trace.rep) if trace.rep is not None else None},
     }

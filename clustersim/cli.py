@@ -545,8 +545,10 @@ def _write_gpus_trace(path: Path, result, gpus: list[int]) -> None:
 def _simulated_line(summary: dict, wall_s: float) -> str:
     """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated (and,
     below it, around what the faults reach the classes split, or that the collapse kept it;
-    the same of the split where leaf groups cut the plan unevenly; collective fallbacks)."""
-    from .output.summary import collective_fallbacks_note, fabric_faults_note, leaf_split_note, replicas_note
+    the same of the split where leaf groups cut the plan unevenly; the communications at
+    their slowest twin's pace; collective fallbacks)."""
+    from .output.summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note,
+                                 replicas_note)
 
     sim = summary["simulation"]
     rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
@@ -560,6 +562,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     return (line + replicas_note(sim, sep)
             + fabric_faults_note(sim.get("fabric_faults"), sep, sim["collapse_symmetric"])
             + leaf_split_note(sim.get("leaf_split"), sep, sim["collapse_symmetric"], n)
+            + asymmetric_note(sim, sep)
             + collective_fallbacks_note(sim.get("collective_fallbacks"), sep))
 
 

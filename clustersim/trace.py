@@ -577,6 +577,9 @@ class Trace:
     stage_of: dict[int, int] = field(default_factory=dict)
     # collective -> algorithm -> communications of the simulated ranks that used it
     algorithms: dict[str, dict[str, int]] = field(default_factory=dict)
+    # communication kind -> communications whose orbit moved at its slowest twin's pace
+    # (Engine.asymmetric_orbits): the step is then a close estimate, not exact
+    asymmetric_orbits: dict[str, int] = field(default_factory=dict)
     links: list[LinkUse] = field(default_factory=list)  # links the simulated communications used
     # how the step's repeating microbatches were simulated once (clustersim.engine.repeat);
     # None: every microbatch was simulated
@@ -679,6 +682,7 @@ class Trace:
                         b.start_s[rows], b.end_s[rows], b.tid[rows], b.mb[rows], b.form[rows], b.forms)
         return Trace(spans=None, ranks=gpus, weight=dict.fromkeys(gpus, 1),
                      stage_of={g: self.stage_of.get(rep[g], 0) for g in gpus}, algorithms=self.algorithms,
+                     asymmetric_orbits=self.asymmetric_orbits,
                      repeat=self.repeat, repeat_tried=self.repeat_tried, rep=None,
                      spans_of={g: rep[g] for g in gpus}, base=base)
 

@@ -955,14 +955,20 @@ def test_a_fabric_fault_kept_counts_the_gpus_no_node_fault_splits(tmp_path, narr
     assert faults["gpus"] == 2 and faults["kept_in_collapse"]
 
 
-def test_routing_by_destination_keeps_the_collapse_exact_across_leaf_groups(tmp_path):
+@pytest.mark.parametrize("routing", ["destination", "hash"])
+def test_routing_by_destination_keeps_the_collapse_exact_across_leaf_groups(routing, tmp_path):
     """32 DGX A100 nodes in scalable units of 4 (4 spines), TP8 x PP4 x DP8: every stage
     boundary crosses the spines. Hashed, some of the 8 replicas' sends collide there and the
-    orbit moves at its slowest twin's pace (the step 1.3 % long, the PP exposure 16 % over);
+    orbit moves at its slowest twin's pace (the step 1.3 % long, the PP exposure 16 % over),
+    which the summary says (``simulation.asymmetric_orbits``: the stage-to-stage sends);
     routed by destination (D-mod-k, as InfiniBand's fat-tree routing does) the flows of a
-    leaf's destinations take distinct spines, and the collapse is exact."""
+    leaf's destinations take distinct spines, and the collapse is exact. The terminal and the
+    report say which communications moved at their slowest twin's pace."""
+    from clustersim.cli import _simulated_line
+    from clustersim.output.report import header_html
+
     topo = yaml.safe_load((ROOT / "topologies" / "dgx-a100.yaml").read_text())
-    topo["fabric"].update(nodes_per_leaf=4, spines=4, routing="destination")
+    topo["fabric"].update(nodes_per_leaf=4, spines=4, routing=routing)
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(topo))
     p = {"tp": 8, "pp": 4, "dp": 8}
@@ -972,7 +978,18 @@ def test_routing_by_destination_keeps_the_collapse_exact_across_leaf_groups(tmp_
         "training": {"micro_batch_size": 1, "global_batch_size": 8 * p["dp"]}})
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == 4
-    _assert_same(split, full)
+    assert full["simulation"]["asymmetric_orbits"] is None  # (rank by rank: no twins)
+    if routing == "destination":
+        assert split["simulation"]["asymmetric_orbits"] is None
+        _assert_same(split, full)
+    else:  # the sends over 2 of the 3 boundaries each way (the third's twins hash alike) and the
+        # tied embeddings' all-reduce between the first and last stages
+        assert split["simulation"]["asymmetric_orbits"] == {"dp": 1, "pp": 4}
+        assert split["step_time_s"] > full["step_time_s"] * 1.005
+        assert split["exposed_comm_s"]["pp"] > full["exposed_comm_s"]["pp"] * 1.05
+        said = "1 dp, 4 pp communications stand for twins on other fabric paths: each moves at its slowest twin's pace"
+        assert said in _simulated_line(split, 1.0) and said in header_html(split).replace("&#x27;", "'")
+    assert "slowest twin" not in _simulated_line(full, 1.0) + header_html(full).replace("&#x27;", "'")
 
 
 # --- one communication split into several orbits: the siblings ---------------------------------

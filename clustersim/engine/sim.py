@@ -224,7 +224,7 @@ def _on_links(kept: np.ndarray, plan: FlowPlan) -> FlowPlan:
     weights = tuple(ws if not c else tuple(compress(ws, flags[end - len(ws):end]))
                     for ws, c, end in zip(plan.weights, cut, ends))
     out = FlowPlan(weights=weights, fractions=plan.fractions, latency_s=plan.latency_s, wire_scale=plan.wire_scale,
-                   wire_scale_out=plan.wire_scale_out)
+                   wire_scale_out=plan.wire_scale_out, orbit_symmetric=plan.orbit_symmetric)
     return with_pairs(out, (np.bincount(flow_of[on], minlength=len(sizes)), edge[on], w[on]))
 
 
@@ -466,6 +466,28 @@ def _shape(c: Comm) -> tuple:
     return (c.op, c.group, c.twins, c.load)
 
 
+def _asymmetric_orbits(phased: dict[tuple, tuple[FlowPlan, ...]], tasks, algorithm: Callable[[Comm], str]
+                       ) -> dict[str, int]:
+    """Communication kind -> how many of the step's communications (by shape and algorithm)
+    have a phase whose orbit is not symmetric (``FlowPlan.orbit_symmetric``), from their
+    ``phased`` plans keyed by (op, group, twins, load, algorithm) and the communication
+    ``tasks`` that use them. Such an orbit's twins cross links of other signatures than its
+    simulated instance (ECMP hashes a twin's send to another spine, or onto a spine link
+    with more of its communication's flows), and it moves at its slowest twin's pace::
+
+        simulated   a -> spine 1 -> b          rank by rank: a' waits for its collision only
+        twin        a' -> spine 0 (2 flows) -> b'    collapsed: a and a' both at a' 's pace
+
+    The step is then a close estimate, usually above a run of every rank, rather than exact
+    (docs/architecture.md, "Known limitations")."""
+    kinds: dict[str, set] = {}
+    for t in tasks:
+        key = (*_shape(t.comm), algorithm(t.comm))
+        if not all(p.orbit_symmetric for p in phased.get(key, ())):
+            kinds.setdefault(t.kind, set()).add(key)
+    return {k: len(v) for k, v in sorted(kinds.items())}
+
+
 def _shape_id(c: Comm) -> tuple:
     """A communication's shape by identity, for the engine's caches: hashing its twins (dozens
     of groups) costs more than the rest of a start. The lowering shares group and twin tuples
@@ -534,6 +556,10 @@ class Engine:
         # record is in each place, and how many periods it moves; None: each once, unmoved
         self._finished_cut: tuple[list[int], list[int], float] | None = None
         self._census: dict[tuple, list] = {}  # shape -> [a communication of it, how many tasks]
+        # communication kind -> how many of the step's communications (by shape) move as an
+        # orbit at its slowest twin's pace: their twins meet links of other signatures
+        # (FlowPlan.orbit_symmetric; set by _classify)
+        self.asymmetric_orbits: dict[str, int] = {}
         self.stage_of = _stage_of(program)
         if network == "flow":
             self._classify()
@@ -662,6 +688,7 @@ class Engine:
             phased[key] = self._plans[key] = tuple(with_meetings(kept[k], meeting[k]) if k in meeting else plan
                                                    for k, plan in enumerate(phased[key]))
         self._kept = None
+        self.asymmetric_orbits = _asymmetric_orbits(phased, distinct.values(), self.algorithm)
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge = _flows_on_links(list(plans.values()))
         bw = self.cluster.edge_bw_Bps
@@ -933,7 +960,7 @@ class Engine:
         self._last_end_s = float(base.end_s.max()) if len(base.end_s) else 0.0
         return Trace(spans=None, ranks=list(self.prog.ranks), weight=dict(self.prog.weight), rep=self.prog.rep,
                      stage_of=dict(self.stage_of), algorithms=self._algorithms_used(self._census),
-                     links=self.link_use() if links else [], base=base)
+                     asymmetric_orbits=dict(self.asymmetric_orbits), links=self.link_use() if links else [], base=base)
 
     def _algorithms_used(self, census: dict) -> dict[str, dict[str, int]]:
         """Collective -> algorithm -> how many communication tasks of the ``census``
@@ -973,7 +1000,8 @@ class Engine:
                 self._count(_shape_id(c), c, n, census)
         self.cut_records(rep, float(base.end_s.max()) if len(base.end_s) else 0.0)
         return Trace(spans=None, ranks=list(program.ranks), weight=dict(program.weight), rep=program.rep,
-                     stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census), base=base)
+                     stage_of=dict(self.stage_of), algorithms=self._algorithms_used(census),
+                     asymmetric_orbits=dict(self.asymmetric_orbits), base=base)
 
     def cut_records(self, rep, step_s: float) -> None:
         """Let :meth:`link_use` read this run's records as ``rep`` cuts and copies its spans

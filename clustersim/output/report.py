@@ -59,8 +59,8 @@ from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, 
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
-from .summary import (collective_fallbacks_note, fabric_faults_note, leaf_split_note, peak_text, plan_dims, plan_options,
-                      replicas_note, schedule_part, topology_changes_note, what_if_note)
+from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note, peak_text,
+                      plan_dims, plan_options, replicas_note, schedule_part, topology_changes_note, what_if_note)
 
 GiB = 1024**3
 MiB = 1024**2
@@ -1025,7 +1025,8 @@ def header_html(summary: dict[str, Any]) -> str:
     sim = summary.get("simulation", {})
     collapsed = sim.get("collapse_symmetric", False)
     splits = replicas_note(sim, " ") + fabric_faults_note(sim.get("fabric_faults"), " ", collapsed) \
-        + leaf_split_note(sim.get("leaf_split"), " ", collapsed, sim.get("simulated_ranks", 0))
+        + leaf_split_note(sim.get("leaf_split"), " ", collapsed, sim.get("simulated_ranks", 0)) \
+        + asymmetric_note(sim, " ")
     if splits:
         out.append(f'<p class="meta">simulated:{e(splits)}</p>')
     fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")
