@@ -9,8 +9,9 @@ agree to 1e-9)::
     python bench/fuzz_fabrics.py [seed] [plans] [--routing destination] [--classes replica]
                                                                    (default 0, 40, hash, stage)
 
-It prints one line per plan (its verdict, and the ranks the collapsed run simulated of all
-of them) and the count of each verdict, and exits 1 where a plan is
+It prints one line per plan (its verdict, the ranks the collapsed run simulated of all of
+them, and the communications its summary says moved at their slowest twin's pace), the
+count of each verdict and the verdicts of the flagged plans and of the others, and exits 1 where a plan is
 BROKEN, fails (an invariant, an exception) or gives another step with its cycle copied in.
 docs/architecture.md ("Known limitations") quotes what it measures.
 """
@@ -20,11 +21,12 @@ from __future__ import annotations
 import random
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import yaml
 from fuzz_args import CLASSES, two_counts, with_classes  # a sibling script (bench/ is on the path)
-from fuzz_symmetry import compare  # (the same verdicts)
+from fuzz_symmetry import compare, flagged, flagged_counts  # (the same verdicts, and what the summary flags)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -124,6 +126,7 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="fuzz-fabrics-"))
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "failed", "refused"), 0)
     steps: list[tuple[float, int]] = []
+    flags: Counter = Counter()  # (flagged, verdict) -> plans
     bad = 0
     for i in range(plans):
         base, topo = draw_topology(rng)
@@ -160,15 +163,17 @@ def main() -> int:
             continue
         verdict, step, said = compare(collapsed.summary, full.summary)
         counts[verdict] += 1
+        flags[(bool(flagged(collapsed.summary)), verdict)] += 1
         steps.append((step, i))
         repeat_rel = whole.summary["step_time_s"] / collapsed.summary["step_time_s"] - 1.0
         odd = abs(repeat_rel) > REPEAT_REL
         bad += verdict == "BROKEN" or odd
         ranks = (collapsed.summary["simulation"]["simulated_ranks"], full.summary["simulation"]["simulated_ranks"])
         print(f"{label(i, base, topo, parallel, what_if)}: {verdict} ({ranks[0]} of {ranks[1]} ranks)"
-              + (f": {said}" if said else "")
+              + (f": {said}" if said else "") + flagged(collapsed.summary)
               + (f"; with its cycle copied in {repeat_rel:+.2e} (DIFFERS)" if odd else ""), flush=True)
     print(", ".join(f"{v} {k}" for k, v in counts.items()))
+    print(flagged_counts(flags))
     if steps:
         lo, hi = min(steps), max(steps)
         print(f"the collapsed step against the all-ranks one: {lo[0]:+.3%} (plan {lo[1]}) to {hi[0]:+.3%} (plan {hi[1]})")

@@ -22,8 +22,10 @@ Per plan, how the collapsed step compares with the all-ranks one:
 What must hold whatever the network does, since it does not depend on timing: the compute
 time per GPU and the memory's static parts (parameters, gradients, optimizer, activation
 bytes per microbatch, microbatches in flight, transient buffers). A plan where they differ
-is BROKEN, and the script exits 1. It ends with the count of each verdict, the spread of the
-step and how far one kind's exposed time (a mean over GPUs) is apart at most.
+is BROKEN, and the script exits 1. It ends with the count of each verdict, the verdicts of
+the plans whose summary flags communications that moved at their slowest twin's pace
+(``simulation.asymmetric_orbits``, at the end of their lines) and of the others, the spread
+of the step and how far one kind's exposed time (a mean over GPUs) is apart at most.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import math
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from fuzz_args import (CLASSES, two_counts, with_classes, with_deepep, with_dualpipev,  # sibling scripts
@@ -186,6 +189,26 @@ def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
     return ("above" if step > 0 else "BELOW"), step, said
 
 
+def flagged(summary: dict) -> str:
+    """What the collapsed run's summary flags (``simulation.asymmetric_orbits``: the
+    communications that moved at their slowest twin's pace), as the plan's line ends it; ""
+    where none did."""
+    orbits = summary["simulation"].get("asymmetric_orbits")
+    return f" [slowest twin: {', '.join(f'{k} {n}' for k, n in orbits.items())}]" if orbits else ""
+
+
+def flagged_counts(flags: Counter) -> str:
+    """The verdicts of the plans the summary flagged, and of the others (``flags``:
+    (flagged, verdict) -> plans), for the closing lines."""
+    def line(on: bool) -> str:
+        return ", ".join(f"{n} {v}" for (f, v), n in sorted(flags.items(), key=lambda x: VERDICTS.index(x[0][1]))
+                         if f == on) or "none"
+    return f"flagged (simulation.asymmetric_orbits): {line(True)}; not flagged: {line(False)}"
+
+
+VERDICTS = ("exact", "within 1%", "above", "BELOW", "BROKEN")
+
+
 def with_cable(sc: clustersim.Scenario, d: dict, rng: random.Random) -> dict:
     """``d`` with, one time in five, a degraded fabric cable (leaf to spine: the collapse
     keeps its classes, the orbits through it move at their slowest twin's pace) or a node's
@@ -237,6 +260,7 @@ def main() -> int:
     counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
+    flags: Counter = Counter()  # (flagged, verdict) -> plans
     for i in range(plans):
         d = with_fp8(with_mtp(with_mla(with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later),
                                                                     later), dispatch), latent), predict), fp8, ROOT)
@@ -257,12 +281,14 @@ def main() -> int:
         tf = time.perf_counter() - t - tc
         verdict, step, said = compare(collapsed.summary, full.summary)
         counts[verdict] += 1
+        flags[(bool(flagged(collapsed.summary)), verdict)] += 1
         steps.append((step, i))
         gaps.append((exposed_gap(collapsed.summary, full.summary), i))
         ranks = (collapsed.summary["simulation"]["simulated_ranks"], full.summary["simulation"]["simulated_ranks"])
         print(f"{label(i, d)}: {verdict} ({ranks[0]} of {ranks[1]} ranks, {tc:.2f} s against {tf:.2f} s)"
-              + (f": {said}" if said else ""), flush=True)
+              + (f": {said}" if said else "") + flagged(collapsed.summary), flush=True)
     print(", ".join(f"{v} {k}" for k, v in counts.items()))
+    print(flagged_counts(flags))
     if steps:
         lo, hi = min(steps), max(steps)
         print(f"the collapsed step against the all-ranks one: {lo[0]:+.3%} (plan {lo[1]}) to {hi[0]:+.3%} (plan {hi[1]})")

@@ -127,11 +127,26 @@ def test_fuzz_symmetry_compares_drawn_plans():
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 5 and all(re.search(r"\d+ of \d+ ranks, [\d.]+ s against [\d.]+ s", x) for x in lines[:2])
+    assert len(lines) == 6 and all(re.search(r"\d+ of \d+ ranks, [\d.]+ s against [\d.]+ s", x) for x in lines[:2])
     assert re.fullmatch(r"(\d+ [\w% ]+, ){5}\d+ refused", lines[2]) and " 0 BROKEN" in lines[2]
-    assert lines[3].startswith("the collapsed step against the all-ranks one: ")
+    assert lines[3].startswith("flagged (simulation.asymmetric_orbits): ")
+    assert lines[4].startswith("the collapsed step against the all-ranks one: ")
     assert re.fullmatch(r"one kind's exposed time: \d plan\(s\) more than 10 % apart, at most [\d.]+% of the larger "
-                        r"\(plan \d\)", lines[4])
+                        r"\(plan \d\)", lines[5])
+
+
+def test_fuzz_symmetry_says_which_plans_the_summary_flagged():
+    """A plan's line ends with the communications its collapsed summary says moved at their
+    slowest twin's pace, and the closing line counts the verdicts of the flagged plans apart."""
+    from collections import Counter
+
+    fz = _bench("fuzz_symmetry")
+    assert fz.flagged({"simulation": {"asymmetric_orbits": None}}) == ""
+    assert fz.flagged({"simulation": {"asymmetric_orbits": {"dp": 1, "pp": 4}}}) == " [slowest twin: dp 1, pp 4]"
+    flags = Counter({(True, "above"): 2, (True, "exact"): 3, (False, "exact"): 7, (False, "BELOW"): 1})
+    assert fz.flagged_counts(flags) == ("flagged (simulation.asymmetric_orbits): 3 exact, 2 above; "
+                                        "not flagged: 7 exact, 1 BELOW")
+    assert fz.flagged_counts(Counter({(False, "exact"): 2})).endswith(": none; not flagged: 2 exact")
 
 
 def test_fuzz_fabrics_draws_a_fabric_and_a_plan_and_compares_them():
@@ -141,9 +156,10 @@ def test_fuzz_fabrics_draws_a_fabric_and_a_plan_and_compares_them():
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 3 and re.fullmatch(r"\s+0 \S+\s+\d+ nodes (leaf_spine|fat_tree) .*: exact "
+    assert len(lines) == 4 and re.fullmatch(r"\s+0 \S+\s+\d+ nodes (leaf_spine|fat_tree) .*: exact "
                                             r"\(1 of 128 ranks\)", lines[0]), lines
     assert lines[1] == "1 exact, 0 within 1%, 0 above, 0 BELOW, 0 BROKEN, 0 failed, 0 refused"
+    assert lines[2] == "flagged (simulation.asymmetric_orbits): none; not flagged: 1 exact"
     # each DP replica apart (--classes replica): the same plan, exact too, one rank per replica
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_fabrics.py"), "0", "1", "--classes", "replica"],
                        capture_output=True, text=True, cwd=ROOT)
