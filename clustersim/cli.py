@@ -562,7 +562,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     return (line + replicas_note(sim, sep)
             + fabric_faults_note(sim.get("fabric_faults"), sep, sim["collapse_symmetric"])
             + leaf_split_note(sim.get("leaf_split"), sep, sim["collapse_symmetric"], n)
-            + asymmetric_note(sim, sep)
+            + asymmetric_note(sim, sep, summary["world_size"])
             + collective_fallbacks_note(sim.get("collective_fallbacks"), sep))
 
 

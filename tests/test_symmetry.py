@@ -657,6 +657,20 @@ def test_the_leaf_split_limit_counts_the_ranks_the_split_adds():
     assert "would simulate 96 ranks, 32 more (simulation.leaf_split_ranks: 16 more at most)" in said
 
 
+def test_the_slowest_twin_note_offers_every_rank_where_it_may_run():
+    """The note on communications at their slowest twin's pace names them per kind, and offers
+    ``--all-ranks`` to check only where every rank may be simulated (at most 4,096 GPUs)."""
+    from clustersim.config import MAX_GPUS_ALL_RANKS
+    from clustersim.output.summary import asymmetric_note
+
+    assert asymmetric_note({"asymmetric_orbits": None}, " ", 1024) == ""
+    one = asymmetric_note({"asymmetric_orbits": {"pp": 1}}, "|", 1024)
+    assert one == ("|1 pp communication stands for twins on other fabric paths: each moves at its slowest twin's "
+                   "pace,|so the step can be a few % long (--all-ranks simulates every rank to check)")
+    big = asymmetric_note({"asymmetric_orbits": {"dp": 2, "pp": 13}}, "|", MAX_GPUS_ALL_RANKS + 1)
+    assert big.startswith("|2 dp, 13 pp communications stand for") and big.endswith("a few % long")
+
+
 @pytest.mark.parametrize("most", [64, 0])
 def test_units_that_split_no_class_more_are_not_said(most):
     """Three GB200 racks, one a leaf: units are nodes, whose layouts split TP4 x PP2 x DP27

@@ -1026,7 +1026,7 @@ def header_html(summary: dict[str, Any]) -> str:
     collapsed = sim.get("collapse_symmetric", False)
     splits = replicas_note(sim, " ") + fabric_faults_note(sim.get("fabric_faults"), " ", collapsed) \
         + leaf_split_note(sim.get("leaf_split"), " ", collapsed, sim.get("simulated_ranks", 0)) \
-        + asymmetric_note(sim, " ")
+        + asymmetric_note(sim, " ", summary.get("world_size", 0))
     if splits:
         out.append(f'<p class="meta">simulated:{e(splits)}</p>')
     fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")

@@ -262,17 +262,21 @@ def leaf_split_note(split: dict | None, sep: str, collapsed: bool = True, ranks:
             f"{limit}; twins move at the slowest one's pace")
 
 
-def asymmetric_note(sim: dict, sep: str) -> str:
+def asymmetric_note(sim: dict, sep: str, world: int) -> str:
     """What the terminal and the report say where some communications moved at their slowest
     twin's pace (``simulation.asymmetric_orbits``: their twins cross links unlike the
-    simulated rank's, as ECMP hashes them), after ``sep``; "" where none did."""
+    simulated rank's, as ECMP hashes them), after ``sep``; "" where none did. ``--all-ranks``
+    is offered where it may run (``world`` GPUs, at most MAX_GPUS_ALL_RANKS)."""
     orbits = sim.get("asymmetric_orbits")
     if not orbits:
         return ""
+    from ..config import MAX_GPUS_ALL_RANKS
+
     what = ", ".join(f"{n:,} {kind}" for kind, n in orbits.items())
     many = "s stand" if sum(orbits.values()) != 1 else " stands"
+    check = " (--all-ranks simulates every rank to check)" if world <= MAX_GPUS_ALL_RANKS else ""
     return (f"{sep}{what} communication{many} for twins on other fabric paths: each moves at its slowest "
-            f"twin's pace,{sep}so the step can be a few % long (--all-ranks simulates every rank to check)")
+            f"twin's pace,{sep}so the step can be a few % long{check}")
 
 
 def replicas_note(sim: dict, sep: str) -> str:
