@@ -11,8 +11,9 @@ agree to 1e-9)::
 
 It prints one line per plan (its verdict, the ranks the collapsed run simulated of all of
 them, and the communications its summary says moved at their slowest twin's pace), the
-count of each verdict and the verdicts of the flagged plans and of the others, and exits 1 where a plan is
-BROKEN, fails (an invariant, an exception) or gives another step with its cycle copied in.
+count of each verdict and the verdicts of the flagged plans and of the others, and exits 1
+where a plan is BROKEN, fails (an invariant, an exception) or gives another step with its
+cycle copied in.
 docs/architecture.md ("Known limitations") quotes what it measures.
 """
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import yaml
 from fuzz_args import CLASSES, two_counts, with_classes  # a sibling script (bench/ is on the path)
-from fuzz_symmetry import compare, flagged, flagged_counts  # (the same verdicts, and what the summary flags)
+from fuzz_symmetry import VERDICTS, compare, flagged, flagged_counts  # (the same verdicts; what the summary flags)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -124,7 +125,7 @@ def main() -> int:
                                        "(fabric.routing); the same plans either way"), CLASSES)
     rng = random.Random(seed)
     folder = Path(tempfile.mkdtemp(prefix="fuzz-fabrics-"))
-    counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "failed", "refused"), 0)
+    counts = dict.fromkeys((*VERDICTS, "failed", "refused"), 0)
     steps: list[tuple[float, int]] = []
     flags: Counter = Counter()  # (flagged, verdict) -> plans
     bad = 0

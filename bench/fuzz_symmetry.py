@@ -189,6 +189,9 @@ def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
     return ("above" if step > 0 else "BELOW"), step, said
 
 
+VERDICTS = ("exact", "within 1%", "above", "BELOW", "BROKEN")  # (compare's, in the order they are counted)
+
+
 def flagged(summary: dict) -> str:
     """What the collapsed run's summary flags (``simulation.asymmetric_orbits``: the
     communications that moved at their slowest twin's pace), as the plan's line ends it; ""
@@ -204,9 +207,6 @@ def flagged_counts(flags: Counter) -> str:
         return ", ".join(f"{n} {v}" for (f, v), n in sorted(flags.items(), key=lambda x: VERDICTS.index(x[0][1]))
                          if f == on) or "none"
     return f"flagged (simulation.asymmetric_orbits): {line(True)}; not flagged: {line(False)}"
-
-
-VERDICTS = ("exact", "within 1%", "above", "BELOW", "BROKEN")
 
 
 def with_cable(sc: clustersim.Scenario, d: dict, rng: random.Random) -> dict:
@@ -257,7 +257,7 @@ def main() -> int:
     latent = random.Random(seed + 4_000_003)  # (fuzz_args.with_mla's, apart from all three)
     predict = random.Random(seed + 5_000_003)  # (fuzz_args.with_mtp's)
     fp8 = random.Random(seed + 6_000_003)  # (fuzz_args.with_fp8's)
-    counts = dict.fromkeys(("exact", "within 1%", "above", "BELOW", "BROKEN", "refused"), 0)
+    counts = dict.fromkeys((*VERDICTS, "refused"), 0)
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
     flags: Counter = Counter()  # (flagged, verdict) -> plans

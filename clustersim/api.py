@@ -15,7 +15,7 @@ from .analysis.exposure import exposed_collectives
 from .analysis.links import link_report
 from .analysis.memory import PartStatic, StageStatic, memory_report
 from .analysis.columns import TaskColumns
-from .analysis.metrics import step_metrics
+from .analysis.metrics import COMM_KINDS, step_metrics
 from .config import Scenario, changed_topology_fields, every_rank_refusal, load_scenario
 from .engine import Engine
 from .engine import repeat as cycles
@@ -273,7 +273,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                        "collective_algorithms": trace.algorithms, "repeat": trace.repeat,
                        "repeat_tried": trace.repeat_tried, "fabric_faults": _fabric_faults(sc, trace, world),
                        "leaf_split": _leaf_split(sc, low, trace, world),
-                       "asymmetric_orbits": dict(trace.asymmetric_orbits) or None,
+                       "asymmetric_orbits": _in_kind_order(trace.asymmetric_orbits),
                        "collective_fallbacks": collective_fallbacks(sc.cfg.simulation.collectives, trace.algorithms),
                        "simulated_rank_of_gpu": list(trace.rep) if trace.rep is not None else None},
     }
@@ -285,6 +285,13 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     if not keep_columns:
         trace.drop_columns()
     return summary
+
+
+def _in_kind_order(counts: dict[str, int]) -> dict[str, int] | None:
+    """``counts`` by communication kind in the summary's order of kinds (COMM_KINDS: tp, cp,
+    ep, pp, dp), or None where there are none."""
+    rank = {k: i for i, k in enumerate(COMM_KINDS)}
+    return {k: counts[k] for k in sorted(counts, key=lambda k: (rank.get(k, len(rank)), k))} or None
 
 
 def collective_fallbacks(asked, used: dict[str, dict[str, int]]) -> dict | None:

@@ -577,9 +577,7 @@ class Trace:
     stage_of: dict[int, int] = field(default_factory=dict)
     # collective -> algorithm -> communications of the simulated ranks that used it
     algorithms: dict[str, dict[str, int]] = field(default_factory=dict)
-    # communication kind -> communications whose orbit moved at its slowest twin's pace
-    # (Engine.asymmetric_orbits): the step is then a close estimate, not exact
-    asymmetric_orbits: dict[str, int] = field(default_factory=dict)
+    asymmetric_orbits: dict[str, int] = field(default_factory=dict)  # (engine.sim._asymmetric_orbits)
     links: list[LinkUse] = field(default_factory=list)  # links the simulated communications used
     # how the step's repeating microbatches were simulated once (clustersim.engine.repeat);
     # None: every microbatch was simulated

@@ -82,6 +82,7 @@ def _rows_from(n: int):
         calls["rows"] += 1
         if plan is not None and any(isinstance(w, int) for ws in plan.weights for _, w in ws):
             calls["orbit"] += 1  # orbit weights count members (int); symmetric ones divide (float)
+            assert not plan.orbit_symmetric  # (what simulation.asymmetric_orbits counts)
         return plan
 
     network.ROWS_MIN_FLOWS, network._weigh_rows = n, counted
@@ -95,7 +96,9 @@ def _plans(sc: clustersim.Scenario, n: int) -> tuple[dict, dict]:
     prog, _ = lower(sc)
     with _rows_from(n) as calls:
         eng = Engine(prog, sc.cluster, sc.cfg.simulation.network, sc.cfg.simulation.collectives.model_dump())
-    return {"plans": eng._plans, "full": eng._full_plans, "algorithms": eng._algos}, calls
+    flags = {k: tuple(p.orbit_symmetric for p in v) for k, v in (*eng._plans.items(), *eng._full_plans.items())}
+    return {"plans": eng._plans, "full": eng._full_plans, "algorithms": eng._algos, "symmetric": flags,
+            "asymmetric_orbits": eng.asymmetric_orbits}, calls
 
 
 ORBITS: dict[str, int] = {}
@@ -110,7 +113,7 @@ def test_arrays_give_the_plans_of_the_dictionaries(name):
     if sc.cfg.simulation.network == "flow":
         assert calls["rows"] > 0
     ORBITS[name] = calls["orbit"]
-    assert by_rows == by_dicts
+    assert by_rows == by_dicts  # (the plans' orbit_symmetric and the engine's count of them too)
 
 
 def test_the_orbit_weights_branch_was_compared():
@@ -118,6 +121,23 @@ def test_the_orbit_weights_branch_was_compared():
     if len(ORBITS) < len(SHIPPED) + len(VARIANTS):
         pytest.skip("runs after the comparisons above")
     assert sum(ORBITS.values()) > 0
+
+
+def test_plans_of_asymmetric_orbits_stay_flagged_made_either_way():
+    """An orbit whose twins cross other links is flagged (FlowPlan.orbit_symmetric false)
+    whether its plan is weighed on arrays or with dictionaries, alone (two GB200 racks, whose
+    sends and DP all-reduce cross spines the hash picks per pair) or with its siblings (the
+    straggler's split classes there), after its pipelines are made one flow and its links
+    merged; the engine counts the same communications either way."""
+    for name, alone in (("nvl72", True), ("siblings-straggler", False)):
+        sc = _scenario(name)
+        by_dicts, _ = _plans(sc, 10**12)
+        by_rows, calls = _plans(sc, 0)
+        assert (calls["orbit"] > 0) == alone  # (siblings: _weigh_sibling_rows, not _weigh_rows)
+        assert by_rows["asymmetric_orbits"] == by_dicts["asymmetric_orbits"]
+        assert set(by_rows["asymmetric_orbits"]) == {"dp", "pp"}
+        assert by_rows["symmetric"] == by_dicts["symmetric"]
+        assert any(False in flags for flags in by_rows["symmetric"].values())
 
 
 @pytest.mark.parametrize("topology,nodes", [("h800-cluster.yaml", 3), ("dgx-a100.yaml", 24), ("gb200-nvl72.yaml", 1)])

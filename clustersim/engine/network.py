@@ -91,10 +91,9 @@ class FlowPlan:
     # the scale-out links (Cluster.scale_out_mask), and every link where the classes split a
     # stage (``wide``, plan_phases). Not part of the plan's value; None where not known
     meet_real: np.ndarray | None = field(default=None, compare=False)
-    # False where the orbit's instances meet links of different signatures (a twin crosses a
-    # spine the simulated instance does not: ECMP): the flows are constrained on every link
-    # any twin crosses and the orbit moves at its slowest twin's pace (plan_phases), a close
-    # estimate rather than exact. Not part of the plan's value
+    # False where the orbit's instances meet links of different signatures (plan_phases: the
+    # slowest twin sets the pace); an orbit of one instance, which its siblings' make
+    # asymmetric, is constrained on its own links only: True. Not part of the plan's value
     orbit_symmetric: bool = field(default=True, compare=False)
 
     @cached_property  # (a frozen dataclass keeps it in its __dict__; fields alone compare and hash)
@@ -704,7 +703,7 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
         latency = max(path_lat.values(), default=0.0)
     crossed = np.fromiter(real, np.int64, len(real))
     plan = FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency,
-                    meet_real=np.sort(_meeting_places(cluster, crossed, wide)), orbit_symmetric=symmetric)
+                    meet_real=np.sort(_meeting_places(cluster, crossed, wide)), orbit_symmetric=symmetric or own == 1)
     if not symmetric:  # (an asymmetric orbit is constrained wherever its members go: no meeting to add)
         make = partial(_as_is, plan)
     else:  # member by member (require_symmetric), a flow is its sender's and its receiver's: once
@@ -872,10 +871,8 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
         weights = _per_flow(pair_edge.tolist(), counts.tolist(), np.diff(bounds))
         latency = _longest_s(paths[unique(at)], lat_a)
         pairs = (np.diff(bounds).astype(np.int64), pair_edge, counts.astype(float))
-    plan = FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met,
-                    orbit_symmetric=False)
-    if not co.symmetric:
-        with_pairs(plan, pairs)
+    plan = with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met,
+                               orbit_symmetric=len(at) == 1), pairs)
     if keep is not None and len(met):  # (asymmetric: constrained wherever its members go, no meeting to add)
         keep(partial(_as_is, plan))
     return plan

@@ -466,26 +466,22 @@ def _shape(c: Comm) -> tuple:
     return (c.op, c.group, c.twins, c.load)
 
 
-def _asymmetric_orbits(phased: dict[tuple, tuple[FlowPlan, ...]], tasks, algorithm: Callable[[Comm], str]
-                       ) -> dict[str, int]:
-    """Communication kind -> how many of the step's communications (by shape and algorithm)
-    have a phase whose orbit is not symmetric (``FlowPlan.orbit_symmetric``), from their
-    ``phased`` plans keyed by (op, group, twins, load, algorithm) and the communication
-    ``tasks`` that use them. Such an orbit's twins cross links of other signatures than its
-    simulated instance (ECMP hashes a twin's send to another spine, or onto a spine link
-    with more of its communication's flows), and it moves at its slowest twin's pace::
+def _asymmetric_orbits(phased: dict[tuple, tuple[FlowPlan, ...]], keys_of: dict[str, set]) -> dict[str, int]:
+    """Communication kind -> how many of its distinct communications (``keys_of[kind]``: their
+    plans' keys in ``phased``, (op, group, twins, load, algorithm): a stage's sends to the
+    next, a DP group's all-reduce; not tasks) have a phase whose orbit is not symmetric
+    (``FlowPlan.orbit_symmetric``: twins on links unlike the simulated instance's), which then
+    moves at its slowest twin's pace::
 
-        simulated   a -> spine 1 -> b          rank by rank: a' waits for its collision only
-        twin        a' -> spine 0 (2 flows) -> b'    collapsed: a and a' both at a' 's pace
+        simulated   a  -> spine 1 ---------------> b     rank by rank: each at its own pace
+        twin        a' -> spine 0 (another send) -> b'   collapsed: a and a' both at a' 's
 
-    The step is then a close estimate, usually above a run of every rank, rather than exact
-    (docs/architecture.md, "Known limitations")."""
-    kinds: dict[str, set] = {}
-    for t in tasks:
-        key = (*_shape(t.comm), algorithm(t.comm))
-        if not all(p.orbit_symmetric for p in phased.get(key, ())):
-            kinds.setdefault(t.kind, set()).add(key)
-    return {k: len(v) for k, v in sorted(kinds.items())}
+    Twins slowed only where they meet another communication's (Engine._meetings) are not
+    counted: those orbits are symmetric, and mostly exact (docs/architecture.md, "Known
+    limitations")."""
+    counts = {kind: sum(not all(p.orbit_symmetric for p in phased[key]) for key in keys)
+              for kind, keys in keys_of.items()}
+    return {kind: n for kind, n in counts.items() if n}
 
 
 def _shape_id(c: Comm) -> tuple:
@@ -556,10 +552,7 @@ class Engine:
         # record is in each place, and how many periods it moves; None: each once, unmoved
         self._finished_cut: tuple[list[int], list[int], float] | None = None
         self._census: dict[tuple, list] = {}  # shape -> [a communication of it, how many tasks]
-        # communication kind -> how many of the step's communications (by shape) move as an
-        # orbit at its slowest twin's pace: their twins meet links of other signatures
-        # (FlowPlan.orbit_symmetric; set by _classify)
-        self.asymmetric_orbits: dict[str, int] = {}
+        self.asymmetric_orbits: dict[str, int] = {}  # (_asymmetric_orbits; set by _classify)
         self.stage_of = _stage_of(program)
         if network == "flow":
             self._classify()
@@ -678,8 +671,12 @@ class Engine:
             fast = _shape_id(c)
             distinct[(*fast, c.key[:2], t.stream)] = t
             self._count(fast, c, n)
-        shapes = {(*_shape(t.comm), self.algorithm(t.comm), t.comm.key[:2] + (t.stream,)): t.comm
-                  for t in distinct.values()}
+        shapes: dict[tuple, Comm] = {}
+        keys_of: dict[str, set] = {}  # communication kind -> its plans' keys (for asymmetric_orbits)
+        for t in distinct.values():
+            key = (*_shape(t.comm), self.algorithm(t.comm))
+            shapes[(*key, t.comm.key[:2] + (t.stream,))] = t.comm
+            keys_of.setdefault(t.kind, set()).add(key)
         self._kept = {}  # (every plan is made here first: each phase crossing a scale-out link keeps its maker)
         phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
         for key, meeting in self._meetings(phased).items():
@@ -688,7 +685,7 @@ class Engine:
             phased[key] = self._plans[key] = tuple(with_meetings(kept[k], meeting[k]) if k in meeting else plan
                                                    for k, plan in enumerate(phased[key]))
         self._kept = None
-        self.asymmetric_orbits = _asymmetric_orbits(phased, distinct.values(), self.algorithm)
+        self.asymmetric_orbits = _asymmetric_orbits(phased, keys_of)
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge = _flows_on_links(list(plans.values()))
         bw = self.cluster.edge_bw_Bps
