@@ -732,6 +732,26 @@ def test_a_nic_cable_splits_the_gpus_whose_flows_meet_its_own(tmp_path, narrow):
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == 28
     _assert_same(split, full)
+def test_orbits_of_one_instance_are_not_flagged_against_their_siblings():
+    """Two H800 nodes, TP2 x DP8, node 0's NIC 3 at half bandwidth (bench/fuzz_symmetry.py
+    209, plan 0): the classes split to every rank, so each communication is several orbits of
+    one instance, whose links differ from their siblings'. Each is constrained on its own
+    links only and the run is exact: no orbit moved at a slowest twin's pace, and the
+    summary flags none (it flagged the DP all-reduce's before an orbit of one instance
+    counted as symmetric)."""
+    sc = clustersim.load_scenario({
+        "name": "one-instance-orbits",
+        "cluster": {"topology": "topologies/h800-cluster.yaml", "nodes": 2,
+                    "what_if": [{"link": "leaf0.3-n0.nic3", "bw_factor": 0.5}]},
+        "model": {**MODEL, "layers": 1, "hidden": 1024, "heads": 16, "seq_len": 2048},
+        "parallel": {"tp": 2, "pp": 1, "dp": 8},
+        "training": {"micro_batch_size": 1, "global_batch_size": 8}}, base_dir=ROOT)
+    split, full = _both(sc)
+    assert split["simulation"]["simulated_ranks"] == full["simulation"]["simulated_ranks"] == 16
+    assert split["simulation"]["asymmetric_orbits"] is None
+    _assert_same(split, full)
+
+
 # 8 nodes (64 GPUs), two a leaf: leaf1.0 / leaf1.2 hold nodes 2 and 3 (16 GPUs). Kept in the
 # collapse (one rank a stage), each had the same step but one kind's exposed time 13 % to
 # 93 % over the all-ranks run's. Two pin the DP all-reduce's algorithm to one whose twins'
