@@ -85,6 +85,27 @@ def test_fastest_skips_plans_that_do_not_fit():
     assert labels(3) == ["A", "B", "C"] and labels(28)[26:] == ["P27", "P28"]
 
 
+def test_a_close_lead_over_an_estimated_step_is_said():
+    """Where the fastest plan leads the next by less than CLOSE_LEAD and either's step is an
+    estimate (simulation.asymmetric_orbits), the verdict says the lead is within what that
+    estimate can be off; a wider lead, or exact steps, say nothing more."""
+    from clustersim.output.compare import CLOSE_LEAD, verdict_lines
+
+    def s(t: float, flagged: bool) -> dict:
+        return {"tokens_per_s": t, "tokens_per_s_per_gpu": t, "memory": {"fits": True},
+                "simulation": {"asymmetric_orbits": {"pp": 2} if flagged else None}}
+
+    close = 100 * (1 + CLOSE_LEAD / 2)
+    lines = verdict_lines(["A", "B", "C"], [s(100, True), s(close, False), s(50, True)])
+    assert lines[0].startswith("fastest                 B (") and len(lines) == 2
+    assert lines[1].strip() == ("within what A's estimate can be off (communications at their slowest twin's pace); "
+                                "--all-ranks checks it")
+    both = verdict_lines(["A", "B"], [s(100, True), s(close, True)])
+    assert "within what B's and A's estimates can be off" in both[1] and both[1].endswith("checks them")
+    assert len(verdict_lines(["A", "B"], [s(100, True), s(100 * (1 + 2 * CLOSE_LEAD), True)])) == 1
+    assert len(verdict_lines(["A", "B"], [s(100, False), s(close, False)])) == 1
+
+
 def test_compare_a_pipeline_with_zero3(tmp_path, root):
     out = tmp_path / "cmp"
     r = run_cli("compare", ZERO3, "--variant", PIPELINE, "--variant", "parallel.zero=0", "--out", out, cwd=root)

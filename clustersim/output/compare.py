@@ -188,6 +188,12 @@ def other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
             "of one job"]
 
 
+# a lead within this of the next plan, where either's step is an estimate (some communications
+# at their slowest twin's pace, simulation.asymmetric_orbits), is said to be within what that
+# pace can move a step: most such steps are within 1 % of every rank's (docs/architecture.md)
+CLOSE_LEAD = 0.02
+
+
 def verdict_lines(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
     best = fastest(summaries)
     if best is None:
@@ -195,11 +201,18 @@ def verdict_lines(names: list[str], summaries: list[dict[str, Any]]) -> list[str
     lines = []
     others = [i for i in range(len(summaries)) if i != best and summaries[i]["memory"]["fits"]]
     text = f"{names[best]} (most tokens/s of those that fit"
+    close = []
     if others:
         nxt = max(others, key=lambda i: summaries[i]["tokens_per_s"])
         gain = summaries[best]["tokens_per_s"] / summaries[nxt]["tokens_per_s"] - 1
         text += f"; {100 * gain:.1f} % more than {names[nxt]}" if gain >= 5e-4 else f"; level with {names[nxt]}"
+        if gain < CLOSE_LEAD:
+            close = [names[i] for i in (best, nxt) if summaries[i]["simulation"].get("asymmetric_orbits")]
     lines.append(f"{'fastest':<24}{text})")
+    if close:
+        whose = " and ".join(f"{n}'s" for n in close)
+        lines.append(f"{'':<24}within what {whose} estimate{'s' if len(close) > 1 else ''} can be off (communications "
+                     f"at their slowest twin's pace); --all-ranks checks {'it' if len(close) == 1 else 'them'}")
     unfit = [names[i] for i, s in enumerate(summaries) if not s["memory"]["fits"]]
     if unfit:
         lines.append(f"{'':<24}{', '.join(unfit)} {'does' if len(unfit) == 1 else 'do'} not fit: "
