@@ -99,7 +99,7 @@ def test_a_close_lead_over_an_estimated_step_is_said():
     lines = verdict_lines(["A", "B", "C"], [s(100, True), s(close, False), s(50, True)])
     assert lines[0].startswith("fastest                 B (") and len(lines) == 2
     assert lines[1].strip() == ("within what A's estimate can be off (communications at their slowest twin's pace); "
-                                "--all-ranks checks it")
+                                "run --all-ranks checks it")
     both = verdict_lines(["A", "B"], [s(100, True), s(close, True)])
     assert "within what B's and A's estimates can be off" in both[1] and both[1].endswith("checks them")
     assert len(verdict_lines(["A", "B"], [s(100, True), s(100 * (1 + 2 * CLOSE_LEAD), True)])) == 1

@@ -212,7 +212,7 @@ def verdict_lines(names: list[str], summaries: list[dict[str, Any]]) -> list[str
     if close:
         whose = " and ".join(f"{n}'s" for n in close)
         lines.append(f"{'':<24}within what {whose} estimate{'s' if len(close) > 1 else ''} can be off (communications "
-                     f"at their slowest twin's pace); --all-ranks checks {'it' if len(close) == 1 else 'them'}")
+                     f"at their slowest twin's pace); run --all-ranks checks {'it' if len(close) == 1 else 'them'}")
     unfit = [names[i] for i, s in enumerate(summaries) if not s["memory"]["fits"]]
     if unfit:
         lines.append(f"{'':<24}{', '.join(unfit)} {'does' if len(unfit) == 1 else 'do'} not fit: "
