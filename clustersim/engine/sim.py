@@ -474,7 +474,7 @@ def _asymmetric_orbits(phased: dict[tuple, tuple[FlowPlan, ...]], keys_of: dict[
     moves at its slowest twin's pace::
 
         simulated   a  -> spine 1 ---------------> b     rank by rank: each at its own pace
-        twin        a' -> spine 0 (another send) -> b'   collapsed: a and a' both at a' 's
+        twin        a' -> spine 0 (another send) -> b'   collapsed: a too at the pace of a'
 
     Twins slowed only where they meet another communication's (Engine._meetings) are not
     counted: those orbits are symmetric, and mostly exact (docs/architecture.md, "Known
