@@ -47,7 +47,10 @@ SWEEP_FILES = ("sweep.json", "sweep.csv", "sweep.html")
 # what a sweep keeps of each plan's summary (a thousand whole summaries would be hundreds of MB)
 FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction")
 CSV_COLUMNS = ("plan", "status") + FIGURES + ("compute_s", "exposed_comm_s", "bubble_s", "peak_bytes",
-                                              "capacity_bytes", "fits", "reason", "floor_bytes")
+                                              "capacity_bytes", "fits", "estimate", "reason", "floor_bytes")
+# after a plan's step in the tables: its step is an estimate, some of its communications at
+# their slowest twin's pace (``simulation.asymmetric_orbits``; the row's ``estimate``)
+ESTIMATE_MARK = "~"
 
 
 def split_values(text: str) -> list[str]:
@@ -196,7 +199,8 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
     mem = s["memory"]
     return {**row, "status": "ok", **{k: s[k] for k in FIGURES}, "compute_s": split["compute_s"],
             "exposed_comm_s": s["exposed_comm_s"], "bubble_s": split["bubble_s"], "peak_bytes": mem["peak_bytes"],
-            "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"]}
+            "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"],
+            "estimate": bool(s["simulation"]["asymmetric_orbits"])}
 
 
 @contextmanager
@@ -498,19 +502,32 @@ def also_set(sweep: dict[str, Any], r: dict[str, Any]) -> str:
 
 def table_columns(sweep: dict[str, Any]) -> list[tuple[str, Any]]:
     """The ranked table's columns, each (head, a simulated plan's row -> its cell): the plan's
-    number, the keys it is shown by (:func:`_columns`), then its figures."""
+    number, the keys it is shown by (:func:`_columns`), then its figures, the step followed by
+    :data:`ESTIMATE_MARK` where it is an estimate (where any plan's is: else no room for it)."""
     from .output.summary import GiB
 
     keys = _columns(sweep)
+    marked = any(r.get("estimate") for r in sweep["plans"])  # (else no column room for the mark)
+    step_cell = (lambda r: f"{r['step_time_s']:.3f}" + (ESTIMATE_MARK if r.get("estimate") else " ")) if marked else (
+        lambda r: f"{r['step_time_s']:.3f}")
     return [("#", lambda r: str(r["plan"]))] + [
         (h, lambda r, k=k: cell_text(r["changes"].get(k))) for h, k in zip(column_heads(keys), keys)] + [
-        ("step s", lambda r: f"{r['step_time_s']:.3f}"),
+        ("step s", step_cell),
         ("tokens/s/GPU", lambda r: f"{r['tokens_per_s_per_gpu']:,.1f}"),
         ("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
         ("bubble", lambda r: f"{100 * r['bubble_fraction']:.1f} %"),
         ("exposed s", lambda r: f"{r['exposed_comm_s']['total']:.3f}"),
         ("peak GiB", lambda r: f"{r['peak_bytes'] / GiB:.1f}"),
         ("fits", lambda r: "yes" if r["fits"] else "NO")]
+
+
+def estimate_legend(shown: list[dict[str, Any]]) -> str:
+    """What :data:`ESTIMATE_MARK` after a step means, where one of the rows ``shown`` has it
+    ("" where none does)."""
+    if not any(r.get("estimate") for r in shown):
+        return ""
+    return (f"{ESTIMATE_MARK} after a step: an estimate, some communications at their slowest twin's pace (mostly "
+            "within 1 % of every rank's; run --all-ranks checks it)")
 
 
 def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = None, note_head: str = "",
@@ -532,6 +549,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
         for t, r in zip(table, [None, *shown]):
             note = (note_head if r is None else (notes or {}).get(r["plan"], "")) if notes is not None else ""
             lines.append(("  ".join(c.rjust(w) for c, w in zip(t, widths)) + "  " + note).rstrip())
+        lines += filter(None, [estimate_legend(shown)])
     if done > len(shown):
         lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:

@@ -445,3 +445,32 @@ def test_the_lines_drawn_are_those_whose_best_plan_that_fits_is_fastest():
     for most, names in [(2, ["zero=2", "zero=1"]), (3, ["zero=2", "zero=1", "zero=3"])]:
         _, fig = lines_figure(sweep, most)
         assert [t["name"] for t in fig["data"] if t.get("showlegend", True)] == names
+
+
+def test_estimated_steps_are_marked_where_any_plan_has_one():
+    """A plan whose step is an estimate (its summary's ``simulation.asymmetric_orbits``: the
+    row's ``estimate``) shows ESTIMATE_MARK after its step, the others a space, and a legend
+    follows the table; where no plan's is, the column is as before and no legend."""
+    from clustersim.sweep import ESTIMATE_MARK, table_lines
+
+    def row(n: int, step_s: float, estimate: bool) -> dict:
+        return {"plan": n, "changes": {"parallel.zero": n}, "status": "ok", "step_time_s": step_s,
+                "tokens_per_s": 1 / step_s, "tokens_per_s_per_gpu": 1 / step_s, "mfu": 0.5, "bubble_fraction": 0.1,
+                "exposed_comm_s": {"total": 0.1}, "peak_bytes": 2**30, "capacity_bytes": 2**36, "fits": True,
+                "estimate": estimate}
+
+    def sweep(*rows) -> dict:
+        return {"plans": list(rows), "ranking": [r["plan"] for r in rows], "vary": {"parallel.zero": [1, 2]},
+                "dp_follows": False}
+
+    lines = table_lines(sweep(row(1, 1.5, True), row(2, 2.5, False)), 20)
+    assert f"1.500{ESTIMATE_MARK}" in lines[1] and "2.500 " in lines[2] and ESTIMATE_MARK not in lines[2]
+    assert lines[3].startswith(f"{ESTIMATE_MARK} after a step: an estimate")
+    plain = table_lines(sweep(row(1, 1.5, False), row(2, 2.5, False)), 20)
+    assert len(plain) == 3 and all(ESTIMATE_MARK not in x for x in plain)
+    assert plain[1].index("1.500") + len("1.500") == plain[0].index("step s") + len("step s")  # (no room kept)
+    from clustersim.output.plans_page import _table_html  # sweep.html's table says the same
+
+    assert f"1.500{ESTIMATE_MARK}" in _table_html(sweep(row(1, 1.5, True), row(2, 2.5, False)), None)
+    assert "after a step: an estimate" in _table_html(sweep(row(1, 1.5, True)), None)
+    assert "after a step" not in _table_html(sweep(row(1, 1.5, False)), None)

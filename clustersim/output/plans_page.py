@@ -30,7 +30,8 @@ import shlex
 from typing import Any
 
 from ..overrides import changes_text
-from ..sweep import UNFIT_WHY, cell_text, column_heads, also_set, plan_text, table_columns, value_at
+from ..sweep import (UNFIT_WHY, also_set, cell_text, column_heads, estimate_legend, plan_text, table_columns,
+                     value_at)
 from .report import REPORT_CSS, plotlyjs_script, white_template, plot_div
 from .compare_page import small_layout, parts_figure
 from .summary import GiB
@@ -326,6 +327,8 @@ def _table_html(sweep: dict[str, Any], own: int | None) -> str:
         body.append(f"<tr{grey}>{cells}</tr>")
     left = len(sweep["ranking"]) - TABLE_ROWS
     tail = f'<p class="note">... and {left:,} more in the CSV.</p>' if left > 0 else ""
+    legend = estimate_legend([rows[n] for n in sweep["ranking"][:TABLE_ROWS]])
+    tail += f'<p class="note">{e(legend)}.</p>' if legend else ""
     return (f"<h2>Every plan simulated, best first</h2><table><tr>{heads}</tr>{''.join(body)}</table>{tail}"
             "<p class=\"note\">Best first: the plans that fit by tokens/s, then those that do not (greyed: the step "
             "they would take if they fit).</p>")
