@@ -47,10 +47,11 @@ SWEEP_FILES = ("sweep.json", "sweep.csv", "sweep.html")
 # what a sweep keeps of each plan's summary (a thousand whole summaries would be hundreds of MB)
 FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction")
 CSV_COLUMNS = ("plan", "status") + FIGURES + ("compute_s", "exposed_comm_s", "bubble_s", "peak_bytes",
-                                              "capacity_bytes", "fits", "estimate", "reason", "floor_bytes")
+                                              "capacity_bytes", "fits", "reason", "floor_bytes", "estimate")
 # after a plan's step in the tables: its step is an estimate, some of its communications at
-# their slowest twin's pace (``simulation.asymmetric_orbits``; the row's ``estimate``)
-ESTIMATE_MARK = "~"
+# their slowest twin's pace (``simulation.asymmetric_orbits``; the row's ``estimate``); an
+# unmarked step keeps its place with a figure space (a plain one collapses in HTML)
+ESTIMATE_MARK, NO_MARK = "~", "\u2007"
 
 
 def split_values(text: str) -> list[str]:
@@ -500,19 +501,25 @@ def also_set(sweep: dict[str, Any], r: dict[str, Any]) -> str:
     return changes_text([(k, v) for k, v in r["changes"].items() if k not in shown and v is not None])
 
 
-def table_columns(sweep: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The ranked table's columns, each (head, a simulated plan's row -> its cell): the plan's
-    number, the keys it is shown by (:func:`_columns`), then its figures, the step followed by
-    :data:`ESTIMATE_MARK` where it is an estimate (where any plan's is: else no room for it)."""
+def step_text(r: dict[str, Any], marked: bool) -> str:
+    """A plan's step as the tables show it: followed by :data:`ESTIMATE_MARK` where it is an
+    estimate, by :data:`NO_MARK` where it is not, both only where some row shown is
+    (``marked``)."""
+    mark = (ESTIMATE_MARK if r.get("estimate") else NO_MARK) if marked else ""
+    return f"{r['step_time_s']:.3f}{mark}"
+
+
+def table_columns(sweep: dict[str, Any], shown: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """The ranked table's columns for the rows ``shown``, each (head, a simulated plan's row ->
+    its cell): the plan's number, the keys it is shown by (:func:`_columns`), then its
+    figures, the step marked where it is an estimate (:func:`step_text`)."""
     from .output.summary import GiB
 
     keys = _columns(sweep)
-    marked = any(r.get("estimate") for r in sweep["plans"])  # (else no column room for the mark)
-    step_cell = (lambda r: f"{r['step_time_s']:.3f}" + (ESTIMATE_MARK if r.get("estimate") else " ")) if marked else (
-        lambda r: f"{r['step_time_s']:.3f}")
+    marked = any(r.get("estimate") for r in shown)
     return [("#", lambda r: str(r["plan"]))] + [
         (h, lambda r, k=k: cell_text(r["changes"].get(k))) for h, k in zip(column_heads(keys), keys)] + [
-        ("step s", step_cell),
+        ("step s", lambda r: step_text(r, marked)),
         ("tokens/s/GPU", lambda r: f"{r['tokens_per_s_per_gpu']:,.1f}"),
         ("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
         ("bubble", lambda r: f"{100 * r['bubble_fraction']:.1f} %"),
@@ -521,13 +528,16 @@ def table_columns(sweep: dict[str, Any]) -> list[tuple[str, Any]]:
         ("fits", lambda r: "yes" if r["fits"] else "NO")]
 
 
-def estimate_legend(shown: list[dict[str, Any]]) -> str:
-    """What :data:`ESTIMATE_MARK` after a step means, where one of the rows ``shown`` has it
-    ("" where none does)."""
+def estimate_legend(shown: list[dict[str, Any]]) -> list[str]:
+    """What :data:`ESTIMATE_MARK` after a step means, in two lines, where one of the rows
+    ``shown`` has it (none where none does)."""
+    from .config import MAX_GPUS_ALL_RANKS
+    from .output.summary import ESTIMATE_SPREAD, SLOWEST_TWIN
+
     if not any(r.get("estimate") for r in shown):
-        return ""
-    return (f"{ESTIMATE_MARK} after a step: an estimate, some communications at their slowest twin's pace (mostly "
-            "within 1 % of every rank's; run --all-ranks checks it)")
+        return []
+    return [f"{ESTIMATE_MARK} an estimated step, {SLOWEST_TWIN}:",
+            f"  {ESTIMATE_SPREAD}; run --all-ranks checks one (up to {MAX_GPUS_ALL_RANKS:,} GPUs)"]
 
 
 def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = None, note_head: str = "",
@@ -540,8 +550,8 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
     refused = [r for r in sweep["plans"] if r["status"] == "refused"]
     unfit = [r for r in sweep["plans"] if r["status"] == "unfit"]
     failed = [r for r in sweep["plans"] if r["status"] == "failed"]
-    cols = table_columns(sweep)
     shown = [rows[p] for p in sweep["ranking"][:top]]
+    cols = table_columns(sweep, shown)
     lines = []
     if shown:
         table = [[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in shown]
@@ -549,7 +559,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
         for t, r in zip(table, [None, *shown]):
             note = (note_head if r is None else (notes or {}).get(r["plan"], "")) if notes is not None else ""
             lines.append(("  ".join(c.rjust(w) for c, w in zip(t, widths)) + "  " + note).rstrip())
-        lines += filter(None, [estimate_legend(shown)])
+        lines += estimate_legend(shown)
     if done > len(shown):
         lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:

@@ -87,23 +87,28 @@ def test_fastest_skips_plans_that_do_not_fit():
 
 def test_a_close_lead_over_an_estimated_step_is_said():
     """Where the fastest plan leads the next by less than CLOSE_LEAD and either's step is an
-    estimate (simulation.asymmetric_orbits), the verdict says the lead is within what that
-    estimate can be off; a wider lead, or exact steps, say nothing more."""
+    estimate (simulation.asymmetric_orbits), the verdict says the lead may not hold, naming
+    them in the plans' order and offering run --all-ranks up to 4,096 GPUs; a wider lead,
+    exact steps, or a close plan that does not fit say nothing more."""
     from clustersim.output.compare import CLOSE_LEAD, verdict_lines
 
-    def s(t: float, flagged: bool) -> dict:
-        return {"tokens_per_s": t, "tokens_per_s_per_gpu": t, "memory": {"fits": True},
+    def s(t: float, flagged: bool, fits: bool = True, gpus: int = 1024) -> dict:
+        return {"tokens_per_s": t, "tokens_per_s_per_gpu": t, "memory": {"fits": fits}, "world_size": gpus,
                 "simulation": {"asymmetric_orbits": {"pp": 2} if flagged else None}}
 
     close = 100 * (1 + CLOSE_LEAD / 2)
     lines = verdict_lines(["A", "B", "C"], [s(100, True), s(close, False), s(50, True)])
     assert lines[0].startswith("fastest                 B (") and len(lines) == 2
-    assert lines[1].strip() == ("within what A's estimate can be off (communications at their slowest twin's pace); "
-                                "run --all-ranks checks it")
+    assert lines[1].strip() == ("the lead may not hold: A's step is an estimate (some communications at their slowest "
+                                "twin's pace); run --all-ranks checks it")
     both = verdict_lines(["A", "B"], [s(100, True), s(close, True)])
-    assert "within what B's and A's estimates can be off" in both[1] and both[1].endswith("checks them")
+    assert "may not hold: A's and B's steps are estimates" in both[1] and both[1].endswith("checks them")
+    big = verdict_lines(["A", "B"], [s(100, True, gpus=8192), s(close, True, gpus=8192)])
+    assert big[1].endswith("slowest twin's pace)")  # (--all-ranks is refused past 4,096 GPUs)
     assert len(verdict_lines(["A", "B"], [s(100, True), s(100 * (1 + 2 * CLOSE_LEAD), True)])) == 1
     assert len(verdict_lines(["A", "B"], [s(100, False), s(close, False)])) == 1
+    assert len(verdict_lines(["A", "B", "C"], [s(close, True, fits=False), s(100, True), s(10, False)])) == 2  # (no fit)
+    assert verdict_lines(["A"], [s(100, True)]) == ["fastest                 A (most tokens/s of those that fit)"]
 
 
 def test_compare_a_pipeline_with_zero3(tmp_path, root):

@@ -94,6 +94,8 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     pick = rows[4]  # pp 2, ZeRO-3
     s = clustersim.simulate(load_variant(root / ZERO3, list(pick["changes"].items()))).summary
     assert pick["step_time_s"] == s["step_time_s"] and pick["peak_bytes"] == s["memory"]["peak_bytes"]
+    assert pick["estimate"] is (s["simulation"]["asymmetric_orbits"] is not None)  # (a row of its own summary)
+    assert all(isinstance(r["estimate"], bool) for r in ok) and not any("estimate" in r for r in refused)
     assert pick["changes"] == {"parallel.pp": 2, "parallel.zero": 3, "parallel.dp": 8}
     # a pipeline's bubble grows with pp at the same batch; ZeRO-3 saves memory over ZeRO-1
     z1 = {r["changes"]["parallel.pp"]: r for r in ok if r["changes"]["parallel.zero"] == 1}
@@ -104,6 +106,8 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     lines = list(csv.DictReader(io.StringIO((out / "sweep.csv").read_text())))
     assert [int(x["plan"]) for x in lines] == list(range(1, 9))
     assert lines[3]["parallel.dp"] == "8" and float(lines[3]["step_time_s"]) == pick["step_time_s"]
+    assert lines[3]["estimate"] == str(pick["estimate"]) and list(lines[3])[-1] == "estimate"  # (the last column)
+    assert all(x["estimate"] == "" for x in lines if x["status"] == "refused")
     table = stdout.splitlines()
     first = table.index(next(x for x in table if x.lstrip().startswith("#")))
     assert [int(x.split()[0]) for x in table[first + 1:first + 1 + len(ok)]] == sweep["ranking"]
@@ -447,11 +451,13 @@ def test_the_lines_drawn_are_those_whose_best_plan_that_fits_is_fastest():
         assert [t["name"] for t in fig["data"] if t.get("showlegend", True)] == names
 
 
-def test_estimated_steps_are_marked_where_any_plan_has_one():
+def test_estimated_steps_are_marked_where_a_row_shown_has_one():
     """A plan whose step is an estimate (its summary's ``simulation.asymmetric_orbits``: the
-    row's ``estimate``) shows ESTIMATE_MARK after its step, the others a space, and a legend
-    follows the table; where no plan's is, the column is as before and no legend."""
-    from clustersim.sweep import ESTIMATE_MARK, table_lines
+    row's ``estimate``) shows ESTIMATE_MARK after its step, the others NO_MARK in its place,
+    and a legend follows the table; where no row shown is one (none at all, or past --top),
+    the column is as before and no legend. sweep.html's table says the same."""
+    from clustersim.output.plans_page import _table_html
+    from clustersim.sweep import ESTIMATE_MARK, NO_MARK, table_lines
 
     def row(n: int, step_s: float, estimate: bool) -> dict:
         return {"plan": n, "changes": {"parallel.zero": n}, "status": "ok", "step_time_s": step_s,
@@ -460,17 +466,18 @@ def test_estimated_steps_are_marked_where_any_plan_has_one():
                 "estimate": estimate}
 
     def sweep(*rows) -> dict:
-        return {"plans": list(rows), "ranking": [r["plan"] for r in rows], "vary": {"parallel.zero": [1, 2]},
+        return {"plans": list(rows), "ranking": [r["plan"] for r in rows], "vary": {"parallel.zero": [1, 2, 3]},
                 "dp_follows": False}
 
     lines = table_lines(sweep(row(1, 1.5, True), row(2, 2.5, False)), 20)
-    assert f"1.500{ESTIMATE_MARK}" in lines[1] and "2.500 " in lines[2] and ESTIMATE_MARK not in lines[2]
-    assert lines[3].startswith(f"{ESTIMATE_MARK} after a step: an estimate")
-    plain = table_lines(sweep(row(1, 1.5, False), row(2, 2.5, False)), 20)
-    assert len(plain) == 3 and all(ESTIMATE_MARK not in x for x in plain)
-    assert plain[1].index("1.500") + len("1.500") == plain[0].index("step s") + len("step s")  # (no room kept)
-    from clustersim.output.plans_page import _table_html  # sweep.html's table says the same
-
-    assert f"1.500{ESTIMATE_MARK}" in _table_html(sweep(row(1, 1.5, True), row(2, 2.5, False)), None)
-    assert "after a step: an estimate" in _table_html(sweep(row(1, 1.5, True)), None)
-    assert "after a step" not in _table_html(sweep(row(1, 1.5, False)), None)
+    assert f"1.500{ESTIMATE_MARK}" in lines[1] and f"2.500{NO_MARK}" in lines[2]
+    assert lines[1].index("1.500") == lines[2].index("2.500")  # (aligned)
+    assert lines[3].startswith(f"{ESTIMATE_MARK} an estimated step, some communications at their slowest twin's")
+    assert lines[4].endswith("run --all-ranks checks one (up to 4,096 GPUs)")
+    for plain in (table_lines(sweep(row(1, 1.5, False), row(2, 2.5, False)), 20),
+                  table_lines(sweep(row(1, 1.5, False), row(2, 2.5, False), row(3, 3.5, True)), 2)):
+        assert all(ESTIMATE_MARK not in x and NO_MARK not in x for x in plain)
+        assert plain[1].index("1.500") + len("1.500") == plain[0].index("step s") + len("step s")  # (no room kept)
+    page = _table_html(sweep(row(1, 1.5, True), row(2, 2.5, False)), None)
+    assert f"1.500{ESTIMATE_MARK}" in page and f"2.500{NO_MARK}" in page and "an estimated step" in page
+    assert "estimated" not in _table_html(sweep(row(1, 1.5, False)), None)

@@ -188,31 +188,47 @@ def other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
             "of one job"]
 
 
-# a lead within this of the next plan, where either's step is an estimate (some communications
-# at their slowest twin's pace, simulation.asymmetric_orbits), is said to be within what that
-# pace can move a step: most such steps are within 1 % of every rank's (docs/architecture.md)
+# a lead under this over the next plan, where either's step is an estimate (some communications
+# at their slowest twin's pace, simulation.asymmetric_orbits), may not hold: most such steps are
+# within 1 % of every rank's, some several % off (docs/architecture.md, "Known limitations")
 CLOSE_LEAD = 0.02
 
 
+def close_lead_line(names: list[str], summaries: list[dict[str, Any]], pair: tuple[int, int], gain: float) -> str:
+    """The line under "fastest" where the fastest plan's lead ``gain`` over the next (``pair``:
+    their indices) is under CLOSE_LEAD and either's step is an estimate; "" otherwise. Named in
+    the plans' order; ``--all-ranks`` offered where every one of them may run it."""
+    from .summary import SLOWEST_TWIN, all_ranks_run
+
+    flagged = sorted(i for i in pair if summaries[i]["simulation"].get("asymmetric_orbits"))
+    if gain >= CLOSE_LEAD or not flagged:
+        return ""
+    whose = " and ".join(f"{names[i]}'s" for i in flagged)
+    steps = "steps are estimates" if len(flagged) > 1 else "step is an estimate"
+    check = (f"; run --all-ranks checks {'them' if len(flagged) > 1 else 'it'}"
+             if all_ranks_run(summaries[i]["world_size"] for i in flagged) else "")
+    return f"{'':<24}the lead may not hold: {whose} {steps} ({SLOWEST_TWIN}){check}"
+
+
 def verdict_lines(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
+    """compare's verdict: the fastest plan that fits and its lead over the next (and where that
+    lead may not hold, :func:`close_lead_line`), the plans that do not fit, and the plan with
+    the most tokens/s per GPU where another."""
     best = fastest(summaries)
     if best is None:
         return [f"{'fastest':<24}none fits in memory: each step is what it would take if it did"]
     lines = []
     others = [i for i in range(len(summaries)) if i != best and summaries[i]["memory"]["fits"]]
     text = f"{names[best]} (most tokens/s of those that fit"
-    close = []
+    close = ""
     if others:
         nxt = max(others, key=lambda i: summaries[i]["tokens_per_s"])
         gain = summaries[best]["tokens_per_s"] / summaries[nxt]["tokens_per_s"] - 1
         text += f"; {100 * gain:.1f} % more than {names[nxt]}" if gain >= 5e-4 else f"; level with {names[nxt]}"
-        if gain < CLOSE_LEAD:
-            close = [names[i] for i in (best, nxt) if summaries[i]["simulation"].get("asymmetric_orbits")]
+        close = close_lead_line(names, summaries, (best, nxt), gain)
     lines.append(f"{'fastest':<24}{text})")
     if close:
-        whose = " and ".join(f"{n}'s" for n in close)
-        lines.append(f"{'':<24}within what {whose} estimate{'s' if len(close) > 1 else ''} can be off (communications "
-                     f"at their slowest twin's pace); run --all-ranks checks {'it' if len(close) == 1 else 'them'}")
+        lines.append(close)
     unfit = [names[i] for i, s in enumerate(summaries) if not s["memory"]["fits"]]
     if unfit:
         lines.append(f"{'':<24}{', '.join(unfit)} {'does' if len(unfit) == 1 else 'do'} not fit: "

@@ -308,7 +308,7 @@ def run_command(sweep: dict[str, Any], best: list | None = None) -> str | None:
 def _table_html(sweep: dict[str, Any], own: int | None) -> str:
     """Every simulated plan, best first, in the terminal's columns (plans that do not fit greyed)."""
     rows = {r["plan"]: r for r in sweep["plans"]}
-    cols = table_columns(sweep)
+    cols = table_columns(sweep, [rows[n] for n in sweep["ranking"][:TABLE_ROWS]])
     notes = _notes(sweep, own)
     notes = notes if any(notes.values()) else None
     more = {n: also_set(sweep, rows[n]) for n in sweep["ranking"][:TABLE_ROWS]}
@@ -327,7 +327,7 @@ def _table_html(sweep: dict[str, Any], own: int | None) -> str:
         body.append(f"<tr{grey}>{cells}</tr>")
     left = len(sweep["ranking"]) - TABLE_ROWS
     tail = f'<p class="note">... and {left:,} more in the CSV.</p>' if left > 0 else ""
-    legend = estimate_legend([rows[n] for n in sweep["ranking"][:TABLE_ROWS]])
+    legend = " ".join(x.strip() for x in estimate_legend([rows[n] for n in sweep["ranking"][:TABLE_ROWS]]))
     tail += f'<p class="note">{e(legend)}.</p>' if legend else ""
     return (f"<h2>Every plan simulated, best first</h2><table><tr>{heads}</tr>{''.join(body)}</table>{tail}"
             "<p class=\"note\">Best first: the plans that fit by tokens/s, then those that do not (greyed: the step "

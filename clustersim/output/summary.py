@@ -262,6 +262,21 @@ def leaf_split_note(split: dict | None, sep: str, collapsed: bool = True, ranks:
             f"{limit}; twins move at the slowest one's pace")
 
 
+# how far a step estimated at the slowest twin's pace (simulation.asymmetric_orbits) was from
+# every rank's in the fuzz rounds (docs/architecture.md, "Known limitations"): said wherever a
+# step is marked as an estimate (run, sweep and advise tables, compare)
+ESTIMATE_SPREAD = "mostly within 1 % of every rank's, -4 % to +21 % in random plans"
+SLOWEST_TWIN = "some communications at their slowest twin's pace"
+
+
+def all_ranks_run(worlds) -> bool:
+    """Whether every one of ``worlds`` (GPU counts) may be simulated rank by rank
+    (``--all-ranks``: at most MAX_GPUS_ALL_RANKS), so that a note may offer it."""
+    from ..config import MAX_GPUS_ALL_RANKS
+
+    return all(w <= MAX_GPUS_ALL_RANKS for w in worlds)
+
+
 def asymmetric_note(sim: dict, sep: str, world: int) -> str:
     """What the terminal and the report say where some communications moved at their slowest
     twin's pace (``simulation.asymmetric_orbits``: their twins cross links unlike the
@@ -273,14 +288,11 @@ def asymmetric_note(sim: dict, sep: str, world: int) -> str:
     orbits = sim.get("asymmetric_orbits")
     if not orbits:
         return ""
-    from ..config import MAX_GPUS_ALL_RANKS
-
     kinds = list(orbits)
     what = " and ".join(filter(None, (", ".join(kinds[:-1]), kinds[-1])))
-    check = "; --all-ranks checks it" if world <= MAX_GPUS_ALL_RANKS else ""
+    check = "; --all-ranks checks it" if all_ranks_run([world]) else ""
     return (f"{sep}{what} communications move at their slowest twin's pace (twins on other links: another spine, "
-            f"a slower cable),{sep}so the step is an estimate: mostly within 1 % of every rank's, -4 % to +21 % in "
-            f"random plans{check}")
+            f"a slower cable),{sep}so the step is an estimate: {ESTIMATE_SPREAD}{check}")
 
 
 def replicas_note(sim: dict, sep: str) -> str:
