@@ -308,26 +308,28 @@ def run_command(sweep: dict[str, Any], best: list | None = None) -> str | None:
 def _table_html(sweep: dict[str, Any], own: int | None) -> str:
     """Every simulated plan, best first, in the terminal's columns (plans that do not fit greyed)."""
     rows = {r["plan"]: r for r in sweep["plans"]}
-    cols = table_columns(sweep, [rows[n] for n in sweep["ranking"][:TABLE_ROWS]])
+    shown = [rows[n] for n in sweep["ranking"][:TABLE_ROWS]]
+    cols = table_columns(sweep, shown)
     notes = _notes(sweep, own)
     notes = notes if any(notes.values()) else None
-    more = {n: also_set(sweep, rows[n]) for n in sweep["ranking"][:TABLE_ROWS]}
+    more = {r["plan"]: also_set(sweep, r) for r in shown}
+    with_more = any(more.values())  # (once: a row per plan, up to TABLE_ROWS of them)
     e = html.escape
     heads = "".join(f"<th>{e(h)}</th>" for h, _ in cols) + ('<th class="l">note</th>' if notes is not None else "") + (
-        '<th class="l">also set</th>' if any(more.values()) else "")
+        '<th class="l">also set</th>' if with_more else "")
     body = []
-    for n in sweep["ranking"][:TABLE_ROWS]:
-        r = rows[n]
+    for r in shown:
+        n = r["plan"]
         cells = "".join(f"<td>{e(f(r))}</td>" for _, f in cols)
         if notes is not None:
             cells += f'<td class="l">{e(notes.get(n, ""))}</td>'
-        if any(more.values()):
+        if with_more:
             cells += f'<td class="l"><code>{e(more[n])}</code></td>'
         grey = "" if r["fits"] else ' class="nofit"'
         body.append(f"<tr{grey}>{cells}</tr>")
     left = len(sweep["ranking"]) - TABLE_ROWS
     tail = f'<p class="note">... and {left:,} more in the CSV.</p>' if left > 0 else ""
-    legend = " ".join(x.strip() for x in estimate_legend([rows[n] for n in sweep["ranking"][:TABLE_ROWS]]))
+    legend = " ".join(x.strip() for x in estimate_legend(shown))
     tail += f'<p class="note">{e(legend)}.</p>' if legend else ""
     return (f"<h2>Every plan simulated, best first</h2><table><tr>{heads}</tr>{''.join(body)}</table>{tail}"
             "<p class=\"note\">Best first: the plans that fit by tokens/s, then those that do not (greyed: the step "
