@@ -431,6 +431,8 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
         hits = [o for o in advice["options"] if o["best"] == best["plan"]]
         if hits:
             lines.append(f"{'verdict':<12}the best plan found, #{best['plan']}, is the guide's \"{hits[0]['option']}\"")
+            rival = next((rows[p] for p in ranked if rows[p]["fits"]
+                          and hits[0]["option"] not in rows[p].get("guide_options", ())), None)
         else:
             good = [o for o in advice["options"] if o["best"] is not None]
             top_opt = max(good, key=lambda o: rows[o["best"]]["tokens_per_s"]) if good else None
@@ -439,5 +441,26 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                     if top_opt else "; none of the guide's options fits" if any(o["plans"] for o in advice["options"])
                     else "; none of the guide's options was among the plans simulated")
             lines.append(f"{'verdict':<12}the best plan found, #{best['plan']}, is none of the guide's options" + tail)
+            rival = rows[top_opt["best"]] if top_opt else None
+        doubt = verdict_doubt(best, rival, advice["gpus"])
+        if doubt:
+            lines.append(f"{'':<12}{doubt}")
     return "\n".join(lines)
+
+
+def verdict_doubt(best: dict[str, Any], rival: dict[str, Any] | None, gpus: int) -> str:
+    """What the verdict adds where it may not hold: the best plan's row ``best`` leads
+    ``rival``'s, the fastest that would turn the verdict (another of the guide's options, or
+    the guide's best where the best plan is none of them), by less than CLOSE_LEAD, and either
+    step is an estimate (the rows' ``estimate``); "" otherwise."""
+    from .output.summary import CLOSE_LEAD, estimates_clause
+
+    if rival is None:
+        return ""
+    lead = best["tokens_per_s"] / rival["tokens_per_s"] - 1
+    flagged = [r for r in (best, rival) if r.get("estimate")]
+    if lead >= CLOSE_LEAD or not flagged:
+        return ""
+    return (f"the verdict may not hold: #{best['plan']} leads #{rival['plan']} by {100 * lead:.1f} %, and "
+            + estimates_clause([f"#{r['plan']}" for r in flagged], [gpus] * len(flagged)))
 

@@ -260,3 +260,52 @@ def test_plans_certain_not_to_fit_are_listed_not_simulated(root, tmp_path):
     page = (out / "advise.html").read_text()
     assert "Certain not to fit in memory, not simulated" in page and html.escape(unfit[0]["reason"]) in page
     assert "unfit" in (out / "advise.csv").read_text()
+
+
+def test_a_verdict_over_a_close_estimated_step_says_it_may_not_hold(root):
+    """Where the best plan leads the plan that would turn the verdict (the fastest outside the
+    guide's option it is, or the guide's best option where it is none) by less than
+    CLOSE_LEAD and either step is an estimate, the verdict says it may not hold; a wider
+    lead, exact steps, or a close plan of the same option say nothing more."""
+    import copy
+
+    from clustersim.advise import format_advice
+    from clustersim.output.summary import CLOSE_LEAD
+
+    adv = run_advise(str(root / SMALL), [("parallel.tp", [2, 4, 8]), ("parallel.pp", [1])])
+    rows = {r["plan"]: r for r in adv["plans"]}
+    fit = [rows[n]["plan"] for n in adv["ranking"] if rows[n]["fits"]]
+    best = fit[0]
+    assert len(fit) > 3 and not any(rows[n].get("estimate") for n in fit)  # (one node: every step exact)
+    # as it is, the best plan is none of the guide's options: the rival is the guide's best
+    assert all(o["best"] != best for o in adv["options"]) and not rows[best]["guide_options"]
+    guides = [o for o in adv["options"] if o["best"]]
+    none_rival = max(guides, key=lambda o: rows[o["best"]]["tokens_per_s"])["best"]
+    # and made the guide's first option, with the next plan: the rival is the one after that
+    as_option = copy.deepcopy(adv)
+    name = as_option["options"][0]["option"]
+    as_option["options"][0]["best"] = best
+    made = {r["plan"]: r for r in as_option["plans"]}
+    for n in fit[:2]:
+        made[n]["guide_options"] = [name]
+    made[fit[2]]["guide_options"] = []
+
+    def told(a: dict, rival: int, lead: float, flagged: tuple[int, ...]) -> list[str]:
+        a = copy.deepcopy(a)
+        r = {x["plan"]: x for x in a["plans"]}
+        r[rival]["tokens_per_s"] = r[best]["tokens_per_s"] / (1 + lead)
+        for n in flagged:
+            r[n]["estimate"] = True
+        return [x.strip() for x in format_advice(a).splitlines() if "may not hold" in x]
+
+    lead = CLOSE_LEAD / 2
+    for a, rival in ((adv, none_rival), (as_option, fit[2])):
+        assert told(a, rival, lead, (best,)) == [
+            f"the verdict may not hold: #{best} leads #{rival} by {100 * lead:.1f} %, and #{best}'s step is an "
+            "estimate (some communications at their slowest twin's pace); run --all-ranks checks it"]
+        assert told(a, rival, lead, (rival, best))[0].endswith(
+            f"and #{best}'s and #{rival}'s steps are estimates (some communications at their slowest twin's pace); "
+            "run --all-ranks checks them")
+        assert told(a, rival, 2 * CLOSE_LEAD, (best, rival)) == []  # a wide lead
+        assert told(a, rival, lead, ()) == []  # exact steps
+    assert told(as_option, fit[1], lead, (best, fit[1])) == []  # the same option's: the verdict holds

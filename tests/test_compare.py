@@ -90,7 +90,8 @@ def test_a_close_lead_over_an_estimated_step_is_said():
     estimate (simulation.asymmetric_orbits), the verdict says the lead may not hold, naming
     them in the plans' order and offering run --all-ranks up to 4,096 GPUs; a wider lead,
     exact steps, or a close plan that does not fit say nothing more."""
-    from clustersim.output.compare import CLOSE_LEAD, verdict_lines
+    from clustersim.output.compare import verdict_lines
+    from clustersim.output.summary import CLOSE_LEAD
 
     def s(t: float, flagged: bool, fits: bool = True, gpus: int = 1024) -> dict:
         return {"tokens_per_s": t, "tokens_per_s_per_gpu": t, "memory": {"fits": fits}, "world_size": gpus,

@@ -188,26 +188,17 @@ def other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:
             "of one job"]
 
 
-# a lead under this over the next plan, where either's step is an estimate (some communications
-# at their slowest twin's pace, simulation.asymmetric_orbits), may not hold: most such steps are
-# within 1 % of every rank's, some several % off (docs/architecture.md, "Known limitations")
-CLOSE_LEAD = 0.02
-
-
 def close_lead_line(names: list[str], summaries: list[dict[str, Any]], pair: tuple[int, int], gain: float) -> str:
     """The line under "fastest" where the fastest plan's lead ``gain`` over the next (``pair``:
     their indices) is under CLOSE_LEAD and either's step is an estimate; "" otherwise. Named in
     the plans' order; ``--all-ranks`` offered where every one of them may run it."""
-    from .summary import SLOWEST_TWIN, all_ranks_run
+    from .summary import CLOSE_LEAD, estimates_clause
 
     flagged = sorted(i for i in pair if summaries[i]["simulation"].get("asymmetric_orbits"))
     if gain >= CLOSE_LEAD or not flagged:
         return ""
-    whose = " and ".join(f"{names[i]}'s" for i in flagged)
-    steps = "steps are estimates" if len(flagged) > 1 else "step is an estimate"
-    check = (f"; run --all-ranks checks {'them' if len(flagged) > 1 else 'it'}"
-             if all_ranks_run(summaries[i]["world_size"] for i in flagged) else "")
-    return f"{'':<24}the lead may not hold: {whose} {steps} ({SLOWEST_TWIN}){check}"
+    return (f"{'':<24}the lead may not hold: "
+            + estimates_clause([names[i] for i in flagged], [summaries[i]["world_size"] for i in flagged]))
 
 
 def verdict_lines(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:

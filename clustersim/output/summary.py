@@ -277,6 +277,22 @@ def all_ranks_run(worlds) -> bool:
     return all(w <= MAX_GPUS_ALL_RANKS for w in worlds)
 
 
+# a lead under this between two plans of which either step is an estimate is said to be one
+# that may not hold (compare's fastest plan over the next, advise's verdict): most estimates are
+# within 1 % of every rank's step, a few several percent off (ESTIMATE_SPREAD)
+CLOSE_LEAD = 0.02
+
+
+def estimates_clause(whose: list[str], worlds) -> str:
+    """Whose steps (``whose``: names, in order) are estimates and why, and ``--all-ranks`` where
+    each of their GPU counts ``worlds`` may run it: the end of compare's and advise's line on a
+    close lead, "A's and B's steps are estimates (...); run --all-ranks checks them"."""
+    owners = " and ".join(f"{w}'s" for w in whose)
+    many = len(whose) > 1
+    check = f"; run --all-ranks checks {'them' if many else 'it'}" if all_ranks_run(worlds) else ""
+    return f"{owners} {'steps are estimates' if many else 'step is an estimate'} ({SLOWEST_TWIN}){check}"
+
+
 def asymmetric_note(sim: dict, sep: str, world: int) -> str:
     """What the terminal and the report say where some communications moved at their slowest
     twin's pace (``simulation.asymmetric_orbits``: their twins cross links unlike the
