@@ -21,6 +21,7 @@ from .engine import Engine
 from .engine import repeat as cycles
 from .engine.ahead import Ahead
 from .errors import ConfigError
+from .floats import sum_left
 from .host_memory import check_fits, gpus_weigh_more, rank_by_rank_tasks
 from .model.transformer import total_params
 from .program.lower import Lowering, grad_buckets, lower
@@ -119,8 +120,8 @@ def _statics(low: Lowering) -> list[StageStatic]:
     out = []
     for q in range(low.mesh.pp):
         parts = tuple(_part_static(low, j) for j in low.parts_of[q])
-        psi = sum(p.params for p in parts)
-        psi_e = sum(low.work[j].local_expert_params for j in low.parts_of[q])
+        psi = sum_left(p.params for p in parts)
+        psi_e = sum_left(low.work[j].local_expert_params for j in low.parts_of[q])
         transient = max(low.work[j].transient_bytes for j in low.parts_of[q])  # CP's K/V, one attention at a time
         sharded3 = z == 3 and not low.zero3_keep_gathered
         # gradients sharded as they are made (ZeRO-2, ZeRO-3), unless kept gathered over several

@@ -21,6 +21,7 @@ import numpy as np
 import pydantic
 
 from .errors import ConfigError
+from .floats import sum_left
 from .hardware.gpus import lookup_gpu
 from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, check_what_ifs, cluster_of,
                                 load_topology_cfg)
@@ -565,7 +566,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if load is not None:
             if len(load) != p.ep:
                 fail("model.moe.ep_load", f"{len(load)} entries for parallel.ep={p.ep}: one per EP index")
-            mean = sum(load) / len(load)
+            mean = sum_left(load) / len(load)
             if abs(mean - 1.0) > 1e-6:
                 fail("model.moe.ep_load", f"the entries average {mean:.6g}, not 1: each is an EP rank's tokens "
                                           f"relative to the balanced share, so they must average 1")

@@ -26,6 +26,7 @@ import numpy as np
 import simpy
 
 from ..collectives.algorithms import ALGORITHMS, DEEPEP, DEEPEP_NVLINK_SHARE, phases
+from ..floats import sum_left
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm
 from ..trace import index_ranges, stable_argsort, unique
@@ -278,7 +279,7 @@ def _loaded(flows: tuple, group: tuple[int, ...], by_src: bool, factors: tuple[f
     on: dict[int, list[float]] = {}
     for x, f in zip(group, factors):
         on.setdefault(node_of(x), []).append(f)
-    mean = {k: sum(v) / len(v) for k, v in on.items()}
+    mean = {k: sum_left(v) / len(v) for k, v in on.items()}
     nodes = len(on)
 
     def loaded(a: int, b: int, x: float) -> float:

@@ -44,6 +44,7 @@ import numpy as np
 import pydantic
 
 from ..errors import ConfigError
+from ..floats import sum_left
 from ..trace import first_and_inverse
 from ..yamlio import Strict, read_yaml, short_repr, validate
 from .ecmp import Continuations
@@ -977,7 +978,7 @@ class Cluster:
 
     def path_latency_s(self, path: tuple[int, ...]) -> float:
         lat = self.edge_latency_s
-        return sum(lat[e] for e in path)
+        return sum_left(lat[e] for e in path)
 
     def path_bw_Bps(self, path: tuple[int, ...]) -> float:
         bw = self.edge_bw_Bps

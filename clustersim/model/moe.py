@@ -33,6 +33,7 @@ from typing import Literal
 
 import pydantic
 
+from ..floats import sum_left
 from ..yamlio import Strict
 from .transformer import ELEM_BYTES, Op, elementwise_op, matmul_op
 
@@ -205,5 +206,5 @@ def token_reach(experts: int, top_k: int, groups: int, group_top_k: int, held: t
                 nxt[(q + 1, s + c)] = nxt.get((q + 1, s + c), 0) + w
         ways = nxt
     others = groups - len(touched)
-    miss = sum(w * comb(others, group_top_k - q) * comb(picked - s, top_k) for (q, s), w in ways.items())
+    miss = sum_left(w * comb(others, group_top_k - q) * comb(picked - s, top_k) for (q, s), w in ways.items())
     return 1.0 - miss / (comb(groups, group_top_k) * comb(picked, top_k))

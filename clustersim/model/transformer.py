@@ -31,6 +31,7 @@ from typing import Literal
 
 import pydantic
 
+from ..floats import sum_left
 from ..yamlio import Strict
 
 
@@ -451,7 +452,8 @@ def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = F
     """
     terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp, fp8)
     dropped = dropped_terms(modules) & terms.keys()
-    return max(sum(terms[x] for x in dropped & ATTENTION_TERMS), sum(terms[x] for x in dropped - ATTENTION_TERMS))
+    return max(sum_left(terms[x] for x in dropped & ATTENTION_TERMS),
+               sum_left(terms[x] for x in dropped - ATTENTION_TERMS))
 
 
 def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,
@@ -581,7 +583,7 @@ def layer_activation_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
         return 2 * m.seq_len / cp * b * m.hidden / (t if sp else 1)
     terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp, fp8)
     dropped = dropped_terms(modules) if recompute == "selective" else set()
-    return sum(x for term, x in terms.items() if term not in dropped)
+    return sum_left(x for term, x in terms.items() if term not in dropped)
 
 
 def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_layer: bool = False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..floats import sum_left
 from ..hardware.gpus import GpuSpec
 from ..model.transformer import Op
 
@@ -42,7 +43,7 @@ def op_time_s(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> fl
 
 def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> float:
     """Ops run back to back on one stream: times add."""
-    return sum(op_time_s(o, gpu, precision, sm_share) for o in ops)
+    return sum_left(op_time_s(o, gpu, precision, sm_share) for o in ops)
 
 
 def adam_step_time_s(params: float, gpu: GpuSpec, grad_bytes: int = 4, state_bytes: int = 12) -> float:

@@ -33,6 +33,7 @@ import numpy as np
 from ..codegen import Straight
 from ..model import moe
 from ..config import MAX_GPUS_ALL_RANKS, Scenario
+from ..floats import sum_left
 from ..hardware.gpus import GpuSpec
 from ..plan.mesh import Mesh
 from ..schedule.core import fused_weight_passes, units_by_start
@@ -1722,12 +1723,12 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
         parts = low.parts_of[q]
         deps = tuple(low.grad_tasks[r]) or low.last_task[r]
         opt = prog.add(rank=r, stream="compute", name="optimizer step", kind="compute",
-                       duration_s=sum(low.work[j].optimizer_s for j in parts), deps=deps, phase="opt", stage=q).tid
+                       duration_s=sum_left(low.work[j].optimizer_s for j in parts), deps=deps, phase="opt", stage=q).tid
         if low.zero in (1, 2) and not low.overlap_param_gather:
             # each shard's owners all-gather the updated 16-bit parameters: dense ones over
             # dp x cp, routed experts over their expert-DP group
             for dim, attr in (("dp", "local_params"), ("edp", "local_expert_params")):
-                n = sum(getattr(low.work[j], attr) for j in parts)
+                n = sum_left(getattr(low.work[j], attr) for j in parts)
                 if n > 0 and low.mesh.size(low.grad_dim(dim)) > 1:
                     _comm(low, prog, r, dim, low.group_of(r, dim), ("AG params after step", dim), n * PARAM_BYTES,
                           op="all_gather", stream="dp", deps=(opt,),

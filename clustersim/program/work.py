@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..config import Scenario
+from ..floats import sum_left
 from ..hardware.gpus import GpuSpec
 from ..model import transformer as tf
 from ..model.transformer import Op
@@ -171,7 +172,7 @@ def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), 
         name=name, layer=layer,
         duration_s=ops_time_s(list(recompute_ops) + ops, gpu, precision),
         chunk_duration_s=ops_time_s(list(recompute_ops) + ops, gpu, precision, share) if share < 1.0 else None,
-        flops=sum(o.flops for o in list(recompute_ops) + ops), model_flops=sum(o.model_flops for o in ops),
+        flops=sum_left(o.flops for o in list(recompute_ops) + ops), model_flops=sum_left(o.model_flops for o in ops),
         params=params, pre=tuple(pre), post=tuple(post), expert_params=expert_params, overlap=tuple(overlap),
     )
 
@@ -466,7 +467,7 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
         fwd.append(_Spec("attn proj", out, post=f_post))
     else:
         whole = cp * kv_bytes
-        core = _scaled(core, sum(shares))
+        core = _scaled(core, sum_left(shares))
         fwd[0] = _Spec("attn qkv", qkv, pre=f_pre, post=(CommItem("all_gather", whole, dim="cp"),), params=params)
         fwd.append(_Spec("attn core", [core] + out, post=f_post))
         bwd = [_Spec("attn core", tf.block_bwd([core] + out, flash), pre=b_pre + (CommItem("all_gather", whole, dim="cp"),),
@@ -789,8 +790,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
             b_in.append(_block("embedding", -1, [], gpu, prec, 0.0, pre=emb_b_pre))
         b_w.append(_block("embedding", -1, emb_b, gpu, prec, emb_params))
 
-    local_params = sum(blk.params for blk in fwd)
-    local_expert_params = sum(blk.expert_params for blk in fwd)
+    local_params = sum_left(blk.params for blk in fwd)
+    local_expert_params = sum_left(blk.expert_params for blk in fwd)
     kept = {ly: _kept_bytes(sc, ly, groups) for ly in layers}
     # an MTP module in a group of its own under full recompute is checkpointed whole (Megatron-Core):
     # it keeps its two inputs, and its layer's input, the projection's output, is recomputed
@@ -798,11 +799,11 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     proj_kept = tf.mtp_proj_activation_bytes(m, b, t, sp, cp, fp8)
     for ly in checkpointed:
         kept[ly] = tf.mtp_checkpoint_bytes(m, b, t, sp, cp)
-    act_mb = sum(kept.values())
+    act_mb = sum_left(kept.values())
     if last:  # the logits of the model's head and of each MTP module's, and what each module's projection keeps
         act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) + (mtp - len(checkpointed)) * proj_kept
     et = sc.parallel.expert_tp
-    wgrad_mb = sum(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et, fp8) for ly in layers)
+    wgrad_mb = sum_left(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et, fp8) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
     # each MTP module's W: the head's again, and its projection's input (2h; its FP8 copy under
@@ -859,7 +860,7 @@ def recompute_held_bytes(layers: range, groups: list[range], extra: dict, kept: 
     for ly in reversed(layers):
         g = last.get(ly)
         if g is not None:
-            most = max(most, sum(extra[x] for x in g) - freed)
+            most = max(most, sum_left(extra[x] for x in g) - freed)
         freed += kept[ly]
     return most
 

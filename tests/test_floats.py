@@ -1,0 +1,62 @@
+"""The simulated timeline does not depend on how this Python's ``sum()`` rounds floats: from
+3.12 it compensates rounding, and a duration a last bit apart can swap two events due at
+the same instant (clustersim.floats). Each scenario below is simulated as it is and with
+``sum()`` replaced by the other kind (compensated under 3.10 and 3.11, plain left to right
+from 3.12): every span must start and end at the same float, bit for bit."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+from functools import reduce
+from operator import add
+
+import numpy as np
+import pytest
+
+import clustersim
+from clustersim.floats import sum_left
+
+
+def compensated_sum(xs, start=0):
+    """``sum()`` as Python 3.12 adds floats: Neumaier's compensated sum (other values as
+    ``+`` adds them)."""
+    total, carry = start, 0.0
+    for x in xs:
+        if isinstance(x, float) or isinstance(total, float):
+            t = total + x
+            carry += (total - t) + x if abs(total) >= abs(x) else (x - t) + total
+            total = t
+        else:
+            total = total + x
+    return total + carry if isinstance(total, float) else total
+
+
+def plain_sum(xs, start=0):
+    """``sum()`` as Python 3.11 adds floats: left to right, each addition rounded."""
+    return reduce(add, xs, start)
+
+
+OTHER_SUM = plain_sum if sys.version_info >= (3, 12) else compensated_sum
+
+
+def test_the_other_sum_rounds_otherwise():
+    """The replacement differs from this Python's sum() on floats, so the test below tests."""
+    xs = [1.0, 1e100, 1.0, -1e100]
+    assert (OTHER_SUM(xs), sum(xs)) in ((2.0, 0.0), (0.0, 2.0)) and OTHER_SUM(xs) != sum(xs)
+    assert sum_left(xs) == plain_sum(xs) == 0.0 and sum_left([1, 2]) == 3 and isinstance(sum_left([1, 2]), int)
+
+
+def timeline(path) -> tuple:
+    r = clustersim.simulate(clustersim.load_scenario(path), check=False)
+    c = r.trace.columns()
+    return r.summary["step_time_s"], *(np.asarray(getattr(c, a)).tobytes() for a in ("rank", "tid", "start_s", "end_s"))
+
+
+@pytest.mark.parametrize("name", ["llama3_8b_8gpu", "grad_accum_llama3_8b_8gpu", "zero3_llama3_8b_16gpu",
+                                  "interleaved_1f1b", "custom_schedule"])
+def test_the_timeline_is_the_same_whatever_sum_rounds(root, monkeypatch, name):
+    path = root / "scenarios" / f"{name}.yaml"
+    own = timeline(path)
+    monkeypatch.setattr(builtins, "sum", OTHER_SUM)
+    assert timeline(path) == own
