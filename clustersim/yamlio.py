@@ -145,7 +145,7 @@ class Strict(pydantic.BaseModel):
             # ``parallel:`` with nothing under it reads as null in YAML: a section left empty
             # takes its defaults, as one left out does (a field that may be null stays null)
             f = cls.model_fields[info.field_name]
-            if not f.is_required() and isinstance(f.annotation, type) and issubclass(f.annotation, pydantic.BaseModel):
+            if not f.is_required() and _is_model(f.annotation):
                 return {}
         return v
 
@@ -409,10 +409,17 @@ def _near_key(model: type[pydantic.BaseModel], loc: tuple) -> str | None:
     return starting[0] if len(starting) == 1 else None
 
 
+def _is_model(annotation: Any) -> bool:
+    """Whether an annotation is a config section (a pydantic model) itself, not ``list[X]``
+    (which Python 3.10 takes for an instance of ``type``: a class has no origin)."""
+    return isinstance(annotation, type) and get_origin(annotation) is None and issubclass(annotation,
+                                                                                          pydantic.BaseModel)
+
+
 def _section_in(annotation: Any) -> type[pydantic.BaseModel] | None:
     """The config section (a model) an annotation holds: itself, or inside ``X | None``,
     ``list[X]``, ``dict[str, X]``."""
-    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+    if _is_model(annotation):
         return annotation
     for arg in get_args(annotation):
         found = _section_in(arg)

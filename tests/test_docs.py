@@ -50,9 +50,10 @@ def _models_in(annotation) -> list[tuple[type[pydantic.BaseModel], bool]]:
     Handles ``M``, ``M | None``, ``Optional[M]``, ``Union[A, B]``, ``list[M]``, ``tuple[M, ...]``
     and ``dict[str, M]`` (the latter two documented like lists, with ``[]``).
     """
-    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
-        return [(annotation, False)]
     origin = typing.get_origin(annotation)
+    # (under Python 3.10, list[M] is an instance of type too: only a class with no origin is one)
+    if isinstance(annotation, type) and origin is None and issubclass(annotation, pydantic.BaseModel):
+        return [(annotation, False)]
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType, typing.Annotated):
         return [found for a in args for found in _models_in(a)]

@@ -393,10 +393,13 @@ def test_the_shorter_step_resumed_where_the_steps_part_is_the_same_program(over)
 def test_a_run_does_not_import_numpy_ma():
     """numpy's ``unique`` imports numpy.ma on its first call (10-13 ms of every run): neither
     the schedule's check (DualPipe's here) nor the cycle search (a repeated 1F1B step) call it
-    (trace.unique stands in for it)."""
+    (trace.unique stands in for it). numpy 1.x imports numpy.ma with numpy itself: nothing to
+    test there."""
     import subprocess
     import sys
 
+    if np.__version__.startswith("1."):
+        pytest.skip("numpy 1.x imports numpy.ma as it loads")
     code = ("import sys, clustersim\n"
             "from tests.test_repeat import plan, run\n"
             "clustersim.simulate('scenarios/dualpipe.yaml')\n"

@@ -212,6 +212,9 @@ def test_merge_joins_a_microbatch_and_splits_on_key_or_long_gap():
 
 
 _BLANK = re.compile(r"\s*")
+# a call of the page's own, its div id first (plotly.js's bundle, inlined before them, names
+# Plotly.newPlot(gd, ...) in its messages: plotly 5.18's does)
+_CALL = re.compile(r'Plotly\.newPlot\(\s*(?=")')
 
 
 def _plots(page: str) -> tuple[list[str], list[list]]:
@@ -221,8 +224,8 @@ def _plots(page: str) -> tuple[list[str], list[list]]:
     text: list[str] = []
     calls: list[list] = []
     i = 0
-    while (j := page.find("Plotly.newPlot(", i)) >= 0:
-        j += len("Plotly.newPlot(")
+    while (m := _CALL.search(page, i)) is not None:
+        j = m.end()
         text.append(page[i:j])
         args = []
         while True:

@@ -1,12 +1,18 @@
-"""The simulated timeline does not depend on how this Python's ``sum()`` rounds floats: from
+"""The same results on every Python and library version the project allows.
+
+The simulated timeline does not depend on how this Python's ``sum()`` rounds floats: from
 3.12 it compensates rounding, and a duration a last bit apart can swap two events due at
 the same instant (clustersim.floats). Each scenario below is simulated as it is and with
 ``sum()`` replaced by the other kind (compensated under 3.10 and 3.11, plain left to right
-from 3.12): every span must start and end at the same float, bit for bit."""
+from 3.12): every span must start and end at the same float, bit for bit.
+
+tests/data/oldest-versions.txt pins every dependency at the lower bound pyproject.toml
+gives, for a run of the suite with the oldest versions allowed (``pip install -c``)."""
 
 from __future__ import annotations
 
 import builtins
+import re
 import sys
 from functools import reduce
 from operator import add
@@ -60,3 +66,17 @@ def test_the_timeline_is_the_same_whatever_sum_rounds(root, monkeypatch, name):
     own = timeline(path)
     monkeypatch.setattr(builtins, "sum", OTHER_SUM)
     assert timeline(path) == own
+
+
+def test_the_oldest_versions_file_pins_each_lower_bound(root):
+    """Every dependency of pyproject.toml (the test extras too) is pinned in
+    oldest-versions.txt at its lower bound, and nothing else is."""
+    text = (root / "pyproject.toml").read_text()
+    bounds = dict(re.findall(r'^\s*"([A-Za-z0-9_-]+)>=([0-9.]+)[;"]', text, re.M))
+    bounds.update(re.findall(r'"([A-Za-z0-9_-]+)>=([0-9.]+)"', text[text.index("[project.optional-dependencies]"):]))
+    bounds.pop("setuptools", None)
+    pins = dict(line.split("==") for line in (root / "tests" / "data" / "oldest-versions.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert set(pins) == set(bounds) and len(bounds) >= 12
+    for name, low in bounds.items():
+        assert tuple(map(int, pins[name].split("."))) [:len(low.split("."))] == tuple(map(int, low.split("."))), name
