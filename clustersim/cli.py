@@ -397,7 +397,7 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
     with ``--jobs`` processes and a progress line on a terminal), the table printed (``fmt``),
     then ``files`` (the JSON and the CSV of every plan, and the page of them all,
     clustersim.output.plans_page) written with ``--out``."""
-    from .forking import ctrl_c_held
+    from .forking import ctrl_c_held, pool_forks
     from .output.plans_page import plans_html
     from .output.summary import to_json
     from .sweep import sweep_csv
@@ -438,7 +438,8 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
         return EXIT_BAD_INPUT
     done = len(found["ranking"])
     print(f"{'simulated':<{width}}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
-          + (f" with {jobs} processes" if jobs > 1 else "") + (f"; {unfit:,} certain not to fit" if unfit else "")
+          + (f" with {jobs} processes" if jobs > 1 else " in one process: this platform cannot fork --jobs workers"
+             if (args.jobs or 0) > 1 and not pool_forks() else "") + (f"; {unfit:,} certain not to fit" if unfit else "")
           + (f"; {failed:,} ended without a result (worker killed)" if failed else ""))
     if out is not None:
         staging = _Staging(out, files)
@@ -458,8 +459,11 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
 
 def _processes(jobs: int | None) -> int:
     """``--jobs``, at most the machine's CPUs (None: all of them): more processes than cores
-    only share them, and each holds a plan's memory."""
-    cpus = os.cpu_count() or 1
+    only share them, and each holds a plan's memory. One where the platform cannot fork the
+    workers (Windows: forking.pool_forks)."""
+    from .forking import pool_forks
+
+    cpus = (os.cpu_count() or 1) if pool_forks() else 1
     return cpus if jobs is None else min(jobs, cpus)
 
 

@@ -32,7 +32,21 @@ def can_fork() -> bool:
     """Whether a process may be forked here: on Linux (Windows has no fork; on macOS system
     libraries may not survive one), and with no other Python thread running (a lock one of
     them holds would stay held in the child)."""
-    return sys.platform.startswith("linux") and threading.active_count() == 1
+    return sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
+
+
+def pool_forks() -> bool:
+    """Whether a search's worker processes may be forked (``sweep``, ``advise``: ``--jobs``):
+    where the platform has fork (Linux and macOS; not Windows, where they run in one)."""
+    import multiprocessing
+
+    return hasattr(os, "fork") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _hold() -> set:
+    """Block Ctrl-C and SIGTERM where the platform can (not Windows: nothing is held there,
+    and nothing forks either); the signal mask from before."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS) if hasattr(signal, "pthread_sigmask") else set()
 
 
 def fork_with_pipes(pipes: int) -> tuple[int, list[int], set] | None:
@@ -41,7 +55,7 @@ def fork_with_pipes(pipes: int) -> tuple[int, list[int], set] | None:
     gives back with :func:`release` once it has noted which it is). None where a pipe or the
     fork fails (memory, process limits): nothing left open, Ctrl-C released."""
     fds: list[int] = []
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    held = _hold()
     try:
         for _ in range(pipes):
             fds += os.pipe()
@@ -61,14 +75,15 @@ def fork_with_pipes(pipes: int) -> tuple[int, list[int], set] | None:
 def release(held: set) -> None:
     """Let Ctrl-C through again: the signal mask from before :func:`fork_with_pipes` or
     :func:`ctrl_c_held`."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 @contextmanager
 def ctrl_c_held() -> Iterator[None]:
     """Ctrl-C (and SIGTERM) held back while the block runs (a child stopped and waited for, not left
     unwaited-for by an interrupt in between)."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    held = _hold()
     try:
         yield
     finally:

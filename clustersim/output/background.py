@@ -47,7 +47,6 @@ report.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import mmap
 import os
@@ -61,6 +60,11 @@ from typing import Any
 
 from ..forking import can_fork, fork_with_pipes, release
 from ..trace import Trace, link_columns, links_of_columns
+
+try:
+    import fcntl  # (POSIX: the lock on the claims' counters, used once forked, on Linux alone)
+except ImportError:  # Windows: no fork, the files are written in the process itself (start)
+    fcntl = None
 
 SUMMARY_FILE = ".summary.pickle"  # in the temp folder, removed once the child is done
 PIECES_FILE = ".pieces.pickle"  # the parent's pieces of the trace file, for the child

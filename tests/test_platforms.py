@@ -1,0 +1,62 @@
+"""Where the platform cannot fork (Windows): ``clustersim run`` writes its files in its own
+process, ``sweep`` and ``advise`` run their plans in one process whatever ``--jobs`` asks,
+and nothing refers to POSIX-only modules or calls. Approximated here by removing them before
+clustersim is imported (fork, fcntl, the signal mask, the fork start method); the files must
+be those a forking run writes, byte for byte."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .test_cli import run_cli, write_scenario
+
+# as a platform without fork, fcntl or pthread_sigmask would run the command line
+NO_FORK = """
+import multiprocessing, os, signal, sys
+sys.modules["fcntl"] = sys.modules["termios"] = None  # (an import of either fails)
+del os.fork
+for name in ("pthread_sigmask", "SIG_BLOCK", "SIG_SETMASK", "SIGKILL"):
+    if hasattr(signal, name):
+        delattr(signal, name)
+multiprocessing.get_all_start_methods = lambda: ["spawn"]
+context = multiprocessing.get_context
+def only_spawn(method=None):
+    if method == "fork":
+        raise ValueError("cannot find context for 'fork'")
+    return context(method)
+multiprocessing.get_context = only_spawn
+from clustersim.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_without_fork(*args, cwd):
+    return subprocess.run([sys.executable, "-c", NO_FORK, *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_run_writes_the_same_files_without_fork(tmp_path, root):
+    """A long 1F1B step (its shorter step simulated in a forked process where it can be, its
+    cycle copied in) and its files (written by a forked writer where it can be)."""
+    from .test_repeat import plan
+
+    scenario = write_scenario(tmp_path, root, plan())
+    r = run_without_fork("run", scenario, "--out", tmp_path / "alone", cwd=root)
+    assert r.returncode == 0, r.stderr
+    forked = run_cli("run", scenario, "--out", tmp_path / "forked", cwd=root)
+    assert forked.returncode == 0, forked.stderr
+    assert "a cycle of" in r.stdout and "a cycle of" in forked.stdout
+    for name in ("summary.json", "report.html", "trace.json.gz"):
+        assert (tmp_path / "alone" / name).read_bytes() == (tmp_path / "forked" / name).read_bytes(), name
+
+
+def test_a_sweep_runs_its_plans_in_one_process_without_fork(tmp_path, root):
+    scenario = root / "scenarios" / "llama3_8b_8gpu.yaml"
+    args = ("sweep", scenario, "--vary", "parallel.tp=2,4", "--jobs", 2)
+    r = run_without_fork(*args, "--out", tmp_path / "alone", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "plans in" in r.stdout and "in one process: this platform cannot fork --jobs workers" in r.stdout
+    forked = run_cli(*args, "--out", tmp_path / "forked", cwd=root)
+    assert forked.returncode == 0, forked.stderr
+    assert "with 2 processes" in forked.stdout
+    assert (tmp_path / "alone" / "sweep.csv").read_text() == (tmp_path / "forked" / "sweep.csv").read_text()
