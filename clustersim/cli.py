@@ -249,7 +249,7 @@ def cmd_run(args) -> int:
         wall_s = time.perf_counter() - t0
         with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
             tmp = staging.folder()
-            (tmp / "summary.json").write_text(to_json(result.summary))
+            (tmp / "summary.json").write_text(to_json(result.summary), encoding="utf-8")
             background.complete(writer, tmp, result.trace, result.summary, **files)
             if trace_gpus is not None:
                 _write_gpus_trace(tmp / "trace.json.gz", result, trace_gpus)
@@ -361,7 +361,7 @@ def _compare(args) -> int:
                 timelines.append((data_json, fig["layout"], timeline_caption(result.trace, fig["layout"])))
             del result
         if staging is not None:
-            (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)))
+            (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)), encoding="utf-8")
             if not args.no_report:
                 (staging.folder() / COMPARE_PAGE).write_text(compare_html(plans, timelines, reports=True),
                                                              encoding="utf-8")
@@ -445,8 +445,8 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
         staging = _Staging(out, files)
         try:
             tmp = staging.opened()
-            (tmp / files[0]).write_text(to_json(found))
-            (tmp / files[1]).write_text(sweep_csv(found))
+            (tmp / files[0]).write_text(to_json(found), encoding="utf-8")
+            (tmp / files[1]).write_text(sweep_csv(found), encoding="utf-8")
             (tmp / files[2]).write_text(plans_html(found, text, args.command), encoding="utf-8")
             written = staging.moved_in()
             args.written = out
