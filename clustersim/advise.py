@@ -431,8 +431,8 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
         hits = [o for o in advice["options"] if o["best"] == best["plan"]]
         if hits:
             lines.append(f"{'verdict':<12}the best plan found, #{best['plan']}, is the guide's \"{hits[0]['option']}\"")
-            rival = next((rows[p] for p in ranked if rows[p]["fits"]
-                          and hits[0]["option"] not in rows[p].get("guide_options", ())), None)
+            # (what turns it: any plan that fits outside that option, would it lead)
+            turning = [rows[p] for p in ranked if rows[p]["fits"] and hits[0]["option"] not in rows[p]["guide_options"]]
         else:
             good = [o for o in advice["options"] if o["best"] is not None]
             top_opt = max(good, key=lambda o: rows[o["best"]]["tokens_per_s"]) if good else None
@@ -441,26 +441,31 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                     if top_opt else "; none of the guide's options fits" if any(o["plans"] for o in advice["options"])
                     else "; none of the guide's options was among the plans simulated")
             lines.append(f"{'verdict':<12}the best plan found, #{best['plan']}, is none of the guide's options" + tail)
-            rival = rows[top_opt["best"]] if top_opt else None
-        doubt = verdict_doubt(best, rival, advice["gpus"])
+            turning = [rows[p] for p in ranked if rows[p]["fits"] and rows[p]["guide_options"]]  # (any option's)
+        doubt = verdict_doubt(best, turning, advice["gpus"])
         if doubt:
             lines.append(f"{'':<12}{doubt}")
     return "\n".join(lines)
 
 
-def verdict_doubt(best: dict[str, Any], rival: dict[str, Any] | None, gpus: int) -> str:
-    """What the verdict adds where it may not hold: the best plan's row ``best`` leads
-    ``rival``'s, the fastest that would turn the verdict (another of the guide's options, or
-    the guide's best where the best plan is none of them), by less than CLOSE_LEAD, and either
-    step is an estimate (the rows' ``estimate``); "" otherwise."""
+def verdict_doubt(best: dict[str, Any], turning: list[dict[str, Any]], gpus: int) -> str:
+    """What the verdict adds where it may not hold: a plan of ``turning`` (those that would
+    turn it, were they faster: any outside the guide's option the best plan is, or any of the
+    guide's options where the best plan is none; fastest first) within CLOSE_LEAD of the best
+    plan's tokens/s, where the best plan's step or that plan's is an estimate (the rows'
+    ``estimate``): the nearest such plan, or the nearest of all where the best one's step is
+    an estimate. "" otherwise."""
     from .output.summary import CLOSE_LEAD, estimates_clause
 
+    def gap(r: dict[str, Any]) -> float:  # (as the lines above give it: % fewer tokens/s)
+        return 1 - r["tokens_per_s"] / best["tokens_per_s"]
+
+    close = [r for r in turning if gap(r) < CLOSE_LEAD]
+    rival = close[0] if close and best.get("estimate") else next((r for r in close if r.get("estimate")), None)
     if rival is None:
         return ""
-    lead = best["tokens_per_s"] / rival["tokens_per_s"] - 1
     flagged = [r for r in (best, rival) if r.get("estimate")]
-    if lead >= CLOSE_LEAD or not flagged:
-        return ""
-    return (f"the verdict may not hold: #{best['plan']} leads #{rival['plan']} by {100 * lead:.1f} %, and "
-            + estimates_clause([f"#{r['plan']}" for r in flagged], [gpus] * len(flagged)))
-
+    than = (f"is level with #{best['plan']}" if gap(rival) < 5e-4 else
+            f"gives {100 * gap(rival):.1f} % fewer tokens/s than #{best['plan']}")
+    return (f"the verdict may not hold: #{rival['plan']} {than}, and "
+            + estimates_clause([f"#{r['plan']}" for r in flagged], [gpus] * len(flagged), settings=True))

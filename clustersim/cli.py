@@ -249,7 +249,8 @@ def cmd_run(args) -> int:
         wall_s = time.perf_counter() - t0
         with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
             tmp = staging.folder()
-            (tmp / "summary.json").write_text(to_json(result.summary), encoding="utf-8")
+            # (UTF-8 and "\n" as they are: the same bytes on every platform, not cp1252 and CRLF on Windows)
+            (tmp / "summary.json").write_text(to_json(result.summary), encoding="utf-8", newline="")
             background.complete(writer, tmp, result.trace, result.summary, **files)
             if trace_gpus is not None:
                 _write_gpus_trace(tmp / "trace.json.gz", result, trace_gpus)
@@ -356,15 +357,15 @@ def _compare(args) -> int:
                 fig = as_sent(timeline(result.trace, result.summary))
                 data_json = script_json(fig["data"])
                 (staging.folder() / report_name(p["label"])).write_text(
-                    report_html(result.trace, result.summary, fig, data_json), encoding="utf-8")
+                    report_html(result.trace, result.summary, fig, data_json), encoding="utf-8", newline="")
                 # (each plan's, the page picks: the data already JSON, a few MB at most)
                 timelines.append((data_json, fig["layout"], timeline_caption(result.trace, fig["layout"])))
             del result
         if staging is not None:
-            (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)), encoding="utf-8")
+            (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)), encoding="utf-8", newline="")
             if not args.no_report:
                 (staging.folder() / COMPARE_PAGE).write_text(compare_html(plans, timelines, reports=True),
-                                                             encoding="utf-8")
+                                                             encoding="utf-8", newline="")
             written = staging.moved_in()
             args.written = out
     finally:
@@ -438,16 +439,17 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
         return EXIT_BAD_INPUT
     done = len(found["ranking"])
     print(f"{'simulated':<{width}}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
-          + (f" with {jobs} processes" if jobs > 1 else " in one process: this platform cannot fork --jobs workers"
-             if (args.jobs or 0) > 1 and not pool_forks() else "") + (f"; {unfit:,} certain not to fit" if unfit else "")
+          + (f" with {jobs} processes" if jobs > 1 else "; one process: this platform cannot fork workers for --jobs"
+             if args.jobs != 1 and (os.cpu_count() or 1) > 1 and not pool_forks() else "")
+          + (f"; {unfit:,} certain not to fit" if unfit else "")
           + (f"; {failed:,} ended without a result (worker killed)" if failed else ""))
     if out is not None:
         staging = _Staging(out, files)
         try:
             tmp = staging.opened()
-            (tmp / files[0]).write_text(to_json(found), encoding="utf-8")
-            (tmp / files[1]).write_text(sweep_csv(found), encoding="utf-8")
-            (tmp / files[2]).write_text(plans_html(found, text, args.command), encoding="utf-8")
+            (tmp / files[0]).write_text(to_json(found), encoding="utf-8", newline="")
+            (tmp / files[1]).write_text(sweep_csv(found), encoding="utf-8", newline="")
+            (tmp / files[2]).write_text(plans_html(found, text, args.command), encoding="utf-8", newline="")
             written = staging.moved_in()
             args.written = out
         finally:

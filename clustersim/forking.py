@@ -37,7 +37,10 @@ def can_fork() -> bool:
 
 def pool_forks() -> bool:
     """Whether a search's worker processes may be forked (``sweep``, ``advise``: ``--jobs``):
-    where the platform has fork (Linux and macOS; not Windows, where they run in one)."""
+    where the platform has fork, Linux and macOS (not Windows: the plans run in one process).
+    On macOS too, though system libraries may not survive a fork (:func:`can_fork`): a
+    worker is a whole plan, not a moment of one run, and one that dies is reported (its plan
+    "ended without a result"), where a run's forked writer would lose the run's files."""
     import multiprocessing
 
     return hasattr(os, "fork") and "fork" in multiprocessing.get_all_start_methods()

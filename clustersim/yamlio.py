@@ -147,6 +147,8 @@ class Strict(pydantic.BaseModel):
             f = cls.model_fields[info.field_name]
             if not f.is_required() and _is_model(f.annotation):
                 return {}
+            if not f.is_required() and get_origin(f.annotation) is list:  # (a list that may not be null)
+                return []
         return v
 
 

@@ -263,10 +263,11 @@ def test_plans_certain_not_to_fit_are_listed_not_simulated(root, tmp_path):
 
 
 def test_a_verdict_over_a_close_estimated_step_says_it_may_not_hold(root):
-    """Where the best plan leads the plan that would turn the verdict (the fastest outside the
-    guide's option it is, or the guide's best option where it is none) by less than
-    CLOSE_LEAD and either step is an estimate, the verdict says it may not hold; a wider
-    lead, exact steps, or a close plan of the same option say nothing more."""
+    """Where a plan that would turn the verdict (any outside the guide's option the best plan
+    is, or any of the guide's options where it is none) gives less than CLOSE_LEAD fewer
+    tokens/s than the best plan, and its step or the best plan's is an estimate, the verdict
+    says it may not hold, naming the nearest such plan; a wider gap, exact steps, or a close
+    plan of the same option say nothing more."""
     import copy
 
     from clustersim.advise import format_advice
@@ -277,35 +278,39 @@ def test_a_verdict_over_a_close_estimated_step_says_it_may_not_hold(root):
     fit = [rows[n]["plan"] for n in adv["ranking"] if rows[n]["fits"]]
     best = fit[0]
     assert len(fit) > 3 and not any(rows[n].get("estimate") for n in fit)  # (one node: every step exact)
-    # as it is, the best plan is none of the guide's options: the rival is the guide's best
+    # as it is, the best plan is none of the guide's options: any option's plan turns it
     assert all(o["best"] != best for o in adv["options"]) and not rows[best]["guide_options"]
-    guides = [o for o in adv["options"] if o["best"]]
-    none_rival = max(guides, key=lambda o: rows[o["best"]]["tokens_per_s"])["best"]
-    # and made the guide's first option, with the next plan: the rival is the one after that
+    guides = [n for n in fit if rows[n]["guide_options"]]
+    # and made the guide's first option, with the next plan: the one after that turns it
     as_option = copy.deepcopy(adv)
     name = as_option["options"][0]["option"]
     as_option["options"][0]["best"] = best
     made = {r["plan"]: r for r in as_option["plans"]}
-    for n in fit[:2]:
-        made[n]["guide_options"] = [name]
-    made[fit[2]]["guide_options"] = []
+    for n in fit:
+        made[n]["guide_options"] = [name] if n in fit[:2] else []
+    tail = "(some communications at their slowest twin's pace); run --set with"
 
-    def told(a: dict, rival: int, lead: float, flagged: tuple[int, ...]) -> list[str]:
+    def told(a: dict, gaps: dict[int, float], flagged: tuple[int, ...]) -> list[str]:
         a = copy.deepcopy(a)
         r = {x["plan"]: x for x in a["plans"]}
-        r[rival]["tokens_per_s"] = r[best]["tokens_per_s"] / (1 + lead)
+        for n, gap in gaps.items():  # (in the ranking's order, as a ranking would put them)
+            r[n]["tokens_per_s"] = r[best]["tokens_per_s"] * (1 - gap)
         for n in flagged:
             r[n]["estimate"] = True
         return [x.strip() for x in format_advice(a).splitlines() if "may not hold" in x]
 
-    lead = CLOSE_LEAD / 2
-    for a, rival in ((adv, none_rival), (as_option, fit[2])):
-        assert told(a, rival, lead, (best,)) == [
-            f"the verdict may not hold: #{best} leads #{rival} by {100 * lead:.1f} %, and #{best}'s step is an "
-            "estimate (some communications at their slowest twin's pace); run --all-ranks checks it"]
-        assert told(a, rival, lead, (rival, best))[0].endswith(
-            f"and #{best}'s and #{rival}'s steps are estimates (some communications at their slowest twin's pace); "
-            "run --all-ranks checks them")
-        assert told(a, rival, 2 * CLOSE_LEAD, (best, rival)) == []  # a wide lead
-        assert told(a, rival, lead, ()) == []  # exact steps
-    assert told(as_option, fit[1], lead, (best, fit[1])) == []  # the same option's: the verdict holds
+    near, far = CLOSE_LEAD / 4, CLOSE_LEAD / 2
+    for a, (rival, other) in ((adv, guides[:2]), (as_option, fit[2:4])):
+        assert told(a, {rival: near}, (best,)) == [
+            f"the verdict may not hold: #{rival} gives {100 * near:.1f} % fewer tokens/s than #{best}, and #{best}'s "
+            f"step is an estimate {tail} its settings and --all-ranks checks it"]
+        assert told(a, {rival: near}, (rival, best))[0].endswith(
+            f"and #{best}'s and #{rival}'s steps are estimates {tail} their settings and --all-ranks checks them")
+        assert told(a, {rival: 0.0}, (rival,))[0].startswith(f"the verdict may not hold: #{rival} is level with #{best}")
+        # the nearest plan exact, the next close one an estimate: that one may turn it
+        assert told(a, {rival: near, other: far}, (other,)) == [
+            f"the verdict may not hold: #{other} gives {100 * far:.1f} % fewer tokens/s than #{best}, and #{other}'s "
+            f"step is an estimate {tail} its settings and --all-ranks checks it"]
+        assert told(a, {rival: 2 * CLOSE_LEAD, other: 3 * CLOSE_LEAD}, (best, rival, other)) == []  # wide gaps
+        assert told(a, {rival: near}, ()) == []  # exact steps
+    assert told(as_option, {fit[1]: near}, (best, fit[1])) == []  # the same option's: the verdict holds

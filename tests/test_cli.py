@@ -785,7 +785,8 @@ def test_a_named_algorithm_that_cannot_run_some_groups_is_said_to_have_fallen_ba
 
 def test_an_empty_optional_section_takes_its_defaults(tmp_path, root):
     """``parallel:`` or ``simulation:`` with nothing under it (null in YAML) is the section's
-    defaults, as leaving it out is; a required one left empty is named (tests/data/bad)."""
+    defaults, as leaving it out is, and ``what_if:`` an empty list; a required one left empty
+    is named (tests/data/bad)."""
     import clustersim
 
     d = scenario_dict(cluster={"topology": "topologies/single-h100.yaml", "nodes": 1})
@@ -793,6 +794,9 @@ def test_an_empty_optional_section_takes_its_defaults(tmp_path, root):
     got = clustersim.load_scenario(write_scenario(tmp_path, root, {**d, "parallel": None, "simulation": None}, "n.yaml"))
     assert got.cfg.parallel == want.cfg.parallel and got.cfg.simulation == want.cfg.simulation
     assert got.mesh.world_size == 1 and got.cfg.parallel.schedule == "1f1b"
+    # a list with nothing under it (cluster.what_if:) is an empty one, as left out
+    empty = {**d, "parallel": None, "cluster": {**d["cluster"], "what_if": None}}
+    assert clustersim.load_scenario(write_scenario(tmp_path, root, empty, "w.yaml")).cfg.cluster.what_if == []
 
 
 def test_version_and_a_schedule_file_alone_is_custom(root):

@@ -2,7 +2,8 @@
 process, ``sweep`` and ``advise`` run their plans in one process whatever ``--jobs`` asks,
 and nothing refers to POSIX-only modules or calls. Approximated here by removing them before
 clustersim is imported (fork, fcntl, the signal mask, the fork start method); the files must
-be those a forking run writes, byte for byte."""
+be those a forking run writes, byte for byte. And the files are UTF-8 with "\n" line ends
+whatever the locale's encoding (Windows': cp1252)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,30 @@ def test_a_sweep_runs_its_plans_in_one_process_without_fork(tmp_path, root):
     args = ("sweep", scenario, "--vary", "parallel.tp=2,4", "--jobs", 2)
     r = run_without_fork(*args, "--out", tmp_path / "alone", cwd=root)
     assert r.returncode == 0, r.stderr
-    assert "plans in" in r.stdout and "in one process: this platform cannot fork --jobs workers" in r.stdout
+    assert "plans in" in r.stdout and "; one process: this platform cannot fork workers for --jobs" in r.stdout
     forked = run_cli(*args, "--out", tmp_path / "forked", cwd=root)
     assert forked.returncode == 0, forked.stderr
     assert "with 2 processes" in forked.stdout
-    assert (tmp_path / "alone" / "sweep.csv").read_text() == (tmp_path / "forked" / "sweep.csv").read_text()
+    for name in ("sweep.csv", "sweep.json"):
+        assert (tmp_path / "alone" / name).read_bytes() == (tmp_path / "forked" / name).read_bytes(), name
+
+
+def test_files_are_utf8_whatever_the_locale_encoding(tmp_path, root):
+    """A plan's text with other than ASCII in it (a model's name here) is written as UTF-8 with
+    "\\n" line ends where the locale's encoding is not UTF-8 (ASCII here; Windows' cp1252):
+    the same bytes as under UTF-8."""
+    import os
+
+    code = ("import sys\nfrom clustersim.cli import main\n"
+            "sys.exit(main(['sweep', sys.argv[1], '--vary', 'model.name=Llam\\u00e4,B', '--jobs', '1', '--out', "
+            "sys.argv[2]]))\n")
+    scenario = root / "scenarios" / "llama3_8b_8gpu.yaml"
+    outs = {}
+    for name, env in (("ascii", {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}),
+                      ("utf8", {"PYTHONUTF8": "1"})):
+        r = subprocess.run([sys.executable, "-c", code, str(scenario), str(tmp_path / name)], cwd=root,
+                           capture_output=True, env={**os.environ, **env, "PYTHONIOENCODING": "utf-8"})
+        assert r.returncode == 0, r.stderr.decode()
+        outs[name] = {f: (tmp_path / name / f).read_bytes() for f in ("sweep.csv", "sweep.json", "sweep.html")}
+    assert "Llamä".encode() in outs["ascii"]["sweep.csv"] and b"\r\n" not in outs["ascii"]["sweep.csv"]
+    assert outs["ascii"] == outs["utf8"]

@@ -22,6 +22,7 @@ from operator import mul
 
 import numpy as np
 
+from ..floats import sum_left
 from ..trace import Trace
 from .bubble import DEP_KINDS, BubbleSplit, split_bubble
 from .columns import SpanColumns
@@ -82,7 +83,8 @@ def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dic
 
 def _weighted_total(cols: SpanColumns, weight: dict[int, int], attr: str):
     """``sum(weight[s.rank] * s.<attr> for s in spans)``, left to right, on the values as the
-    spans hold them (ints included), so the total is the same as that Python sum.
+    spans hold them (ints included), so the total is that of Python's sum up to 3.11
+    (:func:`~clustersim.floats.sum_left`) on every version.
 
     When every value is a float (or the integer 0, which adds as 0.0 does), one at least a
     float, and every weight an int, each product is the float Python makes (``float(w) * x``)
@@ -96,7 +98,7 @@ def _weighted_total(cols: SpanColumns, weight: dict[int, int], attr: str):
         products = np.asarray(weights, dtype=np.float64)[cols.rank_pos] * np.asarray(values)[codes]
         return float(np.cumsum(np.concatenate(([0.0], products)))[-1])
     w = np.array(weights, dtype=object)[cols.rank_pos].tolist()
-    return sum(map(mul, w, cols.form_values(attr)))
+    return sum_left(map(mul, w, cols.form_values(attr)))
 
 
 def _pipeline_marks(cols: SpanColumns) -> tuple[list[float | None], list[float | None]]:

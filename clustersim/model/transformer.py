@@ -452,8 +452,9 @@ def recomputed_bytes(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = F
     """
     terms = layer_activation_terms(m, b, t, flash, sp, moe_layer, cp, etp, fp8)
     dropped = dropped_terms(modules) & terms.keys()
-    return max(sum_left(terms[x] for x in dropped & ATTENTION_TERMS),
-               sum_left(terms[x] for x in dropped - ATTENTION_TERMS))
+    # (in the terms' own order: a set of strings iterates in an order the hash seed picks)
+    return max(sum_left(v for x, v in terms.items() if x in dropped and x in ATTENTION_TERMS),
+               sum_left(v for x, v in terms.items() if x in dropped and x not in ATTENTION_TERMS))
 
 
 def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False,

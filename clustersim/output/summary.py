@@ -283,13 +283,15 @@ def all_ranks_run(worlds) -> bool:
 CLOSE_LEAD = 0.02
 
 
-def estimates_clause(whose: list[str], worlds) -> str:
+def estimates_clause(whose: list[str], worlds, settings: bool = False) -> str:
     """Whose steps (``whose``: names, in order) are estimates and why, and ``--all-ranks`` where
-    each of their GPU counts ``worlds`` may run it: the end of compare's and advise's line on a
-    close lead, "A's and B's steps are estimates (...); run --all-ranks checks them"."""
+    each of their GPU counts ``worlds`` may run it (``settings``: with ``run --set``, for plans
+    that are a scenario's changes): the end of compare's and advise's line on a close lead,
+    "A's and B's steps are estimates (...); run --all-ranks checks them"."""
     owners = " and ".join(f"{w}'s" for w in whose)
     many = len(whose) > 1
-    check = f"; run --all-ranks checks {'them' if many else 'it'}" if all_ranks_run(worlds) else ""
+    how = f"--set with {'their' if many else 'its'} settings and " if settings else ""
+    check = f"; run {how}--all-ranks checks {'them' if many else 'it'}" if all_ranks_run(worlds) else ""
     return f"{owners} {'steps are estimates' if many else 'step is an estimate'} ({SLOWEST_TWIN}){check}"
 
 
