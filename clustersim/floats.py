@@ -4,12 +4,10 @@ From Python 3.12, ``sum()`` of floats compensates rounding (Neumaier's method; "
 In Python 3.12"), so the same floats in the same order can add to a last bit apart from
 3.10's and 3.11's. A task's duration a bit apart moves an event by 1e-16 s, and where two
 events are due at the same instant that is enough to swap them: the DeepSeek-V3 scenario's
-step came out 0.56 ms (3.6e-5 of it) longer under 3.11 than under 3.13. Every sum that feeds
-the simulated timeline adds left to right with :func:`sum_left`, so the timeline is the same
-bit for bit on each of them, as are the summary's weighted totals
-(clustersim.analysis.metrics). The rest of the analysis sums spans with the running Python's
-own ``sum()``, its vectorised forms matching it version by version
-(analysis.intervals.COMPENSATED_SUM): figures a last bit apart at most.
+step came out 0.56 ms (3.6e-5 of it) longer under 3.11 than under 3.13. Every sum of floats
+that feeds the simulated timeline or the summary adds left to right with :func:`sum_left`
+(the analysis's vectorised sums the same way: analysis.intervals), so the timeline and
+summary.json are the same bit for bit on each of them.
 """
 
 from __future__ import annotations

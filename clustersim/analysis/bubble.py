@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..floats import sum_left
 from .intervals import Arrays, py_sum, seq_sum
 
 DEP_KINDS = ("pp", "tp", "cp", "ep", "dp", "compute")
@@ -106,7 +107,7 @@ def split_bubble(starts: np.ndarray, kinds: np.ndarray, kind_codes: dict[str, in
             cause[seen] = j
         for j, k in enumerate(DEP_KINDS):
             dep[k] = seq_sum(mid[cause == j], 0.0)
-    steady_s = sum(dep.values())
+    steady_s = sum_left(dep.values())
     imb = min(bubble, max(0.0, max_compute_s - compute_s))
     take_steady = min(imb, steady_s)
     if steady_s > 0:
@@ -117,4 +118,4 @@ def split_bubble(starts: np.ndarray, kinds: np.ndarray, kind_codes: dict[str, in
         left = max(0.0, 1 - rest / ends_s)  # (rest may pass ends_s by a rounding: no -1e-17 s)
         warm, cool = warm * left, cool * left
     return BubbleSplit(bubble_s=bubble, warm_up_s=warm, cool_down_s=cool, imbalance_s=imb,
-                       dependency_s={**dep, "total": sum(dep.values())})
+                       dependency_s={**dep, "total": sum_left(dep.values())})

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..floats import sum_left
 from ..program.tasks import Program
 from ..trace import Trace, span_times
 from .intervals import INSTANT_S
@@ -136,9 +137,9 @@ def path_report(path: list[PathTask], step_s: float) -> dict[str, Any]:
         seg["tasks"] += 1
         seg["last"] = p.name
         seg["compute_s" if p.kind == "compute" else "comm_s"] += p.end_s - p.start_s
-    comm = sum(v for k, v in by_kind.items() if k != "compute")
+    comm = sum_left(v for k, v in by_kind.items() if k != "compute")
     return {
-        "length_s": sum(by_kind.values()) + wait_s + tie_s,
+        "length_s": sum_left(by_kind.values()) + wait_s + tie_s,
         "step_time_s": step_s,
         "tasks": len(path),
         "compute_s": by_kind["compute"],

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..floats import sum_left
 from ..program.tasks import Comm, Program, Task
 from ..trace import Trace, first_and_inverse, stable_argsort
 from .intervals import INSTANT_S, Arrays, merged, seq_sum
@@ -94,7 +95,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     as adding them one at a time); its example span and size are the first of the largest
     (the example's to within ``INSTANT_S``)."""
     tasks, w = prog.items, trace.weight  # a run's tasks are made only where read (Program.task)
-    world = sum(w.values()) or 1
+    world = sum_left(w.values()) or 1
     cols = trace.columns()
     spans = cols.spans
     rows, exposed = _comm_rows(cols)

@@ -4,20 +4,20 @@ Two forms: lists of (start, end) tuples (``union``, ``length``, ``minus_length``
 of numpy arrays ``(lo, hi)`` for the large traces (``merged``, ``seq_sum``, ``minus_pieces``).
 Both give the same numbers to the last bit: a merged set of intervals has one form (its
 endpoints are endpoints of the inputs), and every sum adds the same floats in the same order
-the same way: ``seq_sum`` as a ``+=`` loop, ``py_sum`` and ``rows_sum`` as Python's ``sum``.
+the same way: ``seq_sum`` as a ``+=`` loop, ``py_sum`` and ``rows_sum`` as
+``floats.sum_left`` (Python's ``sum`` up to 3.11, on every version).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 
 import numpy as np
 
+from ..floats import sum_left
 from ..trace import INSTANT_S
 
 Arrays = tuple[np.ndarray, np.ndarray]
-COMPENSATED_SUM = sys.version_info >= (3, 12)  # Python's sum() of floats compensates rounding from 3.12
 
 
 def instants(t: np.ndarray) -> np.ndarray:
@@ -78,33 +78,22 @@ def seq_sum(x: np.ndarray, start=0.0):
 
 
 def py_sum(x: np.ndarray, start=0):
-    """Python's ``sum(x, start)`` itself, on the same floats in the same order (from 3.12 it
-    compensates rounding, so it is not :func:`seq_sum` there)."""
-    return sum(x.tolist(), start)
+    """``sum(x, start)`` as Python up to 3.11 adds (left to right, ints as ints), on every
+    version (:func:`~clustersim.floats.sum_left`), on the same floats in the same order."""
+    return sum_left(x.tolist(), start)
 
 
 def rows_sum(terms: list[np.ndarray], n: int, start: float = 0.0) -> np.ndarray:
-    """``sum((t[i] for t in terms), start)`` for every i < n at once, as this Python's ``sum``
-    adds floats: left to right, and from 3.12 with Neumaier's compensation::
-
-        t = f + x;  c += (f - t) + x  if |f| >= |x|  else (x - t) + f;  f = t
-        result = f + c  (when c is a finite non-zero)
-    """
+    """``sum_left(t[i] for t in terms)`` from ``start``, for every i < n at once: left to
+    right, one rounding per addition."""
     f = np.full(n, float(start))
-    if not COMPENSATED_SUM:
-        for x in terms:
-            f = f + x
-        return f
-    c = np.zeros(len(f))
     for x in terms:
-        t = f + x
-        c += np.where(np.abs(f) >= np.abs(x), (f - t) + x, (x - t) + f)
-        f = t
-    return np.where((c != 0) & np.isfinite(c), f + c, f)
+        f = f + x
+    return f
 
 
 def length(merged: list[tuple[float, float]]) -> float:
-    return sum(b - a for a, b in merged)
+    return sum_left(b - a for a, b in merged)
 
 
 def merged_length(iv: Arrays):

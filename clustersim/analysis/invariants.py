@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..floats import sum_left
 from ..plan.mesh import Mesh, parse_order
 from ..program.tasks import Program
 from ..trace import RECV_STREAMS, Span, Trace, unique
@@ -408,7 +409,7 @@ def check_bubble_split(summary: dict[str, Any] | None) -> list[Violation]:
     for row in ((summary or {}).get("bubble") or {}).get("per_rank", []):
         parts = (row["warm_up_s"], row["cool_down_s"], row["dependency_s"]["total"], row["imbalance_s"])
         tol = _tol(row["bubble_s"]) * 1e3
-        if abs(sum(parts) - row["bubble_s"]) > tol or min(parts) < -tol:
+        if abs(sum_left(parts) - row["bubble_s"]) > tol or min(parts) < -tol:
             out.append(_v("bubble-split", f"rank {row['rank']}: warm-up, cool-down, dependency, imbalance "
                           f"{', '.join(f'{x:.9g}' for x in parts)} s do not split its bubble "
                           f"{row['bubble_s']:.9g} s", ()))

@@ -85,6 +85,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..floats import sum_left
 from ..trace import Span, Trace, span_times
 from .columns import SpanColumns
 from .intervals import instants, rows_sum
@@ -228,7 +229,7 @@ def peak_live(intervals: dict[tuple[int, int], tuple[float, float]], bytes_per_m
         per_part[part] = max(per_part[part], live[part])
         peak_count = max(peak_count, count)
         if d > 0:
-            now = sum(n * b for n, b in zip(live, bytes_per_mb))
+            now = sum_left(n * b for n, b in zip(live, bytes_per_mb))
             peak_bytes = max(peak_bytes, now)
     return peak_count, peak_bytes, per_part
 

@@ -142,10 +142,10 @@ def step_metrics(trace: Trace, *, world_size: int, peak_flops: float, tokens_per
         splits[r] = split_bubble(start[sl], kind[sl], dep_codes, per_rank[r].busy, step, per_rank[r].compute_s,
                                  max_compute, pipelined, first_b[i], last_f[i])
     w = trace.weight
-    total_w = sum(w.values())
+    total_w = sum_left(w.values())
 
     def mean(f):
-        return sum(w[r] * f(t) for r, t in per_rank.items()) / total_w
+        return sum_left(w[r] * f(t) for r, t in per_rank.items()) / total_w
 
     model_flops = _weighted_total(cols, w, "model_flops")
     hw_flops = _weighted_total(cols, w, "flops")
@@ -178,10 +178,10 @@ def step_metrics(trace: Trace, *, world_size: int, peak_flops: float, tokens_per
 def _bubble_report(trace: Trace, per_rank: dict, splits: dict[int, BubbleSplit], step: float) -> dict:
     """summary.json ``bubble``: the GPU-weighted mean split, and each simulated rank's."""
     w = trace.weight
-    total_w = sum(w.values()) or 1
+    total_w = sum_left(w.values()) or 1
 
     def mean(f):
-        return sum(w[r] * f(b) for r, b in splits.items()) / total_w
+        return sum_left(w[r] * f(b) for r, b in splits.items()) / total_w
 
     dep_keys = next(iter(splits.values())).dependency_s.keys() if splits else ()
     return {

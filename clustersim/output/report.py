@@ -55,6 +55,7 @@ import numpy as np
 import plotly
 import plotly.graph_objects as go
 
+from ..floats import sum_left
 from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, gpu_ranges
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
@@ -201,7 +202,7 @@ def _runs(keys: list[tuple], start_s: list[float], end_s: list[float], bounds: l
 
 
 def _bar_sums(values: np.ndarray, firsts: list[int], ends: list[int]) -> list[float]:
-    """``sum(values[i:j])`` for each bar's spans ``i:j``, as Python adds them (in order).
+    """``sum(values[i:j])`` for each bar's spans ``i:j``, left to right (:func:`~clustersim.floats.sum_left`).
 
     A bar with at most one nonzero value sums to that value in any order, so numpy adds
     those bars (``+ 0.0``: a sum of -0.0s is 0.0, as ``sum`` gives); Python the others.
@@ -213,7 +214,7 @@ def _bar_sums(values: np.ndarray, firsts: list[int], ends: list[int]) -> list[fl
     if several:
         terms = values.tolist()
         for k in several:
-            out[k] = sum(terms[firsts[k]:ends[k]])
+            out[k] = sum_left(terms[firsts[k]:ends[k]])
     return out
 
 
@@ -777,7 +778,7 @@ def _major_ranks(segs: list[dict[str, Any]]) -> set[int]:
     on: dict[int, float] = {}
     for seg in segs:
         on[seg["rank"]] = on.get(seg["rank"], 0.0) + seg["end_s"] - seg["start_s"]
-    total = sum(on.values())
+    total = sum_left(on.values())
     return {rank for rank, t in on.items() if total <= 0 or t >= PATH_MAJOR * total}
 
 

@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from ..errors import printable  # (a scenario's name or description printed as written, on its line)
+from ..floats import sum_left
 
 GiB = 1024**3
 
@@ -156,7 +157,7 @@ def _grads_option(p: dict[str, Any]) -> str:
 def _overlap_note(ex: dict[str, float], kinds: list[str]) -> str:
     """What the exposed line adds where its kinds sum past the total: a wait while two kinds
     are in flight counts in each (metrics.md, "How a GPU's step splits")."""
-    if sum(ex[k] for k in kinds) <= ex["total"] * (1 + 1e-9):
+    if sum_left(ex[k] for k in kinds) <= ex["total"] * (1 + 1e-9):
         return ""
     return " (a wait on two kinds at once counts in both)"
 
@@ -378,7 +379,7 @@ def format_summary(s: dict[str, Any]) -> str:
         verdict = ("fits" if st["fits"] else "DOES NOT FIT") + spare
         # the rest of the peak: buffers, recomputing and transients at its instant (>= 0: the peak's instant
         # holds at least the most activations, analysis.memory)
-        other = st["peak_bytes"] - sum(st[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+        other = st["peak_bytes"] - sum_left(st[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                        "activations_bytes"))
         lines.append(f"{'':<16}{st['stage']:>5} {g('params_bytes'):>7.1f} {g('grads_bytes'):>6.1f} "
                      f"{g('optimizer_bytes'):>6.1f} {g('activations_bytes'):>6.1f} {max(other, 0.0) / GiB:>6.1f} "
