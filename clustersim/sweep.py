@@ -276,12 +276,12 @@ def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dic
     may hold refused plans already) by its number. ``progress(done, total)`` after each.
     ``prune``: a plan certain not to fit is not simulated (:func:`simulate_plan`), but plan
     number ``keep`` (advise's own plan) always is."""
+    from . import host_memory
     from .forking import pool_forks
+    from .hardware.topology import reused_clusters
 
     total = len(plans) + len(rows)
     jobs = min(jobs, len(plans)) if pool_forks() else 1  # (Windows: one process)
-    from . import host_memory
-    from .hardware.topology import reused_clusters
 
     # (one process: each plan may fork the process that simulates its shorter step, as run does)
     todo = [(path, data, plan, jobs <= 1, prune and plan.number != keep) for plan in plans]

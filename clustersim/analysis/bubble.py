@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..floats import sum_left
-from .intervals import Arrays, py_sum, seq_sum
+from .intervals import Arrays, seq_sum
 
 DEP_KINDS = ("pp", "tp", "cp", "ep", "dp", "compute")
 WINDOW = 8  # spans starting exactly when a gap ends that are looked at to tell its cause
@@ -78,7 +78,7 @@ def split_bubble(starts: np.ndarray, kinds: np.ndarray, kind_codes: dict[str, in
     ``compute_s`` its compute busy time, ``max_compute_s`` the busiest rank's. ``first_b``: its
     first backward's start, ``last_f`` its last forward's end (None: none)."""
     ga, gb = gaps(busy, step_s)
-    bubble = py_sum(gb - ga, 0)
+    bubble = seq_sum(gb - ga, 0)
     if pipelined and first_b is not None and last_f is not None:
         warm_end, cool_start = first_b, max(last_f, first_b)
     else:

@@ -4,8 +4,8 @@ Two forms: lists of (start, end) tuples (``union``, ``length``, ``minus_length``
 of numpy arrays ``(lo, hi)`` for the large traces (``merged``, ``seq_sum``, ``minus_pieces``).
 Both give the same numbers to the last bit: a merged set of intervals has one form (its
 endpoints are endpoints of the inputs), and every sum adds the same floats in the same order
-the same way: ``seq_sum`` as a ``+=`` loop, ``py_sum`` and ``rows_sum`` as
-``floats.sum_left`` (Python's ``sum`` up to 3.11, on every version).
+the same way: left to right, one rounding per addition, as ``floats.sum_left`` adds (Python's
+``sum`` up to 3.11, on every version): ``seq_sum`` for an array, ``rows_sum`` for rows of them.
 """
 
 from __future__ import annotations
@@ -77,12 +77,6 @@ def seq_sum(x: np.ndarray, start=0.0):
     return float(np.cumsum(acc)[-1])
 
 
-def py_sum(x: np.ndarray, start=0):
-    """``sum(x, start)`` as Python up to 3.11 adds (left to right, ints as ints), on every
-    version (:func:`~clustersim.floats.sum_left`), on the same floats in the same order."""
-    return sum_left(x.tolist(), start)
-
-
 def rows_sum(terms: list[np.ndarray], n: int, start: float = 0.0) -> np.ndarray:
     """``sum_left(t[i] for t in terms)`` from ``start``, for every i < n at once: left to
     right, one rounding per addition."""
@@ -99,7 +93,7 @@ def length(merged: list[tuple[float, float]]) -> float:
 def merged_length(iv: Arrays):
     """``length`` of merged arrays: ``sum(end - start)`` in order (the int 0 when empty, as
     ``length`` gives)."""
-    return py_sum(iv[1] - iv[0], 0)
+    return seq_sum(iv[1] - iv[0], 0)
 
 
 def minus_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
