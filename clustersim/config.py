@@ -311,7 +311,8 @@ class Scenario:
         def ranks(gpus: frozenset[int]) -> int:
             return Symmetry.split_count(self.mesh, cluster.gpu_slowdown, gpus, *self.cfg.ranks_differ(),
                                         cluster.gpus_per_node, cluster.pair_tiers,
-                                        self.parallel.schedule == "interleaved", self.cfg.simulation.split_replicas)
+                                        self.parallel.schedule == "interleaved", self.cfg.simulation.split_replicas,
+                                        self.straggler_mates)
 
         n = ranks(wide)
         if n <= most:
@@ -334,6 +335,25 @@ class Scenario:
         :attr:`split_faults`).
         """
         return self._touched(self.cluster.fault_cables)
+
+    @cached_property
+    def straggler_mates(self) -> frozenset[int]:
+        """The GPUs that share a NIC (or a PCIe switch before it) with a slow GPU of their
+        node (``what_if: [{gpu, slowdown}]``) and send over it under this plan: their own
+        flows cross a link of the node that a flow of the slow GPU crosses (engine/network.py
+        ``straggler_mates``). Each is a class of its own, as a GPU a fault touches is
+        (program/lower.py ``Symmetry``): the slow GPU's sends leave late beside its mates'
+        where their twins on other nodes leave beside sends that start together. Merged with
+        those twins, the mates' sends moved as if none came late (TP1 x PP2 x DP32 on DGX
+        H100s with one NIC each, a GPU at 1.3x: the step 1.07 % long against rank by rank,
+        the straggler's cost 2.6 times the all-ranks one). Empty without slow GPUs, and on
+        nodes with a NIC a GPU."""
+        slow = sorted(g for g, f in self.cluster.gpu_slowdown.items() if f != 1.0 and g < self.mesh.world_size)
+        if not slow:
+            return frozenset()
+        from .engine.network import straggler_mates
+
+        return frozenset().union(*straggler_mates(self.cluster, self._fault_groups, slow).values())
 
     @cached_property
     def fabric_touched_gpus(self) -> frozenset[int]:
@@ -939,7 +959,7 @@ def mesh_of(p: ParallelCfg) -> Mesh:
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,
-                 source: str, gpus_per_node: int = 0, tiers=None) -> None:
+                 source: str, gpus_per_node: int = 0, tiers=None, straggler_mates: frozenset[int] = frozenset()) -> None:
     """Refuse stragglers (``slow``: GPU -> slowdown) or faulty nodes' GPUs that would split the
     symmetric classes into more ranks than an all-ranks run may simulate (program/lower.py
     Symmetry)."""
@@ -952,7 +972,7 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
 
     mesh = mesh_of(p)
     n = Symmetry.split_count(mesh, slow, faulty, *cfg.ranks_differ(), gpus_per_node, tiers, p.schedule == "interleaved",
-                             cfg.simulation.split_replicas)
+                             cfg.simulation.split_replicas, straggler_mates)
     if n > MAX_GPUS_ALL_RANKS:
         gpus = sorted(set(slow) | set(faulty))
         shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")
@@ -1090,12 +1110,12 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
             sc.__dict__["cluster"] = cluster
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}
             _check_split(cfg, cluster.num_gpus, slow, set(sc.node_touched_gpus), "slow GPUs and faulty nodes", source,
-                         cluster.gpus_per_node, cluster.pair_tiers)
+                         cluster.gpus_per_node, cluster.pair_tiers, sc.straggler_mates)
         elif sc.mesh.world_size > MAX_GPUS_ALL_RANKS and (slow := _slow_gpus(topo, sc.mesh.world_size)):
             # slow GPUs alone build no graph to check; the lowering's classes also split by the
             # routes to the pipeline neighbours (Symmetry.tiers), which _check_plan's count could not see
             _check_split(cfg, sc.mesh.world_size, slow, set(), "slow GPUs", source, sc.cluster.gpus_per_node,
-                         sc.cluster.pair_tiers)
+                         sc.cluster.pair_tiers, sc.straggler_mates)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)

@@ -401,6 +401,65 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
     return out | (asked & set(ends))
 
 
+def straggler_mates(cluster: Cluster, groups: list[np.ndarray], slow: list[int]) -> dict[int, list[int]]:
+    """Per slow GPU of ``slow``, the other GPUs of its node whose own traffic meets the slow
+    GPU's on their node's shared links, under a plan whose communication groups are
+    ``groups`` (rows of ranks; rank r runs on GPU r): a flow of theirs to a GPU other than
+    the slow one crosses a NIC cable or PCIe link that a flow to or from the slow GPU
+    crosses. Pairs are routed directly, as a flow of a GPU's own leaves by its own NIC
+    (PXN proxies carry other GPUs' flows over every NIC of a node alike; a flow to the slow
+    GPU is in one of its groups, which the classes split around it anyway); past
+    ``FAULT_PAIRS_ROUTED`` pairs, every other GPU of the node. The slow GPU's flows start
+    and end later than its twins' elsewhere, so a GPU whose flows share such a link with
+    them runs beside a flow its twins on other nodes do not meet
+    (config.Scenario.straggler_mates)::
+
+        one NIC a node, TP1 x PP2 x DP32, n4.gpu6 slow (stage 1):
+          n4.gpu0 -> n0.gpu0          n4.nic0 and its cable          beside n4.gpu6 -> n0.gpu6,
+                                                                     which leaves late: a mate
+          n5.gpu0 -> n1.gpu0          n5.nic0 and its cable          its twin: beside eight
+                                                                     flows that leave together
+        eight NICs a node: each GPU's flows leave by its own NIC, and no GPU meets the slow
+        one's on its node's links: none
+    """
+    out: dict[int, list[int]] = {}
+    per, n_gpu = cluster.gpus_per_node, cluster.num_gpus
+    nodes = cluster.graph.nodes
+    # per link, the node whose links several of its GPUs' flows share (a NIC's cable to its
+    # leaf, a PCIe switch's to its NIC), else -1: the fabric's, and a GPU's own (its NVLink
+    # port, its PCIe lane), which carry no flow of a mate but those to or from that GPU, in
+    # groups the classes split around the slow GPU as they need (program/lower.py)
+    edge_node = np.array([-1 if "gpu" in (nodes[u].get("kind"), nodes[v].get("kind"))
+                          else nodes[u].get("node", nodes[v].get("node", -1)) for u, v in cluster.edges], dtype=np.int64)
+    for g in slow:
+        node = np.arange(g // per * per, min((g // per + 1) * per, n_gpu), dtype=np.int64)
+        marked = [np.isin(rows, node) for rows in groups]
+        if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
+            out[g] = [x for x in node.tolist() if x != g]
+            continue
+        keys = []
+        for rows, m in zip(groups, marked):
+            for i in np.flatnonzero(m.any(axis=1)).tolist():  # the node's members with every member, both ways
+                f = rows[i][m[i]][:, None]
+                keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
+        if not keys:
+            out[g] = []
+            continue
+        keys = np.unique(np.concatenate(keys))
+        src, dst = keys // n_gpu, keys % n_gpu
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        rows = _route_rows(cluster, src, dst, True)[0]
+        its = (src == g) | (dst == g)
+        links = np.unique(rows[its].ravel())
+        links = links[links >= 0]
+        links = links[edge_node[links] == g // per]
+        meets = ~its & np.isin(rows, links).any(axis=1)
+        ends = np.concatenate([src[meets], dst[meets]])
+        out[g] = sorted(set(ends[np.isin(ends, node)].tolist()) - {g})
+    return out
+
+
 def _degraded_edges(cluster: Cluster, faults: list) -> np.ndarray:
     """The edge ids of ``faults``' degraded cables, both ways (a degraded cable a later entry
     removed is gone)."""

@@ -251,7 +251,9 @@ class Symmetry:
       cable or switch) and those of any node whose flows meet the faults' slowed or moved
       flows: config.Scenario.split_faults): their traffic may cross
       or meet a slower link than their twins', which makes them stragglers in communication;
-      each is a class of its own, and the classes split around them the same way.
+      each is a class of its own, and the classes split around them the same way. So is
+      each GPU that shares a NIC with a slow GPU and sends over it (``straggler_mates``:
+      config.Scenario.straggler_mates): its sends leave beside the slow GPU's late ones.
 
     Collapsed and not give the same numbers on a symmetric placement; where twins meet different links
     (ECMP collisions, a stage that spans two leaf groups where the split by units is kept, a
@@ -275,6 +277,10 @@ class Symmetry:
     # degraded or removed: their communication may run slower than their twins', so they
     # split the classes as stragglers do
     faulty: frozenset[int] = frozenset()
+    # ranks whose flows share a link with those of a slow GPU of their node
+    # (config.Scenario.straggler_mates): their links carry a flow that starts late where
+    # their twins' carry a twin's, so each is a class of its own, as a faulty rank is
+    straggler_mates: frozenset[int] = frozenset()
     # GPUs per node (0: unknown): where a stage's ranks differ in which of their pipeline
     # peers share their node, the classes split by it (:attr:`_chain_places`)
     gpus_per_node: int = 0
@@ -340,11 +346,12 @@ class Symmetry:
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
                     ep_distinct: bool = False, gpus_per_node: int = 0, tiers=None, pp_ring: bool = False,
-                    replicas: bool = False) -> int:
-        """How many ranks the classes split around ``slow`` (rank -> slowdown) and ``faulty``
-        ranks simulate (not split by units)."""
+                    replicas: bool = False, straggler_mates=frozenset()) -> int:
+        """How many ranks the classes split around ``slow`` (rank -> slowdown), ``faulty``
+        ranks and the slow GPUs' ``straggler_mates`` simulate (not split by units)."""
         return len(cls(mesh, True, cp_distinct, ep_distinct, slow=dict(slow), faulty=frozenset(faulty),
-                       gpus_per_node=gpus_per_node, tiers=tiers, pp_ring=pp_ring, replicas=replicas).ranks)
+                       straggler_mates=frozenset(straggler_mates), gpus_per_node=gpus_per_node, tiers=tiers, pp_ring=pp_ring,
+                       replicas=replicas).ranks)
 
     def _unit_split(self, stragglers: list[int]) -> dict[int, int] | None:
         """``rep`` split by units as well, where edges of leaf groups or pods may cut a
@@ -443,9 +450,14 @@ class Symmetry:
         ep_index = m.expert_coords["ep"]
         factor = np.array([self.slow.get(int(x), 1.0) for x in r])
         alone = np.zeros(m.world_size, dtype=np.int64)
-        for x in self.faulty:
+        # a faulty rank's links are its own: it is a class of its own. So is a straggler's
+        # mate: as one class, the mates' twins beside the straggler's late flow on their
+        # node's links were weighed as its sibling orbit's are (engine/network.py _weigh: real
+        # over simulated flows there, an average, not what each flow meets while the other
+        # is not running), and their step was 0.26 % off where it is now exact
+        for x in self.faulty | self.straggler_mates:
             if 0 <= x < m.world_size:
-                alone[x] = x + 1  # a faulty rank's links are its own: it is a class of its own
+                alone[x] = x + 1
         if places is None and shapes is None:
             places, shapes = self._chain_places, self._group_shapes
         start = np.stack([coord["pp"], 0 * r if places is None else places, coord["cp"] if self.cp_distinct else 0 * r,
@@ -1782,7 +1794,8 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
     collapse = sc.cfg.simulation.collapse_symmetric if collapse is None else collapse
     # a straggler or a fault (rank r runs on GPU r) splits the classes around it (Symmetry)
     sym = Symmetry(mesh, collapse, cp_distinct, ep_distinct, slow=dict(sc.cluster.gpu_slowdown),
-                   faulty=sc.split_faults[0], gpus_per_node=sc.cluster.gpus_per_node, tiers=sc.cluster.pair_tiers,
+                   faulty=sc.split_faults[0], straggler_mates=sc.straggler_mates if collapse else frozenset(),
+                   gpus_per_node=sc.cluster.gpus_per_node, tiers=sc.cluster.pair_tiers,
                    pp_ring=sc.parallel.schedule == "interleaved", units=sc.cluster.gpu_units,
                    unit_split_ranks=sc.cfg.simulation.leaf_split_ranks, replicas=sc.splits_replicas)
     gpu = chunk_gpu(sc)
