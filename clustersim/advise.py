@@ -304,6 +304,7 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
     varied = set(space)
     par, tr = data.get("parallel") or {}, data.get("training") or {}
     own = Plan(1, list(own_values(sc, space).items()) + [(DP, sc.parallel.dp)])  # the scenario's plan, as it is
+    own_doc = _applied(path, data, own)
     first: list[Plan] = [own]
     rest: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
     for shape in shapes_of(space):
@@ -313,6 +314,9 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
             continue
         if dict(plan.changes).get(DP) == 1 and shape.get("parallel.cp", 1) == 1:  # nothing to shard: one ZeRO plan
             settings = [x for x in settings if x.get("parallel.zero") == settings[0].get("parallel.zero")]
+        if _applied(path, data, plan) == own_doc:  # the scenario's plan is this shape's first: #1 stands for it
+            rest[own.number] = (shape, settings)
+            continue
         first.append(plan)
         rest[plan.number] = (shape, settings)
     if len(first) == 1:
@@ -332,8 +336,10 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
         for n in ns:
             shape, settings = rest[n]
             for x in settings[1:]:
-                number += 1
-                out.append(plan_of(sc, data, {**shape, **x}, number, varied))
+                plan = plan_of(sc, data, {**shape, **x}, number + 1, varied)
+                if _applied(path, data, plan) != own_doc:  # (the scenario's plan is #1 already)
+                    number += 1
+                    out.append(plan)
         return out
 
     def could_be(opt: Option, n: int) -> bool:  # whether some setting of shape n is one of opt's plans
@@ -373,6 +379,17 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
             "pruned": prune,
             "plans": ordered,
             "ranking": ranked}
+
+
+def _applied(path: str, data: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
+    """The scenario ``plan`` makes of the file's ``data`` (None where its changes cannot be
+    made): two plans that make the same one are one plan, simulated once."""
+    from .overrides import apply_changes
+
+    try:
+        return apply_changes(data, plan.changes, source=path)
+    except ConfigError:
+        return None
 
 
 def format_advice(advice: dict[str, Any], top: int = 10) -> str:
@@ -442,10 +459,30 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                     else "; none of the guide's options was among the plans simulated")
             lines.append(f"{'verdict':<12}the best plan found, #{best['plan']}, is none of the guide's options" + tail)
             turning = [rows[p] for p in ranked if rows[p]["fits"] and rows[p]["guide_options"]]  # (any option's)
-        doubt = verdict_doubt(best, turning, advice["gpus"])
+        doubt = verdict_doubt(best, turning, advice["gpus"]) or close_call(best, turning)
         if doubt:
             lines.append(f"{'':<12}{doubt}")
     return "\n".join(lines)
+
+
+def close_call(best: dict[str, Any], turning: list[dict[str, Any]]) -> str:
+    """Where the verdict's steps are exact but a plan of ``turning`` (as :func:`verdict_doubt`
+    reads it) gives less than CLOSE_LEAD fewer tokens/s than the best plan: the nearest such
+    plan, that a lead so small is less than what the simulation leaves out may move
+    (docs/metrics.md: kernel launches, the framework; published steps 4-21 % longer than
+    simulated), and both plans' peak memory, what else may choose between them. "" otherwise."""
+    from .output.summary import CLOSE_LEAD, GiB
+
+    close = [r for r in turning if 1 - r["tokens_per_s"] / best["tokens_per_s"] < CLOSE_LEAD]
+    if not close:
+        return ""
+    r = close[0]
+    gap = 1 - r["tokens_per_s"] / best["tokens_per_s"]
+    than = f"is level with #{best['plan']}" if gap < 5e-4 else \
+        f"gives {100 * gap:.1f} % fewer tokens/s than #{best['plan']}"
+    return (f"a close call: #{r['plan']} {than}, less than what the simulation leaves out (kernel launches, "
+            f"the framework) may move; #{r['plan']} peaks at {r['peak_bytes'] / GiB:.1f} GiB, #{best['plan']} at "
+            f"{best['peak_bytes'] / GiB:.1f} of {best['capacity_bytes'] / GiB:.0f}")
 
 
 def verdict_doubt(best: dict[str, Any], turning: list[dict[str, Any]], gpus: int) -> str:

@@ -314,3 +314,59 @@ def test_a_verdict_over_a_close_estimated_step_says_it_may_not_hold(root):
         assert told(a, {rival: 2 * CLOSE_LEAD, other: 3 * CLOSE_LEAD}, (best, rival, other)) == []  # wide gaps
         assert told(a, {rival: near}, ()) == []  # exact steps
     assert told(as_option, {fit[1]: near}, (best, fit[1])) == []  # the same option's: the verdict holds
+
+
+def test_the_scenarios_plan_is_simulated_once(root, tmp_path):
+    """Where the search holds the scenario's own plan (the file's values of every dimension
+    and the settings a plan of that shape takes), #1 stands for it: no other plan makes the
+    same scenario, in either round of coarse to fine (advise listed it twice, #1 and #16,
+    the same figures on two rows)."""
+    from clustersim.overrides import apply_changes
+
+    data = read_yaml(root / SMALL, what="scenario")
+    data["cluster"]["topology"] = str(root / "topologies" / "dgx-h100.yaml")
+    data["parallel"] = {"dp": 8, "zero": 3}  # only ZeRO-3: TP 1, PP 1, recompute none, all in the search
+    path = tmp_path / "zero3.yaml"
+    path.write_text(yaml.safe_dump(data))
+    for budget in (200, 0):
+        adv = run_advise(str(path), [("parallel.tp", [1, 2]), ("parallel.pp", [1, 2])], budget=budget)
+        made = [apply_changes(data, list(r["changes"].items()), source="s") for r in adv["plans"]]
+        assert all(made.count(m) == 1 for m in made), budget
+        assert [r["plan"] for r in adv["plans"]] == list(range(1, len(adv["plans"]) + 1))
+        # the shape of #1 searched with its other settings all the same
+        assert sum(r["changes"].get("parallel.tp") == 1 and r["changes"].get("parallel.pp") == 1
+                   for r in adv["plans"]) == 6, budget  # zero 1-3 x recompute none, full
+
+
+def test_a_close_call_between_exact_steps_names_the_nearest_plan_and_both_peaks(root):
+    """Where the steps are exact but a plan that would turn the verdict gives less than
+    CLOSE_LEAD fewer tokens/s than the best plan, the verdict says so, with both plans' peak
+    memory; nothing where the gap is wider, and the estimates' line where a step is one."""
+    import copy
+
+    from clustersim.advise import format_advice
+    from clustersim.output.summary import CLOSE_LEAD
+
+    adv = run_advise(str(root / SMALL), [("parallel.tp", [2, 4, 8]), ("parallel.pp", [1])])
+    rows = {r["plan"]: r for r in adv["plans"]}
+    fit = [n for n in adv["ranking"] if rows[n]["fits"]]
+    best, rival = fit[0], next(n for n in fit if rows[n]["guide_options"])  # (the best plan is none of them)
+
+    def said(gap: float, estimate: bool = False) -> list[str]:
+        a = copy.deepcopy(adv)
+        r = {x["plan"]: x for x in a["plans"]}
+        r[rival]["tokens_per_s"] = r[best]["tokens_per_s"] * (1 - gap)
+        r[best]["estimate"] = estimate
+        lines = format_advice(a).splitlines()
+        return [x.strip() for x in lines[next(i for i, x in enumerate(lines) if x.startswith("verdict")) + 1:]
+                if not x.startswith("simulated")]
+
+    gib = 2 ** 30
+    assert said(CLOSE_LEAD / 4) == [
+        f"a close call: #{rival} gives {100 * CLOSE_LEAD / 4:.1f} % fewer tokens/s than #{best}, less than what the "
+        f"simulation leaves out (kernel launches, the framework) may move; #{rival} peaks at "
+        f"{rows[rival]['peak_bytes'] / gib:.1f} GiB, #{best} at {rows[best]['peak_bytes'] / gib:.1f} of "
+        f"{rows[best]['capacity_bytes'] / gib:.0f}"]
+    assert said(0.0)[0].startswith(f"a close call: #{rival} is level with #{best}, ")
+    assert said(2 * CLOSE_LEAD) == []
+    assert said(CLOSE_LEAD / 4, estimate=True)[0].startswith(f"the verdict may not hold: #{rival} ")
