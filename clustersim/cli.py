@@ -734,6 +734,7 @@ def _spaced_change(argv: list[str]) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .output.summary import ESTIMATE_SPREAD  # (the spread every estimated step is given with)
     from .schedule import SCHEDULE_NAMES
 
     ap = _Parser(
@@ -762,9 +763,8 @@ def build_parser() -> argparse.ArgumentParser:
                           f"are those of the rank that stands for it; at most {TRACE_GPUS_MAX_SPANS:,} spans")
     run.add_argument("--all-ranks", action="store_true",
                      help="simulate every rank instead of one per pipeline stage (slower; identical on "
-                          "symmetric placements; otherwise the default's step is usually within 1 %%, up to about 9 %% "
-                          "longer (15 %% with a skewed expert load over GB200 racks) or 2 %% shorter, 5 %% where two "
-                          "stages with experts share a GB200 rack: docs/getting-started.md)")
+                          "symmetric placements; otherwise the default's step is an estimate, "
+                          f"{ESTIMATE_SPREAD.replace('%', '%%')}: docs/getting-started.md)")
     run.add_argument("--no-repeat", action="store_true",
                      help="simulate every microbatch of a long 1F1B, interleaved or ZB-H1 step instead of its "
                           "steady cycle once (slower; the same spans within a nanosecond)")

@@ -514,14 +514,19 @@ def step_text(r: dict[str, Any], marked: bool) -> str:
 def table_columns(sweep: dict[str, Any], shown: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     """The ranked table's columns for the rows ``shown``, each (head, a simulated plan's row ->
     its cell): the plan's number, the keys it is shown by (:func:`_columns`), then its
-    figures, the step marked where it is an estimate (:func:`step_text`)."""
+    figures, the step marked where it is an estimate (:func:`step_text`), the tokens/s of
+    all its GPUs where the rows shown differ in GPU count (what they are ranked by)."""
     from .output.summary import GiB
 
     keys = _columns(sweep)
     marked = any(r.get("estimate") for r in shown)
+    # where the plans run on different GPU counts, the tokens/s they are ranked by are shown
+    # too: per GPU alone, the ranking would read out of order
+    worlds = {round(r["tokens_per_s"] / r["tokens_per_s_per_gpu"]) for r in shown if r["tokens_per_s_per_gpu"]}
+    total = [("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}")] if len(worlds) > 1 else []
     return [("#", lambda r: str(r["plan"]))] + [
         (h, lambda r, k=k: cell_text(r["changes"].get(k))) for h, k in zip(column_heads(keys), keys)] + [
-        ("step s", lambda r: step_text(r, marked)),
+        ("step s", lambda r: step_text(r, marked))] + total + [
         ("tokens/s/GPU", lambda r: f"{r['tokens_per_s_per_gpu']:,.1f}"),
         ("MFU", lambda r: f"{100 * r['mfu']:.1f} %"),
         ("bubble", lambda r: f"{100 * r['bubble_fraction']:.1f} %"),

@@ -486,3 +486,22 @@ def test_estimated_steps_are_marked_where_a_row_shown_has_one():
     page = _table_html(sweep(row(1, 1.5, True), row(2, 2.5, False)), None)
     assert f"1.500{ESTIMATE_MARK}" in page and f"2.500{NO_MARK}" in page and "an estimated step" in page
     assert "estimated" not in _table_html(sweep(row(1, 1.5, False)), None)
+
+
+def test_plans_on_different_gpu_counts_show_the_tokens_per_s_they_are_ranked_by():
+    """The ranking is by the tokens/s of all a plan's GPUs; where the plans shown run on
+    different GPU counts, that column is shown beside tokens/s per GPU (alone, per GPU read
+    in the wrong order: 901.5 first, 1,205.9 last); on one GPU count, per GPU alone."""
+    from clustersim.sweep import table_columns
+
+    def row(plan: int, gpus: int, per_gpu: float) -> dict:
+        return {"plan": plan, "changes": {"cluster.nodes": gpus // 8}, "step_time_s": 1.0, "tokens_per_s": gpus * per_gpu,
+                "tokens_per_s_per_gpu": per_gpu, "mfu": 0.5, "bubble_fraction": 0.0, "exposed_comm_s": {"total": 0.0},
+                "peak_bytes": 2 ** 30, "fits": True}
+
+    sweep = {"vary": {"cluster.nodes": [4, 32]}, "dp_follows": False}
+    shown = [row(2, 256, 901.5), row(1, 32, 1205.9)]
+    cols = dict(table_columns(sweep, shown))
+    assert [cols["tokens/s"](r) for r in shown] == ["230,784", "38,589"]
+    assert [h for h, _ in table_columns(sweep, shown)].index("tokens/s") == 3  # after the step
+    assert "tokens/s" not in dict(table_columns(sweep, [row(2, 32, 901.5), row(1, 32, 1205.9)]))
