@@ -664,3 +664,18 @@ def test_plan_line_names_tp_over_nodes_the_gradients_dtype_and_a_schedule_only_w
     assert exposed.endswith("tp 1 s · pp 1 s (a wait on two kinds at once counts in both)")
     summary["exposed_comm_s"].update(total=2.0)
     assert "at once" not in format_summary(summary)
+
+
+def test_the_bubble_card_says_pipeline_only_with_a_pipeline(result):
+    """The headline card calls the idle time a pipeline bubble where there is a pipeline;
+    without one (PP 1) what idles a GPU is waiting on others (a straggler, a slow link), and
+    the card says so."""
+    from clustersim.output.report import cards_html
+
+    assert result.summary["plan"]["pp"] > 1
+    assert '<div class="label">pipeline bubble</div>' in cards_html(result.summary)
+    flat = copy.deepcopy(result.summary)
+    flat["plan"]["pp"] = 1
+    page = cards_html(flat)
+    assert "pipeline bubble" not in page
+    assert '<div class="label">bubble</div>' in page and "waiting on other GPUs (no pipeline)" in page

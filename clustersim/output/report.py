@@ -1049,7 +1049,10 @@ def cards_html(summary: dict[str, Any]) -> str:
         _card("TFLOP/s per GPU", f'{s["tflops_per_gpu"]:.1f}', tflops_sub),
         _card("MFU", _pct(s["mfu"]), "model FLOPs / peak"),
         _card("HFU", _pct(s["hfu"]), "executed FLOPs / peak"),
-        _card("pipeline bubble", _pct(s["bubble_fraction"]), "of the step, GPU mean"),
+        # without a pipeline, what idles a GPU is waiting for others (a straggler, a slow link)
+        _card("pipeline bubble", _pct(s["bubble_fraction"]), "of the step, GPU mean")
+        if s.get("plan", {}).get("pp", 2) > 1 else
+        _card("bubble", _pct(s["bubble_fraction"]), "of the step idle, waiting on other GPUs (no pipeline)"),
     ]
     exposed = s.get("exposed_comm_s", {}).get("total")
     if exposed is not None:
