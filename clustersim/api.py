@@ -265,6 +265,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
         "hardware": {"gpu": gpu.name, "peak_flops": peak, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
                      "topology": sc.topology.name, "nodes": sc.topology.nodes,
                      "gpus_per_node": sc.topology.node.gpus, "changes": changed_topology_fields(sc.cfg.cluster),
+                     "nvlink_kept": _nvlink_kept(sc),
                      # the faults and stragglers, the topology file's and the scenario's, as given
                      "what_if": [w.model_dump(exclude_none=True) for w in sc.topology.what_if] or None},
         "simulation": {"network": sc.cfg.simulation.network,
@@ -436,6 +437,19 @@ def _check_every_rank(sc: Scenario, field: str) -> None:
     check_fits(rank_by_rank_tasks(prog), world, f"simulating every one of the {world:,} ranks",
                f"leave the symmetric collapse on ({len(prog.ranks):,} ranks simulated, exact on symmetric "
                f"placements) or use a machine with more memory", source=sc.source, field=field)
+
+
+def _nvlink_kept(sc: Scenario) -> dict[str, float] | None:
+    """Where the scenario swaps the topology's GPUs (``cluster.gpu``) and keeps the NVLink rate
+    the topology file sets, which is not the new GPU's own (B200s in a DGX H100 node: 450 GB/s,
+    not NVLink 5's 900): both rates, per GPU per direction, so that the outputs say which the
+    step ran at; else None. The node is the topology's: its NVSwitch stays, whatever GPUs it
+    holds, unless ``cluster.node.nvlink.bw_GBps`` changes it too."""
+    kept = sc.topology.node.nvlink.bw_GBps
+    if sc.cfg.cluster.gpu is None or not kept or "node.nvlink.bw_GBps" in (changed_topology_fields(sc.cfg.cluster) or {}):
+        return None
+    own = sc.cluster.gpu.nvlink_bw_Bps / 1e9
+    return None if own == kept else {"bw_GBps": kept, "gpu_bw_GBps": own}
 
 
 def _check_fits(sc: Scenario, prog: Program, every_rank: str | None) -> None:

@@ -216,3 +216,26 @@ def test_null_resets_a_topology_field_from_the_command_line(root):
     with pytest.raises(ConfigError) as got:
         load_variant(path, [("cluster.fabric.kind", "fat_tree")])  # the file's 16 spines are leaf-spine's
     assert got.value.field == "cluster.fabric" and "fabric.spines is read by kind leaf_spine only" in got.value.message
+
+
+def test_a_swapped_gpu_says_the_nvlink_rate_its_node_kept(root):
+    """``cluster.gpu`` swaps the topology's GPUs, not its node: where the topology file sets
+    an NVLink rate that is not the new GPU's own, the step runs at the topology's and the
+    summary, the cluster line and compare's differences say so (B200s in a DGX H100 node:
+    450 GB/s, not 900; here B200s in a DGX A100 node: 300); not where the scenario sets the
+    rate too, nor without a swap."""
+
+    def summary(**cluster) -> dict:
+        d = scenario_dict(training={"global_batch_size": 16})
+        d["cluster"].update(cluster)
+        return clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+
+    b200 = summary(gpu="B200")
+    assert b200["hardware"]["nvlink_kept"] == {"bw_GBps": 300, "gpu_bw_GBps": 900}
+    line = next(x for x in format_summary(b200).splitlines() if x.startswith("cluster "))
+    assert line.endswith("changed: gpu=B200 (NVLink kept at the topology's 300 GB/s; B200's own: 900, which "
+                         "cluster.node.nvlink.bw_GBps sets)")
+    own = summary(gpu="B200", node={"nvlink": {"bw_GBps": 900}})
+    assert own["hardware"]["nvlink_kept"] is None and own["step_time_s"] < b200["step_time_s"]
+    assert summary()["hardware"]["nvlink_kept"] is None
+    assert summary(gpu="A100")["hardware"]["nvlink_kept"] is None  # (the topology's own GPU, by its alias)

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ..errors import printable
-from .summary import GiB, plan_line
+from .summary import GiB, nvlink_kept_note, plan_line
 
 COMPARE_FILE = "compare.json"
 KINDS = ("tp", "cp", "ep", "pp", "dp")
@@ -240,7 +240,8 @@ def format_compare(plans: list[dict[str, Any]]) -> str:
         lines.append(f"{p['label']:<4}{printable(p['source'])}")
         lines.append(f"{'':<4}{plan_line(p['summary'])}")
     for p in plans[1:]:
-        lines.append(f"{p['label'] + ' vs ' + names[0]:<24}{differences_line(p['differences'])}")
+        lines.append(f"{p['label'] + ' vs ' + names[0]:<24}{differences_line(p['differences'])}"
+                     + nvlink_kept_note(p["summary"]["hardware"]))
     rows = _rows(summaries)
     w_val = [max([len(names[j])] + [len(r[1][j]) for r in rows]) for j in range(len(plans))]
     w_dif = [max([0] + [len(r[2][j]) for r in rows]) for j in range(len(plans))]

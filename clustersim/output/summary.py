@@ -112,12 +112,23 @@ def _fp8_option(p: dict[str, Any]) -> str:
 
 def topology_changes_note(hw: dict[str, Any]) -> str:
     """" · changed: node.nic.bw_Gbps=800": the topology's fields the scenario changes
-    (``hardware.changes``), "" where none."""
+    (``hardware.changes``), and the NVLink rate a swapped GPU kept (:func:`nvlink_kept_note`);
+    "" where none."""
     changes = hw.get("changes")
     if not changes:
         return ""
     said = lambda v: "null" if v is None else str(v).lower() if isinstance(v, bool) else v  # noqa: E731  (as YAML)
-    return " · changed: " + " ".join(f"{k}={said(v)}" for k, v in changes.items())
+    return " · changed: " + " ".join(f"{k}={said(v)}" for k, v in changes.items()) + nvlink_kept_note(hw)
+
+
+def nvlink_kept_note(hw: dict[str, Any]) -> str:
+    """" (NVLink kept at the topology's 450 GB/s; B200's own: 900)": where the scenario swapped
+    the GPUs and the node kept its NVLink rate (``hardware.nvlink_kept``), "" elsewhere."""
+    kept = hw.get("nvlink_kept")
+    if not kept:
+        return ""
+    return (f" (NVLink kept at the topology's {kept['bw_GBps']:g} GB/s; {hw['gpu']}'s own: {kept['gpu_bw_GBps']:g}, "
+            "which cluster.node.nvlink.bw_GBps sets)")
 
 
 def what_if_note(hw: dict[str, Any]) -> str:
