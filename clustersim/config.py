@@ -1080,9 +1080,11 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     if not isinstance(src, (str, os.PathLike, dict)):  # a caller's mistake, not bad input: no ConfigError
         raise TypeError(f"a scenario is a YAML file's path or a dict, not {type(src).__name__}")
     if isinstance(src, dict):
+        # (a dict with a source is a scenario file's variant, overrides.load_variant)
+        rel_to = ("the scenario's folder" if source else "base_dir") if base_dir else \
+            "the current folder (a dict without base_dir)"
         data, source = src, source or "<dict>"
         base = Path(base_dir or ".")
-        rel_to = "base_dir" if base_dir else "the current folder (a dict without base_dir)"
     else:
         path = Path(src)
         data, source = read_yaml(path, what="scenario"), str(src)

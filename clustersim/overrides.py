@@ -148,5 +148,23 @@ def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[st
 
     source = variant_source(path, changes)
     data = read_yaml(Path(path), what="scenario") if data is None else data
-    return load_scenario(apply_changes(data, list(changes) + list(unnamed), source=source), base_dir=Path(path).parent,
+    folder = Path(path).parent
+    made = [(k, shell_path(v, folder) if k in PATH_KEYS else v) for k, v in changes]
+    return load_scenario(apply_changes(data, made + list(unnamed), source=source), base_dir=folder,
                          source=source, check_schedule=check_schedule)
+
+
+# the scenario's fields that name a file, relative to the scenario's folder in the file
+PATH_KEYS = ("cluster.topology", "parallel.schedule_file")
+
+
+def shell_path(value: Any, folder: Path) -> Any:
+    """A file a change names (``--set cluster.topology=topologies/dgx-a100.yaml``), typed in a
+    shell: where it is no file beside the scenario (``folder``) but one from the working
+    folder, that one, as an absolute path; else as given (relative to the scenario's folder,
+    as the file's own paths are)."""
+    if not isinstance(value, str) or not value or Path(value).is_absolute() or value.startswith("~"):
+        return value
+    if not (folder / value).is_file() and Path(value).is_file():
+        return str(Path(value).resolve())
+    return value

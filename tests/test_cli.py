@@ -966,3 +966,25 @@ def test_a_search_s_progress_line_guesses_the_time_left():
     assert progress_line(412, 1536, 400, 100.0) == "simulated 412 of 1,536 plans, about 5 min left"
     assert progress_line(100, 5000, 100, 300.0) == "simulated 100 of 5,000 plans, about 4.1 h left"
     assert progress_line(100, 100, 100, 300.0) == "simulated 100 of 100 plans"
+
+
+def test_a_file_a_change_names_is_read_as_a_shell_reads_it(tmp_path, root):
+    """A path given with --set (cluster.topology, parallel.schedule_file) names a file from the
+    working folder, as the shell it was typed in reads it, where there is none beside the
+    scenario; one beside the scenario, as the file's own paths are, still does; where there
+    is neither, the error says where it looked, in the reader's words."""
+    import clustersim
+    from clustersim.overrides import load_variant
+
+    path = "scenarios/llama3_8b_8gpu.yaml"
+    a100 = clustersim.simulate(load_variant(root / path, [("cluster.topology", "../topologies/dgx-a100.yaml")]))
+    for given, cwd in (("topologies/dgx-a100.yaml", root), ("../topologies/dgx-a100.yaml", root),
+                       ("dgx-a100.yaml", root / "topologies")):
+        r = run_cli("run", root / path if cwd != root else path, "--set", f"cluster.topology={given}", "--no-trace",
+                    "--no-report", "--out", tmp_path / given.replace("/", "_"), cwd=cwd)
+        assert r.returncode == 0, (given, r.stderr)
+        s = json.loads((tmp_path / given.replace("/", "_") / "summary.json").read_text())
+        assert s["hardware"]["gpu"] == "A100-SXM4-80GB" and s["step_time_s"] == a100.summary["step_time_s"]
+    r = run_cli("run", path, "--set", "cluster.topology=topologies/nope.yaml", cwd=root)
+    assert r.returncode == 2 and "topology file not found: topologies/nope.yaml (relative to the scenario's folder: " \
+        in r.stderr and "base_dir" not in r.stderr, r.stderr
