@@ -536,9 +536,12 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     _check_split(cfg, world, _slow_gpus(topo, world), set(), "slow GPUs", source, topo.node.gpus)
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
+        other = p.tp * p.cp * p.pp
+        # (where the other degrees divide the GPUs, the dp that fills them: what sweep and advise let follow)
+        hint = f"; parallel.dp={world // other} fills them" if world % other == 0 else ""
         fail("parallel", f"{dims} = {vals} = {p.tp * p.cp * p.pp * p.dp} does not equal the "
                          f"world size {world} (cluster: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
-                         f"{topo.node.gpus} GPUs)")
+                         f"{topo.node.gpus} GPUs){hint}")
     if m.heads % p.tp:
         fail("parallel.tp", f"tp={p.tp} does not divide model.heads={m.heads}")
     if m.n_kv_heads % p.tp:

@@ -81,6 +81,9 @@ def test_run_with_changes(tmp_path, root):
     assert s["description"] == f"{path} with parallel.tp=2 parallel.dp=4 training.recompute=selective"
     assert s["description"] in r.stdout and s["scenario"] == "llama3-8b-8gpu"
     for given, says in [("parallel.tp=3", f"error: {path} with parallel.tp=3: parallel: tp*pp*dp"),
+                        # (the dp that fills the GPUs, where one does: what sweep and advise let follow)
+                        ("parallel.tp=8", "= 16 does not equal the world size 8 (cluster: 1 node x 8 GPUs); "
+                                          "parallel.dp=1 fills them"),
                         ("parallel.tp", "error: command line: --set 'parallel.tp': 'parallel.tp' is not KEY=VALUE"),
                         ("parallel.tpp=2", "parallel.tpp: unknown key")]:
         r = run_cli("run", path, "--set", given, "--out", tmp_path / "bad", cwd=root)
