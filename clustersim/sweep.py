@@ -251,9 +251,14 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
                                                               "cluster.topology"))
     # the file's split of the layers is for its own pipeline: other pp, vpp or schedules split evenly
     split_follows = value_at(data, SPLIT) is not None and SPLIT not in keys and any(k in keys for k in _PARTS)
+    # interleaving needs model chunks, which the other schedules refuse: where the schedule is
+    # varied and vpp not, each plan takes the chunks its schedule needs (as advise's do)
+    chunks_follow = "parallel.schedule" in keys and "parallel.vpp" not in keys
     per_node = base.topology.node.gpus
     todo, rows = [], {}
     for plan in plans_of(varies, paired):
+        if chunks_follow:
+            plan = with_chunks(data, plan)
         if split_follows:
             plan = with_split(data, plan)
         if dp_follows:
@@ -266,7 +271,22 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
     simulate_plans(path, data, todo, rows, jobs=jobs, progress=progress, prune=prune)
     ordered = [rows[n] for n in sorted(rows)]
     return {"scenario": str(path), "vary": {k: v for k, v in varies}, "paired": paired, "dp_follows": dp_follows,
-            "split_follows": split_follows, "pruned": prune, "plans": ordered, "ranking": ranking(ordered)}
+            "split_follows": split_follows, "chunks_follow": chunks_follow, "pruned": prune, "plans": ordered,
+            "ranking": ranking(ordered)}
+
+
+def with_chunks(data: dict[str, Any], plan: Plan) -> Plan:
+    """The plan with the model chunks a rank its schedule needs, where it sets the schedule
+    and not vpp: 2 for interleaved where the file has fewer (1, its default), the default 1
+    for the others where the file interleaves (``parallel.vpp=2`` with 1F1B is refused); as
+    it is elsewhere."""
+    changed = dict(plan.changes)
+    schedule, vpp = changed.get("parallel.schedule"), value_at(data, "parallel.vpp") or 1
+    if schedule == "interleaved" and vpp < 2:
+        return Plan(plan.number, plan.changes + [("parallel.vpp", 2)])
+    if schedule not in (None, "interleaved") and vpp > 1:
+        return Plan(plan.number, plan.changes + [("parallel.vpp", None), ("parallel.vpp_group", None)])
+    return plan
 
 
 def simulate_plans(path: str, data: dict[str, Any], plans: list[Plan], rows: dict[int, dict[str, Any]], *,
@@ -484,7 +504,8 @@ def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
     lines = [f"clustersim · sweep {sweep['scenario']}: {n:,} plan{'s' if n != 1 else ''} ({how})"
              + ("; dp follows: GPUs / (tp x pp x cp)" if sweep["dp_follows"] else "")
              + ("; the layers split evenly where pp or the schedule is not the file's"
-                if sweep.get("split_follows") else ""),
+                if sweep.get("split_follows") else "")
+             + ("; interleaved plans take 2 model chunks a rank, the others 1" if sweep.get("chunks_follow") else ""),
              "best first: the plans that fit by tokens/s, then those that do not (the step they would take)"]
     return "\n".join(lines + table_lines(sweep, top))
 

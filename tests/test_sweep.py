@@ -505,3 +505,22 @@ def test_plans_on_different_gpu_counts_show_the_tokens_per_s_they_are_ranked_by(
     assert [cols["tokens/s"](r) for r in shown] == ["230,784", "38,589"]
     assert [h for h, _ in table_columns(sweep, shown)].index("tokens/s") == 3  # after the step
     assert "tokens/s" not in dict(table_columns(sweep, [row(2, 32, 901.5), row(1, 32, 1205.9)]))
+
+
+def test_a_varied_schedule_takes_the_model_chunks_it_needs(root):
+    """Varying the schedule and not vpp, each plan takes the chunks its schedule needs, as
+    advise's do: interleaved 2 where the file has 1 (the interleaved plans were all refused,
+    "needs vpp >= 2"), the others 1 where the file interleaves (1F1B refuses vpp=2); with vpp
+    varied too, the plans are as asked."""
+    from clustersim.sweep import run_sweep
+
+    for path, own in (("scenarios/llama2_70b_64gpu.yaml", "1f1b"), ("scenarios/interleaved_1f1b.yaml", "interleaved")):
+        sweep = run_sweep(str(root / path), [("parallel.schedule", ["1f1b", "interleaved"])])
+        rows = {r["changes"]["parallel.schedule"]: r for r in sweep["plans"]}
+        assert sweep["chunks_follow"] and all(r["status"] == "ok" for r in rows.values()), path
+        assert rows["interleaved"]["changes"].get("parallel.vpp", 2) == 2
+        assert ("parallel.vpp" in rows["interleaved"]["changes"]) == (own == "1f1b")
+        assert ("parallel.vpp" in rows["1f1b"]["changes"]) == (own == "interleaved")
+    asked = run_sweep(str(root / "scenarios/llama2_70b_64gpu.yaml"),
+                      [("parallel.schedule", ["1f1b", "interleaved"]), ("parallel.vpp", [1, 2])])
+    assert not asked["chunks_follow"] and sum(r["status"] == "refused" for r in asked["plans"]) == 2
