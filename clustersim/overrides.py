@@ -121,7 +121,16 @@ def change_words(changes: list[tuple[str, Any]]) -> list[str]:
 def changes_text(changes: list[tuple[str, Any]]) -> str:
     """The changes as the command line gives them, one ``KEY=VALUE`` each (YAML flow values,
     quoted as a shell would need where they hold spaces): :func:`parse_changes` reads it back."""
-    return " ".join(shlex.quote(w) for w in change_words(changes))
+    return " ".join(map(_shell_word, change_words(changes)))
+
+
+def _shell_word(word: str) -> str:
+    """``word`` as a shell reads it back: in double quotes where it holds a single quote and
+    nothing a shell expands within double quotes (YAML's quoted keys: "{'gpu:3': null}"),
+    else as :func:`shlex.quote` gives it (which spells a single quote '"'"')."""
+    if "'" in word and not any(c in word for c in '"$`\\!'):
+        return f'"{word}"'
+    return shlex.quote(word)
 
 
 def _flow(value: Any) -> str:

@@ -453,6 +453,11 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
             near = _near_key(model, loc)
             msg = (f"unknown key (did you mean {near!r}? see docs/reference.md)" if near
                    else "unknown key (check the spelling; see docs/reference.md)")
+            key = loc[-1] if loc else ""
+            if isinstance(key, str) and ":" in key and not key.startswith(":"):
+                # ({gpu:3}: YAML reads a colon without a space after it as part of the key)
+                name, _, value = key.partition(":")
+                msg += f"; YAML needs a space after a key's colon: {name}: {value}"
         elif kind == "missing":
             msg = "required key is missing"
         elif kind == "model_type" and err.get("input", ...) is None and loc and isinstance(loc[-1], str):

@@ -991,3 +991,19 @@ def test_a_file_a_change_names_is_read_as_a_shell_reads_it(tmp_path, root):
     r = run_cli("run", path, "--set", "cluster.topology=topologies/nope.yaml", cwd=root)
     assert r.returncode == 2 and "topology file not found: topologies/nope.yaml (relative to the scenario's folder: " \
         in r.stderr and "base_dir" not in r.stderr, r.stderr
+
+
+def test_a_key_without_a_space_after_its_colon_says_so(root, tmp_path):
+    """``{gpu:3}`` is one YAML key, "gpu:3": the error says what YAML needs, and names the
+    change as a shell would read it back, in double quotes rather than '"'"'."""
+    from clustersim.overrides import changes_text, parse_changes
+
+    r = run_cli("run", "scenarios/llama3_8b_8gpu.yaml", "--set", "cluster.what_if=[{gpu:3,slowdown:1.5}]",
+                "--out", tmp_path / "o", cwd=root)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+    assert r.stderr.strip() == (
+        "error: scenarios/llama3_8b_8gpu.yaml with \"cluster.what_if=[{'gpu:3': null, 'slowdown:1.5': null}]\": "
+        "cluster.what_if[0].gpu:3: unknown key (did you mean 'gpu'? see docs/reference.md); YAML needs a space after "
+        "a key's colon: gpu: 3")
+    for changes in ([("cluster.what_if", [{"gpu:3": None}])], [("model.name", "it's")], [("model.name", "a $b 'c'")]):
+        assert parse_changes(changes_text(changes), source="s", field="f") == changes
