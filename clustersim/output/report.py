@@ -1047,7 +1047,9 @@ def cards_html(summary: dict[str, Any]) -> str:
         _card("tokens / s", f'{s["tokens_per_s"]:,.0f}',
               f'{s["tokens_per_s_per_gpu"]:,.1f} per GPU' if "tokens_per_s_per_gpu" in s else ""),
         _card("TFLOP/s per GPU", f'{s["tflops_per_gpu"]:.1f}', tflops_sub),
-        _card("MFU", _pct(s["mfu"]), "model FLOPs / peak"),
+        # (what the simulation leaves out makes it an upper bound: docs/metrics.md, published
+        # steps 4-21 % longer than simulated)
+        _card("MFU", _pct(s["mfu"]), "model FLOPs / peak; no framework overhead"),
         _card("HFU", _pct(s["hfu"]), "executed FLOPs / peak"),
         # without a pipeline, what idles a GPU is waiting for others (a straggler, a slow link)
         _card("pipeline bubble", _pct(s["bubble_fraction"]), "of the step, GPU mean")
