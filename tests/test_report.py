@@ -679,3 +679,12 @@ def test_the_bubble_card_says_pipeline_only_with_a_pipeline(result):
     page = cards_html(flat)
     assert "pipeline bubble" not in page
     assert '<div class="label">bubble</div>' in page and "waiting on other GPUs (no pipeline)" in page
+
+
+def test_one_gpu_gives_its_tokens_per_s_once(result):
+    """On one GPU the tokens/s line gives one figure, not the same one twice rounded two ways."""
+    line = lambda s: next(x for x in format_summary(s).splitlines() if x.startswith("tokens/s"))  # noqa: E731
+    assert line(result.summary).endswith(" per GPU)")
+    one = copy.deepcopy(result.summary)
+    one["world_size"] = 1
+    assert line(one) == f"{'tokens/s':<16}{one['tokens_per_s']:,.0f}"

@@ -369,7 +369,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
         f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
-        f"{'tokens/s':<16}{s['tokens_per_s']:,.0f} ({s['tokens_per_s_per_gpu']:,.1f} per GPU)",
+        f"{'tokens/s':<16}{s['tokens_per_s']:,.0f}"
+        + (f" ({s['tokens_per_s_per_gpu']:,.1f} per GPU)" if s["world_size"] > 1 else ""),  # (one GPU: one figure)
         f"{'TFLOP/s per GPU':<16}{s['tflops_per_gpu']:.1f} model · {s['hw_tflops_per_gpu']:.1f} hardware "
         f"({peak_text(s)})",
         f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} %",
