@@ -314,7 +314,7 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
             continue
         if dict(plan.changes).get(DP) == 1 and shape.get("parallel.cp", 1) == 1:  # nothing to shard: one ZeRO plan
             settings = [x for x in settings if x.get("parallel.zero") == settings[0].get("parallel.zero")]
-        if _applied(path, data, plan) == own_doc:  # the scenario's plan is this shape's first: #1 stands for it
+        if own_doc is not None and _applied(path, data, plan) == own_doc:  # the scenario's plan: #1 stands for it
             rest[own.number] = (shape, settings)
             continue
         first.append(plan)
@@ -337,7 +337,7 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
             shape, settings = rest[n]
             for x in settings[1:]:
                 plan = plan_of(sc, data, {**shape, **x}, number + 1, varied)
-                if _applied(path, data, plan) != own_doc:  # (the scenario's plan is #1 already)
+                if own_doc is None or _applied(path, data, plan) != own_doc:  # (the scenario's plan is #1 already)
                     number += 1
                     out.append(plan)
         return out
