@@ -327,7 +327,13 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
     rule = guide_rule(params, sc.mesh.world_size, node_tp, moe=sc.model.moe is not None,
                       long_seq=sc.model.seq_len >= GUIDE_LONG_SEQ)
     number = len(first)
-    searched = number + sum(len(x) - 1 for _, x in rest.values())
+    # (the scenario's plan among a shape's other settings is #1, not one more plan)
+    own_vals = dict(own.changes)
+    again = own_doc is not None and any(
+        _applied(path, data, plan_of(sc, data, {**shape, **x}, 0, varied)) == own_doc
+        for shape, settings in rest.values() if all(own_vals.get(k) == v for k, v in shape.items())
+        for x in settings[1:])
+    searched = number + sum(len(x) - 1 for _, x in rest.values()) - again
     every = searched <= budget
 
     def more_of(ns) -> list[Plan]:
@@ -382,12 +388,16 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
 
 
 def _applied(path: str, data: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
-    """The scenario ``plan`` makes of the file's ``data`` (None where its changes cannot be
-    made): two plans that make the same one are one plan, simulated once."""
+    """The scenario ``plan`` makes of the file's ``data``, validated, every default filled in
+    (None where its changes cannot be made or it breaks a rule): two plans that make the same
+    one are one plan, simulated once (a file's ``sp: false`` and a plan's removal of it are
+    one setting)."""
+    from .config import ScenarioCfg
     from .overrides import apply_changes
+    from .yamlio import validate
 
     try:
-        return apply_changes(data, plan.changes, source=path)
+        return validate(ScenarioCfg, apply_changes(data, plan.changes, source=path), source=path).model_dump(mode="json")
     except ConfigError:
         return None
 
@@ -482,7 +492,7 @@ def close_call(best: dict[str, Any], turning: list[dict[str, Any]]) -> str:
         f"gives {100 * gap:.1f} % fewer tokens/s than #{best['plan']}"
     return (f"a close call: #{r['plan']} {than}, less than what the simulation leaves out (kernel launches, "
             f"the framework) may move; #{r['plan']} peaks at {r['peak_bytes'] / GiB:.1f} GiB, #{best['plan']} at "
-            f"{best['peak_bytes'] / GiB:.1f} of {best['capacity_bytes'] / GiB:.0f}")
+            f"{best['peak_bytes'] / GiB:.1f} of {best['capacity_bytes'] / GiB:.0f} GiB")
 
 
 def verdict_doubt(best: dict[str, Any], turning: list[dict[str, Any]], gpus: int) -> str:

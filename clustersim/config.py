@@ -338,22 +338,34 @@ class Scenario:
 
     @cached_property
     def straggler_mates(self) -> frozenset[int]:
-        """The GPUs that share a NIC (or a PCIe switch before it) with a slow GPU of their
-        node (``what_if: [{gpu, slowdown}]``) and send over it under this plan: their own
-        flows cross a link of the node that a flow of the slow GPU crosses (engine/network.py
+        """The GPUs that share a NIC with a slow GPU of their node (``what_if: [{gpu,
+        slowdown}]``) and send over it under this plan: their own flows cross the NIC's cable
+        to its leaf, which a flow of the slow GPU crosses (engine/network.py
         ``straggler_mates``). Each is a class of its own, as a GPU a fault touches is
         (program/lower.py ``Symmetry``): the slow GPU's sends leave late beside its mates'
         where their twins on other nodes leave beside sends that start together. Merged with
         those twins, the mates' sends moved as if none came late (TP1 x PP2 x DP32 on DGX
         H100s with one NIC each, a GPU at 1.3x: the step 1.07 % long against rank by rank,
-        the straggler's cost 2.6 times the all-ranks one). Empty without slow GPUs, and on
-        nodes with a NIC a GPU."""
-        slow = sorted(g for g, f in self.cluster.gpu_slowdown.items() if f != 1.0 and g < self.mesh.world_size)
+        the straggler's cost 2.6 times the all-ranks one). Empty without slow GPUs, on nodes
+        with a NIC a GPU, and where the split with them would simulate more than the
+        MAX_GPUS_ALL_RANKS ranks a run may (a GB200 rack's 72 GPUs on one NIC): the
+        classes are then split as without them, close rather than exact, not refused."""
+        cluster = self.cluster
+        slow = sorted(g for g, f in cluster.gpu_slowdown.items() if f != 1.0 and g < self.mesh.world_size)
         if not slow:
             return frozenset()
         from .engine.network import straggler_mates
 
-        return frozenset().union(*straggler_mates(self.cluster, self._fault_groups, slow).values())
+        mates = frozenset().union(*straggler_mates(cluster, self._fault_groups, slow).values())
+        if mates and self.mesh.world_size > MAX_GPUS_ALL_RANKS:
+            from .program.lower import Symmetry
+
+            n = Symmetry.split_count(self.mesh, cluster.gpu_slowdown, self.node_touched_gpus, *self.cfg.ranks_differ(),
+                                     cluster.gpus_per_node, cluster.pair_tiers, self.parallel.schedule == "interleaved",
+                                     self.cfg.simulation.split_replicas, mates)
+            if n > MAX_GPUS_ALL_RANKS:
+                return frozenset()
+        return mates
 
     @cached_property
     def fabric_touched_gpus(self) -> frozenset[int]:

@@ -159,8 +159,16 @@ def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[st
     data = read_yaml(Path(path), what="scenario") if data is None else data
     folder = Path(path).parent
     made = [(k, shell_path(v, folder) if k in PATH_KEYS else v) for k, v in changes]
-    return load_scenario(apply_changes(data, made + list(unnamed), source=source), base_dir=folder,
-                         source=source, check_schedule=check_schedule)
+    try:
+        return load_scenario(apply_changes(data, made + list(unnamed), source=source), base_dir=folder,
+                             source=source, check_schedule=check_schedule)
+    except ConfigError as exc:
+        given = dict(changes).get(exc.field) if exc.field in PATH_KEYS else None
+        if isinstance(given, str) and given == dict(made)[exc.field] and "not found" in exc.message \
+                and not Path(given).is_absolute() and not given.startswith("~"):  # (looked for in both places)
+            raise ConfigError(f"{exc.message}, nor from the working folder ({Path(given).resolve()})",
+                              source=exc.source, field=exc.field) from None
+        raise
 
 
 # the scenario's fields that name a file, relative to the scenario's folder in the file

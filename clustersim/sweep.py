@@ -138,8 +138,10 @@ def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: in
     if "cluster.topology" in changed and base_dir is not None and isinstance(changed["cluster.topology"], str):
         from .hardware.topology import load_topology_cfg
 
-        try:
-            topo = load_topology_cfg(base_dir / changed["cluster.topology"], build=False)
+        from .overrides import shell_path
+
+        try:  # (read as the variant reads it: from the working folder where not beside the scenario)
+            topo = load_topology_cfg(base_dir / shell_path(changed["cluster.topology"], base_dir), build=False)
         except ConfigError:
             return plan, None  # validation names the file
         gpus_per_node, base_nodes = topo.node.gpus, topo.nodes
@@ -276,16 +278,17 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
 
 
 def with_chunks(data: dict[str, Any], plan: Plan) -> Plan:
-    """The plan with the model chunks a rank its schedule needs, where it sets the schedule
-    and not vpp: 2 for interleaved where the file has fewer (1, its default), the default 1
-    for the others where the file interleaves (``parallel.vpp=2`` with 1F1B is refused); as
-    it is elsewhere."""
+    """``plan`` (which sets the schedule, not vpp) with the model chunks a rank its schedule
+    needs: an interleaved plan 2 where the file has 1 (vpp's default; interleaving refuses
+    it), a plan of another schedule 1 where the file interleaves (1F1B refuses vpp 2, and
+    its vpp_group unless the plan sets one); else the file's."""
     changed = dict(plan.changes)
     schedule, vpp = changed.get("parallel.schedule"), value_at(data, "parallel.vpp") or 1
     if schedule == "interleaved" and vpp < 2:
         return Plan(plan.number, plan.changes + [("parallel.vpp", 2)])
     if schedule not in (None, "interleaved") and vpp > 1:
-        return Plan(plan.number, plan.changes + [("parallel.vpp", None), ("parallel.vpp_group", None)])
+        group = [] if "parallel.vpp_group" in changed else [("parallel.vpp_group", None)]
+        return Plan(plan.number, plan.changes + [("parallel.vpp", None)] + group)
     return plan
 
 
@@ -505,7 +508,8 @@ def format_sweep(sweep: dict[str, Any], top: int = 20) -> str:
              + ("; dp follows: GPUs / (tp x pp x cp)" if sweep["dp_follows"] else "")
              + ("; the layers split evenly where pp or the schedule is not the file's"
                 if sweep.get("split_follows") else "")
-             + ("; interleaved plans take 2 model chunks a rank, the others 1" if sweep.get("chunks_follow") else ""),
+             + ("; interleaved plans take the file's vpp, or 2 model chunks a rank, the others 1"
+                if sweep.get("chunks_follow") else ""),
              "best first: the plans that fit by tokens/s, then those that do not (the step they would take)"]
     return "\n".join(lines + table_lines(sweep, top))
 

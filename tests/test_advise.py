@@ -321,18 +321,24 @@ def test_the_scenarios_plan_is_simulated_once(root, tmp_path):
     and the settings a plan of that shape takes), #1 stands for it: no other plan makes the
     same scenario, in either round of coarse to fine (advise listed it twice, #1 and #16,
     the same figures on two rows)."""
+    from clustersim.config import ScenarioCfg
     from clustersim.overrides import apply_changes
 
     data = read_yaml(root / SMALL, what="scenario")
     data["cluster"]["topology"] = str(root / "topologies" / "dgx-h100.yaml")
-    data["parallel"] = {"dp": 8, "zero": 3}  # only ZeRO-3: TP 1, PP 1, recompute none, all in the search
+    # only ZeRO-3: TP 1, PP 1, recompute none, all in the search; SP off as a plan without TP
+    # has it, spelt out (a plan removes the key: the same setting)
+    data["parallel"] = {"dp": 8, "zero": 3, "sp": False}
     path = tmp_path / "zero3.yaml"
     path.write_text(yaml.safe_dump(data))
     for budget in (200, 0):
         adv = run_advise(str(path), [("parallel.tp", [1, 2]), ("parallel.pp", [1, 2])], budget=budget)
-        made = [apply_changes(data, list(r["changes"].items()), source="s") for r in adv["plans"]]
+        made = [ScenarioCfg.model_validate(apply_changes(data, list(r["changes"].items()), source="s")).model_dump()
+                for r in adv["plans"]]
         assert all(made.count(m) == 1 for m in made), budget
         assert [r["plan"] for r in adv["plans"]] == list(range(1, len(adv["plans"]) + 1))
+        if budget:
+            assert adv["searched"] == len(adv["plans"])  # (every plan searched, #1 counted once)
         # the shape of #1 searched with its other settings all the same
         assert sum(r["changes"].get("parallel.tp") == 1 and r["changes"].get("parallel.pp") == 1
                    for r in adv["plans"]) == 6, budget  # zero 1-3 x recompute none, full
@@ -366,7 +372,7 @@ def test_a_close_call_between_exact_steps_names_the_nearest_plan_and_both_peaks(
         f"a close call: #{rival} gives {100 * CLOSE_LEAD / 4:.1f} % fewer tokens/s than #{best}, less than what the "
         f"simulation leaves out (kernel launches, the framework) may move; #{rival} peaks at "
         f"{rows[rival]['peak_bytes'] / gib:.1f} GiB, #{best} at {rows[best]['peak_bytes'] / gib:.1f} of "
-        f"{rows[best]['capacity_bytes'] / gib:.0f}"]
+        f"{rows[best]['capacity_bytes'] / gib:.0f} GiB"]
     assert said(0.0)[0].startswith(f"a close call: #{rival} is level with #{best}, ")
     assert said(2 * CLOSE_LEAD) == []
     assert said(CLOSE_LEAD / 4, estimate=True)[0].startswith(f"the verdict may not hold: #{rival} ")

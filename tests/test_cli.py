@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -991,6 +992,16 @@ def test_a_file_a_change_names_is_read_as_a_shell_reads_it(tmp_path, root):
     r = run_cli("run", path, "--set", "cluster.topology=topologies/nope.yaml", cwd=root)
     assert r.returncode == 2 and "topology file not found: topologies/nope.yaml (relative to the scenario's folder: " \
         in r.stderr and "base_dir" not in r.stderr, r.stderr
+    assert r.stderr.rstrip().endswith(f", nor from the working folder ({root / 'topologies' / 'nope.yaml'})")
+    # a file of that name in both places: the one beside the scenario, as the file's own paths are read
+    (tmp_path / "s").mkdir()
+    shutil.copy(root / path, tmp_path / "s" / "x.yaml")
+    shutil.copy(root / "topologies" / "dgx-a100.yaml", tmp_path / "s" / "t.yaml")
+    shutil.copy(root / "topologies" / "single-h100.yaml", tmp_path / "t.yaml")
+    r = run_cli("run", "s/x.yaml", "--set", "cluster.topology=t.yaml", "--no-trace", "--no-report", "--out",
+                tmp_path / "both", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "both" / "summary.json").read_text())["hardware"]["gpu"] == "A100-SXM4-80GB"
 
 
 def test_a_key_without_a_space_after_its_colon_says_so(root, tmp_path):

@@ -688,3 +688,6 @@ def test_one_gpu_gives_its_tokens_per_s_once(result):
     one = copy.deepcopy(result.summary)
     one["world_size"] = 1
     assert line(one) == f"{'tokens/s':<16}{one['tokens_per_s']:,.0f}"
+    from clustersim.output.report import cards_html  # and the report's card, one figure too
+    per_gpu = f'{one["tokens_per_s_per_gpu"]:,.1f} per GPU</div>'
+    assert per_gpu in cards_html(result.summary) and per_gpu not in cards_html(one)

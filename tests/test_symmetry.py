@@ -345,6 +345,18 @@ def test_a_stragglers_mates_on_its_nic_run_as_their_representative():
                                                    nics=1))
 
 
+def test_mates_whose_split_would_pass_the_all_ranks_limit_are_not_split(monkeypatch):
+    """Where the mates' classes would make the split simulate more ranks than a run may
+    (MAX_GPUS_ALL_RANKS; a GB200 rack's 72 GPUs on one NIC, on a large cluster), the classes
+    split as without them, and the what-if runs rather than being refused."""
+    from clustersim import config
+
+    monkeypatch.setattr(config, "MAX_GPUS_ALL_RANKS", 16)  # (32 GPUs: 18 ranks with the mates, 4 without)
+    sc = _scenario(4, SHARED_NIC[0][0], what_if=[{"gpu": 22, "slowdown": 1.3}], nics=1)
+    assert sc.straggler_mates == frozenset()
+    assert clustersim.simulate(sc).summary["simulation"]["simulated_ranks"] == 4
+
+
 def test_a_straggler_with_a_nic_of_its_own_has_no_mates():
     """On eight NICs a node each GPU's flows leave by its own NIC: no GPU of the slow one's
     node meets its flows on the node's shared links, so none splits for it (the classes

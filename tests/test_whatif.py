@@ -221,7 +221,8 @@ def test_null_resets_a_topology_field_from_the_command_line(root):
 def test_a_swapped_gpu_says_the_nvlink_rate_its_node_kept(root):
     """``cluster.gpu`` swaps the topology's GPUs, not its node: where the topology file sets
     an NVLink rate that is not the new GPU's own, the step runs at the topology's and the
-    summary, the cluster line and compare's differences say so (B200s in a DGX H100 node:
+    summary and the cluster line say so (compare's differences too: getting-started's example,
+    tests/test_doc_examples.py) (B200s in a DGX H100 node:
     450 GB/s, not 900; here B200s in a DGX A100 node: 300); not where the scenario sets the
     rate too, nor without a swap."""
 
@@ -233,8 +234,8 @@ def test_a_swapped_gpu_says_the_nvlink_rate_its_node_kept(root):
     b200 = summary(gpu="B200")
     assert b200["hardware"]["nvlink_kept"] == {"bw_GBps": 300, "gpu_bw_GBps": 900}
     line = next(x for x in format_summary(b200).splitlines() if x.startswith("cluster "))
-    assert line.endswith("changed: gpu=B200 (NVLink kept at the topology's 300 GB/s; B200's own: 900, which "
-                         "cluster.node.nvlink.bw_GBps sets)")
+    assert line.endswith("changed: gpu=B200 (NVLink kept at the topology's 300 GB/s, not B200's 900: "
+                         "cluster.node.nvlink.bw_GBps=900 gives it)")
     own = summary(gpu="B200", node={"nvlink": {"bw_GBps": 900}})
     assert own["hardware"]["nvlink_kept"] is None and own["step_time_s"] < b200["step_time_s"]
     assert summary()["hardware"]["nvlink_kept"] is None

@@ -405,11 +405,11 @@ def straggler_mates(cluster: Cluster, groups: list[np.ndarray], slow: list[int])
     """Per slow GPU of ``slow``, the other GPUs of its node whose own traffic meets the slow
     GPU's on their node's shared links, under a plan whose communication groups are
     ``groups`` (rows of ranks; rank r runs on GPU r): a flow of theirs to a GPU other than
-    the slow one crosses a NIC cable or PCIe link that a flow to or from the slow GPU
+    the slow one crosses the NIC's cable to its leaf that a flow to or from the slow GPU
     crosses. Pairs are routed directly, as a flow of a GPU's own leaves by its own NIC
     (PXN proxies carry other GPUs' flows over every NIC of a node alike; a flow to the slow
     GPU is in one of its groups, which the classes split around it anyway); past
-    ``FAULT_PAIRS_ROUTED`` pairs, every other GPU of the node. The slow GPU's flows start
+    ``FAULT_PAIRS_ROUTED`` pairs, every other GPU on its NIC. The slow GPU's flows start
     and end later than its twins' elsewhere, so a GPU whose flows share such a link with
     them runs beside a flow its twins on other nodes do not meet
     (config.Scenario.straggler_mates)::
@@ -425,17 +425,23 @@ def straggler_mates(cluster: Cluster, groups: list[np.ndarray], slow: list[int])
     out: dict[int, list[int]] = {}
     per, n_gpu = cluster.gpus_per_node, cluster.num_gpus
     nodes = cluster.graph.nodes
-    # per link, the node whose links several of its GPUs' flows share (a NIC's cable to its
-    # leaf, a PCIe switch's to its NIC), else -1: the fabric's, and a GPU's own (its NVLink
-    # port, its PCIe lane), which carry no flow of a mate but those to or from that GPU, in
-    # groups the classes split around the slow GPU as they need (program/lower.py)
+    # per link, the node whose link several of its GPUs' flows share (a NIC's cable to its
+    # leaf), else -1: the fabric's, and a GPU's own (its NVLink port, its PCIe lane to its
+    # NIC), which carry no flow of a mate but those to or from that GPU, in groups the
+    # classes split around the slow GPU as they need (program/lower.py)
     edge_node = np.array([-1 if "gpu" in (nodes[u].get("kind"), nodes[v].get("kind"))
                           else nodes[u].get("node", nodes[v].get("node", -1)) for u, v in cluster.edges], dtype=np.int64)
+    names = cluster.gpu_names
     for g in slow:
         node = np.arange(g // per * per, min((g // per + 1) * per, n_gpu), dtype=np.int64)
+        # the node's GPUs on the slow one's NIC: none of the others' own flows leave by it
+        on_nic = [x for x in node.tolist() if x != g and nodes[names[x]].get("nic") == nodes[names[g]].get("nic")]
+        if not on_nic:
+            out[g] = []
+            continue
         marked = [np.isin(rows, node) for rows in groups]
         if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
-            out[g] = [x for x in node.tolist() if x != g]
+            out[g] = on_nic  # (too many pairs to route: those its NIC carries)
             continue
         keys = []
         for rows, m in zip(groups, marked):

@@ -240,8 +240,9 @@ def format_compare(plans: list[dict[str, Any]]) -> str:
         lines.append(f"{p['label']:<4}{printable(p['source'])}")
         lines.append(f"{'':<4}{plan_line(p['summary'])}")
     for p in plans[1:]:
+        hw = p["summary"]["hardware"]  # (the NVLink kept, where this plan's GPUs are not the first's)
         lines.append(f"{p['label'] + ' vs ' + names[0]:<24}{differences_line(p['differences'])}"
-                     + nvlink_kept_note(p["summary"]["hardware"]))
+                     + (nvlink_kept_note(hw) if hw["gpu"] != summaries[0]["hardware"]["gpu"] else ""))
     rows = _rows(summaries)
     w_val = [max([len(names[j])] + [len(r[1][j]) for r in rows]) for j in range(len(plans))]
     w_dif = [max([0] + [len(r[2][j]) for r in rows]) for j in range(len(plans))]

@@ -1045,7 +1045,8 @@ def cards_html(summary: dict[str, Any]) -> str:
         _card("step time", f'{s["step_time_s"]:.4g} s', "" if fits else "the plan does not fit in memory",
               "" if fits else "nofit"),
         _card("tokens / s", f'{s["tokens_per_s"]:,.0f}',
-              f'{s["tokens_per_s_per_gpu"]:,.1f} per GPU' if "tokens_per_s_per_gpu" in s else ""),
+              f'{s["tokens_per_s_per_gpu"]:,.1f} per GPU' if "tokens_per_s_per_gpu" in s and s.get("world_size", 2) > 1
+              else ""),
         _card("TFLOP/s per GPU", f'{s["tflops_per_gpu"]:.1f}', tflops_sub),
         # (what the simulation leaves out makes it an upper bound: docs/metrics.md, published
         # steps 4-21 % longer than simulated)

@@ -122,13 +122,14 @@ def topology_changes_note(hw: dict[str, Any]) -> str:
 
 
 def nvlink_kept_note(hw: dict[str, Any]) -> str:
-    """" (NVLink kept at the topology's 450 GB/s; B200's own: 900)": where the scenario swapped
-    the GPUs and the node kept its NVLink rate (``hardware.nvlink_kept``), "" elsewhere."""
+    """" (NVLink kept at the topology's 450 GB/s, not B200's 900: cluster.node.nvlink.bw_GBps=900
+    gives it)": where the scenario swapped the GPUs and the node kept its NVLink rate
+    (``hardware.nvlink_kept``), "" elsewhere."""
     kept = hw.get("nvlink_kept")
     if not kept:
         return ""
-    return (f" (NVLink kept at the topology's {kept['bw_GBps']:g} GB/s; {hw['gpu']}'s own: {kept['gpu_bw_GBps']:g}, "
-            "which cluster.node.nvlink.bw_GBps sets)")
+    return (f" (NVLink kept at the topology's {kept['bw_GBps']:g} GB/s, not {hw['gpu']}'s {kept['gpu_bw_GBps']:g}: "
+            f"cluster.node.nvlink.bw_GBps={kept['gpu_bw_GBps']:g} gives it)")
 
 
 def what_if_note(hw: dict[str, Any]) -> str:
