@@ -326,6 +326,25 @@ def load_unique(text: str, source: str) -> Any:
         loader.dispose()
 
 
+# a block mapping's entry with no space after its colon ("  tp:4"): YAML reads it as a plain
+# scalar, and the entries after it then fail ("mapping values are not allowed here")
+_NO_SPACE_KEY = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*):(\S.*)$")
+
+
+def _colon_hint(text: str, mark) -> str:
+    """"; line 23 'tp:4': YAML needs a space after a key's colon (tp: 4)", where the line YAML
+    stopped at or the one before it reads as a key and a value with no space between them
+    (a URL's "http://" aside); "" otherwise."""
+    if mark is None:
+        return ""
+    lines = text.splitlines()
+    for n in (mark.line, mark.line - 1):
+        if 0 <= n < len(lines) and (m := _NO_SPACE_KEY.match(lines[n].split(" #")[0])) and not m[2].startswith("//"):
+            return f"; line {n + 1} {short_repr(lines[n].strip())}: YAML needs a space after a key's colon " \
+                   f"({m[1]}: {m[2].strip()})"
+    return ""
+
+
 def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
     """Parse a YAML mapping from ``path``; missing files and syntax errors become ConfigError."""
     try:
@@ -361,7 +380,7 @@ def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
-        raise ConfigError(f"invalid YAML: {problem}", source=str(path), field=where) from None
+        raise ConfigError(f"invalid YAML: {problem}{_colon_hint(text, mark)}", source=str(path), field=where) from None
     except RecursionError:  # the composer recurses per level, e.g. of a block "- - - - ... x"
         raise ConfigError(f"invalid YAML: nested too deeply (a {what} nests a few levels)",
                           source=str(path)) from None
@@ -472,6 +491,8 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
                 what = ("a list" if isinstance(got, list) else "a boolean" if isinstance(got, bool) else
                         "a number" if isinstance(got, (int, float)) else "text" if isinstance(got, str) else "a value")
                 msg = f"should be keys and values (a mapping), not {what}"
+                if isinstance(got, str) and (m := _NO_SPACE_KEY.match(got)) and not m[2].startswith("//"):
+                    msg += f"; YAML needs a space after a key's colon ({m[1]}: {m[2].strip()})"
             if "input" in err and kind not in ("value_error", "assertion_error", VALUE_ALONE) and not isinstance(got, dict):
                 shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
                 msg += f" (got {shown}{_yaml_reading(kind, got)})"

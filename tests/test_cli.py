@@ -1018,3 +1018,34 @@ def test_a_key_without_a_space_after_its_colon_says_so(root, tmp_path):
         "a key's colon: gpu: 3")
     for changes in ([("cluster.what_if", [{"gpu:3": None}])], [("model.name", "it's")], [("model.name", "a $b 'c'")]):
         assert parse_changes(changes_text(changes), source="s", field="f") == changes
+
+
+def test_a_block_key_without_a_space_after_its_colon_says_so(root, tmp_path):
+    """``  tp:4`` in a block section is YAML text, not a key: where the entries after it fail
+    to parse, or the section is that text alone, the error says what YAML needs (a URL's
+    "http://" is no such key)."""
+    from clustersim.yamlio import _colon_hint
+
+    text = (root / "scenarios/llama3_8b_8gpu.yaml").read_text().replace("../topologies", str(root / "topologies"))
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("parallel:"))
+    cases = [("  tp:4", "invalid YAML: mapping values are not allowed here; line {n} 'tp:4': YAML needs a space after "
+                        "a key's colon (tp: 4)"),
+             (None, "parallel: should be keys and values (a mapping), not text; YAML needs a space after a key's colon "
+                    "(tp: 4) (got 'tp:4')")]
+    for tp, says in cases:
+        edited = list(lines)
+        if tp is None:  # the section is that text alone
+            end = next(i for i in range(at + 1, len(edited)) if edited[i] and not edited[i].startswith(" "))
+            edited[at + 1:end] = ["  tp:4"]
+        else:
+            edited[at + 1] = tp
+        path = tmp_path / f"x{tp is None}.yaml"
+        path.write_text("\n".join(edited) + "\n")
+        r = run_cli("run", path, "--out", tmp_path / "o", cwd=root)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert says.format(n=at + 2) in r.stderr, r.stderr
+
+    class Mark:
+        line = 1
+    assert _colon_hint("a:\n  http://x\n", Mark) == "" and _colon_hint("a:\n  b:2\n", Mark).endswith("(b: 2)")
