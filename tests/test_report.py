@@ -691,3 +691,25 @@ def test_one_gpu_gives_its_tokens_per_s_once(result):
     from clustersim.output.report import cards_html  # and the report's card, one figure too
     per_gpu = f'{one["tokens_per_s_per_gpu"]:,.1f} per GPU</div>'
     assert per_gpu in cards_html(result.summary) and per_gpu not in cards_html(one)
+
+
+def test_times_below_a_nanosecond_read_as_zero():
+    """Sums of seconds leave rounding behind (a stage's imbalance of 1.78e-15 s where its GPUs
+    compute alike): the report shows it as 0, not "1.78e-09 µs"."""
+    assert fmt_time(1.78e-15) == fmt_time(-2.9e-11) == fmt_time(0.0) == "0 ms"
+    assert fmt_time(3e-9) == "0.003 µs" and fmt_time(2.5e-3) == "2.5 ms" and fmt_time(4.2) == "4.2 s"
+
+
+def test_the_memory_table_says_a_microbatch_counts_once_per_part(result):
+    """With several model parts a GPU (interleaved), the microbatches in flight count a
+    microbatch once per part it is alive on (39 on interleaved v4 with 16 microbatches): the
+    column and its note say so; with one part a GPU they say microbatches."""
+    from clustersim.output.report import memory_html
+
+    one = memory_html(result.summary)
+    assert "(µb in flight)" in one and "once per model part" not in one
+    many = copy.deepcopy(result.summary)
+    st = many["memory"]["stages"][0]
+    st["parts"] = st["parts"] * 2
+    page = memory_html(many)
+    assert "(µb x parts in flight)" in page and "a microbatch counted once per model part (chunk)" in page
