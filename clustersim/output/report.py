@@ -1328,7 +1328,8 @@ def stages_html(summary: dict[str, Any]) -> str:
             "<th>dependency</th><th>imbalance</th></tr>" + rows + "</table>"
             "<p class=\"note\">Bubble: compute idle with none of the GPU's own communication in flight. "
             "Warm-up: before its first backward; cool-down: after its last forward; dependency: waiting "
-            "on another GPU in between; imbalance: what the busiest GPU computes longer.</p></div>")
+            "on another GPU in between; imbalance: what the busiest GPU computes longer, as far as the bubble "
+            "holds it (the rest of the difference idles as exposed communication).</p></div>")
 
 
 def causes_html(summary: dict[str, Any]) -> str:
