@@ -357,7 +357,8 @@ def _compare(args) -> int:
                 fig = as_sent(timeline(result.trace, result.summary))
                 data_json = script_json(fig["data"])
                 (staging.folder() / report_name(p["label"])).write_text(
-                    report_html(result.trace, result.summary, fig, data_json), encoding="utf-8", newline="")
+                    report_html(result.trace, result.summary, fig, data_json,
+                                (("compare.html", "every plan side by side"),)), encoding="utf-8", newline="")
                 # (each plan's, the page picks: the data already JSON, a few MB at most)
                 timelines.append((data_json, fig["layout"], timeline_caption(result.trace, fig["layout"])))
             del result

@@ -1049,3 +1049,22 @@ def test_a_block_key_without_a_space_after_its_colon_says_so(root, tmp_path):
     class Mark:
         line = 1
     assert _colon_hint("a:\n  http://x\n", Mark) == "" and _colon_hint("a:\n  b:2\n", Mark).endswith("(b: 2)")
+
+
+def test_the_report_links_the_files_beside_it(tmp_path, root):
+    """run's report.html links summary.json and, where it was written, trace.json.gz (which
+    Perfetto opens, op by op); compare's reports of each plan link compare.html."""
+    for args, linked in ((("--no-trace",), ["summary.json"]), ((), ["summary.json", "trace.json.gz"])):
+        out = tmp_path / f"r{len(args)}"
+        r = run_cli("run", "scenarios/llama3_8b_8gpu.yaml", *args, "--out", out, cwd=root)
+        assert r.returncode == 0, r.stderr
+        page = (out / "report.html").read_text()
+        line = page[page.index('<p class="meta">files: '):].split("</p>")[0]
+        assert re.findall(r'<a href="([^"]+)">', line) == linked and all((out / f).is_file() for f in linked)
+        assert ("ui.perfetto.dev" in line) == ("trace.json.gz" in linked)
+    r = run_cli("compare", "scenarios/llama3_8b_8gpu.yaml", "--variant", "parallel.zero=1", "--out", tmp_path / "c",
+                cwd=root)
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "c" / "report_B.html").read_text()
+    assert '<p class="meta">files: <a href="compare.html">compare.html</a>' in page
+    assert (tmp_path / "c" / "compare.html").is_file()

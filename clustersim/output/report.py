@@ -997,6 +997,24 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+# the files beside a page that its header links, each (name, what it holds)
+Files = tuple[tuple[str, str], ...]
+# those of ``clustersim run``: summary.json always, the trace unless --no-trace
+SUMMARY_FILE = ("summary.json", "every figure of this page, and more, as JSON")
+TRACE_FILE = ("trace.json.gz", "every span of every simulated rank: ui.perfetto.dev opens it, zoomable to "
+              "each op, where the timeline below merges them into bars")
+
+
+def files_html(files: Files) -> str:
+    """One line linking the files beside the page (none: nothing): what the page draws comes
+    from them, and Perfetto shows what its bars merge."""
+    if not files:
+        return ""
+    e = html.escape
+    return ('<p class="meta">files: ' + " · ".join(f'<a href="{e(name)}">{e(name)}</a> ({e(what)})'
+                                                    for name, what in files) + "</p>")
+
+
 def header_html(summary: dict[str, Any]) -> str:
     """Title, description and one line each on cluster, plan and model."""
     e = html.escape
@@ -1473,14 +1491,15 @@ def _timeline_meta(fig: go.Figure | dict[str, Any], key: str) -> dict[str, Any] 
 
 
 def report_html(trace: Trace, summary: dict[str, Any], fig: go.Figure | dict[str, Any],
-                data_json: str | None = None) -> str:
+                data_json: str | None = None, files: Files = ()) -> str:
     """The complete page; plotly.js is inlined so the file works offline. ``fig``: the
     timeline, as :func:`build_figure` makes it or as plotly sends it (``Figure.to_dict()``),
-    which is taken as it is; ``data_json``: its data, written beforehand (see :func:`plot_div`)."""
+    which is taken as it is; ``data_json``: its data, written beforehand (see :func:`plot_div`);
+    ``files``: the files beside the page its header links (:func:`files_html`)."""
     d = fig if isinstance(fig, dict) else fig.to_dict()
     data = script_json(d.get("data", [])) if data_json is None else data_json
     return "".join(plotlyjs_script() if part is _PLOTLYJS else data if part is _DATA else part
-                   for part in _page_parts(trace, summary, d))
+                   for part in _page_parts(trace, summary, d, files))
 
 
 # where the page's two large parts go in :func:`_page_parts`: plotly.js and the timeline's data
@@ -1513,7 +1532,7 @@ def _plotlyjs_bytes() -> bytes:
     return b'<script type="text/javascript">' + js + b"</script>"
 
 
-def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> list:
+def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any], files: Files = ()) -> list:
     """The page's text in order, with ``_PLOTLYJS`` and ``_DATA`` where plotly.js and the
     timeline's data go (timeline figure dict ``d``): :func:`report_html` joins them as text,
     :func:`prepare_report` as UTF-8 bytes written before the summary came."""
@@ -1528,7 +1547,7 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
                             "split backward, what the weight gradients read from B to W), communication "
                             "buffers and what a recomputing backward holds at each instant.")
     body = "\n".join([
-        header_html(summary), cards_html(summary), breakdown_html(summary),
+        header_html(summary) + files_html(files), cards_html(summary), breakdown_html(summary),
         f'<div class="panels">{comm_html(summary)}{critical_path_html(summary)}</div>',
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
@@ -1542,10 +1561,10 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any]) -> lis
     return [head, _PLOTLYJS, "\n" + body, _DATA, after + "\n</body>\n</html>\n"]
 
 
-def prepare_report(trace: Trace) -> Callable[[dict[str, Any]], bytes]:
+def prepare_report(trace: Trace, files: Files = ()) -> Callable[[dict[str, Any]], bytes]:
     """Make the timeline's bars now, from the trace alone; the function returned takes the
     summary and gives the whole page, UTF-8 encoded (clustersim.output.background makes the
-    bars while the summary is worked out)."""
+    bars while the summary is worked out). ``files``: as :func:`report_html`'s."""
     bars, figure = _timeline_parts(trace)
     # the bars' JSON, most of the page's, needs no summary: written (and encoded, as is
     # plotly.js) now too. A JSON list is its items' JSON joined by commas, so the page's
@@ -1558,10 +1577,11 @@ def prepare_report(trace: Trace) -> Callable[[dict[str, Any]], bytes]:
         rest = [script_json(_sent_trace(t)) for t in fig["data"][len(bars):]]  # the critical path
         data = bars_bytes + (("," if bars and rest else "") + ",".join(rest) + "]").encode("utf-8")
         return b"".join(plotlyjs if part is _PLOTLYJS else data if part is _DATA else part.encode("utf-8")
-                        for part in _page_parts(trace, summary, fig))
+                        for part in _page_parts(trace, summary, fig, files))
     return page
 
 
-def write_report(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:
-    """Write ``report.html``: header, summary panels and the Gantt timeline, self-contained."""
-    Path(path).write_bytes(prepare_report(trace)(summary))
+def write_report(path: str | Path, trace: Trace, summary: dict[str, Any], files: Files = ()) -> None:
+    """Write ``report.html``: header, summary panels and the Gantt timeline, self-contained
+    (``files``: as :func:`report_html`'s)."""
+    Path(path).write_bytes(prepare_report(trace, files)(summary))
