@@ -713,3 +713,17 @@ def test_the_memory_table_says_a_microbatch_counts_once_per_part(result):
     st["parts"] = st["parts"] * 2
     page = memory_html(many)
     assert "(µb x parts in flight)" in page and "a microbatch counted once per model part (chunk)" in page
+
+
+def test_memory_lines_past_ten_stages_keep_colours_of_their_own(result):
+    """The template has 10 colours: with more stages the memory chart's lines would repeat
+    them (stage 10 drawn as stage 0, DeepSeek-V3's 16 stages), so a longer palette is set;
+    with 10 or fewer, the template's."""
+    from clustersim.output.report import memory_figure
+
+    assert "colorway" not in memory_figure(result.summary)["layout"]
+    many = copy.deepcopy(result.summary)
+    st = many["memory"]["stages"][0]
+    many["memory"]["stages"] = [{**st, "stage": k} for k in range(16)]
+    colours = memory_figure(many)["layout"]["colorway"]
+    assert len(set(colours[:16])) == 16

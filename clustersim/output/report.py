@@ -1276,7 +1276,11 @@ def memory_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
     step_ms = 1e3 * summary["step_time_s"]
     data.append({"hoverinfo": "skip", "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}, "mode": "lines",
                  "name": f"capacity {cap:.0f} GiB", "x": [0, step_ms], "y": [cap, cap], "type": "scatter"})
-    return {"data": data, "layout": _over_step_layout(320, step_ms, "memory per GPU (GiB)")}
+    layout = _over_step_layout(320, step_ms, "memory per GPU (GiB)")
+    if len(stages) > len(layout["template"]["layout"]["colorway"]):
+        # past the template's colours they would repeat (stage 10 drawn as stage 0): one each
+        layout["colorway"] = plotly.colors.qualitative.Dark24 + plotly.colors.qualitative.Light24
+    return {"data": data, "layout": layout}
 
 
 def memory_html(summary: dict[str, Any]) -> str:
