@@ -483,16 +483,13 @@ def close_call(best: dict[str, Any], turning: list[dict[str, Any]]) -> str:
     simulated), and both plans' peak memory, what else may choose between them. "" otherwise."""
     from .output.summary import CLOSE_LEAD, GiB
 
-    close = [r for r in turning if 1 - r["tokens_per_s"] / best["tokens_per_s"] < CLOSE_LEAD]
+    close = [r for r in turning if _gap(best, r) < CLOSE_LEAD]
     if not close:
         return ""
     r = close[0]
-    gap = 1 - r["tokens_per_s"] / best["tokens_per_s"]
-    than = f"is level with #{best['plan']}" if gap < 5e-4 else \
-        f"gives {100 * gap:.1f} % fewer tokens/s than #{best['plan']}"
-    return (f"a close call: #{r['plan']} {than}, less than what the simulation leaves out (kernel launches, "
-            f"the framework) may move; #{r['plan']} peaks at {r['peak_bytes'] / GiB:.1f} GiB, #{best['plan']} at "
-            f"{best['peak_bytes'] / GiB:.1f} of {best['capacity_bytes'] / GiB:.0f} GiB")
+    return (f"a close call: #{r['plan']} {_behind(best, r)}, less than what the simulation leaves out "
+            f"(kernel launches, the framework) may move; #{r['plan']} peaks at {r['peak_bytes'] / GiB:.1f} GiB, "
+            f"#{best['plan']} at {best['peak_bytes'] / GiB:.1f} of {best['capacity_bytes'] / GiB:.0f} GiB")
 
 
 def verdict_doubt(best: dict[str, Any], turning: list[dict[str, Any]], gpus: int) -> str:
@@ -504,15 +501,22 @@ def verdict_doubt(best: dict[str, Any], turning: list[dict[str, Any]], gpus: int
     an estimate. "" otherwise."""
     from .output.summary import CLOSE_LEAD, estimates_clause
 
-    def gap(r: dict[str, Any]) -> float:  # (as the lines above give it: % fewer tokens/s)
-        return 1 - r["tokens_per_s"] / best["tokens_per_s"]
-
-    close = [r for r in turning if gap(r) < CLOSE_LEAD]
+    close = [r for r in turning if _gap(best, r) < CLOSE_LEAD]
     rival = close[0] if close and best.get("estimate") else next((r for r in close if r.get("estimate")), None)
     if rival is None:
         return ""
     flagged = [r for r in (best, rival) if r.get("estimate")]
-    than = (f"is level with #{best['plan']}" if gap(rival) < 5e-4 else
-            f"gives {100 * gap(rival):.1f} % fewer tokens/s than #{best['plan']}")
-    return (f"the verdict may not hold: #{rival['plan']} {than}, and "
+    return (f"the verdict may not hold: #{rival['plan']} {_behind(best, rival)}, and "
             + estimates_clause([f"#{r['plan']}" for r in flagged], [gpus] * len(flagged), settings=True))
+
+
+def _gap(best: dict[str, Any], r: dict[str, Any]) -> float:
+    """How far plan ``r`` is behind ``best``: the share fewer tokens/s (as the lines above give it)."""
+    return 1 - r["tokens_per_s"] / best["tokens_per_s"]
+
+
+def _behind(best: dict[str, Any], r: dict[str, Any]) -> str:
+    """"is level with #B" (within 0.05 %), else "gives x % fewer tokens/s than #B"."""
+    gap = _gap(best, r)
+    return (f"is level with #{best['plan']}" if gap < 5e-4 else
+            f"gives {100 * gap:.1f} % fewer tokens/s than #{best['plan']}")

@@ -223,6 +223,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     use (null), what a sweep's plans do not show (the rest is the same)."""
     gpu = sc.cluster.gpu
     peak = gpu.peak_flops(sc.training.precision)
+    changes = changed_topology_fields(sc.cfg.cluster)
     world = sc.mesh.world_size
     metrics = step_metrics(trace, world_size=world, peak_flops=peak, tokens_per_step=sc.tokens_per_step)
     p, t = sc.parallel, sc.training
@@ -264,8 +265,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                   "attention": "mla" if sc.model.mla else "gqa" if sc.model.n_kv_heads < sc.model.heads else "mha"},
         "hardware": {"gpu": gpu.name, "peak_flops": peak, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
                      "topology": sc.topology.name, "nodes": sc.topology.nodes,
-                     "gpus_per_node": sc.topology.node.gpus, "changes": changed_topology_fields(sc.cfg.cluster),
-                     "nvlink_kept": _nvlink_kept(sc),
+                     "gpus_per_node": sc.topology.node.gpus, "changes": changes,
+                     "nvlink_kept": _nvlink_kept(sc, changes),
                      # the faults and stragglers, the topology file's and the scenario's, as given
                      "what_if": [w.model_dump(exclude_none=True) for w in sc.topology.what_if] or None},
         "simulation": {"network": sc.cfg.simulation.network,
@@ -439,14 +440,15 @@ def _check_every_rank(sc: Scenario, field: str) -> None:
                f"placements) or use a machine with more memory", source=sc.source, field=field)
 
 
-def _nvlink_kept(sc: Scenario) -> dict[str, float] | None:
+def _nvlink_kept(sc: Scenario, changes: dict[str, Any] | None) -> dict[str, float] | None:
     """Where the scenario swaps the topology's GPUs (``cluster.gpu``) and keeps the NVLink rate
     the topology file sets, which is not the new GPU's own (B200s in a DGX H100 node: 450 GB/s,
     not NVLink 5's 900): both rates, per GPU per direction, so that the outputs say which the
     step ran at; else None. The node is the topology's: its NVSwitch stays, whatever GPUs it
-    holds, unless ``cluster.node.nvlink.bw_GBps`` changes it too."""
+    holds, unless ``cluster.node.nvlink.bw_GBps`` changes it too (``changes``: the scenario's
+    changes of its topology, ``hardware.changes``)."""
     kept = sc.topology.node.nvlink.bw_GBps
-    if sc.cfg.cluster.gpu is None or not kept or "node.nvlink.bw_GBps" in (changed_topology_fields(sc.cfg.cluster) or {}):
+    if sc.cfg.cluster.gpu is None or not kept or "node.nvlink.bw_GBps" in (changes or {}):
         return None
     own = sc.cluster.gpu.nvlink_bw_Bps / 1e9
     return None if own == kept else {"bw_GBps": kept, "gpu_bw_GBps": own}

@@ -306,13 +306,9 @@ class Scenario:
         most = self.cfg.simulation.fabric_fault_split_ranks
         if wide == own or cluster.num_gpus <= most:
             return wide, 0
-        from .program.lower import Symmetry
 
         def ranks(gpus: frozenset[int]) -> int:
-            return Symmetry.split_count(self.mesh, cluster.gpu_slowdown, gpus, *self.cfg.ranks_differ(),
-                                        cluster.gpus_per_node, cluster.pair_tiers,
-                                        self.parallel.schedule == "interleaved", self.cfg.simulation.split_replicas,
-                                        self.straggler_mates)
+            return self._split_ranks(gpus, self.straggler_mates)
 
         n = ranks(wide)
         if n <= most:
@@ -357,15 +353,20 @@ class Scenario:
         from .engine.network import straggler_mates
 
         mates = frozenset().union(*straggler_mates(cluster, self._fault_groups, slow).values())
-        if mates and self.mesh.world_size > MAX_GPUS_ALL_RANKS:
-            from .program.lower import Symmetry
-
-            n = Symmetry.split_count(self.mesh, cluster.gpu_slowdown, self.node_touched_gpus, *self.cfg.ranks_differ(),
-                                     cluster.gpus_per_node, cluster.pair_tiers, self.parallel.schedule == "interleaved",
-                                     self.cfg.simulation.split_replicas, mates)
-            if n > MAX_GPUS_ALL_RANKS:
-                return frozenset()
+        if mates and self.mesh.world_size > MAX_GPUS_ALL_RANKS \
+                and self._split_ranks(self.node_touched_gpus, mates) > MAX_GPUS_ALL_RANKS:
+            return frozenset()
         return mates
+
+    def _split_ranks(self, faulty: frozenset[int], mates: frozenset[int]) -> int:
+        """How many ranks the classes split around this plan's slow GPUs, ``faulty`` GPUs and a
+        slow GPU's ``mates`` simulate (program/lower.py ``Symmetry.split_count``)."""
+        from .program.lower import Symmetry
+
+        cluster = self.cluster
+        return Symmetry.split_count(self.mesh, cluster.gpu_slowdown, faulty, *self.cfg.ranks_differ(),
+                                    cluster.gpus_per_node, cluster.pair_tiers, self.parallel.schedule == "interleaved",
+                                    self.cfg.simulation.split_replicas, mates)
 
     @cached_property
     def fabric_touched_gpus(self) -> frozenset[int]:

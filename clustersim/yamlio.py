@@ -331,17 +331,22 @@ def load_unique(text: str, source: str) -> Any:
 _NO_SPACE_KEY = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*):(\S.*)$")
 
 
+def _spaced_key(text: str) -> str | None:
+    """"tp: 4" where ``text`` reads as a key and a value with no space between them ("tp:4";
+    a URL's "http://" aside), else None."""
+    m = _NO_SPACE_KEY.match(text)
+    return f"{m[1]}: {m[2].strip()}" if m and not m[2].startswith("//") else None
+
+
 def _colon_hint(text: str, mark) -> str:
     """"; line 23 'tp:4': YAML needs a space after a key's colon (tp: 4)", where the line YAML
-    stopped at or the one before it reads as a key and a value with no space between them
-    (a URL's "http://" aside); "" otherwise."""
+    stopped at or the one before it is such a key (:func:`_spaced_key`); "" otherwise."""
     if mark is None:
         return ""
     lines = text.splitlines()
     for n in (mark.line, mark.line - 1):
-        if 0 <= n < len(lines) and (m := _NO_SPACE_KEY.match(lines[n].split(" #")[0])) and not m[2].startswith("//"):
-            return f"; line {n + 1} {short_repr(lines[n].strip())}: YAML needs a space after a key's colon " \
-                   f"({m[1]}: {m[2].strip()})"
+        if 0 <= n < len(lines) and (fixed := _spaced_key(lines[n].split(" #")[0])):
+            return f"; line {n + 1} {short_repr(lines[n].strip())}: YAML needs a space after a key's colon ({fixed})"
     return ""
 
 
@@ -491,8 +496,8 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
                 what = ("a list" if isinstance(got, list) else "a boolean" if isinstance(got, bool) else
                         "a number" if isinstance(got, (int, float)) else "text" if isinstance(got, str) else "a value")
                 msg = f"should be keys and values (a mapping), not {what}"
-                if isinstance(got, str) and (m := _NO_SPACE_KEY.match(got)) and not m[2].startswith("//"):
-                    msg += f"; YAML needs a space after a key's colon ({m[1]}: {m[2].strip()})"
+                if isinstance(got, str) and (fixed := _spaced_key(got)):
+                    msg += f"; YAML needs a space after a key's colon ({fixed})"
             if "input" in err and kind not in ("value_error", "assertion_error", VALUE_ALONE) and not isinstance(got, dict):
                 shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
                 msg += f" (got {shown}{_yaml_reading(kind, got)})"

@@ -307,7 +307,7 @@ def test_writer_asks_for_the_summary_after_the_trace_work(small_result, tmp_path
     monkeypatch.undo()
     perfetto.write_trace(tmp_path / "plain.json.gz", small_result.trace, small_result.summary)
     report.write_report(tmp_path / "plain.html", small_result.trace, small_result.summary,
-                        (report.SUMMARY_FILE, report.TRACE_FILE))  # (the files run writes beside it)
+                        (report.SUMMARY_LINK, report.TRACE_LINK))  # (the files run writes beside it)
     assert (tmp_path / "trace.json.gz").read_bytes() == (tmp_path / "plain.json.gz").read_bytes()
     assert (tmp_path / "report.html").read_bytes() == (tmp_path / "plain.html").read_bytes()
 

@@ -385,15 +385,10 @@ def fault_crossers(cluster: Cluster, groups: list[np.ndarray], faults: list) -> 
         return out
     routed = np.fromiter(sorted(g for g in asked | out if g < cluster.num_gpus), dtype=np.int64)
     bad = _degraded_edges(cluster, faults)
-    marked = [np.isin(rows, routed) for rows in groups]
-    if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
+    keys = _pairs_with(groups, routed, cluster.num_gpus)
+    if keys is None:
         return out | asked  # (hundreds of faulty nodes: all they marked)
-    n_gpu = cluster.num_gpus  # pair keys: src * n_gpu + dst
-    keys = [routed * (n_gpu + 1)]
-    for rows, m in zip(groups, marked):
-        for i in np.flatnonzero(m.any(axis=1)).tolist():  # its marked members with every member, both ways
-            f = rows[i][m[i]][:, None]
-            keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
+    keys.append(routed * (cluster.num_gpus + 1))
     src, dst = _pair_ends(cluster, keys)
     routes = _pair_routes(cluster, src, dst)
     slowed = _links_of(routes, [np.isin(rows, bad).any(axis=1) for rows, _ in routes])  # every link a crossing flow takes
@@ -439,22 +434,14 @@ def straggler_mates(cluster: Cluster, groups: list[np.ndarray], slow: list[int])
         if not on_nic:
             out[g] = []
             continue
-        marked = [np.isin(rows, node) for rows in groups]
-        if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
+        keys = _pairs_with(groups, node, n_gpu)
+        if keys is None:
             out[g] = on_nic  # (too many pairs to route: those its NIC carries)
             continue
-        keys = []
-        for rows, m in zip(groups, marked):
-            for i in np.flatnonzero(m.any(axis=1)).tolist():  # the node's members with every member, both ways
-                f = rows[i][m[i]][:, None]
-                keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
         if not keys:
             out[g] = []
             continue
-        keys = np.unique(np.concatenate(keys))
-        src, dst = keys // n_gpu, keys % n_gpu
-        keep = src != dst
-        src, dst = src[keep], dst[keep]
+        src, dst = _pair_ends(cluster, keys)  # (a GPU's pair with itself, an NVLS loop, crosses no NIC cable)
         rows = _route_rows(cluster, src, dst, True)[0]
         its = (src == g) | (dst == g)
         links = np.unique(rows[its].ravel())
@@ -464,6 +451,21 @@ def straggler_mates(cluster: Cluster, groups: list[np.ndarray], slow: list[int])
         ends = np.concatenate([src[meets], dst[meets]])
         out[g] = sorted(set(ends[np.isin(ends, node)].tolist()) - {g})
     return out
+
+
+def _pairs_with(groups: list[np.ndarray], gpus: np.ndarray, n_gpu: int) -> list[np.ndarray] | None:
+    """The keys (``src * n_gpu + dst``) of every ordered pair of a group's members with one of
+    ``gpus`` in it, both ways (:func:`fault_crossers`, :func:`straggler_mates`); None past
+    ``FAULT_PAIRS_ROUTED`` pairs."""
+    marked = [np.isin(rows, gpus) for rows in groups]
+    if sum(2 * int(m.sum()) * m.shape[1] for m in marked) > FAULT_PAIRS_ROUTED:
+        return None
+    keys = []
+    for rows, m in zip(groups, marked):
+        for i in np.flatnonzero(m.any(axis=1)).tolist():  # its marked members with every member, both ways
+            f = rows[i][m[i]][:, None]
+            keys += [(f * n_gpu + rows[i]).ravel(), (rows[i] * n_gpu + f).ravel()]
+    return keys
 
 
 def _degraded_edges(cluster: Cluster, faults: list) -> np.ndarray:

@@ -163,9 +163,9 @@ def write_files(folder: Path, trace: Trace, summary, *, report: bool, trace_file
     ``checks`` (the invariant checks that need no summary) are run here, once the bars are
     made, if the parent has not taken them yet (their violations into CHECKS_FILE)."""
     from .perfetto import TracePieces, gzip_file, trace_tail
-    from .report import SUMMARY_FILE, TRACE_FILE, prepare_report
+    from .report import SUMMARY_LINK, TRACE_LINK, prepare_report
 
-    page = prepare_report(trace, (SUMMARY_FILE,) + ((TRACE_FILE,) if trace_file else ())) if report else None
+    page = prepare_report(trace, (SUMMARY_LINK,) + ((TRACE_LINK,) if trace_file else ())) if report else None
     if checks is not None and share is not None and share.take_checks(writer=True):
         (folder / CHECKS_FILE).write_bytes(pickle.dumps(checks(), protocol=pickle.HIGHEST_PROTOCOL))
     html = None

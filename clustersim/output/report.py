@@ -1000,8 +1000,8 @@ def _pct(x: float) -> str:
 # the files beside a page that its header links, each (name, what it holds)
 Files = tuple[tuple[str, str], ...]
 # those of ``clustersim run``: summary.json always, the trace unless --no-trace
-SUMMARY_FILE = ("summary.json", "every figure of this page, and more, as JSON")
-TRACE_FILE = ("trace.json.gz", "every span of every simulated rank: ui.perfetto.dev opens it, zoomable to "
+SUMMARY_LINK = ("summary.json", "every figure of this page, and more, as JSON")
+TRACE_LINK = ("trace.json.gz", "every span of every simulated rank: ui.perfetto.dev opens it, zoomable to "
               "each op, where the timeline below merges them into bars")
 
 
