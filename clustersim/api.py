@@ -261,6 +261,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },
         "model": {"name": sc.model.name, "params": total_params(sc.model), "layers": sc.model.layers,
+                  "hidden": sc.model.hidden,
                   "seq_len": sc.model.seq_len, "mtp_layers": sc.model.mtp_layers,
                   "attention": "mla" if sc.model.mla else "gqa" if sc.model.n_kv_heads < sc.model.heads else "mha"},
         "hardware": {"gpu": gpu.name, "peak_flops": peak, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,

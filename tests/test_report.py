@@ -727,3 +727,17 @@ def test_memory_lines_past_ten_stages_keep_colours_of_their_own(result):
     many["memory"]["stages"] = [{**st, "stage": k} for k in range(16)]
     colours = memory_figure(many)["layout"]["colorway"]
     assert len(set(colours[:16])) == 16
+
+
+def test_header_tells_an_unnamed_model_by_its_shape(result):
+    """A scenario without model.name gets no made-up name ("model: model") in the header: the
+    model reads by its size and shape; a named one keeps its name first."""
+    from clustersim.output.report import header_html
+
+    meta = lambda s: html.unescape(re.search(r'<p class="meta">model: ([^<]*)</p>', header_html(s)).group(1))  # noqa: E731
+    assert meta(result.summary) == "tiny · 0.1 B parameters, 4 layers, hidden 1024"
+    d = copy.deepcopy(SMALL)
+    del d["model"]["name"]
+    r = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT))
+    assert r.summary["model"]["name"] is None
+    assert meta(r.summary) == f"{r.summary['model']['params'] / 1e9:.1f} B parameters, 4 layers, hidden 1024"

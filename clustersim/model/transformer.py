@@ -52,7 +52,8 @@ class MlaCfg(Strict):
 class DenseModelCfg(Strict):
     """A dense decoder transformer, as written in the scenario's ``model:`` section."""
 
-    name: str = "model"
+    name: str | None = pydantic.Field(
+        default=None, description="what the report calls the model; null: it is told by its shape (layers, hidden)")
     layers: int = pydantic.Field(ge=1)
     hidden: int = pydantic.Field(ge=1, le=2**20)
     heads: int = pydantic.Field(ge=1, le=2**16)

@@ -993,6 +993,17 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
 
 
+def model_line(model: dict[str, Any]) -> str:
+    """The header's model: its name where the scenario gives one, its size and its shape
+    ('llama3-8b · 8.0 B parameters, 32 layers, hidden 4096'); unnamed, size and shape alone,
+    as a name of the default's would tell nothing."""
+    params = model.get("params")
+    shape = [f"{params / 1e9:.1f} B parameters" if params else "", _n(model.get("layers") or 0, "layer"),
+             # (summaries written before hidden was among the keys lack it)
+             f"hidden {model['hidden']}" if model.get("hidden") else ""]
+    return " · ".join(p for p in (model.get("name") or "", ", ".join(p for p in shape if p)) if p)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
@@ -1035,10 +1046,7 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'{"" if plan.get("fp8_recipe") else e(str(plan.get("precision", ""))) + " · "}'
                    f'{e(str(plan.get("attention", "")))} attention</p>')
     if model:
-        params = model.get("params")
-        size = f"{params / 1e9:.1f} B parameters, " if params else ""
-        out.append(f'<p class="meta">model: {e(str(model.get("name", "")))} · {size}'
-                   f'{model.get("layers", "?")} layers</p>')
+        out.append(f'<p class="meta">model: {e(model_line(model))}</p>')
     rep = summary.get("simulation", {}).get("repeat")
     if rep:  # what the timeline below holds: most of it copied from a steady cycle
         out.append(f'<p class="meta">simulated: {rep["simulated_microbatches"]} of {plan.get("microbatches")} '
