@@ -13,7 +13,9 @@ plan is searched::
                model is MoE, use EP in addition")
     zero       1, 2, 3 without a pipeline; 1, 2 with one (ZeRO-3 re-gathers every microbatch's
                parameters on each stage: "additional communication is needed"); ZeRO-1 moves
-               what plain DP moves, with less memory, and stands for it
+               what plain DP moves, with less memory, and stands for it; 0 alone where the
+               shard groups are one GPU (DP x CP 1, and the experts' DP group 1): there
+               every stage is the plan without ZeRO
     recompute  none, selective (where it recomputes something: not Megatron's default
                under flash attention), full
     dp         the GPUs left: GPUs / (tp x pp x cp)
@@ -174,6 +176,29 @@ def memory_settings(space: dict[str, list[Any]], pp: int) -> list[dict[str, Any]
             for z in zeros for r in recs]
 
 
+def unsharded(settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``settings`` (:func:`memory_settings`) on a plan whose ZeRO shard groups are one GPU
+    each: every ZeRO stage there is the plan without ZeRO, so the stages give way to zero 0
+    and the settings that then repeat are dropped (the recomputes kept, in their order)."""
+    out: list[dict[str, Any]] = []
+    for x in settings:
+        y = {**x, "parallel.zero": 0} if "parallel.zero" in x else x
+        if y not in out:
+            out.append(y)
+    return out
+
+
+def _shards_nothing(path: str, data: dict[str, Any], plan: Plan) -> bool:
+    """Whether ZeRO has nothing to shard on ``plan``: its dense shard group (CP x DP, or the
+    hybrid ``zero_shard`` group) and its routed experts' (their expert-DP group, which TP
+    ranks left over by expert TP widen: MoE parallel folding) are one GPU each. False where
+    the plan breaks a rule (the rules name it when it is simulated)."""
+    from .config import ParallelCfg, mesh_of
+
+    doc = _applied(path, data, plan)
+    return doc is not None and mesh_of(ParallelCfg.model_validate(doc["parallel"])).grad_shards(1) == (1, 1)
+
+
 def shapes_of(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """Every combination of the dimensions other than ZeRO and recompute."""
     import itertools
@@ -312,8 +337,9 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
         plan = plan_of(sc, data, {**shape, **settings[0]}, len(first) + 1, varied)
         if plan is None:
             continue
-        if dict(plan.changes).get(DP) == 1 and shape.get("parallel.cp", 1) == 1:  # nothing to shard: one ZeRO plan
-            settings = [x for x in settings if x.get("parallel.zero") == settings[0].get("parallel.zero")]
+        if _shards_nothing(path, data, plan):  # every ZeRO stage is the plan without ZeRO: that one, listed once
+            settings = unsharded(settings)
+            plan = plan_of(sc, data, {**shape, **settings[0]}, len(first) + 1, varied)
         if own_doc is not None and _applied(path, data, plan) == own_doc:  # the scenario's plan: #1 stands for it
             rest[own.number] = (shape, settings)
             continue

@@ -376,3 +376,30 @@ def test_a_close_call_between_exact_steps_names_the_nearest_plan_and_both_peaks(
     assert said(0.0)[0].startswith(f"a close call: #{rival} is level with #{best}, ")
     assert said(2 * CLOSE_LEAD) == []
     assert said(CLOSE_LEAD / 4, estimate=True)[0].startswith(f"the verdict may not hold: #{rival} ")
+
+
+def test_zero_stages_with_nothing_to_shard_are_one_plan_without_zero(root):
+    """Where a plan's ZeRO shard groups are one GPU each (DP x CP 1, the experts' DP group 1),
+    every ZeRO stage is the plan without ZeRO: it is searched once, as zero 0 (advise listed
+    TP8 x DP1 as ZeRO-3 beside the scenario's own TP8 x DP1, the same figures on two rows).
+    Where folded experts still shard (expert TP under TP: their DP group spans the TP ranks),
+    the stages stay apart."""
+    from clustersim.advise import _shards_nothing
+    from clustersim.sweep import Plan
+
+    path = root / "scenarios" / "korthikanti_22b_seqsel.yaml"  # TP8 x DP1, selective recompute
+    data = read_yaml(path, what="scenario")
+    for budget in (200, 0):
+        adv = run_advise(str(path), [("parallel.tp", [8]), ("parallel.pp", [1])], budget=budget)
+        zeros = [values_of(r, data["parallel"], data["training"])["zero"] for r in adv["plans"]]
+        assert zeros == [0] * len(adv["plans"]), budget
+        # one plan a recompute setting (none, selective: the scenario's own, full), none twice
+        recomputes = sorted(values_of(r, data["parallel"], data["training"])["recompute"] for r in adv["plans"])
+        assert recomputes == ["full", "none", "selective"], budget
+    moe = root / "scenarios" / "moe_1024gpu.yaml"
+    moe_data = read_yaml(moe, what="scenario")
+    one_node = [("cluster.nodes", 1), ("parallel.tp", 8), ("parallel.pp", 1), (DP, 1), ("parallel.ep", 1),
+                ("parallel.schedule", "1f1b"), ("parallel.vpp", None), ("parallel.overlap_param_gather", None)]
+    assert _shards_nothing(str(moe), moe_data, Plan(0, one_node))
+    # experts split over single GPUs (etp 1) under TP 8: their DP group is the 8 TP ranks
+    assert not _shards_nothing(str(moe), moe_data, Plan(0, one_node + [("parallel.etp", 1)]))
