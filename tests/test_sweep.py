@@ -114,11 +114,12 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     assert "refused by the scenario's rules: 2 of 8" in stdout
     # sweep.html: every plan simulated a point, the best plans' steps split, each refused plan's rule
     scatter = scatter_figure(sweep)
-    assert [t["name"] for t in scatter["data"]] == ["fits", "does not fit"] or all(r["fits"] for r in ok)
+    assert [t["name"] for t in scatter["data"] if t.get("showlegend", True)] == ["fits", "does not fit"] or all(
+        r["fits"] for r in ok)
     points = {(x, y) for t in scatter["data"] if t["name"] in ("fits", "does not fit") for x, y in zip(t["x"], t["y"])}
     assert points == {(r["peak_bytes"] / 2**30, r["tokens_per_s_per_gpu"]) for r in ok}
     key, lines = lines_figure(sweep)  # along pp (the first numeric key), a line per ZeRO stage
-    drawn = [t for t in lines["data"] if t.get("showlegend", True)]
+    drawn = _lines_drawn(lines)
     assert key == "parallel.pp" and sorted(t["name"] for t in drawn) == ["zero=1", "zero=3"]
     for t in drawn:
         zero = int(t["name"].split("=")[1])
@@ -246,7 +247,7 @@ def test_paired_values_are_one_plan_each(root):
     assert f"32 nodes keep {100 * kept:.0f} % of 4 nodes' tokens/s per GPU" in text
     assert f"{large['exposed_comm_s']['dp']:.2f} s of it exposed a step on 32" in text and small["exposed_comm_s"]["dp"] == 0
     key, lines = lines_figure(sweep)
-    drawn = [t for t in lines["data"] if t.get("showlegend", True)]  # (hollow points of plans that do not fit apart)
+    drawn = _lines_drawn(lines)  # (hollow points of plans that do not fit apart)
     assert key == "cluster.nodes" and len(drawn) == 1 and drawn[0]["x"] == [4, 32]
     r = run_cli("sweep", "scenarios/llama2_70b_64gpu.yaml", "--vary", "cluster.nodes=4,8", "--vary",
                 "training.global_batch_size=64", "--zip", cwd=root)
@@ -438,6 +439,11 @@ def test_a_sweep_leaves_no_cyclic_garbage_where_the_collector_is_off(root):
     assert frozen == 0  # what was frozen for the plans is the caller's again
 
 
+def _lines_drawn(fig: dict) -> list[dict]:
+    """The lines of a lines figure: its legend's entries but the hollow marker's."""
+    return [t for t in fig["data"] if t.get("showlegend", True) and t["name"] != "does not fit (hollow)"]
+
+
 def test_the_lines_drawn_are_those_whose_best_plan_that_fits_is_fastest():
     """A line per setting of the other keys, at most ``most``: ranked by the tokens/s per GPU
     of their best plan that fits, lines where none fits after them (however fast)."""
@@ -453,7 +459,7 @@ def test_the_lines_drawn_are_those_whose_best_plan_that_fits_is_fastest():
              "ranking": ranking(plans), "dp_follows": False, "split_follows": False, "paired": False}
     for most, names in [(2, ["zero=2", "zero=1"]), (3, ["zero=2", "zero=1", "zero=3"])]:
         _, fig = lines_figure(sweep, most)
-        assert [t["name"] for t in fig["data"] if t.get("showlegend", True)] == names
+        assert [t["name"] for t in _lines_drawn(fig)] == names
 
 
 def test_estimated_steps_are_marked_where_a_row_shown_has_one():
@@ -524,3 +530,32 @@ def test_a_varied_schedule_takes_the_model_chunks_it_needs(root):
     asked = run_sweep(str(root / "scenarios/llama2_70b_64gpu.yaml"),
                       [("parallel.schedule", ["1f1b", "interleaved"]), ("parallel.vpp", [1, 2])])
     assert not asked["chunks_follow"] and sum(r["status"] == "refused" for r in asked["plans"]) == 2
+
+
+def test_plans_that_do_not_fit_are_named_in_both_charts_legends():
+    """The hollow points of the lines chart (plans that do not fit) have a legend entry of
+    their own, drawing no point, only where some are drawn; the scatter's "does not fit"
+    entry shows its "x" though its fastest plan lies past the memory axis's edge (a triangle
+    there: the legend drew the first point's symbol), the triangles in its legend group."""
+    def row(n, pp, zero, tokens, peak_gib, fits):
+        return {"plan": n, "status": "ok", "changes": {"parallel.pp": pp, "parallel.zero": zero},
+                "tokens_per_s_per_gpu": tokens, "tokens_per_s": 16 * tokens, "fits": fits, "step_time_s": 1.0,
+                "mfu": 0.5, "bubble_fraction": 0.1, "exposed_comm_s": {"total": 0.1},
+                "peak_bytes": peak_gib * 2**30, "capacity_bytes": 80 * 2**30}
+
+    plans = [row(1, 1, 1, 900.0, 400, False), row(2, 2, 1, 800.0, 90, False),
+             row(3, 1, 3, 500.0, 40, True), row(4, 2, 3, 600.0, 50, True)]
+    sweep = {"vary": {"parallel.pp": [1, 2], "parallel.zero": [1, 3]}, "plans": plans, "ranking": ranking(plans),
+             "dp_follows": False, "split_follows": False, "paired": False}
+    _, fig = lines_figure(sweep)
+    legend = [t for t in fig["data"] if t["name"] == "does not fit (hollow)"]
+    assert len(legend) == 1 and legend[0]["showlegend"] and legend[0]["x"] == [None]
+    assert legend[0]["marker"]["color"] == "white"  # hollow, as the points it names
+    _, fig = lines_figure({**sweep, "plans": plans[2:], "ranking": ranking(plans[2:]),
+                           "vary": {"parallel.pp": [1, 2], "parallel.zero": [3]}})
+    assert all(t["name"] != "does not fit (hollow)" for t in fig["data"])
+    unfit = [t for t in scatter_figure(sweep, own=None)["data"] if t["name"] == "does not fit"]
+    shown = [t for t in unfit if t["showlegend"]]
+    assert len(shown) == 1 and shown[0]["marker"]["symbol"] == "x" and shown[0]["y"] == [800.0]
+    assert [(t["marker"]["symbol"], t["y"]) for t in unfit if not t["showlegend"]] == [("triangle-right", [900.0])]
+    assert {t["legendgroup"] for t in unfit} == {"does not fit"}

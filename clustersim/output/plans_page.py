@@ -44,6 +44,7 @@ TABLE_ROWS = 2_000  # past these, the CSV has the rest (a browser lays out a lon
 COMPARED = 3  # the best plans the compare command on the page puts beside the scenario's own
 _CONFIG = {"displaylogo": False, "responsive": True}
 _FITS, _UNFIT, _OWN = "#59a14f", "#e15759", "#f28e2b"
+_UNFIT_LEGEND = "#57606a"  # the lines chart's hollow marker in its legend: grey, as it stands for every line's
 _FIND = object()  # scatter_figure's own plan: found from the sweep
 _OPTIONS = ("#4e79a7", "#b07aa1", "#2f4b7c", "#9c755f", "#76b7b2")  # the guide's options, one colour each
 
@@ -119,12 +120,21 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
     data = []
     for fits, name, colour, symbol in ((True, "fits", _FITS, "circle"), (False, "does not fit", _UNFIT, "x")):
         pts = [r for r in ranked if r["fits"] == fits]
-        if pts:
-            data.append({"type": "scatter", "mode": "markers", "name": name,
-                         "x": [x_of(r) for r in pts], "y": [r["tokens_per_s_per_gpu"] for r in pts],
-                         "marker": {"color": colour, "size": 8, "opacity": 0.8,
-                                    "symbol": [symbol if r["peak_bytes"] <= end else "triangle-right" for r in pts]},
-                         "hovertext": [_hover(sweep, r, notes.get(r["plan"], "")) for r in pts], "hoverinfo": "text"})
+        if not pts:
+            continue
+        # the points past the edge, triangles, in a trace of their own out of the legend: the
+        # legend draws a trace's first point's symbol, a triangle where the fastest plan that
+        # does not fit was past the edge, and the entry then showed no "x"
+        inside = [r for r in pts if r["peak_bytes"] <= end]
+        for part, shape, legend in ((inside, symbol, True), ([r for r in pts if r["peak_bytes"] > end],
+                                                             "triangle-right", not inside)):
+            if part:
+                data.append({"type": "scatter", "mode": "markers", "name": name, "legendgroup": name,
+                             "showlegend": legend, "x": [x_of(r) for r in part],
+                             "y": [r["tokens_per_s_per_gpu"] for r in part],
+                             "marker": {"color": colour, "size": 8, "opacity": 0.8, "symbol": shape},
+                             "hovertext": [_hover(sweep, r, notes.get(r["plan"], "")) for r in part],
+                             "hoverinfo": "text"})
     for i, o in enumerate(o for o in sweep.get("options", []) if o["best"] is not None):
         r = rows[o["best"]]
         data.append({"type": "scatter", "mode": "markers", "name": f"the guide's \u201c{html.escape(o['option'])}\u201d",
@@ -226,6 +236,12 @@ def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, d
                          "y": [r["tokens_per_s_per_gpu"] for r in unfit],
                          "marker": {"size": 8, "color": "white", "line": {"color": colour, "width": 2}},
                          "hovertext": [_hover(sweep, r) for r in unfit], "hoverinfo": "text"})
+    if any(not r["fits"] for g in best for r in lines[g]):
+        # the legend names the lines by colour; a hollow marker is of no line's, so an entry of
+        # its own, drawing no point, says what it means where the eye looks for it
+        data.append({"type": "scatter", "mode": "markers", "name": "does not fit (hollow)", "x": [None],
+                     "y": [None], "showlegend": True, "hoverinfo": "skip",
+                     "marker": {"size": 8, "color": "white", "line": {"color": _UNFIT_LEGEND, "width": 2}}})
     return key, {"data": data, "layout": small_layout(
         420, hovermode="closest", xaxis={"title": {"text": key}, "tickvals": sorted(set(sweep["vary"][key]))},
         yaxis={"title": {"text": "tokens/s per GPU"}})}
