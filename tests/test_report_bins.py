@@ -298,3 +298,31 @@ def test_binned_timeline_renders_in_chromium(result, monkeypatch, tmp_path):
     fig = report.timeline(result.trace, result.summary)
     assert errors == []
     assert 0 < n_drawn == fig["layout"]["meta"]["binned"]["bars"] <= 300
+
+
+@pytest.mark.parametrize("seed,n_bins", [(0, 50), (1, 7), (4, 1)])
+def test_a_bar_names_the_microbatches_it_holds(seed, n_bins):
+    """A run of bins counts the microbatches of its pieces and lists the first MB_LISTED;
+    its hover names them as they are: a bar of microbatches 0 and 68 said "microbatches
+    0–68", as if it held the 67 between."""
+    c = _random_rows(seed)
+    b = binned_bars(c["row"], c["group"], c["mb"], c["start_s"], c["end_s"], N_GROUPS, float(c["end_s"].max()),
+                    n_bins)
+    # worked out piece by piece: a bar holds the pieces of its row within its time
+    span, _, lo, hi = bins._pieces(c["start_s"], c["end_s"], b.bin_s, n_bins)
+    for i in range(len(b.row)):
+        mine = (c["row"][span] == b.row[i]) & (lo >= b.start_s[i]) & (hi <= b.end_s[i])
+        mbs = sorted(set(c["mb"][span[mine]].tolist()) - {-1})
+        assert b.n_mbs[i] == len(mbs)
+        assert b.mbs[i].tolist() == (mbs + [-1] * bins.MB_LISTED)[:bins.MB_LISTED]
+    row, group = np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64)
+    start, end = np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])
+    said = lambda mb: report.binned_hover_texts(  # noqa: E731
+        binned_bars(row, group, np.array(mb), start, end, 4, 3.0, 1), ["stage 0 · compute"])[0].split("<br>")[1]
+    assert said([0, 68, 0]) == "stage 0 · compute · microbatches 0, 68"
+    assert said([3, 4, 5]) == "stage 0 · compute · microbatches 3–5"
+    assert said([7, 7, -1]) == "stage 0 · compute · microbatch 7"
+    assert said([-1, -1, -1]) == "stage 0 · compute"
+    many = binned_bars(np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64), np.array([0, 9, 20, 33, 40, 68]),
+                       np.arange(6.0), np.arange(1.0, 7.0), 4, 6.0, 1)
+    assert report.binned_hover_texts(many, ["s"])[0].split("<br>")[1] == "s · 6 microbatches in 0–68"

@@ -28,6 +28,7 @@ import numpy as np
 BAR_BUDGET = 30_000  # bars drawn at most: ~24k (a GPT-3-sized step) draw in seconds, 260k in minutes
 TIMELINE_BINS = 1_000  # bins per row across the step, before coarsening to fit BAR_BUDGET
 CHUNK_SPANS = 65_536  # spans binned at once (whole rows): see binned_bars
+MB_LISTED = 4  # a bar's microbatches named one by one up to this many; past it, how many and their range
 
 
 def covered_before(row: np.ndarray, end_s: np.ndarray) -> np.ndarray:
@@ -71,6 +72,8 @@ class BinnedBars:
     n_spans: np.ndarray  # int64: spans starting inside the run
     mb_lo: np.ndarray  # int64: smallest microbatch of a span inside, -1 if none has one
     mb_hi: np.ndarray
+    n_mbs: np.ndarray  # int64: how many microbatches the spans inside belong to (0: none has one)
+    mbs: np.ndarray  # int64 (bars, MB_LISTED): the first MB_LISTED of those microbatches, ascending, -1 past them
     bin_s: float  # length of one bin
 
     @property
@@ -169,7 +172,7 @@ def _binned_rows(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np
     if not m:
         none_f, none_i = np.zeros(0), np.zeros(0, dtype=np.int64)
         return BinnedBars(none_i, none_i, none_f, none_f, none_f, np.zeros((0, n_groups)), none_i, none_i, none_i,
-                          bin_s)
+                          none_i, np.zeros((0, MB_LISTED), dtype=np.int64), bin_s)
     cg = cell * n_groups + group[span]
     busy_cg = np.bincount(cg, weights=piece_busy, minlength=m * n_groups).reshape(m, n_groups)
     count_cg = np.bincount(cg, minlength=m * n_groups).reshape(m, n_groups)
@@ -191,11 +194,32 @@ def _binned_rows(row: np.ndarray, group: np.ndarray, mb: np.ndarray, start_s: np
     runs = np.flatnonzero(new)
     run_mb_lo = np.minimum.reduceat(mb_lo, runs)
     run_mb_lo[run_mb_lo == no_mb] = -1
+    n_mbs, mbs = _microbatches_of_runs(np.cumsum(new)[cell] - 1, span_mb, len(runs))
     return BinnedBars(
         row=cell_row[runs], group=dominant[runs], start_s=cell_lo[runs], end_s=np.maximum.reduceat(cell_hi, runs),
         busy_s=np.add.reduceat(busy, runs), group_busy_s=np.add.reduceat(busy_cg, runs, axis=0),
         n_spans=np.add.reduceat(n_spans, runs), mb_lo=run_mb_lo, mb_hi=np.maximum.reduceat(mb_hi, runs),
-        bin_s=bin_s)
+        n_mbs=n_mbs, mbs=mbs, bin_s=bin_s)
+
+
+def _microbatches_of_runs(run: np.ndarray, mb: np.ndarray, n_runs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per run of bins, how many microbatches its pieces (``run``, ``mb`` per piece; -1: none)
+    belong to, and the first MB_LISTED of them, ascending (-1 past them): a bar of
+    microbatches 0 and 68 is not one of 0 to 68 (the smallest and largest alone said so)."""
+    has = mb >= 0
+    width = int(mb.max(initial=0)) + 1
+    keys = run[has] * width + mb[has]
+    # neighbouring pieces are mostly of one span or microbatch: their repeats go before the sort
+    # (a tenth of the pieces left on GPT-3's step)
+    keys = keys[np.r_[True, keys[1:] != keys[:-1]]] if len(keys) else keys
+    pairs = np.unique(keys)  # each (run, microbatch) once, by run then microbatch
+    pair_run, pair_mb = np.divmod(pairs, width)
+    n_mbs = np.bincount(pair_run, minlength=n_runs)
+    nth = np.arange(len(pairs)) - (np.cumsum(n_mbs) - n_mbs)[pair_run]  # its place among its run's
+    mbs = np.full((n_runs, MB_LISTED), -1, dtype=np.int64)
+    listed = nth < MB_LISTED
+    mbs[pair_run[listed], nth[listed]] = pair_mb[listed]
+    return n_mbs, mbs
 
 
 def runs_at_least(row: np.ndarray, start_s: np.ndarray, end_s: np.ndarray, t_end_s: float, n_bins: int) -> int:

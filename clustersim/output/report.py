@@ -618,7 +618,7 @@ def binned_hover_texts(bars: BinnedBars, labels: list[str]) -> list[str]:
     """Hover text of each run of bins: the mix of work, where, when, busy share, e.g.::
 
         <b>backward compute 65 % · forward compute 35 %</b>
-        stage 3 · compute · microbatches 40–73
+        stage 3 · compute · microbatches 40–73      (or 40, 68; or 12 microbatches in 40–73)
         start 12,345.678 ms · duration 95.123 ms
         busy 93.500 ms (98 % of the bar) · 53 spans
     """
@@ -627,9 +627,10 @@ def binned_hover_texts(bars: BinnedBars, labels: list[str]) -> list[str]:
     out = []
     share = np.zeros_like(bars.group_busy_s)
     np.divide(bars.group_busy_s, bars.busy_s[:, None], out=share, where=bars.busy_s[:, None] > 0)
-    for i, (row, g, lo, hi, start, dur, busy, n) in enumerate(zip(
-            bars.row.tolist(), bars.group.tolist(), bars.mb_lo.tolist(), bars.mb_hi.tolist(),
-            bars.start_s.tolist(), bars.dur_s.tolist(), bars.busy_s.tolist(), bars.n_spans.tolist())):
+    for i, (row, g, lo, hi, n_mbs, mbs, start, dur, busy, n) in enumerate(zip(
+            bars.row.tolist(), bars.group.tolist(), bars.mb_lo.tolist(), bars.mb_hi.tolist(), bars.n_mbs.tolist(),
+            bars.mbs.tolist(), bars.start_s.tolist(), bars.dur_s.tolist(), bars.busy_s.tolist(),
+            bars.n_spans.tolist())):
         mix = [(s, j) for j, s in enumerate(share[i].tolist()) if s >= 0.005]
         if len(mix) > 1:
             mix.sort(reverse=True)
@@ -638,11 +639,25 @@ def binned_hover_texts(bars: BinnedBars, labels: list[str]) -> list[str]:
             what = names[g]
         where = where_row[row]
         if lo >= 0:
-            where = f"{where} · microbatch {lo}" if lo == hi else f"{where} · microbatches {lo}–{hi}"
+            where = f"{where} · {_microbatches_text(lo, hi, n_mbs, mbs)}"
         busy_share = busy / dur if dur > 0 else 1.0
         out.append(f"<b>{what}</b><br>{where}<br>start {start * 1e3:,.3f} ms · duration {dur * 1e3:,.3f} ms<br>"
                    f"busy {busy * 1e3:,.3f} ms ({100 * busy_share:.0f} % of the bar) · {_n(n, 'span')}")
     return out
+
+
+def _microbatches_text(lo: int, hi: int, n_mbs: int, listed: list[int]) -> str:
+    """A binned bar's microbatches as they are (``n_mbs`` of them from ``lo`` to ``hi``, the
+    first few ``listed``): one, a few by name ("microbatches 0, 68"), every one of a range
+    ("microbatches 40–73"), or how many in which range ("12 microbatches in 0–68"): a range
+    alone said 0–68 of a bar holding microbatches 0 and 68."""
+    if n_mbs == 1:
+        return f"microbatch {lo}"
+    if n_mbs == hi - lo + 1 and n_mbs > 2:
+        return f"microbatches {lo}–{hi}"
+    if n_mbs <= len(listed):
+        return "microbatches " + ", ".join(str(mb) for mb in listed[:n_mbs])
+    return f"{n_mbs:,} microbatches in {lo}–{hi}"
 
 
 def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
