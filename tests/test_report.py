@@ -741,3 +741,24 @@ def test_header_tells_an_unnamed_model_by_its_shape(result):
     r = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT))
     assert r.summary["model"]["name"] is None
     assert meta(r.summary) == f"{r.summary['model']['params'] / 1e9:.1f} B parameters, 4 layers, hidden 1024"
+
+
+def test_every_chart_writes_its_axes_numbers_in_one_style(tmp_path):
+    """Thousands with a separator, never plotly's default SI suffix ("2k" on the memory and
+    link-use charts beside the timeline's "2,000"): every axis of every chart on the report,
+    and on compare's and sweep's pages (their small charts), and the time axes share the
+    timeline's formats when zoomed in."""
+    from clustersim.output.compare_page import small_layout
+    from clustersim.output.report import _MS_TICK_FORMATS
+
+    _, _, calls = _written(False, tmp_path)
+    axes = {(div_id, k): layout[k] for div_id, _, layout, _ in calls for k in layout if k[1:5] == "axis"}
+    assert {(DIV_ID, "xaxis"), (MEMORY_DIV_ID, "xaxis"), (MEMORY_DIV_ID, "yaxis"), (LINKS_DIV_ID, "xaxis")} <= set(axes)
+    for where, axis in axes.items():
+        if axis.get("tickmode") != "array":  # (the timeline's rows are named, not numbered)
+            assert axis.get("exponentformat") == "none" and axis.get("separatethousands") is True, where
+        if axis.get("title", {}).get("text") == "time (ms)":
+            assert axis["tickformatstops"] == _MS_TICK_FORMATS, where
+    small = small_layout(300, yaxis={"title": {"text": "tokens/s per GPU"}})
+    assert small["yaxis"]["title"]["text"] == "tokens/s per GPU"
+    assert all(small[k]["exponentformat"] == "none" and small[k]["separatethousands"] for k in ("xaxis", "yaxis"))

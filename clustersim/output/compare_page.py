@@ -26,8 +26,8 @@ import json
 from typing import Any
 
 from .compare import KINDS, other_jobs, config_value_text, verdict_lines, fastest, report_name, step_split
-from .report import (REPORT_CSS, DIV_ID, GROUPS, TIMELINE_CONFIG, plot_div_around_data, plotlyjs_script, white_template,
-                     fmt_time, plot_div)
+from .report import (NUMBER_TICKS, REPORT_CSS, DIV_ID, GROUPS, TIMELINE_CONFIG, plot_div_around_data, plotlyjs_script,
+                     white_template, fmt_time, plot_div)
 from .summary import GiB, plan_line
 
 COMPARE_PAGE = "compare.html"
@@ -65,9 +65,12 @@ def _plan_colour(i: int) -> str:
 
 def small_layout(height_px: int, **more: Any) -> dict[str, Any]:
     """A small chart's layout, in the form the report's are (template expanded), its legend
-    above the plot (below, it met the x axis's title in a narrow window)."""
+    above the plot (below, it met the x axis's title in a narrow window), its axes' numbers
+    in the report's style (NUMBER_TICKS: "2,000", not "2k")."""
+    axes = {k: {**NUMBER_TICKS, **more.pop(k, {})} for k in ("xaxis", "yaxis")}
     return {"template": white_template(), "height": height_px, "margin": {"l": 60, "r": 20, "t": 34, "b": 44},
-            "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"}, **more}
+            "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"}, **axes,
+            **more}
 
 
 def plan_name(p: dict[str, Any]) -> str:

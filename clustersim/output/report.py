@@ -920,6 +920,10 @@ def _rank_bands(rows: list[tuple[int, str]]) -> list[dict]:
 
 # Tick labels with as many decimals as the tick spacing needs (2,000 at full view, 1,000.2
 # when zoomed to a millisecond), never an exponent.
+# one style for the numbers on every chart's axes, "2,000": plotly's default wrote "2k" on the
+# memory and link-use charts beside the timeline's "2,000" (its ms tick formats above)
+NUMBER_TICKS = {"exponentformat": "none", "separatethousands": True}
+
 _MS_TICK_FORMATS = [
     {"dtickrange": [None, 0.01], "value": ",.3f"},
     {"dtickrange": [0.01, 0.1], "value": ",.2f"},
@@ -949,7 +953,7 @@ def _layout(n_rows: int, labels: list[str], step_ms: float, bands: list[dict]) -
         "xaxis": {"title": {"text": "time (ms)", "standoff": 6}, "side": "top", "mirror": "ticks",
                   "range": [0, step_ms * 1.005], "tickformatstops": _MS_TICK_FORMATS,
                   "showgrid": True, "gridcolor": "#d9dde3", "zeroline": False, "ticks": "outside",
-                  "showline": True, "linecolor": "#9aa3ad"},
+                  "showline": True, "linecolor": "#9aa3ad", **NUMBER_TICKS},
         "yaxis": {"tickmode": "array", "tickvals": list(range(n_rows)), "ticktext": labels,
                   "range": [n_rows - 0.5, -0.5], "showgrid": False, "zeroline": False,
                   "automargin": True, "tickfont": {"size": 11}},
@@ -1186,8 +1190,9 @@ def _over_step_layout(height_px: int, step_ms: float, y_title: str) -> dict:
     """Layout of a small line chart over the step (link use, memory): time in ms along x.
     In validated form (see :func:`links_figure`)."""
     return {"height": height_px, "margin": {"l": 60, "r": 20, "t": 10, "b": 40}, "template": white_template(),
-            "xaxis": {"title": {"text": "time (ms)"}, "range": [0, step_ms]},
-            "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
+            "xaxis": {"title": {"text": "time (ms)"}, "range": [0, step_ms], "tickformatstops": _MS_TICK_FORMATS,
+                      **NUMBER_TICKS},
+            "yaxis": {"title": {"text": y_title}, "rangemode": "tozero", **NUMBER_TICKS},
             "legend": {"orientation": "h", "y": -0.25}}
 
 
