@@ -762,3 +762,17 @@ def test_every_chart_writes_its_axes_numbers_in_one_style(tmp_path):
     small = small_layout(300, yaxis={"title": {"text": "tokens/s per GPU"}})
     assert small["yaxis"]["title"]["text"] == "tokens/s per GPU"
     assert all(small[k]["exponentformat"] == "none" and small[k]["separatethousands"] for k in ("xaxis", "yaxis"))
+
+
+def test_a_link_use_chart_of_one_line_names_it(result):
+    """Plotly draws no legend for a figure of one trace: the link-use chart of a step whose
+    busiest links are all alike (one line) named no link. Its layout asks for the legend."""
+    from clustersim.output.report import links_figure
+
+    s = copy.deepcopy(result.summary)
+    s["links"]["busiest"] = [u for u in s["links"]["busiest"] if u.get("utilisation_over_time")][:1]
+    fig = links_figure(s)
+    assert len(fig["data"]) == 1 and fig["layout"]["showlegend"] is True
+    assert fig["data"][0]["name"].startswith(s["links"]["busiest"][0]["link"])
+    named = {"data": fig["data"], "layout": {**fig["layout"], "template": "plotly_white"}}
+    assert json.loads(go.Figure(named).to_json())["layout"]["showlegend"] is True  # (kept by plotly's validation)

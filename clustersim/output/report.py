@@ -1193,7 +1193,9 @@ def _over_step_layout(height_px: int, step_ms: float, y_title: str) -> dict:
             "xaxis": {"title": {"text": "time (ms)"}, "range": [0, step_ms], "tickformatstops": _MS_TICK_FORMATS,
                       **NUMBER_TICKS},
             "yaxis": {"title": {"text": y_title}, "rangemode": "tozero", **NUMBER_TICKS},
-            "legend": {"orientation": "h", "y": -0.25}}
+            # (plotly hides the legend of a single line, and the line is then nobody's: the one
+            # link of a step whose busiest links are all alike)
+            "showlegend": True, "legend": {"orientation": "h", "y": -0.25}}
 
 
 def _embedded(fig: dict[str, Any] | None, div_id: str, note: str) -> str:
