@@ -776,3 +776,34 @@ def test_a_link_use_chart_of_one_line_names_it(result):
     assert fig["data"][0]["name"].startswith(s["links"]["busiest"][0]["link"])
     named = {"data": fig["data"], "layout": {**fig["layout"], "template": "plotly_white"}}
     assert json.loads(go.Figure(named).to_json())["layout"]["showlegend"] is True  # (kept by plotly's validation)
+
+
+def test_a_tall_timeline_writes_its_times_under_its_rows_too(result, tmp_path, monkeypatch):
+    """From TALL_ROWS rows on, the timeline (taller than a screen) writes its time axis at the
+    bottom as well as the top (scrolled down, it read no times): a second axis matching the
+    first, drawn in Chromium with the same labels and following a zoom; a short one has one axis."""
+    from clustersim.output import report as rep
+
+    short = rep.timeline(result.trace, result.summary)
+    n_rows = len(short["layout"]["yaxis"]["tickvals"])
+    assert n_rows < rep.TALL_ROWS and "xaxis2" not in short["layout"]
+    assert all(t.get("xaxis", "x") == "x" for t in short["data"])
+    monkeypatch.setattr(rep, "TALL_ROWS", n_rows)
+    tall = rep.timeline(result.trace, result.summary)
+    top, bottom = tall["layout"]["xaxis"], tall["layout"]["xaxis2"]
+    assert top["side"] == "top" and bottom["side"] == "bottom" and bottom["matches"] == "x"
+    assert bottom["tickformatstops"] == top["tickformatstops"]
+    assert [t for t in tall["data"] if t.get("xaxis") == "x2"] == [rep._BOTTOM_AXIS_TRACE]
+    page_path = tmp_path / "report.html"
+    write_report(page_path, result.trace, result.summary)
+    with offline_page(page_path, f"#{DIV_ID} .main-svg", width_px=1600) as (page, errors):
+        ticks = page.evaluate(f"""() => ['xtick', 'x2tick'].map(c => Array.from(
+            document.querySelectorAll('#{DIV_ID} .' + c + ' text')).map(t => [t.textContent,
+            t.getBoundingClientRect().top]))""")
+        zoomed = page.evaluate(f"""async () => {{ const gd = document.getElementById('{DIV_ID}');
+            await Plotly.relayout(gd, {{'xaxis.range': [1, 2]}}); return gd._fullLayout.xaxis2.range; }}""")
+    assert errors == []
+    (top_ticks, bottom_ticks) = ticks
+    assert top_ticks and [t for t, _ in bottom_ticks] == [t for t, _ in top_ticks]
+    assert min(y for _, y in bottom_ticks) > max(y for _, y in top_ticks) + rep.ROW_HEIGHT_PX * n_rows / 2
+    assert zoomed == [1, 2]

@@ -701,7 +701,8 @@ def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[
         layout = _layout(len(rows), labels, step_ms, _rank_bands(rows))
         if meta:
             layout["meta"] = meta
-        return {"data": data if path is None else [*data, path], "layout": layout}
+        under = [dict(_BOTTOM_AXIS_TRACE)] if "xaxis2" in layout else []
+        return {"data": [*data, *under] if path is None else [*data, *under, path], "layout": layout}
     return data, with_summary
 
 
@@ -932,9 +933,23 @@ _MS_TICK_FORMATS = [
 ]
 
 
+TALL_ROWS = 40  # rows from which the timeline is taller than most screens: its time axis is written under it too
+
+# the empty trace on the timeline's time axis under its rows: plotly draws no axis without a trace on it
+_BOTTOM_AXIS_TRACE = {"hoverinfo": "skip", "showlegend": False, "x": [], "xaxis": "x2", "y": [], "type": "scatter"}
+
+
+def _bottom_axis(top: dict) -> dict:
+    """The timeline's time axis (``top``) again, under its rows, following the top one's zoom
+    (``matches``): a tall timeline scrolled down read no times, its labels at the top alone."""
+    return {**{k: v for k, v in top.items() if k not in ("title", "side", "mirror", "range")},
+            "side": "bottom", "overlaying": "x", "matches": "x", "anchor": "y", "showgrid": False}
+
+
 def _layout(n_rows: int, labels: list[str], step_ms: float, bands: list[dict]) -> dict:
-    """Layout of the timeline, in validated form."""
-    return {
+    """Layout of the timeline, in validated form; from TALL_ROWS rows on, with the time axis
+    under the rows too (:func:`_bottom_axis`, drawn where :data:`_BOTTOM_AXIS_TRACE` is on it)."""
+    layout = {
         "template": white_template(),
         "barmode": "overlay",
         "height": 140 + ROW_HEIGHT_PX * max(n_rows, 4),
@@ -960,6 +975,10 @@ def _layout(n_rows: int, labels: list[str], step_ms: float, bands: list[dict]) -
         "shapes": bands,
         "uirevision": "timeline",
     }
+    if n_rows >= TALL_ROWS:
+        layout["xaxis2"] = _bottom_axis(layout["xaxis"])
+        layout["margin"] = {**layout["margin"], "b": 40}  # (room for the labels under the rows)
+    return layout
 
 
 # --------------------------------------------------------------------------- HTML panels
