@@ -207,3 +207,30 @@ def test_communications_sharing_the_bottleneck_alike_are_named_by_name_whatever_
     info = _explain(prog.task(0), eng, cl, during, a, b, prog.task)
     assert [s["collective"] for s in info["shared_with"]] == ["dp all_reduce: AR x", "dp all_reduce: AR y"]
     assert info["shared_with"][0]["overlap_s"] == pytest.approx(0.5, rel=1e-12)
+
+
+@pytest.mark.parametrize("collective, said", [
+    ("dp all_reduce: AR grads bucket #", "dp all-reduce of gradients, every bucket"),
+    ("dp reduce_scatter: RS expert grads bucket #", "dp reduce-scatter of expert gradients, every bucket"),
+    ("tp all_reduce: B AR attn dgrad", "tp backward all-reduce of attention input gradient"),
+    ("dp all_gather: F AG params", "dp forward all-gather of parameters"),
+    ("dp all_reduce: AR grads shard bucket # (replicas)",
+     "dp all-reduce of gradient shards over the replicas, every bucket"),
+    ("pp send: recv grad", "pp send: recv grad"),  # (no collective's short name: said as it is)
+])
+def test_the_terminal_says_the_exposed_collectives_in_words(collective, said):
+    """The terminal's "top exposed" lines spell out the span names' short words ("dp
+    all_reduce: AR grads bucket #" read as a code); summary.json keeps the names."""
+    from clustersim.output.summary import format_summary, plain_collective
+
+    assert plain_collective(collective) == said
+    r = clustersim.simulate(clustersim.load_scenario(scenario_dict(parallel={"tp": 1, "pp": 1, "dp": 16},
+                                                                      training={"global_batch_size": 16})))
+    causes = r.summary["exposed_comm_causes"]
+    assert causes and all(c["collective"].startswith(f"{c['kind']} ") for c in causes)
+    top = [ln for ln in format_summary(r.summary).splitlines()
+           if ln.startswith("top exposed") or ln.startswith(" " * 16) and " s  " in ln][:len(causes)]
+    for line, c in zip(top, causes):
+        assert f" s  {plain_collective(c['collective'])}" in line
+    assert any("AR grads bucket #" in c["collective"] for c in causes)
+    assert not any("bucket #" in ln for ln in top)

@@ -224,18 +224,49 @@ def _path_line(s: dict[str, Any]) -> list[str]:
     return [f"{'critical path':<16}{parts} ({cp['tasks']:,} tasks over {n} rank{'s' if n != 1 else ''})"]
 
 
+# the span names' short words, as the terminal spells them out (docs/reference.md, "Span names")
+_PHASE_WORDS = {"F": "forward", "B": "backward"}
+_OP_WORDS = {"AR": "all-reduce", "RS": "reduce-scatter", "AG": "all-gather", "A2A": "all-to-all", "shift": "shift"}
+_PLAIN_WORDS = {"grads": "gradients", "params": "parameters", "attn": "attention", "mlp": "MLP",
+                "dgrad": "input gradient", "wgrad": "weight gradient", "act": "activations", "grad": "gradients"}
+
+
+def plain_collective(collective: str) -> str:
+    """A collective's name (``exposed_comm_causes[].collective``: ``<kind> <op>: <span
+    name>``, numbers folded to #) in words, for the terminal: ``dp all_reduce: AR grads
+    bucket #`` reads ``dp all-reduce of gradients, every bucket``, ``tp all_reduce: F AR
+    attn`` ``tp forward all-reduce of attention``. A name without the short name of a
+    collective (``pp send: recv grad``) is returned as it is."""
+    head, sep, name = collective.partition(": ")
+    words = name.split()
+    phase = _PHASE_WORDS.get(words[0], "") if words else ""
+    words = words[1:] if phase else words
+    if not sep or not words or words[0] not in _OP_WORDS:
+        return collective
+    op, rest = _OP_WORDS[words[0]], " ".join(words[1:])
+    # one group holds every bucket (their numbers folded to #): it is said once, at the end
+    every_bucket = " bucket #" in f" {rest}"
+    rest = f" {rest} ".replace(" bucket # ", " ").replace(" grads shard ", " gradient shards ").strip()
+    replicas = rest.endswith("(replicas)")
+    rest = rest.removesuffix("(replicas)").strip()
+    what = " ".join(_PLAIN_WORDS.get(w, w) for w in rest.split())
+    return (f"{head.split()[0]} {phase + ' ' if phase else ''}{op}{' of ' + what if what else ''}"
+            f"{' over the replicas' if replicas else ''}{', every bucket' if every_bucket else ''}")
+
+
 def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
     out = []
     for i, c in enumerate((s.get("exposed_comm_causes") or [])[:n]):
         where = ""
         if c.get("bottleneck"):
             bn = c["bottleneck"]
-            shared = ", ".join(x["collective"] for x in c.get("shared_with", [])[:1])
+            shared = ", ".join(plain_collective(x["collective"]) for x in c.get("shared_with", [])[:1])
             where = f" · bound by {bn['link']} ({bn['kind']})" + (f", shared with {shared}" if shared else "")
         # how many a GPU runs: a cost paid per microbatch (ZeRO-3's gathers) shows as a count
         n = c.get("count_per_gpu", 1)  # (a mean over GPUs: whole where every GPU runs as many)
         times = (f" ({round(n):,} a GPU)" if abs(n - round(n)) < 1e-6 else f" ({n:.3g} a GPU)") if n > 1 else ""
-        out.append(f"{'top exposed' if i == 0 else '':<16}{c['exposed_s']:.3g} s  {c['collective']}{times}{where}")
+        out.append(f"{'top exposed' if i == 0 else '':<16}{c['exposed_s']:.3g} s  {plain_collective(c['collective'])}"
+                   f"{times}{where}")
     return out
 
 
