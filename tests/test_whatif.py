@@ -240,3 +240,27 @@ def test_a_swapped_gpu_says_the_nvlink_rate_its_node_kept(root):
     assert own["hardware"]["nvlink_kept"] is None and own["step_time_s"] < b200["step_time_s"]
     assert summary()["hardware"]["nvlink_kept"] is None
     assert summary(gpu="A100")["hardware"]["nvlink_kept"] is None  # (the topology's own GPU, by its alias)
+
+
+def test_naming_the_topologys_own_gpu_keeps_no_nvlink_rate(root, tmp_path):
+    """A custom topology may set an NVLink rate of its own (200 GB/s for A100s): a scenario
+    whose ``cluster.gpu`` names that topology's GPU (by an alias too) swaps nothing, so no
+    rate was kept in place of the GPU's own and nothing says one was; another GPU still does."""
+    from clustersim.output.report import header_html
+
+    topo = yaml.safe_load((root / "topologies" / "dgx-a100.yaml").read_text())
+    topo["node"]["nvlink"]["bw_GBps"] = 200
+    (tmp_path / "slow-nvlink.yaml").write_text(yaml.safe_dump(topo))
+
+    def summary(gpu: str) -> dict:
+        d = scenario_dict(training={"global_batch_size": 16})
+        d["cluster"].update(topology="slow-nvlink.yaml", gpu=gpu)
+        return clustersim.simulate(clustersim.load_scenario(d, base_dir=tmp_path)).summary
+
+    for own in ("A100-SXM4-80GB", "A100"):
+        s = summary(own)
+        assert s["hardware"]["gpu"] == topo["gpu"] and s["hardware"]["nvlink_kept"] is None, own
+        assert "NVLink kept" not in format_summary(s) + header_html(s)
+    h100 = summary("H100")
+    assert h100["hardware"]["nvlink_kept"] == {"bw_GBps": 200, "gpu_bw_GBps": 450}
+    assert "NVLink kept at the topology's 200 GB/s" in format_summary(h100)

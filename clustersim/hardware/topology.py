@@ -161,6 +161,8 @@ class TopologyCfg(Strict):
     what_if: list[WhatIfCfg] = pydantic.Field(default_factory=list)
     # the file it was read from, for error lines raised when the graph is built
     _source: str | None = pydantic.PrivateAttr(default=None)
+    # the GPU the file itself names, before the scenario's cluster.gpu (None: not read from a file)
+    _file_gpu: str | None = pydantic.PrivateAttr(default=None)
 
     @pydantic.field_validator("fabric")
     @classmethod
@@ -208,9 +210,11 @@ def load_topology_cfg(path: Path, overrides: dict | None = None, *, build: bool 
         has = " and ".join(k for k in ("cluster", "model") if k in data)
         raise ConfigError(f"this is a scenario file (it has {has}, not gpu); give a topology file, "
                           "such as topologies/dgx-h100.yaml", source=str(path))
+    file_gpu = data.get("gpu")
     data = _merged(data, overrides or {})
     cfg = validate(TopologyCfg, data, source=str(path))
     cfg._source = str(path)
+    cfg._file_gpu = file_gpu if isinstance(file_gpu, str) else None
     check_size(cfg)
     if build:
         check_what_ifs(cfg)
