@@ -60,6 +60,7 @@ from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, 
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
+from .zoom import DETAIL_IN_VIEW, DETAIL_MAX_SPANS, detail_data, detail_script
 from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note, peak_text,
                       plan_dims, plan_options, replicas_note, schedule_part, topology_changes_note, what_if_note)
 
@@ -386,7 +387,7 @@ def hover_texts(bars: BarColumns, labels: list[str]) -> list[str]:
     """
     escape = _Memo(html.escape)
     size_text = _Memo(fmt_bytes)
-    flops_text = _Memo(lambda f: f"{f / 1e12:.3g} TFLOP")
+    flops_text = _Memo(fmt_flops)
     where_row = [html.escape(label) for label in labels]  # labels[row]: the bar's row
     out = []
     for row, first, last, n, mb, lo, hi, start, dur, busy, size, flops in zip(
@@ -406,14 +407,23 @@ def hover_texts(bars: BarColumns, labels: list[str]) -> list[str]:
         if n > 1:
             share = busy / dur if dur > 0 else 1.0
             text = f"{text}<br>busy {busy * 1e3:.3f} ms ({100 * share:.0f} % of the bar)"
-        if size and flops:
-            text = f"{text}<br>{size_text[size]} · {flops_text[flops]}"
-        elif size:
-            text = f"{text}<br>{size_text[size]}"
-        elif flops:
-            text = f"{text}<br>{flops_text[flops]}"
+        if size or flops:
+            text = f"{text}<br>{size_flops_text(size, flops, size_text, flops_text)}"
         out.append(text)
     return out
+
+
+def fmt_flops(flops: float) -> str:
+    """'3.45 TFLOP'."""
+    return f"{flops / 1e12:.3g} TFLOP"
+
+
+def size_flops_text(size_bytes: float, flops: float, size_text=None, flops_text=None) -> str:
+    """A hover's last line: '1.2 GiB · 3.45 TFLOP', either alone, or '' with neither
+    (``size_text``, ``flops_text``: memos of :func:`fmt_bytes` and :func:`fmt_flops`)."""
+    size = (size_text[size_bytes] if size_text is not None else fmt_bytes(size_bytes)) if size_bytes else ""
+    work = (flops_text[flops] if flops_text is not None else fmt_flops(flops)) if flops else ""
+    return " · ".join(x for x in (size, work) if x)
 
 
 def bar_hover(b: Bar, row_label: str) -> str:
@@ -666,21 +676,37 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     :func:`merge_stream`), or runs of bins past BAR_BUDGET bars (``layout.meta`` then says
     so, see :func:`timeline_note`), one plotly trace per legend group and fade level, then
     the critical path. Traces and layout are in validated form (the template expanded),
-    with numeric arrays as numpy arrays (see :func:`as_sent`).
+    with numeric arrays as numpy arrays (see :func:`as_sent`). Beside them, ``"detail"``: the
+    drawn spans one by one, for the page's zoomed-in layer (clustersim.output.zoom; absent
+    past DETAIL_MAX_SPANS).
     """
     return _timeline_parts(trace)[1](summary)
+
+
+def _drawn(trace: Trace) -> tuple[SpanOrder, Any, list[str]]:
+    """(the drawn rows' spans in display order, which ranks are drawn (``shown_ranks``), the
+    rows' labels)."""
+    order = span_order(trace)
+    shown = shown_ranks(order, trace.stage_of, MAX_TIMELINE_RANKS)
+    if len(shown.ranks) < shown.of:
+        order = only_ranks(order, shown.ranks)
+    return order, shown, row_labels(trace, order.rows)
+
+
+def _detail(trace: Trace, order: SpanOrder | None = None, labels: list[str] | None = None) -> dict[str, Any] | None:
+    """Every drawn span, for the page's op-by-op layer (clustersim.output.zoom), or None past
+    its limit; ``order``, ``labels``: as :func:`_drawn` gives them, where made already."""
+    if order is None or labels is None:
+        order, _, labels = _drawn(trace)
+    return detail_data(trace, order, labels, bar_group, size_flops_text)
 
 
 def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]:
     """:func:`timeline`'s work that needs the trace only (the bars and their hover texts),
     done now: (the bars' traces, a function that adds what needs the summary: critical path,
     axis). The figure's ``data`` starts with those traces, whatever the summary."""
-    order = span_order(trace)
-    shown = shown_ranks(order, trace.stage_of, MAX_TIMELINE_RANKS)
-    if len(shown.ranks) < shown.of:
-        order = only_ranks(order, shown.ranks)
+    order, shown, labels = _drawn(trace)
     rows = order.rows
-    labels = row_labels(trace, rows)
     n_merged, bars = _timeline_bars(trace, order)
     meta: dict[str, Any] = {}
     if isinstance(bars, BinnedBars):
@@ -689,6 +715,9 @@ def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[
         meta["binned"] = {"merged_bars": n_merged, "bars": len(bars.row), "bin_ms": bars.bin_s * 1e3}
     else:
         data = _bar_traces(bars, hover_texts(bars, labels))
+    detail = _detail(trace, order, labels)
+    if detail is None and trace.n_spans:
+        meta["detail"] = {"past": DETAIL_MAX_SPANS}  # too many spans to carry (see timeline_note)
     if len(shown.ranks) < shown.of:
         meta["shown"] = {"ranks": len(shown.ranks), "of": shown.of, "alike": len(shown.alias), "kinds": shown.kinds,
                          "stages": shown.stages, "of_stages": shown.of_stages,
@@ -702,7 +731,10 @@ def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[
         if meta:
             layout["meta"] = meta
         under = [dict(_BOTTOM_AXIS_TRACE)] if "xaxis2" in layout else []
-        return {"data": [*data, *under] if path is None else [*data, *under, path], "layout": layout}
+        fig = {"data": [*data, *under] if path is None else [*data, *under, path], "layout": layout}
+        if detail is not None:
+            fig["detail"] = detail
+        return fig
     return data, with_summary
 
 
@@ -717,7 +749,10 @@ def build_figure(trace: Trace, summary: dict[str, Any]) -> go.Figure:
 def as_sent(fig_dict: dict[str, Any]) -> dict[str, Any]:
     """What ``Figure.to_dict()`` gives for the figure :func:`build_figure` makes of
     ``fig_dict``, without validating it again: numeric arrays as plotly sends them."""
-    return {"data": list(map(_sent_trace, fig_dict["data"])), "layout": fig_dict["layout"]}
+    sent = {"data": list(map(_sent_trace, fig_dict["data"])), "layout": fig_dict["layout"]}
+    if "detail" in fig_dict:  # (the page's spans one by one: not plotly's, kept beside it)
+        sent["detail"] = fig_dict["detail"]
+    return sent
 
 
 def _sent_trace(trace: dict[str, Any]) -> dict[str, Any]:
@@ -1458,11 +1493,14 @@ def _stretches_note(cp: dict[str, Any], summary: dict[str, Any]) -> str:
 
 
 def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dict[str, Any] | None = None,
-                  replicas: bool = False) -> str:
+                  replicas: bool = False, detail: dict[str, Any] | None = None, zoom: bool = False) -> str:
     """What a row and a bar stand for; ``binned``: the timeline's ``layout.meta["binned"]``
     when it shows runs of bins, ``shown``: its ``layout.meta["shown"]`` when it draws some of
     the ranks (see :func:`timeline`); ``replicas``: each DP replica was simulated apart
-    (``simulation.split_replicas``), so a rank's twins are its replica's TP and CP peers."""
+    (``simulation.split_replicas``), so a rank's twins are its replica's TP and CP peers;
+    ``detail``: its ``layout.meta["detail"]``, where the page carries no spans one by one
+    (too many); ``zoom``: the page draws the spans in view one by one once zoomed in
+    (clustersim.output.zoom)."""
     weights = sorted({trace.weight.get(r, 1) for r in trace.ranks})
     who = ""
     if weights and weights != [1]:
@@ -1488,6 +1526,12 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
         if shown["kinds"] > shown["ranks"]:
             head += "The critical path's line breaks where it crosses a rank of a kind not drawn. "
     tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
+    if zoom:
+        tail = (f"Zoomed in to {DETAIL_IN_VIEW:,} spans or fewer in view, each span is drawn inside the bars, "
+                f"thinner, with its name on hover. {tail}")
+    elif detail:
+        tail = (f"With more than {detail['past']:,} spans drawn, the page does not carry them one by one: zoomed in, "
+                f"the bars stay as they are. {tail}")
     if binned:
         return (f"{head}Joined by microbatch and phase, the spans would make at least {binned['merged_bars']:,} bars, "
                 f"more than a browser draws quickly ({BAR_BUDGET:,}); so each row is cut into bins of "
@@ -1537,8 +1581,9 @@ def gpus_html(trace: Trace, shown: dict[str, Any] | None = None) -> str:
 
 
 def _timeline_meta(fig: go.Figure | dict[str, Any], key: str) -> dict[str, Any] | None:
-    """The timeline's ``layout.meta[key]``: "binned" (None when it shows merged bars) or
-    "shown" (None when it draws every rank)."""
+    """The timeline's ``layout.meta[key]``: "binned" (None when it shows merged bars),
+    "shown" (None when it draws every rank) or "detail" (None unless too many spans to carry
+    one by one)."""
     meta = fig["layout"].get("meta") if isinstance(fig, dict) else fig.layout.meta
     return meta.get(key) if isinstance(meta, dict) else None
 
@@ -1590,6 +1635,9 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any], files:
     timeline's data go (timeline figure dict ``d``): :func:`report_html` joins them as text,
     :func:`prepare_report` as UTF-8 bytes written before the summary came."""
     before, after = plot_div_around_data(d, DIV_ID, TIMELINE_CONFIG)
+    # the spans one by one: beside the figure where timeline() made it, else (a plotly
+    # figure, which holds only its own keys) made here, unless too many to carry
+    detail = d["detail"] if "detail" in d else None if _timeline_meta(d, "detail") else _detail(trace)
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
     links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
                            f"it, for the busiest links: {LINKS_SHOWN} lines at most, one for links whose use is "
@@ -1605,9 +1653,12 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any], files:
         causes_html(summary), stages_html(summary),
         memory_html(summary), memory_plot, links_html(summary), links_plot,
         "<h2>Timeline</h2>", timeline_note(trace, _timeline_meta(d, "binned"), _timeline_meta(d, "shown"),
-                                        bool(summary.get("simulation", {}).get("split_replicas"))),
+                                        bool(summary.get("simulation", {}).get("split_replicas")),
+                                        _timeline_meta(d, "detail"), detail is not None),
         gpus_html(trace, _timeline_meta(d, "shown")), before,
     ])
+    if detail is not None:
+        after += "\n" + detail_script(DIV_ID, detail, {key: colour for key, _, colour in GROUPS})
     head = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{title}</title>\n<style>{REPORT_CSS}</style>\n</head>\n<body>\n")

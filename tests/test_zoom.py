@@ -1,0 +1,139 @@
+"""The report timeline's op-by-op layer (clustersim.output.zoom): the spans the page carries,
+and what a browser draws of them once zoomed in."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import html
+
+import numpy as np
+import pytest
+
+import clustersim
+from clustersim.output import report, zoom
+from clustersim.output.perfetto import span_order
+from clustersim.output.report import DIV_ID, as_sent, report_html, timeline, timeline_note, write_report
+
+from .conftest import offline_page, scenario_dict
+from .test_report import DETAIL_DRAWN_JS, ROOT
+
+SCENARIO = scenario_dict(name="zoom <pp2>")
+
+
+@pytest.fixture(scope="module")
+def result() -> clustersim.Result:
+    return clustersim.simulate(clustersim.load_scenario(copy.deepcopy(SCENARIO), base_dir=ROOT))
+
+
+def _decoded(detail: dict, key: str, dtype: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(detail[key]), dtype=np.dtype(dtype).newbyteorder("<"))
+
+
+def test_the_page_carries_every_drawn_span(result):
+    detail = timeline(result.trace, result.summary)["detail"]
+    order = span_order(result.trace)
+    codes, forms = result.trace.forms()
+    assert detail["bounds"] == list(order.bounds)
+    assert np.array_equal(_decoded(detail, "start_ms", "f8"), order.start_s * 1e3)
+    assert np.allclose(_decoded(detail, "dur_ms", "f4"), (order.end_s - order.start_s) * 1e3, rtol=1e-6, atol=1e-9)
+    assert np.array_equal(_decoded(detail, "form", "i4"), order.take_array(codes))
+    assert np.array_equal(_decoded(detail, "mb", "i4"), order.take_array(result.trace.mbs()))
+    # a form's name, legend group, layer and last hover line
+    name, group, layer, extra = detail["forms"][0]
+    f = forms[0]
+    assert (name, group, layer) == (html.escape(f.name), report.bar_group(f.kind, f.phase), f.layer)
+    assert extra == report.size_flops_text(f.size_bytes, f.flops)
+    # the longest span of each row, for the spans that reach into the view from before it
+    for r, (lo, hi) in enumerate(zip(order.bounds[:-1], order.bounds[1:])):
+        assert detail["max_dur_ms"][r] == pytest.approx(((order.end_s - order.start_s)[lo:hi] * 1e3).max())
+
+
+def test_size_and_flops_line():
+    assert report.size_flops_text(3 * 1024**2, 0.0) == "3.0 MiB"
+    assert report.size_flops_text(0.0, 2e12) == "2 TFLOP"
+    assert report.size_flops_text(3 * 1024**2, 2e12) == "3.0 MiB · 2 TFLOP"
+    assert report.size_flops_text(0.0, 0.0) == ""
+
+
+def test_past_the_limit_the_page_carries_none(result, monkeypatch):
+    monkeypatch.setattr(zoom, "DETAIL_MAX_SPANS", result.trace.n_spans - 1)
+    monkeypatch.setattr(report, "DETAIL_MAX_SPANS", result.trace.n_spans - 1)
+    fig = timeline(result.trace, result.summary)
+    assert "detail" not in fig and fig["layout"]["meta"]["detail"] == {"past": result.trace.n_spans - 1}
+    page = report_html(result.trace, result.summary, as_sent(fig))
+    assert "clustersimDetail" not in page
+    assert f"With more than {result.trace.n_spans - 1:,} spans drawn, the page does not carry them" in page
+
+
+def test_the_note_says_what_zooming_in_shows(result, tmp_path):
+    fig = as_sent(timeline(result.trace, result.summary))
+    assert "detail" in fig  # as_sent keeps it beside plotly's data and layout
+    page = report_html(result.trace, result.summary, fig)
+    assert f"Zoomed in to {zoom.DETAIL_IN_VIEW:,} spans or fewer in view, each span is drawn" in page
+    assert page.count("clustersimDetail") == 2
+    # the plotly figure alone (no spans beside it) promises nothing
+    assert "Zoomed in" not in timeline_note(result.trace)
+    write_report(tmp_path / "report.html", result.trace, result.summary)
+    assert (tmp_path / "report.html").read_text(encoding="utf-8") == page
+
+
+def test_darker():
+    assert zoom.darker("#4e79a7") == "#2f4964"
+    assert zoom.darker("#ffffff", 0.5) == "#808080"
+
+
+def _in_view(detail: dict, x0_ms: float, x1_ms: float) -> list[int]:
+    """The spans a view of every row over [x0, x1] ms holds, by the module's rule."""
+    start = _decoded(detail, "start_ms", "f8")
+    end = start + _decoded(detail, "dur_ms", "f4")
+    return np.flatnonzero((start < x1_ms) & (end >= x0_ms)).tolist()
+
+
+@pytest.mark.parametrize("in_view", [50, zoom.DETAIL_IN_VIEW])
+def test_a_browser_draws_the_spans_in_view(result, tmp_path, monkeypatch, in_view):
+    monkeypatch.setattr(zoom, "DETAIL_IN_VIEW", in_view)  # 50: fewer than the step's spans
+    path = tmp_path / "report.html"
+    write_report(path, result.trace, result.summary)
+    detail = timeline(result.trace, result.summary)["detail"]
+    step_ms = result.summary["step_time_s"] * 1e3
+    x0, x1 = 0.45 * step_ms, 0.47 * step_ms
+    want = _in_view(detail, x0, x1)
+    every = len(_in_view(detail, 0, step_ms))
+    assert 0 < len(want) <= in_view and every == result.trace.n_spans
+    full = every if every <= in_view else 0  # drawn unzoomed: every span, or none past the limit
+    count = DETAIL_DRAWN_JS
+    with offline_page(path, f"#{DIV_ID} .main-svg") as (page, errors):
+        drawn_full = page.evaluate(count)
+        traces_full = page.evaluate(f"document.getElementById('{DIV_ID}').data.filter(t => !t.clustersimDetail)"
+                                    ".length")
+        page.evaluate(f"Plotly.relayout('{DIV_ID}', {{'xaxis.range': [{x0}, {x1}]}})")
+        page.wait_for_timeout(300)
+        drawn = page.evaluate(count)
+        first = page.evaluate(f"document.getElementById('{DIV_ID}').data.filter(t => t.clustersimDetail)"
+                              ".map(t => [t.base[0], t.hovertext[0]])")
+        # a legend group hidden: its spans are not drawn either
+        groups = page.evaluate(f"document.getElementById('{DIV_ID}').data.filter(t => t.clustersimDetail)"
+                               ".map(t => t.legendgroup)")
+        hidden = groups[0]
+        label = next(text for key, text, _ in report.GROUPS if key == hidden)
+        page.locator(f"#{DIV_ID} .legend .traces", has_text=label).first.click()
+        page.wait_for_timeout(1000)  # (plotly waits out a double click's 300 ms before it toggles)
+        after_hide = page.evaluate(f"document.getElementById('{DIV_ID}').data.filter(t => t.clustersimDetail)"
+                                   ".map(t => t.legendgroup)")
+        page.evaluate(f"Plotly.relayout('{DIV_ID}', {{'xaxis.range': [0, {step_ms}]}})")
+        page.wait_for_timeout(300)
+        drawn_back = page.evaluate(count)
+        traces_back = page.evaluate(f"document.getElementById('{DIV_ID}').data.length")
+    assert errors == []
+    forms, fo = detail["forms"], _decoded(detail, "form", "i4")
+    shown_back = sum(forms[f][1] != hidden for f in fo) if full else 0  # zoomed out with a group still hidden
+    assert drawn_full == full and drawn == len(want) and drawn_back == shown_back
+    assert traces_back == traces_full + len({forms[f][1] for f in fo} - {hidden}) if full else traces_full
+    # each trace's first span: a span in view, its hover naming it, its microbatch and times
+    start = _decoded(detail, "start_ms", "f8")
+    names = {forms[fo[i]][0] for i in want}
+    for base, text in first:
+        assert any(abs(start[i] - base) < 1e-9 for i in want)
+        assert text.split("</b>")[0][3:] in names and " ms · duration " in text
+    assert len(groups) > 1 and hidden not in after_hide and set(after_hide) == set(groups) - {hidden}
