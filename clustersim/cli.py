@@ -341,7 +341,7 @@ def _compare(args) -> int:
     staging = _Staging(out, files, ours) if out is not None else None
     walls = []
     written = []
-    timelines: list = []  # per plan, for compare.html: its timeline's data (JSON), layout and caption
+    timelines: list = []  # per plan, for compare.html: its timeline's data (JSON), layout, caption and spans
     try:
         if staging is not None:
             staging.opened()  # (a folder the files cannot go to is said before the plans are simulated)
@@ -360,7 +360,8 @@ def _compare(args) -> int:
                     report_html(result.trace, result.summary, fig, data_json,
                                 (("compare.html", "every plan side by side"),)), encoding="utf-8", newline="")
                 # (each plan's, the page picks: the data already JSON, a few MB at most)
-                timelines.append((data_json, fig["layout"], timeline_caption(result.trace, fig["layout"])))
+                timelines.append((data_json, fig["layout"], timeline_caption(result.trace, fig["layout"]),
+                                  fig.get("detail")))
             del result
         if staging is not None:
             (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)), encoding="utf-8", newline="")

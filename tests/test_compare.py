@@ -13,6 +13,7 @@ import clustersim
 from clustersim.errors import ConfigError
 from clustersim.output.compare import KINDS, config_differences, differences_line, fastest, labels, step_split
 from clustersim.output.compare_page import compare_html, kinds_figure, memory_figure, split_figure
+from clustersim.output.zoom import DETAIL_IN_VIEW
 from clustersim.overrides import apply_changes, changes_text, parse_changes
 
 from .conftest import ROOT, offline_page
@@ -253,6 +254,9 @@ def test_compare_page_in_chromium(compared, tmp_path):
         ranges = page.evaluate("['A','B'].map(x => document.getElementById('clustersim-timeline-' + x)"
                                ".layout.xaxis.range)")
         bars = page.evaluate("document.getElementById('compare-split').data.map(t => t.x)")
+        # zoomed in, each timeline draws the spans in view one by one (clustersim.output.zoom)
+        spans = page.evaluate("['A','B'].map(x => document.getElementById('clustersim-timeline-' + x).data"
+                              ".filter(t => t.clustersimDetail).reduce((n, t) => n + t.x.length, 0))")
         # each timeline's plot area: the same left edge and width, so that t = 0 lines up
         areas = page.evaluate("['A','B'].map(x => {const r = document.querySelector("
                               "'#clustersim-timeline-' + x + ' .nsewdrag').getBoundingClientRect();"
@@ -261,6 +265,9 @@ def test_compare_page_in_chromium(compared, tmp_path):
     assert errors == []
     assert ranges == [[100, 250], [100, 250]]
     assert areas[0] == areas[1]
+    assert all(0 < n <= DETAIL_IN_VIEW for n in spans), spans
+    assert f"Zoomed in to {DETAIL_IN_VIEW:,} spans or fewer in view, a timeline draws each span" in \
+        compared["page"].read_text(encoding="utf-8")
     steps = [p["summary"]["step_time_s"] for p in compared["doc"]["plans"]]
     assert [math.fsum(x[i] for x in bars) for i in range(2)] == pytest.approx(steps, rel=1e-9)
 

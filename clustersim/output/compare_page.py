@@ -26,9 +26,10 @@ import json
 from typing import Any
 
 from .compare import KINDS, other_jobs, config_value_text, verdict_lines, fastest, report_name, step_split
-from .report import (NUMBER_TICKS, REPORT_CSS, DIV_ID, GROUPS, TIMELINE_CONFIG, plot_div_around_data, plotlyjs_script,
-                     white_template, fmt_time, plot_div)
+from .report import (NUMBER_TICKS, REPORT_CSS, DIV_ID, GROUP_COLOURS, TIMELINE_CONFIG, plot_div_around_data,
+                     plotlyjs_script, white_template, fmt_time, plot_div)
 from .summary import GiB, plan_line
+from .zoom import DETAIL_IN_VIEW, detail_script
 
 COMPARE_PAGE = "compare.html"
 # the width of a character of the timelines' row labels (11 px system-ui), a little over: the
@@ -39,9 +40,8 @@ LABEL_CHAR_PX = 6.6
 MAX_TIMELINES = 8
 SPLIT_DIV_ID, KINDS_DIV_ID, MEMORY_DIV_ID = "compare-split", "compare-kinds", "compare-memory"
 _SMALL_CONFIG = {"displaylogo": False, "responsive": True}
-_COLOUR = {g: c for g, _, c in GROUPS}
 # the step's three parts, as report.breakdown_html colours them
-_PARTS = (("compute_s", "compute", _COLOUR["F"]), ("exposed_comm_s", "exposed communication", "#e15759"),
+_PARTS = (("compute_s", "compute", GROUP_COLOURS["F"]), ("exposed_comm_s", "exposed communication", "#e15759"),
           ("bubble_s", "bubble (idle)", "#d0d7de"))
 # a plan's colour in the charts by kind and by stage (Tableau 10 but its red, the exposed
 # part's, and a dark blue in its place; then Tableau 20's lighter halves, again without red):
@@ -230,7 +230,7 @@ def timeline_caption(trace, layout: dict[str, Any]) -> str:
     return "; ".join(parts) + "."
 
 
-def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[str, Any], str] | None]) -> str:
+def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple | None]) -> str:
     """The timelines :func:`drawn_timelines` picks, their time axis from 0 to the slowest
     drawn step, and the script that zooms every timeline to the range one is zoomed to."""
     drawn = [i for i in drawn_timelines(plans) if timelines[i] is not None]
@@ -242,6 +242,8 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict
     parts = ["<h2>Timelines on one time axis</h2><p class=\"note\">Each plan's timeline as its report draws it, "
              f"from 0 to the slowest step drawn ({fmt_time(slowest_s)}): a shorter step ends sooner. Zoom one, and "
              "the others follow; double-click to reset."
+             + (f" Zoomed in to {DETAIL_IN_VIEW:,} spans or fewer in view, a timeline draws each span inside its "
+                "bars." if any(len(timelines[i]) > 3 and timelines[i][3] for i in drawn) else "")
              + (f" {len(drawn)} of the {len(plans)} plans are drawn (the first, the fastest that fits, then the "
                 f"fastest); {', '.join(left)} are in their reports." if left else "") + "</p>"]
     # one left margin for all, wide enough for the longest row label of any: plotly's automargin
@@ -250,7 +252,7 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict
     left_px = round(LABEL_CHAR_PX * max(map(len, labels), default=0)) + 16
     ids = []
     for i in drawn:
-        p, (data_json, layout, caption) = plans[i], timelines[i]
+        p, (data_json, layout, caption, *detail) = plans[i], timelines[i]
         div_id = f"{DIV_ID}-{p['label']}"
         ids.append(div_id)
         layout = {**layout, "xaxis": {**layout["xaxis"], "range": [0, end_ms]},
@@ -260,7 +262,9 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict
         unfit = "" if p["summary"]["memory"]["fits"] else ' · <span class="nofit">does not fit</span>'
         parts.append(f"<h3>{html.escape(p['label'])} · {html.escape(plan_line(p['summary']))} · "
                      f"{p['summary']['step_time_s']:.3f} s{unfit}</h3><p class=\"note\">{html.escape(caption)}</p>"
-                     + before + data_json + after)
+                     + before + data_json + after
+                     # each span drawn once zoomed in, as in its report (clustersim.output.zoom)
+                     + (detail_script(div_id, detail[0], GROUP_COLOURS) if detail and detail[0] else ""))
     parts.append(_zoom_together_script(ids, end_ms))
     return "\n".join(parts)
 
@@ -277,12 +281,13 @@ def _zoom_together_script(ids: list[str], end_ms: float) -> str:
             ".then(function(){busy=false;},function(){busy=false;});});});})();</script>")
 
 
-def compare_html(plans: list[dict[str, Any]], timelines: list[tuple[str, dict[str, Any], str] | None],
-                 reports: bool) -> str:
+def compare_html(plans: list[dict[str, Any]], timelines: list[tuple | None], reports: bool) -> str:
     """The whole page, plotly.js inlined (it works offline). ``plans``: as
     :func:`clustersim.output.compare.format_compare` takes them; ``timelines``: per plan, its
-    timeline's data as JSON (as the report writes it), its layout and its caption
-    (:func:`timeline_caption`), or None where it has none; ``reports``: whether each plan's
+    timeline's data as JSON (as the report writes it), its layout, its caption
+    (:func:`timeline_caption`) and, optionally, its spans one by one (the figure's
+    ``"detail"``, clustersim.output.report.timeline; None past its limit), or None where it
+    has no timeline; ``reports``: whether each plan's
     report_X.html is beside the page (linked)."""
     kinds = kinds_figure(plans)
     body = [

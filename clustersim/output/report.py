@@ -89,6 +89,7 @@ GROUPS = (
     ("other", "other", "#bab0ac"),
 )
 _GROUP_KEYS = tuple(g for g, _, _ in GROUPS)
+GROUP_COLOURS = {g: colour for g, _, colour in GROUPS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -1658,7 +1659,7 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any], files:
         gpus_html(trace, _timeline_meta(d, "shown")), before,
     ])
     if detail is not None:
-        after += "\n" + detail_script(DIV_ID, detail, {key: colour for key, _, colour in GROUPS})
+        after += "\n" + detail_script(DIV_ID, detail, GROUP_COLOURS)
     head = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{title}</title>\n<style>{REPORT_CSS}</style>\n</head>\n<body>\n")
