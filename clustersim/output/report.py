@@ -60,9 +60,9 @@ from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, 
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
-from .zoom import DETAIL_IN_VIEW, DETAIL_MAX_SPANS, detail_data, detail_script
 from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note, peak_text,
                       plan_dims, plan_options, replicas_note, schedule_part, topology_changes_note, what_if_note)
+from .zoom import DETAIL_IN_VIEW, DETAIL_MAX_SPANS, detail_data, detail_script
 
 GiB = 1024**3
 MiB = 1024**2
