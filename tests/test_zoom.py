@@ -56,14 +56,26 @@ def test_size_and_flops_line():
     assert report.size_flops_text(0.0, 0.0) == ""
 
 
-def test_past_the_limit_the_page_carries_none(result, monkeypatch):
-    monkeypatch.setattr(zoom, "DETAIL_MAX_SPANS", result.trace.n_spans - 1)
-    monkeypatch.setattr(report, "DETAIL_MAX_SPANS", result.trace.n_spans - 1)
+def test_past_the_limit_the_page_carries_the_first_spans(result, monkeypatch):
+    limit = result.trace.n_spans // 3
+    monkeypatch.setattr(zoom, "DETAIL_MAX_SPANS", limit)
     fig = timeline(result.trace, result.summary)
-    assert "detail" not in fig and fig["layout"]["meta"]["detail"] == {"past": result.trace.n_spans - 1}
+    detail, order = fig["detail"], span_order(result.trace)
+    until_s = np.sort(order.start_s)[limit]  # the earliest start of the spans left out
+    carried = np.flatnonzero(order.start_s < until_s)
+    assert 0 < len(carried) == detail["carried"] <= limit and detail["of"] == result.trace.n_spans
+    assert detail["until_ms"] == until_s * 1e3
+    assert np.array_equal(_decoded(detail, "start_ms", "f8"), order.start_s[carried] * 1e3)
+    # each row's carried spans are its first ones
+    for r, (lo, hi) in enumerate(zip(order.bounds[:-1], order.bounds[1:])):
+        n_row = int((order.start_s[lo:hi] < until_s).sum())
+        assert detail["bounds"][r + 1] - detail["bounds"][r] == n_row
+        assert (order.start_s[lo:lo + n_row] < until_s).all()
+    assert fig["layout"]["meta"]["detail"] == {k: detail[k] for k in ("until_ms", "carried", "of")}
     page = report_html(result.trace, result.summary, as_sent(fig))
-    assert "clustersimDetail" not in page
-    assert f"With more than {result.trace.n_spans - 1:,} spans drawn, the page does not carry them" in page
+    assert page.count("clustersimDetail") == 2
+    assert (f"The page carries the spans that start in the step's first {report.fmt_time(until_s)} "
+            f"({detail['carried']:,} of {result.trace.n_spans:,}; trace.json.gz has every span)") in page
 
 
 def test_the_note_says_what_zooming_in_shows(result, tmp_path):

@@ -62,7 +62,7 @@ from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
 from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note, peak_text,
                       plan_dims, plan_options, replicas_note, schedule_part, topology_changes_note, what_if_note)
-from .zoom import DETAIL_IN_VIEW, DETAIL_MAX_SPANS, detail_data, detail_script
+from .zoom import DETAIL_IN_VIEW, detail_data, detail_script
 
 GiB = 1024**3
 MiB = 1024**2
@@ -678,8 +678,8 @@ def timeline(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
     so, see :func:`timeline_note`), one plotly trace per legend group and fade level, then
     the critical path. Traces and layout are in validated form (the template expanded),
     with numeric arrays as numpy arrays (see :func:`as_sent`). Beside them, ``"detail"``: the
-    drawn spans one by one, for the page's zoomed-in layer (clustersim.output.zoom; absent
-    past DETAIL_MAX_SPANS).
+    drawn spans one by one, for the page's zoomed-in layer (clustersim.output.zoom; past its
+    limit the first of them, ``layout.meta["detail"]`` then says how far they go).
     """
     return _timeline_parts(trace)[1](summary)
 
@@ -695,8 +695,9 @@ def _drawn(trace: Trace) -> tuple[SpanOrder, Any, list[str]]:
 
 
 def _detail(trace: Trace, order: SpanOrder | None = None, labels: list[str] | None = None) -> dict[str, Any] | None:
-    """Every drawn span, for the page's op-by-op layer (clustersim.output.zoom), or None past
-    its limit; ``order``, ``labels``: as :func:`_drawn` gives them, where made already."""
+    """The drawn spans, for the page's op-by-op layer (clustersim.output.zoom: past its limit,
+    the first of them), or None without spans; ``order``, ``labels``: as :func:`_drawn` gives
+    them, where made already."""
     if order is None or labels is None:
         order, _, labels = _drawn(trace)
     return detail_data(trace, order, labels, bar_group, size_flops_text)
@@ -717,8 +718,8 @@ def _timeline_parts(trace: Trace) -> tuple[list[dict[str, Any]], Callable[[dict[
     else:
         data = _bar_traces(bars, hover_texts(bars, labels))
     detail = _detail(trace, order, labels)
-    if detail is None and trace.n_spans:
-        meta["detail"] = {"past": DETAIL_MAX_SPANS}  # too many spans to carry (see timeline_note)
+    if detail is not None and detail["until_ms"] is not None:  # the first spans alone (see timeline_note)
+        meta["detail"] = {k: detail[k] for k in ("until_ms", "carried", "of")}
     if len(shown.ranks) < shown.of:
         meta["shown"] = {"ranks": len(shown.ranks), "of": shown.of, "alike": len(shown.alias), "kinds": shown.kinds,
                          "stages": shown.stages, "of_stages": shown.of_stages,
@@ -1499,9 +1500,9 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
     when it shows runs of bins, ``shown``: its ``layout.meta["shown"]`` when it draws some of
     the ranks (see :func:`timeline`); ``replicas``: each DP replica was simulated apart
     (``simulation.split_replicas``), so a rank's twins are its replica's TP and CP peers;
-    ``detail``: its ``layout.meta["detail"]``, where the page carries no spans one by one
-    (too many); ``zoom``: the page draws the spans in view one by one once zoomed in
-    (clustersim.output.zoom)."""
+    ``zoom``: the page draws the spans in view one by one once zoomed in
+    (clustersim.output.zoom), ``detail``: its ``layout.meta["detail"]``, where it carries only
+    those of the step's first stretch (too many to carry all)."""
     weights = sorted({trace.weight.get(r, 1) for r in trace.ranks})
     who = ""
     if weights and weights != [1]:
@@ -1527,12 +1528,14 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
         if shown["kinds"] > shown["ranks"]:
             head += "The critical path's line breaks where it crosses a rank of a kind not drawn. "
     tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
-    if zoom:
+    if zoom and detail:
+        tail = (f"The page carries the spans that start in the step's first {fmt_time(detail['until_ms'] / 1e3)} "
+                f"({detail['carried']:,} of {detail['of']:,}{'' if binned else '; trace.json.gz has every span'}): "
+                f"zoomed in there to {DETAIL_IN_VIEW:,} spans or fewer in view, each is drawn inside the bars, "
+                f"thinner, with its name on hover. {tail}")
+    elif zoom:
         tail = (f"Zoomed in to {DETAIL_IN_VIEW:,} spans or fewer in view, each span is drawn inside the bars, "
                 f"thinner, with its name on hover. {tail}")
-    elif detail:
-        tail = (f"With more than {detail['past']:,} spans drawn, the page does not carry them one by one: zoomed in, "
-                f"the bars stay as they are. {tail}")
     if binned:
         return (f"{head}Joined by microbatch and phase, the spans would make at least {binned['merged_bars']:,} bars, "
                 f"more than a browser draws quickly ({BAR_BUDGET:,}); so each row is cut into bins of "
@@ -1583,8 +1586,8 @@ def gpus_html(trace: Trace, shown: dict[str, Any] | None = None) -> str:
 
 def _timeline_meta(fig: go.Figure | dict[str, Any], key: str) -> dict[str, Any] | None:
     """The timeline's ``layout.meta[key]``: "binned" (None when it shows merged bars),
-    "shown" (None when it draws every rank) or "detail" (None unless too many spans to carry
-    one by one)."""
+    "shown" (None when it draws every rank) or "detail" (None unless the page carries only
+    the first spans, too many to carry all)."""
     meta = fig["layout"].get("meta") if isinstance(fig, dict) else fig.layout.meta
     return meta.get(key) if isinstance(meta, dict) else None
 
@@ -1637,8 +1640,8 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any], files:
     :func:`prepare_report` as UTF-8 bytes written before the summary came."""
     before, after = plot_div_around_data(d, DIV_ID, TIMELINE_CONFIG)
     # the spans one by one: beside the figure where timeline() made it, else (a plotly
-    # figure, which holds only its own keys) made here, unless too many to carry
-    detail = d["detail"] if "detail" in d else None if _timeline_meta(d, "detail") else _detail(trace)
+    # figure, which holds only its own keys) made here
+    detail = d["detail"] if "detail" in d else _detail(trace)
     title = html.escape(f"clustersim · {summary.get('scenario', 'scenario')}")
     links_plot = _embedded(links_figure(summary), LINKS_DIV_ID, "Use of bandwidth over the step, per 1/100 of "
                            f"it, for the busiest links: {LINKS_SHOWN} lines at most, one for links whose use is "

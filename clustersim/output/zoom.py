@@ -16,8 +16,10 @@ A span's hover names it (``F attn``, its microbatch and layer, start, duration, 
 FLOPs), as Perfetto does with trace.json.gz. Zoomed out again, the spans' bars go.
 
 Each span costs the page 20 bytes before base64 (start float64, duration float32, form and
-microbatch int32); past :data:`DETAIL_MAX_SPANS` drawn spans (a 1T-parameter step's 918,852)
-the page carries none and its note sends the reader to the trace file instead.
+microbatch int32). Past :data:`DETAIL_MAX_SPANS` drawn spans (GPT-3's step on 1,024 GPUs has
+468,904, a 1T-parameter step 918,852) the page carries those that start in the step's first
+stretch, the earliest :data:`DETAIL_MAX_SPANS` at most (warm-up and the first steady
+microbatches), and its note says how far they go; trace.json.gz has every span.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 from ..trace import Trace
 from .perfetto import SpanOrder
 
-DETAIL_MAX_SPANS = 100_000  # drawn spans a page carries at most: 2.7 MB of base64
+DETAIL_MAX_SPANS = 60_000  # drawn spans a page carries at most: 1.6 MB of base64
 DETAIL_IN_VIEW = 3_000  # spans drawn one by one at most: a browser redraws that many at once
 DETAIL_WIDTH_ROWS = 0.45  # a span's bar, thinner than the merged bar (report.BAR_WIDTH_ROWS) it lies in
 # a span's outline, its colour darkened: back-to-back spans show where one ends, and a span
@@ -47,11 +49,14 @@ def _b64(a: np.ndarray, dtype: str) -> str:
 
 def detail_data(trace: Trace, order: SpanOrder, labels: list[str], groups: list[str],
                 extra_text: Any) -> dict[str, Any] | None:
-    """The drawn spans as the page's script reads them, or None past DETAIL_MAX_SPANS (or
-    without spans). ``order``: the drawn rows' spans in display order (each row's spans by
-    start); ``labels``: each row's label; ``groups(kind, phase)``: a span's legend group
+    """The drawn spans as the page's script reads them (past DETAIL_MAX_SPANS, those that start
+    before the earliest start of the rest), or None without spans. ``order``: the drawn rows'
+    spans in display order (each row's spans by start, so those carried are each row's
+    first); ``labels``: each row's label; ``groups(kind, phase)``: a span's legend group
     key; ``extra_text(size_bytes, flops)``: the hover's last line ('' for none)::
 
+        until_ms                   None where every span is carried, else the start before
+                                   which they are; carried, of: how many of how many
         bounds[r] .. bounds[r+1]   row r's spans, by start
         start_ms, dur_ms           per span
         form, mb                   per span: index into forms; microbatch (-1: none)
@@ -60,16 +65,21 @@ def detail_data(trace: Trace, order: SpanOrder, labels: list[str], groups: list[
                                    view reaches into it only that far
     """
     n = len(order.start_s)
-    if n == 0 or n > DETAIL_MAX_SPANS:
+    carried, until_s = np.arange(n), None
+    if n > DETAIL_MAX_SPANS:
+        until_s = float(np.partition(order.start_s, DETAIL_MAX_SPANS)[DETAIL_MAX_SPANS])
+        carried = np.flatnonzero(order.start_s < until_s)  # (ties at until_s all left out: at most the limit)
+    if not len(carried):
         return None
     codes, forms = trace.forms()
-    form = order.take_array(codes)
-    mb = order.take_array(trace.mbs())
-    start_ms = order.start_s * 1e3
-    dur_ms = (order.end_s - order.start_s) * 1e3
-    bounds = [int(b) for b in order.bounds]
+    form = order.take_array(codes)[carried]
+    mb = order.take_array(trace.mbs())[carried]
+    start_ms = order.start_s[carried] * 1e3
+    dur_ms = (order.end_s[carried] - order.start_s[carried]) * 1e3
+    bounds = np.searchsorted(carried, order.bounds).tolist()  # each row's carried spans: its first
     max_dur = [float(dur_ms[lo:hi].max()) if hi > lo else 0.0 for lo, hi in zip(bounds[:-1], bounds[1:])]
     return {
+        "until_ms": None if until_s is None else until_s * 1e3, "carried": len(carried), "of": n,
         "bounds": bounds,
         "start_ms": _b64(start_ms, "f8"), "dur_ms": _b64(dur_ms, "f4"),
         "form": _b64(form, "i4"), "mb": _b64(mb, "i4"),
