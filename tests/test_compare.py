@@ -255,8 +255,8 @@ def test_compare_page_in_chromium(compared, tmp_path):
                                ".layout.xaxis.range)")
         bars = page.evaluate("document.getElementById('compare-split').data.map(t => t.x)")
         # zoomed in, each timeline draws the spans in view one by one (clustersim.output.zoom)
-        spans = page.evaluate("['A','B'].map(x => document.getElementById('clustersim-timeline-' + x).data"
-                              ".filter(t => t.clustersimDetail).reduce((n, t) => n + t.x.length, 0))")
+        spans = page.evaluate("['A','B'].map(x => document.querySelectorAll("
+                              "'#clustersim-timeline-' + x + ' g.clustersim-spans rect').length)")
         # each timeline's plot area: the same left edge and width, so that t = 0 lines up
         areas = page.evaluate("['A','B'].map(x => {const r = document.querySelector("
                               "'#clustersim-timeline-' + x + ' .nsewdrag').getBoundingClientRect();"

@@ -341,9 +341,8 @@ def test_hover_text_and_fade_of_a_bar():
 
 # --------------------------------------------------------------------------- in a browser
 
-# the spans the page's zoomed-in layer draws (clustersim.output.zoom), one bar each
-DETAIL_DRAWN_JS = (f"document.getElementById('{DIV_ID}').data.filter(t => t.clustersimDetail)"
-                   ".reduce((n, t) => n + t.x.length, 0)")
+# the spans the page's zoomed-in layer draws (clustersim.output.zoom), one rectangle each
+DETAIL_DRAWN_JS = f"document.querySelectorAll('#{DIV_ID} g.clustersim-spans rect').length"
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
@@ -353,8 +352,7 @@ def test_report_renders_offline_in_chromium(result, tmp_path):
     write_report(page_path, result.trace, result.summary)
     # (errors: what its scripts raised or logged, and anything tried beyond file://)
     with offline_page(page_path, f"#{DIV_ID} .main-svg", width_px=1600) as (page, errors):
-        # the figure's bars, not the spans the page draws over them (clustersim.output.zoom)
-        n_bars = page.locator(f"#{DIV_ID} .barlayer .point path").count() - page.evaluate(DETAIL_DRAWN_JS)
+        n_bars = page.locator(f"#{DIV_ID} .barlayer .point path").count()
         shot = tmp_path / "report.png"
         page.screenshot(path=str(shot), full_page=True)
         # the mode bar (shown on hover) stands clear of the timeline's legend

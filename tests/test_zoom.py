@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import copy
 import html
+import re
 
 import numpy as np
 import pytest
@@ -73,7 +74,7 @@ def test_past_the_limit_the_page_carries_the_first_spans(result, monkeypatch):
         assert (order.start_s[lo:lo + n_row] < until_s).all()
     assert fig["layout"]["meta"]["detail"] == {k: detail[k] for k in ("until_ms", "carried", "of")}
     page = report_html(result.trace, result.summary, as_sent(fig))
-    assert page.count("clustersimDetail") == 2
+    assert page.count("g.clustersim-spans") == 1
     assert (f"The page carries the spans that start in the step's first {report.fmt_time(until_s)} "
             f"({detail['carried']:,} of {result.trace.n_spans:,}; trace.json.gz has every span)") in page
 
@@ -83,7 +84,7 @@ def test_the_note_says_what_zooming_in_shows(result, tmp_path):
     assert "detail" in fig  # as_sent keeps it beside plotly's data and layout
     page = report_html(result.trace, result.summary, fig)
     assert f"Zoomed in to {zoom.DETAIL_IN_VIEW:,} spans or fewer in view, each span is drawn" in page
-    assert page.count("clustersimDetail") == 2
+    assert page.count("g.clustersim-spans") == 1
     # the plotly figure alone (no spans beside it) promises nothing
     assert "Zoomed in" not in timeline_note(result.trace)
     write_report(tmp_path / "report.html", result.trace, result.summary)
@@ -102,50 +103,77 @@ def _in_view(detail: dict, x0_ms: float, x1_ms: float) -> list[int]:
     return np.flatnonzero((start < x1_ms) & (end >= x0_ms)).tolist()
 
 
+def _tip_span(detail: dict, want: list[int], tip: str) -> int | None:
+    """The span in ``want`` whose name, start and duration the hover box ``tip`` gives."""
+    name = tip.split("\n")[0]
+    times = re.search(r"start ([\d,.]+) ms · duration ([\d,.]+) ms", tip)
+    start, dur = (float(times.group(k).replace(",", "")) for k in (1, 2))
+    st, du = _decoded(detail, "start_ms", "f8"), _decoded(detail, "dur_ms", "f4")
+    forms, fo = detail["forms"], _decoded(detail, "form", "i4")
+    found = [i for i in want if html.unescape(forms[fo[i]][0]) == name and abs(st[i] - start) < 6e-4
+             and abs(du[i] - dur) < 6e-4]
+    return found[0] if found else None
+
+
 @pytest.mark.parametrize("in_view", [50, zoom.DETAIL_IN_VIEW])
 def test_a_browser_draws_the_spans_in_view(result, tmp_path, monkeypatch, in_view):
     monkeypatch.setattr(zoom, "DETAIL_IN_VIEW", in_view)  # 50: fewer than the step's spans
     path = tmp_path / "report.html"
     write_report(path, result.trace, result.summary)
     detail = timeline(result.trace, result.summary)["detail"]
+    forms, fo = detail["forms"], _decoded(detail, "form", "i4")
     step_ms = result.summary["step_time_s"] * 1e3
     x0, x1 = 0.45 * step_ms, 0.47 * step_ms
     want = _in_view(detail, x0, x1)
     every = len(_in_view(detail, 0, step_ms))
     assert 0 < len(want) <= in_view and every == result.trace.n_spans
     full = every if every <= in_view else 0  # drawn unzoomed: every span, or none past the limit
-    count = DETAIL_DRAWN_JS
+    relayout = "Plotly.relayout('%s', {'xaxis.range': [%r, %r]})"
+    widest = (f"(() => {{const r = [...document.querySelectorAll('#{DIV_ID} g.clustersim-spans rect')]"
+              ".map(e => e.getBoundingClientRect()).sort((a, b) => b.width - a.width)[0];"
+              " return [r.x + r.width / 2, r.y + r.height / 2];})()")
     with offline_page(path, f"#{DIV_ID} .main-svg") as (page, errors):
-        drawn_full = page.evaluate(count)
-        traces_full = page.evaluate(f"document.getElementById('{DIV_ID}').data.filter(t => !t.clustersimDetail)"
-                                    ".length")
-        page.evaluate(f"Plotly.relayout('{DIV_ID}', {{'xaxis.range': [{x0}, {x1}]}})")
+        drawn_full = page.evaluate(DETAIL_DRAWN_JS)
+        page.evaluate(relayout % (DIV_ID, x0, x1))
         page.wait_for_timeout(300)
-        drawn = page.evaluate(count)
-        first = page.evaluate(f"document.getElementById('{DIV_ID}').data.filter(t => t.clustersimDetail)"
-                              ".map(t => [t.base[0], t.hovertext[0]])")
+        drawn = page.evaluate(DETAIL_DRAWN_JS)
+        # the pointer on a span: the page's box names it, plotly's own label is hidden meanwhile
+        page.locator(f"#{DIV_ID} .nsewdrag").scroll_into_view_if_needed()
+        page.mouse.move(*page.evaluate(widest))
+        page.wait_for_timeout(200)
+        tip = page.inner_text(".clustersim-span-tip")
+        plotly_label = page.evaluate(f"document.querySelector('#{DIV_ID} .hoverlayer').style.visibility")
+        page.mouse.move(5, 5)  # off the chart: the box goes
+        page.wait_for_timeout(200)
+        tip_gone = page.evaluate("getComputedStyle(document.querySelector('.clustersim-span-tip')).display")
         # a legend group hidden: its spans are not drawn either
-        groups = page.evaluate(f"document.getElementById('{DIV_ID}').data.filter(t => t.clustersimDetail)"
-                               ".map(t => t.legendgroup)")
-        hidden = groups[0]
+        hidden = forms[fo[want[0]]][1]
         label = next(text for key, text, _ in report.GROUPS if key == hidden)
         page.locator(f"#{DIV_ID} .legend .traces", has_text=label).first.click()
         page.wait_for_timeout(1000)  # (plotly waits out a double click's 300 ms before it toggles)
-        after_hide = page.evaluate(f"document.getElementById('{DIV_ID}').data.filter(t => t.clustersimDetail)"
-                                   ".map(t => t.legendgroup)")
-        page.evaluate(f"Plotly.relayout('{DIV_ID}', {{'xaxis.range': [0, {step_ms}]}})")
+        after_hide = page.evaluate(DETAIL_DRAWN_JS)
+        page.locator(f"#{DIV_ID} .legend .traces", has_text=label).first.click()
+        page.wait_for_timeout(1000)
+        # a drag across the plot zooms to what it covered, as a user zooms
+        box = page.locator(f"#{DIV_ID} .nsewdrag").bounding_box()
+        page.mouse.move(box["x"] + 0.40 * box["width"], box["y"] + 10)
+        page.mouse.down()
+        page.mouse.move(box["x"] + 0.45 * box["width"], box["y"] + box["height"] - 10, steps=5)
+        page.mouse.up()
+        page.wait_for_timeout(500)
+        dragged = page.evaluate(f"document.getElementById('{DIV_ID}')._fullLayout.xaxis.range")
+        y_range = page.evaluate(f"document.getElementById('{DIV_ID}')._fullLayout.yaxis.range")
+        drawn_dragged = page.evaluate(DETAIL_DRAWN_JS)
+        page.evaluate(relayout % (DIV_ID, 0, step_ms))
         page.wait_for_timeout(300)
-        drawn_back = page.evaluate(count)
-        traces_back = page.evaluate(f"document.getElementById('{DIV_ID}').data.length")
+        drawn_back = page.evaluate(DETAIL_DRAWN_JS)
     assert errors == []
-    forms, fo = detail["forms"], _decoded(detail, "form", "i4")
-    shown_back = sum(forms[f][1] != hidden for f in fo) if full else 0  # zoomed out with a group still hidden
-    assert drawn_full == full and drawn == len(want) and drawn_back == shown_back
-    assert traces_back == traces_full + len({forms[f][1] for f in fo} - {hidden}) if full else traces_full
-    # each trace's first span: a span in view, its hover naming it, its microbatch and times
-    start = _decoded(detail, "start_ms", "f8")
-    names = {forms[fo[i]][0] for i in want}
-    for base, text in first:
-        assert any(abs(start[i] - base) < 1e-9 for i in want)
-        assert text.split("</b>")[0][3:] in names and " ms · duration " in text
-    assert len(groups) > 1 and hidden not in after_hide and set(after_hide) == set(groups) - {hidden}
+    assert drawn_full == full and drawn == len(want) and drawn_back == full
+    assert _tip_span(detail, want, tip) is not None, tip
+    assert plotly_label == "hidden" and tip_gone == "none"
+    assert after_hide == sum(forms[fo[i]][1] != hidden for i in want)
+    # the drag zoomed both ways (a box): the spans of the rows and times it covered
+    rows = [r for r in range(len(detail["bounds"]) - 1) if min(y_range) - 0.5 <= r <= max(y_range) + 0.5]
+    bounds = detail["bounds"]
+    in_box = [i for i in _in_view(detail, *dragged) if any(bounds[r] <= i < bounds[r + 1] for r in rows)]
+    assert drawn_dragged == (len(in_box) if len(in_box) <= in_view else 0)

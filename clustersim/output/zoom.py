@@ -5,15 +5,17 @@ The timeline draws merged bars (a microbatch's consecutive spans of one phase on
 or runs of bins, so that a whole step draws in seconds; zooming in on them alone showed the
 same bars, wider. The page also carries every drawn span (start, duration, form,
 microbatch) in its own script, and once the view holds at most :data:`DETAIL_IN_VIEW` of them
-(the x range and the rows shown), draws those spans, one thin bar each, over the merged
-bars::
+(the x range and the rows shown), draws those spans, one thin SVG rectangle each, over the
+merged bars::
 
     full view      |██████████ F mb 3 ████████████|████ B mb 1 ████|      merged bars
     zoomed in      |██████████████████████████████|█████████████████|
                    | ▆▆ ▆▆▆▆▆▆ ▆▆ ▆▆▆▆▆▆▆ ▆ ▆▆▆▆▆ | ▆▆▆ ▆▆▆▆ ▆▆▆▆▆▆ |      + one bar a span
 
 A span's hover names it (``F attn``, its microbatch and layer, start, duration, bytes or
-FLOPs), as Perfetto does with trace.json.gz. Zoomed out again, the spans' bars go.
+FLOPs), as Perfetto does with trace.json.gz. Zoomed out again, the spans' rectangles go. A
+zoom costs what plotly's own redraw does (GPT-3's binned timeline: 0.2 s with or without the
+spans; as plotly traces they took it to 0.9-1.6 s, and a Megatron-1T page to 2-4 s).
 
 Each span costs the page 20 bytes before base64 (start float64, duration float32, form and
 microbatch int32). Past :data:`DETAIL_MAX_SPANS` drawn spans (GPT-3's step on 1,024 GPUs has
@@ -91,41 +93,64 @@ def detail_data(trace: Trace, order: SpanOrder, labels: list[str], groups: list[
     }
 
 
-# The page's side (plain ES5+ functions, no library but plotly.js): decode the arrays once,
-# then on every zoom, pan, reset or legend click pick the spans in view and redraw them as one
-# bar trace per legend group, after the figure's own traces (so over its bars and path).
+# The page's side (plain JavaScript, no library but plotly.js): decode the arrays once; on every
+# draw of the figure (load, zoom, pan, reset, resize) and legend click, pick the spans in view
+# and write them as SVG rectangles into a group of their own inside the plot's layer, after its
+# bars (so under the critical path, and clipped and dragged with the plot). Plotly itself is not
+# asked to draw them: a trace added or removed re-lays out every bar of the figure, 2-4 s a zoom
+# on a 30,000-bar timeline, where the rectangles take milliseconds. Their hover is the page's
+# own: on a move over the plot, the span under the pointer (its row, its time, 2 px of slack for
+# the thinnest) is found among those drawn and shown in a box, plotly's hover label hidden
+# meanwhile.
 _SCRIPT = """(function(){
 const gd=document.getElementById(%(div)s),D=%(data)s,COL=%(colours)s,EDGE=%(edges)s,W=%(width)s;
 if(!gd||!window.Plotly||!gd.on)return;
 function dec(s,T){const b=atob(s),u=new Uint8Array(b.length);for(let i=0;i<b.length;i++)u[i]=b.charCodeAt(i);return new T(u.buffer);}
 const st=dec(D.start_ms,Float64Array),du=dec(D.dur_ms,Float32Array),fo=dec(D.form,Int32Array),mb=dec(D.mb,Int32Array);
-const B=D.bounds,nRows=B.length-1;let own=0,busy=false;
+const B=D.bounds,nRows=B.length-1;let drawn=[],tip=null;
 function first(lo,hi,x){while(lo<hi){const m=(lo+hi)>>1;if(st[m]<x)lo=m+1;else hi=m;}return lo;}
 function ms(x){return x.toLocaleString('en-US',{minimumFractionDigits:3,maximumFractionDigits:3});}
-function hidden(){const h={};gd.data.forEach(function(t){if(t.legendgroup&&!t.clustersimDetail&&t.visible==='legendonly')h[t.legendgroup]=1;});return h;}
+function hidden(){const h={};gd.data.forEach(function(t){if(t.legendgroup&&t.visible==='legendonly')h[t.legendgroup]=1;});return h;}
 function picked(){const L=gd._fullLayout,xr=L.xaxis.range,yr=L.yaxis.range;
  const a=Math.min(xr[0],xr[1]),b=Math.max(xr[0],xr[1]);
  const r0=Math.max(0,Math.ceil(Math.min(yr[0],yr[1])-0.5)),r1=Math.min(nRows-1,Math.floor(Math.max(yr[0],yr[1])+0.5));
  const out=[];
  for(let r=r0;r<=r1;r++){const hi=first(B[r],B[r+1],b);
-  for(let i=first(B[r],hi,a-D.max_dur_ms[r]);i<hi;i++){if(st[i]+du[i]>=a){out.push(i);if(out.length>D.in_view)return null;}}}
+  for(let i=first(B[r],hi,a-D.max_dur_ms[r]);i<hi;i++){if(st[i]+du[i]>=a){out.push([i,r]);if(out.length>D.in_view)return null;}}}
  return out;}
-function row(i){let lo=0,hi=nRows;while(hi-lo>1){const m=(lo+hi)>>1;if(B[m]<=i)lo=m;else hi=m;}return lo;}
-function hover(i,r){const f=D.forms[fo[i]];let w=D.labels[r];if(mb[i]>=0)w+=' \\u00b7 microbatch '+mb[i];if(f[2]>=0)w+=' \\u00b7 layer '+f[2];
+function text(i,r){const f=D.forms[fo[i]];let w=D.labels[r];if(mb[i]>=0)w+=' \\u00b7 microbatch '+mb[i];if(f[2]>=0)w+=' \\u00b7 layer '+f[2];
  return '<b>'+f[0]+'</b><br>'+w+'<br>start '+ms(st[i])+' ms \\u00b7 duration '+ms(du[i])+' ms'+(f[3]?'<br>'+f[3]:'');}
-function update(){if(busy)return;busy=true;
- try{const p=picked(),hid=hidden(),by={};
-  if(p)p.forEach(function(i){const f=D.forms[fo[i]],g=f[1];if(hid[g])return;const r=row(i);
-   const t=by[g]||(by[g]={base:[],x:[],y:[],hovertext:[]});t.base.push(st[i]);t.x.push(du[i]);t.y.push(r);t.hovertext.push(hover(i,r));});
-  const drop=[];for(let k=gd.data.length-own;k<gd.data.length;k++)drop.push(k);
-  if(drop.length)Plotly.deleteTraces(gd,drop);
-  const add=Object.keys(by).sort().map(function(g){const t=by[g];return{type:'bar',orientation:'h',base:t.base,x:t.x,y:t.y,
-   width:W,hoverinfo:'text',hovertext:t.hovertext,legendgroup:g,showlegend:false,name:g,clustersimDetail:true,
-   marker:{color:COL[g],opacity:1,line:{width:0.5,color:EDGE[g]}}};});
-  own=add.length;if(add.length)Plotly.addTraces(gd,add);
- }finally{busy=false;}}
-gd.on('plotly_relayout',update);gd.on('plotly_restyle',update);
-setTimeout(update,0);  // a step of few spans shows them at once, unzoomed
+function layer(){const bars=gd.querySelector('.cartesianlayer .subplot.xy .barlayer');if(!bars)return null;
+ const plot=bars.parentNode;let g=plot.querySelector(':scope > g.clustersim-spans');
+ if(!g){g=document.createElementNS('http://www.w3.org/2000/svg','g');g.setAttribute('class','clustersim-spans');
+  plot.insertBefore(g,bars.nextSibling);}
+ return g;}
+function draw(){const g=layer();if(!g)return;hide();
+ const L=gd._fullLayout,xa=L.xaxis,ya=L.yaxis,p=picked(),hid=hidden(),w=xa._length,h=Math.abs(ya.l2p(1)-ya.l2p(0))*W;
+ let out='';drawn=[];
+ if(p)p.forEach(function(ir){const i=ir[0],f=D.forms[fo[i]];if(hid[f[1]])return;
+  const x0=Math.max(xa.l2p(st[i]),-1),x1=Math.min(xa.l2p(st[i]+du[i]),w+1),y=ya.l2p(ir[1])-h/2;
+  out+='<rect x="'+x0.toFixed(2)+'" y="'+y.toFixed(2)+'" width="'+Math.max(x1-x0,0.5).toFixed(2)+'" height="'+h.toFixed(2)
+   +'" fill="'+COL[f[1]]+'" stroke="'+EDGE[f[1]]+'" stroke-width="0.5"></rect>';drawn.push(ir);});
+ g.innerHTML=out;}
+function hide(){if(tip&&tip.style.display!=='none'){tip.style.display='none';const hl=gd.querySelector('.hoverlayer');if(hl)hl.style.visibility='';}}
+function hover(e){const area=drawn.length&&gd.querySelector('.nsewdrag');if(!area){hide();return;}
+ const R=area.getBoundingClientRect(),L=gd._fullLayout,xa=L.xaxis,ya=L.yaxis,px=e.clientX-R.left,py=e.clientY-R.top;
+ const y=ya.p2l(py),r=Math.round(y),x=xa.p2l(px),slack=Math.abs(xa.p2l(2)-xa.p2l(0));
+ let best=null,gap=Infinity;
+ if(px>=0&&px<=R.width&&Math.abs(y-r)<=W/2)drawn.forEach(function(ir){const i=ir[0];if(ir[1]!==r)return;
+  const d=x<st[i]?st[i]-x:x>st[i]+du[i]?x-st[i]-du[i]:0;if(d<=slack&&d<gap){gap=d;best=ir;}});
+ if(!best){hide();return;}
+ if(!tip){tip=document.createElement('div');tip.className='clustersim-span-tip';document.body.appendChild(tip);
+  tip.style.cssText='position:fixed;z-index:1000;pointer-events:none;background:#fff;border:1px solid #888;'
+   +'border-radius:3px;padding:4px 7px;font:12px system-ui,-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;'
+   +'color:#222;box-shadow:0 1px 4px rgba(0,0,0,.2);white-space:nowrap';}
+ tip.innerHTML=text(best[0],best[1]);tip.style.borderColor=COL[D.forms[fo[best[0]]][1]];
+ tip.style.left=(e.clientX+14)+'px';tip.style.top=(e.clientY+14)+'px';tip.style.display='block';
+ const hl=gd.querySelector('.hoverlayer');if(hl)hl.style.visibility='hidden';}
+gd.on('plotly_afterplot',draw);gd.on('plotly_relayout',draw);gd.on('plotly_restyle',draw);
+gd.addEventListener('mousemove',hover);gd.addEventListener('mouseleave',hide);
+draw();
 })();"""
 
 
