@@ -120,6 +120,22 @@ def test_two_collectives_on_one_nic_each_name_the_other(root):
         assert c["exposed_s"] == pytest.approx(2 * alone, rel=0.01)
 
 
+def test_spans_of_one_collective_at_once_count_once(root):
+    """Two all-reduces named alike but for a number (one group, as DualPipe's two parts'
+    gradients) run at once on one rank: the group's exposed and busy time is their union, no
+    more than the kind's own (it was their sum, twice the dp exposed time)."""
+    cl = _two_node_cluster(root)
+    prog = _allreduces(["part 0 grads", "part 1 grads"])
+    eng = Engine(prog, cl, algorithms={"all_reduce": "ring"})
+    trace = eng.run()
+    (c,) = exposed_collectives(prog, trace, eng, cl)
+    assert c["collective"] == "dp all_reduce: AR part # grads" and c["count_per_gpu"] == 2
+    spans = [s for s in trace.spans if s.kind == "dp"]
+    union_s = max(s.end_s for s in spans) - min(s.start_s for s in spans)
+    assert sum(s.end_s - s.start_s for s in spans) > 1.5 * union_s  # they did run at once
+    assert c["exposed_s"] == pytest.approx(union_s, rel=1e-12) and c["comm_s"] == pytest.approx(union_s, rel=1e-12)
+
+
 def test_ties_last_bits_count_in_the_length_but_not_as_waits():
     """A tie's binding predecessor may end up to INSTANT_S before its successor starts (the
     lowest id among ends within INSTANT_S of the latest). Two such slivers of 6.6e-10 s on
@@ -216,7 +232,14 @@ def test_communications_sharing_the_bottleneck_alike_are_named_by_name_whatever_
     ("dp all_gather: F AG params", "dp forward all-gather of parameters"),
     ("dp all_reduce: AR grads shard bucket # (replicas)",
      "dp all-reduce of gradient shards over the replicas, every bucket"),
-    ("pp send: recv grad", "pp send: recv grad"),  # (no collective's short name: said as it is)
+    ("pp send: recv grad", "pp receive of gradients"),
+    ("pp send: send act", "pp send of activations"),
+    # every counter folded to # said once, at the end
+    ("dp all_reduce: AR part # grads bucket # (replicas)",
+     "dp all-reduce of gradients over the replicas, every part and bucket"),
+    ("cp shift: F shift attn ring #", "cp forward shift of attention, every ring step"),
+    ("tp reduce_scatter: F RS attn proj #", "tp forward reduce-scatter of attention proj, every chunk"),
+    ("optimizer: optimizer step", "optimizer: optimizer step"),  # (no collective's short name: said as it is)
 ])
 def test_the_terminal_says_the_exposed_collectives_in_words(collective, said):
     """The terminal's "top exposed" lines spell out the span names' short words ("dp
@@ -233,4 +256,18 @@ def test_the_terminal_says_the_exposed_collectives_in_words(collective, said):
     for line, c in zip(top, causes):
         assert f" s  {plain_collective(c['collective'])}" in line
     assert any("AR grads bucket #" in c["collective"] for c in causes)
-    assert not any("bucket #" in ln for ln in top)
+    assert not any("#" in ln for ln in top)
+
+
+def test_a_collective_sharing_its_link_with_its_own_kind_says_another(root):
+    """DualPipe's two parts reduce their gradients at once on one NIC: the terminal says the
+    all-reduce shares the link with another of its own, not with itself."""
+    from clustersim.output.summary import format_summary
+
+    r = clustersim.simulate(root / "scenarios" / "dualpipe.yaml")
+    c = r.summary["exposed_comm_causes"][0]
+    assert c["shared_with"][0]["collective"] == c["collective"]
+    line = next(ln for ln in format_summary(r.summary).splitlines() if ln.startswith("top exposed"))
+    assert line.endswith(", shared with another dp all-reduce of gradients over the replicas, every part and bucket")
+    # one group's spans at once count once: no more than the kind's own exposed time
+    assert c["exposed_s"] <= r.summary["exposed_comm_s"]["dp"] * (1 + 1e-12)

@@ -5,7 +5,13 @@ A communication span is exposed where its rank's compute stream is idle (:mod:`.
 Spans are grouped by collective (kind, op and name, with numbers such as bucket indices
 folded), weighted by the GPUs each simulated rank stands for, and ranked by exposed time per
 GPU. Concurrent communications of one rank each count their own exposed time, so the groups
-can add up to more than ``exposed_comm_s.total``.
+can add up to more than ``exposed_comm_s.total``; within a group, a rank's spans count as
+their union (DualPipe's two model parts reduce their gradients at once, and two spans of one
+group added up to more than the kind's own exposed time)::
+
+    rank 0 dp   [AR part 0 ......]
+                     [AR part 1 ......]
+    group       [....................]      exposed, busy: the union, less the compute inside
 
 For the top groups, the span with the most exposed time is explained::
 
@@ -62,14 +68,15 @@ def covered_s(t: np.ndarray, merged: list[tuple[float, float]] | Arrays) -> np.n
     return np.where(k >= 0, before[np.maximum(k, 0)], 0.0) + inside
 
 
-def _comm_rows(cols) -> tuple[np.ndarray, np.ndarray]:
+def _comm_rows(cols) -> tuple[np.ndarray, np.ndarray, dict[int, Arrays]]:
     """(rows, exposed seconds) of every communication span with a length, rank by rank in the
-    trace's rank order, in span order within a rank: the span minus its rank's compute."""
+    trace's rank order, in span order within a rank: the span minus its rank's compute; and
+    each such rank's compute, merged (by the rank's place in ``cols.ranks``)."""
     order, bounds = cols.rank_groups
     by_start, start_bounds = cols.time_groups  # (the metrics' too) the compute spans' union needs no sort
     compute = cols.kind == cols.code("kind", "compute")
     timed = ~compute & (cols.end_s > cols.start_s)
-    rows, exposed = [], []
+    rows, exposed, computes = [], [], {}
     for i in range(len(cols.ranks)):
         mine = order[bounds[i]:bounds[i + 1]]
         comm = mine[timed[mine]]
@@ -77,14 +84,40 @@ def _comm_rows(cols) -> tuple[np.ndarray, np.ndarray]:
             continue
         busy = by_start[start_bounds[i]:start_bounds[i + 1]]
         busy = busy[compute[busy]]
-        merged_iv = merged(cols.start_s[busy], cols.end_s[busy], presorted=True)
+        merged_iv = computes[i] = merged(cols.start_s[busy], cols.end_s[busy], presorted=True)
         a, b = cols.start_s[comm], cols.end_s[comm]
         # exposed: the span's length minus the compute inside it (span minus compute)
         rows.append(comm)
         exposed.append((b - a) - (covered_s(b, merged_iv) - covered_s(a, merged_iv)))
     if not rows:
-        return np.zeros(0, dtype=np.int64), np.zeros(0)
-    return np.concatenate(rows), np.concatenate(exposed)
+        return np.zeros(0, dtype=np.int64), np.zeros(0), computes
+    return np.concatenate(rows), np.concatenate(exposed), computes
+
+
+def _union_times(rank: np.ndarray, start: np.ndarray, end: np.ndarray, weight: np.ndarray,
+                 computes: dict[int, Arrays]) -> tuple[float, float] | None:
+    """(exposed, busy seconds), weighted, of spans (``rank``: each one's place in the trace's
+    ranks, ascending) counted per rank as their union, less the rank's compute ``computes``
+    for the exposed; None where no two spans of one rank overlap (each span counts alone, as
+    it is)."""
+    order = np.lexsort((start, rank))
+    r, a, b = rank[order], start[order], end[order]
+    # how far the spans before each reach, its rank's alone: each rank's times shifted past the
+    # last one's, so one running maximum serves them all (an overlap under INSTANT_S is none)
+    off = r * (float(np.max(b)) - min(float(np.min(a)), 0.0) + 1.0)
+    reach = np.maximum.accumulate(np.r_[-np.inf, (b + off)[:-1]])
+    if not (a + off < reach - INSTANT_S).any():
+        return None
+    exposed = busy = 0.0
+    for k in np.flatnonzero(np.r_[True, r[1:] != r[:-1], True])[:-1].tolist():
+        i = int(r[k])
+        mine = r == i
+        lo, hi = merged(a[mine], b[mine], presorted=True)
+        c = computes.get(i, (np.zeros(0), np.zeros(0)))
+        ex = (hi - lo) - (covered_s(hi, c) - covered_s(lo, c))
+        exposed += float(weight[order][mine][0]) * seq_sum(ex, 0.0)
+        busy += float(weight[order][mine][0]) * seq_sum(hi - lo, 0.0)
+    return exposed, busy
 
 
 def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None = None,
@@ -98,7 +131,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     world = sum_left(w.values()) or 1
     cols = trace.columns()
     spans = cols.spans
-    rows, exposed = _comm_rows(cols)
+    rows, exposed, computes = _comm_rows(cols)
     # a group per collective name: (kind, op, name) triples numbered first, then named
     other = cols.other  # the communications' view: their op, bytes and name
     pos = np.searchsorted(other.rows, rows)
@@ -112,8 +145,13 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     start, end, size = cols.start_s[rows], cols.end_s[rows], other.size_bytes[pos]
     by_group = stable_argsort(group)  # each group's spans in the order above
     ranked = []
+    rank_pos = cols.rank_pos[rows]
     for sel in np.split(by_group, np.flatnonzero(np.diff(group[by_group])) + 1) if len(rows) else ():
         ex_s = seq_sum(weight[sel] * exposed[sel], 0.0)
+        comm_s = seq_sum(weight[sel] * (end[sel] - start[sel]), 0.0)
+        union = _union_times(rank_pos[sel], start[sel], end[sel], weight[sel], computes)
+        if union is not None:  # spans of one rank at once: counted once
+            ex_s, comm_s = union
         # a span's exposed time is its length less the compute inside it: rounding leaves
         # dust where the two are equal (8e-17 s per GPU on a step whose cycle was copied in,
         # 0 on the same step simulated whole); a nanosecond per GPU is the least that counts
@@ -121,7 +159,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
             continue
         s0 = spans[int(rows[sel[0]])]
         g = {"collective": collective_name(s0.kind, s0.op, s0.name), "kind": s0.kind, "op": s0.op,
-             "exposed_s": ex_s, "comm_s": seq_sum(weight[sel] * (end[sel] - start[sel]), 0.0),
+             "exposed_s": ex_s, "comm_s": comm_s,
              "count_per_gpu": seq_sum(weight[sel], 0.0), "size_bytes": 0.0, "_best": (-1.0, 0, 0, 0.0, 0.0)}
         big = int(np.argmax(size[sel]))  # the first of the largest
         if size[sel][big] > 0.0:

@@ -226,7 +226,10 @@ def _path_line(s: dict[str, Any]) -> list[str]:
 
 # the span names' short words, as the terminal spells them out (docs/reference.md, "Span names")
 _PHASE_WORDS = {"F": "forward", "B": "backward"}
-_OP_WORDS = {"AR": "all-reduce", "RS": "reduce-scatter", "AG": "all-gather", "A2A": "all-to-all", "shift": "shift"}
+_OP_WORDS = {"AR": "all-reduce", "RS": "reduce-scatter", "AG": "all-gather", "A2A": "all-to-all", "shift": "shift",
+             "send": "send", "recv": "receive"}
+# a counter folded to # in a group's name, as "every ..." (a GEMM's chunk number follows its piece: "proj #")
+_EVERY_WORDS = {"bucket": "bucket", "part": "part", "ring": "ring step"}
 _PLAIN_WORDS = {"grads": "gradients", "params": "parameters", "attn": "attention", "mlp": "MLP",
                 "dgrad": "input gradient", "wgrad": "weight gradient", "act": "activations", "grad": "gradients"}
 
@@ -235,23 +238,33 @@ def plain_collective(collective: str) -> str:
     """A collective's name (``exposed_comm_causes[].collective``: ``<kind> <op>: <span
     name>``, numbers folded to #) in words, for the terminal: ``dp all_reduce: AR grads
     bucket #`` reads ``dp all-reduce of gradients, every bucket``, ``tp all_reduce: F AR
-    attn`` ``tp forward all-reduce of attention``. A name without the short name of a
-    collective (``pp send: recv grad``) is returned as it is."""
+    attn`` ``tp forward all-reduce of attention``, ``pp send: recv grad`` ``pp receive of
+    gradients``, ``cp shift: F shift attn ring #`` ``cp forward shift of attention, every ring
+    step``. A name without the short name of a collective is returned as it is."""
     head, sep, name = collective.partition(": ")
     words = name.split()
     phase = _PHASE_WORDS.get(words[0], "") if words else ""
     words = words[1:] if phase else words
     if not sep or not words or words[0] not in _OP_WORDS:
         return collective
-    op, rest = _OP_WORDS[words[0]], " ".join(words[1:])
-    # one group holds every bucket (their numbers folded to #): it is said once, at the end
-    every_bucket = " bucket #" in f" {rest}"
-    rest = f" {rest} ".replace(" bucket # ", " ").replace(" grads shard ", " gradient shards ").strip()
+    op, rest = _OP_WORDS[words[0]], words[1:]
+    # one group holds every bucket, part, ring step or chunk (their numbers folded to #): said
+    # once, at the end
+    every, kept = [], []
+    for i, w in enumerate(rest):
+        if i + 1 < len(rest) and rest[i + 1] == "#" and w in _EVERY_WORDS:
+            every.append(_EVERY_WORDS[w])
+        elif w == "#":
+            if rest[i - 1] not in _EVERY_WORDS and "chunk" not in every:
+                every.append("chunk")
+        else:
+            kept.append(w)
+    rest = f" {' '.join(kept)} ".replace(" grads shard ", " gradient shards ").strip()
     replicas = rest.endswith("(replicas)")
     rest = rest.removesuffix("(replicas)").strip()
     what = " ".join(_PLAIN_WORDS.get(w, w) for w in rest.split())
     return (f"{head.split()[0]} {phase + ' ' if phase else ''}{op}{' of ' + what if what else ''}"
-            f"{' over the replicas' if replicas else ''}{', every bucket' if every_bucket else ''}")
+            f"{' over the replicas' if replicas else ''}{', every ' + ' and '.join(every) if every else ''}")
 
 
 def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
@@ -260,7 +273,9 @@ def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
         where = ""
         if c.get("bottleneck"):
             bn = c["bottleneck"]
-            shared = ", ".join(plain_collective(x["collective"]) for x in c.get("shared_with", [])[:1])
+            # (another of its own group: DualPipe's other part, a bucket beside the next)
+            shared = ", ".join(("another " if x["collective"] == c["collective"] else "") + plain_collective(x["collective"])
+                               for x in c.get("shared_with", [])[:1])
             where = f" · bound by {bn['link']} ({bn['kind']})" + (f", shared with {shared}" if shared else "")
         # how many a GPU runs: a cost paid per microbatch (ZeRO-3's gathers) shows as a count
         n = c.get("count_per_gpu", 1)  # (a mean over GPUs: whole where every GPU runs as many)
