@@ -244,6 +244,13 @@ def test_compare_page_draws_the_baseline_and_the_fastest_past_its_limit():
     assert text.count("Plotly.newPlot") == 3 and "3 of the 5 plans are drawn" in text and "B, E are in" in text
     assert text.count(f'"range":[0,{json.dumps(1e3 * 100.0 * 1.005)}]') == 3  # A's step, the slowest drawn
     assert '"modeBarButtonsToRemove":["autoScale2d"]' in text
+    # a plan whose spans past the limit are carried in part says how far, in its caption
+    cut = {"until_ms": 2740.0, "carried": 60_000, "of": 468_904, "bounds": [0, 0], "start_ms": "", "dur_ms": "",
+           "form": "", "mb": "", "forms": [], "max_dur_ms": [0.0], "labels": ["r"], "in_view": 3000}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("clustersim.output.compare_page.plan_line", lambda s: "plan")
+        text = _timelines_html(plans[:1], [("[]", layout, "caption.", cut)])
+    assert "caption. Zoomed in, its spans are drawn in the step&#x27;s first 2.74 s (60,000 of 468,904)." in text
 
 
 def test_compare_page_in_chromium(compared, tmp_path):
@@ -261,8 +268,18 @@ def test_compare_page_in_chromium(compared, tmp_path):
         areas = page.evaluate("['A','B'].map(x => {const r = document.querySelector("
                               "'#clustersim-timeline-' + x + ' .nsewdrag').getBoundingClientRect();"
                               " return [Math.round(r.left), Math.round(r.width)]})")
+        # A zoomed on its rows, then B reset with a double click: both show the whole step, A its rows again
+        rows_a = page.evaluate("document.getElementById('clustersim-timeline-A').layout.yaxis.range.slice()")
+        page.evaluate("Plotly.relayout('clustersim-timeline-A', {'yaxis.range': [0.6, -0.4]})")
+        page.locator("#clustersim-timeline-B .nsewdrag").scroll_into_view_if_needed()
+        box = page.locator("#clustersim-timeline-B .nsewdrag").bounding_box()
+        page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + 10)
+        page.wait_for_timeout(800)
+        reset = page.evaluate("['A','B'].map(x => document.getElementById('clustersim-timeline-' + x).layout)"
+                              ".map(l => [l.xaxis.range, l.yaxis.range])")
         page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     assert errors == []
+    assert reset[0][1] == rows_a and reset[0][0] == reset[1][0]
     assert ranges == [[100, 250], [100, 250]]
     assert areas[0] == areas[1]
     assert all(0 < n <= DETAIL_IN_VIEW for n in spans), spans

@@ -79,6 +79,23 @@ def test_past_the_limit_the_page_carries_the_first_spans(result, monkeypatch):
             f"({detail['carried']:,} of {result.trace.n_spans:,}; trace.json.gz has every span)") in page
 
 
+def test_a_browser_marks_where_the_carried_spans_end(result, tmp_path, monkeypatch):
+    monkeypatch.setattr(zoom, "DETAIL_MAX_SPANS", result.trace.n_spans // 3)
+    path = tmp_path / "report.html"
+    write_report(path, result.trace, result.summary)
+    until_ms = timeline(result.trace, result.summary)["detail"]["until_ms"]
+    lines = f"document.querySelectorAll('#{DIV_ID} g.clustersim-spans line').length"
+    with offline_page(path, f"#{DIV_ID} .main-svg") as (page, errors):
+        page.evaluate(f"Plotly.relayout('{DIV_ID}', {{'xaxis.range': [{0.98 * until_ms}, {1.02 * until_ms}]}})")
+        page.wait_for_timeout(300)
+        at_cut = page.evaluate(lines), page.text_content(f"#{DIV_ID} g.clustersim-spans text")
+        page.evaluate(f"Plotly.relayout('{DIV_ID}', {{'xaxis.range': [{1.1 * until_ms}, {1.2 * until_ms}]}})")
+        page.wait_for_timeout(300)
+        past, drawn_past = page.evaluate(lines), page.evaluate(DETAIL_DRAWN_JS)
+    assert errors == []
+    assert at_cut == (1, "spans carried up to here") and past == 0 and drawn_past == 0
+
+
 def test_the_note_says_what_zooming_in_shows(result, tmp_path):
     fig = as_sent(timeline(result.trace, result.summary))
     assert "detail" in fig  # as_sent keeps it beside plotly's data and layout
@@ -128,6 +145,20 @@ def test_a_browser_draws_the_spans_in_view(result, tmp_path, monkeypatch, in_vie
     every = len(_in_view(detail, 0, step_ms))
     assert 0 < len(want) <= in_view and every == result.trace.n_spans
     full = every if every <= in_view else 0  # drawn unzoomed: every span, or none past the limit
+    # a window of more than in_view spans, at most in_view of them not of the first span's group
+    hidden = forms[fo[want[0]]][1]
+    hi_ms = x1
+    while True:
+        spread = _in_view(detail, x0, hi_ms)
+        n_hidden = sum(forms[fo[i]][1] == hidden for i in spread)
+        if len(spread) > in_view or hi_ms >= step_ms:
+            break
+        hi_ms = min(step_ms, hi_ms + 0.01 * step_ms)
+    while len(spread) - n_hidden > in_view:
+        hi_ms -= 0.001 * step_ms
+        spread = _in_view(detail, x0, hi_ms)
+        n_hidden = sum(forms[fo[i]][1] == hidden for i in spread)
+    spread_ms = (x0, hi_ms)
     relayout = "Plotly.relayout('%s', {'xaxis.range': [%r, %r]})"
     widest = (f"(() => {{const r = [...document.querySelectorAll('#{DIV_ID} g.clustersim-spans rect')]"
               ".map(e => e.getBoundingClientRect()).sort((a, b) => b.width - a.width)[0];"
@@ -147,11 +178,14 @@ def test_a_browser_draws_the_spans_in_view(result, tmp_path, monkeypatch, in_vie
         page.wait_for_timeout(200)
         tip_gone = page.evaluate("getComputedStyle(document.querySelector('.clustersim-span-tip')).display")
         # a legend group hidden: its spans are not drawn either
-        hidden = forms[fo[want[0]]][1]
         label = next(text for key, text, _ in report.GROUPS if key == hidden)
         page.locator(f"#{DIV_ID} .legend .traces", has_text=label).first.click()
         page.wait_for_timeout(1000)  # (plotly waits out a double click's 300 ms before it toggles)
         after_hide = page.evaluate(DETAIL_DRAWN_JS)
+        # a view holding more than the limit, but not once the group is hidden: drawn then
+        page.evaluate(relayout % (DIV_ID, *spread_ms))
+        page.wait_for_timeout(300)
+        hidden_counted = page.evaluate(DETAIL_DRAWN_JS)
         page.locator(f"#{DIV_ID} .legend .traces", has_text=label).first.click()
         page.wait_for_timeout(1000)
         # a drag across the plot zooms to what it covered, as a user zooms
@@ -172,6 +206,7 @@ def test_a_browser_draws_the_spans_in_view(result, tmp_path, monkeypatch, in_vie
     assert _tip_span(detail, want, tip) is not None, tip
     assert plotly_label == "hidden" and tip_gone == "none"
     assert after_hide == sum(forms[fo[i]][1] != hidden for i in want)
+    assert hidden_counted == len(spread) - n_hidden  # hidden spans do not count toward the limit
     # the drag zoomed both ways (a box): the spans of the rows and times it covered
     rows = [r for r in range(len(detail["bounds"]) - 1) if min(y_range) - 0.5 <= r <= max(y_range) + 0.5]
     bounds = detail["bounds"]

@@ -260,24 +260,33 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple | None]) 
                   "margin": {**layout.get("margin", {}), "l": left_px}}
         before, after = plot_div_around_data({"layout": layout}, div_id, _TIMELINE_CONFIG)
         unfit = "" if p["summary"]["memory"]["fits"] else ' · <span class="nofit">does not fit</span>'
+        spans = detail[0] if detail else None
+        if spans and spans["until_ms"] is not None:  # (the report's note says it too: report.timeline_note)
+            caption = (f"{caption} Zoomed in, its spans are drawn in the step's first "
+                       f"{fmt_time(spans['until_ms'] / 1e3)} ({spans['carried']:,} of {spans['of']:,}).")
         parts.append(f"<h3>{html.escape(p['label'])} · {html.escape(plan_line(p['summary']))} · "
                      f"{p['summary']['step_time_s']:.3f} s{unfit}</h3><p class=\"note\">{html.escape(caption)}</p>"
                      + before + data_json + after
                      # each span drawn once zoomed in, as in its report (clustersim.output.zoom)
-                     + (detail_script(div_id, detail[0], GROUP_COLOURS) if detail and detail[0] else ""))
+                     + (detail_script(div_id, spans, GROUP_COLOURS) if spans else ""))
     parts.append(_zoom_together_script(ids, end_ms))
     return "\n".join(parts)
 
 
 def _zoom_together_script(ids: list[str], end_ms: float) -> str:
-    """When one timeline's time axis is zoomed, panned or reset, the others take its range."""
+    """When one timeline's time axis is zoomed, panned or reset, the others take its range; a
+    reset (a double click: the whole step again) also gives the others their own rows back,
+    which a box zoom of theirs may have narrowed."""
     return ("<script>(function(){const ids=" + json.dumps(ids) + ",end=" + json.dumps(end_ms) + ";let busy=false;"
+            "const rows={};ids.forEach(function(id){const el=document.getElementById(id);"
+            "if(el&&el.layout&&el.layout.yaxis&&el.layout.yaxis.range)rows[id]=el.layout.yaxis.range.slice();});"
             "ids.forEach(function(id){const el=document.getElementById(id);if(!el||!el.on)return;"
             "el.on('plotly_relayout',function(ev){if(busy)return;let r=null;"
             "if(ev['xaxis.range[0]']!==undefined)r=[ev['xaxis.range[0]'],ev['xaxis.range[1]']];"
             "else if(ev['xaxis.range'])r=ev['xaxis.range'];else if(ev['xaxis.autorange'])r=[0,end];"
-            "if(!r)return;busy=true;Promise.all(ids.filter(function(o){return o!==id;})"
-            ".map(function(o){return Plotly.relayout(o,{'xaxis.range':r.slice()});}))"
+            "if(!r)return;const reset=Math.abs(r[0])<1e-9&&Math.abs(r[1]-end)<=1e-9*end;busy=true;"
+            "Promise.all(ids.filter(function(o){return o!==id;}).map(function(o){const u={'xaxis.range':r.slice()};"
+            "if(reset&&rows[o])u['yaxis.range']=rows[o].slice();return Plotly.relayout(o,u);}))"
             ".then(function(){busy=false;},function(){busy=false;});});});})();</script>")
 
 

@@ -42,6 +42,9 @@ DETAIL_WIDTH_ROWS = 0.45  # a span's bar, thinner than the merged bar (report.BA
 # a span's outline, its colour darkened: back-to-back spans show where one ends, and a span
 # thinner than the outline still shows in (a darker) colour, not as a gap
 EDGE_SHARE = 0.6
+# a span's fill, its colour a little darker: over a busy merged bar of the same colour, the
+# spans stand out by more than their outlines
+FILL_SHARE = 0.82
 
 
 def _b64(a: np.ndarray, dtype: str) -> str:
@@ -103,7 +106,7 @@ def detail_data(trace: Trace, order: SpanOrder, labels: list[str], groups: list[
 # the thinnest) is found among those drawn and shown in a box, plotly's hover label hidden
 # meanwhile.
 _SCRIPT = """(function(){
-const gd=document.getElementById(%(div)s),D=%(data)s,COL=%(colours)s,EDGE=%(edges)s,W=%(width)s;
+const gd=document.getElementById(%(div)s),D=%(data)s,COL=%(colours)s,FILL=%(fills)s,EDGE=%(edges)s,W=%(width)s;
 if(!gd||!window.Plotly||!gd.on)return;
 function dec(s,T){const b=atob(s),u=new Uint8Array(b.length);for(let i=0;i<b.length;i++)u[i]=b.charCodeAt(i);return new T(u.buffer);}
 const st=dec(D.start_ms,Float64Array),du=dec(D.dur_ms,Float32Array),fo=dec(D.form,Int32Array),mb=dec(D.mb,Int32Array);
@@ -111,12 +114,13 @@ const B=D.bounds,nRows=B.length-1;let drawn=[],tip=null;
 function first(lo,hi,x){while(lo<hi){const m=(lo+hi)>>1;if(st[m]<x)lo=m+1;else hi=m;}return lo;}
 function ms(x){return x.toLocaleString('en-US',{minimumFractionDigits:3,maximumFractionDigits:3});}
 function hidden(){const h={};gd.data.forEach(function(t){if(t.legendgroup&&t.visible==='legendonly')h[t.legendgroup]=1;});return h;}
-function picked(){const L=gd._fullLayout,xr=L.xaxis.range,yr=L.yaxis.range;
+function picked(hid){const L=gd._fullLayout,xr=L.xaxis.range,yr=L.yaxis.range;
  const a=Math.min(xr[0],xr[1]),b=Math.max(xr[0],xr[1]);
  const r0=Math.max(0,Math.ceil(Math.min(yr[0],yr[1])-0.5)),r1=Math.min(nRows-1,Math.floor(Math.max(yr[0],yr[1])+0.5));
  const out=[];
  for(let r=r0;r<=r1;r++){const hi=first(B[r],B[r+1],b);
-  for(let i=first(B[r],hi,a-D.max_dur_ms[r]);i<hi;i++){if(st[i]+du[i]>=a){out.push([i,r]);if(out.length>D.in_view)return null;}}}
+  for(let i=first(B[r],hi,a-D.max_dur_ms[r]);i<hi;i++){if(st[i]+du[i]>=a&&!hid[D.forms[fo[i]][1]]){
+   out.push([i,r]);if(out.length>D.in_view)return null;}}}
  return out;}
 function text(i,r){const f=D.forms[fo[i]];let w=D.labels[r];if(mb[i]>=0)w+=' \\u00b7 microbatch '+mb[i];if(f[2]>=0)w+=' \\u00b7 layer '+f[2];
  return '<b>'+f[0]+'</b><br>'+w+'<br>start '+ms(st[i])+' ms \\u00b7 duration '+ms(du[i])+' ms'+(f[3]?'<br>'+f[3]:'');}
@@ -126,12 +130,17 @@ function layer(){const bars=gd.querySelector('.cartesianlayer .subplot.xy .barla
   plot.insertBefore(g,bars.nextSibling);}
  return g;}
 function draw(){const g=layer();if(!g)return;hide();
- const L=gd._fullLayout,xa=L.xaxis,ya=L.yaxis,p=picked(),hid=hidden(),w=xa._length,h=Math.abs(ya.l2p(1)-ya.l2p(0))*W;
+ const L=gd._fullLayout,xa=L.xaxis,ya=L.yaxis,hid=hidden(),p=picked(hid),w=xa._length,h=Math.abs(ya.l2p(1)-ya.l2p(0))*W;
  let out='';drawn=[];
- if(p)p.forEach(function(ir){const i=ir[0],f=D.forms[fo[i]];if(hid[f[1]])return;
+ if(p)p.forEach(function(ir){const i=ir[0],f=D.forms[fo[i]];
   const x0=Math.max(xa.l2p(st[i]),-1),x1=Math.min(xa.l2p(st[i]+du[i]),w+1),y=ya.l2p(ir[1])-h/2;
   out+='<rect x="'+x0.toFixed(2)+'" y="'+y.toFixed(2)+'" width="'+Math.max(x1-x0,0.5).toFixed(2)+'" height="'+h.toFixed(2)
-   +'" fill="'+COL[f[1]]+'" stroke="'+EDGE[f[1]]+'" stroke-width="0.5"></rect>';drawn.push(ir);});
+   +'" fill="'+FILL[f[1]]+'" stroke="'+EDGE[f[1]]+'" stroke-width="0.5"></rect>';drawn.push(ir);});
+ // where the carried spans end (past DETAIL_MAX_SPANS): a dashed line, named, where it is in view
+ const u=D.until_ms===null?null:xa.l2p(D.until_ms);
+ if(p&&u!==null&&u>=0&&u<=w)out+='<line x1="'+u.toFixed(2)+'" x2="'+u.toFixed(2)+'" y1="0" y2="'+ya._length
+  +'" stroke="#57606a" stroke-width="1" stroke-dasharray="4 3"></line><text x="'+(u-4).toFixed(2)
+  +'" y="12" text-anchor="end" font-size="11" fill="#57606a">spans carried up to here</text>';
  g.innerHTML=out;}
 function hide(){if(tip&&tip.style.display!=='none'){tip.style.display='none';const hl=gd.querySelector('.hoverlayer');if(hl)hl.style.visibility='';}}
 function hover(e){const area=drawn.length&&gd.querySelector('.nsewdrag');if(!area){hide();return;}
@@ -164,8 +173,10 @@ def detail_script(div_id: str, data: dict[str, Any], colours: dict[str, str]) ->
     """The <script> that draws the spans in view over the timeline ``div_id`` (see the module
     docstring); ``colours``: each legend group's colour ('#rrggbb')."""
     edges = {g: darker(c) for g, c in colours.items()}
+    fills = {g: darker(c, FILL_SHARE) for g, c in colours.items()}
     body = _SCRIPT % {"div": json.dumps(div_id), "data": json.dumps(data, separators=(",", ":")),
                       "colours": json.dumps(colours, separators=(",", ":")),
+                      "fills": json.dumps(fills, separators=(",", ":")),
                       "edges": json.dumps(edges, separators=(",", ":")), "width": DETAIL_WIDTH_ROWS}
     # (the data's texts are escaped HTML and JSON; "</" would still end the script element)
     return "<script>" + body.replace("</", "<\\/") + "</script>"
