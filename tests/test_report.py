@@ -17,7 +17,7 @@ import clustersim
 from clustersim.analysis.intervals import length, union
 from clustersim.output.report import (
     DIV_ID, FADE_LEVELS, LINKS_DIV_ID, MEMORY_DIV_ID, Bar, _typed_array, bar_hover, build_figure,
-    critical_path_html, fade_level, fmt_time, merge_spans, merge_stream, path_pieces, path_trace, plot_div,
+    critical_path_html, fade_level, fmt_bytes, fmt_flops, fmt_time, merge_spans, merge_stream, path_pieces, path_trace, plot_div,
     report_html, row_labels, write_report,
 )
 from clustersim.output.summary import format_summary
@@ -335,8 +335,11 @@ def test_hover_text_and_fade_of_a_bar():
     whole = Bar(rank=0, stream="compute", kind="compute", phase="B", mb=-1, start_s=1.0, end_s=1.0, busy_s=0.0,
                 n_spans=1, first_name="B mlp", last_name="B mlp", layer_lo=5, layer_hi=5, size_bytes=0.0, flops=2e12)
     assert bar_hover(whole, "stage 1 · compute") == (
-        "<b>B mlp</b><br>stage 1 · compute · layer 5<br>start 1000.000 ms · duration 0.000 ms<br>2 TFLOP")
+        "<b>B mlp</b><br>stage 1 · compute · layer 5<br>start 1,000.000 ms · duration 0.000 ms<br>2 TFLOP")
     assert fade_level(whole) == 0  # no length: counts as busy
+    # one style of number in every hover: thousands separated, no exponent
+    assert [fmt_flops(f) for f in (2e12, 999.4e12, 1.69e15)] == ["2 TFLOP", "999 TFLOP", "1.69 PFLOP"]
+    assert fmt_bytes(1002 * 1024**2) == "1,002.0 MiB"
 
 
 # --------------------------------------------------------------------------- in a browser

@@ -341,9 +341,9 @@ def fmt_bytes(n: float) -> str:
     if n >= GiB:
         return f"{n / GiB:.2f} GiB"
     if n >= MiB:
-        return f"{n / MiB:.1f} MiB"
+        return f"{n / MiB:,.1f} MiB"
     if n >= 1024:
-        return f"{n / 1024:.1f} KiB"
+        return f"{n / 1024:,.1f} KiB"
     return f"{n:.0f} B"
 
 
@@ -404,10 +404,10 @@ def hover_texts(bars: BarColumns, labels: list[str]) -> list[str]:
             where = f"{where} · microbatch {mb}"
         if lo >= 0:
             where = f"{where} · layer {lo}" if lo == hi else f"{where} · layers {lo}–{hi}"
-        text = f"<b>{name}</b><br>{where}<br>start {start * 1e3:.3f} ms · duration {dur * 1e3:.3f} ms"
+        text = f"<b>{name}</b><br>{where}<br>start {start * 1e3:,.3f} ms · duration {dur * 1e3:,.3f} ms"
         if n > 1:
             share = busy / dur if dur > 0 else 1.0
-            text = f"{text}<br>busy {busy * 1e3:.3f} ms ({100 * share:.0f} % of the bar)"
+            text = f"{text}<br>busy {busy * 1e3:,.3f} ms ({100 * share:.0f} % of the bar)"
         if size or flops:
             text = f"{text}<br>{size_flops_text(size, flops, size_text, flops_text)}"
         out.append(text)
@@ -415,7 +415,9 @@ def hover_texts(bars: BarColumns, labels: list[str]) -> list[str]:
 
 
 def fmt_flops(flops: float) -> str:
-    """'3.45 TFLOP'."""
+    """'3.45 TFLOP', '1.69 PFLOP' from 1,000 TFLOP on (never an exponent: '1.69e+03 TFLOP')."""
+    if flops >= 999.5e12:  # (what .3g would round up to 1e+03 TFLOP)
+        return f"{flops / 1e15:,.3g} PFLOP"
     return f"{flops / 1e12:.3g} TFLOP"
 
 
@@ -1287,7 +1289,7 @@ def links_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
         series = u["utilisation_over_time"]
         width_ms = step_ms / len(series)
         data.append({
-            "hovertemplate": "%{y:.0f} % at %{x:.0f} ms<extra>" + html.escape(_alike_name(alike)) + "</extra>",
+            "hovertemplate": "%{y:.0f} % at %{x:,.0f} ms<extra>" + html.escape(_alike_name(alike)) + "</extra>",
             "line": {"shape": "hv", "width": 1.5}, "mode": "lines", "name": f'{_alike_name(alike)} ({u["kind"]})',
             # each bin's value from its left edge ("hv" holds it to the next point), and the
             # last one held to the step's end
