@@ -442,7 +442,8 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
              + (" (513 to 1,024 GPUs: no rule of its own; its neighbours')" if len(advice["guide"]) > 1
                 and advice["guide"][1].startswith("If you have more") else ""),
              f"{'searched':<12}{dims}; dp follows: {advice['shapes']:,} shapes"
-             + (f", each with every setting: {n:,} plans" if not advice["coarse_to_fine"] else
+             # (not every shape takes every setting: no ZeRO-3 with a pipeline, no ZeRO where nothing shards)
+             + (f", each with the settings it takes: {n:,} plans" if not advice["coarse_to_fine"] else
                 f", {advice['searched']:,} plans; coarse to fine (each shape first with the settings that save the "
                 f"most memory, then the fastest that fit with every other): {n:,} plans")
              + (f", {done:,} simulated" if done != n else "")]

@@ -460,6 +460,7 @@ def test_the_lines_drawn_are_those_whose_best_plan_that_fits_is_fastest():
     for most, names in [(2, ["zero=2", "zero=1"]), (3, ["zero=2", "zero=1", "zero=3"])]:
         _, fig = lines_figure(sweep, most)
         assert [t["name"] for t in _lines_drawn(fig)] == names
+        assert fig["layout"]["legend"]["title"]["text"] == "best first:"  # (ranked, not sorted: the legend says so)
 
 
 def test_estimated_steps_are_marked_where_a_row_shown_has_one():
