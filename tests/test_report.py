@@ -338,8 +338,10 @@ def test_hover_text_and_fade_of_a_bar():
         "<b>B mlp</b><br>stage 1 · compute · layer 5<br>start 1,000.000 ms · duration 0.000 ms<br>2 TFLOP")
     assert fade_level(whole) == 0  # no length: counts as busy
     # one style of number in every hover: thousands separated, no exponent
-    assert [fmt_flops(f) for f in (2e12, 999.4e12, 1.69e15)] == ["2 TFLOP", "999 TFLOP", "1.69 PFLOP"]
-    assert fmt_bytes(1002 * 1024**2) == "1,002.0 MiB"
+    assert [fmt_flops(f) for f in (2e12, 999.4e12, 1.69e15, 1.5e18, 5e7)] == \
+        ["2 TFLOP", "999 TFLOP", "1.69 PFLOP", "1,500 PFLOP", "50 MFLOP"]
+    assert fmt_bytes(1002 * 1024**2) == "1,002.0 MiB" and fmt_bytes(1500 * 1024**3) == "1,500.00 GiB"
+    assert fmt_time(3600.0) == "3,600 s" and fmt_time(12.3) == "12.3 s"
 
 
 # --------------------------------------------------------------------------- in a browser

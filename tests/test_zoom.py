@@ -88,7 +88,7 @@ def test_a_browser_marks_where_the_carried_spans_end(result, tmp_path, monkeypat
     with offline_page(path, f"#{DIV_ID} .main-svg") as (page, errors):
         page.evaluate(f"Plotly.relayout('{DIV_ID}', {{'xaxis.range': [{0.98 * until_ms}, {1.02 * until_ms}]}})")
         page.wait_for_timeout(300)
-        at_cut = page.evaluate(lines), page.text_content(f"#{DIV_ID} g.clustersim-spans text")
+        at_cut = page.evaluate(lines), page.text_content(f"#{DIV_ID} g.clustersim-spans text").strip(" \u2190\u2192")
         page.evaluate(f"Plotly.relayout('{DIV_ID}', {{'xaxis.range': [{1.1 * until_ms}, {1.2 * until_ms}]}})")
         page.wait_for_timeout(300)
         past, drawn_past = page.evaluate(lines), page.evaluate(DETAIL_DRAWN_JS)
@@ -168,11 +168,17 @@ def test_a_browser_draws_the_spans_in_view(result, tmp_path, monkeypatch, in_vie
         page.evaluate(relayout % (DIV_ID, x0, x1))
         page.wait_for_timeout(300)
         drawn = page.evaluate(DETAIL_DRAWN_JS)
+        # over the bars: plotly puts its layers back in its own order on a zoom
+        above = page.evaluate(f"document.querySelector('#{DIV_ID} g.clustersim-spans').previousSibling"
+                              ".getAttribute('class')")
         # the pointer on a span: the page's box names it, plotly's own label is hidden meanwhile
         page.locator(f"#{DIV_ID} .nsewdrag").scroll_into_view_if_needed()
         page.mouse.move(*page.evaluate(widest))
         page.wait_for_timeout(200)
         tip = page.inner_text(".clustersim-span-tip")
+        inside = page.evaluate("(() => {const r = document.querySelector('.clustersim-span-tip')"
+                               ".getBoundingClientRect(); return r.left >= 0 && r.right <= "
+                               "document.documentElement.clientWidth && r.bottom <= innerHeight;})()")
         plotly_label = page.evaluate(f"document.querySelector('#{DIV_ID} .hoverlayer').style.visibility")
         page.mouse.move(5, 5)  # off the chart: the box goes
         page.wait_for_timeout(200)
@@ -204,6 +210,7 @@ def test_a_browser_draws_the_spans_in_view(result, tmp_path, monkeypatch, in_vie
     assert errors == []
     assert drawn_full == full and drawn == len(want) and drawn_back == full
     assert _tip_span(detail, want, tip) is not None, tip
+    assert "barlayer" in above and inside
     assert plotly_label == "hidden" and tip_gone == "none"
     assert after_hide == sum(forms[fo[i]][1] != hidden for i in want)
     assert hidden_counted == len(spread) - n_hidden  # hidden spans do not count toward the limit

@@ -339,7 +339,7 @@ def row_labels(trace: Trace, rows: Iterable[tuple[int, str]]) -> list[str]:
 def fmt_bytes(n: float) -> str:
     """Binary units, as GPU memory is counted."""
     if n >= GiB:
-        return f"{n / GiB:.2f} GiB"
+        return f"{n / GiB:,.2f} GiB"
     if n >= MiB:
         return f"{n / MiB:,.1f} MiB"
     if n >= 1024:
@@ -357,6 +357,8 @@ def fmt_time(t_s: float) -> str:
     NOISE_S."""
     if abs(t_s) < NOISE_S:
         t_s = 0.0
+    if abs(t_s) >= 999.5:  # (.3g writes 3.6e+03 there)
+        return f"{t_s:,.0f} s"
     if abs(t_s) >= 1.0:
         return f"{t_s:.3g} s"
     if abs(t_s) >= 1e-3 or t_s == 0:
@@ -415,10 +417,16 @@ def hover_texts(bars: BarColumns, labels: list[str]) -> list[str]:
 
 
 def fmt_flops(flops: float) -> str:
-    """'3.45 TFLOP', '1.69 PFLOP' from 1,000 TFLOP on (never an exponent: '1.69e+03 TFLOP')."""
+    """'3.45 TFLOP'; '1.69 PFLOP' from 1,000 TFLOP on, '1,500 PFLOP' from 1,000 PFLOP, '50
+    MFLOP' below a GFLOP: never an exponent ('1.69e+03 TFLOP', '5e-05 TFLOP')."""
+    if flops >= 999.5e15:
+        return f"{flops / 1e15:,.0f} PFLOP"
     if flops >= 999.5e12:  # (what .3g would round up to 1e+03 TFLOP)
-        return f"{flops / 1e15:,.3g} PFLOP"
-    return f"{flops / 1e12:.3g} TFLOP"
+        return f"{flops / 1e15:.3g} PFLOP"
+    if flops >= 1e9 or flops <= 0:
+        return f"{flops / 1e12:.3g} TFLOP"
+    scale, unit = next((x, u) for x, u in ((1e6, "MFLOP"), (1e3, "kFLOP"), (1.0, "FLOP")) if flops >= x or x == 1.0)
+    return f"{flops / scale:.3g} {unit}"
 
 
 def size_flops_text(size_bytes: float, flops: float, size_text=None, flops_text=None) -> str:

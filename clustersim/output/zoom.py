@@ -126,8 +126,9 @@ function text(i,r){const f=D.forms[fo[i]];let w=D.labels[r];if(mb[i]>=0)w+=' \\u
  return '<b>'+f[0]+'</b><br>'+w+'<br>start '+ms(st[i])+' ms \\u00b7 duration '+ms(du[i])+' ms'+(f[3]?'<br>'+f[3]:'');}
 function layer(){const bars=gd.querySelector('.cartesianlayer .subplot.xy .barlayer');if(!bars)return null;
  const plot=bars.parentNode;let g=plot.querySelector(':scope > g.clustersim-spans');
- if(!g){g=document.createElementNS('http://www.w3.org/2000/svg','g');g.setAttribute('class','clustersim-spans');
-  plot.insertBefore(g,bars.nextSibling);}
+ if(!g){g=document.createElementNS('http://www.w3.org/2000/svg','g');g.setAttribute('class','clustersim-spans');}
+ // right over the bars, on every draw: plotly puts its layers back in its own order on a zoom
+ if(bars.nextSibling!==g)plot.insertBefore(g,bars.nextSibling);
  return g;}
 function draw(){const g=layer();if(!g)return;hide();
  const L=gd._fullLayout,xa=L.xaxis,ya=L.yaxis,hid=hidden(),p=picked(hid),w=xa._length,h=Math.abs(ya.l2p(1)-ya.l2p(0))*W;
@@ -139,12 +140,15 @@ function draw(){const g=layer();if(!g)return;hide();
  // where the carried spans end (past DETAIL_MAX_SPANS): a dashed line, named, where it is in view
  const u=D.until_ms===null?null:xa.l2p(D.until_ms);
  if(p&&u!==null&&u>=0&&u<=w)out+='<line x1="'+u.toFixed(2)+'" x2="'+u.toFixed(2)+'" y1="0" y2="'+ya._length
-  +'" stroke="#57606a" stroke-width="1" stroke-dasharray="4 3"></line><text x="'+(u-4).toFixed(2)
-  +'" y="12" text-anchor="end" font-size="11" fill="#57606a">spans carried up to here</text>';
+  +'" stroke="#57606a" stroke-width="1" stroke-dasharray="4 3"></line><text x="'+(u<w/2?u+5:u-5).toFixed(2)
+  +'" y="12" text-anchor="'+(u<w/2?'start':'end')+'" font-size="11" fill="#57606a" stroke="#ffffff" '
+  +'stroke-width="3" paint-order="stroke">'+(u<w/2?'\\u2190 ':'')+'spans carried up to here'+(u<w/2?'':' \\u2192')+'</text>';
  g.innerHTML=out;}
 function hide(){if(tip&&tip.style.display!=='none'){tip.style.display='none';const hl=gd.querySelector('.hoverlayer');if(hl)hl.style.visibility='';}}
 function hover(e){const area=drawn.length&&gd.querySelector('.nsewdrag');if(!area){hide();return;}
- const R=area.getBoundingClientRect(),L=gd._fullLayout,xa=L.xaxis,ya=L.yaxis,px=e.clientX-R.left,py=e.clientY-R.top;
+ const R=area.getBoundingClientRect(),L=gd._fullLayout,xa=L.xaxis,ya=L.yaxis;
+ // (a pointer's coordinates are a pixel's left edge: its centre is half a pixel on)
+ const px=e.clientX-R.left+0.5,py=e.clientY-R.top+0.5;
  const y=ya.p2l(py),r=Math.round(y),x=xa.p2l(px),slack=Math.abs(xa.p2l(2)-xa.p2l(0));
  let best=null,gap=Infinity;
  if(px>=0&&px<=R.width&&Math.abs(y-r)<=W/2)drawn.forEach(function(ir){const i=ir[0];if(ir[1]!==r)return;
@@ -155,7 +159,11 @@ function hover(e){const area=drawn.length&&gd.querySelector('.nsewdrag');if(!are
    +'border-radius:3px;padding:4px 7px;font:12px system-ui,-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;'
    +'color:#222;box-shadow:0 1px 4px rgba(0,0,0,.2);white-space:nowrap';}
  tip.innerHTML=text(best[0],best[1]);tip.style.borderColor=COL[D.forms[fo[best[0]]][1]];
- tip.style.left=(e.clientX+14)+'px';tip.style.top=(e.clientY+14)+'px';tip.style.display='block';
+ tip.style.display='block';
+ // beside the pointer, on the side the window has room for (as plotly's own labels flip)
+ const tw=tip.offsetWidth,th=tip.offsetHeight,vw=document.documentElement.clientWidth,vh=window.innerHeight;
+ tip.style.left=(e.clientX+14+tw<=vw?e.clientX+14:Math.max(0,e.clientX-14-tw))+'px';
+ tip.style.top=(e.clientY+14+th<=vh?e.clientY+14:Math.max(0,e.clientY-14-th))+'px';
  const hl=gd.querySelector('.hoverlayer');if(hl)hl.style.visibility='hidden';}
 gd.on('plotly_afterplot',draw);gd.on('plotly_relayout',draw);gd.on('plotly_restyle',draw);
 gd.addEventListener('mousemove',hover);gd.addEventListener('mouseleave',hide);
