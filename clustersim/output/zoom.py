@@ -137,11 +137,12 @@ function draw(){const g=layer();if(!g)return;hide();
   const x0=Math.max(xa.l2p(st[i]),-1),x1=Math.min(xa.l2p(st[i]+du[i]),w+1),y=ya.l2p(ir[1])-h/2;
   out+='<rect x="'+x0.toFixed(2)+'" y="'+y.toFixed(2)+'" width="'+Math.max(x1-x0,0.5).toFixed(2)+'" height="'+h.toFixed(2)
    +'" fill="'+FILL[f[1]]+'" stroke="'+EDGE[f[1]]+'" stroke-width="0.5"></rect>';drawn.push(ir);});
- // where the carried spans end (past DETAIL_MAX_SPANS): a dashed line, named, where it is in view
+ // where the carried spans end (past DETAIL_MAX_SPANS): a dashed line, named at the foot of the plot (the
+ // critical path runs along the top rows), where it is in view
  const u=D.until_ms===null?null:xa.l2p(D.until_ms);
  if(p&&u!==null&&u>=0&&u<=w)out+='<line x1="'+u.toFixed(2)+'" x2="'+u.toFixed(2)+'" y1="0" y2="'+ya._length
   +'" stroke="#57606a" stroke-width="1" stroke-dasharray="4 3"></line><text x="'+(u<w/2?u+5:u-5).toFixed(2)
-  +'" y="12" text-anchor="'+(u<w/2?'start':'end')+'" font-size="11" fill="#57606a" stroke="#ffffff" '
+  +'" y="'+(ya._length-5)+'" text-anchor="'+(u<w/2?'start':'end')+'" font-size="11" fill="#57606a" stroke="#ffffff" '
   +'stroke-width="3" paint-order="stroke">'+(u<w/2?'\\u2190 ':'')+'spans carried up to here'+(u<w/2?'':' \\u2192')+'</text>';
  g.innerHTML=out;}
 function hide(){if(tip&&tip.style.display!=='none'){tip.style.display='none';const hl=gd.querySelector('.hoverlayer');if(hl)hl.style.visibility='';}}
