@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,8 +53,8 @@ def _b64(a: np.ndarray, dtype: str) -> str:
     return base64.b64encode(np.ascontiguousarray(a, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()).decode("ascii")
 
 
-def detail_data(trace: Trace, order: SpanOrder, labels: list[str], groups: list[str],
-                extra_text: Any) -> dict[str, Any] | None:
+def detail_data(trace: Trace, order: SpanOrder, labels: list[str], groups: Callable[[str, str], str],
+                extra_text: Callable[[float, float], str]) -> dict[str, Any] | None:
     """The drawn spans as the page's script reads them (past DETAIL_MAX_SPANS, those that start
     before the earliest start of the rest), or None without spans. ``order``: the drawn rows'
     spans in display order (each row's spans by start, so those carried are each row's
