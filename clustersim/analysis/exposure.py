@@ -146,10 +146,17 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     by_group = stable_argsort(group)  # each group's spans in the order above
     ranked = []
     rank_pos = cols.rank_pos[rows]
+    # a group's spans of one rank can overlap only on several streams (one stream runs one
+    # span at a time): the groups on one stream alone skip the check (Megatron-1T: all of them)
+    n_streams = max(len(cols.stream_names), 1)
+    on_streams = np.bincount(group * n_streams + cols.stream[rows],
+                             minlength=(int(group.max(initial=0)) + 1) * n_streams)
+    several = (on_streams.reshape(-1, n_streams) > 0).sum(axis=1) > 1
     for sel in np.split(by_group, np.flatnonzero(np.diff(group[by_group])) + 1) if len(rows) else ():
         ex_s = seq_sum(weight[sel] * exposed[sel], 0.0)
         comm_s = seq_sum(weight[sel] * (end[sel] - start[sel]), 0.0)
-        union = _union_times(rank_pos[sel], start[sel], end[sel], weight[sel], computes)
+        union = (_union_times(rank_pos[sel], start[sel], end[sel], weight[sel], computes) if several[group[sel[0]]]
+                 else None)
         if union is not None:  # spans of one rank at once: counted once
             ex_s, comm_s = union
         # a span's exposed time is its length less the compute inside it: rounding leaves
