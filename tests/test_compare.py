@@ -240,7 +240,7 @@ def test_compare_page_draws_the_baseline_and_the_fastest_past_its_limit():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("clustersim.output.compare_page.MAX_TIMELINES", 3)
         mp.setattr("clustersim.output.compare_page.plan_line", lambda s: "plan")
-        text = _timelines_html(plans, [("[]", layout, "caption")] * 5)
+        text = _timelines_html(plans, [("[]", layout, "caption", None)] * 5)
     assert text.count("Plotly.newPlot") == 3 and "3 of the 5 plans are drawn" in text and "B, E are in" in text
     assert text.count(f'"range":[0,{json.dumps(1e3 * 100.0 * 1.005)}]') == 3  # A's step, the slowest drawn
     assert '"modeBarButtonsToRemove":["autoScale2d"]' in text

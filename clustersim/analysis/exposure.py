@@ -108,15 +108,15 @@ def _union_times(rank: np.ndarray, start: np.ndarray, end: np.ndarray, weight: n
     reach = np.maximum.accumulate(np.r_[-np.inf, (b + off)[:-1]])
     if not (a + off < reach - INSTANT_S).any():
         return None
+    w = weight[order]
     exposed = busy = 0.0
-    for k in np.flatnonzero(np.r_[True, r[1:] != r[:-1], True])[:-1].tolist():
-        i = int(r[k])
-        mine = r == i
-        lo, hi = merged(a[mine], b[mine], presorted=True)
-        c = computes.get(i, (np.zeros(0), np.zeros(0)))
+    cuts = np.flatnonzero(np.r_[True, r[1:] != r[:-1], True]).tolist()
+    for k0, k1 in zip(cuts[:-1], cuts[1:]):  # each rank's spans, by start
+        lo, hi = merged(a[k0:k1], b[k0:k1], presorted=True)
+        c = computes[int(r[k0])]  # (every rank with a communication span has its compute merged)
         ex = (hi - lo) - (covered_s(hi, c) - covered_s(lo, c))
-        exposed += float(weight[order][mine][0]) * seq_sum(ex, 0.0)
-        busy += float(weight[order][mine][0]) * seq_sum(hi - lo, 0.0)
+        exposed += float(w[k0]) * seq_sum(ex, 0.0)
+        busy += float(w[k0]) * seq_sum(hi - lo, 0.0)
     return exposed, busy
 
 

@@ -243,7 +243,7 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple | None]) 
              f"from 0 to the slowest step drawn ({fmt_time(slowest_s)}): a shorter step ends sooner. Zoom one, and "
              "the others follow; double-click to reset."
              + (f" Zoomed in to {DETAIL_IN_VIEW:,} spans or fewer in view, a timeline draws each span inside its "
-                "bars." if any(len(timelines[i]) > 3 and timelines[i][3] for i in drawn) else "")
+                "bars." if any(timelines[i][3] for i in drawn) else "")
              + (f" {len(drawn)} of the {len(plans)} plans are drawn (the first, the fastest that fits, then the "
                 f"fastest); {', '.join(left)} are in their reports." if left else "") + "</p>"]
     # one left margin for all, wide enough for the longest row label of any: plotly's automargin
@@ -252,7 +252,7 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple | None]) 
     left_px = round(LABEL_CHAR_PX * max(map(len, labels), default=0)) + 16
     ids = []
     for i in drawn:
-        p, (data_json, layout, caption, *detail) = plans[i], timelines[i]
+        p, (data_json, layout, caption, spans) = plans[i], timelines[i]
         div_id = f"{DIV_ID}-{p['label']}"
         ids.append(div_id)
         layout = {**layout, "xaxis": {**layout["xaxis"], "range": [0, end_ms]},
@@ -260,7 +260,6 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple | None]) 
                   "margin": {**layout.get("margin", {}), "l": left_px}}
         before, after = plot_div_around_data({"layout": layout}, div_id, _TIMELINE_CONFIG)
         unfit = "" if p["summary"]["memory"]["fits"] else ' · <span class="nofit">does not fit</span>'
-        spans = detail[0] if detail else None
         if spans and spans["until_ms"] is not None:  # (the report's note says it too: report.timeline_note)
             caption = (f"{caption} Zoomed in, its spans are drawn in the step's first "
                        f"{fmt_time(spans['until_ms'] / 1e3)} ({spans['carried']:,} of {spans['of']:,}).")
@@ -294,9 +293,9 @@ def compare_html(plans: list[dict[str, Any]], timelines: list[tuple | None], rep
     """The whole page, plotly.js inlined (it works offline). ``plans``: as
     :func:`clustersim.output.compare.format_compare` takes them; ``timelines``: per plan, its
     timeline's data as JSON (as the report writes it), its layout, its caption
-    (:func:`timeline_caption`) and, optionally, its spans one by one (the figure's
-    ``"detail"``, clustersim.output.report.timeline; None past its limit), or None where it
-    has no timeline; ``reports``: whether each plan's
+    (:func:`timeline_caption`) and its spans one by one (the figure's ``"detail"``,
+    clustersim.output.report.timeline; None without spans), or None where it has no
+    timeline; ``reports``: whether each plan's
     report_X.html is beside the page (linked)."""
     kinds = kinds_figure(plans)
     body = [

@@ -425,8 +425,10 @@ def fmt_flops(flops: float) -> str:
         return f"{flops / 1e15:.3g} PFLOP"
     if flops >= 1e9 or flops <= 0:
         return f"{flops / 1e12:.3g} TFLOP"
-    scale, unit = next((x, u) for x, u in ((1e6, "MFLOP"), (1e3, "kFLOP"), (1.0, "FLOP")) if flops >= x or x == 1.0)
-    return f"{flops / scale:.3g} {unit}"
+    for scale, unit in ((1e6, "MFLOP"), (1e3, "kFLOP")):
+        if flops >= scale:
+            return f"{flops / scale:.3g} {unit}"
+    return f"{flops:.3g} FLOP"
 
 
 def size_flops_text(size_bytes: float, flops: float, size_text=None, flops_text=None) -> str:
@@ -966,12 +968,12 @@ def _rank_bands(rows: list[tuple[int, str]]) -> list[dict]:
             for n, (lo, hi) in enumerate(spans) if n % 2 == 0]
 
 
-# Tick labels with as many decimals as the tick spacing needs (2,000 at full view, 1,000.2
-# when zoomed to a millisecond), never an exponent.
 # one style for the numbers on every chart's axes, "2,000": plotly's default wrote "2k" on the
-# memory and link-use charts beside the timeline's "2,000" (its ms tick formats above)
+# memory and link-use charts beside the timeline's "2,000" (its ms tick formats below)
 NUMBER_TICKS = {"exponentformat": "none", "separatethousands": True}
 
+# Tick labels with as many decimals as the tick spacing needs (2,000 at full view, 1,000.2
+# when zoomed to a millisecond), never an exponent.
 _MS_TICK_FORMATS = [
     {"dtickrange": [None, 0.01], "value": ",.3f"},
     {"dtickrange": [0.01, 0.1], "value": ",.2f"},
@@ -1505,14 +1507,14 @@ def _stretches_note(cp: dict[str, Any], summary: dict[str, Any]) -> str:
 
 
 def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dict[str, Any] | None = None,
-                  replicas: bool = False, detail: dict[str, Any] | None = None, zoom: bool = False) -> str:
+                  replicas: bool = False, spans: dict[str, Any] | None = None) -> str:
     """What a row and a bar stand for; ``binned``: the timeline's ``layout.meta["binned"]``
     when it shows runs of bins, ``shown``: its ``layout.meta["shown"]`` when it draws some of
     the ranks (see :func:`timeline`); ``replicas``: each DP replica was simulated apart
     (``simulation.split_replicas``), so a rank's twins are its replica's TP and CP peers;
-    ``zoom``: the page draws the spans in view one by one once zoomed in
-    (clustersim.output.zoom), ``detail``: its ``layout.meta["detail"]``, where it carries only
-    those of the step's first stretch (too many to carry all)."""
+    ``spans``: the spans the page carries to draw one by one once zoomed in (the figure's
+    ``"detail"``, clustersim.output.zoom; ``until_ms`` set where they are the step's first
+    stretch alone, too many to carry all), None where it carries none."""
     weights = sorted({trace.weight.get(r, 1) for r in trace.ranks})
     who = ""
     if weights and weights != [1]:
@@ -1538,12 +1540,12 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
         if shown["kinds"] > shown["ranks"]:
             head += "The critical path's line breaks where it crosses a rank of a kind not drawn. "
     tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
-    if zoom and detail:
-        tail = (f"The page carries the spans that start in the step's first {fmt_time(detail['until_ms'] / 1e3)} "
-                f"({detail['carried']:,} of {detail['of']:,}{'' if binned else '; trace.json.gz has every span'}): "
+    if spans and spans["until_ms"] is not None:
+        tail = (f"The page carries the spans that start in the step's first {fmt_time(spans['until_ms'] / 1e3)} "
+                f"({spans['carried']:,} of {spans['of']:,}{'' if binned else '; trace.json.gz has every span'}): "
                 f"zoomed in there to {DETAIL_IN_VIEW:,} spans or fewer in view, each is drawn inside the bars, "
                 f"thinner, with its name on hover. {tail}")
-    elif zoom:
+    elif spans:
         tail = (f"Zoomed in to {DETAIL_IN_VIEW:,} spans or fewer in view, each span is drawn inside the bars, "
                 f"thinner, with its name on hover. {tail}")
     if binned:
@@ -1595,9 +1597,8 @@ def gpus_html(trace: Trace, shown: dict[str, Any] | None = None) -> str:
 
 
 def _timeline_meta(fig: go.Figure | dict[str, Any], key: str) -> dict[str, Any] | None:
-    """The timeline's ``layout.meta[key]``: "binned" (None when it shows merged bars),
-    "shown" (None when it draws every rank) or "detail" (None unless the page carries only
-    the first spans, too many to carry all)."""
+    """The timeline's ``layout.meta[key]``: "binned" (None when it shows merged bars) or
+    "shown" (None when it draws every rank)."""
     meta = fig["layout"].get("meta") if isinstance(fig, dict) else fig.layout.meta
     return meta.get(key) if isinstance(meta, dict) else None
 
@@ -1668,7 +1669,7 @@ def _page_parts(trace: Trace, summary: dict[str, Any], d: dict[str, Any], files:
         memory_html(summary), memory_plot, links_html(summary), links_plot,
         "<h2>Timeline</h2>", timeline_note(trace, _timeline_meta(d, "binned"), _timeline_meta(d, "shown"),
                                         bool(summary.get("simulation", {}).get("split_replicas")),
-                                        _timeline_meta(d, "detail"), detail is not None),
+                                        detail),
         gpus_html(trace, _timeline_meta(d, "shown")), before,
     ])
     if detail is not None:

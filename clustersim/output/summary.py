@@ -274,8 +274,8 @@ def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
         if c.get("bottleneck"):
             bn = c["bottleneck"]
             # (another of its own group: DualPipe's other part, a bucket beside the next)
-            shared = ", ".join(("another " if x["collective"] == c["collective"] else "") + plain_collective(x["collective"])
-                               for x in c.get("shared_with", [])[:1])
+            shared = ", ".join(("another " if x["collective"] == c["collective"] else "")
+                               + plain_collective(x["collective"]) for x in c.get("shared_with", [])[:1])
             where = f" · bound by {bn['link']} ({bn['kind']})" + (f", shared with {shared}" if shared else "")
         # how many a GPU runs: a cost paid per microbatch (ZeRO-3's gathers) shows as a count
         n = c.get("count_per_gpu", 1)  # (a mean over GPUs: whole where every GPU runs as many)
