@@ -224,7 +224,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     use (null), what a sweep's plans do not show (the rest is the same)."""
     gpu = sc.cluster.gpu
     peak = gpu.peak_flops(sc.training.precision)
-    changes = changed_topology_fields(sc.cfg.cluster)
+    changes = changed_topology_fields(sc.cfg.cluster, sc.topology._file_data)
     world = sc.mesh.world_size
     metrics = step_metrics(trace, world_size=world, peak_flops=peak, tokens_per_step=sc.tokens_per_step)
     p, t = sc.parallel, sc.training

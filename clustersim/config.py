@@ -1006,10 +1006,31 @@ def topology_changes(cluster: ClusterRef) -> dict[str, Any]:
                               ("fabric", cluster.fabric)) if v is not None}
 
 
-def changed_topology_fields(cluster: ClusterRef) -> dict[str, Any] | None:
-    """The topology fields the scenario's cluster section sets besides the node count, dotted:
-    ``{"node.nic.bw_Gbps": 800}`` (summary.json's ``hardware.changes``); None where none."""
-    return {k: v for k, v in _flat_items(topology_changes(cluster)) if k != "nodes" and v != {}} or None
+def changed_topology_fields(cluster: ClusterRef, file_data: dict | None = None) -> dict[str, Any] | None:
+    """The topology fields the scenario's cluster section changes besides the node count, dotted:
+    ``{"node.nic.bw_Gbps": 800}`` (summary.json's ``hardware.changes``); None where none.
+    A field set to what the topology file ``file_data`` (as read) already has changes nothing
+    and is left out: ``cluster.gpu: A100`` on a file of ``A100-SXM4-80GB`` nodes (the same GPU
+    by another of its names), or ``nic.bw_Gbps: 400`` on a file of 400 Gb/s NICs."""
+    return {k: v for k, v in _flat_items(topology_changes(cluster))
+            if k != "nodes" and v != {} and not _as_in_file(k, v, file_data or {})} or None
+
+
+def _as_in_file(key: str, value: Any, file_data: dict) -> bool:
+    """Whether the topology file (``file_data``, as read) sets ``key`` (dotted) to ``value``;
+    GPUs are the same where their names look up the same catalogue entry."""
+    here: Any = file_data
+    for part in key.split("."):
+        if not isinstance(here, dict) or part not in here:
+            return False
+        here = here[part]
+    if key == "gpu" and isinstance(here, str) and isinstance(value, str):
+        try:
+            return lookup_gpu(here).name == lookup_gpu(value).name
+        except KeyError:  # a name the catalogue does not know is reported elsewhere
+            return here == value
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731  (400 is 400.0)
+    return here == value if number(here) and number(value) else type(here) is type(value) and here == value
 
 
 def _scenarios_error(exc: ConfigError, overrides: dict[str, Any], topo_path: Path, source: str) -> ConfigError:

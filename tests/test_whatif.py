@@ -242,6 +242,24 @@ def test_a_swapped_gpu_says_the_nvlink_rate_its_node_kept(root):
     assert summary(gpu="A100")["hardware"]["nvlink_kept"] is None  # (the topology's own GPU, by its alias)
 
 
+@pytest.mark.parametrize("cluster, listed", [
+    ({"gpu": "A100"}, None),  # the file's own GPU, by its alias
+    ({"gpu": "A100-SXM4-80GB", "node": {"nic": {"bw_Gbps": 200.0}}}, None),  # the file's 200 Gb/s, as a float
+    ({"gpu": "A100", "node": {"nic": {"bw_Gbps": 400}, "gpus": 8}}, {"node.nic.bw_Gbps": 400}),
+    ({"gpu": "H100"}, {"gpu": "H100"}),
+])
+def test_only_what_differs_from_the_topology_file_is_listed_as_changed(root, cluster, listed):
+    """``hardware.changes`` and the cluster line's "changed:" list a field the scenario sets to
+    what its topology file already has (dgx-a100.yaml: A100-SXM4-80GB, 200 Gb/s NICs, 8 GPUs)
+    as no change: the GPU by any of its names, a number as int or float."""
+    d = scenario_dict(training={"global_batch_size": 16})
+    d["cluster"].update(cluster)
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root), brief=True).summary
+    assert s["hardware"]["changes"] == listed
+    line = next(x for x in format_summary(s).splitlines() if x.startswith("cluster "))
+    assert ("changed:" in line) == (listed is not None)
+
+
 def test_naming_the_topologys_own_gpu_keeps_no_nvlink_rate(root, tmp_path):
     """A custom topology may set an NVLink rate of its own (200 GB/s for A100s): a scenario
     whose ``cluster.gpu`` names that topology's GPU (by an alias too) swaps nothing, so no

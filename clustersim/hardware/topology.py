@@ -163,6 +163,8 @@ class TopologyCfg(Strict):
     _source: str | None = pydantic.PrivateAttr(default=None)
     # the GPU the file itself names, before the scenario's cluster.gpu (None: not read from a file)
     _file_gpu: str | None = pydantic.PrivateAttr(default=None)
+    # the file's own fields as read, before the scenario's changes ({}: not read from a file)
+    _file_data: dict = pydantic.PrivateAttr(default_factory=dict)
 
     @pydantic.field_validator("fabric")
     @classmethod
@@ -210,11 +212,12 @@ def load_topology_cfg(path: Path, overrides: dict | None = None, *, build: bool 
         has = " and ".join(k for k in ("cluster", "model") if k in data)
         raise ConfigError(f"this is a scenario file (it has {has}, not gpu); give a topology file, "
                           "such as topologies/dgx-h100.yaml", source=str(path))
-    file_gpu = data.get("gpu")
+    file_gpu, file_data = data.get("gpu"), data
     data = _merged(data, overrides or {})
     cfg = validate(TopologyCfg, data, source=str(path))
     cfg._source = str(path)
     cfg._file_gpu = file_gpu if isinstance(file_gpu, str) else None
+    cfg._file_data = file_data
     check_size(cfg)
     if build:
         check_what_ifs(cfg)
