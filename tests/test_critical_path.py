@@ -102,6 +102,29 @@ def test_a_lone_collective_is_exposed_on_its_nic_and_shares_it_with_nothing(root
     assert c["bottleneck"]["busy_s"] == pytest.approx((1 << 30) / c["bottleneck"]["bw_Bps"], rel=1e-12)
 
 
+def test_an_nvls_bottleneck_s_rate_is_the_share_nvls_sustains(root):
+    """Under NVLS each GPU sends S up its NVLink port and receives S down, at NVLS's own share
+    of the line rate (nvls_efficiency, not the port's usable nvlink.efficiency): the rate the
+    bottleneck names is that share, so its traffic over it is its busy time, which is also
+    the span's closed form (nothing else runs)."""
+    cl = clustersim.load_scenario(scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 2}),
+                                  base_dir=root).cluster
+    prog = Program(ranks=[0], weight={0: 8})
+    prog.add(rank=0, stream="tp", name="AR x", kind="tp",
+             comm=Comm("all_reduce", float(1 << 30), tuple(range(8)), (), (0,), ("tp", tuple(range(8)), 0)))
+    eng = Engine(prog, cl, algorithms={"all_reduce": "nvls"})
+    trace = eng.run()
+    (c,) = exposed_collectives(prog, trace, eng, cl)
+    bn = c["bottleneck"]
+    assert c["algorithm"] == "nvls" and bn["kind"] == "nvlink"
+    assert bn["bw_Bps"] == pytest.approx(cl.cfg.node.nvlink.bw_GBps * 1e9 * cl.gpu.nvls_efficiency, rel=1e-12)
+    assert bn["busy_s"] == pytest.approx((1 << 30) / bn["bw_Bps"], rel=1e-12)
+    assert 0 < trace.end_s - bn["busy_s"] < 20e-6  # the span: that and its latency steps, microseconds
+    from clustersim.output.report import causes_html
+
+    assert f"(nvlink, {bn['bw_Bps'] / 1e9:.0f} GB/s NVLS sustains)" in causes_html({"exposed_comm_causes": [c]})
+
+
 def test_two_collectives_on_one_nic_each_name_the_other(root):
     cl = _two_node_cluster(root)
     alone = Engine(_allreduces(["a"]), cl, algorithms={"all_reduce": "ring"}).run().end_s

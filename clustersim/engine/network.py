@@ -208,8 +208,8 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     if siblings and (shared is None or any(key not in shared for key in keys)):
         per_group.update((g, phases(comm.op, algo, g, node_of, route)) for g in sibling_groups)
     scale, scale_out = 1.0, None
-    if algo == "nvls":  # NVLS sustains its own, calibrated, share of the NVLink line rate
-        scale = cluster.cfg.node.nvlink.efficiency / cluster.gpu.nvls_efficiency
+    if algo == "nvls":
+        scale = cluster.nvls_wire_scale
     if algo == DEEPEP:  # DeepEP's kernels: their own share of NVLink's, the NICs' own across nodes
         scale, scale_out = 1.0 / DEEPEP_NVLINK_SHARE, 1.0
     out = []

@@ -438,6 +438,15 @@ class Cluster:
         return self.cfg.node.gpus
 
     @property
+    def nvls_wire_scale(self) -> float:
+        """How much longer NVLS traffic holds an NVLink link than the link's usable bandwidth
+        gives: NVLS sustains its own, calibrated, share of the line rate (hardware/gpus.py)::
+
+            scale = nvlink.efficiency / gpu.nvls_efficiency        H100: 0.81 / 0.608 = 1.33
+        """
+        return self.cfg.node.nvlink.efficiency / self.gpu.nvls_efficiency
+
+    @property
     def num_gpus(self) -> int:
         return len(self.gpu_names)
 

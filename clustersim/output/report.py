@@ -1461,7 +1461,8 @@ def causes_html(summary: dict[str, Any]) -> str:
     rows = []
     for c in causes:
         bn = c.get("bottleneck")
-        link = f'{e(bn["link"])} ({e(bn["kind"])}, {bn["bw_Bps"] / 1e9:.0f} GB/s)' if bn else ""
+        share = " NVLS sustains" if c.get("algorithm") == "nvls" else ""  # (bottleneck.bw_Bps: its share)
+        link = f'{e(bn["link"])} ({e(bn["kind"])}, {bn["bw_Bps"] / 1e9:.0f} GB/s{share})' if bn else ""
         if c.get("alone"):
             shared = "nothing (alone on its links)"
         else:
