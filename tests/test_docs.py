@@ -131,7 +131,8 @@ def test_gpu_catalogue_table_matches_the_code(reference_text, backticked):
     for name, g in GPUS.items():
         want = [_fmt(g.bf16_flops / 1e12), "-" if g.fp8_flops is None else _fmt(g.fp8_flops / 1e12),
                 _fmt(g.hbm_bw_Bps / 1e9), _fmt(g.hbm_capacity_bytes / GiB), _fmt(g.nvlink_bw_Bps / 1e9),
-                _fmt(g.matmul_efficiency), _fmt(g.memory_efficiency)]
-        assert rows[name][1:8] == want, f"catalogue row of {name} is out of date"
+                _fmt(g.matmul_efficiency), _fmt(g.memory_efficiency),
+                "-" if g.attention_efficiency is None else ", ".join(f"{e:.2f}" for e in g.attention_efficiency)]
+        assert rows[name][1:9] == want, f"catalogue row of {name} is out of date"
     for alias, target in ALIASES.items():
         assert alias in backticked and target in backticked, f"alias {alias} -> {target} is not documented"

@@ -224,6 +224,39 @@ def test_fp8_runs_the_linear_layers_in_fp8_and_attention_head_and_router_in_bf16
         assert op_time_s(op, gpu, "fp8") == pytest.approx(ratio * op_time_s(op, gpu, "bf16"), rel=EXACT), name
 
 
+@pytest.mark.parametrize("gpu_name, fwd_bwd", [("A100", (200 / 312, 196 / 312)), ("H100", (616 / 989, 561 / 989))])
+def test_flash_attention_runs_at_its_kernels_published_efficiency(gpu_name, fwd_bwd):
+    """Flash attention's fused kernels reach less of the peak than a large GEMM: core attention
+    under flash runs at FlashAttention-2's published A100 rates (Dao 2023: about 200 TFLOP/s
+    forward with the causal mask, 196 backward, of 312) and FlashAttention-3's H100 ones (Shah et
+    al. 2024: 616 and 561 of 989), each op's FLOPs as clustersim counts them; standard attention
+    (batched GEMMs) and the other GEMMs keep the matmul efficiency, and a GPU without a published
+    attention figure of its own would too."""
+    from dataclasses import replace
+
+    from clustersim.hardware import lookup_gpu
+    from clustersim.model.transformer import DenseModelCfg, attn_block_fwd, block_bwd
+    from clustersim.program.costs import op_time_s
+
+    gpu = lookup_gpu(gpu_name)
+    m = DenseModelCfg(layers=2, hidden=1024, heads=8, ffn_hidden=4096, vocab=1000, seq_len=4096)
+    for flash in (True, False):
+        fwd = next(op for op in attn_block_fwd(m, 1, 1, flash) if op.name == "core_attn")
+        bwd = next(op for op in block_bwd([fwd], flash) if op.name == "core_attn")
+        for op, want in ((fwd, fwd_bwd[0]), (bwd, fwd_bwd[1])):
+            eff = want if flash else gpu.matmul_efficiency
+            compute_s = op.flops / (gpu.bf16_flops * eff)
+            memory_s = op.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
+            assert op_time_s(op, gpu, "bf16") == pytest.approx(max(compute_s, memory_s), rel=EXACT), (flash, op)
+    flash_fwd = next(op for op in attn_block_fwd(m, 1, 1, True) if op.name == "core_attn")
+    assert op_time_s(flash_fwd, replace(gpu, attention_efficiency=None), "bf16") == pytest.approx(
+        flash_fwd.flops / (gpu.bf16_flops * gpu.matmul_efficiency), rel=EXACT)
+    qkv = next(op for op in attn_block_fwd(m, 1, 1, True) if op.name == "qkv")
+    assert op_time_s(qkv, gpu, "bf16") == pytest.approx(
+        max(qkv.flops / (gpu.bf16_flops * gpu.matmul_efficiency), qkv.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)),
+        rel=EXACT)
+
+
 # ---------------------------------------------------------------- mixture of experts
 MOE = {"experts": 16, "top_k": 2, "expert_ffn": 1024, "shared_experts": 1, "dense_layers_first": 1}
 

@@ -134,6 +134,9 @@ class Op:
     # core attention: the share of its FLOPs in QK^T, which flash attention's backward runs
     # again (1/2 where queries, keys and values are equally wide; d_qk / (d_qk + d_v) under MLA)
     qk_share: float = 0.5
+    # the fused kernel that runs it where that kernel has an efficiency of its own
+    # (``GpuSpec.attention_efficiency``): "flash_fwd", "flash_bwd"; "" for any other op
+    kernel: str = ""
 
     def __post_init__(self):
         if self.model_flops < 0:
@@ -189,7 +192,7 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
         elementwise_op("norm1", rep_tok * h, 2),
         *qkv,
         Op("core_attn", causal_flops if flash else square_flops, core_bytes, causal_flops,
-           m.qk_dim / (m.qk_dim + m.v_dim)),
+           m.qk_dim / (m.qk_dim + m.v_dim), "flash_fwd" if flash else ""),
         matmul_op("proj", tok, ctx_dim, h),
         elementwise_op("residual1", rep_tok * h, 3),
     ]
@@ -283,7 +286,7 @@ def block_bwd(fwd: list[Op], flash: bool) -> list[Op]:
     for op in reversed(fwd):
         bwd = _backward(op)
         if op.name == "core_attn" and flash:
-            bwd = Op(op.name, (2 + op.qk_share) * op.flops, bwd.bytes, 2 * op.model_flops)
+            bwd = Op(op.name, (2 + op.qk_share) * op.flops, bwd.bytes, 2 * op.model_flops, op.qk_share, "flash_bwd")
         out.append(bwd)
     return out
 

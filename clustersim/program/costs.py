@@ -1,7 +1,10 @@
 """Where model meets hardware: seconds for an op on a GPU (roofline with calibrated efficiency).
 
-    time = max( flops / (peak_flops * matmul_efficiency),
+    time = max( flops / (peak_flops * efficiency),
                 bytes / (hbm_bw * memory_efficiency) )
+
+    efficiency = matmul_efficiency, or for flash attention's fused kernels
+                 attention_efficiency (forward, backward)
 
 (Williams et al. 2009, "Roofline"; efficiencies fitted per GPU in hardware/gpus.py.)
 """
@@ -32,11 +35,17 @@ def op_time_s(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> fl
     rest; the tensor-core peak scales with it, HBM bandwidth does not (the SMs left still
     saturate it)::
 
-        time = max( flops / (peak * sm_share * matmul_efficiency), bytes / (hbm_bw * memory_efficiency) )
+        time = max( flops / (peak * sm_share * efficiency), bytes / (hbm_bw * memory_efficiency) )
+
+    ``efficiency``: the GPU's matmul efficiency, or its flash-attention kernels' own
+    (``GpuSpec.attention_efficiency``, forward or backward) for core attention under flash.
     """
     if precision == "fp8" and op.name in BF16_UNDER_FP8:
         precision = "bf16"
-    compute = op.flops / (gpu.peak_flops(precision) * sm_share * gpu.matmul_efficiency)
+    eff = gpu.matmul_efficiency
+    if op.kernel and gpu.attention_efficiency is not None:  # a flash-attention kernel's own
+        eff = gpu.attention_efficiency[op.kernel == "flash_bwd"]
+    compute = op.flops / (gpu.peak_flops(precision) * sm_share * eff)
     memory = op.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
     return max(compute, memory)
 
