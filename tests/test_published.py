@@ -304,14 +304,15 @@ def megatron_bridge_row(i: int) -> dict:
 def test_megatron_bridge_h100_fp8_rows(i):
     """NVIDIA's published H100 FP8 throughput of Llama 3 8B, 70B and 3.1 405B: the same model
     FLOPs a token (Megatron-Bridge counts the causal half, as clustersim does: within 0.3 %), and
-    clustersim 1.3-1.6x optimistic, more than on the A100 runs of 2021-2022 above: it models no
-    FP8 scaling and casts, no SMs the overlapped TP, CP and DP communication takes from the
-    GEMMs, no framework overhead (docs/metrics.md)."""
+    clustersim 1.24-1.52x optimistic, more than on the A100 runs of 2021-2022 above: it models
+    the casts of the GEMMs' operands to FP8 but not the weights' casts and the scales, no SMs
+    the overlapped TP, CP and DP communication takes from the GEMMs, no framework overhead
+    (docs/metrics.md)."""
     *_, tokens, tflops = MEGATRON_BRIDGE_H100_FP8[i]
     s = megatron_bridge_row(i)
     per_token = s["model_flops_per_step"] / s["tokens_per_step"]
     assert tokens * per_token / 1e12 == pytest.approx(tflops, rel=3e-3)
-    assert 1.2 < s["tokens_per_s"] / s["world_size"] / tokens < 1.7
+    assert 1.1 < s["tokens_per_s"] / s["world_size"] / tokens < 1.6
 
 
 def test_megatron_bridge_h100_fp8_rows_in_the_docs():

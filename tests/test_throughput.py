@@ -224,6 +224,63 @@ def test_fp8_runs_the_linear_layers_in_fp8_and_attention_head_and_router_in_bf16
         assert op_time_s(op, gpu, "fp8") == pytest.approx(ratio * op_time_s(op, gpu, "bf16"), rel=EXACT), name
 
 
+def test_fp8_gemms_pay_the_cast_of_their_operand():
+    """Under FP8 a GEMM first casts one operand to FP8 with its transpose, a memory-bound pass of
+    4 bytes a value (read 2, write 1 and 1): its input (m x k) forward, its output gradient
+    (m x n) backward, whose dgrad and wgrad halves share it; the experts' grouped GEMMs too. Under
+    BF16, and for the ops FP8 training leaves in BF16, nothing is added."""
+    from clustersim.hardware import lookup_gpu
+    from clustersim.model.moe import MoeCfg, routed_experts_fwd
+    from clustersim.model.transformer import _backward, matmul_op
+    from clustersim.program.costs import op_time_s
+    from clustersim.program.work import split_backward_ops
+
+    gpu = lookup_gpu("H100")
+    bw = gpu.hbm_bw_Bps * gpu.memory_efficiency
+    m, k, n = 8192, 4096, 6144
+    fwd = matmul_op("qkv", m, k, n)
+    bwd = _backward(fwd)
+    for op, cast in ((fwd, m * k), (bwd, m * n)):
+        assert op_time_s(op, gpu, "fp8") == pytest.approx(
+            max(op.flops / (gpu.fp8_flops * gpu.matmul_efficiency), op.bytes / bw) + 4 * cast / bw, rel=EXACT)
+        assert op_time_s(op, gpu, "bf16") == pytest.approx(
+            max(op.flops / (gpu.bf16_flops * gpu.matmul_efficiency), op.bytes / bw), rel=EXACT)
+    b_half, w_half = split_backward_ops([bwd])
+    assert sum(op_time_s(o, gpu, "fp8") for o in b_half + w_half) == pytest.approx(op_time_s(bwd, gpu, "fp8"), rel=EXACT)
+    head = matmul_op("lm_head", m, k, 50000)  # left in BF16: no cast
+    assert op_time_s(head, gpu, "fp8") == op_time_s(head, gpu, "bf16")
+    up = routed_experts_fwd(MoeCfg(experts=8, top_k=2, expert_ffn=2048, capacity_factor=1.25), 4096, 1024, 1)[0]
+    assert up.fp8_cast_elems == 4096 * 2 * 1.25 * 1024 and up.fp8_grad_elems == 4096 * 2 * 1.25 * 2 * 2048
+
+
+def test_a_dense_fp8_step_pays_its_casts_in_full(root):
+    """A dense layer under FP8, one GPU, no recompute: the compute differs from what it is with
+    free casts by 4 bytes a value of every GEMM's input forward (QKV h, out projection h, MLP up
+    h, down f) and output gradient backward (QKV h + 2 h_kv, projection h, up 2f for SwiGLU, down
+    h), per token and layer, at the HBM rate."""
+    from clustersim.program import costs
+
+    model = {"layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 2, "ffn_hidden": 2816, "mlp": "swiglu",
+             "vocab": 32000, "seq_len": 2048}
+    d = dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 1}, model=model,
+             parallel={"tp": 1, "pp": 1, "dp": 8}, training={"global_batch_size": 16, "precision": "fp8"})
+
+    def compute_s() -> float:
+        return clustersim.simulate(clustersim.load_scenario(scenario_dict(**d), base_dir=root), brief=True).summary[
+            "compute_s"]
+
+    paid = compute_s()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(costs, "FP8_CAST_BYTES_PER_ELEM", 0)
+        free = compute_s()
+    h, f, kv = 1024, 2816, 2 * 1024 // 8
+    per_token_layer = (h + h + h + f) + (h + 2 * kv + h + 2 * f + h)
+    tokens = 16 // 8 * 2048
+    gpu = clustersim.hardware.lookup_gpu("H100")
+    assert paid - free == pytest.approx(4 * per_token_layer * tokens * 2 / (gpu.hbm_bw_Bps * gpu.memory_efficiency),
+                                        rel=1e-9)
+
+
 @pytest.mark.parametrize("gpu_name, fwd_bwd", [("A100", (200 / 312, 196 / 312)), ("H100", (616 / 989, 561 / 989))])
 def test_flash_attention_runs_at_its_kernels_published_efficiency(gpu_name, fwd_bwd):
     """Flash attention's fused kernels reach less of the peak than a large GEMM: core attention

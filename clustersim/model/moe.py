@@ -28,6 +28,7 @@ in, computes and keeps is the same.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import comb
 from typing import Literal
 
@@ -114,7 +115,7 @@ def router_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int = 1) -> list[Op]:
     the same tokens, so each executes the whole matmul but holds 1/t of its model FLOPs (the
     model needs it once)."""
     logits = matmul_op("router", tokens, hidden, moe.experts)
-    logits = Op(logits.name, logits.flops, logits.bytes, logits.flops / t)
+    logits = replace(logits, model_flops=logits.flops / t)
     return [logits, elementwise_op("topk", tokens * moe.experts, 3)]
 
 
@@ -133,7 +134,7 @@ def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, load: fl
 
     def gemm(name: str, k: float, n: float) -> Op:
         op = matmul_op(name, pairs, k, n)
-        return Op(op.name, op.flops, op.bytes, op.flops / moe.capacity_factor)
+        return replace(op, model_flops=op.flops / moe.capacity_factor)
 
     return [
         gemm("experts_up", hidden, up),

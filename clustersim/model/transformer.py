@@ -26,7 +26,7 @@ with the 5*a*s/(h*t) term (scores, softmax, dropout mask) absent under flash att
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import pydantic
@@ -137,6 +137,12 @@ class Op:
     # the fused kernel that runs it where that kernel has an efficiency of its own
     # (``GpuSpec.attention_efficiency``): "flash_fwd", "flash_bwd"; "" for any other op
     kernel: str = ""
+    # a GEMM under FP8 training first casts one operand to FP8 (program/costs.py
+    # ``fp8_cast_time_s``): the values it casts (its input forward, the output gradient
+    # backward), and, for a forward GEMM, the values of its output gradient, which its
+    # backward casts (``_backward`` moves them into the first field)
+    fp8_cast_elems: float = 0.0
+    fp8_grad_elems: float = 0.0
 
     def __post_init__(self):
         if self.model_flops < 0:
@@ -148,7 +154,7 @@ ELEM_BYTES = 2  # 16-bit activations and weights in compute
 
 def matmul_op(name: str, m: float, k: float, n: float) -> Op:
     """(m x k) @ (k x n): 2mkn FLOPs; reads both operands, writes the result."""
-    return Op(name, 2 * m * k * n, ELEM_BYTES * (m * k + k * n + m * n))
+    return Op(name, 2 * m * k * n, ELEM_BYTES * (m * k + k * n + m * n), fp8_cast_elems=m * k, fp8_grad_elems=m * n)
 
 
 def elementwise_op(name: str, elems: float, passes: float) -> Op:
@@ -158,7 +164,7 @@ def elementwise_op(name: str, elems: float, passes: float) -> Op:
 
 def _backward(op: Op) -> Op:
     """Backward of an op: a matmul needs two (dgrad, wgrad); an elementwise op ~2x the traffic."""
-    return Op(op.name, 2 * op.flops, 2 * op.bytes, 2 * op.model_flops)
+    return Op(op.name, 2 * op.flops, 2 * op.bytes, 2 * op.model_flops, fp8_cast_elems=op.fp8_grad_elems)
 
 
 def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, cp: int = 1) -> list[Op]:
@@ -222,7 +228,7 @@ def mla_projections(m: DenseModelCfg, tok: float, rep_tok: float, t: int, sp: bo
     down_tok = rep_tok  # (s/t tokens under SP, all of them, on every rank, without)
 
     def duplicated(op: Op) -> Op:
-        return op if sp or t == 1 else Op(op.name, op.flops, op.bytes, op.flops / t)
+        return op if sp or t == 1 else replace(op, model_flops=op.flops / t)
 
     q = [matmul_op("q_proj", tok, h, a * m.qk_dim)] if mla.q_lora_rank is None else [
         duplicated(matmul_op("q_down", down_tok, h, mla.q_lora_rank)),

@@ -29,6 +29,25 @@ ADAM_MASTER_BYTES, ADAM_WEIGHT_BYTES = 4, 2
 BF16_UNDER_FP8 = frozenset({"core_attn", "lm_head", "router"})
 
 
+# Transformer Engine's cast of a GEMM operand to FP8 (``cast_transpose``): it reads each 16-bit
+# value and writes it as FP8 twice, as is and transposed (Hopper's FP8 GEMMs take one layout, and
+# the weight gradient reads the other)
+FP8_CAST_BYTES_PER_ELEM = 2 + 1 + 1
+
+
+def fp8_cast_time_s(op: Op, gpu: GpuSpec) -> float:
+    """The memory-bound pass that casts an FP8 GEMM's operand to FP8 before it runs: its input
+    in the forward (and in a recompute), its output gradient in the backward, 4 bytes a value::
+
+        time = fp8_cast_elems * (2 read + 1 FP8 + 1 FP8 transposed) / (hbm_bw * memory_efficiency)
+
+    Not counted: the weights' casts (once a step, where the first microbatch makes them), the
+    amax pass current scaling makes before it casts, and the casts Transformer Engine fuses into
+    the norm or the activation before the GEMM (a fused one writes the FP8 copies alone: the
+    read here is then too much)."""
+    return op.fp8_cast_elems * FP8_CAST_BYTES_PER_ELEM / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
+
+
 def op_time_s(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> float:
     """Roofline time of one op (under ``fp8``, the ops of :data:`BF16_UNDER_FP8` at the bf16
     peak). ``sm_share``: the share of the SMs the op gets where communication kernels hold the
@@ -39,15 +58,20 @@ def op_time_s(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> fl
 
     ``efficiency``: the GPU's matmul efficiency, or its flash-attention kernels' own
     (``GpuSpec.attention_efficiency``, forward or backward) for core attention under flash.
+    An FP8 GEMM adds the cast of its operand to FP8 (:func:`fp8_cast_time_s`), a kernel of its own.
     """
-    if precision == "fp8" and op.name in BF16_UNDER_FP8:
-        precision = "bf16"
+    cast_s = 0.0
+    if precision == "fp8":
+        if op.name in BF16_UNDER_FP8:
+            precision = "bf16"
+        elif op.fp8_cast_elems:
+            cast_s = fp8_cast_time_s(op, gpu)
     eff = gpu.matmul_efficiency
     if op.kernel and gpu.attention_efficiency is not None:  # a flash-attention kernel's own
         eff = gpu.attention_efficiency[op.kernel == "flash_bwd"]
     compute = op.flops / (gpu.peak_flops(precision) * sm_share * eff)
     memory = op.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
-    return max(compute, memory)
+    return max(compute, memory) + cast_s
 
 
 def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> float:

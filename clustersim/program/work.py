@@ -139,7 +139,8 @@ def _is_weight_gemm(op: Op) -> bool:
 
 
 def _half(op: Op) -> Op:
-    return Op(op.name, op.flops / 2, op.bytes / 2, op.model_flops / 2)
+    return replace(op, flops=op.flops / 2, bytes=op.bytes / 2, model_flops=op.model_flops / 2,
+                   fp8_cast_elems=op.fp8_cast_elems / 2, fp8_grad_elems=op.fp8_grad_elems / 2)
 
 
 # A weight GEMM's backward already cut in two (:func:`tp_overlap_backward`) names its halves
@@ -421,7 +422,8 @@ def cp_attention_shares(cp: int, cp_rank: int, balanced: bool) -> list[float]:
 
 
 def _scaled(op: Op, share: float) -> Op:
-    return replace(op, flops=op.flops * share, bytes=op.bytes * share, model_flops=op.model_flops * share)
+    return replace(op, flops=op.flops * share, bytes=op.bytes * share, model_flops=op.model_flops * share,
+                   fp8_cast_elems=op.fp8_cast_elems * share, fp8_grad_elems=op.fp8_grad_elems * share)
 
 
 def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_pre, b_post):
