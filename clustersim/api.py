@@ -22,7 +22,6 @@ from .engine import repeat as cycles
 from .engine.ahead import Ahead
 from .errors import ConfigError
 from .floats import sum_left
-from .hardware.gpus import lookup_gpu
 from .host_memory import check_fits, gpus_weigh_more, rank_by_rank_tasks
 from .model.transformer import total_params
 from .program.lower import Lowering, grad_buckets, lower
@@ -449,12 +448,10 @@ def _nvlink_kept(sc: Scenario, changes: dict[str, Any] | None) -> dict[str, floa
     step ran at; else None. The node is the topology's: its NVSwitch stays, whatever GPUs it
     holds, unless ``cluster.node.nvlink.bw_GBps`` changes it too (``changes``: the scenario's
     changes of its topology, ``hardware.changes``). A ``cluster.gpu`` that names the
-    topology's own GPU (by any of its names) swaps nothing: the rate is the file's own choice."""
+    topology's own GPU (by any of its names) swaps nothing, and ``changes`` leaves it out: the
+    rate is the file's own choice."""
     kept = sc.topology.node.nvlink.bw_GBps
-    if sc.cfg.cluster.gpu is None or not kept or "node.nvlink.bw_GBps" in (changes or {}):
-        return None
-    file_gpu = sc.topology._file_gpu
-    if file_gpu is not None and lookup_gpu(file_gpu).name == sc.cluster.gpu.name:
+    if "gpu" not in (changes or {}) or not kept or "node.nvlink.bw_GBps" in changes:
         return None
     own = sc.cluster.gpu.nvlink_bw_Bps / 1e9
     return None if own == kept else {"bw_GBps": kept, "gpu_bw_GBps": own}

@@ -161,8 +161,6 @@ class TopologyCfg(Strict):
     what_if: list[WhatIfCfg] = pydantic.Field(default_factory=list)
     # the file it was read from, for error lines raised when the graph is built
     _source: str | None = pydantic.PrivateAttr(default=None)
-    # the GPU the file itself names, before the scenario's cluster.gpu (None: not read from a file)
-    _file_gpu: str | None = pydantic.PrivateAttr(default=None)
     # the file's own fields as read, before the scenario's changes ({}: not read from a file)
     _file_data: dict = pydantic.PrivateAttr(default_factory=dict)
 
@@ -212,12 +210,9 @@ def load_topology_cfg(path: Path, overrides: dict | None = None, *, build: bool 
         has = " and ".join(k for k in ("cluster", "model") if k in data)
         raise ConfigError(f"this is a scenario file (it has {has}, not gpu); give a topology file, "
                           "such as topologies/dgx-h100.yaml", source=str(path))
-    file_gpu, file_data = data.get("gpu"), data
-    data = _merged(data, overrides or {})
-    cfg = validate(TopologyCfg, data, source=str(path))
+    cfg = validate(TopologyCfg, _merged(data, overrides or {}), source=str(path))
     cfg._source = str(path)
-    cfg._file_gpu = file_gpu if isinstance(file_gpu, str) else None
-    cfg._file_data = file_data
+    cfg._file_data = data  # (_merged copies what it changes: the file's own stays as read)
     check_size(cfg)
     if build:
         check_what_ifs(cfg)

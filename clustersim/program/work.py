@@ -139,8 +139,7 @@ def _is_weight_gemm(op: Op) -> bool:
 
 
 def _half(op: Op) -> Op:
-    return replace(op, flops=op.flops / 2, bytes=op.bytes / 2, model_flops=op.model_flops / 2,
-                   fp8_cast_elems=op.fp8_cast_elems / 2, fp8_grad_elems=op.fp8_grad_elems / 2)
+    return _scaled(op, 0.5)
 
 
 # A weight GEMM's backward already cut in two (:func:`tp_overlap_backward`) names its halves
