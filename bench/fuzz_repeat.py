@@ -4,7 +4,8 @@ microbatch, form; start and end within 1 ns), every figure of the summary within
 1 ns; the figures it bins or rounds within their slack, tests/test_repeat.LOOSE) and the
 links' bytes too (tests/test_repeat.differences, what the tests hold a dozen fixed plans to);
 this draws many more (topology, TP, PP, DP, EP, CP, SP, ZeRO, recompute, schedule, a slow
-GPU). Each plan also runs as ``clustersim run`` runs it, its shorter step simulated by a
+GPU; since 2026-12-06 one plan in three turned into ZB-V or DualPipeV, from a random stream
+of its own: :func:`with_v_schedule`). Each plan also runs as ``clustersim run`` runs it, its shorter step simulated by a
 forked process (clustersim.engine.ahead): that must give the same bits as one process::
 
     python bench/fuzz_repeat.py [seed] [plans]      (default 0 and 20)
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import clustersim  # noqa: E402
 from clustersim.engine import repeat  # noqa: E402
+from clustersim.schedule.pipeline import chunks_per_rank  # noqa: E402
 from tests.test_repeat import differences  # noqa: E402
 
 TOPOLOGIES = {"dgx-a100.yaml": 8, "dgx-h100.yaml": 8, "h800-cluster.yaml": 8, "fat-tree.yaml": 8}
@@ -76,6 +78,22 @@ def draw(rng: random.Random) -> dict:
                                               rng, model["layers"])}
 
 
+def with_v_schedule(d: dict, rng: random.Random) -> dict:
+    """One plan in three turned into ZB-V or DualPipeV (two model chunks a rank: layers a
+    multiple of 2 pp, the microbatches drawn again for their longer warm-up), from ``rng``,
+    a stream of its own, so that a seed draws every plan's other fields as it did before."""
+    if rng.random() >= 1 / 3:
+        return d
+    p, m = dict(d["parallel"]), d["model"]
+    p["schedule"] = rng.choice(["zbv", "dualpipev"])
+    p.pop("vpp", None)
+    step = repeat.step_mb(p["schedule"], p["pp"])
+    floor = 3 * p["pp"] + 4 * step
+    mb = 3 * (floor + step) + step * rng.choice([0, 1, 3])
+    return {**d, "model": {**m, "layers": 2 * p["pp"] * rng.choice([1, 2])}, "parallel": p,
+            "training": {**d["training"], "global_batch_size": mb * p["dp"]}}
+
+
 def compare(d: dict) -> tuple[str, list[str]]:
     results = []
     for copy_in in (False, True):
@@ -95,7 +113,7 @@ def compare(d: dict) -> tuple[str, list[str]]:
     if rep is None:
         p = d["parallel"]
         tried = repeat.simulated_microbatches(p["schedule"], p["pp"], whole.summary["plan"]["microbatches"],
-                                              p.get("vpp", 1))
+                                              chunks_per_rank(p["schedule"], p.get("vpp", 1)))
         return (f"no cycle found ({tw:.2f} s whole, {tc:.2f} s with the attempt)" if tried else "not tried"), fork_diff
     out = differences(whole, copied, links=None) + fork_diff
     return (f"{rep['simulated_microbatches']} of {whole.summary['plan']['microbatches']} simulated, cycle "
@@ -106,9 +124,10 @@ def main() -> int:
     seed, plans = two_counts(__doc__, ("seed", 0, "seed of the random plans"), ("plans", 20, "how many plans to draw"))
     rng = random.Random(seed)
     later = random.Random(seed + 2_000_003)  # draws added since (fuzz_args.with_etp), apart from the plans
+    v_later = random.Random(seed + 3_000_017)  # and the V schedules' (with_v_schedule), apart from both
     bad = 0
     for i in range(plans):
-        d = with_etp(draw(rng), later)
+        d = with_v_schedule(with_etp(draw(rng), later), v_later)
         p = d["parallel"]
         label = (f"{i:3d} {d['cluster']['topology'].split('/')[-1]:<18} {p['schedule']:<11} tp{p['tp']} pp{p['pp']} "
                  f"dp{p['dp']} cp{p['cp']} z{p['zero']}{' ep2' if 'ep' in p else ''}{' etp' + str(p['etp']) if 'etp' in p else ''}"

@@ -28,6 +28,7 @@ from .program.lower import Lowering, grad_buckets, lower
 from .program.tasks import Program
 from .program.work import PARAM_BYTES
 from .schedule.core import split_weight_passes
+from .schedule.pipeline import chunks_per_rank
 from .trace import SpanBase, Trace
 
 
@@ -542,8 +543,9 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
          ahead: Ahead | None = None, check: bool = True) -> tuple[Engine, Trace, tuple, Callable[[], list] | None]:
     """(the engine, the step's trace, the working objects of a shorter run, the function
     that gives the link use where another process works it out, else None): ``prog`` run
-    whole, or, with ``repeat`` where a 1F1B, interleaved or ZB-H1 step is long enough and its cycle is found, fewer
-    of its microbatches run and the cycle copied in (:mod:`clustersim.engine.repeat`).
+    whole, or, with ``repeat`` where a 1F1B, interleaved, ZB-H1, ZB-V or DualPipeV step is long
+    enough and its cycle is found, fewer of its microbatches run and the cycle copied in
+    (:mod:`clustersim.engine.repeat`).
     ``low``: ``prog``'s lowering, whose plan-wide parts the shorter step's reuses.
     ``ahead``: the process that simulated the shorter step meanwhile, if any
     (:mod:`clustersim.engine.ahead`): its spans and cycle are spliced here, on an engine set
@@ -644,8 +646,8 @@ def shorter_step(sc: Scenario, repeat: bool = True) -> Scenario | None:
     (:func:`clustersim.engine.repeat.simulated_microbatches`), else None; made once per
     scenario, so that its schedule is the one :func:`lower_step` lowered the step with."""
     p = sc.parallel
-    short = cycles.simulated_microbatches(p.schedule, p.pp, sc.microbatches, p.vpp if p.schedule == "interleaved"
-                                          else 1, p.vpp_group) if repeat else None
+    short = cycles.simulated_microbatches(p.schedule, p.pp, sc.microbatches, chunks_per_rank(p.schedule, p.vpp),
+                                          p.vpp_group) if repeat else None
     if short is None:
         return None
     made = sc.__dict__.get("_shorter_step")

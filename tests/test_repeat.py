@@ -123,12 +123,19 @@ def assert_same_step(whole, copied, links: bool = True) -> None:
     {"simulation": {"network": "ideal"}},
     {"parallel": {"schedule": "interleaved", "vpp": 2}},
     {"parallel": {"schedule": "zb-h1"}},
+    # (with full recompute this plan's ZB-V never settles: its later stages' forwards come at
+    # irregular intervals, and the step is simulated whole, as a drifting 1F1B step is)
+    {"parallel": {"schedule": "zbv", "zero": 2, "sp": True}},
+    # DualPipeV's F&B chunks, their MoE all-to-alls overlapped
+    {"model": {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
+     "parallel": {"schedule": "dualpipev", "ep": 2, "sp": True}},
     # groups of 6 over 214 microbatches, which pp=4 does not divide (its last group of 4 kept: 70
     # simulated); on an ideal network, since on the flow network its pipeline never settles into
     # a cycle (the sends meet at shifting offsets: the whole step is simulated, as it should be)
     {"parallel": {"schedule": "interleaved", "vpp": 2, "vpp_group": 6}, "training": {"global_batch_size": 214 * 4},
      "simulation": {"network": "ideal"}},
-], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1", "interleaved-groups"])
+], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1", "zbv", "dualpipev-moe",
+        "interleaved-groups"])
 def test_the_copied_cycle_gives_the_step_simulated_whole(over):
     whole, copied = both(plan(**over))
     assert_same_step(whole, copied, links=over.get("simulation", {}).get("network") != "ideal")
@@ -194,14 +201,18 @@ def test_how_many_microbatches_are_simulated():
     assert repeat.simulated_microbatches("gpipe", 4, 512) is None  # no steady cycle: all F, then all B
     assert repeat.simulated_microbatches("1f1b", 1, 512) is None  # no pipeline
     # interleaved: whole groups of pp microbatches (12 and pp), a longer warm-up (3/2 pp vpp)
-    assert repeat.simulated_microbatches("interleaved", 4, 512, vpp=2) == 68
-    assert repeat.simulated_microbatches("interleaved", 8, 512, vpp=2) == 128  # 24 + 96, steps of 24
+    assert repeat.simulated_microbatches("interleaved", 4, 512, chunks=2) == 68
+    assert repeat.simulated_microbatches("interleaved", 8, 512, chunks=2) == 128  # 24 + 96, steps of 24
     # groups of 6: steps of 12 keep the last group (514 = 85 x 6 + 4; 70 = 11 x 6 + 4)
-    assert repeat.simulated_microbatches("interleaved", 4, 514, vpp=2, group=6) == 70
+    assert repeat.simulated_microbatches("interleaved", 4, 514, chunks=2, group=6) == 70
     assert repeat.simulated_microbatches("zb-h1", 4, 512) == 56  # as 1F1B
-    assert repeat.simulated_microbatches("dualpipe", 4, 512) is None
-    assert repeat.simulated_microbatches("dualpipev", 4, 512) is None
-    assert repeat.simulated_microbatches("zbv", 4, 512) is None
+    assert repeat.simulated_microbatches("dualpipe", 4, 512) is None  # fed from both ends: no cycle
+    # the V schedules (two chunks a rank: 3/2 pp 2 + 48 at least), slow to settle: as many as a
+    # third allows (512 - 29 x 12 = 164 <= 512 / 3), not the fewest (68 and 80 here)
+    assert repeat.simulated_microbatches("zbv", 4, 512, chunks=2) == 164
+    assert repeat.simulated_microbatches("dualpipev", 8, 512, chunks=2) == 164
+    assert repeat.simulated_microbatches("zbv", 4, 192, chunks=2) == 60  # the fewest is also the most
+    assert repeat.simulated_microbatches("dualpipev", 8, 192, chunks=2) is None  # 72 at least: more than a third
 
 
 def test_repeat_false_or_no_cycle_simulates_every_microbatch(monkeypatch):
@@ -342,6 +353,7 @@ SHORTER_PLANS = {
     "zero3": {"parallel": {"zero": 3}}, "zero3-kept": {"parallel": {"zero": 3, "zero3_keep_gathered": True}},
     "zero1-overlap-gather": {"parallel": {"zero": 1, "overlap_param_gather": True}},
     "interleaved": {"parallel": {"schedule": "interleaved", "vpp": 2}}, "zb-h1": {"parallel": {"schedule": "zb-h1"}},
+    "zbv": {"parallel": {"schedule": "zbv", "zero": 2}}, "dualpipev": {"parallel": {"schedule": "dualpipev"}},
     "cp-unbalanced": {"parallel": {"tp": 1, "cp": 2, "cp_load_balance": False}},
     "straggler": {"cluster": {"what_if": [{"gpu": 5, "slowdown": 1.3}]}},
 }
@@ -412,7 +424,8 @@ def test_a_run_does_not_import_numpy_ma():
 
 
 @pytest.mark.parametrize("over", [{}, {"parallel": {"schedule": "interleaved", "vpp": 2}},
-                                  {"parallel": {"schedule": "zb-h1"}}], ids=["1f1b", "interleaved", "zb-h1"])
+                                  {"parallel": {"schedule": "zb-h1"}}, {"parallel": {"schedule": "dualpipev"}}],
+                         ids=["1f1b", "interleaved", "zb-h1", "dualpipev"])
 def test_spans_placed_by_lane_without_sorting_them_as_a_sort_places_them(over, monkeypatch):
     """The splice places each lane's spans (before the cut, the window's copies, after it)
     from the simulated spans alone (``repeat._lane_order``); sorting the spliced spans by
@@ -438,7 +451,8 @@ def test_spans_placed_by_lane_without_sorting_them_as_a_sort_places_them(over, m
 
 
 @pytest.mark.parametrize("over", [{}, {"parallel": {"schedule": "interleaved", "vpp": 2}},
-                                  {"parallel": {"schedule": "zb-h1"}}], ids=["1f1b", "interleaved", "zb-h1"])
+                                  {"parallel": {"schedule": "zb-h1"}}, {"parallel": {"schedule": "dualpipev"}}],
+                         ids=["1f1b", "interleaved", "zb-h1", "dualpipev"])
 def test_the_spliced_steps_end_is_known_from_the_simulated_spans(over):
     """``repeat.spliced_end_s`` (the step's end the shorter step's process works the link use
     out over before the splice is done) is the spliced spans' last end to the bit; a span

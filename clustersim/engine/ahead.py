@@ -1,15 +1,15 @@
 """The shorter step of a repeated step, simulated by a forked process while the parent lowers
 the whole step.
 
-A long 1F1B, interleaved or ZB-H1 step (Megatron-1T: 512 microbatches) is simulated as a
-shorter step whose cycle is copied in (:mod:`clustersim.engine.repeat`). Only the splice needs
-both steps, so ``clustersim run`` forks as soon as the scenario is read, before even the whole
-step's schedule is built: the child builds the shorter step's schedule, lowers it, sets its
-engine up, runs it and finds its cycle, while the parent checks the whole step's schedule,
-lowers the whole step, lowers the shorter step too (resumed where the two lowerings part:
-program.lower._Parting) and sets up an engine on it that does not run (the summary reads
-only what a set-up decides of it: algorithms, the links a channel has alone, the census), and
-works out the task columns the splice and the summary read::
+A long 1F1B, interleaved, ZB-H1, ZB-V or DualPipeV step (Megatron-1T: 512 microbatches) is
+simulated as a shorter step whose cycle is copied in (:mod:`clustersim.engine.repeat`). Only
+the splice needs both steps, so ``clustersim run`` forks as soon as the scenario is read,
+before even the whole step's schedule is built: the child builds the shorter step's schedule,
+lowers it, sets its engine up, runs it and finds its cycle, while the parent checks the whole
+step's schedule, lowers the whole step, lowers the shorter step too (resumed where the two
+lowerings part: program.lower._Parting) and sets up an engine on it that does not run (the
+summary reads only what a set-up decides of it: algorithms, the links a channel has alone,
+the census), and works out the task columns the splice and the summary read::
 
     parent  ─fork─[whole schedule][lower the whole step][shorter step][set-up][task columns] wait [splice]─fork writer─[summary ....][links]
     child         └[shorter schedule][lower the shorter step][set-up][run ..............][cycle][link use]

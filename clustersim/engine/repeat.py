@@ -1,5 +1,5 @@
 """A long 1F1B step's repeating microbatches simulated once: fewer microbatches run, the steady
-cycle copied in (1F1B, interleaved 1F1B and ZB-H1).
+cycle copied in (1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipeV).
 
 After its warm-up, a 1F1B pipeline settles into a cycle: every C microbatches each stage runs
 the same forwards, backwards, TP all-reduces and PP sends, a period Q later, on the same links
@@ -46,7 +46,8 @@ WINDOWS = 3  # cycles compared: the last one before T and the two before it
 # which the seam where the copies meet the simulated spans must keep to. A steady state that
 # drifts (1.7e-11 s a cycle on one random plan, 2e-5 s on gpt3_175b_1024gpu) does not repeat
 ROUNDING = 2.5e-13
-SCHEDULES = ("1f1b", "interleaved", "zb-h1")  # DualPipe: see simulated_microbatches
+SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")  # DualPipe: see simulated_microbatches
+SLOW_TO_SETTLE = ("zbv", "dualpipev")  # simulated with as many microbatches as a third allows
 
 
 def step_mb(schedule: str, pp: int, group: int | None = None) -> int:
@@ -77,27 +78,37 @@ class Repeat:
                 "cycle_s": self.period_s, "cut_s": self.cut_s, "cycles_copied": self.copies}
 
 
-def simulated_microbatches(schedule: str, pp: int, m: int, vpp: int = 1, group: int | None = None) -> int | None:
+def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, group: int | None = None) -> int | None:
     """How many of a step's ``m`` microbatches to simulate, or None to simulate them all::
 
-        m' = m - n * step  >=  3/2 pp vpp + (WINDOWS + 1) * step,   n as large as that allows,
+        m' = m - n * step  >=  3/2 pp v + (WINDOWS + 1) * step,   n as large as that allows,
         tried only where m' <= m / 3
 
-    (``step``: :func:`step_mb`). 3/2 pp vpp microbatches cover the warm-up and the transient
-    after it (Megatron-1T's 64 stages repeat from about microbatch 110, and its cut falls at
-    121), then the compared cycles and a step of margin before the cut. A step whose cycle
-    does not hold is simulated again whole: at m' <= m / 3 a cycle found saves at least two
-    thirds of the engine's work and one not found costs at most a third more
-    (gpt3_175b_1024gpu's steady state drifts by 2e-5 s a cycle and never repeats: at 192
-    microbatches it is not tried). Only 1F1B, interleaved 1F1B and ZB-H1: DualPipe feeds
-    microbatches from both ends, and its first stage's forwards, which set the cut, cover
-    half of them; no cycle is found there, so it is not tried. ZB-V and DualPipeV are not tried
-    either: their cycles have not been measured."""
+    (``step``: :func:`step_mb`; ``chunks``, v: the model chunks of a rank a microbatch passes,
+    schedule.pipeline.chunks_per_rank: interleaved's vpp, the V schedules' 2, else 1).
+    3/2 pp v microbatches cover the warm-up and the transient after it (Megatron-1T's 64
+    stages repeat from about microbatch 110, and its cut falls at 121), then the compared
+    cycles and a step of margin before the cut. A step whose cycle does not hold is simulated
+    again whole: at m' <= m / 3 a cycle found saves at least two thirds of the engine's work
+    and one not found costs at most a third more (gpt3_175b_1024gpu's steady state drifts by
+    2e-5 s a cycle and never repeats: at 192 microbatches it is not tried). 1F1B, interleaved
+    1F1B, ZB-H1, ZB-V and DualPipeV, not DualPipe: it feeds microbatches from both ends, and
+    its first stage's forwards, which set the cut, cover half of them; no cycle is found there,
+    so it is not tried.
+
+    The V schedules (:data:`SLOW_TO_SETTLE`) simulate the most microbatches a third allows
+    instead of the fewest: their steady phases repeat every microbatch on the plans measured
+    (bench/fuzz_repeat.py), but their transients outlast 3/2 pp v, by as long as a stage takes
+    to work off the backlog the warm-up left it (llama2_70b_64gpu under ZB-V: its last stage's
+    forwards 2.2 ms a microbatch quicker than the first stage's until about microbatch 110 of
+    pp=4, so no cycle in 68 microbatches, one in 164)."""
     if schedule not in SCHEDULES or pp < 2:
         return None
     step = step_mb(schedule, pp, group)
-    floor = (3 * pp * vpp + 1) // 2 + (WINDOWS + 1) * step
+    floor = (3 * pp * chunks + 1) // 2 + (WINDOWS + 1) * step
     n = (m - floor) // step
+    if schedule in SLOW_TO_SETTLE:
+        n = min(n, -(-2 * m // (3 * step)))  # the fewest steps left out that keep m' <= m / 3
     short = m - n * step
     return short if n > 0 and 3 * short <= m else None
 
