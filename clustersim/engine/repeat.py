@@ -99,9 +99,9 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     The V schedules (:data:`SLOW_TO_SETTLE`) simulate the most microbatches a third allows
     instead of the fewest: their steady phases repeat every microbatch on the plans measured
     (bench/fuzz_repeat.py), but their transients outlast 3/2 pp v, by as long as a stage takes
-    to work off the backlog the warm-up left it (llama2_70b_64gpu under ZB-V: its last stage's
-    forwards 2.2 ms a microbatch quicker than the first stage's until about microbatch 110 of
-    pp=4, so no cycle in 68 microbatches, one in 164)."""
+    to work off the backlog the warm-up left it (llama2_70b_64gpu under ZB-V: its later stages'
+    forwards come 2.3 ms a microbatch sooner than the first stage's until microbatch 52 to 76
+    of pp=4, so no cycle in 68 microbatches, one in 164)."""
     if schedule not in SCHEDULES or pp < 2:
         return None
     step = step_mb(schedule, pp, group)
