@@ -334,9 +334,15 @@ def test_the_command_says_what_it_ran_and_no_repeat_runs_it_all(tmp_path):
         assert r.returncode == 0, r.stderr
         outs[bool(flag)] = (r.stdout + (out / "report.html").read_text(), json.loads((out / "summary.json").read_text()),
                             json.loads(gzip.open(out / "trace.json.gz").read()))
+    from clustersim.output.report import header_html
+
     (said, s, t), (said_whole, s_whole, t_whole) = outs[False], outs[True]
     assert "60 of 192 microbatches run, a cycle of" in said  # the terminal
-    assert "simulated: 60 of 192 microbatches; their steady cycle of" in said  # the report's header
+    assert s["simulation"]["repeat"]["cycle_microbatches"] == 2
+    assert "simulated: 60 of 192 microbatches; their steady cycle of 2 microbatches (" in said  # the report's header
+    # a cycle of one microbatch (ZB-V's, most 1F1B plans') in the singular
+    one = {**s, "simulation": {**s["simulation"], "repeat": {**s["simulation"]["repeat"], "cycle_microbatches": 1}}}
+    assert "their steady cycle of 1 microbatch (" in header_html(one)
     assert "microbatches run" not in said_whole and "simulated: " not in said_whole
     assert s["simulation"]["repeat"]["simulated_microbatches"] == 60 and s_whole["simulation"]["repeat"] is None
     assert s["simulation"]["repeat_tried"] == 60 and s_whole["simulation"]["repeat_tried"] is None
