@@ -632,6 +632,12 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         elif "deepep_sms" in m.moe.model_fields_set:
             fail("model.moe.deepep_sms", f"the SMs DeepEP's kernels hold; the dispatcher is {m.moe.dispatcher}, not "
                                          f"deepep: drop it or set model.moe.dispatcher: deepep")
+        if m.moe.fp8_dispatch and t.precision != "fp8":
+            fail("model.moe.fp8_dispatch", f"sends the experts' inputs cast to FP8 for their FP8 GEMMs; "
+                                           f"training.precision is {t.precision}: set it to fp8 or drop fp8_dispatch")
+        if m.moe.fp8_dispatch and p.ep == 1:
+            fail("model.moe.fp8_dispatch", "with parallel.ep=1 no all-to-all carries tokens to the experts: drop "
+                                           "fp8_dispatch or set parallel.ep > 1")
     if p.cp > 1:
         chunks = 2 * p.cp if p.cp_load_balance else p.cp
         if m.seq_len % chunks:

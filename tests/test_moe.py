@@ -6,6 +6,7 @@ import pytest
 
 import clustersim
 from clustersim.model.moe import MoeCfg
+from clustersim.output.summary import plan_line
 from clustersim.model.transformer import DenseModelCfg, active_params, total_params
 
 from .conftest import scenario_dict
@@ -43,6 +44,51 @@ def test_all_to_all_bytes_per_step(root):
     assert all(s.size_bytes == pytest.approx(per_a2a) for s in a2a)
     assert {s.kind for s in a2a} == {"ep"}
     assert r.summary["exposed_comm_s"]["ep"] > 0
+
+
+def fp8_moe_run(root, fp8_dispatch: bool, **parallel):
+    moe = {**MOE, "moe": {**MOE["moe"], "fp8_dispatch": fp8_dispatch}}
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 2}, model=moe,
+                      parallel={"tp": 1, "pp": 2, "dp": 8, **parallel}, training={"global_batch_size": 16, "precision": "fp8"})
+    return clustersim.simulate(clustersim.load_scenario(d, base_dir=root))
+
+
+def test_fp8_dispatch_sends_the_experts_inputs_in_fp8(root):
+    """DeepSeek-V3's FP8 dispatch (report Sec 3.3.2): the all-to-alls to the experts (the forward
+    dispatch, the backward's gradient of the combine) carry one FP8 byte a value and an fp32
+    scale per 128 values, those from the experts 16 bits::
+
+        to the experts     tokens * top_k * hidden * (1 + 4/128)
+        from the experts   tokens * top_k * hidden * 2
+    """
+    r, plain = fp8_moe_run(root, True, ep=4), fp8_moe_run(root, False, ep=4)
+    sc, m = r.scenario, r.scenario.model
+    values = sc.training.micro_batch_size * m.seq_len * m.moe.top_k * m.hidden
+    sizes = {}
+    for s in r.trace.spans:
+        if s.op == "all_to_all" and s.stage == 0:
+            sizes.setdefault((s.phase, s.name.split()[-1]), set()).add(s.size_bytes)
+    # forward: dispatch after the router, combine after the experts; backward: the experts'
+    # input gradient first (the combine's gradient, to the experts), then the dispatch's
+    assert sizes == {("F", "router"): {values * (1 + 4 / 128)}, ("F", "experts"): {values * 2},
+                     ("B", "experts"): {values * (1 + 4 / 128), values * 2}}
+    assert r.summary["plan"]["fp8_dispatch"] is True and plain.summary["plan"]["fp8_dispatch"] is False
+    assert "(EP4, FP8 dispatch)" in plan_line(r.summary) and "FP8 dispatch" not in plan_line(plain.summary)
+    assert r.summary["comm_s"]["ep"] < plain.summary["comm_s"]["ep"]
+    assert r.summary["compute_s"] == pytest.approx(plain.summary["compute_s"], rel=1e-12)  # the same GEMMs
+
+
+@pytest.mark.parametrize("training,parallel,words", [
+    ({"precision": "bf16"}, {"ep": 4}, "training.precision is bf16: set it to fp8 or drop fp8_dispatch"),
+    ({"precision": "fp8"}, {"ep": 1}, "with parallel.ep=1 no all-to-all carries tokens to the experts"),
+])
+def test_fp8_dispatch_needs_fp8_training_and_ep(root, training, parallel, words):
+    moe = {**MOE, "moe": {**MOE["moe"], "fp8_dispatch": True}}
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 2}, model=moe,
+                      parallel={"tp": 1, "pp": 2, "dp": 8, **parallel}, training={"global_batch_size": 16, **training})
+    with pytest.raises(clustersim.ConfigError, match="model.moe.fp8_dispatch") as exc:
+        clustersim.load_scenario(d, base_dir=root)
+    assert words in str(exc.value)
 
 
 def test_sequence_parallel_dispatches_each_tp_rank_s_own_tokens(root):

@@ -60,6 +60,11 @@ class MoeCfg(Strict):
         default=20, ge=0, le=1024, description="SMs DeepEP's kernels hold while they run (dispatcher deepep; DeepEP's "
         "Buffer.num_sms and Megatron-LM's --moe-deepep-num-sms, both 20 by default): inside DualPipe's overlapped "
         "F&B chunks the GEMMs run on the others; 0 takes none")
+    fp8_dispatch: bool = pydantic.Field(
+        default=False, description="the all-to-alls that carry tokens to the experts (the forward's dispatch, the "
+        "backward's gradient of the combine) move FP8 values with an fp32 scale per 128 (DeepSeek-V3's dispatch; "
+        "DeepEP's FP8 dispatch): 1 + 4/128 bytes a value instead of 2; those from the experts stay 16-bit. Needs "
+        "training.precision: fp8 and parallel.ep > 1")
     router_groups: int | None = pydantic.Field(
         default=None, ge=1, description="group-limited routing: the experts in this many groups of consecutive "
         "experts, of which each token picks router_group_top_k before its top_k experts (DeepSeek-V3: 8)")
@@ -159,9 +164,17 @@ def shared_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int) -> list[
     ]
 
 
-def dispatch_bytes(moe: MoeCfg, tokens: float, hidden: int) -> float:
-    """Bytes one rank hands to the dispatch all-to-all (16-bit hidden states, k copies)."""
-    return tokens * moe.top_k * moe.capacity_factor * hidden * ELEM_BYTES
+# DeepSeek-V3's FP8 dispatch (arXiv:2412.19437, Sec 3.3.2): the activations before the experts'
+# up projections, and the activation gradients before their down projections, are quantized to
+# FP8 in tiles of 1 x 128 values, each tile with an fp32 scale, and sent so; the combine and
+# the dispatch's gradient stay BF16
+FP8_DISPATCH_BYTES = 1 + 4 / 128
+
+
+def dispatch_bytes(moe: MoeCfg, tokens: float, hidden: int, fp8: bool = False) -> float:
+    """Bytes one rank hands to the dispatch all-to-all (16-bit hidden states, k copies; with
+    ``fp8``, FP8 values and their scales: :data:`FP8_DISPATCH_BYTES` a value)."""
+    return tokens * moe.top_k * moe.capacity_factor * hidden * (FP8_DISPATCH_BYTES if fp8 else ELEM_BYTES)
 
 
 def routing(moe: MoeCfg | None) -> tuple:

@@ -932,7 +932,8 @@ class MoeBlocks:
         def a2a(by_src: bool) -> tuple:
             if ep == 1:
                 return ()
-            return (CommItem("all_to_all", moe.dispatch_bytes(e, rep_tok, h), dim="ep",
+            # (to the experts, with fp8_dispatch: FP8 and its scales; from them, 16-bit)
+            return (CommItem("all_to_all", moe.dispatch_bytes(e, rep_tok, h, e.fp8_dispatch and not by_src), dim="ep",
                              load=(by_src, skew) if skew else ()),)
 
         # under SP each TP rank routes its own s/t tokens where the experts are not split as
