@@ -141,9 +141,10 @@ def search_space(sc, data: dict[str, Any]) -> dict[str, list[Any]]:
         "parallel.tp": [t for t in _divisors(m.heads, (1, 2, 4, 8)) if t <= gpus_per_node],
         "parallel.pp": [p for p in (1, 2, 4, 8, 16) if p <= min(m.layers, sc.mesh.world_size)],
         "parallel.cp": [1, 2, 4, 8, 16] if m.seq_len >= LONG_SEQ else [1],
-        # (DeepEP dispatches over an EP group: it needs one of two ranks or more)
+        # (DeepEP, and an FP8 dispatch, send over an EP group: they need one of two ranks or more)
         "parallel.ep": [e for e in _divisors(m.moe.experts, (1, 2, 4, 8, 16, 32, 64))
-                        if e > 1 or m.moe.dispatcher != "deepep"] if m.moe is not None else [1],
+                        if e > 1 or (m.moe.dispatcher != "deepep" and not m.moe.fp8_dispatch)]
+        if m.moe is not None else [1],
         "parallel.zero": [1, 2, 3],
         "training.recompute": [r for r in RECOMPUTES if r != "selective" or selective],
     }

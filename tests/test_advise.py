@@ -174,7 +174,8 @@ def test_advise_vary_and_bad_input(tmp_path, root):
 
 def test_plans_of_other_schedules_and_dispatchers(root):
     """A custom schedule's file is not kept for another pipeline (1F1B instead); interleaving
-    asked of a plain scenario gets vpp 2; DeepEP's plans with TP keep whole experts (etp 1)."""
+    asked of a plain scenario gets vpp 2; DeepEP's plans with TP keep whole experts (etp 1); DeepEP and
+    an FP8 dispatch leave EP 1 out."""
     path = root / "scenarios" / "custom_schedule.yaml"
     sc, data = clustersim.load_scenario(path), read_yaml(path, what="scenario")
     space = search_space(sc, data)
@@ -196,6 +197,12 @@ def test_plans_of_other_schedules_and_dispatchers(root):
                    1, set(space))
     assert dict(plan.changes)["parallel.etp"] == 1
     assert load_variant(path, plan.changes).parallel.expert_tp == 1
+    # an FP8 dispatch over NCCL's all-to-all needs an EP group too; without it EP 1 is searched
+    for fp8, ep1 in ((True, False), (False, True)):
+        d = yaml.safe_load(path.read_text())
+        d["model"]["moe"].update(dispatcher="alltoall", fp8_dispatch=fp8)
+        d["model"]["moe"].pop("deepep_sms", None)
+        assert (1 in search_space(clustersim.load_scenario(d, base_dir=path.parent), d)["parallel.ep"]) == ep1
 
 
 def test_advise_odd_values_are_refused_by_name(root):

@@ -80,7 +80,7 @@ def test_after_fork_shows_both_processes_and_every_trace_piece():
 
 def test_fuzz_repeat_compares_a_drawn_plan():
     """bench/fuzz_repeat.py draws a plan, simulates it whole and with its cycle copied in, and
-    says whether they agree (seed 0's first plan: ZB-H1 with EP, a cycle of 2)."""
+    says whether they agree (seed 0's first plan: DualPipeV with EP, a cycle of 1)."""
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_repeat.py"), "0", "1"], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -78,6 +78,19 @@ def test_fp8_dispatch_sends_the_experts_inputs_in_fp8(root):
     assert r.summary["compute_s"] == pytest.approx(plain.summary["compute_s"], rel=1e-12)  # the same GEMMs
 
 
+def test_fp8_dispatch_gathers_over_the_experts_tp_ranks_in_fp8(root):
+    """Experts split over TP ranks (etp 2): what the FP8 dispatch brought is all-gathered over
+    them as it came, the experts' output reduce-scattered as 16-bit sums."""
+    r, plain = (fp8_moe_run(root, f, tp=2, dp=4, ep=4, etp=2, sp=True) for f in (True, False))
+    def sizes(x):
+        return {(sp.phase, sp.name.split(" ", 1)[1]): sp.size_bytes for sp in x.trace.spans
+                if sp.stage == 0 and sp.name.endswith(("experts in", "experts out"))}
+    fp8, bf16 = sizes(r), sizes(plain)
+    assert set(fp8) == {(ph, n) for ph in "FB" for n in ("AG experts in", "RS experts out")}
+    for key, size in fp8.items():
+        assert size == pytest.approx(bf16[key] * ((1 + 4 / 128) / 2 if "AG" in key[1] else 1.0))
+
+
 @pytest.mark.parametrize("training,parallel,words", [
     ({"precision": "bf16"}, {"ep": 4}, "training.precision is bf16: set it to fp8 or drop fp8_dispatch"),
     ({"precision": "fp8"}, {"ep": 1}, "with parallel.ep=1 no all-to-all carries tokens to the experts"),

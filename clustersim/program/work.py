@@ -947,9 +947,12 @@ class MoeBlocks:
             f_pre, b_pre = fp8_gathers(f_pre, sc.training.fp8), fp8_gathers(b_pre, sc.training.fp8)
         regroup = own and et > 1
         expert_tok = rep_tok * et if own else tokens  # the tokens a rank's experts share (balanced)
-        gathered = moe.dispatch_bytes(e, expert_tok, h) * (skew[ep_rank] if skew else 1.0)
+        share = skew[ep_rank] if skew else 1.0
+        # (what the dispatch brought, FP8 under fp8_dispatch, gathered as it came; sums back in 16 bits)
+        gathered_in = moe.dispatch_bytes(e, expert_tok, h, e.fp8_dispatch) * share
+        gathered = moe.dispatch_bytes(e, expert_tok, h) * share
         dim = "tp" if et == t else "etp"
-        gather = (CommItem("all_gather", gathered, dim=dim, label="experts in"),) if regroup else ()
+        gather = (CommItem("all_gather", gathered_in, dim=dim, label="experts in"),) if regroup else ()
         scatter = (CommItem("reduce_scatter", gathered, dim=dim, label="experts out"),) if regroup else ()
         to_experts, from_experts = a2a(False) + gather, scatter + a2a(True)
         router = [tf.elementwise_op("norm2", rep_tok * h, 2)] + (
