@@ -542,6 +542,31 @@ def test_a_full_backward_written_b_then_w_gathers_beside_b():
     assert all(t.tid in needed for t in tasks if t.stream == "tp" and t.phase == "B")
 
 
+def test_overlapped_chunks_take_turns_where_a_communication_stands_between_blocks():
+    """In a DualPipe F&B chunk the chains take turns where one would wait on a communication:
+    without TP, F's attention and router run in one turn, before its dispatch, and B's router
+    and attention in one, after its dispatch's gradient, as the DeepSeek-V3 report pairs them
+    (Fig. 4); the other chain's turn runs beside each all-to-all. Block by block, the tiny
+    router blocks came between and each dispatch was waited for with nothing beside it."""
+    from .conftest import scenario_dict
+
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 1},
+                      model={"layers": 8, "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}, "mlp": "swiglu",
+                             "bias": False},
+                      parallel={"tp": 1, "pp": 4, "dp": 2, "ep": 2, "schedule": "dualpipe"},
+                      training={"global_batch_size": 32})
+    r = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT))
+    in_chunks = 0
+    for rank in {s.rank for s in r.trace.spans}:
+        comp = sorted((s for s in r.trace.spans if s.rank == rank and s.stream == "compute" and s.phase in "FB"),
+                      key=lambda s: s.start_s)
+        for a, b, c in zip(comp, comp[1:], comp[2:]):
+            if a.name in ("F attn", "B router"):  # the next block of the same layer, in the same turn
+                assert (b.name, b.mb, b.layer) == ({"F attn": "F router", "B router": "B attn"}[a.name], a.mb, a.layer)
+                in_chunks += c.phase != a.phase  # the other chain's turn next: inside a chunk
+    assert in_chunks > 0
+
+
 def test_overlapped_chunks_hide_sp_collectives_as_they_hide_all_reduces():
     """In a DualPipe F&B chunk one chain's TP collectives run beside the other's compute. Under
     SP each block has a gather before it and a reduce-scatter after; both chains share the

@@ -977,7 +977,8 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
     held = low.held.pop(r, None) if zero3 else None
     if held is not None and (kind != "B" or held[:2] != (part, mb)):
         held = None
-    for i, (blk, name, pre, overlap, post) in enumerate(_block_plan(low, r, kind, blocks)):
+    plan = _block_plan(low, r, kind, blocks)
+    for i, (blk, name, pre, overlap, post) in enumerate(plan):
         layer = blk.layer
         first_deps = tuple(deps) if prev is None else (prev,)
         if carried:
@@ -1040,8 +1041,13 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
         # the turn of another chain of the chunk comes before this block's post communication
         # is issued: the other block's pre communication goes first on the stream they share,
         # and runs while this block computes (a gather queued behind a reduce-scatter that
-        # waits for this compute would keep the other chain's compute waiting for both)
-        yield
+        # waits for this compute would keep the other chain's compute waiting for both). A
+        # chunk's chain keeps the stream where it would wait on no communication: the other
+        # chain's compute is what hides this one's communication, so the chains take turns
+        # where a communication stands between two blocks (DeepSeek-V3's attention and router
+        # run on, and its dispatch runs beside the other chunk's experts)
+        if not (chunk and not post and not overlap and not by_unit and i + 1 < len(plan) and not plan[i + 1][2]):
+            yield
         for j, spec in enumerate(post):
             prev = _add_comm(prog, r, spec, (kind, stage, mb, i, "post", j), (prev,), mb, kind, q, layer)
     if zero3 and kind == "F" and gather and units:
@@ -1084,7 +1090,8 @@ def _block_plan(low: Lowering, r: int, kind: str, blocks) -> list[tuple]:
 
 
 def _run_chains(*chains) -> list[int]:
-    """Run block generators round-robin, one block of each in turn; their last task ids."""
+    """Run block generators round-robin, one turn of each in turn (a block, or the blocks
+    :func:`_blocks` joins); their last task ids."""
     if len(chains) == 1:  # most actions: nothing to interleave with
         chain = chains[0]
         try:
@@ -1341,13 +1348,21 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
     """One issue unit on rank ``r``: an action, or an overlapped F&B chunk.
 
     A chunk runs on the one compute stream as the schedule layer defines it: it starts when
-    the inputs of both its F and its B have arrived, F and B blocks alternate (one's TP
-    communication overlaps the other's compute), then B's W, and every output is released
-    (sent) when the whole chunk ends::
+    the inputs of both its F and its B have arrived, F and B take turns (one's communication
+    overlaps the other's compute), then B's W, and every output is released (sent) when the
+    whole chunk ends::
 
         compute  [F b0][B b0][F b1][B b1] ... [W ...]
         tp             [AR F0][AR B0] ...
         pp                                        [send act][send grad]
+
+    A turn ends where a communication stands between a chain's block and its next (the
+    block's own, or the next one's before it); blocks with none between them run in one turn.
+    So DeepSeek-V3's MoE layers (TP1) pair as its report's Fig. 4 does::
+
+        compute  [F attn, router][B experts  ][F experts   ][B router, attn][F attn, router] ...
+        ep                       [F dispatch ][B dispatch' ][F combine     ][B combine'    ]
+                                                     (': its gradient)
     """
     wait = low.sync.pop(r, [])  # the reductions of the rank's last gradient action (ZeRO-2/3)
     if len(unit) == 1:
