@@ -190,8 +190,8 @@ class SimulationCfg(Strict):
     collapse_symmetric: bool = True
     repeat: bool = pydantic.Field(
         default=True, description="simulate a long 1F1B, interleaved, ZB-H1, ZB-V or DualPipeV step's repeating "
-        "microbatches once "
-        "and copy the cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); false: simulate every one")
+        "microbatches once and copy the cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); "
+        "false: simulate every one")
     collectives: CollectivesCfg = CollectivesCfg()
     # a split around fabric faults costs what the refinement makes of it: a rail-optimised
     # DGX leaf's 32 nodes split every class of a 1,024-GPU plan (22-81 s and 2-9 GB against

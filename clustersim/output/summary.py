@@ -59,7 +59,7 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
         experts.append(f"ETP{p['etp']}")
     if experts and p.get("dispatcher") == "deepep":  # tokens cross once per node: another cost of EP
         experts.append("DeepEP")
-    if experts and p.get("fp8_dispatch"):  # the dispatch half the bytes
+    if experts and p.get("fp8_dispatch"):  # the tokens to the experts in about half the bytes
         experts.append("FP8 dispatch")
     ep = f" ({', '.join(experts)})" if experts else ""
     # TP's all-reduces block every layer: over NICs they cost far more (parallelism guide)
