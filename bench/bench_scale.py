@@ -4,6 +4,7 @@
     python bench/bench_scale.py --repeat 3 x.yaml      # medians of 3 runs; x.yaml added
     python bench/bench_scale.py --only x.yaml          # x.yaml alone
     python bench/bench_scale.py --sweep                # wall time vs GPUs and vs microbatches
+                                                       # (1F1B, then ZB-V and DualPipeV)
 
 Every scenario (and sweep point) runs in a fresh subprocess, so its peak RSS is its own. The
 phases are those of ``python -m clustersim run``: import (clustersim, plotly & co.), load
@@ -99,6 +100,7 @@ SWEEP_GPUS = (64, 256, 1024, 4096, 16384, 32768, 65536)  # at SWEEP_M microbatch
 SWEEP_M = 16
 SWEEP_MICROBATCHES = (8, 32, 128, 512)  # at SWEEP_FIXED_GPUS
 SWEEP_FIXED_GPUS = 256
+SWEEP_V = ("zbv", "dualpipev")  # the microbatch sweep again under the V schedules (both repeat)
 BARE_TIMEOUTS, BARE_REPEATS = 200_000, 5
 CHILD_BARE_REPEATS = 3  # in each measured run, right after it (see measure)
 
@@ -132,24 +134,24 @@ def bare_timeout_s(n: int = BARE_TIMEOUTS, repeats: int = BARE_REPEATS) -> float
     return median(per_event_s)
 
 
-def dense_scenario(gpus: int, microbatches: int) -> dict:
-    """The sweep's dense plan: a Llama-2-70B-like model, TP8 x PP4 x DP(gpus/32), 1F1B, on
-    DGX-H100 nodes; ``microbatches`` per pipeline and step."""
+def dense_scenario(gpus: int, microbatches: int, schedule: str = "1f1b") -> dict:
+    """The sweep's dense plan: a Llama-2-70B-like model, TP8 x PP4 x DP(gpus/32), 1F1B (or
+    ``schedule``), on DGX-H100 nodes; ``microbatches`` per pipeline and step."""
     dp = gpus // 32
     return {
-        "name": f"dense-{gpus}gpu-m{microbatches}",
+        "name": f"dense-{gpus}gpu-m{microbatches}" + ("" if schedule == "1f1b" else f"-{schedule}"),
         "cluster": {"topology": "topologies/dgx-h100.yaml", "nodes": gpus // 8},
         "model": {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn_hidden": 28672, "mlp": "swiglu",
                   "norm": "rmsnorm", "bias": False, "dropout": False, "vocab": 32000, "seq_len": 4096,
                   "tied_embeddings": False, "position_embedding": "rope"},
-        "parallel": {"tp": 8, "pp": 4, "dp": dp, "schedule": "1f1b"},
+        "parallel": {"tp": 8, "pp": 4, "dp": dp, "schedule": schedule},
         "training": {"micro_batch_size": 1, "global_batch_size": dp * microbatches, "attention": "flash"},
     }
 
 
 def measure(spec: str) -> dict:
     """Run one scenario as ``clustersim run`` does, timing each phase. ``spec``: a YAML path, or
-    ``dense:GPUS:M`` for a sweep point."""
+    ``dense:GPUS:M`` (or ``dense:GPUS:M:SCHEDULE``) for a sweep point."""
     gc.disable()  # as python -m clustersim does for its whole process (clustersim/__main__.py)
     t_import = time.perf_counter()
     from clustersim.analysis.invariants import InvariantError
@@ -160,8 +162,8 @@ def measure(spec: str) -> dict:
 
     t0 = time.perf_counter()  # clustersim, plotly & co. imported
     if spec.startswith("dense:"):
-        _, gpus, m = spec.split(":")
-        sc = load_scenario(dense_scenario(int(gpus), int(m)), base_dir=ROOT)
+        _, gpus, m, *schedule = spec.split(":")
+        sc = load_scenario(dense_scenario(int(gpus), int(m), *schedule), base_dir=ROOT)
     else:
         sc = load_scenario(spec)
     _ = sc.cluster  # the graph is built on first use; count it as loading
@@ -363,6 +365,9 @@ def main() -> None:
                     [f"dense:{g}:{SWEEP_M}" for g in SWEEP_GPUS], args.repeat)
         print_sweep(f"\nmicrobatches grow, {SWEEP_FIXED_GPUS} GPUs",
                     [f"dense:{SWEEP_FIXED_GPUS}:{m}" for m in SWEEP_MICROBATCHES], args.repeat)
+        for schedule in SWEEP_V:
+            print_sweep(f"\nmicrobatches grow, {SWEEP_FIXED_GPUS} GPUs, {schedule}",
+                        [f"dense:{SWEEP_FIXED_GPUS}:{m}:{schedule}" for m in SWEEP_MICROBATCHES], args.repeat)
         return
     bare_s = bare_timeout_s()
     print(f"bare simpy timeout at the start: {bare_s * 1e6:.2f} us per event (median of {BARE_REPEATS} x "
