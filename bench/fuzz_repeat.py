@@ -51,7 +51,7 @@ def draw(rng: random.Random) -> dict:
     layers = pp * vpp * rng.choice([1, 2])
     nodes = max(1, tp * pp * dp * cp // TOPOLOGIES[topo])
     step = repeat.step_mb(schedule, pp)
-    floor = (3 * pp * vpp + 1) // 2 + 4 * step
+    floor = repeat.fewest_simulated(pp, vpp, step)
     m = 3 * (floor + step) + step * rng.choice([0, 1, 3])  # the shorter step is below floor + step
     model = {"name": "fuzz", "layers": layers, "hidden": 1024 * rng.choice([1, 2]), "heads": 16, "vocab": 32000,
              "seq_len": 1024 * rng.choice([1, 2])}
@@ -88,7 +88,7 @@ def with_v_schedule(d: dict, rng: random.Random) -> dict:
     p["schedule"] = rng.choice(["zbv", "dualpipev"])
     p.pop("vpp", None)
     step = repeat.step_mb(p["schedule"], p["pp"])
-    floor = 3 * p["pp"] + 4 * step
+    floor = repeat.fewest_simulated(p["pp"], 2, step)
     mb = 3 * (floor + step) + step * rng.choice([0, 1, 3])
     return {**d, "model": {**m, "layers": 2 * p["pp"] * rng.choice([1, 2])}, "parallel": p,
             "training": {**d["training"], "global_batch_size": mb * p["dp"]}}

@@ -78,6 +78,13 @@ class Repeat:
                 "cycle_s": self.period_s, "cut_s": self.cut_s, "cycles_copied": self.copies}
 
 
+def fewest_simulated(pp: int, chunks: int, step: int) -> int:
+    """The fewest microbatches a shorter step may hold (:func:`simulated_microbatches`)::
+
+        3/2 pp v + (WINDOWS + 1) * step"""
+    return (3 * pp * chunks + 1) // 2 + (WINDOWS + 1) * step
+
+
 def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, group: int | None = None) -> int | None:
     """How many of a step's ``m`` microbatches to simulate, or None to simulate them all::
 
@@ -105,8 +112,7 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     if schedule not in SCHEDULES or pp < 2:
         return None
     step = step_mb(schedule, pp, group)
-    floor = (3 * pp * chunks + 1) // 2 + (WINDOWS + 1) * step
-    n = (m - floor) // step
+    n = (m - fewest_simulated(pp, chunks, step)) // step
     if schedule in SLOW_TO_SETTLE:
         n = min(n, -(-2 * m // (3 * step)))  # the fewest steps left out that keep m' <= m / 3
     short = m - n * step

@@ -292,7 +292,7 @@ def block_bwd(fwd: list[Op], flash: bool) -> list[Op]:
     for op in reversed(fwd):
         bwd = _backward(op)
         if op.name == "core_attn" and flash:
-            bwd = Op(op.name, (2 + op.qk_share) * op.flops, bwd.bytes, 2 * op.model_flops, op.qk_share, "flash_bwd")
+            bwd = replace(bwd, flops=(2 + op.qk_share) * op.flops, qk_share=op.qk_share, kernel="flash_bwd")
         out.append(bwd)
     return out
 

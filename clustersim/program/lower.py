@@ -1045,7 +1045,8 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
         # chunk's chain keeps the stream where it would wait on no communication: the other
         # chain's compute is what hides this one's communication, so the chains take turns
         # where a communication stands between two blocks (DeepSeek-V3's attention and router
-        # run on, and its dispatch runs beside the other chunk's experts)
+        # run on, and its dispatch runs beside the other chunk's experts); under ZeRO-3's
+        # gathers by unit, which a block may wait on outside its plan, every block is a turn
         if not (chunk and not post and not overlap and not by_unit and i + 1 < len(plan) and not plan[i + 1][2]):
             yield
         for j, spec in enumerate(post):
