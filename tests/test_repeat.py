@@ -141,6 +141,21 @@ def test_the_copied_cycle_gives_the_step_simulated_whole(over):
     assert_same_step(whole, copied, links=over.get("simulation", {}).get("network") != "ideal")
 
 
+def test_a_cycle_of_two_interleaved_groups_is_copied_as_one_of_one_group(monkeypatch):
+    """Interleaved 1F1B leaves out two groups at a time, so that a steady state whose groups
+    alternate (moe_1024gpu's) repeats too. Here, with the cycles shorter than two groups not
+    tried, the plan's cycle of one group (4) is taken as one of two (8): copied in 16 times, it
+    gives the step simulated whole."""
+    assert repeat.step_mb("interleaved", 4) == 8 and repeat.step_mb("interleaved", 4, group=6) == 12
+    d = plan(parallel={"schedule": "interleaved", "vpp": 2})
+    whole = run({**d, "simulation": {"repeat": False}})
+    monkeypatch.setattr(repeat, "cycles_mb", lambda step: [step])
+    copied = run({**d, "simulation": {"repeat": True}})
+    rep = copied.summary["simulation"]["repeat"]
+    assert (rep["simulated_microbatches"], rep["cycle_microbatches"], rep["cycles_copied"]) == (64, 8, 16)
+    assert_same_step(whole, copied)
+
+
 def test_a_straggler_splits_its_class_and_still_repeats():
     """One slow GPU (its stage's class split off): the cycle is the slow stage's, and holds."""
     d = plan(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 4,
@@ -200,11 +215,14 @@ def test_how_many_microbatches_are_simulated():
     assert repeat.simulated_microbatches("1f1b", 4, 50) is None
     assert repeat.simulated_microbatches("gpipe", 4, 512) is None  # no steady cycle: all F, then all B
     assert repeat.simulated_microbatches("1f1b", 1, 512) is None  # no pipeline
-    # interleaved: whole groups of pp microbatches (12 and pp), a longer warm-up (3/2 pp vpp)
-    assert repeat.simulated_microbatches("interleaved", 4, 512, chunks=2) == 68
-    assert repeat.simulated_microbatches("interleaved", 8, 512, chunks=2) == 128  # 24 + 96, steps of 24
-    # groups of 6: steps of 12 keep the last group (514 = 85 x 6 + 4; 70 = 11 x 6 + 4)
-    assert repeat.simulated_microbatches("interleaved", 4, 514, chunks=2, group=6) == 70
+    # interleaved: two groups of pp microbatches left out at a time, as many simulated as a
+    # third allows (its transient outlasts 3/2 pp vpp on uneven stages)
+    assert repeat.simulated_microbatches("interleaved", 4, 512, chunks=2) == 168  # 512 - 43 x 8
+    assert repeat.simulated_microbatches("interleaved", 8, 512, chunks=2) == 160  # 512 - 22 x 16
+    assert repeat.simulated_microbatches("interleaved", 8, 256, chunks=4) is None  # 48 + 64 at least: over a third
+    # groups of 6: steps of 12 keep the last group (514 = 85 x 6 + 4; 166 = 27 x 6 + 4)
+    assert repeat.simulated_microbatches("interleaved", 4, 514, chunks=2, group=6) == 166
+    assert repeat.simulated_microbatches("interleaved", 4, 214, chunks=2, group=6) == 70  # the fewest is the most
     assert repeat.simulated_microbatches("zb-h1", 4, 512) == 56  # as 1F1B
     assert repeat.simulated_microbatches("dualpipe", 4, 512) is None  # fed from both ends: no cycle
     # the V schedules (two chunks a rank: 3/2 pp 2 + 48 at least), slow to settle: as many as a
@@ -396,13 +414,15 @@ def test_the_shorter_step_resumed_where_the_steps_part_is_the_same_program(over)
 
     sc = load_scenario(plan(**over), base_dir=ROOT)
     shorter = shorter_step(sc)
-    assert shorter is not None and shorter is shorter_step(sc) and shorter.microbatches == 60
+    # (interleaved leaves out two groups of 4 at a time: 192 - 16 x 8)
+    short = 64 if sc.parallel.schedule == "interleaved" else 60
+    assert shorter is not None and shorter is shorter_step(sc) and shorter.microbatches == short
     prog, low = lower_step(sc)
     kept = low.resume
     assert kept is not None and 0 < kept.at < len(kept.units)
     resumed, _ = lower(shorter, like=low)
     assert low.resume is None  # handed over
-    fresh, _ = lower(with_microbatches(sc, 60))
+    fresh, _ = lower(with_microbatches(sc, short))
     assert [r[:3] for r in resumed.runs] == [r[:3] for r in fresh.runs]
     assert _fields_of(resumed) == _fields_of(fresh)
     assert _fields_of(prog) == _fields_of(lower(sc)[0])

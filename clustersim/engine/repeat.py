@@ -23,6 +23,10 @@ Why it is exact: both programs are the same up to where the m' step runs out of 
 (T lies a step of microbatches before that, :func:`step_mb`), the cycle repeats (checked over two), and the simulation does
 not depend on absolute time. Times differ from a full simulation in their last bits (a copy
 adds kQ once where the full step sums k cycles: about 1e-11 s on Megatron-1T's 95 s step).
+Where the flow network's shares amplify such bits, as the whole step amplifies its own, they
+grow to a nanosecond or more (moe_1024gpu's plan at 512 microbatches: 6e-14 s at the cut, at
+most 2.2e-7 s on its 253 s step; the step simulated whole with its clock started 1 s later
+differs from itself by up to 1.4e-7 s).
 The spans then take the full program's task ids: a stream runs its tasks in list order, so
 the i-th span on a (rank, stream) is that stream's i-th task; each one's microbatch is
 checked against its task's. Anything that does not hold gives None, and the caller simulates
@@ -47,15 +51,16 @@ WINDOWS = 3  # cycles compared: the last one before T and the two before it
 # drifts (1.7e-11 s a cycle on one random plan, 2e-5 s on gpt3_175b_1024gpu) does not repeat
 ROUNDING = 2.5e-13
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")  # DualPipe: see simulated_microbatches
-SLOW_TO_SETTLE = ("zbv", "dualpipev")  # simulated with as many microbatches as a third allows
+SLOW_TO_SETTLE = ("interleaved", "zbv", "dualpipev")  # simulated with as many microbatches as a third allows
 
 
 def step_mb(schedule: str, pp: int, group: int | None = None) -> int:
     """Microbatches are left out in multiples of this: 12 (a multiple of the cycles 1F1B
     shows, 1, 2, 4 or 6), and for interleaved 1F1B, which runs microbatches ``group`` (pp by
-    default) at a time and repeats every group, the least multiple of 12 and the group (so m'
-    keeps m's last group)."""
-    return math.lcm(STEP_MB, pp if group is None else group) if schedule == "interleaved" else STEP_MB
+    default) at a time, two groups: its steady state repeats every group, or every two where
+    the groups alternate (moe_1024gpu's MoE plan: its first stage's forwards come 123.67 and
+    122.84 ms apart in alternate groups of 8), and m' keeps m's last group."""
+    return 2 * (pp if group is None else group) if schedule == "interleaved" else STEP_MB
 
 
 def cycles_mb(step: int) -> list[int]:
@@ -103,12 +108,14 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     its first stage's forwards, which set the cut, cover half of them; no cycle is found there,
     so it is not tried.
 
-    The V schedules (:data:`SLOW_TO_SETTLE`) simulate the most microbatches a third allows
-    instead of the fewest: their steady phases repeat every microbatch on the plans measured
-    (bench/fuzz_repeat.py), but their transients outlast 3/2 pp v, by as long as a stage takes
-    to work off the backlog the warm-up left it (llama2_70b_64gpu under ZB-V: its later stages'
-    forwards come 2.3 ms a microbatch sooner than the first stage's until microbatch 52 to 76
-    of pp=4, so no cycle in 68 microbatches, one in 164)."""
+    Interleaved 1F1B and the V schedules (:data:`SLOW_TO_SETTLE`) simulate the most
+    microbatches a third allows instead of the fewest: their steady phases repeat every group
+    or every microbatch on the plans measured (bench/fuzz_repeat.py), but their transients can
+    outlast 3/2 pp v, by as long as a stage takes to work off the backlog the warm-up left it
+    (llama2_70b_64gpu under ZB-V: its later stages' forwards come 2.3 ms a microbatch sooner
+    than the first stage's until microbatch 52 to 76 of pp=4, so no cycle in 68 microbatches,
+    one in 164; moe_1024gpu's interleaved plan, whose stages are uneven, repeats from
+    microbatch 73, past 3/2 pp v = 48, with a cycle of two groups)."""
     if schedule not in SCHEDULES or pp < 2:
         return None
     step = step_mb(schedule, pp, group)
