@@ -1387,6 +1387,34 @@ def test_bytes_per_slice_of_the_step_are_never_negative():
         assert got.sum() == pytest.approx(size.sum(), rel=1e-9)
 
 
+def test_bytes_per_slice_of_the_step_are_each_transfers_bytes_in_it():
+    """Each slice of the step gets every transfer's bytes times the share of its time in the
+    slice (a transfer spread evenly over [start, end]); one of no length lands whole in the
+    slice of its start, and the last slice takes what runs past the step. Starts on the
+    slices' edges included (the slices' running sums place a start at an edge in the slice
+    it opens)."""
+    from clustersim.engine.sim import _binned
+
+    rng = np.random.default_rng(7)
+    step_s, bins = 8.0, 40
+    width = step_s / bins
+    for _ in range(20):
+        start = np.concatenate([rng.uniform(0, step_s, 200), rng.integers(0, bins, 50) * width])
+        end = start + np.where(rng.random(250) < 0.1, 0.0, rng.uniform(0, 1.5, 250))
+        size = rng.uniform(1e6, 1e9, 250)
+        edges = np.arange(bins + 1) * width
+        edges[-1] = max(step_s, float(end.max()))
+        want = np.zeros(bins)
+        for s, e, b in zip(start, end, size):
+            if e <= s:
+                want[min(int(s / width), bins - 1)] += b
+                continue
+            overlap = np.clip(np.minimum(edges[1:], e) - np.maximum(edges[:-1], s), 0.0, None)
+            want += b * overlap / (e - s)
+        got = _binned([(start[:100], end[:100], size[:100]), (start[100:], end[100:], size[100:])], step_s, bins)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-6 * size.max())
+
+
 def test_the_busiest_links_are_those_whose_rate_over_time_was_worked_out():
     """The engine works the rate over time out for the links of most bytes / bw, ties by name
     (Engine._link_use); the summary's busiest are the same links. Ranked by the mean (bytes /

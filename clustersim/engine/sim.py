@@ -1842,12 +1842,13 @@ def _binned(segs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], step_s: float
     edges_t[-1] = max(step_s, float(e.max()))  # the last slice takes everything up to the end
 
     def ramp(at: np.ndarray) -> np.ndarray:  # sum over at_i < t of rate_i (t - at_i), per edge t
-        order = np.argsort(at)
-        at_sorted, r_sorted = at[order], rate[order]
-        cum_r = np.concatenate([[0.0], np.cumsum(r_sorted)])
-        cum_rt = np.concatenate([[0.0], np.cumsum(r_sorted * at_sorted)])
-        k = np.searchsorted(at_sorted, edges_t, side="left")
-        return edges_t * cum_r[k] - cum_rt[k]
+        # at_i < edges_t[j] exactly where j >= k_i: the sums over at_i < t per edge are the
+        # running sums of per-slice ones (no sort of the segments: a slice's own are summed
+        # in their order)
+        k = np.searchsorted(edges_t, at, side="right")
+        cum_r = np.cumsum(np.bincount(k, weights=rate, minlength=bins + 2))[:bins + 1]
+        cum_rt = np.cumsum(np.bincount(k, weights=rate * at, minlength=bins + 2))[:bins + 1]
+        return edges_t * cum_r - cum_rt
 
     carried = ramp(s) - ramp(e)
     # a slice where nothing ran is a difference of two equal sums, which rounding can leave a
