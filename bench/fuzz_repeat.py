@@ -5,7 +5,8 @@ microbatch, form; start and end within 1 ns), every figure of the summary within
 links' bytes too (tests/test_repeat.differences, what the tests hold a dozen fixed plans to);
 this draws many more (topology, TP, PP, DP, EP, CP, SP, ZeRO, recompute, schedule, a slow
 GPU; since 2026-12-06 one plan in three turned into ZB-V or DualPipeV, from a random stream
-of its own: :func:`with_v_schedule`). Each plan also runs as ``clustersim run`` runs it, its shorter step simulated by a
+of its own: :func:`with_v_schedule`, and one in five of the rest into DualPipe:
+:func:`with_dualpipe`). Each plan also runs as ``clustersim run`` runs it, its shorter step simulated by a
 forked process (clustersim.engine.ahead): that must give the same bits as one process::
 
     python bench/fuzz_repeat.py [seed] [plans]      (default 0 and 20)
@@ -94,6 +95,23 @@ def with_v_schedule(d: dict, rng: random.Random) -> dict:
             "training": {**d["training"], "global_batch_size": mb * p["dp"]}}
 
 
+def with_dualpipe(d: dict, rng: random.Random) -> dict:
+    """One plan in five of those left 1F1B-like turned into DualPipe (fed from both ends: each
+    half of the microbatches repeats on its own, engine.repeat.TWO_WAYS; layers a multiple of
+    pp, the microbatches drawn again for both halves' warm-ups), from ``rng``, a stream of its
+    own, so that a seed draws every other plan as it did before."""
+    if d["parallel"]["schedule"] in ("zbv", "dualpipev") or rng.random() >= 1 / 5:
+        return d
+    p, m = dict(d["parallel"]), d["model"]
+    p["schedule"] = "dualpipe"
+    p.pop("vpp", None)
+    step = repeat.step_mb("dualpipe", p["pp"])
+    floor = repeat.fewest_simulated(p["pp"], 2, step)
+    mb = 3 * (floor + step) + step * rng.choice([0, 1, 3])
+    return {**d, "model": {**m, "layers": 2 * p["pp"] * rng.choice([1, 2])}, "parallel": p,
+            "training": {**d["training"], "global_batch_size": mb * p["dp"]}}
+
+
 def compare(d: dict) -> tuple[str, list[str]]:
     results = []
     for copy_in in (False, True):
@@ -125,9 +143,10 @@ def main() -> int:
     rng = random.Random(seed)
     later = random.Random(seed + 2_000_003)  # draws added since (fuzz_args.with_etp), apart from the plans
     v_later = random.Random(seed + 3_000_017)  # and the V schedules' (with_v_schedule), apart from both
+    two_ways = random.Random(seed + 4_000_037)  # and DualPipe's (with_dualpipe), apart from all three
     bad = 0
     for i in range(plans):
-        d = with_v_schedule(with_etp(draw(rng), later), v_later)
+        d = with_dualpipe(with_v_schedule(with_etp(draw(rng), later), v_later), two_ways)
         p = d["parallel"]
         label = (f"{i:3d} {d['cluster']['topology'].split('/')[-1]:<18} {p['schedule']:<11} tp{p['tp']} pp{p['pp']} "
                  f"dp{p['dp']} cp{p['cp']} z{p['zero']}{' ep2' if 'ep' in p else ''}{' etp' + str(p['etp']) if 'etp' in p else ''}"

@@ -544,7 +544,7 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
          ahead: Ahead | None = None, check: bool = True) -> tuple[Engine, Trace, tuple, Callable[[], list] | None]:
     """(the engine, the step's trace, the working objects of a shorter run, the function
     that gives the link use where another process works it out, else None): ``prog`` run
-    whole, or, with ``repeat`` where a 1F1B, interleaved, ZB-H1, ZB-V or DualPipeV step is long
+    whole, or, with ``repeat`` where a 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step is long
     enough and its cycle is found, fewer of its microbatches run and the cycle copied in
     (:mod:`clustersim.engine.repeat`).
     ``low``: ``prog``'s lowering, whose plan-wide parts the shorter step's reuses.
@@ -675,7 +675,7 @@ def _cycle(sc: Scenario, engine: Engine, strace: Trace) -> tuple[SpanBase | None
         return None, None
     p = sc.parallel
     rep = cycles.find_cycle(base, min(first), shorter_step(sc).microbatches, sc.microbatches, engine.record_starts(),
-                            cycles.step_mb(p.schedule, p.pp, p.vpp_group))
+                            cycles.step_mb(p.schedule, p.pp, p.vpp_group), cycles.ways(p.schedule) == 2)
     return (None, None) if rep is None else (base, rep)
 
 

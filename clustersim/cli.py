@@ -560,8 +560,11 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
 
     sim = summary["simulation"]
     rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
-    cycle = (f" · {rep['simulated_microbatches']} of {m} microbatches run, a cycle of {rep['cycle_microbatches']} "
-             f"copied in {rep['cycles_copied']} times") if rep else (
+    # (DualPipe's cycle holds as many microbatches of each half: engine.repeat.TWO_WAYS)
+    each_way = f" ({rep['cycle_microbatches'] // 2} each way)" if rep and summary["plan"]["schedule"] == "dualpipe" \
+        else ""
+    cycle = (f" · {rep['simulated_microbatches']} of {m} microbatches run, a cycle of {rep['cycle_microbatches']}"
+             f"{each_way} copied in {rep['cycles_copied']} times") if rep else (
         f" · all {m} microbatches run: a shorter step of {tried} showed no steady cycle (--no-repeat skips that try)"
         if tried else "")
     n = sim["simulated_ranks"]
@@ -768,7 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "symmetric placements; otherwise the default's step is an estimate, "
                           f"{ESTIMATE_SPREAD.replace('%', '%%')}: docs/getting-started.md)")
     run.add_argument("--no-repeat", action="store_true",
-                     help="simulate every microbatch of a long 1F1B, interleaved, ZB-H1, ZB-V or DualPipeV step "
+                     help="simulate every microbatch of a long 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step "
                           "instead of its steady cycle once (slower; the same spans within a nanosecond, or within the "
                           "rounding a whole step amplifies itself: docs/architecture.md)")
     run.add_argument("--no-check", action="store_true",

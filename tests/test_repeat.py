@@ -134,8 +134,13 @@ def assert_same_step(whole, copied, links: bool = True) -> None:
     # a cycle (the sends meet at shifting offsets: the whole step is simulated, as it should be)
     {"parallel": {"schedule": "interleaved", "vpp": 2, "vpp_group": 6}, "training": {"global_batch_size": 214 * 4},
      "simulation": {"network": "ideal"}},
+    # DualPipe, fed from both ends: 360 microbatches, 120 simulated (60 each way), a cycle of
+    # 2 + 2 copied 60 times; the second half's ids move by the first half's copies as well
+    {"parallel": {"schedule": "dualpipe"}, "training": {"global_batch_size": 360 * 4}},
+    {"model": {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
+     "parallel": {"schedule": "dualpipe", "ep": 2, "zero": 1, "sp": True}, "training": {"global_batch_size": 360 * 4}},
 ], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1", "zbv", "dualpipev-moe",
-        "interleaved-groups"])
+        "interleaved-groups", "dualpipe", "dualpipe-moe"])
 def test_the_copied_cycle_gives_the_step_simulated_whole(over):
     whole, copied = both(plan(**over))
     assert_same_step(whole, copied, links=over.get("simulation", {}).get("network") != "ideal")
@@ -154,6 +159,20 @@ def test_a_cycle_of_two_interleaved_groups_is_copied_as_one_of_one_group(monkeyp
     rep = copied.summary["simulation"]["repeat"]
     assert (rep["simulated_microbatches"], rep["cycle_microbatches"], rep["cycles_copied"]) == (64, 8, 16)
     assert_same_step(whole, copied)
+
+
+def test_dualpipes_cycle_is_said_to_hold_half_its_microbatches_each_way():
+    """The terminal's line on a repeated DualPipe step: its cycle holds as many microbatches
+    of each half (fed from each end)."""
+    from clustersim.cli import _simulated_line
+
+    summary = {"plan": {"schedule": "dualpipe", "microbatches": 360}, "world_size": 32,
+               "simulation": {"simulated_ranks": 4, "spans": 93348, "collapse_symmetric": True, "repeat": {
+                   "simulated_microbatches": 120, "cycle_microbatches": 2, "cycle_s": 0.03, "cut_s": 1.3,
+                   "cycles_copied": 120}, "repeat_tried": 120}}
+    assert "a cycle of 2 (1 each way) copied in 120 times" in _simulated_line(summary, 1.0)
+    summary["plan"]["schedule"] = "1f1b"
+    assert "a cycle of 2 copied in 120 times" in _simulated_line(summary, 1.0)
 
 
 def test_a_straggler_splits_its_class_and_still_repeats():
@@ -224,7 +243,11 @@ def test_how_many_microbatches_are_simulated():
     assert repeat.simulated_microbatches("interleaved", 4, 514, chunks=2, group=6) == 166
     assert repeat.simulated_microbatches("interleaved", 4, 214, chunks=2, group=6) == 70  # the fewest is the most
     assert repeat.simulated_microbatches("zb-h1", 4, 512) == 56  # as 1F1B
-    assert repeat.simulated_microbatches("dualpipe", 4, 512) is None  # fed from both ends: no cycle
+    # DualPipe, fed from both ends: steps of 12 each way, 3/2 pp + 48 each way at least, as
+    # many as a third allows
+    assert repeat.simulated_microbatches("dualpipe", 4, 360) == 120  # 360 - 10 x 24
+    assert repeat.simulated_microbatches("dualpipe", 16, 480) == 144  # DeepSeek-V3's plan at 480 (3 x 16 + 96)
+    assert repeat.simulated_microbatches("dualpipe", 4, 192) is None  # 108 at least: more than a third
     # the V schedules (two chunks a rank: 3/2 pp 2 + 48 at least), slow to settle: as many as a
     # third allows (512 - 29 x 12 = 164 <= 512 / 3), not the fewest (68 and 80 here)
     assert repeat.simulated_microbatches("zbv", 4, 512, chunks=2) == 164
@@ -389,8 +412,9 @@ def _fields_of(prog) -> list:
     return [(_task_fields(t), None if t.comm is None else _comm_fields(t.comm)) for t in prog.tasks]
 
 
-@pytest.mark.parametrize("over", [{}, {"parallel": {"zero": 3}}, {"parallel": {"schedule": "interleaved", "vpp": 2}}],
-                         ids=["1f1b", "zero3", "interleaved"])
+@pytest.mark.parametrize("over", [{}, {"parallel": {"zero": 3}}, {"parallel": {"schedule": "interleaved", "vpp": 2}},
+                                  {"parallel": {"schedule": "dualpipe"}}],
+                         ids=["1f1b", "zero3", "interleaved", "dualpipe"])
 def test_the_shorter_step_lowered_like_the_whole_one_is_the_same_program(over):
     """The shorter step reuses the whole step's lowering (work, symmetry, communication specs):
     its tasks are those of a lowering from scratch, and the whole step's lowering is untouched."""

@@ -1,5 +1,5 @@
 """A long 1F1B step's repeating microbatches simulated once: fewer microbatches run, the steady
-cycle copied in (1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipeV).
+cycle copied in (1F1B, interleaved 1F1B, ZB-H1, ZB-V, DualPipeV and DualPipe).
 
 After its warm-up, a 1F1B pipeline settles into a cycle: every C microbatches each stage runs
 the same forwards, backwards, TP all-reduces and PP sends, a period Q later, on the same links
@@ -50,8 +50,11 @@ WINDOWS = 3  # cycles compared: the last one before T and the two before it
 # which the seam where the copies meet the simulated spans must keep to. A steady state that
 # drifts (1.7e-11 s a cycle on one random plan, 2e-5 s on gpt3_175b_1024gpu) does not repeat
 ROUNDING = 2.5e-13
-SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")  # DualPipe: see simulated_microbatches
-SLOW_TO_SETTLE = ("interleaved", "zbv", "dualpipev")  # simulated with as many microbatches as a third allows
+SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "dualpipe")
+SLOW_TO_SETTLE = ("interleaved", "zbv", "dualpipev", "dualpipe")  # simulated with as many microbatches as a third allows
+# fed from both ends: microbatches 0 .. m/2 - 1 enter at the first stage, m/2 .. m - 1 at the
+# last (schedule.dualpipe); each half is left out and copied in as a step of its own
+TWO_WAYS = ("dualpipe",)
 
 
 def step_mb(schedule: str, pp: int, group: int | None = None) -> int:
@@ -60,7 +63,14 @@ def step_mb(schedule: str, pp: int, group: int | None = None) -> int:
     default) at a time, two groups: its steady state repeats every group, or every two where
     the groups alternate (moe_1024gpu's MoE plan: its first stage's forwards come 123.67 and
     122.84 ms apart in alternate groups of 8), and m' keeps m's last group."""
+    if schedule in TWO_WAYS:
+        return 2 * STEP_MB  # 12 of each half
     return 2 * (pp if group is None else group) if schedule == "interleaved" else STEP_MB
+
+
+def ways(schedule: str) -> int:
+    """2 where microbatches enter the pipeline at both ends (DualPipe: :data:`TWO_WAYS`), else 1."""
+    return 2 if schedule in TWO_WAYS else 1
 
 
 def cycles_mb(step: int) -> list[int]:
@@ -73,13 +83,14 @@ class Repeat:
     """Where the simulated step is cut and how often its cycle is copied in."""
 
     simulated_mb: int  # microbatches simulated (m')
-    cycle_mb: int  # C: microbatches per cycle
+    cycle_mb: int  # C: microbatches per cycle (of each half, where they enter at both ends)
     period_s: float  # Q: seconds per cycle
     cut_s: float  # T: the simulated step's spans that start before it are kept as they are
     copies: int  # n: cycles copied in after T
+    ways: int = 1  # 2: microbatches enter at both ends (:func:`ways`), the second half from m' / 2
 
     def summary(self) -> dict:
-        return {"simulated_microbatches": self.simulated_mb, "cycle_microbatches": self.cycle_mb,
+        return {"simulated_microbatches": self.simulated_mb, "cycle_microbatches": self.ways * self.cycle_mb,
                 "cycle_s": self.period_s, "cut_s": self.cut_s, "cycles_copied": self.copies}
 
 
@@ -104,9 +115,10 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     again whole: at m' <= m / 3 a cycle found saves at least two thirds of the engine's work
     and one not found costs at most a third more (gpt3_175b_1024gpu's steady state drifts by
     2e-5 s a cycle and never repeats: at 192 microbatches it is not tried). 1F1B, interleaved
-    1F1B, ZB-H1, ZB-V and DualPipeV, not DualPipe: it feeds microbatches from both ends, and
-    its first stage's forwards, which set the cut, cover half of them; no cycle is found there,
-    so it is not tried.
+    1F1B, ZB-H1, ZB-V, DualPipeV and DualPipe. DualPipe feeds microbatches from both ends, the
+    first half at the first stage, the second at the last: each half is a step of its own, so
+    ``step``, the warm-up (3/2 pp for each) and the margin count for both (:data:`TWO_WAYS`;
+    :func:`find_cycle` sets the cut on the first half's forwards).
 
     Interleaved 1F1B and the V schedules (:data:`SLOW_TO_SETTLE`) simulate the most
     microbatches a third allows instead of the fewest: their steady phases repeat every group
@@ -118,6 +130,7 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     microbatch 73, past 3/2 pp v = 48, with a cycle of two groups)."""
     if schedule not in SCHEDULES or pp < 2:
         return None
+    chunks = max(chunks, ways(schedule))  # (DualPipe: 3/2 pp for each half)
     step = step_mb(schedule, pp, group)
     n = (m - fewest_simulated(pp, chunks, step)) // step
     if schedule in SLOW_TO_SETTLE:
@@ -179,7 +192,7 @@ def _same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
 
 
 def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int,
-               other_starts: np.ndarray = np.zeros(0), step: int = STEP_MB) -> Repeat | None:
+               other_starts: np.ndarray = np.zeros(0), step: int = STEP_MB, two_ways: bool = False) -> Repeat | None:
     """The cycle of the simulated step (spans ``base`` of ``simulated_mb`` microbatches) and
     where to cut it, checked as the module docstring says; None if no cycle tried holds.
     ``anchor_rank`` is the first stage's rank: its forwards set the cut, a cycle and a
@@ -187,14 +200,21 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     ``other_starts``: when the run's other records start (``Engine.record_starts``: a
     transfer may start a latency after its span), kept as far from the cut as the spans.
     ``step``: what ``full_mb - simulated_mb`` is a multiple of (:func:`step_mb`); the cycles
-    tried divide it, and it is the margin before the last forward."""
+    tried divide it, and it is the margin before the last forward.
+    ``two_ways``: microbatches enter at both ends (DualPipe), the first half at the anchor's
+    stage: ``step``, the cycles and the margin count each half's microbatches (half of
+    ``step``), the cut is set by the first half's forwards, and a window's spans move by C
+    microbatches in both halves (the copies hold C of each)."""
     first = first_forwards(base, anchor_rank)
     if len(first) != simulated_mb or not np.isfinite(first).all():
         return None
+    halves = 2 if two_ways else 1
+    step //= halves
+    first = first[:simulated_mb // halves]  # (the second half's forwards follow their own path)
     starts = unique(np.concatenate([base.start_s, other_starts]))
-    j = simulated_mb - 1 - step  # a margin of a step before the last forward
+    j = len(first) - 1 - step  # a margin of a step before the last forward
     for c in cycles_mb(step):
-        if (full_mb - simulated_mb) % c:
+        if (full_mb - simulated_mb) % (halves * c):
             continue
         if j - WINDOWS * c < 0:
             continue
@@ -211,7 +231,7 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
         before = base.start_s < cut - WINDOWS * q
         if before.any() and float(base.end_s[before].max()) > cut - q:
             continue  # something older than the windows runs into the last: state not seen
-        return Repeat(simulated_mb, c, q, cut, (full_mb - simulated_mb) // c)
+        return Repeat(simulated_mb, c, q, cut, (full_mb - simulated_mb) // (halves * c), halves)
     return None
 
 
@@ -350,7 +370,12 @@ def splice(base: SpanBase, rep: Repeat, short_tasks, full_tasks) -> SpanBase | N
     copy = np.minimum(seg, rep.copies)
     rank, form, old_tid = base.rank[rows], base.form[rows], base.tid[rows]
     mb = base.mb[rows]
+    # the second half's ids start n C later in the step than in the shorter one (m / 2 =
+    # m' / 2 + n C; its copies also move by k C, as the first half's do)
+    second = mb >= rep.simulated_mb // 2 if rep.ways == 2 else None
     np.add(mb, copy * c, out=mb, where=mb >= 0)
+    if second is not None:
+        mb[second] += rep.copies * c
     start, end = base.start_s[rows], base.end_s[rows]
     shift = copy * q
     start += shift

@@ -1138,7 +1138,8 @@ def header_html(summary: dict[str, Any]) -> str:
     if rep:  # what the timeline below holds: most of it copied from a steady cycle
         out.append(f'<p class="meta">simulated: {rep["simulated_microbatches"]} of {plan.get("microbatches")} '
                    f'microbatches; their steady cycle of {rep["cycle_microbatches"]} '
-                   f'microbatch{"es" if rep["cycle_microbatches"] != 1 else ""} '
+                   f'microbatch{"es" if rep["cycle_microbatches"] != 1 else ""}'
+                   f'{" (half each way)" if plan.get("schedule") == "dualpipe" else ""} '
                    f'({rep["cycle_s"]:.4g} s) copied in {rep["cycles_copied"]} times from '
                    f'{rep["cut_s"]:.4g} s on (simulation.repeat)</p>')
     elif summary.get("simulation", {}).get("repeat_tried"):
