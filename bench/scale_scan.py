@@ -25,6 +25,11 @@ would take every rank (2026-12-03, a fast stretch)::
     1k_moe_nic_half           1,024    288   666,576      6.6       695  moe_1024gpu with one NIC cable at half ...
     1k_moe_leaf_half          1,024     16    37,032      1.0       122  moe_1024gpu with a leaf's uplink at half ...
 
+and the main plan's long step (2026-12-06, bare simpy timeout about 0.7 µs; all 512
+microbatches simulated, before history entries 53-54: 21.6 s, 763 MiB)::
+
+    1k_moe_512mb              1,024      8   520,503      4.7       510  moe_1024gpu's plan at 512 microbatches ...
+
 and GPT-3's, whose NIC fault touches one GPU's traffic on its node and reaches the 128 GPUs
 of rail 5, whose split fits the 256 ranks of ``simulation.fabric_fault_split_ranks``
 (2026-12-05; until then GPU 5 alone split: 64 ranks, 641,360 spans, 4.9 s and 651 MiB, the
@@ -73,6 +78,8 @@ def _moe() -> dict:
 # docs/performance.md gives
 MOE_1K = {"tp": 1, "pp": 16, "dp": 64, "ep": 16, "zero": 1, "schedule": "dualpipe"}
 MOE_1K_TRAINING = {"training": {"recompute": "full"}}
+MOE_1K_MAIN = {"tp": 1, "pp": 8, "dp": 128, "ep": 16, "zero": 1, "schedule": "interleaved", "vpp": 4,
+               "overlap_param_gather": True}  # scenarios/moe_1024gpu.yaml's plan since 2026-12-04
 
 # name -> (what it probes, topology file, nodes, model, parallel, global batch[, more: sections
 # merged into the scenario's, "moe" into its model's])
@@ -134,6 +141,10 @@ PLANS = {
     "1k_gpt3_replicas": ("gpt3_175b_1024gpu with each DP replica apart (simulation.split_replicas)",
                          "dgx-a100.yaml", 128, GPT3, {"tp": 8, "pp": 16, "dp": 8, "schedule": "1f1b"}, 1536,
                          {"simulation": {"split_replicas": True}}),
+    # a long step of the main plan (interleaved, vpp 4): its groups alternate, a cycle of 16
+    # microbatches copied in (docs/architecture.md, "Repeating microbatches")
+    "1k_moe_512mb": ("moe_1024gpu's plan at 512 microbatches (a cycle of two groups copied in)", "dgx-h100.yaml", 128,
+                     None, MOE_1K_MAIN, 512 * 128, MOE_1K_TRAINING),
     "1k_moe_leaf_half": ("moe_1024gpu with a leaf's uplink at half bandwidth (kept in the collapse)",
                          "dgx-h100.yaml", 128, None, MOE_1K, 2048,
                          {**MOE_1K_TRAINING, "cluster": {"what_if": [{"link": "leaf0.0-spine0", "bw_factor": 0.5}]}}),
