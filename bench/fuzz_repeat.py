@@ -53,7 +53,9 @@ def draw(rng: random.Random) -> dict:
     nodes = max(1, tp * pp * dp * cp // TOPOLOGIES[topo])
     step = repeat.step_mb(schedule, pp)
     floor = repeat.fewest_simulated(pp, vpp, step)
-    m = 3 * (floor + step) + step * rng.choice([0, 1, 3])  # the shorter step is below floor + step
+    # (the fewest a shorter step holds is below floor + step; interleaved simulates the most a
+    # third allows; its steps of two groups, since 2026-12-06, draw other m than before)
+    m = 3 * (floor + step) + step * rng.choice([0, 1, 3])
     model = {"name": "fuzz", "layers": layers, "hidden": 1024 * rng.choice([1, 2]), "heads": 16, "vocab": 32000,
              "seq_len": 1024 * rng.choice([1, 2])}
     parallel = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "schedule": schedule, "zero": rng.choice([0, 1, 2, 3]),

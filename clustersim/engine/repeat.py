@@ -204,7 +204,11 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     ``two_ways``: microbatches enter at both ends (DualPipe), the first half at the anchor's
     stage: ``step``, the cycles and the margin count each half's microbatches (half of
     ``step``), the cut is set by the first half's forwards, and a window's spans move by C
-    microbatches in both halves (the copies hold C of each)."""
+    microbatches in both halves (the copies hold C of each). The margin is taken on the first
+    half only; the second's holds by DualPipe's symmetry (rank r's two parts are r and p-1-r,
+    and every rank leaves its steady loop right after its own side's last forward). Were it
+    short, the windows or the splice's check of every span's microbatch against its task's
+    would refuse the cycle, and the step would be simulated whole."""
     first = first_forwards(base, anchor_rank)
     if len(first) != simulated_mb or not np.isfinite(first).all():
         return None

@@ -1821,7 +1821,8 @@ def _binned(segs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], step_s: float
 
     With rate_i = bytes_i / (end_i - start_i), the bytes carried by time t are
         F(t) = sum_{start_i < t} rate_i (t - start_i) - sum_{end_i < t} rate_i (t - end_i),
-    evaluated at the slice edges with sorted cumulative sums; a slice gets F(right) - F(left).
+    evaluated at the slice edges from per-slice sums run across the slices (each time's slice
+    found among the edges, no sort of the transfers); a slice gets F(right) - F(left).
     Zero-length transfers land whole in the slice of their start.
     """
     if not segs:
