@@ -544,8 +544,8 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
          ahead: Ahead | None = None, check: bool = True) -> tuple[Engine, Trace, tuple, Callable[[], list] | None]:
     """(the engine, the step's trace, the working objects of a shorter run, the function
     that gives the link use where another process works it out, else None): ``prog`` run
-    whole, or, with ``repeat`` where a 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step is long
-    enough and its cycle is found, fewer of its microbatches run and the cycle copied in
+    whole, or, with ``repeat`` where a 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe
+    step is long enough and its cycle is found, fewer of its microbatches run and the cycle copied in
     (:mod:`clustersim.engine.repeat`).
     ``low``: ``prog``'s lowering, whose plan-wide parts the shorter step's reuses.
     ``ahead``: the process that simulated the shorter step meanwhile, if any

@@ -189,8 +189,8 @@ class SimulationCfg(Strict):
     network: Literal["flow", "ideal"] = "flow"
     collapse_symmetric: bool = True
     repeat: bool = pydantic.Field(
-        default=True, description="simulate a long 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step's repeating "
-        "microbatches once and copy the cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); "
+        default=True, description="simulate a long 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step's "
+        "repeating microbatches once and copy the cycle in, where its timeline is checked to repeat (clustersim.engine.repeat); "
         "false: simulate every one")
     collectives: CollectivesCfg = CollectivesCfg()
     # a split around fabric faults costs what the refinement makes of it: a rail-optimised

@@ -1,8 +1,9 @@
 """The shorter step of a repeated step, simulated by a forked process while the parent lowers
 the whole step.
 
-A long 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step (Megatron-1T: 512 microbatches) is
-simulated as a shorter step whose cycle is copied in (:mod:`clustersim.engine.repeat`). Only
+A long 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step (Megatron-1T: 512
+microbatches) is simulated as a shorter step whose cycle is copied in
+(:mod:`clustersim.engine.repeat`). Only
 the splice needs both steps, so ``clustersim run`` forks as soon as the scenario is read,
 before even the whole step's schedule is built: the child builds the shorter step's schedule,
 lowers it, sets its engine up, runs it and finds its cycle, while the parent checks the whole

@@ -51,7 +51,8 @@ WINDOWS = 3  # cycles compared: the last one before T and the two before it
 # drifts (1.7e-11 s a cycle on one random plan, 2e-5 s on gpt3_175b_1024gpu) does not repeat
 ROUNDING = 2.5e-13
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "dualpipe")
-SLOW_TO_SETTLE = ("interleaved", "zbv", "dualpipev", "dualpipe")  # simulated with as many microbatches as a third allows
+# simulated with as many microbatches as a third allows (simulated_microbatches)
+SLOW_TO_SETTLE = ("interleaved", "zbv", "dualpipev", "dualpipe")
 # fed from both ends: microbatches 0 .. m/2 - 1 enter at the first stage, m/2 .. m - 1 at the
 # last (schedule.dualpipe); each half is left out and copied in as a step of its own
 TWO_WAYS = ("dualpipe",)
