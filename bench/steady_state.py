@@ -5,6 +5,10 @@ period per microbatch over that cycle.
     python bench/steady_state.py bench/scenarios/megatron_1t_3072.yaml
     python bench/steady_state.py scenarios/llama2_70b_64gpu.yaml --every 1
 
+Every microbatch is simulated (``repeat=False``: a step whose cycle was copied in would repeat
+by construction); under DualPipe each half of the microbatches, fed from its own end, is
+measured apart (``rank/half``).
+
 A simulator that repeated a steady pattern of microbatches, instead of simulating, analysing
 and writing every one, would rest on such a cycle (docs/performance.md, "Targets and where they
 stand": what 3 s for Megatron-1T would take). This measures whether clustersim's own timeline
@@ -78,14 +82,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=8, help="print every k-th stage (default 8); all are counted")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    result = simulate(args.scenario, check=False)
+    # every microbatch simulated: a step whose cycle was copied in repeats by construction
+    result = simulate(args.scenario, check=False, repeat=False)
     trace = result.trace
     starts = first_forward_starts(trace)
+    m = result.summary["plan"]["microbatches"]
+    if result.summary["plan"]["schedule"] == "dualpipe":
+        # fed from both ends: each half of the microbatches is a pipeline of its own, whose
+        # forwards on a rank interleave with the other's (engine.repeat.TWO_WAYS)
+        starts = {f"{r}/{h}": first[h * (m // 2):(h + 1) * (m // 2)] for r, first in starts.items() for h in (0, 1)}
     p = len(starts)
-    print(f"{Path(args.scenario).name}: {p} simulated ranks, simulated in {time.perf_counter() - t0:.1f} s")
+    halves = " (each half of the microbatches apart: rank/half)" if p > len(trace.ranks) else ""
+    print(f"{Path(args.scenario).name}: {len(trace.ranks)} simulated ranks{halves}, simulated in "
+          f"{time.perf_counter() - t0:.1f} s")
     print(f"{'rank':>6} {'mbs':>5} {'cycle':>6} {'repeats over mbs':>17} {'period s':>10}  intervals (s) of one cycle")
     found = []
-    for k, (r, first) in enumerate(sorted(starts.items())):
+    for k, (r, first) in enumerate(sorted(starts.items(), key=lambda x: str(x[0]).zfill(12))):
         first = first[~np.isnan(first)]
         intervals = np.round(np.diff(first), 9)  # intervals[i]: microbatch i + 1 after i
         hit = cycle_of(intervals)
