@@ -235,9 +235,13 @@ def test_how_many_microbatches_are_simulated():
     assert repeat.simulated_microbatches("gpipe", 4, 512) is None  # no steady cycle: all F, then all B
     assert repeat.simulated_microbatches("1f1b", 1, 512) is None  # no pipeline
     # interleaved: two groups of pp microbatches left out at a time, as many simulated as a
-    # third allows (its transient outlasts 3/2 pp vpp on uneven stages)
-    assert repeat.simulated_microbatches("interleaved", 4, 512, chunks=2) == 168  # 512 - 43 x 8
+    # third allows (its transient outlasts 3/2 pp vpp on uneven stages), up to three times the
+    # fewest (here 12 + 32 = 44: 128 = 512 - 48 x 8 <= 132)
+    assert repeat.simulated_microbatches("interleaved", 4, 512, chunks=2) == 128
     assert repeat.simulated_microbatches("interleaved", 8, 512, chunks=2) == 160  # 512 - 22 x 16
+    # moe_1024gpu's plan (pp 8, vpp 4: 48 + 64 = 112 at least) at 512 and at 4,096 (3 x 112)
+    assert repeat.simulated_microbatches("interleaved", 8, 512, chunks=4) == 160
+    assert repeat.simulated_microbatches("interleaved", 8, 4096, chunks=4) == 336
     assert repeat.simulated_microbatches("interleaved", 8, 256, chunks=4) is None  # 48 + 64 at least: over a third
     # groups of 6: steps of 12 keep the last group (514 = 85 x 6 + 4; 166 = 27 x 6 + 4)
     assert repeat.simulated_microbatches("interleaved", 4, 514, chunks=2, group=6) == 166

@@ -51,8 +51,13 @@ WINDOWS = 3  # cycles compared: the last one before T and the two before it
 # drifts (1.7e-11 s a cycle on one random plan, 2e-5 s on gpt3_175b_1024gpu) does not repeat
 ROUNDING = 2.5e-13
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "dualpipe")
-# simulated with as many microbatches as a third allows (simulated_microbatches)
+# simulated with as many microbatches as a third allows, up to SETTLE_WITHIN times the fewest
+# (simulated_microbatches): the slowest transients measured end within twice the fewest
+# (llama2_70b_64gpu under ZB-V at microbatch 76 of 60, moe_1024gpu's interleaved plan at 73 of
+# 112), and three cycles and a step follow them before the cut; a step of thousands of
+# microbatches then simulates a few hundred, not a third of them
 SLOW_TO_SETTLE = ("interleaved", "zbv", "dualpipev", "dualpipe")
+SETTLE_WITHIN = 3
 # fed from both ends: microbatches 0 .. m/2 - 1 enter at the first stage, m/2 .. m - 1 at the
 # last (schedule.dualpipe); each half is left out and copied in as a step of its own
 TWO_WAYS = ("dualpipe",)
@@ -121,8 +126,9 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     ``step``, the warm-up (3/2 pp for each) and the margin count for both (:data:`TWO_WAYS`;
     :func:`find_cycle` sets the cut on the first half's forwards).
 
-    Interleaved 1F1B and the V schedules (:data:`SLOW_TO_SETTLE`) simulate the most
-    microbatches a third allows instead of the fewest: their steady phases repeat every group
+    Interleaved 1F1B, the V schedules and DualPipe (:data:`SLOW_TO_SETTLE`) simulate the most
+    microbatches a third allows, up to :data:`SETTLE_WITHIN` times the fewest, instead of the
+    fewest: their steady phases repeat every group
     or every microbatch on the plans measured (bench/fuzz_repeat.py), but their transients can
     outlast 3/2 pp v, by as long as a stage takes to work off the backlog the warm-up left it
     (llama2_70b_64gpu under ZB-V: its later stages' forwards come 2.3 ms a microbatch sooner
@@ -135,7 +141,9 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     step = step_mb(schedule, pp, group)
     n = (m - fewest_simulated(pp, chunks, step)) // step
     if schedule in SLOW_TO_SETTLE:
-        n = min(n, -(-2 * m // (3 * step)))  # the fewest steps left out that keep m' <= m / 3
+        # the fewest steps left out that keep m' <= m / 3 and m' <= SETTLE_WITHIN x the fewest
+        most_x3 = min(m, 3 * SETTLE_WITHIN * fewest_simulated(pp, chunks, step))  # (three times the most)
+        n = min(n, -(-(3 * m - most_x3) // (3 * step)))
     short = m - n * step
     return short if n > 0 and 3 * short <= m else None
 
