@@ -100,7 +100,8 @@ SWEEP_GPUS = (64, 256, 1024, 4096, 16384, 32768, 65536)  # at SWEEP_M microbatch
 SWEEP_M = 16
 SWEEP_MICROBATCHES = (8, 32, 128, 512)  # at SWEEP_FIXED_GPUS
 SWEEP_FIXED_GPUS = 256
-SWEEP_V = ("zbv", "dualpipev")  # the microbatch sweep again under the V schedules (both repeat)
+SWEEP_V = ("zbv", "dualpipev", "dualpipe")  # the microbatch sweep again under these (all repeat)
+SWEEP_MOE_MICROBATCHES = (16, 64, 128, 512)  # moe_1024gpu's plan as its microbatches grow
 BARE_TIMEOUTS, BARE_REPEATS = 200_000, 5
 CHILD_BARE_REPEATS = 3  # in each measured run, right after it (see measure)
 
@@ -151,7 +152,8 @@ def dense_scenario(gpus: int, microbatches: int, schedule: str = "1f1b") -> dict
 
 def measure(spec: str) -> dict:
     """Run one scenario as ``clustersim run`` does, timing each phase. ``spec``: a YAML path, or
-    ``dense:GPUS:M`` (or ``dense:GPUS:M:SCHEDULE``) for a sweep point."""
+    ``dense:GPUS:M`` (or ``dense:GPUS:M:SCHEDULE``) for a sweep point, or ``moe:M`` for
+    scenarios/moe_1024gpu.yaml with M microbatches."""
     gc.disable()  # as python -m clustersim does for its whole process (clustersim/__main__.py)
     t_import = time.perf_counter()
     from clustersim.analysis.invariants import InvariantError
@@ -164,6 +166,10 @@ def measure(spec: str) -> dict:
     if spec.startswith("dense:"):
         _, gpus, m, *schedule = spec.split(":")
         sc = load_scenario(dense_scenario(int(gpus), int(m), *schedule), base_dir=ROOT)
+    elif spec.startswith("moe:"):
+        from clustersim.api import with_microbatches
+
+        sc = with_microbatches(load_scenario(DEFAULT[0]), int(spec.split(":")[1]))
     else:
         sc = load_scenario(spec)
     _ = sc.cluster  # the graph is built on first use; count it as loading
@@ -368,6 +374,8 @@ def main() -> None:
         for schedule in SWEEP_V:
             print_sweep(f"\nmicrobatches grow, {SWEEP_FIXED_GPUS} GPUs, {schedule}",
                         [f"dense:{SWEEP_FIXED_GPUS}:{m}:{schedule}" for m in SWEEP_MICROBATCHES], args.repeat)
+        print_sweep("\nmicrobatches grow, scenarios/moe_1024gpu.yaml's plan (1,024 GPUs, interleaved)",
+                    [f"moe:{m}" for m in SWEEP_MOE_MICROBATCHES], args.repeat)
         return
     bare_s = bare_timeout_s()
     print(f"bare simpy timeout at the start: {bare_s * 1e6:.2f} us per event (median of {BARE_REPEATS} x "

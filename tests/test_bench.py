@@ -55,6 +55,21 @@ def test_bench_scale_prints_every_row_with_the_program_s_sizes():
     assert values["total s"] >= values["engine s"] > 0
 
 
+def test_bench_scale_measures_the_moe_plan_with_other_microbatches():
+    """``moe:M``, the --sweep's points of moe_1024gpu's plan: that scenario with M microbatches
+    (its global batch M x DP), the program the lowering makes of it."""
+    import json
+
+    from clustersim.api import with_microbatches
+
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--child", "moe:8"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.splitlines()[-1])
+    prog, _ = lower(with_microbatches(load_scenario(ROOT / "scenarios" / "moe_1024gpu.yaml"), 8))
+    assert (got["gpus"], got["microbatches"], got["tasks"]) == (1024, 8, len(prog.items))
+
+
 def test_after_fork_shows_both_processes_and_every_trace_piece():
     # bench/after_fork.py wraps the writer's and the summary's functions by name: a renamed
     # one would leave its phase out of the timeline, or fail
