@@ -48,7 +48,8 @@ WINDOWS = 3  # cycles compared: the last one before T and the two before it
 # float rounding, a few hundred ulps at most on the plans measured (Megatron-1T: 6e-14 s at
 # 22 s), a quarter of the invariant checks' slack (1e-12 of the time, analysis.invariants),
 # which the seam where the copies meet the simulated spans must keep to. A steady state that
-# drifts (1.7e-11 s a cycle on one random plan, 2e-5 s on gpt3_175b_1024gpu) does not repeat
+# drifts (1.7e-11 s a cycle on one random plan; gpt3_175b_1024gpu's, converging, still 3.8e-12 s
+# a cycle at microbatch 230) does not repeat
 ROUNDING = 2.5e-13
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "dualpipe")
 # simulated with as many microbatches as a third allows, up to SETTLE_WITHIN times the fewest
@@ -119,8 +120,9 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     stages repeat from about microbatch 110, and its cut falls at 121), then the compared
     cycles and a step of margin before the cut. A step whose cycle does not hold is simulated
     again whole: at m' <= m / 3 a cycle found saves at least two thirds of the engine's work
-    and one not found costs at most a third more (gpt3_175b_1024gpu's steady state drifts by
-    2e-5 s a cycle and never repeats: at 192 microbatches it is not tried). 1F1B, interleaved
+    and one not found costs at most a third more (gpt3_175b_1024gpu's steady state settles to
+    within rounding only past about microbatch 250: at 192 microbatches it is not tried, at
+    768 its 72 show no cycle). 1F1B, interleaved
     1F1B, ZB-H1, ZB-V, DualPipeV and DualPipe. DualPipe feeds microbatches from both ends, the
     first half at the first stage, the second at the last: each half is a step of its own, so
     ``step``, the warm-up (3/2 pp for each) and the margin count for both (:data:`TWO_WAYS`;
