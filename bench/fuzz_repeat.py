@@ -87,14 +87,7 @@ def with_v_schedule(d: dict, rng: random.Random) -> dict:
     a stream of its own, so that a seed draws every plan's other fields as it did before."""
     if rng.random() >= 1 / 3:
         return d
-    p, m = dict(d["parallel"]), d["model"]
-    p["schedule"] = rng.choice(["zbv", "dualpipev"])
-    p.pop("vpp", None)
-    step = repeat.step_mb(p["schedule"], p["pp"])
-    floor = repeat.fewest_simulated(p["pp"], 2, step)
-    mb = 3 * (floor + step) + step * rng.choice([0, 1, 3])
-    return {**d, "model": {**m, "layers": 2 * p["pp"] * rng.choice([1, 2])}, "parallel": p,
-            "training": {**d["training"], "global_batch_size": mb * p["dp"]}}
+    return _two_parts_a_rank(d, rng.choice(["zbv", "dualpipev"]), rng)
 
 
 def with_dualpipe(d: dict, rng: random.Random) -> dict:
@@ -104,10 +97,17 @@ def with_dualpipe(d: dict, rng: random.Random) -> dict:
     own, so that a seed draws every other plan as it did before."""
     if d["parallel"]["schedule"] in ("zbv", "dualpipev") or rng.random() >= 1 / 5:
         return d
+    return _two_parts_a_rank(d, "dualpipe", rng)
+
+
+def _two_parts_a_rank(d: dict, schedule: str, rng: random.Random) -> dict:
+    """``d`` under ``schedule``, whose ranks hold two model parts each (the V schedules, DualPipe):
+    layers a multiple of 2 pp, the microbatches drawn again for its warm-up (two chunks, or two
+    halves), from ``rng``."""
     p, m = dict(d["parallel"]), d["model"]
-    p["schedule"] = "dualpipe"
+    p["schedule"] = schedule
     p.pop("vpp", None)
-    step = repeat.step_mb("dualpipe", p["pp"])
+    step = repeat.step_mb(schedule, p["pp"])
     floor = repeat.fewest_simulated(p["pp"], 2, step)
     mb = 3 * (floor + step) + step * rng.choice([0, 1, 3])
     return {**d, "model": {**m, "layers": 2 * p["pp"] * rng.choice([1, 2])}, "parallel": p,

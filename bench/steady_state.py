@@ -87,17 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     trace = result.trace
     starts = first_forward_starts(trace)
     m = result.summary["plan"]["microbatches"]
+    rows = sorted(starts.items())
     if result.summary["plan"]["schedule"] == "dualpipe":
         # fed from both ends: each half of the microbatches is a pipeline of its own, whose
         # forwards on a rank interleave with the other's (engine.repeat.TWO_WAYS)
-        starts = {f"{r}/{h}": first[h * (m // 2):(h + 1) * (m // 2)] for r, first in starts.items() for h in (0, 1)}
-    p = len(starts)
+        rows = [(f"{r}/{h}", first[h * (m // 2):(h + 1) * (m // 2)]) for r, first in rows for h in (0, 1)]
+    p = len(rows)
     halves = " (each half of the microbatches apart: rank/half)" if p > len(trace.ranks) else ""
     print(f"{Path(args.scenario).name}: {len(trace.ranks)} simulated ranks{halves}, simulated in "
           f"{time.perf_counter() - t0:.1f} s")
     print(f"{'rank':>6} {'mbs':>5} {'cycle':>6} {'repeats over mbs':>17} {'period s':>10}  intervals (s) of one cycle")
     found = []
-    for k, (r, first) in enumerate(sorted(starts.items(), key=lambda x: str(x[0]).zfill(12))):
+    for k, (r, first) in enumerate(rows):
         first = first[~np.isnan(first)]
         intervals = np.round(np.diff(first), 9)  # intervals[i]: microbatch i + 1 after i
         hit = cycle_of(intervals)

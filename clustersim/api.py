@@ -675,7 +675,7 @@ def _cycle(sc: Scenario, engine: Engine, strace: Trace) -> tuple[SpanBase | None
         return None, None
     p = sc.parallel
     rep = cycles.find_cycle(base, min(first), shorter_step(sc).microbatches, sc.microbatches, engine.record_starts(),
-                            cycles.step_mb(p.schedule, p.pp, p.vpp_group), cycles.ways(p.schedule) == 2)
+                            cycles.step_mb(p.schedule, p.pp, p.vpp_group), cycles.ways(p.schedule))
     return (None, None) if rep is None else (base, rep)
 
 

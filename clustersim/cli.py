@@ -772,8 +772,8 @@ def build_parser() -> argparse.ArgumentParser:
                           f"{ESTIMATE_SPREAD.replace('%', '%%')}: docs/getting-started.md)")
     run.add_argument("--no-repeat", action="store_true",
                      help="simulate every microbatch of a long 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or "
-                          "DualPipe step instead of its steady cycle once (slower; the same spans within a nanosecond, or within the "
-                          "rounding a whole step amplifies itself: docs/architecture.md)")
+                          "DualPipe step instead of its steady cycle once (slower; the same spans within a "
+                          "nanosecond, or within the rounding a whole step amplifies itself: docs/architecture.md)")
     run.add_argument("--no-check", action="store_true",
                      help="skip the invariant checks run after the simulation (docs/invariants.md)")
     run.set_defaults(func=cmd_run)

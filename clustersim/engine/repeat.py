@@ -141,10 +141,11 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
         return None
     chunks = max(chunks, ways(schedule))  # (DualPipe: 3/2 pp for each half)
     step = step_mb(schedule, pp, group)
-    n = (m - fewest_simulated(pp, chunks, step)) // step
+    fewest = fewest_simulated(pp, chunks, step)
+    n = (m - fewest) // step
     if schedule in SLOW_TO_SETTLE:
         # the fewest steps left out that keep m' <= m / 3 and m' <= SETTLE_WITHIN x the fewest
-        most_x3 = min(m, 3 * SETTLE_WITHIN * fewest_simulated(pp, chunks, step))  # (three times the most)
+        most_x3 = min(m, 3 * SETTLE_WITHIN * fewest)  # (three times the most)
         n = min(n, -(-(3 * m - most_x3) // (3 * step)))
     short = m - n * step
     return short if n > 0 and 3 * short <= m else None
@@ -203,7 +204,7 @@ def _same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
 
 
 def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int,
-               other_starts: np.ndarray = np.zeros(0), step: int = STEP_MB, two_ways: bool = False) -> Repeat | None:
+               other_starts: np.ndarray = np.zeros(0), step: int = STEP_MB, halves: int = 1) -> Repeat | None:
     """The cycle of the simulated step (spans ``base`` of ``simulated_mb`` microbatches) and
     where to cut it, checked as the module docstring says; None if no cycle tried holds.
     ``anchor_rank`` is the first stage's rank: its forwards set the cut, a cycle and a
@@ -212,10 +213,10 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     transfer may start a latency after its span), kept as far from the cut as the spans.
     ``step``: what ``full_mb - simulated_mb`` is a multiple of (:func:`step_mb`); the cycles
     tried divide it, and it is the margin before the last forward.
-    ``two_ways``: microbatches enter at both ends (DualPipe), the first half at the anchor's
-    stage: ``step``, the cycles and the margin count each half's microbatches (half of
-    ``step``), the cut is set by the first half's forwards, and a window's spans move by C
-    microbatches in both halves (the copies hold C of each). The margin is taken on the first
+    ``halves``: 2 where microbatches enter at both ends (DualPipe: :func:`ways`), the first
+    half at the anchor's stage: ``step``, the cycles and the margin count each half's
+    microbatches (half of ``step``), the cut is set by the first half's forwards, and a
+    window's spans move by C microbatches in both halves (the copies hold C of each). The margin is taken on the first
     half only; the second's holds by DualPipe's symmetry (rank r's two parts are r and p-1-r,
     and every rank leaves its steady loop right after its own side's last forward). Were it
     short, the windows or the splice's check of every span's microbatch against its task's
@@ -223,7 +224,6 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     first = first_forwards(base, anchor_rank)
     if len(first) != simulated_mb or not np.isfinite(first).all():
         return None
-    halves = 2 if two_ways else 1
     step //= halves
     first = first[:simulated_mb // halves]  # (the second half's forwards follow their own path)
     starts = unique(np.concatenate([base.start_s, other_starts]))
