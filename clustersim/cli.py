@@ -304,7 +304,7 @@ def _compare(args) -> int:
                                  format_compare, labels, report_name)
     from .output.compare_page import COMPARE_PAGE, compare_html, timeline_caption
     from .output.report import as_sent, script_json, report_html, timeline
-    from .output.summary import to_json
+    from .output.summary import to_json, wall_said
     from .overrides import load_variant, parse_changes, variant_source
     from .yamlio import read_yaml
 
@@ -375,7 +375,7 @@ def _compare(args) -> int:
             with ctrl_c_held():
                 staging.clean()
     print(format_compare(plans))
-    print(f"{'simulated':<24}" + " · ".join(f"{p['label']} in {w:.1f} s" for p, w in zip(plans, walls)))
+    print(f"{'simulated':<24}" + " · ".join(f"{p['label']} in {wall_said(w)}" for p, w in zip(plans, walls)))
     if written:
         print(f"{'wrote':<24}" + ", ".join(map(str, written)))
     return 0
@@ -402,7 +402,7 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
     clustersim.output.plans_page) written with ``--out``."""
     from .forking import ctrl_c_held, pool_forks
     from .output.plans_page import plans_html
-    from .output.summary import to_json
+    from .output.summary import to_json, wall_said
     from .sweep import sweep_csv
 
     src = "command line"
@@ -440,7 +440,7 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
         print(f"error: no plan of the {what} could be simulated; nothing written", file=sys.stderr)
         return EXIT_BAD_INPUT
     done = len(found["ranking"])
-    print(f"{'simulated':<{width}}{done:,} plan{'s' if done != 1 else ''} in {wall_s:.1f} s"
+    print(f"{'simulated':<{width}}{done:,} plan{'s' if done != 1 else ''} in {wall_said(wall_s)}"
           + (f" with {jobs} processes" if jobs > 1 else "; one process: this platform cannot fork workers for --jobs"
              if args.jobs != 1 and (os.cpu_count() or 1) > 1 and not pool_forks() else "")
           + (f"; {unfit:,} certain not to fit" if unfit else "")
@@ -556,7 +556,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     the same of the split where leaf groups cut the plan unevenly; the communications at
     their slowest twin's pace; collective fallbacks)."""
     from .output.summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note,
-                                 replicas_note)
+                                 replicas_note, wall_said)
 
     sim = summary["simulation"]
     rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
@@ -568,7 +568,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
         f" · all {m} microbatches run: a shorter step of {tried} showed no steady cycle (--no-repeat skips that try)"
         if tried else "")
     n = sim["simulated_ranks"]
-    line = f"{'simulated':<16}{n} rank{'s' if n != 1 else ''}, {sim['spans']:,} spans in {wall_s:.1f} s{cycle}"
+    line = f"{'simulated':<16}{n} rank{'s' if n != 1 else ''}, {sim['spans']:,} spans in {wall_said(wall_s)}{cycle}"
     sep = "\n" + " " * 16
     return (line + replicas_note(sim, sep)
             + fabric_faults_note(sim.get("fabric_faults"), sep, sim["collapse_symmetric"])

@@ -12,6 +12,7 @@ from clustersim.errors import ConfigError
 from clustersim.output.summary import format_summary
 
 from .conftest import scenario_dict
+from .test_cli import run_cli
 
 
 def _run(root, what_if, **parallel):
@@ -282,3 +283,67 @@ def test_naming_the_topologys_own_gpu_keeps_no_nvlink_rate(root, tmp_path):
     h100 = summary("H100")
     assert h100["hardware"]["nvlink_kept"] == {"bw_GBps": 200, "gpu_bw_GBps": 450}
     assert "NVLink kept at the topology's 200 GB/s" in format_summary(h100)
+
+
+def test_links_slower_than_the_nics_are_named(root, tmp_path):
+    """A link below the rate of the NIC that feeds it caps every transfer between nodes, and
+    the summary, the cluster line, the report's header and compare's differences say so
+    (``hardware.link_ceilings``): PCIe below a faster NIC (dgx-a100.yaml's 32 GB/s under 400
+    Gb/s NICs at 0.9: 45 GB/s), and leaf-spine cables below a NIC's line rate where a leaf
+    has fewer NIC ports than spines (one node a leaf, the file's 20 spines: 1/20 of a NIC
+    each). The routes between nodes move at the rate named; the shipped topologies have no such
+    link, nor does a leaf with as many ports as spines."""
+    from clustersim.hardware.topology import link_ceilings, load_topology_cfg
+    from clustersim.output.report import header_html
+    from clustersim.output.summary import link_ceilings_said
+
+    from .conftest import shipped_topologies
+
+    for path in shipped_topologies(root):
+        assert link_ceilings(load_topology_cfg(path, build=False)) is None, path.name
+
+    def run(cluster: dict):
+        d = scenario_dict(training={"global_batch_size": 16})
+        d["cluster"].update(cluster)
+        sc = clustersim.load_scenario(d, base_dir=root)
+        return sc, clustersim.simulate(sc, brief=True).summary
+
+    sc, s = run({"node": {"nic": {"bw_Gbps": 400}}})
+    assert s["hardware"]["link_ceilings"] == [{"link": "pcie", "bw_GBps": 32, "nic_GBps": pytest.approx(45)}]
+    assert sc.cluster.path_bw_Bps(sc.cluster.path(0, 8)) == 32e9  # (GPU 0 to GPU 8, on the other node)
+    said = "PCIe at 32 GB/s caps the NICs' 45 GB/s between nodes; node.pcie_GBps raises it"
+    assert link_ceilings_said(s["hardware"]) == [said]
+    assert f"\n{'':<16}{said}\n" in format_summary(s) and said in html.unescape(header_html(s))
+    assert run({"node": {"nic": {"bw_Gbps": 400}, "pcie_GBps": 64}})[1]["hardware"]["link_ceilings"] is None
+
+    sc, s = run({"fabric": {"nodes_per_leaf": 1}})
+    (c,) = s["hardware"]["link_ceilings"]
+    cable = sc.cluster.graph.edges["leaf0.0", "spine0"]["bw_Bps"]
+    assert c == {"link": "leaf_spine", "bw_GBps": pytest.approx(cable / 1e9), "nic_GBps": pytest.approx(22.5),
+                 "nic_ports_per_leaf": 1, "spines": 20, "spines_at_line_rate": 1}
+    assert cable == pytest.approx(25e9 / 20 * sc.topology.fabric.efficiency)
+    assert "a leaf's 1 NIC port spread over 20 spines" in format_summary(s)
+    assert run({"fabric": {"nodes_per_leaf": 1, "spines": 1}})[1]["hardware"]["link_ceilings"] is None
+    assert run({})[1]["hardware"]["link_ceilings"] is None
+
+    # compare: said on the variant that has the link and the first plan does not
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({**scenario_dict(training={"global_batch_size": 16}),
+                                                     "cluster": {"topology": str(root / "topologies/dgx-a100.yaml"),
+                                                                 "nodes": 2}}))
+    r = run_cli("compare", tmp_path / "s.yaml", "--variant", "cluster.node.nic.bw_Gbps=400", "--out",
+                tmp_path / "cmp", "--no-report")
+    assert r.returncode == 0, r.stderr
+    vs = next(x for x in r.stdout.splitlines() if x.startswith("B vs A"))
+    assert vs.endswith(f"200.0 -> 400.0 ({said})")
+
+
+def test_the_projection_says_the_pue_it_counts():
+    """The energy is at the GPUs' board power times the PUE; the projection line says the PUE
+    where it is not 1."""
+    from clustersim.output.summary import _projection_line, wall_said
+
+    pj = {"tokens": 1e12, "days": 1.0, "gpu_hours": 24.0, "cost_usd": None, "energy_MWh": 19.0, "pue": 1.0}
+    assert _projection_line(pj)[0].endswith("19 MWh at GPU TDP")
+    assert _projection_line({**pj, "energy_MWh": 22.8, "pue": 1.2})[0].endswith("23 MWh at GPU TDP x PUE 1.2")
+    # (and a wall time below a tenth of a second has two decimals, not 0.0)
+    assert [wall_said(x) for x in (0.04, 0.094, 0.096, 1.44, 0.0)] == ["0.04 s", "0.09 s", "0.1 s", "1.4 s", "0.00 s"]

@@ -394,6 +394,36 @@ def plan_fabric(cfg: TopologyCfg) -> FabricPlan | None:
                       spine_up_Bps=per_pod * c1 / (o2 * up2))
 
 
+def link_ceilings(cfg: TopologyCfg) -> list[dict] | None:
+    """The links of ``cfg`` slower than the NIC that feeds them, which cap every transfer
+    between nodes below the NIC's rate (None where none is)::
+
+        pcie        node.pcie_GBps  <  NIC bw_Gbps / 8 x efficiency     (what transfers see)
+        leaf_spine  leaf -> spine cable below the NIC's line rate P:
+                    K P / (spines o) < P, i.e. spines o > K   (K: NIC ports below a leaf,
+                    nodes_per_leaf x nics / R; o: fabric.oversubscription; plan_fabric)
+
+    A leaf-spine cable's rate splits a leaf's ports over every spine, so a leaf with fewer
+    ports than spines gets cables slower than one port, and ECMP puts each flow on one of
+    them: one NIC under a leaf of a 16-spine fabric moves a flow at 1/16 of its rate. Real
+    cables run at the port's rate; ``spines_at_line_rate`` (K / o, at least 1) is the most
+    spines that keep them there. A fat tree's cables are derived from its ports (at most a
+    rounding below P where o does not divide them) and are not listed.
+    Each entry gives its rate and the NIC's as transfers see them (line x efficiency), in GB/s."""
+    n, fab = cfg.node, cfg.fabric
+    nic_Bps = n.nic.bw_Gbps * 1e9 / 8
+    out = []
+    if cfg.nodes > 1 and n.pcie_GBps * 1e9 < nic_Bps * n.nic.efficiency:
+        out.append({"link": "pcie", "bw_GBps": n.pcie_GBps, "nic_GBps": nic_Bps * n.nic.efficiency / 1e9})
+    plan = plan_fabric(cfg)
+    if plan is not None and fab.kind == "leaf_spine" and plan.leaves > 1 and plan.leaf_up_Bps < nic_Bps * (1 - 1e-12):
+        ports = plan.nodes_per_leaf * (n.nics or n.gpus) // plan.rails
+        out.append({"link": "leaf_spine", "bw_GBps": plan.leaf_up_Bps * fab.efficiency / 1e9,
+                    "nic_GBps": nic_Bps * n.nic.efficiency / 1e9, "nic_ports_per_leaf": ports,
+                    "spines": plan.spines, "spines_at_line_rate": max(1, math.floor(ports / fab.oversubscription))})
+    return out or None
+
+
 # ---------------------------------------------------------------------------------------------
 # The built cluster
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ..errors import printable
-from .summary import GiB, nvlink_kept_note, plan_line
+from .summary import GiB, link_ceilings_said, nvlink_kept_note, plan_line
 
 COMPARE_FILE = "compare.json"
 KINDS = ("tp", "cp", "ep", "pp", "dp")
@@ -241,8 +241,11 @@ def format_compare(plans: list[dict[str, Any]]) -> str:
         lines.append(f"{'':<4}{plan_line(p['summary'])}")
     for p in plans[1:]:
         hw = p["summary"]["hardware"]  # (the NVLink kept, where this plan's GPUs are not the first's)
+        first = summaries[0]["hardware"]
         lines.append(f"{p['label'] + ' vs ' + names[0]:<24}{differences_line(p['differences'])}"
-                     + (nvlink_kept_note(hw) if hw["gpu"] != summaries[0]["hardware"]["gpu"] else ""))
+                     + (nvlink_kept_note(hw) if hw["gpu"] != first["gpu"] else "")
+                     # (a link that caps this plan's NICs and not the first's: what its change bought)
+                     + "".join(f" ({c})" for c in link_ceilings_said(hw) if c not in link_ceilings_said(first)))
     rows = _rows(summaries)
     w_val = [max([len(names[j])] + [len(r[1][j]) for r in rows]) for j in range(len(plans))]
     w_dif = [max([0] + [len(r[2][j]) for r in rows]) for j in range(len(plans))]

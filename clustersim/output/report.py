@@ -60,8 +60,9 @@ from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, 
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
-from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note, peak_text,
-                      plan_dims, plan_options, replicas_note, schedule_part, topology_changes_note, what_if_note)
+from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note,
+                      link_ceilings_said, peak_text, plan_dims, plan_options, replicas_note, schedule_part,
+                      topology_changes_note, what_if_note)
 from .zoom import DETAIL_IN_VIEW, detail_data, detail_script
 
 GiB = 1024**3
@@ -1124,7 +1125,8 @@ def header_html(summary: dict[str, Any]) -> str:
     if hw:
         out.append(f'<p class="meta">cluster: {summary.get("world_size", "?")} × {e(str(hw.get("gpu", "?")))} '
                    f'({_n(hw.get("nodes") or 0, "node")} × {hw.get("gpus_per_node", "?")}, '
-                   f'{e(str(hw.get("topology", "")))}){e(topology_changes_note(hw) + what_if_note(hw))}</p>')
+                   f'{e(str(hw.get("topology", "")))}){e(topology_changes_note(hw) + what_if_note(hw))}'
+                   f'{e("".join(" · " + c for c in link_ceilings_said(hw)))}</p>')
     if plan:
         out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × ") + plan_options(plan))}'
                    f'{e(schedule_part(plan, " · ")) if "schedule" in plan else ""} · {plan.get("microbatches")} microbatches × '

@@ -134,6 +134,23 @@ def nvlink_kept_note(hw: dict[str, Any]) -> str:
             f"cluster.node.nvlink.bw_GBps={kept['gpu_bw_GBps']:g} gives it)")
 
 
+def link_ceilings_said(hw: dict[str, Any]) -> list[str]:
+    """One sentence per link that caps transfers between nodes below the NIC's rate
+    (``hardware.link_ceilings``): "PCIe at 64 GB/s caps the NICs' 90 GB/s between nodes;
+    node.pcie_GBps raises it"; [] where none does."""
+    said = []
+    for c in hw.get("link_ceilings") or ():
+        if c["link"] == "pcie":
+            said.append(f"PCIe at {c['bw_GBps']:.3g} GB/s caps the NICs' {c['nic_GBps']:.3g} GB/s between nodes; "
+                        "node.pcie_GBps raises it")
+        else:
+            ports = c["nic_ports_per_leaf"]
+            said.append(f"leaf-spine cables at {c['bw_GBps']:.3g} GB/s, below a NIC's {c['nic_GBps']:.3g}: a leaf's "
+                        f"{ports} NIC port{'s' if ports != 1 else ''} spread over {c['spines']} spines, each flow on "
+                        f"one cable; fabric.spines={c['spines_at_line_rate']} keeps them at line rate")
+    return said
+
+
 def what_if_note(hw: dict[str, Any]) -> str:
     """" · what-if: n0.nic2-leaf0.2 x0.5 bandwidth, GPU 5 1.2x slower": the faults and
     stragglers (``hardware.what_if``), "" where none."""
@@ -204,8 +221,15 @@ def _projection_line(pj: dict[str, Any] | None) -> list[str]:
     if not pj:
         return []
     cost = f" · ${pj['cost_usd']:,.0f}" if pj.get("cost_usd") is not None else ""
+    pue = f" x PUE {pj['pue']:g}" if pj.get("pue", 1.0) != 1.0 else ""  # (the energy counts it)
     return [f"{'projection':<16}{pj['tokens'] / 1e12:g}T tokens: {pj['days']:,.1f} days, "
-            f"{pj['gpu_hours']:,.0f} GPU-hours{cost}, {pj['energy_MWh']:,.0f} MWh at GPU TDP"]
+            f"{pj['gpu_hours']:,.0f} GPU-hours{cost}, {pj['energy_MWh']:,.0f} MWh at GPU TDP{pue}"]
+
+
+def wall_said(wall_s: float) -> str:
+    """A wall time as the terminal gives it: "1.4 s", and two decimals below a tenth ("0.04 s",
+    where one would read 0.0)."""
+    return f"{wall_s:.1f} s" if wall_s >= 0.095 else f"{wall_s:.2f} s"
 
 
 def _bubble_line(s: dict[str, Any]) -> str:
@@ -415,6 +439,7 @@ def format_summary(s: dict[str, Any]) -> str:
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})"
         + printable(topology_changes_note(hw) + what_if_note(hw)),
+        *(f"{'':<16}{printable(c)}" for c in link_ceilings_said(hw)),
         f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
         f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
