@@ -47,7 +47,7 @@ SWEEP_FILES = ("sweep.json", "sweep.csv", "sweep.html")
 # what a sweep keeps of each plan's summary (a thousand whole summaries would be hundreds of MB)
 FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction")
 CSV_COLUMNS = ("plan", "status") + FIGURES + ("compute_s", "exposed_comm_s", "bubble_s", "peak_bytes",
-                                              "capacity_bytes", "fits", "reason", "floor_bytes", "estimate")
+                                              "capacity_bytes", "fits", "tight", "reason", "floor_bytes", "estimate")
 # after a plan's step in the tables: its step is an estimate, some of its communications at
 # their slowest twin's pace (``simulation.asymmetric_orbits``; the row's ``estimate``); an
 # unmarked step keeps its place with a figure space (a plain one collapses in HTML)
@@ -202,7 +202,7 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
     mem = s["memory"]
     return {**row, "status": "ok", **{k: s[k] for k in FIGURES}, "compute_s": split["compute_s"],
             "exposed_comm_s": s["exposed_comm_s"], "bubble_s": split["bubble_s"], "peak_bytes": mem["peak_bytes"],
-            "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"],
+            "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"], "tight": mem["tight"],
             "estimate": bool(s["simulation"]["asymmetric_orbits"])}
 
 
@@ -557,7 +557,7 @@ def table_columns(sweep: dict[str, Any], shown: list[dict[str, Any]]) -> list[tu
         ("bubble", lambda r: f"{100 * r['bubble_fraction']:.1f} %"),
         ("exposed s", lambda r: f"{r['exposed_comm_s']['total']:.3f}"),
         ("peak GiB", lambda r: f"{r['peak_bytes'] / GiB:.1f}"),
-        ("fits", lambda r: "yes" if r["fits"] else "NO")]
+        ("fits", lambda r: "NO" if not r["fits"] else "tight" if r.get("tight") else "yes")]
 
 
 def estimate_legend(shown: list[dict[str, Any]]) -> list[str]:
@@ -570,6 +570,29 @@ def estimate_legend(shown: list[dict[str, Any]]) -> list[str]:
         return []
     return [f"{ESTIMATE_MARK} an estimated step, {SLOWEST_TWIN}:",
             f"  {ESTIMATE_SPREAD}; run --all-ranks checks one (up to {MAX_GPUS_ALL_RANKS:,} GPUs)"]
+
+
+def tight_lines(rows: dict[int, dict[str, Any]], ranked: list[int], shown: list[dict[str, Any]]) -> list[str]:
+    """What "tight" in the fits column means, where a row ``shown`` is (none where none is), and,
+    where the best plan that fits is tight, the first that fits with room and how many fewer
+    tokens/s it gives: a plan with less than TIGHT_SHARE of the GPU's memory spare may not fit
+    once what the model leaves out is counted (analysis.memory)."""
+    from .analysis.memory import TIGHT_SHARE
+    from .output.summary import GiB
+
+    tight = [r for r in shown if r.get("fits") and r.get("tight")]
+    if not tight:
+        return []
+    below = TIGHT_SHARE * tight[0]["capacity_bytes"] / GiB
+    lines = [f"tight: fits with less than {below:.1f} GiB spare ({100 * TIGHT_SHARE:g} % of the GPU), which the CUDA "
+             "context, NCCL's buffers and the allocator's fragmentation, not modelled, can take"]
+    fit = [rows[n] for n in ranked if rows[n]["fits"]]
+    if fit and fit[0].get("tight"):
+        room = next((r for r in fit if not r.get("tight")), None)
+        lines.append(f"  the best that fits, #{fit[0]['plan']}, is tight; " + (
+            f"the best with room, #{room['plan']}, gives {100 * (1 - room['tokens_per_s'] / fit[0]['tokens_per_s']):.1f} "
+            "% fewer tokens/s" if room is not None else "none that fits has room"))
+    return lines
 
 
 def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = None, note_head: str = "",
@@ -591,7 +614,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
         for t, r in zip(table, [None, *shown]):
             note = (note_head if r is None else (notes or {}).get(r["plan"], "")) if notes is not None else ""
             lines.append(("  ".join(c.rjust(w) for c, w in zip(t, widths)) + "  " + note).rstrip())
-        lines += estimate_legend(shown)
+        lines += estimate_legend(shown) + tight_lines(rows, sweep["ranking"], shown)
     if done > len(shown):
         lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:

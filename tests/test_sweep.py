@@ -560,3 +560,39 @@ def test_plans_that_do_not_fit_are_named_in_both_charts_legends():
     assert len(shown) == 1 and shown[0]["marker"]["symbol"] == "x" and shown[0]["y"] == [800.0]
     assert [(t["marker"]["symbol"], t["y"]) for t in unfit if not t["showlegend"]] == [("triangle-right", [900.0])]
     assert {t["legendgroup"] for t in unfit} == {"does not fit"}
+
+
+def test_a_plan_that_fits_with_little_spare_reads_tight():
+    """A plan that fits with less than TIGHT_SHARE of the GPU's memory spare (analysis.memory)
+    reads "tight" in the fits column, as run's memory table says it, with what that means
+    below the table; where the best plan that fits is tight, a line names the best with room
+    and how many fewer tokens/s it gives (none with room: said so). sweep.csv has the flag."""
+    from clustersim.analysis.memory import TIGHT_SHARE
+    from clustersim.sweep import sweep_csv, table_lines
+
+    cap = 80 * 2**30
+
+    def row(n: int, tokens: float, peak_gib: float) -> dict:
+        peak = peak_gib * 2**30
+        return {"plan": n, "changes": {"parallel.zero": n}, "status": "ok", "step_time_s": 1 / tokens,
+                "tokens_per_s": tokens, "tokens_per_s_per_gpu": tokens, "mfu": 0.5, "bubble_fraction": 0.1,
+                "exposed_comm_s": {"total": 0.1}, "peak_bytes": peak, "capacity_bytes": cap, "fits": peak <= cap,
+                "tight": peak <= cap < peak + TIGHT_SHARE * cap, "estimate": False}
+
+    def lines(*rows) -> list[str]:
+        ranked = sorted(rows, key=lambda r: (not r["fits"], -r["tokens_per_s"]))
+        return table_lines({"plans": list(rows), "ranking": [r["plan"] for r in ranked],
+                            "vary": {"parallel.zero": [1, 2, 3]}, "dp_follows": False}, 20)
+
+    got = lines(row(1, 1000.0, 79.5), row(2, 800.0, 60.0), row(3, 1200.0, 90.0))
+    assert [x.split()[-1] for x in got[1:4]] == ["tight", "yes", "NO"]
+    assert got[4].startswith("tight: fits with less than 4.0 GiB spare (5 % of the GPU)")
+    assert got[5] == "  the best that fits, #1, is tight; the best with room, #2, gives 20.0 % fewer tokens/s"
+    assert lines(row(1, 1000.0, 79.5))[-1].endswith("#1, is tight; none that fits has room")
+    roomy = lines(row(1, 1000.0, 60.0), row(2, 800.0, 79.5))  # the best has room: the legend alone
+    assert roomy[-1].startswith("tight: fits with less than") and "is tight" not in "\n".join(roomy)
+    assert not any(x.startswith("tight") for x in lines(row(1, 1000.0, 60.0)))
+    csv = sweep_csv({"plans": [row(1, 1000.0, 79.5), row(2, 800.0, 60.0)], "vary": {"parallel.zero": [1, 2]},
+                     "dp_follows": False}).splitlines()
+    head = csv[0].split(",")
+    assert [x.split(",")[head.index("tight")] for x in csv[1:]] == ["True", "False"]

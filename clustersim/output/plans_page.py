@@ -63,7 +63,7 @@ def _hover(sweep: dict[str, Any], r: dict[str, Any], note: str = "") -> str:
             + f"<br>step {r['step_time_s']:.3f} s · "
             f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU · MFU {100 * r['mfu']:.1f} %<br>"
             f"bubble {100 * r['bubble_fraction']:.1f} % · exposed {r['exposed_comm_s']['total']:.3f} s · "
-            f"{r['peak_bytes'] / GiB:.1f} GiB" + ("" if r["fits"] else " (does not fit)")
+            f"{r['peak_bytes'] / GiB:.1f} GiB" + (" (does not fit)" if not r["fits"] else " (tight)" if r.get("tight") else "")
             + (f"<br>{html.escape(note)}" if note else ""))
 
 
