@@ -34,14 +34,18 @@ The guide's rule for the case (its "Choose your parallelism technique", as docs/
 states it: "The guide's rules of thumb, by simulation"), by the model's parameters N and the
 GPUs G::
 
-    N < 10B and G <= 8     TP=8, or ZeRO-3 with DP and full recompute
+    N < 10B and G <= 8     TP=8, or ZeRO-3 with DP and full recompute       (this alone)
     N <= 100B              TP=8 and PP, or TP=8 with DP + ZeRO-3, or only ZeRO-3
     G <= 512               DP with TP=8, or DP with PP (ZeRO-3 inefficient)
     G > 1024               TP=8 with ZeRO-2 and PP
-    (513-1024 GPUs above 100B: the guide says nothing; both neighbours' options are shown)
+    (up to 100B, the GPU-count rule that applies beside the model-size one: on Llama-2 70B
+    over 64 GPUs they disagree on ZeRO-3, which the search settles; 513-1024 GPUs above
+    100B: the guide says nothing, both neighbours' options are shown)
 
 "TP=8" is TP over a node's GPUs (8 on DGX and HGX nodes). Each option's best plan is shown
-beside the best plan found, with how much slower it is.
+beside the best plan found, with how much slower it is; where it runs ZeRO-3 in several
+microbatches and the micro batch size is not searched, the line says so (each microbatch
+gathers every layer again: the option stands at the scenario's micro batch size).
 """
 
 from __future__ import annotations
@@ -99,7 +103,16 @@ def guide_rule(params: float, gpus: int, node_tp: int, moe: bool = False, long_s
                 tuple(Option(f"{o.name} + {extra}", also(o.test)) for o in rule.options))
 
 
+UP_TO_512 = "If you have up to 512 GPUs, use DP with TP=8 or PP. (ZeRO3 is inefficient)"
+OVER_1024 = "If you have more than 1024 GPUs, use TP=8 with ZeRO2 and PP"
+
+
 def _size_rule(params: float, gpus: int, node_tp: int) -> Rule:
+    """The guide's rules for the model's size and the GPUs: the small-model rule alone under
+    10B on 8 GPUs or fewer; else, up to 100B, the model-size rule, and beside it the GPU-count
+    rule where one applies (up to 512 GPUs, more than 1,024): the guide states both, and on
+    Llama-2 70B over 64 GPUs they disagree on ZeRO-3, which the search then settles; above
+    100B the GPU-count rule alone (513-1,024 GPUs: both neighbours')."""
     t8 = node_tp
     tp8_pp = Option(f"TP={t8} and PP", lambda v: v["tp"] == t8 and v["pp"] > 1)
     if params < 10e9 and gpus <= 8:
@@ -107,23 +120,22 @@ def _size_rule(params: float, gpus: int, node_tp: int) -> Rule:
                     (Option(f"TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1),
                      Option("ZeRO-3 with DP and full recompute",
                             lambda v: v["tp"] == 1 and v["pp"] == 1 and v["zero"] == 3 and v["recompute"] == "full")))
+    up_to_512 = (Option(f"DP with TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["dp"] > 1 and v["zero"] < 3),
+                 Option("DP with PP", lambda v: v["pp"] > 1 and v["dp"] > 1 and v["zero"] < 3))
+    over_1024 = (Option(f"TP={t8} with ZeRO2 and PP", lambda v: v["tp"] == t8 and v["pp"] > 1 and v["zero"] == 2),)
+    by_gpus = Rule([UP_TO_512], up_to_512) if gpus <= 512 else Rule([OVER_1024], over_1024) if gpus > 1024 else None
     if params <= 100e9:
-        return Rule(["For models with up to 100B parameters, use more than 8 GPUs: TP=8 and PP, or TP=8 with DP+ZeRO3, "
+        size = Rule(["For models with up to 100B parameters, use more than 8 GPUs: TP=8 and PP, or TP=8 with DP+ZeRO3, "
                      "or only ZeRO3"],
                     (tp8_pp,
                      Option(f"TP={t8} with DP+ZeRO3", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["zero"] == 3
                             and v["dp"] > 1),
                      Option("only ZeRO3", lambda v: v["tp"] == 1 and v["pp"] == 1 and v["zero"] == 3)))
-    up_to_512 = (Option(f"DP with TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["dp"] > 1 and v["zero"] < 3),
-                 Option("DP with PP", lambda v: v["pp"] > 1 and v["dp"] > 1 and v["zero"] < 3))
-    over_1024 = (Option(f"TP={t8} with ZeRO2 and PP", lambda v: v["tp"] == t8 and v["pp"] > 1 and v["zero"] == 2),)
-    if gpus <= 512:
-        return Rule(["If you have up to 512 GPUs, use DP with TP=8 or PP. (ZeRO3 is inefficient)"], up_to_512)
-    if gpus > 1024:
-        return Rule(["If you have more than 1024 GPUs, use TP=8 with ZeRO2 and PP"], over_1024)
+        return size if by_gpus is None else Rule(size.says + by_gpus.says, size.options + by_gpus.options)
+    if by_gpus is not None:
+        return by_gpus
     # 513 to 1024 GPUs above 100B: the guide has no rule; its neighbours' options
-    return Rule(["If you have up to 512 GPUs, use DP with TP=8 or PP. (ZeRO3 is inefficient)",
-                 "If you have more than 1024 GPUs, use TP=8 with ZeRO2 and PP"], up_to_512 + over_1024)
+    return Rule([UP_TO_512, OVER_1024], up_to_512 + over_1024)
 
 
 def _divisors(n: int, of: tuple[int, ...]) -> list[int]:
@@ -293,6 +305,20 @@ def values_of(row: dict[str, Any], par: dict[str, Any], tr: dict[str, Any]) -> d
             "recompute": get("training.recompute", tr.get("recompute", "none"))}
 
 
+def _zero3_microbatches(row: dict[str, Any], par: dict[str, Any], tr: dict[str, Any], mbs: int, gbs: int,
+                        space: dict[str, list[Any]]) -> int | None:
+    """The microbatches of a step of the plan ``row`` where it runs ZeRO-3 with more than one
+    and the micro batch size is not searched: ZeRO-3 gathers every layer's weights again for
+    each (unless kept gathered), so the option stands at the scenario's micro batch size, not at
+    its best (docs/parallelism.md: Llama-2 70B's TP8 x DP8 ZeRO-3 4.505 s in microbatches of 8
+    sequences, 10.762 s in microbatches of 1); else None."""
+    v, ch = values_of(row, par, tr), row["changes"]
+    m = (ch.get("training.global_batch_size") or gbs) // (v["dp"] * mbs)
+    if v["zero"] != 3 or m <= 1 or "training.micro_batch_size" in space or par.get("zero3_keep_gathered"):
+        return None
+    return m
+
+
 REFINE_WITHIN = 0.7  # coarse to fine: the shapes refined give at least this share of the best one's tokens/s
 
 
@@ -401,11 +427,14 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
             v = values_of(r, par, tr)
             r["guide_options"] = [o.name for o in rule.options if o.test(v)]
     options = []
+    mbs, gbs = sc.cfg.training.micro_batch_size, sc.cfg.training.global_batch_size
     for opt in rule.options:
         mine = [n for n in ranked if opt.name in by_number[n]["guide_options"]]
         fit = [n for n in mine if by_number[n]["fits"]]
         unfit = sum(1 for r in ordered if r["status"] == "unfit" and opt.name in r["guide_options"])
-        options.append({"option": opt.name, "best": fit[0] if fit else None, "plans": len(mine) + unfit})
+        options.append({"option": opt.name, "best": fit[0] if fit else None, "plans": len(mine) + unfit,
+                        "zero3_microbatches": _zero3_microbatches(by_number[fit[0]], par, tr, mbs, gbs, space)
+                        if fit else None})
     return {"scenario": str(path), "params": params, "gpus": sc.mesh.world_size,
             "gpus_per_node": sc.topology.node.gpus, "guide": rule.says, "options": options, "vary": space,
             "shapes": len(rest), "searched": searched, "coarse_to_fine": not every, "own_plan": 1, "dp_follows": True,
@@ -440,8 +469,8 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
              f"{'case':<12}{advice['params'] / 1e9:,.1f}B parameters on {advice['gpus']:,} GPUs "
              f"({advice['gpus_per_node']} a node)",
              f"{'the guide':<12}" + " + ".join(f'"{x}"' for x in advice["guide"])
-             + (" (513 to 1,024 GPUs: no rule of its own; its neighbours')" if len(advice["guide"]) > 1
-                and advice["guide"][1].startswith("If you have more") else ""),
+             + (" (513 to 1,024 GPUs: no rule of its own; its neighbours')" if advice["guide"][:2] == [UP_TO_512, OVER_1024]
+                else ""),
              f"{'searched':<12}{dims}; dp follows: {advice['shapes']:,} shapes"
              # (not every shape takes every setting: no ZeRO-3 with a pipeline, no ZeRO where nothing shards)
              + (f", each with the settings it takes: {n:,} plans" if not advice["coarse_to_fine"] else
@@ -469,8 +498,11 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
         gap = "" if best is None else (
             "the best plan found" if r["plan"] == best["plan"] else
             f"{100 * (1 - r['tokens_per_s'] / best['tokens_per_s']):.1f} % fewer tokens/s than #{best['plan']}")
+        m = o.get("zero3_microbatches")
+        regather = (f" (its ZeRO-3 gathers every layer again in each of its {m} microbatches: --vary "
+                    "training.micro_batch_size tries fewer, larger ones)") if m and r["plan"] != (best or {}).get("plan") else ""
         lines.append(f"  {o['option']:<{width}}  #{r['plan']}: {r['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU, "
-                     f"{100 * r['mfu']:.1f} % MFU; {gap}")
+                     f"{100 * r['mfu']:.1f} % MFU; {gap}{regather}")
     own = rows[advice["own_plan"]]
     if own["status"] == "ok":
         where = ("the best plan found" if best is not None and own["plan"] == best["plan"] else

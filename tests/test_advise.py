@@ -28,6 +28,9 @@ SMALL = "scenarios/llama3_8b_8gpu.yaml"  # Llama-3 8B on one DGX H100 node: the 
     (8e9, 8, "TP=8"),
     (8e9, 16, "TP=8 and PP"),
     (70e9, 64, "TP=8 and PP"),
+    (70e9, 768, "TP=8 and PP"),
+    (70e9, 2048, "TP=8 and PP"),
+    (13e9, 8, "TP=8 and PP"),
     (175e9, 512, "DP with TP=8"),
     (175e9, 1024, "DP with TP=8"),  # 513-1024: no rule of its own, both neighbours' options
     (671e9, 2048, "TP=8 with ZeRO2 and PP"),
@@ -38,6 +41,12 @@ def test_guide_rule_by_case(params, gpus, first):
     names = [o.name for o in rule.options]
     if 512 < gpus <= 1024 and params > 100e9:
         assert names == ["DP with TP=8", "DP with PP", "TP=8 with ZeRO2 and PP"]
+    # up to 100B beyond 8 GPUs, the GPU-count rule that applies stands beside the model-size one
+    # (docs/parallelism.md checks the 512-GPU rule on Llama-2 70B over 64 GPUs)
+    if 10e9 <= params <= 100e9 or (params <= 100e9 and gpus > 8):
+        size = ["TP=8 and PP", "TP=8 with DP+ZeRO3", "only ZeRO3"]
+        assert names == size + (["DP with TP=8", "DP with PP"] if gpus <= 512 else
+                                ["TP=8 with ZeRO2 and PP"] if gpus > 1024 else [])
     v = {"tp": 8, "pp": 4, "dp": 2, "cp": 1, "ep": 1, "zero": 1, "recompute": "full"}
     assert guide_rule(70e9, 64, 8).options[0].test(v) and not guide_rule(70e9, 64, 8).options[2].test(v)
     assert guide_rule(8e9, 8, 4).options[0].name == "TP=4"  # a node of 4 GPUs: TP over the node
@@ -410,3 +419,22 @@ def test_zero_stages_with_nothing_to_shard_are_one_plan_without_zero(root):
     assert _shards_nothing(str(moe), moe_data, Plan(0, one_node))
     # experts split over single GPUs (etp 1) under TP 8: their DP group is the 8 TP ranks
     assert not _shards_nothing(str(moe), moe_data, Plan(0, one_node + [("parallel.etp", 1)]))
+
+
+def test_a_zero3_option_says_its_microbatches_gather_again():
+    """Where an option's best plan runs ZeRO-3 in several microbatches and the micro batch
+    size is not searched, advise's line says each gathers every layer again (the option
+    stands at the scenario's micro batch size: docs/parallelism.md, Llama-2 70B's TP8 x DP8
+    ZeRO-3 2.4x faster in microbatches of 8); not for one microbatch, another ZeRO stage, a
+    searched micro batch size or weights kept gathered."""
+    from clustersim.advise import _zero3_microbatches
+
+    row = {"changes": {"parallel.tp": 8, "parallel.pp": 1, "parallel.zero": 3, "parallel.dp": 8}}
+    space = {"parallel.tp": [1, 8]}
+    assert _zero3_microbatches(row, {}, {}, 1, 128, space) == 16
+    assert _zero3_microbatches(row, {}, {}, 16, 128, space) is None  # one microbatch a step
+    assert _zero3_microbatches({"changes": {**row["changes"], "parallel.zero": 1}}, {}, {}, 1, 128, space) is None
+    assert _zero3_microbatches(row, {}, {}, 1, 128, {**space, "training.micro_batch_size": [1, 4]}) is None
+    assert _zero3_microbatches(row, {"zero3_keep_gathered": True}, {}, 1, 128, space) is None
+    assert _zero3_microbatches({"changes": {**row["changes"], "training.global_batch_size": 256}}, {}, {}, 1, 128,
+                               space) == 32
