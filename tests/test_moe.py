@@ -325,6 +325,37 @@ def test_skewed_load_splits_classes_by_ep_index_and_equals_all_ranks(root, paral
     assert rep.summary["step_time_s"] > balanced.summary["step_time_s"]
 
 
+@pytest.mark.parametrize("training", [{}, {"recompute": "full"}, {"recompute": "selective", "recompute_modules": ["moe"]}],
+                         ids=["kept", "full", "selective-moe"])
+def test_a_skewed_load_counts_the_busiest_ranks_memory(root, training):
+    """A stage's memory is its busiest GPU's: under a skewed load the hot EP rank's experts
+    keep the intermediates and dispatched states of the tokens they receive, twice the
+    balanced share at HOT[0] = 2 (work.memory_model), exactly what a capacity factor of 2 pads
+    every expert to; the weights and optimizer are the balanced plan's. What a recomputing
+    backward holds grows the same way, and so does the memory floor advise prunes with (where
+    microbatches keep the experts' terms)."""
+    from clustersim.api import memory_floor
+
+    def summary_of(moe: dict, simulate: bool = True):
+        model = {**MOE, "moe": {**MOE["moe"], **moe}}
+        d = scenario_dict(model=model, parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 4},
+                          training={"global_batch_size": 16, **training})
+        sc = clustersim.load_scenario(d, base_dir=root)
+        return clustersim.simulate(sc, brief=True).summary["memory"] if simulate else memory_floor(sc)
+
+    skewed, padded, balanced = summary_of({"ep_load": HOT}), summary_of({"capacity_factor": 2.0}), summary_of({})
+    for s, p, b in zip(skewed["stages"], padded["stages"], balanced["stages"]):
+        for key in ("activations_bytes", "recomputing_bytes", "params_bytes", "optimizer_bytes"):
+            assert s[key] == p[key], key
+        assert [x["activation_bytes_per_microbatch"] for x in s["parts"]] == [
+            x["activation_bytes_per_microbatch"] for x in p["parts"]]
+        assert s["params_bytes"] == b["params_bytes"]
+        assert s["activations_bytes"] + s["recomputing_bytes"] > b["activations_bytes"] + b["recomputing_bytes"]
+    floors = [summary_of(moe, simulate=False)["peak_bytes"] for moe in ({"ep_load": HOT}, {"capacity_factor": 2.0}, {})]
+    # (the floor counts what microbatches keep: under recompute a layer's input, the same)
+    assert floors[0] == floors[1] >= floors[2] and (floors[0] > floors[2] or training)
+
+
 def test_an_even_load_is_the_balanced_plan(root):
     even, balanced = skewed_run(root, [1.0] * 4), skewed_run(root, None)
     assert even.summary["step_time_s"] == balanced.summary["step_time_s"]

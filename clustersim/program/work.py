@@ -804,7 +804,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     if last:  # the logits of the model's head and of each MTP module's, and what each module's projection keeps
         act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) + (mtp - len(checkpointed)) * proj_kept
     et = sc.parallel.expert_tp
-    wgrad_mb = sum_left(tf.layer_wgrad_bytes(m, b, t, sp, m.is_moe_layer(ly), cp, et, fp8) for ly in layers)
+    mm = memory_model(sc)  # (the busiest EP rank's tokens under a skewed expert load)
+    wgrad_mb = sum_left(tf.layer_wgrad_bytes(mm, b, t, sp, m.is_moe_layer(ly), cp, et, fp8) for ly in layers)
     wgrad_mb += (tf.head_wgrad_bytes(m, b, t, sp, cp) if last else 0.0) + (tf.embedding_wgrad_bytes(m, b, cp)
                                                                            if first else 0.0)
     # each MTP module's W: the head's again, and its projection's input (2h; its FP8 copy under
@@ -816,11 +817,11 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     # al. 2022 Sec 5; its modules' terms)
     if modules:
         rc_groups = [range(ly, ly + 1) for ly in layers]
-        extra = {ly: tf.recomputed_bytes(m, b, t, flash, sp, m.is_moe_layer(ly), cp, modules, et, fp8)
+        extra = {ly: tf.recomputed_bytes(mm, b, t, flash, sp, m.is_moe_layer(ly), cp, modules, et, fp8)
                  for ly in layers}
     else:
         rc_groups = groups
-        extra = {ly: tf.layer_activation_bytes(m, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly), etp=et,
+        extra = {ly: tf.layer_activation_bytes(mm, b, t, flash, sp, cp=cp, moe_layer=m.is_moe_layer(ly), etp=et,
                                                fp8=fp8)
                  + (proj_kept if ly in checkpointed else 0.0) - kept[ly]
                  for g in groups for ly in g}
@@ -866,11 +867,28 @@ def recompute_held_bytes(layers: range, groups: list[range], extra: dict, kept: 
     return most
 
 
+def memory_model(sc: Scenario):
+    """The model as the memory of a part counts it: ``sc.model``, but under a skewed expert
+    load (``model.moe.ep_load``) with the busiest EP rank's tokens, so that a stage's memory is
+    that of its busiest GPU. The routed experts' kept terms (their intermediates, the
+    dispatched hidden states, their gradients for a split W) scale with the tokens a rank's
+    experts receive, as ``capacity_factor`` scales them (ep_load needs it at 1)::
+
+        capacity_factor' = max(ep_load)           [1.6, 0.8, 0.8, 0.8]: 1.6x the balanced terms
+    """
+    m = sc.model
+    e = m.moe
+    if e is None or e.ep_load is None or sc.parallel.ep <= 1 or len(set(e.ep_load)) <= 1:
+        return m
+    return m.model_copy(update={"moe": e.model_copy(update={"capacity_factor": e.capacity_factor * max(e.ep_load)})})
+
+
 def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
-    """What ``layer`` keeps from its forward to its backward, per microbatch, per TP rank:
-    the input alone where it heads a recomputed group, nothing elsewhere in one, and all its
-    activations where full recompute leaves it out (:func:`recompute_groups`)."""
-    m, tr = sc.model, sc.training
+    """What ``layer`` keeps from its forward to its backward, per microbatch, per TP rank (of
+    the busiest EP rank under a skewed expert load: :func:`memory_model`): the input alone
+    where it heads a recomputed group, nothing elsewhere in one, and all its activations where
+    full recompute leaves it out (:func:`recompute_groups`)."""
+    m, tr = memory_model(sc), sc.training
     mode = tr.recompute
     if mode == "full":
         group = next((g for g in groups if layer in g), None)
