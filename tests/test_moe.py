@@ -411,3 +411,15 @@ def test_lone_transfer_shortcuts_change_no_span(root, monkeypatch):
     assert [t for x in a for t in x[4:]] == pytest.approx([t for x in b for t in x[4:]], rel=1e-12, abs=1e-12)
     assert fast.summary["step_time_s"] == pytest.approx(slow.summary["step_time_s"], rel=1e-12)
     assert [u.bytes for u in fast.trace.links] == pytest.approx([u.bytes for u in slow.trace.links], rel=1e-9)
+
+
+def test_a_parts_params_and_expert_params_add_up_to_its_stage(root):
+    """memory.stages[].parts[]: ``params`` holds every weight but the routed experts',
+    ``expert_params`` those (split over EP), together the stage's ``params``; a dense model's
+    parts have none."""
+    for model, ep in ((MOE, 4), ({k: v for k, v in MOE.items() if k != "moe"}, 1)):
+        d = scenario_dict(model=model, parallel={"tp": 1, "pp": 2, "dp": 8, "ep": ep}, training={"global_batch_size": 16})
+        mem = clustersim.simulate(clustersim.load_scenario(d, base_dir=root), brief=True).summary["memory"]
+        for st in mem["stages"]:
+            assert sum(p["params"] + p["expert_params"] for p in st["parts"]) == st["params"]
+            assert all((p["expert_params"] > 0) == (ep > 1) for p in st["parts"])

@@ -113,6 +113,7 @@ class PartStatic:
     blocks: tuple[str, ...] = ()  # names of its blocks with layer -1
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (transformer.layer_wgrad_bytes)
     recomputed_layers: tuple[int, ...] = ()  # whose forward full recompute runs again (work.recompute_groups)
+    expert_params: float = 0.0  # the routed experts' local parameters, apart from ``params``
     recompute_bytes_per_mb: float = 0.0  # held while a B of the part recomputes (work.recompute_held_bytes)
 
 
@@ -581,7 +582,8 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "margin_bytes": capacity_bytes - peak,
             "fits": peak <= capacity_bytes,
             "tight": peak <= capacity_bytes < peak + TIGHT_SHARE * capacity_bytes,
-            "parts": [{"part": p.part, "params": p.params, "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
+            "parts": [{"part": p.part, "params": p.params, "expert_params": p.expert_params,
+                       "activation_bytes_per_microbatch": p.activation_bytes_per_mb,
                        "wgrad_bytes_per_microbatch": p.wgrad_bytes_per_mb,
                        "recomputed_layers": list(p.recomputed_layers), "recompute_bytes_per_microbatch": p.recompute_bytes_per_mb,
                        "split_w": sum(1 for i, _ in st.split_w if i == j),
