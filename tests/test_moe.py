@@ -69,9 +69,10 @@ def test_fp8_dispatch_sends_the_experts_inputs_in_fp8(root):
         if s.op == "all_to_all" and s.stage == 0:
             sizes.setdefault((s.phase, s.name.split()[-1]), set()).add(s.size_bytes)
     # forward: dispatch after the router, combine after the experts; backward: the experts'
-    # input gradient first (the combine's gradient, to the experts), then the dispatch's
+    # input gradient first (the combine's gradient, to the experts: "B A2A experts"), then the
+    # dispatch's ("B A2A router", named for the dispatch it undoes)
     assert sizes == {("F", "router"): {values * (1 + 4 / 128)}, ("F", "experts"): {values * 2},
-                     ("B", "experts"): {values * (1 + 4 / 128), values * 2}}
+                     ("B", "experts"): {values * (1 + 4 / 128)}, ("B", "router"): {values * 2}}
     assert r.summary["plan"]["fp8_dispatch"] is True and plain.summary["plan"]["fp8_dispatch"] is False
     assert "(EP4, FP8 dispatch)" in plan_line(r.summary) and "FP8 dispatch" not in plan_line(plain.summary)
     assert r.summary["comm_s"]["ep"] < plain.summary["comm_s"]["ep"]

@@ -947,12 +947,12 @@ class MoeBlocks:
         rep_tok = tokens / t if sp else tokens
         skew = tuple(e.ep_load) if e.ep_load is not None and ep > 1 and len(set(e.ep_load)) > 1 else ()
 
-        def a2a(by_src: bool) -> tuple:
+        def a2a(by_src: bool, label: str = "") -> tuple:
             if ep == 1:
                 return ()
             # (to the experts, with fp8_dispatch: FP8 and its scales; from them, 16-bit)
             return (CommItem("all_to_all", moe.dispatch_bytes(e, rep_tok, h, e.fp8_dispatch and not by_src), dim="ep",
-                             load=(by_src, skew) if skew else ()),)
+                             load=(by_src, skew) if skew else (), label=label),)
 
         # under SP each TP rank routes its own s/t tokens where the experts are not split as
         # the dense MLP is (EP, or etp < tp): what a rank's experts take (its load's share of
@@ -984,9 +984,12 @@ class MoeBlocks:
             _Spec("router", router, f_pre, to_experts, router_params),
             _Spec("experts", experts, (), from_experts + f_post, shared_params, routed_params),
         )
+        # the backward's two all-to-alls are the combine's gradient (before the experts, "B A2A
+        # experts", as the forward's combine is "F A2A experts") and the dispatch's (after them,
+        # named for the dispatch it undoes, "B A2A router"): two collectives, two names
         bwd = (
-            _Spec("experts", tf.block_bwd(experts, flash), b_pre + to_experts, from_experts, shared_params,
-                  routed_params),
+            _Spec("experts", tf.block_bwd(experts, flash), b_pre + to_experts, scatter + a2a(True, "router"),
+                  shared_params, routed_params),
             _Spec("router", tf.block_bwd(router, flash), (), b_post, router_params),
         )
         return MoeBlocks(fwd, bwd)
