@@ -347,3 +347,28 @@ def test_the_projection_says_the_pue_it_counts():
     assert _projection_line({**pj, "energy_MWh": 22.8, "pue": 1.2})[0].endswith("23 MWh at GPU TDP x PUE 1.2")
     # (and a wall time below a tenth of a second has two decimals, not 0.0)
     assert [wall_said(x) for x in (0.04, 0.094, 0.096, 1.44, 0.0)] == ["0.04 s", "0.09 s", "0.1 s", "1.4 s", "0.00 s"]
+
+
+def test_a_stages_row_is_its_busiest_gpu(root):
+    """per_stage describes one GPU a stage, its busiest (least bubble): a straggler's stage
+    reads the straggler, computing 1.3x its stage-mates, and the report's stage table names
+    the GPU; without a what-if the stage's representative, the same GPU and figures rank by
+    rank (ties within rounding go to the lowest-numbered), and the table has no GPU column."""
+    from clustersim.output.report import stages_html
+
+    def summary(what_if, collapse=None):
+        d = scenario_dict(parallel={"tp": 4, "pp": 2, "dp": 2}, training={"global_batch_size": 16})
+        d["cluster"]["what_if"] = what_if
+        return clustersim.simulate(clustersim.load_scenario(d, base_dir=root), collapse=collapse, brief=True).summary
+
+    slow = summary([{"gpu": 5, "slowdown": 1.3}])
+    st0 = slow["per_stage"][0]
+    assert st0["gpu"] == 5 and st0["ranks_simulated"] > 1
+    base = summary([])
+    assert st0["compute_s"] == pytest.approx(1.3 * base["per_stage"][0]["compute_s"], rel=1e-9)
+    assert "<th>GPU</th>" in stages_html(slow) and "<td>5</td>" in stages_html(slow)
+    every = summary([], collapse=False)
+    for a, b in zip(base["per_stage"], every["per_stage"]):
+        assert a["gpu"] == b["gpu"] and a["ranks_simulated"] == 1 < b["ranks_simulated"]
+        assert a["bubble_s"] == pytest.approx(b["bubble_s"], rel=1e-9, abs=1e-12)
+    assert "<th>GPU</th>" not in stages_html(base)

@@ -197,14 +197,25 @@ def _bubble_report(trace: Trace, per_rank: dict, splits: dict[int, BubbleSplit],
 
 
 def _per_stage(trace: Trace, per_rank: dict, step: float, splits: dict[int, BubbleSplit]) -> list[dict]:
-    """The same split for each pipeline stage (all ranks of a stage behave alike)."""
+    """The same split for one GPU of each pipeline stage: its busiest, the one with the least
+    bubble (the lowest-numbered of those within 1e-9 of the step of it, so that GPUs equal but
+    for rounding, as every rank simulated gives them, read as the collapsed run's
+    representative), where the stage's simulated ranks differ (classes split around a
+    straggler, a fault, a skewed load); its rank and the ranks simulated for the stage besides::
+
+        straggler GPU 5 at 1.3x on stage 0:   stage 0's row is GPU 5's (it computes 1.3x and
+        waits least), not GPU 0's, whose figures the stage's first rank would give
+    """
+    ranks: dict[int, list[int]] = {}
+    for r in per_rank:
+        ranks.setdefault(trace.stage_of.get(r, 0), []).append(r)
     out: dict[int, dict] = {}
-    for r, t in per_rank.items():
-        st = trace.stage_of.get(r, 0)
-        if st in out:
-            continue
+    for st, rs in ranks.items():
+        least = min(per_rank[x].bubble_s for x in rs)
+        r = min(x for x in rs if per_rank[x].bubble_s <= least + 1e-9 * step)
+        t = per_rank[r]
         out[st] = {
-            "stage": st,
+            "stage": st, "gpu": r, "ranks_simulated": len(rs),
             "compute_s": t.compute_s,
             "exposed_comm_s": {**{k: t.exposed_s[k] for k in COMM_KINDS}, "total": t.exposed_total_s},
             "bubble_s": t.bubble_s,

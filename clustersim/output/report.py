@@ -1443,14 +1443,21 @@ def stages_html(summary: dict[str, Any]) -> str:
         return "".join(f"<td>{fmt_time(x)}</td>" for x in (st["warm_up_s"], st["cool_down_s"],
                                                             st["dependency_s"]["total"], st["imbalance_s"]))
 
+    # where a stage's simulated ranks differ (what-ifs split it), the row is its busiest GPU's: say which
+    split_stages = any(st.get("ranks_simulated", 1) > 1 for st in stages)
     rows = "".join(
-        f'<tr><td>{st["stage"]}</td><td>{fmt_time(st["compute_s"])}</td>'
+        f'<tr><td>{st["stage"]}</td>' + (f'<td>{st.get("gpu", "")}</td>' if split_stages else "")
+        + f'<td>{fmt_time(st["compute_s"])}</td>'
         f'<td>{fmt_time(st["exposed_comm_s"]["total"])}</td><td>{fmt_time(st["bubble_s"])}</td>'
         f'<td>{_pct(st["bubble_fraction"])}</td>{split(st)}</tr>' for st in stages)
-    return ("<div><h2>Time per GPU, by pipeline stage</h2><table><tr><th>stage</th><th>compute</th>"
+    return ("<div><h2>Time per GPU, by pipeline stage</h2><table><tr><th>stage</th>"
+            + ("<th>GPU</th>" if split_stages else "") + "<th>compute</th>"
             "<th>exposed comm</th><th>bubble</th><th>bubble / step</th><th>warm-up</th><th>cool-down</th>"
             "<th>dependency</th><th>imbalance</th></tr>" + rows + "</table>"
-            "<p class=\"note\">Bubble: compute idle with none of the GPU's own communication in flight. "
+            + ("<p class=\"note\">Where a stage's GPUs are simulated apart (what-ifs split them into classes, or "
+               "every rank is simulated), its row is its busiest GPU's, the one that idles least (a straggler, "
+               "say).</p>" if split_stages else "")
+            + "<p class=\"note\">Bubble: compute idle with none of the GPU's own communication in flight. "
             "Warm-up: before its first backward; cool-down: after its last forward; dependency: waiting "
             "on another GPU in between; imbalance: what the busiest GPU computes longer, as far as the bubble "
             "holds it (the rest of the difference idles as exposed communication).</p></div>")
