@@ -217,6 +217,15 @@ def plan_line(s: dict[str, Any]) -> str:
             + f" · {m} microbatch{'es' if m != 1 else ''} x {p['micro_batch_size']} x {s['model']['seq_len']} tokens")
 
 
+def secs(x: float, step_s: float) -> str:
+    """A part of the step as the terminal gives it: "0.178 s", "5,710 s" from 1,000 s on, and
+    "0 s" below a nanosecond's share of the step (a difference of two times that rounding
+    left over: 5.31e-15 s of cool-down beside a 5,811 s step)."""
+    if abs(x) <= 1e-9 * max(step_s, 1.0):
+        return "0 s"
+    return f"{x:,.0f} s" if abs(x) >= 1000 else f"{x:.3g} s"
+
+
 def _projection_line(pj: dict[str, Any] | None) -> list[str]:
     if not pj:
         return []
@@ -237,8 +246,9 @@ def _bubble_line(s: dict[str, Any]) -> str:
     line = f"{'bubble':<16}{100 * s['bubble_fraction']:.1f} % of the step"
     if not b or b["bubble_s"] <= 0:
         return line
-    return (line + f": warm-up {b['warm_up_s']:.3g} s · cool-down {b['cool_down_s']:.3g} s · "
-            f"dependency {b['dependency_s']['total']:.3g} s · imbalance {b['imbalance_s']:.3g} s per GPU")
+    t = s["step_time_s"]
+    return (line + f": warm-up {secs(b['warm_up_s'], t)} · cool-down {secs(b['cool_down_s'], t)} · "
+            f"dependency {secs(b['dependency_s']['total'], t)} · imbalance {secs(b['imbalance_s'], t)} per GPU")
 
 
 def _path_line(s: dict[str, Any]) -> list[str]:
@@ -432,8 +442,9 @@ def format_summary(s: dict[str, Any]) -> str:
     mem, hw = s["memory"], s["hardware"]
     ex, comm = s["exposed_comm_s"], s["comm_s"]
     kinds = [k for k in ("tp", "cp", "ep", "pp", "dp") if comm[k] > 0]
-    exposed = " · ".join(f"{k} {ex[k]:.3g} s" for k in kinds) or "none"
-    hidden = " · ".join(f"{k} {comm[k] - ex[k]:.3g} s" for k in kinds) or "none"
+    t = s["step_time_s"]
+    exposed = " · ".join(f"{k} {secs(ex[k], t)}" for k in kinds) or "none"
+    hidden = " · ".join(f"{k} {secs(comm[k] - ex[k], t)}" for k in kinds) or "none"
     lines = [
         f"clustersim · {printable(s['scenario'])}",
         *( [printable(s["description"])] if s.get("description") else [] ),
@@ -450,7 +461,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} %",
         _bubble_line(s),
         *_projection_line(s.get("projection")),
-        f"{'exposed comm':<16}{ex['total']:.3g} s per GPU: {exposed}" + _overlap_note(ex, kinds),
+        f"{'exposed comm':<16}{secs(ex['total'], t)} per GPU: {exposed}" + _overlap_note(ex, kinds),
         f"{'hidden comm':<16}{hidden}",
         *_causes_lines(s),
         *_path_line(s),
