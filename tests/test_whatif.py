@@ -379,5 +379,5 @@ def test_parts_of_a_step_print_without_rounding_residue():
     1,000x straggler's imbalance), and a residue below a nanosecond's share of the step as 0."""
     from clustersim.output.summary import secs
 
-    assert [secs(x, 8.0) for x in (0.178, 0.0, 3e-9, 12.345)] == ["0.178 s", "0 s", "3e-09 s", "12.3 s"]
+    assert [secs(x, 8.0) for x in (0.178, 0.0, 3e-8, 12.345)] == ["0.178 s", "0 s", "3e-08 s", "12.3 s"]
     assert [secs(x, 5811.0) for x in (5.31e-15, 5710.4, 4.2e-6)] == ["0 s", "5,710 s", "0 s"]
