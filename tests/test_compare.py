@@ -326,3 +326,17 @@ def test_twenty_plans_before_a_colour_repeats():
     colours = [_plan_colour(i) for i in range(20)]
     assert len(set(colours)) == 20 and _plan_colour(20) == colours[0]
     assert dict((label, c) for _, label, c in _PARTS)["exposed communication"] not in colours
+
+
+def test_a_what_if_variants_timeline_heading_names_it(tmp_path, root):
+    """compare.html heads each plan's timeline with its plan line, and with the cluster's
+    what-ifs and changes, which the plan line does not show: a variant whose only change is a
+    straggler reads differently from the file's own plan."""
+    import re
+
+    out = tmp_path / "cmp"
+    r = run_cli("compare", "scenarios/llama3_8b_8gpu.yaml", "--variant", "'cluster.what_if=[{gpu: 3, slowdown: 1.2}]'",
+                "--out", out, cwd=root)
+    assert r.returncode == 0, r.stderr
+    heads = re.findall(r"<h3>(.*?)</h3>", (out / "compare.html").read_text())
+    assert len(heads) == 2 and "what-if" not in heads[0] and "what-if: GPU 3 1.2x slower" in heads[1]

@@ -28,7 +28,7 @@ from typing import Any
 from .compare import KINDS, other_jobs, config_value_text, verdict_lines, fastest, report_name, step_split
 from .report import (NUMBER_TICKS, REPORT_CSS, DIV_ID, GROUP_COLOURS, TIMELINE_CONFIG, plot_div_around_data,
                      plotlyjs_script, white_template, fmt_time, plot_div)
-from .summary import GiB, plan_line
+from .summary import GiB, plan_line, topology_changes_note, what_if_note
 from .zoom import DETAIL_IN_VIEW, detail_script
 
 COMPARE_PAGE = "compare.html"
@@ -263,7 +263,9 @@ def _timelines_html(plans: list[dict[str, Any]], timelines: list[tuple | None]) 
         if spans and spans["until_ms"] is not None:  # (the report's note says it too: report.timeline_note)
             caption = (f"{caption} Zoomed in, its spans are drawn in the step's first "
                        f"{fmt_time(spans['until_ms'] / 1e3)} ({spans['carried']:,} of {spans['of']:,}).")
-        parts.append(f"<h3>{html.escape(p['label'])} · {html.escape(plan_line(p['summary']))} · "
+        hw = p["summary"].get("hardware", {})  # (a cluster the plan line does not show: its changes, its what-ifs)
+        parts.append(f"<h3>{html.escape(p['label'])} · {html.escape(plan_line(p['summary']))}"
+                     f"{html.escape(topology_changes_note(hw) + what_if_note(hw))} · "
                      f"{p['summary']['step_time_s']:.3f} s{unfit}</h3><p class=\"note\">{html.escape(caption)}</p>"
                      + before + data_json + after
                      # each span drawn once zoomed in, as in its report (clustersim.output.zoom)
