@@ -876,11 +876,14 @@ def memory_model(sc: Scenario):
 
         capacity_factor' = max(ep_load)           [1.6, 0.8, 0.8, 0.8]: 1.6x the balanced terms
     """
-    m = sc.model
-    e = m.moe
-    if e is None or e.ep_load is None or sc.parallel.ep <= 1 or len(set(e.ep_load)) <= 1:
-        return m
-    return m.model_copy(update={"moe": e.model_copy(update={"capacity_factor": e.capacity_factor * max(e.ep_load)})})
+    made = sc.__dict__.get("_memory_model")  # (made once a scenario: every layer of every part asks)
+    if made is None:
+        m = sc.model
+        e = m.moe
+        made = m if e is None or e.ep_load is None or sc.parallel.ep <= 1 or len(set(e.ep_load)) <= 1 else \
+            m.model_copy(update={"moe": e.model_copy(update={"capacity_factor": e.capacity_factor * max(e.ep_load)})})
+        sc.__dict__["_memory_model"] = made
+    return made
 
 
 def _kept_bytes(sc: Scenario, layer: int, groups: list[range]) -> float:
