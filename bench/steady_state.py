@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clustersim.api import simulate  # noqa: E402
-from clustersim.engine.repeat import first_forwards  # noqa: E402
+from clustersim.engine.repeat import first_forwards, ways  # noqa: E402
 
 MAX_CYCLE = 64
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     starts = first_forward_starts(trace)
     m = result.summary["plan"]["microbatches"]
     rows = sorted(starts.items())
-    if result.summary["plan"]["schedule"] == "dualpipe":
+    if ways(result.summary["plan"]["schedule"]) == 2:
         # fed from both ends: each half of the microbatches is a pipeline of its own, whose
         # forwards on a rank interleave with the other's (engine.repeat.TWO_WAYS)
         rows = [(f"{r}/{h}", first[h * (m // 2):(h + 1) * (m // 2)]) for r, first in rows for h in (0, 1)]

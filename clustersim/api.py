@@ -65,7 +65,8 @@ class Result:
 def _part_static(low: Lowering, j: int) -> PartStatic:
     w = low.work[j]
     return PartStatic(
-        part=j, params=w.local_params, expert_params=w.local_expert_params, activation_bytes_per_mb=w.activation_bytes_per_mb,
+        part=j, params=w.local_params, expert_params=w.local_expert_params,
+        activation_bytes_per_mb=w.activation_bytes_per_mb,
         wgrad_bytes_per_mb=w.wgrad_bytes_per_mb, recomputed_layers=w.recomputed_layers,
         recompute_bytes_per_mb=w.recompute_bytes_per_mb,
         layers=tuple(sorted({b.layer for b in w.fwd if b.layer >= 0})),

@@ -555,13 +555,14 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     below it, around what the faults reach the classes split, or that the collapse kept it;
     the same of the split where leaf groups cut the plan unevenly; the communications at
     their slowest twin's pace; collective fallbacks)."""
+    from .engine.repeat import ways
     from .output.summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note,
                                  replicas_note, wall_said)
 
     sim = summary["simulation"]
     rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
     # (DualPipe's cycle holds as many microbatches of each half: engine.repeat.TWO_WAYS)
-    each_way = f" ({rep['cycle_microbatches'] // 2} each way)" if rep and summary["plan"]["schedule"] == "dualpipe" \
+    each_way = f" ({rep['cycle_microbatches'] // 2} each way)" if rep and ways(summary["plan"]["schedule"]) == 2 \
         else ""
     cycle = (f" · {rep['simulated_microbatches']} of {m} microbatches run, a cycle of {rep['cycle_microbatches']}"
              f"{each_way} copied in {rep['cycles_copied']} times") if rep else (

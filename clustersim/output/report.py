@@ -1116,6 +1116,8 @@ def files_html(files: Files) -> str:
 
 def header_html(summary: dict[str, Any]) -> str:
     """Title, description and one line each on cluster, plan and model."""
+    from ..engine.repeat import ways  # (the schedules fed from both ends; the engine's, not imported with the page)
+
     e = html.escape
     name = e(str(summary.get("scenario", "scenario")))
     out = [f"<h1>clustersim · {name}</h1>"]
@@ -1141,7 +1143,7 @@ def header_html(summary: dict[str, Any]) -> str:
         out.append(f'<p class="meta">simulated: {rep["simulated_microbatches"]} of {plan.get("microbatches")} '
                    f'microbatches; their steady cycle of {rep["cycle_microbatches"]} '
                    f'microbatch{"es" if rep["cycle_microbatches"] != 1 else ""}'
-                   f'{" (half each way)" if plan.get("schedule") == "dualpipe" else ""} '
+                   f'{" (half each way)" if ways(plan.get("schedule", "")) == 2 else ""} '
                    f'({rep["cycle_s"]:.4g} s) copied in {rep["cycles_copied"]} times from '
                    f'{rep["cut_s"]:.4g} s on (simulation.repeat)</p>')
     elif summary.get("simulation", {}).get("repeat_tried"):

@@ -878,10 +878,9 @@ def memory_model(sc: Scenario):
     """
     made = sc.__dict__.get("_memory_model")  # (made once a scenario: every layer of every part asks)
     if made is None:
-        m = sc.model
-        e = m.moe
-        made = m if e is None or e.ep_load is None or sc.parallel.ep <= 1 or len(set(e.ep_load)) <= 1 else \
-            m.model_copy(update={"moe": e.model_copy(update={"capacity_factor": e.capacity_factor * max(e.ep_load)})})
+        m, e = sc.model, sc.model.moe
+        made = m.model_copy(update={"moe": e.model_copy(update={"capacity_factor": e.capacity_factor * max(e.ep_load)})}) \
+            if sc.cfg.ranks_differ()[1] else m
         sc.__dict__["_memory_model"] = made
     return made
 
@@ -948,7 +947,7 @@ class MoeBlocks:
         b, flash, sp = sc.training.micro_batch_size, sc.training.attention == "flash", sc.parallel.sp
         tokens = b * m.seq_len / sc.parallel.cp
         rep_tok = tokens / t if sp else tokens
-        skew = tuple(e.ep_load) if e.ep_load is not None and ep > 1 and len(set(e.ep_load)) > 1 else ()
+        skew = tuple(e.ep_load) if sc.cfg.ranks_differ()[1] else ()
 
         def a2a(by_src: bool, label: str = "") -> tuple:
             if ep == 1:
