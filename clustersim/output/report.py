@@ -1057,8 +1057,8 @@ tr.total td { font-weight: 600; border-top: 1px solid #d0d7de; }
 details.gpus { margin: 4px 0 10px; font-size: 13px; }
 details.gpus summary { cursor: pointer; color: #0969da; }
 #gpu-find { width: 7em; font-size: 13px; }
-.meter { display: inline-block; width: 160px; height: 10px; background: #eaeef2; border-radius: 3px;
-         overflow: hidden; vertical-align: middle; }
+.meter { display: inline-block; width: 130px; height: 10px; background: #eaeef2; border-radius: 3px;
+         overflow: hidden; vertical-align: middle; }  /* 130 px: an interleaved MoE's memory table fits a 1,400-px window */
 .meter span { display: inline-block; height: 100%; vertical-align: top; }
 .hidden { background: #8cc084; } .exposed { background: #e15759; }
 .used { background: #4e79a7; } .over { background: #e15759; }
