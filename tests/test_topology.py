@@ -378,6 +378,10 @@ def test_what_if_entry_shapes_are_checked_on_load(root, tmp_path, entry, message
 @pytest.mark.parametrize("fabric, field_, message", [
     ({"kind": "leaf_spine", "radix": 32}, None, "fabric.radix is read by kind fat_tree only"),
     ({"kind": "fat_tree", "spines": 4}, None, "fabric.spines is read by kind leaf_spine only"),
+    # at the fat tree's defaults too: a leaf_spine given radix 64 reads as bounded by it
+    ({"kind": "leaf_spine", "radix": 64}, None, "fabric.radix is read by kind fat_tree only"),
+    ({"kind": "leaf_spine", "tiers": 2}, None, "fabric.tiers is read by kind fat_tree only"),
+    ({"kind": "fat_tree", "pod_oversubscription": 1.0}, None, "read by a 3-tier fat tree only"),
     ({"kind": "fat_tree", "leaves_per_pod": 4}, None, "read by a 3-tier fat tree only"),
     ({"kind": "fat_tree", "radix": 8, "nodes_per_leaf": 5}, "fabric.nodes_per_leaf", "more than the radix 8"),
     ({"kind": "fat_tree", "radix": 4, "rail_optimized": False}, "fabric.radix", "fewer than the 8 NICs"),
@@ -389,6 +393,19 @@ def test_fabric_fields_are_checked(fabric, field_, message):
         _cluster(fabric, 4)
     if field_:
         assert err.value.field == field_
+
+
+def test_a_fat_tree_fills_in_its_defaults_and_a_dumped_fabric_reloads():
+    """radix, tiers and (3 tiers) pod_oversubscription are null where not given, a fat tree
+    taking 64, 2 and 1; every fabric's dump, with each field written, validates again."""
+    from clustersim.hardware.topology import FabricCfg
+
+    ls, ft, ft3 = (FabricCfg(**f) for f in ({}, {"kind": "fat_tree"}, {"kind": "fat_tree", "tiers": 3}))
+    assert (ls.radix, ls.tiers, ls.pod_oversubscription) == (None, None, None)
+    assert (ft.radix, ft.tiers, ft.pod_oversubscription) == (64, 2, None)
+    assert (ft3.radix, ft3.tiers, ft3.pod_oversubscription) == (64, 3, 1.0)
+    for f in (ls, ft, ft3):
+        assert FabricCfg(**f.model_dump()) == f
 
 
 def _ring_time_s(cluster, group, size_bytes):

@@ -100,10 +100,14 @@ class FabricCfg(Strict):
     nodes_per_leaf: int | None = pydantic.Field(
         default=None, ge=1, le=MAX_PORTS, description="leaf_spine: default 16; fat_tree: default from radix")
     spines: int | None = pydantic.Field(default=None, ge=1, le=MAX_PORTS, description="leaf_spine; default: one per leaf")
-    radix: int = pydantic.Field(default=64, ge=2, le=MAX_PORTS, description="fat_tree: ports per switch")
-    tiers: Literal[2, 3] = 2
+    # null where not given, so that a field the kind does not read is refused even at its
+    # default (a leaf_spine with radix: 64 would read as bounded by it); a fat tree fills them in
+    radix: int | None = pydantic.Field(default=None, ge=2, le=MAX_PORTS,
+                                       description="fat_tree: ports per switch; default 64")
+    tiers: Literal[2, 3] | None = pydantic.Field(default=None, description="fat_tree: 2 or 3; default 2")
     oversubscription: float = pydantic.Field(default=1.0, ge=1.0, le=1000.0)
-    pod_oversubscription: float = pydantic.Field(default=1.0, ge=1.0, le=1000.0, description="fat_tree, 3 tiers")
+    pod_oversubscription: float | None = pydantic.Field(default=None, ge=1.0, le=1000.0,
+                                                        description="fat_tree, 3 tiers; default 1")
     leaves_per_pod: int | None = pydantic.Field(default=None, ge=1, le=MAX_PORTS, description="fat_tree, 3 tiers")
     latency_us: float = pydantic.Field(default=0.6, ge=0, le=1e6, description="per switch-to-switch hop")
     efficiency: float = pydantic.Field(default=1.0, ge=0.01, le=1)
@@ -112,18 +116,32 @@ class FabricCfg(Strict):
         "Ethernet/RoCE fabrics do) or destination (by the destination NIC's port on its leaf, D-mod-k, as an "
         "InfiniBand subnet manager's fat-tree routing does)")
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fat_tree_defaults(cls, data):
+        """A fat tree's radix, tiers and (3 tiers) pod oversubscription where not given."""
+        if not isinstance(data, dict) or data.get("kind") != "fat_tree":
+            return data
+        data = dict(data)
+        for name, default in (("radix", 64), ("tiers", 2)):
+            if data.get(name) is None:
+                data[name] = default
+        if data["tiers"] == 3 and data.get("pod_oversubscription") is None:
+            data["pod_oversubscription"] = 1.0
+        return data
+
     @pydantic.model_validator(mode="after")
     def _fields_of_kind(self):
         if self.kind == "none":
             return self
-        # compared with the defaults, not "was it written", so that a dumped config reloads
-        changed = {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
+        # given: not null (a dumped config, whose every field is written, reloads)
         for name, kind in _KIND_ONLY.items():
-            if name in changed and kind != self.kind:
-                raise ValueError(f"fabric.{name} is read by kind {kind} only (kind is {self.kind})")
+            if getattr(self, name) is not None and kind != self.kind:
+                raise ValueError(f"fabric.{name} is read by kind {kind} only (kind is {self.kind}); "
+                                 "leave it out or set it to null")
         if self.kind == "fat_tree" and self.tiers == 2:
             for name in ("pod_oversubscription", "leaves_per_pod"):
-                if name in changed:
+                if getattr(self, name) is not None:
                     raise ValueError(f"fabric.{name} is read by a 3-tier fat tree only (tiers is 2)")
         return self
 
