@@ -115,6 +115,26 @@ def _cluster(fabric: dict, nodes: int, node: dict | None = None, what_if=None, g
     return build_cluster(TopologyCfg.model_validate(cfg))
 
 
+@pytest.mark.parametrize("nics, what_if, nic_GBps", [
+    (1, None, 64.0),  # eight GPUs share the NIC: its one PCIe x16 caps its 90 GB/s
+    (8, None, 90.0),  # a NIC a GPU: each GPU's own 64 GB/s edge caps its flows, not the NIC's cable
+    (1, 0.5, 45.0),   # the cable at half its rate, below the PCIe link
+    (1, 0.8, 64.0),   # 72 GB/s, still above it
+])
+def test_a_shared_nic_is_capped_by_its_one_pcie_link(nics, what_if, nic_GBps):
+    """A NIC that several GPUs share has one PCIe link to the host, below an 800 Gb/s NIC's
+    90 GB/s at gen5's 64 GB/s; link_ceilings names it, and the transfers see it."""
+    node = {"gpus": 8, "nics": nics, "nic": {"bw_Gbps": 800, "efficiency": 0.9}, "pcie_GBps": 64}
+    fabric = {"kind": "leaf_spine", "nodes_per_leaf": 2, "spines": 1}
+    wi = None if what_if is None else [{"link": "n0.nic0-leaf0.0", "bw_factor": what_if}]
+    c = _cluster(fabric, 2, node, wi)
+    for u, v in (("n0.nic0", "leaf0.0"), ("leaf0.0", "n0.nic0")):
+        assert c.graph.edges[u, v]["bw_Bps"] == pytest.approx(nic_GBps * 1e9)
+    assert c.path_bw_Bps(c.path(0, 8)) == pytest.approx(nic_GBps * 1e9 if nics == 1 else 64e9)
+    from clustersim.hardware.topology import link_ceilings
+    assert [x["link"] for x in link_ceilings(c.cfg)] == ["pcie"]
+
+
 def _count(c, what="kind"):
     out = {}
     for _, k in c.graph.nodes(data=what):
@@ -424,12 +444,12 @@ def _ring_time_s(cluster, group, size_bytes):
 
 
 def _oversubscribed(o):
-    """8 nodes of 8 GPUs sharing one 400 Gb/s NIC; radix 8 fat tree: 4 nodes per leaf, 2 leaves;
+    """8 nodes of 8 GPUs sharing one 400 Gb/s NIC (its PCIe gen5 above it); radix 8 fat tree: 4 nodes per leaf, 2 leaves;
     1:1 gives 4 spines, 4:1 one spine (u1 = floor(8 / 5) = 1), each uplink at the NIC rate."""
     return _cluster({"kind": "fat_tree", "radix": 8, "rail_optimized": False, "oversubscription": o,
                      "latency_us": 0.6}, 8,
                     {"gpus": 8, "nics": 1, "nvlink": {"bw_GBps": 450, "latency_us": 1.0},
-                     "nic": {"bw_Gbps": 400, "latency_us": 1.0}})
+                     "nic": {"bw_Gbps": 400, "latency_us": 1.0}, "pcie_GBps": 64})
 
 
 def test_oversubscription_above_the_leaf_slows_a_cross_leaf_all_reduce_by_the_expected_factor():
@@ -504,7 +524,7 @@ def test_pod_oversubscription_slows_a_cross_pod_all_reduce_by_the_expected_facto
         return _cluster({"kind": "fat_tree", "tiers": 3, "radix": 8, "rail_optimized": False, "nodes_per_leaf": 1,
                          "pod_oversubscription": o2, "latency_us": 0.6}, 8,
                         {"gpus": 8, "nics": 1, "nvlink": {"bw_GBps": 450, "latency_us": 1.0},
-                         "nic": {"bw_Gbps": 400, "latency_us": 1.0}})
+                         "nic": {"bw_Gbps": 400, "latency_us": 1.0}, "pcie_GBps": 64})
 
     def closed_form(n, alpha_s, bw_Bps):
         return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * (size / 8) / bw_Bps

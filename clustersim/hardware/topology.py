@@ -14,7 +14,10 @@ given) and ``fat_tree`` (two or three tiers, switch counts derived from the swit
 :func:`plan_fabric`). Switch vertices carry ``tier``: 1 leaf, 2 spine, 3 core.
 
 Edge attributes: ``line_bw_Bps`` (line rate), ``efficiency`` (fraction a long transfer
-reaches), ``bw_Bps`` = line × efficiency (what transfers see), ``latency_s``.
+reaches), ``bw_Bps`` = line × efficiency (what transfers see), ``latency_s``; a NIC that
+several GPUs share (``node.nics`` below ``node.gpus``) also ``cap_Bps``, its one PCIe link
+to the host (``node.pcie_GBps``), and ``bw_Bps`` = min(line × efficiency, cap): each GPU's
+PCIe link into the NIC's PCIe switch is its own edge, the NIC's link out of it is not.
 
 Routing: inside a node GPU → NVSwitch → GPU; across nodes GPU → NIC → leaf → [spine → [core →
 spine] →] leaf → NIC → GPU, never through another GPU. Between two leaves the routes are the
@@ -416,7 +419,8 @@ def link_ceilings(cfg: TopologyCfg) -> list[dict] | None:
     """The links of ``cfg`` slower than the NIC that feeds them, which cap every transfer
     between nodes below the NIC's rate (None where none is)::
 
-        pcie        node.pcie_GBps  <  NIC bw_Gbps / 8 x efficiency     (what transfers see)
+        pcie        node.pcie_GBps  <  NIC bw_Gbps / 8 x efficiency     (what transfers see;
+                    a GPU's own link to its NIC, or a shared NIC's one link to its GPUs)
         leaf_spine  leaf -> spine cable below the NIC's line rate P:
                     K P / (spines o) < P, i.e. spines o > K   (K: NIC ports below a leaf,
                     nodes_per_leaf x nics / R; o: fabric.oversubscription; plan_fabric)
@@ -1044,11 +1048,19 @@ class Cluster:
         return min((bw[e] for e in path), default=math.inf)
 
 
-def _link(g: nx.DiGraph, u: str, v: str, line_bw_Bps: float, eff: float, latency_s: float, kind: str):
-    """Add a full-duplex cable: two directed edges with the same figures."""
+def _link(g: nx.DiGraph, u: str, v: str, line_bw_Bps: float, eff: float, latency_s: float, kind: str,
+          cap_Bps: float | None = None):
+    """Add a full-duplex cable: two directed edges with the same figures (``cap_Bps``: a
+    slower link in series that the graph has no edge for, a shared NIC's PCIe)."""
     for a, b in ((u, v), (v, u)):
         g.add_edge(a, b, line_bw_Bps=line_bw_Bps, efficiency=eff,
-                   bw_Bps=line_bw_Bps * eff, latency_s=latency_s, kind=kind)
+                   bw_Bps=_capped(line_bw_Bps * eff, cap_Bps), latency_s=latency_s, kind=kind)
+        if cap_Bps is not None:
+            g.edges[a, b]["cap_Bps"] = cap_Bps
+
+
+def _capped(bw_Bps: float, cap_Bps: float | None) -> float:
+    return bw_Bps if cap_Bps is None else min(bw_Bps, cap_Bps)
 
 
 def build_cluster(cfg: TopologyCfg) -> Cluster:
@@ -1139,10 +1151,13 @@ def _build_fabric(g: nx.DiGraph, cfg: TopologyCfg, plan: FabricPlan, nics: int, 
     leaves = [f"leaf{gi}.{r}" for gi in range(plan.groups) for r in range(plan.rails)]
     for leaf in leaves:
         g.add_node(leaf, kind="leaf", tier=1)
+    # a NIC that several GPUs share has one PCIe link to them all (x16 into the PCIe switch
+    # they hang off): each GPU's own link is its gpu-nic edge, that one caps the NIC's cable
+    host_Bps = n.pcie_GBps * 1e9 if nics < n.gpus else None
     for i in range(cfg.nodes):
         for k in range(nics):
             nic = f"n{i}.nic{k}"
-            _link(g, nic, g.nodes[nic]["leaf"], nic_bw, n.nic.efficiency, n.nic.latency_us * 1e-6, "nic")
+            _link(g, nic, g.nodes[nic]["leaf"], nic_bw, n.nic.efficiency, n.nic.latency_us * 1e-6, "nic", host_Bps)
     if len(leaves) == 1:
         return
     if fab.kind == "leaf_spine" or fab.tiers == 2:
@@ -1248,7 +1263,7 @@ def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None)
         for a, b in ((u, v), (v, u)):
             e = g.edges[a, b]
             e["line_bw_Bps"] *= w.bw_factor
-            e["bw_Bps"] = e["line_bw_Bps"] * e["efficiency"]
+            e["bw_Bps"] = _capped(e["line_bw_Bps"] * e["efficiency"], e.get("cap_Bps"))
         if w.bw_factor != 1.0:
             _mark_fault(cluster, u, v)
     elif w.remove_link is not None:
