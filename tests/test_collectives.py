@@ -38,6 +38,36 @@ def test_nvls_needs_a_switch_that_reduces(root):
     assert not format_table(cluster, "all_reduce", 8, [row], "ring").splitlines()[-1].startswith("note")
 
 
+def test_nvls_moves_at_the_topology_s_nvls_efficiency(root, tmp_path):
+    """``node.nvlink.nvls_efficiency`` replaces the catalogue's 0.608 for NVLS alone: at 0.4 an
+    8 GiB all-reduce's busbw is 2 (n-1)/n x 0.4 x 450 GB/s = 315 GB/s (its 2 alpha aside),
+    while a ring's, at ``efficiency``, is unchanged; an A100 node, whose NVSwitch does not
+    reduce, refuses it."""
+    import yaml
+
+    from clustersim.errors import ConfigError
+    from clustersim.hardware import load_topology_cfg
+
+    topo = yaml.safe_load((root / "topologies/dgx-h100.yaml").read_text())
+    topo["node"]["nvlink"]["nvls_efficiency"] = 0.4
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(topo))
+    rows = {}
+    for name in ("dgx-h100.yaml", "t.yaml"):
+        for algo in ("nvls", "ring"):
+            path = root / "topologies" / name if name.startswith("dgx") else tmp_path / name
+            _, (row,) = benchmark(path, "all_reduce", 8, [8 * GiB], algo)
+            assert row.algorithm == algo
+            rows[name, algo] = row.busbw_Bps("all_reduce", 8)
+    assert rows["t.yaml", "nvls"] == pytest.approx(2 * 7 / 8 * 0.4 * 450e9, rel=1e-3)
+    assert rows["dgx-h100.yaml", "nvls"] == pytest.approx(478.9e9, rel=1e-3)
+    assert rows["t.yaml", "ring"] == rows["dgx-h100.yaml", "ring"]
+    a100 = {"gpu": "A100", "nodes": 1, "node": {"nvlink": {"nvls_efficiency": 0.5}}}
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(a100))
+    with pytest.raises(ConfigError, match="nvls_efficiency is read only where the NVSwitch reduces") as err:
+        load_topology_cfg(tmp_path / "a.yaml")
+    assert err.value.field == "node"
+
+
 def test_hierarchical_beats_the_flat_ring_across_nodes_by_the_expected_amount(root):
     """4 nodes x 8 GPUs, 8 GiB. Flat ring, 8 channels: each NIC carries 2(n-1)/n * S/8.
     Hierarchical (pipelined): each NIC carries 2(N-1)/N * S/8 across nodes while NVLink

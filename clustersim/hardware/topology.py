@@ -70,6 +70,11 @@ class LinkCfg(Strict):
     bw_GBps: float | None = pydantic.Field(default=None, ge=1e-3, le=1e6)
     latency_us: float = pydantic.Field(default=1.0, ge=0, le=1e6)
     efficiency: float = pydantic.Field(default=1.0, ge=0.01, le=1)
+    # NVLS moves at its own share of the line rate, not at ``efficiency``'s: an H100 node's
+    # all-reduce busbw (NVLS) fits this, its all-gather's (a ring) fits ``efficiency``
+    nvls_efficiency: float | None = pydantic.Field(
+        default=None, ge=0.01, le=1, description="NVLink: the share of the line rate NVLS all-reduces sustain; "
+        "default the GPU catalogue's (H100 0.608); only on GPUs whose NVSwitch reduces")
 
 
 class NicCfg(Strict):
@@ -192,6 +197,15 @@ class TopologyCfg(Strict):
         if nodes > 1 and v.kind == "none":
             raise ValueError(f"fabric.kind is 'none' but the cluster has {nodes} nodes; "
                              "use leaf_spine or fat_tree to join them")
+        return v
+
+    @pydantic.field_validator("node")
+    @classmethod
+    def _nvls_where_the_switch_reduces(cls, v: NodeCfg, info: pydantic.ValidationInfo) -> NodeCfg:
+        gpu = info.data.get("gpu")  # (absent where the GPU is unknown, reported)
+        if v.nvlink.nvls_efficiency is not None and gpu is not None and lookup_gpu(gpu).nvls_efficiency is None:
+            raise ValueError(f"node.nvlink.nvls_efficiency is read only where the NVSwitch reduces (NVLS: H100, "
+                             f"H800, H200, B200); {lookup_gpu(gpu).name}'s does not")
         return v
 
     @pydantic.field_validator("gpu")
@@ -485,13 +499,19 @@ class Cluster:
         return self.cfg.node.gpus
 
     @property
+    def nvls_efficiency(self) -> float | None:
+        """The share of the NVLink line rate NVLS sustains: the topology's
+        ``node.nvlink.nvls_efficiency``, else the GPU catalogue's (None: no NVLS)."""
+        return self.cfg.node.nvlink.nvls_efficiency or self.gpu.nvls_efficiency
+
+    @property
     def nvls_wire_scale(self) -> float:
         """How much longer NVLS traffic holds an NVLink link than the link's usable bandwidth
         gives: NVLS sustains its own, calibrated, share of the line rate (hardware/gpus.py)::
 
-            scale = nvlink.efficiency / gpu.nvls_efficiency        H100: 0.81 / 0.608 = 1.33
+            scale = nvlink.efficiency / nvls_efficiency        H100: 0.81 / 0.608 = 1.33
         """
-        return self.cfg.node.nvlink.efficiency / self.gpu.nvls_efficiency
+        return self.cfg.node.nvlink.efficiency / self.nvls_efficiency
 
     @property
     def num_gpus(self) -> int:
