@@ -480,7 +480,10 @@ def test_bad_schedule_settings_name_the_field(what, change, field, words):
 @pytest.mark.parametrize("text,words", [
     ("0F0 0B0\n1F0 1B0\n", "custom schedule has 2 rows (ranks) but pp=4"),
     ("0F0 0X0\n", "'0X0' is not an action"),
-    ("\n".join(f"{r}F0 {r}B0" for r in range(4)), "custom schedule has 1 microbatches but m=8"),
+    ("\n".join(f"{r}F0 {r}B0" for r in range(4)), "custom schedule has 1 microbatch but m=8"),
+    ("0F0 0B0\n", "custom schedule has 1 row (rank) but pp=4"),
+    ("0F0 0B0\n1F0 2F1 1B0\n2F0 2B0\n3F0 3B0\n",
+     "stage 2 appears on rank 1 (token 2F1) and on rank 2 (token 2F0); a stage runs on exactly one rank"),
     # named as such, not by what they leave behind (a stage 4 without its backward, a gap)
     ("\n".join(f"{r}F0 {r}B0" for r in range(5)), "custom schedule has 5 rows (ranks) but pp=4"),
     ("\n".join(" ".join(f"{r}F{k} {r}B{k}" for k in (*range(7), 9)) for r in range(4)),

@@ -246,13 +246,15 @@ def _stage_ranks(rows, flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -
         if (lo == hi).all():  # every stage on one row, none missing
             return tuple(lo.tolist())
     where: dict[int, int] = {}
+    first: dict[int, Action] = {}  # (each stage's first token, named beside the one that clashes)
     for r, acts in enumerate(rows):
         for a in acts:
             if not isinstance(a, Action) or a.kind not in KINDS or a.stage < 0 or a.mb < 0:
                 raise ScheduleError(f"rank {r}: {a!r} is not an action {{stage}}{{F|B|W}}{{mb}}")
             if where.setdefault(a.stage, r) != r:
-                raise ScheduleError(f"stage {a.stage} appears on rank {where[a.stage]} and on rank {r} "
-                                    f"(token {a}); a stage runs on exactly one rank")
+                raise ScheduleError(f"stage {a.stage} appears on rank {where[a.stage]} (token {first[a.stage]}) "
+                                    f"and on rank {r} (token {a}); a stage runs on exactly one rank")
+            first.setdefault(a.stage, a)
     if not where:
         raise ScheduleError("schedule has no actions")
     missing = [k for k in range(max(where) + 1) if k not in where]

@@ -181,7 +181,8 @@ def parse_schedule(text: str, p: int | None = None, m: int | None = None, *,
     the gap or the missing backward it leaves in the checks after."""
     rows, pairs, split = parse_rows(text)
     if p is not None and len(rows) != p:
-        raise ScheduleError(f"custom schedule has {len(rows)} rows (ranks) but pp={p}")
+        raise ScheduleError(f"custom schedule has {len(rows)} {'row (rank)' if len(rows) == 1 else 'rows (ranks)'} "
+                            f"but pp={p}")
     past = [(r, a) for r, row in enumerate(rows) for a in row if m is not None and a.mb >= m]
     if past:
         r, a = past[0]
@@ -189,5 +190,6 @@ def parse_schedule(text: str, p: int | None = None, m: int | None = None, *,
     s = make_schedule(name, rows, stage_part=stage_part, fb_pairs=pairs,  # (parse_grid, on the rows read)
                       fused_w=_fused(rows, split))
     if m is not None and s.n_microbatches != m:
-        raise ScheduleError(f"custom schedule has {s.n_microbatches} microbatches but m={m}")
+        raise ScheduleError(f"custom schedule has {s.n_microbatches} "
+                            f"{'microbatch' if s.n_microbatches == 1 else 'microbatches'} but m={m}")
     return s
