@@ -502,7 +502,7 @@ BAD_CUSTOM = [
     ("missing backward", "0F0 0F1 0B0", ["rank 0", "0F1", "no backward B for microbatch 1"]),
     ("missing W", "0F0 0B0 0W0 0F1 0I1", ["rank 0", "'0I1'", "no 0W1"]),
     ("I without any W", "0F0 0I0", ["rank 0", "'0I0'", "no W"]),
-    ("stage on two rows", "0F0 0B0\n0F1 0B1", ["stage 0", "rank 0 and on rank 1", "0F1"]),
+    ("stage on two rows", "0F0 0B0\n0F1 0B1", ["stage 0", "rank 0 (token 0F0) and on rank 1 (token 0F1)"]),
     ("microbatch skips a stage", "0F0 0F1 0B0 0B1\n1F0 1B0", ["microbatch 1", "never on part 1", "rank 1"]),
     ("deadlock", "0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0",
      ["deadlock", "rank 0 waits at 0B0 for 1B0", "rank 1 waits at 1F1 for 0F1"]),
