@@ -859,7 +859,7 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--sizes", default="1M,16M,1G,8G",
                      help="buffer sizes in binary units (default 1M,16M,1G,8G)")
     col.add_argument("--algo", default="auto", help="auto (default: the fastest applicable), ring, tree, "
-                                                    "hierarchical, nvls, pxn, pairwise")
+                                                    "hierarchical, nvls, nvls_tree, pxn, pairwise")
     col.set_defaults(func=cmd_collective)
 
     sc = sub.add_parser("schema", help="print the JSON schema of the scenario (or topology) format")

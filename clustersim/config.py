@@ -179,7 +179,7 @@ class TrainingCfg(Strict):
 class CollectivesCfg(Strict):
     """Algorithm per collective: "auto" picks the applicable one fastest alone at each size."""
 
-    all_reduce: Literal["auto", "ring", "tree", "hierarchical", "nvls"] = "auto"
+    all_reduce: Literal["auto", "ring", "tree", "hierarchical", "nvls", "nvls_tree"] = "auto"
     reduce_scatter: Literal["auto", "ring"] = "auto"
     all_gather: Literal["auto", "ring"] = "auto"
     all_to_all: Literal["auto", "pxn", "pairwise"] = "auto"

@@ -118,10 +118,37 @@ def test_tree_wins_small_messages_across_many_nodes(root):
 def test_auto_picks_the_fastest_applicable_algorithm_per_size(root):
     sizes = [64 << 10, GiB]
     _, auto = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", 64, sizes, "auto")
-    for algo in ("ring", "tree", "hierarchical"):
+    for algo in ("ring", "tree", "hierarchical", "nvls_tree"):
         _, rows = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", 64, sizes, algo)
         for a, r in zip(auto, rows):
             assert a.time_s <= r.time_s * (1 + 1e-9)
+
+
+def test_nvls_tree_across_two_nodes_is_its_closed_form(root):
+    """NVLSTree over 2 DGX H100 nodes, 8 GiB: each GPU's loop through its switch carries S and
+    its channel's S/g to and from the trees, (1 + 1/g) S at NVLS's share of the line rate;
+    each node is a tree's root and the other's leaf, so a NIC carries S/g each way. 4 latency
+    rounds (NVLS up and down, the tree up and down). On 2 nodes NVLink binds: busbw
+    2 (n-1)/n S / T = 1.875 x 0.608 x 450 / 1.125 = 456 GB/s, where nccl-tests on 2 such
+    nodes report about 450-480; auto picks it over the hierarchical ring (its in-node rings
+    at 0.81 of the line rate carry 2 (g-1)/g S: 208 GB/s of algbw against 243)."""
+    from clustersim.collectives.algorithms import applicable
+
+    n, g, size = 16, 8, 8 * GiB
+    cluster, (row,) = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", n, [size], "nvls_tree")
+    assert row.algorithm == "nvls_tree"
+    nvls_Bps = 450e9 * cluster.nvls_efficiency
+    alpha_s = max(cluster.path_latency_s(cluster.path(0, b)) for b in (1, 8))
+    want_s = 4 * alpha_s + max((1 + 1 / g) * size / nvls_Bps, size / g / NIC_Bps)
+    assert row.time_s == pytest.approx(want_s, rel=1e-6)
+    _, (auto,) = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", n, [size], "auto")
+    assert auto.algorithm == "nvls_tree"
+    node_of = cluster.node_of
+    assert not applicable("all_reduce", "nvls_tree", tuple(range(8)), node_of, True)  # one node: NVLS
+    assert not applicable("all_reduce", "nvls_tree", tuple(range(0, 16, 8)), node_of, True)  # one GPU a node
+    assert not applicable("all_reduce", "nvls_tree", tuple(range(16)), node_of, False)  # A100's switch
+    a100, (ring,) = benchmark(root / "topologies/dgx-a100.yaml", "all_reduce", n, [size], "nvls_tree")
+    assert ring.algorithm == "ring"
 
 
 def test_cross_node_all_to_all_is_nic_bound(root):

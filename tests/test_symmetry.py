@@ -926,7 +926,8 @@ def test_a_nic_cable_splits_every_gpu_it_reaches_where_that_fits(monkeypatch):
     Split around every GPU the fault reaches (here that is every rank), the collapse gives
     the all-ranks numbers; split around node 7's touched GPUs alone, as where the reach is
     not asked or its split does not fit ``simulation.fabric_fault_split_ranks``, the step is
-    more than 1 % short, and the summary says the reach was kept in the collapse."""
+    not the all-ranks one (+0.09 %; more than 1 % short while the DP all-reduces across nodes
+    ran NCCL's Tree, before NVLSTree), and the summary says the reach was kept in the collapse."""
     from clustersim.engine import network
 
     sc = _clos_nic_half()
@@ -941,7 +942,7 @@ def test_a_nic_cable_splits_every_gpu_it_reaches_where_that_fits(monkeypatch):
     assert sc.split_faults == (sc.node_touched_gpus, 64)
     kept = clustersim.simulate(sc).summary
     assert kept["simulation"]["simulated_ranks"] == 20
-    assert kept["step_time_s"] < 0.99 * full["step_time_s"]
+    assert abs(kept["step_time_s"] / full["step_time_s"] - 1) > 5e-4
     assert kept["simulation"]["fabric_faults"] == {"gpus": len(reached - sc.node_touched_gpus),
                                                    "kept_in_collapse": True, "split_ranks": 64, "split_up_to": 32,
                                                    "reach_asked": True}

@@ -225,8 +225,10 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
     u, v = cluster.edges[e]
     # NVLS moves at its own share of the NVLink rate, which busy_s is worked out at: the rate
     # shown is that share, so that the traffic over it is busy_s
-    bw_Bps = cluster.edge_bw_Bps[e] / (cluster.nvls_wire_scale if algo == "nvls" else 1.0)
-    info["bottleneck"] = {"link": f"{u}->{v}", "kind": cluster.graph.edges[u, v].get("kind", ""),
+    kind = cluster.graph.edges[u, v].get("kind", "")
+    nvls = algo == "nvls" or (algo == "nvls_tree" and kind == "nvlink")  # (NVLSTree: its loops alone)
+    bw_Bps = cluster.edge_bw_Bps[e] / (cluster.nvls_wire_scale if nvls else 1.0)
+    info["bottleneck"] = {"link": f"{u}->{v}", "kind": kind,
                           "bw_Bps": bw_Bps, "busy_s": loads[e][0], "flows": loads[e][1]}
     crosses: dict[tuple, bool] = {}
     shared: dict[str, float] = {}

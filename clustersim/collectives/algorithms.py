@@ -22,6 +22,13 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
                             which reduces, and receives S back (multicast): S up and S down
                             per GPU instead of 2(n-1)/n S through the ring. A flow (g, g) is
                             GPU g's loop through its switch.
+    nvls_tree     1 phase   NCCL's NVLSTree (2.18 and later), across nodes: NVLS inside each
+                            node, and per member position l (a channel of S/g) the tree's two
+                            binary trees over the nodes' position-l GPUs, which carry the
+                            node's reduced S/g to the other nodes and the result back; each
+                            GPU's loop through its switch carries S and the S/g its channel
+                            hands to and takes from the trees: (1 + 1/g) S up and down.
+                            2 + 2 depth latency rounds, pipelined as one.
     pxn           1 phase   all-to-all, every pair at once (collectives/ring.py), a transfer to
                             another rail forwarded over NVLink to the sender's node-mate on the
                             receiver's rail (NCCL's PXN, its default)
@@ -49,7 +56,7 @@ from .ring import Expansion, expand
 
 # algorithms each collective may use, the default (ring) first
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "hierarchical", "nvls"),
+    "all_reduce": ("ring", "tree", "hierarchical", "nvls", "nvls_tree"),
     "reduce_scatter": ("ring",),
     "all_gather": ("ring",),
     "all_to_all": ("pxn", "pairwise"),
@@ -81,13 +88,15 @@ def _by_node(group: tuple[int, ...], node_of) -> list[list[int]]:
 
 def applicable(op: str, algo: str, group: tuple[int, ...], node_of, nvls: bool) -> bool:
     """Whether ``algo`` can run ``op`` over ``group``: hierarchical needs several nodes with the
-    same number (> 1) of members each; NVLS a group inside one NVSwitch node whose switch can
-    reduce (``nvls``); tree at least 3 members."""
+    same number (> 1) of members each, and NVLSTree those too on switches that can reduce
+    (``nvls``); NVLS a group inside one NVSwitch node whose switch can reduce; tree several
+    nodes with the same number of members each."""
     if algo not in ALGORITHMS.get(op, ()):
         return False
     nodes = _by_node(group, node_of)
-    if algo == "hierarchical":
-        return len(nodes) > 1 and len({len(v) for v in nodes}) == 1 and len(nodes[0]) > 1
+    if algo in ("hierarchical", "nvls_tree"):
+        return (nvls or algo == "hierarchical") and len(nodes) > 1 and len({len(v) for v in nodes}) == 1 \
+            and len(nodes[0]) > 1
     if algo == "nvls":
         return nvls and len(nodes) == 1 and len(group) > 1
     if algo == "tree":  # NCCL's trees join nodes; inside one it runs rings and chains
@@ -154,16 +163,14 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None, route: tupl
         g = len(nodes[0])
         flows = []
         for pos in range(g):
-            heads = [members[pos] for members in nodes]
             # each tree its own pipeline (NCCL gives each tree its own channels): half of the
             # channel's data through the chains inside the nodes, then up and down the tree
-            for order in (heads, _second_tree(heads)):
+            for order, edges in _double_tree(nodes, pos, g):
                 for members in nodes:
                     chain = members[pos:] + members[:pos]
                     for a, b in zip(chain, chain[1:]):
                         flows += [(b, a, 0.5 / g), (a, b, 0.5 / g)]
-                for child, parent in _tree_edges(order):
-                    flows += [(child, parent, 0.5 / g), (parent, child, 0.5 / g)]
+                flows += edges
         depth = _tree_depth(len(nodes))
         # a tree's chains and edges are one pipeline: its chunks pass every hop in turn
         return [Expansion(tuple(flows), 2 * (max(depth, 1) + g - 1), lockstep=2 * g)]
@@ -178,7 +185,31 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None, route: tupl
         return [Expansion(flows, sum(max(e.steps for e in part) for part in (inside, rails, gather)), lockstep=1)]
     if algo == "nvls":  # the switch reduces what every GPU has sent before it multicasts
         return [Expansion(tuple((x, x, 1.0) for x in group), 2, lockstep=1)]
+    if algo == "nvls_tree":
+        # each node's switch reduces its members' S; channel l's S/g of it goes down to the
+        # node's position-l GPU, through the trees and back up for the switch to multicast
+        nodes = _by_node(group, node_of)
+        g = len(nodes[0])
+        flows = [(x, x, 1.0 + 1.0 / g) for x in group]
+        for pos in range(g):
+            for _, edges in _double_tree(nodes, pos, g):
+                flows += edges
+        return [Expansion(tuple(flows), 2 + 2 * max(_tree_depth(len(nodes)), 1), lockstep=1)]
     raise KeyError(f"unknown algorithm {algo!r} for {op}")
+
+
+def _double_tree(nodes: list[list[int]], pos: int, g: int) -> list[tuple[list[int], list[tuple[int, int, float]]]]:
+    """NCCL's two binary trees over the nodes' position-``pos`` GPUs (the second the first
+    mirrored or shifted, so that a node inner in one is a leaf in the other), each with its
+    edges' flows: half of a channel's ``S/g``, up and down every edge."""
+    heads = [members[pos] for members in nodes]
+    out = []
+    for order in (heads, _second_tree(heads)):
+        edges = []
+        for child, parent in _tree_edges(order):
+            edges += [(child, parent, 0.5 / g), (parent, child, 0.5 / g)]
+        out.append((order, edges))
+    return out
 
 
 def deepep_flows(group: tuple[int, ...], node_of, route: tuple) -> Expansion:

@@ -210,6 +210,8 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     scale, scale_out = 1.0, None
     if algo == "nvls":
         scale = cluster.nvls_wire_scale
+    if algo == "nvls_tree":  # NVLS's share of NVLink's rate for the loops, the NICs' own across nodes
+        scale, scale_out = cluster.nvls_wire_scale, 1.0
     if algo == DEEPEP:  # DeepEP's kernels: their own share of NVLink's, the NICs' own across nodes
         scale, scale_out = 1.0 / DEEPEP_NVLINK_SHARE, 1.0
     out = []

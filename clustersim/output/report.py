@@ -1474,7 +1474,8 @@ def causes_html(summary: dict[str, Any]) -> str:
     rows = []
     for c in causes:
         bn = c.get("bottleneck")
-        share = " NVLS sustains" if c.get("algorithm") == "nvls" else ""  # (bottleneck.bw_Bps: its share)
+        nvls = c.get("algorithm") == "nvls" or (c.get("algorithm") == "nvls_tree" and bn and bn["kind"] == "nvlink")
+        share = " NVLS sustains" if nvls else ""  # (bottleneck.bw_Bps: its share)
         link = f'{e(bn["link"])} ({e(bn["kind"])}, {bn["bw_Bps"] / 1e9:.0f} GB/s{share})' if bn else ""
         if c.get("alone"):
             shared = "nothing (alone on its links)"

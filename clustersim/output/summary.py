@@ -433,7 +433,8 @@ def collective_fallbacks_note(fallbacks: dict | None, sep: str) -> str:
 # where a named algorithm cannot run a group (collectives.algorithms.applicable)
 _CANNOT = {"tree": "groups inside one node, or uneven over nodes",
            "hierarchical": "groups inside one node, uneven over nodes, or of one GPU a node",
-           "nvls": "groups across nodes, or GPUs without NVLS"}
+           "nvls": "groups across nodes, or GPUs without NVLS",
+           "nvls_tree": "groups inside one node, uneven over nodes, of one GPU a node, or GPUs without NVLS"}
 
 
 
