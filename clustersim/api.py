@@ -22,7 +22,7 @@ from .engine import repeat as cycles
 from .engine.ahead import Ahead
 from .errors import ConfigError
 from .floats import sum_left
-from .hardware.topology import link_ceilings
+from .hardware.topology import link_ceilings, network_figures
 from .host_memory import check_fits, gpus_weigh_more, rank_by_rank_tasks
 from .model.transformer import total_params
 from .program.lower import Lowering, grad_buckets, lower
@@ -272,7 +272,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                      "topology": sc.topology.name, "nodes": sc.topology.nodes,
                      "gpus_per_node": sc.topology.node.gpus, "changes": changes,
                      "nvlink_kept": _nvlink_kept(sc, changes),
-                     "link_ceilings": link_ceilings(sc.topology),
+                     "link_ceilings": link_ceilings(sc.topology), "network": network_figures(sc.topology),
                      # the faults and stragglers, the topology file's and the scenario's, as given
                      "what_if": [w.model_dump(exclude_none=True) for w in sc.topology.what_if] or None},
         "simulation": {"network": sc.cfg.simulation.network,

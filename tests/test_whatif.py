@@ -337,6 +337,38 @@ def test_links_slower_than_the_nics_are_named(root, tmp_path):
     assert vs.endswith(f"200.0 -> 400.0 ({said})")
 
 
+def test_the_network_line_echoes_the_links_as_read(root):
+    """``hardware.network`` and the terminal's and report's "network" line give the figures the
+    cluster was built with, in the topology file's units, so that a rate typed in the wrong
+    unit shows; an NVLink rate above the GPU's own (an H100's 450 GB/s typed as 3600, its
+    Gb/s) is said to be so. One node: NVLink alone; one GPU: nothing."""
+    from clustersim.hardware.topology import load_topology_cfg, network_figures
+    from clustersim.output.report import header_html
+    from clustersim.output.summary import network_said
+
+    net = network_figures(load_topology_cfg(root / "topologies/dgx-h100.yaml", {"nodes": 4}, build=False))
+    assert net == {"nvlink_GBps": 450, "nvlink_efficiency": 0.81, "nvls_efficiency": pytest.approx(0.608, abs=5e-4),
+                   "nvlink_above_gpu_GBps": None, "nics_per_node": 8, "nic_Gbps": 400, "nic_efficiency": 0.9,
+                   "pcie_GBps": 64, "fabric": {"kind": "leaf_spine", "tiers": 2, "rail_optimized": True,
+                                               "leaves": 8, "spines": 16, "oversubscription": 1.0,
+                                               "pod_oversubscription": None, "efficiency": 0.9}}
+    hw = {"gpu": "H100-SXM5-80GB", "network": net}
+    assert network_said(hw) == ("NVLink 450 GB/s x 0.81 (NVLS 0.608) · 8 NICs of 400 Gb/s x 0.9, PCIe 64 GB/s · "
+                                "rail-optimised leaf-spine, 8 leaves, 16 spines, 1:1, x 0.9")
+    d = scenario_dict(training={"global_batch_size": 16})
+    d["cluster"].update({"node": {"nvlink": {"bw_GBps": 3600}}})
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root), brief=True).summary
+    assert s["hardware"]["network"]["nvlink_above_gpu_GBps"] == 300  # (an A100 node)
+    said = network_said(s["hardware"])
+    assert said.startswith("NVLink 3600 GB/s x 0.77, above A100-SXM4-80GB's own 300 GB/s a direction "
+                           "(node.nvlink.bw_GBps is in GB/s, not Gb/s) · 8 NICs of 200 Gb/s")
+    assert f"\n{'network':<16}{said}\n" in format_summary(s) and f"network: {said}" in html.unescape(header_html(s))
+    one = network_figures(load_topology_cfg(root / "topologies/single-h100.yaml", build=False))
+    assert network_said({"gpu": "H100", "network": one}) == "" and one["nvlink_GBps"] is None
+    node = network_figures(load_topology_cfg(root / "topologies/dgx-a100.yaml", {"nodes": 1}, build=False))
+    assert network_said({"gpu": "A100", "network": node}) == "NVLink 300 GB/s x 0.77"
+
+
 def test_the_projection_says_the_pue_it_counts():
     """The energy is at the GPUs' board power times the PUE; the projection line says the PUE
     where it is not 1."""

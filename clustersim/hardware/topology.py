@@ -460,6 +460,35 @@ def link_ceilings(cfg: TopologyCfg) -> list[dict] | None:
     return out or None
 
 
+def network_figures(cfg: TopologyCfg) -> dict:
+    """The link figures the cluster was built with, as the outputs echo them (so that a rate
+    typed in the wrong unit shows): NVLink's line rate (GB/s per direction, the GPU
+    catalogue's where the topology gives none) and efficiencies, the NICs, PCIe and the
+    fabric's shape; NVLink and NVLS null on one-GPU nodes, NICs, PCIe and the fabric on one
+    node. ``nvlink_above_gpu_GBps``: the GPU's own NVLink rate where the topology's is above
+    it, which no NVSwitch node of that GPU reaches (3600 on an H100: its 450 GB/s in Gb/s)."""
+    gpu, n, fab = lookup_gpu(cfg.gpu), cfg.node, cfg.fabric
+    own = gpu.nvlink_bw_Bps / 1e9
+    nvlink = (n.nvlink.bw_GBps or own) if n.gpus > 1 else None
+    out: dict = {"nvlink_GBps": nvlink, "nvlink_efficiency": n.nvlink.efficiency if nvlink else None,
+                 "nvls_efficiency": (n.nvlink.nvls_efficiency or gpu.nvls_efficiency) if nvlink else None,
+                 "nvlink_above_gpu_GBps": own if nvlink and nvlink > own * (1 + 1e-9) else None,
+                 "nics_per_node": None, "nic_Gbps": None, "nic_efficiency": None, "pcie_GBps": None, "fabric": None}
+    plan = plan_fabric(cfg) if cfg.nodes > 1 else None
+    if plan is None:
+        return out
+    out.update(nics_per_node=n.nics or n.gpus, nic_Gbps=n.nic.bw_Gbps, nic_efficiency=n.nic.efficiency,
+               pcie_GBps=n.pcie_GBps)
+    out["fabric"] = {"kind": fab.kind, "tiers": 2 if fab.kind == "leaf_spine" else fab.tiers,
+                     "rail_optimized": fab.rail_optimized, "leaves": plan.leaves,
+                     # (no spine is built above a single leaf)
+                     "spines": plan.spines * (plan.pods or 1) if plan.leaves > 1 else 0,
+                     "oversubscription": fab.oversubscription,
+                     "pod_oversubscription": fab.pod_oversubscription if fab.kind == "fat_tree" and fab.tiers == 3
+                     else None, "efficiency": fab.efficiency}
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The built cluster
 

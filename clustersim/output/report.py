@@ -61,8 +61,8 @@ from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_withi
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
 from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note,
-                      link_ceilings_said, peak_text, plan_dims, plan_options, replicas_note, schedule_part,
-                      topology_changes_note, what_if_note)
+                      link_ceilings_said, network_said, peak_text, plan_dims, plan_options, replicas_note,
+                      schedule_part, topology_changes_note, what_if_note)
 from .zoom import DETAIL_IN_VIEW, detail_data, detail_script
 
 GiB = 1024**3
@@ -1129,6 +1129,8 @@ def header_html(summary: dict[str, Any]) -> str:
                    f'({_n(hw.get("nodes") or 0, "node")} × {hw.get("gpus_per_node", "?")}, '
                    f'{e(str(hw.get("topology", "")))}){e(topology_changes_note(hw) + what_if_note(hw))}'
                    f'{e("".join(" · " + c for c in link_ceilings_said(hw)))}</p>')
+        if network_said(hw):
+            out.append(f'<p class="meta">network: {e(network_said(hw))}</p>')
     if plan:
         out.append(f'<p class="meta">plan: {e(plan_dims(plan, " × ") + plan_options(plan))}'
                    f'{e(schedule_part(plan, " · ")) if "schedule" in plan else ""} · {plan.get("microbatches")} microbatches × '

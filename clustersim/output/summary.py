@@ -151,6 +151,43 @@ def link_ceilings_said(hw: dict[str, Any]) -> list[str]:
     return said
 
 
+def network_said(hw: dict[str, Any]) -> str:
+    """The links the cluster was built with (``hardware.network``), in the units the topology
+    file gives them, each rate with its efficiency: "NVLink 450 GB/s x 0.81 (NVLS 0.608) · 8
+    NICs of 400 Gb/s x 0.9, PCIe 64 GB/s · rail-optimised leaf-spine, 32 leaves, 16 spines,
+    1:1, x 0.9"; where NVLink is above the GPU's own rate, says so. "" where the summary has
+    none (an older summary.json)."""
+    net = hw.get("network")
+    if not net:
+        return ""
+    parts = []
+    if net.get("nvlink_GBps"):
+        nvlink = f"NVLink {net['nvlink_GBps']:g} GB/s x {net['nvlink_efficiency']:g}"
+        if net.get("nvls_efficiency"):
+            nvlink += f" (NVLS {net['nvls_efficiency']:.3g})"
+        if net.get("nvlink_above_gpu_GBps"):
+            nvlink += (f", above {hw['gpu']}'s own {net['nvlink_above_gpu_GBps']:g} GB/s a direction "
+                       "(node.nvlink.bw_GBps is in GB/s, not Gb/s)")
+        parts.append(nvlink)
+    if net.get("nics_per_node"):
+        k = net["nics_per_node"]
+        parts.append(f"{k} NIC{'s' if k != 1 else ''} of {net['nic_Gbps']:g} Gb/s x {net['nic_efficiency']:g}, "
+                     f"PCIe {net['pcie_GBps']:g} GB/s")
+    fab = net.get("fabric")
+    if fab:
+        shape = f"{fab['tiers']}-tier fat tree" if fab["kind"] == "fat_tree" else "leaf-spine"
+        leaves, spines = fab["leaves"], fab["spines"]
+        said = [("rail-optimised " if fab["rail_optimized"] else "") + shape,
+                f"{leaves:,} lea{'ves' if leaves != 1 else 'f'}",
+                *([f"{spines:,} spine{'s' if spines != 1 else ''}"] if spines else []), f"{fab['oversubscription']:g}:1"]
+        if fab.get("pod_oversubscription"):
+            said[-1] += f" ({fab['pod_oversubscription']:g}:1 above the pods)"
+        if fab["efficiency"] != 1:
+            said.append(f"x {fab['efficiency']:g}")
+        parts.append(", ".join(said))
+    return " · ".join(parts)
+
+
 def what_if_note(hw: dict[str, Any]) -> str:
     """" · what-if: n0.nic2-leaf0.2 x0.5 bandwidth, GPU 5 1.2x slower": the faults and
     stragglers (``hardware.what_if``), "" where none."""
@@ -451,6 +488,7 @@ def format_summary(s: dict[str, Any]) -> str:
         *( [printable(s["description"])] if s.get("description") else [] ),
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})"
         + printable(topology_changes_note(hw) + what_if_note(hw)),
+        *([f"{'network':<16}{printable(network_said(hw))}"] if network_said(hw) else []),
         *(f"{'':<16}{printable(c)}" for c in link_ceilings_said(hw)),
         f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
