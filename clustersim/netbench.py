@@ -22,6 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from .collectives.algorithms import ALGORITHMS
+from .engine.network import plan_phases
 from .engine.sim import Engine
 from .errors import ConfigError
 from .hardware.topology import build_cluster, load_topology_cfg
@@ -43,6 +44,7 @@ class Row:
     size_bytes: int
     algorithm: str
     time_s: float
+    bound: str = ""  # what sets the time alone (:func:`bound_by`)
 
     def algbw_Bps(self) -> float:
         return self.size_bytes / self.time_s
@@ -109,8 +111,42 @@ def benchmark(topology: str | Path, op: str, gpus: int, sizes: list[int], algori
         prog.add(rank=0, stream="c", name=op, kind="dp", comm=Comm(op, float(size), group, (), (0,), ("c", (0,), 0)))
         engine = Engine(prog, cluster, "flow", {op: algorithm})
         (span,) = engine.run().spans
-        rows.append(Row(size, engine.algorithm(prog.tasks[0].comm), span.dur_s))
+        comm = prog.tasks[0].comm
+        algo = engine.algorithm(comm)
+        rows.append(Row(size, algo, span.dur_s, bound_by(cluster, plan_phases(cluster, comm, algo), size)))
     return cluster, rows
+
+
+# how the table names a link kind (Cluster.edge_kind)
+LINK_NAMES = {"nvlink": "NVLink", "pcie": "PCIe", "nic": "NIC", "fabric": "fabric"}
+
+
+def bound_by(cluster, phases, size_bytes: float) -> str:
+    """What sets the time of a collective's ``phases`` alone: ``latency`` where their latency
+    rounds take longer than their bytes, else the kind of their busiest link, the one whose
+    bytes take the most time at its bandwidth::
+
+        busy(e) = sum over flows f of weight(f, e) x fraction(f) x S / bw(e)
+
+    (a pipeline's hops weigh their own share of its bytes). ``fabric`` says the switches above
+    the NICs bind: oversubscription, or ECMP hashing flows onto the same cables."""
+    bw, kinds = cluster.edge_bw_Bps, cluster.edge_kind
+    latency_s = busiest_s = 0.0
+    busiest = ""
+    for plan in phases:
+        busy: dict[int, float] = {}
+        for f, ws in zip(plan.fractions, plan.weights):
+            for e, w in ws:
+                busy[e] = busy.get(e, 0.0) + w * f * size_bytes / bw[e]
+        latency_s += plan.latency_s
+        if busy:
+            e = max(busy, key=lambda k: (busy[k], -k))
+            if busy[e] > busiest_s:
+                # a shared NIC's cable held to its one PCIe link (topology: cap_Bps) is PCIe-bound
+                cap = cluster.graph.edges[cluster.edges[e]].get("cap_Bps")
+                kind = "pcie" if cap is not None and bw[e] >= cap else kinds[e]
+                busiest_s, busiest = busy[e], LINK_NAMES.get(kind, kind)
+    return "latency" if latency_s >= busiest_s else busiest
 
 
 def _size_label(b: int) -> str:
@@ -129,14 +165,20 @@ def format_table(cluster, op: str, gpus: int, rows: list[Row], asked: str = "aut
     nodes = math.ceil(gpus / cluster.cfg.node.gpus)
     lines = [f"clustersim collective · {op} over {gpus} GPUs ({nodes} node{'s' if nodes > 1 else ''} of "
              f"{cluster.cfg.name}, {cluster.gpu.name})",
-             f"{'size':>10}  {'algorithm':<12} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+             f"{'size':>10}  {'algorithm':<12} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  bound by"]
     for r in rows:
         lines.append(f"{_size_label(r.size_bytes):>10}  {r.algorithm:<12} {r.time_s * 1e6:>11.1f} "
-                     f"{r.algbw_Bps() / 1e9:>13.1f} {r.busbw_Bps(op, gpus) / 1e9:>13.1f}")
+                     f"{r.algbw_Bps() / 1e9:>13.1f} {r.busbw_Bps(op, gpus) / 1e9:>13.1f}  {r.bound}".rstrip())
     ran = sorted({r.algorithm for r in rows} - {asked})
     if asked != "auto" and ran:
         lines.append(f"note: {asked} cannot run {op} over these {gpus} GPUs; {' and '.join(ran)} ran instead "
                      "(docs/reference.md, simulation.collectives)")
+    for kind, why in (("fabric", "the switches above the NICs: oversubscription, or ECMP hashing flows onto the same "
+                                 "cables (fabric.routing: destination spreads them; docs/network.md)"),
+                      ("PCIe", "PCIe between the GPUs and their NICs, below the NICs' rate (node.pcie_GBps)")):
+        bound = [_size_label(r.size_bytes) for r in rows if r.bound == kind]
+        if bound:
+            lines.append(f"note: {', '.join(bound)} {'is' if len(bound) == 1 else 'are'} bound by {why}")
     if topology_nodes is not None and nodes > topology_nodes:
         lines.append(f"note: the topology file describes {topology_nodes:,} node{'s' if topology_nodes != 1 else ''}; "
                      f"its fabric was grown to {nodes:,}, as a scenario's cluster.nodes grows it")

@@ -151,6 +151,35 @@ def test_nvls_tree_across_two_nodes_is_its_closed_form(root):
     assert ring.algorithm == "ring"
 
 
+def test_the_table_says_what_bounds_each_row(root, tmp_path):
+    """``bound by``: latency where the latency rounds outweigh the bytes, else the kind of the
+    busiest link; fabric- and PCIe-bound rows get a note. One DGX H100 node: 64 KiB latency,
+    8 GiB NVLink; an all-to-all over two nodes its NICs; a leaf-spine at 4:1 above its leaves
+    the fabric; 400 Gb/s NICs behind PCIe gen4 (32 GB/s) PCIe, a shared NIC's too."""
+    import yaml
+
+    from clustersim.netbench import format_table
+
+    def bound(topology, op, gpus, sizes, algo="auto"):
+        cluster, rows = benchmark(topology, op, gpus, sizes, algo)
+        return [r.bound for r in rows], format_table(cluster, op, gpus, rows, algo)
+
+    h100 = root / "topologies/dgx-h100.yaml"
+    assert bound(h100, "all_reduce", 8, [64 << 10, 8 * GiB])[0] == ["latency", "NVLink"]
+    assert bound(h100, "all_to_all", 16, [GiB])[0] == ["NIC"]
+    for name, topo in (("over.yaml", {"gpu": "H100", "nodes": 4, "node": {"pcie_GBps": 64},
+                                      "fabric": {"nodes_per_leaf": 2, "spines": 1, "oversubscription": 4}}),
+                       ("pcie.yaml", {"gpu": "A100", "nodes": 2, "node": {"nic": {"bw_Gbps": 400}, "pcie_GBps": 32}}),
+                       ("shared.yaml", {"gpu": "H100", "nodes": 2, "node": {"nics": 1, "nic": {"bw_Gbps": 800},
+                                                                            "pcie_GBps": 64}})):
+        (tmp_path / name).write_text(yaml.safe_dump(topo))
+    said, table = bound(tmp_path / "over.yaml", "all_gather", 32, [GiB], "ring")
+    assert said == ["fabric"] and "note: 1 GiB is bound by the switches above the NICs" in table
+    for name in ("pcie.yaml", "shared.yaml"):
+        said, table = bound(tmp_path / name, "all_gather", 16, [8 * GiB], "ring")
+        assert said == ["PCIe"] and table.splitlines()[-1].startswith("note: 8 GiB is bound by PCIe"), name
+
+
 def test_cross_node_all_to_all_is_nic_bound(root):
     """16 GPUs on 2 nodes: half of each GPU's buffer leaves the node through one NIC (PXN)."""
     _, (row,) = benchmark(root / "topologies/dgx-h100.yaml", "all_to_all", 16, [GiB])
@@ -208,7 +237,7 @@ def test_collective_command_prints_algbw_and_busbw(root):
     assert out.returncode == 0, out.stderr
     assert "algbw (GB/s)" in out.stdout and "busbw (GB/s)" in out.stdout
     last = out.stdout.strip().splitlines()[-1].split()
-    assert last[:2] == ["8", "GiB"] and float(last[-1]) == pytest.approx(231.6, rel=0.10)
+    assert last[:2] == ["8", "GiB"] and float(last[-2]) == pytest.approx(231.6, rel=0.10) and last[-1] == "NVLink"
 
 
 @pytest.mark.parametrize("args, words", [
