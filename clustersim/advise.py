@@ -72,6 +72,7 @@ class Option:
 
     name: str
     test: Callable[[dict[str, Any]], bool]
+    least_gpus: int = 1  # the fewest GPUs a plan of it takes (TP=8 with a pipeline or replicas: 16)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ def guide_rule(params: float, gpus: int, node_tp: int, moe: bool = False, long_s
 
 
 UP_TO_512 = "If you have up to 512 GPUs, use DP with TP=8 or PP. (ZeRO3 is inefficient)"
+SIZE_RULE = "For models with up to 100B parameters, use more than 8 GPUs"
 OVER_1024 = "If you have more than 1024 GPUs, use TP=8 with ZeRO2 and PP"
 
 
@@ -114,22 +116,23 @@ def _size_rule(params: float, gpus: int, node_tp: int) -> Rule:
     Llama-2 70B over 64 GPUs they disagree on ZeRO-3, which the search then settles; above
     100B the GPU-count rule alone (513-1,024 GPUs: both neighbours')."""
     t8 = node_tp
-    tp8_pp = Option(f"TP={t8} and PP", lambda v: v["tp"] == t8 and v["pp"] > 1)
+    tp8_pp = Option(f"TP={t8} and PP", lambda v: v["tp"] == t8 and v["pp"] > 1, 2 * t8)
     if params < 10e9 and gpus <= 8:
         return Rule(["For small models (< 10B parameters), use TP (TP=8) or ZeRO-3 with DP and Full recompute in 8 GPUs"],
                     (Option(f"TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1),
                      Option("ZeRO-3 with DP and full recompute",
                             lambda v: v["tp"] == 1 and v["pp"] == 1 and v["zero"] == 3 and v["recompute"] == "full")))
-    up_to_512 = (Option(f"DP with TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["dp"] > 1 and v["zero"] < 3),
-                 Option("DP with PP", lambda v: v["pp"] > 1 and v["dp"] > 1 and v["zero"] < 3))
-    over_1024 = (Option(f"TP={t8} with ZeRO2 and PP", lambda v: v["tp"] == t8 and v["pp"] > 1 and v["zero"] == 2),)
+    up_to_512 = (Option(f"DP with TP={t8}", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["dp"] > 1 and v["zero"] < 3,
+                        2 * t8),
+                 Option("DP with PP", lambda v: v["pp"] > 1 and v["dp"] > 1 and v["zero"] < 3, 4))
+    over_1024 = (Option(f"TP={t8} with ZeRO2 and PP", lambda v: v["tp"] == t8 and v["pp"] > 1 and v["zero"] == 2,
+                        2 * t8),)
     by_gpus = Rule([UP_TO_512], up_to_512) if gpus <= 512 else Rule([OVER_1024], over_1024) if gpus > 1024 else None
     if params <= 100e9:
-        size = Rule(["For models with up to 100B parameters, use more than 8 GPUs: TP=8 and PP, or TP=8 with DP+ZeRO3, "
-                     "or only ZeRO3"],
+        size = Rule([SIZE_RULE + ": TP=8 and PP, or TP=8 with DP+ZeRO3, or only ZeRO3"],
                     (tp8_pp,
                      Option(f"TP={t8} with DP+ZeRO3", lambda v: v["tp"] == t8 and v["pp"] == 1 and v["zero"] == 3
-                            and v["dp"] > 1),
+                            and v["dp"] > 1, 2 * t8),
                      Option("only ZeRO3", lambda v: v["tp"] == 1 and v["pp"] == 1 and v["zero"] == 3)))
         return size if by_gpus is None else Rule(size.says + by_gpus.says, size.options + by_gpus.options)
     if by_gpus is not None:
@@ -433,6 +436,7 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
         fit = [n for n in mine if by_number[n]["fits"]]
         unfit = sum(1 for r in ordered if r["status"] == "unfit" and opt.name in r["guide_options"])
         options.append({"option": opt.name, "best": fit[0] if fit else None, "plans": len(mine) + unfit,
+                        "least_gpus": opt.least_gpus,
                         "zero3_microbatches": _zero3_microbatches(by_number[fit[0]], par, tr, mbs, gbs, space)
                         if fit else None})
     return {"scenario": str(path), "params": params, "gpus": sc.mesh.world_size,
@@ -470,6 +474,8 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
              f"({advice['gpus_per_node']} a node)",
              f"{'the guide':<12}" + " + ".join(f'"{x}"' for x in advice["guide"])
              + (" (513 to 1,024 GPUs: no rule of its own; its neighbours')" if advice["guide"][:2] == [UP_TO_512, OVER_1024]
+                else f" (the case has {advice['gpus']:,} GPUs, not more than 8: the rule's options that need more "
+                     "cannot be run)" if advice["gpus"] <= 8 and any(x.startswith(SIZE_RULE) for x in advice["guide"])
                 else ""),
              f"{'searched':<12}{dims}; dp follows: {advice['shapes']:,} shapes"
              # (not every shape takes every setting: no ZeRO-3 with a pipeline, no ZeRO where nothing shards)
@@ -491,8 +497,10 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
     width = max(len(o["option"]) for o in advice["options"])
     for o in advice["options"]:
         if o["best"] is None:
-            lines.append(f"  {o['option']:<{width}}  none fits" if o["plans"] else f"  {o['option']:<{width}}  "
-                         "not among the plans simulated")
+            least = o.get("least_gpus", 1)
+            why = ("none fits" if o["plans"] else f"needs {least:,} GPUs or more, the case has {advice['gpus']:,}"
+                   if advice["gpus"] < least else "not among the plans simulated")
+            lines.append(f"  {o['option']:<{width}}  {why}")
             continue
         r = rows[o["best"]]
         gap = "" if best is None else (

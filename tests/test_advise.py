@@ -438,3 +438,26 @@ def test_a_zero3_option_says_its_microbatches_gather_again():
     assert _zero3_microbatches(row, {"zero3_keep_gathered": True}, {}, 1, 128, space) is None
     assert _zero3_microbatches({"changes": {**row["changes"], "training.global_batch_size": 256}}, {}, {}, 1, 128,
                                space) == 32
+
+
+def test_options_this_gpu_count_cannot_hold_are_said_so(root, tmp_path):
+    """On 8 GPUs a 13B model's rule ("use more than 8 GPUs") lists TP=8 with PP and with DP,
+    which need 16 GPUs: the options' lines say so, not "not among the plans simulated", and
+    the guide's line says the case has 8 GPUs; plans of TP=8 with several stages or replicas
+    need twice a node's GPUs (a node of 4: 8)."""
+    from clustersim.advise import format_advice
+
+    rule = guide_rule(13e9, 8, 8)
+    assert [o.least_gpus for o in rule.options] == [16, 16, 1, 16, 4]
+    assert [o.least_gpus for o in guide_rule(13e9, 8, 4).options][:2] == [8, 8]
+    d = read_yaml(root / SMALL, what="scenario")
+    d["cluster"]["topology"] = str(root / "topologies/dgx-h100.yaml")
+    d["model"].update(layers=40, hidden=5120, heads=40, ffn_hidden=13824)  # 13B
+    d["model"].pop("n_kv_heads", None)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    advice = run_advise(str(tmp_path / "s.yaml"), [("parallel.tp", [1, 2]), ("parallel.pp", [1, 2]),
+                                                   ("parallel.zero", [3]), ("training.recompute", ["full"])])
+    text = format_advice(advice)
+    assert "  TP=8 and PP         needs 16 GPUs or more, the case has 8" in text
+    assert "not among the plans simulated" not in text.split("the guide's options")[1].split("TP=8 with DP")[0]
+    assert "(the case has 8 GPUs, not more than 8" in text
