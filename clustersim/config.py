@@ -874,9 +874,10 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
         fail("parallel.vpp_group", f"vpp_group={p.vpp_group} is used by schedule interleaved only (schedule is "
                                    f"{p.schedule}); leave it out")
     if p.schedule in V_SCHEDULES and p.pp < 2:
-        instead = "zb-h1 or 1f1b" if p.schedule == "zbv" else "zb-h1"
+        # (not zb-h1: with one stage there is no bubble for its deferred W to fill, and holding
+        # every layer's W inputs to the end costs memory and delays the DP reductions)
         fail("parallel.schedule", f"{p.schedule} needs pp >= 2 pipeline ranks for its V; got pp={p.pp} (one rank "
-                                  f"runs both chunks as one stage: use {instead})")
+                                  f"runs both chunks as one stage: use 1f1b)")
     if p.schedule == "dualpipev" and m < 2 * p.pp:
         fail("parallel.schedule", f"dualpipev needs {m_is} at least 2*pp={2 * p.pp} (as the reference DualPipeV "
                                   f"asserts)")
