@@ -638,6 +638,7 @@ def cmd_validate(args) -> int:
     and says where no run of it can fit: a valid plan still, which ``run`` simulates."""
     from .api import memory_floor
     from .config import is_topology_data, load_scenario
+    from .hardware.gpus import lookup_gpu
     from .hardware.topology import load_topology_cfg
     from .output.summary import GiB, plan_dims
     from .yamlio import read_yaml
@@ -646,10 +647,11 @@ def cmd_validate(args) -> int:
     for path in args.scenarios:
         try:
             _given_scenario(path)
-            if is_topology_data(read_yaml(Path(path), what="scenario")):
+            # (either kind of file: an empty one is not yet either)
+            if is_topology_data(read_yaml(Path(path), what="scenario or topology")):
                 topo = load_topology_cfg(Path(path))
                 print(f"{path}: ok (topology: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
-                      f"{topo.node.gpus} {topo.gpu})", flush=True)
+                      f"{topo.node.gpus} {lookup_gpu(topo.gpu).name})", flush=True)  # (the catalogue's name, not an alias)
                 continue
             sc = load_scenario(path)
         except ConfigError as exc:
