@@ -543,11 +543,12 @@ def test_empty_paths_devices_and_symlink_loops_are_named_so(tmp_path, root):
     r = run_cli("run", "", cwd=tmp_path)
     one_line_exit_2(r, "error: command line: scenario: the scenario file's path is empty")
     r = run_cli("validate", "/dev/null")
-    one_line_exit_2(r, "error: /dev/null: this is a character device, not a regular file; give the scenario file")
+    one_line_exit_2(r, "error: /dev/null: this is a character device, not a regular file; give the scenario or "
+                       "topology file")
     loop = tmp_path / "loop"
     loop.symlink_to(tmp_path / "loop")
     r = run_cli("validate", loop)
-    one_line_exit_2(r, f"error: {loop}: this is a symlink loop; give the scenario file")
+    one_line_exit_2(r, f"error: {loop}: this is a symlink loop; give the scenario or topology file")
     d = yaml.safe_load(scenario.read_text())
     d["cluster"]["topology"] = str(loop)
     sc = tmp_path / "s.yaml"
