@@ -125,13 +125,13 @@ def test_auto_picks_the_fastest_applicable_algorithm_per_size(root):
 
 
 def test_nvls_tree_across_two_nodes_is_its_closed_form(root):
-    """NVLSTree over 2 DGX H100 nodes, 8 GiB: each GPU's loop through its switch carries S and
-    its channel's S/g to and from the trees, (1 + 1/g) S at NVLS's share of the line rate;
-    each node is a tree's root and the other's leaf, so a NIC carries S/g each way. 4 latency
-    rounds (NVLS up and down, the tree up and down). On 2 nodes NVLink binds: busbw
-    2 (n-1)/n S / T = 1.875 x 0.608 x 450 / 1.125 = 456 GB/s, where nccl-tests on 2 such
-    nodes report about 450-480; auto picks it over the hierarchical ring (its in-node rings
-    at 0.81 of the line rate carry 2 (g-1)/g S: 208 GB/s of algbw against 243)."""
+    """NVLSTree over 2 DGX H100 nodes, 8 GiB: each GPU's loop through its switch carries S up
+    and down at NVLS's share of the line rate, as NVLS's in one node (NCCL's two kernels move
+    the same over NVLink); each node is a tree's root and the other's leaf, so a NIC carries
+    S/g each way. 4 latency rounds (NVLS up and down, the tree up and down). On 2 nodes
+    NVLink binds: algbw 0.608 x 450 = 273.6 GB/s, one node's NVLS, busbw 1.875 x that = 513
+    GB/s; auto picks it over the hierarchical ring (its in-node rings at 0.81 of the line
+    rate carry 2 (g-1)/g S: 208 GB/s of algbw)."""
     from clustersim.collectives.algorithms import applicable
 
     n, g, size = 16, 8, 8 * GiB
@@ -139,7 +139,7 @@ def test_nvls_tree_across_two_nodes_is_its_closed_form(root):
     assert row.algorithm == "nvls_tree"
     nvls_Bps = 450e9 * cluster.nvls_efficiency
     alpha_s = max(cluster.path_latency_s(cluster.path(0, b)) for b in (1, 8))
-    want_s = 4 * alpha_s + max((1 + 1 / g) * size / nvls_Bps, size / g / NIC_Bps)
+    want_s = 4 * alpha_s + max(size / nvls_Bps, size / g / NIC_Bps)
     assert row.time_s == pytest.approx(want_s, rel=1e-6)
     _, (auto,) = benchmark(root / "topologies/dgx-h100.yaml", "all_reduce", n, [size], "auto")
     assert auto.algorithm == "nvls_tree"
@@ -149,6 +149,28 @@ def test_nvls_tree_across_two_nodes_is_its_closed_form(root):
     assert not applicable("all_reduce", "nvls_tree", tuple(range(16)), node_of, False)  # A100's switch
     a100, (ring,) = benchmark(root / "topologies/dgx-a100.yaml", "all_reduce", n, [size], "nvls_tree")
     assert ring.algorithm == "ring"
+
+
+def test_nvls_tree_s_links_carry_its_bytes(root):
+    """The bytes a step's NVLSTree all-reduces put on each link (summary ``links.by_kind``):
+    over 2 nodes each GPU's NVLink carries S each way, each NIC S/g, a ratio of g = 8. Its
+    NVLS loops move at NVLS's share of NVLink (a wire scale of 1.33) and its tree hops at the
+    NICs' own; made one pipeline, each hop's bytes are still counted at its own scale (they
+    were counted at the NICs', 12x instead of 8x)."""
+    import clustersim
+
+    from .conftest import scenario_dict
+
+    d = scenario_dict(training={"global_batch_size": 16})
+    d["cluster"].update(topology=str(root / "topologies/dgx-h100.yaml"), nodes=2)
+    d["parallel"].update(tp=1, pp=1, dp=16, zero=0)
+    d["simulation"] = {"collectives": {"all_reduce": "nvls_tree"}}
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    assert set(s["simulation"]["collective_algorithms"]["all_reduce"]) == {"nvls_tree"}
+    kinds = s["links"]["by_kind"]
+    per = {k: kinds[k]["bytes"] / kinds[k]["links"] for k in ("nvlink", "nic", "pcie")}
+    assert per["nvlink"] / per["nic"] == pytest.approx(8, rel=1e-9)
+    assert per["pcie"] == pytest.approx(per["nic"], rel=1e-9)
 
 
 def test_the_table_says_what_bounds_each_row(root, tmp_path):

@@ -45,11 +45,12 @@ def test_tp_inside_a_node_pp_across():
     tp_pp = step("llama3_8b_8gpu", 2, {"tp": 8, "pp": 2}, t, GPT_22B_8_LAYERS)
     tp16 = step("llama3_8b_8gpu", 2, {"tp": 16}, t, GPT_22B_8_LAYERS)
     assert tp16["step_time_s"] > 1.2 * tp_pp["step_time_s"]
-    assert tp16["exposed_comm_s"]["tp"] > 3 * tp_pp["exposed_comm_s"]["tp"]
+    # (across the two nodes TP16's all-reduces run NVLSTree: 2.8x TP8's exposure, 5.2x as trees)
+    assert tp16["exposed_comm_s"]["tp"] > 2.5 * tp_pp["exposed_comm_s"]["tp"]
     # TP8 x DP2: TP inside each node, or each TP group split 4 + 4 over the two (DP inside)
     inside = step("llama3_8b_8gpu", 2, {"tp": 8, "dp": 2, "zero": 1}, t, GPT_22B_8_LAYERS)
     split = step("llama3_8b_8gpu", 2, {"tp": 8, "dp": 2, "zero": 1, "order": "dp-tp-pp"}, t, GPT_22B_8_LAYERS)
-    assert split["exposed_comm_s"]["tp"] > 1.8 * inside["exposed_comm_s"]["tp"]
+    assert split["exposed_comm_s"]["tp"] > 1.6 * inside["exposed_comm_s"]["tp"]
     assert inside["step_time_s"] < split["step_time_s"]
     # with few tokens a step the once-a-step DP reduction outweighs TP's: there the split wins
     t8 = {"global_batch_size": 8, "recompute": "none"}

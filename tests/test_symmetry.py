@@ -927,7 +927,8 @@ def test_a_nic_cable_splits_every_gpu_it_reaches_where_that_fits(monkeypatch):
     the all-ranks numbers; split around node 7's touched GPUs alone, as where the reach is
     not asked or its split does not fit ``simulation.fabric_fault_split_ranks``, the step is
     not the all-ranks one (+0.09 %; more than 1 % short while the DP all-reduces across nodes
-    ran NCCL's Tree, before NVLSTree), and the summary says the reach was kept in the collapse."""
+    ran NCCL's Tree, before NVLSTree), its exposed PP time 2 % long, and the summary says the
+    reach was kept in the collapse."""
     from clustersim.engine import network
 
     sc = _clos_nic_half()
@@ -943,6 +944,7 @@ def test_a_nic_cable_splits_every_gpu_it_reaches_where_that_fits(monkeypatch):
     kept = clustersim.simulate(sc).summary
     assert kept["simulation"]["simulated_ranks"] == 20
     assert abs(kept["step_time_s"] / full["step_time_s"] - 1) > 5e-4
+    assert kept["exposed_comm_s"]["pp"] > 1.01 * full["exposed_comm_s"]["pp"]
     assert kept["simulation"]["fabric_faults"] == {"gpus": len(reached - sc.node_touched_gpus),
                                                    "kept_in_collapse": True, "split_ranks": 64, "split_up_to": 32,
                                                    "reach_asked": True}

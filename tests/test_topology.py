@@ -120,6 +120,7 @@ def _cluster(fabric: dict, nodes: int, node: dict | None = None, what_if=None, g
     (8, None, 90.0),  # a NIC a GPU: each GPU's own 64 GB/s edge caps its flows, not the NIC's cable
     (1, 0.5, 45.0),   # the cable at half its rate, below the PCIe link
     (1, 0.8, 64.0),   # 72 GB/s, still above it
+    (8, 0.5, 45.0),   # a NIC a GPU: its cable at 45 GB/s, below its GPU's own PCIe edge
 ])
 def test_a_shared_nic_is_capped_by_its_one_pcie_link(nics, what_if, nic_GBps):
     """A NIC that several GPUs share has one PCIe link to the host, below an 800 Gb/s NIC's
@@ -130,7 +131,9 @@ def test_a_shared_nic_is_capped_by_its_one_pcie_link(nics, what_if, nic_GBps):
     c = _cluster(fabric, 2, node, wi)
     for u, v in (("n0.nic0", "leaf0.0"), ("leaf0.0", "n0.nic0")):
         assert c.graph.edges[u, v]["bw_Bps"] == pytest.approx(nic_GBps * 1e9)
-    assert c.path_bw_Bps(c.path(0, 8)) == pytest.approx(nic_GBps * 1e9 if nics == 1 else 64e9)
+    assert c.path_bw_Bps(c.path(0, 8)) == pytest.approx(min(nic_GBps, 64.0) * 1e9)
+    # a cable its PCIe cap still holds changes nothing: no fault, its twins stay twins
+    assert bool(c.fault_cables) == (what_if is not None and (nics > 1 or nic_GBps < 64.0))
     from clustersim.hardware.topology import link_ceilings
     assert [x["link"] for x in link_ceilings(c.cfg)] == ["pcie"]
 

@@ -342,7 +342,7 @@ def test_the_network_line_echoes_the_links_as_read(root):
     cluster was built with, in the topology file's units, so that a rate typed in the wrong
     unit shows; an NVLink rate above the GPU's own (an H100's 450 GB/s typed as 3600, its
     Gb/s) is said to be so. One node: NVLink alone; one GPU: nothing."""
-    from clustersim.hardware.topology import load_topology_cfg, network_figures
+    from clustersim.hardware.topology import load_topology_cfg, network_figures, plan_fabric
     from clustersim.output.report import header_html
     from clustersim.output.summary import network_said
 
@@ -350,7 +350,7 @@ def test_the_network_line_echoes_the_links_as_read(root):
     assert net == {"nvlink_GBps": 450, "nvlink_efficiency": 0.81, "nvls_efficiency": pytest.approx(0.608, abs=5e-4),
                    "nvlink_above_gpu_GBps": None, "nics_per_node": 8, "nic_Gbps": 400, "nic_efficiency": 0.9,
                    "pcie_GBps": 64, "fabric": {"kind": "leaf_spine", "tiers": 2, "rail_optimized": True,
-                                               "leaves": 8, "spines": 16, "oversubscription": 1.0,
+                                               "leaves": 8, "spines": 16, "cores": 0, "oversubscription": 1.0,
                                                "pod_oversubscription": None, "efficiency": 0.9}}
     hw = {"gpu": "H100-SXM5-80GB", "network": net}
     assert network_said(hw) == ("NVLink 450 GB/s x 0.81 (NVLS 0.608) · 8 NICs of 400 Gb/s x 0.9, PCIe 64 GB/s · "
@@ -367,6 +367,15 @@ def test_the_network_line_echoes_the_links_as_read(root):
     assert network_said({"gpu": "H100", "network": one}) == "" and one["nvlink_GBps"] is None
     node = network_figures(load_topology_cfg(root / "topologies/dgx-a100.yaml", {"nodes": 1}, build=False))
     assert network_said({"gpu": "A100", "network": node}) == "NVLink 300 GB/s x 0.77"
+    # three tiers: the cores, and the oversubscription above the pods only where there are pods to join
+    ft = load_topology_cfg(root / "topologies/fat-tree.yaml", build=False)
+    plan = plan_fabric(ft)
+    net = network_figures(ft)["fabric"]
+    assert plan.pods > 1 and net["cores"] == plan.spines * plan.cores_per_plane > 0
+    cores = network_said({"gpu": "H100", "network": network_figures(ft)})
+    assert f"{net['cores']:,} cores" in cores
+    one_pod = network_figures(load_topology_cfg(root / "topologies/fat-tree.yaml", {"nodes": 8}, build=False))
+    assert one_pod["fabric"]["cores"] == 0 and one_pod["fabric"]["pod_oversubscription"] is None
 
 
 def test_the_projection_says_the_pue_it_counts():

@@ -25,10 +25,12 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
     nvls_tree     1 phase   NCCL's NVLSTree (2.18 and later), across nodes: NVLS inside each
                             node, and per member position l (a channel of S/g) the tree's two
                             binary trees over the nodes' position-l GPUs, which carry the
-                            node's reduced S/g to the other nodes and the result back; each
-                            GPU's loop through its switch carries S and the S/g its channel
-                            hands to and takes from the trees: (1 + 1/g) S up and down.
-                            2 + 2 depth latency rounds, pipelined as one.
+                            node's reduced S/g to the other nodes and the result back. Each
+                            GPU's loop through its switch is NVLS's, S up and S down: NCCL's
+                            NVLS and NVLSTree kernels scatter, reduce, broadcast and gather
+                            alike (the reduced S/g goes to the trees instead of back to the
+                            switch), and NVLS's calibrated share of the line rate covers what
+                            they move besides S. 2 + 2 depth latency rounds, pipelined as one.
     pxn           1 phase   all-to-all, every pair at once (collectives/ring.py), a transfer to
                             another rail forwarded over NVLink to the sender's node-mate on the
                             receiver's rail (NCCL's PXN, its default)
@@ -37,7 +39,7 @@ Sizes are fractions of the collective's buffer ``S`` (flows carry ``bytes * S``)
                             its experts are on (DeepEP; not an NCCL algorithm: the scenario's
                             ``model.moe.dispatcher`` picks it, :func:`deepep_flows`)
 
-Ring, tree, hierarchical and NVLS flows are pipelines (``Expansion.lockstep``): a chunk
+Ring, tree, hierarchical, NVLS and NVLSTree flows are pipelines (``Expansion.lockstep``): a chunk
 passes every hop in turn, so a pipeline's hops (a ring channel, one tree of a channel with
 its chains) move at its slowest hop's pace, as one flow crossing all their links; all-to-all
 pairs and sends move on their own.
@@ -186,11 +188,11 @@ def phases(op: str, algo: str, group: tuple[int, ...], node_of=None, route: tupl
     if algo == "nvls":  # the switch reduces what every GPU has sent before it multicasts
         return [Expansion(tuple((x, x, 1.0) for x in group), 2, lockstep=1)]
     if algo == "nvls_tree":
-        # each node's switch reduces its members' S; channel l's S/g of it goes down to the
-        # node's position-l GPU, through the trees and back up for the switch to multicast
+        # each node's switch reduces its members' S; channel l's S/g of it goes to the node's
+        # position-l GPU, through the trees and back for the switch to multicast
         nodes = _by_node(group, node_of)
         g = len(nodes[0])
-        flows = [(x, x, 1.0 + 1.0 / g) for x in group]
+        flows = [(x, x, 1.0) for x in group]
         for pos in range(g):
             for _, edges in _double_tree(nodes, pos, g):
                 flows += edges

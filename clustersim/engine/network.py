@@ -132,16 +132,18 @@ def _scaled(plan: FlowPlan, scale: float, scale_out: float | None = None) -> Flo
                        plan.__dict__.get("pairs"))
 
 
-def wire_scales(plan: FlowPlan, scale_out_mask: np.ndarray) -> float | np.ndarray:
-    """What each flow's fraction is over the bytes it puts on the wire: ``wire_scale``, or per
-    flow, where ``wire_scale_out`` is set, that for the flows crossing a scale-out link
-    (``scale_out_mask``, over the cluster's links) and ``wire_scale`` for the others."""
+def wire_scales(plan: FlowPlan, nvlink_mask: np.ndarray) -> float | np.ndarray:
+    """What a flow's fraction is over the bytes it puts on each link it crosses, per (flow,
+    link) pair in :attr:`FlowPlan.pairs` order: ``wire_scale``, or, where ``wire_scale_out``
+    is set, ``wire_scale`` on NVLink (``nvlink_mask``, over the cluster's links) and
+    ``wire_scale_out`` elsewhere. By link, not by flow: a pipeline made one flow
+    (:func:`_in_lockstep`) joins hops of both kinds (NVLSTree: its NVLS loops, at NVLS's
+    share of NVLink's rate, and its trees' hops over the NICs, at theirs); DeepEP's flows
+    are each of one kind (to a node-mate over NVLink, to another node over its NICs)."""
     if plan.wire_scale_out is None:
         return plan.wire_scale
-    sizes, edge, _ = plan.pairs
-    out = np.bincount(np.repeat(np.arange(len(sizes)), sizes), weights=scale_out_mask[edge].astype(np.float64),
-                      minlength=len(sizes)) > 0
-    return np.where(out, plan.wire_scale_out, plan.wire_scale)
+    _, edge, _ = plan.pairs
+    return np.where(nvlink_mask[edge], plan.wire_scale, plan.wire_scale_out)
 
 
 def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:

@@ -1079,8 +1079,8 @@ class Engine:
             frac = np.asarray(plan.fractions, dtype=np.float64)
             dur = frac * c.size_bytes / rates
             sizes, pair_edge, pair_w = whole.pairs
-            wire = frac / wire_scales(whole, self.cluster.scale_out_mask) * c.size_bytes
-            out.append((sizes, pair_edge, pair_w * np.repeat(wire, sizes), t0 + plan.latency_s, dur))
+            wire = pair_w * np.repeat(frac * c.size_bytes, sizes) / wire_scales(whole, self.cluster.nvlink_mask)
+            out.append((sizes, pair_edge, wire, t0 + plan.latency_s, dur))
             t0 += plan.latency_s + max(0.0, float(dur.max()) if len(dur) else 0.0)
         return out
 
@@ -1190,8 +1190,7 @@ class Engine:
             # every (flow, link) pair in plan order, added one after the other (np.add.at is
             # unbuffered: the same sums, in the same order, as a loop over the pairs)
             sizes, pair_edge, pair_w = whole.pairs
-            scales = wire_scales(whole, self.cluster.scale_out_mask)
-            per_pair = scales if np.isscalar(scales) else np.repeat(scales, sizes)
+            per_pair = wire_scales(whole, self.cluster.nvlink_mask)
             np.add.at(total, pair_edge, pair_w / per_pair * np.repeat(moved, sizes))
         edges, bw = self.cluster.edges, self.cluster.edge_bw_Bps
         used = np.flatnonzero(total).tolist()
@@ -1231,11 +1230,13 @@ class Engine:
                 mine[k] = None
                 continue
             x = np.zeros((len(whole.weights), len(cols)))
-            scales = np.broadcast_to(wire_scales(whole, self.cluster.scale_out_mask), (len(whole.weights),))
+            scales = np.broadcast_to(wire_scales(whole, self.cluster.nvlink_mask), (len(whole.pairs[1]),))
+            at = 0  # (the pairs, flow after flow, as the weights list them)
             for i, ws in enumerate(whole.weights):
                 for e, w in ws:
                     if e in chosen:
-                        x[i, cols.index(e)] = w / scales[i]
+                        x[i, cols.index(e)] = w / scales[at]
+                    at += 1
             mine[k] = (cols, x)
         # transfers timed in the network, plan by plan (_rate_segments); each link's segments
         # in the order the transfers finished

@@ -140,9 +140,8 @@ class FabricCfg(Strict):
 
     @pydantic.model_validator(mode="after")
     def _fields_of_kind(self):
-        if self.kind == "none":
-            return self
-        # given: not null (a dumped config, whose every field is written, reloads)
+        # given: not null (a dumped config, whose every field is written, reloads); kind none
+        # reads none of them
         for name, kind in _KIND_ONLY.items():
             if getattr(self, name) is not None and kind != self.kind:
                 raise ValueError(f"fabric.{name} is read by kind {kind} only (kind is {self.kind}); "
@@ -150,7 +149,8 @@ class FabricCfg(Strict):
         if self.kind == "fat_tree" and self.tiers == 2:
             for name in ("pod_oversubscription", "leaves_per_pod"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f"fabric.{name} is read by a 3-tier fat tree only (tiers is 2)")
+                    raise ValueError(f"fabric.{name} is read by a 3-tier fat tree only (tiers is 2); "
+                                     "leave it out or set it to null")
         return self
 
 
@@ -481,11 +481,12 @@ def network_figures(cfg: TopologyCfg) -> dict:
                pcie_GBps=n.pcie_GBps)
     out["fabric"] = {"kind": fab.kind, "tiers": 2 if fab.kind == "leaf_spine" else fab.tiers,
                      "rail_optimized": fab.rail_optimized, "leaves": plan.leaves,
-                     # (no spine is built above a single leaf)
+                     # (no spine is built above a single leaf, no core above a single pod)
                      "spines": plan.spines * (plan.pods or 1) if plan.leaves > 1 else 0,
+                     "cores": plan.spines * plan.cores_per_plane if plan.pods > 1 else 0,
                      "oversubscription": fab.oversubscription,
-                     "pod_oversubscription": fab.pod_oversubscription if fab.kind == "fat_tree" and fab.tiers == 3
-                     else None, "efficiency": fab.efficiency}
+                     "pod_oversubscription": fab.pod_oversubscription if plan.pods > 1 else None,
+                     "efficiency": fab.efficiency}
     return out
 
 
@@ -598,6 +599,11 @@ class Cluster:
         picks spines per flow; a ToR without rails takes several nodes' NICs):
         engine.sim.Engine._meetings."""
         return np.array([k in ("fabric", "nic") for k in self.edge_kind], dtype=bool)
+
+    @cached_property
+    def nvlink_mask(self) -> np.ndarray:
+        """Per link (in ``edges`` order), whether it is an NVLink (a GPU's link to its NVSwitch)."""
+        return np.array([k == "nvlink" for k in self.edge_kind], dtype=bool)
 
     @cached_property
     def tuner_sees(self) -> list[bool]:
@@ -1309,11 +1315,13 @@ def _apply_what_if(cluster: Cluster, i: int, w: WhatIfCfg, reach: _Reach | None)
         cluster.gpu_slowdown[w.gpu] = cluster.gpu_slowdown.get(w.gpu, 1.0) * w.slowdown
     elif w.link is not None:
         u, v = _cable(cluster, w.link, where, "link")
+        changed = False
         for a, b in ((u, v), (v, u)):
             e = g.edges[a, b]
             e["line_bw_Bps"] *= w.bw_factor
-            e["bw_Bps"] = _capped(e["line_bw_Bps"] * e["efficiency"], e.get("cap_Bps"))
-        if w.bw_factor != 1.0:
+            was, e["bw_Bps"] = e["bw_Bps"], _capped(e["line_bw_Bps"] * e["efficiency"], e.get("cap_Bps"))
+            changed |= e["bw_Bps"] != was
+        if changed:  # (a factor of 1, or a cable its PCIe cap still holds: its twins stay its twins)
             _mark_fault(cluster, u, v)
     elif w.remove_link is not None:
         u, v = _cable(cluster, w.remove_link, where, "remove_link")

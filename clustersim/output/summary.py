@@ -176,10 +176,11 @@ def network_said(hw: dict[str, Any]) -> str:
     fab = net.get("fabric")
     if fab:
         shape = f"{fab['tiers']}-tier fat tree" if fab["kind"] == "fat_tree" else "leaf-spine"
-        leaves, spines = fab["leaves"], fab["spines"]
+        leaves, spines, cores = fab["leaves"], fab["spines"], fab.get("cores") or 0
         said = [("rail-optimised " if fab["rail_optimized"] else "") + shape,
                 f"{leaves:,} lea{'ves' if leaves != 1 else 'f'}",
-                *([f"{spines:,} spine{'s' if spines != 1 else ''}"] if spines else []), f"{fab['oversubscription']:g}:1"]
+                *([f"{spines:,} spine{'s' if spines != 1 else ''}"] if spines else []),
+                *([f"{cores:,} core{'s' if cores != 1 else ''}"] if cores else []), f"{fab['oversubscription']:g}:1"]
         if fab.get("pod_oversubscription"):
             said[-1] += f" ({fab['pod_oversubscription']:g}:1 above the pods)"
         if fab["efficiency"] != 1:
