@@ -547,8 +547,9 @@ def close_call(best: dict[str, Any], turning: list[dict[str, Any]]) -> str:
     """Where the verdict's steps are exact but a plan of ``turning`` (as :func:`verdict_doubt`
     reads it) gives less than CLOSE_LEAD fewer tokens/s than the best plan: the nearest such
     plan, that a lead so small is less than what the simulation leaves out may move
-    (docs/metrics.md: kernel launches, the framework; published steps 4-21 % longer than
-    simulated), and both plans' peak memory, what else may choose between them. "" otherwise."""
+    (docs/metrics.md: one GEMM efficiency for every shape, no launches or framework; published
+    A100 steps 4-21 % longer than simulated, H100 FP8 runs more), and both plans' peak memory,
+    what else may choose between them. "" otherwise."""
     from .output.summary import CLOSE_LEAD, GiB
 
     close = [r for r in turning if _gap(best, r) < CLOSE_LEAD]

@@ -1,7 +1,11 @@
 """Against published measurements (the papers cited at each table below), before calibration.
 
-Tolerances are what the uncalibrated model meets today; the calibration work tightens them.
-Nothing here is tuned to these rows: efficiencies come from GEMM/STREAM/nccl-tests figures.
+Each band is an accuracy bound either way of the published figure (within a factor of 1.2 of
+it, say), not the model's present bias: clustersim is optimistic on every row today (one GEMM
+efficiency for every shape, no framework overhead: docs/metrics.md), and a model nearer the
+published figures, or past them by as much, passes. The docs' tables, which the tests below
+hold to the live simulation, give each row's ratio. Nothing here is tuned to these rows:
+efficiencies come from GEMM/STREAM/nccl-tests figures.
 """
 
 from __future__ import annotations
@@ -15,6 +19,12 @@ import clustersim
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
+
+
+def within(ratio: float, factor: float) -> bool:
+    """Whether ``ratio`` (published over simulated, or the other way) is within ``factor`` of 1
+    either way."""
+    return 1 / factor < ratio < factor
 
 
 @pytest.mark.parametrize("variant,published_s", [("full", 1.42), ("seqsel", 1.10)])
@@ -75,7 +85,7 @@ def test_korthikanti_table5_step_times(row, full_s, seqsel_s):
     selective recompute: simulated 7-18 % faster than published (the rows with full recompute
     closer), and SP + selective recompute saving about what it saved them."""
     full, seqsel = korthikanti_step(row, "full"), korthikanti_step(row, "seqsel")
-    assert 1.0 < full_s / full < 1.2 and 1.0 < seqsel_s / seqsel < 1.25
+    assert within(full_s / full, 1.2) and within(seqsel_s / seqsel, 1.25)
     assert full / seqsel == pytest.approx(full_s / seqsel_s, rel=0.06)
 
 
@@ -122,12 +132,12 @@ def korthikanti_layer_ms(variant: str) -> tuple[float, float]:
 
 @pytest.mark.parametrize("variant", list(KORTHIKANTI_LAYER_MS))
 def test_korthikanti_22b_layer_times(variant):
-    """Table 4's layer of the 22B model, five variants: each forward and backward 10-16 %
-    faster than published, so what a variant adds or saves is near the paper's (full
+    """Table 4's layer of the 22B model, five variants: each forward and backward 10-14 %
+    faster than published (within a factor of 1.2), so what a variant adds or saves is near the paper's (full
     recompute adds 6.9 ms to the backward against its 7.6; SP saves 0.5 ms of the forward)."""
     _, fwd_ms, bwd_ms = KORTHIKANTI_LAYER_MS[variant]
     f, b = korthikanti_layer_ms(variant)
-    assert 1.05 < fwd_ms / f < 1.2 and 1.05 < bwd_ms / b < 1.2
+    assert within(fwd_ms / f, 1.2) and within(bwd_ms / b, 1.2)
     base_f, base_b = korthikanti_layer_ms("no recompute")
     assert b - base_b == pytest.approx(bwd_ms - 11.9, abs=1.0) and f - base_f == pytest.approx(fwd_ms - 7.7, abs=0.2)
 
@@ -151,7 +161,7 @@ def test_deepseek_v3_pretraining_throughput():
     s = clustersim.simulate(path).summary
     published = 1e12 / (180e3 * 3600)
     ratio = s["tokens_per_s"] / s["world_size"] / published
-    assert 1.0 < ratio < 1.6
+    assert within(ratio, 1.6)
     d = yaml.safe_load(path.read_text())
     d["model"]["moe"].update(dispatcher="alltoall")
     nccl = clustersim.simulate(clustersim.load_scenario(d, base_dir=path.parent)).summary
@@ -237,10 +247,10 @@ def narayanan_row(i: int, overlap_grad_reduce: bool = False) -> tuple[float, flo
 def test_narayanan_table1_weak_scaling(i):
     """Every row of Table 1, from 1.7B on 32 GPUs to 1T on 3,072, against its published TFLOP/s:
     the paper's formula over the simulated step is the simulated executed FLOPs (the summary's
-    hardware TFLOP/s) and 4-17 % above the paper's, as clustersim models no framework overhead
-    (Korthikanti et al.'s 22B above: 13-17 %)."""
+    hardware TFLOP/s) and 4-17 % above the paper's (within a factor of 1.25), most of it inside
+    each layer (Korthikanti et al.'s 22B above: 13-17 %; docs/metrics.md)."""
     tflops, _ = narayanan_row(i)
-    assert 1.0 < tflops / NARAYANAN_TABLE1[i][-1] < 1.25
+    assert within(tflops / NARAYANAN_TABLE1[i][-1], 1.25)
 
 
 def test_narayanan_table1_in_the_docs():
@@ -312,7 +322,7 @@ def test_megatron_bridge_h100_fp8_rows(i):
     s = megatron_bridge_row(i)
     per_token = s["model_flops_per_step"] / s["tokens_per_step"]
     assert tokens * per_token / 1e12 == pytest.approx(tflops, rel=3e-3)
-    assert 1.1 < s["tokens_per_s"] / s["world_size"] / tokens < 1.6
+    assert within(s["tokens_per_s"] / s["world_size"] / tokens, 1.6)
 
 
 def test_megatron_bridge_h100_fp8_rows_in_the_docs():
