@@ -130,7 +130,7 @@ def bound_by(cluster, phases, size_bytes: float) -> str:
 
     (a pipeline's hops weigh their own share of its bytes). ``fabric`` says the switches above
     the NICs bind: oversubscription, or ECMP hashing flows onto the same cables."""
-    bw, kinds = cluster.edge_bw_Bps, cluster.edge_kind
+    bw = cluster.edge_bw_Bps
     latency_s = busiest_s = 0.0
     busiest = ""
     for plan in phases:
@@ -142,9 +142,7 @@ def bound_by(cluster, phases, size_bytes: float) -> str:
         if busy:
             e = max(busy, key=lambda k: (busy[k], -k))
             if busy[e] > busiest_s:
-                # a shared NIC's cable held to its one PCIe link (topology: cap_Bps) is PCIe-bound
-                cap = cluster.graph.edges[cluster.edges[e]].get("cap_Bps")
-                kind = "pcie" if cap is not None and bw[e] >= cap else kinds[e]
+                kind = cluster.binding_kind(e)  # (a shared NIC's cable held to its PCIe: pcie)
                 busiest_s, busiest = busy[e], LINK_NAMES.get(kind, kind)
     return "latency" if latency_s >= busiest_s else busiest
 

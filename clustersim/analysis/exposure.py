@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..collectives.algorithms import at_nvls_share
 from ..floats import sum_left
 from ..program.tasks import Comm, Program, Task
 from ..trace import Trace, first_and_inverse, stable_argsort
@@ -225,12 +226,8 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
     u, v = cluster.edges[e]
     # NVLS moves at its own share of the NVLink rate, which busy_s is worked out at: the rate
     # shown is that share, so that the traffic over it is busy_s
-    edge = cluster.graph.edges[u, v]
-    kind = edge.get("kind", "")
-    if "cap_Bps" in edge and cluster.edge_bw_Bps[e] >= edge["cap_Bps"]:
-        kind = "pcie"  # (a shared NIC's cable held to its one PCIe link: topology's cap_Bps)
-    nvls = algo == "nvls" or (algo == "nvls_tree" and kind == "nvlink")  # (NVLSTree: its loops alone)
-    bw_Bps = cluster.edge_bw_Bps[e] / (cluster.nvls_wire_scale if nvls else 1.0)
+    kind = cluster.binding_kind(e)  # (a shared NIC's cable held to its one PCIe link: pcie)
+    bw_Bps = cluster.edge_bw_Bps[e] / (cluster.nvls_wire_scale if at_nvls_share(algo, kind) else 1.0)
     info["bottleneck"] = {"link": f"{u}->{v}", "kind": kind,
                           "bw_Bps": bw_Bps, "busy_s": loads[e][0], "flows": loads[e][1]}
     crosses: dict[tuple, bool] = {}

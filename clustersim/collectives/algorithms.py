@@ -81,6 +81,13 @@ DEEPEP = "deepep"
 DEEPEP_NVLINK_SHARE = 153 * 7 / 8 / 160
 
 
+def at_nvls_share(algo: str, link_kind: str) -> bool:
+    """Whether ``algo``'s traffic on a link of ``link_kind`` moves at NVLS's own share of the
+    NVLink rate (its wire scale): every link of NVLS's, NVLSTree's NVLink links (its loops;
+    its trees' hops move at the NICs' own)."""
+    return algo == "nvls" or (algo == "nvls_tree" and link_kind == "nvlink")
+
+
 def _by_node(group: tuple[int, ...], node_of) -> list[list[int]]:
     nodes: dict[int, list[int]] = {}
     for g in group:

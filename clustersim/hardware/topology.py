@@ -460,6 +460,12 @@ def link_ceilings(cfg: TopologyCfg) -> list[dict] | None:
     return out or None
 
 
+def nvls_share(node: NodeCfg, gpu: GpuSpec) -> float | None:
+    """The share of the NVLink line rate NVLS sustains: the topology's
+    ``node.nvlink.nvls_efficiency``, else the GPU catalogue's (None: no NVLS)."""
+    return node.nvlink.nvls_efficiency or gpu.nvls_efficiency
+
+
 def network_figures(cfg: TopologyCfg) -> dict:
     """The link figures the cluster was built with, as the outputs echo them (so that a rate
     typed in the wrong unit shows): NVLink's line rate (GB/s per direction, the GPU
@@ -471,7 +477,7 @@ def network_figures(cfg: TopologyCfg) -> dict:
     own = gpu.nvlink_bw_Bps / 1e9
     nvlink = (n.nvlink.bw_GBps or own) if n.gpus > 1 else None
     out: dict = {"nvlink_GBps": nvlink, "nvlink_efficiency": n.nvlink.efficiency if nvlink else None,
-                 "nvls_efficiency": (n.nvlink.nvls_efficiency or gpu.nvls_efficiency) if nvlink else None,
+                 "nvls_efficiency": nvls_share(n, gpu) if nvlink else None,
                  "nvlink_above_gpu_GBps": own if nvlink and nvlink > own * (1 + 1e-9) else None,
                  "nics_per_node": None, "nic_Gbps": None, "nic_efficiency": None, "pcie_GBps": None, "fabric": None}
     plan = plan_fabric(cfg) if cfg.nodes > 1 else None
@@ -530,9 +536,8 @@ class Cluster:
 
     @property
     def nvls_efficiency(self) -> float | None:
-        """The share of the NVLink line rate NVLS sustains: the topology's
-        ``node.nvlink.nvls_efficiency``, else the GPU catalogue's (None: no NVLS)."""
-        return self.cfg.node.nvlink.nvls_efficiency or self.gpu.nvls_efficiency
+        """The share of the NVLink line rate NVLS sustains (:func:`nvls_share`)."""
+        return nvls_share(self.cfg.node, self.gpu)
 
     @property
     def nvls_wire_scale(self) -> float:
@@ -590,6 +595,13 @@ class Cluster:
         """Each link's kind ("nvlink", "pcie", "nic", "fabric"; "" where unset), in ``edges``
         order (the graph's own order, which ``edges`` lists)."""
         return self._edge_data[2]
+
+    def binding_kind(self, e: int) -> str:
+        """The kind of link ``e`` as what binds a transfer on it: its own (:attr:`edge_kind`),
+        but ``pcie`` for the cable of a NIC several GPUs share where its one PCIe link holds it
+        below the NIC's rate (its ``cap_Bps``)."""
+        cap = self.graph.edges[self.edges[e]].get("cap_Bps")
+        return "pcie" if cap is not None and self.edge_bw_Bps[e] >= cap else self.edge_kind[e]
 
     @cached_property
     def scale_out_mask(self) -> np.ndarray:

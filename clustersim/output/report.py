@@ -1469,6 +1469,8 @@ def stages_html(summary: dict[str, Any]) -> str:
 
 def causes_html(summary: dict[str, Any]) -> str:
     """The collectives with the most exposed time, the link that bounded each, what shared it."""
+    from ..collectives.algorithms import at_nvls_share  # (the engine's rule, not imported with the page)
+
     causes = summary.get("exposed_comm_causes") or []
     if not causes:
         return ""
@@ -1476,8 +1478,7 @@ def causes_html(summary: dict[str, Any]) -> str:
     rows = []
     for c in causes:
         bn = c.get("bottleneck")
-        nvls = c.get("algorithm") == "nvls" or (c.get("algorithm") == "nvls_tree" and bn and bn["kind"] == "nvlink")
-        share = " NVLS sustains" if nvls else ""  # (bottleneck.bw_Bps: its share)
+        share = " NVLS sustains" if bn and at_nvls_share(c.get("algorithm", ""), bn["kind"]) else ""  # (its bw_Bps)
         link = f'{e(bn["link"])} ({e(bn["kind"])}, {bn["bw_Bps"] / 1e9:.0f} GB/s{share})' if bn else ""
         if c.get("alone"):
             shared = "nothing (alone on its links)"
