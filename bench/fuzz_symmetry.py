@@ -88,6 +88,9 @@ def draw(rng: random.Random) -> dict:
     if cp > 1:
         parallel["cp_comm"] = rng.choice(["ring", "all_gather"])
         parallel["cp_load_balance"] = rng.random() < 0.6
+        if parallel["cp_comm"] == "all_gather" and model["seq_len"] == 2048 and parallel["cp_load_balance"] \
+                and (16 // tp) % cp == 0:  # all-to-all CP for some (no draw: seeds keep their streams)
+            parallel["cp_comm"] = "all_to_all"
     eps = _divisors(dp, (2, 4, 8))
     if eps and rng.random() < 0.35:
         ep = rng.choice(eps)

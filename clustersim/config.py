@@ -90,7 +90,10 @@ class ParallelCfg(Strict):
         "reduces them after its last backward, each part's in one bucket (under ZeRO-2, after each, in buckets), as "
         "Megatron-LM does without that flag")
     cp: int = pydantic.Field(default=1, ge=1, description="context parallelism: ranks that split each sequence")
-    cp_comm: Literal["ring", "all_gather"] = "ring"
+    cp_comm: Literal["ring", "all_gather", "all_to_all"] = pydantic.Field(
+        default="ring", description="how attention sees the other CP ranks' tokens: ring (ring attention), "
+        "all_gather (Llama 3's K/V all-gather) or all_to_all (DeepSpeed-Ulysses, Megatron-LM's --cp-comm-type a2a: "
+        "heads traded for tokens)")
     cp_load_balance: bool = True
 
     @property
@@ -643,8 +646,20 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if m.seq_len % chunks:
             how = f"2*cp = {chunks} chunks (cp_load_balance)" if p.cp_load_balance else f"cp={p.cp} chunks"
             fail("parallel.cp", f"model.seq_len={m.seq_len} does not split into {how}")
-        if t.attention != "flash":
-            fail("parallel.cp", "context parallelism runs blockwise (flash) attention; set training.attention: flash")
+        if t.attention != "flash" and p.cp_comm != "all_to_all":
+            fail("parallel.cp", f"cp_comm {p.cp_comm} runs blockwise (flash) attention; set training.attention: "
+                                f"flash (all_to_all attends whole sequences and runs either)")
+        if p.cp_comm == "all_to_all":
+            # each rank attends heads/cp of the heads TP leaves it (Transformer Engine asserts
+            # both head counts divisible by the CP size)
+            for field, heads in (("heads", m.heads), ("kv_heads", m.n_kv_heads)):
+                if (heads // p.tp) % p.cp:
+                    fail("parallel.cp", f"cp_comm all_to_all gives each of the cp={p.cp} ranks a share of the "
+                                        f"model.{field}={heads} / tp={p.tp} = {heads // p.tp} heads each TP rank "
+                                        f"holds; cp does not divide them")
+            if not p.cp_load_balance:
+                fail("parallel.cp_load_balance", "false changes nothing under cp_comm all_to_all: every rank "
+                                                 "attends the whole sequence for its heads; drop it")
     if p.sp and p.tp == 1:
         fail("parallel.sp", "sequence parallelism splits TP's replicated work; it needs tp > 1")
     if p.tp_comm_overlap and not p.sp:

@@ -36,7 +36,14 @@ for cp, cp_comm, balance, zero, schedule in itertools.product(
     tp = 4 // cp
     PLANS.append(dict(tp=tp, pp=2, dp=2, cp=cp, cp_comm=cp_comm, cp_load_balance=balance, sp=tp > 1 and zero == 1,
                       zero=zero, recompute="full" if zero == 3 else "none", schedule=schedule))
-for ep, cp_comm in itertools.product([2, 4], ["ring", "all_gather"]):
+# all-to-all CP (Ulysses; balanced only: an unbalanced split changes nothing and is refused)
+for cp, zero, schedule in itertools.product([2, 4], [0, 1, 3], ["1f1b", "zb-h1", "interleaved", "zbv"]):
+    if schedule != "1f1b" and zero != 1:
+        continue
+    tp = 4 // cp
+    PLANS.append(dict(tp=tp, pp=2, dp=2, cp=cp, cp_comm="all_to_all", sp=tp > 1 and zero == 1, zero=zero,
+                      recompute={0: "selective", 1: "none", 3: "full"}[zero], schedule=schedule))
+for ep, cp_comm in itertools.product([2, 4], ["ring", "all_gather", "all_to_all"]):
     PLANS.append(dict(tp=1, pp=2, dp=4, cp=2, cp_comm=cp_comm, sp=False, zero=1, recompute="none", schedule="1f1b",
                       ep=ep, moe=True))
 
@@ -45,7 +52,7 @@ for schedule, recompute, zero in [("1f1b", "full", 3), ("gpipe", "selective", 1)
                                   ("zb-h1", "full", 1), ("dualpipe", "none", 0)]:
     PLANS.append(dict(tp=4, pp=2, dp=2, sp=True, tp_comm_overlap=True, zero=zero, recompute=recompute,
                       schedule=schedule))
-for cp_comm in ("ring", "all_gather"):
+for cp_comm in ("ring", "all_gather", "all_to_all"):
     PLANS.append(dict(tp=2, pp=2, dp=2, cp=2, cp_comm=cp_comm, sp=True, tp_comm_overlap=True, zero=1,
                       recompute="none", schedule="zb-h1"))
 PLANS.append(dict(tp=2, pp=2, dp=4, sp=True, tp_comm_overlap=True, zero=1, recompute="none", schedule="1f1b", ep=2,
@@ -114,7 +121,9 @@ for schedule, zero, more in [
         ("1f1b", 3, dict(sp=True)), ("interleaved", 1, {}), ("zb-h1", 2, dict(tp=2, dp=2, cp=2)),
         ("zbv", 0, dict(tp=2, dp=4)), ("gpipe", 1, dict(sp=True, recompute="selective",
                                                          recompute_modules=["mla_up_proj", "layernorm"])),
-        ("dualpipe", 1, dict(tp=1, dp=8, ep=4, moe=True, deepep="deepep"))]:
+        ("dualpipe", 1, dict(tp=1, dp=8, ep=4, moe=True, deepep="deepep")),
+        ("1f1b", 1, dict(tp=2, dp=2, cp=2, cp_comm="all_to_all", recompute="selective",
+                         recompute_modules=["core_attn", "mla_up_proj"]))]:
     PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule=schedule, mla=True), **more})
 
 # multi-token prediction: each schedule family, ZeRO-3, recompute, SP, CP and experts

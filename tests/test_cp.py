@@ -1,4 +1,4 @@
-"""Context parallelism: the ring and all-gather variants against their closed forms."""
+"""Context parallelism: the ring, all-gather and all-to-all variants against their closed forms."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_attention_shares_follow_the_causal_mask(cp):
     assert cp_attention_shares(cp, 0, False) == [1 / cp] + [0.0] * (cp - 1)
 
 
-@pytest.mark.parametrize("cp_comm", ["ring", "all_gather"])
+@pytest.mark.parametrize("cp_comm", ["ring", "all_gather", "all_to_all"])
 def test_cp_conserves_the_work_of_the_step(root, cp_comm):
     """Splitting sequences over cp ranks instead of batches over dp ranks moves no FLOPs:
     (tp 2, cp 2, dp 2) and (tp 2, cp 1, dp 4) execute the same model FLOPs in total."""
@@ -81,6 +81,66 @@ def test_all_gather_bytes_per_layer(root):
                                    ("B", "reduce_scatter"): n * cp * kv})
 
 
+def _a2a_bytes(sc) -> tuple[float, float]:
+    """(Q, K, V; context) of one rank's s/cp tokens for the heads one TP rank holds, 16-bit."""
+    m, p = sc.model, sc.parallel
+    tok = sc.training.micro_batch_size * m.seq_len / p.cp
+    return 2 * tok * (m.heads + 2 * m.n_kv_heads) * m.head_dim / p.tp, 2 * tok * m.heads * m.head_dim / p.tp
+
+
+@pytest.mark.parametrize("model", [{}, {"kv_heads": 4}])
+def test_all_to_all_bytes_per_layer(root, model):
+    """All-to-all CP (Ulysses): forward trades Q, K, V for heads, then the context back;
+    backward trades the output with its gradient, then dQ, dK, dV back."""
+    sc = _sc(root, model, cp_comm="all_to_all")
+    prog, low = lower(sc)
+    qkv, ctx = _a2a_bytes(sc)
+    r = low.sym.ranks[0]
+    by_op: dict = {}
+    for t in prog.tasks:
+        if t.rank == r and t.kind == "cp":
+            assert len(t.comm.group) == sc.parallel.cp
+            by_op[(t.phase, t.comm.op)] = by_op.get((t.phase, t.comm.op), 0.0) + t.comm.size_bytes
+    n = sc.layers_per_part[0] * sc.microbatches
+    assert by_op == pytest.approx({("F", "all_to_all"): n * (qkv + ctx), ("B", "all_to_all"): n * (2 * ctx + qkv)})
+
+
+def test_all_to_all_attention_is_whole_for_heads_over_cp(root):
+    """Each rank attends all s tokens for heads/(tp cp) heads: the core attention of TP over
+    tp*cp ranks without CP, and the same FLOPs as the ring's cp steps together."""
+    a2a, ring = _sc(root, cp_comm="all_to_all"), _sc(root)
+    m, b, t, cp = a2a.model, 1, a2a.parallel.tp, a2a.parallel.cp
+    whole = next(o for o in tf.attn_block_fwd(m, b, t * cp, True) if o.name == "core_attn")
+    # QK^T and PV, 4 s^2 d a head, of which the causal half
+    assert whole.flops == pytest.approx(4 * b * m.heads / (t * cp) * SEQ * SEQ * m.head_dim / 2)
+
+    def attention_flops(sc):
+        prog, low = lower(sc)
+        r = low.sym.ranks[0]
+        return sum(t.flops for t in prog.tasks if t.rank == r and t.kind == "compute" and "attn" in t.name)
+
+    assert attention_flops(a2a) == pytest.approx(attention_flops(ring), rel=1e-12)
+
+
+def test_all_to_all_inside_a_node_takes_its_closed_form(root):
+    """CP8 inside one A100 node, no other traffic: every all-to-all sends (cp-1)/cp of its
+    buffer through the GPU's NVLink at the topology's rate, after one latency round, and
+    blocks; the step's CP time is the sum of those."""
+    d = scenario_dict(cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 1},
+                      model={"seq_len": SEQ, "layers": 2},
+                      parallel={"tp": 1, "pp": 1, "dp": 1, "cp": 8, "cp_comm": "all_to_all"},
+                      training={"global_batch_size": 2, "attention": "flash"})
+    sc = clustersim.load_scenario(d, base_dir=root)
+    res = clustersim.simulate(sc)
+    qkv, ctx = _a2a_bytes(sc)
+    bw, hop_s = 300e9 * 0.77, 1.5e-6  # dgx-a100.yaml's NVLink
+    moved = sc.model.layers * sc.microbatches * (2 * qkv + 3 * ctx) * 7 / 8
+    per_a2a_s = 2 * hop_s  # GPU -> NVSwitch -> GPU
+    expected = moved / bw + 4 * sc.model.layers * sc.microbatches * per_a2a_s
+    assert res.summary["comm_s"]["cp"] == pytest.approx(expected, rel=1e-6)
+    assert res.summary["exposed_comm_s"]["cp"] == pytest.approx(expected, rel=1e-6)  # blocking
+
+
 def test_ring_hides_its_shifts_under_attention(root):
     """At 8K tokens each ring step's attention outlasts the K/V shift on NVLink: only the last
     dK/dV hop of each layer's backward is exposed."""
@@ -110,7 +170,7 @@ def test_unbalanced_cp_is_slower_by_the_causal_skew(root):
 
 
 @pytest.mark.parametrize("parallel", [
-    {"cp_comm": "ring"}, {"cp_comm": "all_gather"}, {"cp_load_balance": False},
+    {"cp_comm": "ring"}, {"cp_comm": "all_gather"}, {"cp_comm": "all_to_all"}, {"cp_load_balance": False},
     {"tp": 1, "cp": 4, "zero": 3}, {"tp": 1, "cp": 4, "zero": 1, "schedule": "zb-h1"},
 ])
 def test_collapsed_equals_every_rank(root, parallel):
@@ -146,7 +206,9 @@ def test_activations_split_by_cp(root):
 
 @pytest.mark.parametrize("parallel, training, message", [
     ({"cp": 3}, {}, "parallel: tp\\*cp\\*pp\\*dp = 2\\*3\\*2\\*2 = 24 does not equal the world size 16"),
-    ({"cp": 2, "tp": 2}, {"attention": "standard"}, "parallel.cp: .*flash"),
+    ({"cp": 2, "tp": 2}, {"attention": "standard"}, "parallel.cp: cp_comm ring runs blockwise .*flash"),
+    ({"cp": 2, "tp": 2, "cp_comm": "all_to_all", "cp_load_balance": False}, {},
+     "parallel.cp_load_balance: false changes nothing under cp_comm all_to_all"),
 ])
 def test_bad_cp_plans_say_why(root, parallel, training, message):
     d = scenario_dict(model={"seq_len": SEQ}, parallel={"tp": 2, "pp": 2, "dp": 2, **parallel},
@@ -162,3 +224,27 @@ def test_seq_len_must_split_into_2cp_chunks(root):
         clustersim.load_scenario(d, base_dir=root)
     d["parallel"]["cp_load_balance"] = False
     clustersim.load_scenario(d, base_dir=root)  # 2 contiguous chunks of 4095 are fine
+
+
+@pytest.mark.parametrize("model, tp, cp, field, held", [
+    ({"heads": 8}, 4, 4, "heads", 2),  # 8/4 = 2 heads a TP rank, over 4 CP ranks
+    ({"heads": 16, "kv_heads": 4}, 2, 4, "kv_heads", 2),
+])
+def test_all_to_all_needs_cp_to_divide_the_heads(root, model, tp, cp, field, held):
+    d = scenario_dict(model={"seq_len": SEQ, **model}, parallel={"tp": tp, "pp": 1, "dp": 16 // (tp * cp), "cp": cp,
+                                                                  "cp_comm": "all_to_all"},
+                      training={"global_batch_size": 8})
+    with pytest.raises(ConfigError, match=f"parallel.cp: .*model.{field}=.* = {held} heads each TP rank holds; "
+                                          f"cp does not divide them"):
+        clustersim.load_scenario(d, base_dir=root)
+
+
+def test_all_to_all_runs_standard_attention_too(root):
+    """Ulysses attends whole sequences, so any attention kernel serves (ring and all-gather CP
+    need flash's blockwise one); standard attention executes the whole square."""
+    d = scenario_dict(model={"seq_len": SEQ}, parallel={"tp": 2, "pp": 2, "dp": 2, "cp": 2, "cp_comm": "all_to_all"},
+                      training={"global_batch_size": 8, "attention": "standard"})
+    std = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    flash = clustersim.simulate(_sc(root, cp_comm="all_to_all")).summary
+    assert std["model_flops_per_step"] == pytest.approx(flash["model_flops_per_step"], rel=1e-12)
+    assert std["hardware_flops_per_step"] > flash["hardware_flops_per_step"]

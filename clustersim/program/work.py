@@ -442,6 +442,16 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
 
         compute  [qkv]          [attn + proj]            backward  [attn + proj]          [qkv]
         cp            [AG K/V]                           cp   [AG K/V]            [RS dK/dV]
+
+    ``cp_comm: all_to_all`` (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-LM's
+    ``--cp-comm-type a2a``, Transformer Engine's ``AttnFuncWithCPAndQKVOA2A``): an all-to-all
+    trades the rank's s/cp tokens of every local head for all s tokens of heads/cp of them,
+    attention runs whole on those heads, and another all-to-all trades the context back; the
+    backward rearranges the saved output with its gradient, and dQ, dK, dV back
+    (:func:`cp_all_to_all_bytes`)::
+
+        compute  [qkv]          [attn]          [proj]    backward  [proj]            [attn]          [qkv]
+        cp            [A2A QKV]       [A2A ctx]           cp              [A2A O, dO]       [A2A dQKV]
     """
     m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
     b, sp = sc.training.micro_batch_size, sc.parallel.sp
@@ -466,6 +476,17 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
                              overlap=() if last else shift_grad,
                              post=(CommItem("shift", kv_bytes, dim="cp"),) if last else ()))
         fwd.append(_Spec("attn proj", out, post=f_post))
+    elif sc.parallel.cp_comm == "all_to_all":
+        # every rank attends the whole sequence for heads/cp heads: TP's attention over t*cp
+        # ranks (config checks cp divides the heads and K/V heads TP leaves)
+        core = next(op for op in tf.attn_block_fwd(m, b, t * cp, flash) if op.name == "core_attn")
+        qkv_bytes, ctx_bytes = cp_all_to_all_bytes(sc)
+        fwd[0] = replace(fwd[0], post=(CommItem("all_to_all", qkv_bytes, dim="cp", label="attn QKV"),))
+        fwd += [_Spec("attn core", [core], post=(CommItem("all_to_all", ctx_bytes, dim="cp", label="attn context"),)),
+                _Spec("attn proj", out, post=f_post)]
+        bwd = [replace(bwd[0], post=(CommItem("all_to_all", 2 * ctx_bytes, dim="cp", label="attn context and grad"),)),
+               _Spec("attn core", tf.block_bwd([core], flash),
+                     post=(CommItem("all_to_all", qkv_bytes, dim="cp", label="attn QKV grads"),))]
     else:
         whole = cp * kv_bytes
         core = _scaled(core, sum_left(shares))
@@ -480,11 +501,28 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
 def cp_transient_bytes(sc: Scenario) -> float:
     """Buffers CP holds while one layer's attention runs: ring, K/V and dK/dV being received
     and sent (2 x 2 chunks); all-gather, the gathered K/V and the dK/dV before their
-    reduce-scatter (2 x cp chunks)."""
+    reduce-scatter (2 x cp chunks); all-to-all, the backward's rearranged output and its
+    gradient beside dQ, dK, dV in both layouts (2 (QKV + context))."""
     cp = sc.parallel.cp
     if cp == 1:
         return 0.0
+    if sc.parallel.cp_comm == "all_to_all":
+        return 2 * sum_left(cp_all_to_all_bytes(sc))
     return (4 if sc.parallel.cp_comm == "ring" else 2 * cp) * _cp_kv_bytes(sc)
+
+
+def cp_all_to_all_bytes(sc: Scenario) -> tuple[float, float]:
+    """(QKV, context): what a rank hands to all-to-all CP's two all-to-alls of one layer's
+    forward, one microbatch, one TP rank: its s/cp tokens' queries, keys and values of the
+    heads TP leaves it, and their context, 16-bit; (cp-1)/cp of each leaves the rank::
+
+        QKV      = 2 b (s/cp) (heads q_dim + kv_width) / t     kv_width = 2 kv_heads d (MLA: heads (d_qk + d_v))
+        context  = 2 b (s/cp) heads v_dim / t
+    """
+    m, t = sc.model, sc.parallel.tp
+    tok = sc.training.micro_batch_size * m.seq_len / sc.parallel.cp
+    return (tf.ELEM_BYTES * tok * (m.heads * m.qk_dim + tf.kv_width(m)) / t,
+            tf.ELEM_BYTES * tok * m.heads * m.v_dim / t)
 
 
 def _cp_kv_bytes(sc: Scenario) -> float:
