@@ -596,6 +596,9 @@ def cmd_schedule(args) -> int:
             flag = "--vpp" if args.vpp is not None else "--vpp-group"
             raise ConfigError(f"{flag} is used by --schedule interleaved only (schedule is custom: the file gives "
                               "each rank's stages and order)", source=src)
+        if args.combined:
+            raise ConfigError("--combined pairs the forwards and backwards of 1f1b or interleaved (schedule is custom: "
+                              "the file marks its own overlapped chunks with &)", source=src)
         path = given_file(args.file, what="schedule", source=src, field="--file")
         text = read_schedule_file(path, src, "--file")  # as a scenario's: UTF-8, at most 2 MiB
         try:
@@ -616,6 +619,11 @@ def cmd_schedule(args) -> int:
         opts = {"v": args.vpp} if args.vpp is not None and args.schedule == "interleaved" else {}
         if args.vpp_group is not None:
             opts["group"] = args.vpp_group
+        if args.combined:
+            if args.schedule not in ("1f1b", "interleaved"):
+                raise ConfigError(f"--combined pairs the forwards and backwards of 1f1b or interleaved (schedule is "
+                                  f"{args.schedule})", source=src)
+            opts["combined"] = True
         v = chunks_per_rank(args.schedule, args.vpp)
         passes = args.pp * args.microbatches * max(v, 1)
         if passes > MAX_STAGE_PASSES:  # as a scenario's (config): the grid is built whole before it is printed
@@ -845,6 +853,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="interleaved: microbatches each chunk runs before the next (default --pp; from --pp to "
                           "--microbatches, as Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage)")
     sch.add_argument("--file", help="a custom schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
+    sch.add_argument("--combined", action="store_true",
+                     help="1f1b or interleaved: combined 1F1B, each steady forward with the backward after it as "
+                          "one overlapped chunk (parallel.ep_comm_overlap)")
     sch.set_defaults(func=cmd_schedule)
 
     val = sub.add_parser("validate", help="check scenario (or topology) files without simulating")

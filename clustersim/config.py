@@ -68,6 +68,10 @@ class ParallelCfg(Strict):
     tp_comm_overlap: bool = pydantic.Field(
         default=False, description="SP's all-gathers and reduce-scatters pipelined with the GEMMs beside them, "
         "chunk by chunk (Megatron-LM's --tp-comm-overlap, Transformer Engine's userbuffers); needs sp")
+    ep_comm_overlap: bool = pydantic.Field(
+        default=False, description="combined 1F1B (Megatron-LM's --overlap-moe-expert-parallel-comm): each steady-"
+        "state forward runs with the backward after it as one overlapped chunk, one's expert all-to-alls under the "
+        "other's compute; needs ep > 1 and, with pp > 1, schedule interleaved")
     ep: int = pydantic.Field(default=1, ge=1, description="expert parallelism, carved out of dp (and cp, and, "
                              "with etp below tp, the TP ranks the experts leave)")
     etp: int | None = pydantic.Field(
@@ -441,6 +445,8 @@ class Scenario:
                 raise ScheduleError("schedule custom needs the text of parallel.schedule_file")
             return build_schedule(CUSTOM, p.pp, self.microbatches, text=self.schedule_text)
         opts = {"v": p.vpp, "group": p.vpp_group} if p.schedule == "interleaved" else {}
+        if p.ep_comm_overlap:  # (checked: interleaved, or 1f1b at pp=1)
+            opts["combined"] = True
         return build_schedule(p.schedule, p.pp, self.microbatches, **opts)
 
     def check_schedule(self) -> None:
@@ -649,6 +655,11 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if t.attention != "flash" and p.cp_comm != "all_to_all":
             fail("parallel.cp", f"cp_comm {p.cp_comm} runs blockwise (flash) attention; set training.attention: "
                                 f"flash (all_to_all attends whole sequences and runs either)")
+        if p.cp_comm != "ring" and m.mla is not None and m.qk_dim != m.v_dim:
+            # (Transformer Engine's attn_forward_func_with_cp asserts it: keys wider than values)
+            fail("parallel.cp_comm", f"{p.cp_comm} context parallelism does not run latent attention, whose keys "
+                                     f"({m.qk_dim} wide a head) are wider than its values ({m.v_dim}): Transformer "
+                                     f"Engine runs it with ring CP only; set cp_comm: ring")
         if p.cp_comm == "all_to_all":
             # each rank attends heads/cp of the heads TP leaves it (Transformer Engine asserts
             # both head counts divisible by the CP size)
@@ -788,6 +799,34 @@ def _check_deepep(cfg: ScenarioCfg, gpus_per_node: int, fail: Callable[[str, str
                                             f"each rank's experts in one group or whole groups on a rank")
 
 
+def _check_ep_comm_overlap(cfg: ScenarioCfg, fail: Callable[[str, str], None]) -> None:
+    """Combined 1F1B where Megatron-LM runs it (``TransformerConfig``'s checks of
+    ``overlap_moe_expert_parallel_comm``): experts over an EP group, interleaving where there is
+    a pipeline (its combined schedules are the interleaved one and the one without a
+    pipeline), and no recompute that runs a layer's dispatch again (full recompute, or the
+    ``moe`` module)."""
+    p, t, moe = cfg.parallel, cfg.training, cfg.model.moe
+    if moe is None or p.ep == 1:
+        fail("parallel.ep_comm_overlap", "overlaps the expert all-to-alls of one microbatch with another's compute; "
+             + ("the model has no experts (model.moe)" if moe is None else "with parallel.ep=1 there are none: "
+                "set ep > 1") + " or drop the setting")
+    if p.pp > 1 and p.schedule != "interleaved":
+        fail("parallel.ep_comm_overlap", f"with pp={p.pp} Megatron-LM combines forwards and backwards in the "
+                                         f"interleaved schedule only (schedule is {p.schedule}): set schedule: "
+                                         f"interleaved" + (" (dualpipe and dualpipev overlap their own chunks)"
+                                                           if p.schedule in ("dualpipe", "dualpipev") else ""))
+    if p.pp == 1 and p.schedule != "1f1b":
+        fail("parallel.ep_comm_overlap", f"without a pipeline the combined schedule is 1f1b's (schedule is "
+                                         f"{p.schedule})")
+    if t.recompute == "full":
+        fail("parallel.ep_comm_overlap", "does not go with training.recompute: full, which runs each layer's "
+                                         "dispatch again inside its backward (Megatron-LM refuses the pair); use "
+                                         "selective recompute")
+    if t.recompute == "selective" and "moe" in (t.recompute_modules or ()):
+        fail("parallel.ep_comm_overlap", "does not go with the moe module in training.recompute_modules, which runs "
+                                         "the dispatch again (Megatron-LM refuses the pair)")
+
+
 def _check_recompute_modules(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str], None]) -> None:
     """``recompute_modules`` only with ``recompute: selective``, each module one the model has."""
     if t.recompute_modules is None:
@@ -902,6 +941,8 @@ def _check_schedule_options(cfg: ScenarioCfg, source: str) -> None:
         if m % 2 or m < 2 * p.pp:
             fail("parallel.schedule", f"dualpipe needs {m_is} even and at least 2*pp={2 * p.pp} (half per "
                                       f"direction, at least pp each)")
+    if p.ep_comm_overlap:
+        _check_ep_comm_overlap(cfg, fail)
     if p.schedule == CUSTOM and p.schedule_file is None:
         fail("parallel.schedule_file", "schedule custom needs parallel.schedule_file: a file with one row of "
                                        "actions per pipeline rank (see docs/reference.md)")

@@ -148,6 +148,20 @@ def test_schedule_grid_of_every_schedule_and_a_custom_file(root):
                                                   "stage passes; clustersim takes at most 65,536\n")
 
 
+def test_schedule_grid_combined():
+    """--combined prints combined 1F1B's chunks (the backward marked &) and is refused where the
+    schedule has no steady 1F1B pairs to combine."""
+    r = run_cli("schedule", "--pp", 1, "-m", 4, "--combined")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "rank 0  | 0F0  0F1  &0B0 0F2  &0B1 0F3  &0B2 0B3\n"
+    r = run_cli("schedule", "--pp", 4, "-m", 8, "--schedule", "interleaved", "--combined")
+    assert r.returncode == 0 and r.stdout.count("&") == sum(
+        8 * 2 - min(2 * (4 - k - 1) + 4 + 1, 16) for k in range(4)), r.stderr  # the steady pairs
+    bad = run_cli("schedule", "--pp", 4, "-m", 8, "--schedule", "zb-h1", "--combined")
+    assert bad.returncode == 2 and bad.stderr == ("error: command line: --combined pairs the forwards and backwards "
+                                                  "of 1f1b or interleaved (schedule is zb-h1)\n")
+
+
 BAD = [
     # (what, change to the scenario dict, expected field, expected words)
     ("world size", {"parallel": {"tp": 4, "pp": 2, "dp": 4}}, "parallel", "does not equal the world size 16"),

@@ -122,9 +122,17 @@ for schedule, zero, more in [
         ("zbv", 0, dict(tp=2, dp=4)), ("gpipe", 1, dict(sp=True, recompute="selective",
                                                          recompute_modules=["mla_up_proj", "layernorm"])),
         ("dualpipe", 1, dict(tp=1, dp=8, ep=4, moe=True, deepep="deepep")),
-        ("1f1b", 1, dict(tp=2, dp=2, cp=2, cp_comm="all_to_all", recompute="selective",
-                         recompute_modules=["core_attn", "mla_up_proj"]))]:
+        ("1f1b", 1, dict(tp=2, dp=2, cp=2, recompute="selective", recompute_modules=["core_attn", "mla_up_proj"]))]:
     PLANS.append({**dict(tp=4, pp=2, dp=2, zero=zero, recompute="none", schedule=schedule, mla=True), **more})
+
+# combined 1F1B (ep_comm_overlap): without a pipeline and interleaved, ZeRO 0-3, selective
+# recompute, TP with SP, DeepEP, latent attention, multi-token prediction, CP
+for schedule, zero, more in [
+        ("1f1b", 1, dict(pp=1, dp=16)), ("interleaved", 0, {}), ("interleaved", 3, dict(recompute="selective")),
+        ("interleaved", 1, dict(tp=2, dp=4, sp=True)), ("1f1b", 2, dict(pp=1, dp=16, deepep="deepep")),
+        ("interleaved", 1, dict(mla=True)), ("interleaved", 2, dict(mtp=True)), ("interleaved", 1, dict(cp=2, dp=4))]:
+    PLANS.append({**dict(tp=1, pp=2, dp=8, ep=4, zero=zero, recompute="none", schedule=schedule, moe=True,
+                         ep_comm_overlap=True), **more})
 
 # multi-token prediction: each schedule family, ZeRO-3, recompute, SP, CP and experts
 for schedule, zero, more in [

@@ -248,3 +248,21 @@ def test_all_to_all_runs_standard_attention_too(root):
     flash = clustersim.simulate(_sc(root, cp_comm="all_to_all")).summary
     assert std["model_flops_per_step"] == pytest.approx(flash["model_flops_per_step"], rel=1e-12)
     assert std["hardware_flops_per_step"] > flash["hardware_flops_per_step"]
+
+
+@pytest.mark.parametrize("cp_comm", ["all_gather", "all_to_all"])
+def test_latent_attention_runs_ring_cp_only(root, cp_comm):
+    """Transformer Engine refuses all-gather and all-to-all CP where keys are wider than values
+    (MLA's 96 + 32 against 128 here would pass; DeepSeek's 128 + 64 against 128 not)."""
+    mla = {"q_lora_rank": 384, "kv_lora_rank": 128, "qk_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+    d = scenario_dict(model={"seq_len": SEQ, "bias": False, "mla": mla},
+                      parallel={"tp": 2, "pp": 2, "dp": 2, "cp": 2, "cp_comm": cp_comm},
+                      training={"global_batch_size": 8, "attention": "flash"})
+    with pytest.raises(ConfigError, match=f"parallel.cp_comm: {cp_comm} context parallelism does not run latent "
+                                          "attention, whose keys \\(192 wide a head\\) are wider than its values "
+                                          "\\(128\\)"):
+        clustersim.load_scenario(d, base_dir=root)
+    d["parallel"]["cp_comm"] = "ring"
+    clustersim.load_scenario(d, base_dir=root)
+    d["parallel"]["cp_comm"], d["model"]["mla"] = cp_comm, {**mla, "qk_head_dim": 96, "qk_rope_head_dim": 32}
+    clustersim.load_scenario(d, base_dir=root)  # keys as wide as values

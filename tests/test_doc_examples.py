@@ -312,6 +312,50 @@ def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
     assert not ep8["memory"]["fits"] and ep16["memory"]["fits"] and not bare["memory"]["fits"]
 
 
+def _ulysses_and_combined_figures() -> dict[str, str]:
+    """The figures docs/parallelism.md quotes for all-to-all CP and combined 1F1B, formatted
+    as it quotes them (placeholder name -> text)."""
+    import clustersim
+
+    tp1 = {"tp": 1, "sp": False, "dp": 4, "zero": 1}
+    cp = {c: clustersim.simulate(_scenario("long_context_cp_128k.yaml", parallel={**tp1, "cp_comm": c},
+                                           training={"recompute": "full"})).summary
+          for c in ("ring", "all_to_all", "all_gather")}
+    assert all(s["memory"]["fits"] for s in cp.values())
+    sel = {"recompute": "selective"}
+    plain, comb = (clustersim.simulate(_scenario("moe_1024gpu.yaml", parallel={"ep_comm_overlap": o},
+                                                 training=sel)).summary for o in (False, True))
+    out = {}
+    for key, c in (("RING", "ring"), ("A2A", "all_to_all"), ("AG", "all_gather")):
+        out[f"{key}_STEP"] = f"{cp[c]['step_time_s']:.2f}"
+        out[f"{key}_CP"] = f"{cp[c]['exposed_comm_s']['cp']:.3f}"
+    for key, s in (("PLAIN", plain), ("COMB", comb)):
+        out[f"{key}_STEP"] = f"{s['step_time_s']:.2f}"
+        out[f"{key}_EP"] = f"{s['exposed_comm_s']['ep']:.2f}"
+        out[f"{key}_GIB"] = f"{_peak_gib(s):.1f}"
+        assert not s["memory"]["fits"]
+    return out
+
+
+ULYSSES_AND_COMBINED = (
+    "ring RING_STEP s (`cp` exposed RING_CP s), all-to-all A2A_STEP s (A2A_CP s), all-gather AG_STEP s (AG_CP s)",
+    "the step takes PLAIN_STEP s, PLAIN_EP s of it exposed EP all-to-alls; combined, COMB_STEP s and COMB_EP s, "
+    "at COMB_GIB GiB a GPU against PLAIN_GIB (one more microbatch in flight)",
+)
+
+
+def test_the_ulysses_and_combined_1f1b_figures_of_parallelism_md():
+    """docs/parallelism.md's all-to-all CP comparison (Llama-3 8B at 128K tokens, TP1 x CP8 x
+    DP4) and combined 1F1B on moe_1024gpu's plan with selective recompute, simulated now."""
+    figures = _ulysses_and_combined_figures()
+    quoted = []
+    for q in ULYSSES_AND_COMBINED:
+        for k in sorted(figures, key=len, reverse=True):
+            q = q.replace(k, figures[k])
+        quoted.append(q)
+    _quoted_in_parallelism_md(quoted)
+
+
 def test_the_expert_tensor_parallel_table_of_parallelism_md():
     """docs/parallelism.md's "Expert tensor parallelism" table and prose, simulated now: each
     row's step, exposed EP and TP time and peak, and the nodes an EP group spans."""

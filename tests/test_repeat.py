@@ -139,8 +139,11 @@ def assert_same_step(whole, copied, links: bool = True) -> None:
     {"parallel": {"schedule": "dualpipe"}, "training": {"global_batch_size": 360 * 4}},
     {"model": {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
      "parallel": {"schedule": "dualpipe", "ep": 2, "zero": 1, "sp": True}, "training": {"global_batch_size": 360 * 4}},
+    # combined 1F1B: interleaving's steady forwards and backwards paired into F&B chunks
+    {"model": {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
+     "parallel": {"schedule": "interleaved", "vpp": 2, "ep": 2, "sp": True, "ep_comm_overlap": True}},
 ], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1", "zbv", "dualpipev-moe",
-        "interleaved-groups", "dualpipe", "dualpipe-moe"])
+        "interleaved-groups", "dualpipe", "dualpipe-moe", "interleaved-combined-moe"])
 def test_the_copied_cycle_gives_the_step_simulated_whole(over):
     whole, copied = both(plan(**over))
     assert_same_step(whole, copied, links=over.get("simulation", {}).get("network") != "ideal")

@@ -120,6 +120,8 @@ COLLAPSE = [
     ("cp-all-to-all", 8, {"tp": 2, "cp": 4, "pp": 2, "dp": 4, "cp_comm": "all_to_all"}, {}),
     ("moe-ep4", 8, {"tp": 1, "pp": 2, "dp": 32, "ep": 4}, {"moe": True}),
     ("moe-ep4-sp", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, {"moe": True}),  # TP gathers the dispatch
+    ("moe-ep4-combined", 8, {"tp": 1, "pp": 4, "dp": 16, "ep": 4, "schedule": "interleaved", "vpp": 2,
+                             "ep_comm_overlap": True}, {"moe": True}),
     ("moe-ep4-strided-cp2", 8, {"tp": 2, "cp": 2, "pp": 2, "dp": 8, "ep": 4, "sp": True, "order": "tp-cp-dp-ep-pp"},
      {"moe": True}),
     ("recompute-full", 8, {"tp": 4, "pp": 2, "dp": 8, "order": "tp-pp-dp"}, {"training": {"recompute": "full"}}),

@@ -235,16 +235,18 @@ def schedule_part(p: dict[str, Any], sep: str) -> str:
     """``sep`` and the schedule's label, or "" for plain 1F1B without a pipeline (gradient
     accumulation over microbatches; another schedule on one stage still orders them, as GPipe
     keeps every microbatch's activations)."""
-    if p.get("pp", 1) == 1 and p.get("schedule") == "1f1b":
+    if p.get("pp", 1) == 1 and p.get("schedule") == "1f1b" and not p.get("ep_comm_overlap"):
         return ""
     return sep + schedule_label(p)
 
 
 def schedule_label(p: dict[str, Any]) -> str:
     """The schedule as the plan lines name it: ``interleaved v2``, with its microbatch group
-    where it is not pp (``interleaved v2 (groups of 6)``)."""
+    where it is not pp (``interleaved v2 (groups of 6)``), and ``combined`` where forwards and
+    backwards pair into overlapped chunks (``parallel.ep_comm_overlap``)."""
     return (f"{p['schedule']}" + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "")
-            + (f" (groups of {p['vpp_group']})" if p.get("vpp_group") not in (None, p.get("pp")) else ""))
+            + (f" (groups of {p['vpp_group']})" if p.get("vpp_group") not in (None, p.get("pp")) else "")
+            + (" combined" if p.get("ep_comm_overlap") else ""))
 
 
 def plan_line(s: dict[str, Any]) -> str:

@@ -40,18 +40,27 @@ def gpipe(p: int, m: int) -> PipelineSchedule:
     return make_schedule("gpipe", rows)
 
 
-def one_f_one_b(p: int, m: int) -> PipelineSchedule:
-    """1F1B (PipeDream-Flush): p-s-1 warm-up forwards, then alternate, then drain backwards."""
+def one_f_one_b(p: int, m: int, combined: bool = False) -> PipelineSchedule:
+    """1F1B (PipeDream-Flush): p-s-1 warm-up forwards, then alternate, then drain backwards.
+
+    ``combined`` (Megatron-LM's combined 1F1B, ``--overlap-moe-expert-parallel-comm``; its
+    ``combined_1f1b_schedule_for_no_pipelining`` at p = 1): one more warm-up forward, and each
+    steady-state forward runs with the backward after it as one overlapped chunk, where one
+    microbatch's all-to-alls hide under the other's compute (its
+    ``combined_forward_backward_step``); warm-up and cool-down run alone::
+
+        p = 1, m = 4    F0 [F1 & B0] [F2 & B1] [F3 & B2] B3
+    """
     _check_pm("1f1b", p, m)
-    rows = []
+    rows, pairs = [], []
     for s in range(p):
-        warm = min(p - s - 1, m)
+        warm = min(p - s - 1 + combined, m)
         acts = [Action(s, "F", i) for i in range(warm)]
-        for i in range(m - warm):
-            acts += [Action(s, "F", warm + i), Action(s, "B", i)]
-        acts += [Action(s, "B", i) for i in range(m - warm, m)]
+        steady = [(Action(s, "F", warm + i), Action(s, "B", i)) for i in range(m - warm)]
+        acts += [a for pair in steady for a in pair] + [Action(s, "B", i) for i in range(m - warm, m)]
         rows.append(acts)
-    return make_schedule("1f1b", rows)
+        pairs.append(steady if combined else [])
+    return make_schedule("1f1b", rows, fb_pairs=pairs)
 
 
 def interleaved_warmup(p: int, m: int, v: int, rank: int, group: int | None = None) -> int:
@@ -108,7 +117,8 @@ def interleaved_table(p: int, m: int, v: int, group: int | None = None) -> list[
 DEFAULT_CHUNKS = 2  # interleaved's model chunks per rank where none are given
 
 
-def interleaved(p: int, m: int, v: int = DEFAULT_CHUNKS, group: int | None = None) -> PipelineSchedule:
+def interleaved(p: int, m: int, v: int = DEFAULT_CHUNKS, group: int | None = None,
+                combined: bool = False) -> PipelineSchedule:
     """Megatron interleaved 1F1B: v chunks per rank, microbatches taken p (or ``group``) at a
     time per chunk.
 
@@ -123,6 +133,11 @@ def interleaved(p: int, m: int, v: int = DEFAULT_CHUNKS, group: int | None = Non
     (k mod p*v) div p. Groups of more than p (Megatron-LM's
     ``--microbatch-group-size-per-virtual-pipeline-stage``) also take an m that p does not
     divide, where the last group holds at least p (:func:`interleaved_group_error`).
+
+    ``combined`` (Megatron-LM's combined 1F1B, ``--overlap-moe-expert-parallel-comm``): one
+    more warm-up forward on every rank (Megatron-LM adds it; without it the last rank's first
+    steady pair would be one microbatch's forward and backward on its last chunk), and each
+    ``F(w+k) B(k)`` pair one overlapped chunk.
     """
     _check_pm("interleaved", p, m)
     if v < 2:
@@ -144,12 +159,12 @@ def interleaved(p: int, m: int, v: int = DEFAULT_CHUNKS, group: int | None = Non
             chunk = v - 1 - chunk
         return Action(chunk * p + rank, kind, mb)
 
-    rows = []
+    rows, pairs = [], []
     for r in range(p):
-        warm = interleaved_warmup(p, m, v, r, group)
+        warm = min(interleaved_warmup(p, m, v, r, group) + combined, total)
         acts = [act(r, k, "F") for k in range(warm)]
-        for k in range(total - warm):
-            acts += [act(r, warm + k, "F"), act(r, k, "B")]
-        acts += [act(r, k, "B") for k in range(total - warm, total)]
+        steady = [(act(r, warm + k, "F"), act(r, k, "B")) for k in range(total - warm)]
+        acts += [a for pair in steady for a in pair] + [act(r, k, "B") for k in range(total - warm, total)]
         rows.append(acts)
-    return make_schedule("interleaved", rows)
+        pairs.append(steady if combined else [])
+    return make_schedule("interleaved", rows, fb_pairs=pairs)

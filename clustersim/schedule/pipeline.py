@@ -67,19 +67,22 @@ def build_schedule(name: str, p: int, m: int, **opts) -> PipelineSchedule:
     """The schedule ``name`` for p pipeline ranks and m microbatches.
 
     Options: ``interleaved``: ``v`` (model chunks per rank, default 2), ``group`` (microbatches a
-    chunk runs before the next, default p; :func:`.classic.interleaved_table`). ``custom``: ``text``
+    chunk runs before the next, default p; :func:`.classic.interleaved_table`); ``interleaved``
+    and ``1f1b``: ``combined`` (steady-state forwards and backwards paired into overlapped
+    chunks, Megatron-LM's combined 1F1B). ``custom``: ``text``
     (required; one row per rank, see :mod:`.grid`), ``stage_part`` (virtual stage -> model
     part, default stage k computes part k), ``name``. Raises KeyError for an unknown name,
     ScheduleError (a ValueError) for parameters the schedule cannot take.
     """
-    allowed = {"interleaved": {"v", "group"}, CUSTOM: {"text", "stage_part", "name"}}.get(name, set())
+    allowed = {"interleaved": {"v", "group", "combined"}, "1f1b": {"combined"},
+               CUSTOM: {"text", "stage_part", "name"}}.get(name, set())
     if name in SCHEDULE_NAMES and set(opts) - allowed:
         extra = ", ".join(sorted(set(opts) - allowed))
         raise ScheduleError(f"{name}: unknown option(s) {extra}; it takes {', '.join(sorted(allowed)) or 'none'}")
     if name == "gpipe":
         return gpipe(p, m)
     if name == "1f1b":
-        return one_f_one_b(p, m)
+        return one_f_one_b(p, m, **opts)
     if name == "interleaved":
         return interleaved(p, m, **opts)
     if name == "zb-h1":
