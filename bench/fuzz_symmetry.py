@@ -113,12 +113,15 @@ def draw(rng: random.Random) -> dict:
         link = rng.choice([f"n{node}.gpu{rng.randrange(8)}-n{node}.nvsw", None])
         if link is not None:
             what_if.append({"link": link, "bw_factor": 0.5})
+    training = with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
+                                      "recompute": rng.choice(["none", "selective", "full"])}, rng, model["layers"])
+    if parallel.get("ep", 1) > 1 and parallel["zero"] % 2 == 0 and training["recompute"] != "full" \
+            and "moe" not in training.get("recompute_modules", ()) \
+            and (schedule == "interleaved" or (pp == 1 and schedule == "1f1b")):
+        parallel["ep_comm_overlap"] = True  # combined 1F1B for about half those that can (no draw)
     return {"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
                                                  "what_if": what_if},
-            "model": model, "parallel": parallel,
-            "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
-                                               "recompute": rng.choice(["none", "selective", "full"])},
-                                              rng, model["layers"])}
+            "model": model, "parallel": parallel, "training": training}
 
 
 def _numbers(x, path: str = ""):
@@ -244,7 +247,8 @@ def label(i: int, d: dict) -> str:
         bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}"
                     + (f" etp{p['etp']}" if "etp" in p else "")
                     + (" deepep" if d["model"]["moe"].get("dispatcher") == "deepep" else "")
-                    + (" groups" if "router_groups" in d["model"]["moe"] else ""))
+                    + (" groups" if "router_groups" in d["model"]["moe"] else "")
+                    + (" combined" if p.get("ep_comm_overlap") else ""))
     bits += ["slow" if "gpu" in w else "spine cable" if "spine" in w["link"] else "nic cable" if ".nic" in w["link"]
              else "nvlink cable" for w in c["what_if"]]
     return " ".join(bits)
