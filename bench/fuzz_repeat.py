@@ -75,10 +75,12 @@ def draw(rng: random.Random) -> dict:
     per_node = TOPOLOGIES[topo]
     if tp * pp * dp * cp < per_node:
         dp = parallel["dp"] = per_node // (tp * pp * cp)
-    return {"name": "fuzz-repeat", "cluster": cluster, "model": model, "parallel": parallel,
-            "training": with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
-                                               "recompute": rng.choice(["none", "selective", "full"])},
-                                              rng, model["layers"])}
+    training = with_recompute_layers({"micro_batch_size": 1, "global_batch_size": m * dp,
+                                      "recompute": rng.choice(["none", "selective", "full"])}, rng, model["layers"])
+    if "ep" in parallel and schedule == "interleaved" and training["recompute"] != "full" \
+            and "moe" not in training.get("recompute_modules", ()):
+        parallel["ep_comm_overlap"] = True  # combined 1F1B wherever it can (no draw: seeds keep their streams)
+    return {"name": "fuzz-repeat", "cluster": cluster, "model": model, "parallel": parallel, "training": training}
 
 
 def with_v_schedule(d: dict, rng: random.Random) -> dict:
@@ -107,6 +109,7 @@ def _two_parts_a_rank(d: dict, schedule: str, rng: random.Random) -> dict:
     p, m = dict(d["parallel"]), d["model"]
     p["schedule"] = schedule
     p.pop("vpp", None)
+    p.pop("ep_comm_overlap", None)  # (their own chunks overlap)
     step = repeat.step_mb(schedule, p["pp"])
     floor = repeat.fewest_simulated(p["pp"], 2, step)
     mb = 3 * (floor + step) + step * rng.choice([0, 1, 3])
@@ -152,6 +155,7 @@ def main() -> int:
         p = d["parallel"]
         label = (f"{i:3d} {d['cluster']['topology'].split('/')[-1]:<18} {p['schedule']:<11} tp{p['tp']} pp{p['pp']} "
                  f"dp{p['dp']} cp{p['cp']} z{p['zero']}{' ep2' if 'ep' in p else ''}{' etp' + str(p['etp']) if 'etp' in p else ''}"
+                 f"{' combined' if p.get('ep_comm_overlap') else ''}"
                  f"{' slow' if 'what_if' in d['cluster'] else ''}")
         try:
             said, diffs = compare(d)
