@@ -238,7 +238,8 @@ def label(i: int, d: dict) -> str:
             + (" mtp" if d["model"].get("mtp_layers") else "")
             + (f" fp8 {d['training']['fp8_recipe']}" if d["training"].get("precision") == "fp8" else "")]
     if p["cp"] > 1:
-        bits.append(f"{p['cp_comm']}{'' if p['cp_load_balance'] else ' unbalanced'}")
+        bits.append(f"{p['cp_comm']}{' ' + str(p['cp_a2a']) if p.get('cp_a2a') else ''}"
+                    f"{'' if p['cp_load_balance'] else ' unbalanced'}")
     if p.get("sp"):
         bits.append("sp overlapped" if p.get("tp_comm_overlap") else "sp")
     if p.get("zero_shard"):

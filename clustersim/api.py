@@ -241,7 +241,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
         "links": None,  # filled in last, in this place (see ``links``)
         "projection": projection(sc, metrics["tokens_per_s"]),
         "plan": {
-            "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm,
+            "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "cp_comm": p.cp_comm, "cp_a2a": p.cp_a2a,
             "cp_load_balance": p.cp_load_balance, "schedule": p.schedule, "vpp": p.vpp,
             "vpp_group": p.vpp_group, "order": p.order,
             "micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,

@@ -94,10 +94,14 @@ class ParallelCfg(Strict):
         "reduces them after its last backward, each part's in one bucket (under ZeRO-2, after each, in buckets), as "
         "Megatron-LM does without that flag")
     cp: int = pydantic.Field(default=1, ge=1, description="context parallelism: ranks that split each sequence")
-    cp_comm: Literal["ring", "all_gather", "all_to_all"] = pydantic.Field(
+    cp_comm: Literal["ring", "all_gather", "all_to_all", "all_to_all+ring"] = pydantic.Field(
         default="ring", description="how attention sees the other CP ranks' tokens: ring (ring attention), "
-        "all_gather (Llama 3's K/V all-gather) or all_to_all (DeepSpeed-Ulysses, Megatron-LM's --cp-comm-type a2a: "
-        "heads traded for tokens)")
+        "all_gather (Llama 3's K/V all-gather), all_to_all (DeepSpeed-Ulysses, Megatron-LM's --cp-comm-type a2a: "
+        "heads traded for tokens) or all_to_all+ring (Megatron-LM's a2a+p2p: all-to-all inside groups of cp_a2a "
+        "ranks, a ring across them)")
+    cp_a2a: int | None = pydantic.Field(
+        default=None, ge=2, description="cp_comm all_to_all+ring: the ranks of each all-to-all, a divisor of cp "
+        "below it (Megatron-LM's --hierarchical-context-parallel-sizes, its first)")
     cp_load_balance: bool = True
 
     @property
@@ -652,23 +656,34 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if m.seq_len % chunks:
             how = f"2*cp = {chunks} chunks (cp_load_balance)" if p.cp_load_balance else f"cp={p.cp} chunks"
             fail("parallel.cp", f"model.seq_len={m.seq_len} does not split into {how}")
-        if t.attention != "flash" and p.cp_comm != "all_to_all":
+        if t.attention != "flash" and p.cp_comm != "all_to_all":  # (the ring and all-gather attend blockwise)
             fail("parallel.cp", f"cp_comm {p.cp_comm} runs blockwise (flash) attention; set training.attention: "
                                 f"flash (all_to_all attends whole sequences and runs either)")
-        if p.cp_comm != "ring" and m.mla is not None and m.qk_dim != m.v_dim:
+        if p.cp_comm in ("all_gather", "all_to_all") and m.mla is not None and m.qk_dim != m.v_dim:
             # (Transformer Engine's attn_forward_func_with_cp asserts it: keys wider than values)
             fail("parallel.cp_comm", f"{p.cp_comm} context parallelism does not run latent attention, whose keys "
                                      f"({m.qk_dim} wide a head) are wider than its values ({m.v_dim}): Transformer "
-                                     f"Engine runs it with ring CP only; set cp_comm: ring")
-        if p.cp_comm == "all_to_all":
-            # each rank attends heads/cp of the heads TP leaves it (Transformer Engine asserts
-            # both head counts divisible by the CP size)
+                                     f"Engine runs it with ring CP (and all_to_all+ring) only; set cp_comm: ring")
+        if p.cp_comm == "all_to_all+ring":
+            a2a = p.cp_a2a
+            if a2a is None or a2a >= p.cp or p.cp % a2a:
+                fail("parallel.cp_a2a", f"cp_comm all_to_all+ring all-to-alls inside groups of cp_a2a ranks and "
+                     f"rings across them: cp_a2a must divide cp={p.cp} and be below it"
+                     + ("" if a2a is None else f" (got {a2a}; cp_a2a = cp is cp_comm all_to_all)"))
+        elif p.cp_a2a is not None:
+            fail("parallel.cp_a2a", f"sets the all-to-all groups of cp_comm all_to_all+ring (cp_comm is "
+                                    f"{p.cp_comm}); drop it or set cp_comm: all_to_all+ring")
+        if p.cp_comm in ("all_to_all", "all_to_all+ring"):
+            # each rank attends heads/a2a of the heads TP leaves it (Transformer Engine asserts
+            # both head counts divisible by the all-to-all's size)
+            a2a, what = (p.cp, "cp") if p.cp_comm == "all_to_all" else (p.cp_a2a, "cp_a2a")
             for field, heads in (("heads", m.heads), ("kv_heads", m.n_kv_heads)):
-                if (heads // p.tp) % p.cp:
-                    fail("parallel.cp", f"cp_comm all_to_all gives each of the cp={p.cp} ranks a share of the "
-                                        f"model.{field}={heads} / tp={p.tp} = {heads // p.tp} heads each TP rank "
-                                        f"holds; cp does not divide them")
-            if not p.cp_load_balance:
+                if (heads // p.tp) % a2a:
+                    fail("parallel.cp" if what == "cp" else "parallel.cp_a2a",
+                         f"cp_comm {p.cp_comm} gives each of the {what}={a2a} ranks of an all-to-all a share of the "
+                         f"model.{field}={heads} / tp={p.tp} = {heads // p.tp} heads each TP rank holds; "
+                         f"{what} does not divide them")
+            if not p.cp_load_balance and p.cp_comm == "all_to_all":
                 fail("parallel.cp_load_balance", "false changes nothing under cp_comm all_to_all: every rank "
                                                  "attends the whole sequence for its heads; drop it")
     if p.sp and p.tp == 1:
@@ -1035,7 +1050,7 @@ def mesh_of(p: ParallelCfg) -> Mesh:
     """The rank mesh of plan ``p``."""
     order, ep_inner = parse_order(p.order)
     return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner,
-                zero_shard=p.zero_shard or 0, etp=p.expert_tp)
+                zero_shard=p.zero_shard or 0, etp=p.expert_tp, cp_a2a=p.cp_a2a or 0)
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,

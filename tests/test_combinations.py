@@ -43,6 +43,11 @@ for cp, zero, schedule in itertools.product([2, 4], [0, 1, 3], ["1f1b", "zb-h1",
     tp = 4 // cp
     PLANS.append(dict(tp=tp, pp=2, dp=2, cp=cp, cp_comm="all_to_all", sp=tp > 1 and zero == 1, zero=zero,
                       recompute={0: "selective", 1: "none", 3: "full"}[zero], schedule=schedule))
+# hierarchical CP (all-to-all inside pairs, a ring across them): ZeRO, schedules, TP with SP
+for zero, schedule, more in [(0, "1f1b", {}), (3, "1f1b", dict(recompute="full")), (1, "interleaved", {}),
+                             (1, "zbv", {}), (1, "dualpipe", {}), (2, "1f1b", dict(tp=2, cp=4, dp=1, sp=True))]:
+    PLANS.append({**dict(tp=1, pp=2, dp=2, cp=4, cp_comm="all_to_all+ring", cp_a2a=2, zero=zero, recompute="none",
+                         schedule=schedule), **more})
 for ep, cp_comm in itertools.product([2, 4], ["ring", "all_gather", "all_to_all"]):
     PLANS.append(dict(tp=1, pp=2, dp=4, cp=2, cp_comm=cp_comm, sp=False, zero=1, recompute="none", schedule="1f1b",
                       ep=ep, moe=True))

@@ -7,6 +7,7 @@ import pytest
 import clustersim
 from clustersim.errors import ConfigError
 from clustersim.model import transformer as tf
+from clustersim.output.summary import plan_line
 from clustersim.program.lower import lower
 from clustersim.program.work import cp_attention_shares
 
@@ -105,6 +106,26 @@ def test_all_to_all_bytes_per_layer(root, model):
     assert by_op == pytest.approx({("F", "all_to_all"): n * (qkv + ctx), ("B", "all_to_all"): n * (2 * ctx + qkv)})
 
 
+@pytest.mark.parametrize("cp, a2a", [(4, 2), (8, 2), (8, 4)])
+def test_all_to_all_and_ring_bytes_per_layer(root, cp, a2a):
+    """Hierarchical CP: the all-to-alls of all-to-all CP inside each slice of cp_a2a ranks, and
+    the ring's shifts of KV across the cp/cp_a2a slices: forward QKV + C and (r-1) KV, backward
+    2C + QKV and (r-1) 2KV + KV, r = cp/cp_a2a."""
+    sc = _sc(root, tp=1, cp=cp, dp=8 // cp, cp_comm="all_to_all+ring", cp_a2a=a2a)
+    prog, low = lower(sc)
+    qkv, ctx = _a2a_bytes(sc)
+    kv, r = _kv_bytes(sc), cp // a2a
+    rank = low.sym.ranks[0]
+    by: dict = {}
+    for t in prog.tasks:
+        if t.rank == rank and t.kind == "cp":
+            by[(t.phase, t.comm.op, len(t.comm.group))] = by.get((t.phase, t.comm.op, len(t.comm.group)), 0.0) \
+                + t.comm.size_bytes
+    n = sc.layers_per_part[0] * sc.microbatches
+    assert by == pytest.approx({("F", "all_to_all", a2a): n * (qkv + ctx), ("B", "all_to_all", a2a): n * (2 * ctx + qkv),
+                                ("F", "shift", r): n * (r - 1) * kv, ("B", "shift", r): n * ((r - 1) * 2 * kv + kv)})
+
+
 def test_all_to_all_attention_is_whole_for_heads_over_cp(root):
     """Each rank attends all s tokens for heads/(tp cp) heads: the core attention of TP over
     tp*cp ranks without CP, and the same FLOPs as the ring's cp steps together."""
@@ -120,6 +141,8 @@ def test_all_to_all_attention_is_whole_for_heads_over_cp(root):
         return sum(t.flops for t in prog.tasks if t.rank == r and t.kind == "compute" and "attn" in t.name)
 
     assert attention_flops(a2a) == pytest.approx(attention_flops(ring), rel=1e-12)
+    both = _sc(root, tp=1, cp=4, dp=2, cp_comm="all_to_all+ring", cp_a2a=2)
+    assert attention_flops(both) == pytest.approx(attention_flops(_sc(root, tp=1, cp=4, dp=2)), rel=1e-12)
 
 
 def test_all_to_all_inside_a_node_takes_its_closed_form(root):
@@ -171,6 +194,8 @@ def test_unbalanced_cp_is_slower_by_the_causal_skew(root):
 
 @pytest.mark.parametrize("parallel", [
     {"cp_comm": "ring"}, {"cp_comm": "all_gather"}, {"cp_comm": "all_to_all"}, {"cp_load_balance": False},
+    {"tp": 1, "cp": 4, "cp_comm": "all_to_all+ring", "cp_a2a": 2},
+    {"tp": 1, "cp": 4, "cp_comm": "all_to_all+ring", "cp_a2a": 2, "cp_load_balance": False},
     {"tp": 1, "cp": 4, "zero": 3}, {"tp": 1, "cp": 4, "zero": 1, "schedule": "zb-h1"},
 ])
 def test_collapsed_equals_every_rank(root, parallel):
@@ -266,3 +291,32 @@ def test_latent_attention_runs_ring_cp_only(root, cp_comm):
     clustersim.load_scenario(d, base_dir=root)
     d["parallel"]["cp_comm"], d["model"]["mla"] = cp_comm, {**mla, "qk_head_dim": 96, "qk_rope_head_dim": 32}
     clustersim.load_scenario(d, base_dir=root)  # keys as wide as values
+
+
+@pytest.mark.parametrize("parallel, field, message", [
+    ({"cp_comm": "all_to_all+ring"}, "parallel.cp_a2a", "cp_a2a must divide cp=4 and be below it"),
+    ({"cp_comm": "all_to_all+ring", "cp_a2a": 4}, "parallel.cp_a2a",
+     "below it \\(got 4; cp_a2a = cp is cp_comm all_to_all\\)"),
+    ({"cp_comm": "all_to_all+ring", "cp_a2a": 3}, "parallel.cp_a2a", "must divide cp=4"),
+    ({"cp_comm": "ring", "cp_a2a": 2}, "parallel.cp_a2a", "sets the all-to-all groups of cp_comm all_to_all.ring "
+                                                          "\\(cp_comm is ring\\)"),
+    ({"cp_comm": "all_to_all+ring", "cp_a2a": 2, "tp": 4, "pp": 1, "dp": 1}, "parallel.cp_a2a",
+     "model.kv_heads=4 / tp=4 = 1 heads each TP rank holds; cp_a2a does not divide them"),
+])
+def test_bad_hierarchical_cp_says_why(root, parallel, field, message):
+    d = scenario_dict(model={"seq_len": SEQ, "heads": 8, "kv_heads": 4},
+                      parallel={"tp": 1, "pp": 2, "dp": 2, "cp": 4, **parallel},
+                      training={"global_batch_size": 8, "attention": "flash"})
+    with pytest.raises(ConfigError, match=f"{field}: .*{message}"):
+        clustersim.load_scenario(d, base_dir=root)
+
+
+def test_latent_attention_runs_hierarchical_cp(root):
+    """Transformer Engine runs latent attention with a2a+p2p as with p2p."""
+    mla = {"q_lora_rank": 384, "kv_lora_rank": 128, "qk_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+    d = scenario_dict(model={"seq_len": SEQ, "bias": False, "mla": mla},
+                      parallel={"tp": 1, "pp": 2, "dp": 2, "cp": 4, "cp_comm": "all_to_all+ring", "cp_a2a": 2},
+                      training={"global_batch_size": 8, "attention": "flash"})
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    assert s["comm_s"]["cp"] > 0 and s["plan"]["cp_a2a"] == 2
+    assert "CP4 (all_to_all+ring, 2 x 2)" in plan_line(s)

@@ -252,8 +252,9 @@ def _variant(name: str, **parallel) -> dict:
     return clustersim.simulate(clustersim.load_scenario(d, base_dir=src.parent)).summary
 
 
-def _scenario(name: str, parallel=(), training=(), moe=()):
-    """Shipped scenario ``name`` with fields of ``parallel``, ``training`` and ``model.moe`` changed."""
+def _scenario(name: str, parallel=(), training=(), moe=(), model=()):
+    """Shipped scenario ``name`` with fields of ``parallel``, ``training``, ``model.moe`` and
+    ``model`` changed."""
     import yaml
 
     import clustersim
@@ -263,6 +264,7 @@ def _scenario(name: str, parallel=(), training=(), moe=()):
     d["parallel"].update(parallel)
     d["training"].update(training)
     d["model"].get("moe", {}).update(moe)
+    d["model"].update(model)
     return clustersim.load_scenario(d, base_dir=src.parent)
 
 
@@ -329,6 +331,13 @@ def _ulysses_and_combined_figures() -> dict[str, str]:
     for key, c in (("RING", "ring"), ("A2A", "all_to_all"), ("AG", "all_gather")):
         out[f"{key}_STEP"] = f"{cp[c]['step_time_s']:.2f}"
         out[f"{key}_CP"] = f"{cp[c]['exposed_comm_s']['cp']:.3f}"
+    mha = {"tp": 1, "sp": False, "cp": 16, "dp": 2, "zero": 1}
+    for key, c, more in (("HRING", "ring", {}), ("HA2A", "all_to_all", {}), ("HH8", "all_to_all+ring", {"cp_a2a": 8}),
+                         ("HH4", "all_to_all+ring", {"cp_a2a": 4})):
+        s = clustersim.simulate(_scenario("long_context_cp_128k.yaml", parallel={**mha, "cp_comm": c, **more},
+                                          training={"recompute": "full"}, model={"kv_heads": 32})).summary
+        assert s["memory"]["fits"]
+        out[f"{key}_STEP"], out[f"{key}_CP"] = f"{s['step_time_s']:.2f}", f"{s['exposed_comm_s']['cp']:.2f}"
     for key, s in (("PLAIN", plain), ("COMB", comb)):
         out[f"{key}_STEP"] = f"{s['step_time_s']:.2f}"
         out[f"{key}_EP"] = f"{s['exposed_comm_s']['ep']:.2f}"
@@ -339,6 +348,8 @@ def _ulysses_and_combined_figures() -> dict[str, str]:
 
 ULYSSES_AND_COMBINED = (
     "ring RING_STEP s (`cp` exposed RING_CP s), all-to-all A2A_STEP s (A2A_CP s), all-gather AG_STEP s (AG_CP s)",
+    "ring HRING_STEP s (`cp` exposed HRING_CP s), all-to-all over all 16 ranks HA2A_STEP s (HA2A_CP s)",
+    "rings across the two nodes: HH8_STEP s (HH8_CP s); with `cp_a2a: 4`, HH4_STEP s.",
     "the step takes PLAIN_STEP s, PLAIN_EP s of it exposed EP all-to-alls; combined, COMB_STEP s and COMB_EP s, "
     "at COMB_GIB GiB a GPU against PLAIN_GIB (one more microbatch in flight)",
 )

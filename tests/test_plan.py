@@ -81,6 +81,27 @@ def test_cp_sits_between_tp_and_dp_by_default():
     assert m.world_size == 16 and all(m.rank(**m.coords(r)) == r for r in range(16))
 
 
+@pytest.mark.parametrize("order_text", ["tp-cp-dp-pp", "cp-tp-dp-pp", "tp-dp-cp-pp"])
+def test_hierarchical_cp_cuts_each_cp_group_into_slices_and_rings(order_text):
+    """cp_a2a=2 of cp=8: each CP group, in CP order, as slices of 2 consecutive members (cpa)
+    and rings of the members at the same place in each (cpr); one rank's groups and the
+    grid's agree, and every rank is in one of each."""
+    order, _ = parse_order(order_text)
+    m = Mesh(tp=2, dp=2, pp=1, cp=8, order=order, cp_a2a=2)
+    assert m.size("cpa") == 2 and m.size("cpr") == 4
+    for r in range(m.world_size):
+        g = m.group(r, "cp")
+        at = g.index(r)
+        assert m.group(r, "cpa") == g[at // 2 * 2:at // 2 * 2 + 2]
+        assert m.group(r, "cpr") == g[at % 2::2]
+    for dim in ("cpa", "cpr"):
+        gs = m.groups(dim)
+        assert sorted(x for g in gs for x in g) == list(range(m.world_size))
+        assert all(m.group(x, dim) == g for g in gs for x in g)
+    if order_text == "tp-cp-dp-pp":
+        assert m.group(0, "cpa") == (0, 2) and m.group(0, "cpr") == (0, 4, 8, 12)
+
+
 @pytest.mark.parametrize("text, dims, ep_inner", [
     ("tp-dp-pp", ("tp", "cp", "dp", "pp"), True),
     ("tp-cp-ep-dp-pp", ("tp", "cp", "dp", "pp"), True),

@@ -118,6 +118,7 @@ COLLAPSE = [
     ("cp-all-gather-unbalanced", 8, {"tp": 4, "cp": 2, "pp": 2, "dp": 4, "cp_comm": "all_gather",
                                      "cp_load_balance": False}, {}),
     ("cp-all-to-all", 8, {"tp": 2, "cp": 4, "pp": 2, "dp": 4, "cp_comm": "all_to_all"}, {}),
+    ("cp-all-to-all-ring", 8, {"tp": 1, "cp": 16, "pp": 2, "dp": 2, "cp_comm": "all_to_all+ring", "cp_a2a": 4}, {}),
     ("moe-ep4", 8, {"tp": 1, "pp": 2, "dp": 32, "ep": 4}, {"moe": True}),
     ("moe-ep4-sp", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, {"moe": True}),  # TP gathers the dispatch
     ("moe-ep4-combined", 8, {"tp": 1, "pp": 4, "dp": 16, "ep": 4, "schedule": "interleaved", "vpp": 2,

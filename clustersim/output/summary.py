@@ -51,6 +51,8 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
     cp = ""
     if p.get("cp", 1) > 1:
         how = p.get("cp_comm", "ring") + ("" if p.get("cp_load_balance", True) else ", unbalanced")
+        if p.get("cp_a2a"):  # hierarchical: "all_to_all+ring, 8 x 2"
+            how += f", {p['cp_a2a']} x {p['cp'] // p['cp_a2a']}"
         cp = f"{sep}CP{p['cp']} ({how})"
     # EP's all-to-alls block every MoE layer: across nodes they run at the NICs' pace
     ep_over = f" over {p['ep_nodes']} nodes" if p.get("ep_nodes", 1) > 1 else ""

@@ -48,6 +48,15 @@ ranks in rank order, etp innermost)::
 
 Expert gradients go over ``edp``, which holds the CP ranks with the same experts.
 
+Hierarchical context parallelism (``cp_a2a``; Megatron-LM's
+``--hierarchical-context-parallel-sizes``) cuts each CP group, in CP order, into ``cpa`` groups
+of ``cp_a2a`` consecutive members, which all-to-all, and ``cpr`` groups of the members at the
+same place in each, which pass K/V round a ring::
+
+    cp group:     0 1 2 3 4 5 6 7        cp_a2a=2
+    cpa groups:   [0 1] [2 3] [4 5] [6 7]
+    cpr groups:   {0,2,4,6} {1,3,5,7}
+
 Hybrid sharding (HSDP; ``zero_shard``): ZeRO shards over ``zs`` groups of zero_shard
 members of a ``cp+dp`` group consecutive in rank order (so that a shard group fills a node
 before the next, whichever of CP and DP is inner) and keeps a replica of each shard in every
@@ -124,6 +133,7 @@ class Mesh:
     ep_inner: bool = True  # EP groups are consecutive DP indices (else strided)
     zero_shard: int = 0  # ranks of a ZeRO shard group (zs); 0: the whole cp+dp group
     etp: int = 0  # TP ranks splitting each routed expert, a divisor of tp; 0: tp
+    cp_a2a: int = 0  # members of a hierarchical CP group's all-to-all (cpa); 0: the whole CP group
 
     def __post_init__(self):
         if "cp" not in self.order:
@@ -145,6 +155,9 @@ class Mesh:
             return shard if dim == "zs" else self.cp * self.dp // shard
         if dim in ("ezs", "ezr"):  # the expert-DP group cut into as many slices as zr has members
             return self.size("edp") // self.size("zr") if dim == "ezs" else self.size("zr")
+        if dim in ("cpa", "cpr"):  # the CP group cut into all-to-all slices and the rings across them
+            a2a = self.cp_a2a or self.cp
+            return a2a if dim == "cpa" else self.cp // a2a
         if "+" in dim:
             out = 1
             for d in dim.split("+"):
@@ -229,6 +242,10 @@ class Mesh:
         "cp+dp" combines CP with DP, CP innermost.
         """
         c = self.coords(rank)
+        if dim in ("cpa", "cpr"):  # slices of the rank's CP group in CP order, and across them
+            g, a2a = self.group(rank, "cp"), self.size("cpa")
+            at = g.index(rank)
+            return g[at - at % a2a:at - at % a2a + a2a] if dim == "cpa" else g[at % a2a::a2a]
         if dim in ("zs", "zr", "ezs", "ezr"):  # slices of the rank's cp+dp (edp) group in rank order (module docstring)
             expert = dim[0] == "e"
             g = tuple(sorted(self.group(rank, "edp" if expert else "cp+dp")))
@@ -262,6 +279,11 @@ class Mesh:
             whole = np.sort(self._expert_rows("edp") if expert else self.group_rows("cp+dp"), axis=1)
             cut = whole.reshape(len(whole), self.size("zr"), self.size("ezs" if expert else "zs"))
             rows = (cut if dim[-1] == "s" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
+            return rows[np.argsort(rows.min(axis=1), kind="stable")]
+        if dim in ("cpa", "cpr"):  # each CP row, in CP order, cut into (rings' length, slice)
+            whole = self.group_rows("cp")
+            cut = whole.reshape(len(whole), self.size("cpr"), self.size("cpa"))
+            rows = (cut if dim == "cpa" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
             return rows[np.argsort(rows.min(axis=1), kind="stable")]
         parts = dim.split("+")  # "cp+dp": dp major, cp minor (as group() nests them)
         if {"ep", "edp", "etp"} & set(parts):

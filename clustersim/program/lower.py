@@ -53,9 +53,12 @@ EXPERT_HYBRID_DIMS = ("ezs", "ezr")  # (and the experts' own, where their expert
 
 def refine_dims(mesh: Mesh) -> tuple[str, ...]:
     """The groups of :data:`REFINE_DIMS`, with hybrid sharding's where the mesh has them
-    (a cp+dp group holds both a slow GPU's shard group and others, whose ranks differ) and
-    the expert-TP group's where it is neither TP's nor one rank (1 < etp < tp)."""
+    (a cp+dp group holds both a slow GPU's shard group and others, whose ranks differ), the
+    expert-TP group's where it is neither TP's nor one rank (1 < etp < tp), and hierarchical
+    CP's all-to-all slices and rings where it cuts the CP group (``Mesh.cp_a2a``)."""
     extra = HYBRID_DIMS if mesh.zero_shard else ()
+    if mesh.cp_a2a:
+        extra += ("cpa", "cpr")
     if mesh.grad_group("edp") == "ezs":
         extra += EXPERT_HYBRID_DIMS
     if 1 < mesh.expert_tp < mesh.tp:
@@ -862,7 +865,7 @@ def _pp_groups(mesh: Mesh, pps: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 def _all_groups(low: Lowering, kind: str):
     """Every group of ``kind`` in the mesh (for twins: the groups that map onto the same ranks)."""
-    if kind in ("tp", "cp", "dp", "ep", "edp", "etp", "zr", "ezr"):
+    if kind in ("tp", "cp", "dp", "ep", "edp", "etp", "zr", "ezr", "cpa", "cpr"):
         return low.mesh.groups(low.grad_dim(kind))
     if kind == "pp":
         return [g for e in low.pp_edges for g in _pp_groups(low.mesh, e)]
@@ -875,10 +878,12 @@ def _all_groups(low: Lowering, kind: str):
 
 
 # communication kind of the lowering -> kind in the trace and metrics
-_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp", "zr": "dp", "ezr": "dp", "etp": "tp"}
+_TRACE_KIND = {"pp": "pp", "emb": "dp", "rep": "dp", "edp": "dp", "zr": "dp", "ezr": "dp", "etp": "tp", "cpa": "cp",
+               "cpr": "cp"}
 # communication kind of the lowering -> its stream, where not its own: an expert-TP group's
-# gathers run where TP's would (work.MoeBlocks), one stream of TP communication
-_STREAM = {"etp": "tp"}
+# gathers run where TP's would (work.MoeBlocks), one stream of TP communication; hierarchical
+# CP's all-to-alls and ring shifts on CP's
+_STREAM = {"etp": "tp", "cpa": "cp", "cpr": "cp"}
 
 
 def _comm_spec(low: Lowering, kind: str, group, size: float, op: str, stream: str | None, name: str,

@@ -452,6 +452,13 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
 
         compute  [qkv]          [attn]          [proj]    backward  [proj]            [attn]          [qkv]
         cp            [A2A QKV]       [A2A ctx]           cp              [A2A O, dO]       [A2A dQKV]
+
+    ``cp_comm: all_to_all+ring`` (Megatron-LM's ``a2a+p2p``, ``--hierarchical-context-parallel-sizes``;
+    Transformer Engine's ``AttnFuncWithCPAndKVP2P`` given two groups): the all-to-all inside
+    each slice of ``cp_a2a`` CP ranks (``cpa``), then ring attention across the slices
+    (``cpr``, ``cp/cp_a2a`` steps) on their tokens for ``heads/(t cp_a2a)`` heads, whose K/V
+    chunks are ``KV`` bytes as the plain ring's; the context's all-to-all back before the
+    projection, and in the backward dQ, dK, dV's after the last dK/dV hop.
     """
     m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
     b, sp = sc.training.micro_batch_size, sc.parallel.sp
@@ -466,16 +473,31 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
     shares = cp_attention_shares(cp, cp_rank, sc.parallel.cp_load_balance)
     fwd = [_Spec("attn qkv", qkv, pre=f_pre, params=params)]
     bwd = [_Spec("attn proj", tf.block_bwd(out, flash), pre=b_pre)]
-    if sc.parallel.cp_comm == "ring":
-        shift = (CommItem("shift", kv_bytes, dim="cp"),)
-        shift_grad = (CommItem("shift", 2 * kv_bytes, dim="cp"),)  # K/V and the dK/dV accumulated so far
+    if sc.parallel.cp_comm in ("ring", "all_to_all+ring"):
+        ring, proj_pre, qkv_pre = "cp", (), ()
+        if sc.parallel.cp_comm == "all_to_all+ring":
+            # all-to-all inside each cpa slice of a2a ranks, then ring attention across the
+            # slices (cpr, cp/a2a ranks) on s a2a/cp tokens of heads/(t a2a) heads: CP over the
+            # ring's ranks of TP's attention over t*a2a (its K/V chunks KV bytes, as above)
+            a2a, ring = sc.parallel.cp_a2a, "cpr"
+            core = next(op for op in tf.attn_block_fwd(m, b, t * a2a, flash, cp=cp // a2a) if op.name == "core_attn")
+            shares = cp_attention_shares(cp // a2a, cp_rank // a2a, sc.parallel.cp_load_balance)
+            qkv_bytes, ctx_bytes = cp_all_to_all_bytes(sc)
+            fwd[0] = replace(fwd[0], post=(CommItem("all_to_all", qkv_bytes, dim="cpa", label="attn QKV"),))
+            proj_pre = (CommItem("all_to_all", ctx_bytes, dim="cpa", label="attn context"),)
+            bwd[0] = replace(bwd[0], post=(CommItem("all_to_all", 2 * ctx_bytes, dim="cpa", label="attn context and grad"),))
+            qkv_pre = (CommItem("all_to_all", qkv_bytes, dim="cpa", label="attn QKV grads"),)
+        shift = (CommItem("shift", kv_bytes, dim=ring),)
+        shift_grad = (CommItem("shift", 2 * kv_bytes, dim=ring),)  # K/V and the dK/dV accumulated so far
         for j, share in enumerate(shares):
-            last = j == cp - 1
+            last = j == len(shares) - 1
             fwd.append(_Spec(f"attn ring {j}", [_scaled(core, share)], overlap=() if last else shift))
             bwd.append(_Spec(f"attn ring {j}", tf.block_bwd([_scaled(core, share)], flash),
                              overlap=() if last else shift_grad,
-                             post=(CommItem("shift", kv_bytes, dim="cp"),) if last else ()))
-        fwd.append(_Spec("attn proj", out, post=f_post))
+                             post=(CommItem("shift", kv_bytes, dim=ring),) if last else ()))
+        fwd.append(_Spec("attn proj", out, pre=proj_pre, post=f_post))
+        bwd.append(_Spec("attn qkv", tf.block_bwd(qkv, flash), pre=qkv_pre, post=b_post, params=params))
+        return fwd, bwd
     elif sc.parallel.cp_comm == "all_to_all":
         # every rank attends the whole sequence for heads/cp heads: TP's attention over t*cp
         # ranks (config checks cp divides the heads and K/V heads TP leaves)
@@ -502,13 +524,16 @@ def cp_transient_bytes(sc: Scenario) -> float:
     """Buffers CP holds while one layer's attention runs: ring, K/V and dK/dV being received
     and sent (2 x 2 chunks); all-gather, the gathered K/V and the dK/dV before their
     reduce-scatter (2 x cp chunks); all-to-all, the backward's rearranged output and its
-    gradient beside dQ, dK, dV in both layouts (2 (QKV + context))."""
-    cp = sc.parallel.cp
+    gradient beside dQ, dK, dV in both layouts (2 (QKV + context)); all-to-all+ring, the
+    larger of its all-to-all's and its ring's."""
+    cp, how = sc.parallel.cp, sc.parallel.cp_comm
     if cp == 1:
         return 0.0
-    if sc.parallel.cp_comm == "all_to_all":
+    if how == "all_to_all":
         return 2 * sum_left(cp_all_to_all_bytes(sc))
-    return (4 if sc.parallel.cp_comm == "ring" else 2 * cp) * _cp_kv_bytes(sc)
+    if how == "all_to_all+ring":  # the larger of the two, which run one after the other
+        return max(2 * sum_left(cp_all_to_all_bytes(sc)), 4 * _cp_kv_bytes(sc))
+    return (4 if how == "ring" else 2 * cp) * _cp_kv_bytes(sc)
 
 
 def cp_all_to_all_bytes(sc: Scenario) -> tuple[float, float]:
