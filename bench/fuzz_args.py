@@ -110,11 +110,15 @@ MLA = {"q_lora_rank": 384, "kv_lora_rank": 128, "qk_head_dim": 64, "qk_rope_head
 
 def with_mla(plan: dict, rng) -> dict:
     """``plan`` with, one draw in three, multi-head latent attention (``model.mla``, latents a
-    third of a 1,024 hidden state; no biases; not beside TP communication overlap); ``rng``:
-    the script's fourth generator, apart from every other draw."""
+    third of a 1,024 hidden state; no biases; not beside TP communication overlap; its CP a
+    ring, as Transformer Engine runs MLA's); ``rng``: the script's fourth generator, apart
+    from every other draw."""
     if plan["parallel"].get("tp_comm_overlap") or "kv_heads" in plan["model"] or rng.random() >= 1 / 3:
         return plan
-    return {**plan, "model": {**plan["model"], "mla": dict(MLA), "bias": False}}
+    p = plan["parallel"]
+    if p.get("cp_comm") in ("all_gather", "all_to_all"):  # Transformer Engine runs MLA with ring CP only
+        p = {**p, "cp_comm": "ring"}
+    return {**plan, "model": {**plan["model"], "mla": dict(MLA), "bias": False}, "parallel": p}
 
 
 def with_mtp(plan: dict, rng) -> dict:

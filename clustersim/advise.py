@@ -252,6 +252,13 @@ def plan_of(sc, data: dict[str, Any], values: dict[str, Any], number: int, varie
     return with_split(data, Plan(number, changes + _settings(sc, par, tr, values, varied)))
 
 
+def _combines(ep: int, pp: int, schedule: str, recompute: str) -> bool:
+    """Whether a plan can run combined 1F1B (``parallel.ep_comm_overlap``; config's
+    ``_check_ep_comm_overlap``): experts over EP, interleaving with a pipeline or 1F1B
+    without, no full recompute."""
+    return ep > 1 and (schedule == "interleaved" if pp > 1 else schedule == "1f1b") and recompute != "full"
+
+
 def _settings(sc, par: dict, tr: dict, values: dict[str, Any], varied: set[str]) -> list[tuple[str, Any]]:
     """The changes besides the dimensions that make a plan of them: SP with TP; the schedule
     (the scenario's, or 1F1B where it has its own file), its own settings kept only with it
@@ -269,6 +276,9 @@ def _settings(sc, par: dict, tr: dict, values: dict[str, Any], varied: set[str])
         out.append(("parallel.sp", True if tp > 1 else None))
     if tp == 1:
         out.append(("parallel.tp_comm_overlap", None))
+    if par.get("ep_comm_overlap") and "parallel.ep_comm_overlap" not in varied and not _combines(
+            values.get("parallel.ep", par.get("ep", 1)), pp, schedule, recompute or tr.get("recompute", "none")):
+        out.append(("parallel.ep_comm_overlap", None))  # (kept where the plan can combine, as tp_comm_overlap)
     for k in ("vpp", "vpp_group", "schedule_file"):
         if k in par and schedule != own and f"parallel.{k}" not in varied:
             out.append((f"parallel.{k}", None))

@@ -623,6 +623,9 @@ def cmd_schedule(args) -> int:
             if args.schedule not in ("1f1b", "interleaved"):
                 raise ConfigError(f"--combined pairs the forwards and backwards of 1f1b or interleaved (schedule is "
                                   f"{args.schedule})", source=src)
+            if args.schedule == "1f1b" and args.pp > 1:  # (as a scenario's parallel.ep_comm_overlap)
+                raise ConfigError(f"--combined: with --pp {args.pp} Megatron-LM combines the interleaved schedule "
+                                  f"only (1f1b without a pipeline)", source=src)
             opts["combined"] = True
         v = chunks_per_rank(args.schedule, args.vpp)
         passes = args.pp * args.microbatches * max(v, 1)

@@ -821,10 +821,12 @@ def _check_ep_comm_overlap(cfg: ScenarioCfg, fail: Callable[[str, str], None]) -
     pipeline), and no recompute that runs a layer's dispatch again (full recompute, or the
     ``moe`` module)."""
     p, t, moe = cfg.parallel, cfg.training, cfg.model.moe
-    if moe is None or p.ep == 1:
+    if moe is None:
         fail("parallel.ep_comm_overlap", "overlaps the expert all-to-alls of one microbatch with another's compute; "
-             + ("the model has no experts (model.moe)" if moe is None else "with parallel.ep=1 there are none: "
-                "set ep > 1") + " or drop the setting")
+                                         "the model has no experts (model.moe): drop the setting")
+    if p.ep == 1:
+        fail("parallel.ep_comm_overlap", "overlaps the expert all-to-alls of one microbatch with another's compute; "
+                                         "with parallel.ep=1 there are none: set ep > 1 or drop the setting")
     if p.pp > 1 and p.schedule != "interleaved":
         fail("parallel.ep_comm_overlap", f"with pp={p.pp} Megatron-LM combines forwards and backwards in the "
                                          f"interleaved schedule only (schedule is {p.schedule}): set schedule: "
@@ -840,6 +842,9 @@ def _check_ep_comm_overlap(cfg: ScenarioCfg, fail: Callable[[str, str], None]) -
     if t.recompute == "selective" and "moe" in (t.recompute_modules or ()):
         fail("parallel.ep_comm_overlap", "does not go with the moe module in training.recompute_modules, which runs "
                                          "the dispatch again (Megatron-LM refuses the pair)")
+    if (cfg.model.mtp_layers or 0) > 1:
+        fail("parallel.ep_comm_overlap", f"Megatron-LM combines forwards and backwards with one multi-token "
+                                         f"prediction layer at most (model.mtp_layers={cfg.model.mtp_layers})")
 
 
 def _check_recompute_modules(t: TrainingCfg, m: DenseModelCfg, fail: Callable[[str, str], None]) -> None:
@@ -1050,7 +1055,9 @@ def mesh_of(p: ParallelCfg) -> Mesh:
     """The rank mesh of plan ``p``."""
     order, ep_inner = parse_order(p.order)
     return Mesh(tp=p.tp, dp=p.dp, pp=p.pp, order=order, ep=p.ep, cp=p.cp, ep_inner=ep_inner,
-                zero_shard=p.zero_shard or 0, etp=p.expert_tp, cp_a2a=p.cp_a2a or 0)
+                zero_shard=p.zero_shard or 0, etp=p.expert_tp,
+                # (at cp=1 cp_comm and cp_a2a choose nothing, as a sweep over cp may leave them)
+                cp_a2a=(p.cp_a2a or 0) if p.cp > 1 and p.cp_comm == "all_to_all+ring" else 0)
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,

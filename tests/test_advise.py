@@ -90,6 +90,28 @@ def test_plans_keep_what_they_can_of_the_file(root):
     assert "parallel.layers_per_stage" not in own and other["parallel.layers_per_stage"] is None
 
 
+def test_plans_keep_combined_1f1b_where_they_can_run_it(root):
+    """A file's ep_comm_overlap stays with the plans that can run combined 1F1B (EP over
+    experts, interleaving with a pipeline or 1F1B without, no full recompute) and is dropped
+    from the others, as tp_comm_overlap is at tp=1, so that advise does not refuse them."""
+    path = root / "scenarios" / "moe_1024gpu.yaml"
+    sc, data = clustersim.load_scenario(path), read_yaml(path, what="scenario")
+    data["parallel"]["ep_comm_overlap"] = True
+    data["training"]["recompute"] = "selective"
+    varied = {"parallel.pp", "parallel.schedule", "parallel.ep", "training.recompute"}
+
+    def kept(**values) -> bool:
+        changes = dict(plan_of(sc, data, {f"parallel.{k}" if k != "recompute" else "training.recompute": v
+                                          for k, v in values.items()}, 1, varied).changes)
+        return changes.get("parallel.ep_comm_overlap", True) is not None
+
+    assert kept(pp=8, schedule="interleaved", ep=16, recompute="none")
+    assert kept(pp=1, schedule="1f1b", ep=16, recompute="selective")
+    assert not kept(pp=8, schedule="1f1b", ep=16, recompute="none")
+    assert not kept(pp=8, schedule="interleaved", ep=1, recompute="none")
+    assert not kept(pp=8, schedule="interleaved", ep=16, recompute="full")
+
+
 def test_advise_small_model(tmp_path, root):
     out = tmp_path / "adv"
     r = run_cli("advise", SMALL, "--jobs", 2, "--out", out, cwd=root)

@@ -157,6 +157,9 @@ def test_schedule_grid_combined():
     r = run_cli("schedule", "--pp", 4, "-m", 8, "--schedule", "interleaved", "--combined")
     assert r.returncode == 0 and r.stdout.count("&") == sum(
         8 * 2 - min(2 * (4 - k - 1) + 4 + 1, 16) for k in range(4)), r.stderr  # the steady pairs
+    bad = run_cli("schedule", "--pp", 4, "-m", 8, "--combined")  # (1f1b)
+    assert bad.returncode == 2 and bad.stderr == ("error: command line: --combined: with --pp 4 Megatron-LM combines "
+                                                  "the interleaved schedule only (1f1b without a pipeline)\n")
     bad = run_cli("schedule", "--pp", 4, "-m", 8, "--schedule", "zb-h1", "--combined")
     assert bad.returncode == 2 and bad.stderr == ("error: command line: --combined pairs the forwards and backwards "
                                                   "of 1f1b or interleaved (schedule is zb-h1)\n")

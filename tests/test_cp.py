@@ -320,3 +320,16 @@ def test_latent_attention_runs_hierarchical_cp(root):
     s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
     assert s["comm_s"]["cp"] > 0 and s["plan"]["cp_a2a"] == 2
     assert "CP4 (all_to_all+ring, 2 x 2)" in plan_line(s)
+
+
+def test_cp_a2a_at_cp_1_chooses_nothing(root):
+    """At cp=1 cp_comm and cp_a2a choose nothing (a sweep over cp leaves them set): the plan
+    runs as without them."""
+    d = scenario_dict(model={"seq_len": SEQ}, parallel={"tp": 2, "pp": 2, "dp": 4, "cp": 1,
+                                                          "cp_comm": "all_to_all+ring", "cp_a2a": 8},
+                      training={"global_batch_size": 8, "attention": "flash"})
+    with_them = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    for k in ("cp_comm", "cp_a2a"):
+        del d["parallel"][k]
+    assert with_them["step_time_s"] == clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary[
+        "step_time_s"]

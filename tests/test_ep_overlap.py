@@ -42,17 +42,19 @@ def test_without_a_pipeline_each_forward_pairs_with_the_backward_before_it():
                                             (8, 16, 2, None), (3, 7, 2, 7)])
 def test_interleaved_warms_up_one_more_and_pairs_every_steady_forward(p, m, v, group):
     """Megatron-LM adds one warm-up forward under the overlap; the steady state is then F(w+k)
-    B(k) pairs, each one chunk, never a backward with its own forward; the same actions as the
-    plain schedule, in the plain schedule's order but for that one forward."""
+    B(k) pairs, each one chunk, never a backward with a forward of its own microbatch (which
+    it waits on, at some stage, through the pipeline); the same actions as the plain
+    schedule."""
     plain, combined = interleaved(p, m, v, group), interleaved(p, m, v, group, combined=True)
     for r in range(p):
         acts = combined[r]
         warm = min(interleaved_warmup(p, m, v, r, group) + 1, m * v)
-        assert all(a.kind == "F" for a in acts[:warm]) and (warm == m * v or acts[warm].kind == "F")
+        first_b = next(i for i, a in enumerate(acts) if a.kind == "B")
+        assert first_b == (warm + 1 if warm < m * v else m * v)  # F(w) then B(0) opens the steady state
         assert sorted(acts) == sorted(plain[r])
         pairs = combined.fb_pairs[r]
         assert len(pairs) == m * v - warm
-        assert all((f.stage, f.mb) != (b.stage, b.mb) for f, b in pairs)
+        assert all(f.mb != b.mb for f, b in pairs)
         paired = {a for pair in pairs for a in pair}
         assert [a for a in acts if a not in paired] == list(acts[:warm]) + list(acts[len(acts) - warm:])
 
@@ -92,8 +94,9 @@ def test_collapsed_equals_every_rank(pp):
 
 
 @pytest.mark.parametrize("model, parallel, training, message", [
-    ({"moe": None}, {"ep": 1}, {}, "the model has no experts"),
-    ({}, {"ep": 1}, {}, "with parallel.ep=1 there are none"),
+    ({"moe": None}, {"ep": 1}, {}, "the model has no experts \\(model.moe\\): drop the setting"),
+    ({}, {"ep": 1}, {}, "with parallel.ep=1 there are none: set ep > 1 or drop the setting"),
+    ({"mtp_layers": 2}, {}, {}, "one multi-token prediction layer at most \\(model.mtp_layers=2\\)"),
     ({}, {"pp": 2, "dp": 8, "schedule": "1f1b"}, {}, "interleaved schedule only \\(schedule is 1f1b\\)"),
     ({}, {"pp": 2, "dp": 8, "schedule": "dualpipev"}, {}, "dualpipe and dualpipev overlap their own chunks"),
     ({}, {"schedule": "gpipe"}, {}, "without a pipeline the combined schedule is 1f1b's"),
