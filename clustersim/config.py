@@ -818,8 +818,8 @@ def _check_ep_comm_overlap(cfg: ScenarioCfg, fail: Callable[[str, str], None]) -
     """Combined 1F1B where Megatron-LM runs it (``TransformerConfig``'s checks of
     ``overlap_moe_expert_parallel_comm``): experts over an EP group, interleaving where there is
     a pipeline (its combined schedules are the interleaved one and the one without a
-    pipeline), and no recompute that runs a layer's dispatch again (full recompute, or the
-    ``moe`` module)."""
+    pipeline), no recompute that runs a layer's dispatch again (full recompute, or the
+    ``moe`` module), and one multi-token prediction layer at most."""
     p, t, moe = cfg.parallel, cfg.training, cfg.model.moe
     if moe is None:
         fail("parallel.ep_comm_overlap", "overlaps the expert all-to-alls of one microbatch with another's compute; "
