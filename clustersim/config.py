@@ -669,7 +669,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             if a2a is None or a2a >= p.cp or p.cp % a2a:
                 fail("parallel.cp_a2a", f"cp_comm all_to_all+ring all-to-alls inside groups of cp_a2a ranks and "
                      f"rings across them: cp_a2a must divide cp={p.cp} and be below it"
-                     + ("" if a2a is None else f" (got {a2a}; cp_a2a = cp is cp_comm all_to_all)"))
+                     + ("" if a2a is None else f" (got {a2a}" + ("; cp_a2a = cp is cp_comm all_to_all" if a2a == p.cp
+                                                                  else "") + ")"))
         elif p.cp_a2a is not None:
             fail("parallel.cp_a2a", f"sets the all-to-all groups of cp_comm all_to_all+ring (cp_comm is "
                                     f"{p.cp_comm}); drop it or set cp_comm: all_to_all+ring")
