@@ -88,6 +88,15 @@ import numpy as np
 DIMS = ("tp", "cp", "dp", "pp")  # the default order, innermost first
 
 
+# groups cut out of a whole group (module docstring): dim -> (the whole group, the dimension
+# whose size is a slice's width, whether dim is the slices (else the members at one place in
+# each), whether the whole group is taken in rank order (else in its own order)).
+# Hybrid sharding slices cp+dp (edp) in rank order; hierarchical CP the CP group in CP order
+SLICED = {"zs": ("cp+dp", "zs", True, True), "zr": ("cp+dp", "zs", False, True),
+          "ezs": ("edp", "ezs", True, True), "ezr": ("edp", "ezs", False, True),
+          "cpa": ("cp", "cpa", True, False), "cpr": ("cp", "cpa", False, False)}
+
+
 def parse_order(text: str) -> tuple[tuple[str, ...], bool]:
     """(dims innermost first, ep inside dp) from an order string such as "tp-cp-ep-dp-pp".
 
@@ -242,16 +251,12 @@ class Mesh:
         "cp+dp" combines CP with DP, CP innermost.
         """
         c = self.coords(rank)
-        if dim in ("cpa", "cpr"):  # slices of the rank's CP group in CP order, and across them
-            g, a2a = self.group(rank, "cp"), self.size("cpa")
-            at = g.index(rank)
-            return g[at - at % a2a:at - at % a2a + a2a] if dim == "cpa" else g[at % a2a::a2a]
-        if dim in ("zs", "zr", "ezs", "ezr"):  # slices of the rank's cp+dp (edp) group in rank order (module docstring)
-            expert = dim[0] == "e"
-            g = tuple(sorted(self.group(rank, "edp" if expert else "cp+dp")))
-            shard = self.size("ezs" if expert else "zs")
-            at = g.index(rank)
-            return g[at - at % shard:at - at % shard + shard] if dim[-1] == "s" else g[at % shard::shard]
+        if dim in SLICED:  # slices of the rank's whole group, or the members at one place in each
+            whole, width, is_slice, by_rank = SLICED[dim]
+            g = self.group(rank, whole)
+            g = tuple(sorted(g)) if by_rank else g
+            n, at = self.size(width), g.index(rank)
+            return g[at - at % n:at - at % n + n] if is_slice else g[at % n::n]
         if "+" in dim:
             inner, outer = dim.split("+")
             return tuple(x for o in self.group(rank, outer) for x in self.group(o, inner))
@@ -274,16 +279,11 @@ class Mesh:
 
             tp=2 dp=2 pp=2, "dp":  grid[pp][dp][tp] -> axes (pp, tp, dp) -> rows (0,2) (1,3) (4,6) (5,7)
         """
-        if dim in ("zs", "zr", "ezs", "ezr"):  # each cp+dp (edp) row, in rank order, cut into (replicas, shard):
-            expert = dim[0] == "e"                 # zs (ezs) its rows, zr (ezr) its columns
-            whole = np.sort(self._expert_rows("edp") if expert else self.group_rows("cp+dp"), axis=1)
-            cut = whole.reshape(len(whole), self.size("zr"), self.size("ezs" if expert else "zs"))
-            rows = (cut if dim[-1] == "s" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
-            return rows[np.argsort(rows.min(axis=1), kind="stable")]
-        if dim in ("cpa", "cpr"):  # each CP row, in CP order, cut into (rings' length, slice)
-            whole = self.group_rows("cp")
-            cut = whole.reshape(len(whole), self.size("cpr"), self.size("cpa"))
-            rows = (cut if dim == "cpa" else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
+        if dim in SLICED:  # each whole row cut into (slices, width): the slices its rows, the others its columns
+            whole, width, is_slice, by_rank = SLICED[dim]
+            rows = self.group_rows(whole)
+            cut = (np.sort(rows, axis=1) if by_rank else rows).reshape(len(rows), -1, self.size(width))
+            rows = (cut if is_slice else cut.transpose(0, 2, 1)).reshape(-1, self.size(dim))
             return rows[np.argsort(rows.min(axis=1), kind="stable")]
         parts = dim.split("+")  # "cp+dp": dp major, cp minor (as group() nests them)
         if {"ep", "edp", "etp"} & set(parts):
