@@ -480,13 +480,11 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
             # slices (cpr, cp/a2a ranks) on s a2a/cp tokens of heads/(t a2a) heads: CP over the
             # ring's ranks of TP's attention over t*a2a (its K/V chunks KV bytes, as above)
             a2a, ring = sc.parallel.cp_a2a, "cpr"
-            core = next(op for op in tf.attn_block_fwd(m, b, t * a2a, flash, cp=cp // a2a) if op.name == "core_attn")
+            core = _core_attn(m, b, t * a2a, flash, cp // a2a)
             shares = cp_attention_shares(cp // a2a, cp_rank // a2a, sc.parallel.cp_load_balance)
-            qkv_bytes, ctx_bytes = cp_all_to_all_bytes(sc)
-            fwd[0] = replace(fwd[0], post=(CommItem("all_to_all", qkv_bytes, dim="cpa", label="attn QKV"),))
-            proj_pre = (CommItem("all_to_all", ctx_bytes, dim="cpa", label="attn context"),)
-            bwd[0] = replace(bwd[0], post=(CommItem("all_to_all", 2 * ctx_bytes, dim="cpa", label="attn context and grad"),))
-            qkv_pre = (CommItem("all_to_all", qkv_bytes, dim="cpa", label="attn QKV grads"),)
+            to_heads, proj_pre, grads_to_heads, qkv_pre = _heads_traded(sc, "cpa")
+            fwd[0] = replace(fwd[0], post=to_heads)
+            bwd[0] = replace(bwd[0], post=grads_to_heads)
         shift = (CommItem("shift", kv_bytes, dim=ring),)
         shift_grad = (CommItem("shift", 2 * kv_bytes, dim=ring),)  # K/V and the dK/dV accumulated so far
         for j, share in enumerate(shares):
@@ -498,17 +496,15 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
         fwd.append(_Spec("attn proj", out, pre=proj_pre, post=f_post))
         bwd.append(_Spec("attn qkv", tf.block_bwd(qkv, flash), pre=qkv_pre, post=b_post, params=params))
         return fwd, bwd
-    elif sc.parallel.cp_comm == "all_to_all":
+    if sc.parallel.cp_comm == "all_to_all":
         # every rank attends the whole sequence for heads/cp heads: TP's attention over t*cp
         # ranks (config checks cp divides the heads and K/V heads TP leaves)
-        core = next(op for op in tf.attn_block_fwd(m, b, t * cp, flash) if op.name == "core_attn")
-        qkv_bytes, ctx_bytes = cp_all_to_all_bytes(sc)
-        fwd[0] = replace(fwd[0], post=(CommItem("all_to_all", qkv_bytes, dim="cp", label="attn QKV"),))
-        fwd += [_Spec("attn core", [core], post=(CommItem("all_to_all", ctx_bytes, dim="cp", label="attn context"),)),
-                _Spec("attn proj", out, post=f_post)]
-        bwd = [replace(bwd[0], post=(CommItem("all_to_all", 2 * ctx_bytes, dim="cp", label="attn context and grad"),)),
-               _Spec("attn core", tf.block_bwd([core], flash),
-                     post=(CommItem("all_to_all", qkv_bytes, dim="cp", label="attn QKV grads"),))]
+        core = _core_attn(m, b, t * cp, flash)
+        to_heads, to_tokens, grads_to_heads, grads_to_tokens = _heads_traded(sc, "cp")
+        fwd[0] = replace(fwd[0], post=to_heads)
+        fwd += [_Spec("attn core", [core], post=to_tokens), _Spec("attn proj", out, post=f_post)]
+        bwd = [replace(bwd[0], post=grads_to_heads),
+               _Spec("attn core", tf.block_bwd([core], flash), post=grads_to_tokens)]
     else:
         whole = cp * kv_bytes
         core = _scaled(core, sum_left(shares))
@@ -518,6 +514,25 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
                      post=(CommItem("reduce_scatter", whole, dim="cp"),))]
     bwd.append(_Spec("attn qkv", tf.block_bwd(qkv, flash), post=b_post, params=params))
     return fwd, bwd
+
+
+def _core_attn(m, b: int, t: int, flash: bool, cp: int = 1) -> Op:
+    """The core attention of :func:`tf.attn_block_fwd` over ``t`` TP and ``cp`` CP ranks:
+    all-to-all CP's whole-sequence attention on heads/cp heads is TP's over t*cp ranks."""
+    return next(op for op in tf.attn_block_fwd(m, b, t, flash, cp=cp) if op.name == "core_attn")
+
+
+def _heads_traded(sc: Scenario, dim: str) -> tuple[tuple, tuple, tuple, tuple]:
+    """The all-to-alls that trade tokens for heads around core attention, over the CP group
+    ``dim`` ("cp"; hierarchical CP's slices, "cpa"), each a block's one-item comm tuple, in
+    the order they run (:func:`cp_all_to_all_bytes`)::
+
+        forward   QKV to heads          context back to tokens
+        backward  output and dO to heads     dQ, dK, dV back to tokens
+    """
+    qkv, ctx = cp_all_to_all_bytes(sc)
+    return tuple((CommItem("all_to_all", size, dim=dim, label=label),) for size, label in (
+        (qkv, "attn QKV"), (ctx, "attn context"), (2 * ctx, "attn context and grad"), (qkv, "attn QKV grads")))
 
 
 def cp_transient_bytes(sc: Scenario) -> float:
