@@ -90,14 +90,14 @@ def with_ep_over_cp(plan: dict, rng) -> dict:
 
 
 def with_deepep(plan: dict, rng) -> dict:
-    """``plan`` with, where its experts can take it (EP, whole experts on a rank, no capacity
-    factor) and one draw in two, the deduplicating dispatch (``model.moe.dispatcher: deepep``),
+    """``plan`` with, where its experts can take it (EP, whole experts on a rank, no padding to
+    capacity) and one draw in two, the deduplicating dispatch (``model.moe.dispatcher: deepep``),
     half of those with group-limited routing (two of four groups of experts); ``rng``: the
     script's third generator, apart from the plans and from :func:`with_etp`'s draws."""
     p, model = plan["parallel"], plan["model"]
     moe = model.get("moe")
     whole = p.get("etp", p.get("tp", 1)) == 1
-    if moe is None or p.get("ep", 1) < 2 or not whole or moe.get("capacity_factor", 1.0) != 1.0 or rng.random() >= 0.5:
+    if moe is None or p.get("ep", 1) < 2 or not whole or moe.get("pad_to_capacity") or rng.random() >= 0.5:
         return plan
     moe = {**moe, "dispatcher": "deepep"}
     if rng.random() < 0.5 and moe["experts"] % 4 == 0 and moe["top_k"] <= moe["experts"] // 2:

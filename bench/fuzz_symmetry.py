@@ -101,6 +101,8 @@ def draw(rng: random.Random) -> dict:
             load = [1.0] * ep
             load[0], load[-1] = 1.5, 0.5
             model["moe"]["ep_load"] = load
+            if parallel["zero"]:  # a capacity cuts EP index 0 to 1.25 shares, ZeRO-2 plans padding to it (no draw)
+                model["moe"].update(capacity_factor=1.25, pad_to_capacity=parallel["zero"] == 2)
     parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
     edp = cp * dp // parallel.get("ep", 1)  # (the experts' DP group, before fuzz_args.with_etp)
     if parallel["zero"] and cp * dp >= 4 and (cp * dp) % 2 == 0 and tp != 2 and edp % 2 == 0 and edp >= 4:
@@ -245,7 +247,9 @@ def label(i: int, d: dict) -> str:
     if p.get("zero_shard"):
         bits.append(f"hsdp/{p['zero_shard']}")
     if "ep" in p:
+        cap = d["model"]["moe"].get("capacity_factor")
         bits.append(f"ep{p['ep']}{' skewed' if 'ep_load' in d['model']['moe'] else ''}"
+                    + ((" padded" if d["model"]["moe"].get("pad_to_capacity") else " capped") if cap else "")
                     + (f" etp{p['etp']}" if "etp" in p else "")
                     + (" deepep" if d["model"]["moe"].get("dispatcher") == "deepep" else "")
                     + (" groups" if "router_groups" in d["model"]["moe"] else "")

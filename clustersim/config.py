@@ -25,6 +25,7 @@ from .floats import sum_left
 from .hardware.gpus import lookup_gpu
 from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, check_what_ifs, cluster_of,
                                 load_topology_cfg)
+from .model.moe import expert_loads
 from .model.transformer import RECOMPUTE_MODULES, DenseModelCfg
 from .plan.mesh import Mesh, parse_order, split_layers
 from .schedule.pipeline import (CUSTOM, SCHEDULE_NAMES, V_SCHEDULES, PipelineSchedule, ScheduleError, build_schedule,
@@ -257,11 +258,13 @@ class ScenarioCfg(Strict):
 
     def ranks_differ(self) -> tuple[bool, bool]:
         """(CP ranks run different programs, EP ranks do): unbalanced causal attention, a
-        skewed expert load. The symmetric classes keep those indices (program/lower.py
-        Symmetry)."""
+        skewed expert load (the pairs EP ranks' experts compute, or the real tokens among
+        them, differ: model/moe.py ``expert_loads``). The symmetric classes keep those indices
+        (program/lower.py Symmetry)."""
         p, moe = self.parallel, self.model.moe
         return (p.cp > 1 and not p.cp_load_balance,
-                p.ep > 1 and moe is not None and moe.ep_load is not None and len(set(moe.ep_load)) > 1)
+                p.ep > 1 and moe is not None and moe.ep_load is not None
+                and len(set(zip(*expert_loads(moe, p.ep)))) > 1)
 
 
 @dataclass
@@ -629,10 +632,6 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                                           f"token sends top_k={m.moe.top_k} copies to distinct experts, at most "
                                           f"{local} of them on one rank ({m.moe.experts} experts over ep={p.ep}), so "
                                           f"at most {most:.12g} times the balanced share")
-            if m.moe.capacity_factor != 1.0:
-                fail("model.moe.ep_load", f"ep_load models dropless routing; with model.moe.capacity_factor="
-                                          f"{m.moe.capacity_factor:g} every expert's batch is padded or cut to "
-                                          f"capacity, so the load changes nothing: drop one of the two")
         if m.moe.dispatcher == "deepep":
             _check_deepep(cfg, topo.node.gpus, fail)
             sms = lookup_gpu(topo.gpu).sms
@@ -789,10 +788,10 @@ def _check_deepep(cfg: ScenarioCfg, gpus_per_node: int, fail: Callable[[str, str
         fail("model.moe.dispatcher", f"deepep is modelled with whole experts on each rank (etp: 1); here "
                                      f"{'etp' if p.etp is not None else 'etp (as tp)'}={p.expert_tp}, and Megatron-LM's "
                                      f"flex dispatcher then sends over the TP x EP group, which clustersim does not model")
-    if moe.capacity_factor != 1.0:
-        fail("model.moe.dispatcher", f"model.moe.capacity_factor={moe.capacity_factor:g} pads every expert's batch to "
-                                     f"capacity, which Megatron-LM's flex dispatcher (deepep) does not: drop it or use "
-                                     f"alltoall")
+    if moe.pad_to_capacity:
+        fail("model.moe.dispatcher", "deepep does not pad expert batches to capacity (Megatron-LM's flex dispatcher "
+                                     "refuses --moe-pad-expert-input-to-capacity): drop model.moe.pad_to_capacity or "
+                                     "use alltoall")
     if cfg.simulation.collectives.all_to_all != "auto":
         fail("simulation.collectives.all_to_all", f"{cfg.simulation.collectives.all_to_all} is an NCCL algorithm; "
                                                   f"model.moe.dispatcher: deepep sends with its own kernels (leave auto)")

@@ -318,7 +318,8 @@ def test_dualpipe_chunks_compute_on_the_sms_deepep_leaves(root):
 @pytest.mark.parametrize("kw, field, words", [
     ({"ep": 1}, "model.moe.dispatcher", "needs parallel.ep > 1"),
     ({"tp": 2, "dp": 16, "ep": 8, "sp": True}, "model.moe.dispatcher", "etp (as tp)=2"),
-    ({"moe": {"capacity_factor": 1.25}}, "model.moe.dispatcher", "capacity_factor=1.25 pads every expert's batch"),
+    ({"moe": {"capacity_factor": 1.25, "pad_to_capacity": True}}, "model.moe.dispatcher",
+         "deepep does not pad expert batches to capacity"),
     ({"order": "tp-cp-dp-ep-pp"}, "model.moe.dispatcher", "an EP group of 16 holds 4 of a node's 8"),
     ({"dp": 24, "ep": 12, "moe": {"experts": 48}, "cluster": {"nodes": 3}}, "model.moe.dispatcher",
      "an EP group of 12 holds 4 or 8 of a node's 8"),

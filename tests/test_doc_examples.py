@@ -291,7 +291,13 @@ def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
     plain = _variant("moe_1024gpu.yaml", schedule="1f1b", vpp=1)
     plain_apart = _variant("moe_1024gpu.yaml", schedule="1f1b", vpp=1, overlap_param_gather=False)
     bare = clustersim.simulate(_scenario("moe_1024gpu.yaml", training={"recompute": "none"})).summary
-    skew = clustersim.simulate(_scenario("moe_1024gpu.yaml", moe={"ep_load": [1.5] + [14.5 / 15] * 15}))
+    hot = {"ep_load": [1.5] + [14.5 / 15] * 15}
+    skew = clustersim.simulate(_scenario("moe_1024gpu.yaml", moe=hot))
+    drop = clustersim.simulate(_scenario("moe_1024gpu.yaml", moe={**hot, "capacity_factor": 1.25})).summary
+    pad, pad_even = (clustersim.simulate(_scenario("moe_1024gpu.yaml", moe={**load, "capacity_factor": 1.25,
+                                                                            "pad_to_capacity": True})).summary
+                     for load in (hot, {}))
+    assert pad["step_time_s"] == pytest.approx(pad_even["step_time_s"], rel=1e-9)
     _quoted_in_parallelism_md([
         f"(`cp` exposed {ring['exposed_comm_s']['cp']:.2f} s of a {ring['step_time_s']:.2f} s step)",
         f"exposes {gather['exposed_comm_s']['cp']:.2f} s (step {gather['step_time_s']:.2f} s)",
@@ -310,6 +316,8 @@ def test_the_figures_parallelism_md_quotes_are_what_the_scenarios_give():
         f"{100 * ep16['mfu']:.1f} % to {100 * skew.summary['mfu']:.1f} %, with "
         f"{skew.summary['exposed_comm_s']['ep']:.2f} s of exposed EP time; the run keeps one rank per (stage, EP "
         f"index), {len(skew.trace.ranks)} of 1024",
+        f"the step takes {drop['step_time_s']:.2f} s, MFU {100 * drop['mfu']:.1f} %",
+        f"carries, 1.25 shares: {pad['step_time_s']:.2f} s, as under balanced routing",
     ])
     assert not ep8["memory"]["fits"] and ep16["memory"]["fits"] and not bare["memory"]["fits"]
 

@@ -119,10 +119,10 @@ def test_pipeline_messages_are_held_at_both_ends():
 def test_all_to_all_holds_its_receive_buffer():
     # one stage, EP 2 (TP 4 with SP): microbatches run one after another, so at the peak one
     # microbatch's activations are alive and one all-to-all (the TP rank's s/t tokens x top_k x
-    # capacity x h x 2 bytes) in flight
+    # h x 2 bytes) in flight
     r = run(model=MOE, parallel={"tp": 4, "pp": 1, "dp": 2, "ep": 2, "sp": True}, training={"global_batch_size": 4})
     m = r.scenario.model
-    a2a = m.seq_len / 4 * m.moe.top_k * m.moe.capacity_factor * m.hidden * 2
+    a2a = m.seq_len / 4 * m.moe.top_k * m.hidden * 2
     assert {s.size_bytes for s in r.trace.spans if s.op == "all_to_all"} == {a2a}
     st = r.summary["memory"]["stages"][0]
     assert st["comm_buffers_bytes"] == a2a
@@ -296,9 +296,9 @@ def test_moe_dispatched_states_are_whole_on_every_tp_rank():
     sc = clustersim.load_scenario(scenario_dict(model=ALL_MOE), base_dir=ROOT)
     m = sc.model
     s, b, h, e = m.seq_len, 1, m.hidden, m.moe
-    dispatched = 2 * s * b * e.top_k * e.capacity_factor * h
+    dispatched = 2 * s * b * e.top_k * e.padded * h
     sharded = (2 * s * b * (m.heads + 2 * m.n_kv_heads) * m.head_dim + 2 * s * b * h
-               + 2 * s * b * (e.top_k * e.capacity_factor + e.shared_experts) * e.expert_ffn * e.mats)
+               + 2 * s * b * (e.top_k * e.padded + e.shared_experts) * e.expert_ffn * e.mats)
     one, two = (tf.layer_activation_bytes(m, b, t, True, moe_layer=True) for t in (1, 2))
     assert one - two == pytest.approx(sharded / 2, rel=1e-12)  # the dispatched states did not halve
     assert one - dispatched - sharded == pytest.approx(tf.layer_activation_bytes(m, b, 1, True) - 2 * s * b * (
@@ -427,7 +427,7 @@ def test_deferred_w_of_a_moe_layer_reads_the_dispatched_states_and_their_gradien
     sc = clustersim.load_scenario(scenario_dict(model=ALL_MOE), base_dir=ROOT)
     m = sc.model
     s, b, h, e = m.seq_len, 1, m.hidden, m.moe
-    assert e.shared_experts == 0 and e.capacity_factor == 1.0
+    assert e.shared_experts == 0 and e.capacity_factor is None
     qkv = 2 * s * b * (m.heads + 2 * m.n_kv_heads) * m.head_dim
     for t in (1, 2):
         attn = 2 * s * b * h + 2 * s * b * h / t + qkv / t + 2 * s * b * h  # inputs (no SP), gradients

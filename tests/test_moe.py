@@ -36,7 +36,7 @@ def test_all_to_all_bytes_per_step(root):
     sc = r.scenario
     m = sc.model
     tokens = sc.training.micro_batch_size * m.seq_len
-    per_a2a = tokens * m.moe.top_k * m.moe.capacity_factor * m.hidden * 2
+    per_a2a = tokens * m.moe.top_k * m.hidden * 2
     moe_layers_stage0 = sum(1 for ly in range(sc.layers_per_stage[0]) if m.is_moe_layer(ly))
     a2a = [s for s in r.trace.spans if s.op == "all_to_all" and s.stage == 0]
     # dispatch + combine, forward and backward, per MoE layer per microbatch
@@ -116,7 +116,7 @@ def test_sequence_parallel_dispatches_each_tp_rank_s_own_tokens(root):
     runs = {True: clustersim.simulate(clustersim.load_scenario(d, base_dir=root))}
     sc = runs[True].scenario
     m = sc.model
-    whole = sc.training.micro_batch_size * m.seq_len * m.moe.top_k * m.moe.capacity_factor * m.hidden * 2
+    whole = sc.training.micro_batch_size * m.seq_len * m.moe.top_k * m.hidden * 2
     moe_layers = sum(1 for ly in range(m.layers) if m.is_moe_layer(ly))
     spans = [s for s in runs[True].trace.spans if s.rank == 0]
     a2a = [s for s in spans if s.op == "all_to_all"]
@@ -258,8 +258,8 @@ def test_dualpipe_sums_both_copies_of_the_experts(root):
 HOT = [2.0, 2 / 3, 2 / 3, 2 / 3]  # EP index 0 receives twice the balanced share; mean 1
 
 
-def skewed_run(root, load, collapse=None, network="flow", **parallel):
-    model = {**MOE, "moe": {**MOE["moe"], **({"ep_load": load} if load else {})}}
+def skewed_run(root, load, collapse=None, network="flow", moe=None, **parallel):
+    model = {**MOE, "moe": {**MOE["moe"], **({"ep_load": load} if load else {}), **(moe or {})}}
     p = {"tp": 1, "pp": 1, "dp": 16, "ep": 4, **parallel}  # 16 GPUs: 2 nodes of 8
     d = scenario_dict(model=model, parallel=p, training={"global_batch_size": 2 * p["dp"]},
                       simulation={"network": network})
@@ -312,18 +312,98 @@ def test_skewed_expert_compute_delays_every_ep_rank(root):
     assert routed > 0 and experts_s(skewed, hot) - experts_s(skewed, cold) == pytest.approx(routed * 4, rel=1e-9)
 
 
-@pytest.mark.parametrize("parallel", [{}, {"tp": 2, "pp": 2, "dp": 4, "sp": True, "order": "tp-cp-dp-ep-pp"}],
-                         ids=["consecutive", "strided-tp-pp"])
-def test_skewed_load_splits_classes_by_ep_index_and_equals_all_ranks(root, parallel):
-    """The EP ranks run different programs: one class per (stage, EP index), exact."""
-    rep, full = skewed_run(root, HOT, **parallel), skewed_run(root, HOT, collapse=False, **parallel)
+@pytest.mark.parametrize("parallel,moe", [
+    ({}, None), ({"tp": 2, "pp": 2, "dp": 4, "sp": True, "order": "tp-cp-dp-ep-pp"}, None),
+    ({}, {"capacity_factor": 1.25}), ({}, {"capacity_factor": 1.25, "pad_to_capacity": True})],
+    ids=["consecutive", "strided-tp-pp", "dropped", "padded"])
+def test_skewed_load_splits_classes_by_ep_index_and_equals_all_ranks(root, parallel, moe):
+    """The EP ranks run different programs: one class per (stage, EP index), exact. Padded to
+    capacity, they compute alike but not alike much of it is real tokens (model FLOPs)."""
+    rep = skewed_run(root, HOT, moe=moe, **parallel)
+    full = skewed_run(root, HOT, collapse=False, moe=moe, **parallel)
     mesh = rep.scenario.mesh
     assert rep.summary["simulation"]["simulated_ranks"] == mesh.pp * mesh.ep < mesh.world_size
-    for key in ("step_time_s", "mfu", "bubble_fraction"):
+    for key in ("step_time_s", "mfu", "bubble_fraction", "model_flops_per_step"):
         assert rep.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
     assert rep.summary["exposed_comm_s"]["ep"] == pytest.approx(full.summary["exposed_comm_s"]["ep"], rel=1e-9)
     balanced = skewed_run(root, None, **parallel)
     assert rep.summary["step_time_s"] > balanced.summary["step_time_s"]
+
+
+# --- capacity: tokens beyond it dropped, or batches padded to it ---------------------------------
+
+def test_expert_loads_are_cut_at_capacity_or_padded_to_it():
+    from clustersim.model.moe import MoeCfg, expert_loads
+
+    hot = dict(experts=16, top_k=2, expert_ffn=1024, ep_load=[1.6, 0.8, 0.8, 0.8])
+    assert expert_loads(MoeCfg(**hot), 4) == ((1.6, 0.8, 0.8, 0.8),) * 2
+    assert expert_loads(MoeCfg(**hot, capacity_factor=1.25), 4) == ((1.25, 0.8, 0.8, 0.8),) * 2
+    assert expert_loads(MoeCfg(**hot, capacity_factor=1.25, pad_to_capacity=True), 4) == (
+        (1.25,) * 4, (1.25, 0.8, 0.8, 0.8))
+    balanced = dict(experts=16, top_k=2, expert_ffn=1024, capacity_factor=1.5)
+    assert expert_loads(MoeCfg(**balanced), 4) == ((1.0,) * 4,) * 2  # nothing beyond capacity
+    assert expert_loads(MoeCfg(**balanced, pad_to_capacity=True), 4) == ((1.5,) * 4, (1.0,) * 4)
+
+
+def _routed_model_flops(r) -> float:
+    """The routed experts' model FLOPs in a step under balanced dropless routing: per token and
+    MoE layer, top_k experts of mats GEMMs of 2 h f_e each, forward and twice that backward."""
+    m, tr = r.scenario.model, r.scenario.training
+    layers = sum(1 for ly in range(m.layers) if m.is_moe_layer(ly))
+    return 3 * tr.global_batch_size * m.seq_len * layers * m.moe.top_k * 2 * m.moe.mats * m.hidden * m.moe.expert_ffn
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["dropped", "padded"])
+def test_a_capacity_caps_the_hot_ranks_experts(root, pad):
+    """Free network, HOT's rank 0 routed twice its share: at capacity 1.25 its experts compute
+    1.25 times the balanced share, so the step exceeds the balanced one by a quarter of what
+    the dropless skew adds (expert time is linear in the pairs: closed form). Dropped or
+    padded, that rank sets the pace alike. The model FLOPs lose the dropped tokens,
+    (2 - 1.25) / 4 of the routed ones, in both: padding is not model work."""
+    cap = {"capacity_factor": 1.25, "pad_to_capacity": pad}
+    balanced, dropless = skewed_run(root, None, network="ideal"), skewed_run(root, HOT, network="ideal")
+    capped = skewed_run(root, HOT, network="ideal", moe=cap)
+    step = {k: r.summary["step_time_s"] for k, r in (("b", balanced), ("d", dropless), ("c", capped))}
+    assert step["d"] > step["b"]
+    assert step["c"] - step["b"] == pytest.approx(0.25 * (step["d"] - step["b"]), rel=1e-9)
+    assert dropless.summary["model_flops_per_step"] == pytest.approx(balanced.summary["model_flops_per_step"], rel=1e-12)
+    lost = (2.0 - 1.25) / 4 * _routed_model_flops(balanced)
+    assert capped.summary["model_flops_per_step"] == pytest.approx(
+        balanced.summary["model_flops_per_step"] - lost, rel=1e-12)
+
+
+def test_a_capacity_above_a_balanced_load_drops_nothing_and_padding_costs_it(root):
+    """Balanced routing at capacity 1.5: dropping leaves the plan as it is, to the bit; padding
+    makes every expert compute and every all-to-all carry 1.5 times the balanced share, with
+    the same model FLOPs (free network: the step grows by half the routed experts' time)."""
+    balanced = skewed_run(root, None)
+    dropped = skewed_run(root, None, moe={"capacity_factor": 1.5})
+    padded = skewed_run(root, None, moe={"capacity_factor": 1.5, "pad_to_capacity": True})
+    for key in ("step_time_s", "model_flops_per_step", "exposed_comm_s", "memory"):
+        assert dropped.summary[key] == balanced.summary[key], key
+    assert padded.summary["model_flops_per_step"] == pytest.approx(balanced.summary["model_flops_per_step"], rel=1e-12)
+    a2a = [{s.size_bytes for s in r.trace.spans if s.op == "all_to_all"} for r in (balanced, padded)]
+    (size,), (size_padded,) = a2a
+    assert size_padded == pytest.approx(1.5 * size, rel=1e-12)
+    assert padded.summary["memory"]["stages"][0]["peak_bytes"] > balanced.summary["memory"]["stages"][0]["peak_bytes"]
+    free = {k: skewed_run(root, None, network="ideal", moe=v)
+            for k, v in (("b", None), ("p", {"capacity_factor": 1.5, "pad_to_capacity": True}))}
+    hot = skewed_run(root, HOT, network="ideal")  # the hot rank's routed experts twice: one share more
+    one_share = hot.summary["step_time_s"] - free["b"].summary["step_time_s"]
+    assert free["p"].summary["step_time_s"] - free["b"].summary["step_time_s"] == pytest.approx(0.5 * one_share,
+                                                                                                rel=1e-9)
+
+
+@pytest.mark.parametrize("moe,field,words", [
+    ({"pad_to_capacity": True}, "model.moe", "pad_to_capacity pads each expert's batch to its capacity; it needs"),
+    ({"capacity_factor": 0.5}, "model.moe.capacity_factor", "greater than or equal to 1"),
+])
+def test_bad_capacity(root, moe, field, words):
+    d = scenario_dict(model={**MOE, "moe": {**MOE["moe"], **moe}}, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 4},
+                      training={"global_batch_size": 32})
+    with pytest.raises(clustersim.ConfigError, match=field.replace(".", r"\.")) as exc:
+        clustersim.load_scenario(d, base_dir=root)
+    assert words in str(exc.value)
 
 
 @pytest.mark.parametrize("training", [{}, {"recompute": "full"}, {"recompute": "selective", "recompute_modules": ["moe"]}],
@@ -344,7 +424,8 @@ def test_a_skewed_load_counts_the_busiest_ranks_memory(root, training):
         sc = clustersim.load_scenario(d, base_dir=root)
         return clustersim.simulate(sc, brief=True).summary["memory"] if simulate else memory_floor(sc)
 
-    skewed, padded, balanced = summary_of({"ep_load": HOT}), summary_of({"capacity_factor": 2.0}), summary_of({})
+    skewed, padded, balanced = (summary_of({"ep_load": HOT}), summary_of({"capacity_factor": 2.0, "pad_to_capacity": True}),
+                                summary_of({}))
     for s, p, b in zip(skewed["stages"], padded["stages"], balanced["stages"]):
         for key in ("activations_bytes", "recomputing_bytes", "params_bytes", "optimizer_bytes"):
             assert s[key] == p[key], key
@@ -352,7 +433,8 @@ def test_a_skewed_load_counts_the_busiest_ranks_memory(root, training):
             x["activation_bytes_per_microbatch"] for x in p["parts"]]
         assert s["params_bytes"] == b["params_bytes"]
         assert s["activations_bytes"] + s["recomputing_bytes"] > b["activations_bytes"] + b["recomputing_bytes"]
-    floors = [summary_of(moe, simulate=False)["peak_bytes"] for moe in ({"ep_load": HOT}, {"capacity_factor": 2.0}, {})]
+    floors = [summary_of(moe, simulate=False)["peak_bytes"]
+              for moe in ({"ep_load": HOT}, {"capacity_factor": 2.0, "pad_to_capacity": True}, {})]
     # (the floor counts what microbatches keep: under recompute a layer's input, the same)
     assert floors[0] == floors[1] >= floors[2] and (floors[0] > floors[2] or training)
 
@@ -366,7 +448,6 @@ def test_an_even_load_is_the_balanced_plan(root):
 @pytest.mark.parametrize("moe,words", [
     ({"ep_load": [1.5, 0.5]}, "2 entries for parallel.ep=4"),
     ({"ep_load": [2.0, 1.0, 1.0, 1.0]}, "average 1.25, not 1"),
-    ({"ep_load": HOT, "capacity_factor": 1.25}, "with model.moe.capacity_factor=1.25"),
 ])
 def test_bad_ep_load(root, moe, words):
     d = scenario_dict(model={**MOE, "moe": {**MOE["moe"], **moe}}, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 4},

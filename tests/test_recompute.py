@@ -223,7 +223,7 @@ def test_each_module_drops_its_terms(sp):
     e = m.moe
     s, b, h = m.seq_len, 1, m.hidden
     rep = 1 / t if sp else 1.0
-    routed = 2 * s * b * e.top_k * e.capacity_factor * e.expert_ffn / t
+    routed = 2 * s * b * e.top_k * e.padded * e.expert_ffn / t
     drops = {  # module -> (bytes a dense layer drops, bytes a MoE layer drops)
         "layernorm": (4 * s * b * h * rep,) * 2,
         "mlp": (2 * s * b * m.ffn * 3 / t, 0.0),

@@ -249,7 +249,8 @@ def test_fp8_gemms_pay_the_cast_of_their_operand():
     assert sum(op_time_s(o, gpu, "fp8") for o in b_half + w_half) == pytest.approx(op_time_s(bwd, gpu, "fp8"), rel=EXACT)
     head = matmul_op("lm_head", m, k, 50000)  # left in BF16: no cast
     assert op_time_s(head, gpu, "fp8") == op_time_s(head, gpu, "bf16")
-    up = routed_experts_fwd(MoeCfg(experts=8, top_k=2, expert_ffn=2048, capacity_factor=1.25), 4096, 1024, 1)[0]
+    up = routed_experts_fwd(MoeCfg(experts=8, top_k=2, expert_ffn=2048, capacity_factor=1.25,
+                                    pad_to_capacity=True), 4096, 1024, 1)[0]
     assert up.fp8_cast_elems == 4096 * 2 * 1.25 * 1024 and up.fp8_grad_elems == 4096 * 2 * 1.25 * 2 * 2048
 
 
@@ -318,7 +319,7 @@ def test_flash_attention_runs_at_its_kernels_published_efficiency(gpu_name, fwd_
 MOE = {"experts": 16, "top_k": 2, "expert_ffn": 1024, "shared_experts": 1, "dense_layers_first": 1}
 
 
-def moe_closed_form(Bq, s, l, h, V, experts, top_k, f_e, shared, dense_first, capacity=1.0, mats=3):
+def moe_closed_form(Bq, s, l, h, V, experts, top_k, f_e, shared, dense_first, mats=3):
     """Model FLOPs per step of the SMALL model with MoE MLPs (SwiGLU experts, no biases):
     attention as in the causal 72 form; the first ``dense_first`` layers keep a dense 4h SwiGLU MLP;
     every other layer: router 2hE, top_k routed experts and the shared experts,
@@ -337,14 +338,14 @@ def moe_run(root, tp=1, **moe):
 
 
 @pytest.mark.parametrize("moe", [{}, {"experts": 32}, {"top_k": 4}, {"shared_experts": 0},
-                                 {"capacity_factor": 1.25}, {"mlp": "gelu"}])
+                                 {"capacity_factor": 1.25}, {"capacity_factor": 1.25, "pad_to_capacity": True},
+                                 {"mlp": "gelu"}])
 def test_moe_model_flops_count_the_top_k_experts_only(root, moe):
     r = moe_run(root, **moe)
     cfg = {**MOE, **moe}
     s, l, h, V = shape(r.scenario.model)
     want = moe_closed_form(B, s, l, h, V, cfg["experts"], cfg["top_k"], cfg["expert_ffn"], cfg["shared_experts"],
-                           cfg["dense_layers_first"], cfg.get("capacity_factor", 1.0),
-                           mats=2 if cfg.get("mlp") == "gelu" else 3)
+                           cfg["dense_layers_first"], mats=2 if cfg.get("mlp") == "gelu" else 3)
     assert r.summary["model_flops_per_step"] == pytest.approx(want, rel=EXACT)
 
 

@@ -12,14 +12,22 @@ Per TP rank and microbatch, with T tokens, k experts per token, E experts on ep 
     dispatch bytes   T * k * capacity * h * 2   sent by each rank, (ep-1)/ep of it off-rank
     combine bytes    the same back
 
-Balanced routing is the default (every expert receives T*k/E tokens); ``capacity_factor`` >= 1
-pads expert batches as token-dropping implementations do. ``ep_load`` skews dropless routing:
-the experts of EP rank e receive ``ep_load[e]`` times the balanced share (mean 1), so their
-grouped GEMMs take that much longer, and the all-to-all moves that much more to (dispatch) and
-from (combine) them::
+Balanced routing is the default (every expert receives T*k/E tokens). ``ep_load`` skews it:
+the experts of EP rank e are routed ``ep_load[e]`` times the balanced share (mean 1). Routing
+is dropless unless ``capacity_factor`` is set; then each expert takes at most ``capacity_factor``
+times its balanced share of each rank's tokens and drops the rest before the dispatch, and with
+``pad_to_capacity`` its batch is also padded up to that capacity (Megatron-LM's
+``--moe-expert-capacity-factor`` and ``--moe-pad-expert-input-to-capacity``,
+``topk_softmax_with_capacity``). What EP rank e's experts compute, ``run[e]``, and how much of
+it is real tokens, ``real[e]`` (:func:`expert_loads`)::
 
-    expert FLOPs on rank e   x ep_load[e]
-    dispatch bytes a -> b    S/ep * ep_load[b]      (combine: b -> a, the same)
+                        run[e]                real[e]
+    dropless            ep_load[e]            ep_load[e]
+    capacity c, drop    min(ep_load[e], c)    min(ep_load[e], c)
+    capacity c, pad     c                     min(ep_load[e], c)
+
+    expert FLOPs on rank e   x run[e]  (model FLOPs: x real[e])
+    dispatch bytes a -> b    S/ep * run[b]          (combine: b -> a, the same)
 
 ``dispatcher: deepep`` sends a token once per node and GPU its experts are on instead of once
 per expert (:func:`token_reach`, ``collectives.algorithms.deepep_flows``); what a rank hands
@@ -47,7 +55,13 @@ class MoeCfg(Strict):
     expert_ffn: int = pydantic.Field(ge=1, description="hidden size of one expert's MLP")
     shared_experts: int = pydantic.Field(default=0, ge=0)
     dense_layers_first: int = pydantic.Field(default=0, ge=0, description="the first k layers keep a dense MLP")
-    capacity_factor: float = pydantic.Field(default=1.0, ge=1.0)
+    capacity_factor: float | None = pydantic.Field(
+        default=None, ge=1.0, description="each expert takes at most this times its balanced share of a rank's "
+        "tokens and drops the rest (Megatron-LM's --moe-expert-capacity-factor); null: dropless")
+    pad_to_capacity: bool = pydantic.Field(
+        default=False, description="pad every expert's batch up to its capacity (Megatron-LM's "
+        "--moe-pad-expert-input-to-capacity, GShard's and Switch's fixed shapes): its experts compute and the "
+        "all-to-alls carry capacity_factor times the balanced share whatever the routing; needs capacity_factor")
     mlp: Literal["swiglu", "gelu"] = "swiglu"
     ep_load: list[pydantic.PositiveFloat] | None = pydantic.Field(
         default=None, description="tokens each EP rank's experts receive, relative to balanced routing "
@@ -75,7 +89,11 @@ class MoeCfg(Strict):
     def _top_k(self):
         if self.top_k > self.experts:
             raise ValueError(f"model.moe.top_k={self.top_k} exceeds model.moe.experts={self.experts}")
-        if self.capacity_factor * self.top_k > self.experts:  # an expert cannot take more than every token
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise ValueError("model.moe.pad_to_capacity pads each expert's batch to its capacity; it needs "
+                             "model.moe.capacity_factor")
+        if self.capacity_factor is not None and self.capacity_factor * self.top_k > self.experts:
+            # an expert cannot take more than every token
             raise ValueError(f"model.moe.capacity_factor={self.capacity_factor:g} lets an expert take more than "
                              f"every token: at most experts / top_k = {self.experts / self.top_k:g}")
         groups, top = self.router_groups, self.router_group_top_k
@@ -98,6 +116,32 @@ class MoeCfg(Strict):
     def mats(self) -> int:
         """Weight matrices per expert: gate, up, down for swiglu; up, down for gelu."""
         return 3 if self.mlp == "swiglu" else 2
+
+    @property
+    def padded(self) -> float:
+        """Token-expert pairs an expert computes under balanced routing, relative to its
+        balanced share: ``capacity_factor`` where batches are padded to capacity, else 1 (a
+        capacity of at least the balanced share drops nothing)."""
+        return self.capacity_factor if self.pad_to_capacity else 1.0
+
+
+def expert_loads(moe: MoeCfg, ep: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per EP rank, the token-expert pairs its experts compute (``run``) and the real tokens
+    among them (``real``), relative to balanced routing: ``ep_load`` (balanced: 1 each) cut at
+    ``capacity_factor`` where set (the tokens beyond an expert's capacity are dropped before
+    the dispatch), every rank at capacity where ``pad_to_capacity``::
+
+        ep_load [1.6, 0.8, 0.8, 0.8]    dropless   run = real = [1.6, 0.8, 0.8, 0.8]
+        capacity_factor 1.25            drop       run = real = [1.25, 0.8, 0.8, 0.8]
+                                        pad        run [1.25] * 4, real [1.25, 0.8, 0.8, 0.8]
+
+    Megatron-LM's ``topk_softmax_with_capacity`` sets each expert's capacity from the routing
+    rank's own tokens, so with every rank routing alike each expert keeps
+    ``min(load, capacity_factor)`` of every rank's share."""
+    load = tuple(moe.ep_load) if moe.ep_load is not None else (1.0,) * ep
+    cap = moe.capacity_factor
+    real = load if cap is None else tuple(min(x, cap) for x in load)
+    return ((cap,) * len(load) if moe.pad_to_capacity else real), real
 
 
 def expert_params(moe: MoeCfg, hidden: int) -> int:
@@ -124,22 +168,25 @@ def router_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int = 1) -> list[Op]:
     return [logits, elementwise_op("topk", tokens * moe.experts, 3)]
 
 
-def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, load: float = 1.0) -> list[Op]:
+def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, run: float | None = None,
+                       real: float = 1.0) -> list[Op]:
     """The routed experts' grouped GEMMs on the tokens this rank receives.
 
-    Each rank of the EP group computes E/ep experts on (tokens * k * capacity) / (E/ep) tokens
-    each, i.e. tokens * k * capacity token-expert pairs in all: independent of ep. The
-    capacity padding is executed but is not model work: model FLOPs count tokens * k pairs.
-    ``load``: this rank's share relative to balanced routing (``ep_load``), which scales its
-    pairs (dropless routing: every routed token is computed where it lands).
+    Each rank of the EP group computes E/ep experts on (tokens * k * run) / (E/ep) tokens
+    each, i.e. tokens * k * run token-expert pairs in all: independent of ep. ``run`` and
+    ``real``: the rank's pairs and the real tokens among them relative to balanced routing
+    (:func:`expert_loads`; by default balanced routing's: ``moe.padded`` and 1). Padding is
+    executed but is not model work: model FLOPs count the ``real`` pairs.
     """
-    pairs = tokens * moe.top_k * moe.capacity_factor * load
+    if run is None:
+        run = moe.padded
+    pairs = tokens * moe.top_k * run
     f = moe.expert_ffn / t
     up = (moe.mats - 1) * f
 
     def gemm(name: str, k: float, n: float) -> Op:
         op = matmul_op(name, pairs, k, n)
-        return replace(op, model_flops=op.flops / moe.capacity_factor)
+        return replace(op, model_flops=op.flops * real / run)
 
     return [
         gemm("experts_up", hidden, up),
@@ -172,9 +219,10 @@ FP8_DISPATCH_BYTES = 1 + 4 / 128
 
 
 def dispatch_bytes(moe: MoeCfg, tokens: float, hidden: int, fp8: bool = False) -> float:
-    """Bytes one rank hands to the dispatch all-to-all (16-bit hidden states, k copies; with
-    ``fp8``, FP8 values and their scales: :data:`FP8_DISPATCH_BYTES` a value)."""
-    return tokens * moe.top_k * moe.capacity_factor * hidden * (FP8_DISPATCH_BYTES if fp8 else ELEM_BYTES)
+    """Bytes one rank hands to the dispatch all-to-all under balanced dropless routing (16-bit
+    hidden states, k copies; with ``fp8``, FP8 values and their scales:
+    :data:`FP8_DISPATCH_BYTES` a value); the ranks' loads (:func:`expert_loads`) scale them."""
+    return tokens * moe.top_k * hidden * (FP8_DISPATCH_BYTES if fp8 else ELEM_BYTES)
 
 
 def routing(moe: MoeCfg | None) -> tuple:

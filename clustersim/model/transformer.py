@@ -517,10 +517,10 @@ def layer_activation_terms(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bo
         # expert intermediates for the k routed copies and the shared experts, plus the
         # dispatched hidden states kept for the expert GEMMs' weight gradients
         e = m.moe
-        routed = 2 * s * b * e.top_k * e.capacity_factor * e.expert_ffn / t
+        routed = 2 * s * b * e.top_k * e.padded * e.expert_ffn / t
         terms |= {"experts_fc1": routed * (e.mats - 1), "experts_act": routed,
                   "shared": 2 * s * b * e.shared_experts * e.expert_ffn * e.mats / t,
-                  "dispatched": 2 * s * b * e.top_k * e.capacity_factor * h * _expert_share(t, etp)}
+                  "dispatched": 2 * s * b * e.top_k * e.padded * h * _expert_share(t, etp)}
     else:
         f = 2 * s * b * m.ffn / t
         terms |= {"mlp_fc1": f * (2 if m.mlp == "swiglu" else 1), "mlp_act": f}
@@ -646,7 +646,7 @@ def layer_wgrad_bytes(m: DenseModelCfg, b: int, t: int, sp: bool = False, moe_la
         attn = 2 * sbh * rep + context + 2 * s * b * (m.heads + 2 * m.n_kv_heads) * m.head_dim / t + 2 * sbh
     if moe_layer and m.moe is not None:
         e = m.moe
-        routed = e.top_k * e.capacity_factor
+        routed = e.top_k * e.padded
         mlp = 2 * 2 * s * b * routed * h * _expert_share(t, etp) \
             + 2 * s * b * (routed + e.shared_experts) * e.expert_ffn * e.mats / t
         if e.shared_experts:

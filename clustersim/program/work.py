@@ -949,16 +949,17 @@ def memory_model(sc: Scenario):
     """The model as the memory of a part counts it: ``sc.model``, but under a skewed expert
     load (``model.moe.ep_load``) with the busiest EP rank's tokens, so that a stage's memory is
     that of its busiest GPU. The routed experts' kept terms (their intermediates, the
-    dispatched hidden states, their gradients for a split W) scale with the tokens a rank's
-    experts receive, as ``capacity_factor`` scales them (ep_load needs it at 1)::
+    dispatched hidden states, their gradients for a split W) scale with the pairs a rank's
+    experts compute (``moe.expert_loads``), as padding to capacity scales them::
 
-        capacity_factor' = max(ep_load)           [1.6, 0.8, 0.8, 0.8]: 1.6x the balanced terms
+        capacity_factor' = max(run), padded       [1.6, 0.8, 0.8, 0.8]: 1.6x the balanced terms
     """
     made = sc.__dict__.get("_memory_model")  # (made once a scenario: every layer of every part asks)
     if made is None:
         m, e = sc.model, sc.model.moe
-        made = m.model_copy(update={"moe": e.model_copy(update={"capacity_factor": e.capacity_factor * max(e.ep_load)})}) \
-            if sc.cfg.ranks_differ()[1] else m
+        most = max(moe.expert_loads(e, sc.parallel.ep)[0]) if sc.cfg.ranks_differ()[1] else None
+        made = m.model_copy(update={"moe": e.model_copy(update={"capacity_factor": most, "pad_to_capacity": True})}) \
+            if most is not None else m
         sc.__dict__["_memory_model"] = made
     return made
 
@@ -1009,10 +1010,12 @@ class MoeBlocks:
         forward   [router]A2A ─ [experts]A2A                            (SP, etp 1, no shared expert)
         forward   AG[router]A2A ─ [experts + shared]A2A RS              (SP, etp 1, shared experts)
 
-    With a skewed load (``ep_load``), rank ``ep_rank``'s routed experts compute its share, and
-    the all-to-alls that carry tokens *to* the experts (forward dispatch, backward gradient of
-    the combine) scale each flow by its destination's load, those *from* the experts (forward
-    combine, backward gradient of the dispatch) by its source's.
+    With a skewed load (``ep_load``), or a capacity that drops or pads (``capacity_factor``),
+    rank ``ep_rank``'s routed experts compute its pairs (``moe.expert_loads``: ``run``, of which
+    ``real`` are model work), and where the ranks' pairs differ the all-to-alls that carry
+    tokens *to* the experts (forward dispatch, backward gradient of the combine) scale each
+    flow by its destination's, those *from* the experts (forward combine, backward gradient of
+    the dispatch) by its source's; where they are alike, every flow by theirs.
     """
 
     fwd_specs: tuple
@@ -1025,13 +1028,17 @@ class MoeBlocks:
         b, flash, sp = sc.training.micro_batch_size, sc.training.attention == "flash", sc.parallel.sp
         tokens = b * m.seq_len / sc.parallel.cp
         rep_tok = tokens / t if sp else tokens
-        skew = tuple(e.ep_load) if sc.cfg.ranks_differ()[1] else ()
+        run, real = moe.expert_loads(e, ep)
+        if not sc.cfg.ranks_differ()[1]:
+            ep_rank = 0  # (every rank's pairs alike)
+        skew = run if len(set(run)) > 1 else ()  # (padded to capacity: alike, however skewed the routing)
 
         def a2a(by_src: bool, label: str = "") -> tuple:
             if ep == 1:
                 return ()
             # (to the experts, with fp8_dispatch: FP8 and its scales; from them, 16-bit)
-            return (CommItem("all_to_all", moe.dispatch_bytes(e, rep_tok, h, e.fp8_dispatch and not by_src), dim="ep",
+            sent = moe.dispatch_bytes(e, rep_tok, h, e.fp8_dispatch and not by_src)
+            return (CommItem("all_to_all", sent if skew else sent * run[0], dim="ep",
                              load=(by_src, skew) if skew else (), label=label),)
 
         # under SP each TP rank routes its own s/t tokens where the experts are not split as
@@ -1045,7 +1052,7 @@ class MoeBlocks:
             f_pre, b_pre = fp8_gathers(f_pre, sc.training.fp8), fp8_gathers(b_pre, sc.training.fp8)
         regroup = own and et > 1
         expert_tok = rep_tok * et if own else tokens  # the tokens a rank's experts share (balanced)
-        share = skew[ep_rank] if skew else 1.0
+        share = run[ep_rank]
         # (what the dispatch brought, FP8 under fp8_dispatch, gathered as it came; sums back in 16 bits)
         gathered_in = moe.dispatch_bytes(e, expert_tok, h, e.fp8_dispatch) * share
         gathered = moe.dispatch_bytes(e, expert_tok, h) * share
@@ -1055,7 +1062,7 @@ class MoeBlocks:
         to_experts, from_experts = a2a(False) + gather, scatter + a2a(True)
         router = [tf.elementwise_op("norm2", rep_tok * h, 2)] + (
             moe.router_fwd(e, rep_tok, h) if own else moe.router_fwd(e, tokens, h, t))
-        experts = moe.routed_experts_fwd(e, expert_tok, h, et, skew[ep_rank] if skew else 1.0) \
+        experts = moe.routed_experts_fwd(e, expert_tok, h, et, run[ep_rank], real[ep_rank]) \
             + moe.shared_experts_fwd(e, tokens, h, t) + [tf.elementwise_op("residual2", rep_tok * h, 3)]
         router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
         shared_params = e.shared_experts * moe.expert_params(e, h) / t  # shared experts split as the dense MLP
