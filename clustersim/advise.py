@@ -487,7 +487,7 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                 else f" (the case has {advice['gpus']:,} GPUs, not more than 8: the rule's options that need more "
                      "cannot be run)" if advice["gpus"] <= 8 and any(x.startswith(SIZE_RULE) for x in advice["guide"])
                 else ""),
-             f"{'searched':<12}{dims}; dp follows: {advice['shapes']:,} shapes"
+             f"{'searched':<12}{dims}; dp follows: {advice['shapes']:,} shape{'s' if advice['shapes'] != 1 else ''}"
              # (not every shape takes every setting: no ZeRO-3 with a pipeline, no ZeRO where nothing shards)
              + (f", each with the settings it takes: {n:,} plans" if not advice["coarse_to_fine"] else
                 f", {advice['searched']:,} plans; coarse to fine (each shape first with the settings that save the "

@@ -857,8 +857,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "--microbatches, as Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage)")
     sch.add_argument("--file", help="a custom schedule, one row of actions per rank (e.g. 0F0 0F1 0B0 ...)")
     sch.add_argument("--combined", action="store_true",
-                     help="1f1b or interleaved: combined 1F1B, each steady forward with the backward after it as "
-                          "one overlapped chunk (parallel.ep_comm_overlap)")
+                     help="interleaved, or 1f1b with --pp 1 (as Megatron-LM combines them): combined 1F1B, each "
+                          "steady forward with the backward after it as one overlapped chunk "
+                          "(parallel.ep_comm_overlap)")
     sch.set_defaults(func=cmd_schedule)
 
     val = sub.add_parser("validate", help="check scenario (or topology) files without simulating")

@@ -166,8 +166,10 @@ def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[st
         given = dict(changes).get(exc.field) if exc.field in PATH_KEYS else None
         if isinstance(given, str) and given == dict(made)[exc.field] and "not found" in exc.message \
                 and not Path(given).is_absolute() and not given.startswith("~"):  # (looked for in both places)
-            raise ConfigError(f"{exc.message}, nor from the working folder ({Path(given).resolve()})",
-                              source=exc.source, field=exc.field) from None
+            here = Path(given).resolve()
+            tail = (f"; from the working folder it is a folder ({here}): give the file in it" if here.is_dir()
+                    else f", nor from the working folder ({here})")
+            raise ConfigError(f"{exc.message}{tail}", source=exc.source, field=exc.field) from None
         raise
 
 

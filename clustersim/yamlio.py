@@ -113,7 +113,7 @@ class Strict(pydantic.BaseModel):
         if info.field_name is None:
             return v
         items = v if isinstance(v, list) else [v]  # a list of numbers' items too (layers_per_stage)
-        if any(isinstance(x, (bool, str)) for x in items):
+        if any(isinstance(x, (bool, str, int, float)) for x in items):
             kinds, seen = set(), [cls.model_fields[info.field_name].annotation]
             while seen:  # the annotation's types, unions and list items unfolded
                 t = seen.pop()
@@ -141,6 +141,11 @@ class Strict(pydantic.BaseModel):
             if bool in kinds and kinds <= {bool, type(None)} and any(isinstance(x, str) for x in items):
                 quoted = next(x for x in items if isinstance(x, str))
                 raise _refused_alone(f"true or false, not a string ({short_repr(quoted)})")
+            # and pydantic would read 0 and 1 as False and True: ``bias: 0`` is a slip too
+            if bool in kinds and kinds <= {bool, type(None)} and any(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in items):
+                number = next(x for x in items if isinstance(x, (int, float)) and not isinstance(x, bool))
+                raise _refused_alone(f"true or false, not a number ({short_repr(number)})")
         if v is None:
             # ``parallel:`` with nothing under it reads as null in YAML: a section left empty
             # takes its defaults, as one left out does (a field that may be null stays null)
@@ -469,7 +474,13 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors()
+        err = errors[0]
+        if err["type"] == "missing":
+            # a required key that is missing beside an unknown one is most likely it misspelt
+            # (``hiden: 8192``): name the unknown key, which says what to write
+            err = next((e for e in errors if e["type"] in ("extra_forbidden", "invalid_key")
+                        and e["loc"][:-1] == err["loc"][:-1]), err)
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         field = _field_path(((prefix,) if prefix else ()) + loc) or None
         kind = err["type"]
@@ -484,6 +495,11 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
                 msg += f"; YAML needs a space after a key's colon: {name}: {value}"
         elif kind == "missing":
             msg = "required key is missing"
+        elif kind == "invalid_key":  # (``1: foo``: pydantic would show the key as a list index)
+            key = loc[-1] if loc else ""
+            field = _field_path(((prefix,) if prefix else ()) + loc[:-1]) or None
+            what = "a boolean" if isinstance(key, bool) else "a number" if isinstance(key, (int, float)) else "not text"
+            msg = f"unknown key {short_repr(key)}: YAML read it as {what}; keys are names (see docs/reference.md)"
         elif kind == "model_type" and err.get("input", ...) is None and loc and isinstance(loc[-1], str):
             # ``training:`` with nothing under it (a list's null item keeps pydantic's wording)
             msg = "is empty; this section is required (see docs/reference.md for its keys)"

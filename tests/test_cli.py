@@ -1011,6 +1011,9 @@ def test_a_file_a_change_names_is_read_as_a_shell_reads_it(tmp_path, root):
     assert r.returncode == 2 and "topology file not found: topologies/nope.yaml (relative to the scenario's folder: " \
         in r.stderr and "base_dir" not in r.stderr, r.stderr
     assert r.stderr.rstrip().endswith(f", nor from the working folder ({root / 'topologies' / 'nope.yaml'})")
+    r = run_cli("run", path, "--set", "cluster.topology=topologies", cwd=root)  # a folder: not "not found" there
+    assert r.returncode == 2 and r.stderr.rstrip().endswith(
+        f"; from the working folder it is a folder ({root / 'topologies'}): give the file in it"), r.stderr
     # a file of that name in both places: the one beside the scenario, as the file's own paths are read
     (tmp_path / "s").mkdir()
     shutil.copy(root / path, tmp_path / "s" / "x.yaml")
