@@ -353,19 +353,41 @@ def _routed_model_flops(r) -> float:
     return 3 * tr.global_batch_size * m.seq_len * layers * m.moe.top_k * 2 * m.moe.mats * m.hidden * m.moe.expert_ffn
 
 
+def _permuting_s(r, sent: float) -> float:
+    """What a step's token permutations take on the path of a free network's step (every
+    rank's blocks in lock-step with the hot one's): ``permute`` in each router block and
+    ``unpermute`` in each experts block, forward and backward alike, over the tokens and the
+    ``sent`` x k copies a rank sends (model/moe.py ``permutations``)."""
+    from clustersim.model.moe import permutations
+    from clustersim.program.costs import op_time_s
+
+    sc = r.scenario
+    tokens = sc.training.micro_batch_size * sc.model.seq_len
+    one = sum(op_time_s(op, sc.cluster.gpu, sc.training.precision)
+              for op in permutations(sc.model.moe, tokens, sc.model.hidden, sent)) / 2
+    blocks = sum(1 for s in r.trace.spans if s.rank == r.trace.ranks[0] and s.kind == "compute"
+                 and s.name.endswith((" router", " experts")))
+    return blocks * one
+
+
 @pytest.mark.parametrize("pad", [False, True], ids=["dropped", "padded"])
 def test_a_capacity_caps_the_hot_ranks_experts(root, pad):
     """Free network, HOT's rank 0 routed twice its share: at capacity 1.25 its experts compute
     1.25 times the balanced share, so the step exceeds the balanced one by a quarter of what
-    the dropless skew adds (expert time is linear in the pairs: closed form). Dropped or
-    padded, that rank sets the pace alike. The model FLOPs lose the dropped tokens,
-    (2 - 1.25) / 4 of the routed ones, in both: padding is not model work."""
+    the dropless skew adds (expert time is linear in the pairs: closed form), and by what the
+    permutations of the copies every rank sends gain or lose (dropped: 0.8125 of the balanced
+    copies on average; padded: 1.25; dropless: 1). Dropped or padded, the hot rank sets the
+    pace alike. The model FLOPs lose the dropped tokens, (2 - 1.25) / 4 of the routed ones, in
+    both: padding is not model work."""
     cap = {"capacity_factor": 1.25, "pad_to_capacity": pad}
     balanced, dropless = skewed_run(root, None, network="ideal"), skewed_run(root, HOT, network="ideal")
     capped = skewed_run(root, HOT, network="ideal", moe=cap)
     step = {k: r.summary["step_time_s"] for k, r in (("b", balanced), ("d", dropless), ("c", capped))}
     assert step["d"] > step["b"]
-    assert step["c"] - step["b"] == pytest.approx(0.25 * (step["d"] - step["b"]), rel=1e-9)
+    sent = 1.25 if pad else (1.25 + 3 * 2 / 3) / 4
+    permuted = _permuting_s(capped, sent) - _permuting_s(balanced, 1.0)
+    assert (permuted > 0) == pad and permuted != 0
+    assert step["c"] - step["b"] == pytest.approx(0.25 * (step["d"] - step["b"]) + permuted, rel=1e-9)
     assert dropless.summary["model_flops_per_step"] == pytest.approx(balanced.summary["model_flops_per_step"], rel=1e-12)
     lost = (2.0 - 1.25) / 4 * _routed_model_flops(balanced)
     assert capped.summary["model_flops_per_step"] == pytest.approx(
@@ -375,7 +397,8 @@ def test_a_capacity_caps_the_hot_ranks_experts(root, pad):
 def test_a_capacity_above_a_balanced_load_drops_nothing_and_padding_costs_it(root):
     """Balanced routing at capacity 1.5: dropping leaves the plan as it is, to the bit; padding
     makes every expert compute and every all-to-all carry 1.5 times the balanced share, with
-    the same model FLOPs (free network: the step grows by half the routed experts' time)."""
+    the same model FLOPs (free network: the step grows by half the routed experts' time, and
+    by what the permutations of 1.5 times the copies add)."""
     balanced = skewed_run(root, None)
     dropped = skewed_run(root, None, moe={"capacity_factor": 1.5})
     padded = skewed_run(root, None, moe={"capacity_factor": 1.5, "pad_to_capacity": True})
@@ -390,8 +413,9 @@ def test_a_capacity_above_a_balanced_load_drops_nothing_and_padding_costs_it(roo
             for k, v in (("b", None), ("p", {"capacity_factor": 1.5, "pad_to_capacity": True}))}
     hot = skewed_run(root, HOT, network="ideal")  # the hot rank's routed experts twice: one share more
     one_share = hot.summary["step_time_s"] - free["b"].summary["step_time_s"]
-    assert free["p"].summary["step_time_s"] - free["b"].summary["step_time_s"] == pytest.approx(0.5 * one_share,
-                                                                                                rel=1e-9)
+    permuted = _permuting_s(free["p"], 1.5) - _permuting_s(free["b"], 1.0)
+    assert free["p"].summary["step_time_s"] - free["b"].summary["step_time_s"] == pytest.approx(
+        0.5 * one_share + permuted, rel=1e-9)
 
 
 @pytest.mark.parametrize("moe,field,words", [
@@ -505,3 +529,35 @@ def test_a_parts_params_and_expert_params_add_up_to_its_stage(root):
         for st in mem["stages"]:
             assert sum(p["params"] + p["expert_params"] for p in st["parts"]) == st["params"]
             assert all((p["expert_params"] > 0) == (ep > 1) for p in st["parts"])
+
+
+# --- the tokens' permutations around the all-to-alls ---------------------------------------------
+
+@pytest.mark.parametrize("ep,experts,sorted_", [(4, 16, True), (4, 4, False), (1, 16, False)],
+                         ids=["4-local-experts", "1-local-expert", "no-ep"])
+def test_a_moe_layer_permutes_its_tokens_as_megatrons_all_to_all_dispatcher(root, ep, experts, sorted_):
+    """Megatron-LM's all-to-all dispatcher: ``permute`` before the dispatch (read T h, write T
+    k h), ``unpermute`` after the combine (the reverse), and where a rank holds more than one
+    expert of an EP group a sort by local expert after the dispatch and back before the
+    combine (read and write T k h each); the gradient of each is the inverse permutation, one
+    pass again."""
+    from clustersim.model import transformer as tf
+    from clustersim.program.work import MoeBlocks
+
+    d = scenario_dict(model={**MOE, "moe": {**MOE["moe"], "experts": experts}},
+                      parallel={"tp": 1, "pp": 1, "dp": 16, "ep": ep}, training={"global_batch_size": 16})
+    sc = clustersim.load_scenario(d, base_dir=root)
+    m = sc.model
+    T, k, h = m.seq_len, m.moe.top_k, m.hidden
+    blocks = MoeBlocks.build(sc, (), (), (), ())
+    router, experts_spec = blocks.fwd_specs
+    ops = {op.name: op for spec in blocks.fwd_specs for op in spec.ops}
+    assert ops["permute"] in router.ops and ops["unpermute"] in experts_spec.ops
+    assert ops["permute"].bytes == ops["unpermute"].bytes == 2 * T * h * (1 + k)
+    assert ("sort_in" in ops and "sort_out" in ops) == sorted_
+    if sorted_:
+        assert ops["sort_in"].bytes == ops["sort_out"].bytes == 2 * 2 * T * k * h
+    backward = {op.name: op for spec in blocks.bwd_specs for op in spec.ops}
+    for name in tf.PERMUTATIONS & set(ops):
+        assert backward[name].bytes == ops[name].bytes, name
+    assert backward["experts_act"].bytes == 2 * ops["experts_act"].bytes  # (an elementwise op's: twice)

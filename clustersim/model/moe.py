@@ -169,7 +169,7 @@ def router_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int = 1) -> list[Op]:
 
 
 def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, run: float | None = None,
-                       real: float = 1.0) -> list[Op]:
+                       real: float = 1.0, sorts: bool = False) -> list[Op]:
     """The routed experts' grouped GEMMs on the tokens this rank receives.
 
     Each rank of the EP group computes E/ep experts on (tokens * k * run) / (E/ep) tokens
@@ -177,6 +177,12 @@ def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, run: flo
     ``real``: the rank's pairs and the real tokens among them relative to balanced routing
     (:func:`expert_loads`; by default balanced routing's: ``moe.padded`` and 1). Padding is
     executed but is not model work: model FLOPs count the ``real`` pairs.
+
+    ``sorts``: the pairs are sorted by local expert after the dispatch and back before the
+    combine, a pass of reads and writes each (Megatron-LM's all-to-all dispatcher with more
+    than one local expert: ``sort_chunks_by_idxs`` in ``dispatch_postprocess`` and
+    ``combine_preprocess``; DeepEP's flex dispatcher permutes the tokens it received to the
+    experts there, and unpermutes them before its combine, alike).
     """
     if run is None:
         run = moe.padded
@@ -188,12 +194,28 @@ def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, run: flo
         op = matmul_op(name, pairs, k, n)
         return replace(op, model_flops=op.flops * real / run)
 
+    sort = sorts and ("sort_in", "sort_out")
     return [
+        *([elementwise_op(sort[0], pairs * hidden, 2)] if sort else []),
         gemm("experts_up", hidden, up),
         elementwise_op("experts_act", pairs * f, 3 if moe.mats == 3 else 2),
         gemm("experts_down", f, hidden),
-        elementwise_op("unpermute", pairs * hidden, 2),
+        *([elementwise_op(sort[1], pairs * hidden, 2)] if sort else []),
     ]
+
+
+def permutations(moe: MoeCfg, tokens: float, hidden: int, sent: float) -> tuple[Op, Op]:
+    """The permutations around the dispatch on the rank whose ``tokens`` are routed, each a
+    pass over the tokens and their ``sent`` x k copies (the share a capacity leaves, or pads
+    to: ``expert_loads``): ``permute`` gathers each token's copies in order of their experts
+    before the dispatch, ``unpermute`` sums them back, weighted by the router's
+    probabilities, after the combine (Megatron-LM's ``permute`` and ``unpermute``,
+    ``moe_utils.py``)::
+
+        permute      read T h, write T k sent h          unpermute   read T k sent h, write T h
+    """
+    elems = tokens * hidden * (1 + moe.top_k * sent)
+    return elementwise_op("permute", elems, 1), elementwise_op("unpermute", elems, 1)
 
 
 SHARED_EXPERT_OPS = ("shared_up", "shared_act", "shared_down")  # the ops of shared_experts_fwd

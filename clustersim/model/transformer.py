@@ -162,9 +162,16 @@ def elementwise_op(name: str, elems: float, passes: float) -> Op:
     return Op(name, 0.0, ELEM_BYTES * elems * passes)
 
 
+# a MoE layer's token permutations (model/moe.py): the gradient of a permutation is the inverse
+# permutation, one pass as the forward's
+PERMUTATIONS = frozenset({"permute", "unpermute", "sort_in", "sort_out"})
+
+
 def _backward(op: Op) -> Op:
-    """Backward of an op: a matmul needs two (dgrad, wgrad); an elementwise op ~2x the traffic."""
-    return Op(op.name, 2 * op.flops, 2 * op.bytes, 2 * op.model_flops, fp8_cast_elems=op.fp8_grad_elems)
+    """Backward of an op: a matmul needs two (dgrad, wgrad); an elementwise op ~2x the traffic,
+    but a permutation as much (:data:`PERMUTATIONS`)."""
+    traffic = 1 if op.name in PERMUTATIONS else 2
+    return Op(op.name, 2 * op.flops, traffic * op.bytes, 2 * op.model_flops, fp8_cast_elems=op.fp8_grad_elems)
 
 
 def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, cp: int = 1) -> list[Op]:

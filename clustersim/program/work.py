@@ -1062,8 +1062,19 @@ class MoeBlocks:
         to_experts, from_experts = a2a(False) + gather, scatter + a2a(True)
         router = [tf.elementwise_op("norm2", rep_tok * h, 2)] + (
             moe.router_fwd(e, rep_tok, h) if own else moe.router_fwd(e, tokens, h, t))
-        experts = moe.routed_experts_fwd(e, expert_tok, h, et, run[ep_rank], real[ep_rank]) \
-            + moe.shared_experts_fwd(e, tokens, h, t) + [tf.elementwise_op("residual2", rep_tok * h, 3)]
+        # the routed tokens' permutations: NCCL's all-to-all takes them in order of their
+        # experts, permuted before the dispatch and summed back after the combine on their own
+        # rank (here at the end of the experts' block, before the combine), and sorted by local
+        # expert after it and back before the combine where a rank holds several; DeepEP's
+        # dispatch sorts nothing on the sending rank, and its receiver permutes to the experts
+        deepep = e.dispatcher == "deepep"
+        permute, unpermute = moe.permutations(e, rep_tok if own else tokens, h, sum_left(run) / len(run))
+        if not deepep:
+            router.append(permute)
+        sorts = ep > 1 and (deepep or e.experts // ep > 1)
+        experts = moe.routed_experts_fwd(e, expert_tok, h, et, run[ep_rank], real[ep_rank], sorts) \
+            + ([] if deepep else [unpermute]) + moe.shared_experts_fwd(e, tokens, h, t) \
+            + [tf.elementwise_op("residual2", rep_tok * h, 3)]
         router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
         shared_params = e.shared_experts * moe.expert_params(e, h) / t  # shared experts split as the dense MLP
         routed_params = (e.experts // ep) * moe.expert_params(e, h) / et
