@@ -842,6 +842,10 @@ def _check_ep_comm_overlap(cfg: ScenarioCfg, fail: Callable[[str, str], None]) -
     if t.recompute == "selective" and "moe" in (t.recompute_modules or ()):
         fail("parallel.ep_comm_overlap", "does not go with the moe module in training.recompute_modules, which runs "
                                          "the dispatch again (Megatron-LM refuses the pair)")
+    if moe.shared_expert_overlap:
+        fail("parallel.ep_comm_overlap", "does not go with model.moe.shared_expert_overlap, whose shared experts "
+                                         "run beside their own microbatch's all-to-alls (Megatron-LM refuses the "
+                                         "pair): drop one")
     if (cfg.model.mtp_layers or 0) > 1:
         fail("parallel.ep_comm_overlap", f"Megatron-LM combines forwards and backwards with one multi-token "
                                          f"prediction layer at most (model.mtp_layers={cfg.model.mtp_layers})")

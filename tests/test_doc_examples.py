@@ -357,6 +357,11 @@ def _ulysses_and_combined_figures() -> dict[str, str]:
         out[f"{key}_EP"] = f"{s['exposed_comm_s']['ep']:.2f}"
         out[f"{key}_GIB"] = f"{_peak_gib(s):.1f}"
         assert not s["memory"]["fits"]
+    scenario, beside = (clustersim.simulate(_scenario("moe_1024gpu.yaml", moe={"shared_expert_overlap": o})).summary
+                        for o in (False, True))
+    assert _peak_gib(beside) == _peak_gib(scenario) and beside["memory"]["fits"]
+    for key, s in (("SE_PLAIN", scenario), ("SE", beside)):
+        out[f"{key}_STEP"], out[f"{key}_EP"] = f"{s['step_time_s']:.2f}", f"{s['exposed_comm_s']['ep']:.2f}"
     return out
 
 
@@ -368,6 +373,7 @@ ULYSSES_AND_COMBINED = (
     "rings across the two nodes: HH8_STEP s (HH8_CP s); with `cp_a2a: 4`, HH4_STEP s.",
     "the step takes PLAIN_STEP s, PLAIN_EP s of it exposed EP all-to-alls; combined, COMB_STEP s and COMB_EP s, "
     "at COMB_GIB GiB a GPU against PLAIN_GIB (one more microbatch in flight)",
+    "the step goes from SE_PLAIN_STEP s to SE_STEP s (exposed EP SE_PLAIN_EP s to SE_EP s), at the same memory",
 )
 
 

@@ -561,3 +561,69 @@ def test_a_moe_layer_permutes_its_tokens_as_megatrons_all_to_all_dispatcher(root
     for name in tf.PERMUTATIONS & set(ops):
         assert backward[name].bytes == ops[name].bytes, name
     assert backward["experts_act"].bytes == 2 * ops["experts_act"].bytes  # (an elementwise op's: twice)
+
+
+# --- the shared experts beside the all-to-alls ---------------------------------------------------
+
+def _shared_beside(root, overlap: bool, network: str = "flow", collapse=None, training=None, **parallel):
+    model = {**MOE, "moe": {**MOE["moe"], "shared_expert_overlap": overlap}}
+    p = {"tp": 1, "pp": 2, "dp": 8, "ep": 4, **parallel}
+    d = scenario_dict(model=model, parallel=p, training={"global_batch_size": 16, **(training or {})},
+                      simulation={"network": network})
+    return clustersim.simulate(clustersim.load_scenario(d, base_dir=root), collapse=collapse)
+
+
+@pytest.mark.parametrize("parallel", [{}, {"tp": 2, "dp": 4, "sp": True}, {"tp": 2, "dp": 4, "sp": True, "etp": 1}],
+                         ids=["tp1", "tp2-sp", "tp2-sp-etp1"])
+def test_shared_experts_beside_the_all_to_alls_hide_them_and_change_nothing_else(root, parallel):
+    """Megatron-LM's --moe-shared-expert-overlap: the same compute, the same collectives (names
+    and bytes), the same model FLOPs and memory; on a free network the same step (nothing to
+    hide); on the flow network less exposed EP time and a shorter step."""
+    runs = {(o, n): _shared_beside(root, o, n, **parallel) for o in (False, True) for n in ("ideal", "flow")}
+    plain, beside = runs[(False, "flow")], runs[(True, "flow")]
+    for net in ("ideal", "flow"):
+        a, b = runs[(False, net)].summary, runs[(True, net)].summary
+        assert b["model_flops_per_step"] == pytest.approx(a["model_flops_per_step"], rel=1e-12)
+        assert b["compute_s"] == pytest.approx(a["compute_s"], rel=1e-9)
+        assert b["memory"]["stages"][0]["activations_bytes"] == a["memory"]["stages"][0]["activations_bytes"]
+    assert runs[(True, "ideal")].summary["step_time_s"] == pytest.approx(runs[(False, "ideal")].summary["step_time_s"],
+                                                                          rel=1e-9)
+
+    def comms(r):
+        return sorted((s.name, s.size_bytes) for s in r.trace.spans if s.rank == 0 and s.kind != "compute"
+                      and s.op in ("all_to_all", "all_gather", "reduce_scatter"))
+
+    assert comms(beside) == comms(plain)
+    a, b = plain.summary, beside.summary
+    assert b["exposed_comm_s"]["ep"] < a["exposed_comm_s"]["ep"]
+    assert b["step_time_s"] < a["step_time_s"]
+
+
+@pytest.mark.parametrize("parallel,training", [
+    ({}, {}), ({"schedule": "zb-h1", "tp": 2, "dp": 4, "sp": True}, {"recompute": "full"}),
+    ({}, {"recompute": "selective", "recompute_modules": ["moe"]})], ids=["1f1b", "zb-h1-sp-full", "selective-moe"])
+def test_shared_experts_beside_the_all_to_alls_collapse_exactly(root, parallel, training):
+    """Collapsed as every rank, with split backwards and recomputes too; a recompute's
+    all-to-alls are named for it ("recompute router", "recompute experts"), as without the
+    overlap."""
+    rep = _shared_beside(root, True, training=training, **parallel)
+    full = _shared_beside(root, True, collapse=False, training=training, **parallel)
+    assert rep.summary["simulation"]["simulated_ranks"] < full.summary["simulation"]["simulated_ranks"]
+    for key in ("step_time_s", "mfu", "bubble_fraction", "exposed_comm_s"):
+        assert rep.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
+    plain = _shared_beside(root, False, training=training, **parallel)
+    names = [{s.name for s in r.trace.spans if s.op == "all_to_all"} for r in (rep, plain)]
+    assert names[0] == names[1] and (any("recompute" in n for n in names[0]) == bool(training))
+
+
+@pytest.mark.parametrize("moe,parallel,field,words", [
+    ({"shared_experts": 0}, {}, "model.moe", "shared_expert_overlap runs the shared experts beside the dispatch"),
+    ({}, {"pp": 2, "dp": 8, "schedule": "interleaved", "vpp": 2, "ep_comm_overlap": True}, "parallel.ep_comm_overlap",
+     "does not go with model.moe.shared_expert_overlap"),
+])
+def test_impossible_shared_expert_overlaps(root, moe, parallel, field, words):
+    d = scenario_dict(model={**MOE, "moe": {**MOE["moe"], "shared_expert_overlap": True, **moe}},
+                      parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 4, **parallel}, training={"global_batch_size": 32})
+    with pytest.raises(clustersim.ConfigError, match=field.replace(".", r"\.")) as exc:
+        clustersim.load_scenario(d, base_dir=root)
+    assert words in str(exc.value)

@@ -66,6 +66,10 @@ class MoeCfg(Strict):
     ep_load: list[pydantic.PositiveFloat] | None = pydantic.Field(
         default=None, description="tokens each EP rank's experts receive, relative to balanced routing "
                                   "(one per EP index, mean 1; dropless routing)")
+    shared_expert_overlap: bool = pydantic.Field(
+        default=False, description="run the shared experts beside the all-to-alls: their up projection beside the "
+        "dispatch, their down projection beside the combine, their input's gather beside the router (Megatron-LM's "
+        "--moe-shared-expert-overlap); needs shared_experts")
     dispatcher: Literal["alltoall", "deepep"] = pydantic.Field(
         default="alltoall", description="alltoall: one copy per (token, expert) over NCCL (Megatron-LM's alltoall "
         "dispatcher); deepep: one copy per token and node across nodes, forwarded over NVLink to the GPUs "
@@ -89,6 +93,9 @@ class MoeCfg(Strict):
     def _top_k(self):
         if self.top_k > self.experts:
             raise ValueError(f"model.moe.top_k={self.top_k} exceeds model.moe.experts={self.experts}")
+        if self.shared_expert_overlap and not self.shared_experts:
+            raise ValueError("model.moe.shared_expert_overlap runs the shared experts beside the dispatch and the "
+                             "combine; model.moe.shared_experts is 0")
         if self.pad_to_capacity and self.capacity_factor is None:
             raise ValueError("model.moe.pad_to_capacity pads each expert's batch to its capacity; it needs "
                              "model.moe.capacity_factor")

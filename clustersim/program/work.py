@@ -816,6 +816,11 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     group_ending = {g[-1]: g for g in groups}
     def rerun(name: str, layer: int, rc_ops, pre=(), post=(), overlap=()):
         """A forward run again at the head of a backward: B's (it feeds the input gradient)."""
+        # (an all-to-all named for the block it follows, where it runs beside another: the
+        # shared experts' overlap, MoeBlocks._shared_beside; its rerun is the recompute's)
+        pre, post, overlap = ((replace(c, label=f"recompute {c.label}") if c.label in ("router", "experts") else c
+                               for c in items) for items in (pre, post, overlap))
+        pre, post, overlap = tuple(pre), tuple(post), tuple(overlap)
         if rc_ops or pre or post or overlap:
             blk = _block(f"recompute {name}", layer, [], gpu, prec, 0.0, pre, post, recompute_ops=rc_ops,
                          overlap=overlap)
@@ -1078,6 +1083,9 @@ class MoeBlocks:
         router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
         shared_params = e.shared_experts * moe.expert_params(e, h) / t  # shared experts split as the dense MLP
         routed_params = (e.experts // ep) * moe.expert_params(e, h) / et
+        if e.shared_expert_overlap:
+            return MoeBlocks._shared_beside(sc, router, experts, (f_pre, f_post, b_pre, b_post), own, a2a,
+                                            (gather, scatter), (router_params, shared_params, routed_params))
         fwd = (
             _Spec("router", router, f_pre, to_experts, router_params),
             _Spec("experts", experts, (), from_experts + f_post, shared_params, routed_params),
@@ -1088,6 +1096,56 @@ class MoeBlocks:
         bwd = (
             _Spec("experts", tf.block_bwd(experts, flash), b_pre + to_experts, scatter + a2a(True, "router"),
                   shared_params, routed_params),
+            _Spec("router", tf.block_bwd(router, flash), (), b_post, router_params),
+        )
+        return MoeBlocks(fwd, bwd)
+
+    @staticmethod
+    def _shared_beside(sc: Scenario, router: list, experts: list, tp_comms: tuple, own: bool, a2a, regroup: tuple,
+                       params: tuple) -> "MoeBlocks":
+        """The blocks with the shared experts beside the all-to-alls (``model.moe.shared_expert_overlap``,
+        Megatron-LM's ``--moe-shared-expert-overlap``: ``SharedExpertMLP`` on a stream of its own,
+        ``linear_fc1_forward_and_act`` after the dispatch is issued, ``linear_fc2_forward`` before the
+        combine is, ``pre_forward_comm`` and ``post_forward_comm`` its TP gather and reduce-scatter)::
+
+            forward   [router]      [shared fc1]  [experts]  [shared fc2]  [combine]RS
+                       AG(shared)    A2A dispatch              A2A combine
+            backward  AG[combine]  [shared fc2]  [experts]  [shared fc1]  [router]RS
+                                    A2A combine'              A2A dispatch'
+
+        One compute stream: the shared experts' GEMMs run while the all-to-all beside them moves,
+        and the routed experts (or the combine's sum) wait for both. The gather of the shared
+        experts' input runs beside the router where the rank routes its own tokens (under SP);
+        where it routes the gathered ones it comes first, as without the overlap. The combine's
+        sum of each token's copies (``unpermute``) comes after the combine here, where it is."""
+        flash = sc.training.attention == "flash"
+        f_pre, f_post, b_pre, b_post = tp_comms
+        # (the TP collectives after the combine and before its gradient keep the names they have
+        # without the overlap, the experts block's: "F RS experts", "B AG experts")
+        f_post, b_pre = (tuple(replace(c, label=c.label or "experts") for c in items) for items in (f_post, b_pre))
+        gather, scatter = regroup
+        router_params, shared_params, routed_params = params
+        shared = [o for o in experts if o.name in moe.SHARED_EXPERT_OPS]
+        fc1, fc2 = shared[:2], shared[2:]
+        combine = [o for o in experts if o.name in ("unpermute", "residual2")]
+        routed = [o for o in experts if o not in shared and o not in combine]
+        up = (sc.model.moe.mats - 1) / sc.model.moe.mats  # (the shared experts' weights: up and gate, down)
+        # the all-to-alls named for the blocks they follow without the overlap ("F A2A router", "F A2A experts")
+        dispatch, back = a2a(False, "router") + gather, scatter + a2a(True, "experts")
+        fwd = (
+            _Spec("router", router, () if own else f_pre, (), router_params, overlap=f_pre if own else ()),
+            _Spec("shared fc1", fc1, (), (), shared_params * up, overlap=dispatch),
+            _Spec("experts", routed, (), (), 0.0, routed_params),
+            _Spec("shared fc2", fc2, (), (), shared_params * (1 - up), overlap=back),
+            _Spec("combine", combine, (), f_post),
+        )
+        bwd = (
+            _Spec("combine", tf.block_bwd(combine, flash), b_pre, ()),
+            _Spec("shared fc2", tf.block_bwd(fc2, flash), (), (), shared_params * (1 - up),
+                  overlap=a2a(False, "experts") + gather),
+            _Spec("experts", tf.block_bwd(routed, flash), (), (), 0.0, routed_params),
+            _Spec("shared fc1", tf.block_bwd(fc1, flash), (), (), shared_params * up,
+                  overlap=scatter + a2a(True, "router")),
             _Spec("router", tf.block_bwd(router, flash), (), b_post, router_params),
         )
         return MoeBlocks(fwd, bwd)
