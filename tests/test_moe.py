@@ -627,3 +627,64 @@ def test_impossible_shared_expert_overlaps(root, moe, parallel, field, words):
     with pytest.raises(clustersim.ConfigError, match=field.replace(".", r"\.")) as exc:
         clustersim.load_scenario(d, base_dir=root)
     assert words in str(exc.value)
+
+
+# --- which layers are MoE ----------------------------------------------------------------------
+
+def test_layer_freq_places_the_moe_layers_as_megatron_does():
+    from clustersim.model.moe import MoeCfg
+
+    base = dict(experts=8, top_k=2, expert_ffn=64)
+    assert [MoeCfg(**base, layer_freq=2).is_moe(ly) for ly in range(6)] == [True, False] * 3
+    assert [MoeCfg(**base, layer_freq=[0, 1] * 3).is_moe(ly) for ly in range(6)] == [False, True] * 3
+    assert [MoeCfg(**base, layer_freq=3, dense_layers_first=1).is_moe(ly) for ly in range(7)] == [
+        False, False, False, True, False, False, True]
+    assert all(MoeCfg(**base).is_moe(ly) for ly in range(6))
+
+
+def test_llama4_maverick_has_its_published_parameters(root):
+    """Llama 4 Maverick (Meta's model card: 400B parameters in all, 128 routed experts and one
+    shared, top-1, a MoE MLP in every second layer; its configuration: 48 layers, hidden 5120,
+    40 heads of 128 with 8 K/V heads, expert width 8192, dense MLP width 16384, vocabulary
+    202,048): the interleaving halves the MoE layers, without which it would hold about 780B."""
+    from clustersim.model.transformer import total_params
+
+    moe = {"experts": 128, "top_k": 1, "expert_ffn": 8192, "shared_experts": 1, "layer_freq": [0, 1] * 24}
+    model = {"name": "maverick", "layers": 48, "hidden": 5120, "heads": 40, "kv_heads": 8, "ffn_hidden": 16384,
+             "vocab": 202048, "seq_len": 8192, "mlp": "swiglu", "norm": "rmsnorm", "bias": False, "moe": moe}
+    d = scenario_dict(model=model, parallel={"tp": 8, "pp": 1, "dp": 2, "ep": 2, "sp": True, "etp": 1},
+                      training={"global_batch_size": 2})
+    m = clustersim.load_scenario(d, base_dir=root).model
+    assert total_params(m) == pytest.approx(400e9, rel=0.01)
+    every = m.model_copy(update={"moe": m.moe.model_copy(update={"layer_freq": 1})})
+    assert total_params(every) > 1.9 * total_params(m)
+
+
+def test_interleaved_moe_layers_run_where_layer_freq_puts_them(root):
+    """MoE every second layer from layer 0: router and experts blocks in layers 0, 2, 4, 6 of 8,
+    dense MLPs in the others; a selective recompute of ``mlp`` is then a module the model has;
+    collapsed as every rank."""
+    model = {**MOE, "layers": 8, "moe": {**MOE["moe"], "dense_layers_first": 0, "layer_freq": 2}}
+    d = scenario_dict(model=model, parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 4},
+                      training={"global_batch_size": 16, "recompute": "selective", "recompute_modules": ["mlp"]})
+    sc = clustersim.load_scenario(d, base_dir=root)
+    rep, full = clustersim.simulate(sc), clustersim.simulate(sc, collapse=False)
+    moe_layers = {s.layer for s in rep.trace.spans if s.kind == "compute" and s.name.endswith(" router")}
+    assert moe_layers == {0, 2, 4, 6}
+    assert {s.layer for s in rep.trace.spans if s.op == "all_to_all"} == moe_layers
+    for key in ("step_time_s", "mfu", "exposed_comm_s"):
+        assert rep.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("moe,words", [
+    ({"layer_freq": [0, 1, 0]}, "model.moe.layer_freq: 3 entries for model.layers=4"),
+    ({"layer_freq": [0, 0, 0, 0]}, "model.moe.layer_freq: no layer is MoE"),
+    ({"layer_freq": 4, "dense_layers_first": 1}, "model.moe.layer_freq: no layer is MoE"),
+    ({"layer_freq": 0}, "model.moe.layer_freq"),
+])
+def test_bad_layer_freq(root, moe, words):
+    model = {**MOE, "layers": 4, "moe": {**MOE["moe"], "dense_layers_first": 0, **moe}}
+    d = scenario_dict(model=model, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 4}, training={"global_batch_size": 16})
+    with pytest.raises(clustersim.ConfigError) as exc:
+        clustersim.load_scenario(d, base_dir=root)
+    assert words in str(exc.value)

@@ -55,6 +55,10 @@ class MoeCfg(Strict):
     expert_ffn: int = pydantic.Field(ge=1, description="hidden size of one expert's MLP")
     shared_experts: int = pydantic.Field(default=0, ge=0)
     dense_layers_first: int = pydantic.Field(default=0, ge=0, description="the first k layers keep a dense MLP")
+    layer_freq: pydantic.PositiveInt | list[Literal[0, 1]] = pydantic.Field(
+        default=1, description="which layers are MoE (Megatron-LM's --moe-layer-freq): N, every Nth from layer 0 "
+        "(layer i where i % N == 0); or one 0 (dense) or 1 (MoE) per layer, as [0, 1] * 24 for a MoE MLP in every "
+        "second layer from layer 1 (Llama 4 Maverick's interleaving)")
     capacity_factor: float | None = pydantic.Field(
         default=None, ge=1.0, description="each expert takes at most this times its balanced share of a rank's "
         "tokens and drops the rest (Megatron-LM's --moe-expert-capacity-factor); null: dropless")
@@ -123,6 +127,18 @@ class MoeCfg(Strict):
     def mats(self) -> int:
         """Weight matrices per expert: gate, up, down for swiglu; up, down for gelu."""
         return 3 if self.mlp == "swiglu" else 2
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether model layer ``layer`` (0-based) has a MoE MLP: past ``dense_layers_first``,
+        and where ``layer_freq`` puts one (Megatron-LM's ``moe_layer_pattern``: ``i % N == 0``
+        for an integer N, else the list's entry)::
+
+            layer_freq 2                 MoE 0 2 4 ...     dense 1 3 5 ...
+            layer_freq [0, 1] * 24       MoE 1 3 5 ...     dense 0 2 4 ...   (48 layers)
+            dense_layers_first 3         MoE 3 4 5 ...     dense 0 1 2
+        """
+        freq = self.layer_freq
+        return layer >= self.dense_layers_first and (layer % freq == 0 if isinstance(freq, int) else freq[layer] == 1)
 
     @property
     def padded(self) -> float:

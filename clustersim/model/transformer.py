@@ -88,12 +88,15 @@ class DenseModelCfg(Strict):
         return self
 
     def is_moe_layer(self, layer: int) -> bool:
-        return self.moe is not None and layer >= self.moe.dense_layers_first
+        """Whether ``layer`` has a MoE MLP (``MoeCfg.is_moe``); a multi-token prediction
+        module's (``layer`` past the model's) has one in a MoE model."""
+        return self.moe is not None and (layer >= self.layers or self.moe.is_moe(layer))
 
     @property
     def has_dense_layers(self) -> bool:
-        """Whether some layer has a dense MLP (every layer without MoE, the first few with)."""
-        return not self.is_moe_layer(0)
+        """Whether some layer has a dense MLP (every layer without MoE; the first few, or those
+        ``layer_freq`` leaves dense, with)."""
+        return not all(self.is_moe_layer(ly) for ly in range(self.layers))
 
     @property
     def n_kv_heads(self) -> int:
@@ -366,7 +369,7 @@ def _params(m: DenseModelCfg, moe_mlp) -> int:
     n = m.layers + m.mtp_layers
     total = n * layer_params(m) + embedding_params(m) + head_params(m) + m.mtp_layers * mtp_proj_params(m)
     if m.moe is not None:
-        n_moe = n - min(m.moe.dense_layers_first, n)
+        n_moe = sum(1 for ly in range(n) if m.is_moe_layer(ly))
         total += n_moe * (moe_mlp(m.moe, m.hidden) - dense_mlp_params(m))
     return total
 
