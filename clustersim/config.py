@@ -587,10 +587,6 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
         if m.moe.dense_layers_first >= m.layers:
             fail("model.moe.dense_layers_first", f"{m.moe.dense_layers_first} dense layers first leaves no MoE layer "
                                                  f"of model.layers={m.layers}; drop model.moe for a dense model")
-        freq = m.moe.layer_freq
-        if isinstance(freq, list) and len(freq) != m.layers:
-            fail("model.moe.layer_freq", f"{len(freq)} entries for model.layers={m.layers}: one per layer, 1 for a MoE "
-                                         f"MLP and 0 for a dense one")
         if not any(m.is_moe_layer(ly) for ly in range(m.layers)):
             fail("model.moe.layer_freq", f"no layer is MoE: with dense_layers_first={m.moe.dense_layers_first} it "
                                          f"leaves every one of the {m.layers} layers dense")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import functools
 import math
 import os
 import re
@@ -98,6 +99,25 @@ def _refused_alone(why: str) -> pydantic_core.PydanticCustomError:
     return pydantic_core.PydanticCustomError(VALUE_ALONE, "{why}", {"why": why})
 
 
+@functools.lru_cache(maxsize=None)
+def _kinds(section: type, field: str) -> frozenset:
+    """The types a field's annotation takes, its unions and list items unfolded (once per
+    field: every value a sweep's thousands of plans validate asks)."""
+    kinds, seen = set(), [section.model_fields[field].annotation]
+    while seen:
+        t = seen.pop()
+        origin, args = get_origin(t), get_args(t)
+        if origin is Annotated:  # a constrained type (PositiveFloat): its type, not its constraints
+            seen.append(args[0])
+        elif origin is Literal:  # a choice of values (fabric.tiers: 2 or 3): their types
+            kinds.update(map(type, args))
+        elif args:
+            seen += args
+        else:
+            kinds.add(t)
+    return frozenset(kinds)
+
+
 class Strict(pydantic.BaseModel):
     """Base for every config section: unknown keys are errors (a typo must not pass silently),
     and so are infinite and NaN numbers (``.inf`` in YAML: no figure of a cluster, model or
@@ -114,18 +134,7 @@ class Strict(pydantic.BaseModel):
             return v
         items = v if isinstance(v, list) else [v]  # a list of numbers' items too (layers_per_stage)
         if any(isinstance(x, (bool, str, int, float)) for x in items):
-            kinds, seen = set(), [cls.model_fields[info.field_name].annotation]
-            while seen:  # the annotation's types, unions and list items unfolded
-                t = seen.pop()
-                origin, args = get_origin(t), get_args(t)
-                if origin is Annotated:  # a constrained type (PositiveFloat): its type, not its constraints
-                    seen.append(args[0])
-                elif origin is Literal:  # a choice of values (fabric.tiers: 2 or 3): their types
-                    kinds.update(map(type, args))
-                elif args:
-                    seen += args
-                else:
-                    kinds.add(t)
+            kinds = _kinds(cls, info.field_name)
             if bool not in kinds and kinds & {int, float} and any(isinstance(x, bool) for x in items):
                 raise _refused_alone("a number, not a boolean (yes, no, true and false are booleans in YAML)")
             # pydantic would read '8' as 8: a number quoted is a slip (a field of numbers only

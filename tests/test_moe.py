@@ -677,7 +677,7 @@ def test_interleaved_moe_layers_run_where_layer_freq_puts_them(root):
 
 
 @pytest.mark.parametrize("moe,words", [
-    ({"layer_freq": [0, 1, 0]}, "model.moe.layer_freq: 3 entries for model.layers=4"),
+    ({"layer_freq": [0, 1, 0]}, "model.moe.layer_freq has 3 entries for model.layers=4"),
     ({"layer_freq": [0, 0, 0, 0]}, "model.moe.layer_freq: no layer is MoE"),
     ({"layer_freq": 4, "dense_layers_first": 1}, "model.moe.layer_freq: no layer is MoE"),
     ({"layer_freq": 0}, "model.moe.layer_freq"),

@@ -8,8 +8,8 @@ A MoE layer replaces the dense MLP (Shazeer et al. 2017; Fedus et al. 2022; Deep
 Per TP rank and microbatch, with T tokens, k experts per token, E experts on ep ranks:
 
     router FLOPs     2 * T * h * E
-    expert FLOPs     2 * (3 or 2) * h * f_e * T * k * capacity / t      (swiglu: gate, up, down)
-    dispatch bytes   T * k * capacity * h * 2   sent by each rank, (ep-1)/ep of it off-rank
+    expert FLOPs     2 * (3 or 2) * h * f_e * T * k * run / t           (swiglu: gate, up, down)
+    dispatch bytes   T * k * run * h * 2        sent by each rank, (ep-1)/ep of it off-rank
     combine bytes    the same back
 
 Balanced routing is the default (every expert receives T*k/E tokens). ``ep_load`` skews it:
@@ -68,8 +68,8 @@ class MoeCfg(Strict):
         "all-to-alls carry capacity_factor times the balanced share whatever the routing; needs capacity_factor")
     mlp: Literal["swiglu", "gelu"] = "swiglu"
     ep_load: list[pydantic.PositiveFloat] | None = pydantic.Field(
-        default=None, description="tokens each EP rank's experts receive, relative to balanced routing "
-                                  "(one per EP index, mean 1; dropless routing)")
+        default=None, description="tokens routed to each EP rank's experts, relative to balanced routing "
+                                  "(one per EP index, mean 1; capacity_factor cuts them)")
     shared_expert_overlap: bool = pydantic.Field(
         default=False, description="run the shared experts beside the all-to-alls: their up projection beside the "
         "dispatch, their down projection beside the combine, their input's gather beside the router (Megatron-LM's "

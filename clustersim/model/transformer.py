@@ -85,6 +85,10 @@ class DenseModelCfg(Strict):
         if self.mla is not None and self.bias:
             raise ValueError("model.bias: latent attention (model.mla) is modelled without biases, as DeepSeek's "
                              "models have none; set bias: false")
+        freq = self.moe.layer_freq if self.moe is not None else 1
+        if isinstance(freq, list) and len(freq) != self.layers:  # (before anything asks which layers are MoE)
+            raise ValueError(f"model.moe.layer_freq has {len(freq)} entries for model.layers={self.layers}: one per "
+                             f"layer, 1 for a MoE MLP and 0 for a dense one")
         return self
 
     def is_moe_layer(self, layer: int) -> bool:
