@@ -258,13 +258,13 @@ class ScenarioCfg(Strict):
 
     def ranks_differ(self) -> tuple[bool, bool]:
         """(CP ranks run different programs, EP ranks do): unbalanced causal attention, a
-        skewed expert load (the pairs EP ranks' experts compute, or the real tokens among
-        them, differ: model/moe.py ``expert_loads``). The symmetric classes keep those indices
-        (program/lower.py Symmetry)."""
+        skewed expert load (the pairs EP ranks' experts compute differ: model/moe.py
+        ``expert_loads``; padded to capacity they are alike, and each rank counts the mean of
+        the real tokens among them). The symmetric classes keep those indices (program/lower.py
+        Symmetry)."""
         p, moe = self.parallel, self.model.moe
         return (p.cp > 1 and not p.cp_load_balance,
-                p.ep > 1 and moe is not None and moe.ep_load is not None
-                and len(set(zip(*expert_loads(moe, p.ep)))) > 1)
+                p.ep > 1 and moe is not None and moe.ep_load is not None and len(set(expert_loads(moe, p.ep)[0])) > 1)
 
 
 @dataclass

@@ -318,11 +318,13 @@ def test_skewed_expert_compute_delays_every_ep_rank(root):
     ids=["consecutive", "strided-tp-pp", "dropped", "padded"])
 def test_skewed_load_splits_classes_by_ep_index_and_equals_all_ranks(root, parallel, moe):
     """The EP ranks run different programs: one class per (stage, EP index), exact. Padded to
-    capacity, they compute alike but not alike much of it is real tokens (model FLOPs)."""
+    capacity they compute alike, and each counts the mean of the real tokens among its pairs:
+    one class per stage, the step's model FLOPs exact."""
     rep = skewed_run(root, HOT, moe=moe, **parallel)
     full = skewed_run(root, HOT, collapse=False, moe=moe, **parallel)
     mesh = rep.scenario.mesh
-    assert rep.summary["simulation"]["simulated_ranks"] == mesh.pp * mesh.ep < mesh.world_size
+    padded = bool(moe and moe.get("pad_to_capacity"))
+    assert rep.summary["simulation"]["simulated_ranks"] == mesh.pp * (1 if padded else mesh.ep) < mesh.world_size
     for key in ("step_time_s", "mfu", "bubble_fraction", "model_flops_per_step"):
         assert rep.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
     assert rep.summary["exposed_comm_s"]["ep"] == pytest.approx(full.summary["exposed_comm_s"]["ep"], rel=1e-9)
@@ -599,6 +601,23 @@ def test_shared_experts_beside_the_all_to_alls_hide_them_and_change_nothing_else
     assert b["step_time_s"] < a["step_time_s"]
 
 
+def test_beside_the_shared_experts_the_experts_tp_collectives_wait_for_their_all_to_alls(root):
+    """With the experts split over TP (etp 2), what the dispatch brought is gathered after it,
+    and the experts' output reduce-scattered before the combine, as without the overlap: only
+    the all-to-alls run beside the shared experts' GEMMs."""
+    r = _shared_beside(root, True, tp=2, dp=4, sp=True)
+    rank = r.trace.ranks[0]
+
+    def spans(name):
+        return sorted((s for s in r.trace.spans if s.rank == rank and s.name == name), key=lambda s: s.start_s)
+
+    for first, then in (("F A2A router", "F AG experts in"), ("F RS experts out", "F A2A experts"),
+                        ("B A2A experts", "B AG experts in"), ("B RS experts out", "B A2A router")):
+        a, b = spans(first), spans(then)
+        assert len(a) == len(b) > 0, (first, then)
+        assert all(y.start_s >= x.end_s - 1e-15 for x, y in zip(a, b)), (first, then)
+
+
 @pytest.mark.parametrize("parallel,training", [
     ({}, {}), ({"schedule": "zb-h1", "tp": 2, "dp": 4, "sp": True}, {"recompute": "full"}),
     ({}, {"recompute": "selective", "recompute_modules": ["moe"]})], ids=["1f1b", "zb-h1-sp-full", "selective-moe"])
@@ -642,6 +661,17 @@ def test_layer_freq_places_the_moe_layers_as_megatron_does():
     assert all(MoeCfg(**base).is_moe(ly) for ly in range(6))
 
 
+@pytest.mark.parametrize("freq,mtp_moe", [(2, False), ([0, 1, 0, 1], True)])
+def test_a_multi_token_prediction_layer_is_moe_where_the_last_layer_is(freq, mtp_moe):
+    """Megatron-LM builds the MTP module's layer from the last decoder layer's spec."""
+    from clustersim.model.moe import MoeCfg
+    from clustersim.model.transformer import DenseModelCfg
+
+    m = DenseModelCfg(layers=4, hidden=1024, heads=8, vocab=32000, seq_len=512, mtp_layers=1,
+                      moe=MoeCfg(experts=8, top_k=2, expert_ffn=512, layer_freq=freq))
+    assert m.is_moe_layer(4) == m.is_moe_layer(3) == mtp_moe
+
+
 def test_llama4_maverick_has_its_published_parameters(root):
     """Llama 4 Maverick (Meta's model card: 400B parameters in all, 128 routed experts and one
     shared, top-1, a MoE MLP in every second layer; its configuration: 48 layers, hidden 5120,
@@ -680,7 +710,8 @@ def test_interleaved_moe_layers_run_where_layer_freq_puts_them(root):
     ({"layer_freq": [0, 1, 0]}, "model.moe.layer_freq has 3 entries for model.layers=4"),
     ({"layer_freq": [0, 0, 0, 0]}, "model.moe.layer_freq: no layer is MoE"),
     ({"layer_freq": 4, "dense_layers_first": 1}, "model.moe.layer_freq: no layer is MoE"),
-    ({"layer_freq": 0}, "model.moe.layer_freq"),
+    ({"layer_freq": 0}, "model.moe.layer_freq: a positive integer N (every Nth layer MoE) or a list of 0 and 1"),
+    ({"layer_freq": [0, 2, 0, 1]}, "model.moe.layer_freq: a list of 0 (a dense layer) and 1 (a MoE layer); entry 1 is 2"),
 ])
 def test_bad_layer_freq(root, moe, words):
     model = {**MOE, "layers": 4, "moe": {**MOE["moe"], "dense_layers_first": 0, **moe}}

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from math import comb
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 
@@ -92,6 +92,19 @@ class MoeCfg(Strict):
         "experts, of which each token picks router_group_top_k before its top_k experts (DeepSeek-V3: 8)")
     router_group_top_k: int | None = pydantic.Field(
         default=None, ge=1, description="groups a token's experts come from (DeepSeek-V3: 4 nodes)")
+
+    @pydantic.field_validator("layer_freq", mode="before")
+    @classmethod
+    def _layer_freq(cls, v: Any) -> Any:
+        """One message for either form (pydantic's would name its union's branches)."""
+        if isinstance(v, list):
+            bad = next((i for i, x in enumerate(v) if isinstance(x, bool) or x not in (0, 1)), None)
+            if bad is not None:
+                raise ValueError(f"a list of 0 (a dense layer) and 1 (a MoE layer); entry {bad} is {v[bad]!r}")
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"a positive integer N (every Nth layer MoE) or a list of 0 and 1, one per layer "
+                             f"(got {v!r})")
+        return v
 
     @pydantic.model_validator(mode="after")
     def _top_k(self):

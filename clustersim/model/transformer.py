@@ -93,8 +93,9 @@ class DenseModelCfg(Strict):
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether ``layer`` has a MoE MLP (``MoeCfg.is_moe``); a multi-token prediction
-        module's (``layer`` past the model's) has one in a MoE model."""
-        return self.moe is not None and (layer >= self.layers or self.moe.is_moe(layer))
+        module's (``layer`` past the model's) has one where the model's last layer has
+        (Megatron-LM builds it from the last decoder layer's spec)."""
+        return self.moe is not None and self.moe.is_moe(min(layer, self.layers - 1))
 
     @property
     def has_dense_layers(self) -> bool:

@@ -1035,8 +1035,10 @@ class MoeBlocks:
         rep_tok = tokens / t if sp else tokens
         run, real = moe.expert_loads(e, ep)
         if not sc.cfg.ranks_differ()[1]:
-            ep_rank = 0  # (every rank's pairs alike)
-        skew = run if len(set(run)) > 1 else ()  # (padded to capacity: alike, however skewed the routing)
+            # every rank's pairs alike (padded to capacity, however skewed the routing): each
+            # counts the mean of the real tokens among them, which sums to the step's model FLOPs
+            ep_rank, real = 0, (sum_left(real) / len(real),)
+        skew = run if len(set(run)) > 1 else ()
 
         def a2a(by_src: bool, label: str = "") -> tuple:
             if ep == 1:
@@ -1113,6 +1115,9 @@ class MoeBlocks:
             backward  AG[combine]  [shared fc2]  [experts]  [shared fc1]  [router]RS
                                     A2A combine'              A2A dispatch'
 
+        (with ``etp`` > 1 the experts' TP gather comes before ``[experts]``, after the dispatch,
+        and their reduce-scatter after it, before the combine).
+
         One compute stream: the shared experts' GEMMs run while the all-to-all beside them moves,
         and the routed experts (or the combine's sum) wait for both. The gather of the shared
         experts' input runs beside the router where the rank routes its own tokens (under SP);
@@ -1130,22 +1135,23 @@ class MoeBlocks:
         combine = [o for o in experts if o.name in ("unpermute", "residual2")]
         routed = [o for o in experts if o not in shared and o not in combine]
         up = (sc.model.moe.mats - 1) / sc.model.moe.mats  # (the shared experts' weights: up and gate, down)
-        # the all-to-alls named for the blocks they follow without the overlap ("F A2A router", "F A2A experts")
-        dispatch, back = a2a(False, "router") + gather, scatter + a2a(True, "experts")
+        # the all-to-alls named for the blocks they follow without the overlap ("F A2A router",
+        # "F A2A experts"); the experts' TP gather of what the dispatch brought waits for it and
+        # runs before them, their reduce-scatter after them and before the combine (the
+        # communications beside one block start together, so each all-to-all alone there)
         fwd = (
             _Spec("router", router, () if own else f_pre, (), router_params, overlap=f_pre if own else ()),
-            _Spec("shared fc1", fc1, (), (), shared_params * up, overlap=dispatch),
-            _Spec("experts", routed, (), (), 0.0, routed_params),
-            _Spec("shared fc2", fc2, (), (), shared_params * (1 - up), overlap=back),
+            _Spec("shared fc1", fc1, (), (), shared_params * up, overlap=a2a(False, "router")),
+            _Spec("experts", routed, gather, scatter, 0.0, routed_params),
+            _Spec("shared fc2", fc2, (), (), shared_params * (1 - up), overlap=a2a(True, "experts")),
             _Spec("combine", combine, (), f_post),
         )
         bwd = (
             _Spec("combine", tf.block_bwd(combine, flash), b_pre, ()),
             _Spec("shared fc2", tf.block_bwd(fc2, flash), (), (), shared_params * (1 - up),
-                  overlap=a2a(False, "experts") + gather),
-            _Spec("experts", tf.block_bwd(routed, flash), (), (), 0.0, routed_params),
-            _Spec("shared fc1", tf.block_bwd(fc1, flash), (), (), shared_params * up,
-                  overlap=scatter + a2a(True, "router")),
+                  overlap=a2a(False, "experts")),
+            _Spec("experts", tf.block_bwd(routed, flash), gather, scatter, 0.0, routed_params),
+            _Spec("shared fc1", tf.block_bwd(fc1, flash), (), (), shared_params * up, overlap=a2a(True, "router")),
             _Spec("router", tf.block_bwd(router, flash), (), b_post, router_params),
         )
         return MoeBlocks(fwd, bwd)
