@@ -506,11 +506,11 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
             msg = "required key is missing"
         elif kind == "invalid_key":  # (``1: foo``: pydantic would show the key as a list index)
             key = err.get("input")  # (the key as YAML read it; loc holds True as 1, 2.5 as '2.5')
-            field = _field_path(((prefix,) if prefix else ()) + loc[:-1]) or None
             what = ("a boolean" if isinstance(key, bool) else "a number" if isinstance(key, (int, float))
                     else "null" if key is None else "something else than text")
             shown = "null" if key is None else "true" if key is True else "false" if key is False else short_repr(key)
-            msg = f"unknown key {shown}: YAML read it as {what}; keys are names (see docs/reference.md)"
+            field = _field_path(((prefix,) if prefix else ()) + loc[:-1] + (shown,))  # (named as an unknown key is)
+            msg = f"unknown key (YAML read it as {what}; keys are names: see docs/reference.md)"
         elif kind == "model_type" and err.get("input", ...) is None and loc and isinstance(loc[-1], str):
             # ``training:`` with nothing under it (a list's null item keeps pydantic's wording)
             msg = "is empty; this section is required (see docs/reference.md for its keys)"
