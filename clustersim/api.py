@@ -263,6 +263,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "deepep_sms": sc.model.moe.deepep_sms if sc.model.moe is not None and sc.model.moe.dispatcher == "deepep"
             else None,
             "fp8_dispatch": sc.model.moe.fp8_dispatch if sc.model.moe is not None else None,
+            "shared_expert_overlap": sc.model.moe.shared_expert_overlap if sc.model.moe is not None else None,
             "parts_per_stage": [list(low.parts_of[q]) for q in range(sc.mesh.pp)],
         },
         "model": {"name": sc.model.name, "params": total_params(sc.model), "layers": sc.model.layers,

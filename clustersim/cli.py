@@ -670,7 +670,9 @@ def cmd_validate(args) -> int:
             bad += 1
             continue
         n = sc.mesh.world_size
-        dims = plan_dims({**sc.parallel.model_dump(), "dispatcher": sc.model.moe and sc.model.moe.dispatcher}, " x ")
+        moe = sc.model.moe
+        dims = plan_dims({**sc.parallel.model_dump(), "dispatcher": moe and moe.dispatcher,
+                          "shared_expert_overlap": moe and moe.shared_expert_overlap}, " x ")
         floor = memory_floor(sc)  # (milliseconds: what a step must hold, before any task is made)
         need, cap = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB
         print(f"{path}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "

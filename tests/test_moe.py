@@ -597,6 +597,10 @@ def test_shared_experts_beside_the_all_to_alls_hide_them_and_change_nothing_else
 
     assert comms(beside) == comms(plain)
     a, b = plain.summary, beside.summary
+    from clustersim.output.summary import plan_line
+
+    assert b["plan"]["shared_expert_overlap"] and "shared experts beside)" in plan_line(b)
+    assert not a["plan"]["shared_expert_overlap"] and "shared experts beside" not in plan_line(a)
     assert b["exposed_comm_s"]["ep"] < a["exposed_comm_s"]["ep"]
     assert b["step_time_s"] < a["step_time_s"]
 

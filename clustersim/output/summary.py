@@ -47,7 +47,8 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
     """"TP4 x CP8 (ring) x PP1 x DP2 (EP2)": the parallel degrees, CP and EP only when used, the
     experts' TP where it is not TP's ("(EP8, ETP1)"), the nodes a TP or EP group spans where
     it leaves its node ("TP16 over 2 nodes", "(EP16 over 2 nodes)"), and a deduplicating
-    dispatch and an FP8 one ("(EP16 over 2 nodes, DeepEP, FP8 dispatch)")."""
+    dispatch and an FP8 one ("(EP16 over 2 nodes, DeepEP, FP8 dispatch)"), and the shared
+    experts beside the all-to-alls ("(EP16 over 2 nodes, shared experts beside)")."""
     cp = ""
     if p.get("cp", 1) > 1:
         how = p.get("cp_comm", "ring") + ("" if p.get("cp_load_balance", True) else ", unbalanced")
@@ -63,6 +64,8 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
         experts.append("DeepEP")
     if experts and p.get("fp8_dispatch"):  # the tokens to the experts in about half the bytes
         experts.append("FP8 dispatch")
+    if experts and p.get("shared_expert_overlap"):  # what hides some of the all-to-alls
+        experts.append("shared experts beside")
     ep = f" ({', '.join(experts)})" if experts else ""
     # TP's all-reduces block every layer: over NICs they cost far more (parallelism guide)
     over = f" over {p['tp_nodes']} nodes" if p.get("tp_nodes", 1) > 1 else ""
