@@ -121,6 +121,12 @@ def draw(rng: random.Random) -> dict:
             and "moe" not in training.get("recompute_modules", ()) \
             and (schedule == "interleaved" or (pp == 1 and schedule == "1f1b")):
         parallel["ep_comm_overlap"] = True  # combined 1F1B for about half those that can (no draw)
+    moe = model.get("moe")
+    if moe is not None and not parallel.get("ep_comm_overlap") and parallel["zero"] >= 1:
+        # a shared expert beside the all-to-alls (no draw: ZeRO plans not combined)
+        moe.update(shared_experts=1, shared_expert_overlap=parallel["zero"] != 2 or pp > 1)
+    if moe is not None and model["layers"] >= 4 and model["layers"] % 2 == 0 and tp == 1:
+        moe["layer_freq"] = 2 if cp == 1 else [0, 1] * (model["layers"] // 2)  # MoE every second layer (no draw)
     return {"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
                                                  "what_if": what_if},
             "model": model, "parallel": parallel, "training": training}
@@ -253,7 +259,10 @@ def label(i: int, d: dict) -> str:
                     + (f" etp{p['etp']}" if "etp" in p else "")
                     + (" deepep" if d["model"]["moe"].get("dispatcher") == "deepep" else "")
                     + (" groups" if "router_groups" in d["model"]["moe"] else "")
-                    + (" combined" if p.get("ep_comm_overlap") else ""))
+                    + (" combined" if p.get("ep_comm_overlap") else "")
+                    + (" shared beside" if d["model"]["moe"].get("shared_expert_overlap") else
+                       " shared" if d["model"]["moe"].get("shared_experts") else "")
+                    + (" every 2nd" if d["model"]["moe"].get("layer_freq", 1) != 1 else ""))
     bits += ["slow" if "gpu" in w else "spine cable" if "spine" in w["link"] else "nic cable" if ".nic" in w["link"]
              else "nvlink cable" for w in c["what_if"]]
     return " ".join(bits)
