@@ -142,8 +142,17 @@ def assert_same_step(whole, copied, links: bool = True) -> None:
     # combined 1F1B: interleaving's steady forwards and backwards paired into F&B chunks
     {"model": {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
      "parallel": {"schedule": "interleaved", "vpp": 2, "ep": 2, "sp": True, "ep_comm_overlap": True}},
+    # the shared experts beside the all-to-alls (five blocks a MoE layer), recomputed; MoE every
+    # second layer (both together, a chunk of one layer each, alternate so unevenly between the
+    # stages that the pipeline never settles: simulated whole, as a drifting step is)
+    {"model": {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024, "shared_experts": 1,
+                       "shared_expert_overlap": True}},
+     "parallel": {"schedule": "interleaved", "vpp": 2, "ep": 2, "sp": True}, "training": {"recompute": "full"}},
+    {"model": {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024, "layer_freq": 2}},
+     "parallel": {"schedule": "interleaved", "vpp": 2, "ep": 2, "sp": True}},
 ], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1", "zbv", "dualpipev-moe",
-        "interleaved-groups", "dualpipe", "dualpipe-moe", "interleaved-combined-moe"])
+        "interleaved-groups", "dualpipe", "dualpipe-moe", "interleaved-combined-moe", "interleaved-shared-beside",
+        "interleaved-moe-every-2nd"])
 def test_the_copied_cycle_gives_the_step_simulated_whole(over):
     whole, copied = both(plan(**over))
     assert_same_step(whole, copied, links=over.get("simulation", {}).get("network") != "ideal")
