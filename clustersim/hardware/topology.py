@@ -1480,7 +1480,10 @@ class _Reach:
                if main is not None else "leaves no GPU connected to the fabric")
         if len(groups) > 2 and None not in groups:
             msg += f" (the fabric falls into {len(groups)} parts)"
-        return msg + "; no route is left between them through the network"
+        # (a GPU reaches other nodes through its own NIC here: NCCL's PXN detour over a
+        # node-mate's NIC, which a real DGX could take, is not modelled)
+        return msg + ("; no route is left between them through the network (a GPU sends across nodes through its "
+                      "own NIC here)")
 
 
 def _gpu_list(ids: list[int], most: int = 6) -> str:
