@@ -572,6 +572,17 @@ def estimate_legend(shown: list[dict[str, Any]]) -> list[str]:
             f"  {ESTIMATE_SPREAD}; run --all-ranks checks one (up to {MAX_GPUS_ALL_RANKS:,} GPUs)"]
 
 
+def upper_bound_line() -> str:
+    """What the figures are against a real run, as ``run``'s MFU line says it: what the
+    simulation leaves out (one GEMM efficiency for every shape, no framework overhead) makes
+    every step short and every MFU and tokens/s high, by about the same share between plans."""
+    from .output.summary import PUBLISHED_LONGER
+
+    low, high = (round(100 * x) for x in PUBLISHED_LONGER)
+    return (f"steps are lower bounds, tokens/s and MFU upper ones: published runs took {low}-{high} % longer than "
+            f"simulated (docs/metrics.md)")
+
+
 def tight_lines(rows: dict[int, dict[str, Any]], ranked: list[int], shown: list[dict[str, Any]]) -> list[str]:
     """What "tight" in the fits column means, where a row ``shown`` is (none where none is), and,
     where the best plan that fits is tight, the first that fits with room and how many fewer
@@ -614,7 +625,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
         for t, r in zip(table, [None, *shown]):
             note = (note_head if r is None else (notes or {}).get(r["plan"], "")) if notes is not None else ""
             lines.append(("  ".join(c.rjust(w) for c, w in zip(t, widths)) + "  " + note).rstrip())
-        lines += estimate_legend(shown) + tight_lines(rows, sweep["ranking"], shown)
+        lines += estimate_legend(shown) + [upper_bound_line()] + tight_lines(rows, sweep["ranking"], shown)
     if done > len(shown):
         lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:

@@ -586,8 +586,9 @@ def test_a_plan_that_fits_with_little_spare_reads_tight():
 
     got = lines(row(1, 1000.0, 79.5), row(2, 800.0, 60.0), row(3, 1200.0, 90.0))
     assert [x.split()[-1] for x in got[1:4]] == ["tight", "yes", "NO"]
-    assert got[4].startswith("tight: fits with less than 4.0 GiB spare (5 % of the GPU)")
-    assert got[5] == "  the best that fits, #1, is tight; the best with room, #2, gives 20.0 % fewer tokens/s"
+    assert got[4].startswith("steps are lower bounds, tokens/s and MFU upper ones: published runs took")
+    assert got[5].startswith("tight: fits with less than 4.0 GiB spare (5 % of the GPU)")
+    assert got[6] == "  the best that fits, #1, is tight; the best with room, #2, gives 20.0 % fewer tokens/s"
     assert lines(row(1, 1000.0, 79.5))[-1].endswith("#1, is tight; none that fits has room")
     roomy = lines(row(1, 1000.0, 60.0), row(2, 800.0, 79.5))  # the best has room: the legend alone
     assert roomy[-1].startswith("tight: fits with less than") and "is tight" not in "\n".join(roomy)
