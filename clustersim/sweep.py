@@ -576,11 +576,9 @@ def upper_bound_line() -> str:
     """What the figures are against a real run, as ``run``'s MFU line says it: what the
     simulation leaves out (one GEMM efficiency for every shape, no framework overhead) makes
     every step short and every MFU and tokens/s high, by about the same share between plans."""
-    from .output.summary import PUBLISHED_LONGER
+    from .output.summary import published_longer
 
-    low, high = (round(100 * x) for x in PUBLISHED_LONGER)
-    return (f"steps are lower bounds, tokens/s and MFU upper ones: published runs took {low}-{high} % longer than "
-            f"simulated (docs/metrics.md)")
+    return f"steps are lower bounds, tokens/s and MFU upper ones: {published_longer()} (docs/metrics.md)"
 
 
 def tight_lines(rows: dict[int, dict[str, Any]], ranked: list[int], shown: list[dict[str, Any]]) -> list[str]:

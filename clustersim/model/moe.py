@@ -230,13 +230,14 @@ def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, run: flo
         op = matmul_op(name, pairs, k, n)
         return replace(op, model_flops=op.flops * real / run)
 
-    sort = sorts and ("sort_in", "sort_out")
+    sort_in, sort_out = ([elementwise_op(name, pairs * hidden, 2)] for name in ("sort_in", "sort_out")) if sorts \
+        else ([], [])
     return [
-        *([elementwise_op(sort[0], pairs * hidden, 2)] if sort else []),
+        *sort_in,
         gemm("experts_up", hidden, up),
         elementwise_op("experts_act", pairs * f, 3 if moe.mats == 3 else 2),
         gemm("experts_down", f, hidden),
-        *([elementwise_op(sort[1], pairs * hidden, 2)] if sort else []),
+        *sort_out,
     ]
 
 

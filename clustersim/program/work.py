@@ -818,9 +818,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         """A forward run again at the head of a backward: B's (it feeds the input gradient)."""
         # (an all-to-all named for the block it follows, where it runs beside another: the
         # shared experts' overlap, MoeBlocks._shared_beside; its rerun is the recompute's)
-        pre, post, overlap = ((replace(c, label=f"recompute {c.label}") if c.label in ("router", "experts") else c
-                               for c in items) for items in (pre, post, overlap))
-        pre, post, overlap = tuple(pre), tuple(post), tuple(overlap)
+        pre, post, overlap = (tuple(replace(c, label=f"recompute {c.label}") if c.label in ("router", "experts") else c
+                                    for c in items) for items in (pre, post, overlap))
         if rc_ops or pre or post or overlap:
             blk = _block(f"recompute {name}", layer, [], gpu, prec, 0.0, pre, post, recompute_ops=rc_ops,
                          overlap=overlap)
@@ -1034,11 +1033,11 @@ class MoeBlocks:
         tokens = b * m.seq_len / sc.parallel.cp
         rep_tok = tokens / t if sp else tokens
         run, real = moe.expert_loads(e, ep)
-        if not sc.cfg.ranks_differ()[1]:
+        skew = run if len(set(run)) > 1 else ()  # (the EP ranks differ: config's ranks_differ)
+        if not skew:
             # every rank's pairs alike (padded to capacity, however skewed the routing): each
             # counts the mean of the real tokens among them, which sums to the step's model FLOPs
             ep_rank, real = 0, (sum_left(real) / len(real),)
-        skew = run if len(set(run)) > 1 else ()
 
         def a2a(by_src: bool, label: str = "") -> tuple:
             if ep == 1:
@@ -1079,15 +1078,17 @@ class MoeBlocks:
         if not deepep:
             router.append(permute)
         sorts = ep > 1 and (deepep or e.experts // ep > 1)
-        experts = moe.routed_experts_fwd(e, expert_tok, h, et, run[ep_rank], real[ep_rank], sorts) \
-            + ([] if deepep else [unpermute]) + moe.shared_experts_fwd(e, tokens, h, t) \
-            + [tf.elementwise_op("residual2", rep_tok * h, 3)]
+        routed = moe.routed_experts_fwd(e, expert_tok, h, et, run[ep_rank], real[ep_rank], sorts)
+        shared = moe.shared_experts_fwd(e, tokens, h, t)
+        summed, residual = ([] if deepep else [unpermute]), [tf.elementwise_op("residual2", rep_tok * h, 3)]
         router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
         shared_params = e.shared_experts * moe.expert_params(e, h) / t  # shared experts split as the dense MLP
         routed_params = (e.experts // ep) * moe.expert_params(e, h) / et
         if e.shared_expert_overlap:
-            return MoeBlocks._shared_beside(sc, router, experts, (f_pre, f_post, b_pre, b_post), own, a2a,
-                                            (gather, scatter), (router_params, shared_params, routed_params))
+            return MoeBlocks._shared_beside(sc, router, (routed, shared, summed + residual),
+                                            (f_pre, f_post, b_pre, b_post), own, a2a, (gather, scatter),
+                                            (router_params, shared_params, routed_params))
+        experts = routed + summed + shared + residual
         fwd = (
             _Spec("router", router, f_pre, to_experts, router_params),
             _Spec("experts", experts, (), from_experts + f_post, shared_params, routed_params),
@@ -1103,7 +1104,7 @@ class MoeBlocks:
         return MoeBlocks(fwd, bwd)
 
     @staticmethod
-    def _shared_beside(sc: Scenario, router: list, experts: list, tp_comms: tuple, own: bool, a2a, regroup: tuple,
+    def _shared_beside(sc: Scenario, router: list, experts: tuple, tp_comms: tuple, own: bool, a2a, regroup: tuple,
                        params: tuple) -> "MoeBlocks":
         """The blocks with the shared experts beside the all-to-alls (``model.moe.shared_expert_overlap``,
         Megatron-LM's ``--moe-shared-expert-overlap``: ``SharedExpertMLP`` on a stream of its own,
@@ -1130,10 +1131,8 @@ class MoeBlocks:
         f_post, b_pre = (tuple(replace(c, label=c.label or "experts") for c in items) for items in (f_post, b_pre))
         gather, scatter = regroup
         router_params, shared_params, routed_params = params
-        shared = [o for o in experts if o.name in moe.SHARED_EXPERT_OPS]
+        routed, shared, combine = experts  # (the combine: its sum of each token's copies, the residual add)
         fc1, fc2 = shared[:2], shared[2:]
-        combine = [o for o in experts if o.name in ("unpermute", "residual2")]
-        routed = [o for o in experts if o not in shared and o not in combine]
         up = (sc.model.moe.mats - 1) / sc.model.moe.mats  # (the shared experts' weights: up and gate, down)
         # the all-to-alls named for the blocks they follow without the overlap ("F A2A router",
         # "F A2A experts"); the experts' TP gather of what the dispatch brought waits for it and
