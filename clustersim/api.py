@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from .analysis.critical_path import critical_path, path_report
 from .analysis.exposure import exposed_collectives
 from .analysis.links import link_report
-from .analysis.memory import PartStatic, StageStatic, memory_report
+from .analysis.memory import PartStatic, StageStatic, host_report, memory_report
 from .analysis.columns import TaskColumns
 from .analysis.metrics import COMM_KINDS, step_metrics
 from .config import Scenario, changed_topology_fields, every_rank_refusal, load_scenario
@@ -26,6 +26,7 @@ from .hardware.topology import link_ceilings, network_figures
 from .host_memory import check_fits, gpus_weigh_more, rank_by_rank_tasks
 from .model.transformer import total_params
 from .program.lower import Lowering, grad_buckets, lower
+from .program.costs import HOST_STATE_BYTES
 from .program.tasks import Program
 from .program.work import PARAM_BYTES
 from .schedule.core import split_weight_passes
@@ -143,17 +144,27 @@ def _statics(low: Lowering) -> list[StageStatic]:
                 transient += biggest * low.grad_bytes
         elif z == 2:
             transient += low.grad_bytes * max(_bucket_pair_params(low, j) for j in low.parts_of[q])
+        shard = psi / (n if z >= 1 else 1) + psi_e / (n_e if z >= 1 else 1)  # the optimizer's, per GPU
         out.append(StageStatic(
             stage=q, params=psi + psi_e,
             param_bytes=PARAM_BYTES * (psi / (n if sharded3 else 1) + psi_e / (n_e if sharded3 else 1)),
             grad_bytes=low.grad_bytes * (psi / (n if grads_sharded else 1) + psi_e / (n_e if grads_sharded else 1)),
-            optimizer_bytes=low.optimizer_bytes * (psi / (n if z >= 1 else 1) + psi_e / (n_e if z >= 1 else 1)),
+            optimizer_bytes=low.optimizer_bytes * (1 - low.optimizer_offload) * shard,
+            host_bytes=HOST_STATE_BYTES * low.optimizer_offload * shard,
             activation_bytes_per_mb=max(p.activation_bytes_per_mb for p in parts),
             transient_bytes=transient,
             parts=parts,
             split_w=_split_w(low, q),
         ))
     return out
+
+
+def _host(sc: Scenario, low: Lowering, statics: list[StageStatic]) -> dict | None:
+    """The nodes' host memory under optimizer offload (``analysis.memory.host_report``), None without."""
+    if not low.optimizer_offload:
+        return None
+    return host_report(statics, low.mesh.coord_array("pp"), sc.cluster.gpus_per_node,
+                       sc.topology.node.host.memory_GB * 1e9)
 
 
 def memory_floor(sc: Scenario) -> dict[str, Any]:
@@ -165,7 +176,8 @@ def memory_floor(sc: Scenario) -> dict[str, Any]:
         simulated peak  =  params + grads + optimizer  +  max_t (act + buf + rec)  +  transient
                         >= floor
 
-    ``fits`` false means no simulation of the plan can fit (advise leaves such plans out).
+    ``fits`` false means no simulation of the plan can fit (advise leaves such plans out), on
+    the GPUs or, under optimizer offload, in a node's host memory (which the run does not change).
     {"peak_bytes": the highest stage's floor, "stage": that stage, "capacity_bytes", "fits"}.
     The lowering it reads stays on ``sc`` for :func:`simulate`'s to start from
     (``lower.FLOOR_LOWERING``): sweep and advise weigh each plan's floor, then simulate it."""
@@ -175,7 +187,8 @@ def memory_floor(sc: Scenario) -> dict[str, Any]:
     low = sc.__dict__[FLOOR_LOWERING] = lowering(sc, collapse=True)  # (9-18 ms a plan)
     s = low.schedule
     best = None
-    for st in _statics(low):
+    statics = _statics(low)
+    for st in statics:
         place = {j: i for i, j in enumerate(low.parts_of[st.stage])}
         act = activation_floor_bytes(s.actions[st.stage], lambda k: place[s.stage_part[k]],
                                      [p.activation_bytes_per_mb for p in st.parts],
@@ -184,7 +197,9 @@ def memory_floor(sc: Scenario) -> dict[str, Any]:
         if best is None or floor > best[0]:
             best = (floor, st.stage)
     capacity = sc.cluster.gpu.hbm_capacity_bytes
-    return {"peak_bytes": best[0], "stage": best[1], "capacity_bytes": capacity, "fits": best[0] <= capacity}
+    host = _host(sc, low, statics)
+    return {"peak_bytes": best[0], "stage": best[1], "capacity_bytes": capacity,
+            "fits": best[0] <= capacity and (host is None or host["fits"])}
 
 
 def projection(sc: Scenario, tokens_per_s: float) -> dict[str, Any]:
@@ -230,12 +245,13 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     world = sc.mesh.world_size
     metrics = step_metrics(trace, world_size=world, peak_flops=peak, tokens_per_step=sc.tokens_per_step)
     p, t = sc.parallel, sc.training
+    statics = _statics(low)
     summary = {
         "scenario": sc.cfg.name,
         "description": sc.cfg.description,
         "world_size": world,
         **metrics,
-        "memory": memory_report(trace, _statics(low), gpu.hbm_capacity_bytes),
+        "memory": memory_report(trace, statics, gpu.hbm_capacity_bytes, _host(sc, low, statics)),
         "critical_path": None if brief else path_report(critical_path(prog, trace), metrics["step_time_s"]),
         "exposed_comm_causes": None if brief else exposed_collectives(prog, trace, engine, sc.cluster),
         "links": None,  # filled in last, in this place (see ``links``)
@@ -253,6 +269,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
             "overlap_grad_reduce": p.overlap_grad_reduce,
             "zero_shard": p.zero_shard,
+            "optimizer_offload": t.optimizer_offload, "overlap_offload_copies": t.overlap_offload_copies,
             "recompute": t.recompute, "recompute_method": t.recompute_method, "recompute_layers": t.recompute_layers,
             "recompute_modules": sorted(t.selective_modules) or None,
             "grad_dtype": t.grad_dtype,

@@ -150,6 +150,15 @@ class TrainingCfg(Strict):
     optimizer_moments_dtype: Literal["fp32", "bf16"] = pydantic.Field(
         default="fp32", description="Adam's first and second moments: fp32, or bf16 as DeepSeek-V3 kept them "
         "(Megatron-LM's --exp-avg-dtype and --exp-avg-sq-dtype); the master weights stay fp32")
+    optimizer_offload: float = pydantic.Field(
+        default=0.0, ge=0.0, le=1.0, description="the share of each rank's optimizer shard (fp32 master weights "
+        "and moments) kept in host memory and stepped by the CPU, as Megatron-LM's --optimizer-cpu-offload with "
+        "--optimizer-offload-fraction: its gradients copied to the host, the CPU's Adam, the weights copied back; "
+        "needs parallel.zero >= 1 and the topology's node.host")
+    overlap_offload_copies: bool = pydantic.Field(
+        default=False, description="pipeline the offloaded shard's copies and CPU steps tensor by tensor on their "
+        "own streams (Megatron-LM's --overlap-cpu-optimizer-d2h-h2d) instead of copying it all, stepping it, "
+        "copying it back")
     attention: Literal["flash", "standard"] = "flash"
     recompute: Literal["none", "selective", "full"] = "none"
     # which layers full recompute recomputes, as Megatron-LM's --recompute-method and
@@ -727,6 +736,7 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if p.zero_prefetch_layers != 1 and p.zero != 3 and not p.overlap_param_gather:  # (1, the default: harmless)
         fail("parallel.zero_prefetch_layers", "how many units ahead ZeRO-3 (or ZeRO-1/2 with overlap_param_gather) "
              f"gathers parameters; zero={p.zero} gathers none during the step (drop the field)")
+    _check_offload(cfg, topo, fail)
     if not p.overlap_grad_reduce and p.overlap_param_gather:
         # (Megatron-LM refuses the pair: its parameter gathers are dispatched by the buckets of
         # the overlapped gradient reduction)
@@ -773,6 +783,24 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
                  "(training.fp8_recipe: tensorwise, blockwise or mxfp8), as Megatron-LM requires")
     elif "fp8_recipe" in t.model_fields_set:
         fail("training.fp8_recipe", "applies to precision: fp8 only")
+
+
+def _check_offload(cfg: ScenarioCfg, topo: TopologyCfg, fail: Callable[[str, str], None]) -> None:
+    """What optimizer offload needs: a sharded optimizer (Megatron-LM offloads the distributed
+    optimizer's shards only; DeepSpeed's ZeRO-Offload ZeRO's) and a host to offload to."""
+    t, z = cfg.training, cfg.parallel.zero
+    if t.overlap_offload_copies and not t.optimizer_offload:
+        fail("training.overlap_offload_copies", "overlaps the copies of an offloaded optimizer; "
+             "training.optimizer_offload is 0 (set it, or drop the field)")
+    if not t.optimizer_offload:
+        return
+    if z == 0:
+        fail("training.optimizer_offload", "offloads each rank's shard of the optimizer states, as Megatron-LM's "
+             "distributed optimizer and DeepSpeed's ZeRO do; parallel.zero=0 keeps them whole (set zero: 1, 2 or 3)")
+    if topo.node.host is None:
+        fail("training.optimizer_offload", f"needs the nodes' host memory and copy bandwidth; the topology "
+             f"{cfg.cluster.topology} has no node.host (memory_GB, memory_GBps, copy_GBps): add it there or under "
+             "cluster.node.host")
 
 
 def _check_deepep(cfg: ScenarioCfg, gpus_per_node: int, fail: Callable[[str, str], None]) -> None:

@@ -26,6 +26,9 @@ INSTANT_S = 1e-9
 # different senders (DualPipe's neighbours) may overlap there, where every other stream runs
 # one task at a time
 RECV_STREAMS = ("pp_fwd_recv", "pp_bwd_recv")
+# the kinds of span that are not compute, in the summary's order: the communications, then
+# optimizer offload's copies and host steps (the GPU waits for them as it waits for a transfer)
+COMM_KINDS = ("tp", "cp", "ep", "pp", "dp", "offload")
 
 
 def text_codes(values: Iterable, n: int) -> tuple[np.ndarray, list]:

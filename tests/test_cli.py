@@ -349,7 +349,8 @@ def test_the_scenario_schema_describes_the_topology_overrides(root):
         assert field["anyOf"][1] == {"type": "null"}
         assert _schema_paths(schema, field["anyOf"][0]) == _schema_paths(topo, topo["properties"][key])
     overrides = {k: v for k, v in schema["$defs"].items() if k.endswith("Override")}
-    assert sorted(overrides) == ["FabricCfgOverride", "LinkCfgOverride", "NicCfgOverride", "NodeCfgOverride"]
+    assert sorted(overrides) == ["FabricCfgOverride", "HostCfgOverride", "LinkCfgOverride", "NicCfgOverride",
+                                 "NodeCfgOverride"]
     assert not {"required", "default"} & _keys_anywhere(overrides)
     assert overrides["FabricCfgOverride"]["properties"]["kind"]["enum"] == ["leaf_spine", "fat_tree", "none"]
     # every key the shipped topologies write in those sections is one the schema names

@@ -34,7 +34,7 @@ import numpy as np
 from ..floats import sum_left
 from .intervals import Arrays, seq_sum
 
-DEP_KINDS = ("pp", "tp", "cp", "ep", "dp", "compute")
+DEP_KINDS = ("pp", "tp", "cp", "ep", "dp", "offload", "compute")
 WINDOW = 8  # spans starting exactly when a gap ends that are looked at to tell its cause
 
 

@@ -26,10 +26,9 @@ import numpy as np
 
 from ..floats import sum_left
 from ..program.tasks import Program
-from ..trace import Trace, span_times
+from ..trace import COMM_KINDS, Trace, span_times
 from .intervals import INSTANT_S
 
-COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
 
 
 class PathTask(NamedTuple):

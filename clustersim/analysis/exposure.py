@@ -48,8 +48,9 @@ class Explainer(Protocol):
 
 
 def collective_name(kind: str, op: str, name: str) -> str:
-    """``dp all_reduce: AR grads bucket #``: a group of spans that are the same collective."""
-    return f"{kind} {op}: {_NUM.sub('#', name)}"
+    """``dp all_reduce: AR grads bucket #``: a group of spans that are the same collective
+    (``offload: grads to host``: a task with no op, optimizer offload's)."""
+    return f"{kind} {op}: {_NUM.sub('#', name)}" if op else f"{kind}: {_NUM.sub('#', name)}"
 
 
 def covered_s(t: np.ndarray, merged: list[tuple[float, float]] | Arrays) -> np.ndarray:

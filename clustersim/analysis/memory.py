@@ -128,6 +128,7 @@ class StageStatic:
     transient_bytes: float = 0.0  # held for a moment (gathered ZeRO-3 units, CP's K/V), added at the peak
     parts: tuple[PartStatic, ...] = ()  # empty: one part, every span belongs to it
     split_w: frozenset = frozenset()  # (index into parts, mb) of each split backward: W's inputs held from B to W
+    host_bytes: float = 0.0  # in the host's memory for one GPU of the stage: its offloaded optimizer states
 
 
 def _part_maps(parts: tuple[PartStatic, ...]) -> tuple[dict[int, int], dict[str, int]]:
@@ -534,11 +535,28 @@ def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: fr
                          sm.inflight, sm.per_part, sm.recomputing.tolist())
 
 
-def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: float) -> dict:
+def host_report(statics: list[StageStatic], stage_of_gpu: np.ndarray, gpus_per_node: int,
+                capacity_bytes: float) -> dict:
+    """Host memory per node under optimizer offload: what its GPUs' offloaded states take (each
+    GPU its stage's ``host_bytes``; rank g runs on GPU g) against the node's host memory::
+
+        node_bytes = sum over the node's GPUs of host_bytes(stage of the GPU)    fits: max <= capacity
+    """
+    per_stage = np.array([st.host_bytes for st in sorted(statics, key=lambda st: st.stage)])
+    nodes = np.bincount(np.arange(len(stage_of_gpu)) // gpus_per_node, weights=per_stage[stage_of_gpu])
+    node = int(np.argmax(nodes))
+    peak = float(nodes[node])
+    return {"capacity_bytes": capacity_bytes, "peak_bytes": peak, "node": node, "margin_bytes": capacity_bytes - peak,
+            "fits": peak <= capacity_bytes}
+
+
+def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: float, host: dict | None = None) -> dict:
     """Per-stage memory (bytes): its peak over the step against the GPU's capacity, and the
     timeline of activations, communication buffers and recomputing that the peak comes from,
     those of the stage's simulated rank whose peak is highest (the first on ties): where a straggler or a
-    fault splits a stage's classes, their timings, hence their peaks, differ."""
+    fault splits a stage's classes, their timings, hence their peaks, differ. ``host``: the
+    nodes' host memory under optimizer offload (:func:`host_report`), else None; the plan fits
+    where every stage and the host fit."""
     stages = []
     ranks_of_stage: dict[int, list[int]] = {}
     for r in trace.ranks:
@@ -570,6 +588,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
             "params_bytes": st.param_bytes,
             "grads_bytes": st.grad_bytes,
             "optimizer_bytes": st.optimizer_bytes,
+            "host_bytes": st.host_bytes,
             "activations_bytes": act,
             "activation_bytes_per_microbatch": st.activation_bytes_per_mb,
             "inflight_microbatches": tl.inflight,
@@ -598,8 +617,9 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
         "peak_bytes": max(s["peak_bytes"] for s in stages),
         "margin_bytes": tightest["margin_bytes"],
         "tightest_stage": tightest["stage"],
-        "fits": all(s["fits"] for s in stages),
+        "fits": all(s["fits"] for s in stages) and (host is None or host["fits"]),
         "tight": any(s["tight"] for s in stages),
         "tight_below_bytes": TIGHT_SHARE * capacity_bytes,
+        "host": host,
         "stages": stages,
     }

@@ -23,12 +23,10 @@ from operator import mul
 import numpy as np
 
 from ..floats import sum_left
-from ..trace import Trace
+from ..trace import COMM_KINDS, Trace
 from .bubble import DEP_KINDS, BubbleSplit, split_bubble
 from .columns import SpanColumns
 from .intervals import Arrays, merged, merged_length, minus_length_arrays
-
-COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
 
 
 @dataclass(frozen=True)

@@ -83,12 +83,27 @@ class NicCfg(Strict):
     efficiency: float = pydantic.Field(default=1.0, ge=0.01, le=1)
 
 
+class HostCfg(Strict):
+    """A node's host: the CPUs' memory and each GPU's copies to it, which optimizer offload
+    (``training.optimizer_offload``) uses. Bandwidths per direction."""
+
+    memory_GB: float = pydantic.Field(ge=1e-3, le=1e9, description="the node's host memory (DRAM)")
+    memory_GBps: float = pydantic.Field(
+        ge=1e-3, le=1e7, description="the bandwidth the node's host memory sustains (STREAM-like), shared by its "
+        "GPUs' ranks when they step their offloaded optimizer states at once")
+    copy_GBps: float = pydantic.Field(
+        ge=1e-3, le=1e7, description="what each GPU's copies to or from pinned host memory reach while every GPU "
+        "of the node copies, per direction (a PCIe switch's uplink shared by two GPUs halves it)")
+
+
 class NodeCfg(Strict):
     gpus: int = pydantic.Field(default=8, ge=1, le=MAX_GPUS)
     nvlink: LinkCfg = LinkCfg()
     nics: int | None = pydantic.Field(default=None, ge=1, description="NICs per node; default one per GPU")
     nic: NicCfg = NicCfg()
     pcie_GBps: float = pydantic.Field(default=32, ge=1e-3, le=1e6, description="GPU <-> NIC, per direction")
+    host: HostCfg | None = pydantic.Field(default=None, description="host memory and copies; needed by optimizer "
+                                          "offload only")
 
     @pydantic.model_validator(mode="after")
     def _nics_divide(self):

@@ -27,10 +27,10 @@ from typing import Any
 import yaml
 
 from ..errors import printable
+from ..trace import COMM_KINDS as KINDS
 from .summary import GiB, link_ceilings_said, nvlink_kept_note, plan_line
 
 COMPARE_FILE = "compare.json"
-KINDS = ("tp", "cp", "ep", "pp", "dp")
 # config fields that name or describe a plan rather than change it
 _NOT_COMPARED = ("name", "description")
 
@@ -169,9 +169,21 @@ def _rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str], list[st
     row("  bubble", num, lambda s: by[id(s)]["bubble_s"], dif)
     row("peak memory (GiB)", lambda v: f"{v / GiB:.1f}", lambda s: s["memory"]["peak_bytes"],
         lambda a, b: f"{(b - a) / GiB:+.1f}")
-    row("  fits", lambda v: v, lambda s: ("yes" if s["memory"]["fits"] else "NO") + (
-        f" in {s['memory']['capacity_bytes'] / GiB:.0f}" if s["memory"]["capacity_bytes"] else ""), lambda a, b: "")
+    row("  fits", lambda v: v, _fits_text, lambda a, b: "")
+    if any(s["memory"].get("host") for s in summaries):  # optimizer offload: what a node's host holds
+        row("host memory (GiB a node)", lambda v: f"{v / GiB:,.1f}",
+            lambda s: (s["memory"].get("host") or {}).get("peak_bytes", 0.0), lambda a, b: f"{(b - a) / GiB:+,.1f}")
     return rows
+
+
+def _fits_text(s: dict[str, Any]) -> str:
+    """"yes in 80", "NO in 80" (a GPU's memory), "NO: host 1,907" (a node's host memory under
+    optimizer offload, where every GPU fits)."""
+    mem = s["memory"]
+    gpus = all(st["fits"] for st in mem["stages"]) if mem.get("stages") else mem["fits"]
+    if gpus and not mem["fits"] and mem.get("host"):
+        return f"NO: host {mem['host']['capacity_bytes'] / GiB:,.0f}"
+    return ("yes" if mem["fits"] else "NO") + (f" in {mem['capacity_bytes'] / GiB:.0f}" if mem["capacity_bytes"] else "")
 
 
 def other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:

@@ -55,7 +55,7 @@ from ..trace import RECV_STREAMS, Span, Trace, form_text, gpu_ranges, stable_arg
 
 # Streams in the order a reader scans a rank: the work, then what feeds it, then the tail.
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
-                 "pp_bwd_send", "zero", "dp")
+                 "pp_bwd_send", "zero", "dp", "d2h", "host", "h2d")
 # Streams not listed above sort by the family their name starts with, then by name.
 _DIGITS = re.compile(r"(\d+)")
 _FAMILY_ORDER = ("compute", "tp", "cp", "ep", "pp", "zero", "dp")

@@ -56,7 +56,7 @@ import plotly
 import plotly.graph_objects as go
 
 from ..floats import sum_left
-from ..trace import Span, SpanForm, Trace, form_array, form_codes, form_values, gpu_ranges
+from ..trace import COMM_KINDS, Span, SpanForm, Trace, form_array, form_codes, form_values, gpu_ranges
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
@@ -87,6 +87,7 @@ GROUPS = (
     ("ep", "EP communication", "#ff9da7"),
     ("pp", "PP send / recv", "#e15759"),
     ("dp", "DP communication", "#7f7f7f"),
+    ("offload", "optimizer offload (copies, host Adam)", "#d4a6c8"),
     ("other", "other", "#bab0ac"),
 )
 _GROUP_KEYS = tuple(g for g, _, _ in GROUPS)
@@ -1217,7 +1218,7 @@ def breakdown_html(summary: dict[str, Any]) -> str:
     ex = summary.get("exposed_comm_s", {})
     if step_s <= 0 or "compute_s" not in summary or "total" not in ex:
         return ""
-    kinds = " · ".join(f"{k} {fmt_time(ex[k])}" for k in ("tp", "cp", "ep", "pp", "dp") if ex.get(k, 0.0) > 0)
+    kinds = " · ".join(f"{k} {fmt_time(ex[k])}" for k in COMM_KINDS if ex.get(k, 0.0) > 0)
     compute_colour = next(c for g, _, c in GROUPS if g == "F")  # the timeline's, and .exposed's red below
     parts = [("compute", summary["compute_s"], compute_colour, ""),
              ("exposed communication", ex["total"], "#e15759", f": {kinds}" if kinds else ""),
@@ -1428,10 +1429,24 @@ def memory_html(summary: dict[str, Any]) -> str:
             + "".join(rows) + "</table>" + (
                 f'<p class="note">Tight: less than {mem["tight_below_bytes"] / GiB:.1f} GiB spare, which the CUDA '
                 "context, NCCL's buffers and the allocator's fragmentation, not counted here, can take.</p>"
-                if mem.get("tight") else "") + '<p class="note">GiB but for the parameters\' count (B: billions) '
+                if mem.get("tight") else "") + _host_note(mem) + '<p class="note">GiB but for the parameters\' count (B: billions) '
             "and, beside the activations, the most microbatches (µb) whose activations a GPU of the stage holds "
             "at once" + (", a microbatch counted once per model part (chunk) of the GPU it is alive on" if parts
                          else "") + ".</p></div>")
+
+
+def _host_note(mem: dict[str, Any]) -> str:
+    """Under optimizer offload, the host memory its states take (the terminal's ``host memory``
+    line), "" without."""
+    host = mem.get("host")
+    if not host:
+        return ""
+    gpu = max(st.get("host_bytes", 0.0) for st in mem["stages"])
+    verdict = (f'<span class="fits">fits · {host["margin_bytes"] / GiB:,.0f} GiB spare</span>' if host["fits"]
+               else f'<span class="nofit">DOES NOT FIT by {-host["margin_bytes"] / GiB:,.1f} GiB</span>')
+    return (f'<p>Host memory (optimizer offload): <b>{host["peak_bytes"] / GiB:,.1f}</b> of '
+            f'{host["capacity_bytes"] / GiB:,.0f} GiB on node {host["node"]} ({gpu / GiB:,.1f} GiB a GPU: the '
+            f'offloaded optimizer states, not in the table) {verdict}</p>')
 
 
 def stages_html(summary: dict[str, Any]) -> str:

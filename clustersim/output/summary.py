@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import printable  # (a scenario's name or description printed as written, on its line)
 from ..floats import sum_left
+from ..trace import COMM_KINDS
 
 GiB = 1024**3
 
@@ -75,7 +76,7 @@ def plan_dims(p: dict[str, Any], sep: str) -> str:
 def plan_options(p: dict[str, Any]) -> str:
     """" · SP (TP comm overlap) · ZeRO-1 · recompute full": what of SP (and whether its
     collectives are pipelined with the GEMMs), ZeRO (and how it gathers the parameters, where
-    not by default) and recompute the plan uses."""
+    not by default; what share of its optimizer states it offloads) and recompute the plan uses."""
     zero = f" · ZeRO-{p['zero']}" if p.get("zero") else ""
     replicas = p.get("dp", 1) * p.get("cp", 1) // p["zero_shard"] if p.get("zero_shard") else 1
     if zero and replicas > 1:  # hybrid sharding (a shard group of all of them is plain ZeRO)
@@ -87,6 +88,9 @@ def plan_options(p: dict[str, Any]) -> str:
         zero += " (kept gathered)"
     if zero and p.get("overlap_param_gather"):
         zero += " (gathers overlapped)"
+    if zero and p.get("optimizer_offload"):  # (offload needs ZeRO)
+        zero += (f" · optimizer {100 * p['optimizer_offload']:g} % in host memory"
+                 + (" (copies pipelined)" if p.get("overlap_offload_copies") else ""))
     sp = (" · SP" + (" (TP comm overlap)" if p.get("tp_comm_overlap") else "")) if p.get("sp") else ""
     recompute = f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""
     modules = p.get("recompute_modules") or ["core_attn"]
@@ -501,7 +505,7 @@ def format_summary(s: dict[str, Any]) -> str:
     """The short human summary printed by ``clustersim run``."""
     mem, hw = s["memory"], s["hardware"]
     ex, comm = s["exposed_comm_s"], s["comm_s"]
-    kinds = [k for k in ("tp", "cp", "ep", "pp", "dp") if comm[k] > 0]
+    kinds = [k for k in COMM_KINDS if comm[k] > 0]
     t = s["step_time_s"]
     exposed = " · ".join(f"{k} {secs(ex[k], t)}" for k in kinds) or "none"
     hidden = " · ".join(f"{k} {secs(comm[k] - ex[k], t)}" for k in kinds) or "none"
@@ -551,4 +555,15 @@ def format_summary(s: dict[str, Any]) -> str:
     if mem.get("tight"):
         lines.append(f"{'':<16}(tight: less than {mem['tight_below_bytes'] / GiB:.1f} spare, which the CUDA context, "
                      "NCCL's buffers and fragmentation, not counted here, can take)")
+    if host := mem.get("host"):
+        lines.append(host_line(host, max(st.get("host_bytes", 0.0) for st in mem["stages"])))
     return "\n".join(lines)
+
+
+def host_line(host: dict, gpu_bytes: float) -> str:
+    """The offloaded optimizer states in host memory (``memory.host``): a node's against its
+    capacity, and one GPU's (the most of any stage)."""
+    margin = host["margin_bytes"]
+    verdict = (f"fits ({margin / GiB:,.0f} spare)" if host["fits"] else f"DOES NOT FIT (by {-margin / GiB:,.1f})")
+    return (f"{'host memory':<16}{host['peak_bytes'] / GiB:,.1f} / {host['capacity_bytes'] / GiB:,.0f} GiB a node "
+            f"({gpu_bytes / GiB:,.1f} a GPU: offloaded optimizer states)  {verdict}")

@@ -88,3 +88,23 @@ def adam_step_time_s(params: float, gpu: GpuSpec, grad_bytes: int = 4, state_byt
     """
     bytes_ = params * (state_bytes + grad_bytes + state_bytes + ADAM_WEIGHT_BYTES)
     return bytes_ / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
+
+
+# Optimizer offload (Megatron-LM's HybridDeviceOptimizer, read in its source): the host keeps
+# the offloaded shard's fp32 master weights and moments and a pinned fp32 gradient buffer; the
+# gradient goes down and the updated master weights come back as fp32, each cast on the GPU
+OFFLOAD_COPY_BYTES = 4
+HOST_STATE_BYTES = 12 + 4  # master, m, v and the gradient buffer, a parameter
+HOST_ADAM_BYTES = 16 + 12  # read master, m, v, gradient; write master, m, v (fp32 AdamW on the CPU)
+
+
+def offload_times_s(params: float, copy_Bps: float, host_share_Bps: float) -> tuple[float, float, float]:
+    """(down, step, up): seconds to copy the gradients of ``params`` offloaded parameters to the
+    host, to step them with the CPU's Adam, and to copy their weights back::
+
+        down = up = params * 4 B / copy_Bps          (node.host.copy_GBps, every GPU copying)
+        step = params * 28 B / host_share_Bps        (node.host.memory_GBps / GPUs a node:
+                                                      the node's ranks step at once)
+    """
+    copy_s = params * OFFLOAD_COPY_BYTES / copy_Bps
+    return copy_s, params * HOST_ADAM_BYTES / host_share_Bps, copy_s

@@ -691,6 +691,8 @@ class Lowering:
     zero3_keep_gathered: bool = False
     overlap_param_gather: bool = False  # ZeRO-1/2's gathers in the first forward (optimizer_pass)
     overlap_grad_reduce: bool = True  # DP reductions bucket by bucket beside the backward (_reduce_action)
+    optimizer_offload: float = 0.0  # the share of each optimizer shard in host memory (training's)
+    overlap_offload_copies: bool = False  # an offloaded optimizer's copies pipelined (optimizer_pass)
     # (CP index, index in the EP group) -> per-part work, when CP or EP ranks differ (unbalanced
     # causal attention, skewed expert load); the index that does not matter is 0
     rank_work: dict = field(default_factory=dict)
@@ -1750,13 +1752,51 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
     ``overlap_param_gather``, gathers them unit by unit in the next step's first forward
     (:func:`_blocks`: the step simulated is the steady one); ZeRO-3 keeps them sharded.
     DualPipe's two holders of a part both update it (same gradients, same result).
+
+    With optimizer offload (``StageWork.offload_s``) the host steps a share of the shard, as
+    Megatron-LM's HybridDeviceOptimizer does: its gradients copied down, the CPU's Adam, its
+    weights copied up, on streams of their own (kind ``offload``). The GPU's Adam over the
+    rest runs beside the CPU's, and each copy up waits for it (it is queued on the compute
+    stream the copies wait on)::
+
+        compute   [optimizer step]                          (the GPU's share)
+        d2h      [grads to host]
+        host                     [host optimizer step]
+        h2d                                          [params from host] [AG params]
+
+    Without ``overlap_offload_copies`` the copies go on the compute stream's queue, so the GPU's
+    Adam waits for the copy down too; with it, the three pipeline layer by layer (Megatron-LM
+    does it tensor by tensor: a finer split shortens only the fill and the drain)::
+
+        d2h      [L0][L1][L2][L3]
+        host         [ L0 ][ L1 ][ L2 ][ L3 ]
+        h2d                [L0]  [L1]  [L2]  [L3]
     """
     for r in low.sym.ranks:
         q = low.pp_of(r)
         parts = low.parts_of[q]
         deps = tuple(low.grad_tasks[r]) or low.last_task[r]
-        opt = prog.add(rank=r, stream="compute", name="optimizer step", kind="compute",
-                       duration_s=sum_left(low.work[j].optimizer_s for j in parts), deps=deps, phase="opt", stage=q).tid
+        down_s, step_s, up_s = (sum_left(low.work[j].offload_s[i] for j in parts) for i in range(3))
+        offload = dict(rank=r, kind="offload", phase="opt", stage=q)
+        chunks = 1
+        if low.overlap_offload_copies:
+            chunks = max(1, sum(len({b.layer for b in low.work[j].fwd if b.layer >= 0}) for j in parts))
+        downs = [prog.add(stream="d2h", name="grads to host", duration_s=down_s / chunks, deps=deps,
+                          **offload).tid for _ in range(chunks)] if step_s else []
+        gpu_s = sum_left(low.work[j].optimizer_s for j in parts)
+        opt = ()
+        if gpu_s or not downs:  # (all offloaded: the GPU steps nothing)
+            opt = (prog.add(rank=r, stream="compute", name="optimizer step", kind="compute", duration_s=gpu_s,
+                            deps=deps if low.overlap_offload_copies or not downs else (*deps, downs[-1]),
+                            phase="opt", stage=q).tid,)
+        ups = []
+        for down in downs:
+            step = prog.add(stream="host", name="host optimizer step", duration_s=step_s / chunks, deps=(down,),
+                            **offload).tid
+            ups.append(prog.add(stream="h2d", name="params from host", duration_s=up_s / chunks, deps=(step, *opt),
+                                **offload).tid)
+        if ups:
+            opt = (ups[-1],)  # (after the GPU's step: each copy up waits for it)
         if low.zero in (1, 2) and not low.overlap_param_gather:
             # each shard's owners all-gather the updated 16-bit parameters: dense ones over
             # dp x cp, routed experts over their expert-DP group
@@ -1764,7 +1804,7 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
                 n = sum_left(getattr(low.work[j], attr) for j in parts)
                 if n > 0 and low.mesh.size(low.grad_dim(dim)) > 1:
                     _comm(low, prog, r, dim, low.group_of(r, dim), ("AG params after step", dim), n * PARAM_BYTES,
-                          op="all_gather", stream="dp", deps=(opt,),
+                          op="all_gather", stream="dp", deps=opt,
                           name="AG expert params" if dim == "edp" else "AG params", phase="opt", stage=q)
     return prog
 
@@ -1837,7 +1877,8 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
         embedding_params=sc.model.vocab * sc.model.hidden / mesh.tp,
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
         zero3_keep_gathered=sc.parallel.zero3_keep_gathered, overlap_param_gather=sc.parallel.overlap_param_gather,
-        overlap_grad_reduce=sc.parallel.overlap_grad_reduce,
+        overlap_grad_reduce=sc.parallel.overlap_grad_reduce, overlap_offload_copies=sc.training.overlap_offload_copies,
+        optimizer_offload=sc.training.optimizer_offload,
         rank_work=rank_work, use_templates=templates, routing=moe.routing(sc.model.moe),
     )
 

@@ -40,7 +40,7 @@ from ..hardware.gpus import GpuSpec
 from ..model import transformer as tf
 from ..model.transformer import Op
 from ..model import moe
-from .costs import ADAM_MASTER_BYTES, adam_step_time_s, ops_time_s
+from .costs import ADAM_MASTER_BYTES, adam_step_time_s, offload_times_s, ops_time_s
 
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 PARAM_BYTES = 2  # 16-bit weights used by the kernels
@@ -87,7 +87,7 @@ class StageWork:
 
     fwd: tuple[Block, ...]
     bwd: tuple[Block, ...]  # full backward
-    optimizer_s: float
+    optimizer_s: float  # the GPU's Adam over the shard it steps (all but an offloaded share)
     local_params: float  # parameters of this part per TP rank (before ZeRO sharding)
     activation_bytes_per_mb: float
     pp_send_bytes: float
@@ -97,6 +97,10 @@ class StageWork:
     # the layers whose forward full recompute runs again, in the groups recomputed as one (recompute_groups)
     recompute_groups: tuple[tuple[int, ...], ...] = ()
     local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
+    # optimizer offload (training.optimizer_offload): the parameters of the shard stepped on the
+    # host, and (down, step, up) seconds: gradients to the host, its Adam, weights back (costs.offload_times_s)
+    offload_params: float = 0.0
+    offload_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
     # the halves of a full backward written as B then W (fused): where they differ from the
@@ -910,10 +914,15 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     recomputing = recompute_held_bytes(layers, rc_groups, extra, kept)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
     updated = local_params / grad_shard + local_expert_params / expert_shard
+    offloaded = updated * sc.training.optimizer_offload
+    host = sc.topology.node.host
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),
-        optimizer_s=adam_step_time_s(updated, gpu, GRAD_BYTES[sc.training.grad_dtype],
+        optimizer_s=adam_step_time_s(updated - offloaded, gpu, GRAD_BYTES[sc.training.grad_dtype],
                                      optimizer_bytes(sc.training.optimizer_moments_dtype)),
+        offload_params=offloaded,
+        offload_s=offload_times_s(offloaded, host.copy_GBps * 1e9, host.memory_GBps * 1e9 / sc.cluster.gpus_per_node)
+        if offloaded else (0.0, 0.0, 0.0),
         local_params=local_params,
         local_expert_params=local_expert_params,
         activation_bytes_per_mb=act_mb,

@@ -1,0 +1,194 @@
+"""Optimizer offload (``training.optimizer_offload``): the host's share of the optimizer step
+against closed forms, its memory on the GPU and in the host, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+import clustersim
+from clustersim.api import memory_floor
+from clustersim.errors import ConfigError
+from clustersim.program.costs import adam_step_time_s
+from clustersim.program.lower import lowering
+
+from .conftest import ROOT, scenario_dict
+
+GB = 1e9
+HOST = {"memory_GB": 1024, "memory_GBps": 328, "copy_GBps": 12.5}  # dgx-a100.yaml's
+
+
+def _scenario(offload: float = 1.0, overlap: bool = False, *, zero: int = 1, pp: int = 1, dp: int = 16,
+              tp: int = 1, host: dict | None = None, collapse: bool = True) -> clustersim.Scenario:
+    """The small model on two DGX A100 nodes, DP over every GPU (TP x PP x DP = 16)."""
+    training = {"global_batch_size": 2 * dp, "optimizer_offload": offload}
+    if overlap:
+        training["overlap_offload_copies"] = True
+    cluster = {"topology": "topologies/dgx-a100.yaml", "nodes": 2, **({"node": {"host": host}} if host else {})}
+    d = scenario_dict(cluster=cluster, parallel={"tp": tp, "pp": pp, "dp": dp, "zero": zero},
+                      training=training, simulation={"collapse_symmetric": collapse})
+    return clustersim.load_scenario(d, base_dir=ROOT)
+
+
+def _shard(sc: clustersim.Scenario) -> float:
+    """The parameters one GPU's optimizer steps (stage 0's: its part's, over the DP ranks)."""
+    w = lowering(sc, collapse=True).work[0]
+    return w.local_params / sc.parallel.dp
+
+
+def _spans(result, name: str) -> list:
+    return [s for s in result.trace.spans if s.name == name and s.rank == result.trace.ranks[0]]
+
+
+def test_the_host_step_and_copies_take_their_closed_forms():
+    """Each GPU copies 4 bytes a parameter down and up at copy_GBps; the CPU's Adam moves 28
+    bytes a parameter at the node's host bandwidth shared by its 8 GPUs."""
+    sc = _scenario(1.0)
+    n = _shard(sc)
+    r = clustersim.simulate(sc)
+    (down,), (step,), (up,) = (_spans(r, k) for k in ("grads to host", "host optimizer step", "params from host"))
+    assert down.end_s - down.start_s == pytest.approx(n * 4 / (HOST["copy_GBps"] * GB), rel=1e-12)
+    assert up.end_s - up.start_s == pytest.approx(n * 4 / (HOST["copy_GBps"] * GB), rel=1e-12)
+    assert step.end_s - step.start_s == pytest.approx(n * 28 / (HOST["memory_GBps"] * GB / 8), rel=1e-12)
+    assert down.end_s <= step.start_s and step.end_s <= up.start_s
+    assert {s.kind for s in (down, step, up)} == {"offload"}
+    assert not _spans(r, "optimizer step")  # all of it offloaded: the GPU steps nothing
+    ag = [s for s in r.trace.spans if s.name == "AG params" and s.rank == r.trace.ranks[0]]
+    assert ag and ag[0].start_s >= up.end_s
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_step_grows_by_the_host_chain_less_the_gpu_adam(overlap):
+    """All offloaded, the GPU's Adam (after the last reduction) is replaced by the copy down,
+    the CPU's step and the copy up, one after another; pipelined layer by layer (4 layers
+    here, 2 a stage under PP2) only a layer's copies stay outside the CPU's step::
+
+        serial     T1 - T0 = down + step + up - adam
+        pipelined  T1 - T0 = down / k + step + up / k - adam      (the CPU's step the longest)
+    """
+    for pp in (1, 2):
+        base = _scenario(0.0, pp=pp, dp=16 // pp)
+        sc = _scenario(1.0, overlap, pp=pp, dp=16 // pp)
+        n = _shard(sc)
+        down = up = n * 4 / (HOST["copy_GBps"] * GB)
+        step = n * 28 / (HOST["memory_GBps"] * GB / 8)
+        assert step > down
+        k = 4 // pp if overlap else 1
+        adam = adam_step_time_s(n, sc.cluster.gpu)
+        t0 = clustersim.simulate(base).summary["step_time_s"]
+        t1 = clustersim.simulate(sc).summary["step_time_s"]
+        if pp == 1:  # (under PP the stages' shards differ: the embedding's and head's stages end last)
+            assert t1 - t0 == pytest.approx(down / k + step + up / k - adam, rel=1e-9)
+        else:
+            assert t1 > t0
+
+
+def test_a_partial_offload_steps_the_rest_on_the_gpu_beside_the_host():
+    """Half offloaded: the GPU's Adam over the other half runs beside the CPU's step (after
+    the copy down, which it queues behind) and each copy up waits for it."""
+    sc = _scenario(0.5)
+    n = _shard(sc)
+    r = clustersim.simulate(sc)
+    (gpu,), (down,), (step,), (up,) = (_spans(r, k) for k in ("optimizer step", "grads to host",
+                                                               "host optimizer step", "params from host"))
+    assert gpu.end_s - gpu.start_s == pytest.approx(adam_step_time_s(n / 2, sc.cluster.gpu), rel=1e-12)
+    assert step.end_s - step.start_s == pytest.approx(n / 2 * 28 / (HOST["memory_GBps"] * GB / 8), rel=1e-12)
+    assert gpu.start_s == pytest.approx(down.end_s) and step.start_s == pytest.approx(down.end_s)
+    assert up.start_s == pytest.approx(max(gpu.end_s, step.end_s))
+
+
+def test_the_gpu_keeps_what_is_not_offloaded_and_the_host_the_rest():
+    """ZeRO-1 on 16 GPUs: 12 bytes a parameter of the shard on the GPU at no offload, (1 - f)
+    of it at f; 16 bytes a parameter of the offloaded share in the host (master, m, v and the
+    fp32 gradient buffer), 8 GPUs' worth a node; the GPU's other states unchanged."""
+    m0 = clustersim.simulate(_scenario(0.0)).summary["memory"]
+    for f in (0.25, 1.0):
+        sc = _scenario(f)
+        n = _shard(sc)
+        m = clustersim.simulate(sc).summary["memory"]
+        st, st0 = m["stages"][0], m0["stages"][0]
+        assert st["optimizer_bytes"] == pytest.approx((1 - f) * st0["optimizer_bytes"], rel=1e-12)
+        assert st0["optimizer_bytes"] == pytest.approx(12 * n, rel=1e-12)
+        assert st["host_bytes"] == pytest.approx(16 * f * n, rel=1e-12)
+        assert (st["params_bytes"], st["grads_bytes"]) == (st0["params_bytes"], st0["grads_bytes"])
+        assert m["host"]["peak_bytes"] == pytest.approx(8 * st["host_bytes"], rel=1e-12)
+        assert m["host"]["capacity_bytes"] == HOST["memory_GB"] * GB and m["host"]["fits"]
+    assert m0["host"] is None and m0["stages"][0]["host_bytes"] == 0.0
+
+
+def test_a_host_too_small_does_not_fit_and_the_floor_says_so():
+    """A node's host memory below its GPUs' offloaded states: the plan does not fit (the
+    summary's and the floor sweep and advise read), though every GPU does."""
+    sc = _scenario(1.0)
+    need = 8 * 16 * _shard(sc)
+    small = _scenario(1.0, host={"memory_GB": need / GB * 0.9})
+    m = clustersim.simulate(small).summary["memory"]
+    assert all(st["fits"] for st in m["stages"]) and not m["host"]["fits"] and not m["fits"]
+    assert m["host"]["peak_bytes"] == pytest.approx(need, rel=1e-12)
+    assert not memory_floor(small)["fits"]
+    assert memory_floor(_scenario(1.0, host={"memory_GB": need / GB * 1.1}))["fits"]
+
+
+def test_offload_makes_a_plan_fit_that_does_not_without():
+    """The guide's poorest case: Llama-2 70B on one DGX H100 with ZeRO-3 and full recompute does
+    not fit (its 12-byte optimizer shard alone is 103 GB a GPU); with the optimizer offloaded
+    it does (1.1 TB of the host's 2 TB), at the cost of the host's step."""
+    d = {"name": "70b-8gpu", "cluster": {"topology": "topologies/dgx-h100.yaml", "nodes": 1},
+         "model": {"name": "llama2-70b", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8,
+                   "ffn_hidden": 28672, "mlp": "swiglu", "norm": "rmsnorm", "bias": False, "dropout": False,
+                   "vocab": 32000, "seq_len": 4096, "tied_embeddings": False, "position_embedding": "rope"},
+         "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3},
+         "training": {"global_batch_size": 8, "recompute": "full"}}
+    assert not memory_floor(clustersim.load_scenario(d))["fits"]
+    d["training"]["optimizer_offload"] = 1.0
+    r = clustersim.simulate(clustersim.load_scenario(d))
+    assert r.summary["memory"]["fits"] and r.summary["memory"]["host"]["peak_bytes"] > 1e12
+    assert r.summary["exposed_comm_s"]["offload"] > 0
+
+
+def test_the_collapse_gives_every_rank_s_figures():
+    """PP2 x DP8 with ZeRO-2 and half the optimizer offloaded, pipelined: the symmetric
+    collapse's summary figures equal every rank's."""
+    a = clustersim.simulate(_scenario(0.5, True, zero=2, pp=2, dp=8)).summary
+    b = clustersim.simulate(_scenario(0.5, True, zero=2, pp=2, dp=8, collapse=False)).summary
+    for k in ("step_time_s", "compute_s", "bubble_fraction"):
+        assert a[k] == pytest.approx(b[k], rel=1e-9)
+    assert a["exposed_comm_s"] == pytest.approx(b["exposed_comm_s"], rel=1e-9)
+    assert a["memory"]["host"] == pytest.approx(b["memory"]["host"], rel=1e-12)
+
+
+@pytest.mark.parametrize("change, field, message", [
+    ({"zero": 0}, "training.optimizer_offload", "parallel.zero=0 keeps them whole"),
+    ({"offload": 0.0, "overlap": True}, "training.overlap_offload_copies", "training.optimizer_offload is 0"),
+])
+def test_what_offload_refuses(change, field, message):
+    kw = {"offload": 1.0, **change}
+    with pytest.raises(ConfigError) as e:
+        _scenario(kw.pop("offload"), kw.pop("overlap", False), **kw)
+    assert e.value.field == field and message in str(e.value)
+
+
+def test_a_topology_without_a_host_is_named():
+    d = scenario_dict(cluster={"topology": "topologies/fat-tree.yaml", "nodes": 2},
+                      parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 1},
+                      training={"global_batch_size": 16, "optimizer_offload": 0.5})
+    with pytest.raises(ConfigError) as e:
+        clustersim.load_scenario(d, base_dir=ROOT)
+    assert e.value.field == "training.optimizer_offload"
+    assert "topologies/fat-tree.yaml has no node.host" in str(e.value)
+    d["cluster"]["node"] = {"host": HOST}  # given in the scenario instead
+    assert clustersim.load_scenario(d, base_dir=ROOT).topology.node.host.copy_GBps == HOST["copy_GBps"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_step_whose_cycle_is_copied_in_offloads_as_one_simulated_whole(overlap):
+    """256 microbatches a pipeline: the shorter step's cycle copied in (engine.repeat) and the
+    optimizer offloaded after it give the step simulated whole."""
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 2},
+                      parallel={"tp": 2, "pp": 4, "dp": 2, "zero": 1}, model={"layers": 16},
+                      training={"global_batch_size": 1024, "optimizer_offload": 0.7, "overlap_offload_copies": overlap})
+    a = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT), repeat=True).summary
+    b = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT), repeat=False).summary
+    assert a["simulation"]["repeat"] is not None
+    assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-9)
+    assert a["exposed_comm_s"]["offload"] == pytest.approx(b["exposed_comm_s"]["offload"], rel=1e-9)
+    assert a["exposed_comm_s"]["offload"] > 0
