@@ -127,6 +127,10 @@ def draw(rng: random.Random) -> dict:
         moe.update(shared_experts=1, shared_expert_overlap=parallel["zero"] != 2 or pp > 1)
     if moe is not None and model["layers"] >= 4 and model["layers"] % 2 == 0 and tp == 1:
         moe["layer_freq"] = 2 if cp == 1 else [0, 1] * (model["layers"] // 2)  # MoE every second layer (no draw)
+    if parallel["zero"] and topo in ("dgx-a100.yaml", "dgx-h100.yaml") and training["recompute"] != "selective":
+        # the optimizer offloaded where the topology has a host: all of ZeRO-3's, half of ZeRO-1/2's,
+        # the copies pipelined on even TP (no draw)
+        training.update(optimizer_offload=1.0 if parallel["zero"] == 3 else 0.5, overlap_offload_copies=tp % 2 == 0)
     return {"name": "fuzz-symmetry", "cluster": {"topology": f"topologies/{topo}", "nodes": nodes,
                                                  "what_if": what_if},
             "model": model, "parallel": parallel, "training": training}
@@ -263,6 +267,9 @@ def label(i: int, d: dict) -> str:
                     + (" shared beside" if d["model"]["moe"].get("shared_expert_overlap") else
                        " shared" if d["model"]["moe"].get("shared_experts") else "")
                     + (" every 2nd" if d["model"]["moe"].get("layer_freq", 1) != 1 else ""))
+    if d["training"].get("optimizer_offload"):
+        bits.append(f"offload {d['training']['optimizer_offload']:g}"
+                    + (" pipelined" if d["training"].get("overlap_offload_copies") else ""))
     bits += ["slow" if "gpu" in w else "spine cable" if "spine" in w["link"] else "nic cable" if ".nic" in w["link"]
              else "nvlink cable" for w in c["what_if"]]
     return " ".join(bits)

@@ -28,7 +28,8 @@ parallel.tp=8``) or adds one (``--vary parallel.schedule=1f1b,interleaved``). Pl
 scenario's rules refuse are counted, not simulated; so are plans certain not to fit in memory
 (``api.memory_floor``: weights, gradients, optimizer states and the activations the schedule
 holds, a lower bound of the simulated peak), unless ``--simulate-unfit``. The scenario's own
-plan is plan 1, always simulated.
+plan is plan 1, always simulated. Where no plan fits and the topology has a host to offload
+to, the search is made again with the optimizer states in host memory (:func:`run_advise`).
 
 The guide's rule for the case (its "Choose your parallelism technique", as docs/parallelism.md
 states it: "The guide's rules of thumb, by simulation"), by the model's parameters N and the
@@ -192,13 +193,15 @@ def memory_settings(space: dict[str, list[Any]], pp: int) -> list[dict[str, Any]
             for z in zeros for r in recs]
 
 
-def unsharded(settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def unsharded(settings: list[dict[str, Any]], zero: int = 0) -> list[dict[str, Any]]:
     """``settings`` (:func:`memory_settings`) on a plan whose ZeRO shard groups are one GPU
     each: every ZeRO stage there is the plan without ZeRO, so the stages give way to zero 0
-    and the settings that then repeat are dropped (the recomputes kept, in their order)."""
+    and the settings that then repeat are dropped (the recomputes kept, in their order).
+    ``zero`` 1 where the plan offloads its optimizer (which needs a distributed one, over one
+    GPU here)."""
     out: list[dict[str, Any]] = []
     for x in settings:
-        y = {**x, "parallel.zero": 0} if "parallel.zero" in x else x
+        y = {**x, "parallel.zero": zero} if "parallel.zero" in x else x
         if y not in out:
             out.append(y)
     return out
@@ -335,8 +338,27 @@ def _zero3_microbatches(row: dict[str, Any], par: dict[str, Any], tr: dict[str, 
 REFINE_WITHIN = 0.7  # coarse to fine: the shapes refined give at least this share of the best one's tokens/s
 
 
+OFFLOAD = "training.optimizer_offload"
+
+
 def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jobs: int = 1, budget: int = 200,
                refine: int = 24, progress=None, prune: bool = True) -> dict[str, Any]:
+    """:func:`search_plans`; where no plan it searched fits and the topology has a host to
+    offload to (``node.host``), the search again with every plan's optimizer states in host
+    memory (``training.optimizer_offload=1``, the rung below the guide's "few GPUs": full
+    recompute and gradient accumulation), ``offload_fallback`` then saying how the first
+    search ended. Not where ``vary`` sets the offload itself."""
+    advice = search_plans(path, vary, jobs=jobs, budget=budget, refine=refine, progress=progress, prune=prune)
+    if any(r.get("fits") for r in advice["plans"]) or OFFLOAD in dict(vary or []) or not advice["host"]:
+        return advice
+    again = search_plans(path, [*(vary or []), (OFFLOAD, [1.0])], jobs=jobs, budget=budget, refine=refine,
+                         progress=progress, prune=prune)
+    again["offload_fallback"] = {"searched": advice["searched"], "simulated": len(advice["ranking"])}
+    return again
+
+
+def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jobs: int = 1, budget: int = 200,
+                 refine: int = 24, progress=None, prune: bool = True) -> dict[str, Any]:
     """Search the plans for the scenario ``path`` (``vary``: dimensions replaced or added),
     simulate them and check the guide's rule; what advise.json holds.
 
@@ -378,7 +400,7 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
         if plan is None:
             continue
         if _shards_nothing(path, data, plan):  # every ZeRO stage is the plan without ZeRO: that one, listed once
-            settings = unsharded(settings)
+            settings = unsharded(settings, 1 if shape.get(OFFLOAD) else 0)
             plan = plan_of(sc, data, {**shape, **settings[0]}, len(first) + 1, varied)
         if own_doc is not None and _applied(path, data, plan) == own_doc:  # the scenario's plan: #1 stands for it
             rest[own.number] = (shape, settings)
@@ -452,7 +474,7 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
     return {"scenario": str(path), "params": params, "gpus": sc.mesh.world_size,
             "gpus_per_node": sc.topology.node.gpus, "guide": rule.says, "options": options, "vary": space,
             "shapes": len(rest), "searched": searched, "coarse_to_fine": not every, "own_plan": 1, "dp_follows": True,
-            "pruned": prune,
+            "pruned": prune, "host": sc.topology.node.host is not None, "offload_fallback": None,
             "plans": ordered,
             "ranking": ranked}
 
@@ -493,6 +515,9 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                 f", {advice['searched']:,} plans; coarse to fine (each shape first with the settings that save the "
                 f"most memory, then the fastest that fit with every other): {n:,} plans")
              + (f", {done:,} simulated" if done != n else "")]
+    if fb := advice.get("offload_fallback"):
+        lines.append(f"{'':<12}(searched again with the optimizer states in host memory, optimizer_offload 1: none of "
+                     f"the first search's {fb['searched']:,} plans fits with them on the GPUs)")
     best = rows[ranked[0]] if ranked and rows[ranked[0]]["fits"] else None
     # a plan's row with the settings it changes besides the columns (SP with TP, say): what a
     # run of it needs to give the same step
@@ -523,9 +548,11 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                      f"{100 * r['mfu']:.1f} % MFU; {gap}{regather}")
     own = rows[advice["own_plan"]]
     if own["status"] == "ok":
+        gain = 0.0 if best is None else best["tokens_per_s"] / own["tokens_per_s"] - 1
         where = ("the best plan found" if best is not None and own["plan"] == best["plan"] else
-                 f"the best plan found, #{best['plan']}, gives {100 * (best['tokens_per_s'] / own['tokens_per_s'] - 1):.1f} "
-                 "% more tokens/s" if best is not None else "")
+                 f"the best plan found, #{best['plan']}, gives {100 * gain:.1f} % more tokens/s" if gain >= 0 else
+                 f"the best plan found, #{best['plan']}, gives {-100 * gain:.1f} % fewer tokens/s, and fits"
+                 if best is not None else "")
         lines.append(f"{'your plan':<12}#{own['plan']}: {own['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU"
                      + ("" if own["fits"] else " (does not fit)") + (f"; {where}" if where else ""))
     else:

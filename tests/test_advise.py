@@ -483,3 +483,32 @@ def test_options_this_gpu_count_cannot_hold_are_said_so(root, tmp_path):
     assert "  TP=8 and PP         needs 16 GPUs or more, the case has 8" in text
     assert "not among the plans simulated" not in text.split("the guide's options")[1].split("TP=8 with DP")[0]
     assert "(the case has 8 GPUs, not more than 8" in text
+
+
+def test_where_nothing_fits_the_optimizer_goes_to_the_host(root, tmp_path):
+    """Llama-2 70B on one DGX H100: no plan of the search fits with Adam's states on the GPUs,
+    so advise searches again with them in host memory (the topology has a host), says so, and
+    ranks plans that fit; where the topology has no host, it stops at "no plan fits"."""
+    doc = read_yaml(root / "scenarios/offload_llama2_70b_8gpu.yaml", what="scenario")
+    for key in ("optimizer_offload", "overlap_offload_copies"):
+        del doc["training"][key]
+    doc["cluster"]["topology"] = str(root / "topologies/dgx-h100.yaml")
+    path = tmp_path / "70b.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    vary = [("parallel.tp", [1, 8]), ("parallel.pp", [1])]
+    advice = run_advise(str(path), vary)
+    fb = advice["offload_fallback"]
+    assert fb is not None and fb["searched"] > 0
+    rows = {r["plan"]: r for r in advice["plans"]}
+    best = rows[advice["ranking"][0]]
+    assert best["fits"] and dict(best["changes"])["training.optimizer_offload"] == 1.0
+    assert not rows[advice["own_plan"]]["fits"]  # the file's plan, as it is
+    assert all(dict(r["changes"]).get("training.optimizer_offload") == 1.0 for n, r in rows.items()
+               if n != advice["own_plan"])
+    text = clustersim.advise.format_advice(advice)
+    assert "searched again with the optimizer states in host memory" in text
+    assert "gives" in text and "fewer tokens/s, and fits" in text  # (the file's faster plan does not fit)
+    doc["cluster"]["node"] = {"host": None}  # no host to offload to
+    path.write_text(yaml.safe_dump(doc))
+    plain = run_advise(str(path), vary)
+    assert plain["offload_fallback"] is None and not any(r.get("fits") for r in plain["plans"])
