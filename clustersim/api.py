@@ -178,7 +178,8 @@ def memory_floor(sc: Scenario) -> dict[str, Any]:
 
     ``fits`` false means no simulation of the plan can fit (advise leaves such plans out), on
     the GPUs or, under optimizer offload, in a node's host memory (which the run does not change).
-    {"peak_bytes": the highest stage's floor, "stage": that stage, "capacity_bytes", "fits"}.
+    {"peak_bytes": the highest stage's floor, "stage": that stage, "capacity_bytes", "fits",
+    "host": the nodes' host memory under optimizer offload (``analysis.memory.host_report``) or None}.
     The lowering it reads stays on ``sc`` for :func:`simulate`'s to start from
     (``lower.FLOOR_LOWERING``): sweep and advise weigh each plan's floor, then simulate it."""
     from .analysis.memory import activation_floor_bytes
@@ -199,7 +200,7 @@ def memory_floor(sc: Scenario) -> dict[str, Any]:
     capacity = sc.cluster.gpu.hbm_capacity_bytes
     host = _host(sc, low, statics)
     return {"peak_bytes": best[0], "stage": best[1], "capacity_bytes": capacity,
-            "fits": best[0] <= capacity and (host is None or host["fits"])}
+            "fits": best[0] <= capacity and (host is None or host["fits"]), "host": host}
 
 
 def projection(sc: Scenario, tokens_per_s: float) -> dict[str, Any]:

@@ -674,11 +674,13 @@ def cmd_validate(args) -> int:
         dims = plan_dims({**sc.parallel.model_dump(), "dispatcher": moe and moe.dispatcher,
                           "shared_expert_overlap": moe and moe.shared_expert_overlap}, " x ")
         floor = memory_floor(sc)  # (milliseconds: what a step must hold, before any task is made)
-        need, cap = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB
+        need, cap, host = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB, floor["host"]
+        hosted = "" if host is None else (f", {host['peak_bytes'] / GiB:,.1f} of {host['capacity_bytes'] / GiB:,.0f} GiB "
+                                          "of host memory a node" + ("" if host["fits"] else ": cannot fit"))
+        gpus = f": cannot fit (stage {floor['stage']})" if floor["peak_bytes"] > floor["capacity_bytes"] else ""
         print(f"{path}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''}; memory at least {need:.1f} of "
-              f"{cap:.0f} GiB a GPU" + ("" if floor["fits"] else f": cannot fit (stage {floor['stage']})") + ")",
-              flush=True)
+              f"{cap:.0f} GiB a GPU{gpus}{hosted})", flush=True)
     if bad and len(args.scenarios) > 1:
         print(f"error: {bad} of {len(args.scenarios)} files are not valid", file=sys.stderr)
     return EXIT_BAD_INPUT if bad else 0

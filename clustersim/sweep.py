@@ -203,6 +203,7 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
     return {**row, "status": "ok", **{k: s[k] for k in FIGURES}, "compute_s": split["compute_s"],
             "exposed_comm_s": s["exposed_comm_s"], "bubble_s": split["bubble_s"], "peak_bytes": mem["peak_bytes"],
             "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"], "tight": mem["tight"],
+            "host_fits": None if mem.get("host") is None else mem["host"]["fits"],
             "estimate": bool(s["simulation"]["asymmetric_orbits"])}
 
 
@@ -229,6 +230,10 @@ def unfit_reason(floor: dict[str, Any]) -> str:
     from .output.summary import GiB
 
     need, cap = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB
+    host = floor.get("host")
+    if need <= cap and host and not host["fits"]:  # (every GPU fits: the host's memory does not)
+        return (f"needs {host['peak_bytes'] / GiB:,.1f} GiB of host memory on node {host['node']} for its offloaded "
+                f"optimizer states, more than its {host['capacity_bytes'] / GiB:,.1f} GiB")
     digits = 1
     while digits < 6 and f"{need:.{digits}f}" == f"{cap:.{digits}f}":
         digits += 1
@@ -557,7 +562,15 @@ def table_columns(sweep: dict[str, Any], shown: list[dict[str, Any]]) -> list[tu
         ("bubble", lambda r: f"{100 * r['bubble_fraction']:.1f} %"),
         ("exposed s", lambda r: f"{r['exposed_comm_s']['total']:.3f}"),
         ("peak GiB", lambda r: f"{r['peak_bytes'] / GiB:.1f}"),
-        ("fits", lambda r: "NO" if not r["fits"] else "tight" if r.get("tight") else "yes")]
+        ("fits", fits_text)]
+
+
+def fits_text(r: dict[str, Any]) -> str:
+    """A plan's "fits" cell: yes, tight, NO, or "NO: host" where its GPUs fit and the hosts'
+    memory does not hold its offloaded optimizer states."""
+    if r["fits"]:
+        return "tight" if r.get("tight") else "yes"
+    return "NO: host" if r.get("host_fits") is False and r["peak_bytes"] <= r["capacity_bytes"] else "NO"
 
 
 def estimate_legend(shown: list[dict[str, Any]]) -> list[str]:

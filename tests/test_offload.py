@@ -192,3 +192,25 @@ def test_a_step_whose_cycle_is_copied_in_offloads_as_one_simulated_whole(overlap
     assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-9)
     assert a["exposed_comm_s"]["offload"] == pytest.approx(b["exposed_comm_s"]["offload"], rel=1e-9)
     assert a["exposed_comm_s"]["offload"] > 0
+
+
+def test_sweep_and_validate_say_it_is_the_host_that_does_not_fit(tmp_path):
+    """Every GPU fits and the host does not: sweep's fits cell says "NO: host", a plan left out
+    by its floor is said to need host memory, and validate gives both floors."""
+    from clustersim.sweep import fits_text, unfit_reason
+
+    from .test_cli import run_cli
+
+    sc = _scenario(1.0)
+    need = 8 * 16 * _shard(sc)
+    small = _scenario(1.0, host={**HOST, "memory_GB": need / GB * 0.9})
+    floor = memory_floor(small)
+    assert floor["peak_bytes"] <= floor["capacity_bytes"] and not floor["host"]["fits"]
+    assert unfit_reason(floor).startswith("needs ") and "GiB of host memory on node 0" in unfit_reason(floor)
+    m = clustersim.simulate(small).summary["memory"]
+    row = {"fits": m["fits"], "host_fits": m["host"]["fits"], "peak_bytes": m["peak_bytes"],
+           "capacity_bytes": m["capacity_bytes"]}
+    assert fits_text(row) == "NO: host"
+    assert fits_text({**row, "peak_bytes": 2 * m["capacity_bytes"]}) == "NO"
+    out = run_cli("validate", str(ROOT / "scenarios/offload_llama2_70b_8gpu.yaml"))
+    assert out.returncode == 0 and "1,027.8 of 1,907 GiB of host memory a node)" in out.stdout
