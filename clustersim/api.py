@@ -293,6 +293,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
                      "gpus_per_node": sc.topology.node.gpus, "changes": changes,
                      "nvlink_kept": _nvlink_kept(sc, changes),
                      "link_ceilings": link_ceilings(sc.topology), "network": network_figures(sc.topology),
+                     "host": sc.topology.node.host.model_dump() if sc.topology.node.host is not None else None,
                      # the faults and stragglers, the topology file's and the scenario's, as given
                      "what_if": [w.model_dump(exclude_none=True) for w in sc.topology.what_if] or None},
         "simulation": {"network": sc.cfg.simulation.network,

@@ -789,18 +789,21 @@ def _check_offload(cfg: ScenarioCfg, topo: TopologyCfg, fail: Callable[[str, str
     """What optimizer offload needs: a sharded optimizer (Megatron-LM offloads the distributed
     optimizer's shards only; DeepSpeed's ZeRO-Offload ZeRO's) and a host to offload to."""
     t, z = cfg.training, cfg.parallel.zero
-    if t.overlap_offload_copies and not t.optimizer_offload:
-        fail("training.overlap_offload_copies", "overlaps the copies of an offloaded optimizer; "
-             "training.optimizer_offload is 0 (set it, or drop the field)")
-    if not t.optimizer_offload:
+    if not t.optimizer_offload:  # (overlap_offload_copies then has nothing to overlap: ignored, as Megatron-LM does)
         return
     if z == 0:
         fail("training.optimizer_offload", "offloads each rank's shard of the optimizer states, as Megatron-LM's "
              "distributed optimizer and DeepSpeed's ZeRO do; parallel.zero=0 keeps them whole (set zero: 1, 2 or 3)")
     if topo.node.host is None:
-        fail("training.optimizer_offload", f"needs the nodes' host memory and copy bandwidth; the topology "
-             f"{cfg.cluster.topology} has no node.host (memory_GB, memory_GBps, copy_GBps): add it there or under "
-             "cluster.node.host")
+        removed = isinstance(cfg.cluster.node, dict) and "host" in cfg.cluster.node
+        fail("training.optimizer_offload", "needs the nodes' host memory and copy bandwidth; "
+             + ("the scenario's cluster.node.host: null removes the topology's" if removed else
+                f"the topology {cfg.cluster.topology} has no node.host (memory_GB, memory_GBps, copy_GBps): add it "
+                "there or under cluster.node.host"))
+    if t.optimizer_moments_dtype != "fp32":
+        fail("training.optimizer_moments_dtype", f"{t.optimizer_moments_dtype} moments do not go with "
+             "training.optimizer_offload: Megatron-LM's offloaded optimizer keeps fp32 moments, on the host and "
+             "on the GPU (its HybridDeviceOptimizer takes no moment dtype); drop one of them")
 
 
 def _check_deepep(cfg: ScenarioCfg, gpus_per_node: int, fail: Callable[[str, str], None]) -> None:
@@ -1163,6 +1166,9 @@ def _scenarios_error(exc: ConfigError, overrides: dict[str, Any], topo_path: Pat
     # certainly the scenario's: the field changed, or one inside it; a change inside the field
     # the error names (node.nics under node) only where the file alone loads
     mine = [k for k in changed if field and (k == field or field.startswith(k + "."))]
+    # or a key missing beside one the scenario gave in a nested section (node.host.memory_GB
+    # given, node.host.copy_GBps not, on a topology without a host)
+    mine = mine or [k for k in changed if field and k.count(".") >= 2 and field.startswith(k.rsplit(".", 1)[0] + ".")]
     if not overrides or not (mine or _fine_alone(topo_path)):
         return exc
     mine = mine or [k for k in changed if field and k.startswith(field + ".")]

@@ -47,7 +47,8 @@ SWEEP_FILES = ("sweep.json", "sweep.csv", "sweep.html")
 # what a sweep keeps of each plan's summary (a thousand whole summaries would be hundreds of MB)
 FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction")
 CSV_COLUMNS = ("plan", "status") + FIGURES + ("compute_s", "exposed_comm_s", "bubble_s", "peak_bytes",
-                                              "capacity_bytes", "fits", "tight", "reason", "floor_bytes", "estimate")
+                                              "capacity_bytes", "fits", "tight", "host_fits", "reason", "floor_bytes",
+                                              "estimate")
 # after a plan's step in the tables: its step is an estimate, some of its communications at
 # their slowest twin's pace (``simulation.asymmetric_orbits``; the row's ``estimate``); an
 # unmarked step keeps its place with a figure space (a plain one collapses in HTML)

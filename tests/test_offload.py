@@ -56,30 +56,47 @@ def test_the_host_step_and_copies_take_their_closed_forms():
     assert ag and ag[0].start_s >= up.end_s
 
 
+def _flow_shop(pieces: list[tuple[float, float, float]], gpu_end: float = 0.0) -> float:
+    """When the last copy up ends, the copies down, the host's steps and the copies up each
+    one after another on their own stream, a piece's step after its copy down and its copy
+    up after its step and the GPU's Adam (ending at ``gpu_end``)::
+
+        D_i = D_i-1 + d_i     S_i = max(S_i-1, D_i) + s_i     U_i = max(U_i-1, S_i, gpu_end) + u_i
+    """
+    down = step = up = 0.0
+    for d, s, u in pieces:
+        down += d
+        step = max(step, down) + s
+        up = max(up, step, gpu_end) + u
+    return up
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_the_step_grows_by_the_host_chain_less_the_gpu_adam(overlap):
-    """All offloaded, the GPU's Adam (after the last reduction) is replaced by the copy down,
-    the CPU's step and the copy up, one after another; pipelined layer by layer (4 layers
-    here, 2 a stage under PP2) only a layer's copies stay outside the CPU's step::
+    """All offloaded, the GPU's Adam (after the last reduction) gives way to the copies down,
+    the host's steps and the copies up. In one piece each::
 
-        serial     T1 - T0 = down + step + up - adam
-        pipelined  T1 - T0 = down / k + step + up / k - adam      (the CPU's step the longest)
-    """
-    for pp in (1, 2):
-        base = _scenario(0.0, pp=pp, dp=16 // pp)
-        sc = _scenario(1.0, overlap, pp=pp, dp=16 // pp)
-        n = _shard(sc)
-        down = up = n * 4 / (HOST["copy_GBps"] * GB)
-        step = n * 28 / (HOST["memory_GBps"] * GB / 8)
-        assert step > down
-        k = 4 // pp if overlap else 1
-        adam = adam_step_time_s(n, sc.cluster.gpu)
-        t0 = clustersim.simulate(base).summary["step_time_s"]
-        t1 = clustersim.simulate(sc).summary["step_time_s"]
-        if pp == 1:  # (under PP the stages' shards differ: the embedding's and head's stages end last)
-            assert t1 - t0 == pytest.approx(down / k + step + up / k - adam, rel=1e-9)
-        else:
-            assert t1 > t0
+        T1 - T0 = down + step + up - adam         down = up = 4 B x n / copy,  step = 28 B x n / share
+
+    pipelined, one piece a backward block by its parameters, the host's step charged with the
+    copies' 8 B a parameter of its memory too (36 B): the flow shop of the pieces."""
+    base = _scenario(0.0)
+    sc = _scenario(1.0, overlap)
+    n = _shard(sc)
+    copy = HOST["copy_GBps"] * GB
+    share = HOST["memory_GBps"] * GB / 8
+    if overlap:
+        blocks = [b.params for b in lowering(sc, collapse=True).work[0].bwd if b.params > 0]
+        assert len(blocks) > 4 and sum(blocks) / sc.parallel.dp == pytest.approx(n, rel=1e-12)
+        pieces = [(w / 16 * 4 / copy, w / 16 * 36 / share, w / 16 * 4 / copy) for w in blocks]
+    else:
+        pieces = [(n * 4 / copy, n * 28 / share, n * 4 / copy)]
+    adam = adam_step_time_s(n, sc.cluster.gpu)
+    t0 = clustersim.simulate(base).summary["step_time_s"]
+    t1 = clustersim.simulate(sc).summary["step_time_s"]
+    assert t1 - t0 == pytest.approx(_flow_shop(pieces) - adam, rel=1e-9)
+    if not overlap:
+        assert _flow_shop(pieces) == pytest.approx(sum(pieces[0]), rel=1e-12)
 
 
 def test_a_partial_offload_steps_the_rest_on_the_gpu_beside_the_host():
@@ -156,15 +173,21 @@ def test_the_collapse_gives_every_rank_s_figures():
     assert a["memory"]["host"] == pytest.approx(b["memory"]["host"], rel=1e-12)
 
 
-@pytest.mark.parametrize("change, field, message", [
-    ({"zero": 0}, "training.optimizer_offload", "parallel.zero=0 keeps them whole"),
-    ({"offload": 0.0, "overlap": True}, "training.overlap_offload_copies", "training.optimizer_offload is 0"),
-])
-def test_what_offload_refuses(change, field, message):
-    kw = {"offload": 1.0, **change}
+def test_what_offload_refuses_and_what_it_ignores():
+    """A sharded optimizer only, fp32 moments only (Megatron-LM's HybridDeviceOptimizer); the
+    copies' overlap with nothing offloaded is ignored, as Megatron-LM ignores it (a sweep over
+    the share keeps its baseline)."""
     with pytest.raises(ConfigError) as e:
-        _scenario(kw.pop("offload"), kw.pop("overlap", False), **kw)
-    assert e.value.field == field and message in str(e.value)
+        _scenario(1.0, zero=0)
+    assert e.value.field == "training.optimizer_offload" and "parallel.zero=0 keeps them whole" in str(e.value)
+    d = scenario_dict(cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 2},
+                      parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 1},
+                      training={"global_batch_size": 16, "optimizer_offload": 0.5, "optimizer_moments_dtype": "bf16"})
+    with pytest.raises(ConfigError) as e:
+        clustersim.load_scenario(d, base_dir=ROOT)
+    assert e.value.field == "training.optimizer_moments_dtype" and "keeps fp32 moments" in str(e.value)
+    base, ignored = _scenario(0.0), _scenario(0.0, True)
+    assert clustersim.simulate(ignored).summary["step_time_s"] == clustersim.simulate(base).summary["step_time_s"]
 
 
 def test_a_topology_without_a_host_is_named():
@@ -177,6 +200,15 @@ def test_a_topology_without_a_host_is_named():
     assert "topologies/fat-tree.yaml has no node.host" in str(e.value)
     d["cluster"]["node"] = {"host": HOST}  # given in the scenario instead
     assert clustersim.load_scenario(d, base_dir=ROOT).topology.node.host.copy_GBps == HOST["copy_GBps"]
+    d["cluster"]["node"] = {"host": {"memory_GB": 512}}  # in part: the key missing beside it is named
+    with pytest.raises(ConfigError) as e:
+        clustersim.load_scenario(d, base_dir=ROOT)
+    assert e.value.field in ("cluster.node.host.memory_GBps", "cluster.node.host.copy_GBps")
+    assert "required key is missing" in str(e.value) and "cluster.node.host.memory_GB=512" in str(e.value)
+    d["cluster"] = {"topology": "topologies/dgx-a100.yaml", "nodes": 2, "node": {"host": None}}  # one removed
+    with pytest.raises(ConfigError) as e:
+        clustersim.load_scenario(d, base_dir=ROOT)
+    assert "the scenario's cluster.node.host: null removes the topology's" in str(e.value)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -213,4 +245,36 @@ def test_sweep_and_validate_say_it_is_the_host_that_does_not_fit(tmp_path):
     assert fits_text(row) == "NO: host"
     assert fits_text({**row, "peak_bytes": 2 * m["capacity_bytes"]}) == "NO"
     out = run_cli("validate", str(ROOT / "scenarios/offload_llama2_70b_8gpu.yaml"))
-    assert out.returncode == 0 and "1,027.8 of 1,907 GiB of host memory a node)" in out.stdout
+    assert out.returncode == 0 and "1,027.9 of 1,907 GiB of host memory a node)" in out.stdout
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_experts_optimizer_follows_the_dense_one(overlap):
+    """MoE: Megatron-LM's ChainedOptimizer steps the dense and the routed experts' instances in
+    turn; the experts' copies down start once the dense host steps are done and, on one stream
+    without the overlap, once the dense copies up are. Each instance's GPU Adam over the share
+    it keeps, its host step and its copies hold its own parameters."""
+    from .test_symmetry import MOE
+
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 2},
+                      parallel={"tp": 2, "pp": 2, "dp": 4, "ep": 4, "sp": True, "zero": 1}, model={"moe": MOE},
+                      training={"global_batch_size": 16, "optimizer_offload": 0.5, "overlap_offload_copies": overlap})
+    sc = clustersim.load_scenario(d, base_dir=ROOT)
+    r = clustersim.simulate(sc)
+    spans = [s for s in r.trace.spans if s.rank == r.trace.ranks[0] and s.phase == "opt"]
+    by = {}
+    for s in spans:
+        by.setdefault(s.name, []).append(s)
+    dense_done = max(s.end_s for s in by["host optimizer step"])
+    dense_up = max(s.end_s for s in by["params from host"])
+    first_expert = min(s.start_s for s in by["expert grads to host"])
+    assert first_expert >= (dense_done if overlap else dense_up) - 1e-15
+    w = lowering(sc, collapse=True).work[0]
+    host = sc.topology.node.host
+    expert = w.local_expert_params / sc.mesh.grad_shards(1)[1] * 0.5
+    assert sum(s.end_s - s.start_s for s in by["host expert optimizer step"]) == pytest.approx(
+        expert * (36 if overlap else 28) / (host.memory_GBps * GB / 8), rel=1e-9)
+    assert by["expert optimizer step"][0].end_s - by["expert optimizer step"][0].start_s == pytest.approx(
+        adam_step_time_s(expert, sc.cluster.gpu), rel=1e-12)
+    ag = min(s.start_s for s in r.trace.spans if s.rank == r.trace.ranks[0] and s.name.startswith("AG"))
+    assert ag >= max(s.end_s for s in by["expert params from host"]) - 1e-15

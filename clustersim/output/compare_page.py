@@ -154,7 +154,10 @@ def _plans_table(plans: list[dict[str, Any]], reports: bool) -> str:
     rows = []
     for i, p in enumerate(plans):
         s, mem = p["summary"], p["summary"]["memory"]
+        host = mem.get("host")
         fits = (f'<span class="fits">fits</span> in {mem["capacity_bytes"] / GiB:.0f}' if mem["fits"]
+                else f'<span class="nofit">NO: host</span> ({host["capacity_bytes"] / GiB:,.0f})'
+                if host and not host["fits"] and mem["peak_bytes"] <= mem["capacity_bytes"]
                 else f'<span class="nofit">NO</span> ({mem["capacity_bytes"] / GiB:.0f})')
         link = f'<a href="{e(report_name(p["label"]))}">{e(report_name(p["label"]))}</a>' if reports else ""
         mark = " ★" if i == best else ""

@@ -1497,13 +1497,16 @@ def causes_html(summary: dict[str, Any]) -> str:
         link = f'{e(bn["link"])} ({e(bn["kind"])}, {bn["bw_Bps"] / 1e9:.0f} GB/s{share})' if bn else ""
         if c.get("alone"):
             shared = "nothing (alone on its links)"
+        elif c.get("kind") == "offload":  # (timed alone, not on the network: no size, no links)
+            shared = ""
         else:
             # one line each: the cell wraps (td.wrap), so the table stays within the window
             shared = "<br>".join(f'{e(x["collective"])} {fmt_time(x["overlap_s"])}'
                                  for x in c.get("shared_with", [])) or "nothing at that time"
         rows.append(f'<tr><td class="l wrap">{e(c["collective"])}</td><td>{fmt_time(c["exposed_s"])}</td>'
                     f'<td>{fmt_time(c["comm_s"])}</td><td>{c["count_per_gpu"]:,.0f}</td>'
-                    f'<td>{fmt_bytes(c["size_bytes"])}</td><td class="l">{e(str(c.get("algorithm", "")))}</td>'
+                    f'<td>{fmt_bytes(c["size_bytes"]) if c["size_bytes"] else ""}</td>'
+                    f'<td class="l">{e(str(c.get("algorithm", "")))}</td>'
                     f'<td class="l wrap">{link}</td><td class="l wrap">{shared}</td></tr>')
     return ("<div><h2>Exposed communication by cause</h2><table><tr><th class=\"l\">collective</th>"
             "<th>exposed<br>/ GPU</th><th>on the wire<br>/ GPU</th><th>times<br>/ GPU</th><th>size<br>(largest)</th>"

@@ -564,6 +564,6 @@ def host_line(host: dict, gpu_bytes: float) -> str:
     """The offloaded optimizer states in host memory (``memory.host``): a node's against its
     capacity, and one GPU's (the most of any stage)."""
     margin = host["margin_bytes"]
-    verdict = (f"fits ({margin / GiB:,.0f} spare)" if host["fits"] else f"DOES NOT FIT (by {-margin / GiB:,.1f})")
+    verdict = (f"fits ({margin / GiB:,.0f} GiB spare)" if host["fits"] else f"DOES NOT FIT (by {-margin / GiB:,.1f} GiB)")
     return (f"{'host memory':<16}{host['peak_bytes'] / GiB:,.1f} / {host['capacity_bytes'] / GiB:,.0f} GiB a node "
             f"({gpu_bytes / GiB:,.1f} a GPU: offloaded optimizer states)  {verdict}")

@@ -98,13 +98,20 @@ HOST_STATE_BYTES = 12 + 4  # master, m, v and the gradient buffer, a parameter
 HOST_ADAM_BYTES = 16 + 12  # read master, m, v, gradient; write master, m, v (fp32 AdamW on the CPU)
 
 
-def offload_times_s(params: float, copy_Bps: float, host_share_Bps: float) -> tuple[float, float, float]:
+def offload_times_s(params: float, copy_Bps: float, host_share_Bps: float,
+                    pipelined: bool = False) -> tuple[float, float, float]:
     """(down, step, up): seconds to copy the gradients of ``params`` offloaded parameters to the
     host, to step them with the CPU's Adam, and to copy their weights back::
 
-        down = up = params * 4 B / copy_Bps          (node.host.copy_GBps, every GPU copying)
-        step = params * 28 B / host_share_Bps        (node.host.memory_GBps / GPUs a node:
-                                                      the node's ranks step at once)
+        down = up = params * 4 B / min(copy_Bps, host_share_Bps)
+        step      = params * 28 B / host_share_Bps              (+ 8 B pipelined)
+
+    ``copy_Bps``: node.host.copy_GBps, every GPU copying; ``host_share_Bps``: node.host.
+    memory_GBps over the node's GPUs, whose ranks step at once. A copy lands in host memory
+    too: one alone moves at the slower of the two; pipelined (``overlap_offload_copies``),
+    the copies of the next and the last tensors run beside the step and take their 4 + 4
+    bytes a parameter of the same memory, which the step is charged with.
     """
-    copy_s = params * OFFLOAD_COPY_BYTES / copy_Bps
-    return copy_s, params * HOST_ADAM_BYTES / host_share_Bps, copy_s
+    copy_s = params * OFFLOAD_COPY_BYTES / min(copy_Bps, host_share_Bps)
+    step_bytes = HOST_ADAM_BYTES + (2 * OFFLOAD_COPY_BYTES if pipelined else 0)
+    return copy_s, params * step_bytes / host_share_Bps, copy_s

@@ -1753,50 +1753,19 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
     (:func:`_blocks`: the step simulated is the steady one); ZeRO-3 keeps them sharded.
     DualPipe's two holders of a part both update it (same gradients, same result).
 
-    With optimizer offload (``StageWork.offload_s``) the host steps a share of the shard, as
-    Megatron-LM's HybridDeviceOptimizer does: its gradients copied down, the CPU's Adam, its
-    weights copied up, on streams of their own (kind ``offload``). The GPU's Adam over the
-    rest runs beside the CPU's, and each copy up waits for it (it is queued on the compute
-    stream the copies wait on)::
-
-        compute   [optimizer step]                          (the GPU's share)
-        d2h      [grads to host]
-        host                     [host optimizer step]
-        h2d                                          [params from host] [AG params]
-
-    Without ``overlap_offload_copies`` the copies go on the compute stream's queue, so the GPU's
-    Adam waits for the copy down too; with it, the three pipeline layer by layer (Megatron-LM
-    does it tensor by tensor: a finer split shortens only the fill and the drain)::
-
-        d2h      [L0][L1][L2][L3]
-        host         [ L0 ][ L1 ][ L2 ][ L3 ]
-        h2d                [L0]  [L1]  [L2]  [L3]
+    With optimizer offload (``StageWork.offload``) the host steps a share of the shard, as
+    Megatron-LM's HybridDeviceOptimizer does (:func:`_offloaded_step`).
     """
     for r in low.sym.ranks:
         q = low.pp_of(r)
         parts = low.parts_of[q]
         deps = tuple(low.grad_tasks[r]) or low.last_task[r]
-        down_s, step_s, up_s = (sum_left(low.work[j].offload_s[i] for j in parts) for i in range(3))
-        offload = dict(rank=r, kind="offload", phase="opt", stage=q)
-        chunks = 1
-        if low.overlap_offload_copies:
-            chunks = max(1, sum(len({b.layer for b in low.work[j].fwd if b.layer >= 0}) for j in parts))
-        downs = [prog.add(stream="d2h", name="grads to host", duration_s=down_s / chunks, deps=deps,
-                          **offload).tid for _ in range(chunks)] if step_s else []
-        gpu_s = sum_left(low.work[j].optimizer_s for j in parts)
-        opt = ()
-        if gpu_s or not downs:  # (all offloaded: the GPU steps nothing)
-            opt = (prog.add(rank=r, stream="compute", name="optimizer step", kind="compute", duration_s=gpu_s,
-                            deps=deps if low.overlap_offload_copies or not downs else (*deps, downs[-1]),
-                            phase="opt", stage=q).tid,)
-        ups = []
-        for down in downs:
-            step = prog.add(stream="host", name="host optimizer step", duration_s=step_s / chunks, deps=(down,),
-                            **offload).tid
-            ups.append(prog.add(stream="h2d", name="params from host", duration_s=up_s / chunks, deps=(step, *opt),
-                                **offload).tid)
-        if ups:
-            opt = (ups[-1],)  # (after the GPU's step: each copy up waits for it)
+        if low.optimizer_offload:
+            opt = _offloaded_step(prog, low, r, q, parts, deps)
+        else:
+            opt = (prog.add(rank=r, stream="compute", name="optimizer step", kind="compute",
+                            duration_s=sum_left(low.work[j].optimizer_s for j in parts), deps=deps, phase="opt",
+                            stage=q).tid,)
         if low.zero in (1, 2) and not low.overlap_param_gather:
             # each shard's owners all-gather the updated 16-bit parameters: dense ones over
             # dp x cp, routed experts over their expert-DP group
@@ -1807,6 +1776,56 @@ def optimizer_pass(prog: Program, low: Lowering) -> Program:
                           op="all_gather", stream="dp", deps=opt,
                           name="AG expert params" if dim == "edp" else "AG params", phase="opt", stage=q)
     return prog
+
+
+def _offloaded_step(prog: Program, low: Lowering, r: int, q: int, parts: tuple, deps: tuple) -> tuple:
+    """Rank ``r``'s optimizer step with a share of each shard on the host (``StageWork.offload``:
+    its dense and its routed experts' instances, each over every part ``r`` holds); the tasks
+    the parameters' gathers wait for. Each instance's gradients are copied down, the CPU's Adam
+    steps them, its weights are copied up, on streams of their own (kind ``offload``); the
+    GPU's Adam over the share it keeps runs beside the CPU's, and each copy up waits for it
+    (Megatron-LM's copy stream waits on the compute stream where that Adam is queued)::
+
+        compute   [optimizer step]                         (the GPU's share)
+        d2h      [grads to host]
+        host                     [host optimizer step]
+        h2d                                          [params from host] [AG params]
+
+    Without ``overlap_offload_copies`` the copies are queued on the compute stream, so the
+    GPU's Adam waits for the copy down; with it, the three pipeline one backward block's
+    parameters at a time::
+
+        d2h      [L0][L1][L2][L3]
+        host         [ L0 ][ L1 ][ L2 ][ L3 ]
+        h2d                [L0]  [L1]  [L2]  [L3]
+
+    The routed experts' instance follows the dense one (Megatron-LM's ChainedOptimizer steps
+    them in turn): its copies down once the dense one's host steps are done and, without the
+    overlap, its copies up queued (one stream)."""
+    offload = dict(rank=r, kind="offload", phase="opt", stage=q)
+    overlap = low.overlap_offload_copies
+    chains: dict[str, list] = {}
+    for j in parts:  # (one instance a kind over every part, as the distributed optimizer's buffers)
+        for c in low.work[j].offload:
+            got = chains.setdefault(c.kind, [0.0, []])
+            got[0] += c.gpu_s
+            got[1] += c.pieces
+    after, ends = deps, []
+    for kind, (gpu_s, pieces) in chains.items():
+        x = "expert " if kind == "expert" else ""  # (as "AG expert params")
+        downs = [prog.add(stream="d2h", name=f"{x}grads to host", duration_s=d, deps=after, **offload).tid
+                 for d, _, _ in pieces]
+        gpu = (prog.add(rank=r, stream="compute", name=f"{x}optimizer step", kind="compute", duration_s=gpu_s,
+                        deps=after if overlap else (*after, downs[-1]), phase="opt", stage=q).tid,) if gpu_s else ()
+        steps, ups = [], []
+        for down, (_, step_s, up_s) in zip(downs, pieces):
+            steps.append(prog.add(stream="host", name=f"host {x}optimizer step", duration_s=step_s, deps=(down,),
+                                  **offload).tid)
+            ups.append(prog.add(stream="h2d", name=f"{x}params from host", duration_s=up_s, deps=(steps[-1], *gpu),
+                                **offload).tid)
+        after = (steps[-1],) if overlap else (ups[-1],)
+        ends.append(ups[-1])
+    return tuple(ends)
 
 
 def lower(sc: Scenario, *, collapse: bool | None = None, templates: bool = True,

@@ -82,6 +82,19 @@ class Block:
 
 
 @dataclass(frozen=True)
+class OffloadChain:
+    """One optimizer instance's offloaded step on a part (Megatron-LM steps the dense and the
+    routed experts' distributed optimizers one after the other, each a HybridDeviceOptimizer):
+    the GPU's Adam over the share it keeps, and (down, step, up) seconds of each piece the
+    host steps (costs.offload_times_s): the whole share, or one piece a block's parameters
+    where the copies are pipelined."""
+
+    kind: str  # "dense" or "expert"
+    gpu_s: float
+    pieces: tuple[tuple[float, float, float], ...]
+
+
+@dataclass(frozen=True)
 class StageWork:
     """The work of one model part (the name is from when a stage held exactly one part)."""
 
@@ -98,9 +111,9 @@ class StageWork:
     recompute_groups: tuple[tuple[int, ...], ...] = ()
     local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
     # optimizer offload (training.optimizer_offload): the parameters of the shard stepped on the
-    # host, and (down, step, up) seconds: gradients to the host, its Adam, weights back (costs.offload_times_s)
+    # host, and its chains (offload_chains)
     offload_params: float = 0.0
-    offload_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    offload: tuple[OffloadChain, ...] = ()
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
     # the halves of a full backward written as B then W (fused): where they differ from the
@@ -914,15 +927,13 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     recomputing = recompute_held_bytes(layers, rc_groups, extra, kept)
     grad_shard, expert_shard = sc.mesh.grad_shards(sc.parallel.zero)
     updated = local_params / grad_shard + local_expert_params / expert_shard
-    offloaded = updated * sc.training.optimizer_offload
-    host = sc.topology.node.host
+    f = sc.training.optimizer_offload
     return StageWork(
         fwd=tuple(fwd), bwd=tuple(bwd),
-        optimizer_s=adam_step_time_s(updated - offloaded, gpu, GRAD_BYTES[sc.training.grad_dtype],
+        optimizer_s=adam_step_time_s(updated * (1 - f), gpu, GRAD_BYTES[sc.training.grad_dtype],
                                      optimizer_bytes(sc.training.optimizer_moments_dtype)),
-        offload_params=offloaded,
-        offload_s=offload_times_s(offloaded, host.copy_GBps * 1e9, host.memory_GBps * 1e9 / sc.cluster.gpus_per_node)
-        if offloaded else (0.0, 0.0, 0.0),
+        offload_params=updated * f,
+        offload=offload_chains(sc, gpu, bwd, (grad_shard, expert_shard)) if f else (),
         local_params=local_params,
         local_expert_params=local_expert_params,
         activation_bytes_per_mb=act_mb,
@@ -934,6 +945,34 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
         **_fused_halves(b_in, b_w, moved),
     )
+
+
+def offload_chains(sc: Scenario, gpu: GpuSpec, bwd: list[Block], shards: tuple[float, float]
+                   ) -> tuple[OffloadChain, ...]:
+    """The dense and the routed experts' offloaded optimizer steps of a part whose backward
+    blocks are ``bwd`` (each block's parameters, ``shards`` the ZeRO shard counts that divide
+    them): the share ``training.optimizer_offload`` of each instance's shard on the host, in one
+    piece, or pipelined one piece a block (by its parameters: an embedding or a head weighs
+    what it holds; Megatron-LM pipelines tensor by tensor, which shortens only the fill and
+    the drain)::
+
+        gpu_s  = adam((1 - f) x shard)          pieces: offload_times_s(f x shard x block share)
+    """
+    t, host = sc.training, sc.topology.node.host
+    f, pipelined = t.optimizer_offload, t.overlap_offload_copies
+    copy_Bps, share_Bps = host.copy_GBps * 1e9, host.memory_GBps * 1e9 / sc.cluster.gpus_per_node
+    out = []
+    for kind, attr, shard in zip(("dense", "expert"), ("params", "expert_params"), shards):
+        weights = [getattr(b, attr) for b in bwd if getattr(b, attr) > 0]
+        if not weights:
+            continue
+        total = sum_left(weights)
+        pieces = weights if pipelined else [total]
+        out.append(OffloadChain(
+            kind=kind, gpu_s=adam_step_time_s(total / shard * (1 - f), gpu, GRAD_BYTES[t.grad_dtype],
+                                   optimizer_bytes(t.optimizer_moments_dtype)),
+            pieces=tuple(offload_times_s(w / shard * f, copy_Bps, share_Bps, pipelined) for w in pieces)))
+    return tuple(out)
 
 
 def recompute_held_bytes(layers: range, groups: list[range], extra: dict, kept: dict) -> float:
