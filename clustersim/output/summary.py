@@ -364,7 +364,8 @@ def _causes_lines(s: dict[str, Any], n: int = 3) -> list[str]:
             where = f" · bound by {bn['link']} ({bn['kind']})" + (f", shared with {shared}" if shared else "")
         # how many a GPU runs: a cost paid per microbatch (ZeRO-3's gathers) shows as a count
         n = c.get("count_per_gpu", 1)  # (a mean over GPUs: whole where every GPU runs as many)
-        times = (f" ({round(n):,} a GPU)" if abs(n - round(n)) < 1e-6 else f" ({n:.3g} a GPU)") if n > 1 else ""
+        times = (f" ({round(n):,} times a GPU)" if abs(n - round(n)) < 1e-6 else f" ({n:.3g} times a GPU on average)"
+                 ) if n > 1 else ""
         out.append(f"{'top exposed' if i == 0 else '':<16}{c['exposed_s']:.3g} s  {plain_collective(c['collective'])}"
                    f"{times}{where}")
     return out
