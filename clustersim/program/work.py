@@ -110,9 +110,8 @@ class StageWork:
     # the layers whose forward full recompute runs again, in the groups recomputed as one (recompute_groups)
     recompute_groups: tuple[tuple[int, ...], ...] = ()
     local_expert_params: float = 0.0  # routed-expert parameters of this part per GPU
-    # optimizer offload (training.optimizer_offload): the parameters of the shard stepped on the
-    # host, and its chains (offload_chains)
-    offload_params: float = 0.0
+    # optimizer offload (training.optimizer_offload): the dense and experts' steps with a share
+    # of their shard on the host (offload_chains)
     offload: tuple[OffloadChain, ...] = ()
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
@@ -932,7 +931,6 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         fwd=tuple(fwd), bwd=tuple(bwd),
         optimizer_s=adam_step_time_s(updated * (1 - f), gpu, GRAD_BYTES[sc.training.grad_dtype],
                                      optimizer_bytes(sc.training.optimizer_moments_dtype)),
-        offload_params=updated * f,
         offload=offload_chains(sc, gpu, bwd, (grad_shard, expert_shard)) if f else (),
         local_params=local_params,
         local_expert_params=local_expert_params,
