@@ -349,12 +349,28 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
     recompute and gradient accumulation), ``offload_fallback`` then saying how the first
     search ended. Not where ``vary`` sets the offload itself."""
     advice = search_plans(path, vary, jobs=jobs, budget=budget, refine=refine, progress=progress, prune=prune)
-    if any(r.get("fits") for r in advice["plans"]) or OFFLOAD in dict(vary or []) or not advice["host"]:
+    if any(r.get("fits") for r in advice["plans"]) or OFFLOAD in dict(vary or []) or not _offloads(path):
         return advice
     again = search_plans(path, [*(vary or []), (OFFLOAD, [1.0])], jobs=jobs, budget=budget, refine=refine,
                          progress=progress, prune=prune)
     again["offload_fallback"] = {"searched": advice["searched"], "simulated": len(advice["ranking"])}
     return again
+
+
+def _offloads(path: str) -> bool:
+    """Whether the scenario ``path`` may offload its optimizer: it does already, or it loads
+    with ``training.optimizer_offload=1`` (a host to offload to, moments that allow it; the
+    ZeRO stage aside, which the search varies)."""
+    from .overrides import load_variant
+
+    data = read_yaml(Path(path), what="scenario")
+    if ((data.get("training") or {}).get("optimizer_offload") or 0) > 0:
+        return False  # (offloaded already: the first search was the offloaded one)
+    try:
+        load_variant(path, [(OFFLOAD, 1.0), ("parallel.zero", 1)], data)
+    except ConfigError:
+        return False
+    return True
 
 
 def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jobs: int = 1, budget: int = 200,
@@ -400,7 +416,8 @@ def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, 
         if plan is None:
             continue
         if _shards_nothing(path, data, plan):  # every ZeRO stage is the plan without ZeRO: that one, listed once
-            settings = unsharded(settings, 1 if shape.get(OFFLOAD) else 0)
+            offloaded = shape.get(OFFLOAD, (data.get("training") or {}).get("optimizer_offload"))
+            settings = unsharded(settings, 1 if isinstance(offloaded, (int, float)) and offloaded > 0 else 0)
             plan = plan_of(sc, data, {**shape, **settings[0]}, len(first) + 1, varied)
         if own_doc is not None and _applied(path, data, plan) == own_doc:  # the scenario's plan: #1 stands for it
             rest[own.number] = (shape, settings)
@@ -548,11 +565,12 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                      f"{100 * r['mfu']:.1f} % MFU; {gap}{regather}")
     own = rows[advice["own_plan"]]
     if own["status"] == "ok":
-        gain = 0.0 if best is None else best["tokens_per_s"] / own["tokens_per_s"] - 1
-        where = ("the best plan found" if best is not None and own["plan"] == best["plan"] else
-                 f"the best plan found, #{best['plan']}, gives {100 * gain:.1f} % more tokens/s" if gain >= 0 else
-                 f"the best plan found, #{best['plan']}, gives {-100 * gain:.1f} % fewer tokens/s, and fits"
-                 if best is not None else "")
+        where = ""
+        if best is not None:
+            gain = best["tokens_per_s"] / own["tokens_per_s"] - 1
+            where = ("the best plan found" if own["plan"] == best["plan"] else
+                     f"the best plan found, #{best['plan']}, gives {100 * gain:.1f} % more tokens/s" if gain >= 0 else
+                     f"the best plan found, #{best['plan']}, gives {-100 * gain:.1f} % fewer tokens/s, and fits")
         lines.append(f"{'your plan':<12}#{own['plan']}: {own['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU"
                      + ("" if own["fits"] else " (does not fit)") + (f"; {where}" if where else ""))
     else:

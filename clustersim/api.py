@@ -118,6 +118,9 @@ def _statics(low: Lowering) -> list[StageStatic]:
     / ep ranks hold the same expert slices; under hybrid sharding, where that group is not
     DP's, its slice, N_e = (tp/etp) dp x cp / (ep x replicas)): the same formulas with Ψe and
     N_e, e.g. 12Ψe/N_e under ZeRO-1.
+
+    Optimizer offload (share f, ZeRO 1-3) keeps (1 - f) of the optimizer term on the GPU and
+    puts 16 f Ψ/N in the host (``host_bytes``: fp32 master, m, v and the gradient buffer).
     """
     n, z = low.n_grad, low.zero
     n_e = low.mesh.size(low.grad_dim("edp"))

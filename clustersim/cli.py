@@ -661,8 +661,11 @@ def cmd_validate(args) -> int:
             # (either kind of file: an empty one is not yet either)
             if is_topology_data(read_yaml(Path(path), what="scenario or topology")):
                 topo = load_topology_cfg(Path(path))
+                host = topo.node.host  # (whether optimizer offload can run on it)
                 print(f"{path}: ok (topology: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
-                      f"{topo.node.gpus} {lookup_gpu(topo.gpu).name})", flush=True)  # (the catalogue's name, not an alias)
+                      f"{topo.node.gpus} {lookup_gpu(topo.gpu).name}"  # (the catalogue's name, not an alias)
+                      + (f"; host {host.memory_GB:,.0f} GB a node" if host else "; no host for optimizer offload")
+                      + ")", flush=True)
                 continue
             sc = load_scenario(path)
         except ConfigError as exc:
@@ -825,7 +828,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(e.g. --vary cluster.nodes=4,8,16 --vary training.global_batch_size=64,128,256: weak scaling)")
     sw.add_argument("--skip-unfit", action="store_true",
                     help="list the plans certain not to fit in GPU memory (their weights, gradients, optimizer states "
-                         "and the activations their schedule holds exceed it) without simulating them")
+                         "and the activations their schedule holds exceed it), or in host memory (their offloaded "
+                         "optimizer states), without simulating them")
     sw.add_argument("--out", help="write sweep.json, sweep.csv (every plan, refused ones with the rule, those left out "
                                   "with their memory floor) and sweep.html "
                                   "(every plan on one page: tokens/s against memory, the best plans' steps split) into "
@@ -843,7 +847,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "most: the CPUs; the results do not depend on it)")
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
     adv.add_argument("--simulate-unfit", action="store_true",
-                     help="simulate the plans certain not to fit in GPU memory too, for the step they would take "
+                     help="simulate the plans certain not to fit in GPU (or host) memory too, for the step they would take "
                           "if they fit (by default they are listed with their memory floor, not simulated)")
     adv.add_argument("--out", help="write advise.json, advise.csv (every plan searched) and advise.html (every plan "
                                    "on one page, the guide's options marked) into this folder")

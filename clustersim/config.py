@@ -154,11 +154,11 @@ class TrainingCfg(Strict):
         default=0.0, ge=0.0, le=1.0, description="the share of each rank's optimizer shard (fp32 master weights "
         "and moments) kept in host memory and stepped by the CPU, as Megatron-LM's --optimizer-cpu-offload with "
         "--optimizer-offload-fraction: its gradients copied to the host, the CPU's Adam, the weights copied back; "
-        "needs parallel.zero >= 1 and the topology's node.host")
+        "needs parallel.zero >= 1, fp32 moments and the topology's node.host")
     overlap_offload_copies: bool = pydantic.Field(
-        default=False, description="pipeline the offloaded shard's copies and CPU steps tensor by tensor on their "
-        "own streams (Megatron-LM's --overlap-cpu-optimizer-d2h-h2d) instead of copying it all, stepping it, "
-        "copying it back")
+        default=False, description="pipeline the offloaded shard's copies and CPU steps a backward block's "
+        "parameters at a time on their own streams (Megatron-LM's --overlap-cpu-optimizer-d2h-h2d: tensor by "
+        "tensor) instead of copying it all, stepping it, copying it back; ignored without optimizer_offload")
     attention: Literal["flash", "standard"] = "flash"
     recompute: Literal["none", "selective", "full"] = "none"
     # which layers full recompute recomputes, as Megatron-LM's --recompute-method and
@@ -175,6 +175,14 @@ class TrainingCfg(Strict):
         default=None, ge=1, description="full recompute: the layers of a uniform group, or the layers "
         "of each model chunk that block recomputes")
     dp_bucket_params: int = pydantic.Field(default=40_000_000, ge=1)
+
+    @pydantic.field_validator("optimizer_offload", mode="before")
+    @classmethod
+    def _a_share(cls, v: Any) -> Any:
+        """A percent typed for the share (50 for half) is named as such, not as a bound."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and 1 < v <= 100 and float(v).is_integer():
+            raise ValueError(f"is a share from 0 to 1 (0.5 offloads half of each shard), not a percent; got {v}")
+        return v
 
     @property
     def selective_modules(self) -> frozenset:

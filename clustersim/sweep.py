@@ -223,6 +223,7 @@ def _on_board(plan: int) -> Iterator[None]:
 
 
 UNFIT_WHY = "weights, gradients, optimizer states and the activations the schedule holds alone exceed it"
+HOST_UNFIT_WHY = ", or the offloaded optimizer states a node's host memory"  # (where some plan is left out so)
 
 
 def unfit_reason(floor: dict[str, Any]) -> str:
@@ -569,9 +570,12 @@ def table_columns(sweep: dict[str, Any], shown: list[dict[str, Any]]) -> list[tu
 def fits_text(r: dict[str, Any]) -> str:
     """A plan's "fits" cell: yes, tight, NO, or "NO: host" where its GPUs fit and the hosts'
     memory does not hold its offloaded optimizer states."""
+    from .output.summary import host_only_unfit
+
     if r["fits"]:
         return "tight" if r.get("tight") else "yes"
-    return "NO: host" if r.get("host_fits") is False and r["peak_bytes"] <= r["capacity_bytes"] else "NO"
+    host = None if r.get("host_fits") is None else {"fits": r["host_fits"]}
+    return "NO: host" if host_only_unfit({**r, "host": host}) else "NO"
 
 
 def estimate_legend(shown: list[dict[str, Any]]) -> list[str]:
@@ -647,7 +651,9 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
     elif not rows[sweep["ranking"][0]]["fits"]:
         lines.append("none fits in memory: each step is what it would take if it did")
     shown_n = top if refused_shown is None else refused_shown
-    for left, head, why in ((unfit, "certain not to fit in memory, not simulated", UNFIT_WHY),
+    hosts = any("of host memory" in r["reason"] for r in unfit)  # (unfit_reason's host wording)
+    for left, head, why in ((unfit, "certain not to fit in memory, not simulated", UNFIT_WHY + (HOST_UNFIT_WHY if hosts
+                                                                                               else "")),
                             (refused, "refused by the scenario's rules", ""),
                             (failed, "ended without a result", "")):
         if not left:

@@ -508,7 +508,22 @@ def test_where_nothing_fits_the_optimizer_goes_to_the_host(root, tmp_path):
     text = clustersim.advise.format_advice(advice)
     assert "searched again with the optimizer states in host memory" in text
     assert "gives" in text and "fewer tokens/s, and fits" in text  # (the file's faster plan does not fit)
-    doc["cluster"]["node"] = {"host": None}  # no host to offload to
-    path.write_text(yaml.safe_dump(doc))
-    plain = run_advise(str(path), vary)
-    assert plain["offload_fallback"] is None and not any(r.get("fits") for r in plain["plans"])
+    for change in ({"cluster": {**doc["cluster"], "node": {"host": None}}},  # no host to offload to
+                   {"training": {**doc["training"], "optimizer_moments_dtype": "bf16"}}):  # moments it refuses
+        path.write_text(yaml.safe_dump({**doc, **change}))
+        plain = run_advise(str(path), vary)
+        assert plain["offload_fallback"] is None and not any(r.get("fits") for r in plain["plans"])
+        assert "no plan searched fits in memory" in clustersim.advise.format_advice(plain)
+
+
+def test_a_scenario_that_offloads_keeps_its_plans_without_dp(root):
+    """A file that offloads its optimizer already: a plan whose ZeRO shards nothing (DP 1) is
+    searched with ZeRO-1 (Megatron-LM's distributed optimizer, which the offload needs), not
+    refused as ZeRO-0; no second search."""
+    advice = run_advise(str(root / "scenarios/offload_llama2_70b_8gpu.yaml"),
+                        [("parallel.tp", [4, 8]), ("parallel.pp", [1, 2])])
+    assert advice["offload_fallback"] is None
+    assert not [r for r in advice["plans"] if r["status"] == "refused"]
+    dp1 = [r for r in advice["plans"] if dict(r["changes"]).get("parallel.dp") == 1]
+    assert dp1 and all(dict(r["changes"]).get("parallel.zero") == 1 for r in dp1 if r["plan"] != advice["own_plan"])
+    assert any(r.get("fits") for r in dp1)

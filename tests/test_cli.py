@@ -842,7 +842,7 @@ def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(ro
     gpipe = root / "scenarios" / "llama2_70b_64gpu_gpipe.yaml"
     r = run_cli("validate", root / "topologies" / "dgx-h100.yaml", root / "scenarios" / "llama3_8b_8gpu.yaml", gpipe)
     assert r.returncode == 0 and r.stdout.splitlines()[0] == (
-        f"{root / 'topologies' / 'dgx-h100.yaml'}: ok (topology: 32 nodes x 8 H100-SXM5-80GB)"), r.stderr
+        f"{root / 'topologies' / 'dgx-h100.yaml'}: ok (topology: 32 nodes x 8 H100-SXM5-80GB; host 2,048 GB a node)"), r.stderr
     # a scenario's line gives its memory floor, and says where no run of it can fit (GPipe holds all 64 microbatches)
     import clustersim
     from clustersim.api import memory_floor

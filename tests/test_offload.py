@@ -87,7 +87,11 @@ def test_the_step_grows_by_the_host_chain_less_the_gpu_adam(overlap):
     share = HOST["memory_GBps"] * GB / 8
     if overlap:
         blocks = [b.params for b in lowering(sc, collapse=True).work[0].bwd if b.params > 0]
-        assert len(blocks) > 4 and sum(blocks) / sc.parallel.dp == pytest.approx(n, rel=1e-12)
+        # backward order: the head (here the final norm: the embedding is tied), attention and
+        # MLP of each of the 4 layers, the embedding last (tokens and learned positions)
+        m = sc.model
+        assert len(blocks) == 2 * m.layers + 2 and blocks[-1] == (m.vocab + m.seq_len) * m.hidden
+        assert sum(blocks) / sc.parallel.dp == pytest.approx(n, rel=1e-12)
         pieces = [(w / 16 * 4 / copy, w / 16 * 36 / share, w / 16 * 4 / copy) for w in blocks]
     else:
         pieces = [(n * 4 / copy, n * 28 / share, n * 4 / copy)]
@@ -97,6 +101,29 @@ def test_the_step_grows_by_the_host_chain_less_the_gpu_adam(overlap):
     assert t1 - t0 == pytest.approx(_flow_shop(pieces) - adam, rel=1e-9)
     if not overlap:
         assert _flow_shop(pieces) == pytest.approx(sum(pieces[0]), rel=1e-12)
+
+
+def test_a_slow_host_memory_slows_the_copies_too_and_a_straggler_only_its_gpu():
+    """Host memory below the copy rate (1 GB/s for each of 8 GPUs against 12.5): a copy moves at
+    the memory's share. A straggler GPU (what_if slowdown 2) computes slower; its host's step
+    and copies keep their time."""
+    slow_host = _scenario(1.0, host={**HOST, "memory_GBps": 8})
+    n = _shard(slow_host)
+    r = clustersim.simulate(slow_host)
+    (down,), (step,) = _spans(r, "grads to host"), _spans(r, "host optimizer step")
+    assert down.end_s - down.start_s == pytest.approx(n * 4 / 1e9, rel=1e-12)
+    assert step.end_s - step.start_s == pytest.approx(n * 28 / 1e9, rel=1e-12)
+    d = scenario_dict(cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 2,
+                               "what_if": [{"gpu": 0, "slowdown": 2.0}]},
+                      parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 1},
+                      training={"global_batch_size": 32, "optimizer_offload": 1.0})
+    r = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT))
+    mine = [s for s in r.trace.spans if s.rank == 0 and s.kind == "offload"]
+    assert {s.name for s in mine} == {"grads to host", "host optimizer step", "params from host"}
+    for s in mine:
+        base = n * (28 if s.name == "host optimizer step" else 4) / (
+            HOST["memory_GBps"] * GB / 8 if s.name == "host optimizer step" else HOST["copy_GBps"] * GB)
+        assert s.end_s - s.start_s == pytest.approx(base, rel=1e-12)
 
 
 def test_a_partial_offload_steps_the_rest_on_the_gpu_beside_the_host():
@@ -111,6 +138,12 @@ def test_a_partial_offload_steps_the_rest_on_the_gpu_beside_the_host():
     assert step.end_s - step.start_s == pytest.approx(n / 2 * 28 / (HOST["memory_GBps"] * GB / 8), rel=1e-12)
     assert gpu.start_s == pytest.approx(down.end_s) and step.start_s == pytest.approx(down.end_s)
     assert up.start_s == pytest.approx(max(gpu.end_s, step.end_s))
+    # pipelined: the GPU's Adam starts with the first copy down, and no copy up before it ends
+    r = clustersim.simulate(_scenario(0.5, True))
+    (gpu,) = _spans(r, "optimizer step")
+    downs, ups = _spans(r, "grads to host"), _spans(r, "params from host")
+    assert gpu.start_s == pytest.approx(min(s.start_s for s in downs))
+    assert len(ups) == 10 and min(s.start_s for s in ups) >= gpu.end_s - 1e-15
 
 
 def test_the_gpu_keeps_what_is_not_offloaded_and_the_host_the_rest():

@@ -541,13 +541,14 @@ def host_report(statics: list[StageStatic], stage_of_gpu: np.ndarray, gpus_per_n
     GPU its stage's ``host_bytes``; rank g runs on GPU g) against the node's host memory::
 
         node_bytes = sum over the node's GPUs of host_bytes(stage of the GPU)    fits: max <= capacity
-    """
+
+    ``gpu_bytes``: the most one GPU offloads (its stage's ``host_bytes``)."""
     per_stage = np.array([st.host_bytes for st in sorted(statics, key=lambda st: st.stage)])
     nodes = np.bincount(np.arange(len(stage_of_gpu)) // gpus_per_node, weights=per_stage[stage_of_gpu])
     node = int(np.argmax(nodes))
     peak = float(nodes[node])
     return {"capacity_bytes": capacity_bytes, "peak_bytes": peak, "node": node, "margin_bytes": capacity_bytes - peak,
-            "fits": peak <= capacity_bytes}
+            "fits": peak <= capacity_bytes, "gpu_bytes": float(per_stage.max())}
 
 
 def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: float, host: dict | None = None) -> dict:

@@ -1410,7 +1410,7 @@ def _segment_code(eng: Engine, tasks: list[Task], forms: list[SpanForm]) -> tupl
     for t in tasks:
         c = t.comm
         if c is None:
-            durs.append(t.duration_s * slow.get(rank, 1.0) if slow else t.duration_s)
+            durs.append(t.duration_s * slow.get(rank, 1.0) if slow and t.kind == "compute" else t.duration_s)
         else:
             dur = -1.0 if len(c.members) > 1 or c.recv_rank >= 0 else eng.fixed_comm_s(c, t.stream)
             if dur < 0.0:
@@ -1703,8 +1703,9 @@ class _Stream:
                     return
             c = t.comm
             if c is None:
-                # rank r runs on GPU r; a straggler (topology what_if) computes slower
-                free = start + (t.duration_s * slow.get(rank, 1.0) if slow else t.duration_s)
+                # rank r runs on GPU r; a straggler (topology what_if) computes slower (its host's
+                # work and copies under optimizer offload, kind "offload", are not its compute)
+                free = start + (t.duration_s * slow.get(rank, 1.0) if slow and t.kind == "compute" else t.duration_s)
                 size_bytes, op = 0.0, ""
             elif c is _SEGMENT:  # an action's fixed-duration tasks, timed in one go (_Segment)
                 got = t.run(eng, rank)

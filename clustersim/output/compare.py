@@ -28,7 +28,7 @@ import yaml
 
 from ..errors import printable
 from ..trace import COMM_KINDS as KINDS
-from .summary import GiB, link_ceilings_said, nvlink_kept_note, plan_line
+from .summary import GiB, host_only_unfit, link_ceilings_said, nvlink_kept_note, plan_line
 
 COMPARE_FILE = "compare.json"
 # config fields that name or describe a plan rather than change it
@@ -171,19 +171,21 @@ def _rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str], list[st
         lambda a, b: f"{(b - a) / GiB:+.1f}")
     row("  fits", lambda v: v, _fits_text, lambda a, b: "")
     if any(s["memory"].get("host") for s in summaries):  # optimizer offload: what a node's host holds
-        row("host memory (GiB a node)", lambda v: f"{v / GiB:,.1f}",
-            lambda s: (s["memory"].get("host") or {}).get("peak_bytes", 0.0), lambda a, b: f"{(b - a) / GiB:+,.1f}")
+        row("host memory (GiB a node)", lambda v: "" if v is None else f"{v / GiB:,.1f}",
+            lambda s: (s["memory"].get("host") or {}).get("peak_bytes"),
+            lambda a, b: "" if a is None or b is None else f"{(b - a) / GiB:+,.1f}")
     return rows
 
 
 def _fits_text(s: dict[str, Any]) -> str:
-    """"yes in 80", "NO in 80" (a GPU's memory), "NO: host 1,907" (a node's host memory under
-    optimizer offload, where every GPU fits)."""
+    """"yes in 80", "NO in 80" (a GPU's memory; "NO in 80, host too" where the hosts' is short
+    as well), "NO: host 1,907" (a node's host memory under optimizer offload, every GPU fitting)."""
     mem = s["memory"]
-    gpus = all(st["fits"] for st in mem["stages"]) if mem.get("stages") else mem["fits"]
-    if gpus and not mem["fits"] and mem.get("host"):
+    if host_only_unfit(mem):
         return f"NO: host {mem['host']['capacity_bytes'] / GiB:,.0f}"
-    return ("yes" if mem["fits"] else "NO") + (f" in {mem['capacity_bytes'] / GiB:.0f}" if mem["capacity_bytes"] else "")
+    host_too = ", host too" if not mem["fits"] and mem.get("host") and not mem["host"]["fits"] else ""
+    return (("yes" if mem["fits"] else "NO") + (f" in {mem['capacity_bytes'] / GiB:.0f}" if mem["capacity_bytes"] else "")
+            + host_too)
 
 
 def other_jobs(names: list[str], summaries: list[dict[str, Any]]) -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any
 from .compare import KINDS, other_jobs, config_value_text, verdict_lines, fastest, report_name, step_split
 from .report import (NUMBER_TICKS, REPORT_CSS, DIV_ID, GROUP_COLOURS, TIMELINE_CONFIG, plot_div_around_data,
                      plotlyjs_script, white_template, fmt_time, plot_div)
-from .summary import GiB, plan_line, topology_changes_note, what_if_note
+from .summary import GiB, host_only_unfit, plan_line, topology_changes_note, what_if_note
 from .zoom import DETAIL_IN_VIEW, detail_script
 
 COMPARE_PAGE = "compare.html"
@@ -154,11 +154,9 @@ def _plans_table(plans: list[dict[str, Any]], reports: bool) -> str:
     rows = []
     for i, p in enumerate(plans):
         s, mem = p["summary"], p["summary"]["memory"]
-        host = mem.get("host")
         fits = (f'<span class="fits">fits</span> in {mem["capacity_bytes"] / GiB:.0f}' if mem["fits"]
-                else f'<span class="nofit">NO: host</span> ({host["capacity_bytes"] / GiB:,.0f})'
-                if host and not host["fits"] and mem["peak_bytes"] <= mem["capacity_bytes"]
-                else f'<span class="nofit">NO</span> ({mem["capacity_bytes"] / GiB:.0f})')
+                else f'<span class="nofit">NO: host</span> ({mem["host"]["capacity_bytes"] / GiB:,.0f})'
+                if host_only_unfit(mem) else f'<span class="nofit">NO</span> ({mem["capacity_bytes"] / GiB:.0f})')
         link = f'<a href="{e(report_name(p["label"]))}">{e(report_name(p["label"]))}</a>' if reports else ""
         mark = " ★" if i == best else ""
         rows.append(f'<tr><td class="l"><b>{e(p["label"])}</b>{mark}</td><td class="plan">{e(p["source"])}<br>'

@@ -60,8 +60,8 @@ from ..trace import COMM_KINDS, Span, SpanForm, Trace, form_array, form_codes, f
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
-from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note,
-                      link_ceilings_said, network_said, peak_text, plan_dims, plan_options, replicas_note,
+from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, host_only_unfit,
+                      leaf_split_note, link_ceilings_said, network_said, peak_text, plan_dims, plan_options, replicas_note,
                       schedule_part, topology_changes_note, what_if_note)
 from .zoom import DETAIL_IN_VIEW, detail_data, detail_script
 
@@ -1171,9 +1171,10 @@ def cards_html(summary: dict[str, Any]) -> str:
     tflops_sub = " · ".join(x for x in (f'{s["hw_tflops_per_gpu"]:.1f} hardware' if "hw_tflops_per_gpu" in s
                                          else "", peak_text(s)) if x)
     fits = (s.get("memory") or {}).get("fits", True)
+    hosts = not fits and host_only_unfit(s["memory"])  # (every GPU fits, the hosts' memory does not)
     cards = [  # a plan that does not fit says so beside its step time too: it could not run
-        _card("step time", f'{s["step_time_s"]:.4g} s', "" if fits else "the plan does not fit in memory",
-              "" if fits else "nofit"),
+        _card("step time", f'{s["step_time_s"]:.4g} s',
+              "" if fits else f"the plan does not fit in {'host ' if hosts else ''}memory", "" if fits else "nofit"),
         _card("tokens / s", f'{s["tokens_per_s"]:,.0f}',
               f'{s["tokens_per_s_per_gpu"]:,.1f} per GPU' if "tokens_per_s_per_gpu" in s and s.get("world_size", 2) > 1
               else ""),
@@ -1196,7 +1197,8 @@ def cards_html(summary: dict[str, Any]) -> str:
         ok = mem["fits"]
         cards.append(_card("peak memory", f'{mem["peak_bytes"] / GiB:.1f} GiB',
                            f'of {mem["capacity_bytes"] / GiB:.0f} GiB · '
-                           + (("fits, tight" if mem.get("tight") else "fits") if ok else "DOES NOT FIT"),
+                           + (("fits, tight" if mem.get("tight") else "fits") if ok else
+                              "fits; the host's memory does not" if hosts else "DOES NOT FIT"),
                            "" if ok else "nofit"))
     pj = s.get("projection")
     if pj:
@@ -1441,7 +1443,7 @@ def _host_note(mem: dict[str, Any]) -> str:
     host = mem.get("host")
     if not host:
         return ""
-    gpu = max(st.get("host_bytes", 0.0) for st in mem["stages"])
+    gpu = host["gpu_bytes"]
     verdict = (f'<span class="fits">fits · {host["margin_bytes"] / GiB:,.0f} GiB spare</span>' if host["fits"]
                else f'<span class="nofit">DOES NOT FIT by {-host["margin_bytes"] / GiB:,.1f} GiB</span>')
     return (f'<p>Host memory (optimizer offload): <b>{host["peak_bytes"] / GiB:,.1f}</b> of '

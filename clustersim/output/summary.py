@@ -519,7 +519,9 @@ def format_summary(s: dict[str, Any]) -> str:
         *(f"{'':<16}{printable(c)}" for c in link_ceilings_said(hw)),
         f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
-        f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else "  (DOES NOT FIT in memory: the step it would take if it did)"),
+        f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else
+                                                        f"  (DOES NOT FIT in {'host ' if host_only_unfit(mem) else ''}"
+                                                        "memory: the step it would take if it did)"),
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f}"
         + (f" ({s['tokens_per_s_per_gpu']:,.1f} per GPU)" if s["world_size"] > 1 else ""),  # (one GPU: one figure)
         f"{'TFLOP/s per GPU':<16}{s['tflops_per_gpu']:.1f} model · {s['hw_tflops_per_gpu']:.1f} hardware "
@@ -557,13 +559,21 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"{'':<16}(tight: less than {mem['tight_below_bytes'] / GiB:.1f} spare, which the CUDA context, "
                      "NCCL's buffers and fragmentation, not counted here, can take)")
     if host := mem.get("host"):
-        lines.append(host_line(host, max(st.get("host_bytes", 0.0) for st in mem["stages"])))
+        lines.append(host_line(host))
     return "\n".join(lines)
 
 
-def host_line(host: dict, gpu_bytes: float) -> str:
+def host_only_unfit(mem: dict[str, Any]) -> bool:
+    """Whether every GPU fits and the hosts' memory does not hold the offloaded optimizer
+    states (``memory``: summary.json's): the plan does not fit, and it is the host's doing."""
+    host = mem.get("host")
+    return bool(host) and not host["fits"] and mem["peak_bytes"] <= mem["capacity_bytes"]
+
+
+def host_line(host: dict) -> str:
     """The offloaded optimizer states in host memory (``memory.host``): a node's against its
     capacity, and one GPU's (the most of any stage)."""
+    gpu_bytes = host["gpu_bytes"]
     margin = host["margin_bytes"]
     verdict = (f"fits ({margin / GiB:,.0f} GiB spare)" if host["fits"] else f"DOES NOT FIT (by {-margin / GiB:,.1f} GiB)")
     return (f"{'host memory':<16}{host['peak_bytes'] / GiB:,.1f} / {host['capacity_bytes'] / GiB:,.0f} GiB a node "
