@@ -358,9 +358,10 @@ def run_advise(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jo
 
 
 def _offloads(path: str) -> bool:
-    """Whether the scenario ``path`` may offload its optimizer: it does already, or it loads
-    with ``training.optimizer_offload=1`` (a host to offload to, moments that allow it; the
-    ZeRO stage aside, which the search varies)."""
+    """Whether a search with the optimizer offloaded may find what the scenario ``path``'s own
+    search did not: it does not offload already (that search was the offloaded one), and it
+    loads with ``training.optimizer_offload=1`` (a host to offload to, moments that allow it;
+    the ZeRO stage aside, which the search varies)."""
     from .overrides import load_variant
 
     data = read_yaml(Path(path), what="scenario")
@@ -491,7 +492,7 @@ def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, 
     return {"scenario": str(path), "params": params, "gpus": sc.mesh.world_size,
             "gpus_per_node": sc.topology.node.gpus, "guide": rule.says, "options": options, "vary": space,
             "shapes": len(rest), "searched": searched, "coarse_to_fine": not every, "own_plan": 1, "dp_follows": True,
-            "pruned": prune, "host": sc.topology.node.host is not None, "offload_fallback": None,
+            "pruned": prune, "offload_fallback": None,
             "plans": ordered,
             "ranking": ranked}
 
