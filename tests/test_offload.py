@@ -311,3 +311,23 @@ def test_the_experts_optimizer_follows_the_dense_one(overlap):
         adam_step_time_s(expert, sc.cluster.gpu), rel=1e-12)
     ag = min(s.start_s for s in r.trace.spans if s.rank == r.trace.ranks[0] and s.name.startswith("AG"))
     assert ag >= max(s.end_s for s in by["expert params from host"]) - 1e-15
+
+
+def test_the_report_and_the_terminal_show_the_host():
+    """The report names the offload in the step's breakdown, draws its streams under one legend
+    entry and gives the host's memory; a host too small is named on the step line and card."""
+    from clustersim.output.report import build_figure, report_html
+    from clustersim.output.summary import format_summary
+
+    r = clustersim.simulate(_scenario(1.0, True))
+    page = report_html(r.trace, r.summary, build_figure(r.trace, r.summary))
+    assert "exposed communication and offload" in page and "optimizer offload (copies, host Adam)" in page
+    assert "Host memory (optimizer offload)" in page and "fits" in page
+    text = format_summary(r.summary)
+    assert "offload" in text.split("exposed comm", 1)[1].split("\n", 1)[0]
+    assert "host memory" in text and "DOES NOT FIT" not in text
+    need = 8 * 16 * _shard(_scenario(1.0))
+    small = clustersim.simulate(_scenario(1.0, host={**HOST, "memory_GB": need / GB * 0.9}))
+    assert "(DOES NOT FIT in host memory: " in format_summary(small.summary)
+    page = report_html(small.trace, small.summary, build_figure(small.trace, small.summary))
+    assert "the plan does not fit in host memory" in page and "fits; the host's memory does not" in page

@@ -1222,8 +1222,10 @@ def breakdown_html(summary: dict[str, Any]) -> str:
         return ""
     kinds = " · ".join(f"{k} {fmt_time(ex[k])}" for k in COMM_KINDS if ex.get(k, 0.0) > 0)
     compute_colour = next(c for g, _, c in GROUPS if g == "F")  # the timeline's, and .exposed's red below
+    # (optimizer offload's copies and host steps are waited for as communication is)
+    waited = "exposed communication" + (" and offload" if ex.get("offload", 0.0) > 0 else "")
     parts = [("compute", summary["compute_s"], compute_colour, ""),
-             ("exposed communication", ex["total"], "#e15759", f": {kinds}" if kinds else ""),
+             (waited, ex["total"], "#e15759", f": {kinds}" if kinds else ""),
              ("bubble (idle)", summary.get("bubble_fraction", 0.0) * step_s, "#d0d7de", "")]
     parts = [x for x in parts if x[1] > 0]
     segs = "".join(f'<span style="width:{100 * s / step_s:.3f}%;background:{c}" title="{label}: {fmt_time(s)} '
