@@ -80,6 +80,10 @@ def draw(rng: random.Random) -> dict:
     if "ep" in parallel and schedule == "interleaved" and training["recompute"] != "full" \
             and "moe" not in training.get("recompute_modules", ()):
         parallel["ep_comm_overlap"] = True  # combined 1F1B wherever it can (no draw: seeds keep their streams)
+    if parallel["zero"] and topo in ("dgx-a100.yaml", "dgx-h100.yaml") and training["recompute"] != "selective":
+        # the optimizer offloaded where the topology has a host (no draw): after the repeated
+        # microbatches, its chains copy nothing the cycle holds
+        training.update(optimizer_offload=0.5 if parallel["zero"] < 3 else 1.0, overlap_offload_copies=tp % 2 == 0)
     return {"name": "fuzz-repeat", "cluster": cluster, "model": model, "parallel": parallel, "training": training}
 
 
@@ -156,7 +160,8 @@ def main() -> int:
         label = (f"{i:3d} {d['cluster']['topology'].split('/')[-1]:<18} {p['schedule']:<11} tp{p['tp']} pp{p['pp']} "
                  f"dp{p['dp']} cp{p['cp']} z{p['zero']}{' ep2' if 'ep' in p else ''}{' etp' + str(p['etp']) if 'etp' in p else ''}"
                  f"{' combined' if p.get('ep_comm_overlap') else ''}"
-                 f"{' slow' if 'what_if' in d['cluster'] else ''}")
+                 f"{' slow' if 'what_if' in d['cluster'] else ''}"
+                 + (f" offload {d['training']['optimizer_offload']:g}" if d["training"].get("optimizer_offload") else ""))
         try:
             said, diffs = compare(d)
         except clustersim.ConfigError as exc:
