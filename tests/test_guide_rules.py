@@ -149,3 +149,18 @@ def test_moe_fits_with_ep():
     ep8 = step("llama3_8b_8gpu", 4, {"dp": 32, "ep": 8, "zero": 1}, t, MIXTRAL_LIKE)
     assert not fits(no_ep) and fits(ep8)
     assert ep8["step_time_s"] < no_ep["step_time_s"]
+
+
+def test_when_nothing_else_fits_the_optimizer_goes_to_the_host():
+    # "If still does not work, sorry. Get a job, save some money and buy more GPUs": Llama-2
+    # 70B on one DGX H100 fits with none of the guide's levers (ZeRO-3 with full recompute and
+    # accumulation, TP8), and fits with Adam's states in the host's memory
+    t = {"global_batch_size": 64, "micro_batch_size": 1}
+    zero3 = step("llama2_70b_64gpu", 1, {"dp": 8, "zero": 3}, {**t, "recompute": "full"})
+    tp8 = step("llama2_70b_64gpu", 1, {"tp": 8, "dp": 1, "sp": True, "zero": 1}, {**t, "recompute": "full"})
+    assert not fits(zero3) and not fits(tp8)
+    offloaded = step("llama2_70b_64gpu", 1, {"tp": 4, "pp": 2, "dp": 1, "sp": True, "zero": 1},
+                     {**t, "recompute": "none", "optimizer_offload": 1.0, "overlap_offload_copies": True})
+    assert fits(offloaded) and offloaded["memory"]["host"]["fits"]
+    # the host's Adam is the price: a fifth of the step or more, exposed
+    assert offloaded["exposed_comm_s"]["offload"] > 0.19 * offloaded["step_time_s"]
