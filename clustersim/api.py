@@ -120,7 +120,8 @@ def _statics(low: Lowering) -> list[StageStatic]:
     N_e, e.g. 12Ψe/N_e under ZeRO-1.
 
     Optimizer offload (share f, ZeRO 1-3) keeps (1 - f) of the optimizer term on the GPU and
-    puts 16 f Ψ/N in the host (``host_bytes``: fp32 master, m, v and the gradient buffer).
+    puts 16 f Ψ/N in the host (``host_bytes``: fp32 master, m, v and the gradient buffer);
+    activation offload adds what its layers keep for a microbatch's backward.
     """
     n, z = low.n_grad, low.zero
     n_e = low.mesh.size(low.grad_dim("edp"))
@@ -153,7 +154,9 @@ def _statics(low: Lowering) -> list[StageStatic]:
             param_bytes=PARAM_BYTES * (psi / (n if sharded3 else 1) + psi_e / (n_e if sharded3 else 1)),
             grad_bytes=low.grad_bytes * (psi / (n if grads_sharded else 1) + psi_e / (n_e if grads_sharded else 1)),
             optimizer_bytes=low.optimizer_bytes * (1 - low.optimizer_offload) * shard,
-            host_bytes=HOST_STATE_BYTES * low.optimizer_offload * shard,
+            # (activation offload: one microbatch's offloaded layers, one microbatch at a time on one stage)
+            host_bytes=HOST_STATE_BYTES * low.optimizer_offload * shard
+            + sum_left(x for j in low.parts_of[q] for _, x, _ in low.work[j].offload_acts),
             activation_bytes_per_mb=max(p.activation_bytes_per_mb for p in parts),
             transient_bytes=transient,
             parts=parts,
@@ -163,8 +166,9 @@ def _statics(low: Lowering) -> list[StageStatic]:
 
 
 def _host(sc: Scenario, low: Lowering, statics: list[StageStatic]) -> dict | None:
-    """The nodes' host memory under optimizer offload (``analysis.memory.host_report``), None without."""
-    if not low.optimizer_offload:
+    """The nodes' host memory under optimizer or activation offload (``analysis.memory.host_report``),
+    None without."""
+    if not any(st.host_bytes for st in statics):
         return None
     return host_report(statics, low.mesh.coord_array("pp"), sc.cluster.gpus_per_node,
                        sc.topology.node.host.memory_GB * 1e9)
@@ -274,6 +278,7 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "overlap_grad_reduce": p.overlap_grad_reduce,
             "zero_shard": p.zero_shard,
             "optimizer_offload": t.optimizer_offload, "overlap_offload_copies": t.overlap_offload_copies,
+            "activation_offload_layers": t.activation_offload_layers,
             "recompute": t.recompute, "recompute_method": t.recompute_method, "recompute_layers": t.recompute_layers,
             "recompute_modules": sorted(t.selective_modules) or None,
             "grad_dtype": t.grad_dtype,

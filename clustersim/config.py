@@ -159,6 +159,11 @@ class TrainingCfg(Strict):
         default=False, description="pipeline the offloaded shard's copies and CPU steps a backward block's "
         "parameters at a time on their own streams (Megatron-LM's --overlap-cpu-optimizer-d2h-h2d: tensor by "
         "tensor) instead of copying it all, stepping it, copying it back; ignored without optimizer_offload")
+    activation_offload_layers: int = pydantic.Field(
+        default=0, ge=0, description="keep the activations of the model's first this many layers in host memory "
+        "between their forward and their backward, as Megatron-LM's --cpu-offloading with "
+        "--cpu-offloading-num-layers (Transformer Engine's offload): each layer's copied down after its forward "
+        "and back before its backward; needs pp 1, no recompute and the topology's node.host")
     attention: Literal["flash", "standard"] = "flash"
     recompute: Literal["none", "selective", "full"] = "none"
     # which layers full recompute recomputes, as Megatron-LM's --recompute-method and
@@ -797,21 +802,51 @@ def _check_offload(cfg: ScenarioCfg, topo: TopologyCfg, fail: Callable[[str, str
     """What optimizer offload needs: a sharded optimizer (Megatron-LM offloads the distributed
     optimizer's shards only; DeepSpeed's ZeRO-Offload ZeRO's) and a host to offload to."""
     t, z = cfg.training, cfg.parallel.zero
+    if t.activation_offload_layers:
+        _check_activation_offload(cfg, topo, fail)
     if not t.optimizer_offload:  # (overlap_offload_copies then has nothing to overlap: ignored, as Megatron-LM does)
         return
     if z == 0:
         fail("training.optimizer_offload", "offloads each rank's shard of the optimizer states, as Megatron-LM's "
              "distributed optimizer and DeepSpeed's ZeRO do; parallel.zero=0 keeps them whole (set zero: 1, 2 or 3)")
-    if topo.node.host is None:
-        removed = isinstance(cfg.cluster.node, dict) and "host" in cfg.cluster.node
-        fail("training.optimizer_offload", "needs the nodes' host memory and copy bandwidth; "
-             + ("the scenario's cluster.node.host: null removes the topology's" if removed else
-                f"the topology {cfg.cluster.topology} has no node.host (memory_GB, memory_GBps, copy_GBps): add it "
-                "there or under cluster.node.host"))
+    _need_host(cfg, topo, "training.optimizer_offload", fail)
     if t.optimizer_moments_dtype != "fp32":
         fail("training.optimizer_moments_dtype", f"{t.optimizer_moments_dtype} moments do not go with "
              "training.optimizer_offload: Megatron-LM's offloaded optimizer keeps fp32 moments, on the host and "
              "on the GPU (its HybridDeviceOptimizer takes no moment dtype); drop one of them")
+
+
+def _need_host(cfg: ScenarioCfg, topo: TopologyCfg, field: str, fail: Callable[[str, str], None]) -> None:
+    """An offload's host: the topology's ``node.host``, named where it is missing."""
+    if topo.node.host is None:
+        removed = isinstance(cfg.cluster.node, dict) and "host" in cfg.cluster.node
+        fail(field, "needs the nodes' host memory and copy bandwidth; "
+             + ("the scenario's cluster.node.host: null removes the topology's" if removed else
+                f"the topology {cfg.cluster.topology} has no node.host (memory_GB, memory_GBps, copy_GBps): add it "
+                "there or under cluster.node.host"))
+
+
+def _check_activation_offload(cfg: ScenarioCfg, topo: TopologyCfg, fail: Callable[[str, str], None]) -> None:
+    """What Megatron-LM's layer-level activation offload takes (its TransformerConfig asserts):
+    one pipeline stage, no recompute, fewer layers than the model has; here also no MTP module
+    (its layers are not the decoder's) and a host to offload to."""
+    t, m, field = cfg.training, cfg.model, "training.activation_offload_layers"
+    n = t.activation_offload_layers
+    if cfg.parallel.pp != 1:
+        fail(field, f"offloads the activations of layers on one pipeline stage (Megatron-LM has no CPU offloading "
+                    f"with pipeline parallelism); pp={cfg.parallel.pp}")
+    if cfg.parallel.schedule != "1f1b":
+        fail(field, f"runs each microbatch's forward then its backward on one stage (Megatron-LM without a "
+                    f"pipeline); schedule {cfg.parallel.schedule} holds several microbatches: use 1f1b")
+    if t.recompute != "none":
+        fail(field, f"offloads what the layers keep for their backward; recompute {t.recompute} does not go with it "
+                    "(Megatron-LM refuses both at once): drop one of them")
+    if n >= m.layers:
+        fail(field, f"{n} layers of model.layers={m.layers}: at most {m.layers - 1} (the last layer's backward "
+                    "follows its forward at once; Megatron-LM takes fewer than the layers)")
+    if m.mtp_layers:
+        fail(field, "does not go with model.mtp_layers (multi-token prediction's layers are not modelled offloaded)")
+    _need_host(cfg, topo, field, fail)
 
 
 def _check_deepep(cfg: ScenarioCfg, gpus_per_node: int, fail: Callable[[str, str], None]) -> None:

@@ -322,7 +322,7 @@ def test_the_report_and_the_terminal_show_the_host():
     r = clustersim.simulate(_scenario(1.0, True))
     page = report_html(r.trace, r.summary, build_figure(r.trace, r.summary))
     assert "exposed communication and offload" in page and "optimizer offload (copies, host Adam)" in page
-    assert "Host memory (optimizer offload)" in page and "fits" in page
+    assert "Host memory (offload)" in page and "fits" in page
     text = format_summary(r.summary)
     assert "offload" in text.split("exposed comm", 1)[1].split("\n", 1)[0]
     assert "host memory" in text and "DOES NOT FIT" not in text
@@ -331,3 +331,102 @@ def test_the_report_and_the_terminal_show_the_host():
     assert "(DOES NOT FIT in host memory: " in format_summary(small.summary)
     page = report_html(small.trace, small.summary, build_figure(small.trace, small.summary))
     assert "the plan does not fit in host memory" in page and "fits; the host's memory does not" in page
+
+
+# activation offload (training.activation_offload_layers): Megatron-LM's layer-level CPU offload
+
+
+def _act_scenario(n: int, *, copy_GBps: float = 52.0, memory_GBps: float = 450.0, collapse: bool = True,
+                  network: str = "flow", **training) -> clustersim.Scenario:
+    """8 layers of the small model at 4K tokens, TP2 x DP4 on one DGX H100 node, the first
+    ``n`` layers' activations offloaded (the host's copies at ``copy_GBps``)."""
+    host = {"memory_GB": 2048, "memory_GBps": memory_GBps, "copy_GBps": copy_GBps}
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 1, "node": {"host": host}},
+                      parallel={"tp": 2, "pp": 1, "dp": 4, "zero": 1, "sp": True}, model={"layers": 8, "seq_len": 4096},
+                      training={"global_batch_size": 8, "activation_offload_layers": n, **training},
+                      simulation={"collapse_symmetric": collapse, "network": network})
+    return clustersim.load_scenario(d, base_dir=ROOT)
+
+
+def test_offloaded_layers_leave_the_gpu_and_wait_in_the_host():
+    """Each offloaded layer's activations (what it keeps for its backward, Korthikanti's terms)
+    leave the GPU's peak and take its place in the host's memory, one microbatch's at a time."""
+    from clustersim.model import transformer as tf
+
+    base = clustersim.simulate(_act_scenario(0)).summary["memory"]
+    sc = _act_scenario(3)
+    m, t = sc.model, sc.training
+    layer = tf.layer_activation_bytes(m, t.micro_batch_size, 2, True, True, "none")
+    mem = clustersim.simulate(sc).summary["memory"]
+    st, st0 = mem["stages"][0], base["stages"][0]
+    assert st0["activations_bytes"] - st["activations_bytes"] == pytest.approx(3 * layer, rel=1e-12)
+    assert st["host_bytes"] == pytest.approx(3 * layer, rel=1e-12) and base["host"] is None
+    assert mem["host"]["peak_bytes"] == pytest.approx(8 * 3 * layer, rel=1e-12)
+
+
+def test_the_copies_follow_transformer_engines_window():
+    """N = 3 of L = 8 layers offloaded, w = L - N = 5 resident: layer i's copy down starts when
+    its forward ends and the forward of layer w + i waits for it; its copy up starts when the
+    backward of layer w - 1 + i starts, and its backward waits for it. Each copy moves the
+    layer's bytes at the host's copy rate."""
+    r = clustersim.simulate(_act_scenario(3, copy_GBps=5.0))
+    rank = r.trace.ranks[0]
+    mine = [s for s in r.trace.spans if s.rank == rank and s.mb == 0]
+    layer = next(x for ly, x, _ in lowering(_act_scenario(3), collapse=True).work[0].offload_acts if ly == 0)
+
+    def f_layer(ly, first):  # (its first task: the SP gather before its attention)
+        xs = [s for s in mine if s.kind in ("compute", "tp") and s.phase == "F" and s.layer == ly]
+        return min(xs, key=lambda s: s.start_s) if first else max(xs, key=lambda s: s.end_s)
+
+    def b_first(ly, compute=True):  # (the backward of a layer begins with its SP gather, before its compute)
+        return min((s for s in mine if (s.kind == "compute" or not compute and s.kind == "tp") and s.phase == "B"
+                    and s.layer == ly), key=lambda s: s.start_s)
+
+    downs = {s.layer: s for s in mine if s.name == "offload act"}
+    ups = {s.layer: s for s in mine if s.name == "reload act"}
+    assert sorted(downs) == sorted(ups) == [0, 1, 2]
+    for i in range(3):
+        last_f = max((s for s in mine if s.kind == "compute" and s.phase == "F" and s.layer == i), key=lambda s: s.end_s)
+        assert downs[i].start_s == pytest.approx(max(last_f.end_s, downs[i - 1].end_s if i else 0.0))
+        assert downs[i].end_s - downs[i].start_s == pytest.approx(layer / 5e9, rel=1e-12)
+        assert f_layer(5 + i, True).start_s >= downs[i].end_s - 1e-15
+        assert ups[i].start_s >= b_first(4 + i, compute=False).start_s - 1e-15
+        assert b_first(i).start_s >= ups[i].end_s - 1e-15
+    assert f_layer(5, True).start_s == pytest.approx(downs[0].end_s)  # (the copy is slower than a layer here)
+
+
+def test_fast_copies_hide_and_slow_ones_do_not():
+    """Copies faster than the layers they run beside cost the step nothing (exactly, with the
+    network ideal; on the flow network the copies' events reorder this plan's TP and DP
+    transfers sharing NVLink, 0.2 % of its step); slow ones make the GPU wait (exposed
+    offload), and the compute stays what it was."""
+    base = clustersim.simulate(_act_scenario(0)).summary
+    fast = clustersim.simulate(_act_scenario(3, copy_GBps=1e5, memory_GBps=1e6)).summary
+    slow = clustersim.simulate(_act_scenario(3, copy_GBps=5.0)).summary
+    assert fast["step_time_s"] == pytest.approx(base["step_time_s"], rel=5e-3)
+    free = [clustersim.simulate(_act_scenario(n, copy_GBps=1e5, memory_GBps=1e6, network="ideal")).summary
+            for n in (0, 3)]
+    assert free[1]["step_time_s"] == free[0]["step_time_s"]
+    assert slow["step_time_s"] > base["step_time_s"] and slow["exposed_comm_s"]["offload"] > 0
+    assert slow["compute_s"] == pytest.approx(base["compute_s"], rel=1e-12)
+    a = clustersim.simulate(_act_scenario(3, copy_GBps=5.0, collapse=False)).summary
+    assert a["step_time_s"] == pytest.approx(slow["step_time_s"], rel=1e-9)
+    assert a["exposed_comm_s"] == pytest.approx(slow["exposed_comm_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"parallel": {"pp": 2, "dp": 2}}, "Megatron-LM has no CPU offloading with pipeline parallelism"),
+    ({"training": {"recompute": "full"}}, "recompute full does not go with it"),
+    ({"training": {"activation_offload_layers": 8}}, "8 layers of model.layers=8: at most 7"),
+    ({"parallel": {"schedule": "gpipe"}}, "schedule gpipe holds several microbatches"),
+    ({"cluster": {"topology": "topologies/fat-tree.yaml", "nodes": 1}}, "has no node.host"),
+])
+def test_what_activation_offload_refuses(change, message):
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 1},
+                      parallel={"tp": 2, "pp": 1, "dp": 4, "zero": 1, "sp": True}, model={"layers": 8},
+                      training={"global_batch_size": 8, "activation_offload_layers": 3})
+    for k, v in change.items():
+        d[k] = {**d[k], **v} if k != "cluster" else v
+    with pytest.raises(ConfigError) as e:
+        clustersim.load_scenario(d, base_dir=ROOT)
+    assert e.value.field == "training.activation_offload_layers" and message in str(e.value)

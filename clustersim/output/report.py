@@ -1440,17 +1440,17 @@ def memory_html(summary: dict[str, Any]) -> str:
 
 
 def _host_note(mem: dict[str, Any]) -> str:
-    """Under optimizer offload, the host memory its states take (the terminal's ``host memory``
-    line), "" without."""
+    """Under optimizer or activation offload, the host memory they take (the terminal's ``host
+    memory`` line), "" without."""
     host = mem.get("host")
     if not host:
         return ""
     gpu = host["gpu_bytes"]
     verdict = (f'<span class="fits">fits · {host["margin_bytes"] / GiB:,.0f} GiB spare</span>' if host["fits"]
                else f'<span class="nofit">DOES NOT FIT by {-host["margin_bytes"] / GiB:,.1f} GiB</span>')
-    return (f'<p>Host memory (optimizer offload): <b>{host["peak_bytes"] / GiB:,.1f}</b> of '
+    return (f'<p>Host memory (offload): <b>{host["peak_bytes"] / GiB:,.1f}</b> of '
             f'{host["capacity_bytes"] / GiB:,.0f} GiB on node {host["node"]} ({gpu / GiB:,.1f} GiB a GPU: the '
-            f'offloaded optimizer states, not in the table) {verdict}</p>')
+            f'optimizer states and activations it offloads, not in the table) {verdict}</p>')
 
 
 def stages_html(summary: dict[str, Any]) -> str:

@@ -93,6 +93,8 @@ def plan_options(p: dict[str, Any]) -> str:
                  + (" (copies pipelined)" if p.get("overlap_offload_copies") else ""))
     sp = (" · SP" + (" (TP comm overlap)" if p.get("tp_comm_overlap") else "")) if p.get("sp") else ""
     recompute = f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""
+    if n := p.get("activation_offload_layers"):
+        recompute += f" · activations of {n} layer{'s' if n != 1 else ''} in host memory"
     modules = p.get("recompute_modules") or ["core_attn"]
     if p.get("recompute") == "selective" and modules != ["core_attn"]:
         noop = "core_attn" in modules and p.get("attention") == "flash"
@@ -577,4 +579,4 @@ def host_line(host: dict) -> str:
     margin = host["margin_bytes"]
     verdict = (f"fits ({margin / GiB:,.0f} GiB spare)" if host["fits"] else f"DOES NOT FIT (by {-margin / GiB:,.1f} GiB)")
     return (f"{'host memory':<16}{host['peak_bytes'] / GiB:,.1f} / {host['capacity_bytes'] / GiB:,.0f} GiB a node "
-            f"({gpu_bytes / GiB:,.1f} a GPU: offloaded optimizer states)  {verdict}")
+            f"({gpu_bytes / GiB:,.1f} a GPU: what it offloads)  {verdict}")

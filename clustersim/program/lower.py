@@ -692,6 +692,7 @@ class Lowering:
     overlap_param_gather: bool = False  # ZeRO-1/2's gathers in the first forward (optimizer_pass)
     overlap_grad_reduce: bool = True  # DP reductions bucket by bucket beside the backward (_reduce_action)
     optimizer_offload: float = 0.0  # the share of each optimizer shard in host memory (training's)
+    model_layers: int = 0  # the model's decoder layers (activation offload's window counts them)
     overlap_offload_copies: bool = False  # an offloaded optimizer's copies pipelined (optimizer_pass)
     # (CP index, index in the EP group) -> per-part work, when CP or EP ranks differ (unbalanced
     # causal attention, skewed expert load); the index that does not matter is 0
@@ -985,11 +986,23 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
     if held is not None and (kind != "B" or held[:2] != (part, mb)):
         held = None
     plan = _block_plan(low, r, kind, blocks)
+    acts = {ly: s for ly, _, s in low.work[part].offload_acts} if kind in ("F", "B") else {}
+    if acts:
+        window = low.model_layers - len(acts)  # (Transformer Engine's: the layers resident at once)
+        first_of: dict[int, int] = {}
+        last_of_layer: dict[int, int] = {}
+        for i, (blk, *_) in enumerate(plan):
+            if blk.layer >= 0:
+                first_of.setdefault(blk.layer, i)
+                last_of_layer[blk.layer] = i
+        moved: dict[int, int] = {}  # layer -> its copy down (F) or up (B)
     for i, (blk, name, pre, overlap, post) in enumerate(plan):
         layer = blk.layer
         first_deps = tuple(deps) if prev is None else (prev,)
         if carried:
             first_deps += carried
+        if acts and first_of.get(layer) == i:
+            first_deps += _offload_turn(prog, low, r, kind, layer, acts, moved, window, first_deps, mb, q)
         # a communication-only block (the embedding's B under SP) computes nothing: no weights needed
         u = _unit(blk) if by_unit else None
         shards = low.unit_shards.get((part, u), ()) if by_unit else ()
@@ -1020,6 +1033,9 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
         carried = tuple(_add_comm(prog, r, spec, (kind, stage, mb, i, "overlap", j), first_deps, mb, kind, q, layer)
                         for j, spec in enumerate(overlap)) if overlap else ()
         low.last_compute[r] = prev
+        if acts and kind == "F" and layer in acts and last_of_layer[layer] == i:
+            moved[layer] = prog.add(rank=r, stream="d2h", name="offload act", kind="offload", duration_s=acts[layer],
+                                    deps=(prev,), mb=mb, phase=kind, stage=q, layer=layer).tid
         if keep_tids:
             low.bwd_tid[(r, stage, mb, i)] = prev
         if by_unit:
@@ -1061,6 +1077,31 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
     if zero3 and kind == "F" and gather and units:
         low.held[r] = (part, mb, units[-1])
     return prev
+
+
+def _offload_turn(prog: Program, low: Lowering, r: int, kind: str, layer: int, acts: dict, moved: dict,
+                  window: int, before: tuple, mb: int, q: int) -> tuple:
+    """Activation offload where a layer's first block of an action begins (Transformer
+    Engine's synchronisation for the first N of L layers offloaded, window = L - N): the tasks
+    that block also waits for. A forward of layer w + i waits for layer i's copy down (at most
+    w layers resident); a backward of layer w - 1 + i starts layer i's copy up (``before``: what
+    the block waits for already), and a backward of layer i waits for its copy up::
+
+        F  compute  [L0][L1][L2][L3]          B  compute  [L3][L2][L1][L0]
+           d2h         [L0][L1]                  h2d         [L1]  [L0]      (L 4, N 2, w 2)
+    """
+    out: tuple = ()
+    if kind == "F":
+        if layer - window in moved:
+            out = (moved[layer - window],)
+        return out
+    i = layer - (window - 1)
+    if i in acts and i not in moved:
+        moved[i] = prog.add(rank=r, stream="h2d", name="reload act", kind="offload", duration_s=acts[i],
+                            deps=before, mb=mb, phase=kind, stage=q, layer=i).tid
+    if layer in acts:
+        out = (moved[layer],)
+    return out
 
 
 def _gathers_after_step(low: Lowering, kind: str, stage: int, mb: int) -> bool:
@@ -1897,7 +1938,7 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
         zero=sc.parallel.zero, zero_prefetch_layers=sc.parallel.zero_prefetch_layers,
         zero3_keep_gathered=sc.parallel.zero3_keep_gathered, overlap_param_gather=sc.parallel.overlap_param_gather,
         overlap_grad_reduce=sc.parallel.overlap_grad_reduce, overlap_offload_copies=sc.training.overlap_offload_copies,
-        optimizer_offload=sc.training.optimizer_offload,
+        optimizer_offload=sc.training.optimizer_offload, model_layers=sc.model.layers,
         rank_work=rank_work, use_templates=templates, routing=moe.routing(sc.model.moe),
     )
 

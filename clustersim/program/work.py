@@ -113,6 +113,10 @@ class StageWork:
     # optimizer offload (training.optimizer_offload): the dense and experts' steps with a share
     # of their shard on the host (offload_chains)
     offload: tuple[OffloadChain, ...] = ()
+    # activation offload (training.activation_offload_layers): (layer, bytes a microbatch, seconds
+    # of each copy) of every layer of the part whose activations wait in host memory; left out
+    # of activation_bytes_per_mb
+    offload_acts: tuple[tuple[int, float, float], ...] = ()
     bwd_input: tuple[Block, ...] | None = None  # B of a split backward: input gradient
     bwd_weight: tuple[Block, ...] | None = None  # W of a split backward: weight gradients
     # the halves of a full backward written as B then W (fused): where they differ from the
@@ -898,7 +902,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     proj_kept = tf.mtp_proj_activation_bytes(m, b, t, sp, cp, fp8)
     for ly in checkpointed:
         kept[ly] = tf.mtp_checkpoint_bytes(m, b, t, sp, cp)
-    act_mb = sum_left(kept.values())
+    offload_acts = _offloaded_activations(sc, kept)
+    act_mb = sum_left(v for ly, v in kept.items() if ly not in {x[0] for x in offload_acts})
     if last:  # the logits of the model's head and of each MTP module's, and what each module's projection keeps
         act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) + (mtp - len(checkpointed)) * proj_kept
     et = sc.parallel.expert_tp
@@ -932,6 +937,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         optimizer_s=adam_step_time_s(updated * (1 - f), gpu, GRAD_BYTES[sc.training.grad_dtype],
                                      optimizer_bytes(sc.training.optimizer_moments_dtype)),
         offload=offload_chains(sc, gpu, bwd, (grad_shard, expert_shard)) if f else (),
+        offload_acts=offload_acts,
         local_params=local_params,
         local_expert_params=local_expert_params,
         activation_bytes_per_mb=act_mb,
@@ -943,6 +949,22 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
         **_fused_halves(b_in, b_w, moved),
     )
+
+
+def _offloaded_activations(sc: Scenario, kept: dict[int, float]) -> tuple[tuple[int, float, float], ...]:
+    """(layer, bytes, seconds a copy) of the part's layers among the model's first
+    ``training.activation_offload_layers``: what each keeps for its backward (``kept``), copied
+    to the host after its forward and back before its backward at ``node.host.copy_GBps`` (or
+    the host memory's share where slower, costs.offload_times_s)::
+
+        seconds = bytes / min(copy_Bps, memory_Bps / GPUs a node)
+    """
+    n = sc.training.activation_offload_layers
+    if not n:
+        return ()
+    host = sc.topology.node.host
+    rate_Bps = min(host.copy_GBps, host.memory_GBps / sc.cluster.gpus_per_node) * 1e9
+    return tuple((ly, x, x / rate_Bps) for ly, x in sorted(kept.items()) if ly < n)
 
 
 def offload_chains(sc: Scenario, gpu: GpuSpec, bwd: list[Block], shards: tuple[float, float]
