@@ -308,6 +308,9 @@ def _settings(sc, par: dict, tr: dict, values: dict[str, Any], varied: set[str])
     if recompute is not None and recompute != tr.get("recompute"):
         out += [(f"training.{k}", None) for k in ("recompute_modules", "recompute_method", "recompute_layers")
                 if k in tr]
+    if tr.get("activation_offload_layers") and "training.activation_offload_layers" not in varied and (
+            pp != 1 or schedule != "1f1b" or (recompute or tr.get("recompute", "none")) != "none"):
+        out.append(("training.activation_offload_layers", None))  # (one stage without recompute only: config)
     return out
 
 

@@ -184,9 +184,9 @@ def memory_floor(sc: Scenario) -> dict[str, Any]:
                         >= floor
 
     ``fits`` false means no simulation of the plan can fit (advise leaves such plans out), on
-    the GPUs or, under optimizer offload, in a node's host memory (which the run does not change).
+    the GPUs or, under optimizer or activation offload, in a node's host memory (which the run does not change).
     {"peak_bytes": the highest stage's floor, "stage": that stage, "capacity_bytes", "fits",
-    "host": the nodes' host memory under optimizer offload (``analysis.memory.host_report``) or None}.
+    "host": the nodes' host memory under offload (``analysis.memory.host_report``) or None}.
     The lowering it reads stays on ``sc`` for :func:`simulate`'s to start from
     (``lower.FLOOR_LOWERING``): sweep and advise weigh each plan's floor, then simulate it."""
     from .analysis.memory import activation_floor_bytes

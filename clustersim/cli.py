@@ -828,8 +828,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(e.g. --vary cluster.nodes=4,8,16 --vary training.global_batch_size=64,128,256: weak scaling)")
     sw.add_argument("--skip-unfit", action="store_true",
                     help="list the plans certain not to fit in GPU memory (their weights, gradients, optimizer states "
-                         "and the activations their schedule holds exceed it), or in host memory (their offloaded "
-                         "optimizer states), without simulating them")
+                         "and the activations their schedule holds exceed it), or in host memory (what they "
+                         "offload), without simulating them")
     sw.add_argument("--out", help="write sweep.json, sweep.csv (every plan, refused ones with the rule, those left out "
                                   "with their memory floor) and sweep.html "
                                   "(every plan on one page: tokens/s against memory, the best plans' steps split) into "

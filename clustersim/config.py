@@ -838,6 +838,9 @@ def _check_activation_offload(cfg: ScenarioCfg, topo: TopologyCfg, fail: Callabl
     if cfg.parallel.schedule != "1f1b":
         fail(field, f"runs each microbatch's forward then its backward on one stage (Megatron-LM without a "
                     f"pipeline); schedule {cfg.parallel.schedule} holds several microbatches: use 1f1b")
+    if cfg.parallel.ep_comm_overlap:
+        fail(field, "offloads one microbatch's layers between its forward and its backward; combined 1F1B "
+                    "(parallel.ep_comm_overlap) runs one microbatch's forward beside another's backward: drop one")
     if t.recompute != "none":
         fail(field, f"offloads what the layers keep for their backward; recompute {t.recompute} does not go with it "
                     "(Megatron-LM refuses both at once): drop one of them")

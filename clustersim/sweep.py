@@ -223,7 +223,7 @@ def _on_board(plan: int) -> Iterator[None]:
 
 
 UNFIT_WHY = "weights, gradients, optimizer states and the activations the schedule holds alone exceed it"
-HOST_UNFIT_WHY = ", or the offloaded optimizer states a node's host memory"  # (where some plan is left out so)
+HOST_UNFIT_WHY = ", or what the GPUs offload a node's host memory"  # (where some plan is left out so)
 
 
 def unfit_reason(floor: dict[str, Any]) -> str:
@@ -234,8 +234,8 @@ def unfit_reason(floor: dict[str, Any]) -> str:
     need, cap = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB
     host = floor.get("host")
     if need <= cap and host and not host["fits"]:  # (every GPU fits: the host's memory does not)
-        return (f"needs {host['peak_bytes'] / GiB:,.1f} GiB of host memory on node {host['node']} for its offloaded "
-                f"optimizer states, more than its {host['capacity_bytes'] / GiB:,.1f} GiB")
+        return (f"needs {host['peak_bytes'] / GiB:,.1f} GiB of host memory on node {host['node']} for what it "
+                f"offloads, more than its {host['capacity_bytes'] / GiB:,.1f} GiB")
     digits = 1
     while digits < 6 and f"{need:.{digits}f}" == f"{cap:.{digits}f}":
         digits += 1
@@ -569,7 +569,7 @@ def table_columns(sweep: dict[str, Any], shown: list[dict[str, Any]]) -> list[tu
 
 def fits_text(r: dict[str, Any]) -> str:
     """A plan's "fits" cell: yes, tight, NO, or "NO: host" where its GPUs fit and the hosts'
-    memory does not hold its offloaded optimizer states."""
+    memory does not hold what it offloads."""
     from .output.summary import host_only_unfit
 
     if r["fits"]:

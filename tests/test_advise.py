@@ -527,3 +527,21 @@ def test_a_scenario_that_offloads_keeps_its_plans_without_dp(root):
     dp1 = [r for r in advice["plans"] if dict(r["changes"]).get("parallel.dp") == 1]
     assert dp1 and all(dict(r["changes"]).get("parallel.zero") == 1 for r in dp1 if r["plan"] != advice["own_plan"])
     assert any(r.get("fits") for r in dp1)
+
+
+def test_a_scenario_offloading_activations_drops_it_where_a_plan_cannot(root, tmp_path):
+    """A file with activation offload (one stage, no recompute only): advise keeps it on the
+    plans that can run it and drops it from the others (a pipeline, recompute) instead of
+    counting them refused."""
+    doc = read_yaml(root / SMALL, what="scenario")
+    doc["cluster"]["topology"] = str(root / "topologies/dgx-h100.yaml")
+    doc["parallel"] = {"tp": 4, "pp": 1, "dp": 2, "sp": True}
+    doc["training"]["activation_offload_layers"] = 8
+    path = tmp_path / "acts.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    advice = run_advise(str(path), [("parallel.tp", [4]), ("parallel.pp", [1, 2])])
+    assert not [r for r in advice["plans"] if r["status"] == "refused"]
+    kept = {r["plan"]: dict(r["changes"]) for r in advice["plans"]}
+    for n, ch in kept.items():
+        dropped = ch.get("training.activation_offload_layers", "kept") is None
+        assert dropped == (ch.get("parallel.pp", 1) != 1 or ch.get("training.recompute", "none") != "none"), ch

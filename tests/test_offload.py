@@ -321,7 +321,7 @@ def test_the_report_and_the_terminal_show_the_host():
 
     r = clustersim.simulate(_scenario(1.0, True))
     page = report_html(r.trace, r.summary, build_figure(r.trace, r.summary))
-    assert "exposed communication and offload" in page and "optimizer offload (copies, host Adam)" in page
+    assert "exposed communication and offload" in page and "offload to the host (copies, its Adam)" in page
     assert "Host memory (offload)" in page and "fits" in page
     text = format_summary(r.summary)
     assert "offload" in text.split("exposed comm", 1)[1].split("\n", 1)[0]
@@ -430,3 +430,29 @@ def test_what_activation_offload_refuses(change, message):
     with pytest.raises(ConfigError) as e:
         clustersim.load_scenario(d, base_dir=ROOT)
     assert e.value.field == "training.activation_offload_layers" and message in str(e.value)
+
+
+def test_the_resident_window_is_the_heaviest_run_of_layers():
+    """Transformer Engine keeps L - N consecutive layers resident, not the non-offloaded ones:
+    with dense layers first (each keeping more than a MoE layer here), the backward's window,
+    the early layers reloaded beside later ones, holds the most. The peak counts the heaviest
+    window of L - N layers (plus the head's logits)."""
+    from clustersim.model import transformer as tf
+
+    from .test_symmetry import MOE
+
+    moe = {**MOE, "top_k": 1, "layer_freq": [0, 0, 0, 1, 1, 1, 1, 1]}
+    host = {"memory_GB": 2048, "memory_GBps": 450, "copy_GBps": 52}
+    d = scenario_dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 1, "node": {"host": host}},
+                      parallel={"tp": 1, "pp": 1, "dp": 8, "ep": 4, "zero": 1},
+                      model={"layers": 8, "seq_len": 4096, "ffn_hidden": 16384, "moe": moe},
+                      training={"global_batch_size": 8, "activation_offload_layers": 3})
+    sc = clustersim.load_scenario(d, base_dir=ROOT)
+    m, b = sc.model, sc.training.micro_batch_size
+    per = [tf.layer_activation_bytes(m, b, 1, True, False, "none", m.is_moe_layer(ly)) for ly in range(8)]
+    assert per[0] > per[7]  # (the dense layers keep more)
+    w = lowering(sc, collapse=True).work[0]
+    head = tf.head_activation_bytes(m, b, 1)
+    heaviest = max(sum(per[j:j + 5]) for j in range(4))
+    assert w.activation_bytes_per_mb == pytest.approx(heaviest + head, rel=1e-12)
+    assert heaviest > sum(per[3:])  # (more than the five layers never offloaded)

@@ -128,7 +128,7 @@ class StageStatic:
     transient_bytes: float = 0.0  # held for a moment (gathered ZeRO-3 units, CP's K/V), added at the peak
     parts: tuple[PartStatic, ...] = ()  # empty: one part, every span belongs to it
     split_w: frozenset = frozenset()  # (index into parts, mb) of each split backward: W's inputs held from B to W
-    host_bytes: float = 0.0  # in the host's memory for one GPU of the stage: its offloaded optimizer states
+    host_bytes: float = 0.0  # in the host's memory for one GPU of the stage: its offloaded optimizer states and activations
 
 
 def _part_maps(parts: tuple[PartStatic, ...]) -> tuple[dict[int, int], dict[str, int]]:
@@ -537,7 +537,7 @@ def stage_timeline(spans: list[Span], parts: tuple[PartStatic, ...], split_w: fr
 
 def host_report(statics: list[StageStatic], stage_of_gpu: np.ndarray, gpus_per_node: int,
                 capacity_bytes: float) -> dict:
-    """Host memory per node under optimizer offload: what its GPUs' offloaded states take (each
+    """Host memory per node under offload: what its GPUs' offloaded states and activations take (each
     GPU its stage's ``host_bytes``; rank g runs on GPU g) against the node's host memory::
 
         node_bytes = sum over the node's GPUs of host_bytes(stage of the GPU)    fits: max <= capacity
@@ -556,7 +556,7 @@ def memory_report(trace: Trace, statics: list[StageStatic], capacity_bytes: floa
     timeline of activations, communication buffers and recomputing that the peak comes from,
     those of the stage's simulated rank whose peak is highest (the first on ties): where a straggler or a
     fault splits a stage's classes, their timings, hence their peaks, differ. ``host``: the
-    nodes' host memory under optimizer offload (:func:`host_report`), else None; the plan fits
+    nodes' host memory under offload (:func:`host_report`), else None; the plan fits
     where every stage and the host fit."""
     stages = []
     ranks_of_stage: dict[int, list[int]] = {}

@@ -1704,7 +1704,7 @@ class _Stream:
             c = t.comm
             if c is None:
                 # rank r runs on GPU r; a straggler (topology what_if) computes slower (its host's
-                # work and copies under optimizer offload, kind "offload", are not its compute)
+                # work and copies under offload, kind "offload", are not its compute)
                 free = start + (t.duration_s * slow.get(rank, 1.0) if slow and t.kind == "compute" else t.duration_s)
                 size_bytes, op = 0.0, ""
             elif c is _SEGMENT:  # an action's fixed-duration tasks, timed in one go (_Segment)

@@ -179,7 +179,7 @@ def _rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str], list[st
 
 def _fits_text(s: dict[str, Any]) -> str:
     """"yes in 80", "NO in 80" (a GPU's memory; "NO in 80, host too" where the hosts' is short
-    as well), "NO: host 1,907" (a node's host memory under optimizer offload, every GPU fitting)."""
+    as well), "NO: host 1,907" (a node's host memory under offload, every GPU fitting)."""
     mem = s["memory"]
     if host_only_unfit(mem):
         return f"NO: host {mem['host']['capacity_bytes'] / GiB:,.0f}"

@@ -87,7 +87,7 @@ GROUPS = (
     ("ep", "EP communication", "#ff9da7"),
     ("pp", "PP send / recv", "#e15759"),
     ("dp", "DP communication", "#7f7f7f"),
-    ("offload", "optimizer offload (copies, host Adam)", "#d4a6c8"),
+    ("offload", "offload to the host (copies, its Adam)", "#d4a6c8"),
     ("other", "other", "#bab0ac"),
 )
 _GROUP_KEYS = tuple(g for g, _, _ in GROUPS)

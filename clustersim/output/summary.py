@@ -566,14 +566,14 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def host_only_unfit(mem: dict[str, Any]) -> bool:
-    """Whether every GPU fits and the hosts' memory does not hold the offloaded optimizer
-    states (``memory``: summary.json's): the plan does not fit, and it is the host's doing."""
+    """Whether every GPU fits and the hosts' memory does not hold what they offload
+    (``memory``: summary.json's): the plan does not fit, and it is the host's doing."""
     host = mem.get("host")
     return bool(host) and not host["fits"] and mem["peak_bytes"] <= mem["capacity_bytes"]
 
 
 def host_line(host: dict) -> str:
-    """The offloaded optimizer states in host memory (``memory.host``): a node's against its
+    """What the GPUs offload (optimizer states, activations) in host memory (``memory.host``): a node's against its
     capacity, and one GPU's (the most of any stage)."""
     gpu_bytes = host["gpu_bytes"]
     margin = host["margin_bytes"]

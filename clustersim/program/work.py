@@ -903,7 +903,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     for ly in checkpointed:
         kept[ly] = tf.mtp_checkpoint_bytes(m, b, t, sp, cp)
     offload_acts = _offloaded_activations(sc, kept)
-    act_mb = sum_left(v for ly, v in kept.items() if ly not in {x[0] for x in offload_acts})
+    act_mb = _resident_bytes(kept, sc.model.layers - len(offload_acts)) if offload_acts else sum_left(kept.values())
     if last:  # the logits of the model's head and of each MTP module's, and what each module's projection keeps
         act_mb += (1 + mtp) * tf.head_activation_bytes(m, b, t, cp) + (mtp - len(checkpointed)) * proj_kept
     et = sc.parallel.expert_tp
@@ -949,6 +949,18 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         bwd_input=tuple(b_in), bwd_weight=tuple(b_w),
         **_fused_halves(b_in, b_w, moved),
     )
+
+
+def _resident_bytes(kept: dict[int, float], window: int) -> float:
+    """The most a microbatch's layers hold on the GPU under activation offload: Transformer
+    Engine's window keeps ``window`` (L - N) consecutive layers resident, in the forward the
+    last ones computed, in the backward the next ones due (reloaded early ones among them)::
+
+        max over j of  kept[j] + ... + kept[j + window - 1]
+
+    (the non-offloaded layers alone where every layer keeps as much)."""
+    layers = sorted(kept)
+    return max(sum_left(kept[ly] for ly in layers[j:j + window]) for j in range(len(layers) - window + 1))
 
 
 def _offloaded_activations(sc: Scenario, kept: dict[int, float]) -> tuple[tuple[int, float, float], ...]:
