@@ -382,8 +382,8 @@ def test_the_copies_follow_transformer_engines_window():
         return min((s for s in mine if (s.kind == "compute" or not compute and s.kind == "tp") and s.phase == "B"
                     and s.layer == ly), key=lambda s: s.start_s)
 
-    downs = {s.layer: s for s in mine if s.name == "offload act"}
-    ups = {s.layer: s for s in mine if s.name == "reload act"}
+    downs = {s.layer: s for s in mine if s.name == "activations to host"}
+    ups = {s.layer: s for s in mine if s.name == "activations from host"}
     assert sorted(downs) == sorted(ups) == [0, 1, 2]
     for i in range(3):
         last_f = max((s for s in mine if s.kind == "compute" and s.phase == "F" and s.layer == i), key=lambda s: s.end_s)

@@ -1034,7 +1034,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
                         for j, spec in enumerate(overlap)) if overlap else ()
         low.last_compute[r] = prev
         if acts and kind == "F" and layer in acts and last_of_layer[layer] == i:
-            moved[layer] = prog.add(rank=r, stream="d2h", name="offload act", kind="offload", duration_s=acts[layer],
+            moved[layer] = prog.add(rank=r, stream="d2h", name="activations to host", kind="offload", duration_s=acts[layer],
                                     deps=(prev,), mb=mb, phase=kind, stage=q, layer=layer).tid
         if keep_tids:
             low.bwd_tid[(r, stage, mb, i)] = prev
@@ -1097,7 +1097,7 @@ def _offload_turn(prog: Program, low: Lowering, r: int, kind: str, layer: int, a
         return out
     i = layer - (window - 1)
     if i in acts and i not in moved:
-        moved[i] = prog.add(rank=r, stream="h2d", name="reload act", kind="offload", duration_s=acts[i],
+        moved[i] = prog.add(rank=r, stream="h2d", name="activations from host", kind="offload", duration_s=acts[i],
                             deps=before, mb=mb, phase=kind, stage=q, layer=i).tid
     if layer in acts:
         out = (moved[layer],)
