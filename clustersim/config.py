@@ -749,6 +749,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
     if p.zero_prefetch_layers != 1 and p.zero != 3 and not p.overlap_param_gather:  # (1, the default: harmless)
         fail("parallel.zero_prefetch_layers", "how many units ahead ZeRO-3 (or ZeRO-1/2 with overlap_param_gather) "
              f"gathers parameters; zero={p.zero} gathers none during the step (drop the field)")
+    if t.activation_offload_layers:
+        _check_activation_offload(cfg, topo, fail)
     _check_offload(cfg, topo, fail)
     if not p.overlap_grad_reduce and p.overlap_param_gather:
         # (Megatron-LM refuses the pair: its parameter gathers are dispatched by the buckets of
@@ -802,8 +804,6 @@ def _check_offload(cfg: ScenarioCfg, topo: TopologyCfg, fail: Callable[[str, str
     """What optimizer offload needs: a sharded optimizer (Megatron-LM offloads the distributed
     optimizer's shards only; DeepSpeed's ZeRO-Offload ZeRO's) and a host to offload to."""
     t, z = cfg.training, cfg.parallel.zero
-    if t.activation_offload_layers:
-        _check_activation_offload(cfg, topo, fail)
     if not t.optimizer_offload:  # (overlap_offload_copies then has nothing to overlap: ignored, as Megatron-LM does)
         return
     if z == 0:

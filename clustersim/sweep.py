@@ -229,11 +229,11 @@ HOST_UNFIT_WHY = ", or what the GPUs offload a node's host memory"  # (where som
 def unfit_reason(floor: dict[str, Any]) -> str:
     """Why a plan left out by its memory floor cannot fit, in a line (with the digits that
     tell the floor from the capacity: 80.04 GiB is not "80.0 GiB, more than 80.0")."""
-    from .output.summary import GiB
+    from .output.summary import GiB, host_only_unfit
 
     need, cap = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB
-    host = floor.get("host")
-    if need <= cap and host and not host["fits"]:  # (every GPU fits: the host's memory does not)
+    if host_only_unfit(floor):  # (every GPU fits: the host's memory does not)
+        host = floor["host"]
         return (f"needs {host['peak_bytes'] / GiB:,.1f} GiB of host memory on node {host['node']} for what it "
                 f"offloads, more than its {host['capacity_bytes'] / GiB:,.1f} GiB")
     digits = 1

@@ -98,6 +98,15 @@ HOST_STATE_BYTES = 12 + 4  # master, m, v and the gradient buffer, a parameter
 HOST_ADAM_BYTES = 16 + 12  # read master, m, v, gradient; write master, m, v (fp32 AdamW on the CPU)
 
 
+def host_copy_s(size_bytes: float, copy_Bps: float, host_share_Bps: float) -> float:
+    """Seconds a copy to or from host memory takes: at the GPU's copy rate, or the host
+    memory's share where slower (the copy lands there too)::
+
+        size_bytes / min(copy_Bps, host_share_Bps)
+    """
+    return size_bytes / min(copy_Bps, host_share_Bps)
+
+
 def offload_times_s(params: float, copy_Bps: float, host_share_Bps: float,
                     pipelined: bool = False) -> tuple[float, float, float]:
     """(down, step, up): seconds to copy the gradients of ``params`` offloaded parameters to the
@@ -112,6 +121,6 @@ def offload_times_s(params: float, copy_Bps: float, host_share_Bps: float,
     the copies of the next and the last tensors run beside the step and take their 4 + 4
     bytes a parameter of the same memory, which the step is charged with.
     """
-    copy_s = params * OFFLOAD_COPY_BYTES / min(copy_Bps, host_share_Bps)
+    copy_s = host_copy_s(params * OFFLOAD_COPY_BYTES, copy_Bps, host_share_Bps)
     step_bytes = HOST_ADAM_BYTES + (2 * OFFLOAD_COPY_BYTES if pipelined else 0)
     return copy_s, params * step_bytes / host_share_Bps, copy_s

@@ -40,7 +40,7 @@ from ..hardware.gpus import GpuSpec
 from ..model import transformer as tf
 from ..model.transformer import Op
 from ..model import moe
-from .costs import ADAM_MASTER_BYTES, adam_step_time_s, offload_times_s, ops_time_s
+from .costs import ADAM_MASTER_BYTES, adam_step_time_s, host_copy_s, offload_times_s, ops_time_s
 
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 PARAM_BYTES = 2  # 16-bit weights used by the kernels
@@ -974,9 +974,15 @@ def _offloaded_activations(sc: Scenario, kept: dict[int, float]) -> tuple[tuple[
     n = sc.training.activation_offload_layers
     if not n:
         return ()
+    rates = _host_rates_Bps(sc)
+    return tuple((ly, x, host_copy_s(x, *rates)) for ly, x in sorted(kept.items()) if ly < n)
+
+
+def _host_rates_Bps(sc: Scenario) -> tuple[float, float]:
+    """(each GPU's copy rate, its share of the host memory's bandwidth: the node's ranks use
+    it at once) of the topology's ``node.host``."""
     host = sc.topology.node.host
-    rate_Bps = min(host.copy_GBps, host.memory_GBps / sc.cluster.gpus_per_node) * 1e9
-    return tuple((ly, x, x / rate_Bps) for ly, x in sorted(kept.items()) if ly < n)
+    return host.copy_GBps * 1e9, host.memory_GBps * 1e9 / sc.cluster.gpus_per_node
 
 
 def offload_chains(sc: Scenario, gpu: GpuSpec, bwd: list[Block], shards: tuple[float, float]
@@ -990,9 +996,9 @@ def offload_chains(sc: Scenario, gpu: GpuSpec, bwd: list[Block], shards: tuple[f
 
         gpu_s  = adam((1 - f) x shard)          pieces: offload_times_s(f x shard x block share)
     """
-    t, host = sc.training, sc.topology.node.host
+    t = sc.training
     f, pipelined = t.optimizer_offload, t.overlap_offload_copies
-    copy_Bps, share_Bps = host.copy_GBps * 1e9, host.memory_GBps * 1e9 / sc.cluster.gpus_per_node
+    copy_Bps, share_Bps = _host_rates_Bps(sc)
     out = []
     for kind, attr, shard in zip(("dense", "expert"), ("params", "expert_params"), shards):
         weights = [getattr(b, attr) for b in bwd if getattr(b, attr) > 0]
