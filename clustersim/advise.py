@@ -606,8 +606,8 @@ def close_call(best: dict[str, Any], turning: list[dict[str, Any]]) -> str:
     """Where the verdict's steps are exact but a plan of ``turning`` (as :func:`verdict_doubt`
     reads it) gives less than CLOSE_LEAD fewer tokens/s than the best plan: the nearest such
     plan, that a lead so small is less than what the simulation leaves out may move
-    (docs/metrics.md: one GEMM efficiency for every shape, no launches or framework; published
-    A100 steps 4-21 % longer than simulated, H100 FP8 runs more), and both plans' peak memory,
+    (docs/metrics.md: no launches or framework; published A100 steps 1-14 % longer than
+    simulated, H100 FP8 runs more), and both plans' peak memory,
     what else may choose between them. "" otherwise."""
     from .output.summary import CLOSE_LEAD, GiB
 

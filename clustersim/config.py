@@ -221,6 +221,10 @@ class CollectivesCfg(Strict):
 
 class SimulationCfg(Strict):
     network: Literal["flow", "ideal"] = "flow"
+    gemm_efficiency: Literal["shape", "flat"] = pydantic.Field(
+        default="shape", description="shape: a GEMM's share of the peak follows its shape (tiles and waves over the SMs, "
+        "the fixed cost a short reduction pays: hardware.gpus.GemmFit, fitted to published GEMM tables); flat: every "
+        "GEMM at the GPU's large-GEMM matmul efficiency")
     collapse_symmetric: bool = True
     repeat: bool = pydantic.Field(
         default=True, description="simulate a long 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step's "

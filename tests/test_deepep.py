@@ -21,11 +21,11 @@ MOE = {"layers": 4, "moe": {"experts": 64, "top_k": 4, "expert_ffn": 1024, "shar
 H100 = {"topology": "topologies/dgx-h100.yaml", "nodes": 4}  # 32 GPUs, 8 a node
 
 
-def deepep_dict(moe=None, cluster=None, microbatches=2, **parallel) -> dict:
+def deepep_dict(moe=None, cluster=None, microbatches=2, simulation=None, **parallel) -> dict:
     model = {**MOE, "moe": {**MOE["moe"], **(moe or {})}}
     p = {"tp": 1, "pp": 1, "dp": 32, "ep": 16, **parallel}
     return scenario_dict(cluster={**H100, **(cluster or {})}, model=model, parallel=p,
-                         training={"global_batch_size": microbatches * p["dp"]})
+                         training={"global_batch_size": microbatches * p["dp"]}, **({"simulation": simulation} if simulation else {}))
 
 
 def run(root, collapse=None, **kw):
@@ -305,8 +305,10 @@ def _compute_by_tid(r) -> dict[int, tuple[float, float]]:
 def test_dualpipe_chunks_compute_on_the_sms_deepep_leaves(root):
     """Under DualPipe one half of an overlapped F&B chunk dispatches or combines while the
     other computes, so the chunk's GEMMs run on the 112 of 132 SMs DeepEP's 20 leave; outside
-    the chunks, and with deepep_sms 0, the compute is what it was."""
-    kw = {"pp": 2, "dp": 16, "ep": 16, "schedule": "dualpipe", "microbatches": 8}
+    the chunks, and with deepep_sms 0, the compute is what it was. (Every GEMM at one efficiency,
+    so that a chunk's GEMMs take 132/112 as long at most; by their shapes the waves over 112 SMs
+    fill differently too: tests/test_gemm_shapes.py.)"""
+    kw = {"pp": 2, "dp": 16, "ep": 16, "schedule": "dualpipe", "microbatches": 8, "simulation": {"gemm_efficiency": "flat"}}
     ours, free = run(root, **kw), run(root, moe={"deepep_sms": 0}, **kw)
     a, b = _compute_by_tid(ours), _compute_by_tid(free)
     assert a.keys() == b.keys()

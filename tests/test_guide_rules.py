@@ -98,7 +98,7 @@ def test_zero3_beside_tp8_is_slow_at_64_gpus_but_not_alone():
                          {**t, "recompute": "full", "micro_batch_size": 8})
     assert fits(tp_pp_over) and fits(tp_zero3_over)
     assert tp_pp_over["step_time_s"] < tp_pp["step_time_s"] and tp_zero3_over["step_time_s"] < tp_zero3["step_time_s"]
-    assert tp_zero3_over["step_time_s"] > 1.1 * tp_pp_over["step_time_s"]
+    assert tp_zero3_over["step_time_s"] > 1.05 * tp_pp_over["step_time_s"]
     # ZeRO-3 alone over all 64 GPUs, one microbatch each: every NIC of a node carries the
     # rings, and a whole sequence of compute hides them
     zero3 = step("llama2_70b_64gpu", 8, {"dp": 64, "zero": 3}, {**t, "recompute": "full"})

@@ -261,8 +261,10 @@ HOT = [2.0, 2 / 3, 2 / 3, 2 / 3]  # EP index 0 receives twice the balanced share
 def skewed_run(root, load, collapse=None, network="flow", moe=None, **parallel):
     model = {**MOE, "moe": {**MOE["moe"], **({"ep_load": load} if load else {}), **(moe or {})}}
     p = {"tp": 1, "pp": 1, "dp": 16, "ep": 4, **parallel}  # 16 GPUs: 2 nodes of 8
+    # (every GEMM at one efficiency: the closed forms below take expert compute in proportion
+    # to the load, where by shape a hot rank's fuller GEMMs would also fill the SMs better)
     d = scenario_dict(model=model, parallel=p, training={"global_batch_size": 2 * p["dp"]},
-                      simulation={"network": network})
+                      simulation={"network": network, "gemm_efficiency": "flat"})
     return clustersim.simulate(clustersim.load_scenario(d, base_dir=root), collapse=collapse)
 
 
@@ -306,10 +308,13 @@ def test_skewed_expert_compute_delays_every_ep_rank(root):
     extra = experts_s(skewed, hot) - experts_s(balanced, balanced.trace.ranks[0])
     assert extra > 0
     assert skewed.summary["step_time_s"] == pytest.approx(balanced.summary["step_time_s"] + extra, rel=1e-12)
-    # a cold rank's experts run at 2/3 of the balanced time
+    # a cold rank's experts get 2/3 of the balanced pairs, the hot one's 2x: in proportion where
+    # compute-bound, hot - cold = 4 (balanced - cold); a grouped GEMM reads every local expert's
+    # weights whatever its load, so a cold rank's may be memory-bound, its time above the
+    # proportion, the ratio above 4
     cold = skewed.trace.ranks[1]
     routed = experts_s(balanced, balanced.trace.ranks[0]) - experts_s(skewed, cold)
-    assert routed > 0 and experts_s(skewed, hot) - experts_s(skewed, cold) == pytest.approx(routed * 4, rel=1e-9)
+    assert routed > 0 and experts_s(skewed, hot) - experts_s(skewed, cold) >= routed * 4 * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("parallel,moe", [

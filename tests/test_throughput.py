@@ -232,7 +232,7 @@ def test_fp8_gemms_pay_the_cast_of_their_operand():
     from clustersim.hardware import lookup_gpu
     from clustersim.model.moe import MoeCfg, routed_experts_fwd
     from clustersim.model.transformer import _backward, matmul_op
-    from clustersim.program.costs import op_time_s
+    from clustersim.program.costs import gemm_efficiency, op_time_s
     from clustersim.program.work import split_backward_ops
 
     gpu = lookup_gpu("H100")
@@ -242,9 +242,9 @@ def test_fp8_gemms_pay_the_cast_of_their_operand():
     bwd = _backward(fwd)
     for op, cast in ((fwd, m * k), (bwd, m * n)):
         assert op_time_s(op, gpu, "fp8") == pytest.approx(
-            max(op.flops / (gpu.fp8_flops * gpu.matmul_efficiency), op.bytes / bw) + 4 * cast / bw, rel=EXACT)
+            max(op.flops / (gpu.fp8_flops * gemm_efficiency(op, gpu, "fp8")), op.bytes / bw) + 4 * cast / bw, rel=EXACT)
         assert op_time_s(op, gpu, "bf16") == pytest.approx(
-            max(op.flops / (gpu.bf16_flops * gpu.matmul_efficiency), op.bytes / bw), rel=EXACT)
+            max(op.flops / (gpu.bf16_flops * gemm_efficiency(op, gpu, "bf16")), op.bytes / bw), rel=EXACT)
     b_half, w_half = split_backward_ops([bwd])
     assert sum(op_time_s(o, gpu, "fp8") for o in b_half + w_half) == pytest.approx(op_time_s(bwd, gpu, "fp8"), rel=EXACT)
     head = matmul_op("lm_head", m, k, 50000)  # left in BF16: no cast
@@ -288,13 +288,14 @@ def test_flash_attention_runs_at_its_kernels_published_efficiency(gpu_name, fwd_
     under flash runs at FlashAttention-2's published A100 rates (Dao 2023: about 200 TFLOP/s
     forward with the causal mask, 196 backward, of 312) and FlashAttention-3's H100 ones (Shah et
     al. 2024: 616 and 561 of 989), each op's FLOPs as clustersim counts them; standard attention
-    (batched GEMMs) and the other GEMMs keep the matmul efficiency, and a GPU without a published
-    attention figure of its own would too."""
+    (batched GEMMs) and the other GEMMs run at their shapes' efficiency (costs.gemm_efficiency),
+    and flash attention's kernels at the matmul efficiency on a GPU without a published
+    attention figure of its own."""
     from dataclasses import replace
 
     from clustersim.hardware import lookup_gpu
     from clustersim.model.transformer import DenseModelCfg, attn_block_fwd, block_bwd
-    from clustersim.program.costs import op_time_s
+    from clustersim.program.costs import gemm_efficiency, op_time_s
 
     gpu = lookup_gpu(gpu_name)
     m = DenseModelCfg(layers=2, hidden=1024, heads=8, ffn_hidden=4096, vocab=1000, seq_len=4096)
@@ -302,7 +303,7 @@ def test_flash_attention_runs_at_its_kernels_published_efficiency(gpu_name, fwd_
         fwd = next(op for op in attn_block_fwd(m, 1, 1, flash) if op.name == "core_attn")
         bwd = next(op for op in block_bwd([fwd], flash) if op.name == "core_attn")
         for op, want in ((fwd, fwd_bwd[0]), (bwd, fwd_bwd[1])):
-            eff = want if flash else gpu.matmul_efficiency
+            eff = want if flash else gemm_efficiency(op, gpu, "bf16")  # (standard: its batched GEMMs' shapes)
             compute_s = op.flops / (gpu.bf16_flops * eff)
             memory_s = op.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
             assert op_time_s(op, gpu, "bf16") == pytest.approx(max(compute_s, memory_s), rel=EXACT), (flash, op)
@@ -311,7 +312,8 @@ def test_flash_attention_runs_at_its_kernels_published_efficiency(gpu_name, fwd_
         flash_fwd.flops / (gpu.bf16_flops * gpu.matmul_efficiency), rel=EXACT)
     qkv = next(op for op in attn_block_fwd(m, 1, 1, True) if op.name == "qkv")
     assert op_time_s(qkv, gpu, "bf16") == pytest.approx(
-        max(qkv.flops / (gpu.bf16_flops * gpu.matmul_efficiency), qkv.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)),
+        max(qkv.flops / (gpu.bf16_flops * gemm_efficiency(qkv, gpu, "bf16")),
+            qkv.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)),
         rel=EXACT)
 
 

@@ -9,6 +9,8 @@ published measurements and never tuned per scenario::
     matmul_efficiency  = measured large-GEMM TFLOP/s / peak
                          A100: 253-257 / 312 (cuBLASLt 8K-16K)  -> 0.82
                          H100: 700-800 / 989 ("commonly", bf16)  -> 0.76
+                         (an 8192-cubed GEMM's; other shapes follow gemm_bf16 and gemm_fp8:
+                         :class:`GemmFit`, below the catalogue)
     memory_efficiency  = measured STREAM copy / HBM peak
                          A100-80GB: 1.61-1.75 / 2.039 -> 0.82
                          H100: 2.90-3.18 / 3.35      -> 0.91
@@ -30,8 +32,63 @@ closest sibling (noted per entry); the calibration work replaces them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from math import ceil
 
 GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class GemmFit:
+    """How a GEMM's shape sets the share of the tensor-core peak it reaches on one GPU type, at
+    one precision (program/costs.py ``gemm_efficiency``).
+
+    A GEMM kernel cuts the (m x n) output into tiles, one thread block (one SM) each, and runs
+    them in waves over the SMs; a tile loops over the reduction k, and pays a fixed cost of its
+    own (filling its load pipeline, writing its tile out), worth ``k0`` elements of the loop
+    for a 128 x 128 tile and in proportion to its area for the others. The library picks the
+    tile that finishes first::
+
+        tiles   = groups * ceil(m / tm) * ceil(n / tn)           waves = ceil(tiles / sms)
+        fill    = groups * m * n / (waves * sms * tm * tn)       (tile and wave quantization)
+        share   = efficiency * max over tiles of  fill * k / (k + k0 * 128 * 128 / (tm * tn))
+
+    (NVIDIA, "Matrix Multiplication Background User's Guide", Sec 2-3: tile and wave
+    quantization; the fixed cost a tile's loop amortizes is what makes short reductions slow.)
+    ``efficiency``: a GEMM that fills its waves with a long reduction; ``source`` says what
+    fixed it.
+    """
+
+    efficiency: float
+    k0: float
+    tiles: tuple[tuple[int, int], ...]
+    source: str = ""
+
+
+def gemm_shape_factor(fit: GemmFit, sms: int, groups: float, m: float, n: float, k: float) -> float:
+    """The share of ``fit.efficiency`` a (groups, m, n, k) GEMM reaches on ``sms`` SMs
+    (:class:`GemmFit`'s formula without its ``efficiency``), in (0, 1]."""
+    return _shape_factor(fit.k0, fit.tiles, sms, float(groups), float(m), float(n), float(k))
+
+
+@lru_cache(maxsize=65536)  # a plan's GEMMs repeat over its layers, stages and microbatches
+def _shape_factor(k0: float, tiles: tuple, sms: int, groups: float, m: float, n: float, k: float) -> float:
+    if m <= 0 or n <= 0 or k <= 0 or groups <= 0:
+        return 1.0  # no work: nothing to time
+    best = 0.0
+    for tm, tn in tiles:
+        count = groups * ceil(m / tm) * ceil(n / tn)
+        fill = groups * m * n / (ceil(count / sms) * sms * tm * tn)
+        best = max(best, fill * k / (k + k0 * (128 * 128) / (tm * tn)))
+    return best
+
+
+def fitted(measured: float, at: tuple[float, float, float], k0: float, tiles: tuple[tuple[int, int], ...],
+           sms: int, source: str) -> GemmFit:
+    """A :class:`GemmFit` whose formula gives ``measured`` (a share of the peak) at the shape
+    it was measured at, ``at`` = (m, n, k): the efficiency is that measurement over the shape's
+    factor, so the measurement stays the one owner of the figure."""
+    return GemmFit(measured / gemm_shape_factor(GemmFit(1.0, k0, tiles), sms, 1, *at), k0, tiles, source)
 
 
 @dataclass(frozen=True)
@@ -61,6 +118,14 @@ class GpuSpec:
     # kernels hold the rest through it (DeepEP's, ``model.moe.deepep_sms``): set per run by the
     # lowering (program.lower), 1.0 in the catalogue
     chunk_sm_share: float = 1.0
+    # how a GEMM's shape sets its share of the peak, at 16 bits and at FP8 (:class:`GemmFit`);
+    # None: every GEMM at ``matmul_efficiency`` (``simulation.gemm_efficiency: flat``)
+    gemm_bf16: GemmFit | None = None
+    gemm_fp8: GemmFit | None = None
+
+    def gemm_fit(self, precision: str) -> GemmFit | None:
+        """The :class:`GemmFit` of a GEMM run at ``precision`` ('bf16', 'fp16' or 'fp8')."""
+        return self.gemm_fp8 if precision == "fp8" else self.gemm_bf16
 
     def peak_flops(self, precision: str) -> float:
         """Dense tensor-core peak for ``precision`` ('bf16', 'fp16' or 'fp8')."""
@@ -74,7 +139,7 @@ class GpuSpec:
 
 
 def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, note="", nvls=None, tdp_W=0.0,
-         sms=0, attn=None):
+         sms=0, attn=None, gemm=(None, None)):
     return GpuSpec(
         name=name,
         bf16_flops=bf16_T * 1e12,
@@ -89,6 +154,8 @@ def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, n
         attention_efficiency=attn,
         tdp_W=tdp_W,
         sms=sms,
+        gemm_bf16=gemm[0],
+        gemm_fp8=gemm[1],
     )
 
 
@@ -103,24 +170,57 @@ ATTENTION_EFFICIENCY_A100 = (200 / 312, 196 / 312)
 ATTENTION_EFFICIENCY_H100 = (616 / 989, 561 / 989)
 
 
+# GEMM shapes (GemmFit): the tiles the libraries' kernel names show (cuBLAS on Ampere:
+# ampere_*gemm_{256x128,128x256,128x128,128x64,64x64}; on Hopper sm90_xmma_gemm_*_tilesize
+# {128x128,256x128}, nvjet 128x256; CUTLASS's and DeepGEMM's 128 x 64..256), and the fixed cost
+# of a tile, k0, least-squares fitted to published tables of GEMMs by shape:
+#   A100, 16 bits: 725, from EleutherAI's cookbook (Anthony et al. 2024,
+#     sizing/results/{transformer_data,gemm_data}: fp16, the slowest of 200 runs) on the 18 rows
+#     whose output is at least 2048 x 2048 or 192 wide: rms 4.9 %, worst 11 %
+#   Hopper, 16 bits: 375, from XLA's H100 (sm_90) bf16 perf table (matmul_interpolator_data.h:
+#     m, n, k of 256-4096, batch 1-4) on the 55 rows whose output is at least 2048 x 2048: rms
+#     3.7 %, worst 9 %, with a fixed 5 us a call fitted beside it (not applied: no kernel's
+#     launch is modelled)
+#   Hopper, FP8: 1425, with the efficiency, from DeepGEMM's README (H800, its first release:
+#     the 6 dense rows of m 4096 and the 4 grouped contiguous ones): rms 1.5 %, worst 3 %
+# The level stays the large-GEMM measurement each GPU already had (module docstring), now at
+# the shape it was taken at (8192 cubed)
+AMPERE_TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 64))
+HOPPER_TILES = ((128, 128), (128, 256), (256, 128), (128, 64), (64, 128))
+K0_AMPERE_16, K0_HOPPER_16, K0_HOPPER_FP8 = 725.0, 375.0, 1425.0
+LARGE_GEMM = (8192.0, 8192.0, 8192.0)
+# DeepGEMM on H800, (m, n, k) = (4096, 7168, 16384): 1358 of 1979 TFLOP/s
+DEEPGEMM_FP8 = (1358 / 1979, (4096.0, 7168.0, 16384.0))
+
+
+def _ampere(mm_eff: float) -> GemmFit:
+    return fitted(mm_eff, LARGE_GEMM, K0_AMPERE_16, AMPERE_TILES, 108, "A100 cuBLASLt 8K-16K; k0: EleutherAI cookbook")
+
+
+def _hopper(mm_eff: float, sms: int = 132) -> tuple[GemmFit, GemmFit]:
+    return (fitted(mm_eff, LARGE_GEMM, K0_HOPPER_16, HOPPER_TILES, sms, "H100 large GEMMs; k0: XLA sm_90 perf table"),
+            fitted(*DEEPGEMM_FP8, K0_HOPPER_FP8, HOPPER_TILES, sms, "DeepGEMM on H800 (first release)"))
+
+
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
         _gpu("A100-SXM4-40GB", 312, None, 1555, 40, 300, 0.82, 0.82,
-             "memory efficiency borrowed from A100-80GB", tdp_W=400, sms=108, attn=ATTENTION_EFFICIENCY_A100),
+             "memory efficiency borrowed from A100-80GB", tdp_W=400, sms=108, attn=ATTENTION_EFFICIENCY_A100,
+             gemm=(_ampere(0.82), None)),
         _gpu("A100-SXM4-80GB", 312, None, 2039, 80, 300, 0.82, 0.82, tdp_W=400, sms=108,
-             attn=ATTENTION_EFFICIENCY_A100),
+             attn=ATTENTION_EFFICIENCY_A100, gemm=(_ampere(0.82), None)),
         _gpu("H100-SXM5-80GB", 989, 1979, 3350, 80, 450, 0.76, 0.91, nvls=NVLS_EFFICIENCY_H100, tdp_W=700, sms=132,
-             attn=ATTENTION_EFFICIENCY_H100),
+             attn=ATTENTION_EFFICIENCY_H100, gemm=_hopper(0.76)),
         _gpu("H800-SXM-80GB", 989, 1979, 3350, 80, 200, 0.76, 0.91,
              "same die as H100; efficiencies borrowed from H100", nvls=NVLS_EFFICIENCY_H100, tdp_W=700, sms=132,
-             attn=ATTENTION_EFFICIENCY_H100),
+             attn=ATTENTION_EFFICIENCY_H100, gemm=_hopper(0.76)),
         _gpu("H200-SXM-141GB", 989, 1979, 4800, 141, 450, 0.76, 0.89,
              "matmul, attention and NVLS efficiency borrowed from H100", nvls=NVLS_EFFICIENCY_H100, tdp_W=700,
-             sms=132, attn=ATTENTION_EFFICIENCY_H100),
+             sms=132, attn=ATTENTION_EFFICIENCY_H100, gemm=_hopper(0.76)),
         _gpu("B200", 2250, 4500, 8000, 180, 900, 0.76, 0.89,
              "no published measurement yet; efficiencies borrowed from H200", nvls=NVLS_EFFICIENCY_H100,
-             tdp_W=1000, sms=148, attn=ATTENTION_EFFICIENCY_H100),
+             tdp_W=1000, sms=148, attn=ATTENTION_EFFICIENCY_H100, gemm=_hopper(0.76)),
     )
 }
 

@@ -205,7 +205,7 @@ def router_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int = 1) -> list[Op]:
 
 
 def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, run: float | None = None,
-                       real: float = 1.0, sorts: bool = False) -> list[Op]:
+                       real: float = 1.0, sorts: bool = False, local_experts: int = 1) -> list[Op]:
     """The routed experts' grouped GEMMs on the tokens this rank receives.
 
     Each rank of the EP group computes E/ep experts on (tokens * k * run) / (E/ep) tokens
@@ -219,6 +219,9 @@ def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, run: flo
     than one local expert: ``sort_chunks_by_idxs`` in ``dispatch_postprocess`` and
     ``combine_preprocess``; DeepEP's flex dispatcher permutes the tokens it received to the
     experts there, and unpermutes them before its combine, alike).
+
+    ``local_experts``: the experts this rank holds, each a product of the grouped GEMM over its
+    share of the pairs (balanced among them), each reading its own weights.
     """
     if run is None:
         run = moe.padded
@@ -227,7 +230,7 @@ def routed_experts_fwd(moe: MoeCfg, tokens: float, hidden: int, t: int, run: flo
     up = (moe.mats - 1) * f
 
     def gemm(name: str, k: float, n: float) -> Op:
-        op = matmul_op(name, pairs, k, n)
+        op = matmul_op(name, pairs, k, n, local_experts)
         return replace(op, model_flops=op.flops * real / run)
 
     sort_in, sort_out = ([elementwise_op(name, pairs * hidden, 2)] for name in ("sort_in", "sort_out")) if sorts \

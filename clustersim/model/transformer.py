@@ -151,6 +151,11 @@ class Op:
     # backward casts (``_backward`` moves them into the first field)
     fp8_cast_elems: float = 0.0
     fp8_grad_elems: float = 0.0
+    # the GEMMs it runs, ``(groups, m, n, k)`` each: ``groups`` products of (m x k) @ (k x n) in
+    # one kernel (a grouped GEMM, a batched one); they set its share of the peak
+    # (program/costs.py ``gemm_efficiency``), never its FLOPs. A backward lists its input
+    # gradients' GEMMs, then its weight gradients' (``_backward``)
+    gemms: tuple = ()
 
     def __post_init__(self):
         if self.model_flops < 0:
@@ -160,9 +165,12 @@ class Op:
 ELEM_BYTES = 2  # 16-bit activations and weights in compute
 
 
-def matmul_op(name: str, m: float, k: float, n: float) -> Op:
-    """(m x k) @ (k x n): 2mkn FLOPs; reads both operands, writes the result."""
-    return Op(name, 2 * m * k * n, ELEM_BYTES * (m * k + k * n + m * n), fp8_cast_elems=m * k, fp8_grad_elems=m * n)
+def matmul_op(name: str, m: float, k: float, n: float, groups: int = 1) -> Op:
+    """(m x k) @ (k x n): 2mkn FLOPs; reads both operands, writes the result. ``groups``: the
+    m rows split evenly over that many products with weights of their own (a grouped GEMM: the
+    local experts), m / groups rows each."""
+    return Op(name, 2 * m * k * n, ELEM_BYTES * (m * k + groups * k * n + m * n), fp8_cast_elems=m * k,
+              fp8_grad_elems=m * n, gemms=((groups, m / groups, n, k),))
 
 
 def elementwise_op(name: str, elems: float, passes: float) -> Op:
@@ -179,7 +187,18 @@ def _backward(op: Op) -> Op:
     """Backward of an op: a matmul needs two (dgrad, wgrad); an elementwise op ~2x the traffic,
     but a permutation as much (:data:`PERMUTATIONS`)."""
     traffic = 1 if op.name in PERMUTATIONS else 2
-    return Op(op.name, 2 * op.flops, traffic * op.bytes, 2 * op.model_flops, fp8_cast_elems=op.fp8_grad_elems)
+    return Op(op.name, 2 * op.flops, traffic * op.bytes, 2 * op.model_flops, fp8_cast_elems=op.fp8_grad_elems,
+              gemms=backward_gemms(op.gemms))
+
+
+def backward_gemms(gemms: tuple) -> tuple:
+    """The backward's GEMMs of a forward's ``(groups, m, n, k)`` ones: for Y = X W, the input
+    gradient dX = dY W^T (m x n by n x k) and the weight gradient dW = X^T dY (k x m by m x n),
+    reduced over the rows: all the input gradients, then all the weight gradients::
+
+        forward (g, m, n, k)  ->  dgrad (g, m, k, n),  wgrad (g, k, n, m)
+    """
+    return tuple((g, m, k, n) for g, m, n, k in gemms) + tuple((g, k, n, m) for g, m, n, k in gemms)
 
 
 def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = False, cp: int = 1) -> list[Op]:
@@ -213,7 +232,10 @@ def attn_block_fwd(m: DenseModelCfg, b: int, t: int, flash: bool, sp: bool = Fal
         elementwise_op("norm1", rep_tok * h, 2),
         *qkv,
         Op("core_attn", causal_flops if flash else square_flops, core_bytes, causal_flops,
-           m.qk_dim / (m.qk_dim + m.v_dim), "flash_fwd" if flash else ""),
+           m.qk_dim / (m.qk_dim + m.v_dim), "flash_fwd" if flash else "",
+           # standard attention's batched GEMMs, a (batch, head) each: scores QK^T reduced over
+           # a head's width, then PV over the keys (flash attention's kernel has its own figure)
+           gemms=() if flash else ((b * heads_local, s_q, s, m.qk_dim), (b * heads_local, s_q, m.v_dim, s))),
         matmul_op("proj", tok, ctx_dim, h),
         elementwise_op("residual1", rep_tok * h, 3),
     ]

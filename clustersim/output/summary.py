@@ -493,8 +493,8 @@ _CANNOT = {"tree": "groups inside one node, or uneven over nodes",
 # how much longer published runs took than clustersim simulates them, least and most, over the
 # runs tests/test_published.py holds (Korthikanti et al.'s and Narayanan et al.'s on A100s,
 # NVIDIA's H100 FP8 ones, DeepSeek-V3's), which that test keeps to the simulation's: what makes
-# MFU an upper bound (one GEMM efficiency for every shape, no framework overhead: docs/metrics.md)
-PUBLISHED_LONGER = (0.04, 0.52)
+# MFU an upper bound (no kernel launches, no framework overhead: docs/metrics.md)
+PUBLISHED_LONGER = (0.01, 0.31)
 
 
 def published_longer() -> str:

@@ -3,8 +3,9 @@
     time = max( flops / (peak_flops * efficiency),
                 bytes / (hbm_bw * memory_efficiency) )
 
-    efficiency = matmul_efficiency, or for flash attention's fused kernels
-                 attention_efficiency (forward, backward)
+    efficiency = a GEMM's by its shape (tiles and waves over the SMs, a short reduction's
+                 fixed cost: hardware/gpus.py GemmFit), or for flash attention's fused
+                 kernels attention_efficiency (forward, backward)
 
 (Williams et al. 2009, "Roofline"; efficiencies fitted per GPU in hardware/gpus.py.)
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..floats import sum_left
-from ..hardware.gpus import GpuSpec
+from ..hardware.gpus import GpuSpec, gemm_shape_factor
 from ..model.transformer import Op
 
 # fp32 master weights, Adam m and v and the gradient read; master, m, v and 16-bit weights written
@@ -56,8 +57,9 @@ def op_time_s(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> fl
 
         time = max( flops / (peak * sm_share * efficiency), bytes / (hbm_bw * memory_efficiency) )
 
-    ``efficiency``: the GPU's matmul efficiency, or its flash-attention kernels' own
-    (``GpuSpec.attention_efficiency``, forward or backward) for core attention under flash.
+    ``efficiency``: the op's GEMMs' by their shapes (:func:`gemm_efficiency`), or its
+    flash-attention kernels' own (``GpuSpec.attention_efficiency``, forward or backward) for
+    core attention under flash.
     An FP8 GEMM adds the cast of its operand to FP8 (:func:`fp8_cast_time_s`), a kernel of its own.
     """
     cast_s = 0.0
@@ -66,12 +68,29 @@ def op_time_s(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> fl
             precision = "bf16"
         elif op.fp8_cast_elems:
             cast_s = fp8_cast_time_s(op, gpu)
-    eff = gpu.matmul_efficiency
+    eff = gemm_efficiency(op, gpu, precision, sm_share)
     if op.kernel and gpu.attention_efficiency is not None:  # a flash-attention kernel's own
         eff = gpu.attention_efficiency[op.kernel == "flash_bwd"]
     compute = op.flops / (gpu.peak_flops(precision) * sm_share * eff)
     memory = op.bytes / (gpu.hbm_bw_Bps * gpu.memory_efficiency)
     return max(compute, memory) + cast_s
+
+
+def gemm_efficiency(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> float:
+    """The share of the peak an op's GEMMs reach together: each GEMM's by its shape
+    (``GpuSpec.gemm_fit``, :class:`~clustersim.hardware.gpus.GemmFit`) on the SMs it gets,
+    weighted by its FLOPs, as GEMMs run back to back::
+
+        efficiency = sum flops_i / sum (flops_i / efficiency_i)      flops_i = 2 g m n k
+
+    ``matmul_efficiency`` for an op without GEMM shapes or a GPU without a fit."""
+    fit = gpu.gemm_fit(precision)
+    if fit is None or not op.gemms:
+        return gpu.matmul_efficiency
+    sms = max(1, round(gpu.sms * sm_share))
+    work = [g * m * n * k for g, m, n, k in op.gemms]
+    spent = [w / (fit.efficiency * gemm_shape_factor(fit, sms, *shape)) for w, shape in zip(work, op.gemms)]
+    return sum_left(work) / sum_left(spent)
 
 
 def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, precision: str, sm_share: float = 1.0) -> float:

@@ -1442,7 +1442,8 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
 
 
 def chunk_gpu(sc: Scenario) -> GpuSpec:
-    """The scenario's GPU, with the share of its SMs an overlapped F&B chunk's compute gets
+    """The scenario's GPU as its ops are timed: without its GEMM fits under
+    ``simulation.gemm_efficiency: flat``, and with the share of its SMs an overlapped F&B chunk's compute gets
     (``GpuSpec.chunk_sm_share``) where DeepEP dispatches: its kernels hold
     ``model.moe.deepep_sms`` SMs (20 by default, as DeepEP's ``Buffer.num_sms`` and
     Megatron-LM's ``--moe-deepep-num-sms``). Under DualPipe the SMs are partitioned through
@@ -1457,6 +1458,8 @@ def chunk_gpu(sc: Scenario) -> GpuSpec:
     nothing from a GEMM (an approximation; NCCL's kernels, which also hold SMs while they
     overlap compute, are not modelled so)."""
     gpu, m = sc.cluster.gpu, sc.model.moe
+    if sc.cfg.simulation.gemm_efficiency == "flat":  # every GEMM at matmul_efficiency
+        gpu = replace(gpu, gemm_bf16=None, gemm_fp8=None)
     if m is None or m.dispatcher != "deepep" or not m.deepep_sms or not gpu.sms:
         return gpu
     return replace(gpu, chunk_sm_share=(gpu.sms - m.deepep_sms) / gpu.sms)

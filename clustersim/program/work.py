@@ -158,8 +158,12 @@ def _is_weight_gemm(op: Op) -> bool:
     return op.flops > 0 and op.name not in ACTIVATION_GEMMS
 
 
-def _half(op: Op) -> Op:
-    return _scaled(op, 0.5)
+def _half(op: Op, wgrad: bool) -> Op:
+    """One half of a weight GEMM's backward: the input gradient's (B) or the weight gradient's
+    (W), each half its FLOPs, with its own GEMMs (``tf.backward_gemms`` lists the input
+    gradients' first)."""
+    cut = len(op.gemms) // 2
+    return replace(_scaled(op, 0.5), gemms=op.gemms[cut:] if wgrad else op.gemms[:cut])
 
 
 # A weight GEMM's backward already cut in two (:func:`tp_overlap_backward`) names its halves
@@ -175,13 +179,13 @@ def split_backward_ops(ops: list[Op]) -> tuple[list[Op], list[Op]]:
     """(input-gradient ops, weight-gradient ops) of a backward: each weight GEMM's backward
     splits evenly into dgrad (B) and wgrad (W); everything else is on the activation path (B).
     A half already cut off (named ``... dgrad`` or ``... wgrad``) goes whole to its side."""
-    b = [_half(op) if _splits(op) else op for op in ops if not op.name.endswith(WGRAD)]
+    b = [_half(op, False) if _splits(op) else op for op in ops if not op.name.endswith(WGRAD)]
     return b, weight_grad_ops(ops)
 
 
 def weight_grad_ops(ops: list[Op]) -> list[Op]:
     """The weight-gradient ops of a backward: :func:`split_backward_ops`'s second list alone."""
-    return [_half(op) if _splits(op) else op for op in ops if _splits(op) or op.name.endswith(WGRAD)]
+    return [_half(op, True) if _splits(op) else op for op in ops if _splits(op) or op.name.endswith(WGRAD)]
 
 
 def _block(name, layer, ops: list[Op], gpu, precision, params, pre=(), post=(), recompute_ops=(),
@@ -244,7 +248,7 @@ def tp_overlapped_backward(spec: _Spec, regather: tuple) -> list[tuple] | None:
         return None
     gemms = [spec.ops[k] for k in run]  # (MLA's up projections side by side: their halves together)
     before, after = list(spec.ops[:run.start]), list(spec.ops[run.stop:])
-    dgrad, wgrad = [_half(g) for g in gemms], [_half(g) for g in gemms]
+    dgrad, wgrad = [_half(g, False) for g in gemms], [_half(g, True) for g in gemms]
     if regather:
         pieces = [(spec.name, before, spec.pre, spec.overlap), (f"{spec.name} dgrad", dgrad, (), regather)]
     else:
@@ -278,7 +282,7 @@ def _ring_exchange(name: str, gemm: Op, t: int, chunk_bytes: float) -> list[_Spe
     (Transformer Engine's userbuffers, ``ring_exchange``: ``qkv_fprop``, ``fc1_fprop``,
     ``proj_dgrad``, ``fc2_dgrad``.) The t-1 shifts move the ring all-gather's (t-1)/t of the
     whole; only a step's shift longer than its GEMM chunk shows."""
-    piece = _scaled(gemm, 1.0 / t)
+    piece = _rows(gemm, 1.0 / t)
     shift = (CommItem("shift", chunk_bytes),)
     return [_Spec(f"{name} {k}", [piece], overlap=shift if k < t - 1 else ()) for k in range(t)]
 
@@ -312,7 +316,7 @@ def tp_overlap_forward(spec: _Spec, t: int, ag: tuple, rs: tuple) -> list[_Spec]
         if ops[:j]:
             out.append(_Spec(spec.name, ops[:j], pre))
             pre = ()
-        piece, name = _scaled(ops[j], 1.0 / RS_SPLITS), f"{base} {ops[j].name}"
+        piece, name = _rows(ops[j], 1.0 / RS_SPLITS), f"{base} {ops[j].name}"
         # chunk k's reduce-scatter, named for its chunk: beside chunk k+1, the last before the residual
         rs_of = [(CommItem("reduce_scatter", rs[0].size_bytes / RS_SPLITS, label=f"{name} {k}"),)
                  for k in range(RS_SPLITS)]
@@ -349,7 +353,7 @@ def tp_overlap_backward(spec: _Spec, t: int, ag: tuple) -> list[_Spec]:
     # attention's, after the out projection's backward
     rest = tuple(c for c in spec.pre if c != ag[0])
     gemm = spec.ops[j]
-    dgrad, wgrad = (replace(_half(gemm), name=gemm.name + half) for half in (DGRAD, WGRAD))
+    dgrad, wgrad = (replace(_half(gemm, half == WGRAD), name=gemm.name + half) for half in (DGRAD, WGRAD))
     out = [_Spec(spec.name, spec.ops[:j])] if spec.ops[:j] else []
     out += _ring_exchange(f"{spec.name.split(' ', 1)[0]} {dgrad.name}", dgrad, t, ag[0].size_bytes / t)
     out.append(_Spec(spec.name, [wgrad] + spec.ops[j + 1:], rest, spec.post, spec.params, spec.expert_params,
@@ -443,6 +447,12 @@ def cp_attention_shares(cp: int, cp_rank: int, balanced: bool) -> list[float]:
 def _scaled(op: Op, share: float) -> Op:
     return replace(op, flops=op.flops * share, bytes=op.bytes * share, model_flops=op.model_flops * share,
                    fp8_cast_elems=op.fp8_cast_elems * share, fp8_grad_elems=op.fp8_grad_elems * share)
+
+
+def _rows(op: Op, share: float) -> Op:
+    """A GEMM op cut by its rows (a sequence chunk): ``share`` of its work, its GEMMs ``share``
+    of their m."""
+    return replace(_scaled(op, share), gemms=tuple((g, m * share, n, k) for g, m, n, k in op.gemms))
 
 
 def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_pre, b_post):
@@ -781,7 +791,7 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
             # the other GEMMs' weight gradients (out proj, MLP down) need no gathered input:
             # they run beside the gather, the column-parallel ones after it
             b_w.append(_block(spec.name, layer, others, gpu, prec, 0.0, overlap=gathers))
-            b_w.append(_block(f"{spec.name} wgrad", layer, [_half(spec.ops[k]) for k in cols], gpu, prec,
+            b_w.append(_block(f"{spec.name} wgrad", layer, [_half(spec.ops[k], True) for k in cols], gpu, prec,
                               spec.params, expert_params=spec.expert_params))
         elif ops_w or gathers or spec.params or spec.expert_params:  # (a cut-off dgrad has no W)
             b_w.append(_block(spec.name, layer, ops_w, gpu, prec, spec.params, gathers,
@@ -1164,7 +1174,7 @@ class MoeBlocks:
         if not deepep:
             router.append(permute)
         sorts = ep > 1 and (deepep or e.experts // ep > 1)
-        routed = moe.routed_experts_fwd(e, expert_tok, h, et, run[ep_rank], real[ep_rank], sorts)
+        routed = moe.routed_experts_fwd(e, expert_tok, h, et, run[ep_rank], real[ep_rank], sorts, e.experts // ep)
         shared = moe.shared_experts_fwd(e, tokens, h, t)
         summed, residual = ([] if deepep else [unpermute]), [tf.elementwise_op("residual2", rep_tok * h, 3)]
         router_params = h * e.experts  # the router's weight is whole on every TP rank (Megatron)
