@@ -597,7 +597,7 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
         engine = _engine_of(sc, sprog)
         mark("set_up")
         tasks = TaskColumns(sprog.items, sprog.runs, sprog), TaskColumns(prog.items, prog.runs, prog)
-        base, rep, from_child = _spans_and_cycle(sc, engine, ahead, tasks, check)
+        base, rep, longer, from_child = _spans_and_cycle(sc, engine, ahead, tasks, check)
         mark("ran")
         trace = None if rep is None else _spliced(engine, base, rep, *tasks, prog)
         mark("spliced")
@@ -607,6 +607,11 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
             ahead.step_end(None if trace is None else engine.step_s)
             if trace is not None:
                 links_ahead = partial(_links_ahead, ahead, engine, rep)
+        if trace is None and longer is not None:
+            again = _again(sc, prog, collapse, longer, tasks[1])
+            if again is not None:
+                engine, trace, sprog, slow = again
+                short = trace.repeat["simulated_microbatches"]
         if trace is not None:
             trace.repeat_tried = short
             if links:
@@ -622,9 +627,34 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
     return engine, trace, (), None
 
 
+def _again(sc: Scenario, prog: Program, collapse: bool | None, cycle_mb: int,
+           full_tasks: TaskColumns) -> tuple[Engine, Trace, Program, Lowering] | None:
+    """A second shorter step where the first held a cycle of ``cycle_mb`` microbatches that
+    its left-out microbatches are no multiple of (:func:`clustersim.engine.repeat.longer_cycle`):
+    ``m - n C`` microbatches (:func:`~clustersim.engine.repeat.again_microbatches`), lowered
+    from scratch, run here, that cycle found again and copied in; (its engine, the spliced
+    trace, its program and lowering), or None where it does not hold::
+
+        first   m' = m - 12 n     no cycle among 1, 2, 3, 4, 6, 12; two windows of C held
+        second  m'' = m - C n''   >= m' + C, three windows of C checked, copied in n'' times
+    """
+    m = cycles.again_microbatches(sc.microbatches, shorter_step(sc).microbatches, cycle_mb)
+    if m is None:
+        return None
+    again = with_microbatches(sc, m)
+    sprog, slow = lower(again, collapse=collapse)
+    engine = _engine_of(sc, sprog)
+    base, rep, _ = _cycle(sc, engine, engine.run(links=False), again, [cycle_mb])
+    if rep is None:
+        return None
+    trace = _spliced(engine, base, rep, TaskColumns(sprog.items, sprog.runs, sprog), full_tasks, prog)
+    return None if trace is None else (engine, trace, sprog, slow)
+
+
 def _spans_and_cycle(sc: Scenario, engine: Engine, ahead: Ahead | None, tasks: tuple[TaskColumns, TaskColumns],
-                     check: bool) -> tuple[SpanBase | None, cycles.Repeat | None, bool]:
-    """(the shorter step's spans, its cycle, whether they came from ``ahead``'s child): from
+                     check: bool) -> tuple[SpanBase | None, cycles.Repeat | None, int | None, bool]:
+    """(the shorter step's spans, its cycle, a longer cycle's length where none held
+    (:func:`_cycle`), whether they came from ``ahead``'s child): from
     the child, the task columns ``tasks`` worked out while it runs (:func:`_warm`); else from
     ``engine``'s run of the shorter step, made here (no child, or it failed)."""
     if ahead is not None and ahead.running:
@@ -635,7 +665,8 @@ def _spans_and_cycle(sc: Scenario, engine: Engine, ahead: Ahead | None, tasks: t
     return (*_cycle(sc, engine, engine.run(links=False)), False)
 
 
-def _shorter_run(sc: Scenario, collapse: bool | None) -> tuple[Engine, SpanBase | None, cycles.Repeat | None]:
+def _shorter_run(sc: Scenario, collapse: bool | None) -> tuple[Engine, SpanBase | None, cycles.Repeat | None,
+                                                                  int | None]:
     """The shorter step lowered (from scratch: the whole step's lowering is the other
     process's), set up and run, and its cycle: what the forked process of
     :mod:`clustersim.engine.ahead` does."""
@@ -697,18 +728,28 @@ def lower_step(sc: Scenario, collapse: bool | None = None, repeat: bool = True) 
     return lower(sc, collapse=collapse, shorter=None if shorter is None else shorter.schedule)
 
 
-def _cycle(sc: Scenario, engine: Engine, strace: Trace) -> tuple[SpanBase | None, cycles.Repeat | None]:
-    """(the spans of ``engine``'s run of ``sc``'s shorter step, whose trace is ``strace``; the
-    cycle found in them), both None where no cycle holds
-    (:func:`clustersim.engine.repeat.find_cycle`)."""
+def _cycle(sc: Scenario, engine: Engine, strace: Trace, short: Scenario | None = None,
+           tried: list[int] | None = None) -> tuple[SpanBase | None, cycles.Repeat | None, int | None]:
+    """(the spans of ``engine``'s run of ``sc``'s shorter step ``short`` (by default
+    :func:`shorter_step`), whose trace is ``strace``; the cycle found in them, of the lengths
+    ``tried`` if given; None, or where no cycle holds None, None and the length of a longer
+    cycle they hold that a second shorter step could copy in)
+    (:func:`clustersim.engine.repeat.find_cycle`, :func:`~clustersim.engine.repeat.longer_cycle`)."""
     first = [r for r, s in strace.stage_of.items() if s == 0]
     base = strace.current_base()
     if not first or base is None:
-        return None, None
-    p = sc.parallel
-    rep = cycles.find_cycle(base, min(first), shorter_step(sc).microbatches, sc.microbatches, engine.record_starts(),
-                            cycles.step_mb(p.schedule, p.pp, p.vpp_group), cycles.ways(p.schedule))
-    return (None, None) if rep is None else (base, rep)
+        return None, None, None
+    p, short = sc.parallel, short or shorter_step(sc)
+    step, halves = cycles.step_mb(p.schedule, p.pp, p.vpp_group), cycles.ways(p.schedule)
+    rep = cycles.find_cycle(base, min(first), short.microbatches, sc.microbatches, engine.record_starts(), step,
+                            halves, tried)
+    if rep is not None:
+        return base, rep, None
+    if tried is not None:
+        return None, None, None
+    unit = step // 2 if p.schedule == "interleaved" else 1  # (the group: step_mb)
+    return None, None, cycles.longer_cycle(base, min(first), short.microbatches, engine.record_starts(), step, halves,
+                                           unit)
 
 
 def _spliced(engine: Engine, base: SpanBase, rep: cycles.Repeat, short_tasks: TaskColumns, full_tasks: TaskColumns,

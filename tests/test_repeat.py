@@ -287,6 +287,26 @@ def test_repeat_false_or_no_cycle_simulates_every_microbatch(monkeypatch):
     assert fallback.summary == whole.summary
 
 
+def test_a_cycle_twelve_does_not_divide_is_copied_in_from_a_second_shorter_step(monkeypatch):
+    """Where the shorter step holds no cycle that divides the microbatches it leaves out (here
+    none is tried: ``cycles_mb`` gives none), the shortest longer one its last two windows
+    hold is checked again on a second shorter step, a cycle longer and leaving out a multiple
+    of it: a multiple of the plan's own cycle that 12 does not divide, copied in, gives the
+    step simulated whole (Megatron-1T's first stage repeats every 14 microbatches)."""
+    d = plan()
+    whole = run({**d, "simulation": {**d["simulation"], "repeat": False}})
+    own = run(d).summary["simulation"]["repeat"]["cycle_microbatches"]
+    want = next(c for c in range(own, 49, own) if 12 % c)
+    monkeypatch.setattr(repeat, "cycles_mb", lambda step: [])
+    copied = run(d)
+    rep = copied.summary["simulation"]["repeat"]
+    m = repeat.again_microbatches(192, 60, want)
+    assert rep["cycle_microbatches"] == want and rep["simulated_microbatches"] == m >= 60 + want
+    assert copied.summary["simulation"]["repeat_tried"] == m and (192 - m) % want == 0
+    assert_same_step(whole, copied)
+    assert repeat.again_microbatches(100, 80, 14) is None  # nothing left to leave out
+
+
 def test_the_command_says_when_no_cycle_held(tmp_path, monkeypatch, capsys):
     """A step whose shorter run shows no steady cycle is simulated whole: the terminal and the
     report's header say that the try was made (it cost its shorter step), and how to skip it."""
@@ -505,7 +525,7 @@ def test_spans_placed_by_lane_without_sorting_them_as_a_sort_places_them(over, m
     sc = load_scenario(plan(**over), base_dir=ROOT)
     sprog, _ = lower(shorter_step(sc))
     eng = Engine(sprog, sc.cluster)
-    base, rep = _cycle(sc, eng, eng.run(links=False))
+    base, rep, _ = _cycle(sc, eng, eng.run(links=False))
     prog, _ = lower(sc)
 
     def spliced():
@@ -531,7 +551,7 @@ def test_the_spliced_steps_end_is_known_from_the_simulated_spans(over):
     sc = load_scenario(plan(**over), base_dir=ROOT)
     sprog, _ = lower(shorter_step(sc))
     eng = Engine(sprog, sc.cluster)
-    base, rep = _cycle(sc, eng, eng.run(links=False))
+    base, rep, _ = _cycle(sc, eng, eng.run(links=False))
     prog, _ = lower(sc)
     whole = _spliced(eng, base, rep, TaskColumns(sprog.items, sprog.runs, sprog),
                      TaskColumns(prog.items, prog.runs, prog), prog)
@@ -581,7 +601,7 @@ def test_the_finished_transfers_placed_as_the_cut_copies_them():
     sc, short, sprog, eng, trace, _ = _short_run(plan())
     prog, _ = lower(sc)
     finished = list(eng.net.finished)
-    whole = _spliced(eng, *_cycle(sc, eng, trace), TaskColumns(sprog.items, sprog.runs, sprog),
+    whole = _spliced(eng, *_cycle(sc, eng, trace)[:2], TaskColumns(sprog.items, sprog.runs, sprog),
                      TaskColumns(prog.items, prog.runs, prog), prog)
     assert whole is not None and whole.repeat["cycles_copied"] > 0
     rep = eng._cut_by
@@ -615,7 +635,7 @@ def test_the_records_are_cut_once_whatever_asks_again():
 
     def link_use(ends: list[float]):  # (TP8: all-reduces timed in closed form, their starts cut too)
         sc, short, sprog, eng, trace, _ = _short_run(plan(parallel={"tp": 8, "pp": 4, "dp": 1}))
-        base, rep = _cycle(sc, eng, trace)
+        base, rep, _ = _cycle(sc, eng, trace)
         assert rep is not None
         for end_s in ends:
             eng.cut_records(rep, end_s)

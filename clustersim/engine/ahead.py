@@ -71,9 +71,10 @@ class Ahead:
     """The forked process that simulates the shorter step, from the parent's side.
 
     ``work``: run in the child; gives (the engine that ran the shorter step, its spans, its
-    cycle), the spans and the cycle None where no cycle holds."""
+    cycle, a longer cycle's length), the spans and the cycle None where no cycle holds
+    (:func:`clustersim.api._cycle`)."""
 
-    def __init__(self, work: Callable[[], tuple[Engine, SpanBase | None, Repeat | None]]):
+    def __init__(self, work: Callable[[], tuple[Engine, SpanBase | None, Repeat | None, int | None]]):
         self._work = work
         self.forked = False  # once: a second start forks nothing
         self.pid = -1  # the child, while it is not waited for
@@ -126,8 +127,8 @@ class Ahead:
             os._exit(code)
 
     def _child(self, out: int, step_in: int) -> None:
-        engine, base, rep = self._work()
-        _send(out, (base, rep) if rep is not None else (None, None))
+        engine, base, rep, longer = self._work()
+        _send(out, (base, rep, None) if rep is not None else (None, None, longer))
         if rep is None:
             return
         # the link use over the end the splice will give the step, worked out while the parent
@@ -145,10 +146,11 @@ class Ahead:
             columns = link_columns(engine.link_use())
         _send(out, columns)
 
-    def result(self) -> tuple[SpanBase | None, Repeat | None] | None:
-        """In the parent: (the shorter step's spans, its cycle) from the child, both None
-        where no cycle holds; None where there is no child or it failed before saying (the
-        caller simulates the shorter step itself)."""
+    def result(self) -> tuple[SpanBase | None, Repeat | None, int | None] | None:
+        """In the parent: (the shorter step's spans, its cycle, a longer cycle it held) from
+        the child, the first two None where no cycle holds (the third then the length of one
+        :func:`~clustersim.engine.repeat.longer_cycle` found, or None); None where there is no
+        child or it failed before saying (the caller simulates the shorter step itself)."""
         if self._from < 0:
             return None
         got = _receive(self._from)

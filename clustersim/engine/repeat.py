@@ -122,7 +122,8 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     again whole: at m' <= m / 3 a cycle found saves at least two thirds of the engine's work
     and one not found costs at most a third more (gpt3_175b_1024gpu's steady state settles to
     within rounding only past about microbatch 250: at 192 microbatches it is not tried, at
-    768 its 72 show no cycle). 1F1B, interleaved
+    768 its 72 show no cycle), or where a longer cycle held two windows and a second shorter
+    step tried it in vain (:func:`longer_cycle`), two thirds more. 1F1B, interleaved
     1F1B, ZB-H1, ZB-V, DualPipeV and DualPipe. DualPipe feeds microbatches from both ends, the
     first half at the first stage, the second at the last: each half is a step of its own, so
     ``step``, the warm-up (3/2 pp for each) and the margin count for both (:data:`TWO_WAYS`;
@@ -204,7 +205,8 @@ def _same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
 
 
 def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int,
-               other_starts: np.ndarray = np.zeros(0), step: int = STEP_MB, halves: int = 1) -> Repeat | None:
+               other_starts: np.ndarray = np.zeros(0), step: int = STEP_MB, halves: int = 1,
+               tried: list[int] | None = None) -> Repeat | None:
     """The cycle of the simulated step (spans ``base`` of ``simulated_mb`` microbatches) and
     where to cut it, checked as the module docstring says; None if no cycle tried holds.
     ``anchor_rank`` is the first stage's rank: its forwards set the cut, a cycle and a
@@ -220,7 +222,9 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     half only; the second's holds by DualPipe's symmetry (rank r's two parts are r and p-1-r,
     and every rank leaves its steady loop right after its own side's last forward). Were it
     short, the windows or the splice's check of every span's microbatch against its task's
-    would refuse the cycle, and the step would be simulated whole."""
+    would refuse the cycle, and the step would be simulated whole.
+    ``tried``: the cycle lengths to try instead of ``step``'s divisors (a second shorter
+    step's, :func:`longer_cycle`)."""
     first = first_forwards(base, anchor_rank)
     if len(first) != simulated_mb or not np.isfinite(first).all():
         return None
@@ -228,26 +232,80 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     first = first[:simulated_mb // halves]  # (the second half's forwards follow their own path)
     starts = unique(np.concatenate([base.start_s, other_starts]))
     j = len(first) - 1 - step  # a margin of a step before the last forward
-    for c in cycles_mb(step):
+    for c in cycles_mb(step) if tried is None else tried:
         if (full_mb - simulated_mb) % (halves * c):
             continue
-        if j - WINDOWS * c < 0:
-            continue
-        q = float(first[j] - first[j - c])
-        if not q > 0:
-            continue
-        cut = _quiet_cut(starts, float(first[j]) - q, float(first[j]), q)
-        if cut is None:
-            continue
-        w1 = _window(base, cut - q, cut, 0.0, 0)
-        if not all(_same(w1, _window(base, cut - k * q, cut - (k - 1) * q, (k - 1) * q, (k - 1) * c))
-                   for k in range(2, WINDOWS + 1)):
-            continue
-        before = base.start_s < cut - WINDOWS * q
-        if before.any() and float(base.end_s[before].max()) > cut - q:
-            continue  # something older than the windows runs into the last: state not seen
-        return Repeat(simulated_mb, c, q, cut, (full_mb - simulated_mb) // (halves * c), halves)
+        held = _holds(base, first, starts, j, c)
+        if held is not None:
+            q, cut = held
+            return Repeat(simulated_mb, c, q, cut, (full_mb - simulated_mb) // (halves * c), halves)
     return None
+
+
+def _holds(base: SpanBase, first: np.ndarray, starts: np.ndarray, j: int, c: int,
+           windows: int = WINDOWS) -> tuple[float, float] | None:
+    """(the period Q, the cut T) where the spans repeat every ``c`` microbatches over
+    ``windows`` windows before the anchor's forward ``j`` (``first``: its forwards' starts)
+    and nothing older runs into the last, else None (:func:`find_cycle`)."""
+    if j - windows * c < 0:
+        return None
+    q = float(first[j] - first[j - c])
+    if not q > 0:
+        return None
+    cut = _quiet_cut(starts, float(first[j]) - q, float(first[j]), q)
+    if cut is None:
+        return None
+    w1 = _window(base, cut - q, cut, 0.0, 0)
+    if not all(_same(w1, _window(base, cut - k * q, cut - (k - 1) * q, (k - 1) * q, (k - 1) * c))
+               for k in range(2, windows + 1)):
+        return None
+    before = base.start_s < cut - windows * q
+    if before.any() and float(base.end_s[before].max()) > cut - q:
+        return None  # something older than the windows runs into the last: state not seen
+    return q, cut
+
+
+# how long a cycle :func:`longer_cycle` looks for, in steps (:func:`step_mb`)
+LONGEST_CYCLE_STEPS = 4
+
+
+def longer_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, other_starts: np.ndarray = np.zeros(0),
+                 step: int = STEP_MB, halves: int = 1, unit: int = 1) -> int | None:
+    """Where :func:`find_cycle` found no cycle among ``step``'s divisors: the shortest cycle,
+    up to :data:`LONGEST_CYCLE_STEPS` steps, that the simulated step's last two windows
+    hold (:func:`find_cycle` checks three; the microbatches left out need not be a multiple
+    of it), else None. A second shorter step, one cycle longer at least and whose left-out
+    microbatches are a multiple of it, then checks it over three windows and copies it in
+    (Megatron-1T's first stage repeats every 14 microbatches, which 12 does not divide, from
+    about microbatch 90: its shorter step of 152 holds two such windows, not three). Only
+    lengths whose last two periods of the anchor's forwards agree are checked span by span. ``unit``: what a cycle must be a
+    multiple of for the shorter step to keep the whole step's last group (interleaved 1F1B's
+    group); DualPipe's two ways (``halves``) are not tried."""
+    first = first_forwards(base, anchor_rank)
+    if halves != 1 or len(first) != simulated_mb or not np.isfinite(first).all():
+        return None
+    starts = unique(np.concatenate([base.start_s, other_starts]))
+    j = len(first) - 1 - step
+    for c in range(unit, LONGEST_CYCLE_STEPS * step + 1, unit):
+        if step % c == 0 or j - 2 * c < 0:
+            continue  # (tried already)
+        periods = first[j - np.arange(2) * c] - first[j - np.arange(1, 3) * c]
+        if float(np.ptp(periods)) > ROUNDING * max(1.0, float(first[j])):
+            continue
+        if _holds(base, first, starts, j, c, windows=2) is not None:
+            return c
+    return None
+
+
+def again_microbatches(full_mb: int, simulated_mb: int, cycle_mb: int) -> int | None:
+    """The microbatches of a second shorter step for a cycle of ``cycle_mb`` the first one
+    (``simulated_mb``) held over two windows but could not copy in: as few as leave out a
+    multiple of the cycle and hold a cycle more than the first (room for the third window),
+    or None where that leaves nothing out::
+
+        m'' = m - n C,   n = floor((m - m' - C) / C)"""
+    n = (full_mb - simulated_mb - cycle_mb) // cycle_mb
+    return full_mb - n * cycle_mb if n > 0 else None
 
 
 def spliced_times(times: np.ndarray, rep: Repeat) -> tuple[np.ndarray, np.ndarray]:
