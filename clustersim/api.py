@@ -637,9 +637,12 @@ def _again(sc: Scenario, prog: Program, collapse: bool | None, cycle_mb: int,
 
         first   m' = m - 12 n     no cycle among 1, 2, 3, 4, 6, 12; two windows of C held
         second  m'' = m - C n''   >= m' + C, three windows of C checked, copied in n'' times
-    """
-    m = cycles.again_microbatches(sc.microbatches, shorter_step(sc).microbatches, cycle_mb)
-    if m is None:
+
+    Tried only where m' + m'' < m: both tries together simulate less than the whole step.
+    ``repeat_tried`` then says m'' (the summary's ``simulation.repeat`` the cycle)."""
+    first = shorter_step(sc).microbatches
+    m = cycles.again_microbatches(sc.microbatches, first, cycle_mb)
+    if m is None or first + m >= sc.microbatches:  # (both tries would simulate more than the whole)
         return None
     again = with_microbatches(sc, m)
     sprog, slow = lower(again, collapse=collapse)

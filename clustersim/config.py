@@ -224,7 +224,8 @@ class SimulationCfg(Strict):
     gemm_efficiency: Literal["shape", "flat"] = pydantic.Field(
         default="shape", description="shape: a GEMM's share of the peak follows its shape (tiles and waves over the SMs, "
         "the fixed cost a short reduction pays: hardware.gpus.GemmFit, fitted to published GEMM tables); flat: every "
-        "GEMM at the GPU's large-GEMM matmul efficiency")
+        "GEMM at the GPU's large-GEMM matmul efficiency, as before shapes were modelled (the grouped experts' reads of every "
+        "local expert's weights aside)")
     collapse_symmetric: bool = True
     repeat: bool = pydantic.Field(
         default=True, description="simulate a long 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or DualPipe step's "

@@ -592,7 +592,7 @@ def estimate_legend(shown: list[dict[str, Any]]) -> list[str]:
 
 def upper_bound_line() -> str:
     """What the figures are against a real run, as ``run``'s MFU line says it: what the
-    simulation leaves out (one GEMM efficiency for every shape, no framework overhead) makes
+    simulation leaves out (kernel launches, no framework overhead) makes
     every step short and every MFU and tokens/s high, by about the same share between plans."""
     from .output.summary import published_longer
 

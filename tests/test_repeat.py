@@ -124,6 +124,7 @@ def assert_same_step(whole, copied, links: bool = True) -> None:
     {"parallel": {"zero": 1}, "training": {"recompute": "full"}},
     {"parallel": {"zero": 2, "sp": True}},
     {"simulation": {"network": "ideal"}},
+    {"simulation": {"gemm_efficiency": "shape"}},  # (by GEMMs' shapes, this 1F1B repeats too)
     {"parallel": {"schedule": "interleaved", "vpp": 2}},
     {"parallel": {"schedule": "zb-h1"}},
     # (with full recompute this plan's ZB-V never settles: its later stages' forwards come at
@@ -153,7 +154,7 @@ def assert_same_step(whole, copied, links: bool = True) -> None:
      "parallel": {"schedule": "interleaved", "vpp": 2, "ep": 2, "sp": True}, "training": {"recompute": "full"}},
     {"model": {"moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024, "layer_freq": 2}},
      "parallel": {"schedule": "interleaved", "vpp": 2, "ep": 2, "sp": True}},
-], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "interleaved", "zb-h1", "zbv", "dualpipev-moe",
+], ids=["plain", "zero1-recompute", "zero2-sp", "ideal-network", "shape", "interleaved", "zb-h1", "zbv", "dualpipev-moe",
         "interleaved-groups", "dualpipe", "dualpipe-moe", "interleaved-combined-moe", "interleaved-shared-beside",
         "interleaved-moe-every-2nd"])
 def test_the_copied_cycle_gives_the_step_simulated_whole(over):
@@ -304,6 +305,11 @@ def test_a_cycle_twelve_does_not_divide_is_copied_in_from_a_second_shorter_step(
     assert rep["cycle_microbatches"] == want and rep["simulated_microbatches"] == m >= 60 + want
     assert copied.summary["simulation"]["repeat_tried"] == m and (192 - m) % want == 0
     assert_same_step(whole, copied)
+    # the first shorter step simulated by a forked process, as `clustersim run` does: it says
+    # the longer cycle it held, and the second step is made here
+    forked = simulate(load_scenario(d, base_dir=ROOT), fork=True)
+    assert forked.summary["simulation"]["repeat"] == rep
+    assert_same_step(whole, forked)
     assert repeat.again_microbatches(100, 80, 14) is None  # nothing left to leave out
 
 

@@ -123,7 +123,8 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     and one not found costs at most a third more (gpt3_175b_1024gpu's steady state settles to
     within rounding only past about microbatch 250: at 192 microbatches it is not tried, at
     768 its 72 show no cycle), or where a longer cycle held two windows and a second shorter
-    step tried it in vain (:func:`longer_cycle`), two thirds more. 1F1B, interleaved
+    step tried it in vain (:func:`longer_cycle`; tried only where the two together hold
+    fewer microbatches than the step), less than the whole step more. 1F1B, interleaved
     1F1B, ZB-H1, ZB-V, DualPipeV and DualPipe. DualPipe feeds microbatches from both ends, the
     first half at the first stage, the second at the last: each half is a step of its own, so
     ``step``, the warm-up (3/2 pp for each) and the margin count for both (:data:`TWO_WAYS`;

@@ -121,7 +121,8 @@ class GpuSpec:
     # how a GEMM's shape sets its share of the peak, at 16 bits and at FP8 (:class:`GemmFit`);
     # None: every GEMM at ``matmul_efficiency`` (``simulation.gemm_efficiency: flat``)
     gemm_bf16: GemmFit | None = None
-    gemm_fp8: GemmFit | None = None
+    gemm_fp8: GemmFit | None = None  # per-tensor scaling's cuBLASLt kernels (tensorwise, delayed, mxfp8)
+    gemm_fp8_blockwise: GemmFit | None = None  # 1x128 and 128x128 scaling's (DeepGEMM's; fp8_recipe: blockwise)
 
     def gemm_fit(self, precision: str) -> GemmFit | None:
         """The :class:`GemmFit` of a GEMM run at ``precision`` ('bf16', 'fp16' or 'fp8')."""
@@ -139,7 +140,7 @@ class GpuSpec:
 
 
 def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, note="", nvls=None, tdp_W=0.0,
-         sms=0, attn=None, gemm=(None, None)):
+         sms=0, attn=None, gemm=(None, None, None)):
     return GpuSpec(
         name=name,
         bf16_flops=bf16_T * 1e12,
@@ -156,6 +157,7 @@ def _gpu(name, bf16_T, fp8_T, hbm_GBps, hbm_GiB, nvlink_GBps, mm_eff, mem_eff, n
         sms=sms,
         gemm_bf16=gemm[0],
         gemm_fp8=gemm[1],
+        gemm_fp8_blockwise=gemm[2],
     )
 
 
@@ -181,25 +183,36 @@ ATTENTION_EFFICIENCY_H100 = (616 / 989, 561 / 989)
 #     m, n, k of 256-4096, batch 1-4) on the 55 rows whose output is at least 2048 x 2048: rms
 #     3.7 %, worst 9 %, with a fixed 5 us a call fitted beside it (not applied: no kernel's
 #     launch is modelled)
-#   Hopper, FP8: 1425, with the efficiency, from DeepGEMM's README (H800, its first release:
-#     the 6 dense rows of m 4096 and the 4 grouped contiguous ones): rms 1.5 %, worst 3 %
-# The level stays the large-GEMM measurement each GPU already had (module docstring), now at
-# the shape it was taken at (8192 cubed)
+#   Hopper, FP8 with blockwise scaling: 1425, with the efficiency, from DeepGEMM's README
+#     (H800, its first release: the 6 dense rows of m 4096 and the 4 grouped contiguous ones):
+#     rms 1.6 %, worst 3 %
+#   Hopper, FP8 with per-tensor scaling (cuBLASLt): no published table by shape; twice the
+#     16-bit k0 (a tile's fixed time the same, its loop twice as fast an element), at the
+#     level of Stas Bekman's ml-engineering MAMF table (H100 SXM, torch._scaled_mm: 1402.6 of
+#     1979 TFLOP/s at 1024 x 9216 x 14336)
+# The 16-bit level stays the large-GEMM measurement each GPU already had (module docstring),
+# now at the shape it was taken at (8192 cubed)
 AMPERE_TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 64))
 HOPPER_TILES = ((128, 128), (128, 256), (256, 128), (128, 64), (64, 128))
-K0_AMPERE_16, K0_HOPPER_16, K0_HOPPER_FP8 = 725.0, 375.0, 1425.0
+K0_AMPERE_16, K0_HOPPER_16, K0_HOPPER_FP8_BLOCKWISE = 725.0, 375.0, 1425.0
+K0_HOPPER_FP8 = 2 * K0_HOPPER_16
 LARGE_GEMM = (8192.0, 8192.0, 8192.0)
 # DeepGEMM on H800, (m, n, k) = (4096, 7168, 16384): 1358 of 1979 TFLOP/s
 DEEPGEMM_FP8 = (1358 / 1979, (4096.0, 7168.0, 16384.0))
+# the maximum achievable FP8 matmul on H100 SXM (MAMF), (m, n, k) = (1024, 9216, 14336)
+MAMF_FP8 = (1402.6 / 1979, (1024.0, 9216.0, 14336.0))
 
 
 def _ampere(mm_eff: float) -> GemmFit:
     return fitted(mm_eff, LARGE_GEMM, K0_AMPERE_16, AMPERE_TILES, 108, "A100 cuBLASLt 8K-16K; k0: EleutherAI cookbook")
 
 
-def _hopper(mm_eff: float, sms: int = 132) -> tuple[GemmFit, GemmFit]:
+def _hopper(mm_eff: float, sms: int = 132) -> tuple[GemmFit, GemmFit, GemmFit]:
+    """Hopper's fits, 16-bit, FP8 per-tensor and FP8 blockwise, fixed on ``sms`` SMs (the
+    H100's, which B200 borrows)."""
     return (fitted(mm_eff, LARGE_GEMM, K0_HOPPER_16, HOPPER_TILES, sms, "H100 large GEMMs; k0: XLA sm_90 perf table"),
-            fitted(*DEEPGEMM_FP8, K0_HOPPER_FP8, HOPPER_TILES, sms, "DeepGEMM on H800 (first release)"))
+            fitted(*MAMF_FP8, K0_HOPPER_FP8, HOPPER_TILES, sms, "H100 MAMF (ml-engineering); k0: twice the 16-bit"),
+            fitted(*DEEPGEMM_FP8, K0_HOPPER_FP8_BLOCKWISE, HOPPER_TILES, sms, "DeepGEMM on H800 (first release)"))
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -207,9 +220,9 @@ GPUS: dict[str, GpuSpec] = {
     for g in (
         _gpu("A100-SXM4-40GB", 312, None, 1555, 40, 300, 0.82, 0.82,
              "memory efficiency borrowed from A100-80GB", tdp_W=400, sms=108, attn=ATTENTION_EFFICIENCY_A100,
-             gemm=(_ampere(0.82), None)),
+             gemm=(_ampere(0.82), None, None)),
         _gpu("A100-SXM4-80GB", 312, None, 2039, 80, 300, 0.82, 0.82, tdp_W=400, sms=108,
-             attn=ATTENTION_EFFICIENCY_A100, gemm=(_ampere(0.82), None)),
+             attn=ATTENTION_EFFICIENCY_A100, gemm=(_ampere(0.82), None, None)),
         _gpu("H100-SXM5-80GB", 989, 1979, 3350, 80, 450, 0.76, 0.91, nvls=NVLS_EFFICIENCY_H100, tdp_W=700, sms=132,
              attn=ATTENTION_EFFICIENCY_H100, gemm=_hopper(0.76)),
         _gpu("H800-SXM-80GB", 989, 1979, 3350, 80, 200, 0.76, 0.91,

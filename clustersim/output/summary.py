@@ -494,7 +494,7 @@ _CANNOT = {"tree": "groups inside one node, or uneven over nodes",
 # runs tests/test_published.py holds (Korthikanti et al.'s and Narayanan et al.'s on A100s,
 # NVIDIA's H100 FP8 ones, DeepSeek-V3's), which that test keeps to the simulation's: what makes
 # MFU an upper bound (no kernel launches, no framework overhead: docs/metrics.md)
-PUBLISHED_LONGER = (0.01, 0.31)
+PUBLISHED_LONGER = (0.01, 0.42)
 
 
 def published_longer() -> str:

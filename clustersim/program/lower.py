@@ -1443,7 +1443,8 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
 
 def chunk_gpu(sc: Scenario) -> GpuSpec:
     """The scenario's GPU as its ops are timed: without its GEMM fits under
-    ``simulation.gemm_efficiency: flat``, and with the share of its SMs an overlapped F&B chunk's compute gets
+    ``simulation.gemm_efficiency: flat``, its FP8 GEMMs blockwise scaling's under
+    ``fp8_recipe: blockwise``, and with the share of its SMs an overlapped F&B chunk's compute gets
     (``GpuSpec.chunk_sm_share``) where DeepEP dispatches: its kernels hold
     ``model.moe.deepep_sms`` SMs (20 by default, as DeepEP's ``Buffer.num_sms`` and
     Megatron-LM's ``--moe-deepep-num-sms``). Under DualPipe the SMs are partitioned through
@@ -1460,6 +1461,8 @@ def chunk_gpu(sc: Scenario) -> GpuSpec:
     gpu, m = sc.cluster.gpu, sc.model.moe
     if sc.cfg.simulation.gemm_efficiency == "flat":  # every GEMM at matmul_efficiency
         gpu = replace(gpu, gemm_bf16=None, gemm_fp8=None)
+    elif sc.training.fp8_recipe == "blockwise" and sc.training.precision == "fp8":  # DeepGEMM's kernels
+        gpu = replace(gpu, gemm_fp8=gpu.gemm_fp8_blockwise)
     if m is None or m.dispatcher != "deepep" or not m.deepep_sms or not gpu.sms:
         return gpu
     return replace(gpu, chunk_sm_share=(gpu.sms - m.deepep_sms) / gpu.sms)

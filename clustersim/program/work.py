@@ -300,8 +300,8 @@ def tp_overlap_forward(spec: _Spec, t: int, ag: tuple, rs: tuple) -> list[_Spec]
     reduce-scatter beside the next chunk's GEMM (``pipeline``: ``proj_fprop``, ``fc2_fprop``);
     the residual, on the reduced shard, waits for the last. A block without those
     communications (a ring step of context parallelism) is returned as it is. The GEMM
-    chunks cost their share of the whole: the SMs Transformer Engine gives the
-    communication and a smaller GEMM's lower efficiency are not modelled."""
+    chunks run at their own shapes' efficiency (:func:`_rows`); the SMs Transformer Engine
+    gives the communication are not modelled."""
     out: list[_Spec] = []
     ops, pre, post = list(spec.ops), spec.pre, spec.post
     base = spec.name.split(" ", 1)[0]
@@ -451,7 +451,8 @@ def _scaled(op: Op, share: float) -> Op:
 
 def _rows(op: Op, share: float) -> Op:
     """A GEMM op cut by its rows (a sequence chunk): ``share`` of its work, its GEMMs ``share``
-    of their m."""
+    of their m. For forward GEMMs and input gradients, whose m is the tokens (a weight
+    gradient's tokens are its k: never cut so)."""
     return replace(_scaled(op, share), gemms=tuple((g, m * share, n, k) for g, m, n, k in op.gemms))
 
 
