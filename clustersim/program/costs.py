@@ -13,9 +13,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 from ..floats import sum_left
-from ..hardware.gpus import GpuSpec, gemm_shape_factor
+from ..hardware.gpus import GemmFit, GpuSpec, gemm_shape_factor
 from ..model.transformer import Op
 
 # fp32 master weights, Adam m and v and the gradient read; master, m, v and 16-bit weights written
@@ -87,9 +88,13 @@ def gemm_efficiency(op: Op, gpu: GpuSpec, precision: str, sm_share: float = 1.0)
     fit = gpu.gemm_fit(precision)
     if fit is None or not op.gemms:
         return gpu.matmul_efficiency
-    sms = max(1, round(gpu.sms * sm_share))
-    work = [g * m * n * k for g, m, n, k in op.gemms]
-    spent = [w / (fit.efficiency * gemm_shape_factor(fit, sms, *shape)) for w, shape in zip(work, op.gemms)]
+    return _gemms_efficiency(op.gemms, fit, max(1, round(gpu.sms * sm_share)))
+
+
+@lru_cache(maxsize=16384)  # a plan's ops repeat over its layers, stages and microbatches
+def _gemms_efficiency(gemms: tuple, fit: GemmFit, sms: int) -> float:
+    work = [g * m * n * k for g, m, n, k in gemms]
+    spent = [w / (fit.efficiency * gemm_shape_factor(fit, sms, *shape)) for w, shape in zip(work, gemms)]
     return sum_left(work) / sum_left(spent)
 
 
