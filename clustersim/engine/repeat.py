@@ -279,9 +279,10 @@ def longer_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, other_star
     microbatches are a multiple of it, then checks it over three windows and copies it in
     (Megatron-1T's first stage repeats every 14 microbatches, which 12 does not divide, from
     about microbatch 90: its shorter step of 152 holds two such windows, not three). Only
-    lengths whose last two periods of the anchor's forwards agree are checked span by span. ``unit``: what a cycle must be a
-    multiple of for the shorter step to keep the whole step's last group (interleaved 1F1B's
-    group); DualPipe's two ways (``halves``) are not tried."""
+    lengths whose last two periods of the anchor's forwards agree are checked span by span.
+    ``unit``: what a cycle must be a multiple of for the shorter step to keep the whole
+    step's last group (interleaved 1F1B's group); DualPipe's two ways (``halves``) are not
+    tried."""
     first = first_forwards(base, anchor_rank)
     if halves != 1 or len(first) != simulated_mb or not np.isfinite(first).all():
         return None
