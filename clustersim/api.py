@@ -750,9 +750,8 @@ def _cycle(sc: Scenario, engine: Engine, strace: Trace, short: Scenario | None =
         return base, rep, None
     if tried is not None:
         return None, None, None
-    unit = step // 2 if p.schedule == "interleaved" else 1  # (the group: step_mb)
     return None, None, cycles.longer_cycle(base, min(first), short.microbatches, engine.record_starts(), step, halves,
-                                           unit)
+                                           cycles.group_mb(p.schedule, p.pp, p.vpp_group))
 
 
 def _spliced(engine: Engine, base: SpanBase, rep: cycles.Repeat, short_tasks: TaskColumns, full_tasks: TaskColumns,

@@ -72,7 +72,13 @@ def step_mb(schedule: str, pp: int, group: int | None = None) -> int:
     122.84 ms apart in alternate groups of 8), and m' keeps m's last group."""
     if schedule in TWO_WAYS:
         return 2 * STEP_MB  # 12 of each half
-    return 2 * (pp if group is None else group) if schedule == "interleaved" else STEP_MB
+    return 2 * group_mb(schedule, pp, group) if schedule == "interleaved" else STEP_MB
+
+
+def group_mb(schedule: str, pp: int, group: int | None = None) -> int:
+    """What a cycle must be a multiple of for a shorter step to keep the whole step's last
+    group: interleaved 1F1B's group (``group``, pp by default), else 1."""
+    return (pp if group is None else group) if schedule == "interleaved" else 1
 
 
 def ways(schedule: str) -> int:
@@ -226,12 +232,12 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
     would refuse the cycle, and the step would be simulated whole.
     ``tried``: the cycle lengths to try instead of ``step``'s divisors (a second shorter
     step's, :func:`longer_cycle`)."""
-    first = first_forwards(base, anchor_rank)
-    if len(first) != simulated_mb or not np.isfinite(first).all():
+    anchored = _anchored(base, anchor_rank, simulated_mb, other_starts)
+    if anchored is None:
         return None
+    first, starts = anchored
     step //= halves
     first = first[:simulated_mb // halves]  # (the second half's forwards follow their own path)
-    starts = unique(np.concatenate([base.start_s, other_starts]))
     j = len(first) - 1 - step  # a margin of a step before the last forward
     for c in cycles_mb(step) if tried is None else tried:
         if (full_mb - simulated_mb) % (halves * c):
@@ -241,6 +247,17 @@ def find_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, full_mb: int
             q, cut = held
             return Repeat(simulated_mb, c, q, cut, (full_mb - simulated_mb) // (halves * c), halves)
     return None
+
+
+def _anchored(base: SpanBase, anchor_rank: int, simulated_mb: int,
+              other_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the starts of the anchor's first forward of each microbatch, every start a cut keeps
+    away from: the spans' and ``other_starts``), or None where the anchor did not run every
+    microbatch's forward."""
+    first = first_forwards(base, anchor_rank)
+    if len(first) != simulated_mb or not np.isfinite(first).all():
+        return None
+    return first, unique(np.concatenate([base.start_s, other_starts]))
 
 
 def _holds(base: SpanBase, first: np.ndarray, starts: np.ndarray, j: int, c: int,
@@ -283,10 +300,10 @@ def longer_cycle(base: SpanBase, anchor_rank: int, simulated_mb: int, other_star
     ``unit``: what a cycle must be a multiple of for the shorter step to keep the whole
     step's last group (interleaved 1F1B's group); DualPipe's two ways (``halves``) are not
     tried."""
-    first = first_forwards(base, anchor_rank)
-    if halves != 1 or len(first) != simulated_mb or not np.isfinite(first).all():
+    anchored = _anchored(base, anchor_rank, simulated_mb, other_starts) if halves == 1 else None
+    if anchored is None:
         return None
-    starts = unique(np.concatenate([base.start_s, other_starts]))
+    first, starts = anchored
     j = len(first) - 1 - step
     for c in range(unit, LONGEST_CYCLE_STEPS * step + 1, unit):
         if step % c == 0 or j - 2 * c < 0:
