@@ -403,12 +403,12 @@ class Scenario:
     def _split_ranks(self, faulty: frozenset[int], mates: frozenset[int]) -> int:
         """How many ranks the classes split around this plan's slow GPUs, ``faulty`` GPUs and a
         slow GPU's ``mates`` simulate (program/lower.py ``Symmetry.split_count``)."""
-        from .program.lower import Symmetry
+        from .program.lower import Symmetry, shift_dims
 
         cluster = self.cluster
         return Symmetry.split_count(self.mesh, cluster.gpu_slowdown, faulty, *self.cfg.ranks_differ(),
                                     cluster.gpus_per_node, cluster.pair_tiers, self.parallel.schedule == "interleaved",
-                                    self.cfg.simulation.split_replicas, mates)
+                                    self.cfg.simulation.split_replicas, mates, shift_dims(self.parallel))
 
     @cached_property
     def fabric_touched_gpus(self) -> frozenset[int]:
@@ -1159,11 +1159,11 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
             or p.tp * p.cp * p.pp * p.dp != world or p.tp % p.expert_tp \
             or p.expert_ranks % p.ep:  # (other checks name those)
         return
-    from .program.lower import Symmetry
+    from .program.lower import Symmetry, shift_dims
 
     mesh = mesh_of(p)
     n = Symmetry.split_count(mesh, slow, faulty, *cfg.ranks_differ(), gpus_per_node, tiers, p.schedule == "interleaved",
-                             cfg.simulation.split_replicas, straggler_mates)
+                             cfg.simulation.split_replicas, straggler_mates, shift_dims(p))
     if n > MAX_GPUS_ALL_RANKS:
         gpus = sorted(set(slow) | set(faulty))
         shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")
