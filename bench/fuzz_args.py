@@ -160,3 +160,26 @@ def with_fp8(plan: dict, rng, root) -> dict:
     if lookup_gpu(gpu).fp8_flops is None:
         return plan
     return {**plan, "training": {**plan["training"], "precision": "fp8", "fp8_recipe": recipe}}
+
+
+def with_wide_cp(plan: dict, rng) -> dict:
+    """``plan`` with, where it runs ring or all-gather CP over 2 ranks and one draw in two, CP
+    over 4 or 8 (taken from DP, so that every group of DP and CP ranks keeps its size): rings
+    that cross nodes where their members' roles differ (program/lower.py ``_shift_roles``:
+    some enter their node, some leave it, some do neither), a third of the rings made
+    hierarchical (``all_to_all+ring`` over slices of 2) where the heads a TP rank holds allow;
+    ``rng``: the script's seventh generator, apart from every other draw."""
+    p = plan["parallel"]
+    if p.get("cp", 1) != 2 or p.get("cp_comm") not in ("ring", "all_gather") or rng.random() >= 0.5:
+        return plan
+    grow = rng.choice([2, 4])
+    hierarchical = rng.random() < 1 / 3
+    if p["dp"] % grow:
+        return plan
+    wide = {**p, "cp": 2 * grow, "dp": p["dp"] // grow}
+    if "zero_shard" in p:
+        wide["zero_shard"] = wide["cp"] * wide["dp"] // 2
+    heads = plan["model"]["heads"] // p["tp"]
+    if hierarchical and p["cp_comm"] == "ring" and heads % 2 == 0:
+        wide.update(cp_comm="all_to_all+ring", cp_a2a=2)
+    return {**plan, "parallel": wide}

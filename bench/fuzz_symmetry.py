@@ -2,7 +2,7 @@
 how far the collapse is from the all-ranks step where the twins' model is not exact.
 tests/test_symmetry.py holds fixed plans where it is exact to 1e-9; this draws many more
 (topology, 16-256 GPUs, TP, PP and its schedules, DP, CP ring or all-gather, balanced or
-not, SP, EP over DP or CP ranks with skewed expert load and experts whole or split over
+not, over 2 ranks or, since 2026-12-07, 4 or 8 whose rings cross nodes, some hierarchical, SP, EP over DP or CP ranks with skewed expert load and experts whole or split over
 fewer TP ranks, DeepEP's dispatch with and without router groups, latent attention,
 multi-token prediction, FP8, ZeRO 0-3, recompute, slow GPUs, degraded NVLink, NIC and leaf-spine
 cables),
@@ -38,7 +38,7 @@ from collections import Counter
 from pathlib import Path
 
 from fuzz_args import (CLASSES, two_counts, with_classes, with_deepep, with_dualpipev,  # sibling scripts
-                       with_ep_over_cp, with_etp, with_fp8, with_mla, with_mtp,
+                       with_ep_over_cp, with_etp, with_fp8, with_mla, with_mtp, with_wide_cp,
                        with_recompute_layers)  # (bench/ is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -285,6 +285,7 @@ def main() -> int:
     latent = random.Random(seed + 4_000_003)  # (fuzz_args.with_mla's, apart from all three)
     predict = random.Random(seed + 5_000_003)  # (fuzz_args.with_mtp's)
     fp8 = random.Random(seed + 6_000_003)  # (fuzz_args.with_fp8's)
+    wide = random.Random(seed + 7_000_003)  # (fuzz_args.with_wide_cp's)
     counts = dict.fromkeys((*VERDICTS, "refused"), 0)
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
@@ -292,6 +293,7 @@ def main() -> int:
     for i in range(plans):
         d = with_fp8(with_mtp(with_mla(with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later),
                                                                     later), dispatch), latent), predict), fp8, ROOT)
+        d = with_wide_cp(d, wide)
         try:
             sc = clustersim.load_scenario(d, base_dir=ROOT)
             cabled = with_cable(sc, d, cables)
