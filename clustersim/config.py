@@ -23,7 +23,7 @@ import pydantic
 from .errors import ConfigError
 from .floats import sum_left
 from .hardware.gpus import lookup_gpu
-from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, check_what_ifs, cluster_of,
+from .hardware.topology import (MAX_GPUS, Cluster, TopologyCfg, WhatIfCfg, check_what_ifs, cluster_of, gpus_per_nic,
                                 load_topology_cfg)
 from .model.moe import expert_loads
 from .model.transformer import RECOMPUTE_MODULES, DenseModelCfg
@@ -408,7 +408,8 @@ class Scenario:
         cluster = self.cluster
         return Symmetry.split_count(self.mesh, cluster.gpu_slowdown, faulty, *self.cfg.ranks_differ(),
                                     cluster.gpus_per_node, cluster.pair_tiers, self.parallel.schedule == "interleaved",
-                                    self.cfg.simulation.split_replicas, mates, shift_dims(self.parallel))
+                                    self.cfg.simulation.split_replicas, mates, shift_dims(self.parallel),
+                                    cluster.gpus_per_nic)
 
     @cached_property
     def fabric_touched_gpus(self) -> frozenset[int]:
@@ -590,7 +591,8 @@ def _check_plan(cfg: ScenarioCfg, topo: TopologyCfg, source: str) -> None:
             and (n := p.pp * p.dp * (p.cp if cfg.ranks_differ()[0] else 1)) > MAX_GPUS_ALL_RANKS:
         fail("simulation.split_replicas", f"one rank per stage and DP replica is {n:,} simulated ranks, more than the "
                                           f"{MAX_GPUS_ALL_RANKS:,} a run may simulate rank by rank: leave it false")
-    _check_split(cfg, world, _slow_gpus(topo, world), set(), "slow GPUs", source, topo.node.gpus)
+    _check_split(cfg, world, _slow_gpus(topo, world), set(), "slow GPUs", source, topo.node.gpus,
+                 gpus_per_nic=gpus_per_nic(topo.node))
     if p.tp * p.cp * p.pp * p.dp != world:
         dims, vals = ("tp*cp*pp*dp", f"{p.tp}*{p.cp}*{p.pp}*{p.dp}") if p.cp > 1 else ("tp*pp*dp", f"{p.tp}*{p.pp}*{p.dp}")
         other = p.tp * p.cp * p.pp
@@ -1150,7 +1152,8 @@ def mesh_of(p: ParallelCfg) -> Mesh:
 
 
 def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: set[int], what: str,
-                 source: str, gpus_per_node: int = 0, tiers=None, straggler_mates: frozenset[int] = frozenset()) -> None:
+                 source: str, gpus_per_node: int = 0, tiers=None, straggler_mates: frozenset[int] = frozenset(),
+                 gpus_per_nic: int = 1) -> None:
     """Refuse stragglers (``slow``: GPU -> slowdown) or faulty nodes' GPUs that would split the
     symmetric classes into more ranks than an all-ranks run may simulate (program/lower.py
     Symmetry)."""
@@ -1163,7 +1166,7 @@ def _check_split(cfg: ScenarioCfg, world: int, slow: dict[int, float], faulty: s
 
     mesh = mesh_of(p)
     n = Symmetry.split_count(mesh, slow, faulty, *cfg.ranks_differ(), gpus_per_node, tiers, p.schedule == "interleaved",
-                             cfg.simulation.split_replicas, straggler_mates, shift_dims(p))
+                             cfg.simulation.split_replicas, straggler_mates, shift_dims(p), gpus_per_nic)
     if n > MAX_GPUS_ALL_RANKS:
         gpus = sorted(set(slow) | set(faulty))
         shown = ", ".join(map(str, gpus[:5])) + (", ..." if len(gpus) > 5 else "")
@@ -1327,12 +1330,12 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
             sc.__dict__["cluster"] = cluster
             slow = {g: f for g, f in cluster.gpu_slowdown.items() if f != 1.0}
             _check_split(cfg, cluster.num_gpus, slow, set(sc.node_touched_gpus), "slow GPUs and faulty nodes", source,
-                         cluster.gpus_per_node, cluster.pair_tiers, sc.straggler_mates)
+                         cluster.gpus_per_node, cluster.pair_tiers, sc.straggler_mates, cluster.gpus_per_nic)
         elif sc.mesh.world_size > MAX_GPUS_ALL_RANKS and (slow := _slow_gpus(topo, sc.mesh.world_size)):
             # slow GPUs alone build no graph to check; the lowering's classes also split by the
             # routes to the pipeline neighbours (Symmetry.tiers), which _check_plan's count could not see
             _check_split(cfg, sc.mesh.world_size, slow, set(), "slow GPUs", source, sc.cluster.gpus_per_node,
-                         sc.cluster.pair_tiers, sc.straggler_mates)
+                         sc.cluster.pair_tiers, sc.straggler_mates, sc.cluster.gpus_per_nic)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
         sc.schedule_path = str(path)

@@ -124,6 +124,7 @@ COLLAPSE = [
     ("cp-ring-across-nodes", 8, {"tp": 1, "cp": 16, "pp": 2, "dp": 2}, {}),
     ("cp-ring-across-nodes-tp-overlap", 8, {"tp": 4, "cp": 4, "pp": 2, "dp": 2, "sp": True, "tp_comm_overlap": True},
      {}),
+    ("cp-ring-across-nodes-shared-nics", 8, {"tp": 1, "cp": 16, "pp": 2, "dp": 2}, {"nics": 4}),
     ("moe-ep4", 8, {"tp": 1, "pp": 2, "dp": 32, "ep": 4}, {"moe": True}),
     ("moe-ep4-sp", 8, {"tp": 2, "pp": 2, "dp": 16, "ep": 4, "sp": True}, {"moe": True}),  # TP gathers the dispatch
     ("moe-ep4-combined", 8, {"tp": 1, "pp": 4, "dp": 16, "ep": 4, "schedule": "interleaved", "vpp": 2,
@@ -157,8 +158,11 @@ COLLAPSE = [
 # classes a stage where ring attention's rings cross nodes (program/lower.py _shift_roles):
 # CP16 over two nodes of 8 rings 0 .. 15, of which 0 and 8 enter their node, 7 and 15 leave it
 # and the rest do neither; hierarchical CP's rings 0 4 8 12 (nodes 0 0 1 1) enter at 0 and 8
-# and leave at 4 and 12, as TP4 x CP4's CP rings (members 4 apart) do
-SHIFT_ROLES = {"cp-all-to-all-ring": 2, "cp-ring-across-nodes": 3, "cp-ring-across-nodes-tp-overlap": 2}
+# and leave at 4 and 12, as TP4 x CP4's CP rings (members 4 apart) do. With 4 NICs a node,
+# the CP16 ring's members pair on NICs: 0 (enters) with 1, 6 with 7 (leaves), and the pairs
+# between: 0, 1, 6, 7 and the rest (and the same on the second node)
+SHIFT_ROLES = {"cp-all-to-all-ring": 2, "cp-ring-across-nodes": 3, "cp-ring-across-nodes-tp-overlap": 2,
+               "cp-ring-across-nodes-shared-nics": 5}
 
 
 @pytest.mark.parametrize("case, nodes, parallel, opts", COLLAPSE, ids=[c[0] for c in COLLAPSE])

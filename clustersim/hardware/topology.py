@@ -475,6 +475,11 @@ def link_ceilings(cfg: TopologyCfg) -> list[dict] | None:
     return out or None
 
 
+def gpus_per_nic(node) -> int:
+    """GPUs sharing each NIC of a node of ``node`` (its ``NodeCfg``)."""
+    return node.gpus // (node.nics or node.gpus)
+
+
 def nvls_share(node: NodeCfg, gpu: GpuSpec) -> float | None:
     """The share of the NVLink line rate NVLS sustains: the topology's
     ``node.nvlink.nvls_efficiency``, else the GPU catalogue's (None: no NVLS)."""
@@ -548,6 +553,11 @@ class Cluster:
     @property
     def gpus_per_node(self) -> int:
         return self.cfg.node.gpus
+
+    @property
+    def gpus_per_nic(self) -> int:
+        """GPUs sharing each NIC of a node (``node.nics`` below ``node.gpus``; GPU j's is j // this)."""
+        return gpus_per_nic(self.cfg.node)
 
     @property
     def nvls_efficiency(self) -> float | None:

@@ -329,6 +329,9 @@ class Symmetry:
     # the groups that pass buffers round one ring in their order (:func:`shift_dims`): their
     # members split by whether they enter or leave their node in it (:attr:`_group_shapes`)
     shift_dims: frozenset[str] = frozenset()
+    # GPUs sharing each NIC (GPU r's is r // gpus_per_nic): a ring's roles are compared over
+    # the members' NIC-mates too (:attr:`_group_shapes`)
+    gpus_per_nic: int = 1
     rep: dict[int, int] = field(init=False)
     # the ranks the split by units simulates where it makes a class more than the classes
     # without it, else 0; and whether it was kept (past ``unit_split_ranks`` more)
@@ -375,13 +378,14 @@ class Symmetry:
     @classmethod
     def split_count(cls, mesh: Mesh, slow: dict[int, float], faulty=frozenset(), cp_distinct: bool = False,
                     ep_distinct: bool = False, gpus_per_node: int = 0, tiers=None, pp_ring: bool = False,
-                    replicas: bool = False, straggler_mates=frozenset(), shift=frozenset()) -> int:
+                    replicas: bool = False, straggler_mates=frozenset(), shift=frozenset(),
+                    gpus_per_nic: int = 1) -> int:
         """How many ranks the classes split around ``slow`` (rank -> slowdown), ``faulty``
         ranks and the slow GPUs' ``straggler_mates`` simulate (not split by units; ``shift``:
         :attr:`shift_dims`)."""
         return len(cls(mesh, True, cp_distinct, ep_distinct, slow=dict(slow), faulty=frozenset(faulty),
                        straggler_mates=frozenset(straggler_mates), gpus_per_node=gpus_per_node, tiers=tiers, pp_ring=pp_ring,
-                       replicas=replicas, shift_dims=frozenset(shift)).ranks)
+                       replicas=replicas, shift_dims=frozenset(shift), gpus_per_nic=gpus_per_nic).ranks)
 
     def _unit_split(self, stragglers: list[int]) -> dict[int, int] | None:
         """``rep`` split by units as well, where edges of leaf groups or pods may cut a
@@ -572,7 +576,10 @@ class Symmetry:
         held evenly or not (:func:`_shift_roles`): one class a stage ran every member's
         pipeline sends as the first's, beside no ring hop on its NIC, and the exposed PP time
         of ring attention over two nodes (TP1 x CP16 x PP2 x DP2) was 18 % short of rank by
-        rank's, of hierarchical CP's rings (CP16 as 4 x 4) 9.5 %; split, both exact.
+        rank's, of hierarchical CP's rings (CP16 as 4 x 4) 9.5 %; split, both exact. Where GPUs
+        share a NIC, a member's role comes with its NIC-mates' (a member that does neither
+        shares its NIC with one that leaves: with 4 NICs a node, the CP16 ring's exposed PP time
+        was 7 % off with the roles alone).
         """
         if not self.gpus_per_node:
             return None
@@ -584,6 +591,12 @@ class Symmetry:
             roles = _uneven_roles(layout)
             if dim in self.shift_dims:
                 roles = 4 * roles + _shift_roles(rows // self.gpus_per_node)
+            if self.gpus_per_nic > 1 and (roles != roles.flat[0]).any():
+                # a NIC carries its GPUs' hops: each member's role with its NIC-mates' (sorted)
+                by_gpu = np.zeros(self.mesh.world_size, dtype=np.int64)
+                by_gpu[rows] = roles
+                nic = np.repeat(_row_ids(np.sort(by_gpu.reshape(-1, self.gpus_per_nic), axis=1)), self.gpus_per_nic)
+                roles = _row_ids(np.stack([roles.ravel(), nic[rows].ravel()], axis=1)).reshape(roles.shape)
             return _row_ids(layout), roles
 
         return self._member_codes(shape)
@@ -1961,7 +1974,7 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
                    gpus_per_node=sc.cluster.gpus_per_node, tiers=sc.cluster.pair_tiers,
                    pp_ring=sc.parallel.schedule == "interleaved", units=sc.cluster.gpu_units,
                    unit_split_ranks=sc.cfg.simulation.leaf_split_ranks, replicas=sc.splits_replicas,
-                   shift_dims=shift_dims(sc.parallel))
+                   shift_dims=shift_dims(sc.parallel), gpus_per_nic=sc.cluster.gpus_per_nic)
     gpu = chunk_gpu(sc)
     work = [stage_work(sc, j, gpu) for j in range(sc.n_parts)]
     rank_work = {(c, e): [stage_work(sc, j, gpu, c, e) for j in range(sc.n_parts)]
