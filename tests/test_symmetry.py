@@ -174,6 +174,11 @@ def test_collapsed_equals_all_ranks(case, nodes, parallel, opts):
     assert rep["simulation"]["simulated_ranks"] == mesh.pp * per_stage
     assert full["simulation"]["simulated_ranks"] == mesh.world_size
     _assert_same(rep, full)
+    # every GPU's links (analysis.links.every_gpu): as many of each kind, and the NVLink
+    # ports' bytes (PCIe's and the NICs' miss the twins' flows PXN forwards through them)
+    mine, every = rep["links"]["by_kind"], full["links"]["by_kind"]
+    assert {k: v["links"] for k, v in mine.items()} == {k: v["links"] for k, v in every.items()}
+    assert mine["nvlink"]["bytes"] == pytest.approx(every["nvlink"]["bytes"], rel=REL)
 
 
 @pytest.mark.parametrize("ep, zero, ranks", [(2, 1, 12), (4, 0, 24), (4, 3, 24)])

@@ -4,29 +4,57 @@
     peak_utilisation  = peak rate / bw            the busiest 1/100 of the step
     utilisation_over_time                          the rate / bw in each 1/100 of the step
 
-``bw`` is the link's usable bandwidth (line rate x efficiency). Collapsed simulation reports
-the links of the simulated ranks' communications, and the scale-out links where their twins
-meet another communication's (engine.sim.Engine._meetings; every communication crossing
-such a link counts there): their twins' other links carry the same.
+``bw`` is the link's usable bandwidth (line rate x efficiency). Collapsed simulation works
+out the links of the simulated ranks' communications, and the scale-out links where their
+twins meet another communication's (engine.sim.Engine._meetings; every communication crossing
+such a link counts there); the report then gives every GPU the use of its own links
+(:func:`every_gpu`), as its class's simulated rank's.
 """
 
 from __future__ import annotations
 
-from ..trace import Trace
+from ..trace import LinkUse, Trace
 
 BUSIEST = 10
 
 
-def link_report(trace: Trace, step_s: float) -> dict:
-    """``links`` of summary.json: per kind of link, and the busiest links."""
+def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep) -> list[LinkUse]:
+    """``links`` with every GPU's own links (``owned``: per GPU, hardware.topology
+    Cluster.owned_links) as those of the simulated rank its class runs on (``rep``, per GPU;
+    None: every rank simulated): a class's members run the same communications at the same
+    times, each over its own NVLink port, PCIe lane and NIC, so theirs carry the same::
+
+        collapsed         n0.gpu0->n0.nvsw  (simulated rank 0)  x bytes
+        every GPU         n0.gpu0->n0.nvsw, n1.gpu0->n1.nvsw, ...  x bytes each (their class's)
+
+    The use worked out for a GPU's own link that is not its class's simulated rank's (a
+    flow of a simulated communication crossed it, beside none of that GPU's other traffic)
+    is replaced. The fabric's links, and NICs several GPUs share, are kept as worked out."""
+    if rep is None or all(r == g for g, r in enumerate(rep)):
+        return links
+    mine = {name for names in owned for name in names}
+    by_name = {u.name: u for u in links}
+    out = [u for u in links if u.name not in mine]
+    for names, r in zip(owned, rep):
+        for name, theirs in zip(names, owned[r]):
+            u = by_name.get(theirs)
+            if u is not None:
+                out.append(u if name == theirs else LinkUse(name, u.kind, u.bw_Bps, u.bytes, u.peak_Bps, u.series_Bps))
+    return out
+
+
+def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] | None = None) -> dict:
+    """``links`` of summary.json: per kind of link, and the busiest links; with ``owned``
+    (Cluster.owned_links), every GPU's own links (:func:`every_gpu`)."""
     if step_s <= 0 or not trace.links:
         return {"by_kind": {}, "busiest": []}
+    links = trace.links if owned is None else every_gpu(trace.links, owned, trace.rep)
 
     def util(u) -> float:
         return u.bytes / (u.bw_Bps * step_s)
 
     by_kind: dict[str, dict] = {}
-    for u in trace.links:
+    for u in links:
         k = by_kind.setdefault(u.kind, {"links": 0, "bytes": 0.0, "max_utilisation": 0.0,
                                         "max_peak_utilisation": 0.0})
         k["links"] += 1
@@ -37,8 +65,10 @@ def link_report(trace: Trace, step_s: float) -> dict:
     # ranked by bytes / bw, as the engine picks the links it works the rate over time out for
     # (engine.sim.Engine._link_use): by the mean, a last-bit difference in the bytes of two
     # links tied there could put links without a series among the busiest (DeepSeek-V3's NIC
-    # cables: a peak of 0 under a mean of 55 %)
-    busiest = sorted(trace.links, key=lambda u: (-(u.bytes / u.bw_Bps), u.name))[:BUSIEST]
+    # cables: a peak of 0 under a mean of 55 %). Among links tied, those with a series first:
+    # every GPU's links (every_gpu) tie with their class's, whose names the engine's pick
+    # ordered, not theirs
+    busiest = sorted(links, key=lambda u: (-(u.bytes / u.bw_Bps), not u.series_Bps, u.name))[:BUSIEST]
     return {
         "by_kind": dict(sorted(by_kind.items())),
         "busiest": [{"link": u.name, "kind": u.kind, "bytes": u.bytes, "bw_Bps": u.bw_Bps,

@@ -1140,7 +1140,8 @@ class Engine:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
         link it crosses (real traffic, twins included), spread evenly over the time the flow
         ran at each of its rates. Collapsed, these are the simulated ranks' links and those where
-        twins meet (:meth:`_meetings`): their twins' other links carry the same. The rate over
+        twins meet (:meth:`_meetings`): their twins' other links carry the same (the summary
+        gives every GPU its own: analysis.links.every_gpu). The rate over
         time (``bins`` slices of the step) is worked out for the ``detailed`` links of highest
         mean use (ties by name, as the summary lists them) and the busiest of each kind; the
         others get their bytes only (peak 0, no series)."""

@@ -554,6 +554,25 @@ class Cluster:
     def gpus_per_node(self) -> int:
         return self.cfg.node.gpus
 
+    @cached_property
+    def owned_links(self) -> tuple[tuple[str, ...], ...]:
+        """Per GPU, the names of the links that carry its traffic alone, in one order for every
+        GPU: to and from its NVSwitch, to and from its NIC over PCIe, and where the NIC is its
+        own (``node.nics`` = ``node.gpus``) the NIC's cable to its leaf and back. A symmetric
+        class's members load theirs alike (analysis.links.every_gpu)."""
+        g = self.graph
+        own_nic = self.gpus_per_nic == 1
+        out = []
+        for name in self.gpu_names:
+            at = g.nodes[name]
+            ends = [(name, at["switch"]), (at["switch"], name)] if at["switch"] else []
+            ends += [(name, at["nic"]), (at["nic"], name)]
+            leaf = g.nodes[at["nic"]].get("leaf")
+            if own_nic and leaf is not None and g.has_edge(at["nic"], leaf):
+                ends += [(at["nic"], leaf), (leaf, at["nic"])]
+            out.append(tuple(f"{u}->{v}" for u, v in ends))
+        return tuple(out)
+
     @property
     def gpus_per_nic(self) -> int:
         """GPUs sharing each NIC of a node (``node.nics`` below ``node.gpus``; GPU j's is j // this)."""
