@@ -195,16 +195,34 @@ def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
     step = collapsed["step_time_s"] / full["step_time_s"] - 1.0
     said = f"step {step:+.3%}" + "".join(f", {k} {v:.2%}" for k, v in worst.items()
                                           if k != "step_time_s" and v > EXACT)
+    links = links_differ(collapsed, full)
+    if links:
+        said += f", links: {links}"
     if broken:
         return "BROKEN", step, said + f"; differ: {', '.join(broken[:4])}"
     mem_same = not _differing(_memory(collapsed, False), _memory(full, False))
     if max(worst.values()) <= EXACT and mem_same:
-        return "exact", step, ""
+        return "exact", step, f"links: {links}" if links else ""
     if not mem_same:
         said += ", memory at the peak"
     if abs(step) <= WITHIN:
         return "within 1%", step, said
     return ("above" if step > 0 else "BELOW"), step, said
+
+
+def links_differ(collapsed: dict, full: dict) -> str:
+    """What of ``links.by_kind`` differs, "" where nothing does that cannot depend on the
+    network's timing: how many links of each kind carried traffic, and the NVLink ports'
+    bytes (collapsed, every GPU's own links as its class's simulated rank's:
+    analysis.links.every_gpu; PCIe's and the NICs' miss the twins' flows PXN forwards, the
+    spines' those of twins that meet nothing)."""
+    mine, every = collapsed["links"]["by_kind"], full["links"]["by_kind"]
+    out = [f"{k} {mine.get(k, {}).get('links', 0)} of {every.get(k, {}).get('links', 0)}" for k in sorted(set(mine) | set(every))
+           if mine.get(k, {}).get("links") != every.get(k, {}).get("links")]
+    a, b = mine.get("nvlink", {}).get("bytes", 0.0), every.get("nvlink", {}).get("bytes", 0.0)
+    if _rel(a, b) > EXACT:
+        out.append(f"nvlink bytes {a / b - 1:+.2%}" if b else "nvlink bytes")
+    return ", ".join(out)
 
 
 VERDICTS = ("exact", "within 1%", "above", "BELOW", "BROKEN")  # (compare's, in the order they are counted)
@@ -290,6 +308,7 @@ def main() -> int:
     steps: list[tuple[float, int]] = []
     gaps: list[tuple[float, int]] = []
     flags: Counter = Counter()  # (flagged, verdict) -> plans
+    linked = 0  # plans whose links differ (links_differ)
     for i in range(plans):
         d = with_fp8(with_mtp(with_mla(with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later),
                                                                     later), dispatch), latent), predict), fp8, ROOT)
@@ -314,11 +333,13 @@ def main() -> int:
         flags[(bool(flagged(collapsed.summary)), verdict)] += 1
         steps.append((step, i))
         gaps.append((exposed_gap(collapsed.summary, full.summary), i))
+        linked += bool(links_differ(collapsed.summary, full.summary))
         ranks = (collapsed.summary["simulation"]["simulated_ranks"], full.summary["simulation"]["simulated_ranks"])
         print(f"{label(i, d)}: {verdict} ({ranks[0]} of {ranks[1]} ranks, {tc:.2f} s against {tf:.2f} s)"
               + (f": {said}" if said else "") + flagged(collapsed.summary), flush=True)
     print(", ".join(f"{v} {k}" for k, v in counts.items()))
     print(flagged_counts(flags))
+    print(f"every GPU's links: {linked} plan(s) with other link counts or NVLink bytes than rank by rank's")
     if steps:
         lo, hi = min(steps), max(steps)
         print(f"the collapsed step against the all-ranks one: {lo[0]:+.3%} (plan {lo[1]}) to {hi[0]:+.3%} (plan {hi[1]})")
