@@ -212,16 +212,17 @@ def compare(collapsed: dict, full: dict) -> tuple[str, float, str]:
 
 def links_differ(collapsed: dict, full: dict) -> str:
     """What of ``links.by_kind`` differs, "" where nothing does that cannot depend on the
-    network's timing: how many links of each kind carried traffic, and the NVLink ports'
-    bytes (collapsed, every GPU's own links as its class's simulated rank's:
-    analysis.links.every_gpu; PCIe's and the NICs' miss the twins' flows PXN forwards, the
-    spines' those of twins that meet nothing)."""
+    network's timing: how many links of each kind carried traffic and their bytes (collapsed,
+    every GPU's links: engine.sim.Engine._twins_links, analysis.links.every_gpu; where GPUs
+    share a NIC, their PCIe lanes miss the twins' flows PXN forwards)."""
     mine, every = collapsed["links"]["by_kind"], full["links"]["by_kind"]
-    out = [f"{k} {mine.get(k, {}).get('links', 0)} of {every.get(k, {}).get('links', 0)}" for k in sorted(set(mine) | set(every))
-           if mine.get(k, {}).get("links") != every.get(k, {}).get("links")]
-    a, b = mine.get("nvlink", {}).get("bytes", 0.0), every.get("nvlink", {}).get("bytes", 0.0)
-    if _rel(a, b) > EXACT:
-        out.append(f"nvlink bytes {a / b - 1:+.2%}" if b else "nvlink bytes")
+    out = []
+    for k in sorted(set(mine) | set(every)):
+        a, b = mine.get(k, {}), every.get(k, {})
+        if a.get("links") != b.get("links"):
+            out.append(f"{k} {a.get('links', 0)} of {b.get('links', 0)}")
+        elif _rel(a.get("bytes", 0.0), b.get("bytes", 0.0)) > EXACT:
+            out.append(f"{k} bytes {a['bytes'] / b['bytes'] - 1:+.2e}")
     return ", ".join(out)
 
 
@@ -339,7 +340,7 @@ def main() -> int:
               + (f": {said}" if said else "") + flagged(collapsed.summary), flush=True)
     print(", ".join(f"{v} {k}" for k, v in counts.items()))
     print(flagged_counts(flags))
-    print(f"every GPU's links: {linked} plan(s) with other link counts or NVLink bytes than rank by rank's")
+    print(f"every GPU's links: {linked} plan(s) with other link counts or bytes than rank by rank's")
     if steps:
         lo, hi = min(steps), max(steps)
         print(f"the collapsed step against the all-ranks one: {lo[0]:+.3%} (plan {lo[1]}) to {hi[0]:+.3%} (plan {hi[1]})")

@@ -317,7 +317,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     }
     if links is not None:
         trace.links = links()
-    summary["links"] = None if brief else link_report(trace, metrics["step_time_s"], sc.cluster.owned_links)
+    summary["links"] = None if brief else link_report(trace, metrics["step_time_s"], sc.cluster.owned_links,
+                                                      sc.cluster.own_nic_links)
     # the parts above shared the trace's columnar view (Trace.columns); unless the caller
     # reads it next (simulate's invariant checks), its arrays go now
     if not keep_columns:

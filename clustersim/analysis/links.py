@@ -5,10 +5,10 @@
     utilisation_over_time                          the rate / bw in each 1/100 of the step
 
 ``bw`` is the link's usable bandwidth (line rate x efficiency). Collapsed simulation works
-out the links of the simulated ranks' communications, and the scale-out links where their
-twins meet another communication's (engine.sim.Engine._meetings; every communication crossing
-such a link counts there); the report then gives every GPU the use of its own links
-(:func:`every_gpu`), as its class's simulated rank's.
+out the links of the simulated ranks' communications and every scale-out link a twin crosses
+(engine.sim.Engine._twins_links); the report then gives every GPU the use of its own links
+inside its node (:func:`every_gpu`), as its class's simulated rank's, so that every GPU's
+links are listed, as rank by rank.
 """
 
 from __future__ import annotations
@@ -18,18 +18,27 @@ from ..trace import LinkUse, Trace
 BUSIEST = 10
 
 
-def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep) -> list[LinkUse]:
-    """``links`` with every GPU's own links (``owned``: per GPU, hardware.topology
-    Cluster.owned_links) as those of the simulated rank its class runs on (``rep``, per GPU;
-    None: every rank simulated): a class's members run the same communications at the same
-    times, each over its own NVLink port, PCIe lane and NIC, so theirs carry the same::
+def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
+              nic_links: tuple | None = None) -> list[LinkUse]:
+    """``links`` with every GPU's own links inside its node (``owned``: per GPU, its NVLink
+    ports and PCIe lane, hardware.topology Cluster.owned_links) as those of the simulated rank
+    its class runs on (``rep``, per GPU; None: every rank simulated): a class's members run
+    the same communications at the same times, each over its own ports, so theirs carry the
+    same::
 
         collapsed         n0.gpu0->n0.nvsw  (simulated rank 0)  x bytes
         every GPU         n0.gpu0->n0.nvsw, n1.gpu0->n1.nvsw, ...  x bytes each (their class's)
 
     The use worked out for a GPU's own link that is not its class's simulated rank's (a
     flow of a simulated communication crossed it, beside none of that GPU's other traffic)
-    is replaced. The fabric's links, and NICs several GPUs share, are kept as worked out."""
+    is replaced. The NICs' cables and the fabric's links count every twin already (engine.sim
+    Engine._twins_links). A GPU's PCIe lane to a NIC of its own (``nic_links``: per GPU,
+    Cluster.own_nic_links) carries what the NIC's cable does, by conservation at the NIC, PXN's
+    flows forwarded from node-mates included (which its class's simulated rank's lane, as the
+    collapse counts it, misses: the twins' forwarded flows cross no simulated link there)::
+
+        n0.gpu2 -NVLink- n0.gpu5 -PCIe- n0.nic5 -cable- leaf.5        the lane = the cable
+    """
     if rep is None or all(r == g for g, r in enumerate(rep)):
         return links
     mine = {name for names in owned for name in names}
@@ -40,15 +49,28 @@ def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep) -> 
             u = by_name.get(theirs)
             if u is not None:
                 out.append(u if name == theirs else LinkUse(name, u.kind, u.bw_Bps, u.bytes, u.peak_Bps, u.series_Bps))
+    if nic_links:
+        lanes = {}
+        for hit in nic_links:
+            if hit is not None:
+                up, down, bw, cable_up, cable_down = hit
+                for lane, cable in ((up, cable_up), (down, cable_down)):
+                    c = by_name.get(cable)
+                    if c is not None:
+                        lanes[lane] = LinkUse(lane, "pcie", bw, c.bytes, c.peak_Bps, c.series_Bps)
+        if lanes:
+            out = [u for u in out if u.name not in lanes] + list(lanes.values())
     return out
 
 
-def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] | None = None) -> dict:
+def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] | None = None,
+                nic_links: tuple | None = None) -> dict:
     """``links`` of summary.json: per kind of link, and the busiest links; with ``owned``
-    (Cluster.owned_links), every GPU's own links (:func:`every_gpu`)."""
+    (Cluster.owned_links) and ``nic_links`` (Cluster.own_nic_links), every GPU's own links
+    (:func:`every_gpu`)."""
     if step_s <= 0 or not trace.links:
         return {"by_kind": {}, "busiest": []}
-    links = trace.links if owned is None else every_gpu(trace.links, owned, trace.rep)
+    links = trace.links if owned is None else every_gpu(trace.links, owned, trace.rep, nic_links)
 
     def util(u) -> float:
         return u.bytes / (u.bw_Bps * step_s)

@@ -541,6 +541,9 @@ class Engine:
         self._full_of: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._start_of: dict[tuple, tuple] = {}  # by _shape_id: (phases, the same with every link)
         self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
+        # the same with every scale-out link a twin crosses, weighing the twins there (_twins_links)
+        self._account_plans: dict[tuple, tuple[FlowPlan, ...]] = {}
+        self._account_of: dict[tuple, tuple[FlowPlan, ...]] = {}
         # communications timed in closed form: id -> (the communication, its starts); by object,
         # so that a segment logs a start with one append (:meth:`_starts_log`)
         self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
@@ -583,6 +586,36 @@ class Engine:
         if full is None:
             full = self._full_of[fast] = self._full_plans.get((*_shape(c), self.algorithm(c))) or self._plan(c)
         return full
+
+    def _account_plan(self, c: Comm) -> tuple[FlowPlan, ...]:
+        """The phases of ``c`` as the link use counts them: :meth:`_full_plan` with every
+        scale-out link its twins cross (:meth:`_twins_links`)."""
+        fast = _shape_id(c)
+        got = self._account_of.get(fast)
+        if got is None:
+            got = self._account_of[fast] = (self._account_plans.get((*_shape(c), self.algorithm(c)))
+                                            or self._full_plan(c))
+        return got
+
+    def _twins_links(self, phased: dict) -> dict[tuple, tuple[FlowPlan, ...]]:
+        """Per plan whose symmetric orbit's twins cross scale-out links its simulated flows do
+        not (and meet nothing there: :meth:`_meetings`), its phases with those links too, each
+        weighing how many instances' flow k cross it: what the twins carry there, which the
+        link use counts and the timing does not need."""
+        out = {}
+        for key, kept in self._kept.items():
+            phases, changed = list(phased[key]), False
+            for k, entry in kept.items():
+                plan = phases[k]
+                if plan.meet_real is None or not len(plan.meet_real):
+                    continue
+                own = np.fromiter(entry[0](np.zeros(0, dtype=np.int64)).edges, np.int64)
+                twins = np.setdiff1d(plan.meet_real, own)
+                if len(twins):
+                    phases[k], changed = with_meetings(entry, twins), True
+            if changed:
+                out[key] = tuple(phases)
+        return out
 
     def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float, tuner: bool = False) -> float:
         """Time of ``phases`` alone on their links: per phase, latency plus its slowest flow.
@@ -684,6 +717,7 @@ class Engine:
             kept = self._kept[key]
             phased[key] = self._plans[key] = tuple(with_meetings(kept[k], meeting[k]) if k in meeting else plan
                                                    for k, plan in enumerate(phased[key]))
+        accounted = self._twins_links(phased)
         self._kept = None
         self.asymmetric_orbits = _asymmetric_orbits(phased, keys_of)
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
@@ -695,6 +729,7 @@ class Engine:
         kept_links[list(_dominated_links(distinct, bw))] = False
         for key, phases in phased.items():
             self._full_plans[key] = phases
+            self._account_plans[key] = accounted.get(key, phases)
             self._plans[key] = tuple(map(partial(_on_links, kept_links), phases))
         # a channel is (name, orbit, stream), and an orbit is a rank per group member: hashed
         # once per shape here, not once per link (a DP ring over 16,384 GPUs: a tuple of
@@ -845,7 +880,7 @@ class Engine:
         fast = _shape_id(c)
         hit = self._start_of.get(fast)
         if hit is None:
-            hit = self._start_of[fast] = (self._plan(c), self._full_plan(c))
+            hit = self._start_of[fast] = (self._plan(c), self._account_plan(c))
         phases, full = hit
         if len(phases) == 1:
             self.net.transfer(phases[0], c.size_bytes, tag=full[0], at_s=at_s, on_done=on_done)
@@ -1074,7 +1109,7 @@ class Engine:
             next phase's offset = this one's + latency + its longest flow
         """
         out, t0 = [], 0.0
-        for plan, whole in zip(self._plan(c), self._full_plan(c)):
+        for plan, whole in zip(self._plan(c), self._account_plan(c)):
             rates = np.asarray(max_min_rates(list(plan.weights), self.cluster.edge_bw_Bps), dtype=np.float64)
             frac = np.asarray(plan.fractions, dtype=np.float64)
             dur = frac * c.size_bytes / rates
@@ -1198,7 +1233,16 @@ class Engine:
         kind = dict(zip(used, map(self.cluster.edge_kind.__getitem__, used)))
         use = total / np.asarray(bw)
         by_use = np.lexsort((np.arange(len(use)), -use))
-        by_use = by_use[total[by_use] > 0].tolist()
+        # (a GPU's own links that are not its class's simulated rank's get that rank's use in the
+        # summary, analysis.links.every_gpu: their rates over time are not worked out)
+        eligible = total[by_use] > 0
+        rep = self.prog.rep
+        if rep is not None:
+            others = np.zeros(len(total), dtype=bool)
+            owned = self.cluster.owned_edges
+            others[[e for g, r in enumerate(rep) if r != g for e in owned[g]]] = True
+            eligible &= ~others[by_use]
+        by_use = by_use[eligible].tolist()
         top = by_use[:detailed]
         if len(by_use) > detailed:  # ties at the cut: by name, as the summary lists the busiest
             last = use[top[-1]]
@@ -1206,7 +1250,9 @@ class Engine:
             top = sorted(top + tied, key=lambda e: (-use[e], "{}->{}".format(*edges[e])))[:detailed]
         chosen = set(top)
         for k in set(kind.values()):
-            chosen.add(next(e for e in by_use if kind[e] == k))
+            busiest = next((e for e in by_use if kind[e] == k), None)
+            if busiest is not None:
+                chosen.add(busiest)
         # (start, end, bytes) of everything the chosen links carried, then binned at once
         segs: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
         picked = np.fromiter(sorted(chosen), np.int64, len(chosen))

@@ -556,22 +556,42 @@ class Cluster:
 
     @cached_property
     def owned_links(self) -> tuple[tuple[str, ...], ...]:
-        """Per GPU, the names of the links that carry its traffic alone, in one order for every
-        GPU: to and from its NVSwitch, to and from its NIC over PCIe, and where the NIC is its
-        own (``node.nics`` = ``node.gpus``) the NIC's cable to its leaf and back. A symmetric
-        class's members load theirs alike (analysis.links.every_gpu)."""
+        """Per GPU, the names of the links inside its node that carry its traffic, in one order
+        for every GPU: to and from its NVSwitch, to and from its NIC over PCIe. A symmetric
+        class's members load theirs alike (analysis.links.every_gpu); the NICs' cables and the
+        fabric's are scale-out links, where the link use counts every twin already
+        (engine.sim.Engine._twins_links)."""
         g = self.graph
-        own_nic = self.gpus_per_nic == 1
         out = []
         for name in self.gpu_names:
             at = g.nodes[name]
             ends = [(name, at["switch"]), (at["switch"], name)] if at["switch"] else []
             ends += [(name, at["nic"]), (at["nic"], name)]
-            leaf = g.nodes[at["nic"]].get("leaf")
-            if own_nic and leaf is not None and g.has_edge(at["nic"], leaf):
-                ends += [(at["nic"], leaf), (leaf, at["nic"])]
             out.append(tuple(f"{u}->{v}" for u, v in ends))
         return tuple(out)
+
+    @cached_property
+    def own_nic_links(self) -> tuple[tuple[str, str, float, str, str] | None, ...]:
+        """Per GPU whose NIC is its own and cabled to a leaf: (its PCIe lane to the NIC, back,
+        that lane's bandwidth, the NIC's cable to the leaf, back), names; else None. What
+        crosses the cable crosses the lane (the NIC has no other link: analysis.links.every_gpu)."""
+        g, out = self.graph, []
+        own_nic = self.gpus_per_nic == 1
+        for name in self.gpu_names:
+            nic = g.nodes[name]["nic"]
+            leaf = g.nodes[nic].get("leaf")
+            if not own_nic or leaf is None or not g.has_edge(nic, leaf):
+                out.append(None)
+                continue
+            out.append((f"{name}->{nic}", f"{nic}->{name}", g.edges[name, nic]["bw_Bps"], f"{nic}->{leaf}",
+                        f"{leaf}->{nic}"))
+        return tuple(out)
+
+    @cached_property
+    def owned_edges(self) -> tuple[tuple[int, ...], ...]:
+        """:attr:`owned_links` as edge ids."""
+        index = self.edge_index
+        return tuple(tuple(index[tuple(name.split("->"))] for name in names) for names in self.owned_links)
 
     @property
     def gpus_per_nic(self) -> int:

@@ -1344,9 +1344,8 @@ def links_html(summary: dict[str, Any]) -> str:
     return ("<div><h2>Busiest links</h2><table><tr><th class=\"l\">link</th><th class=\"l\">kind</th>"
             "<th>bytes</th><th>usable bw</th><th>mean use</th><th>peak use</th><th></th></tr>"
             + "".join(rows) + "</table><p class=\"note\">Mean use: bytes / (usable bandwidth × step). "
-            "Peak: the busiest 1/100 of the step. Every GPU's links: collapsed, a GPU's own (NVLink, PCIe, "
-            "its NIC's cable) carry what its class's simulated rank's do. Links alike in every figure shown "
-            "share a row (hover it for their names).</p></div>")
+            "Peak: the busiest 1/100 of the step. Every GPU's links, collapsed as well (docs/reference.md, "
+            "links). Links alike in every figure shown share a row (hover it for their names).</p></div>")
 
 
 def _alike(links: list[dict[str, Any]], key) -> list[list[dict[str, Any]]]:
