@@ -142,12 +142,14 @@ def test_fuzz_symmetry_compares_drawn_plans():
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 6 and all(re.search(r"\d+ of \d+ ranks, [\d.]+ s against [\d.]+ s", x) for x in lines[:2])
+    assert len(lines) == 7 and all(re.search(r"\d+ of \d+ ranks, [\d.]+ s against [\d.]+ s", x) for x in lines[:2])
     assert re.fullmatch(r"(\d+ [\w% ]+, ){5}\d+ refused", lines[2]) and " 0 BROKEN" in lines[2]
     assert lines[3].startswith("flagged (simulation.asymmetric_orbits): ")
-    assert lines[4].startswith("the collapsed step against the all-ranks one: ")
+    # every GPU's links, collapsed, as rank by rank's (engine.sim.Engine._twins_links, analysis.links.every_gpu)
+    assert lines[4] == "every GPU's links: 0 plan(s) with other link counts or bytes than rank by rank's"
+    assert lines[5].startswith("the collapsed step against the all-ranks one: ")
     assert re.fullmatch(r"one kind's exposed time: \d plan\(s\) more than 10 % apart, at most [\d.]+% of the larger "
-                        r"\(plan \d\)", lines[5])
+                        r"\(plan \d\)", lines[6])
 
 
 def test_fuzz_symmetry_says_which_plans_the_summary_flagged():

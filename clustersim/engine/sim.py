@@ -599,18 +599,28 @@ class Engine:
 
     def _twins_links(self, phased: dict) -> dict[tuple, tuple[FlowPlan, ...]]:
         """Per plan whose symmetric orbit's twins cross scale-out links its simulated flows do
-        not (and meet nothing there: :meth:`_meetings`), its phases with those links too, each
+        not, its phases with those links too (network.with_meetings on all of them), each
         weighing how many instances' flow k cross it: what the twins carry there, which the
-        link use counts and the timing does not need."""
+        link use counts (:meth:`_account_plan`). The timing's plans weigh them only where they
+        meet another communication's (:meth:`_meetings`); elsewhere each twin's flow k moves as
+        the simulated one does, on links of the same signature, so counting them changes no
+        time::
+
+            DP ring, 8 nodes under 2 leaves; simulated instance over spine 1, a twin over spine 3
+            timing       flow k: own links (NICs, leaf0 -> spine1 ...)
+            link use     flow k: the same, and leaf0 -> spine3 ... (1: the twin's flow k)"""
         out = {}
+        own = np.zeros(len(self.cluster.edges), dtype=bool)  # (a mask: np.setdiff1d would import numpy.ma)
         for key, kept in self._kept.items():
             phases, changed = list(phased[key]), False
             for k, entry in kept.items():
                 plan = phases[k]
                 if plan.meet_real is None or not len(plan.meet_real):
                     continue
-                own = np.fromiter(entry[0](np.zeros(0, dtype=np.int64)).edges, np.int64)
-                twins = np.setdiff1d(plan.meet_real, own)
+                mine = np.fromiter(entry[0](np.zeros(0, dtype=np.int64)).edges, np.int64)
+                own[mine] = True
+                twins = plan.meet_real[~own[plan.meet_real]]
+                own[mine] = False
                 if len(twins):
                     phases[k], changed = with_meetings(entry, twins), True
             if changed:
