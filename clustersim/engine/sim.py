@@ -598,34 +598,52 @@ class Engine:
         return got
 
     def _twins_links(self, phased: dict) -> dict[tuple, tuple[FlowPlan, ...]]:
-        """Per plan whose symmetric orbit's twins cross scale-out links its simulated flows do
-        not, its phases with those links too (network.with_meetings on all of them), each
-        weighing how many instances' flow k cross it: what the twins carry there, which the
-        link use counts (:meth:`_account_plan`). The timing's plans weigh them only where they
-        meet another communication's (:meth:`_meetings`); elsewhere each twin's flow k moves as
-        the simulated one does, on links of the same signature, so counting them changes no
-        time::
+        """Per plan whose symmetric orbit's twins cross scale-out links no simulated flow of
+        its communication crosses (``phased``: the plans before :meth:`_meetings`), its phases
+        with those links too (network.with_meetings on all of them), each weighing how many
+        instances' flow k cross it: what the twins carry there, which the link use counts
+        (:meth:`_account_plan`). The timing's plans weigh them only where they meet another
+        communication's (:meth:`_meetings`); elsewhere each twin's flow k moves as the
+        simulated one does, on links of the same signature, so counting them changes no time.
+        A link a sibling orbit's simulated flows cross (the same communication, load and
+        algorithm) weighs every orbit's real flows there already (network.plan_phases); one of
+        another plan of its communicator (another load, another algorithm) does not::
 
             DP ring, 8 nodes under 2 leaves; simulated instance over spine 1, a twin over spine 3
             timing       flow k: own links (NICs, leaf0 -> spine1 ...)
             link use     flow k: the same, and leaf0 -> spine3 ... (1: the twin's flow k)"""
-        out = {}
-        own = np.zeros(len(self.cluster.edges), dtype=bool)  # (a mask: np.setdiff1d would import numpy.ma)
-        for key, kept in self._kept.items():
-            phases, changed = list(phased[key]), False
-            for k, entry in kept.items():
-                plan = phases[k]
-                if plan.meet_real is None or not len(plan.meet_real):
+        out: dict[tuple, tuple[FlowPlan, ...]] = {}
+        covered = np.zeros(len(self.cluster.edges), dtype=bool)  # its orbits' simulated links, a phase at a time
+        orbits: dict[tuple, list[tuple]] = {}  # a communication's sibling orbits: its family, load and algorithm
+        for n, keys in self._families(phased).items():
+            for key in keys:
+                orbits.setdefault((n, key[3], key[4]), []).append(key)
+        for keys in orbits.values():
+            for k in range(max(len(phased[key]) for key in keys)):
+                plans = [(key, phased[key][k]) for key in keys if k < len(phased[key]) and k in self._kept.get(key, {})
+                         and phased[key][k].meet_real is not None and len(phased[key][k].meet_real)]
+                if not plans:
                     continue
-                mine = np.fromiter(entry[0](np.zeros(0, dtype=np.int64)).edges, np.int64)
-                own[mine] = True
-                twins = plan.meet_real[~own[plan.meet_real]]
-                own[mine] = False
-                if len(twins):
-                    phases[k], changed = with_meetings(entry, twins), True
-            if changed:
-                out[key] = tuple(phases)
-        return out
+                own = np.fromiter(set().union(*(p.edges for _, p in plans)), np.int64)
+                covered[own] = True
+                for key, plan in plans:
+                    twins = plan.meet_real[~covered[plan.meet_real]]
+                    if len(twins):
+                        phases = out.setdefault(key, list(phased[key]))
+                        phases[k] = with_meetings(self._kept[key][k], twins)
+                covered[own] = False
+        return {key: tuple(phases) for key, phases in out.items()}
+
+    def _families(self, phased: dict) -> dict[int, list[tuple]]:
+        """The plans of ``phased`` by communication: one operation over its groups, its sibling
+        orbits' included (one communicator, whose collectives run one after another)."""
+        family_of: dict[tuple, int] = {}  # (op, every group) -> its number
+        keys_of: dict[int, list[tuple]] = {}
+        for key in phased:
+            op, g, tw, _, _ = key
+            groups = frozenset((g, *tw, *(x for orbit in self.prog.siblings.get((g, tw), ()) for x in orbit)))
+            keys_of.setdefault(family_of.setdefault((op, groups), len(family_of)), []).append(key)
+        return keys_of
 
     def _closed_form_s(self, phases: tuple[FlowPlan, ...], size_bytes: float, tuner: bool = False) -> float:
         """Time of ``phases`` alone on their links: per phase, latency plus its slowest flow.
@@ -722,12 +740,12 @@ class Engine:
             keys_of.setdefault(t.kind, set()).add(key)
         self._kept = {}  # (every plan is made here first: each phase crossing a scale-out link keeps its maker)
         phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
+        accounted = self._twins_links(phased)
         for key, meeting in self._meetings(phased).items():
             self._meeting[key] = meeting
             kept = self._kept[key]
             phased[key] = self._plans[key] = tuple(with_meetings(kept[k], meeting[k]) if k in meeting else plan
                                                    for k, plan in enumerate(phased[key]))
-        accounted = self._twins_links(phased)
         self._kept = None
         self.asymmetric_orbits = _asymmetric_orbits(phased, keys_of)
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
@@ -787,12 +805,7 @@ class Engine:
         stand for different classes, whose twins meet on its NVLink and PCIe links too (a
         32-GPU plan with a slow GPU, ZeRO-3 and TP2 was 1.9 % short of the rank-by-rank step
         without them): every link counts there."""
-        family_of: dict[tuple, int] = {}  # (op, every group) -> its number
-        keys_of: dict[int, list[tuple]] = {}
-        for key in phased:
-            op, g, tw, _, _ = key
-            groups = frozenset((g, *tw, *(x for orbit in self.prog.siblings.get((g, tw), ()) for x in orbit)))
-            keys_of.setdefault(family_of.setdefault((op, groups), len(family_of)), []).append(key)
+        keys_of = self._families(phased)
         crossing = []  # per family, the scale-out links its real flows cross
         for keys in keys_of.values():
             arrays = [p.meet_real for key in keys for p in phased[key] if p.meet_real is not None]
