@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import chain, compress, repeat, takewhile
 from operator import itemgetter
 from dataclasses import dataclass, replace
@@ -612,27 +612,35 @@ class Engine:
             DP ring, 8 nodes under 2 leaves; simulated instance over spine 1, a twin over spine 3
             timing       flow k: own links (NICs, leaf0 -> spine1 ...)
             link use     flow k: the same, and leaf0 -> spine3 ... (1: the twin's flow k)"""
-        out: dict[tuple, tuple[FlowPlan, ...]] = {}
-        covered = np.zeros(len(self.cluster.edges), dtype=bool)  # its orbits' simulated links, a phase at a time
+        out: dict[tuple, list[FlowPlan]] = {}
         orbits: dict[tuple, list[tuple]] = {}  # a communication's sibling orbits: its family, load and algorithm
         for n, keys in self._families(phased).items():
             for key in keys:
                 orbits.setdefault((n, key[3], key[4]), []).append(key)
-        for keys in orbits.values():
+        for key, k, twins in self._uncovered(phased, orbits.values()):
+            if len(twins) and k in self._kept.get(key, {}):
+                phases = out.setdefault(key, list(phased[key]))
+                phases[k] = with_meetings(self._kept[key][k], twins)
+        return {key: tuple(phases) for key, phases in out.items()}
+
+    def _uncovered(self, phased: dict, groups) -> Iterator[tuple[tuple, int, np.ndarray]]:
+        """Per group of plans of ``phased`` (lists of their keys), phase by phase: (a plan's key,
+        the phase, the scale-out links its real flows cross that no simulated flow of the
+        group's plans crosses in that phase), for each plan crossing a scale-out link there
+        (:meth:`_meetings`, :meth:`_twins_links`)."""
+        covered = np.zeros(len(self.cluster.edges), dtype=bool)  # the group's simulated links, a phase at a time
+        for keys in groups:
             for k in range(max(len(phased[key]) for key in keys)):
-                plans = [(key, phased[key][k]) for key in keys if k < len(phased[key]) and k in self._kept.get(key, {})
+                # (a plan crossing no scale-out link has none among its own links either)
+                plans = [(key, phased[key][k]) for key in keys if k < len(phased[key])
                          and phased[key][k].meet_real is not None and len(phased[key][k].meet_real)]
                 if not plans:
                     continue
                 own = np.fromiter(set().union(*(p.edges for _, p in plans)), np.int64)
                 covered[own] = True
                 for key, plan in plans:
-                    twins = plan.meet_real[~covered[plan.meet_real]]
-                    if len(twins):
-                        phases = out.setdefault(key, list(phased[key]))
-                        phases[k] = with_meetings(self._kept[key][k], twins)
+                    yield key, k, plan.meet_real[~covered[plan.meet_real]]
                 covered[own] = False
-        return {key: tuple(phases) for key, phases in out.items()}
 
     def _families(self, phased: dict) -> dict[int, list[tuple]]:
         """The plans of ``phased`` by communication: one operation over its groups, its sibling
@@ -815,22 +823,10 @@ class Engine:
             return {}
         families_on = np.bincount(np.concatenate(crossing), minlength=len(self.cluster.edges))
         out: dict[tuple, dict[int, np.ndarray]] = {}
-        covered = np.zeros(len(self.cluster.edges), dtype=bool)  # one family's simulated links, a phase at a time
-        for keys in keys_of.values():
-            for k in range(max(len(phased[key]) for key in keys)):
-                # (a plan crossing no scale-out link has none among its own links either)
-                plans = [(key, phased[key][k]) for key in keys if k < len(phased[key])
-                         and phased[key][k].meet_real is not None and len(phased[key][k].meet_real)]
-                if not plans:
-                    continue
-                own = np.fromiter(set().union(*(p.edges for _, p in plans)), np.int64)
-                covered[own] = True
-                for key, plan in plans:
-                    met = plan.meet_real[~covered[plan.meet_real]]
-                    met = met[families_on[met] > 1]
-                    if len(met):
-                        out.setdefault(key, {})[k] = met
-                covered[own] = False
+        for key, k, met in self._uncovered(phased, keys_of.values()):
+            met = met[families_on[met] > 1]
+            if len(met):
+                out.setdefault(key, {})[k] = met
         return out
 
     def _count(self, fast: tuple, c: Comm, n: int = 1, census: dict | None = None) -> None:
