@@ -533,6 +533,10 @@ class Engine:
         # plan key -> {phase: the scale-out links where its twins meet another communication's}
         self._meeting: dict[tuple, dict[int, np.ndarray]] = {}
         self._kept: dict | None = None  # while _classify plans: plan key -> network.plan_phases's kept
+        # what _twins_links reads, kept from _classify until the link use first asks (_accounting):
+        # the makers and the plans before meetings
+        self._makers: dict | None = None
+        self._before_meetings: dict | None = None
         self._alone: dict[tuple, float | None] = {}
         self._channel_codes: dict[tuple, int] = {}  # (channel, orbit, stream) -> its code (_classify)
         self._loads_of: dict[tuple, dict[int, tuple[float, float]]] = {}  # link_loads, by shape and size
@@ -541,8 +545,9 @@ class Engine:
         self._full_of: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._start_of: dict[tuple, tuple] = {}  # by _shape_id: (phases, the same with every link)
         self._full_plans: dict[tuple, tuple[FlowPlan, ...]] = {}  # before links were merged or dropped
-        # the same with every scale-out link a twin crosses, weighing the twins there (_twins_links)
-        self._account_plans: dict[tuple, tuple[FlowPlan, ...]] = {}
+        # the same with every scale-out link a twin crosses, weighing the twins there (_twins_links);
+        # None until the link use asks (_accounting)
+        self._account_plans: dict[tuple, tuple[FlowPlan, ...]] | None = None
         self._account_of: dict[tuple, tuple[FlowPlan, ...]] = {}
         # communications timed in closed form: id -> (the communication, its starts); by object,
         # so that a segment logs a start with one append (:meth:`_starts_log`)
@@ -593,9 +598,28 @@ class Engine:
         fast = _shape_id(c)
         got = self._account_of.get(fast)
         if got is None:
-            got = self._account_of[fast] = (self._account_plans.get((*_shape(c), self.algorithm(c)))
+            got = self._account_of[fast] = (self._accounting().get((*_shape(c), self.algorithm(c)))
                                             or self._full_plan(c))
         return got
+
+    def _accounting(self) -> dict[tuple, tuple[FlowPlan, ...]]:
+        """Plan key -> its phases as the link use counts them (:meth:`_twins_links`), worked out
+        the first time the link use asks: a run whose summary lists no links (a sweep's) never
+        does, and ``clustersim run`` does in the writer's process (clustersim.output.background)."""
+        if self._account_plans is None:
+            accounted = self._twins_links(self._before_meetings) if self._makers else {}
+            self._account_plans = {key: accounted.get(key, phases) for key, phases in self._full_plans.items()}
+            self._makers = self._before_meetings = None
+        return self._account_plans
+
+    def _tags_as_counted(self) -> None:
+        """The flow network's finished transfers tagged with their phases as the link use counts
+        them (:meth:`_accounting`), where those differ from the timing's (tagged when they started)."""
+        swap = {id(f): a for key, counted in self._accounting().items()
+                for f, a in zip(self._full_plans[key], counted) if f is not a}
+        if swap:
+            finished = self.net.finished
+            finished[:] = [(swap.get(id(r[0]), r[0]), *r[1:]) for r in finished]
 
     def _twins_links(self, phased: dict) -> dict[tuple, tuple[FlowPlan, ...]]:
         """Per plan whose symmetric orbit's twins cross scale-out links no simulated flow of
@@ -618,9 +642,9 @@ class Engine:
             for key in keys:
                 orbits.setdefault((n, key[3], key[4]), []).append(key)
         for key, k, twins in self._uncovered(phased, orbits.values()):
-            if len(twins) and k in self._kept.get(key, {}):
+            if len(twins) and k in self._makers.get(key, {}):
                 phases = out.setdefault(key, list(phased[key]))
-                phases[k] = with_meetings(self._kept[key][k], twins)
+                phases[k] = with_meetings(self._makers[key][k], twins)
         return {key: tuple(phases) for key, phases in out.items()}
 
     def _uncovered(self, phased: dict, groups) -> Iterator[tuple[tuple, int, np.ndarray]]:
@@ -748,13 +772,13 @@ class Engine:
             keys_of.setdefault(t.kind, set()).add(key)
         self._kept = {}  # (every plan is made here first: each phase crossing a scale-out link keeps its maker)
         phased = {(op, g, tw, ld, a): self._plan(c, a) for (op, g, tw, ld, a, _), c in shapes.items()}
-        accounted = self._twins_links(phased)
+        self._before_meetings = dict(phased)  # (for _twins_links, when the link use asks)
         for key, meeting in self._meetings(phased).items():
             self._meeting[key] = meeting
             kept = self._kept[key]
             phased[key] = self._plans[key] = tuple(with_meetings(kept[k], meeting[k]) if k in meeting else plan
                                                    for k, plan in enumerate(phased[key]))
-        self._kept = None
+        self._makers, self._kept = self._kept, None
         self.asymmetric_orbits = _asymmetric_orbits(phased, keys_of)
         plans = {(key, k): plan for key, phases in phased.items() for k, plan in enumerate(phases)}
         on_edge = _flows_on_links(list(plans.values()))
@@ -765,7 +789,6 @@ class Engine:
         kept_links[list(_dominated_links(distinct, bw))] = False
         for key, phases in phased.items():
             self._full_plans[key] = phases
-            self._account_plans[key] = accounted.get(key, phases)
             self._plans[key] = tuple(map(partial(_on_links, kept_links), phases))
         # a channel is (name, orbit, stream), and an orbit is a rank per group member: hashed
         # once per shape here, not once per link (a DP ring over 16,384 GPUs: a tuple of
@@ -899,7 +922,7 @@ class Engine:
         fast = _shape_id(c)
         hit = self._start_of.get(fast)
         if hit is None:
-            hit = self._start_of[fast] = (self._plan(c), self._account_plan(c))
+            hit = self._start_of[fast] = (self._plan(c), self._full_plan(c))
         phases, full = hit
         if len(phases) == 1:
             self.net.transfer(phases[0], c.size_bytes, tag=full[0], at_s=at_s, on_done=on_done)
@@ -1193,15 +1216,17 @@ class Engine:
     def _link_use(self, step_s: float, bins: int = 100, detailed: int = 10) -> list[LinkUse]:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
         link it crosses (real traffic, twins included), spread evenly over the time the flow
-        ran at each of its rates. Collapsed, these are the simulated ranks' links and those where
-        twins meet (:meth:`_meetings`): their twins' other links carry the same (the summary
-        gives every GPU its own: analysis.links.every_gpu). The rate over
+        ran at each of its rates. Collapsed, these are the simulated ranks' links and every
+        scale-out link their twins cross (:meth:`_accounting`): their twins' links inside their
+        nodes carry the same (the summary gives every GPU its own: analysis.links.every_gpu).
+        The rate over
         time (``bins`` slices of the step) is worked out for the ``detailed`` links of highest
         mean use (ties by name, as the summary lists them) and the busiest of each kind; the
         others get their bytes only (peak 0, no series)."""
         if self.network != "flow" or step_s <= 0:
             return []
         self._cut_records()
+        self._tags_as_counted()
         total = np.zeros(len(self.cluster.edges))
         # closed-form communications, by shape: every instance moves the same bytes. Logged
         # by object (a segment logs its template's communication every time), grouped here by
