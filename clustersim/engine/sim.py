@@ -548,7 +548,6 @@ class Engine:
         # the same with every scale-out link a twin crosses, weighing the twins there (_twins_links);
         # None until the link use asks (_accounting)
         self._account_plans: dict[tuple, tuple[FlowPlan, ...]] | None = None
-        self._account_of: dict[tuple, tuple[FlowPlan, ...]] = {}
         # communications timed in closed form: id -> (the communication, its starts); by object,
         # so that a segment logs a start with one append (:meth:`_starts_log`)
         self._alone_starts: dict[int, tuple[Comm, list[float]]] = {}
@@ -594,13 +593,9 @@ class Engine:
 
     def _account_plan(self, c: Comm) -> tuple[FlowPlan, ...]:
         """The phases of ``c`` as the link use counts them: :meth:`_full_plan` with every
-        scale-out link its twins cross (:meth:`_twins_links`)."""
-        fast = _shape_id(c)
-        got = self._account_of.get(fast)
-        if got is None:
-            got = self._account_of[fast] = (self._accounting().get((*_shape(c), self.algorithm(c)))
-                                            or self._full_plan(c))
-        return got
+        scale-out link its twins cross (:meth:`_twins_links`); asked once per shape, by the
+        link use."""
+        return self._accounting().get((*_shape(c), self.algorithm(c))) or self._full_plan(c)
 
     def _accounting(self) -> dict[tuple, tuple[FlowPlan, ...]]:
         """Plan key -> its phases as the link use counts them (:meth:`_twins_links`), worked out
