@@ -248,6 +248,46 @@ def test_communications_sharing_the_bottleneck_alike_are_named_by_name_whatever_
     assert info["shared_with"][0]["overlap_s"] == pytest.approx(0.5, rel=1e-12)
 
 
+def test_a_collective_s_members_overlap_an_example_once(root):
+    """What shared the bottleneck overlapped the example for the union of its spans' overlaps:
+    a collective's members each have a span at the same times (one instance), counted once,
+    not once per member GPU (a ZeRO-3 gather over 8 GPUs overlapped its example eightfold,
+    longer than the example lasted, and a collapsed run, which has fewer of the members,
+    said another figure); instances one after another add up."""
+    from types import SimpleNamespace
+
+    from clustersim.analysis.exposure import _explain
+
+    cl = _two_node_cluster(root)
+    prog = _allreduces(["me", "x", "y"])
+    eng = Engine(prog, cl, algorithms={"all_reduce": "ring"})
+    a, b = 1.0, 2.0
+    during = [SimpleNamespace(tid=1, kind="dp", op="all_reduce", name="AR x", start_s=0.5, end_s=1.25),  # a member
+              SimpleNamespace(tid=1, kind="dp", op="all_reduce", name="AR x", start_s=0.5, end_s=1.25),  # another
+              SimpleNamespace(tid=2, kind="dp", op="all_reduce", name="AR y", start_s=1.25, end_s=1.5),  # one instance,
+              SimpleNamespace(tid=2, kind="dp", op="all_reduce", name="AR y", start_s=1.5, end_s=1.75)]  # the next
+    info = _explain(prog.task(0), eng, cl, during, a, b, prog.task)
+    assert {s["collective"]: s["overlap_s"] for s in info["shared_with"]} == {
+        "dp all_reduce: AR x": pytest.approx(0.25, rel=1e-12), "dp all_reduce: AR y": pytest.approx(0.5, rel=1e-12)}
+
+
+def test_what_shared_an_exposed_collective_s_link_reads_the_same_collapsed(root):
+    """long_context_cp_128k simulates 2 of its 64 ranks: what shared each cause's bottleneck,
+    and for how long, is what every rank's run says, and no overlap outlasts its example (the
+    gradients' all-reduce overlapped the TP gathers' examples twice over, member by member)."""
+    sc = clustersim.load_scenario(root / "scenarios" / "long_context_cp_128k.yaml")
+    collapsed, every = (clustersim.simulate(sc, collapse=c).summary["exposed_comm_causes"] for c in (None, False))
+    shared = [[(c["collective"], [(x["collective"], x["overlap_s"]) for x in c["shared_with"]]) for c in s]
+              for s in (collapsed, every)]
+    assert any(x for _, x in shared[0])
+    for (name, ours), (name_all, theirs) in zip(*shared, strict=True):
+        assert name == name_all and [k for k, _ in ours] == [k for k, _ in theirs]
+        assert [v for _, v in ours] == pytest.approx([v for _, v in theirs], rel=1e-9)
+    for c in every:
+        for x in c["shared_with"]:
+            assert x["overlap_s"] <= (c["example"]["end_s"] - c["example"]["start_s"]) * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("collective, said", [
     ("dp all_reduce: AR grads bucket #", "dp all-reduce of gradients, every bucket"),
     ("dp reduce_scatter: RS expert grads bucket #", "dp reduce-scatter of expert gradients, every bucket"),

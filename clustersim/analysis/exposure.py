@@ -19,8 +19,9 @@ For the top groups, the span with the most exposed time is explained::
                 at that link's bandwidth: sum over flows of weight * bytes / bw — the link
                 that bounds the collective alone (its alpha-beta time)
     shared_with other communications whose flows cross that link while the span runs, with
-                how long they overlapped it (none when the collective was alone on its
-                links, which the engine then timed in closed form)
+                how long they overlapped it, the union of their spans' overlaps (a
+                collective's members count once); none when the collective was alone on
+                its links, which the engine then timed in closed form
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..collectives.algorithms import at_nvls_share
 from ..floats import sum_left
 from ..program.tasks import Comm, Program, Task
 from ..trace import Trace, first_and_inverse, stable_argsort
-from .intervals import INSTANT_S, Arrays, merged, seq_sum
+from .intervals import INSTANT_S, Arrays, length, merged, seq_sum, union
 
 _NUM = re.compile(r"\b\d+\b")  # bucket and part numbers, not "A2A"
 
@@ -232,7 +233,7 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
     info["bottleneck"] = {"link": f"{u}->{v}", "kind": kind,
                           "bw_Bps": bw_Bps, "busy_s": loads[e][0], "flows": loads[e][1]}
     crosses: dict[tuple, bool] = {}
-    shared: dict[str, float] = {}
+    overlaps: dict[str, list[tuple[float, float]]] = {}
     for s in during:
         o = task(s.tid).comm
         if o is None or o.key == c.key:
@@ -241,8 +242,11 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
         if shape not in crosses:
             crosses[shape] = e in ex.link_loads(o)
         if crosses[shape]:
-            name = collective_name(s.kind, s.op, s.name)
-            shared[name] = shared.get(name, 0.0) + min(b, s.end_s) - max(a, s.start_s)
+            overlaps.setdefault(collective_name(s.kind, s.op, s.name), []).append((max(a, s.start_s), min(b, s.end_s)))
+    # how long each overlapped the example: the union of its spans' overlaps, so that a
+    # collective's members (one span each, at the same times) count once, as its twins do in a
+    # collapsed run, and no overlap outlasts the example
+    shared = {k: length(union(v)) for k, v in overlaps.items()}
     # the longest overlaps first, to nine digits, then by name, as the causes are ranked: a
     # copied-in cycle (engine.repeat) moves span times by float crumbs, which reordered two
     # communications that overlap alike (an MoE layer's two recomputed all-to-alls)
