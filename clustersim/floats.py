@@ -21,3 +21,9 @@ def sum_left(xs: Iterable, start=0):
     """``((start + x0) + x1) + ...``, each addition rounded as it comes: Python's ``sum()``
     up to 3.11, on every version (ints stay ints)."""
     return reduce(add, xs, start)
+
+
+def digits(x: float) -> float:
+    """``x`` to nine significant digits: what ranks equal figures as equal where their last
+    bits differ (summed in another order, by a collapsed run's twins or a copied-in cycle)."""
+    return float(f"{x:.8e}")

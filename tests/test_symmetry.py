@@ -60,11 +60,50 @@ def _close(a, b, path: str = "", rel: float = REL) -> None:
         assert a == b, path
 
 
-def _assert_same(sym: dict, full: dict) -> None:
-    """The summary figures that symmetry must not change."""
+# what a collapsed summary says of its own run, not of the step: how it was simulated, and
+# the ranks it simulated (bubble.per_rank lists them, weighted; per_stage counts them)
+OWN_RUN = frozenset({"simulation", "per_rank", "ranks_simulated"})
+
+
+def _of_the_step(summary):
+    """``summary`` without :data:`OWN_RUN`'s keys, at any depth."""
+    if isinstance(summary, dict):
+        return {k: _of_the_step(v) for k, v in summary.items() if k not in OWN_RUN}
+    if isinstance(summary, list):
+        return [_of_the_step(v) for v in summary]
+    return summary
+
+
+# an exposed cause's bottleneck counts the simulated instance's twins on each link (eight DP
+# rings crossing one spine weigh eight there: docs/metrics.md); rank by rank every instance
+# is its own, without twins, so where twins share a link (a spine, a shared NIC) the two runs
+# name another link, at another load, and what shared it differs with it
+TWINS_SHARE = frozenset({"bottleneck", "shared_with"})
+# PCIe lanes: one to a NIC its GPU does not own (NICs shared by GPUs) carries the simulated
+# rank's traffic, not its twins' PXN-forwarded flows; one to its own NIC carries what the NIC's
+# cable does, whose peak a slowed cable (a fault) or PXN's relays can spread over other
+# moments (docs/architecture.md, "Known limitations")
+PXN_LANES = frozenset({"pcie"})
+
+
+def _of_the_step(summary, but: frozenset = frozenset()):
+    """``summary`` without :data:`OWN_RUN`'s keys, nor ``but``'s, at any depth."""
+    if isinstance(summary, dict):
+        return {k: _of_the_step(v, but) for k, v in summary.items() if k not in OWN_RUN and k not in but}
+    if isinstance(summary, list):
+        return [_of_the_step(v, but) for v in summary]
+    return summary
+
+
+def _assert_same(sym: dict, full: dict, but: frozenset = frozenset()) -> None:
+    """Every figure of summary.json but :data:`OWN_RUN`'s (and ``but``'s): the step and its
+    metrics, each kind's exposure, the bubble, memory, the critical path, the exposed causes
+    (their examples, bottlenecks and what shared them), every GPU's links; the headline
+    figures first, for the message."""
     for key in ("step_time_s", "mfu", "hfu", "bubble_fraction", "compute_s", "exposed_comm_s", "comm_s",
                 "memory"):
         _close(sym[key], full[key], key)
+    _close(_of_the_step(sym, but), _of_the_step(full, but))
 
 
 def _assert_same_step(sym: dict, full: dict, rel: float) -> None:
@@ -364,7 +403,7 @@ def test_a_stragglers_mates_on_its_nic_split_and_equal_all_ranks(parallel, nics,
     assert sorted(sc.straggler_mates) == mates
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] < 32
-    _assert_same(split, full)
+    _assert_same(split, full, TWINS_SHARE | PXN_LANES)
 
 
 def test_a_stragglers_mates_on_its_nic_run_as_their_representative():
@@ -544,7 +583,7 @@ def test_faults_on_a_nodes_cables_split_classes_and_equal_all_ranks(parallel, op
     assert sc.node_touched_gpus == (touched or sc.cluster.fault_gpus)
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == n
-    _assert_same(split, full)
+    _assert_same(split, full, TWINS_SHARE | PXN_LANES)
 
 
 @pytest.mark.parametrize("parallel, opts", [({"tp": 2, "pp": 4, "dp": 3}, {}),
@@ -703,7 +742,7 @@ def test_groups_and_routes_leaf_groups_cut_unevenly_split_the_classes(base, node
     split, full = _both(sc)
     assert split["simulation"]["simulated_ranks"] == n
     assert split["simulation"]["leaf_split"] == {"ranks": n, "kept_in_collapse": False, "split_up_to": 24}
-    _assert_same(split, full)
+    _assert_same(split, full, TWINS_SHARE | PXN_LANES)
     assert "split where leaf groups cut" in _simulated_line(split, 1.0)
     assert full["simulation"]["leaf_split"] is None
 
@@ -862,7 +901,7 @@ def test_fabric_faults_split_classes_and_equal_all_ranks(fabric, parallel, what_
     if "cp" in parallel:  # (its PP exposed time 0.2 % apart: _assert_same_step)
         _assert_same_step(split, full, 1e-2)
     else:
-        _assert_same(split, full)
+        _assert_same(split, full, TWINS_SHARE)
 
 
 def test_a_rail_leaf_uplink_splits_only_the_gpus_whose_flows_it_touches(tmp_path, narrow):
@@ -1150,7 +1189,7 @@ def test_twins_of_two_orbits_meeting_on_a_spine_slow_both():
     sc = clustersim.load_scenario(d, base_dir=ROOT)
     collapsed, full = _both(sc)
     assert collapsed["simulation"]["simulated_ranks"] == 8 and full["simulation"]["simulated_ranks"] == 32
-    _assert_same(collapsed, full)
+    _assert_same(collapsed, full, TWINS_SHARE)
 
 
 def test_a_straggler_split_stays_an_upper_bound_where_twins_meet():
@@ -1187,7 +1226,7 @@ def test_a_collapsed_collective_chooses_its_algorithm_as_each_instance_does():
     assert chosen == ["hierarchical", "hierarchical"]
     collapsed, full = _both(sc)
     assert collapsed["simulation"]["simulated_ranks"] == 1
-    _assert_same(collapsed, full)
+    _assert_same(collapsed, full, TWINS_SHARE)
 
 
 
@@ -1225,7 +1264,7 @@ def test_every_instance_of_an_orbit_chooses_its_algorithm_as_the_tuner_sees_it(t
     assert chosen and all(len(algos) == 1 for algos in chosen.values()), chosen
     collapsed, full = _both(sc)
     assert collapsed["simulation"]["simulated_ranks"] == 1
-    _assert_same(collapsed, full)
+    _assert_same(collapsed, full, TWINS_SHARE)
 
 
 # --- twins of two different communications meeting on scale-out links ------------------------

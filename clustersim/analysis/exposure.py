@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..collectives.algorithms import at_nvls_share
-from ..floats import sum_left
+from ..floats import digits, sum_left
 from ..program.tasks import Comm, Program, Task
 from ..trace import Trace, first_and_inverse, stable_argsort
 from .intervals import INSTANT_S, Arrays, length, merged, seq_sum, union
@@ -185,7 +185,7 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
         ranked.append(g)
     # largest first, to nine digits, then by name: equal sums (the same cost in two groups,
     # added in another order) differ in their last bits
-    ranked.sort(key=lambda g: (-_digits(g["exposed_s"]), g["collective"]))
+    ranked.sort(key=lambda g: (-digits(g["exposed_s"]), g["collective"]))
     out = []
     if not ranked:
         return out
@@ -208,12 +208,6 @@ def exposed_collectives(prog: Program, trace: Trace, explainer: Explainer | None
     return out
 
 
-def _digits(x: float) -> float:
-    """``x`` to nine significant digits: what ranks equal times as equal when their last bits
-    differ (summed in another order, or moved by a copied-in cycle)."""
-    return float(f"{x:.8e}")
-
-
 def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, task) -> dict:
     """Algorithm, bottleneck link and what shared it; ``during``: the communications (on their
     own ranks) that overlap the example span [a, b], in span order; ``task``: task by id."""
@@ -224,7 +218,9 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
                             "alone": ex.timed_alone(t), "shared_with": []}
     if not loads:
         return info
-    e = max(loads, key=lambda k: (loads[k][0], -k))
+    # the busiest to nine digits, then the first: twins' loads summed in another order (a
+    # collapsed run's) differ in their last bits, which named another of equal links
+    e = max(loads, key=lambda k: (digits(loads[k][0]), -k))
     u, v = cluster.edges[e]
     # NVLS moves at its own share of the NVLink rate, which busy_s is worked out at: the rate
     # shown is that share, so that the traffic over it is busy_s
@@ -251,5 +247,5 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
     # copied-in cycle (engine.repeat) moves span times by float crumbs, which reordered two
     # communications that overlap alike (an MoE layer's two recomputed all-to-alls)
     info["shared_with"] = [{"collective": k, "overlap_s": v}
-                           for k, v in sorted(shared.items(), key=lambda kv: (-_digits(kv[1]), kv[0]))[:5]]
+                           for k, v in sorted(shared.items(), key=lambda kv: (-digits(kv[1]), kv[0]))[:5]]
     return info

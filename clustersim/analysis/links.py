@@ -13,6 +13,7 @@ links are listed, as rank by rank.
 
 from __future__ import annotations
 
+from ..floats import digits
 from ..trace import LinkUse, Trace
 
 BUSIEST = 10
@@ -89,8 +90,9 @@ def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] 
     # links tied there could put links without a series among the busiest (DeepSeek-V3's NIC
     # cables: a peak of 0 under a mean of 55 %). Among links tied, those with a series first:
     # every GPU's links (every_gpu) tie with their class's, whose names the engine's pick
-    # ordered, not theirs
-    busiest = sorted(links, key=lambda u: (-(u.bytes / u.bw_Bps), not u.series_Bps, u.name))[:BUSIEST]
+    # ordered, not theirs. The mean to nine digits: a collapsed run's twins add a link's bytes in
+    # another order than every rank's run, and two links' last bits swapped them
+    busiest = sorted(links, key=lambda u: (-digits(u.bytes / u.bw_Bps), not u.series_Bps, u.name))[:BUSIEST]
     return {
         "by_kind": dict(sorted(by_kind.items())),
         "busiest": [{"link": u.name, "kind": u.kind, "bytes": u.bytes, "bw_Bps": u.bw_Bps,

@@ -42,6 +42,7 @@ from ..program.tasks import Comm, Program, Task
 from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, stable_argsort,
                      unique, unique_inverse)
 from ..codegen import Straight
+from ..floats import digits
 from ..collectives.algorithms import ALGORITHMS, AUTO, DEEPEP, applicable
 from .network import FlowNetwork, FlowPlan, with_pairs, max_min_rates, plan_phases, wire_scales, with_meetings
 
@@ -1283,10 +1284,10 @@ class Engine:
             eligible &= ~others[by_use]
         by_use = by_use[eligible].tolist()
         top = by_use[:detailed]
-        if len(by_use) > detailed:  # ties at the cut: by name, as the summary lists the busiest
-            last = use[top[-1]]
-            tied = list(takewhile(lambda e: use[e] == last, by_use[detailed:]))  # (in order of use: next to the cut)
-            top = sorted(top + tied, key=lambda e: (-use[e], "{}->{}".format(*edges[e])))[:detailed]
+        if len(by_use) > detailed:  # ties at the cut, to nine digits: by name, as the summary lists the busiest
+            last = digits(use[top[-1]])
+            tied = list(takewhile(lambda e: digits(use[e]) == last, by_use[detailed:]))  # (next to the cut)
+            top = sorted(top + tied, key=lambda e: (-digits(use[e]), "{}->{}".format(*edges[e])))[:detailed]
         chosen = set(top)
         for k in set(kind.values()):
             busiest = next((e for e in by_use if kind[e] == k), None)
