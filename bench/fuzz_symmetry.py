@@ -24,8 +24,11 @@ time per GPU and the memory's static parts (parameters, gradients, optimizer, ac
 bytes per microbatch, microbatches in flight, transient buffers). A plan where they differ
 is BROKEN, and the script exits 1. It ends with the count of each verdict, the verdicts of
 the plans whose summary flags communications that moved at their slowest twin's pace
-(``simulation.asymmetric_orbits``, at the end of their lines) and of the others, the spread
-of the step and how far one kind's exposed time (a mean over GPUs) is apart at most.
+(``simulation.asymmetric_orbits``, at the end of their lines) and of the others, how many
+plans' links differ in count or bytes, how many exact plans differ in any other figure of
+summary.json (:func:`other_figures`: the critical path, the exposed causes and what shared
+their bottlenecks, ...; the first such figure at the end of the plan's line), the spread of
+the step and how far one kind's exposed time (a mean over GPUs) is apart at most.
 """
 
 from __future__ import annotations
@@ -226,6 +229,37 @@ def links_differ(collapsed: dict, full: dict) -> str:
     return ", ".join(out)
 
 
+# what a collapsed summary says of its own run, not of the step (tests/test_symmetry.py OWN_RUN)
+OWN_RUN = frozenset({"simulation", "per_rank", "ranks_simulated"})
+
+
+def _of_the_step(x):
+    if isinstance(x, dict):
+        return {k: _of_the_step(v) for k, v in x.items() if k not in OWN_RUN}
+    return [_of_the_step(v) for v in x] if isinstance(x, list) else x
+
+
+def other_figures(collapsed: dict, full: dict) -> str:
+    """The first figure of the rest of summary.json (but the run's own description) that
+    differs, "" where none does: the critical path, the bubble's parts, the stages, the
+    exposed causes, every GPU's links (their PCIe lanes' peaks left out, and a cause's
+    bottleneck and what shared it where the two name other links: both by design, where
+    twins share links; docs/architecture.md, "Known limitations", Symmetry)."""
+    a, b = _of_the_step(collapsed), _of_the_step(full)
+    for s in (a, b):
+        s.get("links", {}).get("by_kind", {}).get("pcie", {}).pop("max_peak_utilisation", None)
+    for x, y in zip(a.get("exposed_comm_causes", []), b.get("exposed_comm_causes", [])):
+        if (x.get("bottleneck") or {}).get("link") != (y.get("bottleneck") or {}).get("link"):
+            for c in (x, y):
+                c.pop("bottleneck", None)
+                c.pop("shared_with", None)
+    got, want = list(_numbers(a)), list(_numbers(b))
+    if [p for p, _ in got] != [p for p, _ in want]:
+        return next((p for (p, _), (q, _) in zip(got, want) if p != q), "the parts")
+    return next((p for (p, x), (_, y) in zip(got, want)
+                 if not (x == y or (isinstance(x, float) and isinstance(y, float) and _rel(x, y) <= EXACT))), "")
+
+
 VERDICTS = ("exact", "within 1%", "above", "BELOW", "BROKEN")  # (compare's, in the order they are counted)
 
 
@@ -310,6 +344,7 @@ def main() -> int:
     gaps: list[tuple[float, int]] = []
     flags: Counter = Counter()  # (flagged, verdict) -> plans
     linked = 0  # plans whose links differ (links_differ)
+    others: list[tuple[int, str]] = []  # exact plans with another figure (other_figures)
     for i in range(plans):
         d = with_fp8(with_mtp(with_mla(with_deepep(with_dualpipev(with_ep_over_cp(with_etp(draw(rng), later), later),
                                                                     later), dispatch), latent), predict), fp8, ROOT)
@@ -335,12 +370,18 @@ def main() -> int:
         steps.append((step, i))
         gaps.append((exposed_gap(collapsed.summary, full.summary), i))
         linked += bool(links_differ(collapsed.summary, full.summary))
+        odd = other_figures(collapsed.summary, full.summary) if verdict == "exact" else ""
+        if odd:
+            others.append((i, odd))
         ranks = (collapsed.summary["simulation"]["simulated_ranks"], full.summary["simulation"]["simulated_ranks"])
         print(f"{label(i, d)}: {verdict} ({ranks[0]} of {ranks[1]} ranks, {tc:.2f} s against {tf:.2f} s)"
-              + (f": {said}" if said else "") + flagged(collapsed.summary), flush=True)
+              + (f": {said}" if said else "") + flagged(collapsed.summary)
+              + (f" [another figure: {odd}]" if odd else ""), flush=True)
     print(", ".join(f"{v} {k}" for k, v in counts.items()))
     print(flagged_counts(flags))
     print(f"every GPU's links: {linked} plan(s) with other link counts or bytes than rank by rank's")
+    print(f"every other figure: {len(others)} exact plan(s) with another than rank by rank's"
+          + (f" (plan {others[0][0]}: {others[0][1]})" if others else ""))
     if steps:
         lo, hi = min(steps), max(steps)
         print(f"the collapsed step against the all-ranks one: {lo[0]:+.3%} (plan {lo[1]}) to {hi[0]:+.3%} (plan {hi[1]})")

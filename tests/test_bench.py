@@ -137,19 +137,45 @@ def test_fuzz_symmetry_says_how_far_the_collapse_is():
         assert verdict == "BROKEN" or "memory at the peak" in said
 
 
+def test_fuzz_symmetry_finds_any_other_figure_that_differs():
+    """Past the headline figures, the rest of summary.json but the run's own description: a
+    critical-path figure or what shared a cause's bottleneck is named; a bottleneck that names
+    another link (twins sharing it: by design) leaves that cause's bottleneck and sharers out,
+    and the run's own figures (simulation, the simulated ranks) never count."""
+    import copy
+
+    import clustersim
+
+    fz = _bench("fuzz_symmetry")
+    base = clustersim.simulate(ROOT / "scenarios" / "dualpipe.yaml").summary
+    assert base["exposed_comm_causes"][0]["shared_with"]
+    assert fz.other_figures(base, base) == ""
+    s = copy.deepcopy(base)
+    s["critical_path"]["length_s"] *= 1.001
+    assert fz.other_figures(s, base) == ".critical_path.length_s"
+    s = copy.deepcopy(base)
+    s["exposed_comm_causes"][0]["shared_with"][0]["overlap_s"] *= 2
+    assert fz.other_figures(s, base) == ".exposed_comm_causes[0].shared_with[0].overlap_s"
+    s["exposed_comm_causes"][0]["bottleneck"]["link"] = "leaf0.0->spine0"
+    s["simulation"]["simulated_ranks"] += 1
+    assert fz.other_figures(s, base) == ""
+
+
 def test_fuzz_symmetry_compares_drawn_plans():
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_symmetry.py"), "0", "2"], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 7 and all(re.search(r"\d+ of \d+ ranks, [\d.]+ s against [\d.]+ s", x) for x in lines[:2])
+    assert len(lines) == 8 and all(re.search(r"\d+ of \d+ ranks, [\d.]+ s against [\d.]+ s", x) for x in lines[:2])
     assert re.fullmatch(r"(\d+ [\w% ]+, ){5}\d+ refused", lines[2]) and " 0 BROKEN" in lines[2]
     assert lines[3].startswith("flagged (simulation.asymmetric_orbits): ")
     # every GPU's links, collapsed, as rank by rank's (engine.sim.Engine._twins_links, analysis.links.every_gpu)
     assert lines[4] == "every GPU's links: 0 plan(s) with other link counts or bytes than rank by rank's"
-    assert lines[5].startswith("the collapsed step against the all-ranks one: ")
+    # every other figure of summary.json, on the plans exact on the headline ones
+    assert lines[5] == "every other figure: 0 exact plan(s) with another than rank by rank's"
+    assert lines[6].startswith("the collapsed step against the all-ranks one: ")
     assert re.fullmatch(r"one kind's exposed time: \d plan\(s\) more than 10 % apart, at most [\d.]+% of the larger "
-                        r"\(plan \d\)", lines[6])
+                        r"\(plan \d\)", lines[7])
 
 
 def test_fuzz_symmetry_says_which_plans_the_summary_flagged():
