@@ -242,12 +242,10 @@ def _of_the_step(x):
 def other_figures(collapsed: dict, full: dict) -> str:
     """The first figure of the rest of summary.json (but the run's own description) that
     differs, "" where none does: the critical path, the bubble's parts, the stages, the
-    exposed causes, every GPU's links (their PCIe lanes' peaks left out, and a cause's
-    bottleneck and what shared it where the two name other links: both by design, where
-    twins share links; docs/architecture.md, "Known limitations", Symmetry)."""
+    exposed causes, every GPU's links (a cause's bottleneck and what shared it left out where
+    the two name other links: by design, where twins share links; docs/architecture.md,
+    "Known limitations", Symmetry)."""
     a, b = _of_the_step(collapsed), _of_the_step(full)
-    for s in (a, b):
-        s.get("links", {}).get("by_kind", {}).get("pcie", {}).pop("max_peak_utilisation", None)
     for x, y in zip(a.get("exposed_comm_causes", []), b.get("exposed_comm_causes", [])):
         if (x.get("bottleneck") or {}).get("link") != (y.get("bottleneck") or {}).get("link"):
             for c in (x, y):

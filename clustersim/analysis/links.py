@@ -13,6 +13,8 @@ links are listed, as rank by rank.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..floats import digits
 from ..trace import LinkUse, Trace
 
@@ -64,6 +66,30 @@ def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
     return out
 
 
+# links whose means lie within this of each other may be equal to nine digits (floats.digits)
+NEAR = 2e-8
+
+
+def _near_the_top(use: np.ndarray, among: np.ndarray, n: int) -> np.ndarray:
+    """The links of ``among`` (indices into ``use``) whose use lies within :data:`NEAR` of
+    their ``n``-th highest or above: every one that could rank among the first ``n`` to nine
+    digits (a larger gap is a smaller ninth digit)."""
+    if len(among) <= n:
+        return among
+    u = use[among]
+    nth = np.partition(u, len(u) - n)[len(u) - n]
+    return among[u >= nth * (1.0 - NEAR)]
+
+
+def first_by_use(use: np.ndarray, among: np.ndarray, n: int, name) -> list[int]:
+    """The first ``n`` of ``among`` by use to nine digits, highest first, then by ``name(i)``:
+    the links whose rate over time the engine works out (engine.sim.Engine._link_use: the
+    step's ``n`` busiest, and each kind's busiest) and the summary reads its peaks from. To
+    nine digits, so that last bits (twins' bytes added in another order, collapsed) do not
+    pick other links."""
+    return sorted(_near_the_top(use, among, n).tolist(), key=lambda i: (-digits(use[i]), name(i)))[:n]
+
+
 def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] | None = None,
                 nic_links: tuple | None = None) -> dict:
     """``links`` of summary.json: per kind of link, and the busiest links; with ``owned``
@@ -83,16 +109,25 @@ def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] 
         k["links"] += 1
         k["bytes"] += u.bytes
         k["max_utilisation"] = max(k["max_utilisation"], util(u))
-        # peaks are worked out for the busiest links, the kind's busiest among them
-        k["max_peak_utilisation"] = max(k["max_peak_utilisation"], u.peak_Bps / u.bw_Bps)
+    # peaks are worked out for the links the engine picks: the kind's highest among them (not
+    # among every link with a series: collapsed, a PCIe lane's comes from its NIC's cable)
+    use = np.fromiter((u.bytes / u.bw_Bps for u in links), float, len(links))
+    everyone = np.arange(len(links))
+    kinds = np.array([u.kind for u in links])
+    picked = set(first_by_use(use, everyone, BUSIEST, lambda i: links[i].name))
+    for k in by_kind:
+        picked.update(first_by_use(use, everyone[kinds == k], 1, lambda i: links[i].name))
+    for i in picked:
+        k = by_kind[links[i].kind]
+        k["max_peak_utilisation"] = max(k["max_peak_utilisation"], links[i].peak_Bps / links[i].bw_Bps)
     # ranked by bytes / bw, as the engine picks the links it works the rate over time out for
     # (engine.sim.Engine._link_use): by the mean, a last-bit difference in the bytes of two
     # links tied there could put links without a series among the busiest (DeepSeek-V3's NIC
-    # cables: a peak of 0 under a mean of 55 %). Among links tied, those with a series first:
-    # every GPU's links (every_gpu) tie with their class's, whose names the engine's pick
-    # ordered, not theirs. The mean to nine digits: a collapsed run's twins add a link's bytes in
-    # another order than every rank's run, and two links' last bits swapped them
-    busiest = sorted(links, key=lambda u: (-digits(u.bytes / u.bw_Bps), not u.series_Bps, u.name))[:BUSIEST]
+    # cables: a peak of 0 under a mean of 55 %). Among links tied, those with a series first.
+    # The mean to nine digits: a collapsed run's twins add a link's bytes in another order than
+    # every rank's run, and two links' last bits swapped them
+    busiest = [links[i] for i in sorted(_near_the_top(use, everyone, BUSIEST).tolist(), key=lambda i: (
+        -digits(use[i]), not links[i].series_Bps, links[i].name))[:BUSIEST]]
     return {
         "by_kind": dict(sorted(by_kind.items())),
         "busiest": [{"link": u.name, "kind": u.kind, "bytes": u.bytes, "bw_Bps": u.bw_Bps,

@@ -29,7 +29,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from itertools import chain, compress, repeat, takewhile
+from itertools import chain, compress, repeat
 from operator import itemgetter
 from dataclasses import dataclass, replace
 from functools import partial
@@ -42,7 +42,7 @@ from ..program.tasks import Comm, Program, Task
 from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, stable_argsort,
                      unique, unique_inverse)
 from ..codegen import Straight
-from ..floats import digits
+from ..analysis.links import first_by_use
 from ..collectives.algorithms import ALGORITHMS, AUTO, DEEPEP, applicable
 from .network import FlowNetwork, FlowPlan, with_pairs, max_min_rates, plan_phases, wire_scales, with_meetings
 
@@ -1209,6 +1209,27 @@ class Engine:
                 rows[e].append(((start[None, :] + shifts[:, None]).ravel(), (stop[None, :] + shifts[:, None]).ravel(),
                                 np.tile(moved, len(shifts))))
 
+    def _summary_sources(self) -> np.ndarray:
+        """Per link, the link whose use the summary gives it (analysis.links.every_gpu): itself,
+        but collapsed, for a GPU's own NVLink ports and PCIe lane, its class's simulated rank's,
+        and for a PCIe lane to a NIC of its own, that NIC's cable (by conservation at the NIC)::
+
+            n3.gpu5->n3.nvsw  ->  n0.gpu5->n0.nvsw      (GPU 29's class runs on GPU 5)
+            n3.gpu5->n3.nic5  ->  n3.nic5->leaf3.5      (its own NIC's cable)
+        """
+        source = np.arange(len(self.cluster.edges))
+        rep = self.prog.rep
+        if rep is None or all(r == g for g, r in enumerate(rep)):
+            return source
+        owned = self.cluster.owned_edges
+        for g, r in enumerate(rep):
+            if r != g:
+                source[list(owned[g])] = owned[r]
+        lanes = self.cluster.own_nic_edges
+        lanes = lanes[lanes[:, 0] >= 0]
+        source[lanes[:, :2].ravel()] = lanes[:, 2:].ravel()
+        return source
+
     def _link_use(self, step_s: float, bins: int = 100, detailed: int = 10) -> list[LinkUse]:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
         link it crosses (real traffic, twins included), spread evenly over the time the flow
@@ -1217,8 +1238,9 @@ class Engine:
         nodes carry the same (the summary gives every GPU its own: analysis.links.every_gpu).
         The rate over
         time (``bins`` slices of the step) is worked out for the ``detailed`` links of highest
-        mean use (ties by name, as the summary lists them) and the busiest of each kind; the
-        others get their bytes only (peak 0, no series)."""
+        mean use (to nine digits, ties by name, as the summary lists them) and the busiest of
+        each kind, picked among every GPU's links as a run of every rank picks them
+        (:meth:`_summary_sources`); the others get their bytes only (peak 0, no series)."""
         if self.network != "flow" or step_s <= 0:
             return []
         self._cut_records()
@@ -1270,29 +1292,25 @@ class Engine:
             np.add.at(total, pair_edge, pair_w / per_pair * np.repeat(moved, sizes))
         edges, bw = self.cluster.edges, self.cluster.edge_bw_Bps
         used = np.flatnonzero(total).tolist()
+        # the links are chosen as a run of every rank would choose them, among every GPU's links
+        # as the summary lists them (analysis.links.every_gpu): each link's use is its
+        # source's (_summary_sources), whose rate over time is then worked out
+        source = self._summary_sources()
+        every = total[source]
+        use = every / np.asarray(bw)
+        carried = np.flatnonzero(every)
         kind = dict(zip(used, map(self.cluster.edge_kind.__getitem__, used)))
-        use = total / np.asarray(bw)
-        by_use = np.lexsort((np.arange(len(use)), -use))
-        # (a GPU's own links that are not its class's simulated rank's get that rank's use in the
-        # summary, analysis.links.every_gpu: their rates over time are not worked out)
-        eligible = total[by_use] > 0
-        rep = self.prog.rep
-        if rep is not None:
-            others = np.zeros(len(total), dtype=bool)
-            owned = self.cluster.owned_edges
-            others[[e for g, r in enumerate(rep) if r != g for e in owned[g]]] = True
-            eligible &= ~others[by_use]
-        by_use = by_use[eligible].tolist()
-        top = by_use[:detailed]
-        if len(by_use) > detailed:  # ties at the cut, to nine digits: by name, as the summary lists the busiest
-            last = digits(use[top[-1]])
-            tied = list(takewhile(lambda e: digits(use[e]) == last, by_use[detailed:]))  # (next to the cut)
-            top = sorted(top + tied, key=lambda e: (-digits(use[e]), "{}->{}".format(*edges[e])))[:detailed]
-        chosen = set(top)
-        for k in set(kind.values()):
-            busiest = next((e for e in by_use if kind[e] == k), None)
-            if busiest is not None:
-                chosen.add(busiest)
+        of_kind = np.asarray(self.cluster.edge_kind)[carried]
+
+        def name(e: int) -> str:
+            return "{}->{}".format(*edges[e])
+
+        # the busiest and each kind's busiest, by the mean to nine digits, then by name, as
+        # the summary reads their peaks (analysis.links.first_by_use)
+        chosen = set(first_by_use(use, carried, detailed, name))
+        for k in np.unique(of_kind).tolist():
+            chosen.update(first_by_use(use, carried[of_kind == k], 1, name))
+        chosen = set(source[sorted(chosen)].tolist())
         # (start, end, bytes) of everything the chosen links carried, then binned at once
         segs: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}
         picked = np.fromiter(sorted(chosen), np.int64, len(chosen))

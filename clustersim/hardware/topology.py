@@ -593,6 +593,16 @@ class Cluster:
         index = self.edge_index
         return tuple(tuple(index[tuple(name.split("->"))] for name in names) for names in self.owned_links)
 
+    @cached_property
+    def own_nic_edges(self) -> np.ndarray:
+        """:attr:`own_nic_links` as edge ids, GPUs x (lane to the NIC, back, the NIC's cable to
+        the leaf, back), for the GPUs that have one (rows of -1 for the others)."""
+        index, out = self.edge_index, np.full((len(self.gpu_names), 4), -1, dtype=np.int64)
+        for g, hit in enumerate(self.own_nic_links):
+            if hit is not None:
+                out[g] = [index[tuple(name.split("->"))] for name in (hit[0], hit[1], hit[3], hit[4])]
+        return out
+
     @property
     def gpus_per_nic(self) -> int:
         """GPUs sharing each NIC of a node (``node.nics`` below ``node.gpus``; GPU j's is j // this)."""
