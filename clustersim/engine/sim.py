@@ -1308,7 +1308,7 @@ class Engine:
         # the busiest and each kind's busiest, by the mean to nine digits, then by name, as
         # the summary reads their peaks (analysis.links.first_by_use)
         chosen = set(first_by_use(use, carried, detailed, name))
-        for k in np.unique(of_kind).tolist():
+        for k in sorted(set(of_kind.tolist())):  # (not np.unique: it imports numpy.ma, tests/test_repeat.py)
             chosen.update(first_by_use(use, carried[of_kind == k], 1, name))
         chosen = set(source[sorted(chosen)].tolist())
         # (start, end, bytes) of everything the chosen links carried, then binned at once
