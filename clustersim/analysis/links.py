@@ -13,6 +13,8 @@ links are listed, as rank by rank.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from ..floats import digits
@@ -87,7 +89,16 @@ def first_by_use(use: np.ndarray, among: np.ndarray, n: int, name) -> list[int]:
     step's ``n`` busiest, and each kind's busiest) and the summary reads its peaks from. To
     nine digits, so that last bits (twins' bytes added in another order, collapsed) do not
     pick other links."""
-    return sorted(_near_the_top(use, among, n).tolist(), key=lambda i: (-digits(use[i]), name(i)))[:n]
+    near = _near_the_top(use, among, n).tolist()
+    # nine digits once per value, names only where they decide: links alike (every GPU's
+    # NVLink ports) share their values, thousands of them
+    said = {v: digits(v) for v in set(use[near].tolist())}
+    ranked = sorted(near, key=lambda i: -said[use[i]])
+    if len(ranked) <= n:
+        return ranked
+    last = said[use[ranked[n - 1]]]
+    above = [i for i in ranked if said[use[i]] > last]
+    return above + heapq.nsmallest(n - len(above), (i for i in ranked if said[use[i]] == last), key=name)
 
 
 def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] | None = None,
@@ -126,8 +137,10 @@ def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] 
     # cables: a peak of 0 under a mean of 55 %). Among links tied, those with a series first.
     # The mean to nine digits: a collapsed run's twins add a link's bytes in another order than
     # every rank's run, and two links' last bits swapped them
-    busiest = [links[i] for i in sorted(_near_the_top(use, everyone, BUSIEST).tolist(), key=lambda i: (
-        -digits(use[i]), not links[i].series_Bps, links[i].name))[:BUSIEST]]
+    near = _near_the_top(use, everyone, BUSIEST).tolist()
+    said = {v: digits(v) for v in set(use[near].tolist())}
+    busiest = [links[i] for i in heapq.nsmallest(BUSIEST, near, key=lambda i: (
+        -said[use[i]], not links[i].series_Bps, links[i].name))]
     return {
         "by_kind": dict(sorted(by_kind.items())),
         "busiest": [{"link": u.name, "kind": u.kind, "bytes": u.bytes, "bw_Bps": u.bw_Bps,

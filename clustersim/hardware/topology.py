@@ -594,13 +594,25 @@ class Cluster:
         return tuple(tuple(index[tuple(name.split("->"))] for name in names) for names in self.owned_links)
 
     @cached_property
+    def owned_edge_array(self) -> np.ndarray | None:
+        """:attr:`owned_edges` as one array, GPUs x links, where every GPU has as many (else
+        None)."""
+        widths = {len(e) for e in self.owned_edges}
+        return np.asarray(self.owned_edges, dtype=np.int64) if len(widths) == 1 else None
+
+    @cached_property
     def own_nic_edges(self) -> np.ndarray:
         """:attr:`own_nic_links` as edge ids, GPUs x (lane to the NIC, back, the NIC's cable to
         the leaf, back), for the GPUs that have one (rows of -1 for the others)."""
         index, out = self.edge_index, np.full((len(self.gpu_names), 4), -1, dtype=np.int64)
-        for g, hit in enumerate(self.own_nic_links):
-            if hit is not None:
-                out[g] = [index[tuple(name.split("->"))] for name in (hit[0], hit[1], hit[3], hit[4])]
+        if self.gpus_per_nic != 1:
+            return out
+        nodes = self.graph.nodes
+        for g, name in enumerate(self.gpu_names):
+            nic = nodes[name]["nic"]
+            leaf = nodes[nic].get("leaf")
+            if leaf is not None and (nic, leaf) in index:
+                out[g] = index[name, nic], index[nic, name], index[nic, leaf], index[leaf, nic]
         return out
 
     @property
