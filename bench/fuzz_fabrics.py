@@ -11,7 +11,8 @@ agree to 1e-9)::
 
 It prints one line per plan (its verdict, the ranks the collapsed run simulated of all of
 them, and the communications its summary says moved at their slowest twin's pace), the
-count of each verdict and the verdicts of the flagged plans and of the others, and exits 1
+count of each verdict and the verdicts of the flagged plans and of the others, how many
+exact plans differ in another figure of summary.json (fuzz_symmetry.other_figures), and exits 1
 where a plan is BROKEN, fails (an invariant, an exception) or gives another step with its
 cycle copied in.
 docs/architecture.md ("Known limitations") quotes what it measures.
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import yaml
 from fuzz_args import CLASSES, two_counts, with_classes  # a sibling script (bench/ is on the path)
-from fuzz_symmetry import VERDICTS, compare, flagged, flagged_counts  # (the same verdicts; what the summary flags)
+from fuzz_symmetry import (VERDICTS, compare, flagged, flagged_counts,  # (the same verdicts; what the summary flags)
+                           other_figures)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -128,6 +130,7 @@ def main() -> int:
     counts = dict.fromkeys((*VERDICTS, "failed", "refused"), 0)
     steps: list[tuple[float, int]] = []
     flags: Counter = Counter()  # (flagged, verdict) -> plans
+    others: list[tuple[int, str]] = []  # exact plans with another figure (fuzz_symmetry.other_figures)
     bad = 0
     for i in range(plans):
         base, topo = draw_topology(rng)
@@ -163,6 +166,9 @@ def main() -> int:
             bad += 1
             continue
         verdict, step, said = compare(collapsed.summary, full.summary)
+        other = other_figures(collapsed.summary, full.summary) if verdict == "exact" else ""
+        if other:
+            others.append((i, other))
         counts[verdict] += 1
         flags[(bool(flagged(collapsed.summary)), verdict)] += 1
         steps.append((step, i))
@@ -172,9 +178,12 @@ def main() -> int:
         ranks = (collapsed.summary["simulation"]["simulated_ranks"], full.summary["simulation"]["simulated_ranks"])
         print(f"{label(i, base, topo, parallel, what_if)}: {verdict} ({ranks[0]} of {ranks[1]} ranks)"
               + (f": {said}" if said else "") + flagged(collapsed.summary)
-              + (f"; with its cycle copied in {repeat_rel:+.2e} (DIFFERS)" if odd else ""), flush=True)
+              + (f"; with its cycle copied in {repeat_rel:+.2e} (DIFFERS)" if odd else "")
+              + (f" [another figure: {other}]" if other else ""), flush=True)
     print(", ".join(f"{v} {k}" for k, v in counts.items()))
     print(flagged_counts(flags))
+    print(f"every other figure: {len(others)} exact plan(s) with another than rank by rank's"
+          + (f" (plan {others[0][0]}: {others[0][1]})" if others else ""))
     if steps:
         lo, hi = min(steps), max(steps)
         print(f"the collapsed step against the all-ranks one: {lo[0]:+.3%} (plan {lo[1]}) to {hi[0]:+.3%} (plan {hi[1]})")

@@ -199,10 +199,11 @@ def test_fuzz_fabrics_draws_a_fabric_and_a_plan_and_compares_them():
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 4 and re.fullmatch(r"\s+0 \S+\s+\d+ nodes (leaf_spine|fat_tree) .*: exact "
+    assert len(lines) == 5 and re.fullmatch(r"\s+0 \S+\s+\d+ nodes (leaf_spine|fat_tree) .*: exact "
                                             r"\(1 of 128 ranks\)", lines[0]), lines
     assert lines[1] == "1 exact, 0 within 1%, 0 above, 0 BELOW, 0 BROKEN, 0 failed, 0 refused"
     assert lines[2] == "flagged (simulation.asymmetric_orbits): none; not flagged: 1 exact"
+    assert lines[3] == "every other figure: 0 exact plan(s) with another than rank by rank's"
     # each DP replica apart (--classes replica): the same plan, exact too, one rank per replica
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz_fabrics.py"), "0", "1", "--classes", "replica"],
                        capture_output=True, text=True, cwd=ROOT)
