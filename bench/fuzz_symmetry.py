@@ -242,18 +242,21 @@ def _of_the_step(x):
 def other_figures(collapsed: dict, full: dict) -> str:
     """The first figure of the rest of summary.json (but the run's own description) that
     differs, "" where none does: the critical path, the bubble's parts, the stages, the
-    exposed causes, every GPU's links (a cause's bottleneck and what shared it left out where
-    the two name other links: by design, where twins share links; docs/architecture.md,
-    "Known limitations", Symmetry)."""
+    exposed causes, every GPU's links (a cause's bottleneck, what shared it and whether it ran
+    alone left out where the two name another link or load it otherwise: by design, where
+    twins share links;
+    docs/architecture.md, "Known limitations", Symmetry)."""
     a, b = _of_the_step(collapsed), _of_the_step(full)
     for x, y in zip(a.get("exposed_comm_causes", []), b.get("exposed_comm_causes", [])):
-        if (x.get("bottleneck") or {}).get("link") != (y.get("bottleneck") or {}).get("link"):
-            for c in (x, y):
-                c.pop("bottleneck", None)
-                c.pop("shared_with", None)
+        bx, by = x.get("bottleneck") or {}, y.get("bottleneck") or {}
+        if bx.get("link") != by.get("link") or _rel(bx.get("busy_s", 0.0), by.get("busy_s", 0.0)) > EXACT:
+            for c in (x, y):  # (twins on the link: in its load collapsed, instances of their own rank by rank,
+                # which also share its links with it: not alone)
+                for key in ("bottleneck", "shared_with", "alone"):
+                    c.pop(key, None)
     got, want = list(_numbers(a)), list(_numbers(b))
     if [p for p, _ in got] != [p for p, _ in want]:
-        return next((p for (p, _), (q, _) in zip(got, want) if p != q), "the parts")
+        return next((f"{p} against {q}" for (p, _), (q, _) in zip(got, want) if p != q), "the parts")
     return next((p for (p, x), (_, y) in zip(got, want)
                  if not (x == y or (isinstance(x, float) and isinstance(y, float) and _rel(x, y) <= EXACT))), "")
 

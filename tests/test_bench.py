@@ -159,6 +159,12 @@ def test_fuzz_symmetry_finds_any_other_figure_that_differs():
     s["exposed_comm_causes"][0]["bottleneck"]["link"] = "leaf0.0->spine0"
     s["simulation"]["simulated_ranks"] += 1
     assert fz.other_figures(s, base) == ""
+    s = copy.deepcopy(base)  # the same link, loaded by twins collapsed: not alone rank by rank
+    s["exposed_comm_causes"][0]["bottleneck"]["busy_s"] *= 8
+    s["exposed_comm_causes"][0]["alone"] = not s["exposed_comm_causes"][0]["alone"]
+    assert fz.other_figures(s, base) == ""
+    s["exposed_comm_causes"].pop()  # a cause less: both paths said
+    assert fz.other_figures(s, base).endswith(" against .exposed_comm_causes[7].collective")
 
 
 def test_fuzz_symmetry_compares_drawn_plans():
