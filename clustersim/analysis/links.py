@@ -84,7 +84,8 @@ def _near_the_top(use: np.ndarray, among: np.ndarray, n: int) -> np.ndarray:
 
 
 def first_by_use(use: np.ndarray, among: np.ndarray, n: int, name) -> list[int]:
-    """The first ``n`` of ``among`` by use to nine digits, highest first, then by ``name(i)``:
+    """The first ``n`` of ``among`` by use to nine digits, highest first, then by ``name(i)``
+    (a link's two ends):
     the links whose rate over time the engine works out (engine.sim.Engine._link_use: the
     step's ``n`` busiest, and each kind's busiest) and the summary reads its peaks from. To
     nine digits, so that last bits (twins' bytes added in another order, collapsed) do not
@@ -125,9 +126,12 @@ def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] 
     use = np.fromiter((u.bytes / u.bw_Bps for u in links), float, len(links))
     everyone = np.arange(len(links))
     kinds = np.array([u.kind for u in links])
-    picked = set(first_by_use(use, everyone, BUSIEST, lambda i: links[i].name))
+    def ends(i: int) -> list[str]:  # (as the engine orders links: by their two ends)
+        return links[i].name.split("->")
+
+    picked = set(first_by_use(use, everyone, BUSIEST, ends))
     for k in by_kind:
-        picked.update(first_by_use(use, everyone[kinds == k], 1, lambda i: links[i].name))
+        picked.update(first_by_use(use, everyone[kinds == k], 1, ends))
     for i in picked:
         k = by_kind[links[i].kind]
         k["max_peak_utilisation"] = max(k["max_peak_utilisation"], links[i].peak_Bps / links[i].bw_Bps)

@@ -1305,16 +1305,14 @@ class Engine:
         use = every / np.asarray(bw)
         carried = np.flatnonzero(every)
         kind = dict(zip(used, map(self.cluster.edge_kind.__getitem__, used)))
-        of_kind = np.asarray(self.cluster.edge_kind)[carried]
-
-        def name(e: int) -> str:
-            return "{}->{}".format(*edges[e])
-
-        # the busiest and each kind's busiest, by the mean to nine digits, then by name, as
-        # the summary reads their peaks (analysis.links.first_by_use)
-        chosen = set(first_by_use(use, carried, detailed, name))
+        codes, _ = self.cluster.edge_kind_codes
+        of_kind = codes[carried]
+        # the busiest and each kind's busiest, by the mean to nine digits, then by the pair of
+        # ends, as the summary reads their peaks (analysis.links.first_by_use; pairs, not names
+        # made for thousands of links alike)
+        chosen = set(first_by_use(use, carried, detailed, edges.__getitem__))
         for k in sorted(set(of_kind.tolist())):  # (not np.unique: it imports numpy.ma, tests/test_repeat.py)
-            chosen.update(first_by_use(use, carried[of_kind == k], 1, name))
+            chosen.update(first_by_use(use, carried[of_kind == k], 1, edges.__getitem__))
         chosen = set(source[sorted(chosen)].tolist())
         # (start, end, bytes) of everything the chosen links carried, then binned at once
         segs: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {e: [] for e in chosen}

@@ -561,13 +561,16 @@ class Cluster:
         class's members load theirs alike (analysis.links.every_gpu); the NICs' cables and the
         fabric's are scale-out links, where the link use counts every twin already
         (engine.sim.Engine._twins_links)."""
-        g = self.graph
-        out = []
+        return tuple(tuple(f"{u}->{v}" for u, v in ends) for ends in self._owned_ends)
+
+    @cached_property
+    def _owned_ends(self) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """:attr:`owned_links` as (from, to) pairs."""
+        nodes, out = self.graph.nodes, []
         for name in self.gpu_names:
-            at = g.nodes[name]
-            ends = [(name, at["switch"]), (at["switch"], name)] if at["switch"] else []
-            ends += [(name, at["nic"]), (at["nic"], name)]
-            out.append(tuple(f"{u}->{v}" for u, v in ends))
+            at = nodes[name]
+            ends = ((name, at["switch"]), (at["switch"], name)) if at["switch"] else ()
+            out.append((*ends, (name, at["nic"]), (at["nic"], name)))
         return tuple(out)
 
     @cached_property
@@ -591,7 +594,7 @@ class Cluster:
     def owned_edges(self) -> tuple[tuple[int, ...], ...]:
         """:attr:`owned_links` as edge ids."""
         index = self.edge_index
-        return tuple(tuple(index[tuple(name.split("->"))] for name in names) for names in self.owned_links)
+        return tuple(tuple(map(index.__getitem__, ends)) for ends in self._owned_ends)
 
     @cached_property
     def owned_edge_array(self) -> np.ndarray | None:
@@ -604,15 +607,23 @@ class Cluster:
     def own_nic_edges(self) -> np.ndarray:
         """:attr:`own_nic_links` as edge ids, GPUs x (lane to the NIC, back, the NIC's cable to
         the leaf, back), for the GPUs that have one (rows of -1 for the others)."""
-        index, out = self.edge_index, np.full((len(self.gpu_names), 4), -1, dtype=np.int64)
+        out = np.full((len(self.gpu_names), 4), -1, dtype=np.int64)
         if self.gpus_per_nic != 1:
             return out
-        nodes = self.graph.nodes
-        for g, name in enumerate(self.gpu_names):
-            nic = nodes[name]["nic"]
-            leaf = nodes[nic].get("leaf")
-            if leaf is not None and (nic, leaf) in index:
-                out[g] = index[name, nic], index[nic, name], index[nic, leaf], index[leaf, nic]
+        edges, (codes, kinds) = self.edges, self.edge_kind_codes
+        lanes = [own[-2:] for own in self.owned_edges]  # (to its NIC, back: owned_links' last two)
+        nic_of = [edges[lane[0]][1] for lane in lanes]
+        nics = set(nic_of)
+        up, down = {}, {}  # NIC -> its cable to the leaf, back (the links of kind "nic")
+        for e in (np.flatnonzero(codes == kinds.index("nic")).tolist() if "nic" in kinds else ()):
+            u, v = edges[e]
+            if u in nics:
+                up[u] = e
+            elif v in nics:
+                down[v] = e
+        for g, (nic, lane) in enumerate(zip(nic_of, lanes)):
+            if nic in up and nic in down:
+                out[g] = lane[0], lane[1], up[nic], down[nic]
         return out
 
     @property
@@ -681,6 +692,14 @@ class Cluster:
         """Each link's kind ("nvlink", "pcie", "nic", "fabric"; "" where unset), in ``edges``
         order (the graph's own order, which ``edges`` lists)."""
         return self._edge_data[2]
+
+    @cached_property
+    def edge_kind_codes(self) -> tuple[np.ndarray, list[str]]:
+        """(per link, the index of its kind in the list, the kinds in first use): :attr:`edge_kind`
+        as integers, to select links by kind at once."""
+        kinds = list(dict.fromkeys(self.edge_kind))
+        code = {k: i for i, k in enumerate(kinds)}
+        return np.fromiter(map(code.__getitem__, self.edge_kind), np.int64, len(self.edge_kind)), kinds
 
     def binding_kind(self, e: int) -> str:
         """The kind of link ``e`` as what binds a transfer on it: its own (:attr:`edge_kind`),
