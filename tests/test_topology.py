@@ -102,6 +102,16 @@ def test_each_gpus_own_links_as_edge_ids_are_its_named_ones(nics, nodes):
     assert any(hit is not None for hit in c.own_nic_links) == (nics == 8 and nodes > 1)
 
 
+def test_links_order_by_their_names_as_by_their_pairs_of_ends(root):
+    """The link use picks links tied on their use by their pair of ends, the summary by their
+    names "u->v" (analysis.links.first_by_use): the same order, as no GPU's or switch's name
+    holds a character below "-" (a prefix's "->" then sorts first, as a shorter name does)."""
+    for path, nodes in (("dgx-h100.yaml", 40), ("gb200-nvl72.yaml", 2), ("roce-clos-llama3.yaml", 24)):
+        c = build_cluster(load_topology_cfg(root / "topologies" / path, {"nodes": nodes}))
+        assert all(ch > "-" for u in c.graph.nodes for ch in u), path
+        assert sorted(c.edges) == sorted(c.edges, key=lambda e: f"{e[0]}->{e[1]}"), path
+
+
 def test_non_rail_fabric_and_shared_nic():
     cfg = TopologyCfg.model_validate({"gpu": "H100", "nodes": 4, "node": {"gpus": 8, "nics": 4},
                                       "fabric": {"rail_optimized": False, "nodes_per_leaf": 2, "spines": 2}})

@@ -84,22 +84,24 @@ def _near_the_top(use: np.ndarray, among: np.ndarray, n: int) -> np.ndarray:
 
 
 def first_by_use(use: np.ndarray, among: np.ndarray, n: int, name) -> list[int]:
-    """The first ``n`` of ``among`` by use to nine digits, highest first, then by ``name(i)``
-    (a link's two ends):
+    """The first ``n`` of ``among`` by use to nine digits, highest first, then by ``name(i)``:
     the links whose rate over time the engine works out (engine.sim.Engine._link_use: the
     step's ``n`` busiest, and each kind's busiest) and the summary reads its peaks from. To
     nine digits, so that last bits (twins' bytes added in another order, collapsed) do not
-    pick other links."""
-    near = _near_the_top(use, among, n).tolist()
+    pick other links. The engine names a link by its pair of ends, the summary by "u->v":
+    the two order alike, since no GPU's or switch's name holds a character below "-"
+    (tests/test_topology.py)."""
+    near = _near_the_top(use, among, n)
+    if len(near) <= n:
+        return near.tolist()
     # nine digits once per value, names only where they decide: links alike (every GPU's
     # NVLink ports) share their values, thousands of them
-    said = {v: digits(v) for v in set(use[near].tolist())}
-    ranked = sorted(near, key=lambda i: -said[use[i]])
-    if len(ranked) <= n:
-        return ranked
-    last = said[use[ranked[n - 1]]]
-    above = [i for i in ranked if said[use[i]] > last]
-    return above + heapq.nsmallest(n - len(above), (i for i in ranked if said[use[i]] == last), key=name)
+    values = use[near].tolist()
+    said = {v: digits(v) for v in set(values)}
+    d = np.fromiter(map(said.__getitem__, values), float, len(values))
+    last = np.partition(d, len(d) - n)[len(d) - n]  # the n-th highest
+    above = near[d > last].tolist()
+    return above + heapq.nsmallest(n - len(above), near[d == last].tolist(), key=name)
 
 
 def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] | None = None,
@@ -115,23 +117,21 @@ def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] 
         return u.bytes / (u.bw_Bps * step_s)
 
     by_kind: dict[str, dict] = {}
-    for u in links:
+    of_kind: dict[str, list[int]] = {}
+    for i, u in enumerate(links):
         k = by_kind.setdefault(u.kind, {"links": 0, "bytes": 0.0, "max_utilisation": 0.0,
                                         "max_peak_utilisation": 0.0})
         k["links"] += 1
         k["bytes"] += u.bytes
         k["max_utilisation"] = max(k["max_utilisation"], util(u))
+        of_kind.setdefault(u.kind, []).append(i)
     # peaks are worked out for the links the engine picks: the kind's highest among them (not
     # among every link with a series: collapsed, a PCIe lane's comes from its NIC's cable)
     use = np.fromiter((u.bytes / u.bw_Bps for u in links), float, len(links))
-    everyone = np.arange(len(links))
-    kinds = np.array([u.kind for u in links])
-    def ends(i: int) -> list[str]:  # (as the engine orders links: by their two ends)
-        return links[i].name.split("->")
-
-    picked = set(first_by_use(use, everyone, BUSIEST, ends))
-    for k in by_kind:
-        picked.update(first_by_use(use, everyone[kinds == k], 1, ends))
+    names = [u.name for u in links]
+    picked = set(first_by_use(use, np.arange(len(links)), BUSIEST, names.__getitem__))
+    for k, at in of_kind.items():
+        picked.update(first_by_use(use, np.asarray(at), 1, names.__getitem__))
     for i in picked:
         k = by_kind[links[i].kind]
         k["max_peak_utilisation"] = max(k["max_peak_utilisation"], links[i].peak_Bps / links[i].bw_Bps)
@@ -141,7 +141,7 @@ def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] 
     # cables: a peak of 0 under a mean of 55 %). Among links tied, those with a series first.
     # The mean to nine digits: a collapsed run's twins add a link's bytes in another order than
     # every rank's run, and two links' last bits swapped them
-    near = _near_the_top(use, everyone, BUSIEST).tolist()
+    near = _near_the_top(use, np.arange(len(links)), BUSIEST).tolist()
     said = {v: digits(v) for v in set(use[near].tolist())}
     busiest = [links[i] for i in heapq.nsmallest(BUSIEST, near, key=lambda i: (
         -said[use[i]], not links[i].series_Bps, links[i].name))]

@@ -1308,8 +1308,8 @@ class Engine:
         codes, _ = self.cluster.edge_kind_codes
         of_kind = codes[carried]
         # the busiest and each kind's busiest, by the mean to nine digits, then by the pair of
-        # ends, as the summary reads their peaks (analysis.links.first_by_use; pairs, not names
-        # made for thousands of links alike)
+        # ends (as their names order), as the summary reads their peaks
+        # (analysis.links.first_by_use; pairs, not names made for thousands of links alike)
         chosen = set(first_by_use(use, carried, detailed, edges.__getitem__))
         for k in sorted(set(of_kind.tolist())):  # (not np.unique: it imports numpy.ma, tests/test_repeat.py)
             chosen.update(first_by_use(use, carried[of_kind == k], 1, edges.__getitem__))
