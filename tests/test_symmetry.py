@@ -65,15 +65,6 @@ def _close(a, b, path: str = "", rel: float = REL) -> None:
 OWN_RUN = frozenset({"simulation", "per_rank", "ranks_simulated"})
 
 
-def _of_the_step(summary):
-    """``summary`` without :data:`OWN_RUN`'s keys, at any depth."""
-    if isinstance(summary, dict):
-        return {k: _of_the_step(v) for k, v in summary.items() if k not in OWN_RUN}
-    if isinstance(summary, list):
-        return [_of_the_step(v) for v in summary]
-    return summary
-
-
 # an exposed cause's bottleneck counts the simulated instance's twins on each link (eight DP
 # rings crossing one spine weigh eight there: docs/metrics.md); rank by rank every instance
 # is its own, without twins, so where twins share a link (a spine, a shared NIC) the two runs
