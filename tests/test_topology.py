@@ -86,19 +86,27 @@ def test_routes(a100):
 
 @pytest.mark.parametrize("nics, nodes", [(8, 4), (4, 4), (8, 1)])
 def test_each_gpus_own_links_as_edge_ids_are_its_named_ones(nics, nodes):
-    """The link use reads every GPU's own links by edge id (Cluster.owned_edge_array,
+    """The link use reads every GPU's own links by edge id (Cluster.owned_edges,
     own_nic_edges: its lane to a NIC of its own and that NIC's cable to the leaf, both ways),
-    the summary by name (owned_links, own_nic_links): the same links. A NIC shared by GPUs,
-    or one without a leaf (one node), has no such row (-1)."""
+    the summary by name (owned_links, own_nic_links): the same links, those of the graph's
+    GPU and NIC. A NIC shared by GPUs, or one without a leaf (one node), has no such row (-1)."""
     c = build_cluster(TopologyCfg.model_validate({"gpu": "H100", "nodes": nodes, "node": {"gpus": 8, "nics": nics}}))
     name = "{}->{}".format
-    assert [[name(*c.edges[e]) for e in row] for row in c.owned_edge_array.tolist()] == [list(x) for x in c.owned_links]
+    assert [[name(*c.edges[e]) for e in row] for row in c.owned_edges.tolist()] == [list(x) for x in c.owned_links]
     codes, kinds = c.edge_kind_codes
     assert [kinds[k] for k in codes.tolist()] == c.edge_kind
     rows = c.own_nic_edges.tolist()
     assert len(rows) == c.num_gpus
-    for row, hit in zip(rows, c.own_nic_links):
-        assert (row == [-1] * 4) if hit is None else [name(*c.edges[e]) for e in row] == [hit[0], hit[1], hit[3], hit[4]]
+    g = c.graph
+    for gpu, row, hit in zip(c.gpu_names, rows, c.own_nic_links):
+        nic = g.nodes[gpu]["nic"]
+        leaf = g.nodes[nic]["leaf"]
+        own = nics == 8 and leaf is not None
+        assert (hit is not None) == own and (row == [-1] * 4) == (not own)
+        if own:
+            assert [name(*c.edges[e]) for e in row] == [hit[0], hit[1], hit[3], hit[4]] == [
+                f"{gpu}->{nic}", f"{nic}->{gpu}", f"{nic}->{leaf}", f"{leaf}->{nic}"]
+            assert hit[2] == g.edges[gpu, nic]["bw_Bps"]
     assert any(hit is not None for hit in c.own_nic_links) == (nics == 8 and nodes > 1)
 
 

@@ -1221,15 +1221,10 @@ class Engine:
         rep = self.prog.rep
         if rep is None or all(r == g for g, r in enumerate(rep)):
             return source
-        owned = self.cluster.owned_edge_array
-        if owned is not None:
-            reps = np.asarray(rep, dtype=np.int64)
-            moved = reps != np.arange(len(reps))
-            source[owned[moved]] = owned[reps[moved]]
-        else:  # (GPUs with links of other counts)
-            for g, r in enumerate(rep):
-                if r != g:
-                    source[list(self.cluster.owned_edges[g])] = self.cluster.owned_edges[r]
+        owned = self.cluster.owned_edges
+        reps = np.asarray(rep, dtype=np.int64)
+        moved = reps != np.arange(len(reps))
+        source[owned[moved]] = owned[reps[moved]]
         lanes = self.cluster.own_nic_edges
         lanes = lanes[lanes[:, 0] >= 0]
         source[lanes[:, :2].ravel()] = lanes[:, 2:].ravel()

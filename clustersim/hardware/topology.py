@@ -576,42 +576,31 @@ class Cluster:
     @cached_property
     def own_nic_links(self) -> tuple[tuple[str, str, float, str, str] | None, ...]:
         """Per GPU whose NIC is its own and cabled to a leaf: (its PCIe lane to the NIC, back,
-        that lane's bandwidth, the NIC's cable to the leaf, back), names; else None. What
-        crosses the cable crosses the lane (the NIC has no other link: analysis.links.every_gpu)."""
-        g, out = self.graph, []
-        own_nic = self.gpus_per_nic == 1
-        for name in self.gpu_names:
-            nic = g.nodes[name]["nic"]
-            leaf = g.nodes[nic].get("leaf")
-            if not own_nic or leaf is None or not g.has_edge(nic, leaf):
-                out.append(None)
-                continue
-            out.append((f"{name}->{nic}", f"{nic}->{name}", g.edges[name, nic]["bw_Bps"], f"{nic}->{leaf}",
-                        f"{leaf}->{nic}"))
-        return tuple(out)
+        that lane's bandwidth, the NIC's cable to the leaf, back), names; else None
+        (:attr:`own_nic_edges`, named). What crosses the cable crosses the lane (the NIC has no
+        other link: analysis.links.every_gpu)."""
+        edges, bw = self.edges, self.edge_bw_Bps
+        return tuple(None if row[0] < 0 else ("{}->{}".format(*edges[row[0]]), "{}->{}".format(*edges[row[1]]),
+                                              bw[row[0]], "{}->{}".format(*edges[row[2]]),
+                                              "{}->{}".format(*edges[row[3]]))
+                     for row in self.own_nic_edges.tolist())
 
     @cached_property
-    def owned_edges(self) -> tuple[tuple[int, ...], ...]:
-        """:attr:`owned_links` as edge ids."""
+    def owned_edges(self) -> np.ndarray:
+        """:attr:`owned_links` as edge ids, GPUs x links: every GPU has as many (every node of
+        a cluster has the same GPUs, its NVSwitch or none, and their NICs)."""
         index = self.edge_index
-        return tuple(tuple(map(index.__getitem__, ends)) for ends in self._owned_ends)
-
-    @cached_property
-    def owned_edge_array(self) -> np.ndarray | None:
-        """:attr:`owned_edges` as one array, GPUs x links, where every GPU has as many (else
-        None)."""
-        widths = {len(e) for e in self.owned_edges}
-        return np.asarray(self.owned_edges, dtype=np.int64) if len(widths) == 1 else None
+        return np.array([list(map(index.__getitem__, ends)) for ends in self._owned_ends], dtype=np.int64)
 
     @cached_property
     def own_nic_edges(self) -> np.ndarray:
-        """:attr:`own_nic_links` as edge ids, GPUs x (lane to the NIC, back, the NIC's cable to
-        the leaf, back), for the GPUs that have one (rows of -1 for the others)."""
+        """Per GPU whose NIC is its own and cabled to a leaf, edge ids: GPUs x (its PCIe lane to
+        the NIC, back, the NIC's cable to the leaf, back); rows of -1 for the others."""
         out = np.full((len(self.gpu_names), 4), -1, dtype=np.int64)
         if self.gpus_per_nic != 1:
             return out
         edges, (codes, kinds) = self.edges, self.edge_kind_codes
-        lanes = [own[-2:] for own in self.owned_edges]  # (to its NIC, back: owned_links' last two)
+        lanes = self.owned_edges[:, -2:].tolist()  # (to its NIC, back: owned_links' last two)
         nic_of = [edges[lane[0]][1] for lane in lanes]
         nics = set(nic_of)
         up, down = {}, {}  # NIC -> its cable to the leaf, back (the links of kind "nic")
