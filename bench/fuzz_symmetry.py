@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import clustersim  # noqa: E402
+from tests.test_symmetry import of_the_step  # noqa: E402
 
 TOPOLOGIES = {  # file -> (GPUs per node, node counts to draw from: 16-256 GPUs)
     "dgx-a100.yaml": (8, [2, 4, 8, 16, 32]), "dgx-h100.yaml": (8, [2, 4, 8, 16, 32]),
@@ -229,24 +230,14 @@ def links_differ(collapsed: dict, full: dict) -> str:
     return ", ".join(out)
 
 
-# what a collapsed summary says of its own run, not of the step (tests/test_symmetry.py OWN_RUN)
-OWN_RUN = frozenset({"simulation", "per_rank", "ranks_simulated"})
-
-
-def _of_the_step(x):
-    if isinstance(x, dict):
-        return {k: _of_the_step(v) for k, v in x.items() if k not in OWN_RUN}
-    return [_of_the_step(v) for v in x] if isinstance(x, list) else x
-
-
 def other_figures(collapsed: dict, full: dict) -> str:
     """The first figure of the rest of summary.json (but the run's own description) that
     differs, "" where none does: the critical path, the bubble's parts, the stages, the
     exposed causes, every GPU's links (a cause's bottleneck, what shared it and whether it ran
     alone left out where the two name another link or load it otherwise: by design, where
-    twins share links;
-    docs/architecture.md, "Known limitations", Symmetry)."""
-    a, b = _of_the_step(collapsed), _of_the_step(full)
+    twins share links; docs/architecture.md, "Known limitations", Symmetry). The run's own
+    description is left out as tests/test_symmetry.py leaves it (``of_the_step``)."""
+    a, b = of_the_step(collapsed), of_the_step(full)
     for x, y in zip(a.get("exposed_comm_causes", []), b.get("exposed_comm_causes", [])):
         bx, by = x.get("bottleneck") or {}, y.get("bottleneck") or {}
         if bx.get("link") != by.get("link") or _rel(bx.get("busy_s", 0.0), by.get("busy_s", 0.0)) > EXACT:

@@ -75,12 +75,12 @@ TWINS_SHARE = frozenset({"bottleneck", "shared_with"})
 PXN_LANES = frozenset({"pcie"})
 
 
-def _of_the_step(summary, but: frozenset = frozenset()):
+def of_the_step(summary, but: frozenset = frozenset()):
     """``summary`` without :data:`OWN_RUN`'s keys, nor ``but``'s, at any depth."""
     if isinstance(summary, dict):
-        return {k: _of_the_step(v, but) for k, v in summary.items() if k not in OWN_RUN and k not in but}
+        return {k: of_the_step(v, but) for k, v in summary.items() if k not in OWN_RUN and k not in but}
     if isinstance(summary, list):
-        return [_of_the_step(v, but) for v in summary]
+        return [of_the_step(v, but) for v in summary]
     return summary
 
 
@@ -92,7 +92,7 @@ def _assert_same(sym: dict, full: dict, but: frozenset = frozenset()) -> None:
     for key in ("step_time_s", "mfu", "hfu", "bubble_fraction", "compute_s", "exposed_comm_s", "comm_s",
                 "memory"):
         _close(sym[key], full[key], key)
-    _close(_of_the_step(sym, but), _of_the_step(full, but))
+    _close(of_the_step(sym, but), of_the_step(full, but))
 
 
 def _assert_same_step(sym: dict, full: dict, rel: float) -> None:
