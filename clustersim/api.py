@@ -609,7 +609,7 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
             if trace is not None:
                 links_ahead = partial(_links_ahead, ahead, engine, rep)
         if trace is None and longer is not None:
-            again = _again(sc, prog, collapse, longer, tasks[1])
+            again = _again(sc, prog, collapse, longer, tasks[1], low)
             if again is not None:
                 engine, trace, sprog, slow = again
                 short = trace.repeat["simulated_microbatches"]
@@ -629,11 +629,13 @@ def _run(sc: Scenario, prog: Program, collapse: bool | None, links: bool, repeat
 
 
 def _again(sc: Scenario, prog: Program, collapse: bool | None, cycle_mb: int,
-           full_tasks: TaskColumns) -> tuple[Engine, Trace, Program, Lowering] | None:
+           full_tasks: TaskColumns, low: Lowering | None = None) -> tuple[Engine, Trace, Program, Lowering] | None:
     """A second shorter step where the first held a cycle of ``cycle_mb`` microbatches that
     its left-out microbatches are no multiple of (:func:`clustersim.engine.repeat.longer_cycle`):
     ``m - n C`` microbatches (:func:`~clustersim.engine.repeat.again_microbatches`), lowered
-    from scratch, run here, that cycle found again and copied in; (its engine, the spliced
+    with ``low``'s per-part work, symmetry and communication specs (``prog``'s lowering; its
+    units in common are not copied: they part from the whole step's elsewhere than the first
+    shorter step's), run here, that cycle found again and copied in; (its engine, the spliced
     trace, its program and lowering), or None where it does not hold::
 
         first   m' = m - 12 n     no cycle among 1, 2, 3, 4, 6, 12; two windows of C held
@@ -646,7 +648,7 @@ def _again(sc: Scenario, prog: Program, collapse: bool | None, cycle_mb: int,
     if m is None or first + m >= sc.microbatches:  # (both tries would simulate more than the whole)
         return None
     again = with_microbatches(sc, m)
-    sprog, slow = lower(again, collapse=collapse)
+    sprog, slow = lower(again, collapse=collapse, like=low)
     engine = _engine_of(sc, sprog)
     base, rep, _ = _cycle(sc, engine, engine.run(links=False), again, [cycle_mb])
     if rep is None:
