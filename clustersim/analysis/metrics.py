@@ -70,11 +70,14 @@ def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dic
     by_kind = {k: iv(masks[k]) if k in masks else none for k in COMM_KINDS}
     all_comm = iv(is_comm)
     busy = iv(is_compute | is_comm)
+    comm_s = {k: merged_length(v) for k, v in by_kind.items()}
+    comm_total_s = merged_length(all_comm)
+    # |A minus B| <= |A|: the pieces of a union that compute cuts add up in another order
+    # than the union's own intervals, a few ulps apart, and never more than the union
     return RankTimes(
-        compute_s=merged_length(compute), comm_s={k: merged_length(v) for k, v in by_kind.items()},
-        comm_total_s=merged_length(all_comm),
-        exposed_s={k: minus_length_arrays(by_kind[k], compute) for k in COMM_KINDS},
-        exposed_total_s=minus_length_arrays(all_comm, compute),
+        compute_s=merged_length(compute), comm_s=comm_s, comm_total_s=comm_total_s,
+        exposed_s={k: min(minus_length_arrays(by_kind[k], compute), comm_s[k]) for k in COMM_KINDS},
+        exposed_total_s=min(minus_length_arrays(all_comm, compute), comm_total_s),
         bubble_s=max(step_s - merged_length(busy), 0.0), busy=busy,
     )
 
@@ -167,8 +170,10 @@ def step_metrics(trace: Trace, *, world_size: int, peak_flops: float, tokens_per
         "compute_s": mean(lambda t: t.compute_s),
         "comm_s": comm,
         "exposed_comm_s": exposed,
-        "hidden_comm_s": {**{k: comm[k] - exposed[k] for k in COMM_KINDS},
-                          "total": mean(lambda t: t.comm_total_s) - exposed["total"]},
+        # per rank, then averaged: the difference of the two means would leave the rounding of
+        # two sums over other ranks (a collapsed run's weighted few, every rank's one by one)
+        "hidden_comm_s": {**{k: mean(lambda t, k=k: t.comm_s[k] - t.exposed_s[k]) for k in COMM_KINDS},
+                          "total": mean(lambda t: t.comm_total_s - t.exposed_total_s)},
         "per_stage": _per_stage(trace, per_rank, step, splits),
     }
 
