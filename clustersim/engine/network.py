@@ -88,9 +88,10 @@ class FlowPlan:
     # bandwidth (:func:`wire_scales`)
     wire_scale_out: float | None = None
     # the links where a real flow of the orbit, or of its siblings, crosses, as sorted link ids,
-    # among those where twins can meet another communication's unseen (Engine._meetings):
-    # the scale-out links (Cluster.scale_out_mask), and every link where the classes split a
-    # stage (``wide``, plan_phases). Not part of the plan's value; None where not known
+    # among those where twins can meet another communication's unseen (Engine._meetings) or
+    # the link use counts them (Engine._twins_links): the scale-out links and lanes to shared
+    # NICs (Cluster.twins_cross_mask), and every link where the classes split a stage
+    # (``wide``, plan_phases). Not part of the plan's value; None where not known
     meet_real: np.ndarray | None = field(default=None, compare=False)
     # False where the orbit's instances meet links of different signatures (plan_phases: the
     # slowest twin sets the pace); an orbit of one instance, which its siblings' make
@@ -786,9 +787,11 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
 
 
 def _meeting_places(cluster: Cluster, links: np.ndarray, wide: bool) -> np.ndarray:
-    """Those of ``links`` where twins can meet another communication's unseen: the scale-out
-    ones (``Cluster.scale_out_mask``), or all of them with ``wide`` (:func:`plan_phases`)."""
-    return links if wide else links[cluster.scale_out_mask[links]]
+    """Those of ``links`` where twins can meet another communication's unseen, or where the
+    link use counts them (``Cluster.twins_cross_mask``: the scale-out ones, and PCIe lanes to
+    a NIC that GPUs share), or all of them with ``wide`` (:func:`plan_phases`). The timing
+    looks for meetings on the scale-out ones alone (engine.sim.Engine._meetings)."""
+    return links if wide else links[cluster.twins_cross_mask[links]]
 
 
 def _as_is(plan: FlowPlan, _links) -> FlowPlan:

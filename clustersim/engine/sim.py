@@ -618,10 +618,11 @@ class Engine:
             finished[:] = [(swap.get(id(r[0]), r[0]), *r[1:]) for r in finished]
 
     def _twins_links(self, phased: dict) -> dict[tuple, tuple[FlowPlan, ...]]:
-        """Per plan whose symmetric orbit's twins cross scale-out links no simulated flow of
-        its communication crosses (``phased``: the plans before :meth:`_meetings`), its phases
-        with those links too (network.with_meetings on all of them), each weighing how many
-        instances' flow k cross it: what the twins carry there, which the link use counts
+        """Per plan whose symmetric orbit's twins cross scale-out links (or PCIe lanes to a NIC
+        that GPUs share: Cluster.twins_cross_mask) no simulated flow of its communication
+        crosses (``phased``: the plans before :meth:`_meetings`), its phases with those links
+        too (network.with_meetings on all of them), each weighing how many instances' flow k
+        cross it: what the twins carry there, which the link use counts
         (:meth:`_account_plan`). The timing's plans weigh them only where they meet another
         communication's (:meth:`_meetings`); elsewhere each twin's flow k moves as the
         simulated one does, on links of the same signature, so counting them changes no time.
@@ -842,8 +843,13 @@ class Engine:
             return {}
         families_on = np.bincount(np.concatenate(crossing), minlength=len(self.cluster.edges))
         out: dict[tuple, dict[int, np.ndarray]] = {}
+        # (a plan's real links hold lanes to shared NICs too, for the link use alone:
+        # network._meeting_places)
+        scale_out = None if self.prog.siblings else self.cluster.scale_out_mask
         for key, k, met in self._uncovered(phased, keys_of.values()):
             met = met[families_on[met] > 1]
+            if scale_out is not None:
+                met = met[scale_out[met]]
             if len(met):
                 out.setdefault(key, {})[k] = met
         return out
@@ -1211,7 +1217,8 @@ class Engine:
 
     def _summary_sources(self) -> np.ndarray:
         """Per link, the link whose use the summary gives it (analysis.links.every_gpu): itself,
-        but collapsed, for a GPU's own NVLink ports and PCIe lane, its class's simulated rank's,
+        but collapsed, for a GPU's own NVLink ports and PCIe lane (Cluster.owned_edges: not a
+        lane to a NIC that GPUs share, which counts every twin), its class's simulated rank's,
         and for a PCIe lane to a NIC of its own, that NIC's cable (by conservation at the NIC)::
 
             n3.gpu5->n3.nvsw  ->  n0.gpu5->n0.nvsw      (GPU 29's class runs on GPU 5)
@@ -1234,13 +1241,13 @@ class Engine:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
         link it crosses (real traffic, twins included), spread evenly over the time the flow
         ran at each of its rates. Collapsed, these are the simulated ranks' links and every
-        scale-out link their twins cross (:meth:`_accounting`): their twins' links inside their
-        nodes carry the same (the summary gives every GPU its own: analysis.links.every_gpu).
-        The rate over
-        time (``bins`` slices of the step) is worked out for the ``detailed`` links of highest
-        mean use (to nine digits, ties by name, as the summary lists them) and the busiest of
-        each kind, picked among every GPU's links as a run of every rank picks them
-        (:meth:`_summary_sources`); the others get their bytes only (peak 0, no series)."""
+        scale-out link their twins cross, or lane to a NIC that GPUs share (:meth:`_accounting`):
+        their twins' other links inside their nodes carry the same (the summary gives every GPU
+        its own: analysis.links.every_gpu). The rate over time (``bins`` slices of the step) is
+        worked out for the ``detailed`` links of highest mean use (to nine digits, ties by
+        name, as the summary lists them) and the busiest of each kind, picked among every
+        GPU's links as a run of every rank picks them (:meth:`_summary_sources`); the others
+        get their bytes only (peak 0, no series)."""
         if self.network != "flow" or step_s <= 0:
             return []
         self._cut_records()
