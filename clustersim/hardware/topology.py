@@ -573,7 +573,7 @@ class Cluster:
             at = nodes[name]
             ends = ((name, at["switch"]), (at["switch"], name)) if at["switch"] else ()
             # a lane to a NIC several GPUs share counts every twin (twins_cross_mask)
-            lanes = ((name, at["nic"]), (at["nic"], name)) if shared_nic is False else ()
+            lanes = () if shared_nic else ((name, at["nic"]), (at["nic"], name))
             out.append((*ends, *lanes))
         return tuple(out)
 
@@ -724,9 +724,9 @@ class Cluster:
             n0.gpu1 -NVLink- n0.gpu5 -PCIe- n0.nic1 -cable- leaf.1     gpu5's lane: its own and gpu1's
         """
         out = self.scale_out_mask.copy()
-        if self.gpus_per_nic > 1:
-            codes, kinds = self.edge_kind_codes
-            out |= codes == kinds.index("pcie") if "pcie" in kinds else False
+        codes, kinds = self.edge_kind_codes
+        if self.gpus_per_nic > 1 and "pcie" in kinds:
+            out |= codes == kinds.index("pcie")
         return out
 
     @cached_property
