@@ -1228,6 +1228,12 @@ class Engine:
         rep = self.prog.rep
         if rep is None or all(r == g for g, r in enumerate(rep)):
             return source
+        if self.prog.siblings:
+            # the classes split a stage: every plan is wide (network.plan_phases), and the
+            # link use counts every real flow where it goes, inside nodes too; a split class's
+            # GPU need not load its links as its simulated rank does (a straggler's mates
+            # forward other GPUs' PXN flows)
+            return source
         owned = self.cluster.owned_edges
         reps = np.asarray(rep, dtype=np.int64)
         moved = reps != np.arange(len(reps))
