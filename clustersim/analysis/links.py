@@ -38,10 +38,11 @@ def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
     flow of a simulated communication crossed it, beside none of that GPU's other traffic)
     is replaced. The NICs' cables and the fabric's links count every twin already (engine.sim
     Engine._twins_links), and so do the PCIe lanes to a NIC that GPUs share, which ``owned``
-    leaves out (Cluster.twins_cross_mask). A GPU's PCIe lane to a NIC of its own (``nic_links``: per GPU,
-    Cluster.own_nic_links) carries what the NIC's cable does, by conservation at the NIC, PXN's
-    flows forwarded from node-mates included (which its class's simulated rank's lane, as the
-    collapse counts it, misses: the twins' forwarded flows cross no simulated link there)::
+    leaves out (Cluster.twins_cross_mask). A GPU's PCIe lane to a NIC of its own
+    (``nic_links``: per GPU, Cluster.own_nic_links) carries what the NIC's cable does, by
+    conservation at the NIC, PXN's flows forwarded from node-mates included (which its
+    class's simulated rank's lane, as the collapse counts it, misses: the twins' forwarded
+    flows cross no simulated link there)::
 
         n0.gpu2 -NVLink- n0.gpu5 -PCIe- n0.nic5 -cable- leaf.5        the lane = the cable
     """
