@@ -557,7 +557,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     their slowest twin's pace; collective fallbacks)."""
     from .engine.repeat import ways
     from .output.summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note,
-                                 replicas_note, wall_said)
+                                 replicas_note, straggler_note, wall_said)
 
     sim = summary["simulation"]
     rep, tried, m = sim.get("repeat"), sim.get("repeat_tried"), summary["plan"]["microbatches"]
@@ -575,6 +575,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
             + fabric_faults_note(sim.get("fabric_faults"), sep, sim["collapse_symmetric"])
             + leaf_split_note(sim.get("leaf_split"), sep, sim["collapse_symmetric"], n)
             + asymmetric_note(sim, sep, summary["world_size"])
+            + straggler_note(summary, sep)
             + collective_fallbacks_note(sim.get("collective_fallbacks"), sep))
 
 

@@ -844,6 +844,35 @@ def test_the_slowest_twin_note_offers_every_rank_where_it_may_run():
     assert big.startswith("|ep, pp and dp communications move") and big.endswith("-4 % to +21 % in random plans")
 
 
+def test_a_slow_gpu_in_a_collapsed_run_marks_the_step_an_estimate():
+    """A slow GPU splits the classes of its groups, but replicas it holds back only through
+    others' timing stay twins of undisturbed ones: the terminal and the report say the step
+    is an estimate where the run collapsed (bench/fuzz_fabrics.py 233, plan 32: 3.5 % long
+    with all its orbits symmetric), not where every rank or every replica ran, nor without
+    a slow GPU; ``--all-ranks`` is offered where it may run."""
+    from clustersim.cli import _simulated_line
+    from clustersim.config import MAX_GPUS_ALL_RANKS
+    from clustersim.output.report import header_html
+    from clustersim.output.summary import straggler_note
+
+    slow = {"hardware": {"what_if": [{"gpu": 22, "slowdown": 1.3}, {"link": "a-b", "bw_factor": 0.5}]},
+            "world_size": 32, "simulation": {"collapse_symmetric": True, "simulated_ranks": 18}}
+    said = straggler_note(slow, "|")
+    assert said == ("|slow GPU 22: replicas held back only through others' timing run in lock-step with their twins,"
+                    "|so the step is an estimate: mostly within 1 % of every rank's, up to +3.5 % in random plans; "
+                    "--all-ranks checks it")
+    for sim in ({"collapse_symmetric": False, "simulated_ranks": 32}, {"collapse_symmetric": True, "simulated_ranks": 32},
+                {"collapse_symmetric": True, "simulated_ranks": 18, "split_replicas": True}):
+        assert straggler_note({**slow, "simulation": sim}, "|") == ""
+    assert straggler_note({**slow, "hardware": {"what_if": [{"link": "a-b", "bw_factor": 0.5}]}}, "|") == ""
+    assert straggler_note({**slow, "world_size": MAX_GPUS_ALL_RANKS + 1}, "|").endswith("in random plans")
+    # the terminal and the report say it of a collapsed run, not of every rank's
+    sc = _scenario(4, {"pp": 2, "dp": 16}, what_if=[{"gpu": 22, "slowdown": 1.3}])
+    collapsed, full = (clustersim.simulate(sc, collapse=c).summary for c in (True, False))
+    assert "slow GPU 22: " in _simulated_line(collapsed, 1.0) and "slow GPU 22: " in header_html(collapsed)
+    assert "slow GPU" not in _simulated_line(full, 1.0) and "slow GPU" not in header_html(full)
+
+
 @pytest.mark.parametrize("most", [64, 0])
 def test_units_that_split_no_class_more_are_not_said(most):
     """Three GB200 racks, one a leaf: units are nodes, whose layouts split TP4 x PP2 x DP27

@@ -62,7 +62,7 @@ from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
 from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, host_only_unfit,
                       leaf_split_note, link_ceilings_said, network_said, peak_text, plan_dims, plan_options, replicas_note,
-                      schedule_part, topology_changes_note, what_if_note)
+                      schedule_part, straggler_note, topology_changes_note, what_if_note)
 from .zoom import DETAIL_IN_VIEW, detail_data, detail_script
 
 GiB = 1024**3
@@ -1157,7 +1157,7 @@ def header_html(summary: dict[str, Any]) -> str:
     collapsed = sim.get("collapse_symmetric", False)
     splits = replicas_note(sim, " ") + fabric_faults_note(sim.get("fabric_faults"), " ", collapsed) \
         + leaf_split_note(sim.get("leaf_split"), " ", collapsed, sim.get("simulated_ranks", 0)) \
-        + asymmetric_note(sim, " ", summary.get("world_size", 0))
+        + asymmetric_note(sim, " ", summary.get("world_size", 0)) + straggler_note(summary, " ")
     if splits:
         out.append(f'<p class="meta">simulated:{e(splits)}</p>')
     fallbacks = collective_fallbacks_note(summary.get("simulation", {}).get("collective_fallbacks"), "\n")

@@ -460,6 +460,32 @@ def asymmetric_note(sim: dict, sep: str, world: int) -> str:
             f"a slower cable),{sep}so the step is an estimate: {ESTIMATE_SPREAD}{check}")
 
 
+# how far a collapsed step with a slow GPU, its orbits all symmetric, was from every rank's in
+# the fuzz rounds of 2026-12-07 (61 such plans of bench/fuzz_fabrics.py and fuzz_symmetry.py: 51
+# exact, 9 within 1 %, one +3.5 %: docs/architecture.md, "Known limitations")
+STRAGGLER_SPREAD = "mostly within 1 % of every rank's, up to +3.5 % in random plans"
+
+
+def straggler_note(summary: dict, sep: str) -> str:
+    """What the terminal and the report say where a slow GPU (``hardware.what_if``'s
+    ``slowdown``) split the classes of a collapsed run, after ``sep``; "" where no GPU is slow,
+    every rank ran, or each DP replica ran apart (``simulation.split_replicas``). The slow
+    GPU's classes run apart, but a replica it holds back only through others' timing (an
+    all-to-all, a shared link) stays a twin of undisturbed ones, in lock-step with them: where
+    the held-back sends would leave shared links to the others at other moments, every
+    rank's step is shorter (docs/architecture.md, "Known limitations")."""
+    sim = summary.get("simulation", {})
+    world = summary.get("world_size", 0)
+    slow = [w["gpu"] for w in (summary.get("hardware", {}).get("what_if") or []) if "slowdown" in w]
+    if (not slow or not sim.get("collapse_symmetric") or sim.get("split_replicas")
+            or sim.get("simulated_ranks", world) >= world):
+        return ""
+    gpus = f"GPU{'s' if len(slow) > 1 else ''} {', '.join(map(str, slow))}"
+    check = "; --all-ranks checks it" if all_ranks_run([world]) else ""
+    return (f"{sep}slow {gpus}: replicas held back only through others' timing run in lock-step with their "
+            f"twins,{sep}so the step is an estimate: {STRAGGLER_SPREAD}{check}")
+
+
 def replicas_note(sim: dict, sep: str) -> str:
     """What the terminal and the report say where each DP replica was simulated apart
     (``simulation.split_replicas``), after ``sep``; "" where it was not."""
