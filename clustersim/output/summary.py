@@ -461,8 +461,8 @@ def asymmetric_note(sim: dict, sep: str, world: int) -> str:
 
 
 # how far a collapsed step with a slow GPU, its orbits all symmetric, was from every rank's in
-# the fuzz rounds of 2026-12-07 (61 such plans of bench/fuzz_fabrics.py and fuzz_symmetry.py: 51
-# exact, 9 within 1 %, one +3.5 %: docs/architecture.md, "Known limitations")
+# the fuzz rounds of 2026-12-07 (54 such plans of bench/fuzz_fabrics.py and fuzz_symmetry.py: 49
+# exact, 4 within 1 %, one +3.5 %: docs/architecture.md, "Known limitations")
 STRAGGLER_SPREAD = "mostly within 1 % of every rank's, up to +3.5 % in random plans"
 
 
