@@ -36,6 +36,10 @@ from .intervals import Arrays, seq_sum
 
 DEP_KINDS = ("pp", "tp", "cp", "ep", "dp", "offload", "compute")
 WINDOW = 8  # spans starting exactly when a gap ends that are looked at to tell its cause
+# two times of one step that lie within this share of the step of each other are equal but
+# for rounding: GPUs of equal work whose spans' times were summed in other orders (a
+# collapsed run's twins against every rank's), as metrics._per_stage picks a stage's GPU
+SAME_SHARE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,9 @@ def split_bubble(starts: np.ndarray, kinds: np.ndarray, kind_codes: dict[str, in
         for j, k in enumerate(DEP_KINDS):
             dep[k] = seq_sum(mid[cause == j], 0.0)
     steady_s = sum_left(dep.values())
-    imb = min(bubble, max(0.0, max_compute_s - compute_s))
+    # (the busiest rank's compute less this one's: none where the two are equal but for rounding)
+    short_s = max_compute_s - compute_s
+    imb = min(bubble, short_s) if short_s > SAME_SHARE * step_s else 0.0
     take_steady = min(imb, steady_s)
     if steady_s > 0:
         dep = {k: v * (1 - take_steady / steady_s) for k, v in dep.items()}

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..floats import sum_left
 from ..trace import COMM_KINDS, Trace
-from .bubble import DEP_KINDS, BubbleSplit, split_bubble
+from .bubble import DEP_KINDS, SAME_SHARE, BubbleSplit, split_bubble
 from .columns import SpanColumns
 from .intervals import Arrays, merged, merged_length, minus_length_arrays
 
@@ -201,10 +201,11 @@ def _bubble_report(trace: Trace, per_rank: dict, splits: dict[int, BubbleSplit],
 
 def _per_stage(trace: Trace, per_rank: dict, step: float, splits: dict[int, BubbleSplit]) -> list[dict]:
     """The same split for one GPU of each pipeline stage: its busiest, the one with the least
-    bubble (the lowest-numbered of those within 1e-9 of the step of it, so that GPUs equal but
-    for rounding, as every rank simulated gives them, read as the collapsed run's
-    representative), where the stage's simulated ranks differ (classes split around a
-    straggler, a fault, a skewed load); its rank and the ranks simulated for the stage besides::
+    bubble (the lowest-numbered of those within 1e-9 of the step of it, bubble.SAME_SHARE, so
+    that GPUs equal but for rounding, as every rank simulated gives them, read as the
+    collapsed run's representative), where the stage's simulated ranks differ (classes split
+    around a straggler, a fault, a skewed load); its rank and the ranks simulated for the
+    stage besides::
 
         straggler GPU 5 at 1.3x on stage 0:   stage 0's row is GPU 5's (it computes 1.3x and
         waits least), not GPU 0's, whose figures the stage's first rank would give
@@ -215,7 +216,7 @@ def _per_stage(trace: Trace, per_rank: dict, step: float, splits: dict[int, Bubb
     out: dict[int, dict] = {}
     for st, rs in ranks.items():
         least = min(per_rank[x].bubble_s for x in rs)
-        r = min(x for x in rs if per_rank[x].bubble_s <= least + 1e-9 * step)
+        r = min(x for x in rs if per_rank[x].bubble_s <= least + SAME_SHARE * step)
         t = per_rank[r]
         out[st] = {
             "stage": st, "gpu": r, "ranks_simulated": len(rs),
