@@ -886,6 +886,28 @@ def test_gpus_of_equal_work_have_no_imbalance_however_their_sums_round():
         assert mine["imbalance_s"] == pytest.approx(every["imbalance_s"], rel=REL, abs=0.0), mine["stage"]
 
 
+def test_spans_a_rounding_apart_leave_no_gap():
+    """Times within INSTANT_S are one instant: two spans of a rank that a collapsed run ends
+    and starts 1 ulp apart, where every rank's run has them touch, leave no idle gap. Left
+    as gaps, they made 1.3e-18 s of TP dependency in stage 1's bubble collapsed, none rank
+    by rank (bench/fuzz_fabrics.py 240 with each replica apart and destination routing, plan
+    38: a slow GPU, ZeRO-3, four NICs a node on a 3-tier fat tree)."""
+    d = {"name": "instants", "cluster": {"topology": "topologies/dgx-h100.yaml", "nodes": 8, "node": {"nics": 4},
+                                         "fabric": {"kind": "fat_tree", "tiers": 3, "radix": 16, "oversubscription": 2.0,
+                                                    "pod_oversubscription": 2.0, "rail_optimized": False,
+                                                    "routing": "destination", "nodes_per_leaf": None, "spines": None},
+                                         "what_if": [{"gpu": 6, "slowdown": 1.3}]},
+         "model": {**MODEL, "layers": 2, "heads": 16, "seq_len": 2048},
+         "parallel": {"tp": 4, "pp": 2, "dp": 8, "zero": 3},
+         "training": {"micro_batch_size": 1, "global_batch_size": 32},
+         "simulation": {"split_replicas": True}}
+    collapsed, full = _both(clustersim.load_scenario(d, base_dir=ROOT))
+    assert collapsed["simulation"]["simulated_ranks"] == 48
+    for mine, every in zip([collapsed["bubble"], *collapsed["per_stage"]], [full["bubble"], *full["per_stage"]]):
+        for kind, s in every["dependency_s"].items():
+            assert mine["dependency_s"][kind] == pytest.approx(s, rel=REL, abs=0.0), kind
+
+
 def test_a_slow_gpu_in_a_collapsed_run_marks_the_step_an_estimate():
     """A slow GPU splits the classes of its groups, but replicas it holds back only through
     others' timing stay twins of undisturbed ones: the terminal and the report say the step

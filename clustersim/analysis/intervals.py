@@ -41,9 +41,11 @@ def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]
     return list(zip(lo.tolist(), hi.tolist()))
 
 
-def merged(lo: np.ndarray, hi: np.ndarray, presorted: bool = False) -> Arrays:
+def merged(lo: np.ndarray, hi: np.ndarray, presorted: bool = False, join_s: float = 0.0) -> Arrays:
     """``union`` on arrays: the merged intervals as (starts, ends). ``presorted``: ``lo``
-    already ascends (any order among equal starts gives the same result)::
+    already ascends (any order among equal starts gives the same result). ``join_s``: an
+    interval that starts at most this long after the ones before it end joins them (a gap
+    that short is none)::
 
         sorted by start   [0,2) [1,3) [5,6) [6,7)
         running max end     2     3     6     7
@@ -60,7 +62,7 @@ def merged(lo: np.ndarray, hi: np.ndarray, presorted: bool = False) -> Arrays:
     ends = np.maximum.accumulate(hi)
     opens = np.empty(len(lo), dtype=bool)
     opens[0] = True
-    np.greater(lo[1:], ends[:-1], out=opens[1:])
+    np.greater(lo[1:], ends[:-1] + join_s if join_s else ends[:-1], out=opens[1:])
     first = np.flatnonzero(opens)
     return lo[first], ends[np.append(first[1:] - 1, len(lo) - 1)]
 

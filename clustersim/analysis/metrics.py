@@ -23,7 +23,7 @@ from operator import mul
 import numpy as np
 
 from ..floats import sum_left
-from ..trace import COMM_KINDS, Trace
+from ..trace import COMM_KINDS, INSTANT_S, Trace
 from .bubble import DEP_KINDS, SAME_SHARE, BubbleSplit, split_bubble
 from .columns import SpanColumns
 from .intervals import Arrays, merged, merged_length, minus_length_arrays
@@ -55,7 +55,7 @@ def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dic
 
         compute   = union(compute spans)          comm[k] = union(spans of kind k)
         exposed_k = |comm[k] minus compute|       all     = union(spans of all COMM_KINDS)
-        bubble    = max(T - |compute u all|, 0)
+        bubble    = max(T - |compute u all|, 0)       (spans within INSTANT_S of each other joined)
     """
     def iv(mask: np.ndarray) -> Arrays:
         return merged(start[mask], end[mask], presorted=True)
@@ -69,7 +69,10 @@ def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dic
     none = merged(start[:0], end[:0], presorted=True)
     by_kind = {k: iv(masks[k]) if k in masks else none for k in COMM_KINDS}
     all_comm = iv(is_comm)
-    busy = iv(is_compute | is_comm)
+    # (spans a rounding apart, which a collapsed run and every rank's sum along other paths,
+    # leave no gap: times within INSTANT_S are one instant)
+    is_busy = is_compute | is_comm
+    busy = merged(start[is_busy], end[is_busy], presorted=True, join_s=INSTANT_S)
     comm_s = {k: merged_length(v) for k, v in by_kind.items()}
     comm_total_s = merged_length(all_comm)
     # |A minus B| <= |A|: the pieces of a union that compute cuts add up in another order
