@@ -554,7 +554,7 @@ def _simulated_line(summary: dict, wall_s: float) -> str:
     """The terminal's "simulated" line: ranks, spans, seconds, and what was repeated (and,
     below it, around what the faults reach the classes split, or that the collapse kept it;
     the same of the split where leaf groups cut the plan unevenly; the communications at
-    their slowest twin's pace; collective fallbacks)."""
+    their slowest twin's pace; a slow GPU's replicas in lock-step; collective fallbacks)."""
     from .engine.repeat import ways
     from .output.summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, leaf_split_note,
                                  replicas_note, straggler_note, wall_said)
