@@ -447,27 +447,6 @@ def test_lanes_to_a_shared_nic_carry_every_twin(parallel):
     _assert_same(collapsed, full, TWINS_SHARE)
 
 
-def test_nvlink_ports_where_gpus_share_a_nic_carry_every_twin():
-    """Where GPUs share a NIC, their NVLink ports count every real flow too, not their class's
-    simulated rank's: PXN legs reach a node's proxies unevenly where the twins' rings take
-    other routes (their orbit moves at its slowest twin's pace), and three GB200 racks with
-    four NICs each, one leaf a rack and one spine, said 0.33 % more NVLink bytes collapsed
-    than rank by rank (bench/fuzz_fabrics.py 238, plan 1)."""
-    d = {"name": "ports", "cluster": {"topology": "topologies/gb200-nvl72.yaml", "nodes": 3, "node": {"nics": 4},
-                                      "fabric": {"kind": "leaf_spine", "nodes_per_leaf": 1, "spines": 1,
-                                                 "oversubscription": 2.0, "rail_optimized": True, "radix": None,
-                                                 "tiers": None}},
-         "model": {**MODEL, "layers": 2, "heads": 16, "seq_len": 2048},
-         "parallel": {"tp": 8, "dp": 27, "zero": 2},
-         "training": {"micro_batch_size": 1, "global_batch_size": 54}}
-    sc = clustersim.load_scenario(d, base_dir=ROOT)
-    collapsed, full = _both(sc)
-    assert collapsed["simulation"]["simulated_ranks"] == 1 and collapsed["simulation"]["asymmetric_orbits"]
-    for kind, every in full["links"]["by_kind"].items():
-        assert collapsed["links"]["by_kind"][kind]["bytes"] == pytest.approx(every["bytes"], rel=REL), kind
-        assert collapsed["links"]["by_kind"][kind]["links"] == every["links"], kind
-
-
 def test_where_classes_split_a_stage_no_gpu_takes_its_links_from_another():
     """A straggler splits the classes of its stage: the link use then counts every real flow
     on every link, inside nodes too (network.plan_phases, ``wide``), and a GPU of a split

@@ -6,7 +6,7 @@
 
 ``bw`` is the link's usable bandwidth (line rate x efficiency). Collapsed simulation works
 out the links of the simulated ranks' communications and every scale-out link a twin crosses,
-and every link of GPUs that share a NIC (engine.sim.Engine._twins_links); the report
+and every PCIe lane to a NIC that GPUs share (engine.sim.Engine._twins_links); the report
 then gives every GPU the use of its other links inside its node (:func:`every_gpu`), as its
 class's simulated rank's, so that every GPU's links are listed, as rank by rank.
 """
@@ -37,7 +37,7 @@ def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
     The use worked out for a GPU's own link that is not its class's simulated rank's (a
     flow of a simulated communication crossed it, beside none of that GPU's other traffic)
     is replaced. The NICs' cables and the fabric's links count every twin already (engine.sim
-    Engine._twins_links), and so do the links of GPUs that share a NIC, which ``owned``
+    Engine._twins_links), and so do the PCIe lanes to a NIC that GPUs share, which ``owned``
     leaves out (Cluster.twins_cross_mask). A GPU's PCIe lane to a NIC of its own
     (``nic_links``: per GPU, Cluster.own_nic_links) carries what the NIC's cable does, by
     conservation at the NIC, PXN's flows forwarded from node-mates included (which its

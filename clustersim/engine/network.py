@@ -89,8 +89,8 @@ class FlowPlan:
     wire_scale_out: float | None = None
     # the links where a real flow of the orbit, or of its siblings, crosses, as sorted link ids,
     # among those where twins can meet another communication's unseen (Engine._meetings) or
-    # the link use counts them (Engine._twins_links): the scale-out links, and the links of
-    # GPUs that share a NIC (Cluster.twins_cross_mask), and every link where the classes split a stage
+    # the link use counts them (Engine._twins_links): the scale-out links and lanes to shared
+    # NICs (Cluster.twins_cross_mask), and every link where the classes split a stage
     # (``wide``, plan_phases). Not part of the plan's value; None where not known
     meet_real: np.ndarray | None = field(default=None, compare=False)
     # False where the orbit's instances meet links of different signatures (plan_phases: the
@@ -788,8 +788,8 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
 
 def _meeting_places(cluster: Cluster, links: np.ndarray, wide: bool) -> np.ndarray:
     """Those of ``links`` where twins can meet another communication's unseen, or where the
-    link use counts them (``Cluster.twins_cross_mask``: the scale-out ones, and the PCIe
-    lanes and NVLink ports of GPUs that share a NIC), or all of them with ``wide`` (:func:`plan_phases`). The timing
+    link use counts them (``Cluster.twins_cross_mask``: the scale-out ones, and PCIe lanes to
+    a NIC that GPUs share), or all of them with ``wide`` (:func:`plan_phases`). The timing
     looks for meetings on the scale-out ones alone (engine.sim.Engine._meetings)."""
     return links if wide else links[cluster.twins_cross_mask[links]]
 

@@ -618,8 +618,8 @@ class Engine:
             finished[:] = [(swap.get(id(r[0]), r[0]), *r[1:]) for r in finished]
 
     def _twins_links(self, phased: dict) -> dict[tuple, tuple[FlowPlan, ...]]:
-        """Per plan whose symmetric orbit's twins cross scale-out links (or links of GPUs that
-        share a NIC: Cluster.twins_cross_mask) no simulated flow of its communication
+        """Per plan whose symmetric orbit's twins cross scale-out links (or PCIe lanes to a NIC
+        that GPUs share: Cluster.twins_cross_mask) no simulated flow of its communication
         crosses (``phased``: the plans before :meth:`_meetings`), its phases with those links
         too (network.with_meetings on all of them), each weighing how many instances' flow k
         cross it: what the twins carry there, which the link use counts
@@ -843,7 +843,7 @@ class Engine:
             return {}
         families_on = np.bincount(np.concatenate(crossing), minlength=len(self.cluster.edges))
         out: dict[tuple, dict[int, np.ndarray]] = {}
-        # (a plan's real links hold those of GPUs sharing a NIC too, for the link use alone:
+        # (a plan's real links hold lanes to shared NICs too, for the link use alone:
         # network._meeting_places)
         scale_out = None if self.prog.siblings else self.cluster.scale_out_mask
         for key, k, met in self._uncovered(phased, keys_of.values()):
@@ -1217,8 +1217,8 @@ class Engine:
 
     def _summary_sources(self) -> np.ndarray:
         """Per link, the link whose use the summary gives it (analysis.links.every_gpu): itself,
-        but collapsed, for a GPU's own NVLink ports and PCIe lane (Cluster.owned_edges: none
-        where GPUs share a NIC, whose links count every twin), its class's simulated rank's,
+        but collapsed, for a GPU's own NVLink ports and PCIe lane (Cluster.owned_edges: not a
+        lane to a NIC that GPUs share, which counts every twin), its class's simulated rank's,
         and for a PCIe lane to a NIC of its own, that NIC's cable (by conservation at the NIC)::
 
             n3.gpu5->n3.nvsw  ->  n0.gpu5->n0.nvsw      (GPU 29's class runs on GPU 5)
@@ -1247,7 +1247,7 @@ class Engine:
         """Bytes per link over the step, flow by flow: a flow's bytes times its weight on each
         link it crosses (real traffic, twins included), spread evenly over the time the flow
         ran at each of its rates. Collapsed, these are the simulated ranks' links and every
-        scale-out link their twins cross, or link of GPUs that share a NIC (:meth:`_accounting`):
+        scale-out link their twins cross, or lane to a NIC that GPUs share (:meth:`_accounting`):
         their twins' other links inside their nodes carry the same (the summary gives every GPU
         its own: analysis.links.every_gpu). The rate over time (``bins`` slices of the step) is
         worked out for the ``detailed`` links of highest mean use (to nine digits, ties by

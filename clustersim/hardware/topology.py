@@ -557,23 +557,24 @@ class Cluster:
     @cached_property
     def owned_links(self) -> tuple[tuple[str, ...], ...]:
         """Per GPU, the names of the links inside its node that carry its traffic, in one order
-        for every GPU: to and from its NVSwitch, to and from its NIC over PCIe, where the NIC is
-        its own (none where GPUs share NICs). A symmetric class's members load theirs alike
-        (analysis.links.every_gpu); the NICs' cables and the fabric's are scale-out links,
-        where the link use counts every twin already (engine.sim.Engine._twins_links), as on
-        every link of GPUs that share a NIC (:attr:`twins_cross_mask`)."""
+        for every GPU: to and from its NVSwitch, to and from its NIC over PCIe where the NIC is
+        its own. A symmetric class's members load theirs alike (analysis.links.every_gpu); the
+        NICs' cables and the fabric's are scale-out links, where the link use counts every twin
+        already (engine.sim.Engine._twins_links), as on the lanes to a NIC that GPUs share
+        (:attr:`twins_cross_mask`)."""
         return tuple(tuple(f"{u}->{v}" for u, v in ends) for ends in self._owned_ends)
 
     @cached_property
     def _owned_ends(self) -> tuple[tuple[tuple[str, str], ...], ...]:
         """:attr:`owned_links` as (from, to) pairs."""
-        if self.gpus_per_nic > 1:  # (every twin counts on their links: twins_cross_mask)
-            return tuple(() for _ in self.gpu_names)
         nodes, out = self.graph.nodes, []
+        shared_nic = self.gpus_per_nic > 1
         for name in self.gpu_names:
             at = nodes[name]
             ends = ((name, at["switch"]), (at["switch"], name)) if at["switch"] else ()
-            out.append((*ends, (name, at["nic"]), (at["nic"], name)))
+            # a lane to a NIC several GPUs share counts every twin (twins_cross_mask)
+            lanes = () if shared_nic else ((name, at["nic"]), (at["nic"], name))
+            out.append((*ends, *lanes))
         return tuple(out)
 
     @cached_property
@@ -714,22 +715,18 @@ class Cluster:
         """Per link (in ``edges`` order), whether the link use counts every real flow that
         crosses it, twins' included (engine.sim.Engine._twins_links), rather than giving a
         GPU its class's simulated rank's figure (:attr:`owned_links`): the scale-out links
-        (:attr:`scale_out_mask`), and where GPUs share a NIC, their PCIe lanes to it and their
-        NVLink ports. A GPU's lane there carries more than its own sends: PXN's flows that
-        node-mates forward through it to its NIC's rail, and where the collapse simulates a
-        transfer at its receiver alone, a twin's send in place of its own (a DP ring of two
-        across nodes: the simulated rank's receive crosses its peer's lane, its send no
-        simulated lane); its NVLink ports carry those PXN legs, which reach a node's proxies
-        unevenly where twins' rings take other routes::
+        (:attr:`scale_out_mask`), and where GPUs share a NIC, their PCIe lanes to it. A GPU's
+        lane there carries more than its own sends: PXN's flows that node-mates forward
+        through it to its NIC's rail, and where the collapse simulates a transfer at its
+        receiver alone, a twin's send in place of its own (a DP ring of two across nodes: the
+        simulated rank's receive crosses its peer's lane, its send no simulated lane)::
 
             n0.gpu1 -NVLink- n0.gpu5 -PCIe- n0.nic1 -cable- leaf.1     gpu5's lane: its own and gpu1's
         """
         out = self.scale_out_mask.copy()
         codes, kinds = self.edge_kind_codes
-        if self.gpus_per_nic > 1:
-            for kind in ("pcie", "nvlink"):
-                if kind in kinds:
-                    out |= codes == kinds.index(kind)
+        if self.gpus_per_nic > 1 and "pcie" in kinds:
+            out |= codes == kinds.index("pcie")
         return out
 
     @cached_property
