@@ -57,8 +57,8 @@ def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dic
         exposed_k = |comm[k] minus compute|       all     = union(spans of all COMM_KINDS)
         bubble    = max(T - |compute u all|, 0)       (spans within INSTANT_S of each other joined)
     """
-    def iv(mask: np.ndarray) -> Arrays:
-        return merged(start[mask], end[mask], presorted=True)
+    def iv(mask: np.ndarray, join_s: float = 0.0) -> Arrays:
+        return merged(start[mask], end[mask], presorted=True, join_s=join_s)
 
     is_compute = kind == codes["compute"]
     # each kind's mask once, for its own union and for all communication's (a kind the trace
@@ -71,8 +71,7 @@ def _rank_times(start: np.ndarray, end: np.ndarray, kind: np.ndarray, codes: dic
     all_comm = iv(is_comm)
     # (spans a rounding apart, which a collapsed run and every rank's sum along other paths,
     # leave no gap: times within INSTANT_S are one instant)
-    is_busy = is_compute | is_comm
-    busy = merged(start[is_busy], end[is_busy], presorted=True, join_s=INSTANT_S)
+    busy = iv(is_compute | is_comm, INSTANT_S)
     comm_s = {k: merged_length(v) for k, v in by_kind.items()}
     comm_total_s = merged_length(all_comm)
     # |A minus B| <= |A|: the pieces of a union that compute cuts add up in another order

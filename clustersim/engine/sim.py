@@ -1226,13 +1226,11 @@ class Engine:
         """
         source = np.arange(len(self.cluster.edges))
         rep = self.prog.rep
-        if rep is None or all(r == g for g, r in enumerate(rep)):
-            return source
-        if self.prog.siblings:
-            # the classes split a stage: every plan is wide (network.plan_phases), and the
-            # link use counts every real flow where it goes, inside nodes too; a split class's
-            # GPU need not load its links as its simulated rank does (a straggler's mates
-            # forward other GPUs' PXN flows)
+        # (where the classes split a stage, every plan is wide, network.plan_phases, and the
+        # link use counts every real flow where it goes, inside nodes too: a split class's GPU
+        # need not load its links as its simulated rank does, a straggler's mates forward
+        # other GPUs' PXN flows)
+        if rep is None or self.prog.siblings or all(r == g for g, r in enumerate(rep)):
             return source
         owned = self.cluster.owned_edges
         reps = np.asarray(rep, dtype=np.int64)
