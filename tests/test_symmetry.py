@@ -247,6 +247,26 @@ def test_hidden_time_rounds_alike_collapsed_and_rank_by_rank():
     assert min(collapsed["hidden_comm_s"].values()) >= 0.0
 
 
+def test_node_mates_pxn_legs_through_the_simulated_gpu_move_at_their_own_pace():
+    """An all-to-all over two nodes (EP8 at TP2: four members a node), its member on GPU 0
+    simulated: GPU 0's NVLink port in carries its own incoming flows from node-mates and the
+    node-mates' PXN legs to GPU 0's NIC, images of GPU 0's own legs through them, which move
+    at the NIC's pace. Weighed real / simulated flows there (6 / 3), the incoming flows stood
+    for the legs and moved them at NVLink's, and the TP reduce-scatters that DualPipe overlaps
+    with the dispatch on that port took 0.5 % more TP time than rank by rank (0.9 % on 32
+    H800 nodes: bench/fuzz_fabrics.py 244, plan 23). Each flow weighs its own images
+    there now (network._images_on): every figure, the port's rate over time included, as
+    rank by rank's."""
+    d = {"name": "pxn-legs", "cluster": {"topology": "topologies/dgx-h100.yaml", "nodes": 4},
+         "model": {**MODEL, "layers": 4, "heads": 16, "seq_len": 2048, "moe": MOE},
+         "parallel": {"tp": 2, "pp": 2, "dp": 8, "ep": 8, "schedule": "dualpipe", "sp": True, "zero": 1,
+                      "tp_comm_overlap": True},
+         "training": {"micro_batch_size": 1, "global_batch_size": 64, "recompute": "selective"}}
+    rep, full = _both(clustersim.load_scenario(d, base_dir=ROOT))
+    assert rep["simulation"]["simulated_ranks"] == 2
+    _assert_same(rep, full)
+
+
 @pytest.mark.parametrize("ep, zero, ranks", [(2, 1, 12), (4, 0, 24), (4, 3, 24)])
 def test_groups_laid_out_differently_over_nodes_split_the_classes(ep, zero, ranks):
     """24 GPUs on 3 nodes, DP24 with EP outermost: the expert-DP groups are consecutive ranks,

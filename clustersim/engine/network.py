@@ -160,8 +160,10 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
 
     Flow i of the simulated instance stands for flow i of every twin instance (its orbit).
     When every twin's flow i meets the same links (bandwidth, latency, how many of this
-    communication's flows share each) the orbit is symmetric: the simulated flow carries
-    weight real/simulated on its own links, which is exact. Otherwise (a twin crosses a spine
+    communication's flows share each) the orbit is symmetric: every flow i moves at one rate,
+    and each link the simulated flows cross holds them as it holds the real flows, flow i
+    weighing how many instances' flow i cross it, whether or not the simulated flow i does
+    (:func:`_images_on`), which is exact. Otherwise (a twin crosses a spine
     the simulated one does not, say) the orbit's members are assumed to move at one rate and
     the simulated flow is constrained on every link any member crosses, with weight = members
     crossing it, and the orbit's worst latency: the slowest twin sets the pace.
@@ -169,8 +171,8 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     ``siblings``: the other orbits of the same communication where the symmetry classes split
     it (lower.Symmetry.siblings; each orbit's simulated instance first). Their flows count as
     the communication's: the test is then over every instance of every orbit, and a
-    symmetric orbit weighs real flows / simulated flows of all of them on each link (the
-    simulated instances of all orbits share it). A twin that meets a sibling's twin on a
+    symmetric orbit weighs its own instances' flows on every link the simulated flows of all
+    of them cross (each orbit its own, so that a link holds every real flow once). A twin that meets a sibling's twin on a
     spine neither simulated instance crosses makes the orbits asymmetric, so that both are
     constrained there::
 
@@ -754,11 +756,8 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
     if require_symmetric and not symmetric:
         return None
     if symmetric:
-        simulated: dict[int, int] = {}
-        for p in chain.from_iterable(paths[i] for i in sims):
-            for e in p:
-                simulated[e] = simulated.get(e, 0) + 1
-        weights = tuple(tuple((e, real[e] / simulated[e]) for e in p) for p in rep_paths)
+        simulated = {e for i in sims for p in paths[i] for e in p}
+        weights = _images_on(instances[:own], paths[:own], simulated, require_symmetric)
         latency = max((cluster.path_latency_s(p) for p in rep_paths), default=0.0)
     else:
         orbit_weights = []
@@ -784,6 +783,68 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
     if keep is not None and len(plan.meet_real):  # (no link to meet on: no meeting to look for)
         keep(make)
     return plan
+
+
+def _images_on(instances: list, paths: list, links: set, once: bool) -> tuple:
+    """A symmetric orbit's weights (:attr:`FlowPlan.weights`): per flow k, each of ``links``
+    (those its simulated flows cross) that flow k of some instance crosses, and how many do;
+    flow k's own links first, in path order, then the others by id. ``once``: a flow in two
+    instances (one object: a member's and another's) counts in the first.
+
+    The flows of an orbit's instances that cross a link need not be images of the simulated
+    flows that cross it. An all-to-all over two nodes, member 0 simulated, rails, PXN::
+
+        nvsw->gpu0 carries  2->0  4->0  6->0       member 0's own incoming flows (NVLink)
+                            2->8  4->8  6->8       node-mates' legs to gpu0's NIC: images of
+                                                   member 0's 0->10 via 2, 0->12 via 4, ...
+        weights there       incoming k: 1 each, and each PXN flow: 1 (its own legs cross
+                            nvsw->gpu2, ...): the legs move at the NIC's pace, as they do
+
+    Weighed real / simulated flows (6 / 3) instead, the three incoming flows stood for the
+    legs too and moved them at NVLink's pace: a TP reduce-scatter beside it on that port was
+    20 % slower than rank by rank (bench/fuzz_fabrics.py 244, plan 23). Since every flow k
+    moves at one rate, this is the rank-by-rank constraint on each such link; the twins'
+    links are copies of these."""
+    met: list[Counter] = [Counter() for _ in paths[0]]
+    seen: set[int] = set()
+    for flows, inst in zip(instances, paths):
+        for k, (f, p) in enumerate(zip(flows, inst)):
+            if once:
+                if id(f) in seen:
+                    continue
+                seen.add(id(f))
+            met[k].update(e for e in p if e in links)
+    out = []
+    for p, n in zip(paths[0], met):
+        mine = set(p)
+        out.append(tuple((e, float(n[e])) for e in p) + tuple((e, float(n[e])) for e in sorted(n) if e not in mine))
+    return tuple(out)
+
+
+def _images_at(paths: np.ndarray, at: np.ndarray, once: np.ndarray | None, links: np.ndarray) -> tuple:
+    """:func:`_images_on` on arrays, for the orbit ``at`` (``paths[at[i, k]]``: instance i's
+    flow k's path, -1 padded; counted only where ``once[i, k]`` if given) and the mask of
+    ``links``: (pairs per flow, their links, their counts), flow by flow in that order."""
+    n_links = len(links)
+    crossed = paths[at]
+    where = np.zeros(n_links + 1, dtype=bool)
+    where[:n_links] = links
+    hit = where[crossed]
+    if once is not None:
+        hit &= once[:, :, None]
+    i, k, hop = np.nonzero(hit)
+    codes, counts = np.unique(k * n_links + crossed[i, k, hop], return_counts=True)
+    flow_of, link = np.divmod(codes, n_links)
+    rep = paths[at[0]]
+    width = rep.shape[1]
+    # each pair's place: its hop on flow k's own path, else width + link id
+    place = width + link
+    own_k, own_h = np.nonzero(rep >= 0)
+    own_codes = own_k * n_links + rep[own_k, own_h]
+    j = np.searchsorted(codes, own_codes)
+    place[j] = own_h
+    order = np.lexsort((place, flow_of))
+    return (np.bincount(flow_of, minlength=len(rep)).astype(np.int64), link[order], counts[order].astype(float))
 
 
 def _meeting_places(cluster: Cluster, links: np.ndarray, wide: bool) -> np.ndarray:
@@ -840,7 +901,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         return None
     fractions = tuple(real_flows[i][2] for i in rows[0].tolist())
     once = None  # whole instances: each real flow is in one row
-    if require_symmetric and keep is not None:
+    if require_symmetric:
         # member by member, a flow is its sender's and its receiver's: count it in one row
         flat = rows.ravel()
         order = np.argsort(flat, kind="stable")
@@ -910,9 +971,9 @@ def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse,
 def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, steps: int,
               once: np.ndarray | None = None, keep: Callable | None = None) -> FlowPlan:
     """The plan of instance ``at[0]`` standing for the orbit ``at`` (each flow's pair in
-    ``co``): symmetric, weight = real flows / simulated flows on each link of its flows (integer
-    counts: their quotient is the float Python's int / int gives); else, per flow position k,
-    how many instances' flow k cross each link, links in order. ``keep``: see
+    ``co``): per flow position k, how many instances' flow k cross each link, symmetric on
+    the links the simulated flows cross (:func:`_images_at`), else on every link, links in
+    order. ``keep``: see
     :func:`_plan_phase`; a symmetric plan's maker (:func:`_met_at`) adds its meetings, counting
     a flow where ``once[i, k]`` when given (the rows of members hold each flow twice); what
     it keeps is the plan, the routes and ``at``, not ``co``'s per-link columns."""
@@ -920,16 +981,11 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
     met = co.meet_real
     if co.symmetric:
         rep = paths[at[0]]
-        on = rep >= 0
-        share = np.zeros(rep.shape)
-        share[on] = real[rep[on]] / co.simulated[rep[on]]
-        lens = co.lens[at[0]]
-        hops = np.arange(rep.shape[1]) < lens[:, None]  # each flow's first lens hops, row by row
-        pair_edge, pair_w = rep[hops], share[hops]
-        weights = _per_flow(pair_edge.tolist(), pair_w.tolist(), lens)
+        sizes, pair_edge, pair_w = _images_at(paths, at, once, co.simulated > 0)
+        weights = _per_flow(pair_edge.tolist(), pair_w.tolist(), sizes)
         latency = _longest_s(rep, lat_a)
         plan = with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met),
-                           (lens.astype(np.int64), pair_edge, pair_w))
+                           (sizes, pair_edge, pair_w))
         make = partial(_met_at, plan, paths, at, once, len(cluster.edges))
         if keep is not None and len(met):  # (no link to meet on: no meeting to look for)
             keep(make)
