@@ -87,11 +87,9 @@ class FlowPlan:
     # others' being ``wire_scale``: DeepEP moves a different share of NVLink's and the NICs'
     # bandwidth (:func:`wire_scales`)
     wire_scale_out: float | None = None
-    # the links where a real flow of the orbit, or of its siblings, crosses, as sorted link ids,
-    # among those where twins can meet another communication's unseen (Engine._meetings) or
-    # the link use counts them (Engine._twins_links): the scale-out links and lanes to shared
-    # NICs (Cluster.twins_cross_mask), and every link where the classes split a stage
-    # (``wide``, plan_phases). Not part of the plan's value; None where not known
+    # the links where a real flow of the orbit, or of its siblings, crosses, as sorted link ids:
+    # where twins can meet another communication's unseen (Engine._meetings) or the link use
+    # counts them (Engine._twins_links). Not part of the plan's value; None where not known
     meet_real: np.ndarray | None = field(default=None, compare=False)
     # False where the orbit's instances meet links of different signatures (plan_phases: the
     # slowest twin sets the pace); an orbit of one instance, which its siblings' make
@@ -154,7 +152,7 @@ def plan_flows(cluster: Cluster, comm: Comm) -> FlowPlan:
 
 
 def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tuple = (),
-                shared: dict | None = None, kept: dict | None = None, wide: bool = False,
+                shared: dict | None = None, kept: dict | None = None,
                 route: tuple = ()) -> tuple[FlowPlan, ...]:
     """Expand ``comm`` (and its twins) by ``algo`` into phases of weighted flows on graph paths.
 
@@ -184,8 +182,7 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     is worked out once into ``shared`` (the engine's), not once per orbit: a stage-to-stage
     send at 16,384 GPUs with a slow GPU is 1,024 instances in 16 orbits.
 
-    ``kept``: where each phase that crosses a link where twins can meet (a scale-out link;
-    with ``wide``, any) keeps its maker (phase -> (make, wire scale)), from which
+    ``kept``: where each phase crosses a link, it keeps its maker (phase -> (make, wire scale)), from which
     :func:`with_meetings` makes it again with the links, none of them on the simulated
     instance's paths, where its twins meet another communication's (Engine._meetings),
     routing nothing again. A symmetric orbit's simulated
@@ -193,11 +190,7 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     the other communication's flows are constrained there too, and the two share the link
     as those twins do (the orbit moves at the pace of its twin slowed there)::
 
-        simulated flow k   own links (real / simulated)   + spine3 (2: twins a', a'' cross it)
-
-    ``wide``: meetings are looked for on every link, not only on the scale-out ones (where
-    the classes split a stage, a node's GPUs stand for different classes, whose twins meet
-    on its NVLink and PCIe links too).
+        simulated flow k   own links (its images there)   + spine3 (2: twins a', a'' cross it)
 
     ``route``: a deduplicating dispatch's routing (``algo`` deepep; the program's ``routing``).
     """
@@ -234,7 +227,7 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
         keep = None if kept is None else partial(_keep, kept, k, scale, scale_out)
         plan = _plan_phase(cluster, comm, flows_of, per_group[comm.group][k].steps, (comm.op, algo) in MEMBER_SYMMETRIC,
                            direct=algo == "pairwise", siblings=siblings, shared=shared, key=keys[k], keep=keep,
-                           wide=wide, lockstep=per_group[comm.group][k].lockstep)
+                           lockstep=per_group[comm.group][k].lockstep)
         out.append(_merged(_scaled(plan, scale, scale_out)))
     return tuple(out)
 
@@ -569,13 +562,13 @@ def fault_reach(cluster: Cluster, groups: list[np.ndarray], faults: list) -> set
 
 def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member_symmetric: bool,
                 direct: bool = False, siblings: tuple = (), shared: dict | None = None, key=None,
-                keep: Callable | None = None, wide: bool = False, lockstep: int = 0) -> FlowPlan:
+                keep: Callable | None = None, lockstep: int = 0) -> FlowPlan:
     """One phase's plan, from each instance's flows (``flows_of[group]``); ``direct``: no PXN;
     ``siblings``: see :func:`plan_phases`, with ``shared[key]`` what all their orbits share
     (:func:`_coarse_rows`), read if there, else kept there when the plan is made on arrays;
     ``keep(make)``: called with the plan's maker, ``make(links)`` being the plan with its
     twins' meetings on those links, made from what it was weighed from (nothing
-    routed again); ``wide``: see :func:`plan_phases`; ``lockstep``: its pipelines
+    routed again); ``lockstep``: its pipelines
     (``Expansion.lockstep``), each made one flow by :func:`_in_lockstep`. A plan of whole
     instances has the simulated instance's flows in order, pipeline after pipeline; one of a
     member's flows (symmetric member by member) stands for every member's, so the pipelines,
@@ -602,12 +595,12 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         if len(real_flows) >= ROWS_MIN_FLOWS // 16 and len({len(inst) for inst in instances}) == 1:
             src, dst = _flow_ends(real_flows)
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct, wide)
+            co, _ = _coarse_rows(cluster, src, dst, rows, sims, direct)
             if key is not None:
                 shared[key] = co
             return _in_lockstep(_weigh_sibling_rows(cluster, instances[:own], steps, co, keep=keep_whole), whole)
-        return _in_lockstep(_weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, keep=keep_whole,
-                                   wide=wide), whole)
+        return _in_lockstep(_weigh(cluster, route, instances, real_flows, steps, own=own, sims=sims, keep=keep_whole),
+                            whole)
     symmetric_members = member_symmetric and len(comm.members) == 1 and comm.members[0] in comm.group \
         and _regular(comm.group, node_of)
     if len(real_flows) >= ROWS_MIN_FLOWS:  # the same on arrays
@@ -616,21 +609,21 @@ def _plan_phase(cluster: Cluster, comm: Comm, flows_of: dict, steps: int, member
         rows = _by_member_rows(comm, node_of, flows_of, src, dst) if symmetric_members else None
         if rows is not None:
             plan = _weigh_rows(cluster, real_flows, src, dst, rows, steps, require_symmetric=True, direct=direct,
-                               keep=keep_member, wide=wide)
+                               keep=keep_member)
             if plan is not None:
                 return _in_lockstep(plan, member)
             symmetric_members = False  # not symmetric member by member: as whole instances
         if not symmetric_members and len({len(inst) for inst in instances}) == 1:
             rows = np.arange(len(real_flows)).reshape(len(instances), -1)
-            return _in_lockstep(_weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, keep=keep_whole,
-                                            wide=wide), whole)
+            return _in_lockstep(_weigh_rows(cluster, real_flows, src, dst, rows, steps, direct=direct, keep=keep_whole),
+                                whole)
     if symmetric_members:
         # one member's flows stand for all (much smaller), when that symmetry holds
         plan = _weigh(cluster, route, _by_member(comm, node_of, flows_of), real_flows, steps, require_symmetric=True,
-                      keep=keep_member, wide=wide)
+                      keep=keep_member)
         if plan is not None:
             return _in_lockstep(plan, member)
-    return _in_lockstep(_weigh(cluster, route, instances, real_flows, steps, keep=keep_whole, wide=wide), whole)
+    return _in_lockstep(_weigh(cluster, route, instances, real_flows, steps, keep=keep_whole), whole)
 
 
 # :func:`_in_lockstep`'s size for every flow of a plan in one pipeline
@@ -732,8 +725,7 @@ ROWS_MIN_FLOWS = 512
 
 
 def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_symmetric: bool = False,
-           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,), keep: Callable | None = None,
-           wide: bool = False):
+           own: int | None = None, sims: list[int] | tuple[int, ...] = (0,), keep: Callable | None = None):
     """The plan of ``instances[0]`` standing for all ``instances`` (see :func:`plan_flows`);
     None if ``require_symmetric`` and the orbits are not symmetric. With siblings
     (:func:`plan_phases`), only the first ``own`` instances are its orbit, and ``sims`` are
@@ -775,7 +767,7 @@ def _weigh(cluster: Cluster, route, instances, real_flows, steps: int, require_s
         latency = max(path_lat.values(), default=0.0)
     crossed = np.fromiter(real, np.int64, len(real))
     plan = FlowPlan(weights=weights, fractions=tuple(b for _, _, b in instances[0]), latency_s=steps * latency,
-                    meet_real=np.sort(_meeting_places(cluster, crossed, wide)), orbit_symmetric=symmetric or own == 1)
+                    meet_real=np.sort(crossed), orbit_symmetric=symmetric or own == 1)
     if not symmetric:  # (an asymmetric orbit is constrained wherever its members go: no meeting to add)
         make = partial(_as_is, plan)
     else:  # member by member (require_symmetric), a flow is its sender's and its receiver's: once
@@ -847,14 +839,6 @@ def _images_at(paths: np.ndarray, at: np.ndarray, once: np.ndarray | None, links
     return (np.bincount(flow_of, minlength=len(rep)).astype(np.int64), link[order], counts[order].astype(float))
 
 
-def _meeting_places(cluster: Cluster, links: np.ndarray, wide: bool) -> np.ndarray:
-    """Those of ``links`` where twins can meet another communication's unseen, or where the
-    link use counts them (``Cluster.twins_cross_mask``: the scale-out ones, and PCIe lanes to
-    a NIC that GPUs share), or all of them with ``wide`` (:func:`plan_phases`). The timing
-    looks for meetings on the scale-out ones alone (engine.sim.Engine._meetings)."""
-    return links if wide else links[cluster.twins_cross_mask[links]]
-
-
 def _as_is(plan: FlowPlan, _links) -> FlowPlan:
     return plan
 
@@ -885,7 +869,7 @@ def _met_on(plan: FlowPlan, instances: list, paths: list, once: bool, links: np.
 
 def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, steps: int,
                 require_symmetric: bool = False, direct: bool = False,
-                keep: Callable | None = None, wide: bool = False) -> FlowPlan | None:
+                keep: Callable | None = None) -> FlowPlan | None:
     """:func:`_weigh` on arrays, for communications with many real flows (an all-to-all over
     64 GPUs and its 15 twins: 64,512): the same plan, bit for bit. ``src``, ``dst``: the real
     flows' ends; ``rows[i, k]``: the index in ``real_flows`` of flow k of instance i. Each distinct (src, dst) is routed once
@@ -896,7 +880,7 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
         instance 0   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    (flow k: its path's codes)
         instance 1   [c3 c7 c7 c3 -1]  [c3 c1 c3 -1 -1] ...    == instance 0's: symmetric
     """
-    co, at = _coarse_rows(cluster, src, dst, rows, (0,), direct, wide)
+    co, at = _coarse_rows(cluster, src, dst, rows, (0,), direct)
     if require_symmetric and not co.symmetric:
         return None
     fractions = tuple(real_flows[i][2] for i in rows[0].tolist())
@@ -930,7 +914,7 @@ class _Coarse:
 
 
 def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.ndarray, sims,
-                 direct: bool, wide: bool = False) -> tuple[_Coarse, np.ndarray]:
+                 direct: bool) -> tuple[_Coarse, np.ndarray]:
     """(:class:`_Coarse` of the instances ``rows``, each instance flow's pair: ``at[i, k]``);
     ``rows[i, k]``: the index in ``src``, ``dst`` of flow k of instance i; ``sims``: the
     simulated instances' rows."""
@@ -954,7 +938,7 @@ def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.nd
     if symmetric:
         sim_paths = paths[at[list(sims)]]
         simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
-    return _Coarse(keys, paths, lens, real, simulated, symmetric, _meeting_places(cluster, edges, wide)), at
+    return _Coarse(keys, paths, lens, real, simulated, symmetric, edges), at
 
 
 def _weigh_sibling_rows(cluster: Cluster, own: list, steps: int, co: _Coarse,

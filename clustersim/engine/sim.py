@@ -580,7 +580,7 @@ class Engine:
             self._plans[key] = plan_phases(self.cluster, c, algo, self.prog.siblings.get((c.group, c.twins), ()),
                                            self._shared_orbits,
                                            None if self._kept is None else self._kept.setdefault(key, {}),
-                                           wide=bool(self.prog.siblings), route=self.prog.routing)
+                                           route=self.prog.routing)
         return self._plans[key]
 
     def _full_plan(self, c: Comm) -> tuple[FlowPlan, ...]:
@@ -638,7 +638,12 @@ class Engine:
         for n, keys in self._families(phased).items():
             for key in keys:
                 orbits.setdefault((n, key[3], key[4]), []).append(key)
+        # (inside nodes, a twin GPU's links take its class's simulated rank's use, but where the
+        # classes split a stage: Engine._summary_sources)
+        counted = None if self.prog.siblings else self.cluster.twins_cross_mask
         for key, k, twins in self._uncovered(phased, orbits.values()):
+            if counted is not None:
+                twins = twins[counted[twins]]
             if len(twins) and k in self._makers.get(key, {}):
                 phases = out.setdefault(key, list(phased[key]))
                 phases[k] = with_meetings(self._makers[key][k], twins)
@@ -803,9 +808,8 @@ class Engine:
         self._full_of.clear()
 
     def _meetings(self, phased: dict[tuple, tuple[FlowPlan, ...]]) -> dict[tuple, dict[int, np.ndarray]]:
-        """Per plan and phase, the scale-out links (NIC cables and the fabric's; every link where
-        the classes split a stage) where the orbit's twins meet another communication's real
-        flows and that no simulated flow of its communication crosses (network.plan_phases
+        """Per plan and phase, the links where the orbit's twins meet another communication's
+        real flows and that no simulated flow of its communication crosses (network.plan_phases
         constrains its simulated flows there).
 
         A symmetric orbit's simulated flows stand for its twins' on their own links only. ECMP
@@ -826,13 +830,19 @@ class Engine:
         run one after another): its sibling orbits (classes split) are one, and the links any of
         their simulated flows cross are covered for all of them, since each weighs the others'
         flows there (network.plan_phases). Timing is not known here: two communications that
-        never run at once count too. Links inside a node are left out while one class holds a
-        whole stage: there every twin meets its own GPU's other traffic as the simulated one
-        does (a TP ring and the PXN legs of the PP sends, one per GPU), which the symmetric
-        weights stand for. Where the classes split a stage (``prog.siblings``), a node's GPUs
-        stand for different classes, whose twins meet on its NVLink and PCIe links too (a
-        32-GPU plan with a slow GPU, ZeRO-3 and TP2 was 1.9 % short of the rank-by-rank step
-        without them): every link counts there."""
+        never run at once count too. Links inside a node count as well: a TP ring's flow from
+        the simulated GPU into its twin's port meets the twin's own PP send leaving by it,
+        which the PP send's plan, on the simulated GPU's port, does not see (1F1B with TP
+        overlap and EP2 on two DGX H100 nodes was 0.002 % short of the rank-by-rank step:
+        bench/fuzz_fabrics.py 246 routed by destination, plan 24; where the classes split a
+        stage, a 32-GPU plan with a slow GPU, ZeRO-3 and TP2 was 1.9 % short). Weighing each
+        flow k's own images there (network._images_on), such a meeting is the rank-by-rank
+        constraint on that link. Inside nodes only the links some simulated flow crosses
+        count: any other is a twin's copy of one of them, whose constraint stands for it (at
+        16,384 GPUs, counting those too made 83 meetings instead of 51, 0.12 s more link use,
+        35 MiB more). Until 2026-12-07 meetings were looked for inside nodes only where the
+        classes split a stage (``prog.siblings``, where every link counts): counting them
+        everywhere once doubled moe_1024gpu's engine."""
         keys_of = self._families(phased)
         crossing = []  # per family, the scale-out links its real flows cross
         for keys in keys_of.values():
@@ -842,14 +852,17 @@ class Engine:
         if not crossing:
             return {}
         families_on = np.bincount(np.concatenate(crossing), minlength=len(self.cluster.edges))
+        # inside nodes, only links some simulated flow crosses: any other is a twin's copy of
+        # one (by the symmetry the twins stand for), whose constraint stands for it
+        where = self.cluster.scale_out_mask.copy()
+        if not self.prog.siblings:
+            on = set().union(*(p.edges for phases in phased.values() for p in phases))
+            where[np.fromiter(on, np.int64, len(on))] = True
+        else:
+            where[:] = True
         out: dict[tuple, dict[int, np.ndarray]] = {}
-        # (a plan's real links hold lanes to shared NICs too, for the link use alone:
-        # network._meeting_places)
-        scale_out = None if self.prog.siblings else self.cluster.scale_out_mask
         for key, k, met in self._uncovered(phased, keys_of.values()):
-            met = met[families_on[met] > 1]
-            if scale_out is not None:
-                met = met[scale_out[met]]
+            met = met[(families_on[met] > 1) & where[met]]
             if len(met):
                 out.setdefault(key, {})[k] = met
         return out
