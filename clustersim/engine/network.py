@@ -6,8 +6,8 @@ Rates are recomputed only when a flow starts or ends (fluid model; Bertsekas & G
     every unfrozen flow grows at the same rate until some link is full;
     freeze the flows on that link; repeat.
 
-A representative flow that stands for k symmetric twins crossing the same link weighs k
-there (weight = real flows / simulated flows on that link).
+A representative flow that stands for symmetric twins weighs, on each link the simulated
+flows cross, how many of its twins cross it (:func:`_images_on`): k twins there, weight k.
 """
 
 from __future__ import annotations
