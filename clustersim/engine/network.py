@@ -797,17 +797,8 @@ def _images_on(instances: list, paths: list, links: set, once: bool) -> tuple:
     20 % slower than rank by rank (bench/fuzz_fabrics.py 244, plan 23). Since every flow k
     moves at one rate, this is the rank-by-rank constraint on each such link; the twins'
     links are copies of these."""
-    met: list[Counter] = [Counter() for _ in paths[0]]
-    seen: set[int] = set()
-    for flows, inst in zip(instances, paths):
-        for k, (f, p) in enumerate(zip(flows, inst)):
-            if once:
-                if id(f) in seen:
-                    continue
-                seen.add(id(f))
-            met[k].update(e for e in p if e in links)
     out = []
-    for p, n in zip(paths[0], met):
+    for p, n in zip(paths[0], _counted_on(instances, paths, links, once)):
         mine = set(p)
         out.append(tuple((e, float(n[e])) for e in p) + tuple((e, float(n[e])) for e in sorted(n) if e not in mine))
     return tuple(out)
@@ -843,15 +834,12 @@ def _as_is(plan: FlowPlan, _links) -> FlowPlan:
     return plan
 
 
-def _met_on(plan: FlowPlan, instances: list, paths: list, once: bool, links: np.ndarray) -> FlowPlan:
-    """:func:`_weigh`'s symmetric ``plan`` with, per flow k, each of ``links`` that flow k of
-    some instance crosses and how many do (:func:`_met_at` on dictionaries); ``once``:
-    a flow in two instances (one object: a member's and another's) counts in the first."""
-    if len(links) == 0:
-        return plan
-    where = set(links.tolist())
-    hits: dict[tuple, tuple] = {}  # per distinct path, its links among ``links``
-    met: list[Counter] = [Counter() for _ in plan.weights]
+def _counted_on(instances: list, paths: list, where: set, once: bool) -> list[Counter]:
+    """Per flow position k, how many instances' flow k cross each link of ``where``
+    (``paths``: the instances' flows' paths); ``once``: a flow in two instances (one object)
+    counts in the first."""
+    hits: dict[tuple, tuple] = {}  # per distinct path, its links in ``where``
+    met: list[Counter] = [Counter() for _ in paths[0]]
     seen: set[int] = set()
     for flows, inst in zip(instances, paths):
         for k, (f, p) in enumerate(zip(flows, inst)):
@@ -864,6 +852,16 @@ def _met_on(plan: FlowPlan, instances: list, paths: list, once: bool, links: np.
                 on = hits[p] = tuple(e for e in p if e in where)
             if on:
                 met[k].update(on)
+    return met
+
+
+def _met_on(plan: FlowPlan, instances: list, paths: list, once: bool, links: np.ndarray) -> FlowPlan:
+    """:func:`_weigh`'s symmetric ``plan`` with, per flow k, each of ``links`` that flow k of
+    some instance crosses and how many do (:func:`_met_at` on dictionaries); ``once``:
+    a flow in two instances (one object: a member's and another's) counts in the first."""
+    if len(links) == 0:
+        return plan
+    met = _counted_on(instances, paths, set(links.tolist()), once)
     return dataclasses.replace(plan, weights=tuple(w + tuple(sorted(n.items())) for w, n in zip(plan.weights, met)))
 
 
