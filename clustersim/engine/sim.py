@@ -651,13 +651,13 @@ class Engine:
 
     def _uncovered(self, phased: dict, groups) -> Iterator[tuple[tuple, int, np.ndarray]]:
         """Per group of plans of ``phased`` (lists of their keys), phase by phase: (a plan's key,
-        the phase, the scale-out links its real flows cross that no simulated flow of the
-        group's plans crosses in that phase), for each plan crossing a scale-out link there
-        (:meth:`_meetings`, :meth:`_twins_links`)."""
+        the phase, the links its real flows cross that no simulated flow of the group's plans
+        crosses in that phase), for each plan that crosses a link there (:meth:`_meetings`,
+        :meth:`_twins_links`)."""
         covered = np.zeros(len(self.cluster.edges), dtype=bool)  # the group's simulated links, a phase at a time
         for keys in groups:
             for k in range(max(len(phased[key]) for key in keys)):
-                # (a plan crossing no scale-out link has none among its own links either)
+                # (a plan crossing no link has none among its own links either)
                 plans = [(key, phased[key][k]) for key in keys if k < len(phased[key])
                          and phased[key][k].meet_real is not None and len(phased[key][k].meet_real)]
                 if not plans:
@@ -844,7 +844,7 @@ class Engine:
         classes split a stage (``prog.siblings``, where every link counts): counting them
         everywhere once doubled moe_1024gpu's engine."""
         keys_of = self._families(phased)
-        crossing = []  # per family, the scale-out links its real flows cross
+        crossing = []  # per family, the links its real flows cross
         for keys in keys_of.values():
             arrays = [p.meet_real for key in keys for p in phased[key] if p.meet_real is not None]
             if arrays:
@@ -854,12 +854,11 @@ class Engine:
         families_on = np.bincount(np.concatenate(crossing), minlength=len(self.cluster.edges))
         # inside nodes, only links some simulated flow crosses: any other is a twin's copy of
         # one (by the symmetry the twins stand for), whose constraint stands for it
-        where = self.cluster.scale_out_mask.copy()
-        if not self.prog.siblings:
+        where = np.ones(len(self.cluster.edges), dtype=bool)
+        if not self.prog.siblings:  # (where the classes split a stage, every link counts)
             on = set().union(*(p.edges for phases in phased.values() for p in phases))
+            where = self.cluster.scale_out_mask.copy()
             where[np.fromiter(on, np.int64, len(on))] = True
-        else:
-            where[:] = True
         out: dict[tuple, dict[int, np.ndarray]] = {}
         for key, k, met in self._uncovered(phased, keys_of.values()):
             met = met[(families_on[met] > 1) & where[met]]
