@@ -173,7 +173,8 @@ COLLAPSE = [
     # a TP shift's flow into the twin GPU 1 meets GPU 1's own PP send on its port, which the
     # PP plan sees on GPU 0's only: a meeting inside the node (Engine._meetings); the step was
     # 0.0014 % long without it (bench/fuzz_fabrics.py 246, plan 24)
-    ("tp-overlap-twins-ports", 2, {"tp": 2, "pp": 4, "dp": 2, "ep": 2, "sp": True, "zero": 1, "tp_comm_overlap": True},
+    ("tp-overlap-twins-ports", 2, {"tp": 2, "pp": 4, "dp": 2, "ep": 2, "sp": True, "zero": 1,
+                                   "tp_comm_overlap": True},
      {"moe": True, "layers": 4, "training": {"recompute": "selective"}}),
     # the gradients reduced after the last backward (ZeRO-2: after each), experts' too
     ("grads-after-backward-zero2-moe", 8, {"tp": 1, "pp": 2, "dp": 32, "ep": 4, "zero": 2,
