@@ -471,9 +471,22 @@ def test_lanes_to_a_shared_nic_carry_every_twin(parallel):
     _assert_same(collapsed, full, TWINS_SHARE)
 
 
+def test_nvlink_ports_where_gpus_share_a_nic_carry_every_twin():
+    """Where GPUs share a NIC, their NVLink ports count every real flow too (every link does:
+    Cluster.twins_cross_mask), not their class's simulated rank's: a GPU's PXN role there
+    depends on where it sits beside the NIC, and DP32 with ZeRO-1 on four nodes of two NICs
+    said 3.4 % more NVLink bytes collapsed than rank by rank (bench/fuzz_fabrics.py 246,
+    plan 28). Every figure now, the NVLink ports' rates over time included."""
+    sc = _scenario(4, {"dp": 32, "zero": 1}, nics=2, layers=2)
+    assert not any(sc.cluster.owned_links)
+    collapsed, full = _both(sc)
+    assert collapsed["simulation"]["simulated_ranks"] == 1
+    _assert_same(collapsed, full)
+
+
 def test_where_classes_split_a_stage_no_gpu_takes_its_links_from_another():
     """A straggler splits the classes of its stage: the link use then counts every real flow
-    on every link, inside nodes too (network.plan_phases, ``wide``), and a GPU of a split
+    on every link, inside nodes too (Engine._twins_links), and a GPU of a split
     class need not load its NVLink ports as its simulated rank does (its PXN legs forward to
     other proxies where GPUs share a NIC). Copied from the simulated rank, the NVLink bytes
     were 2.6 % above every rank's here (bench/fuzz_fabrics.py 231 with destination routing,

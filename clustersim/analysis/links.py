@@ -37,7 +37,7 @@ def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
     The use worked out for a GPU's own link that is not its class's simulated rank's (a
     flow of a simulated communication crossed it, beside none of that GPU's other traffic)
     is replaced. The NICs' cables and the fabric's links count every twin already (engine.sim
-    Engine._twins_links), and so do the PCIe lanes to a NIC that GPUs share, which ``owned``
+    Engine._twins_links), and so does every link where GPUs share a NIC, which ``owned``
     leaves out (Cluster.twins_cross_mask). A GPU's PCIe lane to a NIC of its own
     (``nic_links``: per GPU, Cluster.own_nic_links) carries what the NIC's cable does, by
     conservation at the NIC, PXN's flows forwarded from node-mates included (which its

@@ -618,8 +618,8 @@ class Engine:
             finished[:] = [(swap.get(id(r[0]), r[0]), *r[1:]) for r in finished]
 
     def _twins_links(self, phased: dict) -> dict[tuple, tuple[FlowPlan, ...]]:
-        """Per plan whose symmetric orbit's twins cross scale-out links (or PCIe lanes to a NIC
-        that GPUs share: Cluster.twins_cross_mask) no simulated flow of its communication
+        """Per plan whose symmetric orbit's twins cross scale-out links (or any link where GPUs
+        share a NIC: Cluster.twins_cross_mask) no simulated flow of its communication
         crosses (``phased``: the plans before :meth:`_meetings`), its phases with those links
         too (network.with_meetings on all of them), each weighing how many instances' flow k
         cross it: what the twins carry there, which the link use counts
@@ -1229,8 +1229,8 @@ class Engine:
 
     def _summary_sources(self) -> np.ndarray:
         """Per link, the link whose use the summary gives it (analysis.links.every_gpu): itself,
-        but collapsed, for a GPU's own NVLink ports and PCIe lane (Cluster.owned_edges: not a
-        lane to a NIC that GPUs share, which counts every twin), its class's simulated rank's,
+        but collapsed, for a GPU's own NVLink ports and PCIe lane (Cluster.owned_edges: none
+        where GPUs share a NIC, where every link counts every twin), its class's simulated rank's,
         and for a PCIe lane to a NIC of its own, that NIC's cable (by conservation at the NIC)::
 
             n3.gpu5->n3.nvsw  ->  n0.gpu5->n0.nvsw      (GPU 29's class runs on GPU 5)
