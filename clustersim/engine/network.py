@@ -170,9 +170,9 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     it (lower.Symmetry.siblings; each orbit's simulated instance first). Their flows count as
     the communication's: the test is then over every instance of every orbit, and a
     symmetric orbit weighs its own instances' flows on every link the simulated flows of all
-    of them cross (each orbit its own, so that a link holds every real flow once). A twin that meets a sibling's twin on a
-    spine neither simulated instance crosses makes the orbits asymmetric, so that both are
-    constrained there::
+    of them cross (each orbit its own, so that a link holds every real flow once). A twin
+    that meets a sibling's twin on a spine neither simulated instance crosses makes the
+    orbits asymmetric, so that both are constrained there::
 
         EP index 0's orbit   dp0 ->  (spine 3)      dp2 -> (spine 7)
         EP index 1's orbit   dp1 ->  (spine 5)      dp3 -> (spine 7)     spine 7 carries two
@@ -182,8 +182,8 @@ def plan_phases(cluster: Cluster, comm: Comm, algo: str = "ring", siblings: tupl
     is worked out once into ``shared`` (the engine's), not once per orbit: a stage-to-stage
     send at 16,384 GPUs with a slow GPU is 1,024 instances in 16 orbits.
 
-    ``kept``: where each phase crosses a link, it keeps its maker (phase -> (make, wire scale)), from which
-    :func:`with_meetings` makes it again with the links, none of them on the simulated
+    ``kept``: where each phase crosses a link, it keeps its maker (phase -> (make, wire
+    scale)), from which :func:`with_meetings` makes it again with the links, none of them on the simulated
     instance's paths, where its twins meet another communication's (Engine._meetings),
     routing nothing again. A symmetric orbit's simulated
     flow k is then also constrained there, weighing how many instances' flow k cross each:

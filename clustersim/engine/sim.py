@@ -854,8 +854,9 @@ class Engine:
         families_on = np.bincount(np.concatenate(crossing), minlength=len(self.cluster.edges))
         # inside nodes, only links some simulated flow crosses: any other is a twin's copy of
         # one (by the symmetry the twins stand for), whose constraint stands for it
-        where = np.ones(len(self.cluster.edges), dtype=bool)
-        if not self.prog.siblings:  # (where the classes split a stage, every link counts)
+        if self.prog.siblings:  # (where the classes split a stage, every link counts)
+            where = np.ones(len(self.cluster.edges), dtype=bool)
+        else:
             on = set().union(*(p.edges for phases in phased.values() for p in phases))
             where = self.cluster.scale_out_mask.copy()
             where[np.fromiter(on, np.int64, len(on))] = True
@@ -1238,10 +1239,9 @@ class Engine:
         """
         source = np.arange(len(self.cluster.edges))
         rep = self.prog.rep
-        # (where the classes split a stage, every plan is wide, network.plan_phases, and the
-        # link use counts every real flow where it goes, inside nodes too: a split class's GPU
-        # need not load its links as its simulated rank does, a straggler's mates forward
-        # other GPUs' PXN flows)
+        # (where the classes split a stage, the link use counts every real flow where it goes,
+        # inside nodes too, _twins_links: a split class's GPU need not load its links as its
+        # simulated rank does, a straggler's mates forward other GPUs' PXN flows)
         if rep is None or self.prog.siblings or all(r == g for g, r in enumerate(rep)):
             return source
         owned = self.cluster.owned_edges
