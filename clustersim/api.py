@@ -318,8 +318,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
     if links is not None:
         trace.links = links()
     # where the classes split a stage, the link use counts every real flow on every link
-    # already (engine.sim.Engine._summary_sources): no GPU's links are copied from another's
-    copied = () if prog.siblings else (sc.cluster.owned_links, sc.cluster.own_nic_links)
+    # already (Program.split_stage): no GPU's links are copied from another's
+    copied = () if prog.split_stage else (sc.cluster.owned_links, sc.cluster.own_nic_links)
     summary["links"] = None if brief else link_report(trace, metrics["step_time_s"], *copied)
     # the parts above shared the trace's columnar view (Trace.columns); unless the caller
     # reads it next (simulate's invariant checks), its arrays go now

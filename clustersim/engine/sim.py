@@ -639,8 +639,8 @@ class Engine:
             for key in keys:
                 orbits.setdefault((n, key[3], key[4]), []).append(key)
         # (inside nodes, a twin GPU's links take its class's simulated rank's use, but where the
-        # classes split a stage: Engine._summary_sources)
-        counted = None if self.prog.siblings else self.cluster.twins_cross_mask
+        # classes split a stage: Program.split_stage)
+        counted = None if self.prog.split_stage else self.cluster.twins_cross_mask
         for key, k, twins in self._uncovered(phased, orbits.values()):
             if counted is not None:
                 twins = twins[counted[twins]]
@@ -841,7 +841,7 @@ class Engine:
         count: any other is a twin's copy of one of them, whose constraint stands for it (at
         16,384 GPUs, counting those too made 83 meetings instead of 51, 0.12 s more link use,
         35 MiB more). Until 2026-12-07 meetings were looked for inside nodes only where the
-        classes split a stage (``prog.siblings``, where every link counts): counting them
+        classes split a stage (``Program.split_stage``, where every link counts): counting them
         everywhere once doubled moe_1024gpu's engine."""
         keys_of = self._families(phased)
         crossing = []  # per family, the links its real flows cross
@@ -854,7 +854,7 @@ class Engine:
         families_on = np.bincount(np.concatenate(crossing), minlength=len(self.cluster.edges))
         # inside nodes, only links some simulated flow crosses: any other is a twin's copy of
         # one (by the symmetry the twins stand for), whose constraint stands for it
-        if self.prog.siblings:  # (where the classes split a stage, every link counts)
+        if self.prog.split_stage:  # (every link counts: Program.split_stage)
             where = np.ones(len(self.cluster.edges), dtype=bool)
         else:
             on = set().union(*(p.edges for phases in phased.values() for p in phases))
@@ -1240,9 +1240,8 @@ class Engine:
         source = np.arange(len(self.cluster.edges))
         rep = self.prog.rep
         # (where the classes split a stage, the link use counts every real flow where it goes,
-        # inside nodes too, _twins_links: a split class's GPU need not load its links as its
-        # simulated rank does, a straggler's mates forward other GPUs' PXN flows)
-        if rep is None or self.prog.siblings or all(r == g for g, r in enumerate(rep)):
+        # inside nodes too: Program.split_stage)
+        if rep is None or self.prog.split_stage or all(r == g for g, r in enumerate(rep)):
             return source
         owned = self.cluster.owned_edges
         reps = np.asarray(rep, dtype=np.int64)

@@ -128,6 +128,16 @@ class Program:
     routing: tuple = ()
 
     @property
+    def split_stage(self) -> bool:
+        """Whether the symmetry classes split a stage (:attr:`siblings`). Then no GPU's links
+        are copies of its class's simulated rank's: a split class's GPU need not load its links
+        as its simulated rank does (a straggler's mates forward other GPUs' PXN flows), so the
+        link use counts every real flow on every link, inside nodes too, and the meetings of
+        twins are looked for on every link (engine.sim: ``Engine._meetings``,
+        ``_twins_links``, ``_summary_sources``; ``api.summarize``)."""
+        return bool(self.siblings)
+
+    @property
     def tasks(self) -> list[Task]:
         """Every task, by id: the runs' left to be made are made now (once)."""
         if self.deferred:
