@@ -898,15 +898,15 @@ def _weigh_rows(cluster: Cluster, real_flows: list, src: np.ndarray, dst: np.nda
 class _Coarse:
     """The counts and the orbit test of :func:`_coarse_rows`, over every instance of a
     communication (and of its siblings): its distinct (src, dst) pairs (``keys``: src * GPUs
-    + dst, sorted), each pair's route (rows of edge ids, -1 after its ``lens``), the real and
-    the simulated flows on each link, and whether every instance meets links of the same
-    signatures. None of it depends on which orbit asks."""
+    + dst, sorted), each pair's route (rows of edge ids, -1 after its ``lens``), the real
+    flows on each link, the links the simulated flows cross, and whether every instance meets
+    links of the same signatures. None of it depends on which orbit asks."""
 
     keys: np.ndarray
     paths: np.ndarray
     lens: np.ndarray
     real: np.ndarray
-    simulated: np.ndarray | None  # None where not symmetric
+    simulated: np.ndarray | None  # a mask over the links; None where not symmetric
     symmetric: bool
     meet_real: np.ndarray  # FlowPlan.meet_real
 
@@ -935,7 +935,8 @@ def _coarse_rows(cluster: Cluster, src: np.ndarray, dst: np.ndarray, rows: np.nd
     simulated = None  # (read by symmetric orbits only)
     if symmetric:
         sim_paths = paths[at[list(sims)]]
-        simulated = np.bincount(sim_paths[sim_paths >= 0], minlength=len(real))
+        simulated = np.zeros(len(real), dtype=bool)
+        simulated[sim_paths[sim_paths >= 0]] = True
     return _Coarse(keys, paths, lens, real, simulated, symmetric, edges), at
 
 
@@ -963,7 +964,7 @@ def _weigh_at(cluster: Cluster, co: _Coarse, at: np.ndarray, fractions: tuple, s
     met = co.meet_real
     if co.symmetric:
         rep = paths[at[0]]
-        sizes, pair_edge, pair_w = _images_at(paths, at, once, co.simulated > 0)
+        sizes, pair_edge, pair_w = _images_at(paths, at, once, co.simulated)
         weights = _per_flow(pair_edge.tolist(), pair_w.tolist(), sizes)
         latency = _longest_s(rep, lat_a)
         plan = with_pairs(FlowPlan(weights=weights, fractions=fractions, latency_s=steps * latency, meet_real=met),
