@@ -1275,7 +1275,20 @@ def _build_checked(topo: TopologyCfg, own: int, source: str, overrides: dict[str
             blamed = _scenarios_error(entry, overrides or {}, topo_path, source)
             if blamed is not entry:
                 raise blamed from None
-        raise
+        raise _referred(exc, exc, source) from None
+
+
+def _referred(err: ConfigError, exc: ConfigError, source: str) -> ConfigError:
+    """``err``, a topology file's error, told which scenario reads that file where it is the
+    file's own (``exc`` itself, not made the scenario's by :func:`_scenarios_error`): the file
+    and field to mend stay first, the scenario that led there follows::
+
+        topologies/my.yaml: node.nic.bw_Gbs: unknown key (the topology of scenarios/x.yaml, cluster.topology)
+    """
+    if err is not exc or not exc.source or exc.source == source:
+        return err
+    return ConfigError(f"{exc.message} (the topology of {source}, cluster.topology)", source=exc.source,
+                       field=exc.field, bad_value=exc.bad_value)
 
 
 def is_topology_data(data: dict) -> bool:
@@ -1317,7 +1330,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     try:
         topo = load_topology_cfg(topo_path, overrides or None, build=False)  # what-ifs checked below, merged
     except ConfigError as exc:
-        raise _scenarios_error(exc, overrides, topo_path, source) from None
+        raise _referred(_scenarios_error(exc, overrides, topo_path, source), exc, source) from None
     own = len(topo.what_if)
     if cfg.cluster.what_if:
         topo = _with_what_ifs(topo, cfg.cluster.what_if)

@@ -226,3 +226,31 @@ def test_a_scenario_that_is_neither_a_path_nor_a_dict_is_a_type_error_naming_the
     ConfigError, which is for bad input."""
     with pytest.raises(TypeError, match=f"a scenario is a YAML file's path or a dict, not {type(wrong).__name__}$"):
         clustersim.simulate(wrong)
+
+
+@pytest.mark.parametrize("mistake", ["typo", "scenario", "what_if"])
+def test_a_topology_files_own_mistake_names_that_file_then_the_scenario_that_reads_it(tree, mistake, capsys):
+    """The file and the field to mend come first (the topology's); the scenario that led there
+    follows, so that a run of a scenario whose topology is broken, or is another scenario,
+    says which of the user's files points at it."""
+    x = tree / "topologies/x.yaml"
+    if mistake == "typo":
+        x.write_text(x.read_text().replace("bw_Gbps: 400", "bw_Gbs: 400"))
+        field = "node.nic.bw_Gbs"
+    elif mistake == "scenario":
+        x.write_text((tree / "runs/s.yaml").read_text())
+        field = None
+    else:
+        d = yaml.safe_load(x.read_text())
+        d["what_if"] = [{"gpu": 999, "slowdown": 1.2}]
+        x.write_text(yaml.safe_dump(d))
+        field = "what_if[0]"
+    with pytest.raises(ConfigError) as err:
+        clustersim.load_scenario(tree / "runs/s.yaml")
+    assert err.value.source == str(tree / "runs/../topologies/x.yaml") and err.value.field == field
+    assert err.value.message.endswith(f"(the topology of {tree / 'runs/s.yaml'}, cluster.topology)")
+    # read alone, the topology file's error names no scenario (one holding a scenario is read
+    # as one, and names itself as its topology's reader)
+    if mistake != "scenario":
+        assert main(["validate", str(x)]) == 2
+        assert "the topology of" not in capsys.readouterr().err
