@@ -14,6 +14,8 @@ class's simulated rank's, so that every GPU's links are listed, as rank by rank.
 from __future__ import annotations
 
 import heapq
+from itertools import chain, compress, repeat
+from operator import attrgetter
 
 import numpy as np
 
@@ -45,29 +47,61 @@ def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
     flows cross no simulated link there)::
 
         n0.gpu2 -NVLink- n0.gpu5 -PCIe- n0.nic5 -cable- leaf.5        the lane = the cable
-    """
-    if rep is None or all(r == g for g, r in enumerate(rep)):
+
+    The links as :func:`every_gpu_rows` lists them, made into LinkUse objects."""
+    rows = every_gpu_rows(links, owned, rep, nic_links)
+    if rows is None:
         return links
-    mine = {name for names in owned for name in names}
-    by_name = {u.name: u for u in links}
-    out = [u for u in links if u.name not in mine]
-    for names, r in zip(owned, rep):
-        for name, theirs in zip(names, owned[r]):
-            u = by_name.get(theirs)
-            if u is not None:
-                out.append(u if name == theirs else LinkUse(name, u.kind, u.bw_Bps, u.bytes, u.peak_Bps, u.series_Bps))
-    if nic_links:
-        lanes = {}
-        for hit in nic_links:
-            if hit is not None:
-                up, down, bw, cable_up, cable_down = hit
-                for lane, cable in ((up, cable_up), (down, cable_down)):
-                    c = by_name.get(cable)
-                    if c is not None:
-                        lanes[lane] = LinkUse(lane, "pcie", bw, c.bytes, c.peak_Bps, c.series_Bps)
-        if lanes:
-            out = [u for u in out if u.name not in lanes] + list(lanes.values())
+    src, names, lanes = rows
+    out = [links[i] for i in src.tolist()]
+    for j, (name, u) in enumerate(zip(names, out)):
+        if name != u.name or j in lanes:
+            kind, bw = ("pcie", lanes[j]) if j in lanes else (u.kind, u.bw_Bps)
+            out[j] = LinkUse(name, kind, bw, u.bytes, u.peak_Bps, u.series_Bps)
     return out
+
+
+def every_gpu_rows(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
+                   nic_links: tuple | None = None) -> tuple[np.ndarray, list[str], dict[int, float]] | None:
+    """The links :func:`every_gpu` lists, as rows that each take a link of ``links``'s use
+    under a name of their own, without making a LinkUse for each (at 65,536 GPUs, 528,000
+    of them): (per row, the index in ``links`` whose bytes, peak and rate over time it
+    takes; its name; the rows that are PCIe lanes taking their NIC's cable's use, with the
+    lane's bandwidth, kind "pcie"). Rows in :func:`every_gpu`'s order: the links that are no
+    GPU's own, each GPU's own links in GPU order, then the lanes. None where every rank was
+    simulated (``links`` as they are)."""
+    if rep is None or all(r == g for g, r in enumerate(rep)):
+        return None
+    link_names = list(map(attrgetter("name"), links))
+    at = dict(zip(link_names, range(len(links))))  # (the last of a name, as a dict of them keeps)
+    flat = list(chain.from_iterable(owned))  # every GPU's own links' names, GPU by GPU
+    mine = set(flat)
+    others = ~np.fromiter(map(mine.__contains__, link_names), bool, len(links))  # no GPU's own
+    src = np.flatnonzero(others)
+    names = list(compress(link_names, others.tolist()))
+    if flat:  # every GPU has as many (Cluster.owned_edges); GPU g's j-th takes rep[g]'s j-th's use
+        idx = np.fromiter(map(at.get, flat, repeat(-1)), np.int64, len(flat)).reshape(len(owned), -1)
+        theirs = idx[np.asarray(rep, dtype=np.int64)].ravel()
+        found = theirs >= 0
+        src = np.concatenate([src, theirs[found]])
+        names += compress(flat, found.tolist())
+    lane_use: dict[str, tuple[int, float]] = {}  # lane -> (its cable's index, the lane's bandwidth)
+    for hit in nic_links or ():
+        if hit is not None:
+            up, down, bw, cable_up, cable_down = hit
+            for lane, cable in ((up, cable_up), (down, cable_down)):
+                i = at.get(cable)
+                if i is not None:
+                    lane_use[lane] = (i, bw)
+    lanes: dict[int, float] = {}
+    if lane_use:
+        keep = ~np.fromiter(map(lane_use.__contains__, names), bool, len(names))
+        src, names = src[keep], list(compress(names, keep.tolist()))
+        first = len(src)
+        lanes = {first + k: bw for k, (_, bw) in enumerate(lane_use.values())}
+        src = np.concatenate([src, np.fromiter((i for i, _ in lane_use.values()), np.int64, len(lane_use))])
+        names += lane_use
+    return src.astype(np.int64, copy=False), names, lanes
 
 
 # links whose means lie within this of each other may be equal to nine digits (floats.digits)
@@ -110,46 +144,60 @@ def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] 
                 nic_links: tuple | None = None) -> dict:
     """``links`` of summary.json: per kind of link, and the busiest links; with ``owned``
     (Cluster.owned_links) and ``nic_links`` (Cluster.own_nic_links), every GPU's own links
-    (:func:`every_gpu`)."""
+    (:func:`every_gpu`, as rows: :func:`every_gpu_rows`). On arrays, one row a link: a
+    kind's bytes summed in the links' order (a cumulative sum, as a loop adds them), so the
+    figures are those of a loop over the links, bit for bit."""
     if step_s <= 0 or not trace.links:
         return {"by_kind": {}, "busiest": []}
-    links = trace.links if owned is None else every_gpu(trace.links, owned, trace.rep, nic_links)
-
-    def util(u) -> float:
-        return u.bytes / (u.bw_Bps * step_s)
-
+    links = trace.links
+    rows = None if owned is None else every_gpu_rows(links, owned, trace.rep, nic_links)
+    base_kinds = sorted({u.kind for u in links} | ({"pcie"} if rows is not None and rows[2] else set()))
+    code_of = {k: c for c, k in enumerate(base_kinds)}
+    kind = np.fromiter((code_of[u.kind] for u in links), np.int64, len(links))
+    nbytes = np.fromiter((u.bytes for u in links), float, len(links))
+    bw = np.fromiter((u.bw_Bps for u in links), float, len(links))
+    peak = np.fromiter((u.peak_Bps for u in links), float, len(links))
+    if rows is None:
+        src, names, lanes = np.arange(len(links)), [u.name for u in links], {}
+    else:
+        src, names, lanes = rows
+    kind, nbytes, bw, peak = kind[src], nbytes[src], bw[src], peak[src]
+    if lanes:
+        at = np.fromiter(lanes, np.int64, len(lanes))
+        kind[at] = code_of["pcie"]
+        bw[at] = np.fromiter(lanes.values(), float, len(lanes))
+    util = nbytes / (bw * step_s)
+    use = nbytes / bw
     by_kind: dict[str, dict] = {}
-    of_kind: dict[str, list[int]] = {}
-    for i, u in enumerate(links):
-        k = by_kind.setdefault(u.kind, {"links": 0, "bytes": 0.0, "max_utilisation": 0.0,
-                                        "max_peak_utilisation": 0.0})
-        k["links"] += 1
-        k["bytes"] += u.bytes
-        k["max_utilisation"] = max(k["max_utilisation"], util(u))
-        of_kind.setdefault(u.kind, []).append(i)
+    of_kind: dict[str, np.ndarray] = {}
+    for c, k in enumerate(base_kinds):
+        at = np.flatnonzero(kind == c)
+        if not len(at):
+            continue
+        of_kind[k] = at
+        by_kind[k] = {"links": len(at), "bytes": float(np.cumsum(nbytes[at])[-1]),
+                      "max_utilisation": max(0.0, float(util[at].max())), "max_peak_utilisation": 0.0}
     # peaks are worked out for the links the engine picks: the kind's highest among them (not
     # among every link with a series: collapsed, a PCIe lane's comes from its NIC's cable)
-    use = np.fromiter((u.bytes / u.bw_Bps for u in links), float, len(links))
-    names = [u.name for u in links]
-    picked = set(first_by_use(use, np.arange(len(links)), BUSIEST, names.__getitem__))
+    picked = set(first_by_use(use, np.arange(len(src)), BUSIEST, names.__getitem__))
     for k, at in of_kind.items():
-        picked.update(first_by_use(use, np.asarray(at), 1, names.__getitem__))
+        picked.update(first_by_use(use, at, 1, names.__getitem__))
     for i in picked:
-        k = by_kind[links[i].kind]
-        k["max_peak_utilisation"] = max(k["max_peak_utilisation"], links[i].peak_Bps / links[i].bw_Bps)
+        k = by_kind[base_kinds[kind[i]]]
+        k["max_peak_utilisation"] = max(k["max_peak_utilisation"], float(peak[i] / bw[i]))
     # ranked by bytes / bw, as the engine picks the links it works the rate over time out for
     # (engine.sim.Engine._link_use): by the mean, a last-bit difference in the bytes of two
     # links tied there could put links without a series among the busiest (DeepSeek-V3's NIC
     # cables: a peak of 0 under a mean of 55 %). Among links tied, those with a series first.
     # The mean to nine digits: a collapsed run's twins add a link's bytes in another order than
     # every rank's run, and two links' last bits swapped them
-    near = _near_the_top(use, np.arange(len(links)), BUSIEST).tolist()
+    near = _near_the_top(use, np.arange(len(src)), BUSIEST).tolist()
     said = {v: digits(v) for v in set(use[near].tolist())}
-    busiest = [links[i] for i in heapq.nsmallest(BUSIEST, near, key=lambda i: (
-        -said[use[i]], not links[i].series_Bps, links[i].name))]
+    series = lambda i: links[src[i]].series_Bps  # noqa: E731
+    busiest = heapq.nsmallest(BUSIEST, near, key=lambda i: (-said[use[i]], not series(i), names[i]))
     return {
         "by_kind": dict(sorted(by_kind.items())),
-        "busiest": [{"link": u.name, "kind": u.kind, "bytes": u.bytes, "bw_Bps": u.bw_Bps,
-                     "utilisation": util(u), "peak_utilisation": u.peak_Bps / u.bw_Bps,
-                     "utilisation_over_time": [round(x / u.bw_Bps, 6) for x in u.series_Bps]} for u in busiest],
+        "busiest": [{"link": names[i], "kind": base_kinds[kind[i]], "bytes": float(nbytes[i]), "bw_Bps": float(bw[i]),
+                     "utilisation": float(util[i]), "peak_utilisation": float(peak[i] / bw[i]),
+                     "utilisation_over_time": [round(x / float(bw[i]), 6) for x in series(i)]} for i in busiest],
     }
