@@ -612,7 +612,8 @@ def test_routes_of_many_pairs_at_once_are_path_s_routes(root, case, routing):
     rings of a 16K-GPU step: ~86,000 pairs); each route is :meth:`Cluster.path`'s, the same
     ECMP hashes (or destination ports) up and down, on fabrics of two and three tiers, intact
     and with a link cut (a route that turns through a third leaf, or has a choice on the way
-    down)."""
+    down). Going down, the choices are worked out per (switch, the switches above the
+    destination leaf) on arrays (``_down_table``), where ``path`` asks per (switch, leaf)."""
     import random
 
     import numpy as np

@@ -1194,6 +1194,8 @@ class Cluster:
         :meth:`_across_leaves`: going up (``tops``: the turning sets by index) a key is
         ``(switch * len(tops) + turning set) * base + tiers below the turn``; going down
         (``tops`` None) ``(switch * switches + leaf b) * base + tiers above b``."""
+        if tops is None:
+            return self._down_table(np.asarray(keys, dtype=np.int64), base)
         e = self._ecmp_columns
         names, code = e["names"], e["code"]
         steps = self.__dict__.get("_step_cache", {})
@@ -1207,6 +1209,63 @@ class Cluster:
             ids += edge_ids
             nxt += [code[u] for u in choices]
         return np.asarray(count, dtype=np.int64), np.asarray(ids, dtype=np.int64), np.asarray(nxt, dtype=np.int64)
+
+    def _down_table(self, keys: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_hop_table` going down, on arrays: for key ``(switch v * switches + leaf b) *
+        base + i``, the switches below ``v`` that are ``i`` tiers above ``b``
+        (:meth:`_down_choices`, sorted, which are sorted by name as the codes are). One tier
+        above ``b`` that is ``b`` itself where ``v`` has a cable to it; higher, the choices
+        depend on ``b`` only through the switches ``i`` tiers above it, which every leaf of
+        its pod shares: worked out once per (``v``, those switches), not per leaf (a DP ring
+        over 65,536 GPUs met 122,000 (core, leaf) keys and 1,900 (core, pod) ones)."""
+        e = self._ecmp_columns
+        names, n = e["names"], len(e["names"])
+        x, tier = np.divmod(keys, base)
+        v, b = np.divmod(x, n)
+        pair, edge = self._fabric_cables
+        count = np.zeros(len(keys), dtype=np.int64)
+        start = np.zeros(len(keys), dtype=np.int64)
+        # (a) down to b itself: the cable v -> b
+        low = np.flatnonzero(tier == 0)
+        j = np.minimum(np.searchsorted(pair, v[low] * n + b[low]), max(len(pair) - 1, 0))
+        cabled = (pair[j] == v[low] * n + b[low]) if len(pair) else np.zeros(len(low), dtype=bool)
+        count[low], start[low] = cabled, np.arange(len(low))
+        ids_a, nxt_a = np.where(cabled, edge[j] if len(pair) else -1, -1), b[low]
+        # (b) higher: per (v, the switches i tiers above b)
+        high = np.flatnonzero(tier > 0)
+        ids_b, nxt_b = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if len(high):
+            leaf_tier, inv = np.unique(b[high] * base + tier[high], return_inverse=True)
+            set_ids: dict[frozenset, int] = {}
+            set_of = np.array([set_ids.setdefault(self._above(names[lt // base])[lt % base], len(set_ids))
+                               for lt in leaf_tier.tolist()], dtype=np.int64)
+            sets = list(set_ids)
+            pairs, back = np.unique(v[high] * len(sets) + set_of[inv.ravel()], return_inverse=True)
+            code, cabled_to = e["code"], self._cabled
+            lists = [sorted(code[w] for w in sets[p % len(sets)] & cabled_to[names[p // len(sets)]])
+                     for p in pairs.tolist()]
+            sizes = np.fromiter(map(len, lists), np.int64, len(lists))
+            nxt_b = np.fromiter(itertools.chain.from_iterable(lists), np.int64, int(sizes.sum()))
+            from_v = np.repeat(pairs // len(sets), sizes)
+            ids_b = edge[np.searchsorted(pair, from_v * n + nxt_b)]
+            back = back.ravel()
+            count[high] = sizes[back]
+            start[high] = len(low) + (np.cumsum(sizes) - sizes)[back]
+        flat_ids, flat_nxt = np.concatenate([ids_a, ids_b]), np.concatenate([nxt_a, nxt_b])
+        take = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
+        return count, flat_ids[take], flat_nxt[take]
+
+    @cached_property
+    def _fabric_cables(self) -> tuple[np.ndarray, np.ndarray]:
+        """(``code u * switches + code w`` of every cable between two fabric switches, sorted;
+        its edge id), codes as :attr:`_ecmp_columns` numbers the switches."""
+        e = self._ecmp_columns
+        code, n, index = e["code"], len(e["names"]), self.edge_index
+        got = [(code[u] * n + code[w], index[(u, w)]) for u, w in self._fabric.edges() if (u, w) in index]
+        pair = np.array([p for p, _ in got], dtype=np.int64)
+        edge = np.array([i for _, i in got], dtype=np.int64)
+        order = np.argsort(pair, kind="stable")
+        return pair[order], edge[order]
 
     def pxn_proxies(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """:meth:`pxn_proxy` of every pair, -1 for None: the GPU of ``dst``'s local index on
