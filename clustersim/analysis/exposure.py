@@ -44,7 +44,7 @@ class Explainer(Protocol):
     """What the engine tells about one communication (see :class:`clustersim.engine.sim.Engine`)."""
 
     def algorithm(self, c: Comm) -> str: ...
-    def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]: ...
+    def link_loads(self, c: Comm) -> Any: ...  # engine.sim.LinkLoads: ``e in``, ``busiest()``
     def timed_alone(self, t: Task) -> bool: ...
 
 
@@ -212,22 +212,22 @@ def _explain(t: Task, ex: Explainer, cluster, during: list, a: float, b: float, 
     """Algorithm, bottleneck link and what shared it; ``during``: the communications (on their
     own ranks) that overlap the example span [a, b], in span order; ``task``: task by id."""
     c = t.comm
-    loads = ex.link_loads(c)
+    busiest = ex.link_loads(c).busiest()
     algo = "point-to-point" if c.op == "send" else ex.algorithm(c)
     info: dict[str, Any] = {"algorithm": algo, "group_size": len(c.group), "bottleneck": None,
                             "alone": ex.timed_alone(t), "shared_with": []}
-    if not loads:
+    if busiest is None:
         return info
     # the busiest to nine digits, then the first: twins' loads summed in another order (a
     # collapsed run's) differ in their last bits, which named another of equal links
-    e = max(loads, key=lambda k: (digits(loads[k][0]), -k))
+    e, busy_s, flows = busiest
     u, v = cluster.edges[e]
     # NVLS moves at its own share of the NVLink rate, which busy_s is worked out at: the rate
     # shown is that share, so that the traffic over it is busy_s
     kind = cluster.binding_kind(e)  # (a shared NIC's cable held to its one PCIe link: pcie)
     bw_Bps = cluster.edge_bw_Bps[e] / (cluster.nvls_wire_scale if at_nvls_share(algo, kind) else 1.0)
     info["bottleneck"] = {"link": f"{u}->{v}", "kind": kind,
-                          "bw_Bps": bw_Bps, "busy_s": loads[e][0], "flows": loads[e][1]}
+                          "bw_Bps": bw_Bps, "busy_s": busy_s, "flows": flows}
     crosses: dict[tuple, bool] = {}
     overlaps: dict[str, list[tuple[float, float]]] = {}
     for s in during:

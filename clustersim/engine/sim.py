@@ -42,7 +42,8 @@ from ..program.tasks import Comm, Program, Task
 from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, stable_argsort,
                      unique, unique_inverse)
 from ..codegen import Straight
-from ..analysis.links import first_by_use
+from ..analysis.links import NEAR, first_by_use
+from ..floats import digits
 from ..collectives.algorithms import ALGORITHMS, AUTO, DEEPEP, applicable
 from .network import FlowNetwork, FlowPlan, with_pairs, max_min_rates, plan_phases, wire_scales, with_meetings
 
@@ -493,6 +494,40 @@ def _shape_id(c: Comm) -> tuple:
     return (c.op, id(c.group), id(c.twins), c.size_bytes, id(c.load))
 
 
+@dataclass(frozen=True, eq=False)
+class LinkLoads:
+    """What one communication puts on each link it crosses, twins included
+    (:meth:`Engine.link_loads`): the links in id order, the seconds its traffic needs on each
+    at the link's full bandwidth, and the real flows on each in its busiest phase."""
+
+    edges: np.ndarray
+    busy_s: np.ndarray
+    flows: np.ndarray
+
+    def __contains__(self, e: int) -> bool:
+        i = int(np.searchsorted(self.edges, e))
+        return i < len(self.edges) and int(self.edges[i]) == e
+
+    def busiest(self) -> tuple[int, float, float] | None:
+        """(link, seconds, flows) of the link with the most seconds to nine digits, the lowest
+        id among those equal there (a collapsed run's twins sum a link's load in another order:
+        last bits named another of equal links); None where it crosses none. Nine digits are
+        worked out only for the links within :data:`~clustersim.analysis.links.NEAR` of the
+        most, the only ones that can round to it."""
+        if not len(self.edges):
+            return None
+        top = float(self.busy_s.max())
+        near = np.flatnonzero(self.busy_s >= top * (1.0 - NEAR))
+        said = [digits(x) for x in self.busy_s[near].tolist()]
+        best = max(said)
+        i = int(near[said.index(best)])  # (the edges are in id order: the first is the lowest)
+        return int(self.edges[i]), float(self.busy_s[i]), float(self.flows[i])
+
+    def as_dict(self) -> dict[int, tuple[float, float]]:
+        """link -> (seconds, flows)."""
+        return dict(zip(self.edges.tolist(), zip(self.busy_s.tolist(), self.flows.tolist())))
+
+
 class Engine:
     """Runs one Program to completion and returns its Trace."""
 
@@ -540,7 +575,7 @@ class Engine:
         self._before_meetings: dict | None = None
         self._alone: dict[tuple, float | None] = {}
         self._channel_codes: dict[tuple, int] = {}  # (channel, orbit, stream) -> its code (_classify)
-        self._loads_of: dict[tuple, dict[int, tuple[float, float]]] = {}  # link_loads, by shape and size
+        self._loads_of: dict[tuple, LinkLoads] = {}  # link_loads, by shape and size
         self._plan_of: dict[tuple, tuple[FlowPlan, ...]] = {}  # by (op, id group, id twins, size)
         self._alone_of: dict[tuple, float] = {}  # the same and the stream; -1: not alone
         self._full_of: dict[tuple, tuple[FlowPlan, ...]] = {}
@@ -877,13 +912,14 @@ class Engine:
         else:
             entry[1] += n
 
-    def link_loads(self, c: Comm) -> dict[int, tuple[float, float]]:
+    def link_loads(self, c: Comm) -> LinkLoads:
         """Per link ``c`` crosses (twins included): (seconds its traffic needs there at the
         link's full bandwidth, real flows crossing it in its busiest phase, a pipeline's hops
-        counted by their share of its bytes: network._in_lockstep). The link with the
-        most seconds is the one that bounds ``c`` alone (:meth:`_closed_form_s`). Worked out
-        once per shape and size, on arrays (a plan whose twins meet others' crosses thousands
-        of links), summed pair by pair in plan order as a loop over them would."""
+        counted by their share of its bytes: network._in_lockstep), as :class:`LinkLoads`'
+        arrays. The link with the most seconds is the one that bounds ``c`` alone
+        (:meth:`_closed_form_s`). Worked out once per shape and size, on arrays (a plan whose
+        twins meet others' crosses thousands of links; a DP ring over 131,072 GPUs with its
+        twins, 400,000), summed pair by pair in plan order as a loop over them would."""
         key = (_shape_id(c), c.size_bytes)
         out = self._loads_of.get(key)
         if out is not None:
@@ -899,7 +935,7 @@ class Engine:
             flows = np.zeros(len(edges))
             np.add.at(flows, at, pw)
             np.maximum(most, flows, out=most)
-        out = self._loads_of[key] = dict(zip(edges.tolist(), zip(secs.tolist(), most.tolist())))
+        out = self._loads_of[key] = LinkLoads(edges, secs, most)
         return out
 
     def timed_alone(self, t: Task) -> bool:
