@@ -592,8 +592,11 @@ class Cluster:
     def owned_edges(self) -> np.ndarray:
         """:attr:`owned_links` as edge ids, GPUs x links: every GPU has as many (every node of
         a cluster has the same GPUs, its NVSwitch or none, and their NICs)."""
-        index = self.edge_index
-        return np.array([list(map(index.__getitem__, ends)) for ends in self._owned_ends], dtype=np.int64)
+        ends = self._owned_ends
+        width = len(ends[0]) if ends else 0
+        flat = np.fromiter(map(self.edge_index.__getitem__, itertools.chain.from_iterable(ends)), np.int64,
+                           width * len(ends))  # (one array from the pairs: not a list per GPU)
+        return flat.reshape(len(ends), width)
 
     @cached_property
     def own_nic_edges(self) -> np.ndarray:
