@@ -175,7 +175,7 @@ def test_fuzz_symmetry_compares_drawn_plans():
     assert len(lines) == 8 and all(re.search(r"\d+ of \d+ ranks, [\d.]+ s against [\d.]+ s", x) for x in lines[:2])
     assert re.fullmatch(r"(\d+ [\w% ]+, ){5}\d+ refused", lines[2]) and " 0 BROKEN" in lines[2]
     assert lines[3].startswith("flagged (simulation.asymmetric_orbits): ")
-    # every GPU's links, collapsed, as rank by rank's (engine.sim.Engine._twins_links, analysis.links.every_gpu)
+    # every GPU's links, collapsed, as rank by rank's (engine.sim.Engine._twins_links, analysis.links.every_gpu_rows)
     assert lines[4] == "every GPU's links: 0 plan(s) with other link counts or bytes than rank by rank's"
     # every other figure of summary.json, on the plans exact on the headline ones
     assert lines[5] == "every other figure: 0 exact plan(s) with another than rank by rank's"

@@ -204,7 +204,7 @@ def test_collapsed_equals_all_ranks(case, nodes, parallel, opts):
     assert rep["simulation"]["simulated_ranks"] == mesh.pp * per_stage
     assert full["simulation"]["simulated_ranks"] == mesh.world_size
     _assert_same(rep, full)
-    # every GPU's links (engine.sim.Engine._twins_links, analysis.links.every_gpu): as many
+    # every GPU's links (engine.sim.Engine._twins_links, analysis.links.every_gpu_rows): as many
     # of each kind, carrying the same bytes, their busiest as busy
     mine, every = rep["links"]["by_kind"], full["links"]["by_kind"]
     assert {k: v["links"] for k, v in mine.items()} == {k: v["links"] for k, v in every.items()}

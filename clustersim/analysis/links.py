@@ -7,7 +7,7 @@
 ``bw`` is the link's usable bandwidth (line rate x efficiency). Collapsed simulation works
 out the links of the simulated ranks' communications and every scale-out link a twin crosses,
 and every PCIe lane to a NIC that GPUs share (engine.sim.Engine._twins_links); the report
-then gives every GPU the use of its other links inside its node (:func:`every_gpu`), as its
+then gives every GPU the use of its other links inside its node (:func:`every_gpu_rows`), as its
 class's simulated rank's, so that every GPU's links are listed, as rank by rank.
 """
 
@@ -25,13 +25,19 @@ from ..trace import LinkUse, Trace
 BUSIEST = 10
 
 
-def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
-              nic_links: tuple | None = None) -> list[LinkUse]:
-    """``links`` with every GPU's own links inside its node (``owned``: per GPU, its NVLink
-    ports and PCIe lane, hardware.topology Cluster.owned_links) as those of the simulated rank
-    its class runs on (``rep``, per GPU; None: every rank simulated): a class's members run
-    the same communications at the same times, each over its own ports, so theirs carry the
-    same::
+def every_gpu_rows(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
+                   nic_links: tuple | None = None) -> tuple[np.ndarray, list[str], dict[int, float]] | None:
+    """Every GPU's links as rows that each take a link of ``links``'s use under a name of
+    their own, without making a LinkUse for each (at 65,536 GPUs, 528,000 of them): (per
+    row, the index in ``links`` whose bytes, peak and rate over time it takes; its name; the
+    rows that are PCIe lanes taking their NIC's cable's use, with the lane's bandwidth, kind
+    "pcie"), in this order: the links that are no GPU's own, each GPU's own links in GPU
+    order, then the lanes; None where every rank was simulated (``links`` as they are).
+
+    Every GPU's own links inside its node (``owned``: per GPU, its NVLink ports and PCIe
+    lane, hardware.topology Cluster.owned_links) take the use of those of the simulated rank
+    its class runs on (``rep``, per GPU): a class's members run the same communications at
+    the same times, each over its own ports, so theirs carry the same::
 
         collapsed         n0.gpu0->n0.nvsw  (simulated rank 0)  x bytes
         every GPU         n0.gpu0->n0.nvsw, n1.gpu0->n1.nvsw, ...  x bytes each (their class's)
@@ -47,29 +53,7 @@ def every_gpu(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
     flows cross no simulated link there)::
 
         n0.gpu2 -NVLink- n0.gpu5 -PCIe- n0.nic5 -cable- leaf.5        the lane = the cable
-
-    The links as :func:`every_gpu_rows` lists them, made into LinkUse objects."""
-    rows = every_gpu_rows(links, owned, rep, nic_links)
-    if rows is None:
-        return links
-    src, names, lanes = rows
-    out = [links[i] for i in src.tolist()]
-    for j, (name, u) in enumerate(zip(names, out)):
-        if name != u.name or j in lanes:
-            kind, bw = ("pcie", lanes[j]) if j in lanes else (u.kind, u.bw_Bps)
-            out[j] = LinkUse(name, kind, bw, u.bytes, u.peak_Bps, u.series_Bps)
-    return out
-
-
-def every_gpu_rows(links: list[LinkUse], owned: tuple[tuple[str, ...], ...], rep,
-                   nic_links: tuple | None = None) -> tuple[np.ndarray, list[str], dict[int, float]] | None:
-    """The links :func:`every_gpu` lists, as rows that each take a link of ``links``'s use
-    under a name of their own, without making a LinkUse for each (at 65,536 GPUs, 528,000
-    of them): (per row, the index in ``links`` whose bytes, peak and rate over time it
-    takes; its name; the rows that are PCIe lanes taking their NIC's cable's use, with the
-    lane's bandwidth, kind "pcie"). Rows in :func:`every_gpu`'s order: the links that are no
-    GPU's own, each GPU's own links in GPU order, then the lanes. None where every rank was
-    simulated (``links`` as they are)."""
+    """
     if rep is None or all(r == g for g, r in enumerate(rep)):
         return None
     link_names = list(map(attrgetter("name"), links))
@@ -144,7 +128,7 @@ def link_report(trace: Trace, step_s: float, owned: tuple[tuple[str, ...], ...] 
                 nic_links: tuple | None = None) -> dict:
     """``links`` of summary.json: per kind of link, and the busiest links; with ``owned``
     (Cluster.owned_links) and ``nic_links`` (Cluster.own_nic_links), every GPU's own links
-    (:func:`every_gpu`, as rows: :func:`every_gpu_rows`). On arrays, one row a link: a
+    (:func:`every_gpu_rows`). On arrays, one row a link: a
     kind's bytes summed in the links' order (a cumulative sum, as a loop adds them), so the
     figures are those of a loop over the links, bit for bit."""
     if step_s <= 0 or not trace.links:

@@ -1265,7 +1265,7 @@ class Engine:
                                 np.tile(moved, len(shifts))))
 
     def _summary_sources(self) -> np.ndarray:
-        """Per link, the link whose use the summary gives it (analysis.links.every_gpu): itself,
+        """Per link, the link whose use the summary gives it (analysis.links.every_gpu_rows): itself,
         but collapsed, for a GPU's own NVLink ports and PCIe lane (Cluster.owned_edges: none
         where GPUs share a NIC, where every link counts every twin), its class's simulated rank's,
         and for a PCIe lane to a NIC of its own, that NIC's cable (by conservation at the NIC)::
@@ -1294,7 +1294,7 @@ class Engine:
         ran at each of its rates. Collapsed, these are the simulated ranks' links and every
         scale-out link their twins cross, or lane to a NIC that GPUs share (:meth:`_accounting`):
         their twins' other links inside their nodes carry the same (the summary gives every GPU
-        its own: analysis.links.every_gpu). The rate over time (``bins`` slices of the step) is
+        its own: analysis.links.every_gpu_rows). The rate over time (``bins`` slices of the step) is
         worked out for the ``detailed`` links of highest mean use (to nine digits, ties by
         name, as the summary lists them) and the busiest of each kind, picked among every
         GPU's links as a run of every rank picks them (:meth:`_summary_sources`); the others
@@ -1351,7 +1351,7 @@ class Engine:
         edges, bw = self.cluster.edges, self.cluster.edge_bw_Bps
         used = np.flatnonzero(total).tolist()
         # the links are chosen as a run of every rank would choose them, among every GPU's links
-        # as the summary lists them (analysis.links.every_gpu): each link's use is its
+        # as the summary lists them (analysis.links.every_gpu_rows): each link's use is its
         # source's (_summary_sources), whose rate over time is then worked out
         source = self._summary_sources()
         every = total[source]

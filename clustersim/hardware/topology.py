@@ -558,7 +558,7 @@ class Cluster:
     def owned_links(self) -> tuple[tuple[str, ...], ...]:
         """Per GPU, the names of the links inside its node that carry its traffic, in one order
         for every GPU: to and from its NVSwitch and its NIC over PCIe; none where GPUs share a
-        NIC. A symmetric class's members load theirs alike (analysis.links.every_gpu); the
+        NIC. A symmetric class's members load theirs alike (analysis.links.every_gpu_rows); the
         NICs' cables and the fabric's are scale-out links, where the link use counts every twin
         already (engine.sim.Engine._twins_links), as on every link where GPUs share a NIC
         (:attr:`twins_cross_mask`)."""
@@ -581,7 +581,7 @@ class Cluster:
         """Per GPU whose NIC is its own and cabled to a leaf: (its PCIe lane to the NIC, back,
         that lane's bandwidth, the NIC's cable to the leaf, back), names; else None
         (:attr:`own_nic_edges`, named). What crosses the cable crosses the lane (the NIC has no
-        other link: analysis.links.every_gpu)."""
+        other link: analysis.links.every_gpu_rows)."""
         edges, bw = self.edges, self.edge_bw_Bps
         return tuple(None if row[0] < 0 else ("{}->{}".format(*edges[row[0]]), "{}->{}".format(*edges[row[1]]),
                                               bw[row[0]], "{}->{}".format(*edges[row[2]]),
