@@ -22,9 +22,9 @@ cycle, checks it, and copies it in::
 Why it is exact: both programs are the same up to where the m' step runs out of forwards
 (T lies a step of microbatches before that, :func:`step_mb`), the cycle repeats (checked over two), and the simulation does
 not depend on absolute time. Times differ from a full simulation in their last bits (a copy
-adds kQ once where the full step sums k cycles: about 1e-11 s on Megatron-1T's 95 s step).
+adds kQ once where the full step sums k cycles: about 1e-11 s on Megatron-1T's 98 s step).
 Where the flow network's shares amplify such bits, as the whole step amplifies its own, they
-grow to a nanosecond or more (moe_1024gpu's plan at 512 microbatches: 6e-14 s at the cut, at
+grow to a nanosecond or more (moe_1024gpu's former PP16 plan at 512 microbatches: 6e-14 s at the cut, at
 most 2.2e-7 s on its 253 s step; the step simulated whole with its clock started 1 s later
 differs from itself by up to 1.4e-7 s).
 The spans then take the full program's task ids: a stream runs its tasks in list order, so
@@ -54,8 +54,8 @@ ROUNDING = 2.5e-13
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "dualpipe")
 # simulated with as many microbatches as a third allows, up to SETTLE_WITHIN times the fewest
 # (simulated_microbatches): the slowest transients measured end within twice the fewest
-# (llama2_70b_64gpu under ZB-V at microbatch 76 of 60, moe_1024gpu's interleaved plan at 73 of
-# 112), and three cycles and a step follow them before the cut; a step of thousands of
+# (llama2_70b_64gpu under ZB-V at microbatch 76 of 60, an earlier interleaved plan of
+# moe_1024gpu at 73 of 112), and three cycles and a step follow them before the cut; a step of thousands of
 # microbatches then simulates a few hundred, not a third of them
 SLOW_TO_SETTLE = ("interleaved", "zbv", "dualpipev", "dualpipe")
 SETTLE_WITHIN = 3
@@ -68,8 +68,8 @@ def step_mb(schedule: str, pp: int, group: int | None = None) -> int:
     """Microbatches are left out in multiples of this: 12 (a multiple of the cycles 1F1B
     shows, 1, 2, 4 or 6), and for interleaved 1F1B, which runs microbatches ``group`` (pp by
     default) at a time, two groups: its steady state repeats every group, or every two where
-    the groups alternate (moe_1024gpu's MoE plan: its first stage's forwards come 123.67 and
-    122.84 ms apart in alternate groups of 8), and m' keeps m's last group."""
+    the groups alternate (an earlier interleaved plan of moe_1024gpu: its first stage's forwards
+    came 123.67 and 122.84 ms apart in alternate groups of 8), and m' keeps m's last group."""
     if schedule in TWO_WAYS:
         return 2 * STEP_MB  # 12 of each half
     return 2 * group_mb(schedule, pp, group) if schedule == "interleaved" else STEP_MB
@@ -143,8 +143,9 @@ def simulated_microbatches(schedule: str, pp: int, m: int, chunks: int = 1, grou
     outlast 3/2 pp v, by as long as a stage takes to work off the backlog the warm-up left it
     (llama2_70b_64gpu under ZB-V: its later stages' forwards come 2.3 ms a microbatch sooner
     than the first stage's until microbatch 52 to 76 of pp=4, so no cycle in 68 microbatches,
-    one in 164; moe_1024gpu's interleaved plan, whose stages are uneven, repeats from
-    microbatch 73, past 3/2 pp v = 48, with a cycle of two groups)."""
+    one in 164; an earlier interleaved plan of moe_1024gpu, whose stages were uneven, repeated
+    from microbatch 73, past 3/2 pp v = 48, with a cycle of two groups; its PP8 interleaved plan
+    of 2026-12-07 never settles to within rounding at 512 microbatches)."""
     if schedule not in SCHEDULES or pp < 2:
         return None
     chunks = max(chunks, ways(schedule))  # (DualPipe: 3/2 pp for each half)

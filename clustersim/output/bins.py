@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-BAR_BUDGET = 30_000  # bars drawn at most: ~24k (a GPT-3-sized step) draw in seconds, 260k in minutes
+BAR_BUDGET = 30_000  # bars drawn at most: ~24k draw in seconds, 260k (Megatron-1T) in minutes
 TIMELINE_BINS = 1_000  # bins per row across the step, before coarsening to fit BAR_BUDGET
 CHUNK_SPANS = 65_536  # spans binned at once (whole rows): see binned_bars
 MB_LISTED = 4  # a bar's microbatches named one by one up to this many; past it, how many and their range
