@@ -136,3 +136,32 @@ def test_gpu_catalogue_table_matches_the_code(reference_text, backticked):
         assert rows[name][1:9] == want, f"catalogue row of {name} is out of date"
     for alias, target in ALIASES.items():
         assert alias in backticked and target in backticked, f"alias {alias} -> {target} is not documented"
+
+
+def _conditional_summaries() -> list[dict]:
+    """Summaries with the sections and keys a plain run leaves out: faults and a straggler
+    (what-ifs, fault splits), a repeating long step, optimizer offload (host memory, offload
+    causes) and twins on other spines (asymmetric orbits)."""
+    root = Path(__file__).resolve().parent.parent
+    faults = scenario_dict(cluster={"topology": "topologies/dgx-a100.yaml", "nodes": 4,
+                                    "what_if": [{"gpu": 3, "slowdown": 1.1},
+                                                {"link": "n1.nic1-leaf0.1", "bw_factor": 0.5},
+                                                {"link": "leaf0.0-spine0", "bw_factor": 0.5}]},
+                           parallel={"tp": 4, "pp": 2, "dp": 4})
+    long_step = scenario_dict(training={"global_batch_size": 320})
+    return [clustersim.simulate(clustersim.load_scenario(faults, base_dir=root)).summary,
+            clustersim.simulate(clustersim.load_scenario(long_step, base_dir=root)).summary,
+            clustersim.simulate(root / "scenarios/offload_llama2_70b_8gpu.yaml").summary,
+            clustersim.simulate(root / "scenarios/moe_1024gpu.yaml").summary]
+
+
+def test_every_summary_key_of_the_conditional_sections_is_documented(backticked):
+    """As above, on summaries that hold what a plain run leaves out: every key they hold is
+    named in docs/reference.md too."""
+    summaries = _conditional_summaries()
+    s = summaries
+    assert s[0]["hardware"]["what_if"] and s[1]["simulation"]["repeat"] and s[2]["memory"]["host"] \
+        and s[3]["simulation"]["asymmetric_orbits"]  # (each holds what it is here for)
+    paths = list(dict.fromkeys(p for summary in summaries for p in key_paths(summary)))
+    missing = [p for p in paths if p not in backticked]
+    assert not missing, f"docs/reference.md does not document these summary.json keys: {missing}"
