@@ -42,8 +42,7 @@ from ..program.tasks import Comm, Program, Task
 from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, stable_argsort,
                      unique, unique_inverse)
 from ..codegen import Straight
-from ..analysis.links import NEAR, first_by_use
-from ..floats import digits
+from ..analysis.links import first_by_use
 from ..collectives.algorithms import ALGORITHMS, AUTO, DEEPEP, applicable
 from .network import FlowNetwork, FlowPlan, with_pairs, max_min_rates, plan_phases, wire_scales, with_meetings
 
@@ -511,16 +510,12 @@ class LinkLoads:
     def busiest(self) -> tuple[int, float, float] | None:
         """(link, seconds, flows) of the link with the most seconds to nine digits, the lowest
         id among those equal there (a collapsed run's twins sum a link's load in another order:
-        last bits named another of equal links); None where it crosses none. Nine digits are
-        worked out only for the links within :data:`~clustersim.analysis.links.NEAR` of the
-        most, the only ones that can round to it."""
+        last bits named another of equal links); None where it crosses none. Picked as the
+        summary picks its busiest links (analysis.links.first_by_use; the edges are in id
+        order, so the lowest index is the lowest id)."""
         if not len(self.edges):
             return None
-        top = float(self.busy_s.max())
-        near = np.flatnonzero(self.busy_s >= top * (1.0 - NEAR))
-        said = [digits(x) for x in self.busy_s[near].tolist()]
-        best = max(said)
-        i = int(near[said.index(best)])  # (the edges are in id order: the first is the lowest)
+        i = first_by_use(self.busy_s, np.arange(len(self.edges)), 1, int)[0]
         return int(self.edges[i]), float(self.busy_s[i]), float(self.flows[i])
 
     def as_dict(self) -> dict[int, tuple[float, float]]:
