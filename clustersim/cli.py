@@ -234,7 +234,7 @@ def cmd_run(args) -> int:
         nonlocal writer
         if any(files.values()):
             # (on the largest clusters the parent works the link use out faster itself)
-            if sc.mesh.world_size > background.MAX_WRITER_LINK_USE_GPUS:
+            if sc.mesh.world_size >= background.PARENT_LINK_USE_GPUS:
                 link_use = None
             writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
         return writer

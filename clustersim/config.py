@@ -1275,18 +1275,18 @@ def _build_checked(topo: TopologyCfg, own: int, source: str, overrides: dict[str
             blamed = _scenarios_error(entry, overrides or {}, topo_path, source)
             if blamed is not entry:
                 raise blamed from None
-        raise _referred(exc, exc, source) from None
+        raise _referred(exc, source) from None
 
 
-def _referred(err: ConfigError, exc: ConfigError, source: str) -> ConfigError:
-    """``err``, a topology file's error, told which scenario reads that file where it is the
-    file's own (``exc`` itself, not made the scenario's by :func:`_scenarios_error`): the file
-    and field to mend stay first, the scenario that led there follows::
+def _referred(exc: ConfigError, source: str) -> ConfigError:
+    """``exc``, a topology file's own error (not one :func:`_scenarios_error` made the
+    scenario's), told which scenario reads that file: the file and field to mend stay first,
+    the scenario that led there follows::
 
         topologies/my.yaml: node.nic.bw_Gbs: unknown key (the topology of scenarios/x.yaml, cluster.topology)
     """
-    if err is not exc or not exc.source or exc.source == source:
-        return err
+    if not exc.source or exc.source == source:
+        return exc
     return ConfigError(f"{exc.message} (the topology of {source}, cluster.topology)", source=exc.source,
                        field=exc.field, bad_value=exc.bad_value)
 
@@ -1330,7 +1330,8 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
     try:
         topo = load_topology_cfg(topo_path, overrides or None, build=False)  # what-ifs checked below, merged
     except ConfigError as exc:
-        raise _referred(_scenarios_error(exc, overrides, topo_path, source), exc, source) from None
+        blamed = _scenarios_error(exc, overrides, topo_path, source)
+        raise (blamed if blamed is not exc else _referred(exc, source)) from None
     own = len(topo.what_if)
     if cfg.cluster.what_if:
         topo = _with_what_ifs(topo, cfg.cluster.what_if)

@@ -116,9 +116,9 @@ def test_pieces_are_taken_once_from_either_end(tmp_path):
 @needs_fork
 def test_the_writer_works_out_the_link_use_for_the_summary(tmp_path, monkeypatch):
     """The writer works out the link use first and hands it to the parent's summary
-    (Writer.links); where it fails before that, or the cluster is past
-    MAX_WRITER_LINK_USE_GPUS, the parent works it out itself: the same summary either way, and
-    the same as in one process."""
+    (Writer.links); where it fails before that, or the cluster has PARENT_LINK_USE_GPUS or
+    more, the parent works it out itself: the same summary either way, and the same as in one
+    process."""
     from clustersim.engine import Engine
 
     sc = write_scenario(tmp_path, ROOT, scenario_dict())
@@ -138,8 +138,8 @@ def test_the_writer_works_out_the_link_use_for_the_summary(tmp_path, monkeypatch
     assert main(["run", str(sc), "--out", str(tmp_path / "failed")]) == 0
     assert handed[1] is None  # none from the child: the parent's own
     monkeypatch.setattr(Engine, "link_use", link_use)
-    # past MAX_WRITER_LINK_USE_GPUS the parent works it out itself, the writer not asked
-    monkeypatch.setattr(background, "MAX_WRITER_LINK_USE_GPUS", 0)
+    # from PARENT_LINK_USE_GPUS on the parent works it out itself, the writer not asked
+    monkeypatch.setattr(background, "PARENT_LINK_USE_GPUS", 0)
     assert main(["run", str(sc), "--out", str(tmp_path / "parents")]) == 0
     assert handed[2] is None
     monkeypatch.setattr(sys, "platform", "win32")

@@ -72,13 +72,13 @@ LINKS_FILE = ".links.pickle"  # the link use the child worked out, for the paren
 CLAIMS_FILE = ".claims"  # the counters of Share
 CHECKS_FILE = ".checks.pickle"  # the violations the writer found, when it took the checks
 # from this many GPUs on, the parent works the link use out itself rather than the writer (start's
-# ``link_use``): the forked writer runs it at about half its speed in a process of gigabytes
+# ``link_use``, which clustersim run then leaves None): the forked writer runs it at about half its speed in a process of gigabytes
 # (copy-on-write: reading an object writes its reference count, so the pages it touches are
 # copied), and its links cross back as pickled columns. clustersim run, alternating, on
 # 2026-12-07: 131,072 GPUs 24.8-26.4 s against 27.7-28.2 s, 65,536 12.3-12.7 s against
 # 13.2-14.0 s, 16,384 3.48-3.54 s against 3.29-3.60 s (even); smaller steps gain from the
 # writer's taking it (history entry 14), which is the same link use, the same files
-MAX_WRITER_LINK_USE_GPUS = 32_767
+PARENT_LINK_USE_GPUS = 32_768
 
 
 class Share:
@@ -340,8 +340,8 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
     trace file in it (and the report draws in it). ``link_use``: worked out by the child
     first, for the parent's summary (:meth:`Writer.links`), which needs it last: on
     moe_1024gpu the summary with its checks is the longer of the two sides; None where it is
-    worked out elsewhere (Megatron-1T: clustersim.engine.ahead; the parent itself past
-    :data:`MAX_WRITER_LINK_USE_GPUS`).
+    worked out elsewhere (Megatron-1T: clustersim.engine.ahead; the parent itself
+    from :data:`PARENT_LINK_USE_GPUS` GPUs on).
     ``checks``: the invariant checks that need no summary, which the child runs if it gets to
     them first (:meth:`Writer.checks_taken`, :meth:`Writer.checks_verdict`); only with the
     trace file, whose pieces the two share out anyway."""
