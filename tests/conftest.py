@@ -42,6 +42,31 @@ def scenario_dict(**sections) -> dict:
     return d
 
 
+def compressed_alike() -> bool:
+    """Whether the trace file's compressor gives the same bytes for the same text every time:
+    zlib does; ISA-L's deflate (``perfetto._deflate`` where the ``isal`` package is there)
+    need not (the comment there; a CI run saw two runs' files differ). Tests that compare
+    trace files made in two processes, or twice, compare their text then (:func:`file_bytes`)."""
+    from clustersim.output import perfetto
+
+    return perfetto._deflate.__name__ == "zlib"
+
+
+def file_bytes(path: Path) -> bytes:
+    """A file's bytes to compare with another run's: a ``.gz`` file's text where its compressor
+    need not give the same bytes twice (:func:`compressed_alike`; gzip.decompress checks the
+    CRC-32 and the length too), else its bytes."""
+    import gzip
+
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" and not compressed_alike() else data
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """The files of ``folder`` by name, as :func:`file_bytes` gives them."""
+    return {p.name: file_bytes(p) for p in sorted(folder.iterdir())}
+
+
 def bad_corpus(folder: Path) -> tuple[dict[str, str], list[str]]:
     """A corpus of bad files: (file name -> expected message part, the files, sorted)."""
     import yaml

@@ -18,14 +18,10 @@ from clustersim.analysis.invariants import Violation
 from clustersim.cli import EXIT_INTERRUPTED, EXIT_INVARIANT, main
 from clustersim.output import background
 
-from .conftest import ROOT, scenario_dict
+from .conftest import ROOT, file_bytes, files_of, scenario_dict
 from .test_cli import write_scenario
 
 needs_fork = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the writer forks on Linux only")
-
-
-def _outputs(folder):
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
 def _spy_writers(monkeypatch) -> list:
@@ -63,7 +59,7 @@ def test_forked_writer_gives_the_same_files_as_one_process(tmp_path, monkeypatch
     monkeypatch.setattr(sys, "platform", "win32")  # as off Linux: the parent writes them itself
     assert main(["run", str(sc), "--out", str(tmp_path / "alone")]) == 0
     assert seen[1][0] is None
-    forked, alone = _outputs(tmp_path / "forked"), _outputs(tmp_path / "alone")
+    forked, alone = files_of(tmp_path / "forked"), files_of(tmp_path / "alone")
     assert sorted(forked) == ["report.html", "summary.json", "trace.json.gz"]
     assert forked == alone
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # temp folders gone
@@ -99,7 +95,7 @@ def test_parent_and_writer_share_the_trace_files_pieces(tmp_path, monkeypatch):
     assert sorted(taken[0]) == list(range(count - len(taken[0]), count))  # the parent's: from the back
     monkeypatch.setattr(sys, "platform", "win32")  # one process writes everything
     assert main(["run", str(sc), "--out", str(tmp_path / "alone")]) == 0
-    assert _outputs(tmp_path / "shared") == _outputs(tmp_path / "alone")
+    assert files_of(tmp_path / "shared") == files_of(tmp_path / "alone")
     assert [p.name for p in (tmp_path / "shared").iterdir() if p.name.startswith(".")] == []
 
 
@@ -144,8 +140,8 @@ def test_the_writer_works_out_the_link_use_for_the_summary(tmp_path, monkeypatch
     assert handed[2] is None
     monkeypatch.setattr(sys, "platform", "win32")
     assert main(["run", str(sc), "--out", str(tmp_path / "alone")]) == 0
-    assert _outputs(tmp_path / "forked") == _outputs(tmp_path / "failed") == _outputs(tmp_path / "parents") \
-        == _outputs(tmp_path / "alone")
+    assert files_of(tmp_path / "forked") == files_of(tmp_path / "failed") == files_of(tmp_path / "parents") \
+        == files_of(tmp_path / "alone")
 
 
 @needs_fork
@@ -164,7 +160,7 @@ def test_parent_writes_the_files_when_the_child_fails(tmp_path, monkeypatch):
     seen = _spy_writers(monkeypatch)
     assert main(["run", str(sc), "--out", str(tmp_path / "out")]) == 0
     assert seen[0][1] is False  # the child failed ...
-    assert _outputs(tmp_path / "out") == _outputs(tmp_path / "ref")  # ... and the parent wrote them
+    assert files_of(tmp_path / "out") == files_of(tmp_path / "ref")  # ... and the parent wrote them
 
 
 def _checks_go_to(monkeypatch, writer: bool) -> None:
@@ -264,7 +260,7 @@ def test_the_outputs_are_the_same_whoever_runs_the_checks(tmp_path, monkeypatch)
             _checks_go_to(m, writer)
             out = tmp_path / f"out-{writer}"
             assert main(["run", str(sc), "--out", str(out)]) == 0
-            got[writer] = _outputs(out)
+            got[writer] = files_of(out)
     assert got[True] == got[False] and set(got[True]) == {"summary.json", "report.html", "trace.json.gz"}
 
 
@@ -315,7 +311,7 @@ def test_writer_asks_for_the_summary_after_the_trace_work(small_result, tmp_path
     perfetto.write_trace(tmp_path / "plain.json.gz", small_result.trace, small_result.summary)
     report.write_report(tmp_path / "plain.html", small_result.trace, small_result.summary,
                         (report.SUMMARY_LINK, report.TRACE_LINK))  # (the files run writes beside it)
-    assert (tmp_path / "trace.json.gz").read_bytes() == (tmp_path / "plain.json.gz").read_bytes()
+    assert file_bytes(tmp_path / "trace.json.gz") == file_bytes(tmp_path / "plain.json.gz")
     assert (tmp_path / "report.html").read_bytes() == (tmp_path / "plain.html").read_bytes()
 
 
@@ -387,4 +383,4 @@ def test_a_writer_fork_that_fails_writes_the_files_here(tmp_path, monkeypatch):
     open_before = sorted(os.listdir("/proc/self/fd"))
     assert main(["run", str(sc), "--out", str(tmp_path / "here")]) == 0
     assert sorted(os.listdir("/proc/self/fd")) == open_before
-    assert _outputs(tmp_path / "here") == _outputs(tmp_path / "forked")
+    assert files_of(tmp_path / "here") == files_of(tmp_path / "forked")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import scenario_dict, shipped_scenarios, shipped_topologies
+from .conftest import files_of, scenario_dict, shipped_scenarios, shipped_topologies
 
 
 def run_cli(*args, cwd=None):
@@ -61,7 +61,7 @@ def test_run_is_deterministic(tmp_path, root):
     outs = []
     for i in range(2):
         assert run_cli("run", sc, "--out", tmp_path / f"o{i}").returncode == 0
-        outs.append({p.name: p.read_bytes() for p in (tmp_path / f"o{i}").iterdir()})
+        outs.append(files_of(tmp_path / f"o{i}"))
     assert outs[0] == outs[1]
 
 

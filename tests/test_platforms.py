@@ -2,7 +2,8 @@
 process, ``sweep`` and ``advise`` run their plans in one process whatever ``--jobs`` asks,
 and nothing refers to POSIX-only modules or calls. Approximated here by removing them before
 clustersim is imported (fork, fcntl, the signal mask, the fork start method); the files must
-be those a forking run writes, byte for byte. And the files are UTF-8 with "\n" line ends
+be those a forking run writes, byte for byte (the trace file's text, where ISA-L compresses
+it: conftest.compressed_alike). And the files are UTF-8 with "\n" line ends
 whatever the locale's encoding (Windows': cp1252)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from .conftest import file_bytes
 from .test_cli import run_cli, write_scenario
 
 # as a platform without fork, fcntl or pthread_sigmask would run the command line
@@ -48,7 +50,7 @@ def test_run_writes_the_same_files_without_fork(tmp_path, root):
     assert forked.returncode == 0, forked.stderr
     assert "a cycle of" in r.stdout and "a cycle of" in forked.stdout
     for name in ("summary.json", "report.html", "trace.json.gz"):
-        assert (tmp_path / "alone" / name).read_bytes() == (tmp_path / "forked" / name).read_bytes(), name
+        assert file_bytes(tmp_path / "alone" / name) == file_bytes(tmp_path / "forked" / name), name
 
 
 def test_a_sweep_runs_its_plans_in_one_process_without_fork(tmp_path, root):
@@ -61,7 +63,7 @@ def test_a_sweep_runs_its_plans_in_one_process_without_fork(tmp_path, root):
     assert forked.returncode == 0, forked.stderr
     assert "with 2 processes" in forked.stdout
     for name in ("sweep.csv", "sweep.json"):
-        assert (tmp_path / "alone" / name).read_bytes() == (tmp_path / "forked" / name).read_bytes(), name
+        assert file_bytes(tmp_path / "alone" / name) == file_bytes(tmp_path / "forked" / name), name
 
 
 def test_files_are_utf8_whatever_the_locale_encoding(tmp_path, root):

@@ -14,8 +14,9 @@ its own process, clustersim.engine.ahead, gets it from that one)
 
 The writer takes pieces from the front, the parent from the back once its summary is written,
 one at a time (:class:`Share`), until they meet: whichever of the two is done first takes
-more of them. A piece's bytes do not depend on who compressed it, so the file is the same
-whatever the split. The parent's pieces reach the writer through a pickle file, and it puts
+more of them. A piece's text does not depend on who compresses it, so the file's text is the
+same whatever the split (its bytes too where zlib compresses; ISA-L's deflate need not give
+the same bytes twice: perfetto._deflate). The parent's pieces reach the writer through a pickle file, and it puts
 the file together.
 
 The invariant checks that need no summary (streams, dependencies, collectives, phase order,
@@ -33,7 +34,7 @@ written). The summary reaches it through a pickle file in the run's temp folder,
 byte on a pipe says it is there (a second byte: the parent's pieces are). The child writes its
 files into that folder; the parent moves them into place only after it has waited for the
 child, so a failed check (which kills the child) still leaves nothing behind. Where the
-parent writes the files itself (the same functions, so the same bytes): off Linux (Windows has
+parent writes the files itself (the same functions, so the same files): off Linux (Windows has
 no fork; on macOS system libraries may not survive one), in a process running other Python
 threads (a lock one of them holds would stay held in the child), and when the child fails.
 
