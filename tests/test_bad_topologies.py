@@ -5,7 +5,6 @@ in well under a second (several of them hung or took seconds before their guard)
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 
 import pytest
@@ -29,10 +28,7 @@ def test_bad_topology_gives_its_message(name, tmp_path, capsys):
     scenario["cluster"] = {"topology": str(BAD / name)}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
     out = tmp_path / "out"
-    t0 = time.perf_counter()
     rc = main(["run", str(tmp_path / "s.yaml"), "--out", str(out)])
-    wall = time.perf_counter() - t0
     err = capsys.readouterr().err
     assert_refused(err, rc, BAD / name, EXPECTED[name], out)
-    assert len(err) < 600
-    assert wall < 2.0
+    assert len(err) < 600  # (an alias bomb quoted whole was hundreds of MB)
