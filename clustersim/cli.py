@@ -48,6 +48,9 @@ STAGING_PREFIX = ".clustersim-"  # the run's temp folder, inside the output fold
 
 
 OUT_NAME_MAX = 120  # characters of a default folder's name
+# how run --set and compare --variant read a change's value (clustersim.overrides)
+_VALUES_HELP = ("a value is read as YAML; null removes the key, but under cluster.node and cluster.fabric sets "
+                "the topology's field to null, its default")
 
 
 def _default_out(scenario: str, changes: list[tuple[str, object]] = ()) -> Path:
@@ -783,8 +786,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "out/<name>+<key>=<value>+...)")
     run.add_argument("--set", action="append", metavar="CHANGES",
                      help="run the scenario with these changes: KEY=VALUE with dotted keys, e.g. --set "
-                          "\"parallel.pp=4 parallel.zero=1\" or \"cluster.node.nic.bw_Gbps=800\" (repeatable; a "
-                          "value is read as YAML, null removes the key); the summary's description names them")
+                          "\"parallel.pp=4 parallel.zero=1\" or \"cluster.node.nic.bw_Gbps=800\" (repeatable; "
+                          f"{_VALUES_HELP}); the summary's description names them")
     run.add_argument("--no-report", action="store_true", help="skip report.html")
     run.add_argument("--no-trace", action="store_true", help="skip the Perfetto trace")
     run.add_argument("--trace-gpus", metavar="GPUS",
@@ -808,8 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("scenarios", nargs="+", help="scenario YAML files; the first is the baseline")
     cmp.add_argument("--variant", action="append", metavar="CHANGES",
                      help="one more plan: the first file with these changes, KEY=VALUE with dotted keys, e.g. "
-                          "--variant \"parallel.pp=1 parallel.dp=8 parallel.zero=3\" (repeatable; a value is read "
-                          "as YAML, null removes the key)")
+                          f"--variant \"parallel.pp=1 parallel.dp=8 parallel.zero=3\" (repeatable; {_VALUES_HELP})")
     cmp.add_argument("--out", help="write compare.json (every plan's summary and differences), compare.html (the "
                                    "plans on one page, their timelines on one time axis) and each plan's report, "
                                    "report_A.html, report_B.html ..., into this folder")

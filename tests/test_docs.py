@@ -165,3 +165,23 @@ def test_every_summary_key_of_the_conditional_sections_is_documented(backticked)
     paths = list(dict.fromkeys(p for summary in summaries for p in key_paths(summary)))
     missing = [p for p in paths if p not in backticked]
     assert not missing, f"docs/reference.md does not document these summary.json keys: {missing}"
+
+
+def test_every_command_and_option_is_in_the_command_line_table(reference_text):
+    """docs/reference.md's "Command line" names every command of ``clustersim`` and, in
+    backticks, every option of each (its long form; ``-h`` aside), walked from the parser."""
+    import argparse
+
+    from clustersim.cli import build_parser
+
+    section = reference_text[reference_text.index("\n## Command line"):]
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z]+)[^`]*` \|.*$", section, re.M)}
+    parser = build_parser()
+    assert any("--version" in a.option_strings for a in parser._actions) and "`--version`" in section
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sorted(rows) == sorted(commands.choices)
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help") and (option.startswith("--") or len(action.option_strings) == 1):
+                    assert f"`{option}`" in rows[name], f"{name} {option}"
