@@ -21,6 +21,7 @@ exits with 143.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -736,15 +737,54 @@ def progress_line(done: int, total: int, ran: int, elapsed_s: float) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser, its "unrecognized arguments" error followed by ``hint`` where set
-    (:func:`_spaced_change`)."""
+    """argparse's parser, its errors one line as bad input's are (``error: command line:``,
+    the command, argparse's message; exit code 2) and long options written whole (no
+    prefixes: ``--all-rank`` is refused, not taken for ``--all-ranks``). An unrecognized
+    option is told the command's nearest ones; an unrecognized word, ``hint`` where set
+    (:func:`_spaced_change`, set on the top parser with ``words``, the command line)::
+
+        error: command line: run: unrecognized arguments: --output out/x (did you mean --out? python -m clustersim run --help lists the options)
+    """
 
     hint: str | None = None
+    words: list[str] = []
+    commands: argparse._SubParsersAction | None = None  # (on the top parser)
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        if self.hint and message.startswith("unrecognized arguments"):
-            message += f" ({self.hint})"
-        super().error(message)
+        command = self.prog.split(" ", 1)[1] if " " in self.prog else None
+        commands = self.commands.choices if self.commands is not None else {}
+        chosen = commands.get(self.words[0]) if self.words else None
+        if message.startswith("unrecognized arguments") and chosen is not None:
+            command = self.words[0]
+            after = self.hint or self._options_hint(command, message.split(": ", 1)[1].split())
+        elif message.startswith("argument command: invalid choice") and self.words:
+            near = difflib.get_close_matches(self.words[0], list(commands), n=1)
+            message = f"{self.words[0]!r} is not a command"
+            after = (f"did you mean {near[0]}? " if near else "") + f"the commands: {', '.join(commands)}"
+        else:
+            after = f"python -m clustersim {command} --help" if command else "python -m clustersim --help"
+        said = f"{command}: {message}" if command else message
+        self.exit(EXIT_BAD_INPUT, f"error: command line: {said} ({after})\n")
+
+    def _options_hint(self, command: str, unknown: list[str]) -> str:
+        """For options ``command`` does not have: the nearest it has, or the commands that have
+        them, then where its options are listed."""
+        def options(name: str) -> list[str]:
+            return [o for a in self.commands.choices[name]._actions for o in a.option_strings if o.startswith("--")]
+
+        said = []
+        for word in (w.split("=", 1)[0] for w in unknown if w.startswith("--")):
+            near = difflib.get_close_matches(word, options(command), n=1, cutoff=0.75)
+            others = [c for c in self.commands.choices if c != command and word in options(c)]
+            if near:
+                said.append(f"did you mean {near[0]}?")
+            elif others:
+                said.append(f"{word} is an option of {' and '.join(others)};")
+        return " ".join(said + [f"python -m clustersim {command} --help lists the options"])
 
 
 # the option of each command that takes KEY=VALUE as one word
@@ -778,6 +818,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ap.add_argument("--version", action="version", version=f"clustersim {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
+    ap.commands = sub
 
     run = sub.add_parser("run", help="simulate one training step; print a summary, write summary.json, "
                                      "report.html and trace.json.gz")
@@ -928,7 +969,7 @@ def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
     try:
         words = _sizes_joined(sys.argv[1:] if argv is None else list(argv))
         parser = build_parser()
-        parser.hint = _spaced_change(words)
+        parser.hint, parser.words = _spaced_change(words), words
         args = parser.parse_args(words)
         args.keep = [] if fast_exit else None  # what the command made, held until the exit
         code = _run(args)

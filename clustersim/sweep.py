@@ -85,7 +85,8 @@ def parse_vary(text: str, *, source: str = "command line", field: str = "--vary"
     key, eq, raw = text.partition("=")
     where = f"{field} {text!r}"
     if not eq:
-        raise ConfigError("is not KEY=V1,V2,... (e.g. parallel.tp=1,2,4,8)", source=source, field=where)
+        raise ConfigError(f"{short_repr(text)} is not KEY=V1,V2,... (e.g. parallel.tp=1,2,4,8)", source=source,
+                          field=where)
     check_key(key, source=source, field=where, what=text)
     values: list[Any] = []
     for item in split_values(raw):

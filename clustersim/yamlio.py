@@ -352,15 +352,43 @@ def _spaced_key(text: str) -> str | None:
     return f"{m[1]}: {m[2].strip()}" if m and not m[2].startswith("//") else None
 
 
-def _colon_hint(text: str, mark) -> str:
+_BARE_PAIR = re.compile(r"\s*([A-Za-z_][\w.]*)\s+([^\s:#][^:#]*)$")  # "tp 8": a key whose colon is missing
+_KEY_AND_VALUE = re.compile(r"\s*[A-Za-z_][\w.]*:\s+[^\s#]")  # "tp: 8", a key holding its value
+
+
+def _colon_hint(text: str, mark, problem: str = "") -> str:
     """"; line 23 'tp:4': YAML needs a space after a key's colon (tp: 4)", where the line YAML
-    stopped at or the one before it is such a key (:func:`_spaced_key`); "" otherwise."""
+    stopped at or the one before it is such a key (:func:`_spaced_key`). Where YAML found a
+    key it did not expect (``problem``: "mapping values are not allowed here", reported on the
+    line after the mistake), the line before it lacking its colon ("tp 8"), or the line
+    indented deeper than the key above it, which holds its value already::
+
+        parallel:
+         tp: 8        <- one space: pp below is read as more of tp's value
+          pp: 4       <- YAML stops here
+
+    "" otherwise."""
     if mark is None:
         return ""
     lines = text.splitlines()
     for n in (mark.line, mark.line - 1):
         if 0 <= n < len(lines) and (fixed := _spaced_key(lines[n].split(" #")[0])):
             return f"; line {n + 1} {short_repr(lines[n].strip())}: YAML needs a space after a key's colon ({fixed})"
+    if "mapping values are not allowed" not in problem or not 0 < mark.line < len(lines):
+        return ""
+    line = lines[mark.line]
+    above = next((k for k in range(mark.line - 1, -1, -1) if lines[k].strip() and not lines[k].lstrip().startswith("#")),
+                 None)
+    if above is None:
+        return ""
+    prev = lines[above].split(" #")[0].rstrip()
+    if m := _BARE_PAIR.fullmatch(prev):
+        return f"; line {above + 1} {short_repr(prev.strip())} has no colon: a key and its value are written {m[1]}: {m[2]}"
+    indent = len(line) - len(line.lstrip())
+    if _KEY_AND_VALUE.match(prev) and indent > len(prev) - len(prev.lstrip()):
+        return (f"; line {mark.line + 1} {short_repr(line.strip())} is indented deeper than line {above + 1} "
+                f"{short_repr(prev.strip())}, which holds its value: the keys of one section line up")
+    return ""
     return ""
 
 
@@ -399,7 +427,8 @@ def read_yaml(path: Path, *, what: str) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
-        raise ConfigError(f"invalid YAML: {problem}{_colon_hint(text, mark)}", source=str(path), field=where) from None
+        raise ConfigError(f"invalid YAML: {problem}{_colon_hint(text, mark, problem)}", source=str(path),
+                          field=where) from None
     except RecursionError:  # the composer recurses per level, e.g. of a block "- - - - ... x"
         raise ConfigError(f"invalid YAML: nested too deeply (a {what} nests a few levels)",
                           source=str(path)) from None

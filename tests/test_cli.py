@@ -978,6 +978,30 @@ def test_a_change_given_as_two_words_is_shown_as_one(root):
         assert r.returncode == 2 and "unrecognized arguments" in r.stderr and "takes KEY=VALUE" not in r.stderr, args
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["run", "s.yaml", "--output", "x"], "run: unrecognized arguments: --output x (did you mean --out? "
+                                         "python -m clustersim run --help lists the options)"),
+    (["run", "s.yaml", "--all-rank"], "run: unrecognized arguments: --all-rank (did you mean --all-ranks? "),
+    (["run", "s.yaml", "--vary", "parallel.tp=2"], "(--vary is an option of sweep and advise; python -m clustersim"),
+    (["runn", "s.yaml"], "'runn' is not a command (did you mean run? the commands: run, compare, sweep, advise,"),
+    (["schedule", "--schedule", "1F1B", "--pp", "4", "-m", "8"],
+     "schedule: argument --schedule: invalid choice: '1F1B' (choose from "),
+    (["run"], "run: the following arguments are required: scenario (python -m clustersim run --help)"),
+])
+def test_a_command_line_argparse_refuses_is_one_line(argv, said, capsys):
+    """Mistakes argparse finds (an unknown or misspelt option, a command that is not one, a
+    choice not offered, a missing argument) are refused as bad input is: one line, exit code
+    2, the command named, its nearest option where one is close; a long option's prefix is
+    not taken for it (``--all-rank`` is not ``--all-ranks``)."""
+    from clustersim.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: command line: ")
+    assert said in err, err
+
+
 def test_a_search_s_progress_line_guesses_the_time_left():
     """sweep and advise on a terminal: rows so far, and once five plans have run for five
     seconds, the time the rest would take at that pace (refused rows do not count as run)."""
@@ -1071,6 +1095,33 @@ def test_a_block_key_without_a_space_after_its_colon_says_so(root, tmp_path):
     class Mark:
         line = 1
     assert _colon_hint("a:\n  http://x\n", Mark) == "" and _colon_hint("a:\n  b:2\n", Mark).endswith("(b: 2)")
+
+
+@pytest.mark.parametrize("edit, says", [
+    ((" tp: 4", None), "line {b}: invalid YAML: mapping values are not allowed here; line {b} 'pp: 1' is indented "
+                       "deeper than line {a} 'tp: 4', which holds its value: the keys of one section line up"),
+    (("  tp: 4", "    pp: 1"), "line {b} 'pp: 1' is indented deeper than line {a} 'tp: 4', which holds its value"),
+    (("  tp 4", None), "line {b}: invalid YAML: mapping values are not allowed here; line {a} 'tp 4' has no colon: "
+                       "a key and its value are written tp: 4"),
+])
+def test_a_misindented_key_or_a_missing_colon_is_named_on_its_own_line(root, tmp_path, edit, says):
+    """YAML reports a key indented one space off, or a key without its colon, on the line
+    after the mistake ("mapping values are not allowed here"); the error names the line to
+    fix and what is wrong with it."""
+    from clustersim.errors import ConfigError
+    from clustersim.yamlio import read_yaml
+
+    lines = (root / "scenarios/llama3_8b_8gpu.yaml").read_text().splitlines()
+    at = lines.index("parallel:")
+    assert lines[at + 1:at + 3] == ["  tp: 4", "  pp: 1"]
+    lines[at + 1] = edit[0]
+    if edit[1] is not None:
+        lines[at + 2] = edit[1]
+    path = tmp_path / "x.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as err:
+        read_yaml(path, what="scenario")
+    assert says.format(a=at + 2, b=at + 3) in err.value.line(), err.value.line()
 
 
 def test_the_report_links_the_files_beside_it(tmp_path, root):
