@@ -532,7 +532,8 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                 else ""),
              f"{'searched':<12}{dims}; dp follows: {advice['shapes']:,} shape{'s' if advice['shapes'] != 1 else ''}"
              # (not every shape takes every setting: no ZeRO-3 with a pipeline, no ZeRO where nothing shards)
-             + (f", each with the settings it takes: {n:,} plans" if not advice["coarse_to_fine"] else
+             + (f", each with the settings it takes (zero 0 where its shard groups are one GPU, no 3 with a "
+                f"pipeline): {n:,} plans" if not advice["coarse_to_fine"] else
                 f", {advice['searched']:,} plans; coarse to fine (each shape first with the settings that save the "
                 f"most memory, then the fastest that fit with every other): {n:,} plans")
              + (f", {done:,} simulated" if done != n else "")]

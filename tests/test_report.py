@@ -330,7 +330,7 @@ def test_hover_text_and_fade_of_a_bar():
               size_bytes=3 * 1024**2, flops=0.0)
     assert bar_hover(bar, "stage 0 · tp") == (
         "<b>AR &lt;qkv&gt; … AR out (4 spans)</b><br>stage 0 · tp · microbatch 3 · layers 1–2<br>"
-        "start 12.500 ms · duration 5.000 ms<br>busy 2.500 ms (50 % of the bar)<br>3.0 MiB")
+        "start 12.500 ms · duration 5.000 ms<br>busy 2.500 ms (50 % of the bar)<br>data 3.0 MiB")
     assert FADE_LEVELS[fade_level(bar)][1] == 0.6  # half busy
     whole = Bar(rank=0, stream="compute", kind="compute", phase="B", mb=-1, start_s=1.0, end_s=1.0, busy_s=0.0,
                 n_spans=1, first_name="B mlp", last_name="B mlp", layer_lo=5, layer_hi=5, size_bytes=0.0, flops=2e12)
@@ -641,7 +641,7 @@ def test_the_steps_time_is_drawn_as_compute_exposed_communication_and_bubble(res
 
 def test_plan_line_names_tp_over_nodes_the_gradients_dtype_and_a_schedule_only_where_it_orders():
     """The plan line says what changes a plan's cost and is not in its degrees: a TP group
-    leaving its node, the dtype gradients are reduced in (where they are), and the schedule
+    leaving its node, the gradients' dtype and the one they are reduced in (where they are), and the schedule
     (not for plain 1F1B on one stage, where it is gradient accumulation); the exposed line says
     where its kinds sum past its total."""
     def plan_line(**sections):
@@ -656,7 +656,8 @@ def test_plan_line_names_tp_over_nodes_the_gradients_dtype_and_a_schedule_only_w
     line, _ = plan_line(parallel={"tp": 8, "pp": 1, "dp": 2, "schedule": "gpipe"})
     assert " · gpipe · 4 microbatches" in line
     line, s = plan_line(parallel={"tp": 8, "pp": 2, "dp": 1})
-    assert s["plan"]["grad_reduce_dtype"] == "fp32" and "grads" not in line and " · 1f1b · 8 microbatches" in line
+    # (no reduction: the gradients' dtype alone, so that plans compared side by side read alike)
+    assert s["plan"]["grad_reduce_dtype"] == "fp32" and " · fp32 grads · 1f1b · 8 microbatches" in line
     # selective recompute under flash attention changes nothing, and says so; under standard it does not
     line, _ = plan_line(parallel={"tp": 8, "pp": 2, "dp": 1}, training={"recompute": "selective"})
     assert " · recompute selective (a no-op: flash attention keeps no scores) · " in line

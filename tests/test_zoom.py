@@ -51,9 +51,9 @@ def test_the_page_carries_every_drawn_span(result):
 
 
 def test_size_and_flops_line():
-    assert report.size_flops_text(3 * 1024**2, 0.0) == "3.0 MiB"
+    assert report.size_flops_text(3 * 1024**2, 0.0) == "data 3.0 MiB"
     assert report.size_flops_text(0.0, 2e12) == "2 TFLOP"
-    assert report.size_flops_text(3 * 1024**2, 2e12) == "3.0 MiB · 2 TFLOP"
+    assert report.size_flops_text(3 * 1024**2, 2e12) == "data 3.0 MiB · 2 TFLOP"
     assert report.size_flops_text(0.0, 0.0) == ""
 
 

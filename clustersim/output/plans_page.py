@@ -50,7 +50,7 @@ _OPTIONS = ("#4e79a7", "#b07aa1", "#2f4b7c", "#9c755f", "#76b7b2")  # the guide'
 
 _PAGE_CSS = """
 pre.terminal { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px; padding: 10px 14px;
-               font-size: 12px; overflow-x: auto; }
+               font-size: 12px; white-space: pre-wrap; overflow-wrap: anywhere; }  /* a long line wraps, not hides */
 code.cmd { display: block; background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px; padding: 8px 12px;
            font-size: 12px; white-space: pre-wrap; word-break: break-all; }
 tr.nofit td { color: #8c959f; }
@@ -245,8 +245,9 @@ def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, d
     layout = small_layout(420, hovermode="closest", xaxis={"title": {"text": key},
                                                            "tickvals": sorted(set(sweep["vary"][key]))},
                           yaxis={"title": {"text": "tokens/s per GPU"}})
-    # the lines in the legend's order are ranked, not sorted by value (pp=4, pp=1, pp=2 read as a slip)
-    layout["legend"] = {**layout["legend"], "title": {"text": "best first:"}}
+    if len(best) > 1:
+        # the lines in the legend's order are ranked, not sorted by value (pp=4, pp=1, pp=2 read as a slip)
+        layout["legend"] = {**layout["legend"], "title": {"text": "best first:"}}
     return key, {"data": data, "layout": layout}
 
 
@@ -410,15 +411,21 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
         lines = lines_figure(sweep) if "options" not in sweep else None  # (an advice searches too many keys)
         if lines is not None:
             key, fig = lines
+            several = len(sweep["vary"]) > 1 and not sweep.get("paired")  # (else one line through every plan)
             body += [f"<h2>Tokens/s per GPU against {html.escape(key)}</h2>", plot_div(fig, LINES_DIV_ID, _CONFIG),
-                     f"<p class=\"note\">One line per setting of the other keys varied (at most {LINES_SHOWN}: those "
-                     "whose best plan that fits gives the most tokens/s per GPU, then those where none fits); "
-                     "hollow: the plan does not fit"
+                     "<p class=\"note\">"
+                     + (f"One line per setting of the other keys varied (at most {LINES_SHOWN}: those whose best "
+                        "plan that fits gives the most tokens/s per GPU, then those where none fits); " if several
+                        else "")
+                     + ("hollow: the plan does not fit" if several else "Hollow: the plan does not fit")
                      + ("; a plan certain not to fit was not simulated and leaves a gap" if unfit else "")
-                     + ". Flat is the same throughput per GPU: along "
-                     "<code>cluster.nodes</code>, linear scaling.</p>"]
+                     + (". Flat is linear scaling: the same throughput per GPU on more nodes.</p>"
+                        if key == "cluster.nodes" else
+                        f". Flat is the same throughput per GPU whatever <code>{html.escape(key)}</code>.</p>")]
         split = split_figure(sweep)
-        body += [f"<h2>Where a GPU's step goes, the best {min(SPLIT_SHOWN, len(sweep['ranking']))}</h2>",
+        shown = [rows[n] for n in sweep["ranking"][:SPLIT_SHOWN]]
+        body += [f"<h2>Where a GPU's step goes, the best {len(shown)}"
+                 + (" (those that fit first)" if not all(r["fits"] for r in shown) else "") + "</h2>",
                  plot_div(split, SPLIT_DIV_ID, _CONFIG),
                  "<p class=\"note\">Per GPU, the mean over GPUs: compute, the communication the compute stream "
                  "waited for, and the bubble (idle) add up to the step.</p>"]
@@ -430,8 +437,8 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
         body += ["<p class=\"note\">The best plan that fits, run on its own (its report and trace file):</p>",
                  f'<code class="cmd">{e(run)}</code>']
     if cmd is not None:
-        body += ["<p class=\"note\">The best plans that fit side by side with the scenario as its file has it: their "
-                 "timelines, memory and exposed communication on one page (out/compare_best/compare.html):</p>",
+        body += ["<p class=\"note\">The scenario as its file has it beside the best plans that fit (itself aside): "
+                 "their timelines, memory and exposed communication on one page (out/compare_best/compare.html):</p>",
                  f'<code class="cmd">{e(cmd)}</code>']
     body += [_table_html(sweep, own) if sweep["ranking"] else "", _left_out_html(sweep, "unfit"),
              _left_out_html(sweep, "refused"), _left_out_html(sweep, "failed")]

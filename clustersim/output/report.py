@@ -61,7 +61,8 @@ from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_withi
 from .perfetto import Codes, SpanOrder, span_order
 from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
 from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, host_only_unfit,
-                      leaf_split_note, link_ceilings_said, network_said, peak_text, plan_dims, plan_options, replicas_note,
+                      leaf_split_note, link_ceilings_said, network_said, peak_text, plain_collective, plan_dims,
+                      plan_options, replicas_note,
                       schedule_part, straggler_note, topology_changes_note, what_if_note)
 from .zoom import DETAIL_IN_VIEW, detail_data, detail_script
 
@@ -388,7 +389,7 @@ def hover_texts(bars: BarColumns, labels: list[str]) -> list[str]:
         stage 0 · compute · microbatch 3 · layers 0–1
         start 12.345 ms · duration 6.789 ms
         busy 6.000 ms (88 % of the bar)
-        1.2 GiB · 3.45 TFLOP
+        data 1.2 GiB · 3.45 TFLOP
     """
     escape = _Memo(html.escape)
     size_text = _Memo(fmt_bytes)
@@ -434,9 +435,10 @@ def fmt_flops(flops: float) -> str:
 
 
 def size_flops_text(size_bytes: float, flops: float, size_text=None, flops_text=None) -> str:
-    """A hover's last line: '1.2 GiB · 3.45 TFLOP', either alone, or '' with neither
+    """A hover's last line: 'data 1.2 GiB · 3.45 TFLOP' (the spans' ``size_bytes``: a
+    collective's buffer, a transfer's or a copy's bytes), either alone, or '' with neither
     (``size_text``, ``flops_text``: memos of :func:`fmt_bytes` and :func:`fmt_flops`)."""
-    size = (size_text[size_bytes] if size_text is not None else fmt_bytes(size_bytes)) if size_bytes else ""
+    size = "data " + (size_text[size_bytes] if size_text is not None else fmt_bytes(size_bytes)) if size_bytes else ""
     work = (flops_text[flops] if flops_text is not None else fmt_flops(flops)) if flops else ""
     return " · ".join(x for x in (size, work) if x)
 
@@ -1041,12 +1043,14 @@ h1 { font-size: 24px; margin: 0 0 4px; }
 h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
 p.desc { margin: 0 0 6px; font-size: 15px; }
 p.meta, p.note { margin: 2px 0; color: #57606a; font-size: 13px; }
+.span-name { color: #8c959f; font-size: 12px; }
 .cards { display: flex; flex-wrap: wrap; gap: 12px; margin-top: 18px; }
 .card { border: 1px solid #d0d7de; border-radius: 8px; padding: 10px 16px; min-width: 130px; }
 .card .label { font-size: 12px; color: #57606a; text-transform: uppercase; letter-spacing: .04em; }
 .card .value { font-size: 24px; font-weight: 600; font-variant-numeric: tabular-nums; }
 .card .sub { font-size: 12px; color: #57606a; }
-.panels { display: flex; flex-wrap: wrap; gap: 32px; align-items: flex-start; }
+.panels { display: flex; flex-wrap: wrap; gap: 0 32px; align-items: flex-start; }
+.panels > div { flex: 1 1 auto; }  /* a panel alone on its row spans it, its heading's rule too */
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums;
         display: block; overflow-x: auto; max-width: 100%; }  /* a wide table scrolls, not the page */
 th, td { padding: 3px 10px; text-align: right; border-bottom: 1px solid #eaeef2; white-space: nowrap; }
@@ -1065,7 +1069,7 @@ details.gpus summary { cursor: pointer; color: #0969da; }
 .used { background: #4e79a7; } .over { background: #e15759; }
 .fits { color: #1a7f37; font-weight: 600; } .nofit { color: #cf222e; font-weight: 700; }
 .fits.tight { color: #9a6700; }
-.breakdown { display: flex; height: 22px; border-radius: 4px; overflow: hidden; margin: 4px 0; max-width: 1100px; }
+.breakdown { display: flex; height: 22px; border-radius: 4px; overflow: hidden; margin: 4px 0; }  /* the whole step: the section's width */
 .breakdown span { display: block; height: 100%; }
 .legend-key { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin: 0 4px 0 10px; }
 """
@@ -1505,9 +1509,13 @@ def causes_html(summary: dict[str, Any]) -> str:
             shared = ""
         else:
             # one line each: the cell wraps (td.wrap), so the table stays within the window
-            shared = "<br>".join(f'{e(x["collective"])} {fmt_time(x["overlap_s"])}'
+            shared = "<br>".join(f'{e(plain_collective(x["collective"]))} ({fmt_time(x["overlap_s"])} together)'
                                  for x in c.get("shared_with", [])) or "nothing at that time"
-        rows.append(f'<tr><td class="l wrap">{e(c["collective"])}</td><td>{fmt_time(c["exposed_s"])}</td>'
+        # in words, as the terminal says it, over the spans' name as the timeline and the trace show it
+        named = e(plain_collective(c["collective"]))
+        if named != e(c["collective"]):
+            named += f'<br><span class="span-name">{e(c["collective"])}</span>'
+        rows.append(f'<tr><td class="l wrap">{named}</td><td>{fmt_time(c["exposed_s"])}</td>'
                     f'<td>{fmt_time(c["comm_s"])}</td><td>{c["count_per_gpu"]:,.0f}</td>'
                     f'<td>{fmt_bytes(c["size_bytes"]) if c["size_bytes"] else ""}</td>'
                     f'<td class="l">{e(str(c.get("algorithm", "")))}</td>'
@@ -1516,9 +1524,11 @@ def causes_html(summary: dict[str, Any]) -> str:
             "<th>exposed<br>/ GPU</th><th>on the wire<br>/ GPU</th><th>times<br>/ GPU</th><th>size<br>(largest)</th>"
             "<th class=\"l\">algorithm</th><th class=\"l wrap\">bottleneck link</th>"
             "<th class=\"l wrap\">shared with (while its most exposed instance ran)</th>"
-            "</tr>" + "".join(rows) + "</table><p class=\"note\">A row stands for every span of one collective "
-            "whatever its bucket, layer or chunk number (shown as #). Bottleneck: the link whose share of the "
-            "collective's traffic takes longest at that link's bandwidth.</p></div>")
+            "</tr>" + "".join(rows) + "</table><p class=\"note\">A row stands for every span of one collective, "
+            "whatever its bucket, layer or chunk number; under it in grey, its spans' name as the timeline and the "
+            "trace file give it (# for the number). Bottleneck: the link whose share of the collective's "
+            "traffic takes longest at that link's bandwidth. Shared with: the other collectives on that link "
+            "meanwhile, and how long the two were in flight together.</p></div>")
 
 
 def critical_path_html(summary: dict[str, Any]) -> str:

@@ -223,11 +223,15 @@ def peak_text(s: dict[str, Any]) -> str:
 
 
 def _grads_option(p: dict[str, Any]) -> str:
-    """" · fp32 grads reduced in bf16": the gradients' dtype where they are reduced over data
-    (and context) parallel ranks, since it sets the bytes of every gradient collective; and
-    " after the backward" where they are not reduced beside it (``overlap_grad_reduce``)."""
-    if "grad_dtype" not in p or p.get("dp", 1) * p.get("cp", 1) == 1:
+    """" · fp32 grads reduced in bf16": the gradients' dtype (their memory), and where they are
+    reduced over data (and context) parallel ranks the dtype they are reduced in, since it sets
+    the bytes of every gradient collective; and " after the backward" where they are not
+    reduced beside it (``overlap_grad_reduce``). Named without a reduction too, so that two
+    plans compared side by side do not seem to differ in it."""
+    if "grad_dtype" not in p:
         return ""
+    if p.get("dp", 1) * p.get("cp", 1) == 1:
+        return f" · {p['grad_dtype']} grads"
     reduce = p["grad_reduce_dtype"]  # (TrainingCfg.reduced_grad_dtype: grad_dtype where none is set)
     after = " after the backward" if p.get("overlap_grad_reduce") is False else ""
     return (f" · {p['grad_dtype']} grads" + (f" reduced in {reduce}" if reduce != p["grad_dtype"] else "")
