@@ -1207,8 +1207,9 @@ def cards_html(summary: dict[str, Any]) -> str:
     pj = s.get("projection")
     if pj:
         cost = f' · ${pj["cost_usd"]:,.0f}' if pj.get("cost_usd") is not None else ""
+        pue = f' x PUE {pj["pue"]:g}' if pj.get("pue", 1.0) != 1.0 else ""  # (as the terminal's projection line)
         cards.append(_card(f'run of {pj["tokens"] / 1e12:g}T tokens', f'{pj["days"]:,.1f} days',
-                           f'{pj["gpu_hours"]:,.0f} GPU-hours{cost}'))
+                           f'{pj["gpu_hours"]:,.0f} GPU-hours{cost}<br>{pj["energy_MWh"]:,.0f} MWh at GPU TDP{pue}'))
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
@@ -1383,7 +1384,7 @@ def memory_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
         ys = [(base + a + b + r) / GiB for a, b, r in zip(tl["activations_bytes"], tl["comm_buffers_bytes"], rec)]
         xs = [1e3 * t for t in tl["t_s"]] + [1e3 * summary["step_time_s"]]
         data.append({
-            "hovertemplate": "%{y:.1f} GiB at %{x:,.0f} ms<extra>stage " + str(st["stage"]) + "</extra>",
+            "hovertemplate": "stage " + str(st["stage"]) + ": %{y:.1f} GiB<extra></extra>",
             "line": {"shape": "hv", "width": 2.5 if st["stage"] == tight else 1.2}, "mode": "lines",
             "name": f'stage {st["stage"]}' + (" (tightest)" if st["stage"] == tight else ""),
             "x": xs, "y": ys + ys[-1:], "type": "scatter"})
@@ -1392,6 +1393,8 @@ def memory_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
     data.append({"hoverinfo": "skip", "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}, "mode": "lines",
                  "name": f"capacity {cap:.0f} GiB", "x": [0, step_ms], "y": [cap, cap], "type": "scatter"})
     layout = _over_step_layout(320, step_ms, "memory per GPU (GiB)")
+    # every stage at the time pointed at, in one box: their lines crowd one band of the axis
+    layout["hovermode"] = "x unified"
     if len(stages) > len(layout["template"]["layout"]["colorway"]):
         # past the template's colours they would repeat (stage 10 drawn as stage 0): one each
         layout["colorway"] = plotly.colors.qualitative.Dark24 + plotly.colors.qualitative.Light24
