@@ -296,13 +296,27 @@ class ScenarioCfg(Strict):
 
 @dataclass
 class Scenario:
-    """A validated scenario with its topology resolved. Build with :func:`load_scenario`."""
+    """A validated scenario with its topology resolved. Build with :func:`load_scenario`, a
+    changed one with :func:`clustersim.overrides.load_variant` (or ``load_scenario`` of a dict).
+
+    Read-only once made: what is worked out from it is kept (its cluster, mesh, schedule,
+    the classes its what-ifs split), so a field set afterwards would simulate the plan it had
+    (a larger ``cfg.training.global_batch_size`` gave twice the tokens/s); setting one raises
+    AttributeError. (Its ``cfg`` sections are frozen pydantic models already.)"""
 
     cfg: ScenarioCfg
     topology: TopologyCfg
     source: str
     schedule_text: str | None = None  # contents of parallel.schedule_file (schedule: custom)
     schedule_path: str | None = None  # where it was read from, for error messages
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:  # (set by __init__ already)
+            raise AttributeError(
+                f"a Scenario is read-only once loaded (its {name} is set, and what is worked out from it is kept): "
+                f"make the changed plan with clustersim.load_variant(path, [(\"parallel.tp\", 4)]) or "
+                f"clustersim.load_scenario(a dict)")
+        object.__setattr__(self, name, value)
 
     @property
     def model(self) -> DenseModelCfg:
@@ -1352,8 +1366,9 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
                          sc.cluster.pair_tiers, sc.straggler_mates, sc.cluster.gpus_per_nic)
     if cfg.parallel.schedule_file is not None:
         path = _referenced_file(base, cfg.parallel.schedule_file, rel_to, source, "parallel.schedule_file", "schedule")
-        sc.schedule_path = str(path)
-        sc.schedule_text = read_schedule_file(path, source)
+        # (set here, once the checks above have run on the scenario: Scenario is read-only)
+        object.__setattr__(sc, "schedule_path", str(path))
+        object.__setattr__(sc, "schedule_text", read_schedule_file(path, source))
     if check_schedule:
         sc.check_schedule()
     return sc

@@ -146,15 +146,30 @@ def variant_source(path: str | Path, changes: list[tuple[str, Any]]) -> str:
     return f"{path} with {changes_text(changes)}"
 
 
+def given_changes(changes: Any, what: str = "load_variant's changes") -> list[tuple[str, Any]]:
+    """Changes given from Python as (key, value) pairs: as such, as a dict, or as ``run
+    --set``'s text (:func:`parse_changes`); TypeError naming ``what`` for anything else."""
+    if isinstance(changes, str):
+        return parse_changes(changes, source="<python>", field=what)
+    if isinstance(changes, dict):
+        return list(changes.items())
+    pairs = list(changes) if isinstance(changes, (list, tuple)) else None
+    if pairs is None or not all(isinstance(c, (list, tuple)) and len(c) == 2 and isinstance(c[0], str) for c in pairs):
+        raise TypeError(f"{what} are (key, value) pairs, e.g. [(\"parallel.tp\", 4)], a dict of them or "
+                        f"\"parallel.tp=4 ...\" text, not {short_repr(changes)}")
+    return [(k, v) for k, v in pairs]
+
+
 def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[str, Any] | None = None,
                  unnamed: list[tuple[str, Any]] = (), check_schedule: bool = True):
     """The scenario of the file ``path`` (its contents ``data`` where read already) with
-    ``changes`` made, then ``unnamed`` (changes the error messages do not list: ``compare``'s
+    ``changes`` made (:func:`given_changes`: pairs, a dict, or ``run --set``'s text), then ``unnamed`` (changes the error messages do not list: ``compare``'s
     name and description of a variant), validated as the file is (relative paths from the
     file's folder; ``check_schedule`` as :func:`clustersim.config.load_scenario`'s); a
     ConfigError names the variant (:func:`variant_source`)."""
     from .config import load_scenario
 
+    changes = given_changes(changes)
     source = variant_source(path, changes)
     data = read_yaml(Path(path), what="scenario") if data is None else data
     folder = Path(path).parent

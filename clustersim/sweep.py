@@ -244,15 +244,30 @@ def unfit_reason(floor: dict[str, Any]) -> str:
             f"{cap:.{digits}f} GiB")
 
 
+def _given_varies(varies: Any) -> list[tuple[str, list[Any]]]:
+    """run_sweep's ``varies`` from Python: (key, values) pairs or a dict of them, each key's
+    values a list or tuple; TypeError otherwise (a bare value or a dict read as its keys
+    failed deep inside before)."""
+    pairs = list(varies.items()) if isinstance(varies, dict) else list(varies) if isinstance(varies, (list, tuple)) \
+        else None
+    if pairs is None or not all(isinstance(x, (list, tuple)) and len(x) == 2 and isinstance(x[0], str)
+                                and isinstance(x[1], (list, tuple)) for x in pairs):
+        raise TypeError("run_sweep's varies are (key, values) pairs or a dict of them, each key's values a list, "
+                        f"e.g. [(\"parallel.tp\", [4, 8])], not {short_repr(varies)}")
+    return [(k, list(v)) for k, v in pairs]
+
+
 def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, progress=None,
               paired: bool = False, prune: bool = False) -> dict[str, Any]:
     """Simulate every plan of the sweep of ``path`` over ``varies`` (``paired``: the values
     taken together, see :func:`plans_of`; ``prune``: plans certain not to fit in memory are
     listed as such, not simulated); the sweep as sweep.json holds it: the file, the keys and
     values, whether they are paired, whether dp follows, whether it pruned, every plan's row
-    in plan order and the ranking (plan numbers, best first)."""
+    in plan order and the ranking (plan numbers, best first). ``varies`` may also be a dict
+    of them (key: its values)."""
     from .config import load_scenario
 
+    varies = _given_varies(varies)
     data = read_yaml(Path(path), what="scenario")
     base = load_scenario(path)  # the file itself must be a valid scenario
     check_keys(path, data, varies)
