@@ -28,8 +28,8 @@ _HOME = {"Result": ".api", "simulate": ".api", "Scenario": ".config", "load_scen
 def __getattr__(name: str):
     home = _HOME.get(name)
     if home is None:
-        # a submodule by its dotted name (clustersim.sweep.run_sweep, clustersim.output.report),
-        # as the docs write them, without importing it first
+        # a submodule by its dotted name (clustersim.sweep.run_sweep, clustersim.api.Elsewhere), as
+        # the docs write them, without importing it first
         try:
             return import_module(f".{name}", __name__)
         except ModuleNotFoundError as exc:

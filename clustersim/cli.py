@@ -747,7 +747,7 @@ class _Parser(argparse.ArgumentParser):
     """
 
     hint: str | None = None
-    words: list[str] = []
+    words: list[str] | tuple[str, ...] = ()  # (the top parser's: main sets them)
     commands: argparse._SubParsersAction | None = None  # (on the top parser)
 
     def __init__(self, *args, **kwargs):

@@ -16,8 +16,8 @@ The writer takes pieces from the front, the parent from the back once its summar
 one at a time (:class:`Share`), until they meet: whichever of the two is done first takes
 more of them. A piece's text does not depend on who compresses it, so the file's text is the
 same whatever the split (its bytes too where zlib compresses; ISA-L's deflate need not give
-the same bytes twice: perfetto._deflate). The parent's pieces reach the writer through a pickle file, and it puts
-the file together.
+the same bytes twice: perfetto._deflate). The parent's pieces reach the writer through a
+pickle file, and it puts the file together.
 
 The invariant checks that need no summary (streams, dependencies, collectives, phase order,
 sends: ``invariants.check_trace``, most of the checks' work) go to whichever of the two asks
