@@ -415,8 +415,8 @@ def simulate(scenario: Scenario | str | Path | dict, *, collapse: bool | None = 
     for name, flag, none_too in (("collapse", collapse, True), ("repeat", repeat, True), ("check", check, False),
                                  ("fork", fork, False), ("brief", brief, False)):
         if not (isinstance(flag, bool) or none_too and flag is None):  # ("False", a string, would read as true)
-            raise TypeError(f"simulate's {name} is True or False{' or None (as the scenario says)' if none_too else ''}, "
-                            f"not {flag!r}")
+            also = " or None (as the scenario says)" if none_too else ""
+            raise TypeError(f"simulate's {name} is True or False{also}, not {flag!r}")
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     repeat = sc.cfg.simulation.repeat if repeat is None else repeat
     every_rank = "collapse=False" if collapse is False else \

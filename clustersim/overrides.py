@@ -163,8 +163,9 @@ def given_changes(changes: Any, what: str = "load_variant's changes") -> list[tu
 def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[str, Any] | None = None,
                  unnamed: list[tuple[str, Any]] = (), check_schedule: bool = True):
     """The scenario of the file ``path`` (its contents ``data`` where read already) with
-    ``changes`` made (:func:`given_changes`: pairs, a dict, or ``run --set``'s text), then ``unnamed`` (changes the error messages do not list: ``compare``'s
-    name and description of a variant), validated as the file is (relative paths from the
+    ``changes`` made (:func:`given_changes`: pairs, a dict, or ``run --set``'s text), then
+    ``unnamed`` (changes the error messages do not list: ``compare``'s name and description
+    of a variant), validated as the file is (relative paths from the
     file's folder; ``check_schedule`` as :func:`clustersim.config.load_scenario`'s); a
     ConfigError names the variant (:func:`variant_source`)."""
     from .config import load_scenario

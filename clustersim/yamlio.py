@@ -377,13 +377,14 @@ def _colon_hint(text: str, mark, problem: str = "") -> str:
     if "mapping values are not allowed" not in problem or not 0 < mark.line < len(lines):
         return ""
     line = lines[mark.line]
-    above = next((k for k in range(mark.line - 1, -1, -1) if lines[k].strip() and not lines[k].lstrip().startswith("#")),
-                 None)
+    above = next((k for k in range(mark.line - 1, -1, -1)
+                  if lines[k].strip() and not lines[k].lstrip().startswith("#")), None)
     if above is None:
         return ""
     prev = lines[above].split(" #")[0].rstrip()
     if m := _BARE_PAIR.fullmatch(prev):
-        return f"; line {above + 1} {short_repr(prev.strip())} has no colon: a key and its value are written {m[1]}: {m[2]}"
+        return (f"; line {above + 1} {short_repr(prev.strip())} has no colon: a key and its value are written "
+                f"{m[1]}: {m[2]}")
     indent = len(line) - len(line.lstrip())
     if _KEY_AND_VALUE.match(prev) and indent > len(prev) - len(prev.lstrip()):
         return (f"; line {mark.line + 1} {short_repr(line.strip())} is indented deeper than line {above + 1} "

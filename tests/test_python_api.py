@@ -12,11 +12,11 @@ import clustersim
 
 from .conftest import ROOT
 
-SMALL = str(ROOT / "scenarios" / "llama3_8b_8gpu.yaml")
+LLAMA3_8B = str(ROOT / "scenarios" / "llama3_8b_8gpu.yaml")
 
 
 def test_a_scenario_is_read_only_once_loaded():
-    sc = clustersim.load_scenario(SMALL)
+    sc = clustersim.load_scenario(LLAMA3_8B)
     _ = sc.mesh  # (worked out and kept: what a field set afterwards would not change)
     for name in ("cfg", "topology", "source", "schedule_text"):
         with pytest.raises(AttributeError, match=f"read-only once loaded \\(its {name} is set.*load_variant"):
@@ -24,13 +24,14 @@ def test_a_scenario_is_read_only_once_loaded():
 
 
 def test_a_changed_plan_is_load_variant_in_every_form_the_docs_give():
-    made = [clustersim.load_variant(SMALL, changes) for changes in
-            ([("parallel.tp", 8), ("parallel.dp", 1)], {"parallel.tp": 8, "parallel.dp": 1}, "parallel.tp=8 parallel.dp=1")]
+    made = [clustersim.load_variant(LLAMA3_8B, changes) for changes in
+            ([("parallel.tp", 8), ("parallel.dp", 1)], {"parallel.tp": 8, "parallel.dp": 1},
+             "parallel.tp=8 parallel.dp=1")]
     assert {(sc.parallel.tp, sc.parallel.dp, sc.mesh.world_size, sc.source) for sc in made} == {
-        (8, 1, 8, f"{SMALL} with parallel.tp=8 parallel.dp=1")}
+        (8, 1, 8, f"{LLAMA3_8B} with parallel.tp=8 parallel.dp=1")}
     for wrong in (5, "parallel.tp", [("parallel.tp",)], [(4, "parallel.tp")]):
         with pytest.raises((TypeError, clustersim.ConfigError), match="pairs|is not KEY=VALUE"):
-            clustersim.load_variant(SMALL, wrong)
+            clustersim.load_variant(LLAMA3_8B, wrong)
 
 
 def test_the_docs_dotted_names_resolve_after_import_clustersim():
@@ -47,7 +48,7 @@ def test_the_docs_dotted_names_resolve_after_import_clustersim():
                                          ("brief", 1)])
 def test_simulate_refuses_a_flag_that_is_not_a_bool(name, value):
     with pytest.raises(TypeError, match=f"simulate's {name} is True or False.*not {value!r}"):
-        clustersim.simulate(SMALL, **{name: value})
+        clustersim.simulate(LLAMA3_8B, **{name: value})
 
 
 @pytest.mark.parametrize("varies", [[("parallel.tp", 8)], {"parallel.tp": 8}, ["parallel.tp=4,8"]])
@@ -55,4 +56,4 @@ def test_run_sweep_refuses_varies_it_cannot_read(varies):
     from clustersim.sweep import run_sweep
 
     with pytest.raises(TypeError, match="run_sweep's varies are \\(key, values\\) pairs or a dict"):
-        run_sweep(SMALL, varies)
+        run_sweep(LLAMA3_8B, varies)

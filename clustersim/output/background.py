@@ -72,10 +72,11 @@ PIECES_FILE = ".pieces.pickle"  # the parent's pieces of the trace file, for the
 LINKS_FILE = ".links.pickle"  # the link use the child worked out, for the parent
 CLAIMS_FILE = ".claims"  # the counters of Share
 CHECKS_FILE = ".checks.pickle"  # the violations the writer found, when it took the checks
-# from this many GPUs on, the parent works the link use out itself rather than the writer (start's
-# ``link_use``, which clustersim run then leaves None): the forked writer runs it at about half its speed in a process of gigabytes
-# (copy-on-write: reading an object writes its reference count, so the pages it touches are
-# copied), and its links cross back as pickled columns. clustersim run, alternating, on
+# from this many GPUs on, the parent works the link use out itself rather than the writer
+# (start's ``link_use``, which clustersim run then leaves None): the forked writer runs it at
+# about half its speed in a process of gigabytes (copy-on-write: reading an object writes its
+# reference count, so the pages it touches are copied), and its links cross back as pickled
+# columns. clustersim run, alternating, on
 # 2026-12-07: 131,072 GPUs 24.8-26.4 s against 27.7-28.2 s, 65,536 12.3-12.7 s against
 # 13.2-14.0 s, 16,384 3.48-3.54 s against 3.29-3.60 s (even); smaller steps gain from the
 # writer's taking it (history entry 14), which is the same link use, the same files

@@ -411,7 +411,7 @@ def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
         lines = lines_figure(sweep) if "options" not in sweep else None  # (an advice searches too many keys)
         if lines is not None:
             key, fig = lines
-            several = len(sweep["vary"]) > 1 and not sweep.get("paired")  # (else one line through every plan)
+            several = sum(d["mode"] == "lines+markers" for d in fig["data"]) > 1  # (lines_figure's own count)
             body += [f"<h2>Tokens/s per GPU against {html.escape(key)}</h2>", plot_div(fig, LINES_DIV_ID, _CONFIG),
                      "<p class=\"note\">"
                      + (f"One line per setting of the other keys varied (at most {LINES_SHOWN}: those whose best "

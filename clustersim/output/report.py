@@ -1069,7 +1069,8 @@ details.gpus summary { cursor: pointer; color: #0969da; }
 .used { background: #4e79a7; } .over { background: #e15759; }
 .fits { color: #1a7f37; font-weight: 600; } .nofit { color: #cf222e; font-weight: 700; }
 .fits.tight { color: #9a6700; }
-.breakdown { display: flex; height: 22px; border-radius: 4px; overflow: hidden; margin: 4px 0; }  /* the whole step: the section's width */
+/* the whole step: the section's width */
+.breakdown { display: flex; height: 22px; border-radius: 4px; overflow: hidden; margin: 4px 0; }
 .breakdown span { display: block; height: 100%; }
 .legend-key { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin: 0 4px 0 10px; }
 """
