@@ -359,6 +359,8 @@ def _compare(args) -> int:
             result = simulate(sc, fork=True)
             walls.append(time.perf_counter() - t0)
             p["summary"] = result.summary
+            if p["changes"] is None:  # a file's plan is named by its label too, as a variant is (its report's title)
+                result.summary["scenario"] = f"{result.summary['scenario']} ({p['label']})"
             if staging is not None and not args.no_report:
                 # each plan's report, as run writes it, and its timeline for compare.html: one figure for both
                 fig = as_sent(timeline(result.trace, result.summary))

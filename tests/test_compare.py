@@ -127,8 +127,9 @@ def test_compare_a_pipeline_with_zero3(tmp_path, root):
     direct = clustersim.simulate(clustersim.load_scenario(root / ZERO3)).summary
     assert a["summary"]["step_time_s"] == direct["step_time_s"]
     assert a["summary"]["memory"]["peak_bytes"] == direct["memory"]["peak_bytes"]
-    # a variant's summary (and report) names it, not the file's own plan
+    # a variant's summary (and report) names it, not the file's own plan; the file's plan its label
     assert b["summary"]["scenario"] == f"{direct['scenario']} (B)" and b["summary"]["description"] == b["source"]
+    assert a["summary"]["scenario"] == f"{direct['scenario']} (A)"
     # the step splits into parts that add up to it, so their differences add up to the steps'
     for p in doc["plans"]:
         sp = p["step_split"]
@@ -168,7 +169,9 @@ def test_compare_a_pipeline_with_zero3(tmp_path, root):
 
     def but_files(page: str) -> str:  # (run's links summary.json beside it, compare's compare.html)
         return re.sub(r'<p class="meta">files: .*?</p>', "", page, count=1)
-    assert but_files((out / "report_A.html").read_text()) == but_files(report) != report
+    # (its title names its label, as a variant's does)
+    titled = but_files(report).replace(f"clustersim · {direct['scenario']}<", f"clustersim · {direct['scenario']} (A)<")
+    assert but_files((out / "report_A.html").read_text()) == titled != but_files(report)
     # compare.html draws each plan's timeline as its report does (the same bars), on one axis
     page = (out / "compare.html").read_text()
     bars = re.search(r'Plotly\.newPlot\("clustersim-timeline", (\[.*?\]), \{"template"', report).group(1)
