@@ -48,7 +48,7 @@ def test_run_writes_summary_report_and_trace(tmp_path, root):
                 "exposed_comm_s", "memory", "world_size", "plan"):
         assert key in s
     assert s["world_size"] == 16
-    assert f"{s['step_time_s']:.4g} s" in r.stdout
+    assert f"step time       {s['step_time_s']:#.4g} s" in r.stdout  # (four digits, trailing zeros kept)
     assert "MFU" in r.stdout and "bubble" in r.stdout and "fits" in r.stdout
     # the process ends by os._exit (cli.main, fast_exit): its buffered output is flushed first
     assert r.stdout.splitlines()[-1].startswith("wrote ") and r.stderr == ""

@@ -68,7 +68,7 @@ def test_report_escapes_user_strings(report):
 
 def test_report_shows_headline_numbers(result, report):
     s = result.summary
-    assert f'{s["step_time_s"]:.4g} s' in report  # as the terminal summary prints it
+    assert f'{s["step_time_s"]:#.4g} s' in report  # as the terminal summary prints it
     assert f'{100 * s["mfu"]:.1f} %' in report
     assert f'{100 * s["hfu"]:.1f} %' in report
     assert f'{100 * s["bubble_fraction"]:.1f} %' in report

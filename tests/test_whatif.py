@@ -422,3 +422,39 @@ def test_parts_of_a_step_print_without_rounding_residue():
 
     assert [secs(x, 8.0) for x in (0.178, 0.0, 3e-8, 12.345)] == ["0.178 s", "0 s", "3e-08 s", "12.3 s"]
     assert [secs(x, 5811.0) for x in (5.31e-15, 5710.4, 4.2e-6)] == ["0 s", "5,710 s", "0 s"]
+
+
+def test_the_step_time_prints_four_digits_with_its_zeros():
+    """The terminal's and the report card's step time: four significant digits, trailing zeros
+    kept (4.300057 s beside compare's 4.300 s read "4.3 s"), whole seconds from 1,000 s on."""
+    from clustersim.output.summary import step_text
+
+    assert [step_text(x) for x in (4.300057, 98.15, 8.9721, 0.0123, 20.0)] == \
+        ["4.300 s", "98.15 s", "8.972 s", "0.01230 s", "20.00 s"]
+    assert [step_text(x) for x in (999.94, 999.96, 5811.2)] == ["999.9 s", "1,000 s", "5,811 s"]
+
+
+def test_a_pipeline_with_fewer_microbatches_than_stages_says_it_never_fills():
+    """PP4 with 2 microbatches (1F1B's closed form idles (p - 1) / (m + p - 1) = 3/5 of the
+    forwards' and backwards' time): the terminal says so under its bubble line, with what gives
+    more, and the report's bubble card says so; 4 microbatches on 4 stages say nothing."""
+    import clustersim
+    from clustersim.output.report import cards_html
+    from clustersim.output.summary import format_summary
+
+    from .conftest import scenario_dict
+
+    def summary(batch: int, micro: int = 1) -> dict:
+        d = scenario_dict(parallel={"tp": 2, "pp": 4, "dp": 2}, training={"global_batch_size": batch,
+                                                                            "micro_batch_size": micro})
+        return clustersim.simulate(clustersim.load_scenario(d)).summary
+
+    said = "fewer microbatches (2) than stages (4): the pipeline never fills"
+    few = summary(4)
+    lines = format_summary(few).splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("bubble"))
+    assert lines[at + 1] == f"{'':<16}{said}; a larger training.global_batch_size gives more"
+    assert few["bubble_fraction"] > 0.5 and said in cards_html(few)
+    assert "or a smaller micro_batch_size gives more" in format_summary(summary(8, micro=2))
+    filled = summary(8)
+    assert filled["plan"]["microbatches"] == 4 and "never fills" not in format_summary(filled) + cards_html(filled)

@@ -63,7 +63,8 @@ from .shown import MAX_TIMELINE_RANKS, only_ranks, shown_ranks
 from .summary import (asymmetric_note, collective_fallbacks_note, fabric_faults_note, host_only_unfit,
                       leaf_split_note, link_ceilings_said, network_said, peak_text, plain_collective, plan_dims,
                       plan_options, replicas_note,
-                      schedule_part, straggler_note, topology_changes_note, what_if_note)
+                      schedule_part, step_text, straggler_note, topology_changes_note, unfilled_pipeline,
+                      what_if_note)
 from .zoom import DETAIL_IN_VIEW, detail_data, detail_script
 
 GiB = 1024**3
@@ -1178,7 +1179,7 @@ def cards_html(summary: dict[str, Any]) -> str:
     fits = (s.get("memory") or {}).get("fits", True)
     hosts = not fits and host_only_unfit(s["memory"])  # (every GPU fits, the hosts' memory does not)
     cards = [  # a plan that does not fit says so beside its step time too: it could not run
-        _card("step time", f'{s["step_time_s"]:.4g} s',
+        _card("step time", step_text(s["step_time_s"]),
               "" if fits else f"the plan does not fit in {'host ' if hosts else ''}memory", "" if fits else "nofit"),
         _card("tokens / s", f'{s["tokens_per_s"]:,.0f}',
               f'{s["tokens_per_s_per_gpu"]:,.1f} per GPU' if "tokens_per_s_per_gpu" in s and s.get("world_size", 2) > 1
@@ -1189,7 +1190,8 @@ def cards_html(summary: dict[str, Any]) -> str:
         _card("MFU", _pct(s["mfu"]), "model FLOPs / peak; an upper bound"),
         _card("HFU", _pct(s["hfu"]), "executed FLOPs / peak"),
         # without a pipeline, what idles a GPU is waiting for others (a straggler, a slow link)
-        _card("pipeline bubble", _pct(s["bubble_fraction"]), "of the step, GPU mean")
+        _card("pipeline bubble", _pct(s["bubble_fraction"]),
+              "of the step, GPU mean" + (f"<br>{unfilled_pipeline(s)}" if unfilled_pipeline(s) else ""))
         if s.get("plan", {}).get("pp", 2) > 1 else
         _card("bubble", _pct(s["bubble_fraction"]), "of the step idle, waiting on other GPUs (no pipeline)"),
     ]

@@ -272,6 +272,13 @@ def plan_line(s: dict[str, Any]) -> str:
             + f" · {m} microbatch{'es' if m != 1 else ''} x {p['micro_batch_size']} x {s['model']['seq_len']} tokens")
 
 
+def step_text(step_s: float) -> str:
+    """The step time as the terminal and the report's card give it: four significant digits,
+    trailing zeros kept ("4.300 s", not "4.3 s": a figure read beside compare's 4.300 s), and
+    whole seconds with separators from 1,000 s on ("5,811 s")."""
+    return f"{step_s:,.0f} s" if abs(step_s) >= 999.95 else f"{step_s:#.4g} s"
+
+
 def secs(x: float, step_s: float) -> str:
     """A part of the step as the terminal gives it: "0.178 s", "5,710 s" from 1,000 s on, and
     "0 s" below a nanosecond's share of the step (a difference of two times that rounding
@@ -296,14 +303,30 @@ def wall_said(wall_s: float) -> str:
     return f"{wall_s:.1f} s" if wall_s >= 0.095 else f"{wall_s:.2f} s"
 
 
-def _bubble_line(s: dict[str, Any]) -> str:
+def _bubble_line(s: dict[str, Any]) -> list[str]:
     b = s.get("bubble")
     line = f"{'bubble':<16}{100 * s['bubble_fraction']:.1f} % of the step"
-    if not b or b["bubble_s"] <= 0:
-        return line
-    t = s["step_time_s"]
-    return (line + f": warm-up {secs(b['warm_up_s'], t)} · cool-down {secs(b['cool_down_s'], t)} · "
-            f"dependency {secs(b['dependency_s']['total'], t)} · imbalance {secs(b['imbalance_s'], t)} per GPU")
+    unfilled = unfilled_pipeline(s)
+    if b and b["bubble_s"] > 0:
+        t = s["step_time_s"]
+        line += (f": warm-up {secs(b['warm_up_s'], t)} · cool-down {secs(b['cool_down_s'], t)} · "
+                 f"dependency {secs(b['dependency_s']['total'], t)} · imbalance {secs(b['imbalance_s'], t)} per GPU")
+    if not unfilled:
+        return [line]
+    smaller = " or a smaller micro_batch_size" if s["plan"].get("micro_batch_size", 1) > 1 else ""
+    return [line, f"{'':<16}{unfilled}; a larger training.global_batch_size{smaller} gives more"]
+
+
+def unfilled_pipeline(s: dict[str, Any]) -> str:
+    """Where a pipeline has fewer microbatches than stages, that it never fills (the terminal
+    under its bubble line, with what gives more; the report under its bubble card); else "".
+    1F1B and GPipe idle (p - 1) / (m + p - 1) of the forwards' and backwards' time (Narayanan
+    et al. 2021, Sec 2.2): at least half where m <= p - 1."""
+    plan = s.get("plan") or {}
+    p, m = plan.get("pp", 1), plan.get("microbatches")
+    if p <= 1 or m is None or m >= p:
+        return ""
+    return f"fewer microbatches ({m:,}) than stages ({p:,}): the pipeline never fills"
 
 
 def _path_line(s: dict[str, Any]) -> list[str]:
@@ -551,7 +574,7 @@ def format_summary(s: dict[str, Any]) -> str:
         *(f"{'':<16}{printable(c)}" for c in link_ceilings_said(hw)),
         f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
-        f"{'step time':<16}{s['step_time_s']:.4g} s" + ("" if mem["fits"] else
+        f"{'step time':<16}{step_text(s['step_time_s'])}" + ("" if mem["fits"] else
                                                         f"  (DOES NOT FIT in {'host ' if host_only_unfit(mem) else ''}"
                                                         "memory: the step it would take if it did)"),
         f"{'tokens/s':<16}{s['tokens_per_s']:,.0f}"
@@ -560,7 +583,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"({peak_text(s)})",
         f"{'MFU / HFU':<16}{100 * s['mfu']:.1f} % / {100 * s['hfu']:.1f} % (upper bounds: {published_longer()}, "
         f"docs/metrics.md)",
-        _bubble_line(s),
+        *_bubble_line(s),
         *_projection_line(s.get("projection")),
         f"{'exposed comm':<16}{secs(ex['total'], t)} per GPU: {exposed}" + _overlap_note(ex, kinds),
         f"{'hidden comm':<16}{hidden}",
