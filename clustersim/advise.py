@@ -20,7 +20,8 @@ plan is searched::
                under flash attention), full
     dp         the GPUs left: GPUs / (tp x pp x cp)
 
-with sequence parallelism wherever tp > 1, and where pp > 1 both 1F1B and the scenario's
+each degree with the scenario's own among its values (a file's CP 2 at 8K tokens is tried on
+every shape, as CP 1 is), with sequence parallelism wherever tp > 1, and where pp > 1 both 1F1B and the scenario's
 own schedule (1F1B alone where it is a custom file; interleaving with the scenario's vpp, or
 2, as far as the layers allow), and its other settings where the plan allows them (DeepEP's
 experts whole on each rank). ``--vary KEY=V1,V2`` replaces a dimension's values (``--vary
@@ -146,21 +147,29 @@ def _divisors(n: int, of: tuple[int, ...]) -> list[int]:
     return [x for x in of if n % x == 0]
 
 
+def _with_own(values: list[int], own: int) -> list[int]:
+    """A degree's ``values`` searched, with the scenario's ``own`` among them: a file's CP 2 at
+    8K tokens, or PP 64, is tried on the other shapes too, not only in its own plan."""
+    return values if own in values else sorted([*values, own])
+
+
 def search_space(sc, data: dict[str, Any]) -> dict[str, list[Any]]:
     """The values of each dimension searched for the scenario ``sc`` (module docstring; its
-    file's ``data``): selective recompute only where it recomputes something (under flash
-    attention Megatron's default, the attention core, keeps nothing to recompute)."""
+    file's ``data``): each degree's with the scenario's own; selective recompute only where it
+    recomputes something (under flash attention Megatron's default, the attention core, keeps
+    nothing to recompute)."""
     m, gpus_per_node = sc.model, sc.topology.node.gpus
     tr = data.get("training") or {}
     selective = sc.cfg.training.attention != "flash" or tr.get("recompute_modules") not in (None, ["core_attn"])
+    p = sc.parallel
     space: dict[str, list[Any]] = {
-        "parallel.tp": [t for t in _divisors(m.heads, (1, 2, 4, 8)) if t <= gpus_per_node],
-        "parallel.pp": [p for p in (1, 2, 4, 8, 16) if p <= min(m.layers, sc.mesh.world_size)],
-        "parallel.cp": [1, 2, 4, 8, 16] if m.seq_len >= LONG_SEQ else [1],
+        "parallel.tp": _with_own([t for t in _divisors(m.heads, (1, 2, 4, 8)) if t <= gpus_per_node], p.tp),
+        "parallel.pp": _with_own([x for x in (1, 2, 4, 8, 16) if x <= min(m.layers, sc.mesh.world_size)], p.pp),
+        "parallel.cp": _with_own([1, 2, 4, 8, 16] if m.seq_len >= LONG_SEQ else [1], p.cp),
         # (DeepEP, and an FP8 dispatch, send over an EP group: they need one of two ranks or more)
-        "parallel.ep": [e for e in _divisors(m.moe.experts, (1, 2, 4, 8, 16, 32, 64))
-                        if e > 1 or (m.moe.dispatcher != "deepep" and not m.moe.fp8_dispatch)]
-        if m.moe is not None else [1],
+        "parallel.ep": _with_own([e for e in _divisors(m.moe.experts, (1, 2, 4, 8, 16, 32, 64))
+                                  if e > 1 or (m.moe.dispatcher != "deepep" and not m.moe.fp8_dispatch)]
+                                 if m.moe is not None else [1], p.ep),
         "parallel.zero": [1, 2, 3],
         "training.recompute": [r for r in RECOMPUTES if r != "selective" or selective],
     }
@@ -275,7 +284,7 @@ def _settings(sc, par: dict, tr: dict, values: dict[str, Any], varied: set[str])
     out: list[tuple[str, Any]] = []
     if "parallel.schedule" not in varied and schedule != own:
         out.append(("parallel.schedule", schedule))
-    if "parallel.sp" not in varied:
+    if "parallel.sp" not in varied and (tp > 1) != (par.get("sp") is True):  # (what the file has already is no change)
         out.append(("parallel.sp", True if tp > 1 else None))
     if tp == 1:
         out.append(("parallel.tp_comm_overlap", None))
@@ -504,15 +513,20 @@ def _applied(path: str, data: dict[str, Any], plan: Plan) -> dict[str, Any] | No
     """The scenario ``plan`` makes of the file's ``data``, validated, every default filled in
     (None where its changes cannot be made or it breaks a rule): two plans that make the same
     one are one plan, simulated once (a file's ``sp: false`` and a plan's removal of it are
-    one setting)."""
+    one setting; so are no recompute and a selective one that recomputes nothing, under flash
+    attention)."""
     from .config import ScenarioCfg
     from .overrides import apply_changes
     from .yamlio import validate
 
     try:
-        return validate(ScenarioCfg, apply_changes(data, plan.changes, source=path), source=path).model_dump(mode="json")
+        cfg = validate(ScenarioCfg, apply_changes(data, plan.changes, source=path), source=path)
     except ConfigError:
         return None
+    if cfg.training.recomputes_nothing:
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"recompute": "none",
+                                                                                 "recompute_modules": None})})
+    return cfg.model_dump(mode="json")
 
 
 def format_advice(advice: dict[str, Any], top: int = 10) -> str:

@@ -198,6 +198,12 @@ class TrainingCfg(Strict):
         return frozenset(self.recompute_modules or ("core_attn",))
 
     @property
+    def recomputes_nothing(self) -> bool:
+        """Selective recompute of the attention core alone under flash attention, which keeps
+        no scores to recompute: the plan without recompute, run for run."""
+        return self.selective_modules == {"core_attn"} and self.attention == "flash"
+
+    @property
     def fp8(self) -> str:
         """The FP8 recipe the model's activation terms follow (``fp8_recipe``), "" outside FP8
         training (model/transformer.py ``fp8_saved_terms``)."""

@@ -545,3 +545,32 @@ def test_a_scenario_offloading_activations_drops_it_where_a_plan_cannot(root, tm
     for n, ch in kept.items():
         dropped = ch.get("training.activation_offload_layers", "kept") is None
         assert dropped == (ch.get("parallel.pp", 1) != 1 or ch.get("training.recompute", "none") != "none"), ch
+
+
+def test_the_files_own_degrees_are_searched_and_its_plan_listed_once(root, tmp_path):
+    """A file's CP 2 at 8K tokens (CP 1 alone is searched there) is tried on every shape beside
+    CP 1, not kept silently in every plan; its selective recompute, which recomputes nothing
+    under flash attention, makes the plan without recompute, listed once (as #1); its ``sp:
+    true`` is not shown as a change a plan makes."""
+    from clustersim.sweep import also_set
+
+    d = read_yaml(root / SMALL, what="scenario")
+    d["cluster"]["topology"] = str(root / "topologies/dgx-h100.yaml")
+    d["parallel"].update(cp=2, dp=1, sp=True, zero=1)
+    d["training"]["recompute"] = "selective"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    sc = clustersim.load_scenario(tmp_path / "s.yaml")
+    assert search_space(sc, d)["parallel.cp"] == [1, 2]
+    advice = run_advise(str(tmp_path / "s.yaml"), [("parallel.tp", [4]), ("parallel.pp", [1])])
+    assert advice["vary"]["parallel.cp"] == [1, 2]
+    rows = [r for r in advice["plans"] if r["status"] == "ok"]
+    cps = {dict(r["changes"])["parallel.cp"] for r in rows}
+    assert cps == {1, 2}
+    same = [r["plan"] for r in rows if {k: v for k, v in dict(r["changes"]).items() if k != DP} ==
+            {"parallel.tp": 4, "parallel.pp": 1, "parallel.cp": 2, "parallel.zero": 1, "training.recompute": "none"}]
+    assert same == [], same  # (the file's plan, #1, stands for it)
+    own = next(r for r in rows if r["plan"] == advice["own_plan"])
+    alike = [r["plan"] for r in rows if r["plan"] != own["plan"] and r["step_time_s"] == own["step_time_s"]
+             and r["peak_bytes"] == own["peak_bytes"]]
+    assert alike == []
+    assert not any("parallel.sp" in also_set(advice, r) for r in rows)
