@@ -324,6 +324,23 @@ def test_links_slower_than_the_nics_are_named(root, tmp_path):
     assert cable == pytest.approx(25e9 / 20 * sc.topology.fabric.efficiency)
     assert "a leaf's 1 NIC port spread over 20 spines" in format_summary(s)
     assert run({"fabric": {"nodes_per_leaf": 1, "spines": 1}})[1]["hardware"]["link_ceilings"] is None
+    # a leaf's one port at 2:1: no spine count keeps its cables at line rate, one spine included
+    sc, s = run({"fabric": {"nodes_per_leaf": 1, "spines": 1, "oversubscription": 2}})
+    (c,) = s["hardware"]["link_ceilings"]
+    assert c["spines_at_line_rate"] == 0 and c["bw_GBps"] == pytest.approx(c["nic_GBps"] / 2)
+    assert ("a leaf's 1 NIC port spread over 1 spine, each flow on one cable; no spine count keeps them at line "
+            "rate: the oversubscription is above the leaf's 1 port") in format_summary(s)
+    # the two nodes under one rail-optimised leaf group at 4:1: the cables are slow, but the
+    # step's traffic stays on its rails, and the sentence says so (where a summary has its links)
+    d = scenario_dict(training={"global_batch_size": 16})
+    d["cluster"]["fabric"] = {"oversubscription": 4}
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    assert s["hardware"]["link_ceilings"][0]["spines_at_line_rate"] == 5 and "fabric" not in s["links"]["by_kind"]
+    assert "fabric.spines=5 keeps them at line rate; this step sends nothing over them" in format_summary(s)
+    d["cluster"]["fabric"] = {"nodes_per_leaf": 1}  # (a leaf a node: the traffic between them crosses a spine)
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=root)).summary
+    assert s["links"]["by_kind"]["fabric"]["bytes"] > 0 and s["hardware"]["link_ceilings"]
+    assert "each flow on one cable; fabric.spines=1 keeps them at line rate\n" in format_summary(s)
     assert run({})[1]["hardware"]["link_ceilings"] is None
 
     # compare: said on the variant that has the link and the first plan does not

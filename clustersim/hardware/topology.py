@@ -457,8 +457,9 @@ def link_ceilings(cfg: TopologyCfg) -> list[dict] | None:
     A leaf-spine cable's rate splits a leaf's ports over every spine, so a leaf with fewer
     ports than spines gets cables slower than one port, and ECMP puts each flow on one of
     them: one NIC under a leaf of a 16-spine fabric moves a flow at 1/16 of its rate. Real
-    cables run at the port's rate; ``spines_at_line_rate`` (K / o, at least 1) is the most
-    spines that keep them there. A fat tree's cables are derived from its ports (at most a
+    cables run at the port's rate; ``spines_at_line_rate`` (K / o, rounded down) is the most
+    spines that keep them there, 0 where the oversubscription is above the ports (a leaf's
+    one NIC port at 2:1: no spine count does). A fat tree's cables are derived from its ports (at most a
     rounding below P where o does not divide them) and are not listed.
     Each entry gives its rate and the NIC's as transfers see them (line x efficiency), in GB/s."""
     n, fab = cfg.node, cfg.fabric
@@ -471,7 +472,7 @@ def link_ceilings(cfg: TopologyCfg) -> list[dict] | None:
         ports = plan.nodes_per_leaf * (n.nics or n.gpus) // plan.rails
         out.append({"link": "leaf_spine", "bw_GBps": plan.leaf_up_Bps * fab.efficiency / 1e9,
                     "nic_GBps": nic_Bps * n.nic.efficiency / 1e9, "nic_ports_per_leaf": ports,
-                    "spines": plan.spines, "spines_at_line_rate": max(1, math.floor(ports / fab.oversubscription))})
+                    "spines": plan.spines, "spines_at_line_rate": math.floor(ports / fab.oversubscription)})
     return out or None
 
 

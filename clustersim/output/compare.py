@@ -254,13 +254,14 @@ def format_compare(plans: list[dict[str, Any]]) -> str:
         lines.append(f"{p['label']:<4}{printable(p['source'])}")
         lines.append(f"{'':<4}{plan_line(p['summary'])}")
     first = summaries[0]["hardware"]
-    first_ceilings = link_ceilings_said(first)
+    first_ceilings = link_ceilings_said(first, summaries[0].get("links"))
     for p in plans[1:]:
         hw = p["summary"]["hardware"]  # (the NVLink kept, where this plan's GPUs are not the first's)
         lines.append(f"{p['label'] + ' vs ' + names[0]:<24}{differences_line(p['differences'])}"
                      + (nvlink_kept_note(hw) if hw["gpu"] != first["gpu"] else "")
                      # (a link that caps this plan's NICs and not the first's: what its change bought)
-                     + "".join(f" ({c})" for c in link_ceilings_said(hw) if c not in first_ceilings))
+                     + "".join(f" ({c})" for c in link_ceilings_said(hw, p["summary"].get("links"))
+                               if c not in first_ceilings))
     rows = _rows(summaries)
     w_val = [max([len(names[j])] + [len(r[1][j]) for r in rows]) for j in range(len(plans))]
     w_dif = [max([0] + [len(r[2][j]) for r in rows]) for j in range(len(plans))]

@@ -1135,7 +1135,7 @@ def header_html(summary: dict[str, Any]) -> str:
         out.append(f'<p class="meta">cluster: {summary.get("world_size", "?")} × {e(str(hw.get("gpu", "?")))} '
                    f'({_n(hw.get("nodes") or 0, "node")} × {hw.get("gpus_per_node", "?")}, '
                    f'{e(str(hw.get("topology", "")))}){e(topology_changes_note(hw) + what_if_note(hw))}'
-                   f'{e("".join(" · " + c for c in link_ceilings_said(hw)))}</p>')
+                   f'{e("".join(" · " + c for c in link_ceilings_said(hw, summary.get("links"))))}</p>')
         if network_said(hw):
             out.append(f'<p class="meta">network: {e(network_said(hw))}</p>')
     if plan:

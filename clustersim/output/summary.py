@@ -145,20 +145,28 @@ def nvlink_kept_note(hw: dict[str, Any]) -> str:
             f"cluster.node.nvlink.bw_GBps={kept['gpu_bw_GBps']:g} gives it)")
 
 
-def link_ceilings_said(hw: dict[str, Any]) -> list[str]:
+def link_ceilings_said(hw: dict[str, Any], links: dict[str, Any] | None = None) -> list[str]:
     """One sentence per link that caps transfers between nodes below the NIC's rate
     (``hardware.link_ceilings``): "PCIe at 64 GB/s caps the NICs' 90 GB/s between nodes;
-    node.pcie_GBps raises it"; [] where none does."""
+    node.pcie_GBps raises it"; [] where none does. Where the summary's link use ``links``
+    says no byte of the step crossed the fabric's switches, the leaf-spine cables' sentence
+    says so (a plan whose traffic stays on its rails, under one leaf group, is not slowed by
+    them: the step does not change)."""
     said = []
     for c in hw.get("link_ceilings") or ():
         if c["link"] == "pcie":
             said.append(f"PCIe at {c['bw_GBps']:.3g} GB/s caps the NICs' {c['nic_GBps']:.3g} GB/s between nodes; "
                         "node.pcie_GBps raises it")
         else:
-            ports = c["nic_ports_per_leaf"]
+            ports, spines, most = c["nic_ports_per_leaf"], c["spines"], c["spines_at_line_rate"]
+            fix = (f"fabric.spines={most} keeps them at line rate" if most >= 1 else
+                   f"no spine count keeps them at line rate: the oversubscription is above the leaf's {ports} "
+                   f"port{'s' if ports != 1 else ''}")
+            unused = links is not None and not (links.get("by_kind") or {}).get("fabric", {}).get("bytes")
             said.append(f"leaf-spine cables at {c['bw_GBps']:.3g} GB/s, below a NIC's {c['nic_GBps']:.3g}: a leaf's "
-                        f"{ports} NIC port{'s' if ports != 1 else ''} spread over {c['spines']} spines, each flow on "
-                        f"one cable; fabric.spines={c['spines_at_line_rate']} keeps them at line rate")
+                        f"{ports} NIC port{'s' if ports != 1 else ''} spread over {spines} spine"
+                        f"{'s' if spines != 1 else ''}, each flow on one cable; {fix}"
+                        + ("; this step sends nothing over them" if unused else ""))
     return said
 
 
@@ -571,7 +579,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{'cluster':<16}{s['world_size']} x {printable(hw['gpu'])} ({hw['nodes']} node{'s' if hw['nodes'] != 1 else ''} x {hw['gpus_per_node']}, {printable(hw['topology'])})"
         + printable(topology_changes_note(hw) + what_if_note(hw)),
         *([f"{'network':<16}{printable(network_said(hw))}"] if network_said(hw) else []),
-        *(f"{'':<16}{printable(c)}" for c in link_ceilings_said(hw)),
+        *(f"{'':<16}{printable(c)}" for c in link_ceilings_said(hw, s.get("links"))),
         f"{'plan':<16}{plan_line(s)}",
         # a plan that does not fit could not run: said where the eye goes first, not only below
         f"{'step time':<16}{step_text(s['step_time_s'])}" + ("" if mem["fits"] else
