@@ -475,3 +475,20 @@ def test_a_pipeline_with_fewer_microbatches_than_stages_says_it_never_fills():
     assert "or a smaller micro_batch_size gives more" in format_summary(summary(8, micro=2))
     filled = summary(8)
     assert filled["plan"]["microbatches"] == 4 and "never fills" not in format_summary(filled) + cards_html(filled)
+
+
+def test_without_a_pipeline_the_bubble_line_says_what_idles():
+    """No pipeline fills or drains: a GPU idles waiting on others (here a 1.5x slower one at
+    the gradients' all-reduce), which the terminal's bubble line says, as the report's card does."""
+    import clustersim
+    from clustersim.output.summary import format_summary
+
+    from .conftest import ROOT, scenario_dict
+
+    d = scenario_dict(parallel={"tp": 4, "pp": 1, "dp": 4}, cluster={"what_if": [{"gpu": 5, "slowdown": 1.5}]})
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT)).summary
+    line = next(x for x in format_summary(s).splitlines() if x.startswith("bubble"))
+    assert s["bubble"]["bubble_s"] > 0 and " % of the step (no pipeline: idle, waiting on other GPUs): warm-up" in line
+    d = scenario_dict(cluster={"what_if": [{"gpu": 5, "slowdown": 1.5}]})  # (PP2: its bubble is the pipeline's)
+    s = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT)).summary
+    assert "no pipeline" not in format_summary(s)

@@ -317,6 +317,8 @@ def _bubble_line(s: dict[str, Any]) -> list[str]:
     unfilled = unfilled_pipeline(s)
     if b and b["bubble_s"] > 0:
         t = s["step_time_s"]
+        if (s.get("plan") or {}).get("pp", 2) == 1:  # (as the report's card says: no pipeline fills or drains)
+            line += " (no pipeline: idle, waiting on other GPUs)"
         line += (f": warm-up {secs(b['warm_up_s'], t)} · cool-down {secs(b['cool_down_s'], t)} · "
                  f"dependency {secs(b['dependency_s']['total'], t)} · imbalance {secs(b['imbalance_s'], t)} per GPU")
     if not unfilled:
