@@ -279,15 +279,16 @@ def cmd_run(args) -> int:
             staging.clean()
 
 
-def _with_changes(path: str, given: list[str]):
-    """``run --set``: the scenario of ``path`` with the changes of every ``--set`` (in order),
-    described by them (unless they set the description), and the changes."""
+def _with_changes(path: str, given: list[str], check_schedule: bool = False):
+    """``run --set`` (and ``validate --set``): the scenario of ``path`` with the changes of
+    every ``--set`` (in order), described by them (unless they set the description), and the
+    changes; its schedule checked with ``check_schedule`` (``run`` checks it later)."""
     from .overrides import load_variant, parse_changes, variant_source
 
     changes = [c for text in given for c in parse_changes(text, source="command line", field=f"--set {text!r}")]
     keys = {k for k, _ in changes}
     described = [] if "description" in keys else [("description", variant_source(path, changes))]
-    return load_variant(path, changes, unnamed=described, check_schedule=False), changes
+    return load_variant(path, changes, unnamed=described, check_schedule=check_schedule), changes
 
 
 def cmd_compare(args) -> int:
@@ -656,7 +657,9 @@ def cmd_validate(args) -> int:
     """Check every file given, a scenario or a topology, each on a line of its own
     (``error: ...`` on stderr for a bad one, so that a glob's later files are still checked);
     exit 2 if any was bad. A scenario's line gives its memory floor (``api.memory_floor``)
-    and says where no run of it can fit: a valid plan still, which ``run`` simulates."""
+    and says where no run of it can fit: a valid plan still, which ``run`` simulates. With
+    ``--set``, each scenario is checked with the changes ``run --set`` would make (a
+    topology file is then refused: the changes are a scenario's)."""
     from .api import memory_floor
     from .config import is_topology_data, load_scenario
     from .hardware.gpus import lookup_gpu
@@ -670,6 +673,10 @@ def cmd_validate(args) -> int:
             _given_scenario(path)
             # (either kind of file: an empty one is not yet either)
             if is_topology_data(read_yaml(Path(path), what="scenario or topology")):
+                if args.set:
+                    raise ConfigError(f"changes a scenario, and {path} is a topology file (a scenario names it in "
+                                      "cluster.topology; --set cluster.node... or cluster.fabric... changes it there)",
+                                      source="command line", field="--set")
                 topo = load_topology_cfg(Path(path))
                 host = topo.node.host  # (whether optimizer offload can run on it)
                 print(f"{path}: ok (topology: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
@@ -677,7 +684,7 @@ def cmd_validate(args) -> int:
                       + (f"; host {host.memory_GB:,.0f} GB a node" if host else "; no host for optimizer offload")
                       + ")", flush=True)
                 continue
-            sc = load_scenario(path)
+            sc = _with_changes(path, args.set, check_schedule=True)[0] if args.set else load_scenario(path)
         except ConfigError as exc:
             print(f"error: {exc.line()}", file=sys.stderr, flush=True)
             bad += 1
@@ -691,7 +698,7 @@ def cmd_validate(args) -> int:
         hosted = "" if host is None else (f", {host['peak_bytes'] / GiB:,.1f} of {host['capacity_bytes'] / GiB:,.0f} GiB "
                                           "of host memory a node" + ("" if host["fits"] else ": cannot fit"))
         gpus = f": cannot fit (stage {floor['stage']})" if floor["peak_bytes"] > floor["capacity_bytes"] else ""
-        print(f"{path}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "
+        print(f"{sc.source}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''}; memory at least {need:.1f} of "
               f"{cap:.0f} GiB a GPU{gpus}{hosted})", flush=True)
     if bad and len(args.scenarios) > 1:
@@ -790,7 +797,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # the option of each command that takes KEY=VALUE as one word
-CHANGE_OPTIONS = {"run": "--set", "compare": "--variant", "sweep": "--vary", "advise": "--vary"}
+CHANGE_OPTIONS = {"run": "--set", "validate": "--set", "compare": "--variant", "sweep": "--vary", "advise": "--vary"}
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.\w+)+")
 
 
@@ -922,6 +929,9 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check scenario (or topology) files without simulating")
     val.add_argument("scenarios", nargs="+",
                      help="scenario or topology YAML files, each checked (exit code 2 if any is bad)")
+    val.add_argument("--set", action="append", metavar="CHANGES",
+                     help="check each scenario with these changes, as run --set makes them: KEY=VALUE with dotted "
+                          f"keys, e.g. --set \"parallel.ep=32\" (repeatable; {_VALUES_HELP})")
     val.set_defaults(func=cmd_validate)
 
     col = sub.add_parser("collective", help="time one collective on an idle cluster; print algbw and busbw "

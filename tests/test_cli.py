@@ -311,6 +311,24 @@ def test_validate_checks_every_file_after_a_bad_one(tmp_path, root):
     assert errors[2] == "error: 2 of 4 files are not valid"
 
 
+def test_validate_with_changes(tmp_path, root):
+    """``validate --set`` checks the scenario as ``run --set`` would make it: a good change is
+    named on its ok line (with the changed plan's floor), a bad one refused as run refuses it,
+    and a topology file with changes refused (they are a scenario's), exit 2."""
+    path = "scenarios/llama2_70b_64gpu.yaml"
+    r = run_cli("validate", path, "--set", "parallel.pp=8 parallel.dp=1", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"{path} with parallel.pp=8 parallel.dp=1: ok (64 GPUs, TP8 x PP8 x DP1, 128 microbatches")
+    plain = run_cli("validate", path, cwd=root).stdout
+    assert plain.split("memory at least")[1] != r.stdout.split("memory at least")[1]
+    bad = run_cli("validate", path, "--set", "parallel.pp=3", cwd=root)
+    ran = run_cli("run", path, "--set", "parallel.pp=3", "--out", tmp_path / "x", cwd=root)
+    assert bad.returncode == ran.returncode == 2 and bad.stderr == ran.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "x").exists()
+    topo = run_cli("validate", "topologies/dgx-h100.yaml", "--set", "parallel.pp=3", cwd=root)
+    assert topo.returncode == 2 and "is a topology file" in topo.stderr and topo.stdout == ""
+
+
 def test_validate_and_schema(root):
     r = run_cli("validate", *shipped_scenarios(root))
     assert r.returncode == 0, r.stderr
