@@ -459,8 +459,8 @@ def link_ceilings(cfg: TopologyCfg) -> list[dict] | None:
     them: one NIC under a leaf of a 16-spine fabric moves a flow at 1/16 of its rate. Real
     cables run at the port's rate; ``spines_at_line_rate`` (K / o, rounded down) is the most
     spines that keep them there, 0 where the oversubscription is above the ports (a leaf's
-    one NIC port at 2:1: no spine count does). A fat tree's cables are derived from its ports (at most a
-    rounding below P where o does not divide them) and are not listed.
+    one NIC port at 2:1: no spine count does). A fat tree's cables are derived from its ports
+    (at most a rounding below P where o does not divide them) and are not listed.
     Each entry gives its rate and the NIC's as transfers see them (line x efficiency), in GB/s."""
     n, fab = cfg.node, cfg.fabric
     nic_Bps = n.nic.bw_Gbps * 1e9 / 8
