@@ -56,6 +56,13 @@ class Result:
             if violations:
                 raise InvariantError(violations)
 
+    def __repr__(self) -> str:
+        """One line, not the spans and the summary (a notebook cell ending in the result
+        printed megabytes): the scenario's name and the step's headline figures."""
+        s = self.summary
+        return (f"Result({s.get('scenario')!r}: step {s['step_time_s']:.4g} s, {s['tokens_per_s']:,.0f} tokens/s, "
+                f"MFU {100 * s['mfu']:.1f} %; {self.trace!r}; .summary, .trace, .figure())")
+
     def figure(self):
         """The report's plotly figure (Gantt timeline), for notebooks."""
         from .output.report import build_figure

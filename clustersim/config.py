@@ -317,9 +317,11 @@ class Scenario:
     schedule_path: str | None = None  # where it was read from, for error messages
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.__dict__:  # (set by __init__ already)
+        if name in self.__dict__ or name not in self.__dataclass_fields__:  # (set by __init__ already; no field)
+            what = (f"is read-only once loaded (its {name} is set, and what is worked out from it is kept)"
+                    if name in self.__dict__ else f"has no field {name}, and is read-only once loaded")
             raise AttributeError(
-                f"a Scenario is read-only once loaded (its {name} is set, and what is worked out from it is kept): "
+                f"a Scenario {what}: "
                 f"make the changed plan with clustersim.load_variant(path, [(\"parallel.tp\", 4)]) or "
                 f"clustersim.load_scenario(a dict)")
         object.__setattr__(self, name, value)

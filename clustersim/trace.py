@@ -600,6 +600,12 @@ class Trace:
     # the columns the engine read from the spans to sort them (SpanBase), for the readers after it
     base: SpanBase | None = field(default=None, repr=False, compare=False)
 
+    def __repr__(self) -> str:
+        """One line: its size and what it stands for, not its spans (millions of them)."""
+        gpus = sum(self.weight.values()) if self.weight else len(self.ranks)
+        return (f"Trace({self.n_spans:,} spans of {len(self.ranks):,} simulated rank{'s' if len(self.ranks) != 1 else ''}"
+                f" for {gpus:,} GPUs, ending at {self.end_s:.4g} s)")
+
     @property
     def end_s(self) -> float:
         b = self.current_base()

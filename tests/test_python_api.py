@@ -23,6 +23,27 @@ def test_a_scenario_is_read_only_once_loaded():
             setattr(sc, name, getattr(sc, name))
 
 
+def test_a_scenario_takes_no_new_attribute_and_its_sections_are_frozen():
+    """A mistyped field (``sc.paralel``) was taken silently as a new attribute; a section's
+    field raises pydantic's frozen-instance error, a ValueError, as the docs say."""
+    sc = clustersim.load_scenario(LLAMA3_8B)
+    with pytest.raises(AttributeError, match="has no field paralel, and is read-only once loaded.*load_variant"):
+        sc.paralel = {"tp": 8}
+    with pytest.raises(ValueError, match="frozen"):
+        sc.parallel.tp = 8
+    assert sc.parallel.tp == 4 and "paralel" not in vars(sc)
+
+
+def test_a_result_prints_as_one_line():
+    """A notebook cell ending in a result (or its trace) printed every span: megabytes."""
+    r = clustersim.simulate(LLAMA3_8B)
+    s = r.summary
+    assert repr(r) == (f"Result('llama3-8b-8gpu': step {s['step_time_s']:.4g} s, {s['tokens_per_s']:,.0f} tokens/s, "
+                       f"MFU {100 * s['mfu']:.1f} %; {r.trace!r}; .summary, .trace, .figure())")
+    assert repr(r.trace) == f"Trace({r.trace.n_spans:,} spans of 1 simulated rank for 8 GPUs, ending at {r.trace.end_s:.4g} s)"
+    assert r.trace.n_spans > 1000 and len(repr(r)) < 300
+
+
 def test_a_changed_plan_is_load_variant_in_every_form_the_docs_give():
     made = [clustersim.load_variant(LLAMA3_8B, changes) for changes in
             ([("parallel.tp", 8), ("parallel.dp", 1)], {"parallel.tp": 8, "parallel.dp": 1},
