@@ -1319,6 +1319,14 @@ def is_topology_data(data: dict) -> bool:
     return not {"cluster", "model"} & data.keys() and bool({"gpu", "node"} & data.keys())
 
 
+def _exists(path: str) -> bool:
+    """Whether ``path`` names a file or folder (False where it cannot name one: too long)."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | None = None,
                   check_schedule: bool = True, source: str | None = None) -> Scenario:
     """Read and validate a scenario from a YAML path or a dict (paths relative to ``base_dir``).
@@ -1339,6 +1347,9 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         data, source = src, source or "<dict>"
         base = Path(base_dir or ".")
     else:
+        if isinstance(src, str) and "\n" in src and not _exists(src):  # (a file's text, read and passed on)
+            raise TypeError("a scenario is a YAML file's path or a dict, not the file's text: give the path, or "
+                            "load_scenario(yaml.safe_load(text), base_dir=its folder)")
         path = Path(src)
         data, source = read_yaml(path, what="scenario"), str(src)
         base, rel_to = path.parent, "the scenario's folder"

@@ -34,6 +34,14 @@ def test_a_scenario_takes_no_new_attribute_and_its_sections_are_frozen():
     assert sc.parallel.tp == 4 and "paralel" not in vars(sc)
 
 
+def test_a_scenario_files_text_is_refused_as_such():
+    """The file's text given for its path named the whole text as a missing file."""
+    with open(LLAMA3_8B) as f:
+        text = f.read()
+    with pytest.raises(TypeError, match="not the file's text: give the path, or load_scenario\\(yaml.safe_load"):
+        clustersim.load_scenario(text)
+
+
 def test_a_result_prints_as_one_line():
     """A notebook cell ending in a result (or its trace) printed every span: megabytes."""
     r = clustersim.simulate(LLAMA3_8B)

@@ -110,7 +110,7 @@ CASES = (
     + [("interleaved", p, m, {"v": v}) for p, m, v in [(2, 2, 2), (2, 6, 3), (3, 3, 2), (4, 4, 2),
                                                        (4, 8, 2), (4, 12, 3), (8, 16, 4)]]
     + [("dualpipe", p, m, {}) for p, m in [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 20)]]
-    + [("zbv", p, m, {}) for p, m in [(1, 1), (2, 3), (2, 5), (4, 3), (4, 8), (5, 12), (8, 16)]]
+    + [("zbv", p, m, {}) for p, m in [(2, 1), (2, 3), (2, 5), (4, 3), (4, 8), (5, 12), (8, 16)]]
     + [("dualpipev", p, m, {}) for p, m in [(2, 4), (2, 5), (3, 6), (4, 8), (4, 11), (8, 16)]]
 )
 CASE_IDS = [f"{n}-p{p}-m{m}" + "".join(f"-{k}{v}" for k, v in o.items()) for n, p, m, o in CASES]
@@ -662,6 +662,16 @@ def test_interleaved_refuses_a_single_rank():
     with pytest.raises(ScheduleError, match="needs p >= 2 pipeline ranks"):
         build_schedule("interleaved", 1, 4, v=2)
     assert build_schedule("interleaved", 2, 4, v=2)
+
+
+def test_v_shapes_refuse_a_single_rank():
+    """ZB-V and DualPipeV place two parts a rank as a V over the ranks: over one rank it is one
+    stage, which a scenario's check refuses and so does the schedule itself (``clustersim
+    schedule --pp 1 --schedule zbv`` printed a grid)."""
+    for name in ("zbv", "dualpipev"):
+        with pytest.raises(ScheduleError, match="needs p >= 2 pipeline ranks for its V"):
+            build_schedule(name, 1, 4)
+        assert build_schedule(name, 2, 4)
 
 
 def test_split_weight_passes_hold_what_w_reads_from_b_to_w():

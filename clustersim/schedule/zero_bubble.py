@@ -73,9 +73,9 @@ def zb_v(p: int, m: int) -> PipelineSchedule:
     actions of microbatches past m are dropped (as PyTorch does), and once every count has
     passed m nothing more is kept, so the rest is not built.
     """
-    if p < 1 or m < 1:
-        raise ScheduleError(f"zbv: need p >= 1 ranks and m >= 1 microbatches; got p={p}, m={m}",
-                            about="p" if p < 1 else "m")
+    if p < 2 or m < 1:  # (a V over one rank is one stage: the scenario's check says the same)
+        raise ScheduleError(f"zbv: needs p >= 2 pipeline ranks for its V and m >= 1 microbatches; got p={p}, m={m}",
+                            about="p" if p < 2 else "m")
     n = max(2 * p - 1, m)
     rows = []
     for r in range(p):
