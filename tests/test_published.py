@@ -363,3 +363,22 @@ def test_the_mfu_line_quotes_how_much_longer_the_published_runs_took():
     line = next(x for x in format_summary(s).splitlines() if x.startswith("MFU / HFU"))
     assert line.endswith(f"(upper bounds: published runs took {100 * lo:.0f}-{100 * hi:.0f} % longer than "
                          "simulated, docs/metrics.md)")
+
+
+def test_the_readmes_ranges_are_the_simulations():
+    """README's "Test it" quotes each comparison's range (Narayanan et al.'s TFLOP/s 1-14 % above
+    published, Korthikanti et al.'s Table 5 steps published 4-13 % longer, NVIDIA's FP8 rows
+    1.23-1.42x): held to the rows above, so that a change that moves them changes the README."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+
+    def pct(ratios: list[float]) -> str:
+        return f"{100 * (min(ratios) - 1):.0f}-{100 * (max(ratios) - 1):.0f} %"
+
+    narayanan = [narayanan_row(i)[0] / row[-1] for i, row in enumerate(NARAYANAN_TABLE1)]
+    assert f"simulated {pct(narayanan)} above their TFLOP/s" in text
+    korthikanti = [pub / korthikanti_step(row, v) for row, full_s, seqsel_s in KORTHIKANTI_STEPS
+                   for v, pub in (("full", full_s), ("seqsel", seqsel_s))]
+    assert f"published {pct(korthikanti)} longer" in text
+    nvidia = [megatron_bridge_row(i)["tokens_per_s"] / megatron_bridge_row(i)["world_size"] / row[8]
+              for i, row in enumerate(MEGATRON_BRIDGE_H100_FP8)]
+    assert f"simulated {min(nvidia):.2f}-{max(nvidia):.2f}x their throughput" in text
