@@ -206,7 +206,9 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
             "exposed_comm_s": s["exposed_comm_s"], "bubble_s": split["bubble_s"], "peak_bytes": mem["peak_bytes"],
             "capacity_bytes": mem["capacity_bytes"], "fits": mem["fits"], "tight": mem["tight"],
             "host_fits": None if mem.get("host") is None else mem["host"]["fits"],
-            "estimate": bool(s["simulation"]["asymmetric_orbits"])}
+            "estimate": bool(s["simulation"]["asymmetric_orbits"]),
+            # (a sweep of NIC rates goes flat where PCIe caps them: each table says which plans)
+            "link_ceilings": s["hardware"]["link_ceilings"]}
 
 
 @contextmanager
@@ -606,6 +608,31 @@ def estimate_legend(shown: list[dict[str, Any]]) -> list[str]:
             f"  {ESTIMATE_SPREAD}; run --all-ranks checks one (up to {MAX_GPUS_ALL_RANKS:,} GPUs)"]
 
 
+def ceiling_lines(plans: list[dict[str, Any]]) -> list[str]:
+    """The links that cap the NICs of some simulated ``plans`` below their rate (each row's
+    ``link_ceilings``, the summary's ``hardware.link_ceilings``), each with the plans it caps:
+    a sweep of NIC rates goes flat where PCIe caps them, and the table alone does not say why.
+    [] where none is::
+
+        PCIe at 64 GB/s caps the NICs' 90/180 GB/s between nodes on #3, #4; node.pcie_GBps raises it"""
+    from .output.summary import link_ceilings_said
+
+    by: dict[tuple, list[tuple[int, dict]]] = {}
+    for r in plans:
+        for c in r.get("link_ceilings") or ():
+            by.setdefault((c["link"], c["bw_GBps"]), []).append((r["plan"], c))
+    out = []
+    for (link, bw), got in by.items():
+        named = ", ".join(f"#{n}" for n, _ in got[:6]) + (f" and {len(got) - 6:,} more" if len(got) > 6 else "")
+        if link == "pcie":
+            rates = "/".join(f"{x:.3g}" for x in sorted({c["nic_GBps"] for _, c in got}))
+            out.append(f"PCIe at {bw:.3g} GB/s caps the NICs' {rates} GB/s between nodes on {named}; "
+                       "node.pcie_GBps raises it")
+        else:
+            out.append(f"{link_ceilings_said({'link_ceilings': [got[0][1]]})[0]} (on {named})")
+    return out
+
+
 def upper_bound_line() -> str:
     """What the figures are against a real run, as ``run``'s MFU line says it: what the
     simulation leaves out (kernel launches, no framework overhead) makes
@@ -658,6 +685,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
             note = (note_head if r is None else (notes or {}).get(r["plan"], "")) if notes is not None else ""
             lines.append(("  ".join(c.rjust(w) for c, w in zip(t, widths)) + "  " + note).rstrip())
         lines += estimate_legend(shown) + [upper_bound_line()] + tight_lines(rows, sweep["ranking"], shown)
+        lines += ceiling_lines([rows[p] for p in sweep["ranking"]])
     if done > len(shown):
         lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:

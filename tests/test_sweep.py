@@ -597,3 +597,20 @@ def test_a_plan_that_fits_with_little_spare_reads_tight():
                      "dp_follows": False}).splitlines()
     head = csv[0].split(",")
     assert [x.split(",")[head.index("tight")] for x in csv[1:]] == ["True", "False"]
+
+
+def test_a_sweep_says_which_plans_a_slower_link_caps(root):
+    """A sweep of NIC rates goes flat where PCIe (64 GB/s on DGX H100) caps them: the rows of
+    800 and 1600 Gb/s are alike, and a line under the table names them, as run's cluster line
+    says it of each (summary.json's hardware.link_ceilings)."""
+    from clustersim.sweep import format_sweep, run_sweep
+
+    sweep = run_sweep(str(root / "scenarios/interleaved_1f1b.yaml"),
+                      [("cluster.node.nic.bw_Gbps", [400, 800, 1600])], jobs=1)
+    rows = {r["changes"]["cluster.node.nic.bw_Gbps"]: r for r in sweep["plans"]}
+    assert rows[400]["link_ceilings"] is None
+    assert rows[800]["step_time_s"] == rows[1600]["step_time_s"] < rows[400]["step_time_s"]
+    assert [c["nic_GBps"] for r in (rows[800], rows[1600]) for c in r["link_ceilings"]] == \
+        pytest.approx([90, 180])
+    assert (f"PCIe at 64 GB/s caps the NICs' 90/180 GB/s between nodes on #{rows[800]['plan']}, "
+            f"#{rows[1600]['plan']}; node.pcie_GBps raises it") in format_sweep(sweep).splitlines()
