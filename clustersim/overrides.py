@@ -185,7 +185,8 @@ def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[st
             here = Path(given).resolve()
             tail = (f"; from the working folder it is a folder ({here}): give the file in it" if here.is_dir()
                     else f", nor from the working folder ({here})")
-            raise ConfigError(f"{exc.message}{tail}", source=exc.source, field=exc.field) from None
+            raise ConfigError(f"{exc.message}{tail}", source=exc.source, field=exc.field,
+                              bad_value=exc.bad_value) from None
         raise
 
 

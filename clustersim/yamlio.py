@@ -64,12 +64,13 @@ def given_file(name: str, *, what: str, source: str, field: str, base: Path | No
                shown: str | None = None) -> Path:
     """The regular file ``name`` names (relative to ``base`` where given: a file a scenario
     names); a ConfigError naming ``field`` (an option, a scenario's key) if the name is empty
-    or names something else. ``shown``: how messages name it (default: its path)."""
+    or names something else, a value refused alone (``bad_value``: no other field makes it a
+    file). ``shown``: how messages name it (default: its path)."""
     if not name:  # (Path("") is the current folder)
-        raise ConfigError(f"the {what} file's path is empty", source=source, field=field)
+        raise ConfigError(f"the {what} file's path is empty", source=source, field=field, bad_value=True)
     if "\0" in name:  # (the operating system's calls refuse it with a ValueError)
         raise ConfigError(f"the {what} file's path {short_repr(name)} holds a NUL character", source=source,
-                          field=field)
+                          field=field, bad_value=True)
     path = Path(name) if base is None else base / name
     where = str(path) if shown is None else shown
     try:
@@ -78,11 +79,11 @@ def given_file(name: str, *, what: str, source: str, field: str, base: Path | No
         kind = not_a_file(path)
     except OSError as exc:  # e.g. a name too long for the file system
         raise ConfigError(f"cannot read {what} file {where}: {exc.strerror or exc}", source=source,
-                          field=field) from None
+                          field=field, bad_value=True) from None
     if kind == "not found":
-        raise ConfigError(f"{what} file not found: {where}", source=source, field=field)
+        raise ConfigError(f"{what} file not found: {where}", source=source, field=field, bad_value=True)
     hint = "; give the file in it" if kind == "a folder" else ""
-    raise ConfigError(f"{what} file {where} is {kind}{hint}", source=source, field=field)
+    raise ConfigError(f"{what} file {where} is {kind}{hint}", source=source, field=field, bad_value=True)
 
 
 def short_repr(value: Any) -> str:
@@ -95,7 +96,9 @@ def short_repr(value: Any) -> str:
 VALUE_ALONE = "value_alone"
 
 
-def _refused_alone(why: str) -> pydantic_core.PydanticCustomError:
+def refused_alone(why: str) -> pydantic_core.PydanticCustomError:
+    """What a validator raises for a value its field never takes, whatever the other fields
+    (``ConfigError.bad_value``: a sweep refuses it before any plan runs)."""
     return pydantic_core.PydanticCustomError(VALUE_ALONE, "{why}", {"why": why})
 
 
@@ -136,25 +139,25 @@ class Strict(pydantic.BaseModel):
         if any(isinstance(x, (bool, str, int, float)) for x in items):
             kinds = _kinds(cls, info.field_name)
             if bool not in kinds and kinds & {int, float} and any(isinstance(x, bool) for x in items):
-                raise _refused_alone("a number, not a boolean (yes, no, true and false are booleans in YAML)")
+                raise refused_alone("a number, not a boolean (yes, no, true and false are booleans in YAML)")
             # pydantic would read '8' as 8: a number quoted is a slip (a field of numbers only
             # takes numbers); a word ('four') is left to pydantic's own message
             if kinds & {int, float} and kinds <= {int, float, type(None)}:
                 quoted = next((x for x in items if isinstance(x, str) and _numeric(x)), None)
                 if quoted is not None and _LEADING_ZERO.fullmatch(quoted.strip()):
-                    raise _refused_alone(f"a number, not a string ({short_repr(quoted)}: a leading zero, which "
+                    raise refused_alone(f"a number, not a string ({short_repr(quoted)}: a leading zero, which "
                                          f"YAML 1.1 reads as text, quoted or not; write it without the zero)")
                 if quoted is not None:
-                    raise _refused_alone(f"a number, not a string ({short_repr(quoted)} is quoted)")
+                    raise refused_alone(f"a number, not a string ({short_repr(quoted)} is quoted)")
             # pydantic would read 'false', 'off' or '0' as False: a switch takes true or false
             if bool in kinds and kinds <= {bool, type(None)} and any(isinstance(x, str) for x in items):
                 quoted = next(x for x in items if isinstance(x, str))
-                raise _refused_alone(f"true or false, not a string ({short_repr(quoted)})")
+                raise refused_alone(f"true or false, not a string ({short_repr(quoted)})")
             # and pydantic would read 0 and 1 as False and True: ``bias: 0`` is a slip too
             if bool in kinds and kinds <= {bool, type(None)} and any(
                     isinstance(x, (int, float)) and not isinstance(x, bool) for x in items):
                 number = next(x for x in items if isinstance(x, (int, float)) and not isinstance(x, bool))
-                raise _refused_alone(f"true or false, not a number ({short_repr(number)})")
+                raise refused_alone(f"true or false, not a number ({short_repr(number)})")
         if v is None:
             # ``parallel:`` with nothing under it reads as null in YAML: a section left empty
             # takes its defaults, as one left out does (a field that may be null stays null)

@@ -184,6 +184,10 @@ def test_sweep_bad_input_writes_nothing(tmp_path, root):
         # under the cluster section, a topology field's (the node's GPUs once crashed dp's division)
         (("--vary", "cluster.node.gpus=8,x"), "with cluster.node.gpus=x: cluster.node.gpus: Input should be a valid integer"),
         (("--vary", "cluster.node.nic.bw_Gbps=400,fast"), "cluster.node.nic.bw_Gbps: Input should be a valid number"),
+        # a GPU the catalogue lacks, a file that is not there: whatever the other fields (they were rows)
+        (("--vary", "cluster.gpu=H100,X999"), "with cluster.gpu=X999: cluster.gpu: unknown GPU 'X999'"),
+        (("--vary", "cluster.topology=../topologies/dgx-h100.yaml,../topologies/nope.yaml"),
+         "cluster.topology: topology file not found: ../topologies/nope.yaml"),
         (("--vary", "parallel.pp=1", "--jobs", "0"), "--jobs: must be at least 1"),
         (("--vary", "parallel.pp=3,5"), "no plan of the sweep could be simulated"),
     ]:

@@ -49,7 +49,7 @@ import pydantic
 from ..errors import ConfigError
 from ..floats import sum_left
 from ..trace import first_and_inverse
-from ..yamlio import Strict, read_yaml, short_repr, validate
+from ..yamlio import Strict, read_yaml, refused_alone, short_repr, validate
 from .ecmp import Continuations
 from .gpus import GpuSpec, lookup_gpu
 
@@ -228,10 +228,10 @@ class TopologyCfg(Strict):
     def _known_gpu(cls, v: str) -> str:
         try:
             lookup_gpu(v)
-        except KeyError as exc:
+        except KeyError as exc:  # (a name the catalogue lacks, whatever the rest: refused alone)
             if len(v) > 40:  # the catalogue's message quotes the name whole
-                raise ValueError(f"unknown GPU {short_repr(v)} (see the GPU catalogue in docs/reference.md)") from None
-            raise ValueError(exc.args[0]) from None
+                raise refused_alone(f"unknown GPU {short_repr(v)} (see the GPU catalogue in docs/reference.md)") from None
+            raise refused_alone(exc.args[0]) from None
         return v
 
 
