@@ -86,3 +86,16 @@ def test_run_sweep_refuses_varies_it_cannot_read(varies):
 
     with pytest.raises(TypeError, match="run_sweep's varies are \\(key, values\\) pairs or a dict"):
         run_sweep(LLAMA3_8B, varies)
+
+
+def test_run_sweep_refuses_what_the_command_line_refuses():
+    """A value twice (two alike plans, ranked), no value (no plan, no error) or a key twice,
+    from Python as from ``sweep --vary``: ConfigError naming them."""
+    from clustersim.sweep import run_sweep
+
+    for varies, says in (([("parallel.tp", [2, 2])], "parallel.tp: 2 is given twice"),
+                         ({"parallel.tp": [2, 4.0, 4]}, "parallel.tp: 4 is given twice"),
+                         ([("parallel.tp", [])], "parallel.tp has no values"),
+                         ([("parallel.tp", [2]), ("parallel.tp", [4])], "parallel.tp is varied twice")):
+        with pytest.raises(clustersim.ConfigError, match=says):
+            run_sweep(LLAMA3_8B, varies)
