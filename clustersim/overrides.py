@@ -15,6 +15,7 @@ so a bad value is refused by the field it names.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shlex
 from pathlib import Path
@@ -170,6 +171,9 @@ def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[st
     ConfigError names the variant (:func:`variant_source`)."""
     from .config import load_scenario
 
+    if not isinstance(path, (str, os.PathLike)):  # (a caller's mistake: Path() said "expected str, ... not dict")
+        raise TypeError(f"load_variant takes a scenario file's path, not {type(path).__name__}; a dict's changes "
+                        "are made in the dict, then clustersim.load_scenario(the dict, base_dir=...)")
     changes = given_changes(changes)
     source = variant_source(path, changes)
     data = read_yaml(Path(path), what="scenario") if data is None else data
