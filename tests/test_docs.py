@@ -185,3 +185,26 @@ def test_every_command_and_option_is_in_the_command_line_table(reference_text):
             for option in action.option_strings:
                 if option not in ("-h", "--help") and (option.startswith("--") or len(action.option_strings) == 1):
                     assert f"`{option}`" in rows[name], f"{name} {option}"
+
+
+def test_the_python_api_table_gives_the_codes_signatures(reference_text):
+    """docs/reference.md's "Python API" table: each function's signature as the code has it
+    (its parameters, their defaults, which are keyword-only), so that a new option shows."""
+    import inspect
+
+    import clustersim
+    from clustersim.advise import run_advise
+    from clustersim.output.perfetto import write_trace
+    from clustersim.output.report import write_report
+    from clustersim.sweep import run_sweep
+
+    section = reference_text[reference_text.index("\n## Python API"):]
+    for f in (clustersim.load_scenario, clustersim.load_variant, clustersim.simulate, run_sweep, run_advise,
+              write_report, write_trace):
+        parts, star = [], False
+        for p in inspect.signature(f).parameters.values():
+            if p.kind is p.KEYWORD_ONLY and not star:
+                parts.append("*")
+                star = True
+            parts.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
+        assert f"`{f.__name__}({', '.join(parts)})`" in section, f.__name__
