@@ -602,9 +602,9 @@ class Trace:
 
     def __repr__(self) -> str:
         """One line: its size and what it stands for, not its spans (millions of them)."""
-        gpus = sum(self.weight.values()) if self.weight else len(self.ranks)
-        return (f"Trace({self.n_spans:,} spans of {len(self.ranks):,} simulated rank{'s' if len(self.ranks) != 1 else ''}"
-                f" for {gpus:,} GPUs, ending at {self.end_s:.4g} s)")
+        n, gpus = len(self.ranks), sum(self.weight.values()) if self.weight else len(self.ranks)
+        return (f"Trace({self.n_spans:,} spans of {n:,} simulated rank{'s' if n != 1 else ''} for {gpus:,} GPUs, "
+                f"ending at {self.end_s:.4g} s)")
 
     @property
     def end_s(self) -> float:

@@ -318,7 +318,8 @@ def test_validate_with_changes(tmp_path, root):
     path = "scenarios/llama2_70b_64gpu.yaml"
     r = run_cli("validate", path, "--set", "parallel.pp=8 parallel.dp=1", cwd=root)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"{path} with parallel.pp=8 parallel.dp=1: ok (64 GPUs, TP8 x PP8 x DP1, 128 microbatches")
+    assert r.stdout.startswith(f"{path} with parallel.pp=8 parallel.dp=1: ok (64 GPUs, TP8 x PP8 x DP1, "
+                               "128 microbatches")
     plain = run_cli("validate", path, cwd=root).stdout
     assert plain.split("memory at least")[1] != r.stdout.split("memory at least")[1]
     bad = run_cli("validate", path, "--set", "parallel.pp=3", cwd=root)

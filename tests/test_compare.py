@@ -170,7 +170,8 @@ def test_compare_a_pipeline_with_zero3(tmp_path, root):
     def but_files(page: str) -> str:  # (run's links summary.json beside it, compare's compare.html)
         return re.sub(r'<p class="meta">files: .*?</p>', "", page, count=1)
     # (its title names its label, as a variant's does)
-    titled = but_files(report).replace(f"clustersim · {direct['scenario']}<", f"clustersim · {direct['scenario']} (A)<")
+    name = direct["scenario"]
+    titled = but_files(report).replace(f"clustersim · {name}<", f"clustersim · {name} (A)<")
     assert but_files((out / "report_A.html").read_text()) == titled != but_files(report)
     # compare.html draws each plan's timeline as its report does (the same bars), on one axis
     page = (out / "compare.html").read_text()

@@ -48,7 +48,8 @@ def test_a_result_prints_as_one_line():
     s = r.summary
     assert repr(r) == (f"Result('llama3-8b-8gpu': step {s['step_time_s']:.4g} s, {s['tokens_per_s']:,.0f} tokens/s, "
                        f"MFU {100 * s['mfu']:.1f} %; {r.trace!r}; .summary, .trace, .figure())")
-    assert repr(r.trace) == f"Trace({r.trace.n_spans:,} spans of 1 simulated rank for 8 GPUs, ending at {r.trace.end_s:.4g} s)"
+    assert repr(r.trace) == (f"Trace({r.trace.n_spans:,} spans of 1 simulated rank for 8 GPUs, "
+                             f"ending at {r.trace.end_s:.4g} s)")
     assert r.trace.n_spans > 1000 and len(repr(r)) < 300
 
 

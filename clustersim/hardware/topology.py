@@ -230,7 +230,8 @@ class TopologyCfg(Strict):
             lookup_gpu(v)
         except KeyError as exc:  # (a name the catalogue lacks, whatever the rest: refused alone)
             if len(v) > 40:  # the catalogue's message quotes the name whole
-                raise refused_alone(f"unknown GPU {short_repr(v)} (see the GPU catalogue in docs/reference.md)") from None
+                raise refused_alone(f"unknown GPU {short_repr(v)} (see the GPU catalogue in docs/reference.md)") \
+                    from None
             raise refused_alone(exc.args[0]) from None
         return v
 
