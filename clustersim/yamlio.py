@@ -459,6 +459,26 @@ def _field_path(loc: tuple) -> str:
     return out
 
 
+# a rate's unit as its key's suffix says it, and how many bits each holds (a NIC in gigabits,
+# NVLink and PCIe in gigabytes per second, as the vendors' sheets give them)
+_RATE_UNITS = {"Gbps": ("gigabits", 1), "GBps": ("gigabytes", 8)}
+
+
+def _unit_note(key: str, near: str, value: Any) -> str:
+    """Where the unknown key and the near one differ only in a rate's unit (``bw_GBps`` for a
+    NIC's ``bw_Gbps``), the near one's unit and the value converted (moved over unchanged it
+    would be 8x off); else ""."""
+    for unit, (words, bits) in _RATE_UNITS.items():
+        given = next((u for u in _RATE_UNITS if u != unit), "")
+        if near.endswith(unit) and key == near[:-len(unit)] + given:
+            note = f" it is in {words} per second"
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                converted = value * 8 if bits == 1 else value / 8
+                note += f": {key}: {value:g} is {near}: {converted:g}"
+            return note + ";"
+    return ""
+
+
 def _near_key(model: type[pydantic.BaseModel], loc: tuple) -> str | None:
     """The field of the section at ``loc`` (its last part the unknown key) closest to that
     key in spelling (``paralel`` -> ``parallel``, ``micro_batch`` -> ``micro_batch_size``), if
@@ -528,8 +548,9 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
         kind = err["type"]
         if kind == "extra_forbidden":
             near = _near_key(model, loc)
-            msg = (f"unknown key (did you mean {near!r}? see docs/reference.md)" if near
-                   else "unknown key (check the spelling; see docs/reference.md)")
+            msg = (f"unknown key (did you mean {near!r}?{_unit_note(str(loc[-1]), near, err.get('input'))} see "
+                   "docs/reference.md)"
+                   if near else "unknown key (check the spelling; see docs/reference.md)")
             key = loc[-1] if loc else ""
             if isinstance(key, str) and ":" in key and not key.startswith(":"):
                 # ({gpu:3}: YAML reads a colon without a space after it as part of the key)

@@ -715,3 +715,19 @@ def test_routing_by_destination_is_non_blocking_for_a_shift_across_pods():
         got[routing] = (min(rates) / nic, len(cores))
     assert got["destination"] == (pytest.approx(1.0, rel=1e-12), 16)
     assert got["hash"][0] < 1.0
+
+
+@pytest.mark.parametrize("section, given, value, says", [
+    ("nic", "bw_GBps", 50, "did you mean 'bw_Gbps'? it is in gigabits per second: bw_GBps: 50 is bw_Gbps: 400;"),
+    ("nvlink", "bw_Gbps", 3600, "did you mean 'bw_GBps'? it is in gigabytes per second: bw_Gbps: 3600 is bw_GBps: 450;"),
+])
+def test_a_rate_under_the_other_units_key_is_named_converted(root, tmp_path, section, given, value, says):
+    """A NIC's rate is in Gb/s, NVLink's in GB/s: a rate typed under the other unit's key is
+    refused as unknown, and the message gives the value converted (renamed alone, it was 8x off)."""
+    d = yaml.safe_load((root / "topologies/dgx-h100.yaml").read_text())
+    d["node"][section].pop("bw_GBps" if given == "bw_Gbps" else "bw_Gbps", None)
+    d["node"][section][given] = value
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError) as err:
+        load_topology_cfg(tmp_path / "t.yaml")
+    assert err.value.field == f"node.{section}.{given}" and says in err.value.message
