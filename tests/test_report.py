@@ -432,6 +432,11 @@ def test_links_alike_share_a_row_and_a_line():
     assert 'title="leaf1.0-&gt;n32.nic0, leaf1.0-&gt;n33.nic0,' in table and "n42.nic0</td>" in table
     names = [t["name"] for t in links_figure(s)["data"]]
     assert names == ["leaf1.0->n32.nic0 and 9 alike (nic)", "leaf1.0->n42.nic0 (nic)"]
+    # two orbits' twins of one mean use, ranked by name, alternate: still one line each (three
+    # of five legend entries drew nothing, under another's line)
+    a = [{**link(i, 0.5), "utilisation_over_time": [0.5, 1.0] if i % 2 else [1.0, 0.5]} for i in range(5)]
+    names = [t["name"] for t in links_figure({"step_time_s": 1.0, "links": {"busiest": a}})["data"]]
+    assert names == ["leaf1.0->n32.nic0 and 2 alike (nic)", "leaf1.0->n33.nic0 and 1 alike (nic)"]
 
 
 def test_report_draws_the_critical_path_and_explains_exposed_comm(result, report):

@@ -46,7 +46,7 @@ import json
 import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import groupby, pairwise
+from itertools import pairwise
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -1357,8 +1357,13 @@ def links_html(summary: dict[str, Any]) -> str:
 
 
 def _alike(links: list[dict[str, Any]], key) -> list[list[dict[str, Any]]]:
-    """``links`` (the busiest, in their order) in runs of neighbours with the same ``key``."""
-    return [list(run) for _, run in groupby(links, key)]
+    """``links`` (the busiest, in their order) in groups of the same ``key``, each where its
+    first link stands: links of equal use rank by name, so two orbits' twins of one mean use
+    alternate (three lines drawn on top of each other under names of their own, before)."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for u in links:
+        groups.setdefault(key(u), []).append(u)
+    return list(groups.values())
 
 
 def _alike_name(alike: list[dict[str, Any]]) -> str:
