@@ -437,6 +437,12 @@ def test_links_alike_share_a_row_and_a_line():
     a = [{**link(i, 0.5), "utilisation_over_time": [0.5, 1.0] if i % 2 else [1.0, 0.5]} for i in range(5)]
     names = [t["name"] for t in links_figure({"step_time_s": 1.0, "links": {"busiest": a}})["data"]]
     assert names == ["leaf1.0->n32.nic0 and 2 alike (nic)", "leaf1.0->n33.nic0 and 1 alike (nic)"]
+    # each kind's highest peak, under the busiest by mean use (a NIC at 99 % for moments ranked
+    # below NVLink links busier on the mean, and no row showed it)
+    s["links"]["by_kind"] = {"nic": {"links": 128, "bytes": 2e12, "max_utilisation": 0.052,
+                                     "max_peak_utilisation": 0.991}}
+    assert ("<td>128</td><td>1,862.65 GiB</td><td>5.2 %</td><td>99.1 %</td>" in links_html(s)
+            and "each kind's highest peak" in links_html(s))
 
 
 def test_report_draws_the_critical_path_and_explains_exposed_comm(result, report):

@@ -1349,11 +1349,19 @@ def links_html(summary: dict[str, Any]) -> str:
                     f'<td>{fmt_bytes(u["bytes"])}</td><td>{u["bw_Bps"] / 1e9:.0f} GB/s</td>'
                     f'<td>{_pct(u["utilisation"])}</td><td>{_pct(u["peak_utilisation"])}</td>'
                     f'<td class="l">{meter}</td></tr>')
+    # each kind's highest peak: a NIC at 99 % for moments ranks below NVLink links busier on
+    # the mean, and the table above would not show it
+    kinds = "".join(f'<tr><td class="l">{html.escape(k)}</td><td>{v["links"]:,}</td><td>{fmt_bytes(v["bytes"])}</td>'
+                    f'<td>{_pct(v["max_utilisation"])}</td><td>{_pct(v["max_peak_utilisation"])}</td></tr>'
+                    for k, v in (links.get("by_kind") or {}).items())
+    by_kind = ('<table style="margin-top:10px"><tr><th class="l">every link of a kind</th><th>links</th><th>bytes</th><th>highest mean use</th>'
+               f'<th>highest peak use</th></tr>{kinds}</table>') if kinds else ""
     return ("<div><h2>Busiest links</h2><table><tr><th class=\"l\">link</th><th class=\"l\">kind</th>"
             "<th>bytes</th><th>usable bw</th><th>mean use</th><th>peak use</th><th></th></tr>"
-            + "".join(rows) + "</table><p class=\"note\">Mean use: bytes / (usable bandwidth × step). "
+            + "".join(rows) + "</table>" + by_kind + "<p class=\"note\">Mean use: bytes / (usable bandwidth × step). "
             "Peak: the busiest 1/100 of the step. Every GPU's links, collapsed as well (docs/reference.md, "
-            "links). Links alike in every figure shown share a row (hover it for their names).</p></div>")
+            "links). Links alike in every figure shown share a row (hover it for their names); the busiest are "
+            "those of highest mean use, and each kind's highest peak is in the table under them.</p></div>")
 
 
 def _alike(links: list[dict[str, Any]], key) -> list[list[dict[str, Any]]]:
