@@ -147,6 +147,25 @@ def bound_by(cluster, phases, size_bytes: float) -> str:
     return "latency" if latency_s >= busiest_s else busiest
 
 
+def fabric_why(cfg) -> str:
+    """Why a collective is bound by the switches above the NICs, as far as the topology ``cfg``
+    says: leaf-spine cables slower than a NIC (``link_ceilings``), the oversubscription, and
+    flows sharing uplinks, by hash or by destination (``fabric.routing``)."""
+    from .hardware.topology import link_ceilings
+    from .output.summary import link_ceilings_said
+
+    fab = cfg.fabric
+    slow = [c for c in link_ceilings(cfg) or () if c["link"] == "leaf_spine"]
+    causes = [link_ceilings_said({"link_ceilings": slow})[0]] if slow else []
+    over = [x for x in (fab.oversubscription, getattr(fab, "pod_oversubscription", None) or 1.0) if x > 1]
+    if over:
+        causes.append(f"oversubscription {' and '.join(f'{x:g}:1' for x in over)}")
+    causes.append("ECMP hashing flows onto the same cables (fabric.routing: destination spreads them)"
+                  if fab.routing == "hash" else "flows to destinations that share an uplink (fabric.routing: "
+                  "destination)")
+    return f"the switches above the NICs: {', or '.join(causes)}; docs/network.md"
+
+
 def _size_label(b: int) -> str:
     for unit in ("T", "G", "M", "K"):
         if b >= _UNITS[unit] and b % _UNITS[unit] == 0:
@@ -171,8 +190,7 @@ def format_table(cluster, op: str, gpus: int, rows: list[Row], asked: str = "aut
     if asked != "auto" and ran:
         lines.append(f"note: {asked} cannot run {op} over these {gpus} GPUs; {' and '.join(ran)} ran instead "
                      "(docs/reference.md, simulation.collectives)")
-    for kind, why in (("fabric", "the switches above the NICs: oversubscription, or ECMP hashing flows onto the same "
-                                 "cables (fabric.routing: destination spreads them; docs/network.md)"),
+    for kind, why in (("fabric", fabric_why(cluster.cfg)),
                       ("PCIe", "PCIe between the GPUs and their NICs, below the NICs' rate (node.pcie_GBps)")):
         bound = [_size_label(r.size_bytes) for r in rows if r.bound == kind]
         if bound:

@@ -319,3 +319,25 @@ def test_link_bytes_of_a_ring_all_reduce(root):
         # the flow runs at its rate after the latency: no faster than the link, no slower than the span allows
         assert per_gpu / span.dur_s < link.peak_Bps <= cl.edge_bw_Bps[cl.edge_index[("n0.gpu0", "n0.nvsw")]] * (1 + 1e-9)
         assert sum(link.series_Bps) * span.dur_s / len(link.series_Bps) == pytest.approx(per_gpu, rel=1e-9)
+
+
+def test_a_fabric_bound_note_names_the_topologys_own_causes(root, tmp_path):
+    """``collective``'s note on a fabric-bound size says what this topology has: leaf-spine
+    cables slower than a NIC (with the spine count that keeps them at line rate), its
+    oversubscription, and ECMP hashing only where routes hash (it told a fabric routed by
+    destination to route by destination, and blamed oversubscription at 1:1)."""
+    import yaml
+
+    from clustersim.hardware import load_topology_cfg
+    from clustersim.netbench import fabric_why
+
+    d = yaml.safe_load((root / "topologies/dgx-h100.yaml").read_text())
+    d["fabric"].update(nodes_per_leaf=4, spines=8)
+    (tmp_path / "slow.yaml").write_text(yaml.safe_dump(d))
+    said = fabric_why(load_topology_cfg(tmp_path / "slow.yaml"))
+    assert "a leaf's 4 NIC ports spread over 8 spines" in said and "fabric.spines=4 keeps them at line rate" in said
+    assert "oversubscription" not in said and "ECMP hashing" in said
+    d["fabric"].update(nodes_per_leaf=32, spines=16, oversubscription=2.0, routing="destination")
+    (tmp_path / "dest.yaml").write_text(yaml.safe_dump(d))
+    said = fabric_why(load_topology_cfg(tmp_path / "dest.yaml"))
+    assert "oversubscription 2:1" in said and "ECMP" not in said and "spreads them" not in said
