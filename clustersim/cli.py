@@ -653,6 +653,16 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+def _ceilings(topo) -> str:
+    """"; PCIe at 32 GB/s caps the NICs' 90 GB/s between nodes; ..." for the links of the
+    topology ``topo`` that cap its NICs (``link_ceilings``, as ``run`` says them), "" where none
+    does: a valid file still, whose transfers between nodes move slower than its NICs."""
+    from .hardware.topology import link_ceilings
+    from .output.summary import link_ceilings_said
+
+    return "".join(f"; {c}" for c in link_ceilings_said({"link_ceilings": link_ceilings(topo)}))
+
+
 def cmd_validate(args) -> int:
     """Check every file given, a scenario or a topology, each on a line of its own
     (``error: ...`` on stderr for a bad one, so that a glob's later files are still checked);
@@ -682,7 +692,7 @@ def cmd_validate(args) -> int:
                 print(f"{path}: ok (topology: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
                       f"{topo.node.gpus} {lookup_gpu(topo.gpu).name}"  # (the catalogue's name, not an alias)
                       + (f"; host {host.memory_GB:,.0f} GB a node" if host else "; no host for optimizer offload")
-                      + ")", flush=True)
+                      + _ceilings(topo) + ")", flush=True)
                 continue
             sc = _with_changes(path, args.set, check_schedule=True)[0] if args.set else load_scenario(path)
         except ConfigError as exc:
@@ -700,7 +710,7 @@ def cmd_validate(args) -> int:
         gpus = f": cannot fit (stage {floor['stage']})" if floor["peak_bytes"] > floor["capacity_bytes"] else ""
         print(f"{sc.source}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''}; memory at least {need:.1f} of "
-              f"{cap:.0f} GiB a GPU{gpus}{hosted})", flush=True)
+              f"{cap:.0f} GiB a GPU{gpus}{hosted}{_ceilings(sc.topology)})", flush=True)
     if bad and len(args.scenarios) > 1:
         print(f"error: {bad} of {len(args.scenarios)} files are not valid", file=sys.stderr)
     return EXIT_BAD_INPUT if bad else 0

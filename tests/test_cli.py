@@ -328,6 +328,11 @@ def test_validate_with_changes(tmp_path, root):
     assert not (tmp_path / "x").exists()
     topo = run_cli("validate", "topologies/dgx-h100.yaml", "--set", "parallel.pp=3", cwd=root)
     assert topo.returncode == 2 and "is a topology file" in topo.stderr and topo.stdout == ""
+    # a link that caps the NICs is said on the ok line, as run's cluster line says it
+    r = run_cli("validate", path, "--set", "cluster.node.nic.bw_Gbps=800", cwd=root)
+    assert r.stdout.rstrip().endswith("; PCIe at 64 GB/s caps the NICs' 90 GB/s between nodes; node.pcie_GBps "
+                                      "raises it)")
+    assert "caps" not in run_cli("validate", path, "topologies/dgx-h100.yaml", cwd=root).stdout
 
 
 def test_validate_and_schema(root):
