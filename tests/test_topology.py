@@ -731,3 +731,15 @@ def test_a_rate_under_the_other_units_key_is_named_converted(root, tmp_path, sec
     with pytest.raises(ConfigError) as err:
         load_topology_cfg(tmp_path / "t.yaml")
     assert err.value.field == f"node.{section}.{given}" and says in err.value.message
+
+
+def test_an_oversubscription_that_keeps_no_port_up_is_named(root, tmp_path):
+    """A fat tree's leaf of radix 64 at 64:1 keeps no uplink: the ratio is what is off (it
+    said "raise the radix", naming fabric.radix)."""
+    d = yaml.safe_load((root / "topologies/fat-tree.yaml").read_text())
+    d["fabric"].update(oversubscription=64)
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError) as err:
+        load_topology_cfg(tmp_path / "t.yaml")
+    assert err.value.field == "fabric.oversubscription" and "keeps no port up" in err.value.message
+    assert "at most 63:1" in err.value.message

@@ -400,6 +400,9 @@ def plan_fabric(cfg: TopologyCfg) -> FabricPlan | None:
     o1, o2 = fab.oversubscription, fab.pod_oversubscription
     u1 = math.floor(k / (1 + o1))
     d1 = math.floor(o1 * u1)
+    if u1 < 1:  # (no port left up: the ratio, not the radix, is what is off)
+        raise _fail(cfg, "fabric.oversubscription", f"a leaf of radix {k} at {o1:g}:1 keeps no port up "
+                                                    f"(radix / (1 + oversubscription) < 1); at most {k - 1:g}:1")
     if fab.nodes_per_leaf is None:
         per_leaf = d1 // q
         if per_leaf < 1:
@@ -423,6 +426,9 @@ def plan_fabric(cfg: TopologyCfg) -> FabricPlan | None:
 
     u2 = math.floor(k / (1 + o2))
     d2 = math.floor(o2 * u2)
+    if u2 < 1:
+        raise _fail(cfg, "fabric.pod_oversubscription", f"a spine of radix {k} at {o2:g}:1 keeps no port up "
+                                                        f"(radix / (1 + pod_oversubscription) < 1); at most {k - 1:g}:1")
     if fab.leaves_per_pod is None:
         per_pod = d2 // rails * rails
         if per_pod < 1:
