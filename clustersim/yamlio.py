@@ -464,6 +464,15 @@ def _field_path(loc: tuple) -> str:
 _RATE_UNITS = {"Gbps": ("gigabits", 1), "GBps": ("gigabytes", 8)}
 
 
+def _percent_note(kind: str, ctx: dict | None, got: Any) -> str:
+    """Where a share (at most 1: an efficiency, a fraction) was given as a whole percent (90
+    for 0.9), the share it reads as; else ""."""
+    if kind == "less_than_equal" and (ctx or {}).get("le") == 1 and isinstance(got, (int, float)) \
+            and not isinstance(got, bool) and 2 <= got <= 100 and float(got).is_integer():  # (1.2 reads as no %)
+        return f": a share, {got / 100:g} for {got:g} %"
+    return ""
+
+
 def _unit_note(key: str, near: str, value: Any) -> str:
     """Where the unknown key and the near one differ only in a rate's unit (``bw_GBps`` for a
     NIC's ``bw_Gbps``), the near one's unit and the value converted (moved over unchanged it
@@ -581,7 +590,7 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
                     msg += f"; YAML needs a space after a key's colon ({fixed})"
             if "input" in err and kind not in ("value_error", "assertion_error", VALUE_ALONE) and not isinstance(got, dict):
                 shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
-                msg += f" (got {shown}{_yaml_reading(kind, got)})"
+                msg += f" (got {shown}{_yaml_reading(kind, got)}{_percent_note(kind, err.get('ctx'), got)})"
         # (a validator's ValueError may weigh other fields; pydantic's own kinds judge the value alone)
         raise ConfigError(msg, source=source, field=field,
                           bad_value=kind not in ("value_error", "assertion_error", "missing", "extra_forbidden")) from None

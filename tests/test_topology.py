@@ -743,3 +743,15 @@ def test_an_oversubscription_that_keeps_no_port_up_is_named(root, tmp_path):
         load_topology_cfg(tmp_path / "t.yaml")
     assert err.value.field == "fabric.oversubscription" and "keeps no port up" in err.value.message
     assert "at most 63:1" in err.value.message
+
+
+def test_an_efficiency_given_as_a_percent_is_read_back_as_a_share(root, tmp_path):
+    """``efficiency: 90`` said only "less than or equal to 1"; a whole percent now reads as the
+    share it would be (1.2, no percent, is left as it is)."""
+    for given, says in ((90, "(got 90: a share, 0.9 for 90 %)"), (1.2, "(got 1.2)")):
+        d = yaml.safe_load((root / "topologies/dgx-h100.yaml").read_text())
+        d["node"]["nic"]["efficiency"] = given
+        (tmp_path / "t.yaml").write_text(yaml.safe_dump(d))
+        with pytest.raises(ConfigError) as err:
+            load_topology_cfg(tmp_path / "t.yaml")
+        assert err.value.field == "node.nic.efficiency" and err.value.message.endswith(says)
