@@ -1190,8 +1190,9 @@ def cards_html(summary: dict[str, Any]) -> str:
         _card("MFU", _pct(s["mfu"]), "model FLOPs / peak; an upper bound"),
         _card("HFU", _pct(s["hfu"]), "executed FLOPs / peak"),
         # without a pipeline, what idles a GPU is waiting for others (a straggler, a slow link)
-        _card("pipeline bubble", _pct(s["bubble_fraction"]), "<br>".join(x for x in ("of the step, GPU mean",
-                                                                                      unfilled_pipeline(s)) if x))
+        # (the note on a line of its own after its colon: the card keeps its width)
+        _card("pipeline bubble", _pct(s["bubble_fraction"]), "<br>".join(
+            x for x in ("of the step, GPU mean", unfilled_pipeline(s).replace(": ", ":<br>")) if x))
         if s.get("plan", {}).get("pp", 2) > 1 else
         _card("bubble", _pct(s["bubble_fraction"]), "of the step idle, waiting on other GPUs (no pipeline)"),
     ]
