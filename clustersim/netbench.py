@@ -157,7 +157,7 @@ def fabric_why(cfg) -> str:
     fab = cfg.fabric
     slow = [c for c in link_ceilings(cfg) or () if c["link"] == "leaf_spine"]
     causes = [link_ceilings_said({"link_ceilings": slow})[0]] if slow else []
-    over = [x for x in (fab.oversubscription, getattr(fab, "pod_oversubscription", None) or 1.0) if x > 1]
+    over = [x for x in (fab.oversubscription, fab.pod_oversubscription or 1.0) if x > 1]
     if over:
         causes.append(f"oversubscription {' and '.join(f'{x:g}:1' for x in over)}")
     causes.append("ECMP hashing flows onto the same cables (fabric.routing: destination spreads them)"

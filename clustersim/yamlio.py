@@ -459,9 +459,9 @@ def _field_path(loc: tuple) -> str:
     return out
 
 
-# a rate's unit as its key's suffix says it, and how many bits each holds (a NIC in gigabits,
-# NVLink and PCIe in gigabytes per second, as the vendors' sheets give them)
-_RATE_UNITS = {"Gbps": ("gigabits", 1), "GBps": ("gigabytes", 8)}
+# a rate's unit as its key's suffix says it (a NIC in gigabits, NVLink and PCIe in gigabytes
+# per second, as the vendors' sheets give them), and what a rate in the other unit is times
+_RATE_UNITS = {"Gbps": ("gigabits", 8.0), "GBps": ("gigabytes", 1 / 8)}
 
 
 def _percent_note(kind: str, ctx: dict | None, got: Any) -> str:
@@ -477,13 +477,12 @@ def _unit_note(key: str, near: str, value: Any) -> str:
     """Where the unknown key and the near one differ only in a rate's unit (``bw_GBps`` for a
     NIC's ``bw_Gbps``), the near one's unit and the value converted (moved over unchanged it
     would be 8x off); else ""."""
-    for unit, (words, bits) in _RATE_UNITS.items():
-        given = next((u for u in _RATE_UNITS if u != unit), "")
+    for unit, (words, times) in _RATE_UNITS.items():
+        given = next(u for u in _RATE_UNITS if u != unit)
         if near.endswith(unit) and key == near[:-len(unit)] + given:
             note = f" it is in {words} per second"
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                converted = value * 8 if bits == 1 else value / 8
-                note += f": {key}: {value:g} is {near}: {converted:g}"
+                note += f": {key}: {value:g} is {near}: {value * times:g}"
             return note + ";"
     return ""
 

@@ -1355,8 +1355,8 @@ def links_html(summary: dict[str, Any]) -> str:
     kinds = "".join(f'<tr><td class="l">{html.escape(k)}</td><td>{v["links"]:,}</td><td>{fmt_bytes(v["bytes"])}</td>'
                     f'<td>{_pct(v["max_utilisation"])}</td><td>{_pct(v["max_peak_utilisation"])}</td></tr>'
                     for k, v in (links.get("by_kind") or {}).items())
-    by_kind = ('<table style="margin-top:10px"><tr><th class="l">every link of a kind</th><th>links</th><th>bytes</th><th>highest mean use</th>'
-               f'<th>highest peak use</th></tr>{kinds}</table>') if kinds else ""
+    by_kind = ('<table style="margin-top:10px"><tr><th class="l">every link of a kind</th><th>links</th>'
+               f'<th>bytes</th><th>highest mean use</th><th>highest peak use</th></tr>{kinds}</table>') if kinds else ""
     return ("<div><h2>Busiest links</h2><table><tr><th class=\"l\">link</th><th class=\"l\">kind</th>"
             "<th>bytes</th><th>usable bw</th><th>mean use</th><th>peak use</th><th></th></tr>"
             + "".join(rows) + "</table>" + by_kind + "<p class=\"note\">Mean use: bytes / (usable bandwidth × step). "
