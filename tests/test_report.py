@@ -827,3 +827,12 @@ def test_a_tall_timeline_writes_its_times_under_its_rows_too(result, tmp_path, m
     assert top_ticks and [t for t, _ in bottom_ticks] == [t for t, _ in top_ticks]
     assert min(y for _, y in bottom_ticks) > max(y for _, y in top_ticks) + rep.ROW_HEIGHT_PX * n_rows / 2
     assert zoomed == [1, 2]
+
+
+def test_the_memory_charts_hover_box_names_the_time_with_its_unit(result):
+    """Every stage at the time pointed at, in one box whose head is that time in ms (plotly's
+    unified hover wrote a bare "718")."""
+    from clustersim.output.report import memory_figure
+
+    layout = memory_figure(result.summary)["layout"]
+    assert layout["hovermode"] == "x unified" and layout["xaxis"]["unifiedhovertitle"] == {"text": "%{x:,.0f} ms"}

@@ -1412,6 +1412,8 @@ def memory_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
     layout = _over_step_layout(320, step_ms, "memory per GPU (GiB)")
     # every stage at the time pointed at, in one box: their lines crowd one band of the axis
     layout["hovermode"] = "x unified"
+    # the box's head is the time, with its unit (bare "718" otherwise; plotly.js 3.1 on)
+    layout["xaxis"]["unifiedhovertitle"] = {"text": "%{x:,.0f} ms"}
     if len(stages) > len(layout["template"]["layout"]["colorway"]):
         # past the template's colours they would repeat (stage 10 drawn as stage 0): one each
         layout["colorway"] = plotly.colors.qualitative.Dark24 + plotly.colors.qualitative.Light24
