@@ -215,6 +215,8 @@ def test_compare_page_figures(compared):
     assert kinds["data"][0]["x"] == [k for k in KINDS if any(p["summary"]["exposed_comm_s"][k] > 0 for p in plans)]
     for t, p in zip(kinds["data"], plans):
         assert t["y"] == [p["summary"]["exposed_comm_s"][k] for k in t["x"]]
+        # (each bar labelled with its seconds: a plan's large bar makes another's a sliver)
+        assert t["texttemplate"] == "%{y:.3g} s" and t["textposition"] == "outside"
     mem = memory_figure(plans)
     b = mem["data"][1]
     assert b["x"] == ["stage 0", "stage 1", "stage 2", "stage 3"]

@@ -114,8 +114,11 @@ def kinds_figure(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
     kinds = [k for k in KINDS if any(sp[f"exposed_{k}_s"] > 0 for sp in splits)]
     if not kinds:
         return None
+    # each bar's seconds above it: one plan's large bar sets the axis, and another's 0.16 s is a
+    # sliver then, readable only by its label
     data = [{"type": "bar", "name": plan_name(p), "x": kinds, "y": [sp[f"exposed_{k}_s"] for k in kinds],
-             "marker": {"color": _plan_colour(i)},
+             "marker": {"color": _plan_colour(i)}, "texttemplate": "%{y:.3g} s", "textposition": "outside",
+             "cliponaxis": False, "textfont": {"size": 10},
              "hovertemplate": "%{x}: %{y:.4g} s exposed<extra>" + html.escape(p["label"]) + "</extra>"}
             for i, (p, sp) in enumerate(zip(plans, splits))]
     return {"data": data, "layout": small_layout(
