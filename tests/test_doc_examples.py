@@ -594,3 +594,29 @@ def test_the_recompute_module_figures_of_parallelism_md():
         f"({_peak_gib(fits):.1f} GiB) in {fits['step_time_s']:.2f} s",
         f"take {light['step_time_s']:.2f} s but need {_peak_gib(light):.1f} GiB",
     ])
+
+
+def test_the_routing_comparison_of_network_md():
+    """docs/network.md's advice to compare fabrics under both routings: Llama-2 70B over
+    leaves of two nodes without rails, 1:1 and 2:1, hashed and by destination (and, rail
+    optimised as shipped, neither moving its step)."""
+    import clustersim
+    from clustersim.overrides import load_variant
+
+    path = ROOT / "scenarios" / "llama2_70b_64gpu.yaml"
+    base = [("cluster.fabric.rail_optimized", False), ("cluster.fabric.nodes_per_leaf", 2)]
+
+    def step(*more: tuple) -> float:
+        return clustersim.simulate(load_variant(path, [*base, *more]), check=False, brief=True).summary["step_time_s"]
+
+    hashed = [step(("cluster.fabric.oversubscription", o)) for o in (1, 2)]
+    dest = [step(("cluster.fabric.routing", "destination"), ("cluster.fabric.oversubscription", o)) for o in (1, 2)]
+    shipped = [clustersim.simulate(load_variant(path, more), check=False, brief=True).summary["step_time_s"]
+               for more in ([], [("cluster.fabric.oversubscription", 2)], [("cluster.fabric.routing", "destination")])]
+    assert hashed[0] < hashed[1] and dest[0] < dest[1] and dest[0] < hashed[0]
+    assert len(set(shipped)) == 1
+    text = " ".join((ROOT / "docs" / "network.md").read_text().split())
+    said = (f"1:1 and 2:1 take {hashed[0]:.3f} and {hashed[1]:.3f} s hashed, {dest[0]:.3f} and {dest[1]:.3f} s by "
+            f"destination (rail-optimised, as shipped, its traffic stays on its rails and neither moves its "
+            f"{shipped[0]:.3f} s)")
+    assert said in text, said
