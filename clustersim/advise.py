@@ -260,8 +260,10 @@ def plan_of(sc, data: dict[str, Any], values: dict[str, Any], number: int, varie
         return None
     if pp == 1 and values.get("parallel.schedule", "1f1b") != "1f1b":
         return None  # one stage: the schedules are one plan (1F1B's)
-    changes: list[tuple[str, Any]] = list(values.items()) + [(DP, dp)]
-    return with_split(data, Plan(number, changes + _settings(sc, par, tr, values, varied)))
+    # a setting the plan needs takes the place of a value varied for it (overlap_param_gather
+    # removed from a ZeRO-3 shape): one change a key, as load_variant takes them
+    changes = dict([*values.items(), (DP, dp), *_settings(sc, par, tr, values, varied)])
+    return with_split(data, Plan(number, list(changes.items())))
 
 
 def _combines(ep: int, pp: int, schedule: str, recompute: str) -> bool:

@@ -59,6 +59,8 @@ def test_a_changed_plan_is_load_variant_in_every_form_the_docs_give():
              "parallel.tp=8 parallel.dp=1")]
     assert {(sc.parallel.tp, sc.parallel.dp, sc.mesh.world_size, sc.source) for sc in made} == {
         (8, 1, 8, f"{LLAMA3_8B} with parallel.tp=8 parallel.dp=1")}
+    with pytest.raises(clustersim.ConfigError, match="parallel.tp is changed twice"):  # (the last won, unsaid)
+        clustersim.load_variant(LLAMA3_8B, [("parallel.tp", 8), ("parallel.tp", 2)])
     with pytest.raises(TypeError, match="load_variant takes a scenario file's path, not dict"):
         clustersim.load_variant({"name": "x"}, {"parallel.tp": 8})
     for wrong in (5, "parallel.tp", [("parallel.tp",)], [(4, "parallel.tp")]):
