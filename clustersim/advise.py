@@ -24,9 +24,9 @@ each degree with the scenario's own among its values (a file's CP 2 at 8K tokens
 every shape, as CP 1 is), with sequence parallelism wherever tp > 1, and where pp > 1 both
 1F1B and the scenario's own schedule (1F1B alone where it is a custom file; interleaving with
 the scenario's vpp, or 2, as far as the layers allow), and its other settings where the plan
-allows them (DeepEP's experts whole on each rank). ``--vary KEY=V1,V2`` replaces a dimension's values (``--vary
-parallel.tp=8``) or adds one (``--vary parallel.schedule=1f1b,interleaved``). Plans the
-scenario's rules refuse are counted, not simulated; so are plans certain not to fit in memory
+allows them (DeepEP's experts whole on each rank). ``--vary KEY=V1,V2`` replaces a
+dimension's values (``--vary parallel.tp=8``) or adds one (``--vary
+parallel.schedule=1f1b,interleaved``). Plans the scenario's rules refuse are counted, not simulated; so are plans certain not to fit in memory
 (``api.memory_floor``: weights, gradients, optimizer states and the activations the schedule
 holds, a lower bound of the simulated peak), unless ``--simulate-unfit``. The scenario's own
 plan is plan 1, always simulated. Where no plan fits and the topology has a host to offload

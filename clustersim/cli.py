@@ -413,13 +413,13 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
     from .forking import ctrl_c_held, pool_forks
     from .output.plans_page import plans_html
     from .output.summary import to_json, wall_said
+    from .overrides import repeats
     from .sweep import sweep_csv
 
     src = "command line"
-    keys = [k for k, _ in varies]
-    for k in keys:
-        if keys.count(k) > 1:
-            raise ConfigError(f"{k} is varied twice; give its values in one --vary", source=src, field="--vary")
+    twice = repeats([k for k, _ in varies])
+    if twice:
+        raise ConfigError(f"{twice[0]} is varied twice; give its values in one --vary", source=src, field="--vary")
     for flag, value in (("--jobs", args.jobs), ("--top", args.top)):
         if value is not None and value < 1:
             raise ConfigError(f"must be at least 1 (got {value})", source=src, field=flag)

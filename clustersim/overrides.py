@@ -147,6 +147,12 @@ def variant_source(path: str | Path, changes: list[tuple[str, Any]]) -> str:
     return f"{path} with {changes_text(changes)}"
 
 
+def repeats(items: list[Any]) -> list[Any]:
+    """The items equal to one before them, in order (``[]`` where none is): a key changed or
+    varied twice, a value given twice."""
+    return [x for i, x in enumerate(items) if x in items[:i]]
+
+
 def given_changes(changes: Any, what: str = "load_variant's changes") -> list[tuple[str, Any]]:
     """Changes given from Python as (key, value) pairs: as such, as a dict, or as ``run
     --set``'s text (:func:`parse_changes`); TypeError naming ``what`` for anything else, and a
@@ -159,10 +165,9 @@ def given_changes(changes: Any, what: str = "load_variant's changes") -> list[tu
     if pairs is None or not all(isinstance(c, (list, tuple)) and len(c) == 2 and isinstance(c[0], str) for c in pairs):
         raise TypeError(f"{what} are (key, value) pairs, e.g. [(\"parallel.tp\", 4)], a dict of them or "
                         f"\"parallel.tp=4 ...\" text, not {short_repr(changes)}")
-    keys = [k for k, _ in pairs]
-    twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
-    if twice is not None:  # (as run --set refuses it: the last value would win unsaid)
-        raise ConfigError(f"{twice} is changed twice", source="<python>", field=what)
+    twice = repeats([k for k, _ in pairs])
+    if twice:  # (as run --set refuses it: the last value would win unsaid)
+        raise ConfigError(f"{twice[0]} is changed twice", source="<python>", field=what)
     return [(k, v) for k, v in pairs]
 
 

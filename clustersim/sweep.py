@@ -35,7 +35,7 @@ import yaml
 
 from .errors import ConfigError
 from .forking import WorkerSlots
-from .overrides import changes_text
+from .overrides import changes_text, repeats
 from .yamlio import read_yaml, short_repr
 
 # the degrees whose product with dp is the world size (ep is carved out of dp; config)
@@ -256,10 +256,10 @@ def _given_varies(varies: Any) -> list[tuple[str, list[Any]]]:
                                 and isinstance(x[1], (list, tuple)) for x in pairs):
         raise TypeError("run_sweep's varies are (key, values) pairs or a dict of them, each key's values a list, "
                         f"e.g. [(\"parallel.tp\", [4, 8])], not {short_repr(varies)}")
-    keys = [k for k, _ in pairs]
+    keys = repeats([k for k, _ in pairs])
     for key, values in pairs:  # (as the command line refuses them: a key twice, no value, a plan twice)
-        twice = [v for i, v in enumerate(values) if v in values[:i]]
-        said = (f"{key} is varied twice; give its values in one list" if keys.count(key) > 1 else
+        twice = repeats(values)
+        said = (f"{key} is varied twice; give its values in one list" if key in keys else
                 f"{key} has no values" if not values else
                 f"{key}: {short_repr(twice[0])} is given twice" if twice else "")
         if said:
