@@ -658,9 +658,9 @@ def _ceilings(topo) -> str:
     topology ``topo`` that cap its NICs (``link_ceilings``, as ``run`` says them), "" where none
     does: a valid file still, whose transfers between nodes move slower than its NICs."""
     from .hardware.topology import link_ceilings
-    from .output.summary import link_ceilings_said
+    from .output.summary import link_ceiling_said
 
-    return "".join(f"; {c}" for c in link_ceilings_said({"link_ceilings": link_ceilings(topo)}))
+    return "".join(f"; {link_ceiling_said(c)}" for c in link_ceilings(topo) or ())
 
 
 def cmd_validate(args) -> int:

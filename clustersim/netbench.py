@@ -152,11 +152,10 @@ def fabric_why(cfg) -> str:
     says: leaf-spine cables slower than a NIC (``link_ceilings``), the oversubscription, and
     flows sharing uplinks, by hash or by destination (``fabric.routing``)."""
     from .hardware.topology import link_ceilings
-    from .output.summary import link_ceilings_said
+    from .output.summary import link_ceiling_said
 
     fab = cfg.fabric
-    slow = [c for c in link_ceilings(cfg) or () if c["link"] == "leaf_spine"]
-    causes = [link_ceilings_said({"link_ceilings": slow})[0]] if slow else []
+    causes = [link_ceiling_said(c) for c in link_ceilings(cfg) or () if c["link"] == "leaf_spine"]
     over = [x for x in (fab.oversubscription, fab.pod_oversubscription or 1.0) if x > 1]
     if over:
         causes.append(f"oversubscription {' and '.join(f'{x:g}:1' for x in over)}")

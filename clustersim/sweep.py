@@ -623,7 +623,7 @@ def ceiling_lines(plans: list[dict[str, Any]]) -> list[str]:
     [] where none is::
 
         PCIe at 64 GB/s caps the NICs' 90/180 GB/s between nodes on #3, #4; node.pcie_GBps raises it"""
-    from .output.summary import link_ceilings_said
+    from .output.summary import link_ceiling_said
 
     by: dict[tuple, list[tuple[int, dict]]] = {}
     for r in plans:
@@ -637,7 +637,7 @@ def ceiling_lines(plans: list[dict[str, Any]]) -> list[str]:
             out.append(f"PCIe at {bw:.3g} GB/s caps the NICs' {rates} GB/s between nodes on {named}; "
                        "node.pcie_GBps raises it")
         else:
-            out.append(f"{link_ceilings_said({'link_ceilings': [got[0][1]]})[0]} (on {named})")
+            out.append(f"{link_ceiling_said(got[0][1])} (on {named})")
     return out
 
 

@@ -147,27 +147,28 @@ def nvlink_kept_note(hw: dict[str, Any]) -> str:
 
 def link_ceilings_said(hw: dict[str, Any], links: dict[str, Any] | None = None) -> list[str]:
     """One sentence per link that caps transfers between nodes below the NIC's rate
-    (``hardware.link_ceilings``): "PCIe at 64 GB/s caps the NICs' 90 GB/s between nodes;
-    node.pcie_GBps raises it"; [] where none does. Where the summary's link use ``links``
-    says no byte of the step crossed the fabric's switches, the leaf-spine cables' sentence
-    says so (a plan whose traffic stays on its rails, under one leaf group, is not slowed by
-    them: the step does not change)."""
-    said = []
-    for c in hw.get("link_ceilings") or ():
-        if c["link"] == "pcie":
-            said.append(f"PCIe at {c['bw_GBps']:.3g} GB/s caps the NICs' {c['nic_GBps']:.3g} GB/s between nodes; "
-                        "node.pcie_GBps raises it")
-        else:
-            ports, spines, most = c["nic_ports_per_leaf"], c["spines"], c["spines_at_line_rate"]
-            fix = (f"fabric.spines={most} keeps them at line rate" if most >= 1 else
-                   f"no spine count keeps them at line rate: the oversubscription is above the leaf's {ports} "
-                   f"port{'s' if ports != 1 else ''}")
-            unused = links is not None and not (links.get("by_kind") or {}).get("fabric", {}).get("bytes")
-            said.append(f"leaf-spine cables at {c['bw_GBps']:.3g} GB/s, below a NIC's {c['nic_GBps']:.3g}: a leaf's "
-                        f"{ports} NIC port{'s' if ports != 1 else ''} spread over {spines} spine"
-                        f"{'s' if spines != 1 else ''}, each flow on one cable; {fix}"
-                        + ("; this step sends nothing over them" if unused else ""))
-    return said
+    (``hardware.link_ceilings``, :func:`link_ceiling_said` each); [] where none does."""
+    return [link_ceiling_said(c, links) for c in hw.get("link_ceilings") or ()]
+
+
+def link_ceiling_said(c: dict[str, Any], links: dict[str, Any] | None = None) -> str:
+    """An entry of ``hardware.link_ceilings`` (topology.link_ceilings) in words: "PCIe at 64
+    GB/s caps the NICs' 90 GB/s between nodes; node.pcie_GBps raises it". Where the summary's
+    link use ``links`` says no byte of the step crossed the fabric's switches, the leaf-spine
+    cables' sentence says so (a plan whose traffic stays on its rails, under one leaf group,
+    is not slowed by them: the step does not change)."""
+    if c["link"] == "pcie":
+        return (f"PCIe at {c['bw_GBps']:.3g} GB/s caps the NICs' {c['nic_GBps']:.3g} GB/s between nodes; "
+                "node.pcie_GBps raises it")
+    ports, spines, most = c["nic_ports_per_leaf"], c["spines"], c["spines_at_line_rate"]
+    fix = (f"fabric.spines={most} keeps them at line rate" if most >= 1 else
+           f"no spine count keeps them at line rate: the oversubscription is above the leaf's {ports} "
+           f"port{'s' if ports != 1 else ''}")
+    unused = links is not None and not (links.get("by_kind") or {}).get("fabric", {}).get("bytes")
+    return (f"leaf-spine cables at {c['bw_GBps']:.3g} GB/s, below a NIC's {c['nic_GBps']:.3g}: a leaf's "
+            f"{ports} NIC port{'s' if ports != 1 else ''} spread over {spines} spine"
+            f"{'s' if spines != 1 else ''}, each flow on one cable; {fix}"
+            + ("; this step sends nothing over them" if unused else ""))
 
 
 def network_said(hw: dict[str, Any]) -> str:
