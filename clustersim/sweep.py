@@ -208,7 +208,9 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
             "host_fits": None if mem.get("host") is None else mem["host"]["fits"],
             "estimate": bool(s["simulation"]["asymmetric_orbits"]),
             # (a sweep of NIC rates goes flat where PCIe caps them: each table says which plans)
-            "link_ceilings": s["hardware"]["link_ceilings"]}
+            "link_ceilings": s["hardware"]["link_ceilings"],
+            # (a tie the table alone leaves unexplained: noop_lines)
+            "recomputes_nothing": sc.cfg.training.recomputes_nothing}
 
 
 @contextmanager
@@ -641,6 +643,22 @@ def ceiling_lines(plans: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def noop_lines(plans: list[dict[str, Any]]) -> list[str]:
+    """The ``plans`` whose own changes make a selective recompute that recomputes nothing
+    (flash attention keeps no scores for Megatron's default module, core_attn, to recompute):
+    each ties with the plan without recompute, and a reader of the table may take it for a
+    plan that saves memory. [] where none is::
+
+        recompute=selective recomputes nothing under flash attention (#2): the plan without recompute"""
+    keys = ("training.recompute", "training.recompute_modules", "training.attention")
+    got = [r["plan"] for r in plans if r.get("recomputes_nothing") and any(k in r["changes"] for k in keys)]
+    if not got:
+        return []
+    named = ", ".join(f"#{n}" for n in got[:6]) + (f" and {len(got) - 6:,} more" if len(got) > 6 else "")
+    return [f"recompute=selective recomputes nothing under flash attention ({named}): flash keeps no scores "
+            f"for core_attn to recompute, so {'it is' if len(got) == 1 else 'each is'} the plan without recompute"]
+
+
 def upper_bound_line() -> str:
     """What the figures are against a real run, as ``run``'s MFU line says it: what the
     simulation leaves out (kernel launches, no framework overhead) makes
@@ -693,7 +711,7 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
             note = (note_head if r is None else (notes or {}).get(r["plan"], "")) if notes is not None else ""
             lines.append(("  ".join(c.rjust(w) for c, w in zip(t, widths)) + "  " + note).rstrip())
         lines += estimate_legend(shown) + [upper_bound_line()] + tight_lines(rows, sweep["ranking"], shown)
-        lines += ceiling_lines([rows[p] for p in sweep["ranking"]])
+        lines += ceiling_lines([rows[p] for p in sweep["ranking"]]) + noop_lines([rows[p] for p in sweep["ranking"]])
     if done > len(shown):
         lines.append(f"... and {done - len(shown):,} more simulated (--top, or {files})")
     if not done:

@@ -603,6 +603,31 @@ def test_a_plan_that_fits_with_little_spare_reads_tight():
     assert [x.split(",")[head.index("tight")] for x in csv[1:]] == ["True", "False"]
 
 
+def test_a_sweep_says_which_plans_recompute_nothing(root, tmp_path):
+    """A selective recompute of core_attn under flash attention keeps nothing to recompute: its
+    row ties with no recompute's, and a line under the table says why, naming the plan (only
+    where the plan's own changes made it: a file's own setting is said by run's plan line)."""
+    from clustersim.sweep import format_sweep, run_sweep
+
+    sweep = run_sweep(str(root / "scenarios/llama3_8b_8gpu.yaml"),
+                      [("training.recompute", ["none", "selective"]), ("training.attention", ["flash", "standard"])],
+                      jobs=1)
+    rows = {tuple(r["changes"].values()): r for r in sweep["plans"]}
+    noop = rows[("selective", "flash")]
+    assert noop["recomputes_nothing"] and not rows[("selective", "standard")]["recomputes_nothing"]
+    assert noop["step_time_s"] == rows[("none", "flash")]["step_time_s"]
+    assert noop["peak_bytes"] == rows[("none", "flash")]["peak_bytes"]
+    assert rows[("selective", "standard")]["peak_bytes"] < rows[("none", "standard")]["peak_bytes"]
+    assert (f"recompute=selective recomputes nothing under flash attention (#{noop['plan']}): flash keeps no "
+            "scores for core_attn to recompute, so it is the plan without recompute") in format_sweep(sweep).splitlines()
+    own = tmp_path / "selective.yaml"
+    own.write_text((root / "scenarios/llama3_8b_8gpu.yaml").read_text()
+                   .replace("../topologies/", f"{root}/topologies/").replace("\ntraining:\n", "\ntraining:\n  recompute: selective\n"))
+    tp = run_sweep(str(own), [("parallel.tp", [4, 8])], jobs=1)
+    assert all(r["recomputes_nothing"] for r in tp["plans"])
+    assert "recomputes nothing" not in format_sweep(tp)
+
+
 def test_a_sweep_says_which_plans_a_slower_link_caps(root):
     """A sweep of NIC rates goes flat where PCIe (64 GB/s on DGX H100) caps them: the rows of
     800 and 1600 Gb/s are alike, and a line under the table names them, as run's cluster line
