@@ -66,6 +66,10 @@ class ParallelCfg(Strict):
     sp: bool = False
     tp_async_allreduce: bool = pydantic.Field(
         default=True, description="backward TP all-reduce beside the weight gradient (Megatron's async all-reduce)")
+    pp_scatter_gather: bool = pydantic.Field(
+        default=False, description="without sp: each TP rank sends 1/tp of a PP send's activation (gradient) and the "
+        "receiving stage all-gathers it over its TP group (Megatron-LM's scatter/gather of 2021, "
+        "--scatter-gather-tensors-in-pipeline; Narayanan et al. 2021, section 4.1)")
     tp_comm_overlap: bool = pydantic.Field(
         default=False, description="SP's all-gathers and reduce-scatters pipelined with the GEMMs beside them, "
         "chunk by chunk (Megatron-LM's --tp-comm-overlap, Transformer Engine's userbuffers); needs sp")

@@ -749,3 +749,35 @@ def test_tp_comm_overlap_needs_tp_inside_a_node(root, parallel, spans):
     d = scenario_dict(model={"heads": 16}, parallel={**parallel, "sp": True, "tp_comm_overlap": True})
     with pytest.raises(clustersim.ConfigError, match=f"parallel.tp_comm_overlap.*spans {spans} nodes"):
         clustersim.load_scenario(d, base_dir=root)
+
+
+# ---------------------------------------------------------------- PP scatter/gather
+def test_pp_scatter_gather_sends_a_tp_share_and_the_receiver_gathers_it(root):
+    """Megatron-LM's scatter/gather of PP sends (Narayanan et al. 2021, section 4.1): without
+    SP each TP rank sends 1/t of the [b, s, h] activation (gradient) to its peer in the next
+    (previous) stage, which all-gathers the whole over its TP group before the action that reads
+    it; without it each rank sends the whole. Over the nodes' NICs (PP across nodes here) the
+    step is shorter; under SP, whose sends are sharded already, it changes nothing."""
+    act_bytes = 2.0 * 1 * 512 * 1024  # 16-bit [b, s, h]
+    plain = run(root)
+    scattered = run(root, parallel={"pp_scatter_gather": True})
+    sends = [s for s in plain.trace.spans if s.kind == "pp" and s.name in ("send act", "send grad")]
+    assert sends and {s.size_bytes for s in sends} == {act_bytes}
+    spans = scattered.trace.spans
+    sent = {(s.phase, s.mb, s.rank): s for s in spans if s.kind == "pp" and s.name in ("send act", "send grad")}
+    assert len(sent) == len(sends) and {s.size_bytes for s in sent.values()} == {act_bytes / 4}
+    gathers = [s for s in spans if s.name in ("recv act AG", "recv grad AG")]
+    assert len(gathers) == len(sends)  # one a received input, each
+    assert {(s.kind, s.op, s.size_bytes, s.stream) for s in gathers} == {("pp", "all_gather", act_bytes, "tp")}
+    computes = [s for s in spans if s.kind == "compute"]
+    for g in gathers:
+        send = next(s for (phase, mb, _), s in sent.items() if phase == g.phase and mb == g.mb and s.stage != g.stage)
+        assert g.start_s >= send.end_s - 1e-12
+        first = min((c for c in computes if c.rank == g.rank and c.mb == g.mb and c.phase == g.phase),
+                    key=lambda c: c.start_s)
+        assert first.start_s >= g.end_s - 1e-12
+    assert scattered.summary["step_time_s"] < plain.summary["step_time_s"]
+    assert scattered.summary["exposed_comm_s"]["pp"] < plain.summary["exposed_comm_s"]["pp"]
+    sp = {"sp": True}
+    assert run(root, parallel={**sp, "pp_scatter_gather": True}).summary["step_time_s"] == \
+        run(root, parallel=sp).summary["step_time_s"]

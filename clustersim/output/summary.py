@@ -92,6 +92,8 @@ def plan_options(p: dict[str, Any]) -> str:
         zero += (f" · optimizer {100 * p['optimizer_offload']:g} % in host memory"
                  + (" (copies pipelined)" if p.get("overlap_offload_copies") else ""))
     sp = (" · SP" + (" (TP comm overlap)" if p.get("tp_comm_overlap") else "")) if p.get("sp") else ""
+    if p.get("pp_scatter_gather"):  # (only where it scatters: api's plan)
+        sp += " · PP sends scattered over TP"
     recompute = f" · recompute {p['recompute']}" if p.get("recompute", "none") != "none" else ""
     if n := p.get("activation_offload_layers"):
         recompute += f" · activations of {n} layer{'s' if n != 1 else ''} in host memory"
@@ -558,11 +560,11 @@ _CANNOT = {"tree": "groups inside one node, or uneven over nodes",
 # runs tests/test_published.py holds (Korthikanti et al.'s and Narayanan et al.'s on A100s,
 # NVIDIA's H100 FP8 ones, DeepSeek-V3's), which that test keeps to the simulation's: what makes
 # MFU an upper bound (no kernel launches, no framework overhead: docs/metrics.md)
-PUBLISHED_LONGER = (0.01, 0.42)
+PUBLISHED_LONGER = (0.02, 0.42)
 
 
 def published_longer() -> str:
-    """"published runs took 1-42 % longer than simulated" (:data:`PUBLISHED_LONGER`): what
+    """"published runs took 2-42 % longer than simulated" (:data:`PUBLISHED_LONGER`): what
     makes a simulated step a lower bound (``run``'s MFU line, sweep's and advise's tables)."""
     low, high = PUBLISHED_LONGER
     return f"published runs took {100 * low:.0f}-{100 * high:.0f} % longer than simulated"

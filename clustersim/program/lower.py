@@ -1411,7 +1411,7 @@ def _route(low: Lowering, r: int, a: Action) -> tuple:
     return got
 
 
-def _input_deps(low: Lowering, r: int, a: Action, route: tuple) -> list[int]:
+def _input_deps(prog: Program, low: Lowering, r: int, a: Action, route: tuple) -> list[int]:
     """What action ``a`` on rank ``r`` waits for (the schedule's dependencies, as tasks;
     ``route``: :func:`_route`)::
 
@@ -1428,8 +1428,35 @@ def _input_deps(low: Lowering, r: int, a: Action, route: tuple) -> list[int]:
         if peer < 0:  # same rank: no send, wait for the producer itself
             deps += low.done[(kind, r, src, mb)]
         else:
-            deps.append(low.sent[(kind, peer, src, mb)])
+            deps.append(_received(prog, low, r, kind, stage, src, mb, low.sent[(kind, peer, src, mb)]))
     return deps
+
+
+def _received(prog: Program, low: Lowering, r: int, kind: str, stage: int, src: int, mb: int, sent: int) -> int:
+    """The task an action of ``kind`` on rank ``r`` waits for to have its input from stage
+    ``src``: the send itself, or where the sends are scattered (``pp_gather_bytes``), the
+    all-gather over ``r``'s TP group that puts the pieces together, after the send (Megatron-LM
+    2021, p2p_communication: ``split_tensor_into_1d_equal_chunks`` on the sender,
+    ``gather_split_1d_tensor`` on the receiver; Narayanan et al. 2021, section 4.1). The
+    receiver gathers once its previous action is done too, where its blocking receive is
+    called (Megatron-LM's 1F1B: ``send_forward_recv_backward`` between the two actions), so
+    the gather never runs beside that action's own TP collectives::
+
+        stage k-1, TP rank i   [F] [send 1/t]
+        stage k,   TP rank i   [B   ]     [AG over TP, t x 1/t] [F]
+    """
+    size = low.work[low.part(stage)].pp_gather_bytes
+    if not size:
+        return sent
+    spec = low.block_plans.get(("gather", r, kind))
+    if spec is None:
+        # TP's group, channel and stream, so TP's collectives and these share their links as one
+        # channel that never overlaps itself (timed in closed form where TP's are); counted as pp
+        spec = _comm_spec(low, "tp", low.group_of(r, "tp"), size, "all_gather", None,
+                          "recv act AG" if kind == "F" else "recv grad AG", None)
+        spec = low.block_plans[("gather", r, kind)] = spec[:9] + ("pp",) + spec[10:]
+    return _add_comm(prog, r, spec, ("pp gather", kind, src, mb), (sent, *low.last_task.get(r, ())), mb, kind,
+                     low.pp_of(r))
 
 
 def _send_output(prog: Program, low: Lowering, r: int, a: Action, done: tuple[int, ...], route: tuple) -> None:
@@ -1466,7 +1493,7 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
     if len(unit) == 1:
         a = unit[0]
         route = _route(low, r, a)
-        done = (_single_action(prog, low, r, a, route[0], _input_deps(low, r, a, route) + wait),)
+        done = (_single_action(prog, low, r, a, route[0], _input_deps(prog, low, r, a, route) + wait),)
         low.done[(a.kind, r, a.stage, a.mb)] = done
         _send_output(prog, low, r, a, done, route)
         low.last_task[r] = done
@@ -1474,9 +1501,9 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
         return
     paths = [_route(low, r, a) for a in unit]
     f, b = unit[0], unit[1]
-    b_inputs = _input_deps(low, r, b, paths[1])
+    b_inputs = _input_deps(prog, low, r, b, paths[1])
     done = tuple(_run_chains(_blocks(prog, low, r, f, paths[0][0],
-                                     _input_deps(low, r, f, paths[0]) + b_inputs + wait, chunk=True),
+                                     _input_deps(prog, low, r, f, paths[0]) + b_inputs + wait, chunk=True),
                              _blocks(prog, low, r, b, paths[1][0], b_inputs, chunk=True)))
     if len(unit) == 3:  # the chunk's backward is a full backward: its W right after
         w = unit[2]
@@ -1575,22 +1602,30 @@ class _Again:
         done_of = low.done
         sync = low.sync
         fused = kind != "F" and low.fused(q, stage, mb)
+        gathers = src is not None and low.work[low.part(stage)].pp_gather_bytes > 0
         for r in ranks:
             route = low.routes.get((r, kind, stage, src, dst, fused))
             if route is not None:  # its inputs, as _input_deps (and _lower_unit's wait)
                 blocks, _, peer, _, spec = route
+                got = -1  # where deps holds a send from another rank
                 if kind == "W":
                     deps = done_of[("B", r, stage, mb)]
                 else:
                     deps = () if kind == "F" else done_of[("F", r, stage, mb)]
                     if src is not None:
-                        deps += done_of[(kind, r, src, mb)] if peer < 0 else (low.sent[(kind, peer, src, mb)],)
+                        if peer < 0:
+                            deps += done_of[(kind, r, src, mb)]
+                        else:
+                            got = len(deps)
+                            deps += (low.sent[(kind, peer, src, mb)],)
                 if r in sync:
                     deps = (*deps, *sync[r])
                 tmpl = low.templates.get((r, kind, stage, id(blocks), len(deps)))
             if route is None or not tmpl:  # a first time: worked out there
                 _lower_unit(prog, low, r, (a,))
                 continue
+            if got >= 0 and gathers:  # (made here, after the first time's check, so only once)
+                deps = (*deps[:got], _received(prog, low, r, kind, stage, src, mb, deps[got]), *deps[got + 1:])
             sync.pop(r, None)
             first = len(prog.items)
             last = prog.defer_run(r, tmpl, mb, deps)

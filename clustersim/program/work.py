@@ -104,6 +104,9 @@ class StageWork:
     local_params: float  # parameters of this part per TP rank (before ZeRO sharding)
     activation_bytes_per_mb: float
     pp_send_bytes: float
+    # the receiving stage's all-gather of a scattered send over its TP group, the whole
+    # activation (parallel.pp_scatter_gather; 0: none)
+    pp_gather_bytes: float = 0.0
     transient_bytes: float = 0.0  # held for a moment, at any time (CP's K/V while attention runs)
     recompute_bytes_per_mb: float = 0.0  # held while a backward B recomputes a layer (group) of this part
     wgrad_bytes_per_mb: float = 0.0  # held from B to W under a split backward (what the weight gradients read)
@@ -689,6 +692,9 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
     per_part = sc.layers_per_part
     first_layer = sum(per_part[:part])
     act = 2.0 * b * m.seq_len / cp * m.hidden  # a 16-bit [b, s/cp, h] activation
+    # Megatron-LM's scatter/gather of PP sends: a TP rank sends its 1/t and the receiver gathers
+    # the rest over NVLink, where each rank would send the whole (SP's sends are sharded already)
+    scatter = sc.parallel.pp_scatter_gather and t > 1 and not sp and n_parts > 1
     first, last = part == 0, part == n_parts - 1
     f_pre, f_post, b_pre, b_post = _tp_comms(t, sp, act)
     # SP keeps a column-parallel GEMM's input sequence-sharded: its weight gradient gathers it again
@@ -952,7 +958,8 @@ def stage_work(sc: Scenario, part: int, gpu: GpuSpec, cp_rank: int = 0, ep_rank:
         local_params=local_params,
         local_expert_params=local_expert_params,
         activation_bytes_per_mb=act_mb,
-        pp_send_bytes=act / t if sp else act,
+        pp_send_bytes=act / t if sp or scatter else act,
+        pp_gather_bytes=act if scatter else 0.0,
         transient_bytes=cp_transient_bytes(sc),
         recompute_bytes_per_mb=recomputing,
         wgrad_bytes_per_mb=wgrad_mb,
