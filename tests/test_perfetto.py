@@ -6,6 +6,7 @@ import copy
 import gzip
 import json
 import random
+import re
 import zlib
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def _names(doc: dict) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
 
 def _rank_of_pid(doc: dict) -> dict[int, int]:
     procs, _ = _names(doc)
-    return {pid: int(name.rsplit("rank ", 1)[1]) for pid, name in procs.items()}
+    return {pid: int(re.match(r"stage \d+ · rank (\d+)", name)[1]) for pid, name in procs.items()}
 
 
 def test_top_level_shape(doc, result):
@@ -65,7 +66,8 @@ def test_top_level_shape(doc, result):
 def test_every_rank_and_stream_is_named(doc, result):
     trace = result.trace
     procs, threads = _names(doc)
-    assert sorted(procs.values()) == sorted(f"stage {trace.stage_of[r]} · rank {r}" for r in trace.ranks)
+    assert sorted(procs) == sorted(r + 1 for r in trace.ranks)
+    assert all(procs[r + 1].startswith(f"stage {trace.stage_of[r]} · rank {r} · ") for r in trace.ranks)
     rank_of = _rank_of_pid(doc)
     named = {(rank_of[pid], stream) for (pid, _), stream in threads.items()}
     assert named == {(s.rank, s.stream) for s in trace.spans}
@@ -88,6 +90,57 @@ def test_each_process_says_which_gpus_it_stands_for(doc, result):
         assert text == f"stands for {len(gpus)} GPUs: GPUs {gpu_ranges(gpus)}"
     # TP4 x PP2 x DP2: each stage is 8 consecutive GPUs, one node
     assert sorted(labels.values()) == ["stands for 8 GPUs: GPUs 0-7", "stands for 8 GPUs: GPUs 8-15"]
+
+
+def test_each_process_name_says_what_its_rank_stands_for(doc, result):
+    """Perfetto's JSON importer reads a process's name and no label, and writes the pid after
+    the name: the name says which GPUs the rank stands for, and ends in ``pid`` so that the
+    number after it does not read as part of the rank or of its GPUs."""
+    procs, _ = _names(doc)
+    if result.summary["simulation"]["collapse_symmetric"]:
+        assert sorted(procs.values()) == ["stage 0 · rank 0 · stands for 8 GPUs (0-7) · pid",
+                                          "stage 1 · rank 8 · stands for 8 GPUs (8-15) · pid"]
+    else:  # every rank stands for itself alone
+        assert sorted(procs.values()) == sorted(f"stage {r // 8} · rank {r} · pid" for r in range(16))
+
+
+def test_a_slow_gpus_rank_split_off_is_named_apart():
+    # a straggler splits its stage's class: the rank standing for it alone and the rank
+    # standing for the others say so in their names, which are all distinct
+    d = scenario_dict(cluster={**SMALL["cluster"], "what_if": [{"gpu": 5, "slowdown": 1.2}]})
+    r = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT))
+    names = [e["args"]["name"] for e in trace_document(r.trace, r.summary)["traceEvents"]
+             if e["name"] == "process_name"]
+    assert len(set(names)) == len(names) == len(r.trace.ranks) > 2
+    assert "stage 0 · rank 5 · stands for 1 GPU (5) · pid" in names
+    others = [n for n in names if n.startswith("stage 0 ·") and "(5)" not in n]
+    gpus = sorted(g for n in others for g in _gpus_said(n))
+    assert gpus == [g for g in range(8) if g != 5]
+
+
+def _gpus_said(name: str) -> list[int]:
+    """The GPUs a process name lists in parentheses (``0-4, 6, 7``), each run spelt out."""
+    out = []
+    for item in re.search(r"\(([^)]*)\)", name)[1].split(", "):
+        lo, _, hi = item.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def test_a_long_list_of_gpus_is_cut_short_in_the_name_not_in_the_label():
+    # a class of scattered GPUs (a split around several faults): the name stays short, the
+    # label (chrome://tracing) keeps its 160 characters
+    scattered = [g for g in range(1, 512) if g % 3 and g % 7]
+    rep = tuple(1 if g in set(scattered) else 0 for g in range(512))
+    trace = Trace(spans=[], ranks=[0, 1], weight={0: 512 - len(scattered), 1: len(scattered)}, stage_of={},
+                  rep=rep)
+    name = perfetto.process_name(trace, 1, trace.gpus_of())
+    assert name.startswith(f"stage 0 · rank 1 · stands for {len(scattered)} GPUs (1, 2, 4, ")
+    assert name.endswith(", ...) · pid")
+    assert len(name) < 100 and "GPUs)" not in name
+    label = next(e["args"]["labels"] for e in trace_document(trace, {})["traceEvents"]
+                 if e["name"] == "process_labels" and e["pid"] == 2)
+    assert len(label) > 150 and label.endswith(f", ... ({len(scattered)} GPUs)")
 
 
 @pytest.mark.parametrize("gpus, text", [
@@ -153,9 +206,89 @@ def test_one_complete_event_per_span_with_times_in_us(doc, result):
             assert args.get("phase", "") == s.phase
             assert args.get("bytes", 0) == s.size_bytes
             assert args.get("flops", 0) == s.flops
+            # both FLOP counts where the span does work (docs/metrics.md)
+            assert args.get("model_flops", 0) == s.model_flops
+            assert ("model_flops" in args) == bool(s.flops or s.model_flops)
+            # a receive's op is "recv", where the engine records its send's
+            assert args.get("op", "") == ("recv" if s.stream in ("pp_fwd_recv", "pp_bwd_recv") else s.op)
             # absent, not a placeholder: no -1 microbatch or layer, no 0 bytes or FLOPs, no ""
             assert args.get("mb") != -1 and args.get("layer") != -1 and args.get("phase") != ""
             assert args.get("bytes") != 0 and args.get("flops") != 0
+
+
+def test_model_flops_of_the_file_add_up_to_the_summarys(doc, result):
+    # every compute span carries both FLOP counts: weighted by the GPUs each rank stands for,
+    # the file's model FLOPs are the step's (the spans left out, lasting no time, do no work)
+    rank_of = _rank_of_pid(doc)
+    events = [e for e in doc["traceEvents"]
+              if e["ph"] == "X" and e["cat"] == "compute" and "flops" in e.get("args", {})]
+    assert events and all("model_flops" in e["args"] for e in events)
+    weight = result.trace.weight
+    model = sum(e["args"]["model_flops"] * weight[rank_of[e["pid"]]] for e in events)
+    hardware = sum(e["args"]["flops"] * weight[rank_of[e["pid"]]] for e in events)
+    assert model == pytest.approx(result.summary["model_flops_per_step"], rel=1e-12)
+    assert hardware == pytest.approx(result.summary["hardware_flops_per_step"], rel=1e-12)
+
+
+def test_a_recomputed_forward_has_model_flops_0_and_a_receive_op_recv():
+    doc = trace_document(_odd_trace(3.0), {})
+    args = {e["name"]: e.get("args", {}) for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert args["B recompute attn"]["flops"] == 2e12 and args["B recompute attn"]["model_flops"] == 0
+    assert args['F "attn" \\ é\n\u2028']["model_flops"] == 1.5e12
+    assert args["recv a"]["op"] == "recv" and args["send a"]["op"] == "send"
+    assert "model_flops" not in args["AR"] and "model_flops" not in args["late"]
+
+
+def _counters(doc: dict) -> dict[int, list[dict]]:
+    by_pid: dict[int, list[dict]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "C":
+            by_pid.setdefault(e["pid"], []).append(e)
+    return by_pid
+
+
+def test_each_stages_memory_is_a_counter_on_its_ranks_process(doc, result):
+    """``memory GiB`` (Perfetto names a counter track by the event's name and its series):
+    the stage's memory timeline from the summary, on the process of the rank it is of, its
+    highest value the stage's peak."""
+    counters = _counters(doc)
+    stages = result.summary["memory"]["stages"]
+    assert sorted(counters) == sorted(st["rank"] + 1 for st in stages)
+    _, threads = _names(doc)
+    tids = {tid for _, tid in threads}
+    for st in stages:
+        events = counters[st["rank"] + 1]
+        tl = st["timeline"]
+        assert {e["name"] for e in events} == {"memory"} and all(list(e["args"]) == ["GiB"] for e in events)
+        assert [e["ts"] for e in events] == pytest.approx([t * 1e6 for t in tl["t_s"]], abs=1e-3)
+        held = st["params_bytes"] + st["grads_bytes"] + st["optimizer_bytes"] + st["transient_bytes"]
+        want = [(held + a + c + r) / 2**30 for a, c, r in
+                zip(tl["activations_bytes"], tl["comm_buffers_bytes"], tl["recomputing_bytes"])]
+        assert [e["args"]["GiB"] for e in events] == pytest.approx(want, abs=1e-6)
+        assert max(e["args"]["GiB"] for e in events) == pytest.approx(st["peak_bytes"] / 2**30, abs=1e-6)
+        assert len({e["tid"] for e in events}) == 1 and events[0]["tid"] not in tids | set(counters)
+    # written with the summary, after every span
+    kinds = [e["ph"] for e in doc["traceEvents"]]
+    assert kinds.index("C") > len(kinds) - 1 - kinds[::-1].index("X")
+
+
+def test_memory_counters_go_where_the_gpus_spans_are_and_alike_without_the_trace(result, tmp_path):
+    # the forked writer (output.background) writes the tail from the summary alone: the
+    # same text as from the trace of the simulated ranks
+    summary = result.summary
+    assert perfetto.trace_tail(summary) == perfetto.trace_tail(summary, perfetto.processes(result.trace))
+    assert '"name":"memory","ph":"C"' in perfetto.trace_tail(summary)
+    # a trace of some GPUs: each GPU shows the memory of the rank whose spans it holds
+    rep = summary["simulation"]["simulated_rank_of_gpu"]
+    stage_ranks = {st["rank"] for st in summary["memory"]["stages"]}
+    gpus = sorted(stage_ranks | {1, 3, 9, 14})
+    some = result.trace.for_gpus(gpus)
+    doc = trace_document(some, summary)
+    assert sorted(_counters(doc)) == [g + 1 for g in gpus if rep[g] in stage_ranks]
+    path = tmp_path / "t.json"
+    write_trace(path, some, summary)
+    assert path.read_text(encoding="utf-8") == _dumps(doc)
+    assert not _counters(trace_document(result.trace, {}))  # no summary, no counters
 
 
 def test_back_to_back_spans_do_not_overlap_in_perfetto(doc):
@@ -203,7 +336,9 @@ def test_written_text_is_what_json_dumps_makes_of_the_document(result, tmp_path)
 def _odd_trace(late_s: float) -> Trace:
     spans = [
         Span(rank=0, stream="compute", name='F "attn" \\ é\n\u2028', kind="compute", start_s=0.0, end_s=1e-9,
-             mb=0, phase="F", layer=3, flops=1.5e12),
+             mb=0, phase="F", layer=3, flops=1.5e12, model_flops=1.5e12),
+        Span(rank=5, stream="compute", name="B recompute attn", kind="compute", start_s=2.5, end_s=2.75,
+             mb=0, phase="B", layer=3, flops=2e12),  # the forward again: no model work
         Span(rank=0, stream="compute", name="zero length", kind="compute", start_s=1e-9, end_s=1e-9, mb=-1),
         Span(rank=0, stream="compute", name="whole flops", kind="compute", start_s=2.5e-6, end_s=0.1234567894,
              flops=3.0, layer=0),
@@ -220,7 +355,10 @@ def _odd_trace(late_s: float) -> Trace:
         Span(rank=5, stream="my_stream", name="late", kind="other", start_s=late_s, end_s=late_s + 1e-3),
         Span(rank=5, stream="compute", name="backwards", kind="compute", start_s=2.0, end_s=1.9996),
         # receives from two senders (DualPipe): overlapping, nested, then after both
-        Span(rank=0, stream="pp_fwd_recv", name="recv a", kind="pp", start_s=0.1, end_s=0.3, mb=1),
+        Span(rank=0, stream="pp_fwd_recv", name="recv a", kind="pp", start_s=0.1, end_s=0.3, mb=1, size_bytes=64,
+             op="send"),  # (the engine gives a receive its send's op)
+        Span(rank=5, stream="pp_fwd_send", name="send a", kind="pp", start_s=0.1, end_s=0.3, mb=1, size_bytes=64,
+             op="send"),
         Span(rank=0, stream="pp_fwd_recv", name="recv b", kind="pp", start_s=0.2, end_s=0.4, mb=2),
         Span(rank=0, stream="pp_fwd_recv", name="recv c", kind="pp", start_s=0.25, end_s=0.26, mb=3),
         Span(rank=0, stream="pp_fwd_recv", name="recv d", kind="pp", start_s=0.3, end_s=0.35, mb=4),
@@ -405,3 +543,39 @@ def test_spans_for_gpus_counts_what_for_gpus_makes_and_a_gpu_without_a_rank_is_n
     with pytest.raises(ValueError, match="GPU 1 is not a simulated rank"):
         by_hand.for_gpus([1])
     assert by_hand.for_gpus([4]).ranks == [4]
+
+
+# --------------------------------------------------------------------------- the documentation
+
+def _section(path: Path, heading: str) -> str:
+    """The text under ``heading`` (a markdown heading line) up to the next heading of its level
+    or above."""
+    text = path.read_text(encoding="utf-8")
+    level = heading.split(" ", 1)[0]
+    body = text[text.index(f"\n{heading}\n") + len(heading) + 2:]
+    ends = [m.start() for m in re.finditer(r"^#{1,%d} " % len(level), body, flags=re.MULTILINE)]
+    return body[:ends[0]] if ends else body
+
+
+def test_the_reference_names_every_thread_and_argument_of_the_file():
+    text = _section(ROOT / "docs" / "reference.md", "### trace.json.gz")
+    ticked = set(re.findall(r"`([^`\n]+)`", text))
+    assert set(perfetto.KNOWN_STREAMS) - ticked == set()  # d2h, host, h2d under offload too
+    every = Span(rank=0, stream="pp_fwd_recv", name="recv act", kind="pp", start_s=0.0, end_s=1.0, mb=0, phase="F",
+                 layer=0, size_bytes=1, op="send", flops=1, model_flops=1)
+    assert set(perfetto.span_args(every)) - ticked == set()  # op and model_flops among them
+    assert {"recv", "memory GiB", "overlap_param_gather"} <= {t.removeprefix("parallel.") for t in ticked}
+    # the zero thread's gathers are ZeRO-1/2's too (moe_1024gpu: overlap_param_gather)
+    row = next(line for line in (ROOT / "docs" / "reference.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| `AR grads bucket N`"))
+    assert "overlap_param_gather" in row.split("`F AG params`", 1)[1]
+
+
+def test_the_docs_agree_that_the_trace_files_text_stays_the_same():
+    # ISA-L's deflate need not give the same bytes twice (the note at perfetto._deflate): the
+    # reference and architecture.md's "Determinism" promise the text, and the bytes under zlib
+    for text in (_section(ROOT / "docs" / "reference.md", "### trace.json.gz"),
+                 _section(ROOT / "docs" / "architecture.md", "### Determinism")):
+        assert "ISA-L" in text
+        for sentence in re.split(r"(?<=[.:;])\s+", " ".join(text.split())):
+            assert not ("byte-identical" in sentence and "trace.json.gz" in sentence) or "text" in sentence, sentence

@@ -1,12 +1,14 @@
 """Perfetto / chrome://tracing export: the trace as Chrome trace event format JSON.
 
-One process per simulated rank, one thread per stream, one complete ("X") event per span::
+One process per simulated rank, one thread per stream, one complete ("X") event per span,
+and the stage's memory as a counter (:func:`memory_counter_events`)::
 
-    stage 0 · rank 0            (pid 1)
+    stage 0 · rank 0 · stands for 64 GPUs (0-63) · pid 1
+        memory GiB    a counter: the stage's memory over the step
         compute       [F attn][F mlp][F attn] ...   tid 1001
         tp                    [AR]        [AR]      tid 1002
         pp_fwd_send                          [send] tid 1006
-    stage 1 · rank 64           (pid 65)
+    stage 1 · rank 64 · stands for 64 GPUs (64-127) · pid 65
         compute   ...
 
 Receives that overlap (DualPipe's from both neighbours) go on extra threads of their stream,
@@ -15,11 +17,11 @@ another on its thread.
 Times are microseconds (the format's unit), quantised to whole nanoseconds so that spans that
 touch in the simulation still touch after Perfetto converts them to integer nanoseconds (a
 rounding overlap of 1 ns would make it nest one span inside the other).
-The summary's headline numbers go into the top-level ``metadata`` object, written after the
-events: the events are written and compressed from the trace alone, in pieces that compress
-on their own (:class:`TracePieces`), and the summary is needed only for the file's last bytes
-(clustersim.output.background writes the pieces while the summary is worked out, and shares
-them out between two processes).
+The summary's memory counters end the events, and its headline numbers go into the top-level
+``metadata`` object after them: the spans are written and compressed from the trace alone, in
+pieces that compress on their own (:class:`TracePieces`), and the summary is needed only for
+the file's last bytes (:func:`trace_tail`; clustersim.output.background writes the pieces
+while the summary is worked out, and shares them out between two processes).
 
 :func:`trace_document` spells the document out as Python objects, plainly (the tests hold
 the writer to it); :func:`write_trace` writes the same text without building them (a
@@ -51,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import RECV_STREAMS, Span, Trace, form_text, gpu_ranges, stable_argsort
+from ..trace import RECV_STREAMS, Span, SpanForm, Trace, form_text, gpu_ranges, stable_argsort
 
 # Streams in the order a reader scans a rank: the work, then what feeds it, then the tail.
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
@@ -68,6 +70,8 @@ ZLIB_LEVEL = 3
 # a process label lists the GPUs its rank stands for up to about this many characters (a
 # class split around a straggler can hold hundreds of scattered GPUs)
 LABEL_GPUS_CHARS = 160
+# and its name (Perfetto's track title, cut to the panel's width) up to about this many
+NAME_GPUS_CHARS = 40
 try:
     # ISA-L's deflate (the isal package, a dependency where it has wheels: pyproject.toml):
     # Megatron-1T's 156 MB of JSON into 13.5 MB in 0.12 s at its level 1, against 13.6 MB in
@@ -342,8 +346,18 @@ def _number(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-def _detail_args(layer: int, phase: str, size_bytes: float, op: str, flops: float) -> dict[str, Any]:
-    """The span's details after its microbatch, leaving out those that carry no information."""
+def file_op(stream: str, op: str) -> str:
+    """The op a span's arguments give: ``recv`` for a receive (:func:`is_receive`), which
+    the engine records with its send's op, ``send``, else the span's own."""
+    return "recv" if op == "send" and is_receive(stream) else op
+
+
+def _detail_args(layer: int, phase: str, size_bytes: float, op: str, flops: float,
+                 model_flops: float) -> dict[str, Any]:
+    """The span's details after its microbatch, leaving out those that carry no information;
+    ``op`` as the file gives it (:func:`file_op`). ``model_flops`` goes wherever ``flops``
+    does, 0 included (a recomputed forward: executed, not model work), so that a compute
+    span that works has both counts (docs/metrics.md)."""
     args: dict[str, Any] = {}
     if layer >= 0:
         args["layer"] = layer
@@ -355,13 +369,15 @@ def _detail_args(layer: int, phase: str, size_bytes: float, op: str, flops: floa
         args["op"] = op
     if flops:
         args["flops"] = _number(flops)
+    if flops or model_flops:
+        args["model_flops"] = _number(model_flops)
     return args
 
 
 def span_args(s: Span) -> dict[str, Any]:
     """The span's details, leaving out fields that carry no information (-1, 0, empty)."""
     args: dict[str, Any] = {"mb": s.mb} if s.mb >= 0 else {}
-    args.update(_detail_args(s.layer, s.phase, s.size_bytes, s.op, s.flops))
+    args.update(_detail_args(s.layer, s.phase, s.size_bytes, file_op(s.stream, s.op), s.flops, s.model_flops))
     return args
 
 
@@ -376,18 +392,46 @@ def span_event(s: Span, pid: int, tid: int) -> dict[str, Any]:
     return ev
 
 
+def process_name(trace: Trace, rank: int, gpus_of: dict[int, list[int]] | None) -> str:
+    """The name of ``rank``'s process: its stage and rank, the GPUs it stands for where the
+    trace is collapsed, and ``pid`` last, since Perfetto writes the process id after the name
+    (``stage 1 · rank 16 17`` reads as two ranks; ``... · pid 17`` does not)::
+
+        stage 0 · rank 0 · stands for 128 GPUs (0-127) · pid
+        stage 0 · rank 5 · stands for 1 GPU (5) · pid              a slow GPU's rank, split off
+        stage 0 · rank 3 · pid                                      every rank simulated
+
+    Perfetto's JSON importer reads no other metadata of a process than its name and sort
+    index: the ``process_labels`` event is for chrome://tracing, which shows them. ``gpus_of``:
+    ``trace.gpus_of()``, passed in so that it is worked out once for every process."""
+    name = f"stage {trace.stage_of.get(rank, 0)} · rank {rank}"
+    if _collapsed(trace, rank, gpus_of):
+        weight = trace.weight.get(rank, 1)
+        which = ""
+        if gpus_of:  # the list shorter than the label's; the count is said already
+            text = gpu_ranges(gpus_of[rank], NAME_GPUS_CHARS)
+            which = f" ({text.removesuffix(f' ({len(set(gpus_of[rank])):,} GPUs)')})"
+        name += f" · stands for {weight} GPU{'s' if weight != 1 else ''}{which}"
+    return name + " · pid"
+
+
+def _collapsed(trace: Trace, rank: int, gpus_of: dict[int, list[int]] | None) -> bool:
+    """Whether ``rank``'s process stands for GPUs besides its own (or, in a trace where some
+    rank does, for its own alone: then every process says whom)."""
+    return trace.weight.get(rank, 1) > 1 or bool(gpus_of and len(gpus_of) < len(trace.rep))
+
+
 def _metadata_events(trace: Trace, rows: dict[int, list[str]],
                      tids: dict[tuple[int, str], int]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     gpus_of = trace.gpus_of()
     for order, rank in enumerate(rows):
         pid = pid_of(rank)
-        stage = trace.stage_of.get(rank, 0)
-        name = f"stage {stage} · rank {rank}"
+        name = process_name(trace, rank, gpus_of)
         out.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
         out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": order}})
         weight = trace.weight.get(rank, 1)
-        if weight > 1 or (gpus_of and len(gpus_of) < len(trace.rep)):  # collapsed: every rank says whom
+        if _collapsed(trace, rank, gpus_of):  # collapsed: every rank says whom
             s = "s" if weight != 1 else ""
             # which GPUs: a twin's row is its simulated rank's (summary.json has every GPU's,
             # simulation.simulated_rank_of_gpu, where the label stops short)
@@ -456,11 +500,77 @@ def trace_metadata(summary: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
+# GiB in a byte: the memory counter's unit, as the report's and the terminal's memory figures
+_GIB_PER_BYTE = 1 / 2**30
+
+
+def processes(trace: Trace) -> dict[int, int]:
+    """Each process's rank, in display order -> the simulated rank whose spans it holds: itself,
+    or in a trace of some GPUs (``Trace.for_gpus``, ``run --trace-gpus``) the rank that stands
+    for that GPU."""
+    spans_of = trace.spans_of or {}
+    return {r: spans_of.get(r, r) for r in rank_order(trace)}
+
+
+def memory_counter_events(summary: dict[str, Any], procs: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """The summary's memory timelines (``memory.stages[].timeline``) as counter ("C") events,
+    ``memory`` with one series, ``GiB``, which Perfetto shows as the process's track
+    ``memory GiB``: from each sample's time, what the stage's GPU holds as its peak counts it,
+    params + grads + optimizer + transient + activations + communication buffers +
+    recomputing (the counter's highest value is the stage's ``peak_bytes``).
+
+    A stage's timeline is one simulated rank's (``memory.stages[].rank``, its busiest): it goes
+    on that rank's process, or with ``procs`` (:func:`processes`) on every process holding that
+    rank's spans (none where the trace has no such process). Without ``procs`` the processes
+    are the simulated ranks, as in the trace of every simulated rank; either way stage by
+    stage, each process's samples in time order. Each has a tid of its own, ``pid * 1000`` (no
+    stream's): without one Perfetto takes the pid for the tid, and pid 1002 is the tid of
+    rank 0's ``tp`` thread."""
+    return [{"name": "memory", "ph": "C", "pid": pid, "tid": pid * _TID_STRIDE, "ts": t, "args": {"GiB": v}}
+            for pids, ts_us, gib in _memory_series(summary, procs) for pid in pids for t, v in zip(ts_us, gib)]
+
+
+def _memory_series(summary: dict[str, Any], procs: dict[int, int] | None) -> list[tuple[list[int], list, list]]:
+    """Per stage with a timeline, (the pids its counter goes on, the samples' times in µs, the
+    GiB held from each): :func:`memory_counter_events`."""
+    pids_of: dict[int, list[int]] = {}
+    for rank, simulated in (procs or {}).items():
+        pids_of.setdefault(simulated, []).append(pid_of(rank))
+    out = []
+    for st in (summary.get("memory") or {}).get("stages") or ():
+        tl = st.get("timeline")
+        if not tl or not tl.get("t_s") or "rank" not in st:
+            continue
+        held_bytes = sum(st.get(k, 0.0) for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "transient_bytes"))
+        rec = tl.get("recomputing_bytes") or 0.0
+        total_bytes = held_bytes + np.asarray(tl["activations_bytes"]) + np.asarray(tl["comm_buffers_bytes"]) + rec
+        pids = [pid_of(st["rank"])] if procs is None else pids_of.get(st["rank"], [])
+        # to about a KiB (6 decimals of a GiB): 9 digits where a float's repr writes 17
+        out.append((pids, _us_list(_ns_array(np.asarray(tl["t_s"], dtype=np.float64))),
+                    np.round(total_bytes * _GIB_PER_BYTE, 6).tolist()))
+    return out
+
+
+def _memory_counters_text(summary: dict[str, Any], procs: dict[int, int] | None) -> str:
+    """``"," + _dumps(e)`` of each of :func:`memory_counter_events`, joined: each sample's text
+    made once for all the processes it goes on (``run --trace-gpus all`` puts one stage's on
+    hundreds of GPUs)."""
+    out = []
+    for pids, ts_us, gib in _memory_series(summary, procs):
+        # repr writes a finite float or an int as json.dumps does, without its encoder's set-up
+        points = [f'"ts":{t!r},"args":{{"GiB":{v!r}}}}}' for t, v in zip(ts_us, gib)]
+        for pid in pids:
+            head = f',{{"name":"memory","ph":"C","pid":{pid},"tid":{pid * _TID_STRIDE},'
+            out.append(head + head.join(points) if points else "")
+    return "".join(out)
+
+
 def trace_document(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
-    """The whole JSON object: metadata events first, then spans, then the summary's headline."""
+    """The whole JSON object: metadata events first, then spans, then the memory counters,
+    then the summary's headline."""
     return {
         "displayTimeUnit": "ms",
-        "traceEvents": metadata_events(trace) + span_events(trace),
+        "traceEvents": metadata_events(trace) + span_events(trace) + memory_counter_events(summary, processes(trace)),
         "metadata": trace_metadata(summary),
     }
 
@@ -471,7 +581,8 @@ def _dumps(obj: Any) -> str:
 
 
 class _EventParts(dict):
-    """(name, kind, layer, phase, size_bytes, op, flops) -> the fixed text of an event::
+    """(name, kind, layer, phase, size_bytes, op, flops, model_flops) -> the fixed text of an
+    event (``op`` as :func:`file_op` gives it)::
 
         head      {"name":"F attn","cat":"compute","ph":"X","ts":
         after_mb  ,"layer":3}}                  closes args and event; "}}" without details
@@ -492,12 +603,19 @@ class _EventParts(dict):
         return parts
 
 
-_EVENT_KEY = attrgetter("name", "kind", "layer", "phase", "size_bytes", "op", "flops")
+def _event_key(form: SpanForm) -> tuple:
+    """The key of ``form``'s text in :class:`_EventParts` (read once per form)."""
+    return (form.name, form.kind, form.layer, form.phase, form.size_bytes, file_op(form.stream, form.op),
+            form.flops, form.model_flops)
 
 
-def trace_tail(summary: dict[str, Any]) -> str:
-    """The text after the last event: the summary's headline numbers."""
-    return f'],"metadata":{_dumps(trace_metadata(summary))}}}'
+def trace_tail(summary: dict[str, Any], procs: dict[int, int] | None = None) -> str:
+    """The text after the last span: the summary's memory counters (on the processes
+    ``procs``, :func:`memory_counter_events`), then its headline numbers. Each counter goes on
+    a process the file's head names, so the comma before it follows an event; without
+    ``procs`` the summary's simulated ranks are taken for the processes, as they are in the
+    trace clustersim.output.background writes (that of every simulated rank)."""
+    return f'{_memory_counters_text(summary, procs)}],"metadata":{_dumps(trace_metadata(summary))}}}'
 
 
 # Events per piece of the trace file (:class:`TracePieces`): small enough that two processes
@@ -509,16 +627,18 @@ PIECE_SPANS = 4096
 
 
 class TracePieces:
-    """The trace file's text up to its last event, cut into pieces of PIECE_SPANS events in
+    """The trace file's text up to its last span, cut into pieces of PIECE_SPANS events in
     display order, each written and compressed on its own: whichever process compresses a
-    piece, its bytes are the same, so the file's bytes depend on the trace alone while the
-    pieces are shared out between processes (clustersim.output.background). A gzip file of
-    such pieces is one deflate stream::
+    piece, its text is the same (and under zlib its bytes: ISA-L need not give the same bytes
+    twice, the note at ``_deflate``), so the file depends on the trace alone while the pieces
+    are shared out between processes (clustersim.output.background). A gzip file of such
+    pieces is one deflate stream::
 
         gzip header | piece 0          | piece 1   | ... | tail           | CRC-32, length
                       head, metadata,    events ...        summary's
-                      events 0-4095      (sync flush)      headline
-                      (sync flush)                         (final block)
+                      events 0-4095      (sync flush)      counters and
+                      (sync flush)                         headline
+                                                           (final block)
 
     A piece ends with a sync flush (its blocks end on a byte, none is final) and refers to no
     earlier piece's text, so the pieces follow one another as they are; the tail ends the
@@ -540,7 +660,7 @@ class TracePieces:
             self.lane_ids[row] = [f',"pid":{pid_of(rank)},"tid":{self.tids[rank, lane_stream(stream, k)]}'
                                   for k in lane]
         codes, forms = trace.forms()
-        self.per_form = list(map(_EventParts().__getitem__, map(_EVENT_KEY, forms)))  # each form's text, once
+        self.per_form = list(map(_EventParts().__getitem__, map(_event_key, forms)))  # each form's text, once
         self.codes = order.take_array(codes)
         self.mbs = order.take_array(trace.mbs())
         events = [_dumps(e) for e in _metadata_events(trace, by_rank, self.tids)]
@@ -698,19 +818,21 @@ def prepare_trace(trace: Trace, gz: bool = True) -> Callable[[dict[str, Any]], b
     """Write (and with ``gz``, compress) every event of the trace file now, from the trace
     alone, piece by piece (:class:`TracePieces`); the function returned takes the summary
     and gives the whole file's bytes."""
-    pieces = TracePieces(trace)
+    pieces, procs = TracePieces(trace), processes(trace)
     if not gz:
         events = "".join(map(pieces.text, range(pieces.count))).encode("utf-8")
-        return lambda summary: events + trace_tail(summary).encode("utf-8")
+        return lambda summary: events + trace_tail(summary, procs).encode("utf-8")
     packed = list(map(pieces.packed, range(pieces.count)))
-    return lambda summary: gzip_file(packed, trace_tail(summary))
+    return lambda summary: gzip_file(packed, trace_tail(summary, procs))
 
 
 def write_trace(path: str | Path, trace: Trace, summary: dict[str, Any]) -> None:
     """Write the trace for Perfetto / chrome://tracing; gzip when ``path`` ends with ``.gz``.
 
-    The bytes depend only on the inputs (gzip header without name or time), so two runs of
-    the same scenario give identical files. The file is written once it is complete.
+    The text depends only on the inputs, and so do the bytes where zlib compresses (gzip
+    header without name or time): two runs of the same scenario give the same text, and under
+    zlib identical files; ISA-L's deflate may pick other matches for the same text (the note
+    at ``_deflate``). The file is written once it is complete.
     """
     path = Path(path)
     path.write_bytes(prepare_trace(trace, gz=path.name.endswith(".gz"))(summary))
