@@ -690,8 +690,14 @@ def test_tp_comm_overlap_ring_exchange_and_pipelined_reduce_scatter(root):
                 assert rs.start_s >= done.end_s
                 if k < 3:
                     assert rs.start_s == comp[(mb, layer, f"F {gemm} {k + 1}")].start_s
-            residual = comp[(mb, layer, f"F {gemm.split()[0]}")]  # the block's last piece
+            residual = comp[(mb, layer, f"F {gemm.split()[0]} residual")]  # the block's last piece
             assert residual.start_s == pytest.approx(max(rs.end_s, done.end_s), abs=1e-15)
+    # each piece of a block by its own name (the norm, the core or activation, the residual),
+    # in the backward too: a name summed over a trace is one thing
+    every = [s for s in over.trace.spans if s.rank == 0 and s.layer >= 0 and s.kind == "compute"]
+    assert len({(s.mb, s.layer, s.phase, s.name) for s in every}) == len(every)
+    assert {"F attn norm", "F attn core_attn", "F attn residual", "F mlp norm", "F mlp act", "F mlp residual",
+            "B attn residual", "B mlp residual"} <= {s.name for s in every}
 
 
 @pytest.mark.parametrize("schedule, recompute", [("zb-h1", "none"), ("1f1b", "full")])

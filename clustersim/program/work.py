@@ -311,13 +311,13 @@ def tp_overlap_forward(spec: _Spec, t: int, ag: tuple, rs: tuple) -> list[_Spec]
     i = column_parallel_at(ops)
     if ag and pre == ag and i is not None:
         if ops[:i]:  # the norm, on the rank's sequence shard
-            out.append(_Spec(spec.name, ops[:i]))
+            out.append(_Spec(_piece_name(spec.name, ops[:i]), ops[:i]))
         out += _ring_exchange(f"{base} {ops[i].name}", ops[i], t, ag[0].size_bytes / t)
         ops, pre = ops[i + 1:], ()
     j = _row_parallel_at(ops)
     if rs and post == rs and j is not None:
-        if ops[:j]:
-            out.append(_Spec(spec.name, ops[:j], pre))
+        if ops[:j]:  # the core attention (the MLP's activation) between the two GEMMs
+            out.append(_Spec(_piece_name(spec.name, ops[:j]), ops[:j], pre))
             pre = ()
         piece, name = _rows(ops[j], 1.0 / RS_SPLITS), f"{base} {ops[j].name}"
         # chunk k's reduce-scatter, named for its chunk: beside chunk k+1, the last before the residual
@@ -334,9 +334,17 @@ def tp_overlap_forward(spec: _Spec, t: int, ag: tuple, rs: tuple) -> list[_Spec]
         # nothing to compute after the last chunk (context parallelism's QKV block): the chunk
         # takes the block's parameters and what follows it (its gather of K/V)
         out[-1] = _Spec(last.name, last.ops, last.pre, post, spec.params, spec.expert_params, last.overlap)
-    else:
-        out.append(_Spec(spec.name, ops, pre, post, spec.params, spec.expert_params, spec.overlap))
+    else:  # the residual, once cut from the rest (else the block whole, under its own name)
+        out.append(_Spec(_piece_name(spec.name, ops) if out else spec.name, ops, pre, post, spec.params,
+                         spec.expert_params, spec.overlap))
     return out
+
+
+def _piece_name(name: str, ops) -> str:
+    """A piece of a forward block cut around its pipelined GEMMs, named for its first op so
+    that its spans do not share the block's name with the others' ("attn norm", "attn
+    core_attn", "attn residual"; "mlp norm", "mlp act", "mlp residual")."""
+    return f"{name} {ops[0].name.rstrip('0123456789')}" if ops else name
 
 
 def tp_overlap_backward(spec: _Spec, t: int, ag: tuple) -> list[_Spec]:
@@ -357,7 +365,7 @@ def tp_overlap_backward(spec: _Spec, t: int, ag: tuple) -> list[_Spec]:
     rest = tuple(c for c in spec.pre if c != ag[0])
     gemm = spec.ops[j]
     dgrad, wgrad = (replace(_half(gemm, half == WGRAD), name=gemm.name + half) for half in (DGRAD, WGRAD))
-    out = [_Spec(spec.name, spec.ops[:j])] if spec.ops[:j] else []
+    out = [_Spec(_piece_name(spec.name, spec.ops[:j]), spec.ops[:j])] if spec.ops[:j] else []
     out += _ring_exchange(f"{spec.name.split(' ', 1)[0]} {dgrad.name}", dgrad, t, ag[0].size_bytes / t)
     out.append(_Spec(spec.name, [wgrad] + spec.ops[j + 1:], rest, spec.post, spec.params, spec.expert_params,
                      spec.overlap, spec.regather))
