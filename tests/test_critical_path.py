@@ -303,6 +303,8 @@ def test_what_shared_an_exposed_collective_s_link_reads_the_same_collapsed(root)
     ("cp shift: F shift attn ring #", "cp forward shift of attention, every ring step"),
     ("tp reduce_scatter: F RS attn proj #", "tp forward reduce-scatter of attention proj, every chunk"),
     ("optimizer: optimizer step", "optimizer: optimizer step"),  # (no collective's short name: said as it is)
+    ("offload: grads to host block #", "offload: grads to host, every block"),  # (but for its pieces' count)
+    ("pp all_gather: F AG act", "pp forward all-gather of activations"),  # (parallel.pp_scatter_gather's)
 ])
 def test_the_terminal_says_the_exposed_collectives_in_words(collective, said):
     """The terminal's "top exposed" lines spell out the span names' short words ("dp

@@ -35,8 +35,14 @@ def _shard(sc: clustersim.Scenario) -> float:
     return w.local_params / sc.parallel.dp
 
 
+def _piece_of(name: str) -> str:
+    """A span's name without its piece's number (pipelined copies: "grads to host block 3")."""
+    head, _, last = name.rpartition(" ")
+    return head.removesuffix(" block") if head and last.isdigit() else name
+
+
 def _spans(result, name: str) -> list:
-    return [s for s in result.trace.spans if s.name == name and s.rank == result.trace.ranks[0]]
+    return [s for s in result.trace.spans if _piece_of(s.name) == name and s.rank == result.trace.ranks[0]]
 
 
 def test_the_host_step_and_copies_take_their_closed_forms():
@@ -51,6 +57,8 @@ def test_the_host_step_and_copies_take_their_closed_forms():
     assert step.end_s - step.start_s == pytest.approx(n * 28 / (HOST["memory_GBps"] * GB / 8), rel=1e-12)
     assert down.end_s <= step.start_s and step.end_s <= up.start_s
     assert {s.kind for s in (down, step, up)} == {"offload"}
+    # the copies' spans carry what they move (the trace's bytes): 4 B a parameter each way
+    assert down.size_bytes == pytest.approx(n * 4, rel=1e-12) and up.size_bytes == down.size_bytes
     assert not _spans(r, "optimizer step")  # all of it offloaded: the GPU steps nothing
     ag = [s for s in r.trace.spans if s.name == "AG params" and s.rank == r.trace.ranks[0]]
     assert ag and ag[0].start_s >= up.end_s
@@ -97,10 +105,15 @@ def test_the_step_grows_by_the_host_chain_less_the_gpu_adam(overlap):
         pieces = [(n * 4 / copy, n * 28 / share, n * 4 / copy)]
     adam = adam_step_time_s(n, sc.cluster.gpu)
     t0 = clustersim.simulate(base).summary["step_time_s"]
-    t1 = clustersim.simulate(sc).summary["step_time_s"]
+    r = clustersim.simulate(sc)
+    t1 = r.summary["step_time_s"]
     assert t1 - t0 == pytest.approx(_flow_shop(pieces) - adam, rel=1e-9)
     if not overlap:
         assert _flow_shop(pieces) == pytest.approx(sum(pieces[0]), rel=1e-12)
+    else:  # a span a piece, numbered in order, each with its bytes
+        downs = [s for s in r.trace.spans if s.rank == r.trace.ranks[0] and s.name.startswith("grads to host")]
+        assert [s.name for s in downs] == [f"grads to host block {k}" for k in range(len(blocks))]
+        assert [s.size_bytes for s in downs] == pytest.approx([w / 16 * 4 for w in blocks], rel=1e-12)
 
 
 def test_a_slow_host_memory_slows_the_copies_too_and_a_straggler_only_its_gpu():
@@ -297,7 +310,7 @@ def test_the_experts_optimizer_follows_the_dense_one(overlap):
     spans = [s for s in r.trace.spans if s.rank == r.trace.ranks[0] and s.phase == "opt"]
     by = {}
     for s in spans:
-        by.setdefault(s.name, []).append(s)
+        by.setdefault(_piece_of(s.name), []).append(s)
     dense_done = max(s.end_s for s in by["host optimizer step"])
     dense_up = max(s.end_s for s in by["params from host"])
     first_expert = min(s.start_s for s in by["expert grads to host"])
@@ -362,6 +375,11 @@ def test_offloaded_layers_leave_the_gpu_and_wait_in_the_host():
     assert st0["activations_bytes"] - st["activations_bytes"] == pytest.approx(3 * layer, rel=1e-12)
     assert st["host_bytes"] == pytest.approx(3 * layer, rel=1e-12) and base["host"] is None
     assert mem["host"]["peak_bytes"] == pytest.approx(8 * 3 * layer, rel=1e-12)
+    # each copy's span carries its layer's bytes (the trace's, beside its layer and microbatch)
+    r = clustersim.simulate(sc)
+    copies = [s for s in r.trace.spans if s.name in ("activations to host", "activations from host")]
+    assert copies and all(s.size_bytes == pytest.approx(layer, rel=1e-12) for s in copies)
+    assert {s.layer for s in copies} == {0, 1, 2}
 
 
 def test_the_copies_follow_transformer_engines_window():

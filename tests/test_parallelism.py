@@ -772,7 +772,7 @@ def test_pp_scatter_gather_sends_a_tp_share_and_the_receiver_gathers_it(root):
     spans = scattered.trace.spans
     sent = {(s.phase, s.mb, s.rank): s for s in spans if s.kind == "pp" and s.name in ("send act", "send grad")}
     assert len(sent) == len(sends) and {s.size_bytes for s in sent.values()} == {act_bytes / 4}
-    gathers = [s for s in spans if s.name in ("recv act AG", "recv grad AG")]
+    gathers = [s for s in spans if s.name in ("F AG act", "B AG grad")]
     assert len(gathers) == len(sends)  # one a received input, each
     assert {(s.kind, s.op, s.size_bytes, s.stream) for s in gathers} == {("pp", "all_gather", act_bytes, "tp")}
     computes = [s for s in spans if s.kind == "compute"]

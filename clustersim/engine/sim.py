@@ -1001,8 +1001,8 @@ class Engine:
     def _span_key(self, t: Task, rank: int, stream: str, name: str) -> tuple:
         """The values of the form of ``t``'s span on ``rank`` and ``stream`` (FORM_FIELDS order)."""
         c = t.comm
-        return (stream, name, t.kind, t.phase, self.stage_of.get(rank, t.stage), t.layer, c.size_bytes if c else 0.0,
-                c.op if c else "", t.flops, t.model_flops)
+        return (stream, name, t.kind, t.phase, self.stage_of.get(rank, t.stage), t.layer,
+                c.size_bytes if c else t.size_bytes, c.op if c else "", t.flops, t.model_flops)
 
     def _complete(self, t: Task, start_s: float, end_s: float) -> None:
         """Record ``t`` (and the receive of a send) over [start_s, end_s] and release whatever
@@ -1862,7 +1862,7 @@ class _Stream:
                 # rank r runs on GPU r; a straggler (topology what_if) computes slower (its host's
                 # work and copies under offload, kind "offload", are not its compute)
                 free = start + (t.duration_s * slow.get(rank, 1.0) if slow and t.kind == "compute" else t.duration_s)
-                size_bytes, op = 0.0, ""
+                size_bytes, op = t.size_bytes, ""
             elif c is _SEGMENT:  # an action's fixed-duration tasks, timed in one go (_Segment)
                 got = t.run(eng, rank)
                 if got is None:  # stopped: an input of a later task is not known yet (rare)

@@ -367,13 +367,15 @@ def plain_collective(collective: str) -> str:
     bucket #`` reads ``dp all-reduce of gradients, every bucket``, ``tp all_reduce: F AR
     attn`` ``tp forward all-reduce of attention``, ``pp send: recv grad`` ``pp receive of
     gradients``, ``cp shift: F shift attn ring #`` ``cp forward shift of attention, every ring
-    step``. A name without the short name of a collective is returned as it is."""
+    step``. A name without the short name of a collective is returned as it is, but for its
+    pieces' count (``offload: grads to host block #``: ``offload: grads to host, every block``)."""
     head, sep, name = collective.partition(": ")
     words = name.split()
     phase = _PHASE_WORDS.get(words[0], "") if words else ""
     words = words[1:] if phase else words
     if not sep or not words or words[0] not in _OP_WORDS:
-        return collective
+        # no collective: optimizer offload's copies and host steps, pipelined a piece a block
+        return collective.replace(" block #", ", every block")
     op, rest = _OP_WORDS[words[0]], words[1:]
     # one group holds every bucket, part, ring step or chunk (their numbers folded to #): said
     # once, at the end

@@ -1035,7 +1035,7 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
     if held is not None and (kind != "B" or held[:2] != (part, mb)):
         held = None
     plan = _block_plan(low, r, kind, blocks)
-    acts = {ly: s for ly, _, s in low.work[part].offload_acts} if kind in ("F", "B") else {}
+    acts = {ly: (s, x) for ly, x, s in low.work[part].offload_acts} if kind in ("F", "B") else {}
     if acts:
         window = low.model_layers - len(acts)  # (Transformer Engine's: the layers resident at once)
         first_of: dict[int, int] = {}
@@ -1083,8 +1083,9 @@ def _blocks(prog: Program, low: Lowering, r: int, act: Action, blocks, deps, chu
                         for j, spec in enumerate(overlap)) if overlap else ()
         low.last_compute[r] = prev
         if acts and kind == "F" and layer in acts and last_of_layer[layer] == i:
-            moved[layer] = prog.add(rank=r, stream="d2h", name="activations to host", kind="offload", duration_s=acts[layer],
-                                    deps=(prev,), mb=mb, phase=kind, stage=q, layer=layer).tid
+            moved[layer] = prog.add(rank=r, stream="d2h", name="activations to host", kind="offload",
+                                    duration_s=acts[layer][0], deps=(prev,), mb=mb, phase=kind, stage=q, layer=layer,
+                                    size_bytes=acts[layer][1]).tid
         if keep_tids:
             low.bwd_tid[(r, stage, mb, i)] = prev
         if by_unit:
@@ -1146,8 +1147,8 @@ def _offload_turn(prog: Program, low: Lowering, r: int, kind: str, layer: int, a
         return out
     i = layer - (window - 1)
     if i in acts and i not in moved:
-        moved[i] = prog.add(rank=r, stream="h2d", name="activations from host", kind="offload", duration_s=acts[i],
-                            deps=before, mb=mb, phase=kind, stage=q, layer=i).tid
+        moved[i] = prog.add(rank=r, stream="h2d", name="activations from host", kind="offload", duration_s=acts[i][0],
+                            deps=before, mb=mb, phase=kind, stage=q, layer=i, size_bytes=acts[i][1]).tid
     if layer in acts:
         out = (moved[layer],)
     return out
@@ -1453,7 +1454,7 @@ def _received(prog: Program, low: Lowering, r: int, kind: str, stage: int, src: 
         # TP's group, channel and stream, so TP's collectives and these share their links as one
         # channel that never overlaps itself (timed in closed form where TP's are); counted as pp
         spec = _comm_spec(low, "tp", low.group_of(r, "tp"), size, "all_gather", None,
-                          "recv act AG" if kind == "F" else "recv grad AG", None)
+                          "F AG act" if kind == "F" else "B AG grad", None)
         spec = low.block_plans[("gather", r, kind)] = spec[:9] + ("pp",) + spec[10:]
     return _add_comm(prog, r, spec, ("pp gather", kind, src, mb), (sent, *low.last_task.get(r, ())), mb, kind,
                      low.pp_of(r))
@@ -1938,22 +1939,25 @@ def _offloaded_step(prog: Program, low: Lowering, r: int, q: int, parts: tuple, 
     chains: dict[str, list] = {}
     for j in parts:  # (one instance a kind over every part, as the distributed optimizer's buffers)
         for c in low.work[j].offload:
-            got = chains.setdefault(c.kind, [0.0, []])
+            got = chains.setdefault(c.kind, [0.0, [], []])
             got[0] += c.gpu_s
             got[1] += c.pieces
+            got[2] += c.piece_bytes
     after, ends = deps, []
-    for kind, (gpu_s, pieces) in chains.items():
+    for kind, (gpu_s, pieces, sizes) in chains.items():
         x = "expert " if kind == "expert" else ""  # (as "AG expert params")
-        downs = [prog.add(stream="d2h", name=f"{x}grads to host", duration_s=d, deps=after, **offload).tid
-                 for d, _, _ in pieces]
+        # pipelined, a piece a backward block: numbered as they go, so that each can be told apart
+        n = [f" block {k}" if len(pieces) > 1 else "" for k in range(len(pieces))]
+        downs = [prog.add(stream="d2h", name=f"{x}grads to host{n[k]}", duration_s=d, deps=after, size_bytes=b,
+                          **offload).tid for k, ((d, _, _), b) in enumerate(zip(pieces, sizes))]
         gpu = (prog.add(rank=r, stream="compute", name=f"{x}optimizer step", kind="compute", duration_s=gpu_s,
                         deps=after if overlap else (*after, downs[-1]), phase="opt", stage=q).tid,) if gpu_s else ()
         steps, ups = [], []
-        for down, (_, step_s, up_s) in zip(downs, pieces):
-            steps.append(prog.add(stream="host", name=f"host {x}optimizer step", duration_s=step_s, deps=(down,),
+        for k, (down, (_, step_s, up_s), b) in enumerate(zip(downs, pieces, sizes)):
+            steps.append(prog.add(stream="host", name=f"host {x}optimizer step{n[k]}", duration_s=step_s, deps=(down,),
                                   **offload).tid)
-            ups.append(prog.add(stream="h2d", name=f"{x}params from host", duration_s=up_s, deps=(steps[-1], *gpu),
-                                **offload).tid)
+            ups.append(prog.add(stream="h2d", name=f"{x}params from host{n[k]}", duration_s=up_s, deps=(steps[-1], *gpu),
+                                size_bytes=b, **offload).tid)
         after = (steps[-1],) if overlap else (ups[-1],)
         ends.append(ups[-1])
     return tuple(ends)

@@ -57,6 +57,9 @@ class Task:
     layer: int = -1
     flops: float = 0.0
     model_flops: float = 0.0
+    # bytes a task without a communication moves (an offload copy's), for its span; a
+    # communication's are its own (Comm.size_bytes)
+    size_bytes: float = 0.0
 
 
 @dataclass(eq=False)

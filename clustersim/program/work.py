@@ -40,7 +40,7 @@ from ..hardware.gpus import GpuSpec
 from ..model import transformer as tf
 from ..model.transformer import Op
 from ..model import moe
-from .costs import ADAM_MASTER_BYTES, adam_step_time_s, host_copy_s, offload_times_s, ops_time_s
+from .costs import ADAM_MASTER_BYTES, OFFLOAD_COPY_BYTES, adam_step_time_s, host_copy_s, offload_times_s, ops_time_s
 
 GRAD_BYTES = {"fp32": 4, "bf16": 2}
 PARAM_BYTES = 2  # 16-bit weights used by the kernels
@@ -92,6 +92,8 @@ class OffloadChain:
     kind: str  # "dense" or "expert"
     gpu_s: float
     pieces: tuple[tuple[float, float, float], ...]
+    # each piece's copy, down (gradients) and up (weights) alike: its parameters x 4 B
+    piece_bytes: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1035,7 +1037,8 @@ def offload_chains(sc: Scenario, gpu: GpuSpec, bwd: list[Block], shards: tuple[f
         out.append(OffloadChain(
             kind=kind, gpu_s=adam_step_time_s(total / shard * (1 - f), gpu, GRAD_BYTES[t.grad_dtype],
                                    optimizer_bytes(t.optimizer_moments_dtype)),
-            pieces=tuple(offload_times_s(w / shard * f, copy_Bps, share_Bps, pipelined) for w in pieces)))
+            pieces=tuple(offload_times_s(w / shard * f, copy_Bps, share_Bps, pipelined) for w in pieces),
+            piece_bytes=tuple(w / shard * f * OFFLOAD_COPY_BYTES for w in pieces)))
     return tuple(out)
 
 
