@@ -651,7 +651,7 @@ def noop_lines(plans: list[dict[str, Any]]) -> list[str]:
 
         recompute=selective recomputes nothing under flash attention (#2): the plan without recompute"""
     keys = ("training.recompute", "training.recompute_modules", "training.attention")
-    got = [r["plan"] for r in plans if r.get("recomputes_nothing") and any(k in r["changes"] for k in keys)]
+    got = sorted(r["plan"] for r in plans if r.get("recomputes_nothing") and any(k in r["changes"] for k in keys))
     if not got:
         return []
     named = ", ".join(f"#{n}" for n in got[:6]) + (f" and {len(got) - 6:,} more" if len(got) > 6 else "")
