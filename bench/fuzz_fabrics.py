@@ -91,6 +91,8 @@ def draw_plan(rng: random.Random, world: int, per: int) -> tuple[dict, dict, dic
         parallel["sp"] = parallel["sp"] or tp > 1  # EP with TP needs SP (no draw: seeds keep their plans)
         model["moe"] = {"experts": 8, "top_k": 2, "expert_ffn": 1024}
     parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
+    # about half the others' PP sends scattered over TP (no draw; a no-op without TP or PP)
+    parallel["pp_scatter_gather"] = not parallel.get("sp") and parallel["zero"] % 2 == 1
     training = {"micro_batch_size": 1, "global_batch_size": m * dp,
                 "recompute": rng.choice(["none", "selective", "full"])}
     return model, parallel, training

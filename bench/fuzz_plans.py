@@ -60,6 +60,8 @@ def draw(rng: random.Random) -> dict:
         parallel["ep"] = rng.choice([e for e in (1, 2, 4, 8, 16) if dp % e == 0])
         parallel["sp"] = tp > 1 and parallel["ep"] > 1  # EP with TP needs SP (no draw: seeds keep their plans)
     parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
+    # about half the others' PP sends scattered over TP (no draw; a no-op without TP or PP)
+    parallel["pp_scatter_gather"] = not parallel.get("sp") and parallel["zero"] % 2 == 1
     if parallel["zero"] and parallel.get("ep", 1) == 1 and dp >= 4 and dp % 2 == 0 and tp != 2:
         parallel["zero_shard"] = dp // 2  # hybrid sharding, two replicas (no draw)
     collectives = {"all_to_all": rng.choice(["auto", "pxn", "pairwise"]),

@@ -67,6 +67,8 @@ def draw(rng: random.Random) -> dict:
         parallel["ep"] = 2
         parallel["sp"] = parallel["sp"] or tp > 1  # EP with TP needs SP (no draw: seeds keep their plans)
     parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
+    # about half the others' PP sends scattered over TP (no draw; a no-op without TP or PP)
+    parallel["pp_scatter_gather"] = not parallel.get("sp") and parallel["zero"] % 2 == 1
     cluster = {"topology": f"topologies/{topo}", "nodes": nodes}
     if rng.random() < 0.2:
         cluster["what_if"] = [{"gpu": rng.randrange(tp * pp * dp * cp), "slowdown": 1.25}]

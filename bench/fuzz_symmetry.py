@@ -108,6 +108,8 @@ def draw(rng: random.Random) -> dict:
             if parallel["zero"]:  # a capacity cuts EP index 0 to 1.25 shares, ZeRO-2 plans padding to it (no draw)
                 model["moe"].update(capacity_factor=1.25, pad_to_capacity=parallel["zero"] == 2)
     parallel["tp_comm_overlap"] = bool(parallel.get("sp")) and parallel["zero"] % 2 == 1  # about half the SP plans (no draw)
+    # about half the others' PP sends scattered over TP (no draw; a no-op without TP or PP)
+    parallel["pp_scatter_gather"] = not parallel.get("sp") and parallel["zero"] % 2 == 1
     edp = cp * dp // parallel.get("ep", 1)  # (the experts' DP group, before fuzz_args.with_etp)
     if parallel["zero"] and cp * dp >= 4 and (cp * dp) % 2 == 0 and tp != 2 and edp % 2 == 0 and edp >= 4:
         parallel["zero_shard"] = cp * dp // 2  # hybrid sharding, two replicas, the experts' too (no draw)
@@ -299,6 +301,8 @@ def label(i: int, d: dict) -> str:
                     f"{'' if p['cp_load_balance'] else ' unbalanced'}")
     if p.get("sp"):
         bits.append("sp overlapped" if p.get("tp_comm_overlap") else "sp")
+    elif p.get("pp_scatter_gather") and p.get("tp", 1) > 1 and p.get("pp", 1) > 1:
+        bits.append("pp scattered")
     if p.get("zero_shard"):
         bits.append(f"hsdp/{p['zero_shard']}")
     if "ep" in p:
