@@ -858,7 +858,8 @@ def cmd_validate(args) -> int:
     """Check every file given, a scenario or a topology, each on a line of its own
     (``error: ...`` on stderr for a bad one, so that a glob's later files are still checked);
     exit 2 if any was bad. A scenario's line gives its memory floor (``api.memory_floor``)
-    and says where no run of it can fit: a valid plan still, which ``run`` simulates. With
+    and says where no run of it can fit ("valid, but cannot fit" instead of "ok"): a valid
+    plan still, which ``run`` simulates. With
     ``--set``, each scenario is checked with the changes ``run --set`` would make (a
     topology file is then refused: the changes are a scenario's)."""
     from .api import memory_floor
@@ -899,7 +900,9 @@ def cmd_validate(args) -> int:
         hosted = "" if host is None else (f", {host['peak_bytes'] / GiB:,.1f} of {host['capacity_bytes'] / GiB:,.0f} GiB "
                                           "of host memory a node" + ("" if host["fits"] else ": cannot fit"))
         gpus = f": cannot fit (stage {floor['stage']})" if floor["peak_bytes"] > floor["capacity_bytes"] else ""
-        print(f"{sc.source}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "
+        # (a plan no run can fit is still a valid file, exit code 0: "ok" would read as "fits")
+        said = "valid, but cannot fit" if gpus or (host is not None and not host["fits"]) else "ok"
+        print(f"{sc.source}: {said} ({n} GPU{'s' if n != 1 else ''}, {dims}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''}; memory at least {need:.1f} of "
               f"{cap:.0f} GiB a GPU{gpus}{hosted}{_ceilings(sc.topology)})", flush=True)
     if bad and len(args.scenarios) > 1:

@@ -875,6 +875,8 @@ def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(ro
         floor = memory_floor(clustersim.load_scenario(path))
         assert f"; memory at least {floor['peak_bytes'] / 2**30:.1f} of 80 GiB a GPU" in line
         assert line.endswith(")" if floor["fits"] else f": cannot fit (stage {floor['stage']}))")
+        # ("ok" where it fits; a plan that cannot is valid still, exit code 0, but not "ok")
+        assert line.startswith(f"{path}: {'ok' if floor['fits'] else 'valid, but cannot fit'} (")
     assert not floor["fits"]
     bad = tmp_path / "t.yaml"
     bad.write_text((root / "topologies" / "dgx-h100.yaml").read_text() + "\nwhat_iff: []\n")
