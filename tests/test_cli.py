@@ -551,10 +551,21 @@ def test_collective_sizes_past_1_pib_are_refused(root):
 
 
 def test_collective_gpus_errors_name_gpus(root):
-    """A --gpus the topology cannot hold names --gpus, not the topology file's nodes or fabric."""
+    """A --gpus the topology cannot hold names --gpus, not the topology file's nodes or fabric
+    (past the GPUs clustersim builds, the line ended "use fewer nodes" and said the count three
+    times; a count past 1e308 was an OverflowError traceback)."""
+    from clustersim.hardware.topology import MAX_GPUS
+
     topo = root / "topologies" / "dgx-h100.yaml"
     r = run_cli("collective", "--topology", topo, "--gpus", 2_000_000, "--sizes", "1M")
-    one_line_exit_2(r, f"error: command line: --gpus: 2,000,000 GPUs take 250,000 nodes of {topo}: ")
+    one_line_exit_2(r, f"error: command line: --gpus: 2,000,000 GPUs; clustersim builds the cluster graph in memory "
+                       f"and takes at most {MAX_GPUS:,} GPUs\n")
+    r = run_cli("collective", "--topology", topo, "--gpus", "1" + "0" * 400, "--sizes", "1M")
+    one_line_exit_2(r, "error: command line: --gpus: 1000")
+    assert len(r.stderr) < 200 and "nodes" not in r.stderr
+    r = run_cli("collective", "--topology", root / "topologies" / "gb200-nvl72.yaml", "--gpus", MAX_GPUS - 2,
+                "--sizes", "1M")  # (whole nodes of 72: past the most)
+    one_line_exit_2(r, f"error: command line: --gpus: {MAX_GPUS - 2:,} GPUs take 1,821 nodes of 72 (131,112 GPUs); ")
     single = root / "topologies" / "single-h100.yaml"
     r = run_cli("collective", "--topology", single, "--gpus", 2, "--sizes", "1M")
     one_line_exit_2(r, f"error: command line: --gpus: 2 GPUs take 2 nodes of {single}: fabric.kind is 'none'")
