@@ -1408,3 +1408,29 @@ def test_temp_folders_a_killed_run_left_are_removed_by_the_next(tmp_path, root):
     assert not killed.exists()
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [".clustersim-heldhe1d", ".clustersim-linkto00", *(p.name for p in others), "summary.json"])
+
+
+def test_changes_joined_or_split_wrongly_say_how_to_write_them(root):
+    """``--set "parallel.tp=4,parallel.dp=2"`` (or with ``;``) said only that tp cannot be
+    '4,parallel.dp=2'; ``--set "parallel.tp= 4"`` that '4' is not KEY=VALUE: each says how to
+    write the changes now."""
+    path = "scenarios/llama3_8b_8gpu.yaml"
+    for given, says in [
+        ("parallel.tp=4,parallel.dp=2", "(got '4,parallel.dp=2'); changes are separated by spaces, not commas or "
+                                        "semicolons: 'parallel.tp=4 parallel.dp=2'"),
+        ("parallel.tp=4;parallel.dp=2", "changes are separated by spaces, not commas or semicolons: "
+                                        "'parallel.tp=4 parallel.dp=2'"),
+        ("parallel.tp=4; parallel.dp=2", "(got '4;'); changes are separated by spaces, not commas or semicolons: "
+                                         "drop the ';' after parallel.tp=4"),
+        ("parallel.tp= 4", "--set 'parallel.tp= 4': '4' is not KEY=VALUE with a dotted key (e.g. parallel.zero=3); "
+                           "a space beside the = splits a change in two: write parallel.tp=4"),
+        ("parallel.tp =4", "'parallel.tp' is not KEY=VALUE with a dotted key (e.g. parallel.zero=3); a space beside "
+                           "the = splits a change in two: write parallel.tp=4"),
+        ("parallel.tp = 4", "write parallel.tp=4"),
+    ]:
+        r = run_cli("validate", path, "--set", given, cwd=root)
+        one_line_exit_2(r, "error: ")
+        assert says in r.stderr, r.stderr
+    # a value that is not a change keeps its plain refusal
+    r = run_cli("validate", path, "--set", "parallel.tp=4,2", cwd=root)
+    assert r.returncode == 2 and "separated by spaces" not in r.stderr
