@@ -26,7 +26,9 @@ every shape, as CP 1 is), with sequence parallelism wherever tp > 1, and where p
 the scenario's vpp, or 2, as far as the layers allow), and its other settings where the plan
 allows them (DeepEP's experts whole on each rank). ``--vary KEY=V1,V2`` replaces a
 dimension's values (``--vary parallel.tp=8``) or adds one (``--vary
-parallel.schedule=1f1b,interleaved``). Plans the scenario's rules refuse are counted, not simulated; so are plans certain not to fit in memory
+parallel.schedule=1f1b,interleaved``); not a key of the model, the cluster or the batch
+(:func:`check_plan_keys`). Plans the scenario's rules refuse are counted, not simulated; so
+are plans certain not to fit in memory
 (``api.memory_floor``: weights, gradients, optimizer states and the activations the schedule
 holds, a lower bound of the simulated peak), unless ``--simulate-unfit``. The scenario's own
 plan is plan 1, always simulated. Where no plan fits and the topology has a host to offload
@@ -388,6 +390,22 @@ def _offloads(path: str) -> bool:
     return True
 
 
+# keys that change what the plans are for rather than the plan (each, and the keys under it):
+# the search ranks plans for one model, cluster and batch against each other
+NOT_PLANS = {"model": "the model", "cluster": "the cluster", "training.global_batch_size": "the batch"}
+
+
+def check_plan_keys(vary: list[tuple[str, list[Any]]]) -> None:
+    """Refuse a varied key that changes the model, the cluster or the batch (:data:`NOT_PLANS`):
+    its plans would be ranked against plans of another model or GPU (``--vary model.layers=3,4``
+    ranked a 3-layer model's tokens/s against a 4-layer one's)."""
+    for key, _ in vary:
+        what = next((w for k, w in NOT_PLANS.items() if key == k or key.startswith(f"{k}.")), None)
+        if what is not None:
+            raise ConfigError(f"{key} changes {what}: advise ranks plans for the scenario's model, cluster and batch, "
+                              "which it keeps (sweep varies any key)", source="command line", field="--vary")
+
+
 def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jobs: int = 1, budget: int = 200,
                  refine: int = 24, progress=None, prune: bool = True) -> dict[str, Any]:
     """Search the plans for the scenario ``path`` (``vary``: dimensions replaced or added),
@@ -407,6 +425,7 @@ def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, 
     data = read_yaml(Path(path), what="scenario")
     sc = load_scenario(path)
     vary = vary or []
+    check_plan_keys(vary)
     check_keys(path, data, vary)
     if DP in dict(vary):
         raise ConfigError("advise lets dp follow the other degrees (GPUs / (tp x pp x cp)); vary those, or use sweep "

@@ -10,7 +10,9 @@
     python -m clustersim schema
     python -m clustersim collective --topology topologies/dgx-h100.yaml --op all_reduce --gpus 8 --sizes 1M,1G
 
-Bad input prints one line naming the file and field, exits with 2, and writes nothing.
+Bad input prints one line naming the file and field, exits with 2, and writes nothing; so
+does an output that cannot be written (``--out`` on a full disk, a standard output that
+fails: ``> /dev/full``).
 A simulated step that breaks an invariant (a simulator bug, docs/invariants.md) prints the
 violations, exits with 3, and writes nothing; ``run --no-check`` skips the checks.
 Ctrl-C stops every process of the run, writes nothing (unless the files were in place
@@ -21,6 +23,7 @@ exits with 143.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import ConfigError, Terminated, raise_terminated
@@ -46,6 +50,58 @@ OUTPUT_FILES = ("summary.json", "report.html", "trace.json.gz")
 # gpt3_175b_1024gpu's: 15 million, about 230 MB)
 TRACE_GPUS_MAX_SPANS = 5_000_000
 STAGING_PREFIX = ".clustersim-"  # the run's temp folder, inside the output folder until the files move in
+
+
+class StreamError(OSError):
+    """An OSError writing the standard output or error (``> /dev/full``, a full disk under a
+    redirection), raised by :class:`_Guarded` so that the command line tells it from an
+    OSError of anything else; ``stream``: "stdout" or "stderr"."""
+
+    def __init__(self, exc: OSError, stream: str):
+        super().__init__(exc.errno, exc.strerror)
+        self.stream = stream
+
+
+class _Guarded:
+    """``sys.stdout`` or ``sys.stderr`` while a command runs (:func:`main`): what it cannot
+    write raises :class:`StreamError` (a broken pipe stays BrokenPipeError, which the
+    command line answers as ``head`` expects); everything else is the stream's own."""
+
+    def __init__(self, stream, name: str):
+        self._stream, self._name = stream, name
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StreamError(exc, self._name) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StreamError(exc, self._name) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _guarded_streams() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` as :class:`_Guarded` while the block runs."""
+    before = sys.stdout, sys.stderr
+    if sys.stdout is not None:
+        sys.stdout = _Guarded(sys.stdout, "stdout")
+    if sys.stderr is not None:
+        sys.stderr = _Guarded(sys.stderr, "stderr")
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = before
 
 
 OUT_NAME_MAX = 120  # characters of a default folder's name
@@ -85,11 +141,17 @@ def _default_out(scenario: str, changes: list[tuple[str, object]] = ()) -> Path:
 class _Staging:
     """The run's files are written into a fresh hidden temp folder inside ``out`` and moved in at
     the end: nothing is left half-written, and a run that fails (a broken invariant, an
-    interrupt) leaves neither files nor the folders it made for them."""
+    interrupt, a full disk) leaves neither files nor the folders it made for them.
+
+    The temp folder is locked while the command runs (:func:`_hold_folder`), and making one
+    removes those of the same kind in ``out`` that no process holds: what a run killed by
+    SIGKILL (or a machine that went down) left. A command running into the same folder holds
+    its own, which is left alone."""
 
     def __init__(self, out: Path, files: tuple[str, ...] = OUTPUT_FILES, ours: str | None = None):
         self.out, self.files, self.tmp, self.made, self.moved = out, files, None, [], False
         self.ours = re.compile(ours) if ours else None  # names of files an earlier command wrote, stale if not now
+        self.lock: int | None = None  # the temp folder's descriptor, which holds its lock
 
     def folder(self) -> Path:
         if self.tmp is None:
@@ -97,19 +159,24 @@ class _Staging:
             # ``out`` that links or mounts elsewhere failed the move after the whole run)
             self.made = [d for d in (self.out, *self.out.parents) if not d.exists()]
             self.out.mkdir(parents=True, exist_ok=True)
-            self.tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.out))
+            self.tmp, self.lock = _held_temp_folder(self.out)
+            _remove_stale(self.out, self.tmp)
         return self.tmp
 
     def move_in(self) -> list[Path]:
         tmp, out = self.folder(), self.out
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name in self.files:  # a file of an earlier run that this run did not write is stale
-            if (tmp / name).exists():
-                os.replace(tmp / name, out / name)
-                written.append(out / name)
-            else:
-                (out / name).unlink(missing_ok=True)
+        written, done = [], []
+        try:
+            for name in self.files:  # a file of an earlier run that this run did not write is stale
+                if (tmp / name).exists():
+                    os.replace(tmp / name, out / name)
+                    written.append(out / name)
+                    done.append(name)
+                else:
+                    (out / name).unlink(missing_ok=True)
+        except OSError as exc:
+            exc.moved = done  # (said by moved_in: the folder then holds these of this run)
+            raise
         if self.ours is not None:  # (an earlier compare of more plans wrote more reports)
             for p in sorted(out.iterdir()):
                 if self.ours.fullmatch(p.name) and p.name not in self.files and p.is_file():
@@ -125,24 +192,137 @@ class _Staging:
             raise ConfigError(f"cannot write in {self.out}: {exc.strerror or exc}", source="command line",
                               field="--out") from None
 
-    def moved_in(self) -> list[Path]:
+    def moved_in(self, args=None) -> list[Path]:
         """:meth:`move_in`, a failure the checks before the run cannot foresee (a disk gone
-        read-only) said as bad input (``--out``)."""
+        read-only) said as bad input (``--out``). Each file moves in by an ``os.replace`` of its
+        own: Ctrl-C and SIGTERM are held back until every one is in place and ``args.written``
+        says so, so that an interrupt cannot leave some files of this run beside some of the
+        one before (it then says the outputs are written)."""
+        from .forking import ctrl_c_held
+
+        with ctrl_c_held():
+            with self.writing(), _moving_in(self.out):
+                written = self.move_in()
+            if args is not None:
+                args.written = self.out
+        return written
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """The block writes into the temp folder (or moves its files in): an OSError there, which
+        no check before the run can foresee (a full disk, the output folder deleted meanwhile),
+        said as bad input (``--out``), one line instead of a traceback."""
         try:
-            return self.move_in()
+            yield
+        except StreamError:  # (the terminal's, not the folder's: _run says it)
+            raise
         except OSError as exc:
-            raise ConfigError(f"cannot write the outputs into {self.out}: {exc.strerror or exc}",
+            moved = getattr(exc, "moved", None)
+            partly = f"; only {', '.join(moved)} of this run moved in" if moved else ""
+            raise ConfigError(f"cannot write the outputs into {self.out}: {exc.strerror or exc}{partly}",
                               source="command line", field="--out") from None
 
     def clean(self) -> None:
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.lock is not None:  # (after the folder is gone: no other command takes it for stale meanwhile)
+            os.close(self.lock)
+            self.lock = None
         if not self.moved:
             for d in self.made:  # deepest first
                 try:
                     d.rmdir()
                 except OSError:
                     break
+
+
+# a temp folder as tempfile.mkdtemp names it (its 8 characters), which _remove_stale may remove
+_STAGED = re.compile(re.escape(STAGING_PREFIX) + r"[a-z0-9_]{8}")
+
+
+def _hold_folder(path: Path) -> int | None:
+    """A descriptor of the folder ``path`` holding an exclusive lock on it (``flock``: the
+    kernel drops it once every process holding the descriptor has ended, by SIGKILL too, the
+    forked ones included); None where this platform (Windows) or file system gives no such
+    lock. OSError where the folder is gone or not one, BlockingIOError where another process
+    holds the lock."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    except OSError:  # (no locks on this file system: ENOLCK, EOPNOTSUPP)
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def _moving_in(out: Path) -> Iterator[None]:
+    """One command at a time moves its files into ``out`` (a lock on the folder, waited for:
+    a move takes milliseconds), so that two commands writing into one folder leave the files
+    of one of them, not some of each; nothing held where :func:`_hold_folder` has no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # (no locks on this file system: moved in unheld)
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _held_temp_folder(out: Path) -> tuple[Path, int | None]:
+    """A fresh temp folder in ``out`` and the descriptor that holds its lock (None: no lock
+    to be had here). Another command's :func:`_remove_stale` may take it for stale between
+    its making and its lock, and remove it: then a fresh one is made."""
+    while True:
+        tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+        try:
+            fd = _hold_folder(tmp)
+        except (BlockingIOError, FileNotFoundError):  # held by the command removing it, or gone already
+            continue
+        if fd is None:
+            return tmp, None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
+                return tmp, fd
+        except OSError:  # locked once the other command had removed it and let go
+            pass
+        os.close(fd)
+
+
+def _remove_stale(out: Path, own: Path) -> None:
+    """Remove the temp folders in ``out`` (:data:`_STAGED`, not links) whose lock no process
+    holds: a command that ended without cleaning up (SIGKILL) left them. Locked here while
+    removed, so a command that just made one of the same name (:func:`_held_temp_folder`) makes
+    another; left where there is no lock to tell (:func:`_hold_folder`)."""
+    try:
+        names = [p for p in out.iterdir() if _STAGED.fullmatch(p.name) and p.name != own.name]
+    except OSError:
+        return
+    for p in names:
+        try:
+            fd = _hold_folder(p)
+        except OSError:  # in use, gone, a link or not a folder
+            continue
+        if fd is None:  # (no lock to be had here: none can be told stale)
+            return
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _out_problem(out: Path, files: tuple[str, ...] = OUTPUT_FILES) -> str | None:
@@ -156,7 +336,7 @@ def _out_problem(out: Path, files: tuple[str, ...] = OUTPUT_FILES) -> str | None
         return f"{out} is a file; give a folder for {', '.join(files)}"
     if out.is_dir():
         if not os.access(out, os.W_OK | os.X_OK):
-            return f"cannot write in {out} (permission denied)"
+            return f"cannot write in {out} ({'read-only file system' if _read_only(out) else 'permission denied'})"
         for name in files:  # os.replace cannot put a file where a folder is
             if (out / name).is_dir():
                 return f"{out / name} is a folder; the run writes a file of that name"
@@ -165,6 +345,15 @@ def _out_problem(out: Path, files: tuple[str, ...] = OUTPUT_FILES) -> str | None
         if d.exists():
             return None if d.is_dir() else f"{d} is a file, not a folder"
     return None
+
+
+def _read_only(folder: Path) -> bool:
+    """Whether ``folder`` is on a file system mounted read-only (where :func:`os.access` says
+    it cannot be written, the cause to name: no permission would help)."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (AttributeError, OSError):  # (Windows has no statvfs)
+        return False
 
 
 def _given_scenario(path: str) -> None:
@@ -240,7 +429,8 @@ def cmd_run(args) -> int:
             # (on the largest clusters the parent works the link use out faster itself)
             if sc.mesh.world_size >= background.PARENT_LINK_USE_GPUS:
                 link_use = None
-            writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
+            with staging.writing():  # (its counters' file: the output folder deleted meanwhile)
+                writer = background.start(staging.folder(), trace, link_use=link_use, checks=checks, **files)
         return writer
 
     problem = _out_problem(out)
@@ -254,7 +444,7 @@ def cmd_run(args) -> int:
         if args.keep is not None:
             args.keep.append(result)
         wall_s = time.perf_counter() - t0
-        with no_cyclic_gc():  # the outputs walk every span once more, see api.no_cyclic_gc
+        with no_cyclic_gc(), staging.writing():  # the outputs walk every span once more, see api.no_cyclic_gc
             tmp = staging.folder()
             # (UTF-8 and "\n" as they are: the same bytes on every platform, not cp1252 and CRLF on Windows)
             (tmp / "summary.json").write_text(to_json(result.summary), encoding="utf-8", newline="")
@@ -262,8 +452,7 @@ def cmd_run(args) -> int:
             if trace_gpus is not None:
                 _write_gpus_trace(tmp / "trace.json.gz", result, trace_gpus)
             result.finish_checks()  # those the writer took (a violation: nothing is moved in)
-            written = staging.moved_in()
-            args.written = out  # (an interrupt from now on says the files are there)
+            written = staging.moved_in(args)  # (an interrupt from now on says the files are there)
         print(format_summary(result.summary))
         print(_simulated_line(result.summary, wall_s))
         print(f"{'wrote':<16}" + ", ".join(str(p) for p in written))
@@ -366,20 +555,22 @@ def _compare(args) -> int:
                 # each plan's report, as run writes it, and its timeline for compare.html: one figure for both
                 fig = as_sent(timeline(result.trace, result.summary))
                 data_json = script_json(fig["data"])
-                (staging.folder() / report_name(p["label"])).write_text(
-                    report_html(result.trace, result.summary, fig, data_json,
-                                (("compare.html", "every plan side by side"),)), encoding="utf-8", newline="")
+                with staging.writing():
+                    (staging.folder() / report_name(p["label"])).write_text(
+                        report_html(result.trace, result.summary, fig, data_json,
+                                    (("compare.html", "every plan side by side"),)), encoding="utf-8", newline="")
                 # (each plan's, the page picks: the data already JSON, a few MB at most)
                 timelines.append((data_json, fig["layout"], timeline_caption(result.trace, fig["layout"]),
                                   fig.get("detail")))
             del result
         if staging is not None:
-            (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)), encoding="utf-8", newline="")
-            if not args.no_report:
-                (staging.folder() / COMPARE_PAGE).write_text(compare_html(plans, timelines, reports=True),
-                                                             encoding="utf-8", newline="")
-            written = staging.moved_in()
-            args.written = out
+            with staging.writing():
+                (staging.folder() / COMPARE_FILE).write_text(to_json(compare_json(plans)), encoding="utf-8",
+                                                             newline="")
+                if not args.no_report:
+                    (staging.folder() / COMPARE_PAGE).write_text(compare_html(plans, timelines, reports=True),
+                                                                 encoding="utf-8", newline="")
+            written = staging.moved_in(args)
     finally:
         if staging is not None:
             with ctrl_c_held():
@@ -459,11 +650,11 @@ def _search(args, varies: list, files: tuple[str, str, str], what: str, width: i
         staging = _Staging(out, files)
         try:
             tmp = staging.opened()
-            (tmp / files[0]).write_text(to_json(found), encoding="utf-8", newline="")
-            (tmp / files[1]).write_text(sweep_csv(found), encoding="utf-8", newline="")
-            (tmp / files[2]).write_text(plans_html(found, text, args.command), encoding="utf-8", newline="")
-            written = staging.moved_in()
-            args.written = out
+            with staging.writing():
+                (tmp / files[0]).write_text(to_json(found), encoding="utf-8", newline="")
+                (tmp / files[1]).write_text(sweep_csv(found), encoding="utf-8", newline="")
+                (tmp / files[2]).write_text(plans_html(found, text, args.command), encoding="utf-8", newline="")
+            written = staging.moved_in(args)
         finally:
             with ctrl_c_held():
                 staging.clean()
@@ -667,7 +858,8 @@ def cmd_validate(args) -> int:
     """Check every file given, a scenario or a topology, each on a line of its own
     (``error: ...`` on stderr for a bad one, so that a glob's later files are still checked);
     exit 2 if any was bad. A scenario's line gives its memory floor (``api.memory_floor``)
-    and says where no run of it can fit: a valid plan still, which ``run`` simulates. With
+    and says where no run of it can fit ("valid, but cannot fit" instead of "ok"): a valid
+    plan still, which ``run`` simulates. With
     ``--set``, each scenario is checked with the changes ``run --set`` would make (a
     topology file is then refused: the changes are a scenario's)."""
     from .api import memory_floor
@@ -708,7 +900,9 @@ def cmd_validate(args) -> int:
         hosted = "" if host is None else (f", {host['peak_bytes'] / GiB:,.1f} of {host['capacity_bytes'] / GiB:,.0f} GiB "
                                           "of host memory a node" + ("" if host["fits"] else ": cannot fit"))
         gpus = f": cannot fit (stage {floor['stage']})" if floor["peak_bytes"] > floor["capacity_bytes"] else ""
-        print(f"{sc.source}: ok ({n} GPU{'s' if n != 1 else ''}, {dims}, "
+        # (a plan no run can fit is still a valid file, exit code 0: "ok" would read as "fits")
+        said = "valid, but cannot fit" if gpus or (host is not None and not host["fits"]) else "ok"
+        print(f"{sc.source}: {said} ({n} GPU{'s' if n != 1 else ''}, {dims}, "
               f"{sc.microbatches} microbatch{'es' if sc.microbatches != 1 else ''}; memory at least {need:.1f} of "
               f"{cap:.0f} GiB a GPU{gpus}{hosted}{_ceilings(sc.topology)})", flush=True)
     if bad and len(args.scenarios) > 1:
@@ -908,7 +1102,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "starting point for the settings the search does not vary)")
     adv.add_argument("--vary", action="append", metavar="KEY=V1,V2,...",
                      help="replace a searched dimension's values (e.g. --vary parallel.tp=8) or add one (e.g. "
-                          "--vary parallel.schedule=1f1b,interleaved); repeatable")
+                          "--vary parallel.schedule=1f1b,interleaved); repeatable; not a key of the model, the "
+                          "cluster or the batch (model.*, cluster.*, training.global_batch_size: sweep varies those)")
     adv.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
                                                             "most: the CPUs; the results do not depend on it)")
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")
@@ -994,7 +1189,8 @@ def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
         parser.hint, parser.words = _spaced_change(words), words
         args = parser.parse_args(words)
         args.keep = [] if fast_exit else None  # what the command made, held until the exit
-        code = _run(args)
+        with _guarded_streams():
+            code = _run(args)
     except KeyboardInterrupt as exc:  # before the command began (imports, arguments): nothing written
         code = _stopped(exc, None)
     finally:
@@ -1030,19 +1226,43 @@ def _run(args) -> int:
     from .analysis.invariants import InvariantError
 
     try:
-        return args.func(args)
-    except ConfigError as exc:
-        print(f"error: {exc.line()}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except InvariantError as exc:
-        print(f"error: {exc.report()}", file=sys.stderr)
-        print("error: no outputs written (run with --no-check to skip the checks)", file=sys.stderr)
-        return EXIT_INVARIANT
+        try:
+            code = args.func(args)
+            sys.stdout.flush()  # (what is left in the buffer: a failure is said here, not lost at the exit)
+            return code
+        except ConfigError as exc:
+            _say(f"error: {exc.line()}")
+            return EXIT_BAD_INPUT
+        except InvariantError as exc:
+            _say(f"error: {exc.report()}\nerror: no outputs written (run with --no-check to skip the checks)")
+            return EXIT_INVARIANT
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
+    except StreamError as exc:  # stdout or stderr that cannot be written (a full disk): said where it can be
+        return _unwritable(exc, getattr(args, "written", None))
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the temp folder and any forked process are gone already
         return _stopped(exc, getattr(args, "written", None))
+
+
+def _say(line: str) -> None:
+    """Print ``line`` on stderr, where it can be written: a command's last word (bad input,
+    a broken invariant) keeps its exit code when stderr is full or closed."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _unwritable(exc: StreamError, written: Path | None) -> int:
+    """Say, on stderr where it still can be written, that the command's standard output (or
+    error) could not be written (a full disk, ``> /dev/full``), and whether the outputs were in
+    ``written`` already; the exit code, bad input's: the output given cannot take the command's
+    lines, as an ``--out`` on a full disk cannot take its files."""
+    if exc.stream == "stdout":
+        done = f"; the outputs are written, in {written}" if written is not None else ""
+        _say(f"error: cannot write the standard output: {exc.strerror}{done}")
+    return EXIT_BAD_INPUT
 
 
 def _stop_code(exc: KeyboardInterrupt) -> int:

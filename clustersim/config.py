@@ -1304,14 +1304,16 @@ def _build_checked(topo: TopologyCfg, own: int, source: str, overrides: dict[str
         raise _referred(exc, source) from None
 
 
-def _referred(exc: ConfigError, source: str) -> ConfigError:
+def _referred(exc: ConfigError, source: str, read: bool = False) -> ConfigError:
     """``exc``, a topology file's own error (not one :func:`_scenarios_error` made the
     scenario's), told which scenario reads that file: the file and field to mend stay first,
     the scenario that led there follows::
 
         topologies/my.yaml: node.nic.bw_Gbs: unknown key (the topology of scenarios/x.yaml, cluster.topology)
-    """
-    if not exc.source or exc.source == source:
+
+    ``read``: ``exc`` came of reading the topology file, so that one naming ``source`` is the
+    scenario's own file, which names itself in cluster.topology: told so too."""
+    if not exc.source or (exc.source == source and not read):
         return exc
     return ConfigError(f"{exc.message} (the topology of {source}, cluster.topology)", source=exc.source,
                        field=exc.field, bad_value=exc.bad_value)
@@ -1368,7 +1370,7 @@ def load_scenario(src: str | Path | dict[str, Any], *, base_dir: str | Path | No
         topo = load_topology_cfg(topo_path, overrides or None, build=False)  # what-ifs checked below, merged
     except ConfigError as exc:
         blamed = _scenarios_error(exc, overrides, topo_path, source)
-        raise (blamed if blamed is not exc else _referred(exc, source)) from None
+        raise (blamed if blamed is not exc else _referred(exc, source, read=True)) from None
     own = len(topo.what_if)
     if cfg.cluster.what_if:
         topo = _with_what_ifs(topo, cfg.cluster.what_if)

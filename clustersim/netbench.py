@@ -25,7 +25,7 @@ from .collectives.algorithms import ALGORITHMS
 from .engine.network import plan_phases
 from .engine.sim import Engine
 from .errors import ConfigError
-from .hardware.topology import build_cluster, load_topology_cfg
+from .hardware.topology import MAX_GPUS, build_cluster, load_topology_cfg
 from .yamlio import given_file, short_repr
 from .program.tasks import Comm, Program
 
@@ -95,10 +95,14 @@ def benchmark(topology: str | Path, op: str, gpus: int, sizes: list[int], algori
     if gpus < 2:
         raise ConfigError("a collective needs at least 2 GPUs", source="command line", field="--gpus")
     if op == "all_to_all" and gpus > MAX_ALL_TO_ALL_GPUS:
-        raise ConfigError(f"all_to_all over {gpus:,} GPUs is {gpus * (gpus - 1):,} flows, one per ordered pair; "
-                          f"clustersim times it over at most {MAX_ALL_TO_ALL_GPUS:,} GPUs (about a million flows, "
-                          f"2 GB and some seconds)", source="command line", field="--gpus")
-    nodes = math.ceil(gpus / per_node)
+        raise ConfigError(f"all_to_all over {_count(gpus)} GPUs is {_count(gpus * (gpus - 1))} flows, one per "
+                          f"ordered pair; clustersim times it over at most {MAX_ALL_TO_ALL_GPUS:,} GPUs (about a "
+                          f"million flows, 2 GB and some seconds)", source="command line", field="--gpus")
+    nodes = -(-gpus // per_node)  # (whole nodes, in integers: a float overflows past 1e308 GPUs)
+    if nodes * per_node > MAX_GPUS:  # (said here: the topology's own check would say it of nodes, three numbers again)
+        whole = f" take {nodes:,} nodes of {per_node} ({nodes * per_node:,} GPUs)" if nodes * per_node != gpus else ""
+        raise ConfigError(f"{_count(gpus)} GPUs{whole}; clustersim builds the cluster graph in memory and takes at "
+                          f"most {MAX_GPUS:,} GPUs", source="command line", field="--gpus")
     try:  # the topology checked out with its own node count: what fails now is the count --gpus asks for
         cluster = build_cluster(load_topology_cfg(path, {"nodes": nodes}))
     except ConfigError as exc:
@@ -163,6 +167,12 @@ def fabric_why(cfg) -> str:
                   if fab.routing == "hash" else "flows to destinations that share an uplink (fabric.routing: "
                   "destination)")
     return f"the switches above the NICs: {', or '.join(causes)}; docs/network.md"
+
+
+def _count(n: int) -> str:
+    """``n`` with thousands separators, cut as :func:`short_repr` cuts it where it runs past 30
+    digits (``--gpus`` is any integer argparse reads: thousands of digits)."""
+    return f"{n:,}" if n < 10**30 else short_repr(n)
 
 
 def _size_label(b: int) -> str:

@@ -40,9 +40,9 @@ def parse_changes(text: str, *, source: str, field: str) -> list[tuple[str, Any]
     if not words:
         raise ConfigError("is empty: give changes as KEY=VALUE (e.g. parallel.zero=3)", source=source, field=field)
     out = []
-    for word in words:
+    for i, word in enumerate(words):
         key, eq, raw = word.partition("=")
-        check_key(key if eq else "", source=source, field=field, what=word)
+        check_key(key if eq else "", source=source, field=field, what=word, hint=_stray_space(words, i))
         try:
             value = parse_value(key, raw, source=source, field=field)
         except ConfigError as exc:
@@ -57,11 +57,26 @@ def parse_changes(text: str, *, source: str, field: str) -> list[tuple[str, Any]
     return out
 
 
-def check_key(key: str, *, source: str, field: str, what: str) -> None:
-    """Refuse ``key`` unless it is a dotted key (``parallel.zero``); ``what``: the whole word."""
+def check_key(key: str, *, source: str, field: str, what: str, hint: str = "") -> None:
+    """Refuse ``key`` unless it is a dotted key (``parallel.zero``); ``what``: the whole word,
+    ``hint``: what the refusal adds (:func:`_stray_space`)."""
     if not _KEY.fullmatch(key):
-        raise ConfigError(f"{short_repr(what)} is not KEY=VALUE with a dotted key (e.g. parallel.zero=3)",
+        raise ConfigError(f"{short_repr(what)} is not KEY=VALUE with a dotted key (e.g. parallel.zero=3){hint}",
                           source=source, field=field)
+
+
+def _stray_space(words: list[str], i: int) -> str:
+    """Where the word ``words[i]``, not a change, is one split off by a space beside its ``=``
+    (``parallel.tp= 4``, ``parallel.tp =4``, ``parallel.tp = 4``): what to write instead,
+    to end the refusal with; else ""."""
+    word = words[i]
+    if i > 0 and words[i - 1].endswith("=") and _KEY.fullmatch(words[i - 1][:-1]) and "=" not in word:
+        whole = words[i - 1] + word
+    elif i + 1 < len(words) and words[i + 1].startswith("=") and _KEY.fullmatch(word):
+        whole = word + words[i + 1] + (words[i + 2] if words[i + 1] == "=" and i + 2 < len(words) else "")
+    else:
+        return ""
+    return f"; a space beside the = splits a change in two: write {shlex.quote(whole)}"
 
 
 def parse_value(key: str, raw: str, *, source: str, field: str) -> Any:
@@ -193,6 +208,10 @@ def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[st
         return load_scenario(apply_changes(data, made + list(unnamed), source=source), base_dir=folder,
                              source=source, check_schedule=check_schedule)
     except ConfigError as exc:
+        joined = _joined_changes(exc.field, dict(changes).get(exc.field))
+        if joined:
+            raise ConfigError(f"{exc.message}; {joined}", source=exc.source, field=exc.field,
+                              bad_value=exc.bad_value) from None
         given = dict(changes).get(exc.field) if exc.field in PATH_KEYS else None
         if isinstance(given, str) and given == dict(made)[exc.field] and "not found" in exc.message \
                 and not Path(given).is_absolute() and not given.startswith("~"):  # (looked for in both places)
@@ -202,6 +221,24 @@ def load_variant(path: str | Path, changes: list[tuple[str, Any]], data: dict[st
             raise ConfigError(f"{exc.message}{tail}", source=exc.source, field=exc.field,
                               bad_value=exc.bad_value) from None
         raise
+
+
+# a change joined to the one before it by a comma or a semicolon, inside that one's value
+_JOINED = re.compile(r"\s*[,;]\s*(?=[A-Za-z_]\w*(?:\.\w+)+=)")
+
+
+def _joined_changes(key: str | None, value: Any) -> str:
+    """Where ``value``, refused for ``key``, holds more changes after a comma or a semicolon
+    (``--set "parallel.tp=4,parallel.dp=2"``: tp given '4,parallel.dp=2'), or ends with one
+    (``"parallel.tp=4; parallel.dp=2"``: '4;'), how to write them; else ""."""
+    if not isinstance(value, str) or not key:
+        return ""
+    said = "changes are separated by spaces, not commas or semicolons"
+    if _JOINED.search(value):
+        return f"{said}: {shlex.quote(_JOINED.sub(' ', f'{key}={value}'))}"
+    if len(value) > 1 and value.rstrip()[-1:] in (",", ";"):
+        return f"{said}: drop the {value.rstrip()[-1]!r} after {shlex.quote(f'{key}={value.rstrip()[:-1]}')}"
+    return ""
 
 
 # the scenario's fields that name a file, relative to the scenario's folder in the file

@@ -148,7 +148,11 @@ class Strict(pydantic.BaseModel):
                     raise refused_alone(f"a number, not a string ({short_repr(quoted)}: a leading zero, which "
                                          f"YAML 1.1 reads as text, quoted or not; write it without the zero)")
                 if quoted is not None:
-                    raise refused_alone(f"a number, not a string ({short_repr(quoted)} is quoted)")
+                    # (the value alone, not how it was written: '4' and !!str 4 load alike; a
+                    # digit outside ASCII, full-width 4 unquoted, loads as text too)
+                    why = ("quoted, or tagged !!str" if quoted.isascii() else
+                           "YAML reads numbers written in ASCII digits only")
+                    raise refused_alone(f"a number, not a string ({short_repr(quoted)}: {why})")
             # pydantic would read 'false', 'off' or '0' as False: a switch takes true or false
             if bool in kinds and kinds <= {bool, type(None)} and any(isinstance(x, str) for x in items):
                 quoted = next(x for x in items if isinstance(x, str))

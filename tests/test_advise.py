@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 import clustersim
-from clustersim.advise import (guide_rule, memory_settings, own_values, plan_of, run_advise, search_space,
-                               values_of)
+from clustersim.advise import (check_plan_keys, guide_rule, memory_settings, own_values, plan_of, run_advise,
+                               search_space, values_of)
 from clustersim.output.plans_page import compare_command, run_command, scatter_figure
 from clustersim.overrides import load_variant, parse_changes
 from clustersim.sweep import DP
@@ -201,6 +201,24 @@ def test_advise_vary_and_bad_input(tmp_path, root):
         r = run_cli("advise", SMALL, *args, "--out", out, cwd=root)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert not (tmp_path / "x").exists()
+
+
+def test_advise_refuses_to_vary_the_model_the_cluster_or_the_batch(root):
+    """``--vary model.layers=3,4`` (or cluster.gpu, the batch) ranked plans of different models
+    or GPUs against each other ("the best plan gives 657 % more tokens/s"): refused by name,
+    before any plan runs, from Python too; the plan's keys are still varied."""
+    for v, what in (("model.layers=3,4", "the model"), ("cluster.gpu=H100,B200", "the cluster"),
+                    ("cluster.nodes=1,2", "the cluster"), ("training.global_batch_size=32,64", "the batch"),
+                    ("model=null", "the model")):
+        r = run_cli("advise", SMALL, "--vary", v, cwd=root)
+        key = v.split("=")[0]
+        assert r.returncode == 2 and r.stderr == (
+            f"error: command line: --vary: {key} changes {what}: advise ranks plans for the scenario's model, cluster "
+            "and batch, which it keeps (sweep varies any key)\n"), r.stderr
+    with pytest.raises(clustersim.ConfigError, match="model.hidden changes the model"):
+        run_advise(str(root / SMALL), [("parallel.tp", [4]), ("model.hidden", [2048, 4096])])
+    # a key that only begins as one of those is not one of them
+    check_plan_keys([("modelx.a", [1]), ("training.global_batch_sizes", [1]), ("training.micro_batch_size", [1, 2])])
 
 
 def test_plans_of_other_schedules_and_dispatchers(root):

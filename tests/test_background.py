@@ -144,6 +144,16 @@ def test_the_writer_works_out_the_link_use_for_the_summary(tmp_path, monkeypatch
         == files_of(tmp_path / "alone")
 
 
+def test_link_use_the_writer_said_was_there_but_is_gone_is_worked_out_here(tmp_path):
+    """The output folder deleted once the writer has said its link use is there: None (the
+    parent works it out, and its files then say the folder is gone), not a FileNotFoundError
+    traceback from the summary."""
+    r, w = os.pipe()
+    os.write(w, b"l")
+    os.close(w)
+    assert background.Writer(tmp_path / "gone", 0, None, links_fd=r).links() is None
+
+
 @needs_fork
 def test_parent_writes_the_files_when_the_child_fails(tmp_path, monkeypatch):
     sc = write_scenario(tmp_path, ROOT, scenario_dict())

@@ -72,7 +72,8 @@ def test_exponent_numbers_are_numbers_as_yaml_1_2_reads_them(tmp_path):
     assert sc.training.dp_bucket_params == 40_000_000 and sc.topology.fabric.latency_us == 0.6
     assert sc.topology.what_if[0].slowdown == 1.5
     scenario.write_text(scenario.read_text().replace("dp_bucket_params: 4e7", "dp_bucket_params: '4e7'"))
-    with pytest.raises(ConfigError, match=r"training.dp_bucket_params: a number, not a string \('4e7' is quoted\)"):
+    with pytest.raises(ConfigError, match=r"training.dp_bucket_params: a number, not a string \('4e7': quoted, or "
+                                          r"tagged !!str\)"):
         clustersim.load_scenario(scenario)
 
 

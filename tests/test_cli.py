@@ -551,10 +551,21 @@ def test_collective_sizes_past_1_pib_are_refused(root):
 
 
 def test_collective_gpus_errors_name_gpus(root):
-    """A --gpus the topology cannot hold names --gpus, not the topology file's nodes or fabric."""
+    """A --gpus the topology cannot hold names --gpus, not the topology file's nodes or fabric
+    (past the GPUs clustersim builds, the line ended "use fewer nodes" and said the count three
+    times; a count past 1e308 was an OverflowError traceback)."""
+    from clustersim.hardware.topology import MAX_GPUS
+
     topo = root / "topologies" / "dgx-h100.yaml"
     r = run_cli("collective", "--topology", topo, "--gpus", 2_000_000, "--sizes", "1M")
-    one_line_exit_2(r, f"error: command line: --gpus: 2,000,000 GPUs take 250,000 nodes of {topo}: ")
+    one_line_exit_2(r, f"error: command line: --gpus: 2,000,000 GPUs; clustersim builds the cluster graph in memory "
+                       f"and takes at most {MAX_GPUS:,} GPUs\n")
+    r = run_cli("collective", "--topology", topo, "--gpus", "1" + "0" * 400, "--sizes", "1M")
+    one_line_exit_2(r, "error: command line: --gpus: 1000")
+    assert len(r.stderr) < 200 and "nodes" not in r.stderr
+    r = run_cli("collective", "--topology", root / "topologies" / "gb200-nvl72.yaml", "--gpus", MAX_GPUS - 2,
+                "--sizes", "1M")  # (whole nodes of 72: past the most)
+    one_line_exit_2(r, f"error: command line: --gpus: {MAX_GPUS - 2:,} GPUs take 1,821 nodes of 72 (131,112 GPUs); ")
     single = root / "topologies" / "single-h100.yaml"
     r = run_cli("collective", "--topology", single, "--gpus", 2, "--sizes", "1M")
     one_line_exit_2(r, f"error: command line: --gpus: 2 GPUs take 2 nodes of {single}: fabric.kind is 'none'")
@@ -875,6 +886,8 @@ def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(ro
         floor = memory_floor(clustersim.load_scenario(path))
         assert f"; memory at least {floor['peak_bytes'] / 2**30:.1f} of 80 GiB a GPU" in line
         assert line.endswith(")" if floor["fits"] else f": cannot fit (stage {floor['stage']}))")
+        # ("ok" where it fits; a plan that cannot is valid still, exit code 0, but not "ok")
+        assert line.startswith(f"{path}: {'ok' if floor['fits'] else 'valid, but cannot fit'} (")
     assert not floor["fits"]
     bad = tmp_path / "t.yaml"
     bad.write_text((root / "topologies" / "dgx-h100.yaml").read_text() + "\nwhat_iff: []\n")
@@ -1165,3 +1178,259 @@ def test_the_report_links_the_files_beside_it(tmp_path, root):
     page = (tmp_path / "c" / "report_B.html").read_text()
     assert '<p class="meta">files: <a href="compare.html">compare.html</a>' in page
     assert (tmp_path / "c" / "compare.html").is_file()
+
+
+def _full_disk_in_staging(monkeypatch) -> None:
+    """Every write into a temp folder of the outputs fails as on a full disk (ENOSPC), in this
+    process and in those it forks (the writer of report.html and trace.json.gz)."""
+    import errno
+
+    from clustersim.cli import STAGING_PREFIX
+
+    for name in ("write_text", "write_bytes"):
+        real = getattr(Path, name)
+
+        def full(self, *a, _real=real, **k):
+            if any(part.startswith(STAGING_PREFIX) for part in self.parts):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(Path, name, full)
+
+
+@pytest.mark.parametrize("command", ["run", "compare", "sweep", "advise"])
+def test_a_full_disk_while_the_outputs_are_written_is_said_as_bad_input(tmp_path, root, monkeypatch, capsys,
+                                                                         command):
+    """A full disk while the files are written into the temp folder (not only while they move
+    in) is said as --out's: one line, exit code 2, no traceback, nothing left (it was an
+    OSError traceback and exit code 1)."""
+    import errno
+
+    from clustersim.cli import main
+
+    _full_disk_in_staging(monkeypatch)
+    scenario = str(root / "scenarios/llama3_8b_8gpu.yaml")
+    out = tmp_path / "full" / "out"
+    args = {"run": ["run", scenario],
+            "compare": ["compare", scenario, "--variant", "parallel.zero=1"],
+            "sweep": ["sweep", scenario, "--vary", "parallel.zero=0,1", "--jobs", "1"],
+            "advise": ["advise", scenario, "--vary", "parallel.tp=4", "--vary", "parallel.pp=1", "--vary",
+                       "parallel.zero=1", "--vary", "training.recompute=none", "--jobs", "1"]}[command]
+    rc = main([*args, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert (rc, err) == (2, f"error: command line: --out: cannot write the outputs into {out}: "
+                            f"{os.strerror(errno.ENOSPC)}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("when", ["writer", "summary"])
+def test_the_out_folder_deleted_while_the_outputs_are_written_is_said_as_bad_input(tmp_path, root, monkeypatch,
+                                                                                    capsys, when):
+    """--out deleted while the run writes (as the writer of the files starts, or before
+    summary.json is written): one line naming --out, exit code 2 (it was a FileNotFoundError
+    traceback from the writer's counters' file, or from summary.json, and exit code 1)."""
+    from clustersim.cli import main
+    from clustersim.output import background, summary
+
+    out = tmp_path / "out"
+    if when == "writer":
+        start = background.start
+
+        def deleted_first(folder, *a, **k):
+            shutil.rmtree(out)
+            return start(folder, *a, **k)
+
+        monkeypatch.setattr(background, "start", deleted_first)
+    else:
+        to_json = summary.to_json
+
+        def deleted_first(*a, **k):
+            shutil.rmtree(out)
+            return to_json(*a, **k)
+
+        monkeypatch.setattr(summary, "to_json", deleted_first)
+    rc = main(["run", str(root / "scenarios/llama3_8b_8gpu.yaml"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert (rc, err) == (2, f"error: command line: --out: cannot write the outputs into {out}: "
+                            "No such file or directory\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_an_interrupt_while_the_files_move_in_lets_them_all_move_in(tmp_path, root, monkeypatch, capsys, command):
+    """Ctrl-C right after the first file moved in (each moves by an os.replace of its own):
+    held back until every file is in place, then said as an interrupt after the files were
+    written (exit code 130). It left the folder with one file of this run and the others of
+    the run before, while it said "no outputs written"."""
+    import signal
+
+    from clustersim.cli import EXIT_INTERRUPTED, OUTPUT_FILES, main
+    from clustersim.sweep import SWEEP_FILES
+
+    files = OUTPUT_FILES if command == "run" else SWEEP_FILES
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in files:  # the files of the run before
+        (out / name).write_text("old")
+    replace = os.replace
+    moved = []
+
+    def replaced(a, b):
+        replace(a, b)
+        moved.append(b)
+        if len(moved) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replaced)
+    scenario = str(root / "scenarios/llama3_8b_8gpu.yaml")
+    args = ["run", scenario] if command == "run" else ["sweep", scenario, "--vary", "parallel.zero=0,1", "--jobs", "1"]
+    try:
+        rc = main([*args, "--out", str(out)])
+    except KeyboardInterrupt:  # (not let through to pytest, which would stop the session)
+        pytest.fail("the interrupt went through clustersim")
+    assert rc == EXIT_INTERRUPTED and len(moved) == len(files)
+    assert capsys.readouterr().err.splitlines()[-1] == f"interrupted: the outputs are written, in {out}"
+    assert sorted(p.name for p in out.iterdir()) == sorted(files)
+    assert all((out / name).read_bytes() != b"old" for name in files)
+
+
+class _Full:
+    """A standard stream on a full disk (``> /dev/full``): every write fails with ENOSPC."""
+
+    def write(self, text):
+        import errno
+
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("args", [("schema",), ("validate", "scenarios/llama3_8b_8gpu.yaml"),
+                                  ("schedule", "--pp", "2", "-m", "2")])
+def test_a_standard_output_that_cannot_be_written_is_one_line(root, monkeypatch, capsys, args):
+    """``schema > /dev/full`` (and validate, schedule): one line on stderr, exit code 2 (it
+    was an OSError traceback and exit code 1)."""
+    from clustersim.cli import main
+
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(sys, "stdout", _Full())
+    rc = main(list(args))
+    assert (rc, capsys.readouterr().err) == (2, "error: cannot write the standard output: No space left on device\n")
+
+
+def test_a_run_whose_summary_cannot_be_printed_says_its_files_are_written(tmp_path, root, monkeypatch, capsys):
+    """run with stdout on a full disk: the files are in place already, and the line says so."""
+    from clustersim.cli import main
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "stdout", _Full())
+    rc = main(["run", str(root / "scenarios/llama3_8b_8gpu.yaml"), "--no-trace", "--no-report", "--out", str(out)])
+    assert (rc, capsys.readouterr().err) == (2, "error: cannot write the standard output: No space left on device; "
+                                                f"the outputs are written, in {out}\n")
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def test_an_error_that_cannot_be_said_keeps_its_exit_code(root, monkeypatch, capsys):
+    """Bad input with stderr on a full disk (``2> /dev/full``): exit code 2 still, no traceback
+    (which could not be written either: it was exit code 1)."""
+    from clustersim.cli import main
+
+    monkeypatch.setattr(sys, "stderr", _Full())
+    assert main(["schedule", "--pp", "0", "-m", "2"]) == 2
+    assert main(["validate", str(root / "no such file.yaml")]) == 2
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_dev_full_as_stdout_is_one_line(root):
+    """``python -m clustersim schema > /dev/full``, as a user's shell runs it."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "clustersim", "schema"], stdout=full, stderr=subprocess.PIPE,
+                           text=True)
+    assert (r.returncode, r.stderr) == (2, "error: cannot write the standard output: No space left on device\n")
+
+
+def test_an_out_on_a_read_only_file_system_says_so(tmp_path, monkeypatch):
+    """A folder that cannot be written because its file system is mounted read-only is said to
+    be that, not "permission denied" (which no chmod would mend)."""
+    from types import SimpleNamespace
+
+    from clustersim.cli import _out_problem
+
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    assert _out_problem(tmp_path) == f"cannot write in {tmp_path} (permission denied)"
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_flag=os.ST_RDONLY))
+    assert _out_problem(tmp_path) == f"cannot write in {tmp_path} (read-only file system)"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="flock, and the test's SIGKILL of a group")
+def test_temp_folders_a_killed_run_left_are_removed_by_the_next(tmp_path, root):
+    """A run killed by SIGKILL leaves its temp folder (megabytes of partial files): the next
+    command writing into the same folder removes it. One another process holds (a run still
+    running) stays, and so does whatever is not such a folder."""
+    import fcntl
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "clustersim", "run", str(root / "scenarios/moe_1024gpu.yaml"),
+                          "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline:  # the writer's files in the temp folder
+            if any(any(True for _ in d.iterdir()) for d in _staging_folders(out)):
+                break
+            time.sleep(0.002)
+        assert p.poll() is None, "the run ended before it could be killed"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    (killed,) = _staging_folders(out)
+    time.sleep(0.2)  # (the forked writer, killed with the group, gone: it held the lock too)
+    held = out / ".clustersim-heldhe1d"
+    held.mkdir()
+    others = [out / ".clustersim-notours", out / ".clustersim-12345678.txt"]
+    others[0].mkdir()
+    others[1].write_text("a file")
+    (out / ".clustersim-linkto00").symlink_to(held)
+    fd = os.open(held, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = run_cli("run", root / "scenarios/llama3_8b_8gpu.yaml", "--no-trace", "--no-report", "--out", out)
+        assert r.returncode == 0, r.stderr
+    finally:
+        os.close(fd)
+    assert not killed.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [".clustersim-heldhe1d", ".clustersim-linkto00", *(p.name for p in others), "summary.json"])
+
+
+def test_changes_joined_or_split_wrongly_say_how_to_write_them(root):
+    """``--set "parallel.tp=4,parallel.dp=2"`` (or with ``;``) said only that tp cannot be
+    '4,parallel.dp=2'; ``--set "parallel.tp= 4"`` that '4' is not KEY=VALUE: each says how to
+    write the changes now."""
+    path = "scenarios/llama3_8b_8gpu.yaml"
+    for given, says in [
+        ("parallel.tp=4,parallel.dp=2", "(got '4,parallel.dp=2'); changes are separated by spaces, not commas or "
+                                        "semicolons: 'parallel.tp=4 parallel.dp=2'"),
+        ("parallel.tp=4;parallel.dp=2", "changes are separated by spaces, not commas or semicolons: "
+                                        "'parallel.tp=4 parallel.dp=2'"),
+        ("parallel.tp=4; parallel.dp=2", "(got '4;'); changes are separated by spaces, not commas or semicolons: "
+                                         "drop the ';' after parallel.tp=4"),
+        ("parallel.tp= 4", "--set 'parallel.tp= 4': '4' is not KEY=VALUE with a dotted key (e.g. parallel.zero=3); "
+                           "a space beside the = splits a change in two: write parallel.tp=4"),
+        ("parallel.tp =4", "'parallel.tp' is not KEY=VALUE with a dotted key (e.g. parallel.zero=3); a space beside "
+                           "the = splits a change in two: write parallel.tp=4"),
+        ("parallel.tp = 4", "write parallel.tp=4"),
+    ]:
+        r = run_cli("validate", path, "--set", given, cwd=root)
+        one_line_exit_2(r, "error: ")
+        assert says in r.stderr, r.stderr
+    # a value that is not a change keeps its plain refusal
+    r = run_cli("validate", path, "--set", "parallel.tp=4,2", cwd=root)
+    assert r.returncode == 2 and "separated by spaces" not in r.stderr

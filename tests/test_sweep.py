@@ -180,7 +180,7 @@ def test_sweep_bad_input_writes_nothing(tmp_path, root):
         (("--vary", "parallel.pp=1,x"), "with parallel.pp=x: parallel.pp: Input should be a valid integer"),
         (("--vary", "parallel.schedule=1f1b,gpipee"), "with parallel.schedule=gpipee: parallel.schedule: Input should be"),
         (("--vary", "parallel.pp=0,2"), "with parallel.pp=0: parallel.pp: Input should be greater than or equal to 1"),
-        (("--vary", "parallel.pp=1,'2'"), "parallel.pp: a number, not a string ('2' is quoted)"),
+        (("--vary", "parallel.pp=1,'2'"), "parallel.pp: a number, not a string ('2': quoted, or tagged !!str)"),
         # under the cluster section, a topology field's (the node's GPUs once crashed dp's division)
         (("--vary", "cluster.node.gpus=8,x"), "with cluster.node.gpus=x: cluster.node.gpus: Input should be a valid integer"),
         (("--vary", "cluster.node.nic.bw_Gbps=400,fast"), "cluster.node.nic.bw_Gbps: Input should be a valid number"),

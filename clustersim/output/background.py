@@ -245,6 +245,8 @@ class Writer:
             return None
         try:
             return pickle.loads(path.read_bytes())
+        except OSError:  # (the folder deleted meanwhile: the caller runs them, and its files fail to say it)
+            return None
         finally:
             path.unlink(missing_ok=True)
 
@@ -259,8 +261,11 @@ class Writer:
             os.close(self._links_fd)
             self._links_fd = -1
         path = self.folder / LINKS_FILE
-        got = links_of_columns(pickle.loads(path.read_bytes())) if there else None
-        path.unlink(missing_ok=True)
+        try:
+            got = links_of_columns(pickle.loads(path.read_bytes())) if there else None
+            path.unlink(missing_ok=True)
+        except OSError:  # (the output folder deleted meanwhile: worked out here; writing the files then says it)
+            got = None
         return got
 
     def _close(self) -> None:
