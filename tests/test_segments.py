@@ -51,6 +51,12 @@ VARIANTS = {
                                 "seq_len": 512, "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024}},
                          parallel={"tp": 2, "pp": 2, "dp": 4, "ep": 2, "sp": True, "zero": 2, "schedule": "zb-h1"},
                          training={"global_batch_size": 32}),
+    # offload copies among an action's tasks, which are not its compute (the buckets' inputs)
+    "activation-offload": dict(cluster={"topology": "topologies/dgx-h100.yaml", "nodes": 1},
+                               parallel={"tp": 2, "pp": 1, "dp": 4, "zero": 1, "overlap_grad_reduce": True},
+                               training={"global_batch_size": 16, "activation_offload_layers": 2}),
+    # the receiver's gather of a scattered PP send, made where its action is
+    "pp-scatter-gather": dict(parallel={"tp": 4, "pp": 2, "dp": 2, "pp_scatter_gather": True}),
 }
 
 
@@ -70,7 +76,7 @@ def _task_rows(prog: Program | list) -> list[tuple]:
     for t in prog.tasks if isinstance(prog, Program) else prog:
         c = t.comm
         rows.append((t.tid, t.rank, t.stream, t.name, t.kind, t.duration_s, t.deps, t.mb, t.phase, t.stage,
-                     t.layer, t.flops, t.model_flops,
+                     t.layer, t.flops, t.model_flops, t.size_bytes,
                      None if c is None else (c.op, c.size_bytes, c.group, c.twins, c.members, c.key, c.recv_rank,
                                              c.load)))
     return rows

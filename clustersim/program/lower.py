@@ -1257,12 +1257,12 @@ def _make(add, tmpl: ActionTemplate, r: int, mb: int, deps, tid: int) -> None:
         return
     refs = list(deps)  # what the dependency codes name: the inputs, then the tasks' ids as made
     add_ref = refs.append
-    for spec, stream, name, kind, dur, code, phase, stage, layer, flops, model_flops in tmpl.protos:
+    for spec, stream, name, kind, dur, code, phase, stage, layer, flops, model_flops, size in tmpl.protos:
         add_ref(tid)  # each id one int object, shared by the task and the deps naming it
         d = (refs[code[0]],) if len(code) == 1 else tuple(map(refs.__getitem__, code))
         if spec is None:
             # positional, in Task's field order
-            add(Task(tid, r, stream, name, kind, dur, None, d, mb, phase, stage, layer, flops, model_flops))
+            add(Task(tid, r, stream, name, kind, dur, None, d, mb, phase, stage, layer, flops, model_flops, size))
         else:
             op, size, group, twins, members, channel, orbit, head, tail, recv, load = spec
             c = Comm(op, size, group, twins, members, (channel, orbit, (*head, mb, *tail)), recv, load)
@@ -1285,9 +1285,9 @@ def _maker(tmpl: ActionTemplate) -> Straight:
     def prepare() -> tuple[tuple, list]:  # (structure, values), read after a few uses
         shape = (tmpl.inputs, tuple((spec is not None, code) for spec, _, _, _, _, code, *_ in tmpl.protos))
         cells: list = []
-        for spec, stream, name, kind, dur, _, phase, stage, layer, flops, model_flops in tmpl.protos:
+        for spec, stream, name, kind, dur, _, phase, stage, layer, flops, model_flops, size in tmpl.protos:
             cells += (stream, name, kind, phase, stage, layer)
-            cells += (dur, flops, model_flops) if spec is None else spec
+            cells += (dur, flops, model_flops, size) if spec is None else spec
         return shape, cells
 
     return Straight("template", prepare, _write_maker, {"Task": Task, "Comm": Comm})
@@ -1304,9 +1304,9 @@ def _write_maker(inputs: int, shape: tuple) -> tuple[list[str], str, list[str]]:
         d = f"({ref[code[0]]},)" if len(code) == 1 else f"({', '.join(ref[c] for c in code)})"
         s, n, kind, phase, stage, layer = own
         if not comm:
-            cells += own + [f"D{k}", f"FL{k}", f"MF{k}"]
+            cells += own + [f"D{k}", f"FL{k}", f"MF{k}", f"SB{k}"]
             body.append(f"add(Task(x{k}, r, {s}, {n}, {kind}, D{k}, None, {d}, mb, {phase}, {stage}, {layer}, "
-                        f"FL{k}, MF{k}))")
+                        f"FL{k}, MF{k}, SB{k}))")
         else:  # spec: (op, size, group, twins, members, channel, orbit, head, tail, recv, load)
             spec = [f"{f}{k}" for f in ("OP", "SZ", "GR", "TW", "ME", "CH", "OR", "H", "T", "RC", "LD")]
             cells += own + spec
@@ -1339,7 +1339,8 @@ def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate
         c = t.comm
         if c is None:
             spec = None
-            computes.append((len(computes), k))
+            if t.kind == "compute":  # (not an offload copy, which has no communication either)
+                computes.append((len(computes), k))
         else:
             channel, orbit, tag = c.key
             if not isinstance(tag, tuple) or len(tag) < 3 or tag[2] != mb:  # _blocks: (kind, stage, mb, ...)
@@ -1349,7 +1350,7 @@ def _template_of(tasks: list[Task], first: int, deps, mb: int) -> ActionTemplate
         if t.mb != mb:
             return None
         protos.append((spec, t.stream, t.name, t.kind, t.duration_s, tuple(code), t.phase, t.stage, t.layer,
-                       t.flops, t.model_flops))
+                       t.flops, t.model_flops, t.size_bytes))
     tmpl = ActionTemplate(tuple(protos), tuple(computes), computes[-1][1] if computes else -1, len(deps))
     again: list[Task] = []
     _make(again.append, tmpl, made[0].rank, mb, deps, first)

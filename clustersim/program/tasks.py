@@ -69,7 +69,7 @@ class ActionTemplate:
     action's inputs are the same each time (a step lowers the same action hundreds of times).
 
     ``protos``: per task, in order, (communication spec or None, stream, name, kind,
-    duration, dependency codes, phase, stage, layer, flops, model flops); a dependency code
+    duration, dependency codes, phase, stage, layer, flops, model flops, bytes); a dependency code
     ``x < inputs`` is the action's input ``x``, else its own task ``x - inputs`` (relative). A
     spec is (op, size, group, twins, members, channel, orbit, rendezvous tag before and after
     the microbatch, receive rank, load). ``computes``: (block index, relative id) of each
