@@ -639,6 +639,21 @@ def _staging_folders(out: Path) -> list[Path]:
     return [p for p in out.iterdir() if p.name.startswith(STAGING_PREFIX)] if out.is_dir() else []
 
 
+def _run_until_staged(root: Path, out: Path, **pipes) -> subprocess.Popen:
+    """moe_1024gpu's run into ``out``, in a session of its own, once the writer's files are in
+    its temp folder (or it ended: the caller asserts it did not)."""
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "clustersim", "run", str(root / "scenarios/moe_1024gpu.yaml"),
+                          "--out", str(out)], text=True, start_new_session=True, **pipes)
+    deadline = time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < deadline:
+        if any(any(True for _ in d.iterdir()) for d in _staging_folders(out)):
+            break
+        time.sleep(0.002)
+    return p
+
+
 @pytest.mark.parametrize("to_group", [False, True], ids=["kill", "timeout"])
 def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, root, to_group):
     """SIGTERM (kill; timeout and Slurm send it to the process group too, the forked processes
@@ -648,15 +663,8 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, root, to_group):
     import time
 
     out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "clustersim", "run", str(root / "scenarios/moe_1024gpu.yaml"),
-                          "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = _run_until_staged(root, out, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while p.poll() is None and time.monotonic() < deadline:  # the writer's files in the temp folder
-            if any(any(True for _ in d.iterdir()) for d in _staging_folders(out)):
-                break
-            time.sleep(0.002)
         assert p.poll() is None, "the run ended before it could be stopped"
         (os.killpg if to_group else os.kill)(p.pid, signal.SIGTERM)
         _, err = p.communicate(timeout=60)
@@ -1377,15 +1385,8 @@ def test_temp_folders_a_killed_run_left_are_removed_by_the_next(tmp_path, root):
     import time
 
     out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "clustersim", "run", str(root / "scenarios/moe_1024gpu.yaml"),
-                          "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+    p = _run_until_staged(root, out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while p.poll() is None and time.monotonic() < deadline:  # the writer's files in the temp folder
-            if any(any(True for _ in d.iterdir()) for d in _staging_folders(out)):
-                break
-            time.sleep(0.002)
         assert p.poll() is None, "the run ended before it could be killed"
     finally:
         os.killpg(p.pid, signal.SIGKILL)
