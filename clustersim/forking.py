@@ -85,27 +85,17 @@ def release(held: set) -> None:
 @contextmanager
 def ctrl_c_held() -> Iterator[None]:
     """Ctrl-C (and SIGTERM) held back while the block runs (a child stopped and waited for, not left
-    unwaited-for by an interrupt in between), then delivered.
+    unwaited-for by an interrupt in between).
 
-    The signal mask holds them for this thread only: the kernel hands a signal sent to the
-    process to a thread that does not block it (numpy's BLAS pool, a test runner's I/O thread),
-    and Python then runs its handler in the main thread all the same. So in the main thread
-    the block also swaps the handlers for one that notes the signal, and raises each noted one
-    again after it, with the handler from before back in place."""
+    The signal mask holds them for the calling thread: a signal sent to the process goes to a
+    thread that does not block it, whose handler Python then runs in the main thread at once.
+    clustersim starts no thread (numpy's BLAS pool blocks signals); a host program with threads
+    of its own may see the interrupt inside the block."""
     held = _hold()
-    noted: list[int] = []
-    before = {}
-    if threading.current_thread() is threading.main_thread():
-        for s in sorted(_STOPS):
-            before[s] = signal.signal(s, lambda signum, _frame: noted.append(signum))
     try:
         yield
     finally:
-        for s, handler in before.items():  # (None: a handler not set from Python, taken as the default)
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
-        release(held)  # (one still pending goes to the handler from before)
-        for s in dict.fromkeys(noted):
-            signal.raise_signal(s)
+        release(held)
 
 
 class WorkerSlots:
