@@ -1282,21 +1282,26 @@ def test_an_interrupt_while_the_files_move_in_lets_them_all_move_in(tmp_path, ro
         (out / name).write_text("old")
     replace = os.replace
     moved = []
+    me = os.getpid()
 
     def replaced(a, b):
         replace(a, b)
         moved.append(b)
-        if len(moved) == 1:  # (to this thread, as Ctrl-C reaches clustersim, which starts no other:
-            signal.raise_signal(signal.SIGINT)  # a test runner's own thread would take one sent to the process)
+        if len(moved) == 1 and os.getpid() == me:  # (to this thread, as Ctrl-C reaches clustersim, which
+            signal.raise_signal(signal.SIGINT)  # starts no other: a test runner's thread would take one sent to all)
 
     monkeypatch.setattr(os, "replace", replaced)
     scenario = str(root / "scenarios/llama3_8b_8gpu.yaml")
     args = ["run", scenario] if command == "run" else ["sweep", scenario, "--vary", "parallel.zero=0,1", "--jobs", "1"]
+    # Ctrl-C's handler as a Python program starts with it, whatever the test process was left with
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         rc = main([*args, "--out", str(out)])
     except KeyboardInterrupt:  # (not let through to pytest, which would stop the session)
         pytest.fail("the interrupt went through clustersim")
-    assert rc == EXIT_INTERRUPTED and len(moved) == len(files)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert rc == EXIT_INTERRUPTED and len(moved) == len(files), (rc, before)
     assert capsys.readouterr().err.splitlines()[-1] == f"interrupted: the outputs are written, in {out}"
     assert sorted(p.name for p in out.iterdir()) == sorted(files)
     assert all((out / name).read_bytes() != b"old" for name in files)
