@@ -114,3 +114,21 @@ def offline_page(path: Path, ready: str, width_px: int = 1400):
             yield page, errors
         finally:
             browser.close()
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_left_as_found():
+    """Each test leaves Ctrl-C and SIGTERM as it found them, handlers and signal mask: the
+    library runs inside a user's process (a notebook, a test), where an ignored or held Ctrl-C
+    would outlive the call, and a later test of interrupts would see none."""
+    import signal
+
+    def state():
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if hasattr(signal, "pthread_sigmask") else set()
+        return (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+                {s for s in mask if s in (signal.SIGINT, signal.SIGTERM)})
+
+    before = state()
+    yield
+    after = state()
+    assert after == before, f"Ctrl-C left changed: handlers and held signals {before} -> {after}"

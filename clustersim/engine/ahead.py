@@ -100,9 +100,11 @@ class Ahead:
         if pid == 0:
             self._child_process(parent, from_r, from_w, to_r, to_w, held)
         self.pid, self._from, self._to = pid, from_r, to_w
-        os.close(from_w)
-        os.close(to_r)
-        release(held)
+        try:
+            os.close(from_w)
+            os.close(to_r)
+        finally:  # (whatever fails here, Ctrl-C is never left held for the rest of the process)
+            release(held)
 
     def _child_process(self, parent: int, from_r: int, from_w: int, to_r: int, to_w: int, held) -> None:
         """The child's whole life: it leaves by os._exit, which skips the interpreter's

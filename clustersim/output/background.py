@@ -368,11 +368,13 @@ def start(folder: Path, trace: Trace, *, report: bool, trace_file: bool,
     pid, fds, held = forked
     read_fd, write_fd, links_r, links_w = (*fds, -1, -1)[:4]
     if pid:
-        writer = Writer(folder, pid, write_fd, share, links_r, checks=checks is not None)
-        os.close(read_fd)
-        if links_w >= 0:
-            os.close(links_w)
-        release(held)
+        try:
+            writer = Writer(folder, pid, write_fd, share, links_r, checks=checks is not None)
+            os.close(read_fd)
+            if links_w >= 0:
+                os.close(links_w)
+        finally:  # (whatever fails here, Ctrl-C is never left held for the rest of the process)
+            release(held)
         return writer
     # the child: never returns into the caller's code, and leaves by os._exit, which skips
     # the interpreter's teardown (freeing the step's objects one by one) and the parent's
