@@ -898,8 +898,9 @@ def cmd_validate(args) -> int:
         floor = memory_floor(sc)  # (milliseconds: what a step must hold, before any task is made)
         need, cap, host = floor["peak_bytes"] / GiB, floor["capacity_bytes"] / GiB, floor["host"]
         hosted = "" if host is None else (f", {host['peak_bytes'] / GiB:,.1f} of {host['capacity_bytes'] / GiB:,.0f} GiB "
-                                          "of host memory a node" + ("" if host["fits"] else ": cannot fit"))
-        gpus = f": cannot fit (stage {floor['stage']})" if floor["peak_bytes"] > floor["capacity_bytes"] else ""
+                                          "of host memory a node" + ("" if host["fits"] else ", over"))
+        # (the line begins "valid, but cannot fit": here, which memory is over, and where)
+        gpus = f", over on stage {floor['stage']}" if floor["peak_bytes"] > floor["capacity_bytes"] else ""
         # (a plan no run can fit is still a valid file, exit code 0: "ok" would read as "fits")
         said = "valid, but cannot fit" if gpus or (host is not None and not host["fits"]) else "ok"
         print(f"{sc.source}: {said} ({n} GPU{'s' if n != 1 else ''}, {dims}, "

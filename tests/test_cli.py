@@ -893,7 +893,7 @@ def test_a_topology_given_for_a_scenario_and_the_other_way_round_are_named_so(ro
     for line, path in zip(r.stdout.splitlines()[1:], (root / "scenarios" / "llama3_8b_8gpu.yaml", gpipe)):
         floor = memory_floor(clustersim.load_scenario(path))
         assert f"; memory at least {floor['peak_bytes'] / 2**30:.1f} of 80 GiB a GPU" in line
-        assert line.endswith(")" if floor["fits"] else f": cannot fit (stage {floor['stage']}))")
+        assert line.endswith(")" if floor["fits"] else f", over on stage {floor['stage']})")
         # ("ok" where it fits; a plan that cannot is valid still, exit code 0, but not "ok")
         assert line.startswith(f"{path}: {'ok' if floor['fits'] else 'valid, but cannot fit'} (")
     assert not floor["fits"]
