@@ -279,8 +279,8 @@ def summarize(sc: Scenario, low: Lowering, trace: Trace, prog: Program, engine: 
             "microbatches": sc.microbatches, "layers_per_stage": sc.layers_per_stage,
             "precision": t.precision, "fp8_recipe": t.fp8 or None,
             "attention": t.attention, "sp": p.sp,
-            # (where it scatters anything: not under SP, TP1 or PP1, work.stage_work)
-            "pp_scatter_gather": p.pp_scatter_gather and p.tp > 1 and not p.sp and sc.n_parts > 1,
+            # (where it scatters anything, as work.stage_work decides: not under SP, TP1 or PP1)
+            "pp_scatter_gather": any(w.pp_gather_bytes > 0 for w in low.work),
             "tp_comm_overlap": p.tp_comm_overlap, "ep": p.ep, "etp": p.expert_tp, "ep_comm_overlap": p.ep_comm_overlap,
             "zero": p.zero,
             "zero3_keep_gathered": p.zero3_keep_gathered, "overlap_param_gather": p.overlap_param_gather,
