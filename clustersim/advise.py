@@ -26,9 +26,9 @@ every shape, as CP 1 is), with sequence parallelism wherever tp > 1, and where p
 the scenario's vpp, or 2, as far as the layers allow), and its other settings where the plan
 allows them (DeepEP's experts whole on each rank). ``--vary KEY=V1,V2`` replaces a
 dimension's values (``--vary parallel.tp=8``) or adds one (``--vary
-parallel.schedule=1f1b,interleaved``); not a key of the model, the cluster or the batch
-(:func:`check_plan_keys`). Plans the scenario's rules refuse are counted, not simulated; so
-are plans certain not to fit in memory
+parallel.schedule=1f1b,interleaved``); not a key of the model, the cluster or the batch,
+nor one of how the plans are simulated (:func:`check_plan_keys`). Plans the scenario's rules
+refuse are counted, not simulated; so are plans certain not to fit in memory
 (``api.memory_floor``: weights, gradients, optimizer states and the activations the schedule
 holds, a lower bound of the simulated peak), unless ``--simulate-unfit``. The scenario's own
 plan is plan 1, always simulated. Where no plan fits and the topology has a host to offload
@@ -395,15 +395,30 @@ def _offloads(path: str) -> bool:
 NOT_PLANS = {"model": "the model", "cluster": "the cluster", "training.global_batch_size": "the batch"}
 
 
+# the section that says how a plan is simulated (the network model, the collapse of symmetric
+# ranks, the repeat, the collectives), not which plan it is
+HOW_SIMULATED = "simulation"
+
+
 def check_plan_keys(vary: list[tuple[str, list[Any]]]) -> None:
     """Refuse a varied key that changes the model, the cluster or the batch (:data:`NOT_PLANS`):
     its plans would be ranked against plans of another model or GPU (``--vary model.layers=3,4``
-    ranked a 3-layer model's tokens/s against a 4-layer one's)."""
+    ranked a 3-layer model's tokens/s against a 4-layer one's); and one that changes how the
+    plans are simulated (:data:`HOW_SIMULATED`): plans simulated differently would be ranked
+    against each other (``--vary simulation.network=ideal`` ranked the scenario's own plan, #1,
+    on the file's flow network against the others on an ideal one)."""
+    def under(key: str, section: str) -> bool:
+        return key == section or key.startswith(f"{section}.")
+
     for key, _ in vary:
-        what = next((w for k, w in NOT_PLANS.items() if key == k or key.startswith(f"{k}.")), None)
+        what = next((w for k, w in NOT_PLANS.items() if under(key, k)), None)
         if what is not None:
             raise ConfigError(f"{key} changes {what}: advise ranks plans for the scenario's model, cluster and batch, "
                               "which it keeps (sweep varies any key)", source="command line", field="--vary")
+        if under(key, HOW_SIMULATED):
+            raise ConfigError(f"{key} changes how the plans are simulated, not the plan: advise ranks plans simulated "
+                              "alike (its plan #1 keeps the file's setting); set it in the scenario file for every "
+                              "plan (sweep --vary compares settings)", source="command line", field="--vary")
 
 
 def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, jobs: int = 1, budget: int = 200,

@@ -1104,7 +1104,8 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--vary", action="append", metavar="KEY=V1,V2,...",
                      help="replace a searched dimension's values (e.g. --vary parallel.tp=8) or add one (e.g. "
                           "--vary parallel.schedule=1f1b,interleaved); repeatable; not a key of the model, the "
-                          "cluster or the batch (model.*, cluster.*, training.global_batch_size: sweep varies those)")
+                          "cluster or the batch (model.*, cluster.*, training.global_batch_size), nor of how the plans "
+                          "are simulated (simulation.*: set it in the file): sweep varies those")
     adv.add_argument("--jobs", type=int, default=None, help="simulate plans in this many processes (default and at "
                                                             "most: the CPUs; the results do not depend on it)")
     adv.add_argument("--top", type=int, default=10, help="plans printed, best first (default 10)")

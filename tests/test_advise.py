@@ -221,6 +221,24 @@ def test_advise_refuses_to_vary_the_model_the_cluster_or_the_batch(root):
     check_plan_keys([("modelx.a", [1]), ("training.global_batch_sizes", [1]), ("training.micro_batch_size", [1, 2])])
 
 
+def test_advise_refuses_to_vary_how_the_plans_are_simulated(root, tmp_path):
+    """``--vary simulation.network=ideal`` (any simulation.* key) ranked the scenario's own
+    plan, #1, simulated on the file's network against the others on another: refused by name,
+    before any plan runs, from Python too, with what to do instead; nothing written."""
+    for v in ("simulation.network=ideal", "simulation.network=flow,ideal", "simulation.collapse_symmetric=false",
+              "simulation.repeat=true", "simulation.collectives.all_reduce=ring", "simulation={network: ideal}"):
+        r = run_cli("advise", SMALL, "--vary", v, "--out", tmp_path / "x", cwd=root)
+        key = v.split("=")[0]
+        assert r.returncode == 2 and r.stderr == (
+            f"error: command line: --vary: {key} changes how the plans are simulated, not the plan: advise ranks "
+            "plans simulated alike (its plan #1 keeps the file's setting); set it in the scenario file for every "
+            "plan (sweep --vary compares settings)\n"), r.stderr
+        assert not (tmp_path / "x").exists()
+    with pytest.raises(clustersim.ConfigError, match="simulation.network changes how the plans are simulated"):
+        run_advise(str(root / SMALL), [("parallel.tp", [4]), ("simulation.network", ["ideal"])])
+    check_plan_keys([("simulationx.a", [1])])  # (only begins as one: left to the unknown-key check)
+
+
 def test_plans_of_other_schedules_and_dispatchers(root):
     """A custom schedule's file is not kept for another pipeline (1F1B instead); interleaving
     asked of a plain scenario gets vpp 2; DeepEP's plans with TP keep whole experts (etp 1); DeepEP and
