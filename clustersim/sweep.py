@@ -482,7 +482,16 @@ def check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any
     runs through a value (a misspelt field would have every plan refused for it), and a value
     the key's field never takes (``parallel.tp=x``, ``parallel.schedule=gpipee``, ``parallel.pp=0``:
     its type, range or choices): the file with each value alone must not be refused for
-    that. A value refused by a rule between fields (``tp=3`` against 64 heads) is the plan's."""
+    that. A value refused by a rule between fields (``tp=3`` against 64 heads) is the plan's.
+
+    An unknown key is said as ``run --set`` says it (the scenario's check, with the nearest
+    field), naming ``--vary`` and the key; under a section the format does not have
+    (``modelx.a``) the check names the section, so the section is said too::
+
+        command line: --vary modelx.a: modelx: unknown key (did you mean 'model'? see docs/reference.md)
+
+    A value holding a key its field does not have (``cluster.what_if=[{gpu: 1, slowdon: 2}]``)
+    is refused as the check says it."""
     from .overrides import load_variant
 
     for key, values in varies:
@@ -490,9 +499,16 @@ def check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any
             try:
                 load_variant(path, [(key, value)], data)
             except ConfigError as exc:
-                if exc.field == key and (exc.bad_value or exc.message.startswith("unknown key")
-                                         or "not a section with keys" in exc.message):
+                # (the check names the first part of the key it does not know: the key itself, or a
+                # section above it, which no plan's other changes can make known)
+                if exc.message.startswith("unknown key") and exc.field and (
+                        key == exc.field or key.startswith(f"{exc.field}.")):
+                    said = exc.message if exc.field == key else f"{exc.field}: {exc.message}"
+                    raise ConfigError(said, source="command line", field=f"--vary {key}") from None
+                if exc.field == key and (exc.bad_value or "not a section with keys" in exc.message):
                     raise
+                if exc.message.startswith("unknown key") and exc.field and exc.field.startswith((f"{key}.", f"{key}[")):
+                    raise  # a key inside the value given (cluster.what_if=[{gpu: 1, slowdon: 2}]): no plan takes it
             # (any other refusal is the plan's: listed with its rule)
 
 

@@ -221,6 +221,14 @@ def test_advise_refuses_to_vary_the_model_the_cluster_or_the_batch(root):
     check_plan_keys([("modelx.a", [1]), ("training.global_batch_sizes", [1]), ("training.micro_batch_size", [1, 2])])
 
 
+def test_advise_refuses_a_key_naming_no_field_up_front(root):
+    """``--vary modelx.a=1,2`` is refused before the search, naming --vary, the key and the
+    section the format does not have, with the nearest one (as sweep refuses it)."""
+    r = run_cli("advise", SMALL, "--vary", "modelx.a=1,2", cwd=root)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", "error: command line: --vary modelx.a: modelx: unknown key (did you mean 'model'? see docs/reference.md)\n")
+
+
 def test_advise_refuses_to_vary_how_the_plans_are_simulated(root, tmp_path):
     """``--vary simulation.network=ideal`` (any simulation.* key) ranked the scenario's own
     plan, #1, simulated on the file's network against the others on another: refused by name,

@@ -196,6 +196,33 @@ def test_sweep_bad_input_writes_nothing(tmp_path, root):
         assert not (tmp_path / "x").exists()
 
 
+def test_a_varied_key_naming_no_field_is_refused_up_front(tmp_path, root):
+    """``--vary modelx.a=1,2`` (a key under a section the format does not have) listed every
+    plan as refused by the rules; refused before any plan runs instead, as ``run --set`` says
+    an unknown key (the nearest field), naming --vary and the key; so is a key inside a value
+    the field never takes. Nothing written."""
+    out = tmp_path / "x"
+    for args, said in [
+        (("--vary", "modelx.a=1,2"), "error: command line: --vary modelx.a: modelx: unknown key (did you mean 'model'? "
+                                     "see docs/reference.md)\n"),
+        (("--vary", "parallel.pp=1,2", "--vary", "simulation.collectivs.all_reduce=ring"),
+         "error: command line: --vary simulation.collectivs.all_reduce: simulation.collectivs: unknown key (did you "
+         "mean 'collectives'? see docs/reference.md)\n"),
+        (("--vary", "parallel.ppp=1,2"), "error: command line: --vary parallel.ppp: unknown key (did you mean 'pp'? "
+                                         "see docs/reference.md)\n"),
+        (("--vary", "cluster.what_if=[{gpu: 1, slowdon: 2}]"),
+         f"error: {ZERO3} with 'cluster.what_if=[{{gpu: 1, slowdon: 2}}]': cluster.what_if[0].slowdon: unknown key "
+         "(did you mean 'slowdown'? see docs/reference.md)\n"),
+    ]:
+        r = run_cli("sweep", ZERO3, *args, "--out", out, cwd=root)
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", said), (args, r.stderr)
+        assert not out.exists()
+    from clustersim.sweep import run_sweep
+
+    with pytest.raises(ConfigError, match="--vary modelx.a: modelx: unknown key"):
+        run_sweep(str(root / ZERO3), [("parallel.pp", [1, 2]), ("modelx.a", [1])])
+
+
 def test_dp_follows_another_topology(root):
     """A varied topology brings its own GPUs a node: one H100 alone runs dp 1."""
     r = run_cli("sweep", "scenarios/llama3_8b_8gpu.yaml", "--vary",
