@@ -984,6 +984,24 @@ class _Parser(argparse.ArgumentParser):
         said = f"{command}: {message}" if command else message
         self.exit(EXIT_BAD_INPUT, f"error: command line: {said} ({after})\n")
 
+    def _print_message(self, message: str, file=None) -> None:
+        """argparse's, but a standard output that cannot take ``--help`` or ``--version`` (``>
+        /dev/full``) raises :class:`StreamError`, flushed here so that a buffered one fails too:
+        argparse drops the OSError and exits 0 though nothing was written. What goes to stderr
+        (a refusal) is dropped where it cannot be written, as :func:`_say` drops it: its exit
+        code, 2, says it."""
+        if not message:
+            return
+        file = file or sys.stderr
+        try:
+            file.write(message)
+            file.flush()
+        except StreamError as exc:
+            if exc.stream == "stdout":
+                raise
+        except (AttributeError, OSError, ValueError):  # (a stream closed or missing, as argparse allows)
+            pass
+
     def _options_hint(self, command: str, unknown: list[str]) -> str:
         """For options ``command`` does not have: the nearest it has, or the commands that have
         them, then where its options are listed."""
@@ -1189,10 +1207,15 @@ def main(argv: list[str] | None = None, fast_exit: bool = False) -> int:
         words = _sizes_joined(sys.argv[1:] if argv is None else list(argv))
         parser = build_parser()
         parser.hint, parser.words = _spaced_change(words), words
-        args = parser.parse_args(words)
-        args.keep = [] if fast_exit else None  # what the command made, held until the exit
-        with _guarded_streams():
-            code = _run(args)
+        try:
+            with _guarded_streams():  # (--help and --version print here: a failing stdout is said as a command's)
+                args = parser.parse_args(words)
+        except StreamError as exc:
+            args, code = None, _unwritable(exc, None)
+        if args is not None:
+            args.keep = [] if fast_exit else None  # what the command made, held until the exit
+            with _guarded_streams():
+                code = _run(args)
     except KeyboardInterrupt as exc:  # before the command began (imports, arguments): nothing written
         code = _stopped(exc, None)
     finally:

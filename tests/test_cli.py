@@ -1367,6 +1367,31 @@ def test_dev_full_as_stdout_is_one_line(root):
     assert (r.returncode, r.stderr) == (2, "error: cannot write the standard output: No space left on device\n")
 
 
+@pytest.mark.parametrize("args", [("--help",), ("run", "--help"), ("--version",)])
+def test_help_that_cannot_be_written_is_one_line(monkeypatch, capsys, args):
+    """``--help > /dev/full`` (a command's too, and --version): one line on stderr, exit code
+    2, as for a command's output (argparse dropped the OSError and exited 0)."""
+    from clustersim.cli import main
+
+    monkeypatch.setattr(sys, "stdout", _Full())
+    rc = main(list(args))
+    assert (rc, capsys.readouterr().err) == (2, "error: cannot write the standard output: No space left on device\n")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_dev_full_as_the_help_s_stdout_is_one_line(root, unbuffered):
+    """``python -m clustersim --help > /dev/full`` (and ``run --help``), as a user's shell runs
+    it, with stdout buffered or not (PYTHONUNBUFFERED): exit code 2 and one line, not 0 (or
+    120 and a traceback of the flush at the exit)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    for args in (["--help"], ["run", "--help"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, "-m", "clustersim", *args], stdout=full, stderr=subprocess.PIPE,
+                               text=True, cwd=root, env=env)
+        assert (r.returncode, r.stderr) == (2, "error: cannot write the standard output: No space left on device\n")
+
+
 def test_an_out_on_a_read_only_file_system_says_so(tmp_path, monkeypatch):
     """A folder that cannot be written because its file system is mounted read-only is said to
     be that, not "permission denied" (which no chmod would mend)."""
