@@ -41,6 +41,7 @@ from .yamlio import read_yaml, short_repr
 # the degrees whose product with dp is the world size (ep is carved out of dp; config)
 _MESH = ("parallel.tp", "parallel.pp", "parallel.cp")
 DP = "parallel.dp"
+VPP = "parallel.vpp"
 SPLIT = "parallel.layers_per_stage"
 _PARTS = ("parallel.pp", "parallel.vpp", "parallel.schedule", "parallel.schedule_file")  # what the split is per
 SWEEP_FILES = ("sweep.json", "sweep.csv", "sweep.html")
@@ -127,6 +128,33 @@ def value_at(data: dict[str, Any], key: str) -> Any:
     return node
 
 
+def degrees_of(sc) -> dict[str, Any]:
+    """A loaded plan's ``dp`` and ``vpp`` (its model chunks a rank where it interleaves, else
+    None: no other schedule has virtual stages), for its row: the changes alone do not say
+    them where the plan keeps the file's."""
+    p = sc.parallel
+    return {"dp": p.dp, "vpp": p.vpp if p.schedule == "interleaved" else None}
+
+
+def asked_degrees(data: dict[str, Any], changes: list[tuple[str, Any]]) -> dict[str, Any]:
+    """:func:`degrees_of` a plan that does not load (refused by a rule, or its worker killed):
+    what the file's ``data`` with its ``changes`` gives, unset keys at their defaults (None
+    where the changes cannot be made)."""
+    from .config import ParallelCfg
+    from .overrides import apply_changes
+
+    try:
+        d = apply_changes(data, changes, source="sweep")
+    except ConfigError:
+        return {"dp": None, "vpp": None}
+
+    def value(key: str) -> Any:
+        v = value_at(d, key)
+        return ParallelCfg.model_fields[key.split(".")[1]].default if v is None else v
+
+    return {"dp": value(DP), "vpp": value(VPP) if value("parallel.schedule") == "interleaved" else None}
+
+
 def with_dp(data: dict[str, Any], plan: Plan, gpus_per_node: int, base_nodes: int,
             base_dir: Path | None = None) -> tuple[Plan, str | None]:
     """The plan with ``parallel.dp`` made to follow (GPUs / (tp x pp x cp)), or the reason it
@@ -182,7 +210,9 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
     ``reason``, the field and message of the ConfigError; ``failed`` is the sweep's process's
     row for a plan whose worker was killed, :func:`_simulate_all`) or, where the job says to prune,
     unfit: certain not to fit in memory (``api.memory_floor``), not simulated, with the floor
-    as its ``floor_bytes`` (no ``peak_bytes``: it has no simulated peak)."""
+    as its ``floor_bytes`` (no ``peak_bytes``: it has no simulated peak). Every row has the
+    plan's ``dp`` and ``vpp`` (:func:`degrees_of`; a refused plan's as it asks them,
+    :func:`asked_degrees`)."""
     from . import host_memory
     from .api import memory_floor, simulate
     from .output.compare import step_split
@@ -192,6 +222,7 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
     row: dict[str, Any] = {"plan": plan.number, "changes": dict(plan.changes)}
     try:
         sc = load_variant(path, plan.changes, data)
+        row.update(degrees_of(sc))
         floor = memory_floor(sc) if prune else None
         if floor is not None and not floor["fits"]:
             return {**row, "status": "unfit", "floor_bytes": floor["peak_bytes"], "capacity_bytes": floor["capacity_bytes"],
@@ -199,7 +230,8 @@ def simulate_plan(job: tuple[str, dict[str, Any], Plan, bool, bool]) -> dict[str
         with host_memory.released(), _on_board(plan.number):  # (a worker's: what it holds, what it runs)
             s = simulate(sc, fork=fork, brief=True).summary
     except ConfigError as exc:
-        return {**row, "status": "refused", "reason": ": ".join(p for p in (exc.field, exc.message) if p)}
+        return {**row, **asked_degrees(data, plan.changes), "status": "refused",
+                "reason": ": ".join(p for p in (exc.field, exc.message) if p)}
     split = step_split(s)
     mem = s["memory"]
     return {**row, "status": "ok", **{k: s[k] for k in FIGURES}, "compute_s": split["compute_s"],
@@ -301,7 +333,9 @@ def run_sweep(path: str, varies: list[tuple[str, list[Any]]], *, jobs: int = 1, 
         if dp_follows:
             plan, why = with_dp(data, plan, per_node, base.mesh.world_size // per_node, Path(path).parent)
             if why is not None:
-                rows[plan.number] = {"plan": plan.number, "changes": dict(plan.changes), "status": "refused",
+                # (no dp fills the GPUs: none is said)
+                rows[plan.number] = {"plan": plan.number, "changes": dict(plan.changes),
+                                     **asked_degrees(data, plan.changes), "dp": None, "status": "refused",
                                      "reason": why}
                 continue
         todo.append(plan)
@@ -474,7 +508,8 @@ def _next_row(got, board: WorkerSlots) -> dict[str, Any] | list[int]:
 def _failed(todo: list, plan: int, why: str) -> dict[str, Any]:
     """The row of ``plan`` (a job of ``todo``) ended without a result, ``why``."""
     job = next(j for j in todo if j[2].number == plan)
-    return {"plan": plan, "changes": dict(job[2].changes), "status": "failed", "reason": why}
+    return {"plan": plan, "changes": dict(job[2].changes), **asked_degrees(job[1], job[2].changes),
+            "status": "failed", "reason": why}
 
 
 def check_keys(path: str, data: dict[str, Any], varies: list[tuple[str, list[Any]]]) -> None:
@@ -753,16 +788,40 @@ def table_lines(sweep: dict[str, Any], top: int, notes: dict[int, str] | None = 
 
 
 def sweep_csv(sweep: dict[str, Any]) -> str:
-    """sweep.csv: a line per plan in plan order, the varied keys' values, then the figures."""
+    """sweep.csv: a line per plan in plan order, the varied keys' values, the plan's dp and vpp
+    where not varied (:func:`csv_keys`), then the figures; a cell that does not apply is
+    empty, as a refused plan's figures are."""
     import csv
     import io
 
-    keys = _columns(sweep)
+    keys = csv_keys(sweep)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([CSV_COLUMNS[0], *keys, *CSV_COLUMNS[1:]])
     for r in sweep["plans"]:
         vals = {**r, "exposed_comm_s": r["exposed_comm_s"]["total"] if "exposed_comm_s" in r else ""}
-        w.writerow([r["plan"], *(cell_text(r["changes"].get(k)) for k in keys),
+        w.writerow([r["plan"], *(_key_cell(sweep, r, k) for k in keys),
                     *(vals.get(c, "") for c in CSV_COLUMNS[1:])])
     return buf.getvalue()
+
+
+# the plan's degrees every line of the CSV has, varied or not: dp (which follows the others or
+# is the file's) and vpp (an interleaved plan's virtual stages, which its schedule may set)
+_CSV_DEGREES = {DP: "dp", VPP: "vpp"}
+
+
+def csv_keys(sweep: dict[str, Any]) -> list[str]:
+    """The CSV's key columns: the varied keys, then dp and vpp where not among them."""
+    keys = list(sweep["vary"])
+    return keys + [k for k in _CSV_DEGREES if k not in keys]
+
+
+def _key_cell(sweep: dict[str, Any], r: dict[str, Any], key: str) -> str:
+    """A plan's cell of the key column ``key``: a varied key's value as given; dp and vpp not
+    varied, the plan's own (the row's ``dp`` and ``vpp``; a row without them, of a sweep.json
+    from before, its change where it has one), empty where it has none (a plan whose degrees
+    do not divide the GPUs has no dp; a plan that does not interleave, no vpp)."""
+    if key in sweep["vary"]:
+        return cell_text(r["changes"].get(key))
+    v = r[_CSV_DEGREES[key]] if _CSV_DEGREES[key] in r else r["changes"].get(key)
+    return "" if v is None else cell_text(v)

@@ -223,6 +223,32 @@ def test_a_varied_key_naming_no_field_is_refused_up_front(tmp_path, root):
         run_sweep(str(root / ZERO3), [("parallel.pp", [1, 2]), ("modelx.a", [1])])
 
 
+def test_sweep_csv_gives_every_plan_s_dp_and_vpp(root):
+    """sweep.csv wrote dp only where it followed, and from the plan's changes: a plan whose
+    degrees do not divide the GPUs read ``null``, and an interleaved plan's virtual stages were
+    nowhere. Every line now has the plan's dp and vpp (its own, varied or not, a refused plan's
+    as it asks them), empty where it has none, as a cell that does not apply is."""
+    from clustersim.sweep import run_sweep, sweep_csv
+
+    def lines(path: str, vary) -> list[dict[str, str]]:
+        return list(csv.DictReader(io.StringIO(sweep_csv(run_sweep(str(root / path), vary)))))
+
+    got = lines("scenarios/llama3_8b_8gpu.yaml",
+                [("parallel.tp", [1, 3]), ("parallel.pp", [2]), ("parallel.schedule", ["1f1b", "interleaved"])])
+    assert list(got[0])[:6] == ["plan", "parallel.tp", "parallel.pp", "parallel.schedule", "parallel.dp", "parallel.vpp"]
+    assert [(x["parallel.tp"], x["parallel.schedule"], x["status"], x["parallel.dp"], x["parallel.vpp"]) for x in got] == [
+        ("1", "1f1b", "ok", "4", ""), ("1", "interleaved", "ok", "4", "2"),
+        # (3 x 2 does not divide 8 GPUs: no dp; the interleaved plan asks 2 chunks a rank all the same)
+        ("3", "1f1b", "refused", "", ""), ("3", "interleaved", "refused", "", "2")]
+    # dp not following (no degree varied): the file's, on every line, a refused plan's too
+    got = lines("scenarios/interleaved_1f1b.yaml", [("parallel.zero", [0]), ("training.micro_batch_size", [1, 3])])
+    assert [(x["status"], x["parallel.dp"], x["parallel.vpp"]) for x in got] == [("ok", "2", "2"), ("refused", "2", "2")]
+    # dp and vpp varied: their columns are the varied ones, once
+    got = lines("scenarios/interleaved_1f1b.yaml", [("parallel.vpp", [2, 3]), ("parallel.dp", [2])])
+    assert list(got[0]).count("parallel.vpp") == list(got[0]).count("parallel.dp") == 1
+    assert [(x["parallel.vpp"], x["parallel.dp"]) for x in got] == [("2", "2"), ("3", "2")]
+
+
 def test_dp_follows_another_topology(root):
     """A varied topology brings its own GPUs a node: one H100 alone runs dp 1."""
     r = run_cli("sweep", "scenarios/llama3_8b_8gpu.yaml", "--vary",
