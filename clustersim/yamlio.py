@@ -543,8 +543,39 @@ def _yaml_reading(kind: str, got: Any) -> str:
     return ""
 
 
+def _plain_loc(loc: tuple) -> tuple:
+    """An error's location without pydantic's validator steps (``function-after[...]``)."""
+    return tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+
+
+ALSO_NAMED = 4  # the other refused fields an error's line names before "..."
+
+
+def _also_refused(errors: list[dict], said: dict, prefix: str, field: str | None) -> str:
+    """The other fields pydantic refused besides the one said (``said``), named after its
+    message so that a file with several mistakes is not mended one run at a time; a required
+    key missing beside an unknown key of its section is left out (the unknown one is most
+    likely it misspelt, said with it). "" where there are none::
+
+        model.heads: ... (got '3x'); also refused: parallel.tp, training.micro_batch_size"""
+    unknown_in = {_plain_loc(e["loc"])[:-1] for e in errors if e["type"] in ("extra_forbidden", "invalid_key")}
+    others: list[str] = []
+    for e in errors:
+        loc = _plain_loc(e["loc"])
+        if e is said or e["type"] == "missing" and loc[:-1] in unknown_in:
+            continue
+        name = _field_path(((prefix,) if prefix else ()) + loc)
+        if name and name != field and name not in others:
+            others.append(name)
+    if not others:
+        return ""
+    shown = ", ".join(others[:ALSO_NAMED]) + (f" and {len(others) - ALSO_NAMED} more" if len(others) > ALSO_NAMED else "")
+    return f"; also refused: {shown}"
+
+
 def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
-    """``model.model_validate(data)`` with the first error reported as ``source: field: msg``."""
+    """``model.model_validate(data)`` with the first error reported as ``source: field: msg``,
+    and the other fields refused named after it (:func:`_also_refused`)."""
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -555,7 +586,7 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
             # (``hiden: 8192``): name the unknown key, which says what to write
             err = next((e for e in errors if e["type"] in ("extra_forbidden", "invalid_key")
                         and e["loc"][:-1] == err["loc"][:-1]), err)
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = _plain_loc(err["loc"])
         field = _field_path(((prefix,) if prefix else ()) + loc) or None
         kind = err["type"]
         if kind == "extra_forbidden":
@@ -594,6 +625,7 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
             if "input" in err and kind not in ("value_error", "assertion_error", VALUE_ALONE) and not isinstance(got, dict):
                 shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
                 msg += f" (got {shown}{_yaml_reading(kind, got)}{_percent_note(kind, err.get('ctx'), got)})"
+        msg += _also_refused(errors, err, prefix, field)
         # (a validator's ValueError may weigh other fields; pydantic's own kinds judge the value alone)
         raise ConfigError(msg, source=source, field=field,
                           bad_value=kind not in ("value_error", "assertion_error", "missing", "extra_forbidden")) from None

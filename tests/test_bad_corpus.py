@@ -131,3 +131,32 @@ def test_a_topology_path_from_home_is_read_and_an_absolute_one_shown_once(tmp_pa
                         .replace("model:\n", "model: 5\nunused:\n"))
     with pytest.raises(ConfigError, match=r"model: should be keys and values \(a mapping\), not a number \(got 5\)"):
         clustersim.load_scenario(scenario)
+
+
+def test_every_field_refused_is_named_on_the_one_line(tmp_path, capsys, root):
+    """A file with several mistakes names the first with its message and the others after it,
+    on the same line, so that it is not mended one run at a time; a required key missing beside
+    an unknown key of its section (``hiden`` for ``hidden``) is the misspelling, said once."""
+    src = (root / "scenarios" / "llama3_8b_8gpu.yaml").read_text().replace("../topologies", str(root / "topologies"))
+    bad = tmp_path / "several.yaml"
+    bad.write_text(src.replace("heads: 32", "heads: 3x").replace("tp: 4", "tp: -1")
+                   .replace("micro_batch_size: 1", "micro_batch_size: 0"))
+    out = tmp_path / "out"
+    rc = main(["run", str(bad), "--out", str(out)])
+    assert_refused(capsys.readouterr().err, rc, bad, "model.heads: Input should be a valid integer", out)
+    rc = main(["run", str(bad), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("(got '3x'); also refused: parallel.tp, training.micro_batch_size"), err
+    bad.write_text(src.replace("hidden: 4096", "hiden: 4096"))
+    rc = main(["run", str(bad), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert_refused(err, rc, bad, "model.hiden: unknown key (did you mean 'hidden'?", out)
+    assert "also refused" not in err
+    # past four, the rest are counted
+    many = src.replace("heads: 32", "heads: x").replace("tp: 4", "tp: x").replace("pp: 1", "pp: x") \
+        .replace("dp: 2", "dp: x").replace("layers: 32", "layers: x").replace("vocab: 128256", "vocab: x")
+    bad.write_text(many)
+    rc = main(["run", str(bad), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.rstrip().endswith("also refused: model.heads, model.vocab, parallel.tp, parallel.pp and 1 more"), err

@@ -1106,7 +1106,7 @@ def test_a_key_without_a_space_after_its_colon_says_so(root, tmp_path):
     assert r.stderr.strip() == (
         "error: scenarios/llama3_8b_8gpu.yaml with \"cluster.what_if=[{'gpu:3': null, 'slowdown:1.5': null}]\": "
         "cluster.what_if[0].gpu:3: unknown key (did you mean 'gpu'? see docs/reference.md); YAML needs a space after "
-        "a key's colon: gpu: 3")
+        "a key's colon: gpu: 3; also refused: cluster.what_if[0].slowdown:1.5")
     for changes in ([("cluster.what_if", [{"gpu:3": None}])], [("model.name", "it's")], [("model.name", "a $b 'c'")]):
         assert parse_changes(changes_text(changes), source="s", field="f") == changes
 
