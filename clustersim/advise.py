@@ -54,6 +54,7 @@ gathers every layer again: the option stands at the scenario's micro batch size)
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -521,6 +522,7 @@ def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, 
                 pick += [n for n in fit if n not in pick and could_be(opt, n)][:2]
             simulate_plans(path, data, more_of(sorted(pick)), rows, jobs=jobs, progress=progress, prune=prune)
     ordered = [rows[n] for n in sorted(rows)]
+    _check_some_plan_passes(ordered, own.number, bool(vary), path)
     ranked = ranking(ordered)
     by_number = {r["plan"]: r for r in ordered}
     for r in ordered:
@@ -543,6 +545,25 @@ def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, 
             "pruned": prune, "offload_fallback": None,
             "plans": ordered,
             "ranking": ranked}
+
+
+def _check_some_plan_passes(rows: list[dict[str, Any]], own: int, varied: bool, path: str) -> None:
+    """Refuse a search whose every plan but the scenario's own (``own``, kept as the file has
+    it) the scenario's rules refuse (``--vary training.micro_batch_size=3`` against a batch of
+    32, ``parallel.tp=16`` against 8 KV heads): nothing was searched, and an unfit plan #1
+    would have the advice blame memory and search again with the optimizer offloaded. The
+    commonest rule is named, with a plan it refused."""
+    searched = [r for r in rows if r["plan"] != own]
+    if not searched or any(r["status"] != "refused" for r in searched):
+        return
+    reasons = Counter(r["reason"] for r in searched)
+    reason, n = reasons.most_common(1)[0]
+    plan = next(r["plan"] for r in searched if r["reason"] == reason)
+    others = (f"; the other {len(searched) - n:,} for {len(reasons) - 1} other reason{'s' if len(reasons) > 2 else ''}"
+              if len(reasons) > 1 else "")
+    raise ConfigError(f"the scenario's rules refuse every plan of the search ({len(searched):,} of {len(searched):,}): "
+                      f"{n:,} for {reason} (plan #{plan}){others}",
+                      source="command line" if varied else path, field="--vary" if varied else None)
 
 
 def _applied(path: str, data: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
@@ -650,7 +671,33 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
         doubt = verdict_doubt(best, turning, advice["gpus"]) or close_call(best, turning)
         if doubt:
             lines.append(f"{'':<12}{doubt}")
+        if caveat := zero2_under_pp(best, [rows[p] for p in ranked]):
+            lines.append(f"{'':<12}{caveat}")
     return "\n".join(lines)
+
+
+def _zero2_pp(row: dict[str, Any]) -> bool:
+    """Whether a plan's row runs ZeRO-2 under a pipeline (its changes name both: every plan
+    of the search sets the ZeRO stage and the pipeline's degree)."""
+    ch = row["changes"]
+    return ch.get("parallel.zero") == 2 and (ch.get("parallel.pp") or 1) > 1
+
+
+def zero2_under_pp(best: dict[str, Any], ranked: list[dict[str, Any]]) -> str:
+    """Where the best plan runs ZeRO-2 under a pipeline, that the common frameworks do not
+    run it (docs/parallelism.md, the guide's rules: DeepSpeed's pipeline engine refuses
+    ZeRO-2, Megatron-LM's distributed optimizer is ZeRO-1), and the best plan that fits
+    without it; else "". The plan is simulated as FSDP's gradient sharding runs (each
+    microbatch's gradients reduce-scattered), so its figures stand; whether it can be run is
+    the user's framework's."""
+    if not _zero2_pp(best):
+        return ""
+    alt = next((r for r in ranked if r["fits"] and not _zero2_pp(r)), None)
+    tail = (f"; the best plan without it, #{alt['plan']}, {_behind(best, alt)}" if alt is not None
+            else "; no plan without it fits")
+    return (f"#{best['plan']} runs ZeRO-2 under a pipeline (its gradients reduce-scattered every microbatch, "
+            f"simulated so), which DeepSpeed's pipeline engine refuses and Megatron-LM's distributed optimizer "
+            f"(ZeRO-1) does not do{tail}")
 
 
 def close_call(best: dict[str, Any], turning: list[dict[str, Any]]) -> str:

@@ -196,6 +196,11 @@ def test_advise_vary_and_bad_input(tmp_path, root):
         (("--vary", "parallel.tpp=2"), "parallel.tpp: unknown key"),
         (("--vary", "training.recompute=none,ful"), "with training.recompute=ful: training.recompute: Input should be"),
         (("--vary", "parallel.tp=3"), "no plan of the search has degrees that multiply"),
+        # every plan refused by a rule: said as such, not searched again with the optimizer offloaded
+        # (the scenario's own plan aside, which keeps the file's microbatches)
+        (("--vary", "training.micro_batch_size=3"), "--vary: the scenario's rules refuse every plan of the search ("),
+        (("--vary", "training.micro_batch_size=3"), "training.global_batch_size: global_batch_size=32 is not a "
+                                                    "multiple of dp*micro_batch_size"),
         (("--jobs", "0"), "--jobs: must be at least 1"),
     ]:
         r = run_cli("advise", SMALL, *args, "--out", out, cwd=root)
@@ -618,3 +623,21 @@ def test_the_files_own_degrees_are_searched_and_its_plan_listed_once(root, tmp_p
              and r["peak_bytes"] == own["peak_bytes"]]
     assert alike == []
     assert not any("parallel.sp" in also_set(advice, r) for r in rows)
+
+
+def test_a_best_plan_running_zero2_under_a_pipeline_says_who_does_not_run_it():
+    """ZeRO-2 with PP is simulated (gradients reduce-scattered every microbatch) and may come out
+    best, but DeepSpeed's pipeline engine refuses it and Megatron-LM's distributed optimizer is
+    ZeRO-1: the advice says so and names the best plan without it; nothing for other plans."""
+    from clustersim.advise import zero2_under_pp
+
+    def row(n, zero, pp, tps, fits=True):
+        return {"plan": n, "changes": {"parallel.zero": zero, "parallel.pp": pp}, "fits": fits, "tokens_per_s": tps}
+
+    best, unfit, alt = row(61, 2, 2, 1000.0), row(3, 1, 2, 990.0, fits=False), row(66, 1, 4, 971.0)
+    said = zero2_under_pp(best, [best, unfit, row(7, 2, 4, 980.0), alt])
+    assert said.startswith("#61 runs ZeRO-2 under a pipeline") and "DeepSpeed's pipeline engine refuses" in said
+    assert said.endswith("the best plan without it, #66, gives 2.9 % fewer tokens/s than #61"), said
+    assert zero2_under_pp(best, [best]).endswith("no plan without it fits")
+    assert zero2_under_pp(row(5, 2, 1, 1000.0), []) == ""  # no pipeline: ZeRO-2 as everyone runs it
+    assert zero2_under_pp(row(5, 1, 4, 1000.0), []) == ""
