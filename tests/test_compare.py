@@ -346,3 +346,18 @@ def test_a_what_if_variants_timeline_heading_names_it(tmp_path, root):
     assert r.returncode == 0, r.stderr
     heads = re.findall(r"<h3>(.*?)</h3>", (out / "compare.html").read_text())
     assert len(heads) == 2 and "what-if" not in heads[0] and "what-if: GPU 3 1.2x slower" in heads[1]
+
+
+def test_kinds_that_add_up_past_the_exposed_time_are_explained():
+    """Where a plan's "of which" rows add up to more than its exposed communication (a wait on
+    two kinds at once counts in both), a line under the table says so; not where they add up."""
+    from clustersim.output.compare import overlap_note
+    from clustersim.trace import COMM_KINDS
+
+    def summary(tp, dp, total):
+        ex = {**{k: 0.0 for k in COMM_KINDS}, "tp": tp, "dp": dp, "total": total}
+        return {"exposed_comm_s": ex, "compute_s": 1.0, "bubble": {"bubble_s": 0.0}, "step_time_s": 1.0 + total}
+
+    assert overlap_note([summary(0.3, 0.2, 0.5)]) == []
+    said = overlap_note([summary(0.3, 0.2, 0.5), summary(0.4, 0.4, 0.6)])
+    assert len(said) == 1 and "counts in both kinds' rows" in said[0]

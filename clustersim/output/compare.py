@@ -156,6 +156,11 @@ def _rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str], list[st
     row("tokens/s", lambda v: f"{v:,.0f}", lambda s: s["tokens_per_s"], _rel)
     row("tokens/s per GPU", lambda v: f"{v:,.1f}", lambda s: s["tokens_per_s_per_gpu"], _rel)
     row("MFU", lambda v: f"{100 * v:.1f} %", lambda s: s["mfu"], lambda a, b: f"{100 * (b - a):+.1f} pts")
+    if any(s["plan"]["recompute"] not in (None, "none") for s in summaries):
+        # what recomputing costs in compute time shows as HFU above MFU (the FLOPs executed
+        # again): a plan's compute row grows by it, which no other row says
+        row("HFU", lambda v: f"{100 * v:.1f} %", lambda s: s["hfu"],
+            lambda a, b: f"{100 * (b - a):+.1f} pts")
     head("where a GPU's step goes (s, mean over GPUs)")
     splits = [step_split(s) for s in summaries]
     kinds = [k for k in KINDS if any(sp[f"exposed_{k}_s"] > 0 for sp in splits)]
@@ -272,8 +277,18 @@ def format_compare(plans: list[dict[str, Any]]) -> str:
             lines.append(label)
             continue
         lines.append(f"{label:<24}" + "  ".join(cell(j, vals[j], difs[j]) for j in range(len(plans))).rstrip())
-    lines += other_jobs(names, summaries) + verdict_lines(names, summaries)
+    lines += overlap_note(summaries) + other_jobs(names, summaries) + verdict_lines(names, summaries)
     return "\n".join(lines)
+
+
+def overlap_note(summaries: list[dict[str, Any]]) -> list[str]:
+    """A note where a plan's "of which" rows add up to more than its exposed communication:
+    a wait on two kinds at once counts in both (docs/metrics.md), as ``run``'s line says."""
+    over = [s for s in summaries
+            if sum(step_split(s)[f"exposed_{k}_s"] for k in KINDS) > step_split(s)["exposed_comm_s"] * (1 + 1e-9) + 1e-12]
+    if not over:
+        return []
+    return [f"{'':<24}(a GPU's wait on two kinds at once counts in both kinds' rows)"]
 
 
 def compare_json(plans: list[dict[str, Any]]) -> dict[str, Any]:
