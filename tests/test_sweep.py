@@ -696,3 +696,26 @@ def test_a_sweep_says_which_plans_a_slower_link_caps(root):
         pytest.approx([90, 180])
     assert (f"PCIe at 64 GB/s caps the NICs' 90/180 GB/s between nodes on #{rows[800]['plan']}, "
             f"#{rows[1600]['plan']}; node.pcie_GBps raises it") in format_sweep(sweep).splitlines()
+
+
+def test_lines_past_the_colours_are_dashed_and_wide_tables_scroll():
+    """Past the palette's colours a line takes a dash (12 lines over 10 colours drew pairs that
+    read as one), so no two lines drawn share colour and dash; the plans' table sits in a box
+    that scrolls sideways rather than clipping its last columns at the page's edge."""
+    from clustersim.output.plans_page import LINES_SHOWN, _table_html
+
+    def row(n, pp, zero, tokens):
+        return {"plan": n, "status": "ok", "changes": {"parallel.pp": pp, "parallel.zero": zero},
+                "tokens_per_s_per_gpu": tokens, "tokens_per_s": 16 * tokens, "fits": True, "step_time_s": 1.0,
+                "mfu": 0.5, "bubble_fraction": 0.1, "exposed_comm_s": {"total": 0.1}, "peak_bytes": 1e9,
+                "capacity_bytes": 2**36}
+
+    plans = [row(2 * z + p, p, z, 100.0 + 7 * z + p) for z in range(LINES_SHOWN) for p in (1, 2)]
+    sweep = {"vary": {"parallel.pp": [1, 2], "parallel.zero": list(range(LINES_SHOWN))}, "plans": plans,
+             "ranking": ranking(plans), "dp_follows": False, "split_follows": False, "paired": False}
+    _, fig = lines_figure(sweep)
+    styles = [(t["line"]["color"], t["line"]["dash"]) for t in _lines_drawn(fig)]
+    assert len(styles) == LINES_SHOWN == len(set(styles))
+    assert styles[0][1] == "solid" and styles[-1][1] == "dash"
+    page = _table_html(sweep, None)
+    assert '<div class="wide"><table>' in page and "</table></div>" in page

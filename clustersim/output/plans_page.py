@@ -46,7 +46,11 @@ _CONFIG = {"displaylogo": False, "responsive": True}
 _FITS, _UNFIT, _OWN = "#59a14f", "#e15759", "#f28e2b"
 _UNFIT_LEGEND = "#57606a"  # the lines chart's hollow marker in its legend: grey, as it stands for every line's
 _FIND = object()  # scatter_figure's own plan: found from the sweep
-_OPTIONS = ("#4e79a7", "#b07aa1", "#2f4b7c", "#9c755f", "#76b7b2")  # the guide's options, one colour each
+# the guide's options, one colour each, told apart from each other and from the points' green
+# and red (a navy beside the blue read as the same option)
+_OPTIONS = ("#4e79a7", "#b07aa1", "#1f1f1f", "#9c755f", "#76b7b2")
+# the lines chart's dash past each round of the colours (12 lines over 10 colours drew pairs alike)
+_DASHES = ("solid", "dash", "dot")
 
 _PAGE_CSS = """
 pre.terminal { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px; padding: 10px 14px;
@@ -54,6 +58,7 @@ pre.terminal { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6p
 code.cmd { display: block; background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px; padding: 8px 12px;
            font-size: 12px; white-space: pre-wrap; word-break: break-all; }
 tr.nofit td { color: #8c959f; }
+div.wide { overflow-x: auto; }  /* a table wider than the page scrolls, not clipped at its edge */
 """
 
 
@@ -222,9 +227,10 @@ def lines_figure(sweep: dict[str, Any], most: int = LINES_SHOWN) -> tuple[str, d
         pts = sorted(lines[g], key=lambda r: r["changes"][key])
         name = html.escape(" ".join(f"{h}={v}" for h, v in zip(heads, g))) or "tokens/s per GPU"
         colour = colours[i % len(colours)]
+        dash = _DASHES[i // len(colours) % len(_DASHES)]
         data.append({"type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": name,
                      "x": [r["changes"][key] for r in pts], "y": [r["tokens_per_s_per_gpu"] for r in pts],
-                     "line": {"color": colour}, "marker": {"size": 8, "color": colour},
+                     "line": {"color": colour, "dash": dash}, "marker": {"size": 8, "color": colour},
                      "hovertext": [_hover(sweep, r) for r in pts], "hoverinfo": "text"})
         # the plans that do not fit, hollow over their filled points: the legend draws a line's
         # marker as its first point's, which an array of symbols would make hollow for the whole
@@ -351,7 +357,8 @@ def _table_html(sweep: dict[str, Any], own: int | None) -> str:
     tail = f'<p class="note">... and {left:,} more in the CSV.</p>' if left > 0 else ""
     legend = " ".join(x.strip() for x in estimate_legend(shown))
     tail += f'<p class="note">{e(legend)}.</p>' if legend else ""
-    return (f"<h2>Every plan simulated, best first</h2><table><tr>{heads}</tr>{''.join(body)}</table>{tail}"
+    return (f"<h2>Every plan simulated, best first</h2><div class=\"wide\"><table><tr>{heads}</tr>{''.join(body)}"
+            f"</table></div>{tail}"
             "<p class=\"note\">Best first: the plans that fit by tokens/s, then those that do not (greyed: the step "
             "they would take if they fit).</p>")
 
@@ -375,7 +382,8 @@ def _left_out_html(sweep: dict[str, Any], status: str) -> str:
     else:
         head, col = f"Refused by the scenario's rules: {len(left):,} of {len(sweep['plans']):,}", "rule"
     return (f"<h2>{head}</h2>"
-            f'<table><tr><th>#</th><th class="l">plan</th><th class="l wide">{col}</th></tr>{rows}</table>{more}')
+            f'<div class="wide"><table><tr><th>#</th><th class="l">plan</th><th class="l wide">{col}</th></tr>{rows}'
+            f'</table></div>{more}')
 
 
 def plans_html(sweep: dict[str, Any], terminal: str, what: str) -> str:
