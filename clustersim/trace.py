@@ -257,8 +257,9 @@ class Span:
     """What one task did on one rank and stream, from ``start_s`` to ``end_s``. The fields
     every span of the same kind of task shares (stream, name, kind, phase, stage, layer,
     size_bytes, op, flops, model_flops, and a communication's ``comm_args`` for the trace
-    file) live in its :class:`SpanForm` and read as its own; the rest are the span's: rank, start_s, end_s, mb (-1: none) and tid (the program task
-    that produced it; a send and its receive share one)::
+    file) live in its :class:`SpanForm` and read as its own; the rest are the span's: rank,
+    start_s, end_s, mb (-1: none) and tid (the program task that produced it; a send and its
+    receive share one)::
 
         Span(rank=0, stream="compute", name="F attn", kind="compute", start_s=0.1, end_s=0.2, ...)
         span.name == span.form.name

@@ -808,7 +808,7 @@ class TracePieces:
         return self.span_text(k) if k < self.span_pieces else self.flow_text(k - self.span_pieces)
 
     def flow_text(self, j: int) -> str:
-        """The events of flows ``j * FLOWS_PER_PIECE`` on (:func:`flow_events`: each flow's
+        """The events of flows ``j * flows_per_piece()`` on (:func:`flow_events`: each flow's
         start, then its end), each after a comma (the spans come before them)."""
         flows, per = self.flows, flows_per_piece()
         lo, hi = j * per, min(len(self.flows), (j + 1) * per)
