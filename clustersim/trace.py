@@ -203,14 +203,23 @@ class SpanForm:
     Readers that go over every span (the analysis's columns, the trace file, the report)
     read each form once and spread its values by form. Read-only, since spans share it; it
     is compared and hashed as an object (a group of spans), so two forms may hold the same
-    values: the engine makes one per distinct set of values, a span made by hand its own."""
+    values: the engine makes one per distinct set of values, a span made by hand its own.
 
-    __slots__ = FORM_FIELDS
+    ``comm_args``: what the trace file says of a communication besides its op, as (name,
+    value) pairs in the order written: a collective's group and algorithm, a send's or a
+    receive's peer (:meth:`clustersim.engine.sim.Engine.comm_args`); ``()`` for the rest.
+    The engine tells forms apart by it too (one per group and peer), but it is not among
+    :meth:`values`, which spans are compared by: under the symmetric collapse a peer is the
+    simulated rank that stands for the real one."""
+
+    __slots__ = FORM_FIELDS + ("comm_args",)
 
     def __init__(self, stream: str, name: str, kind: str, phase: str = "", stage: int = -1, layer: int = -1,
-                 size_bytes: float = 0.0, op: str = "", flops: float = 0.0, model_flops: float = 0.0):
+                 size_bytes: float = 0.0, op: str = "", flops: float = 0.0, model_flops: float = 0.0,
+                 comm_args: tuple = ()):
         for k, v in zip(FORM_FIELDS, (stream, name, kind, phase, stage, layer, size_bytes, op, flops, model_flops)):
             object.__setattr__(self, k, v)
+        object.__setattr__(self, "comm_args", comm_args)
 
     def __setattr__(self, name: str, value) -> None:
         raise AttributeError(f"a SpanForm is shared by many spans; set {name} on the Span, which then takes "
@@ -221,19 +230,25 @@ class SpanForm:
         return _FORM_VALUES(self)
 
     def __repr__(self) -> str:
-        return "SpanForm(" + ", ".join(f"{k}={v!r}" for k, v in zip(FORM_FIELDS, self.values())) + ")"
+        more = f", comm_args={self.comm_args!r}" if self.comm_args else ""
+        return "SpanForm(" + ", ".join(f"{k}={v!r}" for k, v in zip(FORM_FIELDS, self.values())) + more + ")"
 
     def __reduce__(self):
-        return SpanForm, self.values()
+        return SpanForm, (*self.values(), self.comm_args)
 
 
 def _form_field(k: int, name: str) -> property:
-    """A span's field kept in its form: read there; set, the span takes a new form."""
+    """A span's field kept in its form: read there; set, the span takes a new form (with the
+    same ``comm_args``; ``k`` -1 sets those)."""
 
     def set_field(span: Span, value) -> None:
         values = list(span.form.values())
-        values[k] = value
-        span.form = SpanForm(*values)
+        args = span.form.comm_args
+        if k < 0:
+            args = value
+        else:
+            values[k] = value
+        span.form = SpanForm(*values, comm_args=args)
 
     return property(attrgetter("form." + name), set_field, doc=f"``form.{name}``")
 
@@ -241,9 +256,10 @@ def _form_field(k: int, name: str) -> property:
 class Span:
     """What one task did on one rank and stream, from ``start_s`` to ``end_s``. The fields
     every span of the same kind of task shares (stream, name, kind, phase, stage, layer,
-    size_bytes, op, flops, model_flops) live in its :class:`SpanForm` and read as its own;
-    the rest are the span's: rank, start_s, end_s, mb (-1: none) and tid (the program task
-    that produced it; a send and its receive share one)::
+    size_bytes, op, flops, model_flops, and a communication's ``comm_args`` for the trace
+    file) live in its :class:`SpanForm` and read as its own; the rest are the span's: rank,
+    start_s, end_s, mb (-1: none) and tid (the program task that produced it; a send and its
+    receive share one)::
 
         Span(rank=0, stream="compute", name="F attn", kind="compute", start_s=0.1, end_s=0.2, ...)
         span.name == span.form.name
@@ -269,6 +285,7 @@ class Span:
     op = _form_field(7, "op")  # communication op ("all_reduce", "send", ...); "" for compute
     flops = _form_field(8, "flops")
     model_flops = _form_field(9, "model_flops")
+    comm_args = _form_field(-1, "comm_args")  # (not among values(): SpanForm)
 
     @property
     def dur_s(self) -> float:
@@ -596,6 +613,9 @@ class Trace:
     _columns: SpanColumns | None = field(default=None, init=False, repr=False, compare=False)
     _task_columns: TaskColumns | None = field(default=None, init=False, repr=False, compare=False)
     _display_order: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # the trace file's flows from PP sends to their receives, with the display order they are in
+    # (output.perfetto.flow_pairs: worked out before the writer's fork, read on both sides)
+    _flows: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _forms: tuple | None = field(default=None, init=False, repr=False, compare=False)
     # the columns the engine read from the spans to sort them (SpanBase), for the readers after it
     base: SpanBase | None = field(default=None, repr=False, compare=False)
@@ -764,6 +784,7 @@ class Trace:
         views are snapshots; identity and length cannot tell an edit)."""
         self.drop_columns(tasks=True)
         self._display_order = None
+        self._flows = None
         self.base = None
         self._forms = None
 

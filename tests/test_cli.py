@@ -764,18 +764,21 @@ def test_an_unknown_key_names_the_field_it_is_closest_to(tmp_path, root):
 
 def test_trace_gpus_writes_each_gpu_named_as_the_run_of_every_rank_records_it(tmp_path, root):
     """``--trace-gpus``: the GPUs named, one process each, whose events are those the run of
-    every rank (``--all-ranks``) writes for them (TP4 x PP2 x DP2: the collapse is exact);
-    the summary is the collapsed run's."""
+    every rank (``--all-ranks``) writes for them (TP4 x PP2 x DP2: the collapse is exact),
+    but that a GPU holding another rank's spans (labelled so) names that rank's group and
+    peer; the summary is the collapsed run's."""
     import gzip
 
     sc = write_scenario(tmp_path, root, scenario_dict())
+    whose = ("group", "peer_rank", "peer_stage")  # the simulated rank's, on another GPU's row
 
-    def events(out: Path) -> dict[int, list]:
+    def events(out: Path, but: tuple = ()) -> dict[int, list]:
         doc = json.loads(gzip.decompress((out / "trace.json.gz").read_bytes()))
         by_pid: dict[int, list] = {}
         for e in doc["traceEvents"]:
             if e["ph"] == "X":
-                by_pid.setdefault(e["pid"], []).append((e["tid"], e["name"], e["ts"], e["dur"], e.get("args")))
+                args = {k: v for k, v in e.get("args", {}).items() if k not in but} if "args" in e else None
+                by_pid.setdefault(e["pid"], []).append((e["tid"], e["name"], e["ts"], e["dur"], args))
         names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
         return {pid: (names[pid], sorted(evs, key=repr)) for pid, evs in by_pid.items()}
 
@@ -792,7 +795,14 @@ def test_trace_gpus_writes_each_gpu_named_as_the_run_of_every_rank_records_it(tm
     assert doc["metadata"]["simulation"]["trace_gpus"] == "0, 1, 9"
     assert doc["metadata"]["simulation"]["spans"] == sum(len(evs) for _, evs in some.values())
     assert all(some[pid][1] for pid in some)
-    assert {pid: every[pid] for pid in some} == some
+    assert every[1] == some[1]  # GPU 0 is rank 0: its own spans, group and peer
+    assert {pid: every[pid] for pid in some} != some  # GPU 1 sends to GPU 9, rank 0 to GPU 8
+    but = events(tmp_path / "some", whose)
+    assert {pid: events(tmp_path / "all", whose)[pid] for pid in but} == but
+    # GPU 1's row is rank 0's: its group and its peer, rank 0's; no flow leaves it
+    assert [e for e in some[2][1] if e[4] and e[4].get("op") == "send"][0][4]["peer_rank"] == 8
+    # nor one from GPU 0 (rank 0): its receiver, GPU 8, is not written, and GPU 9 holds rank 8's
+    assert not [e for e in doc["traceEvents"] if e["ph"] in ("s", "f")]
     r = run_cli("run", sc, "--out", tmp_path / "collapsed", "--no-report", "--no-trace")
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "some" / "summary.json").read_text())

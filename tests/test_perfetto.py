@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import pickle
 import random
 import re
 import zlib
@@ -356,10 +357,16 @@ def _odd_trace(late_s: float) -> Trace:
         Span(rank=5, stream="compute", name="backwards", kind="compute", start_s=2.0, end_s=1.9996),
         # receives from two senders (DualPipe): overlapping, nested, then after both
         Span(rank=0, stream="pp_fwd_recv", name="recv a", kind="pp", start_s=0.1, end_s=0.3, mb=1, size_bytes=64,
-             op="send"),  # (the engine gives a receive its send's op)
+             op="send", tid=7),  # (the engine gives a receive its send's op, and task)
         Span(rank=5, stream="pp_fwd_send", name="send a", kind="pp", start_s=0.1, end_s=0.3, mb=1, size_bytes=64,
-             op="send"),
-        Span(rank=0, stream="pp_fwd_recv", name="recv b", kind="pp", start_s=0.2, end_s=0.4, mb=2),
+             op="send", tid=7),
+        # a flow to a receive on a lane of its own (recv b, "pp_fwd_recv #2"), one with no task
+        # id (none), and one whose receive lasts no time (none)
+        Span(rank=5, stream="pp_fwd_send", name="send b", kind="pp", start_s=0.3, end_s=0.4, mb=2, op="send", tid=3),
+        Span(rank=0, stream="pp_fwd_recv", name="recv b", kind="pp", start_s=0.2, end_s=0.4, mb=2, op="send", tid=3),
+        Span(rank=5, stream="pp_fwd_send", name="send c", kind="pp", start_s=0.4, end_s=0.5, mb=5, op="send"),
+        Span(rank=5, stream="pp_fwd_send", name="send e", kind="pp", start_s=0.5, end_s=0.6, mb=6, op="send", tid=9),
+        Span(rank=0, stream="pp_fwd_recv", name="recv e", kind="pp", start_s=0.5, end_s=0.5, mb=6, op="send", tid=9),
         Span(rank=0, stream="pp_fwd_recv", name="recv c", kind="pp", start_s=0.25, end_s=0.26, mb=3),
         Span(rank=0, stream="pp_fwd_recv", name="recv d", kind="pp", start_s=0.3, end_s=0.35, mb=4),
         # touching receives share their thread
@@ -397,7 +404,7 @@ def test_receives_that_overlap_go_on_lanes_of_their_own():
                   "recv d": "pp_fwd_recv", "recv g": "pp_bwd_recv"}
     lane_sort = {sort_index[k] for k, name in names.items() if name.startswith("pp_fwd_recv")}
     assert len(lane_sort) == 1  # the lanes sort with their stream
-    assert len(events) == len(_odd_trace(3.0).spans) - 2  # the two that last no time left out
+    assert len(events) == len(_odd_trace(3.0).spans) - 3  # the three that last no time left out
     by_thread: dict = {}
     for e in events:
         by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + max(e["dur"], 0)))
@@ -440,6 +447,143 @@ def test_a_dualpipe_trace_has_no_receive_on_another(tmp_path, schedule):
         times.sort()
         assert all(b[0] >= a[1] - 1e-9 for a, b in zip(times, times[1:])), names[key]
     assert sum(map(len, by_thread.values())) == sum(1 for s in result.trace.spans if perfetto._lasts(s))
+    # every send's flow ends on its receive, on whichever lane that went
+    flows = _flows(doc)
+    assert len(flows) == sum(1 for e in _x_events(doc) if e["args"].get("op") == "send") > 0
+    assert all(recv["args"]["op"] == "recv" for _, _, _, recv in flows)
+    assert schedule != "dualpipe" or any("#" in names[end["pid"], end["tid"]] for _, end, _, _ in flows)
+
+
+# --------------------------------------------------------------------------- which group, algorithm, peer
+
+def _x_events(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+
+
+def _flows(doc: dict) -> list[tuple[dict, dict, dict, dict]]:
+    """(flow start, flow end, the send's X event, the receive's X event) of each flow of
+    ``doc``, checked to pair up as Perfetto pairs them: one start and one end per id (the same
+    name and category), the start first in the file, after every X event and before the
+    counters, each bound to the one X event on its thread that it lies in."""
+    events = doc["traceEvents"]
+    at = {id(e): k for k, e in enumerate(events)}
+    starts = [e for e in events if e["ph"] == "s"]
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len({e["id"] for e in starts}) == len(starts) == len(ends)  # ids unique, each flow once
+    kinds = [e["ph"] for e in events]
+    last_x = len(kinds) - 1 - kinds[::-1].index("X") if "X" in kinds else -1
+    counters = kinds.index("C") if "C" in kinds else len(kinds)
+    by_thread: dict = {}
+    for e in _x_events(doc):
+        by_thread.setdefault((e["pid"], e["tid"]), []).append(e)
+
+    def slice_at(e: dict) -> dict:
+        inside = [x for x in by_thread[e["pid"], e["tid"]] if x["ts"] <= e["ts"] < x["ts"] + x["dur"]]
+        assert len(inside) == 1, e
+        return inside[0]
+
+    out = []
+    for start in starts:
+        end = ends[start["id"]]
+        assert end["bp"] == "e" and "bp" not in start
+        assert (start["name"], start["cat"]) == (end["name"], end["cat"])
+        assert last_x < at[id(start)] < at[id(end)] < counters
+        out.append((start, end, slice_at(start), slice_at(end)))
+    return out
+
+
+def test_every_pp_send_has_one_flow_to_its_receive_on_the_next_stage(doc, result):
+    # a send's args name the receiver, a receive's the sender: simulated ranks and their stages,
+    # as the processes are named; the flow goes from the send to the receive on the next stage
+    # (a gradient's: the previous), which starts no earlier
+    rank_of, stage_of = _rank_of_pid(doc), result.trace.stage_of
+    events = _x_events(doc)
+    sends = [e for e in events if e.get("args", {}).get("op") == "send"]
+    recvs = [e for e in events if e.get("args", {}).get("op") == "recv"]
+    flows = _flows(doc)
+    assert len(flows) == len(sends) == len(recvs) > 0
+    assert {id(send) for _, _, send, _ in flows} == {id(e) for e in sends}  # each send once
+    assert {id(recv) for _, _, _, recv in flows} == {id(e) for e in recvs}
+    for start, end, send, recv in flows:
+        assert send["args"]["op"] == "send" and recv["args"]["op"] == "recv"
+        assert start["ts"] == send["ts"] and end["ts"] == recv["ts"] >= send["ts"]
+        assert (start["name"], start["cat"]) == (send["name"], "pp")
+        src, dst = rank_of[send["pid"]], rank_of[recv["pid"]]
+        assert stage_of[dst] == stage_of[src] + (1 if send["args"]["phase"] == "F" else -1)
+        assert (send["args"]["peer_stage"], send["args"]["peer_rank"]) == (stage_of[dst], dst)
+        assert (recv["args"]["peer_stage"], recv["args"]["peer_rank"]) == (stage_of[src], src)
+        assert (send["args"]["mb"], send["args"]["bytes"]) == (recv["args"]["mb"], recv["args"]["bytes"])
+    assert not any("peer_rank" in e.get("args", {}) or "group" in e.get("args", {})
+                   for e in events if e["cat"] == "compute")
+
+
+def test_a_collectives_group_is_its_ranks_mesh_group(doc, result):
+    # "tp: GPUs 0-3": the mesh group the collective runs over, the rank's own, by global GPU
+    # rank; DP's gradient reductions over cp+dp (CP ranks hold the same weights), the tied
+    # embedding's between the first and the last stage over pp
+    mesh = clustersim.load_scenario(copy.deepcopy(SMALL), base_dir=ROOT).mesh
+    rank_of = _rank_of_pid(doc)
+    collectives = [e for e in _x_events(doc) if e.get("args", {}).get("op") not in (None, "send", "recv")]
+    assert {e["cat"] for e in collectives} == {"tp", "dp"} and mesh.grad_group("dp") == "cp+dp"
+    for e in collectives:
+        dim = "pp" if e["name"] == "AR tied embedding grads" else {"tp": "tp", "dp": "cp+dp"}[e["cat"]]
+        group = mesh.group(rank_of[e["pid"]], dim)
+        assert e["args"]["group"] == f"{dim}: GPUs {gpu_ranges(group)}"
+        assert e["args"]["group_size"] == len(group) > 1
+        assert "peer_rank" not in e["args"]
+    assert {e["args"]["group"] for e in collectives if e["pid"] == 1} == {"tp: GPUs 0-3", "cp+dp: GPUs 0, 4",
+                                                                           "pp: GPUs 0, 8"}
+
+
+def _census(trace: Trace, ops) -> dict:
+    """Collective -> algorithm -> the spans of ``trace`` whose args say it."""
+    out: dict = {}
+    for s in trace.spans:
+        if s.op in ops:
+            algo = dict(s.comm_args)["algorithm"]
+            out.setdefault(s.op, {}).setdefault(algo, 0)
+            out[s.op][algo] += 1
+    return out
+
+
+def test_a_collectives_algorithm_is_what_the_census_counts(doc, result):
+    census = result.summary["simulation"]["collective_algorithms"]
+    assert census and _census(result.trace, census) == census
+    said = {(e["args"]["op"], e["args"]["algorithm"]) for e in _x_events(doc) if e["args"].get("op") in census}
+    assert said == {(op, a) for op, per in census.items() for a in per}
+    # two algorithms in one step (NVLS inside the node for TP, ring across for DP), and one
+    # fixed by the scenario where it can run
+    d = yaml.safe_load((ROOT / "scenarios" / "llama2_70b_64gpu.yaml").read_text())
+    for fixed in (None, "tree"):
+        if fixed:
+            d.setdefault("simulation", {})["collectives"] = {"all_reduce": fixed}
+        r = clustersim.simulate(clustersim.load_scenario(d, base_dir=ROOT / "scenarios"))
+        census = r.summary["simulation"]["collective_algorithms"]
+        assert _census(r.trace, census) == census
+        assert len(census["all_reduce"]) == 2 if fixed is None else "tree" in census["all_reduce"]
+
+
+def test_a_trace_of_some_gpus_has_flows_between_the_simulated_ranks_only():
+    # run --trace-gpus: GPU 1's process holds rank 0's spans, whose peer is GPU 8's rank, not
+    # the GPU 1 sends to: no flow goes from or to such a process
+    r = _simulate()  # collapsed: rank 0 for GPUs 0-7, rank 8 for 8-15
+    doc = trace_document(r.trace.for_gpus([0, 1, 8, 9]), r.summary)
+    flows = _flows(doc)
+    assert flows and {(start["pid"], end["pid"]) for start, end, _, _ in flows} == {(1, 9), (9, 1)}
+    assert not _flows(trace_document(r.trace.for_gpus([1, 9]), r.summary))
+
+
+def test_a_forms_comm_args_survive_a_copy_and_an_edit_but_do_not_tell_spans_apart():
+    r = _simulate()
+    send = next(s for s in r.trace.spans if s.op == "send" and not perfetto.is_receive(s.stream))
+    assert dict(send.comm_args) == {"peer_stage": 1, "peer_rank": 8}
+    again = pickle.loads(pickle.dumps(send))  # (clustersim.engine.ahead hands spans over pickled)
+    assert again.comm_args == send.comm_args and again == send
+    edited = pickle.loads(pickle.dumps(send))
+    edited.name = "renamed"
+    assert edited.comm_args == send.comm_args and edited.form is not send.form
+    edited.name, edited.comm_args = send.name, (("peer_stage", 0), ("peer_rank", 0))
+    assert edited == send  # compared by values(): a collapsed trace's peers are its simulated ranks
 
 
 def _assert_one_gzip_member(data: bytes, text: str) -> None:
@@ -475,8 +619,9 @@ def test_pieces_of_any_size_make_the_same_file(tmp_path, monkeypatch, deflate, l
     summary = {"scenario": "odd", "step_time_s": 2.0}
     pieces = perfetto.TracePieces(trace)
     n_events = sum(1 for sp in trace.spans if perfetto._lasts(sp))  # those lasting no time left out
-    assert n_events == len(trace.spans) - 2
-    assert pieces.count == -(-n_events // piece_spans)
+    assert n_events == len(trace.spans) - 3
+    n_flows = 2  # send a -> recv a, send b -> recv b; the flows' pieces hold two events a flow
+    assert pieces.count == perfetto.piece_count(trace) == -(-n_events // piece_spans) + -(-n_flows // max(1, piece_spans // 2))
     text = _dumps(trace_document(trace, summary))
     assert "".join(map(pieces.text, range(pieces.count))) + perfetto.trace_tail(summary) == text
     data = perfetto.gzip_file(list(map(pieces.packed, range(pieces.count))), perfetto.trace_tail(summary))
@@ -564,6 +709,11 @@ def test_the_reference_names_every_thread_and_argument_of_the_file():
     every = Span(rank=0, stream="pp_fwd_recv", name="recv act", kind="pp", start_s=0.0, end_s=1.0, mb=0, phase="F",
                  layer=0, size_bytes=1, op="send", flops=1, model_flops=1)
     assert set(perfetto.span_args(every)) - ticked == set()  # op and model_flops among them
+    # a collective's group and algorithm, a send's and a receive's peer, and the flows
+    r = _simulate()
+    said = {k for s in r.trace.spans for k in perfetto.span_args(s)}
+    assert {"group", "group_size", "algorithm", "peer_stage", "peer_rank"} <= said and said - ticked == set()
+    assert {'"ph": "s"', '"ph": "f"', '"bp": "e"', "id"} <= ticked
     assert {"recv", "memory GiB", "overlap_param_gather"} <= {t.removeprefix("parallel.") for t in ticked}
     # the zero thread's gathers are ZeRO-1/2's too (moe_1024gpu: overlap_param_gather)
     row = next(line for line in (ROOT / "docs" / "reference.md").read_text(encoding="utf-8").splitlines()

@@ -91,7 +91,9 @@ def differences(whole, copied, links: bool | None = True) -> list[str]:
             out.append(f"spans: {col} differs")
     if out:
         return out
-    if [a.forms[i].values() for i in a.form[ia]] != [b.forms[i].values() for i in b.form[ib]]:
+    # (comm_args too: the trace file's group, algorithm and peer)
+    if [(a.forms[i].values(), a.forms[i].comm_args) for i in a.form[ia]] != \
+            [(b.forms[i].values(), b.forms[i].comm_args) for i in b.form[ib]]:
         out.append("spans: forms differ")
     worst = max(float(np.abs(a.start_s[ia] - b.start_s[ib]).max(initial=0.0)),
                 float(np.abs(a.end_s[ia] - b.end_s[ib]).max(initial=0.0)))

@@ -39,8 +39,8 @@ import simpy
 
 from ..hardware.topology import Cluster
 from ..program.tasks import Comm, Program, Task
-from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, index_ranges, stable_argsort,
-                     unique, unique_inverse)
+from ..trace import (LinkUse, Span, SpanBase, SpanForm, Trace, appearance_codes, gpu_ranges, index_ranges,
+                     stable_argsort, unique, unique_inverse)
 from ..codegen import Straight
 from ..analysis.links import first_by_use
 from ..collectives.algorithms import ALGORITHMS, AUTO, DEEPEP, applicable
@@ -102,6 +102,9 @@ def _transfer_start(record: tuple) -> float:
 
 
 _CHOOSE = frozenset(op for op, algos in ALGORITHMS.items() if len(algos) > 1)  # collectives with a choice
+# a collective's group in the trace file lists its GPUs up to about this many characters, then
+# how many (an expert group strided over a stage can hold hundreds); group_size counts them all
+GROUP_GPUS_CHARS = 160
 
 # candidate links from which _dominated_links first keeps those that can carry e2's share
 LOAD_FILTER_FROM = 8
@@ -550,12 +553,13 @@ class Engine:
         # record (_straight_code; SpanBase.of_log reads both as columns)
         self.spans: list = []
         # the spans' shared fields (SpanForm), one per distinct set of values (equal as Python
-        # compares them: 0 and 0.0 share one); keys in FORM_FIELDS order
+        # compares them: 0 and 0.0 share one); keys in FORM_FIELDS order, then comm_args
         self.forms: dict[tuple, SpanForm] = {}
         # task id -> the form of its own span where known before the run (tasks of templates:
         # one list of forms per template), else None
         self._form_of: list[SpanForm | None] = [None] * len(program.items)
-        self._recv_forms: dict[tuple, SpanForm] = {}  # (send's form, receiver, stage) -> the receive's
+        self._recv_forms: dict[tuple, SpanForm] = {}  # (send's form, sender, receiver, stage) -> the receive's
+        self._comm_args: dict[tuple, tuple] = {}  # a collective's shape by identity and channel -> comm_args
         self._rdv: dict[tuple, _Rendezvous] = {}  # communication -> its members so far (several)
         self._plans: dict[tuple, tuple[FlowPlan, ...]] = {}
         self._algos: dict[tuple, str] = {}
@@ -992,17 +996,50 @@ class Engine:
         return hit[1].append
 
     def form(self, key: tuple) -> SpanForm:
-        """The form with the values ``key`` (in FORM_FIELDS order), made on first use."""
+        """The form with the values ``key`` (in FORM_FIELDS order, then ``comm_args``), made on
+        first use."""
         form = self.forms.get(key)
         if form is None:
             form = self.forms[key] = SpanForm(*key)
         return form
 
-    def _span_key(self, t: Task, rank: int, stream: str, name: str) -> tuple:
-        """The values of the form of ``t``'s span on ``rank`` and ``stream`` (FORM_FIELDS order)."""
+    def _span_key(self, t: Task, rank: int, stream: str, name: str, receive: bool = False) -> tuple:
+        """The values of the form of ``t``'s span on ``rank`` and ``stream`` (FORM_FIELDS order,
+        then ``comm_args``); with ``receive``, of its send's receive."""
         c = t.comm
         return (stream, name, t.kind, t.phase, self.stage_of.get(rank, t.stage), t.layer,
-                c.size_bytes if c else t.size_bytes, c.op if c else "", t.flops, t.model_flops)
+                c.size_bytes if c else t.size_bytes, c.op if c else "", t.flops, t.model_flops,
+                () if c is None else self.comm_args(t, receive))
+
+    def comm_args(self, t: Task, receive: bool = False) -> tuple:
+        """What the trace file says of communication task ``t``'s span besides its op
+        (``SpanForm.comm_args``), as (name, value) pairs; with ``receive``, of the receive of
+        ``t``, a send::
+
+            collective   group       "tp: GPUs 0-7": the mesh group (Program.group_dims) and
+                                     its GPUs (trace.gpu_ranges, up to GROUP_GPUS_CHARS)
+                         group_size  8
+                         algorithm   "ring": :meth:`algorithm`, as the census counts it
+            send         peer_stage  the receiver's stage, peer_rank its simulated rank
+            receive      peer_stage  the sender's stage, peer_rank its simulated rank
+
+        The group is the simulated instance's, that of the rank whose span it is; a peer is a
+        simulated rank (under the symmetric collapse the one that stands for the real peer), so
+        each reads as the process names in the trace file do. Worked out once per shape: the
+        engine calls this for every form it makes, and for every communication task outside a
+        template's runs."""
+        c = t.comm
+        if c.op == "send":
+            peer = t.rank if receive else c.recv_rank
+            return (("peer_stage", self.stage_of.get(peer, 0)), ("peer_rank", peer)) if peer >= 0 else ()
+        channel = c.key[0] if c.key else ""
+        key = (c.op, id(c.group), id(c.twins), c.size_bytes, id(c.load), channel)
+        args = self._comm_args.get(key)
+        if args is None:
+            dim = self.prog.group_dims.get(str(channel).split(" ", 1)[0], t.kind)
+            args = self._comm_args[key] = (("group", f"{dim}: GPUs {gpu_ranges(c.group, GROUP_GPUS_CHARS)}"),
+                                           ("group_size", len(c.group)), ("algorithm", self.algorithm(c)))
+        return args
 
     def _complete(self, t: Task, start_s: float, end_s: float) -> None:
         """Record ``t`` (and the receive of a send) over [start_s, end_s] and release whatever
@@ -1013,13 +1050,14 @@ class Engine:
             form = self.form(self._span_key(t, t.rank, t.stream, t.name))
         self.spans.append(Span.of_form(t.rank, form, start_s, end_s, t.mb, t.tid))
         if c is not None and c.recv_rank >= 0:
-            # the receive's form follows from the send's, the receiver and the task's stage
-            # (where the receiver has none of its own): worked out once per such triple
-            key = (form, c.recv_rank, t.stage)
+            # the receive's form follows from the send's, the sender (its peer), the receiver
+            # and the task's stage (where the receiver has none of its own): worked out once
+            # per such key
+            key = (form, t.rank, c.recv_rank, t.stage)
             recv = self._recv_forms.get(key)
             if recv is None:
                 recv = self._recv_forms[key] = self.form(self._span_key(
-                    t, c.recv_rank, t.stream.replace("_send", "_recv"), t.name.replace("send", "recv")))
+                    t, c.recv_rank, t.stream.replace("_send", "_recv"), t.name.replace("send", "recv"), receive=True))
             self.spans.append(Span.of_form(c.recv_rank, recv, start_s, end_s, t.mb, t.tid))
         self.end_s[t.tid] = end_s
         streams = self.waiters.pop(t.tid, None)
@@ -1894,7 +1932,7 @@ class _Stream:
             form = form_of[tid]
             if form is None:  # a task outside the templates
                 key = (stream, t.name, t.kind, t.phase, t.stage if stage is None else stage, t.layer, size_bytes, op,
-                       t.flops, t.model_flops)
+                       t.flops, t.model_flops, () if c is None else eng.comm_args(t))
                 form = forms.get(key)
                 if form is None:
                     form = eng.form(key)

@@ -13,7 +13,9 @@ and the stage's memory as a counter (:func:`memory_counter_events`)::
 
 Receives that overlap (DualPipe's from both neighbours) go on extra threads of their stream,
 ``pp_fwd_recv #2``..., one lane each (:func:`lanes`): Perfetto drops an event that overlaps
-another on its thread.
+another on its thread. A collective's span names its group and algorithm in its args, a
+send's and a receive's their peer (``SpanForm.comm_args``), and after the spans a flow
+(an arrow in Perfetto) goes from each PP send to its receive (:func:`flow_events`).
 Times are microseconds (the format's unit), quantised to whole nanoseconds so that spans that
 touch in the simulation still touch after Perfetto converts them to integer nanoseconds (a
 rounding overlap of 1 ns would make it nest one span inside the other).
@@ -34,7 +36,9 @@ span form (:class:`clustersim.trace.SpanForm`)::
     dur    ,"dur":3.25                                        the same
     ids    ,"pid":1,"tid":1001                                one per row
     mb     ,"args":{"mb":0                                    when the span has a microbatch
-    tail   ,"layer":3}}                                       cached with the head
+    tail   ,"layer":3}}                                       cached with the head (a
+                                                              collective's group and
+                                                              algorithm too: per form)
 """
 
 from __future__ import annotations
@@ -46,14 +50,14 @@ import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise, repeat
+from itertools import compress, pairwise, repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..trace import RECV_STREAMS, Span, SpanForm, Trace, form_text, gpu_ranges, stable_argsort
+from ..trace import RECV_STREAMS, Span, SpanForm, Trace, form_text, gpu_ranges, index_ranges, stable_argsort
 
 # Streams in the order a reader scans a rank: the work, then what feeds it, then the tail.
 KNOWN_STREAMS = ("compute", "tp", "cp", "ep", "pp_fwd_recv", "pp_fwd_send", "pp_bwd_recv",
@@ -353,11 +357,13 @@ def file_op(stream: str, op: str) -> str:
 
 
 def _detail_args(layer: int, phase: str, size_bytes: float, op: str, flops: float,
-                 model_flops: float) -> dict[str, Any]:
+                 model_flops: float, comm_args: tuple = ()) -> dict[str, Any]:
     """The span's details after its microbatch, leaving out those that carry no information;
-    ``op`` as the file gives it (:func:`file_op`). ``model_flops`` goes wherever ``flops``
-    does, 0 included (a recomputed forward: executed, not model work), so that a compute
-    span that works has both counts (docs/metrics.md)."""
+    ``op`` as the file gives it (:func:`file_op`), then what the engine says of the
+    communication (``SpanForm.comm_args``: a collective's ``group``, ``group_size`` and
+    ``algorithm``, a send's or a receive's ``peer_stage`` and ``peer_rank``).
+    ``model_flops`` goes wherever ``flops`` does, 0 included (a recomputed forward: executed,
+    not model work), so that a compute span that works has both counts (docs/metrics.md)."""
     args: dict[str, Any] = {}
     if layer >= 0:
         args["layer"] = layer
@@ -367,6 +373,7 @@ def _detail_args(layer: int, phase: str, size_bytes: float, op: str, flops: floa
         args["bytes"] = _number(size_bytes)
     if op:
         args["op"] = op
+    args.update(comm_args)
     if flops:
         args["flops"] = _number(flops)
     if flops or model_flops:
@@ -377,7 +384,8 @@ def _detail_args(layer: int, phase: str, size_bytes: float, op: str, flops: floa
 def span_args(s: Span) -> dict[str, Any]:
     """The span's details, leaving out fields that carry no information (-1, 0, empty)."""
     args: dict[str, Any] = {"mb": s.mb} if s.mb >= 0 else {}
-    args.update(_detail_args(s.layer, s.phase, s.size_bytes, file_op(s.stream, s.op), s.flops, s.model_flops))
+    args.update(_detail_args(s.layer, s.phase, s.size_bytes, file_op(s.stream, s.op), s.flops, s.model_flops,
+                             s.comm_args))
     return args
 
 
@@ -481,6 +489,123 @@ def span_events(trace: Trace) -> list[dict[str, Any]]:
             for i in order]
 
 
+def flow_events(trace: Trace) -> list[dict[str, Any]]:
+    """An arrow from each PP send to its receive, as Chrome trace flow events: a flow start
+    (``"ph": "s"``) on the send's thread at its start and a flow end (``"ph": "f"``, ``"bp":
+    "e"``: bound to the slice enclosing it, the receive, rather than the next one to begin)
+    on the receive's thread (its lane's, :func:`lanes`) at the receive's start. Both are
+    named and categorised as the send is (Perfetto pairs the two by id, category and name)
+    and the id is the send's task id, which its receive shares (``Span.tid``): every flow
+    once, the same ids every time, in id order, each flow's start just before its end (the
+    end repeats most of the start's text, which the compression then takes for a reference).
+
+    A pair needs both spans drawn (:func:`_drawn`) on processes that are the simulated ranks
+    themselves: a GPU's process under ``run --trace-gpus`` that holds another rank's spans
+    gets none, as its real peer is not in the trace (nor is a span without a task id, or a
+    task id held by more than one send or receive).
+
+    Why flow events after every span, and not ``bind_id`` with ``flow_out``/``flow_in`` on the
+    X events themselves (which Perfetto's JSON importer reads too, without extra events):
+    Perfetto binds a flow to a slice as it reads the events sorted by time, events of one
+    time longest first and then in file order, and drops a flow end read before its start. A
+    receive starts and ends with its send, and a gradient's receiver (the previous stage)
+    comes first in the file: every backward flow would be dropped. A flow event of one time
+    sorts after every X event of that time, and each start is written before its end."""
+    rows, thread = _span_threads(trace)
+    tids = _thread_ids(rows)
+    procs = processes(trace)
+    sends: dict[int, list[int]] = {}
+    recvs: dict[int, list[int]] = {}
+    for i, s in enumerate(trace.spans):
+        if s.op == "send" and s.tid >= 0 and _lasts(s) and procs.get(s.rank) == s.rank:
+            (recvs if is_receive(s.stream) else sends).setdefault(s.tid, []).append(i)
+    ids = sorted(t for t, at in sends.items() if len(at) == 1 and len(recvs.get(t, ())) == 1)
+
+    def event(flow_id: int, ph: str, i: int) -> dict[str, Any]:
+        send, s = trace.spans[sends[flow_id][0]], trace.spans[i]
+        ev: dict[str, Any] = {"name": send.name, "cat": send.kind, "ph": ph}
+        if ph == "f":
+            ev["bp"] = "e"
+        ev.update(id=flow_id, ts=_us(_ns(s.start_s)), pid=pid_of(s.rank), tid=tids[s.rank, thread[i]])
+        return ev
+
+    return [e for t in ids for e in (event(t, "s", sends[t][0]), event(t, "f", recvs[t][0]))]
+
+
+@dataclass(frozen=True)
+class FlowPairs:
+    """The trace file's flows (:func:`flow_events`) in id order: each one's id, and the
+    display positions (in the order of the drawn spans, :func:`_drawn`) of its send and its
+    receive."""
+
+    ids: np.ndarray  # int64, ascending
+    send: np.ndarray  # int64
+    recv: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def flow_pairs(trace: Trace) -> FlowPairs:
+    """The trace file's flows (:class:`FlowPairs`), remembered on the trace with the display
+    order they are of: worked out before the writer's fork (:func:`piece_count`) and read by
+    both processes (:class:`TracePieces`)."""
+    order = span_order(trace)
+    kept = trace._flows
+    if kept is not None and kept[0] is order:
+        return kept[1]
+    pairs = _flow_pairs(trace, _drawn(order))
+    trace._flows = (order, pairs)
+    return pairs
+
+
+def _flow_pairs(trace: Trace, order: SpanOrder) -> FlowPairs:
+    """:func:`flow_pairs` of the drawn spans ``order``, by arrays: the sends and receives
+    found by their forms (a few thousand) on the rows of their streams (a few hundred), then
+    paired by task id."""
+    none = np.zeros(0, dtype=np.int64)
+    codes, forms = trace.forms()
+    sends = np.fromiter((f.op == "send" for f in forms), bool, len(forms))
+    streams = {f.stream for f in compress(forms, sends.tolist())}
+    procs = processes(trace)
+    bounds = order.bounds
+    # the rows of the streams sends and receives are on, of processes that are simulated ranks
+    rows = [k for k, (rank, stream) in enumerate(order.rows) if stream in streams and procs.get(rank) == rank]
+    if not rows:
+        return FlowPairs(none, none, none)
+    lo = np.array([bounds[k] for k in rows], dtype=np.int64)
+    at = index_ranges(np.stack([lo, np.array([bounds[k + 1] for k in rows], dtype=np.int64)], axis=1).ravel(),
+                      np.arange(0, 2 * len(rows), 2))  # their display positions
+    span = order.index_array[at]
+    code = codes[span]
+    at, span, code = at[sends[code]], span[sends[code]], code[sends[code]]
+    b = trace.current_base()
+    if b is not None:
+        tid = b.tid[span]
+    else:
+        spans = trace.spans
+        tid = np.fromiter((spans[i].tid for i in span.tolist()), np.int64, len(span))
+    known = tid >= 0
+    at, tid, code = at[known], tid[known], code[known]
+    recv = np.fromiter((is_receive(f.stream) for f in forms), bool, len(forms))[code]
+    send_ids, send_at = _held_once(tid[~recv], at[~recv])
+    recv_ids, recv_at = _held_once(tid[recv], at[recv])
+    k = np.minimum(np.searchsorted(recv_ids, send_ids), max(len(recv_ids) - 1, 0))
+    paired = np.flatnonzero(recv_ids[k] == send_ids) if len(recv_ids) else none
+    return FlowPairs(send_ids[paired], send_at[paired], recv_at[k[paired]])
+
+
+def _held_once(ids: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ids that occur once in ``ids`` (non-negative), ascending, and the ``at`` of each
+    (sorted by radix, :func:`stable_argsort`: np.unique's sort took 7 ms on Megatron-1T's
+    64,512 sends)."""
+    order = stable_argsort(ids)
+    ordered = ids[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(ids) else order[:0]
+    once = starts[np.diff(np.append(starts, len(ids))) == 1]
+    return ordered[once], at[order[once]]
+
+
 _HEADLINE_KEYS = ("scenario", "description", "world_size", "step_time_s", "tokens_per_s",
                   "tokens_per_s_per_gpu", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu", "hfu",
                   "bubble_fraction", "exposed_comm_s", "hidden_comm_s", "plan")
@@ -566,11 +691,12 @@ def _memory_counters_text(summary: dict[str, Any], procs: dict[int, int] | None)
 
 
 def trace_document(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
-    """The whole JSON object: metadata events first, then spans, then the memory counters,
-    then the summary's headline."""
+    """The whole JSON object: metadata events first, then spans, then the flows from the PP
+    sends to their receives, then the memory counters, then the summary's headline."""
     return {
         "displayTimeUnit": "ms",
-        "traceEvents": metadata_events(trace) + span_events(trace) + memory_counter_events(summary, processes(trace)),
+        "traceEvents": metadata_events(trace) + span_events(trace) + flow_events(trace)
+        + memory_counter_events(summary, processes(trace)),
         "metadata": trace_metadata(summary),
     }
 
@@ -581,8 +707,8 @@ def _dumps(obj: Any) -> str:
 
 
 class _EventParts(dict):
-    """(name, kind, layer, phase, size_bytes, op, flops, model_flops) -> the fixed text of an
-    event (``op`` as :func:`file_op` gives it)::
+    """(name, kind, layer, phase, size_bytes, op, flops, model_flops, comm_args) -> the fixed
+    text of an event (``op`` as :func:`file_op` gives it)::
 
         head      {"name":"F attn","cat":"compute","ph":"X","ts":
         after_mb  ,"layer":3}}                  closes args and event; "}}" without details
@@ -606,7 +732,7 @@ class _EventParts(dict):
 def _event_key(form: SpanForm) -> tuple:
     """The key of ``form``'s text in :class:`_EventParts` (read once per form)."""
     return (form.name, form.kind, form.layer, form.phase, form.size_bytes, file_op(form.stream, form.op),
-            form.flops, form.model_flops)
+            form.flops, form.model_flops, form.comm_args)
 
 
 def trace_tail(summary: dict[str, Any], procs: dict[int, int] | None = None) -> str:
@@ -627,18 +753,19 @@ PIECE_SPANS = 4096
 
 
 class TracePieces:
-    """The trace file's text up to its last span, cut into pieces of PIECE_SPANS events in
-    display order, each written and compressed on its own: whichever process compresses a
-    piece, its text is the same (and under zlib its bytes: ISA-L need not give the same bytes
-    twice, the note at ``_deflate``), so the file depends on the trace alone while the pieces
-    are shared out between processes (clustersim.output.background). A gzip file of such
-    pieces is one deflate stream::
+    """The trace file's text up to its memory counters, cut into pieces of PIECE_SPANS events
+    (the spans in display order, then the flows from the PP sends to their receives, two
+    events a flow: :func:`flow_events`), each written and compressed on its own: whichever
+    process compresses a piece, its text is the same (and under zlib its bytes: ISA-L need not
+    give the same bytes twice, the note at ``_deflate``), so the file depends on the trace
+    alone while the pieces are shared out between processes (clustersim.output.background).
+    A gzip file of such pieces is one deflate stream::
 
-        gzip header | piece 0          | piece 1   | ... | tail           | CRC-32, length
-                      head, metadata,    events ...        summary's
-                      events 0-4095      (sync flush)      counters and
-                      (sync flush)                         headline
-                                                           (final block)
+        gzip header | piece 0          | piece 1   | ... | flows ... | tail           | CRC-32, length
+                      head, metadata,    events ...        2048 each   summary's
+                      events 0-4095      (sync flush)                  counters and
+                      (sync flush)                                     headline
+                                                                       (final block)
 
     A piece ends with a sync flush (its blocks end on a byte, none is final) and refers to no
     earlier piece's text, so the pieces follow one another as they are; the tail ends the
@@ -667,12 +794,63 @@ class TracePieces:
         self.head = '{"displayTimeUnit":"ms","traceEvents":[' + ",".join(events)
         self.has_metadata = bool(events)
         self.n_spans = len(order.index_array)
-        self.count = piece_count(trace)
+        self.flows = flow_pairs(trace)
+        self.span_pieces = _span_pieces(self.n_spans)
+        self.count = self.span_pieces + _flow_pieces(len(self.flows))
+        # a flow's name and category, its send's, per form (dumped once for each send form)
+        self.flow_heads: dict[int, str] = {}
+        self.forms = forms
+        self.row_ids: list[str] | None = None  # per row, its thread's ids (_ids_at)
 
     def text(self, k: int) -> str:
-        """Piece ``k``'s text: the head with the metadata events first in piece 0, then the
-        events of display positions ``k * PIECE_SPANS`` on, each after a comma unless it is
-        the first event of all."""
+        """Piece ``k``'s text: a piece of the spans (:meth:`span_text`), or after those, of
+        the flows (:meth:`flow_text`)."""
+        return self.span_text(k) if k < self.span_pieces else self.flow_text(k - self.span_pieces)
+
+    def flow_text(self, j: int) -> str:
+        """The events of flows ``j * flows_per_piece()`` on (:func:`flow_events`: each flow's
+        start, then its end), each after a comma (the spans come before them)."""
+        flows, per = self.flows, flows_per_piece()
+        lo, hi = j * per, min(len(self.flows), (j + 1) * per)
+        if lo >= hi:
+            return ""
+        sends, recvs = flows.send[lo:hi], flows.recv[lo:hi]
+        codes = self.codes[sends].tolist()
+        for code in set(codes).difference(self.flow_heads):  # each send form's, once
+            self.flow_heads[code] = self._flow_head(code)
+        heads = list(map(self.flow_heads.__getitem__, codes))
+        s_us, s_frac = _us_digits(_ns_array(self.order.start_s[sends]))
+        r_us, r_frac = _us_digits(_ns_array(self.order.start_s[recvs]))
+        frac = _FRACTION_US
+        return "," + ",".join([
+            f'{head}"s","id":{i},"ts":{st}{frac[sf]}{s_ids}}},{head}"f","bp":"e","id":{i},"ts":{rt}{frac[rf]}{r_ids}}}'
+            for head, i, st, sf, s_ids, rt, rf, r_ids
+            in zip(heads, flows.ids[lo:hi].tolist(), s_us, s_frac, self._ids_at(sends), r_us, r_frac,
+                   self._ids_at(recvs))])
+
+    def _flow_head(self, code: int) -> str:
+        """``{"name":...,"cat":...,"ph":`` of the flows of a send of form ``code``."""
+        form = self.forms[code]
+        return f'{{"name":{_dumps(form.name)},"cat":{_dumps(form.kind)},"ph":'
+
+    def _ids_at(self, at: np.ndarray) -> list[str]:
+        """``,"pid":P,"tid":T`` of the events at display positions ``at`` (a lane's thread on a
+        receive stream with lanes)."""
+        order = self.order
+        if self.row_ids is None:  # each row's, once (a few hundred)
+            self.row_ids = [f',"pid":{pid_of(rank)},"tid":{self.tids[rank, stream]}' for rank, stream in order.rows]
+        rows = np.searchsorted(np.asarray(order.bounds), at, side="right") - 1
+        out = list(map(self.row_ids.__getitem__, rows.tolist()))
+        if self.lane_ids:
+            laned = np.flatnonzero(np.isin(rows, list(self.lane_ids)))
+            for k, row, pos in zip(laned.tolist(), rows[laned].tolist(), at[laned].tolist()):
+                out[k] = self.lane_ids[row][pos - order.bounds[row]]
+        return out
+
+    def span_text(self, k: int) -> str:
+        """Span piece ``k``'s text: the head with the metadata events first in piece 0, then
+        the events of display positions ``k * PIECE_SPANS`` on, each after a comma unless it
+        is the first event of all."""
         lo, hi = k * PIECE_SPANS, min(self.n_spans, (k + 1) * PIECE_SPANS)
         out = [self.head] if k == 0 else []
         if hi <= lo:
@@ -747,9 +925,24 @@ def _drawn(order: SpanOrder) -> SpanOrder:
 
 
 def piece_count(trace: Trace) -> int:
-    """How many pieces :class:`TracePieces` cuts the trace's events into (at least one: the
-    head)."""
-    return max(1, -(-len(_drawn(span_order(trace)).index_array) // PIECE_SPANS))
+    """How many pieces :class:`TracePieces` cuts the trace's events into: the spans' (at
+    least one: the head), then the flows' (:func:`flow_pairs`, remembered for the pieces)."""
+    return _span_pieces(len(_drawn(span_order(trace)).index_array)) + _flow_pieces(len(flow_pairs(trace)))
+
+
+def _span_pieces(n_spans: int) -> int:
+    """The pieces of ``n_spans`` drawn spans (at least one: the head)."""
+    return max(1, -(-n_spans // PIECE_SPANS))
+
+
+def flows_per_piece() -> int:
+    """Flows per piece of the trace file: PIECE_SPANS events, two a flow."""
+    return max(1, PIECE_SPANS // 2)
+
+
+def _flow_pieces(n_flows: int) -> int:
+    """The pieces of ``n_flows`` flows (:func:`flows_per_piece`)."""
+    return -(-n_flows // flows_per_piece())
 
 
 def gzip_file(packed: list[tuple[bytes, int, int]], tail: str) -> bytes:

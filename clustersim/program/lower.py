@@ -2039,11 +2039,22 @@ def lowering(sc: Scenario, *, collapse: bool | None = None, templates: bool = Tr
     )
 
 
+def group_dims(low: Lowering) -> dict[str, str]:
+    """Each communication kind of the lowering -> the mesh group its communications run over
+    (``Program.group_dims``): the group of :meth:`Lowering.group_of`, named as plan.mesh names
+    it, so that DP's reductions say ``cp+dp`` (or a hybrid shard group, ``zs``); the pipeline's
+    sends and the tied embedding's and a replicated part's all-reduces, whose groups are
+    pipeline ranks, ``pp``."""
+    out = {kind: low.grad_dim(kind) for kind in ("tp", "cp", "dp", "ep", "edp", "etp", "zr", "ezr", "cpa", "cpr")}
+    out.update(dict.fromkeys(("pp", "emb", "rep"), "pp"))
+    return out
+
+
 def run_passes(low: Lowering, kept: _Parting | None = None) -> Program:
     """The passes in order; ``kept``: the state of a longer step's lowering where this one's
     parts from it (:class:`_Parting`), from which the pipeline pass resumes."""
     prog = Program(ranks=low.sym.ranks, weight=low.sym.weight, rep=low.sym.rep_of_gpu, maker=_make,
-                   siblings=low.sym.sibling_map, routing=low.routing)
+                   siblings=low.sym.sibling_map, routing=low.routing, group_dims=group_dims(low))
     if kept is None:
         prog = pipeline_pass(prog, low)
     else:

@@ -24,7 +24,8 @@ class Comm:
     ``twins``: the other instances it stands for (same shape, other GPUs); they load links
     exactly as the simulated one does, so they weigh on shared links (DESIGN: symmetric ranks).
     ``members``: simulated ranks that must all arrive before it starts (rendezvous).
-    ``key``: rendezvous key, identical on every member's task.
+    ``key``: rendezvous key, identical on every member's task: (channel, orbit, tag), the
+    channel named by the lowering's communication kind first ("tp", "dp", "pp F", "rep 0").
     ``recv_rank``: for ``send``, the simulated rank that waits for the data (or -1).
     ``load``: a skewed all-to-all (MoE ``ep_load``), ``(by_src, factors)``: the flow between
     group positions i -> j carries its balanced bytes times ``factors[j]``, or ``factors[i]``
@@ -129,6 +130,11 @@ class Program:
     # else deduplicated per node and GPU (collectives.algorithms.deepep_flows), this routing
     # (model.moe.routing: experts, top_k, router groups, groups a token picks)
     routing: tuple = ()
+    # a channel's communication kind (the first word of Comm.key[0]) -> the mesh group its
+    # communications run over, as plan.mesh names it ("tp", "cp+dp", "edp", ...; "pp" for the
+    # pipeline's): the trace file's ``group`` (lower.group_dims); empty for a program built by
+    # hand, whose spans then name the group by their kind
+    group_dims: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def split_stage(self) -> bool:
