@@ -62,7 +62,8 @@ from typing import Any
 
 from .errors import ConfigError
 from .hardware.topology import reused_clusters
-from .sweep import DP, Plan, also_set, check_keys, ranking, simulate_plans, table_lines, value_at, with_split
+from .sweep import (DP, Plan, also_set, cell_text, check_keys, ranking, simulate_plans, table_lines, value_at,
+                    with_split)
 from .yamlio import read_yaml
 
 RECOMPUTES = ("none", "selective", "full")
@@ -592,7 +593,8 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
     rows = {r["plan"]: r for r in advice["plans"]}
     ranked = advice["ranking"]
     n, done = len(rows), len(ranked)
-    dims = " · ".join(f"{k.rsplit('.', 1)[-1]} {','.join(map(str, v))}" for k, v in advice["vary"].items())
+    # (values as the table and --vary write them: true, not Python's True)
+    dims = " · ".join(f"{k.rsplit('.', 1)[-1]} {','.join(map(cell_text, v))}" for k, v in advice["vary"].items())
     lines = [f"clustersim · advise {advice['scenario']}",
              f"{'case':<12}{advice['params'] / 1e9:,.1f}B parameters on {advice['gpus']:,} GPUs "
              f"({advice['gpus_per_node']} a node)",
@@ -647,6 +649,9 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
             where = ("the best plan found" if own["plan"] == best["plan"] else
                      f"the best plan found, #{best['plan']}, gives {100 * gain:.1f} % more tokens/s" if gain >= 0 else
                      f"the best plan found, #{best['plan']}, gives {-100 * gain:.1f} % fewer tokens/s, and fits")
+        if not own["fits"] and best is not None and best["plan"] != own["plan"] and gain >= 0:
+            # (its tokens/s are those it would give if it fit: the gain is over a plan that cannot run)
+            where = f"if it did, the best plan found, #{best['plan']}, would still give {100 * gain:.1f} % more tokens/s"
         lines.append(f"{'your plan':<12}#{own['plan']}: {own['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU"
                      + ("" if own["fits"] else " (does not fit)") + (f"; {where}" if where else ""))
     else:

@@ -641,3 +641,28 @@ def test_a_best_plan_running_zero2_under_a_pipeline_says_who_does_not_run_it():
     assert zero2_under_pp(best, [best]).endswith("no plan without it fits")
     assert zero2_under_pp(row(5, 2, 1, 1000.0), []) == ""  # no pipeline: ZeRO-2 as everyone runs it
     assert zero2_under_pp(row(5, 1, 4, 1000.0), []) == ""
+
+
+def test_an_unfit_plan_of_the_scenario_is_compared_as_if_it_fit(root):
+    """The scenario's own plan that does not fit has the tokens/s it would give if it did: the
+    best plan's gain over it says so ("would still give"), not as over a plan that runs; the
+    searched line writes values as --vary does (true, not True)."""
+    import copy
+
+    from clustersim.advise import format_advice
+
+    adv = run_advise(str(root / SMALL), [("parallel.tp", [2, 4]), ("parallel.pp", [1]),
+                                         ("parallel.tp_comm_overlap", [False, True])])
+    assert "tp_comm_overlap false,true" in format_advice(adv)
+    a = copy.deepcopy(adv)
+    rows = {r["plan"]: r for r in a["plans"]}
+    best = next(n for n in a["ranking"] if rows[n]["fits"])
+    assert best != 1
+    rows[1]["fits"] = False
+    line = next(x for x in format_advice(a).splitlines() if x.startswith("your plan"))
+    gain = rows[best]["tokens_per_s"] / rows[1]["tokens_per_s"] - 1
+    assert line.endswith(f"(does not fit); if it did, the best plan found, #{best}, would still give "
+                         f"{100 * gain:.1f} % more tokens/s"), line
+    rows[1]["fits"] = True
+    line = next(x for x in format_advice(a).splitlines() if x.startswith("your plan"))
+    assert line.endswith(f"; the best plan found, #{best}, gives {100 * gain:.1f} % more tokens/s"), line
