@@ -182,6 +182,18 @@ def search_space(sc, data: dict[str, Any]) -> dict[str, list[Any]]:
     return space
 
 
+# settings practitioners tune that the search keeps at the scenario's values unless --vary
+# searches them: said under the searched dimensions, so that a plan left out reads as not
+# tried rather than as worse
+LEVERS = ("parallel.schedule", "parallel.cp", "parallel.tp_comm_overlap", "training.micro_batch_size")
+
+
+def kept_levers(sc, space: dict[str, list[Any]]) -> dict[str, Any]:
+    """Each of :data:`LEVERS` the search does not vary, at the scenario's value."""
+    cfg = sc.cfg.model_dump(mode="json")
+    return {key: value_at(cfg, key) for key in LEVERS if key not in space}
+
+
 def own_values(sc, space: dict[str, list[Any]]) -> dict[str, Any]:
     """The scenario's own plan's value of each dimension searched."""
     cfg = sc.cfg.model_dump(mode="json")
@@ -542,6 +554,7 @@ def search_plans(path: str, vary: list[tuple[str, list[Any]]] | None = None, *, 
                         if fit else None})
     return {"scenario": str(path), "params": params, "gpus": sc.mesh.world_size,
             "gpus_per_node": sc.topology.node.gpus, "guide": rule.says, "options": options, "vary": space,
+            "kept": kept_levers(sc, space),
             "shapes": len(rest), "searched": searched, "coarse_to_fine": not every, "own_plan": 1, "dp_follows": True,
             "pruned": prune, "offload_fallback": None,
             "plans": ordered,
@@ -610,6 +623,9 @@ def format_advice(advice: dict[str, Any], top: int = 10) -> str:
                 f", {advice['searched']:,} plans; coarse to fine (each shape first with the settings that save the "
                 f"most memory, then the fastest that fit with every other): {n:,} plans")
              + (f", {done:,} simulated" if done != n else "")]
+    if kept := advice.get("kept"):
+        lines.append(f"{'kept':<12}" + " · ".join(f"{k.rsplit('.', 1)[-1]} {cell_text(v)}" for k, v in kept.items())
+                     + " as the scenario has them (--vary searches them)")
     if fb := advice.get("offload_fallback"):
         lines.append(f"{'':<12}(searched again with the optimizer states in host memory, optimizer_offload 1: none of "
                      f"the first search's {fb['searched']:,} plans fits with them on the GPUs)")

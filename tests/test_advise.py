@@ -666,3 +666,17 @@ def test_an_unfit_plan_of_the_scenario_is_compared_as_if_it_fit(root):
     rows[1]["fits"] = True
     line = next(x for x in format_advice(a).splitlines() if x.startswith("your plan"))
     assert line.endswith(f"; the best plan found, #{best}, gives {100 * gain:.1f} % more tokens/s"), line
+
+
+def test_the_levers_left_out_of_the_search_are_said_with_their_values(root):
+    """The schedule, CP, TP communication overlap and the micro batch size, where the search
+    keeps them at the scenario's values, are listed as kept (advise.json's ``kept``); a lever
+    --vary searches is not."""
+    from clustersim.advise import LEVERS, format_advice
+
+    adv = run_advise(str(root / SMALL), [("parallel.tp", [4]), ("parallel.pp", [1]),
+                                         ("training.micro_batch_size", [1, 2])])
+    assert adv["kept"] == {"parallel.schedule": "1f1b", "parallel.cp": 1, "parallel.tp_comm_overlap": False}
+    assert set(adv["kept"]) < set(LEVERS)
+    line = next(x for x in format_advice(adv).splitlines() if x.startswith("kept"))
+    assert line == "kept        schedule 1f1b · cp 1 · tp_comm_overlap false as the scenario has them (--vary searches them)"
