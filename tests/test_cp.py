@@ -54,7 +54,8 @@ def test_cp_conserves_the_work_of_the_step(root, cp_comm):
 @pytest.mark.parametrize("cp", [2, 4])
 def test_ring_bytes_per_layer(root, cp):
     """Ring attention, per layer and microbatch on each rank: forward cp-1 shifts of K/V,
-    backward cp-1 shifts of K/V plus dK/dV and a last dK/dV hop home: (3cp-2) x KV."""
+    backward (Transformer Engine's order) K/V alone, cp-2 shifts of K/V plus dK/dV and the
+    dK/dV alone: 3 (cp-1) x KV."""
     sc = _sc(root, tp=1, cp=cp, dp=8 // cp)
     prog, low = lower(sc)
     kv = _kv_bytes(sc)
@@ -62,7 +63,7 @@ def test_ring_bytes_per_layer(root, cp):
     cp_tasks = [t for t in prog.tasks if t.rank == r and t.kind == "cp"]
     assert {t.comm.op for t in cp_tasks} == {"shift"}
     layers, mbs = sc.layers_per_part[0], sc.microbatches
-    assert sum(t.comm.size_bytes for t in cp_tasks) == pytest.approx(layers * mbs * (3 * cp - 2) * kv)
+    assert sum(t.comm.size_bytes for t in cp_tasks) == pytest.approx(layers * mbs * 3 * (cp - 1) * kv)
     assert all(len(t.comm.group) == cp for t in cp_tasks)
 
 
@@ -110,7 +111,7 @@ def test_all_to_all_bytes_per_layer(root, model):
 def test_all_to_all_and_ring_bytes_per_layer(root, cp, a2a):
     """Hierarchical CP: the all-to-alls of all-to-all CP inside each slice of cp_a2a ranks, and
     the ring's shifts of KV across the cp/cp_a2a slices: forward QKV + C and (r-1) KV, backward
-    2C + QKV and (r-1) 2KV + KV, r = cp/cp_a2a."""
+    2C + QKV and 2 (r-1) KV, r = cp/cp_a2a."""
     sc = _sc(root, tp=1, cp=cp, dp=8 // cp, cp_comm="all_to_all+ring", cp_a2a=a2a)
     prog, low = lower(sc)
     qkv, ctx = _a2a_bytes(sc)
@@ -123,7 +124,7 @@ def test_all_to_all_and_ring_bytes_per_layer(root, cp, a2a):
                 + t.comm.size_bytes
     n = sc.layers_per_part[0] * sc.microbatches
     assert by == pytest.approx({("F", "all_to_all", a2a): n * (qkv + ctx), ("B", "all_to_all", a2a): n * (2 * ctx + qkv),
-                                ("F", "shift", r): n * (r - 1) * kv, ("B", "shift", r): n * ((r - 1) * 2 * kv + kv)})
+                                ("F", "shift", r): n * (r - 1) * kv, ("B", "shift", r): n * 2 * (r - 1) * kv})
 
 
 def test_all_to_all_attention_is_whole_for_heads_over_cp(root):
@@ -165,11 +166,12 @@ def test_all_to_all_inside_a_node_takes_its_closed_form(root):
 
 
 def test_ring_hides_its_shifts_under_attention(root):
-    """At 8K tokens each ring step's attention outlasts the K/V shift on NVLink: only the last
-    dK/dV hop of each layer's backward is exposed."""
+    """At 8K tokens each ring step's attention outlasts the K/V shift on NVLink, and the
+    backward's last dK/dV hop runs beside its last step (Transformer Engine's order): almost
+    none of the ring's time is exposed (it was a third, the last hop blocking, before)."""
     s = clustersim.simulate(_sc(root, tp=1, cp=4, dp=2, pp=2)).summary
     assert s["comm_s"]["cp"] > 0
-    assert s["exposed_comm_s"]["cp"] < 0.35 * s["comm_s"]["cp"]
+    assert s["exposed_comm_s"]["cp"] < 0.05 * s["comm_s"]["cp"]
 
 
 def test_unbalanced_cp_is_slower_by_the_causal_skew(root):

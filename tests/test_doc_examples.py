@@ -346,12 +346,12 @@ def _ulysses_and_combined_figures() -> dict[str, str]:
                                           training={"recompute": "full"}, model={"kv_heads": 32})).summary
         assert s["memory"]["fits"]
         out[f"{key}_STEP"], out[f"{key}_CP"] = f"{s['step_time_s']:.2f}", f"{s['exposed_comm_s']['cp']:.2f}"
-    # the bytes of a layer, a microbatch, at TP1 x CP8: all-to-all's 2 QKV + 3 C, the ring's (3c - 2) KV
+    # the bytes of a layer, a microbatch, at TP1 x CP8: all-to-all's 2 QKV + 3 C, the ring's 3 (c - 1) KV
     m, c = _scenario("long_context_cp_128k.yaml").model, 8
     tok = m.seq_len / c
     qkv, ctx, kv = (2 * tok * (m.heads + 2 * m.n_kv_heads) * m.head_dim, 2 * tok * m.heads * m.head_dim,
                     2 * tok * 2 * m.n_kv_heads * m.head_dim)
-    out["A2A_GB"], out["RING_GB"] = f"{(2 * qkv + 3 * ctx) / 1e9:.2f}", f"{(3 * c - 2) * kv / 1e9:.2f}"
+    out["A2A_GB"], out["RING_GB"] = f"{(2 * qkv + 3 * ctx) / 1e9:.2f}", f"{3 * (c - 1) * kv / 1e9:.2f}"
     for key, s in (("PLAIN", plain), ("COMB", comb)):
         out[f"{key}_STEP"] = f"{s['step_time_s']:.2f}"
         out[f"{key}_EP"] = f"{s['exposed_comm_s']['ep']:.2f}"
@@ -368,7 +368,7 @@ def _ulysses_and_combined_figures() -> dict[str, str]:
 ULYSSES_AND_COMBINED = (
     "ring RING_STEP s (`cp` exposed RING_CP s), all-to-all A2A_STEP s (A2A_CP s), all-gather AG_STEP s (AG_CP s)",
     "all-to-alls move `2 QKV + 3 C` = A2A_GB GB a microbatch, `(c-1)/c` of it leaving the rank, where the ring's "
-    "shifts move `(3c-2) KV` = RING_GB GB",
+    "shifts move `3(c-1) KV` = RING_GB GB",
     "ring HRING_STEP s (`cp` exposed HRING_CP s), all-to-all over all 16 ranks HA2A_STEP s (HA2A_CP s)",
     "rings across the two nodes: HH8_STEP s (HH8_CP s); with `cp_a2a: 4`, HH4_STEP s.",
     "the step takes PLAIN_STEP s, PLAIN_EP s of it exposed EP all-to-alls; combined, COMB_STEP s and COMB_EP s, "

@@ -478,8 +478,9 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
 
         compute  [qkv][attn step 0][attn step 1] ... [attn step cp-1][proj]
         cp              [shift K/V ][shift K/V ] ...
-        backward: the same steps, shifting K/V and the dK/dV accumulated so far; the last
-                  dK/dV hop to its owner blocks the QKV backward.
+        backward: the steps in reverse order; the first shifts K/V alone, the middle ones
+                  K/V and the dK/dV accumulated so far, the last the dK/dV alone, each beside
+                  its step, and the QKV backward waits for that last hop: 2 (cp-1) KV.
 
     ``cp_comm: all_gather`` (Llama 3, Dubey et al. 2024 Sec 3.3.2): all-gather the K/V of every
     rank, then attention as one kernel; backward gathers them again and reduce-scatters dK/dV::
@@ -502,7 +503,7 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
     each slice of ``cp_a2a`` CP ranks (``cpa``), then ring attention across the slices
     (``cpr``, ``cp/cp_a2a`` steps) on their tokens for ``heads/(t cp_a2a)`` heads, whose K/V
     chunks are ``KV`` bytes as the plain ring's; the context's all-to-all back before the
-    projection, and in the backward dQ, dK, dV's after the last dK/dV hop.
+    projection, and in the backward dQ, dK, dV's after the ring's last dK/dV hop.
     """
     m, t, cp = sc.model, sc.parallel.tp, sc.parallel.cp
     b, sp = sc.training.micro_batch_size, sc.parallel.sp
@@ -534,9 +535,15 @@ def attention_specs(sc: Scenario, cp_rank: int, params: float, f_pre, f_post, b_
         for j, share in enumerate(shares):
             last = j == len(shares) - 1
             fwd.append(_Spec(f"attn ring {j}", [_scaled(core, share)], overlap=() if last else shift))
+        # the backward walks the ring in the forward's reverse order, from the K/V the forward
+        # held last to the rank's own (Transformer Engine, AttnFuncWithCPAndKVP2P.backward): its
+        # first step passes K/V alone (no dK/dV yet), the middle ones K/V with the dK/dV so far,
+        # the last the dK/dV alone, each beside its step's kernel; the QKV backward waits for
+        # that last hop (the next block waits for a block's overlapped sends): 2 (cp-1) KV
+        for j, share in enumerate(reversed(shares)):
+            edge = j == 0 or j == len(shares) - 1
             bwd.append(_Spec(f"attn ring {j}", tf.block_bwd([_scaled(core, share)], flash),
-                             overlap=() if last else shift_grad,
-                             post=(CommItem("shift", kv_bytes, dim=ring),) if last else ()))
+                             overlap=() if len(shares) == 1 else shift if edge else shift_grad))
         fwd.append(_Spec("attn proj", out, pre=proj_pre, post=f_post))
         bwd.append(_Spec("attn qkv", tf.block_bwd(qkv, flash), pre=qkv_pre, post=b_post, params=params))
         return fwd, bwd
