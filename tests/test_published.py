@@ -334,7 +334,7 @@ def megatron_bridge_row(i: int) -> dict:
 def test_megatron_bridge_h100_fp8_rows(i):
     """NVIDIA's published H100 FP8 throughput of Llama 3 8B, 70B and 3.1 405B: the same model
     FLOPs a token (Megatron-Bridge counts the causal half, as clustersim does: within 0.3 %), and
-    clustersim 1.23-1.42x optimistic, more than on the A100 runs of 2021-2022 above: it models
+    clustersim 1.23-1.43x optimistic, more than on the A100 runs of 2021-2022 above: it models
     the casts of the GEMMs' operands to FP8 but not the weights' casts and the scales, no SMs
     the overlapped TP, CP and DP communication takes from the GEMMs, no framework overhead
     (docs/metrics.md)."""
@@ -380,7 +380,7 @@ def test_the_mfu_line_quotes_how_much_longer_the_published_runs_took():
 def test_the_readmes_ranges_are_the_simulations():
     """README's "Test it" quotes each comparison's range (Narayanan et al.'s TFLOP/s 2-14 % above
     published, Korthikanti et al.'s Table 5 steps published 4-13 % longer, NVIDIA's FP8 rows
-    1.23-1.42x): held to the rows above, so that a change that moves them changes the README."""
+    1.23-1.43x): held to the rows above, so that a change that moves them changes the README."""
     text = " ".join((ROOT / "README.md").read_text().split())
 
     def pct(ratios: list[float]) -> str:

@@ -1186,7 +1186,7 @@ def cards_html(summary: dict[str, Any]) -> str:
               else ""),
         _card("TFLOP/s per GPU", f'{s["tflops_per_gpu"]:.1f}', tflops_sub),
         # (what the simulation leaves out makes it an upper bound: docs/metrics.md, published
-        # A100 steps 1-14 % longer than simulated, H100 FP8 runs 1.23-1.42x)
+        # A100 steps 1-14 % longer than simulated, H100 FP8 runs 1.23-1.43x)
         _card("MFU", _pct(s["mfu"]), "model FLOPs / peak; an upper bound"),
         _card("HFU", _pct(s["hfu"]), "executed FLOPs / peak"),
         # without a pipeline, what idles a GPU is waiting for others (a straggler, a slow link)

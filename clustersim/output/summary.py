@@ -562,11 +562,11 @@ _CANNOT = {"tree": "groups inside one node, or uneven over nodes",
 # runs tests/test_published.py holds (Korthikanti et al.'s and Narayanan et al.'s on A100s,
 # NVIDIA's H100 FP8 ones, DeepSeek-V3's), which that test keeps to the simulation's: what makes
 # MFU an upper bound (no kernel launches, no framework overhead: docs/metrics.md)
-PUBLISHED_LONGER = (0.02, 0.42)
+PUBLISHED_LONGER = (0.02, 0.43)
 
 
 def published_longer() -> str:
-    """"published runs took 2-42 % longer than simulated" (:data:`PUBLISHED_LONGER`): what
+    """"published runs took 2-43 % longer than simulated" (:data:`PUBLISHED_LONGER`): what
     makes a simulated step a lower bound (``run``'s MFU line, sweep's and advise's tables)."""
     low, high = PUBLISHED_LONGER
     return f"published runs took {100 * low:.0f}-{100 * high:.0f} % longer than simulated"
