@@ -854,6 +854,21 @@ def _ceilings(topo) -> str:
     return "".join(f"; {link_ceiling_said(c)}" for c in link_ceilings(topo) or ())
 
 
+def _one_leaf(topo) -> str:
+    """"; its 2:1 oversubscription is unused: one leaf holds all 16 nodes, fabric.nodes_per_leaf
+    being 16: lower it to spread them over leaves" where the topology ``topo`` asks for an oversubscribed fabric over nodes that one
+    leaf holds (no spine is built above a single leaf), "" otherwise."""
+    from .hardware.topology import network_figures, plan_fabric
+
+    fab = network_figures(topo)["fabric"]
+    if not fab or not fab.get("oversubscription_unused"):
+        return ""
+    given = "" if topo.fabric.nodes_per_leaf is not None else " by default"
+    return (f"; its {fab['oversubscription']:g}:1 oversubscription is unused: one leaf holds all {topo.nodes:,} nodes, "
+            f"fabric.nodes_per_leaf being {plan_fabric(topo).nodes_per_leaf:,}{given}: lower it to spread them over "
+            "leaves")
+
+
 def cmd_validate(args) -> int:
     """Check every file given, a scenario or a topology, each on a line of its own
     (``error: ...`` on stderr for a bad one, so that a glob's later files are still checked);
@@ -884,7 +899,7 @@ def cmd_validate(args) -> int:
                 print(f"{path}: ok (topology: {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
                       f"{topo.node.gpus} {lookup_gpu(topo.gpu).name}"  # (the catalogue's name, not an alias)
                       + (f"; host {host.memory_GB:,.0f} GB a node" if host else "; no host for optimizer offload")
-                      + _ceilings(topo) + ")", flush=True)
+                      + _ceilings(topo) + _one_leaf(topo) + ")", flush=True)
                 continue
             sc = _with_changes(path, args.set, check_schedule=True)[0] if args.set else load_scenario(path)
         except ConfigError as exc:

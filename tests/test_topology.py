@@ -755,3 +755,45 @@ def test_an_efficiency_given_as_a_percent_is_read_back_as_a_share(root, tmp_path
         with pytest.raises(ConfigError) as err:
             load_topology_cfg(tmp_path / "t.yaml")
         assert err.value.field == "node.nic.efficiency" and err.value.message.endswith(says)
+
+
+def test_an_oversubscription_over_one_leaf_is_said_unused(root, tmp_path):
+    """An oversubscribed fabric whose nodes one leaf holds (16 nodes, ``nodes_per_leaf`` 16 by
+    default) has no link above that leaf: the ratio changes nothing, and ``validate`` and the
+    network line say so rather than echo "2:1" as if it held; spread over leaves, it holds."""
+    import yaml
+
+    from clustersim.cli import main
+    from clustersim.hardware.topology import load_topology_cfg, network_figures
+    from clustersim.output.summary import network_said
+
+    d = yaml.safe_load((root / "topologies" / "dgx-h100.yaml").read_text())
+    d.update(nodes=16, fabric={**d["fabric"], "oversubscription": 2.0, "rail_optimized": False})
+    d["fabric"].pop("nodes_per_leaf", None)
+    path = tmp_path / "one_leaf.yaml"
+    path.write_text(yaml.safe_dump(d))
+    net = network_figures(load_topology_cfg(path, build=False))
+    assert net["fabric"]["leaves"] == 1 and net["fabric"]["oversubscription_unused"]
+    assert network_said({"gpu": "H100", "network": net}).endswith("leaf-spine, 1 leaf, its 2:1 unused (every node "
+                                                                   "under one leaf), x 0.9")
+    assert main(["validate", str(path)]) == 0
+    d["fabric"]["nodes_per_leaf"] = 4
+    path.write_text(yaml.safe_dump(d))
+    net = network_figures(load_topology_cfg(path, build=False))
+    assert net["fabric"]["leaves"] == 4 and not net["fabric"]["oversubscription_unused"]
+    assert network_said({"gpu": "H100", "network": net}).endswith(", 2:1, x 0.9")
+
+
+def test_validate_says_an_oversubscription_over_one_leaf_is_unused(root, tmp_path, capsys):
+    import yaml
+
+    from clustersim.cli import main
+
+    d = yaml.safe_load((root / "topologies" / "dgx-h100.yaml").read_text())
+    d.update(nodes=16, fabric={**d["fabric"], "oversubscription": 2.0, "rail_optimized": False})
+    d["fabric"].pop("nodes_per_leaf", None)
+    path = tmp_path / "one_leaf.yaml"
+    path.write_text(yaml.safe_dump(d))
+    assert main(["validate", str(path)]) == 0
+    assert ("its 2:1 oversubscription is unused: one leaf holds all 16 nodes, fabric.nodes_per_leaf being 16 by "
+            "default: lower it to spread them over leaves)") in capsys.readouterr().out

@@ -368,6 +368,7 @@ def test_the_network_line_echoes_the_links_as_read(root):
                    "nvlink_above_gpu_GBps": None, "nics_per_node": 8, "nic_Gbps": 400, "nic_efficiency": 0.9,
                    "pcie_GBps": 64, "fabric": {"kind": "leaf_spine", "tiers": 2, "rail_optimized": True,
                                                "leaves": 8, "spines": 16, "cores": 0, "oversubscription": 1.0,
+                                               "oversubscription_unused": False,
                                                "pod_oversubscription": None, "efficiency": 0.9}}
     hw = {"gpu": "H100-SXM5-80GB", "network": net}
     assert network_said(hw) == ("NVLink 450 GB/s x 0.81 (NVLS 0.608) · 8 NICs of 400 Gb/s x 0.9, PCIe 64 GB/s · "

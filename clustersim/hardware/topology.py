@@ -519,6 +519,8 @@ def network_figures(cfg: TopologyCfg) -> dict:
                      "spines": plan.spines * (plan.pods or 1) if plan.leaves > 1 else 0,
                      "cores": plan.spines * plan.cores_per_plane if plan.pods > 1 else 0,
                      "oversubscription": fab.oversubscription,
+                     # (one leaf holds every node: no link above it, whatever the file's ratio)
+                     "oversubscription_unused": plan.leaves == 1 and fab.oversubscription != 1,
                      "pod_oversubscription": fab.pod_oversubscription if plan.pods > 1 else None,
                      "efficiency": fab.efficiency}
     return out

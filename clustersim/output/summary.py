@@ -202,7 +202,10 @@ def network_said(hw: dict[str, Any]) -> str:
         said = [("rail-optimised " if fab["rail_optimized"] else "") + shape,
                 f"{leaves:,} lea{'ves' if leaves != 1 else 'f'}",
                 *([f"{spines:,} spine{'s' if spines != 1 else ''}"] if spines else []),
-                *([f"{cores:,} core{'s' if cores != 1 else ''}"] if cores else []), f"{fab['oversubscription']:g}:1"]
+                *([f"{cores:,} core{'s' if cores != 1 else ''}"] if cores else []),
+                # (a ratio above a single leaf, which has no uplinks, would read as if it held)
+                f"its {fab['oversubscription']:g}:1 unused (every node under one leaf)"
+                if fab.get("oversubscription_unused") else f"{fab['oversubscription']:g}:1"]
         if fab.get("pod_oversubscription"):
             said[-1] += f" ({fab['pod_oversubscription']:g}:1 above the pods)"
         if fab["efficiency"] != 1:
