@@ -204,6 +204,9 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 # as written, and where a number goes the check of quoted numbers names them.)
 _LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+# a ratio written as a switch's sheet writes it, "2:1" (an oversubscription), where the field
+# takes the one number
+_RATIO = re.compile(r"[0-9]+(\.[0-9]+)?:1")
 
 
 def _scalar_problem(node: yaml.ScalarNode) -> str | None:
@@ -215,8 +218,9 @@ def _scalar_problem(node: yaml.ScalarNode) -> str | None:
             value = 0.0
             for part in v.lstrip("+-").replace("_", "").split(":"):
                 value = value * 60 + float(part)
+            ratio = f" (a ratio such as an oversubscription is one number: {v} is {v[:-2]})" if _RATIO.fullmatch(v) else ""
             return (f"{v} is a base-60 number in YAML 1.1 ({'-' if v.startswith('-') else ''}{value:g}); quote it "
-                    f"for text, or write the number itself")
+                    f"for text, or write the number itself{ratio}")
         if _LEADING_ZERO.fullmatch(v):
             return (f"{v} has a leading zero, which YAML 1.1 reads as an octal number; quote it for text, or "
                     f"write it without the zero")
@@ -624,7 +628,9 @@ def validate(model: type[M], data: Any, *, source: str, prefix: str = "") -> M:
                     msg += f"; YAML needs a space after a key's colon ({fixed})"
             if "input" in err and kind not in ("value_error", "assertion_error", VALUE_ALONE) and not isinstance(got, dict):
                 shown = got.isoformat() if isinstance(got, datetime.date) else short_repr(got)
-                msg += f" (got {shown}{_yaml_reading(kind, got)}{_percent_note(kind, err.get('ctx'), got)})"
+                ratio = (f": a ratio is one number, {got.strip()[:-2]} for {got.strip()}"
+                         if kind == "float_parsing" and isinstance(got, str) and _RATIO.fullmatch(got.strip()) else "")
+                msg += f" (got {shown}{_yaml_reading(kind, got)}{_percent_note(kind, err.get('ctx'), got)}{ratio})"
         msg += _also_refused(errors, err, prefix, field)
         # (a validator's ValueError may weigh other fields; pydantic's own kinds judge the value alone)
         raise ConfigError(msg, source=source, field=field,

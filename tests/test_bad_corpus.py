@@ -109,6 +109,33 @@ def test_text_that_loads_as_written_is_not_taken_for_a_yaml_1_1_number(tmp_path)
         clustersim.load_scenario(tmp_path / "s.yaml")
 
 
+def test_an_oversubscription_written_as_a_ratio_says_to_write_its_number(tmp_path):
+    """``oversubscription: 2:1`` (base 60 to YAML 1.1) and ``"2:1"`` (text) each say that the
+    field takes one number, 2; another base-60 value (1:30) does not call itself a ratio."""
+    import clustersim
+    from clustersim.yamlio import load_unique
+
+    with pytest.raises(clustersim.ConfigError, match=re.escape("(121); quote it for text, or write the number itself "
+                                                               "(a ratio such as an oversubscription is one number: "
+                                                               "2:1 is 2)")):
+        load_unique("oversubscription: 2:1\n", "t")
+    with pytest.raises(clustersim.ConfigError) as got:
+        load_unique("at: 1:30\n", "t")
+    assert "ratio" not in str(got.value)
+    import yaml
+
+    from clustersim.hardware.topology import load_topology_cfg
+
+    root = Path(__file__).resolve().parents[1]
+    d = yaml.safe_load((root / "topologies" / "dgx-h100.yaml").read_text())
+    d["fabric"]["oversubscription"] = "2:1"
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(clustersim.ConfigError, match=re.escape("fabric.oversubscription: Input should be a valid "
+                                                               "number, unable to parse string as a number (got "
+                                                               "'2:1': a ratio is one number, 2 for 2:1)")):
+        load_topology_cfg(tmp_path / "t.yaml", build=False)
+
+
 def test_a_topology_path_from_home_is_read_and_an_absolute_one_shown_once(tmp_path, monkeypatch):
     """``~/...`` reads from the home folder, as a shell would (it was taken as a folder named
     ``~`` beside the scenario); an absolute path missing is shown once, without a "relative to"
