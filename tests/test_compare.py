@@ -361,3 +361,21 @@ def test_kinds_that_add_up_past_the_exposed_time_are_explained():
     assert overlap_note([summary(0.3, 0.2, 0.5)]) == []
     said = overlap_note([summary(0.3, 0.2, 0.5), summary(0.4, 0.4, 0.6)])
     assert len(said) == 1 and "counts in both kinds' rows" in said[0]
+
+
+def test_the_page_s_plans_table_has_hfu_where_a_plan_recomputes(compared):
+    """compare.html's table of plans gives HFU beside MFU where a plan recomputes, as the
+    terminal's does, and not otherwise."""
+    import copy
+
+    from clustersim.output.compare_page import _plans_table
+
+    plans = _plans(compared["doc"])
+    for p in plans:
+        p["summary"]["plan"]["recompute"] = "none"
+    assert "<th>HFU</th>" not in _plans_table(plans, False)
+    again = copy.deepcopy(plans)
+    again[-1]["summary"]["plan"]["recompute"] = "full"
+    page = _plans_table(again, False)
+    assert "<th>MFU</th><th>HFU</th>" in page
+    assert page.count(f'<td>{100 * again[-1]["summary"]["hfu"]:.1f} %</td>') >= 1

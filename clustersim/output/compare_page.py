@@ -154,6 +154,9 @@ def memory_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
 def _plans_table(plans: list[dict[str, Any]], reports: bool) -> str:
     e = html.escape
     best = fastest([p["summary"] for p in plans])
+    # (HFU beside MFU where a plan recomputes, as the terminal's table has it: what the compute
+    # executed again costs)
+    hfu = any(p["summary"]["plan"]["recompute"] not in (None, "none") for p in plans)
     rows = []
     for i, p in enumerate(plans):
         s, mem = p["summary"], p["summary"]["memory"]
@@ -165,10 +168,11 @@ def _plans_table(plans: list[dict[str, Any]], reports: bool) -> str:
         rows.append(f'<tr><td class="l"><b>{e(p["label"])}</b>{mark}</td><td class="plan">{e(p["source"])}<br>'
                     f'<span class="note">{e(plan_line(s))}</span></td><td>{s["step_time_s"]:.3f} s</td>'
                     f'<td>{s["tokens_per_s"]:,.0f}</td><td>{s["tokens_per_s_per_gpu"]:,.1f}</td>'
-                    f'<td>{100 * s["mfu"]:.1f} %</td><td>{mem["peak_bytes"] / GiB:.1f}</td><td class="l">{fits}</td>'
+                    f'<td>{100 * s["mfu"]:.1f} %</td>' + (f'<td>{100 * s["hfu"]:.1f} %</td>' if hfu else "")
+                    + f'<td>{mem["peak_bytes"] / GiB:.1f}</td><td class="l">{fits}</td>'
                     f'<td class="l">{link}</td></tr>')
     return ("<h2>Plans</h2><table><tr><th class=\"l\"></th><th class=\"l\">plan</th><th>step</th><th>tokens/s</th>"
-            "<th>per GPU</th><th>MFU</th><th>peak GiB</th><th class=\"l\">fits</th><th class=\"l\">report</th></tr>"
+            "<th>per GPU</th><th>MFU</th>" + ("<th>HFU</th>" if hfu else "") + "<th>peak GiB</th><th class=\"l\">fits</th><th class=\"l\">report</th></tr>"
             + "".join(rows) + "</table><p class=\"note\">★ the most tokens/s of the plans that fit. "
             + ("A plan's report has its summary panels, memory and links in full. " if reports else "")
             + "compare.json has every plan's summary.</p>")
