@@ -90,6 +90,13 @@ def step_split(s: dict[str, Any]) -> dict[str, float]:
             "step_time_s": s["step_time_s"]}
 
 
+def shows_hfu(summaries: list[dict[str, Any]]) -> bool:
+    """Whether the comparison gives HFU beside MFU (the terminal's table and compare.html's):
+    where a plan recomputes, what that costs in compute time shows as HFU above MFU (the FLOPs
+    executed again), and its compute row grows by it, which no other row says."""
+    return any(s["plan"]["recompute"] not in (None, "none") for s in summaries)
+
+
 def fastest(summaries: list[dict[str, Any]], key: str = "tokens_per_s") -> int | None:
     """The index of the plan with the most ``key`` among those that fit (None if none fits);
     the first on a tie."""
@@ -156,9 +163,7 @@ def _rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str], list[st
     row("tokens/s", lambda v: f"{v:,.0f}", lambda s: s["tokens_per_s"], _rel)
     row("tokens/s per GPU", lambda v: f"{v:,.1f}", lambda s: s["tokens_per_s_per_gpu"], _rel)
     row("MFU", lambda v: f"{100 * v:.1f} %", lambda s: s["mfu"], lambda a, b: f"{100 * (b - a):+.1f} pts")
-    if any(s["plan"]["recompute"] not in (None, "none") for s in summaries):
-        # what recomputing costs in compute time shows as HFU above MFU (the FLOPs executed
-        # again): a plan's compute row grows by it, which no other row says
+    if shows_hfu(summaries):
         row("HFU", lambda v: f"{100 * v:.1f} %", lambda s: s["hfu"],
             lambda a, b: f"{100 * (b - a):+.1f} pts")
     head("where a GPU's step goes (s, mean over GPUs)")

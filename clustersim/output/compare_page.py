@@ -25,7 +25,8 @@ import html
 import json
 from typing import Any
 
-from .compare import KINDS, other_jobs, config_value_text, verdict_lines, fastest, report_name, step_split
+from .compare import (KINDS, other_jobs, config_value_text, verdict_lines, fastest, report_name, shows_hfu,
+                      step_split)
 from .report import (NUMBER_TICKS, REPORT_CSS, DIV_ID, GROUP_COLOURS, TIMELINE_CONFIG, plot_div_around_data,
                      plotlyjs_script, white_template, fmt_time, plot_div)
 from .summary import GiB, host_only_unfit, plan_line, topology_changes_note, what_if_note
@@ -154,9 +155,7 @@ def memory_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
 def _plans_table(plans: list[dict[str, Any]], reports: bool) -> str:
     e = html.escape
     best = fastest([p["summary"] for p in plans])
-    # (HFU beside MFU where a plan recomputes, as the terminal's table has it: what the compute
-    # executed again costs)
-    hfu = any(p["summary"]["plan"]["recompute"] not in (None, "none") for p in plans)
+    hfu = shows_hfu([p["summary"] for p in plans])  # (HFU beside MFU, as the terminal's table)
     rows = []
     for i, p in enumerate(plans):
         s, mem = p["summary"], p["summary"]["memory"]
