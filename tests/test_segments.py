@@ -173,6 +173,18 @@ def test_repeated_actions_are_templated():
     assert not prog.runs
 
 
+def test_gathers_of_scattered_sends_are_in_their_actions_runs():
+    """A receiver's gather of a scattered PP send is the first task of its action's run, made
+    by the template as the action's blocks are (the engine times it in the run's segment), not
+    a task of its own beside every run: Megatron-1T makes 64,512 of them."""
+    prog, _ = lower(_scenario("pp-scatter-gather"))
+    in_runs = {tid for _, first, end, _ in prog.runs for tid in range(first, end)}
+    gathers = [t.tid for t in prog.tasks if t.name in ("F AG act", "B AG grad")]
+    assert gathers and all(g in in_runs for g in gathers)
+    firsts = {first for _, first, _, _ in prog.runs}
+    assert all(g in firsts for g in gathers)
+
+
 def _run(sc: clustersim.Scenario, prog: Program):
     sim = sc.cfg.simulation
     eng = Engine(prog, sc.cluster, sim.network, sim.collectives.model_dump())

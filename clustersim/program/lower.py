@@ -1210,37 +1210,67 @@ def _run_chains(*chains) -> list[int]:
     return ends
 
 
-def _single_action(prog: Program, low: Lowering, r: int, a: Action, blocks, deps: list[int]) -> int:
-    """One action alone (nothing interleaved) on rank ``r``; its last task id. The first time
-    a rank runs these blocks with this many inputs, :func:`_blocks` makes the tasks and an
-    :class:`ActionTemplate` is read off them (and checked by making them again from it); every
-    later time they are made from the template. ZeRO-3's gathers and reductions depend on
-    the microbatch and on earlier actions: those actions always go through :func:`_blocks`."""
+def _single_action(prog: Program, low: Lowering, r: int, a: Action, route: tuple, deps: list[int],
+                   got: int = -1) -> int:
+    """One action alone (nothing interleaved) on rank ``r`` (``route``: :func:`_route`); its
+    last task id. The first time a rank runs these blocks with this many inputs, :func:`_blocks`
+    makes the tasks and an :class:`ActionTemplate` is read off them (and checked by making them
+    again from it); every later time they are made from the template. ZeRO-3's gathers and
+    reductions depend on the microbatch and on earlier actions: those actions always go
+    through :func:`_blocks`.
+
+    ``got``: the place in ``deps`` of a send whose pieces this rank gathers (:func:`_inputs`),
+    -1 where none. The gather is then the first task of the action's run, its inputs the send
+    and the rank's last action, so that a template makes it too (the engine runs it inside the
+    run's segment, the analysis reads it off the template)::
+
+        inputs  [... send ..., wait ..., last action ...]
+        run     [AG over TP] -> [blocks ...]          (the gather where the send stood)
+    """
+    blocks = route[0]
+    inputs = deps if got < 0 else [*deps, *low.last_task.get(r, ())]
+
+    def made() -> int:  # the tasks made here, the gather first
+        d = deps if got < 0 else [*deps[:got], _received(prog, low, r, a.kind, a.stage, route[1], a.mb, deps[got]),
+                                  *deps[got + 1:]]
+        return _run_chains(_blocks(prog, low, r, a, blocks, d))[0]
+
     if (low.zero == 3 and low.n_grad > 1) or not low.use_templates or _gathers_after_step(low, a.kind, a.stage, a.mb):
-        return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
-    key = (r, a.kind, a.stage, id(blocks), len(deps))
+        return made()
+    key = _template_key(r, a.kind, a.stage, blocks, inputs, got)
     tmpl = low.templates.get(key)
     tasks = prog.items
     first = len(tasks)
     if tmpl is None:
-        end = _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
-        tmpl = low.templates[key] = _template_of(tasks, first, deps, a.mb) or False
+        end = made()
+        tmpl = low.templates[key] = _template_of(tasks, first, inputs, a.mb) or False
         if tmpl:
             prog.runs.append((r, first, len(tasks), tmpl))
         return end
     if not tmpl:
-        return _run_chains(_blocks(prog, low, r, a, blocks, deps))[0]
-    if len(deps) != tmpl.inputs:
-        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(deps)}")
+        return made()
+    if len(inputs) != tmpl.inputs:
+        raise ValueError(f"a template of {tmpl.inputs} inputs made with {len(inputs)}")
     # its tasks are made only if asked for (Program.task): the engine and the analysis read
     # the run off its template, its rank, microbatch, inputs and ids
-    last = prog.defer_run(r, tmpl, a.mb, deps)
+    last = prog.defer_run(r, tmpl, a.mb, inputs)
     if _keeps_block_tids(low, a.kind, a.stage, a.mb):
         for i, rel in tmpl.computes:
             low.bwd_tid[(r, a.stage, a.mb, i)] = first + rel
     if tmpl.last_compute >= 0:
         low.last_compute[r] = first + tmpl.last_compute
     return last
+
+
+def _template_key(r: int, kind: str, stage: int, blocks, inputs, got: int) -> tuple:
+    """The key of the template an action's run is made from: its rank, kind, stage, blocks
+    and count of inputs; where it gathers its input (``got`` >= 0, :func:`_single_action`),
+    also where the send stands and which inputs are one task (the gather reads the rank's last
+    action, which can be one of the action's own inputs: a template names each input by its
+    first place, so it holds only where the same inputs coincide)."""
+    if got < 0:
+        return r, kind, stage, id(blocks), len(inputs)
+    return r, kind, stage, id(blocks), len(inputs), got, tuple(map(inputs.index, inputs))
 
 
 def _make(add, tmpl: ActionTemplate, r: int, mb: int, deps, tid: int) -> None:
@@ -1421,17 +1451,29 @@ def _input_deps(prog: Program, low: Lowering, r: int, a: Action, route: tuple) -
         B(k, mb)  after F(k, mb), and the send of B(next_stage, mb)  (or that B's end)
         W(k, mb)  after B(k, mb)
     """
+    return _inputs(prog, low, r, a, route)[0]
+
+
+def _inputs(prog: Program, low: Lowering, r: int, a: Action, route: tuple,
+            gather: bool = True) -> tuple[list[int], int]:
+    """(:func:`_input_deps`, the place in it of a send whose pieces the receiver gathers, -1
+    where none): without ``gather``, that send stands there and the gather is the caller's to
+    make (:func:`_single_action`, which makes it the first task of the action's run)."""
     kind, stage, mb = a.kind, a.stage, a.mb
     if kind == "W":
-        return list(low.done[("B", r, stage, mb)])
+        return list(low.done[("B", r, stage, mb)]), -1
     deps = [] if kind == "F" else list(low.done[("F", r, stage, mb)])
     _, src, peer, _, _ = route
+    got = -1
     if src is not None:
         if peer < 0:  # same rank: no send, wait for the producer itself
             deps += low.done[(kind, r, src, mb)]
+        elif not gather and low.work[low.part(stage)].pp_gather_bytes:
+            got = len(deps)
+            deps.append(low.sent[(kind, peer, src, mb)])
         else:
             deps.append(_received(prog, low, r, kind, stage, src, mb, low.sent[(kind, peer, src, mb)]))
-    return deps
+    return deps, got
 
 
 def _received(prog: Program, low: Lowering, r: int, kind: str, stage: int, src: int, mb: int, sent: int) -> int:
@@ -1457,7 +1499,8 @@ def _received(prog: Program, low: Lowering, r: int, kind: str, stage: int, src: 
         spec = _comm_spec(low, "tp", low.group_of(r, "tp"), size, "all_gather", None,
                           "F AG act" if kind == "F" else "B AG grad", None)
         spec = low.block_plans[("gather", r, kind)] = spec[:9] + ("pp",) + spec[10:]
-    return _add_comm(prog, r, spec, ("pp gather", kind, src, mb), (sent, *low.last_task.get(r, ())), mb, kind,
+    # (the microbatch third in the tag, as in every communication a template makes: _template_of)
+    return _add_comm(prog, r, spec, ("pp gather", kind, mb, src), (sent, *low.last_task.get(r, ())), mb, kind,
                      low.pp_of(r))
 
 
@@ -1495,7 +1538,8 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
     if len(unit) == 1:
         a = unit[0]
         route = _route(low, r, a)
-        done = (_single_action(prog, low, r, a, route[0], _input_deps(prog, low, r, a, route) + wait),)
+        deps, got = _inputs(prog, low, r, a, route, gather=False)
+        done = (_single_action(prog, low, r, a, route, deps + wait, got),)
         low.done[(a.kind, r, a.stage, a.mb)] = done
         _send_output(prog, low, r, a, done, route)
         low.last_task[r] = done
@@ -1622,12 +1666,14 @@ class _Again:
                             deps += (low.sent[(kind, peer, src, mb)],)
                 if r in sync:
                     deps = (*deps, *sync[r])
-                tmpl = low.templates.get((r, kind, stage, id(blocks), len(deps)))
+                if got >= 0 and gathers:  # the gather's inputs too: the run's first task (_single_action)
+                    deps = (*deps, *low.last_task.get(r, ()))
+                    tmpl = low.templates.get(_template_key(r, kind, stage, blocks, deps, got))
+                else:
+                    tmpl = low.templates.get((r, kind, stage, id(blocks), len(deps)))
             if route is None or not tmpl:  # a first time: worked out there
                 _lower_unit(prog, low, r, (a,))
                 continue
-            if got >= 0 and gathers:  # (made here, after the first time's check, so only once)
-                deps = (*deps[:got], _received(prog, low, r, kind, stage, src, mb, deps[got]), *deps[got + 1:])
             sync.pop(r, None)
             first = len(prog.items)
             last = prog.defer_run(r, tmpl, mb, deps)
