@@ -1228,7 +1228,8 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, route: tuple
         run     [AG over TP] -> [blocks ...]          (the gather where the send stood)
     """
     blocks = route[0]
-    inputs = deps if got < 0 else [*deps, *low.last_task.get(r, ())]
+    last = () if got < 0 else low.last_task.get(r, ())
+    inputs = [*deps, *last]
 
     def made() -> int:  # the tasks made here, the gather first
         d = deps if got < 0 else [*deps[:got], _received(prog, low, r, a.kind, a.stage, route[1], a.mb, deps[got]),
@@ -1237,7 +1238,7 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, route: tuple
 
     if (low.zero == 3 and low.n_grad > 1) or not low.use_templates or _gathers_after_step(low, a.kind, a.stage, a.mb):
         return made()
-    key = _template_key(r, a.kind, a.stage, blocks, inputs, got)
+    key = _template_key(r, a.kind, a.stage, blocks, inputs, got, last)
     tmpl = low.templates.get(key)
     tasks = prog.items
     first = len(tasks)
@@ -1262,15 +1263,15 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, route: tuple
     return last
 
 
-def _template_key(r: int, kind: str, stage: int, blocks, inputs, got: int) -> tuple:
+def _template_key(r: int, kind: str, stage: int, blocks, inputs, got: int = -1, last: tuple = ()) -> tuple:
     """The key of the template an action's run is made from: its rank, kind, stage, blocks
     and count of inputs; where it gathers its input (``got`` >= 0, :func:`_single_action`),
-    also where the send stands and which inputs are one task (the gather reads the rank's last
-    action, which can be one of the action's own inputs: a template names each input by its
-    first place, so it holds only where the same inputs coincide)."""
+    also where the send stands and where each task of the rank's last action ``last`` (the
+    inputs' tail) first stands among them: it can be one of the action's own inputs, and a
+    template names each input by its first place, so it holds only where the same coincide."""
     if got < 0:
         return r, kind, stage, id(blocks), len(inputs)
-    return r, kind, stage, id(blocks), len(inputs), got, tuple(map(inputs.index, inputs))
+    return r, kind, stage, id(blocks), len(inputs), got, tuple(map(inputs.index, last))
 
 
 def _make(add, tmpl: ActionTemplate, r: int, mb: int, deps, tid: int) -> None:
@@ -1667,8 +1668,9 @@ class _Again:
                 if r in sync:
                     deps = (*deps, *sync[r])
                 if got >= 0 and gathers:  # the gather's inputs too: the run's first task (_single_action)
-                    deps = (*deps, *low.last_task.get(r, ()))
-                    tmpl = low.templates.get(_template_key(r, kind, stage, blocks, deps, got))
+                    last = low.last_task.get(r, ())
+                    deps = (*deps, *last)
+                    tmpl = low.templates.get(_template_key(r, kind, stage, blocks, deps, got, last))
                 else:
                     tmpl = low.templates.get((r, kind, stage, id(blocks), len(deps)))
             if route is None or not tmpl:  # a first time: worked out there
