@@ -60,11 +60,13 @@ rank 3  | .   .   .   3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3W0 3F4 3B4 3W1 3F5 3B5 3W
 # 0-3: direction 0, microbatches 0-3, ranks 0 -> 3; stages 4-7: direction 1, microbatches 4-7,
 # ranks 3 -> 0 (stage 4+j computes part j on rank 3-j). "&" marks a full backward overlapped
 # with the forward before it (F&B chunk, drawn F, B, W in unit time); the middle ranks 1 and 2
-# run their first step-4 pair without overlap, as the reference does. Each rank idles
-# (p/2-1)(F&B + B - 3W) = 2 slots with F&B = 3, B = 2 (full), W = 1.
+# run their first step-4 pair without overlap, as the reference does. A full backward written B
+# then W sends its gradient when its W ends, as the reference's _backward_chunk(enable_zb=False)
+# does (so ranks 1 and 2 wait a slot for 7B7 7W7 and 4B7 4W7 before 6B7 and 5B7). Each rank
+# idles (p/2-1)(F&B + B - 3W) = 2 slots with F&B = 3, B = 2 (full), W = 1.
 GOLDEN_DUALPIPE_4x8 = """rank 0  | 0F0  0F1  0F2  7F4  7I4  7W4  7F5  0F3  &7B5 7W5  .    7F6  &0B0 0W0  7B6  7W6  .    7F7  &0B1 0W1  7B7  7W7  0I2  0W2  0I3  0W3
-rank 1  | .    1F0  6F4  1F1  6F5  1F2  6B4  6W4  6F6  &1B0 1W0  1F3  &6B5 6W5  6F7  &1B1 1W1  6B6  6W6  1B2  1W2  6B7  1B3  6W7  1W3  .
-rank 2  | .    5F4  2F0  5F5  2F1  5F6  2B0  2W0  2F2  &5B4 5W4  5F7  &2B1 2W1  2F3  &5B5 5W5  2B2  2W2  5B6  5W6  2B3  5B7  2W3  5W7  .
+rank 1  | .    1F0  6F4  1F1  6F5  1F2  6B4  6W4  6F6  &1B0 1W0  1F3  &6B5 6W5  6F7  &1B1 1W1  6B6  6W6  1B2  1W2  .    6B7  1B3  6W7  1W3
+rank 2  | .    5F4  2F0  5F5  2F1  5F6  2B0  2W0  2F2  &5B4 5W4  5F7  &2B1 2W1  2F3  &5B5 5W5  2B2  2W2  5B6  5W6  .    2B3  5B7  2W3  5W7
 rank 3  | 4F4  4F5  4F6  3F0  3I0  3W0  3F1  4F7  &3B1 3W1  .    3F2  &4B4 4W4  3B2  3W2  .    3F3  &4B5 4W5  3B3  3W3  4I6  4W6  4I7  4W7"""
 
 
@@ -603,14 +605,19 @@ def test_every_schedule_finishes_with_every_slot_accounted(name):
 def test_placement_plan_waits_for_each_actions_deps(name, p, m, opts):
     """The placement's plan (one action per unit, its dependencies inline) waits for exactly
     what ``PipelineSchedule.deps`` says each action needs; overlapped chunks for what their
-    actions need from outside the chunk."""
-    from clustersim.schedule.core import KINDS, _key_of, _plan, issue_units
+    actions need from outside the chunk. A full backward written B then W holds its B's output
+    until its W ends: that B is marked held, that W releasing and waiting for nothing (its B
+    runs right before it on the rank)."""
+    from clustersim.schedule.core import (KINDS, _HELD_B, _RELEASING_W, _key_of, _plan, fused_weight_passes,
+                                          issue_units)
 
     s = build_schedule(name, p, m, **opts)
     rows, chunks = _plan(s)
     key = lambda code: _key_of(code, s.n_microbatches)  # noqa: E731
+    kind_of = {**dict(enumerate(KINDS)), _HELD_B: "B", _RELEASING_W: "W"}
     for r, row in enumerate(rows):
         units = issue_units(s, r)
+        full = fused_weight_passes(s, r) if s.split_backward else set()
         assert len(row) == len(units)
         for (code, d1, d2, kind), u in zip(row, units):
             if code >= 0:  # one action
@@ -619,8 +626,13 @@ def test_placement_plan_waits_for_each_actions_deps(name, p, m, opts):
                 codes, kinds, waits = chunks[-1 - code]
                 keys, deps = tuple(map(key, codes)), list(map(key, waits))
             assert keys == tuple(a.key for a in u)
-            assert tuple(KINDS[k] for k in kinds) == tuple(a.kind for a in u)
-            assert deps == [d for a in u for d in s.deps(a) if d not in keys]
+            assert tuple(kind_of[k] for k in kinds) == tuple(a.kind for a in u)
+            for a, k in zip(u, kinds):
+                assert (k in (_HELD_B, _RELEASING_W)) == (a.kind != "F" and (a.stage, a.mb) in full)
+            if code >= 0 and kind == _RELEASING_W:
+                assert deps == []
+            else:
+                assert deps == [d for a in u for d in s.deps(a) if d not in keys]
 
 
 @pytest.mark.parametrize("name,p,m,opts", [*CASES, (CUSTOM, 2, 2, {
@@ -708,3 +720,30 @@ def test_split_weight_passes_hold_what_w_reads_from_b_to_w():
     assert make_schedule("x", rows, fused_w=[frozenset({(0, 0), (0, 1)}), frozenset()])
     with pytest.raises(ScheduleError, match="rank 1: 1W0 is marked as a full backward's"):
         make_schedule("x", rows, fused_w=[frozenset(), frozenset({(1, 0)})])
+
+
+@pytest.mark.parametrize("name,p,m", [("dualpipe", 4, 16), ("dualpipe", 8, 20), ("dualpipev", 4, 8),
+                                      ("dualpipev", 3, 7)])
+def test_a_full_backward_releases_its_gradient_when_its_w_ends(name, p, m):
+    """DeepSeek's reference runs a backward it does not split (``_backward_chunk(enable_zb=False)``)
+    whole, weight gradients inline, and only then sends its gradient: the stage before (on
+    another rank, or on the same one at a V's turn) starts that microbatch's backward no earlier
+    than the W written after the B ends, and with W shorter than B the step is longer than
+    where B alone released it (DualPipe p4 m16 at F 1, B 2, W 0.5: 59.5 against 59.0, as an
+    independent transcription of the reference's eight steps gives)."""
+    from clustersim.schedule.core import fused_weight_passes
+
+    s = build_schedule(name, p, m)
+    tl = timeline(s, {"F": 1.0, "B": 2.0, "W": 0.5})
+    held = 0
+    for r in range(s.ranks):
+        for stage, mb in fused_weight_passes(s, r):
+            w_end = tl.end[(stage, "W", mb)]
+            assert tl.release[(stage, "B", mb)] == w_end
+            before = s.prev_stage(stage, mb)
+            if before is not None:
+                assert tl.start[(before, "B", mb)] >= w_end
+                held += 1
+    assert held  # not vacuous
+    if (name, p, m) == ("dualpipe", 4, 16):
+        assert tl.makespan == 59.5

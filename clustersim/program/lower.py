@@ -775,6 +775,9 @@ class Lowering:
     # rank -> (part, mb, unit) ZeRO-3 gathered last for its latest action, a forward's (None:
     # any other action): the backward of that microbatch right after uses it first, still held
     held: dict = field(default_factory=dict)
+    # (rank, stage, mb) -> the route of a full backward's B written B then W, whose output goes
+    # when its W ends (:func:`_release_after_w`)
+    held_outputs: dict = field(default_factory=dict)
     _groups: dict = field(default_factory=dict, repr=False)  # (rank, dim) -> mesh group
     _pp_of: dict = field(default_factory=dict, repr=False)  # rank -> its pipeline position
     _stage_peers: dict = field(default_factory=dict, repr=False)  # (rank, stage) -> stage_peer
@@ -1515,6 +1518,21 @@ def _send_output(prog: Program, low: Lowering, r: int, a: Action, done: tuple[in
         low.sent[(kind, r, stage, mb)] = _add_comm(prog, r, spec, (kind, stage, mb), done, mb, kind, low.pp_of(r))
 
 
+def _release_after_w(prog: Program, low: Lowering, r: int, w: Action, done: tuple[int, ...]) -> None:
+    """Where ``w`` ends a full backward written B then W (its B's route held in
+    ``low.held_outputs``), the B's output goes now: its send, or on the same rank its hand-over
+    (``low.done``), after ``done``, as DeepSeek's DualPipe sends a backward's gradient once the
+    backward has run whole, weight gradients included (schedule.core's ``_plan``)::
+
+        rank r       [B (k, mb)][W (k, mb)][send grad]
+        rank r - 1                                   [B (k-1, mb)] ...
+    """
+    route = low.held_outputs.pop((r, w.stage, w.mb), None)
+    if route is not None:
+        low.done[("B", r, w.stage, w.mb)] = done
+        _send_output(prog, low, r, Action(w.stage, "B", w.mb), done, route)
+
+
 def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) -> None:
     """One issue unit on rank ``r``: an action, or an overlapped F&B chunk.
 
@@ -1542,7 +1560,12 @@ def _lower_unit(prog: Program, low: Lowering, r: int, unit: tuple[Action, ...]) 
         deps, got = _inputs(prog, low, r, a, route, gather=False)
         done = (_single_action(prog, low, r, a, route, deps + wait, got),)
         low.done[(a.kind, r, a.stage, a.mb)] = done
-        _send_output(prog, low, r, a, done, route)
+        if a.kind == "B" and low.fused(low.pp_of(r), a.stage, a.mb):
+            low.held_outputs[(r, a.stage, a.mb)] = route  # sent when its W ends
+        else:
+            _send_output(prog, low, r, a, done, route)
+            if a.kind == "W":
+                _release_after_w(prog, low, r, a, done)
         low.last_task[r] = done
         _zero2_reduce(prog, low, r, a)
         return
@@ -1685,7 +1708,12 @@ class _Again:
             if tmpl.last_compute >= 0:
                 low.last_compute[r] = first + tmpl.last_compute
             done = done_of[(kind, r, stage, mb)] = (last,)
-            if spec is not None:
+            if fused:  # a full backward's halves: B's output goes when its W ends
+                if kind == "B":
+                    low.held_outputs[(r, stage, mb)] = route
+                else:
+                    _release_after_w(prog, low, r, a, done)
+            elif spec is not None:
                 low.sent[(kind, r, stage, mb)] = _add_comm(prog, r, spec, (kind, stage, mb), done, mb, kind, q)
             low.last_task[r] = done
             if keeps and low.zero == 2:
@@ -1694,7 +1722,8 @@ class _Again:
 
 # what pipeline_pass writes as it goes and later units read: kept where two steps part; the
 # values of the second ones are lists it appends to (ZeRO-3's reductions), copied too
-_STATE = ("bwd_tid", "last_compute", "last_task", "done", "sent", "templates", "routes", "bucket_tid", "held")
+_STATE = ("bwd_tid", "last_compute", "last_task", "done", "sent", "templates", "routes", "bucket_tid", "held",
+          "held_outputs")
 _LIST_STATE = ("grad_tasks", "stage_grads", "sync")
 
 

@@ -513,6 +513,16 @@ def _plan(s: PipelineSchedule) -> tuple[list[list[tuple[int, int, int, int]]], l
         F (k, mb)   F (prev[k, mb], mb)                        prev, next: mb's path
         B (k, mb)   F (k, mb),  B (next[k, mb], mb)
         W (k, mb)   B (k, mb)
+
+    A full backward written B then W (:func:`fused_weight_passes`) releases its B's output
+    when its W ends, as DeepSeek's DualPipe sends a backward's gradient after the backward
+    without its weight gradients split off has run whole (``_backward_chunk(enable_zb=False)``
+    runs ``run_backward`` with the weight gradients inline, then ``_send_backward``): its B
+    is kind :data:`_HELD_B` (not released at its end), its W :data:`_RELEASING_W` (releases
+    the B too; no dependency, the B runs right before it on the rank)::
+
+        rank r   [B (k, mb)][W (k, mb)]
+                                       -> B (k, mb)'s gradient to the previous stage
     """
     plan = s.__dict__.get("_plan")
     if plan is not None:
@@ -531,6 +541,17 @@ def _plan(s: PipelineSchedule) -> tuple[list[list[tuple[int, int, int, int]]], l
     dep_a = np.where(kind == 0, np.where(before >= 0, (before * 3) * n_mb + mb, -1), np.where(kind == 1, own_f, own_b))
     dep_b = np.where((kind == 1) & (after >= 0), (after * 3 + 1) * n_mb + mb, -1)
     entries = list(zip(code.tolist(), dep_a.tolist(), dep_b.tolist(), kind.tolist()))
+    if s.split_backward:
+        lo = 0
+        for r, acts in enumerate(s.actions):
+            held = {(st * 3 + 1) * n_mb + m for st, m in fused_weight_passes(s, r)}  # the full backwards' B
+            for i in range(lo, lo + len(acts)) if held else ():
+                c, d1, d2, kd = entries[i]
+                if c in held:
+                    entries[i] = (c, d1, d2, _HELD_B)
+                elif kd == 2 and c - n_mb in held:  # (its B's code)
+                    entries[i] = (c, -1, -1, _RELEASING_W)
+            lo += len(acts)
     rows, chunks, lo = [], [], 0
     for r, acts in enumerate(s.actions):
         hi = lo + len(acts)
@@ -553,6 +574,10 @@ def _plan(s: PipelineSchedule) -> tuple[list[list[tuple[int, int, int, int]]], l
     plan = (rows, chunks)
     object.__setattr__(s, "_plan", plan)
     return plan
+
+
+# the placement's kinds beyond F 0, B 1, W 2: a full backward's halves (:func:`_plan`)
+_HELD_B, _RELEASING_W = 3, 4
 
 
 def _deps_of(s: PipelineSchedule, stage: int, kind: str, mb: int) -> tuple[Key, ...]:
@@ -611,7 +636,8 @@ class _ByKey(Mapping):
 
 def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
     rows, chunks = _plan(s)
-    per_kind = [dur["F"], dur["B"], dur["W"]]
+    per_kind = [dur["F"], dur["B"], dur["W"], dur["B"], dur["W"]]  # (_HELD_B, _RELEASING_W)
+    n_mb = s.n_microbatches
     fb = dur.get(FB)
     n = _codes(s)
     start, end = [-1.0] * n, [-1.0] * n  # negative: not placed (yet)
@@ -642,9 +668,15 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
                     t0 = at2
                 t1 = t0 + per_kind[kind]
                 start[k] = t0
-                end[k] = release[k] = t1
-                if k in waiting:
-                    todo.extend(waiting.pop(k))
+                end[k] = t1
+                if kind != _HELD_B:
+                    release[k] = t1
+                    if k in waiting:
+                        todo.extend(waiting.pop(k))
+                if kind == _RELEASING_W:  # its B's output goes now
+                    release[k - n_mb] = t1
+                    if k - n_mb in waiting:
+                        todo.extend(waiting.pop(k - n_mb))
             else:  # an overlapped chunk: one unit, outputs released at its end
                 codes, kinds, waits = chunks[-1 - k]
                 blocker = next((d for d in waits if release[d] < 0), None)
@@ -668,7 +700,6 @@ def _place(s: PipelineSchedule, dur: Mapping[str, float]) -> Timeline:
             i += 1
         pos[r], free[r], busy[r] = i, t1, b
     stuck = [r for r in range(s.ranks) if pos[r] < len(rows[r])]
-    n_mb = s.n_microbatches
     if stuck:
         waits = []
         for r in stuck:
