@@ -93,14 +93,24 @@ def _split_w(low: Lowering, q: int) -> frozenset:
 def _bucket_pair_params(low: Lowering, part: int) -> float:
     """ZeRO-2: the most parameters of two adjacent gradient buckets of ``part`` (one alone
     where it has one), dense and routed experts together, that reduce-scatter over a group of
-    more than one (lower._reduce_action); 0.0 where none does."""
+    more than one (lower._reduce_action); 0.0 where none does. Without
+    ``overlap_grad_reduce`` every bucket waits for the microbatch's last backward, so the
+    part's whole gradient is held until the first reduce-scatter starts: all its buckets::
+
+        overlapped      compute [B .............]        not   compute [B .............]
+                        dp        [RS b0][RS b1]...            dp                       [RS b0][RS b1]...
+        held whole      two buckets at most                    every bucket, then one fewer each
+    """
     most = 0.0
     if low.n_grad < 2:  # (then neither is reduced: lower._reduce_action)
         return most
     for attr, on in (("params", True), ("expert_params", low.mesh.size(low.grad_dim("edp")) > 1)):
         if on:
             sizes = [p for _, p in grad_buckets(low.work[part].grad_blocks(low.split), low.dp_bucket_params, attr)]
-            most += max((a + b for a, b in zip(sizes, sizes[1:])), default=max(sizes, default=0.0))
+            if not low.overlap_grad_reduce:
+                most += sum_left(sizes)
+            else:
+                most += max((a + b for a, b in zip(sizes, sizes[1:])), default=max(sizes, default=0.0))
     return most
 
 
@@ -116,7 +126,8 @@ def _statics(low: Lowering) -> list[StageStatic]:
     backward, one unit's whole gradient before its reduce-scatter (g bytes a parameter).
     Under ZeRO-2 they add two adjacent gradient buckets' whole gradients, the largest such
     pair: one reduce-scattering while the next fills (DeepSpeed's double-buffered ``ipg``
-    buckets with ``overlap_comm``), g bytes a parameter.
+    buckets with ``overlap_comm``), g bytes a parameter; without ``overlap_grad_reduce`` the
+    stage's whole gradient (gΨ), whose buckets all wait for the backward's end.
     ZeRO-3 with ``zero3_keep_gathered`` keeps the 16-bit parameters gathered (2Ψ) and, with
     several microbatches, reduce-scatters the gradients once after the last one, so they
     accumulate whole until then (gΨ): 2Ψ + gΨ + 12Ψ/N, as ZeRO-1.

@@ -397,7 +397,7 @@ def test_the_action_after_a_backward_waits_for_its_reduce_scatters(root, zero, p
     assert waited  # (else the test shows nothing)
 
 
-def test_zero2_holds_two_buckets_whole_gradients_at_once(root):
+def test_zero2_holds_two_buckets_whole_gradients_at_once_or_every_one_without_overlap(root):
     # one bucket reduce-scatters while the next fills: the largest adjacent pair counts, whole
     d = dict(ONE_STAGE)
     d["training"] = {**ONE_STAGE["training"], "dp_bucket_params": 20e6}
@@ -411,6 +411,19 @@ def test_zero2_holds_two_buckets_whole_gradients_at_once(root):
                                                    and s.rank == 0), key=lambda s: s.start_s)]
     assert len(sizes) >= 3
     assert transient[2] - transient[1] == pytest.approx(max(a + b for a, b in zip(sizes, sizes[1:])), rel=1e-12)
+    # without overlap every bucket waits for the microbatch's last backward: when the first
+    # reduce-scatter starts, the stage's whole gradient is held, every bucket's
+    d["parallel"] = {**ONE_STAGE["parallel"], "zero": 2, "overlap_grad_reduce": False}
+    res = run(root, **d)
+    rs = sorted((s for s in res.trace.spans if s.op == "reduce_scatter" and s.rank == 0), key=lambda s: s.start_s)
+    last_b = max(s.end_s for s in res.trace.spans if s.rank == 0 and s.kind == "compute" and s.mb == rs[0].mb
+                 and s.phase == "B")
+    assert rs[0].start_s >= last_b  # (what makes it so)
+    first_mb = [s.size_bytes for s in rs if s.mb == rs[0].mb]
+    assert len(first_mb) == len(sizes)
+    whole = res.summary["memory"]["stages"][0]["transient_bytes"] - transient[1]
+    assert whole == pytest.approx(sum(first_mb), rel=1e-12)
+    assert whole > max(a + b for a, b in zip(sizes, sizes[1:]))
 
 
 def test_zero3_with_pp_regathers_per_microbatch_unless_kept(root):
