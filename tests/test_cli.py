@@ -974,11 +974,11 @@ def test_run_with_each_replica_apart_says_so(tmp_path, root):
     assert s["simulation"]["split_replicas"] and s["simulation"]["simulated_ranks"] == 4
     assert said in r.stdout
     page = (tmp_path / "o" / "report.html").read_text()
-    assert f"simulated: {said}" in page and "(its TP and CP peers in its DP replica)" in page
+    assert f"simulated: {said}" in page and "(its peers in its DP replica's TP, CP and EP groups placed alike)" in page
     r = run_cli("run", path, "--set", "parallel.tp=2 parallel.dp=4", "--no-trace", "--out", tmp_path / "d", cwd=root)
     assert r.returncode == 0 and said not in r.stdout
     page = (tmp_path / "d" / "report.html").read_text()
-    assert said not in page and "(its TP, CP and DP peers)" in page
+    assert said not in page and "(its peers in its TP, CP, DP and EP groups placed alike on the cluster)" in page
 
 
 def test_each_replica_apart_past_the_all_ranks_limit_is_refused_on_the_command_line(tmp_path, root):

@@ -433,6 +433,10 @@ def test_links_alike_share_a_row_and_a_line():
     assert 'title="leaf1.0-&gt;n32.nic0, leaf1.0-&gt;n33.nic0,' in table and "n42.nic0</td>" in table
     names = [t["name"] for t in links_figure(s)["data"]]
     assert names == ["leaf1.0->n32.nic0 and 9 alike (nic)", "leaf1.0->n42.nic0 (nic)"]
+    # alike to the end of the ten busiest that summary.json lists: more may be alike past them
+    full = {"step_time_s": 1.0, "links": {"busiest": [link(i, 0.5) for i in range(10)]}}
+    assert "n32.nic0 and at least 9 alike" in links_html(full).replace("&gt;", ">")
+    assert [t["name"] for t in links_figure(full)["data"]] == ["leaf1.0->n32.nic0 and at least 9 alike (nic)"]
     # two orbits' twins of one mean use, ranked by name, alternate: still one line each (three
     # of five legend entries drew nothing, under another's line)
     a = [{**link(i, 0.5), "utilisation_over_time": [0.5, 1.0] if i % 2 else [1.0, 0.5]} for i in range(5)]
@@ -732,7 +736,7 @@ def test_the_memory_table_says_a_microbatch_counts_once_per_part(result):
     st = many["memory"]["stages"][0]
     st["parts"] = st["parts"] * 2
     page = memory_html(many)
-    assert "(µb x parts in flight)" in page and "a microbatch counted once per model part (chunk)" in page
+    assert "(µb in flight, counted per part)" in page and "a microbatch counted once per model part (chunk)" in page
 
 
 def test_memory_lines_past_ten_stages_keep_colours_of_their_own(result):

@@ -311,8 +311,8 @@ def compare_html(plans: list[dict[str, Any]], timelines: list[tuple | None], rep
         f"<h1>clustersim · compare {len(plans)} plans</h1>", _verdict_html(plans), _plans_table(plans, reports),
         "<h2>Where a GPU's step goes</h2>", plot_div(split_figure(plans), SPLIT_DIV_ID, _SMALL_CONFIG),
         "<p class=\"note\">Per GPU, the mean over GPUs: compute, the communication the compute stream waited for, "
-        "and the bubble (idle) add up to the step, so each bar is as long as its plan's step and the parts' "
-        "differences add up to the steps'.</p>",
+        "and the bubble (idle) add up to the step, so each bar is as long as its plan's step, and the "
+        "differences between two plans' parts add up to the difference between their steps.</p>",
     ]
     if kinds is not None:
         body += ["<h2>Exposed communication by kind</h2>", plot_div(kinds, KINDS_DIV_ID, _SMALL_CONFIG),

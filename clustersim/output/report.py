@@ -55,6 +55,7 @@ import numpy as np
 import plotly
 import plotly.graph_objects as go
 
+from ..analysis.links import BUSIEST
 from ..floats import sum_left
 from ..trace import COMM_KINDS, Span, SpanForm, Trace, form_array, form_codes, form_values, gpu_ranges
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
@@ -1212,8 +1213,10 @@ def cards_html(summary: dict[str, Any]) -> str:
     if pj:
         cost = f' · ${pj["cost_usd"]:,.0f}' if pj.get("cost_usd") is not None else ""
         pue = f' x PUE {pj["pue"]:g}' if pj.get("pue", 1.0) != 1.0 else ""  # (as the terminal's projection line)
+        unfit = "<br>if the plan fit in memory" if mem and not mem["fits"] else ""  # (as the step's card says)
         cards.append(_card(f'run of {pj["tokens"] / 1e12:g}T tokens', f'{pj["days"]:,.1f} days',
-                           f'{pj["gpu_hours"]:,.0f} GPU-hours{cost}<br>{pj["energy_MWh"]:,.0f} MWh at GPU TDP{pue}'))
+                           f'{pj["gpu_hours"]:,.0f} GPU-hours{cost}<br>{pj["energy_MWh"]:,.0f} MWh at GPU TDP{pue}'
+                           + unfit, "" if not unfit else "nofit"))
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
@@ -1317,12 +1320,12 @@ def links_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
     # each other they would show one line under five names
     for alike in _alike(busiest, lambda u: (u["kind"], tuple(round(x, 3) for x in u["utilisation_over_time"])))[
             :LINKS_SHOWN]:
-        u = alike[0]
+        u, name = alike[0], _alike_name(alike, busiest)
         series = u["utilisation_over_time"]
         width_ms = step_ms / len(series)
         data.append({
-            "hovertemplate": "%{y:.0f} % at %{x:,.0f} ms<extra>" + html.escape(_alike_name(alike)) + "</extra>",
-            "line": {"shape": "hv", "width": 1.5}, "mode": "lines", "name": f'{_alike_name(alike)} ({u["kind"]})',
+            "hovertemplate": "%{y:.0f} % at %{x:,.0f} ms<extra>" + html.escape(name) + "</extra>",
+            "line": {"shape": "hv", "width": 1.5}, "mode": "lines", "name": f'{name} ({u["kind"]})',
             # each bin's value from its left edge ("hv" holds it to the next point), and the
             # last one held to the step's end
             "x": [width_ms * i for i in range(len(series))] + [step_ms],
@@ -1345,7 +1348,7 @@ def links_html(summary: dict[str, Any]) -> str:
         meter = (f'<span class="meter"><span class="exposed" style="width:{100 * min(u["utilisation"], 1):.1f}%">'
                  f'</span></span>')
         every = html.escape(", ".join(x["link"] for x in alike), quote=True)
-        rows.append(f'<tr><td class="l" title="{every}">{html.escape(_alike_name(alike))}</td>'
+        rows.append(f'<tr><td class="l" title="{every}">{html.escape(_alike_name(alike, busiest))}</td>'
                     f'<td class="l">{html.escape(u["kind"])}</td>'
                     f'<td>{fmt_bytes(u["bytes"])}</td><td>{u["bw_Bps"] / 1e9:.0f} GB/s</td>'
                     f'<td>{_pct(u["utilisation"])}</td><td>{_pct(u["peak_utilisation"])}</td>'
@@ -1375,9 +1378,14 @@ def _alike(links: list[dict[str, Any]], key) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
-def _alike_name(alike: list[dict[str, Any]]) -> str:
-    """"leaf1.0->n32.nic0 and 9 alike": the first link of a run and how many more."""
-    return alike[0]["link"] + (f" and {len(alike) - 1} alike" if len(alike) > 1 else "")
+def _alike_name(alike: list[dict[str, Any]], busiest: list[dict[str, Any]]) -> str:
+    """"leaf1.0->n32.nic0 and 9 alike": the first link of a run and how many more; "at least"
+    where the run reaches the end of a full ``busiest`` (summary.json lists the
+    :data:`~clustersim.analysis.links.BUSIEST` busiest: links alike past them are not there)."""
+    if len(alike) < 2:
+        return alike[0]["link"]
+    cut = len(busiest) >= BUSIEST and alike[-1] is busiest[-1]
+    return alike[0]["link"] + f" and {'at least ' if cut else ''}{len(alike) - 1} alike"
 
 
 MEMORY_DIV_ID = "clustersim-memory"
@@ -1403,7 +1411,9 @@ def memory_figure(summary: dict[str, Any]) -> dict[str, Any] | None:
         data.append({
             "hovertemplate": "stage " + str(st["stage"]) + ": %{y:.1f} GiB<extra></extra>",
             "line": {"shape": "hv", "width": 2.5 if st["stage"] == tight else 1.2}, "mode": "lines",
-            "name": f'stage {st["stage"]}' + (" (tightest)" if st["stage"] == tight else ""),
+            # (the least spare: over the capacity, the most over it)
+            "name": f'stage {st["stage"]}' + ((" (tightest)" if mem.get("fits", True) else " (most over)")
+                                              if st["stage"] == tight else ""),
             "x": xs, "y": ys + ys[-1:], "type": "scatter"})
     cap = mem["capacity_bytes"] / GiB
     step_ms = 1e3 * summary["step_time_s"]
@@ -1454,7 +1464,7 @@ def memory_html(summary: dict[str, Any]) -> str:
     return ("<div><h2>Memory per GPU, by pipeline stage (GiB)</h2><table><tr><th>stage</th>"
             "<th>peak</th><th>capacity</th><th class=\"l\">peak / capacity</th><th class=\"l\"></th>"
             "<th>parameters<br>(count)</th><th>params</th><th>grads</th><th>optimizer</th>"
-            + ("<th>activations<br>(µb x parts in flight)</th>" if parts else "<th>activations<br>(µb in flight)</th>")
+            + ("<th>activations<br>(µb in flight, counted per part)</th>" if parts else "<th>activations<br>(µb in flight)</th>")
             + "<th>comm<br>buffers</th><th>recomputing<br>(at the peak)</th><th>transient</th></tr>"
             + "".join(rows) + "</table>" + (
                 f'<p class="note">Tight: less than {mem["tight_below_bytes"] / GiB:.1f} GiB spare, which the CUDA '
@@ -1591,7 +1601,10 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
     who = ""
     if weights and weights != [1]:
         w = " or ".join(str(x) for x in weights) if len(weights) <= 2 else f"{weights[0]} to {weights[-1]}"
-        peers = "TP and CP peers in its DP replica" if replicas else "TP, CP and DP peers"
+        # (which groups' peers depends on how they lie on the cluster: CP peers on other nodes,
+        # or placed unlike, are ranks of their own; the summary's simulation section counts them)
+        peers = ("peers in its DP replica's TP, CP and EP groups placed alike" if replicas
+                 else "peers in its TP, CP, DP and EP groups placed alike on the cluster")
         who = f" Each simulated rank stands for {w} GPUs that behave alike (its {peers})."
     head = (f'<p class="note">One row per simulated rank and stream ({_n(len(trace.ranks), "rank")}, '
             f'{_n(trace.n_spans, "span")}).{who} ')
