@@ -27,3 +27,16 @@ def digits(x: float) -> float:
     """``x`` to nine significant digits: what ranks equal figures as equal where their last
     bits differ (summed in another order, by a collapsed run's twins or a copied-in cycle)."""
     return float(f"{x:.8e}")
+
+
+def three_digits(x: float) -> str:
+    """``x`` to three significant digits, its trailing zeros kept so that figures side by side
+    read to the same precision: "1.00", "3.60", "812", "0.500" (``f"{x:.3g}"`` writes "1",
+    "3.6"); as ``.3g`` gives it where it writes an exponent."""
+    text = f"{x:.3g}"
+    if x == 0 or not x == x or "e" in text or "inf" in text:
+        return text
+    shown = len(text.lstrip("-").replace(".", "").lstrip("0"))
+    if shown >= 3:
+        return text
+    return text + ("" if "." in text else ".") + "0" * (3 - shown)

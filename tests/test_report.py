@@ -685,7 +685,7 @@ def test_plan_line_names_tp_over_nodes_the_gradients_dtype_and_a_schedule_only_w
     summary["comm_s"].update(tp=1.0, pp=1.0, dp=0.0)
     summary["exposed_comm_s"].update(total=1.5, tp=1.0, pp=1.0, dp=0.0)
     exposed = next(x for x in format_summary(summary).splitlines() if x.startswith("exposed comm"))
-    assert exposed.endswith("tp 1 s · pp 1 s (a wait on two kinds at once counts in both)")
+    assert exposed.endswith("tp 1.00 s · pp 1.00 s (a wait on two kinds at once counts in both)")
     summary["exposed_comm_s"].update(total=2.0)
     assert "at once" not in format_summary(summary)
 
@@ -721,7 +721,9 @@ def test_times_below_a_nanosecond_read_as_zero():
     """Sums of seconds leave rounding behind (a stage's imbalance of 1.78e-15 s where its GPUs
     compute alike): the report shows it as 0, not "1.78e-09 µs"."""
     assert fmt_time(1.78e-15) == fmt_time(-2.9e-11) == fmt_time(0.0) == "0 ms"
-    assert fmt_time(3e-9) == "0.003 µs" and fmt_time(2.5e-3) == "2.5 ms" and fmt_time(4.2) == "4.2 s"
+    assert fmt_time(3e-9) == "0.00300 µs" and fmt_time(2.5e-3) == "2.50 ms" and fmt_time(4.2) == "4.20 s"
+    # three significant digits, trailing zeros kept: 1.0004 s beside 3.72 s reads "1.00 s", not "1 s"
+    assert fmt_time(1.0004) == "1.00 s" and fmt_time(0.812) == "812 ms" and fmt_time(3.6) == "3.60 s"
 
 
 def test_the_memory_table_says_a_microbatch_counts_once_per_part(result):

@@ -56,7 +56,7 @@ import plotly
 import plotly.graph_objects as go
 
 from ..analysis.links import BUSIEST
-from ..floats import sum_left
+from ..floats import sum_left, three_digits
 from ..trace import COMM_KINDS, Span, SpanForm, Trace, form_array, form_codes, form_values, gpu_ranges
 from .bins import BAR_BUDGET, TIMELINE_BINS, BinnedBars, bar_count, binned_within
 from .perfetto import Codes, SpanOrder, span_order
@@ -358,17 +358,17 @@ NOISE_S = 1e-9
 
 
 def fmt_time(t_s: float) -> str:
-    """Seconds above one second, milliseconds below (three significant digits); 0 below
-    NOISE_S."""
+    """Seconds above one second, milliseconds below (three significant digits, trailing zeros
+    kept: "1.00 s", "3.60 s" beside "3.72 s"); 0 below NOISE_S."""
     if abs(t_s) < NOISE_S:
         t_s = 0.0
     if abs(t_s) >= 999.5:  # (.3g writes 3.6e+03 there)
         return f"{t_s:,.0f} s"
     if abs(t_s) >= 1.0:
-        return f"{t_s:.3g} s"
+        return f"{three_digits(t_s)} s"
     if abs(t_s) >= 1e-3 or t_s == 0:
-        return f"{t_s * 1e3:.3g} ms"
-    return f"{t_s * 1e6:.3g} µs"
+        return f"{three_digits(t_s * 1e3)} ms"
+    return f"{three_digits(t_s * 1e6)} µs"
 
 
 class _Memo(dict):

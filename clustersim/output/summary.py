@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from ..errors import printable  # (a scenario's name or description printed as written, on its line)
-from ..floats import sum_left
+from ..floats import sum_left, three_digits
 from ..trace import COMM_KINDS
 
 GiB = 1024**3
@@ -294,12 +294,13 @@ def step_text(step_s: float) -> str:
 
 
 def secs(x: float, step_s: float) -> str:
-    """A part of the step as the terminal gives it: "0.178 s", "5,710 s" from 1,000 s on, and
+    """A part of the step as the terminal gives it: "0.178 s", "0.160 s" (trailing zeros kept),
+    "5,710 s" from 1,000 s on, and
     "0 s" below a nanosecond's share of the step (a difference of two times that rounding
     left over: 5.31e-15 s of cool-down beside a 5,811 s step)."""
     if abs(x) <= 1e-9 * max(step_s, 1.0):
         return "0 s"
-    return f"{x:,.0f} s" if abs(x) >= 1000 else f"{x:.3g} s"
+    return f"{x:,.0f} s" if abs(x) >= 1000 else f"{three_digits(x)} s"
 
 
 def _projection_line(pj: dict[str, Any] | None) -> list[str]:
