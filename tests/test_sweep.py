@@ -157,6 +157,25 @@ def test_sweep_zero3_against_a_pipeline(tmp_path, root):
     assert errors == [] and sum(drawn) == len(ok)
 
 
+def test_the_scatter_numbers_plans_faster_than_any_that_fits(tmp_path, root):
+    """Plain DP and TP2 on Llama-3 8B run faster than TP4 and TP8 but do not fit: their points,
+    past the capacity line (plain DP's at the plot's edge, drawn whole), are numbered too, as
+    the best plans that fit are: which plan is the fast point a user sees there?"""
+    from clustersim.output.plans_page import scatter_figure
+
+    r = run_cli("sweep", "scenarios/llama3_8b_8gpu.yaml", "--vary", "parallel.tp=1,2,4,8", "--out", tmp_path, cwd=root)
+    assert r.returncode == 0, r.stderr
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    ok = [p for p in sweep["plans"] if p["status"] == "ok"]
+    top = max(p["tokens_per_s_per_gpu"] for p in ok if p["fits"])
+    faster = [p for p in ok if not p["fits"] and p["tokens_per_s_per_gpu"] > top]
+    scatter = scatter_figure(sweep)
+    numbered = {a["text"] for a in scatter["layout"]["annotations"] if a.get("text", "").startswith("#")}
+    assert len(faster) == 2 and {f"#{p['plan']}" for p in ok} <= numbered
+    edge = [t for t in scatter["data"] if t.get("marker", {}).get("symbol") == "triangle-right"]
+    assert edge and all(t["cliponaxis"] is False for t in edge)
+
+
 @pytest.mark.parametrize("name", ["llama3_8b_8gpu", "zero3_llama3_8b_16gpu", "dualpipe", "interleaved_1f1b",
                                   "long_context_cp_128k"])
 def test_a_brief_summary_has_every_figure_of_the_whole_one(root, name):

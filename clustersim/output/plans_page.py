@@ -139,7 +139,9 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
                              "y": [r["tokens_per_s_per_gpu"] for r in part],
                              "marker": {"color": colour, "size": 8, "opacity": 0.8, "symbol": shape},
                              "hovertext": [_hover(sweep, r, notes.get(r["plan"], "")) for r in part],
-                             "hoverinfo": "text"})
+                             "hoverinfo": "text",
+                             # (the triangles at the edge drawn whole, not cut by the plot's border)
+                             **({"cliponaxis": False} if shape == "triangle-right" else {})})
     for i, o in enumerate(o for o in sweep.get("options", []) if o["best"] is not None):
         r = rows[o["best"]]
         data.append({"type": "scatter", "mode": "markers", "name": f"the guide's \u201c{html.escape(o['option'])}\u201d",
@@ -157,7 +159,12 @@ def scatter_figure(sweep: dict[str, Any], own: int | None | object = _FIND) -> d
                      "hovertext": ["the scenario's plan<br>" + _hover(sweep, mine)], "hoverinfo": "text"})
     ys = [r["tokens_per_s_per_gpu"] for r in ranked] or [0.0]
     marked = frozenset([own, *(o["best"] for o in sweep.get("options", []) if o["best"] is not None)])
-    notes_text = _point_labels([r for r in ranked if r["fits"]][:LABELLED], x_of, end / GiB, max(ys) - min(ys), marked)
+    # the best plans that fit labelled, and the plans faster than all of them that do not fit
+    # (which plan is the fast point past the capacity line?)
+    fit = [r for r in ranked if r["fits"]]
+    top = fit[0]["tokens_per_s_per_gpu"] if fit else -1.0
+    faster = [r for r in ranked if not r["fits"] and r["tokens_per_s_per_gpu"] > top]
+    notes_text = _point_labels(fit[:LABELLED] + faster[:LABELLED], x_of, end / GiB, max(ys) - min(ys), marked)
     shapes = [{"type": "line", "xref": "x", "x0": c / GiB, "x1": c / GiB, "yref": "paper", "y0": 0, "y1": 1,
                "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}} for c in caps if c <= end]
     notes_text += [{"x": c / GiB, "xanchor": "left", "xshift": 4, "yref": "paper", "y": 1, "yanchor": "top",
@@ -382,7 +389,7 @@ def _left_out_html(sweep: dict[str, Any], status: str) -> str:
     else:
         head, col = f"Refused by the scenario's rules: {len(left):,} of {len(sweep['plans']):,}", "rule"
     return (f"<h2>{head}</h2>"
-            f'<div class="wide"><table><tr><th>#</th><th class="l">plan</th><th class="l wide">{col}</th></tr>{rows}'
+            f'<div class="wide"><table><tr><th>plan #</th><th class="l">plan</th><th class="l wide">{col}</th></tr>{rows}'
             f'</table></div>{more}')
 
 

@@ -1588,6 +1588,14 @@ def _stretches_note(cp: dict[str, Any], summary: dict[str, Any]) -> str:
             "hops left out)")
 
 
+# what each row's stream name says (docs/architecture.md, "Streams per simulated rank")
+STREAM_ROWS = ("A row's name ends in its stream: compute; tp, cp, ep and dp for those groups' collectives (dp the "
+               "gradients' reductions); zero for ZeRO's parameter gathers, coloured as DP communication (they "
+               "run over the DP group); pp_fwd_send and pp_bwd_send for the pipeline's sends and "
+               "pp_fwd_recv and pp_bwd_recv for what a stage waits to receive; dp_replica_J for the all-reduce of "
+               "DualPipe's two copies of part J; d2h, h2d and host for offload's copies and the CPU's Adam. ")
+
+
 def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dict[str, Any] | None = None,
                   replicas: bool = False, spans: dict[str, Any] | None = None) -> str:
     """What a row and a bar stand for; ``binned``: the timeline's ``layout.meta["binned"]``
@@ -1624,7 +1632,7 @@ def timeline_note(trace: Trace, binned: dict[str, Any] | None = None, shown: dic
                      "one, it is drawn on that rank's rows. ")
         if shown["kinds"] > shown["ranks"]:
             head += "The critical path's line breaks where it crosses a rank of a kind not drawn. "
-    tail = "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
+    tail = STREAM_ROWS + "Drag to zoom, double-click to reset, click a legend entry to hide it.</p>"
     if spans and spans["until_ms"] is not None:
         tail = (f"The page carries the spans that start in the step's first {fmt_time(spans['until_ms'] / 1e3)} "
                 f"({spans['carried']:,} of {spans['of']:,}{'' if binned else '; trace.json.gz has every span'}): "
