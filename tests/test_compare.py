@@ -223,6 +223,9 @@ def test_compare_page_figures(compared):
     assert b["y"] == [st["peak_bytes"] / 2**30 for st in plans[1]["summary"]["memory"]["stages"]]
     cap = plans[0]["summary"]["memory"]["capacity_bytes"]  # the same GPUs: one line
     assert [s["y0"] for s in mem["layout"]["shapes"]] == [cap / 2**30]
+    # named in the legend (a label on the plot covered the last stage's bars)
+    assert [t["name"] for t in mem["data"][len(plans):]] == [f"capacity {cap / 2**30:.0f} GiB"]
+    assert not mem["layout"].get("annotations")
     page = compare_html(plans, [None, None], reports=False)
     assert "Timelines" not in page and "report_A.html" not in page
     rows = re.findall(r"<tr><td class=\"l\"><code>(.*?)</code></td>(.*?)</tr>", page)

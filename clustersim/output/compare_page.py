@@ -139,15 +139,16 @@ def memory_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
     caps = sorted({p["summary"]["memory"]["capacity_bytes"] for p in plans})
     shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": c / GiB, "y1": c / GiB,
                "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}} for c in caps if c]
-    notes = [{"xref": "paper", "x": 1, "xanchor": "right", "yref": "y", "y": c / GiB, "yanchor": "bottom",
-              "showarrow": False, "text": f"capacity {c / GiB:.0f} GiB" + (
+    # each line named in the legend, not beside it: a label on the plot covered the last
+    # stage's bars where they reach the line
+    data += [{"type": "scatter", "mode": "lines", "x": [None], "y": [None], "hoverinfo": "skip",
+              "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}, "name": f"capacity {c / GiB:.0f} GiB" + (
                   f" ({', '.join(p['label'] for p in plans if p['summary']['memory']['capacity_bytes'] == c)})"
-                  if len(caps) > 1 else ""),
-              "font": {"color": "#cf222e", "size": 11}, "bgcolor": "rgba(255,255,255,0.85)"}
+                  if len(caps) > 1 else "")}
              for c in caps if c]
     stage_names = [f"stage {s}" for s in range(most)]
     return {"data": data, "layout": small_layout(
-        300, barmode="group", shapes=shapes, annotations=notes,
+        300, barmode="group", shapes=shapes,
         xaxis={"type": "category", "categoryorder": "array", "categoryarray": stage_names},
         yaxis={"title": {"text": "GiB per GPU at the peak"}, "rangemode": "tozero"})}
 
