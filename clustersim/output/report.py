@@ -1054,7 +1054,14 @@ p.meta, p.note { margin: 2px 0; color: #57606a; font-size: 13px; }
 .panels { display: flex; flex-wrap: wrap; gap: 0 32px; align-items: flex-start; }
 .panels > div { flex: 1 1 auto; }  /* a panel alone on its row spans it, its heading's rule too */
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums;
-        display: block; overflow-x: auto; max-width: 100%; }  /* a wide table scrolls, not the page */
+        display: block; overflow-x: auto; max-width: 100%;  /* a wide table scrolls, not the page */
+        /* and shows it: a shadow on a side with more columns past it (the white covers sit
+           with the content, the shadows with the box, so a side's shadow shows only while
+           columns lie past it) */
+        background: linear-gradient(to right, #fff 30%, rgba(255,255,255,0)) left / 40px 100% no-repeat local,
+                    linear-gradient(to left, #fff 30%, rgba(255,255,255,0)) right / 40px 100% no-repeat local,
+                    radial-gradient(farthest-side at 0 50%, rgba(0,0,0,.2), rgba(0,0,0,0)) left / 14px 100% no-repeat scroll,
+                    radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.2), rgba(0,0,0,0)) right / 14px 100% no-repeat scroll; }
 th, td { padding: 3px 10px; text-align: right; border-bottom: 1px solid #eaeef2; white-space: nowrap; }
 th { background: #f6f8fa; font-weight: 600; border-bottom: 1px solid #d0d7de; }
 td.l, th.l { text-align: left; }
