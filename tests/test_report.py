@@ -724,6 +724,11 @@ def test_times_below_a_nanosecond_read_as_zero():
     assert fmt_time(3e-9) == "0.00300 µs" and fmt_time(2.5e-3) == "2.50 ms" and fmt_time(4.2) == "4.20 s"
     # three significant digits, trailing zeros kept: 1.0004 s beside 3.72 s reads "1.00 s", not "1 s"
     assert fmt_time(1.0004) == "1.00 s" and fmt_time(0.812) == "812 ms" and fmt_time(3.6) == "3.60 s"
+    # a unit from where three digits round up to it, never an exponent
+    assert fmt_time(0.9995) == "1.00 s" and fmt_time(0.0009996) == "1.00 ms" and fmt_time(0.99949) == "999 ms"
+    from clustersim.output.summary import secs
+
+    assert secs(999.7, 1.0) == "1,000 s" and secs(999.4, 1.0) == "999 s" and secs(0.16, 1.0) == "0.160 s"
 
 
 def test_the_memory_table_says_a_microbatch_counts_once_per_part(result):

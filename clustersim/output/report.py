@@ -364,9 +364,10 @@ def fmt_time(t_s: float) -> str:
         t_s = 0.0
     if abs(t_s) >= 999.5:  # (.3g writes 3.6e+03 there)
         return f"{t_s:,.0f} s"
-    if abs(t_s) >= 1.0:
+    # (each unit from where three digits round up to it: 0.9995 s is "1.00 s", not "1e+03 ms")
+    if abs(t_s) >= 0.9995:
         return f"{three_digits(t_s)} s"
-    if abs(t_s) >= 1e-3 or t_s == 0:
+    if abs(t_s) >= 0.9995e-3 or t_s == 0:
         return f"{three_digits(t_s * 1e3)} ms"
     return f"{three_digits(t_s * 1e6)} µs"
 

@@ -300,7 +300,7 @@ def secs(x: float, step_s: float) -> str:
     left over: 5.31e-15 s of cool-down beside a 5,811 s step)."""
     if abs(x) <= 1e-9 * max(step_s, 1.0):
         return "0 s"
-    return f"{x:,.0f} s" if abs(x) >= 1000 else f"{three_digits(x)} s"
+    return f"{x:,.0f} s" if abs(x) >= 999.5 else f"{three_digits(x)} s"  # (999.7 s: "1,000 s", not "1e+03 s")
 
 
 def _projection_line(pj: dict[str, Any] | None) -> list[str]:
