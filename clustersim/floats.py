@@ -12,6 +12,7 @@ summary.json are the same bit for bit on each of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from functools import reduce
 from operator import add
@@ -34,7 +35,7 @@ def three_digits(x: float) -> str:
     read to the same precision: "1.00", "3.60", "812", "0.500" (``f"{x:.3g}"`` writes "1",
     "3.6"); as ``.3g`` gives it where it writes an exponent."""
     text = f"{x:.3g}"
-    if x == 0 or not x == x or "e" in text or "inf" in text:
+    if x == 0 or not math.isfinite(x) or "e" in text:
         return text
     shown = len(text.lstrip("-").replace(".", "").lstrip("0"))
     if shown >= 3:

@@ -137,12 +137,13 @@ def memory_figure(plans: list[dict[str, Any]]) -> dict[str, Any]:
                      "y": [st["peak_bytes"] / GiB for st in stages], "marker": {"color": _plan_colour(i)},
                      "hovertemplate": "%{x}: %{y:.1f} GiB at the peak<extra>" + html.escape(p["label"]) + "</extra>"})
     caps = sorted({p["summary"]["memory"]["capacity_bytes"] for p in plans})
+    line = {"color": "#cf222e", "dash": "dash", "width": 1.5}
     shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": c / GiB, "y1": c / GiB,
-               "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}} for c in caps if c]
+               "line": line} for c in caps if c]
     # each line named in the legend, not beside it: a label on the plot covered the last
     # stage's bars where they reach the line
     data += [{"type": "scatter", "mode": "lines", "x": [None], "y": [None], "hoverinfo": "skip",
-              "line": {"color": "#cf222e", "dash": "dash", "width": 1.5}, "name": f"capacity {c / GiB:.0f} GiB" + (
+              "line": line, "name": f"capacity {c / GiB:.0f} GiB" + (
                   f" ({', '.join(p['label'] for p in plans if p['summary']['memory']['capacity_bytes'] == c)})"
                   if len(caps) > 1 else "")}
              for c in caps if c]

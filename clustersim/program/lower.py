@@ -1232,7 +1232,7 @@ def _single_action(prog: Program, low: Lowering, r: int, a: Action, route: tuple
     """
     blocks = route[0]
     last = () if got < 0 else low.last_task.get(r, ())
-    inputs = [*deps, *last]
+    inputs = [*deps, *last] if last else deps
 
     def made() -> int:  # the tasks made here, the gather first
         d = deps if got < 0 else [*deps[:got], _received(prog, low, r, a.kind, a.stage, route[1], a.mb, deps[got]),
@@ -1677,7 +1677,7 @@ class _Again:
             route = low.routes.get((r, kind, stage, src, dst, fused))
             if route is not None:  # its inputs, as _input_deps (and _lower_unit's wait)
                 blocks, _, peer, _, spec = route
-                got = -1  # where deps holds a send from another rank
+                got = -1  # where deps holds a send whose pieces this rank gathers (_inputs)
                 if kind == "W":
                     deps = done_of[("B", r, stage, mb)]
                 else:
@@ -1686,16 +1686,15 @@ class _Again:
                         if peer < 0:
                             deps += done_of[(kind, r, src, mb)]
                         else:
-                            got = len(deps)
+                            if gathers:
+                                got = len(deps)
                             deps += (low.sent[(kind, peer, src, mb)],)
                 if r in sync:
                     deps = (*deps, *sync[r])
-                if got >= 0 and gathers:  # the gather's inputs too: the run's first task (_single_action)
-                    last = low.last_task.get(r, ())
+                last = () if got < 0 else low.last_task.get(r, ())
+                if last:  # the gather's inputs too: the run's first task (_single_action)
                     deps = (*deps, *last)
-                    tmpl = low.templates.get(_template_key(r, kind, stage, blocks, deps, got, last))
-                else:
-                    tmpl = low.templates.get((r, kind, stage, id(blocks), len(deps)))
+                tmpl = low.templates.get(_template_key(r, kind, stage, blocks, deps, got, last))
             if route is None or not tmpl:  # a first time: worked out there
                 _lower_unit(prog, low, r, (a,))
                 continue

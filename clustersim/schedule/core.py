@@ -545,12 +545,13 @@ def _plan(s: PipelineSchedule) -> tuple[list[list[tuple[int, int, int, int]]], l
         lo = 0
         for r, acts in enumerate(s.actions):
             held = {(st * 3 + 1) * n_mb + m for st, m in fused_weight_passes(s, r)}  # the full backwards' B
-            for i in range(lo, lo + len(acts)) if held else ():
-                c, d1, d2, kd = entries[i]
-                if c in held:
-                    entries[i] = (c, d1, d2, _HELD_B)
-                elif kd == 2 and c - n_mb in held:  # (its B's code)
-                    entries[i] = (c, -1, -1, _RELEASING_W)
+            if held:
+                for i in range(lo, lo + len(acts)):
+                    c, d1, d2, kd = entries[i]
+                    if c in held:
+                        entries[i] = (c, d1, d2, _HELD_B)
+                    elif kd == 2 and c - n_mb in held:  # (its B's code)
+                        entries[i] = (c, -1, -1, _RELEASING_W)
             lo += len(acts)
     rows, chunks, lo = [], [], 0
     for r, acts in enumerate(s.actions):
